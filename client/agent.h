@@ -1,0 +1,90 @@
+// The per-rank agent: the rank's link to the coordinator. It joins the job
+// (manifest in, plan out), confirms that every rank holds the same plan
+// hash, and, once started, sends heartbeats and step reports from
+// background threads so that the training step never waits on gRPC.
+//
+// Lifecycle: construct -> Join -> ConfirmPlanHash -> Start -> Report* ->
+// Stop (or destroy). Talks only to a CoordinationClient (gRPC or
+// in-process), never to gRPC directly.
+//
+// Thread-safety: Report and counters may be called from any thread; Join,
+// Start and Stop from one thread.
+#ifndef MUON_CLIENT_AGENT_H_
+#define MUON_CLIENT_AGENT_H_
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "client/coordination_client.h"
+#include "muon/v1/coordinator.pb.h"
+
+namespace muon {
+
+class Agent {
+ public:
+  struct Options {
+    // Interval between heartbeats.
+    absl::Duration heartbeat_interval = absl::Seconds(1);
+    // Step reports waiting to be sent; newer reports are dropped (and
+    // counted) when the queue is full.
+    int report_queue_capacity = 64;
+  };
+
+  // `client` is not owned and must outlive the agent.
+  Agent(CoordinationClient* client, int rank, uint64_t incarnation,
+        Options options);
+  ~Agent();
+
+  // Sends the manifest and waits for the plan (every rank of the job gets
+  // the same plan or the same error).
+  // Errors: those of CoordinationClient::Join (InvalidArgument naming the
+  // parameter and rank, DeadlineExceeded, Unavailable).
+  absl::StatusOr<v1::Plan> Join(const v1::RankManifest& manifest,
+                                int64_t timeout_ms);
+
+  // Publishes this rank's plan hash in the key-value store and checks that
+  // every rank of `world_size` published the same one.
+  // Errors: FailedPrecondition naming the rank whose hash differs;
+  // DeadlineExceeded when a rank did not publish within `timeout`.
+  absl::Status ConfirmPlanHash(const std::string& hash, int world_size,
+                               absl::Duration timeout);
+
+  // Starts the heartbeat and report threads.
+  void Start();
+  // Queues a report for the background thread; never blocks.
+  void Report(v1::StepReport report);
+  // Flushes queued reports (bounded by `timeout`) and stops the threads.
+  void Stop(absl::Duration timeout = absl::Seconds(2));
+
+  int64_t reports_sent() const;
+  int64_t reports_dropped() const;
+
+ private:
+  void HeartbeatLoop();
+  void ReportLoop();
+
+  CoordinationClient* const client_;  // Not owned.
+  const int rank_;
+  const uint64_t incarnation_;
+  const Options options_;
+
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<v1::StepReport> queue_ ABSL_GUARDED_BY(mu_);
+  int64_t sent_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread heartbeat_thread_;
+  std::thread report_thread_;
+};
+
+}  // namespace muon
+
+#endif  // MUON_CLIENT_AGENT_H_

@@ -1,0 +1,88 @@
+// Collectives between the ranks of a process group: the data path of a
+// distributed Muon step. One interface, several backends: Gloo over TCP
+// (client/gloo_communicator.h, CPU buffers), an in-process backend for a
+// world of one (client/local_communicator.h), NCCL later. A method a backend
+// lacks returns Unimplemented, never crashes.
+//
+// Contract (as torch.distributed): every rank of the group calls the same
+// collectives in the same order with matching sizes. Buffers are float32,
+// counts are in elements (not bytes). Every call is bounded by the
+// backend's timeout; a failed or aborted peer makes the call return an error
+// naming the peer rank when the backend knows it, never hang.
+//
+// Lifecycle: Create (backend-specific, may rendezvous) -> collectives ->
+// destroy (or Abort from any thread to unblock pending calls).
+#ifndef MUON_CLIENT_COMMUNICATOR_H_
+#define MUON_CLIENT_COMMUNICATOR_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace muon {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  // This rank in the group, 0 <= rank() < world_size().
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  // "gloo", "local", "nccl".
+  virtual std::string backend() const = 0;
+
+  // All-to-all(v): sends send_counts[p] elements to peer p, taken from
+  // `send` packed in peer order, and receives recv_counts[p] elements from
+  // peer p into `recv` packed in peer order. Both vectors have world_size()
+  // entries; send_counts[q] on rank p must equal recv_counts[p] on rank q.
+  // Zero counts and null buffers for zero totals are allowed.
+  // Errors: InvalidArgument (wrong vector sizes), DeadlineExceeded,
+  // Unavailable/Aborted (peer failed; names the peer when known).
+  virtual absl::Status AllToAllV(const float* send,
+                                 const std::vector<int64_t>& send_counts,
+                                 float* recv,
+                                 const std::vector<int64_t>& recv_counts) = 0;
+
+  // All-gather(v): every rank contributes `send_count` elements; `recv`
+  // receives recv_counts[p] elements of rank p, packed in rank order
+  // (recv_counts[rank()] == send_count).
+  virtual absl::Status AllGatherV(const float* send, int64_t send_count,
+                                  float* recv,
+                                  const std::vector<int64_t>& recv_counts) = 0;
+
+  // Broadcast of `count` elements from `root` into `data` on every rank.
+  virtual absl::Status Broadcast(float* data, int64_t count, int root) = 0;
+
+  // Blocks until every rank of the group has entered the barrier.
+  virtual absl::Status Barrier() = 0;
+
+  // Point-to-point, matched by (peer, tag). Optional: Unimplemented.
+  virtual absl::Status Send(const float* data, int64_t count, int peer,
+                            uint32_t tag) {
+    return absl::UnimplementedError(backend() + ": Send");
+  }
+  virtual absl::Status Recv(float* data, int64_t count, int peer,
+                            uint32_t tag) {
+    return absl::UnimplementedError(backend() + ": Recv");
+  }
+
+  // A communicator over the sub-group `ranks` (ranks of this group, sorted
+  // ascending, containing rank()). Every rank of this group calls Split with
+  // the same sequence of calls; ranks outside a sub-group pass its list too
+  // only if they belong to it. Optional: Unimplemented.
+  virtual absl::StatusOr<std::unique_ptr<Communicator>> Split(
+      const std::vector<int>& ranks) {
+    return absl::UnimplementedError(backend() + ": Split");
+  }
+
+  // Makes pending and future calls fail fast (from any thread).
+  virtual void Abort() = 0;
+};
+
+}  // namespace muon
+
+#endif  // MUON_CLIENT_COMMUNICATOR_H_

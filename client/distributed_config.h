@@ -1,0 +1,131 @@
+// How a Muon optimizer's parameters are laid out over ranks and who
+// orthogonalizes what: the C++ counterpart of the seeds' DistributedConfig
+// (assign_fn, gather_fn, redistribute_fn, state, async_gpu_parallelism,
+// prefetch_count) and of create_auto_config / create_dtensor_config.
+//
+// A DistributedConfig is a value: build it once per rank with
+// CreateAutoConfig (process-group style) or CreateMeshConfig (DTensor style),
+// or fill it by hand for a custom framework, then pass it to Muon::Create.
+// No config (std::nullopt) means the single-device path.
+#ifndef MUON_CLIENT_DISTRIBUTED_CONFIG_H_
+#define MUON_CLIENT_DISTRIBUTED_CONFIG_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "client/communicator.h"
+#include "client/coordination_client.h"
+#include "client/parameter.h"
+#include "common/layout.h"
+
+namespace muon {
+
+// What an assign_fn sees of one parameter.
+struct MatrixInfo {
+  int index = 0;  // position in the optimizer's parameter list
+  std::string name;
+  int64_t rows = 0;  // global shape
+  int64_t cols = 0;
+};
+
+// Maps each rank to the indices of the parameters it orthogonalizes
+// (seeds' assign_fn). Must be deterministic: every rank calls it with the
+// same arguments and must get the same answer. Every parameter must appear
+// exactly once; ranks are in [0, world_size).
+using AssignFn = std::function<std::map<int, std::vector<int>>(
+    const std::vector<MatrixInfo>& params, int world_size)>;
+
+// Custom gather (seeds' gather_fn): moves the update U of parameter
+// `param_index` from the ranks' shards to `owner`. Called on EVERY rank for
+// every parameter, in plan order (so collectives inside it line up).
+// `local_shard` is this rank's shard of U (local shape); `full` is a
+// [rows, cols] row-major buffer to fill on the owner and nullptr elsewhere.
+using GatherFn = std::function<absl::Status(
+    int param_index, int owner, const float* local_shard, float* full)>;
+
+// Custom redistribute (seeds' redistribute_fn): sends every holder its shard
+// of the orthogonalized O. Called on every rank for every parameter in plan
+// order. `full` is O on the owner (nullptr elsewhere); `local_shard`
+// receives this rank's shard (local shape).
+using RedistributeFn = std::function<absl::Status(
+    int param_index, int owner, const float* full, float* local_shard)>;
+
+// Placement of one parameter over the mesh (DTensor's placements).
+struct ParamPlacement {
+  std::vector<Placement> placements;  // one per mesh dim
+};
+
+// Everything a rank knows about the distributed setup (seeds' `state`).
+struct DistributedState {
+  int rank = 0;
+  int world_size = 1;
+  // The device mesh and, per parameter (optimizer order), its placements.
+  Mesh mesh;
+  std::vector<ParamPlacement> param_placements;
+  // Process group spanning the mesh (the data path). Not owned; must
+  // outlive the optimizer.
+  Communicator* communicator = nullptr;
+  // The coordinator (join, plan, reports). Not owned. nullptr = plan
+  // locally, with no cross-rank validation of manifests (debug only).
+  CoordinationClient* coordinator = nullptr;
+  // Incarnation id of this rank process (fresh per process start).
+  uint64_t incarnation = 0;
+  // How long Join waits for the other ranks.
+  int64_t join_timeout_ms = 60000;
+};
+
+struct DistributedConfig {
+  // Empty = the coordinator's policy (longest-processing-time-first).
+  AssignFn assign_fn;
+  // Empty = one packed all-to-all(v) per bucket each way (exact split
+  // sizes, no padding).
+  GatherFn gather_fn;
+  RedistributeFn redistribute_fn;
+  DistributedState state;
+  // false = sequential debug mode; true = async (issue 4).
+  bool async_gpu_parallelism = false;
+  int prefetch_count = 0;
+  // "lpt" or "round_robin" when assign_fn is empty.
+  std::string assignment_policy = "lpt";
+  // Bytes of full fp32 matrices per bucket; 0 = one matrix per owner.
+  int64_t bucket_size_bytes = 0;
+};
+
+// Process groups for create_auto_config. Issue 2 supports FSDP (every
+// matrix sharded over the group along fsdp_shard_dim) and DDP (replicated
+// over the group: owners split the work, results are broadcast).
+struct AutoConfigOptions {
+  // FSDP process group (the parameters are Shard(fsdp_shard_dim) over it).
+  Communicator* fsdp = nullptr;
+  int fsdp_shard_dim = 0;
+  // DDP process group (parameters Replicate() over it). At most one of
+  // fsdp and ddp is set in this version.
+  Communicator* ddp = nullptr;
+  CoordinationClient* coordinator = nullptr;
+  uint64_t incarnation = 0;
+};
+
+// Builds the config for FSDP (Shard(0) or Shard(1) over `fsdp`) or DDP
+// (Replicate() over `ddp`) from the parameters' local and global shapes.
+// Errors: InvalidArgument when neither or both groups are given, the shard
+// dim is not 0 or 1, or a parameter's global shape is missing.
+absl::StatusOr<DistributedConfig> CreateAutoConfig(
+    const std::vector<Parameter*>& params, const AutoConfigOptions& options);
+
+// DTensor analog: `mesh` and one placement list per parameter
+// (optimizer order). `communicator` spans the mesh (rank = row-major mesh
+// coordinate). Errors: InvalidArgument when the mesh size differs from the
+// communicator's world size or a placement list has the wrong length.
+absl::StatusOr<DistributedConfig> CreateMeshConfig(
+    const Mesh& mesh, const std::vector<ParamPlacement>& placements,
+    Communicator* communicator, CoordinationClient* coordinator,
+    uint64_t incarnation = 0);
+
+}  // namespace muon
+
+#endif  // MUON_CLIENT_DISTRIBUTED_CONFIG_H_

@@ -1,0 +1,434 @@
+#include "client/gloo_communicator.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+#include <exception>
+#include <initializer_list>
+#include <numeric>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/coordination_store.h"
+#include "client/local_communicator.h"
+#include "common/status_macros.h"
+#include "gloo/allgatherv.h"
+#include "gloo/alltoallv.h"
+#include "gloo/broadcast.h"
+#include "gloo/common/error.h"
+#include "gloo/common/logging.h"
+#include "gloo/context.h"
+#include "gloo/rendezvous/context.h"
+#include "gloo/rendezvous/prefix_store.h"
+#include "gloo/transport/tcp/address.h"
+#include "gloo/transport/tcp/device.h"
+#include "gloo/transport/unbound_buffer.h"
+#include "gloo/types.h"
+
+namespace muon {
+namespace {
+
+constexpr char kBackend[] = "gloo";
+
+// Gloo reports timeouts as IoException/EnforceNotMet text only ("Timed out
+// waiting 1000ms for recv operation to complete", "Connect timeout ...",
+// "Wait timeout for key(s)", "Application timeout caused pair closure").
+bool IsTimeout(const std::string& what) {
+  const std::string lower = absl::AsciiStrToLower(what);
+  return absl::StrContains(lower, "timed out") ||
+         absl::StrContains(lower, "timeout");
+}
+
+int64_t Sum(const std::vector<int64_t>& counts) {
+  return std::accumulate(counts.begin(), counts.end(), int64_t{0});
+}
+
+}  // namespace
+
+// Registers the buffers of the pending collective so Abort can interrupt
+// their waits; unregisters on scope exit. Declare it after the buffers' owner
+// (the Gloo options object) so it is destroyed first.
+class GlooCommunicator::InflightScope {
+ public:
+  InflightScope(GlooCommunicator* comm,
+                std::initializer_list<gloo::transport::UnboundBuffer*> buffers)
+      : comm_(comm) {
+    absl::MutexLock lock(&comm_->inflight_mu_);
+    comm_->inflight_.assign(buffers.begin(), buffers.end());
+  }
+  ~InflightScope() {
+    absl::MutexLock lock(&comm_->inflight_mu_);
+    comm_->inflight_.clear();
+  }
+
+ private:
+  GlooCommunicator* const comm_;  // Not owned.
+};
+
+GlooCommunicator::GlooCommunicator(
+    int rank, int world_size, CoordinationClient* client,
+    const GlooOptions& options, std::vector<int> root_ranks,
+    bool subgroup, std::shared_ptr<gloo::transport::Device> device)
+    : rank_(rank),
+      world_size_(world_size),
+      client_(client),
+      options_(options),
+      timeout_(std::max<int64_t>(1, absl::ToInt64Milliseconds(options.timeout))),
+      root_ranks_(std::move(root_ranks)),
+      subgroup_(subgroup),
+      store_(std::make_unique<CoordinationStore>(
+          client, CoordinationStoreOptions{options.timeout})),
+      device_(std::move(device)),
+      peer_addresses_(world_size) {}
+
+GlooCommunicator::~GlooCommunicator() {
+  // Pairs (and their sockets) go before the device's event loop.
+  context_.reset();
+  device_.reset();
+}
+
+absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
+    int rank, int world_size, CoordinationClient* store_client,
+    const GlooOptions& options) {
+  const std::string where = absl::StrCat("gloo Create on rank ", rank, ": ");
+  if (world_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, "world_size is ", world_size, "; want >= 1"));
+  }
+  if (rank < 0 || rank >= world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, "rank is ", rank, "; want 0 <= rank < world_size ",
+        world_size));
+  }
+  if (store_client == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, "store_client is null"));
+  }
+  if (options.hostname.empty() || options.prefix.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, "options.hostname ('", options.hostname,
+        "') and options.prefix ('", options.prefix, "') must be non-empty"));
+  }
+  if (options.timeout < absl::Milliseconds(1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, "options.timeout is ",
+                     absl::FormatDuration(options.timeout), "; want >= 1ms"));
+  }
+  std::vector<int> root_ranks(world_size);
+  std::iota(root_ranks.begin(), root_ranks.end(), 0);
+  std::unique_ptr<GlooCommunicator> comm(new GlooCommunicator(
+      rank, world_size, store_client, options, std::move(root_ranks),
+      /*subgroup=*/false, /*device=*/nullptr));
+  if (world_size > 1) {
+    MUON_RETURN_IF_ERROR(comm->RunGloo("Create", [&] {
+      gloo::transport::tcp::attr attr(options.hostname.c_str());
+      comm->device_ = gloo::transport::tcp::CreateDevice(attr);
+    }));
+  }
+  MUON_RETURN_IF_ERROR(comm->Connect("Create", *comm->store_));
+  return comm;
+}
+
+absl::Status GlooCommunicator::Connect(absl::string_view op,
+                                       CoordinationStore& store) {
+  if (world_size_ == 1) return absl::OkStatus();
+  MUON_RETURN_IF_ERROR(RunGloo(op, [&] {
+    gloo::rendezvous::PrefixStore prefix_store(options_.prefix, store);
+    auto context =
+        std::make_shared<gloo::rendezvous::Context>(rank_, world_size_);
+    context->setTimeout(timeout_);
+    context->connectFullMesh(prefix_store, device_);
+    context_ = std::move(context);
+  }));
+  LearnPeerAddresses();
+  return absl::OkStatus();
+}
+
+void GlooCommunicator::LearnPeerAddresses() {
+  // connectFullMesh (gloo git20220518) stores under key "<rank>" the
+  // addresses of that rank's pairs to every other rank, in rank order, each
+  // `address_size` bytes. Anything unexpected: leave peers unnamed.
+  try {
+    gloo::rendezvous::PrefixStore prefix_store(options_.prefix, *store_);
+    const int any_peer = rank_ == 0 ? 1 : 0;
+    const size_t address_size =
+        context_->getPair(any_peer)->address().bytes().size();
+    std::vector<std::string> addresses(world_size_);
+    for (int peer = 0; peer < world_size_; ++peer) {
+      if (peer == rank_) continue;
+      const std::vector<char> all = prefix_store.get(std::to_string(peer));
+      if (all.size() != (world_size_ - 1) * address_size) return;
+      const size_t index = rank_ < peer ? rank_ : rank_ - 1;
+      const std::vector<char> bytes(
+          all.begin() + index * address_size,
+          all.begin() + (index + 1) * address_size);
+      addresses[peer] = gloo::transport::tcp::Address(bytes).str();
+    }
+    peer_addresses_ = std::move(addresses);
+  } catch (const std::exception&) {
+    // Best effort only.
+  }
+}
+
+int GlooCommunicator::FindPeer(const std::string& message) const {
+  for (int peer = 0; peer < world_size_; ++peer) {
+    const std::string& address = peer_addresses_[peer];
+    if (address.empty()) continue;
+    for (size_t pos = message.find(address); pos != std::string::npos;
+         pos = message.find(address, pos + 1)) {
+      const size_t end = pos + address.size();
+      // "[127.0.0.1]:123" must not match "[127.0.0.1]:1234".
+      if (end == message.size() ||
+          !std::isdigit(static_cast<unsigned char>(message[end]))) {
+        return peer;
+      }
+    }
+  }
+  return -1;
+}
+
+std::string GlooCommunicator::Where(absl::string_view op, int peer) const {
+  std::string where =
+      absl::StrCat(kBackend, " ", op, " on rank ", root_ranks_[rank_]);
+  if (subgroup_) {
+    absl::StrAppend(&where, " (rank ", rank_, " of group ", options_.prefix,
+                    ")");
+  }
+  if (peer >= 0) absl::StrAppend(&where, " (peer rank ", root_ranks_[peer], ")");
+  absl::StrAppend(&where, ": ");
+  return where;
+}
+
+absl::Status GlooCommunicator::RunGloo(absl::string_view op,
+                                       const std::function<void()>& fn) {
+  absl::Status status;
+  try {
+    fn();
+    return absl::OkStatus();
+  } catch (const CoordinationStoreError& e) {
+    status = absl::Status(
+        e.status().code(),
+        absl::StrCat(Where(op, -1), "rendezvous: ", e.status().message()));
+  } catch (const gloo::IoException& e) {
+    const std::string what = e.what();
+    const std::string message = Where(op, FindPeer(what)) + what;
+    status = IsTimeout(what) ? absl::DeadlineExceededError(message)
+                             : absl::UnavailableError(message);
+  } catch (const gloo::EnforceNotMet& e) {
+    const std::string what = e.what();
+    const std::string message = Where(op, FindPeer(what)) + what;
+    status = IsTimeout(what) ? absl::DeadlineExceededError(message)
+                             : absl::InternalError(message);
+  } catch (const std::exception& e) {
+    status = absl::InternalError(Where(op, -1) + e.what());
+  } catch (...) {
+    status = absl::InternalError(Where(op, -1) + "unknown exception");
+  }
+  if (aborted_.load()) {
+    return absl::AbortedError(absl::StrCat(
+        Where(op, -1), "communicator was aborted (", status.message(), ")"));
+  }
+  return status;
+}
+
+absl::Status GlooCommunicator::RunCollectiveLocked(
+    absl::string_view op, const std::function<void()>& fn) {
+  absl::Status status = RunGloo(op, fn);
+  if (status.ok() && aborted_.load()) {
+    // An interrupted wait returns quietly: the data is not valid.
+    status = absl::AbortedError(
+        absl::StrCat(Where(op, -1), "communicator was aborted"));
+  }
+  if (!status.ok() && failed_.ok() && !aborted_.load()) failed_ = status;
+  return status;
+}
+
+absl::Status GlooCommunicator::CheckUsableLocked(absl::string_view op) const {
+  if (aborted_.load()) {
+    return absl::AbortedError(
+        absl::StrCat(Where(op, -1), "communicator was aborted"));
+  }
+  if (!failed_.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Where(op, -1), "communicator unusable after an earlier ",
+                     "error: ", failed_.ToString()));
+  }
+  return absl::OkStatus();
+}
+
+uint32_t GlooCommunicator::NextTagLocked() { return next_tag_++; }
+
+absl::Status GlooCommunicator::AllToAllV(
+    const float* send, const std::vector<int64_t>& send_counts, float* recv,
+    const std::vector<int64_t>& recv_counts) {
+  absl::MutexLock lock(&op_mu_);
+  MUON_RETURN_IF_ERROR(CheckUsableLocked("AllToAllV"));
+  MUON_RETURN_IF_ERROR(communicator_internal::CheckAllToAllV(
+      kBackend, rank_, world_size_, send, send_counts, recv, recv_counts));
+  if (world_size_ == 1) {
+    if (send_counts[0] > 0) {
+      std::memmove(recv, send, send_counts[0] * sizeof(float));
+    }
+    return absl::OkStatus();
+  }
+  const int64_t send_total = Sum(send_counts);
+  const int64_t recv_total = Sum(recv_counts);
+  return RunCollectiveLocked("AllToAllV", [&] {
+    // Gloo wants real buffers even for zero bytes: point those at a dummy.
+    float dummy_send = 0;
+    float dummy_recv = 0;
+    auto in = context_->createUnboundBuffer(
+        send_total > 0 ? const_cast<float*>(send) : &dummy_send,
+        send_total * sizeof(float));
+    auto out = context_->createUnboundBuffer(
+        recv_total > 0 ? recv : &dummy_recv, recv_total * sizeof(float));
+    gloo::AlltoallvOptions opts(context_);
+    InflightScope inflight(this, {in.get(), out.get()});
+    opts.setInput<float>(std::move(in), send_counts);
+    opts.setOutput<float>(std::move(out), recv_counts);
+    opts.setTag(NextTagLocked());
+    opts.setTimeout(timeout_);
+    gloo::alltoallv(opts);
+  });
+}
+
+absl::Status GlooCommunicator::AllGatherV(
+    const float* send, int64_t send_count, float* recv,
+    const std::vector<int64_t>& recv_counts) {
+  absl::MutexLock lock(&op_mu_);
+  MUON_RETURN_IF_ERROR(CheckUsableLocked("AllGatherV"));
+  MUON_RETURN_IF_ERROR(communicator_internal::CheckAllGatherV(
+      kBackend, rank_, world_size_, send, send_count, recv, recv_counts));
+  // Own contribution first; Gloo then only moves the others' (no input
+  // buffer, so it does not copy again).
+  const int64_t offset = std::accumulate(
+      recv_counts.begin(), recv_counts.begin() + rank_, int64_t{0});
+  if (send_count > 0) {
+    std::memmove(recv + offset, send, send_count * sizeof(float));
+  }
+  if (world_size_ == 1) return absl::OkStatus();
+  const int64_t recv_total = Sum(recv_counts);
+  return RunCollectiveLocked("AllGatherV", [&] {
+    float dummy = 0;
+    auto out = context_->createUnboundBuffer(
+        recv_total > 0 ? recv : &dummy, recv_total * sizeof(float));
+    gloo::AllgathervOptions opts(context_);
+    InflightScope inflight(this, {out.get()});
+    opts.setOutput<float>(
+        std::move(out),
+        std::vector<size_t>(recv_counts.begin(), recv_counts.end()));
+    opts.setTag(NextTagLocked());
+    opts.setTimeout(timeout_);
+    gloo::allgatherv(opts);
+  });
+}
+
+absl::Status GlooCommunicator::Broadcast(float* data, int64_t count,
+                                         int root) {
+  absl::MutexLock lock(&op_mu_);
+  MUON_RETURN_IF_ERROR(CheckUsableLocked("Broadcast"));
+  MUON_RETURN_IF_ERROR(communicator_internal::CheckBroadcast(
+      kBackend, rank_, world_size_, data, count, root));
+  if (world_size_ == 1) return absl::OkStatus();
+  return RunCollectiveLocked("Broadcast", [&] {
+    float dummy = 0;
+    auto out = context_->createUnboundBuffer(count > 0 ? data : &dummy,
+                                             count * sizeof(float));
+    gloo::BroadcastOptions opts(context_);
+    InflightScope inflight(this, {out.get()});
+    opts.setOutput<float>(std::move(out));
+    opts.setRoot(root);
+    opts.setTag(NextTagLocked());
+    opts.setTimeout(timeout_);
+    gloo::broadcast(opts);
+  });
+}
+
+absl::Status GlooCommunicator::Barrier() {
+  absl::MutexLock lock(&op_mu_);
+  MUON_RETURN_IF_ERROR(CheckUsableLocked("Barrier"));
+  if (world_size_ == 1) return absl::OkStatus();
+  return RunCollectiveLocked("Barrier", [&] {
+    // gloo::barrier's algorithm (dissemination), on a buffer we own so that
+    // Abort can interrupt it.
+    char dummy = 0;
+    auto buffer = context_->createUnboundBuffer(&dummy, 0);
+    InflightScope inflight(this, {buffer.get()});
+    const uint64_t slot =
+        gloo::Slot::build(gloo::kBarrierSlotPrefix, NextTagLocked());
+    for (int distance = 1; distance < world_size_; distance <<= 1) {
+      buffer->recv((world_size_ + rank_ - distance) % world_size_, slot, 0, 0);
+      buffer->send((rank_ + distance) % world_size_, slot, 0, 0);
+      // A false return means Abort interrupted the wait.
+      if (!buffer->waitRecv(nullptr, timeout_)) return;
+      if (!buffer->waitSend(nullptr, timeout_)) return;
+    }
+  });
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::Split(
+    const std::vector<int>& ranks) {
+  absl::MutexLock lock(&op_mu_);
+  MUON_RETURN_IF_ERROR(CheckUsableLocked("Split"));
+  MUON_RETURN_IF_ERROR(
+      communicator_internal::CheckSplit(kBackend, rank_, world_size_, ranks));
+  const std::string joined = absl::StrJoin(ranks, "_");
+  const int n = split_counts_[joined]++;
+  GlooOptions options = options_;
+  options.prefix = absl::StrCat(options_.prefix, "/split", n, "/", joined);
+  std::vector<int> root_ranks;
+  root_ranks.reserve(ranks.size());
+  for (int r : ranks) root_ranks.push_back(root_ranks_[r]);
+  const int new_rank = static_cast<int>(
+      std::find(ranks.begin(), ranks.end(), rank_) - ranks.begin());
+  std::unique_ptr<GlooCommunicator> child(new GlooCommunicator(
+      new_rank, static_cast<int>(ranks.size()), client_, options,
+      std::move(root_ranks), /*subgroup=*/true, device_));
+  // The rendezvous goes through this communicator's store, so that Abort
+  // here cancels it.
+  absl::Status status = child->Connect("Split", *store_);
+  if (aborted_.load()) {
+    return absl::AbortedError(absl::StrCat(
+        Where("Split", -1), "communicator was aborted",
+        status.ok() ? "" : absl::StrCat(" (", status.message(), ")")));
+  }
+  MUON_RETURN_IF_ERROR(status);
+  return std::unique_ptr<Communicator>(std::move(child));
+}
+
+void GlooCommunicator::Abort() {
+  aborted_.store(true);
+  store_->Cancel();
+  if (context_ != nullptr) {
+    // Hard close (connection reset): peers' pending and later calls fail at
+    // once instead of at their timeouts.
+    try {
+      context_->closeConnections();
+    } catch (const std::exception&) {
+      // Best effort.
+    }
+  }
+  // Closing does not wake this rank's own pending waits. Each abortWait*
+  // releases one wait and a collective may wait several times, so repeat
+  // until the collective has returned (bounded by the timeout).
+  const absl::Time deadline = absl::Now() + options_.timeout;
+  absl::MutexLock lock(&inflight_mu_);
+  while (!inflight_.empty() && absl::Now() < deadline) {
+    for (gloo::transport::UnboundBuffer* buffer : inflight_) {
+      buffer->abortWaitRecv();
+      buffer->abortWaitSend();
+    }
+    inflight_mu_.AwaitWithTimeout(
+        absl::Condition(
+            +[](std::vector<gloo::transport::UnboundBuffer*>* buffers) {
+              return buffers->empty();
+            },
+            &inflight_),
+        absl::Milliseconds(1));
+  }
+}
+
+}  // namespace muon

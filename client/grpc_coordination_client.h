@@ -1,0 +1,75 @@
+// CoordinationClient over gRPC: talks to a muon-coordinator daemon or to
+// rank 0's embedded CoordinatorServer through an insecure channel (the
+// coordinator listens on loopback by default; TLS is a later option).
+//
+// Deadlines: every RPC gets rpc_timeout, except Join (request.timeout_ms, or
+// 60 s when 0, plus rpc_timeout) and KeyGet (its timeout plus rpc_timeout),
+// so the server's own wait ends first and its error (naming the missing
+// ranks or key) is what the caller sees. Join waits for the channel to
+// become ready (wait_for_ready) so ranks may start before the coordinator
+// listens; other RPCs fail fast with Unavailable.
+//
+// Lifecycle: Create -> calls -> destroy (no background threads of ours).
+// Thread-safety: every method may be called concurrently.
+#ifndef MUON_CLIENT_GRPC_COORDINATION_CLIENT_H_
+#define MUON_CLIENT_GRPC_COORDINATION_CLIENT_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/coordination_client.h"
+#include "muon/v1/coordinator.grpc.pb.h"
+
+namespace grpc {
+class Channel;
+}  // namespace grpc
+
+namespace muon {
+
+class GrpcCoordinationClient final : public CoordinationClient {
+ public:
+  // Makes a client for the coordinator at `address` ("host:port") serving
+  // job `job_id` (stamped on requests that carry no job id). Does not
+  // connect yet: connection errors surface on the first RPC.
+  // Errors:
+  //   InvalidArgument: empty address or rpc_timeout <= 0.
+  static absl::StatusOr<std::unique_ptr<GrpcCoordinationClient>> Create(
+      const std::string& address, const std::string& job_id,
+      absl::Duration rpc_timeout = absl::Seconds(10));
+
+  // Errors: as CoordinationClient; the server's codes and messages are kept;
+  // Unavailable (names the address) when the coordinator cannot be reached;
+  // DeadlineExceeded when the RPC itself timed out.
+  absl::StatusOr<v1::JoinResponse> Join(
+      const v1::JoinRequest& request) override;
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(
+      const v1::HeartbeatRequest& request) override;
+  absl::Status ReportStep(const v1::StepReport& report) override;
+  absl::Status KeySet(const std::string& key,
+                      const std::string& value) override;
+  absl::StatusOr<std::string> KeyGet(const std::string& key,
+                                     absl::Duration timeout) override;
+  absl::StatusOr<v1::JobInfo> GetJob() override;
+  absl::StatusOr<v1::Plan> GetPlan() override;
+  absl::StatusOr<v1::GetAssignmentsResponse> GetAssignments() override;
+  absl::StatusOr<v1::ListRanksResponse> ListRanks() override;
+
+  const std::string& address() const { return address_; }
+
+ private:
+  GrpcCoordinationClient(std::string address, std::string job_id,
+                         absl::Duration rpc_timeout,
+                         std::shared_ptr<grpc::Channel> channel);
+
+  const std::string address_;
+  const std::string job_id_;
+  const absl::Duration rpc_timeout_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+};
+
+}  // namespace muon
+
+#endif  // MUON_CLIENT_GRPC_COORDINATION_CLIENT_H_

@@ -1,0 +1,356 @@
+#include "client/muon.h"
+
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "client/local_communicator.h"
+#include "common/spec.h"
+#include "common/status_macros.h"
+#include "kernels/muon_update.h"
+#include "server/manifest_validation.h"
+#include "server/planner.h"
+
+namespace muon {
+namespace {
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+// The rank-symmetric manifests of every rank, derived from this rank's view
+// of the layout (what each rank would send in an SPMD program).
+absl::StatusOr<std::vector<v1::RankManifest>> SymmetricManifests(
+    const std::vector<Parameter*>& params, const DistributedState& state,
+    const v1::ExecutionOptions& execution,
+    const std::vector<int>& requested_owners) {
+  std::vector<v1::RankManifest> manifests;
+  for (int r = 0; r < state.mesh.world_size(); ++r) {
+    v1::RankManifest m;
+    m.set_rank(r);
+    m.set_world_size(state.world_size);
+    *m.mutable_mesh() = MeshToProto(state.mesh);
+    *m.mutable_execution() = execution;
+    for (int o : requested_owners) m.add_requested_owners(o);
+    for (size_t i = 0; i < params.size(); ++i) {
+      const Parameter& p = *params[i];
+      const std::vector<int64_t>& g = p.shape();
+      v1::ParamManifest* pm = m.add_params();
+      pm->set_name(p.name);
+      pm->set_dtype("float32");
+      for (int64_t d : g) pm->add_global_shape(d);
+      for (const Placement& pl : state.param_placements[i].placements) {
+        pm->add_placements(pl.ToString());
+      }
+      if (r == state.rank) {
+        for (int64_t d : p.local_shape) pm->add_local_shape(d);
+      } else {
+        MUON_ASSIGN_OR_RETURN(
+            Box box, LocalBox(g[0], g[1], state.param_placements[i].placements,
+                              state.mesh, state.mesh.Coord(r)));
+        pm->add_local_shape(box.rows.size());
+        pm->add_local_shape(box.cols.size());
+      }
+    }
+    manifests.push_back(std::move(m));
+  }
+  return manifests;
+}
+
+}  // namespace
+
+absl::Status ValidateMuonOptions(const MuonOptions& o) {
+  // Messages follow torch.optim.Muon.__init__.
+  if (!(o.lr >= 0.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Learning rate should be >= 0 but is: ", o.lr));
+  }
+  if (!(o.momentum >= 0.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("momentum should be >= 0 but is: ", o.momentum));
+  }
+  if (!(o.weight_decay >= 0.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weight decay should be >= 0 but is: ", o.weight_decay));
+  }
+  if (!kernels::ParseAdjustLrFn(o.adjust_lr_fn).ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Adjust learning rate function ", o.adjust_lr_fn,
+                     " is not supported (use \"original\" or "
+                     "\"match_rms_adamw\")"));
+  }
+  if (o.ns_steps >= 100) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Number of steps must be less than 100 for computational efficiency "
+        "but ns_steps is: ", o.ns_steps));
+  }
+  if (o.ns_steps < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ns_steps should be >= 0 but is: ", o.ns_steps));
+  }
+  if (!(o.eps >= 0.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("eps should be >= 0 but is: ", o.eps));
+  }
+  return absl::OkStatus();
+}
+
+MuonOptions MuonOptionsFromProto(const v1::OptimizerOptions& p) {
+  MuonOptions o;
+  if (p.has_lr()) o.lr = p.lr();
+  if (p.has_weight_decay()) o.weight_decay = p.weight_decay();
+  if (p.has_momentum()) o.momentum = p.momentum();
+  if (p.has_nesterov()) o.nesterov = p.nesterov();
+  if (p.ns_coefficients_size() == 3) {
+    o.ns_a = p.ns_coefficients(0);
+    o.ns_b = p.ns_coefficients(1);
+    o.ns_c = p.ns_coefficients(2);
+  }
+  if (p.has_eps()) o.eps = p.eps();
+  if (p.has_ns_steps()) o.ns_steps = p.ns_steps();
+  if (p.has_adjust_lr_fn()) o.adjust_lr_fn = p.adjust_lr_fn();
+  return o;
+}
+
+absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
+    std::vector<Parameter*> params, const MuonOptions& options,
+    std::optional<DistributedConfig> distributed_config) {
+  MUON_RETURN_IF_ERROR(ValidateMuonOptions(options));
+  std::unique_ptr<Muon> muon(new Muon());
+  muon->params_ = std::move(params);
+  muon->options_ = options;
+  const auto& ps = muon->params_;
+  DistributedConfig config;
+  if (distributed_config.has_value()) config = *std::move(distributed_config);
+  DistributedState& state = config.state;
+  const bool distributed = distributed_config.has_value();
+  if (!distributed) {
+    state.rank = 0;
+    state.world_size = 1;
+    state.mesh = Mesh::OneDim(1, "dp_shard");
+    state.param_placements.assign(ps.size(),
+                                  ParamPlacement{{Placement::Replicate()}});
+  }
+  const int rank = state.rank;
+  muon->rank_ = rank;
+  muon->world_size_ = state.world_size;
+
+  // Local checks (identical on every rank of an SPMD program).
+  std::vector<std::string> names;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const Parameter& p = *ps[i];
+    if (p.shape().size() != 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank, ": Muon only supports 2D parameters whereas we found "
+          "a parameter with size: ", ShapeString(p.shape()), " (parameter \"",
+          p.name, "\")"));
+    }
+    if (p.local_shape.size() != 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank, ": parameter \"", p.name, "\" has local shape ",
+          ShapeString(p.local_shape), "; a shard of a matrix is 2-D"));
+    }
+    if (static_cast<int64_t>(p.data.size()) != p.local_numel()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank, ": parameter \"", p.name, "\" holds ", p.data.size(),
+          " values but its local shape ", ShapeString(p.local_shape),
+          " needs ", p.local_numel()));
+    }
+    names.push_back(p.name);
+  }
+  if (state.param_placements.size() != ps.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank, ": the distributed config describes ",
+        state.param_placements.size(), " parameters but the optimizer has ",
+        ps.size()));
+  }
+  MUON_RETURN_IF_ERROR(state.mesh.Validate());
+  if (state.mesh.world_size() != state.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank, ": mesh ", state.mesh.ToString(), " holds ",
+        state.mesh.world_size(), " ranks but the world size is ",
+        state.world_size));
+  }
+  // A user's assign_fn: deterministic, so every rank raises the same error.
+  std::vector<int> requested_owners;
+  if (config.assign_fn) {
+    std::vector<MatrixInfo> infos;
+    for (size_t i = 0; i < ps.size(); ++i) {
+      infos.push_back(MatrixInfo{static_cast<int>(i), ps[i]->name,
+                                 ps[i]->shape()[0], ps[i]->shape()[1]});
+    }
+    absl::StatusOr<std::vector<int>> owners = OwnersFromAssignment(
+        config.assign_fn(infos, state.world_size), static_cast<int>(ps.size()),
+        state.world_size, names);
+    if (!owners.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", rank, ": ", owners.status().message()));
+    }
+    requested_owners = *owners;
+  }
+  v1::ExecutionOptions execution;
+  execution.set_assignment_policy(config.assignment_policy);
+  execution.set_bucket_size_bytes(config.bucket_size_bytes);
+  execution.set_async_gpu_parallelism(config.async_gpu_parallelism);
+  execution.set_prefetch_count(config.prefetch_count);
+
+  MUON_ASSIGN_OR_RETURN(
+      std::vector<v1::RankManifest> manifests,
+      SymmetricManifests(ps, state, execution, requested_owners));
+  if (state.coordinator != nullptr) {
+    // The coordinator checks every rank's manifest against the others and
+    // answers every rank with the same plan or the same error.
+    muon->agent_ = std::make_unique<Agent>(state.coordinator, rank,
+                                           state.incarnation, Agent::Options{});
+    absl::StatusOr<v1::Plan> plan =
+        muon->agent_->Join(manifests[rank], state.join_timeout_ms);
+    if (!plan.ok()) return plan.status();
+    muon->plan_ = *std::move(plan);
+  }
+  // This rank's own view of the layout (and, without a coordinator, the
+  // plan made locally from it).
+  absl::StatusOr<JobLayout> layout = ValidateManifests(manifests);
+  if (!layout.ok()) {
+    return absl::Status(layout.status().code(),
+                        absl::StrCat("rank ", rank, ": ",
+                                     layout.status().message()));
+  }
+  if (state.coordinator == nullptr) {
+    PlannerOptions planner;
+    MUON_ASSIGN_OR_RETURN(planner.policy,
+                          ParsePolicy(config.assignment_policy));
+    planner.bucket_size_bytes = config.bucket_size_bytes;
+    planner.ns_steps = options.ns_steps > 0 ? options.ns_steps : 1;
+    MUON_ASSIGN_OR_RETURN(muon->plan_, MakePlan(*layout, planner));
+  }
+  if (absl::Status s = ValidatePlan(muon->plan_, *layout); !s.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank, ": the plan does not fit this rank's parameters: ",
+        s.message()));
+  }
+  if (muon->agent_ != nullptr) {
+    MUON_RETURN_IF_ERROR(muon->agent_->ConfirmPlanHash(
+        muon->plan_.hash(), state.world_size,
+        absl::Milliseconds(state.join_timeout_ms)));
+    muon->agent_->Start();
+  }
+
+  // Data path.
+  Communicator* comm = state.communicator;
+  if (comm == nullptr) {
+    if (state.world_size != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank, ": world size ", state.world_size,
+          " needs a communicator (process group)"));
+    }
+    muon->owned_comm_ = LocalCommunicator::Create();
+    comm = muon->owned_comm_.get();
+  } else if (comm->world_size() != state.world_size ||
+             comm->rank() != rank) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank, ": the process group is rank ", comm->rank(), " of ",
+        comm->world_size(), " but the config says rank ", rank, " of ",
+        state.world_size));
+  }
+  std::vector<ParamGeometry> geometry;
+  for (const ParamLayout& pl : layout->params) {
+    geometry.push_back(ParamGeometry{pl.rows, pl.cols, pl.boxes});
+  }
+  MUON_ASSIGN_OR_RETURN(
+      muon->executor_,
+      StepExecutor::Create(rank, state.world_size, muon->plan_,
+                           std::move(geometry), comm, config.gather_fn,
+                           config.redistribute_fn));
+
+  MUON_ASSIGN_OR_RETURN(muon->rule_.adjust_lr_fn,
+                        kernels::ParseAdjustLrFn(options.adjust_lr_fn));
+  muon->rule_.lr = options.lr;
+  muon->rule_.weight_decay = options.weight_decay;
+  muon->rule_.ns.a = options.ns_a;
+  muon->rule_.ns.b = options.ns_b;
+  muon->rule_.ns.c = options.ns_c;
+  muon->rule_.ns.eps = options.eps;
+  muon->rule_.ns.steps = options.ns_steps;
+  muon->buffers_.resize(ps.size());
+  muon->nesterov_.resize(ps.size());
+  for (size_t i = 0; i < ps.size(); ++i) {
+    muon->buffers_[i].assign(ps[i]->data.size(), 0.0f);
+    if (options.nesterov) muon->nesterov_[i].resize(ps[i]->data.size());
+    muon->update_ptrs_.push_back(options.nesterov ? muon->nesterov_[i].data()
+                                                  : muon->buffers_[i].data());
+    muon->param_ptrs_.push_back(ps[i]->data.data());
+  }
+  muon->stats_.ops.reserve(4 * muon->plan_.buckets_size());
+  return muon;
+}
+
+Muon::~Muon() {
+  if (agent_ != nullptr) agent_->Stop();
+}
+
+absl::Status Muon::Step() {
+  // Preflight: nothing is modified and no collective runs on failure.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Parameter& p = *params_[i];
+    if (p.grad.size() != p.data.size()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", rank_, ": parameter \"", p.name, "\" has a gradient of ",
+          p.grad.size(), " values but its local shape ",
+          ShapeString(p.local_shape), " needs ", p.data.size()));
+    }
+    if (p.data.data() != param_ptrs_[i]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", rank_, ": parameter \"", p.name,
+          "\" was reallocated after the optimizer was created"));
+    }
+  }
+  const absl::Time start = absl::Now();
+  stats_.matrices_orthogonalized = 0;
+  stats_.ns_flops = 0;
+  stats_.bytes_sent = 0;
+  stats_.bytes_received = 0;
+  stats_.ops.clear();
+  // Momentum and Nesterov on the local shards (elementwise: exact on
+  // shards).
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const int64_t n = static_cast<int64_t>(buffers_[i].size());
+    kernels::MomentumUpdate(buffers_[i].data(), params_[i]->grad.data(), n,
+                            options_.momentum);
+    if (options_.nesterov) {
+      kernels::NesterovUpdate(params_[i]->grad.data(), buffers_[i].data(), n,
+                              options_.momentum, nesterov_[i].data());
+    }
+  }
+  MUON_RETURN_IF_ERROR(
+      executor_->Run(update_ptrs_, param_ptrs_, rule_, &stats_));
+  stats_.step_time_s = absl::ToDoubleSeconds(absl::Now() - start);
+  ++step_;
+  if (agent_ != nullptr) {
+    v1::StepReport report;
+    report.set_step(step_);
+    report.set_step_time_s(stats_.step_time_s);
+    report.set_matrices_orthogonalized(stats_.matrices_orthogonalized);
+    report.set_ns_flops(stats_.ns_flops);
+    report.set_bytes_sent(stats_.bytes_sent);
+    report.set_bytes_received(stats_.bytes_received);
+    for (const v1::OpTiming& op : stats_.ops) *report.add_ops() = op;
+    agent_->Report(std::move(report));
+  }
+  return absl::OkStatus();
+}
+
+void Muon::ZeroGrad() {
+  for (Parameter* p : params_) std::fill(p->grad.begin(), p->grad.end(), 0.0f);
+}
+
+std::map<int, std::vector<int>> Muon::assignments() const {
+  std::map<int, std::vector<int>> out;
+  for (const v1::MatrixPlan& m : plan_.matrices()) {
+    out[m.owner()].push_back(m.param_index());
+  }
+  return out;
+}
+
+}  // namespace muon

@@ -1,0 +1,65 @@
+// Starting a rank of a distributed Muon job: the C++ counterpart of
+// torch.distributed.init_process_group. Connects the rank to the
+// coordinator (a separate muon-coordinator daemon, or one embedded in
+// rank 0's process) and builds the Gloo process group over TCP on loopback,
+// whose rendezvous goes through the coordinator's key-value store.
+//
+// Lifecycle: InitProcessGroup -> use comm/coordinator (e.g. Muon::Create) ->
+// destroy the ProcessGroup (stops an embedded coordinator last).
+#ifndef MUON_CLIENT_PROCESS_GROUP_H_
+#define MUON_CLIENT_PROCESS_GROUP_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/communicator.h"
+#include "client/coordination_client.h"
+#include "server/coordinator_server.h"
+
+namespace muon {
+
+struct ProcessGroupOptions {
+  int rank = 0;
+  int world_size = 1;
+  std::string job_id = "job";
+  // host:port of the coordinator. Empty on rank 0 with embed_coordinator.
+  std::string coordinator_address;
+  // Rank 0 hosts the coordinator in-process (the default of the main job);
+  // the other ranks connect to coordinator_address.
+  bool embed_coordinator = false;
+  // Embedded coordinator: interface and port (0 = a free port).
+  std::string embedded_host = "127.0.0.1";
+  int embedded_port = 0;
+  // Embedded coordinator: file to write the bound port to (atomically), so
+  // a launcher can hand the address to the other ranks. Empty = none.
+  std::string port_file;
+  // Bound on rendezvous and every collective.
+  absl::Duration timeout = absl::Seconds(60);
+  // Fresh per process start (heartbeats carry it). 0 = derived from pid and
+  // time.
+  uint64_t incarnation = 0;
+};
+
+struct ProcessGroup {
+  int rank = 0;
+  int world_size = 1;
+  uint64_t incarnation = 0;
+  // Destruction order matters: members are destroyed bottom-up, so the
+  // communicator goes first and the embedded server last.
+  std::unique_ptr<CoordinatorServer> embedded_server;  // rank 0 only
+  std::unique_ptr<CoordinationClient> coordinator;
+  std::unique_ptr<Communicator> comm;
+};
+
+// Errors: InvalidArgument (rank out of range, no coordinator address on a
+// rank that does not embed one); Unavailable / DeadlineExceeded when the
+// coordinator or a peer cannot be reached within options.timeout.
+absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(
+    const ProcessGroupOptions& options);
+
+}  // namespace muon
+
+#endif  // MUON_CLIENT_PROCESS_GROUP_H_

@@ -1,0 +1,175 @@
+#include "common/layout.h"
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+
+namespace muon {
+
+std::string Placement::ToString() const {
+  switch (kind) {
+    case Kind::kReplicate:
+      return "Replicate()";
+    case Kind::kShard:
+      return absl::StrCat("Shard(", dim, ")");
+    case Kind::kPartial:
+      return "Partial()";
+  }
+  return "?";
+}
+
+absl::StatusOr<Placement> Placement::Parse(absl::string_view text) {
+  absl::string_view t = absl::StripAsciiWhitespace(text);
+  if (t == "Replicate()" || t == "Replicate" || t == "R") {
+    return Placement::Replicate();
+  }
+  if (t == "Partial()" || t == "Partial" || t == "P") {
+    return Placement::Partial();
+  }
+  absl::string_view inner = t;
+  if ((absl::ConsumePrefix(&inner, "Shard(") ||
+       absl::ConsumePrefix(&inner, "S(")) &&
+      absl::ConsumeSuffix(&inner, ")")) {
+    int d = 0;
+    if (absl::SimpleAtoi(inner, &d) && d >= 0) return Placement::Shard(d);
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown placement \"", text,
+      "\": expected Replicate(), Shard(d) or Partial()"));
+}
+
+Mesh Mesh::OneDim(int world_size, const std::string& name) {
+  return Mesh{{name}, {world_size}};
+}
+
+int Mesh::world_size() const {
+  int w = 1;
+  for (int s : sizes) w *= s;
+  return w;
+}
+
+std::vector<int> Mesh::Coord(int rank) const {
+  std::vector<int> coord(sizes.size());
+  for (int d = ndim() - 1; d >= 0; --d) {
+    coord[d] = rank % sizes[d];
+    rank /= sizes[d];
+  }
+  return coord;
+}
+
+int Mesh::RankOf(const std::vector<int>& coord) const {
+  int rank = 0;
+  for (int d = 0; d < ndim(); ++d) rank = rank * sizes[d] + coord[d];
+  return rank;
+}
+
+int Mesh::DimIndex(absl::string_view name) const {
+  for (int d = 0; d < ndim(); ++d) {
+    if (names[d] == name) return d;
+  }
+  return -1;
+}
+
+std::string Mesh::ToString() const {
+  std::vector<std::string> parts;
+  for (int d = 0; d < ndim(); ++d) {
+    parts.push_back(absl::StrCat(names[d], "=", sizes[d]));
+  }
+  return parts.empty() ? "(single device)" : absl::StrJoin(parts, " x ");
+}
+
+absl::Status Mesh::Validate() const {
+  if (names.size() != sizes.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("mesh has ", names.size(), " names but ", sizes.size(),
+                     " sizes"));
+  }
+  std::set<std::string> seen;
+  for (int d = 0; d < ndim(); ++d) {
+    if (names[d].empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("mesh dim ", d, " has an empty name"));
+    }
+    if (!seen.insert(names[d]).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("mesh dim name \"", names[d], "\" appears twice"));
+    }
+    if (sizes[d] < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "mesh dim \"", names[d], "\" has size ", sizes[d], "; must be >= 1"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+Range ChunkRange(int64_t n, int64_t parts, int64_t index) {
+  const int64_t chunk = (n + parts - 1) / parts;
+  return Range{std::min(index * chunk, n), std::min((index + 1) * chunk, n)};
+}
+
+absl::StatusOr<Box> LocalBox(int64_t rows, int64_t cols,
+                             const std::vector<Placement>& placements,
+                             const Mesh& mesh, const std::vector<int>& coord) {
+  if (static_cast<int>(placements.size()) != mesh.ndim()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "got ", placements.size(), " placements for a ", mesh.ndim(),
+        "-D mesh (", mesh.ToString(), "); need one per mesh dim"));
+  }
+  Box box{Range{0, rows}, Range{0, cols}};
+  for (int d = 0; d < mesh.ndim(); ++d) {
+    const Placement& p = placements[d];
+    if (p.kind == Placement::Kind::kPartial) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Partial() placement on mesh dim \"", mesh.names[d],
+          "\" is not supported: reduce the pending sum first "
+          "(e.g. redistribute to Replicate() or Shard(d))"));
+    }
+    if (p.kind != Placement::Kind::kShard) continue;
+    if (p.dim != 0 && p.dim != 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Shard(", p.dim, ") on mesh dim \"", mesh.names[d],
+                       "\" is out of range for a 2-D matrix"));
+    }
+    Range& r = p.dim == 0 ? box.rows : box.cols;
+    const Range sub = ChunkRange(r.size(), mesh.sizes[d], coord[d]);
+    r = Range{r.begin + sub.begin, r.begin + sub.end};
+  }
+  return box;
+}
+
+absl::StatusOr<std::vector<Box>> AllBoxes(
+    int64_t rows, int64_t cols, const std::vector<Placement>& placements,
+    const Mesh& mesh) {
+  std::vector<Box> boxes;
+  boxes.reserve(mesh.world_size());
+  for (int r = 0; r < mesh.world_size(); ++r) {
+    absl::StatusOr<Box> box =
+        LocalBox(rows, cols, placements, mesh, mesh.Coord(r));
+    if (!box.ok()) return box.status();
+    boxes.push_back(*box);
+  }
+  return boxes;
+}
+
+void CopyRegion(const float* src, const Box& src_holds, float* dst,
+                const Box& dst_holds, const Box& region) {
+  const int64_t n = region.cols.size();
+  if (n <= 0) return;
+  const int64_t src_ld = src_holds.cols.size();
+  const int64_t dst_ld = dst_holds.cols.size();
+  for (int64_t i = region.rows.begin; i < region.rows.end; ++i) {
+    const float* s = src + (i - src_holds.rows.begin) * src_ld +
+                     (region.cols.begin - src_holds.cols.begin);
+    float* d = dst + (i - dst_holds.rows.begin) * dst_ld +
+               (region.cols.begin - dst_holds.cols.begin);
+    std::memcpy(d, s, n * sizeof(float));
+  }
+}
+
+}  // namespace muon

@@ -1,0 +1,119 @@
+// Shard layout math shared by the coordinator, the client and muonctl:
+// DTensor placements over a device mesh, torch.chunk shard sizes, and the
+// box (row range x column range) of a 2-D matrix that a rank holds.
+#ifndef MUON_COMMON_LAYOUT_H_
+#define MUON_COMMON_LAYOUT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace muon {
+
+// DTensor placement of a tensor on one mesh dim.
+struct Placement {
+  enum class Kind { kReplicate, kShard, kPartial };
+  Kind kind = Kind::kReplicate;
+  int dim = 0;  // tensor dim, for kShard only
+
+  static Placement Replicate() { return {Kind::kReplicate, 0}; }
+  static Placement Shard(int d) { return {Kind::kShard, d}; }
+  static Placement Partial() { return {Kind::kPartial, 0}; }
+  bool is_shard() const { return kind == Kind::kShard; }
+  bool is_replicate() const { return kind == Kind::kReplicate; }
+
+  // "Replicate()", "Shard(0)", "Partial()".
+  std::string ToString() const;
+  // Parses DTensor spelling: "Replicate()", "Replicate", "R", "Shard(d)",
+  // "S(d)", "Partial()". Errors: InvalidArgument naming the text.
+  static absl::StatusOr<Placement> Parse(absl::string_view text);
+
+  friend bool operator==(const Placement& a, const Placement& b) {
+    return a.kind == b.kind && (a.kind != Kind::kShard || a.dim == b.dim);
+  }
+  friend bool operator!=(const Placement& a, const Placement& b) {
+    return !(a == b);
+  }
+};
+
+// Ordered named mesh dims; ranks laid out row-major (the last dim varies
+// fastest), as torch.distributed.DeviceMesh(torch.arange(world).view(...)).
+struct Mesh {
+  std::vector<std::string> names;
+  std::vector<int> sizes;
+
+  // A 1-D mesh of `world_size` ranks named `name`.
+  static Mesh OneDim(int world_size, const std::string& name = "dp_shard");
+  int ndim() const { return static_cast<int>(sizes.size()); }
+  // Product of the sizes (1 for a 0-D mesh).
+  int world_size() const;
+  // Coordinate of `rank`; requires 0 <= rank < world_size().
+  std::vector<int> Coord(int rank) const;
+  // Inverse of Coord.
+  int RankOf(const std::vector<int>& coord) const;
+  // Index of the dim named `name`, or -1.
+  int DimIndex(absl::string_view name) const;
+  // "dp_shard=4" or "tp=2 x dp_shard=4".
+  std::string ToString() const;
+  // Errors: InvalidArgument when a size is < 1, names repeat or are empty.
+  absl::Status Validate() const;
+
+  friend bool operator==(const Mesh& a, const Mesh& b) {
+    return a.names == b.names && a.sizes == b.sizes;
+  }
+  friend bool operator!=(const Mesh& a, const Mesh& b) { return !(a == b); }
+};
+
+// Half-open index range [begin, end).
+struct Range {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t size() const { return end - begin; }
+  friend bool operator==(const Range& a, const Range& b) {
+    return a.begin == b.begin && a.end == b.end;
+  }
+};
+
+// Chunk `index` of a dimension of `n` elements split in `parts`, as
+// torch.chunk / DTensor Shard: chunk = ceil(n / parts); chunk i covers
+// [min(i*chunk, n), min((i+1)*chunk, n)), so the last chunks may be smaller
+// or empty. Requires parts >= 1 and 0 <= index < parts.
+Range ChunkRange(int64_t n, int64_t parts, int64_t index);
+
+// The part of a 2-D [rows, cols] matrix one rank holds, row-major.
+struct Box {
+  Range rows;
+  Range cols;
+  int64_t numel() const { return rows.size() * cols.size(); }
+  bool empty() const { return numel() == 0; }
+  friend bool operator==(const Box& a, const Box& b) {
+    return a.rows == b.rows && a.cols == b.cols;
+  }
+};
+
+// The box of a [rows, cols] matrix held at mesh coordinate `coord` under
+// `placements` (one per mesh dim). Several mesh dims sharding the same
+// tensor dim nest left to right (DTensor's default order).
+// Errors: InvalidArgument when placements.size() != mesh.ndim(), a Shard dim
+// is not 0 or 1, or a placement is Partial.
+absl::StatusOr<Box> LocalBox(int64_t rows, int64_t cols,
+                             const std::vector<Placement>& placements,
+                             const Mesh& mesh, const std::vector<int>& coord);
+
+// Boxes of every rank (index = rank) for the matrix; see LocalBox.
+absl::StatusOr<std::vector<Box>> AllBoxes(
+    int64_t rows, int64_t cols, const std::vector<Placement>& placements,
+    const Mesh& mesh);
+
+// Copies box `src_box` of a row-major matrix stored as `src` (whose own box
+// is `src_holds`) into `dst` laid out as box `dst_holds`, for the overlap
+// region `region` (which both must contain). Pure index math, no allocation.
+void CopyRegion(const float* src, const Box& src_holds, float* dst,
+                const Box& dst_holds, const Box& region);
+
+}  // namespace muon
+
+#endif  // MUON_COMMON_LAYOUT_H_

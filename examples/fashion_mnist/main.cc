@@ -1,0 +1,555 @@
+// The main job: a bias-free MLP trained on Fashion-MNIST with Muon on every
+// matrix, once on N local rank processes with FSDP-sharded parameters,
+// gradients and optimizer state (the distributed Muon step on Gloo, with
+// the coordinator embedded in rank 0 by default), and once single-device in
+// this process. Prints progress, then one summary line:
+//   fashion-mnist: distributed_acc=... single_acc=... max_abs_param_diff=...
+//   max_rel_loss_diff=... ranks=4 layout=... wall_s=...
+//
+// Data parallelism is exact: each rank computes the gradient of its quarter
+// of every batch (scaled by 1/batch), and the reduce-scatter sums the
+// micro-batch gradients in rank order; the single-device run accumulates
+// the same micro-batches in the same order. So the two runs agree bit for
+// bit whenever the distributed Muon step does.
+#include <cblas.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "client/distributed_config.h"
+#include "client/muon.h"
+#include "client/process_group.h"
+#include "common/status_macros.h"
+#include "examples/fashion_mnist/idx.h"
+#include "examples/fashion_mnist/mlp.h"
+#include "tools/launcher.h"
+
+ABSL_FLAG(int, nproc, 4, "Number of local rank processes.");
+ABSL_FLAG(int, epochs, 2, "Training epochs.");
+ABSL_FLAG(int, batch_size, 1000, "Global batch size (divisible by nproc).");
+ABSL_FLAG(std::string, hidden, "512,512", "Hidden layer widths.");
+ABSL_FLAG(double, lr, 0.02, "Muon learning rate.");
+ABSL_FLAG(double, weight_decay, 0.0, "Muon decoupled weight decay.");
+ABSL_FLAG(double, momentum, 0.95, "Muon momentum.");
+ABSL_FLAG(std::string, adjust_lr_fn, "original", "original | match_rms_adamw");
+ABSL_FLAG(std::string, layout, "fsdp",
+          "fsdp (Shard(0)), fsdp1 (Shard(1)) or ddp (Replicate()).");
+ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
+          "Folder with the Fashion-MNIST IDX files.");
+ABSL_FLAG(int, train_limit, 0, "Use only the first N training images (0 = all).");
+ABSL_FLAG(uint64_t, seed, 1234, "Seed of initialisation and shuffling.");
+ABSL_FLAG(int, log_every, 20, "Print the loss every N steps.");
+ABSL_FLAG(std::string, coordinator, "",
+          "host:port of a running muon-coordinator; empty = embedded in rank 0.");
+// Internal: set by the launcher on rank processes.
+ABSL_FLAG(int, rank, -1, "Internal: this process's rank.");
+ABSL_FLAG(std::string, out_dir, "", "Internal: where ranks leave results.");
+ABSL_FLAG(std::string, port_file, "", "Internal: rank 0 writes the port here.");
+
+namespace muon::examples {
+namespace {
+
+struct RunResult {
+  std::vector<float> losses;                 // mean loss per step
+  std::vector<std::vector<float>> weights;   // full final weights
+  double accuracy = 0;
+};
+
+std::vector<int64_t> LayerSizes(int64_t in, int64_t classes) {
+  std::vector<int64_t> sizes{in};
+  for (absl::string_view h : absl::StrSplit(absl::GetFlag(FLAGS_hidden), ',')) {
+    int64_t v = 0;
+    if (absl::SimpleAtoi(h, &v) && v > 0) sizes.push_back(v);
+  }
+  sizes.push_back(classes);
+  return sizes;
+}
+
+MuonOptions OptimizerOptions() {
+  MuonOptions o;
+  o.lr = absl::GetFlag(FLAGS_lr);
+  o.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  o.momentum = absl::GetFlag(FLAGS_momentum);
+  o.adjust_lr_fn = absl::GetFlag(FLAGS_adjust_lr_fn);
+  return o;
+}
+
+Placement LayoutPlacement() {
+  const std::string layout = absl::GetFlag(FLAGS_layout);
+  if (layout == "fsdp1") return Placement::Shard(1);
+  if (layout == "ddp") return Placement::Replicate();
+  return Placement::Shard(0);
+}
+
+// Shuffled sample order of one epoch, identical in every process.
+std::vector<int64_t> EpochOrder(int64_t n, int epoch) {
+  std::vector<int64_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::mt19937_64 rng(absl::GetFlag(FLAGS_seed) * 7919 + epoch);
+  for (int64_t i = n - 1; i > 0; --i) {
+    std::swap(order[i], order[rng() % static_cast<uint64_t>(i + 1)]);
+  }
+  return order;
+}
+
+void CopySamples(const Dataset& d, const std::vector<int64_t>& order,
+                 int64_t begin, int64_t count, std::vector<float>* x,
+                 std::vector<int32_t>* y) {
+  x->resize(count * d.features);
+  y->resize(count);
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t s = order[begin + i];
+    std::copy_n(d.images.data() + s * d.features, d.features,
+                x->data() + i * d.features);
+    (*y)[i] = d.labels[s];
+  }
+}
+
+double TestAccuracy(Mlp& mlp, const std::vector<const float*>& w,
+                    const Dataset& test) {
+  int64_t correct = 0;
+  const int64_t chunk = 1000;
+  for (int64_t b = 0; b < test.count; b += chunk) {
+    const int64_t n = std::min(chunk, test.count - b);
+    correct += mlp.CountCorrect(w, test.images.data() + b * test.features,
+                                test.labels.data() + b, n);
+  }
+  return static_cast<double>(correct) / test.count;
+}
+
+struct Data {
+  Dataset train;
+  Dataset test;
+};
+
+absl::StatusOr<Data> LoadData() {
+  Data d;
+  const std::string dir = absl::GetFlag(FLAGS_data_dir);
+  MUON_ASSIGN_OR_RETURN(d.train, LoadIdxDataset(dir, "train"));
+  MUON_ASSIGN_OR_RETURN(d.test, LoadIdxDataset(dir, "t10k"));
+  const int limit = absl::GetFlag(FLAGS_train_limit);
+  if (limit > 0 && limit < d.train.count) d.train.count = limit;
+  return d;
+}
+
+// Trains with `world` micro-batches per step. rank < 0: single device
+// (accumulates the micro-batches itself). Otherwise one rank of the
+// distributed run on `pg`.
+absl::StatusOr<RunResult> Train(const Data& data, int world, ProcessGroup* pg) {
+  const bool single = pg == nullptr;
+  const int rank = single ? 0 : pg->rank;
+  const std::string tag = single ? "single" : absl::StrCat("rank ", rank);
+  const bool log = single || rank == 0;
+  Mlp mlp(LayerSizes(data.train.features, 10));
+  const int layers = mlp.num_layers();
+  const Placement placement = LayoutPlacement();
+  const Mesh mesh = Mesh::OneDim(world, placement.is_shard() ? "dp_shard" : "dp_replicate");
+
+  // Parameters: this rank's shard (the whole matrix when single).
+  std::vector<Parameter> params(layers);
+  std::vector<std::vector<Box>> boxes(layers);
+  for (int l = 0; l < layers; ++l) {
+    const int64_t r = mlp.rows(l), c = mlp.cols(l);
+    std::vector<float> full = InitLinear(r, c, absl::GetFlag(FLAGS_seed), l);
+    Parameter& p = params[l];
+    p.name = absl::StrCat("fc", l + 1, ".weight");
+    p.global_shape = {r, c};
+    if (single) {
+      boxes[l] = {Box{Range{0, r}, Range{0, c}}};
+    } else {
+      MUON_ASSIGN_OR_RETURN(boxes[l], AllBoxes(r, c, {placement}, mesh));
+    }
+    const Box& mine = boxes[l][rank];
+    p.local_shape = {mine.rows.size(), mine.cols.size()};
+    p.data.resize(mine.numel());
+    p.grad.assign(mine.numel(), 0.0f);
+    CopyRegion(full.data(), Box{Range{0, r}, Range{0, c}}, p.data.data(), mine,
+               mine);
+  }
+  std::vector<Parameter*> ptrs;
+  for (Parameter& p : params) ptrs.push_back(&p);
+  std::optional<DistributedConfig> config;
+  if (!single) {
+    AutoConfigOptions auto_options;
+    if (placement.is_shard()) {
+      auto_options.fsdp = pg->comm.get();
+      auto_options.fsdp_shard_dim = placement.dim;
+    } else {
+      auto_options.ddp = pg->comm.get();
+    }
+    auto_options.coordinator = pg->coordinator.get();
+    auto_options.incarnation = pg->incarnation;
+    MUON_ASSIGN_OR_RETURN(config, CreateAutoConfig(ptrs, auto_options));
+  }
+  MUON_ASSIGN_OR_RETURN(std::unique_ptr<Muon> opt,
+                        Muon::Create(ptrs, OptimizerOptions(), config));
+  if (log) {
+    std::printf("[%s] plan %s: %d matrices, %d buckets, owners:", tag.c_str(),
+                opt->plan().hash().c_str(), opt->plan().matrices_size(),
+                opt->plan().buckets_size());
+    for (const auto& m : opt->plan().matrices()) {
+      std::printf(" %s->%d", m.param().c_str(), m.owner());
+    }
+    std::printf("\n");
+    std::fflush(stdout);
+  }
+
+  // Full weights (FSDP unshard) and gradient buffers.
+  std::vector<std::vector<float>> full_w(layers), full_g(layers), acc_g(layers);
+  std::vector<const float*> wptr(layers);
+  std::vector<float*> gptr(layers);
+  for (int l = 0; l < layers; ++l) {
+    full_w[l].resize(mlp.rows(l) * mlp.cols(l));
+    full_g[l].resize(full_w[l].size());
+    if (single) acc_g[l].resize(full_w[l].size());
+    wptr[l] = full_w[l].data();
+    gptr[l] = full_g[l].data();
+  }
+  std::vector<float> gathered, send, recv;
+  auto unshard = [&](int l) -> absl::Status {
+    const Box full{Range{0, mlp.rows(l)}, Range{0, mlp.cols(l)}};
+    if (single || boxes[l][rank] == full) {
+      full_w[l] = params[l].data;
+      return absl::OkStatus();
+    }
+    std::vector<int64_t> counts(world);
+    for (int q = 0; q < world; ++q) counts[q] = boxes[l][q].numel();
+    gathered.resize(std::accumulate(counts.begin(), counts.end(), int64_t{0}));
+    MUON_RETURN_IF_ERROR(pg->comm->AllGatherV(params[l].data.data(),
+                                              params[l].data.size(),
+                                              gathered.data(), counts));
+    int64_t off = 0;
+    for (int q = 0; q < world; ++q) {
+      CopyRegion(gathered.data() + off, boxes[l][q], full_w[l].data(), full,
+                 boxes[l][q]);
+      off += counts[q];
+    }
+    return absl::OkStatus();
+  };
+  // Sums the ranks' full gradients of layer l into this rank's shard, in
+  // rank order (the reduce-scatter of FSDP; all-reduce for DDP).
+  auto reduce_scatter = [&](int l) -> absl::Status {
+    const Box full{Range{0, mlp.rows(l)}, Range{0, mlp.cols(l)}};
+    const Box& mine = boxes[l][rank];
+    std::vector<int64_t> send_counts(world), recv_counts(world, mine.numel());
+    for (int q = 0; q < world; ++q) send_counts[q] = boxes[l][q].numel();
+    send.resize(std::accumulate(send_counts.begin(), send_counts.end(), int64_t{0}));
+    recv.resize(mine.numel() * world);
+    int64_t off = 0;
+    for (int q = 0; q < world; ++q) {
+      CopyRegion(full_g[l].data(), full, send.data() + off, boxes[l][q],
+                 boxes[l][q]);
+      off += send_counts[q];
+    }
+    MUON_RETURN_IF_ERROR(
+        pg->comm->AllToAllV(send.data(), send_counts, recv.data(), recv_counts));
+    std::vector<float>& g = params[l].grad;
+    std::copy_n(recv.data(), mine.numel(), g.data());
+    for (int q = 1; q < world; ++q) {
+      const float* part = recv.data() + q * mine.numel();
+      for (int64_t i = 0; i < mine.numel(); ++i) g[i] += part[i];
+    }
+    return absl::OkStatus();
+  };
+
+  RunResult result;
+  const int64_t batch = absl::GetFlag(FLAGS_batch_size);
+  const int64_t micro = batch / world;
+  const int64_t steps_per_epoch = data.train.count / batch;
+  const int epochs = absl::GetFlag(FLAGS_epochs);
+  std::vector<float> x;
+  std::vector<int32_t> y;
+  std::vector<float> losses(world);
+  const absl::Time start = absl::Now();
+  for (int epoch = 0; epoch < epochs; ++epoch) {
+    const std::vector<int64_t> order = EpochOrder(data.train.count, epoch);
+    for (int64_t s = 0; s < steps_per_epoch; ++s) {
+      for (int l = 0; l < layers; ++l) MUON_RETURN_IF_ERROR(unshard(l));
+      if (single) {
+        for (int k = 0; k < world; ++k) {
+          CopySamples(data.train, order, s * batch + k * micro, micro, &x, &y);
+          losses[k] = mlp.ForwardBackward(wptr, x.data(), y.data(), micro,
+                                          batch, gptr);
+          for (int l = 0; l < layers; ++l) {
+            if (k == 0) {
+              acc_g[l] = full_g[l];
+            } else {
+              for (size_t i = 0; i < acc_g[l].size(); ++i) acc_g[l][i] += full_g[l][i];
+            }
+          }
+        }
+        for (int l = 0; l < layers; ++l) params[l].grad = acc_g[l];
+      } else {
+        CopySamples(data.train, order, s * batch + rank * micro, micro, &x, &y);
+        const float mine = mlp.ForwardBackward(wptr, x.data(), y.data(), micro,
+                                               batch, gptr);
+        for (int l = 0; l < layers; ++l) MUON_RETURN_IF_ERROR(reduce_scatter(l));
+        MUON_RETURN_IF_ERROR(pg->comm->AllGatherV(
+            &mine, 1, losses.data(), std::vector<int64_t>(world, 1)));
+      }
+      float total = losses[0];
+      for (int k = 1; k < world; ++k) total += losses[k];
+      const float mean = total / static_cast<float>(batch);
+      result.losses.push_back(mean);
+      MUON_RETURN_IF_ERROR(opt->Step());
+      const int64_t step = epoch * steps_per_epoch + s + 1;
+      if (log && (step % absl::GetFlag(FLAGS_log_every) == 0 || step == 1)) {
+        std::printf("[%s] epoch %d step %lld/%lld loss %.5f  (%.1f s)\n",
+                    tag.c_str(), epoch + 1, static_cast<long long>(s + 1),
+                    static_cast<long long>(steps_per_epoch), mean,
+                    absl::ToDoubleSeconds(absl::Now() - start));
+        std::fflush(stdout);
+      }
+    }
+    for (int l = 0; l < layers; ++l) MUON_RETURN_IF_ERROR(unshard(l));
+    result.accuracy = TestAccuracy(mlp, wptr, data.test);
+    if (log) {
+      std::printf("[%s] epoch %d test accuracy %.4f\n", tag.c_str(), epoch + 1,
+                  result.accuracy);
+      std::fflush(stdout);
+    }
+  }
+  for (int l = 0; l < layers; ++l) result.weights.push_back(full_w[l]);
+  if (!single) MUON_RETURN_IF_ERROR(pg->comm->Barrier());
+  return result;
+}
+
+absl::Status WriteResult(const std::string& path, const RunResult& r) {
+  std::ofstream out(path, std::ios::binary);
+  auto put = [&](const void* p, size_t n) {
+    out.write(static_cast<const char*>(p), static_cast<std::streamsize>(n));
+  };
+  uint64_t n = r.losses.size();
+  put(&n, 8);
+  put(r.losses.data(), n * 4);
+  put(&r.accuracy, 8);
+  n = r.weights.size();
+  put(&n, 8);
+  for (const auto& w : r.weights) {
+    uint64_t m = w.size();
+    put(&m, 8);
+    put(w.data(), m * 4);
+  }
+  return out.good() ? absl::OkStatus()
+                    : absl::InternalError(absl::StrCat("cannot write ", path));
+}
+
+absl::StatusOr<RunResult> ReadResult(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in.good()) return absl::NotFoundError(absl::StrCat("no result at ", path));
+  auto get = [&](void* p, size_t n) {
+    in.read(static_cast<char*>(p), static_cast<std::streamsize>(n));
+  };
+  RunResult r;
+  uint64_t n = 0;
+  get(&n, 8);
+  r.losses.resize(n);
+  get(r.losses.data(), n * 4);
+  get(&r.accuracy, 8);
+  get(&n, 8);
+  r.weights.resize(n);
+  for (auto& w : r.weights) {
+    uint64_t m = 0;
+    get(&m, 8);
+    w.resize(m);
+    get(w.data(), m * 4);
+  }
+  if (!in.good()) return absl::DataLossError(absl::StrCat("truncated ", path));
+  return r;
+}
+
+int RankMain() {
+  const int rank = absl::GetFlag(FLAGS_rank);
+  const int world = absl::GetFlag(FLAGS_nproc);
+  openblas_set_num_threads(1);
+  absl::StatusOr<Data> data = LoadData();
+  if (!data.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, data.status().ToString().c_str());
+    return 1;
+  }
+  ProcessGroupOptions options;
+  options.rank = rank;
+  options.world_size = world;
+  options.job_id = "fashion-mnist";
+  options.coordinator_address = absl::GetFlag(FLAGS_coordinator);
+  options.embed_coordinator = options.coordinator_address.empty();
+  options.port_file = absl::GetFlag(FLAGS_port_file);
+  absl::StatusOr<std::unique_ptr<ProcessGroup>> pg = InitProcessGroup(options);
+  if (!pg.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, pg.status().ToString().c_str());
+    return 1;
+  }
+  absl::StatusOr<RunResult> result = Train(*data, world, pg->get());
+  if (!result.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, result.status().ToString().c_str());
+    return 1;
+  }
+  if (rank == 0) {
+    absl::Status s = WriteResult(absl::GetFlag(FLAGS_out_dir) + "/distributed.bin", *result);
+    if (!s.ok()) {
+      std::fprintf(stderr, "rank 0: %s\n", s.ToString().c_str());
+      return 1;
+    }
+  }
+  return 0;
+}
+
+int LauncherMain() {
+  const absl::Time start = absl::Now();
+  const int world = absl::GetFlag(FLAGS_nproc);
+  if (world < 1 || absl::GetFlag(FLAGS_batch_size) % world != 0) {
+    std::fprintf(stderr, "--batch_size %d must be a multiple of --nproc %d\n",
+                 absl::GetFlag(FLAGS_batch_size), world);
+    return 2;
+  }
+  absl::StatusOr<Data> data = LoadData();
+  if (!data.ok()) {
+    std::fprintf(stderr, "%s\n", data.status().ToString().c_str());
+    return 1;
+  }
+  absl::StatusOr<std::string> dir = MakeTempDir("fashion-mnist-");
+  if (!dir.ok()) {
+    std::fprintf(stderr, "%s\n", dir.status().ToString().c_str());
+    return 1;
+  }
+  const std::string placement = LayoutPlacement().ToString();
+  const std::string layout = absl::StrCat(absl::GetFlag(FLAGS_layout), "(",
+                                          placement, " over ", world, " ranks)");
+  std::printf("fashion-mnist: %lld train / %lld test images, MLP %s, Muon lr=%g, "
+              "%d epochs, batch %d; distributed run: %d rank processes, %s, "
+              "coordinator %s\n",
+              static_cast<long long>(data->train.count),
+              static_cast<long long>(data->test.count),
+              absl::StrCat("784-", absl::StrReplaceAll(absl::GetFlag(FLAGS_hidden), {{",", "-"}}), "-10").c_str(),
+              absl::GetFlag(FLAGS_lr), absl::GetFlag(FLAGS_epochs),
+              absl::GetFlag(FLAGS_batch_size), world, layout.c_str(),
+              absl::GetFlag(FLAGS_coordinator).empty()
+                  ? "embedded in rank 0"
+                  : absl::GetFlag(FLAGS_coordinator).c_str());
+  std::fflush(stdout);
+
+  // 1. Distributed run: N rank processes of this binary.
+  const std::string self = SelfExecutable();
+  auto flag_args = [&](int rank) {
+    std::vector<std::string> a = {self,
+        absl::StrCat("--rank=", rank), absl::StrCat("--nproc=", world),
+        absl::StrCat("--epochs=", absl::GetFlag(FLAGS_epochs)),
+        absl::StrCat("--batch_size=", absl::GetFlag(FLAGS_batch_size)),
+        absl::StrCat("--hidden=", absl::GetFlag(FLAGS_hidden)),
+        absl::StrFormat("--lr=%.17g", absl::GetFlag(FLAGS_lr)),
+        absl::StrFormat("--weight_decay=%.17g", absl::GetFlag(FLAGS_weight_decay)),
+        absl::StrFormat("--momentum=%.17g", absl::GetFlag(FLAGS_momentum)),
+        absl::StrCat("--adjust_lr_fn=", absl::GetFlag(FLAGS_adjust_lr_fn)),
+        absl::StrCat("--layout=", absl::GetFlag(FLAGS_layout)),
+        absl::StrCat("--data_dir=", absl::GetFlag(FLAGS_data_dir)),
+        absl::StrCat("--train_limit=", absl::GetFlag(FLAGS_train_limit)),
+        absl::StrCat("--seed=", absl::GetFlag(FLAGS_seed)),
+        absl::StrCat("--log_every=", absl::GetFlag(FLAGS_log_every)),
+        absl::StrCat("--out_dir=", *dir)};
+    return a;
+  };
+  std::vector<pid_t> pids;
+  std::string address = absl::GetFlag(FLAGS_coordinator);
+  const std::string port_file = *dir + "/coordinator.port";
+  {
+    std::vector<std::string> a = flag_args(0);
+    a.push_back(absl::StrCat("--coordinator=", address));
+    if (address.empty()) a.push_back("--port_file=" + port_file);
+    absl::StatusOr<pid_t> pid = SpawnProcess(a);
+    if (!pid.ok()) {
+      std::fprintf(stderr, "%s\n", pid.status().ToString().c_str());
+      return 1;
+    }
+    pids.push_back(*pid);
+  }
+  if (address.empty()) {
+    absl::StatusOr<int> port = WaitForPortFile(port_file, pids[0], absl::Seconds(60));
+    if (!port.ok()) {
+      std::fprintf(stderr, "rank 0 did not start its coordinator: %s\n",
+                   port.status().ToString().c_str());
+      WaitAll(pids, absl::Seconds(5));
+      return 1;
+    }
+    address = absl::StrCat("127.0.0.1:", *port);
+  }
+  for (int r = 1; r < world; ++r) {
+    std::vector<std::string> a = flag_args(r);
+    a.push_back(absl::StrCat("--coordinator=", address));
+    absl::StatusOr<pid_t> pid = SpawnProcess(a);
+    if (!pid.ok()) {
+      std::fprintf(stderr, "%s\n", pid.status().ToString().c_str());
+      WaitAll(pids, absl::Seconds(5));
+      return 1;
+    }
+    pids.push_back(*pid);
+  }
+  const std::vector<int> codes = WaitAll(pids, absl::Minutes(30));
+  for (int r = 0; r < world; ++r) {
+    if (codes[r] != 0) {
+      std::fprintf(stderr, "fashion-mnist: rank %d exited with %d\n", r, codes[r]);
+      return 1;
+    }
+  }
+  absl::StatusOr<RunResult> dist = ReadResult(*dir + "/distributed.bin");
+  if (!dist.ok()) {
+    std::fprintf(stderr, "%s\n", dist.status().ToString().c_str());
+    return 1;
+  }
+  // 2. The same job on a single device, in this process.
+  openblas_set_num_threads(1);
+  absl::StatusOr<RunResult> single = Train(*data, world, nullptr);
+  if (!single.ok()) {
+    std::fprintf(stderr, "single: %s\n", single.status().ToString().c_str());
+    return 1;
+  }
+  // 3. Compare.
+  double max_diff = 0, max_rel = 0;
+  for (size_t l = 0; l < single->weights.size(); ++l) {
+    for (size_t i = 0; i < single->weights[l].size(); ++i) {
+      max_diff = std::max<double>(
+          max_diff, std::fabs(single->weights[l][i] - dist->weights[l][i]));
+    }
+  }
+  for (size_t s = 0; s < single->losses.size(); ++s) {
+    const double a = single->losses[s], b = dist->losses[s];
+    max_rel = std::max(max_rel, std::fabs(a - b) / std::max(1e-12, std::fabs(a)));
+  }
+  std::printf("fashion-mnist: distributed_acc=%.4f single_acc=%.4f "
+              "max_abs_param_diff=%g max_rel_loss_diff=%g ranks=%d layout=%s "
+              "wall_s=%.1f\n",
+              dist->accuracy, single->accuracy, max_diff, max_rel, world,
+              layout.c_str(), absl::ToDoubleSeconds(absl::Now() - start));
+  std::fflush(stdout);
+  std::remove((*dir + "/distributed.bin").c_str());
+  std::remove(port_file.c_str());
+  rmdir(dir->c_str());
+  if (single->losses.size() != dist->losses.size() || max_rel > 1e-4) {
+    std::fprintf(stderr, "fashion-mnist: the two runs' losses disagree\n");
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace muon::examples
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_rank) >= 0) return muon::examples::RankMain();
+  return muon::examples::LauncherMain();
+}

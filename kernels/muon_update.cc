@@ -1,0 +1,69 @@
+#include "kernels/muon_update.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace muon {
+namespace kernels {
+namespace {
+
+// ATen's scalar lerp (aten/src/ATen/native/Lerp.h) for float:
+//   |w| < 0.5: self + w*(end - self);
+//   otherwise: end - (end - self)*(1 - w).
+inline float Lerp(float self, float end, float weight) {
+  const float diff = end - self;
+  return std::abs(weight) < 0.5f ? self + weight * diff
+                                 : end - diff * (1.0f - weight);
+}
+
+}  // namespace
+
+void MomentumUpdate(float* buf, const float* grad, int64_t n, double momentum) {
+  const float w = static_cast<float>(1.0 - momentum);
+  for (int64_t i = 0; i < n; ++i) buf[i] = Lerp(buf[i], grad[i], w);
+}
+
+void NesterovUpdate(const float* grad, const float* buf, int64_t n,
+                    double momentum, float* out) {
+  const float w = static_cast<float>(momentum);
+  for (int64_t i = 0; i < n; ++i) out[i] = Lerp(grad[i], buf[i], w);
+}
+
+double AdjustLr(double lr, AdjustLrFn fn, int64_t rows, int64_t cols) {
+  const double r = static_cast<double>(rows);
+  const double c = static_cast<double>(cols);
+  double ratio = 1.0;
+  switch (fn) {
+    case AdjustLrFn::kOriginal:
+      ratio = std::sqrt(std::max(1.0, r / c));
+      break;
+    case AdjustLrFn::kMatchRmsAdamW:
+      ratio = 0.2 * std::sqrt(std::max(r, c));
+      break;
+  }
+  return lr * ratio;
+}
+
+absl::StatusOr<AdjustLrFn> ParseAdjustLrFn(absl::string_view name) {
+  if (name == "original") return AdjustLrFn::kOriginal;
+  if (name == "match_rms_adamw") return AdjustLrFn::kMatchRmsAdamW;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "adjust_lr_fn must be \"original\" or \"match_rms_adamw\", got \"", name,
+      "\""));
+}
+
+void ApplyUpdate(float* param, const float* update, int64_t n, double lr,
+                 double weight_decay, double adjusted_lr) {
+  const float decay = static_cast<float>(1.0 - lr * weight_decay);
+  const float alpha = static_cast<float>(-adjusted_lr);
+  for (int64_t i = 0; i < n; ++i) {
+    const float decayed = param[i] * decay;
+    param[i] = decayed + alpha * update[i];
+  }
+}
+
+}  // namespace kernels
+}  // namespace muon

@@ -1,0 +1,78 @@
+// Elementwise parts of a Muon step on the CPU, fp32: momentum buffer update,
+// Nesterov look-ahead, learning-rate adjustment and the decoupled weight
+// decay + update. Matches torch.optim.Muon (torch/optim/_muon.py, PyTorch
+// 2.9) `_single_tensor_muon` and `_adjust_lr` (DESIGN.md section 1).
+//
+// All loops are plain sequential scalar code compiled without floating-point
+// contraction (-ffp-contract=off), so the bits do not depend on the compiler
+// fusing multiply-adds. Note: PyTorch's vectorized CPU kernels (AVX2/AVX-512
+// builds) and CUDA kernels use fused multiply-add for lerp and add(alpha=);
+// those may differ from these in the last bit of some elements.
+#ifndef MUON_KERNELS_MUON_UPDATE_H_
+#define MUON_KERNELS_MUON_UPDATE_H_
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace muon {
+namespace kernels {
+
+// Momentum buffer update B <- lerp(B, G, 1 - momentum), in place.
+//   buf:  float32 [n], the momentum buffer, updated in place.
+//   grad: float32 [n], the gradient; may alias buf (then buf is unchanged).
+//   momentum: the Muon momentum mu (dimensionless, usually in [0, 1)).
+// Matches torch `buf.lerp_(grad, 1 - momentum)` with torch's scalar lerp
+// formula (ATen `lerp` in Lerp.h): w = (float)(1 - momentum) (1 - momentum
+// computed in double, as Python does), diff = grad - buf,
+//   |w| < 0.5 ? buf + w*diff : grad - diff*(1 - w)   (float arithmetic).
+void MomentumUpdate(float* buf, const float* grad, int64_t n, double momentum);
+
+// Nesterov look-ahead U <- lerp(G, B, momentum), out of place.
+//   grad, buf: float32 [n]; out: float32 [n], may alias grad or buf.
+// Matches torch `grad.lerp(buf, momentum)` with the same formula as
+// MomentumUpdate and w = (float)momentum.
+void NesterovUpdate(const float* grad, const float* buf, int64_t n,
+                    double momentum, float* out);
+
+// How the learning rate is scaled by the matrix shape (torch.optim.Muon's
+// `adjust_lr_fn`).
+enum class AdjustLrFn {
+  // "original": lr * sqrt(max(1, rows / cols)) (Keller Jordan's Muon).
+  kOriginal,
+  // "match_rms_adamw": lr * 0.2 * sqrt(max(rows, cols)) (Moonshot's Muon is
+  // Scalable for LLM Training, matching AdamW's update RMS).
+  kMatchRmsAdamW,
+};
+
+// Adjusted learning rate for a matrix of GLOBAL shape [rows, cols] (never the
+// local shard's). Matches torch.optim.Muon `_adjust_lr` in double, operation
+// for operation: ratio = sqrt(max(1, rows / cols)) or
+// 0.2 * sqrt(max(rows, cols)); returns lr * ratio. Units: those of lr.
+// Precondition: rows >= 1, cols >= 1.
+double AdjustLr(double lr, AdjustLrFn fn, int64_t rows, int64_t cols);
+
+// Parses the torch spelling of an AdjustLrFn: "original" or
+// "match_rms_adamw" (exact, case-sensitive).
+// Errors:
+//   InvalidArgument: any other value (the message quotes it).
+absl::StatusOr<AdjustLrFn> ParseAdjustLrFn(absl::string_view name);
+
+// Decoupled weight decay and the Muon update, in place:
+//   param *= (float)(1 - lr * weight_decay);
+//   param += (float)(-adjusted_lr) * update;
+//   param, update: float32 [n]; update is O = NS_k(U), may not alias param.
+//   lr: the unadjusted learning rate (weight decay uses it, as torch does);
+//   adjusted_lr: AdjustLr(lr, ...).
+// Matches torch `param.mul_(1 - lr * weight_decay)` then
+// `param.add_(update, alpha=-adjusted_lr)`: scalars computed in double then
+// cast to float once; elementwise float arithmetic, two roundings per
+// element (the multiply is rounded before the add).
+void ApplyUpdate(float* param, const float* update, int64_t n, double lr,
+                 double weight_decay, double adjusted_lr);
+
+}  // namespace kernels
+}  // namespace muon
+
+#endif  // MUON_KERNELS_MUON_UPDATE_H_

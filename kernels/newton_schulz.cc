@@ -1,0 +1,220 @@
+#include "kernels/newton_schulz.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cassert>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace muon {
+namespace kernels {
+namespace {
+
+template <typename T>
+void GrowTo(std::vector<T>& v, int64_t n) {
+  if (n > 0 && static_cast<int64_t>(v.size()) < n) {
+    v.resize(static_cast<size_t>(n));
+  }
+}
+
+// Frobenius norm of n floats, squares summed in double in index order (each
+// square of a float is exact in double), so the result is deterministic.
+double FrobeniusNorm(const float* x, int64_t n) {
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = x[i];
+    sum += v * v;
+  }
+  return std::sqrt(sum);
+}
+
+}  // namespace
+
+void NewtonSchulzWorkspace::Reserve(int64_t rows, int64_t cols) {
+  if (rows <= 0 || cols <= 0) return;
+  const int64_t m = std::min(rows, cols);
+  GrowTo(x_, rows * cols);
+  GrowTo(gram_, m * m);
+  GrowTo(poly_, m * m);
+}
+
+int64_t NewtonSchulzWorkspace::CapacityBytes() const {
+  return static_cast<int64_t>(
+      (x_.capacity() + gram_.capacity() + poly_.capacity()) * sizeof(float));
+}
+
+absl::Status NewtonSchulz(const float* u, int64_t rows, int64_t cols,
+                          const NewtonSchulzOptions& options, float* out,
+                          NewtonSchulzWorkspace* workspace) {
+  if (rows < 1 || cols < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "NewtonSchulz: matrix shape must be positive, got rows=", rows,
+        " cols=", cols));
+  }
+  if (rows > INT_MAX || cols > INT_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "NewtonSchulz: dimension exceeds the 32-bit cblas interface, got rows=",
+        rows, " cols=", cols));
+  }
+  if (options.steps < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "NewtonSchulz: steps must be >= 0, got steps=", options.steps));
+  }
+  if (u == nullptr || out == nullptr) {
+    return absl::InvalidArgumentError(
+        "NewtonSchulz: u and out must be non-null");
+  }
+  const int64_t size = rows * cols;
+  const uintptr_t u_begin = reinterpret_cast<uintptr_t>(u);
+  const uintptr_t out_begin = reinterpret_cast<uintptr_t>(out);
+  const uintptr_t bytes = static_cast<uintptr_t>(size) * sizeof(float);
+  if (out_begin < u_begin + bytes && u_begin < out_begin + bytes) {
+    return absl::InvalidArgumentError("NewtonSchulz: out must not overlap u");
+  }
+
+  NewtonSchulzWorkspace local;
+  NewtonSchulzWorkspace* ws = workspace != nullptr ? workspace : &local;
+  ws->Reserve(rows, cols);
+
+  // Work on X (m x n, m <= n). When rows > cols the buffers hold V = X^T as a
+  // row-major [rows, cols] matrix, i.e. the input's own layout, and every
+  // product is rewritten with transpose flags:
+  //   A = X X^T         = V^T V          (Trans, NoTrans)
+  //   X' = a X + B X    <=> V' = a V + V B^T  (NoTrans, Trans)
+  // so the final buffer already has the output's layout.
+  const bool tall = rows > cols;
+  const int m = static_cast<int>(std::min(rows, cols));
+  const int n = static_cast<int>(std::max(rows, cols));
+  // Leading dimension of the stored matrix (row-major [rows, cols]).
+  const int ld = static_cast<int>(cols);
+
+  // Ping-pong between out and the workspace buffer. Each step writes the
+  // other buffer, so start where the last step lands in out: no final copy.
+  float* x = (options.steps % 2 == 0) ? out : ws->x_.data();
+  float* x_next = (options.steps % 2 == 0) ? ws->x_.data() : out;
+  float* gram = ws->gram_.data();
+  float* poly = ws->poly_.data();
+
+  // X = U / max(||U||_F, eps), the division in float as torch's div_ does.
+  const float denom =
+      static_cast<float>(std::max(FrobeniusNorm(u, size), options.eps));
+  for (int64_t i = 0; i < size; ++i) x[i] = u[i] / denom;
+
+  const float a = static_cast<float>(options.a);
+  const float b = static_cast<float>(options.b);
+  const float c = static_cast<float>(options.c);
+  const size_t gram_bytes = static_cast<size_t>(m) * m * sizeof(float);
+  const size_t x_bytes = static_cast<size_t>(size) * sizeof(float);
+
+  for (int step = 0; step < options.steps; ++step) {
+    // A = X X^T (m x m).
+    if (tall) {
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, m, n, 1.0f, x, ld,
+                  x, ld, 0.0f, gram, m);
+    } else {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, m, n, 1.0f, x, ld,
+                  x, ld, 0.0f, gram, m);
+    }
+    // B = b*A + c*A*A: B starts as a copy of A, then beta = b.
+    std::memcpy(poly, gram, gram_bytes);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, m, m, c, gram, m,
+                gram, m, b, poly, m);
+    // X' = a*X + B*X: X' starts as a copy of X, then beta = a.
+    std::memcpy(x_next, x, x_bytes);
+    if (tall) {
+      // V' = a V + V B^T, V = X^T is [n, m] row-major.
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, m, 1.0f, x, ld,
+                  poly, m, a, x_next, ld);
+    } else {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, m, 1.0f,
+                  poly, m, x, ld, a, x_next, ld);
+    }
+    std::swap(x, x_next);
+  }
+  assert(x == out);
+  return absl::OkStatus();
+}
+
+void NewtonSchulzReference(const double* u, int64_t rows, int64_t cols,
+                           const NewtonSchulzOptions& options, double* out) {
+  assert(rows >= 1 && cols >= 1 && options.steps >= 0);
+  const bool tall = rows > cols;
+  const int64_t m = std::min(rows, cols);
+  const int64_t n = std::max(rows, cols);
+  // X (m x n) as an explicit row-major copy, transposed when tall.
+  std::vector<double> x(static_cast<size_t>(m * n));
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < cols; ++j) {
+      const double v = u[i * cols + j];
+      if (tall) {
+        x[j * n + i] = v;
+      } else {
+        x[i * n + j] = v;
+      }
+    }
+  }
+  double sum = 0.0;
+  for (double v : x) sum += v * v;
+  const double denom = std::max(std::sqrt(sum), options.eps);
+  for (double& v : x) v /= denom;
+
+  std::vector<double> gram(static_cast<size_t>(m * m));
+  std::vector<double> poly(static_cast<size_t>(m * m));
+  std::vector<double> x_next(static_cast<size_t>(m * n));
+  for (int step = 0; step < options.steps; ++step) {
+    // A = X X^T.
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < m; ++j) {
+        double s = 0.0;
+        const double* xi = &x[i * n];
+        const double* xj = &x[j * n];
+        for (int64_t k = 0; k < n; ++k) s += xi[k] * xj[k];
+        gram[i * m + j] = s;
+      }
+    }
+    // B = b*A + c*A*A.
+    for (int64_t i = 0; i < m; ++i) {
+      double* pi = &poly[i * m];
+      for (int64_t j = 0; j < m; ++j) pi[j] = options.b * gram[i * m + j];
+      for (int64_t k = 0; k < m; ++k) {
+        const double g = options.c * gram[i * m + k];
+        const double* gk = &gram[k * m];
+        for (int64_t j = 0; j < m; ++j) pi[j] += g * gk[j];
+      }
+    }
+    // X' = a*X + B*X.
+    for (int64_t i = 0; i < m; ++i) {
+      double* yi = &x_next[i * n];
+      const double* xi = &x[i * n];
+      for (int64_t j = 0; j < n; ++j) yi[j] = options.a * xi[j];
+      for (int64_t k = 0; k < m; ++k) {
+        const double p = poly[i * m + k];
+        const double* xk = &x[k * n];
+        for (int64_t j = 0; j < n; ++j) yi[j] += p * xk[j];
+      }
+    }
+    x.swap(x_next);
+  }
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < cols; ++j) {
+      out[i * cols + j] = tall ? x[j * n + i] : x[i * n + j];
+    }
+  }
+}
+
+double NewtonSchulzFlops(int64_t rows, int64_t cols, int steps) {
+  const double m = static_cast<double>(std::min(rows, cols));
+  const double n = static_cast<double>(std::max(rows, cols));
+  return steps * (4.0 * m * m * n + 2.0 * m * m * m);
+}
+
+}  // namespace kernels
+}  // namespace muon

@@ -1,0 +1,116 @@
+// Newton-Schulz orthogonalization of one fp32 matrix on the CPU (OpenBLAS).
+//
+// This is the O <- NS_k(U) line of a Muon step (DESIGN.md sections 1 and 6):
+// the semantics of torch.optim.Muon's `_zeropower_via_newtonschulz`
+// (torch/optim/_muon.py, PyTorch 2.9) computed in float32 instead of
+// bfloat16, on cblas_sgemm with alpha/beta folding and transposes by GEMM
+// flags (no transpose copies).
+//
+// Determinism: our own reduction (the norm) is sequential in index order, so
+// the output bits are a function of the input bits, the options and the
+// OpenBLAS configuration only: its build, core type (OPENBLAS_CORETYPE or
+// autodetection) and thread count (OPENBLAS_NUM_THREADS /
+// openblas_set_num_threads). The last two matter: OpenBLAS 0.3.21 splits a
+// GEMM's output among threads and the micro-kernel path a tile takes depends
+// on the split, so 1 and 2 threads give different last bits, and so do the
+// Haswell and Cooperlake kernels on the same CPU (measured). Processes that
+// must agree bitwise (an owner rank and a single-device reference) must pin
+// both. Note `bazel test` clears the environment, so a test autodetects the
+// core even where the shell sets OPENBLAS_CORETYPE.
+#ifndef MUON_KERNELS_NEWTON_SCHULZ_H_
+#define MUON_KERNELS_NEWTON_SCHULZ_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace muon {
+namespace kernels {
+
+// Coefficients and iteration count of the quintic Newton-Schulz iteration
+// X <- a*X + b*(X X^T) X + c*(X X^T)^2 X. Defaults are torch.optim.Muon's.
+struct NewtonSchulzOptions {
+  // Linear coefficient (Keller Jordan's quintic).
+  double a = 3.4445;
+  // Cubic coefficient.
+  double b = -4.7750;
+  // Quintic coefficient.
+  double c = 2.0315;
+  // Lower clamp of the Frobenius norm before normalisation; keeps an
+  // all-zero matrix finite (torch: `norm().clamp(min=eps)`).
+  double eps = 1e-7;
+  // Number of iterations k (>= 0). 0 means "normalise only".
+  int steps = 5;
+};
+
+// Scratch buffers for NewtonSchulz, reused across calls so the hot path does
+// not allocate after warm-up. Buffers only grow. Not thread-safe: use one
+// workspace per thread. Holds rows*cols + 2*min(rows, cols)^2 floats after
+// Reserve(rows, cols).
+class NewtonSchulzWorkspace {
+ public:
+  NewtonSchulzWorkspace() = default;
+  NewtonSchulzWorkspace(const NewtonSchulzWorkspace&) = delete;
+  NewtonSchulzWorkspace& operator=(const NewtonSchulzWorkspace&) = delete;
+  NewtonSchulzWorkspace(NewtonSchulzWorkspace&&) = default;
+  NewtonSchulzWorkspace& operator=(NewtonSchulzWorkspace&&) = default;
+
+  // Grows the buffers to fit a [rows, cols] matrix (either orientation).
+  // Non-positive sizes are treated as 0 (nothing reserved).
+  void Reserve(int64_t rows, int64_t cols);
+
+  // Bytes currently held by the buffers.
+  int64_t CapacityBytes() const;
+
+ private:
+  friend absl::Status NewtonSchulz(const float* u, int64_t rows, int64_t cols,
+                                   const NewtonSchulzOptions& options,
+                                   float* out,
+                                   NewtonSchulzWorkspace* workspace);
+  std::vector<float> x_;     // Second ping-pong buffer for X: rows*cols.
+  std::vector<float> gram_;  // A = X X^T: m*m, m = min(rows, cols).
+  std::vector<float> poly_;  // B = b*A + c*A*A: m*m.
+};
+
+// O = NS_k(U): approximately the orthogonal polar factor of U.
+//   u:    row-major float32 [rows, cols], read only.
+//   out:  row-major float32 [rows, cols]; must not overlap u.
+//   workspace: scratch, grown as needed (Reserve first to avoid allocating
+//          on the hot path); nullptr uses a temporary one (allocates).
+// Matches torch.optim.Muon's `_zeropower_via_newtonschulz` in fp32:
+//   X = U, viewed transposed (GEMM flags, no copy) when rows > cols;
+//   X /= max(||X||_F, eps)  (norm accumulated in double, sequentially);
+//   repeat steps times {
+//     A = X X^T;                 (sgemm)
+//     B = b*A + c*A*A;           (one sgemm, beta = b, on a copy of A)
+//     X = a*X + B*X;             (one sgemm, beta = a, on a copy of X)
+//   }
+//   transpose back (by the same flags).
+// Cost: NewtonSchulzFlops(rows, cols, steps) FLOPs.
+// Errors:
+//   InvalidArgument: rows < 1 or cols < 1 (names the value), steps < 0,
+//     a dimension above INT_MAX (the cblas interface is 32-bit), u or out
+//     null, or u and out overlapping.
+absl::Status NewtonSchulz(const float* u, int64_t rows, int64_t cols,
+                          const NewtonSchulzOptions& options, float* out,
+                          NewtonSchulzWorkspace* workspace);
+
+// The same iteration in float64 with plain loops and explicit transposes
+// (no BLAS): the reference the fp32 kernel is tested against. Shapes as in
+// NewtonSchulz (row-major [rows, cols], out must not overlap u). Slow
+// (O(steps * m^2 n) scalar loops): meant for tests and small matrices.
+// Preconditions (checked with assert only): rows >= 1, cols >= 1,
+// steps >= 0.
+void NewtonSchulzReference(const double* u, int64_t rows, int64_t cols,
+                           const NewtonSchulzOptions& options, double* out);
+
+// FLOPs of NewtonSchulz on a [rows, cols] matrix: steps*(4*m*m*n + 2*m^3),
+// m = min(rows, cols), n = max(rows, cols) (DESIGN.md section 10; A = X X^T
+// is 2*m*m*n, B is 2*m^3, B X is 2*m*m*n; elementwise work not counted).
+double NewtonSchulzFlops(int64_t rows, int64_t cols, int steps);
+
+}  // namespace kernels
+}  // namespace muon
+
+#endif  // MUON_KERNELS_NEWTON_SCHULZ_H_

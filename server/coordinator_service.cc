@@ -1,0 +1,359 @@
+#include "server/coordinator_service.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "server/manifest_validation.h"
+
+namespace muon {
+namespace {
+
+double UnixSeconds(absl::Time t) {
+  return absl::ToDoubleSeconds(t - absl::UnixEpoch());
+}
+
+}  // namespace
+
+CoordinatorService::CoordinatorService(Options options)
+    : options_(std::move(options)), world_size_(options_.world_size) {}
+
+CoordinatorService::~CoordinatorService() { Shutdown(); }
+
+absl::Status CoordinatorService::CheckJobId(const std::string& job_id) const {
+  if (job_id.empty() || job_id == options_.job_id) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("request is for job \"", job_id,
+                   "\" but this coordinator serves job \"", options_.job_id,
+                   "\""));
+}
+
+std::string CoordinatorService::JobStateName(JobState state) {
+  switch (state) {
+    case JobState::kWaiting:
+      return "waiting";
+    case JobState::kPlanned:
+      return "planned";
+    case JobState::kFailed:
+      return "failed";
+  }
+  return "unknown";
+}
+
+std::string CoordinatorService::MissingRanksLocked() const {
+  std::vector<int> missing;
+  for (int r = 0; r < world_size_; ++r) {
+    if (ranks_.find(r) == ranks_.end()) missing.push_back(r);
+  }
+  return absl::StrCat("[", absl::StrJoin(missing, ", "), "]");
+}
+
+void CoordinatorService::FailLocked(absl::Status status) {
+  state_ = JobState::kFailed;
+  error_ = std::move(status);
+  // Waiters' conditions read state_; absl::Mutex re-evaluates them on
+  // unlock, so no explicit signal is needed.
+}
+
+void CoordinatorService::PlanLocked() {
+  std::vector<v1::RankManifest> manifests;
+  manifests.reserve(world_size_);
+  for (int r = 0; r < world_size_; ++r) manifests.push_back(ranks_[r].manifest);
+
+  absl::StatusOr<JobLayout> layout = ValidateManifests(manifests);
+  if (!layout.ok()) {
+    FailLocked(layout.status());
+    return;
+  }
+  PlannerOptions planner = options_.planner;
+  planner.job_id = options_.job_id;
+  if (!layout->execution.assignment_policy().empty()) {
+    absl::StatusOr<PlannerOptions::Policy> policy =
+        ParsePolicy(layout->execution.assignment_policy());
+    if (!policy.ok()) {
+      FailLocked(absl::InvalidArgumentError(absl::StrCat(
+          "execution.assignment_policy: ", policy.status().message())));
+      return;
+    }
+    planner.policy = *policy;
+  }
+  if (layout->execution.bucket_size_bytes() != 0) {
+    planner.bucket_size_bytes = layout->execution.bucket_size_bytes();
+  }
+  absl::StatusOr<v1::Plan> plan = MakePlan(*layout, planner);
+  if (!plan.ok()) {
+    FailLocked(plan.status());
+    return;
+  }
+  absl::Status valid = ValidatePlan(*plan, *layout);
+  if (!valid.ok()) {
+    FailLocked(absl::InternalError(
+        absl::StrCat("planner produced an invalid plan: ", valid.message())));
+    return;
+  }
+  plan_ = *std::move(plan);
+  state_ = JobState::kPlanned;
+  const absl::Time now = options_.now();
+  for (auto& [rank, info] : ranks_) info.last_seen = now;
+}
+
+absl::StatusOr<v1::JoinResponse> CoordinatorService::Join(
+    const v1::JoinRequest& request) {
+  MUON_RETURN_IF_ERROR(CheckJobId(request.job_id()));
+  const v1::RankManifest& manifest = request.manifest();
+  const int rank = manifest.rank();
+  const absl::Duration timeout = request.timeout_ms() > 0
+                                     ? absl::Milliseconds(request.timeout_ms())
+                                     : options_.default_join_timeout;
+  const absl::Time deadline = absl::Now() + timeout;
+
+  absl::MutexLock lock(&mu_);
+  if (shutdown_) {
+    return absl::UnavailableError("coordinator is shutting down");
+  }
+  if (state_ == JobState::kFailed) return error_;
+
+  auto it = ranks_.find(rank);
+  if (it != ranks_.end() && it->second.incarnation != request.incarnation()) {
+    return absl::AbortedError(absl::StrCat(
+        "rank ", rank, " already joined with incarnation ",
+        it->second.incarnation, "; this join has incarnation ",
+        request.incarnation(), " (restarting a rank is not supported: "
+        "restart the whole job)"));
+  }
+  if (state_ == JobState::kPlanned) {
+    if (it == ranks_.end()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", rank, " joined after the job was planned with ",
+          world_size_, " ranks"));
+    }
+    // An idempotent retry of a rank that is already part of the plan.
+    it->second.last_seen = options_.now();
+    v1::JoinResponse response;
+    *response.mutable_plan() = plan_;
+    return response;
+  }
+
+  // Still waiting for ranks.
+  if (world_size_ == 0) {
+    if (manifest.world_size() < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", rank, " reports world size ",
+                       manifest.world_size(), "; must be >= 1"));
+    }
+    world_size_ = manifest.world_size();
+  }
+  if (manifest.world_size() != world_size_) {
+    FailLocked(absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank, " reports world size ", manifest.world_size(),
+        " but the job's world size is ", world_size_,
+        options_.world_size > 0 ? " (set on the coordinator)"
+                                : " (from the first rank to join)")));
+    return error_;
+  }
+  if (rank < 0 || rank >= world_size_) {
+    FailLocked(absl::InvalidArgumentError(
+        absl::StrCat("a rank joined as rank ", rank,
+                     " but ranks must be in [0, ", world_size_, ")")));
+    return error_;
+  }
+
+  RankInfo& info = ranks_[rank];
+  info.incarnation = request.incarnation();
+  info.manifest = manifest;
+  info.last_seen = options_.now();
+  if (static_cast<int>(ranks_.size()) == world_size_) PlanLocked();
+
+  ++info.joins_in_flight;
+  auto done = [this]() {
+    mu_.AssertReaderHeld();
+    return shutdown_ || state_ != JobState::kWaiting;
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
+  --info.joins_in_flight;
+  info.last_seen = options_.now();
+
+  if (shutdown_) {
+    return absl::UnavailableError("coordinator is shutting down");
+  }
+  switch (state_) {
+    case JobState::kPlanned: {
+      v1::JoinResponse response;
+      *response.mutable_plan() = plan_;
+      return response;
+    }
+    case JobState::kFailed:
+      return error_;
+    case JobState::kWaiting:
+      break;
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "rank ", rank, " timed out after ", absl::FormatDuration(timeout),
+      " waiting for ranks ", MissingRanksLocked(), " to join (",
+      ranks_.size(), " of ", world_size_, " joined)"));
+}
+
+absl::StatusOr<CoordinatorService::RankInfo*>
+CoordinatorService::FindRankLocked(int rank, uint64_t incarnation) {
+  auto it = ranks_.find(rank);
+  if (it == ranks_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("rank ", rank, " has not joined the job"));
+  }
+  if (it->second.incarnation != incarnation) {
+    return absl::AbortedError(absl::StrCat(
+        "rank ", rank, " is incarnation ", it->second.incarnation,
+        " but the request comes from incarnation ", incarnation,
+        " (a stale or restarted process)"));
+  }
+  return &it->second;
+}
+
+absl::StatusOr<v1::HeartbeatResponse> CoordinatorService::Heartbeat(
+    const v1::HeartbeatRequest& request) {
+  MUON_RETURN_IF_ERROR(CheckJobId(request.job_id()));
+  absl::MutexLock lock(&mu_);
+  MUON_ASSIGN_OR_RETURN(RankInfo * info,
+                        FindRankLocked(request.rank(), request.incarnation()));
+  info->last_seen = options_.now();
+  v1::HeartbeatResponse response;
+  response.set_job_state(JobStateName(state_));
+  return response;
+}
+
+absl::StatusOr<v1::ReportStepResponse> CoordinatorService::ReportStep(
+    const v1::StepReport& report) {
+  MUON_RETURN_IF_ERROR(CheckJobId(report.job_id()));
+  absl::MutexLock lock(&mu_);
+  MUON_ASSIGN_OR_RETURN(RankInfo * info,
+                        FindRankLocked(report.rank(), report.incarnation()));
+  MUON_RETURN_IF_ERROR(PlanReadyLocked());
+  info->last_seen = options_.now();
+  info->reported = true;
+  info->last_report = report;
+  return v1::ReportStepResponse();
+}
+
+absl::Status CoordinatorService::PlanReadyLocked() const {
+  switch (state_) {
+    case JobState::kPlanned:
+      return absl::OkStatus();
+    case JobState::kFailed:
+      return absl::FailedPreconditionError(
+          absl::StrCat("job \"", options_.job_id,
+                       "\" has no plan: planning failed: ", error_.message()));
+    case JobState::kWaiting:
+      break;
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "job \"", options_.job_id, "\" has no plan yet: ", ranks_.size(),
+      " of ", world_size_ > 0 ? absl::StrCat(world_size_) : std::string("?"),
+      " ranks joined"));
+}
+
+absl::StatusOr<v1::JobInfo> CoordinatorService::GetJob(
+    const v1::GetJobRequest& request) {
+  MUON_RETURN_IF_ERROR(CheckJobId(request.job_id()));
+  absl::MutexLock lock(&mu_);
+  v1::JobInfo info;
+  info.set_job_id(options_.job_id);
+  info.set_world_size(world_size_);
+  info.set_ranks_joined(static_cast<int>(ranks_.size()));
+  info.set_state(JobStateName(state_));
+  if (state_ == JobState::kPlanned) info.set_plan_hash(plan_.hash());
+  if (state_ == JobState::kFailed) {
+    info.set_error(std::string(error_.message()));
+  }
+  return info;
+}
+
+absl::StatusOr<v1::Plan> CoordinatorService::GetPlan(
+    const v1::GetPlanRequest& request) {
+  MUON_RETURN_IF_ERROR(CheckJobId(request.job_id()));
+  absl::MutexLock lock(&mu_);
+  MUON_RETURN_IF_ERROR(PlanReadyLocked());
+  return plan_;
+}
+
+absl::StatusOr<v1::GetAssignmentsResponse> CoordinatorService::GetAssignments(
+    const v1::GetAssignmentsRequest& request) {
+  MUON_RETURN_IF_ERROR(CheckJobId(request.job_id()));
+  absl::MutexLock lock(&mu_);
+  MUON_RETURN_IF_ERROR(PlanReadyLocked());
+  v1::GetAssignmentsResponse response;
+  for (int r = 0; r < plan_.world_size(); ++r) {
+    v1::RankAssignment* a = response.add_ranks();
+    a->set_rank(r);
+  }
+  for (const v1::MatrixPlan& m : plan_.matrices()) {
+    v1::RankAssignment* a = response.mutable_ranks(m.owner());
+    a->add_matrices(m.param());
+    a->set_ns_flops(a->ns_flops() + m.ns_flops());
+  }
+  return response;
+}
+
+std::string CoordinatorService::RankStateLocked(const RankInfo& info,
+                                                absl::Time now) const {
+  if (state_ == JobState::kFailed) return "failed";
+  if (info.joins_in_flight == 0 &&
+      now - info.last_seen > options_.heartbeat_timeout) {
+    return "lost";
+  }
+  if (state_ == JobState::kWaiting) return "joining";
+  return info.reported ? "running" : "ready";
+}
+
+absl::StatusOr<v1::ListRanksResponse> CoordinatorService::ListRanks(
+    const v1::ListRanksRequest& request) {
+  MUON_RETURN_IF_ERROR(CheckJobId(request.job_id()));
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = options_.now();
+  v1::ListRanksResponse response;
+  for (const auto& [rank, info] : ranks_) {
+    v1::RankStatus* s = response.add_ranks();
+    s->set_rank(rank);
+    s->set_state(RankStateLocked(info, now));
+    s->set_incarnation(info.incarnation);
+    s->set_last_heartbeat_unix_s(UnixSeconds(info.last_seen));
+    s->set_last_step(info.reported ? info.last_report.step() : -1);
+    s->set_last_step_time_s(info.last_report.step_time_s());
+    s->set_matrices_orthogonalized(info.last_report.matrices_orthogonalized());
+    s->set_ns_flops(info.last_report.ns_flops());
+  }
+  return response;
+}
+
+absl::StatusOr<v1::KeySetResponse> CoordinatorService::KeySet(
+    const v1::KeySetRequest& request) {
+  MUON_RETURN_IF_ERROR(CheckJobId(request.job_id()));
+  if (request.key().empty()) {
+    return absl::InvalidArgumentError("KeySet: the key is empty");
+  }
+  kv_.Set(request.key(), request.value());
+  return v1::KeySetResponse();
+}
+
+absl::StatusOr<v1::KeyGetResponse> CoordinatorService::KeyGet(
+    const v1::KeyGetRequest& request) {
+  MUON_RETURN_IF_ERROR(CheckJobId(request.job_id()));
+  if (request.key().empty()) {
+    return absl::InvalidArgumentError("KeyGet: the key is empty");
+  }
+  MUON_ASSIGN_OR_RETURN(
+      std::string value,
+      kv_.Get(request.key(), absl::Milliseconds(request.timeout_ms())));
+  v1::KeyGetResponse response;
+  response.set_value(std::move(value));
+  return response;
+}
+
+void CoordinatorService::Shutdown() {
+  kv_.Shutdown();
+  absl::MutexLock lock(&mu_);
+  shutdown_ = true;
+}
+
+}  // namespace muon

@@ -1,0 +1,174 @@
+// The coordinator's core: job membership, planning, rank health, step
+// reports and key-value rendezvous. No gRPC here: server/grpc_service.h
+// translates RPCs into calls on this class, and
+// server/local_coordination_client.h calls it in-process.
+//
+// Who talks to whom: every trainer rank Joins with its manifest and blocks;
+// when the last rank of the world has joined, the manifests are checked
+// (ValidateManifests) and planned (MakePlan) exactly once, and every waiting
+// rank receives the same plan or the same error. Ranks then Heartbeat and
+// ReportStep; muonctl reads GetJob/GetPlan/GetAssignments/ListRanks.
+//
+// Job state:
+//   waiting --(last rank joins, plan ok)--> planned
+//   waiting --(manifests disagree, bad world size or rank)--> failed
+// "failed" is terminal and keeps the error (GetJob.error); later Joins get
+// that same error.
+//
+// Rank state (computed when read):
+//   joining --(plan made)--> ready --(first ReportStep)--> running
+//   any --(no Join/Heartbeat/ReportStep for heartbeat_timeout, and not
+//          blocked in Join)--> lost
+//   any --(job failed)--> failed
+//
+// Lifecycle: construct -> calls from any threads -> Shutdown (wakes every
+// blocked Join and KeyGet with Unavailable) -> destroy when no call is in
+// flight.
+// Thread-safety: every method may be called concurrently.
+#ifndef MUON_SERVER_COORDINATOR_SERVICE_H_
+#define MUON_SERVER_COORDINATOR_SERVICE_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "muon/v1/coordinator.pb.h"
+#include "server/kv_store.h"
+#include "server/planner.h"
+
+namespace muon {
+
+class CoordinatorService {
+ public:
+  struct Options {
+    // The job this coordinator serves; requests naming another job id are
+    // rejected (an empty job id in a request means this job).
+    std::string job_id = "job";
+    // Number of ranks; 0 = taken from the first Join's manifest.
+    int world_size = 0;
+    // Join wait when JoinRequest.timeout_ms is 0.
+    absl::Duration default_join_timeout = absl::Seconds(60);
+    // A rank not heard from (Join, Heartbeat, ReportStep) for this long is
+    // "lost".
+    absl::Duration heartbeat_timeout = absl::Seconds(30);
+    // Planner defaults. The manifests' ExecutionOptions override the policy
+    // (when non-empty) and the bucket size (when non-zero); they must agree
+    // across ranks. planner.job_id is ignored (job_id above is used).
+    PlannerOptions planner;
+    // Clock for heartbeats and report times (tests inject one). Join and
+    // KeyGet waits use real time.
+    std::function<absl::Time()> now = [] { return absl::Now(); };
+  };
+
+  explicit CoordinatorService(Options options);
+  CoordinatorService(const CoordinatorService&) = delete;
+  CoordinatorService& operator=(const CoordinatorService&) = delete;
+  ~CoordinatorService();
+
+  const Options& options() const { return options_; }
+
+  // Registers a rank and blocks until every rank has joined and the plan is
+  // made, or request.timeout_ms passes (0 = default_join_timeout). A retry
+  // with the same incarnation rejoins (e.g. after a client-side timeout).
+  // Errors:
+  //   InvalidArgument: job id mismatch; or the job failed: a manifest is
+  //     invalid or disagrees with another rank's (names the parameter, ranks
+  //     and values), a rank is out of range, or world sizes disagree. Every
+  //     rank of the job receives the same error.
+  //   Aborted: the rank already joined with another incarnation.
+  //   DeadlineExceeded: other ranks did not join in time (names them).
+  //   Unavailable: the service is shutting down.
+  absl::StatusOr<v1::JoinResponse> Join(const v1::JoinRequest& request);
+
+  // Records that a rank is alive; returns the job state ("waiting",
+  // "planned", "failed").
+  // Errors: InvalidArgument (job id), NotFound (rank never joined),
+  //   Aborted (stale incarnation).
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(
+      const v1::HeartbeatRequest& request);
+
+  // Records a rank's step: last step, step time, matrices and FLOPs; the
+  // rank becomes "running". Also counts as a heartbeat.
+  // Errors: InvalidArgument (job id), NotFound (rank never joined),
+  //   Aborted (stale incarnation), FailedPrecondition (no plan yet).
+  absl::StatusOr<v1::ReportStepResponse> ReportStep(
+      const v1::StepReport& report);
+
+  // Job summary. Errors: InvalidArgument (job id).
+  absl::StatusOr<v1::JobInfo> GetJob(const v1::GetJobRequest& request);
+
+  // The plan. Errors: InvalidArgument (job id), FailedPrecondition (no plan:
+  //   still waiting for ranks, or planning failed; the message says which).
+  absl::StatusOr<v1::Plan> GetPlan(const v1::GetPlanRequest& request);
+
+  // Per rank (every rank of the world), the parameters it orthogonalizes
+  // and its NS FLOPs. Errors: as GetPlan.
+  absl::StatusOr<v1::GetAssignmentsResponse> GetAssignments(
+      const v1::GetAssignmentsRequest& request);
+
+  // Status of every rank that joined, by rank. Errors: InvalidArgument
+  // (job id).
+  absl::StatusOr<v1::ListRanksResponse> ListRanks(
+      const v1::ListRanksRequest& request);
+
+  // Key-value rendezvous. Errors: InvalidArgument (job id or empty key);
+  // KeyGet also DeadlineExceeded (names the key) and Unavailable (shutdown).
+  absl::StatusOr<v1::KeySetResponse> KeySet(const v1::KeySetRequest& request);
+  absl::StatusOr<v1::KeyGetResponse> KeyGet(const v1::KeyGetRequest& request);
+
+  // Wakes every blocked Join and KeyGet with Unavailable and makes later
+  // ones fail the same way. Idempotent.
+  void Shutdown();
+
+ private:
+  enum class JobState { kWaiting, kPlanned, kFailed };
+
+  struct RankInfo {
+    uint64_t incarnation = 0;
+    v1::RankManifest manifest;
+    absl::Time last_seen;
+    int joins_in_flight = 0;  // Join calls of this rank now blocked
+    bool reported = false;
+    v1::StepReport last_report;
+  };
+
+  absl::Status CheckJobId(const std::string& job_id) const;
+  static std::string JobStateName(JobState state);
+
+  // Validates and plans once every rank has joined; sets state_.
+  void PlanLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks the job failed with `status` and wakes every waiter.
+  void FailLocked(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // "ready", "lost", ... for one rank at time `now`.
+  std::string RankStateLocked(const RankInfo& info, absl::Time now) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Ranks in [0, world_size_) that have not joined, e.g. "[2, 3]".
+  std::string MissingRanksLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // OK when a plan exists, else FailedPrecondition saying why.
+  absl::Status PlanReadyLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Finds a joined rank with a matching incarnation.
+  absl::StatusOr<RankInfo*> FindRankLocked(int rank, uint64_t incarnation)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Options options_;
+  KeyValueStore kv_;
+
+  mutable absl::Mutex mu_;
+  int world_size_ ABSL_GUARDED_BY(mu_);  // 0 until known
+  JobState state_ ABSL_GUARDED_BY(mu_) = JobState::kWaiting;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);  // why the job failed
+  v1::Plan plan_ ABSL_GUARDED_BY(mu_);       // valid when kPlanned
+  std::map<int, RankInfo> ranks_ ABSL_GUARDED_BY(mu_);
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace muon
+
+#endif  // MUON_SERVER_COORDINATOR_SERVICE_H_

@@ -1,0 +1,397 @@
+#include "server/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+
+namespace muon {
+namespace {
+
+constexpr int64_t kBytesPerElement = 4;  // fp32
+
+std::string Quoted(const std::string& s) { return absl::StrCat("\"", s, "\""); }
+
+// Ranks holding a non-empty box of `param`, ascending.
+std::vector<int> EligibleRanks(const ParamLayout& param) {
+  std::vector<int> out;
+  for (int r = 0; r < static_cast<int>(param.boxes.size()); ++r) {
+    if (!param.boxes[r].empty()) out.push_back(r);
+  }
+  return out;
+}
+
+// Loads are sums of FLOP counts taken in different orders; compare them
+// with a relative tolerance.
+bool NearlyEqual(double a, double b) {
+  return std::abs(a - b) <= 1e-9 * std::max({1.0, std::abs(a), std::abs(b)});
+}
+
+int64_t GatherBytes(const ParamLayout& param, int owner) {
+  return kBytesPerElement *
+         (param.rows * param.cols - param.boxes[owner].numel());
+}
+
+}  // namespace
+
+absl::StatusOr<PlannerOptions::Policy> ParsePolicy(absl::string_view name) {
+  if (name == "lpt") return PlannerOptions::Policy::kLongestProcessingTimeFirst;
+  if (name == "round_robin") return PlannerOptions::Policy::kRoundRobin;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown assignment policy \"", name,
+                   "\"; expected \"lpt\" or \"round_robin\""));
+}
+
+std::string PolicyName(PlannerOptions::Policy policy) {
+  switch (policy) {
+    case PlannerOptions::Policy::kLongestProcessingTimeFirst:
+      return "lpt";
+    case PlannerOptions::Policy::kRoundRobin:
+      return "round_robin";
+  }
+  return "unknown";
+}
+
+double NewtonSchulzFlops(int64_t rows, int64_t cols, int ns_steps) {
+  const double m = static_cast<double>(std::min(rows, cols));
+  const double n = static_cast<double>(std::max(rows, cols));
+  return ns_steps * (4.0 * m * m * n + 2.0 * m * m * m);
+}
+
+absl::StatusOr<v1::Plan> MakePlan(const JobLayout& layout,
+                                  const PlannerOptions& options) {
+  if (options.ns_steps < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ns_steps is ", options.ns_steps, "; must be >= 1"));
+  }
+  if (options.bucket_size_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bucket_size_bytes is ", options.bucket_size_bytes, "; must be >= 0"));
+  }
+  const int world = layout.world_size;
+  const int num = static_cast<int>(layout.params.size());
+
+  v1::Plan plan;
+  plan.set_job_id(options.job_id);
+  plan.set_world_size(world);
+  plan.set_policy(PolicyName(options.policy));
+
+  std::vector<std::vector<int>> eligible(num);
+  std::vector<double> cost(num);
+  for (int i = 0; i < num; ++i) {
+    const ParamLayout& param = layout.params[i];
+    if (static_cast<int>(param.boxes.size()) != world) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter ", Quoted(param.name), " has ", param.boxes.size(),
+          " boxes but the world size is ", world));
+    }
+    eligible[i] = EligibleRanks(param);
+    if (eligible[i].empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter ", Quoted(param.name), " [", param.rows, ", ", param.cols,
+          "] is held by no rank"));
+    }
+    cost[i] = NewtonSchulzFlops(param.rows, param.cols, options.ns_steps);
+    v1::MatrixPlan* m = plan.add_matrices();
+    m->set_index(i);
+    m->set_param(param.name);
+    m->set_param_index(i);
+    m->set_rows(param.rows);
+    m->set_cols(param.cols);
+    m->set_ns_flops(cost[i]);
+    m->set_owner(-1);
+  }
+
+  // Owners.
+  std::vector<double> load(world, 0.0);
+  auto assign = [&](int i, int owner) {
+    v1::MatrixPlan* m = plan.mutable_matrices(i);
+    m->set_owner(owner);
+    m->set_gather_bytes(GatherBytes(layout.params[i], owner));
+    load[owner] += cost[i];
+  };
+  for (int i = 0; i < num; ++i) {
+    if (layout.params[i].requested_owner >= 0) {
+      assign(i, layout.params[i].requested_owner);
+    }
+  }
+  if (options.policy == PlannerOptions::Policy::kRoundRobin) {
+    for (int i = 0; i < num; ++i) {
+      if (layout.params[i].requested_owner >= 0) continue;
+      assign(i, eligible[i][i % eligible[i].size()]);
+    }
+  } else {
+    // Bytes moved at best: the gather of the eligible rank holding most.
+    std::vector<int64_t> min_gather(num);
+    for (int i = 0; i < num; ++i) {
+      int64_t best = GatherBytes(layout.params[i], eligible[i][0]);
+      for (int r : eligible[i]) {
+        best = std::min(best, GatherBytes(layout.params[i], r));
+      }
+      min_gather[i] = best;
+    }
+    std::vector<int> order;
+    for (int i = 0; i < num; ++i) {
+      if (layout.params[i].requested_owner < 0) order.push_back(i);
+    }
+    std::sort(order.begin(), order.end(), [&](int a, int b) {
+      if (cost[a] != cost[b]) return cost[a] > cost[b];
+      if (min_gather[a] != min_gather[b]) return min_gather[a] > min_gather[b];
+      return a < b;
+    });
+    for (int i : order) {
+      int best = eligible[i][0];
+      for (int r : eligible[i]) {
+        if (load[r] < load[best]) best = r;  // strict: ties keep lowest rank
+      }
+      assign(i, best);
+    }
+  }
+
+  // Buckets.
+  std::vector<std::vector<int>> buckets;
+  if (options.bucket_size_bytes == 0) {
+    std::vector<int> seen(world, 0);  // matrices per owner so far
+    for (int i = 0; i < num; ++i) {
+      const int k = seen[plan.matrices(i).owner()]++;
+      if (k >= static_cast<int>(buckets.size())) buckets.resize(k + 1);
+      buckets[k].push_back(i);  // index order within the bucket
+    }
+  } else {
+    int64_t bytes = 0;
+    for (int i = 0; i < num; ++i) {
+      const int64_t b = kBytesPerElement * layout.params[i].rows *
+                        layout.params[i].cols;
+      if (buckets.empty() ||
+          (!buckets.back().empty() && bytes + b > options.bucket_size_bytes)) {
+        buckets.emplace_back();
+        bytes = 0;
+      }
+      buckets.back().push_back(i);
+      bytes += b;
+    }
+  }
+  for (int k = 0; k < static_cast<int>(buckets.size()); ++k) {
+    v1::Bucket* bucket = plan.add_buckets();
+    bucket->set_index(k);
+    int64_t bytes = 0;
+    for (int i : buckets[k]) {
+      bucket->add_matrices(i);
+      plan.mutable_matrices(i)->set_bucket(k);
+      bytes += kBytesPerElement * layout.params[i].rows * layout.params[i].cols;
+    }
+    bucket->set_bytes(bytes);
+  }
+
+  // Loads.
+  std::vector<int> count(world, 0);
+  for (int i = 0; i < num; ++i) ++count[plan.matrices(i).owner()];
+  double max_load = 0.0;
+  double total = 0.0;
+  for (int r = 0; r < world; ++r) {
+    v1::RankLoad* l = plan.add_loads();
+    l->set_rank(r);
+    l->set_ns_flops(load[r]);
+    l->set_matrices(count[r]);
+    max_load = std::max(max_load, load[r]);
+    total += load[r];
+  }
+  plan.set_max_load_flops(max_load);
+  plan.set_mean_load_flops(world > 0 ? total / world : 0.0);
+  plan.set_hash(PlanHash(plan));
+  return plan;
+}
+
+std::string PlanHash(const v1::Plan& plan) {
+  v1::Plan copy = plan;
+  copy.clear_hash();
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream stream(&bytes);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    copy.SerializeToCodedStream(&coded);
+  }
+  uint64_t h = 14695981039346656037ULL;  // FNV-1a 64 offset basis
+  for (unsigned char c : bytes) {
+    h ^= c;
+    h *= 1099511628211ULL;  // FNV-1a 64 prime
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
+  return std::string(hex, 16);
+}
+
+absl::Status ValidatePlan(const v1::Plan& plan, const JobLayout& layout) {
+  const int world = layout.world_size;
+  const int num = static_cast<int>(layout.params.size());
+  if (plan.world_size() != world) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan has world size ", plan.world_size(), " but the job has ", world));
+  }
+  if (plan.matrices_size() != num) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan has ", plan.matrices_size(), " matrices but the job "
+                     "has ", num, " 2-D parameters"));
+  }
+  std::vector<double> load(world, 0.0);
+  std::vector<int> count(world, 0);
+  for (int i = 0; i < num; ++i) {
+    const v1::MatrixPlan& m = plan.matrices(i);
+    const ParamLayout& param = layout.params[i];
+    if (m.index() != i || m.param_index() != i || m.param() != param.name) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "plan matrix ", i, " is index ", m.index(), " of parameter ",
+          Quoted(m.param()), " (param_index ", m.param_index(),
+          ") but parameter ", i, " is ", Quoted(param.name)));
+    }
+    if (m.rows() != param.rows || m.cols() != param.cols) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "plan matrix ", i, " (", Quoted(param.name), ") has shape [",
+          m.rows(), ", ", m.cols(), "] but the parameter is [", param.rows,
+          ", ", param.cols, "]"));
+    }
+    if (m.owner() < 0 || m.owner() >= world) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "plan matrix ", i, " (", Quoted(param.name), ") has owner rank ",
+          m.owner(), " outside [0, ", world, ")"));
+    }
+    if (param.boxes[m.owner()].empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "plan matrix ", i, " (", Quoted(param.name), ") is owned by rank ",
+          m.owner(), " which holds no shard of it"));
+    }
+    if (m.gather_bytes() != GatherBytes(param, m.owner())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "plan matrix ", i, " (", Quoted(param.name), ") has gather_bytes ",
+          m.gather_bytes(), " but owner rank ", m.owner(), " must gather ",
+          GatherBytes(param, m.owner())));
+    }
+    load[m.owner()] += m.ns_flops();
+    ++count[m.owner()];
+  }
+
+  std::vector<int> bucket_of(num, -1);
+  for (int k = 0; k < plan.buckets_size(); ++k) {
+    const v1::Bucket& b = plan.buckets(k);
+    if (b.index() != k) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "plan bucket ", k, " has index ", b.index()));
+    }
+    int64_t bytes = 0;
+    for (int i : b.matrices()) {
+      if (i < 0 || i >= num) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "plan bucket ", k, " lists matrix ", i, " outside [0, ", num, ")"));
+      }
+      if (bucket_of[i] >= 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "plan matrix ", i, " (", Quoted(layout.params[i].name),
+            ") is in buckets ", bucket_of[i], " and ", k));
+      }
+      bucket_of[i] = k;
+      bytes += kBytesPerElement * layout.params[i].rows * layout.params[i].cols;
+    }
+    if (b.bytes() != bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "plan bucket ", k, " reports ", b.bytes(), " bytes but its matrices "
+          "hold ", bytes));
+    }
+  }
+  for (int i = 0; i < num; ++i) {
+    if (bucket_of[i] < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "plan matrix ", i, " (", Quoted(layout.params[i].name),
+          ") is in no bucket"));
+    }
+    if (plan.matrices(i).bucket() != bucket_of[i]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "plan matrix ", i, " (", Quoted(layout.params[i].name),
+          ") names bucket ", plan.matrices(i).bucket(), " but bucket ",
+          bucket_of[i], " lists it"));
+    }
+  }
+
+  if (plan.loads_size() != world) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan has ", plan.loads_size(), " rank loads but the world size is ",
+        world));
+  }
+  double max_load = 0.0;
+  double total = 0.0;
+  for (int r = 0; r < world; ++r) {
+    const v1::RankLoad& l = plan.loads(r);
+    if (l.rank() != r || l.matrices() != count[r] || !NearlyEqual(l.ns_flops(), load[r])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "plan load of rank ", r, " reports ", l.matrices(), " matrices and ",
+          l.ns_flops(), " FLOPs (rank field ", l.rank(), ") but its owners "
+          "give ", count[r], " matrices and ", load[r], " FLOPs"));
+    }
+    max_load = std::max(max_load, load[r]);
+    total += load[r];
+  }
+  if (!NearlyEqual(plan.max_load_flops(), max_load) ||
+      !NearlyEqual(plan.mean_load_flops(), world > 0 ? total / world : 0.0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan reports max/mean load ", plan.max_load_flops(), "/",
+        plan.mean_load_flops(), " FLOPs but the loads give ", max_load, "/",
+        world > 0 ? total / world : 0.0));
+  }
+  if (!plan.hash().empty() && plan.hash() != PlanHash(plan)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan hash ", plan.hash(), " does not match its contents (",
+                     PlanHash(plan), ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int>> OwnersFromAssignment(
+    const std::map<int, std::vector<int>>& rank_to_params, int num_params,
+    int world_size, const std::vector<std::string>& param_names) {
+  auto name_of = [&](int i) {
+    return (i >= 0 && i < static_cast<int>(param_names.size()))
+               ? Quoted(param_names[i])
+               : absl::StrCat("#", i);
+  };
+  std::vector<int> owners(std::max(num_params, 0), -1);
+  for (const auto& [rank, params] : rank_to_params) {
+    for (int i : params) {
+      if (i < 0 || i >= num_params) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "assign_fn returned parameter index ", i, " for rank ", rank,
+            " but there are ", num_params, " parameters"));
+      }
+      if (rank < 0 || rank >= world_size) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "assign_fn returned rank ", rank, " for parameter ", name_of(i),
+            " (index ", i, ") but world size is ", world_size));
+      }
+      if (owners[i] >= 0) {
+        if (owners[i] == rank) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "parameter ", name_of(i), " (index ", i,
+              ") is assigned twice to rank ", rank));
+        }
+        return absl::InvalidArgumentError(absl::StrCat(
+            "parameter ", name_of(i), " (index ", i, ") is assigned to ranks ",
+            owners[i], " and ", rank));
+      }
+      owners[i] = rank;
+    }
+  }
+  for (int i = 0; i < num_params; ++i) {
+    if (owners[i] < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter ", name_of(i), " (index ", i, ") is assigned to no rank"));
+    }
+  }
+  return owners;
+}
+
+}  // namespace muon

@@ -1,0 +1,110 @@
+// The planner: which rank orthogonalizes which matrix, and in which bucket.
+//
+// Input is a validated JobLayout (server/manifest_validation.h); output is a
+// v1::Plan that every rank executes identically:
+//   - one MatrixPlan per 2-D parameter (index = parameter index), owned by
+//     exactly one rank that holds a non-empty shard of it;
+//   - ordered buckets grouping the matrices whose shards travel together;
+//   - per-rank loads (Newton-Schulz FLOPs, matrix count), max/mean load;
+//   - a stable hash every rank confirms before the first step.
+//
+// Cost model (DESIGN.md section 4 / 10): Newton-Schulz FLOPs of an m x n
+// matrix (m = min dim, n = max dim) with k iterations are
+// k * (4*m*m*n + 2*m^3). Bytes are fp32 (4 bytes per element).
+//
+// Thread-safety: pure functions.
+#ifndef MUON_SERVER_PLANNER_H_
+#define MUON_SERVER_PLANNER_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "muon/v1/coordinator.pb.h"
+#include "server/manifest_validation.h"
+
+namespace muon {
+
+struct PlannerOptions {
+  enum class Policy {
+    // Longest-processing-time-first on NS FLOPs (Graham's LPT): matrices in
+    // descending cost order, each to the eligible rank with the least load.
+    kLongestProcessingTimeFirst,
+    // Matrix i (parameter order) to eligible[i % eligible.size()].
+    kRoundRobin,
+  };
+  // Owner assignment policy. Requested owners (assign_fn) override it.
+  Policy policy = Policy::kLongestProcessingTimeFirst;
+  // Upper bound on one bucket's fp32 bytes (full matrices); 0 = bucket k
+  // holds the k-th matrix of every owner (one matrix per owner per bucket).
+  int64_t bucket_size_bytes = 0;
+  // Newton-Schulz iterations k in the cost model.
+  int ns_steps = 5;
+  // Copied into Plan.job_id (and so covered by the hash).
+  std::string job_id;
+};
+
+// "lpt" or "round_robin".
+// Errors: InvalidArgument naming the text and the accepted names.
+absl::StatusOr<PlannerOptions::Policy> ParsePolicy(absl::string_view name);
+
+// "lpt" or "round_robin".
+std::string PolicyName(PlannerOptions::Policy policy);
+
+// Newton-Schulz FLOPs of a rows x cols matrix with `ns_steps` iterations:
+// k * (4*m*m*n + 2*m^3), m = min(rows, cols), n = max(rows, cols).
+double NewtonSchulzFlops(int64_t rows, int64_t cols, int ns_steps);
+
+// Makes the plan for a validated layout and sets plan.hash.
+//   Owners: requested owner if given; otherwise by the policy among the
+//     ranks holding a non-empty box. LPT sorts by NS cost descending, ties by
+//     the fewest bytes any eligible owner must gather (descending), then by
+//     index; each matrix goes to the eligible rank with the least load so far
+//     (ties: lowest rank).
+//   gather_bytes: 4 * elements of the matrix the owner does not hold (each
+//     element counted once, however many replicas hold it).
+//   Buckets: see PlannerOptions::bucket_size_bytes; with a limit, matrices
+//     are packed greedily in index order and a matrix larger than the limit
+//     gets its own bucket. Matrices within a bucket are in index order.
+// Errors:
+//   InvalidArgument: ns_steps < 1, bucket_size_bytes < 0, or a parameter no
+//     rank holds any element of.
+absl::StatusOr<v1::Plan> MakePlan(const JobLayout& layout,
+                                  const PlannerOptions& options);
+
+// Stable hash of a plan: FNV-1a 64 over the deterministic protobuf
+// serialization of the plan with `hash` cleared, as 16 lowercase hex digits.
+// Equal plans hash equally in every process (unlike absl::Hash).
+std::string PlanHash(const v1::Plan& plan);
+
+// Checks a plan against the layout: world size; one matrix per parameter
+// (index, name, shape match); every owner in range and holding a non-empty
+// shard; bucket indices valid and every matrix in exactly one bucket, whose
+// index its `bucket` field names; bucket bytes; loads consistent with the
+// owners; the hash, when set, equal to PlanHash.
+// Errors:
+//   InvalidArgument: the first problem, naming the matrix, rank or bucket.
+absl::Status ValidatePlan(const v1::Plan& plan, const JobLayout& layout);
+
+// Turns a user assign_fn's result (rank -> parameter indices it owns) into
+// one owner per parameter (index = parameter index), for
+// RankManifest.requested_owners.
+// Errors (InvalidArgument):
+//   - a parameter assigned to no rank:
+//     `parameter "w2" (index 2) is assigned to no rank`;
+//   - assigned twice: `parameter "w0" (index 0) is assigned to ranks 0 and 3`;
+//   - a rank outside [0, world_size):
+//     `assign_fn returned rank 7 for parameter "w1" (index 1) but world size
+//     is 4`;
+//   - an index outside [0, num_params).
+absl::StatusOr<std::vector<int>> OwnersFromAssignment(
+    const std::map<int, std::vector<int>>& rank_to_params, int num_params,
+    int world_size, const std::vector<std::string>& param_names);
+
+}  // namespace muon
+
+#endif  // MUON_SERVER_PLANNER_H_

@@ -1,0 +1,121 @@
+#include "tools/launcher.h"
+
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+extern char** environ;
+
+namespace muon {
+
+std::string SelfExecutable() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return "";
+  buf[n] = '\0';
+  return buf;
+}
+
+absl::StatusOr<pid_t> SpawnProcess(const std::vector<std::string>& argv,
+                                   const std::vector<std::string>& extra_env) {
+  if (argv.empty()) return absl::InvalidArgumentError("SpawnProcess: empty argv");
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) env.push_back(*e);
+  for (const std::string& e : extra_env) env.push_back(e);
+  std::vector<char*> cargv, cenv;
+  for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+  for (const std::string& e : env) cenv.push_back(const_cast<char*>(e.c_str()));
+  cenv.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid < 0) {
+    return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
+  }
+  if (pid == 0) {
+    execve(cargv[0], cargv.data(), cenv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+std::vector<int> WaitAll(const std::vector<pid_t>& pids, absl::Duration timeout,
+                         absl::Duration grace) {
+  std::vector<int> codes(pids.size(), -1);
+  std::vector<bool> done(pids.size(), false);
+  absl::Time deadline = absl::Now() + timeout;
+  size_t remaining = pids.size();
+  bool shortened = false;
+  while (remaining > 0 && absl::Now() < deadline) {
+    bool progressed = false;
+    for (size_t i = 0; i < pids.size(); ++i) {
+      if (done[i]) continue;
+      int status = 0;
+      pid_t r = waitpid(pids[i], &status, WNOHANG);
+      if (r == pids[i]) {
+        done[i] = true;
+        --remaining;
+        progressed = true;
+        codes[i] = WIFEXITED(status) ? WEXITSTATUS(status)
+                                     : 128 + WTERMSIG(status);
+        if (codes[i] != 0 && !shortened) {
+          shortened = true;
+          deadline = std::min(deadline, absl::Now() + grace);
+        }
+      }
+    }
+    if (!progressed) absl::SleepFor(absl::Milliseconds(20));
+  }
+  for (size_t i = 0; i < pids.size(); ++i) {
+    if (done[i]) continue;
+    kill(pids[i], SIGKILL);
+    int status = 0;
+    waitpid(pids[i], &status, 0);
+    codes[i] = -1;
+  }
+  return codes;
+}
+
+absl::StatusOr<int> WaitForPortFile(const std::string& path, pid_t pid,
+                                    absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    std::ifstream in(path);
+    std::string text;
+    if (in >> text) {
+      int port = 0;
+      if (absl::SimpleAtoi(text, &port) && port > 0) return port;
+    }
+    // WNOWAIT leaves the exit status for WaitAll to collect.
+    siginfo_t info;
+    std::memset(&info, 0, sizeof(info));
+    if (waitid(P_PID, pid, &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+        info.si_pid == pid) {
+      return absl::AbortedError(absl::StrCat(
+          "process ", pid, " exited before writing its port to ", path));
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat("no port in ", path, " after ", absl::FormatDuration(timeout)));
+}
+
+absl::StatusOr<std::string> MakeTempDir(const std::string& prefix) {
+  const char* base = getenv("TEST_TMPDIR");
+  if (base == nullptr) base = getenv("TMPDIR");
+  std::string tmpl = absl::StrCat(base != nullptr ? base : "/tmp", "/", prefix, "XXXXXX");
+  if (mkdtemp(tmpl.data()) == nullptr) {
+    return absl::InternalError(absl::StrCat("mkdtemp ", tmpl, ": ", std::strerror(errno)));
+  }
+  return tmpl;
+}
+
+}  // namespace muon

@@ -1,0 +1,44 @@
+// Starting and reaping local rank processes (a tiny torchrun): used by the
+// Fashion-MNIST job, `muonctl validate` and the multi-process tests. Every
+// process started is waited for with a bound and killed past it.
+#ifndef MUON_TOOLS_LAUNCHER_H_
+#define MUON_TOOLS_LAUNCHER_H_
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace muon {
+
+// Path of the running executable (/proc/self/exe).
+std::string SelfExecutable();
+
+// Starts argv[0] with argv and the current environment plus `extra_env`
+// ("NAME=value"). Errors: Internal when fork/exec fails.
+absl::StatusOr<pid_t> SpawnProcess(const std::vector<std::string>& argv,
+                                   const std::vector<std::string>& extra_env = {});
+
+// Waits for every pid up to `timeout` in total, then SIGKILLs and reaps the
+// survivors. Returns per pid its exit code, 128+signal when killed by a
+// signal, or -1 when it had to be killed for the timeout. If one process
+// fails (non-zero), the others get `grace` to finish before being killed,
+// so a failed rank never leaves its peers hanging.
+std::vector<int> WaitAll(const std::vector<pid_t>& pids, absl::Duration timeout,
+                         absl::Duration grace = absl::Seconds(20));
+
+// Waits until `path` holds a port number written by a starting process
+// (`pid`, which must stay alive), up to `timeout`.
+// Errors: DeadlineExceeded; Aborted when `pid` exited first.
+absl::StatusOr<int> WaitForPortFile(const std::string& path, pid_t pid,
+                                    absl::Duration timeout);
+
+// A fresh directory under $TMPDIR (or /tmp). Errors: Internal.
+absl::StatusOr<std::string> MakeTempDir(const std::string& prefix);
+
+}  // namespace muon
+
+#endif  // MUON_TOOLS_LAUNCHER_H_

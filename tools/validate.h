@@ -1,0 +1,51 @@
+// `muonctl validate` (seeds' validate_distributed_setup: baseline,
+// distributed and compare in one command): runs K Muon steps on as many
+// local rank processes as the spec's mesh holds, the same K steps on a
+// single device, and compares the final parameters.
+#ifndef MUON_TOOLS_VALIDATE_H_
+#define MUON_TOOLS_VALIDATE_H_
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace muon {
+
+struct ValidateOptions {
+  std::string spec_path;
+  int steps = 3;
+  // Initial parameters DIR/<param>.npy; empty = seeded synthetic values.
+  std::string init_dir;
+  // Gradients DIR/<step>/<param>.npy (step from 0); empty = seeded.
+  std::string grads_dir;
+  // Writes DIR/distributed/<param>.npy and DIR/single/<param>.npy.
+  std::string dump_dir;
+  uint64_t seed = 0;
+  // host:port of a running muon-coordinator; empty = embedded in rank 0.
+  std::string coordinator;
+  // Largest accepted |distributed - single| (0 = bitwise equal).
+  double tolerance = 0.0;
+  // Bound on the whole distributed run.
+  int timeout_s = 600;
+};
+
+// Runs the check and prints a table (parameter, global shape, max abs
+// difference) and a summary line to `out`.
+// Errors: InvalidArgument (bad spec or files, naming them); Aborted when a
+// rank process failed (its stderr is passed through); DataLoss when the
+// results differ by more than the tolerance or the zero-redundancy counts
+// do not add up.
+absl::Status RunValidate(const ValidateOptions& options, std::ostream& out);
+
+// The body of one rank process (`muonctl validate-rank`, started by
+// RunValidate): joins the job, runs the steps, writes its shards and counts
+// under out_dir.
+absl::Status RunValidateRank(const ValidateOptions& options, int rank,
+                             const std::string& out_dir,
+                             const std::string& port_file);
+
+}  // namespace muon
+
+#endif  // MUON_TOOLS_VALIDATE_H_
