@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "client/coordination_store.h"
 #include "client/local_communicator.h"
 #include "common/status_macros.h"
@@ -23,7 +24,6 @@
 #include "gloo/context.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/prefix_store.h"
-#include "gloo/transport/tcp/address.h"
 #include "gloo/transport/tcp/device.h"
 #include "gloo/transport/unbound_buffer.h"
 #include "gloo/types.h"
@@ -143,40 +143,50 @@ absl::Status GlooCommunicator::Connect(absl::string_view op,
     context->connectFullMesh(prefix_store, device_);
     context_ = std::move(context);
   }));
-  LearnPeerAddresses();
+  PublishAddresses(store);
   return absl::OkStatus();
 }
 
-void GlooCommunicator::LearnPeerAddresses() {
-  // connectFullMesh (gloo git20220518) stores under key "<rank>" the
-  // addresses of that rank's pairs to every other rank, in rank order, each
-  // `address_size` bytes. Anything unexpected: leave peers unnamed.
-  try {
-    gloo::rendezvous::PrefixStore prefix_store(options_.prefix, *store_);
-    const int any_peer = rank_ == 0 ? 1 : 0;
-    const size_t address_size =
-        context_->getPair(any_peer)->address().bytes().size();
-    std::vector<std::string> addresses(world_size_);
-    for (int peer = 0; peer < world_size_; ++peer) {
-      if (peer == rank_) continue;
-      const std::vector<char> all = prefix_store.get(std::to_string(peer));
-      if (all.size() != (world_size_ - 1) * address_size) return;
-      const size_t index = rank_ < peer ? rank_ : rank_ - 1;
-      const std::vector<char> bytes(
-          all.begin() + index * address_size,
-          all.begin() + (index + 1) * address_size);
-      addresses[peer] = gloo::transport::tcp::Address(bytes).str();
-    }
-    peer_addresses_ = std::move(addresses);
-  } catch (const std::exception&) {
-    // Best effort only.
-  }
+std::string GlooCommunicator::AddressesKey(int rank) const {
+  return absl::StrCat(options_.prefix, "/addresses/", rank);
 }
 
-int GlooCommunicator::FindPeer(const std::string& message) const {
+void GlooCommunicator::PublishAddresses(CoordinationStore& store) {
+  // Gloo's error messages name a peer by the address of the remote end of
+  // the connection as its pair prints it ("[127.0.0.1]:41864"), which is
+  // only known once connected. Line p: this rank's pair facing rank p.
+  std::vector<std::string> lines(world_size_);
+  try {
+    for (int peer = 0; peer < world_size_; ++peer) {
+      if (peer != rank_) lines[peer] = context_->getPair(peer)->address().str();
+    }
+  } catch (const std::exception&) {
+    return;  // Best effort only.
+  }
+  store.Set(AddressesKey(rank_), absl::StrJoin(lines, "\n")).IgnoreError();
+}
+
+int GlooCommunicator::FindPeer(const std::string& message) {
+  if (world_size_ == 1) return -1;
   for (int peer = 0; peer < world_size_; ++peer) {
-    const std::string& address = peer_addresses_[peer];
-    if (address.empty()) continue;
+    if (peer == rank_) continue;
+    std::string address;
+    {
+      absl::MutexLock lock(&peer_mu_);
+      address = peer_addresses_[peer];
+    }
+    if (address.empty()) {
+      // Published by the peer right after it connected: no waiting.
+      absl::StatusOr<std::string> lines =
+          store_->Get(AddressesKey(peer), absl::ZeroDuration());
+      if (!lines.ok()) continue;
+      const std::vector<std::string> split = absl::StrSplit(*lines, '\n');
+      if (split.size() != static_cast<size_t>(world_size_)) continue;
+      address = split[rank_];
+      if (address.empty()) continue;
+      absl::MutexLock lock(&peer_mu_);
+      peer_addresses_[peer] = address;
+    }
     for (size_t pos = message.find(address); pos != std::string::npos;
          pos = message.find(address, pos + 1)) {
       const size_t end = pos + address.size();

@@ -163,11 +163,14 @@ class GlooCommunicator : public Communicator {
   // Rendezvous through `store` under options_.prefix and connects the full
   // mesh; `op` names the operation in errors ("Create", "Split").
   absl::Status Connect(absl::string_view op, CoordinationStore& store);
-  // Best effort: records the address of each peer's TCP pair facing this
-  // rank, as Gloo prints it in error messages, so errors can name the peer.
-  void LearnPeerAddresses();
-  // The peer whose address occurs in `message`, or -1.
-  int FindPeer(const std::string& message) const;
+  // Best effort: publishes under AddressesKey(rank_) how this rank's TCP
+  // pairs print their addresses, which is how peers' Gloo error messages
+  // name this rank.
+  void PublishAddresses(CoordinationStore& store);
+  std::string AddressesKey(int rank) const;
+  // The peer whose address occurs in `message`, or -1 (best effort; reads
+  // peers' published addresses on first use, without waiting).
+  int FindPeer(const std::string& message);
 
   // Runs `fn`, converting any exception to a Status that names `op`.
   absl::Status RunGloo(absl::string_view op, const std::function<void()>& fn);
@@ -197,10 +200,13 @@ class GlooCommunicator : public Communicator {
   // read-only after, so used without a lock.
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
-  // peer_addresses_[p]: Gloo's text for peer p's pair address, or "".
-  std::vector<std::string> peer_addresses_;
 
   std::atomic<bool> aborted_{false};
+
+  absl::Mutex peer_mu_;
+  // peer_addresses_[p]: how Gloo prints peer p's end of the connection to
+  // this rank; "" until learned.
+  std::vector<std::string> peer_addresses_ ABSL_GUARDED_BY(peer_mu_);
 
   // Serializes collectives and Split.
   absl::Mutex op_mu_;

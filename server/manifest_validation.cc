@@ -207,7 +207,7 @@ absl::StatusOr<JobLayout> ValidateManifests(
     if (!std::equal(a.begin(), a.end(), b.begin(), b.end())) {
       return absl::InvalidArgumentError(absl::StrCat(
           "rank ", r, " requests owners ", OwnersToString(a),
-          " but rank 0 requests ", OwnersToString(b),
+          " but rank 0 requests owners ", OwnersToString(b),
           " (assign_fn must return the same assignment on every rank)"));
     }
   }

@@ -111,13 +111,13 @@ int CmdPlan(const std::vector<std::string>&, std::ostream& out, std::ostream& er
         locals.push_back(Shape(b.rows.size(), b.cols.size()));
       }
     }
-    out << absl::StrFormat("%-36s %5d %6d %-14s %-28s %10.3f\n", m.param(), m.owner(),
+    out << absl::StrFormat("%-36s %5d %6d %-14s %-28s %10.4g\n", m.param(), m.owner(),
                            m.bucket(), Shape(m.rows(), m.cols()),
                            absl::StrJoin(locals, " "), m.ns_flops() / 1e9);
   }
   out << absl::StrFormat("%-6s %9s %10s\n", "rank", "matrices", "NS GFLOP");
   for (const v1::RankLoad& l : plan.loads()) {
-    out << absl::StrFormat("%-6d %9d %10.3f\n", l.rank(), l.matrices(), l.ns_flops() / 1e9);
+    out << absl::StrFormat("%-6d %9d %10.4g\n", l.rank(), l.matrices(), l.ns_flops() / 1e9);
   }
   // Both policies side by side.
   for (const char* policy : {"lpt", "round_robin"}) {
@@ -125,7 +125,7 @@ int CmdPlan(const std::vector<std::string>&, std::ostream& out, std::ostream& er
     if (!q.ok()) return Fail(err, q.status());
     const double mean = q->plan.mean_load_flops();
     out << absl::StrFormat(
-        "policy %-11s max load %.3f GFLOP, mean %.3f GFLOP, max/mean %.3f\n", policy,
+        "policy %-11s max load %.4g GFLOP, mean %.4g GFLOP, max/mean %.3f\n", policy,
         q->plan.max_load_flops() / 1e9, mean / 1e9,
         mean > 0 ? q->plan.max_load_flops() / mean : 0.0);
   }
@@ -154,7 +154,7 @@ int CmdAssignments(const std::vector<std::string>&, std::ostream& out, std::ostr
   }
   out << absl::StrFormat("%-6s %10s  %s\n", "rank", "NS GFLOP", "matrices");
   for (const v1::RankAssignment& r : a->ranks()) {
-    out << absl::StrFormat("%-6d %10.3f  %s\n", r.rank(), r.ns_flops() / 1e9,
+    out << absl::StrFormat("%-6d %10.4g  %s\n", r.rank(), r.ns_flops() / 1e9,
                            absl::StrJoin(r.matrices(), ", "));
   }
   return 0;

@@ -1,0 +1,143 @@
+// Multi-process integration: 4 rank processes on loopback run Muon steps
+// (via `muonctl validate`, which also runs the same steps single-device and
+// compares bitwise), once with the coordinator embedded in rank 0 and once
+// with a separate muon-coordinator daemon; then muonctl inspects the live
+// daemon. Every process started here is stopped here, with a bound.
+#include <signal.h>
+#include <stdio.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tools/launcher.h"
+
+namespace muon {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;
+};
+
+// Runs a shell command bounded by `timeout_s` (coreutils timeout) and
+// returns its exit code and combined output.
+CommandResult RunCommand(const std::string& command, int timeout_s = 120) {
+  CommandResult r;
+  const std::string bounded =
+      absl::StrCat("timeout -k 5 ", timeout_s, " ", command, " 2>&1");
+  FILE* p = popen(bounded.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+  return r;
+}
+
+std::string Spec(const std::string& name) {
+  return absl::StrCat("tests/integration/specs/", name, ".json");
+}
+
+// A muon-coordinator daemon on 127.0.0.1, port picked by the kernel.
+class Daemon {
+ public:
+  explicit Daemon(const std::string& job_id, int world_size) {
+    absl::StatusOr<std::string> dir = MakeTempDir("daemon-");
+    if (!dir.ok()) return;
+    port_file_ = *dir + "/port";
+    absl::StatusOr<pid_t> pid = SpawnProcess(
+        {"server/muon-coordinator", "--port=0", "--port_file=" + port_file_,
+         absl::StrCat("--world_size=", world_size), "--job_id=" + job_id});
+    if (!pid.ok()) return;
+    pid_ = *pid;
+    absl::StatusOr<int> port = WaitForPortFile(port_file_, pid_, absl::Seconds(30));
+    if (port.ok()) address_ = absl::StrCat("127.0.0.1:", *port);
+  }
+  ~Daemon() {
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      WaitAll({pid_}, absl::Seconds(10));
+    }
+  }
+  const std::string& address() const { return address_; }
+
+ private:
+  std::string port_file_;
+  pid_t pid_ = -1;
+  std::string address_;
+};
+
+class MultiProcessTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MultiProcessTest, EmbeddedCoordinator_FourRanks_BitwiseEqualToSingleDevice) {
+  CommandResult r = RunCommand(absl::StrCat("tools/muonctl validate --spec ",
+                                     Spec(GetParam()), " --steps 3 --seed 7"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("coordinator embedded in rank 0"));
+  EXPECT_THAT(r.output, HasSubstr("max_abs_diff=0 tolerance=0"));
+  EXPECT_THAT(r.output, HasSubstr(": OK")) << r.output;
+}
+
+TEST_P(MultiProcessTest, SeparateDaemon_FourRanks_BitwiseEqualToSingleDevice) {
+  Daemon daemon(GetParam() == "fsdp_dim0" ? "fsdp-dim0"
+                : GetParam() == "fsdp_dim1" ? "fsdp-dim1"
+                                            : GetParam(),
+                4);
+  ASSERT_FALSE(daemon.address().empty()) << "muon-coordinator did not start";
+  CommandResult r = RunCommand(absl::StrCat("tools/muonctl validate --spec ", Spec(GetParam()),
+                                     " --steps 3 --seed 11 --coordinator ",
+                                     daemon.address()));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr(absl::StrCat("coordinator ", daemon.address())));
+  EXPECT_THAT(r.output, HasSubstr("max_abs_diff=0 tolerance=0"));
+  EXPECT_THAT(r.output, HasSubstr(": OK")) << r.output;
+
+  // The daemon still holds the job: muonctl reads it live.
+  CommandResult status = RunCommand("tools/muonctl status --coordinator " + daemon.address());
+  EXPECT_EQ(status.exit_code, 0) << status.output;
+  EXPECT_THAT(status.output, HasSubstr("4/4 ranks joined"));
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_THAT(status.output, HasSubstr(absl::StrCat("\n", rank, " ")));
+  }
+  CommandResult assignments =
+      RunCommand("tools/muonctl assignments --json --coordinator " + daemon.address());
+  EXPECT_EQ(assignments.exit_code, 0) << assignments.output;
+  EXPECT_THAT(assignments.output, HasSubstr("\"ranks\""));
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, MultiProcessTest,
+                         ::testing::Values("fsdp_dim0", "fsdp_dim1", "ddp", "uneven"));
+
+TEST(MuonctlPlanTest, Plan_UnevenSpec_PrintsOwnersShapesAndBothPolicies) {
+  CommandResult r = RunCommand("tools/muonctl plan --spec " + Spec("uneven"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("[10, 7]"));
+  EXPECT_THAT(r.output, HasSubstr("[3, 7] [1, 7]"));  // torch.chunk shards
+  EXPECT_THAT(r.output, HasSubstr("[1, 9] [0, 9]"));  // an empty shard
+  EXPECT_THAT(r.output, HasSubstr("policy lpt"));
+  EXPECT_THAT(r.output, HasSubstr("policy round_robin"));
+}
+
+TEST(MuonctlPlanTest, Plan_Json_IsThePlanMessage) {
+  CommandResult r = RunCommand("tools/muonctl plan --json --spec " + Spec("fsdp_dim0"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("\"matrices\""));
+  EXPECT_THAT(r.output, HasSubstr("\"hash\""));
+}
+
+TEST(MuonctlValidateTest, Validate_MissingSpec_FailsWithUsage) {
+  CommandResult r = RunCommand("tools/muonctl validate --steps 1");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("--spec FILE"));
+}
+
+}  // namespace
+}  // namespace muon

@@ -1,0 +1,146 @@
+// One end-to-end test over real gRPC on 127.0.0.1:0: CoordinatorServer and
+// GrpcCoordinationClient (Join from 2 threads, KeySet/KeyGet, ListRanks),
+// plus the error paths that only exist on the wire.
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "client/grpc_coordination_client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/coordinator_server.h"
+#include "server/local_coordination_client.h"
+#include "tests/server/status_matchers.h"
+#include "tests/server/test_specs.h"
+
+namespace muon {
+namespace {
+
+using ::muon::testing::MakeSpec;
+using ::muon::testing::Manifests;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+std::unique_ptr<CoordinatorServer> StartServer() {
+  CoordinatorServerOptions options;
+  options.host = "127.0.0.1";
+  options.port = 0;
+  options.service.job_id = "it";
+  options.service.default_join_timeout = absl::Seconds(5);
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
+      CoordinatorServer::Start(options);
+  EXPECT_TRUE(server.ok()) << server.status();
+  return server.ok() ? *std::move(server) : nullptr;
+}
+
+std::unique_ptr<GrpcCoordinationClient> Connect(const CoordinatorServer& server) {
+  absl::StatusOr<std::unique_ptr<GrpcCoordinationClient>> client =
+      GrpcCoordinationClient::Create(server.address(), "it",
+                                     absl::Seconds(2));
+  EXPECT_TRUE(client.ok()) << client.status();
+  return client.ok() ? *std::move(client) : nullptr;
+}
+
+v1::JobSpec TwoRankSpec() {
+  return MakeSpec({{"dp_shard", 2}}, {{"fc1.weight", 16, 8, {"Shard(0)"}},
+                                      {"fc2.weight", 8, 16, {"Shard(1)"}},
+                                      {"fc3.weight", 4, 4, {"Replicate()"}}});
+}
+
+TEST(GrpcIntegrationTest, JoinKeyValueListRanks_OverLoopback_Work) {
+  std::unique_ptr<CoordinatorServer> server = StartServer();
+  ASSERT_NE(server, nullptr);
+  EXPECT_GT(server->port(), 0);
+  EXPECT_EQ(server->address(), "127.0.0.1:" + std::to_string(server->port()));
+
+  std::vector<v1::RankManifest> manifests = Manifests(TwoRankSpec());
+  std::vector<absl::StatusOr<v1::JoinResponse>> results(
+      2, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      std::unique_ptr<GrpcCoordinationClient> client = Connect(*server);
+      if (client == nullptr) return;
+      v1::JoinRequest request;  // job id stamped by the client
+      *request.mutable_manifest() = manifests[r];
+      request.set_incarnation(1000 + r);
+      request.set_timeout_ms(3000);
+      results[r] = client->Join(request);
+      if (!results[r].ok()) return;
+      // Rendezvous: each rank publishes its address and reads the other's.
+      EXPECT_THAT(client->KeySet("addr/" + std::to_string(r),
+                                 "host" + std::to_string(r)),
+                  IsOk());
+      absl::StatusOr<std::string> peer =
+          client->KeyGet("addr/" + std::to_string(1 - r), absl::Seconds(2));
+      ASSERT_THAT(peer, IsOk());
+      EXPECT_EQ(*peer, "host" + std::to_string(1 - r));
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  ASSERT_THAT(results[0], IsOk());
+  ASSERT_THAT(results[1], IsOk());
+  EXPECT_EQ(results[0]->plan().SerializeAsString(),
+            results[1]->plan().SerializeAsString());
+  EXPECT_EQ(results[0]->plan().job_id(), "it");
+  EXPECT_EQ(results[0]->plan().matrices_size(), 3);
+
+  std::unique_ptr<GrpcCoordinationClient> ctl = Connect(*server);
+  ASSERT_NE(ctl, nullptr);
+  v1::StepReport report;
+  report.set_rank(1);
+  report.set_incarnation(1001);
+  report.set_step(3);
+  ASSERT_THAT(ctl->ReportStep(report), IsOk());
+  absl::StatusOr<v1::ListRanksResponse> ranks = ctl->ListRanks();
+  ASSERT_THAT(ranks, IsOk());
+  ASSERT_EQ(ranks->ranks_size(), 2);
+  EXPECT_EQ(ranks->ranks(0).state(), "ready");
+  EXPECT_EQ(ranks->ranks(1).state(), "running");
+  EXPECT_EQ(ranks->ranks(1).last_step(), 3);
+  absl::StatusOr<v1::JobInfo> job = ctl->GetJob();
+  ASSERT_THAT(job, IsOk());
+  EXPECT_EQ(job->state(), "planned");
+  EXPECT_EQ(job->plan_hash(), results[0]->plan().hash());
+  absl::StatusOr<v1::GetAssignmentsResponse> assignments =
+      ctl->GetAssignments();
+  ASSERT_THAT(assignments, IsOk());
+  EXPECT_EQ(assignments->ranks_size(), 2);
+  absl::StatusOr<v1::Plan> plan = ctl->GetPlan();
+  ASSERT_THAT(plan, IsOk());
+  EXPECT_EQ(plan->hash(), results[0]->plan().hash());
+
+  // Errors keep their code and message across the wire.
+  EXPECT_THAT(ctl->KeyGet("never", absl::Milliseconds(100)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       HasSubstr("\"never\"")));
+  v1::HeartbeatRequest hb;
+  hb.set_rank(0);
+  hb.set_incarnation(1);
+  EXPECT_THAT(ctl->Heartbeat(hb),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("incarnation 1")));
+  absl::StatusOr<std::unique_ptr<GrpcCoordinationClient>> other_job =
+      GrpcCoordinationClient::Create(server->address(), "other");
+  ASSERT_THAT(other_job, IsOk());
+  EXPECT_THAT((*other_job)->GetJob(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("\"other\"")));
+
+  // The in-process client sees the same service.
+  LocalCoordinationClient local(server->service(), "it");
+  absl::StatusOr<std::string> v = local.KeyGet("addr/0", absl::ZeroDuration());
+  ASSERT_THAT(v, IsOk());
+  EXPECT_EQ(*v, "host0");
+
+  server->Stop();
+  EXPECT_THAT(ctl->GetJob(), StatusIs(absl::StatusCode::kUnavailable,
+                                      HasSubstr(server->address())));
+}
+
+TEST(GrpcIntegrationTest, Create_EmptyAddress_ReturnsInvalidArgument) {
+  EXPECT_THAT(GrpcCoordinationClient::Create("", "job"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("empty")));
+}
+
+}  // namespace
+}  // namespace muon

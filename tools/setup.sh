@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the project needs (idempotent: quick when they
+# are already there). Used by tools/run_job.sh and tools/run_tests.sh.
+set -euo pipefail
+packages=(
+  bazel-bootstrap pkg-config g++ protobuf-compiler protobuf-compiler-grpc
+  libgrpc++-dev libprotobuf-dev libabsl-dev libgtest-dev libgmock-dev
+  libgloo-dev libopenblas-dev zlib1g-dev dataset-fashion-mnist
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=()
+  [[ $(id -u) -ne 0 ]] && sudo_cmd=(sudo)
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get -o DPkg::Lock::Timeout=900 update -qq
+  "${sudo_cmd[@]}" apt-get -o DPkg::Lock::Timeout=900 install -y -qq "${missing[@]}" >/dev/null
+fi
