@@ -41,6 +41,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   const std::string target = HostPort(options.host, options.port);
   builder.AddListeningPort(target, grpc::InsecureServerCredentials(),
                            &bound_port);
+  // gRPC sets SO_REUSEPORT by default: a second coordinator on the same
+  // port would then share it silently. Refuse instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   builder.RegisterService(grpc_service.get());

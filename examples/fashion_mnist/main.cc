@@ -40,7 +40,7 @@
 #include "tools/launcher.h"
 
 ABSL_FLAG(int, nproc, 4, "Number of local rank processes.");
-ABSL_FLAG(int, epochs, 2, "Training epochs.");
+ABSL_FLAG(int, epochs, 3, "Training epochs.");
 ABSL_FLAG(int, batch_size, 1000, "Global batch size (divisible by nproc).");
 ABSL_FLAG(std::string, hidden, "512,512", "Hidden layer widths.");
 ABSL_FLAG(double, lr, 0.02, "Muon learning rate.");

@@ -2,6 +2,7 @@
 // GrpcCoordinationClient (Join from 2 threads, KeySet/KeyGet, ListRanks),
 // plus the error paths that only exist on the wire.
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -135,6 +136,43 @@ TEST(GrpcIntegrationTest, JoinKeyValueListRanks_OverLoopback_Work) {
   server->Stop();
   EXPECT_THAT(ctl->GetJob(), StatusIs(absl::StatusCode::kUnavailable,
                                       HasSubstr(server->address())));
+}
+
+TEST(GrpcIntegrationTest, Start_PortInUse_ReturnsUnavailable) {
+  std::unique_ptr<CoordinatorServer> first = StartServer();
+  ASSERT_NE(first, nullptr);
+  CoordinatorServerOptions options;
+  options.port = first->port();
+  EXPECT_THAT(CoordinatorServer::Start(options),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr(first->address())));
+}
+
+TEST(GrpcIntegrationTest, Join_NoServer_ReturnsDeadlineExceededAfterWaiting) {
+  // A port that was just free (the server is gone).
+  std::string address;
+  {
+    std::unique_ptr<CoordinatorServer> gone = StartServer();
+    ASSERT_NE(gone, nullptr);
+    address = gone->address();
+  }
+  absl::StatusOr<std::unique_ptr<GrpcCoordinationClient>> client =
+      GrpcCoordinationClient::Create(address, "it", absl::Milliseconds(100));
+  ASSERT_THAT(client, IsOk());
+  v1::JoinRequest request;
+  *request.mutable_manifest() = Manifests(TwoRankSpec())[0];
+  request.set_timeout_ms(100);
+  const absl::Time start = absl::Now();
+  // Join waits for the coordinator to come up (wait_for_ready) until
+  // timeout_ms + rpc_timeout.
+  EXPECT_THAT((*client)->Join(request),
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       AllOf(HasSubstr("Join"), HasSubstr(address))));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(150));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  // Other RPCs fail fast.
+  EXPECT_THAT((*client)->GetJob(),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr(address)));
 }
 
 TEST(GrpcIntegrationTest, Create_EmptyAddress_ReturnsInvalidArgument) {
