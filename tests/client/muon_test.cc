@@ -1,0 +1,602 @@
+// Tests of muon::Muon on a single device (no DistributedConfig): the step is
+// checked against torch.optim.Muon's semantics (DESIGN.md section 1) worked
+// out inside the test, operation by operation in float32:
+//   B <- B.lerp_(G, 1 - mu)            torch's scalar lerp formula
+//   U <- nesterov ? G.lerp(B, mu) : B
+//   O <- NS_k(U)                       kernels::NewtonSchulz (tested in
+//                                      tests/kernels against float64)
+//   W <- W * (1 - lr*wd)               unadjusted lr
+//   W <- W - AdjustLR(lr, shape) * O
+// so parameters and momentum buffers are compared bit for bit. One test also
+// runs the whole recurrence in float64 (NewtonSchulzReference) and bounds the
+// difference. Then torch's argument errors and Step's preflight.
+//
+// Built with -ffp-contract=off (BUILD.bazel) so the expected values are not
+// fused into multiply-adds by the compiler.
+#include "client/muon.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "client/parameter.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/newton_schulz.h"
+
+namespace muon {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::ContainsRegex;
+using ::testing::HasSubstr;
+
+// Matches an absl::Status (or StatusOr) with `code` whose message matches
+// `message_matcher`.
+MATCHER_P2(StatusIs, code, message_matcher,
+           std::string("has code ") + absl::StatusCodeToString(code)) {
+  const absl::Status s = [&] {
+    if constexpr (std::is_same_v<std::decay_t<decltype(arg)>, absl::Status>) {
+      return arg;
+    } else {
+      return arg.status();
+    }
+  }();
+  *result_listener << "status is " << s.ToString();
+  return s.code() == code &&
+         ::testing::Matches(message_matcher)(std::string(s.message()));
+}
+
+// Deterministic values in [-1, 1) (the generator's output is fixed by the
+// standard; the float conversion is ours, so the values are portable).
+std::vector<float> RandomValues(int64_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<float> v(n);
+  for (float& x : v) {
+    x = static_cast<float>(gen() >> 8) * 0x1p-23f - 1.0f;
+  }
+  return v;
+}
+
+Parameter MakeParam(const std::string& name, int64_t rows, int64_t cols,
+                    uint32_t seed) {
+  Parameter p;
+  p.name = name;
+  p.local_shape = {rows, cols};
+  p.data = RandomValues(rows * cols, seed);
+  p.grad.assign(rows * cols, 0.0f);
+  return p;
+}
+
+// Bitwise equality of two float vectors (distinguishes -0 from 0 and
+// compares NaN payloads).
+::testing::AssertionResult BitwiseEqual(const std::vector<float>& actual,
+                                        const std::vector<float>& expected) {
+  if (actual.size() != expected.size()) {
+    return ::testing::AssertionFailure()
+           << "sizes differ: " << actual.size() << " vs " << expected.size();
+  }
+  for (size_t i = 0; i < actual.size(); ++i) {
+    if (std::memcmp(&actual[i], &expected[i], sizeof(float)) != 0) {
+      return ::testing::AssertionFailure()
+             << "element " << i << ": " << actual[i] << " (" << std::hexfloat
+             << actual[i] << ") vs expected " << std::defaultfloat
+             << expected[i] << " (" << std::hexfloat << expected[i] << ")";
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// torch's scalar lerp (ATen native/Lerp.h) in float32:
+//   |w| < 0.5 ? self + w*(end - self) : end - (end - self)*(1 - w).
+float TorchLerp(float self, float end, float w) {
+  const float diff = end - self;
+  return std::abs(w) < 0.5f ? self + w * diff : end - diff * (1.0f - w);
+}
+
+// torch.optim.Muon._adjust_lr, in double as Python computes it.
+double ExpectedAdjustedLr(double lr, const std::string& fn, int64_t rows,
+                          int64_t cols) {
+  const double a = static_cast<double>(rows);
+  const double b = static_cast<double>(cols);
+  if (fn == "original") return lr * std::sqrt(std::max(1.0, a / b));
+  return lr * (0.2 * std::sqrt(std::max(a, b)));
+}
+
+// The state of one matrix in the hand-written reference.
+struct RefMatrix {
+  int64_t rows;
+  int64_t cols;
+  std::vector<float> w;
+  std::vector<float> buf;  // momentum buffer, zeros at first
+};
+
+// One torch.optim.Muon step of `m` with gradient `g`, in float32, following
+// DESIGN.md section 1 literally.
+void ReferenceStep(const MuonOptions& o, const std::vector<float>& g,
+                   RefMatrix* m) {
+  const int64_t n = m->rows * m->cols;
+  // buf.lerp_(grad, 1 - momentum): the weight is a Python float (double)
+  // cast to float32 by the tensor op.
+  const float w_buf = static_cast<float>(1.0 - o.momentum);
+  for (int64_t i = 0; i < n; ++i) m->buf[i] = TorchLerp(m->buf[i], g[i], w_buf);
+  // update = grad.lerp(buf, momentum) if nesterov else buf.
+  std::vector<float> u(n);
+  const float w_nest = static_cast<float>(o.momentum);
+  for (int64_t i = 0; i < n; ++i) {
+    u[i] = o.nesterov ? TorchLerp(g[i], m->buf[i], w_nest) : m->buf[i];
+  }
+  kernels::NewtonSchulzOptions ns;
+  ns.a = o.ns_a;
+  ns.b = o.ns_b;
+  ns.c = o.ns_c;
+  ns.eps = o.eps;
+  ns.steps = o.ns_steps;
+  std::vector<float> orth(n);
+  ASSERT_TRUE(
+      kernels::NewtonSchulz(u.data(), m->rows, m->cols, ns, orth.data(), nullptr)
+          .ok());
+  // param.mul_(1 - lr * weight_decay); param.add_(update, alpha=-adj_lr).
+  const float decay = static_cast<float>(1.0 - o.lr * o.weight_decay);
+  const float alpha = static_cast<float>(
+      -ExpectedAdjustedLr(o.lr, o.adjust_lr_fn, m->rows, m->cols));
+  for (int64_t i = 0; i < n; ++i) {
+    float p = m->w[i] * decay;
+    const float step = alpha * orth[i];
+    m->w[i] = p + step;
+  }
+}
+
+struct Shape {
+  int64_t rows;
+  int64_t cols;
+};
+
+// Runs `steps` Muon steps on one parameter per shape (seeded weights and
+// gradients) and compares every parameter and momentum buffer bitwise with
+// the float32 reference after every step.
+void ExpectStepsMatchReference(const MuonOptions& options,
+                               const std::vector<Shape>& shapes, int steps) {
+  openblas_set_num_threads(1);
+  std::vector<Parameter> params;
+  std::vector<RefMatrix> ref;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    params.push_back(MakeParam(absl::StrCat("w", i), shapes[i].rows,
+                               shapes[i].cols, 100 + i));
+    ref.push_back(RefMatrix{shapes[i].rows, shapes[i].cols, params[i].data,
+                            std::vector<float>(params[i].data.size(), 0.0f)});
+  }
+  std::vector<Parameter*> ptrs;
+  for (Parameter& p : params) ptrs.push_back(&p);
+  absl::StatusOr<std::unique_ptr<Muon>> muon = Muon::Create(ptrs, options);
+  ASSERT_TRUE(muon.ok()) << muon.status();
+  for (int s = 0; s < steps; ++s) {
+    SCOPED_TRACE(absl::StrCat("step ", s + 1));
+    double expected_flops = 0;
+    for (size_t i = 0; i < params.size(); ++i) {
+      params[i].grad = RandomValues(params[i].data.size(), 1000 * (s + 1) + i);
+      ReferenceStep(options, params[i].grad, &ref[i]);
+      expected_flops += kernels::NewtonSchulzFlops(
+          shapes[i].rows, shapes[i].cols, options.ns_steps);
+    }
+    ASSERT_TRUE((*muon)->Step().ok());
+    EXPECT_EQ((*muon)->step_count(), s + 1);
+    for (size_t i = 0; i < params.size(); ++i) {
+      SCOPED_TRACE(absl::StrCat("parameter ", params[i].name, " [",
+                                shapes[i].rows, ", ", shapes[i].cols, "]"));
+      EXPECT_TRUE(BitwiseEqual((*muon)->momentum_buffer(i), ref[i].buf));
+      EXPECT_TRUE(BitwiseEqual(params[i].data, ref[i].w));
+    }
+    EXPECT_EQ((*muon)->last_step_stats().matrices_orthogonalized,
+              static_cast<int>(params.size()));
+    EXPECT_DOUBLE_EQ((*muon)->last_step_stats().ns_flops, expected_flops);
+  }
+}
+
+// --- Options ---
+
+TEST(MuonOptionsTest, Defaults_MatchTorch) {
+  const MuonOptions o;
+  EXPECT_EQ(o.lr, 1e-3);
+  EXPECT_EQ(o.weight_decay, 0.1);
+  EXPECT_EQ(o.momentum, 0.95);
+  EXPECT_TRUE(o.nesterov);
+  EXPECT_EQ(o.ns_a, 3.4445);
+  EXPECT_EQ(o.ns_b, -4.7750);
+  EXPECT_EQ(o.ns_c, 2.0315);
+  EXPECT_EQ(o.eps, 1e-7);
+  EXPECT_EQ(o.ns_steps, 5);
+  EXPECT_EQ(o.adjust_lr_fn, "original");
+  EXPECT_TRUE(ValidateMuonOptions(o).ok());
+}
+
+TEST(MuonTest, Create_DefaultOptions_KeepsOptionsAndIsWorldOfOne) {
+  Parameter p = MakeParam("fc.weight", 3, 5, 1);
+  absl::StatusOr<std::unique_ptr<Muon>> muon = Muon::Create({&p});
+  ASSERT_TRUE(muon.ok()) << muon.status();
+  EXPECT_EQ((*muon)->options().lr, 1e-3);
+  EXPECT_EQ((*muon)->options().weight_decay, 0.1);
+  EXPECT_EQ((*muon)->options().momentum, 0.95);
+  EXPECT_TRUE((*muon)->options().nesterov);
+  EXPECT_EQ((*muon)->options().adjust_lr_fn, "original");
+  EXPECT_EQ((*muon)->current_rank(), 0);
+  EXPECT_EQ((*muon)->world_size(), 1);
+  EXPECT_EQ((*muon)->step_count(), 0);
+  EXPECT_EQ((*muon)->agent(), nullptr);
+  EXPECT_EQ((*muon)->momentum_buffer(0), std::vector<float>(15, 0.0f));
+  const std::map<int, std::vector<int>> assignments = (*muon)->assignments();
+  ASSERT_EQ(assignments.size(), 1u);
+  EXPECT_EQ(assignments.at(0), std::vector<int>({0}));
+}
+
+// --- The step against the float32 reference ---
+
+TEST(MuonTest, Step_DefaultOptionsNesterovThreeSteps_MatchesTorchBitwise) {
+  ExpectStepsMatchReference(MuonOptions{}, {{3, 5}, {5, 3}}, 3);
+}
+
+TEST(MuonTest, Step_NesterovOnThreeSteps_MatchesTorchBitwise) {
+  MuonOptions o;
+  o.lr = 0.02;
+  o.weight_decay = 0.05;
+  o.nesterov = true;
+  ExpectStepsMatchReference(o, {{3, 5}, {5, 3}}, 3);
+}
+
+TEST(MuonTest, Step_NesterovOffThreeSteps_MatchesTorchBitwise) {
+  MuonOptions o;
+  o.lr = 0.02;
+  o.weight_decay = 0.05;
+  o.nesterov = false;
+  ExpectStepsMatchReference(o, {{3, 5}, {5, 3}}, 3);
+}
+
+// momentum 0.3: 1 - mu = 0.7 takes lerp's large-weight branch for the buffer
+// and mu = 0.3 the small-weight branch for Nesterov (the reverse of 0.95).
+TEST(MuonTest, Step_LowMomentumThreeSteps_MatchesTorchBitwise) {
+  MuonOptions o;
+  o.lr = 0.02;
+  o.momentum = 0.3;
+  ExpectStepsMatchReference(o, {{4, 6}, {6, 4}}, 3);
+}
+
+TEST(MuonTest, Step_OriginalAdjustLrTallAndWide_MatchesTorchBitwise) {
+  MuonOptions o;
+  o.lr = 0.02;
+  o.adjust_lr_fn = "original";
+  // Tall: lr*sqrt(8/2) = 2*lr; wide: lr*sqrt(max(1, 2/8)) = lr.
+  ExpectStepsMatchReference(o, {{8, 2}, {2, 8}, {7, 3}, {3, 7}}, 2);
+}
+
+TEST(MuonTest, Step_MatchRmsAdamWAdjustLrTallAndWide_MatchesTorchBitwise) {
+  MuonOptions o;
+  o.lr = 0.02;
+  o.adjust_lr_fn = "match_rms_adamw";
+  ExpectStepsMatchReference(o, {{8, 2}, {2, 8}, {7, 3}, {3, 7}}, 2);
+}
+
+TEST(MuonTest, Step_CustomCoefficientsAndNsSteps_MatchesTorchBitwise) {
+  MuonOptions o;
+  o.lr = 0.01;
+  o.ns_a = 2.0;
+  o.ns_b = -1.5;
+  o.ns_c = 0.5;
+  o.ns_steps = 3;
+  o.eps = 1e-5;
+  ExpectStepsMatchReference(o, {{3, 5}, {5, 3}}, 2);
+}
+
+// The reference's own AdjustLR values for these shapes (pins the formula the
+// bitwise tests above rely on).
+TEST(MuonTest, ExpectedAdjustedLr_TallAndWide_MatchTorchFormula) {
+  EXPECT_DOUBLE_EQ(ExpectedAdjustedLr(0.02, "original", 8, 2), 0.04);
+  EXPECT_DOUBLE_EQ(ExpectedAdjustedLr(0.02, "original", 2, 8), 0.02);
+  EXPECT_DOUBLE_EQ(ExpectedAdjustedLr(0.02, "match_rms_adamw", 8, 2),
+                   0.02 * 0.2 * std::sqrt(8.0));
+  EXPECT_DOUBLE_EQ(ExpectedAdjustedLr(0.02, "match_rms_adamw", 2, 8),
+                   0.02 * 0.2 * std::sqrt(8.0));
+}
+
+// With a zero gradient U = 0 and NS(0) = 0 (the norm is clamped to eps), so
+// the step is weight decay alone: W * (float)(1 - lr*wd) with the UNADJUSTED
+// lr, bit for bit. The adjusted lr differs by a factor 2 ("original", 16x4)
+// and 0.8 ("match_rms_adamw"), so using it would change the result.
+TEST(MuonTest, Step_ZeroGradient_DecaysWithUnadjustedLr) {
+  for (const std::string fn : {"original", "match_rms_adamw"}) {
+    SCOPED_TRACE(fn);
+    MuonOptions o;
+    o.lr = 0.05;
+    o.weight_decay = 0.5;
+    o.adjust_lr_fn = fn;
+    Parameter p = MakeParam("tall", 16, 4, 7);
+    const std::vector<float> before = p.data;
+    absl::StatusOr<std::unique_ptr<Muon>> muon = Muon::Create({&p}, o);
+    ASSERT_TRUE(muon.ok()) << muon.status();
+    ASSERT_TRUE((*muon)->Step().ok());
+    const float decay = static_cast<float>(1.0 - o.lr * o.weight_decay);
+    const float wrong_decay = static_cast<float>(
+        1.0 - ExpectedAdjustedLr(o.lr, fn, 16, 4) * o.weight_decay);
+    ASSERT_NE(decay, wrong_decay);
+    std::vector<float> expected(before.size());
+    int differs_from_wrong = 0;
+    for (size_t i = 0; i < before.size(); ++i) {
+      expected[i] = before[i] * decay;
+      if (expected[i] != before[i] * wrong_decay) ++differs_from_wrong;
+    }
+    EXPECT_GT(differs_from_wrong, 0);
+    EXPECT_TRUE(BitwiseEqual(p.data, expected));
+    EXPECT_EQ((*muon)->momentum_buffer(0), std::vector<float>(64, 0.0f));
+  }
+}
+
+// Weight decay uses the unadjusted lr also with a non-zero update: the float32
+// reference with the adjusted lr in the decay would not match.
+TEST(MuonTest, Step_WeightDecayWithTallMatrix_UsesUnadjustedLr) {
+  MuonOptions o;
+  o.lr = 0.05;
+  o.weight_decay = 0.5;
+  o.adjust_lr_fn = "original";
+  ExpectStepsMatchReference(o, {{12, 3}}, 1);
+
+  // And the variant with the adjusted lr in the decay gives other bits.
+  openblas_set_num_threads(1);
+  Parameter p = MakeParam("w0", 12, 3, 100);
+  p.grad = RandomValues(36, 1000);
+  RefMatrix wrong{12, 3, p.data, std::vector<float>(36, 0.0f)};
+  MuonOptions wrong_o = o;
+  wrong_o.weight_decay =
+      o.weight_decay * ExpectedAdjustedLr(o.lr, "original", 12, 3) / o.lr;
+  ReferenceStep(wrong_o, p.grad, &wrong);
+  absl::StatusOr<std::unique_ptr<Muon>> muon = Muon::Create({&p}, o);
+  ASSERT_TRUE(muon.ok()) << muon.status();
+  ASSERT_TRUE((*muon)->Step().ok());
+  EXPECT_FALSE(BitwiseEqual(p.data, wrong.w));
+}
+
+// The whole recurrence in float64 (lerp, NewtonSchulzReference, decay and
+// update) stays within float32 rounding of the optimizer over 3 steps.
+TEST(MuonTest, Step_ThreeSteps_MatchesFloat64ReferenceWithinTolerance) {
+  MuonOptions o;
+  o.lr = 0.02;
+  for (const Shape shape : {Shape{3, 5}, Shape{5, 3}, Shape{6, 6}}) {
+    SCOPED_TRACE(absl::StrCat(shape.rows, "x", shape.cols));
+    const int64_t n = shape.rows * shape.cols;
+    Parameter p = MakeParam("w", shape.rows, shape.cols, 11);
+    std::vector<double> w(p.data.begin(), p.data.end());
+    std::vector<double> buf(n, 0.0);
+    absl::StatusOr<std::unique_ptr<Muon>> muon = Muon::Create({&p}, o);
+    ASSERT_TRUE(muon.ok()) << muon.status();
+    kernels::NewtonSchulzOptions ns;  // torch's defaults, as MuonOptions
+    for (int s = 0; s < 3; ++s) {
+      p.grad = RandomValues(n, 50 + s);
+      std::vector<double> u(n);
+      for (int64_t i = 0; i < n; ++i) {
+        buf[i] = o.momentum * buf[i] + (1 - o.momentum) * p.grad[i];
+        u[i] = (1 - o.momentum) * p.grad[i] + o.momentum * buf[i];
+      }
+      std::vector<double> orth(n);
+      kernels::NewtonSchulzReference(u.data(), shape.rows, shape.cols, ns,
+                                     orth.data());
+      const double adj =
+          ExpectedAdjustedLr(o.lr, "original", shape.rows, shape.cols);
+      for (int64_t i = 0; i < n; ++i) {
+        w[i] = w[i] * (1 - o.lr * o.weight_decay) - adj * orth[i];
+      }
+      ASSERT_TRUE((*muon)->Step().ok());
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      EXPECT_NEAR(p.data[i], w[i], 2e-6) << "element " << i;
+      EXPECT_NEAR((*muon)->momentum_buffer(0)[i], buf[i], 1e-6)
+          << "element " << i;
+    }
+  }
+}
+
+TEST(MuonTest, ZeroGrad_AfterStep_ClearsGradientsKeepingSizes) {
+  Parameter p = MakeParam("w", 3, 5, 3);
+  p.grad = RandomValues(15, 4);
+  absl::StatusOr<std::unique_ptr<Muon>> muon = Muon::Create({&p});
+  ASSERT_TRUE(muon.ok()) << muon.status();
+  ASSERT_TRUE((*muon)->Step().ok());
+  (*muon)->ZeroGrad();
+  EXPECT_EQ(p.grad, std::vector<float>(15, 0.0f));
+}
+
+// --- Argument errors (torch.optim.Muon.__init__) ---
+
+TEST(MuonTest, Create_NegativeLr_ReturnsInvalidArgument) {
+  MuonOptions o;
+  o.lr = -0.5;
+  EXPECT_THAT(ValidateMuonOptions(o),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(ContainsRegex("[Ll]earning rate|lr"),
+                             HasSubstr("-0.5"))));
+  Parameter p = MakeParam("w", 3, 5, 1);
+  EXPECT_THAT(Muon::Create({&p}, o),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("-0.5")));
+}
+
+TEST(MuonTest, Create_ZeroLr_Succeeds) {
+  MuonOptions o;
+  o.lr = 0.0;
+  Parameter p = MakeParam("w", 3, 5, 1);
+  EXPECT_TRUE(Muon::Create({&p}, o).ok());
+}
+
+TEST(MuonTest, Create_NegativeMomentum_ReturnsInvalidArgument) {
+  MuonOptions o;
+  o.momentum = -0.25;
+  EXPECT_THAT(ValidateMuonOptions(o),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("momentum"), HasSubstr("-0.25"))));
+  Parameter p = MakeParam("w", 3, 5, 1);
+  EXPECT_THAT(Muon::Create({&p}, o),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("momentum"), HasSubstr("-0.25"))));
+}
+
+TEST(MuonTest, Create_NegativeWeightDecay_ReturnsInvalidArgument) {
+  MuonOptions o;
+  o.weight_decay = -0.125;
+  EXPECT_THAT(ValidateMuonOptions(o),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(ContainsRegex("weight[ _]decay"),
+                             HasSubstr("-0.125"))));
+  Parameter p = MakeParam("w", 3, 5, 1);
+  EXPECT_THAT(Muon::Create({&p}, o),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(ContainsRegex("weight[ _]decay"),
+                             HasSubstr("-0.125"))));
+}
+
+TEST(MuonTest, Create_UnknownAdjustLrFn_ReturnsInvalidArgument) {
+  MuonOptions o;
+  o.adjust_lr_fn = "match_rms_sgd";
+  EXPECT_THAT(ValidateMuonOptions(o),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(ContainsRegex("[Aa]djust (learning rate|lr)|"
+                                           "adjust_lr_fn"),
+                             HasSubstr("match_rms_sgd"))));
+  Parameter p = MakeParam("w", 3, 5, 1);
+  EXPECT_THAT(Muon::Create({&p}, o),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("match_rms_sgd")));
+  // The spelling is exact (torch compares strings).
+  o.adjust_lr_fn = "Original";
+  EXPECT_THAT(ValidateMuonOptions(o),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("Original")));
+}
+
+TEST(MuonTest, Create_NsSteps100_ReturnsInvalidArgument) {
+  MuonOptions o;
+  o.ns_steps = 100;
+  EXPECT_THAT(ValidateMuonOptions(o),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(ContainsRegex("ns_steps|[Nn]umber of steps"),
+                             HasSubstr("100"))));
+  Parameter p = MakeParam("w", 3, 5, 1);
+  EXPECT_THAT(Muon::Create({&p}, o),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("100")));
+}
+
+TEST(MuonTest, Create_NsSteps99_Succeeds) {
+  MuonOptions o;
+  o.ns_steps = 99;
+  EXPECT_TRUE(ValidateMuonOptions(o).ok());
+  Parameter p = MakeParam("w", 3, 5, 1);
+  absl::StatusOr<std::unique_ptr<Muon>> muon = Muon::Create({&p}, o);
+  EXPECT_TRUE(muon.ok()) << muon.status();
+}
+
+TEST(MuonTest, Create_OneDimParameter_ReturnsInvalidArgumentNamingIt) {
+  Parameter w = MakeParam("fc.weight", 3, 5, 1);
+  Parameter bias;
+  bias.name = "fc.bias";
+  bias.local_shape = {5};
+  bias.data.assign(5, 0.5f);
+  bias.grad.assign(5, 0.0f);
+  EXPECT_THAT(Muon::Create({&w, &bias}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("fc.bias"), HasSubstr("[5]"))));
+  EXPECT_EQ(bias.data, std::vector<float>(5, 0.5f));
+}
+
+TEST(MuonTest, Create_ThreeDimParameter_ReturnsInvalidArgumentNamingIt) {
+  Parameter w;
+  w.name = "conv.weight";
+  w.local_shape = {2, 3, 4};
+  w.data.assign(24, 1.0f);
+  w.grad.assign(24, 0.0f);
+  EXPECT_THAT(Muon::Create({&w}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("conv.weight"), HasSubstr("[2, 3, 4]"))));
+}
+
+TEST(MuonTest, Create_DataSizeNotMatchingLocalShape_ReturnsInvalidArgument) {
+  Parameter w = MakeParam("fc.weight", 3, 5, 1);
+  w.data.resize(14);
+  EXPECT_THAT(Muon::Create({&w}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("fc.weight"), HasSubstr("14"),
+                             HasSubstr("15"))));
+}
+
+// --- Step preflight ---
+
+class MuonStepPreflightTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    params_.push_back(MakeParam("a.weight", 3, 5, 1));
+    params_.push_back(MakeParam("b.weight", 5, 3, 2));
+    for (Parameter& p : params_) ptrs_.push_back(&p);
+    MuonOptions o;
+    o.lr = 0.02;
+    absl::StatusOr<std::unique_ptr<Muon>> muon = Muon::Create(ptrs_, o);
+    ASSERT_TRUE(muon.ok()) << muon.status();
+    muon_ = *std::move(muon);
+    // One good step so that the momentum buffers are not all zero.
+    for (size_t i = 0; i < params_.size(); ++i) {
+      params_[i].grad = RandomValues(15, 20 + i);
+    }
+    ASSERT_TRUE(muon_->Step().ok());
+  }
+
+  // Expects a failed Step to have changed nothing: parameters, momentum
+  // buffers and the step count.
+  void ExpectStepFailsWithoutSideEffects(const std::string& name) {
+    std::vector<std::vector<float>> data, bufs;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      data.push_back(params_[i].data);
+      bufs.push_back(muon_->momentum_buffer(i));
+    }
+    EXPECT_THAT(muon_->Step(),
+                StatusIs(absl::StatusCode::kFailedPrecondition,
+                         AllOf(HasSubstr(name), HasSubstr("rank 0"))));
+    for (size_t i = 0; i < params_.size(); ++i) {
+      SCOPED_TRACE(params_[i].name);
+      EXPECT_TRUE(BitwiseEqual(params_[i].data, data[i]));
+      EXPECT_TRUE(BitwiseEqual(muon_->momentum_buffer(i), bufs[i]));
+    }
+    EXPECT_EQ(muon_->step_count(), 1);
+  }
+
+  std::vector<Parameter> params_;
+  std::vector<Parameter*> ptrs_;
+  std::unique_ptr<Muon> muon_;
+};
+
+// The bad gradient is on the second parameter, so a step that updated
+// parameters one by one before checking would already have changed the first.
+TEST_F(MuonStepPreflightTest, Step_MissingGradient_ReturnsFailedPrecondition) {
+  params_[0].grad = RandomValues(15, 30);
+  params_[1].grad.clear();
+  ExpectStepFailsWithoutSideEffects("b.weight");
+}
+
+TEST_F(MuonStepPreflightTest, Step_WrongSizeGradient_ReturnsFailedPrecondition) {
+  params_[0].grad = RandomValues(15, 30);
+  params_[1].grad = RandomValues(16, 31);
+  ExpectStepFailsWithoutSideEffects("b.weight");
+}
+
+TEST_F(MuonStepPreflightTest, Step_AfterFixingGradient_Succeeds) {
+  params_[1].grad.clear();
+  ASSERT_FALSE(muon_->Step().ok());
+  params_[1].grad = RandomValues(15, 31);
+  EXPECT_TRUE(muon_->Step().ok());
+  EXPECT_EQ(muon_->step_count(), 2);
+}
+
+}  // namespace
+}  // namespace muon
