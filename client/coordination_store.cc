@@ -33,9 +33,8 @@ void CoordinationStore::Cancel() { cancelled_.store(true); }
 absl::Status CoordinationStore::Set(const std::string& key,
                                     const std::string& value) {
   if (cancelled_.load()) {
-    return absl::AbortedError(
-        absl::StrCat("CoordinationStore: cancelled before setting key '", key,
-                     "'"));
+    return absl::AbortedError(absl::StrCat(
+        "CoordinationStore: cancelled before setting key '", key, "'"));
   }
   absl::Status status = client_->KeySet(key, value);
   if (!status.ok()) {
@@ -68,9 +67,9 @@ absl::StatusOr<std::string> CoordinationStore::GetUntil(
     }
     const absl::Time now = absl::Now();
     if (now >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "CoordinationStore: key '", key, "' not set within ",
-          absl::FormatDuration(timeout)));
+      return absl::DeadlineExceededError(
+          absl::StrCat("CoordinationStore: key '", key, "' not set within ",
+                       absl::FormatDuration(timeout)));
     }
     if (now - start < slice) {
       absl::SleepFor(std::min(kMinRetryDelay, deadline - now));
@@ -112,9 +111,8 @@ void CoordinationStore::wait(const std::vector<std::string>& keys) {
 
 void CoordinationStore::wait(const std::vector<std::string>& keys,
                              const std::chrono::milliseconds& timeout) {
-  const absl::Duration bound = timeout.count() > 0
-                                   ? absl::FromChrono(timeout)
-                                   : options_.timeout;
+  const absl::Duration bound =
+      timeout.count() > 0 ? absl::FromChrono(timeout) : options_.timeout;
   absl::Status status = Wait(keys, bound);
   if (!status.ok()) throw CoordinationStoreError(std::move(status));
 }

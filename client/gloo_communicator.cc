@@ -1,10 +1,13 @@
 #include "client/gloo_communicator.h"
 
+#include <signal.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cstring>
 #include <exception>
 #include <initializer_list>
+#include <mutex>
 #include <numeric>
 #include <utility>
 
@@ -33,6 +36,14 @@ namespace {
 
 constexpr char kBackend[] = "gloo";
 
+// Gloo adds timeouts to steady_clock::now() (and multiplies the connect
+// timeout by 5): keep them far from overflowing.
+constexpr absl::Duration kMaxTimeout = absl::Hours(24);
+
+absl::Duration CappedTimeout(absl::Duration timeout) {
+  return std::min(timeout, kMaxTimeout);
+}
+
 // Gloo reports timeouts as IoException/EnforceNotMet text only ("Timed out
 // waiting 1000ms for recv operation to complete", "Connect timeout ...",
 // "Wait timeout for key(s)", "Application timeout caused pair closure").
@@ -40,6 +51,24 @@ bool IsTimeout(const std::string& what) {
   const std::string lower = absl::AsciiStrToLower(what);
   return absl::StrContains(lower, "timed out") ||
          absl::StrContains(lower, "timeout");
+}
+
+// Gloo's TCP transport writes without MSG_NOSIGNAL, so a peer that resets
+// its connection (crashed or aborted) would kill this process with SIGPIPE
+// instead of failing the call. Ignore SIGPIPE unless the program installed
+// its own handler.
+void IgnoreSigpipeOnce() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current;
+    if (sigaction(SIGPIPE, nullptr, &current) == 0 &&
+        current.sa_handler == SIG_DFL) {
+      struct sigaction ignore = {};
+      ignore.sa_handler = SIG_IGN;
+      sigemptyset(&ignore.sa_mask);
+      sigaction(SIGPIPE, &ignore, nullptr);
+    }
+  });
 }
 
 int64_t Sum(const std::vector<int64_t>& counts) {
@@ -70,17 +99,18 @@ class GlooCommunicator::InflightScope {
 
 GlooCommunicator::GlooCommunicator(
     int rank, int world_size, CoordinationClient* client,
-    const GlooOptions& options, std::vector<int> root_ranks,
-    bool subgroup, std::shared_ptr<gloo::transport::Device> device)
+    const GlooOptions& options, std::vector<int> root_ranks, bool subgroup,
+    std::shared_ptr<gloo::transport::Device> device)
     : rank_(rank),
       world_size_(world_size),
       client_(client),
       options_(options),
-      timeout_(std::max<int64_t>(1, absl::ToInt64Milliseconds(options.timeout))),
+      timeout_(std::max<int64_t>(
+          1, absl::ToInt64Milliseconds(CappedTimeout(options.timeout)))),
       root_ranks_(std::move(root_ranks)),
       subgroup_(subgroup),
       store_(std::make_unique<CoordinationStore>(
-          client, CoordinationStoreOptions{options.timeout})),
+          client, CoordinationStoreOptions{CappedTimeout(options.timeout)})),
       device_(std::move(device)),
       peer_addresses_(world_size) {}
 
@@ -100,8 +130,7 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
   }
   if (rank < 0 || rank >= world_size) {
     return absl::InvalidArgumentError(absl::StrCat(
-        where, "rank is ", rank, "; want 0 <= rank < world_size ",
-        world_size));
+        where, "rank is ", rank, "; want 0 <= rank < world_size ", world_size));
   }
   if (store_client == nullptr) {
     return absl::InvalidArgumentError(
@@ -123,6 +152,7 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
       rank, world_size, store_client, options, std::move(root_ranks),
       /*subgroup=*/false, /*device=*/nullptr));
   if (world_size > 1) {
+    IgnoreSigpipeOnce();
     MUON_RETURN_IF_ERROR(comm->RunGloo("Create", [&] {
       gloo::transport::tcp::attr attr(options.hostname.c_str());
       comm->device_ = gloo::transport::tcp::CreateDevice(attr);
@@ -207,7 +237,9 @@ std::string GlooCommunicator::Where(absl::string_view op, int peer) const {
     absl::StrAppend(&where, " (rank ", rank_, " of group ", options_.prefix,
                     ")");
   }
-  if (peer >= 0) absl::StrAppend(&where, " (peer rank ", root_ranks_[peer], ")");
+  if (peer >= 0) {
+    absl::StrAppend(&where, " (peer rank ", root_ranks_[peer], ")");
+  }
   absl::StrAppend(&where, ": ");
   return where;
 }
@@ -323,8 +355,8 @@ absl::Status GlooCommunicator::AllGatherV(
   const int64_t recv_total = Sum(recv_counts);
   return RunCollectiveLocked("AllGatherV", [&] {
     float dummy = 0;
-    auto out = context_->createUnboundBuffer(
-        recv_total > 0 ? recv : &dummy, recv_total * sizeof(float));
+    auto out = context_->createUnboundBuffer(recv_total > 0 ? recv : &dummy,
+                                             recv_total * sizeof(float));
     gloo::AllgathervOptions opts(context_);
     InflightScope inflight(this, {out.get()});
     opts.setOutput<float>(
@@ -336,8 +368,7 @@ absl::Status GlooCommunicator::AllGatherV(
   });
 }
 
-absl::Status GlooCommunicator::Broadcast(float* data, int64_t count,
-                                         int root) {
+absl::Status GlooCommunicator::Broadcast(float* data, int64_t count, int root) {
   absl::MutexLock lock(&op_mu_);
   MUON_RETURN_IF_ERROR(CheckUsableLocked("Broadcast"));
   MUON_RETURN_IF_ERROR(communicator_internal::CheckBroadcast(
@@ -424,7 +455,8 @@ void GlooCommunicator::Abort() {
   // Closing does not wake this rank's own pending waits. Each abortWait*
   // releases one wait and a collective may wait several times, so repeat
   // until the collective has returned (bounded by the timeout).
-  const absl::Time deadline = absl::Now() + options_.timeout;
+  const absl::Time deadline =
+      absl::Now() + absl::Milliseconds(timeout_.count());
   absl::MutexLock lock(&inflight_mu_);
   while (!inflight_.empty() && absl::Now() < deadline) {
     for (gloo::transport::UnboundBuffer* buffer : inflight_) {

@@ -73,7 +73,8 @@ struct GlooOptions {
   // Address the TCP transport listens on and advertises to peers; the
   // default keeps all traffic on loopback (one host).
   std::string hostname = "127.0.0.1";
-  // Bound on the rendezvous in Create/Split and on every collective.
+  // Bound on the rendezvous in Create/Split and on every collective (values
+  // above 24 h are capped there; there is no "no timeout").
   absl::Duration timeout = absl::Seconds(60);
   // Key prefix in the coordinator's key-value store. Keys are never deleted,
   // so each group created on one coordinator needs its own prefix (e.g.
@@ -89,6 +90,10 @@ class GlooCommunicator : public Communicator {
   // options.timeout passes. A world of one needs no rendezvous (and does not
   // touch the store). `store_client` is not owned and must outlive this
   // communicator and every communicator Split from it.
+  // Process-wide side effect: with world_size > 1, the first Create sets
+  // SIGPIPE to ignored if it still has the default action, because Gloo
+  // writes to sockets without MSG_NOSIGNAL and a peer resetting its
+  // connection would otherwise kill this process instead of failing a call.
   // Errors:
   //   InvalidArgument: bad rank/world_size, null store_client, empty
   //     hostname or prefix, timeout under 1 ms (names the value).

@@ -54,8 +54,7 @@ GrpcCoordinationClient::Create(const std::string& address,
   }
   if (rpc_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "rpc_timeout is ", absl::FormatDuration(rpc_timeout),
-        "; must be > 0"));
+        "rpc_timeout is ", absl::FormatDuration(rpc_timeout), "; must be > 0"));
   }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);

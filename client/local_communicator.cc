@@ -27,8 +27,8 @@ absl::Status CheckCounts(absl::string_view where, absl::string_view name,
   int64_t sum = 0;
   for (size_t p = 0; p < counts.size(); ++p) {
     if (counts[p] < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, name, "[", p, "] is ", counts[p], "; want >= 0"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, name, "[", p, "] is ", counts[p], "; want >= 0"));
     }
     sum += counts[p];
   }
@@ -47,8 +47,8 @@ absl::Status CheckBuffer(absl::string_view where, absl::string_view name,
 
 }  // namespace
 
-absl::Status CheckAllToAllV(absl::string_view backend, int rank,
-                            int world_size, const float* send,
+absl::Status CheckAllToAllV(absl::string_view backend, int rank, int world_size,
+                            const float* send,
                             const std::vector<int64_t>& send_counts,
                             const float* recv,
                             const std::vector<int64_t>& recv_counts) {
@@ -60,10 +60,10 @@ absl::Status CheckAllToAllV(absl::string_view backend, int rank,
   MUON_RETURN_IF_ERROR(
       CheckCounts(where, "recv_counts", recv_counts, world_size, &recv_total));
   if (send_counts[rank] != recv_counts[rank]) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, "send_counts[", rank, "] is ", send_counts[rank],
-        " but recv_counts[", rank, "] is ", recv_counts[rank],
-        "; a rank's share to itself must match"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, "send_counts[", rank, "] is ", send_counts[rank],
+                     " but recv_counts[", rank, "] is ", recv_counts[rank],
+                     "; a rank's share to itself must match"));
   }
   MUON_RETURN_IF_ERROR(CheckBuffer(where, "send", send, send_total));
   MUON_RETURN_IF_ERROR(CheckBuffer(where, "recv", recv, recv_total));
@@ -92,14 +92,12 @@ absl::Status CheckAllGatherV(absl::string_view backend, int rank,
   return absl::OkStatus();
 }
 
-absl::Status CheckBroadcast(absl::string_view backend, int rank,
-                            int world_size, const float* data, int64_t count,
-                            int root) {
+absl::Status CheckBroadcast(absl::string_view backend, int rank, int world_size,
+                            const float* data, int64_t count, int root) {
   const std::string where = Where(backend, "Broadcast", rank);
   if (root < 0 || root >= world_size) {
     return absl::InvalidArgumentError(absl::StrCat(
-        where, "root is ", root, "; want 0 <= root < world_size ",
-        world_size));
+        where, "root is ", root, "; want 0 <= root < world_size ", world_size));
   }
   if (count < 0) {
     return absl::InvalidArgumentError(
@@ -117,9 +115,9 @@ absl::Status CheckSplit(absl::string_view backend, int rank, int world_size,
   bool has_self = false;
   for (size_t i = 0; i < ranks.size(); ++i) {
     if (ranks[i] < 0 || ranks[i] >= world_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, "ranks[", i, "] is ", ranks[i],
-          "; want 0 <= rank < world_size ", world_size));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, "ranks[", i, "] is ", ranks[i],
+                       "; want 0 <= rank < world_size ", world_size));
     }
     if (i > 0 && ranks[i] <= ranks[i - 1]) {
       return absl::InvalidArgumentError(
@@ -181,9 +179,7 @@ absl::Status LocalCommunicator::Broadcast(float* data, int64_t count,
                                                root);
 }
 
-absl::Status LocalCommunicator::Barrier() {
-  return CheckNotAborted("Barrier");
-}
+absl::Status LocalCommunicator::Barrier() { return CheckNotAborted("Barrier"); }
 
 absl::StatusOr<std::unique_ptr<Communicator>> LocalCommunicator::Split(
     const std::vector<int>& ranks) {

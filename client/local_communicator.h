@@ -30,8 +30,8 @@ namespace communicator_internal {
 // AllToAllV: both count vectors have `world_size` entries, counts are >= 0,
 // send_counts[rank] == recv_counts[rank] (the local share), and a buffer is
 // null only when its total is zero.
-absl::Status CheckAllToAllV(absl::string_view backend, int rank,
-                            int world_size, const float* send,
+absl::Status CheckAllToAllV(absl::string_view backend, int rank, int world_size,
+                            const float* send,
                             const std::vector<int64_t>& send_counts,
                             const float* recv,
                             const std::vector<int64_t>& recv_counts);
@@ -44,9 +44,8 @@ absl::Status CheckAllGatherV(absl::string_view backend, int rank,
                              const std::vector<int64_t>& recv_counts);
 
 // Broadcast: 0 <= root < world_size, count >= 0, data non-null if count > 0.
-absl::Status CheckBroadcast(absl::string_view backend, int rank,
-                            int world_size, const float* data, int64_t count,
-                            int root);
+absl::Status CheckBroadcast(absl::string_view backend, int rank, int world_size,
+                            const float* data, int64_t count, int root);
 
 // Split: `ranks` non-empty, strictly ascending, within [0, world_size) and
 // containing `rank`.

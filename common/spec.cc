@@ -21,9 +21,9 @@ absl::StatusOr<v1::JobSpec> ParseJobSpecJson(absl::string_view json) {
           google::protobuf::StringPiece(json.data(), json.size()), &spec,
           options);
   if (!status.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "job spec is not valid JSON for muon.v1.JobSpec: ",
-        std::string(status.message())));
+    return absl::InvalidArgumentError(
+        absl::StrCat("job spec is not valid JSON for muon.v1.JobSpec: ",
+                     std::string(status.message())));
   }
   return spec;
 }
@@ -115,8 +115,8 @@ absl::StatusOr<std::vector<Placement>> CheckMatrixPlacements(
   if (texts.size() != mesh.ndim()) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, " has ", texts.size(), " placements [",
-        absl::StrJoin(texts, ", "), "] but the mesh ", mesh.ToString(),
-        " has ", mesh.ndim(), " dims: give one placement per mesh dim"));
+        absl::StrJoin(texts, ", "), "] but the mesh ", mesh.ToString(), " has ",
+        mesh.ndim(), " dims: give one placement per mesh dim"));
   }
   MUON_ASSIGN_OR_RETURN(std::vector<Placement> placements,
                         ParsePlacements(texts, what));
@@ -129,15 +129,14 @@ absl::StatusOr<std::vector<Placement>> CheckMatrixPlacements(
           "first and use Shard(d) or Replicate()"));
     }
     if (p.is_shard() && p.dim != 0 && p.dim != 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": placement Shard(", p.dim, ") on mesh dim \"",
-          mesh.names[i], "\" shards tensor dim ", p.dim,
-          " but the parameter is 2-D (use Shard(0) or Shard(1))"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": placement Shard(", p.dim, ") on mesh dim \"",
+                       mesh.names[i], "\" shards tensor dim ", p.dim,
+                       " but the parameter is 2-D (use Shard(0) or Shard(1))"));
     }
   }
   return placements;
 }
-
 
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   const Mesh mesh = MeshFromProto(spec.mesh());
@@ -172,9 +171,9 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
           "another optimizer (e.g. AdamW)"));
     }
     if (param.shape(0) < 1 || param.shape(1) < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "parameter \"", param.name(), "\" has shape ",
-          ShapeToString(param.shape()), "; dims must be >= 1"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter \"", param.name(), "\" has shape ",
+                       ShapeToString(param.shape()), "; dims must be >= 1"));
     }
     MUON_RETURN_IF_ERROR(
         CheckMatrixPlacements(param.name(), param.placements(), mesh).status());
@@ -193,9 +192,9 @@ absl::StatusOr<std::vector<v1::RankManifest>> ManifestsFromSpec(
   std::vector<std::vector<Box>> boxes(spec.params_size());
   for (int i = 0; i < spec.params_size(); ++i) {
     const v1::ParamSpec& param = spec.params(i);
-    MUON_ASSIGN_OR_RETURN(placements[i],
-                          CheckMatrixPlacements(param.name(), param.placements(),
-                                          mesh));
+    MUON_ASSIGN_OR_RETURN(
+        placements[i],
+        CheckMatrixPlacements(param.name(), param.placements(), mesh));
     absl::StatusOr<std::vector<Box>> all =
         AllBoxes(param.shape(0), param.shape(1), placements[i], mesh);
     if (!all.ok()) {

@@ -88,7 +88,8 @@ absl::StatusOr<std::vector<Placement>> CheckMatrixPlacements(
     const Mesh& mesh);
 
 // "[10, 7]" for a shape.
-std::string ShapeToString(const google::protobuf::RepeatedField<int64_t>& shape);
+std::string ShapeToString(
+    const google::protobuf::RepeatedField<int64_t>& shape);
 
 // "Shard(0)" for one placement, "[Shard(0), Replicate()]" for several, "[]"
 // for none.

@@ -52,9 +52,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     return absl::UnavailableError(absl::StrCat(
         "cannot listen on ", target, " (address in use or not local?)"));
   }
-  return std::unique_ptr<CoordinatorServer>(new CoordinatorServer(
-      options.host, bound_port, std::move(service), std::move(grpc_service),
-      std::move(server)));
+  return std::unique_ptr<CoordinatorServer>(
+      new CoordinatorServer(options.host, bound_port, std::move(service),
+                            std::move(grpc_service), std::move(server)));
 }
 
 CoordinatorServer::CoordinatorServer(
@@ -69,15 +69,16 @@ CoordinatorServer::CoordinatorServer(
 
 CoordinatorServer::~CoordinatorServer() { Stop(); }
 
-std::string CoordinatorServer::address() const { return HostPort(host_, port_); }
+std::string CoordinatorServer::address() const {
+  return HostPort(host_, port_);
+}
 
 void CoordinatorServer::Stop() {
   absl::MutexLock lock(&mu_);
   if (server_ == nullptr) return;
   // Wake handlers blocked in the core first so Shutdown need not wait.
   service_->Shutdown();
-  server_->Shutdown(std::chrono::system_clock::now() +
-                    std::chrono::seconds(1));
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   server_->Wait();
   server_.reset();
 }

@@ -24,10 +24,9 @@ CoordinatorService::~CoordinatorService() { Shutdown(); }
 
 absl::Status CoordinatorService::CheckJobId(const std::string& job_id) const {
   if (job_id.empty() || job_id == options_.job_id) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("request is for job \"", job_id,
-                   "\" but this coordinator serves job \"", options_.job_id,
-                   "\""));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "request is for job \"", job_id, "\" but this coordinator serves job \"",
+      options_.job_id, "\""));
 }
 
 std::string CoordinatorService::JobStateName(JobState state) {
@@ -117,17 +116,18 @@ absl::StatusOr<v1::JoinResponse> CoordinatorService::Join(
 
   auto it = ranks_.find(rank);
   if (it != ranks_.end() && it->second.incarnation != request.incarnation()) {
-    return absl::AbortedError(absl::StrCat(
-        "rank ", rank, " already joined with incarnation ",
-        it->second.incarnation, "; this join has incarnation ",
-        request.incarnation(), " (restarting a rank is not supported: "
-        "restart the whole job)"));
+    return absl::AbortedError(
+        absl::StrCat("rank ", rank, " already joined with incarnation ",
+                     it->second.incarnation, "; this join has incarnation ",
+                     request.incarnation(),
+                     " (restarting a rank is not supported: "
+                     "restart the whole job)"));
   }
   if (state_ == JobState::kPlanned) {
     if (it == ranks_.end()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "rank ", rank, " joined after the job was planned with ",
-          world_size_, " ranks"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("rank ", rank, " joined after the job was planned with ",
+                       world_size_, " ranks"));
     }
     // An idempotent retry of a rank that is already part of the plan.
     it->second.last_seen = options_.now();
@@ -191,8 +191,8 @@ absl::StatusOr<v1::JoinResponse> CoordinatorService::Join(
   }
   return absl::DeadlineExceededError(absl::StrCat(
       "rank ", rank, " timed out after ", absl::FormatDuration(timeout),
-      " waiting for ranks ", MissingRanksLocked(), " to join (",
-      ranks_.size(), " of ", world_size_, " joined)"));
+      " waiting for ranks ", MissingRanksLocked(), " to join (", ranks_.size(),
+      " of ", world_size_, " joined)"));
 }
 
 absl::StatusOr<CoordinatorService::RankInfo*>
@@ -203,10 +203,10 @@ CoordinatorService::FindRankLocked(int rank, uint64_t incarnation) {
         absl::StrCat("rank ", rank, " has not joined the job"));
   }
   if (it->second.incarnation != incarnation) {
-    return absl::AbortedError(absl::StrCat(
-        "rank ", rank, " is incarnation ", it->second.incarnation,
-        " but the request comes from incarnation ", incarnation,
-        " (a stale or restarted process)"));
+    return absl::AbortedError(
+        absl::StrCat("rank ", rank, " is incarnation ", it->second.incarnation,
+                     " but the request comes from incarnation ", incarnation,
+                     " (a stale or restarted process)"));
   }
   return &it->second;
 }
@@ -248,8 +248,8 @@ absl::Status CoordinatorService::PlanReadyLocked() const {
       break;
   }
   return absl::FailedPreconditionError(absl::StrCat(
-      "job \"", options_.job_id, "\" has no plan yet: ", ranks_.size(),
-      " of ", world_size_ > 0 ? absl::StrCat(world_size_) : std::string("?"),
+      "job \"", options_.job_id, "\" has no plan yet: ", ranks_.size(), " of ",
+      world_size_ > 0 ? absl::StrCat(world_size_) : std::string("?"),
       " ranks joined"));
 }
 

@@ -36,23 +36,23 @@ absl::Status CheckParamAgrees(const v1::ParamManifest& p0,
   const std::string what = absl::StrCat("parameter ", Quoted(p0.name()));
   if (!std::equal(pr.global_shape().begin(), pr.global_shape().end(),
                   p0.global_shape().begin(), p0.global_shape().end())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": rank ", r, " reports global shape ",
-        ShapeToString(pr.global_shape()), " but rank 0 reports ",
-        ShapeToString(p0.global_shape())));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": rank ", r, " reports global shape ",
+                     ShapeToString(pr.global_shape()), " but rank 0 reports ",
+                     ShapeToString(p0.global_shape())));
   }
   bool same_placements = pr.placements_size() == p0.placements_size();
   for (int d = 0; same_placements && d < pr.placements_size(); ++d) {
     absl::StatusOr<Placement> a = Placement::Parse(pr.placements(d));
     absl::StatusOr<Placement> b = Placement::Parse(p0.placements(d));
-    same_placements = (a.ok() && b.ok()) ? *a == *b
-                                         : pr.placements(d) == p0.placements(d);
+    same_placements =
+        (a.ok() && b.ok()) ? *a == *b : pr.placements(d) == p0.placements(d);
   }
   if (!same_placements) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": rank ", r, " reports placements ",
-        PlacementTexts(pr.placements()), " but rank 0 reports ",
-        PlacementTexts(p0.placements())));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": rank ", r, " reports placements ",
+                     PlacementTexts(pr.placements()), " but rank 0 reports ",
+                     PlacementTexts(p0.placements())));
   }
   if (pr.dtype() != p0.dtype()) {
     return absl::InvalidArgumentError(
@@ -84,14 +84,14 @@ absl::StatusOr<JobLayout> ValidateManifests(
   layout.mesh = MeshFromProto(m0.mesh());
   absl::Status mesh_status = layout.mesh.Validate();
   if (!mesh_status.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank 0 reports an invalid mesh: ", mesh_status.message()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank 0 reports an invalid mesh: ", mesh_status.message()));
   }
   for (int r = 0; r < n; ++r) {
     if (manifests[r].world_size() != n) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", r, " reports world size ", manifests[r].world_size(),
-          " but ", n, " ranks joined"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", r, " reports world size ",
+                       manifests[r].world_size(), " but ", n, " ranks joined"));
     }
   }
   if (layout.mesh.world_size() != n) {
@@ -102,9 +102,9 @@ absl::StatusOr<JobLayout> ValidateManifests(
   for (int r = 1; r < n; ++r) {
     const Mesh mesh = MeshFromProto(manifests[r].mesh());
     if (mesh != layout.mesh) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", r, " reports mesh ", mesh.ToString(),
-          " but rank 0 reports ", layout.mesh.ToString()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", r, " reports mesh ", mesh.ToString(),
+                       " but rank 0 reports ", layout.mesh.ToString()));
     }
   }
   layout.world_size = n;
@@ -113,10 +113,10 @@ absl::StatusOr<JobLayout> ValidateManifests(
   for (int r = 1; r < n; ++r) {
     const v1::ExecutionOptions& e = manifests[r].execution();
     if (e.assignment_policy() != m0.execution().assignment_policy()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", r, " reports assignment_policy ",
-          Quoted(e.assignment_policy()), " but rank 0 reports ",
-          Quoted(m0.execution().assignment_policy())));
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", r, " reports assignment_policy ",
+                       Quoted(e.assignment_policy()), " but rank 0 reports ",
+                       Quoted(m0.execution().assignment_policy())));
     }
     if (e.bucket_size_bytes() != m0.execution().bucket_size_bytes()) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -137,10 +137,12 @@ absl::StatusOr<JobLayout> ValidateManifests(
       const bool more = mr.params_size() > m0.params_size();
       const v1::ParamManifest& extra =
           more ? mr.params(common) : m0.params(common);
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", r, " lists ", mr.params_size(), " parameters but rank 0 "
-          "lists ", m0.params_size(), "; parameter ", Quoted(extra.name()),
-          " is only on rank ", more ? r : 0));
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", r, " lists ", mr.params_size(),
+                       " parameters but rank 0 "
+                       "lists ",
+                       m0.params_size(), "; parameter ", Quoted(extra.name()),
+                       " is only on rank ", more ? r : 0));
     }
   }
 
@@ -163,9 +165,9 @@ absl::StatusOr<JobLayout> ValidateManifests(
           "-D); Muon only orthogonalizes 2-D matrices"));
     }
     if (p.global_shape(0) < 1 || p.global_shape(1) < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "parameter ", Quoted(p.name()), " has global shape ",
-          ShapeToString(p.global_shape()), "; dims must be >= 1"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter ", Quoted(p.name()), " has global shape ",
+                       ShapeToString(p.global_shape()), "; dims must be >= 1"));
     }
     ParamLayout param;
     param.name = p.name();
@@ -192,9 +194,8 @@ absl::StatusOr<JobLayout> ValidateManifests(
             "parameter ", Quoted(p.name()), ": rank ", r, " local shape ",
             ShapeToString(pr.local_shape()), " does not match ",
             PlacementsToString(param.placements), " of ",
-            ShapeToString(p.global_shape()), " over ",
-            layout.mesh.ToString(), ": expected [", box.rows.size(), ", ",
-            box.cols.size(), "]"));
+            ShapeToString(p.global_shape()), " over ", layout.mesh.ToString(),
+            ": expected [", box.rows.size(), ", ", box.cols.size(), "]"));
       }
     }
     layout.params.push_back(std::move(param));
@@ -213,10 +214,10 @@ absl::StatusOr<JobLayout> ValidateManifests(
   }
   if (m0.requested_owners_size() > 0) {
     if (m0.requested_owners_size() != m0.params_size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "requested_owners has ", m0.requested_owners_size(),
-          " entries but there are ", m0.params_size(),
-          " parameters; give one owner per parameter"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("requested_owners has ", m0.requested_owners_size(),
+                       " entries but there are ", m0.params_size(),
+                       " parameters; give one owner per parameter"));
     }
     for (int i = 0; i < m0.params_size(); ++i) {
       ParamLayout& param = layout.params[i];
@@ -229,9 +230,10 @@ absl::StatusOr<JobLayout> ValidateManifests(
       if (param.boxes[owner].empty()) {
         return absl::InvalidArgumentError(absl::StrCat(
             "parameter ", Quoted(param.name), ": requested owner rank ", owner,
-            " holds an empty shard of it (", PlacementsToString(param.placements),
-            " of [", param.rows, ", ", param.cols, "] over ",
-            layout.mesh.ToString(), "); the owner must hold part of the "
+            " holds an empty shard of it (",
+            PlacementsToString(param.placements), " of [", param.rows, ", ",
+            param.cols, "] over ", layout.mesh.ToString(),
+            "); the owner must hold part of the "
             "matrix"));
       }
       param.requested_owner = owner;

@@ -93,9 +93,9 @@ absl::StatusOr<v1::Plan> MakePlan(const JobLayout& layout,
     }
     eligible[i] = EligibleRanks(param);
     if (eligible[i].empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "parameter ", Quoted(param.name), " [", param.rows, ", ", param.cols,
-          "] is held by no rank"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter ", Quoted(param.name), " [", param.rows, ", ",
+                       param.cols, "] is held by no rank"));
     }
     cost[i] = NewtonSchulzFlops(param.rows, param.cols, options.ns_steps);
     v1::MatrixPlan* m = plan.add_matrices();
@@ -166,8 +166,8 @@ absl::StatusOr<v1::Plan> MakePlan(const JobLayout& layout,
   } else {
     int64_t bytes = 0;
     for (int i = 0; i < num; ++i) {
-      const int64_t b = kBytesPerElement * layout.params[i].rows *
-                        layout.params[i].cols;
+      const int64_t b =
+          kBytesPerElement * layout.params[i].rows * layout.params[i].cols;
       if (buckets.empty() ||
           (!buckets.back().empty() && bytes + b > options.bucket_size_bytes)) {
         buckets.emplace_back();
@@ -224,7 +224,8 @@ std::string PlanHash(const v1::Plan& plan) {
     h *= 1099511628211ULL;  // FNV-1a 64 prime
   }
   char hex[17];
-  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
+  std::snprintf(hex, sizeof(hex), "%016llx",
+                static_cast<unsigned long long>(h));
   return std::string(hex, 16);
 }
 
@@ -236,9 +237,11 @@ absl::Status ValidatePlan(const v1::Plan& plan, const JobLayout& layout) {
         "plan has world size ", plan.world_size(), " but the job has ", world));
   }
   if (plan.matrices_size() != num) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("plan has ", plan.matrices_size(), " matrices but the job "
-                     "has ", num, " 2-D parameters"));
+    return absl::InvalidArgumentError(absl::StrCat("plan has ",
+                                                   plan.matrices_size(),
+                                                   " matrices but the job "
+                                                   "has ",
+                                                   num, " 2-D parameters"));
   }
   std::vector<double> load(world, 0.0);
   std::vector<int> count(world, 0);
@@ -281,8 +284,8 @@ absl::Status ValidatePlan(const v1::Plan& plan, const JobLayout& layout) {
   for (int k = 0; k < plan.buckets_size(); ++k) {
     const v1::Bucket& b = plan.buckets(k);
     if (b.index() != k) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "plan bucket ", k, " has index ", b.index()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("plan bucket ", k, " has index ", b.index()));
     }
     int64_t bytes = 0;
     for (int i : b.matrices()) {
@@ -291,62 +294,67 @@ absl::Status ValidatePlan(const v1::Plan& plan, const JobLayout& layout) {
             "plan bucket ", k, " lists matrix ", i, " outside [0, ", num, ")"));
       }
       if (bucket_of[i] >= 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "plan matrix ", i, " (", Quoted(layout.params[i].name),
-            ") is in buckets ", bucket_of[i], " and ", k));
+        return absl::InvalidArgumentError(
+            absl::StrCat("plan matrix ", i, " (", Quoted(layout.params[i].name),
+                         ") is in buckets ", bucket_of[i], " and ", k));
       }
       bucket_of[i] = k;
       bytes += kBytesPerElement * layout.params[i].rows * layout.params[i].cols;
     }
     if (b.bytes() != bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "plan bucket ", k, " reports ", b.bytes(), " bytes but its matrices "
-          "hold ", bytes));
+      return absl::InvalidArgumentError(absl::StrCat("plan bucket ", k,
+                                                     " reports ", b.bytes(),
+                                                     " bytes but its matrices "
+                                                     "hold ",
+                                                     bytes));
     }
   }
   for (int i = 0; i < num; ++i) {
     if (bucket_of[i] < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "plan matrix ", i, " (", Quoted(layout.params[i].name),
-          ") is in no bucket"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("plan matrix ", i, " (", Quoted(layout.params[i].name),
+                       ") is in no bucket"));
     }
     if (plan.matrices(i).bucket() != bucket_of[i]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "plan matrix ", i, " (", Quoted(layout.params[i].name),
-          ") names bucket ", plan.matrices(i).bucket(), " but bucket ",
-          bucket_of[i], " lists it"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("plan matrix ", i, " (", Quoted(layout.params[i].name),
+                       ") names bucket ", plan.matrices(i).bucket(),
+                       " but bucket ", bucket_of[i], " lists it"));
     }
   }
 
   if (plan.loads_size() != world) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "plan has ", plan.loads_size(), " rank loads but the world size is ",
-        world));
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan has ", plan.loads_size(),
+                     " rank loads but the world size is ", world));
   }
   double max_load = 0.0;
   double total = 0.0;
   for (int r = 0; r < world; ++r) {
     const v1::RankLoad& l = plan.loads(r);
-    if (l.rank() != r || l.matrices() != count[r] || !NearlyEqual(l.ns_flops(), load[r])) {
+    if (l.rank() != r || l.matrices() != count[r] ||
+        !NearlyEqual(l.ns_flops(), load[r])) {
       return absl::InvalidArgumentError(absl::StrCat(
           "plan load of rank ", r, " reports ", l.matrices(), " matrices and ",
-          l.ns_flops(), " FLOPs (rank field ", l.rank(), ") but its owners "
-          "give ", count[r], " matrices and ", load[r], " FLOPs"));
+          l.ns_flops(), " FLOPs (rank field ", l.rank(),
+          ") but its owners "
+          "give ",
+          count[r], " matrices and ", load[r], " FLOPs"));
     }
     max_load = std::max(max_load, load[r]);
     total += load[r];
   }
   if (!NearlyEqual(plan.max_load_flops(), max_load) ||
       !NearlyEqual(plan.mean_load_flops(), world > 0 ? total / world : 0.0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "plan reports max/mean load ", plan.max_load_flops(), "/",
-        plan.mean_load_flops(), " FLOPs but the loads give ", max_load, "/",
-        world > 0 ? total / world : 0.0));
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan reports max/mean load ", plan.max_load_flops(), "/",
+                     plan.mean_load_flops(), " FLOPs but the loads give ",
+                     max_load, "/", world > 0 ? total / world : 0.0));
   }
   if (!plan.hash().empty() && plan.hash() != PlanHash(plan)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("plan hash ", plan.hash(), " does not match its contents (",
-                     PlanHash(plan), ")"));
+        absl::StrCat("plan hash ", plan.hash(),
+                     " does not match its contents (", PlanHash(plan), ")"));
   }
   return absl::OkStatus();
 }
@@ -363,9 +371,9 @@ absl::StatusOr<std::vector<int>> OwnersFromAssignment(
   for (const auto& [rank, params] : rank_to_params) {
     for (int i : params) {
       if (i < 0 || i >= num_params) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "assign_fn returned parameter index ", i, " for rank ", rank,
-            " but there are ", num_params, " parameters"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("assign_fn returned parameter index ", i, " for rank ",
+                         rank, " but there are ", num_params, " parameters"));
       }
       if (rank < 0 || rank >= world_size) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -374,13 +382,13 @@ absl::StatusOr<std::vector<int>> OwnersFromAssignment(
       }
       if (owners[i] >= 0) {
         if (owners[i] == rank) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "parameter ", name_of(i), " (index ", i,
-              ") is assigned twice to rank ", rank));
+          return absl::InvalidArgumentError(
+              absl::StrCat("parameter ", name_of(i), " (index ", i,
+                           ") is assigned twice to rank ", rank));
         }
-        return absl::InvalidArgumentError(absl::StrCat(
-            "parameter ", name_of(i), " (index ", i, ") is assigned to ranks ",
-            owners[i], " and ", rank));
+        return absl::InvalidArgumentError(
+            absl::StrCat("parameter ", name_of(i), " (index ", i,
+                         ") is assigned to ranks ", owners[i], " and ", rank));
       }
       owners[i] = rank;
     }

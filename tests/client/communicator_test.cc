@@ -5,6 +5,8 @@
 // an in-memory fake of the coordinator's key-value store; traffic stays on
 // 127.0.0.1. Every collective is bounded by the options' timeout, so every
 // join below is bounded too.
+#include "client/communicator.h"
+
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -17,7 +19,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "client/communicator.h"
 #include "client/gloo_communicator.h"
 #include "client/local_communicator.h"
 #include "gmock/gmock.h"
@@ -144,7 +145,8 @@ TYPED_TEST(CommunicatorTest, AllToAllV_UnevenAndZeroCounts_DeliversPackedData) {
       for (int q = 0; q < n; ++q) {
         send_counts[q] = Count(rank, q);
         recv_counts[q] = Count(q, rank);
-        for (int i = 0; i < send_counts[q]; ++i) send.push_back(Value(rank, q, i));
+        for (int i = 0; i < send_counts[q]; ++i)
+          send.push_back(Value(rank, q, i));
       }
       int64_t recv_total = 0;
       for (int64_t c : recv_counts) recv_total += c;
@@ -156,7 +158,8 @@ TYPED_TEST(CommunicatorTest, AllToAllV_UnevenAndZeroCounts_DeliversPackedData) {
       ASSERT_TRUE(status[rank].ok()) << status[rank];
       std::vector<float> want;
       for (int p = 0; p < n; ++p) {
-        for (int i = 0; i < Count(p, rank); ++i) want.push_back(Value(p, rank, i));
+        for (int i = 0; i < Count(p, rank); ++i)
+          want.push_back(Value(p, rank, i));
       }
       EXPECT_EQ(received[rank], want) << "rank " << rank;
     }
@@ -173,7 +176,8 @@ TYPED_TEST(CommunicatorTest, AllToAllV_AllZeroCountsNullBuffers_ReturnsOk) {
       const std::vector<int64_t> zeros(n, 0);
       status[rank] = group[rank]->AllToAllV(nullptr, zeros, nullptr, zeros);
     });
-    for (int rank = 0; rank < n; ++rank) EXPECT_TRUE(status[rank].ok()) << status[rank];
+    for (int rank = 0; rank < n; ++rank)
+      EXPECT_TRUE(status[rank].ok()) << status[rank];
   }
 }
 
@@ -197,9 +201,9 @@ TYPED_TEST(CommunicatorTest, AllGatherV_UnevenCounts_GathersInRankOrder) {
       std::vector<float> send;
       for (int i = 0; i < counts[rank]; ++i) send.push_back(100.0f * rank + i);
       received[rank].assign(want.size(), -1.0f);
-      status[rank] = group[rank]->AllGatherV(
-          send.empty() ? nullptr : send.data(), counts[rank],
-          received[rank].data(), counts);
+      status[rank] =
+          group[rank]->AllGatherV(send.empty() ? nullptr : send.data(),
+                                  counts[rank], received[rank].data(), counts);
     });
     for (int rank = 0; rank < n; ++rank) {
       ASSERT_TRUE(status[rank].ok()) << status[rank];
@@ -218,7 +222,8 @@ TYPED_TEST(CommunicatorTest, AllGatherV_AllEmptyNullBuffers_ReturnsOk) {
       status[rank] = group[rank]->AllGatherV(nullptr, 0, nullptr,
                                              std::vector<int64_t>(n, 0));
     });
-    for (int rank = 0; rank < n; ++rank) EXPECT_TRUE(status[rank].ok()) << status[rank];
+    for (int rank = 0; rank < n; ++rank)
+      EXPECT_TRUE(status[rank].ok()) << status[rank];
   }
 }
 
@@ -233,7 +238,8 @@ TYPED_TEST(CommunicatorTest, Broadcast_FromLastRank_CopiesToEveryRank) {
     std::vector<std::vector<float>> data(n);
     RunRanks(n, [&](int rank) {
       data[rank] = rank == root ? want : std::vector<float>(want.size(), -1);
-      status[rank] = group[rank]->Broadcast(data[rank].data(), want.size(), root);
+      status[rank] =
+          group[rank]->Broadcast(data[rank].data(), want.size(), root);
       empty_status[rank] = group[rank]->Broadcast(nullptr, 0, root);
     });
     for (int rank = 0; rank < n; ++rank) {
@@ -269,7 +275,8 @@ TYPED_TEST(CommunicatorTest, Barrier_RepeatedRounds_NoRankLeavesEarly) {
   }
 }
 
-TYPED_TEST(CommunicatorTest, Collectives_WrongArguments_ReturnInvalidArgumentAndStayUsable) {
+TYPED_TEST(CommunicatorTest,
+           Collectives_WrongArguments_ReturnInvalidArgumentAndStayUsable) {
   using absl::StatusCode;
   for (int n : this->WorldSizes()) {
     SCOPED_TRACE(absl::StrCat("world_size ", n));
@@ -301,15 +308,20 @@ TYPED_TEST(CommunicatorTest, Collectives_WrongArguments_ReturnInvalidArgumentAnd
                 StatusIs(StatusCode::kInvalidArgument));
     EXPECT_THAT(comm.AllGatherV(buffer, 2, buffer, ones),
                 StatusIs(StatusCode::kInvalidArgument));
-    EXPECT_THAT(comm.Broadcast(buffer, 1, n), StatusIs(StatusCode::kInvalidArgument));
-    EXPECT_THAT(comm.Broadcast(buffer, 1, -1), StatusIs(StatusCode::kInvalidArgument));
-    EXPECT_THAT(comm.Broadcast(buffer, -1, 0), StatusIs(StatusCode::kInvalidArgument));
-    EXPECT_THAT(comm.Broadcast(nullptr, 1, 0), StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_THAT(comm.Broadcast(buffer, 1, n),
+                StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_THAT(comm.Broadcast(buffer, 1, -1),
+                StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_THAT(comm.Broadcast(buffer, -1, 0),
+                StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_THAT(comm.Broadcast(nullptr, 1, 0),
+                StatusIs(StatusCode::kInvalidArgument));
 
     // Rejected calls did not disturb the group.
     std::vector<absl::Status> barrier(n);
     RunRanks(n, [&](int rank) { barrier[rank] = group[rank]->Barrier(); });
-    for (int rank = 0; rank < n; ++rank) EXPECT_TRUE(barrier[rank].ok()) << barrier[rank];
+    for (int rank = 0; rank < n; ++rank)
+      EXPECT_TRUE(barrier[rank].ok()) << barrier[rank];
   }
 }
 
@@ -345,8 +357,10 @@ TYPED_TEST(CommunicatorTest, Split_BadRankLists_ReturnInvalidArgument) {
     Group group = this->MakeGroup(n);
     ASSERT_EQ(group.size(), n);
     Communicator& comm = *group[n - 1];
-    EXPECT_THAT(comm.Split({}).status(), StatusIs(StatusCode::kInvalidArgument));
-    EXPECT_THAT(comm.Split({n}).status(), StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_THAT(comm.Split({}).status(),
+                StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_THAT(comm.Split({n}).status(),
+                StatusIs(StatusCode::kInvalidArgument));
     EXPECT_THAT(comm.Split({n - 1, n - 1}).status(),
                 StatusIs(StatusCode::kInvalidArgument));
     if (n > 1) {
@@ -394,7 +408,8 @@ class GlooCommunicatorTest : public ::testing::Test {
     std::vector<absl::StatusOr<std::unique_ptr<GlooCommunicator>>> made(
         world_size);
     RunRanks(world_size, [&](int rank) {
-      made[rank] = GlooCommunicator::Create(rank, world_size, &client_, options);
+      made[rank] =
+          GlooCommunicator::Create(rank, world_size, &client_, options);
     });
     std::vector<std::unique_ptr<GlooCommunicator>> group;
     for (auto& comm : made) {
@@ -421,7 +436,8 @@ TEST_F(GlooCommunicatorTest, Split_TwoInterleavedSubGroups_EachDoesAllToAllV) {
   RunRanks(kWorld, [&](int rank) {
     const std::vector<int> ranks = {rank % 2, rank % 2 + 2};
     for (int round = 0; round < 2 && status[rank].ok(); ++round) {
-      absl::StatusOr<std::unique_ptr<Communicator>> sub = group[rank]->Split(ranks);
+      absl::StatusOr<std::unique_ptr<Communicator>> sub =
+          group[rank]->Split(ranks);
       status[rank] = sub.status();
       if (!sub.ok()) return;
       Communicator& comm = **sub;
@@ -446,16 +462,17 @@ TEST_F(GlooCommunicatorTest, Split_TwoInterleavedSubGroups_EachDoesAllToAllV) {
     const int low = rank % 2;       // Global rank of sub-rank 0.
     const int high = rank % 2 + 2;  // Global rank of sub-rank 1.
     const int me = rank / 2;
-    EXPECT_EQ(received[rank], (std::vector<float>{10.0f * low + me,
-                                                  10.0f * high + me,
-                                                  10.0f * high + me}))
+    EXPECT_EQ(received[rank],
+              (std::vector<float>{10.0f * low + me, 10.0f * high + me,
+                                  10.0f * high + me}))
         << "rank " << rank;
-    EXPECT_EQ(prefixes[rank], absl::StrCat(group[rank]->prefix(), "/split1/",
-                                           low, "_", high));
+    EXPECT_EQ(prefixes[rank],
+              absl::StrCat(group[rank]->prefix(), "/split1/", low, "_", high));
   }
   // The parent group is still usable.
   RunRanks(kWorld, [&](int rank) { status[rank] = group[rank]->Barrier(); });
-  for (int rank = 0; rank < kWorld; ++rank) EXPECT_TRUE(status[rank].ok()) << status[rank];
+  for (int rank = 0; rank < kWorld; ++rank)
+    EXPECT_TRUE(status[rank].ok()) << status[rank];
 }
 
 TEST_F(GlooCommunicatorTest, Create_BadArguments_ReturnInvalidArgument) {
@@ -485,7 +502,8 @@ TEST_F(GlooCommunicatorTest, Create_PeerNeverJoins_ReturnsDeadlineExceeded) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }
 
-TEST_F(GlooCommunicatorTest, AllToAllV_PeerNeverCalls_ReturnsDeadlineExceededWithinTimeout) {
+TEST_F(GlooCommunicatorTest,
+       AllToAllV_PeerNeverCalls_ReturnsDeadlineExceededWithinTimeout) {
   auto group = MakeGroup(2, absl::Seconds(1));
   ASSERT_EQ(group.size(), 2);
   float send[2] = {1, 2};
@@ -496,7 +514,8 @@ TEST_F(GlooCommunicatorTest, AllToAllV_PeerNeverCalls_ReturnsDeadlineExceededWit
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   EXPECT_THAT(status, StatusIs(absl::StatusCode::kDeadlineExceeded));
   // Names the operation and rank and keeps Gloo's own message.
-  EXPECT_THAT(std::string(status.message()), HasSubstr("gloo AllToAllV on rank 0"));
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("gloo AllToAllV on rank 0"));
   EXPECT_THAT(std::string(status.message()), HasSubstr("Timed out"));
   // The group is broken for good: later calls fail fast, naming the cause.
   absl::Status later = group[0]->Barrier();
@@ -534,7 +553,8 @@ void AbortDuringCollective(
   EXPECT_THAT(std::string(peer_status.message()), HasSubstr("(peer rank 0)"));
 }
 
-TEST_F(GlooCommunicatorTest, Abort_DuringAllToAllV_UnblocksCallerAndPeerFailsFast) {
+TEST_F(GlooCommunicatorTest,
+       Abort_DuringAllToAllV_UnblocksCallerAndPeerFailsFast) {
   auto group = MakeGroup(2, absl::Seconds(30));
   AbortDuringCollective(group, [](Communicator& comm) {
     float send[2] = {1, 2};
@@ -543,9 +563,11 @@ TEST_F(GlooCommunicatorTest, Abort_DuringAllToAllV_UnblocksCallerAndPeerFailsFas
   });
 }
 
-TEST_F(GlooCommunicatorTest, Abort_DuringBarrier_UnblocksCallerAndPeerFailsFast) {
+TEST_F(GlooCommunicatorTest,
+       Abort_DuringBarrier_UnblocksCallerAndPeerFailsFast) {
   auto group = MakeGroup(2, absl::Seconds(30));
-  AbortDuringCollective(group, [](Communicator& comm) { return comm.Barrier(); });
+  AbortDuringCollective(group,
+                        [](Communicator& comm) { return comm.Barrier(); });
 }
 
 TEST_F(GlooCommunicatorTest, Abort_DuringSplit_ReturnsAborted) {

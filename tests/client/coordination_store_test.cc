@@ -51,11 +51,13 @@ TEST(CoordinationStoreTest, Set_ThenGet_ReturnsValue) {
   EXPECT_EQ(*value, std::string("v\0w", 3));
 }
 
-TEST(CoordinationStoreTest, Get_MissingKey_ReturnsDeadlineExceededAfterPolling) {
+TEST(CoordinationStoreTest,
+     Get_MissingKey_ReturnsDeadlineExceededAfterPolling) {
   InMemoryStoreClient client;
   CoordinationStore store(&client, ShortOptions());
   const absl::Time start = absl::Now();
-  absl::StatusOr<std::string> value = store.Get("missing", absl::Milliseconds(300));
+  absl::StatusOr<std::string> value =
+      store.Get("missing", absl::Milliseconds(300));
   const absl::Duration elapsed = absl::Now() - start;
   EXPECT_THAT(value.status(), StatusIs(absl::StatusCode::kDeadlineExceeded));
   EXPECT_THAT(std::string(value.status().message()), HasSubstr("'missing'"));
@@ -77,7 +79,8 @@ TEST(CoordinationStoreTest, Wait_KeySetLaterByAnotherThread_ReturnsOk) {
   setter.join();
 }
 
-TEST(CoordinationStoreTest, Wait_OneKeyMissing_ReturnsDeadlineExceededNamingKey) {
+TEST(CoordinationStoreTest,
+     Wait_OneKeyMissing_ReturnsDeadlineExceededNamingKey) {
   InMemoryStoreClient client;
   CoordinationStore store(&client, ShortOptions());
   ASSERT_TRUE(client.KeySet("a", "1").ok());
@@ -86,7 +89,8 @@ TEST(CoordinationStoreTest, Wait_OneKeyMissing_ReturnsDeadlineExceededNamingKey)
   EXPECT_THAT(std::string(status.message()), HasSubstr("'b'"));
 }
 
-TEST(CoordinationStoreTest, GlooWait_MissingKey_ThrowsDeadlineExceededWithinTimeout) {
+TEST(CoordinationStoreTest,
+     GlooWait_MissingKey_ThrowsDeadlineExceededWithinTimeout) {
   InMemoryStoreClient client;
   CoordinationStore store(&client, ShortOptions());
   gloo::rendezvous::Store& gloo_store = store;
@@ -147,7 +151,8 @@ TEST(CoordinationStoreTest, Cancel_DuringWait_ReturnsAbortedPromptly) {
   EXPECT_THAT(store.Set("k", "v"), StatusIs(absl::StatusCode::kAborted));
 }
 
-TEST(CoordinationStoreTest, Get_CoordinatorUnavailable_ReturnsUnavailableWithoutRetry) {
+TEST(CoordinationStoreTest,
+     Get_CoordinatorUnavailable_ReturnsUnavailableWithoutRetry) {
   UnreachableClient client;
   CoordinationStore store(&client, ShortOptions());
   absl::StatusOr<std::string> value = store.Get("k", absl::Seconds(5));

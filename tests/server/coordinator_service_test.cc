@@ -102,7 +102,8 @@ TEST_F(CoordinatorServiceTest, Join_AllRanks_SamePlanToEveryRank) {
   EXPECT_EQ(got->hash(), plan.hash());
 }
 
-TEST_F(CoordinatorServiceTest, Join_DisagreeingManifests_SameInvalidArgumentToEveryRank) {
+TEST_F(CoordinatorServiceTest,
+       Join_DisagreeingManifests_SameInvalidArgumentToEveryRank) {
   CoordinatorService service(DefaultOptions());
   std::vector<v1::RankManifest> m = Manifests(FourRankSpec());
   m[2].mutable_params(0)->set_global_shape(1, 9);
@@ -163,8 +164,9 @@ TEST_F(CoordinatorServiceTest, Join_DefaultTimeout_UsedWhenRequestHasNone) {
 TEST_F(CoordinatorServiceTest, Join_RetryAfterTimeout_ThenSucceeds) {
   CoordinatorService service(DefaultOptions());
   std::vector<v1::RankManifest> m = Manifests(FourRankSpec());
-  EXPECT_THAT(service.Join(JoinRequestFor(m[0], 50)),
-              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("[1, 2, 3]")));
+  EXPECT_THAT(
+      service.Join(JoinRequestFor(m[0], 50)),
+      StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("[1, 2, 3]")));
   auto results = JoinAll(service, m);
   for (const auto& r : results) EXPECT_THAT(r, IsOk());
 }
@@ -190,10 +192,10 @@ TEST_F(CoordinatorServiceTest, Join_WrongJobId_ReturnsInvalidArgument) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        AllOf(HasSubstr("\"other\""), HasSubstr("\"job\""))));
   EXPECT_THAT(service.GetJob([] {
-                v1::GetJobRequest r;
-                r.set_job_id("other");
-                return r;
-              }()),
+    v1::GetJobRequest r;
+    r.set_job_id("other");
+    return r;
+  }()),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("other")));
 }
 
@@ -309,8 +311,8 @@ TEST_F(CoordinatorServiceTest, RankStates_JoinReportSilence_ReadyRunningLost) {
   report.set_matrices_orthogonalized(2);
   report.set_ns_flops(1e9);
   ASSERT_THAT(service.ReportStep(report), IsOk());
-  EXPECT_THAT(states(), ::testing::ElementsAre("ready", "running", "ready",
-                                               "ready"));
+  EXPECT_THAT(states(),
+              ::testing::ElementsAre("ready", "running", "ready", "ready"));
   absl::StatusOr<v1::ListRanksResponse> ranks =
       service.ListRanks(v1::ListRanksRequest());
   const v1::RankStatus& r1 = ranks->ranks(1);
@@ -333,14 +335,14 @@ TEST_F(CoordinatorServiceTest, RankStates_JoinReportSilence_ReadyRunningLost) {
       EXPECT_EQ(resp->job_state(), "planned");
     }
   }
-  EXPECT_THAT(states(), ::testing::ElementsAre("ready", "lost", "ready",
-                                               "ready"));
+  EXPECT_THAT(states(),
+              ::testing::ElementsAre("ready", "lost", "ready", "ready"));
   v1::HeartbeatRequest hb;
   hb.set_rank(1);
   hb.set_incarnation(101);
   ASSERT_THAT(service.Heartbeat(hb), IsOk());
-  EXPECT_THAT(states(), ::testing::ElementsAre("ready", "running", "ready",
-                                               "ready"));
+  EXPECT_THAT(states(),
+              ::testing::ElementsAre("ready", "running", "ready", "ready"));
 }
 
 TEST_F(CoordinatorServiceTest, RankStates_RealClockShortTimeout_Lost) {
@@ -381,7 +383,8 @@ TEST_F(CoordinatorServiceTest, Heartbeat_StaleIncarnation_ReturnsAborted) {
               StatusIs(absl::StatusCode::kAborted, HasSubstr("rank 0")));
 }
 
-TEST_F(CoordinatorServiceTest, ReportStep_BeforePlan_ReturnsFailedPrecondition) {
+TEST_F(CoordinatorServiceTest,
+       ReportStep_BeforePlan_ReturnsFailedPrecondition) {
   CoordinatorService service(DefaultOptions());
   EXPECT_THAT(service.Join(JoinRequestFor(Manifests(FourRankSpec())[0], 10)),
               StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("rank")));
@@ -437,8 +440,8 @@ TEST_F(CoordinatorServiceTest, KeyGet_Missing_ReturnsDeadlineExceeded) {
   v1::KeyGetRequest get;
   get.set_key("nope");
   get.set_timeout_ms(50);
-  EXPECT_THAT(service.KeyGet(get),
-              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("\"nope\"")));
+  EXPECT_THAT(service.KeyGet(get), StatusIs(absl::StatusCode::kDeadlineExceeded,
+                                            HasSubstr("\"nope\"")));
   v1::KeySetRequest set;
   EXPECT_THAT(service.KeySet(set),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("empty")));

@@ -34,10 +34,10 @@ std::unique_ptr<CoordinatorServer> StartServer() {
   return server.ok() ? *std::move(server) : nullptr;
 }
 
-std::unique_ptr<GrpcCoordinationClient> Connect(const CoordinatorServer& server) {
+std::unique_ptr<GrpcCoordinationClient> Connect(
+    const CoordinatorServer& server) {
   absl::StatusOr<std::unique_ptr<GrpcCoordinationClient>> client =
-      GrpcCoordinationClient::Create(server.address(), "it",
-                                     absl::Seconds(2));
+      GrpcCoordinationClient::Create(server.address(), "it", absl::Seconds(2));
   EXPECT_TRUE(client.ok()) << client.status();
   return client.ok() ? *std::move(client) : nullptr;
 }
@@ -112,9 +112,9 @@ TEST(GrpcIntegrationTest, JoinKeyValueListRanks_OverLoopback_Work) {
   EXPECT_EQ(plan->hash(), results[0]->plan().hash());
 
   // Errors keep their code and message across the wire.
-  EXPECT_THAT(ctl->KeyGet("never", absl::Milliseconds(100)),
-              StatusIs(absl::StatusCode::kDeadlineExceeded,
-                       HasSubstr("\"never\"")));
+  EXPECT_THAT(
+      ctl->KeyGet("never", absl::Milliseconds(100)),
+      StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("\"never\"")));
   v1::HeartbeatRequest hb;
   hb.set_rank(0);
   hb.set_incarnation(1);
@@ -123,9 +123,9 @@ TEST(GrpcIntegrationTest, JoinKeyValueListRanks_OverLoopback_Work) {
   absl::StatusOr<std::unique_ptr<GrpcCoordinationClient>> other_job =
       GrpcCoordinationClient::Create(server->address(), "other");
   ASSERT_THAT(other_job, IsOk());
-  EXPECT_THAT((*other_job)->GetJob(),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("\"other\"")));
+  EXPECT_THAT(
+      (*other_job)->GetJob(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"other\"")));
 
   // The in-process client sees the same service.
   LocalCoordinationClient local(server->service(), "it");
@@ -143,9 +143,9 @@ TEST(GrpcIntegrationTest, Start_PortInUse_ReturnsUnavailable) {
   ASSERT_NE(first, nullptr);
   CoordinatorServerOptions options;
   options.port = first->port();
-  EXPECT_THAT(CoordinatorServer::Start(options),
-              StatusIs(absl::StatusCode::kUnavailable,
-                       HasSubstr(first->address())));
+  EXPECT_THAT(
+      CoordinatorServer::Start(options),
+      StatusIs(absl::StatusCode::kUnavailable, HasSubstr(first->address())));
 }
 
 TEST(GrpcIntegrationTest, Join_NoServer_ReturnsDeadlineExceededAfterWaiting) {

@@ -41,9 +41,9 @@ TEST(KeyValueStoreTest, Get_SetLater_WaitsThenReturnsValue) {
 TEST(KeyValueStoreTest, Get_NeverSet_ReturnsDeadlineExceededNamingKey) {
   KeyValueStore store;
   const absl::Time start = absl::Now();
-  EXPECT_THAT(store.Get("missing", absl::Milliseconds(100)),
-              StatusIs(absl::StatusCode::kDeadlineExceeded,
-                       HasSubstr("\"missing\"")));
+  EXPECT_THAT(
+      store.Get("missing", absl::Milliseconds(100)),
+      StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("\"missing\"")));
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(90));
 }
 

@@ -53,17 +53,16 @@ TEST(LocalCoordinationClientTest, JoinAndViews_FourRanks_SharePlan) {
   EXPECT_THAT(client.ReportStep(report), IsOk());
   EXPECT_THAT(client.KeySet("k", "v"), IsOk());
   EXPECT_EQ(*client.KeyGet("k", absl::ZeroDuration()), "v");
-  EXPECT_THAT(client.KeyGet("missing", absl::Milliseconds(20)),
-              StatusIs(absl::StatusCode::kDeadlineExceeded,
-                       HasSubstr("\"missing\"")));
+  EXPECT_THAT(
+      client.KeyGet("missing", absl::Milliseconds(20)),
+      StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("\"missing\"")));
 }
 
 TEST(LocalCoordinationClientTest, GetJob_OtherJobId_ReturnsInvalidArgument) {
   CoordinatorService service(CoordinatorService::Options{});
   LocalCoordinationClient client(&service, "not-this-one");
-  EXPECT_THAT(client.GetJob(),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("\"not-this-one\"")));
+  EXPECT_THAT(client.GetJob(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                        HasSubstr("\"not-this-one\"")));
 }
 
 }  // namespace

@@ -30,7 +30,8 @@ int WaitFor(pid_t pid, absl::Duration timeout) {
   return -1;
 }
 
-TEST(MuonCoordinatorMainTest, Daemon_PortFileAndSigterm_ServesThenExitsCleanly) {
+TEST(MuonCoordinatorMainTest,
+     Daemon_PortFileAndSigterm_ServesThenExitsCleanly) {
   const char* tmp = std::getenv("TEST_TMPDIR");
   const std::string port_file =
       absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/coordinator.port");
@@ -60,8 +61,8 @@ TEST(MuonCoordinatorMainTest, Daemon_PortFileAndSigterm_ServesThenExitsCleanly) 
   }
 
   absl::StatusOr<std::unique_ptr<GrpcCoordinationClient>> client =
-      GrpcCoordinationClient::Create(absl::StrCat("127.0.0.1:", port),
-                                     "daemon", absl::Seconds(2));
+      GrpcCoordinationClient::Create(absl::StrCat("127.0.0.1:", port), "daemon",
+                                     absl::Seconds(2));
   ASSERT_THAT(client, IsOk());
   absl::StatusOr<v1::JobInfo> job = (*client)->GetJob();
   EXPECT_THAT(job, IsOk());

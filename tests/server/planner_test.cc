@@ -117,12 +117,12 @@ TEST(PlannerTest, MakePlan_SkewedSizes_LptMaxLoadAtMostRoundRobin) {
 
 TEST(PlannerTest, MakePlan_ShardedUneven_EveryMatrixOwnedOnceByAHolder) {
   // fc2 [3, 5] over 4 ranks: rank 3 holds nothing and must not own it.
-  const v1::JobSpec spec = MakeSpec(
-      {{"dp_shard", 4}}, {{"fc1", 10, 7, {"Shard(0)"}},
-                          {"fc2", 3, 5, {"Shard(0)"}},
-                          {"fc3", 6, 8, {"Shard(1)"}},
-                          {"fc4", 3, 5, {"Shard(0)"}},
-                          {"fc5", 1, 9, {"Shard(0)"}}});
+  const v1::JobSpec spec =
+      MakeSpec({{"dp_shard", 4}}, {{"fc1", 10, 7, {"Shard(0)"}},
+                                   {"fc2", 3, 5, {"Shard(0)"}},
+                                   {"fc3", 6, 8, {"Shard(1)"}},
+                                   {"fc4", 3, 5, {"Shard(0)"}},
+                                   {"fc5", 1, 9, {"Shard(0)"}}});
   const JobLayout layout = Layout(spec);
   for (auto policy : {kLpt, kRoundRobin}) {
     absl::StatusOr<v1::Plan> plan = MakePlan(layout, Options(policy));
@@ -163,8 +163,8 @@ TEST(PlannerTest, MakePlan_ZeroBucketSize_OneMatrixPerOwnerPerBucket) {
   absl::StatusOr<v1::Plan> plan = MakePlan(Layout(SmallSpec()), Options(kLpt));
   ASSERT_THAT(plan, IsOk());
   // Owners (1, 0, 1, 1): rank 0 owns [b]; rank 1 owns [a, c, d].
-  EXPECT_THAT(Buckets(*plan), ElementsAre(ElementsAre(0, 1), ElementsAre(2),
-                                          ElementsAre(3)));
+  EXPECT_THAT(Buckets(*plan),
+              ElementsAre(ElementsAre(0, 1), ElementsAre(2), ElementsAre(3)));
   EXPECT_EQ(plan->buckets(0).bytes(), 4 * (16 + 64));
   for (const v1::MatrixPlan& m : plan->matrices()) {
     EXPECT_THAT(plan->buckets(m.bucket()).matrices(),
@@ -177,8 +177,8 @@ TEST(PlannerTest, MakePlan_BucketSizeLimit_PacksGreedilyInIndexOrder) {
   absl::StatusOr<v1::Plan> plan =
       MakePlan(Layout(SmallSpec()), Options(kLpt, /*bucket_size_bytes=*/192));
   ASSERT_THAT(plan, IsOk());
-  EXPECT_THAT(Buckets(*plan), ElementsAre(ElementsAre(0), ElementsAre(1),
-                                          ElementsAre(2, 3)));
+  EXPECT_THAT(Buckets(*plan),
+              ElementsAre(ElementsAre(0), ElementsAre(1), ElementsAre(2, 3)));
   EXPECT_EQ(plan->buckets(2).bytes(), 192);
   EXPECT_THAT(ValidatePlan(*plan, Layout(SmallSpec())), IsOk());
 }
@@ -243,10 +243,10 @@ TEST(PlannerTest, PlanHash_JobIdCovered) {
 class ValidatePlanTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    layout_ = Layout(MakeSpec({{"dp_shard", 4}},
-                              {{"fc1", 10, 7, {"Shard(0)"}},
-                               {"fc2", 3, 5, {"Shard(0)"}},
-                               {"fc3", 6, 8, {"Replicate()"}}}));
+    layout_ =
+        Layout(MakeSpec({{"dp_shard", 4}}, {{"fc1", 10, 7, {"Shard(0)"}},
+                                            {"fc2", 3, 5, {"Shard(0)"}},
+                                            {"fc3", 6, 8, {"Replicate()"}}}));
     absl::StatusOr<v1::Plan> plan = MakePlan(layout_, Options(kLpt));
     ASSERT_THAT(plan, IsOk());
     plan_ = *plan;
@@ -257,11 +257,13 @@ class ValidatePlanTest : public ::testing::Test {
   v1::Plan plan_;
 };
 
-TEST_F(ValidatePlanTest, ValidatePlan_OwnerHoldsNothing_ReturnsInvalidArgument) {
+TEST_F(ValidatePlanTest,
+       ValidatePlan_OwnerHoldsNothing_ReturnsInvalidArgument) {
   plan_.mutable_matrices(1)->set_owner(3);  // fc2's rank-3 shard is empty
-  EXPECT_THAT(ValidatePlan(plan_, layout_),
-              StatusIs(kInvalid, AllOf(HasSubstr("\"fc2\""),
-                                       HasSubstr("rank 3 which holds no shard"))));
+  EXPECT_THAT(
+      ValidatePlan(plan_, layout_),
+      StatusIs(kInvalid, AllOf(HasSubstr("\"fc2\""),
+                               HasSubstr("rank 3 which holds no shard"))));
 }
 
 TEST_F(ValidatePlanTest, ValidatePlan_OwnerOutOfRange_ReturnsInvalidArgument) {
@@ -270,7 +272,8 @@ TEST_F(ValidatePlanTest, ValidatePlan_OwnerOutOfRange_ReturnsInvalidArgument) {
               StatusIs(kInvalid, HasSubstr("owner rank 4 outside [0, 4)")));
 }
 
-TEST_F(ValidatePlanTest, ValidatePlan_MatrixInTwoBuckets_ReturnsInvalidArgument) {
+TEST_F(ValidatePlanTest,
+       ValidatePlan_MatrixInTwoBuckets_ReturnsInvalidArgument) {
   v1::Bucket* extra = plan_.add_buckets();
   extra->set_index(plan_.buckets_size() - 1);
   extra->add_matrices(0);
@@ -298,7 +301,8 @@ TEST_F(ValidatePlanTest, ValidatePlan_BadBucketIndex_ReturnsInvalidArgument) {
               StatusIs(kInvalid, HasSubstr("lists matrix 9")));
 }
 
-TEST_F(ValidatePlanTest, ValidatePlan_LoadsInconsistent_ReturnsInvalidArgument) {
+TEST_F(ValidatePlanTest,
+       ValidatePlan_LoadsInconsistent_ReturnsInvalidArgument) {
   // Move fc3 (replicated, no gather either way) to another rank without
   // fixing the loads.
   v1::MatrixPlan* m = plan_.mutable_matrices(2);
@@ -335,27 +339,31 @@ TEST(OwnersFromAssignmentTest, OwnersFromAssignment_Complete_ReturnsOwners) {
   EXPECT_THAT(*owners, ElementsAre(0, 2, 3, 0));
 }
 
-TEST(OwnersFromAssignmentTest, OwnersFromAssignment_Missing_ReturnsInvalidArgument) {
+TEST(OwnersFromAssignmentTest,
+     OwnersFromAssignment_Missing_ReturnsInvalidArgument) {
   EXPECT_THAT(OwnersFromAssignment({{0, {0, 1}}, {1, {3}}}, 4, 4, kNames),
               StatusIs(kInvalid, HasSubstr("parameter \"w2\" (index 2) is "
                                            "assigned to no rank")));
 }
 
-TEST(OwnersFromAssignmentTest, OwnersFromAssignment_Duplicate_ReturnsInvalidArgument) {
+TEST(OwnersFromAssignmentTest,
+     OwnersFromAssignment_Duplicate_ReturnsInvalidArgument) {
   EXPECT_THAT(
       OwnersFromAssignment({{0, {0, 1}}, {1, {2}}, {3, {0, 3}}}, 4, 4, kNames),
       StatusIs(kInvalid, HasSubstr("parameter \"w0\" (index 0) is assigned to "
                                    "ranks 0 and 3")));
 }
 
-TEST(OwnersFromAssignmentTest, OwnersFromAssignment_RankOutOfRange_ReturnsInvalidArgument) {
+TEST(OwnersFromAssignmentTest,
+     OwnersFromAssignment_RankOutOfRange_ReturnsInvalidArgument) {
   EXPECT_THAT(OwnersFromAssignment({{0, {0, 2, 3}}, {7, {1}}}, 4, 4, kNames),
               StatusIs(kInvalid, HasSubstr("assign_fn returned rank 7 for "
                                            "parameter \"w1\" (index 1) but "
                                            "world size is 4")));
 }
 
-TEST(OwnersFromAssignmentTest, OwnersFromAssignment_IndexOutOfRange_ReturnsInvalidArgument) {
+TEST(OwnersFromAssignmentTest,
+     OwnersFromAssignment_IndexOutOfRange_ReturnsInvalidArgument) {
   EXPECT_THAT(OwnersFromAssignment({{0, {0, 1, 2, 3, 4}}}, 4, 4, kNames),
               StatusIs(kInvalid, HasSubstr("parameter index 4")));
 }

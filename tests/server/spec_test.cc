@@ -63,8 +63,9 @@ TEST(SpecTest, ParseJobSpecJson_CamelCaseNames_Accepted) {
 }
 
 TEST(SpecTest, ParseJobSpecJson_UnknownField_ReturnsInvalidArgument) {
-  EXPECT_THAT(ParseJobSpecJson(R"({"job_id": "x", "paramz": []})"),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("paramz")));
+  EXPECT_THAT(
+      ParseJobSpecJson(R"({"job_id": "x", "paramz": []})"),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("paramz")));
 }
 
 TEST(SpecTest, ParseJobSpecJson_NotJson_ReturnsInvalidArgument) {
@@ -88,8 +89,8 @@ TEST(SpecTest, LoadJobSpec_BadFile_ReturnsInvalidArgumentNamingPath) {
     std::ofstream out(path);
     out << R"({"mesh": {"dims": [{"name": "tp", "size": "two"}]}})";
   }
-  EXPECT_THAT(LoadJobSpec(path), StatusIs(absl::StatusCode::kInvalidArgument,
-                                          HasSubstr(path)));
+  EXPECT_THAT(LoadJobSpec(path),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(path)));
   std::remove(path.c_str());
 }
 
@@ -125,10 +126,10 @@ TEST(SpecTest, ValidateJobSpec_OneDimParam_ReturnsInvalidArgument) {
   bias->set_name("fc1.bias");
   bias->add_shape(10);
   bias->add_placements("Replicate()");
-  EXPECT_THAT(ValidateJobSpec(spec),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       ::testing::AllOf(HasSubstr("\"fc1.bias\""),
-                                        HasSubstr("[10]"))));
+  EXPECT_THAT(
+      ValidateJobSpec(spec),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               ::testing::AllOf(HasSubstr("\"fc1.bias\""), HasSubstr("[10]"))));
 }
 
 TEST(SpecTest, ValidateJobSpec_Partial_ReturnsInvalidArgument) {
@@ -197,9 +198,9 @@ TEST(SpecTest, ValidateJobSpec_DuplicateMeshName_ReturnsInvalidArgument) {
   v1::MeshDim* dim = spec.mutable_mesh()->add_dims();
   dim->set_name("dp_shard");
   dim->set_size(1);
-  EXPECT_THAT(ValidateJobSpec(spec),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("dp_shard")));
+  EXPECT_THAT(
+      ValidateJobSpec(spec),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dp_shard")));
 }
 
 TEST(SpecTest, ValidateJobSpec_ZeroDim_ReturnsInvalidArgument) {
@@ -264,9 +265,9 @@ TEST(SpecTest, ManifestsFromSpec_TwoDimMesh_NestsShards) {
 TEST(SpecTest, ManifestsFromSpec_InvalidSpec_ReturnsInvalidArgument) {
   v1::JobSpec spec = GoodSpec();
   spec.mutable_params(0)->set_placements(0, "Partial()");
-  EXPECT_THAT(ManifestsFromSpec(spec),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("fc1.weight")));
+  EXPECT_THAT(
+      ManifestsFromSpec(spec),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("fc1.weight")));
 }
 
 }  // namespace

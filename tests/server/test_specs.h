@@ -51,10 +51,9 @@ inline std::vector<v1::RankManifest> Manifests(const v1::JobSpec& spec) {
 // fc1 [10, 7] and fc2 [3, 5] sharded on dim 0, fc3 [6, 8] replicated, over
 // dp_shard=4.
 inline v1::JobSpec FourRankSpec() {
-  return MakeSpec({{"dp_shard", 4}},
-                  {{"fc1.weight", 10, 7, {"Shard(0)"}},
-                   {"fc2.weight", 3, 5, {"Shard(0)"}},
-                   {"fc3.weight", 6, 8, {"Replicate()"}}});
+  return MakeSpec({{"dp_shard", 4}}, {{"fc1.weight", 10, 7, {"Shard(0)"}},
+                                      {"fc2.weight", 3, 5, {"Shard(0)"}},
+                                      {"fc3.weight", 6, 8, {"Replicate()"}}});
 }
 
 }  // namespace testing

@@ -1,0 +1,981 @@
+// Multi-rank tests of muon::Muon: N ranks as N threads of this process, each
+// with its own GlooCommunicator (TCP on 127.0.0.1) and its own
+// LocalCoordinationClient over ONE shared in-process CoordinatorService
+// (join, plan, plan-hash confirmation and the Gloo rendezvous).
+//
+// What is checked (DESIGN.md sections 1, 3-5):
+//   - Correctness: 3 steps with seeded gradients give, bit for bit, the
+//     single-device parameters, and every rank's momentum buffer equals the
+//     region of the single-device buffer it holds. FSDP Shard(0)/Shard(1)
+//     (uneven shards, and empty shards where a dim is smaller than the
+//     world), DDP (Replicate) at 2 and 4 ranks, a DTensor-style mesh config
+//     and HSDP. Global tensors are generated identically for every run and
+//     each rank takes its torch.chunk shard (LocalBox + CopyRegion).
+//   - Zero redundancy: over the ranks, matrices_orthogonalized sums to the
+//     number of matrices and ns_flops to the single-device figure.
+//   - Bad input is reported on EVERY rank before any collective, with the
+//     parameters untouched (and the process group still usable afterwards).
+//
+// OpenBLAS results depend on its thread count, so every test that compares
+// bits pins it to 1 thread first. Every blocking call is bounded: Gloo
+// collectives and rendezvous by GlooOptions.timeout, Join by
+// join_timeout_ms; RunOnRanks aborts the process instead of hanging if a
+// rank still does not finish.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "client/communicator.h"
+#include "client/distributed_config.h"
+#include "client/gloo_communicator.h"
+#include "client/muon.h"
+#include "client/parameter.h"
+#include "client/step_executor.h"
+#include "common/layout.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/newton_schulz.h"
+#include "server/coordinator_service.h"
+#include "server/local_coordination_client.h"
+
+namespace muon {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::AnyOf;
+using ::testing::HasSubstr;
+
+// Matches an absl::Status (or StatusOr) with `code` whose message matches
+// `message_matcher`.
+MATCHER_P2(StatusIs, code, message_matcher,
+           std::string("has code ") + absl::StatusCodeToString(code)) {
+  const absl::Status s = [&] {
+    if constexpr (std::is_same_v<std::decay_t<decltype(arg)>, absl::Status>) {
+      return arg;
+    } else {
+      return arg.status();
+    }
+  }();
+  *result_listener << "status is " << s.ToString();
+  return s.code() == code &&
+         ::testing::Matches(message_matcher)(std::string(s.message()));
+}
+
+// Bounds of the blocking calls: generous for a loaded 2-core machine (the
+// collectives themselves take milliseconds), short enough that a broken
+// rank fails the test in seconds.
+constexpr absl::Duration kGlooTimeout = absl::Seconds(5);
+constexpr int64_t kJoinTimeoutMs = 5000;
+// A rank thread that has not returned by then is stuck despite the bounds
+// above: abort rather than hang the test.
+constexpr absl::Duration kRankDeadline = absl::Seconds(60);
+
+constexpr int kSteps = 3;
+
+// Runs fn(rank) on `world_size` threads and returns each rank's Status.
+std::vector<absl::Status> RunOnRanks(
+    int world_size, const std::function<absl::Status(int)>& fn) {
+  absl::Mutex mu;
+  int done = 0;
+  std::vector<absl::Status> statuses(
+      world_size, absl::UnknownError("rank did not finish"));
+  std::vector<std::thread> threads;
+  threads.reserve(world_size);
+  for (int rank = 0; rank < world_size; ++rank) {
+    threads.emplace_back([&, rank] {
+      absl::Status s = fn(rank);
+      absl::MutexLock lock(&mu);
+      statuses[rank] = std::move(s);
+      ++done;
+    });
+  }
+  {
+    absl::MutexLock lock(&mu);
+    auto all_done = [&] { return done == world_size; };
+    if (!mu.AwaitWithTimeout(absl::Condition(&all_done), kRankDeadline)) {
+      std::fprintf(stderr,
+                   "RunOnRanks: only %d of %d ranks finished within %s; "
+                   "aborting instead of hanging\n",
+                   done, world_size,
+                   absl::FormatDuration(kRankDeadline).c_str());
+      std::abort();
+    }
+  }
+  for (std::thread& t : threads) t.join();
+  return statuses;
+}
+
+// Deterministic values in [-1, 1), a function of the seed only.
+std::vector<float> RandomValues(int64_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<float> v(n);
+  for (float& x : v) x = static_cast<float>(gen() >> 8) * 0x1p-23f - 1.0f;
+  return v;
+}
+
+::testing::AssertionResult BitwiseEqual(const std::vector<float>& actual,
+                                        const std::vector<float>& expected) {
+  if (actual.size() != expected.size()) {
+    return ::testing::AssertionFailure()
+           << "sizes differ: " << actual.size() << " vs " << expected.size();
+  }
+  for (size_t i = 0; i < actual.size(); ++i) {
+    if (std::memcmp(&actual[i], &expected[i], sizeof(float)) != 0) {
+      return ::testing::AssertionFailure()
+             << "element " << i << ": " << std::hexfloat << actual[i]
+             << " vs expected " << expected[i];
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+struct MatrixSpec {
+  std::string name;
+  int64_t rows;
+  int64_t cols;
+};
+
+// Uneven (10x7 over 4: chunks 3,3,3,1 rows / 2,2,2,1 cols), smaller than the
+// world in one dim (3x5 and 5x3 over 4: an empty shard), and even.
+const std::vector<MatrixSpec>& Matrices() {
+  static const auto* specs = new std::vector<MatrixSpec>{
+      {"layers.0.weight", 10, 7},
+      {"layers.1.weight", 3, 5},
+      {"layers.2.weight", 5, 3},
+      {"layers.3.weight", 12, 16},
+  };
+  return *specs;
+}
+
+// The global tensors of a run: initial weights and one gradient per step,
+// identical for the single-device and every distributed run.
+struct Problem {
+  std::vector<MatrixSpec> specs;
+  std::vector<std::vector<float>> init;                // [matrix]
+  std::vector<std::vector<std::vector<float>>> grads;  // [step][matrix]
+};
+
+Problem MakeProblem(const std::vector<MatrixSpec>& specs) {
+  Problem p;
+  p.specs = specs;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    p.init.push_back(RandomValues(specs[i].rows * specs[i].cols, 7 + i));
+  }
+  p.grads.resize(kSteps);
+  for (int s = 0; s < kSteps; ++s) {
+    for (size_t i = 0; i < specs.size(); ++i) {
+      p.grads[s].push_back(
+          RandomValues(specs[i].rows * specs[i].cols, 1000 * (s + 1) + i));
+    }
+  }
+  return p;
+}
+
+MuonOptions TestOptions() {
+  MuonOptions o;
+  o.lr = 0.02;  // visible updates; everything else torch's defaults
+  o.nesterov = true;
+  return o;
+}
+
+Box FullBox(const MatrixSpec& m) { return Box{{0, m.rows}, {0, m.cols}}; }
+
+// The single-device result of `kSteps` steps.
+struct SingleDeviceResult {
+  std::vector<std::vector<float>> params;   // [matrix], after the last step
+  std::vector<std::vector<float>> buffers;  // momentum, after the last step
+  std::vector<StepStats> stats;             // [step]
+};
+
+SingleDeviceResult RunSingleDevice(const Problem& problem,
+                                   const MuonOptions& options) {
+  SingleDeviceResult out;
+  std::vector<Parameter> params(problem.specs.size());
+  std::vector<Parameter*> ptrs;
+  for (size_t i = 0; i < params.size(); ++i) {
+    params[i].name = problem.specs[i].name;
+    params[i].local_shape = {problem.specs[i].rows, problem.specs[i].cols};
+    params[i].data = problem.init[i];
+    ptrs.push_back(&params[i]);
+  }
+  absl::StatusOr<std::unique_ptr<Muon>> muon = Muon::Create(ptrs, options);
+  EXPECT_TRUE(muon.ok()) << muon.status();
+  if (!muon.ok()) return out;
+  for (int s = 0; s < kSteps; ++s) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      params[i].grad = problem.grads[s][i];
+    }
+    absl::Status st = (*muon)->Step();
+    EXPECT_TRUE(st.ok()) << st;
+    out.stats.push_back((*muon)->last_step_stats());
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    out.params.push_back(params[i].data);
+    out.buffers.push_back((*muon)->momentum_buffer(i));
+  }
+  return out;
+}
+
+// Makes a rank's DistributedConfig from its parameters, process group and
+// coordinator client.
+using ConfigFactory = std::function<absl::StatusOr<DistributedConfig>(
+    const std::vector<Parameter*>& params, Communicator* comm,
+    CoordinationClient* coordinator)>;
+
+// How the ranks hold the matrices: a mesh and one placement list per matrix
+// (used by the test to cut shards; the optimizer gets its own config from a
+// ConfigFactory).
+struct Layout {
+  Mesh mesh;
+  std::vector<std::vector<Placement>> placements;  // [matrix]
+};
+
+Layout OneDimLayout(int world_size, Placement placement, size_t matrices) {
+  Layout l;
+  l.mesh = Mesh::OneDim(world_size);
+  l.placements.assign(matrices, {placement});
+  return l;
+}
+
+ConfigFactory AutoConfig(bool fsdp, int shard_dim = 0) {
+  return [fsdp, shard_dim](const std::vector<Parameter*>& params,
+                           Communicator* comm,
+                           CoordinationClient* coordinator) {
+    AutoConfigOptions o;
+    if (fsdp) {
+      o.fsdp = comm;
+      o.fsdp_shard_dim = shard_dim;
+    } else {
+      o.ddp = comm;
+    }
+    o.coordinator = coordinator;
+    return CreateAutoConfig(params, o);
+  };
+}
+
+ConfigFactory MeshConfig(const Layout& layout) {
+  return [layout](const std::vector<Parameter*>&, Communicator* comm,
+                  CoordinationClient* coordinator) {
+    std::vector<ParamPlacement> placements;
+    for (const auto& p : layout.placements) {
+      placements.push_back(ParamPlacement{p});
+    }
+    return CreateMeshConfig(layout.mesh, placements, comm, coordinator);
+  };
+}
+
+// One job: a coordinator, and per rank a coordination client, a Gloo process
+// group, the local shards and the optimizer. Members are destroyed in
+// reverse order: optimizers first (they stop their agents), then the
+// process groups, the clients and the coordinator.
+class World {
+ public:
+  explicit World(int world_size)
+      : world_size_(world_size), service_(ServiceOptions(world_size)) {
+    for (int r = 0; r < world_size; ++r) {
+      clients_.push_back(std::make_unique<LocalCoordinationClient>(&service_));
+    }
+    comms_.resize(world_size);
+    params.resize(world_size);
+    boxes.resize(world_size);
+    muons.resize(world_size);
+  }
+
+  ~World() {
+    muons.clear();
+    comms_.clear();
+    service_.Shutdown();
+  }
+
+  int size() const { return world_size_; }
+  CoordinatorService& service() { return service_; }
+  CoordinationClient* client(int rank) { return clients_[rank].get(); }
+  Communicator* comm(int rank) { return comms_[rank].get(); }
+
+  // Creates every rank's Gloo process group (rendezvous through the
+  // coordinator's key-value store). Returns false (with a failure recorded)
+  // if any rank failed.
+  bool Connect() {
+    GlooOptions options;
+    options.timeout = kGlooTimeout;
+    options.prefix = "gloo/test";
+    std::vector<absl::Status> statuses =
+        RunOnRanks(world_size_, [&](int rank) -> absl::Status {
+          absl::StatusOr<std::unique_ptr<GlooCommunicator>> comm =
+              GlooCommunicator::Create(rank, world_size_, client(rank),
+                                       options);
+          if (!comm.ok()) return comm.status();
+          comms_[rank] = *std::move(comm);
+          return absl::OkStatus();
+        });
+    bool ok = true;
+    for (int r = 0; r < world_size_; ++r) {
+      EXPECT_TRUE(statuses[r].ok()) << "rank " << r << ": " << statuses[r];
+      ok = ok && statuses[r].ok();
+    }
+    return ok;
+  }
+
+  // Fills rank `rank`'s parameters with its shards of the global initial
+  // weights, cut as `layout` says (must run before the optimizer is made;
+  // the vectors are not resized afterwards).
+  absl::Status MakeShards(int rank, const Problem& problem,
+                          const Layout& layout) {
+    const std::vector<int> coord = layout.mesh.Coord(rank);
+    params[rank].resize(problem.specs.size());
+    boxes[rank].clear();
+    for (size_t i = 0; i < problem.specs.size(); ++i) {
+      const MatrixSpec& m = problem.specs[i];
+      absl::StatusOr<Box> box =
+          LocalBox(m.rows, m.cols, layout.placements[i], layout.mesh, coord);
+      if (!box.ok()) return box.status();
+      boxes[rank].push_back(*box);
+      Parameter& p = params[rank][i];
+      p.name = m.name;
+      p.global_shape = {m.rows, m.cols};
+      p.local_shape = {box->rows.size(), box->cols.size()};
+      p.data.assign(box->numel(), 0.0f);
+      p.grad.assign(box->numel(), 0.0f);
+      CopyRegion(problem.init[i].data(), FullBox(m), p.data.data(), *box,
+                 *box);
+    }
+    return absl::OkStatus();
+  }
+
+  // Copies rank `rank`'s shards of the step-`step` global gradients into its
+  // parameters' grad vectors.
+  void SetGrads(int rank, const Problem& problem, int step) {
+    for (size_t i = 0; i < problem.specs.size(); ++i) {
+      CopyRegion(problem.grads[step][i].data(), FullBox(problem.specs[i]),
+                 params[rank][i].grad.data(), boxes[rank][i], boxes[rank][i]);
+    }
+  }
+
+  std::vector<Parameter*> Pointers(int rank) {
+    std::vector<Parameter*> ptrs;
+    for (Parameter& p : params[rank]) ptrs.push_back(&p);
+    return ptrs;
+  }
+
+  // Builds the rank's config with `factory` (bounded join) and the
+  // optimizer.
+  absl::Status CreateMuon(int rank, const ConfigFactory& factory,
+                          const MuonOptions& options,
+                          const std::function<void(DistributedConfig&)>&
+                              customize = nullptr) {
+    absl::StatusOr<DistributedConfig> config =
+        factory(Pointers(rank), comm(rank), client(rank));
+    if (!config.ok()) return config.status();
+    config->state.join_timeout_ms = kJoinTimeoutMs;
+    config->state.incarnation = 100 + rank;
+    if (customize) customize(*config);
+    absl::StatusOr<std::unique_ptr<Muon>> muon =
+        Muon::Create(Pointers(rank), options, *std::move(config));
+    if (!muon.ok()) return muon.status();
+    muons[rank] = *std::move(muon);
+    return absl::OkStatus();
+  }
+
+  std::vector<std::vector<Parameter>> params;  // [rank][matrix]
+  std::vector<std::vector<Box>> boxes;         // [rank][matrix]
+  std::vector<std::unique_ptr<Muon>> muons;    // [rank]
+  std::vector<std::vector<StepStats>> stats;   // [rank][step]
+
+ private:
+  static CoordinatorService::Options ServiceOptions(int world_size) {
+    CoordinatorService::Options o;
+    o.job_id = "muon_distributed_test";
+    o.world_size = world_size;
+    o.default_join_timeout = absl::Milliseconds(kJoinTimeoutMs);
+    o.heartbeat_timeout = absl::Seconds(5);
+    return o;
+  }
+
+  const int world_size_;
+  CoordinatorService service_;
+  std::vector<std::unique_ptr<LocalCoordinationClient>> clients_;
+  std::vector<std::unique_ptr<GlooCommunicator>> comms_;
+};
+
+// Runs kSteps distributed steps on `world` (shards cut as `layout`, config
+// from `factory`) and compares with the single-device run bit for bit:
+// every parameter reassembled from the ranks' shards (and each rank's own
+// shard, so replicas are checked too), every momentum buffer shard, and the
+// zero-redundancy counters of every step.
+void ExpectMatchesSingleDevice(
+    World& world, const Problem& problem, const Layout& layout,
+    const ConfigFactory& factory, const MuonOptions& options = TestOptions(),
+    const std::function<void(DistributedConfig&)>& customize = nullptr) {
+  openblas_set_num_threads(1);
+  const SingleDeviceResult single = RunSingleDevice(problem, options);
+  ASSERT_EQ(single.stats.size(), static_cast<size_t>(kSteps));
+  ASSERT_TRUE(world.Connect());
+  const int n = world.size();
+  world.stats.assign(n, {});
+  std::vector<absl::Status> statuses =
+      RunOnRanks(n, [&](int rank) -> absl::Status {
+        if (absl::Status s = world.MakeShards(rank, problem, layout); !s.ok()) {
+          return s;
+        }
+        if (absl::Status s =
+                world.CreateMuon(rank, factory, options, customize);
+            !s.ok()) {
+          return s;
+        }
+        for (int step = 0; step < kSteps; ++step) {
+          world.SetGrads(rank, problem, step);
+          if (absl::Status s = world.muons[rank]->Step(); !s.ok()) {
+            return absl::Status(s.code(), absl::StrCat("step ", step + 1, ": ",
+                                                       s.message()));
+          }
+          world.stats[rank].push_back(world.muons[rank]->last_step_stats());
+        }
+        return absl::OkStatus();
+      });
+  for (int r = 0; r < n; ++r) {
+    ASSERT_TRUE(statuses[r].ok()) << "rank " << r << ": " << statuses[r];
+  }
+
+  for (size_t i = 0; i < problem.specs.size(); ++i) {
+    const MatrixSpec& m = problem.specs[i];
+    SCOPED_TRACE(absl::StrCat("parameter ", m.name, " [", m.rows, ", ",
+                              m.cols, "]"));
+    // Reassembled from the shards; NaN marks elements no rank holds.
+    std::vector<float> whole(m.rows * m.cols, std::nanf(""));
+    for (int r = 0; r < n; ++r) {
+      SCOPED_TRACE(absl::StrCat("rank ", r));
+      const Box& box = world.boxes[r][i];
+      CopyRegion(world.params[r][i].data.data(), box, whole.data(), FullBox(m),
+                 box);
+      std::vector<float> expected_param(box.numel());
+      std::vector<float> expected_buf(box.numel());
+      CopyRegion(single.params[i].data(), FullBox(m), expected_param.data(),
+                 box, box);
+      CopyRegion(single.buffers[i].data(), FullBox(m), expected_buf.data(),
+                 box, box);
+      EXPECT_TRUE(BitwiseEqual(world.params[r][i].data, expected_param));
+      EXPECT_TRUE(
+          BitwiseEqual(world.muons[r]->momentum_buffer(i), expected_buf));
+    }
+    EXPECT_TRUE(BitwiseEqual(whole, single.params[i]));
+  }
+
+  // Zero redundancy, every step.
+  for (int step = 0; step < kSteps; ++step) {
+    SCOPED_TRACE(absl::StrCat("step ", step + 1));
+    int matrices = 0;
+    double flops = 0;
+    for (int r = 0; r < n; ++r) {
+      matrices += world.stats[r][step].matrices_orthogonalized;
+      flops += world.stats[r][step].ns_flops;
+    }
+    EXPECT_EQ(matrices, static_cast<int>(problem.specs.size()));
+    EXPECT_EQ(single.stats[step].matrices_orthogonalized,
+              static_cast<int>(problem.specs.size()));
+    EXPECT_DOUBLE_EQ(flops, single.stats[step].ns_flops);
+  }
+  // Every rank holds the same plan, and its owners cover every matrix once.
+  std::map<int, std::vector<int>> assignments = world.muons[0]->assignments();
+  std::vector<int> owned(problem.specs.size(), 0);
+  for (const auto& [rank, indices] : assignments) {
+    EXPECT_GE(rank, 0);
+    EXPECT_LT(rank, n);
+    for (int i : indices) ++owned[i];
+  }
+  EXPECT_EQ(owned, std::vector<int>(problem.specs.size(), 1));
+  for (int r = 1; r < n; ++r) {
+    EXPECT_EQ(world.muons[r]->assignments(), assignments) << "rank " << r;
+    EXPECT_EQ(world.muons[r]->plan().hash(), world.muons[0]->plan().hash());
+  }
+}
+
+// --- Bitwise equality with the single-device step ---
+
+TEST(MuonDistributedTest, Step_FsdpShard0FourRanks_MatchesSingleDeviceBitwise) {
+  const Problem problem = MakeProblem(Matrices());
+  World world(4);
+  ExpectMatchesSingleDevice(
+      world, problem,
+      OneDimLayout(4, Placement::Shard(0), problem.specs.size()),
+      AutoConfig(/*fsdp=*/true, /*shard_dim=*/0));
+}
+
+TEST(MuonDistributedTest, Step_FsdpShard1FourRanks_MatchesSingleDeviceBitwise) {
+  const Problem problem = MakeProblem(Matrices());
+  World world(4);
+  ExpectMatchesSingleDevice(
+      world, problem,
+      OneDimLayout(4, Placement::Shard(1), problem.specs.size()),
+      AutoConfig(/*fsdp=*/true, /*shard_dim=*/1));
+}
+
+TEST(MuonDistributedTest, Step_DdpTwoRanks_MatchesSingleDeviceBitwise) {
+  const Problem problem = MakeProblem(Matrices());
+  World world(2);
+  ExpectMatchesSingleDevice(
+      world, problem, OneDimLayout(2, Placement::Replicate(), 4),
+      AutoConfig(/*fsdp=*/false));
+}
+
+TEST(MuonDistributedTest, Step_DdpFourRanks_MatchesSingleDeviceBitwise) {
+  const Problem problem = MakeProblem(Matrices());
+  World world(4);
+  ExpectMatchesSingleDevice(
+      world, problem, OneDimLayout(4, Placement::Replicate(), 4),
+      AutoConfig(/*fsdp=*/false));
+}
+
+// DTensor-style config with a different placement per parameter.
+TEST(MuonDistributedTest,
+     Step_MeshConfigMixedPlacementsFourRanks_MatchesSingleDeviceBitwise) {
+  const Problem problem = MakeProblem(Matrices());
+  Layout layout;
+  layout.mesh = Mesh::OneDim(4, "dp_shard");
+  layout.placements = {{Placement::Shard(1)},
+                       {Placement::Shard(0)},
+                       {Placement::Replicate()},
+                       {Placement::Shard(1)}};
+  World world(4);
+  ExpectMatchesSingleDevice(world, problem, layout, MeshConfig(layout));
+}
+
+// HSDP: dp_replicate=2 x dp_shard=2, [Replicate(), Shard(0)].
+TEST(MuonDistributedTest, Step_HsdpTwoByTwoMesh_MatchesSingleDeviceBitwise) {
+  const Problem problem = MakeProblem(Matrices());
+  Layout layout;
+  layout.mesh.names = {"dp_replicate", "dp_shard"};
+  layout.mesh.sizes = {2, 2};
+  layout.placements.assign(problem.specs.size(),
+                           {Placement::Replicate(), Placement::Shard(0)});
+  World world(4);
+  ExpectMatchesSingleDevice(world, problem, layout, MeshConfig(layout));
+}
+
+// Buckets of several matrices (one exchange for all of them).
+TEST(MuonDistributedTest,
+     Step_FsdpShard0LargeBuckets_MatchesSingleDeviceBitwise) {
+  const Problem problem = MakeProblem(Matrices());
+  World world(4);
+  ExpectMatchesSingleDevice(
+      world, problem, OneDimLayout(4, Placement::Shard(0), 4),
+      AutoConfig(/*fsdp=*/true, 0), TestOptions(),
+      [](DistributedConfig& c) { c.bucket_size_bytes = 1 << 20; });
+}
+
+TEST(MuonDistributedTest,
+     Step_FsdpShard1RoundRobinNesterovOffMatchRms_MatchesSingleDeviceBitwise) {
+  const Problem problem = MakeProblem(Matrices());
+  MuonOptions o = TestOptions();
+  o.nesterov = false;
+  o.adjust_lr_fn = "match_rms_adamw";
+  World world(4);
+  ExpectMatchesSingleDevice(
+      world, problem, OneDimLayout(4, Placement::Shard(1), 4),
+      AutoConfig(/*fsdp=*/true, 1), o,
+      [](DistributedConfig& c) { c.assignment_policy = "round_robin"; });
+}
+
+// A valid user assign_fn (every matrix to rank 1) is honoured: same bits,
+// assignments() says so on every rank, and only rank 1 orthogonalizes.
+TEST(MuonDistributedTest,
+     Step_CustomAssignFnAllToRankOne_MatchesSingleDeviceAndAssignments) {
+  const Problem problem = MakeProblem(Matrices());
+  World world(4);
+  ExpectMatchesSingleDevice(
+      world, problem, OneDimLayout(4, Placement::Shard(0), 4),
+      AutoConfig(/*fsdp=*/true, 0), TestOptions(), [](DistributedConfig& c) {
+        c.assign_fn = [](const std::vector<MatrixInfo>& infos, int) {
+          std::map<int, std::vector<int>> out;
+          for (const MatrixInfo& m : infos) out[1].push_back(m.index);
+          return out;
+        };
+      });
+  const std::map<int, std::vector<int>> expected = {{1, {0, 1, 2, 3}}};
+  for (int r = 0; r < world.size(); ++r) {
+    SCOPED_TRACE(absl::StrCat("rank ", r));
+    ASSERT_NE(world.muons[r], nullptr);
+    std::map<int, std::vector<int>> got = world.muons[r]->assignments();
+    for (auto& [rank, indices] : got) std::sort(indices.begin(), indices.end());
+    EXPECT_EQ(got, expected);
+    for (int step = 0; step < kSteps; ++step) {
+      EXPECT_EQ(world.stats[r][step].matrices_orthogonalized, r == 1 ? 4 : 0);
+    }
+  }
+}
+
+// Zero redundancy per rank: each rank orthogonalizes exactly the matrices
+// the plan gives it (so, summed over the world, each matrix once) and reports
+// their NS FLOPs; DDP replicas split the work instead of each redoing it.
+TEST(MuonDistributedTest, Step_FsdpAndDdp_EachRankOrthogonalizesItsOwnMatrices) {
+  const Problem problem = MakeProblem(Matrices());
+  for (const bool fsdp : {true, false}) {
+    SCOPED_TRACE(fsdp ? "FSDP Shard(0)" : "DDP");
+    World world(4);
+    ExpectMatchesSingleDevice(
+        world, problem,
+        OneDimLayout(4, fsdp ? Placement::Shard(0) : Placement::Replicate(),
+                     problem.specs.size()),
+        AutoConfig(fsdp, 0));
+    int owners = 0;
+    for (int r = 0; r < world.size(); ++r) {
+      SCOPED_TRACE(absl::StrCat("rank ", r));
+      ASSERT_NE(world.muons[r], nullptr);
+      const std::map<int, std::vector<int>> a = world.muons[r]->assignments();
+      const std::vector<int> mine =
+          a.count(r) > 0 ? a.at(r) : std::vector<int>();
+      if (!mine.empty()) ++owners;
+      double flops = 0;
+      for (int i : mine) {
+        flops += kernels::NewtonSchulzFlops(problem.specs[i].rows,
+                                            problem.specs[i].cols,
+                                            TestOptions().ns_steps);
+      }
+      for (int step = 0; step < kSteps; ++step) {
+        EXPECT_EQ(world.stats[r][step].matrices_orthogonalized,
+                  static_cast<int>(mine.size()));
+        EXPECT_DOUBLE_EQ(world.stats[r][step].ns_flops, flops);
+      }
+    }
+    // 4 matrices over 4 ranks: the work is spread, not all on one rank.
+    EXPECT_GT(owners, 1);
+  }
+}
+
+// --- Bad input: the same error on every rank, before any collective ---
+
+// Expects every rank's status to have `code` and a message naming `param`
+// and the rank itself (when name_rank), every parameter to be untouched, and
+// the process group to be still usable (no rank is stuck in, or has left
+// behind, a half-issued collective).
+void ExpectFailsOnEveryRank(World& world, const std::vector<absl::Status>& st,
+                            const std::vector<std::vector<Parameter>>& before,
+                            absl::StatusCode code,
+                            const std::vector<std::string>& substrings,
+                            bool name_rank = true) {
+  const int n = world.size();
+  ASSERT_EQ(st.size(), static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    SCOPED_TRACE(absl::StrCat("rank ", r));
+    EXPECT_EQ(st[r].code(), code) << st[r];
+    for (const std::string& s : substrings) {
+      EXPECT_THAT(std::string(st[r].message()), HasSubstr(s));
+    }
+    if (name_rank) {
+      EXPECT_THAT(std::string(st[r].message()),
+                  HasSubstr(absl::StrCat("rank ", r)));
+    }
+    EXPECT_EQ(world.muons[r], nullptr);
+    ASSERT_EQ(world.params[r].size(), before[r].size());
+    for (size_t i = 0; i < before[r].size(); ++i) {
+      EXPECT_TRUE(BitwiseEqual(world.params[r][i].data, before[r][i].data))
+          << world.params[r][i].name;
+    }
+  }
+  std::vector<absl::Status> barrier = RunOnRanks(
+      n, [&](int rank) { return world.comm(rank)->Barrier(); });
+  for (int r = 0; r < n; ++r) {
+    EXPECT_TRUE(barrier[r].ok()) << "rank " << r << ": " << barrier[r];
+  }
+}
+
+// Runs, on every rank: cut shards (FSDP Shard(0) over the world), let
+// `mutate` change this rank's parameters, then Create with `customize`.
+// Returns every rank's Create status; `before` receives the parameters as
+// they were handed to Create.
+std::vector<absl::Status> CreateOnEveryRank(
+    World& world, const Problem& problem,
+    const std::function<void(int rank, std::vector<Parameter>&)>& mutate,
+    const std::function<void(DistributedConfig&)>& customize,
+    std::vector<std::vector<Parameter>>* before) {
+  before->assign(world.size(), {});
+  return RunOnRanks(world.size(), [&](int rank) -> absl::Status {
+    const Layout layout =
+        OneDimLayout(world.size(), Placement::Shard(0), problem.specs.size());
+    if (absl::Status s = world.MakeShards(rank, problem, layout); !s.ok()) {
+      return absl::InternalError(absl::StrCat("test setup: ", s.message()));
+    }
+    if (mutate) mutate(rank, world.params[rank]);
+    (*before)[rank] = world.params[rank];
+    return world.CreateMuon(rank, AutoConfig(/*fsdp=*/true, 0), TestOptions(),
+                            customize);
+  });
+}
+
+TEST(MuonDistributedTest,
+     Create_OneDimParameterOnEveryRank_ReturnsInvalidArgumentOnEveryRank) {
+  const Problem problem = MakeProblem(Matrices());
+  World world(4);
+  ASSERT_TRUE(world.Connect());
+  std::vector<std::vector<Parameter>> before;
+  std::vector<absl::Status> st = CreateOnEveryRank(
+      world, problem,
+      [](int rank, std::vector<Parameter>& params) {
+        Parameter bias;
+        bias.name = "layers.0.bias";
+        bias.global_shape = {10};
+        const Range chunk = ChunkRange(10, 4, rank);
+        bias.local_shape = {chunk.size()};
+        bias.data.assign(chunk.size(), 0.25f);
+        bias.grad.assign(chunk.size(), 0.0f);
+        params.insert(params.begin() + 1, bias);
+      },
+      nullptr, &before);
+  ExpectFailsOnEveryRank(world, st, before,
+                         absl::StatusCode::kInvalidArgument,
+                         {"layers.0.bias", "[10]"});
+}
+
+TEST(MuonDistributedTest,
+     Create_ThreeDimParameterOnEveryRank_ReturnsInvalidArgumentOnEveryRank) {
+  const Problem problem = MakeProblem(Matrices());
+  World world(4);
+  ASSERT_TRUE(world.Connect());
+  std::vector<std::vector<Parameter>> before;
+  std::vector<absl::Status> st = CreateOnEveryRank(
+      world, problem,
+      [](int rank, std::vector<Parameter>& params) {
+        Parameter conv;
+        conv.name = "conv.weight";
+        conv.global_shape = {8, 3, 2};
+        conv.local_shape = {2, 3, 2};
+        conv.data.assign(12, 0.5f);
+        conv.grad.assign(12, 0.0f);
+        params.push_back(conv);
+      },
+      nullptr, &before);
+  ExpectFailsOnEveryRank(world, st, before,
+                         absl::StatusCode::kInvalidArgument,
+                         {"conv.weight", "[8, 3, 2]"});
+}
+
+// Rank 2 says layers.1.weight is [4, 5] (its own 1x5 shard fits both
+// [3, 5] and [4, 5], so its local checks pass); the coordinator compares the
+// manifests and answers every rank with the same error.
+TEST(MuonDistributedTest,
+     Create_ManifestsDisagreeOnGlobalShape_ReturnsSameInvalidArgumentOnEveryRank) {
+  const Problem problem = MakeProblem(Matrices());
+  World world(4);
+  ASSERT_TRUE(world.Connect());
+  std::vector<std::vector<Parameter>> before;
+  std::vector<absl::Status> st = CreateOnEveryRank(
+      world, problem,
+      [](int rank, std::vector<Parameter>& params) {
+        if (rank == 2) params[1].global_shape = {4, 5};
+      },
+      nullptr, &before);
+  ExpectFailsOnEveryRank(world, st, before,
+                         absl::StatusCode::kInvalidArgument,
+                         {"layers.1.weight", "rank 2", "[4, 5]", "[3, 5]"},
+                         /*name_rank=*/false);
+  for (int r = 1; r < world.size(); ++r) {
+    EXPECT_EQ(st[r], st[0]) << "rank " << r;
+  }
+}
+
+// assign_fn results that are invalid the same way on every rank (assign_fn
+// is deterministic).
+TEST(MuonDistributedTest,
+     Create_AssignFnMissingOwner_ReturnsInvalidArgumentOnEveryRank) {
+  const Problem problem = MakeProblem(Matrices());
+  World world(4);
+  ASSERT_TRUE(world.Connect());
+  std::vector<std::vector<Parameter>> before;
+  std::vector<absl::Status> st = CreateOnEveryRank(
+      world, problem, nullptr,
+      [](DistributedConfig& c) {
+        c.assign_fn = [](const std::vector<MatrixInfo>&, int) {
+          return std::map<int, std::vector<int>>{{0, {0}}, {1, {1}}, {2, {3}}};
+        };
+      },
+      &before);
+  ExpectFailsOnEveryRank(world, st, before,
+                         absl::StatusCode::kInvalidArgument,
+                         {"layers.2.weight"});
+}
+
+TEST(MuonDistributedTest,
+     Create_AssignFnDuplicatedOwner_ReturnsInvalidArgumentOnEveryRank) {
+  const Problem problem = MakeProblem(Matrices());
+  World world(4);
+  ASSERT_TRUE(world.Connect());
+  std::vector<std::vector<Parameter>> before;
+  std::vector<absl::Status> st = CreateOnEveryRank(
+      world, problem, nullptr,
+      [](DistributedConfig& c) {
+        c.assign_fn = [](const std::vector<MatrixInfo>&, int) {
+          return std::map<int, std::vector<int>>{
+              {0, {0, 1}}, {1, {2}}, {2, {3, 1}}};
+        };
+      },
+      &before);
+  ExpectFailsOnEveryRank(world, st, before,
+                         absl::StatusCode::kInvalidArgument,
+                         {"layers.1.weight", "0", "2"});
+  for (int r = 0; r < world.size(); ++r) {
+    EXPECT_THAT(std::string(st[r].message()),
+                AnyOf(HasSubstr("ranks 0 and 2"), HasSubstr("ranks 2 and 0")))
+        << "rank " << r;
+  }
+}
+
+TEST(MuonDistributedTest,
+     Create_AssignFnOwnerOutOfRange_ReturnsInvalidArgumentOnEveryRank) {
+  const Problem problem = MakeProblem(Matrices());
+  for (const int bad_rank : {4, -1}) {
+    SCOPED_TRACE(absl::StrCat("owner rank ", bad_rank));
+    World world(4);
+    ASSERT_TRUE(world.Connect());
+    std::vector<std::vector<Parameter>> before;
+    std::vector<absl::Status> st = CreateOnEveryRank(
+        world, problem, nullptr,
+        [bad_rank](DistributedConfig& c) {
+          c.assign_fn = [bad_rank](const std::vector<MatrixInfo>&, int) {
+            return std::map<int, std::vector<int>>{
+                {0, {0}}, {1, {1}}, {bad_rank, {2}}, {3, {3}}};
+          };
+        },
+        &before);
+    ExpectFailsOnEveryRank(world, st, before,
+                           absl::StatusCode::kInvalidArgument,
+                           {"layers.2.weight",
+                            absl::StrCat("rank ", bad_rank)});
+  }
+}
+
+// Rank 3 holds an empty shard of layers.1.weight ([3, 5] over 4 ranks), so
+// it cannot own it; the coordinator rejects the plan on every rank.
+TEST(MuonDistributedTest,
+     Create_AssignFnOwnerWithEmptyShard_ReturnsInvalidArgumentOnEveryRank) {
+  const Problem problem = MakeProblem(Matrices());
+  World world(4);
+  ASSERT_TRUE(world.Connect());
+  std::vector<std::vector<Parameter>> before;
+  std::vector<absl::Status> st = CreateOnEveryRank(
+      world, problem, nullptr,
+      [](DistributedConfig& c) {
+        c.assign_fn = [](const std::vector<MatrixInfo>&, int) {
+          return std::map<int, std::vector<int>>{
+              {0, {0}}, {1, {2}}, {2, {3}}, {3, {1}}};
+        };
+      },
+      &before);
+  ExpectFailsOnEveryRank(world, st, before,
+                         absl::StatusCode::kInvalidArgument,
+                         {"layers.1.weight", "rank 3"}, /*name_rank=*/false);
+  for (int r = 1; r < world.size(); ++r) {
+    EXPECT_EQ(st[r], st[0]) << "rank " << r;
+  }
+}
+
+// A missing gradient on every rank: FailedPrecondition everywhere from the
+// preflight, parameters and momentum buffers untouched, and the job still
+// steps afterwards. (layers.3.weight, 12x16, is non-empty on every rank: for
+// an empty shard a missing gradient is the expected size, 0.)
+TEST(MuonDistributedTest,
+     Step_MissingGradientOnEveryRank_ReturnsFailedPreconditionOnEveryRank) {
+  openblas_set_num_threads(1);
+  const Problem problem = MakeProblem(Matrices());
+  World world(4);
+  ASSERT_TRUE(world.Connect());
+  const Layout layout = OneDimLayout(4, Placement::Shard(0), 4);
+  // [rank][param], around the failed step.
+  std::vector<std::vector<std::vector<float>>> data_before(4), bufs_before(4),
+      data_after(4), bufs_after(4);
+  std::vector<absl::Status> failed(4);
+  std::vector<int64_t> steps_after_failure(4, -1);
+  std::vector<absl::Status> st = RunOnRanks(4, [&](int rank) -> absl::Status {
+    if (absl::Status s = world.MakeShards(rank, problem, layout); !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = world.CreateMuon(rank, AutoConfig(true, 0),
+                                          TestOptions());
+        !s.ok()) {
+      return s;
+    }
+    Muon& muon = *world.muons[rank];
+    world.SetGrads(rank, problem, 0);
+    if (absl::Status s = muon.Step(); !s.ok()) return s;
+    world.SetGrads(rank, problem, 1);
+    world.params[rank][3].grad.clear();
+    for (size_t i = 0; i < world.params[rank].size(); ++i) {
+      data_before[rank].push_back(world.params[rank][i].data);
+      bufs_before[rank].push_back(muon.momentum_buffer(i));
+    }
+    failed[rank] = muon.Step();
+    steps_after_failure[rank] = muon.step_count();
+    for (size_t i = 0; i < world.params[rank].size(); ++i) {
+      data_after[rank].push_back(world.params[rank][i].data);
+      bufs_after[rank].push_back(muon.momentum_buffer(i));
+    }
+    // With the gradient back the job goes on: the ranks are still in step.
+    world.params[rank][3].grad.assign(world.boxes[rank][3].numel(), 0.0f);
+    world.SetGrads(rank, problem, 1);
+    return muon.Step();
+  });
+  for (int r = 0; r < 4; ++r) {
+    SCOPED_TRACE(absl::StrCat("rank ", r));
+    EXPECT_TRUE(st[r].ok()) << st[r];
+    EXPECT_THAT(failed[r],
+                StatusIs(absl::StatusCode::kFailedPrecondition,
+                         AllOf(HasSubstr("layers.3.weight"),
+                               HasSubstr(absl::StrCat("rank ", r)))));
+    EXPECT_EQ(steps_after_failure[r], 1);
+    ASSERT_EQ(data_after[r].size(), data_before[r].size());
+    for (size_t i = 0; i < data_before[r].size(); ++i) {
+      EXPECT_TRUE(BitwiseEqual(data_after[r][i], data_before[r][i])) << i;
+      EXPECT_TRUE(BitwiseEqual(bufs_after[r][i], bufs_before[r][i])) << i;
+    }
+  }
+  // Equality with a single-device run of 2 steps (the failed step not
+  // counted).
+  Problem two = problem;
+  two.grads.resize(2);
+  MuonOptions o = TestOptions();
+  std::vector<Parameter> params(4);
+  std::vector<Parameter*> ptrs;
+  for (size_t i = 0; i < 4; ++i) {
+    params[i].name = problem.specs[i].name;
+    params[i].local_shape = {problem.specs[i].rows, problem.specs[i].cols};
+    params[i].data = problem.init[i];
+    ptrs.push_back(&params[i]);
+  }
+  absl::StatusOr<std::unique_ptr<Muon>> single = Muon::Create(ptrs, o);
+  ASSERT_TRUE(single.ok()) << single.status();
+  for (int s = 0; s < 2; ++s) {
+    for (size_t i = 0; i < 4; ++i) params[i].grad = problem.grads[s][i];
+    ASSERT_TRUE((*single)->Step().ok());
+  }
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_NE(world.muons[r], nullptr);
+    EXPECT_EQ(world.muons[r]->step_count(), 2) << "rank " << r;
+    for (size_t i = 0; i < 4; ++i) {
+      const Box& box = world.boxes[r][i];
+      std::vector<float> expected(box.numel());
+      CopyRegion(params[i].data.data(), FullBox(problem.specs[i]),
+                 expected.data(), box, box);
+      EXPECT_TRUE(BitwiseEqual(world.params[r][i].data, expected))
+          << "rank " << r << " " << problem.specs[i].name;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace muon
