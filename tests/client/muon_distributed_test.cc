@@ -53,6 +53,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/newton_schulz.h"
+#include "tests/status_matchers.h"
 #include "server/coordinator_service.h"
 #include "server/local_coordination_client.h"
 
@@ -63,21 +64,6 @@ using ::testing::AllOf;
 using ::testing::AnyOf;
 using ::testing::HasSubstr;
 
-// Matches an absl::Status (or StatusOr) with `code` whose message matches
-// `message_matcher`.
-MATCHER_P2(StatusIs, code, message_matcher,
-           std::string("has code ") + absl::StatusCodeToString(code)) {
-  const absl::Status s = [&] {
-    if constexpr (std::is_same_v<std::decay_t<decltype(arg)>, absl::Status>) {
-      return arg;
-    } else {
-      return arg.status();
-    }
-  }();
-  *result_listener << "status is " << s.ToString();
-  return s.code() == code &&
-         ::testing::Matches(message_matcher)(std::string(s.message()));
-}
 
 // Bounds of the blocking calls: generous for a loaded 2-core machine (the
 // collectives themselves take milliseconds), short enough that a broken

@@ -34,6 +34,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/newton_schulz.h"
+#include "tests/status_matchers.h"
 
 namespace muon {
 namespace {
@@ -42,21 +43,6 @@ using ::testing::AllOf;
 using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 
-// Matches an absl::Status (or StatusOr) with `code` whose message matches
-// `message_matcher`.
-MATCHER_P2(StatusIs, code, message_matcher,
-           std::string("has code ") + absl::StatusCodeToString(code)) {
-  const absl::Status s = [&] {
-    if constexpr (std::is_same_v<std::decay_t<decltype(arg)>, absl::Status>) {
-      return arg;
-    } else {
-      return arg.status();
-    }
-  }();
-  *result_listener << "status is " << s.ToString();
-  return s.code() == code &&
-         ::testing::Matches(message_matcher)(std::string(s.message()));
-}
 
 // Deterministic values in [-1, 1) (the generator's output is fixed by the
 // standard; the float conversion is ours, so the values are portable).

@@ -11,7 +11,7 @@
 #include "gtest/gtest.h"
 #include "server/coordinator_server.h"
 #include "server/local_coordination_client.h"
-#include "tests/server/status_matchers.h"
+#include "tests/status_matchers.h"
 #include "tests/server/test_specs.h"
 
 namespace muon {

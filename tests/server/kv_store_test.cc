@@ -6,7 +6,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/server/status_matchers.h"
+#include "tests/status_matchers.h"
 
 namespace muon {
 namespace {

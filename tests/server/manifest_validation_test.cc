@@ -5,7 +5,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/server/status_matchers.h"
+#include "tests/status_matchers.h"
 #include "tests/server/test_specs.h"
 
 namespace muon {

@@ -14,7 +14,7 @@
 #include "client/grpc_coordination_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/server/status_matchers.h"
+#include "tests/status_matchers.h"
 
 namespace muon {
 namespace {

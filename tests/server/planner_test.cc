@@ -10,7 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/manifest_validation.h"
-#include "tests/server/status_matchers.h"
+#include "tests/status_matchers.h"
 #include "tests/server/test_specs.h"
 
 namespace muon {

@@ -9,7 +9,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/server/status_matchers.h"
+#include "tests/status_matchers.h"
 
 namespace muon {
 namespace {

@@ -1,8 +1,8 @@
 // gMock matchers for absl::Status / absl::StatusOr (Abseil 20220623 ships
 // none): EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument,
 // HasSubstr("rank 2"))).
-#ifndef MUON_TESTS_SERVER_STATUS_MATCHERS_H_
-#define MUON_TESTS_SERVER_STATUS_MATCHERS_H_
+#ifndef MUON_TESTS_STATUS_MATCHERS_H_
+#define MUON_TESTS_STATUS_MATCHERS_H_
 
 #include <string>
 
@@ -40,4 +40,4 @@ MATCHER(IsOk, "is OK") {
 
 }  // namespace muon
 
-#endif  // MUON_TESTS_SERVER_STATUS_MATCHERS_H_
+#endif  // MUON_TESTS_STATUS_MATCHERS_H_
