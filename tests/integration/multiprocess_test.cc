@@ -121,6 +121,24 @@ TEST_P(MultiProcessTest, SeparateDaemon_FourRanks_BitwiseEqualToSingleDevice) {
 INSTANTIATE_TEST_SUITE_P(Layouts, MultiProcessTest,
                          ::testing::Values("fsdp_dim0", "fsdp_dim1", "ddp", "uneven"));
 
+// The shipped specs of the seed test matrix rows supported so far (no pp or
+// ep dims yet), each bitwise equal to single-device with zero redundancy.
+class MatrixRowTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MatrixRowTest, Validate_ShippedSpec_BitwiseEqualAndZeroRedundancy) {
+  CommandResult r = RunCommand(absl::StrCat("tools/muonctl validate --spec examples/specs/",
+                                            GetParam(), ".json --steps 3 --seed 5"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("max_abs_diff=0 tolerance=0"));
+  EXPECT_THAT(r.output, HasSubstr("distributed=21 single=21"));  // 7 matrices x 3 steps
+  EXPECT_THAT(r.output, HasSubstr(": OK"));
+}
+
+INSTANTIATE_TEST_SUITE_P(SeedMatrix, MatrixRowTest,
+                         ::testing::Values("none_single_gpu", "ddp", "fsdp", "tp_dim_0",
+                                           "tp_dim_1", "hsdp", "tp_fsdp", "tp_hsdp", "cp",
+                                           "cp_tp"));
+
 TEST(MuonctlPlanTest, Plan_UnevenSpec_PrintsOwnersShapesAndBothPolicies) {
   CommandResult r = RunCommand("tools/muonctl plan --spec " + Spec("uneven"));
   EXPECT_EQ(r.exit_code, 0) << r.output;
