@@ -25,39 +25,50 @@
 
 namespace muon {
 
-// What an assign_fn sees of one parameter.
+// What an assign_fn sees of one matrix: a 2-D parameter, or one expert
+// slice of a 3-D stack.
 struct MatrixInfo {
-  int index = 0;  // position in the optimizer's parameter list
-  std::string name;
-  int64_t rows = 0;  // global shape
+  int index = 0;        // position in the list passed to assign_fn
+  int param_index = 0;  // position in the optimizer's parameter list
+  int slice = 0;        // expert index (0 for 2-D)
+  std::string name;     // parameter name
+  int64_t rows = 0;     // global shape of the matrix
   int64_t cols = 0;
 };
 
-// Maps each rank to the indices of the parameters it orthogonalizes
-// (seeds' assign_fn). Must be deterministic: every rank calls it with the
-// same arguments and must get the same answer. Every parameter must appear
-// exactly once; ranks are in [0, world_size).
+// Maps each rank to the indices (MatrixInfo::index) of the matrices it
+// orthogonalizes (seeds' assign_fn); with only 2-D parameters these are the
+// parameter indices. Must be deterministic: every rank calls it with the
+// same arguments and must get the same answer. Every matrix must appear
+// exactly once; ranks are in [0, world_size) and must hold a shard.
 using AssignFn = std::function<std::map<int, std::vector<int>>(
     const std::vector<MatrixInfo>& params, int world_size)>;
 
-// Custom gather (seeds' gather_fn): moves the update U of parameter
-// `param_index` from the ranks' shards to `owner`. Called on EVERY rank for
-// every parameter, in plan order (so collectives inside it line up).
-// `local_shard` is this rank's shard of U (local shape); `full` is a
-// [rows, cols] row-major buffer to fill on the owner and nullptr elsewhere.
+// Custom gather (seeds' gather_fn): moves the update U of one matrix
+// (parameter `param_index`, expert `slice` of a 3-D stack, 0 for 2-D) from
+// the ranks' shards to `owner`. Called on every rank that has the
+// parameter, for each of its matrices, in plan order (so collectives inside
+// it line up). `local_shard` is this rank's part of U for that matrix
+// (row-major, its local [rows, cols]); `full` is a [rows, cols] row-major
+// buffer to fill on the owner and nullptr elsewhere.
 using GatherFn = std::function<absl::Status(
-    int param_index, int owner, const float* local_shard, float* full)>;
+    int param_index, int slice, int owner, const float* local_shard,
+    float* full)>;
 
-// Custom redistribute (seeds' redistribute_fn): sends every holder its shard
-// of the orthogonalized O. Called on every rank for every parameter in plan
-// order. `full` is O on the owner (nullptr elsewhere); `local_shard`
-// receives this rank's shard (local shape).
+// Custom redistribute (seeds' redistribute_fn): sends every holder its
+// part of the orthogonalized O of one matrix. Called like GatherFn. `full`
+// is O on the owner (nullptr elsewhere); `local_shard` receives this rank's
+// part (its local [rows, cols]).
 using RedistributeFn = std::function<absl::Status(
-    int param_index, int owner, const float* full, float* local_shard)>;
+    int param_index, int slice, int owner, const float* full,
+    float* local_shard)>;
 
 // Placement of one parameter over the mesh (DTensor's placements).
 struct ParamPlacement {
   std::vector<Placement> placements;  // one per mesh dim
+  // Ownership dims (pp stage, ep owner): the parameter lives only on the
+  // ranks of this sub-mesh. Empty = every rank.
+  SubMesh sub_mesh;
 };
 
 // Everything a rank knows about the distributed setup (seeds' `state`).

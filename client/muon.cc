@@ -20,38 +20,53 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
-// The rank-symmetric manifests of every rank, derived from this rank's view
-// of the layout (what each rank would send in an SPMD program).
-absl::StatusOr<std::vector<v1::RankManifest>> SymmetricManifests(
+// Matrices of a local parameter: one for 2-D, one per expert for a stack.
+absl::StatusOr<std::vector<MatrixBoxes>> MatricesOf(const Parameter& p,
+                                                    const ParamPlacement& pl,
+                                                    const Mesh& mesh) {
+  return ParamMatrices(p.shape(), pl.placements, mesh, pl.sub_mesh);
+}
+
+// The manifests every rank sends, derived from this rank's view: each rank
+// lists the parameters whose sub-mesh contains it, with the local shape the
+// torch.chunk rule gives it (this rank's own local shape for itself, so the
+// coordinator checks it). `owners[i]` are the requested owners of parameter
+// i's matrices (empty = none).
+absl::StatusOr<std::vector<v1::RankManifest>> AllManifests(
     const std::vector<Parameter*>& params, const DistributedState& state,
     const v1::ExecutionOptions& execution,
-    const std::vector<int>& requested_owners) {
+    const std::vector<std::vector<int>>& owners) {
   std::vector<v1::RankManifest> manifests;
   for (int r = 0; r < state.mesh.world_size(); ++r) {
+    const std::vector<int> coord = state.mesh.Coord(r);
     v1::RankManifest m;
     m.set_rank(r);
     m.set_world_size(state.world_size);
     *m.mutable_mesh() = MeshToProto(state.mesh);
     *m.mutable_execution() = execution;
-    for (int o : requested_owners) m.add_requested_owners(o);
     for (size_t i = 0; i < params.size(); ++i) {
       const Parameter& p = *params[i];
-      const std::vector<int64_t>& g = p.shape();
+      const ParamPlacement& pl = state.param_placements[i];
+      if (!pl.sub_mesh.Contains(coord)) continue;
       v1::ParamManifest* pm = m.add_params();
       pm->set_name(p.name);
       pm->set_dtype("float32");
-      for (int64_t d : g) pm->add_global_shape(d);
-      for (const Placement& pl : state.param_placements[i].placements) {
-        pm->add_placements(pl.ToString());
+      for (int64_t d : p.shape()) pm->add_global_shape(d);
+      for (const Placement& x : pl.placements) pm->add_placements(x.ToString());
+      for (size_t k = 0; k < pl.sub_mesh.dims.size(); ++k) {
+        (*pm->mutable_sub_mesh())[state.mesh.names[pl.sub_mesh.dims[k]]] =
+            pl.sub_mesh.coords[k];
       }
       if (r == state.rank) {
         for (int64_t d : p.local_shape) pm->add_local_shape(d);
       } else {
-        MUON_ASSIGN_OR_RETURN(
-            Box box, LocalBox(g[0], g[1], state.param_placements[i].placements,
-                              state.mesh, state.mesh.Coord(r)));
-        pm->add_local_shape(box.rows.size());
-        pm->add_local_shape(box.cols.size());
+        MUON_ASSIGN_OR_RETURN(std::vector<Range> ranges,
+                              LocalRanges(p.shape(), pl.placements, state.mesh,
+                                          coord, pl.sub_mesh));
+        for (const Range& x : ranges) pm->add_local_shape(x.size());
+      }
+      if (!owners.empty()) {
+        for (int o : owners[i]) m.add_requested_owners(o);
       }
     }
     manifests.push_back(std::move(m));
@@ -141,16 +156,24 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
   std::vector<std::string> names;
   for (size_t i = 0; i < ps.size(); ++i) {
     const Parameter& p = *ps[i];
-    if (p.shape().size() != 2) {
+    const size_t ndim = p.expert_stack ? 3 : 2;
+    if (p.shape().size() != ndim) {
+      if (p.expert_stack) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "rank ", rank, ": parameter \"", p.name, "\" is marked as an "
+            "expert stack but has shape ", ShapeString(p.shape()),
+            "; expected [experts, rows, cols]"));
+      }
       return absl::InvalidArgumentError(absl::StrCat(
           "rank ", rank, ": Muon only supports 2D parameters whereas we found "
           "a parameter with size: ", ShapeString(p.shape()), " (parameter \"",
-          p.name, "\")"));
+          p.name, "\"; mark 3-D expert stacks with expert_stack)"));
     }
-    if (p.local_shape.size() != 2) {
+    if (p.local_shape.size() != ndim) {
       return absl::InvalidArgumentError(absl::StrCat(
           "rank ", rank, ": parameter \"", p.name, "\" has local shape ",
-          ShapeString(p.local_shape), "; a shard of a matrix is 2-D"));
+          ShapeString(p.local_shape), " but global shape ",
+          ShapeString(p.shape())));
     }
     if (static_cast<int64_t>(p.data.size()) != p.local_numel()) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -173,22 +196,68 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
         state.mesh.world_size(), " ranks but the world size is ",
         state.world_size));
   }
+  const std::vector<int> my_coord = state.mesh.Coord(rank);
+  bool uses_sub_mesh = false;
+  // This rank's matrices, with their geometry.
+  std::vector<MatrixGeometry> geometry;
+  std::vector<MatrixInfo> infos;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const ParamPlacement& pl = state.param_placements[i];
+    uses_sub_mesh |= !pl.sub_mesh.empty();
+    if (!pl.sub_mesh.Contains(my_coord)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank, ": parameter \"", ps[i]->name,
+          "\" belongs to a sub-mesh (pipeline stage or expert group) that does "
+          "not contain this rank; pass only the parameters this rank holds"));
+    }
+    absl::StatusOr<std::vector<MatrixBoxes>> mats =
+        MatricesOf(*ps[i], pl, state.mesh);
+    if (!mats.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank, ": parameter \"", ps[i]->name, "\": ",
+          mats.status().message()));
+    }
+    MUON_ASSIGN_OR_RETURN(std::vector<Range> mine,
+                          LocalRanges(ps[i]->shape(), pl.placements, state.mesh,
+                                      my_coord, pl.sub_mesh));
+    for (MatrixBoxes& mb : *mats) {
+      MatrixGeometry g;
+      g.param = ps[i]->name;
+      g.param_index = static_cast<int>(i);
+      g.slice = mb.slice;
+      g.rows = mb.rows;
+      g.cols = mb.cols;
+      const Box& my_box = mb.boxes[rank];
+      if (ps[i]->expert_stack && !my_box.empty()) {
+        g.offset = (mb.slice - mine[0].begin) * my_box.numel();
+      }
+      g.boxes = std::move(mb.boxes);
+      infos.push_back(MatrixInfo{static_cast<int>(infos.size()),
+                                 static_cast<int>(i), g.slice, g.param, g.rows,
+                                 g.cols});
+      geometry.push_back(std::move(g));
+    }
+  }
   // A user's assign_fn: deterministic, so every rank raises the same error.
-  std::vector<int> requested_owners;
+  std::vector<std::vector<int>> requested_owners;
   if (config.assign_fn) {
-    std::vector<MatrixInfo> infos;
-    for (size_t i = 0; i < ps.size(); ++i) {
-      infos.push_back(MatrixInfo{static_cast<int>(i), ps[i]->name,
-                                 ps[i]->shape()[0], ps[i]->shape()[1]});
+    std::vector<std::string> matrix_names;
+    for (const MatrixInfo& m : infos) {
+      matrix_names.push_back(ps[m.param_index]->expert_stack
+                                 ? absl::StrCat(m.name, "[", m.slice, "]")
+                                 : m.name);
     }
     absl::StatusOr<std::vector<int>> owners = OwnersFromAssignment(
-        config.assign_fn(infos, state.world_size), static_cast<int>(ps.size()),
-        state.world_size, names);
+        config.assign_fn(infos, state.world_size),
+        static_cast<int>(infos.size()), state.world_size, matrix_names);
     if (!owners.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("rank ", rank, ": ", owners.status().message()));
     }
-    requested_owners = *owners;
+    requested_owners.resize(ps.size());
+    for (size_t k = 0; k < infos.size(); ++k) {
+      requested_owners[infos[k].param_index].push_back((*owners)[k]);
+    }
   }
   v1::ExecutionOptions execution;
   execution.set_assignment_policy(config.assignment_policy);
@@ -198,7 +267,7 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
 
   MUON_ASSIGN_OR_RETURN(
       std::vector<v1::RankManifest> manifests,
-      SymmetricManifests(ps, state, execution, requested_owners));
+      AllManifests(ps, state, execution, requested_owners));
   if (state.coordinator != nullptr) {
     // The coordinator checks every rank's manifest against the others and
     // answers every rank with the same plan or the same error.
@@ -208,33 +277,30 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
         muon->agent_->Join(manifests[rank], state.join_timeout_ms);
     if (!plan.ok()) return plan.status();
     muon->plan_ = *std::move(plan);
-  }
-  // This rank's own view of the layout (and, without a coordinator, the
-  // plan made locally from it).
-  absl::StatusOr<JobLayout> layout = ValidateManifests(manifests);
-  if (!layout.ok()) {
-    return absl::Status(layout.status().code(),
-                        absl::StrCat("rank ", rank, ": ",
-                                     layout.status().message()));
-  }
-  if (state.coordinator == nullptr) {
+    MUON_RETURN_IF_ERROR(muon->agent_->ConfirmPlanHash(
+        muon->plan_.hash(), state.world_size,
+        absl::Milliseconds(state.join_timeout_ms)));
+    muon->agent_->Start();
+  } else {
+    // No coordinator: plan locally from this rank's view, which is every
+    // rank's view only when all ranks hold all parameters.
+    if (uses_sub_mesh) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank, ": parameters on sub-meshes (pipeline stages, expert "
+          "groups) need a coordinator to plan: set state.coordinator"));
+    }
+    absl::StatusOr<JobLayout> layout = ValidateManifests(manifests);
+    if (!layout.ok()) {
+      return absl::Status(layout.status().code(),
+                          absl::StrCat("rank ", rank, ": ",
+                                       layout.status().message()));
+    }
     PlannerOptions planner;
     MUON_ASSIGN_OR_RETURN(planner.policy,
                           ParsePolicy(config.assignment_policy));
     planner.bucket_size_bytes = config.bucket_size_bytes;
     planner.ns_steps = options.ns_steps > 0 ? options.ns_steps : 1;
     MUON_ASSIGN_OR_RETURN(muon->plan_, MakePlan(*layout, planner));
-  }
-  if (absl::Status s = ValidatePlan(muon->plan_, *layout); !s.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", rank, ": the plan does not fit this rank's parameters: ",
-        s.message()));
-  }
-  if (muon->agent_ != nullptr) {
-    MUON_RETURN_IF_ERROR(muon->agent_->ConfirmPlanHash(
-        muon->plan_.hash(), state.world_size,
-        absl::Milliseconds(state.join_timeout_ms)));
-    muon->agent_->Start();
   }
 
   // Data path.
@@ -254,15 +320,16 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
         comm->world_size(), " but the config says rank ", rank, " of ",
         state.world_size));
   }
-  std::vector<ParamGeometry> geometry;
-  for (const ParamLayout& pl : layout->params) {
-    geometry.push_back(ParamGeometry{pl.rows, pl.cols, pl.boxes});
-  }
-  MUON_ASSIGN_OR_RETURN(
-      muon->executor_,
+  absl::StatusOr<std::unique_ptr<StepExecutor>> executor =
       StepExecutor::Create(rank, state.world_size, muon->plan_,
                            std::move(geometry), comm, config.gather_fn,
-                           config.redistribute_fn));
+                           config.redistribute_fn);
+  if (!executor.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank, ": the plan does not fit this rank's parameters: ",
+        executor.status().message()));
+  }
+  muon->executor_ = *std::move(executor);
 
   MUON_ASSIGN_OR_RETURN(muon->rule_.adjust_lr_fn,
                         kernels::ParseAdjustLrFn(options.adjust_lr_fn));

@@ -14,11 +14,17 @@ namespace muon {
 struct Parameter {
   // Unique name, e.g. "fc1.weight"; appears in every error message.
   std::string name;
-  // Shape of the whole logical tensor. Empty = same as local_shape
-  // (the parameter is not sharded).
+  // Shape of the whole logical tensor: [rows, cols], or [experts, rows,
+  // cols] when expert_stack. Empty = same as local_shape (not sharded).
   std::vector<int64_t> global_shape;
-  // Shape of the shard held by this rank ([rows, cols] for a matrix; a dim
-  // may be 0 for an empty torch.chunk shard).
+  // A 3-D stack of expert matrices (MoE): each [rows, cols] slice is
+  // orthogonalized as its own matrix. Without it, as in torch.optim.Muon,
+  // only 2-D parameters are accepted.
+  bool expert_stack = false;
+  // Shape of the shard held by this rank ([rows, cols] for a matrix,
+  // [local experts, rows, cols] for a stack; a dim may be 0 for an empty
+  // torch.chunk shard; all 0 or empty data on a rank outside the
+  // parameter's sub-mesh is not allowed: such a rank does not list it).
   std::vector<int64_t> local_shape;
   // Row-major (C order) float32 values of the local shard.
   std::vector<float> data;

@@ -1,6 +1,7 @@
 #include "client/step_executor.h"
 
 #include <algorithm>
+#include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -13,7 +14,7 @@ namespace {
 
 double NowSeconds() { return absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()); }
 
-Box FullBox(const ParamGeometry& g) {
+Box FullBox(const MatrixGeometry& g) {
   return Box{Range{0, g.rows}, Range{0, g.cols}};
 }
 
@@ -32,7 +33,7 @@ v1::OpTiming MakeOp(const char* op, int bucket, double start, double end,
 }  // namespace
 
 StepExecutor::StepExecutor(int rank, int world_size, Communicator* comm,
-                           std::vector<ParamGeometry> geometry,
+                           std::vector<MatrixGeometry> geometry,
                            GatherFn gather_fn, RedistributeFn redistribute_fn)
     : rank_(rank),
       world_size_(world_size),
@@ -41,38 +42,40 @@ StepExecutor::StepExecutor(int rank, int world_size, Communicator* comm,
       gather_fn_(std::move(gather_fn)),
       redistribute_fn_(std::move(redistribute_fn)) {}
 
-bool StepExecutor::HoldsFull(int param) const {
-  const ParamGeometry& g = geometry_[param];
+bool StepExecutor::HoldsFull(int m) const {
+  const MatrixGeometry& g = geometry_[m];
   return g.boxes[rank_] == FullBox(g);
 }
 
 absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
     int rank, int world_size, const v1::Plan& plan,
-    std::vector<ParamGeometry> geometry, Communicator* comm,
+    std::vector<MatrixGeometry> geometry, Communicator* comm,
     GatherFn gather_fn, RedistributeFn redistribute_fn) {
   if (comm == nullptr && world_size != 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "rank ", rank, ": a world of ", world_size, " ranks needs a communicator"));
   }
-  const int num_params = static_cast<int>(geometry.size());
-  for (int p = 0; p < num_params; ++p) {
-    if (static_cast<int>(geometry[p].boxes.size()) != world_size) {
+  const int num_matrices = static_cast<int>(geometry.size());
+  std::map<std::pair<std::string, int>, int> local_id;
+  for (int m = 0; m < num_matrices; ++m) {
+    if (static_cast<int>(geometry[m].boxes.size()) != world_size) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", rank, ": parameter ", p, " has ", geometry[p].boxes.size(),
-          " shard boxes for a world of ", world_size));
+          "rank ", rank, ": matrix \"", geometry[m].param, "\" has ",
+          geometry[m].boxes.size(), " shard boxes for a world of ", world_size));
     }
+    local_id[{geometry[m].param, geometry[m].slice}] = m;
   }
   std::unique_ptr<StepExecutor> ex(
       new StepExecutor(rank, world_size, comm, std::move(geometry),
                        std::move(gather_fn), std::move(redistribute_fn)));
   const auto& geo = ex->geometry_;
-  ex->full_u_.resize(num_params);
-  ex->full_o_.resize(num_params);
-  ex->local_o_.resize(num_params);
-  for (int p = 0; p < num_params; ++p) {
-    ex->local_o_[p].resize(geo[p].boxes[rank].numel());
+  ex->full_u_.resize(num_matrices);
+  ex->full_o_.resize(num_matrices);
+  ex->local_o_.resize(num_matrices);
+  for (int m = 0; m < num_matrices; ++m) {
+    ex->local_o_[m].resize(geo[m].boxes[rank].numel());
   }
-  std::vector<int> seen(num_params, 0);
+  std::vector<int> seen(num_matrices, 0);
   int64_t max_send = 0, max_recv = 0;
   int64_t max_rows = 1, max_cols = 1;
   for (const v1::Bucket& bp : plan.buckets()) {
@@ -90,45 +93,48 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
             "plan bucket ", bp.index(), " names matrix ", mi, " of ",
             plan.matrices_size()));
       }
-      const v1::MatrixPlan& m = plan.matrices(mi);
-      const int p = m.param_index();
-      const int owner = m.owner();
-      if (p < 0 || p >= num_params || owner < 0 || owner >= world_size) {
+      const v1::MatrixPlan& mp = plan.matrices(mi);
+      auto it = local_id.find({mp.param(), mp.slice()});
+      // A matrix of parameters this rank does not have (another pipeline
+      // stage): zero split sizes, but the bucket's collectives still run.
+      if (it == local_id.end()) continue;
+      const int m = it->second;
+      const int owner = mp.owner();
+      if (owner < 0 || owner >= world_size) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "plan matrix ", mi, " (\"", m.param(), "\"): parameter index ", p,
-            " or owner ", owner, " out of range (", num_params,
-            " parameters, world size ", world_size, ")"));
+            "plan matrix ", mi, " (\"", mp.param(), "\" slice ", mp.slice(),
+            "): owner ", owner, " out of range for world size ", world_size));
       }
-      if (m.rows() != geo[p].rows || m.cols() != geo[p].cols) {
+      if (mp.rows() != geo[m].rows || mp.cols() != geo[m].cols) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "plan matrix ", mi, " (\"", m.param(), "\") is [", m.rows(), ", ",
-            m.cols(), "] but parameter ", p, " is [", geo[p].rows, ", ",
-            geo[p].cols, "]"));
+            "plan matrix ", mi, " (\"", mp.param(), "\" slice ", mp.slice(),
+            ") is [", mp.rows(), ", ", mp.cols(), "] but rank ", rank,
+            " has it as [", geo[m].rows, ", ", geo[m].cols, "]"));
       }
-      if (geo[p].boxes[owner].empty()) {
+      if (geo[m].boxes[owner].empty()) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "plan matrix ", mi, " (\"", m.param(), "\"): owner rank ", owner,
-            " holds no shard of it"));
+            "plan matrix ", mi, " (\"", mp.param(), "\" slice ", mp.slice(),
+            "): owner rank ", owner, " holds no shard of it"));
       }
-      ++seen[p];
-      b.params.push_back(p);
+      ++seen[m];
+      b.matrices.push_back(m);
       b.owners.push_back(owner);
-      max_rows = std::max(max_rows, geo[p].rows);
-      max_cols = std::max(max_cols, geo[p].cols);
-      const Box full = FullBox(geo[p]);
-      const bool owner_full = geo[p].boxes[owner] == full;
+      max_rows = std::max(max_rows, geo[m].rows);
+      max_cols = std::max(max_cols, geo[m].cols);
+      const Box full = FullBox(geo[m]);
+      const bool owner_full = geo[m].boxes[owner] == full;
       if (owner == rank) {
-        b.owned.push_back(p);
+        b.owned.push_back(m);
         // A custom gather_fn always writes a full buffer.
-        if (!owner_full || ex->gather_fn_) ex->full_u_[p].resize(full.numel());
-        if (!owner_full) ex->full_o_[p].resize(full.numel());
+        if (!owner_full || ex->gather_fn_) ex->full_u_[m].resize(full.numel());
+        if (!owner_full) ex->full_o_[m].resize(full.numel());
       }
       // Gather: one source per distinct box (the owner itself when it holds
       // that box, else the lowest rank holding it).
       if (!owner_full) {
         std::vector<Box> distinct;
         for (int r = 0; r < world_size; ++r) {
-          const Box& box = geo[p].boxes[r];
+          const Box& box = geo[m].boxes[r];
           if (box.empty()) continue;
           if (std::find(distinct.begin(), distinct.end(), box) !=
               distinct.end()) {
@@ -136,31 +142,31 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
           }
           distinct.push_back(box);
           int source = r;
-          if (geo[p].boxes[owner] == box) source = owner;
+          if (geo[m].boxes[owner] == box) source = owner;
           if (source == owner) {
-            if (rank == owner) b.gather.self.push_back({p, box});
+            if (rank == owner) b.gather.self.push_back({m, box});
           } else if (rank == source) {
-            b.gather.send[owner].push_back({p, box});
+            b.gather.send[owner].push_back({m, box});
             b.gather.send_counts[owner] += box.numel();
           } else if (rank == owner) {
-            b.gather.recv[source].push_back({p, box});
+            b.gather.recv[source].push_back({m, box});
             b.gather.recv_counts[source] += box.numel();
           }
         }
       }
       // Redistribute: the owner sends every other holder its box of O.
       for (int h = 0; h < world_size; ++h) {
-        const Box& box = geo[p].boxes[h];
+        const Box& box = geo[m].boxes[h];
         if (box.empty()) continue;
         if (h == owner) {
           if (rank == owner && !owner_full) {
-            b.redistribute.self.push_back({p, box});
+            b.redistribute.self.push_back({m, box});
           }
         } else if (rank == owner) {
-          b.redistribute.send[h].push_back({p, box});
+          b.redistribute.send[h].push_back({m, box});
           b.redistribute.send_counts[h] += box.numel();
         } else if (rank == h) {
-          b.redistribute.recv[owner].push_back({p, box});
+          b.redistribute.recv[owner].push_back({m, box});
           b.redistribute.recv_counts[owner] += box.numel();
         }
       }
@@ -175,11 +181,12 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
     }
     ex->buckets_.push_back(std::move(b));
   }
-  for (int p = 0; p < num_params; ++p) {
-    if (seen[p] != 1) {
+  for (int m = 0; m < num_matrices; ++m) {
+    if (seen[m] != 1) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "plan covers parameter ", p, " ", seen[p],
-          " times; every parameter must be in exactly one bucket"));
+          "rank ", rank, ": the plan covers matrix \"", geo[m].param,
+          "\" slice ", geo[m].slice, " ", seen[m],
+          " times; every matrix must be in exactly one bucket"));
     }
   }
   ex->send_buf_.resize(max_send);
@@ -192,35 +199,35 @@ absl::Status StepExecutor::RunExchange(const Exchange& x, bool to_owner,
                                        const std::vector<const float*>& updates,
                                        StepStats* stats) {
   // Source and destination of parameter p's data on this rank.
-  auto src_of = [&](int p, Box* holds) -> const float* {
-    const ParamGeometry& g = geometry_[p];
+  auto src_of = [&](int m, Box* holds) -> const float* {
+    const MatrixGeometry& g = geometry_[m];
     if (to_owner) {
       *holds = g.boxes[rank_];
-      return updates[p];
+      return updates[g.param_index] + g.offset;
     }
     *holds = FullBox(g);
-    return HoldsFull(p) ? local_o_[p].data() : full_o_[p].data();
+    return HoldsFull(m) ? local_o_[m].data() : full_o_[m].data();
   };
-  auto dst_of = [&](int p, Box* holds) -> float* {
-    const ParamGeometry& g = geometry_[p];
+  auto dst_of = [&](int m, Box* holds) -> float* {
+    const MatrixGeometry& g = geometry_[m];
     if (to_owner) {
       *holds = FullBox(g);
-      return full_u_[p].data();
+      return full_u_[m].data();
     }
     *holds = g.boxes[rank_];
-    return local_o_[p].data();
+    return local_o_[m].data();
   };
   Box src_holds, dst_holds;
   for (const RegionCopy& c : x.self) {
-    const float* src = src_of(c.param, &src_holds);
-    float* dst = dst_of(c.param, &dst_holds);
+    const float* src = src_of(c.matrix, &src_holds);
+    float* dst = dst_of(c.matrix, &dst_holds);
     CopyRegion(src, src_holds, dst, dst_holds, c.region);
   }
   if (world_size_ == 1) return absl::OkStatus();
   int64_t off = 0;
   for (int q = 0; q < world_size_; ++q) {
     for (const RegionCopy& c : x.send[q]) {
-      const float* src = src_of(c.param, &src_holds);
+      const float* src = src_of(c.matrix, &src_holds);
       CopyRegion(src, src_holds, send_buf_.data() + off, c.region, c.region);
       off += c.region.numel();
     }
@@ -230,7 +237,7 @@ absl::Status StepExecutor::RunExchange(const Exchange& x, bool to_owner,
   off = 0;
   for (int q = 0; q < world_size_; ++q) {
     for (const RegionCopy& c : x.recv[q]) {
-      float* dst = dst_of(c.param, &dst_holds);
+      float* dst = dst_of(c.matrix, &dst_holds);
       CopyRegion(recv_buf_.data() + off, c.region, dst, dst_holds, c.region);
       off += c.region.numel();
     }
@@ -247,11 +254,12 @@ absl::Status StepExecutor::RunBucket(const BucketSchedule& b,
   // 1. Gather U to owners.
   double t0 = NowSeconds();
   if (gather_fn_) {
-    for (size_t i = 0; i < b.params.size(); ++i) {
-      const int p = b.params[i];
-      const bool mine = b.owners[i] == rank_;
-      float* full = mine ? full_u_[p].data() : nullptr;
-      MUON_RETURN_IF_ERROR(gather_fn_(p, b.owners[i], updates[p], full));
+    for (size_t i = 0; i < b.matrices.size(); ++i) {
+      const int m = b.matrices[i];
+      const MatrixGeometry& g = geometry_[m];
+      float* full = b.owners[i] == rank_ ? full_u_[m].data() : nullptr;
+      MUON_RETURN_IF_ERROR(gather_fn_(g.param_index, g.slice, b.owners[i],
+                                      updates[g.param_index] + g.offset, full));
     }
   } else {
     MUON_RETURN_IF_ERROR(RunExchange(b.gather, /*to_owner=*/true, updates, stats));
@@ -261,11 +269,12 @@ absl::Status StepExecutor::RunBucket(const BucketSchedule& b,
                               b.gather.send_total * 4, 0));
   // 2. Orthogonalize the matrices this rank owns.
   double flops = 0;
-  for (int p : b.owned) {
-    const ParamGeometry& g = geometry_[p];
-    const float* u =
-        HoldsFull(p) && !gather_fn_ ? updates[p] : full_u_[p].data();
-    float* o = HoldsFull(p) ? local_o_[p].data() : full_o_[p].data();
+  for (int m : b.owned) {
+    const MatrixGeometry& g = geometry_[m];
+    const float* u = HoldsFull(m) && !gather_fn_
+                         ? updates[g.param_index] + g.offset
+                         : full_u_[m].data();
+    float* o = HoldsFull(m) ? local_o_[m].data() : full_o_[m].data();
     MUON_RETURN_IF_ERROR(
         kernels::NewtonSchulz(u, g.rows, g.cols, rule.ns, o, &ns_workspace_));
     const double f = kernels::NewtonSchulzFlops(g.rows, g.cols, rule.ns.steps);
@@ -277,13 +286,15 @@ absl::Status StepExecutor::RunBucket(const BucketSchedule& b,
   stats->ops.push_back(MakeOp("orthogonalize", b.index, t1, t2, 0, flops));
   // 3. Redistribute O to every holder.
   if (redistribute_fn_) {
-    for (size_t i = 0; i < b.params.size(); ++i) {
-      const int p = b.params[i];
-      const bool mine = b.owners[i] == rank_;
+    for (size_t i = 0; i < b.matrices.size(); ++i) {
+      const int m = b.matrices[i];
+      const MatrixGeometry& g = geometry_[m];
       const float* full = nullptr;
-      if (mine) full = HoldsFull(p) ? local_o_[p].data() : full_o_[p].data();
-      MUON_RETURN_IF_ERROR(
-          redistribute_fn_(p, b.owners[i], full, local_o_[p].data()));
+      if (b.owners[i] == rank_) {
+        full = HoldsFull(m) ? local_o_[m].data() : full_o_[m].data();
+      }
+      MUON_RETURN_IF_ERROR(redistribute_fn_(g.param_index, g.slice, b.owners[i],
+                                            full, local_o_[m].data()));
     }
   } else {
     MUON_RETURN_IF_ERROR(
@@ -293,15 +304,15 @@ absl::Status StepExecutor::RunBucket(const BucketSchedule& b,
   stats->ops.push_back(MakeOp("redistribute", b.index, t2, t3,
                               b.redistribute.send_total * 4, 0));
   // 4. Apply: decoupled weight decay and the AdjustLR-scaled update, on the
-  // local shard, with AdjustLR from the GLOBAL shape.
-  for (int p : b.params) {
-    const ParamGeometry& g = geometry_[p];
-    const int64_t n = static_cast<int64_t>(local_o_[p].size());
+  // local shard, with AdjustLR from the matrix's GLOBAL shape.
+  for (int m : b.matrices) {
+    const MatrixGeometry& g = geometry_[m];
+    const int64_t n = static_cast<int64_t>(local_o_[m].size());
     if (n == 0) continue;
     const double adjusted =
         kernels::AdjustLr(rule.lr, rule.adjust_lr_fn, g.rows, g.cols);
-    kernels::ApplyUpdate(params[p], local_o_[p].data(), n, rule.lr,
-                         rule.weight_decay, adjusted);
+    kernels::ApplyUpdate(params[g.param_index] + g.offset, local_o_[m].data(),
+                         n, rule.lr, rule.weight_decay, adjusted);
   }
   double t4 = NowSeconds();
   stats->ops.push_back(MakeOp("apply", b.index, t3, t4, 0, 0));

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -33,10 +34,17 @@
 
 namespace muon {
 
-// Geometry of one parameter on this rank.
-struct ParamGeometry {
-  int64_t rows = 0;  // global shape
+// One matrix this rank knows (a 2-D parameter, or one expert slice of a
+// 3-D stack), as seen from this rank.
+struct MatrixGeometry {
+  std::string param;  // parameter name (plan's MatrixPlan.param)
+  int param_index = 0;  // index in the optimizer's parameter list
+  int slice = 0;        // expert index (0 for 2-D)
+  int64_t rows = 0;     // global [rows, cols] of the matrix
   int64_t cols = 0;
+  // Offset, in elements, of this rank's part of the matrix inside the
+  // parameter's local data (non-zero for later expert slices).
+  int64_t offset = 0;
   std::vector<Box> boxes;  // box held by each rank (index = rank)
 };
 
@@ -61,19 +69,23 @@ struct UpdateRule {
 
 class StepExecutor {
  public:
-  // `plan` must already be validated against `geometry` (one matrix per
-  // parameter, owners hold a shard). `comm` may be nullptr only when
-  // world_size == 1. gather_fn / redistribute_fn may be empty (packed
-  // all-to-all(v)). Errors: InvalidArgument when the plan does not match the
-  // geometry (names the matrix and parameter).
+  // `matrices` are the matrices of this rank's parameters; the plan may
+  // hold more (other pipeline stages), which this rank skips with zero
+  // split sizes while still joining every bucket's collectives. `comm` may
+  // be nullptr only when world_size == 1. gather_fn / redistribute_fn may be
+  // empty (packed all-to-all(v)).
+  // Errors: InvalidArgument when the plan does not cover every local matrix
+  // exactly once, disagrees on a shape, or names an owner that holds no
+  // shard (names the matrix and parameter).
   static absl::StatusOr<std::unique_ptr<StepExecutor>> Create(
       int rank, int world_size, const v1::Plan& plan,
-      std::vector<ParamGeometry> geometry, Communicator* comm,
+      std::vector<MatrixGeometry> matrices, Communicator* comm,
       GatherFn gather_fn, RedistributeFn redistribute_fn);
 
   // Runs gather -> orthogonalize -> redistribute -> apply for every bucket.
   // `updates[i]` is this rank's shard of U for parameter i (local shape,
-  // row-major fp32, read only); `params[i]` is its local shard of W,
+  // row-major fp32, read only); `params[i]` is its local shard of W
+  // (3-D stacks: [local experts, rows, cols]),
   // updated in place: W *= (1 - lr*wd); W -= AdjustLR(lr, global shape) * O.
   // Errors: whatever the communicator or a custom function returns; on an
   // error some parameters may already be updated (a failed collective
@@ -83,9 +95,9 @@ class StepExecutor {
                    StepStats* stats);
 
  private:
-  // A region (global coordinates) of parameter `param`.
+  // A region (global coordinates) of local matrix `matrix`.
   struct RegionCopy {
-    int param;
+    int matrix;
     Box region;
   };
   struct Exchange {
@@ -99,17 +111,17 @@ class StepExecutor {
   };
   struct BucketSchedule {
     int index = 0;
-    std::vector<int> params;  // parameter index of each matrix, plan order
-    std::vector<int> owners;  // owner of each matrix
-    std::vector<int> owned;   // parameters this rank orthogonalizes
+    std::vector<int> matrices;  // local matrix ids in plan order (known ones)
+    std::vector<int> owners;    // owner of each
+    std::vector<int> owned;     // local matrices this rank orthogonalizes
     Exchange gather;          // shards of U -> owners' full U
     Exchange redistribute;    // owners' full O -> holders' shards
   };
 
   StepExecutor(int rank, int world_size, Communicator* comm,
-               std::vector<ParamGeometry> geometry, GatherFn gather_fn,
+               std::vector<MatrixGeometry> matrices, GatherFn gather_fn,
                RedistributeFn redistribute_fn);
-  bool HoldsFull(int param) const;
+  bool HoldsFull(int m) const;
   absl::Status RunExchange(const Exchange& ex, bool to_owner,
                            const std::vector<const float*>& updates,
                            StepStats* stats);
@@ -121,15 +133,15 @@ class StepExecutor {
   const int rank_;
   const int world_size_;
   Communicator* comm_;  // Not owned.
-  std::vector<ParamGeometry> geometry_;
+  std::vector<MatrixGeometry> geometry_;  // local matrices
   GatherFn gather_fn_;
   RedistributeFn redistribute_fn_;
   std::vector<BucketSchedule> buckets_;
-  // Full [rows, cols] U and O of each owned parameter (empty otherwise, or
+  // Full [rows, cols] U and O of each owned matrix (empty otherwise, or
   // when this rank holds the whole matrix and reads its own shard).
   std::vector<std::vector<float>> full_u_;
   std::vector<std::vector<float>> full_o_;
-  // This rank's shard of O per parameter (local shape).
+  // This rank's box of O per local matrix.
   std::vector<std::vector<float>> local_o_;
   std::vector<float> send_buf_;
   std::vector<float> recv_buf_;

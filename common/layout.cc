@@ -116,31 +116,10 @@ Range ChunkRange(int64_t n, int64_t parts, int64_t index) {
 absl::StatusOr<Box> LocalBox(int64_t rows, int64_t cols,
                              const std::vector<Placement>& placements,
                              const Mesh& mesh, const std::vector<int>& coord) {
-  if (static_cast<int>(placements.size()) != mesh.ndim()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "got ", placements.size(), " placements for a ", mesh.ndim(),
-        "-D mesh (", mesh.ToString(), "); need one per mesh dim"));
-  }
-  Box box{Range{0, rows}, Range{0, cols}};
-  for (int d = 0; d < mesh.ndim(); ++d) {
-    const Placement& p = placements[d];
-    if (p.kind == Placement::Kind::kPartial) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Partial() placement on mesh dim \"", mesh.names[d],
-          "\" is not supported: reduce the pending sum first "
-          "(e.g. redistribute to Replicate() or Shard(d))"));
-    }
-    if (p.kind != Placement::Kind::kShard) continue;
-    if (p.dim != 0 && p.dim != 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Shard(", p.dim, ") on mesh dim \"", mesh.names[d],
-                       "\" is out of range for a 2-D matrix"));
-    }
-    Range& r = p.dim == 0 ? box.rows : box.cols;
-    const Range sub = ChunkRange(r.size(), mesh.sizes[d], coord[d]);
-    r = Range{r.begin + sub.begin, r.begin + sub.end};
-  }
-  return box;
+  absl::StatusOr<std::vector<Range>> ranges =
+      LocalRanges({rows, cols}, placements, mesh, coord);
+  if (!ranges.ok()) return ranges.status();
+  return Box{(*ranges)[0], (*ranges)[1]};
 }
 
 absl::StatusOr<std::vector<Box>> AllBoxes(
@@ -155,6 +134,78 @@ absl::StatusOr<std::vector<Box>> AllBoxes(
     boxes.push_back(*box);
   }
   return boxes;
+}
+
+bool SubMesh::Contains(const std::vector<int>& coord) const {
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (coord[dims[i]] != coords[i]) return false;
+  }
+  return true;
+}
+
+absl::StatusOr<std::vector<Range>> LocalRanges(
+    const std::vector<int64_t>& shape, const std::vector<Placement>& placements,
+    const Mesh& mesh, const std::vector<int>& coord, const SubMesh& sub_mesh) {
+  if (static_cast<int>(placements.size()) != mesh.ndim()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "got ", placements.size(), " placements for a ", mesh.ndim(),
+        "-D mesh (", mesh.ToString(), "); need one per mesh dim"));
+  }
+  std::vector<Range> ranges;
+  for (int64_t n : shape) ranges.push_back(Range{0, n});
+  for (int d = 0; d < mesh.ndim(); ++d) {
+    const Placement& p = placements[d];
+    if (p.kind == Placement::Kind::kPartial) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Partial() placement on mesh dim \"", mesh.names[d],
+          "\" is not supported: reduce the pending sum first "
+          "(e.g. redistribute to Replicate() or Shard(d))"));
+    }
+    if (p.kind != Placement::Kind::kShard) continue;
+    if (p.dim < 0 || p.dim >= static_cast<int>(shape.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Shard(", p.dim, ") on mesh dim \"", mesh.names[d],
+          "\" is out of range for a ", shape.size(), "-D tensor"));
+    }
+    Range& r = ranges[p.dim];
+    const Range sub = ChunkRange(r.size(), mesh.sizes[d], coord[d]);
+    r = Range{r.begin + sub.begin, r.begin + sub.end};
+  }
+  if (!sub_mesh.Contains(coord)) {
+    for (Range& r : ranges) r = Range{0, 0};
+  }
+  return ranges;
+}
+
+absl::StatusOr<std::vector<MatrixBoxes>> ParamMatrices(
+    const std::vector<int64_t>& shape, const std::vector<Placement>& placements,
+    const Mesh& mesh, const SubMesh& sub_mesh) {
+  if (shape.size() != 2 && shape.size() != 3) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a ", shape.size(), "-D tensor is neither a matrix nor a 3-D expert "
+        "stack"));
+  }
+  const bool stack = shape.size() == 3;
+  const int64_t experts = stack ? shape[0] : 1;
+  std::vector<MatrixBoxes> out(experts);
+  for (int64_t e = 0; e < experts; ++e) {
+    out[e].slice = static_cast<int>(e);
+    out[e].rows = shape[stack ? 1 : 0];
+    out[e].cols = shape[stack ? 2 : 1];
+    out[e].boxes.resize(mesh.world_size());
+  }
+  for (int r = 0; r < mesh.world_size(); ++r) {
+    absl::StatusOr<std::vector<Range>> ranges =
+        LocalRanges(shape, placements, mesh, mesh.Coord(r), sub_mesh);
+    if (!ranges.ok()) return ranges.status();
+    const Range rows = (*ranges)[stack ? 1 : 0];
+    const Range cols = (*ranges)[stack ? 2 : 1];
+    const Range held = stack ? (*ranges)[0] : Range{0, rows.size() > 0 ? 1 : 0};
+    for (int64_t e = held.begin; e < held.end; ++e) {
+      out[e].boxes[r] = Box{rows, cols};
+    }
+  }
+  return out;
 }
 
 void CopyRegion(const float* src, const Box& src_holds, float* dst,

@@ -108,6 +108,48 @@ absl::StatusOr<std::vector<Box>> AllBoxes(
     int64_t rows, int64_t cols, const std::vector<Placement>& placements,
     const Mesh& mesh);
 
+// Ownership restriction of a parameter (pp stage, ep owner): it lives only
+// on ranks whose coordinate on mesh dim dims[i] equals coords[i]. Empty =
+// every rank.
+struct SubMesh {
+  std::vector<int> dims;
+  std::vector<int> coords;
+  bool Contains(const std::vector<int>& coord) const;
+  bool empty() const { return dims.empty(); }
+};
+
+// Ranges of every tensor dim held at mesh coordinate `coord` for a tensor
+// of `shape` (any rank >= 1) under `placements` (one per mesh dim); all
+// ranges empty when `coord` lies outside `sub_mesh`. Shard(d) needs
+// d < shape.size(); nesting as LocalBox.
+// Errors: InvalidArgument (placements count, Shard dim out of range,
+// Partial).
+absl::StatusOr<std::vector<Range>> LocalRanges(
+    const std::vector<int64_t>& shape, const std::vector<Placement>& placements,
+    const Mesh& mesh, const std::vector<int>& coord,
+    const SubMesh& sub_mesh = {});
+
+// One matrix of a parameter, as the planner and the step executor see it:
+// a 2-D parameter is one matrix; a 3-D expert stack [experts, rows, cols]
+// is one matrix per expert slice.
+struct MatrixBoxes {
+  int slice = 0;  // expert index (0 for 2-D)
+  int64_t rows = 0;
+  int64_t cols = 0;
+  // Box of the slice each rank holds (index = rank); empty when the rank
+  // holds none of it (outside the sub-mesh, or another expert shard).
+  std::vector<Box> boxes;
+};
+
+// The matrices of a parameter of `shape` ([rows, cols] or [experts, rows,
+// cols]) with each rank's box. For 3-D stacks, Shard(0) splits experts
+// (expert parallelism: a slice lives whole on its ep group and is never
+// gathered across ep); Shard(1)/Shard(2) split rows/cols.
+// Errors: InvalidArgument (not 2-D or 3-D; see LocalRanges).
+absl::StatusOr<std::vector<MatrixBoxes>> ParamMatrices(
+    const std::vector<int64_t>& shape, const std::vector<Placement>& placements,
+    const Mesh& mesh, const SubMesh& sub_mesh = {});
+
 // Copies box `src_box` of a row-major matrix stored as `src` (whose own box
 // is `src_holds`) into `dst` laid out as box `dst_holds`, for the overlap
 // region `region` (which both must contain). Pure index math, no allocation.
