@@ -35,6 +35,15 @@ class Communicator {
   // "gloo", "local", "nccl".
   virtual std::string backend() const = 0;
 
+  // The ranks of this group in the world it was split from, indexed by
+  // rank() (torch.distributed.get_process_group_ranks). A group that was
+  // not split is its own world: 0 .. world_size()-1.
+  virtual std::vector<int> global_ranks() const {
+    std::vector<int> ranks(world_size());
+    for (int r = 0; r < world_size(); ++r) ranks[r] = r;
+    return ranks;
+  }
+
   // All-to-all(v): sends send_counts[p] elements to peer p, taken from
   // `send` packed in peer order, and receives recv_counts[p] elements from
   // peer p into `recv` packed in peer order. Both vectors have world_size()

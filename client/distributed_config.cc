@@ -1,6 +1,9 @@
 #include "client/distributed_config.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace muon {
 
@@ -39,26 +42,164 @@ absl::StatusOr<DistributedConfig> CreateMeshConfig(
 
 absl::StatusOr<DistributedConfig> CreateAutoConfig(
     const std::vector<Parameter*>& params, const AutoConfigOptions& options) {
-  if ((options.fsdp == nullptr) == (options.ddp == nullptr)) {
+  if (options.ddp != nullptr && options.replicate != nullptr) {
     return absl::InvalidArgumentError(
-        "CreateAutoConfig: give exactly one of fsdp and ddp process groups");
+        "CreateAutoConfig: give the DDP group as either ddp or replicate, not "
+        "both");
   }
-  Communicator* group = options.fsdp != nullptr ? options.fsdp : options.ddp;
-  if (options.fsdp != nullptr && options.fsdp_shard_dim != 0 &&
-      options.fsdp_shard_dim != 1) {
+  struct Group {
+    std::string name;
+    Communicator* comm;
+  };
+  std::vector<Group> groups;
+  for (const Group& g :
+       {Group{"pp", options.pp},
+        Group{"dp_replicate",
+              options.replicate != nullptr ? options.replicate : options.ddp},
+        Group{"dp_shard", options.fsdp}, Group{"cp", options.cp},
+        Group{"ep", options.ep}, Group{"tp", options.tp}}) {
+    if (g.comm != nullptr) groups.push_back(g);
+  }
+  if (groups.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("rank ", group->rank(), ": fsdp_shard_dim is ",
-                     options.fsdp_shard_dim, "; must be 0 or 1"));
+        "CreateAutoConfig: no process group given (fsdp, replicate/ddp, tp, "
+        "cp, ep or pp)");
   }
-  const Placement placement = options.fsdp != nullptr
-                                  ? Placement::Shard(options.fsdp_shard_dim)
-                                  : Placement::Replicate();
-  const Mesh mesh = Mesh::OneDim(group->world_size(),
-                                 options.fsdp != nullptr ? "dp_shard"
-                                                         : "dp_replicate");
-  std::vector<ParamPlacement> placements(params.size(),
-                                         ParamPlacement{{placement}});
-  return CreateMeshConfig(mesh, placements, group, options.coordinator,
+  Mesh mesh;
+  for (const Group& g : groups) {
+    mesh.names.push_back(g.name);
+    mesh.sizes.push_back(g.comm->world_size());
+  }
+  Communicator* world = options.world;
+  if (world == nullptr) {
+    if (groups.size() > 1) {
+      return absl::InvalidArgumentError(
+          "CreateAutoConfig: several groups given; set `world` to the process "
+          "group spanning every rank");
+    }
+    world = groups[0].comm;
+  }
+  const int rank = world->rank();
+  if (mesh.world_size() != world->world_size()) {
+    std::string sizes;
+    for (const Group& g : groups) {
+      absl::StrAppend(&sizes, sizes.empty() ? "" : " x ", g.name, "=",
+                      g.comm->world_size());
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank, ": the groups ", sizes, " hold ", mesh.world_size(),
+        " ranks but the world size is ", world->world_size(),
+        "; the groups must tile the world"));
+  }
+  // Each group must be this rank's row of the row-major mesh.
+  std::vector<int> coord(mesh.ndim());
+  for (int d = 0; d < mesh.ndim(); ++d) {
+    const std::vector<int> ranks = groups[d].comm->global_ranks();
+    const auto it = std::find(ranks.begin(), ranks.end(), rank);
+    if (it == ranks.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank, ": the ", groups[d].name, " group [",
+          absl::StrJoin(ranks, ", "), "] does not contain this rank"));
+    }
+    coord[d] = static_cast<int>(it - ranks.begin());
+  }
+  if (mesh.RankOf(coord) != rank) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank, ": its positions in the groups give mesh coordinate (",
+        absl::StrJoin(coord, ", "), ") of ", mesh.ToString(), ", which is rank ",
+        mesh.RankOf(coord), "; groups must be laid out row-major in the order ",
+        "pp, dp_replicate, dp_shard, cp, ep, tp"));
+  }
+  for (int d = 0; d < mesh.ndim(); ++d) {
+    std::vector<int> expected;
+    std::vector<int> c = coord;
+    for (int i = 0; i < mesh.sizes[d]; ++i) {
+      c[d] = i;
+      expected.push_back(mesh.RankOf(c));
+    }
+    const std::vector<int> actual = groups[d].comm->global_ranks();
+    if (actual != expected) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank, ": the ", groups[d].name, " group is [",
+          absl::StrJoin(actual, ", "), "] but in the mesh ", mesh.ToString(),
+          " this rank's ", groups[d].name, " group is [",
+          absl::StrJoin(expected, ", "),
+          "]; groups overlap or do not tile the world"));
+    }
+  }
+  const int pp_dim = mesh.DimIndex("pp");
+  int stage = -1;
+  if (pp_dim >= 0) {
+    stage = options.pp_stage >= 0 ? options.pp_stage : coord[pp_dim];
+    const int stages =
+        options.pp_num_stages > 0 ? options.pp_num_stages : mesh.sizes[pp_dim];
+    if (stage >= stages) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank, ": pp stage ", stage, " is out of range for ", stages,
+          " stages (0..", stages - 1, ")"));
+    }
+    if (stages != mesh.sizes[pp_dim]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank, ": ", stages, " pipeline stages but the pp group has ",
+          mesh.sizes[pp_dim], " ranks"));
+    }
+    if (stage != coord[pp_dim]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank, ": pp stage ", stage, " but this rank is at position ",
+          coord[pp_dim], " of its pp group"));
+    }
+  }
+  std::vector<ParamPlacement> placements;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Parameter& p = *params[i];
+    const int shift = p.expert_stack ? 1 : 0;
+    ParamPlacement pl;
+    for (int d = 0; d < mesh.ndim(); ++d) {
+      const std::string& name = mesh.names[d];
+      Placement x = Placement::Replicate();
+      if (name == "dp_shard") {
+        x = Placement::Shard(options.fsdp_shard_dim + shift);
+      } else if (name == "ep" && p.expert_stack) {
+        x = Placement::Shard(0);
+      } else if (name == "tp") {
+        auto it = options.tp_dim_per_param.find(static_cast<int>(i));
+        const int dim = it != options.tp_dim_per_param.end()
+                            ? it->second
+                            : options.tp_shard_dim;
+        x = Placement::Shard(dim + shift);
+      }
+      if (x.is_shard() && (x.dim - shift < 0 || x.dim - shift > 1)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "rank ", rank, ": parameter \"", p.name, "\": ", name,
+            " shard dim ", x.dim - shift, " is out of range (0 or 1)"));
+      }
+      pl.placements.push_back(x);
+    }
+    if (pp_dim >= 0) {
+      pl.sub_mesh.dims = {pp_dim};
+      pl.sub_mesh.coords = {stage};
+    }
+    // The local shape must be what these placements give this rank.
+    absl::StatusOr<std::vector<Range>> ranges =
+        LocalRanges(p.shape(), pl.placements, mesh, coord, pl.sub_mesh);
+    if (!ranges.ok()) return ranges.status();
+    std::vector<int64_t> expected;
+    for (const Range& r : *ranges) expected.push_back(r.size());
+    if (expected != p.local_shape) {
+      std::vector<std::string> names;
+      for (const Placement& x : pl.placements) names.push_back(x.ToString());
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank, ": parameter \"", p.name, "\" has local shape [",
+          absl::StrJoin(p.local_shape, ", "), "] but [",
+          absl::StrJoin(names, ", "), "] over ", mesh.ToString(), " of [",
+          absl::StrJoin(p.shape(), ", "), "] gives [",
+          absl::StrJoin(expected, ", "),
+          "]; check the shard dims (fsdp_shard_dim, tp_shard_dim, "
+          "tp_dim_per_param)"));
+    }
+    placements.push_back(std::move(pl));
+  }
+  return CreateMeshConfig(mesh, placements, world, options.coordinator,
                           options.incarnation);
 }
 

@@ -107,24 +107,65 @@ struct DistributedConfig {
   int64_t bucket_size_bytes = 0;
 };
 
-// Process groups for create_auto_config. Issue 2 supports FSDP (every
-// matrix sharded over the group along fsdp_shard_dim) and DDP (replicated
-// over the group: owners split the work, results are broadcast).
+// Process groups for create_auto_config (seeds' create_auto_config with
+// fsdp / tp / HSDP shard+replicate / cp / dp / pp / ep groups). Each group is
+// a Communicator this rank belongs to, split from `world`; its
+// global_ranks() place it in the mesh. Unset groups are not used.
+//
+// The mesh is built from the groups given, in the standard order
+// pp x dp_replicate x dp_shard x cp x ep x tp (ranks row-major, tp
+// fastest), like torch's init_device_mesh; every group must be exactly this
+// rank's row of that mesh (so the groups neither overlap otherwise nor
+// leave a rank out).
+//
+// Placements per parameter (2-D [rows, cols]; 3-D expert stacks
+// [experts, rows, cols] shift tensor dims by one and take Shard(0) on ep):
+//   pp: the parameter lives only on this rank's stage (sub-mesh pp=stage);
+//   dp_replicate (DDP, HSDP's replicate group), cp: Replicate();
+//   dp_shard (FSDP, HSDP's shard group): Shard(fsdp_shard_dim);
+//   ep: Shard(0) of expert stacks, Replicate() of 2-D parameters;
+//   tp: Shard(tp_dim_per_param[i]) if given, else Shard(tp_shard_dim).
 struct AutoConfigOptions {
-  // FSDP process group (the parameters are Shard(fsdp_shard_dim) over it).
+  // Spans every rank: the data path's process group. nullptr = the one
+  // group given when it spans the world.
+  Communicator* world = nullptr;
+  // FSDP (or HSDP's shard) group and the tensor dim it shards.
   Communicator* fsdp = nullptr;
   int fsdp_shard_dim = 0;
-  // DDP process group (parameters Replicate() over it). At most one of
-  // fsdp and ddp is set in this version.
+  // HSDP's replicate group (with fsdp), or DDP's group (without).
+  Communicator* replicate = nullptr;
+  // DDP: same as `replicate` (give one of the two).
   Communicator* ddp = nullptr;
+  // Tensor parallel group, its default shard dim, and per-parameter dims
+  // (optimizer index -> tensor dim, seeds' tp_dim_per_param).
+  Communicator* tp = nullptr;
+  int tp_shard_dim = 0;
+  std::map<int, int> tp_dim_per_param;
+  // Context parallel group (parameters replicated).
+  Communicator* cp = nullptr;
+  // Expert parallel group.
+  Communicator* ep = nullptr;
+  // Pipeline group (the ranks holding the same position in every stage),
+  // this rank's stage and the number of stages; stage < 0 = this rank's
+  // index in the pp group.
+  Communicator* pp = nullptr;
+  int pp_stage = -1;
+  int pp_num_stages = 0;
   CoordinationClient* coordinator = nullptr;
   uint64_t incarnation = 0;
 };
 
-// Builds the config for FSDP (Shard(0) or Shard(1) over `fsdp`) or DDP
-// (Replicate() over `ddp`) from the parameters' local and global shapes.
-// Errors: InvalidArgument when neither or both groups are given, the shard
-// dim is not 0 or 1, or a parameter's global shape is missing.
+// Builds the mesh and placements from the groups above and the parameters'
+// shapes.
+// Errors (InvalidArgument, naming the group, rank and values):
+//   no group given; world missing while no group spans the world; a group
+//   this rank is not in; group sizes whose product is not the world size;
+//   a group that is not this rank's row of the standard mesh (groups that
+//   overlap or do not tile the world); pp stage >= number of stages, or a
+//   number of stages that differs from the pp group's size; a shard dim out
+//   of range; a parameter whose local shape disagrees with the placements
+//   (e.g. a wrong tp shard dim: names the parameter, the expected and the
+//   actual local shape); dp and replicate both given.
 absl::StatusOr<DistributedConfig> CreateAutoConfig(
     const std::vector<Parameter*>& params, const AutoConfigOptions& options);
 

@@ -150,6 +150,9 @@ class GlooCommunicator : public Communicator {
   absl::StatusOr<std::unique_ptr<Communicator>> Split(
       const std::vector<int>& ranks) override;
 
+  // Ranks of this group in the group Create was called for.
+  std::vector<int> global_ranks() const override { return root_ranks_; }
+
   // Best effort, from any thread, idempotent: marks the communicator
   // aborted, cancels a pending rendezvous, resets every TCP connection (so
   // peers fail fast instead of waiting for their timeouts) and interrupts a
