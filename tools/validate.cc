@@ -29,7 +29,37 @@ struct SpecParams {
   v1::JobSpec spec;
   Mesh mesh;
   std::vector<std::vector<Placement>> placements;
+  std::vector<SubMesh> sub_meshes;
 };
+
+std::vector<int64_t> ShapeOf(const v1::ParamSpec& p) {
+  return std::vector<int64_t>(p.shape().begin(), p.shape().end());
+}
+
+int64_t Numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Copies between a full row-major tensor of `shape` (2-D or 3-D) and the
+// block `ranges` of it, stored contiguously in `local`.
+void CopyBlock(const std::vector<int64_t>& shape, const std::vector<Range>& ranges,
+               float* full, float* local, bool to_local) {
+  const bool stack = shape.size() == 3;
+  const Range experts = stack ? ranges[0] : Range{0, 1};
+  const Box box{ranges[stack ? 1 : 0], ranges[stack ? 2 : 1]};
+  const Box whole{Range{0, shape[stack ? 1 : 0]}, Range{0, shape[stack ? 2 : 1]}};
+  for (int64_t e = experts.begin; e < experts.end; ++e) {
+    float* f = full + e * whole.numel();
+    float* l = local + (e - experts.begin) * box.numel();
+    if (to_local) {
+      CopyRegion(f, whole, l, box, box);
+    } else {
+      CopyRegion(l, box, f, whole, box);
+    }
+  }
+}
 
 absl::StatusOr<SpecParams> LoadSpec(const std::string& path) {
   SpecParams s;
@@ -39,7 +69,9 @@ absl::StatusOr<SpecParams> LoadSpec(const std::string& path) {
   for (const v1::ParamSpec& p : s.spec.params()) {
     MUON_ASSIGN_OR_RETURN(std::vector<Placement> pl,
                           ParsePlacements(p.placements(), p.name()));
+    MUON_ASSIGN_OR_RETURN(SubMesh sub, CheckSubMesh(p.name(), p.sub_mesh(), pl, s.mesh));
     s.placements.push_back(std::move(pl));
+    s.sub_meshes.push_back(std::move(sub));
   }
   return s;
 }
@@ -63,24 +95,25 @@ std::vector<float> Synthetic(uint64_t seed, int64_t step, int param,
 absl::StatusOr<std::vector<float>> FullTensor(const ValidateOptions& o,
                                               const v1::ParamSpec& p, int i,
                                               int64_t step) {
-  const int64_t rows = p.shape(0), cols = p.shape(1);
+  const std::vector<int64_t> shape = ShapeOf(p);
   const std::string& dir = step < 0 ? o.init_dir : o.grads_dir;
   if (dir.empty()) {
-    return Synthetic(o.seed, step, i, rows * cols, step < 0 ? 0.1 : 1.0);
+    return Synthetic(o.seed, step, i, Numel(shape), step < 0 ? 0.1 : 1.0);
   }
   const std::string path = step < 0
                                ? absl::StrCat(dir, "/", p.name(), ".npy")
                                : absl::StrCat(dir, "/", step, "/", p.name(), ".npy");
   MUON_ASSIGN_OR_RETURN(NpyArray a, ReadNpy(path));
-  if (a.shape != std::vector<int64_t>{rows, cols}) {
+  if (a.shape != shape) {
     return absl::InvalidArgumentError(absl::StrCat(
         path, " has shape [", absl::StrJoin(a.shape, ", "), "] but parameter \"",
-        p.name(), "\" is [", rows, ", ", cols, "]"));
+        p.name(), "\" is [", absl::StrJoin(shape, ", "), "]"));
   }
   return std::move(a.data);
 }
 
 struct RunOutput {
+  std::vector<int> spec_index;    // spec parameter of each local one
   std::vector<Parameter> params;  // local shards
   int64_t matrices = 0;           // orthogonalized over all steps
 };
@@ -90,34 +123,41 @@ absl::StatusOr<RunOutput> RunSteps(const ValidateOptions& o, const SpecParams& s
                                    ProcessGroup* pg) {
   const bool single = pg == nullptr;
   const int rank = single ? 0 : pg->rank;
+  const std::vector<int> coord = s.mesh.Coord(rank);
   RunOutput out;
-  out.params.resize(s.spec.params_size());
-  std::vector<Box> mine(s.spec.params_size());
+  std::vector<std::vector<Range>> mine;
   for (int i = 0; i < s.spec.params_size(); ++i) {
     const v1::ParamSpec& ps = s.spec.params(i);
-    const int64_t rows = ps.shape(0), cols = ps.shape(1);
-    const Box full{Range{0, rows}, Range{0, cols}};
+    const std::vector<int64_t> shape = ShapeOf(ps);
+    std::vector<Range> ranges;
     if (single) {
-      mine[i] = full;
+      for (int64_t d : shape) ranges.push_back(Range{0, d});
     } else {
-      MUON_ASSIGN_OR_RETURN(mine[i], LocalBox(rows, cols, s.placements[i], s.mesh,
-                                              s.mesh.Coord(rank)));
+      if (!s.sub_meshes[i].Contains(coord)) continue;  // another stage's
+      MUON_ASSIGN_OR_RETURN(ranges, LocalRanges(shape, s.placements[i], s.mesh,
+                                                coord, s.sub_meshes[i]));
     }
-    Parameter& p = out.params[i];
+    Parameter p;
     p.name = ps.name();
-    p.global_shape = {rows, cols};
-    p.local_shape = {mine[i].rows.size(), mine[i].cols.size()};
+    p.global_shape = shape;
+    p.expert_stack = shape.size() == 3;
+    for (const Range& r : ranges) p.local_shape.push_back(r.size());
     MUON_ASSIGN_OR_RETURN(std::vector<float> init, FullTensor(o, ps, i, -1));
-    p.data.resize(mine[i].numel());
-    p.grad.resize(mine[i].numel());
-    CopyRegion(init.data(), full, p.data.data(), mine[i], mine[i]);
+    p.data.resize(p.local_numel());
+    p.grad.resize(p.local_numel());
+    CopyBlock(shape, ranges, init.data(), p.data.data(), /*to_local=*/true);
+    out.spec_index.push_back(i);
+    out.params.push_back(std::move(p));
+    mine.push_back(std::move(ranges));
   }
   std::vector<Parameter*> ptrs;
   for (Parameter& p : out.params) ptrs.push_back(&p);
   std::optional<DistributedConfig> config;
   if (!single) {
     std::vector<ParamPlacement> pp;
-    for (const auto& pl : s.placements) pp.push_back(ParamPlacement{pl});
+    for (int i : out.spec_index) {
+      pp.push_back(ParamPlacement{s.placements[i], s.sub_meshes[i]});
+    }
     MUON_ASSIGN_OR_RETURN(config, CreateMeshConfig(s.mesh, pp, pg->comm.get(),
                                                    pg->coordinator.get(),
                                                    pg->incarnation));
@@ -132,11 +172,12 @@ absl::StatusOr<RunOutput> RunSteps(const ValidateOptions& o, const SpecParams& s
       std::unique_ptr<Muon> opt,
       Muon::Create(ptrs, MuonOptionsFromProto(s.spec.optimizer()), config));
   for (int64_t step = 0; step < o.steps; ++step) {
-    for (int i = 0; i < s.spec.params_size(); ++i) {
-      const v1::ParamSpec& ps = s.spec.params(i);
-      MUON_ASSIGN_OR_RETURN(std::vector<float> g, FullTensor(o, ps, i, step));
-      CopyRegion(g.data(), Box{Range{0, ps.shape(0)}, Range{0, ps.shape(1)}},
-                 out.params[i].grad.data(), mine[i], mine[i]);
+    for (size_t k = 0; k < out.params.size(); ++k) {
+      const v1::ParamSpec& ps = s.spec.params(out.spec_index[k]);
+      MUON_ASSIGN_OR_RETURN(std::vector<float> g,
+                            FullTensor(o, ps, out.spec_index[k], step));
+      CopyBlock(ShapeOf(ps), mine[k], g.data(), out.params[k].grad.data(),
+                /*to_local=*/true);
     }
     MUON_RETURN_IF_ERROR(opt->Step());
     out.matrices += opt->last_step_stats().matrices_orthogonalized;
@@ -174,10 +215,10 @@ absl::Status RunValidateRank(const ValidateOptions& o, int rank,
   pgo.port_file = port_file;
   MUON_ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> pg, InitProcessGroup(pgo));
   MUON_ASSIGN_OR_RETURN(RunOutput run, RunSteps(o, s, pg.get()));
-  for (size_t i = 0; i < run.params.size(); ++i) {
-    MUON_RETURN_IF_ERROR(WriteNpy(absl::StrCat(out_dir, "/rank", rank, "_", i, ".npy"),
-                                  run.params[i].local_shape,
-                                  run.params[i].data.data()));
+  for (size_t k = 0; k < run.params.size(); ++k) {
+    MUON_RETURN_IF_ERROR(
+        WriteNpy(absl::StrCat(out_dir, "/rank", rank, "_", run.spec_index[k], ".npy"),
+                 run.params[k].local_shape, run.params[k].data.data()));
   }
   std::ofstream(absl::StrCat(out_dir, "/rank", rank, ".count")) << run.matrices << "\n";
   return absl::OkStatus();
@@ -256,32 +297,35 @@ absl::Status RunValidate(const ValidateOptions& o, std::ostream& out) {
   std::vector<std::vector<float>> dist_full(s.spec.params_size());
   for (int i = 0; i < s.spec.params_size(); ++i) {
     const v1::ParamSpec& ps = s.spec.params(i);
-    const int64_t rows = ps.shape(0), cols = ps.shape(1);
-    const Box full{Range{0, rows}, Range{0, cols}};
-    MUON_ASSIGN_OR_RETURN(std::vector<Box> boxes,
-                          AllBoxes(rows, cols, s.placements[i], s.mesh));
-    dist_full[i].assign(rows * cols, std::nanf(""));
+    const std::vector<int64_t> shape = ShapeOf(ps);
+    dist_full[i].assign(Numel(shape), std::nanf(""));
     for (int r = 0; r < world; ++r) {
-      MUON_ASSIGN_OR_RETURN(NpyArray shard,
-                            ReadNpy(absl::StrCat(dir, "/rank", r, "_", i, ".npy")));
-      CopyRegion(shard.data.data(), boxes[r], dist_full[i].data(), full, boxes[r]);
-      std::remove(absl::StrCat(dir, "/rank", r, "_", i, ".npy").c_str());
+      const std::vector<int> coord = s.mesh.Coord(r);
+      if (!s.sub_meshes[i].Contains(coord)) continue;
+      MUON_ASSIGN_OR_RETURN(std::vector<Range> ranges,
+                            LocalRanges(shape, s.placements[i], s.mesh, coord,
+                                        s.sub_meshes[i]));
+      const std::string file = absl::StrCat(dir, "/rank", r, "_", i, ".npy");
+      MUON_ASSIGN_OR_RETURN(NpyArray shard, ReadNpy(file));
+      CopyBlock(shape, ranges, dist_full[i].data(), shard.data.data(),
+                /*to_local=*/false);
+      std::remove(file.c_str());
     }
     double diff = 0;
-    for (int64_t k = 0; k < rows * cols; ++k) {
+    for (int64_t k = 0; k < Numel(shape); ++k) {
       const double d = std::fabs(double(dist_full[i][k]) - single.params[i].data[k]);
       diff = std::isnan(d) ? INFINITY : std::max(diff, d);
     }
     worst = std::max(worst, diff);
     out << absl::StrFormat("%-32s %-16s %g\n", ps.name(),
-                           absl::StrCat("[", rows, ", ", cols, "]"), diff);
+                           absl::StrCat("[", absl::StrJoin(shape, ", "), "]"), diff);
     if (!o.dump_dir.empty()) {
       MUON_RETURN_IF_ERROR(MakeDirs(o.dump_dir + "/distributed"));
       MUON_RETURN_IF_ERROR(MakeDirs(o.dump_dir + "/single"));
       MUON_RETURN_IF_ERROR(WriteNpy(absl::StrCat(o.dump_dir, "/distributed/", ps.name(), ".npy"),
-                                    {rows, cols}, dist_full[i].data()));
+                                    shape, dist_full[i].data()));
       MUON_RETURN_IF_ERROR(WriteNpy(absl::StrCat(o.dump_dir, "/single/", ps.name(), ".npy"),
-                                    {rows, cols}, single.params[i].data.data()));
+                                    shape, single.params[i].data.data()));
     }
   }
   for (int r = 0; r < world; ++r) std::remove(absl::StrCat(dir, "/rank", r, ".count").c_str());
