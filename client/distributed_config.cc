@@ -78,6 +78,15 @@ absl::StatusOr<DistributedConfig> CreateAutoConfig(
           "group spanning every rank");
     }
     world = groups[0].comm;
+    const std::vector<int> ranks = world->global_ranks();
+    for (int r = 0; r < static_cast<int>(ranks.size()); ++r) {
+      if (ranks[r] != r) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "rank ", ranks[world->rank()], ": the ", groups[0].name, " group [",
+            absl::StrJoin(ranks, ", "), "] is a sub-group of a larger world; "
+            "set `world` to the process group spanning every rank"));
+      }
+    }
   }
   const int rank = world->rank();
   if (mesh.world_size() != world->world_size()) {
@@ -157,21 +166,25 @@ absl::StatusOr<DistributedConfig> CreateAutoConfig(
     for (int d = 0; d < mesh.ndim(); ++d) {
       const std::string& name = mesh.names[d];
       Placement x = Placement::Replicate();
+      // Matrix dim (0 rows, 1 cols) sharded by dp_shard / tp; -1 = none.
+      int matrix_dim = -1;
       if (name == "dp_shard") {
-        x = Placement::Shard(options.fsdp_shard_dim + shift);
+        matrix_dim = options.fsdp_shard_dim;
       } else if (name == "ep" && p.expert_stack) {
-        x = Placement::Shard(0);
+        x = Placement::Shard(0);  // whole experts per ep rank
       } else if (name == "tp") {
         auto it = options.tp_dim_per_param.find(static_cast<int>(i));
-        const int dim = it != options.tp_dim_per_param.end()
-                            ? it->second
-                            : options.tp_shard_dim;
-        x = Placement::Shard(dim + shift);
+        matrix_dim = it != options.tp_dim_per_param.end()
+                         ? it->second
+                         : options.tp_shard_dim;
       }
-      if (x.is_shard() && (x.dim - shift < 0 || x.dim - shift > 1)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "rank ", rank, ": parameter \"", p.name, "\": ", name,
-            " shard dim ", x.dim - shift, " is out of range (0 or 1)"));
+      if (matrix_dim != -1 || name == "dp_shard" || name == "tp") {
+        if (matrix_dim < 0 || matrix_dim > 1) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "rank ", rank, ": parameter \"", p.name, "\": ", name,
+              " shard dim ", matrix_dim, " is out of range (0 rows or 1 cols)"));
+        }
+        x = Placement::Shard(matrix_dim + shift);
       }
       pl.placements.push_back(x);
     }

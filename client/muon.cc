@@ -1,5 +1,6 @@
 #include "client/muon.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -303,6 +304,8 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
     MUON_ASSIGN_OR_RETURN(muon->plan_, MakePlan(*layout, planner));
   }
 
+  muon->matrices_ = infos;
+
   // Data path.
   Communicator* comm = state.communicator;
   if (comm == nullptr) {
@@ -413,10 +416,14 @@ void Muon::ZeroGrad() {
 }
 
 std::map<int, std::vector<int>> Muon::assignments() const {
+  std::map<std::pair<std::string, int>, int> local;
+  for (const MatrixInfo& m : matrices_) local[{m.name, m.slice}] = m.index;
   std::map<int, std::vector<int>> out;
   for (const v1::MatrixPlan& m : plan_.matrices()) {
-    out[m.owner()].push_back(m.param_index());
+    auto it = local.find({m.param(), m.slice()});
+    if (it != local.end()) out[m.owner()].push_back(it->second);
   }
+  for (auto& [rank, indices] : out) std::sort(indices.begin(), indices.end());
   return out;
 }
 

@@ -89,9 +89,15 @@ class Muon {
 
   // The plan (owners, buckets, loads, hash) this optimizer runs.
   const v1::Plan& plan() const { return plan_; }
-  // rank -> indices of the parameters it orthogonalizes (seeds'
-  // optimizer.assignments).
+  // rank -> indices of this rank's matrices that it orthogonalizes (seeds'
+  // optimizer.assignments). Indices are parameter indices when every
+  // parameter is 2-D; with expert stacks, positions in matrices().
+  // Matrices of parameters other ranks hold (other pipeline stages) are not
+  // listed.
   std::map<int, std::vector<int>> assignments() const;
+  // This rank's matrices in order: a 2-D parameter is one, a stack one per
+  // expert slice (what an assign_fn sees).
+  const std::vector<MatrixInfo>& matrices() const { return matrices_; }
   int current_rank() const { return rank_; }
   int world_size() const { return world_size_; }
   // Counters and timings of the last Step on this rank.
@@ -120,6 +126,7 @@ class Muon {
   std::vector<std::vector<float>> nesterov_;  // U when nesterov, local
   std::vector<const float*> update_ptrs_;
   std::vector<float*> param_ptrs_;
+  std::vector<MatrixInfo> matrices_;
   StepStats stats_;
   int64_t step_ = 0;
 };

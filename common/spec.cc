@@ -1,6 +1,7 @@
 #include "common/spec.h"
 
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <utility>
@@ -100,6 +101,10 @@ std::string ShapeToString(
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
+std::string ShapeToString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
 std::string PlacementsToString(const std::vector<Placement>& placements) {
   if (placements.size() == 1) return placements[0].ToString();
   std::vector<std::string> parts;
@@ -107,10 +112,40 @@ std::string PlacementsToString(const std::vector<Placement>& placements) {
   return absl::StrCat("[", absl::StrJoin(parts, ", "), "]");
 }
 
+std::string SubMeshToString(const SubMesh& sub_mesh, const Mesh& mesh) {
+  if (sub_mesh.empty()) return "every rank";
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < sub_mesh.dims.size(); ++i) {
+    parts.push_back(
+        absl::StrCat(mesh.names[sub_mesh.dims[i]], "=", sub_mesh.coords[i]));
+  }
+  return absl::StrJoin(parts, ", ");
+}
+
+std::string SubMeshToString(
+    const google::protobuf::Map<std::string, int32_t>& sub_mesh) {
+  const std::map<std::string, int32_t> sorted(sub_mesh.begin(),
+                                              sub_mesh.end());
+  std::vector<std::string> parts;
+  for (const auto& [name, value] : sorted) {
+    parts.push_back(absl::StrCat(name, "=", value));
+  }
+  return absl::StrCat("{", absl::StrJoin(parts, ", "), "}");
+}
+
+std::string CoordToString(const Mesh& mesh, const std::vector<int>& coord) {
+  if (mesh.ndim() == 0) return "(single device)";
+  std::vector<std::string> parts;
+  for (int d = 0; d < mesh.ndim() && d < static_cast<int>(coord.size()); ++d) {
+    parts.push_back(absl::StrCat(mesh.names[d], "=", coord[d]));
+  }
+  return absl::StrJoin(parts, ", ");
+}
+
 absl::StatusOr<std::vector<Placement>> CheckMatrixPlacements(
     absl::string_view param,
     const google::protobuf::RepeatedPtrField<std::string>& texts,
-    const Mesh& mesh) {
+    const Mesh& mesh, int tensor_ndim) {
   const std::string what = absl::StrCat("parameter \"", param, "\"");
   if (texts.size() != mesh.ndim()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -128,14 +163,83 @@ absl::StatusOr<std::vector<Placement>> CheckMatrixPlacements(
           "\" is not supported (a pending reduction); reduce the gradient "
           "first and use Shard(d) or Replicate()"));
     }
-    if (p.is_shard() && p.dim != 0 && p.dim != 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": placement Shard(", p.dim, ") on mesh dim \"",
-                       mesh.names[i], "\" shards tensor dim ", p.dim,
-                       " but the parameter is 2-D (use Shard(0) or Shard(1))"));
+    if (p.is_shard() && (p.dim < 0 || p.dim >= tensor_ndim)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": placement Shard(", p.dim, ") on mesh dim \"", mesh.names[i],
+          "\" shards tensor dim ", p.dim, " but the parameter is ",
+          tensor_ndim, "-D (use ",
+          tensor_ndim == 3 ? "Shard(0), Shard(1) or Shard(2)"
+                           : "Shard(0) or Shard(1)",
+          ")"));
     }
   }
   return placements;
+}
+
+absl::Status CheckParamShape(
+    absl::string_view param,
+    const google::protobuf::RepeatedField<int64_t>& shape) {
+  if (shape.size() != 2 && shape.size() != 3) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parameter \"", param, "\" has shape ", ShapeToString(shape), " (",
+        shape.size(),
+        "-D); Muon only orthogonalizes 2-D matrices [rows, cols] and 3-D "
+        "expert stacks [experts, rows, cols]: optimize it with another "
+        "optimizer (e.g. AdamW)"));
+  }
+  for (int64_t n : shape) {
+    if (n < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter \"", param, "\" has shape ",
+                       ShapeToString(shape), "; dims must be >= 1"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SubMesh> CheckSubMesh(
+    absl::string_view param,
+    const google::protobuf::Map<std::string, int32_t>& sub_mesh,
+    const std::vector<Placement>& placements, const Mesh& mesh) {
+  const std::string what = absl::StrCat("parameter \"", param, "\"");
+  // Sorted by mesh dim so that the result (and every message) does not
+  // depend on the map's iteration order.
+  std::map<int, std::pair<std::string, int32_t>> by_dim;
+  const std::map<std::string, int32_t> sorted(sub_mesh.begin(),
+                                              sub_mesh.end());
+  for (const auto& [name, value] : sorted) {
+    const int d = mesh.DimIndex(name);
+    if (d < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": sub_mesh names mesh dim \"", name, "\" but the mesh ",
+          mesh.ToString(), " has no such dim"));
+    }
+    by_dim[d] = {name, value};
+  }
+  SubMesh out;
+  for (const auto& [d, entry] : by_dim) {
+    const auto& [name, value] = entry;
+    const int size = mesh.sizes[d];
+    if (value < 0 || value >= size) {
+      const bool pp = name == "pp";
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": ", name, pp ? " stage " : " coordinate ", value,
+          " is out of range: mesh dim \"", name, "\" has ", size,
+          pp ? " stages" : " coordinates", " (0..", size - 1, ")"));
+    }
+    if (d < static_cast<int>(placements.size()) &&
+        !placements[d].is_replicate()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": placement ", placements[d].ToString(), " on mesh dim \"",
+          name, "\" must be Replicate(): \"", name,
+          "\" is an ownership dim of its sub_mesh {", name, "=", value,
+          "} (the parameter lives only on ", name, " coordinate ", value,
+          " and is never sharded or gathered across ", name, ")"));
+    }
+    out.dims.push_back(d);
+    out.coords.push_back(value);
+  }
+  return out;
 }
 
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
@@ -163,20 +267,14 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
       return absl::InvalidArgumentError(absl::StrCat(
           "parameter \"", param.name(), "\" is listed more than once"));
     }
-    if (param.shape_size() != 2) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "parameter \"", param.name(), "\" has shape ",
-          ShapeToString(param.shape()), " (", param.shape_size(),
-          "-D); Muon only orthogonalizes 2-D matrices: optimize it with "
-          "another optimizer (e.g. AdamW)"));
-    }
-    if (param.shape(0) < 1 || param.shape(1) < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("parameter \"", param.name(), "\" has shape ",
-                       ShapeToString(param.shape()), "; dims must be >= 1"));
-    }
+    MUON_RETURN_IF_ERROR(CheckParamShape(param.name(), param.shape()));
+    MUON_ASSIGN_OR_RETURN(
+        std::vector<Placement> placements,
+        CheckMatrixPlacements(param.name(), param.placements(), mesh,
+                              param.shape_size()));
     MUON_RETURN_IF_ERROR(
-        CheckMatrixPlacements(param.name(), param.placements(), mesh).status());
+        CheckSubMesh(param.name(), param.sub_mesh(), placements, mesh)
+            .status());
   }
   return absl::OkStatus();
 }
@@ -187,42 +285,47 @@ absl::StatusOr<std::vector<v1::RankManifest>> ManifestsFromSpec(
   const Mesh mesh = MeshFromProto(spec.mesh());
   const int world = mesh.world_size();
 
-  // Per parameter: canonical placements and every rank's box.
+  // Per parameter: canonical placements and sub-mesh.
   std::vector<std::vector<Placement>> placements(spec.params_size());
-  std::vector<std::vector<Box>> boxes(spec.params_size());
+  std::vector<SubMesh> sub_meshes(spec.params_size());
   for (int i = 0; i < spec.params_size(); ++i) {
     const v1::ParamSpec& param = spec.params(i);
     MUON_ASSIGN_OR_RETURN(
-        placements[i],
-        CheckMatrixPlacements(param.name(), param.placements(), mesh));
-    absl::StatusOr<std::vector<Box>> all =
-        AllBoxes(param.shape(0), param.shape(1), placements[i], mesh);
-    if (!all.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "parameter \"", param.name(), "\": ", all.status().message()));
-    }
-    boxes[i] = *std::move(all);
+        placements[i], CheckMatrixPlacements(param.name(), param.placements(),
+                                             mesh, param.shape_size()));
+    MUON_ASSIGN_OR_RETURN(
+        sub_meshes[i],
+        CheckSubMesh(param.name(), param.sub_mesh(), placements[i], mesh));
   }
 
   std::vector<v1::RankManifest> manifests(world);
   for (int r = 0; r < world; ++r) {
+    const std::vector<int> coord = mesh.Coord(r);
     v1::RankManifest& m = manifests[r];
     m.set_rank(r);
     m.set_world_size(world);
     *m.mutable_mesh() = spec.mesh();
     *m.mutable_execution() = spec.execution();
     for (int i = 0; i < spec.params_size(); ++i) {
+      if (!sub_meshes[i].Contains(coord)) continue;
       const v1::ParamSpec& param = spec.params(i);
+      const std::vector<int64_t> shape(param.shape().begin(),
+                                       param.shape().end());
+      absl::StatusOr<std::vector<Range>> ranges =
+          LocalRanges(shape, placements[i], mesh, coord, sub_meshes[i]);
+      if (!ranges.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "parameter \"", param.name(), "\": ", ranges.status().message()));
+      }
       v1::ParamManifest* pm = m.add_params();
       pm->set_name(param.name());
-      pm->add_global_shape(param.shape(0));
-      pm->add_global_shape(param.shape(1));
-      pm->add_local_shape(boxes[i][r].rows.size());
-      pm->add_local_shape(boxes[i][r].cols.size());
+      *pm->mutable_global_shape() = param.shape();
+      for (const Range& range : *ranges) pm->add_local_shape(range.size());
       for (const Placement& p : placements[i]) {
         pm->add_placements(p.ToString());
       }
       pm->set_dtype("float32");
+      *pm->mutable_sub_mesh() = param.sub_mesh();
     }
   }
   return manifests;

@@ -10,11 +10,17 @@
 //   {"job_id": "mlp", "mesh": {"dims": [{"name": "dp_shard", "size": 4}]},
 //    "params": [{"name": "fc1.weight", "shape": [256, 784],
 //                "placements": ["Shard(0)"]}]}
+// A pipeline-parallel parameter names its stage, an expert stack is 3-D:
+//   {"name": "layers.3.wq", "shape": [4096, 4096],
+//    "placements": ["Replicate()", "Shard(0)"], "sub_mesh": {"pp": 1}}
+//   {"name": "layers.0.experts.w1", "shape": [8, 14336, 4096],
+//    "placements": ["Shard(1)", "Shard(0)"]}   // mesh dp_shard x ep
 //
 // Thread-safety: every function here is pure and may be called concurrently.
 #ifndef MUON_COMMON_SPEC_H_
 #define MUON_COMMON_SPEC_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -22,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/layout.h"
+#include "google/protobuf/map.h"
 #include "google/protobuf/repeated_field.h"
 #include "muon/v1/coordinator.pb.h"
 
@@ -46,19 +53,26 @@ absl::StatusOr<v1::JobSpec> LoadJobSpec(const std::string& path);
 std::string JobSpecToJson(const v1::JobSpec& spec);
 
 // Checks a spec: mesh sizes >= 1 with unique non-empty names; each
-// parameter has a non-empty unique name, a 2-D shape with dims >= 1, one
-// placement per mesh dim, placements that parse, no Partial, and Shard dims
-// in {0, 1}.
+// parameter has a non-empty unique name, a 2-D [rows, cols] or 3-D
+// [experts, rows, cols] (expert stack) shape with dims >= 1, one placement
+// per mesh dim, placements that parse, no Partial, Shard dims below the
+// tensor's rank; its sub_mesh (CheckSubMesh) names mesh dims with
+// coordinates in range, and its placement on those dims is Replicate().
 // Errors:
 //   InvalidArgument: the first problem found; the message names the
-//     parameter (or mesh dim) and the offending value.
+//     parameter (or mesh dim) and the offending value, e.g.
+//     `parameter "layers.7.mlp.w1": pp stage 4 is out of range: mesh dim
+//     "pp" has 4 stages (0..3)`.
 absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 
 // The manifest each rank of the job would send on Join, index = rank:
-// rank, world size, mesh, the execution options, and per parameter its name,
-// global shape, canonical placements ("Shard(0)", "Replicate()"), dtype
-// "float32" and the local shape that rank holds (torch.chunk rule, see
-// LocalBox in common/layout.h). Validates the spec first.
+// rank, world size, mesh, the execution options, and per parameter the rank
+// holds (those whose sub_mesh contains the rank's coordinate, in spec order)
+// its name, global shape, canonical placements ("Shard(0)", "Replicate()"),
+// dtype "float32", sub_mesh, and the local shape that rank holds (one entry
+// per tensor dim; torch.chunk rule, see LocalRanges in common/layout.h). A
+// rank outside a parameter's sub-mesh does not list it. requested_owners is
+// left empty. Validates the spec first.
 // Errors:
 //   InvalidArgument: as ValidateJobSpec.
 absl::StatusOr<std::vector<v1::RankManifest>> ManifestsFromSpec(
@@ -78,18 +92,54 @@ absl::StatusOr<std::vector<Placement>> ParsePlacements(
     const google::protobuf::RepeatedPtrField<std::string>& placements,
     absl::string_view what);
 
-// Checks a 2-D parameter's placements against the mesh: one per mesh dim,
-// each parses, none is Partial, Shard dims are 0 or 1. Returns them parsed.
+// Checks a parameter's placements against the mesh: one per mesh dim, each
+// parses, none is Partial, Shard dims are in [0, tensor_ndim) (2 for a
+// matrix, 3 for an expert stack). Returns them parsed.
 // Errors:
 //   InvalidArgument: names the parameter, the mesh dim and the placement.
 absl::StatusOr<std::vector<Placement>> CheckMatrixPlacements(
     absl::string_view param,
     const google::protobuf::RepeatedPtrField<std::string>& placements,
-    const Mesh& mesh);
+    const Mesh& mesh, int tensor_ndim = 2);
+
+// Checks a parameter's global shape: 2-D [rows, cols] or 3-D [experts,
+// rows, cols] (an expert stack), every dim >= 1.
+// Errors:
+//   InvalidArgument: names the parameter and the shape.
+absl::Status CheckParamShape(
+    absl::string_view param,
+    const google::protobuf::RepeatedField<int64_t>& shape);
+
+// Checks a parameter's sub_mesh (ParamSpec.sub_mesh, ParamManifest.sub_mesh)
+// against the mesh and the parameter's parsed placements: every name is a
+// mesh dim, every value a coordinate in [0, size), and the placement on
+// each named dim is Replicate() (an ownership dim is never sharded or
+// gathered across). Returns it with dims in mesh order.
+// Errors:
+//   InvalidArgument: names the parameter, the dim and the value, e.g.
+//     `parameter "layers.7.mlp.w1": pp stage 4 is out of range: mesh dim
+//     "pp" has 4 stages (0..3)`, `parameter "w": sub_mesh names mesh dim
+//     "ep" but the mesh dp_shard=4 has no such dim`, `parameter "w":
+//     placement Shard(0) on mesh dim "pp" ... must be Replicate()`.
+absl::StatusOr<SubMesh> CheckSubMesh(
+    absl::string_view param,
+    const google::protobuf::Map<std::string, int32_t>& sub_mesh,
+    const std::vector<Placement>& placements, const Mesh& mesh);
+
+// "pp=1" or "pp=1, ep=3" (mesh dim order); "every rank" when empty.
+std::string SubMeshToString(const SubMesh& sub_mesh, const Mesh& mesh);
+
+// A wire sub_mesh as "{ep=3, pp=1}" (names sorted); "{}" when empty.
+std::string SubMeshToString(
+    const google::protobuf::Map<std::string, int32_t>& sub_mesh);
+
+// A mesh coordinate as "pp=1, tp=0" ("(single device)" for a 0-D mesh).
+std::string CoordToString(const Mesh& mesh, const std::vector<int>& coord);
 
 // "[10, 7]" for a shape.
 std::string ShapeToString(
     const google::protobuf::RepeatedField<int64_t>& shape);
+std::string ShapeToString(const std::vector<int64_t>& shape);
 
 // "Shard(0)" for one placement, "[Shard(0), Replicate()]" for several, "[]"
 // for none.

@@ -93,6 +93,8 @@ void CoordinatorService::PlanLocked() {
     return;
   }
   plan_ = *std::move(plan);
+  matrix_names_.clear();
+  for (const MatrixLayout& m : layout->matrices) matrix_names_.push_back(m.name);
   state_ = JobState::kPlanned;
   const absl::Time now = options_.now();
   for (auto& [rank, info] : ranks_) info.last_seen = now;
@@ -289,7 +291,10 @@ absl::StatusOr<v1::GetAssignmentsResponse> CoordinatorService::GetAssignments(
   }
   for (const v1::MatrixPlan& m : plan_.matrices()) {
     v1::RankAssignment* a = response.mutable_ranks(m.owner());
-    a->add_matrices(m.param());
+    a->add_matrices(m.index() >= 0 && m.index() < static_cast<int>(
+                                              matrix_names_.size())
+                        ? matrix_names_[m.index()]
+                        : m.param());
     a->set_ns_flops(a->ns_flops() + m.ns_flops());
   }
   return response;

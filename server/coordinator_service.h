@@ -32,6 +32,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -108,8 +109,9 @@ class CoordinatorService {
   //   still waiting for ranks, or planning failed; the message says which).
   absl::StatusOr<v1::Plan> GetPlan(const v1::GetPlanRequest& request);
 
-  // Per rank (every rank of the world), the parameters it orthogonalizes
-  // and its NS FLOPs. Errors: as GetPlan.
+  // Per rank (every rank of the world), the matrices it orthogonalizes
+  // (parameter names; "name[e]" for slice e of a 3-D expert stack) and its
+  // NS FLOPs. Errors: as GetPlan.
   absl::StatusOr<v1::GetAssignmentsResponse> GetAssignments(
       const v1::GetAssignmentsRequest& request);
 
@@ -165,6 +167,9 @@ class CoordinatorService {
   JobState state_ ABSL_GUARDED_BY(mu_) = JobState::kWaiting;
   absl::Status error_ ABSL_GUARDED_BY(mu_);  // why the job failed
   v1::Plan plan_ ABSL_GUARDED_BY(mu_);       // valid when kPlanned
+  // Display name of each plan matrix (JobLayout::matrices[i].name); valid
+  // when kPlanned.
+  std::vector<std::string> matrix_names_ ABSL_GUARDED_BY(mu_);
   std::map<int, RankInfo> ranks_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
 };

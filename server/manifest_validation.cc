@@ -1,9 +1,11 @@
 #include "server/manifest_validation.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/spec.h"
@@ -24,51 +26,81 @@ std::string OwnersToString(
   return absl::StrCat("[", absl::StrJoin(owners, ", "), "]");
 }
 
-// Checks that rank `r`'s copy of parameter `i` agrees with rank 0's.
-absl::Status CheckParamAgrees(const v1::ParamManifest& p0,
-                              const v1::ParamManifest& pr, int r, int i) {
-  if (pr.name() != p0.name()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "parameter ", i, ": rank ", r, " reports ", Quoted(pr.name()),
-        " but rank 0 reports ", Quoted(p0.name()),
-        " (every rank must list the same parameters in the same order)"));
+// "[2, 3]", or the first ranks and a count for long lists.
+std::string RanksToString(const std::vector<int>& ranks) {
+  constexpr size_t kMax = 8;
+  if (ranks.size() <= kMax) {
+    return absl::StrCat("[", absl::StrJoin(ranks, ", "), "]");
   }
+  return absl::StrCat(
+      "[", absl::StrJoin(ranks.begin(), ranks.begin() + kMax, ", "), ", ...] (",
+      ranks.size(), " ranks)");
+}
+
+// "(sub-mesh pp=1)" or "(no sub-mesh: every rank)".
+std::string SubMeshNote(const SubMesh& sub_mesh, const Mesh& mesh) {
+  if (sub_mesh.empty()) return "(no sub-mesh: every rank)";
+  return absl::StrCat("(sub-mesh ", SubMeshToString(sub_mesh, mesh), ")");
+}
+
+// `parameter "w"` for a 2-D parameter, `parameter "w" expert slice 3` for
+// a slice of a stack.
+std::string MatrixWhat(const ParamLayout& param, const MatrixLayout& m) {
+  if (!param.is_stack()) return absl::StrCat("parameter ", Quoted(param.name));
+  return absl::StrCat("parameter ", Quoted(param.name), " expert slice ",
+                      m.slice);
+}
+
+bool SamePlacements(const v1::ParamManifest& a, const v1::ParamManifest& b) {
+  if (a.placements_size() != b.placements_size()) return false;
+  for (int d = 0; d < a.placements_size(); ++d) {
+    absl::StatusOr<Placement> pa = Placement::Parse(a.placements(d));
+    absl::StatusOr<Placement> pb = Placement::Parse(b.placements(d));
+    const bool same =
+        (pa.ok() && pb.ok()) ? *pa == *pb : a.placements(d) == b.placements(d);
+    if (!same) return false;
+  }
+  return true;
+}
+
+// Checks that rank `r`'s copy of a parameter agrees with rank `r0`'s (the
+// first rank listing it): global shape, placements, dtype and sub_mesh.
+absl::Status CheckParamAgrees(const v1::ParamManifest& p0, int r0,
+                              const v1::ParamManifest& pr, int r) {
   const std::string what = absl::StrCat("parameter ", Quoted(p0.name()));
   if (!std::equal(pr.global_shape().begin(), pr.global_shape().end(),
                   p0.global_shape().begin(), p0.global_shape().end())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": rank ", r, " reports global shape ",
-                     ShapeToString(pr.global_shape()), " but rank 0 reports ",
-                     ShapeToString(p0.global_shape())));
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": rank ", r, " reports global shape ",
+        ShapeToString(pr.global_shape()), " but rank ", r0, " reports ",
+        ShapeToString(p0.global_shape())));
   }
-  bool same_placements = pr.placements_size() == p0.placements_size();
-  for (int d = 0; same_placements && d < pr.placements_size(); ++d) {
-    absl::StatusOr<Placement> a = Placement::Parse(pr.placements(d));
-    absl::StatusOr<Placement> b = Placement::Parse(p0.placements(d));
-    same_placements =
-        (a.ok() && b.ok()) ? *a == *b : pr.placements(d) == p0.placements(d);
-  }
-  if (!same_placements) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": rank ", r, " reports placements ",
-                     PlacementTexts(pr.placements()), " but rank 0 reports ",
-                     PlacementTexts(p0.placements())));
+  if (!SamePlacements(pr, p0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": rank ", r, " reports placements ",
+        PlacementTexts(pr.placements()), " but rank ", r0, " reports ",
+        PlacementTexts(p0.placements())));
   }
   if (pr.dtype() != p0.dtype()) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": rank ", r, " reports dtype ", Quoted(pr.dtype()),
-                     " but rank 0 reports ", Quoted(p0.dtype())));
+                     " but rank ", r0, " reports ", Quoted(p0.dtype())));
+  }
+  const std::map<std::string, int32_t> a(pr.sub_mesh().begin(),
+                                         pr.sub_mesh().end());
+  const std::map<std::string, int32_t> b(p0.sub_mesh().begin(),
+                                         p0.sub_mesh().end());
+  if (a != b) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": rank ", r, " reports sub_mesh ",
+        SubMeshToString(pr.sub_mesh()), " but rank ", r0, " reports ",
+        SubMeshToString(p0.sub_mesh())));
   }
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<JobLayout> ValidateManifests(
-    const std::vector<v1::RankManifest>& manifests) {
-  if (manifests.empty()) {
-    return absl::InvalidArgumentError("no rank manifests to validate");
-  }
+absl::Status CheckRanksMeshAndOptions(
+    const std::vector<v1::RankManifest>& manifests, JobLayout* layout) {
   const int n = static_cast<int>(manifests.size());
   for (int r = 0; r < n; ++r) {
     if (manifests[r].rank() != r) {
@@ -77,12 +109,9 @@ absl::StatusOr<JobLayout> ValidateManifests(
                        "; expected rank ", r));
     }
   }
-
-  // World size and mesh.
   const v1::RankManifest& m0 = manifests[0];
-  JobLayout layout;
-  layout.mesh = MeshFromProto(m0.mesh());
-  absl::Status mesh_status = layout.mesh.Validate();
+  layout->mesh = MeshFromProto(m0.mesh());
+  absl::Status mesh_status = layout->mesh.Validate();
   if (!mesh_status.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "rank 0 reports an invalid mesh: ", mesh_status.message()));
@@ -94,20 +123,20 @@ absl::StatusOr<JobLayout> ValidateManifests(
                        manifests[r].world_size(), " but ", n, " ranks joined"));
     }
   }
-  if (layout.mesh.world_size() != n) {
+  if (layout->mesh.world_size() != n) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "mesh ", layout.mesh.ToString(), " has ", layout.mesh.world_size(),
+        "mesh ", layout->mesh.ToString(), " has ", layout->mesh.world_size(),
         " ranks but the world size is ", n));
   }
   for (int r = 1; r < n; ++r) {
     const Mesh mesh = MeshFromProto(manifests[r].mesh());
-    if (mesh != layout.mesh) {
+    if (mesh != layout->mesh) {
       return absl::InvalidArgumentError(
           absl::StrCat("rank ", r, " reports mesh ", mesh.ToString(),
-                       " but rank 0 reports ", layout.mesh.ToString()));
+                       " but rank 0 reports ", layout->mesh.ToString()));
     }
   }
-  layout.world_size = n;
+  layout->world_size = n;
 
   // Execution options that shape the plan must agree.
   for (int r = 1; r < n; ++r) {
@@ -124,121 +153,267 @@ absl::StatusOr<JobLayout> ValidateManifests(
           " but rank 0 reports ", m0.execution().bucket_size_bytes()));
     }
   }
-  layout.execution = m0.execution();
+  layout->execution = m0.execution();
+  return absl::OkStatus();
+}
 
-  // Same parameter list everywhere.
-  for (int r = 1; r < n; ++r) {
-    const v1::RankManifest& mr = manifests[r];
-    const int common = std::min(mr.params_size(), m0.params_size());
-    for (int i = 0; i < common; ++i) {
-      MUON_RETURN_IF_ERROR(CheckParamAgrees(m0.params(i), mr.params(i), r, i));
+// The union of the ranks' parameter lists.
+struct Union {
+  // Per union parameter: the first rank listing it and its entry there.
+  std::vector<int> first_rank;
+  std::vector<const v1::ParamManifest*> first;
+  // Per union parameter: the ranks listing it, ascending, and its index in
+  // each of their lists.
+  std::vector<std::vector<int>> listed_on;
+  std::vector<std::vector<int>> listed_at;
+  // Per rank: the union index of each entry of its list.
+  std::vector<std::vector<int>> of_rank;
+};
+
+absl::StatusOr<Union> BuildUnion(
+    const std::vector<v1::RankManifest>& manifests) {
+  const int n = static_cast<int>(manifests.size());
+  Union u;
+  u.of_rank.resize(n);
+  absl::flat_hash_map<std::string, int> index;
+  for (int r = 0; r < n; ++r) {
+    const v1::RankManifest& m = manifests[r];
+    std::set<std::string> seen;
+    // Per first-listing rank q: the last union index (of a parameter first
+    // listed by q) seen on this rank, to check the relative order.
+    std::map<int, int> last_of;
+    for (int pos = 0; pos < m.params_size(); ++pos) {
+      const v1::ParamManifest& p = m.params(pos);
+      if (p.name().empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("rank ", r, ": parameter at index ", pos,
+                         " has an empty name"));
+      }
+      if (!seen.insert(p.name()).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("parameter ", Quoted(p.name()),
+                         " is listed more than once on rank ", r));
+      }
+      auto [it, inserted] =
+          index.emplace(p.name(), static_cast<int>(u.first.size()));
+      const int i = it->second;
+      if (inserted) {
+        u.first_rank.push_back(r);
+        u.first.push_back(&p);
+        u.listed_on.emplace_back();
+        u.listed_at.emplace_back();
+      } else {
+        MUON_RETURN_IF_ERROR(
+            CheckParamAgrees(*u.first[i], u.first_rank[i], p, r));
+      }
+      const int q = u.first_rank[i];
+      auto last = last_of.find(q);
+      if (last != last_of.end() && last->second > i) {
+        const std::string& before = u.first[last->second]->name();
+        return absl::InvalidArgumentError(absl::StrCat(
+            "rank ", r, " lists parameter ", Quoted(before), " before ",
+            Quoted(p.name()), " but rank ", q, " lists ", Quoted(p.name()),
+            " before ", Quoted(before),
+            " (ranks must list the parameters they share in the same "
+            "order)"));
+      }
+      last_of[q] = i;
+      u.listed_on[i].push_back(r);
+      u.listed_at[i].push_back(pos);
+      u.of_rank[r].push_back(i);
     }
-    if (mr.params_size() != m0.params_size()) {
-      const bool more = mr.params_size() > m0.params_size();
-      const v1::ParamManifest& extra =
-          more ? mr.params(common) : m0.params(common);
-      return absl::InvalidArgumentError(
-          absl::StrCat("rank ", r, " lists ", mr.params_size(),
-                       " parameters but rank 0 "
-                       "lists ",
-                       m0.params_size(), "; parameter ", Quoted(extra.name()),
-                       " is only on rank ", more ? r : 0));
+  }
+  return u;
+}
+
+// Checks one union parameter (shape, placements, sub-mesh, membership,
+// local shapes) and appends it and its matrices to `layout`.
+absl::Status AddParam(const std::vector<v1::RankManifest>& manifests,
+                      const Union& u, int i, JobLayout* layout) {
+  const Mesh& mesh = layout->mesh;
+  const int n = layout->world_size;
+  const v1::ParamManifest& p = *u.first[i];
+  const std::string what = absl::StrCat("parameter ", Quoted(p.name()));
+  MUON_RETURN_IF_ERROR(CheckParamShape(p.name(), p.global_shape()));
+
+  ParamLayout param;
+  param.name = p.name();
+  param.shape.assign(p.global_shape().begin(), p.global_shape().end());
+  MUON_ASSIGN_OR_RETURN(
+      param.placements,
+      CheckMatrixPlacements(p.name(), p.placements(), mesh,
+                            static_cast<int>(param.shape.size())));
+  MUON_ASSIGN_OR_RETURN(
+      param.sub_mesh,
+      CheckSubMesh(p.name(), p.sub_mesh(), param.placements, mesh));
+
+  // Listed by exactly the ranks of its sub-mesh.
+  std::vector<char> listed(n, 0);
+  for (int r : u.listed_on[i]) listed[r] = 1;
+  for (int r = 0; r < n; ++r) {
+    const std::vector<int> coord = mesh.Coord(r);
+    const bool inside = param.sub_mesh.Contains(coord);
+    if (inside && !listed[r]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " ", SubMeshNote(param.sub_mesh, mesh), " is missing on rank ",
+          r, " (coordinate ", CoordToString(mesh, coord),
+          "); it is listed on ranks ", RanksToString(u.listed_on[i])));
+    }
+    if (!inside && listed[r]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " ", SubMeshNote(param.sub_mesh, mesh), " is listed on rank ",
+          r, " outside its sub-mesh (coordinate ", CoordToString(mesh, coord),
+          ")"));
     }
   }
 
-  // Per parameter: shape, placements, local shapes.
-  std::set<std::string> names;
-  for (int i = 0; i < m0.params_size(); ++i) {
-    const v1::ParamManifest& p = m0.params(i);
-    if (p.name().empty()) {
+  // Local shapes: the torch.chunk rule.
+  for (size_t j = 0; j < u.listed_on[i].size(); ++j) {
+    const int r = u.listed_on[i][j];
+    const std::vector<int> coord = mesh.Coord(r);
+    absl::StatusOr<std::vector<Range>> ranges = LocalRanges(
+        param.shape, param.placements, mesh, coord, param.sub_mesh);
+    if (!ranges.ok()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("parameter at index ", i, " has an empty name"));
+          absl::StrCat(what, ": ", ranges.status().message()));
     }
-    if (!names.insert(p.name()).second) {
+    std::vector<int64_t> expected;
+    for (const Range& range : *ranges) expected.push_back(range.size());
+    const v1::ParamManifest& pr = manifests[r].params(u.listed_at[i][j]);
+    if (!std::equal(pr.local_shape().begin(), pr.local_shape().end(),
+                    expected.begin(), expected.end())) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "parameter ", Quoted(p.name()), " is listed more than once"));
+          what, ": rank ", r, " local shape ", ShapeToString(pr.local_shape()),
+          " does not match ", PlacementsToString(param.placements), " of ",
+          ShapeToString(param.shape), " over ", mesh.ToString(),
+          param.sub_mesh.empty()
+              ? ""
+              : absl::StrCat(" (sub-mesh ",
+                             SubMeshToString(param.sub_mesh, mesh),
+                             ", rank at ", CoordToString(mesh, coord), ")"),
+          ": expected ", ShapeToString(expected)));
     }
-    if (p.global_shape_size() != 2) {
+  }
+
+  // Matrices.
+  absl::StatusOr<std::vector<MatrixBoxes>> matrices =
+      ParamMatrices(param.shape, param.placements, mesh, param.sub_mesh);
+  if (!matrices.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", matrices.status().message()));
+  }
+  const int param_index = static_cast<int>(layout->params.size());
+  param.first_matrix = static_cast<int>(layout->matrices.size());
+  param.num_matrices = static_cast<int>(matrices->size());
+  for (MatrixBoxes& mb : *matrices) {
+    MatrixLayout m;
+    m.param_index = param_index;
+    m.slice = mb.slice;
+    m.name = param.is_stack() ? absl::StrCat(param.name, "[", mb.slice, "]")
+                              : param.name;
+    m.rows = mb.rows;
+    m.cols = mb.cols;
+    m.boxes = std::move(mb.boxes);
+    layout->matrices.push_back(std::move(m));
+  }
+  layout->params.push_back(std::move(param));
+  return absl::OkStatus();
+}
+
+// Requested owners (a user's assign_fn), one per matrix of each manifest.
+absl::Status CheckRequestedOwners(
+    const std::vector<v1::RankManifest>& manifests, const Union& u,
+    JobLayout* layout) {
+  const int n = layout->world_size;
+  int giver = -1;  // a rank that requests owners
+  for (int r = 0; r < n && giver < 0; ++r) {
+    if (manifests[r].requested_owners_size() > 0) giver = r;
+  }
+  if (giver < 0) return absl::OkStatus();
+  std::vector<int> requested_by(layout->matrices.size(), -1);
+  for (int r = 0; r < n; ++r) {
+    const v1::RankManifest& m = manifests[r];
+    int count = 0;
+    for (int i : u.of_rank[r]) count += layout->params[i].num_matrices;
+    if (m.requested_owners_size() == 0 && count > 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "parameter ", Quoted(p.name()), " has global shape ",
-          ShapeToString(p.global_shape()), " (", p.global_shape_size(),
-          "-D); Muon only orthogonalizes 2-D matrices"));
+          "rank ", r, " requests owners [] but rank ", giver,
+          " requests owners ",
+          OwnersToString(manifests[giver].requested_owners()),
+          " (assign_fn must run on every rank or on none)"));
     }
-    if (p.global_shape(0) < 1 || p.global_shape(1) < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("parameter ", Quoted(p.name()), " has global shape ",
-                       ShapeToString(p.global_shape()), "; dims must be >= 1"));
-    }
-    ParamLayout param;
-    param.name = p.name();
-    param.rows = p.global_shape(0);
-    param.cols = p.global_shape(1);
-    MUON_ASSIGN_OR_RETURN(
-        param.placements,
-        CheckMatrixPlacements(p.name(), p.placements(), layout.mesh));
-    absl::StatusOr<std::vector<Box>> boxes =
-        AllBoxes(param.rows, param.cols, param.placements, layout.mesh);
-    if (!boxes.ok()) {
+    if (m.requested_owners_size() != count) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "parameter ", Quoted(p.name()), ": ", boxes.status().message()));
+          "rank ", r, ": requested_owners has ", m.requested_owners_size(),
+          " entries but the rank lists ", count,
+          " matrices (its parameters in order, one per expert slice of a 3-D "
+          "stack); give one owner per matrix"));
     }
-    param.boxes = *std::move(boxes);
-    for (int r = 0; r < n; ++r) {
-      const v1::ParamManifest& pr = manifests[r].params(i);
-      const Box& box = param.boxes[r];
-      const bool ok = pr.local_shape_size() == 2 &&
-                      pr.local_shape(0) == box.rows.size() &&
-                      pr.local_shape(1) == box.cols.size();
-      if (!ok) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "parameter ", Quoted(p.name()), ": rank ", r, " local shape ",
-            ShapeToString(pr.local_shape()), " does not match ",
-            PlacementsToString(param.placements), " of ",
-            ShapeToString(p.global_shape()), " over ", layout.mesh.ToString(),
-            ": expected [", box.rows.size(), ", ", box.cols.size(), "]"));
+    int k = 0;
+    for (int i : u.of_rank[r]) {
+      const ParamLayout& param = layout->params[i];
+      for (int mi = param.first_matrix;
+           mi < param.first_matrix + param.num_matrices; ++mi, ++k) {
+        MatrixLayout& matrix = layout->matrices[mi];
+        const int owner = m.requested_owners(k);
+        const std::string what = MatrixWhat(param, matrix);
+        if (requested_by[mi] >= 0) {
+          if (owner != matrix.requested_owner) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                what, ": rank ", r, " requests owner ", owner, " but rank ",
+                requested_by[mi], " requests owner ", matrix.requested_owner,
+                " (assign_fn must return the same assignment on every "
+                "rank)"));
+          }
+          continue;
+        }
+        if (owner < 0 || owner >= n) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              what, ": requested owner rank ", owner,
+              " is out of range [0, ", n, ") (requested by rank ", r, ")"));
+        }
+        if (matrix.boxes[owner].empty()) {
+          const std::vector<int> coord = layout->mesh.Coord(owner);
+          if (!param.sub_mesh.Contains(coord)) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                what, ": requested owner rank ", owner, " (coordinate ",
+                CoordToString(layout->mesh, coord),
+                ") is outside its sub-mesh ",
+                SubMeshToString(param.sub_mesh, layout->mesh),
+                " and holds none of it (requested by rank ", r,
+                "); the owner must hold part of the matrix"));
+          }
+          return absl::InvalidArgumentError(absl::StrCat(
+              what, ": requested owner rank ", owner,
+              " holds an empty shard of it (coordinate ",
+              CoordToString(layout->mesh, coord), "; ",
+              PlacementsToString(param.placements), " of ",
+              ShapeToString(param.shape), " over ", layout->mesh.ToString(),
+              "; requested by rank ", r,
+              "); the owner must hold part of the matrix"));
+        }
+        matrix.requested_owner = owner;
+        requested_by[mi] = r;
       }
     }
-    layout.params.push_back(std::move(param));
   }
+  return absl::OkStatus();
+}
 
-  // Requested owners (a user's assign_fn).
-  for (int r = 1; r < n; ++r) {
-    const auto& a = manifests[r].requested_owners();
-    const auto& b = m0.requested_owners();
-    if (!std::equal(a.begin(), a.end(), b.begin(), b.end())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", r, " requests owners ", OwnersToString(a),
-          " but rank 0 requests owners ", OwnersToString(b),
-          " (assign_fn must return the same assignment on every rank)"));
-    }
+}  // namespace
+
+absl::StatusOr<JobLayout> ValidateManifests(
+    const std::vector<v1::RankManifest>& manifests) {
+  if (manifests.empty()) {
+    return absl::InvalidArgumentError("no rank manifests to validate");
   }
-  if (m0.requested_owners_size() > 0) {
-    if (m0.requested_owners_size() != m0.params_size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("requested_owners has ", m0.requested_owners_size(),
-                       " entries but there are ", m0.params_size(),
-                       " parameters; give one owner per parameter"));
-    }
-    for (int i = 0; i < m0.params_size(); ++i) {
-      ParamLayout& param = layout.params[i];
-      const int owner = m0.requested_owners(i);
-      if (owner < 0 || owner >= n) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "parameter ", Quoted(param.name), ": requested owner rank ", owner,
-            " is out of range [0, ", n, ")"));
-      }
-      if (param.boxes[owner].empty()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "parameter ", Quoted(param.name), ": requested owner rank ", owner,
-            " holds an empty shard of it (",
-            PlacementsToString(param.placements), " of [", param.rows, ", ",
-            param.cols, "] over ", layout.mesh.ToString(),
-            "); the owner must hold part of the "
-            "matrix"));
-      }
-      param.requested_owner = owner;
-    }
+  JobLayout layout;
+  MUON_RETURN_IF_ERROR(CheckRanksMeshAndOptions(manifests, &layout));
+  MUON_ASSIGN_OR_RETURN(Union u, BuildUnion(manifests));
+  for (int i = 0; i < static_cast<int>(u.first.size()); ++i) {
+    MUON_RETURN_IF_ERROR(AddParam(manifests, u, i, &layout));
   }
+  MUON_RETURN_IF_ERROR(CheckRequestedOwners(manifests, u, &layout));
   return layout;
 }
 

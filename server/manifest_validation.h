@@ -2,10 +2,19 @@
 // layout the planner works from.
 //
 // Every rank describes what it holds (mesh, per parameter its global shape,
-// placements and local shape). Before planning, the coordinator checks that
-// the ranks agree with each other and that each local shape is what the
-// torch.chunk rule (common/layout.h, LocalBox) says it must be. A failure
-// here is returned to every rank of the job before any collective runs.
+// placements, sub-mesh and local shape). Ranks may list different
+// parameters: with pipeline parallelism a rank lists only its stage's
+// parameters, with per-expert 2-D parameters only its experts'. Before
+// planning, the coordinator checks that
+//   - the ranks agree with each other about every parameter they share;
+//   - each parameter is listed by exactly the ranks of its sub-mesh
+//     (ParamManifest.sub_mesh, e.g. {"pp": 1}; empty = every rank);
+//   - each local shape is what the torch.chunk rule (common/layout.h,
+//     LocalRanges) says it must be.
+// The result is the union of the parameters and the list of the job's
+// logical matrices (a 2-D parameter is one matrix, a 3-D expert stack one
+// per expert slice), each with the box every rank holds. A failure here is
+// returned to every rank of the job before any collective runs.
 //
 // Thread-safety: pure functions; JobLayout is a plain value.
 #ifndef MUON_SERVER_MANIFEST_VALIDATION_H_
@@ -21,21 +30,48 @@
 
 namespace muon {
 
-// One 2-D parameter as the whole job holds it.
+// One parameter (2-D matrix or 3-D expert stack) as the whole job holds it.
 struct ParamLayout {
   std::string name;
-  int64_t rows = 0;  // global shape [rows, cols]
-  int64_t cols = 0;
+  // Global shape: [rows, cols] or [experts, rows, cols].
+  std::vector<int64_t> shape;
   std::vector<Placement> placements;  // one per mesh dim
-  std::vector<Box> boxes;             // index = rank; may be empty boxes
-  int requested_owner = -1;           // from a user's assign_fn; -1 = none
+  // Ranks it lives on (pp stage, ep owner); empty = every rank.
+  SubMesh sub_mesh;
+  // Its matrices are JobLayout::matrices[first_matrix, first_matrix +
+  // num_matrices) (one for a 2-D parameter, one per slice of a stack).
+  int first_matrix = 0;
+  int num_matrices = 0;
+
+  // A 3-D [experts, rows, cols] expert stack.
+  bool is_stack() const { return shape.size() == 3; }
+};
+
+// One logical matrix: the planner's unit of work (a 2-D parameter, or one
+// expert slice of a 3-D stack).
+struct MatrixLayout {
+  int param_index = 0;  // into JobLayout::params
+  int slice = 0;        // expert index in a 3-D stack; 0 for 2-D
+  // The parameter's name, or "name[e]" for slice e of a stack.
+  std::string name;
+  int64_t rows = 0;  // global shape of the matrix
+  int64_t cols = 0;
+  // Box each rank holds (index = rank); empty outside the parameter's
+  // sub-mesh, on ranks holding other experts, and for empty torch.chunk
+  // shards.
+  std::vector<Box> boxes;
+  int requested_owner = -1;  // from a user's assign_fn; -1 = none
 };
 
 // The validated layout of a job: what the planner needs.
 struct JobLayout {
   Mesh mesh;
   int world_size = 0;
-  std::vector<ParamLayout> params;  // in manifest order
+  // Union of the ranks' parameters: ranks scanned 0..N-1, each rank's list
+  // in order, first appearance wins.
+  std::vector<ParamLayout> params;
+  // Every logical matrix: parameters in `params` order, slices ascending.
+  std::vector<MatrixLayout> matrices;
   // Execution options every rank agreed on (assignment policy, bucket
   // size); taken from rank 0's manifest.
   v1::ExecutionOptions execution;
@@ -46,19 +82,29 @@ struct JobLayout {
 //   - at least one manifest; manifests[r].rank == r;
 //   - every world_size equals manifests.size() and the mesh's world size;
 //   - every rank's mesh equals rank 0's (and the mesh is valid);
-//   - every rank lists the same parameters in the same order with the same
-//     global shape, placements and dtype;
-//   - names are non-empty and unique; shapes are 2-D with dims >= 1;
-//   - placements parse, one per mesh dim, none Partial, Shard dim in {0,1};
-//   - each rank's local shape equals the torch.chunk rule (LocalBox);
-//   - requested_owners are empty on every rank or identical on every rank,
-//     one per parameter, each in [0, world) and holding a non-empty shard;
-//   - execution options (assignment_policy, bucket_size_bytes) agree.
+//   - execution options (assignment_policy, bucket_size_bytes) agree;
+//   - names are non-empty and listed at most once per rank;
+//   - every rank listing a parameter agrees on its global shape,
+//     placements, dtype and sub_mesh (compared with the first rank listing
+//     it), and ranks list shared parameters in the same relative order;
+//   - shapes are 2-D or 3-D with dims >= 1; placements parse, one per mesh
+//     dim, none Partial, Shard dim below the tensor's rank; the sub_mesh
+//     names mesh dims with coordinates in range, Replicate() on them;
+//   - each parameter is listed by exactly the ranks inside its sub-mesh;
+//   - each rank's local shape equals the torch.chunk rule (LocalRanges);
+//   - requested_owners are empty on every rank or given on every rank, one
+//     per matrix of that rank's manifest (parameters in order, a 3-D stack
+//     one per slice); all ranks listing a matrix request the same owner, in
+//     [0, world) and holding a non-empty box of that matrix.
 // Errors:
-//   InvalidArgument: the first disagreement found; the message names the
-//     parameter, the ranks and both values, e.g.
+//   InvalidArgument: the first problem found; the message names the
+//     parameter, the rank(s), the coordinate and the values, e.g.
 //     `parameter "fc1.weight": rank 2 reports global shape [64, 32] but
-//     rank 0 reports [32, 64]`.
+//     rank 0 reports [32, 64]`,
+//     `parameter "layers.3.attn.wq" (sub-mesh pp=1) is missing on rank 5
+//     (coordinate pp=1, tp=1)`,
+//     `parameter "layers.3.attn.wq" (sub-mesh pp=1) is listed on rank 2
+//     outside its sub-mesh (coordinate pp=0, tp=0)`.
 absl::StatusOr<JobLayout> ValidateManifests(
     const std::vector<v1::RankManifest>& manifests);
 

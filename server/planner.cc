@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/spec.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 
@@ -18,11 +19,11 @@ constexpr int64_t kBytesPerElement = 4;  // fp32
 
 std::string Quoted(const std::string& s) { return absl::StrCat("\"", s, "\""); }
 
-// Ranks holding a non-empty box of `param`, ascending.
-std::vector<int> EligibleRanks(const ParamLayout& param) {
+// Ranks holding a non-empty box of `matrix`, ascending.
+std::vector<int> EligibleRanks(const MatrixLayout& matrix) {
   std::vector<int> out;
-  for (int r = 0; r < static_cast<int>(param.boxes.size()); ++r) {
-    if (!param.boxes[r].empty()) out.push_back(r);
+  for (int r = 0; r < static_cast<int>(matrix.boxes.size()); ++r) {
+    if (!matrix.boxes[r].empty()) out.push_back(r);
   }
   return out;
 }
@@ -33,9 +34,13 @@ bool NearlyEqual(double a, double b) {
   return std::abs(a - b) <= 1e-9 * std::max({1.0, std::abs(a), std::abs(b)});
 }
 
-int64_t GatherBytes(const ParamLayout& param, int owner) {
+int64_t GatherBytes(const MatrixLayout& matrix, int owner) {
   return kBytesPerElement *
-         (param.rows * param.cols - param.boxes[owner].numel());
+         (matrix.rows * matrix.cols - matrix.boxes[owner].numel());
+}
+
+int64_t MatrixBytes(const MatrixLayout& matrix) {
+  return kBytesPerElement * matrix.rows * matrix.cols;
 }
 
 }  // namespace
@@ -75,7 +80,8 @@ absl::StatusOr<v1::Plan> MakePlan(const JobLayout& layout,
         "bucket_size_bytes is ", options.bucket_size_bytes, "; must be >= 0"));
   }
   const int world = layout.world_size;
-  const int num = static_cast<int>(layout.params.size());
+  const int num = static_cast<int>(layout.matrices.size());
+  const std::vector<MatrixLayout>& matrices = layout.matrices;
 
   v1::Plan plan;
   plan.set_job_id(options.job_id);
@@ -85,25 +91,33 @@ absl::StatusOr<v1::Plan> MakePlan(const JobLayout& layout,
   std::vector<std::vector<int>> eligible(num);
   std::vector<double> cost(num);
   for (int i = 0; i < num; ++i) {
-    const ParamLayout& param = layout.params[i];
-    if (static_cast<int>(param.boxes.size()) != world) {
+    const MatrixLayout& matrix = matrices[i];
+    if (static_cast<int>(matrix.boxes.size()) != world) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "parameter ", Quoted(param.name), " has ", param.boxes.size(),
+          "matrix ", Quoted(matrix.name), " has ", matrix.boxes.size(),
           " boxes but the world size is ", world));
     }
-    eligible[i] = EligibleRanks(param);
+    if (matrix.param_index < 0 ||
+        matrix.param_index >= static_cast<int>(layout.params.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "matrix ", Quoted(matrix.name), " names parameter ",
+          matrix.param_index, " but the job has ", layout.params.size(),
+          " parameters"));
+    }
+    eligible[i] = EligibleRanks(matrix);
     if (eligible[i].empty()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("parameter ", Quoted(param.name), " [", param.rows, ", ",
-                       param.cols, "] is held by no rank"));
+          absl::StrCat("matrix ", Quoted(matrix.name), " [", matrix.rows, ", ",
+                       matrix.cols, "] is held by no rank"));
     }
-    cost[i] = NewtonSchulzFlops(param.rows, param.cols, options.ns_steps);
+    cost[i] = NewtonSchulzFlops(matrix.rows, matrix.cols, options.ns_steps);
     v1::MatrixPlan* m = plan.add_matrices();
     m->set_index(i);
-    m->set_param(param.name);
-    m->set_param_index(i);
-    m->set_rows(param.rows);
-    m->set_cols(param.cols);
+    m->set_param(layout.params[matrix.param_index].name);
+    m->set_param_index(matrix.param_index);
+    m->set_slice(matrix.slice);
+    m->set_rows(matrix.rows);
+    m->set_cols(matrix.cols);
     m->set_ns_flops(cost[i]);
     m->set_owner(-1);
   }
@@ -113,32 +127,32 @@ absl::StatusOr<v1::Plan> MakePlan(const JobLayout& layout,
   auto assign = [&](int i, int owner) {
     v1::MatrixPlan* m = plan.mutable_matrices(i);
     m->set_owner(owner);
-    m->set_gather_bytes(GatherBytes(layout.params[i], owner));
+    m->set_gather_bytes(GatherBytes(matrices[i], owner));
     load[owner] += cost[i];
   };
   for (int i = 0; i < num; ++i) {
-    if (layout.params[i].requested_owner >= 0) {
-      assign(i, layout.params[i].requested_owner);
+    if (matrices[i].requested_owner >= 0) {
+      assign(i, matrices[i].requested_owner);
     }
   }
   if (options.policy == PlannerOptions::Policy::kRoundRobin) {
     for (int i = 0; i < num; ++i) {
-      if (layout.params[i].requested_owner >= 0) continue;
+      if (matrices[i].requested_owner >= 0) continue;
       assign(i, eligible[i][i % eligible[i].size()]);
     }
   } else {
     // Bytes moved at best: the gather of the eligible rank holding most.
     std::vector<int64_t> min_gather(num);
     for (int i = 0; i < num; ++i) {
-      int64_t best = GatherBytes(layout.params[i], eligible[i][0]);
+      int64_t best = GatherBytes(matrices[i], eligible[i][0]);
       for (int r : eligible[i]) {
-        best = std::min(best, GatherBytes(layout.params[i], r));
+        best = std::min(best, GatherBytes(matrices[i], r));
       }
       min_gather[i] = best;
     }
     std::vector<int> order;
     for (int i = 0; i < num; ++i) {
-      if (layout.params[i].requested_owner < 0) order.push_back(i);
+      if (matrices[i].requested_owner < 0) order.push_back(i);
     }
     std::sort(order.begin(), order.end(), [&](int a, int b) {
       if (cost[a] != cost[b]) return cost[a] > cost[b];
@@ -166,8 +180,7 @@ absl::StatusOr<v1::Plan> MakePlan(const JobLayout& layout,
   } else {
     int64_t bytes = 0;
     for (int i = 0; i < num; ++i) {
-      const int64_t b =
-          kBytesPerElement * layout.params[i].rows * layout.params[i].cols;
+      const int64_t b = MatrixBytes(matrices[i]);
       if (buckets.empty() ||
           (!buckets.back().empty() && bytes + b > options.bucket_size_bytes)) {
         buckets.emplace_back();
@@ -184,7 +197,7 @@ absl::StatusOr<v1::Plan> MakePlan(const JobLayout& layout,
     for (int i : buckets[k]) {
       bucket->add_matrices(i);
       plan.mutable_matrices(i)->set_bucket(k);
-      bytes += kBytesPerElement * layout.params[i].rows * layout.params[i].cols;
+      bytes += MatrixBytes(matrices[i]);
     }
     bucket->set_bytes(bytes);
   }
@@ -231,7 +244,7 @@ std::string PlanHash(const v1::Plan& plan) {
 
 absl::Status ValidatePlan(const v1::Plan& plan, const JobLayout& layout) {
   const int world = layout.world_size;
-  const int num = static_cast<int>(layout.params.size());
+  const int num = static_cast<int>(layout.matrices.size());
   if (plan.world_size() != world) {
     return absl::InvalidArgumentError(absl::StrCat(
         "plan has world size ", plan.world_size(), " but the job has ", world));
@@ -241,40 +254,49 @@ absl::Status ValidatePlan(const v1::Plan& plan, const JobLayout& layout) {
                                                    plan.matrices_size(),
                                                    " matrices but the job "
                                                    "has ",
-                                                   num, " 2-D parameters"));
+                                                   num, " matrices"));
   }
   std::vector<double> load(world, 0.0);
   std::vector<int> count(world, 0);
   for (int i = 0; i < num; ++i) {
     const v1::MatrixPlan& m = plan.matrices(i);
-    const ParamLayout& param = layout.params[i];
-    if (m.index() != i || m.param_index() != i || m.param() != param.name) {
+    const MatrixLayout& matrix = layout.matrices[i];
+    const std::string name = Quoted(matrix.name);
+    const std::string& param =
+        matrix.param_index >= 0 &&
+                matrix.param_index < static_cast<int>(layout.params.size())
+            ? layout.params[matrix.param_index].name
+            : matrix.name;
+    if (m.index() != i || m.param_index() != matrix.param_index ||
+        m.param() != param || m.slice() != matrix.slice) {
       return absl::InvalidArgumentError(absl::StrCat(
           "plan matrix ", i, " is index ", m.index(), " of parameter ",
-          Quoted(m.param()), " (param_index ", m.param_index(),
-          ") but parameter ", i, " is ", Quoted(param.name)));
+          Quoted(m.param()), " (param_index ", m.param_index(), ", slice ",
+          m.slice(), ") but matrix ", i, " is ", name, " (param_index ",
+          matrix.param_index, ", slice ", matrix.slice, ")"));
     }
-    if (m.rows() != param.rows || m.cols() != param.cols) {
+    if (m.rows() != matrix.rows || m.cols() != matrix.cols) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "plan matrix ", i, " (", Quoted(param.name), ") has shape [",
-          m.rows(), ", ", m.cols(), "] but the parameter is [", param.rows,
-          ", ", param.cols, "]"));
+          "plan matrix ", i, " (", name, ") has shape [", m.rows(), ", ",
+          m.cols(), "] but the matrix is [", matrix.rows, ", ", matrix.cols,
+          "]"));
     }
     if (m.owner() < 0 || m.owner() >= world) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "plan matrix ", i, " (", Quoted(param.name), ") has owner rank ",
-          m.owner(), " outside [0, ", world, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("plan matrix ", i, " (", name, ") has owner rank ",
+                       m.owner(), " outside [0, ", world, ")"));
     }
-    if (param.boxes[m.owner()].empty()) {
+    if (matrix.boxes[m.owner()].empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "plan matrix ", i, " (", Quoted(param.name), ") is owned by rank ",
-          m.owner(), " which holds no shard of it"));
+          "plan matrix ", i, " (", name, ") is owned by rank ", m.owner(),
+          " which holds no shard of it (coordinate ",
+          CoordToString(layout.mesh, layout.mesh.Coord(m.owner())), ")"));
     }
-    if (m.gather_bytes() != GatherBytes(param, m.owner())) {
+    if (m.gather_bytes() != GatherBytes(matrix, m.owner())) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "plan matrix ", i, " (", Quoted(param.name), ") has gather_bytes ",
+          "plan matrix ", i, " (", name, ") has gather_bytes ",
           m.gather_bytes(), " but owner rank ", m.owner(), " must gather ",
-          GatherBytes(param, m.owner())));
+          GatherBytes(matrix, m.owner())));
     }
     load[m.owner()] += m.ns_flops();
     ++count[m.owner()];
@@ -295,11 +317,12 @@ absl::Status ValidatePlan(const v1::Plan& plan, const JobLayout& layout) {
       }
       if (bucket_of[i] >= 0) {
         return absl::InvalidArgumentError(
-            absl::StrCat("plan matrix ", i, " (", Quoted(layout.params[i].name),
-                         ") is in buckets ", bucket_of[i], " and ", k));
+            absl::StrCat("plan matrix ", i, " (",
+                         Quoted(layout.matrices[i].name), ") is in buckets ",
+                         bucket_of[i], " and ", k));
       }
       bucket_of[i] = k;
-      bytes += kBytesPerElement * layout.params[i].rows * layout.params[i].cols;
+      bytes += MatrixBytes(layout.matrices[i]);
     }
     if (b.bytes() != bytes) {
       return absl::InvalidArgumentError(absl::StrCat("plan bucket ", k,
@@ -312,12 +335,12 @@ absl::Status ValidatePlan(const v1::Plan& plan, const JobLayout& layout) {
   for (int i = 0; i < num; ++i) {
     if (bucket_of[i] < 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat("plan matrix ", i, " (", Quoted(layout.params[i].name),
+          absl::StrCat("plan matrix ", i, " (", Quoted(layout.matrices[i].name),
                        ") is in no bucket"));
     }
     if (plan.matrices(i).bucket() != bucket_of[i]) {
       return absl::InvalidArgumentError(
-          absl::StrCat("plan matrix ", i, " (", Quoted(layout.params[i].name),
+          absl::StrCat("plan matrix ", i, " (", Quoted(layout.matrices[i].name),
                        ") names bucket ", plan.matrices(i).bucket(),
                        " but bucket ", bucket_of[i], " lists it"));
     }

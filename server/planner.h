@@ -2,8 +2,13 @@
 //
 // Input is a validated JobLayout (server/manifest_validation.h); output is a
 // v1::Plan that every rank executes identically:
-//   - one MatrixPlan per 2-D parameter (index = parameter index), owned by
-//     exactly one rank that holds a non-empty shard of it;
+//   - one MatrixPlan per logical matrix of the layout (index =
+//     JobLayout::matrices index: parameters in union order, the slices of a
+//     3-D expert stack ascending), naming its parameter (param, param_index)
+//     and slice, owned by exactly one rank that holds a non-empty box of it.
+//     A parameter with a sub-mesh (pp stage, ep owner) and an expert slice
+//     are therefore owned inside the ranks holding them and never gathered
+//     across pp or ep;
 //   - ordered buckets grouping the matrices whose shards travel together;
 //   - per-rank loads (Newton-Schulz FLOPs, matrix count), max/mean load;
 //   - a stable hash every rank confirms before the first step.
@@ -34,7 +39,8 @@ struct PlannerOptions {
     // Longest-processing-time-first on NS FLOPs (Graham's LPT): matrices in
     // descending cost order, each to the eligible rank with the least load.
     kLongestProcessingTimeFirst,
-    // Matrix i (parameter order) to eligible[i % eligible.size()].
+    // Matrix i (JobLayout::matrices order) to eligible[i % eligible.size()],
+    // eligible = the ranks holding a non-empty box of it, ascending.
     kRoundRobin,
   };
   // Owner assignment policy. Requested owners (assign_fn) override it.
@@ -60,8 +66,8 @@ std::string PolicyName(PlannerOptions::Policy policy);
 double NewtonSchulzFlops(int64_t rows, int64_t cols, int ns_steps);
 
 // Makes the plan for a validated layout and sets plan.hash.
-//   Owners: requested owner if given; otherwise by the policy among the
-//     ranks holding a non-empty box. LPT sorts by NS cost descending, ties by
+//   Owners: the matrix's requested owner if given; otherwise by the policy
+//     among the ranks holding a non-empty box of that matrix. LPT sorts by NS cost descending, ties by
 //     the fewest bytes any eligible owner must gather (descending), then by
 //     index; each matrix goes to the eligible rank with the least load so far
 //     (ties: lowest rank).
@@ -71,8 +77,8 @@ double NewtonSchulzFlops(int64_t rows, int64_t cols, int ns_steps);
 //     are packed greedily in index order and a matrix larger than the limit
 //     gets its own bucket. Matrices within a bucket are in index order.
 // Errors:
-//   InvalidArgument: ns_steps < 1, bucket_size_bytes < 0, or a parameter no
-//     rank holds any element of.
+//   InvalidArgument: ns_steps < 1, bucket_size_bytes < 0, or a matrix no
+//     rank holds any element of (names the matrix, e.g. "w1[3]").
 absl::StatusOr<v1::Plan> MakePlan(const JobLayout& layout,
                                   const PlannerOptions& options);
 
@@ -81,18 +87,21 @@ absl::StatusOr<v1::Plan> MakePlan(const JobLayout& layout,
 // Equal plans hash equally in every process (unlike absl::Hash).
 std::string PlanHash(const v1::Plan& plan);
 
-// Checks a plan against the layout: world size; one matrix per parameter
-// (index, name, shape match); every owner in range and holding a non-empty
-// shard; bucket indices valid and every matrix in exactly one bucket, whose
+// Checks a plan against the layout: world size; one MatrixPlan per layout
+// matrix (index, param, param_index, slice, shape match); every owner in
+// range and holding a non-empty box of its matrix; gather_bytes; bucket indices valid and every matrix in exactly one bucket, whose
 // index its `bucket` field names; bucket bytes; loads consistent with the
 // owners; the hash, when set, equal to PlanHash.
 // Errors:
-//   InvalidArgument: the first problem, naming the matrix, rank or bucket.
+//   InvalidArgument: the first problem, naming the matrix ("w" or "w[e]"),
+//     rank (and its mesh coordinate) or bucket.
 absl::Status ValidatePlan(const v1::Plan& plan, const JobLayout& layout);
 
-// Turns a user assign_fn's result (rank -> parameter indices it owns) into
-// one owner per parameter (index = parameter index), for
-// RankManifest.requested_owners.
+// Turns a user assign_fn's result (rank -> indices of the items it owns)
+// into one owner per item (index = item index), for
+// RankManifest.requested_owners. The items are the matrices of the rank's
+// manifest (parameters in order, one per expert slice of a 3-D stack);
+// `param_names` names them in messages (a 2-D job: the parameter names).
 // Errors (InvalidArgument):
 //   - a parameter assigned to no rank:
 //     `parameter "w2" (index 2) is assigned to no rank`;

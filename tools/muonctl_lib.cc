@@ -100,20 +100,34 @@ int CmdPlan(const std::vector<std::string>&, std::ostream& out, std::ostream& er
   out << absl::StrFormat("plan %s: %d matrices over %d ranks (mesh %s), policy %s, %d buckets\n",
                          plan.hash(), plan.matrices_size(), plan.world_size(),
                          p->layout.mesh.ToString(), plan.policy(), plan.buckets_size());
-  out << absl::StrFormat("%-36s %5s %6s %-14s %-28s %10s\n", "matrix", "owner",
-                         "bucket", "global shape", "local shapes", "NS GFLOP");
+  // Local shapes: the distinct non-empty boxes of the matrix, then how many
+  // ranks hold part of it (ranks outside a pp/ep sub-mesh, holding other
+  // experts, or with an empty torch.chunk shard hold none).
+  int name_width = 36;
+  for (const MatrixLayout& ml : p->layout.matrices) {
+    name_width = std::max(name_width, static_cast<int>(ml.name.size()));
+  }
+  out << absl::StrFormat("%-*s %5s %6s %-14s %-28s %10s\n", name_width, "matrix",
+                         "owner", "bucket", "global shape", "local shapes (holders)",
+                         "NS GFLOP");
   for (const v1::MatrixPlan& m : plan.matrices()) {
-    const ParamLayout& pl = p->layout.params[m.param_index()];
+    const MatrixLayout& ml = p->layout.matrices[m.index()];
     std::vector<std::string> locals;
     std::set<std::pair<int64_t, int64_t>> seen;
-    for (const Box& b : pl.boxes) {
+    int holders = 0;
+    for (const Box& b : ml.boxes) {
+      if (b.empty()) continue;
+      ++holders;
       if (seen.insert({b.rows.size(), b.cols.size()}).second) {
         locals.push_back(Shape(b.rows.size(), b.cols.size()));
       }
     }
-    out << absl::StrFormat("%-36s %5d %6d %-14s %-28s %10.4g\n", m.param(), m.owner(),
+    out << absl::StrFormat("%-*s %5d %6d %-14s %-28s %10.4g\n", name_width, ml.name,
+                           m.owner(),
                            m.bucket(), Shape(m.rows(), m.cols()),
-                           absl::StrJoin(locals, " "), m.ns_flops() / 1e9);
+                           absl::StrCat(absl::StrJoin(locals, " "), " (", holders, "/",
+                                        ml.boxes.size(), ")"),
+                           m.ns_flops() / 1e9);
   }
   out << absl::StrFormat("%-6s %9s %10s\n", "rank", "matrices", "NS GFLOP");
   for (const v1::RankLoad& l : plan.loads()) {

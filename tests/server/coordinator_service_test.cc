@@ -2,6 +2,7 @@
 #include "server/coordinator_service.h"
 
 #include <functional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -129,6 +130,66 @@ TEST_F(CoordinatorServiceTest,
   for (const v1::RankStatus& s : ranks->ranks()) EXPECT_EQ(s.state(), "failed");
   // A late retry sees the same error.
   EXPECT_EQ(service.Join(JoinRequestFor(m[0])).status(), results[0].status());
+}
+
+TEST_F(CoordinatorServiceTest,
+       Join_PipelineRanksListDifferentParams_OnePlanToEveryRank) {
+  CoordinatorService service(DefaultOptions());
+  // Mesh pp=2 x tp=4: ranks 0-3 list layers 0-1, ranks 4-7 layers 2-3.
+  const std::vector<v1::RankManifest> manifests =
+      Manifests(testing::PipelineSpec());
+  ASSERT_EQ(manifests.size(), 8u);
+  ASSERT_NE(manifests[0].params(0).name(), manifests[4].params(0).name());
+  auto results = JoinAll(service, manifests);
+  for (const auto& r : results) ASSERT_THAT(r, IsOk());
+  const v1::Plan& plan = results[0]->plan();
+  EXPECT_EQ(plan.world_size(), 8);
+  ASSERT_EQ(plan.matrices_size(), 8);  // the union of both stages
+  for (const auto& r : results) {
+    EXPECT_EQ(r->plan().SerializeAsString(), plan.SerializeAsString());
+  }
+  for (const v1::MatrixPlan& m : plan.matrices()) {
+    EXPECT_EQ(m.owner() / 4, m.param_index() / 4)
+        << m.param() << " owned outside its stage";
+  }
+}
+
+TEST_F(CoordinatorServiceTest,
+       Join_PipelineRankMissingStageParam_SameErrorToEveryRank) {
+  CoordinatorService service(DefaultOptions());
+  std::vector<v1::RankManifest> manifests = Manifests(testing::PipelineSpec());
+  manifests[5].mutable_params()->DeleteSubrange(2, 1);  // layers.3.attn.wq
+  auto results = JoinAll(service, manifests);
+  for (const auto& r : results) {
+    EXPECT_THAT(r, StatusIs(absl::StatusCode::kInvalidArgument,
+                            HasSubstr("parameter \"layers.3.attn.wq\" "
+                                      "(sub-mesh pp=1) is missing on rank 5 "
+                                      "(coordinate pp=1, tp=1)")));
+    EXPECT_EQ(r.status(), results[0].status());
+  }
+}
+
+TEST_F(CoordinatorServiceTest, GetAssignments_ExpertStack_NamesSlices) {
+  CoordinatorService service(DefaultOptions());
+  auto results = JoinAll(service, Manifests(testing::ExpertSpec()));
+  for (const auto& r : results) ASSERT_THAT(r, IsOk());
+  absl::StatusOr<v1::GetAssignmentsResponse> a =
+      service.GetAssignments(v1::GetAssignmentsRequest());
+  ASSERT_THAT(a, IsOk());
+  std::vector<std::string> all;
+  for (const v1::RankAssignment& r : a->ranks()) {
+    for (const std::string& m : r.matrices()) {
+      // Expert e of a stack lives on ep rank e / 2 (rank = 4*dp + ep).
+      if (m.rfind("experts.w1[", 0) == 0) {
+        const int e = m[11] - '0';
+        EXPECT_EQ(r.rank() % 4, e / 2) << m;
+      }
+      all.push_back(m);
+    }
+  }
+  EXPECT_EQ(all.size(), 17u);
+  EXPECT_THAT(all, ::testing::Contains("experts.w2[7]"));
+  EXPECT_THAT(all, ::testing::Contains("attn"));
 }
 
 TEST_F(CoordinatorServiceTest, Join_MissingRanks_DeadlineExceededNamingThem) {

@@ -1,6 +1,7 @@
 // Tests of server/manifest_validation.h: every cross-rank check.
 #include "server/manifest_validation.h"
 
+#include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -11,9 +12,12 @@
 namespace muon {
 namespace {
 
+using ::muon::testing::ExpertSpec;
 using ::muon::testing::FourRankSpec;
 using ::muon::testing::Manifests;
+using ::muon::testing::PipelineSpec;
 using ::testing::AllOf;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 constexpr absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
@@ -27,12 +31,14 @@ TEST(ManifestValidationTest, ValidateManifests_Consistent_ReturnsLayout) {
   ASSERT_EQ(layout->params.size(), 3u);
   const ParamLayout& fc2 = layout->params[1];
   EXPECT_EQ(fc2.name, "fc2.weight");
-  EXPECT_EQ(fc2.rows, 3);
-  EXPECT_EQ(fc2.cols, 5);
-  ASSERT_EQ(fc2.boxes.size(), 4u);
-  EXPECT_TRUE(fc2.boxes[3].empty());
-  EXPECT_EQ(fc2.boxes[2].rows.begin, 2);
-  EXPECT_EQ(fc2.requested_owner, -1);
+  EXPECT_THAT(fc2.shape, ElementsAre(3, 5));
+  const MatrixLayout& m = layout->matrices[fc2.first_matrix];
+  EXPECT_EQ(m.rows, 3);
+  EXPECT_EQ(m.cols, 5);
+  ASSERT_EQ(m.boxes.size(), 4u);
+  EXPECT_TRUE(m.boxes[3].empty());
+  EXPECT_EQ(m.boxes[2].rows.begin, 2);
+  EXPECT_EQ(m.requested_owner, -1);
 }
 
 TEST(ManifestValidationTest, ValidateManifests_Empty_ReturnsInvalidArgument) {
@@ -115,18 +121,25 @@ TEST(ManifestValidationTest,
   m[3].mutable_params()->SwapElements(0, 1);
   EXPECT_THAT(
       ValidateManifests(m),
-      StatusIs(kInvalid, AllOf(HasSubstr("rank 3 reports \"fc2.weight\""),
-                               HasSubstr("rank 0 reports \"fc1.weight\""))));
+      StatusIs(kInvalid,
+               HasSubstr("rank 3 lists parameter \"fc2.weight\" before "
+                         "\"fc1.weight\" but rank 0 lists \"fc1.weight\" "
+                         "before \"fc2.weight\"")));
 }
 
 TEST(ManifestValidationTest,
      ValidateManifests_ExtraParamOnOneRank_ReturnsInvalidArgument) {
+  // A parameter without a sub-mesh must be on every rank.
   std::vector<v1::RankManifest> m = Manifests(FourRankSpec());
   v1::ParamManifest* extra = m[2].add_params();
+  *extra = m[2].params(2);
   extra->set_name("head.weight");
-  EXPECT_THAT(ValidateManifests(m),
-              StatusIs(kInvalid, AllOf(HasSubstr("\"head.weight\""),
-                                       HasSubstr("only on rank 2"))));
+  EXPECT_THAT(
+      ValidateManifests(m),
+      StatusIs(kInvalid,
+               HasSubstr("parameter \"head.weight\" (no sub-mesh: every "
+                         "rank) is missing on rank 0 (coordinate dp_shard=0); "
+                         "it is listed on ranks [2]")));
 }
 
 TEST(ManifestValidationTest,
@@ -138,13 +151,17 @@ TEST(ManifestValidationTest,
                                        HasSubstr("dtype \"bfloat16\""))));
 }
 
-TEST(ManifestValidationTest, ValidateManifests_NotTwoDim_NamesParamAndShape) {
+TEST(ManifestValidationTest,
+     ValidateManifests_NotTwoOrThreeDim_NamesParamAndShape) {
   std::vector<v1::RankManifest> m = Manifests(FourRankSpec());
-  for (auto& mm : m) mm.mutable_params(2)->add_global_shape(4);
+  for (auto& mm : m) {
+    mm.mutable_params(2)->add_global_shape(4);
+    mm.mutable_params(2)->add_global_shape(2);
+  }
   EXPECT_THAT(
       ValidateManifests(m),
       StatusIs(kInvalid, AllOf(HasSubstr("\"fc3.weight\""),
-                               HasSubstr("[6, 8, 4]"), HasSubstr("2-D"))));
+                               HasSubstr("[6, 8, 4, 2]"), HasSubstr("2-D"))));
 }
 
 TEST(ManifestValidationTest, ValidateManifests_Partial_ReturnsInvalidArgument) {
@@ -203,9 +220,9 @@ TEST(ManifestValidationTest, ValidateManifests_RequestedOwners_Kept) {
   }
   absl::StatusOr<JobLayout> layout = ValidateManifests(m);
   ASSERT_THAT(layout, IsOk());
-  EXPECT_EQ(layout->params[0].requested_owner, 3);
-  EXPECT_EQ(layout->params[1].requested_owner, 2);
-  EXPECT_EQ(layout->params[2].requested_owner, 0);
+  EXPECT_EQ(layout->matrices[0].requested_owner, 3);
+  EXPECT_EQ(layout->matrices[1].requested_owner, 2);
+  EXPECT_EQ(layout->matrices[2].requested_owner, 0);
 }
 
 TEST(ManifestValidationTest,
@@ -216,10 +233,10 @@ TEST(ManifestValidationTest,
     m[r].add_requested_owners(0);
     m[r].add_requested_owners(0);
   }
-  EXPECT_THAT(
-      ValidateManifests(m),
-      StatusIs(kInvalid, AllOf(HasSubstr("rank 1 requests owners [1, 0, 0]"),
-                               HasSubstr("rank 0 requests owners [0, 0, 0]"))));
+  EXPECT_THAT(ValidateManifests(m),
+              StatusIs(kInvalid, HasSubstr("parameter \"fc1.weight\": rank 1 "
+                                           "requests owner 1 but rank 0 "
+                                           "requests owner 0")));
 }
 
 TEST(ManifestValidationTest,
@@ -282,6 +299,243 @@ TEST(ManifestValidationTest,
   EXPECT_THAT(
       ValidateManifests(m),
       StatusIs(kInvalid, HasSubstr("rank 1 reports bucket_size_bytes 4096")));
+}
+
+TEST(ManifestValidationTest, ValidateManifests_TwoDim_OneMatrixPerParam) {
+  absl::StatusOr<JobLayout> layout =
+      ValidateManifests(Manifests(FourRankSpec()));
+  ASSERT_THAT(layout, IsOk());
+  ASSERT_EQ(layout->matrices.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    const MatrixLayout& m = layout->matrices[i];
+    EXPECT_EQ(m.param_index, i);
+    EXPECT_EQ(m.slice, 0);
+    EXPECT_EQ(m.name, layout->params[i].name);
+    EXPECT_EQ(layout->params[i].first_matrix, i);
+    EXPECT_EQ(layout->params[i].num_matrices, 1);
+  }
+  EXPECT_THAT(layout->params[1].shape, ElementsAre(3, 5));
+  EXPECT_TRUE(layout->params[1].sub_mesh.empty());
+  EXPECT_TRUE(layout->matrices[1].boxes[3].empty());
+}
+
+TEST(ManifestValidationTest,
+     ValidateManifests_Pipeline_UnionInRankOrderAndBoxesOnlyOnStage) {
+  absl::StatusOr<JobLayout> layout =
+      ValidateManifests(Manifests(PipelineSpec()));
+  ASSERT_THAT(layout, IsOk());
+  // Rank 0 (stage 0) lists layers 0-1, rank 4 (stage 1) layers 2-3.
+  ASSERT_EQ(layout->params.size(), 8u);
+  ASSERT_EQ(layout->matrices.size(), 8u);
+  std::vector<std::string> names;
+  for (const ParamLayout& p : layout->params) names.push_back(p.name);
+  EXPECT_THAT(names, ElementsAre("layers.0.attn.wq", "layers.0.attn.wo",
+                                 "layers.1.attn.wq", "layers.1.attn.wo",
+                                 "layers.2.attn.wq", "layers.2.attn.wo",
+                                 "layers.3.attn.wq", "layers.3.attn.wo"));
+  const ParamLayout& wq3 = layout->params[6];
+  ASSERT_EQ(wq3.sub_mesh.dims.size(), 1u);
+  EXPECT_EQ(wq3.sub_mesh.dims[0], 0);  // mesh dim "pp"
+  EXPECT_EQ(wq3.sub_mesh.coords[0], 1);
+  const MatrixLayout& m = layout->matrices[6];
+  for (int r = 0; r < 8; ++r) {
+    EXPECT_EQ(m.boxes[r].empty(), r < 4) << "rank " << r;
+  }
+  EXPECT_EQ(m.boxes[5].rows.begin, 2);  // tp coordinate 1 of Shard(0)
+  EXPECT_EQ(m.boxes[5].rows.end, 4);
+}
+
+TEST(ManifestValidationTest,
+     ValidateManifests_MissingOnSubMeshRank_NamesParamRankAndCoordinate) {
+  std::vector<v1::RankManifest> m = Manifests(PipelineSpec());
+  // Rank 5 is pp=1, tp=1; drop its layers.3.attn.wq (index 2 of its list).
+  m[5].mutable_params()->DeleteSubrange(2, 1);
+  EXPECT_THAT(
+      ValidateManifests(m),
+      StatusIs(kInvalid,
+               HasSubstr("parameter \"layers.3.attn.wq\" (sub-mesh pp=1) is "
+                         "missing on rank 5 (coordinate pp=1, tp=1)")));
+}
+
+TEST(ManifestValidationTest,
+     ValidateManifests_ListedOutsideSubMesh_NamesParamRankAndCoordinate) {
+  std::vector<v1::RankManifest> m = Manifests(PipelineSpec());
+  // Rank 2 (pp=0, tp=2) also lists stage 1's layers.3.attn.wq.
+  *m[2].add_params() = m[6].params(2);
+  EXPECT_THAT(
+      ValidateManifests(m),
+      StatusIs(kInvalid,
+               HasSubstr("parameter \"layers.3.attn.wq\" (sub-mesh pp=1) is "
+                         "listed on rank 2 outside its sub-mesh (coordinate "
+                         "pp=0, tp=2)")));
+}
+
+TEST(ManifestValidationTest,
+     ValidateManifests_SubMeshDisagrees_NamesParamBothRanksAndValues) {
+  std::vector<v1::RankManifest> m = Manifests(PipelineSpec());
+  (*m[6].mutable_params(2)->mutable_sub_mesh())["pp"] = 0;
+  EXPECT_THAT(
+      ValidateManifests(m),
+      StatusIs(kInvalid,
+               HasSubstr("parameter \"layers.3.attn.wq\": rank 6 reports "
+                         "sub_mesh {pp=0} but rank 4 reports {pp=1}")));
+}
+
+TEST(ManifestValidationTest,
+     ValidateManifests_SubMeshStageOutOfRange_ReturnsInvalidArgument) {
+  std::vector<v1::RankManifest> m = Manifests(PipelineSpec());
+  for (int r = 4; r < 8; ++r) {
+    (*m[r].mutable_params(2)->mutable_sub_mesh())["pp"] = 2;
+  }
+  EXPECT_THAT(
+      ValidateManifests(m),
+      StatusIs(kInvalid, HasSubstr("parameter \"layers.3.attn.wq\": pp stage "
+                                   "2 is out of range: mesh dim \"pp\" has 2 "
+                                   "stages (0..1)")));
+}
+
+TEST(ManifestValidationTest,
+     ValidateManifests_ShapeDisagreesAcrossStageRanks_NamesBothRanks) {
+  std::vector<v1::RankManifest> m = Manifests(PipelineSpec());
+  m[7].mutable_params(0)->set_global_shape(0, 16);
+  EXPECT_THAT(
+      ValidateManifests(m),
+      StatusIs(kInvalid, HasSubstr("parameter \"layers.2.attn.wq\": rank 7 "
+                                   "reports global shape [16, 8] but rank 4 "
+                                   "reports [8, 8]")));
+}
+
+TEST(ManifestValidationTest,
+     ValidateManifests_ExpertStack_OneMatrixPerSliceOnItsEpGroup) {
+  absl::StatusOr<JobLayout> layout = ValidateManifests(Manifests(ExpertSpec()));
+  ASSERT_THAT(layout, IsOk());
+  ASSERT_EQ(layout->params.size(), 3u);
+  ASSERT_EQ(layout->matrices.size(), 1u + 8u + 8u);
+  const ParamLayout& w1 = layout->params[1];
+  EXPECT_TRUE(w1.is_stack());
+  EXPECT_EQ(w1.first_matrix, 1);
+  EXPECT_EQ(w1.num_matrices, 8);
+  for (int e = 0; e < 8; ++e) {
+    const MatrixLayout& m = layout->matrices[1 + e];
+    EXPECT_EQ(m.param_index, 1);
+    EXPECT_EQ(m.slice, e);
+    EXPECT_EQ(m.name, "experts.w1[" + std::to_string(e) + "]");
+    EXPECT_EQ(m.rows, 6);
+    EXPECT_EQ(m.cols, 4);
+    // Rank = 4 * dp_shard + ep; expert e lives whole on ep rank e / 2.
+    for (int r = 0; r < 8; ++r) {
+      const bool holds = r % 4 == e / 2;
+      EXPECT_EQ(m.boxes[r].numel(), holds ? 24 : 0)
+          << "slice " << e << " rank " << r;
+    }
+  }
+  // w2 [8, 4, 6]: rows split over dp_shard inside the ep group.
+  const MatrixLayout& w2_5 = layout->matrices[9 + 5];
+  EXPECT_EQ(w2_5.name, "experts.w2[5]");
+  EXPECT_EQ(w2_5.boxes[2].rows.size(), 2);  // dp 0, ep 2
+  EXPECT_EQ(w2_5.boxes[6].rows.begin, 2);   // dp 1, ep 2
+  EXPECT_TRUE(w2_5.boxes[1].empty());
+}
+
+TEST(ManifestValidationTest,
+     ValidateManifests_ExpertStackWrongLocalShape_NamesExpected) {
+  std::vector<v1::RankManifest> m = Manifests(ExpertSpec());
+  m[3].mutable_params(1)->set_local_shape(0, 8);
+  EXPECT_THAT(ValidateManifests(m),
+              StatusIs(kInvalid,
+                       HasSubstr("parameter \"experts.w1\": rank 3 local shape "
+                                 "[8, 6, 4] does not match [Replicate(), "
+                                 "Shard(0)] of [8, 6, 4] over dp_shard=2 x "
+                                 "ep=4: expected [2, 6, 4]")));
+}
+
+// Requested owners, one per matrix of the rank's manifest: ExpertSpec has
+// attn, experts.w1[0..7], experts.w2[0..7] on every rank.
+std::vector<v1::RankManifest> ExpertManifestsWithOwners(
+    const std::vector<int>& owners) {
+  std::vector<v1::RankManifest> m = Manifests(ExpertSpec());
+  for (auto& mm : m) {
+    for (int o : owners) mm.add_requested_owners(o);
+  }
+  return m;
+}
+
+std::vector<int> ValidExpertOwners() {
+  std::vector<int> owners = {5};                              // attn
+  for (int e = 0; e < 8; ++e) owners.push_back(e / 2);        // w1: dp 0
+  for (int e = 0; e < 8; ++e) owners.push_back(4 + e / 2);    // w2: dp 1
+  return owners;
+}
+
+TEST(ManifestValidationTest,
+     ValidateManifests_RequestedOwnersPerMatrix_KeptPerSlice) {
+  absl::StatusOr<JobLayout> layout =
+      ValidateManifests(ExpertManifestsWithOwners(ValidExpertOwners()));
+  ASSERT_THAT(layout, IsOk());
+  EXPECT_EQ(layout->matrices[0].requested_owner, 5);
+  EXPECT_EQ(layout->matrices[1 + 7].requested_owner, 3);
+  EXPECT_EQ(layout->matrices[9 + 2].requested_owner, 5);
+}
+
+TEST(ManifestValidationTest,
+     ValidateManifests_RequestedOwnerPerParamCount_ReturnsInvalidArgument) {
+  // One owner per parameter (3) instead of one per matrix (17).
+  EXPECT_THAT(
+      ValidateManifests(ExpertManifestsWithOwners({0, 0, 0})),
+      StatusIs(kInvalid, HasSubstr("rank 0: requested_owners has 3 entries "
+                                   "but the rank lists 17 matrices")));
+}
+
+TEST(ManifestValidationTest,
+     ValidateManifests_RequestedOwnerOutsideEpGroup_NamesSliceAndRank) {
+  std::vector<int> owners = ValidExpertOwners();
+  owners[1 + 6] = 0;  // experts.w1[6] lives on ep rank 3, not on rank 0
+  EXPECT_THAT(
+      ValidateManifests(ExpertManifestsWithOwners(owners)),
+      StatusIs(kInvalid,
+               AllOf(HasSubstr("parameter \"experts.w1\" expert slice 6: "
+                               "requested owner rank 0 holds an empty shard"),
+                     HasSubstr("coordinate dp_shard=0, ep=0"))));
+}
+
+TEST(ManifestValidationTest,
+     ValidateManifests_RequestedOwnerSliceDisagrees_NamesBothRanks) {
+  std::vector<v1::RankManifest> m =
+      ExpertManifestsWithOwners(ValidExpertOwners());
+  m[6].set_requested_owners(9 + 4, 2);  // w2[4]: rank 2 (also holds it)
+  EXPECT_THAT(
+      ValidateManifests(m),
+      StatusIs(kInvalid, HasSubstr("parameter \"experts.w2\" expert slice 4: "
+                                   "rank 6 requests owner 2 but rank 0 "
+                                   "requests owner 6")));
+}
+
+TEST(ManifestValidationTest,
+     ValidateManifests_RequestedOwnersPipeline_PerRankListsMatch) {
+  // Each stage's ranks give owners for their own 4 matrices only (wo [8, 6]
+  // over tp=4 is empty on tp=3).
+  std::vector<v1::RankManifest> m = Manifests(PipelineSpec());
+  for (int r = 0; r < 8; ++r) {
+    const int base = 4 * (r / 4);
+    for (int o : {base, base + 1, base + 2, base + 1}) {
+      m[r].add_requested_owners(o);
+    }
+  }
+  absl::StatusOr<JobLayout> layout = ValidateManifests(m);
+  ASSERT_THAT(layout, IsOk());
+  EXPECT_EQ(layout->matrices[4].requested_owner, 4);
+  EXPECT_EQ(layout->matrices[7].requested_owner, 5);
+  // An owner on the other stage holds nothing of the matrix.
+  m[4].set_requested_owners(0, 0);
+  m[5].set_requested_owners(0, 0);
+  m[6].set_requested_owners(0, 0);
+  m[7].set_requested_owners(0, 0);
+  EXPECT_THAT(
+      ValidateManifests(m),
+      StatusIs(kInvalid,
+               HasSubstr("parameter \"layers.2.attn.wq\": requested owner "
+                         "rank 0 (coordinate pp=0, tp=0) is outside its "
+                         "sub-mesh pp=1")));
 }
 
 }  // namespace

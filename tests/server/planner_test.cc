@@ -8,6 +8,9 @@
 #include <vector>
 
 #include "gmock/gmock.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/spec.h"
 #include "gtest/gtest.h"
 #include "server/manifest_validation.h"
 #include "tests/status_matchers.h"
@@ -133,7 +136,7 @@ TEST(PlannerTest, MakePlan_ShardedUneven_EveryMatrixOwnedOnceByAHolder) {
       EXPECT_TRUE(seen.insert(m.index()).second);
       ASSERT_GE(m.owner(), 0);
       ASSERT_LT(m.owner(), 4);
-      EXPECT_FALSE(layout.params[m.index()].boxes[m.owner()].empty())
+      EXPECT_FALSE(layout.matrices[m.index()].boxes[m.owner()].empty())
           << m.param() << " owned by rank " << m.owner();
     }
     EXPECT_THAT(ValidatePlan(*plan, layout), IsOk());
@@ -321,6 +324,206 @@ TEST_F(ValidatePlanTest, ValidatePlan_StaleHash_ReturnsInvalidArgument) {
   plan_.set_hash("0123456789abcdef");
   EXPECT_THAT(ValidatePlan(plan_, layout_),
               StatusIs(kInvalid, HasSubstr("does not match")));
+}
+
+TEST(PlannerTest, MakePlan_Pipeline_EveryMatrixOwnedInsideItsStage) {
+  // Mesh pp=2 x tp=4 (rank = 4*pp + tp); layer l on stage l / 2.
+  const JobLayout layout = Layout(testing::PipelineSpec());
+  for (auto policy : {kLpt, kRoundRobin}) {
+    absl::StatusOr<v1::Plan> plan = MakePlan(layout, Options(policy));
+    ASSERT_THAT(plan, IsOk());
+    ASSERT_EQ(plan->matrices_size(), 8);
+    for (const v1::MatrixPlan& m : plan->matrices()) {
+      const int stage = m.param_index() / 4;  // 2 params per layer
+      EXPECT_EQ(m.owner() / 4, stage) << m.param() << " owned by rank "
+                                      << m.owner() << " outside its stage";
+      EXPECT_EQ(m.param(), layout.params[m.param_index()].name);
+      EXPECT_EQ(m.slice(), 0);
+      // Gathered within tp only: the owner holds a quarter (or, for wo
+      // [8, 6] over tp=4, 2 of 6 columns).
+      const int64_t held = layout.matrices[m.index()].boxes[m.owner()].numel();
+      EXPECT_EQ(m.gather_bytes(), 4 * (m.rows() * m.cols() - held));
+      EXPECT_GT(held, 0);
+    }
+    // Each stage's 4 ranks share its load; both stages carry the same.
+    double stage_load[2] = {0, 0};
+    for (const v1::RankLoad& l : plan->loads()) {
+      stage_load[l.rank() / 4] += l.ns_flops();
+    }
+    EXPECT_DOUBLE_EQ(stage_load[0], stage_load[1]);
+    EXPECT_THAT(ValidatePlan(*plan, layout), IsOk());
+  }
+}
+
+TEST(PlannerTest, MakePlan_ExpertStack_SlicesNumberedAndOwnedInEpGroup) {
+  // Mesh dp_shard=2 x ep=4 (rank = 4*dp_shard + ep): expert e of a stack
+  // lives on ep rank e / 2.
+  const JobLayout layout = Layout(testing::ExpertSpec());
+  for (auto policy : {kLpt, kRoundRobin}) {
+    absl::StatusOr<v1::Plan> plan = MakePlan(layout, Options(policy));
+    ASSERT_THAT(plan, IsOk());
+    ASSERT_EQ(plan->matrices_size(), 17);
+    EXPECT_EQ(plan->matrices(0).param(), "attn");
+    for (int i = 1; i < 17; ++i) {
+      const v1::MatrixPlan& m = plan->matrices(i);
+      const int e = (i - 1) % 8;
+      EXPECT_EQ(m.index(), i);
+      EXPECT_EQ(m.slice(), e);
+      EXPECT_EQ(m.param_index(), i < 9 ? 1 : 2);
+      EXPECT_EQ(m.param(), i < 9 ? "experts.w1" : "experts.w2");
+      EXPECT_EQ(m.owner() % 4, e / 2)
+          << m.param() << "[" << e << "] owned outside its ep group";
+      if (i < 9) {
+        // Whole slices on both dp ranks of the group: nothing to gather.
+        EXPECT_EQ(m.gather_bytes(), 0) << "experts.w1[" << e << "]";
+        EXPECT_EQ(m.rows(), 6);
+        EXPECT_EQ(m.cols(), 4);
+      } else {
+        // Rows split over dp_shard only: half of [4, 6] travels.
+        EXPECT_EQ(m.gather_bytes(), 4 * 12) << "experts.w2[" << e << "]";
+      }
+    }
+    EXPECT_THAT(ValidatePlan(*plan, layout), IsOk());
+  }
+}
+
+TEST(PlannerTest, MakePlan_ExpertStackRoundRobin_CyclesWithinHolders) {
+  const JobLayout layout = Layout(testing::ExpertSpec());
+  absl::StatusOr<v1::Plan> plan = MakePlan(layout, Options(kRoundRobin));
+  ASSERT_THAT(plan, IsOk());
+  // experts.w1[0] is matrix 1, held by ranks {0, 4}: 1 % 2 = 1 -> rank 4.
+  EXPECT_EQ(plan->matrices(1).owner(), 4);
+  // experts.w1[3] is matrix 4, held by ranks {1, 5}: 4 % 2 = 0 -> rank 1.
+  EXPECT_EQ(plan->matrices(4).owner(), 1);
+}
+
+TEST(PlannerTest, MakePlan_RequestedOwnersPerSlice_Override) {
+  std::vector<v1::RankManifest> m = Manifests(testing::ExpertSpec());
+  std::vector<int> owners = {7};
+  for (int e = 0; e < 8; ++e) owners.push_back(4 + e / 2);
+  for (int e = 0; e < 8; ++e) owners.push_back(e / 2);
+  for (auto& mm : m) {
+    for (int o : owners) mm.add_requested_owners(o);
+  }
+  absl::StatusOr<JobLayout> layout = ValidateManifests(m);
+  ASSERT_THAT(layout, IsOk());
+  absl::StatusOr<v1::Plan> plan = MakePlan(*layout, Options(kLpt));
+  ASSERT_THAT(plan, IsOk());
+  EXPECT_EQ(Owners(*plan), owners);
+  EXPECT_THAT(ValidatePlan(*plan, *layout), IsOk());
+}
+
+TEST(PlannerTest, ValidatePlan_SliceMismatch_ReturnsInvalidArgument) {
+  const JobLayout layout = Layout(testing::ExpertSpec());
+  absl::StatusOr<v1::Plan> plan = MakePlan(layout, Options(kLpt));
+  ASSERT_THAT(plan, IsOk());
+  v1::Plan bad = *plan;
+  bad.clear_hash();
+  bad.mutable_matrices(3)->set_slice(5);
+  EXPECT_THAT(ValidatePlan(bad, layout),
+              StatusIs(kInvalid, AllOf(HasSubstr("plan matrix 3"),
+                                       HasSubstr("\"experts.w1[2]\""),
+                                       HasSubstr("slice 5"))));
+}
+
+TEST(PlannerTest, ValidatePlan_SliceOwnedOutsideEpGroup_ReturnsInvalidArgument) {
+  const JobLayout layout = Layout(testing::ExpertSpec());
+  absl::StatusOr<v1::Plan> plan = MakePlan(layout, Options(kLpt));
+  ASSERT_THAT(plan, IsOk());
+  v1::Plan bad = *plan;
+  bad.clear_hash();
+  bad.mutable_matrices(8)->set_owner(0);  // experts.w1[7] lives on ep rank 3
+  EXPECT_THAT(
+      ValidatePlan(bad, layout),
+      StatusIs(kInvalid, AllOf(HasSubstr("\"experts.w1[7]\""),
+                               HasSubstr("rank 0 which holds no shard"),
+                               HasSubstr("coordinate dp_shard=0, ep=0"))));
+}
+
+// The shipped real-model specs (examples/specs/models): both policies plan
+// quickly, the plans validate, and LPT balances at least as well as
+// round-robin.
+struct ModelSpecCase {
+  std::string file;
+  int matrices;
+  int world;
+};
+
+class ModelSpecTest : public ::testing::TestWithParam<ModelSpecCase> {};
+
+TEST_P(ModelSpecTest, MakePlan_RealModelSpec_PlansAndLptNoWorseThanRoundRobin) {
+  const ModelSpecCase& c = GetParam();
+  const absl::Time start = absl::Now();
+  absl::StatusOr<v1::JobSpec> spec =
+      LoadJobSpec("examples/specs/models/" + c.file);
+  ASSERT_THAT(spec, IsOk());
+  absl::StatusOr<std::vector<v1::RankManifest>> manifests =
+      ManifestsFromSpec(*spec);
+  ASSERT_THAT(manifests, IsOk());
+  absl::StatusOr<JobLayout> layout = ValidateManifests(*manifests);
+  ASSERT_THAT(layout, IsOk());
+  EXPECT_EQ(layout->world_size, c.world);
+  ASSERT_EQ(static_cast<int>(layout->matrices.size()), c.matrices);
+  double ratio[2] = {0, 0};
+  for (int k = 0; k < 2; ++k) {
+    absl::StatusOr<v1::Plan> plan =
+        MakePlan(*layout, Options(k == 0 ? kLpt : kRoundRobin));
+    ASSERT_THAT(plan, IsOk());
+    EXPECT_THAT(ValidatePlan(*plan, *layout), IsOk());
+    ASSERT_GT(plan->mean_load_flops(), 0);
+    ratio[k] = plan->max_load_flops() / plan->mean_load_flops();
+    // Owned inside the sub-mesh / ep group: the owner holds a box.
+    for (const v1::MatrixPlan& m : plan->matrices()) {
+      ASSERT_FALSE(layout->matrices[m.index()].boxes[m.owner()].empty());
+    }
+  }
+  EXPECT_LE(ratio[0], ratio[1] + 1e-12) << c.file;
+  EXPECT_LT(absl::ToDoubleSeconds(absl::Now() - start), 5.0) << c.file;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, ModelSpecTest,
+    ::testing::Values(ModelSpecCase{"gpt2_124m.json", 48, 8},
+                      ModelSpecCase{"llama3_8b_tp8_dp8.json", 224, 64},
+                      ModelSpecCase{"moe_ep8.json", 8 * (4 + 3 * 8), 16},
+                      ModelSpecCase{"pp4_tp2.json", 8 * 7, 8}),
+    [](const ::testing::TestParamInfo<ModelSpecCase>& info) {
+      std::string name = info.param.file.substr(0, info.param.file.find('.'));
+      return name;
+    });
+
+TEST(PlannerTest, MakePlan_MoeSpec_ExpertSlicesNeverGatheredAcrossEp) {
+  absl::StatusOr<v1::JobSpec> spec =
+      LoadJobSpec("examples/specs/models/moe_ep8.json");
+  ASSERT_THAT(spec, IsOk());
+  const JobLayout layout = Layout(*spec);
+  absl::StatusOr<v1::Plan> plan = MakePlan(layout, Options(kLpt));
+  ASSERT_THAT(plan, IsOk());
+  int slices = 0;
+  for (const v1::MatrixPlan& m : plan->matrices()) {
+    if (!layout.params[m.param_index()].is_stack()) continue;
+    ++slices;
+    // Mesh dp_shard=2 x ep=8: expert e on ep rank e; rows split over the
+    // 2 dp_shard ranks of its group, so the owner gathers exactly half.
+    EXPECT_EQ(m.owner() % 8, m.slice()) << m.param() << "[" << m.slice() << "]";
+    EXPECT_EQ(m.gather_bytes(), 4 * m.rows() * m.cols() / 2);
+  }
+  EXPECT_EQ(slices, 8 * 3 * 8);
+}
+
+TEST(PlannerTest, MakePlan_PpSpec_LayersOwnedOnTheirStage) {
+  absl::StatusOr<v1::JobSpec> spec =
+      LoadJobSpec("examples/specs/models/pp4_tp2.json");
+  ASSERT_THAT(spec, IsOk());
+  const JobLayout layout = Layout(*spec);
+  for (auto policy : {kLpt, kRoundRobin}) {
+    absl::StatusOr<v1::Plan> plan = MakePlan(layout, Options(policy));
+    ASSERT_THAT(plan, IsOk());
+    for (const v1::MatrixPlan& m : plan->matrices()) {
+      const int layer = m.param_index() / 7;
+      EXPECT_EQ(m.owner() / 2, layer / 2) << m.param();  // rank = 2*pp + tp
+    }
+  }
 }
 
 TEST(PlannerTest, ParsePolicy_KnownAndUnknown) {

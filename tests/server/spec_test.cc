@@ -9,11 +9,16 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/server/test_specs.h"
 #include "tests/status_matchers.h"
 
 namespace muon {
 namespace {
 
+using ::muon::testing::ExpertSpec;
+using ::muon::testing::MakeSpec;
+using ::muon::testing::PipelineSpec;
+using ::muon::testing::TestParam;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -111,13 +116,154 @@ TEST(SpecTest, LoadJobSpec_GoodFile_RoundTripsThroughJson) {
   std::remove(path.c_str());
 }
 
-TEST(SpecTest, ValidateJobSpec_ThreeDimParam_ReturnsInvalidArgumentNamingIt) {
+TEST(SpecTest, ValidateJobSpec_FourDimParam_ReturnsInvalidArgumentNamingIt) {
   v1::JobSpec spec = GoodSpec();
   spec.mutable_params(1)->add_shape(2);
+  spec.mutable_params(1)->add_shape(4);
   EXPECT_THAT(ValidateJobSpec(spec),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        ::testing::AllOf(HasSubstr("\"fc2.weight\""),
-                                        HasSubstr("[3, 5, 2]"))));
+                                        HasSubstr("[3, 5, 2, 4]"),
+                                        HasSubstr("3-D expert stacks"))));
+}
+
+TEST(SpecTest, ValidateJobSpec_ThreeDimExpertStack_Accepted) {
+  v1::JobSpec spec = ExpertSpec();
+  EXPECT_THAT(ValidateJobSpec(spec), IsOk());
+  // Shard(2) is a valid tensor dim of a stack.
+  spec.mutable_params(2)->set_placements(0, "Shard(2)");
+  EXPECT_THAT(ValidateJobSpec(spec), IsOk());
+}
+
+TEST(SpecTest, ValidateJobSpec_StackShardDimThree_ReturnsInvalidArgument) {
+  v1::JobSpec spec = ExpertSpec();
+  spec.mutable_params(1)->set_placements(1, "Shard(3)");
+  EXPECT_THAT(ValidateJobSpec(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::AllOf(HasSubstr("\"experts.w1\""),
+                                        HasSubstr("Shard(3)"),
+                                        HasSubstr("mesh dim \"ep\""),
+                                        HasSubstr("3-D"))));
+}
+
+TEST(SpecTest, ValidateJobSpec_PpStageOutOfRange_NamesParamStageAndMesh) {
+  v1::JobSpec spec = MakeSpec(
+      {{"pp", 4}, {"tp", 2}},
+      {{"layers.7.mlp.w1", 16, 8, {"Replicate()", "Shard(0)"}, {{"pp", 4}}}});
+  EXPECT_THAT(ValidateJobSpec(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("parameter \"layers.7.mlp.w1\": pp stage 4 "
+                                 "is out of range: mesh dim \"pp\" has 4 "
+                                 "stages (0..3)")));
+  EXPECT_THAT(ManifestsFromSpec(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("pp stage 4 is out of range")));
+}
+
+TEST(SpecTest, ValidateJobSpec_NegativeEpCoordinate_ReturnsInvalidArgument) {
+  v1::JobSpec spec = MakeSpec(
+      {{"dp_shard", 2}, {"ep", 4}},
+      {{"experts.3.w1", 16, 8, {"Shard(0)", "Replicate()"}, {{"ep", -1}}}});
+  EXPECT_THAT(ValidateJobSpec(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("parameter \"experts.3.w1\": ep coordinate "
+                                 "-1 is out of range: mesh dim \"ep\" has 4 "
+                                 "coordinates (0..3)")));
+}
+
+TEST(SpecTest, ValidateJobSpec_SubMeshUnknownDim_ReturnsInvalidArgument) {
+  v1::JobSpec spec = GoodSpec();
+  (*spec.mutable_params(0)->mutable_sub_mesh())["pp"] = 0;
+  EXPECT_THAT(ValidateJobSpec(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::AllOf(HasSubstr("\"fc1.weight\""),
+                                        HasSubstr("mesh dim \"pp\""),
+                                        HasSubstr("dp_shard=4"),
+                                        HasSubstr("no such dim"))));
+}
+
+TEST(SpecTest, ValidateJobSpec_ShardedOnSubMeshDim_ReturnsInvalidArgument) {
+  v1::JobSpec spec = MakeSpec(
+      {{"pp", 2}, {"tp", 2}},
+      {{"layers.1.wq", 8, 8, {"Shard(0)", "Shard(0)"}, {{"pp", 1}}}});
+  EXPECT_THAT(ValidateJobSpec(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::AllOf(HasSubstr("\"layers.1.wq\""),
+                                        HasSubstr("Shard(0) on mesh dim \"pp\""),
+                                        HasSubstr("must be Replicate()"),
+                                        HasSubstr("{pp=1}"))));
+}
+
+TEST(SpecTest, ManifestsFromSpec_Pipeline_RanksListOnlyTheirStage) {
+  absl::StatusOr<std::vector<v1::RankManifest>> manifests =
+      ManifestsFromSpec(PipelineSpec());
+  ASSERT_THAT(manifests, IsOk());
+  ASSERT_EQ(manifests->size(), 8u);
+  for (int r = 0; r < 8; ++r) {
+    const v1::RankManifest& m = (*manifests)[r];
+    const int stage = r / 4;
+    ASSERT_EQ(m.params_size(), 4) << "rank " << r;
+    std::vector<std::string> names;
+    for (const v1::ParamManifest& p : m.params()) {
+      names.push_back(p.name());
+      ASSERT_EQ(p.sub_mesh().size(), 1u);
+      EXPECT_EQ(p.sub_mesh().at("pp"), stage);
+    }
+    const std::string l0 = std::to_string(2 * stage);
+    const std::string l1 = std::to_string(2 * stage + 1);
+    EXPECT_THAT(names, ElementsAre("layers." + l0 + ".attn.wq",
+                                   "layers." + l0 + ".attn.wo",
+                                   "layers." + l1 + ".attn.wq",
+                                   "layers." + l1 + ".attn.wo"));
+    // wq [8, 8] Shard(0) over tp=4; wo [8, 6] Shard(1) over tp=4 (chunk 2).
+    EXPECT_THAT(LocalShape(m, 0), ElementsAre(2, 8));
+    EXPECT_THAT(LocalShape(m, 1), ElementsAre(8, r % 4 == 3 ? 0 : 2));
+  }
+}
+
+TEST(SpecTest, ManifestsFromSpec_ExpertStack_LocalExpertRanges) {
+  absl::StatusOr<std::vector<v1::RankManifest>> manifests =
+      ManifestsFromSpec(ExpertSpec());
+  ASSERT_THAT(manifests, IsOk());
+  ASSERT_EQ(manifests->size(), 8u);
+  for (int r = 0; r < 8; ++r) {
+    const v1::RankManifest& m = (*manifests)[r];
+    ASSERT_EQ(m.params_size(), 3);
+    EXPECT_THAT(m.params(1).global_shape(), ElementsAre(8, 6, 4));
+    EXPECT_THAT(LocalShape(m, 0), ElementsAre(4, 8));     // attn
+    EXPECT_THAT(LocalShape(m, 1), ElementsAre(2, 6, 4));  // 2 whole experts
+    EXPECT_THAT(LocalShape(m, 2), ElementsAre(2, 2, 6));  // rows over dp
+    EXPECT_EQ(m.params(1).placements(1), "Shard(0)");
+  }
+  // Uneven: 6 experts over ep=4 (chunk 2): ep rank 3 holds none.
+  v1::JobSpec spec = ExpertSpec();
+  spec.mutable_params(1)->set_shape(0, 6);
+  manifests = ManifestsFromSpec(spec);
+  ASSERT_THAT(manifests, IsOk());
+  EXPECT_THAT(LocalShape((*manifests)[2], 1), ElementsAre(2, 6, 4));
+  EXPECT_THAT(LocalShape((*manifests)[7], 1), ElementsAre(0, 6, 4));
+}
+
+TEST(SpecTest, ManifestsFromSpec_PerExpertTwoDim_ListedOnItsEpRanksOnly) {
+  std::vector<TestParam> params = {
+      {"attn", 8, 8, {"Shard(0)", "Replicate()"}}};
+  for (int e = 0; e < 4; ++e) {
+    params.push_back({"experts." + std::to_string(e) + ".w1",
+                      6,
+                      4,
+                      {"Shard(0)", "Replicate()"},
+                      {{"ep", e}}});
+  }
+  absl::StatusOr<std::vector<v1::RankManifest>> manifests =
+      ManifestsFromSpec(MakeSpec({{"dp_shard", 2}, {"ep", 4}}, params));
+  ASSERT_THAT(manifests, IsOk());
+  for (int r = 0; r < 8; ++r) {
+    const v1::RankManifest& m = (*manifests)[r];
+    ASSERT_EQ(m.params_size(), 2) << "rank " << r;
+    EXPECT_EQ(m.params(0).name(), "attn");
+    EXPECT_EQ(m.params(1).name(), "experts." + std::to_string(r % 4) + ".w1");
+    EXPECT_THAT(LocalShape(m, 1), ElementsAre(3, 4));
+  }
 }
 
 TEST(SpecTest, ValidateJobSpec_OneDimParam_ReturnsInvalidArgument) {
