@@ -116,6 +116,7 @@ struct RunOutput {
   std::vector<int> spec_index;    // spec parameter of each local one
   std::vector<Parameter> params;  // local shards
   int64_t matrices = 0;           // orthogonalized over all steps
+  double ns_flops = 0;            // their Newton-Schulz FLOPs (integers)
 };
 
 // Runs the steps on one rank (pg != nullptr) or on a single device.
@@ -181,6 +182,7 @@ absl::StatusOr<RunOutput> RunSteps(const ValidateOptions& o, const SpecParams& s
     }
     MUON_RETURN_IF_ERROR(opt->Step());
     out.matrices += opt->last_step_stats().matrices_orthogonalized;
+    out.ns_flops += opt->last_step_stats().ns_flops;
   }
   if (!single) MUON_RETURN_IF_ERROR(pg->comm->Barrier());
   return out;
@@ -220,7 +222,8 @@ absl::Status RunValidateRank(const ValidateOptions& o, int rank,
         WriteNpy(absl::StrCat(out_dir, "/rank", rank, "_", run.spec_index[k], ".npy"),
                  run.params[k].local_shape, run.params[k].data.data()));
   }
-  std::ofstream(absl::StrCat(out_dir, "/rank", rank, ".count")) << run.matrices << "\n";
+  std::ofstream(absl::StrCat(out_dir, "/rank", rank, ".count"))
+      << run.matrices << " " << absl::StrFormat("%.0f", run.ns_flops) << "\n";
   return absl::OkStatus();
 }
 
@@ -284,12 +287,17 @@ absl::Status RunValidate(const ValidateOptions& o, std::ostream& out) {
   // The same steps on a single device, in this process.
   openblas_set_num_threads(1);
   MUON_ASSIGN_OR_RETURN(RunOutput single, RunSteps(o, s, nullptr));
+  // Zero redundancy: the world's counts add up to the single device's.
+  // FLOPs are integers far below 2^53, so the sums are exact.
   int64_t dist_matrices = 0;
+  double dist_flops = 0;
   for (int r = 0; r < world; ++r) {
     std::ifstream in(absl::StrCat(dir, "/rank", r, ".count"));
     int64_t n = 0;
-    in >> n;
+    double f = 0;
+    in >> n >> f;
     dist_matrices += n;
+    dist_flops += f;
   }
   double worst = 0;
   out << absl::StrFormat("%-32s %-16s %s\n", "parameter", "global shape",
@@ -332,12 +340,14 @@ absl::Status RunValidate(const ValidateOptions& o, std::ostream& out) {
   std::remove(port_file.c_str());
   rmdir(dir.c_str());
   const bool equal = worst <= o.tolerance;
-  const bool counts = dist_matrices == single.matrices;
+  const bool counts =
+      dist_matrices == single.matrices && dist_flops == single.ns_flops;
   out << absl::StrFormat(
       "validate: max_abs_diff=%g tolerance=%g matrices_orthogonalized "
-      "distributed=%d single=%d world=%d steps=%d: %s\n",
-      worst, o.tolerance, dist_matrices, single.matrices, world, o.steps,
-      equal && counts ? "OK" : "MISMATCH");
+      "distributed=%d single=%d ns_flops distributed=%.0f single=%.0f "
+      "world=%d steps=%d: %s\n",
+      worst, o.tolerance, dist_matrices, single.matrices, dist_flops,
+      single.ns_flops, world, o.steps, equal && counts ? "OK" : "MISMATCH");
   out.flush();
   if (!equal) {
     return absl::DataLossError(absl::StrCat(
@@ -347,7 +357,9 @@ absl::Status RunValidate(const ValidateOptions& o, std::ostream& out) {
   if (!counts) {
     return absl::DataLossError(absl::StrCat(
         "zero redundancy violated: the ranks orthogonalized ", dist_matrices,
-        " matrices in all, the single device ", single.matrices));
+        " matrices (", absl::StrFormat("%.0f", dist_flops),
+        " NS FLOPs) in all, the single device ", single.matrices, " (",
+        absl::StrFormat("%.0f", single.ns_flops), ")"));
   }
   return absl::OkStatus();
 }

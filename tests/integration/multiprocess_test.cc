@@ -10,7 +10,9 @@
 #include <sys/stat.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <map>
+#include <optional>
 #include <regex>
 #include <vector>
 #include <string>
@@ -21,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "tools/launcher.h"
 #include "tools/npy.h"
+#include "common/spec.h"
 
 namespace muon {
 namespace {
@@ -122,6 +125,20 @@ TEST_P(MultiProcessTest, SeparateDaemon_FourRanks_BitwiseEqualToSingleDevice) {
 INSTANTIATE_TEST_SUITE_P(Layouts, MultiProcessTest,
                          ::testing::Values("fsdp_dim0", "fsdp_dim1", "ddp", "uneven"));
 
+// Zero redundancy: the matrices and Newton-Schulz FLOPs orthogonalized, summed
+// over the ranks, equal the single-device figures exactly.
+void ExpectZeroRedundancy(const std::string& output) {
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      output, m,
+      std::regex("matrices_orthogonalized distributed=([0-9]+) single=([0-9]+) "
+                 "ns_flops distributed=([0-9]+) single=([0-9]+) ")))
+      << output;
+  EXPECT_EQ(m[1], m[2]) << "matrices orthogonalized over all ranks";
+  EXPECT_EQ(m[3], m[4]) << "NS FLOPs over all ranks";
+  EXPECT_GT(std::stoll(m[2]), 0);
+}
+
 // The shipped specs of the seed test matrix rows, each bitwise equal to
 // single-device with zero redundancy (the counts over all ranks equal the
 // single-device counts).
@@ -132,12 +149,7 @@ TEST_P(MatrixRowTest, Validate_ShippedSpec_BitwiseEqualAndZeroRedundancy) {
                                             GetParam(), ".json --steps 3 --seed 5"));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("max_abs_diff=0 tolerance=0"));
-  std::smatch counts;
-  ASSERT_TRUE(std::regex_search(r.output, counts,
-                                std::regex("distributed=([0-9]+) single=([0-9]+) ")))
-      << r.output;
-  EXPECT_EQ(counts[1], counts[2]) << "matrices orthogonalized over all ranks";
-  EXPECT_GT(std::stoi(counts[2]), 0);
+  ExpectZeroRedundancy(r.output);
   EXPECT_THAT(r.output, HasSubstr(": OK"));
 }
 
@@ -147,6 +159,61 @@ INSTANTIATE_TEST_SUITE_P(SeedMatrix, MatrixRowTest,
                                            "ep_expert_parallel", "ep_tp_tp_sharded_experts",
                                            "cp", "pp_2_stages", "pp_4_stages", "pp_tp",
                                            "pp_fsdp", "ep_tp", "cp_tp", "pp_tp_hsdp"));
+
+// `spec` with its mesh rescaled to `world` ranks: the pp dim keeps its number
+// of stages (parameters stay on their stages) and the factor left is spread
+// in powers of two over the other dims, innermost (tp) first. nullopt when
+// `world` cannot be laid out that way (e.g. 8 ranks for a pp-only mesh).
+std::optional<v1::JobSpec> RescaleMesh(v1::JobSpec spec, int world) {
+  int fixed = 1;
+  std::vector<int> free_dims;
+  for (int d = 0; d < spec.mesh().dims_size(); ++d) {
+    if (spec.mesh().dims(d).name() == "pp") {
+      fixed *= spec.mesh().dims(d).size();
+    } else {
+      free_dims.push_back(d);
+      spec.mutable_mesh()->mutable_dims(d)->set_size(1);
+    }
+  }
+  if (world % fixed != 0) return std::nullopt;
+  int factor = world / fixed;
+  for (size_t k = 0; factor > 1 && !free_dims.empty(); ++k) {
+    auto* dim = spec.mutable_mesh()->mutable_dims(
+        free_dims[free_dims.size() - 1 - k % free_dims.size()]);
+    dim->set_size(dim->size() * 2);
+    factor /= 2;
+  }
+  if (factor != 1) return std::nullopt;
+  return spec;
+}
+
+// Every row at world sizes 1, 2, 4 and 8 where its mesh can take them.
+TEST_P(MatrixRowTest, Validate_RowAtWorldSizes1248_BitwiseEqualAndZeroRedundancy) {
+  absl::StatusOr<v1::JobSpec> spec =
+      LoadJobSpec(absl::StrCat("examples/specs/", GetParam(), ".json"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<std::string> dir = MakeTempDir("rescaled-");
+  ASSERT_TRUE(dir.ok());
+  int ran = 0;
+  for (int world : {1, 2, 4, 8}) {
+    std::optional<v1::JobSpec> scaled = RescaleMesh(*spec, world);
+    if (!scaled.has_value()) continue;
+    SCOPED_TRACE(absl::StrCat("world ", world));
+    const std::string path = absl::StrCat(*dir, "/", GetParam(), "_", world, ".json");
+    std::ofstream(path) << JobSpecToJson(*scaled);
+    CommandResult r = RunCommand(
+        absl::StrCat("tools/muonctl validate --spec ", path, " --steps 2 --seed ", world));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_THAT(r.output, HasSubstr(absl::StrCat("world=", world, " ")));
+    EXPECT_THAT(r.output, HasSubstr("max_abs_diff=0 tolerance=0"));
+    ExpectZeroRedundancy(r.output);
+    std::remove(path.c_str());
+    ++ran;
+  }
+  rmdir(dir->c_str());
+  const bool pipeline_only = GetParam() == "pp_2_stages" || GetParam() == "pp_4_stages";
+  EXPECT_GE(ran, pipeline_only ? 1 : 3) << "world sizes exercised";
+}
 
 TEST(MuonctlPlanTest, Plan_UnevenSpec_PrintsOwnersShapesAndBothPolicies) {
   CommandResult r = RunCommand("tools/muonctl plan --spec " + Spec("uneven"));
