@@ -53,6 +53,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/newton_schulz.h"
+#include "tests/client/rank_threads.h"
 #include "tests/status_matchers.h"
 #include "server/coordinator_service.h"
 #include "server/local_coordination_client.h"
@@ -65,73 +66,12 @@ using ::testing::AnyOf;
 using ::testing::HasSubstr;
 
 
-// Bounds of the blocking calls: generous for a loaded 2-core machine (the
-// collectives themselves take milliseconds), short enough that a broken
-// rank fails the test in seconds.
-constexpr absl::Duration kGlooTimeout = absl::Seconds(5);
-constexpr int64_t kJoinTimeoutMs = 5000;
-// A rank thread that has not returned by then is stuck despite the bounds
-// above: abort rather than hang the test.
-constexpr absl::Duration kRankDeadline = absl::Seconds(60);
-
 constexpr int kSteps = 3;
-
-// Runs fn(rank) on `world_size` threads and returns each rank's Status.
-std::vector<absl::Status> RunOnRanks(
-    int world_size, const std::function<absl::Status(int)>& fn) {
-  absl::Mutex mu;
-  int done = 0;
-  std::vector<absl::Status> statuses(
-      world_size, absl::UnknownError("rank did not finish"));
-  std::vector<std::thread> threads;
-  threads.reserve(world_size);
-  for (int rank = 0; rank < world_size; ++rank) {
-    threads.emplace_back([&, rank] {
-      absl::Status s = fn(rank);
-      absl::MutexLock lock(&mu);
-      statuses[rank] = std::move(s);
-      ++done;
-    });
-  }
-  {
-    absl::MutexLock lock(&mu);
-    auto all_done = [&] { return done == world_size; };
-    if (!mu.AwaitWithTimeout(absl::Condition(&all_done), kRankDeadline)) {
-      std::fprintf(stderr,
-                   "RunOnRanks: only %d of %d ranks finished within %s; "
-                   "aborting instead of hanging\n",
-                   done, world_size,
-                   absl::FormatDuration(kRankDeadline).c_str());
-      std::abort();
-    }
-  }
-  for (std::thread& t : threads) t.join();
-  return statuses;
-}
-
-// Deterministic values in [-1, 1), a function of the seed only.
-std::vector<float> RandomValues(int64_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::vector<float> v(n);
-  for (float& x : v) x = static_cast<float>(gen() >> 8) * 0x1p-23f - 1.0f;
-  return v;
-}
-
-::testing::AssertionResult BitwiseEqual(const std::vector<float>& actual,
-                                        const std::vector<float>& expected) {
-  if (actual.size() != expected.size()) {
-    return ::testing::AssertionFailure()
-           << "sizes differ: " << actual.size() << " vs " << expected.size();
-  }
-  for (size_t i = 0; i < actual.size(); ++i) {
-    if (std::memcmp(&actual[i], &expected[i], sizeof(float)) != 0) {
-      return ::testing::AssertionFailure()
-             << "element " << i << ": " << std::hexfloat << actual[i]
-             << " vs expected " << expected[i];
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
+using ::muon::testing::BitwiseEqual;
+using ::muon::testing::kGlooTimeout;
+using ::muon::testing::kJoinTimeoutMs;
+using ::muon::testing::RandomValues;
+using ::muon::testing::RunOnRanks;
 
 struct MatrixSpec {
   std::string name;
