@@ -300,6 +300,8 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
     MUON_ASSIGN_OR_RETURN(planner.policy,
                           ParsePolicy(config.assignment_policy));
     planner.bucket_size_bytes = config.bucket_size_bytes;
+    planner.async = config.async_gpu_parallelism;
+    planner.prefetch_count = config.prefetch_count;
     planner.ns_steps = options.ns_steps > 0 ? options.ns_steps : 1;
     MUON_ASSIGN_OR_RETURN(muon->plan_, MakePlan(*layout, planner));
   }

@@ -57,6 +57,12 @@ struct StepStats {
   int64_t bytes_received = 0;
   double step_time_s = 0;
   std::vector<v1::OpTiming> ops;  // per bucket and operation
+  // Preallocated buffers of the step executor (bucket slots of full
+  // matrices and the exchange buffers), in bytes, and their bound:
+  // (prefetch_count + 1) slots of the largest bucket plus the exchange
+  // buffers.
+  int64_t buffer_bytes = 0;
+  int64_t buffer_bound_bytes = 0;
 };
 
 // Scalars of the update rule (torch.optim.Muon's hyper-parameters).

@@ -78,6 +78,8 @@ void CoordinatorService::PlanLocked() {
     }
     planner.policy = *policy;
   }
+  planner.async = layout->execution.async_gpu_parallelism();
+  planner.prefetch_count = layout->execution.prefetch_count();
   if (layout->execution.bucket_size_bytes() != 0) {
     planner.bucket_size_bytes = layout->execution.bucket_size_bytes();
   }

@@ -147,6 +147,16 @@ absl::Status CheckRanksMeshAndOptions(
                        Quoted(e.assignment_policy()), " but rank 0 reports ",
                        Quoted(m0.execution().assignment_policy())));
     }
+    if (e.async_gpu_parallelism() != m0.execution().async_gpu_parallelism() ||
+        e.prefetch_count() != m0.execution().prefetch_count()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", r, " runs async_gpu_parallelism=",
+          e.async_gpu_parallelism() ? "true" : "false", " prefetch_count=",
+          e.prefetch_count(), " but rank 0 runs async_gpu_parallelism=",
+          m0.execution().async_gpu_parallelism() ? "true" : "false",
+          " prefetch_count=", m0.execution().prefetch_count(),
+          "; every rank must use the same execution mode"));
+    }
     if (e.bucket_size_bytes() != m0.execution().bucket_size_bytes()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "rank ", r, " reports bucket_size_bytes ", e.bucket_size_bytes(),

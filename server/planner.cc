@@ -1,5 +1,7 @@
 #include "server/planner.h"
 
+#include "server/schedule.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -217,6 +219,8 @@ absl::StatusOr<v1::Plan> MakePlan(const JobLayout& layout,
   }
   plan.set_max_load_flops(max_load);
   plan.set_mean_load_flops(world > 0 ? total / world : 0.0);
+  *plan.mutable_schedule() =
+      MakeSchedule(plan, options.async, options.prefetch_count);
   plan.set_hash(PlanHash(plan));
   return plan;
 }
@@ -378,6 +382,13 @@ absl::Status ValidatePlan(const v1::Plan& plan, const JobLayout& layout) {
     return absl::InvalidArgumentError(
         absl::StrCat("plan hash ", plan.hash(),
                      " does not match its contents (", PlanHash(plan), ")"));
+  }
+  if (plan.has_schedule()) {
+    absl::Status s = ValidateSchedule(plan.schedule(), plan);
+    if (!s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("plan schedule: ", s.message()));
+    }
   }
   return absl::OkStatus();
 }

@@ -52,6 +52,10 @@ struct PlannerOptions {
   int ns_steps = 5;
   // Copied into Plan.job_id (and so covered by the hash).
   std::string job_id;
+  // Execution mode of the stream schedule (server/schedule.h): async with
+  // `prefetch_count` buckets gathered ahead, or sequential debug mode.
+  bool async = false;
+  int prefetch_count = 0;
 };
 
 // "lpt" or "round_robin".

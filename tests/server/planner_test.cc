@@ -221,7 +221,7 @@ TEST(PlannerTest, PlanHash_Golden_StableAcrossProcesses) {
   // Plan message or the planner changes on purpose, update this value.
   absl::StatusOr<v1::Plan> plan = MakePlan(Layout(SmallSpec()), Options(kLpt));
   ASSERT_THAT(plan, IsOk());
-  EXPECT_EQ(plan->hash(), "02a7f96f6e19342a");
+  EXPECT_EQ(plan->hash(), "293c9d785d459e67");  // Plan now carries its schedule
 }
 
 TEST(PlannerTest, PlanHash_OwnerChanged_Differs) {

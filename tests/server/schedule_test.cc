@@ -1,0 +1,129 @@
+// The stream schedule: sequential and async layouts, and ValidateSchedule
+// catching schedules that could deadlock or overrun their buffer slots.
+#include "server/schedule.h"
+
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/status_matchers.h"
+
+namespace muon {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A plan of `buckets` buckets over `world` ranks; bucket b holds one matrix
+// owned by rank b % world.
+v1::Plan MakeTestPlan(int world, int buckets) {
+  v1::Plan plan;
+  plan.set_world_size(world);
+  for (int b = 0; b < buckets; ++b) {
+    v1::MatrixPlan* m = plan.add_matrices();
+    m->set_index(b);
+    m->set_param("w" + std::to_string(b));
+    m->set_owner(b % world);
+    m->set_bucket(b);
+    v1::Bucket* bucket = plan.add_buckets();
+    bucket->set_index(b);
+    bucket->add_matrices(b);
+  }
+  return plan;
+}
+
+std::vector<std::string> Ops(const v1::RankSchedule& rs, const std::string& stream) {
+  std::vector<std::string> out;
+  for (const v1::ScheduledOp& op : rs.ops()) {
+    if (op.stream() == stream) {
+      out.push_back(op.op().substr(0, 1) + std::to_string(op.bucket()) + "@" +
+                    std::to_string(op.slot()));
+    }
+  }
+  return out;
+}
+
+TEST(ScheduleTest, MakeSchedule_Sequential_OneStreamOneSlotOwnersOnly) {
+  const v1::Plan plan = MakeTestPlan(2, 3);
+  const v1::Schedule s = MakeSchedule(plan, /*async=*/false, 2);
+  EXPECT_EQ(s.mode(), "sequential");
+  EXPECT_EQ(s.slots(), 1);
+  EXPECT_EQ(s.prefetch_count(), 0);
+  EXPECT_THAT(Ops(s.ranks(0), "main"),
+              ::testing::ElementsAre("g0@0", "o0@0", "r0@0", "a0@0", "g1@0", "r1@0",
+                                     "a1@0", "g2@0", "o2@0", "r2@0", "a2@0"));
+  EXPECT_THAT(ValidateSchedule(s, plan), IsOk());
+}
+
+TEST(ScheduleTest, MakeSchedule_AsyncPrefetchOne_GathersAheadInTwoSlots) {
+  const v1::Plan plan = MakeTestPlan(2, 4);
+  const v1::Schedule s = MakeSchedule(plan, /*async=*/true, 1);
+  EXPECT_EQ(s.slots(), 2);
+  EXPECT_THAT(Ops(s.ranks(1), "comm"),
+              ::testing::ElementsAre("g0@0", "g1@1", "r0@0", "a0@0", "g2@0", "r1@1",
+                                     "a1@1", "g3@1", "r2@0", "a2@0", "r3@1", "a3@1"));
+  EXPECT_THAT(Ops(s.ranks(1), "compute"), ::testing::ElementsAre("o1@1", "o3@1"));
+  EXPECT_THAT(ValidateSchedule(s, plan), IsOk());
+}
+
+TEST(ScheduleTest, MakeSchedule_PrefetchBeyondBuckets_IsCapped) {
+  const v1::Plan plan = MakeTestPlan(2, 2);
+  const v1::Schedule s = MakeSchedule(plan, /*async=*/true, 5);
+  EXPECT_EQ(s.prefetch_count(), 1);
+  EXPECT_EQ(s.slots(), 2);
+  EXPECT_THAT(ValidateSchedule(s, plan), IsOk());
+}
+
+TEST(ScheduleTest, ValidateSchedule_CollectivesInAnotherOrder_ReturnsInvalidArgument) {
+  const v1::Plan plan = MakeTestPlan(2, 3);
+  v1::Schedule s = MakeSchedule(plan, /*async=*/true, 1);
+  // Rank 1 redistributes bucket 0 before gathering bucket 1: a deadlock.
+  auto* ops = s.mutable_ranks(1)->mutable_ops();
+  ops->SwapElements(1, 2);
+  EXPECT_THAT(ValidateSchedule(s, plan),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank 1")));
+}
+
+TEST(ScheduleTest, ValidateSchedule_SlotReusedBeforeRedistribute_ReturnsInvalidArgument) {
+  const v1::Plan plan = MakeTestPlan(2, 3);
+  v1::Schedule s = MakeSchedule(plan, /*async=*/true, 1);
+  for (int r = 0; r < 2; ++r) {
+    // Gather bucket 1 into slot 0, still held by bucket 0.
+    s.mutable_ranks(r)->mutable_ops(1)->set_slot(0);
+  }
+  EXPECT_THAT(ValidateSchedule(s, plan),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("slot 0 still holds bucket 0")));
+}
+
+TEST(ScheduleTest, ValidateSchedule_OrthogonalizeOnNonOwner_ReturnsInvalidArgument) {
+  const v1::Plan plan = MakeTestPlan(2, 2);
+  v1::Schedule s = MakeSchedule(plan, /*async=*/false, 0);
+  v1::ScheduledOp* op = s.mutable_ranks(1)->add_ops();
+  op->set_bucket(0);
+  op->set_op("orthogonalize");
+  op->set_stream("main");
+  EXPECT_THAT(ValidateSchedule(s, plan),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("owns no matrix of this bucket")));
+}
+
+TEST(ScheduleTest, ValidateSchedule_MissingApply_ReturnsInvalidArgument) {
+  const v1::Plan plan = MakeTestPlan(1, 2);
+  v1::Schedule s = MakeSchedule(plan, /*async=*/false, 0);
+  s.mutable_ranks(0)->mutable_ops()->RemoveLast();  // bucket 1's apply
+  EXPECT_THAT(ValidateSchedule(s, plan),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("apply scheduled 0 times")));
+}
+
+TEST(ScheduleTest, ValidateSchedule_WrongSlotCount_ReturnsInvalidArgument) {
+  const v1::Plan plan = MakeTestPlan(2, 3);
+  v1::Schedule s = MakeSchedule(plan, /*async=*/true, 1);
+  s.set_slots(1);
+  EXPECT_THAT(ValidateSchedule(s, plan),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("slots")));
+}
+
+}  // namespace
+}  // namespace muon
