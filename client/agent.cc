@@ -58,6 +58,8 @@ void Agent::Start() {
 void Agent::Report(v1::StepReport report) {
   report.set_rank(rank_);
   report.set_incarnation(incarnation_);
+  // mu_ is never held across an RPC or a wait (Await releases it), so this
+  // lock is short whatever the coordinator does.
   absl::MutexLock lock(&mu_);
   if (static_cast<int>(queue_.size()) >= options_.report_queue_capacity) {
     ++dropped_;
@@ -122,9 +124,12 @@ void Agent::ReportLoop() {
       };
       mu_.Await(absl::Condition(&ready));
       if (queue_.empty()) return;  // stopping
-      report = queue_.front();
+      report = std::move(queue_.front());
       queue_.pop_front();
+      // The count so far, this report not included (it may still go out).
+      report.set_reports_dropped(dropped_);
     }
+    // The RPC runs without mu_: Report() never waits on it.
     absl::Status s = client_->ReportStep(report);
     absl::MutexLock lock(&mu_);
     if (s.ok()) {

@@ -7,6 +7,19 @@
 // Stop (or destroy). Talks only to a CoordinationClient (gRPC or
 // in-process), never to gRPC directly.
 //
+// Reports: Report() puts the step's report in a bounded queue (capacity
+// Options::report_queue_capacity) and returns; a background thread sends
+// the queue in order with CoordinationClient::ReportStep, stamping
+// StepReport.reports_dropped. A report is dropped, and counted in
+// reports_dropped(), when the queue is full (the coordinator is slow), when
+// its ReportStep fails (the coordinator is gone or rejects it), or when Stop
+// finds it still queued. The internal mutex is never held across an RPC, so
+// neither a slow nor a failing coordinator delays Report().
+//
+//   heartbeat thread: Heartbeat every heartbeat_interval (failures ignored:
+//     the coordinator marks a silent rank lost).
+//   report thread:    queue -> ReportStep, one at a time.
+//
 // Thread-safety: Report and counters may be called from any thread; Join,
 // Start and Stop from one thread.
 #ifndef MUON_CLIENT_AGENT_H_
@@ -58,12 +71,20 @@ class Agent {
 
   // Starts the heartbeat and report threads.
   void Start();
-  // Queues a report for the background thread; never blocks.
+  // Queues a report for the background thread (sets its rank and
+  // incarnation); never blocks and never waits on the coordinator: when the
+  // queue is full the report is dropped and counted.
   void Report(v1::StepReport report);
-  // Flushes queued reports (bounded by `timeout`) and stops the threads.
+  // Gives queued reports up to `timeout` to go out, drops (and counts) the
+  // rest, and stops the threads. Bound: `timeout` plus the RPC each thread
+  // may have in flight, which the transport's deadline bounds
+  // (GrpcCoordinationClient: its rpc_timeout; an unreachable coordinator
+  // fails at once). Idempotent.
   void Stop(absl::Duration timeout = absl::Seconds(2));
 
+  // Reports whose ReportStep succeeded.
   int64_t reports_sent() const;
+  // Reports dropped: queue full, ReportStep failed, or still queued at Stop.
   int64_t reports_dropped() const;
 
  private:

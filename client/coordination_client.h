@@ -54,6 +54,19 @@ class CoordinationClient {
   virtual absl::StatusOr<v1::Plan> GetPlan() = 0;
   virtual absl::StatusOr<v1::GetAssignmentsResponse> GetAssignments() = 0;
   virtual absl::StatusOr<v1::ListRanksResponse> ListRanks() = 0;
+
+  // The coordinator's kept step reports of `rank` (-1 = every rank), the
+  // last `last_steps` of each (0 = all kept), by rank then step.
+  // Errors: InvalidArgument (rank < -1 or last_steps < 0), NotFound (rank
+  // never joined), Unavailable; Unimplemented from transports without it
+  // (this default, so test fakes need not implement it).
+  virtual absl::StatusOr<v1::GetReportsResponse> GetReports(int rank,
+                                                            int last_steps) {
+    (void)rank;
+    (void)last_steps;
+    return absl::UnimplementedError(
+        "GetReports is not implemented by this CoordinationClient");
+  }
 };
 
 }  // namespace muon

@@ -190,4 +190,18 @@ absl::StatusOr<v1::ListRanksResponse> GrpcCoordinationClient::ListRanks() {
   return response;
 }
 
+absl::StatusOr<v1::GetReportsResponse> GrpcCoordinationClient::GetReports(
+    int rank, int last_steps) {
+  v1::GetReportsRequest request;
+  request.set_job_id(job_id_);
+  request.set_rank(rank);
+  request.set_last_steps(last_steps);
+  grpc::ClientContext context;
+  SetDeadline(&context, rpc_timeout_);
+  v1::GetReportsResponse response;
+  grpc::Status status = stub_->GetReports(&context, request, &response);
+  if (!status.ok()) return ToAbsl(status, "GetReports", address_, rpc_timeout_);
+  return response;
+}
+
 }  // namespace muon

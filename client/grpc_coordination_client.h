@@ -55,6 +55,8 @@ class GrpcCoordinationClient final : public CoordinationClient {
   absl::StatusOr<v1::Plan> GetPlan() override;
   absl::StatusOr<v1::GetAssignmentsResponse> GetAssignments() override;
   absl::StatusOr<v1::ListRanksResponse> ListRanks() override;
+  absl::StatusOr<v1::GetReportsResponse> GetReports(int rank,
+                                                    int last_steps) override;
 
   const std::string& address() const { return address_; }
 

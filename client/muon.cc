@@ -379,11 +379,6 @@ absl::Status Muon::Step() {
     }
   }
   const absl::Time start = absl::Now();
-  stats_.matrices_orthogonalized = 0;
-  stats_.ns_flops = 0;
-  stats_.bytes_sent = 0;
-  stats_.bytes_received = 0;
-  stats_.ops.clear();
   // Momentum and Nesterov on the local shards (elementwise: exact on
   // shards).
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -407,7 +402,20 @@ absl::Status Muon::Step() {
     report.set_ns_flops(stats_.ns_flops);
     report.set_bytes_sent(stats_.bytes_sent);
     report.set_bytes_received(stats_.bytes_received);
-    for (const v1::OpTiming& op : stats_.ops) *report.add_ops() = op;
+    report.set_mode(executor_->async() ? "async" : "sequential");
+    report.set_prefetch_count(executor_->prefetch_count());
+    report.set_buffer_bytes(stats_.buffer_bytes);
+    report.set_buffer_bound_bytes(stats_.buffer_bound_bytes);
+    for (const OpRecord& op : stats_.ops) {
+      v1::OpTiming* t = report.add_ops();
+      t->set_op(op.op);
+      t->set_stream(op.stream);
+      t->set_bucket(op.bucket);
+      t->set_start_s(op.start_s);
+      t->set_end_s(op.end_s);
+      t->set_bytes(op.bytes);
+      t->set_flops(op.flops);
+    }
     agent_->Report(std::move(report));
   }
   return absl::OkStatus();

@@ -18,17 +18,6 @@ Box FullBox(const MatrixGeometry& g) {
   return Box{Range{0, g.rows}, Range{0, g.cols}};
 }
 
-v1::OpTiming MakeOp(const char* op, int bucket, double start, double end,
-                    int64_t bytes, double flops) {
-  v1::OpTiming t;
-  t.set_op(op);
-  t.set_bucket(bucket);
-  t.set_start_s(start);
-  t.set_end_s(end);
-  t.set_bytes(bytes);
-  t.set_flops(flops);
-  return t;
-}
 
 }  // namespace
 
@@ -69,18 +58,21 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
       new StepExecutor(rank, world_size, comm, std::move(geometry),
                        std::move(gather_fn), std::move(redistribute_fn)));
   const auto& geo = ex->geometry_;
-  ex->full_u_.resize(num_matrices);
-  ex->full_o_.resize(num_matrices);
   ex->local_o_.resize(num_matrices);
+  ex->u_offset_.assign(num_matrices, -1);
+  ex->bucket_of_.assign(num_matrices, -1);
+  ex->o_offset_.assign(num_matrices, -1);
   for (int m = 0; m < num_matrices; ++m) {
     ex->local_o_[m].resize(geo[m].boxes[rank].numel());
   }
   std::vector<int> seen(num_matrices, 0);
   int64_t max_send = 0, max_recv = 0;
+  int64_t max_bucket_elems = 0;
   int64_t max_rows = 1, max_cols = 1;
   for (const v1::Bucket& bp : plan.buckets()) {
     BucketSchedule b;
     b.index = bp.index();
+    int64_t bucket_elems = 0;
     for (Exchange* x : {&b.gather, &b.redistribute}) {
       x->send_counts.assign(world_size, 0);
       x->recv_counts.assign(world_size, 0);
@@ -117,6 +109,7 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
             "): owner rank ", owner, " holds no shard of it"));
       }
       ++seen[m];
+      ex->bucket_of_[m] = static_cast<int>(ex->buckets_.size());
       b.matrices.push_back(m);
       b.owners.push_back(owner);
       max_rows = std::max(max_rows, geo[m].rows);
@@ -125,9 +118,16 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
       const bool owner_full = geo[m].boxes[owner] == full;
       if (owner == rank) {
         b.owned.push_back(m);
-        // A custom gather_fn always writes a full buffer.
-        if (!owner_full || ex->gather_fn_) ex->full_u_[m].resize(full.numel());
-        if (!owner_full) ex->full_o_[m].resize(full.numel());
+        // Full U and O in the bucket's slot; a custom gather_fn always
+        // writes a full buffer.
+        if (!owner_full || ex->gather_fn_) {
+          ex->u_offset_[m] = bucket_elems;
+          bucket_elems += full.numel();
+        }
+        if (!owner_full) {
+          ex->o_offset_[m] = bucket_elems;
+          bucket_elems += full.numel();
+        }
       }
       // Gather: one source per distinct box (the owner itself when it holds
       // that box, else the lowest rank holding it).
@@ -179,6 +179,7 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
       max_send = std::max(max_send, x->send_total);
       max_recv = std::max(max_recv, x->recv_total);
     }
+    max_bucket_elems = std::max(max_bucket_elems, bucket_elems);
     ex->buckets_.push_back(std::move(b));
   }
   for (int m = 0; m < num_matrices; ++m) {
@@ -192,13 +193,110 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
   ex->send_buf_.resize(max_send);
   ex->recv_buf_.resize(max_recv);
   ex->ns_workspace_.Reserve(max_rows, max_cols);
+
+  // This rank's stream schedule.
+  const v1::Schedule& schedule = plan.schedule();
+  if (schedule.ranks_size() <= rank || schedule.ranks(rank).rank() != rank) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank, ": the plan carries no stream schedule for this rank"));
+  }
+  ex->async_ = schedule.mode() == "async";
+  ex->prefetch_count_ = schedule.prefetch_count();
+  const int slots = std::max(1, schedule.slots());
+  std::map<int, int> position;
+  for (size_t i = 0; i < ex->buckets_.size(); ++i) {
+    position[ex->buckets_[i].index] = static_cast<int>(i);
+  }
+  ex->slot_of_bucket_.assign(ex->buckets_.size(), 0);
+  for (const v1::ScheduledOp& op : schedule.ranks(rank).ops()) {
+    auto it = position.find(op.bucket());
+    if (it == position.end() || op.slot() < 0 || op.slot() >= slots) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank, ": schedule names bucket ", op.bucket(), " slot ",
+          op.slot(), " outside the plan"));
+    }
+    OpKind kind;
+    if (op.op() == "gather") {
+      kind = OpKind::kGather;
+      ex->slot_of_bucket_[it->second] = op.slot();
+    } else if (op.op() == "orthogonalize") {
+      kind = OpKind::kOrthogonalize;
+    } else if (op.op() == "redistribute") {
+      kind = OpKind::kRedistribute;
+    } else if (op.op() == "apply") {
+      kind = OpKind::kApply;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank, ": unknown scheduled operation \"", op.op(), "\""));
+    }
+    const Op o{it->second, kind, op.slot()};
+    if (op.stream() == "compute") {
+      ex->compute_ops_.push_back(o);
+    } else if (op.stream() == "comm") {
+      ex->comm_ops_.push_back(o);
+    } else {
+      ex->main_ops_.push_back(o);
+    }
+  }
+  for (size_t b = 0; b < ex->buckets_.size(); ++b) {
+    const bool owns = !ex->buckets_[b].owned.empty();
+    int scheduled = 0;
+    for (const auto* list : {&ex->main_ops_, &ex->compute_ops_}) {
+      for (const Op& o : *list) {
+        scheduled += o.bucket == static_cast<int>(b) &&
+                     o.kind == OpKind::kOrthogonalize;
+      }
+    }
+    if (scheduled != (owns ? 1 : 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank, ": the schedule orthogonalizes bucket ",
+          ex->buckets_[b].index, " ", scheduled, " times but this rank owns ",
+          ex->buckets_[b].owned.size(), " of its matrices"));
+    }
+  }
+  ex->slot_elems_ = max_bucket_elems;
+  ex->arena_.resize(slots * max_bucket_elems);
+  const int64_t exchange_bytes = (max_send + max_recv) * sizeof(float);
+  ex->buffer_bytes_ = ex->arena_.size() * sizeof(float) + exchange_bytes;
+  ex->buffer_bound_bytes_ =
+      (ex->prefetch_count_ + 1) * max_bucket_elems * sizeof(float) +
+      exchange_bytes;
+  const size_t records = 4 * ex->buckets_.size() + 4;
+  ex->main_records_.reserve(records);
+  ex->comm_records_.reserve(records);
+  if (ex->async_) {
+    absl::MutexLock lock(&ex->mu_);
+    ex->gathered_.assign(ex->buckets_.size(), 0);
+    ex->ns_done_.assign(ex->buckets_.size(), 0);
+    StepExecutor* self = ex.get();
+    ex->comm_thread_ = std::thread([self] { self->CommLoop(); });
+  }
   return ex;
+}
+
+StepExecutor::~StepExecutor() {
+  {
+    absl::MutexLock lock(&mu_);
+    shutdown_ = true;
+  }
+  if (comm_thread_.joinable()) comm_thread_.join();
+}
+
+float* StepExecutor::FullU(int m) {
+  return arena_.data() + slot_of_bucket_[bucket_of_[m]] * slot_elems_ +
+         u_offset_[m];
+}
+
+float* StepExecutor::FullO(int m) {
+  return arena_.data() + slot_of_bucket_[bucket_of_[m]] * slot_elems_ +
+         o_offset_[m];
 }
 
 absl::Status StepExecutor::RunExchange(const Exchange& x, bool to_owner,
                                        const std::vector<const float*>& updates,
-                                       StepStats* stats) {
-  // Source and destination of parameter p's data on this rank.
+                                       int64_t* bytes_sent,
+                                       int64_t* bytes_received) {
+  // Source and destination of matrix m's data on this rank.
   auto src_of = [&](int m, Box* holds) -> const float* {
     const MatrixGeometry& g = geometry_[m];
     if (to_owner) {
@@ -206,13 +304,13 @@ absl::Status StepExecutor::RunExchange(const Exchange& x, bool to_owner,
       return updates[g.param_index] + g.offset;
     }
     *holds = FullBox(g);
-    return HoldsFull(m) ? local_o_[m].data() : full_o_[m].data();
+    return HoldsFull(m) ? local_o_[m].data() : FullO(m);
   };
   auto dst_of = [&](int m, Box* holds) -> float* {
     const MatrixGeometry& g = geometry_[m];
     if (to_owner) {
       *holds = FullBox(g);
-      return full_u_[m].data();
+      return FullU(m);
     }
     *holds = g.boxes[rank_];
     return local_o_[m].data();
@@ -242,90 +340,247 @@ absl::Status StepExecutor::RunExchange(const Exchange& x, bool to_owner,
       off += c.region.numel();
     }
   }
-  stats->bytes_sent += x.send_total * static_cast<int64_t>(sizeof(float));
-  stats->bytes_received += x.recv_total * static_cast<int64_t>(sizeof(float));
+  *bytes_sent += x.send_total * static_cast<int64_t>(sizeof(float));
+  *bytes_received += x.recv_total * static_cast<int64_t>(sizeof(float));
   return absl::OkStatus();
 }
 
-absl::Status StepExecutor::RunBucket(const BucketSchedule& b,
-                                     const std::vector<const float*>& updates,
-                                     const std::vector<float*>& params,
-                                     const UpdateRule& rule, StepStats* stats) {
-  // 1. Gather U to owners.
-  double t0 = NowSeconds();
+absl::Status StepExecutor::Gather(int b, const StepArgs& args,
+                                  std::vector<OpRecord>* rec,
+                                  const char* stream) {
+  const BucketSchedule& bs = buckets_[b];
+  const double t0 = NowSeconds();
+  const int64_t sent0 = bytes_sent_;
   if (gather_fn_) {
-    for (size_t i = 0; i < b.matrices.size(); ++i) {
-      const int m = b.matrices[i];
+    for (size_t i = 0; i < bs.matrices.size(); ++i) {
+      const int m = bs.matrices[i];
       const MatrixGeometry& g = geometry_[m];
-      float* full = b.owners[i] == rank_ ? full_u_[m].data() : nullptr;
-      MUON_RETURN_IF_ERROR(gather_fn_(g.param_index, g.slice, b.owners[i],
-                                      updates[g.param_index] + g.offset, full));
+      float* full = bs.owners[i] == rank_ ? FullU(m) : nullptr;
+      MUON_RETURN_IF_ERROR(gather_fn_(g.param_index, g.slice, bs.owners[i],
+                                      (*args.updates)[g.param_index] + g.offset,
+                                      full));
     }
   } else {
-    MUON_RETURN_IF_ERROR(RunExchange(b.gather, /*to_owner=*/true, updates, stats));
+    MUON_RETURN_IF_ERROR(RunExchange(bs.gather, /*to_owner=*/true, *args.updates,
+                                     &bytes_sent_, &bytes_received_));
   }
-  double t1 = NowSeconds();
-  stats->ops.push_back(MakeOp("gather", b.index, t0, t1,
-                              b.gather.send_total * 4, 0));
-  // 2. Orthogonalize the matrices this rank owns.
+  rec->push_back(OpRecord{"gather", stream, bs.index, t0, NowSeconds(),
+                          bytes_sent_ - sent0, 0});
+  return absl::OkStatus();
+}
+
+absl::Status StepExecutor::Orthogonalize(int b, const StepArgs& args,
+                                         std::vector<OpRecord>* rec,
+                                         const char* stream) {
+  const BucketSchedule& bs = buckets_[b];
+  const double t0 = NowSeconds();
   double flops = 0;
-  for (int m : b.owned) {
+  for (int m : bs.owned) {
     const MatrixGeometry& g = geometry_[m];
     const float* u = HoldsFull(m) && !gather_fn_
-                         ? updates[g.param_index] + g.offset
-                         : full_u_[m].data();
-    float* o = HoldsFull(m) ? local_o_[m].data() : full_o_[m].data();
+                         ? (*args.updates)[g.param_index] + g.offset
+                         : FullU(m);
+    float* o = HoldsFull(m) ? local_o_[m].data() : FullO(m);
     MUON_RETURN_IF_ERROR(
-        kernels::NewtonSchulz(u, g.rows, g.cols, rule.ns, o, &ns_workspace_));
-    const double f = kernels::NewtonSchulzFlops(g.rows, g.cols, rule.ns.steps);
-    flops += f;
-    stats->ns_flops += f;
-    ++stats->matrices_orthogonalized;
+        kernels::NewtonSchulz(u, g.rows, g.cols, args.rule->ns, o, &ns_workspace_));
+    flops += kernels::NewtonSchulzFlops(g.rows, g.cols, args.rule->ns.steps);
+    ++ns_matrices_;
   }
-  double t2 = NowSeconds();
-  stats->ops.push_back(MakeOp("orthogonalize", b.index, t1, t2, 0, flops));
-  // 3. Redistribute O to every holder.
+  ns_flops_ += flops;
+  rec->push_back(OpRecord{"orthogonalize", stream, bs.index, t0, NowSeconds(), 0,
+                          flops});
+  return absl::OkStatus();
+}
+
+absl::Status StepExecutor::Redistribute(int b, const StepArgs& args,
+                                        std::vector<OpRecord>* rec,
+                                        const char* stream) {
+  const BucketSchedule& bs = buckets_[b];
+  const double t0 = NowSeconds();
+  const int64_t sent0 = bytes_sent_;
   if (redistribute_fn_) {
-    for (size_t i = 0; i < b.matrices.size(); ++i) {
-      const int m = b.matrices[i];
+    for (size_t i = 0; i < bs.matrices.size(); ++i) {
+      const int m = bs.matrices[i];
       const MatrixGeometry& g = geometry_[m];
       const float* full = nullptr;
-      if (b.owners[i] == rank_) {
-        full = HoldsFull(m) ? local_o_[m].data() : full_o_[m].data();
+      if (bs.owners[i] == rank_) {
+        full = HoldsFull(m) ? local_o_[m].data() : FullO(m);
       }
-      MUON_RETURN_IF_ERROR(redistribute_fn_(g.param_index, g.slice, b.owners[i],
+      MUON_RETURN_IF_ERROR(redistribute_fn_(g.param_index, g.slice, bs.owners[i],
                                             full, local_o_[m].data()));
     }
   } else {
-    MUON_RETURN_IF_ERROR(
-        RunExchange(b.redistribute, /*to_owner=*/false, updates, stats));
+    MUON_RETURN_IF_ERROR(RunExchange(bs.redistribute, /*to_owner=*/false,
+                                     *args.updates, &bytes_sent_,
+                                     &bytes_received_));
   }
-  double t3 = NowSeconds();
-  stats->ops.push_back(MakeOp("redistribute", b.index, t2, t3,
-                              b.redistribute.send_total * 4, 0));
-  // 4. Apply: decoupled weight decay and the AdjustLR-scaled update, on the
-  // local shard, with AdjustLR from the matrix's GLOBAL shape.
-  for (int m : b.matrices) {
+  rec->push_back(OpRecord{"redistribute", stream, bs.index, t0, NowSeconds(),
+                          bytes_sent_ - sent0, 0});
+  return absl::OkStatus();
+}
+
+void StepExecutor::Apply(int b, const StepArgs& args, std::vector<OpRecord>* rec,
+                         const char* stream) {
+  // Decoupled weight decay and the AdjustLR-scaled update on the local
+  // shard, with AdjustLR from the matrix's GLOBAL shape.
+  const BucketSchedule& bs = buckets_[b];
+  const double t0 = NowSeconds();
+  for (int m : bs.matrices) {
     const MatrixGeometry& g = geometry_[m];
     const int64_t n = static_cast<int64_t>(local_o_[m].size());
     if (n == 0) continue;
-    const double adjusted =
-        kernels::AdjustLr(rule.lr, rule.adjust_lr_fn, g.rows, g.cols);
-    kernels::ApplyUpdate(params[g.param_index] + g.offset, local_o_[m].data(),
-                         n, rule.lr, rule.weight_decay, adjusted);
+    const double adjusted = kernels::AdjustLr(args.rule->lr, args.rule->adjust_lr_fn,
+                                              g.rows, g.cols);
+    kernels::ApplyUpdate((*args.params)[g.param_index] + g.offset,
+                         local_o_[m].data(), n, args.rule->lr,
+                         args.rule->weight_decay, adjusted);
   }
-  double t4 = NowSeconds();
-  stats->ops.push_back(MakeOp("apply", b.index, t3, t4, 0, 0));
+  rec->push_back(OpRecord{"apply", stream, bs.index, t0, NowSeconds(), 0, 0});
+}
+
+absl::Status StepExecutor::RunSequential(const StepArgs& args) {
+  for (const Op& op : main_ops_) {
+    switch (op.kind) {
+      case OpKind::kGather: {
+        MUON_RETURN_IF_ERROR(Gather(op.bucket, args, &main_records_, "main"));
+        // Owners orthogonalize in rank order: rank i runs between the i-th
+        // and (i+1)-th barrier of the bucket.
+        const bool mine = !buckets_[op.bucket].owned.empty();
+        if (world_size_ == 1) {
+          if (mine) {
+            MUON_RETURN_IF_ERROR(
+                Orthogonalize(op.bucket, args, &main_records_, "main"));
+          }
+          break;
+        }
+        for (int turn = 0; turn < world_size_; ++turn) {
+          if (turn == rank_ && mine) {
+            MUON_RETURN_IF_ERROR(
+                Orthogonalize(op.bucket, args, &main_records_, "main"));
+          }
+          MUON_RETURN_IF_ERROR(comm_->Barrier());
+        }
+        break;
+      }
+      case OpKind::kOrthogonalize:
+        break;  // run in rank order right after the bucket's gather
+      case OpKind::kRedistribute:
+        MUON_RETURN_IF_ERROR(Redistribute(op.bucket, args, &main_records_, "main"));
+        break;
+      case OpKind::kApply:
+        Apply(op.bucket, args, &main_records_, "main");
+        break;
+    }
+  }
   return absl::OkStatus();
+}
+
+absl::Status StepExecutor::RunCommOps(const StepArgs& args) {
+  for (const Op& op : comm_ops_) {
+    switch (op.kind) {
+      case OpKind::kGather: {
+        MUON_RETURN_IF_ERROR(Gather(op.bucket, args, &comm_records_, "comm"));
+        absl::MutexLock lock(&mu_);
+        gathered_[op.bucket] = 1;
+        break;
+      }
+      case OpKind::kRedistribute: {
+        if (!buckets_[op.bucket].owned.empty()) {
+          absl::MutexLock lock(&mu_);
+          auto ready = [this, &op]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+            return ns_done_[op.bucket] != 0 || !error_.ok();
+          };
+          mu_.Await(absl::Condition(&ready));
+          if (!error_.ok()) return absl::OkStatus();  // reported by compute
+        }
+        MUON_RETURN_IF_ERROR(Redistribute(op.bucket, args, &comm_records_, "comm"));
+        break;
+      }
+      case OpKind::kApply:
+        Apply(op.bucket, args, &comm_records_, "comm");
+        break;
+      case OpKind::kOrthogonalize:
+        break;  // never scheduled on the comm stream
+    }
+  }
+  return absl::OkStatus();
+}
+
+void StepExecutor::CommLoop() {
+  int64_t seen = 0;
+  while (true) {
+    StepArgs args;
+    {
+      absl::MutexLock lock(&mu_);
+      auto wake = [this, &seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return shutdown_ || step_seq_ != seen;
+      };
+      mu_.Await(absl::Condition(&wake));
+      if (shutdown_) return;
+      seen = step_seq_;
+      args = step_args_;
+    }
+    absl::Status s = RunCommOps(args);
+    absl::MutexLock lock(&mu_);
+    if (!s.ok() && error_.ok()) error_ = s;
+    comm_done_ = true;
+  }
+}
+
+absl::Status StepExecutor::RunAsync(const StepArgs& args) {
+  {
+    absl::MutexLock lock(&mu_);
+    step_args_ = args;
+    std::fill(gathered_.begin(), gathered_.end(), 0);
+    std::fill(ns_done_.begin(), ns_done_.end(), 0);
+    error_ = absl::OkStatus();
+    comm_done_ = false;
+    ++step_seq_;
+  }
+  for (const Op& op : compute_ops_) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this, &op]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return gathered_[op.bucket] != 0 || !error_.ok();
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (!error_.ok()) break;
+    }
+    absl::Status s = Orthogonalize(op.bucket, args, &main_records_, "compute");
+    absl::MutexLock lock(&mu_);
+    if (!s.ok() && error_.ok()) error_ = s;
+    ns_done_[op.bucket] = 1;
+    if (!s.ok()) break;
+  }
+  absl::MutexLock lock(&mu_);
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return comm_done_; };
+  mu_.Await(absl::Condition(&done));
+  return error_;
 }
 
 absl::Status StepExecutor::Run(const std::vector<const float*>& updates,
                                const std::vector<float*>& params,
                                const UpdateRule& rule, StepStats* stats) {
-  for (const BucketSchedule& b : buckets_) {
-    MUON_RETURN_IF_ERROR(RunBucket(b, updates, params, rule, stats));
-  }
-  return absl::OkStatus();
+  main_records_.clear();
+  comm_records_.clear();
+  bytes_sent_ = 0;
+  bytes_received_ = 0;
+  ns_matrices_ = 0;
+  ns_flops_ = 0;
+  StepArgs args{&updates, &params, &rule};
+  absl::Status s = async_ ? RunAsync(args) : RunSequential(args);
+  stats->matrices_orthogonalized = ns_matrices_;
+  stats->ns_flops = ns_flops_;
+  stats->bytes_sent = bytes_sent_;
+  stats->bytes_received = bytes_received_;
+  stats->buffer_bytes = buffer_bytes_;
+  stats->buffer_bound_bytes = buffer_bound_bytes_;
+  stats->ops.clear();
+  stats->ops.insert(stats->ops.end(), main_records_.begin(), main_records_.end());
+  stats->ops.insert(stats->ops.end(), comm_records_.begin(), comm_records_.end());
+  std::sort(stats->ops.begin(), stats->ops.end(),
+            [](const OpRecord& a, const OpRecord& b) { return a.start_s < b.start_s; });
+  return s;
 }
 
 }  // namespace muon

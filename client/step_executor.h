@@ -1,30 +1,45 @@
-// Executes the distributed part of one Muon step for one rank: per bucket,
+// Executes the distributed part of one Muon step for one rank, following the
+// stream schedule of the coordinator's plan (server/schedule.h): per bucket,
 // gather shards of the update U to their owners, orthogonalize on the owner
 // (Newton-Schulz), redistribute O back to every holder, apply.
 //
-// Built once from the plan (v1::Plan: owners and buckets) and the layout
-// (mesh + placements + global shapes). Construction precomputes, per bucket,
-// the exact all-to-all(v) split sizes and the region copies of both
+// Modes (seeds' async_gpu_parallelism, prefetch_count):
+//   Sequential (debug): one bucket at a time on the calling thread; owners
+//     orthogonalize in rank order (rank i runs its Newton-Schulz between the
+//     i-th and (i+1)-th barrier of the bucket), every operation finishes
+//     before the next starts, so timings are exact per operation.
+//   Async: the collectives and applies run on this executor's communication
+//     thread, Newton-Schulz on the calling thread, overlapping; up to
+//     prefetch_count buckets are gathered ahead into (prefetch_count + 1)
+//     preallocated bucket slots.
+// Both modes compute the same numbers in the same order per matrix: the
+// results are bitwise identical.
+//
+// Built once from the plan and the layout: construction precomputes, per
+// bucket, the exact all-to-all(v) split sizes and region copies of both
 // exchanges, and preallocates every buffer, so a step allocates nothing.
 // The same executor serves a world of one (single device: every copy is
-// local and no collective runs) and any world size.
+// local and no collective runs) and any world size. Every rank issues
+// exactly one AllToAllV per bucket each way (or, with custom gather_fn /
+// redistribute_fn, one call per matrix) in the schedule's order, the same
+// on every rank.
 //
-// Every rank walks the buckets in plan order and issues exactly one
-// AllToAllV per bucket each way (or, with custom gather_fn/redistribute_fn,
-// one call per matrix in plan order), so ranks never issue different
-// collective sequences.
-//
-// Thread-compatible: one thread calls Run at a time.
+// Lifecycle: Create -> Run* -> destroy (joins the communication thread).
+// Thread-compatible: one thread calls Run at a time; the communicator is
+// used only from inside Run.
 #ifndef MUON_CLIENT_STEP_EXECUTOR_H_
 #define MUON_CLIENT_STEP_EXECUTOR_H_
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "client/communicator.h"
 #include "client/distributed_config.h"
 #include "common/layout.h"
@@ -48,6 +63,17 @@ struct MatrixGeometry {
   std::vector<Box> boxes;  // box held by each rank (index = rank)
 };
 
+// Timing of one operation (no allocation on the step path).
+struct OpRecord {
+  const char* op = "";      // "gather", "orthogonalize", "redistribute", "apply"
+  const char* stream = "";  // "main", "comm", "compute"
+  int bucket = 0;
+  double start_s = 0;  // seconds since the Unix epoch
+  double end_s = 0;
+  int64_t bytes = 0;   // fp32 payload this rank sent
+  double flops = 0;    // Newton-Schulz FLOPs
+};
+
 // Per-step counters of one rank (summed over the world they equal the
 // single-device figures: zero redundancy).
 struct StepStats {
@@ -56,7 +82,7 @@ struct StepStats {
   int64_t bytes_sent = 0;    // fp32 payload sent to other ranks
   int64_t bytes_received = 0;
   double step_time_s = 0;
-  std::vector<v1::OpTiming> ops;  // per bucket and operation
+  std::vector<OpRecord> ops;  // per bucket and operation, by start time
   // Preallocated buffers of the step executor (bucket slots of full
   // matrices and the exchange buffers), in bytes, and their bound:
   // (prefetch_count + 1) slots of the largest bucket plus the exchange
@@ -77,16 +103,19 @@ class StepExecutor {
  public:
   // `matrices` are the matrices of this rank's parameters; the plan may
   // hold more (other pipeline stages), which this rank skips with zero
-  // split sizes while still joining every bucket's collectives. `comm` may
-  // be nullptr only when world_size == 1. gather_fn / redistribute_fn may be
-  // empty (packed all-to-all(v)).
+  // split sizes while still joining every bucket's collectives. The plan
+  // must carry its schedule (Plan.schedule). `comm` may be nullptr only
+  // when world_size == 1. gather_fn / redistribute_fn may be empty (packed
+  // all-to-all(v)).
   // Errors: InvalidArgument when the plan does not cover every local matrix
-  // exactly once, disagrees on a shape, or names an owner that holds no
-  // shard (names the matrix and parameter).
+  // exactly once, disagrees on a shape, names an owner that holds no shard,
+  // or has no schedule for this rank (names the matrix and parameter).
   static absl::StatusOr<std::unique_ptr<StepExecutor>> Create(
       int rank, int world_size, const v1::Plan& plan,
       std::vector<MatrixGeometry> matrices, Communicator* comm,
       GatherFn gather_fn, RedistributeFn redistribute_fn);
+
+  ~StepExecutor();
 
   // Runs gather -> orthogonalize -> redistribute -> apply for every bucket.
   // `updates[i]` is this rank's shard of U for parameter i (local shape,
@@ -99,6 +128,9 @@ class StepExecutor {
   absl::Status Run(const std::vector<const float*>& updates,
                    const std::vector<float*>& params, const UpdateRule& rule,
                    StepStats* stats);
+
+  bool async() const { return async_; }
+  int prefetch_count() const { return prefetch_count_; }
 
  private:
   // A region (global coordinates) of local matrix `matrix`.
@@ -120,21 +152,43 @@ class StepExecutor {
     std::vector<int> matrices;  // local matrix ids in plan order (known ones)
     std::vector<int> owners;    // owner of each
     std::vector<int> owned;     // local matrices this rank orthogonalizes
-    Exchange gather;          // shards of U -> owners' full U
-    Exchange redistribute;    // owners' full O -> holders' shards
+    Exchange gather;            // shards of U -> owners' full U
+    Exchange redistribute;      // owners' full O -> holders' shards
+  };
+  enum class OpKind { kGather, kOrthogonalize, kRedistribute, kApply };
+  struct Op {
+    int bucket;  // position in buckets_
+    OpKind kind;
+    int slot;
+  };
+  // Arguments of the step in flight (set by Run, read by both threads).
+  struct StepArgs {
+    const std::vector<const float*>* updates = nullptr;
+    const std::vector<float*>* params = nullptr;
+    const UpdateRule* rule = nullptr;
   };
 
   StepExecutor(int rank, int world_size, Communicator* comm,
                std::vector<MatrixGeometry> matrices, GatherFn gather_fn,
                RedistributeFn redistribute_fn);
   bool HoldsFull(int m) const;
+  float* FullU(int m);
+  float* FullO(int m);
   absl::Status RunExchange(const Exchange& ex, bool to_owner,
                            const std::vector<const float*>& updates,
-                           StepStats* stats);
-  absl::Status RunBucket(const BucketSchedule& b,
-                         const std::vector<const float*>& updates,
-                         const std::vector<float*>& params,
-                         const UpdateRule& rule, StepStats* stats);
+                           int64_t* bytes_sent, int64_t* bytes_received);
+  absl::Status Gather(int b, const StepArgs& args, std::vector<OpRecord>* rec,
+                      const char* stream);
+  absl::Status Orthogonalize(int b, const StepArgs& args,
+                             std::vector<OpRecord>* rec, const char* stream);
+  absl::Status Redistribute(int b, const StepArgs& args,
+                            std::vector<OpRecord>* rec, const char* stream);
+  void Apply(int b, const StepArgs& args, std::vector<OpRecord>* rec,
+             const char* stream);
+  absl::Status RunSequential(const StepArgs& args);
+  absl::Status RunAsync(const StepArgs& args);
+  void CommLoop();
+  absl::Status RunCommOps(const StepArgs& args);
 
   const int rank_;
   const int world_size_;
@@ -143,15 +197,47 @@ class StepExecutor {
   GatherFn gather_fn_;
   RedistributeFn redistribute_fn_;
   std::vector<BucketSchedule> buckets_;
-  // Full [rows, cols] U and O of each owned matrix (empty otherwise, or
-  // when this rank holds the whole matrix and reads its own shard).
-  std::vector<std::vector<float>> full_u_;
-  std::vector<std::vector<float>> full_o_;
+  bool async_ = false;
+  int prefetch_count_ = 0;
+  // This rank's schedule: "main" ops (sequential), or "comm" and "compute".
+  std::vector<Op> main_ops_;
+  std::vector<Op> comm_ops_;
+  std::vector<Op> compute_ops_;
+  // Bucket slots: slots x slot_elems floats holding the owned matrices'
+  // full U and O of the bucket in the slot; each owned matrix has fixed
+  // offsets inside its bucket's slot (-1 = not needed).
+  std::vector<float> arena_;
+  int64_t slot_elems_ = 0;
+  std::vector<int> slot_of_bucket_;
+  std::vector<int> bucket_of_;     // per local matrix: position in buckets_
+  std::vector<int64_t> u_offset_;  // per local matrix
+  std::vector<int64_t> o_offset_;
   // This rank's box of O per local matrix.
   std::vector<std::vector<float>> local_o_;
+  // Exchange buffers, used by one thread at a time.
   std::vector<float> send_buf_;
   std::vector<float> recv_buf_;
   kernels::NewtonSchulzWorkspace ns_workspace_;
+  // Per-thread timing records, preallocated.
+  std::vector<OpRecord> main_records_;
+  std::vector<OpRecord> comm_records_;
+  int64_t bytes_sent_ = 0;      // written by the thread running exchanges
+  int64_t bytes_received_ = 0;
+  int ns_matrices_ = 0;          // written by the thread running NS
+  double ns_flops_ = 0;
+  int64_t buffer_bytes_ = 0;
+  int64_t buffer_bound_bytes_ = 0;
+
+  // Async mode: the communication thread and the step's progress.
+  absl::Mutex mu_;
+  std::thread comm_thread_;
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t step_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  StepArgs step_args_ ABSL_GUARDED_BY(mu_);
+  std::vector<char> gathered_ ABSL_GUARDED_BY(mu_);  // per bucket
+  std::vector<char> ns_done_ ABSL_GUARDED_BY(mu_);   // per bucket
+  bool comm_done_ ABSL_GUARDED_BY(mu_) = true;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace muon

@@ -1,5 +1,6 @@
 #include "server/coordinator_service.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -13,6 +14,14 @@ namespace {
 
 double UnixSeconds(absl::Time t) {
   return absl::ToDoubleSeconds(t - absl::UnixEpoch());
+}
+
+// Median of a non-empty vector (mean of the two middle values for an even
+// count).
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 }  // namespace
@@ -237,7 +246,77 @@ absl::StatusOr<v1::ReportStepResponse> CoordinatorService::ReportStep(
   info->last_seen = options_.now();
   info->reported = true;
   info->last_report = report;
+  KeepReportLocked(*info, report);
   return v1::ReportStepResponse();
+}
+
+void CoordinatorService::KeepReportLocked(RankInfo& info,
+                                          const v1::StepReport& report) {
+  const size_t capacity =
+      static_cast<size_t>(std::max(1, options_.reports_kept));
+  if (info.reports.size() < capacity) {
+    info.reports.push_back(report);
+    return;
+  }
+  info.reports[info.next_report] = report;
+  info.next_report = (info.next_report + 1) % capacity;
+}
+
+absl::StatusOr<v1::GetReportsResponse> CoordinatorService::GetReports(
+    const v1::GetReportsRequest& request) {
+  MUON_RETURN_IF_ERROR(CheckJobId(request.job_id()));
+  if (request.rank() < -1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GetReports: rank is ", request.rank(), "; must be >= 0 or -1 (every rank)"));
+  }
+  if (request.last_steps() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GetReports: last_steps is ", request.last_steps(),
+                     "; must be >= 0 (0 = every kept step)"));
+  }
+  absl::MutexLock lock(&mu_);
+  if (request.rank() >= 0 && ranks_.find(request.rank()) == ranks_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("rank ", request.rank(), " has not joined the job"));
+  }
+  v1::GetReportsResponse response;
+  for (const auto& [rank, info] : ranks_) {
+    if (request.rank() >= 0 && rank != request.rank()) continue;
+    // Oldest first: the ring from next_report on, then its start.
+    std::vector<const v1::StepReport*> kept;
+    kept.reserve(info.reports.size());
+    for (size_t i = 0; i < info.reports.size(); ++i) {
+      kept.push_back(&info.reports[(info.next_report + i) % info.reports.size()]);
+    }
+    std::stable_sort(kept.begin(), kept.end(),
+                     [](const v1::StepReport* a, const v1::StepReport* b) {
+                       return a->step() < b->step();
+                     });
+    size_t first = 0;
+    if (request.last_steps() > 0 &&
+        kept.size() > static_cast<size_t>(request.last_steps())) {
+      first = kept.size() - static_cast<size_t>(request.last_steps());
+    }
+    for (size_t i = first; i < kept.size(); ++i) {
+      *response.add_reports() = *kept[i];
+    }
+  }
+  return response;
+}
+
+bool CoordinatorService::IsStragglerLocked(int rank) const {
+  auto self = ranks_.find(rank);
+  if (self == ranks_.end() || !self->second.reported) return false;
+  std::vector<double> others;
+  for (const auto& [r, info] : ranks_) {
+    if (r != rank && info.reported) {
+      others.push_back(info.last_report.step_time_s());
+    }
+  }
+  if (others.size() < 2) return false;
+  const double median = Median(std::move(others));
+  return median > 0 && self->second.last_report.step_time_s() >
+                           options_.straggler_factor * median;
 }
 
 absl::Status CoordinatorService::PlanReadyLocked() const {
@@ -329,6 +408,8 @@ absl::StatusOr<v1::ListRanksResponse> CoordinatorService::ListRanks(
     s->set_last_step_time_s(info.last_report.step_time_s());
     s->set_matrices_orthogonalized(info.last_report.matrices_orthogonalized());
     s->set_ns_flops(info.last_report.ns_flops());
+    s->set_straggler(IsStragglerLocked(rank));
+    s->set_reports_dropped(info.last_report.reports_dropped());
   }
   return response;
 }

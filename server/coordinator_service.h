@@ -7,7 +7,14 @@
 // when the last rank of the world has joined, the manifests are checked
 // (ValidateManifests) and planned (MakePlan) exactly once, and every waiting
 // rank receives the same plan or the same error. Ranks then Heartbeat and
-// ReportStep; muonctl reads GetJob/GetPlan/GetAssignments/ListRanks.
+// ReportStep; muonctl reads GetJob/GetPlan/GetAssignments/ListRanks/
+// GetReports.
+//
+// Reports: the last Options::reports_kept StepReports of each rank are kept
+// in a per-rank ring (the oldest is overwritten); GetReports returns them.
+// Stragglers: ListRanks flags a rank whose last step time exceeds
+// straggler_factor times the median of the other ranks' last step times
+// (see ListRanks).
 //
 // Job state:
 //   waiting --(last rank joins, plan ok)--> planned
@@ -63,6 +70,12 @@ class CoordinatorService {
     // (when non-empty) and the bucket size (when non-zero); they must agree
     // across ranks. planner.job_id is ignored (job_id above is used).
     PlannerOptions planner;
+    // Step reports kept per rank (a ring: the oldest is overwritten); values
+    // below 1 are taken as 1.
+    int reports_kept = 256;
+    // A rank is a straggler when its last step time exceeds this factor times
+    // the median of the other ranks' last step times.
+    double straggler_factor = 2.0;
     // Clock for heartbeats and report times (tests inject one). Join and
     // KeyGet waits use real time.
     std::function<absl::Time()> now = [] { return absl::Now(); };
@@ -95,8 +108,10 @@ class CoordinatorService {
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(
       const v1::HeartbeatRequest& request);
 
-  // Records a rank's step: last step, step time, matrices and FLOPs; the
-  // rank becomes "running". Also counts as a heartbeat.
+  // Records a rank's step: last step, step time, matrices and FLOPs, and
+  // keeps the whole report (per-operation timings) in the rank's ring of the
+  // last reports_kept reports; the rank becomes "running". Also counts as a
+  // heartbeat.
   // Errors: InvalidArgument (job id), NotFound (rank never joined),
   //   Aborted (stale incarnation), FailedPrecondition (no plan yet).
   absl::StatusOr<v1::ReportStepResponse> ReportStep(
@@ -115,10 +130,28 @@ class CoordinatorService {
   absl::StatusOr<v1::GetAssignmentsResponse> GetAssignments(
       const v1::GetAssignmentsRequest& request);
 
-  // Status of every rank that joined, by rank. Errors: InvalidArgument
-  // (job id).
+  // Status of every rank that joined, by rank: state, incarnation, last
+  // heartbeat, and from its latest report the step, step time, matrices,
+  // FLOPs and reports_dropped (the agent's count).
+  // straggler: the rank's last step time is greater than straggler_factor
+  // times the median of the last step times of the OTHER ranks that have
+  // reported (the mean of the two middle values for an even count). Needs at
+  // least 2 other ranks with a report (with fewer, nobody is flagged: one
+  // other rank is no majority to compare with) and a positive median.
+  // Ranks are compared on their latest reports whatever their step numbers
+  // and states (a lost rank's last step time still counts).
+  // Errors: InvalidArgument (job id).
   absl::StatusOr<v1::ListRanksResponse> ListRanks(
       const v1::ListRanksRequest& request);
+
+  // The kept step reports (at most reports_kept per rank) of request.rank
+  // (-1 = every rank that joined), the last request.last_steps of each rank
+  // (0 = all kept), ordered by rank, then step (then arrival).
+  // Errors:
+  //   InvalidArgument: job id; rank < -1; last_steps < 0.
+  //   NotFound: request.rank >= 0 has not joined.
+  absl::StatusOr<v1::GetReportsResponse> GetReports(
+      const v1::GetReportsRequest& request);
 
   // Key-value rendezvous. Errors: InvalidArgument (job id or empty key);
   // KeyGet also DeadlineExceeded (names the key) and Unavailable (shutdown).
@@ -139,6 +172,10 @@ class CoordinatorService {
     int joins_in_flight = 0;  // Join calls of this rank now blocked
     bool reported = false;
     v1::StepReport last_report;
+    // The last reports_kept reports: a ring of at most that many entries,
+    // `next_report` indexes the oldest once it is full.
+    std::vector<v1::StepReport> reports;
+    size_t next_report = 0;
   };
 
   absl::Status CheckJobId(const std::string& job_id) const;
@@ -148,6 +185,11 @@ class CoordinatorService {
   void PlanLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks the job failed with `status` and wakes every waiter.
   void FailLocked(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Appends `report` to the rank's ring, overwriting the oldest when full.
+  void KeepReportLocked(RankInfo& info, const v1::StepReport& report)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `rank`'s last step time marks it a straggler (see ListRanks).
+  bool IsStragglerLocked(int rank) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // "ready", "lost", ... for one rank at time `now`.
   std::string RankStateLocked(const RankInfo& info, absl::Time now) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);

@@ -72,6 +72,12 @@ grpc::Status CoordinatorGrpcService::ListRanks(
   return Handle(response, [&] { return service_->ListRanks(*request); });
 }
 
+grpc::Status CoordinatorGrpcService::GetReports(
+    grpc::ServerContext*, const v1::GetReportsRequest* request,
+    v1::GetReportsResponse* response) {
+  return Handle(response, [&] { return service_->GetReports(*request); });
+}
+
 grpc::Status CoordinatorGrpcService::KeySet(grpc::ServerContext*,
                                             const v1::KeySetRequest* request,
                                             v1::KeySetResponse* response) {

@@ -48,6 +48,9 @@ class CoordinatorGrpcService final : public v1::Coordinator::Service {
   grpc::Status ListRanks(grpc::ServerContext* context,
                          const v1::ListRanksRequest* request,
                          v1::ListRanksResponse* response) override;
+  grpc::Status GetReports(grpc::ServerContext* context,
+                          const v1::GetReportsRequest* request,
+                          v1::GetReportsResponse* response) override;
   grpc::Status KeySet(grpc::ServerContext* context,
                       const v1::KeySetRequest* request,
                       v1::KeySetResponse* response) override;

@@ -74,4 +74,13 @@ absl::StatusOr<v1::ListRanksResponse> LocalCoordinationClient::ListRanks() {
   return service_->ListRanks(request);
 }
 
+absl::StatusOr<v1::GetReportsResponse> LocalCoordinationClient::GetReports(
+    int rank, int last_steps) {
+  v1::GetReportsRequest request;
+  request.set_job_id(job_id_);
+  request.set_rank(rank);
+  request.set_last_steps(last_steps);
+  return service_->GetReports(request);
+}
+
 }  // namespace muon

@@ -36,6 +36,8 @@ class LocalCoordinationClient final : public CoordinationClient {
   absl::StatusOr<v1::Plan> GetPlan() override;
   absl::StatusOr<v1::GetAssignmentsResponse> GetAssignments() override;
   absl::StatusOr<v1::ListRanksResponse> ListRanks() override;
+  absl::StatusOr<v1::GetReportsResponse> GetReports(int rank,
+                                                    int last_steps) override;
 
  private:
   CoordinatorService* const service_;  // Not owned.

@@ -1,9 +1,12 @@
 #include "tools/muonctl_lib.h"
 
 #include <algorithm>
+#include <cmath>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <set>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
@@ -14,6 +17,7 @@
 #include "client/grpc_coordination_client.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
+#include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "server/manifest_validation.h"
 #include "server/planner.h"
@@ -35,6 +39,14 @@ ABSL_FLAG(std::string, dump, "", "validate: write final parameters under DIR.");
 ABSL_FLAG(uint64_t, seed, 0, "validate: seed of the synthetic values.");
 ABSL_FLAG(double, tolerance, 0.0, "validate: accepted max abs difference (0 = bitwise).");
 ABSL_FLAG(int, timeout_s, 600, "validate: bound on the distributed run, seconds.");
+ABSL_FLAG(bool, watch, false, "status: refresh the table every --interval_s seconds.");
+ABSL_FLAG(double, interval_s, 1.0, "status --watch: seconds between refreshes.");
+ABSL_FLAG(int, count, 0,
+          "status --watch: number of refreshes (0 = until interrupted).");
+ABSL_FLAG(int, last_steps, 0,
+          "timings, trace: use each rank's last N kept steps (0 = all the "
+          "coordinator keeps).");
+ABSL_FLAG(std::string, out, "", "trace: output file (Chrome trace event JSON; - = stdout).");
 // Internal (validate-rank).
 ABSL_FLAG(int, rank, -1, "Internal: rank of a validate-rank process.");
 ABSL_FLAG(std::string, out_dir, "", "Internal: validate-rank output folder.");
@@ -71,6 +83,10 @@ absl::StatusOr<Planned> PlanSpec(const v1::JobSpec& spec, const std::string& pol
                                : "lpt";
   MUON_ASSIGN_OR_RETURN(options.policy, ParsePolicy(name));
   options.bucket_size_bytes = spec.execution().bucket_size_bytes();
+  // The stream schedule's mode, as the coordinator plans it from the
+  // manifests' ExecutionOptions.
+  options.async = spec.execution().async_gpu_parallelism();
+  options.prefetch_count = spec.execution().prefetch_count();
   if (spec.optimizer().has_ns_steps()) options.ns_steps = spec.optimizer().ns_steps();
   options.job_id = spec.job_id();
   MUON_ASSIGN_OR_RETURN(p.plan, MakePlan(p.layout, options));
@@ -174,31 +190,350 @@ int CmdAssignments(const std::vector<std::string>&, std::ostream& out, std::ostr
   return 0;
 }
 
+// One status snapshot: the job line and a table per rank (or one JSON
+// object with --json).
+absl::Status PrintStatus(CoordinationClient& c, std::ostream& out) {
+  MUON_ASSIGN_OR_RETURN(v1::JobInfo job, c.GetJob());
+  MUON_ASSIGN_OR_RETURN(v1::ListRanksResponse ranks, c.ListRanks());
+  if (absl::GetFlag(FLAGS_json)) {
+    out << "{\"job\": " << ToJson(job) << ",\n\"ranks\": " << ToJson(ranks) << "}\n";
+    return absl::OkStatus();
+  }
+  out << absl::StrFormat("job %s: %s, %d/%d ranks joined, plan %s%s\n", job.job_id(),
+                         job.state(), job.ranks_joined(), job.world_size(),
+                         job.plan_hash().empty() ? "-" : job.plan_hash(),
+                         job.error().empty() ? "" : absl::StrCat(", error: ", job.error()));
+  const double now = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+  out << absl::StrFormat("%-6s %-9s %13s %8s %12s %9s %9s %9s\n", "rank", "state",
+                         "heartbeat age", "step", "step time", "straggler", "dropped",
+                         "matrices");
+  for (const v1::RankStatus& r : ranks.ranks()) {
+    const std::string age =
+        r.last_heartbeat_unix_s() > 0
+            ? absl::StrFormat("%.1f s", std::max(0.0, now - r.last_heartbeat_unix_s()))
+            : "-";
+    const bool reported = r.last_step() >= 0;
+    out << absl::StrFormat(
+        "%-6d %-9s %13s %8s %12s %9s %9d %9d\n", r.rank(), r.state(), age,
+        reported ? absl::StrCat(r.last_step()) : "-",
+        reported ? absl::StrFormat("%.1f ms", r.last_step_time_s() * 1e3) : "-",
+        r.straggler() ? "yes" : "", r.reports_dropped(), r.matrices_orthogonalized());
+  }
+  return absl::OkStatus();
+}
+
 int CmdStatus(const std::vector<std::string>&, std::ostream& out, std::ostream& err) {
   absl::StatusOr<std::unique_ptr<CoordinationClient>> c = Connect(err);
   if (!c.ok()) return Fail(err, c.status());
-  absl::StatusOr<v1::JobInfo> job = (*c)->GetJob();
-  if (!job.ok()) return Fail(err, job.status());
-  absl::StatusOr<v1::ListRanksResponse> ranks = (*c)->ListRanks();
-  if (!ranks.ok()) return Fail(err, ranks.status());
+  if (!absl::GetFlag(FLAGS_watch)) {
+    absl::Status s = PrintStatus(**c, out);
+    return s.ok() ? 0 : Fail(err, s);
+  }
+  const double interval_s = absl::GetFlag(FLAGS_interval_s);
+  const int count = absl::GetFlag(FLAGS_count);
+  if (!(interval_s > 0) || count < 0) {
+    err << "muonctl status --watch: --interval_s must be > 0 and --count >= 0\n";
+    return 2;
+  }
+  // Like watch(1): a failed refresh is reported and the next one tried; the
+  // exit code is the last refresh's.
+  int rc = 0;
+  for (int i = 0; count == 0 || i < count; ++i) {
+    if (i > 0) absl::SleepFor(absl::Seconds(interval_s));
+    if (!absl::GetFlag(FLAGS_json)) {
+      out << absl::StrFormat("--- %s ---\n",
+                             absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::Now(),
+                                              absl::LocalTimeZone()));
+    }
+    absl::Status s = PrintStatus(**c, out);
+    rc = s.ok() ? 0 : Fail(err, s);
+    out.flush();
+  }
+  return rc;
+}
+
+// Display order of the operations of a step; others after, by name.
+int OpOrder(const std::string& op) {
+  static const char* const kOps[] = {"gather", "orthogonalize", "redistribute", "apply"};
+  for (int i = 0; i < 4; ++i) {
+    if (op == kOps[i]) return i;
+  }
+  return 4;
+}
+
+bool OpLess(const std::string& a, const std::string& b) {
+  return std::make_pair(OpOrder(a), a) < std::make_pair(OpOrder(b), b);
+}
+
+// Nearest-rank percentile of sorted values: the ceil(p/100 * n)-th smallest.
+double Percentile(const std::vector<double>& sorted, double p) {
+  if (sorted.empty()) return 0;
+  const double n = static_cast<double>(sorted.size());
+  int64_t k = static_cast<int64_t>(std::ceil(p / 100.0 * n)) - 1;
+  k = std::clamp<int64_t>(k, 0, static_cast<int64_t>(sorted.size()) - 1);
+  return sorted[k];
+}
+
+google::protobuf::Value NumberValue(double x) {
+  google::protobuf::Value v;
+  v.set_number_value(x);
+  return v;
+}
+
+google::protobuf::Value StringValue(const std::string& x) {
+  google::protobuf::Value v;
+  v.set_string_value(x);
+  return v;
+}
+
+std::string CompactJson(const google::protobuf::Message& m) {
+  std::string s;
+  google::protobuf::util::JsonPrintOptions o;
+  o.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &s, o);
+  return s;
+}
+
+absl::StatusOr<v1::GetReportsResponse> FetchReports(std::ostream& err) {
+  MUON_ASSIGN_OR_RETURN(std::unique_ptr<CoordinationClient> c, Connect(err));
+  const int last_steps = absl::GetFlag(FLAGS_last_steps);
+  if (last_steps < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--last_steps is ", last_steps, "; must be >= 0"));
+  }
+  return c->GetReports(/*rank=*/-1, last_steps);
+}
+
+// `muonctl timings`: per rank and operation, the count and the p50 / p99 of
+// the operation's duration (end - start) over the kept reports; "step" is
+// the whole step (StepReport.step_time_s).
+int CmdTimings(const std::vector<std::string>&, std::ostream& out, std::ostream& err) {
+  absl::StatusOr<v1::GetReportsResponse> reports = FetchReports(err);
+  if (!reports.ok()) return Fail(err, reports.status());
+  // rank -> op -> durations in ms.
+  std::map<int, std::map<std::string, std::vector<double>>> ms;
+  for (const v1::StepReport& r : reports->reports()) {
+    for (const v1::OpTiming& op : r.ops()) {
+      ms[r.rank()][op.op()].push_back((op.end_s() - op.start_s()) * 1e3);
+    }
+    ms[r.rank()]["step"].push_back(r.step_time_s() * 1e3);
+  }
+  struct Row {
+    int rank;
+    std::string op;
+    size_t count;
+    double p50, p99;
+  };
+  std::vector<Row> rows;
+  for (auto& [rank, ops] : ms) {
+    std::vector<std::string> names;
+    for (const auto& [name, v] : ops) {
+      if (name != "step") names.push_back(name);
+    }
+    std::sort(names.begin(), names.end(), OpLess);
+    names.push_back("step");
+    for (const std::string& name : names) {
+      std::vector<double>& v = ops[name];
+      std::sort(v.begin(), v.end());
+      rows.push_back({rank, name, v.size(), Percentile(v, 50), Percentile(v, 99)});
+    }
+  }
   if (absl::GetFlag(FLAGS_json)) {
-    out << "{\"job\": " << ToJson(*job) << ",\n\"ranks\": " << ToJson(*ranks) << "}\n";
+    google::protobuf::Struct root;
+    google::protobuf::ListValue* list =
+        (*root.mutable_fields())["timings"].mutable_list_value();
+    for (const Row& row : rows) {
+      google::protobuf::Struct* e = list->add_values()->mutable_struct_value();
+      auto& f = *e->mutable_fields();
+      f["rank"] = NumberValue(row.rank);
+      f["op"] = StringValue(row.op);
+      f["count"] = NumberValue(static_cast<double>(row.count));
+      f["p50_ms"] = NumberValue(row.p50);
+      f["p99_ms"] = NumberValue(row.p99);
+    }
+    (*root.mutable_fields())["reports"] = NumberValue(reports->reports_size());
+    out << ToJson(root) << "\n";
     return 0;
   }
-  out << absl::StrFormat("job %s: %s, %d/%d ranks joined, plan %s%s\n", job->job_id(),
-                         job->state(), job->ranks_joined(), job->world_size(),
-                         job->plan_hash().empty() ? "-" : job->plan_hash(),
-                         job->error().empty() ? "" : absl::StrCat(", error: ", job->error()));
-  const double now = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
-  out << absl::StrFormat("%-6s %-9s %14s %8s %12s %9s\n", "rank", "state",
-                         "heartbeat age", "step", "step time", "matrices");
-  for (const v1::RankStatus& r : ranks->ranks()) {
-    const std::string age = r.last_heartbeat_unix_s() > 0
-                                ? absl::StrFormat("%.1f s", now - r.last_heartbeat_unix_s())
-                                : "-";
-    out << absl::StrFormat("%-6d %-9s %14s %8d %10.1fms %9d\n", r.rank(), r.state(), age,
-                           r.last_step(), r.last_step_time_s() * 1e3,
-                           r.matrices_orthogonalized());
+  out << absl::StrFormat("%d reports; durations in ms (nearest-rank percentiles)\n",
+                         reports->reports_size());
+  out << absl::StrFormat("%-6s %-14s %7s %11s %11s\n", "rank", "op", "count", "p50 ms",
+                         "p99 ms");
+  for (const Row& row : rows) {
+    out << absl::StrFormat("%-6d %-14s %7d %11.3f %11.3f\n", row.rank, row.op, row.count,
+                           row.p50, row.p99);
+  }
+  return 0;
+}
+
+// Track (tid) of a stream: main 1, comm 2, compute 3, others 4, 5, ... in
+// order of first appearance.
+int StreamTid(const std::string& stream, std::map<std::string, int>& others) {
+  if (stream.empty() || stream == "main") return 1;
+  if (stream == "comm") return 2;
+  if (stream == "compute") return 3;
+  auto it = others.find(stream);
+  if (it != others.end()) return it->second;
+  const int tid = 4 + static_cast<int>(others.size());
+  others[stream] = tid;
+  return tid;
+}
+
+google::protobuf::Struct MetadataEvent(const std::string& name, int pid, int tid,
+                                       const std::string& arg_key,
+                                       const google::protobuf::Value& arg) {
+  google::protobuf::Struct e;
+  auto& f = *e.mutable_fields();
+  f["name"] = StringValue(name);
+  f["ph"] = StringValue("M");
+  f["pid"] = NumberValue(pid);
+  f["tid"] = NumberValue(tid);
+  (*f["args"].mutable_struct_value()->mutable_fields())[arg_key] = arg;
+  return e;
+}
+
+// `muonctl trace --out FILE`: the kept reports as Chrome trace event JSON
+// (https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU):
+// one process per rank (pid = rank, named "rank N"), one thread per stream
+// (main, comm, compute), one complete event ("X") per operation; ts and dur
+// in microseconds from the earliest operation start of the trace.
+int CmdTrace(const std::vector<std::string>&, std::ostream& out, std::ostream& err) {
+  const std::string path = absl::GetFlag(FLAGS_out);
+  if (path.empty()) {
+    err << "muonctl trace: --out FILE is required (- = stdout)\n";
+    return 2;
+  }
+  absl::StatusOr<v1::GetReportsResponse> reports = FetchReports(err);
+  if (!reports.ok()) return Fail(err, reports.status());
+
+  double t0 = 0;
+  bool any = false;
+  for (const v1::StepReport& r : reports->reports()) {
+    for (const v1::OpTiming& op : r.ops()) {
+      if (!any || op.start_s() < t0) t0 = op.start_s();
+      any = true;
+    }
+  }
+  std::vector<google::protobuf::Struct> events;
+  std::map<std::string, int> other_streams;
+  std::set<int> ranks;
+  std::set<std::pair<int, int>> threads;  // (pid, tid) named
+  std::set<int64_t> steps;
+  int slices = 0;
+  for (const v1::StepReport& r : reports->reports()) {
+    const int pid = r.rank();
+    if (ranks.insert(pid).second) {
+      events.push_back(MetadataEvent("process_name", pid, 0, "name",
+                                     StringValue(absl::StrCat("rank ", pid))));
+      events.push_back(
+          MetadataEvent("process_sort_index", pid, 0, "sort_index", NumberValue(pid)));
+    }
+    steps.insert(r.step());
+    for (const v1::OpTiming& op : r.ops()) {
+      const std::string stream = op.stream().empty() ? "main" : op.stream();
+      const int tid = StreamTid(stream, other_streams);
+      if (threads.insert({pid, tid}).second) {
+        events.push_back(MetadataEvent("thread_name", pid, tid, "name", StringValue(stream)));
+        events.push_back(
+            MetadataEvent("thread_sort_index", pid, tid, "sort_index", NumberValue(tid)));
+      }
+      google::protobuf::Struct e;
+      auto& f = *e.mutable_fields();
+      f["name"] = StringValue(op.op());
+      f["cat"] = StringValue("muon");
+      f["ph"] = StringValue("X");
+      f["pid"] = NumberValue(pid);
+      f["tid"] = NumberValue(tid);
+      f["ts"] = NumberValue((op.start_s() - t0) * 1e6);
+      f["dur"] = NumberValue(std::max(0.0, op.end_s() - op.start_s()) * 1e6);
+      auto& args = *f["args"].mutable_struct_value()->mutable_fields();
+      args["bucket"] = NumberValue(op.bucket());
+      args["bytes"] = NumberValue(static_cast<double>(op.bytes()));
+      args["flops"] = NumberValue(op.flops());
+      args["step"] = NumberValue(static_cast<double>(r.step()));
+      events.push_back(std::move(e));
+      ++slices;
+    }
+  }
+  // One event per line: readable, and still one JSON document.
+  std::string json = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+  for (size_t i = 0; i < events.size(); ++i) {
+    absl::StrAppend(&json, CompactJson(events[i]), i + 1 < events.size() ? ",\n" : "\n");
+  }
+  json += "]}\n";
+  if (path == "-") {
+    out << json;
+    return 0;
+  }
+  std::ofstream file(path, std::ios::binary | std::ios::trunc);
+  file << json;
+  file.close();
+  if (!file) {
+    return Fail(err, absl::UnavailableError(absl::StrCat("cannot write \"", path, "\"")));
+  }
+  out << absl::StrFormat(
+      "wrote %s: %d operations of %d steps on %d ranks (open in https://ui.perfetto.dev "
+      "or chrome://tracing)\n",
+      path, slices, steps.size(), ranks.size());
+  return 0;
+}
+
+// "g0@s1" (gather of bucket 0 into slot 1), "o0", "r0", "a0".
+std::string OpToken(const v1::ScheduledOp& op) {
+  if (op.op() == "gather") return absl::StrCat("g", op.bucket(), "@s", op.slot());
+  if (op.op() == "orthogonalize") return absl::StrCat("o", op.bucket());
+  if (op.op() == "redistribute") return absl::StrCat("r", op.bucket());
+  if (op.op() == "apply") return absl::StrCat("a", op.bucket());
+  return absl::StrCat(op.op(), op.bucket());
+}
+
+// `muonctl schedule`: the plan's stream schedule, offline from --spec or
+// live from --coordinator.
+int CmdSchedule(const std::vector<std::string>&, std::ostream& out, std::ostream& err) {
+  v1::Plan plan;
+  const std::string path = absl::GetFlag(FLAGS_spec);
+  if (!path.empty()) {
+    absl::StatusOr<v1::JobSpec> spec = LoadJobSpec(path);
+    if (!spec.ok()) return Fail(err, spec.status());
+    absl::StatusOr<Planned> p = PlanSpec(*spec, absl::GetFlag(FLAGS_policy));
+    if (!p.ok()) return Fail(err, p.status());
+    plan = std::move(p->plan);
+  } else if (!absl::GetFlag(FLAGS_coordinator).empty()) {
+    absl::StatusOr<std::unique_ptr<CoordinationClient>> c = Connect(err);
+    if (!c.ok()) return Fail(err, c.status());
+    absl::StatusOr<v1::Plan> live = (*c)->GetPlan();
+    if (!live.ok()) return Fail(err, live.status());
+    plan = *std::move(live);
+  } else {
+    err << "muonctl schedule: --spec FILE or --coordinator HOST:PORT is required\n";
+    return 2;
+  }
+  if (!plan.has_schedule()) {
+    return Fail(err, absl::FailedPreconditionError(
+                         absl::StrCat("plan ", plan.hash(), " has no stream schedule")));
+  }
+  const v1::Schedule& s = plan.schedule();
+  if (absl::GetFlag(FLAGS_json)) {
+    out << ToJson(s) << "\n";
+    return 0;
+  }
+  out << absl::StrFormat(
+      "schedule of plan %s: mode %s, prefetch %d, %d buffer slot%s, %d buckets, %d ranks\n",
+      plan.hash(), s.mode(), s.prefetch_count(), s.slots(), s.slots() == 1 ? "" : "s",
+      plan.buckets_size(), s.ranks_size());
+  out << "g<b>@s<k> = gather bucket b into slot k, o = orthogonalize, r = redistribute, "
+         "a = apply\n";
+  for (const v1::RankSchedule& rs : s.ranks()) {
+    out << "rank " << rs.rank() << "\n";
+    std::vector<std::string> streams;  // in order of first appearance
+    std::map<std::string, std::vector<std::string>> tokens;
+    for (const v1::ScheduledOp& op : rs.ops()) {
+      if (!tokens.count(op.stream())) streams.push_back(op.stream());
+      tokens[op.stream()].push_back(OpToken(op));
+    }
+    for (const std::string& stream : streams) {
+      out << absl::StrFormat("  %-8s %s\n", stream, absl::StrJoin(tokens[stream], " "));
+    }
   }
   return 0;
 }
@@ -248,7 +583,10 @@ struct Command {
 constexpr Command kCommands[] = {
     {"plan", CmdPlan, "plan --spec FILE [--policy lpt|round_robin] [--json]: owners, shapes, NS cost, loads", false},
     {"assignments", CmdAssignments, "assignments --coordinator HOST:PORT [--json]: matrices per rank of a live job", false},
-    {"status", CmdStatus, "status --coordinator HOST:PORT [--json]: job state and per-rank health", false},
+    {"status", CmdStatus, "status --coordinator HOST:PORT [--json] [--watch [--interval_s S] [--count N]]: job state and per-rank health, step time, stragglers", false},
+    {"timings", CmdTimings, "timings --coordinator HOST:PORT [--last_steps N] [--json]: per rank and operation, count and p50/p99 duration", false},
+    {"trace", CmdTrace, "trace --coordinator HOST:PORT --out FILE [--last_steps N]: Chrome trace event JSON (Perfetto, chrome://tracing)", false},
+    {"schedule", CmdSchedule, "schedule (--spec FILE [--policy P] | --coordinator HOST:PORT) [--json]: the plan's stream schedule per rank", false},
     {"validate", CmdValidate, "validate --spec FILE --steps K [--init DIR] [--grads DIR] [--dump DIR]: distributed vs single-device", false},
     {"validate-rank", CmdValidateRank, "", true},
 };

@@ -5,6 +5,11 @@
 //   muonctl plan --spec FILE [--policy lpt|round_robin] [--json]
 //   muonctl assignments --coordinator HOST:PORT [--json]
 //   muonctl status --coordinator HOST:PORT [--json]
+//                  [--watch [--interval_s S] [--count N]]
+//   muonctl timings --coordinator HOST:PORT [--last_steps N] [--json]
+//   muonctl trace --coordinator HOST:PORT --out FILE [--last_steps N]
+//   muonctl schedule (--spec FILE [--policy P] | --coordinator HOST:PORT)
+//                    [--json]
 //   muonctl validate --spec FILE --steps K [--init DIR] [--grads DIR]
 //                    [--dump DIR] [--coordinator HOST:PORT] [--tolerance X]
 #ifndef MUON_TOOLS_MUONCTL_LIB_H_
@@ -16,6 +21,19 @@
 
 namespace muon {
 
+// Live commands read the coordinator over gRPC (CoordinationClient):
+//   status    per rank: state, heartbeat age, step, step time, straggler
+//             flag, reports dropped by its agent; --watch refreshes it.
+//   timings   per rank and operation (gather, orthogonalize, redistribute,
+//             apply, and the whole step): count, p50 and p99 duration in ms
+//             (nearest-rank) over the coordinator's kept step reports.
+//   trace     the kept reports as Chrome trace event JSON: one process per
+//             rank ("rank N"), one thread per stream (main, comm, compute),
+//             one complete ("X") event per operation, ts/dur in us from the
+//             earliest start, args {bucket, bytes, flops, step}.
+//   schedule  per rank and stream the ordered operations, e.g.
+//             "g0@s0 o0 r0 a0" (gather of bucket 0 into slot 0, ...).
+//
 // Runs one muonctl command; `args` are the positional arguments after the
 // program name (flags are read from absl flags, parsed by main). Returns
 // the process exit code: 0 ok, 1 failure (printed to `err`), 2 usage.
