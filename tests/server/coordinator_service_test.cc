@@ -4,6 +4,7 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -506,6 +507,262 @@ TEST_F(CoordinatorServiceTest, KeyGet_Missing_ReturnsDeadlineExceeded) {
   v1::KeySetRequest set;
   EXPECT_THAT(service.KeySet(set),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("empty")));
+}
+
+// A report of `rank` (incarnation 100 + rank, as JoinRequestFor).
+v1::StepReport ReportFor(int rank, int64_t step, double step_time_s) {
+  v1::StepReport report;
+  report.set_rank(rank);
+  report.set_incarnation(100 + rank);
+  report.set_step(step);
+  report.set_step_time_s(step_time_s);
+  return report;
+}
+
+std::vector<int64_t> Steps(const v1::GetReportsResponse& response, int rank) {
+  std::vector<int64_t> steps;
+  for (const v1::StepReport& r : response.reports()) {
+    if (r.rank() == rank) steps.push_back(r.step());
+  }
+  return steps;
+}
+
+v1::GetReportsRequest ReportsRequest(int rank, int last_steps) {
+  v1::GetReportsRequest request;
+  request.set_rank(rank);
+  request.set_last_steps(last_steps);
+  return request;
+}
+
+TEST_F(CoordinatorServiceTest, GetReports_RingFull_KeepsLastNByRankThenStep) {
+  CoordinatorService::Options options = DefaultOptions();
+  options.reports_kept = 4;
+  CoordinatorService service(options);
+  for (const auto& r : JoinAll(service, Manifests(FourRankSpec()))) {
+    ASSERT_THAT(r, IsOk());
+  }
+  // Rank 2 first (the answer is by rank whatever the arrival order), then
+  // rank 0 with ten steps into a ring of four, one pair out of order.
+  for (int64_t step : {0, 1, 2}) {
+    ASSERT_THAT(service.ReportStep(ReportFor(2, step, 0.1)), IsOk());
+  }
+  for (int64_t step : {0, 1, 2, 3, 4, 5, 6, 7, 9, 8}) {
+    v1::StepReport report = ReportFor(0, step, 0.1);
+    v1::OpTiming* op = report.add_ops();
+    op->set_op("gather");
+    op->set_start_s(1000.0 + step);
+    op->set_end_s(1000.5 + step);
+    ASSERT_THAT(service.ReportStep(report), IsOk());
+  }
+
+  absl::StatusOr<v1::GetReportsResponse> all =
+      service.GetReports(ReportsRequest(-1, 0));
+  ASSERT_THAT(all, IsOk());
+  ASSERT_EQ(all->reports_size(), 7);
+  std::vector<std::pair<int, int64_t>> order;
+  for (const v1::StepReport& r : all->reports()) {
+    order.push_back({r.rank(), r.step()});
+  }
+  EXPECT_THAT(order, ::testing::ElementsAre(std::pair<int, int64_t>{0, 6},
+                                            std::pair<int, int64_t>{0, 7},
+                                            std::pair<int, int64_t>{0, 8},
+                                            std::pair<int, int64_t>{0, 9},
+                                            std::pair<int, int64_t>{2, 0},
+                                            std::pair<int, int64_t>{2, 1},
+                                            std::pair<int, int64_t>{2, 2}));
+  // Whole reports are kept, per-operation timings included.
+  ASSERT_EQ(all->reports(0).ops_size(), 1);
+  EXPECT_DOUBLE_EQ(all->reports(0).ops(0).start_s(), 1006.0);
+
+  absl::StatusOr<v1::GetReportsResponse> last2 =
+      service.GetReports(ReportsRequest(-1, 2));
+  ASSERT_THAT(last2, IsOk());
+  EXPECT_THAT(Steps(*last2, 0), ::testing::ElementsAre(8, 9));
+  EXPECT_THAT(Steps(*last2, 2), ::testing::ElementsAre(1, 2));
+
+  absl::StatusOr<v1::GetReportsResponse> rank2 =
+      service.GetReports(ReportsRequest(2, 0));
+  ASSERT_THAT(rank2, IsOk());
+  EXPECT_EQ(rank2->reports_size(), 3);
+  EXPECT_THAT(Steps(*rank2, 0), ::testing::IsEmpty());
+
+  // Joined but silent: no reports, no error.
+  absl::StatusOr<v1::GetReportsResponse> rank1 =
+      service.GetReports(ReportsRequest(1, 0));
+  ASSERT_THAT(rank1, IsOk());
+  EXPECT_EQ(rank1->reports_size(), 0);
+}
+
+TEST_F(CoordinatorServiceTest, GetReports_BadArguments_ReturnErrors) {
+  CoordinatorService service(DefaultOptions());
+  EXPECT_THAT(service.GetReports(ReportsRequest(0, 0)),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("rank 0")));
+  EXPECT_THAT(service.GetReports(ReportsRequest(-2, 0)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("-2")));
+  EXPECT_THAT(service.GetReports(ReportsRequest(-1, -1)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("last_steps")));
+  v1::GetReportsRequest other_job = ReportsRequest(-1, 0);
+  other_job.set_job_id("other");
+  EXPECT_THAT(service.GetReports(other_job),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("other")));
+  // Every rank of an empty job: nothing, no error.
+  absl::StatusOr<v1::GetReportsResponse> none =
+      service.GetReports(ReportsRequest(-1, 0));
+  ASSERT_THAT(none, IsOk());
+  EXPECT_EQ(none->reports_size(), 0);
+}
+
+std::vector<bool> Stragglers(CoordinatorService& service) {
+  std::vector<bool> out;
+  absl::StatusOr<v1::ListRanksResponse> ranks =
+      service.ListRanks(v1::ListRanksRequest());
+  EXPECT_THAT(ranks, IsOk());
+  if (!ranks.ok()) return out;
+  for (const v1::RankStatus& s : ranks->ranks()) out.push_back(s.straggler());
+  return out;
+}
+
+TEST_F(CoordinatorServiceTest, ListRanks_OneRankTenTimesSlower_OnlyItIsStraggler) {
+  CoordinatorService service(DefaultOptions());
+  for (const auto& r : JoinAll(service, Manifests(FourRankSpec()))) {
+    ASSERT_THAT(r, IsOk());
+  }
+  // Two reports: one other rank is not enough to compare with.
+  ASSERT_THAT(service.ReportStep(ReportFor(0, 1, 0.10)), IsOk());
+  ASSERT_THAT(service.ReportStep(ReportFor(3, 1, 1.00)), IsOk());
+  EXPECT_THAT(Stragglers(service),
+              ::testing::ElementsAre(false, false, false, false));
+  // Three: rank 3 is 10x the median (0.10, 0.12) of the others.
+  ASSERT_THAT(service.ReportStep(ReportFor(1, 1, 0.12)), IsOk());
+  EXPECT_THAT(Stragglers(service),
+              ::testing::ElementsAre(false, false, false, true));
+  ASSERT_THAT(service.ReportStep(ReportFor(2, 1, 0.11)), IsOk());
+  EXPECT_THAT(Stragglers(service),
+              ::testing::ElementsAre(false, false, false, true));
+  // Its next step is back in line: no longer flagged.
+  ASSERT_THAT(service.ReportStep(ReportFor(3, 2, 0.13)), IsOk());
+  EXPECT_THAT(Stragglers(service),
+              ::testing::ElementsAre(false, false, false, false));
+  // Just above 2x the others' median (0.11) is a straggler; just below not.
+  ASSERT_THAT(service.ReportStep(ReportFor(3, 3, 0.23)), IsOk());
+  EXPECT_THAT(Stragglers(service),
+              ::testing::ElementsAre(false, false, false, true));
+  ASSERT_THAT(service.ReportStep(ReportFor(3, 4, 0.21)), IsOk());
+  EXPECT_THAT(Stragglers(service),
+              ::testing::ElementsAre(false, false, false, false));
+}
+
+TEST_F(CoordinatorServiceTest, ListRanks_StragglerFactorOption_Used) {
+  CoordinatorService::Options options = DefaultOptions();
+  options.straggler_factor = 20.0;
+  CoordinatorService service(options);
+  for (const auto& r : JoinAll(service, Manifests(FourRankSpec()))) {
+    ASSERT_THAT(r, IsOk());
+  }
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_THAT(service.ReportStep(ReportFor(r, 1, 0.1)), IsOk());
+  }
+  ASSERT_THAT(service.ReportStep(ReportFor(3, 1, 1.0)), IsOk());
+  EXPECT_THAT(Stragglers(service),
+              ::testing::ElementsAre(false, false, false, false));
+}
+
+TEST_F(CoordinatorServiceTest, ListRanks_ReportsDropped_FromLatestReport) {
+  CoordinatorService service(DefaultOptions());
+  for (const auto& r : JoinAll(service, Manifests(FourRankSpec()))) {
+    ASSERT_THAT(r, IsOk());
+  }
+  v1::StepReport report = ReportFor(2, 1, 0.1);
+  report.set_reports_dropped(3);
+  ASSERT_THAT(service.ReportStep(report), IsOk());
+  report.set_step(2);
+  report.set_reports_dropped(17);
+  ASSERT_THAT(service.ReportStep(report), IsOk());
+  absl::StatusOr<v1::ListRanksResponse> ranks =
+      service.ListRanks(v1::ListRanksRequest());
+  ASSERT_THAT(ranks, IsOk());
+  EXPECT_EQ(ranks->ranks(2).reports_dropped(), 17);
+  EXPECT_EQ(ranks->ranks(2).state(), "running");
+  EXPECT_EQ(ranks->ranks(2).last_step(), 2);
+  EXPECT_EQ(ranks->ranks(0).reports_dropped(), 0);
+}
+
+// Real clock, 200 ms timeout: ranks 0, 2, 3 heartbeat every 20 ms, rank 1
+// stops; rank 1 is lost within the timeout (plus scheduling slack), the
+// others never are.
+TEST_F(CoordinatorServiceTest, RankStates_HeartbeatsStop_LostWithinTimeout) {
+  CoordinatorService::Options options = DefaultOptions();
+  options.now = [] { return absl::Now(); };
+  options.heartbeat_timeout = absl::Milliseconds(200);
+  CoordinatorService service(options);
+  for (const auto& r : JoinAll(service, Manifests(FourRankSpec()))) {
+    ASSERT_THAT(r, IsOk());
+  }
+  absl::Mutex mu;
+  bool stop_rank1 = false;
+  bool done = false;
+  absl::Time rank1_last_beat = absl::Now();
+  std::thread beater([&] {
+    while (true) {
+      {
+        absl::MutexLock lock(&mu);
+        if (done) return;
+      }
+      for (int r = 0; r < 4; ++r) {
+        {
+          absl::MutexLock lock(&mu);
+          if (r == 1 && stop_rank1) continue;
+        }
+        v1::HeartbeatRequest hb;
+        hb.set_rank(r);
+        hb.set_incarnation(100 + r);
+        EXPECT_THAT(service.Heartbeat(hb), IsOk());
+        if (r == 1) {
+          absl::MutexLock lock(&mu);
+          rank1_last_beat = absl::Now();
+        }
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  });
+  auto states = [&] {
+    std::vector<std::string> out;
+    absl::StatusOr<v1::ListRanksResponse> ranks =
+        service.ListRanks(v1::ListRanksRequest());
+    EXPECT_THAT(ranks, IsOk());
+    if (ranks.ok()) {
+      for (const v1::RankStatus& s : ranks->ranks()) out.push_back(s.state());
+    }
+    return out;
+  };
+  // Two timeouts with heartbeats: nobody is lost.
+  absl::SleepFor(absl::Milliseconds(400));
+  EXPECT_THAT(states(), ::testing::Each("ready"));
+
+  {
+    absl::MutexLock lock(&mu);
+    stop_rank1 = true;
+  }
+  const absl::Time give_up = absl::Now() + absl::Seconds(3);
+  std::vector<std::string> now_states;
+  while (absl::Now() < give_up) {
+    now_states = states();
+    if (now_states.size() == 4 && now_states[1] == "lost") break;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  absl::Duration silent;
+  {
+    absl::MutexLock lock(&mu);
+    // No beat of rank 1 after stop_rank1 was seen, so this is its last.
+    silent = absl::Now() - rank1_last_beat;
+    done = true;
+  }
+  beater.join();
+  EXPECT_THAT(now_states, ::testing::ElementsAre("ready", "lost", "ready", "ready"));
+  // The coordinator stamped the last beat just before rank1_last_beat.
+  EXPECT_GE(silent, absl::Milliseconds(190));
+  EXPECT_LT(silent, absl::Milliseconds(200 + 300)) << "lost detected late";
 }
 
 }  // namespace
