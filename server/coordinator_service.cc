@@ -16,12 +16,12 @@ double UnixSeconds(absl::Time t) {
   return absl::ToDoubleSeconds(t - absl::UnixEpoch());
 }
 
-// Median of a non-empty vector (mean of the two middle values for an even
-// count).
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+// Median of `sorted` without its element at index `skip` (mean of the two
+// middle values for an even count); sorted.size() >= 2.
+double MedianWithout(const std::vector<double>& sorted, size_t skip) {
+  const size_t n = sorted.size() - 1;
+  auto at = [&](size_t i) { return sorted[i < skip ? i : i + 1]; };
+  return n % 2 == 1 ? at(n / 2) : 0.5 * (at(n / 2 - 1) + at(n / 2));
 }
 
 }  // namespace
@@ -304,19 +304,25 @@ absl::StatusOr<v1::GetReportsResponse> CoordinatorService::GetReports(
   return response;
 }
 
-bool CoordinatorService::IsStragglerLocked(int rank) const {
-  auto self = ranks_.find(rank);
-  if (self == ranks_.end() || !self->second.reported) return false;
-  std::vector<double> others;
-  for (const auto& [r, info] : ranks_) {
-    if (r != rank && info.reported) {
-      others.push_back(info.last_report.step_time_s());
-    }
+std::vector<double> CoordinatorService::SortedStepTimesLocked() const {
+  std::vector<double> times;
+  for (const auto& [rank, info] : ranks_) {
+    if (info.reported) times.push_back(info.last_report.step_time_s());
   }
-  if (others.size() < 2) return false;
-  const double median = Median(std::move(others));
-  return median > 0 && self->second.last_report.step_time_s() >
-                           options_.straggler_factor * median;
+  std::sort(times.begin(), times.end());
+  return times;
+}
+
+bool CoordinatorService::IsStragglerLocked(
+    const RankInfo& info, const std::vector<double>& sorted_times) const {
+  // Needs the rank's own report plus at least 2 others.
+  if (!info.reported || sorted_times.size() < 3) return false;
+  const double t = info.last_report.step_time_s();
+  const size_t self = static_cast<size_t>(
+      std::lower_bound(sorted_times.begin(), sorted_times.end(), t) -
+      sorted_times.begin());
+  const double median = MedianWithout(sorted_times, self);
+  return median > 0 && t > options_.straggler_factor * median;
 }
 
 absl::Status CoordinatorService::PlanReadyLocked() const {
@@ -397,6 +403,7 @@ absl::StatusOr<v1::ListRanksResponse> CoordinatorService::ListRanks(
   MUON_RETURN_IF_ERROR(CheckJobId(request.job_id()));
   absl::MutexLock lock(&mu_);
   const absl::Time now = options_.now();
+  const std::vector<double> step_times = SortedStepTimesLocked();
   v1::ListRanksResponse response;
   for (const auto& [rank, info] : ranks_) {
     v1::RankStatus* s = response.add_ranks();
@@ -408,7 +415,7 @@ absl::StatusOr<v1::ListRanksResponse> CoordinatorService::ListRanks(
     s->set_last_step_time_s(info.last_report.step_time_s());
     s->set_matrices_orthogonalized(info.last_report.matrices_orthogonalized());
     s->set_ns_flops(info.last_report.ns_flops());
-    s->set_straggler(IsStragglerLocked(rank));
+    s->set_straggler(IsStragglerLocked(info, step_times));
     s->set_reports_dropped(info.last_report.reports_dropped());
   }
   return response;

@@ -188,8 +188,14 @@ class CoordinatorService {
   // Appends `report` to the rank's ring, overwriting the oldest when full.
   void KeepReportLocked(RankInfo& info, const v1::StepReport& report)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether `rank`'s last step time marks it a straggler (see ListRanks).
-  bool IsStragglerLocked(int rank) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The last step times of the ranks that reported, ascending.
+  std::vector<double> SortedStepTimesLocked() const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Whether a rank's last step time marks it a straggler (see ListRanks);
+  // `sorted_times` is SortedStepTimesLocked(), the rank's own included.
+  bool IsStragglerLocked(const RankInfo& info,
+                         const std::vector<double>& sorted_times) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // "ready", "lost", ... for one rank at time `now`.
   std::string RankStateLocked(const RankInfo& info, absl::Time now) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);

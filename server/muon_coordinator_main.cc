@@ -41,6 +41,11 @@ ABSL_FLAG(double, heartbeat_timeout_s, 30.0,
           "Seconds without a heartbeat after which a rank is reported lost.");
 ABSL_FLAG(double, join_timeout_s, 60.0,
           "Default seconds a Join waits for the other ranks.");
+ABSL_FLAG(int, reports_kept, 256,
+          "Step reports kept per rank for muonctl timings/trace (a ring).");
+ABSL_FLAG(double, straggler_factor, 2.0,
+          "A rank is flagged a straggler when its last step time exceeds this "
+          "factor times the median of the other ranks' (needs >= 2 others).");
 
 namespace {
 
@@ -91,6 +96,15 @@ int main(int argc, char** argv) {
   options.service.planner.policy = *policy;
   if (options.service.world_size < 0) {
     std::cerr << "muon-coordinator: --world_size must be >= 0" << std::endl;
+    return 2;
+  }
+  options.service.reports_kept = absl::GetFlag(FLAGS_reports_kept);
+  options.service.straggler_factor = absl::GetFlag(FLAGS_straggler_factor);
+  if (options.service.reports_kept < 1 ||
+      !(options.service.straggler_factor > 0)) {
+    std::cerr << "muon-coordinator: --reports_kept must be >= 1 and "
+                 "--straggler_factor > 0"
+              << std::endl;
     return 2;
   }
 

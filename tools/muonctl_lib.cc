@@ -17,7 +17,6 @@
 #include "client/grpc_coordination_client.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
-#include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "server/manifest_validation.h"
 #include "server/planner.h"
@@ -242,7 +241,7 @@ int CmdStatus(const std::vector<std::string>&, std::ostream& out, std::ostream& 
     if (i > 0) absl::SleepFor(absl::Seconds(interval_s));
     if (!absl::GetFlag(FLAGS_json)) {
       out << absl::StrFormat("--- %s ---\n",
-                             absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::Now(),
+                             absl::FormatTime("%Y-%m-%d %H:%M:%E3S", absl::Now(),
                                               absl::LocalTimeZone()));
     }
     absl::Status s = PrintStatus(**c, out);
@@ -274,25 +273,70 @@ double Percentile(const std::vector<double>& sorted, double p) {
   return sorted[k];
 }
 
-google::protobuf::Value NumberValue(double x) {
-  google::protobuf::Value v;
-  v.set_number_value(x);
-  return v;
+// A JSON string literal: quotes, backslashes and control characters
+// escaped (RFC 8259 section 7); other bytes (UTF-8) kept.
+std::string JsonString(absl::string_view text) {
+  std::string out = "\"";
+  for (const char ch : text) {
+    const unsigned char c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (c < 0x20) {
+          out += absl::StrFormat("\\u%04x", c);
+        } else {
+          out += ch;
+        }
+    }
+  }
+  out += "\"";
+  return out;
 }
 
-google::protobuf::Value StringValue(const std::string& x) {
-  google::protobuf::Value v;
-  v.set_string_value(x);
-  return v;
+// A JSON number: `decimals` >= 0 prints fixed-point with that many
+// decimals, else 15 significant digits; NaN and infinities (not JSON
+// numbers) print as null.
+std::string JsonNumber(double x, int decimals = -1) {
+  if (!std::isfinite(x)) return "null";
+  return decimals >= 0 ? absl::StrFormat("%.*f", decimals, x) : absl::StrFormat("%.15g", x);
 }
 
-std::string CompactJson(const google::protobuf::Message& m) {
-  std::string s;
-  google::protobuf::util::JsonPrintOptions o;
-  o.preserve_proto_field_names = true;
-  (void)google::protobuf::util::MessageToJsonString(m, &s, o);
-  return s;
-}
+// One JSON object, keys in the order they are added (so output is stable
+// and readable: protobuf's Struct printer orders keys by hash).
+class JsonObject {
+ public:
+  JsonObject& Raw(absl::string_view key, absl::string_view json) {
+    absl::StrAppend(&text_, text_.empty() ? "{" : ",", JsonString(key), ":", json);
+    return *this;
+  }
+  JsonObject& Str(absl::string_view key, absl::string_view value) {
+    return Raw(key, JsonString(value));
+  }
+  JsonObject& Int(absl::string_view key, int64_t value) {
+    return Raw(key, absl::StrCat(value));
+  }
+  JsonObject& Num(absl::string_view key, double value, int decimals = -1) {
+    return Raw(key, JsonNumber(value, decimals));
+  }
+  std::string Build() const { return text_.empty() ? "{}" : text_ + "}"; }
+
+ private:
+  std::string text_;
+};
 
 absl::StatusOr<v1::GetReportsResponse> FetchReports(std::ostream& err) {
   MUON_ASSIGN_OR_RETURN(std::unique_ptr<CoordinationClient> c, Connect(err));
@@ -339,20 +383,20 @@ int CmdTimings(const std::vector<std::string>&, std::ostream& out, std::ostream&
     }
   }
   if (absl::GetFlag(FLAGS_json)) {
-    google::protobuf::Struct root;
-    google::protobuf::ListValue* list =
-        (*root.mutable_fields())["timings"].mutable_list_value();
-    for (const Row& row : rows) {
-      google::protobuf::Struct* e = list->add_values()->mutable_struct_value();
-      auto& f = *e->mutable_fields();
-      f["rank"] = NumberValue(row.rank);
-      f["op"] = StringValue(row.op);
-      f["count"] = NumberValue(static_cast<double>(row.count));
-      f["p50_ms"] = NumberValue(row.p50);
-      f["p99_ms"] = NumberValue(row.p99);
+    // {"reports": N, "timings": [{"rank", "op", "count", "p50_ms", "p99_ms"}]}
+    out << "{\"reports\": " << reports->reports_size() << ", \"timings\": [\n";
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const Row& row = rows[i];
+      out << JsonObject()
+                 .Int("rank", row.rank)
+                 .Str("op", row.op)
+                 .Int("count", static_cast<int64_t>(row.count))
+                 .Num("p50_ms", row.p50, 6)
+                 .Num("p99_ms", row.p99, 6)
+                 .Build()
+          << (i + 1 < rows.size() ? ",\n" : "\n");
     }
-    (*root.mutable_fields())["reports"] = NumberValue(reports->reports_size());
-    out << ToJson(root) << "\n";
+    out << "]}\n";
     return 0;
   }
   out << absl::StrFormat("%d reports; durations in ms (nearest-rank percentiles)\n",
@@ -379,17 +423,16 @@ int StreamTid(const std::string& stream, std::map<std::string, int>& others) {
   return tid;
 }
 
-google::protobuf::Struct MetadataEvent(const std::string& name, int pid, int tid,
-                                       const std::string& arg_key,
-                                       const google::protobuf::Value& arg) {
-  google::protobuf::Struct e;
-  auto& f = *e.mutable_fields();
-  f["name"] = StringValue(name);
-  f["ph"] = StringValue("M");
-  f["pid"] = NumberValue(pid);
-  f["tid"] = NumberValue(tid);
-  (*f["args"].mutable_struct_value()->mutable_fields())[arg_key] = arg;
-  return e;
+// A metadata ("M") event naming or ordering a process or thread.
+std::string MetadataEvent(const std::string& name, int pid, int tid,
+                          const std::string& arg_json) {
+  return JsonObject()
+      .Str("name", name)
+      .Str("ph", "M")
+      .Int("pid", pid)
+      .Int("tid", tid)
+      .Raw("args", arg_json)
+      .Build();
 }
 
 // `muonctl trace --out FILE`: the kept reports as Chrome trace event JSON
@@ -414,7 +457,7 @@ int CmdTrace(const std::vector<std::string>&, std::ostream& out, std::ostream& e
       any = true;
     }
   }
-  std::vector<google::protobuf::Struct> events;
+  std::vector<std::string> events;
   std::map<std::string, int> other_streams;
   std::set<int> ranks;
   std::set<std::pair<int, int>> threads;  // (pid, tid) named
@@ -423,42 +466,45 @@ int CmdTrace(const std::vector<std::string>&, std::ostream& out, std::ostream& e
   for (const v1::StepReport& r : reports->reports()) {
     const int pid = r.rank();
     if (ranks.insert(pid).second) {
-      events.push_back(MetadataEvent("process_name", pid, 0, "name",
-                                     StringValue(absl::StrCat("rank ", pid))));
-      events.push_back(
-          MetadataEvent("process_sort_index", pid, 0, "sort_index", NumberValue(pid)));
+      events.push_back(MetadataEvent(
+          "process_name", pid, 0,
+          JsonObject().Str("name", absl::StrCat("rank ", pid)).Build()));
+      events.push_back(MetadataEvent("process_sort_index", pid, 0,
+                                     JsonObject().Int("sort_index", pid).Build()));
     }
     steps.insert(r.step());
     for (const v1::OpTiming& op : r.ops()) {
       const std::string stream = op.stream().empty() ? "main" : op.stream();
       const int tid = StreamTid(stream, other_streams);
       if (threads.insert({pid, tid}).second) {
-        events.push_back(MetadataEvent("thread_name", pid, tid, "name", StringValue(stream)));
-        events.push_back(
-            MetadataEvent("thread_sort_index", pid, tid, "sort_index", NumberValue(tid)));
+        events.push_back(MetadataEvent("thread_name", pid, tid,
+                                       JsonObject().Str("name", stream).Build()));
+        events.push_back(MetadataEvent("thread_sort_index", pid, tid,
+                                       JsonObject().Int("sort_index", tid).Build()));
       }
-      google::protobuf::Struct e;
-      auto& f = *e.mutable_fields();
-      f["name"] = StringValue(op.op());
-      f["cat"] = StringValue("muon");
-      f["ph"] = StringValue("X");
-      f["pid"] = NumberValue(pid);
-      f["tid"] = NumberValue(tid);
-      f["ts"] = NumberValue((op.start_s() - t0) * 1e6);
-      f["dur"] = NumberValue(std::max(0.0, op.end_s() - op.start_s()) * 1e6);
-      auto& args = *f["args"].mutable_struct_value()->mutable_fields();
-      args["bucket"] = NumberValue(op.bucket());
-      args["bytes"] = NumberValue(static_cast<double>(op.bytes()));
-      args["flops"] = NumberValue(op.flops());
-      args["step"] = NumberValue(static_cast<double>(r.step()));
-      events.push_back(std::move(e));
+      // ts and dur in microseconds, to the nanosecond.
+      events.push_back(JsonObject()
+                           .Str("name", op.op())
+                           .Str("cat", "muon")
+                           .Str("ph", "X")
+                           .Int("pid", pid)
+                           .Int("tid", tid)
+                           .Num("ts", (op.start_s() - t0) * 1e6, 3)
+                           .Num("dur", std::max(0.0, op.end_s() - op.start_s()) * 1e6, 3)
+                           .Raw("args", JsonObject()
+                                            .Int("step", r.step())
+                                            .Int("bucket", op.bucket())
+                                            .Int("bytes", op.bytes())
+                                            .Num("flops", op.flops())
+                                            .Build())
+                           .Build());
       ++slices;
     }
   }
   // One event per line: readable, and still one JSON document.
   std::string json = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
   for (size_t i = 0; i < events.size(); ++i) {
-    absl::StrAppend(&json, CompactJson(events[i]), i + 1 < events.size() ? ",\n" : "\n");
+    absl::StrAppend(&json, events[i], i + 1 < events.size() ? ",\n" : "\n");
   }
   json += "]}\n";
   if (path == "-") {

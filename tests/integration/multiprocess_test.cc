@@ -11,6 +11,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <regex>
@@ -120,6 +121,30 @@ TEST_P(MultiProcessTest, SeparateDaemon_FourRanks_BitwiseEqualToSingleDevice) {
       RunCommand("tools/muonctl assignments --json --coordinator " + daemon.address());
   EXPECT_EQ(assignments.exit_code, 0) << assignments.output;
   EXPECT_THAT(assignments.output, HasSubstr("\"ranks\""));
+
+  // The ranks' step reports reached the daemon: timings, trace, schedule.
+  CommandResult timings = RunCommand("tools/muonctl timings --coordinator " + daemon.address());
+  EXPECT_EQ(timings.exit_code, 0) << timings.output;
+  EXPECT_THAT(timings.output, HasSubstr("12 reports"));  // 4 ranks x 3 steps
+  for (const char* op : {"gather", "redistribute", "apply", "step"}) {
+    EXPECT_THAT(timings.output, HasSubstr(op));
+  }
+  const std::string trace_path = absl::StrCat(::testing::TempDir(), "/", GetParam(), ".trace.json");
+  CommandResult trace = RunCommand(
+      absl::StrCat("tools/muonctl trace --coordinator ", daemon.address(), " --out ", trace_path));
+  EXPECT_EQ(trace.exit_code, 0) << trace.output;
+  EXPECT_THAT(trace.output, HasSubstr("of 3 steps on 4 ranks"));
+  std::ifstream trace_file(trace_path);
+  const std::string trace_json((std::istreambuf_iterator<char>(trace_file)),
+                               std::istreambuf_iterator<char>());
+  EXPECT_THAT(trace_json, HasSubstr("\"traceEvents\""));
+  EXPECT_THAT(trace_json, HasSubstr("\"ph\":\"X\""));
+  EXPECT_THAT(trace_json, HasSubstr("\"rank 3\""));
+  CommandResult schedule =
+      RunCommand("tools/muonctl schedule --coordinator " + daemon.address());
+  EXPECT_EQ(schedule.exit_code, 0) << schedule.output;
+  EXPECT_THAT(schedule.output, HasSubstr("g0@s0"));
+  EXPECT_THAT(schedule.output, HasSubstr("rank 3\n"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, MultiProcessTest,

@@ -1,5 +1,6 @@
 // One end-to-end test over real gRPC on 127.0.0.1:0: CoordinatorServer and
-// GrpcCoordinationClient (Join from 2 threads, KeySet/KeyGet, ListRanks),
+// GrpcCoordinationClient (Join from 2 threads, KeySet/KeyGet, ListRanks,
+// GetReports),
 // plus the error paths that only exist on the wire.
 #include <memory>
 #include <string>
@@ -110,6 +111,50 @@ TEST(GrpcIntegrationTest, JoinKeyValueListRanks_OverLoopback_Work) {
   absl::StatusOr<v1::Plan> plan = ctl->GetPlan();
   ASSERT_THAT(plan, IsOk());
   EXPECT_EQ(plan->hash(), results[0]->plan().hash());
+
+  // GetReports: whole reports (timings included) across the wire, by rank
+  // then step; the same answer from the in-process client.
+  v1::StepReport report0;
+  report0.set_rank(0);
+  report0.set_incarnation(1000);
+  report0.set_reports_dropped(2);
+  for (int64_t step : {1, 2}) {
+    report0.set_step(step);
+    report0.clear_ops();
+    v1::OpTiming* op = report0.add_ops();
+    op->set_op("orthogonalize");
+    op->set_bucket(0);
+    op->set_stream("compute");
+    op->set_start_s(10.0 * step);
+    op->set_end_s(10.0 * step + 0.25);
+    op->set_flops(1e6);
+    ASSERT_THAT(ctl->ReportStep(report0), IsOk());
+  }
+  absl::StatusOr<v1::GetReportsResponse> reports = ctl->GetReports(-1, 0);
+  ASSERT_THAT(reports, IsOk());
+  ASSERT_EQ(reports->reports_size(), 3);
+  EXPECT_EQ(reports->reports(0).rank(), 0);
+  EXPECT_EQ(reports->reports(0).step(), 1);
+  EXPECT_EQ(reports->reports(1).step(), 2);
+  EXPECT_EQ(reports->reports(2).rank(), 1);
+  ASSERT_EQ(reports->reports(1).ops_size(), 1);
+  EXPECT_EQ(reports->reports(1).ops(0).stream(), "compute");
+  EXPECT_DOUBLE_EQ(reports->reports(1).ops(0).end_s(), 20.25);
+  absl::StatusOr<v1::GetReportsResponse> last = ctl->GetReports(0, 1);
+  ASSERT_THAT(last, IsOk());
+  ASSERT_EQ(last->reports_size(), 1);
+  EXPECT_EQ(last->reports(0).step(), 2);
+  EXPECT_THAT(ctl->GetReports(5, 0),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("rank 5")));
+  LocalCoordinationClient local_reports(server->service(), "it");
+  absl::StatusOr<v1::GetReportsResponse> local_answer =
+      local_reports.GetReports(-1, 0);
+  ASSERT_THAT(local_answer, IsOk());
+  EXPECT_EQ(local_answer->SerializeAsString(), reports->SerializeAsString());
+  ranks = ctl->ListRanks();
+  ASSERT_THAT(ranks, IsOk());
+  EXPECT_EQ(ranks->ranks(0).reports_dropped(), 2);
+  EXPECT_FALSE(ranks->ranks(0).straggler());  // one other rank: no verdict
 
   // Errors keep their code and message across the wire.
   EXPECT_THAT(

@@ -1,0 +1,372 @@
+// Tests of client/agent.h: reporting never blocks the step (a coordinator
+// that hangs, fails or is gone only makes reports drop, counted), Stop is
+// bounded, and a rank whose agent stops heart-beating is marked lost within
+// the coordinator's timeout.
+#include "client/agent.h"
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/coordination_client.h"
+#include "client/grpc_coordination_client.h"
+#include "common/spec.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/coordinator_server.h"
+#include "server/coordinator_service.h"
+#include "server/local_coordination_client.h"
+#include "tests/status_matchers.h"
+
+namespace muon {
+namespace {
+
+// A transport whose ReportStep blocks until Release() (when made blocking)
+// or fails with Unavailable (when made failing); Heartbeat succeeds. Keeps
+// the reports it was given.
+class FakeClient : public CoordinationClient {
+ public:
+  enum class Mode { kOk, kBlock, kFail };
+  explicit FakeClient(Mode mode) : mode_(mode) {}
+
+  absl::StatusOr<v1::JoinResponse> Join(const v1::JoinRequest&) override {
+    return absl::UnimplementedError("fake");
+  }
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(
+      const v1::HeartbeatRequest&) override {
+    absl::MutexLock lock(&mu_);
+    ++heartbeats_;
+    return v1::HeartbeatResponse();
+  }
+  absl::Status ReportStep(const v1::StepReport& report) override {
+    {
+      absl::MutexLock lock(&mu_);
+      received_.push_back(report);
+    }
+    if (!entered_.HasBeenNotified()) entered_.Notify();
+    if (mode_ == Mode::kBlock) released_.WaitForNotification();
+    if (mode_ == Mode::kFail) {
+      return absl::UnavailableError("fake coordinator is gone");
+    }
+    return absl::OkStatus();
+  }
+  absl::Status KeySet(const std::string&, const std::string&) override {
+    return absl::UnimplementedError("fake");
+  }
+  absl::StatusOr<std::string> KeyGet(const std::string&,
+                                     absl::Duration) override {
+    return absl::UnimplementedError("fake");
+  }
+  absl::StatusOr<v1::JobInfo> GetJob() override {
+    return absl::UnimplementedError("fake");
+  }
+  absl::StatusOr<v1::Plan> GetPlan() override {
+    return absl::UnimplementedError("fake");
+  }
+  absl::StatusOr<v1::GetAssignmentsResponse> GetAssignments() override {
+    return absl::UnimplementedError("fake");
+  }
+  absl::StatusOr<v1::ListRanksResponse> ListRanks() override {
+    return absl::UnimplementedError("fake");
+  }
+
+  // Waits (bounded) for the first ReportStep call.
+  bool WaitEntered() {
+    return entered_.WaitForNotificationWithTimeout(absl::Seconds(5));
+  }
+  void Release() { released_.Notify(); }
+  std::vector<v1::StepReport> received() {
+    absl::MutexLock lock(&mu_);
+    return received_;
+  }
+  int heartbeats() {
+    absl::MutexLock lock(&mu_);
+    return heartbeats_;
+  }
+
+ private:
+  const Mode mode_;
+  absl::Notification entered_;
+  absl::Notification released_;
+  absl::Mutex mu_;
+  std::vector<v1::StepReport> received_ ABSL_GUARDED_BY(mu_);
+  int heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+v1::StepReport StepReportFor(int64_t step) {
+  v1::StepReport report;
+  report.set_step(step);
+  report.set_step_time_s(0.01);
+  for (const char* op : {"gather", "orthogonalize", "redistribute", "apply"}) {
+    v1::OpTiming* t = report.add_ops();
+    t->set_op(op);
+    t->set_start_s(1.0);
+    t->set_end_s(2.0);
+    t->set_bytes(1 << 20);
+  }
+  return report;
+}
+
+// Calls Report `n` times; returns the time they took.
+absl::Duration ReportMany(Agent& agent, int n, int64_t first_step) {
+  std::vector<v1::StepReport> reports;
+  for (int i = 0; i < n; ++i) reports.push_back(StepReportFor(first_step + i));
+  const absl::Time start = absl::Now();
+  for (v1::StepReport& r : reports) agent.Report(std::move(r));
+  return absl::Now() - start;
+}
+
+// Polls `done` every millisecond for up to `timeout`.
+template <typename Pred>
+bool WaitFor(Pred done, absl::Duration timeout = absl::Seconds(5)) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!done()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
+}
+
+TEST(AgentTest, Report_ReportStepBlocked_ReturnsAtOnceAndCountsDropped) {
+  FakeClient client(FakeClient::Mode::kBlock);
+  Agent::Options options;
+  options.report_queue_capacity = 8;
+  Agent agent(&client, /*rank=*/3, /*incarnation=*/77, options);
+  agent.Start();
+  agent.Report(StepReportFor(0));
+  ASSERT_TRUE(client.WaitEntered());  // step 0 is in flight, blocked
+
+  const absl::Duration took = ReportMany(agent, 1000, 1);
+  EXPECT_LT(took, absl::Milliseconds(50));
+  // 8 fit in the queue behind the blocked one; the other 992 are dropped.
+  EXPECT_EQ(agent.reports_dropped(), 1000 - 8);
+  EXPECT_EQ(agent.reports_sent(), 0);
+
+  client.Release();
+  ASSERT_TRUE(WaitFor([&] { return agent.reports_sent() == 9; }));
+  const absl::Time stop_start = absl::Now();
+  agent.Stop(absl::Milliseconds(200));
+  EXPECT_LT(absl::Now() - stop_start, absl::Seconds(1));
+  std::vector<v1::StepReport> received = client.received();
+  ASSERT_EQ(received.size(), 9u);
+  EXPECT_EQ(received[0].step(), 0);
+  EXPECT_EQ(received[0].reports_dropped(), 0);  // popped before any drop
+  EXPECT_EQ(received[0].rank(), 3);
+  EXPECT_EQ(received[0].incarnation(), 77u);
+  for (size_t i = 1; i < received.size(); ++i) {
+    EXPECT_EQ(received[i].step(), static_cast<int64_t>(i));
+    EXPECT_EQ(received[i].reports_dropped(), 992);
+  }
+}
+
+TEST(AgentTest, Report_ReportStepFails_ReturnsAtOnceAndCountsDropped) {
+  FakeClient client(FakeClient::Mode::kFail);
+  Agent::Options options;
+  options.report_queue_capacity = 4;
+  Agent agent(&client, 0, 1, options);
+  agent.Start();
+  const absl::Duration took = ReportMany(agent, 1000, 0);
+  EXPECT_LT(took, absl::Milliseconds(50));
+  // Every report is dropped: by a full queue or by its failed RPC.
+  ASSERT_TRUE(WaitFor([&] { return agent.reports_dropped() == 1000; }));
+  EXPECT_EQ(agent.reports_sent(), 0);
+  // Each sent report carries the count of the drops before it.
+  std::vector<v1::StepReport> received = client.received();
+  ASSERT_FALSE(received.empty());
+  for (size_t i = 1; i < received.size(); ++i) {
+    EXPECT_GT(received[i].reports_dropped(), received[i - 1].reports_dropped());
+  }
+  agent.Stop(absl::Milliseconds(100));
+  EXPECT_EQ(agent.reports_dropped(), 1000);
+}
+
+TEST(AgentTest, Stop_ReportsStillQueued_DropsThemWithinTimeout) {
+  FakeClient client(FakeClient::Mode::kBlock);
+  Agent::Options options;
+  options.report_queue_capacity = 16;
+  Agent agent(&client, 0, 1, options);
+  agent.Start();
+  agent.Report(StepReportFor(0));
+  ASSERT_TRUE(client.WaitEntered());
+  ReportMany(agent, 10, 1);
+  // Release the blocked RPC only after Stop has given up on the queue; Stop
+  // then returns once that RPC is back.
+  std::thread releaser([&] {
+    absl::SleepFor(absl::Milliseconds(150));
+    client.Release();
+  });
+  const absl::Time start = absl::Now();
+  agent.Stop(absl::Milliseconds(100));
+  const absl::Duration took = absl::Now() - start;
+  releaser.join();
+  EXPECT_GE(took, absl::Milliseconds(100));
+  EXPECT_LT(took, absl::Seconds(1));
+  EXPECT_EQ(agent.reports_sent(), 1);
+  EXPECT_EQ(agent.reports_dropped(), 10);
+}
+
+TEST(AgentTest, Start_Heartbeats_SentEveryInterval) {
+  FakeClient client(FakeClient::Mode::kOk);
+  Agent::Options options;
+  options.heartbeat_interval = absl::Milliseconds(10);
+  Agent agent(&client, 0, 1, options);
+  agent.Start();
+  EXPECT_TRUE(WaitFor([&] { return client.heartbeats() >= 5; }));
+  const absl::Time start = absl::Now();
+  agent.Stop();
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(500));
+  const int after_stop = client.heartbeats();
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(client.heartbeats(), after_stop);
+}
+
+// Two ranks over dp_shard=2 with one replicated 4 x 4 parameter.
+std::vector<v1::RankManifest> TwoRankManifests() {
+  v1::JobSpec spec;
+  spec.set_job_id("agent");
+  v1::MeshDim* dim = spec.mutable_mesh()->add_dims();
+  dim->set_name("dp_shard");
+  dim->set_size(2);
+  v1::ParamSpec* p = spec.add_params();
+  p->set_name("w");
+  p->add_shape(4);
+  p->add_shape(4);
+  p->add_placements("Replicate()");
+  absl::StatusOr<std::vector<v1::RankManifest>> m = ManifestsFromSpec(spec);
+  EXPECT_THAT(m, IsOk());
+  return m.ok() ? *m : std::vector<v1::RankManifest>();
+}
+
+// Joins every agent from its own thread.
+void JoinAll(std::vector<std::unique_ptr<Agent>>& agents,
+             const std::vector<v1::RankManifest>& manifests) {
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < agents.size(); ++r) {
+    threads.emplace_back([&, r] {
+      EXPECT_THAT(agents[r]->Join(manifests[r], 3000), IsOk());
+    });
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+// The acceptance test: a step never waits on the report queue, even
+// with the coordinator stopped; Stop stays bounded.
+TEST(AgentTest, Report_CoordinatorStopped_NeverBlocksAndStopBounded) {
+  CoordinatorServerOptions server_options;
+  server_options.service.job_id = "agent";
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
+      CoordinatorServer::Start(server_options);
+  ASSERT_THAT(server, IsOk());
+  const std::string address = (*server)->address();
+
+  std::vector<std::unique_ptr<GrpcCoordinationClient>> clients;
+  std::vector<std::unique_ptr<Agent>> agents;
+  Agent::Options options;
+  options.heartbeat_interval = absl::Milliseconds(20);
+  options.report_queue_capacity = 8;
+  for (int r = 0; r < 2; ++r) {
+    absl::StatusOr<std::unique_ptr<GrpcCoordinationClient>> c =
+        GrpcCoordinationClient::Create(address, "agent", absl::Seconds(1));
+    ASSERT_THAT(c, IsOk());
+    clients.push_back(*std::move(c));
+    agents.push_back(
+        std::make_unique<Agent>(clients.back().get(), r, 500 + r, options));
+  }
+  JoinAll(agents, TwoRankManifests());
+  for (auto& a : agents) a->Start();
+  Agent& agent = *agents[0];
+
+  // While the coordinator is up, reports arrive.
+  agent.Report(StepReportFor(0));
+  ASSERT_TRUE(WaitFor([&] { return agent.reports_sent() == 1; }));
+  LocalCoordinationClient local((*server)->service(), "agent");
+  absl::StatusOr<v1::GetReportsResponse> kept = local.GetReports(0, 0);
+  ASSERT_THAT(kept, IsOk());
+  ASSERT_EQ(kept->reports_size(), 1);
+  EXPECT_EQ(kept->reports(0).ops_size(), 4);
+
+  (*server)->Stop();
+  server->reset();
+
+  // Steps keep going: 1000 reports in well under a step's time, one at a
+  // time no slower than the first batch.
+  absl::Duration worst;
+  for (int i = 0; i < 1000; ++i) {
+    v1::StepReport r = StepReportFor(1 + i);
+    const absl::Time start = absl::Now();
+    agent.Report(std::move(r));
+    worst = std::max(worst, absl::Now() - start);
+  }
+  EXPECT_LT(worst, absl::Milliseconds(5));
+  EXPECT_LT(ReportMany(agent, 1000, 2000), absl::Milliseconds(50));
+  // Nothing more got through; everything new is dropped.
+  EXPECT_TRUE(WaitFor([&] { return agent.reports_dropped() == 2000; }))
+      << agent.reports_dropped();
+  EXPECT_EQ(agent.reports_sent(), 1);
+
+  // Stop: the drain timeout plus at most one RPC deadline (1 s here; an
+  // unreachable coordinator fails at once).
+  for (auto& a : agents) {
+    const absl::Time start = absl::Now();
+    a->Stop(absl::Milliseconds(200));
+    EXPECT_LT(absl::Now() - start, absl::Milliseconds(200) + absl::Seconds(1));
+  }
+}
+
+// The acceptance test: a rank whose heartbeats stop is marked lost
+// within the timeout (200 ms here; agents beat every 20 ms).
+TEST(AgentTest, Heartbeats_AgentStopped_RankLostWithinTimeout) {
+  CoordinatorService::Options service_options;
+  service_options.job_id = "agent";
+  service_options.heartbeat_timeout = absl::Milliseconds(200);
+  CoordinatorService service(service_options);
+  std::vector<std::unique_ptr<LocalCoordinationClient>> clients;
+  std::vector<std::unique_ptr<Agent>> agents;
+  Agent::Options options;
+  options.heartbeat_interval = absl::Milliseconds(20);
+  for (int r = 0; r < 2; ++r) {
+    clients.push_back(std::make_unique<LocalCoordinationClient>(&service));
+    agents.push_back(
+        std::make_unique<Agent>(clients.back().get(), r, 900 + r, options));
+  }
+  JoinAll(agents, TwoRankManifests());
+  for (auto& a : agents) a->Start();
+
+  auto states = [&] {
+    std::vector<std::string> out;
+    absl::StatusOr<v1::ListRanksResponse> ranks =
+        service.ListRanks(v1::ListRanksRequest());
+    EXPECT_THAT(ranks, IsOk());
+    if (ranks.ok()) {
+      for (const v1::RankStatus& s : ranks->ranks()) out.push_back(s.state());
+    }
+    return out;
+  };
+  // Two timeouts of heart-beating: nobody lost.
+  absl::SleepFor(absl::Milliseconds(400));
+  EXPECT_THAT(states(), ::testing::ElementsAre("ready", "ready"));
+
+  agents[1]->Stop(absl::ZeroDuration());  // its last beat was <= 20 ms ago
+  const absl::Time stopped = absl::Now();
+  std::vector<std::string> now_states;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        now_states = states();
+        return now_states.size() == 2 && now_states[1] == "lost";
+      },
+      absl::Seconds(3)));
+  const absl::Duration to_lost = absl::Now() - stopped;
+  EXPECT_THAT(now_states, ::testing::ElementsAre("ready", "lost"));
+  EXPECT_GE(to_lost, absl::Milliseconds(200) - absl::Milliseconds(40));
+  EXPECT_LT(to_lost, absl::Milliseconds(200 + 300)) << "lost detected late";
+  agents[0]->Stop();
+}
+
+}  // namespace
+}  // namespace muon

@@ -1,0 +1,464 @@
+// Tests of muonctl's live commands (tools/muonctl_lib.h) against an
+// in-process CoordinatorServer on 127.0.0.1:0 fed with synthetic step
+// reports: status (and --watch), timings, trace (parsed back as JSON), and
+// schedule (live and offline from a spec).
+#include "tools/muonctl_lib.h"
+
+#include <fstream>
+#include <limits>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/spec.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
+#include "gtest/gtest.h"
+#include "server/coordinator_server.h"
+#include "tests/status_matchers.h"
+
+ABSL_DECLARE_FLAG(std::string, coordinator);
+ABSL_DECLARE_FLAG(std::string, spec);
+ABSL_DECLARE_FLAG(bool, json);
+ABSL_DECLARE_FLAG(bool, watch);
+ABSL_DECLARE_FLAG(double, interval_s);
+ABSL_DECLARE_FLAG(int, count);
+ABSL_DECLARE_FLAG(int, last_steps);
+ABSL_DECLARE_FLAG(std::string, out);
+
+namespace muon {
+namespace {
+
+using ::google::protobuf::Struct;
+using ::google::protobuf::Value;
+using ::testing::HasSubstr;
+
+constexpr int kRanks = 4;
+constexpr int kSteps = 3;
+constexpr int kBuckets = 2;
+constexpr const char* kOps[] = {"gather", "orthogonalize", "redistribute",
+                                "apply"};
+
+// dp_shard=4, four matrices, one bucket each (bucket_size_bytes = 1), async
+// with prefetch 1.
+v1::JobSpec CtlSpec(bool async) {
+  v1::JobSpec spec;
+  spec.set_job_id("ctl");
+  v1::MeshDim* dim = spec.mutable_mesh()->add_dims();
+  dim->set_name("dp_shard");
+  dim->set_size(kRanks);
+  const std::vector<std::pair<int, int>> shapes = {
+      {16, 16}, {16, 8}, {8, 8}, {8, 4}};
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    v1::ParamSpec* p = spec.add_params();
+    p->set_name(absl::StrCat("w", i));
+    p->add_shape(shapes[i].first);
+    p->add_shape(shapes[i].second);
+    p->add_placements("Shard(0)");
+  }
+  spec.mutable_execution()->set_bucket_size_bytes(1);
+  spec.mutable_execution()->set_async_gpu_parallelism(async);
+  spec.mutable_execution()->set_prefetch_count(async ? 1 : 0);
+  return spec;
+}
+
+// Rank r's operation durations are scaled by Slowdown(r): rank 3 is 10x
+// slower (a straggler).
+double Slowdown(int rank) { return rank == 3 ? 10.0 : 1.0; }
+
+// Per step, per bucket b: gather (1 + b) ms, orthogonalize 2 ms,
+// redistribute 1 ms, apply 0.5 ms, times Slowdown(rank); steps 10 ms apart.
+v1::StepReport SyntheticReport(int rank, int64_t step) {
+  const double k = Slowdown(rank);
+  v1::StepReport report;
+  report.set_job_id("ctl");
+  report.set_rank(rank);
+  report.set_incarnation(40 + rank);
+  report.set_step(step);
+  report.set_mode("async");
+  report.set_prefetch_count(1);
+  report.set_reports_dropped(rank == 2 ? 5 : 0);
+  double t = 1.7e9 + 0.1 * static_cast<double>(step);
+  const double start = t;
+  for (int b = 0; b < kBuckets; ++b) {
+    const double ms[] = {1.0 + b, 2.0, 1.0, 0.5};
+    for (int o = 0; o < 4; ++o) {
+      v1::OpTiming* op = report.add_ops();
+      op->set_op(kOps[o]);
+      op->set_bucket(b);
+      op->set_stream(o == 1 ? "compute" : "comm");
+      op->set_start_s(t);
+      t += ms[o] * k * 1e-3;
+      op->set_end_s(t);
+      op->set_bytes(4096 * (b + 1));
+      op->set_flops(o == 1 ? 1e6 : 0);
+    }
+  }
+  report.set_step_time_s(t - start);
+  return report;
+}
+
+class MuonctlTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    CoordinatorServerOptions options;
+    options.service.job_id = "ctl";
+    options.service.default_join_timeout = absl::Seconds(5);
+    absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
+        CoordinatorServer::Start(options);
+    ASSERT_THAT(server, IsOk());
+    server_ = *std::move(server);
+
+    absl::StatusOr<std::vector<v1::RankManifest>> manifests =
+        ManifestsFromSpec(CtlSpec(/*async=*/true));
+    ASSERT_THAT(manifests, IsOk());
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kRanks; ++r) {
+      threads.emplace_back([&, r] {
+        v1::JoinRequest join;
+        *join.mutable_manifest() = (*manifests)[r];
+        join.set_incarnation(40 + r);
+        join.set_timeout_ms(5000);
+        EXPECT_THAT(server_->service()->Join(join), IsOk());
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int r = 0; r < kRanks; ++r) {
+      for (int s = 0; s < kSteps; ++s) {
+        ASSERT_THAT(server_->service()->ReportStep(SyntheticReport(r, s)),
+                    IsOk());
+      }
+    }
+    absl::SetFlag(&FLAGS_coordinator, server_->address());
+  }
+
+  // Runs muonctl `command`; returns its exit code, output in out_ / err_.
+  int Run(const std::string& command) {
+    out_.str("");
+    err_.str("");
+    return RunMuonctl({command}, out_, err_);
+  }
+
+  // The table row of `rank` split on whitespace.
+  std::vector<std::string> Row(int rank) {
+    for (absl::string_view line : absl::StrSplit(out_.str(), '\n')) {
+      std::vector<std::string> tokens =
+          absl::StrSplit(line, ' ', absl::SkipEmpty());
+      if (!tokens.empty() && tokens[0] == absl::StrCat(rank)) return tokens;
+    }
+    return {};
+  }
+
+  absl::FlagSaver flags_;  // restores every flag after the test
+  std::unique_ptr<CoordinatorServer> server_;
+  std::ostringstream out_;
+  std::ostringstream err_;
+};
+
+TEST_F(MuonctlTest, Status_LiveJob_TableWithStepTimeStragglerAndDropped) {
+  ASSERT_EQ(Run("status"), 0) << err_.str();
+  EXPECT_THAT(out_.str(), HasSubstr("job ctl: planned, 4/4 ranks joined"));
+  EXPECT_THAT(out_.str(), HasSubstr("heartbeat age"));
+  EXPECT_THAT(out_.str(), HasSubstr("straggler"));
+  EXPECT_THAT(out_.str(), HasSubstr("dropped"));
+  // rank state age "s" step time "ms" [yes] dropped matrices
+  const std::vector<std::string> r2 = Row(2);
+  ASSERT_EQ(r2.size(), 9u) << out_.str();
+  EXPECT_EQ(r2[1], "running");
+  EXPECT_EQ(r2[4], "2");       // last step
+  EXPECT_EQ(r2[5], "10.0");    // 2 x (1 + 2 + 1 + 0.5) + 1 ms
+  EXPECT_EQ(r2[7], "5");       // reports dropped
+  const std::vector<std::string> r3 = Row(3);
+  ASSERT_EQ(r3.size(), 10u) << out_.str();
+  EXPECT_EQ(r3[5], "100.0");
+  EXPECT_EQ(r3[7], "yes");
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_THAT(Row(r), ::testing::Not(::testing::Contains("yes"))) << r;
+  }
+
+  absl::SetFlag(&FLAGS_json, true);
+  ASSERT_EQ(Run("status"), 0) << err_.str();
+  Struct parsed;
+  ASSERT_TRUE(
+      google::protobuf::util::JsonStringToMessage(out_.str(), &parsed).ok())
+      << out_.str();
+  const auto& ranks =
+      parsed.fields().at("ranks").struct_value().fields().at("ranks");
+  ASSERT_EQ(ranks.list_value().values_size(), kRanks);
+  EXPECT_TRUE(ranks.list_value().values(3).struct_value().fields().at(
+      "straggler").bool_value());
+}
+
+TEST_F(MuonctlTest, Status_WatchCount2_PrintsTwoTables) {
+  absl::SetFlag(&FLAGS_watch, true);
+  absl::SetFlag(&FLAGS_count, 2);
+  absl::SetFlag(&FLAGS_interval_s, 0.05);
+  const absl::Time start = absl::Now();
+  ASSERT_EQ(Run("status"), 0) << err_.str();
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(50));
+  const std::string out = out_.str();
+  int tables = 0;
+  for (size_t at = out.find("heartbeat age"); at != std::string::npos;
+       at = out.find("heartbeat age", at + 1)) {
+    ++tables;
+  }
+  EXPECT_EQ(tables, 2) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 2 * (1 + 2 + kRanks))
+      << out;
+}
+
+TEST_F(MuonctlTest, Status_WatchBadInterval_Usage) {
+  absl::SetFlag(&FLAGS_watch, true);
+  absl::SetFlag(&FLAGS_interval_s, 0);
+  EXPECT_EQ(Run("status"), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("--interval_s"));
+}
+
+TEST_F(MuonctlTest, Timings_LiveJob_PercentilesPerRankAndOp) {
+  ASSERT_EQ(Run("timings"), 0) << err_.str();
+  EXPECT_THAT(out_.str(), HasSubstr("12 reports"));
+  // Rank 3's orthogonalize: 20 ms every time (6 = 3 steps x 2 buckets).
+  const std::string out = out_.str();
+  bool found = false;
+  for (absl::string_view line : absl::StrSplit(out, '\n')) {
+    std::vector<std::string> t = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (t.size() == 5 && t[0] == "3" && t[1] == "orthogonalize") {
+      found = true;
+      EXPECT_EQ(t[2], "6");
+      EXPECT_EQ(t[3], "20.000");
+      EXPECT_EQ(t[4], "20.000");
+    }
+  }
+  EXPECT_TRUE(found) << out;
+
+  absl::SetFlag(&FLAGS_json, true);
+  ASSERT_EQ(Run("timings"), 0) << err_.str();
+  Struct parsed;
+  ASSERT_TRUE(
+      google::protobuf::util::JsonStringToMessage(out_.str(), &parsed).ok())
+      << out_.str();
+  const auto& rows = parsed.fields().at("timings").list_value();
+  ASSERT_EQ(rows.values_size(), kRanks * 5) << out_.str();  // 4 ops + step
+  // (rank, op) -> (count, p50, p99).
+  std::map<std::pair<int, std::string>, std::vector<double>> got;
+  for (const Value& v : rows.values()) {
+    const auto& f = v.struct_value().fields();
+    got[{static_cast<int>(f.at("rank").number_value()),
+         f.at("op").string_value()}] = {f.at("count").number_value(),
+                                        f.at("p50_ms").number_value(),
+                                        f.at("p99_ms").number_value()};
+  }
+  auto at = [&](int rank, const std::string& op) {
+    return got[std::make_pair(rank, op)];
+  };
+  // Gather: 1 ms (bucket 0) and 2 ms (bucket 1), three times each;
+  // nearest-rank p50 is the 3rd of 6, p99 the 6th.
+  ASSERT_EQ(at(0, "gather").size(), 3u);
+  EXPECT_EQ(at(0, "gather")[0], 6);
+  EXPECT_NEAR(at(0, "gather")[1], 1.0, 1e-3);
+  EXPECT_NEAR(at(0, "gather")[2], 2.0, 1e-3);
+  EXPECT_NEAR(at(3, "gather")[1], 10.0, 1e-3);
+  EXPECT_NEAR(at(3, "gather")[2], 20.0, 1e-3);
+  EXPECT_EQ(at(1, "step")[0], kSteps);
+  EXPECT_NEAR(at(1, "step")[1], 10.0, 1e-3);
+  EXPECT_NEAR(at(3, "step")[1], 100.0, 1e-2);
+
+  absl::SetFlag(&FLAGS_last_steps, 1);
+  ASSERT_EQ(Run("timings"), 0) << err_.str();
+  EXPECT_THAT(out_.str(), HasSubstr("\"reports\": 4"));
+}
+
+TEST_F(MuonctlTest, Trace_LiveJob_ChromeTraceEventsParseBack) {
+  const std::string path =
+      absl::StrCat(::testing::TempDir(), "/muonctl_trace.json");
+  absl::SetFlag(&FLAGS_out, path);
+  ASSERT_EQ(Run("trace"), 0) << err_.str();
+  EXPECT_THAT(out_.str(), HasSubstr("96 operations of 3 steps on 4 ranks"));
+  std::ifstream file(path);
+  ASSERT_TRUE(file.good());
+  std::stringstream text;
+  text << file.rdbuf();
+
+  Struct trace;
+  ASSERT_TRUE(
+      google::protobuf::util::JsonStringToMessage(text.str(), &trace).ok())
+      << text.str().substr(0, 2000);
+  EXPECT_EQ(trace.fields().at("displayTimeUnit").string_value(), "ms");
+  const auto& events = trace.fields().at("traceEvents").list_value().values();
+
+  int slices = 0;
+  std::set<int> slice_pids;
+  std::map<int, std::string> process_names;
+  std::map<std::pair<int, int>, std::string> thread_names;
+  double min_ts = 1e300;
+  std::map<std::string, int> per_op;
+  for (const Value& v : events) {
+    const auto& e = v.struct_value().fields();
+    const std::string ph = e.at("ph").string_value();
+    const int pid = static_cast<int>(e.at("pid").number_value());
+    const int tid = static_cast<int>(e.at("tid").number_value());
+    if (ph == "X") {
+      ++slices;
+      slice_pids.insert(pid);
+      ++per_op[e.at("name").string_value()];
+      min_ts = std::min(min_ts, e.at("ts").number_value());
+      EXPECT_GE(e.at("ts").number_value(), 0);
+      EXPECT_GT(e.at("dur").number_value(), 0);
+      const auto& args = e.at("args").struct_value().fields();
+      for (const char* key : {"bucket", "bytes", "flops", "step"}) {
+        EXPECT_TRUE(args.count(key)) << key;
+      }
+      // The thread is named after the operation's stream.
+      const std::string want =
+          e.at("name").string_value() == "orthogonalize" ? "compute" : "comm";
+      EXPECT_EQ(thread_names[std::make_pair(pid, tid)], want);
+    } else if (ph == "M") {
+      const std::string name = e.at("name").string_value();
+      const auto& args = e.at("args").struct_value().fields();
+      if (name == "process_name") {
+        process_names[pid] = args.at("name").string_value();
+      } else if (name == "thread_name") {
+        thread_names[{pid, tid}] = args.at("name").string_value();
+      }
+    } else {
+      ADD_FAILURE() << "unexpected phase " << ph;
+    }
+  }
+  EXPECT_EQ(slices, kRanks * kSteps * kBuckets * 4);
+  EXPECT_EQ(slice_pids, (std::set<int>{0, 1, 2, 3}));
+  EXPECT_EQ(per_op["orthogonalize"], kRanks * kSteps * kBuckets);
+  EXPECT_DOUBLE_EQ(min_ts, 0);
+  ASSERT_EQ(process_names.size(), 4u);
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_EQ(process_names[r], absl::StrCat("rank ", r));
+  }
+  EXPECT_EQ(thread_names.size(), 2u * kRanks);  // comm and compute per rank
+
+  // Durations in microseconds: rank 3's first orthogonalize is 20 ms.
+  for (const Value& v : events) {
+    const auto& e = v.struct_value().fields();
+    if (e.at("ph").string_value() == "X" && e.at("pid").number_value() == 3 &&
+        e.at("name").string_value() == "orthogonalize") {
+      EXPECT_NEAR(e.at("dur").number_value(), 20000, 1);
+      break;
+    }
+  }
+}
+
+TEST_F(MuonctlTest, Trace_OddNamesAndNumbers_StillValidJson) {
+  v1::StepReport report = SyntheticReport(1, 99);
+  report.clear_ops();
+  v1::OpTiming* op = report.add_ops();
+  op->set_op("we\"ird\\op\n\x01\xc3\xa9");  // quote, backslash, controls, e-acute
+  op->set_stream("io \"q\"");
+  op->set_start_s(1.7e9 + 50);
+  op->set_end_s(1.7e9 + 50.5);
+  op->set_flops(std::numeric_limits<double>::infinity());
+  op->set_bytes(int64_t{1} << 40);
+  ASSERT_THAT(server_->service()->ReportStep(report), IsOk());
+  absl::SetFlag(&FLAGS_out, "-");
+  ASSERT_EQ(Run("trace"), 0) << err_.str();
+  Struct trace;
+  ASSERT_TRUE(
+      google::protobuf::util::JsonStringToMessage(out_.str(), &trace).ok())
+      << out_.str();
+  bool found = false;
+  for (const Value& v : trace.fields().at("traceEvents").list_value().values()) {
+    const auto& e = v.struct_value().fields();
+    if (e.at("ph").string_value() == "M" &&
+        e.at("name").string_value() == "thread_name" &&
+        e.at("args").struct_value().fields().at("name").string_value() ==
+            "io \"q\"") {
+      found = true;
+    }
+    if (e.at("ph").string_value() != "X" ||
+        e.at("args").struct_value().fields().at("step").number_value() != 99) {
+      continue;
+    }
+    EXPECT_EQ(e.at("name").string_value(), "we\"ird\\op\n\x01\xc3\xa9");
+    const auto& args = e.at("args").struct_value().fields();
+    EXPECT_EQ(args.at("flops").kind_case(), Value::kNullValue);
+    EXPECT_EQ(args.at("bytes").number_value(), 1099511627776.0);
+    EXPECT_NEAR(e.at("dur").number_value(), 500000, 1);
+  }
+  EXPECT_TRUE(found) << out_.str();
+}
+
+TEST_F(MuonctlTest, Trace_NoOut_Usage) {
+  EXPECT_EQ(Run("trace"), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("--out"));
+}
+
+TEST_F(MuonctlTest, Schedule_LiveAndOfflineFromSpec_SameStreams) {
+  ASSERT_EQ(Run("schedule"), 0) << err_.str();
+  const std::string live = out_.str();
+  EXPECT_THAT(live, HasSubstr("mode async, prefetch 1, 2 buffer slots, 4 buckets"));
+  EXPECT_THAT(live, HasSubstr("rank 3\n"));
+  // Every rank's comm stream: G0 G1, then R(b) A(b) G(b+2).
+  EXPECT_THAT(live, HasSubstr("  comm     g0@s0 g1@s1 r0 a0 g2@s0 r1 a1 "
+                              "g3@s1 r2 a2 r3 a3\n"));
+  EXPECT_THAT(live, HasSubstr("  compute  o"));
+
+  // Offline from the same spec: the same plan, so the same output.
+  const std::string path =
+      absl::StrCat(::testing::TempDir(), "/muonctl_schedule_spec.json");
+  {
+    std::ofstream f(path);
+    f << JobSpecToJson(CtlSpec(/*async=*/true));
+  }
+  absl::SetFlag(&FLAGS_coordinator, "");
+  absl::SetFlag(&FLAGS_spec, path);
+  ASSERT_EQ(Run("schedule"), 0) << err_.str();
+  EXPECT_EQ(out_.str(), live);
+
+  absl::SetFlag(&FLAGS_json, true);
+  ASSERT_EQ(Run("schedule"), 0) << err_.str();
+  v1::Schedule schedule;
+  ASSERT_TRUE(
+      google::protobuf::util::JsonStringToMessage(out_.str(), &schedule).ok());
+  absl::StatusOr<v1::Plan> plan =
+      server_->service()->GetPlan(v1::GetPlanRequest());
+  ASSERT_THAT(plan, IsOk());
+  EXPECT_EQ(schedule.SerializeAsString(),
+            plan->schedule().SerializeAsString());
+
+  // Sequential: one stream, one slot.
+  {
+    std::ofstream f(path);
+    f << JobSpecToJson(CtlSpec(/*async=*/false));
+  }
+  absl::SetFlag(&FLAGS_json, false);
+  ASSERT_EQ(Run("schedule"), 0) << err_.str();
+  EXPECT_THAT(out_.str(),
+              HasSubstr("mode sequential, prefetch 0, 1 buffer slot, 4 buckets"));
+  EXPECT_THAT(out_.str(), HasSubstr("  main     g0@s0 "));
+  EXPECT_THAT(out_.str(), ::testing::Not(HasSubstr("comm")));
+}
+
+TEST_F(MuonctlTest, Schedule_NoSource_Usage) {
+  absl::SetFlag(&FLAGS_coordinator, "");
+  EXPECT_EQ(Run("schedule"), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("--spec"));
+}
+
+TEST_F(MuonctlTest, Timings_CoordinatorStopped_FailsWithUnavailable) {
+  server_->Stop();
+  EXPECT_EQ(Run("timings"), 1);
+  EXPECT_THAT(err_.str(), HasSubstr("UNAVAILABLE"));
+  EXPECT_THAT(err_.str(), HasSubstr("GetReports"));
+}
+
+}  // namespace
+}  // namespace muon
