@@ -106,6 +106,20 @@ absl::Status ValidateMuonOptions(const MuonOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("ns_steps should be >= 0 but is: ", o.ns_steps));
   }
+  if (o.device != "cpu" && o.device != "cuda") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device \"", o.device, "\" is not supported (use \"cpu\" or \"cuda\")"));
+  }
+  if (!kernels::ParseGpuPrecision(o.gpu_precision).ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gpu_precision \"", o.gpu_precision,
+        "\" is not supported (use \"bf16\", \"tf32\" or \"fp32\")"));
+  }
+  if (o.ns_schedule != "quintic" && o.ns_schedule != "polar_express") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ns_schedule \"", o.ns_schedule,
+        "\" is not supported (use \"quintic\" or \"polar_express\")"));
+  }
   if (!(o.eps >= 0.0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("eps should be >= 0 but is: ", o.eps));
@@ -127,6 +141,7 @@ MuonOptions MuonOptionsFromProto(const v1::OptimizerOptions& p) {
   if (p.has_eps()) o.eps = p.eps();
   if (p.has_ns_steps()) o.ns_steps = p.ns_steps();
   if (p.has_adjust_lr_fn()) o.adjust_lr_fn = p.adjust_lr_fn();
+  if (p.has_ns_schedule()) o.ns_schedule = p.ns_schedule();
   return o;
 }
 
@@ -325,10 +340,25 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
         comm->world_size(), " but the config says rank ", rank, " of ",
         state.world_size));
   }
+  if (options.device == "cuda") {
+    absl::StatusOr<kernels::GpuPrecision> precision =
+        kernels::ParseGpuPrecision(options.gpu_precision);
+    if (!precision.ok()) return precision.status();
+    absl::StatusOr<std::unique_ptr<kernels::NsEngine>> engine =
+        kernels::MakeCudaNsEngine(options.cuda_device, *precision);
+    if (!engine.ok()) {
+      return absl::Status(engine.status().code(),
+                          absl::StrCat("rank ", rank, ": device \"cuda\": ",
+                                       engine.status().message()));
+    }
+    muon->ns_engine_ = *std::move(engine);
+  } else {
+    muon->ns_engine_ = kernels::MakeCpuNsEngine();
+  }
   absl::StatusOr<std::unique_ptr<StepExecutor>> executor =
       StepExecutor::Create(rank, state.world_size, muon->plan_,
                            std::move(geometry), comm, config.gather_fn,
-                           config.redistribute_fn);
+                           config.redistribute_fn, muon->ns_engine_.get());
   if (!executor.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "rank ", rank, ": the plan does not fit this rank's parameters: ",
@@ -340,11 +370,15 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
                         kernels::ParseAdjustLrFn(options.adjust_lr_fn));
   muon->rule_.lr = options.lr;
   muon->rule_.weight_decay = options.weight_decay;
-  muon->rule_.ns.a = options.ns_a;
-  muon->rule_.ns.b = options.ns_b;
-  muon->rule_.ns.c = options.ns_c;
+  if (options.ns_schedule == "polar_express") {
+    muon->rule_.ns = kernels::PolarExpressSchedule();
+  } else {
+    muon->rule_.ns.a = options.ns_a;
+    muon->rule_.ns.b = options.ns_b;
+    muon->rule_.ns.c = options.ns_c;
+    muon->rule_.ns.steps = options.ns_steps;
+  }
   muon->rule_.ns.eps = options.eps;
-  muon->rule_.ns.steps = options.ns_steps;
   muon->buffers_.resize(ps.size());
   muon->nesterov_.resize(ps.size());
   for (size_t i = 0; i < ps.size(); ++i) {

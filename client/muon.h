@@ -33,6 +33,7 @@
 #include "client/distributed_config.h"
 #include "client/parameter.h"
 #include "client/step_executor.h"
+#include "kernels/ns_engine.h"
 #include "muon/v1/coordinator.pb.h"
 
 namespace muon {
@@ -50,6 +51,17 @@ struct MuonOptions {
   // "original": lr*sqrt(max(1, rows/cols));
   // "match_rms_adamw": lr*0.2*sqrt(max(rows, cols)).
   std::string adjust_lr_fn = "original";
+  // Newton-Schulz coefficient schedule: "quintic" ((ns_a, ns_b, ns_c) for
+  // ns_steps iterations) or "polar_express" (Amsel et al. 2025,
+  // per-iteration coefficients; ns_steps and the coefficients are ignored).
+  std::string ns_schedule = "quintic";
+  // Where this rank's owned matrices are orthogonalized: "cpu" (OpenBLAS
+  // fp32) or "cuda" (cuBLAS on `cuda_device`, host-staged: parameters and
+  // collectives stay on the host, so several ranks may share one GPU).
+  std::string device = "cpu";
+  int cuda_device = 0;
+  // GPU arithmetic: "bf16" (bf16 in, fp32 accumulate), "tf32" or "fp32".
+  std::string gpu_precision = "bf16";
 };
 
 // Checks `options` as torch.optim.Muon.__init__ does.
@@ -120,6 +132,7 @@ class Muon {
   int world_size_ = 1;
   v1::Plan plan_;
   std::unique_ptr<Communicator> owned_comm_;  // world of one, if needed
+  std::unique_ptr<kernels::NsEngine> ns_engine_;
   std::unique_ptr<Agent> agent_;
   std::unique_ptr<StepExecutor> executor_;
   std::vector<std::vector<float>> buffers_;  // momentum, local shards

@@ -39,7 +39,12 @@ bool StepExecutor::HoldsFull(int m) const {
 absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
     int rank, int world_size, const v1::Plan& plan,
     std::vector<MatrixGeometry> geometry, Communicator* comm,
-    GatherFn gather_fn, RedistributeFn redistribute_fn) {
+    GatherFn gather_fn, RedistributeFn redistribute_fn,
+    kernels::NsEngine* ns_engine) {
+  if (ns_engine == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, ": no Newton-Schulz engine"));
+  }
   if (comm == nullptr && world_size != 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "rank ", rank, ": a world of ", world_size, " ranks needs a communicator"));
@@ -192,7 +197,8 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
   }
   ex->send_buf_.resize(max_send);
   ex->recv_buf_.resize(max_recv);
-  ex->ns_workspace_.Reserve(max_rows, max_cols);
+  ex->ns_engine_ = ns_engine;
+  MUON_RETURN_IF_ERROR(ns_engine->Reserve(max_rows, max_cols));
 
   // This rank's stream schedule.
   const v1::Schedule& schedule = plan.schedule();
@@ -382,8 +388,9 @@ absl::Status StepExecutor::Orthogonalize(int b, const StepArgs& args,
                          : FullU(m);
     float* o = HoldsFull(m) ? local_o_[m].data() : FullO(m);
     MUON_RETURN_IF_ERROR(
-        kernels::NewtonSchulz(u, g.rows, g.cols, args.rule->ns, o, &ns_workspace_));
-    flops += kernels::NewtonSchulzFlops(g.rows, g.cols, args.rule->ns.steps);
+        ns_engine_->Orthogonalize(u, g.rows, g.cols, args.rule->ns, o));
+    flops += kernels::NewtonSchulzFlops(
+        g.rows, g.cols, kernels::NewtonSchulzIterations(args.rule->ns));
     ++ns_matrices_;
   }
   ns_flops_ += flops;

@@ -45,6 +45,7 @@
 #include "common/layout.h"
 #include "kernels/muon_update.h"
 #include "kernels/newton_schulz.h"
+#include "kernels/ns_engine.h"
 #include "muon/v1/coordinator.pb.h"
 
 namespace muon {
@@ -101,6 +102,7 @@ struct UpdateRule {
 
 class StepExecutor {
  public:
+  // `ns_engine` (not owned; outlives the executor) orthogonalizes.
   // `matrices` are the matrices of this rank's parameters; the plan may
   // hold more (other pipeline stages), which this rank skips with zero
   // split sizes while still joining every bucket's collectives. The plan
@@ -113,7 +115,8 @@ class StepExecutor {
   static absl::StatusOr<std::unique_ptr<StepExecutor>> Create(
       int rank, int world_size, const v1::Plan& plan,
       std::vector<MatrixGeometry> matrices, Communicator* comm,
-      GatherFn gather_fn, RedistributeFn redistribute_fn);
+      GatherFn gather_fn, RedistributeFn redistribute_fn,
+      kernels::NsEngine* ns_engine);
 
   ~StepExecutor();
 
@@ -217,7 +220,7 @@ class StepExecutor {
   // Exchange buffers, used by one thread at a time.
   std::vector<float> send_buf_;
   std::vector<float> recv_buf_;
-  kernels::NewtonSchulzWorkspace ns_workspace_;
+  kernels::NsEngine* ns_engine_ = nullptr;  // Not owned.
   // Per-thread timing records, preallocated.
   std::vector<OpRecord> main_records_;
   std::vector<OpRecord> comm_records_;

@@ -39,6 +39,17 @@ while read -r target status; do
   fi
 done < <(grep -E '^//[^ ]+ +(\(cached\) )?(PASSED|FAILED|TIMEOUT|NO STATUS|FLAKY)' /tmp/muon-test-output.txt \
           | sed -E 's/\(cached\) //' | awk '{print $1, $2}')
+# The CUDA configuration must compile and link too (CI has the toolkit but no
+# GPU; GPU tests skip there with their reason).
+if [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  if ! bazel build --config=cuda //...; then
+    echo "run_tests: bazel build --config=cuda //... failed"
+    failed=$((failed + 1))
+    rc=1
+  fi
+else
+  echo "run_tests: no CUDA toolkit at /usr/local/cuda: skipping the --config=cuda build"
+fi
 if [[ $rc -ne 0 && $failed -eq 0 ]]; then failed=1; fi
 bazel shutdown >/dev/null 2>&1 || true
 echo "$passed passed, $failed failed, $skipped skipped"

@@ -169,9 +169,16 @@ absl::StatusOr<RunOutput> RunSteps(const ValidateOptions& o, const SpecParams& s
     config->async_gpu_parallelism = s.spec.execution().async_gpu_parallelism();
     config->prefetch_count = s.spec.execution().prefetch_count();
   }
-  MUON_ASSIGN_OR_RETURN(
-      std::unique_ptr<Muon> opt,
-      Muon::Create(ptrs, MuonOptionsFromProto(s.spec.optimizer()), config));
+  MuonOptions options = MuonOptionsFromProto(s.spec.optimizer());
+  // Single device and ranks orthogonalize on the same device kind, so the
+  // comparison stays bitwise (e.g. 4 host-staged ranks sharing one GPU vs
+  // the single-device GPU run).
+  if (!s.spec.execution().device().empty()) options.device = s.spec.execution().device();
+  if (!s.spec.execution().gpu_precision().empty()) {
+    options.gpu_precision = s.spec.execution().gpu_precision();
+  }
+  MUON_ASSIGN_OR_RETURN(std::unique_ptr<Muon> opt,
+                        Muon::Create(ptrs, options, config));
   for (int64_t step = 0; step < o.steps; ++step) {
     for (size_t k = 0; k < out.params.size(); ++k) {
       const v1::ParamSpec& ps = s.spec.params(out.spec_index[k]);
