@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Runs on a GPU machine from the repository root, after tools/pack_device.sh:
+# every GPU check of the project, each output saved under $OUT (or /tmp/out).
+#   1. GPU Newton-Schulz vs the CPU float64 reference (bf16/tf32/fp32),
+#      fused kernels, CUDA API checks;
+#   2. the NCCL communicator (world size 1; 2 ranks when 2 GPUs);
+#   3. a single-device GPU step vs torch.optim.Muon (bf16 tolerance);
+#   4. 4 host-staged ranks sharing one GPU, bitwise vs single-device GPU;
+#   5. Newton-Schulz TFLOP/s vs PyTorch's own and the bf16 GEMM rate.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+run() {
+  local name=$1
+  shift
+  echo "== $name: $*"
+  "$@" >"$out/$name.txt" 2>&1
+  local rc=$?
+  tail -n 5 "$out/$name.txt"
+  echo "== $name: exit $rc"
+}
+nvidia-smi >"$out/nvidia-smi.txt" 2>&1
+run gpu_newton_schulz_test "$here/run.sh" bin/gpu_newton_schulz_test
+run gpu_muon_update_test "$here/run.sh" bin/gpu_muon_update_test
+run cuda_api_test "$here/run.sh" bin/cuda_api_test
+run nccl_communicator_test "$here/run.sh" bin/nccl_communicator_test
+run torch_muon_compare python3 "$here/torch_muon_compare.py" \
+  --muonctl "$here/run.sh bin/muonctl" --steps 3
+# 4 rank processes, one GPU, host-staged; bitwise vs the single-device GPU run.
+spec=$out/fsdp_cuda.json
+sed 's/"optimizer"/"execution": {"device": "cuda"}, "optimizer"/' \
+  "$here/specs/fsdp.json" >"$spec"
+run host_staged_4_ranks "$here/run.sh" bin/muonctl validate --spec "$spec" --steps 3
+run ns_gpu_bench "$here/run.sh" bin/ns_gpu_bench
+run torch_ns_bench python3 "$here/torch_ns_bench.py"

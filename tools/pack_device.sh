@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Builds the CUDA configuration and packs what a GPU machine needs into
+# .device/ (git-ignored, < 64 MiB): the GPU tests, the GPU benchmark, muonctl
+# and the coordinator, with their Debian libraries (../shared/tools/
+# device-bundle.sh), plus the PyTorch comparison scripts and
+# tools/device_checks.sh, which runs them all there:
+#   bash tools/pack_device.sh
+#   # on the device: bash .device/device_checks.sh   (writes to $OUT)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+targets=(
+  //tests/kernels:gpu_newton_schulz_test
+  //tests/kernels:gpu_muon_update_test
+  //tests/kernels:cuda_api_test
+  //tests/client:nccl_communicator_test
+  //tools:ns_gpu_bench
+  //tools:muonctl
+  //server:muon-coordinator
+)
+bazel build --config=cuda "${targets[@]}"
+bin=$(bazel info --config=cuda bazel-bin 2>/dev/null)
+paths=()
+for t in "${targets[@]}"; do
+  p=${t#//}
+  paths+=("$bin/${p/://}")
+done
+rm -rf .device
+../shared/tools/device-bundle.sh .device "${paths[@]}"
+cp tools/torch_ns_bench.py tools/torch_muon_compare.py tools/device_checks.sh .device/
+cp -r examples/specs .device/specs
+du -sh .device
