@@ -3,6 +3,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <array>
 #include <cassert>
 #include <climits>
 #include <cmath>
@@ -12,7 +13,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace muon {
 namespace kernels {
@@ -36,7 +39,88 @@ double FrobeniusNorm(const float* x, int64_t n) {
   return std::sqrt(sum);
 }
 
+// Keller Jordan's quintic, torch.optim.Muon's defaults.
+constexpr std::array<double, 3> kQuintic = {3.4445, -4.7750, 2.0315};
+
+// Polar Express, safety factor 2e-2, cushion 2 (arXiv:2505.16932; the list in
+// modded-nanogpt's train_gpt.py `polar_express_coeffs`).
+constexpr std::array<std::array<double, 3>, 5> kPolarExpress = {{
+    {8.156554524902461, -22.48329292557795, 15.878769915207462},
+    {4.042929935166739, -2.808917465908714, 0.5000178451051316},
+    {3.8916678022926607, -2.772484153217685, 0.5060648178503393},
+    {3.285753657755655, -2.3681294933425376, 0.46449024233003106},
+    {2.3465413258596377, -1.7097828382687081, 0.42323551169305323},
+}};
+
+// Polar Express normalises by (1 + safety factor) * ||X||_F.
+constexpr double kPolarExpressNormScale = 1.02;
+
 }  // namespace
+
+int NewtonSchulzIterations(const NewtonSchulzOptions& options) {
+  return options.coefficients.empty()
+             ? options.steps
+             : static_cast<int>(options.coefficients.size());
+}
+
+std::array<double, 3> NewtonSchulzCoefficients(
+    const NewtonSchulzOptions& options, int i) {
+  assert(i >= 0 && i < NewtonSchulzIterations(options));
+  if (options.coefficients.empty()) return {options.a, options.b, options.c};
+  return options.coefficients[static_cast<size_t>(i)];
+}
+
+NewtonSchulzOptions QuinticSchedule(int steps) {
+  NewtonSchulzOptions options;
+  options.steps = steps;
+  options.coefficients.assign(static_cast<size_t>(std::max(steps, 0)),
+                              kQuintic);
+  return options;
+}
+
+NewtonSchulzOptions PolarExpressSchedule() {
+  NewtonSchulzOptions options;
+  options.coefficients.assign(kPolarExpress.begin(), kPolarExpress.end());
+  options.steps = static_cast<int>(options.coefficients.size());
+  options.norm_scale = kPolarExpressNormScale;
+  return options;
+}
+
+absl::StatusOr<NewtonSchulzOptions> ParseCoefficientSchedule(
+    absl::string_view name) {
+  if (name == "quintic") return QuinticSchedule(5);
+  if (name == "polar_express") return PolarExpressSchedule();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "coefficient schedule must be \"quintic\" or \"polar_express\", got \"",
+      name, "\""));
+}
+
+absl::Status ValidateNewtonSchulzOptions(const NewtonSchulzOptions& options) {
+  if (options.coefficients.empty() && options.steps < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "NewtonSchulz: steps must be >= 0, got steps=", options.steps));
+  }
+  const int k = NewtonSchulzIterations(options);
+  for (int i = 0; i < k; ++i) {
+    const std::array<double, 3> abc = NewtonSchulzCoefficients(options, i);
+    if (!std::isfinite(abc[0]) || !std::isfinite(abc[1]) ||
+        !std::isfinite(abc[2])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "NewtonSchulz: coefficients of iteration ", i,
+          " must be finite, got (", abc[0], ", ", abc[1], ", ", abc[2], ")"));
+    }
+  }
+  if (!std::isfinite(options.norm_scale) || !(options.norm_scale > 0.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NewtonSchulz: norm_scale must be finite and > 0, got ",
+                     options.norm_scale));
+  }
+  if (!std::isfinite(options.eps) || options.eps < 0.0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "NewtonSchulz: eps must be finite and >= 0, got ", options.eps));
+  }
+  return absl::OkStatus();
+}
 
 void NewtonSchulzWorkspace::Reserve(int64_t rows, int64_t cols) {
   if (rows <= 0 || cols <= 0) return;
@@ -64,9 +148,9 @@ absl::Status NewtonSchulz(const float* u, int64_t rows, int64_t cols,
         "NewtonSchulz: dimension exceeds the 32-bit cblas interface, got rows=",
         rows, " cols=", cols));
   }
-  if (options.steps < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "NewtonSchulz: steps must be >= 0, got steps=", options.steps));
+  if (absl::Status status = ValidateNewtonSchulzOptions(options);
+      !status.ok()) {
+    return status;
   }
   if (u == nullptr || out == nullptr) {
     return absl::InvalidArgumentError(
@@ -96,25 +180,29 @@ absl::Status NewtonSchulz(const float* u, int64_t rows, int64_t cols,
   // Leading dimension of the stored matrix (row-major [rows, cols]).
   const int ld = static_cast<int>(cols);
 
+  const int steps = NewtonSchulzIterations(options);
   // Ping-pong between out and the workspace buffer. Each step writes the
   // other buffer, so start where the last step lands in out: no final copy.
-  float* x = (options.steps % 2 == 0) ? out : ws->x_.data();
-  float* x_next = (options.steps % 2 == 0) ? ws->x_.data() : out;
+  float* x = (steps % 2 == 0) ? out : ws->x_.data();
+  float* x_next = (steps % 2 == 0) ? ws->x_.data() : out;
   float* gram = ws->gram_.data();
   float* poly = ws->poly_.data();
 
-  // X = U / max(||U||_F, eps), the division in float as torch's div_ does.
-  const float denom =
-      static_cast<float>(std::max(FrobeniusNorm(u, size), options.eps));
+  // X = U / max(norm_scale * ||U||_F, eps), the division in float as
+  // torch's div_ does. With norm_scale = 1 the product is exact (the
+  // default's bits do not change).
+  const float denom = static_cast<float>(
+      std::max(options.norm_scale * FrobeniusNorm(u, size), options.eps));
   for (int64_t i = 0; i < size; ++i) x[i] = u[i] / denom;
 
-  const float a = static_cast<float>(options.a);
-  const float b = static_cast<float>(options.b);
-  const float c = static_cast<float>(options.c);
   const size_t gram_bytes = static_cast<size_t>(m) * m * sizeof(float);
   const size_t x_bytes = static_cast<size_t>(size) * sizeof(float);
 
-  for (int step = 0; step < options.steps; ++step) {
+  for (int step = 0; step < steps; ++step) {
+    const std::array<double, 3> abc = NewtonSchulzCoefficients(options, step);
+    const float a = static_cast<float>(abc[0]);
+    const float b = static_cast<float>(abc[1]);
+    const float c = static_cast<float>(abc[2]);
     // A = X X^T (m x m).
     if (tall) {
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, m, n, 1.0f, x, ld,
@@ -145,7 +233,8 @@ absl::Status NewtonSchulz(const float* u, int64_t rows, int64_t cols,
 
 void NewtonSchulzReference(const double* u, int64_t rows, int64_t cols,
                            const NewtonSchulzOptions& options, double* out) {
-  assert(rows >= 1 && cols >= 1 && options.steps >= 0);
+  assert(rows >= 1 && cols >= 1 && ValidateNewtonSchulzOptions(options).ok());
+  const int steps = NewtonSchulzIterations(options);
   const bool tall = rows > cols;
   const int64_t m = std::min(rows, cols);
   const int64_t n = std::max(rows, cols);
@@ -163,13 +252,18 @@ void NewtonSchulzReference(const double* u, int64_t rows, int64_t cols,
   }
   double sum = 0.0;
   for (double v : x) sum += v * v;
-  const double denom = std::max(std::sqrt(sum), options.eps);
+  const double denom =
+      std::max(options.norm_scale * std::sqrt(sum), options.eps);
   for (double& v : x) v /= denom;
 
   std::vector<double> gram(static_cast<size_t>(m * m));
   std::vector<double> poly(static_cast<size_t>(m * m));
   std::vector<double> x_next(static_cast<size_t>(m * n));
-  for (int step = 0; step < options.steps; ++step) {
+  for (int step = 0; step < steps; ++step) {
+    const std::array<double, 3> abc = NewtonSchulzCoefficients(options, step);
+    const double ca = abc[0];
+    const double cb = abc[1];
+    const double cc = abc[2];
     // A = X X^T.
     for (int64_t i = 0; i < m; ++i) {
       for (int64_t j = 0; j < m; ++j) {
@@ -183,9 +277,9 @@ void NewtonSchulzReference(const double* u, int64_t rows, int64_t cols,
     // B = b*A + c*A*A.
     for (int64_t i = 0; i < m; ++i) {
       double* pi = &poly[i * m];
-      for (int64_t j = 0; j < m; ++j) pi[j] = options.b * gram[i * m + j];
+      for (int64_t j = 0; j < m; ++j) pi[j] = cb * gram[i * m + j];
       for (int64_t k = 0; k < m; ++k) {
-        const double g = options.c * gram[i * m + k];
+        const double g = cc * gram[i * m + k];
         const double* gk = &gram[k * m];
         for (int64_t j = 0; j < m; ++j) pi[j] += g * gk[j];
       }
@@ -194,7 +288,7 @@ void NewtonSchulzReference(const double* u, int64_t rows, int64_t cols,
     for (int64_t i = 0; i < m; ++i) {
       double* yi = &x_next[i * n];
       const double* xi = &x[i * n];
-      for (int64_t j = 0; j < n; ++j) yi[j] = options.a * xi[j];
+      for (int64_t j = 0; j < n; ++j) yi[j] = ca * xi[j];
       for (int64_t k = 0; k < m; ++k) {
         const double p = poly[i * m + k];
         const double* xk = &x[k * n];
@@ -214,6 +308,11 @@ double NewtonSchulzFlops(int64_t rows, int64_t cols, int steps) {
   const double m = static_cast<double>(std::min(rows, cols));
   const double n = static_cast<double>(std::max(rows, cols));
   return steps * (4.0 * m * m * n + 2.0 * m * m * m);
+}
+
+double NewtonSchulzFlops(int64_t rows, int64_t cols,
+                         const NewtonSchulzOptions& options) {
+  return NewtonSchulzFlops(rows, cols, NewtonSchulzIterations(options));
 }
 
 }  // namespace kernels

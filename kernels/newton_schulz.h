@@ -20,16 +20,24 @@
 #ifndef MUON_KERNELS_NEWTON_SCHULZ_H_
 #define MUON_KERNELS_NEWTON_SCHULZ_H_
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace muon {
 namespace kernels {
 
 // Coefficients and iteration count of the quintic Newton-Schulz iteration
 // X <- a*X + b*(X X^T) X + c*(X X^T)^2 X. Defaults are torch.optim.Muon's.
+//
+// The coefficient schedule is data: either the scalar (a, b, c) repeated
+// `steps` times (the default, torch.optim.Muon's behaviour), or one (a, b, c)
+// per iteration in `coefficients` (Polar Express and other tuned schedules;
+// see QuinticSchedule, PolarExpressSchedule, ParseCoefficientSchedule).
 struct NewtonSchulzOptions {
   // Linear coefficient (Keller Jordan's quintic).
   double a = 3.4445;
@@ -40,9 +48,57 @@ struct NewtonSchulzOptions {
   // Lower clamp of the Frobenius norm before normalisation; keeps an
   // all-zero matrix finite (torch: `norm().clamp(min=eps)`).
   double eps = 1e-7;
-  // Number of iterations k (>= 0). 0 means "normalise only".
+  // Number of iterations k (>= 0). 0 means "normalise only". Ignored when
+  // `coefficients` is non-empty.
   int steps = 5;
+  // Per-iteration coefficients: iteration i uses coefficients[i] = (a, b, c)
+  // and k = coefficients.size(). Empty (the default): a, b, c above repeated
+  // `steps` times, bit for bit the same as an explicit list of that triple.
+  std::vector<std::array<double, 3>> coefficients;
+  // The normalisation divides by max(norm_scale * ||X||_F, eps) (> 0, finite).
+  // 1.0 is torch.optim.Muon; Polar Express uses 1.02 so that rounding cannot
+  // push the top singular value above 1 (outside the interval its
+  // polynomials were fitted on).
+  double norm_scale = 1.0;
 };
+
+// Number of iterations k that `options` runs: coefficients.size() when the
+// schedule is explicit, else steps.
+int NewtonSchulzIterations(const NewtonSchulzOptions& options);
+
+// (a, b, c) of iteration `i` (0 <= i < NewtonSchulzIterations(options)).
+std::array<double, 3> NewtonSchulzCoefficients(
+    const NewtonSchulzOptions& options, int i);
+
+// Keller Jordan's quintic (3.4445, -4.7750, 2.0315) as an explicit
+// `steps`-entry schedule (norm_scale 1, eps 1e-7). QuinticSchedule(5) gives
+// the same bits as default-constructed options.
+NewtonSchulzOptions QuinticSchedule(int steps = 5);
+
+// Polar Express (Amsel, Persson, Musco, Gower, "The Polar Express: Optimal
+// Matrix Sign Methods and Their Application to the Muon Algorithm", 2025,
+// arXiv:2505.16932): five per-iteration degree-5 polynomials, each optimal
+// (minimax) for the interval of singular values the previous ones leave,
+// computed with safety factor 2e-2 and cushion 2, as used in modded-nanogpt's
+// `polar_express` (KellerJordan/modded-nanogpt, train_gpt.py). The matrix is
+// normalised by 1.02 * ||X||_F (norm_scale = 1.02; modded-nanogpt writes
+// X / (||X||_F * (1 + 2e-2) + 1e-6); here eps stays a lower clamp, 1e-7).
+// Unlike the quintic, it drives singular values close to 1.
+NewtonSchulzOptions PolarExpressSchedule();
+
+// Parses a schedule name: "quintic" (QuinticSchedule(5), torch's default) or
+// "polar_express" (PolarExpressSchedule()). Exact, case-sensitive.
+// Errors:
+//   InvalidArgument: any other name (the message quotes it).
+absl::StatusOr<NewtonSchulzOptions> ParseCoefficientSchedule(
+    absl::string_view name);
+
+// Checks what NewtonSchulz requires of the options alone.
+// Errors:
+//   InvalidArgument: steps < 0 with an empty schedule, a non-finite
+//     coefficient (names the iteration), norm_scale not finite and > 0, or
+//     eps not finite and >= 0 (each names the field and value).
+absl::Status ValidateNewtonSchulzOptions(const NewtonSchulzOptions& options);
 
 // Scratch buffers for NewtonSchulz, reused across calls so the hot path does
 // not allocate after warm-up. Buffers only grow. Not thread-safe: use one
@@ -80,18 +136,20 @@ class NewtonSchulzWorkspace {
 //          on the hot path); nullptr uses a temporary one (allocates).
 // Matches torch.optim.Muon's `_zeropower_via_newtonschulz` in fp32:
 //   X = U, viewed transposed (GEMM flags, no copy) when rows > cols;
-//   X /= max(||X||_F, eps)  (norm accumulated in double, sequentially);
-//   repeat steps times {
+//   X /= max(norm_scale * ||X||_F, eps)  (norm accumulated in double,
+//        sequentially);
+//   for each iteration i, (a, b, c) = NewtonSchulzCoefficients(options, i) {
 //     A = X X^T;                 (sgemm)
 //     B = b*A + c*A*A;           (one sgemm, beta = b, on a copy of A)
 //     X = a*X + B*X;             (one sgemm, beta = a, on a copy of X)
 //   }
 //   transpose back (by the same flags).
-// Cost: NewtonSchulzFlops(rows, cols, steps) FLOPs.
+// Cost: NewtonSchulzFlops(rows, cols, options) FLOPs.
 // Errors:
-//   InvalidArgument: rows < 1 or cols < 1 (names the value), steps < 0,
-//     a dimension above INT_MAX (the cblas interface is 32-bit), u or out
-//     null, or u and out overlapping.
+//   InvalidArgument: rows < 1 or cols < 1 (names the value), options
+//     rejected by ValidateNewtonSchulzOptions (e.g. steps < 0), a dimension
+//     above INT_MAX (the cblas interface is 32-bit), u or out null, or u and
+//     out overlapping.
 absl::Status NewtonSchulz(const float* u, int64_t rows, int64_t cols,
                           const NewtonSchulzOptions& options, float* out,
                           NewtonSchulzWorkspace* workspace);
@@ -99,9 +157,10 @@ absl::Status NewtonSchulz(const float* u, int64_t rows, int64_t cols,
 // The same iteration in float64 with plain loops and explicit transposes
 // (no BLAS): the reference the fp32 kernel is tested against. Shapes as in
 // NewtonSchulz (row-major [rows, cols], out must not overlap u). Slow
-// (O(steps * m^2 n) scalar loops): meant for tests and small matrices.
+// (O(k * m^2 n) scalar loops): meant for tests and small matrices. Follows
+// the coefficient schedule and norm_scale exactly as NewtonSchulz does.
 // Preconditions (checked with assert only): rows >= 1, cols >= 1,
-// steps >= 0.
+// ValidateNewtonSchulzOptions(options) is OK.
 void NewtonSchulzReference(const double* u, int64_t rows, int64_t cols,
                            const NewtonSchulzOptions& options, double* out);
 
@@ -109,6 +168,11 @@ void NewtonSchulzReference(const double* u, int64_t rows, int64_t cols,
 // m = min(rows, cols), n = max(rows, cols) (DESIGN.md section 10; A = X X^T
 // is 2*m*m*n, B is 2*m^3, B X is 2*m*m*n; elementwise work not counted).
 double NewtonSchulzFlops(int64_t rows, int64_t cols, int steps);
+
+// The same with k = NewtonSchulzIterations(options) (an explicit schedule's
+// length, else options.steps).
+double NewtonSchulzFlops(int64_t rows, int64_t cols,
+                         const NewtonSchulzOptions& options);
 
 }  // namespace kernels
 }  // namespace muon

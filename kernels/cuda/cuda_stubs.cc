@@ -1,0 +1,114 @@
+// Default (non-CUDA) build of the device API in kernels/cuda/*.h: every
+// entry point returns Unimplemented("built without CUDA: build with
+// --config=cuda") and BuiltWithCuda() is false, so code using the API links
+// and fails clearly at run time. --config=cuda builds use the .cu files.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/device_memory.h"
+#include "kernels/cuda/muon_update_cuda.h"
+#include "kernels/cuda/newton_schulz_cuda.h"
+
+namespace muon {
+namespace kernels {
+namespace cuda {
+namespace {
+
+absl::Status NoCuda(const char* what) {
+  return absl::UnimplementedError(
+      absl::StrCat(what, ": built without CUDA: build with --config=cuda"));
+}
+
+}  // namespace
+
+bool BuiltWithCuda() { return false; }
+
+struct NsCudaContext::State {};
+
+NsCudaContext::NsCudaContext(std::unique_ptr<State> state)
+    : state_(std::move(state)) {}
+NsCudaContext::~NsCudaContext() = default;
+
+absl::StatusOr<std::unique_ptr<NsCudaContext>> NsCudaContext::Create(
+    int device, void* stream) {
+  (void)device;
+  (void)stream;
+  return NoCuda("NsCudaContext::Create");
+}
+
+absl::Status NsCudaContext::Reserve(int64_t, int64_t, int64_t, GpuPrecision) {
+  return NoCuda("NsCudaContext::Reserve");
+}
+int64_t NsCudaContext::ScratchBytes() const { return 0; }
+int NsCudaContext::device() const { return -1; }
+void* NsCudaContext::stream() const { return nullptr; }
+
+absl::Status NewtonSchulzBatched(NsCudaContext*, const float*, int64_t, int64_t,
+                                 int64_t, const NewtonSchulzOptions&,
+                                 GpuPrecision, float*) {
+  return NoCuda("NewtonSchulzBatched");
+}
+
+absl::Status DenseGemm(NsCudaContext*, GpuPrecision, int64_t, int64_t, int64_t,
+                       const void*, const void*, void*) {
+  return NoCuda("DenseGemm");
+}
+
+absl::Status MomentumNesterov(float*, const float*, int64_t, double, bool,
+                              float*, FmaMode, void*) {
+  return NoCuda("MomentumNesterov");
+}
+
+absl::Status DecayAndApply(float*, const float*, int64_t, double, double,
+                           double, FmaMode, void*) {
+  return NoCuda("DecayAndApply");
+}
+
+DeviceBuffer::~DeviceBuffer() = default;
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)),
+      bytes_(std::exchange(other.bytes_, 0)) {}
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+  data_ = std::exchange(other.data_, nullptr);
+  bytes_ = std::exchange(other.bytes_, 0);
+  return *this;
+}
+absl::StatusOr<DeviceBuffer> DeviceBuffer::Allocate(int64_t) {
+  return NoCuda("DeviceBuffer::Allocate");
+}
+
+absl::Status CopyToDevice(void*, const void*, int64_t, void*) {
+  return NoCuda("CopyToDevice");
+}
+absl::Status CopyToHost(void*, const void*, int64_t, void*) {
+  return NoCuda("CopyToHost");
+}
+absl::Status SynchronizeStream(void*) { return NoCuda("SynchronizeStream"); }
+absl::StatusOr<void*> CreateStream() { return NoCuda("CreateStream"); }
+absl::Status DestroyStream(void*) { return NoCuda("DestroyStream"); }
+absl::Status SetDevice(int) { return NoCuda("SetDevice"); }
+absl::StatusOr<std::string> DeviceDescription(int) {
+  return NoCuda("DeviceDescription");
+}
+
+EventTimer::~EventTimer() = default;
+absl::Status EventTimer::Start(void*) { return NoCuda("EventTimer::Start"); }
+absl::StatusOr<double> EventTimer::Stop() { return NoCuda("EventTimer::Stop"); }
+
+absl::Status CudaErrorToStatus(int cuda_error, const char* expr) {
+  if (cuda_error == 0) return absl::OkStatus();
+  return NoCuda(expr);
+}
+absl::Status CublasStatusToStatus(int cublas_status, const char* expr) {
+  if (cublas_status == 0) return absl::OkStatus();
+  return NoCuda(expr);
+}
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace muon

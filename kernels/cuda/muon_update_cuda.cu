@@ -1,0 +1,143 @@
+// Fused elementwise Muon kernels (kernels/cuda/muon_update_cuda.h), nvcc.
+//
+// Every float operation is an explicit round-to-nearest intrinsic, so the
+// result does not depend on nvcc's -fmad contraction: kSeparate rounds each
+// multiply and add (the CPU kernels' arithmetic, -ffp-contract=off) and
+// kFused uses one fma where nvcc contracts torch's CUDA kernels.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/muon_update_cuda.h"
+
+namespace muon {
+namespace kernels {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+int Blocks(int64_t n) {
+  return static_cast<int>(std::max<int64_t>(
+      1, std::min<int64_t>((n + kThreads - 1) / kThreads, int64_t{1} << 16)));
+}
+
+// ATen's lerp (aten/src/ATen/native/Lerp.h):
+//   |w| < 0.5 ? self + w*(end - self) : end - (end - self)*(1 - w).
+// nvcc contracts torch's expression to fma(w, diff, self) and
+// fma(-diff, 1 - w, end).
+template <bool kFma>
+__device__ __forceinline__ float Lerp(float self, float end, float w) {
+  const float diff = __fsub_rn(end, self);
+  if (fabsf(w) < 0.5f) {
+    return kFma ? __fmaf_rn(w, diff, self)
+                : __fadd_rn(self, __fmul_rn(w, diff));
+  }
+  const float one_minus_w = __fsub_rn(1.0f, w);
+  return kFma ? __fmaf_rn(-diff, one_minus_w, end)
+              : __fsub_rn(end, __fmul_rn(diff, one_minus_w));
+}
+
+template <bool kFma>
+__global__ void MomentumNesterovKernel(float* buf, const float* grad, int64_t n,
+                                       float w_buf, float w_nest, bool nesterov,
+                                       float* update) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+       i < n; i += stride) {
+    const float g = grad[i];
+    const float b = Lerp<kFma>(buf[i], g, w_buf);
+    buf[i] = b;
+    update[i] = nesterov ? Lerp<kFma>(g, b, w_nest) : b;
+  }
+}
+
+// torch: param.mul_(decay) then param.add_(update, alpha) = decayed +
+// alpha*update (contracted to fma by nvcc in torch's kernel).
+template <bool kFma>
+__global__ void DecayAndApplyKernel(float* __restrict__ param,
+                                    const float* __restrict__ update, int64_t n,
+                                    float decay, float alpha) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+       i < n; i += stride) {
+    const float decayed = __fmul_rn(param[i], decay);
+    param[i] = kFma ? __fmaf_rn(alpha, update[i], decayed)
+                    : __fadd_rn(decayed, __fmul_rn(alpha, update[i]));
+  }
+}
+
+}  // namespace
+
+absl::Status MomentumNesterov(float* buf, const float* grad, int64_t n,
+                              double momentum, bool nesterov, float* update,
+                              FmaMode mode, void* stream) {
+  if (n < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MomentumNesterov: n must be >= 0, got ", n));
+  }
+  if (n == 0) return absl::OkStatus();
+  if (buf == nullptr || grad == nullptr || update == nullptr) {
+    return absl::InvalidArgumentError(
+        "MomentumNesterov: buf, grad and update must be non-null");
+  }
+  if (nesterov && update == buf) {
+    return absl::InvalidArgumentError(
+        "MomentumNesterov: update must not alias buf with nesterov");
+  }
+  // As kernels::MomentumUpdate / NesterovUpdate: weights in double, then
+  // rounded to float once.
+  const float w_buf = static_cast<float>(1.0 - momentum);
+  const float w_nest = static_cast<float>(momentum);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (mode == FmaMode::kFused) {
+    MomentumNesterovKernel<true><<<Blocks(n), kThreads, 0, s>>>(
+        buf, grad, n, w_buf, w_nest, nesterov, update);
+  } else {
+    MomentumNesterovKernel<false><<<Blocks(n), kThreads, 0, s>>>(
+        buf, grad, n, w_buf, w_nest, nesterov, update);
+  }
+  MUON_CUDA_RETURN_IF_LAUNCH_FAILED("MomentumNesterovKernel");
+  return absl::OkStatus();
+}
+
+absl::Status DecayAndApply(float* param, const float* update, int64_t n,
+                           double lr, double weight_decay, double adjusted_lr,
+                           FmaMode mode, void* stream) {
+  if (n < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DecayAndApply: n must be >= 0, got ", n));
+  }
+  if (n == 0) return absl::OkStatus();
+  if (param == nullptr || update == nullptr) {
+    return absl::InvalidArgumentError(
+        "DecayAndApply: param and update must be non-null");
+  }
+  const uintptr_t p = reinterpret_cast<uintptr_t>(param);
+  const uintptr_t q = reinterpret_cast<uintptr_t>(update);
+  const uintptr_t bytes = static_cast<uintptr_t>(n) * sizeof(float);
+  if (p < q + bytes && q < p + bytes) {
+    return absl::InvalidArgumentError(
+        "DecayAndApply: update must not overlap param");
+  }
+  const float decay = static_cast<float>(1.0 - lr * weight_decay);
+  const float alpha = static_cast<float>(-adjusted_lr);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (mode == FmaMode::kFused) {
+    DecayAndApplyKernel<true>
+        <<<Blocks(n), kThreads, 0, s>>>(param, update, n, decay, alpha);
+  } else {
+    DecayAndApplyKernel<false>
+        <<<Blocks(n), kThreads, 0, s>>>(param, update, n, decay, alpha);
+  }
+  MUON_CUDA_RETURN_IF_LAUNCH_FAILED("DecayAndApplyKernel");
+  return absl::OkStatus();
+}
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace muon

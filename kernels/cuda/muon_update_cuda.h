@@ -1,0 +1,69 @@
+// Fused elementwise kernels of a Muon step on a CUDA device: momentum +
+// Nesterov in one pass, and decoupled weight decay + update in one pass.
+// The Frobenius normalisation kernel is part of NewtonSchulzBatched
+// (kernels/cuda/newton_schulz_cuda.h).
+//
+// Plain C++ header: device pointers as float*, the stream as void* (a
+// cudaStream_t; nullptr = legacy default stream). Work is enqueued
+// asynchronously; default builds link stubs returning Unimplemented.
+//
+// Arithmetic is the CPU kernels' (kernels/muon_update.h), which follow
+// torch.optim.Muon (torch/optim/_muon.py, PyTorch 2.9): ATen's lerp formula
+// (aten/src/ATen/native/Lerp.h) and mul_ then add_(alpha=). Whether the
+// multiply-adds are fused is a choice (FmaMode), made with explicit
+// intrinsics (__fmul_rn/__fadd_rn vs __fmaf_rn) so nvcc's contraction
+// (-fmad) cannot change it.
+#ifndef MUON_KERNELS_CUDA_MUON_UPDATE_CUDA_H_
+#define MUON_KERNELS_CUDA_MUON_UPDATE_CUDA_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace muon {
+namespace kernels {
+namespace cuda {
+
+enum class FmaMode {
+  // Every multiply and add rounded separately: bitwise equal to
+  // kernels::MomentumUpdate / NesterovUpdate / ApplyUpdate on the CPU
+  // (compiled with -ffp-contract=off).
+  kSeparate,
+  // a*b + c as one fused multiply-add, as nvcc compiles torch's CUDA lerp
+  // and add(alpha=) kernels: bitwise equal to torch on the GPU; can differ
+  // from kSeparate in the last bit(s) of some elements.
+  kFused,
+};
+
+// In one pass over n elements (float32, device memory):
+//   buf    <- lerp(buf, grad, 1 - momentum)        (torch buf.lerp_)
+//   update <- nesterov ? lerp(grad, buf, momentum)  (torch grad.lerp)
+//                      : buf
+// with w = (float)(1 - momentum) and (float)momentum computed in double
+// first, as kernels::MomentumUpdate / NesterovUpdate.
+//   grad may alias buf (then buf is unchanged) or update; update may alias
+//   buf only when !nesterov.
+// Errors:
+//   InvalidArgument: n < 0, null pointers (with n > 0), update aliasing buf
+//     with nesterov.
+//   Unimplemented: built without CUDA. Internal: the launch failed (names
+//     the kernel and cudaGetErrorString).
+absl::Status MomentumNesterov(float* buf, const float* grad, int64_t n,
+                              double momentum, bool nesterov, float* update,
+                              FmaMode mode, void* stream);
+
+// In one pass: param <- param * (float)(1 - lr*weight_decay)
+//                       + (float)(-adjusted_lr) * update
+// (the multiply by the decay rounded first, as torch's mul_ then
+// add_(update, alpha=-adjusted_lr); kernels::ApplyUpdate).
+//   param, update: float32 [n] in device memory; must not alias.
+// Errors: InvalidArgument (n < 0, null, aliasing); Unimplemented; Internal.
+absl::Status DecayAndApply(float* param, const float* update, int64_t n,
+                           double lr, double weight_decay, double adjusted_lr,
+                           FmaMode mode, void* stream);
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace muon
+
+#endif  // MUON_KERNELS_CUDA_MUON_UPDATE_CUDA_H_

@@ -1,0 +1,144 @@
+// Newton-Schulz on a CUDA device with cuBLAS: the device-side API.
+//
+// Plain C++ (no CUDA headers): device pointers are `float*`/`void*` and a
+// CUDA stream is passed as `void*` (a cudaStream_t; nullptr = the legacy
+// default stream), so code compiled by gcc through Bazel can call it. The
+// implementation (kernels/cuda/*.cu, nvcc) exists only in `--config=cuda`
+// builds; default builds link stubs that return Unimplemented
+// ("built without CUDA: build with --config=cuda") and BuiltWithCuda() false.
+//
+// Semantics are kernels::NewtonSchulz's (torch.optim.Muon's
+// `_zeropower_via_newtonschulz`, torch/optim/_muon.py), on a bucket of
+// `batch` same-shape matrices at once:
+//   X = U (viewed transposed by GEMM flags when rows > cols; no copies);
+//   X /= max(norm_scale * ||X||_F, eps)   (one norm per matrix: a
+//        deterministic two-pass reduction in double, then a scale kernel);
+//   for each iteration i, (a, b, c) = NewtonSchulzCoefficients(options, i):
+//     A = X X^T;             (GEMM, beta = 0)
+//     B = b*A + c*A*A;       (GEMM alpha = c, beta = b, on a copy of A)
+//     X = a*X + B*X;         (GEMM alpha = 1, beta = a, on a copy of X)
+// One cublasGemmEx per product for batch == 1, one
+// cublasGemmStridedBatchedEx for batch > 1.
+//
+// Precision (GpuPrecision, kernels/ns_engine.h):
+//   kBf16: X, A, B stored in bfloat16 (CUDA_R_16BF), products accumulated in
+//          fp32 (CUBLAS_COMPUTE_32F), alpha/beta in fp32: torch's bfloat16
+//          iteration. U is read as fp32 and normalised in fp32 before the
+//          one rounding to bf16 (torch rounds U to bf16 first and its norm
+//          to bf16: ours is slightly more accurate there). O is the bf16
+//          result widened to fp32 (exact).
+//   kTf32: fp32 storage, CUBLAS_COMPUTE_32F_FAST_TF32 (tensor cores round
+//          GEMM inputs to 10-bit mantissas, accumulate in fp32).
+//   kFp32: fp32 storage, CUBLAS_COMPUTE_32F (no tensor-core rounding).
+//
+// Determinism: cuBLAS GEMMs give the same bits run to run on the same GPU
+// model, cuBLAS version, shapes and batch count (cuBLAS documentation,
+// "Results reproducibility"); our reductions have a fixed order. Results can
+// differ across GPU models, cuBLAS versions and batch counts (the batched
+// kernels are other kernels), and between this path and the CPU one.
+//
+// Lifecycle: NsCudaContext::Create -> Reserve (optional: grows the device
+// scratch so later calls do not allocate) -> NewtonSchulzBatched ... ->
+// destroy. Thread-compatible: one thread uses a context at a time. All work
+// is enqueued on the context's stream and is asynchronous to the host;
+// launch errors are reported by the call, errors of the asynchronous
+// execution by a later synchronising call (SynchronizeStream,
+// kernels/cuda/device_memory.h).
+#ifndef MUON_KERNELS_CUDA_NEWTON_SCHULZ_CUDA_H_
+#define MUON_KERNELS_CUDA_NEWTON_SCHULZ_CUDA_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/newton_schulz.h"
+#include "kernels/ns_engine.h"
+
+namespace muon {
+namespace kernels {
+namespace cuda {
+
+// True in `--config=cuda` builds (real kernels), false with the stubs.
+bool BuiltWithCuda();
+
+// A cuBLAS handle bound to one device and stream, plus the device scratch
+// of the iteration. Owns the handle and the scratch; the stream is not owned.
+class NsCudaContext {
+ public:
+  // Makes `device` current (cudaSetDevice), creates a cuBLAS handle on
+  // `stream` (a cudaStream_t, not owned; nullptr = legacy default stream)
+  // with a 32 MiB cuBLAS workspace of its own.
+  // Errors:
+  //   Unimplemented: built without CUDA.
+  //   InvalidArgument: device < 0 or >= the device count (names both).
+  //   FailedPrecondition: no usable GPU (CUDA's message).
+  //   ResourceExhausted / Internal: CUDA or cuBLAS failures (names the call
+  //     and the library's message).
+  static absl::StatusOr<std::unique_ptr<NsCudaContext>> Create(int device,
+                                                               void* stream);
+  ~NsCudaContext();
+  NsCudaContext(const NsCudaContext&) = delete;
+  NsCudaContext& operator=(const NsCudaContext&) = delete;
+
+  // Grows the scratch to fit `batch` matrices [rows, cols] (either
+  // orientation) in `precision`: 2 X buffers (1 for fp32/tf32: the output
+  // is the other) of batch*rows*cols, A and B of batch*m*m elements (2 bytes
+  // each for bf16, 4 otherwise), plus the norm partials. Never shrinks.
+  // Errors: InvalidArgument (non-positive sizes); ResourceExhausted
+  // (cudaMalloc); Internal.
+  absl::Status Reserve(int64_t batch, int64_t rows, int64_t cols,
+                       GpuPrecision precision);
+
+  // Device bytes held by the scratch (not counting cuBLAS's workspace).
+  int64_t ScratchBytes() const;
+  int device() const;
+  // The cudaStream_t the context enqueues on.
+  void* stream() const;
+
+  // Defined by the implementation (holds CUDA and cuBLAS types).
+  struct State;
+  explicit NsCudaContext(std::unique_ptr<State> state);
+  // For the implementation only.
+  State* state() const { return state_.get(); }
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
+// O = NS_k(U) for `batch` matrices on the device, enqueued on ctx's stream.
+//   u:   device float32 [batch, rows, cols], row-major, contiguous
+//        (matrix i at u + i*rows*cols); read only.
+//   out: device float32 [batch, rows, cols]; must not overlap u.
+//   batch in [1, 65535]; rows, cols in [1, INT_MAX] (32-bit cuBLAS API).
+// Cost: batch * NewtonSchulzFlops(rows, cols, options) FLOPs on tensor cores
+// (bf16, tf32) or CUDA cores (fp32). Grows the scratch when needed
+// (allocates: call ctx->Reserve first on the hot path).
+// Errors:
+//   InvalidArgument: null pointers, shapes or batch out of range (names the
+//     value), overlapping u/out, options rejected by
+//     ValidateNewtonSchulzOptions.
+//   Unimplemented: built without CUDA.
+//   ResourceExhausted / Internal: from CUDA or cuBLAS (names the failing
+//     call, e.g. "cublasGemmEx(...)", and cudaGetErrorString /
+//     cublasGetStatusString).
+absl::Status NewtonSchulzBatched(NsCudaContext* ctx, const float* u,
+                                 int64_t batch, int64_t rows, int64_t cols,
+                                 const NewtonSchulzOptions& options,
+                                 GpuPrecision precision, float* out);
+
+// The GPU's dense GEMM rate yardstick (DESIGN.md section 10): one
+// cublasGemmEx C[m, n] = A[m, k] * B[k, n] (column-major, no transposes,
+// beta = 0) with the types NewtonSchulzBatched uses for `precision`
+// (bf16 elements for kBf16, fp32 otherwise), enqueued on ctx's stream.
+// a, b, c are device buffers of m*k, k*n and m*n elements. 2*m*n*k FLOPs.
+// Errors: InvalidArgument (sizes, null); Unimplemented; Internal (cuBLAS).
+absl::Status DenseGemm(NsCudaContext* ctx, GpuPrecision precision, int64_t m,
+                       int64_t n, int64_t k, const void* a, const void* b,
+                       void* c);
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace muon
+
+#endif  // MUON_KERNELS_CUDA_NEWTON_SCHULZ_CUDA_H_

@@ -1,0 +1,81 @@
+// NsEngine implementations that need no CUDA: the OpenBLAS engine,
+// ParseGpuPrecision, and (in default builds, without MUON_WITH_CUDA) the
+// CUDA entry points as stubs. With --config=cuda, MakeCudaNsEngine and
+// CudaDeviceCount come from kernels/cuda/ns_engine_cuda.cu.
+#include "kernels/ns_engine.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/newton_schulz.h"
+
+namespace muon {
+namespace kernels {
+namespace {
+
+// kernels::NewtonSchulz with a workspace of its own.
+class CpuNsEngine final : public NsEngine {
+ public:
+  absl::Status Orthogonalize(const float* u, int64_t rows, int64_t cols,
+                             const NewtonSchulzOptions& options,
+                             float* out) override {
+    return NewtonSchulz(u, rows, cols, options, out, &workspace_);
+  }
+
+  absl::Status Reserve(int64_t rows, int64_t cols) override {
+    if (rows < 1 || cols < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CpuNsEngine::Reserve: sizes must be positive, got rows=", rows,
+          " cols=", cols));
+    }
+    workspace_.Reserve(rows, cols);
+    return absl::OkStatus();
+  }
+
+  std::string name() const override { return "cpu/openblas"; }
+
+ private:
+  NewtonSchulzWorkspace workspace_;
+};
+
+}  // namespace
+
+absl::StatusOr<GpuPrecision> ParseGpuPrecision(const std::string& name) {
+  if (name == "bf16") return GpuPrecision::kBf16;
+  if (name == "tf32") return GpuPrecision::kTf32;
+  if (name == "fp32") return GpuPrecision::kFp32;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "GPU precision must be \"bf16\", \"tf32\" or \"fp32\", got \"", name,
+      "\""));
+}
+
+std::unique_ptr<NsEngine> MakeCpuNsEngine() {
+  return std::make_unique<CpuNsEngine>();
+}
+
+#ifndef MUON_WITH_CUDA
+
+namespace {
+constexpr char kNoCuda[] = "built without CUDA: build with --config=cuda";
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<NsEngine>> MakeCudaNsEngine(
+    int device, GpuPrecision precision) {
+  (void)precision;
+  return absl::UnimplementedError(
+      absl::StrCat("MakeCudaNsEngine(device ", device, "): ", kNoCuda));
+}
+
+int CudaDeviceCount(std::string* reason) {
+  if (reason != nullptr) *reason = kNoCuda;
+  return 0;
+}
+
+#endif  // MUON_WITH_CUDA
+
+}  // namespace kernels
+}  // namespace muon

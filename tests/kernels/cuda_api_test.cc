@@ -1,0 +1,133 @@
+// Parts of the CUDA device API that run without a GPU in --config=cuda
+// builds: argument checks that precede any CUDA call, and the conversion of
+// CUDA / cuBLAS result codes to absl::Status. In default builds (stubs)
+// each test skips with "built without CUDA".
+#include <string>
+
+#include "absl/status/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/cuda/device_memory.h"
+#include "kernels/cuda/muon_update_cuda.h"
+#include "kernels/cuda/newton_schulz_cuda.h"
+#include "kernels/ns_engine.h"
+
+#define MUON_SKIP_WITHOUT_CUDA_BUILD()                                \
+  do {                                                                \
+    if (!cuda::BuiltWithCuda()) {                                     \
+      GTEST_SKIP() << "built without CUDA: build with --config=cuda"; \
+    }                                                                 \
+  } while (0)
+
+namespace muon {
+namespace kernels {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Values of cudaError_t / cublasStatus_t (driver_types.h, cublas_api.h;
+// this file is compiled by gcc without CUDA headers).
+constexpr int kCudaErrorInvalidValue = 1;
+constexpr int kCudaErrorMemoryAllocation = 2;
+constexpr int kCudaErrorInsufficientDriver = 35;
+constexpr int kCudaErrorNoDevice = 100;
+constexpr int kCudaErrorLaunchFailure = 719;
+constexpr int kCublasStatusAllocFailed = 3;
+constexpr int kCublasStatusInvalidValue = 7;
+constexpr int kCublasStatusArchMismatch = 8;
+constexpr int kCublasStatusExecutionFailed = 13;
+
+TEST(CudaStatusTest, CudaErrorToStatus_KeepsExpressionNameAndMessage) {
+  MUON_SKIP_WITHOUT_CUDA_BUILD();
+  EXPECT_TRUE(cuda::CudaErrorToStatus(0, "cudaFree(p)").ok());
+  const absl::Status oom =
+      cuda::CudaErrorToStatus(kCudaErrorMemoryAllocation, "cudaMalloc(&p, n)");
+  EXPECT_EQ(oom.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(oom.message()), HasSubstr("cudaMalloc(&p, n)"));
+  EXPECT_THAT(std::string(oom.message()),
+              HasSubstr("cudaErrorMemoryAllocation (2)"));
+  EXPECT_THAT(std::string(oom.message()), HasSubstr("out of memory"));
+  EXPECT_EQ(cuda::CudaErrorToStatus(kCudaErrorNoDevice, "x").code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(cuda::CudaErrorToStatus(kCudaErrorInsufficientDriver, "x").code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(cuda::CudaErrorToStatus(kCudaErrorInvalidValue, "x").code(),
+            absl::StatusCode::kInvalidArgument);
+  const absl::Status launch =
+      cuda::CudaErrorToStatus(kCudaErrorLaunchFailure, "k<<<...>>>");
+  EXPECT_EQ(launch.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(launch.message()),
+              HasSubstr("cudaErrorLaunchFailure"));
+}
+
+TEST(CudaStatusTest, CublasStatusToStatus_KeepsExpressionNameAndMessage) {
+  MUON_SKIP_WITHOUT_CUDA_BUILD();
+  EXPECT_TRUE(cuda::CublasStatusToStatus(0, "cublasCreate(&h)").ok());
+  const absl::Status alloc =
+      cuda::CublasStatusToStatus(kCublasStatusAllocFailed, "cublasCreate(&h)");
+  EXPECT_EQ(alloc.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(alloc.message()), HasSubstr("cublasCreate(&h)"));
+  EXPECT_THAT(std::string(alloc.message()),
+              HasSubstr("CUBLAS_STATUS_ALLOC_FAILED (3)"));
+  const absl::Status invalid = cuda::CublasStatusToStatus(
+      kCublasStatusInvalidValue, "cublasGemmEx(...)");
+  EXPECT_EQ(invalid.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(invalid.message()),
+              HasSubstr("CUBLAS_STATUS_INVALID_VALUE"));
+  EXPECT_EQ(cuda::CublasStatusToStatus(kCublasStatusArchMismatch, "x").code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(
+      cuda::CublasStatusToStatus(kCublasStatusExecutionFailed, "x").code(),
+      absl::StatusCode::kInternal);
+}
+
+TEST(CudaApiTest, NewtonSchulzBatched_BadArguments_ReturnInvalidArgument) {
+  MUON_SKIP_WITHOUT_CUDA_BUILD();
+  float dummy[8] = {};
+  EXPECT_EQ(cuda::NewtonSchulzBatched(nullptr, dummy, 1, 2, 2, {},
+                                      GpuPrecision::kBf16, dummy + 4)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CudaApiTest, FusedKernels_BadArguments_ReturnInvalidArgument) {
+  MUON_SKIP_WITHOUT_CUDA_BUILD();
+  float buf[4] = {};
+  float grad[4] = {};
+  // Nesterov would overwrite the buffer it still reads.
+  const absl::Status alias = cuda::MomentumNesterov(
+      buf, grad, 4, 0.95, true, buf, cuda::FmaMode::kSeparate, nullptr);
+  EXPECT_EQ(alias.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(alias.message()), HasSubstr("alias"));
+  EXPECT_EQ(cuda::MomentumNesterov(buf, grad, -1, 0.95, true, grad,
+                                   cuda::FmaMode::kSeparate, nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cuda::DecayAndApply(buf, buf + 1, 2, 0.1, 0.1, 0.1,
+                                cuda::FmaMode::kFused, nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  // n = 0 is a no-op, even with null pointers.
+  EXPECT_TRUE(cuda::DecayAndApply(nullptr, nullptr, 0, 0.1, 0.1, 0.1,
+                                  cuda::FmaMode::kFused, nullptr)
+                  .ok());
+}
+
+// In default builds every entry point is a stub naming the fix.
+TEST(CudaApiTest, Stubs_WithoutCuda_ReturnUnimplemented) {
+  if (cuda::BuiltWithCuda()) GTEST_SKIP() << "built with CUDA";
+  const absl::Status status = cuda::NsCudaContext::Create(0, nullptr).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("build with --config=cuda"));
+  EXPECT_EQ(cuda::DeviceBuffer::Allocate(16).status().code(),
+            absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(cuda::DecayAndApply(nullptr, nullptr, 0, 0, 0, 0,
+                                cuda::FmaMode::kFused, nullptr)
+                .code(),
+            absl::StatusCode::kUnimplemented);
+}
+
+}  // namespace
+}  // namespace kernels
+}  // namespace muon

@@ -1,0 +1,180 @@
+// The fused momentum/Nesterov and decay/apply kernels on the GPU
+// (kernels/cuda/muon_update_cuda.h) against the CPU kernels
+// (kernels/muon_update.h). Every test skips, naming the reason, where no
+// GPU is visible.
+//
+// kSeparate performs the CPU kernels' operations with the same roundings
+// (each IEEE op correctly rounded on both sides, no contraction), so it must
+// be BITWISE equal. kFused (torch's CUDA arithmetic: nvcc contracts
+// self + w*diff and param*decay + alpha*u into fma) must be bitwise equal to
+// the same formula with std::fmaf on the host (fmaf is correctly rounded),
+// and differs from kSeparate only where the fused rounding does.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "gtest/gtest.h"
+#include "kernels/cuda/device_memory.h"
+#include "kernels/cuda/muon_update_cuda.h"
+#include "kernels/muon_update.h"
+#include "kernels/ns_engine.h"
+#include "tests/kernels/ns_test_util.h"
+
+#define MUON_SKIP_WITHOUT_GPU()             \
+  do {                                      \
+    std::string reason;                     \
+    if (CudaDeviceCount(&reason) == 0) {    \
+      GTEST_SKIP() << "no GPU: " << reason; \
+    }                                       \
+  } while (0)
+
+namespace muon {
+namespace kernels {
+namespace {
+
+using ::muon::kernels::testing::BitwiseEqual;
+
+// Values spread over many binades, signs mixed, plus exact zeros.
+std::vector<float> Values(int64_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) {
+    const double mantissa = static_cast<double>(gen() >> 8) / (1 << 23) - 1.0;
+    const int exponent = static_cast<int>(gen() % 40) - 30;
+    x = static_cast<float>(std::ldexp(mantissa, exponent));
+  }
+  v[0] = 0.0f;
+  return v;
+}
+
+// Runs fn(device pointers...) on copies of the host arrays and copies all
+// back.
+struct Device {
+  std::vector<cuda::DeviceBuffer> buffers;
+  float* Upload(const std::vector<float>& host) {
+    absl::StatusOr<cuda::DeviceBuffer> b =
+        cuda::DeviceBuffer::Allocate(host.size() * sizeof(float));
+    EXPECT_TRUE(b.ok()) << b.status();
+    EXPECT_TRUE(cuda::CopyToDevice(b->data(), host.data(),
+                                   host.size() * sizeof(float), nullptr)
+                    .ok());
+    buffers.push_back(std::move(*b));
+    return buffers.back().as<float>();
+  }
+  std::vector<float> Download(const float* d, size_t n) {
+    std::vector<float> host(n);
+    EXPECT_TRUE(
+        cuda::CopyToHost(host.data(), d, n * sizeof(float), nullptr).ok());
+    return host;
+  }
+};
+
+float LerpFma(float self, float end, float w) {
+  const float diff = end - self;
+  return std::abs(w) < 0.5f ? std::fmaf(w, diff, self)
+                            : std::fmaf(-diff, 1.0f - w, end);
+}
+
+constexpr int64_t kN = 100003;  // Not a multiple of the block size.
+
+TEST(GpuMuonUpdateTest, MomentumNesterov_Separate_BitwiseEqualToCpuKernels) {
+  MUON_SKIP_WITHOUT_GPU();
+  // 0.95: the small-weight branch for the buffer, the large one for
+  // Nesterov; 0.3 the other way round; 0.5 the boundary.
+  for (double momentum : {0.95, 0.3, 0.5}) {
+    for (bool nesterov : {true, false}) {
+      const std::vector<float> grad = Values(kN, 71);
+      std::vector<float> buf = Values(kN, 72);
+      Device dev;
+      float* d_buf = dev.Upload(buf);
+      float* d_grad = dev.Upload(grad);
+      float* d_update = dev.Upload(std::vector<float>(kN, NAN));
+      ASSERT_TRUE(cuda::MomentumNesterov(d_buf, d_grad, kN, momentum, nesterov,
+                                         d_update, cuda::FmaMode::kSeparate,
+                                         nullptr)
+                      .ok());
+      MomentumUpdate(buf.data(), grad.data(), kN, momentum);
+      std::vector<float> update = buf;
+      if (nesterov) {
+        NesterovUpdate(grad.data(), buf.data(), kN, momentum, update.data());
+      }
+      EXPECT_TRUE(BitwiseEqual(dev.Download(d_buf, kN), buf))
+          << momentum << " " << nesterov;
+      EXPECT_TRUE(BitwiseEqual(dev.Download(d_update, kN), update))
+          << momentum << " " << nesterov;
+    }
+  }
+}
+
+TEST(GpuMuonUpdateTest, MomentumNesterov_Fused_BitwiseEqualToHostFma) {
+  MUON_SKIP_WITHOUT_GPU();
+  for (double momentum : {0.95, 0.3}) {
+    const std::vector<float> grad = Values(kN, 73);
+    std::vector<float> buf = Values(kN, 74);
+    Device dev;
+    float* d_buf = dev.Upload(buf);
+    float* d_grad = dev.Upload(grad);
+    float* d_update = dev.Upload(std::vector<float>(kN, NAN));
+    ASSERT_TRUE(cuda::MomentumNesterov(d_buf, d_grad, kN, momentum, true,
+                                       d_update, cuda::FmaMode::kFused, nullptr)
+                    .ok());
+    std::vector<float> separate = buf;
+    MomentumUpdate(separate.data(), grad.data(), kN, momentum);
+    const float w_buf = static_cast<float>(1.0 - momentum);
+    const float w_nest = static_cast<float>(momentum);
+    std::vector<float> update(kN);
+    for (int64_t i = 0; i < kN; ++i) {
+      buf[i] = LerpFma(buf[i], grad[i], w_buf);
+      update[i] = LerpFma(grad[i], buf[i], w_nest);
+    }
+    const std::vector<float> got = dev.Download(d_buf, kN);
+    EXPECT_TRUE(BitwiseEqual(got, buf)) << momentum;
+    EXPECT_TRUE(BitwiseEqual(dev.Download(d_update, kN), update)) << momentum;
+    int64_t differ = 0;
+    for (int64_t i = 0; i < kN; ++i) differ += got[i] != separate[i];
+    std::printf("momentum %.2f: fused differs from separate in %lld of %lld\n",
+                momentum, static_cast<long long>(differ),
+                static_cast<long long>(kN));
+  }
+}
+
+TEST(GpuMuonUpdateTest, DecayAndApply_BothModes_MatchCpuAndHostFma) {
+  MUON_SKIP_WITHOUT_GPU();
+  const double lr = 0.02;
+  const double weight_decay = 0.1;
+  const double adjusted_lr =
+      AdjustLr(lr, AdjustLrFn::kMatchRmsAdamW, 4096, 1024);
+  const std::vector<float> update = Values(kN, 75);
+  const std::vector<float> param0 = Values(kN, 76);
+  for (cuda::FmaMode mode : {cuda::FmaMode::kSeparate, cuda::FmaMode::kFused}) {
+    Device dev;
+    float* d_param = dev.Upload(param0);
+    float* d_update = dev.Upload(update);
+    ASSERT_TRUE(cuda::DecayAndApply(d_param, d_update, kN, lr, weight_decay,
+                                    adjusted_lr, mode, nullptr)
+                    .ok());
+    std::vector<float> want = param0;
+    if (mode == cuda::FmaMode::kSeparate) {
+      ApplyUpdate(want.data(), update.data(), kN, lr, weight_decay,
+                  adjusted_lr);
+    } else {
+      const float decay = static_cast<float>(1.0 - lr * weight_decay);
+      const float alpha = static_cast<float>(-adjusted_lr);
+      for (int64_t i = 0; i < kN; ++i) {
+        want[i] = std::fmaf(alpha, update[i], want[i] * decay);
+      }
+    }
+    EXPECT_TRUE(BitwiseEqual(dev.Download(d_param, kN), want))
+        << (mode == cuda::FmaMode::kFused ? "fused" : "separate");
+  }
+}
+
+}  // namespace
+}  // namespace kernels
+}  // namespace muon

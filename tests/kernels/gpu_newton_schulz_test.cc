@@ -1,0 +1,305 @@
+// Newton-Schulz on the GPU (kernels/cuda/newton_schulz_cuda.h and the
+// host-staged MakeCudaNsEngine) against the CPU float64 reference. Every
+// test skips, naming the reason, where no GPU is visible (always in default
+// builds: "built without CUDA").
+//
+// Error bounds: GpuErrorBound in tests/kernels/ns_test_util.h (fp32: max
+// 1e-4; tf32: Frobenius 1e-2, max 3e-2; bf16: Frobenius 4e-2, max 1e-1;
+// derivation and the CPU model that checks them there).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/cuda/device_memory.h"
+#include "kernels/cuda/newton_schulz_cuda.h"
+#include "kernels/newton_schulz.h"
+#include "kernels/ns_engine.h"
+#include "tests/kernels/ns_test_util.h"
+
+// Each GPU test begins with this: skip (never pass silently) without a GPU.
+#define MUON_SKIP_WITHOUT_GPU()             \
+  do {                                      \
+    std::string reason;                     \
+    if (CudaDeviceCount(&reason) == 0) {    \
+      GTEST_SKIP() << "no GPU: " << reason; \
+    }                                       \
+  } while (0)
+
+namespace muon {
+namespace kernels {
+namespace {
+
+using ::muon::kernels::testing::BitwiseEqual;
+using ::muon::kernels::testing::ErrorBound;
+using ::muon::kernels::testing::FroRelError;
+using ::muon::kernels::testing::GpuErrorBound;
+using ::muon::kernels::testing::GpuReferenceShapes;
+using ::muon::kernels::testing::MaxRelError;
+using ::muon::kernels::testing::PrecisionName;
+using ::muon::kernels::testing::RandomMatrix;
+using ::muon::kernels::testing::Reference;
+
+constexpr GpuPrecision kPrecisions[] = {
+    GpuPrecision::kBf16, GpuPrecision::kTf32, GpuPrecision::kFp32};
+
+std::unique_ptr<NsEngine> MakeEngine(GpuPrecision precision) {
+  absl::StatusOr<std::unique_ptr<NsEngine>> engine =
+      MakeCudaNsEngine(0, precision);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  return engine.ok() ? std::move(*engine) : nullptr;
+}
+
+std::vector<float> RunEngine(NsEngine* engine, const std::vector<float>& u,
+                             int64_t rows, int64_t cols,
+                             const NewtonSchulzOptions& options) {
+  std::vector<float> out(u.size(), NAN);
+  const absl::Status status =
+      engine->Orthogonalize(u.data(), rows, cols, options, out.data());
+  EXPECT_TRUE(status.ok()) << status;
+  return out;
+}
+
+void ExpectWithinBound(const char* what, GpuPrecision precision, int64_t rows,
+                       int64_t cols, const std::vector<float>& got,
+                       const std::vector<double>& want) {
+  const ErrorBound bound = GpuErrorBound(precision);
+  const double max_err = MaxRelError(got, want);
+  const double fro_err = FroRelError(got, want);
+  const std::string key =
+      absl::StrCat(what, "_", PrecisionName(precision), "_", rows, "x", cols);
+  std::printf("%s: max rel %.3g (bound %.3g), fro rel %.3g (bound %.3g)\n",
+              key.c_str(), max_err, bound.max_rel, fro_err, bound.fro_rel);
+  ::testing::Test::RecordProperty(key, absl::StrCat(max_err, " ", fro_err));
+  EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](float v) {
+    return std::isfinite(v);
+  })) << key;
+  EXPECT_LE(max_err, bound.max_rel) << key;
+  EXPECT_LE(fro_err, bound.fro_rel) << key;
+}
+
+void CheckScheduleAgainstReference(const char* what,
+                                   const NewtonSchulzOptions& options) {
+  std::vector<std::unique_ptr<NsEngine>> engines;
+  for (GpuPrecision precision : kPrecisions) {
+    engines.push_back(MakeEngine(precision));
+    ASSERT_NE(engines.back(), nullptr);
+  }
+  for (auto [rows, cols] : GpuReferenceShapes()) {
+    const std::vector<float> u = RandomMatrix(rows, cols, 51);
+    const std::vector<double> ref = Reference(u, rows, cols, options);
+    for (size_t p = 0; p < engines.size(); ++p) {
+      ExpectWithinBound(what, kPrecisions[p], rows, cols,
+                        RunEngine(engines[p].get(), u, rows, cols, options),
+                        ref);
+    }
+  }
+}
+
+TEST(GpuNewtonSchulzTest, Engine_Quintic_MatchesFloat64ReferenceAllPrecisions) {
+  MUON_SKIP_WITHOUT_GPU();
+  CheckScheduleAgainstReference("quintic", NewtonSchulzOptions{});
+}
+
+TEST(GpuNewtonSchulzTest,
+     Engine_PolarExpress_MatchesFloat64ReferenceAllPrecisions) {
+  MUON_SKIP_WITHOUT_GPU();
+  CheckScheduleAgainstReference("polar_express", PolarExpressSchedule());
+}
+
+// Small, vector and odd shapes in fp32 (reduced precisions are
+// ill-conditioned there, see ns_test_util.h).
+TEST(GpuNewtonSchulzTest, Engine_Fp32SmallShapes_MatchFloat64Reference) {
+  MUON_SKIP_WITHOUT_GPU();
+  std::unique_ptr<NsEngine> engine = MakeEngine(GpuPrecision::kFp32);
+  ASSERT_NE(engine, nullptr);
+  for (const NewtonSchulzOptions& options :
+       {NewtonSchulzOptions{}, PolarExpressSchedule()}) {
+    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 1},
+                              {1, 300},
+                              {300, 1},
+                              {7, 5},
+                              {33, 65},
+                              {129, 128}}) {
+      const std::vector<float> u = RandomMatrix(rows, cols, 52);
+      ExpectWithinBound("small", GpuPrecision::kFp32, rows, cols,
+                        RunEngine(engine.get(), u, rows, cols, options),
+                        Reference(u, rows, cols, options));
+    }
+  }
+}
+
+// Large shape: the float64 reference would take minutes; compare with the
+// CPU fp32 kernel, itself within ~1e-5 of float64.
+TEST(GpuNewtonSchulzTest, Engine_Fp32LargeMatrix_MatchesCpuFp32) {
+  MUON_SKIP_WITHOUT_GPU();
+  std::unique_ptr<NsEngine> gpu = MakeEngine(GpuPrecision::kFp32);
+  ASSERT_NE(gpu, nullptr);
+  for (auto [rows, cols] :
+       {std::pair<int64_t, int64_t>{1024, 3072}, {3072, 1024}}) {
+    const std::vector<float> u = RandomMatrix(rows, cols, 53);
+    std::vector<float> cpu(u.size());
+    ASSERT_TRUE(
+        NewtonSchulz(u.data(), rows, cols, {}, cpu.data(), nullptr).ok());
+    const std::vector<double> cpu64(cpu.begin(), cpu.end());
+    ExpectWithinBound("vs_cpu_fp32", GpuPrecision::kFp32, rows, cols,
+                      RunEngine(gpu.get(), u, rows, cols, {}), cpu64);
+  }
+}
+
+// steps = 0 is the normalisation alone: the norm is a double sum (tree
+// order here, sequential on the CPU), rounded to float, then one IEEE float
+// division, so each element is within 1 float ulp of the CPU kernel's
+// (equal unless the two double sums round to different floats).
+TEST(GpuNewtonSchulzTest, ZeroSteps_Fp32_WithinOneUlpOfCpuNormalisation) {
+  MUON_SKIP_WITHOUT_GPU();
+  std::unique_ptr<NsEngine> engine = MakeEngine(GpuPrecision::kFp32);
+  ASSERT_NE(engine, nullptr);
+  NewtonSchulzOptions options = PolarExpressSchedule();
+  options.coefficients.clear();
+  options.steps = 0;  // norm_scale 1.02 stays.
+  const std::vector<float> u = RandomMatrix(333, 777, 54);
+  std::vector<float> cpu(u.size());
+  ASSERT_TRUE(
+      NewtonSchulz(u.data(), 333, 777, options, cpu.data(), nullptr).ok());
+  const std::vector<float> gpu = RunEngine(engine.get(), u, 333, 777, options);
+  int64_t differing = 0;
+  for (size_t i = 0; i < u.size(); ++i) {
+    ASSERT_LE(std::abs(gpu[i] - cpu[i]),
+              std::nextafter(std::abs(cpu[i]), INFINITY) - std::abs(cpu[i]))
+        << i;
+    differing += gpu[i] != cpu[i];
+  }
+  std::printf("normalisation: %lld of %zu elements differ from the CPU's\n",
+              static_cast<long long>(differing), u.size());
+}
+
+TEST(GpuNewtonSchulzTest, AllZeroMatrix_ReturnsZerosWithoutNaN) {
+  MUON_SKIP_WITHOUT_GPU();
+  for (GpuPrecision precision : kPrecisions) {
+    std::unique_ptr<NsEngine> engine = MakeEngine(precision);
+    ASSERT_NE(engine, nullptr);
+    const std::vector<float> u(12 * 5, 0.0f);
+    for (float v : RunEngine(engine.get(), u, 12, 5, {})) {
+      ASSERT_EQ(v, 0.0f) << PrecisionName(precision);
+    }
+  }
+}
+
+TEST(GpuNewtonSchulzTest, Engine_SameInputTwice_BitwiseEqual) {
+  MUON_SKIP_WITHOUT_GPU();
+  for (GpuPrecision precision : kPrecisions) {
+    std::unique_ptr<NsEngine> engine = MakeEngine(precision);
+    ASSERT_NE(engine, nullptr);
+    ASSERT_TRUE(engine->Reserve(600, 600).ok());
+    const std::vector<float> u = RandomMatrix(256, 600, 55);
+    const std::vector<float> first = RunEngine(engine.get(), u, 256, 600, {});
+    // Stale scratch from a different shape in between.
+    RunEngine(engine.get(), RandomMatrix(600, 100, 56), 600, 100, {});
+    const std::vector<float> second = RunEngine(engine.get(), u, 256, 600, {});
+    EXPECT_TRUE(BitwiseEqual(first, second)) << PrecisionName(precision);
+  }
+}
+
+TEST(GpuNewtonSchulzTest, Engine_NameAndErrors) {
+  MUON_SKIP_WITHOUT_GPU();
+  std::unique_ptr<NsEngine> engine = MakeEngine(GpuPrecision::kTf32);
+  ASSERT_NE(engine, nullptr);
+  EXPECT_EQ(engine->name(), "cuda:0/tf32");
+  std::vector<float> u(6, 1.0f), out(6);
+  EXPECT_EQ(engine->Orthogonalize(u.data(), 0, 6, {}, out.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine->Orthogonalize(u.data(), 2, 3, {}, u.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+  NewtonSchulzOptions bad;
+  bad.norm_scale = -1.0;
+  EXPECT_EQ(engine->Orthogonalize(u.data(), 2, 3, bad, out.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      MakeCudaNsEngine(CudaDeviceCount(), GpuPrecision::kBf16).status().code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakeCudaNsEngine(-1, GpuPrecision::kBf16).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// A bucket of same-shape matrices through one strided-batched GEMM per
+// product equals orthogonalizing each alone. cuBLAS may pick other kernels
+// for the batched call, so equality is within the precision's bound (both
+// are valid roundings of the same result); whether the bits agree is
+// printed. Each batched matrix is also checked against the float64
+// reference, which catches stride or offset mistakes.
+TEST(GpuNewtonSchulzTest, Batched_EqualsPerMatrix) {
+  MUON_SKIP_WITHOUT_GPU();
+  absl::StatusOr<std::unique_ptr<cuda::NsCudaContext>> ctx =
+      cuda::NsCudaContext::Create(0, nullptr);
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  constexpr int64_t kBatch = 5;
+  for (auto [rows, cols] :
+       {std::pair<int64_t, int64_t>{192, 320}, {320, 192}}) {
+    const int64_t size = rows * cols;
+    const int64_t bytes = kBatch * size * int64_t{sizeof(float)};
+    std::vector<float> u;
+    std::vector<std::vector<double>> refs;
+    for (int64_t i = 0; i < kBatch; ++i) {
+      const std::vector<float> one =
+          RandomMatrix(rows, cols, 60 + static_cast<uint32_t>(i));
+      u.insert(u.end(), one.begin(), one.end());
+      refs.push_back(Reference(one, rows, cols, {}));
+    }
+    absl::StatusOr<cuda::DeviceBuffer> d_u =
+        cuda::DeviceBuffer::Allocate(bytes);
+    absl::StatusOr<cuda::DeviceBuffer> d_batched =
+        cuda::DeviceBuffer::Allocate(bytes);
+    absl::StatusOr<cuda::DeviceBuffer> d_single =
+        cuda::DeviceBuffer::Allocate(bytes);
+    ASSERT_TRUE(d_u.ok() && d_batched.ok() && d_single.ok());
+    ASSERT_TRUE(cuda::CopyToDevice(d_u->data(), u.data(), bytes, nullptr).ok());
+    for (GpuPrecision precision : kPrecisions) {
+      ASSERT_TRUE((*ctx)->Reserve(kBatch, rows, cols, precision).ok());
+      ASSERT_TRUE(cuda::NewtonSchulzBatched(ctx->get(), d_u->as<float>(),
+                                            kBatch, rows, cols, {}, precision,
+                                            d_batched->as<float>())
+                      .ok());
+      for (int64_t i = 0; i < kBatch; ++i) {
+        ASSERT_TRUE(cuda::NewtonSchulzBatched(
+                        ctx->get(), d_u->as<float>() + i * size, 1, rows, cols,
+                        {}, precision, d_single->as<float>() + i * size)
+                        .ok());
+      }
+      std::vector<float> batched(u.size()), single(u.size());
+      ASSERT_TRUE(
+          cuda::CopyToHost(batched.data(), d_batched->data(), bytes, nullptr)
+              .ok());
+      ASSERT_TRUE(
+          cuda::CopyToHost(single.data(), d_single->data(), bytes, nullptr)
+              .ok());
+      for (int64_t i = 0; i < kBatch; ++i) {
+        const std::vector<float> b(batched.begin() + i * size,
+                                   batched.begin() + (i + 1) * size);
+        const std::vector<float> s(single.begin() + i * size,
+                                   single.begin() + (i + 1) * size);
+        std::printf("batched vs single %s %lldx%lld #%lld: bitwise %d\n",
+                    PrecisionName(precision).c_str(),
+                    static_cast<long long>(rows), static_cast<long long>(cols),
+                    static_cast<long long>(i), BitwiseEqual(b, s) ? 1 : 0);
+        ExpectWithinBound("batched_vs_single", precision, rows, cols, b,
+                          std::vector<double>(s.begin(), s.end()));
+        ExpectWithinBound("batched_vs_reference", precision, rows, cols, b,
+                          refs[static_cast<size_t>(i)]);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kernels
+}  // namespace muon

@@ -1,0 +1,360 @@
+// Newton-Schulz throughput on a CUDA GPU next to the GPU's dense GEMM rate
+// measured in the same run (DESIGN.md section 10).
+//
+// Prints the GPU, then the dense GEMM yardstick (one cublasGemmEx of
+// --gemm_size^3 in the chosen precision: bf16 in / fp32 accumulate by
+// default), then per size rows x cols (m = min, n = max):
+//   NS best / median  device time of NewtonSchulzBatched (device-resident
+//                     U and O: normalisation, k iterations, output
+//                     conversion), from CUDA events, after 2 warm-ups;
+//   NS TFLOP/s        NewtonSchulzFlops(rows, cols, options) / best;
+//   gram TFLOP/s      one GEMM of the Gram shape m x m x n (A = X X^T) in
+//                     the same precision: the shape-specific yardstick;
+//   NS/peak           NS rate / the --gemm_size yardstick;
+//   staged best       the host-staged engine (MakeCudaNsEngine:
+//                     H2D + NS + D2H from pageable host memory), wall clock.
+//
+// Built meaningfully only with --config=cuda; a default build prints
+// "built without CUDA" and exits 2. Exits 1 when no GPU is visible.
+//
+// Usage: ns_gpu_bench [--sizes 1024x1024,4096x4096,4096x11008,8192x8192]
+//          [--precision bf16|tf32|fp32] [--schedule quintic|polar_express]
+//          [--repeats 10] [--gemm_size 8192] [--batch 1] [--device 0]
+//          [--staged 1]
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "kernels/cuda/device_memory.h"
+#include "kernels/cuda/newton_schulz_cuda.h"
+#include "kernels/newton_schulz.h"
+#include "kernels/ns_engine.h"
+
+namespace {
+
+namespace kernels = ::muon::kernels;
+namespace cuda = ::muon::kernels::cuda;
+
+struct Shape {
+  int64_t rows;
+  int64_t cols;
+};
+
+struct Timing {
+  double best_ms;
+  double median_ms;
+};
+
+constexpr char kUsage[] =
+    "usage: ns_gpu_bench [--sizes RxC[,RxC...]] [--precision bf16|tf32|fp32]\n"
+    "         [--schedule quintic|polar_express] [--repeats N]\n"
+    "         [--gemm_size N] [--batch B] [--device D] [--staged 0|1]\n"
+    "  --sizes      matrix shapes (default "
+    "1024x1024,4096x4096,4096x11008,8192x8192)\n"
+    "  --precision  GEMM arithmetic (default bf16: bf16 in, fp32 accumulate)\n"
+    "  --schedule   coefficient schedule (default quintic, 5 iterations)\n"
+    "  --repeats    timed runs after 2 warm-ups (default 10)\n"
+    "  --gemm_size  m = n = k of the dense GEMM yardstick (default 8192)\n"
+    "  --batch      matrices per NS call (strided-batched; default 1)\n"
+    "  --device     CUDA device (default 0)\n"
+    "  --staged     also time the host-staged engine (default 1)\n";
+
+bool ParseSizes(absl::string_view text, std::vector<Shape>* shapes) {
+  shapes->clear();
+  for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    std::vector<absl::string_view> dims = absl::StrSplit(item, 'x');
+    Shape shape;
+    if (dims.size() != 2 || !absl::SimpleAtoi(dims[0], &shape.rows) ||
+        !absl::SimpleAtoi(dims[1], &shape.cols) || shape.rows < 1 ||
+        shape.cols < 1) {
+      std::fprintf(stderr, "ns_gpu_bench: bad size \"%.*s\" (want RxC)\n",
+                   static_cast<int>(item.size()), item.data());
+      return false;
+    }
+    shapes->push_back(shape);
+  }
+  return !shapes->empty();
+}
+
+Timing Summarize(std::vector<double> ms) {
+  std::sort(ms.begin(), ms.end());
+  return {ms.front(), ms[ms.size() / 2]};
+}
+
+// Uniform [-1, 1) from raw mt19937 bits, as tools/ns_bench.
+std::vector<float> RandomValues(int64_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) {
+    x = static_cast<float>(static_cast<double>(gen() >> 8) / (1 << 23) - 1.0);
+  }
+  return v;
+}
+
+// Host float -> bfloat16 bits, round to nearest even (finite inputs).
+std::vector<uint16_t> ToBf16(const std::vector<float>& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    uint32_t u;
+    std::memcpy(&u, &v[i], sizeof(u));
+    u += 0x7fffu + ((u >> 16) & 1u);
+    out[i] = static_cast<uint16_t>(u >> 16);
+  }
+  return out;
+}
+
+// A device buffer of n random GEMM operands in the precision's storage type.
+absl::StatusOr<cuda::DeviceBuffer> RandomOperand(int64_t n,
+                                                 kernels::GpuPrecision p,
+                                                 uint32_t seed) {
+  const std::vector<float> values = RandomValues(n, seed);
+  const bool bf16 = p == kernels::GpuPrecision::kBf16;
+  const int64_t bytes = n * (bf16 ? 2 : 4);
+  absl::StatusOr<cuda::DeviceBuffer> buffer =
+      cuda::DeviceBuffer::Allocate(bytes);
+  if (!buffer.ok()) return buffer.status();
+  absl::Status status;
+  if (bf16) {
+    const std::vector<uint16_t> half = ToBf16(values);
+    status = cuda::CopyToDevice(buffer->data(), half.data(), bytes, nullptr);
+  } else {
+    status = cuda::CopyToDevice(buffer->data(), values.data(), bytes, nullptr);
+  }
+  if (!status.ok()) return status;
+  return buffer;
+}
+
+// Best and median milliseconds of `fn` (which enqueues on `stream`) over
+// `repeats` event-timed runs after 2 warm-ups.
+template <typename Fn>
+absl::StatusOr<Timing> TimeDevice(void* stream, int repeats, Fn fn) {
+  for (int i = 0; i < 2; ++i) {
+    absl::Status status = fn();
+    if (!status.ok()) return status;
+  }
+  absl::Status sync = cuda::SynchronizeStream(stream);
+  if (!sync.ok()) return sync;
+  std::vector<double> ms;
+  for (int r = 0; r < repeats; ++r) {
+    absl::StatusOr<double> t = cuda::TimeOnStream(stream, fn);
+    if (!t.ok()) return t.status();
+    ms.push_back(*t);
+  }
+  return Summarize(std::move(ms));
+}
+
+absl::StatusOr<Timing> TimeGemm(cuda::NsCudaContext* ctx,
+                                kernels::GpuPrecision p, int64_t m, int64_t n,
+                                int64_t k, int repeats) {
+  absl::StatusOr<cuda::DeviceBuffer> a = RandomOperand(m * k, p, 11);
+  if (!a.ok()) return a.status();
+  absl::StatusOr<cuda::DeviceBuffer> b = RandomOperand(k * n, p, 12);
+  if (!b.ok()) return b.status();
+  absl::StatusOr<cuda::DeviceBuffer> c = RandomOperand(m * n, p, 13);
+  if (!c.ok()) return c.status();
+  return TimeDevice(ctx->stream(), repeats, [&] {
+    return cuda::DenseGemm(ctx, p, m, n, k, a->data(), b->data(), c->data());
+  });
+}
+
+int Fail(const char* what, const absl::Status& status) {
+  std::fprintf(stderr, "ns_gpu_bench: %s: %s\n", what,
+               status.ToString().c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<Shape> shapes = {
+      {1024, 1024}, {4096, 4096}, {4096, 11008}, {8192, 8192}};
+  std::string precision_name = "bf16";
+  std::string schedule_name = "quintic";
+  int repeats = 10;
+  int64_t gemm_size = 8192;
+  int64_t batch = 1;
+  int device = 0;
+  int staged = 1;
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    absl::string_view value;
+    absl::string_view name = arg;
+    const size_t eq = arg.find('=');
+    if (eq != absl::string_view::npos) {
+      name = arg.substr(0, eq);
+      value = arg.substr(eq + 1);
+    } else if (arg == "--help" || arg == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      std::fprintf(stderr, "ns_gpu_bench: %s needs a value\n%s", argv[i],
+                   kUsage);
+      return 2;
+    }
+    bool ok = false;
+    if (name == "--sizes") {
+      ok = ParseSizes(value, &shapes);
+    } else if (name == "--precision") {
+      precision_name = std::string(value);
+      ok = kernels::ParseGpuPrecision(precision_name).ok();
+    } else if (name == "--schedule") {
+      schedule_name = std::string(value);
+      ok = kernels::ParseCoefficientSchedule(schedule_name).ok();
+    } else if (name == "--repeats") {
+      ok = absl::SimpleAtoi(value, &repeats) && repeats >= 1;
+    } else if (name == "--gemm_size") {
+      ok = absl::SimpleAtoi(value, &gemm_size) && gemm_size >= 1;
+    } else if (name == "--batch") {
+      ok = absl::SimpleAtoi(value, &batch) && batch >= 1;
+    } else if (name == "--device") {
+      ok = absl::SimpleAtoi(value, &device) && device >= 0;
+    } else if (name == "--staged") {
+      ok = absl::SimpleAtoi(value, &staged);
+    }
+    if (!ok) {
+      std::fprintf(stderr, "ns_gpu_bench: bad argument %s %.*s\n%s",
+                   std::string(name).c_str(), static_cast<int>(value.size()),
+                   value.data(), kUsage);
+      return 2;
+    }
+  }
+
+  if (!cuda::BuiltWithCuda()) {
+    std::fprintf(stderr,
+                 "ns_gpu_bench: built without CUDA: build with "
+                 "`bazel build --config=cuda //tools:ns_gpu_bench`\n");
+    return 2;
+  }
+  std::string reason;
+  const int count = kernels::CudaDeviceCount(&reason);
+  if (count == 0) {
+    std::fprintf(stderr, "ns_gpu_bench: no GPU: %s\n", reason.c_str());
+    return 1;
+  }
+  const kernels::GpuPrecision precision =
+      *kernels::ParseGpuPrecision(precision_name);
+  const kernels::NewtonSchulzOptions options =
+      *kernels::ParseCoefficientSchedule(schedule_name);
+
+  absl::Status status = cuda::SetDevice(device);
+  if (!status.ok()) return Fail("cudaSetDevice", status);
+  absl::StatusOr<std::string> gpu = cuda::DeviceDescription(device);
+  if (!gpu.ok()) return Fail("device properties", gpu.status());
+  absl::StatusOr<void*> stream = cuda::CreateStream();
+  if (!stream.ok()) return Fail("stream", stream.status());
+  absl::StatusOr<std::unique_ptr<cuda::NsCudaContext>> ctx =
+      cuda::NsCudaContext::Create(device, *stream);
+  if (!ctx.ok()) return Fail("context", ctx.status());
+
+  std::printf("GPU %d of %d: %s\n", device, count, gpu->c_str());
+  std::printf(
+      "NS: precision %s, schedule %s (%d iterations), batch %lld, 2 warm-ups "
+      "+ %d timed runs (CUDA events)\n",
+      precision_name.c_str(), schedule_name.c_str(),
+      kernels::NewtonSchulzIterations(options), static_cast<long long>(batch),
+      repeats);
+  absl::StatusOr<Timing> peak =
+      TimeGemm(ctx->get(), precision, gemm_size, gemm_size, gemm_size, repeats);
+  if (!peak.ok()) return Fail("dense GEMM", peak.status());
+  const double peak_tflops =
+      2.0 * gemm_size * gemm_size * gemm_size / (peak->best_ms * 1e-3) / 1e12;
+  std::printf(
+      "dense GEMM yardstick: cublasGemmEx %s %lldx%lldx%lld: best %.3f ms, "
+      "%.1f TFLOP/s\n\n",
+      precision_name.c_str(), static_cast<long long>(gemm_size),
+      static_cast<long long>(gemm_size), static_cast<long long>(gemm_size),
+      peak->best_ms, peak_tflops);
+  std::printf("%-11s %5s %5s %9s %9s %9s %9s %8s %10s\n", "size", "m", "n",
+              "NS best", "NS med", "NS TF/s", "gram TF/s", "NS/peak", "staged");
+
+  std::unique_ptr<kernels::NsEngine> engine;
+  if (staged) {
+    absl::StatusOr<std::unique_ptr<kernels::NsEngine>> made =
+        kernels::MakeCudaNsEngine(device, precision);
+    if (!made.ok()) return Fail("MakeCudaNsEngine", made.status());
+    engine = std::move(*made);
+  }
+  for (const Shape& shape : shapes) {
+    const int64_t rows = shape.rows;
+    const int64_t cols = shape.cols;
+    const int64_t m = std::min(rows, cols);
+    const int64_t n = std::max(rows, cols);
+    const int64_t bytes = batch * rows * cols * int64_t{sizeof(float)};
+    const std::vector<float> u = RandomValues(batch * rows * cols, 1);
+    absl::StatusOr<cuda::DeviceBuffer> d_u =
+        cuda::DeviceBuffer::Allocate(bytes);
+    if (!d_u.ok()) return Fail("allocate U", d_u.status());
+    absl::StatusOr<cuda::DeviceBuffer> d_out =
+        cuda::DeviceBuffer::Allocate(bytes);
+    if (!d_out.ok()) return Fail("allocate O", d_out.status());
+    status = cuda::CopyToDevice(d_u->data(), u.data(), bytes, nullptr);
+    if (!status.ok()) return Fail("copy U", status);
+    status = (*ctx)->Reserve(batch, rows, cols, precision);
+    if (!status.ok()) return Fail("reserve", status);
+    absl::StatusOr<Timing> ns = TimeDevice((*ctx)->stream(), repeats, [&] {
+      return cuda::NewtonSchulzBatched(ctx->get(), d_u->as<float>(), batch,
+                                       rows, cols, options, precision,
+                                       d_out->as<float>());
+    });
+    if (!ns.ok()) return Fail("NewtonSchulzBatched", ns.status());
+    absl::StatusOr<Timing> gram =
+        TimeGemm(ctx->get(), precision, m, m, n, repeats);
+    if (!gram.ok()) return Fail("Gram GEMM", gram.status());
+
+    double staged_ms = 0.0;
+    if (engine != nullptr) {
+      std::vector<float> host_out(static_cast<size_t>(rows * cols));
+      status = engine->Reserve(rows, cols);
+      if (!status.ok()) return Fail("engine reserve", status);
+      std::vector<double> ms;
+      for (int r = 0; r < repeats + 1; ++r) {
+        const auto start = std::chrono::steady_clock::now();
+        status = engine->Orthogonalize(u.data(), rows, cols, options,
+                                       host_out.data());
+        const auto stop = std::chrono::steady_clock::now();
+        if (!status.ok()) return Fail("engine", status);
+        if (r > 0) {
+          ms.push_back(
+              std::chrono::duration<double, std::milli>(stop - start).count());
+        }
+      }
+      staged_ms = Summarize(ms).best_ms;
+    }
+
+    const double ns_tflops = batch *
+                             kernels::NewtonSchulzFlops(rows, cols, options) /
+                             (ns->best_ms * 1e-3) / 1e12;
+    const double gram_tflops = 2.0 * m * m * n / (gram->best_ms * 1e-3) / 1e12;
+    char size[32];
+    std::snprintf(size, sizeof(size), "%lldx%lld", static_cast<long long>(rows),
+                  static_cast<long long>(cols));
+    char staged_text[32] = "-";
+    if (engine != nullptr) {
+      std::snprintf(staged_text, sizeof(staged_text), "%.2fms", staged_ms);
+    }
+    std::printf("%-11s %5lld %5lld %7.2fms %7.2fms %9.1f %9.1f %8.2f %10s\n",
+                size, static_cast<long long>(m), static_cast<long long>(n),
+                ns->best_ms, ns->median_ms, ns_tflops, gram_tflops,
+                ns_tflops / peak_tflops, staged_text);
+    std::fflush(stdout);
+  }
+  engine.reset();
+  ctx->reset();
+  status = cuda::DestroyStream(*stream);
+  if (!status.ok()) return Fail("destroy stream", status);
+  return 0;
+}
