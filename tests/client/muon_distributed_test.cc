@@ -54,6 +54,7 @@
 #include "gtest/gtest.h"
 #include "kernels/newton_schulz.h"
 #include "tests/client/rank_threads.h"
+#include "tests/client/thread_world.h"
 #include "tests/status_matchers.h"
 #include "server/coordinator_service.h"
 #include "server/local_coordination_client.h"
@@ -212,53 +213,17 @@ ConfigFactory MeshConfig(const Layout& layout) {
 // group, the local shards and the optimizer. Members are destroyed in
 // reverse order: optimizers first (they stop their agents), then the
 // process groups, the clients and the coordinator.
-class World {
+class World : public ::muon::testing::ThreadWorld {
  public:
-  explicit World(int world_size)
-      : world_size_(world_size), service_(ServiceOptions(world_size)) {
-    for (int r = 0; r < world_size; ++r) {
-      clients_.push_back(std::make_unique<LocalCoordinationClient>(&service_));
-    }
-    comms_.resize(world_size);
+  explicit World(int world_size) : ThreadWorld(world_size) {
     params.resize(world_size);
     boxes.resize(world_size);
     muons.resize(world_size);
   }
 
-  ~World() {
-    muons.clear();
-    comms_.clear();
-    service_.Shutdown();
-  }
-
-  int size() const { return world_size_; }
-  CoordinatorService& service() { return service_; }
-  CoordinationClient* client(int rank) { return clients_[rank].get(); }
-  Communicator* comm(int rank) { return comms_[rank].get(); }
-
-  // Creates every rank's Gloo process group (rendezvous through the
-  // coordinator's key-value store). Returns false (with a failure recorded)
-  // if any rank failed.
-  bool Connect() {
-    GlooOptions options;
-    options.timeout = kGlooTimeout;
-    options.prefix = "gloo/test";
-    std::vector<absl::Status> statuses =
-        RunOnRanks(world_size_, [&](int rank) -> absl::Status {
-          absl::StatusOr<std::unique_ptr<GlooCommunicator>> comm =
-              GlooCommunicator::Create(rank, world_size_, client(rank),
-                                       options);
-          if (!comm.ok()) return comm.status();
-          comms_[rank] = *std::move(comm);
-          return absl::OkStatus();
-        });
-    bool ok = true;
-    for (int r = 0; r < world_size_; ++r) {
-      EXPECT_TRUE(statuses[r].ok()) << "rank " << r << ": " << statuses[r];
-      ok = ok && statuses[r].ok();
-    }
-    return ok;
-  }
+  // Optimizers first: they stop their agents before the process groups and
+  // the coordinator go.
+  ~World() { muons.clear(); }
 
   // Fills rank `rank`'s parameters with its shards of the global initial
   // weights, cut as `layout` says (must run before the optimizer is made;
@@ -324,21 +289,6 @@ class World {
   std::vector<std::vector<Box>> boxes;         // [rank][matrix]
   std::vector<std::unique_ptr<Muon>> muons;    // [rank]
   std::vector<std::vector<StepStats>> stats;   // [rank][step]
-
- private:
-  static CoordinatorService::Options ServiceOptions(int world_size) {
-    CoordinatorService::Options o;
-    o.job_id = "muon_distributed_test";
-    o.world_size = world_size;
-    o.default_join_timeout = absl::Milliseconds(kJoinTimeoutMs);
-    o.heartbeat_timeout = absl::Seconds(5);
-    return o;
-  }
-
-  const int world_size_;
-  CoordinatorService service_;
-  std::vector<std::unique_ptr<LocalCoordinationClient>> clients_;
-  std::vector<std::unique_ptr<GlooCommunicator>> comms_;
 };
 
 // Runs kSteps distributed steps on `world` (shards cut as `layout`, config
