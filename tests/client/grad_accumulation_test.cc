@@ -100,11 +100,10 @@ absl::StatusOr<TrainResult> Train(int rank, ThreadWorld* tw, int micro, bool acc
   }
   absl::StatusOr<std::unique_ptr<Muon>> opt = Muon::Create(ptrs, Options(), config);
   if (!opt.ok()) return opt.status();
-  auto unshard = [&] {
+  auto unshard = [&]() -> absl::Status {
     // Every rank keeps the full weights in sync from the parameters it holds
-    // (a test shortcut for FSDP's all-gather: gather through the world).
+    // (FSDP's all-gather).
     for (int l = 0; l < layers; ++l) {
-      const Box whole{Range{0, mlp.rows(l)}, Range{0, mlp.cols(l)}};
       if (rank < 0) {
         full[l] = params[l].data;
         continue;
@@ -115,9 +114,11 @@ absl::StatusOr<TrainResult> Train(int rank, ThreadWorld* tw, int micro, bool acc
                              mesh.Coord(q))->numel();
       }
       // Shard(0) chunks are contiguous rows: the all-gather is the matrix.
-      (void)tw->comm(rank)->AllGatherV(params[l].data.data(), params[l].data.size(),
-                                       full[l].data(), counts);
+      absl::Status s = tw->comm(rank)->AllGatherV(
+          params[l].data.data(), params[l].data.size(), full[l].data(), counts);
+      if (!s.ok()) return s;
     }
+    return absl::OkStatus();
   };
   const int per = kBatch / micro;
   std::vector<const float*> w;
@@ -140,7 +141,8 @@ absl::StatusOr<TrainResult> Train(int rank, ThreadWorld* tw, int micro, bool acc
       absl::Status s = (*opt)->Step();
       if (!s.ok()) return s;
       (*opt)->ZeroGrad();
-      unshard();
+      absl::Status u = unshard();
+      if (!u.ok()) return u;
       for (int l = 0; l < layers; ++l) w[l] = full[l].data();
     }
   }
