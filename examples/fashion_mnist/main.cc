@@ -54,6 +54,10 @@ ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
 ABSL_FLAG(int, train_limit, 0, "Use only the first N training images (0 = all).");
 ABSL_FLAG(uint64_t, seed, 1234, "Seed of initialisation and shuffling.");
 ABSL_FLAG(int, log_every, 20, "Print the loss every N steps.");
+ABSL_FLAG(bool, async_gpu_parallelism, false,
+          "Async mode (communication thread, prefetch) instead of the "
+          "sequential debug mode.");
+ABSL_FLAG(int, prefetch_count, 0, "Buckets gathered ahead in async mode.");
 ABSL_FLAG(std::string, coordinator, "",
           "host:port of a running muon-coordinator; empty = embedded in rank 0.");
 // Internal: set by the launcher on rank processes.
@@ -195,6 +199,8 @@ absl::StatusOr<RunResult> Train(const Data& data, int world, ProcessGroup* pg) {
     auto_options.coordinator = pg->coordinator.get();
     auto_options.incarnation = pg->incarnation;
     MUON_ASSIGN_OR_RETURN(config, CreateAutoConfig(ptrs, auto_options));
+    config->async_gpu_parallelism = absl::GetFlag(FLAGS_async_gpu_parallelism);
+    config->prefetch_count = absl::GetFlag(FLAGS_prefetch_count);
   }
   MUON_ASSIGN_OR_RETURN(std::unique_ptr<Muon> opt,
                         Muon::Create(ptrs, OptimizerOptions(), config));
@@ -460,6 +466,9 @@ int LauncherMain() {
         absl::StrCat("--train_limit=", absl::GetFlag(FLAGS_train_limit)),
         absl::StrCat("--seed=", absl::GetFlag(FLAGS_seed)),
         absl::StrCat("--log_every=", absl::GetFlag(FLAGS_log_every)),
+        absl::StrCat("--async_gpu_parallelism=",
+                     absl::GetFlag(FLAGS_async_gpu_parallelism) ? "true" : "false"),
+        absl::StrCat("--prefetch_count=", absl::GetFlag(FLAGS_prefetch_count)),
         absl::StrCat("--out_dir=", *dir)};
     return a;
   };
