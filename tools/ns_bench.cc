@@ -27,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "tools/bench_util.h"
 #include "absl/strings/string_view.h"
 #include "kernels/newton_schulz.h"
 
@@ -34,15 +35,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-struct Shape {
-  int64_t rows;
-  int64_t cols;
-};
-
-struct Timing {
-  double best_s;
-  double median_s;
-};
+using ::muon::bench::Shape;
+using ::muon::bench::Summarize;
+using ::muon::bench::Timing;
 
 constexpr char kUsage[] =
     "usage: ns_bench [--sizes RxC[,RxC...]] [--repeats N] [--steps K]\n"
@@ -51,27 +46,7 @@ constexpr char kUsage[] =
     "  --repeats  timed runs after one warm-up (default 5)\n"
     "  --steps    Newton-Schulz iterations (default 5)\n";
 
-bool ParseSizes(absl::string_view text, std::vector<Shape>* shapes) {
-  shapes->clear();
-  for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipEmpty())) {
-    std::vector<absl::string_view> dims = absl::StrSplit(item, 'x');
-    Shape shape;
-    if (dims.size() != 2 || !absl::SimpleAtoi(dims[0], &shape.rows) ||
-        !absl::SimpleAtoi(dims[1], &shape.cols) || shape.rows < 1 ||
-        shape.cols < 1) {
-      std::fprintf(stderr, "ns_bench: bad size \"%.*s\" (want RxC)\n",
-                   static_cast<int>(item.size()), item.data());
-      return false;
-    }
-    shapes->push_back(shape);
-  }
-  return !shapes->empty();
-}
 
-Timing Summarize(std::vector<double> seconds) {
-  std::sort(seconds.begin(), seconds.end());
-  return {seconds.front(), seconds[seconds.size() / 2]};
-}
 
 template <typename Fn>
 double Seconds(Fn fn) {
@@ -115,7 +90,7 @@ int main(int argc, char** argv) {
     }
     bool ok = false;
     if (name == "--sizes") {
-      ok = ParseSizes(value, &shapes);
+      ok = ::muon::bench::ParseSizes(value, "ns_bench", &shapes);
     } else if (name == "--repeats") {
       ok = absl::SimpleAtoi(value, &repeats) && repeats >= 1;
     } else if (name == "--steps") {
@@ -188,14 +163,14 @@ int main(int argc, char** argv) {
     const Timing gemm = Summarize(gemm_seconds);
 
     const double ns_gflops =
-        muon::kernels::NewtonSchulzFlops(rows, cols, steps) / ns.best_s / 1e9;
-    const double gemm_gflops = 2.0 * m * m * n / gemm.best_s / 1e9;
+        muon::kernels::NewtonSchulzFlops(rows, cols, steps) / ns.best / 1e9;
+    const double gemm_gflops = 2.0 * m * m * n / gemm.best / 1e9;
     char size[32];
     std::snprintf(size, sizeof(size), "%lldx%lld", static_cast<long long>(rows),
                   static_cast<long long>(cols));
     std::printf("%-11s %5d %5d %8.1fms %8.1fms %9.1f %9.1fms %10.1f %8.2f\n",
-                size, m, n, ns.best_s * 1e3, ns.median_s * 1e3, ns_gflops,
-                gemm.best_s * 1e3, gemm_gflops, ns_gflops / gemm_gflops);
+                size, m, n, ns.best * 1e3, ns.median * 1e3, ns_gflops,
+                gemm.best * 1e3, gemm_gflops, ns_gflops / gemm_gflops);
     std::fflush(stdout);
   }
   return 0;

@@ -36,6 +36,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "tools/bench_util.h"
 #include "absl/strings/string_view.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/newton_schulz_cuda.h"
@@ -47,15 +48,9 @@ namespace {
 namespace kernels = ::muon::kernels;
 namespace cuda = ::muon::kernels::cuda;
 
-struct Shape {
-  int64_t rows;
-  int64_t cols;
-};
-
-struct Timing {
-  double best_ms;
-  double median_ms;
-};
+using ::muon::bench::Shape;
+using ::muon::bench::Summarize;
+using ::muon::bench::Timing;
 
 constexpr char kUsage[] =
     "usage: ns_gpu_bench [--sizes RxC[,RxC...]] [--precision bf16|tf32|fp32]\n"
@@ -71,27 +66,7 @@ constexpr char kUsage[] =
     "  --device     CUDA device (default 0)\n"
     "  --staged     also time the host-staged engine (default 1)\n";
 
-bool ParseSizes(absl::string_view text, std::vector<Shape>* shapes) {
-  shapes->clear();
-  for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipEmpty())) {
-    std::vector<absl::string_view> dims = absl::StrSplit(item, 'x');
-    Shape shape;
-    if (dims.size() != 2 || !absl::SimpleAtoi(dims[0], &shape.rows) ||
-        !absl::SimpleAtoi(dims[1], &shape.cols) || shape.rows < 1 ||
-        shape.cols < 1) {
-      std::fprintf(stderr, "ns_gpu_bench: bad size \"%.*s\" (want RxC)\n",
-                   static_cast<int>(item.size()), item.data());
-      return false;
-    }
-    shapes->push_back(shape);
-  }
-  return !shapes->empty();
-}
 
-Timing Summarize(std::vector<double> ms) {
-  std::sort(ms.begin(), ms.end());
-  return {ms.front(), ms[ms.size() / 2]};
-}
 
 // Uniform [-1, 1) from raw mt19937 bits, as tools/ns_bench.
 std::vector<float> RandomValues(int64_t n, uint32_t seed) {
@@ -207,7 +182,7 @@ int main(int argc, char** argv) {
     }
     bool ok = false;
     if (name == "--sizes") {
-      ok = ParseSizes(value, &shapes);
+      ok = ::muon::bench::ParseSizes(value, "ns_gpu_bench", &shapes);
     } else if (name == "--precision") {
       precision_name = std::string(value);
       ok = kernels::ParseGpuPrecision(precision_name).ok();
@@ -271,13 +246,13 @@ int main(int argc, char** argv) {
       TimeGemm(ctx->get(), precision, gemm_size, gemm_size, gemm_size, repeats);
   if (!peak.ok()) return Fail("dense GEMM", peak.status());
   const double peak_tflops =
-      2.0 * gemm_size * gemm_size * gemm_size / (peak->best_ms * 1e-3) / 1e12;
+      2.0 * gemm_size * gemm_size * gemm_size / (peak->best * 1e-3) / 1e12;
   std::printf(
       "dense GEMM yardstick: cublasGemmEx %s %lldx%lldx%lld: best %.3f ms, "
       "%.1f TFLOP/s\n\n",
       precision_name.c_str(), static_cast<long long>(gemm_size),
       static_cast<long long>(gemm_size), static_cast<long long>(gemm_size),
-      peak->best_ms, peak_tflops);
+      peak->best, peak_tflops);
   std::printf("%-11s %5s %5s %9s %9s %9s %9s %8s %10s\n", "size", "m", "n",
               "NS best", "NS med", "NS TF/s", "gram TF/s", "NS/peak", "staged");
 
@@ -332,13 +307,13 @@ int main(int argc, char** argv) {
               std::chrono::duration<double, std::milli>(stop - start).count());
         }
       }
-      staged_ms = Summarize(ms).best_ms;
+      staged_ms = Summarize(ms).best;
     }
 
     const double ns_tflops = batch *
                              kernels::NewtonSchulzFlops(rows, cols, options) /
-                             (ns->best_ms * 1e-3) / 1e12;
-    const double gram_tflops = 2.0 * m * m * n / (gram->best_ms * 1e-3) / 1e12;
+                             (ns->best * 1e-3) / 1e12;
+    const double gram_tflops = 2.0 * m * m * n / (gram->best * 1e-3) / 1e12;
     char size[32];
     std::snprintf(size, sizeof(size), "%lldx%lld", static_cast<long long>(rows),
                   static_cast<long long>(cols));
@@ -348,7 +323,7 @@ int main(int argc, char** argv) {
     }
     std::printf("%-11s %5lld %5lld %7.2fms %7.2fms %9.1f %9.1f %8.2f %10s\n",
                 size, static_cast<long long>(m), static_cast<long long>(n),
-                ns->best_ms, ns->median_ms, ns_tflops, gram_tflops,
+                ns->best, ns->median, ns_tflops, gram_tflops,
                 ns_tflops / peak_tflops, staged_text);
     std::fflush(stdout);
   }
