@@ -1,5 +1,7 @@
 #include "client/agent.h"
 
+#include <algorithm>
+
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -12,7 +14,15 @@ Agent::Agent(CoordinationClient* client, int rank, uint64_t incarnation,
     : client_(client),
       rank_(rank),
       incarnation_(incarnation),
-      options_(options) {}
+      options_(options) {
+  const int capacity = std::max(1, options_.report_queue_capacity);
+  absl::MutexLock lock(&mu_);
+  for (int i = 0; i < capacity + 1; ++i) {
+    pool_.push_back(std::make_unique<v1::StepReport>());
+    free_.push_back(pool_.back().get());
+  }
+  queue_.assign(capacity, nullptr);
+}
 
 Agent::~Agent() { Stop(); }
 
@@ -56,16 +66,37 @@ void Agent::Start() {
 }
 
 void Agent::Report(v1::StepReport report) {
-  report.set_rank(rank_);
-  report.set_incarnation(incarnation_);
-  // mu_ is never held across an RPC or a wait (Await releases it), so this
-  // lock is short whatever the coordinator does.
+  v1::StepReport* slot = AcquireReport();
+  if (slot == nullptr) return;
+  *slot = std::move(report);
+  Submit(slot);
+}
+
+// mu_ is never held across an RPC or a wait (Await releases it), so the
+// locks below are short whatever the coordinator does.
+v1::StepReport* Agent::AcquireReport() {
   absl::MutexLock lock(&mu_);
-  if (static_cast<int>(queue_.size()) >= options_.report_queue_capacity) {
+  if (free_.empty()) {
     ++dropped_;
+    return nullptr;
+  }
+  v1::StepReport* report = free_.back();
+  free_.pop_back();
+  report->Clear();  // keeps the storage of its repeated fields
+  return report;
+}
+
+void Agent::Submit(v1::StepReport* report) {
+  report->set_rank(rank_);
+  report->set_incarnation(incarnation_);
+  absl::MutexLock lock(&mu_);
+  if (queue_size_ == queue_.size()) {
+    ++dropped_;
+    free_.push_back(report);
     return;
   }
-  queue_.push_back(std::move(report));
+  queue_[(queue_head_ + queue_size_) % queue_.size()] = report;
+  ++queue_size_;
 }
 
 void Agent::Stop(absl::Duration timeout) {
@@ -74,12 +105,15 @@ void Agent::Stop(absl::Duration timeout) {
     if (!started_) return;
     // Give queued reports a bounded chance to go out.
     auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return queue_.empty();
+      return queue_size_ == 0;
     };
     mu_.AwaitWithTimeout(absl::Condition(&drained), timeout);
     stopping_ = true;
-    dropped_ += static_cast<int64_t>(queue_.size());
-    queue_.clear();
+    dropped_ += static_cast<int64_t>(queue_size_);
+    for (; queue_size_ > 0; --queue_size_) {
+      free_.push_back(queue_[queue_head_]);
+      queue_head_ = (queue_head_ + 1) % queue_.size();
+    }
   }
   if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
   if (report_thread_.joinable()) report_thread_.join();
@@ -116,22 +150,24 @@ void Agent::HeartbeatLoop() {
 
 void Agent::ReportLoop() {
   while (true) {
-    v1::StepReport report;
+    v1::StepReport* report = nullptr;
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stopping_ || !queue_.empty();
+        return stopping_ || queue_size_ > 0;
       };
       mu_.Await(absl::Condition(&ready));
-      if (queue_.empty()) return;  // stopping
-      report = std::move(queue_.front());
-      queue_.pop_front();
+      if (queue_size_ == 0) return;  // stopping
+      report = queue_[queue_head_];
+      queue_head_ = (queue_head_ + 1) % queue_.size();
+      --queue_size_;
       // The count so far, this report not included (it may still go out).
-      report.set_reports_dropped(dropped_);
+      report->set_reports_dropped(dropped_);
     }
     // The RPC runs without mu_: Report() never waits on it.
-    absl::Status s = client_->ReportStep(report);
+    absl::Status s = client_->ReportStep(*report);
     absl::MutexLock lock(&mu_);
+    free_.push_back(report);
     if (s.ok()) {
       ++sent_;
     } else {

@@ -26,7 +26,8 @@
 #define MUON_CLIENT_AGENT_H_
 
 #include <cstdint>
-#include <deque>
+#include <memory>
+#include <vector>
 #include <string>
 #include <thread>
 
@@ -75,6 +76,17 @@ class Agent {
   // incarnation); never blocks and never waits on the coordinator: when the
   // queue is full the report is dropped and counted.
   void Report(v1::StepReport report);
+
+  // Allocation-free reporting for the step path: returns a report to fill
+  // from a pool of report_queue_capacity + 1 preallocated reports (their
+  // repeated fields keep their storage from earlier steps, so a steady
+  // step allocates nothing), or nullptr when every pooled report is queued
+  // or being sent (the report is then dropped and counted). Never blocks on
+  // the coordinator. Pass the result to Submit.
+  v1::StepReport* AcquireReport();
+  // Queues a report from AcquireReport (sets its rank and incarnation); a
+  // full queue drops it and counts it. Never blocks on the coordinator.
+  void Submit(v1::StepReport* report);
   // Gives queued reports up to `timeout` to go out, drops (and counts) the
   // rest, and stops the threads. Bound: `timeout` plus the RPC each thread
   // may have in flight, which the transport's deadline bounds
@@ -99,7 +111,12 @@ class Agent {
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
-  std::deque<v1::StepReport> queue_ ABSL_GUARDED_BY(mu_);
+  // Every report object; free_ and the ring queue_ hold pointers into it.
+  std::vector<std::unique_ptr<v1::StepReport>> pool_;
+  std::vector<v1::StepReport*> free_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::StepReport*> queue_ ABSL_GUARDED_BY(mu_);  // ring buffer
+  size_t queue_head_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t queue_size_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t sent_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread heartbeat_thread_;

@@ -429,28 +429,31 @@ absl::Status Muon::Step() {
   stats_.step_time_s = absl::ToDoubleSeconds(absl::Now() - start);
   ++step_;
   if (agent_ != nullptr) {
-    v1::StepReport report;
-    report.set_step(step_);
-    report.set_step_time_s(stats_.step_time_s);
-    report.set_matrices_orthogonalized(stats_.matrices_orthogonalized);
-    report.set_ns_flops(stats_.ns_flops);
-    report.set_bytes_sent(stats_.bytes_sent);
-    report.set_bytes_received(stats_.bytes_received);
-    report.set_mode(executor_->async() ? "async" : "sequential");
-    report.set_prefetch_count(executor_->prefetch_count());
-    report.set_buffer_bytes(stats_.buffer_bytes);
-    report.set_buffer_bound_bytes(stats_.buffer_bound_bytes);
-    for (const OpRecord& op : stats_.ops) {
-      v1::OpTiming* t = report.add_ops();
-      t->set_op(op.op);
-      t->set_stream(op.stream);
-      t->set_bucket(op.bucket);
-      t->set_start_s(op.start_s);
-      t->set_end_s(op.end_s);
-      t->set_bytes(op.bytes);
-      t->set_flops(op.flops);
+    // A pooled report whose storage is reused: no allocation once warm.
+    v1::StepReport* report = agent_->AcquireReport();
+    if (report != nullptr) {
+      report->set_step(step_);
+      report->set_step_time_s(stats_.step_time_s);
+      report->set_matrices_orthogonalized(stats_.matrices_orthogonalized);
+      report->set_ns_flops(stats_.ns_flops);
+      report->set_bytes_sent(stats_.bytes_sent);
+      report->set_bytes_received(stats_.bytes_received);
+      report->set_mode(executor_->async() ? "async" : "sequential");
+      report->set_prefetch_count(executor_->prefetch_count());
+      report->set_buffer_bytes(stats_.buffer_bytes);
+      report->set_buffer_bound_bytes(stats_.buffer_bound_bytes);
+      for (const OpRecord& op : stats_.ops) {
+        v1::OpTiming* t = report->add_ops();
+        t->set_op(op.op);
+        t->set_stream(op.stream);
+        t->set_bucket(op.bucket);
+        t->set_start_s(op.start_s);
+        t->set_end_s(op.end_s);
+        t->set_bytes(op.bytes);
+        t->set_flops(op.flops);
+      }
+      agent_->Submit(report);
     }
-    agent_->Report(std::move(report));
   }
   return absl::OkStatus();
 }
