@@ -24,6 +24,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
@@ -38,6 +41,15 @@ using Clock = std::chrono::steady_clock;
 using ::muon::bench::Shape;
 using ::muon::bench::Summarize;
 using ::muon::bench::Timing;
+
+}  // namespace
+
+ABSL_FLAG(std::string, sizes, "1024x1024,2048x2048,1024x4096,4096x1024",
+          "Matrix shapes RxC, comma-separated.");
+ABSL_FLAG(int, repeats, 5, "Timed runs after one warm-up.");
+ABSL_FLAG(int, steps, 5, "Newton-Schulz iterations.");
+
+namespace {
 
 constexpr char kUsage[] =
     "usage: ns_bench [--sizes RxC[,RxC...]] [--repeats N] [--steps K]\n"
@@ -67,41 +79,15 @@ std::vector<float> RandomMatrix(int64_t rows, int64_t cols, uint32_t seed) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<Shape> shapes = {
-      {1024, 1024}, {2048, 2048}, {1024, 4096}, {4096, 1024}};
-  int repeats = 5;
-  int steps = 5;
-  for (int i = 1; i < argc; ++i) {
-    const absl::string_view arg = argv[i];
-    absl::string_view value;
-    absl::string_view name = arg;
-    const size_t eq = arg.find('=');
-    if (eq != absl::string_view::npos) {
-      name = arg.substr(0, eq);
-      value = arg.substr(eq + 1);
-    } else if (arg == "--help" || arg == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    } else if (i + 1 < argc) {
-      value = argv[++i];
-    } else {
-      std::fprintf(stderr, "ns_bench: %s needs a value\n%s", argv[i], kUsage);
-      return 2;
-    }
-    bool ok = false;
-    if (name == "--sizes") {
-      ok = ::muon::bench::ParseSizes(value, "ns_bench", &shapes);
-    } else if (name == "--repeats") {
-      ok = absl::SimpleAtoi(value, &repeats) && repeats >= 1;
-    } else if (name == "--steps") {
-      ok = absl::SimpleAtoi(value, &steps) && steps >= 1;
-    }
-    if (!ok) {
-      std::fprintf(stderr, "ns_bench: bad argument %s %.*s\n%s",
-                   std::string(name).c_str(), static_cast<int>(value.size()),
-                   value.data(), kUsage);
-      return 2;
-    }
+  absl::SetProgramUsageMessage(kUsage);
+  absl::ParseCommandLine(argc, argv);
+  std::vector<Shape> shapes;
+  const int repeats = absl::GetFlag(FLAGS_repeats);
+  const int steps = absl::GetFlag(FLAGS_steps);
+  if (!::muon::bench::ParseSizes(absl::GetFlag(FLAGS_sizes), "ns_bench", &shapes) ||
+      repeats < 1 || steps < 1) {
+    std::fprintf(stderr, "ns_bench: bad flags\n%s", kUsage);
+    return 2;
   }
 
   const char* coretype_env = std::getenv("OPENBLAS_CORETYPE");

@@ -37,6 +37,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "tools/bench_util.h"
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/strings/string_view.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/newton_schulz_cuda.h"
@@ -51,6 +54,20 @@ namespace cuda = ::muon::kernels::cuda;
 using ::muon::bench::Shape;
 using ::muon::bench::Summarize;
 using ::muon::bench::Timing;
+
+}  // namespace
+
+ABSL_FLAG(std::string, sizes, "1024x1024,4096x4096,4096x11008,8192x8192",
+          "Matrix shapes RxC, comma-separated.");
+ABSL_FLAG(std::string, precision, "bf16", "bf16, tf32 or fp32.");
+ABSL_FLAG(std::string, schedule, "quintic", "quintic or polar_express.");
+ABSL_FLAG(int, repeats, 10, "Timed runs after 2 warm-ups.");
+ABSL_FLAG(int64_t, gemm_size, 8192, "m = n = k of the dense GEMM yardstick.");
+ABSL_FLAG(int64_t, batch, 1, "Matrices per NS call (strided-batched).");
+ABSL_FLAG(int, device, 0, "CUDA device.");
+ABSL_FLAG(bool, staged, true, "Also time the host-staged engine.");
+
+namespace {
 
 constexpr char kUsage[] =
     "usage: ns_gpu_bench [--sizes RxC[,RxC...]] [--precision bf16|tf32|fp32]\n"
@@ -153,59 +170,22 @@ int Fail(const char* what, const absl::Status& status) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<Shape> shapes = {
-      {1024, 1024}, {4096, 4096}, {4096, 11008}, {8192, 8192}};
-  std::string precision_name = "bf16";
-  std::string schedule_name = "quintic";
-  int repeats = 10;
-  int64_t gemm_size = 8192;
-  int64_t batch = 1;
-  int device = 0;
-  int staged = 1;
-  for (int i = 1; i < argc; ++i) {
-    const absl::string_view arg = argv[i];
-    absl::string_view value;
-    absl::string_view name = arg;
-    const size_t eq = arg.find('=');
-    if (eq != absl::string_view::npos) {
-      name = arg.substr(0, eq);
-      value = arg.substr(eq + 1);
-    } else if (arg == "--help" || arg == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    } else if (i + 1 < argc) {
-      value = argv[++i];
-    } else {
-      std::fprintf(stderr, "ns_gpu_bench: %s needs a value\n%s", argv[i],
-                   kUsage);
-      return 2;
-    }
-    bool ok = false;
-    if (name == "--sizes") {
-      ok = ::muon::bench::ParseSizes(value, "ns_gpu_bench", &shapes);
-    } else if (name == "--precision") {
-      precision_name = std::string(value);
-      ok = kernels::ParseGpuPrecision(precision_name).ok();
-    } else if (name == "--schedule") {
-      schedule_name = std::string(value);
-      ok = kernels::ParseCoefficientSchedule(schedule_name).ok();
-    } else if (name == "--repeats") {
-      ok = absl::SimpleAtoi(value, &repeats) && repeats >= 1;
-    } else if (name == "--gemm_size") {
-      ok = absl::SimpleAtoi(value, &gemm_size) && gemm_size >= 1;
-    } else if (name == "--batch") {
-      ok = absl::SimpleAtoi(value, &batch) && batch >= 1;
-    } else if (name == "--device") {
-      ok = absl::SimpleAtoi(value, &device) && device >= 0;
-    } else if (name == "--staged") {
-      ok = absl::SimpleAtoi(value, &staged);
-    }
-    if (!ok) {
-      std::fprintf(stderr, "ns_gpu_bench: bad argument %s %.*s\n%s",
-                   std::string(name).c_str(), static_cast<int>(value.size()),
-                   value.data(), kUsage);
-      return 2;
-    }
+  absl::SetProgramUsageMessage(kUsage);
+  absl::ParseCommandLine(argc, argv);
+  std::vector<Shape> shapes;
+  const std::string precision_name = absl::GetFlag(FLAGS_precision);
+  const std::string schedule_name = absl::GetFlag(FLAGS_schedule);
+  const int repeats = absl::GetFlag(FLAGS_repeats);
+  const int64_t gemm_size = absl::GetFlag(FLAGS_gemm_size);
+  const int64_t batch = absl::GetFlag(FLAGS_batch);
+  const int device = absl::GetFlag(FLAGS_device);
+  const int staged = absl::GetFlag(FLAGS_staged) ? 1 : 0;
+  if (!::muon::bench::ParseSizes(absl::GetFlag(FLAGS_sizes), "ns_gpu_bench", &shapes) ||
+      !kernels::ParseGpuPrecision(precision_name).ok() ||
+      !kernels::ParseCoefficientSchedule(schedule_name).ok() || repeats < 1 ||
+      gemm_size < 1 || batch < 1 || device < 0) {
+    std::fprintf(stderr, "ns_gpu_bench: bad flags\n%s", kUsage);
+    return 2;
   }
 
   if (!cuda::BuiltWithCuda()) {
