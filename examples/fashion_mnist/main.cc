@@ -281,6 +281,7 @@ absl::StatusOr<RunResult> Train(const Data& data, int world, ProcessGroup* pg) {
   std::vector<float> x;
   std::vector<int32_t> y;
   std::vector<float> losses(world);
+  double step_seconds = 0;  // time inside Muon::Step, summed
   const absl::Time start = absl::Now();
   for (int epoch = 0; epoch < epochs; ++epoch) {
     const std::vector<int64_t> order = EpochOrder(data.train.count, epoch);
@@ -312,7 +313,9 @@ absl::StatusOr<RunResult> Train(const Data& data, int world, ProcessGroup* pg) {
       for (int k = 1; k < world; ++k) total += losses[k];
       const float mean = total / static_cast<float>(batch);
       result.losses.push_back(mean);
+      const absl::Time step_start = absl::Now();
       MUON_RETURN_IF_ERROR(opt->Step());
+      step_seconds += absl::ToDoubleSeconds(absl::Now() - step_start);
       const int64_t step = epoch * steps_per_epoch + s + 1;
       if (log && (step % absl::GetFlag(FLAGS_log_every) == 0 || step == 1)) {
         std::printf("[%s] epoch %d step %lld/%lld loss %.5f  (%.1f s)\n",
@@ -329,6 +332,13 @@ absl::StatusOr<RunResult> Train(const Data& data, int world, ProcessGroup* pg) {
                   result.accuracy);
       std::fflush(stdout);
     }
+  }
+  if (log) {
+    const int64_t steps = static_cast<int64_t>(result.losses.size());
+    std::printf("[%s] optimizer step: %.2f ms mean over %lld steps\n",
+                tag.c_str(), steps > 0 ? 1e3 * step_seconds / steps : 0.0,
+                static_cast<long long>(steps));
+    std::fflush(stdout);
   }
   for (int l = 0; l < layers; ++l) result.weights.push_back(full_w[l]);
   if (!single) MUON_RETURN_IF_ERROR(pg->comm->Barrier());
