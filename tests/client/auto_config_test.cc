@@ -3,7 +3,7 @@
 // threads of this process, each with a GlooCommunicator world (TCP on
 // 127.0.0.1) and sub-groups made with world->Split(ranks), all rendezvousing
 // through ONE shared in-process CoordinatorService (one
-// LocalCoordinationClient per rank).
+// LocalCoordinationClient per rank; tests/client/thread_world.h).
 //
 // What is checked (DESIGN.md section 3, TEST_MATRIX "Process Group
 // Validation"):
@@ -18,26 +18,19 @@
 //   - End to end: TP + FSDP and HSDP (and EP + TP, PP + FSDP) through
 //     CreateAutoConfig + Muon::Create + Step give, bit for bit, the
 //     single-device parameters and momentum buffers, with each matrix
-//     orthogonalized exactly once in the world.
+//     orthogonalized exactly once in the world (the shared harness of
+//     tests/client/single_device_reference.h).
 //   - Bad groups and options: InvalidArgument on every rank whose input is
 //     wrong, with a message naming the group, the rank and the values.
 //
 // Every blocking call is bounded: Gloo rendezvous and collectives by
 // GlooOptions.timeout, Join by join_timeout_ms; RunOnRanks aborts the process
 // instead of hanging if a rank still does not finish.
-#include <cblas.h>
-
-#include <cmath>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
-#include <random>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -45,20 +38,16 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/synchronization/mutex.h"
-#include "absl/time/time.h"
 #include "client/communicator.h"
 #include "client/distributed_config.h"
-#include "client/gloo_communicator.h"
 #include "client/muon.h"
 #include "client/parameter.h"
-#include "client/step_executor.h"
 #include "common/layout.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/coordinator_service.h"
-#include "server/local_coordination_client.h"
 #include "tests/client/rank_threads.h"
+#include "tests/client/single_device_reference.h"
+#include "tests/client/thread_world.h"
 #include "tests/status_matchers.h"
 
 namespace muon {
@@ -70,54 +59,19 @@ using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
 constexpr int kSteps = 3;
-using ::muon::testing::BitwiseEqual;
-using ::muon::testing::kGlooTimeout;
+using ::muon::testing::CutShards;
+using ::muon::testing::DistributedRun;
+using ::muon::testing::ExpectEachMatrixOrthogonalizedOnce;
+using ::muon::testing::ExpectShardsMatchSingleDevice;
 using ::muon::testing::kJoinTimeoutMs;
-using ::muon::testing::RandomValues;
+using ::muon::testing::Problem;
+using ::muon::testing::ProblemLayout;
+using ::muon::testing::RankShards;
+using ::muon::testing::RunDistributedSteps;
 using ::muon::testing::RunOnRanks;
-
-int64_t Numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
-// Calls fn(global_offset, local_offset) for every element of the box
-// `ranges` (one Range per dim) of a row-major tensor of `shape`; local
-// offsets are row-major within the box.
-void ForEachElement(const std::vector<int64_t>& shape,
-                    const std::vector<Range>& ranges,
-                    const std::function<void(int64_t, int64_t)>& fn) {
-  const int nd = static_cast<int>(shape.size());
-  std::vector<int64_t> idx(nd);
-  for (int d = 0; d < nd; ++d) {
-    if (ranges[d].size() <= 0) return;
-    idx[d] = ranges[d].begin;
-  }
-  for (int64_t local = 0;; ++local) {
-    int64_t global = 0;
-    for (int d = 0; d < nd; ++d) global = global * shape[d] + idx[d];
-    fn(global, local);
-    int d = nd - 1;
-    for (; d >= 0; --d) {
-      if (++idx[d] < ranges[d].end) break;
-      idx[d] = ranges[d].begin;
-    }
-    if (d < 0) return;
-  }
-}
-
-// The box `ranges` of a row-major tensor `global` of `shape`.
-std::vector<float> Extract(const std::vector<float>& global,
-                           const std::vector<int64_t>& shape,
-                           const std::vector<Range>& ranges) {
-  int64_t n = 1;
-  for (const Range& r : ranges) n *= r.size();
-  std::vector<float> out(n);
-  ForEachElement(shape, ranges,
-                 [&](int64_t g, int64_t l) { out[l] = global[g]; });
-  return out;
-}
+using ::muon::testing::RunSingleDevice;
+using ::muon::testing::SingleDeviceResult;
+using ::muon::testing::TensorSpec;
 
 std::vector<std::string> PlacementStrings(const ParamPlacement& pl) {
   std::vector<std::string> out;
@@ -127,43 +81,10 @@ std::vector<std::string> PlacementStrings(const ParamPlacement& pl) {
 
 // --- Problems and expected layouts ---
 
-struct TensorSpec {
-  std::string name;
-  std::vector<int64_t> shape;  // [rows, cols] or [experts, rows, cols]
-  bool expert_stack = false;
-};
-
-// The global tensors of a run: initial weights and one gradient per step,
-// identical for the single-device and every distributed run.
-struct Problem {
-  std::vector<TensorSpec> specs;
-  std::vector<std::vector<float>> init;                // [param]
-  std::vector<std::vector<std::vector<float>>> grads;  // [step][param]
-
-  // Matrices in the world: one per 2-D parameter, one per expert slice.
-  int matrices() const {
-    int n = 0;
-    for (const TensorSpec& s : specs) {
-      n += s.expert_stack ? static_cast<int>(s.shape[0]) : 1;
-    }
-    return n;
-  }
-};
-
+// The harness's problem (tests/client/single_device_reference.h) with
+// kSteps steps.
 Problem MakeProblem(const std::vector<TensorSpec>& specs) {
-  Problem p;
-  p.specs = specs;
-  for (size_t i = 0; i < specs.size(); ++i) {
-    p.init.push_back(RandomValues(Numel(specs[i].shape), 7 + i));
-  }
-  p.grads.resize(kSteps);
-  for (int s = 0; s < kSteps; ++s) {
-    for (size_t i = 0; i < specs.size(); ++i) {
-      p.grads[s].push_back(
-          RandomValues(Numel(specs[i].shape), 1000 * (s + 1) + i));
-    }
-  }
-  return p;
+  return ::muon::testing::MakeProblem(specs, kSteps);
 }
 
 // Uneven (10x7 over 2 or 4), smaller than the world in one dim (3x5, 5x3:
@@ -182,6 +103,17 @@ std::vector<TensorSpec> Matrices() {
 struct Expected {
   Mesh mesh;
   std::vector<ParamPlacement> params;  // [problem param]
+
+  // The same as the harness's layout, to cut shards with.
+  ProblemLayout Layout() const {
+    ProblemLayout layout;
+    layout.mesh = mesh;
+    for (const ParamPlacement& p : params) {
+      layout.placements.push_back(p.placements);
+      layout.sub_meshes.push_back(p.sub_mesh);
+    }
+    return layout;
+  }
 };
 
 Mesh MakeMesh(std::vector<std::string> names, std::vector<int> sizes) {
@@ -231,37 +163,27 @@ GroupDef MeshGroupDef(const std::string& role, const Mesh& mesh,
                   [mesh, dim](int rank) { return MeshGroup(mesh, dim, rank); }};
 }
 
-// One job. Members are destroyed in reverse order of use: optimizers first
-// (they stop their agents), then the sub-groups, the worlds, the clients and
-// the coordinator.
-class Job {
+// One job: a ThreadWorld (one coordinator; per rank a coordination client
+// and a Gloo world) plus, per rank, the sub-groups split from the world and
+// the shards, optimizers and step stats (`run`). Members go before the base
+// in this order: optimizers first (they stop their agents), then the
+// sub-groups, then the worlds, the clients and the coordinator.
+class Job : public ::muon::testing::ThreadWorld {
  public:
   explicit Job(int world_size)
-      : world_size_(world_size), service_(ServiceOptions(world_size)) {
-    for (int r = 0; r < world_size; ++r) {
-      clients_.push_back(std::make_unique<LocalCoordinationClient>(&service_));
-    }
-    worlds_.resize(world_size);
-    owned_groups_.resize(world_size);
-    groups_.resize(world_size);
-    params.resize(world_size);
-    held.resize(world_size);
-    ranges.resize(world_size);
-    muons.resize(world_size);
-    stats.resize(world_size);
-  }
+      : ThreadWorld(world_size),
+        run(world_size),
+        owned_groups_(world_size),
+        groups_(world_size) {}
 
+  // Optimizers first (the dtor body runs before any member goes).
   ~Job() {
-    muons.clear();
+    run.muons.clear();
     groups_.clear();
     owned_groups_.clear();
-    worlds_.clear();
-    service_.Shutdown();
   }
 
-  int size() const { return world_size_; }
-  CoordinationClient* client(int rank) { return clients_[rank].get(); }
-  Communicator* world(int rank) { return worlds_[rank].get(); }
+  Communicator* world(int rank) { return comm(rank); }
   // The sub-group `role` of `rank`, or nullptr.
   Communicator* group(int rank, const std::string& role) {
     auto it = groups_[rank].find(role);
@@ -272,24 +194,17 @@ class Job {
   // on every rank), its sub-groups. Returns false (with a failure recorded)
   // if any rank failed.
   bool Connect(const std::vector<GroupDef>& defs) {
-    GlooOptions options;
-    options.timeout = kGlooTimeout;
-    options.prefix = "gloo/auto_config_test";
+    if (!ThreadWorld::Connect()) return false;
     std::vector<absl::Status> statuses =
-        RunOnRanks(world_size_, [&](int rank) -> absl::Status {
-          absl::StatusOr<std::unique_ptr<GlooCommunicator>> world =
-              GlooCommunicator::Create(rank, world_size_, client(rank),
-                                       options);
-          if (!world.ok()) return world.status();
-          worlds_[rank] = *std::move(world);
+        RunOnRanks(size(), [&](int rank) -> absl::Status {
           for (const GroupDef& def : defs) {
             if (!def.ranks) {
-              groups_[rank][def.role] = worlds_[rank].get();
+              groups_[rank][def.role] = world(rank);
               continue;
             }
             const std::vector<int> ranks = def.ranks(rank);
             absl::StatusOr<std::unique_ptr<Communicator>> g =
-                worlds_[rank]->Split(ranks);
+                world(rank)->Split(ranks);
             if (!g.ok()) {
               return absl::Status(g.status().code(),
                                   absl::StrCat("Split for ", def.role, " [",
@@ -302,7 +217,7 @@ class Job {
           return absl::OkStatus();
         });
     bool ok = true;
-    for (int r = 0; r < world_size_; ++r) {
+    for (int r = 0; r < size(); ++r) {
       EXPECT_TRUE(statuses[r].ok()) << "rank " << r << ": " << statuses[r];
       ok = ok && statuses[r].ok();
     }
@@ -326,70 +241,29 @@ class Job {
     return o;
   }
 
-  // Fills rank `rank`'s parameters with its shards of the problem's initial
-  // weights, cut as `layout` says; the rank holds the parameters whose
-  // sub-mesh contains it, in problem order.
+  // Cuts rank `rank`'s shards of the problem's initial weights as `layout`
+  // says; the rank holds the parameters whose sub-mesh contains it, in
+  // problem order.
   absl::Status MakeShards(int rank, const Problem& problem,
                           const Expected& layout) {
-    const std::vector<int> coord = layout.mesh.Coord(rank);
-    params[rank].clear();
-    held[rank].clear();
-    ranges[rank].clear();
-    for (size_t i = 0; i < problem.specs.size(); ++i) {
-      const TensorSpec& spec = problem.specs[i];
-      const ParamPlacement& pl = layout.params[i];
-      if (!pl.sub_mesh.Contains(coord)) continue;
-      absl::StatusOr<std::vector<Range>> r = LocalRanges(
-          spec.shape, pl.placements, layout.mesh, coord, pl.sub_mesh);
-      if (!r.ok()) return r.status();
-      Parameter p;
-      p.name = spec.name;
-      p.global_shape = spec.shape;
-      p.expert_stack = spec.expert_stack;
-      for (const Range& x : *r) p.local_shape.push_back(x.size());
-      p.data = Extract(problem.init[i], spec.shape, *r);
-      p.grad.assign(p.data.size(), 0.0f);
-      params[rank].push_back(std::move(p));
-      held[rank].push_back(static_cast<int>(i));
-      ranges[rank].push_back(*std::move(r));
-    }
+    absl::StatusOr<RankShards> shards =
+        CutShards(problem, layout.Layout(), rank);
+    if (!shards.ok()) return shards.status();
+    run.shards[rank] = *std::move(shards);
     return absl::OkStatus();
   }
 
-  void SetGrads(int rank, const Problem& problem, int step) {
-    for (size_t k = 0; k < params[rank].size(); ++k) {
-      const int i = held[rank][k];
-      params[rank][k].grad = Extract(problem.grads[step][i],
-                                     problem.specs[i].shape, ranges[rank][k]);
-    }
-  }
-
   std::vector<Parameter*> Pointers(int rank) {
-    std::vector<Parameter*> ptrs;
-    for (Parameter& p : params[rank]) ptrs.push_back(&p);
-    return ptrs;
+    return run.shards[rank].Pointers();
   }
+  // The parameters rank `rank` holds, and their indices in the problem.
+  std::vector<Parameter>& params(int rank) { return run.shards[rank].params; }
+  const std::vector<int>& held(int rank) const { return run.shards[rank].held; }
 
-  std::vector<std::vector<Parameter>> params;           // [rank][local]
-  std::vector<std::vector<int>> held;                   // [rank][local]: index
-  std::vector<std::vector<std::vector<Range>>> ranges;  // [rank][local]
-  std::vector<std::unique_ptr<Muon>> muons;             // [rank]
-  std::vector<std::vector<StepStats>> stats;            // [rank][step]
+  // Shards, optimizers and step stats of every rank.
+  DistributedRun run;
 
  private:
-  static CoordinatorService::Options ServiceOptions(int world_size) {
-    CoordinatorService::Options o;
-    o.job_id = "auto_config_test";
-    o.world_size = world_size;
-    o.default_join_timeout = absl::Milliseconds(kJoinTimeoutMs);
-    o.heartbeat_timeout = absl::Seconds(5);
-    return o;
-  }
-
-  const int world_size_;
-  CoordinatorService service_;
-  std::vector<std::unique_ptr<LocalCoordinationClient>> clients_;
-  std::vector<std::unique_ptr<GlooCommunicator>> worlds_;
   // Sub-groups made by Split, and every role (also world-as-group) by name.
   std::vector<std::vector<std::unique_ptr<Communicator>>> owned_groups_;
   std::vector<std::map<std::string, Communicator*>> groups_;
@@ -437,11 +311,11 @@ void ExpectConfigs(Job& job,
     EXPECT_EQ(state.communicator->world_size(), job.size());
     EXPECT_EQ(state.coordinator, job.client(r));
     EXPECT_EQ(state.incarnation, static_cast<uint64_t>(100 + r));
-    ASSERT_EQ(state.param_placements.size(), job.held[r].size());
-    for (size_t k = 0; k < job.held[r].size(); ++k) {
-      const ParamPlacement& want = expected.params[job.held[r][k]];
+    ASSERT_EQ(state.param_placements.size(), job.held(r).size());
+    for (size_t k = 0; k < job.held(r).size(); ++k) {
+      const ParamPlacement& want = expected.params[job.held(r)[k]];
       const ParamPlacement& got = state.param_placements[k];
-      SCOPED_TRACE(absl::StrCat("parameter ", job.params[r][k].name));
+      SCOPED_TRACE(absl::StrCat("parameter ", job.params(r)[k].name));
       EXPECT_EQ(PlacementStrings(got), PlacementStrings(want));
       EXPECT_EQ(got.sub_mesh.dims, want.sub_mesh.dims);
       EXPECT_EQ(got.sub_mesh.coords, want.sub_mesh.coords);
@@ -546,7 +420,7 @@ TEST(AutoConfigTest,
     // (dim 1) is 1,1,1,0 cols.
     const std::vector<int64_t> want =
         dim == 0 ? std::vector<int64_t>{0, 5} : std::vector<int64_t>{5, 0};
-    EXPECT_EQ(job.params[3][dim == 0 ? 1 : 2].local_shape, want);
+    EXPECT_EQ(job.params(3)[dim == 0 ? 1 : 2].local_shape, want);
   }
 }
 
@@ -561,7 +435,7 @@ TEST(AutoConfigTest,
     Job job(4);
     ExpectAutoConfig(job, problem, expected, {GroupDef{role, nullptr}}, nullptr,
                      /*with_world=*/false);
-    EXPECT_EQ(job.params[2][0].local_shape, (std::vector<int64_t>{10, 7}));
+    EXPECT_EQ(job.params(2)[0].local_shape, (std::vector<int64_t>{10, 7}));
   }
 }
 
@@ -595,9 +469,9 @@ TEST(AutoConfigTest,
                    });
   // Rank 1 = (dp_shard 0, tp 1): [10, 7] rows 0..5, cols 4..7; rank 3 =
   // (1, 1): [3, 5] rows 2..3 split by tp into 1 and 0 rows.
-  EXPECT_EQ(job.params[1][0].local_shape, (std::vector<int64_t>{5, 3}));
-  EXPECT_EQ(job.params[3][1].local_shape, (std::vector<int64_t>{0, 5}));
-  EXPECT_EQ(job.params[1][3].local_shape, (std::vector<int64_t>{3, 16}));
+  EXPECT_EQ(job.params(1)[0].local_shape, (std::vector<int64_t>{5, 3}));
+  EXPECT_EQ(job.params(3)[1].local_shape, (std::vector<int64_t>{0, 5}));
+  EXPECT_EQ(job.params(1)[3].local_shape, (std::vector<int64_t>{3, 16}));
 }
 
 // tp_dim_per_param overrides the default both ways (default 0, map -> 1).
@@ -690,16 +564,15 @@ TEST(AutoConfigTest,
   ExpectAutoConfig(job, problem, expected, {GroupDef{"ep", nullptr}}, nullptr,
                    /*with_world=*/false);
   for (int r = 0; r < 4; ++r) {
-    EXPECT_EQ(job.params[r][1].local_shape, (std::vector<int64_t>{2, 6, 4}));
-    EXPECT_EQ(job.params[r][0].local_shape, (std::vector<int64_t>{6, 4}));
+    EXPECT_EQ(job.params(r)[1].local_shape, (std::vector<int64_t>{2, 6, 4}));
+    EXPECT_EQ(job.params(r)[0].local_shape, (std::vector<int64_t>{6, 4}));
   }
 }
 
 // EP + TP at 4 ranks: ep=2 x tp=2, tp_shard_dim 1 (cols): the stack is
 // [Shard(0), Shard(2)] (tensor dims shift by one), 2-D [Replicate(),
 // Shard(1)].
-TEST(AutoConfigTest,
-     CreateAutoConfig_EpTpFourRanks_StackTpDimShifted) {
+TEST(AutoConfigTest, CreateAutoConfig_EpTpFourRanks_StackTpDimShifted) {
   const Problem problem = MakeProblem(MoeTensors());
   const Mesh mesh = MakeMesh({"ep", "tp"}, {2, 2});
   Expected expected;
@@ -711,7 +584,7 @@ TEST(AutoConfigTest,
       job, problem, expected,
       {MeshGroupDef("tp", mesh, "tp"), MeshGroupDef("ep", mesh, "ep")},
       [](int, AutoConfigOptions& o) { o.tp_shard_dim = 1; });
-  EXPECT_EQ(job.params[3][1].local_shape, (std::vector<int64_t>{4, 6, 2}));
+  EXPECT_EQ(job.params(3)[1].local_shape, (std::vector<int64_t>{4, 6, 2}));
 }
 
 // PP at 2 ranks (pp = world, no `world`): each rank lists only its stage's
@@ -734,8 +607,8 @@ TEST(AutoConfigTest, CreateAutoConfig_PpTwoRanks_SubMeshIsStage) {
           if (explicit_stage) o.pp_stage = rank;
         },
         /*with_world=*/false);
-    EXPECT_EQ(job.held[0], (std::vector<int>{0, 1}));
-    EXPECT_EQ(job.held[1], (std::vector<int>{2, 3}));
+    EXPECT_EQ(job.held(0), (std::vector<int>{0, 1}));
+    EXPECT_EQ(job.held(1), (std::vector<int>{2, 3}));
   }
 }
 
@@ -757,7 +630,7 @@ TEST(AutoConfigTest, CreateAutoConfig_PpFsdpFourRanks_SubMeshAndShard) {
         o.pp_stage = rank / 2;
       });
   EXPECT_EQ(job.group(3, "pp")->global_ranks(), (std::vector<int>{1, 3}));
-  EXPECT_EQ(job.held[3], (std::vector<int>{2, 3}));
+  EXPECT_EQ(job.held(3), (std::vector<int>{2, 3}));
 }
 
 // ===================== End to end: bitwise vs single device =============
@@ -769,126 +642,46 @@ MuonOptions TestOptions() {
   return o;
 }
 
-struct SingleDeviceResult {
-  std::vector<std::vector<float>> params;   // [param], after the last step
-  std::vector<std::vector<float>> buffers;  // momentum, after the last step
-  std::vector<StepStats> stats;             // [step]
-};
-
-SingleDeviceResult RunSingleDevice(const Problem& problem,
-                                   const MuonOptions& options) {
-  SingleDeviceResult out;
-  std::vector<Parameter> params(problem.specs.size());
-  std::vector<Parameter*> ptrs;
-  for (size_t i = 0; i < params.size(); ++i) {
-    params[i].name = problem.specs[i].name;
-    params[i].local_shape = problem.specs[i].shape;
-    params[i].expert_stack = problem.specs[i].expert_stack;
-    params[i].data = problem.init[i];
-    ptrs.push_back(&params[i]);
-  }
-  absl::StatusOr<std::unique_ptr<Muon>> muon = Muon::Create(ptrs, options);
-  EXPECT_THAT(muon.status(), IsOk());
-  if (!muon.ok()) return out;
-  for (int s = 0; s < kSteps; ++s) {
-    for (size_t i = 0; i < params.size(); ++i) {
-      params[i].grad = problem.grads[s][i];
-    }
-    EXPECT_THAT((*muon)->Step(), IsOk());
-    out.stats.push_back((*muon)->last_step_stats());
-  }
-  for (size_t i = 0; i < params.size(); ++i) {
-    out.params.push_back(params[i].data);
-    out.buffers.push_back((*muon)->momentum_buffer(i));
-  }
-  return out;
-}
-
 // Connects `job` with `groups`, cuts shards as `expected`, builds every
 // rank's config with CreateAutoConfig (checked against `expected`), then
 // Muon::Create + kSteps steps with seeded gradients, and compares with the
-// single-device run bit for bit: every parameter reassembled from the
-// ranks' shards, each rank's own shard (replicas too) and momentum buffer,
-// and the zero-redundancy counters of every step.
+// single-device run bit for bit (tests/client/single_device_reference.h):
+// every parameter reassembled from the ranks' shards, each rank's own shard
+// (replicas too) and momentum buffer, and the zero-redundancy counters of
+// every step; every rank runs the same plan.
 void ExpectEndToEndMatchesSingleDevice(Job& job, const Problem& problem,
                                        const Expected& expected,
                                        const std::vector<GroupDef>& groups,
                                        const OptionsFn& adjust) {
-  openblas_set_num_threads(1);
   const MuonOptions options = TestOptions();
-  const SingleDeviceResult single = RunSingleDevice(problem, options);
-  ASSERT_EQ(single.stats.size(), static_cast<size_t>(kSteps));
+  const absl::StatusOr<SingleDeviceResult> single =
+      RunSingleDevice(problem, options);
+  ASSERT_THAT(single, IsOk());
   ASSERT_TRUE(job.Connect(groups));
   const int n = job.size();
   std::vector<absl::StatusOr<DistributedConfig>> configs(
       n, absl::UnknownError("not run"));
-  std::vector<absl::Status> statuses =
-      RunOnRanks(n, [&](int rank) -> absl::Status {
-        if (absl::Status s = job.MakeShards(rank, problem, expected); !s.ok()) {
-          return s;
-        }
+  std::vector<absl::Status> statuses = RunDistributedSteps(
+      problem, expected.Layout(),
+      [&](int rank,
+          RankShards& shards) -> absl::StatusOr<std::unique_ptr<Muon>> {
         AutoConfigOptions o = job.Options(rank);
         if (adjust) adjust(rank, o);
-        configs[rank] = CreateAutoConfig(job.Pointers(rank), o);
+        configs[rank] = CreateAutoConfig(shards.Pointers(), o);
         if (!configs[rank].ok()) return configs[rank].status();
         DistributedConfig config = *configs[rank];
         config.state.join_timeout_ms = kJoinTimeoutMs;
-        absl::StatusOr<std::unique_ptr<Muon>> muon =
-            Muon::Create(job.Pointers(rank), options, std::move(config));
-        if (!muon.ok()) return muon.status();
-        job.muons[rank] = *std::move(muon);
-        for (int step = 0; step < kSteps; ++step) {
-          job.SetGrads(rank, problem, step);
-          if (absl::Status s = job.muons[rank]->Step(); !s.ok()) {
-            return absl::Status(
-                s.code(), absl::StrCat("step ", step + 1, ": ", s.message()));
-          }
-          job.stats[rank].push_back(job.muons[rank]->last_step_stats());
-        }
-        return absl::OkStatus();
-      });
+        return Muon::Create(shards.Pointers(), options, std::move(config));
+      },
+      &job.run);
   for (int r = 0; r < n; ++r) {
     ASSERT_THAT(statuses[r], IsOk()) << "rank " << r;
   }
   ExpectConfigs(job, configs, expected);
-
-  for (size_t i = 0; i < problem.specs.size(); ++i) {
-    const TensorSpec& spec = problem.specs[i];
-    SCOPED_TRACE(absl::StrCat("parameter ", spec.name));
-    // Reassembled from the shards; NaN marks elements no rank holds.
-    std::vector<float> whole(Numel(spec.shape), std::nanf(""));
-    for (int r = 0; r < n; ++r) {
-      for (size_t k = 0; k < job.held[r].size(); ++k) {
-        if (job.held[r][k] != static_cast<int>(i)) continue;
-        SCOPED_TRACE(absl::StrCat("rank ", r));
-        const std::vector<Range>& box = job.ranges[r][k];
-        const std::vector<float>& local = job.params[r][k].data;
-        ForEachElement(spec.shape, box,
-                       [&](int64_t g, int64_t l) { whole[g] = local[l]; });
-        EXPECT_TRUE(
-            BitwiseEqual(local, Extract(single.params[i], spec.shape, box)));
-        EXPECT_TRUE(BitwiseEqual(job.muons[r]->momentum_buffer(k),
-                                 Extract(single.buffers[i], spec.shape, box)));
-      }
-    }
-    EXPECT_TRUE(BitwiseEqual(whole, single.params[i]));
-  }
-
-  // Zero redundancy, every step: each matrix orthogonalized once.
-  for (int step = 0; step < kSteps; ++step) {
-    SCOPED_TRACE(absl::StrCat("step ", step + 1));
-    int matrices = 0;
-    double flops = 0;
-    for (int r = 0; r < n; ++r) {
-      matrices += job.stats[r][step].matrices_orthogonalized;
-      flops += job.stats[r][step].ns_flops;
-    }
-    EXPECT_EQ(matrices, problem.matrices());
-    EXPECT_EQ(single.stats[step].matrices_orthogonalized, problem.matrices());
-    EXPECT_DOUBLE_EQ(flops, single.stats[step].ns_flops);
-  }
+  ExpectShardsMatchSingleDevice(problem, *single, job.run);
+  ExpectEachMatrixOrthogonalizedOnce(problem, *single, job.run);
   for (int r = 1; r < n; ++r) {
-    EXPECT_EQ(job.muons[r]->plan().hash(), job.muons[0]->plan().hash())
+    EXPECT_EQ(job.run.muons[r]->plan().hash(), job.run.muons[0]->plan().hash())
         << "rank " << r;
   }
 }
@@ -919,8 +712,7 @@ TEST(AutoConfigTest, Step_HsdpFourRanksAutoConfig_MatchesSingleDeviceBitwise) {
       [](int, AutoConfigOptions& o) { o.fsdp_shard_dim = 1; });
 }
 
-TEST(AutoConfigTest,
-     Step_EpTpFourRanksAutoConfig_MatchesSingleDeviceBitwise) {
+TEST(AutoConfigTest, Step_EpTpFourRanksAutoConfig_MatchesSingleDeviceBitwise) {
   const Problem problem = MakeProblem(MoeTensors());
   const Mesh mesh = MakeMesh({"ep", "tp"}, {2, 2});
   Expected expected;
@@ -1109,9 +901,8 @@ TEST(AutoConfigTest,
   }
 }
 
-TEST(
-    AutoConfigTest,
-    CreateAutoConfig_OneGroupNotSpanningWorldNoWorld_NamesGlobalRankAndWorld) {
+TEST(AutoConfigTest,
+     CreateAutoConfig_OneGroupNotSpanningWorldNoWorld_NamesGlobalRankAndWorld) {
   Job job(4);
   std::vector<absl::StatusOr<DistributedConfig>> cfgs =
       CreateWithPairsAsOnlyGroup(job);

@@ -9,55 +9,45 @@
 //     region of the single-device buffer it holds. FSDP Shard(0)/Shard(1)
 //     (uneven shards, and empty shards where a dim is smaller than the
 //     world), DDP (Replicate) at 2 and 4 ranks, a DTensor-style mesh config
-//     and HSDP. Global tensors are generated identically for every run and
-//     each rank takes its torch.chunk shard (LocalBox + CopyRegion).
+//     and HSDP. The problem, the single-device run, the shard cutting and
+//     the comparison are the shared harness of
+//     tests/client/single_device_reference.h.
 //   - Zero redundancy: over the ranks, matrices_orthogonalized sums to the
 //     number of matrices and ns_flops to the single-device figure.
 //   - Bad input is reported on EVERY rank before any collective, with the
 //     parameters untouched (and the process group still usable afterwards).
 //
 // OpenBLAS results depend on its thread count, so every test that compares
-// bits pins it to 1 thread first. Every blocking call is bounded: Gloo
-// collectives and rendezvous by GlooOptions.timeout, Join by
-// join_timeout_ms; RunOnRanks aborts the process instead of hanging if a
-// rank still does not finish.
+// bits pins it to 1 thread first (RunSingleDevice does). Every blocking
+// call is bounded: Gloo collectives and rendezvous by GlooOptions.timeout,
+// Join by join_timeout_ms; RunOnRanks aborts the process instead of hanging
+// if a rank still does not finish.
 #include <cblas.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
-#include <random>
 #include <string>
-#include <thread>
-#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
-#include "absl/time/time.h"
 #include "client/communicator.h"
 #include "client/distributed_config.h"
-#include "client/gloo_communicator.h"
 #include "client/muon.h"
 #include "client/parameter.h"
-#include "client/step_executor.h"
 #include "common/layout.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/newton_schulz.h"
 #include "tests/client/rank_threads.h"
+#include "tests/client/single_device_reference.h"
 #include "tests/client/thread_world.h"
 #include "tests/status_matchers.h"
-#include "server/coordinator_service.h"
-#include "server/local_coordination_client.h"
 
 namespace muon {
 namespace {
@@ -66,54 +56,32 @@ using ::testing::AllOf;
 using ::testing::AnyOf;
 using ::testing::HasSubstr;
 
-
 constexpr int kSteps = 3;
 using ::muon::testing::BitwiseEqual;
-using ::muon::testing::kGlooTimeout;
+using ::muon::testing::CutShards;
+using ::muon::testing::DistributedRun;
+using ::muon::testing::ExpectEachMatrixOrthogonalizedOnce;
+using ::muon::testing::ExpectShardsMatchSingleDevice;
 using ::muon::testing::kJoinTimeoutMs;
-using ::muon::testing::RandomValues;
+using ::muon::testing::MakeProblem;
+using ::muon::testing::Problem;
+using ::muon::testing::ProblemLayout;
+using ::muon::testing::RankShards;
+using ::muon::testing::RunDistributedSteps;
 using ::muon::testing::RunOnRanks;
-
-struct MatrixSpec {
-  std::string name;
-  int64_t rows;
-  int64_t cols;
-};
+using ::muon::testing::RunSingleDevice;
+using ::muon::testing::SingleDeviceResult;
+using ::muon::testing::TensorSpec;
+using ::muon::testing::UniformLayout;
 
 // Uneven (10x7 over 4: chunks 3,3,3,1 rows / 2,2,2,1 cols), smaller than the
 // world in one dim (3x5 and 5x3 over 4: an empty shard), and even.
-const std::vector<MatrixSpec>& Matrices() {
-  static const auto* specs = new std::vector<MatrixSpec>{
-      {"layers.0.weight", 10, 7},
-      {"layers.1.weight", 3, 5},
-      {"layers.2.weight", 5, 3},
-      {"layers.3.weight", 12, 16},
-  };
-  return *specs;
-}
-
-// The global tensors of a run: initial weights and one gradient per step,
-// identical for the single-device and every distributed run.
-struct Problem {
-  std::vector<MatrixSpec> specs;
-  std::vector<std::vector<float>> init;                // [matrix]
-  std::vector<std::vector<std::vector<float>>> grads;  // [step][matrix]
-};
-
-Problem MakeProblem(const std::vector<MatrixSpec>& specs) {
-  Problem p;
-  p.specs = specs;
-  for (size_t i = 0; i < specs.size(); ++i) {
-    p.init.push_back(RandomValues(specs[i].rows * specs[i].cols, 7 + i));
-  }
-  p.grads.resize(kSteps);
-  for (int s = 0; s < kSteps; ++s) {
-    for (size_t i = 0; i < specs.size(); ++i) {
-      p.grads[s].push_back(
-          RandomValues(specs[i].rows * specs[i].cols, 1000 * (s + 1) + i));
-    }
-  }
-  return p;
+Problem MatricesProblem() {
+  return MakeProblem({{"layers.0.weight", {10, 7}},
+                      {"layers.1.weight", {3, 5}},
+                      {"layers.2.weight", {5, 3}},
+                      {"layers.3.weight", {12, 16}}},
+                     kSteps);
 }
 
 MuonOptions TestOptions() {
@@ -123,82 +91,34 @@ MuonOptions TestOptions() {
   return o;
 }
 
-Box FullBox(const MatrixSpec& m) { return Box{{0, m.rows}, {0, m.cols}}; }
-
-// The single-device result of `kSteps` steps.
-struct SingleDeviceResult {
-  std::vector<std::vector<float>> params;   // [matrix], after the last step
-  std::vector<std::vector<float>> buffers;  // momentum, after the last step
-  std::vector<StepStats> stats;             // [step]
-};
-
-SingleDeviceResult RunSingleDevice(const Problem& problem,
-                                   const MuonOptions& options) {
-  SingleDeviceResult out;
-  std::vector<Parameter> params(problem.specs.size());
-  std::vector<Parameter*> ptrs;
-  for (size_t i = 0; i < params.size(); ++i) {
-    params[i].name = problem.specs[i].name;
-    params[i].local_shape = {problem.specs[i].rows, problem.specs[i].cols};
-    params[i].data = problem.init[i];
-    ptrs.push_back(&params[i]);
-  }
-  absl::StatusOr<std::unique_ptr<Muon>> muon = Muon::Create(ptrs, options);
-  EXPECT_TRUE(muon.ok()) << muon.status();
-  if (!muon.ok()) return out;
-  for (int s = 0; s < kSteps; ++s) {
-    for (size_t i = 0; i < params.size(); ++i) {
-      params[i].grad = problem.grads[s][i];
-    }
-    absl::Status st = (*muon)->Step();
-    EXPECT_TRUE(st.ok()) << st;
-    out.stats.push_back((*muon)->last_step_stats());
-  }
-  for (size_t i = 0; i < params.size(); ++i) {
-    out.params.push_back(params[i].data);
-    out.buffers.push_back((*muon)->momentum_buffer(i));
-  }
-  return out;
-}
-
 // Makes a rank's DistributedConfig from its parameters, process group and
 // coordinator client.
 using ConfigFactory = std::function<absl::StatusOr<DistributedConfig>(
     const std::vector<Parameter*>& params, Communicator* comm,
     CoordinationClient* coordinator)>;
 
-// How the ranks hold the matrices: a mesh and one placement list per matrix
-// (used by the test to cut shards; the optimizer gets its own config from a
-// ConfigFactory).
-struct Layout {
-  Mesh mesh;
-  std::vector<std::vector<Placement>> placements;  // [matrix]
-};
-
-Layout OneDimLayout(int world_size, Placement placement, size_t matrices) {
-  Layout l;
-  l.mesh = Mesh::OneDim(world_size);
-  l.placements.assign(matrices, {placement});
-  return l;
+ProblemLayout OneDimLayout(int world_size, Placement placement,
+                           size_t matrices) {
+  return UniformLayout(Mesh::OneDim(world_size), {placement}, matrices);
 }
 
 ConfigFactory AutoConfig(bool fsdp, int shard_dim = 0) {
-  return [fsdp, shard_dim](const std::vector<Parameter*>& params,
-                           Communicator* comm,
-                           CoordinationClient* coordinator) {
-    AutoConfigOptions o;
-    if (fsdp) {
-      o.fsdp = comm;
-      o.fsdp_shard_dim = shard_dim;
-    } else {
-      o.ddp = comm;
-    }
-    o.coordinator = coordinator;
-    return CreateAutoConfig(params, o);
-  };
+  return
+      [fsdp, shard_dim](const std::vector<Parameter*>& params,
+                        Communicator* comm, CoordinationClient* coordinator) {
+        AutoConfigOptions o;
+        if (fsdp) {
+          o.fsdp = comm;
+          o.fsdp_shard_dim = shard_dim;
+        } else {
+          o.ddp = comm;
+        }
+        o.coordinator = coordinator;
+        return CreateAutoConfig(params, o);
+      };
 }
 
-ConfigFactory MeshConfig(const Layout& layout) {
+ConfigFactory MeshConfig(const ProblemLayout& layout) {
   return [layout](const std::vector<Parameter*>&, Communicator* comm,
                   CoordinationClient* coordinator) {
     std::vector<ParamPlacement> placements;
@@ -210,166 +130,83 @@ ConfigFactory MeshConfig(const Layout& layout) {
 }
 
 // One job: a coordinator, and per rank a coordination client, a Gloo process
-// group, the local shards and the optimizer. Members are destroyed in
-// reverse order: optimizers first (they stop their agents), then the
-// process groups, the clients and the coordinator.
+// group (ThreadWorld), and the ranks' shards, optimizers and step stats
+// (`run`). `run` is destroyed before the ThreadWorld base: the optimizers
+// stop their agents before the process groups and the coordinator go.
 class World : public ::muon::testing::ThreadWorld {
  public:
-  explicit World(int world_size) : ThreadWorld(world_size) {
-    params.resize(world_size);
-    boxes.resize(world_size);
-    muons.resize(world_size);
-  }
+  explicit World(int world_size) : ThreadWorld(world_size), run(world_size) {}
 
-  // Optimizers first: they stop their agents before the process groups and
-  // the coordinator go.
-  ~World() { muons.clear(); }
-
-  // Fills rank `rank`'s parameters with its shards of the global initial
-  // weights, cut as `layout` says (must run before the optimizer is made;
-  // the vectors are not resized afterwards).
+  // Cuts rank `rank`'s shards of the problem as `layout` says (must run
+  // before the optimizer is made; the vectors are not resized afterwards).
   absl::Status MakeShards(int rank, const Problem& problem,
-                          const Layout& layout) {
-    const std::vector<int> coord = layout.mesh.Coord(rank);
-    params[rank].resize(problem.specs.size());
-    boxes[rank].clear();
-    for (size_t i = 0; i < problem.specs.size(); ++i) {
-      const MatrixSpec& m = problem.specs[i];
-      absl::StatusOr<Box> box =
-          LocalBox(m.rows, m.cols, layout.placements[i], layout.mesh, coord);
-      if (!box.ok()) return box.status();
-      boxes[rank].push_back(*box);
-      Parameter& p = params[rank][i];
-      p.name = m.name;
-      p.global_shape = {m.rows, m.cols};
-      p.local_shape = {box->rows.size(), box->cols.size()};
-      p.data.assign(box->numel(), 0.0f);
-      p.grad.assign(box->numel(), 0.0f);
-      CopyRegion(problem.init[i].data(), FullBox(m), p.data.data(), *box,
-                 *box);
-    }
+                          const ProblemLayout& layout) {
+    absl::StatusOr<RankShards> shards = CutShards(problem, layout, rank);
+    if (!shards.ok()) return shards.status();
+    run.shards[rank] = *std::move(shards);
     return absl::OkStatus();
   }
 
-  // Copies rank `rank`'s shards of the step-`step` global gradients into its
-  // parameters' grad vectors.
-  void SetGrads(int rank, const Problem& problem, int step) {
-    for (size_t i = 0; i < problem.specs.size(); ++i) {
-      CopyRegion(problem.grads[step][i].data(), FullBox(problem.specs[i]),
-                 params[rank][i].grad.data(), boxes[rank][i], boxes[rank][i]);
-    }
-  }
-
-  std::vector<Parameter*> Pointers(int rank) {
-    std::vector<Parameter*> ptrs;
-    for (Parameter& p : params[rank]) ptrs.push_back(&p);
-    return ptrs;
-  }
+  std::vector<Parameter>& params(int rank) { return run.shards[rank].params; }
 
   // Builds the rank's config with `factory` (bounded join) and the
-  // optimizer.
-  absl::Status CreateMuon(int rank, const ConfigFactory& factory,
-                          const MuonOptions& options,
-                          const std::function<void(DistributedConfig&)>&
-                              customize = nullptr) {
+  // optimizer over `shards`.
+  absl::StatusOr<std::unique_ptr<Muon>> MakeMuon(
+      int rank, RankShards& shards, const ConfigFactory& factory,
+      const MuonOptions& options,
+      const std::function<void(DistributedConfig&)>& customize = nullptr) {
     absl::StatusOr<DistributedConfig> config =
-        factory(Pointers(rank), comm(rank), client(rank));
+        factory(shards.Pointers(), comm(rank), client(rank));
     if (!config.ok()) return config.status();
     config->state.join_timeout_ms = kJoinTimeoutMs;
     config->state.incarnation = 100 + rank;
     if (customize) customize(*config);
+    return Muon::Create(shards.Pointers(), options, *std::move(config));
+  }
+
+  // The same into run.muons[rank].
+  absl::Status CreateMuon(
+      int rank, const ConfigFactory& factory, const MuonOptions& options,
+      const std::function<void(DistributedConfig&)>& customize = nullptr) {
     absl::StatusOr<std::unique_ptr<Muon>> muon =
-        Muon::Create(Pointers(rank), options, *std::move(config));
+        MakeMuon(rank, run.shards[rank], factory, options, customize);
     if (!muon.ok()) return muon.status();
-    muons[rank] = *std::move(muon);
+    run.muons[rank] = *std::move(muon);
     return absl::OkStatus();
   }
 
-  std::vector<std::vector<Parameter>> params;  // [rank][matrix]
-  std::vector<std::vector<Box>> boxes;         // [rank][matrix]
-  std::vector<std::unique_ptr<Muon>> muons;    // [rank]
-  std::vector<std::vector<StepStats>> stats;   // [rank][step]
+  DistributedRun run;
 };
 
 // Runs kSteps distributed steps on `world` (shards cut as `layout`, config
-// from `factory`) and compares with the single-device run bit for bit:
-// every parameter reassembled from the ranks' shards (and each rank's own
-// shard, so replicas are checked too), every momentum buffer shard, and the
-// zero-redundancy counters of every step.
+// from `factory`) and compares with the single-device run bit for bit
+// (every shard, replica, momentum buffer and reassembled parameter, and the
+// zero-redundancy counters of every step), then checks that every rank
+// holds the same plan, whose owners cover every matrix once.
 void ExpectMatchesSingleDevice(
-    World& world, const Problem& problem, const Layout& layout,
+    World& world, const Problem& problem, const ProblemLayout& layout,
     const ConfigFactory& factory, const MuonOptions& options = TestOptions(),
     const std::function<void(DistributedConfig&)>& customize = nullptr) {
-  openblas_set_num_threads(1);
-  const SingleDeviceResult single = RunSingleDevice(problem, options);
-  ASSERT_EQ(single.stats.size(), static_cast<size_t>(kSteps));
+  const absl::StatusOr<SingleDeviceResult> single =
+      RunSingleDevice(problem, options);
+  ASSERT_THAT(single, IsOk());
   ASSERT_TRUE(world.Connect());
   const int n = world.size();
-  world.stats.assign(n, {});
-  std::vector<absl::Status> statuses =
-      RunOnRanks(n, [&](int rank) -> absl::Status {
-        if (absl::Status s = world.MakeShards(rank, problem, layout); !s.ok()) {
-          return s;
-        }
-        if (absl::Status s =
-                world.CreateMuon(rank, factory, options, customize);
-            !s.ok()) {
-          return s;
-        }
-        for (int step = 0; step < kSteps; ++step) {
-          world.SetGrads(rank, problem, step);
-          if (absl::Status s = world.muons[rank]->Step(); !s.ok()) {
-            return absl::Status(s.code(), absl::StrCat("step ", step + 1, ": ",
-                                                       s.message()));
-          }
-          world.stats[rank].push_back(world.muons[rank]->last_step_stats());
-        }
-        return absl::OkStatus();
-      });
+  std::vector<absl::Status> statuses = RunDistributedSteps(
+      problem, layout,
+      [&](int rank, RankShards& shards) {
+        return world.MakeMuon(rank, shards, factory, options, customize);
+      },
+      &world.run);
   for (int r = 0; r < n; ++r) {
     ASSERT_TRUE(statuses[r].ok()) << "rank " << r << ": " << statuses[r];
   }
+  ExpectShardsMatchSingleDevice(problem, *single, world.run);
+  ExpectEachMatrixOrthogonalizedOnce(problem, *single, world.run);
 
-  for (size_t i = 0; i < problem.specs.size(); ++i) {
-    const MatrixSpec& m = problem.specs[i];
-    SCOPED_TRACE(absl::StrCat("parameter ", m.name, " [", m.rows, ", ",
-                              m.cols, "]"));
-    // Reassembled from the shards; NaN marks elements no rank holds.
-    std::vector<float> whole(m.rows * m.cols, std::nanf(""));
-    for (int r = 0; r < n; ++r) {
-      SCOPED_TRACE(absl::StrCat("rank ", r));
-      const Box& box = world.boxes[r][i];
-      CopyRegion(world.params[r][i].data.data(), box, whole.data(), FullBox(m),
-                 box);
-      std::vector<float> expected_param(box.numel());
-      std::vector<float> expected_buf(box.numel());
-      CopyRegion(single.params[i].data(), FullBox(m), expected_param.data(),
-                 box, box);
-      CopyRegion(single.buffers[i].data(), FullBox(m), expected_buf.data(),
-                 box, box);
-      EXPECT_TRUE(BitwiseEqual(world.params[r][i].data, expected_param));
-      EXPECT_TRUE(
-          BitwiseEqual(world.muons[r]->momentum_buffer(i), expected_buf));
-    }
-    EXPECT_TRUE(BitwiseEqual(whole, single.params[i]));
-  }
-
-  // Zero redundancy, every step.
-  for (int step = 0; step < kSteps; ++step) {
-    SCOPED_TRACE(absl::StrCat("step ", step + 1));
-    int matrices = 0;
-    double flops = 0;
-    for (int r = 0; r < n; ++r) {
-      matrices += world.stats[r][step].matrices_orthogonalized;
-      flops += world.stats[r][step].ns_flops;
-    }
-    EXPECT_EQ(matrices, static_cast<int>(problem.specs.size()));
-    EXPECT_EQ(single.stats[step].matrices_orthogonalized,
-              static_cast<int>(problem.specs.size()));
-    EXPECT_DOUBLE_EQ(flops, single.stats[step].ns_flops);
-  }
   // Every rank holds the same plan, and its owners cover every matrix once.
-  std::map<int, std::vector<int>> assignments = world.muons[0]->assignments();
+  std::map<int, std::vector<int>> assignments =
+      world.run.muons[0]->assignments();
   std::vector<int> owned(problem.specs.size(), 0);
   for (const auto& [rank, indices] : assignments) {
     EXPECT_GE(rank, 0);
@@ -378,15 +215,16 @@ void ExpectMatchesSingleDevice(
   }
   EXPECT_EQ(owned, std::vector<int>(problem.specs.size(), 1));
   for (int r = 1; r < n; ++r) {
-    EXPECT_EQ(world.muons[r]->assignments(), assignments) << "rank " << r;
-    EXPECT_EQ(world.muons[r]->plan().hash(), world.muons[0]->plan().hash());
+    EXPECT_EQ(world.run.muons[r]->assignments(), assignments) << "rank " << r;
+    EXPECT_EQ(world.run.muons[r]->plan().hash(),
+              world.run.muons[0]->plan().hash());
   }
 }
 
 // --- Bitwise equality with the single-device step ---
 
 TEST(MuonDistributedTest, Step_FsdpShard0FourRanks_MatchesSingleDeviceBitwise) {
-  const Problem problem = MakeProblem(Matrices());
+  const Problem problem = MatricesProblem();
   World world(4);
   ExpectMatchesSingleDevice(
       world, problem,
@@ -395,7 +233,7 @@ TEST(MuonDistributedTest, Step_FsdpShard0FourRanks_MatchesSingleDeviceBitwise) {
 }
 
 TEST(MuonDistributedTest, Step_FsdpShard1FourRanks_MatchesSingleDeviceBitwise) {
-  const Problem problem = MakeProblem(Matrices());
+  const Problem problem = MatricesProblem();
   World world(4);
   ExpectMatchesSingleDevice(
       world, problem,
@@ -404,26 +242,26 @@ TEST(MuonDistributedTest, Step_FsdpShard1FourRanks_MatchesSingleDeviceBitwise) {
 }
 
 TEST(MuonDistributedTest, Step_DdpTwoRanks_MatchesSingleDeviceBitwise) {
-  const Problem problem = MakeProblem(Matrices());
+  const Problem problem = MatricesProblem();
   World world(2);
-  ExpectMatchesSingleDevice(
-      world, problem, OneDimLayout(2, Placement::Replicate(), 4),
-      AutoConfig(/*fsdp=*/false));
+  ExpectMatchesSingleDevice(world, problem,
+                            OneDimLayout(2, Placement::Replicate(), 4),
+                            AutoConfig(/*fsdp=*/false));
 }
 
 TEST(MuonDistributedTest, Step_DdpFourRanks_MatchesSingleDeviceBitwise) {
-  const Problem problem = MakeProblem(Matrices());
+  const Problem problem = MatricesProblem();
   World world(4);
-  ExpectMatchesSingleDevice(
-      world, problem, OneDimLayout(4, Placement::Replicate(), 4),
-      AutoConfig(/*fsdp=*/false));
+  ExpectMatchesSingleDevice(world, problem,
+                            OneDimLayout(4, Placement::Replicate(), 4),
+                            AutoConfig(/*fsdp=*/false));
 }
 
 // DTensor-style config with a different placement per parameter.
 TEST(MuonDistributedTest,
      Step_MeshConfigMixedPlacementsFourRanks_MatchesSingleDeviceBitwise) {
-  const Problem problem = MakeProblem(Matrices());
-  Layout layout;
+  const Problem problem = MatricesProblem();
+  ProblemLayout layout;
   layout.mesh = Mesh::OneDim(4, "dp_shard");
   layout.placements = {{Placement::Shard(1)},
                        {Placement::Shard(0)},
@@ -435,8 +273,8 @@ TEST(MuonDistributedTest,
 
 // HSDP: dp_replicate=2 x dp_shard=2, [Replicate(), Shard(0)].
 TEST(MuonDistributedTest, Step_HsdpTwoByTwoMesh_MatchesSingleDeviceBitwise) {
-  const Problem problem = MakeProblem(Matrices());
-  Layout layout;
+  const Problem problem = MatricesProblem();
+  ProblemLayout layout;
   layout.mesh.names = {"dp_replicate", "dp_shard"};
   layout.mesh.sizes = {2, 2};
   layout.placements.assign(problem.specs.size(),
@@ -448,7 +286,7 @@ TEST(MuonDistributedTest, Step_HsdpTwoByTwoMesh_MatchesSingleDeviceBitwise) {
 // Buckets of several matrices (one exchange for all of them).
 TEST(MuonDistributedTest,
      Step_FsdpShard0LargeBuckets_MatchesSingleDeviceBitwise) {
-  const Problem problem = MakeProblem(Matrices());
+  const Problem problem = MatricesProblem();
   World world(4);
   ExpectMatchesSingleDevice(
       world, problem, OneDimLayout(4, Placement::Shard(0), 4),
@@ -458,7 +296,7 @@ TEST(MuonDistributedTest,
 
 TEST(MuonDistributedTest,
      Step_FsdpShard1RoundRobinNesterovOffMatchRms_MatchesSingleDeviceBitwise) {
-  const Problem problem = MakeProblem(Matrices());
+  const Problem problem = MatricesProblem();
   MuonOptions o = TestOptions();
   o.nesterov = false;
   o.adjust_lr_fn = "match_rms_adamw";
@@ -473,7 +311,7 @@ TEST(MuonDistributedTest,
 // assignments() says so on every rank, and only rank 1 orthogonalizes.
 TEST(MuonDistributedTest,
      Step_CustomAssignFnAllToRankOne_MatchesSingleDeviceAndAssignments) {
-  const Problem problem = MakeProblem(Matrices());
+  const Problem problem = MatricesProblem();
   World world(4);
   ExpectMatchesSingleDevice(
       world, problem, OneDimLayout(4, Placement::Shard(0), 4),
@@ -487,12 +325,13 @@ TEST(MuonDistributedTest,
   const std::map<int, std::vector<int>> expected = {{1, {0, 1, 2, 3}}};
   for (int r = 0; r < world.size(); ++r) {
     SCOPED_TRACE(absl::StrCat("rank ", r));
-    ASSERT_NE(world.muons[r], nullptr);
-    std::map<int, std::vector<int>> got = world.muons[r]->assignments();
+    ASSERT_NE(world.run.muons[r], nullptr);
+    std::map<int, std::vector<int>> got = world.run.muons[r]->assignments();
     for (auto& [rank, indices] : got) std::sort(indices.begin(), indices.end());
     EXPECT_EQ(got, expected);
     for (int step = 0; step < kSteps; ++step) {
-      EXPECT_EQ(world.stats[r][step].matrices_orthogonalized, r == 1 ? 4 : 0);
+      EXPECT_EQ(world.run.stats[r][step].matrices_orthogonalized,
+                r == 1 ? 4 : 0);
     }
   }
 }
@@ -500,8 +339,9 @@ TEST(MuonDistributedTest,
 // Zero redundancy per rank: each rank orthogonalizes exactly the matrices
 // the plan gives it (so, summed over the world, each matrix once) and reports
 // their NS FLOPs; DDP replicas split the work instead of each redoing it.
-TEST(MuonDistributedTest, Step_FsdpAndDdp_EachRankOrthogonalizesItsOwnMatrices) {
-  const Problem problem = MakeProblem(Matrices());
+TEST(MuonDistributedTest,
+     Step_FsdpAndDdp_EachRankOrthogonalizesItsOwnMatrices) {
+  const Problem problem = MatricesProblem();
   for (const bool fsdp : {true, false}) {
     SCOPED_TRACE(fsdp ? "FSDP Shard(0)" : "DDP");
     World world(4);
@@ -513,21 +353,22 @@ TEST(MuonDistributedTest, Step_FsdpAndDdp_EachRankOrthogonalizesItsOwnMatrices) 
     int owners = 0;
     for (int r = 0; r < world.size(); ++r) {
       SCOPED_TRACE(absl::StrCat("rank ", r));
-      ASSERT_NE(world.muons[r], nullptr);
-      const std::map<int, std::vector<int>> a = world.muons[r]->assignments();
+      ASSERT_NE(world.run.muons[r], nullptr);
+      const std::map<int, std::vector<int>> a =
+          world.run.muons[r]->assignments();
       const std::vector<int> mine =
           a.count(r) > 0 ? a.at(r) : std::vector<int>();
       if (!mine.empty()) ++owners;
       double flops = 0;
       for (int i : mine) {
-        flops += kernels::NewtonSchulzFlops(problem.specs[i].rows,
-                                            problem.specs[i].cols,
+        flops += kernels::NewtonSchulzFlops(problem.specs[i].shape[0],
+                                            problem.specs[i].shape[1],
                                             TestOptions().ns_steps);
       }
       for (int step = 0; step < kSteps; ++step) {
-        EXPECT_EQ(world.stats[r][step].matrices_orthogonalized,
+        EXPECT_EQ(world.run.stats[r][step].matrices_orthogonalized,
                   static_cast<int>(mine.size()));
-        EXPECT_DOUBLE_EQ(world.stats[r][step].ns_flops, flops);
+        EXPECT_DOUBLE_EQ(world.run.stats[r][step].ns_flops, flops);
       }
     }
     // 4 matrices over 4 ranks: the work is spread, not all on one rank.
@@ -558,15 +399,15 @@ void ExpectFailsOnEveryRank(World& world, const std::vector<absl::Status>& st,
       EXPECT_THAT(std::string(st[r].message()),
                   HasSubstr(absl::StrCat("rank ", r)));
     }
-    EXPECT_EQ(world.muons[r], nullptr);
-    ASSERT_EQ(world.params[r].size(), before[r].size());
+    EXPECT_EQ(world.run.muons[r], nullptr);
+    ASSERT_EQ(world.params(r).size(), before[r].size());
     for (size_t i = 0; i < before[r].size(); ++i) {
-      EXPECT_TRUE(BitwiseEqual(world.params[r][i].data, before[r][i].data))
-          << world.params[r][i].name;
+      EXPECT_TRUE(BitwiseEqual(world.params(r)[i].data, before[r][i].data))
+          << world.params(r)[i].name;
     }
   }
-  std::vector<absl::Status> barrier = RunOnRanks(
-      n, [&](int rank) { return world.comm(rank)->Barrier(); });
+  std::vector<absl::Status> barrier =
+      RunOnRanks(n, [&](int rank) { return world.comm(rank)->Barrier(); });
   for (int r = 0; r < n; ++r) {
     EXPECT_TRUE(barrier[r].ok()) << "rank " << r << ": " << barrier[r];
   }
@@ -583,13 +424,13 @@ std::vector<absl::Status> CreateOnEveryRank(
     std::vector<std::vector<Parameter>>* before) {
   before->assign(world.size(), {});
   return RunOnRanks(world.size(), [&](int rank) -> absl::Status {
-    const Layout layout =
+    const ProblemLayout layout =
         OneDimLayout(world.size(), Placement::Shard(0), problem.specs.size());
     if (absl::Status s = world.MakeShards(rank, problem, layout); !s.ok()) {
       return absl::InternalError(absl::StrCat("test setup: ", s.message()));
     }
-    if (mutate) mutate(rank, world.params[rank]);
-    (*before)[rank] = world.params[rank];
+    if (mutate) mutate(rank, world.params(rank));
+    (*before)[rank] = world.params(rank);
     return world.CreateMuon(rank, AutoConfig(/*fsdp=*/true, 0), TestOptions(),
                             customize);
   });
@@ -597,7 +438,7 @@ std::vector<absl::Status> CreateOnEveryRank(
 
 TEST(MuonDistributedTest,
      Create_OneDimParameterOnEveryRank_ReturnsInvalidArgumentOnEveryRank) {
-  const Problem problem = MakeProblem(Matrices());
+  const Problem problem = MatricesProblem();
   World world(4);
   ASSERT_TRUE(world.Connect());
   std::vector<std::vector<Parameter>> before;
@@ -614,14 +455,13 @@ TEST(MuonDistributedTest,
         params.insert(params.begin() + 1, bias);
       },
       nullptr, &before);
-  ExpectFailsOnEveryRank(world, st, before,
-                         absl::StatusCode::kInvalidArgument,
+  ExpectFailsOnEveryRank(world, st, before, absl::StatusCode::kInvalidArgument,
                          {"layers.0.bias", "[10]"});
 }
 
 TEST(MuonDistributedTest,
      Create_ThreeDimParameterOnEveryRank_ReturnsInvalidArgumentOnEveryRank) {
-  const Problem problem = MakeProblem(Matrices());
+  const Problem problem = MatricesProblem();
   World world(4);
   ASSERT_TRUE(world.Connect());
   std::vector<std::vector<Parameter>> before;
@@ -637,17 +477,17 @@ TEST(MuonDistributedTest,
         params.push_back(conv);
       },
       nullptr, &before);
-  ExpectFailsOnEveryRank(world, st, before,
-                         absl::StatusCode::kInvalidArgument,
+  ExpectFailsOnEveryRank(world, st, before, absl::StatusCode::kInvalidArgument,
                          {"conv.weight", "[8, 3, 2]"});
 }
 
 // Rank 2 says layers.1.weight is [4, 5] (its own 1x5 shard fits both
 // [3, 5] and [4, 5], so its local checks pass); the coordinator compares the
 // manifests and answers every rank with the same error.
-TEST(MuonDistributedTest,
-     Create_ManifestsDisagreeOnGlobalShape_ReturnsSameInvalidArgumentOnEveryRank) {
-  const Problem problem = MakeProblem(Matrices());
+TEST(
+    MuonDistributedTest,
+    Create_ManifestsDisagreeOnGlobalShape_ReturnsSameInvalidArgumentOnEveryRank) {
+  const Problem problem = MatricesProblem();
   World world(4);
   ASSERT_TRUE(world.Connect());
   std::vector<std::vector<Parameter>> before;
@@ -657,8 +497,7 @@ TEST(MuonDistributedTest,
         if (rank == 2) params[1].global_shape = {4, 5};
       },
       nullptr, &before);
-  ExpectFailsOnEveryRank(world, st, before,
-                         absl::StatusCode::kInvalidArgument,
+  ExpectFailsOnEveryRank(world, st, before, absl::StatusCode::kInvalidArgument,
                          {"layers.1.weight", "rank 2", "[4, 5]", "[3, 5]"},
                          /*name_rank=*/false);
   for (int r = 1; r < world.size(); ++r) {
@@ -670,7 +509,7 @@ TEST(MuonDistributedTest,
 // is deterministic).
 TEST(MuonDistributedTest,
      Create_AssignFnMissingOwner_ReturnsInvalidArgumentOnEveryRank) {
-  const Problem problem = MakeProblem(Matrices());
+  const Problem problem = MatricesProblem();
   World world(4);
   ASSERT_TRUE(world.Connect());
   std::vector<std::vector<Parameter>> before;
@@ -682,14 +521,13 @@ TEST(MuonDistributedTest,
         };
       },
       &before);
-  ExpectFailsOnEveryRank(world, st, before,
-                         absl::StatusCode::kInvalidArgument,
+  ExpectFailsOnEveryRank(world, st, before, absl::StatusCode::kInvalidArgument,
                          {"layers.2.weight"});
 }
 
 TEST(MuonDistributedTest,
      Create_AssignFnDuplicatedOwner_ReturnsInvalidArgumentOnEveryRank) {
-  const Problem problem = MakeProblem(Matrices());
+  const Problem problem = MatricesProblem();
   World world(4);
   ASSERT_TRUE(world.Connect());
   std::vector<std::vector<Parameter>> before;
@@ -702,8 +540,7 @@ TEST(MuonDistributedTest,
         };
       },
       &before);
-  ExpectFailsOnEveryRank(world, st, before,
-                         absl::StatusCode::kInvalidArgument,
+  ExpectFailsOnEveryRank(world, st, before, absl::StatusCode::kInvalidArgument,
                          {"layers.1.weight", "0", "2"});
   for (int r = 0; r < world.size(); ++r) {
     EXPECT_THAT(std::string(st[r].message()),
@@ -714,7 +551,7 @@ TEST(MuonDistributedTest,
 
 TEST(MuonDistributedTest,
      Create_AssignFnOwnerOutOfRange_ReturnsInvalidArgumentOnEveryRank) {
-  const Problem problem = MakeProblem(Matrices());
+  const Problem problem = MatricesProblem();
   for (const int bad_rank : {4, -1}) {
     SCOPED_TRACE(absl::StrCat("owner rank ", bad_rank));
     World world(4);
@@ -729,10 +566,9 @@ TEST(MuonDistributedTest,
           };
         },
         &before);
-    ExpectFailsOnEveryRank(world, st, before,
-                           absl::StatusCode::kInvalidArgument,
-                           {"layers.2.weight",
-                            absl::StrCat("rank ", bad_rank)});
+    ExpectFailsOnEveryRank(
+        world, st, before, absl::StatusCode::kInvalidArgument,
+        {"layers.2.weight", absl::StrCat("rank ", bad_rank)});
   }
 }
 
@@ -740,7 +576,7 @@ TEST(MuonDistributedTest,
 // it cannot own it; the coordinator rejects the plan on every rank.
 TEST(MuonDistributedTest,
      Create_AssignFnOwnerWithEmptyShard_ReturnsInvalidArgumentOnEveryRank) {
-  const Problem problem = MakeProblem(Matrices());
+  const Problem problem = MatricesProblem();
   World world(4);
   ASSERT_TRUE(world.Connect());
   std::vector<std::vector<Parameter>> before;
@@ -753,8 +589,7 @@ TEST(MuonDistributedTest,
         };
       },
       &before);
-  ExpectFailsOnEveryRank(world, st, before,
-                         absl::StatusCode::kInvalidArgument,
+  ExpectFailsOnEveryRank(world, st, before, absl::StatusCode::kInvalidArgument,
                          {"layers.1.weight", "rank 3"}, /*name_rank=*/false);
   for (int r = 1; r < world.size(); ++r) {
     EXPECT_EQ(st[r], st[0]) << "rank " << r;
@@ -768,10 +603,10 @@ TEST(MuonDistributedTest,
 TEST(MuonDistributedTest,
      Step_MissingGradientOnEveryRank_ReturnsFailedPreconditionOnEveryRank) {
   openblas_set_num_threads(1);
-  const Problem problem = MakeProblem(Matrices());
+  const Problem problem = MatricesProblem();
   World world(4);
   ASSERT_TRUE(world.Connect());
-  const Layout layout = OneDimLayout(4, Placement::Shard(0), 4);
+  const ProblemLayout layout = OneDimLayout(4, Placement::Shard(0), 4);
   // [rank][param], around the failed step.
   std::vector<std::vector<std::vector<float>>> data_before(4), bufs_before(4),
       data_after(4), bufs_after(4);
@@ -781,29 +616,29 @@ TEST(MuonDistributedTest,
     if (absl::Status s = world.MakeShards(rank, problem, layout); !s.ok()) {
       return s;
     }
-    if (absl::Status s = world.CreateMuon(rank, AutoConfig(true, 0),
-                                          TestOptions());
+    if (absl::Status s =
+            world.CreateMuon(rank, AutoConfig(true, 0), TestOptions());
         !s.ok()) {
       return s;
     }
-    Muon& muon = *world.muons[rank];
-    world.SetGrads(rank, problem, 0);
+    Muon& muon = *world.run.muons[rank];
+    world.run.shards[rank].SetGrads(problem, 0);
     if (absl::Status s = muon.Step(); !s.ok()) return s;
-    world.SetGrads(rank, problem, 1);
-    world.params[rank][3].grad.clear();
-    for (size_t i = 0; i < world.params[rank].size(); ++i) {
-      data_before[rank].push_back(world.params[rank][i].data);
+    world.run.shards[rank].SetGrads(problem, 1);
+    world.params(rank)[3].grad.clear();
+    for (size_t i = 0; i < world.params(rank).size(); ++i) {
+      data_before[rank].push_back(world.params(rank)[i].data);
       bufs_before[rank].push_back(muon.momentum_buffer(i));
     }
     failed[rank] = muon.Step();
     steps_after_failure[rank] = muon.step_count();
-    for (size_t i = 0; i < world.params[rank].size(); ++i) {
-      data_after[rank].push_back(world.params[rank][i].data);
+    for (size_t i = 0; i < world.params(rank).size(); ++i) {
+      data_after[rank].push_back(world.params(rank)[i].data);
       bufs_after[rank].push_back(muon.momentum_buffer(i));
     }
     // With the gradient back the job goes on: the ranks are still in step.
-    world.params[rank][3].grad.assign(world.boxes[rank][3].numel(), 0.0f);
-    world.SetGrads(rank, problem, 1);
+    world.params(rank)[3].grad.assign(world.params(rank)[3].data.size(), 0.0f);
+    world.run.shards[rank].SetGrads(problem, 1);
     return muon.Step();
   });
   for (int r = 0; r < 4; ++r) {
@@ -821,36 +656,17 @@ TEST(MuonDistributedTest,
     }
   }
   // Equality with a single-device run of 2 steps (the failed step not
-  // counted).
+  // counted): parameters and momentum buffers.
   Problem two = problem;
   two.grads.resize(2);
-  MuonOptions o = TestOptions();
-  std::vector<Parameter> params(4);
-  std::vector<Parameter*> ptrs;
-  for (size_t i = 0; i < 4; ++i) {
-    params[i].name = problem.specs[i].name;
-    params[i].local_shape = {problem.specs[i].rows, problem.specs[i].cols};
-    params[i].data = problem.init[i];
-    ptrs.push_back(&params[i]);
-  }
-  absl::StatusOr<std::unique_ptr<Muon>> single = Muon::Create(ptrs, o);
-  ASSERT_TRUE(single.ok()) << single.status();
-  for (int s = 0; s < 2; ++s) {
-    for (size_t i = 0; i < 4; ++i) params[i].grad = problem.grads[s][i];
-    ASSERT_TRUE((*single)->Step().ok());
-  }
+  const absl::StatusOr<SingleDeviceResult> single =
+      RunSingleDevice(two, TestOptions());
+  ASSERT_THAT(single, IsOk());
   for (int r = 0; r < 4; ++r) {
-    ASSERT_NE(world.muons[r], nullptr);
-    EXPECT_EQ(world.muons[r]->step_count(), 2) << "rank " << r;
-    for (size_t i = 0; i < 4; ++i) {
-      const Box& box = world.boxes[r][i];
-      std::vector<float> expected(box.numel());
-      CopyRegion(params[i].data.data(), FullBox(problem.specs[i]),
-                 expected.data(), box, box);
-      EXPECT_TRUE(BitwiseEqual(world.params[r][i].data, expected))
-          << "rank " << r << " " << problem.specs[i].name;
-    }
+    ASSERT_NE(world.run.muons[r], nullptr);
+    EXPECT_EQ(world.run.muons[r]->step_count(), 2) << "rank " << r;
   }
+  ExpectShardsMatchSingleDevice(two, *single, world.run);
 }
 
 }  // namespace
