@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -13,10 +12,18 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/kernels/ns_test_util.h"
 
 namespace muon {
 namespace kernels {
 namespace {
+
+// Inputs, the error metric and the float64 reference (NewtonSchulzReference
+// on the input widened to double) are the Newton-Schulz tests' shared ones.
+using ::muon::kernels::testing::BitwiseEqual;
+using ::muon::kernels::testing::MaxRelError;
+using ::muon::kernels::testing::RandomMatrix;
+using ::muon::kernels::testing::Reference;
 
 // Error bound of the fp32 kernel against the float64 reference, as
 // max_ij |O - O_ref| / max_ij |O_ref|, for the default options (5 steps).
@@ -39,17 +46,6 @@ namespace {
 // instead of 2.0315 0.12).
 constexpr double kMaxRelErr = 1e-4;
 
-// Deterministic test matrix with entries uniform in [-1, 1), from raw
-// mt19937 bits (portable, unlike std::uniform_real_distribution).
-std::vector<float> RandomMatrix(int64_t rows, int64_t cols, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::vector<float> m(static_cast<size_t>(rows * cols));
-  for (float& v : m) {
-    v = static_cast<float>(static_cast<double>(gen() >> 8) / (1 << 23) - 1.0);
-  }
-  return m;
-}
-
 std::vector<float> Transpose(const std::vector<float>& m, int64_t rows,
                              int64_t cols) {
   std::vector<float> t(m.size());
@@ -57,23 +53,6 @@ std::vector<float> Transpose(const std::vector<float>& m, int64_t rows,
     for (int64_t j = 0; j < cols; ++j) t[j * rows + i] = m[i * cols + j];
   }
   return t;
-}
-
-// max|O - O_ref| / max|O_ref|.
-double MaxRelError(const std::vector<float>& got,
-                   const std::vector<double>& want) {
-  double max_diff = 0.0;
-  double max_ref = 0.0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    max_diff = std::max(max_diff, std::abs(got[i] - want[i]));
-    max_ref = std::max(max_ref, std::abs(want[i]));
-  }
-  return max_ref > 0.0 ? max_diff / max_ref : max_diff;
-}
-
-bool BitwiseEqual(const std::vector<float>& x, const std::vector<float>& y) {
-  return x.size() == y.size() &&
-         std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
 }
 
 bool AllFinite(const std::vector<float>& x) {
@@ -92,15 +71,6 @@ std::vector<float> RunNewtonSchulz(const std::vector<float>& u, int64_t rows,
   return out;
 }
 
-std::vector<double> RunReference(const std::vector<float>& u, int64_t rows,
-                                 int64_t cols,
-                                 const NewtonSchulzOptions& options = {}) {
-  std::vector<double> u64(u.begin(), u.end());
-  std::vector<double> out(u.size());
-  NewtonSchulzReference(u64.data(), rows, cols, options, out.data());
-  return out;
-}
-
 // Runs NS in fp32 and float64 on a random [rows, cols] matrix and checks the
 // relative error, recording it in the test log.
 void ExpectMatchesReference(int64_t rows, int64_t cols, uint32_t seed,
@@ -108,7 +78,7 @@ void ExpectMatchesReference(int64_t rows, int64_t cols, uint32_t seed,
   SCOPED_TRACE(absl::StrCat("shape ", rows, "x", cols, " seed ", seed));
   const std::vector<float> u = RandomMatrix(rows, cols, seed);
   const std::vector<float> got = RunNewtonSchulz(u, rows, cols);
-  const std::vector<double> want = RunReference(u, rows, cols);
+  const std::vector<double> want = Reference(u, rows, cols, {});
   ASSERT_TRUE(AllFinite(got));
   const double err = MaxRelError(got, want);
   ::testing::Test::RecordProperty(absl::StrCat("rel_err_", rows, "x", cols),
@@ -240,7 +210,7 @@ TEST(NewtonSchulzTest, NewtonSchulz_ZeroSteps_OnlyNormalises) {
     const double want = u[i] / norm;
     ASSERT_NEAR(got[i], want, 2.0 * std::ldexp(std::abs(want), -24)) << i;
   }
-  const std::vector<double> ref = RunReference(u, 33, 65, options);
+  const std::vector<double> ref = Reference(u, 33, 65, options);
   EXPECT_LE(MaxRelError(got, ref), 2.0 * std::ldexp(1.0, -24));
 }
 
