@@ -6,6 +6,7 @@ packages=(
   bazel-bootstrap pkg-config g++ protobuf-compiler protobuf-compiler-grpc
   libgrpc++-dev libprotobuf-dev libabsl-dev libgtest-dev libgmock-dev
   libgloo-dev libopenblas-dev zlib1g-dev dataset-fashion-mnist
+  nlohmann-json3-dev
 )
 missing=()
 for p in "${packages[@]}"; do
