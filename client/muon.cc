@@ -11,8 +11,8 @@
 #include "common/spec.h"
 #include "common/status_macros.h"
 #include "kernels/muon_update.h"
-#include "server/manifest_validation.h"
-#include "server/planner.h"
+#include "plan/plan_job.h"
+#include "plan/planner.h"
 
 namespace muon {
 namespace {
@@ -284,6 +284,7 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
   MUON_ASSIGN_OR_RETURN(
       std::vector<v1::RankManifest> manifests,
       AllManifests(ps, state, execution, requested_owners));
+  for (v1::RankManifest& m : manifests) m.set_ns_steps(options.ns_steps);
   if (state.coordinator != nullptr) {
     // The coordinator checks every rank's manifest against the others and
     // answers every rank with the same plan or the same error.
@@ -305,20 +306,16 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
           "rank ", rank, ": parameters on sub-meshes (pipeline stages, expert "
           "groups) need a coordinator to plan: set state.coordinator"));
     }
-    absl::StatusOr<JobLayout> layout = ValidateManifests(manifests);
-    if (!layout.ok()) {
-      return absl::Status(layout.status().code(),
+    // The same entry point as the coordinator's (manifest checks, planner,
+    // ValidatePlan, hash); the manifests carry the execution options and
+    // ns_steps.
+    absl::StatusOr<JobPlan> job = PlanJob(manifests, /*job_id=*/"");
+    if (!job.ok()) {
+      return absl::Status(job.status().code(),
                           absl::StrCat("rank ", rank, ": ",
-                                       layout.status().message()));
+                                       job.status().message()));
     }
-    PlannerOptions planner;
-    MUON_ASSIGN_OR_RETURN(planner.policy,
-                          ParsePolicy(config.assignment_policy));
-    planner.bucket_size_bytes = config.bucket_size_bytes;
-    planner.async = config.async_gpu_parallelism;
-    planner.prefetch_count = config.prefetch_count;
-    planner.ns_steps = options.ns_steps > 0 ? options.ns_steps : 1;
-    MUON_ASSIGN_OR_RETURN(muon->plan_, MakePlan(*layout, planner));
+    muon->plan_ = std::move(job->plan);
   }
 
   muon->matrices_ = infos;

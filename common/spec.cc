@@ -306,6 +306,9 @@ absl::StatusOr<std::vector<v1::RankManifest>> ManifestsFromSpec(
     m.set_world_size(world);
     *m.mutable_mesh() = spec.mesh();
     *m.mutable_execution() = spec.execution();
+    if (spec.optimizer().has_ns_steps()) {
+      m.set_ns_steps(spec.optimizer().ns_steps());
+    }
     for (int i = 0; i < spec.params_size(); ++i) {
       if (!sub_meshes[i].Contains(coord)) continue;
       const v1::ParamSpec& param = spec.params(i);

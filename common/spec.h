@@ -66,7 +66,8 @@ std::string JobSpecToJson(const v1::JobSpec& spec);
 absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 
 // The manifest each rank of the job would send on Join, index = rank:
-// rank, world size, mesh, the execution options, and per parameter the rank
+// rank, world size, mesh, the execution options, ns_steps (the optimizer's,
+// when the spec sets it; unset = 5), and per parameter the rank
 // holds (those whose sub_mesh contains the rank's coordinate, in spec order)
 // its name, global shape, canonical placements ("Shard(0)", "Replicate()"),
 // dtype "float32", sub_mesh, and the local shape that rank holds (one entry

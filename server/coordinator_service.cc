@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
-#include "server/manifest_validation.h"
+#include "plan/plan_job.h"
 
 namespace muon {
 namespace {
@@ -70,42 +70,17 @@ void CoordinatorService::PlanLocked() {
   manifests.reserve(world_size_);
   for (int r = 0; r < world_size_; ++r) manifests.push_back(ranks_[r].manifest);
 
-  absl::StatusOr<JobLayout> layout = ValidateManifests(manifests);
-  if (!layout.ok()) {
-    FailLocked(layout.status());
+  absl::StatusOr<JobPlan> job =
+      PlanJob(manifests, options_.job_id, options_.plan_defaults);
+  if (!job.ok()) {
+    FailLocked(job.status());
     return;
   }
-  PlannerOptions planner = options_.planner;
-  planner.job_id = options_.job_id;
-  if (!layout->execution.assignment_policy().empty()) {
-    absl::StatusOr<PlannerOptions::Policy> policy =
-        ParsePolicy(layout->execution.assignment_policy());
-    if (!policy.ok()) {
-      FailLocked(absl::InvalidArgumentError(absl::StrCat(
-          "execution.assignment_policy: ", policy.status().message())));
-      return;
-    }
-    planner.policy = *policy;
-  }
-  planner.async = layout->execution.async_gpu_parallelism();
-  planner.prefetch_count = layout->execution.prefetch_count();
-  if (layout->execution.bucket_size_bytes() != 0) {
-    planner.bucket_size_bytes = layout->execution.bucket_size_bytes();
-  }
-  absl::StatusOr<v1::Plan> plan = MakePlan(*layout, planner);
-  if (!plan.ok()) {
-    FailLocked(plan.status());
-    return;
-  }
-  absl::Status valid = ValidatePlan(*plan, *layout);
-  if (!valid.ok()) {
-    FailLocked(absl::InternalError(
-        absl::StrCat("planner produced an invalid plan: ", valid.message())));
-    return;
-  }
-  plan_ = *std::move(plan);
+  plan_ = std::move(job->plan);
   matrix_names_.clear();
-  for (const MatrixLayout& m : layout->matrices) matrix_names_.push_back(m.name);
+  for (const MatrixLayout& m : job->layout.matrices) {
+    matrix_names_.push_back(m.name);
+  }
   state_ = JobState::kPlanned;
   const absl::Time now = options_.now();
   for (auto& [rank, info] : ranks_) info.last_seen = now;

@@ -4,9 +4,11 @@
 // server/local_coordination_client.h calls it in-process.
 //
 // Who talks to whom: every trainer rank Joins with its manifest and blocks;
-// when the last rank of the world has joined, the manifests are checked
-// (ValidateManifests) and planned (MakePlan) exactly once, and every waiting
-// rank receives the same plan or the same error. Ranks then Heartbeat and
+// when the last rank of the world has joined, the job is planned exactly
+// once through PlanJob (plan/plan_job.h: manifest checks, planner, schedule,
+// ValidatePlan, hash; the same entry point muonctl and a trainer without a
+// coordinator use), and every waiting rank receives the same plan or the
+// same error. Ranks then Heartbeat and
 // ReportStep; muonctl reads GetJob/GetPlan/GetAssignments/ListRanks/
 // GetReports.
 //
@@ -48,8 +50,8 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "muon/v1/coordinator.pb.h"
+#include "plan/plan_job.h"
 #include "server/kv_store.h"
-#include "server/planner.h"
 
 namespace muon {
 
@@ -66,10 +68,11 @@ class CoordinatorService {
     // A rank not heard from (Join, Heartbeat, ReportStep) for this long is
     // "lost".
     absl::Duration heartbeat_timeout = absl::Seconds(30);
-    // Planner defaults. The manifests' ExecutionOptions override the policy
-    // (when non-empty) and the bucket size (when non-zero); they must agree
-    // across ranks. planner.job_id is ignored (job_id above is used).
-    PlannerOptions planner;
+    // Policy and bucket size for jobs whose manifests leave them unset
+    // (ExecutionOptions.assignment_policy empty, bucket_size_bytes 0); a
+    // manifest's value wins. Everything else the planner uses comes from
+    // the manifests (see PlanJob).
+    PlanDefaults plan_defaults;
     // Step reports kept per rank (a ring: the oldest is overwritten); values
     // below 1 are taken as 1.
     int reports_kept = 256;

@@ -19,8 +19,8 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "plan/planner.h"
 #include "server/coordinator_server.h"
-#include "server/planner.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1",
           "Address to listen on (loopback by default).");
@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
       absl::Seconds(absl::GetFlag(FLAGS_heartbeat_timeout_s));
   options.service.default_join_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_join_timeout_s));
-  options.service.planner.bucket_size_bytes =
+  options.service.plan_defaults.bucket_size_bytes =
       absl::GetFlag(FLAGS_bucket_size_bytes);
   absl::StatusOr<muon::PlannerOptions::Policy> policy =
       muon::ParsePolicy(absl::GetFlag(FLAGS_policy));
@@ -93,7 +93,7 @@ int main(int argc, char** argv) {
               << std::endl;
     return 2;
   }
-  options.service.planner.policy = *policy;
+  options.service.plan_defaults.policy = *policy;
   if (options.service.world_size < 0) {
     std::cerr << "muon-coordinator: --world_size must be >= 0" << std::endl;
     return 2;

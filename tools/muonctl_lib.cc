@@ -17,9 +17,9 @@
 #include "client/grpc_coordination_client.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
+#include "plan/manifest_validation.h"
+#include "plan/plan_job.h"
 #include "google/protobuf/util/json_util.h"
-#include "server/manifest_validation.h"
-#include "server/planner.h"
 #include "tools/validate.h"
 
 ABSL_FLAG(std::string, spec, "", "Job spec file (JSON, muon.v1.JobSpec).");
@@ -65,33 +65,6 @@ std::string ToJson(const google::protobuf::Message& m) {
   return s;
 }
 
-struct Planned {
-  JobLayout layout;
-  v1::Plan plan;
-};
-
-absl::StatusOr<Planned> PlanSpec(const v1::JobSpec& spec, const std::string& policy) {
-  MUON_RETURN_IF_ERROR(ValidateJobSpec(spec));
-  MUON_ASSIGN_OR_RETURN(std::vector<v1::RankManifest> manifests, ManifestsFromSpec(spec));
-  Planned p;
-  MUON_ASSIGN_OR_RETURN(p.layout, ValidateManifests(manifests));
-  PlannerOptions options;
-  const std::string name = !policy.empty() ? policy
-                           : !spec.execution().assignment_policy().empty()
-                               ? spec.execution().assignment_policy()
-                               : "lpt";
-  MUON_ASSIGN_OR_RETURN(options.policy, ParsePolicy(name));
-  options.bucket_size_bytes = spec.execution().bucket_size_bytes();
-  // The stream schedule's mode, as the coordinator plans it from the
-  // manifests' ExecutionOptions.
-  options.async = spec.execution().async_gpu_parallelism();
-  options.prefetch_count = spec.execution().prefetch_count();
-  if (spec.optimizer().has_ns_steps()) options.ns_steps = spec.optimizer().ns_steps();
-  options.job_id = spec.job_id();
-  MUON_ASSIGN_OR_RETURN(p.plan, MakePlan(p.layout, options));
-  return p;
-}
-
 int Fail(std::ostream& err, const absl::Status& s) {
   err << "muonctl: " << s.ToString() << "\n";
   return 1;
@@ -105,7 +78,7 @@ int CmdPlan(const std::vector<std::string>&, std::ostream& out, std::ostream& er
   }
   absl::StatusOr<v1::JobSpec> spec = LoadJobSpec(path);
   if (!spec.ok()) return Fail(err, spec.status());
-  absl::StatusOr<Planned> p = PlanSpec(*spec, absl::GetFlag(FLAGS_policy));
+  absl::StatusOr<JobPlan> p = PlanJobSpec(*spec, absl::GetFlag(FLAGS_policy));
   if (!p.ok()) return Fail(err, p.status());
   if (absl::GetFlag(FLAGS_json)) {
     out << ToJson(p->plan) << "\n";
@@ -150,7 +123,7 @@ int CmdPlan(const std::vector<std::string>&, std::ostream& out, std::ostream& er
   }
   // Both policies side by side.
   for (const char* policy : {"lpt", "round_robin"}) {
-    absl::StatusOr<Planned> q = PlanSpec(*spec, policy);
+    absl::StatusOr<JobPlan> q = PlanJobSpec(*spec, policy);
     if (!q.ok()) return Fail(err, q.status());
     const double mean = q->plan.mean_load_flops();
     out << absl::StrFormat(
@@ -541,7 +514,7 @@ int CmdSchedule(const std::vector<std::string>&, std::ostream& out, std::ostream
   if (!path.empty()) {
     absl::StatusOr<v1::JobSpec> spec = LoadJobSpec(path);
     if (!spec.ok()) return Fail(err, spec.status());
-    absl::StatusOr<Planned> p = PlanSpec(*spec, absl::GetFlag(FLAGS_policy));
+    absl::StatusOr<JobPlan> p = PlanJobSpec(*spec, absl::GetFlag(FLAGS_policy));
     if (!p.ok()) return Fail(err, p.status());
     plan = std::move(p->plan);
   } else if (!absl::GetFlag(FLAGS_coordinator).empty()) {
@@ -638,6 +611,13 @@ constexpr Command kCommands[] = {
 };
 
 }  // namespace
+
+absl::StatusOr<JobPlan> PlanJobSpec(const v1::JobSpec& spec, const std::string& policy) {
+  v1::JobSpec job = spec;
+  if (!policy.empty()) job.mutable_execution()->set_assignment_policy(policy);
+  MUON_ASSIGN_OR_RETURN(std::vector<v1::RankManifest> manifests, ManifestsFromSpec(job));
+  return PlanJob(manifests, job.job_id());
+}
 
 int RunMuonctl(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   if (!args.empty()) {

@@ -19,6 +19,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "muon/v1/coordinator.pb.h"
+#include "plan/plan_job.h"
+
 namespace muon {
 
 // Live commands read the coordinator over gRPC (CoordinationClient):
@@ -39,6 +43,18 @@ namespace muon {
 // the process exit code: 0 ok, 1 failure (printed to `err`), 2 usage.
 int RunMuonctl(const std::vector<std::string>& args, std::ostream& out,
                std::ostream& err);
+
+// The plan `muonctl plan` and `muonctl schedule --spec` print: the spec's
+// rank manifests (ManifestsFromSpec: execution options and the optimizer's
+// ns_steps included) planned by PlanJob with job id spec.job_id, the entry
+// point the coordinator uses, so a live job of the same spec (and a
+// coordinator with default --policy and --bucket_size_bytes) reports the
+// same loads and hash. A non-empty `policy` replaces the spec's
+// execution.assignment_policy.
+// Errors: InvalidArgument (the spec is invalid, as ValidateJobSpec; or as
+//   PlanJob, e.g. an unknown policy); Internal (as PlanJob).
+absl::StatusOr<JobPlan> PlanJobSpec(const v1::JobSpec& spec,
+                                    const std::string& policy = "");
 
 }  // namespace muon
 

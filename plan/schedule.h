@@ -1,7 +1,7 @@
 // The stream schedule of a plan (DESIGN section 4): per rank, the order,
 // stream and buffer slot of every operation of a step, and the prefetch
-// depth. The coordinator makes and validates it; every rank's step executor
-// follows it.
+// depth. MakePlan (plan/planner.h) makes it, ValidatePlan checks it through
+// ValidateSchedule; every rank's step executor follows it.
 //
 // Sequential (debug) mode: one stream "main", one slot; per bucket in plan
 // order: gather, orthogonalize (owners; the executor runs owners in rank
@@ -12,8 +12,8 @@
 // in bucket order. Bucket b uses slot b mod (p+1), so at most p+1 buckets'
 // full matrices are in memory, and a slot is gathered into again only after
 // the previous bucket in it was redistributed.
-#ifndef MUON_SERVER_SCHEDULE_H_
-#define MUON_SERVER_SCHEDULE_H_
+#ifndef MUON_PLAN_SCHEDULE_H_
+#define MUON_PLAN_SCHEDULE_H_
 
 #include "absl/status/status.h"
 #include "muon/v1/coordinator.pb.h"
@@ -43,4 +43,4 @@ absl::Status ValidateSchedule(const v1::Schedule& schedule, const v1::Plan& plan
 
 }  // namespace muon
 
-#endif  // MUON_SERVER_SCHEDULE_H_
+#endif  // MUON_PLAN_SCHEDULE_H_

@@ -1,4 +1,4 @@
-#include "server/manifest_validation.h"
+#include "plan/manifest_validation.h"
 
 #include <algorithm>
 #include <map>
@@ -99,6 +99,14 @@ absl::Status CheckParamAgrees(const v1::ParamManifest& p0, int r0,
   return absl::OkStatus();
 }
 
+// RankManifest.ns_steps, 5 when unset (torch's default).
+constexpr int kDefaultNsSteps = 5;
+// torch.optim.Muon requires ns_steps < 100.
+constexpr int kMaxNsSteps = 100;
+int NsStepsOf(const v1::RankManifest& m) {
+  return m.has_ns_steps() ? m.ns_steps() : kDefaultNsSteps;
+}
+
 absl::Status CheckRanksMeshAndOptions(
     const std::vector<v1::RankManifest>& manifests, JobLayout* layout) {
   const int n = static_cast<int>(manifests.size());
@@ -164,6 +172,22 @@ absl::Status CheckRanksMeshAndOptions(
     }
   }
   layout->execution = m0.execution();
+
+  // The optimizer's Newton-Schulz iterations: the cost model's k.
+  for (int r = 0; r < n; ++r) {
+    const int k = NsStepsOf(manifests[r]);
+    if (k < 0 || k >= kMaxNsSteps) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", r, " reports ns_steps ", k, "; must be in [0, ",
+                       kMaxNsSteps, ")"));
+    }
+    if (k != NsStepsOf(m0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", r, " reports ns_steps ", k, " but rank 0 reports ",
+          NsStepsOf(m0), "; every rank must run the same optimizer"));
+    }
+  }
+  layout->ns_steps = NsStepsOf(m0);
   return absl::OkStatus();
 }
 

@@ -1,5 +1,5 @@
-// Tests of server/manifest_validation.h: every cross-rank check.
-#include "server/manifest_validation.h"
+// Tests of plan/manifest_validation.h: every cross-rank check.
+#include "plan/manifest_validation.h"
 
 #include <string>
 #include <vector>

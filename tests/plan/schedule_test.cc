@@ -1,6 +1,6 @@
 // The stream schedule: sequential and async layouts, and ValidateSchedule
 // catching schedules that could deadlock or overrun their buffer slots.
-#include "server/schedule.h"
+#include "plan/schedule.h"
 
 #include <string>
 #include <vector>

@@ -5,7 +5,7 @@
 // placements, sub-mesh and local shape). Ranks may list different
 // parameters: with pipeline parallelism a rank lists only its stage's
 // parameters, with per-expert 2-D parameters only its experts'. Before
-// planning, the coordinator checks that
+// planning, PlanJob (plan/plan_job.h) checks that
 //   - the ranks agree with each other about every parameter they share;
 //   - each parameter is listed by exactly the ranks of its sub-mesh
 //     (ParamManifest.sub_mesh, e.g. {"pp": 1}; empty = every rank);
@@ -17,8 +17,8 @@
 // returned to every rank of the job before any collective runs.
 //
 // Thread-safety: pure functions; JobLayout is a plain value.
-#ifndef MUON_SERVER_MANIFEST_VALIDATION_H_
-#define MUON_SERVER_MANIFEST_VALIDATION_H_
+#ifndef MUON_PLAN_MANIFEST_VALIDATION_H_
+#define MUON_PLAN_MANIFEST_VALIDATION_H_
 
 #include <cstdint>
 #include <string>
@@ -75,6 +75,9 @@ struct JobLayout {
   // Execution options every rank agreed on (assignment policy, bucket
   // size); taken from rank 0's manifest.
   v1::ExecutionOptions execution;
+  // Newton-Schulz iterations every rank's optimizer runs
+  // (RankManifest.ns_steps; 5 when unset).
+  int ns_steps = 5;
 };
 
 // Checks the manifests of a whole job (manifests[r] is rank r's) and
@@ -82,7 +85,9 @@ struct JobLayout {
 //   - at least one manifest; manifests[r].rank == r;
 //   - every world_size equals manifests.size() and the mesh's world size;
 //   - every rank's mesh equals rank 0's (and the mesh is valid);
-//   - execution options (assignment_policy, bucket_size_bytes) agree;
+//   - execution options (assignment_policy, bucket_size_bytes,
+//     async_gpu_parallelism, prefetch_count) agree;
+//   - ns_steps (unset = 5) is in [0, 100) and agrees;
 //   - names are non-empty and listed at most once per rank;
 //   - every rank listing a parameter agrees on its global shape,
 //     placements, dtype and sub_mesh (compared with the first rank listing
@@ -110,4 +115,4 @@ absl::StatusOr<JobLayout> ValidateManifests(
 
 }  // namespace muon
 
-#endif  // MUON_SERVER_MANIFEST_VALIDATION_H_
+#endif  // MUON_PLAN_MANIFEST_VALIDATION_H_

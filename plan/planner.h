@@ -1,6 +1,9 @@
 // The planner: which rank orthogonalizes which matrix, and in which bucket.
+// Callers plan a job through PlanJob (plan/plan_job.h), which derives the
+// PlannerOptions from the manifests and runs ValidatePlan; MakePlan is its
+// building block.
 //
-// Input is a validated JobLayout (server/manifest_validation.h); output is a
+// Input is a validated JobLayout (plan/manifest_validation.h); output is a
 // v1::Plan that every rank executes identically:
 //   - one MatrixPlan per logical matrix of the layout (index =
 //     JobLayout::matrices index: parameters in union order, the slices of a
@@ -18,8 +21,8 @@
 // k * (4*m*m*n + 2*m^3). Bytes are fp32 (4 bytes per element).
 //
 // Thread-safety: pure functions.
-#ifndef MUON_SERVER_PLANNER_H_
-#define MUON_SERVER_PLANNER_H_
+#ifndef MUON_PLAN_PLANNER_H_
+#define MUON_PLAN_PLANNER_H_
 
 #include <cstdint>
 #include <map>
@@ -30,7 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "muon/v1/coordinator.pb.h"
-#include "server/manifest_validation.h"
+#include "plan/manifest_validation.h"
 
 namespace muon {
 
@@ -52,7 +55,7 @@ struct PlannerOptions {
   int ns_steps = 5;
   // Copied into Plan.job_id (and so covered by the hash).
   std::string job_id;
-  // Execution mode of the stream schedule (server/schedule.h): async with
+  // Execution mode of the stream schedule (plan/schedule.h): async with
   // `prefetch_count` buckets gathered ahead, or sequential debug mode.
   bool async = false;
   int prefetch_count = 0;
@@ -120,4 +123,4 @@ absl::StatusOr<std::vector<int>> OwnersFromAssignment(
 
 }  // namespace muon
 
-#endif  // MUON_SERVER_PLANNER_H_
+#endif  // MUON_PLAN_PLANNER_H_

@@ -1,4 +1,4 @@
-#include "server/schedule.h"
+#include "plan/schedule.h"
 
 #include <algorithm>
 #include <map>

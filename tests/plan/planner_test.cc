@@ -1,6 +1,6 @@
-// Tests of server/planner.h: owners, buckets, loads, hash, validation and
+// Tests of plan/planner.h: owners, buckets, loads, hash, validation and
 // assign_fn results.
-#include "server/planner.h"
+#include "plan/planner.h"
 
 #include <map>
 #include <set>
@@ -12,7 +12,7 @@
 #include "absl/time/time.h"
 #include "common/spec.h"
 #include "gtest/gtest.h"
-#include "server/manifest_validation.h"
+#include "plan/manifest_validation.h"
 #include "tests/status_matchers.h"
 #include "tests/server/test_specs.h"
 

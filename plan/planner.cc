@@ -1,6 +1,6 @@
-#include "server/planner.h"
+#include "plan/planner.h"
 
-#include "server/schedule.h"
+#include "plan/schedule.h"
 
 #include <algorithm>
 #include <cmath>
