@@ -36,7 +36,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "client/coordination_client.h"
+#include "coordination/coordination_client.h"
 #include "muon/v1/coordinator.pb.h"
 
 namespace muon {

@@ -36,7 +36,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "client/coordination_client.h"
+#include "coordination/coordination_client.h"
 #include "gloo/common/error.h"
 #include "gloo/rendezvous/store.h"
 

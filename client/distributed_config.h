@@ -19,9 +19,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "client/communicator.h"
-#include "client/coordination_client.h"
 #include "client/parameter.h"
 #include "common/layout.h"
+#include "coordination/coordination_client.h"
 
 namespace muon {
 

@@ -19,7 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "client/coordination_client.h"
+#include "coordination/coordination_client.h"
 #include "muon/v1/coordinator.grpc.pb.h"
 
 namespace grpc {

@@ -97,7 +97,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/communicator.h"
-#include "client/coordination_client.h"
+#include "coordination/coordination_client.h"
 
 namespace muon {
 

@@ -10,7 +10,6 @@
 #include "client/gloo_communicator.h"
 #include "client/grpc_coordination_client.h"
 #include "common/status_macros.h"
-#include "server/local_coordination_client.h"
 
 namespace muon {
 namespace {
@@ -48,19 +47,24 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(
                         : (static_cast<uint64_t>(getpid()) << 32) ^
                               static_cast<uint64_t>(absl::GetCurrentTimeNanos());
   if (options.embed_coordinator && options.rank == 0) {
-    CoordinatorServerOptions server_options;
-    server_options.host = options.embedded_host;
-    server_options.port = options.embedded_port;
-    server_options.service.job_id = options.job_id;
-    server_options.service.world_size = options.world_size;
-    MUON_ASSIGN_OR_RETURN(pg->embedded_server,
-                          CoordinatorServer::Start(server_options));
+    if (!options.start_embedded_coordinator) {
+      return absl::FailedPreconditionError(
+          "rank 0: embed_coordinator is set but start_embedded_coordinator "
+          "is not (depend on //server:embedded_coordinator and pass "
+          "muon::StartEmbeddedCoordinator, or name a coordinator address)");
+    }
+    EmbeddedCoordinatorOptions embedded;
+    embedded.host = options.embedded_host;
+    embedded.port = options.embedded_port;
+    embedded.job_id = options.job_id;
+    embedded.world_size = options.world_size;
+    MUON_ASSIGN_OR_RETURN(pg->embedded_coordinator,
+                          options.start_embedded_coordinator(embedded));
     if (!options.port_file.empty()) {
       MUON_RETURN_IF_ERROR(
-          WritePortFile(options.port_file, pg->embedded_server->port()));
+          WritePortFile(options.port_file, pg->embedded_coordinator->port()));
     }
-    pg->coordinator = std::make_unique<LocalCoordinationClient>(
-        pg->embedded_server->service());
+    pg->coordinator = pg->embedded_coordinator->NewLocalClient();
   } else {
     if (options.coordinator_address.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(

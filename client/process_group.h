@@ -4,6 +4,12 @@
 // rank 0's process) and builds the Gloo process group over TCP on loopback,
 // whose rendezvous goes through the coordinator's key-value store.
 //
+// This target links no gRPC server: a rank that talks to a remote daemon
+// needs none. To embed the coordinator in rank 0, also depend on
+// //server:embedded_coordinator and pass its starter:
+//   options.embed_coordinator = true;
+//   options.start_embedded_coordinator = muon::StartEmbeddedCoordinator;
+//
 // Lifecycle: InitProcessGroup -> use comm/coordinator (e.g. Muon::Create) ->
 // destroy the ProcessGroup (stops an embedded coordinator last).
 #ifndef MUON_CLIENT_PROCESS_GROUP_H_
@@ -16,8 +22,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "client/communicator.h"
-#include "client/coordination_client.h"
-#include "server/coordinator_server.h"
+#include "coordination/coordination_client.h"
+#include "coordination/embedded_coordinator.h"
 
 namespace muon {
 
@@ -28,8 +34,13 @@ struct ProcessGroupOptions {
   // host:port of the coordinator. Empty on rank 0 with embed_coordinator.
   std::string coordinator_address;
   // Rank 0 hosts the coordinator in-process (the default of the main job);
-  // the other ranks connect to coordinator_address.
+  // the other ranks connect to coordinator_address. Needs
+  // start_embedded_coordinator on rank 0.
   bool embed_coordinator = false;
+  // Starts rank 0's embedded coordinator: muon::StartEmbeddedCoordinator
+  // (//server:embedded_coordinator, which links the gRPC server). Unused
+  // unless embed_coordinator is set on rank 0.
+  EmbeddedCoordinatorStarter start_embedded_coordinator;
   // Embedded coordinator: interface and port (0 = a free port).
   std::string embedded_host = "127.0.0.1";
   int embedded_port = 0;
@@ -48,15 +59,17 @@ struct ProcessGroup {
   int world_size = 1;
   uint64_t incarnation = 0;
   // Destruction order matters: members are destroyed bottom-up, so the
-  // communicator goes first and the embedded server last.
-  std::unique_ptr<CoordinatorServer> embedded_server;  // rank 0 only
+  // communicator goes first and the embedded coordinator last.
+  std::unique_ptr<EmbeddedCoordinator> embedded_coordinator;  // rank 0 only
   std::unique_ptr<CoordinationClient> coordinator;
   std::unique_ptr<Communicator> comm;
 };
 
 // Errors: InvalidArgument (rank out of range, no coordinator address on a
-// rank that does not embed one); Unavailable / DeadlineExceeded when the
-// coordinator or a peer cannot be reached within options.timeout.
+// rank that does not embed one); FailedPrecondition (embed_coordinator on
+// rank 0 without start_embedded_coordinator); the starter's errors (e.g.
+// Unavailable: the port cannot be bound); Unavailable / DeadlineExceeded
+// when the coordinator or a peer cannot be reached within options.timeout.
 absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(
     const ProcessGroupOptions& options);
 

@@ -11,7 +11,7 @@
 
 #include <string>
 
-#include "client/coordination_client.h"
+#include "coordination/coordination_client.h"
 #include "server/coordinator_service.h"
 
 namespace muon {

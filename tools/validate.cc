@@ -19,6 +19,7 @@
 #include "common/layout.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
+#include "server/embedded_coordinator.h"
 #include "tools/launcher.h"
 #include "tools/npy.h"
 
@@ -221,6 +222,7 @@ absl::Status RunValidateRank(const ValidateOptions& o, int rank,
   pgo.job_id = s.spec.job_id().empty() ? "validate" : s.spec.job_id();
   pgo.coordinator_address = o.coordinator;
   pgo.embed_coordinator = o.coordinator.empty();
+  pgo.start_embedded_coordinator = StartEmbeddedCoordinator;
   pgo.port_file = port_file;
   MUON_ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> pg, InitProcessGroup(pgo));
   MUON_ASSIGN_OR_RETURN(RunOutput run, RunSteps(o, s, pg.get()));

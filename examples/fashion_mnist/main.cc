@@ -37,6 +37,7 @@
 #include "common/status_macros.h"
 #include "examples/fashion_mnist/idx.h"
 #include "examples/fashion_mnist/mlp.h"
+#include "server/embedded_coordinator.h"
 #include "tools/launcher.h"
 
 ABSL_FLAG(int, nproc, 4, "Number of local rank processes.");
@@ -404,6 +405,7 @@ int RankMain() {
   options.job_id = "fashion-mnist";
   options.coordinator_address = absl::GetFlag(FLAGS_coordinator);
   options.embed_coordinator = options.coordinator_address.empty();
+  options.start_embedded_coordinator = StartEmbeddedCoordinator;
   options.port_file = absl::GetFlag(FLAGS_port_file);
   absl::StatusOr<std::unique_ptr<ProcessGroup>> pg = InitProcessGroup(options);
   if (!pg.ok()) {

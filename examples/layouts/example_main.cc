@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "client/process_group.h"
 #include "common/status_macros.h"
+#include "server/embedded_coordinator.h"
 #include "tools/launcher.h"
 
 ABSL_FLAG(int, nproc, 0, "Rank processes (0 = the example's default).");
@@ -267,6 +268,7 @@ int RankMain(const Example& example, int world) {
   options.job_id = example.name;
   options.coordinator_address = absl::GetFlag(FLAGS_coordinator);
   options.embed_coordinator = rank == 0 && options.coordinator_address.empty();
+  options.start_embedded_coordinator = StartEmbeddedCoordinator;
   options.port_file = absl::GetFlag(FLAGS_port_file);
   options.timeout = absl::Seconds(30);
   absl::StatusOr<std::unique_ptr<ProcessGroup>> pg = InitProcessGroup(options);

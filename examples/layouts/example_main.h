@@ -31,10 +31,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "client/communicator.h"
-#include "client/coordination_client.h"
 #include "client/muon.h"
 #include "client/parameter.h"
 #include "common/layout.h"
+#include "coordination/coordination_client.h"
 
 namespace muon::examples {
 

@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "client/coordination_client.h"
+#include "coordination/coordination_client.h"
 
 namespace muon {
 namespace testing {

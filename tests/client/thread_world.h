@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "client/communicator.h"
-#include "client/coordination_client.h"
 #include "client/gloo_communicator.h"
+#include "coordination/coordination_client.h"
 #include "gtest/gtest.h"
 #include "server/coordinator_service.h"
 #include "server/local_coordination_client.h"

@@ -1,13 +1,15 @@
 // The agent's view of the coordinator: an abstract transport, so the client
 // library never depends on gRPC directly (XLA's CoordinationClient pattern).
+// It lives in coordination/, apart from both sides: client/ uses it, server/
+// implements it in process, and neither includes the other.
 // Implementations: GrpcCoordinationClient (client/grpc_coordination_client.h,
 // a remote daemon or rank 0's embedded coordinator) and
 // LocalCoordinationClient (server/local_coordination_client.h, calls the core
 // in-process). Tests use fakes.
 //
 // Thread-safety: every method may be called from any thread concurrently.
-#ifndef MUON_CLIENT_COORDINATION_CLIENT_H_
-#define MUON_CLIENT_COORDINATION_CLIENT_H_
+#ifndef MUON_COORDINATION_COORDINATION_CLIENT_H_
+#define MUON_COORDINATION_COORDINATION_CLIENT_H_
 
 #include <string>
 
@@ -71,4 +73,4 @@ class CoordinationClient {
 
 }  // namespace muon
 
-#endif  // MUON_CLIENT_COORDINATION_CLIENT_H_
+#endif  // MUON_COORDINATION_COORDINATION_CLIENT_H_
