@@ -721,8 +721,12 @@ absl::Status ReadRankHeader(
     if (!ValidName(name)) {
       return err(absl::StrCat("invalid name: want ", NameRule()));
     }
+    // A tensor metadata.json does not list (a parameter of a pipeline stage
+    // rank 0 does not hold) takes its global shape and placements from the
+    // first rank file naming it; later files must agree.
     auto info_it = tensors->find(name);
-    if (info_it == tensors->end()) return err("not listed in metadata.json");
+    const bool adopt = info_it == tensors->end();
+    if (adopt) info_it = tensors->emplace(name, CheckpointReader::TensorInfo{}).first;
     CheckpointReader::TensorInfo& info = info_it->second;
     const json& entry = it.value();
     if (!entry.is_object()) return err("header entry is not an object");
@@ -782,6 +786,7 @@ absl::Status ReadRankHeader(
       return err(absl::StrCat("global_shape \"", gs_text,
                               "\" is not a list of integers"));
     }
+    if (adopt) info.global_shape = global_shape;
     if (global_shape != info.global_shape) {
       return err(absl::StrCat("global_shape ", ShapeString(global_shape),
                               " differs from metadata.json's ",
@@ -791,6 +796,7 @@ absl::Status ReadRankHeader(
       return err(absl::StrCat("placements \"", pl_text,
                               "\" is not a list of strings"));
     }
+    if (adopt) info.placements = placements;
     if (placements != info.placements) {
       return err(absl::StrCat("placements ", Quoted(placements),
                               " differ from metadata.json's ",

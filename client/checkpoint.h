@@ -127,7 +127,9 @@ absl::Status WriteCheckpointShard(const std::string& dir, int rank,
 // Writes DIR/metadata.json for the checkpoint (atomic, as above), creating
 // DIR if needed. Only name, global_shape and placements of `tensors` are
 // used (box and data are ignored), so any rank's list of views, or a list
-// built for the purpose, will do; it must name every tensor any rank saves.
+// built for the purpose, will do. Tensors it does not name (parameters of
+// pipeline stages the writing rank does not hold) are described by the rank
+// files themselves, which must then agree with each other.
 // Errors: as WriteCheckpointShard, without the box/data checks.
 absl::Status WriteCheckpointMetadata(
     const std::string& dir, const CheckpointMetadata& meta,

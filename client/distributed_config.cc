@@ -42,6 +42,11 @@ absl::StatusOr<DistributedConfig> CreateMeshConfig(
 
 absl::StatusOr<DistributedConfig> CreateAutoConfig(
     const std::vector<Parameter*>& params, const AutoConfigOptions& options) {
+  return CreateAutoConfig(ViewsOf(params), options);
+}
+
+absl::StatusOr<DistributedConfig> CreateAutoConfig(
+    const std::vector<ParamView>& params, const AutoConfigOptions& options) {
   if (options.ddp != nullptr && options.replicate != nullptr) {
     return absl::InvalidArgumentError(
         "CreateAutoConfig: give the DDP group as either ddp or replicate, not "
@@ -160,7 +165,7 @@ absl::StatusOr<DistributedConfig> CreateAutoConfig(
   }
   std::vector<ParamPlacement> placements;
   for (size_t i = 0; i < params.size(); ++i) {
-    const Parameter& p = *params[i];
+    const ParamView& p = params[i];
     const int shift = p.expert_stack ? 1 : 0;
     ParamPlacement pl;
     for (int d = 0; d < mesh.ndim(); ++d) {

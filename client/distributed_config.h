@@ -167,6 +167,9 @@ struct AutoConfigOptions {
 //   (e.g. a wrong tp shard dim: names the parameter, the expected and the
 //   actual local shape); dp and replicate both given.
 absl::StatusOr<DistributedConfig> CreateAutoConfig(
+    const std::vector<ParamView>& params, const AutoConfigOptions& options);
+// The same for owning Parameters (their views).
+absl::StatusOr<DistributedConfig> CreateAutoConfig(
     const std::vector<Parameter*>& params, const AutoConfigOptions& options);
 
 // DTensor analog: `mesh` and one placement list per parameter

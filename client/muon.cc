@@ -21,20 +21,13 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
-// Matrices of a local parameter: one for 2-D, one per expert for a stack.
-absl::StatusOr<std::vector<MatrixBoxes>> MatricesOf(const Parameter& p,
-                                                    const ParamPlacement& pl,
-                                                    const Mesh& mesh) {
-  return ParamMatrices(p.shape(), pl.placements, mesh, pl.sub_mesh);
-}
-
 // The manifests every rank sends, derived from this rank's view: each rank
 // lists the parameters whose sub-mesh contains it, with the local shape the
 // torch.chunk rule gives it (this rank's own local shape for itself, so the
 // coordinator checks it). `owners[i]` are the requested owners of parameter
 // i's matrices (empty = none).
 absl::StatusOr<std::vector<v1::RankManifest>> AllManifests(
-    const std::vector<Parameter*>& params, const DistributedState& state,
+    const std::vector<ParamView>& params, const DistributedState& state,
     const v1::ExecutionOptions& execution,
     const std::vector<std::vector<int>>& owners) {
   std::vector<v1::RankManifest> manifests;
@@ -46,12 +39,12 @@ absl::StatusOr<std::vector<v1::RankManifest>> AllManifests(
     *m.mutable_mesh() = MeshToProto(state.mesh);
     *m.mutable_execution() = execution;
     for (size_t i = 0; i < params.size(); ++i) {
-      const Parameter& p = *params[i];
+      const ParamView& p = params[i];
       const ParamPlacement& pl = state.param_placements[i];
       if (!pl.sub_mesh.Contains(coord)) continue;
       v1::ParamManifest* pm = m.add_params();
       pm->set_name(p.name);
-      pm->set_dtype("float32");
+      pm->set_dtype(std::string(DTypeName(p.dtype)));
       for (int64_t d : p.shape()) pm->add_global_shape(d);
       for (const Placement& x : pl.placements) pm->add_placements(x.ToString());
       for (size_t k = 0; k < pl.sub_mesh.dims.size(); ++k) {
@@ -145,182 +138,209 @@ MuonOptions MuonOptionsFromProto(const v1::OptimizerOptions& p) {
   return o;
 }
 
-absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
-    std::vector<Parameter*> params, const MuonOptions& options,
-    std::optional<DistributedConfig> distributed_config) {
-  MUON_RETURN_IF_ERROR(ValidateMuonOptions(options));
-  std::unique_ptr<Muon> muon(new Muon());
-  muon->params_ = std::move(params);
-  muon->options_ = options;
-  const auto& ps = muon->params_;
-  DistributedConfig config;
-  if (distributed_config.has_value()) config = *std::move(distributed_config);
-  DistributedState& state = config.state;
-  const bool distributed = distributed_config.has_value();
-  if (!distributed) {
-    state.rank = 0;
-    state.world_size = 1;
-    state.mesh = Mesh::OneDim(1, "dp_shard");
-    state.param_placements.assign(ps.size(),
-                                  ParamPlacement{{Placement::Replicate()}});
-  }
-  const int rank = state.rank;
-  muon->rank_ = rank;
-  muon->world_size_ = state.world_size;
+namespace {
 
-  // Local checks (identical on every rank of an SPMD program).
-  std::vector<std::string> names;
-  for (size_t i = 0; i < ps.size(); ++i) {
-    const Parameter& p = *ps[i];
-    const size_t ndim = p.expert_stack ? 3 : 2;
-    if (p.shape().size() != ndim) {
-      if (p.expert_stack) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "rank ", rank, ": parameter \"", p.name, "\" is marked as an "
-            "expert stack but has shape ", ShapeString(p.shape()),
-            "; expected [experts, rows, cols]"));
-      }
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", rank, ": Muon only supports 2D parameters whereas we found "
-          "a parameter with size: ", ShapeString(p.shape()), " (parameter \"",
-          p.name, "\"; mark 3-D expert stacks with expert_stack)"));
-    }
-    if (p.local_shape.size() != ndim) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", rank, ": parameter \"", p.name, "\" has local shape ",
-          ShapeString(p.local_shape), " but global shape ",
-          ShapeString(p.shape())));
-    }
-    if (static_cast<int64_t>(p.data.size()) != p.local_numel()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", rank, ": parameter \"", p.name, "\" holds ", p.data.size(),
-          " values but its local shape ", ShapeString(p.local_shape),
-          " needs ", p.local_numel()));
-    }
-    names.push_back(p.name);
-  }
-  if (state.param_placements.size() != ps.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", rank, ": the distributed config describes ",
-        state.param_placements.size(), " parameters but the optimizer has ",
-        ps.size()));
-  }
-  MUON_RETURN_IF_ERROR(state.mesh.Validate());
-  if (state.mesh.world_size() != state.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", rank, ": mesh ", state.mesh.ToString(), " holds ",
-        state.mesh.world_size(), " ranks but the world size is ",
-        state.world_size));
-  }
-  const std::vector<int> my_coord = state.mesh.Coord(rank);
-  bool uses_sub_mesh = false;
-  // This rank's matrices, with their geometry.
+// This rank's matrices with their geometry (a 2-D parameter is one matrix,
+// an expert stack one per slice), and whether any parameter lives on a
+// sub-mesh.
+struct LocalMatrices {
   std::vector<MatrixGeometry> geometry;
   std::vector<MatrixInfo> infos;
+  bool uses_sub_mesh = false;
+};
+
+absl::StatusOr<LocalMatrices> MakeLocalMatrices(
+    const std::vector<ParamView>& ps, const DistributedState& state) {
+  const int rank = state.rank;
+  const std::vector<int> my_coord = state.mesh.Coord(rank);
+  LocalMatrices out;
   for (size_t i = 0; i < ps.size(); ++i) {
     const ParamPlacement& pl = state.param_placements[i];
-    uses_sub_mesh |= !pl.sub_mesh.empty();
+    out.uses_sub_mesh |= !pl.sub_mesh.empty();
     if (!pl.sub_mesh.Contains(my_coord)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", rank, ": parameter \"", ps[i]->name,
+          "rank ", rank, ": parameter \"", ps[i].name,
           "\" belongs to a sub-mesh (pipeline stage or expert group) that does "
           "not contain this rank; pass only the parameters this rank holds"));
     }
     absl::StatusOr<std::vector<MatrixBoxes>> mats =
-        MatricesOf(*ps[i], pl, state.mesh);
+        ParamMatrices(ps[i].shape(), pl.placements, state.mesh, pl.sub_mesh);
     if (!mats.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", rank, ": parameter \"", ps[i]->name, "\": ",
+          "rank ", rank, ": parameter \"", ps[i].name, "\": ",
           mats.status().message()));
     }
     MUON_ASSIGN_OR_RETURN(std::vector<Range> mine,
-                          LocalRanges(ps[i]->shape(), pl.placements, state.mesh,
+                          LocalRanges(ps[i].shape(), pl.placements, state.mesh,
                                       my_coord, pl.sub_mesh));
     for (MatrixBoxes& mb : *mats) {
       MatrixGeometry g;
-      g.param = ps[i]->name;
+      g.param = ps[i].name;
       g.param_index = static_cast<int>(i);
       g.slice = mb.slice;
       g.rows = mb.rows;
       g.cols = mb.cols;
       const Box& my_box = mb.boxes[rank];
-      if (ps[i]->expert_stack && !my_box.empty()) {
+      if (ps[i].expert_stack && !my_box.empty()) {
         g.offset = (mb.slice - mine[0].begin) * my_box.numel();
       }
       g.boxes = std::move(mb.boxes);
-      infos.push_back(MatrixInfo{static_cast<int>(infos.size()),
-                                 static_cast<int>(i), g.slice, g.param, g.rows,
-                                 g.cols});
-      geometry.push_back(std::move(g));
+      out.infos.push_back(MatrixInfo{static_cast<int>(out.infos.size()),
+                                     static_cast<int>(i), g.slice, g.param,
+                                     g.rows, g.cols});
+      out.geometry.push_back(std::move(g));
     }
   }
-  // A user's assign_fn: deterministic, so every rank raises the same error.
-  std::vector<std::vector<int>> requested_owners;
-  if (config.assign_fn) {
-    std::vector<std::string> matrix_names;
-    for (const MatrixInfo& m : infos) {
-      matrix_names.push_back(ps[m.param_index]->expert_stack
-                                 ? absl::StrCat(m.name, "[", m.slice, "]")
-                                 : m.name);
-    }
-    absl::StatusOr<std::vector<int>> owners = OwnersFromAssignment(
-        config.assign_fn(infos, state.world_size),
-        static_cast<int>(infos.size()), state.world_size, matrix_names);
-    if (!owners.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("rank ", rank, ": ", owners.status().message()));
-    }
-    requested_owners.resize(ps.size());
-    for (size_t k = 0; k < infos.size(); ++k) {
-      requested_owners[infos[k].param_index].push_back((*owners)[k]);
-    }
-  }
-  v1::ExecutionOptions execution;
-  execution.set_assignment_policy(config.assignment_policy);
-  execution.set_bucket_size_bytes(config.bucket_size_bytes);
-  execution.set_async_gpu_parallelism(config.async_gpu_parallelism);
-  execution.set_prefetch_count(config.prefetch_count);
+  return out;
+}
 
-  MUON_ASSIGN_OR_RETURN(
-      std::vector<v1::RankManifest> manifests,
-      AllManifests(ps, state, execution, requested_owners));
-  for (v1::RankManifest& m : manifests) m.set_ns_steps(options.ns_steps);
-  if (state.coordinator != nullptr) {
-    // The coordinator checks every rank's manifest against the others and
-    // answers every rank with the same plan or the same error.
-    muon->agent_ = std::make_unique<Agent>(state.coordinator, rank,
-                                           state.incarnation, Agent::Options{});
-    absl::StatusOr<v1::Plan> plan =
-        muon->agent_->Join(manifests[rank], state.join_timeout_ms);
-    if (!plan.ok()) return plan.status();
-    muon->plan_ = *std::move(plan);
-    MUON_RETURN_IF_ERROR(muon->agent_->ConfirmPlanHash(
-        muon->plan_.hash(), state.world_size,
-        absl::Milliseconds(state.join_timeout_ms)));
-    muon->agent_->Start();
+// Owners a user's assign_fn asks for, per parameter (empty without one).
+// Deterministic, so every rank raises the same error.
+absl::StatusOr<std::vector<std::vector<int>>> RequestedOwners(
+    const DistributedConfig& config, const std::vector<ParamView>& ps,
+    const std::vector<MatrixInfo>& infos) {
+  std::vector<std::vector<int>> requested;
+  if (!config.assign_fn) return requested;
+  const DistributedState& state = config.state;
+  std::vector<std::string> matrix_names;
+  for (const MatrixInfo& m : infos) {
+    matrix_names.push_back(ps[m.param_index].expert_stack
+                               ? absl::StrCat(m.name, "[", m.slice, "]")
+                               : m.name);
+  }
+  absl::StatusOr<std::vector<int>> owners = OwnersFromAssignment(
+      config.assign_fn(infos, state.world_size),
+      static_cast<int>(infos.size()), state.world_size, matrix_names);
+  if (!owners.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", state.rank, ": ", owners.status().message()));
+  }
+  requested.resize(ps.size());
+  for (size_t k = 0; k < infos.size(); ++k) {
+    requested[infos[k].param_index].push_back((*owners)[k]);
+  }
+  return requested;
+}
+
+// The plan without a coordinator: from this rank's view, which is every
+// rank's view only when all ranks hold all parameters.
+absl::StatusOr<v1::Plan> PlanLocally(
+    const std::vector<v1::RankManifest>& manifests,
+    const DistributedConfig& config, const MuonOptions& options,
+    bool uses_sub_mesh) {
+  const int rank = config.state.rank;
+  if (uses_sub_mesh) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank, ": parameters on sub-meshes (pipeline stages, expert "
+        "groups) need a coordinator to plan: set state.coordinator"));
+  }
+  // The same entry point as the coordinator's (manifest checks, planner,
+  // ValidatePlan, hash); the manifests carry the execution options and
+  // ns_steps.
+  absl::StatusOr<JobPlan> job = PlanJob(manifests, /*job_id=*/"");
+  if (!job.ok()) {
+    return absl::Status(job.status().code(),
+                        absl::StrCat("rank ", rank, ": ",
+                                     job.status().message()));
+  }
+  return std::move(job->plan);
+}
+
+// The Newton-Schulz engine `options.device` names.
+absl::StatusOr<std::unique_ptr<kernels::NsEngine>> MakeNsEngine(
+    const MuonOptions& options, int rank) {
+  if (options.device != "cuda") return kernels::MakeCpuNsEngine();
+  absl::StatusOr<kernels::GpuPrecision> precision =
+      kernels::ParseGpuPrecision(options.gpu_precision);
+  if (!precision.ok()) return precision.status();
+  absl::StatusOr<std::unique_ptr<kernels::NsEngine>> engine =
+      kernels::MakeCudaNsEngine(options.cuda_device, *precision);
+  if (!engine.ok()) {
+    return absl::Status(engine.status().code(),
+                        absl::StrCat("rank ", rank, ": device \"cuda\": ",
+                                     engine.status().message()));
+  }
+  return engine;
+}
+
+// torch.optim.Muon's hyper-parameters as the executor applies them.
+absl::StatusOr<UpdateRule> MakeUpdateRule(const MuonOptions& options) {
+  UpdateRule rule;
+  MUON_ASSIGN_OR_RETURN(rule.adjust_lr_fn,
+                        kernels::ParseAdjustLrFn(options.adjust_lr_fn));
+  rule.lr = options.lr;
+  rule.weight_decay = options.weight_decay;
+  if (options.ns_schedule == "polar_express") {
+    rule.ns = kernels::PolarExpressSchedule();
   } else {
-    // No coordinator: plan locally from this rank's view, which is every
-    // rank's view only when all ranks hold all parameters.
-    if (uses_sub_mesh) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", rank, ": parameters on sub-meshes (pipeline stages, expert "
-          "groups) need a coordinator to plan: set state.coordinator"));
-    }
-    // The same entry point as the coordinator's (manifest checks, planner,
-    // ValidatePlan, hash); the manifests carry the execution options and
-    // ns_steps.
-    absl::StatusOr<JobPlan> job = PlanJob(manifests, /*job_id=*/"");
-    if (!job.ok()) {
-      return absl::Status(job.status().code(),
-                          absl::StrCat("rank ", rank, ": ",
-                                       job.status().message()));
-    }
-    muon->plan_ = std::move(job->plan);
+    rule.ns.a = options.ns_a;
+    rule.ns.b = options.ns_b;
+    rule.ns.c = options.ns_c;
+    rule.ns.steps = options.ns_steps;
   }
+  rule.ns.eps = options.eps;
+  return rule;
+}
 
-  muon->matrices_ = infos;
+// Checks the views and the config against each other (identical on every
+// rank of an SPMD program); fills a world of one when not distributed.
+absl::Status CheckLocal(const std::vector<ParamView>& ps, bool distributed,
+                        DistributedState* state) {
+  if (!distributed) {
+    state->rank = 0;
+    state->world_size = 1;
+    state->mesh = Mesh::OneDim(1, "dp_shard");
+    state->param_placements.assign(ps.size(),
+                                   ParamPlacement{{Placement::Replicate()}});
+  }
+  const int rank = state->rank;
+  for (const ParamView& p : ps) MUON_RETURN_IF_ERROR(ValidateParamView(p, rank));
+  if (state->param_placements.size() != ps.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank, ": the distributed config describes ",
+        state->param_placements.size(), " parameters but the optimizer has ",
+        ps.size()));
+  }
+  MUON_RETURN_IF_ERROR(state->mesh.Validate());
+  if (state->mesh.world_size() != state->world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank, ": mesh ", state->mesh.ToString(), " holds ",
+        state->mesh.world_size(), " ranks but the world size is ",
+        state->world_size));
+  }
+  return absl::OkStatus();
+}
 
-  // Data path.
+}  // namespace
+
+absl::Status Muon::JoinOrPlan(const DistributedConfig& config,
+                              const std::vector<v1::RankManifest>& manifests,
+                              bool uses_sub_mesh) {
+  const DistributedState& state = config.state;
+  if (state.coordinator == nullptr) {
+    MUON_ASSIGN_OR_RETURN(plan_,
+                          PlanLocally(manifests, config, options_, uses_sub_mesh));
+    return absl::OkStatus();
+  }
+  // The coordinator checks every rank's manifest against the others and
+  // answers every rank with the same plan or the same error.
+  agent_ = std::make_unique<Agent>(state.coordinator, state.rank,
+                                   state.incarnation, Agent::Options{});
+  absl::StatusOr<v1::Plan> plan =
+      agent_->Join(manifests[state.rank], state.join_timeout_ms);
+  if (!plan.ok()) return plan.status();
+  plan_ = *std::move(plan);
+  MUON_RETURN_IF_ERROR(agent_->ConfirmPlanHash(
+      plan_.hash(), state.world_size,
+      absl::Milliseconds(state.join_timeout_ms)));
+  agent_->Start();
+  return absl::OkStatus();
+}
+
+absl::Status Muon::MakeDataPath(const DistributedConfig& config,
+                                std::vector<MatrixGeometry> geometry) {
+  const DistributedState& state = config.state;
+  const int rank = state.rank;
   Communicator* comm = state.communicator;
   if (comm == nullptr) {
     if (state.world_size != 1) {
@@ -328,64 +348,99 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
           "rank ", rank, ": world size ", state.world_size,
           " needs a communicator (process group)"));
     }
-    muon->owned_comm_ = LocalCommunicator::Create();
-    comm = muon->owned_comm_.get();
-  } else if (comm->world_size() != state.world_size ||
-             comm->rank() != rank) {
+    owned_comm_ = LocalCommunicator::Create();
+    comm = owned_comm_.get();
+  } else if (comm->world_size() != state.world_size || comm->rank() != rank) {
     return absl::InvalidArgumentError(absl::StrCat(
         "rank ", rank, ": the process group is rank ", comm->rank(), " of ",
         comm->world_size(), " but the config says rank ", rank, " of ",
         state.world_size));
   }
-  if (options.device == "cuda") {
-    absl::StatusOr<kernels::GpuPrecision> precision =
-        kernels::ParseGpuPrecision(options.gpu_precision);
-    if (!precision.ok()) return precision.status();
-    absl::StatusOr<std::unique_ptr<kernels::NsEngine>> engine =
-        kernels::MakeCudaNsEngine(options.cuda_device, *precision);
-    if (!engine.ok()) {
-      return absl::Status(engine.status().code(),
-                          absl::StrCat("rank ", rank, ": device \"cuda\": ",
-                                       engine.status().message()));
-    }
-    muon->ns_engine_ = *std::move(engine);
-  } else {
-    muon->ns_engine_ = kernels::MakeCpuNsEngine();
-  }
+  MUON_ASSIGN_OR_RETURN(ns_engine_, MakeNsEngine(options_, rank));
   absl::StatusOr<std::unique_ptr<StepExecutor>> executor =
-      StepExecutor::Create(rank, state.world_size, muon->plan_,
-                           std::move(geometry), comm, config.gather_fn,
-                           config.redistribute_fn, muon->ns_engine_.get());
+      StepExecutor::Create(rank, state.world_size, plan_, std::move(geometry),
+                           comm, config.gather_fn, config.redistribute_fn,
+                           ns_engine_.get());
   if (!executor.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "rank ", rank, ": the plan does not fit this rank's parameters: ",
         executor.status().message()));
   }
-  muon->executor_ = *std::move(executor);
+  executor_ = *std::move(executor);
+  return absl::OkStatus();
+}
 
-  MUON_ASSIGN_OR_RETURN(muon->rule_.adjust_lr_fn,
-                        kernels::ParseAdjustLrFn(options.adjust_lr_fn));
-  muon->rule_.lr = options.lr;
-  muon->rule_.weight_decay = options.weight_decay;
-  if (options.ns_schedule == "polar_express") {
-    muon->rule_.ns = kernels::PolarExpressSchedule();
-  } else {
-    muon->rule_.ns.a = options.ns_a;
-    muon->rule_.ns.b = options.ns_b;
-    muon->rule_.ns.c = options.ns_c;
-    muon->rule_.ns.steps = options.ns_steps;
-  }
-  muon->rule_.ns.eps = options.eps;
-  muon->buffers_.resize(ps.size());
-  muon->nesterov_.resize(ps.size());
-  for (size_t i = 0; i < ps.size(); ++i) {
-    muon->buffers_[i].assign(ps[i]->data.size(), 0.0f);
-    if (options.nesterov) muon->nesterov_[i].resize(ps[i]->data.size());
+absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
+    std::vector<ParamView> params, const MuonOptions& options,
+    std::optional<DistributedConfig> distributed_config) {
+  MUON_RETURN_IF_ERROR(ValidateMuonOptions(options));
+  const bool distributed = distributed_config.has_value();
+  DistributedConfig config;
+  if (distributed) config = *std::move(distributed_config);
+  MUON_RETURN_IF_ERROR(CheckLocal(params, distributed, &config.state));
+  const DistributedState& state = config.state;
+
+  std::unique_ptr<Muon> muon(new Muon());
+  muon->params_ = std::move(params);
+  muon->options_ = options;
+  muon->rank_ = state.rank;
+  muon->world_size_ = state.world_size;
+  muon->mesh_ = state.mesh;
+  muon->placements_ = state.param_placements;
+  MUON_ASSIGN_OR_RETURN(LocalMatrices local,
+                        MakeLocalMatrices(muon->params_, state));
+  MUON_ASSIGN_OR_RETURN(std::vector<std::vector<int>> requested,
+                        RequestedOwners(config, muon->params_, local.infos));
+  v1::ExecutionOptions execution;
+  execution.set_assignment_policy(config.assignment_policy);
+  execution.set_bucket_size_bytes(config.bucket_size_bytes);
+  execution.set_async_gpu_parallelism(config.async_gpu_parallelism);
+  execution.set_prefetch_count(config.prefetch_count);
+  MUON_ASSIGN_OR_RETURN(
+      std::vector<v1::RankManifest> manifests,
+      AllManifests(muon->params_, state, execution, requested));
+  for (v1::RankManifest& m : manifests) m.set_ns_steps(options.ns_steps);
+  MUON_RETURN_IF_ERROR(
+      muon->JoinOrPlan(config, manifests, local.uses_sub_mesh));
+  muon->matrices_ = std::move(local.infos);
+  MUON_RETURN_IF_ERROR(
+      muon->MakeDataPath(config, std::move(local.geometry)));
+  MUON_ASSIGN_OR_RETURN(muon->rule_, MakeUpdateRule(options));
+
+  // State: fp32 momentum buffers (and Nesterov's U) per local shard.
+  const size_t n = muon->params_.size();
+  muon->buffers_.resize(n);
+  muon->nesterov_.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t numel = muon->params_[i].local_numel();
+    muon->buffers_[i].assign(numel, 0.0f);
+    if (options.nesterov) muon->nesterov_[i].resize(numel);
     muon->update_ptrs_.push_back(options.nesterov ? muon->nesterov_[i].data()
                                                   : muon->buffers_[i].data());
-    muon->param_ptrs_.push_back(ps[i]->data.data());
   }
   muon->stats_.ops.reserve(4 * muon->plan_.buckets_size());
+  return muon;
+}
+
+absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
+    std::vector<Parameter*> params, const MuonOptions& options,
+    std::optional<DistributedConfig> distributed_config) {
+  MUON_RETURN_IF_ERROR(ValidateMuonOptions(options));
+  const int rank =
+      distributed_config.has_value() ? distributed_config->state.rank : 0;
+  for (const Parameter* p : params) {
+    if (static_cast<int64_t>(p->data.size()) != p->local_numel() &&
+        p->local_shape.size() == (p->expert_stack ? 3u : 2u)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank, ": parameter \"", p->name, "\" holds ",
+          p->data.size(), " values but its local shape ",
+          ShapeString(p->local_shape), " needs ", p->local_numel()));
+    }
+  }
+  MUON_ASSIGN_OR_RETURN(
+      std::unique_ptr<Muon> muon,
+      Create(ViewsOf(params), options, std::move(distributed_config)));
+  muon->bound_ = std::move(params);
   return muon;
 }
 
@@ -393,70 +448,111 @@ Muon::~Muon() {
   if (agent_ != nullptr) agent_->Stop();
 }
 
-absl::Status Muon::Step() {
-  // Preflight: nothing is modified and no collective runs on failure.
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const Parameter& p = *params_[i];
-    if (p.grad.size() != p.data.size()) {
+absl::Status Muon::SetGrad(int index, const void* grad) {
+  if (index < 0 || index >= static_cast<int>(params_.size())) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "rank ", rank_, ": SetGrad: parameter index ", index, " is outside [0, ",
+        params_.size(), ")"));
+  }
+  params_[index].grad = grad;
+  return absl::OkStatus();
+}
+
+absl::Status Muon::Preflight() {
+  for (size_t i = 0; i < bound_.size(); ++i) {
+    Parameter& p = *bound_[i];
+    ParamView& v = params_[i];
+    if (static_cast<int64_t>(p.data.size()) != v.local_numel()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", rank_, ": parameter \"", p.name, "\" holds ", p.data.size(),
+          " values but its local shape ", ShapeString(v.local_shape),
+          " needs ", v.local_numel()));
+    }
+    if (!p.grad.empty() &&
+        static_cast<int64_t>(p.grad.size()) != v.local_numel()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "rank ", rank_, ": parameter \"", p.name, "\" has a gradient of ",
           p.grad.size(), " values but its local shape ",
-          ShapeString(p.local_shape), " needs ", p.data.size()));
+          ShapeString(v.local_shape), " needs ", v.local_numel()));
     }
-    if (p.data.data() != param_ptrs_[i]) {
+    v.data = p.data.data();
+    v.grad = p.grad.empty() ? nullptr : p.grad.data();
+  }
+  for (const ParamView& v : params_) {
+    if (v.grad == nullptr && v.local_numel() > 0) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "rank ", rank_, ": parameter \"", p.name,
-          "\" was reallocated after the optimizer was created"));
-    }
-  }
-  const absl::Time start = absl::Now();
-  // Momentum and Nesterov on the local shards (elementwise: exact on
-  // shards).
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const int64_t n = static_cast<int64_t>(buffers_[i].size());
-    kernels::MomentumUpdate(buffers_[i].data(), params_[i]->grad.data(), n,
-                            options_.momentum);
-    if (options_.nesterov) {
-      kernels::NesterovUpdate(params_[i]->grad.data(), buffers_[i].data(), n,
-                              options_.momentum, nesterov_[i].data());
-    }
-  }
-  MUON_RETURN_IF_ERROR(
-      executor_->Run(update_ptrs_, param_ptrs_, rule_, &stats_));
-  stats_.step_time_s = absl::ToDoubleSeconds(absl::Now() - start);
-  ++step_;
-  if (agent_ != nullptr) {
-    // A pooled report whose storage is reused: no allocation once warm.
-    v1::StepReport* report = agent_->AcquireReport();
-    if (report != nullptr) {
-      report->set_step(step_);
-      report->set_step_time_s(stats_.step_time_s);
-      report->set_matrices_orthogonalized(stats_.matrices_orthogonalized);
-      report->set_ns_flops(stats_.ns_flops);
-      report->set_bytes_sent(stats_.bytes_sent);
-      report->set_bytes_received(stats_.bytes_received);
-      report->set_mode(executor_->async() ? "async" : "sequential");
-      report->set_prefetch_count(executor_->prefetch_count());
-      report->set_buffer_bytes(stats_.buffer_bytes);
-      report->set_buffer_bound_bytes(stats_.buffer_bound_bytes);
-      for (const OpRecord& op : stats_.ops) {
-        v1::OpTiming* t = report->add_ops();
-        t->set_op(op.op);
-        t->set_stream(op.stream);
-        t->set_bucket(op.bucket);
-        t->set_start_s(op.start_s);
-        t->set_end_s(op.end_s);
-        t->set_bytes(op.bytes);
-        t->set_flops(op.flops);
-      }
-      agent_->Submit(report);
+          "rank ", rank_, ": parameter \"", v.name, "\" has no gradient (its "
+          "local shape ", ShapeString(v.local_shape), " needs ",
+          v.local_numel(), " values)"));
     }
   }
   return absl::OkStatus();
 }
 
+absl::Status Muon::Step() {
+  // Preflight: nothing is modified and no collective runs on failure.
+  MUON_RETURN_IF_ERROR(Preflight());
+  const absl::Time start = absl::Now();
+  // Momentum and Nesterov on the local shards (elementwise: exact on
+  // shards), reading the trainer's gradient where it lies.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const ParamView& p = params_[i];
+    const int64_t n = static_cast<int64_t>(buffers_[i].size());
+    if (n == 0) continue;
+    float* buf = buffers_[i].data();
+    if (p.grad_dtype == DType::kBFloat16) {
+      const auto* g = static_cast<const kernels::bf16_t*>(p.grad);
+      kernels::MomentumUpdate(buf, g, n, options_.momentum);
+      if (options_.nesterov) {
+        kernels::NesterovUpdate(g, buf, n, options_.momentum,
+                                nesterov_[i].data());
+      }
+    } else {
+      const auto* g = static_cast<const float*>(p.grad);
+      kernels::MomentumUpdate(buf, g, n, options_.momentum);
+      if (options_.nesterov) {
+        kernels::NesterovUpdate(g, buf, n, options_.momentum,
+                                nesterov_[i].data());
+      }
+    }
+  }
+  MUON_RETURN_IF_ERROR(executor_->Run(update_ptrs_, params_, rule_, &stats_));
+  stats_.step_time_s = absl::ToDoubleSeconds(absl::Now() - start);
+  ++step_;
+  ReportStep();
+  return absl::OkStatus();
+}
+
+void Muon::ReportStep() {
+  if (agent_ == nullptr) return;
+  // A pooled report whose storage is reused: no allocation once warm.
+  v1::StepReport* report = agent_->AcquireReport();
+  if (report == nullptr) return;
+  report->set_step(step_);
+  report->set_step_time_s(stats_.step_time_s);
+  report->set_matrices_orthogonalized(stats_.matrices_orthogonalized);
+  report->set_ns_flops(stats_.ns_flops);
+  report->set_bytes_sent(stats_.bytes_sent);
+  report->set_bytes_received(stats_.bytes_received);
+  report->set_mode(executor_->async() ? "async" : "sequential");
+  report->set_prefetch_count(executor_->prefetch_count());
+  report->set_buffer_bytes(stats_.buffer_bytes);
+  report->set_buffer_bound_bytes(stats_.buffer_bound_bytes);
+  for (const OpRecord& op : stats_.ops) {
+    v1::OpTiming* t = report->add_ops();
+    t->set_op(op.op);
+    t->set_stream(op.stream);
+    t->set_bucket(op.bucket);
+    t->set_start_s(op.start_s);
+    t->set_end_s(op.end_s);
+    t->set_bytes(op.bytes);
+    t->set_flops(op.flops);
+  }
+  agent_->Submit(report);
+}
+
 void Muon::ZeroGrad() {
-  for (Parameter* p : params_) std::fill(p->grad.begin(), p->grad.end(), 0.0f);
+  for (Parameter* p : bound_) std::fill(p->grad.begin(), p->grad.end(), 0.0f);
 }
 
 std::map<int, std::vector<int>> Muon::assignments() const {

@@ -33,6 +33,7 @@
 #include "client/distributed_config.h"
 #include "client/parameter.h"
 #include "client/step_executor.h"
+#include "client/tensor_view.h"
 #include "kernels/ns_engine.h"
 #include "muon/v1/coordinator.pb.h"
 
@@ -71,19 +72,56 @@ absl::Status ValidateMuonOptions(const MuonOptions& options);
 // Reads optimizer options from the job spec's proto (unset = default).
 MuonOptions MuonOptionsFromProto(const v1::OptimizerOptions& proto);
 
+// One parameter's optimizer state on this rank, in torch's state_dict
+// vocabulary (optimizer.state_dict()["state"][i]["momentum_buffer"]) plus
+// what a resharding load needs: the global shape, the placements and the
+// box of the global tensor this rank's shard covers.
+struct ParamState {
+  std::string name;                     // the parameter's name (the key)
+  std::vector<int64_t> global_shape;    // [rows, cols] or [experts, rows, cols]
+  std::vector<std::string> placements;  // DTensor spelling, one per mesh dim
+  std::vector<Range> box;               // per tensor dim, the global range held
+  std::vector<float> momentum_buffer;   // fp32, row-major, prod(box sizes)
+};
+
+// The optimizer's state on one rank: rank-symmetric (every holder keeps the
+// momentum of its own shard), so it saves and restores per rank without the
+// plan.
+struct OptimizerStateDict {
+  int64_t step = 0;            // optimizer steps taken
+  Mesh mesh;                   // the mesh the state was taken on
+  std::string plan_hash;       // the plan it ran (informative)
+  std::vector<ParamState> params;  // optimizer order
+};
+
 class Muon {
  public:
-  // `params` are not owned and must outlive the optimizer; their data and
-  // grad vectors must not be resized afterwards.
+  // Creates the optimizer over views of the trainer's parameters
+  // (client/tensor_view.h): the step reads each view's gradient and writes
+  // its data in place; the optimizer owns only its fp32 momentum buffers and
+  // exchange buffers. The memory behind the views is not owned and must
+  // outlive the optimizer (or be re-bound: SetGrad).
   // Errors (all raised before any collective, with nothing modified):
   //   InvalidArgument: an option out of range (names it and its value); a
-  //     parameter that is not 2-D (names it and its shape); data size not
-  //     matching local_shape; placements that do not fit the mesh; a custom
+  //     parameter that is not 2-D (names it and its shape), not contiguous,
+  //     or without data; placements that do not fit the mesh; a custom
   //     assign_fn with a missing, duplicated or out-of-range owner (names
   //     the parameter and the ranks); manifests that disagree across ranks
   //     (from the coordinator, the same error on every rank).
+  //   Unimplemented: a parameter on a CUDA device (the device-resident step
+  //     comes with the GPU path).
   //   DeadlineExceeded / Unavailable: the coordinator or other ranks did
   //     not answer in time.
+  static absl::StatusOr<std::unique_ptr<Muon>> Create(
+      std::vector<ParamView> params, const MuonOptions& options = {},
+      std::optional<DistributedConfig> distributed_config = std::nullopt);
+
+  // The same over owning Parameters (client/parameter.h), which stay bound:
+  // every Step re-reads their data and grad vectors, so grads may be
+  // reassigned between steps. `params` are not owned and must outlive the
+  // optimizer.
+  // Errors: as above; InvalidArgument when a parameter's data size does not
+  // match its local shape.
   static absl::StatusOr<std::unique_ptr<Muon>> Create(
       std::vector<Parameter*> params, const MuonOptions& options = {},
       std::optional<DistributedConfig> distributed_config = std::nullopt);
@@ -96,9 +134,50 @@ class Muon {
   // parameters and state untouched); communicator errors.
   absl::Status Step();
 
-  // Clears every gradient to zero (keeps sizes).
+  // Re-binds parameter `index`'s gradient (same dtype, shape and strides as
+  // given at Create; nullptr = no gradient). For trainers whose gradient
+  // tensor moves between steps (torch's zero_grad(set_to_none=True)).
+  // Errors: OutOfRange for a bad index.
+  absl::Status SetGrad(int index, const void* grad);
+
+  // Clears every gradient to zero (keeps sizes). Bound Parameters only;
+  // trainers zero their own gradients.
   void ZeroGrad();
 
+  // This rank's state (torch's optimizer.state_dict()): a copy of the step
+  // count and of each parameter's momentum shard with its layout.
+  OptimizerStateDict state_dict() const;
+
+  // Restores a state_dict() taken on the same layout (same parameter names,
+  // global shapes and boxes on this rank; torch's load_state_dict). All or
+  // nothing: on error the optimizer is untouched.
+  // Errors: InvalidArgument naming the parameter and expected vs actual
+  // (missing or extra parameter, other global shape, other box, wrong
+  // buffer size).
+  absl::Status load_state_dict(const OptimizerStateDict& state);
+
+  // Writes this rank's state to DIR/rank_<rank>.safetensors (safetensors
+  // format, one tensor "<param>.momentum_buffer" per parameter) and, on
+  // rank 0, DIR/metadata.json (mesh, placements, plan hash, step, format
+  // version); see client/checkpoint.h. Every rank calls it (no collective
+  // runs: the caller synchronizes before reading the directory).
+  // Errors: those of WriteCheckpointShard (I/O, naming the path).
+  absl::Status Save(const std::string& dir) const;
+
+  // Reads the state of every parameter from a checkpoint written by Save in
+  // any layout and world size (FSDP over 4 -> over 2, FSDP -> TP x FSDP,
+  // DDP -> FSDP, ...): each rank reads exactly the regions of the saved
+  // shards its own shard covers (as torch.distributed.checkpoint does). All
+  // or nothing: on error the optimizer is untouched.
+  // Errors: those of CheckpointReader::Open / ReadRegion, naming the file,
+  // the parameter and expected vs actual (NotFound for a missing
+  // parameter, InvalidArgument for another global shape, DataLoss for a
+  // truncated or corrupted file or a region the checkpoint does not cover,
+  // FailedPrecondition for an unknown format version).
+  absl::Status Load(const std::string& dir);
+
+  // The parameters as the optimizer sees them, in order.
+  const std::vector<ParamView>& params() const { return params_; }
   // The plan (owners, buckets, loads, hash) this optimizer runs.
   const v1::Plan& plan() const { return plan_; }
   // rank -> indices of this rank's matrices that it orthogonalizes (seeds'
@@ -115,8 +194,8 @@ class Muon {
   // Counters and timings of the last Step on this rank.
   const StepStats& last_step_stats() const { return stats_; }
   int64_t step_count() const { return step_; }
-  // Momentum buffer of parameter i (local shard; zeros before the first
-  // step).
+  // Momentum buffer of parameter i (local shard, fp32, row-major; zeros
+  // before the first step).
   const std::vector<float>& momentum_buffer(int i) const { return buffers_[i]; }
   const MuonOptions& options() const { return options_; }
   // The agent when a coordinator is configured, else nullptr.
@@ -124,8 +203,21 @@ class Muon {
 
  private:
   Muon() = default;
+  // Create's stages: the plan (from the coordinator, or local), then the
+  // communicator, Newton-Schulz engine and step executor.
+  absl::Status JoinOrPlan(const DistributedConfig& config,
+                          const std::vector<v1::RankManifest>& manifests,
+                          bool uses_sub_mesh);
+  absl::Status MakeDataPath(const DistributedConfig& config,
+                            std::vector<MatrixGeometry> geometry);
+  // Re-reads bound Parameters' pointers and checks every gradient.
+  absl::Status Preflight();
+  void ReportStep();
 
-  std::vector<Parameter*> params_;  // Not owned.
+  std::vector<ParamView> params_;  // views; the memory is not owned
+  Mesh mesh_;                                   // the job's device mesh
+  std::vector<ParamPlacement> placements_;      // per parameter
+  std::vector<Parameter*> bound_;  // Not owned; empty unless bound
   MuonOptions options_;
   UpdateRule rule_;
   int rank_ = 0;
@@ -138,7 +230,6 @@ class Muon {
   std::vector<std::vector<float>> buffers_;  // momentum, local shards
   std::vector<std::vector<float>> nesterov_;  // U when nesterov, local
   std::vector<const float*> update_ptrs_;
-  std::vector<float*> param_ptrs_;
   std::vector<MatrixInfo> matrices_;
   StepStats stats_;
   int64_t step_ = 0;

@@ -1,13 +1,20 @@
-// A trainable parameter as the optimizer sees it on one rank: the local
-// shard of a (possibly sharded) float32 tensor and its gradient, DTensor
-// style (`global_shape` is DTensor's .shape, `local_shape` its
-// .to_local().shape).
+// muon::Parameter: a convenience for programs that have no tensors of their
+// own (tests, tools, the C++ examples): it owns a float32 local shard and its
+// gradient in std::vectors and hands the optimizer a view of them
+// (client/tensor_view.h). Trainers with their own memory pass ParamViews
+// directly.
+//
+// Muon::Create(std::vector<Parameter*>) binds the parameters: before each
+// Step it re-reads data.data() and grad.data(), so `grad` may be reassigned
+// between steps (an empty grad means "no gradient").
 #ifndef MUON_CLIENT_PARAMETER_H_
 #define MUON_CLIENT_PARAMETER_H_
 
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "client/tensor_view.h"
 
 namespace muon {
 
@@ -17,19 +24,14 @@ struct Parameter {
   // Shape of the whole logical tensor: [rows, cols], or [experts, rows,
   // cols] when expert_stack. Empty = same as local_shape (not sharded).
   std::vector<int64_t> global_shape;
-  // A 3-D stack of expert matrices (MoE): each [rows, cols] slice is
-  // orthogonalized as its own matrix. Without it, as in torch.optim.Muon,
-  // only 2-D parameters are accepted.
+  // A 3-D stack of expert matrices (MoE); see ParamView::expert_stack.
   bool expert_stack = false;
-  // Shape of the shard held by this rank ([rows, cols] for a matrix,
-  // [local experts, rows, cols] for a stack; a dim may be 0 for an empty
-  // torch.chunk shard; all 0 or empty data on a rank outside the
-  // parameter's sub-mesh is not allowed: such a rank does not list it).
+  // Shape of the shard held by this rank (a dim may be 0 for an empty
+  // torch.chunk shard).
   std::vector<int64_t> local_shape;
   // Row-major (C order) float32 values of the local shard.
   std::vector<float> data;
-  // Gradient of the local shard, same layout and size as `data`. Step
-  // requires it on every parameter (FailedPrecondition otherwise).
+  // Gradient of the local shard, same size as `data`; empty = none.
   std::vector<float> grad;
 
   const std::vector<int64_t>& shape() const {
@@ -40,7 +42,27 @@ struct Parameter {
     for (int64_t d : local_shape) n *= d;
     return n;
   }
+  // A float32, contiguous, CPU view of `data` and `grad` (grad nullptr when
+  // empty). Valid until either vector is reallocated.
+  ParamView View() {
+    ParamView v;
+    v.name = name;
+    v.data = data.data();
+    v.grad = grad.empty() ? nullptr : grad.data();
+    v.local_shape = local_shape;
+    v.global_shape = global_shape;
+    v.expert_stack = expert_stack;
+    return v;
+  }
 };
+
+// Views of `params`, in order (see Parameter::View).
+inline std::vector<ParamView> ViewsOf(const std::vector<Parameter*>& params) {
+  std::vector<ParamView> views;
+  views.reserve(params.size());
+  for (Parameter* p : params) views.push_back(p->View());
+  return views;
+}
 
 }  // namespace muon
 

@@ -49,41 +49,87 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
     return absl::InvalidArgumentError(absl::StrCat(
         "rank ", rank, ": a world of ", world_size, " ranks needs a communicator"));
   }
-  const int num_matrices = static_cast<int>(geometry.size());
-  std::map<std::pair<std::string, int>, int> local_id;
-  for (int m = 0; m < num_matrices; ++m) {
-    if (static_cast<int>(geometry[m].boxes.size()) != world_size) {
+  for (const MatrixGeometry& g : geometry) {
+    if (static_cast<int>(g.boxes.size()) != world_size) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", rank, ": matrix \"", geometry[m].param, "\" has ",
-          geometry[m].boxes.size(), " shard boxes for a world of ", world_size));
+          "rank ", rank, ": matrix \"", g.param, "\" has ", g.boxes.size(),
+          " shard boxes for a world of ", world_size));
     }
-    local_id[{geometry[m].param, geometry[m].slice}] = m;
   }
   std::unique_ptr<StepExecutor> ex(
       new StepExecutor(rank, world_size, comm, std::move(geometry),
                        std::move(gather_fn), std::move(redistribute_fn)));
-  const auto& geo = ex->geometry_;
-  ex->local_o_.resize(num_matrices);
-  ex->u_offset_.assign(num_matrices, -1);
-  ex->bucket_of_.assign(num_matrices, -1);
-  ex->o_offset_.assign(num_matrices, -1);
+  ex->ns_engine_ = ns_engine;
+  MUON_ASSIGN_OR_RETURN(const BufferSizes sizes, ex->CompileBuckets(plan));
+  MUON_RETURN_IF_ERROR(ns_engine->Reserve(sizes.max_rows, sizes.max_cols));
+  MUON_RETURN_IF_ERROR(ex->CompileSchedule(plan));
+  ex->AllocateBuffers(sizes, plan.schedule().slots());
+  return ex;
+}
+
+absl::Status StepExecutor::CheckPlanMatrix(const v1::Plan& plan, int mi,
+                                           int m) const {
+  const v1::MatrixPlan& mp = plan.matrices(mi);
+  const MatrixGeometry& g = geometry_[m];
+  const int owner = mp.owner();
+  if (owner < 0 || owner >= world_size_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan matrix ", mi, " (\"", mp.param(), "\" slice ", mp.slice(),
+        "): owner ", owner, " out of range for world size ", world_size_));
+  }
+  if (mp.rows() != g.rows || mp.cols() != g.cols) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan matrix ", mi, " (\"", mp.param(), "\" slice ", mp.slice(),
+        ") is [", mp.rows(), ", ", mp.cols(), "] but rank ", rank_,
+        " has it as [", g.rows, ", ", g.cols, "]"));
+  }
+  if (g.boxes[owner].empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan matrix ", mi, " (\"", mp.param(), "\" slice ", mp.slice(),
+        "): owner rank ", owner, " holds no shard of it"));
+  }
+  return absl::OkStatus();
+}
+
+int64_t StepExecutor::PlaceInSlot(int m, int owner, int64_t bucket_elems) {
+  if (owner != rank_) return bucket_elems;
+  const int64_t full = FullBox(geometry_[m]).numel();
+  const bool owner_full = HoldsFull(m);
+  // Full U and O in the bucket's slot; a custom gather_fn always writes a
+  // full buffer.
+  if (!owner_full || gather_fn_) {
+    u_offset_[m] = bucket_elems;
+    bucket_elems += full;
+  }
+  if (!owner_full) {
+    o_offset_[m] = bucket_elems;
+    bucket_elems += full;
+  }
+  return bucket_elems;
+}
+
+absl::StatusOr<StepExecutor::BufferSizes> StepExecutor::CompileBuckets(
+    const v1::Plan& plan) {
+  const int num_matrices = static_cast<int>(geometry_.size());
+  std::map<std::pair<std::string, int>, int> local_id;
   for (int m = 0; m < num_matrices; ++m) {
-    ex->local_o_[m].resize(geo[m].boxes[rank].numel());
+    local_id[{geometry_[m].param, geometry_[m].slice}] = m;
+  }
+  local_o_.resize(num_matrices);
+  u_offset_.assign(num_matrices, -1);
+  bucket_of_.assign(num_matrices, -1);
+  o_offset_.assign(num_matrices, -1);
+  for (int m = 0; m < num_matrices; ++m) {
+    local_o_[m].resize(geometry_[m].boxes[rank_].numel());
   }
   std::vector<int> seen(num_matrices, 0);
-  int64_t max_send = 0, max_recv = 0;
-  int64_t max_bucket_elems = 0;
-  int64_t max_rows = 1, max_cols = 1;
+  BufferSizes sizes;
   for (const v1::Bucket& bp : plan.buckets()) {
     BucketSchedule b;
     b.index = bp.index();
+    b.gather = Exchange(world_size_);
+    b.redistribute = Exchange(world_size_);
     int64_t bucket_elems = 0;
-    for (Exchange* x : {&b.gather, &b.redistribute}) {
-      x->send_counts.assign(world_size, 0);
-      x->recv_counts.assign(world_size, 0);
-      x->send.resize(world_size);
-      x->recv.resize(world_size);
-    }
     for (int mi : bp.matrices()) {
       if (mi < 0 || mi >= plan.matrices_size()) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -96,135 +142,64 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
       // stage): zero split sizes, but the bucket's collectives still run.
       if (it == local_id.end()) continue;
       const int m = it->second;
+      MUON_RETURN_IF_ERROR(CheckPlanMatrix(plan, mi, m));
+      const MatrixGeometry& g = geometry_[m];
       const int owner = mp.owner();
-      if (owner < 0 || owner >= world_size) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "plan matrix ", mi, " (\"", mp.param(), "\" slice ", mp.slice(),
-            "): owner ", owner, " out of range for world size ", world_size));
-      }
-      if (mp.rows() != geo[m].rows || mp.cols() != geo[m].cols) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "plan matrix ", mi, " (\"", mp.param(), "\" slice ", mp.slice(),
-            ") is [", mp.rows(), ", ", mp.cols(), "] but rank ", rank,
-            " has it as [", geo[m].rows, ", ", geo[m].cols, "]"));
-      }
-      if (geo[m].boxes[owner].empty()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "plan matrix ", mi, " (\"", mp.param(), "\" slice ", mp.slice(),
-            "): owner rank ", owner, " holds no shard of it"));
-      }
       ++seen[m];
-      ex->bucket_of_[m] = static_cast<int>(ex->buckets_.size());
+      bucket_of_[m] = static_cast<int>(buckets_.size());
       b.matrices.push_back(m);
       b.owners.push_back(owner);
-      max_rows = std::max(max_rows, geo[m].rows);
-      max_cols = std::max(max_cols, geo[m].cols);
-      const Box full = FullBox(geo[m]);
-      const bool owner_full = geo[m].boxes[owner] == full;
-      if (owner == rank) {
-        b.owned.push_back(m);
-        // Full U and O in the bucket's slot; a custom gather_fn always
-        // writes a full buffer.
-        if (!owner_full || ex->gather_fn_) {
-          ex->u_offset_[m] = bucket_elems;
-          bucket_elems += full.numel();
-        }
-        if (!owner_full) {
-          ex->o_offset_[m] = bucket_elems;
-          bucket_elems += full.numel();
-        }
-      }
-      // Gather: one source per distinct box (the owner itself when it holds
-      // that box, else the lowest rank holding it).
-      if (!owner_full) {
-        std::vector<Box> distinct;
-        for (int r = 0; r < world_size; ++r) {
-          const Box& box = geo[m].boxes[r];
-          if (box.empty()) continue;
-          if (std::find(distinct.begin(), distinct.end(), box) !=
-              distinct.end()) {
-            continue;
-          }
-          distinct.push_back(box);
-          int source = r;
-          if (geo[m].boxes[owner] == box) source = owner;
-          if (source == owner) {
-            if (rank == owner) b.gather.self.push_back({m, box});
-          } else if (rank == source) {
-            b.gather.send[owner].push_back({m, box});
-            b.gather.send_counts[owner] += box.numel();
-          } else if (rank == owner) {
-            b.gather.recv[source].push_back({m, box});
-            b.gather.recv_counts[source] += box.numel();
-          }
-        }
-      }
-      // Redistribute: the owner sends every other holder its box of O.
-      for (int h = 0; h < world_size; ++h) {
-        const Box& box = geo[m].boxes[h];
-        if (box.empty()) continue;
-        if (h == owner) {
-          if (rank == owner && !owner_full) {
-            b.redistribute.self.push_back({m, box});
-          }
-        } else if (rank == owner) {
-          b.redistribute.send[h].push_back({m, box});
-          b.redistribute.send_counts[h] += box.numel();
-        } else if (rank == h) {
-          b.redistribute.recv[owner].push_back({m, box});
-          b.redistribute.recv_counts[owner] += box.numel();
-        }
-      }
+      if (owner == rank_) b.owned.push_back(m);
+      sizes.max_rows = std::max(sizes.max_rows, g.rows);
+      sizes.max_cols = std::max(sizes.max_cols, g.cols);
+      bucket_elems = PlaceInSlot(m, owner, bucket_elems);
+      AddToGather(rank_, m, owner, g.boxes, FullBox(g), &b.gather);
+      AddToRedistribute(rank_, m, owner, g.boxes, FullBox(g), &b.redistribute);
     }
     for (Exchange* x : {&b.gather, &b.redistribute}) {
-      for (int q = 0; q < world_size; ++q) {
-        x->send_total += x->send_counts[q];
-        x->recv_total += x->recv_counts[q];
-      }
-      max_send = std::max(max_send, x->send_total);
-      max_recv = std::max(max_recv, x->recv_total);
+      x->Finish();
+      sizes.max_send = std::max(sizes.max_send, x->send_total);
+      sizes.max_recv = std::max(sizes.max_recv, x->recv_total);
     }
-    max_bucket_elems = std::max(max_bucket_elems, bucket_elems);
-    ex->buckets_.push_back(std::move(b));
+    sizes.max_bucket_elems = std::max(sizes.max_bucket_elems, bucket_elems);
+    buckets_.push_back(std::move(b));
   }
   for (int m = 0; m < num_matrices; ++m) {
     if (seen[m] != 1) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", rank, ": the plan covers matrix \"", geo[m].param,
-          "\" slice ", geo[m].slice, " ", seen[m],
+          "rank ", rank_, ": the plan covers matrix \"", geometry_[m].param,
+          "\" slice ", geometry_[m].slice, " ", seen[m],
           " times; every matrix must be in exactly one bucket"));
     }
   }
-  ex->send_buf_.resize(max_send);
-  ex->recv_buf_.resize(max_recv);
-  ex->ns_engine_ = ns_engine;
-  MUON_RETURN_IF_ERROR(ns_engine->Reserve(max_rows, max_cols));
+  return sizes;
+}
 
-  // This rank's stream schedule.
+absl::Status StepExecutor::CompileSchedule(const v1::Plan& plan) {
   const v1::Schedule& schedule = plan.schedule();
-  if (schedule.ranks_size() <= rank || schedule.ranks(rank).rank() != rank) {
+  if (schedule.ranks_size() <= rank_ || schedule.ranks(rank_).rank() != rank_) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", rank, ": the plan carries no stream schedule for this rank"));
+        "rank ", rank_, ": the plan carries no stream schedule for this rank"));
   }
-  ex->async_ = schedule.mode() == "async";
-  ex->prefetch_count_ = schedule.prefetch_count();
+  async_ = schedule.mode() == "async";
+  prefetch_count_ = schedule.prefetch_count();
   const int slots = std::max(1, schedule.slots());
   std::map<int, int> position;
-  for (size_t i = 0; i < ex->buckets_.size(); ++i) {
-    position[ex->buckets_[i].index] = static_cast<int>(i);
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    position[buckets_[i].index] = static_cast<int>(i);
   }
-  ex->slot_of_bucket_.assign(ex->buckets_.size(), 0);
-  for (const v1::ScheduledOp& op : schedule.ranks(rank).ops()) {
+  slot_of_bucket_.assign(buckets_.size(), 0);
+  for (const v1::ScheduledOp& op : schedule.ranks(rank_).ops()) {
     auto it = position.find(op.bucket());
     if (it == position.end() || op.slot() < 0 || op.slot() >= slots) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", rank, ": schedule names bucket ", op.bucket(), " slot ",
+          "rank ", rank_, ": schedule names bucket ", op.bucket(), " slot ",
           op.slot(), " outside the plan"));
     }
     OpKind kind;
     if (op.op() == "gather") {
       kind = OpKind::kGather;
-      ex->slot_of_bucket_[it->second] = op.slot();
+      slot_of_bucket_[it->second] = op.slot();
     } else if (op.op() == "orthogonalize") {
       kind = OpKind::kOrthogonalize;
     } else if (op.op() == "redistribute") {
@@ -233,21 +208,25 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
       kind = OpKind::kApply;
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", rank, ": unknown scheduled operation \"", op.op(), "\""));
+          "rank ", rank_, ": unknown scheduled operation \"", op.op(), "\""));
     }
     const Op o{it->second, kind, op.slot()};
     if (op.stream() == "compute") {
-      ex->compute_ops_.push_back(o);
+      compute_ops_.push_back(o);
     } else if (op.stream() == "comm") {
-      ex->comm_ops_.push_back(o);
+      comm_ops_.push_back(o);
     } else {
-      ex->main_ops_.push_back(o);
+      main_ops_.push_back(o);
     }
   }
-  for (size_t b = 0; b < ex->buckets_.size(); ++b) {
-    const bool owns = !ex->buckets_[b].owned.empty();
+  return CheckOrthogonalizeOps();
+}
+
+absl::Status StepExecutor::CheckOrthogonalizeOps() const {
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const bool owns = !buckets_[b].owned.empty();
     int scheduled = 0;
-    for (const auto* list : {&ex->main_ops_, &ex->compute_ops_}) {
+    for (const auto* list : {&main_ops_, &compute_ops_}) {
       for (const Op& o : *list) {
         scheduled += o.bucket == static_cast<int>(b) &&
                      o.kind == OpKind::kOrthogonalize;
@@ -255,29 +234,35 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
     }
     if (scheduled != (owns ? 1 : 0)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", rank, ": the schedule orthogonalizes bucket ",
-          ex->buckets_[b].index, " ", scheduled, " times but this rank owns ",
-          ex->buckets_[b].owned.size(), " of its matrices"));
+          "rank ", rank_, ": the schedule orthogonalizes bucket ",
+          buckets_[b].index, " ", scheduled, " times but this rank owns ",
+          buckets_[b].owned.size(), " of its matrices"));
     }
   }
-  ex->slot_elems_ = max_bucket_elems;
-  ex->arena_.resize(slots * max_bucket_elems);
-  const int64_t exchange_bytes = (max_send + max_recv) * sizeof(float);
-  ex->buffer_bytes_ = ex->arena_.size() * sizeof(float) + exchange_bytes;
-  ex->buffer_bound_bytes_ =
-      (ex->prefetch_count_ + 1) * max_bucket_elems * sizeof(float) +
-      exchange_bytes;
-  const size_t records = 4 * ex->buckets_.size() + 4;
-  ex->main_records_.reserve(records);
-  ex->comm_records_.reserve(records);
-  if (ex->async_) {
-    absl::MutexLock lock(&ex->mu_);
-    ex->gathered_.assign(ex->buckets_.size(), 0);
-    ex->ns_done_.assign(ex->buckets_.size(), 0);
-    StepExecutor* self = ex.get();
-    ex->comm_thread_ = std::thread([self] { self->CommLoop(); });
+  return absl::OkStatus();
+}
+
+void StepExecutor::AllocateBuffers(const BufferSizes& sizes, int slots) {
+  slots = std::max(1, slots);
+  send_buf_.resize(sizes.max_send);
+  recv_buf_.resize(sizes.max_recv);
+  slot_elems_ = sizes.max_bucket_elems;
+  arena_.resize(slots * sizes.max_bucket_elems);
+  const int64_t exchange_bytes =
+      (sizes.max_send + sizes.max_recv) * static_cast<int64_t>(sizeof(float));
+  buffer_bytes_ = arena_.size() * sizeof(float) + exchange_bytes;
+  buffer_bound_bytes_ = (prefetch_count_ + 1) * sizes.max_bucket_elems *
+                            static_cast<int64_t>(sizeof(float)) +
+                        exchange_bytes;
+  const size_t records = 4 * buckets_.size() + 4;
+  main_records_.reserve(records);
+  comm_records_.reserve(records);
+  if (async_) {
+    absl::MutexLock lock(&mu_);
+    gathered_.assign(buckets_.size(), 0);
+    ns_done_.assign(buckets_.size(), 0);
+    comm_thread_ = std::thread([this] { CommLoop(); });
   }
-  return ex;
 }
 
 StepExecutor::~StepExecutor() {
@@ -438,9 +423,16 @@ void StepExecutor::Apply(int b, const StepArgs& args, std::vector<OpRecord>* rec
     if (n == 0) continue;
     const double adjusted = kernels::AdjustLr(args.rule->lr, args.rule->adjust_lr_fn,
                                               g.rows, g.cols);
-    kernels::ApplyUpdate((*args.params)[g.param_index] + g.offset,
-                         local_o_[m].data(), n, args.rule->lr,
-                         args.rule->weight_decay, adjusted);
+    const ParamView& p = (*args.params)[g.param_index];
+    if (p.dtype == DType::kBFloat16) {
+      kernels::ApplyUpdate(static_cast<kernels::bf16_t*>(p.data) + g.offset,
+                           local_o_[m].data(), n, args.rule->lr,
+                           args.rule->weight_decay, adjusted);
+    } else {
+      kernels::ApplyUpdate(static_cast<float*>(p.data) + g.offset,
+                           local_o_[m].data(), n, args.rule->lr,
+                           args.rule->weight_decay, adjusted);
+    }
   }
   rec->push_back(OpRecord{"apply", stream, bs.index, t0, NowSeconds(), 0, 0});
 }
@@ -566,7 +558,7 @@ absl::Status StepExecutor::RunAsync(const StepArgs& args) {
 }
 
 absl::Status StepExecutor::Run(const std::vector<const float*>& updates,
-                               const std::vector<float*>& params,
+                               const std::vector<ParamView>& params,
                                const UpdateRule& rule, StepStats* stats) {
   main_records_.clear();
   comm_records_.clear();

@@ -42,6 +42,8 @@
 #include "absl/synchronization/mutex.h"
 #include "client/communicator.h"
 #include "client/distributed_config.h"
+#include "client/exchange_plan.h"
+#include "client/tensor_view.h"
 #include "common/layout.h"
 #include "kernels/muon_update.h"
 #include "kernels/newton_schulz.h"
@@ -122,34 +124,22 @@ class StepExecutor {
 
   // Runs gather -> orthogonalize -> redistribute -> apply for every bucket.
   // `updates[i]` is this rank's shard of U for parameter i (local shape,
-  // row-major fp32, read only); `params[i]` is its local shard of W
-  // (3-D stacks: [local experts, rows, cols]),
-  // updated in place: W *= (1 - lr*wd); W -= AdjustLR(lr, global shape) * O.
+  // row-major fp32, read only); `params[i]` views its local shard of W
+  // (3-D stacks: [local experts, rows, cols]; float32 or bfloat16,
+  // contiguous, host memory; checked by the caller), updated in place:
+  // W *= (1 - lr*wd); W -= AdjustLR(lr, global shape) * O (bf16: each op
+  // computed in fp32 and rounded to nearest even, kernels::ApplyUpdate).
   // Errors: whatever the communicator or a custom function returns; on an
   // error some parameters may already be updated (a failed collective
   // leaves the world inconsistent; the job must restart from a checkpoint).
   absl::Status Run(const std::vector<const float*>& updates,
-                   const std::vector<float*>& params, const UpdateRule& rule,
-                   StepStats* stats);
+                   const std::vector<ParamView>& params,
+                   const UpdateRule& rule, StepStats* stats);
 
   bool async() const { return async_; }
   int prefetch_count() const { return prefetch_count_; }
 
  private:
-  // A region (global coordinates) of local matrix `matrix`.
-  struct RegionCopy {
-    int matrix;
-    Box region;
-  };
-  struct Exchange {
-    std::vector<int64_t> send_counts;  // per peer, elements
-    std::vector<int64_t> recv_counts;
-    std::vector<std::vector<RegionCopy>> send;  // per peer, packing order
-    std::vector<std::vector<RegionCopy>> recv;  // per peer, unpacking order
-    std::vector<RegionCopy> self;               // local copies
-    int64_t send_total = 0;
-    int64_t recv_total = 0;
-  };
   struct BucketSchedule {
     int index = 0;
     std::vector<int> matrices;  // local matrix ids in plan order (known ones)
@@ -167,13 +157,32 @@ class StepExecutor {
   // Arguments of the step in flight (set by Run, read by both threads).
   struct StepArgs {
     const std::vector<const float*>* updates = nullptr;
-    const std::vector<float*>* params = nullptr;
+    const std::vector<ParamView>* params = nullptr;
     const UpdateRule* rule = nullptr;
+  };
+
+  // Largest sizes over the buckets, for the preallocated buffers.
+  struct BufferSizes {
+    int64_t max_send = 0;  // elements
+    int64_t max_recv = 0;
+    int64_t max_bucket_elems = 0;
+    int64_t max_rows = 1;
+    int64_t max_cols = 1;
   };
 
   StepExecutor(int rank, int world_size, Communicator* comm,
                std::vector<MatrixGeometry> matrices, GatherFn gather_fn,
                RedistributeFn redistribute_fn);
+  // Create's stages: the buckets' exchanges and slot offsets from the
+  // plan; this rank's stream schedule; the preallocated buffers (and, in
+  // async mode, the communication thread).
+  absl::StatusOr<BufferSizes> CompileBuckets(const v1::Plan& plan);
+  absl::Status CheckPlanMatrix(const v1::Plan& plan, int plan_index,
+                               int m) const;
+  int64_t PlaceInSlot(int m, int owner, int64_t bucket_elems);
+  absl::Status CompileSchedule(const v1::Plan& plan);
+  absl::Status CheckOrthogonalizeOps() const;
+  void AllocateBuffers(const BufferSizes& sizes, int slots);
   bool HoldsFull(int m) const;
   float* FullU(int m);
   float* FullO(int m);

@@ -19,17 +19,41 @@ inline float Lerp(float self, float end, float weight) {
                                  : end - diff * (1.0f - weight);
 }
 
+inline float Widen(float x) { return x; }
+inline float Widen(bf16_t x) { return Bf16ToFloat(x); }
+
+template <typename G>
+void MomentumUpdateImpl(float* buf, const G* grad, int64_t n, double momentum) {
+  const float w = static_cast<float>(1.0 - momentum);
+  for (int64_t i = 0; i < n; ++i) buf[i] = Lerp(buf[i], Widen(grad[i]), w);
+}
+
+template <typename G>
+void NesterovUpdateImpl(const G* grad, const float* buf, int64_t n,
+                        double momentum, float* out) {
+  const float w = static_cast<float>(momentum);
+  for (int64_t i = 0; i < n; ++i) out[i] = Lerp(Widen(grad[i]), buf[i], w);
+}
+
 }  // namespace
 
 void MomentumUpdate(float* buf, const float* grad, int64_t n, double momentum) {
-  const float w = static_cast<float>(1.0 - momentum);
-  for (int64_t i = 0; i < n; ++i) buf[i] = Lerp(buf[i], grad[i], w);
+  MomentumUpdateImpl(buf, grad, n, momentum);
+}
+
+void MomentumUpdate(float* buf, const bf16_t* grad, int64_t n,
+                    double momentum) {
+  MomentumUpdateImpl(buf, grad, n, momentum);
 }
 
 void NesterovUpdate(const float* grad, const float* buf, int64_t n,
                     double momentum, float* out) {
-  const float w = static_cast<float>(momentum);
-  for (int64_t i = 0; i < n; ++i) out[i] = Lerp(grad[i], buf[i], w);
+  NesterovUpdateImpl(grad, buf, n, momentum, out);
+}
+
+void NesterovUpdate(const bf16_t* grad, const float* buf, int64_t n,
+                    double momentum, float* out) {
+  NesterovUpdateImpl(grad, buf, n, momentum, out);
 }
 
 double AdjustLr(double lr, AdjustLrFn fn, int64_t rows, int64_t cols) {
@@ -62,6 +86,16 @@ void ApplyUpdate(float* param, const float* update, int64_t n, double lr,
   for (int64_t i = 0; i < n; ++i) {
     const float decayed = param[i] * decay;
     param[i] = decayed + alpha * update[i];
+  }
+}
+
+void ApplyUpdate(bf16_t* param, const float* update, int64_t n, double lr,
+                 double weight_decay, double adjusted_lr) {
+  const float decay = static_cast<float>(1.0 - lr * weight_decay);
+  const float alpha = static_cast<float>(-adjusted_lr);
+  for (int64_t i = 0; i < n; ++i) {
+    const float decayed = Bf16ToFloat(FloatToBf16(Bf16ToFloat(param[i]) * decay));
+    param[i] = FloatToBf16(decayed + alpha * update[i]);
   }
 }
 

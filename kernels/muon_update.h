@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "kernels/bfloat16.h"
 
 namespace muon {
 namespace kernels {
@@ -29,11 +30,20 @@ namespace kernels {
 //   |w| < 0.5 ? buf + w*diff : grad - diff*(1 - w)   (float arithmetic).
 void MomentumUpdate(float* buf, const float* grad, int64_t n, double momentum);
 
+// MomentumUpdate with a bfloat16 gradient (grad: bf16 [n]). Each gradient
+// value is widened to float exactly, then the fp32 arithmetic above runs
+// unchanged: the result equals MomentumUpdate on the widened gradient.
+void MomentumUpdate(float* buf, const bf16_t* grad, int64_t n,
+                    double momentum);
+
 // Nesterov look-ahead U <- lerp(G, B, momentum), out of place.
 //   grad, buf: float32 [n]; out: float32 [n], may alias grad or buf.
 // Matches torch `grad.lerp(buf, momentum)` with the same formula as
 // MomentumUpdate and w = (float)momentum.
 void NesterovUpdate(const float* grad, const float* buf, int64_t n,
+                    double momentum, float* out);
+// NesterovUpdate with a bfloat16 gradient, widened exactly (as above).
+void NesterovUpdate(const bf16_t* grad, const float* buf, int64_t n,
                     double momentum, float* out);
 
 // How the learning rate is scaled by the matrix shape (torch.optim.Muon's
@@ -70,6 +80,13 @@ absl::StatusOr<AdjustLrFn> ParseAdjustLrFn(absl::string_view name);
 // cast to float once; elementwise float arithmetic, two roundings per
 // element (the multiply is rounded before the add).
 void ApplyUpdate(float* param, const float* update, int64_t n, double lr,
+                 double weight_decay, double adjusted_lr);
+
+// ApplyUpdate on a bfloat16 parameter (param: bf16 [n], updated in place;
+// update: float32 [n]). As PyTorch does for a bf16 tensor, each of the two
+// in-place ops computes in float and rounds its result to bf16 (round to
+// nearest even): p = bf16(float(p) * decay); p = bf16(float(p) + alpha * O).
+void ApplyUpdate(bf16_t* param, const float* update, int64_t n, double lr,
                  double weight_decay, double adjusted_lr);
 
 }  // namespace kernels

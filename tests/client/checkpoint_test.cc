@@ -819,12 +819,14 @@ TEST(CheckpointTest, Open_InconsistentShapes_ReturnsDataLoss) {
        "step is 6"},
       {"other rank", [](json& h) { h["__metadata__"]["rank"] = "0"; },
        "rank is 0"},
-      {"unknown tensor",
+      // A tensor metadata.json does not list is taken from the rank files
+      // (another pipeline stage's); without its __metadata__ it is refused.
+      {"unknown tensor without its metadata",
        [](json& h) {
          h["v"] = h["w"];
          h.erase("w");
        },
-       "not listed in metadata.json"},
+       "tensor v: __metadata__ lacks its .global_shape"},
   };
   for (const Case& tc : cases) {
     SCOPED_TRACE(tc.what);

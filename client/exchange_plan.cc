@@ -1,0 +1,61 @@
+#include "client/exchange_plan.h"
+
+#include <algorithm>
+
+namespace muon {
+
+void Exchange::Finish() {
+  send_total = 0;
+  recv_total = 0;
+  for (int64_t c : send_counts) send_total += c;
+  for (int64_t c : recv_counts) recv_total += c;
+}
+
+void AddToGather(int rank, int matrix, int owner, const std::vector<Box>& boxes,
+                 const Box& full, Exchange* gather) {
+  if (boxes[owner] == full) return;  // the owner has it all
+  const int world_size = static_cast<int>(boxes.size());
+  std::vector<Box> distinct;
+  for (int r = 0; r < world_size; ++r) {
+    const Box& box = boxes[r];
+    if (box.empty()) continue;
+    if (std::find(distinct.begin(), distinct.end(), box) != distinct.end()) {
+      continue;
+    }
+    distinct.push_back(box);
+    const int source = boxes[owner] == box ? owner : r;
+    if (source == owner) {
+      if (rank == owner) gather->self.push_back({matrix, box});
+    } else if (rank == source) {
+      gather->send[owner].push_back({matrix, box});
+      gather->send_counts[owner] += box.numel();
+    } else if (rank == owner) {
+      gather->recv[source].push_back({matrix, box});
+      gather->recv_counts[source] += box.numel();
+    }
+  }
+}
+
+void AddToRedistribute(int rank, int matrix, int owner,
+                       const std::vector<Box>& boxes, const Box& full,
+                       Exchange* redistribute) {
+  const bool owner_full = boxes[owner] == full;
+  const int world_size = static_cast<int>(boxes.size());
+  for (int h = 0; h < world_size; ++h) {
+    const Box& box = boxes[h];
+    if (box.empty()) continue;
+    if (h == owner) {
+      if (rank == owner && !owner_full) {
+        redistribute->self.push_back({matrix, box});
+      }
+    } else if (rank == owner) {
+      redistribute->send[h].push_back({matrix, box});
+      redistribute->send_counts[h] += box.numel();
+    } else if (rank == h) {
+      redistribute->recv[owner].push_back({matrix, box});
+      redistribute->recv_counts[owner] += box.numel();
+    }
+  }
+}
+
+}  // namespace muon

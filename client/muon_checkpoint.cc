@@ -1,0 +1,138 @@
+// Muon's state_dict / load_state_dict and its checkpoints (Save / Load):
+// the rank-symmetric momentum shards, in the safetensors-based format of
+// client/checkpoint.h.
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/checkpoint.h"
+#include "client/muon.h"
+#include "common/status_macros.h"
+
+namespace muon {
+namespace {
+
+std::string Join(const std::vector<int64_t>& v) {
+  return absl::StrCat("[", absl::StrJoin(v, ", "), "]");
+}
+
+std::string BoxString(const std::vector<Range>& box) {
+  std::vector<std::string> parts;
+  for (const Range& r : box) parts.push_back(absl::StrCat(r.begin, ":", r.end));
+  return absl::StrCat("[", absl::StrJoin(parts, ", "), "]");
+}
+
+// Name of parameter `param`'s momentum buffer in a checkpoint.
+std::string MomentumKey(const std::string& param) {
+  return absl::StrCat(param, ".momentum_buffer");
+}
+
+}  // namespace
+
+OptimizerStateDict Muon::state_dict() const {
+  OptimizerStateDict sd;
+  sd.step = step_;
+  sd.mesh = mesh_;
+  sd.plan_hash = plan_.hash();
+  const std::vector<int> coord = mesh_.Coord(rank_);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    ParamState ps;
+    ps.name = params_[i].name;
+    ps.global_shape = params_[i].shape();
+    for (const Placement& p : placements_[i].placements) {
+      ps.placements.push_back(p.ToString());
+    }
+    // Checked at Create: the ranges exist for every parameter of this rank.
+    absl::StatusOr<std::vector<Range>> box =
+        LocalRanges(ps.global_shape, placements_[i].placements, mesh_, coord,
+                    placements_[i].sub_mesh);
+    if (box.ok()) ps.box = *std::move(box);
+    ps.momentum_buffer = buffers_[i];
+    sd.params.push_back(std::move(ps));
+  }
+  return sd;
+}
+
+absl::Status Muon::load_state_dict(const OptimizerStateDict& state) {
+  const OptimizerStateDict mine = state_dict();
+  if (state.params.size() != mine.params.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank_, ": load_state_dict: the state holds ",
+        state.params.size(), " parameters but the optimizer has ",
+        mine.params.size()));
+  }
+  if (state.step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank_, ": load_state_dict: step ", state.step, " is negative"));
+  }
+  for (size_t i = 0; i < mine.params.size(); ++i) {
+    const ParamState& want = mine.params[i];
+    const ParamState& got = state.params[i];
+    std::string what;
+    if (got.name != want.name) {
+      what = absl::StrCat("name \"", got.name, "\" (expected \"", want.name,
+                          "\")");
+    } else if (got.global_shape != want.global_shape) {
+      what = absl::StrCat("global shape ", Join(got.global_shape),
+                          " (expected ", Join(want.global_shape), ")");
+    } else if (!(got.box == want.box)) {
+      what = absl::StrCat("shard box ", BoxString(got.box), " (expected ",
+                          BoxString(want.box),
+                          "; load a checkpoint with Load to reshard)");
+    } else if (got.momentum_buffer.size() != want.momentum_buffer.size()) {
+      what = absl::StrCat("momentum buffer of ", got.momentum_buffer.size(),
+                          " values (expected ", want.momentum_buffer.size(),
+                          ")");
+    }
+    if (!what.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank_, ": load_state_dict: parameter ", i, " (\"",
+          want.name, "\") has ", what));
+    }
+  }
+  for (size_t i = 0; i < buffers_.size(); ++i) {
+    buffers_[i] = state.params[i].momentum_buffer;
+  }
+  step_ = state.step;
+  return absl::OkStatus();
+}
+
+absl::Status Muon::Save(const std::string& dir) const {
+  const OptimizerStateDict sd = state_dict();
+  CheckpointMetadata meta;
+  meta.world_size = world_size_;
+  meta.mesh = mesh_;
+  meta.plan_hash = plan_.hash();
+  meta.step = step_;
+  std::vector<ShardTensorView> tensors;
+  for (const ParamState& ps : sd.params) {
+    ShardTensorView t;
+    t.name = MomentumKey(ps.name);
+    t.global_shape = ps.global_shape;
+    t.placements = ps.placements;
+    t.box = ps.box;
+    t.data = ps.momentum_buffer.data();
+    tensors.push_back(std::move(t));
+  }
+  MUON_RETURN_IF_ERROR(WriteCheckpointShard(dir, rank_, meta, tensors));
+  if (rank_ == 0) MUON_RETURN_IF_ERROR(WriteCheckpointMetadata(dir, meta, tensors));
+  return absl::OkStatus();
+}
+
+absl::Status Muon::Load(const std::string& dir) {
+  MUON_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
+                        CheckpointReader::Open(dir));
+  OptimizerStateDict sd = state_dict();
+  for (ParamState& ps : sd.params) {
+    absl::Status s = reader->ReadRegion(MomentumKey(ps.name), ps.global_shape,
+                                        ps.box, ps.momentum_buffer.data());
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("rank ", rank_, ": loading \"",
+                                                 ps.name, "\": ", s.message()));
+    }
+  }
+  sd.step = reader->metadata().step;
+  return load_state_dict(sd);
+}
+
+}  // namespace muon

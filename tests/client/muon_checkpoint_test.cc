@@ -1,0 +1,298 @@
+// Muon checkpoints: state_dict / load_state_dict, Save / Load with
+// resharding (FSDP over 4 -> over 2, FSDP -> TP x FSDP, DDP -> FSDP), resume
+// bitwise equal to an uninterrupted single-device run, and checkpoints that
+// do not fit rejected with the optimizer untouched.
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/distributed_config.h"
+#include "client/muon.h"
+#include "common/layout.h"
+#include "common/status_macros.h"
+#include "gtest/gtest.h"
+#include "tests/client/rank_threads.h"
+#include "tests/client/thread_world.h"
+#include "tests/status_matchers.h"
+
+namespace muon {
+namespace {
+
+using testing::BitwiseEqual;
+using testing::RandomValues;
+
+constexpr int kSteps = 4;
+
+// Global parameter shapes, initial values and per-step gradients.
+struct Problem {
+  std::vector<std::string> names = {"w0", "w1", "w2"};
+  std::vector<std::vector<int64_t>> shapes = {{10, 7}, {8, 12}, {5, 9}};
+  std::vector<std::vector<float>> init;
+  std::vector<std::vector<std::vector<float>>> grads;  // [step][param]
+  Problem() {
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      init.push_back(RandomValues(shapes[i][0] * shapes[i][1], 40 + i));
+    }
+    for (int s = 0; s < kSteps; ++s) {
+      grads.emplace_back();
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        grads[s].push_back(RandomValues(shapes[i][0] * shapes[i][1], 500 + 10 * s + i));
+      }
+    }
+  }
+  Box Whole(size_t i) const { return Box{Range{0, shapes[i][0]}, Range{0, shapes[i][1]}}; }
+};
+
+// A layout: a mesh and one placement list per parameter. A mesh of one
+// rank runs the single-device path (no DistributedConfig).
+struct Layout {
+  Mesh mesh;
+  std::vector<Placement> placements;  // the same for every parameter
+};
+
+MuonOptions Options() {
+  MuonOptions o;
+  o.lr = 0.02;
+  return o;
+}
+
+std::string TempDir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  return absl::StrCat(base != nullptr ? base : "/tmp", "/", name);
+}
+
+// Runs steps [from, to) of `problem` on `layout`, starting from the full
+// parameters `*full` (the trainer's own model checkpoint) and, when
+// `load_dir` is set, the optimizer state saved there; saves the optimizer
+// state to `save_dir` after the last step when set; writes the full
+// parameters back to `*full`. Returns the first rank's error.
+absl::Status RunPhase(const Problem& problem, const Layout& layout, int from,
+                      int to, std::vector<std::vector<float>>* full,
+                      const std::string& load_dir, const std::string& save_dir) {
+  const int world = layout.mesh.world_size();
+  const size_t np = problem.shapes.size();
+  std::vector<std::vector<Box>> boxes(np);
+  for (size_t i = 0; i < np; ++i) {
+    MUON_ASSIGN_OR_RETURN(boxes[i], AllBoxes(problem.shapes[i][0], problem.shapes[i][1],
+                                             layout.placements, layout.mesh));
+  }
+  std::vector<std::vector<std::vector<float>>> w(world), g(world);
+  std::unique_ptr<testing::ThreadWorld> tw;
+  if (world > 1) {
+    tw = std::make_unique<testing::ThreadWorld>(world);
+    if (!tw->Connect()) return absl::InternalError("connect failed");
+  }
+  std::vector<absl::Status> st = testing::RunOnRanks(world, [&](int rank) -> absl::Status {
+    std::vector<ParamView> views;
+    w[rank].resize(np);
+    g[rank].resize(np);
+    for (size_t i = 0; i < np; ++i) {
+      const Box& box = boxes[i][rank];
+      w[rank][i].resize(box.numel());
+      g[rank][i].resize(box.numel());
+      CopyRegion((*full)[i].data(), problem.Whole(i), w[rank][i].data(), box, box);
+      ParamView v;
+      v.name = problem.names[i];
+      v.data = w[rank][i].data();
+      v.grad = g[rank][i].data();
+      v.local_shape = {box.rows.size(), box.cols.size()};
+      v.global_shape = problem.shapes[i];
+      views.push_back(v);
+    }
+    std::optional<DistributedConfig> config;
+    if (world > 1) {
+      std::vector<ParamPlacement> pls(np, ParamPlacement{layout.placements});
+      MUON_ASSIGN_OR_RETURN(config, CreateMeshConfig(layout.mesh, pls, tw->comm(rank),
+                                                     tw->client(rank), rank + 1));
+      config->state.rank = rank;
+      config->state.world_size = world;
+    }
+    MUON_ASSIGN_OR_RETURN(std::unique_ptr<Muon> opt, Muon::Create(views, Options(), config));
+    if (!load_dir.empty()) MUON_RETURN_IF_ERROR(opt->Load(load_dir));
+    if (opt->step_count() != from) {
+      return absl::InternalError(absl::StrCat("step_count ", opt->step_count(), " != ", from));
+    }
+    for (int s = from; s < to; ++s) {
+      for (size_t i = 0; i < np; ++i) {
+        const Box& box = boxes[i][rank];
+        CopyRegion(problem.grads[s][i].data(), problem.Whole(i), g[rank][i].data(), box, box);
+      }
+      MUON_RETURN_IF_ERROR(opt->Step());
+    }
+    if (!save_dir.empty()) MUON_RETURN_IF_ERROR(opt->Save(save_dir));
+    return absl::OkStatus();
+  });
+  for (const absl::Status& s : st) MUON_RETURN_IF_ERROR(s);
+  for (size_t i = 0; i < np; ++i) {
+    for (int r = 0; r < world; ++r) {
+      CopyRegion(w[r][i].data(), boxes[i][r], (*full)[i].data(), problem.Whole(i), boxes[i][r]);
+    }
+  }
+  return absl::OkStatus();
+}
+
+Layout Single() { return {Mesh::OneDim(1), {Placement::Replicate()}}; }
+Layout Fsdp(int n) { return {Mesh::OneDim(n, "dp_shard"), {Placement::Shard(0)}}; }
+Layout Ddp(int n) { return {Mesh::OneDim(n, "dp_replicate"), {Placement::Replicate()}}; }
+Layout TpFsdp() {
+  return {Mesh{{"dp_shard", "tp"}, {2, 2}}, {Placement::Shard(0), Placement::Shard(1)}};
+}
+
+// Uninterrupted single-device run of every step.
+std::vector<std::vector<float>> Uninterrupted(const Problem& problem) {
+  std::vector<std::vector<float>> full = problem.init;
+  absl::Status s = RunPhase(problem, Single(), 0, kSteps, &full, "", "");
+  EXPECT_TRUE(s.ok()) << s;
+  return full;
+}
+
+// Runs to step 2 on `before`, saves, resumes on `after` from the checkpoint
+// and runs to the end; expects the single-device uninterrupted bits.
+void ExpectResumeBitwise(const Layout& before, const Layout& after,
+                         const std::string& name) {
+  Problem problem;
+  const std::vector<std::vector<float>> want = Uninterrupted(problem);
+  std::vector<std::vector<float>> full = problem.init;
+  const std::string dir = TempDir(name);
+  ASSERT_TRUE(RunPhase(problem, before, 0, 2, &full, "", dir).ok());
+  absl::Status s = RunPhase(problem, after, 2, kSteps, &full, dir, "");
+  ASSERT_TRUE(s.ok()) << s;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_TRUE(BitwiseEqual(full[i], want[i])) << problem.names[i];
+  }
+}
+
+TEST(MuonCheckpointTest, Resume_SingleDevice_BitwiseEqualsUninterrupted) {
+  ExpectResumeBitwise(Single(), Single(), "single");
+}
+
+TEST(MuonCheckpointTest, Resume_FsdpOver4IntoFsdpOver2_BitwiseEqualsUninterrupted) {
+  ExpectResumeBitwise(Fsdp(4), Fsdp(2), "fsdp4_fsdp2");
+}
+
+TEST(MuonCheckpointTest, Resume_FsdpIntoTpTimesFsdp_BitwiseEqualsUninterrupted) {
+  ExpectResumeBitwise(Fsdp(4), TpFsdp(), "fsdp_tpfsdp");
+}
+
+TEST(MuonCheckpointTest, Resume_DdpIntoFsdp_BitwiseEqualsUninterrupted) {
+  ExpectResumeBitwise(Ddp(2), Fsdp(4), "ddp_fsdp");
+}
+
+TEST(MuonCheckpointTest, Resume_FsdpIntoSingleDevice_BitwiseEqualsUninterrupted) {
+  ExpectResumeBitwise(Fsdp(4), Single(), "fsdp_single");
+}
+
+// A single-device optimizer over problem.init (views into `w`, `g`).
+struct SingleOptimizer {
+  Problem problem;
+  std::vector<std::vector<float>> w = problem.init, g = problem.grads[0];
+  std::unique_ptr<Muon> opt;
+  explicit SingleOptimizer(std::vector<std::vector<int64_t>> shapes = {}) {
+    if (!shapes.empty()) problem.shapes = shapes;
+    std::vector<ParamView> views;
+    for (size_t i = 0; i < w.size(); ++i) {
+      ParamView v;
+      v.name = problem.names[i];
+      v.data = w[i].data();
+      v.grad = g[i].data();
+      v.local_shape = problem.shapes[i];
+      views.push_back(v);
+    }
+    opt = *Muon::Create(views, Options());
+  }
+};
+
+TEST(MuonCheckpointTest, Load_MissingParameter_NotFoundAndUntouched) {
+  // Saved by an optimizer without "w2".
+  const std::string dir = TempDir("missing");
+  {
+    Problem p;
+    std::vector<float> w = p.init[0], g = p.grads[0][0];
+    ParamView v;
+    v.name = "w0";
+    v.data = w.data();
+    v.grad = g.data();
+    v.local_shape = p.shapes[0];
+    auto opt = Muon::Create({v}, Options());
+    ASSERT_TRUE(opt.ok());
+    ASSERT_TRUE((*opt)->Step().ok());
+    ASSERT_TRUE((*opt)->Save(dir).ok());
+  }
+  SingleOptimizer s;
+  ASSERT_TRUE(s.opt->Step().ok());
+  const OptimizerStateDict before = s.opt->state_dict();
+  absl::Status st = s.opt->Load(dir);
+  EXPECT_THAT(st, StatusIs(absl::StatusCode::kNotFound, ::testing::_));
+  EXPECT_NE(st.message().find("w1"), std::string::npos) << st;
+  const OptimizerStateDict after = s.opt->state_dict();
+  EXPECT_EQ(after.step, before.step);
+  for (size_t i = 0; i < before.params.size(); ++i) {
+    EXPECT_TRUE(BitwiseEqual(after.params[i].momentum_buffer,
+                             before.params[i].momentum_buffer));
+  }
+}
+
+TEST(MuonCheckpointTest, Load_OtherGlobalShape_InvalidArgumentNamingBoth) {
+  const std::string dir = TempDir("shape");
+  SingleOptimizer saved;
+  ASSERT_TRUE(saved.opt->Step().ok());
+  ASSERT_TRUE(saved.opt->Save(dir).ok());
+  SingleOptimizer other({{10, 7}, {8, 12}, {9, 5}});
+  absl::Status st = other.opt->Load(dir);
+  EXPECT_THAT(st, StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  EXPECT_NE(st.message().find("w2"), std::string::npos) << st;
+  EXPECT_EQ(other.opt->step_count(), 0);
+}
+
+TEST(MuonCheckpointTest, Load_TruncatedFile_DataLossNamingFile) {
+  const std::string dir = TempDir("truncated");
+  SingleOptimizer saved;
+  ASSERT_TRUE(saved.opt->Step().ok());
+  ASSERT_TRUE(saved.opt->Save(dir).ok());
+  const std::string file = dir + "/rank_0.safetensors";
+  std::string bytes;
+  {
+    std::ifstream in(file, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  {
+    std::ofstream out(file, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), bytes.size() - 16);
+  }
+  SingleOptimizer fresh;
+  absl::Status st = fresh.opt->Load(dir);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("rank_0.safetensors"), std::string::npos) << st;
+  EXPECT_EQ(fresh.opt->step_count(), 0);
+  EXPECT_EQ(fresh.opt->momentum_buffer(0), std::vector<float>(70, 0.0f));
+}
+
+TEST(MuonCheckpointTest, LoadStateDict_OtherBox_InvalidArgumentAndUntouched) {
+  SingleOptimizer s;
+  ASSERT_TRUE(s.opt->Step().ok());
+  OptimizerStateDict sd = s.opt->state_dict();
+  EXPECT_EQ(sd.step, 1);
+  ASSERT_EQ(sd.params.size(), 3u);
+  EXPECT_EQ(sd.params[1].name, "w1");
+  EXPECT_EQ(sd.params[1].global_shape, (std::vector<int64_t>{8, 12}));
+  EXPECT_EQ(sd.params[1].placements, std::vector<std::string>{"Replicate()"});
+  OptimizerStateDict bad = sd;
+  bad.params[2].box[0].end = 3;
+  bad.step = 9;
+  for (float& x : bad.params[0].momentum_buffer) x = 1.0f;
+  absl::Status st = s.opt->load_state_dict(bad);
+  EXPECT_THAT(st, StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  EXPECT_NE(st.message().find("\"w2\""), std::string::npos) << st;
+  EXPECT_EQ(s.opt->step_count(), 1);
+  EXPECT_TRUE(BitwiseEqual(s.opt->momentum_buffer(0), sd.params[0].momentum_buffer));
+  // The right one loads.
+  sd.step = 7;
+  EXPECT_TRUE(s.opt->load_state_dict(sd).ok());
+  EXPECT_EQ(s.opt->step_count(), 7);
+}
+
+}  // namespace
+}  // namespace muon
