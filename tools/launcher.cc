@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -116,6 +117,55 @@ absl::StatusOr<std::string> MakeTempDir(const std::string& prefix) {
     return absl::InternalError(absl::StrCat("mkdtemp ", tmpl, ": ", std::strerror(errno)));
   }
   return tmpl;
+}
+
+absl::Status LaunchRanks(const RankLaunchOptions& o) {
+  const absl::Time start = absl::Now();
+  auto left = [&] {
+    return std::max(o.timeout - (absl::Now() - start), absl::Seconds(1));
+  };
+  std::vector<pid_t> pids;
+  std::string address = o.coordinator;
+  {
+    std::vector<std::string> a = o.argv(0);
+    a.push_back(address.empty() ? "--port_file=" + o.port_file
+                                : "--coordinator=" + address);
+    absl::StatusOr<pid_t> pid = SpawnProcess(a);
+    if (!pid.ok()) return pid.status();
+    pids.push_back(*pid);
+  }
+  if (address.empty()) {
+    absl::StatusOr<int> port = WaitForPortFile(o.port_file, pids[0], left());
+    if (!port.ok()) {
+      WaitAll(pids, absl::Seconds(5), absl::Seconds(1));
+      return absl::AbortedError(absl::StrCat(
+          "rank 0 did not start its coordinator: ", port.status().message()));
+    }
+    address = absl::StrCat("127.0.0.1:", *port);
+  }
+  for (int r = 1; r < o.world_size; ++r) {
+    std::vector<std::string> a = o.argv(r);
+    a.push_back("--coordinator=" + address);
+    absl::StatusOr<pid_t> pid = SpawnProcess(a);
+    if (!pid.ok()) {
+      WaitAll(pids, absl::Seconds(5), absl::Seconds(1));
+      return pid.status();
+    }
+    pids.push_back(*pid);
+  }
+  const std::vector<int> codes = WaitAll(pids, left(), o.grace);
+  for (int r = 0; r < o.world_size; ++r) {
+    if (codes[r] == -1) {
+      return absl::AbortedError(absl::StrCat(
+          "rank ", r, " killed after the timeout (",
+          absl::FormatDuration(o.timeout), ")"));
+    }
+    if (codes[r] != 0) {
+      return absl::AbortedError(absl::StrCat(
+          "rank ", r, " exited with ", codes[r], " (see its error above)"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace muon

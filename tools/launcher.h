@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,32 @@ std::vector<int> WaitAll(const std::vector<pid_t>& pids, absl::Duration timeout,
 // Errors: DeadlineExceeded; Aborted when `pid` exited first.
 absl::StatusOr<int> WaitForPortFile(const std::string& path, pid_t pid,
                                     absl::Duration timeout);
+
+// How to start the rank processes of one job (LaunchRanks).
+struct RankLaunchOptions {
+  int world_size = 1;
+  // The command line of rank r (argv[0] is the program); LaunchRanks adds
+  // "--port_file=PATH" (rank 0 embedding the coordinator) or
+  // "--coordinator=HOST:PORT".
+  std::function<std::vector<std::string>(int rank)> argv;
+  // host:port of a running coordinator; empty = rank 0 embeds one and
+  // writes its port to `port_file`.
+  std::string coordinator;
+  std::string port_file;
+  // Bound on the whole run, seconds of wall time (start included).
+  absl::Duration timeout = absl::Minutes(10);
+  // After the first failure, how long the other ranks may still run.
+  absl::Duration grace = absl::Seconds(20);
+};
+
+// Starts `world_size` rank processes (a tiny torchrun: rank 0 first, the
+// others once rank 0's embedded coordinator listens) and waits for all of
+// them, killing any still running at the bound.
+// Errors: Internal when a process cannot be started; Aborted naming rank 0
+// when its coordinator never came up, or the first rank (lowest) that
+// exited non-zero, with its exit code (128+signal when killed by a signal,
+// "killed after the timeout" when it had to be killed).
+absl::Status LaunchRanks(const RankLaunchOptions& options);
 
 // A fresh directory under $TMPDIR (or /tmp). Errors: Internal.
 absl::StatusOr<std::string> MakeTempDir(const std::string& prefix);

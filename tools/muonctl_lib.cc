@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "client/checkpoint.h"
 #include "client/grpc_coordination_client.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
@@ -38,6 +39,12 @@ ABSL_FLAG(std::string, dump, "", "validate: write final parameters under DIR.");
 ABSL_FLAG(uint64_t, seed, 0, "validate: seed of the synthetic values.");
 ABSL_FLAG(double, tolerance, 0.0, "validate: accepted max abs difference (0 = bitwise).");
 ABSL_FLAG(int, timeout_s, 600, "validate: bound on the distributed run, seconds.");
+ABSL_FLAG(int, checkpoint_at, 0,
+          "validate: save a checkpoint after step J, resume it in fresh rank "
+          "processes and continue to --steps (0 = no checkpoint).");
+ABSL_FLAG(std::string, resume_spec, "",
+          "validate --checkpoint_at: job spec of the resumed run (another "
+          "layout or world size; same parameters).");
 ABSL_FLAG(bool, watch, false, "status: refresh the table every --interval_s seconds.");
 ABSL_FLAG(double, interval_s, 1.0, "status --watch: seconds between refreshes.");
 ABSL_FLAG(int, count, 0,
@@ -50,6 +57,10 @@ ABSL_FLAG(std::string, out, "", "trace: output file (Chrome trace event JSON; - 
 ABSL_FLAG(int, rank, -1, "Internal: rank of a validate-rank process.");
 ABSL_FLAG(std::string, out_dir, "", "Internal: validate-rank output folder.");
 ABSL_FLAG(std::string, port_file, "", "Internal: rank 0 writes its coordinator port here.");
+ABSL_FLAG(int64_t, phase_from, 0, "Internal: validate-rank's first step.");
+ABSL_FLAG(int64_t, phase_to, -1, "Internal: validate-rank's end step.");
+ABSL_FLAG(std::string, load_dir, "", "Internal: validate-rank resumes from this checkpoint.");
+ABSL_FLAG(std::string, save_dir, "", "Internal: validate-rank saves a checkpoint here.");
 
 namespace muon {
 namespace {
@@ -568,6 +579,12 @@ ValidateOptions ValidateFlags() {
   o.coordinator = absl::GetFlag(FLAGS_coordinator);
   o.tolerance = absl::GetFlag(FLAGS_tolerance);
   o.timeout_s = absl::GetFlag(FLAGS_timeout_s);
+  o.checkpoint_at = absl::GetFlag(FLAGS_checkpoint_at);
+  o.resume_spec_path = absl::GetFlag(FLAGS_resume_spec);
+  o.phase_from = absl::GetFlag(FLAGS_phase_from);
+  o.phase_to = absl::GetFlag(FLAGS_phase_to);
+  o.load_dir = absl::GetFlag(FLAGS_load_dir);
+  o.save_dir = absl::GetFlag(FLAGS_save_dir);
   return o;
 }
 
@@ -592,6 +609,20 @@ int CmdValidateRank(const std::vector<std::string>&, std::ostream& out, std::ost
   return 0;
 }
 
+// `checkpoint inspect DIR`: what a checkpoint holds.
+int CmdCheckpoint(const std::vector<std::string>& args, std::ostream& out,
+                  std::ostream& err) {
+  if (args.size() != 3 || args[1] != "inspect") {
+    err << "usage: muonctl checkpoint inspect DIR\n";
+    return 2;
+  }
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
+      CheckpointReader::Open(args[2]);
+  if (!reader.ok()) return Fail(err, reader.status());
+  (*reader)->Describe(out);
+  return 0;
+}
+
 struct Command {
   const char* name;
   int (*fn)(const std::vector<std::string>&, std::ostream&, std::ostream&);
@@ -606,7 +637,8 @@ constexpr Command kCommands[] = {
     {"timings", CmdTimings, "timings --coordinator HOST:PORT [--last_steps N] [--json]: per rank and operation, count and p50/p99 duration", false},
     {"trace", CmdTrace, "trace --coordinator HOST:PORT --out FILE [--last_steps N]: Chrome trace event JSON (Perfetto, chrome://tracing)", false},
     {"schedule", CmdSchedule, "schedule (--spec FILE [--policy P] | --coordinator HOST:PORT) [--json]: the plan's stream schedule per rank", false},
-    {"validate", CmdValidate, "validate --spec FILE --steps K [--init DIR] [--grads DIR] [--dump DIR]: distributed vs single-device", false},
+    {"validate", CmdValidate, "validate --spec FILE --steps K [--init DIR] [--grads DIR] [--dump DIR] [--checkpoint_at J [--resume_spec FILE]]: distributed (optionally checkpointed, resumed and resharded) vs uninterrupted single-device", false},
+    {"checkpoint", CmdCheckpoint, "checkpoint inspect DIR: format version, step, mesh, plan hash and per tensor its shape, placements and per-rank boxes", false},
     {"validate-rank", CmdValidateRank, "", true},
 };
 

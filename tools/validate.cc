@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -13,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "client/checkpoint.h"
 #include "client/distributed_config.h"
 #include "client/muon.h"
 #include "client/process_group.h"
@@ -114,20 +116,39 @@ absl::StatusOr<std::vector<float>> FullTensor(const ValidateOptions& o,
 }
 
 struct RunOutput {
-  std::vector<int> spec_index;    // spec parameter of each local one
-  std::vector<Parameter> params;  // local shards
-  int64_t matrices = 0;           // orthogonalized over all steps
-  double ns_flops = 0;            // their Newton-Schulz FLOPs (integers)
+  std::vector<int> spec_index;  // spec parameter of each local one
+  // Local shards (fp32, row-major), the trainer's own memory: the optimizer
+  // sees views of them.
+  std::vector<std::vector<float>> data;
+  std::vector<std::vector<float>> grad;
+  std::vector<std::vector<int64_t>> local_shape;
+  std::vector<std::vector<Range>> ranges;  // global ranges held, per dim
+  int64_t matrices = 0;  // orthogonalized over all steps
+  double ns_flops = 0;   // their Newton-Schulz FLOPs (integers)
 };
 
-// Runs the steps on one rank (pg != nullptr) or on a single device.
-absl::StatusOr<RunOutput> RunSteps(const ValidateOptions& o, const SpecParams& s,
-                                   ProcessGroup* pg) {
-  const bool single = pg == nullptr;
-  const int rank = single ? 0 : pg->rank;
+// The steps a run covers and the checkpoints it reads and writes.
+struct Phase {
+  int64_t from = 0;  // first step (0-based)
+  int64_t to = 0;    // one past the last
+  // Checkpoint directory to resume from (model/ and optim/ inside); empty =
+  // start from the initial values.
+  std::string load_dir;
+  // Checkpoint directory to write after the last step; empty = none.
+  std::string save_dir;
+};
+
+// This rank's parameters (ranges, views of freshly allocated shards) with
+// their initial values or, when resuming, the values saved under
+// `load_dir`/model read for this rank's boxes.
+absl::Status InitLocalParams(const ValidateOptions& o, const SpecParams& s,
+                             bool single, int rank, const std::string& load_dir,
+                             RunOutput* out) {
   const std::vector<int> coord = s.mesh.Coord(rank);
-  RunOutput out;
-  std::vector<std::vector<Range>> mine;
+  std::unique_ptr<CheckpointReader> model;
+  if (!load_dir.empty()) {
+    MUON_ASSIGN_OR_RETURN(model, CheckpointReader::Open(load_dir + "/model"));
+  }
   for (int i = 0; i < s.spec.params_size(); ++i) {
     const v1::ParamSpec& ps = s.spec.params(i);
     const std::vector<int64_t> shape = ShapeOf(ps);
@@ -139,37 +160,61 @@ absl::StatusOr<RunOutput> RunSteps(const ValidateOptions& o, const SpecParams& s
       MUON_ASSIGN_OR_RETURN(ranges, LocalRanges(shape, s.placements[i], s.mesh,
                                                 coord, s.sub_meshes[i]));
     }
-    Parameter p;
-    p.name = ps.name();
-    p.global_shape = shape;
-    p.expert_stack = shape.size() == 3;
-    for (const Range& r : ranges) p.local_shape.push_back(r.size());
-    MUON_ASSIGN_OR_RETURN(std::vector<float> init, FullTensor(o, ps, i, -1));
-    p.data.resize(p.local_numel());
-    p.grad.resize(p.local_numel());
-    CopyBlock(shape, ranges, init.data(), p.data.data(), /*to_local=*/true);
-    out.spec_index.push_back(i);
-    out.params.push_back(std::move(p));
-    mine.push_back(std::move(ranges));
-  }
-  std::vector<Parameter*> ptrs;
-  for (Parameter& p : out.params) ptrs.push_back(&p);
-  std::optional<DistributedConfig> config;
-  if (!single) {
-    std::vector<ParamPlacement> pp;
-    for (int i : out.spec_index) {
-      pp.push_back(ParamPlacement{s.placements[i], s.sub_meshes[i]});
+    std::vector<int64_t> local;
+    for (const Range& r : ranges) local.push_back(r.size());
+    std::vector<float> data(Numel(local));
+    if (model != nullptr) {
+      MUON_RETURN_IF_ERROR(model->ReadRegion(ps.name(), shape, ranges, data.data()));
+    } else {
+      MUON_ASSIGN_OR_RETURN(std::vector<float> init, FullTensor(o, ps, i, -1));
+      CopyBlock(shape, ranges, init.data(), data.data(), /*to_local=*/true);
     }
-    MUON_ASSIGN_OR_RETURN(config, CreateMeshConfig(s.mesh, pp, pg->comm.get(),
-                                                   pg->coordinator.get(),
-                                                   pg->incarnation));
-    if (!s.spec.execution().assignment_policy().empty()) {
-      config->assignment_policy = s.spec.execution().assignment_policy();
-    }
-    config->bucket_size_bytes = s.spec.execution().bucket_size_bytes();
-    config->async_gpu_parallelism = s.spec.execution().async_gpu_parallelism();
-    config->prefetch_count = s.spec.execution().prefetch_count();
+    out->spec_index.push_back(i);
+    out->grad.emplace_back(data.size());
+    out->data.push_back(std::move(data));
+    out->local_shape.push_back(std::move(local));
+    out->ranges.push_back(std::move(ranges));
   }
+  return absl::OkStatus();
+}
+
+// Views of `out`'s shards, as a trainer passes its tensors.
+std::vector<ParamView> LocalViews(const SpecParams& s, RunOutput* out) {
+  std::vector<ParamView> views;
+  for (size_t k = 0; k < out->data.size(); ++k) {
+    const v1::ParamSpec& ps = s.spec.params(out->spec_index[k]);
+    ParamView v;
+    v.name = ps.name();
+    v.data = out->data[k].data();
+    v.grad = out->grad[k].data();
+    v.local_shape = out->local_shape[k];
+    v.global_shape = ShapeOf(ps);
+    v.expert_stack = v.global_shape.size() == 3;
+    views.push_back(std::move(v));
+  }
+  return views;
+}
+
+absl::StatusOr<DistributedConfig> ConfigOf(const SpecParams& s,
+                                           const RunOutput& out,
+                                           ProcessGroup* pg) {
+  std::vector<ParamPlacement> pp;
+  for (int i : out.spec_index) {
+    pp.push_back(ParamPlacement{s.placements[i], s.sub_meshes[i]});
+  }
+  MUON_ASSIGN_OR_RETURN(DistributedConfig config,
+                        CreateMeshConfig(s.mesh, pp, pg->comm.get(),
+                                         pg->coordinator.get(), pg->incarnation));
+  if (!s.spec.execution().assignment_policy().empty()) {
+    config.assignment_policy = s.spec.execution().assignment_policy();
+  }
+  config.bucket_size_bytes = s.spec.execution().bucket_size_bytes();
+  config.async_gpu_parallelism = s.spec.execution().async_gpu_parallelism();
+  config.prefetch_count = s.spec.execution().prefetch_count();
+  return config;
+}
+
+MuonOptions OptionsOf(const SpecParams& s) {
   MuonOptions options = MuonOptionsFromProto(s.spec.optimizer());
   // Single device and ranks orthogonalize on the same device kind, so the
   // comparison stays bitwise (e.g. 4 host-staged ranks sharing one GPU vs
@@ -178,19 +223,77 @@ absl::StatusOr<RunOutput> RunSteps(const ValidateOptions& o, const SpecParams& s
   if (!s.spec.execution().gpu_precision().empty()) {
     options.gpu_precision = s.spec.execution().gpu_precision();
   }
+  return options;
+}
+
+// Writes this rank's parameter shards as a checkpoint (DIR/model, the
+// trainer's own model checkpoint) next to the optimizer's (DIR/optim).
+absl::Status SaveCheckpoint(const SpecParams& s, const RunOutput& out,
+                            const Muon& opt, const std::string& dir) {
+  MUON_RETURN_IF_ERROR(opt.Save(dir + "/optim"));
+  CheckpointMetadata meta;
+  meta.world_size = opt.world_size();
+  meta.mesh = opt.world_size() == 1 ? Mesh::OneDim(1) : s.mesh;
+  meta.plan_hash = opt.plan().hash();
+  meta.step = opt.step_count();
+  std::vector<ShardTensorView> tensors;
+  for (size_t k = 0; k < out.data.size(); ++k) {
+    const int i = out.spec_index[k];
+    ShardTensorView t;
+    t.name = s.spec.params(i).name();
+    t.global_shape = ShapeOf(s.spec.params(i));
+    if (opt.world_size() == 1) {
+      t.placements = {"Replicate()"};
+    } else {
+      for (const Placement& p : s.placements[i]) t.placements.push_back(p.ToString());
+    }
+    t.box = out.ranges[k];
+    t.data = out.data[k].data();
+    tensors.push_back(std::move(t));
+  }
+  MUON_RETURN_IF_ERROR(
+      WriteCheckpointShard(dir + "/model", opt.current_rank(), meta, tensors));
+  if (opt.current_rank() == 0) {
+    MUON_RETURN_IF_ERROR(WriteCheckpointMetadata(dir + "/model", meta, tensors));
+  }
+  return absl::OkStatus();
+}
+
+// Runs `phase`'s steps on one rank (pg != nullptr) or on a single device.
+absl::StatusOr<RunOutput> RunSteps(const ValidateOptions& o, const SpecParams& s,
+                                   ProcessGroup* pg, const Phase& phase) {
+  const bool single = pg == nullptr;
+  RunOutput out;
+  MUON_RETURN_IF_ERROR(InitLocalParams(o, s, single, single ? 0 : pg->rank,
+                                       phase.load_dir, &out));
+  std::optional<DistributedConfig> config;
+  if (!single) {
+    MUON_ASSIGN_OR_RETURN(config, ConfigOf(s, out, pg));
+  }
   MUON_ASSIGN_OR_RETURN(std::unique_ptr<Muon> opt,
-                        Muon::Create(ptrs, options, config));
-  for (int64_t step = 0; step < o.steps; ++step) {
-    for (size_t k = 0; k < out.params.size(); ++k) {
+                        Muon::Create(LocalViews(s, &out), OptionsOf(s), config));
+  if (!phase.load_dir.empty()) {
+    MUON_RETURN_IF_ERROR(opt->Load(phase.load_dir + "/optim"));
+    if (opt->step_count() != phase.from) {
+      return absl::DataLossError(absl::StrCat(
+          "checkpoint ", phase.load_dir, " is at step ", opt->step_count(),
+          " but the run resumes at step ", phase.from));
+    }
+  }
+  for (int64_t step = phase.from; step < phase.to; ++step) {
+    for (size_t k = 0; k < out.data.size(); ++k) {
       const v1::ParamSpec& ps = s.spec.params(out.spec_index[k]);
       MUON_ASSIGN_OR_RETURN(std::vector<float> g,
                             FullTensor(o, ps, out.spec_index[k], step));
-      CopyBlock(ShapeOf(ps), mine[k], g.data(), out.params[k].grad.data(),
+      CopyBlock(ShapeOf(ps), out.ranges[k], g.data(), out.grad[k].data(),
                 /*to_local=*/true);
     }
     MUON_RETURN_IF_ERROR(opt->Step());
     out.matrices += opt->last_step_stats().matrices_orthogonalized;
     out.ns_flops += opt->last_step_stats().ns_flops;
+  }
+  if (!phase.save_dir.empty()) {
+    MUON_RETURN_IF_ERROR(SaveCheckpoint(s, out, *opt, phase.save_dir));
   }
   if (!single) MUON_RETURN_IF_ERROR(pg->comm->Barrier());
   return out;
@@ -209,6 +312,12 @@ absl::Status MakeDirs(const std::string& path) {
   return absl::OkStatus();
 }
 
+// Removes `path` and everything below it (files this tool wrote).
+void RemoveTree(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+}
+
 }  // namespace
 
 absl::Status RunValidateRank(const ValidateOptions& o, int rank,
@@ -225,112 +334,165 @@ absl::Status RunValidateRank(const ValidateOptions& o, int rank,
   pgo.start_embedded_coordinator = StartEmbeddedCoordinator;
   pgo.port_file = port_file;
   MUON_ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> pg, InitProcessGroup(pgo));
-  MUON_ASSIGN_OR_RETURN(RunOutput run, RunSteps(o, s, pg.get()));
-  for (size_t k = 0; k < run.params.size(); ++k) {
+  const Phase phase{o.phase_from, o.phase_to < 0 ? o.steps : o.phase_to,
+                    o.load_dir, o.save_dir};
+  MUON_ASSIGN_OR_RETURN(RunOutput run, RunSteps(o, s, pg.get(), phase));
+  for (size_t k = 0; k < run.data.size(); ++k) {
     MUON_RETURN_IF_ERROR(
         WriteNpy(absl::StrCat(out_dir, "/rank", rank, "_", run.spec_index[k], ".npy"),
-                 run.params[k].local_shape, run.params[k].data.data()));
+                 run.local_shape[k], run.data[k].data()));
   }
   std::ofstream(absl::StrCat(out_dir, "/rank", rank, ".count"))
       << run.matrices << " " << absl::StrFormat("%.0f", run.ns_flops) << "\n";
   return absl::OkStatus();
 }
 
-absl::Status RunValidate(const ValidateOptions& o, std::ostream& out) {
-  MUON_ASSIGN_OR_RETURN(SpecParams s, LoadSpec(o.spec_path));
-  const int world = s.mesh.world_size();
-  MUON_ASSIGN_OR_RETURN(std::string dir, MakeTempDir("muon-validate-"));
+namespace {
+
+// Runs `phase` on the rank processes of the spec at `spec_path`, writing
+// their shards and counts under `out_dir`.
+absl::Status RunRankPhase(const ValidateOptions& o, const std::string& spec_path,
+                          int world, const Phase& phase,
+                          const std::string& out_dir) {
+  MUON_RETURN_IF_ERROR(MakeDirs(out_dir));
   const std::string self = SelfExecutable();
-  auto args = [&](int rank) {
-    std::vector<std::string> a = {
-        self, "validate-rank", absl::StrCat("--spec=", o.spec_path),
+  RankLaunchOptions launch;
+  launch.world_size = world;
+  launch.coordinator = o.coordinator;
+  launch.port_file = out_dir + "/coordinator.port";
+  launch.timeout = absl::Seconds(o.timeout_s);
+  launch.argv = [&](int rank) {
+    return std::vector<std::string>{
+        self, "validate-rank", absl::StrCat("--spec=", spec_path),
         absl::StrCat("--steps=", o.steps), absl::StrCat("--rank=", rank),
-        absl::StrCat("--out_dir=", dir), absl::StrCat("--seed=", o.seed),
-        absl::StrCat("--init=", o.init_dir), absl::StrCat("--grads=", o.grads_dir)};
-    return a;
+        absl::StrCat("--out_dir=", out_dir), absl::StrCat("--seed=", o.seed),
+        absl::StrCat("--init=", o.init_dir), absl::StrCat("--grads=", o.grads_dir),
+        absl::StrCat("--phase_from=", phase.from),
+        absl::StrCat("--phase_to=", phase.to),
+        absl::StrCat("--load_dir=", phase.load_dir),
+        absl::StrCat("--save_dir=", phase.save_dir)};
   };
-  out << "validate: " << s.spec.params_size() << " parameters, mesh "
-      << s.mesh.ToString() << ", " << world << " rank processes, " << o.steps
-      << " steps, coordinator "
-      << (o.coordinator.empty() ? "embedded in rank 0" : o.coordinator) << "\n";
-  out.flush();
-  std::vector<pid_t> pids;
-  std::string address = o.coordinator;
-  const std::string port_file = dir + "/coordinator.port";
-  {
-    std::vector<std::string> a = args(0);
-    if (address.empty()) {
-      a.push_back("--port_file=" + port_file);
-    } else {
-      a.push_back("--coordinator=" + address);
-    }
-    MUON_ASSIGN_OR_RETURN(pid_t pid, SpawnProcess(a));
-    pids.push_back(pid);
-  }
-  if (address.empty()) {
-    absl::StatusOr<int> port = WaitForPortFile(port_file, pids[0], absl::Seconds(60));
-    if (!port.ok()) {
-      WaitAll(pids, absl::Seconds(5));
-      return absl::AbortedError(absl::StrCat(
-          "rank 0 did not start its coordinator: ", port.status().message()));
-    }
-    address = absl::StrCat("127.0.0.1:", *port);
-  }
-  for (int r = 1; r < world; ++r) {
-    std::vector<std::string> a = args(r);
-    a.push_back("--coordinator=" + address);
-    absl::StatusOr<pid_t> pid = SpawnProcess(a);
-    if (!pid.ok()) {
-      WaitAll(pids, absl::Seconds(5));
-      return pid.status();
-    }
-    pids.push_back(*pid);
-  }
-  const std::vector<int> codes = WaitAll(pids, absl::Seconds(o.timeout_s));
+  MUON_RETURN_IF_ERROR(LaunchRanks(launch));
+  std::remove(launch.port_file.c_str());
+  return absl::OkStatus();
+}
+
+// The zero-redundancy counts the ranks of a phase wrote.
+void AddCounts(const std::string& dir, int world, int64_t* matrices,
+               double* flops) {
   for (int r = 0; r < world; ++r) {
-    if (codes[r] != 0) {
-      return absl::AbortedError(absl::StrCat("rank ", r, " exited with ", codes[r],
-                                             " (see its error above)"));
-    }
-  }
-  // The same steps on a single device, in this process.
-  openblas_set_num_threads(1);
-  MUON_ASSIGN_OR_RETURN(RunOutput single, RunSteps(o, s, nullptr));
-  // Zero redundancy: the world's counts add up to the single device's.
-  // FLOPs are integers far below 2^53, so the sums are exact.
-  int64_t dist_matrices = 0;
-  double dist_flops = 0;
-  for (int r = 0; r < world; ++r) {
-    std::ifstream in(absl::StrCat(dir, "/rank", r, ".count"));
+    const std::string path = absl::StrCat(dir, "/rank", r, ".count");
+    std::ifstream in(path);
     int64_t n = 0;
     double f = 0;
     in >> n >> f;
-    dist_matrices += n;
-    dist_flops += f;
+    *matrices += n;
+    *flops += f;
+    std::remove(path.c_str());
   }
+}
+
+// The resume spec must hold the same parameters (names, global shapes, in
+// order) as the spec; only the layout may differ.
+absl::Status CheckSameParams(const SpecParams& a, const SpecParams& b,
+                             const std::string& b_path) {
+  if (a.spec.params_size() != b.spec.params_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--resume_spec ", b_path, " has ", b.spec.params_size(),
+        " parameters but --spec has ", a.spec.params_size()));
+  }
+  for (int i = 0; i < a.spec.params_size(); ++i) {
+    const v1::ParamSpec& x = a.spec.params(i);
+    const v1::ParamSpec& y = b.spec.params(i);
+    if (x.name() != y.name() || ShapeOf(x) != ShapeOf(y)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--resume_spec ", b_path, ": parameter ", i, " is \"", y.name(),
+          "\" [", absl::StrJoin(ShapeOf(y), ", "), "] but --spec has \"",
+          x.name(), "\" [", absl::StrJoin(ShapeOf(x), ", "), "]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Assembles parameter i's full tensor from the shards the ranks of layout
+// `s` wrote under `dir`.
+absl::StatusOr<std::vector<float>> Assemble(const SpecParams& s, int i,
+                                            const std::string& dir) {
+  const v1::ParamSpec& ps = s.spec.params(i);
+  const std::vector<int64_t> shape = ShapeOf(ps);
+  std::vector<float> full(Numel(shape), std::nanf(""));
+  for (int r = 0; r < s.mesh.world_size(); ++r) {
+    const std::vector<int> coord = s.mesh.Coord(r);
+    if (!s.sub_meshes[i].Contains(coord)) continue;
+    MUON_ASSIGN_OR_RETURN(std::vector<Range> ranges,
+                          LocalRanges(shape, s.placements[i], s.mesh, coord,
+                                      s.sub_meshes[i]));
+    const std::string file = absl::StrCat(dir, "/rank", r, "_", i, ".npy");
+    MUON_ASSIGN_OR_RETURN(NpyArray shard, ReadNpy(file));
+    CopyBlock(shape, ranges, full.data(), shard.data.data(), /*to_local=*/false);
+    std::remove(file.c_str());
+  }
+  return full;
+}
+
+}  // namespace
+
+absl::Status RunValidate(const ValidateOptions& o, std::ostream& out) {
+  MUON_ASSIGN_OR_RETURN(SpecParams s, LoadSpec(o.spec_path));
+  const bool resume = o.checkpoint_at > 0;
+  if (resume && o.checkpoint_at >= o.steps) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--checkpoint_at ", o.checkpoint_at, " must be between 1 and --steps - 1 (",
+        o.steps - 1, ")"));
+  }
+  const std::string resume_path =
+      o.resume_spec_path.empty() ? o.spec_path : o.resume_spec_path;
+  MUON_ASSIGN_OR_RETURN(SpecParams s2, LoadSpec(resume_path));
+  MUON_RETURN_IF_ERROR(CheckSameParams(s, s2, resume_path));
+  const SpecParams& last = resume ? s2 : s;
+  MUON_ASSIGN_OR_RETURN(std::string dir, MakeTempDir("muon-validate-"));
+  out << "validate: " << s.spec.params_size() << " parameters, mesh "
+      << s.mesh.ToString() << ", " << s.mesh.world_size() << " rank processes, "
+      << o.steps << " steps, coordinator "
+      << (o.coordinator.empty() ? "embedded in rank 0" : o.coordinator) << "\n";
+  if (resume) {
+    out << "validate: checkpoint after step " << o.checkpoint_at
+        << ", resumed in fresh rank processes on mesh " << s2.mesh.ToString()
+        << " (" << s2.mesh.world_size() << " ranks)\n";
+  }
+  out.flush();
+  // With --dump the checkpoint is kept (DIR/checkpoint/{model,optim}).
+  const std::string ckpt =
+      (o.dump_dir.empty() ? dir : o.dump_dir) + "/checkpoint";
+  const std::string final_dir = dir + "/final";
+  int64_t dist_matrices = 0;
+  double dist_flops = 0;
+  if (resume) {
+    MUON_RETURN_IF_ERROR(RunRankPhase(o, o.spec_path, s.mesh.world_size(),
+                                      Phase{0, o.checkpoint_at, "", ckpt},
+                                      dir + "/before"));
+    AddCounts(dir + "/before", s.mesh.world_size(), &dist_matrices, &dist_flops);
+    MUON_RETURN_IF_ERROR(RunRankPhase(o, resume_path, s2.mesh.world_size(),
+                                      Phase{o.checkpoint_at, o.steps, ckpt, ""},
+                                      final_dir));
+  } else {
+    MUON_RETURN_IF_ERROR(RunRankPhase(o, o.spec_path, s.mesh.world_size(),
+                                      Phase{0, o.steps, "", ""}, final_dir));
+  }
+  AddCounts(final_dir, last.mesh.world_size(), &dist_matrices, &dist_flops);
+  // The same steps on a single device, uninterrupted, in this process.
+  openblas_set_num_threads(1);
+  MUON_ASSIGN_OR_RETURN(RunOutput single, RunSteps(o, s, nullptr, Phase{0, o.steps, "", ""}));
   double worst = 0;
   out << absl::StrFormat("%-32s %-16s %s\n", "parameter", "global shape",
                          "max |distributed - single|");
-  std::vector<std::vector<float>> dist_full(s.spec.params_size());
   for (int i = 0; i < s.spec.params_size(); ++i) {
     const v1::ParamSpec& ps = s.spec.params(i);
     const std::vector<int64_t> shape = ShapeOf(ps);
-    dist_full[i].assign(Numel(shape), std::nanf(""));
-    for (int r = 0; r < world; ++r) {
-      const std::vector<int> coord = s.mesh.Coord(r);
-      if (!s.sub_meshes[i].Contains(coord)) continue;
-      MUON_ASSIGN_OR_RETURN(std::vector<Range> ranges,
-                            LocalRanges(shape, s.placements[i], s.mesh, coord,
-                                        s.sub_meshes[i]));
-      const std::string file = absl::StrCat(dir, "/rank", r, "_", i, ".npy");
-      MUON_ASSIGN_OR_RETURN(NpyArray shard, ReadNpy(file));
-      CopyBlock(shape, ranges, dist_full[i].data(), shard.data.data(),
-                /*to_local=*/false);
-      std::remove(file.c_str());
-    }
+    MUON_ASSIGN_OR_RETURN(std::vector<float> dist_full, Assemble(last, i, final_dir));
     double diff = 0;
     for (int64_t k = 0; k < Numel(shape); ++k) {
-      const double d = std::fabs(double(dist_full[i][k]) - single.params[i].data[k]);
+      const double d = std::fabs(double(dist_full[k]) - single.data[i][k]);
       diff = std::isnan(d) ? INFINITY : std::max(diff, d);
     }
     worst = std::max(worst, diff);
@@ -340,23 +502,23 @@ absl::Status RunValidate(const ValidateOptions& o, std::ostream& out) {
       MUON_RETURN_IF_ERROR(MakeDirs(o.dump_dir + "/distributed"));
       MUON_RETURN_IF_ERROR(MakeDirs(o.dump_dir + "/single"));
       MUON_RETURN_IF_ERROR(WriteNpy(absl::StrCat(o.dump_dir, "/distributed/", ps.name(), ".npy"),
-                                    shape, dist_full[i].data()));
+                                    shape, dist_full.data()));
       MUON_RETURN_IF_ERROR(WriteNpy(absl::StrCat(o.dump_dir, "/single/", ps.name(), ".npy"),
-                                    shape, single.params[i].data.data()));
+                                    shape, single.data[i].data()));
     }
   }
-  for (int r = 0; r < world; ++r) std::remove(absl::StrCat(dir, "/rank", r, ".count").c_str());
-  std::remove(port_file.c_str());
-  rmdir(dir.c_str());
+  RemoveTree(dir);
   const bool equal = worst <= o.tolerance;
   const bool counts =
       dist_matrices == single.matrices && dist_flops == single.ns_flops;
   out << absl::StrFormat(
       "validate: max_abs_diff=%g tolerance=%g matrices_orthogonalized "
       "distributed=%d single=%d ns_flops distributed=%.0f single=%.0f "
-      "world=%d steps=%d: %s\n",
+      "world=%d steps=%d%s: %s\n",
       worst, o.tolerance, dist_matrices, single.matrices, dist_flops,
-      single.ns_flops, world, o.steps, equal && counts ? "OK" : "MISMATCH");
+      single.ns_flops, last.mesh.world_size(), o.steps,
+      resume ? absl::StrCat(" checkpoint_at=", o.checkpoint_at) : "",
+      equal && counts ? "OK" : "MISMATCH");
   out.flush();
   if (!equal) {
     return absl::DataLossError(absl::StrCat(

@@ -20,7 +20,8 @@ struct ValidateOptions {
   std::string init_dir;
   // Gradients DIR/<step>/<param>.npy (step from 0); empty = seeded.
   std::string grads_dir;
-  // Writes DIR/distributed/<param>.npy and DIR/single/<param>.npy.
+  // Writes DIR/distributed/<param>.npy and DIR/single/<param>.npy (and,
+  // with checkpoint_at, keeps the checkpoint in DIR/checkpoint).
   std::string dump_dir;
   uint64_t seed = 0;
   // host:port of a running muon-coordinator; empty = embedded in rank 0.
@@ -29,6 +30,22 @@ struct ValidateOptions {
   double tolerance = 0.0;
   // Bound on the whole distributed run.
   int timeout_s = 600;
+  // > 0: run to step J = checkpoint_at, save a checkpoint (the optimizer's
+  // Muon::Save and the parameters' shards, both safetensors per rank), load
+  // it in fresh rank processes (of resume_spec_path's layout and world
+  // size when set) and continue to `steps`; the result must still equal the
+  // uninterrupted single-device run.
+  int checkpoint_at = 0;
+  // Job spec of the resumed run: same parameters (names, shapes, order),
+  // any mesh and placements. Empty = spec_path.
+  std::string resume_spec_path;
+  // The steps [phase_from, phase_to) one validate-rank process runs
+  // (phase_to < 0: `steps`), the checkpoint it resumes from and the one it
+  // writes (set by RunValidate for its rank processes).
+  int64_t phase_from = 0;
+  int64_t phase_to = -1;
+  std::string load_dir;
+  std::string save_dir;
 };
 
 // Runs the check and prints a table (parameter, global shape, max abs

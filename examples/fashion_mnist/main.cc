@@ -186,8 +186,10 @@ absl::StatusOr<RunResult> Train(const Data& data, int world, ProcessGroup* pg) {
     CopyRegion(full.data(), Box{Range{0, r}, Range{0, c}}, p.data.data(), mine,
                mine);
   }
-  std::vector<Parameter*> ptrs;
-  for (Parameter& p : params) ptrs.push_back(&p);
+  // The optimizer works on views of the trainer's own buffers: it reads
+  // the gradients and updates the weights in place.
+  std::vector<ParamView> views;
+  for (Parameter& p : params) views.push_back(p.View());
   std::optional<DistributedConfig> config;
   if (!single) {
     AutoConfigOptions auto_options;
@@ -199,12 +201,12 @@ absl::StatusOr<RunResult> Train(const Data& data, int world, ProcessGroup* pg) {
     }
     auto_options.coordinator = pg->coordinator.get();
     auto_options.incarnation = pg->incarnation;
-    MUON_ASSIGN_OR_RETURN(config, CreateAutoConfig(ptrs, auto_options));
+    MUON_ASSIGN_OR_RETURN(config, CreateAutoConfig(views, auto_options));
     config->async_gpu_parallelism = absl::GetFlag(FLAGS_async_gpu_parallelism);
     config->prefetch_count = absl::GetFlag(FLAGS_prefetch_count);
   }
   MUON_ASSIGN_OR_RETURN(std::unique_ptr<Muon> opt,
-                        Muon::Create(ptrs, OptimizerOptions(), config));
+                        Muon::Create(views, OptimizerOptions(), config));
   if (log) {
     std::printf("[%s] plan %s: %d matrices, %d buckets, owners:", tag.c_str(),
                 opt->plan().hash().c_str(), opt->plan().matrices_size(),
@@ -301,7 +303,9 @@ absl::StatusOr<RunResult> Train(const Data& data, int world, ProcessGroup* pg) {
             }
           }
         }
-        for (int l = 0; l < layers; ++l) params[l].grad = acc_g[l];
+        for (int l = 0; l < layers; ++l) {
+          std::copy(acc_g[l].begin(), acc_g[l].end(), params[l].grad.begin());
+        }
       } else {
         CopySamples(data.train, order, s * batch + rank * micro, micro, &x, &y);
         const float mine = mlp.ForwardBackward(wptr, x.data(), y.data(), micro,
@@ -484,47 +488,16 @@ int LauncherMain() {
         absl::StrCat("--out_dir=", *dir)};
     return a;
   };
-  std::vector<pid_t> pids;
-  std::string address = absl::GetFlag(FLAGS_coordinator);
-  const std::string port_file = *dir + "/coordinator.port";
-  {
-    std::vector<std::string> a = flag_args(0);
-    a.push_back(absl::StrCat("--coordinator=", address));
-    if (address.empty()) a.push_back("--port_file=" + port_file);
-    absl::StatusOr<pid_t> pid = SpawnProcess(a);
-    if (!pid.ok()) {
-      std::fprintf(stderr, "%s\n", pid.status().ToString().c_str());
-      return 1;
-    }
-    pids.push_back(*pid);
-  }
-  if (address.empty()) {
-    absl::StatusOr<int> port = WaitForPortFile(port_file, pids[0], absl::Seconds(60));
-    if (!port.ok()) {
-      std::fprintf(stderr, "rank 0 did not start its coordinator: %s\n",
-                   port.status().ToString().c_str());
-      WaitAll(pids, absl::Seconds(5));
-      return 1;
-    }
-    address = absl::StrCat("127.0.0.1:", *port);
-  }
-  for (int r = 1; r < world; ++r) {
-    std::vector<std::string> a = flag_args(r);
-    a.push_back(absl::StrCat("--coordinator=", address));
-    absl::StatusOr<pid_t> pid = SpawnProcess(a);
-    if (!pid.ok()) {
-      std::fprintf(stderr, "%s\n", pid.status().ToString().c_str());
-      WaitAll(pids, absl::Seconds(5));
-      return 1;
-    }
-    pids.push_back(*pid);
-  }
-  const std::vector<int> codes = WaitAll(pids, absl::Minutes(30));
-  for (int r = 0; r < world; ++r) {
-    if (codes[r] != 0) {
-      std::fprintf(stderr, "fashion-mnist: rank %d exited with %d\n", r, codes[r]);
-      return 1;
-    }
+  RankLaunchOptions launch;
+  launch.world_size = world;
+  launch.argv = flag_args;
+  launch.coordinator = absl::GetFlag(FLAGS_coordinator);
+  launch.port_file = *dir + "/coordinator.port";
+  launch.timeout = absl::Minutes(30);
+  const absl::Status launched = LaunchRanks(launch);
+  if (!launched.ok()) {
+    std::fprintf(stderr, "fashion-mnist: %s\n", launched.ToString().c_str());
+    return 1;
   }
   absl::StatusOr<RunResult> dist = ReadResult(*dir + "/distributed.bin");
   if (!dist.ok()) {
@@ -557,7 +530,7 @@ int LauncherMain() {
               layout.c_str(), absl::ToDoubleSeconds(absl::Now() - start));
   std::fflush(stdout);
   std::remove((*dir + "/distributed.bin").c_str());
-  std::remove(port_file.c_str());
+  std::remove(launch.port_file.c_str());
   rmdir(dir->c_str());
   if (single->losses.size() != dist->losses.size() || max_rel > 1e-4) {
     std::fprintf(stderr, "fashion-mnist: the two runs' losses disagree\n");

@@ -56,12 +56,12 @@ std::map<int, std::vector<int>> SizeAwareAssign(
 // The custom framework: its collectives, and how it shards (rows, dim 0).
 struct RowShardedFramework {
   Communicator* comm;
-  std::vector<Parameter*> params;
+  std::vector<ParamView> params;
   std::vector<float> scratch;
 
   // Elements each rank holds of parameter i (torch.chunk of the rows).
   std::vector<int64_t> ShardSizes(int i) const {
-    const int64_t rows = params[i]->shape()[0], cols = params[i]->shape()[1];
+    const int64_t rows = params[i].shape()[0], cols = params[i].shape()[1];
     std::vector<int64_t> sizes;
     for (int r = 0; r < comm->world_size(); ++r) {
       sizes.push_back(ChunkRange(rows, comm->world_size(), r).size() * cols);

@@ -168,10 +168,10 @@ void LocalModel::AddFull(const ParamDef& def) {
   (void)s;  // Replicate() over one rank cannot fail.
 }
 
-std::vector<Parameter*> LocalModel::params() {
-  std::vector<Parameter*> ptrs;
-  for (auto& p : params_) ptrs.push_back(p.get());
-  return ptrs;
+std::vector<ParamView> LocalModel::params() {
+  std::vector<ParamView> views;
+  for (auto& p : params_) views.push_back(p->View());
+  return views;
 }
 
 void LocalModel::SetGrads(int step) {
@@ -320,44 +320,15 @@ int LaunchMain(const Example& example, int world) {
                                     absl::StrCat("--nproc=", world),
                                     "--out_dir=" + *dir};
   };
-  const absl::Duration bound = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
-  const absl::Time start = absl::Now();
-  std::vector<pid_t> pids;
-  // Rank 0 hosts the coordinator and tells us its port.
-  std::vector<std::string> a0 = args(0);
-  a0.push_back("--port_file=" + port_file);
-  absl::StatusOr<pid_t> pid0 = SpawnProcess(a0);
-  if (!pid0.ok()) return fail(pid0.status().ToString());
-  pids.push_back(*pid0);
-  absl::StatusOr<int> port = WaitForPortFile(port_file, *pid0, bound);
-  if (!port.ok()) {
-    WaitAll(pids, absl::Seconds(5), absl::Seconds(1));
-    return fail("rank 0 did not start its coordinator: " +
-                port.status().ToString());
-  }
-  for (int r = 1; r < world; ++r) {
-    std::vector<std::string> a = args(r);
-    a.push_back(absl::StrCat("--coordinator=127.0.0.1:", *port));
-    absl::StatusOr<pid_t> pid = SpawnProcess(a);
-    if (!pid.ok()) {
-      WaitAll(pids, absl::Seconds(5), absl::Seconds(1));
-      return fail(pid.status().ToString());
-    }
-    pids.push_back(*pid);
-  }
-  const std::vector<int> codes =
-      WaitAll(pids, std::max(bound - (absl::Now() - start), absl::Seconds(1)),
-              /*grace=*/absl::Seconds(5));
+  RankLaunchOptions launch;
+  launch.world_size = world;
+  launch.argv = args;
+  launch.port_file = port_file;
+  launch.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
+  launch.grace = absl::Seconds(5);
+  const absl::Status launched = LaunchRanks(launch);
   std::vector<std::string> failed;
-  for (int r = 0; r < world; ++r) {
-    if (codes[r] == -1) {
-      failed.push_back(absl::StrCat("rank ", r, " killed, still running after ",
-                                    absl::ToInt64Seconds(absl::Now() - start),
-                                    " s"));
-    } else if (codes[r] != 0) {
-      failed.push_back(absl::StrCat("rank ", r, " exited with ", codes[r]));
-    }
-  }
+  if (!launched.ok()) failed.push_back(std::string(launched.message()));
   double max_diff = 0;
   for (int r = 0; r < world && failed.empty(); ++r) {
     std::ifstream in(ResultPath(*dir, r));

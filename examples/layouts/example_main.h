@@ -94,8 +94,10 @@ std::vector<std::vector<Placement>> SamePlacements(
     const std::vector<ParamDef>& model,
     const std::vector<Placement>& placements);
 
-// This rank's shards of a model: muon::Parameters (local data, global
-// shapes) plus the block of the full tensor each one holds.
+// This rank's shards of a model, as a framework would hold them: local
+// data and gradient buffers (kept here, stable for the object's life) plus
+// the block of the full tensor each one holds; the optimizer gets views of
+// them (client/tensor_view.h).
 class LocalModel {
  public:
   LocalModel() = default;
@@ -112,8 +114,8 @@ class LocalModel {
   // Adds the whole parameter (single device, or a replica).
   void AddFull(const ParamDef& def);
 
-  // The optimizer's parameter list (stable pointers).
-  std::vector<Parameter*> params();
+  // The optimizer's parameter list: views of this model's buffers.
+  std::vector<ParamView> params();
   const std::vector<ParamDef>& defs() const { return defs_; }
   int size() const { return static_cast<int>(params_.size()); }
 
