@@ -1,7 +1,6 @@
 #include "client/agent.h"
 
 #include <algorithm>
-
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -38,15 +37,16 @@ absl::StatusOr<v1::Plan> Agent::Join(const v1::RankManifest& manifest,
 
 absl::Status Agent::ConfirmPlanHash(const std::string& hash, int world_size,
                                     absl::Duration timeout) {
-  MUON_RETURN_IF_ERROR(client_->KeySet(absl::StrCat("plan_hash/", rank_), hash));
+  MUON_RETURN_IF_ERROR(
+      client_->KeySet(absl::StrCat("plan_hash/", rank_), hash));
   for (int r = 0; r < world_size; ++r) {
     absl::StatusOr<std::string> other =
         client_->KeyGet(absl::StrCat("plan_hash/", r), timeout);
     if (!other.ok()) {
-      return absl::Status(other.status().code(),
-                          absl::StrCat("rank ", rank_, ": waiting for rank ", r,
-                                       "'s plan hash: ",
-                                       other.status().message()));
+      return absl::Status(
+          other.status().code(),
+          absl::StrCat("rank ", rank_, ": waiting for rank ", r,
+                       "'s plan hash: ", other.status().message()));
     }
     if (*other != hash) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -140,7 +140,8 @@ void Agent::HeartbeatLoop() {
     // Failures are not fatal here: the coordinator marks the rank lost.
     (void)client_->Heartbeat(request);
     absl::MutexLock lock(&mu_);
-    auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
+    auto stop = [this]()
+                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
     if (mu_.AwaitWithTimeout(absl::Condition(&stop),
                              options_.heartbeat_interval)) {
       return;

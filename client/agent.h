@@ -27,9 +27,9 @@
 
 #include <cstdint>
 #include <memory>
-#include <vector>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"

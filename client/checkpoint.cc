@@ -726,7 +726,8 @@ absl::Status ReadRankHeader(
     // first rank file naming it; later files must agree.
     auto info_it = tensors->find(name);
     const bool adopt = info_it == tensors->end();
-    if (adopt) info_it = tensors->emplace(name, CheckpointReader::TensorInfo{}).first;
+    if (adopt)
+      info_it = tensors->emplace(name, CheckpointReader::TensorInfo{}).first;
     CheckpointReader::TensorInfo& info = info_it->second;
     const json& entry = it.value();
     if (!entry.is_object()) return err("header entry is not an object");

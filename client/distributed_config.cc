@@ -25,8 +25,8 @@ absl::StatusOr<DistributedConfig> CreateMeshConfig(
     if (static_cast<int>(placements[i].placements.size()) != mesh.ndim()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "rank ", communicator->rank(), ": parameter ", i, " has ",
-          placements[i].placements.size(), " placements for the ",
-          mesh.ndim(), "-D mesh ", mesh.ToString()));
+          placements[i].placements.size(), " placements for the ", mesh.ndim(),
+          "-D mesh ", mesh.ToString()));
     }
   }
   DistributedConfig config;
@@ -88,7 +88,8 @@ absl::StatusOr<DistributedConfig> CreateAutoConfig(
       if (ranks[r] != r) {
         return absl::InvalidArgumentError(absl::StrCat(
             "rank ", ranks[world->rank()], ": the ", groups[0].name, " group [",
-            absl::StrJoin(ranks, ", "), "] is a sub-group of a larger world; "
+            absl::StrJoin(ranks, ", "),
+            "] is a sub-group of a larger world; "
             "set `world` to the process group spanning every rank"));
       }
     }
@@ -100,10 +101,10 @@ absl::StatusOr<DistributedConfig> CreateAutoConfig(
       absl::StrAppend(&sizes, sizes.empty() ? "" : " x ", g.name, "=",
                       g.comm->world_size());
     }
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", rank, ": the groups ", sizes, " hold ", mesh.world_size(),
-        " ranks but the world size is ", world->world_size(),
-        "; the groups must tile the world"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, ": the groups ", sizes, " hold ",
+                     mesh.world_size(), " ranks but the world size is ",
+                     world->world_size(), "; the groups must tile the world"));
   }
   // Each group must be this rank's row of the row-major mesh.
   std::vector<int> coord(mesh.ndim());
@@ -120,8 +121,9 @@ absl::StatusOr<DistributedConfig> CreateAutoConfig(
   if (mesh.RankOf(coord) != rank) {
     return absl::InvalidArgumentError(absl::StrCat(
         "rank ", rank, ": its positions in the groups give mesh coordinate (",
-        absl::StrJoin(coord, ", "), ") of ", mesh.ToString(), ", which is rank ",
-        mesh.RankOf(coord), "; groups must be laid out row-major in the order ",
+        absl::StrJoin(coord, ", "), ") of ", mesh.ToString(),
+        ", which is rank ", mesh.RankOf(coord),
+        "; groups must be laid out row-major in the order ",
         "pp, dp_replicate, dp_shard, cp, ep, tp"));
   }
   for (int d = 0; d < mesh.ndim(); ++d) {
@@ -133,12 +135,12 @@ absl::StatusOr<DistributedConfig> CreateAutoConfig(
     }
     const std::vector<int> actual = groups[d].comm->global_ranks();
     if (actual != expected) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", rank, ": the ", groups[d].name, " group is [",
-          absl::StrJoin(actual, ", "), "] but in the mesh ", mesh.ToString(),
-          " this rank's ", groups[d].name, " group is [",
-          absl::StrJoin(expected, ", "),
-          "]; groups overlap or do not tile the world"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", rank, ": the ", groups[d].name, " group is [",
+                       absl::StrJoin(actual, ", "), "] but in the mesh ",
+                       mesh.ToString(), " this rank's ", groups[d].name,
+                       " group is [", absl::StrJoin(expected, ", "),
+                       "]; groups overlap or do not tile the world"));
     }
   }
   const int pp_dim = mesh.DimIndex("pp");
@@ -185,9 +187,10 @@ absl::StatusOr<DistributedConfig> CreateAutoConfig(
       }
       if (matrix_dim != -1 || name == "dp_shard" || name == "tp") {
         if (matrix_dim < 0 || matrix_dim > 1) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "rank ", rank, ": parameter \"", p.name, "\": ", name,
-              " shard dim ", matrix_dim, " is out of range (0 rows or 1 cols)"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("rank ", rank, ": parameter \"", p.name,
+                           "\": ", name, " shard dim ", matrix_dim,
+                           " is out of range (0 rows or 1 cols)"));
         }
         x = Placement::Shard(matrix_dim + shift);
       }

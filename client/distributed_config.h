@@ -51,17 +51,17 @@ using AssignFn = std::function<std::map<int, std::vector<int>>(
 // it line up). `local_shard` is this rank's part of U for that matrix
 // (row-major, its local [rows, cols]); `full` is a [rows, cols] row-major
 // buffer to fill on the owner and nullptr elsewhere.
-using GatherFn = std::function<absl::Status(
-    int param_index, int slice, int owner, const float* local_shard,
-    float* full)>;
+using GatherFn =
+    std::function<absl::Status(int param_index, int slice, int owner,
+                               const float* local_shard, float* full)>;
 
 // Custom redistribute (seeds' redistribute_fn): sends every holder its
 // part of the orthogonalized O of one matrix. Called like GatherFn. `full`
 // is O on the owner (nullptr elsewhere); `local_shard` receives this rank's
 // part (its local [rows, cols]).
-using RedistributeFn = std::function<absl::Status(
-    int param_index, int slice, int owner, const float* full,
-    float* local_shard)>;
+using RedistributeFn =
+    std::function<absl::Status(int param_index, int slice, int owner,
+                               const float* full, float* local_shard)>;
 
 // Placement of one parameter over the mesh (DTensor's placements).
 struct ParamPlacement {

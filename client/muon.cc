@@ -93,15 +93,17 @@ absl::Status ValidateMuonOptions(const MuonOptions& o) {
   if (o.ns_steps >= 100) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Number of steps must be less than 100 for computational efficiency "
-        "but ns_steps is: ", o.ns_steps));
+        "but ns_steps is: ",
+        o.ns_steps));
   }
   if (o.ns_steps < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("ns_steps should be >= 0 but is: ", o.ns_steps));
   }
   if (o.device != "cpu" && o.device != "cuda") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "device \"", o.device, "\" is not supported (use \"cpu\" or \"cuda\")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("device \"", o.device,
+                     "\" is not supported (use \"cpu\" or \"cuda\")"));
   }
   if (!kernels::ParseGpuPrecision(o.gpu_precision).ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -166,9 +168,9 @@ absl::StatusOr<LocalMatrices> MakeLocalMatrices(
     absl::StatusOr<std::vector<MatrixBoxes>> mats =
         ParamMatrices(ps[i].shape(), pl.placements, state.mesh, pl.sub_mesh);
     if (!mats.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", rank, ": parameter \"", ps[i].name, "\": ",
-          mats.status().message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", rank, ": parameter \"", ps[i].name,
+                       "\": ", mats.status().message()));
     }
     MUON_ASSIGN_OR_RETURN(std::vector<Range> mine,
                           LocalRanges(ps[i].shape(), pl.placements, state.mesh,
@@ -209,8 +211,8 @@ absl::StatusOr<std::vector<std::vector<int>>> RequestedOwners(
                                : m.name);
   }
   absl::StatusOr<std::vector<int>> owners = OwnersFromAssignment(
-      config.assign_fn(infos, state.world_size),
-      static_cast<int>(infos.size()), state.world_size, matrix_names);
+      config.assign_fn(infos, state.world_size), static_cast<int>(infos.size()),
+      state.world_size, matrix_names);
   if (!owners.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", state.rank, ": ", owners.status().message()));
@@ -226,12 +228,12 @@ absl::StatusOr<std::vector<std::vector<int>>> RequestedOwners(
 // rank's view only when all ranks hold all parameters.
 absl::StatusOr<v1::Plan> PlanLocally(
     const std::vector<v1::RankManifest>& manifests,
-    const DistributedConfig& config, const MuonOptions& options,
-    bool uses_sub_mesh) {
+    const DistributedConfig& config, bool uses_sub_mesh) {
   const int rank = config.state.rank;
   if (uses_sub_mesh) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", rank, ": parameters on sub-meshes (pipeline stages, expert "
+        "rank ", rank,
+        ": parameters on sub-meshes (pipeline stages, expert "
         "groups) need a coordinator to plan: set state.coordinator"));
   }
   // The same entry point as the coordinator's (manifest checks, planner,
@@ -239,9 +241,9 @@ absl::StatusOr<v1::Plan> PlanLocally(
   // ns_steps.
   absl::StatusOr<JobPlan> job = PlanJob(manifests, /*job_id=*/"");
   if (!job.ok()) {
-    return absl::Status(job.status().code(),
-                        absl::StrCat("rank ", rank, ": ",
-                                     job.status().message()));
+    return absl::Status(
+        job.status().code(),
+        absl::StrCat("rank ", rank, ": ", job.status().message()));
   }
   return std::move(job->plan);
 }
@@ -294,19 +296,20 @@ absl::Status CheckLocal(const std::vector<ParamView>& ps, bool distributed,
                                    ParamPlacement{{Placement::Replicate()}});
   }
   const int rank = state->rank;
-  for (const ParamView& p : ps) MUON_RETURN_IF_ERROR(ValidateParamView(p, rank));
+  for (const ParamView& p : ps)
+    MUON_RETURN_IF_ERROR(ValidateParamView(p, rank));
   if (state->param_placements.size() != ps.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", rank, ": the distributed config describes ",
-        state->param_placements.size(), " parameters but the optimizer has ",
-        ps.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, ": the distributed config describes ",
+                     state->param_placements.size(),
+                     " parameters but the optimizer has ", ps.size()));
   }
   MUON_RETURN_IF_ERROR(state->mesh.Validate());
   if (state->mesh.world_size() != state->world_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", rank, ": mesh ", state->mesh.ToString(), " holds ",
-        state->mesh.world_size(), " ranks but the world size is ",
-        state->world_size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, ": mesh ", state->mesh.ToString(),
+                     " holds ", state->mesh.world_size(),
+                     " ranks but the world size is ", state->world_size));
   }
   return absl::OkStatus();
 }
@@ -318,8 +321,7 @@ absl::Status Muon::JoinOrPlan(const DistributedConfig& config,
                               bool uses_sub_mesh) {
   const DistributedState& state = config.state;
   if (state.coordinator == nullptr) {
-    MUON_ASSIGN_OR_RETURN(plan_,
-                          PlanLocally(manifests, config, options_, uses_sub_mesh));
+    MUON_ASSIGN_OR_RETURN(plan_, PlanLocally(manifests, config, uses_sub_mesh));
     return absl::OkStatus();
   }
   // The coordinator checks every rank's manifest against the others and
@@ -330,9 +332,9 @@ absl::Status Muon::JoinOrPlan(const DistributedConfig& config,
       agent_->Join(manifests[state.rank], state.join_timeout_ms);
   if (!plan.ok()) return plan.status();
   plan_ = *std::move(plan);
-  MUON_RETURN_IF_ERROR(agent_->ConfirmPlanHash(
-      plan_.hash(), state.world_size,
-      absl::Milliseconds(state.join_timeout_ms)));
+  MUON_RETURN_IF_ERROR(
+      agent_->ConfirmPlanHash(plan_.hash(), state.world_size,
+                              absl::Milliseconds(state.join_timeout_ms)));
   agent_->Start();
   return absl::OkStatus();
 }
@@ -344,9 +346,9 @@ absl::Status Muon::MakeDataPath(const DistributedConfig& config,
   Communicator* comm = state.communicator;
   if (comm == nullptr) {
     if (state.world_size != 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", rank, ": world size ", state.world_size,
-          " needs a communicator (process group)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", rank, ": world size ", state.world_size,
+                       " needs a communicator (process group)"));
     }
     owned_comm_ = LocalCommunicator::Create();
     comm = owned_comm_.get();
@@ -357,10 +359,9 @@ absl::Status Muon::MakeDataPath(const DistributedConfig& config,
         state.world_size));
   }
   MUON_ASSIGN_OR_RETURN(ns_engine_, MakeNsEngine(options_, rank));
-  absl::StatusOr<std::unique_ptr<StepExecutor>> executor =
-      StepExecutor::Create(rank, state.world_size, plan_, std::move(geometry),
-                           comm, config.gather_fn, config.redistribute_fn,
-                           ns_engine_.get());
+  absl::StatusOr<std::unique_ptr<StepExecutor>> executor = StepExecutor::Create(
+      rank, state.world_size, plan_, std::move(geometry), comm,
+      config.gather_fn, config.redistribute_fn, ns_engine_.get());
   if (!executor.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "rank ", rank, ": the plan does not fit this rank's parameters: ",
@@ -403,8 +404,7 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
   MUON_RETURN_IF_ERROR(
       muon->JoinOrPlan(config, manifests, local.uses_sub_mesh));
   muon->matrices_ = std::move(local.infos);
-  MUON_RETURN_IF_ERROR(
-      muon->MakeDataPath(config, std::move(local.geometry)));
+  MUON_RETURN_IF_ERROR(muon->MakeDataPath(config, std::move(local.geometry)));
   MUON_ASSIGN_OR_RETURN(muon->rule_, MakeUpdateRule(options));
 
   // State: fp32 momentum buffers (and Nesterov's U) per local shard.
@@ -432,9 +432,9 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
     if (static_cast<int64_t>(p->data.size()) != p->local_numel() &&
         p->local_shape.size() == (p->expert_stack ? 3u : 2u)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", rank, ": parameter \"", p->name, "\" holds ",
-          p->data.size(), " values but its local shape ",
-          ShapeString(p->local_shape), " needs ", p->local_numel()));
+          "rank ", rank, ": parameter \"", p->name, "\" holds ", p->data.size(),
+          " values but its local shape ", ShapeString(p->local_shape),
+          " needs ", p->local_numel()));
     }
   }
   MUON_ASSIGN_OR_RETURN(
@@ -450,9 +450,9 @@ Muon::~Muon() {
 
 absl::Status Muon::SetGrad(int index, const void* grad) {
   if (index < 0 || index >= static_cast<int>(params_.size())) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "rank ", rank_, ": SetGrad: parameter index ", index, " is outside [0, ",
-        params_.size(), ")"));
+    return absl::OutOfRangeError(
+        absl::StrCat("rank ", rank_, ": SetGrad: parameter index ", index,
+                     " is outside [0, ", params_.size(), ")"));
   }
   params_[index].grad = grad;
   return absl::OkStatus();
@@ -463,10 +463,10 @@ absl::Status Muon::Preflight() {
     Parameter& p = *bound_[i];
     ParamView& v = params_[i];
     if (static_cast<int64_t>(p.data.size()) != v.local_numel()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "rank ", rank_, ": parameter \"", p.name, "\" holds ", p.data.size(),
-          " values but its local shape ", ShapeString(v.local_shape),
-          " needs ", v.local_numel()));
+      return absl::FailedPreconditionError(
+          absl::StrCat("rank ", rank_, ": parameter \"", p.name, "\" holds ",
+                       p.data.size(), " values but its local shape ",
+                       ShapeString(v.local_shape), " needs ", v.local_numel()));
     }
     if (!p.grad.empty() &&
         static_cast<int64_t>(p.grad.size()) != v.local_numel()) {
@@ -481,9 +481,10 @@ absl::Status Muon::Preflight() {
   for (const ParamView& v : params_) {
     if (v.grad == nullptr && v.local_numel() > 0) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "rank ", rank_, ": parameter \"", v.name, "\" has no gradient (its "
-          "local shape ", ShapeString(v.local_shape), " needs ",
-          v.local_numel(), " values)"));
+          "rank ", rank_, ": parameter \"", v.name,
+          "\" has no gradient (its "
+          "local shape ",
+          ShapeString(v.local_shape), " needs ", v.local_numel(), " values)"));
     }
   }
   return absl::OkStatus();

@@ -41,14 +41,14 @@ namespace muon {
 
 // torch.optim.Muon's constructor arguments, with its defaults.
 struct MuonOptions {
-  double lr = 1e-3;            // >= 0
-  double weight_decay = 0.1;   // >= 0, decoupled, with the unadjusted lr
-  double momentum = 0.95;      // >= 0
+  double lr = 1e-3;           // >= 0
+  double weight_decay = 0.1;  // >= 0, decoupled, with the unadjusted lr
+  double momentum = 0.95;     // >= 0
   bool nesterov = true;
   // Newton-Schulz (a, b, c): Keller Jordan's quintic.
   double ns_a = 3.4445, ns_b = -4.7750, ns_c = 2.0315;
-  double eps = 1e-7;           // Frobenius-norm floor before NS
-  int ns_steps = 5;            // < 100, as torch
+  double eps = 1e-7;  // Frobenius-norm floor before NS
+  int ns_steps = 5;   // < 100, as torch
   // "original": lr*sqrt(max(1, rows/cols));
   // "match_rms_adamw": lr*0.2*sqrt(max(rows, cols)).
   std::string adjust_lr_fn = "original";
@@ -88,9 +88,9 @@ struct ParamState {
 // momentum of its own shard), so it saves and restores per rank without the
 // plan.
 struct OptimizerStateDict {
-  int64_t step = 0;            // optimizer steps taken
-  Mesh mesh;                   // the mesh the state was taken on
-  std::string plan_hash;       // the plan it ran (informative)
+  int64_t step = 0;                // optimizer steps taken
+  Mesh mesh;                       // the mesh the state was taken on
+  std::string plan_hash;           // the plan it ran (informative)
   std::vector<ParamState> params;  // optimizer order
 };
 
@@ -214,10 +214,10 @@ class Muon {
   absl::Status Preflight();
   void ReportStep();
 
-  std::vector<ParamView> params_;  // views; the memory is not owned
-  Mesh mesh_;                                   // the job's device mesh
-  std::vector<ParamPlacement> placements_;      // per parameter
-  std::vector<Parameter*> bound_;  // Not owned; empty unless bound
+  std::vector<ParamView> params_;           // views; the memory is not owned
+  Mesh mesh_;                               // the job's device mesh
+  std::vector<ParamPlacement> placements_;  // per parameter
+  std::vector<Parameter*> bound_;           // Not owned; empty unless bound
   MuonOptions options_;
   UpdateRule rule_;
   int rank_ = 0;
@@ -227,7 +227,7 @@ class Muon {
   std::unique_ptr<kernels::NsEngine> ns_engine_;
   std::unique_ptr<Agent> agent_;
   std::unique_ptr<StepExecutor> executor_;
-  std::vector<std::vector<float>> buffers_;  // momentum, local shards
+  std::vector<std::vector<float>> buffers_;   // momentum, local shards
   std::vector<std::vector<float>> nesterov_;  // U when nesterov, local
   std::vector<const float*> update_ptrs_;
   std::vector<MatrixInfo> matrices_;

@@ -56,14 +56,15 @@ OptimizerStateDict Muon::state_dict() const {
 absl::Status Muon::load_state_dict(const OptimizerStateDict& state) {
   const OptimizerStateDict mine = state_dict();
   if (state.params.size() != mine.params.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", rank_, ": load_state_dict: the state holds ",
-        state.params.size(), " parameters but the optimizer has ",
-        mine.params.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank_, ": load_state_dict: the state holds ",
+                     state.params.size(), " parameters but the optimizer has ",
+                     mine.params.size()));
   }
   if (state.step < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", rank_, ": load_state_dict: step ", state.step, " is negative"));
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank_,
+                                                   ": load_state_dict: step ",
+                                                   state.step, " is negative"));
   }
   for (size_t i = 0; i < mine.params.size(); ++i) {
     const ParamState& want = mine.params[i];
@@ -80,14 +81,14 @@ absl::Status Muon::load_state_dict(const OptimizerStateDict& state) {
                           BoxString(want.box),
                           "; load a checkpoint with Load to reshard)");
     } else if (got.momentum_buffer.size() != want.momentum_buffer.size()) {
-      what = absl::StrCat("momentum buffer of ", got.momentum_buffer.size(),
-                          " values (expected ", want.momentum_buffer.size(),
-                          ")");
+      what =
+          absl::StrCat("momentum buffer of ", got.momentum_buffer.size(),
+                       " values (expected ", want.momentum_buffer.size(), ")");
     }
     if (!what.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", rank_, ": load_state_dict: parameter ", i, " (\"",
-          want.name, "\") has ", what));
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", rank_, ": load_state_dict: parameter ", i,
+                       " (\"", want.name, "\") has ", what));
     }
   }
   for (size_t i = 0; i < buffers_.size(); ++i) {
@@ -115,7 +116,8 @@ absl::Status Muon::Save(const std::string& dir) const {
     tensors.push_back(std::move(t));
   }
   MUON_RETURN_IF_ERROR(WriteCheckpointShard(dir, rank_, meta, tensors));
-  if (rank_ == 0) MUON_RETURN_IF_ERROR(WriteCheckpointMetadata(dir, meta, tensors));
+  if (rank_ == 0)
+    MUON_RETURN_IF_ERROR(WriteCheckpointMetadata(dir, meta, tensors));
   return absl::OkStatus();
 }
 

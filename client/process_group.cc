@@ -24,7 +24,8 @@ absl::Status WritePortFile(const std::string& path, int port) {
     }
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path));
+    return absl::InternalError(
+        absl::StrCat("cannot rename ", tmp, " to ", path));
   }
   return absl::OkStatus();
 }
@@ -35,17 +36,18 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(
     const ProcessGroupOptions& options) {
   if (options.world_size < 1 || options.rank < 0 ||
       options.rank >= options.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", options.rank, " is out of range for world size ",
-        options.world_size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", options.rank, " is out of range for world size ",
+                     options.world_size));
   }
   auto pg = std::make_unique<ProcessGroup>();
   pg->rank = options.rank;
   pg->world_size = options.world_size;
-  pg->incarnation = options.incarnation != 0
-                        ? options.incarnation
-                        : (static_cast<uint64_t>(getpid()) << 32) ^
-                              static_cast<uint64_t>(absl::GetCurrentTimeNanos());
+  pg->incarnation =
+      options.incarnation != 0
+          ? options.incarnation
+          : (static_cast<uint64_t>(getpid()) << 32) ^
+                static_cast<uint64_t>(absl::GetCurrentTimeNanos());
   if (options.embed_coordinator && options.rank == 0) {
     if (!options.start_embedded_coordinator) {
       return absl::FailedPreconditionError(
@@ -72,10 +74,9 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(
           ": no coordinator address (pass --coordinator host:port, or embed "
           "the coordinator in rank 0)"));
     }
-    MUON_ASSIGN_OR_RETURN(
-        pg->coordinator,
-        GrpcCoordinationClient::Create(options.coordinator_address,
-                                       options.job_id));
+    MUON_ASSIGN_OR_RETURN(pg->coordinator,
+                          GrpcCoordinationClient::Create(
+                              options.coordinator_address, options.job_id));
   }
   GlooOptions gloo;
   gloo.timeout = options.timeout;

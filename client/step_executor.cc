@@ -12,12 +12,13 @@
 namespace muon {
 namespace {
 
-double NowSeconds() { return absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()); }
+double NowSeconds() {
+  return absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+}
 
 Box FullBox(const MatrixGeometry& g) {
   return Box{Range{0, g.rows}, Range{0, g.cols}};
 }
-
 
 }  // namespace
 
@@ -46,8 +47,9 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
         absl::StrCat("rank ", rank, ": no Newton-Schulz engine"));
   }
   if (comm == nullptr && world_size != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", rank, ": a world of ", world_size, " ranks needs a communicator"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, ": a world of ", world_size,
+                     " ranks needs a communicator"));
   }
   for (const MatrixGeometry& g : geometry) {
     if (static_cast<int>(g.boxes.size()) != world_size) {
@@ -132,9 +134,9 @@ absl::StatusOr<StepExecutor::BufferSizes> StepExecutor::CompileBuckets(
     int64_t bucket_elems = 0;
     for (int mi : bp.matrices()) {
       if (mi < 0 || mi >= plan.matrices_size()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "plan bucket ", bp.index(), " names matrix ", mi, " of ",
-            plan.matrices_size()));
+        return absl::InvalidArgumentError(
+            absl::StrCat("plan bucket ", bp.index(), " names matrix ", mi,
+                         " of ", plan.matrices_size()));
       }
       const v1::MatrixPlan& mp = plan.matrices(mi);
       auto it = local_id.find({mp.param(), mp.slice()});
@@ -192,9 +194,9 @@ absl::Status StepExecutor::CompileSchedule(const v1::Plan& plan) {
   for (const v1::ScheduledOp& op : schedule.ranks(rank_).ops()) {
     auto it = position.find(op.bucket());
     if (it == position.end() || op.slot() < 0 || op.slot() >= slots) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", rank_, ": schedule names bucket ", op.bucket(), " slot ",
-          op.slot(), " outside the plan"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", rank_, ": schedule names bucket ", op.bucket(),
+                       " slot ", op.slot(), " outside the plan"));
     }
     OpKind kind;
     if (op.op() == "gather") {
@@ -228,8 +230,8 @@ absl::Status StepExecutor::CheckOrthogonalizeOps() const {
     int scheduled = 0;
     for (const auto* list : {&main_ops_, &compute_ops_}) {
       for (const Op& o : *list) {
-        scheduled += o.bucket == static_cast<int>(b) &&
-                     o.kind == OpKind::kOrthogonalize;
+        scheduled +=
+            o.bucket == static_cast<int>(b) && o.kind == OpKind::kOrthogonalize;
       }
     }
     if (scheduled != (owns ? 1 : 0)) {
@@ -352,8 +354,9 @@ absl::Status StepExecutor::Gather(int b, const StepArgs& args,
                                       full));
     }
   } else {
-    MUON_RETURN_IF_ERROR(RunExchange(bs.gather, /*to_owner=*/true, *args.updates,
-                                     &bytes_sent_, &bytes_received_));
+    MUON_RETURN_IF_ERROR(RunExchange(bs.gather, /*to_owner=*/true,
+                                     *args.updates, &bytes_sent_,
+                                     &bytes_received_));
   }
   rec->push_back(OpRecord{"gather", stream, bs.index, t0, NowSeconds(),
                           bytes_sent_ - sent0, 0});
@@ -379,8 +382,8 @@ absl::Status StepExecutor::Orthogonalize(int b, const StepArgs& args,
     ++ns_matrices_;
   }
   ns_flops_ += flops;
-  rec->push_back(OpRecord{"orthogonalize", stream, bs.index, t0, NowSeconds(), 0,
-                          flops});
+  rec->push_back(
+      OpRecord{"orthogonalize", stream, bs.index, t0, NowSeconds(), 0, flops});
   return absl::OkStatus();
 }
 
@@ -398,8 +401,8 @@ absl::Status StepExecutor::Redistribute(int b, const StepArgs& args,
       if (bs.owners[i] == rank_) {
         full = HoldsFull(m) ? local_o_[m].data() : FullO(m);
       }
-      MUON_RETURN_IF_ERROR(redistribute_fn_(g.param_index, g.slice, bs.owners[i],
-                                            full, local_o_[m].data()));
+      MUON_RETURN_IF_ERROR(redistribute_fn_(
+          g.param_index, g.slice, bs.owners[i], full, local_o_[m].data()));
     }
   } else {
     MUON_RETURN_IF_ERROR(RunExchange(bs.redistribute, /*to_owner=*/false,
@@ -411,8 +414,8 @@ absl::Status StepExecutor::Redistribute(int b, const StepArgs& args,
   return absl::OkStatus();
 }
 
-void StepExecutor::Apply(int b, const StepArgs& args, std::vector<OpRecord>* rec,
-                         const char* stream) {
+void StepExecutor::Apply(int b, const StepArgs& args,
+                         std::vector<OpRecord>* rec, const char* stream) {
   // Decoupled weight decay and the AdjustLR-scaled update on the local
   // shard, with AdjustLR from the matrix's GLOBAL shape.
   const BucketSchedule& bs = buckets_[b];
@@ -421,8 +424,8 @@ void StepExecutor::Apply(int b, const StepArgs& args, std::vector<OpRecord>* rec
     const MatrixGeometry& g = geometry_[m];
     const int64_t n = static_cast<int64_t>(local_o_[m].size());
     if (n == 0) continue;
-    const double adjusted = kernels::AdjustLr(args.rule->lr, args.rule->adjust_lr_fn,
-                                              g.rows, g.cols);
+    const double adjusted = kernels::AdjustLr(
+        args.rule->lr, args.rule->adjust_lr_fn, g.rows, g.cols);
     const ParamView& p = (*args.params)[g.param_index];
     if (p.dtype == DType::kBFloat16) {
       kernels::ApplyUpdate(static_cast<kernels::bf16_t*>(p.data) + g.offset,
@@ -464,7 +467,8 @@ absl::Status StepExecutor::RunSequential(const StepArgs& args) {
       case OpKind::kOrthogonalize:
         break;  // run in rank order right after the bucket's gather
       case OpKind::kRedistribute:
-        MUON_RETURN_IF_ERROR(Redistribute(op.bucket, args, &main_records_, "main"));
+        MUON_RETURN_IF_ERROR(
+            Redistribute(op.bucket, args, &main_records_, "main"));
         break;
       case OpKind::kApply:
         Apply(op.bucket, args, &main_records_, "main");
@@ -492,7 +496,8 @@ absl::Status StepExecutor::RunCommOps(const StepArgs& args) {
           mu_.Await(absl::Condition(&ready));
           if (!error_.ok()) return absl::OkStatus();  // reported by compute
         }
-        MUON_RETURN_IF_ERROR(Redistribute(op.bucket, args, &comm_records_, "comm"));
+        MUON_RETURN_IF_ERROR(
+            Redistribute(op.bucket, args, &comm_records_, "comm"));
         break;
       }
       case OpKind::kApply:
@@ -552,7 +557,8 @@ absl::Status StepExecutor::RunAsync(const StepArgs& args) {
     if (!s.ok()) break;
   }
   absl::MutexLock lock(&mu_);
-  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return comm_done_; };
+  auto done = [this]()
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return comm_done_; };
   mu_.Await(absl::Condition(&done));
   return error_;
 }
@@ -575,10 +581,14 @@ absl::Status StepExecutor::Run(const std::vector<const float*>& updates,
   stats->buffer_bytes = buffer_bytes_;
   stats->buffer_bound_bytes = buffer_bound_bytes_;
   stats->ops.clear();
-  stats->ops.insert(stats->ops.end(), main_records_.begin(), main_records_.end());
-  stats->ops.insert(stats->ops.end(), comm_records_.begin(), comm_records_.end());
+  stats->ops.insert(stats->ops.end(), main_records_.begin(),
+                    main_records_.end());
+  stats->ops.insert(stats->ops.end(), comm_records_.begin(),
+                    comm_records_.end());
   std::sort(stats->ops.begin(), stats->ops.end(),
-            [](const OpRecord& a, const OpRecord& b) { return a.start_s < b.start_s; });
+            [](const OpRecord& a, const OpRecord& b) {
+              return a.start_s < b.start_s;
+            });
   return s;
 }
 

@@ -1,5 +1,5 @@
 // Executes the distributed part of one Muon step for one rank, following the
-// stream schedule of the coordinator's plan (server/schedule.h): per bucket,
+// stream schedule of the coordinator's plan (plan/schedule.h): per bucket,
 // gather shards of the update U to their owners, orthogonalize on the owner
 // (Newton-Schulz), redistribute O back to every holder, apply.
 //
@@ -55,7 +55,7 @@ namespace muon {
 // One matrix this rank knows (a 2-D parameter, or one expert slice of a
 // 3-D stack), as seen from this rank.
 struct MatrixGeometry {
-  std::string param;  // parameter name (plan's MatrixPlan.param)
+  std::string param;    // parameter name (plan's MatrixPlan.param)
   int param_index = 0;  // index in the optimizer's parameter list
   int slice = 0;        // expert index (0 for 2-D)
   int64_t rows = 0;     // global [rows, cols] of the matrix
@@ -68,21 +68,21 @@ struct MatrixGeometry {
 
 // Timing of one operation (no allocation on the step path).
 struct OpRecord {
-  const char* op = "";      // "gather", "orthogonalize", "redistribute", "apply"
+  const char* op = "";  // "gather", "orthogonalize", "redistribute", "apply"
   const char* stream = "";  // "main", "comm", "compute"
   int bucket = 0;
   double start_s = 0;  // seconds since the Unix epoch
   double end_s = 0;
-  int64_t bytes = 0;   // fp32 payload this rank sent
-  double flops = 0;    // Newton-Schulz FLOPs
+  int64_t bytes = 0;  // fp32 payload this rank sent
+  double flops = 0;   // Newton-Schulz FLOPs
 };
 
 // Per-step counters of one rank (summed over the world they equal the
 // single-device figures: zero redundancy).
 struct StepStats {
   int matrices_orthogonalized = 0;
-  double ns_flops = 0;       // Newton-Schulz FLOPs (DESIGN section 10)
-  int64_t bytes_sent = 0;    // fp32 payload sent to other ranks
+  double ns_flops = 0;     // Newton-Schulz FLOPs (DESIGN section 10)
+  int64_t bytes_sent = 0;  // fp32 payload sent to other ranks
   int64_t bytes_received = 0;
   double step_time_s = 0;
   std::vector<OpRecord> ops;  // per bucket and operation, by start time
@@ -133,8 +133,8 @@ class StepExecutor {
   // error some parameters may already be updated (a failed collective
   // leaves the world inconsistent; the job must restart from a checkpoint).
   absl::Status Run(const std::vector<const float*>& updates,
-                   const std::vector<ParamView>& params,
-                   const UpdateRule& rule, StepStats* stats);
+                   const std::vector<ParamView>& params, const UpdateRule& rule,
+                   StepStats* stats);
 
   bool async() const { return async_; }
   int prefetch_count() const { return prefetch_count_; }
@@ -204,7 +204,7 @@ class StepExecutor {
 
   const int rank_;
   const int world_size_;
-  Communicator* comm_;  // Not owned.
+  Communicator* comm_;                    // Not owned.
   std::vector<MatrixGeometry> geometry_;  // local matrices
   GatherFn gather_fn_;
   RedistributeFn redistribute_fn_;
@@ -233,9 +233,9 @@ class StepExecutor {
   // Per-thread timing records, preallocated.
   std::vector<OpRecord> main_records_;
   std::vector<OpRecord> comm_records_;
-  int64_t bytes_sent_ = 0;      // written by the thread running exchanges
+  int64_t bytes_sent_ = 0;  // written by the thread running exchanges
   int64_t bytes_received_ = 0;
-  int ns_matrices_ = 0;          // written by the thread running NS
+  int ns_matrices_ = 0;  // written by the thread running NS
   double ns_flops_ = 0;
   int64_t buffer_bytes_ = 0;
   int64_t buffer_bound_bytes_ = 0;

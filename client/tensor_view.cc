@@ -31,8 +31,9 @@ absl::StatusOr<DType> ParseDType(absl::string_view name) {
     return DType::kFloat32;
   }
   if (name == "bfloat16" || name == "bf16") return DType::kBFloat16;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "dtype \"", name, "\" is not supported (use \"float32\" or \"bfloat16\")"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("dtype \"", name,
+                   "\" is not supported (use \"float32\" or \"bfloat16\")"));
 }
 
 std::string Device::ToString() const {
@@ -66,27 +67,32 @@ absl::Status ValidateParamView(const ParamView& p, int rank) {
   if (p.shape().size() != ndim) {
     if (p.expert_stack) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", rank, ": parameter \"", p.name, "\" is marked as an "
-          "expert stack but has shape ", ShapeString(p.shape()),
-          "; expected [experts, rows, cols]"));
+          "rank ", rank, ": parameter \"", p.name,
+          "\" is marked as an "
+          "expert stack but has shape ",
+          ShapeString(p.shape()), "; expected [experts, rows, cols]"));
     }
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", rank, ": Muon only supports 2D parameters whereas we found "
-        "a parameter with size: ", ShapeString(p.shape()), " (parameter \"",
-        p.name, "\"; mark 3-D expert stacks with expert_stack)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank,
+                     ": Muon only supports 2D parameters whereas we found "
+                     "a parameter with size: ",
+                     ShapeString(p.shape()), " (parameter \"", p.name,
+                     "\"; mark 3-D expert stacks with expert_stack)"));
   }
   if (p.local_shape.size() != ndim) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", rank, ": parameter \"", p.name, "\" has local shape ",
-        ShapeString(p.local_shape), " but global shape ",
-        ShapeString(p.shape())));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, ": parameter \"", p.name,
+                     "\" has local shape ", ShapeString(p.local_shape),
+                     " but global shape ", ShapeString(p.shape())));
   }
   for (size_t k = 0; k < ndim; ++k) {
     if (p.local_shape[k] < 0 || p.shape()[k] < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", rank, ": parameter \"", p.name, "\" has a negative dim: "
-          "local shape ", ShapeString(p.local_shape), ", global shape ",
-          ShapeString(p.shape())));
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", rank, ": parameter \"", p.name,
+                       "\" has a negative dim: "
+                       "local shape ",
+                       ShapeString(p.local_shape), ", global shape ",
+                       ShapeString(p.shape())));
     }
   }
   if (!IsContiguous(p.local_shape, p.strides)) {

@@ -39,9 +39,9 @@ absl::StatusOr<Placement> Placement::Parse(absl::string_view text) {
     int d = 0;
     if (absl::SimpleAtoi(inner, &d) && d >= 0) return Placement::Shard(d);
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown placement \"", text,
-      "\": expected Replicate(), Shard(d) or Partial()"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown placement \"", text,
+                   "\": expected Replicate(), Shard(d) or Partial()"));
 }
 
 Mesh Mesh::OneDim(int world_size, const std::string& name) {
@@ -86,9 +86,8 @@ std::string Mesh::ToString() const {
 
 absl::Status Mesh::Validate() const {
   if (names.size() != sizes.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("mesh has ", names.size(), " names but ", sizes.size(),
-                     " sizes"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "mesh has ", names.size(), " names but ", sizes.size(), " sizes"));
   }
   std::set<std::string> seen;
   for (int d = 0; d < ndim(); ++d) {
@@ -156,16 +155,16 @@ absl::StatusOr<std::vector<Range>> LocalRanges(
   for (int d = 0; d < mesh.ndim(); ++d) {
     const Placement& p = placements[d];
     if (p.kind == Placement::Kind::kPartial) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Partial() placement on mesh dim \"", mesh.names[d],
-          "\" is not supported: reduce the pending sum first "
-          "(e.g. redistribute to Replicate() or Shard(d))"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("Partial() placement on mesh dim \"", mesh.names[d],
+                       "\" is not supported: reduce the pending sum first "
+                       "(e.g. redistribute to Replicate() or Shard(d))"));
     }
     if (p.kind != Placement::Kind::kShard) continue;
     if (p.dim < 0 || p.dim >= static_cast<int>(shape.size())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Shard(", p.dim, ") on mesh dim \"", mesh.names[d],
-          "\" is out of range for a ", shape.size(), "-D tensor"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("Shard(", p.dim, ") on mesh dim \"", mesh.names[d],
+                       "\" is out of range for a ", shape.size(), "-D tensor"));
     }
     Range& r = ranges[p.dim];
     const Range sub = ChunkRange(r.size(), mesh.sizes[d], coord[d]);
@@ -181,9 +180,10 @@ absl::StatusOr<std::vector<MatrixBoxes>> ParamMatrices(
     const std::vector<int64_t>& shape, const std::vector<Placement>& placements,
     const Mesh& mesh, const SubMesh& sub_mesh) {
   if (shape.size() != 2 && shape.size() != 3) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a ", shape.size(), "-D tensor is neither a matrix nor a 3-D expert "
-        "stack"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("a ", shape.size(),
+                     "-D tensor is neither a matrix nor a 3-D expert "
+                     "stack"));
   }
   const bool stack = shape.size() == 3;
   const int64_t experts = stack ? shape[0] : 1;

@@ -124,8 +124,7 @@ std::string SubMeshToString(const SubMesh& sub_mesh, const Mesh& mesh) {
 
 std::string SubMeshToString(
     const google::protobuf::Map<std::string, int32_t>& sub_mesh) {
-  const std::map<std::string, int32_t> sorted(sub_mesh.begin(),
-                                              sub_mesh.end());
+  const std::map<std::string, int32_t> sorted(sub_mesh.begin(), sub_mesh.end());
   std::vector<std::string> parts;
   for (const auto& [name, value] : sorted) {
     parts.push_back(absl::StrCat(name, "=", value));
@@ -164,13 +163,13 @@ absl::StatusOr<std::vector<Placement>> CheckMatrixPlacements(
           "first and use Shard(d) or Replicate()"));
     }
     if (p.is_shard() && (p.dim < 0 || p.dim >= tensor_ndim)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": placement Shard(", p.dim, ") on mesh dim \"", mesh.names[i],
-          "\" shards tensor dim ", p.dim, " but the parameter is ",
-          tensor_ndim, "-D (use ",
-          tensor_ndim == 3 ? "Shard(0), Shard(1) or Shard(2)"
-                           : "Shard(0) or Shard(1)",
-          ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": placement Shard(", p.dim, ") on mesh dim \"",
+                       mesh.names[i], "\" shards tensor dim ", p.dim,
+                       " but the parameter is ", tensor_ndim, "-D (use ",
+                       tensor_ndim == 3 ? "Shard(0), Shard(1) or Shard(2)"
+                                        : "Shard(0) or Shard(1)",
+                       ")"));
     }
   }
   return placements;
@@ -205,8 +204,7 @@ absl::StatusOr<SubMesh> CheckSubMesh(
   // Sorted by mesh dim so that the result (and every message) does not
   // depend on the map's iteration order.
   std::map<int, std::pair<std::string, int32_t>> by_dim;
-  const std::map<std::string, int32_t> sorted(sub_mesh.begin(),
-                                              sub_mesh.end());
+  const std::map<std::string, int32_t> sorted(sub_mesh.begin(), sub_mesh.end());
   for (const auto& [name, value] : sorted) {
     const int d = mesh.DimIndex(name);
     if (d < 0) {

@@ -94,7 +94,8 @@ void ApplyUpdate(bf16_t* param, const float* update, int64_t n, double lr,
   const float decay = static_cast<float>(1.0 - lr * weight_decay);
   const float alpha = static_cast<float>(-adjusted_lr);
   for (int64_t i = 0; i < n; ++i) {
-    const float decayed = Bf16ToFloat(FloatToBf16(Bf16ToFloat(param[i]) * decay));
+    const float decayed =
+        Bf16ToFloat(FloatToBf16(Bf16ToFloat(param[i]) * decay));
     param[i] = FloatToBf16(decayed + alpha * update[i]);
   }
 }

@@ -33,8 +33,7 @@ void MomentumUpdate(float* buf, const float* grad, int64_t n, double momentum);
 // MomentumUpdate with a bfloat16 gradient (grad: bf16 [n]). Each gradient
 // value is widened to float exactly, then the fp32 arithmetic above runs
 // unchanged: the result equals MomentumUpdate on the widened gradient.
-void MomentumUpdate(float* buf, const bf16_t* grad, int64_t n,
-                    double momentum);
+void MomentumUpdate(float* buf, const bf16_t* grad, int64_t n, double momentum);
 
 // Nesterov look-ahead U <- lerp(G, B, momentum), out of place.
 //   grad, buf: float32 [n]; out: float32 [n], may alias grad or buf.

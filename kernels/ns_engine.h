@@ -49,8 +49,8 @@ std::unique_ptr<NsEngine> MakeCpuNsEngine();
 // The host-staged cuBLAS engine on CUDA device `device`.
 // Errors: Unimplemented when built without --config=cuda; FailedPrecondition
 // when no GPU is visible (names the device count and CUDA's message).
-absl::StatusOr<std::unique_ptr<NsEngine>> MakeCudaNsEngine(int device,
-                                                           GpuPrecision precision);
+absl::StatusOr<std::unique_ptr<NsEngine>> MakeCudaNsEngine(
+    int device, GpuPrecision precision);
 
 // Number of visible CUDA devices; 0 when built without CUDA or without a GPU
 // (`reason` then says why).

@@ -32,9 +32,9 @@ std::string RanksToString(const std::vector<int>& ranks) {
   if (ranks.size() <= kMax) {
     return absl::StrCat("[", absl::StrJoin(ranks, ", "), "]");
   }
-  return absl::StrCat(
-      "[", absl::StrJoin(ranks.begin(), ranks.begin() + kMax, ", "), ", ...] (",
-      ranks.size(), " ranks)");
+  return absl::StrCat("[",
+                      absl::StrJoin(ranks.begin(), ranks.begin() + kMax, ", "),
+                      ", ...] (", ranks.size(), " ranks)");
 }
 
 // "(sub-mesh pp=1)" or "(no sub-mesh: every rank)".
@@ -70,16 +70,16 @@ absl::Status CheckParamAgrees(const v1::ParamManifest& p0, int r0,
   const std::string what = absl::StrCat("parameter ", Quoted(p0.name()));
   if (!std::equal(pr.global_shape().begin(), pr.global_shape().end(),
                   p0.global_shape().begin(), p0.global_shape().end())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": rank ", r, " reports global shape ",
-        ShapeToString(pr.global_shape()), " but rank ", r0, " reports ",
-        ShapeToString(p0.global_shape())));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": rank ", r, " reports global shape ",
+                     ShapeToString(pr.global_shape()), " but rank ", r0,
+                     " reports ", ShapeToString(p0.global_shape())));
   }
   if (!SamePlacements(pr, p0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": rank ", r, " reports placements ",
-        PlacementTexts(pr.placements()), " but rank ", r0, " reports ",
-        PlacementTexts(p0.placements())));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": rank ", r, " reports placements ",
+                     PlacementTexts(pr.placements()), " but rank ", r0,
+                     " reports ", PlacementTexts(p0.placements())));
   }
   if (pr.dtype() != p0.dtype()) {
     return absl::InvalidArgumentError(
@@ -91,10 +91,10 @@ absl::Status CheckParamAgrees(const v1::ParamManifest& p0, int r0,
   const std::map<std::string, int32_t> b(p0.sub_mesh().begin(),
                                          p0.sub_mesh().end());
   if (a != b) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": rank ", r, " reports sub_mesh ",
-        SubMeshToString(pr.sub_mesh()), " but rank ", r0, " reports ",
-        SubMeshToString(p0.sub_mesh())));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": rank ", r, " reports sub_mesh ",
+                     SubMeshToString(pr.sub_mesh()), " but rank ", r0,
+                     " reports ", SubMeshToString(p0.sub_mesh())));
   }
   return absl::OkStatus();
 }
@@ -219,9 +219,8 @@ absl::StatusOr<Union> BuildUnion(
     for (int pos = 0; pos < m.params_size(); ++pos) {
       const v1::ParamManifest& p = m.params(pos);
       if (p.name().empty()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("rank ", r, ": parameter at index ", pos,
-                         " has an empty name"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "rank ", r, ": parameter at index ", pos, " has an empty name"));
       }
       if (!seen.insert(p.name()).second) {
         return absl::InvalidArgumentError(
@@ -277,9 +276,8 @@ absl::Status AddParam(const std::vector<v1::RankManifest>& manifests,
       param.placements,
       CheckMatrixPlacements(p.name(), p.placements(), mesh,
                             static_cast<int>(param.shape.size())));
-  MUON_ASSIGN_OR_RETURN(
-      param.sub_mesh,
-      CheckSubMesh(p.name(), p.sub_mesh(), param.placements, mesh));
+  MUON_ASSIGN_OR_RETURN(param.sub_mesh, CheckSubMesh(p.name(), p.sub_mesh(),
+                                                     param.placements, mesh));
 
   // Listed by exactly the ranks of its sub-mesh.
   std::vector<char> listed(n, 0);
@@ -305,8 +303,8 @@ absl::Status AddParam(const std::vector<v1::RankManifest>& manifests,
   for (size_t j = 0; j < u.listed_on[i].size(); ++j) {
     const int r = u.listed_on[i][j];
     const std::vector<int> coord = mesh.Coord(r);
-    absl::StatusOr<std::vector<Range>> ranges = LocalRanges(
-        param.shape, param.placements, mesh, coord, param.sub_mesh);
+    absl::StatusOr<std::vector<Range>> ranges =
+        LocalRanges(param.shape, param.placements, mesh, coord, param.sub_mesh);
     if (!ranges.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat(what, ": ", ranges.status().message()));
@@ -370,11 +368,11 @@ absl::Status CheckRequestedOwners(
     int count = 0;
     for (int i : u.of_rank[r]) count += layout->params[i].num_matrices;
     if (m.requested_owners_size() == 0 && count > 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", r, " requests owners [] but rank ", giver,
-          " requests owners ",
-          OwnersToString(manifests[giver].requested_owners()),
-          " (assign_fn must run on every rank or on none)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", r, " requests owners [] but rank ", giver,
+                       " requests owners ",
+                       OwnersToString(manifests[giver].requested_owners()),
+                       " (assign_fn must run on every rank or on none)"));
     }
     if (m.requested_owners_size() != count) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -403,8 +401,8 @@ absl::Status CheckRequestedOwners(
         }
         if (owner < 0 || owner >= n) {
           return absl::InvalidArgumentError(absl::StrCat(
-              what, ": requested owner rank ", owner,
-              " is out of range [0, ", n, ") (requested by rank ", r, ")"));
+              what, ": requested owner rank ", owner, " is out of range [0, ",
+              n, ") (requested by rank ", r, ")"));
         }
         if (matrix.boxes[owner].empty()) {
           const std::vector<int> coord = layout->mesh.Coord(owner);
@@ -417,14 +415,14 @@ absl::Status CheckRequestedOwners(
                 " and holds none of it (requested by rank ", r,
                 "); the owner must hold part of the matrix"));
           }
-          return absl::InvalidArgumentError(absl::StrCat(
-              what, ": requested owner rank ", owner,
-              " holds an empty shard of it (coordinate ",
-              CoordToString(layout->mesh, coord), "; ",
-              PlacementsToString(param.placements), " of ",
-              ShapeToString(param.shape), " over ", layout->mesh.ToString(),
-              "; requested by rank ", r,
-              "); the owner must hold part of the matrix"));
+          return absl::InvalidArgumentError(
+              absl::StrCat(what, ": requested owner rank ", owner,
+                           " holds an empty shard of it (coordinate ",
+                           CoordToString(layout->mesh, coord), "; ",
+                           PlacementsToString(param.placements), " of ",
+                           ShapeToString(param.shape), " over ",
+                           layout->mesh.ToString(), "; requested by rank ", r,
+                           "); the owner must hold part of the matrix"));
         }
         matrix.requested_owner = owner;
         requested_by[mi] = r;

@@ -1,7 +1,5 @@
 #include "plan/planner.h"
 
-#include "plan/schedule.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -13,6 +11,7 @@
 #include "common/spec.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "plan/schedule.h"
 
 namespace muon {
 namespace {
@@ -101,10 +100,10 @@ absl::StatusOr<v1::Plan> MakePlan(const JobLayout& layout,
     }
     if (matrix.param_index < 0 ||
         matrix.param_index >= static_cast<int>(layout.params.size())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "matrix ", Quoted(matrix.name), " names parameter ",
-          matrix.param_index, " but the job has ", layout.params.size(),
-          " parameters"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("matrix ", Quoted(matrix.name), " names parameter ",
+                       matrix.param_index, " but the job has ",
+                       layout.params.size(), " parameters"));
     }
     eligible[i] = EligibleRanks(matrix);
     if (eligible[i].empty()) {
@@ -280,10 +279,10 @@ absl::Status ValidatePlan(const v1::Plan& plan, const JobLayout& layout) {
           matrix.param_index, ", slice ", matrix.slice, ")"));
     }
     if (m.rows() != matrix.rows || m.cols() != matrix.cols) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "plan matrix ", i, " (", name, ") has shape [", m.rows(), ", ",
-          m.cols(), "] but the matrix is [", matrix.rows, ", ", matrix.cols,
-          "]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("plan matrix ", i, " (", name, ") has shape [", m.rows(),
+                       ", ", m.cols(), "] but the matrix is [", matrix.rows,
+                       ", ", matrix.cols, "]"));
     }
     if (m.owner() < 0 || m.owner() >= world) {
       return absl::InvalidArgumentError(
@@ -297,10 +296,10 @@ absl::Status ValidatePlan(const v1::Plan& plan, const JobLayout& layout) {
           CoordToString(layout.mesh, layout.mesh.Coord(m.owner())), ")"));
     }
     if (m.gather_bytes() != GatherBytes(matrix, m.owner())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "plan matrix ", i, " (", name, ") has gather_bytes ",
-          m.gather_bytes(), " but owner rank ", m.owner(), " must gather ",
-          GatherBytes(matrix, m.owner())));
+      return absl::InvalidArgumentError(
+          absl::StrCat("plan matrix ", i, " (", name, ") has gather_bytes ",
+                       m.gather_bytes(), " but owner rank ", m.owner(),
+                       " must gather ", GatherBytes(matrix, m.owner())));
     }
     load[m.owner()] += m.ns_flops();
     ++count[m.owner()];
@@ -320,10 +319,9 @@ absl::Status ValidatePlan(const v1::Plan& plan, const JobLayout& layout) {
             "plan bucket ", k, " lists matrix ", i, " outside [0, ", num, ")"));
       }
       if (bucket_of[i] >= 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("plan matrix ", i, " (",
-                         Quoted(layout.matrices[i].name), ") is in buckets ",
-                         bucket_of[i], " and ", k));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "plan matrix ", i, " (", Quoted(layout.matrices[i].name),
+            ") is in buckets ", bucket_of[i], " and ", k));
       }
       bucket_of[i] = k;
       bytes += MatrixBytes(layout.matrices[i]);

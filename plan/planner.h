@@ -74,10 +74,10 @@ double NewtonSchulzFlops(int64_t rows, int64_t cols, int ns_steps);
 
 // Makes the plan for a validated layout and sets plan.hash.
 //   Owners: the matrix's requested owner if given; otherwise by the policy
-//     among the ranks holding a non-empty box of that matrix. LPT sorts by NS cost descending, ties by
-//     the fewest bytes any eligible owner must gather (descending), then by
-//     index; each matrix goes to the eligible rank with the least load so far
-//     (ties: lowest rank).
+//     among the ranks holding a non-empty box of that matrix. LPT sorts by NS
+//     cost descending, ties by the fewest bytes any eligible owner must gather
+//     (descending), then by index; each matrix goes to the eligible rank with
+//     the least load so far (ties: lowest rank).
 //   gather_bytes: 4 * elements of the matrix the owner does not hold (each
 //     element counted once, however many replicas hold it).
 //   Buckets: see PlannerOptions::bucket_size_bytes; with a limit, matrices
@@ -96,10 +96,10 @@ std::string PlanHash(const v1::Plan& plan);
 
 // Checks a plan against the layout: world size; one MatrixPlan per layout
 // matrix (index, param, param_index, slice, shape match); every owner in
-// range and holding a non-empty box of its matrix; gather_bytes; bucket indices valid and every matrix in exactly one bucket, whose
-// index its `bucket` field names; bucket bytes; loads consistent with the
-// owners; the hash, when set, equal to PlanHash.
-// Errors:
+// range and holding a non-empty box of its matrix; gather_bytes; bucket indices
+// valid and every matrix in exactly one bucket, whose index its `bucket` field
+// names; bucket bytes; loads consistent with the owners; the hash, when set,
+// equal to PlanHash. Errors:
 //   InvalidArgument: the first problem, naming the matrix ("w" or "w[e]"),
 //     rank (and its mesh coordinate) or bucket.
 absl::Status ValidatePlan(const v1::Plan& plan, const JobLayout& layout);

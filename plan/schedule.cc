@@ -36,7 +36,8 @@ void Add(v1::RankSchedule* rs, int bucket, const char* op, const char* stream,
 
 }  // namespace
 
-v1::Schedule MakeSchedule(const v1::Plan& plan, bool async, int prefetch_count) {
+v1::Schedule MakeSchedule(const v1::Plan& plan, bool async,
+                          int prefetch_count) {
   const int buckets = plan.buckets_size();
   int p = std::max(0, prefetch_count);
   if (buckets > 0) p = std::min(p, buckets - 1);
@@ -80,8 +81,8 @@ v1::Schedule MakeSchedule(const v1::Plan& plan, bool async, int prefetch_count) 
 absl::Status ValidateSchedule(const v1::Schedule& s, const v1::Plan& plan) {
   const bool async = s.mode() == "async";
   if (!async && s.mode() != "sequential") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("schedule mode \"", s.mode(), "\" is not sequential or async"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "schedule mode \"", s.mode(), "\" is not sequential or async"));
   }
   const int buckets = plan.buckets_size();
   const int want_slots = async ? s.prefetch_count() + 1 : 1;
@@ -91,9 +92,9 @@ absl::Status ValidateSchedule(const v1::Schedule& s, const v1::Plan& plan) {
         " in ", s.mode(), " mode; expected ", want_slots));
   }
   if (s.ranks_size() != plan.world_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "schedule has ", s.ranks_size(), " ranks; the plan's world size is ",
-        plan.world_size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("schedule has ", s.ranks_size(),
+                     " ranks; the plan's world size is ", plan.world_size()));
   }
   const std::vector<std::set<int>> owners = OwnersPerBucket(plan);
   std::vector<std::pair<int, std::string>> collectives0;
@@ -111,20 +112,22 @@ absl::Status ValidateSchedule(const v1::Schedule& s, const v1::Plan& plan) {
     int in_flight = 0;
     int last_gathered = -1;
     for (const v1::ScheduledOp& op : rs.ops()) {
-      const std::string where = absl::StrCat("rank ", r, ", bucket ", op.bucket(),
-                                             ", ", op.op());
+      const std::string where =
+          absl::StrCat("rank ", r, ", bucket ", op.bucket(), ", ", op.op());
       if (op.bucket() < 0 || op.bucket() >= buckets) {
-        return absl::InvalidArgumentError(absl::StrCat(where, ": no such bucket"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": no such bucket"));
       }
       if (op.slot() < 0 || op.slot() >= s.slots()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where, ": slot ", op.slot(), " out of range [0, ", s.slots(), ")"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": slot ", op.slot(), " out of range [0, ", s.slots(), ")"));
       }
       const std::string want_stream =
           !async ? "main" : (op.op() == "orthogonalize" ? "compute" : "comm");
       if (op.stream() != want_stream) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, ": on stream \"", op.stream(), "\"; expected \"", want_stream, "\""));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": on stream \"", op.stream(),
+                         "\"; expected \"", want_stream, "\""));
       }
       ++count[{op.bucket(), op.op()}];
       if (op.op() == "gather") {
@@ -154,8 +157,9 @@ absl::Status ValidateSchedule(const v1::Schedule& s, const v1::Plan& plan) {
         }
         if (op.op() == "redistribute") {
           if (slot_user[op.slot()] != op.bucket()) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                where, ": slot ", op.slot(), " holds bucket ", slot_user[op.slot()]));
+            return absl::InvalidArgumentError(
+                absl::StrCat(where, ": slot ", op.slot(), " holds bucket ",
+                             slot_user[op.slot()]));
           }
           slot_user[op.slot()] = -1;
           --in_flight;
@@ -163,19 +167,20 @@ absl::Status ValidateSchedule(const v1::Schedule& s, const v1::Plan& plan) {
         }
       } else if (op.op() == "orthogonalize") {
         if (!owners[op.bucket()].count(r)) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(where, ": rank ", r, " owns no matrix of this bucket"));
+          return absl::InvalidArgumentError(absl::StrCat(
+              where, ": rank ", r, " owns no matrix of this bucket"));
         }
       } else {
-        return absl::InvalidArgumentError(absl::StrCat(where, ": unknown operation"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": unknown operation"));
       }
     }
     for (int b = 0; b < buckets; ++b) {
       for (const char* op : {"gather", "redistribute", "apply"}) {
         if (count[{b, op}] != 1) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "rank ", r, ", bucket ", b, ": ", op, " scheduled ", count[{b, op}],
-              " times; expected once"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("rank ", r, ", bucket ", b, ": ", op, " scheduled ",
+                           count[{b, op}], " times; expected once"));
         }
       }
       const int want = owners[b].count(r) ? 1 : 0;
@@ -193,9 +198,11 @@ absl::Status ValidateSchedule(const v1::Schedule& s, const v1::Plan& plan) {
              collectives[i] == collectives0[i]) {
         ++i;
       }
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", r, " issues its collectives in another order than rank 0 "
-          "(first difference at collective ", i, "): ranks would deadlock"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", r,
+                       " issues its collectives in another order than rank 0 "
+                       "(first difference at collective ",
+                       i, "): ranks would deadlock"));
     }
   }
   return absl::OkStatus();

@@ -39,7 +39,8 @@ v1::Schedule MakeSchedule(const v1::Plan& plan, bool async, int prefetch_count);
 //     a slot is gathered into only after the bucket that used it before was
 //     redistributed; at most prefetch_count + 1 buckets are in flight.
 // Errors: InvalidArgument naming the rank, bucket and operation.
-absl::Status ValidateSchedule(const v1::Schedule& schedule, const v1::Plan& plan);
+absl::Status ValidateSchedule(const v1::Schedule& schedule,
+                              const v1::Plan& plan);
 
 }  // namespace muon
 

@@ -241,8 +241,9 @@ absl::StatusOr<v1::GetReportsResponse> CoordinatorService::GetReports(
     const v1::GetReportsRequest& request) {
   MUON_RETURN_IF_ERROR(CheckJobId(request.job_id()));
   if (request.rank() < -1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "GetReports: rank is ", request.rank(), "; must be >= 0 or -1 (every rank)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("GetReports: rank is ", request.rank(),
+                     "; must be >= 0 or -1 (every rank)"));
   }
   if (request.last_steps() < 0) {
     return absl::InvalidArgumentError(
@@ -261,7 +262,8 @@ absl::StatusOr<v1::GetReportsResponse> CoordinatorService::GetReports(
     std::vector<const v1::StepReport*> kept;
     kept.reserve(info.reports.size());
     for (size_t i = 0; i < info.reports.size(); ++i) {
-      kept.push_back(&info.reports[(info.next_report + i) % info.reports.size()]);
+      kept.push_back(
+          &info.reports[(info.next_report + i) % info.reports.size()]);
     }
     std::stable_sort(kept.begin(), kept.end(),
                      [](const v1::StepReport* a, const v1::StepReport* b) {
@@ -353,8 +355,8 @@ absl::StatusOr<v1::GetAssignmentsResponse> CoordinatorService::GetAssignments(
   }
   for (const v1::MatrixPlan& m : plan_.matrices()) {
     v1::RankAssignment* a = response.mutable_ranks(m.owner());
-    a->add_matrices(m.index() >= 0 && m.index() < static_cast<int>(
-                                              matrix_names_.size())
+    a->add_matrices(m.index() >= 0 &&
+                            m.index() < static_cast<int>(matrix_names_.size())
                         ? matrix_names_[m.index()]
                         : m.param());
     a->set_ns_flops(a->ns_flops() + m.ns_flops());

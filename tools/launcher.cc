@@ -28,12 +28,14 @@ std::string SelfExecutable() {
 
 absl::StatusOr<pid_t> SpawnProcess(const std::vector<std::string>& argv,
                                    const std::vector<std::string>& extra_env) {
-  if (argv.empty()) return absl::InvalidArgumentError("SpawnProcess: empty argv");
+  if (argv.empty())
+    return absl::InvalidArgumentError("SpawnProcess: empty argv");
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) env.push_back(*e);
   for (const std::string& e : extra_env) env.push_back(e);
   std::vector<char*> cargv, cenv;
-  for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  for (const std::string& a : argv)
+    cargv.push_back(const_cast<char*>(a.c_str()));
   cargv.push_back(nullptr);
   for (const std::string& e : env) cenv.push_back(const_cast<char*>(e.c_str()));
   cenv.push_back(nullptr);
@@ -65,8 +67,8 @@ std::vector<int> WaitAll(const std::vector<pid_t>& pids, absl::Duration timeout,
         done[i] = true;
         --remaining;
         progressed = true;
-        codes[i] = WIFEXITED(status) ? WEXITSTATUS(status)
-                                     : 128 + WTERMSIG(status);
+        codes[i] =
+            WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
         if (codes[i] != 0 && !shortened) {
           shortened = true;
           deadline = std::min(deadline, absl::Now() + grace);
@@ -105,16 +107,18 @@ absl::StatusOr<int> WaitForPortFile(const std::string& path, pid_t pid,
     }
     absl::SleepFor(absl::Milliseconds(20));
   }
-  return absl::DeadlineExceededError(
-      absl::StrCat("no port in ", path, " after ", absl::FormatDuration(timeout)));
+  return absl::DeadlineExceededError(absl::StrCat(
+      "no port in ", path, " after ", absl::FormatDuration(timeout)));
 }
 
 absl::StatusOr<std::string> MakeTempDir(const std::string& prefix) {
   const char* base = getenv("TEST_TMPDIR");
   if (base == nullptr) base = getenv("TMPDIR");
-  std::string tmpl = absl::StrCat(base != nullptr ? base : "/tmp", "/", prefix, "XXXXXX");
+  std::string tmpl =
+      absl::StrCat(base != nullptr ? base : "/tmp", "/", prefix, "XXXXXX");
   if (mkdtemp(tmpl.data()) == nullptr) {
-    return absl::InternalError(absl::StrCat("mkdtemp ", tmpl, ": ", std::strerror(errno)));
+    return absl::InternalError(
+        absl::StrCat("mkdtemp ", tmpl, ": ", std::strerror(errno)));
   }
   return tmpl;
 }
@@ -156,9 +160,9 @@ absl::Status LaunchRanks(const RankLaunchOptions& o) {
   const std::vector<int> codes = WaitAll(pids, left(), o.grace);
   for (int r = 0; r < o.world_size; ++r) {
     if (codes[r] == -1) {
-      return absl::AbortedError(absl::StrCat(
-          "rank ", r, " killed after the timeout (",
-          absl::FormatDuration(o.timeout), ")"));
+      return absl::AbortedError(
+          absl::StrCat("rank ", r, " killed after the timeout (",
+                       absl::FormatDuration(o.timeout), ")"));
     }
     if (codes[r] != 0) {
       return absl::AbortedError(absl::StrCat(

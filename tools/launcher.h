@@ -20,8 +20,9 @@ std::string SelfExecutable();
 
 // Starts argv[0] with argv and the current environment plus `extra_env`
 // ("NAME=value"). Errors: Internal when fork/exec fails.
-absl::StatusOr<pid_t> SpawnProcess(const std::vector<std::string>& argv,
-                                   const std::vector<std::string>& extra_env = {});
+absl::StatusOr<pid_t> SpawnProcess(
+    const std::vector<std::string>& argv,
+    const std::vector<std::string>& extra_env = {});
 
 // Waits for every pid up to `timeout` in total, then SIGKILLs and reaps the
 // survivors. Returns per pid its exit code, 128+signal when killed by a

@@ -18,13 +18,14 @@
 #include "client/grpc_coordination_client.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
+#include "google/protobuf/util/json_util.h"
 #include "plan/manifest_validation.h"
 #include "plan/plan_job.h"
-#include "google/protobuf/util/json_util.h"
 #include "tools/validate.h"
 
 ABSL_FLAG(std::string, spec, "", "Job spec file (JSON, muon.v1.JobSpec).");
-ABSL_FLAG(bool, json, false, "Print JSON (protobuf's JSON mapping) instead of a table.");
+ABSL_FLAG(bool, json, false,
+          "Print JSON (protobuf's JSON mapping) instead of a table.");
 ABSL_FLAG(std::string, policy, "",
           "Assignment policy for `plan`: lpt or round_robin (default: the "
           "spec's, else lpt).");
@@ -33,39 +34,51 @@ ABSL_FLAG(std::string, coordinator, "",
           "this daemon instead of one embedded in rank 0).");
 ABSL_FLAG(std::string, job_id, "", "Job id (empty = the coordinator's job).");
 ABSL_FLAG(int, steps, 3, "validate: optimizer steps.");
-ABSL_FLAG(std::string, init, "", "validate: initial parameters DIR/<param>.npy.");
-ABSL_FLAG(std::string, grads, "", "validate: gradients DIR/<step>/<param>.npy.");
+ABSL_FLAG(std::string, init, "",
+          "validate: initial parameters DIR/<param>.npy.");
+ABSL_FLAG(std::string, grads, "",
+          "validate: gradients DIR/<step>/<param>.npy.");
 ABSL_FLAG(std::string, dump, "", "validate: write final parameters under DIR.");
 ABSL_FLAG(uint64_t, seed, 0, "validate: seed of the synthetic values.");
-ABSL_FLAG(double, tolerance, 0.0, "validate: accepted max abs difference (0 = bitwise).");
-ABSL_FLAG(int, timeout_s, 600, "validate: bound on the distributed run, seconds.");
+ABSL_FLAG(double, tolerance, 0.0,
+          "validate: accepted max abs difference (0 = bitwise).");
+ABSL_FLAG(int, timeout_s, 600,
+          "validate: bound on the distributed run, seconds.");
 ABSL_FLAG(int, checkpoint_at, 0,
           "validate: save a checkpoint after step J, resume it in fresh rank "
           "processes and continue to --steps (0 = no checkpoint).");
 ABSL_FLAG(std::string, resume_spec, "",
           "validate --checkpoint_at: job spec of the resumed run (another "
           "layout or world size; same parameters).");
-ABSL_FLAG(bool, watch, false, "status: refresh the table every --interval_s seconds.");
-ABSL_FLAG(double, interval_s, 1.0, "status --watch: seconds between refreshes.");
+ABSL_FLAG(bool, watch, false,
+          "status: refresh the table every --interval_s seconds.");
+ABSL_FLAG(double, interval_s, 1.0,
+          "status --watch: seconds between refreshes.");
 ABSL_FLAG(int, count, 0,
           "status --watch: number of refreshes (0 = until interrupted).");
 ABSL_FLAG(int, last_steps, 0,
           "timings, trace: use each rank's last N kept steps (0 = all the "
           "coordinator keeps).");
-ABSL_FLAG(std::string, out, "", "trace: output file (Chrome trace event JSON; - = stdout).");
+ABSL_FLAG(std::string, out, "",
+          "trace: output file (Chrome trace event JSON; - = stdout).");
 // Internal (validate-rank).
 ABSL_FLAG(int, rank, -1, "Internal: rank of a validate-rank process.");
 ABSL_FLAG(std::string, out_dir, "", "Internal: validate-rank output folder.");
-ABSL_FLAG(std::string, port_file, "", "Internal: rank 0 writes its coordinator port here.");
+ABSL_FLAG(std::string, port_file, "",
+          "Internal: rank 0 writes its coordinator port here.");
 ABSL_FLAG(int64_t, phase_from, 0, "Internal: validate-rank's first step.");
 ABSL_FLAG(int64_t, phase_to, -1, "Internal: validate-rank's end step.");
-ABSL_FLAG(std::string, load_dir, "", "Internal: validate-rank resumes from this checkpoint.");
-ABSL_FLAG(std::string, save_dir, "", "Internal: validate-rank saves a checkpoint here.");
+ABSL_FLAG(std::string, load_dir, "",
+          "Internal: validate-rank resumes from this checkpoint.");
+ABSL_FLAG(std::string, save_dir, "",
+          "Internal: validate-rank saves a checkpoint here.");
 
 namespace muon {
 namespace {
 
-std::string Shape(int64_t r, int64_t c) { return absl::StrCat("[", r, ", ", c, "]"); }
+std::string Shape(int64_t r, int64_t c) {
+  return absl::StrCat("[", r, ", ", c, "]");
+}
 
 std::string ToJson(const google::protobuf::Message& m) {
   std::string s;
@@ -81,7 +94,8 @@ int Fail(std::ostream& err, const absl::Status& s) {
   return 1;
 }
 
-int CmdPlan(const std::vector<std::string>&, std::ostream& out, std::ostream& err) {
+int CmdPlan(const std::vector<std::string>&, std::ostream& out,
+            std::ostream& err) {
   const std::string path = absl::GetFlag(FLAGS_spec);
   if (path.empty()) {
     err << "muonctl plan: --spec FILE is required\n";
@@ -96,9 +110,10 @@ int CmdPlan(const std::vector<std::string>&, std::ostream& out, std::ostream& er
     return 0;
   }
   const v1::Plan& plan = p->plan;
-  out << absl::StrFormat("plan %s: %d matrices over %d ranks (mesh %s), policy %s, %d buckets\n",
-                         plan.hash(), plan.matrices_size(), plan.world_size(),
-                         p->layout.mesh.ToString(), plan.policy(), plan.buckets_size());
+  out << absl::StrFormat(
+      "plan %s: %d matrices over %d ranks (mesh %s), policy %s, %d buckets\n",
+      plan.hash(), plan.matrices_size(), plan.world_size(),
+      p->layout.mesh.ToString(), plan.policy(), plan.buckets_size());
   // Local shapes: the distinct non-empty boxes of the matrix, then how many
   // ranks hold part of it (ranks outside a pp/ep sub-mesh, holding other
   // experts, or with an empty torch.chunk shard hold none).
@@ -106,9 +121,9 @@ int CmdPlan(const std::vector<std::string>&, std::ostream& out, std::ostream& er
   for (const MatrixLayout& ml : p->layout.matrices) {
     name_width = std::max(name_width, static_cast<int>(ml.name.size()));
   }
-  out << absl::StrFormat("%-*s %5s %6s %-14s %-28s %10s\n", name_width, "matrix",
-                         "owner", "bucket", "global shape", "local shapes (holders)",
-                         "NS GFLOP");
+  out << absl::StrFormat("%-*s %5s %6s %-14s %-28s %10s\n", name_width,
+                         "matrix", "owner", "bucket", "global shape",
+                         "local shapes (holders)", "NS GFLOP");
   for (const v1::MatrixPlan& m : plan.matrices()) {
     const MatrixLayout& ml = p->layout.matrices[m.index()];
     std::vector<std::string> locals;
@@ -121,16 +136,17 @@ int CmdPlan(const std::vector<std::string>&, std::ostream& out, std::ostream& er
         locals.push_back(Shape(b.rows.size(), b.cols.size()));
       }
     }
-    out << absl::StrFormat("%-*s %5d %6d %-14s %-28s %10.4g\n", name_width, ml.name,
-                           m.owner(),
-                           m.bucket(), Shape(m.rows(), m.cols()),
-                           absl::StrCat(absl::StrJoin(locals, " "), " (", holders, "/",
-                                        ml.boxes.size(), ")"),
+    out << absl::StrFormat("%-*s %5d %6d %-14s %-28s %10.4g\n", name_width,
+                           ml.name, m.owner(), m.bucket(),
+                           Shape(m.rows(), m.cols()),
+                           absl::StrCat(absl::StrJoin(locals, " "), " (",
+                                        holders, "/", ml.boxes.size(), ")"),
                            m.ns_flops() / 1e9);
   }
   out << absl::StrFormat("%-6s %9s %10s\n", "rank", "matrices", "NS GFLOP");
   for (const v1::RankLoad& l : plan.loads()) {
-    out << absl::StrFormat("%-6d %9d %10.4g\n", l.rank(), l.matrices(), l.ns_flops() / 1e9);
+    out << absl::StrFormat("%-6d %9d %10.4g\n", l.rank(), l.matrices(),
+                           l.ns_flops() / 1e9);
   }
   // Both policies side by side.
   for (const char* policy : {"lpt", "round_robin"}) {
@@ -138,8 +154,8 @@ int CmdPlan(const std::vector<std::string>&, std::ostream& out, std::ostream& er
     if (!q.ok()) return Fail(err, q.status());
     const double mean = q->plan.mean_load_flops();
     out << absl::StrFormat(
-        "policy %-11s max load %.4g GFLOP, mean %.4g GFLOP, max/mean %.3f\n", policy,
-        q->plan.max_load_flops() / 1e9, mean / 1e9,
+        "policy %-11s max load %.4g GFLOP, mean %.4g GFLOP, max/mean %.3f\n",
+        policy, q->plan.max_load_flops() / 1e9, mean / 1e9,
         mean > 0 ? q->plan.max_load_flops() / mean : 0.0);
   }
   return 0;
@@ -150,13 +166,15 @@ absl::StatusOr<std::unique_ptr<CoordinationClient>> Connect(std::ostream& err) {
   if (address.empty()) {
     return absl::InvalidArgumentError("--coordinator HOST:PORT is required");
   }
-  MUON_ASSIGN_OR_RETURN(std::unique_ptr<GrpcCoordinationClient> c,
-                        GrpcCoordinationClient::Create(
-                            address, absl::GetFlag(FLAGS_job_id), absl::Seconds(5)));
+  MUON_ASSIGN_OR_RETURN(
+      std::unique_ptr<GrpcCoordinationClient> c,
+      GrpcCoordinationClient::Create(address, absl::GetFlag(FLAGS_job_id),
+                                     absl::Seconds(5)));
   return std::unique_ptr<CoordinationClient>(std::move(c));
 }
 
-int CmdAssignments(const std::vector<std::string>&, std::ostream& out, std::ostream& err) {
+int CmdAssignments(const std::vector<std::string>&, std::ostream& out,
+                   std::ostream& err) {
   absl::StatusOr<std::unique_ptr<CoordinationClient>> c = Connect(err);
   if (!c.ok()) return Fail(err, c.status());
   absl::StatusOr<v1::GetAssignmentsResponse> a = (*c)->GetAssignments();
@@ -179,33 +197,38 @@ absl::Status PrintStatus(CoordinationClient& c, std::ostream& out) {
   MUON_ASSIGN_OR_RETURN(v1::JobInfo job, c.GetJob());
   MUON_ASSIGN_OR_RETURN(v1::ListRanksResponse ranks, c.ListRanks());
   if (absl::GetFlag(FLAGS_json)) {
-    out << "{\"job\": " << ToJson(job) << ",\n\"ranks\": " << ToJson(ranks) << "}\n";
+    out << "{\"job\": " << ToJson(job) << ",\n\"ranks\": " << ToJson(ranks)
+        << "}\n";
     return absl::OkStatus();
   }
-  out << absl::StrFormat("job %s: %s, %d/%d ranks joined, plan %s%s\n", job.job_id(),
-                         job.state(), job.ranks_joined(), job.world_size(),
-                         job.plan_hash().empty() ? "-" : job.plan_hash(),
-                         job.error().empty() ? "" : absl::StrCat(", error: ", job.error()));
+  out << absl::StrFormat(
+      "job %s: %s, %d/%d ranks joined, plan %s%s\n", job.job_id(), job.state(),
+      job.ranks_joined(), job.world_size(),
+      job.plan_hash().empty() ? "-" : job.plan_hash(),
+      job.error().empty() ? "" : absl::StrCat(", error: ", job.error()));
   const double now = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
-  out << absl::StrFormat("%-6s %-9s %13s %8s %12s %9s %9s %9s\n", "rank", "state",
-                         "heartbeat age", "step", "step time", "straggler", "dropped",
-                         "matrices");
+  out << absl::StrFormat("%-6s %-9s %13s %8s %12s %9s %9s %9s\n", "rank",
+                         "state", "heartbeat age", "step", "step time",
+                         "straggler", "dropped", "matrices");
   for (const v1::RankStatus& r : ranks.ranks()) {
     const std::string age =
         r.last_heartbeat_unix_s() > 0
-            ? absl::StrFormat("%.1f s", std::max(0.0, now - r.last_heartbeat_unix_s()))
+            ? absl::StrFormat("%.1f s",
+                              std::max(0.0, now - r.last_heartbeat_unix_s()))
             : "-";
     const bool reported = r.last_step() >= 0;
     out << absl::StrFormat(
         "%-6d %-9s %13s %8s %12s %9s %9d %9d\n", r.rank(), r.state(), age,
         reported ? absl::StrCat(r.last_step()) : "-",
         reported ? absl::StrFormat("%.1f ms", r.last_step_time_s() * 1e3) : "-",
-        r.straggler() ? "yes" : "", r.reports_dropped(), r.matrices_orthogonalized());
+        r.straggler() ? "yes" : "", r.reports_dropped(),
+        r.matrices_orthogonalized());
   }
   return absl::OkStatus();
 }
 
-int CmdStatus(const std::vector<std::string>&, std::ostream& out, std::ostream& err) {
+int CmdStatus(const std::vector<std::string>&, std::ostream& out,
+              std::ostream& err) {
   absl::StatusOr<std::unique_ptr<CoordinationClient>> c = Connect(err);
   if (!c.ok()) return Fail(err, c.status());
   if (!absl::GetFlag(FLAGS_watch)) {
@@ -215,7 +238,8 @@ int CmdStatus(const std::vector<std::string>&, std::ostream& out, std::ostream& 
   const double interval_s = absl::GetFlag(FLAGS_interval_s);
   const int count = absl::GetFlag(FLAGS_count);
   if (!(interval_s > 0) || count < 0) {
-    err << "muonctl status --watch: --interval_s must be > 0 and --count >= 0\n";
+    err << "muonctl status --watch: --interval_s must be > 0 and --count >= "
+           "0\n";
     return 2;
   }
   // Like watch(1): a failed refresh is reported and the next one tried; the
@@ -224,9 +248,9 @@ int CmdStatus(const std::vector<std::string>&, std::ostream& out, std::ostream& 
   for (int i = 0; count == 0 || i < count; ++i) {
     if (i > 0) absl::SleepFor(absl::Seconds(interval_s));
     if (!absl::GetFlag(FLAGS_json)) {
-      out << absl::StrFormat("--- %s ---\n",
-                             absl::FormatTime("%Y-%m-%d %H:%M:%E3S", absl::Now(),
-                                              absl::LocalTimeZone()));
+      out << absl::StrFormat(
+          "--- %s ---\n", absl::FormatTime("%Y-%m-%d %H:%M:%E3S", absl::Now(),
+                                           absl::LocalTimeZone()));
     }
     absl::Status s = PrintStatus(**c, out);
     rc = s.ok() ? 0 : Fail(err, s);
@@ -237,7 +261,8 @@ int CmdStatus(const std::vector<std::string>&, std::ostream& out, std::ostream& 
 
 // Display order of the operations of a step; others after, by name.
 int OpOrder(const std::string& op) {
-  static const char* const kOps[] = {"gather", "orthogonalize", "redistribute", "apply"};
+  static const char* const kOps[] = {"gather", "orthogonalize", "redistribute",
+                                     "apply"};
   for (int i = 0; i < 4; ++i) {
     if (op == kOps[i]) return i;
   }
@@ -296,7 +321,8 @@ std::string JsonString(absl::string_view text) {
 // numbers) print as null.
 std::string JsonNumber(double x, int decimals = -1) {
   if (!std::isfinite(x)) return "null";
-  return decimals >= 0 ? absl::StrFormat("%.*f", decimals, x) : absl::StrFormat("%.15g", x);
+  return decimals >= 0 ? absl::StrFormat("%.*f", decimals, x)
+                       : absl::StrFormat("%.15g", x);
 }
 
 // One JSON object, keys in the order they are added (so output is stable
@@ -304,7 +330,8 @@ std::string JsonNumber(double x, int decimals = -1) {
 class JsonObject {
  public:
   JsonObject& Raw(absl::string_view key, absl::string_view json) {
-    absl::StrAppend(&text_, text_.empty() ? "{" : ",", JsonString(key), ":", json);
+    absl::StrAppend(&text_, text_.empty() ? "{" : ",", JsonString(key), ":",
+                    json);
     return *this;
   }
   JsonObject& Str(absl::string_view key, absl::string_view value) {
@@ -335,7 +362,8 @@ absl::StatusOr<v1::GetReportsResponse> FetchReports(std::ostream& err) {
 // `muonctl timings`: per rank and operation, the count and the p50 / p99 of
 // the operation's duration (end - start) over the kept reports; "step" is
 // the whole step (StepReport.step_time_s).
-int CmdTimings(const std::vector<std::string>&, std::ostream& out, std::ostream& err) {
+int CmdTimings(const std::vector<std::string>&, std::ostream& out,
+               std::ostream& err) {
   absl::StatusOr<v1::GetReportsResponse> reports = FetchReports(err);
   if (!reports.ok()) return Fail(err, reports.status());
   // rank -> op -> durations in ms.
@@ -363,7 +391,8 @@ int CmdTimings(const std::vector<std::string>&, std::ostream& out, std::ostream&
     for (const std::string& name : names) {
       std::vector<double>& v = ops[name];
       std::sort(v.begin(), v.end());
-      rows.push_back({rank, name, v.size(), Percentile(v, 50), Percentile(v, 99)});
+      rows.push_back(
+          {rank, name, v.size(), Percentile(v, 50), Percentile(v, 99)});
     }
   }
   if (absl::GetFlag(FLAGS_json)) {
@@ -383,13 +412,14 @@ int CmdTimings(const std::vector<std::string>&, std::ostream& out, std::ostream&
     out << "]}\n";
     return 0;
   }
-  out << absl::StrFormat("%d reports; durations in ms (nearest-rank percentiles)\n",
-                         reports->reports_size());
-  out << absl::StrFormat("%-6s %-14s %7s %11s %11s\n", "rank", "op", "count", "p50 ms",
-                         "p99 ms");
+  out << absl::StrFormat(
+      "%d reports; durations in ms (nearest-rank percentiles)\n",
+      reports->reports_size());
+  out << absl::StrFormat("%-6s %-14s %7s %11s %11s\n", "rank", "op", "count",
+                         "p50 ms", "p99 ms");
   for (const Row& row : rows) {
-    out << absl::StrFormat("%-6d %-14s %7d %11.3f %11.3f\n", row.rank, row.op, row.count,
-                           row.p50, row.p99);
+    out << absl::StrFormat("%-6d %-14s %7d %11.3f %11.3f\n", row.rank, row.op,
+                           row.count, row.p50, row.p99);
   }
   return 0;
 }
@@ -424,7 +454,8 @@ std::string MetadataEvent(const std::string& name, int pid, int tid,
 // one process per rank (pid = rank, named "rank N"), one thread per stream
 // (main, comm, compute), one complete event ("X") per operation; ts and dur
 // in microseconds from the earliest operation start of the trace.
-int CmdTrace(const std::vector<std::string>&, std::ostream& out, std::ostream& err) {
+int CmdTrace(const std::vector<std::string>&, std::ostream& out,
+             std::ostream& err) {
   const std::string path = absl::GetFlag(FLAGS_out);
   if (path.empty()) {
     err << "muonctl trace: --out FILE is required (- = stdout)\n";
@@ -453,35 +484,38 @@ int CmdTrace(const std::vector<std::string>&, std::ostream& out, std::ostream& e
       events.push_back(MetadataEvent(
           "process_name", pid, 0,
           JsonObject().Str("name", absl::StrCat("rank ", pid)).Build()));
-      events.push_back(MetadataEvent("process_sort_index", pid, 0,
-                                     JsonObject().Int("sort_index", pid).Build()));
+      events.push_back(
+          MetadataEvent("process_sort_index", pid, 0,
+                        JsonObject().Int("sort_index", pid).Build()));
     }
     steps.insert(r.step());
     for (const v1::OpTiming& op : r.ops()) {
       const std::string stream = op.stream().empty() ? "main" : op.stream();
       const int tid = StreamTid(stream, other_streams);
       if (threads.insert({pid, tid}).second) {
-        events.push_back(MetadataEvent("thread_name", pid, tid,
-                                       JsonObject().Str("name", stream).Build()));
-        events.push_back(MetadataEvent("thread_sort_index", pid, tid,
-                                       JsonObject().Int("sort_index", tid).Build()));
+        events.push_back(MetadataEvent(
+            "thread_name", pid, tid, JsonObject().Str("name", stream).Build()));
+        events.push_back(
+            MetadataEvent("thread_sort_index", pid, tid,
+                          JsonObject().Int("sort_index", tid).Build()));
       }
       // ts and dur in microseconds, to the nanosecond.
-      events.push_back(JsonObject()
-                           .Str("name", op.op())
-                           .Str("cat", "muon")
-                           .Str("ph", "X")
-                           .Int("pid", pid)
-                           .Int("tid", tid)
-                           .Num("ts", (op.start_s() - t0) * 1e6, 3)
-                           .Num("dur", std::max(0.0, op.end_s() - op.start_s()) * 1e6, 3)
-                           .Raw("args", JsonObject()
-                                            .Int("step", r.step())
-                                            .Int("bucket", op.bucket())
-                                            .Int("bytes", op.bytes())
-                                            .Num("flops", op.flops())
-                                            .Build())
-                           .Build());
+      events.push_back(
+          JsonObject()
+              .Str("name", op.op())
+              .Str("cat", "muon")
+              .Str("ph", "X")
+              .Int("pid", pid)
+              .Int("tid", tid)
+              .Num("ts", (op.start_s() - t0) * 1e6, 3)
+              .Num("dur", std::max(0.0, op.end_s() - op.start_s()) * 1e6, 3)
+              .Raw("args", JsonObject()
+                               .Int("step", r.step())
+                               .Int("bucket", op.bucket())
+                               .Int("bytes", op.bytes())
+                               .Num("flops", op.flops())
+                               .Build())
+              .Build());
       ++slices;
     }
   }
@@ -499,10 +533,12 @@ int CmdTrace(const std::vector<std::string>&, std::ostream& out, std::ostream& e
   file << json;
   file.close();
   if (!file) {
-    return Fail(err, absl::UnavailableError(absl::StrCat("cannot write \"", path, "\"")));
+    return Fail(err, absl::UnavailableError(
+                         absl::StrCat("cannot write \"", path, "\"")));
   }
   out << absl::StrFormat(
-      "wrote %s: %d operations of %d steps on %d ranks (open in https://ui.perfetto.dev "
+      "wrote %s: %d operations of %d steps on %d ranks (open in "
+      "https://ui.perfetto.dev "
       "or chrome://tracing)\n",
       path, slices, steps.size(), ranks.size());
   return 0;
@@ -510,7 +546,8 @@ int CmdTrace(const std::vector<std::string>&, std::ostream& out, std::ostream& e
 
 // "g0@s1" (gather of bucket 0 into slot 1), "o0", "r0", "a0".
 std::string OpToken(const v1::ScheduledOp& op) {
-  if (op.op() == "gather") return absl::StrCat("g", op.bucket(), "@s", op.slot());
+  if (op.op() == "gather")
+    return absl::StrCat("g", op.bucket(), "@s", op.slot());
   if (op.op() == "orthogonalize") return absl::StrCat("o", op.bucket());
   if (op.op() == "redistribute") return absl::StrCat("r", op.bucket());
   if (op.op() == "apply") return absl::StrCat("a", op.bucket());
@@ -519,7 +556,8 @@ std::string OpToken(const v1::ScheduledOp& op) {
 
 // `muonctl schedule`: the plan's stream schedule, offline from --spec or
 // live from --coordinator.
-int CmdSchedule(const std::vector<std::string>&, std::ostream& out, std::ostream& err) {
+int CmdSchedule(const std::vector<std::string>&, std::ostream& out,
+                std::ostream& err) {
   v1::Plan plan;
   const std::string path = absl::GetFlag(FLAGS_spec);
   if (!path.empty()) {
@@ -535,12 +573,13 @@ int CmdSchedule(const std::vector<std::string>&, std::ostream& out, std::ostream
     if (!live.ok()) return Fail(err, live.status());
     plan = *std::move(live);
   } else {
-    err << "muonctl schedule: --spec FILE or --coordinator HOST:PORT is required\n";
+    err << "muonctl schedule: --spec FILE or --coordinator HOST:PORT is "
+           "required\n";
     return 2;
   }
   if (!plan.has_schedule()) {
-    return Fail(err, absl::FailedPreconditionError(
-                         absl::StrCat("plan ", plan.hash(), " has no stream schedule")));
+    return Fail(err, absl::FailedPreconditionError(absl::StrCat(
+                         "plan ", plan.hash(), " has no stream schedule")));
   }
   const v1::Schedule& s = plan.schedule();
   if (absl::GetFlag(FLAGS_json)) {
@@ -548,10 +587,12 @@ int CmdSchedule(const std::vector<std::string>&, std::ostream& out, std::ostream
     return 0;
   }
   out << absl::StrFormat(
-      "schedule of plan %s: mode %s, prefetch %d, %d buffer slot%s, %d buckets, %d ranks\n",
-      plan.hash(), s.mode(), s.prefetch_count(), s.slots(), s.slots() == 1 ? "" : "s",
-      plan.buckets_size(), s.ranks_size());
-  out << "g<b>@s<k> = gather bucket b into slot k, o = orthogonalize, r = redistribute, "
+      "schedule of plan %s: mode %s, prefetch %d, %d buffer slot%s, %d "
+      "buckets, %d ranks\n",
+      plan.hash(), s.mode(), s.prefetch_count(), s.slots(),
+      s.slots() == 1 ? "" : "s", plan.buckets_size(), s.ranks_size());
+  out << "g<b>@s<k> = gather bucket b into slot k, o = orthogonalize, r = "
+         "redistribute, "
          "a = apply\n";
   for (const v1::RankSchedule& rs : s.ranks()) {
     out << "rank " << rs.rank() << "\n";
@@ -562,7 +603,8 @@ int CmdSchedule(const std::vector<std::string>&, std::ostream& out, std::ostream
       tokens[op.stream()].push_back(OpToken(op));
     }
     for (const std::string& stream : streams) {
-      out << absl::StrFormat("  %-8s %s\n", stream, absl::StrJoin(tokens[stream], " "));
+      out << absl::StrFormat("  %-8s %s\n", stream,
+                             absl::StrJoin(tokens[stream], " "));
     }
   }
   return 0;
@@ -588,7 +630,8 @@ ValidateOptions ValidateFlags() {
   return o;
 }
 
-int CmdValidate(const std::vector<std::string>&, std::ostream& out, std::ostream& err) {
+int CmdValidate(const std::vector<std::string>&, std::ostream& out,
+                std::ostream& err) {
   ValidateOptions o = ValidateFlags();
   if (o.spec_path.empty() || o.steps < 1) {
     err << "muonctl validate: --spec FILE and --steps K >= 1 are required\n";
@@ -598,10 +641,12 @@ int CmdValidate(const std::vector<std::string>&, std::ostream& out, std::ostream
   return s.ok() ? 0 : Fail(err, s);
 }
 
-int CmdValidateRank(const std::vector<std::string>&, std::ostream& out, std::ostream& err) {
+int CmdValidateRank(const std::vector<std::string>&, std::ostream& out,
+                    std::ostream& err) {
   const int rank = absl::GetFlag(FLAGS_rank);
-  absl::Status s = RunValidateRank(ValidateFlags(), rank, absl::GetFlag(FLAGS_out_dir),
-                                   absl::GetFlag(FLAGS_port_file));
+  absl::Status s =
+      RunValidateRank(ValidateFlags(), rank, absl::GetFlag(FLAGS_out_dir),
+                      absl::GetFlag(FLAGS_port_file));
   if (!s.ok()) {
     err << "muonctl validate: rank " << rank << ": " << s.ToString() << "\n";
     return 1;
@@ -631,27 +676,55 @@ struct Command {
 };
 
 constexpr Command kCommands[] = {
-    {"plan", CmdPlan, "plan --spec FILE [--policy lpt|round_robin] [--json]: owners, shapes, NS cost, loads", false},
-    {"assignments", CmdAssignments, "assignments --coordinator HOST:PORT [--json]: matrices per rank of a live job", false},
-    {"status", CmdStatus, "status --coordinator HOST:PORT [--json] [--watch [--interval_s S] [--count N]]: job state and per-rank health, step time, stragglers", false},
-    {"timings", CmdTimings, "timings --coordinator HOST:PORT [--last_steps N] [--json]: per rank and operation, count and p50/p99 duration", false},
-    {"trace", CmdTrace, "trace --coordinator HOST:PORT --out FILE [--last_steps N]: Chrome trace event JSON (Perfetto, chrome://tracing)", false},
-    {"schedule", CmdSchedule, "schedule (--spec FILE [--policy P] | --coordinator HOST:PORT) [--json]: the plan's stream schedule per rank", false},
-    {"validate", CmdValidate, "validate --spec FILE --steps K [--init DIR] [--grads DIR] [--dump DIR] [--checkpoint_at J [--resume_spec FILE]]: distributed (optionally checkpointed, resumed and resharded) vs uninterrupted single-device", false},
-    {"checkpoint", CmdCheckpoint, "checkpoint inspect DIR: format version, step, mesh, plan hash and per tensor its shape, placements and per-rank boxes", false},
+    {"plan", CmdPlan,
+     "plan --spec FILE [--policy lpt|round_robin] [--json]: owners, shapes, NS "
+     "cost, loads",
+     false},
+    {"assignments", CmdAssignments,
+     "assignments --coordinator HOST:PORT [--json]: matrices per rank of a "
+     "live job",
+     false},
+    {"status", CmdStatus,
+     "status --coordinator HOST:PORT [--json] [--watch [--interval_s S] "
+     "[--count N]]: job state and per-rank health, step time, stragglers",
+     false},
+    {"timings", CmdTimings,
+     "timings --coordinator HOST:PORT [--last_steps N] [--json]: per rank and "
+     "operation, count and p50/p99 duration",
+     false},
+    {"trace", CmdTrace,
+     "trace --coordinator HOST:PORT --out FILE [--last_steps N]: Chrome trace "
+     "event JSON (Perfetto, chrome://tracing)",
+     false},
+    {"schedule", CmdSchedule,
+     "schedule (--spec FILE [--policy P] | --coordinator HOST:PORT) [--json]: "
+     "the plan's stream schedule per rank",
+     false},
+    {"validate", CmdValidate,
+     "validate --spec FILE --steps K [--init DIR] [--grads DIR] [--dump DIR] "
+     "[--checkpoint_at J [--resume_spec FILE]]: distributed (optionally "
+     "checkpointed, resumed and resharded) vs uninterrupted single-device",
+     false},
+    {"checkpoint", CmdCheckpoint,
+     "checkpoint inspect DIR: format version, step, mesh, plan hash and per "
+     "tensor its shape, placements and per-rank boxes",
+     false},
     {"validate-rank", CmdValidateRank, "", true},
 };
 
 }  // namespace
 
-absl::StatusOr<JobPlan> PlanJobSpec(const v1::JobSpec& spec, const std::string& policy) {
+absl::StatusOr<JobPlan> PlanJobSpec(const v1::JobSpec& spec,
+                                    const std::string& policy) {
   v1::JobSpec job = spec;
   if (!policy.empty()) job.mutable_execution()->set_assignment_policy(policy);
-  MUON_ASSIGN_OR_RETURN(std::vector<v1::RankManifest> manifests, ManifestsFromSpec(job));
+  MUON_ASSIGN_OR_RETURN(std::vector<v1::RankManifest> manifests,
+                        ManifestsFromSpec(job));
   return PlanJob(manifests, job.job_id());
 }
 
-int RunMuonctl(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+int RunMuonctl(const std::vector<std::string>& args, std::ostream& out,
+               std::ostream& err) {
   if (!args.empty()) {
     for (const Command& c : kCommands) {
       if (args[0] == c.name) return c.fn(args, out, err);

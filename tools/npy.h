@@ -25,8 +25,8 @@ absl::StatusOr<NpyArray> ReadNpy(const std::string& path);
 
 // Writes `data` (prod(shape) float32 values) as a .npy file.
 // Errors: Internal when the file cannot be written.
-absl::Status WriteNpy(const std::string& path, const std::vector<int64_t>& shape,
-                      const float* data);
+absl::Status WriteNpy(const std::string& path,
+                      const std::vector<int64_t>& shape, const float* data);
 
 }  // namespace muon
 

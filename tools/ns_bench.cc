@@ -30,9 +30,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "tools/bench_util.h"
 #include "absl/strings/string_view.h"
 #include "kernels/newton_schulz.h"
+#include "tools/bench_util.h"
 
 namespace {
 
@@ -58,8 +58,6 @@ constexpr char kUsage[] =
     "  --repeats  timed runs after one warm-up (default 5)\n"
     "  --steps    Newton-Schulz iterations (default 5)\n";
 
-
-
 template <typename Fn>
 double Seconds(Fn fn) {
   const Clock::time_point start = Clock::now();
@@ -84,7 +82,8 @@ int main(int argc, char** argv) {
   std::vector<Shape> shapes;
   const int repeats = absl::GetFlag(FLAGS_repeats);
   const int steps = absl::GetFlag(FLAGS_steps);
-  if (!::muon::bench::ParseSizes(absl::GetFlag(FLAGS_sizes), "ns_bench", &shapes) ||
+  if (!::muon::bench::ParseSizes(absl::GetFlag(FLAGS_sizes), "ns_bench",
+                                 &shapes) ||
       repeats < 1 || steps < 1) {
     std::fprintf(stderr, "ns_bench: bad flags\n%s", kUsage);
     return 2;

@@ -32,19 +32,19 @@
 #include <utility>
 #include <vector>
 
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "tools/bench_util.h"
-#include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/string_view.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/newton_schulz_cuda.h"
 #include "kernels/newton_schulz.h"
 #include "kernels/ns_engine.h"
+#include "tools/bench_util.h"
 
 namespace {
 
@@ -82,8 +82,6 @@ constexpr char kUsage[] =
     "  --batch      matrices per NS call (strided-batched; default 1)\n"
     "  --device     CUDA device (default 0)\n"
     "  --staged     also time the host-staged engine (default 1)\n";
-
-
 
 // Uniform [-1, 1) from raw mt19937 bits, as tools/ns_bench.
 std::vector<float> RandomValues(int64_t n, uint32_t seed) {
@@ -180,7 +178,8 @@ int main(int argc, char** argv) {
   const int64_t batch = absl::GetFlag(FLAGS_batch);
   const int device = absl::GetFlag(FLAGS_device);
   const int staged = absl::GetFlag(FLAGS_staged) ? 1 : 0;
-  if (!::muon::bench::ParseSizes(absl::GetFlag(FLAGS_sizes), "ns_gpu_bench", &shapes) ||
+  if (!::muon::bench::ParseSizes(absl::GetFlag(FLAGS_sizes), "ns_gpu_bench",
+                                 &shapes) ||
       !kernels::ParseGpuPrecision(precision_name).ok() ||
       !kernels::ParseCoefficientSchedule(schedule_name).ok() || repeats < 1 ||
       gemm_size < 1 || batch < 1 || device < 0) {

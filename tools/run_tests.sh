@@ -50,6 +50,11 @@ if [[ -x /usr/local/cuda/bin/nvcc ]]; then
 else
   echo "run_tests: no CUDA toolkit at /usr/local/cuda: skipping the --config=cuda build"
 fi
+# Formatting: every C++/CUDA source as clang-format (Google style) writes it.
+if ! bash tools/check_format.sh; then
+  failed=$((failed + 1))
+  rc=1
+fi
 if [[ $rc -ne 0 && $failed -eq 0 ]]; then failed=1; fi
 bazel shutdown >/dev/null 2>&1 || true
 echo "$passed passed, $failed failed, $skipped skipped"

@@ -5,7 +5,7 @@ set -euo pipefail
 packages=(
   bazel-bootstrap pkg-config g++ protobuf-compiler protobuf-compiler-grpc
   libgrpc++-dev libprotobuf-dev libabsl-dev libgtest-dev libgmock-dev
-  libgloo-dev libopenblas-dev zlib1g-dev dataset-fashion-mnist
+  libgloo-dev libopenblas-dev zlib1g-dev dataset-fashion-mnist clang-format
   nlohmann-json3-dev
 )
 missing=()

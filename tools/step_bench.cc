@@ -28,12 +28,16 @@
 #include "server/coordinator_service.h"
 #include "server/local_coordination_client.h"
 
-ABSL_FLAG(int, ranks, 4, "Ranks (threads, each with its own Gloo process group).");
-ABSL_FLAG(int, d_model, 256, "Transformer width; MLP hidden = 2.6875 x d_model.");
-ABSL_FLAG(int, layers, 4, "Transformer layers (q, k, v, o, gate, up, down each).");
+ABSL_FLAG(int, ranks, 4,
+          "Ranks (threads, each with its own Gloo process group).");
+ABSL_FLAG(int, d_model, 256,
+          "Transformer width; MLP hidden = 2.6875 x d_model.");
+ABSL_FLAG(int, layers, 4,
+          "Transformer layers (q, k, v, o, gate, up, down each).");
 ABSL_FLAG(int, warmup, 2, "Untimed steps per mode.");
 ABSL_FLAG(int, steps, 5, "Timed steps per mode (median reported).");
-ABSL_FLAG(int64_t, bucket_size_bytes, 0, "Bucket size (0 = one matrix per owner).");
+ABSL_FLAG(int64_t, bucket_size_bytes, 0,
+          "Bucket size (0 = one matrix per owner).");
 
 namespace muon {
 namespace {
@@ -96,8 +100,9 @@ Result RunMode(const std::vector<Shape>& shapes, bool async, int prefetch) {
       std::vector<Parameter> params(shapes.size());
       std::vector<Parameter*> ptrs;
       for (size_t i = 0; i < shapes.size(); ++i) {
-        absl::StatusOr<Box> box = LocalBox(shapes[i].rows, shapes[i].cols,
-                                           {Placement::Shard(0)}, mesh, mesh.Coord(rank));
+        absl::StatusOr<Box> box =
+            LocalBox(shapes[i].rows, shapes[i].cols, {Placement::Shard(0)},
+                     mesh, mesh.Coord(rank));
         Parameter& p = params[i];
         p.name = shapes[i].name;
         p.global_shape = {shapes[i].rows, shapes[i].cols};
@@ -105,7 +110,8 @@ Result RunMode(const std::vector<Shape>& shapes, bool async, int prefetch) {
         p.data.assign(box->numel(), 0.01f);
         p.grad.resize(box->numel());
         for (int64_t k = 0; k < box->numel(); ++k) {
-          p.grad[k] = static_cast<float>((k * 2654435761u + i) % 1000) * 1e-3f - 0.5f;
+          p.grad[k] =
+              static_cast<float>((k * 2654435761u + i) % 1000) * 1e-3f - 0.5f;
         }
         ptrs.push_back(&p);
       }
@@ -126,7 +132,8 @@ Result RunMode(const std::vector<Shape>& shapes, bool async, int prefetch) {
         errors[rank] = opt.status().ToString();
         return;
       }
-      const int total = absl::GetFlag(FLAGS_warmup) + absl::GetFlag(FLAGS_steps);
+      const int total =
+          absl::GetFlag(FLAGS_warmup) + absl::GetFlag(FLAGS_steps);
       for (int s = 0; s < total; ++s) {
         const absl::Time t0 = absl::Now();
         absl::Status st = (*opt)->Step();
@@ -139,7 +146,8 @@ Result RunMode(const std::vector<Shape>& shapes, bool async, int prefetch) {
         }
       }
       results[rank].buffer_bytes = (*opt)->last_step_stats().buffer_bytes;
-      results[rank].buffer_bound_bytes = (*opt)->last_step_stats().buffer_bound_bytes;
+      results[rank].buffer_bound_bytes =
+          (*opt)->last_step_stats().buffer_bound_bytes;
       results[rank].plan_buckets = (*opt)->plan().buckets_size();
       (void)(*comm)->Barrier();
     });
@@ -158,7 +166,8 @@ Result RunMode(const std::vector<Shape>& shapes, bool async, int prefetch) {
   out.median_ms = t[t.size() / 2];
   for (const Result& r : results) {
     out.buffer_bytes = std::max(out.buffer_bytes, r.buffer_bytes);
-    out.buffer_bound_bytes = std::max(out.buffer_bound_bytes, r.buffer_bound_bytes);
+    out.buffer_bound_bytes =
+        std::max(out.buffer_bound_bytes, r.buffer_bound_bytes);
   }
   out.plan_buckets = results[0].plan_buckets;
   return out;
@@ -184,13 +193,14 @@ int main(int argc, char** argv) {
     const double m = std::min(s.rows, s.cols), n = std::max(s.rows, s.cols);
     flops += 5 * (4 * m * m * n + 2 * m * m * m);
   }
-  std::printf("step_bench: %zu matrices (d_model %d, %d layers), %.2f NS GFLOP/step, "
-              "%d ranks FSDP on Gloo/loopback (threads), OpenBLAS %s x1 thread/rank "
-              "(OPENBLAS_CORETYPE=%s), %u hardware threads\n",
-              shapes.size(), absl::GetFlag(FLAGS_d_model), absl::GetFlag(FLAGS_layers),
-              flops / 1e9, absl::GetFlag(FLAGS_ranks), openblas_get_corename(),
-              coretype != nullptr ? coretype : "(unset)",
-              std::thread::hardware_concurrency());
+  std::printf(
+      "step_bench: %zu matrices (d_model %d, %d layers), %.2f NS GFLOP/step, "
+      "%d ranks FSDP on Gloo/loopback (threads), OpenBLAS %s x1 thread/rank "
+      "(OPENBLAS_CORETYPE=%s), %u hardware threads\n",
+      shapes.size(), absl::GetFlag(FLAGS_d_model), absl::GetFlag(FLAGS_layers),
+      flops / 1e9, absl::GetFlag(FLAGS_ranks), openblas_get_corename(),
+      coretype != nullptr ? coretype : "(unset)",
+      std::thread::hardware_concurrency());
   std::printf("%-22s %9s %8s %16s %16s %12s\n", "mode", "step ms", "buckets",
               "buffers/rank MiB", "bound/rank MiB", "max RSS MiB");
   const muon::Result seq = muon::RunMode(shapes, /*async=*/false, 0);
@@ -204,14 +214,17 @@ int main(int argc, char** argv) {
     const muon::Result r = muon::RunMode(shapes, /*async=*/true, p);
     std::printf("%-22s %9.1f %8lld %16.2f %16.2f %12.1f\n",
                 absl::StrCat("async prefetch ", p).c_str(), r.median_ms,
-                static_cast<long long>(r.plan_buckets), r.buffer_bytes / 1048576.0,
-                r.buffer_bound_bytes / 1048576.0, muon::MaxRssKiB() / 1024.0);
+                static_cast<long long>(r.plan_buckets),
+                r.buffer_bytes / 1048576.0, r.buffer_bound_bytes / 1048576.0,
+                muon::MaxRssKiB() / 1024.0);
     if (r.median_ms < best) {
       best = r.median_ms;
       best_p = p;
     }
   }
-  std::printf("step-bench: sequential_ms=%.1f async_ms=%.1f speedup=%.2f (async prefetch %d)\n",
-              seq.median_ms, best, seq.median_ms / best, best_p);
+  std::printf(
+      "step-bench: sequential_ms=%.1f async_ms=%.1f speedup=%.2f (async "
+      "prefetch %d)\n",
+      seq.median_ms, best, seq.median_ms / best, best_p);
   return 0;
 }

@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <vector>
@@ -47,12 +47,14 @@ int64_t Numel(const std::vector<int64_t>& shape) {
 
 // Copies between a full row-major tensor of `shape` (2-D or 3-D) and the
 // block `ranges` of it, stored contiguously in `local`.
-void CopyBlock(const std::vector<int64_t>& shape, const std::vector<Range>& ranges,
-               float* full, float* local, bool to_local) {
+void CopyBlock(const std::vector<int64_t>& shape,
+               const std::vector<Range>& ranges, float* full, float* local,
+               bool to_local) {
   const bool stack = shape.size() == 3;
   const Range experts = stack ? ranges[0] : Range{0, 1};
   const Box box{ranges[stack ? 1 : 0], ranges[stack ? 2 : 1]};
-  const Box whole{Range{0, shape[stack ? 1 : 0]}, Range{0, shape[stack ? 2 : 1]}};
+  const Box whole{Range{0, shape[stack ? 1 : 0]},
+                  Range{0, shape[stack ? 2 : 1]}};
   for (int64_t e = experts.begin; e < experts.end; ++e) {
     float* f = full + e * whole.numel();
     float* l = local + (e - experts.begin) * box.numel();
@@ -72,7 +74,8 @@ absl::StatusOr<SpecParams> LoadSpec(const std::string& path) {
   for (const v1::ParamSpec& p : s.spec.params()) {
     MUON_ASSIGN_OR_RETURN(std::vector<Placement> pl,
                           ParsePlacements(p.placements(), p.name()));
-    MUON_ASSIGN_OR_RETURN(SubMesh sub, CheckSubMesh(p.name(), p.sub_mesh(), pl, s.mesh));
+    MUON_ASSIGN_OR_RETURN(SubMesh sub,
+                          CheckSubMesh(p.name(), p.sub_mesh(), pl, s.mesh));
     s.placements.push_back(std::move(pl));
     s.sub_meshes.push_back(std::move(sub));
   }
@@ -103,14 +106,15 @@ absl::StatusOr<std::vector<float>> FullTensor(const ValidateOptions& o,
   if (dir.empty()) {
     return Synthetic(o.seed, step, i, Numel(shape), step < 0 ? 0.1 : 1.0);
   }
-  const std::string path = step < 0
-                               ? absl::StrCat(dir, "/", p.name(), ".npy")
-                               : absl::StrCat(dir, "/", step, "/", p.name(), ".npy");
+  const std::string path =
+      step < 0 ? absl::StrCat(dir, "/", p.name(), ".npy")
+               : absl::StrCat(dir, "/", step, "/", p.name(), ".npy");
   MUON_ASSIGN_OR_RETURN(NpyArray a, ReadNpy(path));
   if (a.shape != shape) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, " has shape [", absl::StrJoin(a.shape, ", "), "] but parameter \"",
-        p.name(), "\" is [", absl::StrJoin(shape, ", "), "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, " has shape [", absl::StrJoin(a.shape, ", "),
+                     "] but parameter \"", p.name(), "\" is [",
+                     absl::StrJoin(shape, ", "), "]"));
   }
   return std::move(a.data);
 }
@@ -123,8 +127,8 @@ struct RunOutput {
   std::vector<std::vector<float>> grad;
   std::vector<std::vector<int64_t>> local_shape;
   std::vector<std::vector<Range>> ranges;  // global ranges held, per dim
-  int64_t matrices = 0;  // orthogonalized over all steps
-  double ns_flops = 0;   // their Newton-Schulz FLOPs (integers)
+  int64_t matrices = 0;                    // orthogonalized over all steps
+  double ns_flops = 0;  // their Newton-Schulz FLOPs (integers)
 };
 
 // The steps a run covers and the checkpoints it reads and writes.
@@ -164,7 +168,8 @@ absl::Status InitLocalParams(const ValidateOptions& o, const SpecParams& s,
     for (const Range& r : ranges) local.push_back(r.size());
     std::vector<float> data(Numel(local));
     if (model != nullptr) {
-      MUON_RETURN_IF_ERROR(model->ReadRegion(ps.name(), shape, ranges, data.data()));
+      MUON_RETURN_IF_ERROR(
+          model->ReadRegion(ps.name(), shape, ranges, data.data()));
     } else {
       MUON_ASSIGN_OR_RETURN(std::vector<float> init, FullTensor(o, ps, i, -1));
       CopyBlock(shape, ranges, init.data(), data.data(), /*to_local=*/true);
@@ -202,9 +207,10 @@ absl::StatusOr<DistributedConfig> ConfigOf(const SpecParams& s,
   for (int i : out.spec_index) {
     pp.push_back(ParamPlacement{s.placements[i], s.sub_meshes[i]});
   }
-  MUON_ASSIGN_OR_RETURN(DistributedConfig config,
-                        CreateMeshConfig(s.mesh, pp, pg->comm.get(),
-                                         pg->coordinator.get(), pg->incarnation));
+  MUON_ASSIGN_OR_RETURN(
+      DistributedConfig config,
+      CreateMeshConfig(s.mesh, pp, pg->comm.get(), pg->coordinator.get(),
+                       pg->incarnation));
   if (!s.spec.execution().assignment_policy().empty()) {
     config.assignment_policy = s.spec.execution().assignment_policy();
   }
@@ -219,7 +225,8 @@ MuonOptions OptionsOf(const SpecParams& s) {
   // Single device and ranks orthogonalize on the same device kind, so the
   // comparison stays bitwise (e.g. 4 host-staged ranks sharing one GPU vs
   // the single-device GPU run).
-  if (!s.spec.execution().device().empty()) options.device = s.spec.execution().device();
+  if (!s.spec.execution().device().empty())
+    options.device = s.spec.execution().device();
   if (!s.spec.execution().gpu_precision().empty()) {
     options.gpu_precision = s.spec.execution().gpu_precision();
   }
@@ -245,7 +252,8 @@ absl::Status SaveCheckpoint(const SpecParams& s, const RunOutput& out,
     if (opt.world_size() == 1) {
       t.placements = {"Replicate()"};
     } else {
-      for (const Placement& p : s.placements[i]) t.placements.push_back(p.ToString());
+      for (const Placement& p : s.placements[i])
+        t.placements.push_back(p.ToString());
     }
     t.box = out.ranges[k];
     t.data = out.data[k].data();
@@ -254,14 +262,16 @@ absl::Status SaveCheckpoint(const SpecParams& s, const RunOutput& out,
   MUON_RETURN_IF_ERROR(
       WriteCheckpointShard(dir + "/model", opt.current_rank(), meta, tensors));
   if (opt.current_rank() == 0) {
-    MUON_RETURN_IF_ERROR(WriteCheckpointMetadata(dir + "/model", meta, tensors));
+    MUON_RETURN_IF_ERROR(
+        WriteCheckpointMetadata(dir + "/model", meta, tensors));
   }
   return absl::OkStatus();
 }
 
 // Runs `phase`'s steps on one rank (pg != nullptr) or on a single device.
-absl::StatusOr<RunOutput> RunSteps(const ValidateOptions& o, const SpecParams& s,
-                                   ProcessGroup* pg, const Phase& phase) {
+absl::StatusOr<RunOutput> RunSteps(const ValidateOptions& o,
+                                   const SpecParams& s, ProcessGroup* pg,
+                                   const Phase& phase) {
   const bool single = pg == nullptr;
   RunOutput out;
   MUON_RETURN_IF_ERROR(InitLocalParams(o, s, single, single ? 0 : pg->rank,
@@ -270,8 +280,9 @@ absl::StatusOr<RunOutput> RunSteps(const ValidateOptions& o, const SpecParams& s
   if (!single) {
     MUON_ASSIGN_OR_RETURN(config, ConfigOf(s, out, pg));
   }
-  MUON_ASSIGN_OR_RETURN(std::unique_ptr<Muon> opt,
-                        Muon::Create(LocalViews(s, &out), OptionsOf(s), config));
+  MUON_ASSIGN_OR_RETURN(
+      std::unique_ptr<Muon> opt,
+      Muon::Create(LocalViews(s, &out), OptionsOf(s), config));
   if (!phase.load_dir.empty()) {
     MUON_RETURN_IF_ERROR(opt->Load(phase.load_dir + "/optim"));
     if (opt->step_count() != phase.from) {
@@ -333,14 +344,15 @@ absl::Status RunValidateRank(const ValidateOptions& o, int rank,
   pgo.embed_coordinator = o.coordinator.empty();
   pgo.start_embedded_coordinator = StartEmbeddedCoordinator;
   pgo.port_file = port_file;
-  MUON_ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> pg, InitProcessGroup(pgo));
+  MUON_ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> pg,
+                        InitProcessGroup(pgo));
   const Phase phase{o.phase_from, o.phase_to < 0 ? o.steps : o.phase_to,
                     o.load_dir, o.save_dir};
   MUON_ASSIGN_OR_RETURN(RunOutput run, RunSteps(o, s, pg.get(), phase));
   for (size_t k = 0; k < run.data.size(); ++k) {
-    MUON_RETURN_IF_ERROR(
-        WriteNpy(absl::StrCat(out_dir, "/rank", rank, "_", run.spec_index[k], ".npy"),
-                 run.local_shape[k], run.data[k].data()));
+    MUON_RETURN_IF_ERROR(WriteNpy(
+        absl::StrCat(out_dir, "/rank", rank, "_", run.spec_index[k], ".npy"),
+        run.local_shape[k], run.data[k].data()));
   }
   std::ofstream(absl::StrCat(out_dir, "/rank", rank, ".count"))
       << run.matrices << " " << absl::StrFormat("%.0f", run.ns_flops) << "\n";
@@ -351,9 +363,9 @@ namespace {
 
 // Runs `phase` on the rank processes of the spec at `spec_path`, writing
 // their shards and counts under `out_dir`.
-absl::Status RunRankPhase(const ValidateOptions& o, const std::string& spec_path,
-                          int world, const Phase& phase,
-                          const std::string& out_dir) {
+absl::Status RunRankPhase(const ValidateOptions& o,
+                          const std::string& spec_path, int world,
+                          const Phase& phase, const std::string& out_dir) {
   MUON_RETURN_IF_ERROR(MakeDirs(out_dir));
   const std::string self = SelfExecutable();
   RankLaunchOptions launch;
@@ -363,10 +375,15 @@ absl::Status RunRankPhase(const ValidateOptions& o, const std::string& spec_path
   launch.timeout = absl::Seconds(o.timeout_s);
   launch.argv = [&](int rank) {
     return std::vector<std::string>{
-        self, "validate-rank", absl::StrCat("--spec=", spec_path),
-        absl::StrCat("--steps=", o.steps), absl::StrCat("--rank=", rank),
-        absl::StrCat("--out_dir=", out_dir), absl::StrCat("--seed=", o.seed),
-        absl::StrCat("--init=", o.init_dir), absl::StrCat("--grads=", o.grads_dir),
+        self,
+        "validate-rank",
+        absl::StrCat("--spec=", spec_path),
+        absl::StrCat("--steps=", o.steps),
+        absl::StrCat("--rank=", rank),
+        absl::StrCat("--out_dir=", out_dir),
+        absl::StrCat("--seed=", o.seed),
+        absl::StrCat("--init=", o.init_dir),
+        absl::StrCat("--grads=", o.grads_dir),
         absl::StrCat("--phase_from=", phase.from),
         absl::StrCat("--phase_to=", phase.to),
         absl::StrCat("--load_dir=", phase.load_dir),
@@ -397,9 +414,9 @@ void AddCounts(const std::string& dir, int world, int64_t* matrices,
 absl::Status CheckSameParams(const SpecParams& a, const SpecParams& b,
                              const std::string& b_path) {
   if (a.spec.params_size() != b.spec.params_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--resume_spec ", b_path, " has ", b.spec.params_size(),
-        " parameters but --spec has ", a.spec.params_size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--resume_spec ", b_path, " has ", b.spec.params_size(),
+                     " parameters but --spec has ", a.spec.params_size()));
   }
   for (int i = 0; i < a.spec.params_size(); ++i) {
     const v1::ParamSpec& x = a.spec.params(i);
@@ -424,12 +441,13 @@ absl::StatusOr<std::vector<float>> Assemble(const SpecParams& s, int i,
   for (int r = 0; r < s.mesh.world_size(); ++r) {
     const std::vector<int> coord = s.mesh.Coord(r);
     if (!s.sub_meshes[i].Contains(coord)) continue;
-    MUON_ASSIGN_OR_RETURN(std::vector<Range> ranges,
-                          LocalRanges(shape, s.placements[i], s.mesh, coord,
-                                      s.sub_meshes[i]));
+    MUON_ASSIGN_OR_RETURN(
+        std::vector<Range> ranges,
+        LocalRanges(shape, s.placements[i], s.mesh, coord, s.sub_meshes[i]));
     const std::string file = absl::StrCat(dir, "/rank", r, "_", i, ".npy");
     MUON_ASSIGN_OR_RETURN(NpyArray shard, ReadNpy(file));
-    CopyBlock(shape, ranges, full.data(), shard.data.data(), /*to_local=*/false);
+    CopyBlock(shape, ranges, full.data(), shard.data.data(),
+              /*to_local=*/false);
     std::remove(file.c_str());
   }
   return full;
@@ -441,9 +459,9 @@ absl::Status RunValidate(const ValidateOptions& o, std::ostream& out) {
   MUON_ASSIGN_OR_RETURN(SpecParams s, LoadSpec(o.spec_path));
   const bool resume = o.checkpoint_at > 0;
   if (resume && o.checkpoint_at >= o.steps) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--checkpoint_at ", o.checkpoint_at, " must be between 1 and --steps - 1 (",
-        o.steps - 1, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--checkpoint_at ", o.checkpoint_at,
+                     " must be between 1 and --steps - 1 (", o.steps - 1, ")"));
   }
   const std::string resume_path =
       o.resume_spec_path.empty() ? o.spec_path : o.resume_spec_path;
@@ -471,7 +489,8 @@ absl::Status RunValidate(const ValidateOptions& o, std::ostream& out) {
     MUON_RETURN_IF_ERROR(RunRankPhase(o, o.spec_path, s.mesh.world_size(),
                                       Phase{0, o.checkpoint_at, "", ckpt},
                                       dir + "/before"));
-    AddCounts(dir + "/before", s.mesh.world_size(), &dist_matrices, &dist_flops);
+    AddCounts(dir + "/before", s.mesh.world_size(), &dist_matrices,
+              &dist_flops);
     MUON_RETURN_IF_ERROR(RunRankPhase(o, resume_path, s2.mesh.world_size(),
                                       Phase{o.checkpoint_at, o.steps, ckpt, ""},
                                       final_dir));
@@ -482,14 +501,16 @@ absl::Status RunValidate(const ValidateOptions& o, std::ostream& out) {
   AddCounts(final_dir, last.mesh.world_size(), &dist_matrices, &dist_flops);
   // The same steps on a single device, uninterrupted, in this process.
   openblas_set_num_threads(1);
-  MUON_ASSIGN_OR_RETURN(RunOutput single, RunSteps(o, s, nullptr, Phase{0, o.steps, "", ""}));
+  MUON_ASSIGN_OR_RETURN(RunOutput single,
+                        RunSteps(o, s, nullptr, Phase{0, o.steps, "", ""}));
   double worst = 0;
   out << absl::StrFormat("%-32s %-16s %s\n", "parameter", "global shape",
                          "max |distributed - single|");
   for (int i = 0; i < s.spec.params_size(); ++i) {
     const v1::ParamSpec& ps = s.spec.params(i);
     const std::vector<int64_t> shape = ShapeOf(ps);
-    MUON_ASSIGN_OR_RETURN(std::vector<float> dist_full, Assemble(last, i, final_dir));
+    MUON_ASSIGN_OR_RETURN(std::vector<float> dist_full,
+                          Assemble(last, i, final_dir));
     double diff = 0;
     for (int64_t k = 0; k < Numel(shape); ++k) {
       const double d = std::fabs(double(dist_full[k]) - single.data[i][k]);
@@ -497,14 +518,17 @@ absl::Status RunValidate(const ValidateOptions& o, std::ostream& out) {
     }
     worst = std::max(worst, diff);
     out << absl::StrFormat("%-32s %-16s %g\n", ps.name(),
-                           absl::StrCat("[", absl::StrJoin(shape, ", "), "]"), diff);
+                           absl::StrCat("[", absl::StrJoin(shape, ", "), "]"),
+                           diff);
     if (!o.dump_dir.empty()) {
       MUON_RETURN_IF_ERROR(MakeDirs(o.dump_dir + "/distributed"));
       MUON_RETURN_IF_ERROR(MakeDirs(o.dump_dir + "/single"));
-      MUON_RETURN_IF_ERROR(WriteNpy(absl::StrCat(o.dump_dir, "/distributed/", ps.name(), ".npy"),
-                                    shape, dist_full.data()));
-      MUON_RETURN_IF_ERROR(WriteNpy(absl::StrCat(o.dump_dir, "/single/", ps.name(), ".npy"),
-                                    shape, single.data[i].data()));
+      MUON_RETURN_IF_ERROR(
+          WriteNpy(absl::StrCat(o.dump_dir, "/distributed/", ps.name(), ".npy"),
+                   shape, dist_full.data()));
+      MUON_RETURN_IF_ERROR(
+          WriteNpy(absl::StrCat(o.dump_dir, "/single/", ps.name(), ".npy"),
+                   shape, single.data[i].data()));
     }
   }
   RemoveTree(dir);

@@ -17,7 +17,8 @@ absl::StatusOr<std::string> ReadMaybeGzip(const std::string& base) {
   gzFile f = gzopen(path.c_str(), "rb");
   if (f == nullptr) {
     return absl::NotFoundError(absl::StrCat(
-        "cannot open ", base, "[.gz]: install the Debian package "
+        "cannot open ", base,
+        "[.gz]: install the Debian package "
         "dataset-fashion-mnist (apt-get install dataset-fashion-mnist) or "
         "pass --data_dir"));
   }
@@ -32,7 +33,8 @@ absl::StatusOr<std::string> ReadMaybeGzip(const std::string& base) {
 }
 
 uint32_t BigEndian32(const std::string& s, size_t off) {
-  return (uint32_t(uint8_t(s[off])) << 24) | (uint32_t(uint8_t(s[off + 1])) << 16) |
+  return (uint32_t(uint8_t(s[off])) << 24) |
+         (uint32_t(uint8_t(s[off + 1])) << 16) |
          (uint32_t(uint8_t(s[off + 2])) << 8) | uint32_t(uint8_t(s[off + 3]));
 }
 
@@ -40,17 +42,21 @@ uint32_t BigEndian32(const std::string& s, size_t off) {
 
 absl::StatusOr<Dataset> LoadIdxDataset(const std::string& dir,
                                        const std::string& prefix) {
-  const std::string image_path = absl::StrCat(dir, "/", prefix, "-images-idx3-ubyte");
-  const std::string label_path = absl::StrCat(dir, "/", prefix, "-labels-idx1-ubyte");
+  const std::string image_path =
+      absl::StrCat(dir, "/", prefix, "-images-idx3-ubyte");
+  const std::string label_path =
+      absl::StrCat(dir, "/", prefix, "-labels-idx1-ubyte");
   absl::StatusOr<std::string> images = ReadMaybeGzip(image_path);
   if (!images.ok()) return images.status();
   absl::StatusOr<std::string> labels = ReadMaybeGzip(label_path);
   if (!labels.ok()) return labels.status();
   if (images->size() < 16 || BigEndian32(*images, 0) != 0x803) {
-    return absl::DataLossError(absl::StrCat(image_path, ": not an IDX3 image file"));
+    return absl::DataLossError(
+        absl::StrCat(image_path, ": not an IDX3 image file"));
   }
   if (labels->size() < 8 || BigEndian32(*labels, 0) != 0x801) {
-    return absl::DataLossError(absl::StrCat(label_path, ": not an IDX1 label file"));
+    return absl::DataLossError(
+        absl::StrCat(label_path, ": not an IDX1 label file"));
   }
   Dataset d;
   d.count = BigEndian32(*images, 4);
@@ -58,8 +64,8 @@ absl::StatusOr<Dataset> LoadIdxDataset(const std::string& dir,
   if (BigEndian32(*labels, 4) != d.count ||
       images->size() < 16 + size_t(d.count * d.features) ||
       labels->size() < 8 + size_t(d.count)) {
-    return absl::DataLossError(absl::StrCat(
-        image_path, ": truncated or disagrees with ", label_path));
+    return absl::DataLossError(
+        absl::StrCat(image_path, ": truncated or disagrees with ", label_path));
   }
   d.images.resize(d.count * d.features);
   for (int64_t i = 0; i < d.count * d.features; ++i) {

@@ -52,15 +52,17 @@ ABSL_FLAG(std::string, layout, "fsdp",
           "fsdp (Shard(0)), fsdp1 (Shard(1)) or ddp (Replicate()).");
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
           "Folder with the Fashion-MNIST IDX files.");
-ABSL_FLAG(int, train_limit, 0, "Use only the first N training images (0 = all).");
+ABSL_FLAG(int, train_limit, 0,
+          "Use only the first N training images (0 = all).");
 ABSL_FLAG(uint64_t, seed, 1234, "Seed of initialisation and shuffling.");
 ABSL_FLAG(int, log_every, 20, "Print the loss every N steps.");
 ABSL_FLAG(bool, async_gpu_parallelism, false,
           "Async mode (communication thread, prefetch) instead of the "
           "sequential debug mode.");
 ABSL_FLAG(int, prefetch_count, 0, "Buckets gathered ahead in async mode.");
-ABSL_FLAG(std::string, coordinator, "",
-          "host:port of a running muon-coordinator; empty = embedded in rank 0.");
+ABSL_FLAG(
+    std::string, coordinator, "",
+    "host:port of a running muon-coordinator; empty = embedded in rank 0.");
 // Internal: set by the launcher on rank processes.
 ABSL_FLAG(int, rank, -1, "Internal: this process's rank.");
 ABSL_FLAG(std::string, out_dir, "", "Internal: where ranks leave results.");
@@ -70,8 +72,8 @@ namespace muon::examples {
 namespace {
 
 struct RunResult {
-  std::vector<float> losses;                 // mean loss per step
-  std::vector<std::vector<float>> weights;   // full final weights
+  std::vector<float> losses;                // mean loss per step
+  std::vector<std::vector<float>> weights;  // full final weights
   double accuracy = 0;
 };
 
@@ -163,7 +165,8 @@ absl::StatusOr<RunResult> Train(const Data& data, int world, ProcessGroup* pg) {
   Mlp mlp(LayerSizes(data.train.features, 10));
   const int layers = mlp.num_layers();
   const Placement placement = LayoutPlacement();
-  const Mesh mesh = Mesh::OneDim(world, placement.is_shard() ? "dp_shard" : "dp_replicate");
+  const Mesh mesh =
+      Mesh::OneDim(world, placement.is_shard() ? "dp_shard" : "dp_replicate");
 
   // Parameters: this rank's shard (the whole matrix when single).
   std::vector<Parameter> params(layers);
@@ -239,9 +242,8 @@ absl::StatusOr<RunResult> Train(const Data& data, int world, ProcessGroup* pg) {
     std::vector<int64_t> counts(world);
     for (int q = 0; q < world; ++q) counts[q] = boxes[l][q].numel();
     gathered.resize(std::accumulate(counts.begin(), counts.end(), int64_t{0}));
-    MUON_RETURN_IF_ERROR(pg->comm->AllGatherV(params[l].data.data(),
-                                              params[l].data.size(),
-                                              gathered.data(), counts));
+    MUON_RETURN_IF_ERROR(pg->comm->AllGatherV(
+        params[l].data.data(), params[l].data.size(), gathered.data(), counts));
     int64_t off = 0;
     for (int q = 0; q < world; ++q) {
       CopyRegion(gathered.data() + off, boxes[l][q], full_w[l].data(), full,
@@ -257,7 +259,8 @@ absl::StatusOr<RunResult> Train(const Data& data, int world, ProcessGroup* pg) {
     const Box& mine = boxes[l][rank];
     std::vector<int64_t> send_counts(world), recv_counts(world, mine.numel());
     for (int q = 0; q < world; ++q) send_counts[q] = boxes[l][q].numel();
-    send.resize(std::accumulate(send_counts.begin(), send_counts.end(), int64_t{0}));
+    send.resize(
+        std::accumulate(send_counts.begin(), send_counts.end(), int64_t{0}));
     recv.resize(mine.numel() * world);
     int64_t off = 0;
     for (int q = 0; q < world; ++q) {
@@ -265,8 +268,8 @@ absl::StatusOr<RunResult> Train(const Data& data, int world, ProcessGroup* pg) {
                  boxes[l][q]);
       off += send_counts[q];
     }
-    MUON_RETURN_IF_ERROR(
-        pg->comm->AllToAllV(send.data(), send_counts, recv.data(), recv_counts));
+    MUON_RETURN_IF_ERROR(pg->comm->AllToAllV(send.data(), send_counts,
+                                             recv.data(), recv_counts));
     std::vector<float>& g = params[l].grad;
     std::copy_n(recv.data(), mine.numel(), g.data());
     for (int q = 1; q < world; ++q) {
@@ -293,13 +296,14 @@ absl::StatusOr<RunResult> Train(const Data& data, int world, ProcessGroup* pg) {
       if (single) {
         for (int k = 0; k < world; ++k) {
           CopySamples(data.train, order, s * batch + k * micro, micro, &x, &y);
-          losses[k] = mlp.ForwardBackward(wptr, x.data(), y.data(), micro,
-                                          batch, gptr);
+          losses[k] =
+              mlp.ForwardBackward(wptr, x.data(), y.data(), micro, batch, gptr);
           for (int l = 0; l < layers; ++l) {
             if (k == 0) {
               acc_g[l] = full_g[l];
             } else {
-              for (size_t i = 0; i < acc_g[l].size(); ++i) acc_g[l][i] += full_g[l][i];
+              for (size_t i = 0; i < acc_g[l].size(); ++i)
+                acc_g[l][i] += full_g[l][i];
             }
           }
         }
@@ -308,9 +312,10 @@ absl::StatusOr<RunResult> Train(const Data& data, int world, ProcessGroup* pg) {
         }
       } else {
         CopySamples(data.train, order, s * batch + rank * micro, micro, &x, &y);
-        const float mine = mlp.ForwardBackward(wptr, x.data(), y.data(), micro,
-                                               batch, gptr);
-        for (int l = 0; l < layers; ++l) MUON_RETURN_IF_ERROR(reduce_scatter(l));
+        const float mine =
+            mlp.ForwardBackward(wptr, x.data(), y.data(), micro, batch, gptr);
+        for (int l = 0; l < layers; ++l)
+          MUON_RETURN_IF_ERROR(reduce_scatter(l));
         MUON_RETURN_IF_ERROR(pg->comm->AllGatherV(
             &mine, 1, losses.data(), std::vector<int64_t>(world, 1)));
       }
@@ -372,7 +377,8 @@ absl::Status WriteResult(const std::string& path, const RunResult& r) {
 
 absl::StatusOr<RunResult> ReadResult(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in.good()) return absl::NotFoundError(absl::StrCat("no result at ", path));
+  if (!in.good())
+    return absl::NotFoundError(absl::StrCat("no result at ", path));
   auto get = [&](void* p, size_t n) {
     in.read(static_cast<char*>(p), static_cast<std::streamsize>(n));
   };
@@ -400,7 +406,8 @@ int RankMain() {
   openblas_set_num_threads(1);
   absl::StatusOr<Data> data = LoadData();
   if (!data.ok()) {
-    std::fprintf(stderr, "rank %d: %s\n", rank, data.status().ToString().c_str());
+    std::fprintf(stderr, "rank %d: %s\n", rank,
+                 data.status().ToString().c_str());
     return 1;
   }
   ProcessGroupOptions options;
@@ -418,11 +425,13 @@ int RankMain() {
   }
   absl::StatusOr<RunResult> result = Train(*data, world, pg->get());
   if (!result.ok()) {
-    std::fprintf(stderr, "rank %d: %s\n", rank, result.status().ToString().c_str());
+    std::fprintf(stderr, "rank %d: %s\n", rank,
+                 result.status().ToString().c_str());
     return 1;
   }
   if (rank == 0) {
-    absl::Status s = WriteResult(absl::GetFlag(FLAGS_out_dir) + "/distributed.bin", *result);
+    absl::Status s =
+        WriteResult(absl::GetFlag(FLAGS_out_dir) + "/distributed.bin", *result);
     if (!s.ok()) {
       std::fprintf(stderr, "rank 0: %s\n", s.ToString().c_str());
       return 1;
@@ -450,31 +459,38 @@ int LauncherMain() {
     return 1;
   }
   const std::string placement = LayoutPlacement().ToString();
-  const std::string layout = absl::StrCat(absl::GetFlag(FLAGS_layout), "(",
-                                          placement, " over ", world, " ranks)");
-  std::printf("fashion-mnist: %lld train / %lld test images, MLP %s, Muon lr=%g, "
-              "%d epochs, batch %d; distributed run: %d rank processes, %s, "
-              "coordinator %s\n",
-              static_cast<long long>(data->train.count),
-              static_cast<long long>(data->test.count),
-              absl::StrCat("784-", absl::StrReplaceAll(absl::GetFlag(FLAGS_hidden), {{",", "-"}}), "-10").c_str(),
-              absl::GetFlag(FLAGS_lr), absl::GetFlag(FLAGS_epochs),
-              absl::GetFlag(FLAGS_batch_size), world, layout.c_str(),
-              absl::GetFlag(FLAGS_coordinator).empty()
-                  ? "embedded in rank 0"
-                  : absl::GetFlag(FLAGS_coordinator).c_str());
+  const std::string layout = absl::StrCat(
+      absl::GetFlag(FLAGS_layout), "(", placement, " over ", world, " ranks)");
+  std::printf(
+      "fashion-mnist: %lld train / %lld test images, MLP %s, Muon lr=%g, "
+      "%d epochs, batch %d; distributed run: %d rank processes, %s, "
+      "coordinator %s\n",
+      static_cast<long long>(data->train.count),
+      static_cast<long long>(data->test.count),
+      absl::StrCat(
+          "784-",
+          absl::StrReplaceAll(absl::GetFlag(FLAGS_hidden), {{",", "-"}}), "-10")
+          .c_str(),
+      absl::GetFlag(FLAGS_lr), absl::GetFlag(FLAGS_epochs),
+      absl::GetFlag(FLAGS_batch_size), world, layout.c_str(),
+      absl::GetFlag(FLAGS_coordinator).empty()
+          ? "embedded in rank 0"
+          : absl::GetFlag(FLAGS_coordinator).c_str());
   std::fflush(stdout);
 
   // 1. Distributed run: N rank processes of this binary.
   const std::string self = SelfExecutable();
   auto flag_args = [&](int rank) {
-    std::vector<std::string> a = {self,
-        absl::StrCat("--rank=", rank), absl::StrCat("--nproc=", world),
+    std::vector<std::string> a = {
+        self,
+        absl::StrCat("--rank=", rank),
+        absl::StrCat("--nproc=", world),
         absl::StrCat("--epochs=", absl::GetFlag(FLAGS_epochs)),
         absl::StrCat("--batch_size=", absl::GetFlag(FLAGS_batch_size)),
         absl::StrCat("--hidden=", absl::GetFlag(FLAGS_hidden)),
         absl::StrFormat("--lr=%.17g", absl::GetFlag(FLAGS_lr)),
-        absl::StrFormat("--weight_decay=%.17g", absl::GetFlag(FLAGS_weight_decay)),
+        absl::StrFormat("--weight_decay=%.17g",
+                        absl::GetFlag(FLAGS_weight_decay)),
         absl::StrFormat("--momentum=%.17g", absl::GetFlag(FLAGS_momentum)),
         absl::StrCat("--adjust_lr_fn=", absl::GetFlag(FLAGS_adjust_lr_fn)),
         absl::StrCat("--layout=", absl::GetFlag(FLAGS_layout)),
@@ -482,8 +498,9 @@ int LauncherMain() {
         absl::StrCat("--train_limit=", absl::GetFlag(FLAGS_train_limit)),
         absl::StrCat("--seed=", absl::GetFlag(FLAGS_seed)),
         absl::StrCat("--log_every=", absl::GetFlag(FLAGS_log_every)),
-        absl::StrCat("--async_gpu_parallelism=",
-                     absl::GetFlag(FLAGS_async_gpu_parallelism) ? "true" : "false"),
+        absl::StrCat(
+            "--async_gpu_parallelism=",
+            absl::GetFlag(FLAGS_async_gpu_parallelism) ? "true" : "false"),
         absl::StrCat("--prefetch_count=", absl::GetFlag(FLAGS_prefetch_count)),
         absl::StrCat("--out_dir=", *dir)};
     return a;
@@ -521,13 +538,15 @@ int LauncherMain() {
   }
   for (size_t s = 0; s < single->losses.size(); ++s) {
     const double a = single->losses[s], b = dist->losses[s];
-    max_rel = std::max(max_rel, std::fabs(a - b) / std::max(1e-12, std::fabs(a)));
+    max_rel =
+        std::max(max_rel, std::fabs(a - b) / std::max(1e-12, std::fabs(a)));
   }
-  std::printf("fashion-mnist: distributed_acc=%.4f single_acc=%.4f "
-              "max_abs_param_diff=%g max_rel_loss_diff=%g ranks=%d layout=%s "
-              "wall_s=%.1f\n",
-              dist->accuracy, single->accuracy, max_diff, max_rel, world,
-              layout.c_str(), absl::ToDoubleSeconds(absl::Now() - start));
+  std::printf(
+      "fashion-mnist: distributed_acc=%.4f single_acc=%.4f "
+      "max_abs_param_diff=%g max_rel_loss_diff=%g ranks=%d layout=%s "
+      "wall_s=%.1f\n",
+      dist->accuracy, single->accuracy, max_diff, max_rel, world,
+      layout.c_str(), absl::ToDoubleSeconds(absl::Now() - start));
   std::fflush(stdout);
   std::remove((*dir + "/distributed.bin").c_str());
   std::remove(launch.port_file.c_str());

@@ -33,8 +33,8 @@ const float* Mlp::Forward(const std::vector<const float*>& weights,
 }
 
 float Mlp::ForwardBackward(const std::vector<const float*>& weights,
-                           const float* x, const int32_t* labels,
-                           int64_t count, int64_t global_batch,
+                           const float* x, const int32_t* labels, int64_t count,
+                           int64_t global_batch,
                            const std::vector<float*>& grads) {
   const int layers = num_layers();
   const float* logits = Forward(weights, x, count);

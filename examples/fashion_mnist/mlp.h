@@ -26,17 +26,16 @@ class Mlp {
   // the SUM of the per-sample losses of these samples (nats).
   float ForwardBackward(const std::vector<const float*>& weights,
                         const float* x, const int32_t* labels, int64_t count,
-                        int64_t global_batch,
-                        const std::vector<float*>& grads);
+                        int64_t global_batch, const std::vector<float*>& grads);
 
   // Number of correctly classified samples among `count`.
-  int64_t CountCorrect(const std::vector<const float*>& weights,
-                       const float* x, const int32_t* labels, int64_t count);
+  int64_t CountCorrect(const std::vector<const float*>& weights, const float* x,
+                       const int32_t* labels, int64_t count);
 
  private:
   // Fills acts_ for `count` samples; returns the logits.
-  const float* Forward(const std::vector<const float*>& weights,
-                       const float* x, int64_t count);
+  const float* Forward(const std::vector<const float*>& weights, const float* x,
+                       int64_t count);
 
   std::vector<int64_t> sizes_;
   std::vector<std::vector<float>> acts_;   // post-ReLU activations per layer
@@ -45,7 +44,8 @@ class Mlp {
 
 // Deterministic initialisation as torch.nn.Linear (uniform in
 // [-1/sqrt(in), 1/sqrt(in)]), from a 64-bit seed and the layer index.
-std::vector<float> InitLinear(int64_t out, int64_t in, uint64_t seed, int layer);
+std::vector<float> InitLinear(int64_t out, int64_t in, uint64_t seed,
+                              int layer);
 
 }  // namespace muon::examples
 

@@ -248,9 +248,8 @@ void JoinAll(std::vector<std::unique_ptr<Agent>>& agents,
              const std::vector<v1::RankManifest>& manifests) {
   std::vector<std::thread> threads;
   for (size_t r = 0; r < agents.size(); ++r) {
-    threads.emplace_back([&, r] {
-      EXPECT_THAT(agents[r]->Join(manifests[r], 3000), IsOk());
-    });
+    threads.emplace_back(
+        [&, r] { EXPECT_THAT(agents[r]->Join(manifests[r], 3000), IsOk()); });
   }
   for (std::thread& t : threads) t.join();
 }

@@ -11,7 +11,9 @@
 namespace muon {
 namespace {
 
-Box Rows(int64_t b, int64_t e, int64_t cols) { return Box{Range{b, e}, Range{0, cols}}; }
+Box Rows(int64_t b, int64_t e, int64_t cols) {
+  return Box{Range{b, e}, Range{0, cols}};
+}
 
 std::vector<Box> Boxes(int64_t rows, int64_t cols, const Mesh& mesh,
                        const std::vector<Placement>& placements) {
@@ -25,7 +27,8 @@ struct Side {
 };
 
 // Both exchanges of matrix 0 as `rank` sees them.
-Side Compile(int rank, int owner, const std::vector<Box>& boxes, const Box& full) {
+Side Compile(int rank, int owner, const std::vector<Box>& boxes,
+             const Box& full) {
   const int world = static_cast<int>(boxes.size());
   Side s{Exchange(world), Exchange(world)};
   AddToGather(rank, 0, owner, boxes, full, &s.gather);
@@ -38,11 +41,14 @@ Side Compile(int rank, int owner, const std::vector<Box>& boxes, const Box& full
 using Counts = std::vector<int64_t>;
 using Copies = std::vector<RegionCopy>;
 
-TEST(ExchangePlanTest, FsdpUnevenOver4_OwnerGathersEachShardOnceAndSendsEachBack) {
+TEST(ExchangePlanTest,
+     FsdpUnevenOver4_OwnerGathersEachShardOnceAndSendsEachBack) {
   const Box full = Rows(0, 10, 7);
-  const std::vector<Box> boxes = Boxes(10, 7, Mesh::OneDim(4), {Placement::Shard(0)});
+  const std::vector<Box> boxes =
+      Boxes(10, 7, Mesh::OneDim(4), {Placement::Shard(0)});
   // torch.chunk(10, 4): 3, 3, 3, 1 rows.
-  ASSERT_EQ(boxes, (std::vector<Box>{Rows(0, 3, 7), Rows(3, 6, 7), Rows(6, 9, 7), Rows(9, 10, 7)}));
+  ASSERT_EQ(boxes, (std::vector<Box>{Rows(0, 3, 7), Rows(3, 6, 7),
+                                     Rows(6, 9, 7), Rows(9, 10, 7)}));
   const int owner = 1;
   const Side r0 = Compile(0, owner, boxes, full);
   EXPECT_EQ(r0.gather.send_counts, (Counts{0, 21, 0, 0}));
@@ -87,22 +93,29 @@ TEST(ExchangePlanTest, Hsdp2x2_ReplicatedShardTravelsOnceFromLowestHolder) {
   const Mesh mesh{{"dp_replicate", "dp_shard"}, {2, 2}};
   const std::vector<Box> boxes =
       Boxes(10, 7, mesh, {Placement::Replicate(), Placement::Shard(0)});
-  ASSERT_EQ(boxes, (std::vector<Box>{Rows(0, 5, 7), Rows(5, 10, 7), Rows(0, 5, 7), Rows(5, 10, 7)}));
+  ASSERT_EQ(boxes, (std::vector<Box>{Rows(0, 5, 7), Rows(5, 10, 7),
+                                     Rows(0, 5, 7), Rows(5, 10, 7)}));
   const int owner = 2;
   // Rows 0:5 are the owner's own; rows 5:10 come from rank 1, not rank 3.
-  EXPECT_EQ(Compile(2, owner, boxes, full).gather.recv_counts, (Counts{0, 35, 0, 0}));
-  EXPECT_EQ(Compile(2, owner, boxes, full).gather.self, (Copies{{0, Rows(0, 5, 7)}}));
-  EXPECT_EQ(Compile(1, owner, boxes, full).gather.send_counts, (Counts{0, 0, 35, 0}));
+  EXPECT_EQ(Compile(2, owner, boxes, full).gather.recv_counts,
+            (Counts{0, 35, 0, 0}));
+  EXPECT_EQ(Compile(2, owner, boxes, full).gather.self,
+            (Copies{{0, Rows(0, 5, 7)}}));
+  EXPECT_EQ(Compile(1, owner, boxes, full).gather.send_counts,
+            (Counts{0, 0, 35, 0}));
   EXPECT_EQ(Compile(3, owner, boxes, full).gather.send_total, 0);
   EXPECT_EQ(Compile(0, owner, boxes, full).gather.send_total, 0);
   // Every replica gets its box of O back.
-  EXPECT_EQ(Compile(2, owner, boxes, full).redistribute.send_counts, (Counts{35, 35, 0, 35}));
-  EXPECT_EQ(Compile(3, owner, boxes, full).redistribute.recv[2], (Copies{{0, Rows(5, 10, 7)}}));
+  EXPECT_EQ(Compile(2, owner, boxes, full).redistribute.send_counts,
+            (Counts{35, 35, 0, 35}));
+  EXPECT_EQ(Compile(3, owner, boxes, full).redistribute.recv[2],
+            (Copies{{0, Rows(5, 10, 7)}}));
 }
 
 TEST(ExchangePlanTest, EmptyShards_SendAndReceiveNothing) {
   const Box full = Rows(0, 2, 3);
-  const std::vector<Box> boxes = Boxes(2, 3, Mesh::OneDim(4), {Placement::Shard(0)});
+  const std::vector<Box> boxes =
+      Boxes(2, 3, Mesh::OneDim(4), {Placement::Shard(0)});
   ASSERT_TRUE(boxes[2].empty() && boxes[3].empty());
   const Side owner = Compile(0, 0, boxes, full);
   EXPECT_EQ(owner.gather.recv_counts, (Counts{0, 3, 0, 0}));
@@ -110,13 +123,15 @@ TEST(ExchangePlanTest, EmptyShards_SendAndReceiveNothing) {
   for (int r : {2, 3}) {
     const Side s = Compile(r, 0, boxes, full);
     EXPECT_EQ(s.gather.send_total + s.gather.recv_total, 0) << "rank " << r;
-    EXPECT_EQ(s.redistribute.send_total + s.redistribute.recv_total, 0) << "rank " << r;
+    EXPECT_EQ(s.redistribute.send_total + s.redistribute.recv_total, 0)
+        << "rank " << r;
   }
 }
 
 TEST(ExchangePlanTest, ColumnShards_RegionsAreColumnBoxes) {
   const Box full = Rows(0, 4, 6);
-  const std::vector<Box> boxes = Boxes(4, 6, Mesh::OneDim(2, "tp"), {Placement::Shard(1)});
+  const std::vector<Box> boxes =
+      Boxes(4, 6, Mesh::OneDim(2, "tp"), {Placement::Shard(1)});
   const Side owner = Compile(1, 1, boxes, full);
   EXPECT_EQ(owner.gather.recv[0], (Copies{{0, Box{Range{0, 4}, Range{0, 3}}}}));
   EXPECT_EQ(owner.gather.recv_counts, (Counts{12, 0}));

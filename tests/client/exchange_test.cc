@@ -91,35 +91,37 @@ void CheckExchanges(const Mesh& mesh, const std::vector<TensorSpec>& specs,
     for (MatrixBoxes& m : *mb) matrices[{t.name, m.slice}] = m;
   }
   std::vector<v1::Plan> plans(world);
-  std::vector<absl::Status> st = RunOnRanks(world, [&](int rank) -> absl::Status {
-    std::vector<Parameter> params(specs.size());
-    std::vector<Parameter*> ptrs;
-    std::vector<ParamPlacement> placements;
-    for (size_t i = 0; i < specs.size(); ++i) {
-      absl::StatusOr<std::vector<Range>> ranges = LocalRanges(
-          specs[i].shape, specs[i].placements, mesh, mesh.Coord(rank));
-      if (!ranges.ok()) return ranges.status();
-      Parameter& p = params[i];
-      p.name = specs[i].name;
-      p.global_shape = specs[i].shape;
-      p.expert_stack = specs[i].shape.size() == 3;
-      for (const Range& x : *ranges) p.local_shape.push_back(x.size());
-      p.data = RandomValues(p.local_numel(), 7 + i);
-      p.grad = RandomValues(p.local_numel(), 100 + i);
-      ptrs.push_back(&p);
-      placements.push_back(ParamPlacement{specs[i].placements, {}});
-    }
-    absl::StatusOr<DistributedConfig> config = CreateMeshConfig(
-        mesh, placements, rec[rank].get(), tw.client(rank));
-    if (!config.ok()) return config.status();
-    config->bucket_size_bytes = bucket_size_bytes;
-    absl::StatusOr<std::unique_ptr<Muon>> opt =
-        Muon::Create(ptrs, MuonOptions{}, *config);
-    if (!opt.ok()) return opt.status();
-    plans[rank] = (*opt)->plan();
-    return (*opt)->Step();
-  });
-  for (int r = 0; r < world; ++r) ASSERT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r];
+  std::vector<absl::Status> st =
+      RunOnRanks(world, [&](int rank) -> absl::Status {
+        std::vector<Parameter> params(specs.size());
+        std::vector<Parameter*> ptrs;
+        std::vector<ParamPlacement> placements;
+        for (size_t i = 0; i < specs.size(); ++i) {
+          absl::StatusOr<std::vector<Range>> ranges = LocalRanges(
+              specs[i].shape, specs[i].placements, mesh, mesh.Coord(rank));
+          if (!ranges.ok()) return ranges.status();
+          Parameter& p = params[i];
+          p.name = specs[i].name;
+          p.global_shape = specs[i].shape;
+          p.expert_stack = specs[i].shape.size() == 3;
+          for (const Range& x : *ranges) p.local_shape.push_back(x.size());
+          p.data = RandomValues(p.local_numel(), 7 + i);
+          p.grad = RandomValues(p.local_numel(), 100 + i);
+          ptrs.push_back(&p);
+          placements.push_back(ParamPlacement{specs[i].placements, {}});
+        }
+        absl::StatusOr<DistributedConfig> config = CreateMeshConfig(
+            mesh, placements, rec[rank].get(), tw.client(rank));
+        if (!config.ok()) return config.status();
+        config->bucket_size_bytes = bucket_size_bytes;
+        absl::StatusOr<std::unique_ptr<Muon>> opt =
+            Muon::Create(ptrs, MuonOptions{}, *config);
+        if (!opt.ok()) return opt.status();
+        plans[rank] = (*opt)->plan();
+        return (*opt)->Step();
+      });
+  for (int r = 0; r < world; ++r)
+    ASSERT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r];
   const v1::Plan& plan = plans[0];
   ASSERT_GT(plan.buckets_size(), 0);
   for (int r = 0; r < world; ++r) {
@@ -157,18 +159,22 @@ void CheckExchanges(const Mesh& mesh, const std::vector<TensorSpec>& specs,
 const Placement kR = Placement::Replicate();
 Placement S(int d) { return Placement::Shard(d); }
 
-TEST(ExchangeTest, Step_FsdpFourRanks_ExactSplitsOwnersReceiveOnlyMissingElements) {
+TEST(ExchangeTest,
+     Step_FsdpFourRanks_ExactSplitsOwnersReceiveOnlyMissingElements) {
   CheckExchanges(Mesh{{"dp_shard"}, {4}},
-                 {{"a", {10, 7}, {S(0)}}, {"b", {3, 5}, {S(0)}},
-                  {"c", {12, 16}, {S(1)}}, {"d", {16, 12}, {S(0)}},
+                 {{"a", {10, 7}, {S(0)}},
+                  {"b", {3, 5}, {S(0)}},
+                  {"c", {12, 16}, {S(1)}},
+                  {"d", {16, 12}, {S(0)}},
                   {"e", {5, 9}, {S(1)}}},
                  /*bucket_size_bytes=*/0);
 }
 
 TEST(ExchangeTest, Step_DdpFourRanks_NoGatherTrafficResultsToEveryReplica) {
-  CheckExchanges(Mesh{{"dp_replicate"}, {4}},
-                 {{"a", {10, 7}, {kR}}, {"b", {12, 16}, {kR}}, {"c", {6, 6}, {kR}}},
-                 /*bucket_size_bytes=*/0);
+  CheckExchanges(
+      Mesh{{"dp_replicate"}, {4}},
+      {{"a", {10, 7}, {kR}}, {"b", {12, 16}, {kR}}, {"c", {6, 6}, {kR}}},
+      /*bucket_size_bytes=*/0);
 }
 
 TEST(ExchangeTest, Step_TpHsdpEightRanksLargeBuckets_ExactSplits) {
@@ -180,10 +186,10 @@ TEST(ExchangeTest, Step_TpHsdpEightRanksLargeBuckets_ExactSplits) {
 }
 
 TEST(ExchangeTest, Step_EpTpFourRanks_ExpertSlicesNeverCrossEp) {
-  CheckExchanges(Mesh{{"ep", "tp"}, {2, 2}},
-                 {{"attn", {12, 12}, {kR, S(0)}},
-                  {"experts", {4, 12, 10}, {S(0), S(1)}}},
-                 /*bucket_size_bytes=*/0);
+  CheckExchanges(
+      Mesh{{"ep", "tp"}, {2, 2}},
+      {{"attn", {12, 12}, {kR, S(0)}}, {"experts", {4, 12, 10}, {S(0), S(1)}}},
+      /*bucket_size_bytes=*/0);
 }
 
 }  // namespace

@@ -59,7 +59,8 @@ struct TrainResult {
   int matrices = 0;  // orthogonalized in the last step, this rank
 };
 
-absl::StatusOr<TrainResult> Train(int rank, ThreadWorld* tw, int micro, bool accumulate) {
+absl::StatusOr<TrainResult> Train(int rank, ThreadWorld* tw, int micro,
+                                  bool accumulate) {
   Mlp mlp(kSizes);
   const Data data = MakeData();
   const int layers = mlp.num_layers();
@@ -76,7 +77,8 @@ absl::StatusOr<TrainResult> Train(int rank, ThreadWorld* tw, int micro, bool acc
     if (rank < 0) {
       boxes[l] = whole;
     } else {
-      absl::StatusOr<Box> b = LocalBox(r, c, {Placement::Shard(0)}, mesh, mesh.Coord(rank));
+      absl::StatusOr<Box> b =
+          LocalBox(r, c, {Placement::Shard(0)}, mesh, mesh.Coord(rank));
       if (!b.ok()) return b.status();
       boxes[l] = *b;
     }
@@ -98,7 +100,8 @@ absl::StatusOr<TrainResult> Train(int rank, ThreadWorld* tw, int micro, bool acc
     if (!c.ok()) return c.status();
     config = *c;
   }
-  absl::StatusOr<std::unique_ptr<Muon>> opt = Muon::Create(ptrs, Options(), config);
+  absl::StatusOr<std::unique_ptr<Muon>> opt =
+      Muon::Create(ptrs, Options(), config);
   if (!opt.ok()) return opt.status();
   auto unshard = [&]() -> absl::Status {
     // Every rank keeps the full weights in sync from the parameters it holds
@@ -110,8 +113,9 @@ absl::StatusOr<TrainResult> Train(int rank, ThreadWorld* tw, int micro, bool acc
       }
       std::vector<int64_t> counts(kWorld);
       for (int q = 0; q < kWorld; ++q) {
-        counts[q] = LocalBox(mlp.rows(l), mlp.cols(l), {Placement::Shard(0)}, mesh,
-                             mesh.Coord(q))->numel();
+        counts[q] = LocalBox(mlp.rows(l), mlp.cols(l), {Placement::Shard(0)},
+                             mesh, mesh.Coord(q))
+                        ->numel();
       }
       // Shard(0) chunks are contiguous rows: the all-gather is the matrix.
       absl::Status s = tw->comm(rank)->AllGatherV(
@@ -129,8 +133,9 @@ absl::StatusOr<TrainResult> Train(int rank, ThreadWorld* tw, int micro, bool acc
   }
   TrainResult run;
   for (int k = 0; k < micro; ++k) {
-    mlp.ForwardBackward(w, data.x.data() + k * per * kSizes[0], data.y.data() + k * per,
-                        per, accumulate ? kBatch : per, g);
+    mlp.ForwardBackward(w, data.x.data() + k * per * kSizes[0],
+                        data.y.data() + k * per, per, accumulate ? kBatch : per,
+                        g);
     for (int l = 0; l < layers; ++l) {
       std::vector<float> shard(boxes[l].numel());
       const Box whole{Range{0, mlp.rows(l)}, Range{0, mlp.cols(l)}};
@@ -156,13 +161,15 @@ std::vector<TrainResult> TrainDistributed(int micro, bool accumulate) {
   ThreadWorld tw(kWorld);
   EXPECT_TRUE(tw.Connect());
   std::vector<TrainResult> runs(kWorld);
-  std::vector<absl::Status> st = RunOnRanks(kWorld, [&](int rank) -> absl::Status {
-    absl::StatusOr<TrainResult> r = Train(rank, &tw, micro, accumulate);
-    if (!r.ok()) return r.status();
-    runs[rank] = *r;
-    return absl::OkStatus();
-  });
-  for (int r = 0; r < kWorld; ++r) EXPECT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r];
+  std::vector<absl::Status> st =
+      RunOnRanks(kWorld, [&](int rank) -> absl::Status {
+        absl::StatusOr<TrainResult> r = Train(rank, &tw, micro, accumulate);
+        if (!r.ok()) return r.status();
+        runs[rank] = *r;
+        return absl::OkStatus();
+      });
+  for (int r = 0; r < kWorld; ++r)
+    EXPECT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r];
   return runs;
 }
 
@@ -177,13 +184,17 @@ double MaxAbsDiff(const std::vector<std::vector<float>>& a,
   return d;
 }
 
-TEST(GradAccumulationTest, Step_FsdpAccumulatedMicroBatches_MatchesSingleLargeBatch) {
+TEST(GradAccumulationTest,
+     Step_FsdpAccumulatedMicroBatches_MatchesSingleLargeBatch) {
   openblas_set_num_threads(1);
-  absl::StatusOr<TrainResult> large = Train(-1, nullptr, 1, /*accumulate=*/true);
+  absl::StatusOr<TrainResult> large =
+      Train(-1, nullptr, 1, /*accumulate=*/true);
   ASSERT_TRUE(large.ok()) << large.status();
-  absl::StatusOr<TrainResult> single_accum = Train(-1, nullptr, kMicroBatches, true);
+  absl::StatusOr<TrainResult> single_accum =
+      Train(-1, nullptr, kMicroBatches, true);
   ASSERT_TRUE(single_accum.ok()) << single_accum.status();
-  std::vector<TrainResult> dist = TrainDistributed(kMicroBatches, /*accumulate=*/true);
+  std::vector<TrainResult> dist =
+      TrainDistributed(kMicroBatches, /*accumulate=*/true);
   ASSERT_EQ(dist.size(), static_cast<size_t>(kWorld));
   int matrices = 0;
   for (int r = 0; r < kWorld; ++r) {
@@ -193,7 +204,8 @@ TEST(GradAccumulationTest, Step_FsdpAccumulatedMicroBatches_MatchesSingleLargeBa
     matrices += dist[r].matrices;
     // Distributed accumulation is single-device accumulation, bit for bit.
     for (size_t l = 0; l < dist[r].weights.size(); ++l) {
-      EXPECT_TRUE(BitwiseEqual(dist[r].weights[l], single_accum->weights[l])) << "layer " << l;
+      EXPECT_TRUE(BitwiseEqual(dist[r].weights[l], single_accum->weights[l]))
+          << "layer " << l;
     }
   }
   // Each matrix orthogonalized once in the world, after accumulation.
@@ -205,8 +217,10 @@ TEST(GradAccumulationTest, Step_FsdpAccumulatedMicroBatches_MatchesSingleLargeBa
 
 TEST(GradAccumulationTest, Step_PerMicroBatchSteps_DifferFromAccumulated) {
   openblas_set_num_threads(1);
-  std::vector<TrainResult> per_micro = TrainDistributed(kMicroBatches, /*accumulate=*/false);
-  absl::StatusOr<TrainResult> accumulated = Train(-1, nullptr, kMicroBatches, true);
+  std::vector<TrainResult> per_micro =
+      TrainDistributed(kMicroBatches, /*accumulate=*/false);
+  absl::StatusOr<TrainResult> accumulated =
+      Train(-1, nullptr, kMicroBatches, true);
   ASSERT_TRUE(accumulated.ok());
   EXPECT_EQ(per_micro[0].steps, kMicroBatches);
   // Orthogonalizing every micro-batch is a different optimizer: the check

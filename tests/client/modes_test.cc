@@ -61,53 +61,60 @@ ModeResult RunMode(bool async, int prefetch, ThreadWorld* tw) {
   }
   out.last_stats.resize(kWorld);
   out.plans.resize(kWorld);
-  std::vector<absl::Status> st = RunOnRanks(kWorld, [&](int rank) -> absl::Status {
-    std::vector<Parameter> params(shapes.size());
-    std::vector<Parameter*> ptrs;
-    std::vector<Box> boxes;
-    for (size_t i = 0; i < shapes.size(); ++i) {
-      const Box whole{Range{0, shapes[i].rows}, Range{0, shapes[i].cols}};
-      absl::StatusOr<Box> box = LocalBox(shapes[i].rows, shapes[i].cols,
-                                         {Placement::Shard(0)}, mesh, mesh.Coord(rank));
-      if (!box.ok()) return box.status();
-      boxes.push_back(*box);
-      Parameter& p = params[i];
-      p.name = shapes[i].name;
-      p.global_shape = {shapes[i].rows, shapes[i].cols};
-      p.local_shape = {box->rows.size(), box->cols.size()};
-      const std::vector<float> init = RandomValues(whole.numel(), 11 + i);
-      p.data.resize(box->numel());
-      p.grad.resize(box->numel());
-      CopyRegion(init.data(), whole, p.data.data(), *box, *box);
-      ptrs.push_back(&p);
-    }
-    AutoConfigOptions ao;
-    ao.fsdp = tw->comm(rank);
-    ao.coordinator = tw->client(rank);
-    absl::StatusOr<DistributedConfig> config = CreateAutoConfig(ptrs, ao);
-    if (!config.ok()) return config.status();
-    config->async_gpu_parallelism = async;
-    config->prefetch_count = prefetch;
-    absl::StatusOr<std::unique_ptr<Muon>> opt = Muon::Create(ptrs, MuonOptions{}, *config);
-    if (!opt.ok()) return opt.status();
-    for (int s = 0; s < kSteps; ++s) {
-      for (size_t i = 0; i < shapes.size(); ++i) {
-        const Box whole{Range{0, shapes[i].rows}, Range{0, shapes[i].cols}};
-        const std::vector<float> g = RandomValues(whole.numel(), 1000 * (s + 1) + i);
-        CopyRegion(g.data(), whole, params[i].grad.data(), boxes[i], boxes[i]);
-      }
-      absl::Status s_ = (*opt)->Step();
-      if (!s_.ok()) return s_;
-    }
-    out.last_stats[rank] = (*opt)->last_step_stats();
-    out.plans[rank] = (*opt)->plan();
-    for (size_t i = 0; i < shapes.size(); ++i) {
-      const Box whole{Range{0, shapes[i].rows}, Range{0, shapes[i].cols}};
-      CopyRegion(params[i].data.data(), boxes[i], out.full[i].data(), whole, boxes[i]);
-    }
-    return absl::OkStatus();
-  });
-  for (int r = 0; r < kWorld; ++r) EXPECT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r];
+  std::vector<absl::Status> st =
+      RunOnRanks(kWorld, [&](int rank) -> absl::Status {
+        std::vector<Parameter> params(shapes.size());
+        std::vector<Parameter*> ptrs;
+        std::vector<Box> boxes;
+        for (size_t i = 0; i < shapes.size(); ++i) {
+          const Box whole{Range{0, shapes[i].rows}, Range{0, shapes[i].cols}};
+          absl::StatusOr<Box> box =
+              LocalBox(shapes[i].rows, shapes[i].cols, {Placement::Shard(0)},
+                       mesh, mesh.Coord(rank));
+          if (!box.ok()) return box.status();
+          boxes.push_back(*box);
+          Parameter& p = params[i];
+          p.name = shapes[i].name;
+          p.global_shape = {shapes[i].rows, shapes[i].cols};
+          p.local_shape = {box->rows.size(), box->cols.size()};
+          const std::vector<float> init = RandomValues(whole.numel(), 11 + i);
+          p.data.resize(box->numel());
+          p.grad.resize(box->numel());
+          CopyRegion(init.data(), whole, p.data.data(), *box, *box);
+          ptrs.push_back(&p);
+        }
+        AutoConfigOptions ao;
+        ao.fsdp = tw->comm(rank);
+        ao.coordinator = tw->client(rank);
+        absl::StatusOr<DistributedConfig> config = CreateAutoConfig(ptrs, ao);
+        if (!config.ok()) return config.status();
+        config->async_gpu_parallelism = async;
+        config->prefetch_count = prefetch;
+        absl::StatusOr<std::unique_ptr<Muon>> opt =
+            Muon::Create(ptrs, MuonOptions{}, *config);
+        if (!opt.ok()) return opt.status();
+        for (int s = 0; s < kSteps; ++s) {
+          for (size_t i = 0; i < shapes.size(); ++i) {
+            const Box whole{Range{0, shapes[i].rows}, Range{0, shapes[i].cols}};
+            const std::vector<float> g =
+                RandomValues(whole.numel(), 1000 * (s + 1) + i);
+            CopyRegion(g.data(), whole, params[i].grad.data(), boxes[i],
+                       boxes[i]);
+          }
+          absl::Status s_ = (*opt)->Step();
+          if (!s_.ok()) return s_;
+        }
+        out.last_stats[rank] = (*opt)->last_step_stats();
+        out.plans[rank] = (*opt)->plan();
+        for (size_t i = 0; i < shapes.size(); ++i) {
+          const Box whole{Range{0, shapes[i].rows}, Range{0, shapes[i].cols}};
+          CopyRegion(params[i].data.data(), boxes[i], out.full[i].data(), whole,
+                     boxes[i]);
+        }
+        return absl::OkStatus();
+      });
+  for (int r = 0; r < kWorld; ++r)
+    EXPECT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r];
   return out;
 }
 
@@ -162,15 +169,18 @@ TEST(ModesTest, Step_DebugMode_OwnersOrthogonalizeInRankOrder) {
   const ModeResult r = RunMode(/*async=*/false, 0, &tw);
   // The timestamps the ranks reported to the coordinator (the optimizers are
   // gone, so their agents have flushed their queues).
-  absl::StatusOr<v1::GetReportsResponse> reports = tw.client(0)->GetReports(-1, 0);
+  absl::StatusOr<v1::GetReportsResponse> reports =
+      tw.client(0)->GetReports(-1, 0);
   ASSERT_TRUE(reports.ok()) << reports.status();
   // bucket -> rank -> (start, end) of its orthogonalize op, per step.
-  std::map<std::pair<int64_t, int>, std::map<int, std::pair<double, double>>> ns;
+  std::map<std::pair<int64_t, int>, std::map<int, std::pair<double, double>>>
+      ns;
   for (const v1::StepReport& report : reports->reports()) {
     EXPECT_EQ(report.mode(), "sequential");
     for (const v1::OpTiming& op : report.ops()) {
       if (op.op() == "orthogonalize") {
-        ns[{report.step(), op.bucket()}][report.rank()] = {op.start_s(), op.end_s()};
+        ns[{report.step(), op.bucket()}][report.rank()] = {op.start_s(),
+                                                           op.end_s()};
       }
     }
   }
@@ -185,7 +195,8 @@ TEST(ModesTest, Step_DebugMode_OwnersOrthogonalizeInRankOrder) {
       EXPECT_LE(interval.first, interval.second);
       if (previous_rank >= 0) {
         EXPECT_LT(previous_end, interval.first)
-            << "rank " << previous_rank << " must finish before rank " << rank << " starts";
+            << "rank " << previous_rank << " must finish before rank " << rank
+            << " starts";
       }
       previous_end = interval.second;
       previous_rank = rank;

@@ -39,11 +39,14 @@ struct Problem {
     for (int s = 0; s < kSteps; ++s) {
       grads.emplace_back();
       for (size_t i = 0; i < shapes.size(); ++i) {
-        grads[s].push_back(RandomValues(shapes[i][0] * shapes[i][1], 500 + 10 * s + i));
+        grads[s].push_back(
+            RandomValues(shapes[i][0] * shapes[i][1], 500 + 10 * s + i));
       }
     }
   }
-  Box Whole(size_t i) const { return Box{Range{0, shapes[i][0]}, Range{0, shapes[i][1]}}; }
+  Box Whole(size_t i) const {
+    return Box{Range{0, shapes[i][0]}, Range{0, shapes[i][1]}};
+  }
 };
 
 // A layout: a mesh and one placement list per parameter. A mesh of one
@@ -71,13 +74,15 @@ std::string TempDir(const std::string& name) {
 // parameters back to `*full`. Returns the first rank's error.
 absl::Status RunPhase(const Problem& problem, const Layout& layout, int from,
                       int to, std::vector<std::vector<float>>* full,
-                      const std::string& load_dir, const std::string& save_dir) {
+                      const std::string& load_dir,
+                      const std::string& save_dir) {
   const int world = layout.mesh.world_size();
   const size_t np = problem.shapes.size();
   std::vector<std::vector<Box>> boxes(np);
   for (size_t i = 0; i < np; ++i) {
-    MUON_ASSIGN_OR_RETURN(boxes[i], AllBoxes(problem.shapes[i][0], problem.shapes[i][1],
-                                             layout.placements, layout.mesh));
+    MUON_ASSIGN_OR_RETURN(boxes[i],
+                          AllBoxes(problem.shapes[i][0], problem.shapes[i][1],
+                                   layout.placements, layout.mesh));
   }
   std::vector<std::vector<std::vector<float>>> w(world), g(world);
   std::unique_ptr<testing::ThreadWorld> tw;
@@ -85,60 +90,73 @@ absl::Status RunPhase(const Problem& problem, const Layout& layout, int from,
     tw = std::make_unique<testing::ThreadWorld>(world);
     if (!tw->Connect()) return absl::InternalError("connect failed");
   }
-  std::vector<absl::Status> st = testing::RunOnRanks(world, [&](int rank) -> absl::Status {
-    std::vector<ParamView> views;
-    w[rank].resize(np);
-    g[rank].resize(np);
-    for (size_t i = 0; i < np; ++i) {
-      const Box& box = boxes[i][rank];
-      w[rank][i].resize(box.numel());
-      g[rank][i].resize(box.numel());
-      CopyRegion((*full)[i].data(), problem.Whole(i), w[rank][i].data(), box, box);
-      ParamView v;
-      v.name = problem.names[i];
-      v.data = w[rank][i].data();
-      v.grad = g[rank][i].data();
-      v.local_shape = {box.rows.size(), box.cols.size()};
-      v.global_shape = problem.shapes[i];
-      views.push_back(v);
-    }
-    std::optional<DistributedConfig> config;
-    if (world > 1) {
-      std::vector<ParamPlacement> pls(np, ParamPlacement{layout.placements});
-      MUON_ASSIGN_OR_RETURN(config, CreateMeshConfig(layout.mesh, pls, tw->comm(rank),
-                                                     tw->client(rank), rank + 1));
-      config->state.rank = rank;
-      config->state.world_size = world;
-    }
-    MUON_ASSIGN_OR_RETURN(std::unique_ptr<Muon> opt, Muon::Create(views, Options(), config));
-    if (!load_dir.empty()) MUON_RETURN_IF_ERROR(opt->Load(load_dir));
-    if (opt->step_count() != from) {
-      return absl::InternalError(absl::StrCat("step_count ", opt->step_count(), " != ", from));
-    }
-    for (int s = from; s < to; ++s) {
-      for (size_t i = 0; i < np; ++i) {
-        const Box& box = boxes[i][rank];
-        CopyRegion(problem.grads[s][i].data(), problem.Whole(i), g[rank][i].data(), box, box);
-      }
-      MUON_RETURN_IF_ERROR(opt->Step());
-    }
-    if (!save_dir.empty()) MUON_RETURN_IF_ERROR(opt->Save(save_dir));
-    return absl::OkStatus();
-  });
+  std::vector<absl::Status> st =
+      testing::RunOnRanks(world, [&](int rank) -> absl::Status {
+        std::vector<ParamView> views;
+        w[rank].resize(np);
+        g[rank].resize(np);
+        for (size_t i = 0; i < np; ++i) {
+          const Box& box = boxes[i][rank];
+          w[rank][i].resize(box.numel());
+          g[rank][i].resize(box.numel());
+          CopyRegion((*full)[i].data(), problem.Whole(i), w[rank][i].data(),
+                     box, box);
+          ParamView v;
+          v.name = problem.names[i];
+          v.data = w[rank][i].data();
+          v.grad = g[rank][i].data();
+          v.local_shape = {box.rows.size(), box.cols.size()};
+          v.global_shape = problem.shapes[i];
+          views.push_back(v);
+        }
+        std::optional<DistributedConfig> config;
+        if (world > 1) {
+          std::vector<ParamPlacement> pls(np,
+                                          ParamPlacement{layout.placements});
+          MUON_ASSIGN_OR_RETURN(
+              config, CreateMeshConfig(layout.mesh, pls, tw->comm(rank),
+                                       tw->client(rank), rank + 1));
+          config->state.rank = rank;
+          config->state.world_size = world;
+        }
+        MUON_ASSIGN_OR_RETURN(std::unique_ptr<Muon> opt,
+                              Muon::Create(views, Options(), config));
+        if (!load_dir.empty()) MUON_RETURN_IF_ERROR(opt->Load(load_dir));
+        if (opt->step_count() != from) {
+          return absl::InternalError(
+              absl::StrCat("step_count ", opt->step_count(), " != ", from));
+        }
+        for (int s = from; s < to; ++s) {
+          for (size_t i = 0; i < np; ++i) {
+            const Box& box = boxes[i][rank];
+            CopyRegion(problem.grads[s][i].data(), problem.Whole(i),
+                       g[rank][i].data(), box, box);
+          }
+          MUON_RETURN_IF_ERROR(opt->Step());
+        }
+        if (!save_dir.empty()) MUON_RETURN_IF_ERROR(opt->Save(save_dir));
+        return absl::OkStatus();
+      });
   for (const absl::Status& s : st) MUON_RETURN_IF_ERROR(s);
   for (size_t i = 0; i < np; ++i) {
     for (int r = 0; r < world; ++r) {
-      CopyRegion(w[r][i].data(), boxes[i][r], (*full)[i].data(), problem.Whole(i), boxes[i][r]);
+      CopyRegion(w[r][i].data(), boxes[i][r], (*full)[i].data(),
+                 problem.Whole(i), boxes[i][r]);
     }
   }
   return absl::OkStatus();
 }
 
 Layout Single() { return {Mesh::OneDim(1), {Placement::Replicate()}}; }
-Layout Fsdp(int n) { return {Mesh::OneDim(n, "dp_shard"), {Placement::Shard(0)}}; }
-Layout Ddp(int n) { return {Mesh::OneDim(n, "dp_replicate"), {Placement::Replicate()}}; }
+Layout Fsdp(int n) {
+  return {Mesh::OneDim(n, "dp_shard"), {Placement::Shard(0)}};
+}
+Layout Ddp(int n) {
+  return {Mesh::OneDim(n, "dp_replicate"), {Placement::Replicate()}};
+}
 Layout TpFsdp() {
-  return {Mesh{{"dp_shard", "tp"}, {2, 2}}, {Placement::Shard(0), Placement::Shard(1)}};
+  return {Mesh{{"dp_shard", "tp"}, {2, 2}},
+          {Placement::Shard(0), Placement::Shard(1)}};
 }
 
 // Uninterrupted single-device run of every step.
@@ -169,11 +187,13 @@ TEST(MuonCheckpointTest, Resume_SingleDevice_BitwiseEqualsUninterrupted) {
   ExpectResumeBitwise(Single(), Single(), "single");
 }
 
-TEST(MuonCheckpointTest, Resume_FsdpOver4IntoFsdpOver2_BitwiseEqualsUninterrupted) {
+TEST(MuonCheckpointTest,
+     Resume_FsdpOver4IntoFsdpOver2_BitwiseEqualsUninterrupted) {
   ExpectResumeBitwise(Fsdp(4), Fsdp(2), "fsdp4_fsdp2");
 }
 
-TEST(MuonCheckpointTest, Resume_FsdpIntoTpTimesFsdp_BitwiseEqualsUninterrupted) {
+TEST(MuonCheckpointTest,
+     Resume_FsdpIntoTpTimesFsdp_BitwiseEqualsUninterrupted) {
   ExpectResumeBitwise(Fsdp(4), TpFsdp(), "fsdp_tpfsdp");
 }
 
@@ -181,7 +201,8 @@ TEST(MuonCheckpointTest, Resume_DdpIntoFsdp_BitwiseEqualsUninterrupted) {
   ExpectResumeBitwise(Ddp(2), Fsdp(4), "ddp_fsdp");
 }
 
-TEST(MuonCheckpointTest, Resume_FsdpIntoSingleDevice_BitwiseEqualsUninterrupted) {
+TEST(MuonCheckpointTest,
+     Resume_FsdpIntoSingleDevice_BitwiseEqualsUninterrupted) {
   ExpectResumeBitwise(Fsdp(4), Single(), "fsdp_single");
 }
 
@@ -287,7 +308,8 @@ TEST(MuonCheckpointTest, LoadStateDict_OtherBox_InvalidArgumentAndUntouched) {
   EXPECT_THAT(st, StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
   EXPECT_NE(st.message().find("\"w2\""), std::string::npos) << st;
   EXPECT_EQ(s.opt->step_count(), 1);
-  EXPECT_TRUE(BitwiseEqual(s.opt->momentum_buffer(0), sd.params[0].momentum_buffer));
+  EXPECT_TRUE(
+      BitwiseEqual(s.opt->momentum_buffer(0), sd.params[0].momentum_buffer));
   // The right one loads.
   sd.step = 7;
   EXPECT_TRUE(s.opt->load_state_dict(sd).ok());

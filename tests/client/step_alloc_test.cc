@@ -78,7 +78,8 @@ TEST(StepAllocTest, Step_SingleDeviceWarm_AllocatesNothing) {
   EXPECT_EQ(CountStepAllocations(**opt, 2), 0);
 }
 
-TEST(StepAllocTest, Step_WorldOfOneWithCoordinatorAndAsync_AllocatesNothingOnceWarm) {
+TEST(StepAllocTest,
+     Step_WorldOfOneWithCoordinatorAndAsync_AllocatesNothingOnceWarm) {
   openblas_set_num_threads(1);
   CoordinatorService::Options so;
   so.job_id = "alloc";
@@ -87,15 +88,16 @@ TEST(StepAllocTest, Step_WorldOfOneWithCoordinatorAndAsync_AllocatesNothingOnceW
   LocalCoordinationClient client(&service);
   std::unique_ptr<Communicator> comm = LocalCommunicator::Create();
   Model m = MakeModel();
-  std::vector<ParamPlacement> placements(m.ptrs.size(),
-                                         ParamPlacement{{Placement::Replicate()}, {}});
-  absl::StatusOr<DistributedConfig> config =
-      CreateMeshConfig(Mesh{{"dp_replicate"}, {1}}, placements, comm.get(), &client);
+  std::vector<ParamPlacement> placements(
+      m.ptrs.size(), ParamPlacement{{Placement::Replicate()}, {}});
+  absl::StatusOr<DistributedConfig> config = CreateMeshConfig(
+      Mesh{{"dp_replicate"}, {1}}, placements, comm.get(), &client);
   ASSERT_TRUE(config.ok()) << config.status();
   config->async_gpu_parallelism = true;
   config->prefetch_count = 1;
   {
-    absl::StatusOr<std::unique_ptr<Muon>> opt = Muon::Create(m.ptrs, MuonOptions{}, *config);
+    absl::StatusOr<std::unique_ptr<Muon>> opt =
+        Muon::Create(m.ptrs, MuonOptions{}, *config);
     ASSERT_TRUE(opt.ok()) << opt.status();
     // The counter sees allocations: the first step fills a fresh pooled
     // report, whose fields get their storage then.

@@ -115,7 +115,8 @@ TEST(TensorViewTest, Step_Float32Views_UpdatesTrainerBuffersInPlace) {
   EXPECT_TRUE(BitwiseEqual(a.g, a_grad_before));
 }
 
-TEST(TensorViewTest, Step_Bf16WithoutWeightDecay_EqualsFp32StepRoundedToNearestEven) {
+TEST(TensorViewTest,
+     Step_Bf16WithoutWeightDecay_EqualsFp32StepRoundedToNearestEven) {
   // Without weight decay the bf16 path's first rounding is exact, so one
   // bf16 step is the fp32 step on the widened values, rounded once.
   const int64_t rows = 8, cols = 6, n = rows * cols;
@@ -155,7 +156,8 @@ TEST(TensorViewTest, Step_Bf16WithoutWeightDecay_EqualsFp32StepRoundedToNearestE
   }
   EXPECT_GT(changed, 0);
   // The momentum buffer is fp32 state, the same as the fp32 run's.
-  EXPECT_TRUE(BitwiseEqual((*m16)->momentum_buffer(0), (*m32)->momentum_buffer(0)));
+  EXPECT_TRUE(
+      BitwiseEqual((*m16)->momentum_buffer(0), (*m32)->momentum_buffer(0)));
 }
 
 TEST(TensorViewTest, Step_Bf16GradFp32Param_MomentumEqualsWidenedGradient) {
@@ -201,7 +203,8 @@ TEST(TensorViewTest, SetGrad_NewBuffer_StepReadsIt) {
   ASSERT_TRUE((*m)->Step().ok());
   // A zero gradient would leave the momentum buffer at zero.
   EXPECT_NE((*m)->momentum_buffer(0)[0], 0.0f);
-  EXPECT_THAT((*m)->SetGrad(1, g.data()), StatusIs(absl::StatusCode::kOutOfRange, ::testing::_));
+  EXPECT_THAT((*m)->SetGrad(1, g.data()),
+              StatusIs(absl::StatusCode::kOutOfRange, ::testing::_));
 }
 
 TEST(TensorViewTest, Step_NoGradient_FailsBeforeTouchingAnything) {
@@ -217,12 +220,14 @@ TEST(TensorViewTest, Step_NoGradient_FailsBeforeTouchingAnything) {
   EXPECT_EQ((*m)->step_count(), 0);
 }
 
-TEST(TensorViewTest, Create_NonContiguousStrides_InvalidArgumentNamingParameter) {
+TEST(TensorViewTest,
+     Create_NonContiguousStrides_InvalidArgumentNamingParameter) {
   TrainerTensor t{{4, 3}, RandomValues(12, 15), RandomValues(12, 16)};
   ParamView v = t.View("layers.0.w");
   v.strides = {1, 4};  // a transposed (column-major) view
   absl::StatusOr<std::unique_ptr<Muon>> m = Muon::Create({v});
-  EXPECT_THAT(m.status(), StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  EXPECT_THAT(m.status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
   EXPECT_NE(m.status().message().find("\"layers.0.w\" has strides [1, 4]"),
             std::string::npos)
       << m.status();
@@ -235,7 +240,8 @@ TEST(TensorViewTest, Create_CudaDevice_UnimplementedNamingParameterAndDevice) {
   ParamView v = t.View("w");
   v.device = Device::Cuda(1);
   absl::StatusOr<std::unique_ptr<Muon>> m = Muon::Create({v});
-  EXPECT_THAT(m.status(), StatusIs(absl::StatusCode::kUnimplemented, ::testing::_));
+  EXPECT_THAT(m.status(),
+              StatusIs(absl::StatusCode::kUnimplemented, ::testing::_));
   EXPECT_NE(m.status().message().find("\"w\" is on cuda:1"), std::string::npos)
       << m.status();
 }
@@ -259,7 +265,8 @@ TEST(TensorViewTest, Step_FsdpOver4OnViews_BitwiseEqualsSingleDevice) {
   for (size_t i = 0; i < np; ++i) {
     init[i] = RandomValues(shapes[i][0] * shapes[i][1], 20 + i);
     for (int s = 0; s < steps; ++s) {
-      grads[s].push_back(RandomValues(shapes[i][0] * shapes[i][1], 100 * s + i));
+      grads[s].push_back(
+          RandomValues(shapes[i][0] * shapes[i][1], 100 * s + i));
     }
   }
   MuonOptions options;
@@ -280,7 +287,8 @@ TEST(TensorViewTest, Step_FsdpOver4OnViews_BitwiseEqualsSingleDevice) {
     auto m = Muon::Create(views, options);
     ASSERT_TRUE(m.ok()) << m.status();
     for (int s = 0; s < steps; ++s) {
-      for (size_t i = 0; i < np; ++i) single_g[i] = grads[s][i];  // same storage
+      for (size_t i = 0; i < np; ++i)
+        single_g[i] = grads[s][i];  // same storage
       ASSERT_TRUE((*m)->Step().ok());
     }
   }
@@ -294,45 +302,48 @@ TEST(TensorViewTest, Step_FsdpOver4OnViews_BitwiseEqualsSingleDevice) {
     ASSERT_TRUE(b.ok());
     boxes[i] = *b;
   }
-  std::vector<absl::Status> st = testing::RunOnRanks(world, [&](int rank) -> absl::Status {
-    std::vector<ParamView> views;
-    std::vector<ParamPlacement> placements;
-    shard_w[rank].resize(np);
-    shard_g[rank].resize(np);
-    for (size_t i = 0; i < np; ++i) {
-      const Box& box = boxes[i][rank];
-      const Box whole{Range{0, shapes[i][0]}, Range{0, shapes[i][1]}};
-      shard_w[rank][i].resize(box.numel());
-      shard_g[rank][i].resize(box.numel());
-      CopyRegion(init[i].data(), whole, shard_w[rank][i].data(), box, box);
-      ParamView v;
-      v.name = "p" + std::to_string(i);
-      v.data = shard_w[rank][i].data();
-      v.grad = shard_g[rank][i].data();
-      v.local_shape = {box.rows.size(), box.cols.size()};
-      v.global_shape = shapes[i];
-      views.push_back(v);
-      placements.push_back(ParamPlacement{{Placement::Shard(0)}});
-    }
-    absl::StatusOr<DistributedConfig> config = CreateMeshConfig(
-        mesh, placements, tw.comm(rank), tw.client(rank), rank + 1);
-    if (!config.ok()) return config.status();
-    config->state.rank = rank;
-    config->state.world_size = world;
-    auto m = Muon::Create(views, options, *config);
-    if (!m.ok()) return m.status();
-    for (int s = 0; s < steps; ++s) {
-      for (size_t i = 0; i < np; ++i) {
-        const Box& box = boxes[i][rank];
-        const Box whole{Range{0, shapes[i][0]}, Range{0, shapes[i][1]}};
-        CopyRegion(grads[s][i].data(), whole, shard_g[rank][i].data(), box, box);
-      }
-      absl::Status s2 = (*m)->Step();
-      if (!s2.ok()) return s2;
-    }
-    return absl::OkStatus();
-  });
-  for (int r = 0; r < world; ++r) ASSERT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r];
+  std::vector<absl::Status> st =
+      testing::RunOnRanks(world, [&](int rank) -> absl::Status {
+        std::vector<ParamView> views;
+        std::vector<ParamPlacement> placements;
+        shard_w[rank].resize(np);
+        shard_g[rank].resize(np);
+        for (size_t i = 0; i < np; ++i) {
+          const Box& box = boxes[i][rank];
+          const Box whole{Range{0, shapes[i][0]}, Range{0, shapes[i][1]}};
+          shard_w[rank][i].resize(box.numel());
+          shard_g[rank][i].resize(box.numel());
+          CopyRegion(init[i].data(), whole, shard_w[rank][i].data(), box, box);
+          ParamView v;
+          v.name = "p" + std::to_string(i);
+          v.data = shard_w[rank][i].data();
+          v.grad = shard_g[rank][i].data();
+          v.local_shape = {box.rows.size(), box.cols.size()};
+          v.global_shape = shapes[i];
+          views.push_back(v);
+          placements.push_back(ParamPlacement{{Placement::Shard(0)}});
+        }
+        absl::StatusOr<DistributedConfig> config = CreateMeshConfig(
+            mesh, placements, tw.comm(rank), tw.client(rank), rank + 1);
+        if (!config.ok()) return config.status();
+        config->state.rank = rank;
+        config->state.world_size = world;
+        auto m = Muon::Create(views, options, *config);
+        if (!m.ok()) return m.status();
+        for (int s = 0; s < steps; ++s) {
+          for (size_t i = 0; i < np; ++i) {
+            const Box& box = boxes[i][rank];
+            const Box whole{Range{0, shapes[i][0]}, Range{0, shapes[i][1]}};
+            CopyRegion(grads[s][i].data(), whole, shard_g[rank][i].data(), box,
+                       box);
+          }
+          absl::Status s2 = (*m)->Step();
+          if (!s2.ok()) return s2;
+        }
+        return absl::OkStatus();
+      });
+  for (int r = 0; r < world; ++r)
+    ASSERT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r];
   for (size_t i = 0; i < np; ++i) {
     std::vector<float> assembled(init[i].size());
     const Box whole{Range{0, shapes[i][0]}, Range{0, shapes[i][1]}};

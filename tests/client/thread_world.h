@@ -46,7 +46,8 @@ class ThreadWorld {
     std::vector<absl::Status> statuses =
         RunOnRanks(world_size_, [&](int rank) -> absl::Status {
           absl::StatusOr<std::unique_ptr<GlooCommunicator>> comm =
-              GlooCommunicator::Create(rank, world_size_, client(rank), options);
+              GlooCommunicator::Create(rank, world_size_, client(rank),
+                                       options);
           if (!comm.ok()) return comm.status();
           comms_[rank] = *std::move(comm);
           return absl::OkStatus();

@@ -6,8 +6,8 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/status_matchers.h"
 #include "tests/server/test_specs.h"
+#include "tests/status_matchers.h"
 
 namespace muon {
 namespace {
@@ -461,9 +461,9 @@ std::vector<v1::RankManifest> ExpertManifestsWithOwners(
 }
 
 std::vector<int> ValidExpertOwners() {
-  std::vector<int> owners = {5};                              // attn
-  for (int e = 0; e < 8; ++e) owners.push_back(e / 2);        // w1: dp 0
-  for (int e = 0; e < 8; ++e) owners.push_back(4 + e / 2);    // w2: dp 1
+  std::vector<int> owners = {5};                            // attn
+  for (int e = 0; e < 8; ++e) owners.push_back(e / 2);      // w1: dp 0
+  for (int e = 0; e < 8; ++e) owners.push_back(4 + e / 2);  // w2: dp 1
   return owners;
 }
 

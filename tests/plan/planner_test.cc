@@ -7,14 +7,14 @@
 #include <string>
 #include <vector>
 
-#include "gmock/gmock.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/spec.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "plan/manifest_validation.h"
-#include "tests/status_matchers.h"
 #include "tests/server/test_specs.h"
+#include "tests/status_matchers.h"
 
 namespace muon {
 namespace {
@@ -426,7 +426,8 @@ TEST(PlannerTest, ValidatePlan_SliceMismatch_ReturnsInvalidArgument) {
                                        HasSubstr("slice 5"))));
 }
 
-TEST(PlannerTest, ValidatePlan_SliceOwnedOutsideEpGroup_ReturnsInvalidArgument) {
+TEST(PlannerTest,
+     ValidatePlan_SliceOwnedOutsideEpGroup_ReturnsInvalidArgument) {
   const JobLayout layout = Layout(testing::ExpertSpec());
   absl::StatusOr<v1::Plan> plan = MakePlan(layout, Options(kLpt));
   ASSERT_THAT(plan, IsOk());

@@ -32,7 +32,8 @@ v1::Plan MakeTestPlan(int world, int buckets) {
   return plan;
 }
 
-std::vector<std::string> Ops(const v1::RankSchedule& rs, const std::string& stream) {
+std::vector<std::string> Ops(const v1::RankSchedule& rs,
+                             const std::string& stream) {
   std::vector<std::string> out;
   for (const v1::ScheduledOp& op : rs.ops()) {
     if (op.stream() == stream) {
@@ -49,9 +50,10 @@ TEST(ScheduleTest, MakeSchedule_Sequential_OneStreamOneSlotOwnersOnly) {
   EXPECT_EQ(s.mode(), "sequential");
   EXPECT_EQ(s.slots(), 1);
   EXPECT_EQ(s.prefetch_count(), 0);
-  EXPECT_THAT(Ops(s.ranks(0), "main"),
-              ::testing::ElementsAre("g0@0", "o0@0", "r0@0", "a0@0", "g1@0", "r1@0",
-                                     "a1@0", "g2@0", "o2@0", "r2@0", "a2@0"));
+  EXPECT_THAT(
+      Ops(s.ranks(0), "main"),
+      ::testing::ElementsAre("g0@0", "o0@0", "r0@0", "a0@0", "g1@0", "r1@0",
+                             "a1@0", "g2@0", "o2@0", "r2@0", "a2@0"));
   EXPECT_THAT(ValidateSchedule(s, plan), IsOk());
 }
 
@@ -59,10 +61,12 @@ TEST(ScheduleTest, MakeSchedule_AsyncPrefetchOne_GathersAheadInTwoSlots) {
   const v1::Plan plan = MakeTestPlan(2, 4);
   const v1::Schedule s = MakeSchedule(plan, /*async=*/true, 1);
   EXPECT_EQ(s.slots(), 2);
-  EXPECT_THAT(Ops(s.ranks(1), "comm"),
-              ::testing::ElementsAre("g0@0", "g1@1", "r0@0", "a0@0", "g2@0", "r1@1",
-                                     "a1@1", "g3@1", "r2@0", "a2@0", "r3@1", "a3@1"));
-  EXPECT_THAT(Ops(s.ranks(1), "compute"), ::testing::ElementsAre("o1@1", "o3@1"));
+  EXPECT_THAT(
+      Ops(s.ranks(1), "comm"),
+      ::testing::ElementsAre("g0@0", "g1@1", "r0@0", "a0@0", "g2@0", "r1@1",
+                             "a1@1", "g3@1", "r2@0", "a2@0", "r3@1", "a3@1"));
+  EXPECT_THAT(Ops(s.ranks(1), "compute"),
+              ::testing::ElementsAre("o1@1", "o3@1"));
   EXPECT_THAT(ValidateSchedule(s, plan), IsOk());
 }
 
@@ -74,17 +78,20 @@ TEST(ScheduleTest, MakeSchedule_PrefetchBeyondBuckets_IsCapped) {
   EXPECT_THAT(ValidateSchedule(s, plan), IsOk());
 }
 
-TEST(ScheduleTest, ValidateSchedule_CollectivesInAnotherOrder_ReturnsInvalidArgument) {
+TEST(ScheduleTest,
+     ValidateSchedule_CollectivesInAnotherOrder_ReturnsInvalidArgument) {
   const v1::Plan plan = MakeTestPlan(2, 3);
   v1::Schedule s = MakeSchedule(plan, /*async=*/true, 1);
   // Rank 1 redistributes bucket 0 before gathering bucket 1: a deadlock.
   auto* ops = s.mutable_ranks(1)->mutable_ops();
   ops->SwapElements(1, 2);
-  EXPECT_THAT(ValidateSchedule(s, plan),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank 1")));
+  EXPECT_THAT(
+      ValidateSchedule(s, plan),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank 1")));
 }
 
-TEST(ScheduleTest, ValidateSchedule_SlotReusedBeforeRedistribute_ReturnsInvalidArgument) {
+TEST(ScheduleTest,
+     ValidateSchedule_SlotReusedBeforeRedistribute_ReturnsInvalidArgument) {
   const v1::Plan plan = MakeTestPlan(2, 3);
   v1::Schedule s = MakeSchedule(plan, /*async=*/true, 1);
   for (int r = 0; r < 2; ++r) {
@@ -96,7 +103,8 @@ TEST(ScheduleTest, ValidateSchedule_SlotReusedBeforeRedistribute_ReturnsInvalidA
                        HasSubstr("slot 0 still holds bucket 0")));
 }
 
-TEST(ScheduleTest, ValidateSchedule_OrthogonalizeOnNonOwner_ReturnsInvalidArgument) {
+TEST(ScheduleTest,
+     ValidateSchedule_OrthogonalizeOnNonOwner_ReturnsInvalidArgument) {
   const v1::Plan plan = MakeTestPlan(2, 2);
   v1::Schedule s = MakeSchedule(plan, /*async=*/false, 0);
   v1::ScheduledOp* op = s.mutable_ranks(1)->add_ops();

@@ -11,8 +11,8 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/status_matchers.h"
 #include "tests/server/test_specs.h"
+#include "tests/status_matchers.h"
 
 namespace muon {
 namespace {
@@ -563,13 +563,12 @@ TEST_F(CoordinatorServiceTest, GetReports_RingFull_KeepsLastNByRankThenStep) {
   for (const v1::StepReport& r : all->reports()) {
     order.push_back({r.rank(), r.step()});
   }
-  EXPECT_THAT(order, ::testing::ElementsAre(std::pair<int, int64_t>{0, 6},
-                                            std::pair<int, int64_t>{0, 7},
-                                            std::pair<int, int64_t>{0, 8},
-                                            std::pair<int, int64_t>{0, 9},
-                                            std::pair<int, int64_t>{2, 0},
-                                            std::pair<int, int64_t>{2, 1},
-                                            std::pair<int, int64_t>{2, 2}));
+  EXPECT_THAT(order,
+              ::testing::ElementsAre(
+                  std::pair<int, int64_t>{0, 6}, std::pair<int, int64_t>{0, 7},
+                  std::pair<int, int64_t>{0, 8}, std::pair<int, int64_t>{0, 9},
+                  std::pair<int, int64_t>{2, 0}, std::pair<int, int64_t>{2, 1},
+                  std::pair<int, int64_t>{2, 2}));
   // Whole reports are kept, per-operation timings included.
   ASSERT_EQ(all->reports(0).ops_size(), 1);
   EXPECT_DOUBLE_EQ(all->reports(0).ops(0).start_s(), 1006.0);
@@ -599,9 +598,9 @@ TEST_F(CoordinatorServiceTest, GetReports_BadArguments_ReturnErrors) {
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("rank 0")));
   EXPECT_THAT(service.GetReports(ReportsRequest(-2, 0)),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("-2")));
-  EXPECT_THAT(service.GetReports(ReportsRequest(-1, -1)),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("last_steps")));
+  EXPECT_THAT(
+      service.GetReports(ReportsRequest(-1, -1)),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("last_steps")));
   v1::GetReportsRequest other_job = ReportsRequest(-1, 0);
   other_job.set_job_id("other");
   EXPECT_THAT(service.GetReports(other_job),
@@ -623,7 +622,8 @@ std::vector<bool> Stragglers(CoordinatorService& service) {
   return out;
 }
 
-TEST_F(CoordinatorServiceTest, ListRanks_OneRankTenTimesSlower_OnlyItIsStraggler) {
+TEST_F(CoordinatorServiceTest,
+       ListRanks_OneRankTenTimesSlower_OnlyItIsStraggler) {
   CoordinatorService service(DefaultOptions());
   for (const auto& r : JoinAll(service, Manifests(FourRankSpec()))) {
     ASSERT_THAT(r, IsOk());
@@ -759,7 +759,8 @@ TEST_F(CoordinatorServiceTest, RankStates_HeartbeatsStop_LostWithinTimeout) {
     done = true;
   }
   beater.join();
-  EXPECT_THAT(now_states, ::testing::ElementsAre("ready", "lost", "ready", "ready"));
+  EXPECT_THAT(now_states,
+              ::testing::ElementsAre("ready", "lost", "ready", "ready"));
   // The coordinator stamped the last beat just before rank1_last_beat.
   EXPECT_GE(silent, absl::Milliseconds(190));
   EXPECT_LT(silent, absl::Milliseconds(200 + 300)) << "lost detected late";

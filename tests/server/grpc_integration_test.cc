@@ -12,8 +12,8 @@
 #include "gtest/gtest.h"
 #include "server/coordinator_server.h"
 #include "server/local_coordination_client.h"
-#include "tests/status_matchers.h"
 #include "tests/server/test_specs.h"
+#include "tests/status_matchers.h"
 
 namespace muon {
 namespace {

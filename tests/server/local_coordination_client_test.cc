@@ -6,8 +6,8 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/status_matchers.h"
 #include "tests/server/test_specs.h"
+#include "tests/status_matchers.h"
 
 namespace muon {
 namespace {

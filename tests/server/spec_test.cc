@@ -140,10 +140,9 @@ TEST(SpecTest, ValidateJobSpec_StackShardDimThree_ReturnsInvalidArgument) {
   spec.mutable_params(1)->set_placements(1, "Shard(3)");
   EXPECT_THAT(ValidateJobSpec(spec),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       ::testing::AllOf(HasSubstr("\"experts.w1\""),
-                                        HasSubstr("Shard(3)"),
-                                        HasSubstr("mesh dim \"ep\""),
-                                        HasSubstr("3-D"))));
+                       ::testing::AllOf(
+                           HasSubstr("\"experts.w1\""), HasSubstr("Shard(3)"),
+                           HasSubstr("mesh dim \"ep\""), HasSubstr("3-D"))));
 }
 
 TEST(SpecTest, ValidateJobSpec_PpStageOutOfRange_NamesParamStageAndMesh) {
@@ -174,24 +173,25 @@ TEST(SpecTest, ValidateJobSpec_NegativeEpCoordinate_ReturnsInvalidArgument) {
 TEST(SpecTest, ValidateJobSpec_SubMeshUnknownDim_ReturnsInvalidArgument) {
   v1::JobSpec spec = GoodSpec();
   (*spec.mutable_params(0)->mutable_sub_mesh())["pp"] = 0;
-  EXPECT_THAT(ValidateJobSpec(spec),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       ::testing::AllOf(HasSubstr("\"fc1.weight\""),
-                                        HasSubstr("mesh dim \"pp\""),
-                                        HasSubstr("dp_shard=4"),
-                                        HasSubstr("no such dim"))));
+  EXPECT_THAT(
+      ValidateJobSpec(spec),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               ::testing::AllOf(
+                   HasSubstr("\"fc1.weight\""), HasSubstr("mesh dim \"pp\""),
+                   HasSubstr("dp_shard=4"), HasSubstr("no such dim"))));
 }
 
 TEST(SpecTest, ValidateJobSpec_ShardedOnSubMeshDim_ReturnsInvalidArgument) {
-  v1::JobSpec spec = MakeSpec(
-      {{"pp", 2}, {"tp", 2}},
-      {{"layers.1.wq", 8, 8, {"Shard(0)", "Shard(0)"}, {{"pp", 1}}}});
-  EXPECT_THAT(ValidateJobSpec(spec),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       ::testing::AllOf(HasSubstr("\"layers.1.wq\""),
-                                        HasSubstr("Shard(0) on mesh dim \"pp\""),
-                                        HasSubstr("must be Replicate()"),
-                                        HasSubstr("{pp=1}"))));
+  v1::JobSpec spec =
+      MakeSpec({{"pp", 2}, {"tp", 2}},
+               {{"layers.1.wq", 8, 8, {"Shard(0)", "Shard(0)"}, {{"pp", 1}}}});
+  EXPECT_THAT(
+      ValidateJobSpec(spec),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               ::testing::AllOf(HasSubstr("\"layers.1.wq\""),
+                                HasSubstr("Shard(0) on mesh dim \"pp\""),
+                                HasSubstr("must be Replicate()"),
+                                HasSubstr("{pp=1}"))));
 }
 
 TEST(SpecTest, ManifestsFromSpec_Pipeline_RanksListOnlyTheirStage) {
@@ -211,10 +211,10 @@ TEST(SpecTest, ManifestsFromSpec_Pipeline_RanksListOnlyTheirStage) {
     }
     const std::string l0 = std::to_string(2 * stage);
     const std::string l1 = std::to_string(2 * stage + 1);
-    EXPECT_THAT(names, ElementsAre("layers." + l0 + ".attn.wq",
-                                   "layers." + l0 + ".attn.wo",
-                                   "layers." + l1 + ".attn.wq",
-                                   "layers." + l1 + ".attn.wo"));
+    EXPECT_THAT(
+        names,
+        ElementsAre("layers." + l0 + ".attn.wq", "layers." + l0 + ".attn.wo",
+                    "layers." + l1 + ".attn.wq", "layers." + l1 + ".attn.wo"));
     // wq [8, 8] Shard(0) over tp=4; wo [8, 6] Shard(1) over tp=4 (chunk 2).
     EXPECT_THAT(LocalShape(m, 0), ElementsAre(2, 8));
     EXPECT_THAT(LocalShape(m, 1), ElementsAre(8, r % 4 == 3 ? 0 : 2));
@@ -245,8 +245,7 @@ TEST(SpecTest, ManifestsFromSpec_ExpertStack_LocalExpertRanges) {
 }
 
 TEST(SpecTest, ManifestsFromSpec_PerExpertTwoDim_ListedOnItsEpRanksOnly) {
-  std::vector<TestParam> params = {
-      {"attn", 8, 8, {"Shard(0)", "Replicate()"}}};
+  std::vector<TestParam> params = {{"attn", 8, 8, {"Shard(0)", "Replicate()"}}};
   for (int e = 0; e < 4; ++e) {
     params.push_back({"experts." + std::to_string(e) + ".w1",
                       6,

@@ -72,10 +72,10 @@ inline v1::JobSpec PipelineSpec() {
   std::vector<TestParam> params;
   for (int l = 0; l < 4; ++l) {
     const std::string prefix = "layers." + std::to_string(l) + ".attn.";
-    params.push_back({prefix + "wq", 8, 8, {"Replicate()", "Shard(0)"},
-                      {{"pp", l / 2}}});
-    params.push_back({prefix + "wo", 8, 6, {"Replicate()", "Shard(1)"},
-                      {{"pp", l / 2}}});
+    params.push_back(
+        {prefix + "wq", 8, 8, {"Replicate()", "Shard(0)"}, {{"pp", l / 2}}});
+    params.push_back(
+        {prefix + "wo", 8, 6, {"Replicate()", "Shard(1)"}, {{"pp", l / 2}}});
   }
   return MakeSpec({{"pp", 2}, {"tp", 4}}, params);
 }

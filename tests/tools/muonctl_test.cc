@@ -2,8 +2,6 @@
 // in-process CoordinatorServer on 127.0.0.1:0 fed with synthetic step
 // reports: status (and --watch), timings, trace (parsed back as JSON), and
 // schedule (live and offline from a spec).
-#include "tools/muonctl_lib.h"
-
 #include <fstream>
 #include <limits>
 #include <map>
@@ -28,6 +26,7 @@
 #include "gtest/gtest.h"
 #include "server/coordinator_server.h"
 #include "tests/status_matchers.h"
+#include "tools/muonctl_lib.h"
 
 ABSL_DECLARE_FLAG(std::string, coordinator);
 ABSL_DECLARE_FLAG(std::string, spec);
@@ -177,9 +176,9 @@ TEST_F(MuonctlTest, Status_LiveJob_TableWithStepTimeStragglerAndDropped) {
   const std::vector<std::string> r2 = Row(2);
   ASSERT_EQ(r2.size(), 9u) << out_.str();
   EXPECT_EQ(r2[1], "running");
-  EXPECT_EQ(r2[4], "2");       // last step
-  EXPECT_EQ(r2[5], "10.0");    // 2 x (1 + 2 + 1 + 0.5) + 1 ms
-  EXPECT_EQ(r2[7], "5");       // reports dropped
+  EXPECT_EQ(r2[4], "2");     // last step
+  EXPECT_EQ(r2[5], "10.0");  // 2 x (1 + 2 + 1 + 0.5) + 1 ms
+  EXPECT_EQ(r2[7], "5");     // reports dropped
   const std::vector<std::string> r3 = Row(3);
   ASSERT_EQ(r3.size(), 10u) << out_.str();
   EXPECT_EQ(r3[5], "100.0");
@@ -197,8 +196,12 @@ TEST_F(MuonctlTest, Status_LiveJob_TableWithStepTimeStragglerAndDropped) {
   const auto& ranks =
       parsed.fields().at("ranks").struct_value().fields().at("ranks");
   ASSERT_EQ(ranks.list_value().values_size(), kRanks);
-  EXPECT_TRUE(ranks.list_value().values(3).struct_value().fields().at(
-      "straggler").bool_value());
+  EXPECT_TRUE(ranks.list_value()
+                  .values(3)
+                  .struct_value()
+                  .fields()
+                  .at("straggler")
+                  .bool_value());
 }
 
 TEST_F(MuonctlTest, Status_WatchCount2_PrintsTwoTables) {
@@ -361,7 +364,8 @@ TEST_F(MuonctlTest, Trace_OddNamesAndNumbers_StillValidJson) {
   v1::StepReport report = SyntheticReport(1, 99);
   report.clear_ops();
   v1::OpTiming* op = report.add_ops();
-  op->set_op("we\"ird\\op\n\x01\xc3\xa9");  // quote, backslash, controls, e-acute
+  op->set_op(
+      "we\"ird\\op\n\x01\xc3\xa9");  // quote, backslash, controls, e-acute
   op->set_stream("io \"q\"");
   op->set_start_s(1.7e9 + 50);
   op->set_end_s(1.7e9 + 50.5);
@@ -375,7 +379,8 @@ TEST_F(MuonctlTest, Trace_OddNamesAndNumbers_StillValidJson) {
       google::protobuf::util::JsonStringToMessage(out_.str(), &trace).ok())
       << out_.str();
   bool found = false;
-  for (const Value& v : trace.fields().at("traceEvents").list_value().values()) {
+  for (const Value& v :
+       trace.fields().at("traceEvents").list_value().values()) {
     const auto& e = v.struct_value().fields();
     if (e.at("ph").string_value() == "M" &&
         e.at("name").string_value() == "thread_name" &&
@@ -404,7 +409,8 @@ TEST_F(MuonctlTest, Trace_NoOut_Usage) {
 TEST_F(MuonctlTest, Schedule_LiveAndOfflineFromSpec_SameStreams) {
   ASSERT_EQ(Run("schedule"), 0) << err_.str();
   const std::string live = out_.str();
-  EXPECT_THAT(live, HasSubstr("mode async, prefetch 1, 2 buffer slots, 4 buckets"));
+  EXPECT_THAT(live,
+              HasSubstr("mode async, prefetch 1, 2 buffer slots, 4 buckets"));
   EXPECT_THAT(live, HasSubstr("rank 3\n"));
   // Every rank's comm stream: G0 G1, then R(b) A(b) G(b+2).
   EXPECT_THAT(live, HasSubstr("  comm     g0@s0 g1@s1 r0 a0 g2@s0 r1 a1 "
@@ -431,8 +437,7 @@ TEST_F(MuonctlTest, Schedule_LiveAndOfflineFromSpec_SameStreams) {
   absl::StatusOr<v1::Plan> plan =
       server_->service()->GetPlan(v1::GetPlanRequest());
   ASSERT_THAT(plan, IsOk());
-  EXPECT_EQ(schedule.SerializeAsString(),
-            plan->schedule().SerializeAsString());
+  EXPECT_EQ(schedule.SerializeAsString(), plan->schedule().SerializeAsString());
 
   // Sequential: one stream, one slot.
   {
@@ -441,8 +446,9 @@ TEST_F(MuonctlTest, Schedule_LiveAndOfflineFromSpec_SameStreams) {
   }
   absl::SetFlag(&FLAGS_json, false);
   ASSERT_EQ(Run("schedule"), 0) << err_.str();
-  EXPECT_THAT(out_.str(),
-              HasSubstr("mode sequential, prefetch 0, 1 buffer slot, 4 buckets"));
+  EXPECT_THAT(
+      out_.str(),
+      HasSubstr("mode sequential, prefetch 0, 1 buffer slot, 4 buckets"));
   EXPECT_THAT(out_.str(), HasSubstr("  main     g0@s0 "));
   EXPECT_THAT(out_.str(), ::testing::Not(HasSubstr("comm")));
 }
