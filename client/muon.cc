@@ -458,6 +458,32 @@ absl::Status Muon::SetGrad(int index, const void* grad) {
   return absl::OkStatus();
 }
 
+absl::Status Muon::SetParamHyperparameters(int index, double lr,
+                                           double weight_decay) {
+  if (index < 0 || index >= static_cast<int>(params_.size())) {
+    return absl::OutOfRangeError(
+        absl::StrCat("rank ", rank_, ": parameter index ", index,
+                     " is outside [0, ", params_.size(), ")"));
+  }
+  if (!(lr >= 0.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Learning rate should be >= 0 but is: ", lr,
+                     " (parameter \"", params_[index].name, "\")"));
+  }
+  if (!(weight_decay >= 0.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weight decay should be >= 0 but is: ", weight_decay,
+                     " (parameter \"", params_[index].name, "\")"));
+  }
+  if (rule_.param_lr.empty()) {
+    rule_.param_lr.assign(params_.size(), rule_.lr);
+    rule_.param_weight_decay.assign(params_.size(), rule_.weight_decay);
+  }
+  rule_.param_lr[index] = lr;
+  rule_.param_weight_decay[index] = weight_decay;
+  return absl::OkStatus();
+}
+
 absl::Status Muon::Preflight() {
   for (size_t i = 0; i < bound_.size(); ++i) {
     Parameter& p = *bound_[i];

@@ -140,6 +140,15 @@ class Muon {
   // Errors: OutOfRange for a bad index.
   absl::Status SetGrad(int index, const void* grad);
 
+  // Sets parameter `index`'s learning rate and weight decay from the next
+  // Step on (torch's param groups: each group's current "lr" and
+  // "weight_decay", e.g. as an lr scheduler sets them). Unset parameters
+  // use MuonOptions' values.
+  // Errors: OutOfRange for a bad index; InvalidArgument for a negative or
+  // NaN value (torch's messages), with nothing changed.
+  absl::Status SetParamHyperparameters(int index, double lr,
+                                       double weight_decay);
+
   // Clears every gradient to zero (keeps sizes). Bound Parameters only;
   // trainers zero their own gradients.
   void ZeroGrad();

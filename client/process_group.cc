@@ -3,8 +3,11 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <optional>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/gloo_communicator.h"
@@ -84,6 +87,71 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(
       pg->comm, GlooCommunicator::Create(options.rank, options.world_size,
                                          pg->coordinator.get(), gloo));
   return pg;
+}
+
+namespace {
+
+// The integer value of environment variable `name`; `fallback` when unset
+// (nullopt fallback = required).
+absl::StatusOr<int> EnvInt(const char* name, std::optional<int> fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') {
+    if (fallback.has_value()) return *fallback;
+    return absl::InvalidArgumentError(
+        absl::StrCat("environment variable ", name,
+                     " is not set (torchrun and muonrun set "
+                     "RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT)"));
+  }
+  int x = 0;
+  if (!absl::SimpleAtoi(v, &x)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "environment variable ", name, "=\"", v, "\" is not an integer"));
+  }
+  return x;
+}
+
+std::string EnvString(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v == nullptr || *v == '\0' ? fallback : std::string(v);
+}
+
+}  // namespace
+
+absl::StatusOr<ProcessGroupOptions> ProcessGroupOptionsFromEnv() {
+  ProcessGroupOptions o;
+  MUON_ASSIGN_OR_RETURN(o.world_size, EnvInt("WORLD_SIZE", std::nullopt));
+  MUON_ASSIGN_OR_RETURN(o.rank, EnvInt("RANK", std::nullopt));
+  if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("environment: RANK=", o.rank,
+                     " is out of range for WORLD_SIZE=", o.world_size));
+  }
+  MUON_ASSIGN_OR_RETURN(const int local_world,
+                        EnvInt("LOCAL_WORLD_SIZE", o.world_size));
+  MUON_ASSIGN_OR_RETURN(const int local_rank, EnvInt("LOCAL_RANK", 0));
+  if (local_world < 1 || local_world > o.world_size || local_rank < 0 ||
+      local_rank >= local_world) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "environment: LOCAL_RANK=", local_rank, " / LOCAL_WORLD_SIZE=",
+        local_world, " do not fit WORLD_SIZE=", o.world_size));
+  }
+  o.job_id = EnvString("MUON_JOB_ID", "job");
+  const std::string daemon = EnvString("MUON_COORDINATOR", "");
+  if (!daemon.empty()) {
+    o.coordinator_address = daemon;
+    return o;
+  }
+  const std::string master = EnvString("MASTER_ADDR", "127.0.0.1");
+  MUON_ASSIGN_OR_RETURN(const int port, EnvInt("MASTER_PORT", std::nullopt));
+  if (port < 1 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "environment: MASTER_PORT=", port, " is not a TCP port (1..65535)"));
+  }
+  o.embed_coordinator = true;
+  o.embedded_host = master;
+  o.embedded_port = port;
+  o.coordinator_address = absl::StrCat(master, ":", port);
+  return o;
 }
 
 }  // namespace muon

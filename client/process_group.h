@@ -47,6 +47,11 @@ struct ProcessGroupOptions {
   // Embedded coordinator: file to write the bound port to (atomically), so
   // a launcher can hand the address to the other ranks. Empty = none.
   std::string port_file;
+  // Address Gloo binds and advertises to its peers: an address of the
+  // interface that reaches the other hosts. Empty = the address of the
+  // interface named by GLOO_SOCKET_IFNAME if set, else of the interface
+  // that routes to the coordinator's host (127.0.0.1 on one machine).
+  std::string gloo_host;
   // Bound on rendezvous and every collective.
   absl::Duration timeout = absl::Seconds(60);
   // Fresh per process start (heartbeats carry it). 0 = derived from pid and
@@ -72,6 +77,23 @@ struct ProcessGroup {
 // when the coordinator or a peer cannot be reached within options.timeout.
 absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(
     const ProcessGroupOptions& options);
+
+// ProcessGroupOptions from torchrun's environment (the variables torchrun
+// and muonrun set; env:// of torch.distributed):
+//   RANK, WORLD_SIZE: required integers, 0 <= RANK < WORLD_SIZE.
+//   MASTER_ADDR (default 127.0.0.1), MASTER_PORT (required unless
+//     MUON_COORDINATOR is set): rank 0 embeds the coordinator listening on
+//     MASTER_ADDR:MASTER_PORT, the other ranks connect to it.
+//   MUON_COORDINATOR: host:port of a muon-coordinator daemon instead (no
+//     rank embeds one).
+//   MUON_JOB_ID: the job id (default "job").
+//   LOCAL_RANK, LOCAL_WORLD_SIZE: checked when present (integers, in
+//     range), otherwise unused.
+// `start_embedded_coordinator` is left empty: the caller sets it (it links
+// the gRPC server).
+// Errors: InvalidArgument naming the variable and its value (missing, not
+// an integer, out of range).
+absl::StatusOr<ProcessGroupOptions> ProcessGroupOptionsFromEnv();
 
 }  // namespace muon
 

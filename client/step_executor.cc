@@ -424,17 +424,21 @@ void StepExecutor::Apply(int b, const StepArgs& args,
     const MatrixGeometry& g = geometry_[m];
     const int64_t n = static_cast<int64_t>(local_o_[m].size());
     if (n == 0) continue;
-    const double adjusted = kernels::AdjustLr(
-        args.rule->lr, args.rule->adjust_lr_fn, g.rows, g.cols);
+    const UpdateRule& rule = *args.rule;
+    const double lr =
+        rule.param_lr.empty() ? rule.lr : rule.param_lr[g.param_index];
+    const double wd = rule.param_weight_decay.empty()
+                          ? rule.weight_decay
+                          : rule.param_weight_decay[g.param_index];
+    const double adjusted =
+        kernels::AdjustLr(lr, rule.adjust_lr_fn, g.rows, g.cols);
     const ParamView& p = (*args.params)[g.param_index];
     if (p.dtype == DType::kBFloat16) {
       kernels::ApplyUpdate(static_cast<kernels::bf16_t*>(p.data) + g.offset,
-                           local_o_[m].data(), n, args.rule->lr,
-                           args.rule->weight_decay, adjusted);
+                           local_o_[m].data(), n, lr, wd, adjusted);
     } else {
       kernels::ApplyUpdate(static_cast<float*>(p.data) + g.offset,
-                           local_o_[m].data(), n, args.rule->lr,
-                           args.rule->weight_decay, adjusted);
+                           local_o_[m].data(), n, lr, wd, adjusted);
     }
   }
   rec->push_back(OpRecord{"apply", stream, bs.index, t0, NowSeconds(), 0, 0});

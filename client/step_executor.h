@@ -98,6 +98,10 @@ struct StepStats {
 struct UpdateRule {
   double lr = 1e-3;
   double weight_decay = 0.1;
+  // Per parameter (optimizer order) lr and weight decay, as torch's param
+  // groups give them; empty = `lr` / `weight_decay` for every parameter.
+  std::vector<double> param_lr;
+  std::vector<double> param_weight_decay;
   kernels::AdjustLrFn adjust_lr_fn = kernels::AdjustLrFn::kOriginal;
   kernels::NewtonSchulzOptions ns;
 };

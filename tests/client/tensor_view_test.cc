@@ -254,6 +254,35 @@ TEST(TensorViewTest, Create_NullData_InvalidArgument) {
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
 }
 
+TEST(TensorViewTest,
+     SetParamHyperparameters_PerParameterLrAndDecay_LikeSeparateOptimizers) {
+  // Two "param groups": a with lr 0.05 / wd 0.2, b frozen (lr 0, wd 0).
+  TrainerTensor a{{6, 4}, RandomValues(24, 31), RandomValues(24, 32)};
+  TrainerTensor b{{3, 5}, RandomValues(15, 33), RandomValues(15, 34)};
+  TrainerTensor a_ref = a;
+  const std::vector<float> b_before = b.w;
+  auto grouped = Muon::Create({a.View("a"), b.View("b")});
+  ASSERT_TRUE(grouped.ok());
+  ASSERT_TRUE((*grouped)->SetParamHyperparameters(0, 0.05, 0.2).ok());
+  ASSERT_TRUE((*grouped)->SetParamHyperparameters(1, 0.0, 0.0).ok());
+  MuonOptions a_options;
+  a_options.lr = 0.05;
+  a_options.weight_decay = 0.2;
+  auto alone = Muon::Create({a_ref.View("a")}, a_options);
+  ASSERT_TRUE(alone.ok());
+  for (int s = 0; s < 2; ++s) {
+    ASSERT_TRUE((*grouped)->Step().ok());
+    ASSERT_TRUE((*alone)->Step().ok());
+  }
+  EXPECT_TRUE(BitwiseEqual(a.w, a_ref.w));
+  EXPECT_TRUE(BitwiseEqual(b.w, b_before));
+  EXPECT_THAT((*grouped)->SetParamHyperparameters(1, -1.0, 0.0),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::HasSubstr("Learning rate should be >= 0")));
+  EXPECT_THAT((*grouped)->SetParamHyperparameters(2, 0.1, 0.0),
+              StatusIs(absl::StatusCode::kOutOfRange, ::testing::_));
+}
+
 // FSDP Shard(0) over 4 thread ranks, each stepping views of its own shard
 // buffers: bitwise equal to a single device on the whole matrices.
 TEST(TensorViewTest, Step_FsdpOver4OnViews_BitwiseEqualsSingleDevice) {

@@ -1,0 +1,210 @@
+/* muonrt: the C ABI of the distributed Muon runtime (libmuonrt.so).
+ *
+ * One header, plain C: opaque handles, an int status code per call (0 = OK,
+ * otherwise an absl::StatusCode value: 3 INVALID_ARGUMENT, 5 NOT_FOUND,
+ * 9 FAILED_PRECONDITION, 12 UNIMPLEMENTED, 13 INTERNAL, 14 UNAVAILABLE,
+ * 15 DATA_LOSS, ...) and a message getter; no C++ types or exceptions cross
+ * it. Used by the Python package `muonrt` through ctypes, so one build
+ * serves every Python and PyTorch version.
+ *
+ * Lifecycle:
+ *   muonrt_pg_init_from_env (or none: single device)
+ *     -> muonrt_optimizer_create (joins the job: every rank of the process
+ *        group calls it with its own views, collectively)
+ *     -> [trainer fills grads; muonrt_optimizer_step]*  (collective)
+ *     -> muonrt_optimizer_destroy -> muonrt_pg_destroy.
+ * Tensors are views: the library reads gradients and writes parameters in
+ * place through the pointers given (see client/tensor_view.h); it copies
+ * nothing the caller owns except what the exchange needs.
+ *
+ * Thread-safety: a handle is used by one thread at a time. The last error
+ * message is per thread.
+ */
+#ifndef MUONRT_H_
+#define MUONRT_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Incremented on any incompatible change of this header. */
+#define MUONRT_ABI_VERSION 1
+
+/* Status codes (absl::StatusCode values). */
+#define MUONRT_OK 0
+#define MUONRT_INVALID_ARGUMENT 3
+#define MUONRT_NOT_FOUND 5
+#define MUONRT_OUT_OF_RANGE 11
+#define MUONRT_FAILED_PRECONDITION 9
+#define MUONRT_UNIMPLEMENTED 12
+#define MUONRT_INTERNAL 13
+#define MUONRT_UNAVAILABLE 14
+#define MUONRT_DATA_LOSS 15
+
+/* Element types (client/tensor_view.h DType). */
+#define MUONRT_FLOAT32 0
+#define MUONRT_BFLOAT16 1
+
+/* Devices. */
+#define MUONRT_CPU 0
+#define MUONRT_CUDA 1
+
+typedef struct muonrt_process_group muonrt_process_group;
+typedef struct muonrt_optimizer muonrt_optimizer;
+
+/* MUONRT_ABI_VERSION of the library. */
+int muonrt_abi_version(void);
+
+/* The message of the last failed call on this thread ("" after a
+ * successful one). Valid until the next call on this thread. */
+const char* muonrt_last_error(void);
+
+/* ---- Process group ------------------------------------------------------
+ * Joins the job described by torchrun's environment (RANK, WORLD_SIZE,
+ * MASTER_ADDR, MASTER_PORT; MUON_COORDINATOR names a daemon instead of the
+ * one rank 0 embeds on MASTER_ADDR:MASTER_PORT; MUON_JOB_ID; see
+ * client/process_group.h ProcessGroupOptionsFromEnv). `timeout_s` bounds
+ * rendezvous and every collective (<= 0: 60 s). Collective: every rank
+ * calls it. Errors: INVALID_ARGUMENT (environment), UNAVAILABLE /
+ * DEADLINE_EXCEEDED (peers or coordinator unreachable). */
+int muonrt_pg_init_from_env(double timeout_s, muonrt_process_group** out);
+int muonrt_pg_rank(const muonrt_process_group* pg);
+int muonrt_pg_world_size(const muonrt_process_group* pg);
+/* Blocks until every rank got here (bounded by the timeout). */
+int muonrt_pg_barrier(muonrt_process_group* pg);
+/* NULL is a no-op. Destroy every optimizer of the group first. */
+void muonrt_pg_destroy(muonrt_process_group* pg);
+
+/* ---- Optimizer ----------------------------------------------------------- */
+
+/* One parameter of this rank: a view of its local shard (DTensor's
+ * to_local()) and gradient. Arrays are read during the call only. */
+typedef struct {
+  const char* name;            /* unique, e.g. "layers.0.attn.wq.weight" */
+  void* data;                  /* local shard, `dtype` elements */
+  const void* grad;            /* same shape, `grad_dtype`; NULL = none yet */
+  int dtype;                   /* MUONRT_FLOAT32 | MUONRT_BFLOAT16 */
+  int grad_dtype;
+  int ndim;                    /* 2, or 3 with expert_stack */
+  const int64_t* local_shape;  /* [ndim] */
+  const int64_t* strides;      /* [ndim] in elements; NULL = contiguous */
+  const int64_t* global_shape; /* [ndim]; NULL = local_shape */
+  /* One placement per mesh dim in DTensor spelling ("Shard(0)",
+   * "Replicate()"); NULL = Replicate() on every dim. */
+  const char* const* placements;
+  /* Ownership restriction, "pp=1" or "pp=1,ep=0"; NULL or "" = none. */
+  const char* sub_mesh;
+  int expert_stack;            /* 1 = [experts, rows, cols] stack */
+  int device_type;             /* MUONRT_CPU | MUONRT_CUDA */
+  int device_index;
+} muonrt_param;
+
+/* torch.optim.Muon's arguments and the runtime's execution options. */
+typedef struct {
+  double lr;            /* 1e-3 */
+  double weight_decay;  /* 0.1 */
+  double momentum;      /* 0.95 */
+  int nesterov;         /* 1 */
+  double ns_a, ns_b, ns_c; /* 3.4445, -4.7750, 2.0315 */
+  double eps;           /* 1e-7 */
+  int ns_steps;         /* 5 */
+  const char* adjust_lr_fn;  /* "original" | "match_rms_adamw"; NULL = original */
+  const char* ns_schedule;   /* "quintic" | "polar_express"; NULL = quintic */
+  int async_gpu_parallelism; /* 0 = sequential debug mode */
+  int prefetch_count;        /* 0 */
+  const char* assignment_policy; /* "lpt" | "round_robin"; NULL = lpt */
+  int64_t bucket_size_bytes;     /* 0 = one matrix per owner per bucket */
+} muonrt_options;
+
+/* Fills `options` with the defaults above. */
+void muonrt_options_default(muonrt_options* options);
+
+/* Creates the optimizer over `num_params` views. `pg` NULL = single device
+ * (mesh ignored). With a process group: the mesh has `mesh_ndim` named dims
+ * (row-major; product = world size), each param's placements one per dim.
+ * Collective over the group (joins the job, agrees on the plan).
+ * Errors: INVALID_ARGUMENT naming the parameter and value (torch's
+ * argument errors, not 2-D, non-contiguous, placements, manifests that
+ * disagree), UNIMPLEMENTED (CUDA views), UNAVAILABLE / DEADLINE_EXCEEDED. */
+int muonrt_optimizer_create(muonrt_process_group* pg, int mesh_ndim,
+                            const char* const* mesh_names,
+                            const int* mesh_sizes, const muonrt_param* params,
+                            int num_params, const muonrt_options* options,
+                            muonrt_optimizer** out);
+/* NULL is a no-op. */
+void muonrt_optimizer_destroy(muonrt_optimizer* opt);
+
+/* One step over every parameter (collective). Errors: FAILED_PRECONDITION
+ * (a missing gradient, before any collective, nothing modified);
+ * communicator errors. */
+int muonrt_optimizer_step(muonrt_optimizer* opt);
+
+/* Re-binds parameter `index`'s gradient pointer (same dtype and shape);
+ * NULL = none. Errors: OUT_OF_RANGE. */
+int muonrt_optimizer_set_grad(muonrt_optimizer* opt, int index,
+                              const void* grad);
+
+/* Parameter `index`'s lr and weight decay from the next step on (param
+ * groups, lr schedulers). Errors: OUT_OF_RANGE, INVALID_ARGUMENT. */
+int muonrt_optimizer_set_hyperparameters(muonrt_optimizer* opt, int index,
+                                         double lr, double weight_decay);
+
+/* ---- State ------------------------------------------------------------ */
+
+/* Steps taken. */
+int64_t muonrt_optimizer_step_count(const muonrt_optimizer* opt);
+
+/* Parameter `index`'s momentum buffer: the library's fp32 local shard,
+ * row-major, `*numel` elements (for state_dict()). The pointer stays valid
+ * until the optimizer is destroyed. Errors: OUT_OF_RANGE. */
+int muonrt_optimizer_momentum(muonrt_optimizer* opt, int index, float** data,
+                              int64_t* numel);
+
+/* Sets the step count and every momentum buffer at once
+ * (load_state_dict): buffers[i] holds numels[i] fp32 values for parameter
+ * i. All or nothing. Errors: INVALID_ARGUMENT (count or size mismatch,
+ * naming the parameter), nothing changed. */
+int muonrt_optimizer_load_state(muonrt_optimizer* opt, int64_t step,
+                                const float* const* buffers,
+                                const int64_t* numels, int num_params);
+
+/* Muon::Save / Muon::Load: one safetensors file per rank plus
+ * metadata.json in `dir`; Load reshards from any saved layout. Errors:
+ * those of client/checkpoint.h, naming the file and parameter. */
+int muonrt_optimizer_save(muonrt_optimizer* opt, const char* dir);
+int muonrt_optimizer_load(muonrt_optimizer* opt, const char* dir);
+
+/* ---- Plan and statistics ------------------------------------------------ */
+
+/* Writes a NUL-terminated JSON text into buf (capacity `cap` bytes) and
+ * its length (without the NUL) into *len. When cap is too small, writes
+ * nothing but *len and returns OUT_OF_RANGE: call again with *len + 1. */
+/* The plan (protobuf JSON mapping of muon.v1.Plan). */
+int muonrt_optimizer_plan_json(const muonrt_optimizer* opt, char* buf,
+                               size_t cap, size_t* len);
+/* This rank's view of the assignments: {"<rank>": [matrix indices], ...}
+ * (Muon::assignments()). */
+int muonrt_optimizer_assignments_json(const muonrt_optimizer* opt, char* buf,
+                                      size_t cap, size_t* len);
+
+/* Counters of the last step on this rank. */
+typedef struct {
+  int64_t step;                 /* steps taken */
+  int32_t matrices_orthogonalized;
+  double ns_flops;              /* Newton-Schulz FLOPs */
+  int64_t bytes_sent;           /* fp32 payload sent to other ranks */
+  int64_t bytes_received;
+  double step_time_s;           /* seconds inside the last step */
+  int64_t buffer_bytes;         /* preallocated exchange buffers */
+} muonrt_step_stats;
+int muonrt_optimizer_last_step_stats(const muonrt_optimizer* opt,
+                                     muonrt_step_stats* stats);
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+
+#endif /* MUONRT_H_ */
