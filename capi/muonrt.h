@@ -83,10 +83,10 @@ void muonrt_pg_destroy(muonrt_process_group* pg);
 /* One parameter of this rank: a view of its local shard (DTensor's
  * to_local()) and gradient. Arrays are read during the call only. */
 typedef struct {
-  const char* name;            /* unique, e.g. "layers.0.attn.wq.weight" */
-  void* data;                  /* local shard, `dtype` elements */
-  const void* grad;            /* same shape, `grad_dtype`; NULL = none yet */
-  int dtype;                   /* MUONRT_FLOAT32 | MUONRT_BFLOAT16 */
+  const char* name; /* unique, e.g. "layers.0.attn.wq.weight" */
+  void* data;       /* local shard, `dtype` elements */
+  const void* grad; /* same shape, `grad_dtype`; NULL = none yet */
+  int dtype;        /* MUONRT_FLOAT32 | MUONRT_BFLOAT16 */
   int grad_dtype;
   int ndim;                    /* 2, or 3 with expert_stack */
   const int64_t* local_shape;  /* [ndim] */
@@ -97,24 +97,25 @@ typedef struct {
   const char* const* placements;
   /* Ownership restriction, "pp=1" or "pp=1,ep=0"; NULL or "" = none. */
   const char* sub_mesh;
-  int expert_stack;            /* 1 = [experts, rows, cols] stack */
-  int device_type;             /* MUONRT_CPU | MUONRT_CUDA */
+  int expert_stack; /* 1 = [experts, rows, cols] stack */
+  int device_type;  /* MUONRT_CPU | MUONRT_CUDA */
   int device_index;
 } muonrt_param;
 
 /* torch.optim.Muon's arguments and the runtime's execution options. */
 typedef struct {
-  double lr;            /* 1e-3 */
-  double weight_decay;  /* 0.1 */
-  double momentum;      /* 0.95 */
-  int nesterov;         /* 1 */
+  double lr;               /* 1e-3 */
+  double weight_decay;     /* 0.1 */
+  double momentum;         /* 0.95 */
+  int nesterov;            /* 1 */
   double ns_a, ns_b, ns_c; /* 3.4445, -4.7750, 2.0315 */
-  double eps;           /* 1e-7 */
-  int ns_steps;         /* 5 */
-  const char* adjust_lr_fn;  /* "original" | "match_rms_adamw"; NULL = original */
-  const char* ns_schedule;   /* "quintic" | "polar_express"; NULL = quintic */
-  int async_gpu_parallelism; /* 0 = sequential debug mode */
-  int prefetch_count;        /* 0 */
+  double eps;              /* 1e-7 */
+  int ns_steps;            /* 5 */
+  const char*
+      adjust_lr_fn;        /* "original" | "match_rms_adamw"; NULL = original */
+  const char* ns_schedule; /* "quintic" | "polar_express"; NULL = quintic */
+  int async_gpu_parallelism;     /* 0 = sequential debug mode */
+  int prefetch_count;            /* 0 */
   const char* assignment_policy; /* "lpt" | "round_robin"; NULL = lpt */
   int64_t bucket_size_bytes;     /* 0 = one matrix per owner per bucket */
 } muonrt_options;
@@ -192,19 +193,19 @@ int muonrt_optimizer_assignments_json(const muonrt_optimizer* opt, char* buf,
 
 /* Counters of the last step on this rank. */
 typedef struct {
-  int64_t step;                 /* steps taken */
+  int64_t step; /* steps taken */
   int32_t matrices_orthogonalized;
-  double ns_flops;              /* Newton-Schulz FLOPs */
-  int64_t bytes_sent;           /* fp32 payload sent to other ranks */
+  double ns_flops;    /* Newton-Schulz FLOPs */
+  int64_t bytes_sent; /* fp32 payload sent to other ranks */
   int64_t bytes_received;
-  double step_time_s;           /* seconds inside the last step */
-  int64_t buffer_bytes;         /* preallocated exchange buffers */
+  double step_time_s;   /* seconds inside the last step */
+  int64_t buffer_bytes; /* preallocated exchange buffers */
 } muonrt_step_stats;
 int muonrt_optimizer_last_step_stats(const muonrt_optimizer* opt,
                                      muonrt_step_stats* stats);
 
 #ifdef __cplusplus
-}  /* extern "C" */
+} /* extern "C" */
 #endif
 
 #endif /* MUONRT_H_ */
