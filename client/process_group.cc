@@ -142,10 +142,16 @@ absl::StatusOr<ProcessGroupOptions> ProcessGroupOptionsFromEnv() {
     return o;
   }
   const std::string master = EnvString("MASTER_ADDR", "127.0.0.1");
-  MUON_ASSIGN_OR_RETURN(const int port, EnvInt("MASTER_PORT", std::nullopt));
-  if (port < 1 || port > 65535) {
+  MUON_ASSIGN_OR_RETURN(const int master_port,
+                        EnvInt("MASTER_PORT", std::nullopt));
+  // torch.distributed's TCPStore listens on MASTER_PORT in the same job, so
+  // the coordinator takes the next port unless MUON_COORDINATOR_PORT says.
+  MUON_ASSIGN_OR_RETURN(const int port,
+                        EnvInt("MUON_COORDINATOR_PORT", master_port + 1));
+  if (master_port < 1 || master_port > 65535 || port < 1 || port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "environment: MASTER_PORT=", port, " is not a TCP port (1..65535)"));
+        "environment: MASTER_PORT=", master_port, " / coordinator port ", port,
+        " is not a TCP port (1..65535)"));
   }
   o.embed_coordinator = true;
   o.embedded_host = master;

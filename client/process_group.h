@@ -83,7 +83,9 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(
 //   RANK, WORLD_SIZE: required integers, 0 <= RANK < WORLD_SIZE.
 //   MASTER_ADDR (default 127.0.0.1), MASTER_PORT (required unless
 //     MUON_COORDINATOR is set): rank 0 embeds the coordinator listening on
-//     MASTER_ADDR:MASTER_PORT, the other ranks connect to it.
+//     MASTER_ADDR:(MASTER_PORT + 1) (torch.distributed's TCPStore holds
+//     MASTER_PORT itself), or on MUON_COORDINATOR_PORT when set; the other
+//     ranks connect to it.
 //   MUON_COORDINATOR: host:port of a muon-coordinator daemon instead (no
 //     rank embeds one).
 //   MUON_JOB_ID: the job id (default "job").
