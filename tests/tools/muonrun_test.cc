@@ -1,0 +1,439 @@
+// muonrun: argument parsing, the environment each rank sees, and the
+// supervisor (first-failure report, exit codes, stopping the other ranks
+// with a bound), driven through the library and the built binary with
+// /bin/sh rank programs. Every process started here is reaped here.
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/status_matchers.h"
+#include "tools/muonrun_lib.h"
+
+namespace muon {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::MatchesRegex;
+using ::testing::Not;
+using ::testing::Pair;
+
+constexpr char kMuonrun[] = "tools/muonrun";
+
+std::string TempDir() {
+  const char* d = getenv("TEST_TMPDIR");
+  std::string tmpl = absl::StrCat(d != nullptr ? d : "/tmp", "/muonrunXXXXXX");
+  return mkdtemp(tmpl.data()) != nullptr ? tmpl : "";
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct RunResult {
+  int exit_code = -1;  // 128+signal when muonrun itself died of a signal
+  std::string out;
+  std::string err;
+  absl::Duration elapsed;
+};
+
+// Runs the muonrun binary with `args` (and `env` added), killing it after
+// `bound`; `on_start` runs with its pid once started.
+RunResult RunMuonrun(const std::vector<std::string>& args,
+                     const std::vector<std::string>& env = {},
+                     absl::Duration bound = absl::Seconds(60),
+                     std::function<void(pid_t)> on_start = nullptr) {
+  RunResult r;
+  const std::string dir = TempDir();
+  const std::string out_path = dir + "/stdout";
+  const std::string err_path = dir + "/stderr";
+  std::vector<std::string> argv = {kMuonrun};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<char*> cargv;
+  for (std::string& a : argv) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  const absl::Time start = absl::Now();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(out, 1);
+    dup2(err, 2);
+    for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));
+    execv(cargv[0], cargv.data());
+    _exit(126);
+  }
+  if (on_start) on_start(pid);
+  int status = 0;
+  const absl::Time deadline = start + bound;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (absl::Now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      ADD_FAILURE() << "muonrun still running after "
+                    << absl::FormatDuration(bound);
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  r.elapsed = absl::Now() - start;
+  r.exit_code =
+      WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = ReadFile(out_path);
+  r.err = ReadFile(err_path);
+  return r;
+}
+
+std::vector<std::string> Sh(const std::string& script) {
+  return {"/bin/sh", "-c", script};
+}
+
+std::vector<std::string> Concat(std::vector<std::string> a,
+                                const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// --- Parsing -------------------------------------------------------------
+
+TEST(ParseMuonrunArgsTest, Defaults_AsTorchrun) {
+  absl::StatusOr<MuonrunOptions> o = ParseMuonrunArgs({"prog"});
+  ASSERT_THAT(o, IsOk());
+  EXPECT_EQ(o->nproc_per_node, 1);
+  EXPECT_EQ(o->nnodes, 1);
+  EXPECT_EQ(o->node_rank, 0);
+  EXPECT_EQ(o->master_addr, "127.0.0.1");
+  EXPECT_EQ(o->master_port, 29500);
+  EXPECT_EQ(o->timeout, absl::InfiniteDuration());
+  EXPECT_THAT(o->program, ElementsAre("prog"));
+}
+
+TEST(ParseMuonrunArgsTest, DashAndUnderscoreSpellings_SameOptions) {
+  absl::StatusOr<MuonrunOptions> a =
+      ParseMuonrunArgs({"--nproc-per-node", "4", "--nnodes", "2", "--node-rank",
+                        "1", "--master-addr", "10.1.2.3", "--master-port",
+                        "1234", "--max-restarts", "0", "prog", "x"});
+  absl::StatusOr<MuonrunOptions> b =
+      ParseMuonrunArgs({"--nproc_per_node=4", "--nnodes=2", "--node_rank=1",
+                        "--master_addr=10.1.2.3", "--master_port=1234",
+                        "--max_restarts=0", "prog", "x"});
+  for (const auto* o : {&a, &b}) {
+    ASSERT_THAT(*o, IsOk());
+    EXPECT_EQ((*o)->nproc_per_node, 4);
+    EXPECT_EQ((*o)->nnodes, 2);
+    EXPECT_EQ((*o)->node_rank, 1);
+    EXPECT_EQ((*o)->master_addr, "10.1.2.3");
+    EXPECT_EQ((*o)->master_port, 1234);
+    EXPECT_THAT((*o)->program, ElementsAre("prog", "x"));
+  }
+}
+
+TEST(ParseMuonrunArgsTest, FlagsAfterProgram_BelongToProgram) {
+  absl::StatusOr<MuonrunOptions> o =
+      ParseMuonrunArgs({"--nnodes", "1", "prog", "--nnodes", "3", "--bogus"});
+  ASSERT_THAT(o, IsOk());
+  EXPECT_EQ(o->nnodes, 1);
+  EXPECT_THAT(o->program, ElementsAre("prog", "--nnodes", "3", "--bogus"));
+  absl::StatusOr<MuonrunOptions> dashdash =
+      ParseMuonrunArgs({"--", "-prog", "a"});
+  ASSERT_THAT(dashdash, IsOk());
+  EXPECT_THAT(dashdash->program, ElementsAre("-prog", "a"));
+}
+
+TEST(ParseMuonrunArgsTest, Standalone_PicksLoopbackAndFreePort) {
+  absl::StatusOr<MuonrunOptions> o =
+      ParseMuonrunArgs({"--standalone", "--nproc-per-node", "2", "prog"});
+  ASSERT_THAT(o, IsOk());
+  EXPECT_EQ(o->master_addr, "127.0.0.1");
+  EXPECT_GT(o->master_port, 0);
+  EXPECT_NE(o->master_port, 29500);
+}
+
+TEST(ParseMuonrunArgsTest, TimeoutAndGrace_Parsed) {
+  absl::StatusOr<MuonrunOptions> o =
+      ParseMuonrunArgs({"--timeout_s", "2.5", "--grace-s=0", "prog"});
+  ASSERT_THAT(o, IsOk());
+  EXPECT_EQ(o->timeout, absl::Milliseconds(2500));
+  EXPECT_EQ(o->grace, absl::ZeroDuration());
+}
+
+TEST(ParseMuonrunArgsTest, Help_SetsHelp) {
+  absl::StatusOr<MuonrunOptions> o = ParseMuonrunArgs({"--help"});
+  ASSERT_THAT(o, IsOk());
+  EXPECT_TRUE(o->help);
+}
+
+TEST(ParseMuonrunArgsTest, BadArguments_ReturnInvalidArgumentNamingThem) {
+  const std::map<std::vector<std::string>, std::string> cases = {
+      {{}, "no program"},
+      {{"--nnodes", "2"}, "no program"},
+      {{"--bogus", "prog"}, "unknown flag --bogus"},
+      {{"-x", "prog"}, "unknown flag -x"},
+      {{"--nproc-per-node"}, "--nproc-per-node needs a value"},
+      {{"--nproc-per-node", "two", "prog"}, "\"two\" is not an integer"},
+      {{"--nproc-per-node", "0", "prog"}, "--nproc-per-node 0 is out of range"},
+      {{"--nnodes", "1:4", "prog"}, "elastic ranges"},
+      {{"--nnodes", "2", "--node-rank", "2", "prog"},
+       "--node-rank 2 is out of range for --nnodes 2"},
+      {{"--master-port", "70000", "prog"},
+       "--master-port 70000 is out of range"},
+      {{"--max-restarts", "3", "prog"}, "restarts are not supported"},
+      {{"--standalone", "--nnodes", "2", "prog"}, "--standalone is one node"},
+      {{"--standalone", "--master-port", "5", "prog"}, "drop --master-addr"},
+      {{"--standalone=1", "prog"}, "--standalone takes no value"},
+      {{"--timeout_s", "-1", "prog"}, "--timeout_s: \"-1\""},
+      {{"--timeout_s", "0", "prog"}, "> 0"},
+  };
+  for (const auto& [args, message] : cases) {
+    EXPECT_THAT(
+        ParseMuonrunArgs(args),
+        StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(message)))
+        << absl::StrJoin(args, " ");
+  }
+}
+
+// --- Environment ---------------------------------------------------------
+
+TEST(RankEnvironmentTest, SecondNode_TorchrunValues) {
+  MuonrunOptions o;
+  o.nproc_per_node = 2;
+  o.nnodes = 2;
+  o.node_rank = 1;
+  o.master_addr = "192.0.2.1";
+  o.master_port = 4000;
+  std::map<std::string, std::string> env;
+  for (const auto& [k, v] : RankEnvironment(o, 1, {})) env[k] = v;
+  EXPECT_EQ(env["RANK"], "3");
+  EXPECT_EQ(env["WORLD_SIZE"], "4");
+  EXPECT_EQ(env["LOCAL_RANK"], "1");
+  EXPECT_EQ(env["LOCAL_WORLD_SIZE"], "2");
+  EXPECT_EQ(env["GROUP_RANK"], "1");
+  EXPECT_EQ(env["GROUP_WORLD_SIZE"], "2");
+  EXPECT_EQ(env["MASTER_ADDR"], "192.0.2.1");
+  EXPECT_EQ(env["MASTER_PORT"], "4000");
+  EXPECT_EQ(env["TORCHELASTIC_RESTART_COUNT"], "0");
+  EXPECT_EQ(env["OMP_NUM_THREADS"], "1");
+}
+
+TEST(RankEnvironmentTest, OmpNumThreadsAlreadySet_Kept) {
+  MuonrunOptions o;
+  o.nproc_per_node = 2;
+  for (const auto& [k, v] : RankEnvironment(o, 0, {"OMP_NUM_THREADS=8"})) {
+    EXPECT_NE(k, "OMP_NUM_THREADS");
+  }
+}
+
+TEST(MergeEnvironmentTest, SameName_Replaced) {
+  EXPECT_THAT(MergeEnvironment({"PATH=/bin", "RANK=7", "RANKX=1"},
+                               {{"RANK", "0"}, {"WORLD_SIZE", "2"}}),
+              ElementsAre("PATH=/bin", "RANKX=1", "RANK=0", "WORLD_SIZE=2"));
+}
+
+// --- The binary ----------------------------------------------------------
+
+TEST(MuonrunTest, TwoOfFourRanks_ChildrenSeeTorchrunEnvironment) {
+  const std::string dir = TempDir();
+  // An outer launcher's RANK must not leak into the ranks.
+  RunResult r = RunMuonrun(
+      Concat({"--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2",
+              "--master-addr", "192.0.2.1", "--master-port", "4242"},
+             Sh("echo \"$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE "
+                "$GROUP_RANK $MASTER_ADDR $MASTER_PORT $KEPT\" > " +
+                dir + "/env.$RANK")),
+      {"RANK=99", "KEPT=yes"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(ReadFile(dir + "/env.2"), "2 4 0 2 1 192.0.2.1 4242 yes\n");
+  EXPECT_EQ(ReadFile(dir + "/env.3"), "3 4 1 2 1 192.0.2.1 4242 yes\n");
+  EXPECT_EQ(ReadFile(dir + "/env.99"), "");
+}
+
+TEST(MuonrunTest, AllRanksSucceed_ExitZeroAndQuiet) {
+  RunResult r = RunMuonrun(Concat({"--nproc-per-node", "3"}, Sh("exit 0")));
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.err, "");
+}
+
+TEST(MuonrunTest, OneRankExitsNonZero_ReportsFirstAndStopsOthersQuickly) {
+  RunResult r =
+      RunMuonrun(Concat({"--nproc-per-node", "4", "--timeout_s", "50"},
+                        Sh("if [ \"$RANK\" = 2 ]; then sleep 0.2; exit 3; fi; "
+                           "exec sleep 40")));
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_THAT(r.err, MatchesRegex("muonrun: rank 2 \\(local rank 2, pid "
+                                  "[0-9]+\\) failed first: exited with code "
+                                  "3\n(.|\n)*"));
+  EXPECT_THAT(r.err, HasSubstr("muonrun: stopping 3 local ranks (SIGTERM"));
+  EXPECT_THAT(r.err, HasSubstr("muonrun: stopped 3 local ranks\n"));
+  EXPECT_LT(r.elapsed, absl::Seconds(8));
+}
+
+TEST(MuonrunTest, RankKillsItselfWithSigkill_ReportsSignalExit137) {
+  RunResult r = RunMuonrun(
+      Concat({"--nproc-per-node", "3", "--timeout_s", "50"},
+             Sh("if [ \"$LOCAL_RANK\" = 1 ]; then sleep 0.2; kill -9 $$; fi; "
+                "exec sleep 40")));
+  EXPECT_EQ(r.exit_code, 128 + 9) << r.err;
+  EXPECT_THAT(r.err, MatchesRegex("muonrun: rank 1 \\(local rank 1, pid "
+                                  "[0-9]+\\) failed first: killed by signal 9 "
+                                  "\\(SIGKILL\\)\n(.|\n)*"));
+  EXPECT_LT(r.elapsed, absl::Seconds(8));
+}
+
+TEST(MuonrunTest, FailureOrder_FirstReapedIsReported) {
+  // Rank 0 fails late, rank 1 early: rank 1 is reported.
+  RunResult r =
+      RunMuonrun(Concat({"--nproc-per-node", "2", "--timeout_s", "50"},
+                        Sh("if [ \"$RANK\" = 0 ]; then sleep 3; exit 5; fi; "
+                           "sleep 0.2; exit 6")));
+  EXPECT_EQ(r.exit_code, 6) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("rank 1 (local rank 1, pid "));
+  EXPECT_THAT(r.err, Not(HasSubstr("rank 0 (local rank 0")));
+}
+
+TEST(MuonrunTest, RanksIgnoringSigterm_KilledAfterGrace) {
+  RunResult r = RunMuonrun(
+      Concat({"--nproc-per-node", "3", "--grace_s", "0.5", "--timeout_s", "50"},
+             Sh("trap '' TERM; if [ \"$RANK\" = 0 ]; then sleep 0.2; exit 1; "
+                "fi; sleep 40")));
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("stopped 2 local ranks (2 needed SIGKILL)"));
+  EXPECT_LT(r.elapsed, absl::Seconds(8));
+}
+
+TEST(MuonrunTest, RankLeavesBackgroundChild_ChildKilledWithItsRank) {
+  const std::string dir = TempDir();
+  RunResult r = RunMuonrun(Concat(
+      {"--nproc-per-node", "2", "--timeout_s", "50"},
+      Sh("sleep 60 & echo $! > " + dir +
+         "/bg.$RANK; if [ \"$RANK\" = 1 ]; then sleep 0.3; exit 2; fi; wait")));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  for (int rank = 0; rank < 2; ++rank) {
+    int pid = 0;
+    ASSERT_TRUE(absl::SimpleAtoi(
+        absl::StripAsciiWhitespace(ReadFile(absl::StrCat(dir, "/bg.", rank))),
+        &pid));
+    // Gone, or a zombie waiting for its new parent to reap it.
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    bool alive = true;
+    while (alive && absl::Now() < deadline) {
+      const std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+      alive = !stat.empty() && !absl::StrContains(stat, ") Z ");
+      if (alive) absl::SleepFor(absl::Milliseconds(20));
+    }
+    EXPECT_FALSE(alive) << "background child " << pid << " of rank " << rank;
+  }
+}
+
+TEST(MuonrunTest, Timeout_StopsRanksExit124) {
+  RunResult r = RunMuonrun(
+      Concat({"--nproc-per-node", "2", "--timeout_s", "0.5", "--grace_s", "1"},
+             Sh("exec sleep 40")));
+  EXPECT_EQ(r.exit_code, kMuonrunTimeoutExitCode) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("muonrun: timed out"));
+  EXPECT_LT(r.elapsed, absl::Seconds(8));
+}
+
+TEST(MuonrunTest, MuonrunGetsSigterm_ForwardsAndExits143) {
+  const std::string dir = TempDir();
+  RunResult r =
+      RunMuonrun(Concat({"--nproc-per-node", "2", "--timeout_s", "50"},
+                        Sh("trap 'echo term > " + dir +
+                           "/term.$RANK; exit 0' TERM; touch " + dir +
+                           "/up.$RANK; while :; do sleep 0.05; done")),
+                 {}, absl::Seconds(60), [&](pid_t pid) {
+                   const absl::Time deadline = absl::Now() + absl::Seconds(20);
+                   while (absl::Now() < deadline &&
+                          (access((dir + "/up.0").c_str(), F_OK) != 0 ||
+                           access((dir + "/up.1").c_str(), F_OK) != 0)) {
+                     absl::SleepFor(absl::Milliseconds(10));
+                   }
+                   kill(pid, SIGTERM);
+                 });
+  EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("muonrun: received SIGTERM"));
+  EXPECT_EQ(ReadFile(dir + "/term.0"), "term\n");
+  EXPECT_EQ(ReadFile(dir + "/term.1"), "term\n");
+}
+
+TEST(MuonrunTest, ProgramNotFound_Exit127NamingIt) {
+  RunResult r = RunMuonrun({"/nonexistent/program"});
+  EXPECT_EQ(r.exit_code, 127);
+  EXPECT_THAT(r.err, HasSubstr("cannot execute \"/nonexistent/program\""));
+  EXPECT_THAT(r.err, HasSubstr("rank 0 (local rank 0, pid "));
+}
+
+TEST(MuonrunTest, ProgramOnPath_Found) {
+  RunResult r = RunMuonrun({"sh", "-c", "exit 0"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+TEST(MuonrunTest, UsageError_Exit2WithMessageAndUsage) {
+  RunResult r = RunMuonrun({"--nnodes", "2", "--node-rank", "5", "prog"});
+  EXPECT_EQ(r.exit_code, kMuonrunUsageExitCode);
+  EXPECT_THAT(r.err, HasSubstr("muonrun: --node-rank 5 is out of range"));
+  EXPECT_THAT(r.err, HasSubstr("usage: muonrun"));
+  RunResult none = RunMuonrun({});
+  EXPECT_EQ(none.exit_code, kMuonrunUsageExitCode);
+  EXPECT_THAT(none.err, HasSubstr("no program given"));
+}
+
+TEST(MuonrunTest, Help_UsageOnStdoutExit0) {
+  RunResult r = RunMuonrun({"--help"});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_THAT(r.out, HasSubstr("usage: muonrun"));
+  EXPECT_THAT(r.out, HasSubstr("--nproc-per-node"));
+}
+
+// --- The library in-process ----------------------------------------------
+
+TEST(RunRanksTest, OneRankFails_ResultListsEveryExit) {
+  MuonrunOptions o;
+  o.nproc_per_node = 3;
+  o.grace = absl::Seconds(5);
+  o.timeout = absl::Seconds(50);
+  o.program = Sh("if [ \"$RANK\" = 0 ]; then exit 4; fi; exec sleep 40");
+  std::ostringstream err;
+  absl::StatusOr<RunRanksResult> r = RunRanks(o, err);
+  ASSERT_THAT(r, IsOk());
+  EXPECT_EQ(r->exit_code, 4);
+  ASSERT_TRUE(r->first_failure.has_value());
+  EXPECT_EQ(r->first_failure->rank, 0);
+  EXPECT_EQ(r->first_failure->Describe(), "exited with code 4");
+  EXPECT_EQ(r->stopped, 2);
+  EXPECT_EQ(r->killed, 0);
+  ASSERT_EQ(r->exits.size(), 3u);
+  EXPECT_EQ(r->exits[1].signal, SIGTERM);
+  EXPECT_EQ(r->exits[2].signal, SIGTERM);
+}
+
+TEST(RankExitTest, Describe_ExitAndSignal) {
+  EXPECT_EQ((RankExit{2, 2, 10, 1, 0}).Describe(), "exited with code 1");
+  EXPECT_EQ((RankExit{2, 2, 10, 0, 9}).Describe(),
+            "killed by signal 9 (SIGKILL)");
+  EXPECT_EQ((RankExit{2, 2, 10, 0, 9}).status_code(), 137);
+}
+
+}  // namespace
+}  // namespace muon

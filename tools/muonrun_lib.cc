@@ -1,0 +1,558 @@
+#include "tools/muonrun_lib.h"
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/time/clock.h"
+
+extern char** environ;
+
+namespace muon {
+namespace {
+
+// The signal muonrun received (0 = none); set by the handler.
+volatile sig_atomic_t g_received_signal = 0;
+
+extern "C" void OnStopSignal(int sig) { g_received_signal = sig; }
+
+constexpr absl::Duration kPollInterval = absl::Milliseconds(10);
+
+std::string SignalName(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return abbrev != nullptr ? absl::StrCat("SIG", abbrev)
+                           : absl::StrCat("signal ", sig);
+}
+
+absl::Status Usage(const std::string& message) {
+  return absl::InvalidArgumentError(message);
+}
+
+absl::StatusOr<int> ParseInt(const std::string& flag, const std::string& value,
+                             int min, int max) {
+  int x = 0;
+  if (!absl::SimpleAtoi(value, &x)) {
+    return Usage(
+        absl::StrCat("--", flag, ": \"", value, "\" is not an integer"));
+  }
+  if (x < min || x > max) {
+    return Usage(absl::StrCat("--", flag, " ", x, " is out of range (", min,
+                              "..", max, ")"));
+  }
+  return x;
+}
+
+absl::StatusOr<absl::Duration> ParseSeconds(const std::string& flag,
+                                            const std::string& value,
+                                            bool allow_zero) {
+  double s = 0;
+  if (!absl::SimpleAtod(value, &s) || !(s >= 0) || (!allow_zero && s == 0) ||
+      s > 1e9) {
+    return Usage(absl::StrCat("--", flag, ": \"", value,
+                              "\" is not a number of seconds ",
+                              allow_zero ? ">= 0" : "> 0"));
+  }
+  return absl::Seconds(s);
+}
+
+// A TCP port on 127.0.0.1 that was free a moment ago.
+absl::StatusOr<int> FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("--standalone: socket: ", std::strerror(errno)));
+  }
+  sockaddr_in addr;
+  std::memset(&addr, 0, sizeof(addr));
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  int port = -1;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  const int saved = errno;
+  close(fd);
+  if (port <= 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "--standalone: no free port on 127.0.0.1: ", std::strerror(saved)));
+  }
+  return port;
+}
+
+// Sends `sig` to the process group of rank process `pid` (its own, see
+// RunRanks), or to the process alone if the group is gone.
+void SignalRank(pid_t pid, int sig) {
+  if (kill(-pid, sig) != 0) kill(pid, sig);
+}
+
+struct Child {
+  int rank = 0;
+  int local_rank = 0;
+  pid_t pid = -1;
+  bool done = false;
+  RankExit exit;
+};
+
+// Reaps `c` if it has exited (non-blocking unless `block`). Returns whether
+// it is done.
+bool Reap(Child& c, bool block) {
+  if (c.done) return true;
+  int status = 0;
+  pid_t r;
+  do {
+    r = waitpid(c.pid, &status, block ? 0 : WNOHANG);
+  } while (r < 0 && errno == EINTR);
+  if (r != c.pid) {
+    if (r < 0 && errno == ECHILD) {  // reaped elsewhere: unknown outcome
+      c.done = true;
+      c.exit = RankExit{c.rank, c.local_rank, c.pid, 0, 0};
+      return true;
+    }
+    return false;
+  }
+  c.done = true;
+  c.exit.rank = c.rank;
+  c.exit.local_rank = c.local_rank;
+  c.exit.pid = c.pid;
+  if (WIFEXITED(status)) {
+    c.exit.exit_code = WEXITSTATUS(status);
+  } else if (WIFSIGNALED(status)) {
+    c.exit.signal = WTERMSIG(status);
+  }
+  return true;
+}
+
+int Running(const std::vector<Child>& children) {
+  return static_cast<int>(
+      std::count_if(children.begin(), children.end(),
+                    [](const Child& c) { return !c.done; }));
+}
+
+std::string Ranks(int n) {
+  return absl::StrCat(n, " local rank", n == 1 ? "" : "s");
+}
+
+// Stops every running child: `sig` to its process group, SIGKILL after
+// `grace`; reaps them all. Returns how many needed SIGKILL.
+int StopChildren(std::vector<Child>& children, int sig, absl::Duration grace) {
+  for (Child& c : children) {
+    if (!c.done) SignalRank(c.pid, sig);
+  }
+  const absl::Time deadline = absl::Now() + grace;
+  while (Running(children) > 0 && absl::Now() < deadline) {
+    bool progressed = false;
+    for (Child& c : children) {
+      if (!c.done && Reap(c, /*block=*/false)) progressed = true;
+    }
+    if (!progressed) absl::SleepFor(kPollInterval);
+  }
+  int killed = 0;
+  for (Child& c : children) {
+    if (c.done) continue;
+    SignalRank(c.pid, SIGKILL);
+    Reap(c, /*block=*/true);
+    ++killed;
+  }
+  return killed;
+}
+
+// Starts one rank process. The child gets its own process group and dies
+// with muonrun (PR_SET_PDEATHSIG); exec failures exit 127 with a message.
+absl::StatusOr<pid_t> StartRank(const std::vector<std::string>& argv,
+                                const std::vector<std::string>& env, int rank) {
+  std::vector<char*> cargv;
+  for (const std::string& a : argv)
+    cargv.push_back(const_cast<char*>(a.data()));
+  cargv.push_back(nullptr);
+  std::vector<char*> cenv;
+  for (const std::string& e : env) cenv.push_back(const_cast<char*>(e.data()));
+  cenv.push_back(nullptr);
+  const std::string exec_error = absl::StrCat(
+      "muonrun: rank ", rank, ": cannot execute \"", argv[0], "\": ");
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) {
+    return absl::InternalError(absl::StrCat("muonrun: fork for rank ", rank,
+                                            ": ", std::strerror(errno)));
+  }
+  if (pid == 0) {
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(1);  // muonrun already gone
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    execvpe(cargv[0], cargv.data(), cenv.data());
+    const char* reason = strerror(errno);
+    ssize_t ignored = write(2, exec_error.data(), exec_error.size());
+    ignored = write(2, reason, std::strlen(reason));
+    ignored = write(2, "\n", 1);
+    (void)ignored;
+    _exit(127);
+  }
+  setpgid(pid, pid);  // also here: no race with an early SignalRank
+  return pid;
+}
+
+}  // namespace
+
+std::string MuonrunUsage() {
+  return "usage: muonrun [--nproc-per-node N] [--nnodes M] [--node-rank K]\n"
+         "               [--master-addr ADDR] [--master-port PORT] "
+         "[--standalone]\n"
+         "               [--max-restarts 0] [--timeout_s S] [--grace_s S]\n"
+         "               program [args...]\n"
+         "Starts N rank processes of `program` on this node (torchrun's flags "
+         "and\n"
+         "environment: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, "
+         "GROUP_RANK,\n"
+         "MASTER_ADDR, MASTER_PORT). Flags also take --flag=value and "
+         "underscores\n"
+         "(--nproc_per_node). On a rank failure the other ranks are stopped\n"
+         "(SIGTERM, SIGKILL after --grace_s) and muonrun exits with the first\n"
+         "failed rank's code (128+signal when killed).\n"
+         "  --nproc-per-node N  rank processes on this node (default 1; "
+         "cpu|auto:\n"
+         "                      one per CPU)\n"
+         "  --nnodes M          nodes in the job (default 1)\n"
+         "  --node-rank K       this node, 0..M-1 (default 0)\n"
+         "  --master-addr ADDR  host of rank 0 (default 127.0.0.1)\n"
+         "  --master-port PORT  port of rank 0's coordinator (default 29500)\n"
+         "  --standalone        one node: 127.0.0.1 and a free port\n"
+         "  --max-restarts 0    restarts are not supported (only 0)\n"
+         "  --timeout_s S       stop the ranks after S seconds, exit 124 "
+         "(default:\n"
+         "                      no limit)\n"
+         "  --grace_s S         seconds between SIGTERM and SIGKILL when "
+         "stopping\n"
+         "                      ranks (default 10)\n";
+}
+
+absl::StatusOr<MuonrunOptions> ParseMuonrunArgs(
+    const std::vector<std::string>& args) {
+  MuonrunOptions o;
+  bool addr_given = false;
+  bool port_given = false;
+  size_t i = 0;
+  for (; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--") {
+      ++i;
+      break;
+    }
+    if (arg == "-h" || arg == "--help") {
+      o.help = true;
+      return o;
+    }
+    if (arg.size() < 2 || arg[0] != '-') break;  // the program
+    if (!absl::StartsWith(arg, "--")) {
+      return Usage(absl::StrCat("unknown flag ", arg));
+    }
+    std::string name = arg.substr(2);
+    std::optional<std::string> value;
+    const size_t eq = name.find('=');
+    if (eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+    }
+    const std::string spelled = absl::StrCat("--", name);
+    name = absl::StrReplaceAll(name, {{"-", "_"}});
+    if (name == "standalone") {
+      if (value.has_value()) {
+        return Usage("--standalone takes no value");
+      }
+      o.standalone = true;
+      continue;
+    }
+    static const std::set<std::string>* const kValued =
+        new std::set<std::string>{
+            "nproc_per_node", "nnodes",       "node_rank", "master_addr",
+            "master_port",    "max_restarts", "timeout_s", "grace_s"};
+    if (!kValued->count(name)) {
+      return Usage(absl::StrCat("unknown flag ", spelled));
+    }
+    if (!value.has_value()) {
+      if (i + 1 >= args.size()) {
+        return Usage(absl::StrCat(spelled, " needs a value"));
+      }
+      value = args[++i];
+    }
+    const std::string& v = *value;
+    if (name == "nproc_per_node") {
+      if (v == "cpu" || v == "auto") {
+        const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        o.nproc_per_node = cpus > 0 ? static_cast<int>(cpus) : 1;
+      } else if (v == "gpu") {
+        return Usage(
+            "--nproc-per-node gpu: muonrun does not count GPUs; give a number");
+      } else {
+        absl::StatusOr<int> n = ParseInt("nproc-per-node", v, 1, 1 << 16);
+        if (!n.ok()) return n.status();
+        o.nproc_per_node = *n;
+      }
+    } else if (name == "nnodes") {
+      if (absl::StrContains(v, ":")) {
+        return Usage(absl::StrCat("--nnodes ", v,
+                                  ": elastic ranges (MIN:MAX) are not "
+                                  "supported; give the number of nodes"));
+      }
+      absl::StatusOr<int> n = ParseInt("nnodes", v, 1, 1 << 16);
+      if (!n.ok()) return n.status();
+      o.nnodes = *n;
+    } else if (name == "node_rank") {
+      absl::StatusOr<int> n = ParseInt("node-rank", v, 0, 1 << 16);
+      if (!n.ok()) return n.status();
+      o.node_rank = *n;
+    } else if (name == "master_addr") {
+      if (v.empty()) return Usage("--master-addr is empty");
+      o.master_addr = v;
+      addr_given = true;
+    } else if (name == "master_port") {
+      absl::StatusOr<int> n = ParseInt("master-port", v, 1, 65535);
+      if (!n.ok()) return n.status();
+      o.master_port = *n;
+      port_given = true;
+    } else if (name == "max_restarts") {
+      absl::StatusOr<int> n = ParseInt("max-restarts", v, 0, 1 << 20);
+      if (!n.ok()) return n.status();
+      if (*n != 0) {
+        return Usage(absl::StrCat(
+            "--max-restarts ", *n,
+            ": restarts are not supported (they need elastic rendezvous "
+            "across nodes); use 0"));
+      }
+      o.max_restarts = *n;
+    } else if (name == "timeout_s") {
+      absl::StatusOr<absl::Duration> d =
+          ParseSeconds("timeout_s", v, /*allow_zero=*/false);
+      if (!d.ok()) return d.status();
+      o.timeout = *d;
+    } else if (name == "grace_s") {
+      absl::StatusOr<absl::Duration> d =
+          ParseSeconds("grace_s", v, /*allow_zero=*/true);
+      if (!d.ok()) return d.status();
+      o.grace = *d;
+    }
+  }
+  o.program.assign(args.begin() + std::min(i, args.size()), args.end());
+  if (o.program.empty()) {
+    return Usage("no program given (muonrun [flags] program [args...])");
+  }
+  if (o.node_rank >= o.nnodes) {
+    return Usage(absl::StrCat("--node-rank ", o.node_rank,
+                              " is out of range for --nnodes ", o.nnodes,
+                              " (0..", o.nnodes - 1, ")"));
+  }
+  if (o.standalone) {
+    if (o.nnodes != 1) {
+      return Usage(
+          absl::StrCat("--standalone is one node, but --nnodes is ", o.nnodes));
+    }
+    if (addr_given || port_given) {
+      return Usage(
+          "--standalone picks the address and port itself; drop "
+          "--master-addr / --master-port");
+    }
+    o.master_addr = "127.0.0.1";
+    absl::StatusOr<int> port = FreePort();
+    if (!port.ok()) return port.status();
+    o.master_port = *port;
+  }
+  return o;
+}
+
+std::vector<std::pair<std::string, std::string>> RankEnvironment(
+    const MuonrunOptions& o, int local_rank,
+    const std::vector<std::string>& base_env) {
+  const int rank = o.node_rank * o.nproc_per_node + local_rank;
+  const int world = o.nnodes * o.nproc_per_node;
+  std::vector<std::pair<std::string, std::string>> vars = {
+      {"RANK", absl::StrCat(rank)},
+      {"WORLD_SIZE", absl::StrCat(world)},
+      {"LOCAL_RANK", absl::StrCat(local_rank)},
+      {"LOCAL_WORLD_SIZE", absl::StrCat(o.nproc_per_node)},
+      {"GROUP_RANK", absl::StrCat(o.node_rank)},
+      {"GROUP_WORLD_SIZE", absl::StrCat(o.nnodes)},
+      {"ROLE_RANK", absl::StrCat(rank)},
+      {"ROLE_WORLD_SIZE", absl::StrCat(world)},
+      {"MASTER_ADDR", o.master_addr},
+      {"MASTER_PORT", absl::StrCat(o.master_port)},
+      {"TORCHELASTIC_RESTART_COUNT", "0"},
+      {"TORCHELASTIC_MAX_RESTARTS", absl::StrCat(o.max_restarts)},
+      {"TORCHELASTIC_RUN_ID", "none"},
+  };
+  if (o.nproc_per_node > 1) {
+    const bool has_omp =
+        std::any_of(base_env.begin(), base_env.end(), [](const std::string& e) {
+          return absl::StartsWith(e, "OMP_NUM_THREADS=");
+        });
+    if (!has_omp) vars.emplace_back("OMP_NUM_THREADS", "1");
+  }
+  return vars;
+}
+
+std::vector<std::string> MergeEnvironment(
+    const std::vector<std::string>& base,
+    const std::vector<std::pair<std::string, std::string>>& vars) {
+  std::set<std::string> names;
+  for (const auto& [name, value] : vars) names.insert(name);
+  std::vector<std::string> env;
+  for (const std::string& e : base) {
+    const size_t eq = e.find('=');
+    const std::string name = e.substr(0, eq);
+    if (!names.count(name)) env.push_back(e);
+  }
+  for (const auto& [name, value] : vars) env.push_back(name + "=" + value);
+  return env;
+}
+
+std::vector<std::string> CurrentEnvironment() {
+  std::vector<std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    env.push_back(*e);
+  }
+  return env;
+}
+
+std::string RankExit::Describe() const {
+  if (signal != 0) {
+    return absl::StrCat("killed by signal ", signal, " (", SignalName(signal),
+                        ")");
+  }
+  return absl::StrCat("exited with code ", exit_code);
+}
+
+absl::StatusOr<RunRanksResult> RunRanks(const MuonrunOptions& o,
+                                        std::ostream& err) {
+  const std::vector<std::string> base = CurrentEnvironment();
+  std::vector<Child> children;
+  const absl::Time start = absl::Now();
+  for (int local = 0; local < o.nproc_per_node; ++local) {
+    Child c;
+    c.local_rank = local;
+    c.rank = o.node_rank * o.nproc_per_node + local;
+    absl::StatusOr<pid_t> pid = StartRank(
+        o.program, MergeEnvironment(base, RankEnvironment(o, local, base)),
+        c.rank);
+    if (!pid.ok()) {
+      StopChildren(children, SIGKILL, absl::ZeroDuration());
+      return pid.status();
+    }
+    c.pid = *pid;
+    children.push_back(c);
+  }
+  const absl::Time deadline = o.timeout == absl::InfiniteDuration()
+                                  ? absl::InfiniteFuture()
+                                  : start + o.timeout;
+  RunRanksResult result;
+  int stop_signal = 0;
+  while (Running(children) > 0) {
+    bool progressed = false;
+    for (Child& c : children) {
+      if (c.done || !Reap(c, /*block=*/false)) continue;
+      progressed = true;
+      if (c.exit.failed() && !result.first_failure.has_value()) {
+        result.first_failure = c.exit;
+        err << "muonrun: rank " << c.rank << " (local rank " << c.local_rank
+            << ", pid " << c.pid << ") failed first: " << c.exit.Describe()
+            << "\n";
+        err.flush();
+      }
+    }
+    if (result.first_failure.has_value()) {
+      stop_signal = SIGTERM;
+      break;
+    }
+    if (g_received_signal != 0) {
+      result.received_signal = g_received_signal;
+      stop_signal = result.received_signal;
+      err << "muonrun: received " << SignalName(stop_signal) << "\n";
+      break;
+    }
+    if (absl::Now() >= deadline) {
+      result.timed_out = true;
+      stop_signal = SIGTERM;
+      err << "muonrun: timed out: ranks still running after "
+          << absl::FormatDuration(o.timeout) << " (--timeout_s)\n";
+      break;
+    }
+    if (!progressed) {
+      absl::SleepFor(std::min(kPollInterval, deadline - absl::Now()));
+    }
+  }
+  const int running = Running(children);
+  if (running > 0) {
+    err << "muonrun: stopping " << Ranks(running) << " ("
+        << SignalName(stop_signal) << ", SIGKILL after "
+        << absl::FormatDuration(o.grace) << ")\n";
+    err.flush();
+    result.stopped = running;
+    result.killed = StopChildren(children, stop_signal, o.grace);
+    err << "muonrun: stopped " << Ranks(running);
+    if (result.killed > 0) err << " (" << result.killed << " needed SIGKILL)";
+    err << "\n";
+  }
+  if (stop_signal != 0) {
+    // Whatever the ranks started in their process groups goes too.
+    for (const Child& c : children) kill(-c.pid, SIGKILL);
+  }
+  for (const Child& c : children) result.exits.push_back(c.exit);
+  if (result.first_failure.has_value()) {
+    result.exit_code = result.first_failure->status_code();
+  } else if (result.received_signal != 0) {
+    result.exit_code = 128 + result.received_signal;
+  } else if (result.timed_out) {
+    result.exit_code = kMuonrunTimeoutExitCode;
+  }
+  err.flush();
+  return result;
+}
+
+void InstallMuonrunSignalHandlers() {
+  struct sigaction sa;
+  std::memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = OnStopSignal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
+}
+
+int MuonrunMain(const std::vector<std::string>& args, std::ostream& out,
+                std::ostream& err) {
+  absl::StatusOr<MuonrunOptions> options = ParseMuonrunArgs(args);
+  if (!options.ok()) {
+    err << "muonrun: " << options.status().message() << "\n" << MuonrunUsage();
+    return options.status().code() == absl::StatusCode::kInvalidArgument
+               ? kMuonrunUsageExitCode
+               : 1;
+  }
+  if (options->help) {
+    out << MuonrunUsage();
+    return 0;
+  }
+  absl::StatusOr<RunRanksResult> result = RunRanks(*options, err);
+  if (!result.ok()) {
+    err << result.status().message() << "\n";
+    return 1;
+  }
+  return result->exit_code;
+}
+
+}  // namespace muon
