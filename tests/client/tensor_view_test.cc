@@ -29,11 +29,6 @@ using kernels::FloatToBf16;
 using testing::BitwiseEqual;
 using testing::RandomValues;
 
-uint32_t Bits(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, sizeof(b));
-  return b;
-}
 float FromBits(uint32_t b) {
   float f;
   std::memcpy(&f, &b, sizeof(f));
