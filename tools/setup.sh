@@ -6,7 +6,7 @@ packages=(
   bazel-bootstrap pkg-config g++ protobuf-compiler protobuf-compiler-grpc
   libgrpc++-dev libprotobuf-dev libabsl-dev libgtest-dev libgmock-dev
   libgloo-dev libopenblas-dev zlib1g-dev dataset-fashion-mnist clang-format
-  nlohmann-json3-dev
+  nlohmann-json3-dev python3-torch python3-pytest python3-numpy
 )
 missing=()
 for p in "${packages[@]}"; do

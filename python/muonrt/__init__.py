@@ -1,0 +1,55 @@
+"""muonrt: distributed Muon (torch.optim.Muon) over libmuonrt's C ABI.
+
+Pure Python over ctypes: one package for every Python and PyTorch version
+(Debian's 1.13 on Python 3.11, PyTorch 2.x with DTensor). The library
+(libmuonrt.so, ``bazel build //capi:libmuonrt.so``) is found through
+MUONRT_LIBRARY, next to the package, or in <repo>/bazel-bin/capi/, and
+loaded on first use (see muonrt._lib).
+
+Single process::
+
+    import muonrt
+    muon_params, other = muonrt.split_params(model)
+    opt = muonrt.Muon(muon_params, lr=0.02)          # torch.optim.Muon's args
+    adamw = torch.optim.AdamW([p for _, p in other], lr=3e-4)
+    loss.backward(); opt.step(); adamw.step()
+
+Distributed (under torchrun or muonrun)::
+
+    pg = muonrt.init_process_group()                  # RANK, WORLD_SIZE, ...
+    opt = muonrt.Muon(shards, lr=0.02, mesh=muonrt.Mesh(["dp_shard"], [pg.world_size]),
+                      placements={n: ["Shard(0)"] for n, _ in shards},
+                      global_shapes={n: full_shape[n] for n, _ in shards})
+    # or DTensor parameters (torch 2.x FSDP2): mesh and placements are read
+    # from them.
+"""
+from ._lib import (ABI_VERSION, MuonRTError, InvalidArgumentError,
+                   NotFoundError, FailedPreconditionError, OutOfRangeError,
+                   UnimplementedError, DeadlineExceededError,
+                   LibraryRuntimeError, LibraryNotFoundError, AbiVersionError,
+                   library_path)
+from .distributed import (ProcessGroup, Mesh, Shard, Replicate,
+                          init_process_group, destroy_process_group,
+                          get_default_group, is_initialized,
+                          normalize_placement)
+from .optim import Muon
+from .params import split_params
+
+__version__ = "0.1.0"
+
+
+def abi_version():
+    """MUONRT_ABI_VERSION of the loaded library (loads it)."""
+    from . import _lib
+    return _lib.lib().muonrt_abi_version()
+
+
+__all__ = [
+    "Muon", "split_params", "Mesh", "Shard", "Replicate", "ProcessGroup",
+    "init_process_group", "destroy_process_group", "get_default_group",
+    "is_initialized", "normalize_placement", "library_path", "abi_version",
+    "ABI_VERSION", "MuonRTError", "InvalidArgumentError", "NotFoundError",
+    "FailedPreconditionError", "OutOfRangeError", "UnimplementedError",
+    "DeadlineExceededError", "LibraryRuntimeError", "LibraryNotFoundError",
+    "AbiVersionError",
+]

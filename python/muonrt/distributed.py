@@ -1,0 +1,278 @@
+"""Process groups, meshes and placements.
+
+- ``init_process_group(timeout=60.0)`` joins the job described by torchrun's
+  environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; rank 0 embeds the
+  coordinator on MASTER_ADDR:MASTER_PORT+1 unless MUON_COORDINATOR names a
+  daemon; see capi/muonrt.h) and makes it the module's default group, which
+  ``muonrt.Muon`` uses when given no ``process_group``. Collective: every
+  rank calls it. It is separate from torch.distributed's group (gloo/nccl):
+  a trainer typically has both, on the same environment (torch's TCPStore
+  takes MASTER_PORT, the embedded coordinator MASTER_PORT+1).
+- ``Mesh(names, sizes)``: a named device mesh, row-major over ranks (as
+  torch's DeviceMesh(mesh_dim_names=...) over arange(world)).
+- placements in DTensor spelling: "Shard(0)" / "Replicate()", torch's
+  Shard/Replicate objects (their repr on 2.x is "Shard(dim=0)"), or this
+  module's ``Shard``/``Replicate``.
+"""
+import atexit
+import datetime
+import re
+import threading
+import weakref
+import ctypes
+
+from . import _lib
+
+
+class ProcessGroup:
+    """A joined job (muonrt_process_group*). ``rank``, ``world_size``,
+    ``barrier()``, ``destroy()``. Optimizers created on it are destroyed
+    with it (the library requires that order)."""
+
+    def __init__(self, handle):
+        self._handle = handle
+        L = _lib.lib()
+        self.rank = L.muonrt_pg_rank(handle)
+        self.world_size = L.muonrt_pg_world_size(handle)
+        self._optimizers = weakref.WeakSet()
+        self._lock = threading.Lock()
+
+    @property
+    def handle(self):
+        if self._handle is None:
+            raise RuntimeError("muonrt: the process group was destroyed")
+        return self._handle
+
+    @property
+    def destroyed(self):
+        return self._handle is None
+
+    def barrier(self):
+        """Blocks until every rank got here (bounded by the group's
+        timeout). Raises on a timeout or a lost peer."""
+        _lib.call("muonrt_pg_barrier", self.handle)
+
+    def _register(self, optimizer):
+        self._optimizers.add(optimizer)
+
+    def destroy(self):
+        """Destroys every optimizer created on this group, then the group.
+        Idempotent."""
+        with self._lock:
+            if self._handle is None:
+                return
+            for opt in list(self._optimizers):
+                opt._destroy()
+            handle, self._handle = self._handle, None
+        _lib.lib().muonrt_pg_destroy(handle)
+        global _default_group
+        if _default_group is self:
+            _default_group = None
+
+    def __del__(self):
+        try:
+            self.destroy()
+        except Exception:  # interpreter shutdown
+            pass
+
+    def __repr__(self):
+        state = "destroyed" if self._handle is None else "live"
+        return (f"muonrt.ProcessGroup(rank={self.rank}, "
+                f"world_size={self.world_size}, {state})")
+
+
+_default_group = None
+
+
+def _timeout_seconds(timeout):
+    if timeout is None:
+        return 0.0
+    if isinstance(timeout, datetime.timedelta):
+        return timeout.total_seconds()
+    return float(timeout)
+
+
+def init_process_group(timeout=60.0):
+    """Joins the job of torchrun's environment and returns its
+    ProcessGroup, which becomes the default group (``get_default_group``).
+
+    `timeout` (seconds, or a datetime.timedelta; None = the library's 60 s)
+    bounds rendezvous and every collective.
+    Raises ValueError (the environment: a missing or malformed variable,
+    named), TimeoutError / RuntimeError (peers or coordinator unreachable),
+    RuntimeError when a default group already exists."""
+    global _default_group
+    if _default_group is not None and not _default_group.destroyed:
+        raise RuntimeError(
+            "muonrt.init_process_group: a default process group already "
+            "exists (call muonrt.destroy_process_group() first)")
+    out = ctypes.c_void_p()
+    _lib.call("muonrt_pg_init_from_env", _timeout_seconds(timeout),
+              ctypes.byref(out))
+    _default_group = ProcessGroup(out.value)
+    return _default_group
+
+
+def get_default_group():
+    """The group of the last init_process_group(), or None."""
+    if _default_group is not None and _default_group.destroyed:
+        return None
+    return _default_group
+
+
+def is_initialized():
+    return get_default_group() is not None
+
+
+def destroy_process_group(group=None):
+    """Destroys `group` (default: the default group) and its optimizers."""
+    group = group if group is not None else _default_group
+    if group is not None:
+        group.destroy()
+
+
+@atexit.register
+def _destroy_at_exit():
+    # Optimizers and groups in the right order before the interpreter tears
+    # modules down (their __del__ would then run in any order).
+    try:
+        from . import optim
+        optim._destroy_all()
+    except Exception:
+        pass
+    if _default_group is not None:
+        try:
+            _default_group.destroy()
+        except Exception:
+            pass
+
+
+class Mesh:
+    """A named device mesh: ``Mesh(["dp_shard"], [4])``,
+    ``Mesh(("dp_replicate", "dp_shard"), (2, 2))``. Ranks are laid out
+    row-major; the product of the sizes is the world size."""
+
+    def __init__(self, names, sizes):
+        if isinstance(names, str):
+            names = [names]
+        if isinstance(sizes, int):
+            sizes = [sizes]
+        self.names = tuple(str(n) for n in names)
+        self.sizes = tuple(int(s) for s in sizes)
+        if len(self.names) != len(self.sizes):
+            raise ValueError(
+                f"muonrt.Mesh: {len(self.names)} names {list(self.names)} "
+                f"but {len(self.sizes)} sizes {list(self.sizes)}")
+        if not self.names:
+            raise ValueError("muonrt.Mesh: at least one dimension")
+        if len(set(self.names)) != len(self.names):
+            raise ValueError(f"muonrt.Mesh: duplicate names {list(self.names)}")
+        for n, s in zip(self.names, self.sizes):
+            if s < 1:
+                raise ValueError(f"muonrt.Mesh: dimension {n!r} has size {s}")
+
+    @property
+    def ndim(self):
+        return len(self.names)
+
+    def size(self, dim=None):
+        """The number of ranks (dim None) or the size of dim (name or
+        index)."""
+        if dim is None:
+            n = 1
+            for s in self.sizes:
+                n *= s
+            return n
+        if isinstance(dim, str):
+            return self.sizes[self.names.index(dim)]
+        return self.sizes[dim]
+
+    @classmethod
+    def from_device_mesh(cls, device_mesh):
+        """A Mesh with the names and shape of a torch DeviceMesh (duck-typed:
+        ``mesh_dim_names`` and ``mesh.shape``); unnamed dims are called
+        "dim0", "dim1", ..."""
+        shape = tuple(int(s) for s in device_mesh.mesh.shape)
+        names = getattr(device_mesh, "mesh_dim_names", None)
+        if not names:
+            names = [f"dim{i}" for i in range(len(shape))]
+        return cls(names, shape)
+
+    def __eq__(self, other):
+        return (isinstance(other, Mesh) and self.names == other.names
+                and self.sizes == other.sizes)
+
+    def __hash__(self):
+        return hash((self.names, self.sizes))
+
+    def __repr__(self):
+        return f"Mesh({list(self.names)}, {list(self.sizes)})"
+
+
+class Shard:
+    """Placement Shard(dim): the tensor's dim `dim` is split over the mesh
+    dimension like torch.chunk."""
+
+    def __init__(self, dim):
+        self.dim = int(dim)
+
+    def __eq__(self, other):
+        try:
+            return normalize_placement(other) == repr(self)
+        except ValueError:
+            return False
+
+    def __hash__(self):
+        return hash(repr(self))
+
+    def __repr__(self):
+        return f"Shard({self.dim})"
+
+
+class Replicate:
+    """Placement Replicate(): every rank of the mesh dimension holds the
+    whole tensor (along that dimension)."""
+
+    def __eq__(self, other):
+        try:
+            return normalize_placement(other) == "Replicate()"
+        except ValueError:
+            return False
+
+    def __hash__(self):
+        return hash("Replicate()")
+
+    def __repr__(self):
+        return "Replicate()"
+
+
+_SHARD_RE = re.compile(r"^Shard\(\s*(?:dim\s*=\s*)?(\d+)\s*\)$")
+_REPLICATE_RE = re.compile(r"^Replicate\(\s*\)$")
+
+
+def normalize_placement(placement):
+    """The DTensor spelling the library takes ("Shard(0)", "Replicate()")
+    of a string or placement object (torch's Shard(dim=0) included).
+    Raises ValueError for anything else (Partial(), _StridedShard, ...)."""
+    if isinstance(placement, str):
+        text = placement.strip()
+    else:
+        text = repr(placement)
+        cls = type(placement).__name__
+        # torch's Shard has .dim; its repr is Shard(dim=0) (2.x).
+        if cls == "Shard" and isinstance(getattr(placement, "dim", None), int):
+            return f"Shard({placement.dim})"
+        if cls == "Replicate":
+            return "Replicate()"
+    m = _SHARD_RE.match(text)
+    if m:
+        return f"Shard({int(m.group(1))})"
+    if _REPLICATE_RE.match(text):
+        return "Replicate()"
+    if text.startswith("Partial"):
+        raise ValueError(
+            f"placement {text}: Partial() is not supported (reduce the "
+            f"gradient first; parameters are Shard(d) or Replicate())")
+    raise ValueError(
+        f"placement {text!r} is not supported: use Shard(d) or Replicate() "
+        f"(DTensor spelling)")

@@ -1,0 +1,924 @@
+"""muonrt.Muon: torch.optim.Muon over libmuonrt, on one process or with
+parameters sharded over ranks.
+
+Parameters (the ``params`` argument)
+------------------------------------
+Every parameter has a name: the library keys plans, state_dict entries and
+checkpoints by it, so it must be the same on every rank. Accepted forms:
+
+* an iterable of ``(name, tensor)`` pairs: ``model.named_parameters()``,
+  or the first list of ``muonrt.split_params(model)``;
+* an iterable of dicts (param groups), each with ``"params"`` as a list of
+  ``(name, tensor)`` pairs, or as a list of tensors plus a ``"param_names"``
+  (alias ``"names"``) list of the same length, and optionally its own
+  ``"lr"`` and ``"weight_decay"``;
+* plain tensors (or groups of them) without names: they are called
+  ``"param_0"``, ``"param_1"``, ... in optimizer order (checkpoints then
+  depend on that order).
+Names are all given or all generated. After construction each group holds
+tensors in ``"params"`` and their names in ``"param_names"`` (torch 2.x's
+key for named parameters).
+
+Per group, ``lr`` and ``weight_decay`` may differ and change at any time
+(lr schedulers): step() pushes each group's current values. ``momentum``,
+``nesterov``, ``ns_coefficients``, ``eps``, ``ns_steps`` and
+``adjust_lr_fn`` are one value for the whole optimizer (the runtime runs
+one Newton-Schulz configuration): a group that sets another value is a
+ValueError.
+
+Layout (distributed mode)
+-------------------------
+* ``process_group``: a ``muonrt.ProcessGroup``; default: the group of
+  ``muonrt.init_process_group()`` if there is one, else single device.
+* ``mesh``: ``muonrt.Mesh(names, sizes)`` (or a torch DeviceMesh); its size
+  must equal the group's world size. Default: DTensor parameters' mesh, else
+  ``Mesh(["dp"], [world_size])`` (every parameter replicated: DDP).
+* ``placements``: per parameter, one placement per mesh dim in DTensor
+  spelling ("Shard(0)", "Replicate()", or Shard/Replicate objects, torch's
+  included): a dict ``{name: [...]}`` (every parameter must be listed),
+  a callable ``(name, tensor) -> [...]``, or one list for all parameters.
+  Default: Replicate() on every dim.
+* ``global_shapes``: ``{name: (rows, cols)}`` or a callable: the shape of
+  the whole tensor when the given one is a local shard (needed for Shard
+  placements: Newton-Schulz and AdjustLR use the global shape).
+* DTensor parameters (torch 2.x; duck-typed by ``placements``,
+  ``device_mesh`` and ``to_local()``): mesh, placements and global shape are
+  read from the parameter; the local tensor (``to_local()``) is what the
+  library reads and writes, and ``p.grad.to_local()`` its gradient.
+
+Zero copy: the library writes each parameter's local tensor in place
+through its data pointer and reads its gradient through ``p.grad``'s data
+pointer, re-bound at every step (``zero_grad(set_to_none=True)`` makes new
+gradient tensors); Python references to the gradients are kept until the
+next step. The optimizer's own state is the library's fp32 momentum
+buffers.
+
+Differences from torch.optim.Muon
+---------------------------------
+* Every parameter needs a gradient at every step: torch skips parameters
+  whose ``grad`` is None, but this step is one collective over every
+  parameter of every rank (each rank must send its shards to the owners),
+  so a missing gradient is a RuntimeError naming the parameter, raised
+  before anything is modified. Give parameters that received no gradient a
+  zero gradient, or leave them out of the optimizer.
+* Parameters are fp32 or bf16, contiguous, on the CPU (CUDA tensors raise
+  NotImplementedError from the library until the device-resident step).
+* Parameter groups are fixed at construction (add_param_group afterwards
+  raises NotImplementedError).
+* Newton-Schulz runs in fp32 (torch's runs in bf16), so results match a
+  float32 formulation of torch.optim.Muon; momentum buffers are fp32.
+"""
+import ctypes
+import json
+import math
+import os
+import weakref
+
+import torch
+
+from . import _lib
+from . import distributed as _dist
+from .distributed import Mesh, ProcessGroup, normalize_placement
+
+__all__ = ["Muon"]
+
+DEFAULT_A = 3.4445
+DEFAULT_B = -4.7750
+DEFAULT_C = 2.0315
+DEFAULT_NS_STEPS = 5
+EPS = 1e-7
+
+# Options that are one value for the whole optimizer (the library takes
+# them at creation); lr and weight_decay are per group.
+_GLOBAL_KEYS = ("momentum", "nesterov", "ns_coefficients", "eps", "ns_steps",
+                "adjust_lr_fn")
+
+_DTYPES = {torch.float32: _lib.FLOAT32, torch.bfloat16: _lib.BFLOAT16}
+
+_live = weakref.WeakSet()  # optimizers with a library handle
+
+
+def _destroy_all():
+    for opt in list(_live):
+        opt._destroy()
+
+
+def _is_dtensor(t):
+    return (hasattr(t, "placements") and hasattr(t, "device_mesh")
+            and hasattr(t, "to_local"))
+
+
+def _local(t):
+    """The tensor whose memory holds t's elements on this rank: t itself,
+    or a DTensor's local shard."""
+    if _is_dtensor(t):
+        local = getattr(t, "_local_tensor", None)
+        if local is None:
+            with torch.no_grad():
+                local = t.to_local()
+        return local
+    return t
+
+
+def _global_value(value, name, tensor, what):
+    """Looks `name` up in a dict / calls a callable / returns a constant."""
+    if value is None:
+        return None
+    if callable(value) and not isinstance(value, (list, tuple, dict)):
+        return value(name, tensor)
+    if isinstance(value, dict):
+        if name not in value:
+            raise ValueError(
+                f"muonrt.Muon: {what} has no entry for parameter {name!r}")
+        return value[name]
+    return value
+
+
+def _canonical(key, value):
+    """A comparable form of a global option's value."""
+    if key == "ns_coefficients":
+        return tuple(float(v) for v in value)
+    if key == "adjust_lr_fn":
+        return "original" if value is None else value
+    if key == "nesterov":
+        return bool(value)
+    if key == "ns_steps":
+        return int(value)
+    return float(value)
+
+
+class _Slot:
+    """One parameter as the library sees it."""
+    __slots__ = ("name", "param", "local", "data_ptr", "dtype", "grad_dtype",
+                 "local_shape", "global_shape", "placements", "device",
+                 "group", "bound_grad", "grad_ref", "expert_stack",
+                 "sub_mesh")
+
+
+class Muon(torch.optim.Optimizer):
+    """torch.optim.Muon's update over libmuonrt (see the module docstring
+    for the parameter and layout conventions).
+
+    Args (torch.optim.Muon's, with its defaults and argument errors):
+        params: named parameters or param groups (module docstring).
+        lr (float): learning rate (1e-3).
+        weight_decay (float): decoupled weight decay, applied with the
+            unadjusted lr (0.1).
+        momentum (float): momentum factor (0.95).
+        nesterov (bool): Nesterov momentum (True).
+        ns_coefficients (tuple): Newton-Schulz (a, b, c)
+            ((3.4445, -4.7750, 2.0315)).
+        eps (float): Frobenius-norm floor before Newton-Schulz (1e-7).
+        ns_steps (int): Newton-Schulz iterations, < 100 (5).
+        adjust_lr_fn (str or None): "original" (lr * sqrt(max(1, rows /
+            cols)); None means it) or "match_rms_adamw" (lr * 0.2 *
+            sqrt(max(rows, cols))), on the global shape.
+    Layout (keyword-only): process_group, mesh, placements, global_shapes
+        (module docstring); sub_mesh ({name: "pp=1"} or a callable:
+        ownership restriction); expert_stacks (names of 3-D
+        [experts, rows, cols] parameters: each slice is its own matrix).
+    Runtime (keyword-only): ns_schedule ("quintic" | "polar_express"),
+        async_gpu_parallelism (bool), prefetch_count (int),
+        assignment_policy ("lpt" | "round_robin"), bucket_size_bytes (int).
+
+    Raises at construction: ValueError (torch's argument errors; a
+    parameter that is not 2-D, with torch's message and its name; not
+    contiguous; layout errors), TypeError (dtype other than float32 /
+    bfloat16), NotImplementedError (CUDA tensors), and the library's
+    errors (distributed creation is collective: every rank constructs its
+    optimizer at the same point).
+    """
+
+    def __init__(self, params, lr=1e-3, weight_decay=0.1, momentum=0.95,
+                 nesterov=True, ns_coefficients=(DEFAULT_A, DEFAULT_B,
+                                                  DEFAULT_C),
+                 eps=EPS, ns_steps=DEFAULT_NS_STEPS, adjust_lr_fn=None, *,
+                 process_group=None, mesh=None, placements=None,
+                 global_shapes=None, sub_mesh=None, expert_stacks=(),
+                 ns_schedule=None, async_gpu_parallelism=False,
+                 prefetch_count=0, assignment_policy=None,
+                 bucket_size_bytes=0):
+        self._handle = None
+        self._created = False
+        # torch.optim.Muon.__init__'s checks and messages.
+        if isinstance(lr, torch.Tensor) and lr.numel() != 1:
+            raise ValueError("Tensor lr must be 1-element")
+        if not 0.0 <= lr:
+            raise ValueError(f"Learning rate should be >= 0 but is: {lr}")
+        if not 0.0 <= momentum:
+            raise ValueError(f"momentum should be >= 0 but is: {momentum}")
+        if not 0.0 <= weight_decay:
+            raise ValueError(
+                f"weight decay should be >= 0 but is: {weight_decay}")
+        if adjust_lr_fn is not None and adjust_lr_fn not in [
+                "original", "match_rms_adamw"]:
+            raise ValueError(
+                f"Adjust learning rate function {adjust_lr_fn} is not "
+                f"supported")
+        # torch checks these in _zeropower_via_newtonschulz, at the first
+        # step; the library takes them now.
+        if ns_steps >= 100:
+            raise ValueError(
+                "Number of steps must be less than 100 for computational "
+                "efficiency")
+        if len(ns_coefficients) != 3:
+            raise ValueError(
+                "Coefficients must be a tuple of exactly 3 values")
+        defaults = {
+            "lr": lr,
+            "weight_decay": weight_decay,
+            "momentum": momentum,
+            "nesterov": nesterov,
+            "ns_coefficients": ns_coefficients,
+            "eps": eps,
+            "ns_steps": ns_steps,
+            "adjust_lr_fn": adjust_lr_fn,
+        }
+        self._num_named = 0
+        self._num_unnamed = 0
+        super().__init__(params, defaults)
+        if self._num_named and self._num_unnamed:
+            raise ValueError(
+                "all optimizer params should be with/without names. Some "
+                "param names are missing")
+        names = [n for g in self.param_groups for n in g["param_names"]]
+        seen = set()
+        for n in names:
+            if n in seen:
+                raise ValueError(
+                    f"muonrt.Muon: parameter name {n!r} appears twice")
+            seen.add(n)
+        for gi, group in enumerate(self.param_groups):
+            for key in _GLOBAL_KEYS:
+                if _canonical(key, group[key]) != _canonical(key,
+                                                             defaults[key]):
+                    raise ValueError(
+                        f"muonrt.Muon: param group {gi} sets {key}="
+                        f"{group[key]!r}, but {key} is one value for the "
+                        f"whole optimizer ({defaults[key]!r}); only lr and "
+                        f"weight_decay may differ per group")
+
+        expert_stacks = set(expert_stacks or ())
+        unknown = expert_stacks - seen
+        if unknown:
+            raise ValueError(f"muonrt.Muon: expert_stacks names unknown "
+                             f"parameters {sorted(unknown)}")
+        self._slots = self._make_slots(expert_stacks)
+
+        # Process group and mesh.
+        if process_group is None:
+            process_group = _dist.get_default_group()
+        if process_group is not None and not isinstance(process_group,
+                                                        ProcessGroup):
+            raise TypeError(
+                f"muonrt.Muon: process_group must be a muonrt.ProcessGroup "
+                f"(muonrt.init_process_group()), not "
+                f"{type(process_group).__name__}")
+        self._pg = process_group
+        world = process_group.world_size if process_group else 1
+        self._mesh = self._resolve_mesh(mesh, world)
+        if self._mesh.size() != world:
+            if process_group is None:
+                raise ValueError(
+                    f"muonrt.Muon: the mesh {self._mesh} has "
+                    f"{self._mesh.size()} ranks but there is no process "
+                    f"group: call muonrt.init_process_group() on every rank "
+                    f"first (or pass process_group=)")
+            raise ValueError(
+                f"muonrt.Muon: the mesh {self._mesh} has {self._mesh.size()} "
+                f"ranks but the process group has {world}")
+        self._resolve_layout(placements, global_shapes, sub_mesh)
+        self._create(dict(
+            ns_schedule=ns_schedule,
+            async_gpu_parallelism=async_gpu_parallelism,
+            prefetch_count=prefetch_count,
+            assignment_policy=assignment_policy,
+            bucket_size_bytes=bucket_size_bytes))
+        self._group_slots = []
+        k = 0
+        for group in self.param_groups:
+            n = len(group["params"])
+            self._group_slots.append(list(range(k, k + n)))
+            k += n
+        self._pushed = [None] * len(self.param_groups)
+
+    # ---- param groups ------------------------------------------------------
+
+    def add_param_group(self, param_group):
+        """Adds a group during construction (torch's Optimizer.__init__
+        calls this). Afterwards: NotImplementedError (the runtime plans over
+        every parameter once)."""
+        if getattr(self, "_created", False):
+            raise NotImplementedError(
+                "muonrt.Muon: parameter groups are fixed at construction "
+                "(the runtime plans over every parameter once): create the "
+                "optimizer with all its groups")
+        if not isinstance(param_group, dict):
+            raise TypeError("param group must be a dict")
+        group = dict(param_group)
+        params = group["params"]
+        if isinstance(params, torch.Tensor):
+            params = [params]
+        elif isinstance(params, set):
+            raise TypeError(
+                "optimizer parameters need to be organized in ordered "
+                "collections, but the ordering of tensors in sets will change "
+                "between runs. Please use a list instead.")
+        else:
+            params = list(params)
+        given = group.pop("names", None)
+        if "param_names" in group:
+            if given is not None:
+                raise ValueError("muonrt.Muon: a param group has both "
+                                 "'names' and 'param_names'")
+            given = group["param_names"]
+        tensors, names = [], []
+        for p in params:
+            if (isinstance(p, tuple) and len(p) == 2
+                    and isinstance(p[0], str)):
+                names.append(p[0])
+                tensors.append(p[1])
+            else:
+                names.append(None)
+                tensors.append(p)
+        if given is not None:
+            given = list(given)
+            if any(n is not None for n in names):
+                raise ValueError("muonrt.Muon: a param group has both "
+                                 "(name, tensor) pairs and a names list")
+            if len(given) != len(tensors):
+                raise ValueError(
+                    f"muonrt.Muon: a param group has {len(tensors)} params "
+                    f"but {len(given)} names")
+            names = [str(n) for n in given]
+        offset = sum(len(g["params"]) for g in self.param_groups)
+        for i, n in enumerate(names):
+            if n is None:
+                self._num_unnamed += 1
+                names[i] = f"param_{offset + i}"
+            else:
+                self._num_named += 1
+        group["params"] = tensors
+        group["param_names"] = names
+        super().add_param_group(group)
+
+    # ---- construction --------------------------------------------------------
+
+    def _make_slots(self, expert_stacks):
+        slots = []
+        for gi, group in enumerate(self.param_groups):
+            for name, p in zip(group["param_names"], group["params"]):
+                s = _Slot()
+                s.name, s.param, s.group = name, p, gi
+                s.expert_stack = name in expert_stacks
+                want = 3 if s.expert_stack else 2
+                if p.ndim != want:
+                    if s.expert_stack:
+                        raise ValueError(
+                            f"muonrt.Muon: expert stack {name!r} must be 3-D "
+                            f"[experts, rows, cols], found size {p.size()}")
+                    raise ValueError(
+                        "Muon only supports 2D parameters whereas we found a "
+                        f"parameter with size: {p.size()} (parameter "
+                        f"{name!r})")
+                if torch.is_complex(p):
+                    raise RuntimeError(
+                        "Muon does not support complex parameters "
+                        f"(parameter {name!r})")
+                if p.dtype not in _DTYPES:
+                    raise TypeError(
+                        f"muonrt.Muon supports float32 and bfloat16 "
+                        f"parameters; parameter {name!r} is {p.dtype}")
+                local = _local(p)
+                if local.layout != torch.strided:
+                    raise ValueError(f"muonrt.Muon: parameter {name!r} is "
+                                     f"{local.layout}, not dense")
+                if not local.is_contiguous():
+                    raise ValueError(
+                        f"muonrt.Muon: parameter {name!r} is not contiguous "
+                        f"(size {tuple(local.shape)}, stride "
+                        f"{local.stride()}); pass contiguous tensors")
+                if local.device.type == "cpu":
+                    s.device = (_lib.CPU, 0)
+                elif local.device.type == "cuda":
+                    s.device = (_lib.CUDA, local.device.index or 0)
+                else:
+                    raise ValueError(
+                        f"muonrt.Muon: parameter {name!r} is on "
+                        f"{local.device}; CPU (and CUDA, with the GPU path) "
+                        f"tensors only")
+                s.local = local
+                s.data_ptr = local.data_ptr()
+                s.dtype = p.dtype
+                s.grad_dtype = p.dtype
+                s.local_shape = tuple(int(d) for d in local.shape)
+                s.global_shape = tuple(int(d) for d in p.shape)
+                s.bound_grad = None
+                s.grad_ref = None
+                slots.append(s)
+        return slots
+
+    def _resolve_mesh(self, mesh, world):
+        dmeshes = {}
+        for s in self._slots:
+            if _is_dtensor(s.param):
+                m = Mesh.from_device_mesh(s.param.device_mesh)
+                dmeshes.setdefault(m, s.name)
+        if len(dmeshes) > 1:
+            desc = ", ".join(f"{n!r} on {m}" for m, n in dmeshes.items())
+            raise ValueError(
+                f"muonrt.Muon: DTensor parameters on different meshes "
+                f"({desc}); one optimizer takes one mesh")
+        if mesh is not None and not isinstance(mesh, Mesh):
+            mesh = Mesh.from_device_mesh(mesh)
+        if dmeshes:
+            dmesh, name = next(iter(dmeshes.items()))
+            if mesh is not None and mesh != dmesh:
+                raise ValueError(
+                    f"muonrt.Muon: mesh={mesh} but DTensor parameter "
+                    f"{name!r} is on {dmesh}")
+            return dmesh
+        if mesh is not None:
+            return mesh
+        return Mesh(["dp"], [world])
+
+    def _resolve_layout(self, placements, global_shapes, sub_mesh):
+        if isinstance(placements, dict):
+            extra = set(placements) - {s.name for s in self._slots}
+            if extra:
+                raise ValueError(f"muonrt.Muon: placements names unknown "
+                                 f"parameters {sorted(extra)}")
+        if isinstance(global_shapes, dict):
+            extra = set(global_shapes) - {s.name for s in self._slots}
+            if extra:
+                raise ValueError(f"muonrt.Muon: global_shapes names unknown "
+                                 f"parameters {sorted(extra)}")
+        ndim = self._mesh.ndim
+        for s in self._slots:
+            if _is_dtensor(s.param):
+                raw = list(s.param.placements)
+            else:
+                raw = _global_value(placements, s.name, s.param, "placements")
+                if raw is None:
+                    raw = ["Replicate()"] * ndim
+                elif isinstance(raw, str) or not isinstance(raw, (list,
+                                                                  tuple)):
+                    raw = [raw]
+                g = _global_value(global_shapes, s.name, s.param,
+                                  "global_shapes")
+                if g is not None:
+                    s.global_shape = tuple(int(d) for d in g)
+            try:
+                s.placements = [normalize_placement(p) for p in raw]
+            except ValueError as e:
+                raise ValueError(f"muonrt.Muon: parameter {s.name!r}: {e}") \
+                    from None
+            if len(s.placements) != ndim:
+                raise ValueError(
+                    f"muonrt.Muon: parameter {s.name!r} has "
+                    f"{len(s.placements)} placements {s.placements} but the "
+                    f"mesh {self._mesh} has {ndim} dims (one placement per "
+                    f"mesh dim)")
+            if len(s.global_shape) != len(s.local_shape):
+                raise ValueError(
+                    f"muonrt.Muon: parameter {s.name!r}: global shape "
+                    f"{list(s.global_shape)} and local shape "
+                    f"{list(s.local_shape)} differ in rank")
+            sharded = any(p.startswith("Shard") for p in s.placements)
+            if (sharded and not _is_dtensor(s.param)
+                    and self._mesh.size() > 1 and global_shapes is None):
+                raise ValueError(
+                    f"muonrt.Muon: parameter {s.name!r} is sharded "
+                    f"({s.placements}) but its global shape is unknown: pass "
+                    f"global_shapes={{name: shape}} (the local shard is "
+                    f"{list(s.local_shape)})")
+            sm = _global_value(sub_mesh, s.name, s.param, "sub_mesh") \
+                if not isinstance(sub_mesh, dict) else sub_mesh.get(s.name)
+            if isinstance(sm, dict):
+                sm = ",".join(f"{k}={v}" for k, v in sm.items())
+            s.sub_mesh = sm or None
+
+    def _create(self, runtime):
+        L = _lib.lib()
+        keep = []  # ctypes objects alive until create returns
+
+        def i64(values):
+            arr = (ctypes.c_int64 * len(values))(*values)
+            keep.append(arr)
+            return arr
+
+        n = len(self._slots)
+        params = (_lib.muonrt_param * n)()
+        for i, s in enumerate(self._slots):
+            c = params[i]
+            name = s.name.encode("utf-8")
+            keep.append(name)
+            c.name = name
+            c.data = s.data_ptr
+            grad = None
+            if s.param.grad is not None:
+                grad = self._grad_local(s)
+                s.grad_dtype = grad.dtype
+                s.grad_ref = grad
+                s.bound_grad = grad.data_ptr()
+            c.grad = s.bound_grad
+            c.dtype = _DTYPES[s.dtype]
+            c.grad_dtype = _DTYPES[s.grad_dtype]
+            c.ndim = len(s.local_shape)
+            c.local_shape = i64(s.local_shape)
+            c.strides = None
+            c.global_shape = i64(s.global_shape)
+            pl = [p.encode() for p in s.placements]
+            keep.append(pl)
+            arr = (ctypes.c_char_p * len(pl))(*pl)
+            keep.append(arr)
+            c.placements = arr
+            if s.sub_mesh:
+                sm = s.sub_mesh.encode()
+                keep.append(sm)
+                c.sub_mesh = sm
+            else:
+                c.sub_mesh = None
+            c.expert_stack = 1 if s.expert_stack else 0
+            c.device_type, c.device_index = s.device
+
+        d = self.defaults
+        opts = _lib.muonrt_options()
+        L.muonrt_options_default(ctypes.byref(opts))
+        opts.lr = float(d["lr"])
+        opts.weight_decay = float(d["weight_decay"])
+        opts.momentum = float(d["momentum"])
+        opts.nesterov = 1 if d["nesterov"] else 0
+        opts.ns_a, opts.ns_b, opts.ns_c = (float(v)
+                                           for v in d["ns_coefficients"])
+        opts.eps = float(d["eps"])
+        opts.ns_steps = int(d["ns_steps"])
+        opts.adjust_lr_fn = (d["adjust_lr_fn"] or "original").encode()
+        if runtime["ns_schedule"]:
+            opts.ns_schedule = runtime["ns_schedule"].encode()
+        opts.async_gpu_parallelism = 1 if runtime["async_gpu_parallelism"] \
+            else 0
+        opts.prefetch_count = int(runtime["prefetch_count"])
+        if runtime["assignment_policy"]:
+            opts.assignment_policy = runtime["assignment_policy"].encode()
+        opts.bucket_size_bytes = int(runtime["bucket_size_bytes"])
+
+        mesh_names = [m.encode() for m in self._mesh.names]
+        c_names = (ctypes.c_char_p * len(mesh_names))(*mesh_names)
+        c_sizes = (ctypes.c_int * self._mesh.ndim)(*self._mesh.sizes)
+        out = ctypes.c_void_p()
+        pg = self._pg.handle if self._pg is not None else None
+        _lib.call("muonrt_optimizer_create", pg, self._mesh.ndim, c_names,
+                  c_sizes, params, n, ctypes.byref(opts), ctypes.byref(out))
+        self._handle = out.value
+        self._created = True
+        _live.add(self)
+        if self._pg is not None:
+            self._pg._register(self)
+
+    # ---- lifecycle -----------------------------------------------------------
+
+    def _destroy(self):
+        handle, self._handle = getattr(self, "_handle", None), None
+        if handle is not None:
+            _lib.lib().muonrt_optimizer_destroy(handle)
+            for s in self._slots:
+                s.grad_ref = None
+
+    def close(self):
+        """Frees the library's optimizer (momentum buffers, exchange
+        buffers). Further calls raise RuntimeError. Idempotent."""
+        self._destroy()
+
+    def __del__(self):
+        try:
+            self._destroy()
+        except Exception:  # interpreter shutdown
+            pass
+
+    @property
+    def _h(self):
+        if self._handle is None:
+            raise RuntimeError("muonrt.Muon: the optimizer was closed (or "
+                               "its process group destroyed)")
+        return self._handle
+
+    # ---- step ----------------------------------------------------------------
+
+    def _grad_local(self, s):
+        g = s.param.grad
+        if _is_dtensor(g):
+            if _is_dtensor(s.param):
+                gp = [normalize_placement(p) for p in g.placements]
+                if gp != s.placements:
+                    raise RuntimeError(
+                        f"muonrt.Muon: the gradient of {s.name!r} has "
+                        f"placements {gp}, the parameter {s.placements}")
+            g = _local(g)
+        if g.dtype not in _DTYPES:
+            raise TypeError(
+                f"muonrt.Muon: the gradient of {s.name!r} is {g.dtype}; "
+                f"float32 or bfloat16 only")
+        if tuple(g.shape) != s.local_shape:
+            raise RuntimeError(
+                f"muonrt.Muon: the gradient of {s.name!r} has size "
+                f"{list(g.shape)}, the parameter {list(s.local_shape)}")
+        if g.layout != torch.strided or not g.is_contiguous():
+            raise RuntimeError(
+                f"muonrt.Muon: the gradient of {s.name!r} is not contiguous "
+                f"(stride {g.stride()})")
+        if g.device != s.local.device:
+            raise RuntimeError(
+                f"muonrt.Muon: the gradient of {s.name!r} is on {g.device}, "
+                f"the parameter on {s.local.device}")
+        return g
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One optimizer step over every parameter (collective in
+        distributed mode: every rank calls it).
+
+        Reads each group's current lr and weight_decay. Every parameter
+        needs a gradient (see the module docstring); all checks run before
+        anything is modified. Raises RuntimeError for a missing gradient
+        (naming the parameter), a gradient of another size, device or
+        dtype than at construction, or a parameter whose storage moved; the
+        library's errors otherwise. Returns closure's loss."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        h = self._h
+        grads = []
+        for s in self._slots:
+            if _local(s.param).data_ptr() != s.data_ptr:
+                raise RuntimeError(
+                    f"muonrt.Muon: parameter {s.name!r} moved (its data "
+                    f"pointer changed since the optimizer was created, e.g. "
+                    f"`p.data = ...`): the optimizer writes the parameter in "
+                    f"place; create it again over the new tensor")
+            if s.param.grad is None:
+                raise RuntimeError(
+                    f"muonrt.Muon: parameter {s.name!r} has no gradient "
+                    f"(grad is None). torch.optim.Muon skips such parameters, "
+                    f"but this step is one collective over every parameter "
+                    f"of every rank: give it a zero gradient, or leave it out "
+                    f"of the optimizer")
+            g = self._grad_local(s)
+            if g.dtype != s.grad_dtype:
+                raise RuntimeError(
+                    f"muonrt.Muon: the gradient of {s.name!r} is {g.dtype}, "
+                    f"it was {s.grad_dtype} when the optimizer was created")
+            grads.append(g)
+        L = _lib.lib()
+        for gi, group in enumerate(self.param_groups):
+            for key in _GLOBAL_KEYS:
+                if _canonical(key, group[key]) != _canonical(
+                        key, self.defaults[key]):
+                    raise RuntimeError(
+                        f"muonrt.Muon: param group {gi}'s {key} changed to "
+                        f"{group[key]!r}; only lr and weight_decay can change "
+                        f"after construction")
+            hp = (float(group["lr"]), float(group["weight_decay"]))
+            if hp != self._pushed[gi]:
+                for i in self._group_slots[gi]:
+                    _lib.check(L.muonrt_optimizer_set_hyperparameters(
+                        h, i, hp[0], hp[1]),
+                        "muonrt_optimizer_set_hyperparameters")
+                self._pushed[gi] = hp
+        for i, (s, g) in enumerate(zip(self._slots, grads)):
+            ptr = g.data_ptr()
+            if ptr != s.bound_grad:
+                _lib.check(L.muonrt_optimizer_set_grad(h, i, ptr),
+                           "muonrt_optimizer_set_grad")
+                s.bound_grad = ptr
+            s.grad_ref = g  # keeps the memory the library reads alive
+        _lib.check(L.muonrt_optimizer_step(h), "muonrt_optimizer_step")
+        return loss
+
+    # ---- state ---------------------------------------------------------------
+
+    @property
+    def process_group(self):
+        return self._pg
+
+    @property
+    def mesh(self):
+        return self._mesh
+
+    @property
+    def rank(self):
+        return self._pg.rank if self._pg is not None else 0
+
+    @property
+    def world_size(self):
+        return self._pg.world_size if self._pg is not None else 1
+
+    @property
+    def param_names(self):
+        """Every parameter's name, in optimizer order (the library's
+        indices)."""
+        return [s.name for s in self._slots]
+
+    @property
+    def step_count(self):
+        """Steps taken."""
+        return int(_lib.lib().muonrt_optimizer_step_count(self._h))
+
+    def _index(self, key):
+        if isinstance(key, int):
+            return key
+        if isinstance(key, str):
+            for i, s in enumerate(self._slots):
+                if s.name == key:
+                    return i
+            raise KeyError(key)
+        for i, s in enumerate(self._slots):
+            if s.param is key:
+                return i
+        raise KeyError("parameter not in this optimizer")
+
+    def momentum_buffer(self, key):
+        """A copy of a parameter's momentum buffer (fp32, the local shard's
+        shape); `key` is an index, a name or the parameter."""
+        i = self._index(key)
+        s = self._slots[i]
+        ptr = ctypes.POINTER(ctypes.c_float)()
+        numel = ctypes.c_int64(0)
+        _lib.call("muonrt_optimizer_momentum", self._h, i, ctypes.byref(ptr),
+                  ctypes.byref(numel))
+        out = torch.empty(s.local_shape, dtype=torch.float32)
+        if out.numel() != numel.value:
+            raise RuntimeError(
+                f"muonrt.Muon: the library's momentum buffer of {s.name!r} "
+                f"has {numel.value} elements, the local shard "
+                f"{out.numel()}")
+        if numel.value:
+            ctypes.memmove(out.data_ptr(), ptr, 4 * numel.value)
+        return out
+
+    def _layout_meta(self):
+        return {
+            "format": 1,
+            "step": self.step_count,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "mesh": {"names": list(self._mesh.names),
+                     "sizes": list(self._mesh.sizes)},
+            "names": [s.name for s in self._slots],
+            "global_shapes": [list(s.global_shape) for s in self._slots],
+            "local_shapes": [list(s.local_shape) for s in self._slots],
+            "placements": [list(s.placements) for s in self._slots],
+        }
+
+    def state_dict(self):
+        """This rank's state in torch's structure:
+        ``{"state": {i: {"momentum_buffer": fp32 tensor (local shard,
+        copied)}}, "param_groups": [group options with "params": [indices]
+        and "param_names"], "muonrt": {"step", "rank", "world_size",
+        "mesh", "names", "global_shapes", "local_shapes", "placements"}}``.
+        torch.save / torch.load round-trip it; load_state_dict restores it
+        on the same layout (save_checkpoint reshards)."""
+        state = {i: {"momentum_buffer": self.momentum_buffer(i)}
+                 for i in range(len(self._slots))}
+        groups = []
+        for gi, group in enumerate(self.param_groups):
+            packed = {k: v for k, v in group.items() if k != "params"}
+            packed["param_names"] = list(group["param_names"])
+            packed["params"] = list(self._group_slots[gi])
+            groups.append(packed)
+        return {"state": state, "param_groups": groups,
+                "muonrt": self._layout_meta()}
+
+    def load_state_dict(self, state_dict):
+        """Restores a state_dict() of this optimizer's layout (same
+        groups, names, shapes and placements, same rank), or a
+        torch.optim.Muon state_dict of the same parameters (single process;
+        its step count is not recorded there: 0). All or nothing.
+        Raises ValueError naming the parameter and expected vs actual."""
+        if "state" not in state_dict or "param_groups" not in state_dict:
+            raise ValueError("muonrt.Muon.load_state_dict: expected a dict "
+                             "with 'state' and 'param_groups'")
+        groups = self.param_groups
+        saved_groups = state_dict["param_groups"]
+        if len(groups) != len(saved_groups):
+            raise ValueError("loaded state dict has a different number of "
+                             "parameter groups")
+        for g, sg in zip(groups, saved_groups):
+            if len(g["params"]) != len(sg["params"]):
+                raise ValueError(
+                    "loaded state dict contains a parameter group that "
+                    "doesn't match the size of optimizer's group")
+            if "param_names" in sg and list(sg["param_names"]) != list(
+                    g["param_names"]):
+                for a, b in zip(sg["param_names"], g["param_names"]):
+                    if a != b:
+                        raise ValueError(
+                            f"muonrt.Muon.load_state_dict: the state_dict has "
+                            f"parameter {a!r} where this optimizer has {b!r}")
+            for key in _GLOBAL_KEYS:
+                if key in sg and _canonical(key, sg[key]) != _canonical(
+                        key, self.defaults[key]):
+                    raise ValueError(
+                        f"muonrt.Muon.load_state_dict: the state_dict has "
+                        f"{key}={sg[key]!r}, this optimizer {key}="
+                        f"{self.defaults[key]!r} (fixed at construction)")
+        meta = state_dict.get("muonrt")
+        step = 0
+        if meta is not None:
+            mine = self._layout_meta()
+            if (meta.get("rank"), meta.get("world_size")) != (
+                    mine["rank"], mine["world_size"]):
+                raise ValueError(
+                    f"muonrt.Muon.load_state_dict: the state_dict is rank "
+                    f"{meta.get('rank')} of {meta.get('world_size')}, this "
+                    f"optimizer rank {mine['rank']} of {mine['world_size']} "
+                    f"(state_dict is per rank; load_checkpoint reshards)")
+            for key in ("global_shapes", "local_shapes", "placements"):
+                for name, a, b in zip(mine["names"], meta[key], mine[key]):
+                    if list(a) != list(b):
+                        raise ValueError(
+                            f"muonrt.Muon.load_state_dict: parameter "
+                            f"{name!r}: {key[:-1].replace('_', ' ')} "
+                            f"{list(a)} in the state_dict, {list(b)} here")
+            step = int(meta["step"])
+        buffers = []
+        for gi, sg in enumerate(saved_groups):
+            for j, key in enumerate(sg["params"]):
+                s = self._slots[self._group_slots[gi][j]]
+                entry = state_dict["state"].get(key)
+                buf = entry.get("momentum_buffer") if entry else None
+                if buf is None:  # torch: no state yet = zeros at next step
+                    buf = torch.zeros(s.local_shape, dtype=torch.float32)
+                if not isinstance(buf, torch.Tensor):
+                    raise ValueError(
+                        f"muonrt.Muon.load_state_dict: momentum_buffer of "
+                        f"{s.name!r} is a {type(buf).__name__}, not a tensor")
+                if tuple(buf.shape) != s.local_shape:
+                    raise ValueError(
+                        f"muonrt.Muon.load_state_dict: momentum_buffer of "
+                        f"{s.name!r} has size {list(buf.shape)}, the "
+                        f"parameter's local shard {list(s.local_shape)}")
+                buffers.append(buf.detach().to(device="cpu",
+                                               dtype=torch.float32)
+                               .contiguous())
+        n = len(buffers)
+        ptrs = (ctypes.POINTER(ctypes.c_float) * n)(*[
+            ctypes.cast(b.data_ptr(), ctypes.POINTER(ctypes.c_float))
+            for b in buffers])
+        numels = (ctypes.c_int64 * n)(*[b.numel() for b in buffers])
+        _lib.call("muonrt_optimizer_load_state", self._h, step, ptrs, numels,
+                  n)
+        for g, sg in zip(groups, saved_groups):
+            for k, v in sg.items():
+                if k not in ("params", "param_names"):
+                    g[k] = v
+        self._pushed = [None] * len(groups)
+
+    def save_checkpoint(self, directory, barrier=True):
+        """Writes this rank's state (momentum shards, step) to
+        `directory` (created if needed): rank_<r>.safetensors per rank and
+        metadata.json (client/checkpoint.h). Every rank calls it; with a
+        process group and `barrier`, returns after every rank wrote its
+        file. Learning rates are not saved (they are the lr scheduler's
+        state)."""
+        directory = os.fspath(directory)
+        os.makedirs(directory, exist_ok=True)
+        _lib.call("muonrt_optimizer_save", self._h, directory.encode())
+        if barrier and self._pg is not None:
+            self._pg.barrier()
+
+    def load_checkpoint(self, directory):
+        """Reads the state of every parameter from a save_checkpoint()
+        directory of any layout and world size (resharding). All or
+        nothing. Raises FileNotFoundError/KeyError (NOT_FOUND: a missing
+        file or parameter), ValueError (another global shape), RuntimeError
+        (DATA_LOSS: truncated or corrupted file; FAILED_PRECONDITION:
+        unknown format version), each naming the file and parameter."""
+        directory = os.fspath(directory)
+        _lib.call("muonrt_optimizer_load", self._h, directory.encode())
+        self._pushed = [None] * len(self.param_groups)
+
+    # ---- plan and statistics ---------------------------------------------------
+
+    def plan(self):
+        """The plan (owners, buckets, loads, hash): the protobuf JSON
+        mapping of muon.v1.Plan, as a dict."""
+        return json.loads(_lib.read_json_text("muonrt_optimizer_plan_json",
+                                              self._h))
+
+    def assignments(self):
+        """{rank: [indices of matrices that rank orthogonalizes]} as this
+        rank sees it (parameter indices when every parameter is 2-D)."""
+        raw = json.loads(_lib.read_json_text(
+            "muonrt_optimizer_assignments_json", self._h))
+        return {int(k): list(v) for k, v in raw.items()}
+
+    def last_step_stats(self):
+        """Counters of the last step on this rank: step,
+        matrices_orthogonalized, ns_flops, bytes_sent, bytes_received,
+        step_time_s, buffer_bytes."""
+        st = _lib.muonrt_step_stats()
+        _lib.call("muonrt_optimizer_last_step_stats", self._h,
+                  ctypes.byref(st))
+        return {name: getattr(st, name) for name, _ in st._fields_}

@@ -1,0 +1,308 @@
+"""muonrt.Muon single-process numerics vs an independent PyTorch
+formulation of torch.optim.Muon (muon_reference.py), zero copy, param
+groups and lr schedulers."""
+import math
+
+import pytest
+import torch
+
+import muonrt
+from muon_reference import ReferenceMuon
+
+pytestmark = pytest.mark.usefixtures("lib")
+
+SHAPES = {"w_tall": (48, 24), "w_wide": (20, 36), "w_square": (32, 32),
+          "w_uneven": (17, 5)}
+STEPS = 4
+TOL = 1e-5  # relative to the largest parameter entry
+
+
+def make_problem(seed=0, dtype=torch.float32, steps=STEPS, shapes=SHAPES):
+    g = torch.Generator().manual_seed(seed)
+    init = {n: torch.randn(s, generator=g).to(dtype) for n, s in shapes.items()}
+    grads = [{n: torch.randn(s, generator=g).to(dtype)
+              for n, s in shapes.items()} for _ in range(steps)]
+    return init, grads
+
+
+def params_of(init):
+    return {n: torch.nn.Parameter(w.clone()) for n, w in init.items()}
+
+
+def assert_close(ours, ref, init=None, tol=TOL, what=""):
+    ours, ref = ours.double(), ref.double()
+    diff = (ours - ref).abs().max().item()
+    scale = ref.abs().max().item()
+    assert diff <= tol * scale, f"{what}: max|diff| {diff} > {tol} * {scale}"
+    if init is not None:
+        # The update itself, not only the parameter, agrees (up to a few
+        # float32 ulps of the parameter from rounding W - lr' * O).
+        upd = (ref - init.double()).abs().max().item()
+        assert upd > 0
+        ulps = 4 * torch.finfo(torch.float32).eps * scale
+        assert diff <= 1e-4 * upd + ulps, \
+            f"{what}: {diff} vs update size {upd}"
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+@pytest.mark.parametrize("adjust_lr_fn", [None, "original", "match_rms_adamw"])
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+def test_step_matches_reference(nesterov, adjust_lr_fn, weight_decay):
+    init, grads = make_problem()
+    params = params_of(init)
+    lr = 0.02 if adjust_lr_fn != "match_rms_adamw" else 0.002
+    kw = dict(lr=lr, weight_decay=weight_decay, momentum=0.9,
+              nesterov=nesterov, adjust_lr_fn=adjust_lr_fn)
+    opt = muonrt.Muon(list(params.items()), **kw)
+    ref_params = [w.clone() for w in init.values()]
+    ref = ReferenceMuon(ref_params, **kw)
+    for k in range(STEPS):
+        for n, p in params.items():
+            p.grad = grads[k][n].clone()
+        opt.step()
+        ref.step([grads[k][n] for n in params])
+        for (n, p), r in zip(params.items(), ref_params):
+            assert_close(p.detach(), r, init[n], what=f"{n} step {k}")
+    for i, n in enumerate(params):
+        assert_close(opt.momentum_buffer(n), ref.buffers[i], what=f"{n} buf")
+    assert opt.step_count == STEPS
+
+
+def test_defaults_are_torch_defaults():
+    opt = muonrt.Muon([("w", torch.nn.Parameter(torch.zeros(4, 4)))])
+    g = opt.param_groups[0]
+    assert g["lr"] == 1e-3 and g["weight_decay"] == 0.1
+    assert g["momentum"] == 0.95 and g["nesterov"] is True
+    assert tuple(g["ns_coefficients"]) == (3.4445, -4.7750, 2.0315)
+    assert g["eps"] == 1e-7 and g["ns_steps"] == 5
+    assert g["adjust_lr_fn"] is None
+    assert g["param_names"] == ["w"]
+
+
+def test_default_options_step_matches_reference():
+    init, grads = make_problem(seed=3)
+    params = params_of(init)
+    opt = muonrt.Muon(list(params.items()))
+    ref_params = [w.clone() for w in init.values()]
+    ref = ReferenceMuon(ref_params)
+    for k in range(STEPS):
+        for n, p in params.items():
+            p.grad = grads[k][n].clone()
+        opt.step()
+        ref.step([grads[k][n] for n in params])
+    for (n, p), r in zip(params.items(), ref_params):
+        assert_close(p.detach(), r, init[n], what=n)
+
+
+def test_custom_ns_coefficients_steps_eps():
+    init, grads = make_problem(seed=4)
+    params = params_of(init)
+    kw = dict(lr=0.01, ns_coefficients=(3.0, -3.2, 1.2), ns_steps=3, eps=1e-6)
+    opt = muonrt.Muon(list(params.items()), **kw)
+    ref_params = [w.clone() for w in init.values()]
+    ref = ReferenceMuon(ref_params, **kw)
+    for k in range(STEPS):
+        for n, p in params.items():
+            p.grad = grads[k][n].clone()
+        opt.step()
+        ref.step([grads[k][n] for n in params])
+    for (n, p), r in zip(params.items(), ref_params):
+        assert_close(p.detach(), r, init[n], what=n)
+
+
+def test_bfloat16_parameters_match_reference_within_bf16_rounding():
+    init, grads = make_problem(seed=5, dtype=torch.bfloat16)
+    params = params_of(init)
+    opt = muonrt.Muon(list(params.items()), lr=0.02)
+    ref_params = [w.clone() for w in init.values()]
+    ref = ReferenceMuon(ref_params, lr=0.02)
+    for k in range(STEPS):
+        for n, p in params.items():
+            p.grad = grads[k][n].clone()
+        opt.step()
+        ref.step([grads[k][n] for n in params])
+    for (n, p), r in zip(params.items(), ref_params):
+        assert p.dtype == torch.bfloat16
+        # A rounding flip is one bf16 ulp (2^-8 relative) per step.
+        diff = (p.detach().float() - r.float()).abs()
+        assert (diff <= r.float().abs() * 2 ** -7 * STEPS + 1e-6).all(), n
+        # ... and rare: nearly every element is bitwise the reference's.
+        assert (diff == 0).float().mean().item() > 0.95, n
+
+
+def test_zero_copy_in_place_and_grad_read_through_pointer():
+    init, grads = make_problem(seed=6, steps=3)
+    params = params_of(init)
+    ptrs = {n: p.data_ptr() for n, p in params.items()}
+    views = {n: p.detach().view(-1) for n, p in params.items()}
+    opt = muonrt.Muon(list(params.items()), lr=0.02)
+    ref_params = [w.clone() for w in init.values()]
+    ref = ReferenceMuon(ref_params, lr=0.02)
+    grad_tensors = {n: grads[0][n].clone() for n in params}
+    for n, p in params.items():
+        p.grad = grad_tensors[n]
+    opt.step()
+    ref.step([grads[0][n] for n in params])
+    # Same tensors, same grads: now change the grad in place (same object,
+    # same pointer): the next step must see the new values.
+    for n in params:
+        grad_tensors[n].copy_(grads[1][n])
+    opt.step()
+    ref.step([grads[1][n] for n in params])
+    # zero_grad(set_to_none=True) then new grad tensors: re-bound.
+    opt.zero_grad(set_to_none=True)
+    assert all(p.grad is None for p in params.values())
+    for n, p in params.items():
+        p.grad = grads[2][n].clone()
+    opt.step()
+    ref.step([grads[2][n] for n in params])
+    for (n, p), r in zip(params.items(), ref_params):
+        assert p.data_ptr() == ptrs[n], f"{n} moved"
+        assert torch.equal(views[n], p.detach().view(-1)), f"{n} not in place"
+        assert_close(p.detach(), r, init[n], what=n)
+
+
+def test_zero_grad_in_place_keeps_pointer_and_zero_grad_step_is_decay_only():
+    init, _ = make_problem(seed=7, steps=1)
+    params = params_of(init)
+    opt = muonrt.Muon(list(params.items()), lr=0.02, weight_decay=0.5)
+    for p in params.values():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    for n, p in params.items():
+        # U = 0: Newton-Schulz of zero is zero (eps floor), only decay.
+        assert_close(p.detach(), init[n] * (1 - 0.02 * 0.5), what=n)
+
+
+def test_param_groups_have_their_own_lr_and_weight_decay():
+    init, grads = make_problem(seed=8)
+    params = params_of(init)
+    names = list(params)
+    groups = [
+        {"params": [(n, params[n]) for n in names[:2]]},
+        {"params": [params[n] for n in names[2:]], "param_names": names[2:],
+         "lr": 0.05, "weight_decay": 0.0},
+    ]
+    opt = muonrt.Muon(groups, lr=0.01, weight_decay=0.2)
+    assert [g["param_names"] for g in opt.param_groups] == [names[:2],
+                                                            names[2:]]
+    assert opt.param_names == names
+    ref_params = [w.clone() for w in init.values()]
+    ref = ReferenceMuon(ref_params)
+    lrs = [0.01, 0.01, 0.05, 0.05]
+    wds = [0.2, 0.2, 0.0, 0.0]
+    for k in range(STEPS):
+        for n, p in params.items():
+            p.grad = grads[k][n].clone()
+        opt.step()
+        ref.step([grads[k][n] for n in names], lrs, wds)
+    for (n, p), r in zip(params.items(), ref_params):
+        assert_close(p.detach(), r, init[n], what=n)
+
+
+def test_group_hyperparameters_changed_between_steps_apply():
+    init, grads = make_problem(seed=9)
+    params = params_of(init)
+    opt = muonrt.Muon(list(params.items()), lr=0.01, weight_decay=0.1)
+    ref_params = [w.clone() for w in init.values()]
+    ref = ReferenceMuon(ref_params)
+    for k in range(STEPS):
+        lr, wd = 0.01 * (k + 1), 0.1 / (k + 1)
+        opt.param_groups[0]["lr"] = lr
+        opt.param_groups[0]["weight_decay"] = wd
+        for n, p in params.items():
+            p.grad = grads[k][n].clone()
+        opt.step()
+        ref.step([grads[k][n] for n in params], [lr] * 4, [wd] * 4)
+    for (n, p), r in zip(params.items(), ref_params):
+        assert_close(p.detach(), r, init[n], what=n)
+
+
+def test_step_lr_scheduler_changes_the_effective_lr():
+    steps = 6
+    init, grads = make_problem(seed=10, steps=steps)
+    params = params_of(init)
+    opt = muonrt.Muon(list(params.items()), lr=0.04)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    ref_params = [w.clone() for w in init.values()]
+    ref = ReferenceMuon(ref_params)
+    for k in range(steps):
+        lr = 0.04 * 0.5 ** (k // 2)
+        assert math.isclose(opt.param_groups[0]["lr"], lr)
+        for n, p in params.items():
+            p.grad = grads[k][n].clone()
+        opt.step()
+        sched.step()
+        ref.step([grads[k][n] for n in params], [lr] * 4, [0.1] * 4)
+    for (n, p), r in zip(params.items(), ref_params):
+        assert_close(p.detach(), r, init[n], what=n)
+    # A constant-lr run differs: the schedule did change the update.
+    const = params_of(init)
+    opt2 = muonrt.Muon(list(const.items()), lr=0.04)
+    for k in range(steps):
+        for n, p in const.items():
+            p.grad = grads[k][n].clone()
+        opt2.step()
+    assert not torch.equal(const["w_tall"].detach(), params["w_tall"].detach())
+
+
+def test_closure_is_called_and_its_loss_returned():
+    w = torch.nn.Parameter(torch.randn(8, 4))
+    opt = muonrt.Muon([("w", w)], lr=0.01)
+    x = torch.randn(16, 8)
+
+    def closure():
+        opt.zero_grad()
+        loss = (x @ w).pow(2).mean()
+        loss.backward()
+        return loss
+
+    loss = opt.step(closure)
+    assert isinstance(loss, torch.Tensor) and loss.item() > 0
+    assert opt.step_count == 1
+
+
+def test_training_a_small_model_decreases_loss():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32, bias=False),
+                                torch.nn.Tanh(),
+                                torch.nn.Linear(32, 4, bias=False))
+    opt = muonrt.Muon(model.named_parameters(), lr=0.02)
+    x = torch.randn(64, 16)
+    y = torch.randn(64, 4)
+    losses = []
+    for _ in range(20):
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+
+
+def test_unnamed_params_get_positional_names():
+    a = torch.nn.Parameter(torch.randn(4, 3))
+    b = torch.nn.Parameter(torch.randn(3, 5))
+    opt = muonrt.Muon([a, b])
+    assert opt.param_names == ["param_0", "param_1"]
+    opt2 = muonrt.Muon([{"params": [a]}, {"params": [b], "lr": 0.1}])
+    assert opt2.param_names == ["param_0", "param_1"]
+
+
+def test_plan_assignments_and_stats():
+    init, grads = make_problem(seed=11, steps=1)
+    params = params_of(init)
+    opt = muonrt.Muon(list(params.items()))
+    plan = opt.plan()
+    assert plan["world_size"] == 1
+    assert [m["param"] for m in plan["matrices"]] == list(params)
+    assert opt.assignments() == {0: [0, 1, 2, 3]}
+    for n, p in params.items():
+        p.grad = grads[0][n]
+    opt.step()
+    st = opt.last_step_stats()
+    assert st["step"] == 1
+    assert st["matrices_orthogonalized"] == 4
+    assert st["ns_flops"] > 0 and st["bytes_sent"] == 0
+    assert opt.rank == 0 and opt.world_size == 1
+    assert opt.process_group is None
