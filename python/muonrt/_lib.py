@@ -310,7 +310,7 @@ def lib():
             raise AbiVersionError(
                 f"{path}: MUONRT_ABI_VERSION {version}, this package was "
                 f"written for {ABI_VERSION}")
-        _lib_path = path
+        _lib_path = os.path.abspath(path)
         _lib = handle
         return _lib
 

@@ -1,0 +1,178 @@
+"""muonrt.Muon's argument and tensor errors: torch.optim.Muon's messages for
+its arguments, clear errors naming the parameter for the rest."""
+import re
+
+import pytest
+import torch
+
+import muonrt
+
+pytestmark = pytest.mark.usefixtures("lib")
+
+
+def named(*shapes, dtype=torch.float32):
+    return [(f"w{i}", torch.nn.Parameter(torch.randn(s).to(dtype)))
+            for i, s in enumerate(shapes)]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"lr": -0.1}, "Learning rate should be >= 0 but is: -0.1"),
+    ({"lr": float("nan")}, "Learning rate should be >= 0 but is: nan"),
+    ({"momentum": -0.5}, "momentum should be >= 0 but is: -0.5"),
+    ({"weight_decay": -1.0}, "weight decay should be >= 0 but is: -1.0"),
+    ({"adjust_lr_fn": "bogus"},
+     "Adjust learning rate function bogus is not supported"),
+    ({"ns_steps": 100},
+     "Number of steps must be less than 100 for computational efficiency"),
+    ({"ns_coefficients": (1.0, 2.0)},
+     "Coefficients must be a tuple of exactly 3 values"),
+    ({"lr": torch.tensor([0.1, 0.2])}, "Tensor lr must be 1-element"),
+])
+def test_torch_argument_errors(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        muonrt.Muon(named((4, 4)), **kwargs)
+
+
+def test_empty_parameter_list():
+    with pytest.raises(ValueError, match="optimizer got an empty parameter list"):
+        muonrt.Muon([])
+
+
+@pytest.mark.parametrize("shape", [(8,), (2, 3, 4), ()])
+def test_non_2d_parameter_torch_message_and_name(shape):
+    params = named((4, 4)) + [("bias", torch.nn.Parameter(torch.randn(shape)))]
+    msg = ("Muon only supports 2D parameters whereas we found a parameter "
+           f"with size: {torch.Size(shape)} (parameter 'bias')")
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        muonrt.Muon(params)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float64, torch.int32])
+def test_unsupported_dtype_names_parameter(dtype):
+    p = torch.zeros(4, 4, dtype=dtype)
+    with pytest.raises(TypeError, match=r"parameter 'w' is torch\.") as e:
+        muonrt.Muon([("w", p)])
+    assert "float32 and bfloat16" in str(e.value)
+
+
+def test_non_contiguous_parameter_names_it():
+    base = torch.randn(6, 4)
+    p = base.T  # (4, 6), strides (1, 4)
+    with pytest.raises(ValueError, match=r"parameter 'w_t' is not contiguous"):
+        muonrt.Muon([("ok", torch.randn(3, 3)), ("w_t", p)])
+
+
+def test_cuda_parameter_is_not_implemented():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device (the CUDA-tensor error needs one)")
+    p = torch.nn.Parameter(torch.randn(4, 4, device="cuda"))
+    with pytest.raises(NotImplementedError):
+        muonrt.Muon([("w_cuda", p)])
+
+
+def test_missing_grad_raises_naming_parameter_and_modifies_nothing():
+    params = named((4, 4), (6, 3))
+    opt = muonrt.Muon(params, lr=0.1)
+    params[0][1].grad = torch.randn(4, 4)
+    before = [p.detach().clone() for _, p in params]
+    with pytest.raises(RuntimeError,
+                       match=r"parameter 'w1' has no gradient \(grad is None\)"):
+        opt.step()
+    for (_, p), b in zip(params, before):
+        assert torch.equal(p.detach(), b)
+    assert opt.step_count == 0
+    params[1][1].grad = torch.randn(6, 3)
+    opt.step()
+    assert opt.step_count == 1
+
+
+def test_non_contiguous_grad_names_parameter():
+    # (torch itself refuses .grad of another size or dtype.)
+    params = named((4, 4))
+    opt = muonrt.Muon(params)
+    params[0][1].grad = torch.randn(4, 8)[:, ::2]
+    with pytest.raises(RuntimeError, match=r"gradient of 'w0' is not contiguous"):
+        opt.step()
+
+
+def test_parameter_storage_replaced_is_detected():
+    params = named((4, 4))
+    opt = muonrt.Muon(params)
+    params[0][1].data = torch.randn(4, 4)
+    params[0][1].grad = torch.randn(4, 4)
+    with pytest.raises(RuntimeError, match=r"parameter 'w0' moved"):
+        opt.step()
+
+
+def test_global_option_per_group_is_rejected():
+    a, b = named((4, 4), (4, 4))
+    with pytest.raises(ValueError, match=r"param group 1 sets momentum=0.5"):
+        muonrt.Muon([{"params": [a]}, {"params": [b], "momentum": 0.5}])
+
+
+def test_changing_a_global_option_after_construction_is_rejected():
+    params = named((4, 4))
+    opt = muonrt.Muon(params)
+    opt.param_groups[0]["nesterov"] = False
+    params[0][1].grad = torch.randn(4, 4)
+    with pytest.raises(RuntimeError, match=r"nesterov changed to False"):
+        opt.step()
+
+
+def test_negative_group_lr_is_rejected_by_the_library():
+    params = named((4, 4))
+    opt = muonrt.Muon(params)
+    opt.param_groups[0]["lr"] = -1.0
+    params[0][1].grad = torch.randn(4, 4)
+    with pytest.raises(ValueError, match=r"-1"):
+        opt.step()
+
+
+def test_add_param_group_after_construction_is_not_implemented():
+    opt = muonrt.Muon(named((4, 4)))
+    with pytest.raises(NotImplementedError, match="fixed at construction"):
+        opt.add_param_group({"params": [("x", torch.randn(2, 2))]})
+
+
+def test_names_all_or_nothing_and_unique():
+    a = torch.nn.Parameter(torch.randn(3, 3))
+    b = torch.nn.Parameter(torch.randn(3, 3))
+    with pytest.raises(ValueError, match="Some param names are missing"):
+        muonrt.Muon([{"params": [("a", a)]}, {"params": [b]}])
+    with pytest.raises(ValueError, match="'a' appears twice"):
+        muonrt.Muon([("a", a), ("a", b)])
+    with pytest.raises(ValueError, match="some parameters appear in more than one"):
+        muonrt.Muon([{"params": [("a", a)]}, {"params": [("b", a)]}])
+    with pytest.raises(ValueError, match="2 params but 1 names"):
+        muonrt.Muon([{"params": [a, b], "param_names": ["a"]}])
+
+
+def test_sets_are_rejected_like_torch():
+    with pytest.raises(TypeError, match="ordered collections"):
+        muonrt.Muon([{"params": {torch.nn.Parameter(torch.randn(2, 2))}}])
+
+
+def test_layout_errors():
+    params = named((4, 4), (4, 4))
+    mesh = muonrt.Mesh(["dp_shard"], [2])
+    with pytest.raises(ValueError, match="no process group"):
+        muonrt.Muon(params, mesh=mesh)
+    with pytest.raises(ValueError, match="placements has no entry for parameter 'w1'"):
+        muonrt.Muon(params, placements={"w0": ["Replicate()"]})
+    with pytest.raises(ValueError, match=r"names unknown parameters \['typo'\]"):
+        muonrt.Muon(params, placements={"w0": ["Replicate()"], "w1": ["Replicate()"],
+                                        "typo": ["Shard(0)"]})
+    with pytest.raises(ValueError, match=r"parameter 'w0': .*Partial\(\) is not supported"):
+        muonrt.Muon(params, placements=["Partial()"])
+    with pytest.raises(ValueError, match=r"'w0' has 2 placements"):
+        muonrt.Muon(params, placements=["Replicate()", "Replicate()"])
+
+
+def test_closed_optimizer_raises():
+    params = named((4, 4))
+    opt = muonrt.Muon(params)
+    opt.close()
+    opt.close()
+    params[0][1].grad = torch.randn(4, 4)
+    with pytest.raises(RuntimeError, match="closed"):
+        opt.step()
