@@ -1,0 +1,182 @@
+"""Multi-process muonrt.Muon: 2 and 4 ranks with the same gradients give
+bitwise the single process's parameters and momentum (each rank's shard),
+every matrix is orthogonalized once in the world, and a checkpoint of one
+layout resumes in another.
+
+Ranks are started by bazel-bin/tools/muonrun (torchrun's flags; the tests
+skip with a reason when it is not built) and, independently of it, by a
+plain spawner here that sets torchrun's environment itself. Every
+subprocess is bounded by a timeout.
+"""
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO, library_or_skip
+
+WORKER = os.path.join(REPO, "tests", "python", "workers", "muon_worker.py")
+MUONRUN = os.path.join(REPO, "bazel-bin", "tools", "muonrun")
+PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+TIMEOUT_S = 120
+STEPS = 6
+
+sys.path.insert(0, os.path.dirname(WORKER))
+import muon_worker  # noqa: E402
+
+
+def free_port_pair():
+    """A port P with P and P+1 free (the embedded coordinator takes
+    MASTER_PORT+1, MASTER_PORT stays torch.distributed's)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port >= 65535:
+            continue
+        try:
+            with socket.socket() as s2:
+                s2.bind(("127.0.0.1", port + 1))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair")
+
+
+def child_env(lib):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.join(REPO, "python")
+    env["MUONRT_LIBRARY"] = os.path.abspath(lib)
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+              "MASTER_ADDR", "MASTER_PORT", "MUON_COORDINATOR"):
+        env.pop(k, None)
+    return env
+
+
+def launch_muonrun(n, args, lib):
+    if not os.access(MUONRUN, os.X_OK):
+        pytest.skip("bazel-bin/tools/muonrun is not built "
+                    "(bazel build //tools:muonrun)")
+    cmd = [MUONRUN, "--nproc-per-node", str(n), "--master-addr", "127.0.0.1",
+           "--master-port", str(free_port_pair()), "--timeout_s",
+           str(TIMEOUT_S - 20), "--grace_s", "5", PY, WORKER] + args
+    r = subprocess.run(cmd, env=child_env(lib), capture_output=True,
+                       text=True, timeout=TIMEOUT_S)
+    assert r.returncode == 0, (f"{' '.join(cmd)} -> {r.returncode}\n"
+                               f"{r.stdout}\n{r.stderr}")
+
+
+def launch_direct(n, args, lib):
+    """torchrun's environment set here, one process per rank."""
+    port = free_port_pair()
+    procs = []
+    try:
+        for rank in range(n):
+            env = child_env(lib)
+            env.update(RANK=str(rank), WORLD_SIZE=str(n), LOCAL_RANK=str(rank),
+                       LOCAL_WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(port))
+            procs.append(subprocess.Popen(
+                [PY, WORKER] + args, env=env, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, text=True))
+        outs = [p.communicate(timeout=TIMEOUT_S)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+    for rank, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0, f"rank {rank} -> {p.returncode}\n{out}"
+
+
+LAUNCHERS = {"muonrun": launch_muonrun, "direct": launch_direct}
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    """The one-process run (full tensors, no process group), with the
+    parameters at step 3 and a checkpoint there."""
+    library_or_skip()
+    out = tmp_path_factory.mktemp("single")
+    result = muon_worker.run("single", STEPS, str(out), save_at=3,
+                             ckpt=str(out / "ckpt_at_3"))
+    return result, out
+
+
+def check_ranks(out, n, layout_name, single_result):
+    _, sizes, placements = muon_worker.layout(layout_name, n)
+    total = 0
+    assignments = None
+    for rank in range(n):
+        r = torch.load(os.path.join(out, f"rank_{rank}.pt"))
+        assert r["world"] == n and r["step_count"] == STEPS
+        for name in muon_worker.SHAPES:
+            want = muon_worker.local_shard(single_result["params"][name],
+                                           sizes, placements[name], rank)
+            assert torch.equal(r["params"][name], want), \
+                f"rank {rank} {name}: parameter differs from one process"
+            want_m = muon_worker.local_shard(single_result["momentum"][name],
+                                             sizes, placements[name], rank)
+            assert torch.equal(r["momentum"][name], want_m), \
+                f"rank {rank} {name}: momentum differs from one process"
+        total += r["stats"]["matrices_orthogonalized"]
+        if assignments is None:
+            assignments = r["assignments"]
+        assert r["assignments"] == assignments
+    # Zero redundancy: each matrix orthogonalized once in the world.
+    assert total == len(muon_worker.SHAPES)
+    owned = sorted(i for v in assignments.values() for i in v)
+    assert owned == list(range(len(muon_worker.SHAPES)))
+
+
+@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
+@pytest.mark.parametrize("n", [2, 4])
+def test_fsdp_ranks_match_single_process_bitwise(single, tmp_path, launcher,
+                                                 n):
+    lib = library_or_skip()
+    LAUNCHERS[launcher](n, ["--layout", "fsdp", "--steps", str(STEPS),
+                            "--out", str(tmp_path)], lib)
+    check_ranks(tmp_path, n, "fsdp", single[0])
+
+
+@pytest.mark.parametrize("layout_name, n", [("mixed", 2), ("hsdp_tp", 4),
+                                            ("hsdp", 4)])
+def test_other_layouts_match_single_process_bitwise(single, tmp_path,
+                                                    layout_name, n):
+    lib = library_or_skip()
+    launch_muonrun(n, ["--layout", layout_name, "--steps", str(STEPS),
+                       "--out", str(tmp_path)], lib)
+    check_ranks(tmp_path, n, layout_name, single[0])
+
+
+def test_checkpoint_of_four_ranks_resumes_on_two_and_on_one(single,
+                                                             tmp_path):
+    """FSDP over 4 saves at step 3; resumed as Shard(0)/Shard(1)/Replicate
+    over 2 ranks and as one process, both end bitwise where the
+    uninterrupted one-process run ends."""
+    lib = library_or_skip()
+    single_result, single_out = single
+    ckpt = tmp_path / "ckpt"
+    launch_muonrun(4, ["--layout", "fsdp", "--steps", str(STEPS), "--out",
+                       str(tmp_path), "--save-at", "3", "--ckpt", str(ckpt)],
+                   lib)
+    assert (ckpt / "rank_3.safetensors").is_file()
+    params_at_3 = str(single_out / "params_at_3.pt")
+    two = tmp_path / "two"
+    two.mkdir()
+    launch_muonrun(2, ["--layout", "mixed", "--steps", str(STEPS), "--out",
+                       str(two), "--resume", params_at_3, "--ckpt", str(ckpt),
+                       "--start", "3"], lib)
+    check_ranks(two, 2, "mixed", single_result)
+    one = tmp_path / "one"
+    one.mkdir()
+    result = muon_worker.run("single", STEPS, str(one), resume=params_at_3,
+                             ckpt=str(ckpt), start=3)
+    for name in muon_worker.SHAPES:
+        assert torch.equal(result["params"][name],
+                           single_result["params"][name]), name
+        assert torch.equal(result["momentum"][name],
+                           single_result["momentum"][name]), name

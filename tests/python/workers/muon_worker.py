@@ -1,0 +1,148 @@
+#!/usr/bin/python3
+"""A rank of a multi-process muonrt.Muon run (tests/python/test_distributed.py).
+
+Under muonrun (or any launcher that sets torchrun's environment) each rank
+builds the same full parameters and gradients from a seed, keeps its shard
+of each (DTensor's torch.chunk rule for the layout's placements), steps
+muonrt.Muon over the shards, and writes its local parameters, momentum
+buffers, stats and assignments to OUT/rank_<r>.pt. `--layout single` runs
+the same steps in one process over the full tensors (the reference).
+
+    muonrun --nproc-per-node 4 --master-port P muon_worker.py \
+        --layout fsdp --steps 6 --out DIR [--save-at 3 --ckpt DIR]
+    muon_worker.py --layout fsdp --steps 6 --out DIR \
+        --resume PARAMS_AT_3.pt --ckpt DIR --start 3     (under muonrun)
+"""
+import argparse
+import os
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "python"))
+import muonrt  # noqa: E402
+
+SHAPES = {"w_tall": (24, 8), "w_wide": (6, 20), "w_square": (16, 16),
+          "w_uneven": (10, 7)}
+OPTIONS = dict(lr=0.02, weight_decay=0.1, momentum=0.9)
+
+
+def layout(name, world):
+    """(mesh names, mesh sizes, {param: placements}) of a layout."""
+    if name == "single":
+        return None
+    if name == "fsdp":  # FSDP: every parameter Shard(0) over dp_shard
+        return (["dp_shard"], [world],
+                {n: ["Shard(0)"] for n in SHAPES})
+    if name == "mixed":  # Shard(0), Shard(1) and Replicate() side by side
+        return (["dp_shard"], [world],
+                {"w_tall": ["Shard(0)"], "w_wide": ["Shard(1)"],
+                 "w_square": ["Replicate()"], "w_uneven": ["Shard(0)"]})
+    if name == "hsdp_tp":  # 2-D mesh: rows over dp_shard, columns over tp
+        assert world % 2 == 0
+        return (["dp_shard", "tp"], [world // 2, 2],
+                {n: ["Shard(0)", "Shard(1)"] for n in SHAPES})
+    if name == "hsdp":  # replicate x shard
+        assert world % 2 == 0
+        return (["dp_replicate", "dp_shard"], [2, world // 2],
+                {n: ["Replicate()", "Shard(0)"] for n in SHAPES})
+    raise ValueError(name)
+
+
+def coords_of(rank, sizes):
+    coords = []
+    for s in reversed(sizes):
+        coords.append(rank % s)
+        rank //= s
+    return list(reversed(coords))
+
+
+def local_shard(full, sizes, placements, rank):
+    """This rank's shard of `full` (DTensor: torch.chunk per mesh dim, nested
+    left to right; ranks past the last chunk hold an empty shard)."""
+    t = full
+    for size, placement, c in zip(sizes, placements, coords_of(rank, sizes)):
+        if placement.startswith("Shard"):
+            d = int(placement[len("Shard("):-1])
+            chunks = torch.chunk(t, size, dim=d)
+            t = chunks[c] if c < len(chunks) else t.narrow(d, 0, 0)
+    return t.contiguous().clone()
+
+
+def problem(steps, seed=1234):
+    g = torch.Generator().manual_seed(seed)
+    init = {n: torch.randn(s, generator=g) for n, s in SHAPES.items()}
+    grads = [{n: torch.randn(s, generator=g) for n, s in SHAPES.items()}
+             for _ in range(steps)]
+    return init, grads
+
+
+def run(layout_name, steps, out, save_at=None, ckpt=None, resume=None,
+        start=0, pg=None):
+    rank = pg.rank if pg else 0
+    world = pg.world_size if pg else 1
+    init, grads = problem(steps)
+    if resume:
+        init = torch.load(resume)
+    lay = layout(layout_name, world)
+    if lay is None:
+        local = {n: t.clone() for n, t in init.items()}
+        kw = {}
+    else:
+        names, sizes, placements = lay
+        local = {n: local_shard(init[n], sizes, placements[n], rank)
+                 for n in SHAPES}
+        kw = dict(mesh=muonrt.Mesh(names, sizes), placements=placements,
+                  global_shapes=SHAPES, process_group=pg)
+    params = {n: torch.nn.Parameter(t) for n, t in local.items()}
+    opt = muonrt.Muon(list(params.items()), **OPTIONS, **kw)
+    if resume:
+        opt.load_checkpoint(ckpt)
+        assert opt.step_count == start, (opt.step_count, start)
+    for k in range(start, steps):
+        for n, p in params.items():
+            g = grads[k][n]
+            p.grad = (local_shard(g, lay[1], lay[2][n], rank) if lay
+                      else g.clone())
+        opt.step()
+        if save_at is not None and k + 1 == save_at:
+            opt.save_checkpoint(ckpt)
+            if lay is None:
+                torch.save({n: p.detach().clone() for n, p in params.items()},
+                           os.path.join(out, f"params_at_{save_at}.pt"))
+    result = {
+        "rank": rank, "world": world, "layout": layout_name,
+        "params": {n: p.detach().clone() for n, p in params.items()},
+        "momentum": {n: opt.momentum_buffer(n) for n in params},
+        "stats": opt.last_step_stats(),
+        "assignments": opt.assignments(),
+        "step_count": opt.step_count,
+    }
+    name = "single.pt" if lay is None else f"rank_{rank}.pt"
+    torch.save(result, os.path.join(out, name))
+    return result
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layout", required=True)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--save-at", type=int)
+    ap.add_argument("--ckpt")
+    ap.add_argument("--resume")
+    ap.add_argument("--start", type=int, default=0)
+    args = ap.parse_args()
+    pg = None
+    if args.layout != "single":
+        pg = muonrt.init_process_group(timeout=60)
+    run(args.layout, args.steps, args.out, args.save_at, args.ckpt,
+        args.resume, args.start, pg)
+    if pg is not None:
+        pg.barrier()
+        muonrt.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
