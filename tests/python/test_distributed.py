@@ -143,7 +143,7 @@ def test_fsdp_ranks_match_single_process_bitwise(single, tmp_path, launcher,
 
 
 @pytest.mark.parametrize("layout_name, n", [("mixed", 2), ("hsdp_tp", 4),
-                                            ("hsdp", 4)])
+                                            ("hsdp", 4), ("dtensor", 2)])
 def test_other_layouts_match_single_process_bitwise(single, tmp_path,
                                                     layout_name, n):
     lib = library_or_skip()

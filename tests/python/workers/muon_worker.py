@@ -23,6 +23,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "python"))
 import muonrt  # noqa: E402
 
+import fake_dtensor  # noqa: E402
+
 SHAPES = {"w_tall": (24, 8), "w_wide": (6, 20), "w_square": (16, 16),
           "w_uneven": (10, 7)}
 OPTIONS = dict(lr=0.02, weight_decay=0.1, momentum=0.9)
@@ -43,6 +45,10 @@ def layout(name, world):
         assert world % 2 == 0
         return (["dp_shard", "tp"], [world // 2, 2],
                 {n: ["Shard(0)", "Shard(1)"] for n in SHAPES})
+    if name == "dtensor":  # as "mixed", but DTensor-like parameters
+        return (["dp_shard"], [world],
+                {"w_tall": ["Shard(0)"], "w_wide": ["Shard(1)"],
+                 "w_square": ["Replicate()"], "w_uneven": ["Shard(0)"]})
     if name == "hsdp":  # replicate x shard
         assert world % 2 == 0
         return (["dp_replicate", "dp_shard"], [2, world // 2],
@@ -95,7 +101,21 @@ def run(layout_name, steps, out, save_at=None, ckpt=None, resume=None,
                  for n in SHAPES}
         kw = dict(mesh=muonrt.Mesh(names, sizes), placements=placements,
                   global_shapes=SHAPES, process_group=pg)
-    params = {n: torch.nn.Parameter(t) for n, t in local.items()}
+    dtensor = layout_name == "dtensor"
+    if dtensor:
+        # Mesh, placements (torch 2.x's spelling) and global shapes come
+        # from the parameters; the optimizer reads and writes the locals.
+        mesh = fake_dtensor.DeviceMesh(lay[0], lay[1])
+
+        def dplacements(n):
+            return [fake_dtensor.Shard(int(pl[6:-1])) if pl.startswith("Shard")
+                    else fake_dtensor.Replicate() for pl in lay[2][n]]
+        params = {n: fake_dtensor.dtensor_parameter(t, SHAPES[n], mesh,
+                                                    dplacements(n))
+                  for n, t in local.items()}
+        kw = dict(process_group=pg)
+    else:
+        params = {n: torch.nn.Parameter(t) for n, t in local.items()}
     opt = muonrt.Muon(list(params.items()), **OPTIONS, **kw)
     if resume:
         opt.load_checkpoint(ckpt)
@@ -103,8 +123,13 @@ def run(layout_name, steps, out, save_at=None, ckpt=None, resume=None,
     for k in range(start, steps):
         for n, p in params.items():
             g = grads[k][n]
-            p.grad = (local_shard(g, lay[1], lay[2][n], rank) if lay
-                      else g.clone())
+            if dtensor:
+                p.grad = fake_dtensor.dtensor_grad(
+                    local_shard(g, lay[1], lay[2][n], rank), SHAPES[n],
+                    p.device_mesh, p.placements)
+            else:
+                p.grad = (local_shard(g, lay[1], lay[2][n], rank) if lay
+                          else g.clone())
         opt.step()
         if save_at is not None and k + 1 == save_at:
             opt.save_checkpoint(ckpt)
@@ -113,7 +138,8 @@ def run(layout_name, steps, out, save_at=None, ckpt=None, resume=None,
                            os.path.join(out, f"params_at_{save_at}.pt"))
     result = {
         "rank": rank, "world": world, "layout": layout_name,
-        "params": {n: p.detach().clone() for n, p in params.items()},
+        "params": {n: (p._local_tensor if dtensor else p).detach().clone()
+                   for n, p in params.items()},
         "momentum": {n: opt.momentum_buffer(n) for n in params},
         "stats": opt.last_step_stats(),
         "assignments": opt.assignments(),
