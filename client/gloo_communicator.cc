@@ -153,10 +153,18 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
       /*subgroup=*/false, /*device=*/nullptr));
   if (world_size > 1) {
     IgnoreSigpipeOnce();
-    MUON_RETURN_IF_ERROR(comm->RunGloo("Create", [&] {
+    absl::Status bound = comm->RunGloo("Create", [&] {
       gloo::transport::tcp::attr attr(options.hostname.c_str());
       comm->device_ = gloo::transport::tcp::CreateDevice(attr);
-    }));
+    });
+    if (!bound.ok()) {
+      return absl::Status(
+          bound.code(),
+          absl::StrCat(bound.message(), " (binding options.hostname \"",
+                       options.hostname,
+                       "\": it must be an address of this host; see "
+                       "GLOO_SOCKET_IFNAME)"));
+    }
   }
   MUON_RETURN_IF_ERROR(comm->Connect("Create", *comm->store_));
   return comm;

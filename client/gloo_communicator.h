@@ -70,8 +70,10 @@ namespace muon {
 class CoordinationStore;
 
 struct GlooOptions {
-  // Address the TCP transport listens on and advertises to peers; the
-  // default keeps all traffic on loopback (one host).
+  // Address (or host name) the TCP transport listens on and advertises to
+  // peers: an address of this host that the other ranks can reach. The
+  // default keeps all traffic on loopback (one host); InitProcessGroup
+  // passes the address SelectGlooHost picks (client/process_group.h).
   std::string hostname = "127.0.0.1";
   // Bound on the rendezvous in Create/Split and on every collective (values
   // above 24 h are capped there; there is no "no timeout").
@@ -97,6 +99,8 @@ class GlooCommunicator : public Communicator {
   // Errors:
   //   InvalidArgument: bad rank/world_size, null store_client, empty
   //     hostname or prefix, timeout under 1 ms (names the value).
+  //   Internal: options.hostname is no address of this host (the message
+  //     names it).
   //   DeadlineExceeded: some rank did not join (or connect) in time.
   //   Unavailable: the coordinator or a peer failed during the rendezvous.
   //   Internal: Gloo rejected the setup (its message kept).

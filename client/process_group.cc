@@ -1,14 +1,31 @@
 #include "client/process_group.h"
 
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/types.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <optional>
+#include <set>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/gloo_communicator.h"
 #include "client/grpc_coordination_client.h"
@@ -33,7 +50,260 @@ absl::Status WritePortFile(const std::string& path, int port) {
   return absl::OkStatus();
 }
 
+// Closes a file descriptor on scope exit.
+class FdCloser {
+ public:
+  explicit FdCloser(int fd) : fd_(fd) {}
+  ~FdCloser() {
+    if (fd_ >= 0) close(fd_);
+  }
+  FdCloser(const FdCloser&) = delete;
+  FdCloser& operator=(const FdCloser&) = delete;
+
+ private:
+  const int fd_;
+};
+
+// getaddrinfo results, freed on scope exit.
+struct AddrInfoList {
+  addrinfo* head = nullptr;
+  ~AddrInfoList() {
+    if (head != nullptr) freeaddrinfo(head);
+  }
+};
+
+// Resolves `host` (and `port`, 0 = none) for `socktype`.
+// Errors: Unavailable naming the host and gai_strerror.
+absl::Status Resolve(const std::string& host, int port, int socktype,
+                     AddrInfoList* out) {
+  addrinfo hints;
+  std::memset(&hints, 0, sizeof(hints));
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = socktype;
+  const std::string service = std::to_string(port);
+  const int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &out->head);
+  if (rc != 0 || out->head == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot resolve host \"", host,
+                     "\": ", rc != 0 ? gai_strerror(rc) : "no addresses"));
+  }
+  return absl::OkStatus();
+}
+
+std::string SockaddrToString(const sockaddr* sa) {
+  char buf[INET6_ADDRSTRLEN] = {0};
+  if (sa->sa_family == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(sa)->sin_addr, buf,
+              sizeof(buf));
+  } else if (sa->sa_family == AF_INET6) {
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr,
+              buf, sizeof(buf));
+  }
+  return buf;
+}
+
+// Strips a gRPC target scheme ("dns:///", "dns:", "ipv4:", "ipv6:") from a
+// coordinator address; nullopt for targets that are no TCP host:port
+// ("unix:...").
+std::optional<std::string> TcpTarget(const std::string& address) {
+  std::string a = address;
+  for (const char* scheme : {"dns:///", "dns:", "ipv4:", "ipv6:"}) {
+    if (absl::StartsWith(a, scheme)) {
+      a = a.substr(std::strlen(scheme));
+      break;
+    }
+  }
+  if (absl::StartsWith(a, "unix:") || absl::StartsWith(a, "unix-abstract:")) {
+    return std::nullopt;
+  }
+  return a;
+}
+
+// Tries one TCP connection to `ai`, waiting at most `wait`. Returns 0 or the
+// errno of the failure.
+int TryConnect(const addrinfo* ai, absl::Duration wait) {
+  const int fd =
+      socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+             ai->ai_protocol);
+  if (fd < 0) return errno;
+  FdCloser closer(fd);
+  if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) return 0;
+  if (errno != EINPROGRESS) return errno;
+  pollfd p{fd, POLLOUT, 0};
+  const int n =
+      poll(&p, 1, std::max<int64_t>(1, absl::ToInt64Milliseconds(wait)));
+  if (n <= 0) return n == 0 ? ETIMEDOUT : errno;
+  int err = 0;
+  socklen_t len = sizeof(err);
+  if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) return errno;
+  return err;
+}
+
+// Waits until host:port accepts TCP connections (the coordinator of rank 0
+// may start after this rank, possibly on another host).
+// Errors: DeadlineExceeded naming the address and the last error;
+// Unavailable when the host does not resolve by the deadline.
+absl::Status WaitForListener(const std::string& host, int port,
+                             absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Duration delay = absl::Milliseconds(20);
+  std::string last_error;
+  while (true) {
+    AddrInfoList addrs;
+    absl::Status resolved = Resolve(host, port, SOCK_STREAM, &addrs);
+    if (resolved.ok()) {
+      for (const addrinfo* ai = addrs.head; ai != nullptr; ai = ai->ai_next) {
+        const int err =
+            TryConnect(ai, std::clamp(deadline - absl::Now(),
+                                      absl::Milliseconds(1), absl::Seconds(2)));
+        if (err == 0) return absl::OkStatus();
+        last_error = std::strerror(err);
+      }
+    } else {
+      last_error = std::string(resolved.message());
+    }
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the coordinator at ", host, ":", port,
+          " did not accept connections within ", absl::FormatDuration(timeout),
+          " (last error: ", last_error, ")"));
+    }
+    absl::SleepFor(std::min(delay, deadline - now));
+    delay = std::min(delay * 2, absl::Milliseconds(500));
+  }
+}
+
+// The host whose route picks Gloo's address: the coordinator's.
+std::string CoordinatorHost(const ProcessGroupOptions& options) {
+  const bool embeds = options.embed_coordinator && options.rank == 0;
+  if (!options.coordinator_address.empty()) {
+    std::optional<std::string> target = TcpTarget(options.coordinator_address);
+    if (target.has_value()) {
+      absl::StatusOr<std::pair<std::string, int>> hp = SplitHostPort(*target);
+      if (hp.ok()) return hp->first;
+    }
+  }
+  if (embeds && !options.embedded_host.empty()) return options.embedded_host;
+  return "127.0.0.1";  // a unix socket or no address: this machine
+}
+
 }  // namespace
+
+absl::StatusOr<std::pair<std::string, int>> SplitHostPort(
+    const std::string& address) {
+  std::string host;
+  std::string port_text;
+  if (absl::StartsWith(address, "[")) {
+    const size_t close = address.find(']');
+    if (close == std::string::npos || close + 1 >= address.size() ||
+        address[close + 1] != ':') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("address \"", address, "\" is not [host]:port"));
+    }
+    host = address.substr(1, close - 1);
+    port_text = address.substr(close + 2);
+  } else {
+    const size_t colon = address.rfind(':');
+    if (colon == std::string::npos ||
+        address.find(':') != colon) {  // none, or a bare IPv6 address
+      return absl::InvalidArgumentError(absl::StrCat(
+          "address \"", address,
+          "\" is not host:port (write IPv6 addresses as [addr]:port)"));
+    }
+    host = address.substr(0, colon);
+    port_text = address.substr(colon + 1);
+  }
+  int port = 0;
+  if (host.empty() || !absl::SimpleAtoi(port_text, &port) || port < 1 ||
+      port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "address \"", address, "\": want host:port with a port in 1..65535"));
+  }
+  return std::make_pair(host, port);
+}
+
+absl::StatusOr<std::string> InterfaceIPv4Address(const std::string& ifname) {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) {
+    return absl::InternalError(
+        absl::StrCat("getifaddrs: ", std::strerror(errno)));
+  }
+  std::set<std::string> names;
+  bool found = false;
+  std::string address;
+  for (const ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
+    if (a->ifa_name == nullptr) continue;
+    names.insert(a->ifa_name);
+    if (ifname != a->ifa_name) continue;
+    found = true;
+    if (address.empty() && a->ifa_addr != nullptr &&
+        a->ifa_addr->sa_family == AF_INET) {
+      address = SockaddrToString(a->ifa_addr);
+    }
+  }
+  freeifaddrs(list);
+  if (!found) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GLOO_SOCKET_IFNAME: no network interface named \"", ifname,
+        "\" on this host (interfaces: ", absl::StrJoin(names, ", "), ")"));
+  }
+  if (address.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GLOO_SOCKET_IFNAME: network interface \"", ifname,
+                     "\" has no IPv4 address"));
+  }
+  return address;
+}
+
+absl::StatusOr<std::string> LocalAddressToward(const std::string& host) {
+  if (host.empty()) {
+    return absl::InvalidArgumentError(
+        "LocalAddressToward: the coordinator host is empty");
+  }
+  AddrInfoList addrs;
+  // Any port: connect() on a UDP socket only picks the route and the local
+  // address; nothing is sent.
+  MUON_RETURN_IF_ERROR(Resolve(host, 9, SOCK_DGRAM, &addrs));
+  std::string last_error;
+  for (const addrinfo* ai = addrs.head; ai != nullptr; ai = ai->ai_next) {
+    const int fd = socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      last_error = std::strerror(errno);
+      continue;
+    }
+    FdCloser closer(fd);
+    if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+      last_error = std::strerror(errno);
+      continue;
+    }
+    sockaddr_storage local;
+    socklen_t len = sizeof(local);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) != 0) {
+      last_error = std::strerror(errno);
+      continue;
+    }
+    std::string address = SockaddrToString(reinterpret_cast<sockaddr*>(&local));
+    if (!address.empty()) return address;
+  }
+  return absl::UnavailableError(
+      absl::StrCat("no route from this host to the coordinator host \"", host,
+                   "\": ", last_error));
+}
+
+absl::StatusOr<std::string> SelectGlooHost(
+    const std::string& gloo_host, const std::string& socket_ifname,
+    const std::string& coordinator_host) {
+  if (!gloo_host.empty()) return gloo_host;
+  if (!socket_ifname.empty()) {
+    // PyTorch accepts a comma-separated list (one Gloo device each); one
+    // device here: the first.
+    const std::string first =
+        std::vector<std::string>(absl::StrSplit(socket_ifname, ','))[0];
+    return InterfaceIPv4Address(first);
+  }
+  return LocalAddressToward(coordinator_host);
+}
 
 absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(
     const ProcessGroupOptions& options) {
@@ -77,12 +347,37 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(
           ": no coordinator address (pass --coordinator host:port, or embed "
           "the coordinator in rank 0)"));
     }
+    std::optional<std::string> target = TcpTarget(options.coordinator_address);
+    if (target.has_value()) {
+      absl::StatusOr<std::pair<std::string, int>> hp = SplitHostPort(*target);
+      if (hp.ok()) {
+        absl::Status up =
+            WaitForListener(hp->first, hp->second, options.timeout);
+        if (!up.ok()) {
+          return absl::Status(up.code(), absl::StrCat("rank ", options.rank,
+                                                      ": ", up.message()));
+        }
+      }
+    }
     MUON_ASSIGN_OR_RETURN(pg->coordinator,
                           GrpcCoordinationClient::Create(
                               options.coordinator_address, options.job_id));
   }
   GlooOptions gloo;
   gloo.timeout = options.timeout;
+  if (options.world_size > 1) {
+    const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+    absl::StatusOr<std::string> host =
+        SelectGlooHost(options.gloo_host, ifname == nullptr ? "" : ifname,
+                       CoordinatorHost(options));
+    if (!host.ok()) {
+      return absl::Status(host.status().code(),
+                          absl::StrCat("rank ", options.rank,
+                                       ": choosing the address Gloo binds: ",
+                                       host.status().message()));
+    }
+    gloo.hostname = *std::move(host);
+  }
   MUON_ASSIGN_OR_RETURN(
       pg->comm, GlooCommunicator::Create(options.rank, options.world_size,
                                          pg->coordinator.get(), gloo));

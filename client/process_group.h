@@ -1,8 +1,11 @@
 // Starting a rank of a distributed Muon job: the C++ counterpart of
 // torch.distributed.init_process_group. Connects the rank to the
 // coordinator (a separate muon-coordinator daemon, or one embedded in
-// rank 0's process) and builds the Gloo process group over TCP on loopback,
-// whose rendezvous goes through the coordinator's key-value store.
+// rank 0's process) and builds the Gloo process group over TCP, whose
+// rendezvous goes through the coordinator's key-value store. Gloo binds the
+// address of the interface that reaches the coordinator's host, or of the
+// interface GLOO_SOCKET_IFNAME names (SelectGlooHost), so ranks on several
+// hosts reach each other; on one machine that is 127.0.0.1.
 //
 // This target links no gRPC server: a rank that talks to a remote daemon
 // needs none. To embed the coordinator in rank 0, also depend on
@@ -18,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -50,7 +54,8 @@ struct ProcessGroupOptions {
   // Address Gloo binds and advertises to its peers: an address of the
   // interface that reaches the other hosts. Empty = the address of the
   // interface named by GLOO_SOCKET_IFNAME if set, else of the interface
-  // that routes to the coordinator's host (127.0.0.1 on one machine).
+  // that routes to the coordinator's host (127.0.0.1 on one machine); see
+  // SelectGlooHost.
   std::string gloo_host;
   // Bound on rendezvous and every collective.
   absl::Duration timeout = absl::Seconds(60);
@@ -70,11 +75,16 @@ struct ProcessGroup {
   std::unique_ptr<Communicator> comm;
 };
 
+// A rank that connects to a coordinator first waits (up to
+// options.timeout) until its TCP port accepts connections, so ranks may be
+// started in any order, on any host (as torchrun starts them).
 // Errors: InvalidArgument (rank out of range, no coordinator address on a
-// rank that does not embed one); FailedPrecondition (embed_coordinator on
-// rank 0 without start_embedded_coordinator); the starter's errors (e.g.
-// Unavailable: the port cannot be bound); Unavailable / DeadlineExceeded
-// when the coordinator or a peer cannot be reached within options.timeout.
+// rank that does not embed one, GLOO_SOCKET_IFNAME names no interface with
+// an IPv4 address); FailedPrecondition (embed_coordinator on rank 0 without
+// start_embedded_coordinator); the starter's errors (e.g. Unavailable: the
+// port cannot be bound); Unavailable / DeadlineExceeded when the
+// coordinator or a peer cannot be reached within options.timeout, or there
+// is no route to the coordinator's host.
 absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(
     const ProcessGroupOptions& options);
 
@@ -96,6 +106,46 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(
 // Errors: InvalidArgument naming the variable and its value (missing, not
 // an integer, out of range).
 absl::StatusOr<ProcessGroupOptions> ProcessGroupOptionsFromEnv();
+
+// Choosing the address Gloo binds (ProcessGroupOptions::gloo_host), the
+// rule of Gloo and PyTorch:
+//   1. `gloo_host` when not empty (taken as is);
+//   2. else, when `socket_ifname` (GLOO_SOCKET_IFNAME) is not empty, the
+//      IPv4 address of that network interface (the first name of a
+//      comma-separated list);
+//   3. else the local address the kernel would use to reach
+//      `coordinator_host` (the address of the interface on the route to it:
+//      127.0.0.1 when the coordinator is on loopback, 192.0.2.2 on a host
+//      whose route to 192.0.2.1 leaves through 192.0.2.2).
+// `coordinator_host` is a host name or an IPv4/IPv6 address without port or
+// brackets; a wildcard (0.0.0.0) routes to loopback, so a coordinator bound
+// to one needs GLOO_SOCKET_IFNAME or gloo_host on several hosts. Sends no
+// packet.
+// Errors:
+//   InvalidArgument: the interface does not exist (names it and lists the
+//     interfaces there are) or has no IPv4 address; empty coordinator_host.
+//   Unavailable: coordinator_host does not resolve, or there is no route to
+//     it (names the host and the system's message).
+absl::StatusOr<std::string> SelectGlooHost(const std::string& gloo_host,
+                                           const std::string& socket_ifname,
+                                           const std::string& coordinator_host);
+
+// The IPv4 address (dotted quad) of network interface `ifname` (getifaddrs).
+// Errors: InvalidArgument naming the interface (absent, or no IPv4 address).
+absl::StatusOr<std::string> InterfaceIPv4Address(const std::string& ifname);
+
+// The local address the kernel picks to reach `host` (a name, resolved with
+// getaddrinfo, or a numeric IPv4/IPv6 address): a UDP socket connect()ed to
+// it and getsockname(); no packet is sent.
+// Errors: InvalidArgument (empty host); Unavailable (does not resolve, no
+// route), naming the host.
+absl::StatusOr<std::string> LocalAddressToward(const std::string& host);
+
+// Splits "host:port", "[v6addr]:port" into host (without brackets) and
+// port. Errors: InvalidArgument naming the address (no port, port not in
+// 1..65535).
+absl::StatusOr<std::pair<std::string, int>> SplitHostPort(
+    const std::string& address);
 
 }  // namespace muon
 
