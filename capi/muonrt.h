@@ -36,6 +36,7 @@ extern "C" {
 /* Status codes (absl::StatusCode values). */
 #define MUONRT_OK 0
 #define MUONRT_INVALID_ARGUMENT 3
+#define MUONRT_DEADLINE_EXCEEDED 4
 #define MUONRT_NOT_FOUND 5
 #define MUONRT_OUT_OF_RANGE 11
 #define MUONRT_FAILED_PRECONDITION 9
@@ -71,6 +72,7 @@ const char* muonrt_last_error(void);
  * every rank calls it. Errors: INVALID_ARGUMENT (environment), UNAVAILABLE /
  * DEADLINE_EXCEEDED (peers or coordinator unreachable). */
 int muonrt_pg_init_from_env(double timeout_s, muonrt_process_group** out);
+/* -1 (and the last error set) when pg is NULL. */
 int muonrt_pg_rank(const muonrt_process_group* pg);
 int muonrt_pg_world_size(const muonrt_process_group* pg);
 /* Blocks until every rank got here (bounded by the timeout). */
@@ -124,9 +126,10 @@ typedef struct {
 void muonrt_options_default(muonrt_options* options);
 
 /* Creates the optimizer over `num_params` views. `pg` NULL = single device
- * (mesh ignored). With a process group: the mesh has `mesh_ndim` named dims
- * (row-major; product = world size), each param's placements one per dim.
- * Collective over the group (joins the job, agrees on the plan).
+ * (mesh, placements and sub_mesh ignored). `options` NULL = defaults.
+ * With a process group: the mesh has `mesh_ndim` named dims (row-major;
+ * product = world size), each param's placements one per dim. Collective
+ * over the group (joins the job, agrees on the plan).
  * Errors: INVALID_ARGUMENT naming the parameter and value (torch's
  * argument errors, not 2-D, non-contiguous, placements, manifests that
  * disagree), UNIMPLEMENTED (CUDA views), UNAVAILABLE / DEADLINE_EXCEEDED. */
@@ -155,14 +158,16 @@ int muonrt_optimizer_set_hyperparameters(muonrt_optimizer* opt, int index,
 
 /* ---- State ------------------------------------------------------------ */
 
-/* Steps taken. */
+/* Steps taken; -1 (and the last error set) when opt is NULL. */
 int64_t muonrt_optimizer_step_count(const muonrt_optimizer* opt);
 
 /* Parameter `index`'s momentum buffer: the library's fp32 local shard,
- * row-major, `*numel` elements (for state_dict()). The pointer stays valid
- * until the optimizer is destroyed. Errors: OUT_OF_RANGE. */
-int muonrt_optimizer_momentum(muonrt_optimizer* opt, int index, float** data,
-                              int64_t* numel);
+ * row-major, `*numel` elements (for state_dict()), read-only (write it
+ * through muonrt_optimizer_load_state). The pointer stays valid until the
+ * optimizer is destroyed; the values change with step, load_state and load.
+ * Errors: OUT_OF_RANGE. */
+int muonrt_optimizer_momentum(muonrt_optimizer* opt, int index,
+                              const float** data, int64_t* numel);
 
 /* Sets the step count and every momentum buffer at once
  * (load_state_dict): buffers[i] holds numels[i] fp32 values for parameter
@@ -183,7 +188,9 @@ int muonrt_optimizer_load(muonrt_optimizer* opt, const char* dir);
 /* Writes a NUL-terminated JSON text into buf (capacity `cap` bytes) and
  * its length (without the NUL) into *len. When cap is too small, writes
  * nothing but *len and returns OUT_OF_RANGE: call again with *len + 1. */
-/* The plan (protobuf JSON mapping of muon.v1.Plan). */
+/* The plan (protobuf JSON mapping of muon.v1.Plan, compact, with the
+ * .proto's field names: "world_size", "max_load_flops", not lowerCamelCase;
+ * fields at their default value are omitted). */
 int muonrt_optimizer_plan_json(const muonrt_optimizer* opt, char* buf,
                                size_t cap, size_t* len);
 /* This rank's view of the assignments: {"<rank>": [matrix indices], ...}

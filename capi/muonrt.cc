@@ -1,0 +1,670 @@
+// The C ABI of capi/muonrt.h over muon::Muon, muon::InitProcessGroup and
+// muon::CreateMeshConfig.
+//
+// Every entry point runs its body through Guard: a C++ exception never
+// crosses the boundary (it becomes MUONRT_INTERNAL with its message), an
+// error status becomes its absl::StatusCode value and the thread's last
+// error message, and success clears that message. Every pointer and size
+// from the caller is checked before it is read (INVALID_ARGUMENT naming the
+// argument, the parameter and the value).
+#include "capi/muonrt.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <map>
+#include <memory>
+#include <new>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+#include "absl/time/time.h"
+#include "client/distributed_config.h"
+#include "client/muon.h"
+#include "client/process_group.h"
+#include "client/tensor_view.h"
+#include "common/layout.h"
+#include "common/spec.h"
+#include "common/status_macros.h"
+#include "google/protobuf/map.h"
+#include "google/protobuf/util/json_util.h"
+#include "server/embedded_coordinator.h"
+
+struct muonrt_process_group {
+  std::unique_ptr<muon::ProcessGroup> pg;
+  absl::Duration timeout;  // rendezvous, join and collectives
+};
+
+struct muonrt_optimizer {
+  // Holds raw pointers to its process group's communicator and coordinator
+  // (not owned): destroyed before the group (see the header).
+  std::unique_ptr<muon::Muon> muon;
+};
+
+namespace {
+
+// Largest ndim accepted before the shape arrays are read (Muon itself takes
+// 2 or 3; anything up to this bound reaches its own, more precise, message).
+constexpr int kMaxNdim = 8;
+// Largest element count of one tensor (its fp32 momentum buffer must be
+// addressable in bytes).
+constexpr int64_t kMaxNumel = std::numeric_limits<int64_t>::max() / 8;
+
+thread_local std::string last_error;
+
+void SetLastError(const absl::Status& s) {
+  last_error = s.ok() ? std::string() : std::string(s.message());
+}
+
+// Runs `body` (returning absl::Status) at the ABI boundary: maps the status
+// to its code and the last error; exceptions become INTERNAL.
+template <typename Body>
+int Guard(const char* function, Body&& body) {
+  absl::Status s;
+  try {
+    s = body();
+  } catch (const std::bad_alloc& e) {
+    s = absl::InternalError(
+        absl::StrCat(function, ": out of memory (", e.what(), ")"));
+  } catch (const std::exception& e) {
+    s = absl::InternalError(
+        absl::StrCat(function, ": unexpected C++ exception: ", e.what()));
+  } catch (...) {
+    s = absl::InternalError(
+        absl::StrCat(function, ": unexpected non-standard C++ exception"));
+  }
+  try {
+    SetLastError(s);
+  } catch (...) {
+    // Out of memory while copying the message: keep the code.
+  }
+  return static_cast<int>(s.code());
+}
+
+absl::Status NullArgument(const char* function, const char* argument) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(function, ": ", argument, " is NULL"));
+}
+
+// Copies a caller's int64 array of `ndim` dims (ndim already checked),
+// rejecting negative dims and element counts that overflow.
+absl::StatusOr<std::vector<int64_t>> CopyShape(const int64_t* dims, int ndim,
+                                               absl::string_view what,
+                                               absl::string_view param) {
+  std::vector<int64_t> out(dims, dims + ndim);
+  int64_t numel = 1;
+  for (int k = 0; k < ndim; ++k) {
+    if (out[k] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter \"", param, "\": ", what, "[", k,
+                       "] = ", out[k], " is negative"));
+    }
+    if (out[k] != 0 && numel > kMaxNumel / out[k]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter \"", param, "\": ", what, " holds more than ",
+                       kMaxNumel, " elements"));
+    }
+    numel *= out[k];
+  }
+  return out;
+}
+
+absl::StatusOr<muon::DType> ToDType(int dtype, absl::string_view what,
+                                    absl::string_view param) {
+  switch (dtype) {
+    case MUONRT_FLOAT32:
+      return muon::DType::kFloat32;
+    case MUONRT_BFLOAT16:
+      return muon::DType::kBFloat16;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter \"", param, "\": ", what, " ", dtype,
+          " is neither MUONRT_FLOAT32 (0) nor MUONRT_BFLOAT16 (1)"));
+  }
+}
+
+// The view of parameter `i` (no placement).
+absl::StatusOr<muon::ParamView> ToView(const muonrt_param& p, int i) {
+  if (p.name == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("muonrt_optimizer_create: params[", i, "].name is NULL"));
+  }
+  muon::ParamView v;
+  v.name = p.name;
+  if (v.name.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("muonrt_optimizer_create: params[", i, "].name is empty"));
+  }
+  if (p.ndim < 1 || p.ndim > kMaxNdim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parameter \"", v.name, "\": ndim ", p.ndim,
+        " is out of range; Muon only supports 2D parameters (3-D with "
+        "expert_stack)"));
+  }
+  if (p.local_shape == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parameter \"", v.name, "\": local_shape is NULL"));
+  }
+  MUON_ASSIGN_OR_RETURN(
+      v.local_shape, CopyShape(p.local_shape, p.ndim, "local_shape", v.name));
+  if (p.global_shape != nullptr) {
+    MUON_ASSIGN_OR_RETURN(v.global_shape, CopyShape(p.global_shape, p.ndim,
+                                                    "global_shape", v.name));
+  }
+  if (p.strides != nullptr) v.strides.assign(p.strides, p.strides + p.ndim);
+  v.data = p.data;
+  v.grad = p.grad;
+  MUON_ASSIGN_OR_RETURN(v.dtype, ToDType(p.dtype, "dtype", v.name));
+  MUON_ASSIGN_OR_RETURN(v.grad_dtype,
+                        ToDType(p.grad_dtype, "grad_dtype", v.name));
+  if (p.expert_stack != 0 && p.expert_stack != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parameter \"", v.name, "\": expert_stack ",
+                     p.expert_stack, " is neither 0 nor 1"));
+  }
+  v.expert_stack = p.expert_stack == 1;
+  switch (p.device_type) {
+    case MUONRT_CPU:
+      v.device = muon::Device::Cpu();
+      break;
+    case MUONRT_CUDA:
+      if (p.device_index < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("parameter \"", v.name, "\": CUDA device index ",
+                         p.device_index, " is negative"));
+      }
+      v.device = muon::Device::Cuda(p.device_index);
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter \"", v.name, "\": device_type ", p.device_type,
+          " is neither MUONRT_CPU (0) nor MUONRT_CUDA (1)"));
+  }
+  return v;
+}
+
+// Parses "pp=1" or "pp=1,ep=0" (spaces allowed around items) against
+// `mesh` with common/spec.h's CheckSubMesh: names must be mesh dims,
+// coordinates in range, the placement on those dims Replicate().
+absl::StatusOr<muon::SubMesh> ParseSubMesh(
+    absl::string_view param, absl::string_view text,
+    const std::vector<muon::Placement>& placements, const muon::Mesh& mesh) {
+  google::protobuf::Map<std::string, int32_t> entries;
+  for (absl::string_view item : absl::StrSplit(text, ',')) {
+    item = absl::StripAsciiWhitespace(item);
+    const size_t eq = item.find('=');
+    int value = 0;
+    const absl::string_view name =
+        eq == absl::string_view::npos
+            ? item
+            : absl::StripAsciiWhitespace(item.substr(0, eq));
+    if (eq == absl::string_view::npos || name.empty() ||
+        !absl::SimpleAtoi(item.substr(eq + 1), &value)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter \"", param, "\": sub_mesh \"", text, "\": item \"", item,
+          "\" is not <mesh dim>=<coordinate> (e.g. \"pp=1,ep=0\")"));
+    }
+    if (!entries.insert({std::string(name), value}).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter \"", param, "\": sub_mesh \"", text,
+                       "\" names mesh dim \"", name, "\" twice"));
+    }
+  }
+  return muon::CheckSubMesh(param, entries, placements, mesh);
+}
+
+// Parameter `i`'s placements and sub-mesh on `mesh`.
+absl::StatusOr<muon::ParamPlacement> ToPlacement(const muonrt_param& p,
+                                                 const std::string& name,
+                                                 const muon::Mesh& mesh) {
+  muon::ParamPlacement out;
+  for (int d = 0; d < mesh.ndim(); ++d) {
+    if (p.placements == nullptr) {
+      out.placements.push_back(muon::Placement::Replicate());
+      continue;
+    }
+    const char* text = p.placements[d];
+    if (text == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter \"", name, "\": placements[", d,
+                       "] (mesh dim \"", mesh.names[d], "\") is NULL"));
+    }
+    absl::StatusOr<muon::Placement> parsed = muon::Placement::Parse(text);
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter \"", name, "\": placement \"", text, "\" on mesh dim \"",
+          mesh.names[d], "\": ", parsed.status().message()));
+    }
+    out.placements.push_back(*parsed);
+  }
+  if (p.sub_mesh != nullptr && *p.sub_mesh != '\0') {
+    MUON_ASSIGN_OR_RETURN(out.sub_mesh,
+                          ParseSubMesh(name, p.sub_mesh, out.placements, mesh));
+  }
+  return out;
+}
+
+absl::StatusOr<muon::MuonOptions> ToMuonOptions(const muonrt_options& o) {
+  muon::MuonOptions m;
+  m.lr = o.lr;
+  m.weight_decay = o.weight_decay;
+  m.momentum = o.momentum;
+  if (o.nesterov != 0 && o.nesterov != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "muonrt_options: nesterov ", o.nesterov, " is neither 0 nor 1"));
+  }
+  m.nesterov = o.nesterov == 1;
+  m.ns_a = o.ns_a;
+  m.ns_b = o.ns_b;
+  m.ns_c = o.ns_c;
+  m.eps = o.eps;
+  m.ns_steps = o.ns_steps;
+  if (o.adjust_lr_fn != nullptr) m.adjust_lr_fn = o.adjust_lr_fn;
+  if (o.ns_schedule != nullptr) m.ns_schedule = o.ns_schedule;
+  return m;
+}
+
+absl::Status CheckIndex(const muon::Muon& muon, int index,
+                        const char* function) {
+  const int n = static_cast<int>(muon.params().size());
+  if (index < 0 || index >= n) {
+    return absl::OutOfRangeError(absl::StrCat(
+        function, ": parameter index ", index, " is outside [0, ", n, ")"));
+  }
+  return absl::OkStatus();
+}
+
+// The buffer protocol of muonrt_optimizer_plan_json and friends.
+absl::Status WriteText(const char* function, const std::string& text, char* buf,
+                       size_t cap, size_t* len) {
+  if (len == nullptr) return NullArgument(function, "len");
+  if (buf == nullptr && cap > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(function, ": buf is NULL but cap is ", cap));
+  }
+  *len = text.size();
+  if (cap < text.size() + 1) {
+    return absl::OutOfRangeError(
+        absl::StrCat(function, ": the text needs ", text.size() + 1,
+                     " bytes (with the NUL) but cap is ", cap,
+                     "; call again with *len + 1"));
+  }
+  std::memcpy(buf, text.data(), text.size());
+  buf[text.size()] = '\0';
+  return absl::OkStatus();
+}
+
+absl::Status CreateOptimizer(muonrt_process_group* pg, int mesh_ndim,
+                             const char* const* mesh_names,
+                             const int* mesh_sizes, const muonrt_param* params,
+                             int num_params, const muonrt_options* options,
+                             muonrt_optimizer** out) {
+  constexpr char kFn[] = "muonrt_optimizer_create";
+  if (out == nullptr) return NullArgument(kFn, "out");
+  *out = nullptr;
+  if (num_params < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kFn, ": num_params ", num_params, " is negative"));
+  }
+  if (num_params > 0 && params == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kFn, ": params is NULL but num_params is ", num_params));
+  }
+  muonrt_options defaults;
+  muonrt_options_default(&defaults);
+  MUON_ASSIGN_OR_RETURN(
+      muon::MuonOptions muon_options,
+      ToMuonOptions(options != nullptr ? *options : defaults));
+  const muonrt_options& o = options != nullptr ? *options : defaults;
+
+  std::vector<muon::ParamView> views;
+  views.reserve(num_params);
+  for (int i = 0; i < num_params; ++i) {
+    MUON_ASSIGN_OR_RETURN(muon::ParamView v, ToView(params[i], i));
+    views.push_back(std::move(v));
+  }
+
+  std::optional<muon::DistributedConfig> config;
+  if (pg != nullptr) {
+    if (mesh_ndim < 1 || mesh_ndim > kMaxNdim) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kFn, ": mesh_ndim ", mesh_ndim, " is outside [1, ",
+                       kMaxNdim, "] (a process group needs a mesh)"));
+    }
+    if (mesh_names == nullptr) return NullArgument(kFn, "mesh_names");
+    if (mesh_sizes == nullptr) return NullArgument(kFn, "mesh_sizes");
+    muon::Mesh mesh;
+    for (int d = 0; d < mesh_ndim; ++d) {
+      if (mesh_names[d] == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(kFn, ": mesh_names[", d, "] is NULL"));
+      }
+      mesh.names.push_back(mesh_names[d]);
+      mesh.sizes.push_back(mesh_sizes[d]);
+    }
+    MUON_RETURN_IF_ERROR(mesh.Validate());
+    std::vector<muon::ParamPlacement> placements;
+    placements.reserve(num_params);
+    for (int i = 0; i < num_params; ++i) {
+      MUON_ASSIGN_OR_RETURN(muon::ParamPlacement pl,
+                            ToPlacement(params[i], views[i].name, mesh));
+      placements.push_back(std::move(pl));
+    }
+    MUON_ASSIGN_OR_RETURN(
+        config,
+        muon::CreateMeshConfig(mesh, placements, pg->pg->comm.get(),
+                               pg->pg->coordinator.get(), pg->pg->incarnation));
+    config->state.rank = pg->pg->rank;
+    config->state.world_size = pg->pg->world_size;
+    config->state.join_timeout_ms = absl::ToInt64Milliseconds(pg->timeout);
+    config->async_gpu_parallelism = o.async_gpu_parallelism != 0;
+    if (o.prefetch_count < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kFn, ": prefetch_count ", o.prefetch_count, " is negative"));
+    }
+    config->prefetch_count = o.prefetch_count;
+    if (o.assignment_policy != nullptr) {
+      config->assignment_policy = o.assignment_policy;
+    }
+    if (o.bucket_size_bytes < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kFn, ": bucket_size_bytes ", o.bucket_size_bytes, " is negative"));
+    }
+    config->bucket_size_bytes = o.bucket_size_bytes;
+  }
+  MUON_ASSIGN_OR_RETURN(
+      std::unique_ptr<muon::Muon> muon,
+      muon::Muon::Create(std::move(views), muon_options, std::move(config)));
+  auto handle = std::make_unique<muonrt_optimizer>();
+  handle->muon = std::move(muon);
+  *out = handle.release();
+  return absl::OkStatus();
+}
+
+absl::Status LoadState(muonrt_optimizer* opt, int64_t step,
+                       const float* const* buffers, const int64_t* numels,
+                       int num_params) {
+  constexpr char kFn[] = "muonrt_optimizer_load_state";
+  if (opt == nullptr) return NullArgument(kFn, "opt");
+  muon::Muon& m = *opt->muon;
+  const int n = static_cast<int>(m.params().size());
+  if (num_params != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kFn, ": num_params ", num_params,
+                     " differs from the optimizer's ", n, " parameters"));
+  }
+  if (step < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kFn, ": step ", step, " is negative"));
+  }
+  if (n > 0 && buffers == nullptr) return NullArgument(kFn, "buffers");
+  if (n > 0 && numels == nullptr) return NullArgument(kFn, "numels");
+  muon::OptimizerStateDict sd = m.state_dict();
+  for (int i = 0; i < n; ++i) {
+    std::vector<float>& buf = sd.params[i].momentum_buffer;
+    const int64_t want = static_cast<int64_t>(buf.size());
+    if (numels[i] != want) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kFn, ": parameter ", i, " (\"", sd.params[i].name, "\") has ",
+          numels[i], " momentum values but its local shard holds ", want));
+    }
+    if (want > 0 && buffers[i] == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kFn, ": buffers[", i, "] (\"", sd.params[i].name, "\") is NULL"));
+    }
+    if (want > 0) std::memcpy(buf.data(), buffers[i], want * sizeof(float));
+  }
+  sd.step = step;
+  return m.load_state_dict(sd);
+}
+
+}  // namespace
+
+extern "C" {
+
+int muonrt_abi_version(void) {
+  last_error.clear();
+  return MUONRT_ABI_VERSION;
+}
+
+const char* muonrt_last_error(void) { return last_error.c_str(); }
+
+int muonrt_pg_init_from_env(double timeout_s, muonrt_process_group** out) {
+  return Guard("muonrt_pg_init_from_env", [&]() -> absl::Status {
+    constexpr char kFn[] = "muonrt_pg_init_from_env";
+    if (out == nullptr) return NullArgument(kFn, "out");
+    *out = nullptr;
+    if (std::isnan(timeout_s) || std::isinf(timeout_s)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kFn, ": timeout_s ", timeout_s, " is not finite (<= 0: 60 s)"));
+    }
+    MUON_ASSIGN_OR_RETURN(muon::ProcessGroupOptions options,
+                          muon::ProcessGroupOptionsFromEnv());
+    options.timeout =
+        timeout_s > 0 ? absl::Seconds(timeout_s) : absl::Seconds(60);
+    options.start_embedded_coordinator = muon::StartEmbeddedCoordinator;
+    auto handle = std::make_unique<muonrt_process_group>();
+    handle->timeout = options.timeout;
+    MUON_ASSIGN_OR_RETURN(handle->pg, muon::InitProcessGroup(options));
+    *out = handle.release();
+    return absl::OkStatus();
+  });
+}
+
+int muonrt_pg_rank(const muonrt_process_group* pg) {
+  int rank = -1;
+  Guard("muonrt_pg_rank", [&]() -> absl::Status {
+    if (pg == nullptr) return NullArgument("muonrt_pg_rank", "pg");
+    rank = pg->pg->rank;
+    return absl::OkStatus();
+  });
+  return rank;
+}
+
+int muonrt_pg_world_size(const muonrt_process_group* pg) {
+  int world_size = -1;
+  Guard("muonrt_pg_world_size", [&]() -> absl::Status {
+    if (pg == nullptr) return NullArgument("muonrt_pg_world_size", "pg");
+    world_size = pg->pg->world_size;
+    return absl::OkStatus();
+  });
+  return world_size;
+}
+
+int muonrt_pg_barrier(muonrt_process_group* pg) {
+  return Guard("muonrt_pg_barrier", [&]() -> absl::Status {
+    if (pg == nullptr) return NullArgument("muonrt_pg_barrier", "pg");
+    return pg->pg->comm->Barrier();
+  });
+}
+
+void muonrt_pg_destroy(muonrt_process_group* pg) {
+  Guard("muonrt_pg_destroy", [&]() -> absl::Status {
+    delete pg;
+    return absl::OkStatus();
+  });
+}
+
+void muonrt_options_default(muonrt_options* options) {
+  if (options == nullptr) return;
+  const muon::MuonOptions m;
+  const muon::DistributedConfig d;
+  options->lr = m.lr;
+  options->weight_decay = m.weight_decay;
+  options->momentum = m.momentum;
+  options->nesterov = m.nesterov ? 1 : 0;
+  options->ns_a = m.ns_a;
+  options->ns_b = m.ns_b;
+  options->ns_c = m.ns_c;
+  options->eps = m.eps;
+  options->ns_steps = m.ns_steps;
+  options->adjust_lr_fn = nullptr;
+  options->ns_schedule = nullptr;
+  options->async_gpu_parallelism = d.async_gpu_parallelism ? 1 : 0;
+  options->prefetch_count = d.prefetch_count;
+  options->assignment_policy = nullptr;
+  options->bucket_size_bytes = d.bucket_size_bytes;
+}
+
+int muonrt_optimizer_create(muonrt_process_group* pg, int mesh_ndim,
+                            const char* const* mesh_names,
+                            const int* mesh_sizes, const muonrt_param* params,
+                            int num_params, const muonrt_options* options,
+                            muonrt_optimizer** out) {
+  return Guard("muonrt_optimizer_create", [&] {
+    return CreateOptimizer(pg, mesh_ndim, mesh_names, mesh_sizes, params,
+                           num_params, options, out);
+  });
+}
+
+void muonrt_optimizer_destroy(muonrt_optimizer* opt) {
+  Guard("muonrt_optimizer_destroy", [&]() -> absl::Status {
+    delete opt;
+    return absl::OkStatus();
+  });
+}
+
+int muonrt_optimizer_step(muonrt_optimizer* opt) {
+  return Guard("muonrt_optimizer_step", [&]() -> absl::Status {
+    if (opt == nullptr) return NullArgument("muonrt_optimizer_step", "opt");
+    return opt->muon->Step();
+  });
+}
+
+int muonrt_optimizer_set_grad(muonrt_optimizer* opt, int index,
+                              const void* grad) {
+  return Guard("muonrt_optimizer_set_grad", [&]() -> absl::Status {
+    if (opt == nullptr) return NullArgument("muonrt_optimizer_set_grad", "opt");
+    return opt->muon->SetGrad(index, grad);
+  });
+}
+
+int muonrt_optimizer_set_hyperparameters(muonrt_optimizer* opt, int index,
+                                         double lr, double weight_decay) {
+  return Guard("muonrt_optimizer_set_hyperparameters", [&]() -> absl::Status {
+    if (opt == nullptr) {
+      return NullArgument("muonrt_optimizer_set_hyperparameters", "opt");
+    }
+    return opt->muon->SetParamHyperparameters(index, lr, weight_decay);
+  });
+}
+
+int64_t muonrt_optimizer_step_count(const muonrt_optimizer* opt) {
+  int64_t step = -1;
+  Guard("muonrt_optimizer_step_count", [&]() -> absl::Status {
+    if (opt == nullptr) {
+      return NullArgument("muonrt_optimizer_step_count", "opt");
+    }
+    step = opt->muon->step_count();
+    return absl::OkStatus();
+  });
+  return step;
+}
+
+int muonrt_optimizer_momentum(muonrt_optimizer* opt, int index,
+                              const float** data, int64_t* numel) {
+  return Guard("muonrt_optimizer_momentum", [&]() -> absl::Status {
+    constexpr char kFn[] = "muonrt_optimizer_momentum";
+    if (opt == nullptr) return NullArgument(kFn, "opt");
+    if (data == nullptr) return NullArgument(kFn, "data");
+    if (numel == nullptr) return NullArgument(kFn, "numel");
+    MUON_RETURN_IF_ERROR(CheckIndex(*opt->muon, index, kFn));
+    const std::vector<float>& buf = opt->muon->momentum_buffer(index);
+    *data = buf.data();
+    *numel = static_cast<int64_t>(buf.size());
+    return absl::OkStatus();
+  });
+}
+
+int muonrt_optimizer_load_state(muonrt_optimizer* opt, int64_t step,
+                                const float* const* buffers,
+                                const int64_t* numels, int num_params) {
+  return Guard("muonrt_optimizer_load_state", [&] {
+    return LoadState(opt, step, buffers, numels, num_params);
+  });
+}
+
+int muonrt_optimizer_save(muonrt_optimizer* opt, const char* dir) {
+  return Guard("muonrt_optimizer_save", [&]() -> absl::Status {
+    if (opt == nullptr) return NullArgument("muonrt_optimizer_save", "opt");
+    if (dir == nullptr) return NullArgument("muonrt_optimizer_save", "dir");
+    return opt->muon->Save(dir);
+  });
+}
+
+int muonrt_optimizer_load(muonrt_optimizer* opt, const char* dir) {
+  return Guard("muonrt_optimizer_load", [&]() -> absl::Status {
+    if (opt == nullptr) return NullArgument("muonrt_optimizer_load", "opt");
+    if (dir == nullptr) return NullArgument("muonrt_optimizer_load", "dir");
+    return opt->muon->Load(dir);
+  });
+}
+
+int muonrt_optimizer_plan_json(const muonrt_optimizer* opt, char* buf,
+                               size_t cap, size_t* len) {
+  return Guard("muonrt_optimizer_plan_json", [&]() -> absl::Status {
+    constexpr char kFn[] = "muonrt_optimizer_plan_json";
+    if (opt == nullptr) return NullArgument(kFn, "opt");
+    google::protobuf::util::JsonPrintOptions print;
+    print.preserve_proto_field_names = true;
+    std::string json;
+    const auto s = google::protobuf::util::MessageToJsonString(
+        opt->muon->plan(), &json, print);
+    if (!s.ok()) {
+      return absl::InternalError(
+          absl::StrCat(kFn, ": printing the plan: ", s.ToString()));
+    }
+    return WriteText(kFn, json, buf, cap, len);
+  });
+}
+
+int muonrt_optimizer_assignments_json(const muonrt_optimizer* opt, char* buf,
+                                      size_t cap, size_t* len) {
+  return Guard("muonrt_optimizer_assignments_json", [&]() -> absl::Status {
+    constexpr char kFn[] = "muonrt_optimizer_assignments_json";
+    if (opt == nullptr) return NullArgument(kFn, "opt");
+    std::string json = "{";
+    bool first_rank = true;
+    for (const auto& [rank, indices] : opt->muon->assignments()) {
+      absl::StrAppend(&json, first_rank ? "" : ", ", "\"", rank, "\": [");
+      first_rank = false;
+      for (size_t k = 0; k < indices.size(); ++k) {
+        absl::StrAppend(&json, k == 0 ? "" : ", ", indices[k]);
+      }
+      absl::StrAppend(&json, "]");
+    }
+    absl::StrAppend(&json, "}");
+    return WriteText(kFn, json, buf, cap, len);
+  });
+}
+
+int muonrt_optimizer_last_step_stats(const muonrt_optimizer* opt,
+                                     muonrt_step_stats* stats) {
+  return Guard("muonrt_optimizer_last_step_stats", [&]() -> absl::Status {
+    constexpr char kFn[] = "muonrt_optimizer_last_step_stats";
+    if (opt == nullptr) return NullArgument(kFn, "opt");
+    if (stats == nullptr) return NullArgument(kFn, "stats");
+    const muon::StepStats& s = opt->muon->last_step_stats();
+    stats->step = opt->muon->step_count();
+    stats->matrices_orthogonalized = s.matrices_orthogonalized;
+    stats->ns_flops = s.ns_flops;
+    stats->bytes_sent = s.bytes_sent;
+    stats->bytes_received = s.bytes_received;
+    stats->step_time_s = s.step_time_s;
+    stats->buffer_bytes = s.buffer_bytes;
+    return absl::OkStatus();
+  });
+}
+
+}  // extern "C"
