@@ -32,10 +32,21 @@ from .distributed import (ProcessGroup, Mesh, Shard, Replicate,
                           init_process_group, destroy_process_group,
                           get_default_group, is_initialized,
                           normalize_placement)
-from .optim import Muon
-from .params import split_params
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # torch is imported on first use of Muon / split_params, so that
+    # `import muonrt` (process groups, meshes, the library) works in an
+    # interpreter without torch.
+    if name == "Muon":
+        from .optim import Muon
+        return Muon
+    if name == "split_params":
+        from .params import split_params
+        return split_params
+    raise AttributeError(f"module 'muonrt' has no attribute {name!r}")
 
 
 def abi_version():

@@ -15,11 +15,12 @@
   module's ``Shard``/``Replicate``.
 """
 import atexit
+import ctypes
 import datetime
 import re
+import sys
 import threading
 import weakref
-import ctypes
 
 from . import _lib
 
@@ -135,11 +136,12 @@ def destroy_process_group(group=None):
 def _destroy_at_exit():
     # Optimizers and groups in the right order before the interpreter tears
     # modules down (their __del__ would then run in any order).
-    try:
-        from . import optim
-        optim._destroy_all()
-    except Exception:
-        pass
+    optim = sys.modules.get(__package__ + ".optim")
+    if optim is not None:
+        try:
+            optim._destroy_all()
+        except Exception:
+            pass
     if _default_group is not None:
         try:
             _default_group.destroy()
