@@ -143,13 +143,36 @@ def test_fsdp_ranks_match_single_process_bitwise(single, tmp_path, launcher,
 
 
 @pytest.mark.parametrize("layout_name, n", [("mixed", 2), ("hsdp_tp", 4),
-                                            ("hsdp", 4), ("dtensor", 2)])
+                                            ("hsdp", 4), ("dtensor", 2),
+                                            ("ddp", 2)])
 def test_other_layouts_match_single_process_bitwise(single, tmp_path,
                                                     layout_name, n):
     lib = library_or_skip()
     launch_muonrun(n, ["--layout", layout_name, "--steps", str(STEPS),
                        "--out", str(tmp_path)], lib)
     check_ranks(tmp_path, n, layout_name, single[0])
+
+
+def test_pipeline_stages_with_sub_mesh(single, tmp_path):
+    """Mesh pp=2, each rank holds only its stage's parameters (sub_mesh
+    "pp=<stage>"): bitwise the one-process result, each matrix owned within
+    its stage."""
+    lib = library_or_skip()
+    launch_muonrun(2, ["--layout", "pp", "--steps", str(STEPS), "--out",
+                       str(tmp_path)], lib)
+    total = 0
+    for rank in range(2):
+        r = torch.load(os.path.join(tmp_path, f"rank_{rank}.pt"))
+        names = [n for n, s in muon_worker.STAGES.items() if s == rank]
+        assert sorted(r["params"]) == sorted(names)
+        for name in names:
+            assert torch.equal(r["params"][name],
+                               single[0]["params"][name]), name
+            assert torch.equal(r["momentum"][name],
+                               single[0]["momentum"][name]), name
+        total += r["stats"]["matrices_orthogonalized"]
+        assert r["stats"]["bytes_sent"] == 0  # never gathered across pp
+    assert total == len(muon_worker.SHAPES)
 
 
 def test_checkpoint_of_four_ranks_resumes_on_two_and_on_one(single,

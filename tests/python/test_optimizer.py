@@ -306,3 +306,27 @@ def test_plan_assignments_and_stats():
     assert st["ns_flops"] > 0 and st["bytes_sent"] == 0
     assert opt.rank == 0 and opt.world_size == 1
     assert opt.process_group is None
+
+
+def test_expert_stack_slices_are_separate_matrices():
+    """A 3-D [experts, rows, cols] parameter named in expert_stacks: each
+    slice is stepped as its own matrix (its own shape for AdjustLR)."""
+    g = torch.Generator().manual_seed(12)
+    stack0 = torch.randn(3, 12, 5, generator=g)
+    grads = [torch.randn(3, 12, 5, generator=g) for _ in range(3)]
+    stack = torch.nn.Parameter(stack0.clone())
+    opt = muonrt.Muon([("experts.w1", stack)], lr=0.02,
+                      expert_stacks=["experts.w1"])
+    ref_params = [stack0[e].clone() for e in range(3)]
+    ref = ReferenceMuon(ref_params, lr=0.02)
+    for k in range(3):
+        stack.grad = grads[k].clone()
+        opt.step()
+        ref.step([grads[k][e] for e in range(3)])
+    assert len(opt.plan()["matrices"]) == 3
+    for e in range(3):
+        assert_close(stack.detach()[e], ref_params[e], stack0[e], what=f"expert {e}")
+    with pytest.raises(ValueError, match="must be 3-D"):
+        muonrt.Muon([("w", torch.zeros(3, 3))], expert_stacks=["w"])
+    with pytest.raises(ValueError, match="unknown parameters"):
+        muonrt.Muon([("w", torch.zeros(3, 3))], expert_stacks=["v"])

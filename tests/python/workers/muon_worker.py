@@ -27,6 +27,8 @@ import fake_dtensor  # noqa: E402
 
 SHAPES = {"w_tall": (24, 8), "w_wide": (6, 20), "w_square": (16, 16),
           "w_uneven": (10, 7)}
+# Pipeline stage of each parameter in the "pp" layout (sub_mesh "pp=<s>").
+STAGES = {"w_tall": 0, "w_wide": 0, "w_square": 1, "w_uneven": 1}
 OPTIONS = dict(lr=0.02, weight_decay=0.1, momentum=0.9)
 
 
@@ -45,6 +47,10 @@ def layout(name, world):
         assert world % 2 == 0
         return (["dp_shard", "tp"], [world // 2, 2],
                 {n: ["Shard(0)", "Shard(1)"] for n in SHAPES})
+    if name == "pp":  # pipeline stages: each rank holds its stage's params
+        return (["pp"], [world], {n: ["Replicate()"] for n in SHAPES})
+    if name == "ddp":  # no mesh or placements given: the defaults (DDP)
+        return (["dp"], [world], {n: ["Replicate()"] for n in SHAPES})
     if name == "dtensor":  # as "mixed", but DTensor-like parameters
         return (["dp_shard"], [world],
                 {"w_tall": ["Shard(0)"], "w_wide": ["Shard(1)"],
@@ -101,6 +107,13 @@ def run(layout_name, steps, out, save_at=None, ckpt=None, resume=None,
                  for n in SHAPES}
         kw = dict(mesh=muonrt.Mesh(names, sizes), placements=placements,
                   global_shapes=SHAPES, process_group=pg)
+        if layout_name == "pp":
+            local = {n: t for n, t in local.items() if STAGES[n] == rank}
+            kw["sub_mesh"] = {n: {"pp": STAGES[n]} for n in local}
+            kw["placements"] = {n: placements[n] for n in local}
+            kw["global_shapes"] = {n: SHAPES[n] for n in local}
+        if layout_name == "ddp":
+            kw = {}  # the default group, Mesh(["dp"], [world]), Replicate()
     dtensor = layout_name == "dtensor"
     if dtensor:
         # Mesh, placements (torch 2.x's spelling) and global shapes come
