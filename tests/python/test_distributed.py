@@ -3,8 +3,8 @@ bitwise the single process's parameters and momentum (each rank's shard),
 every matrix is orthogonalized once in the world, and a checkpoint of one
 layout resumes in another.
 
-Ranks are started by bazel-bin/tools/muonrun (torchrun's flags; the tests
-skip with a reason when it is not built) and, independently of it, by a
+Ranks are started by muonrun ($MUONRUN, else bazel-bin/tools/muonrun;
+torchrun's flags; the tests skip with a reason when it is not built) and, independently of it, by a
 plain spawner here that sets torchrun's environment itself. Every
 subprocess is bounded by a timeout.
 """
@@ -19,7 +19,8 @@ import torch
 from conftest import REPO, library_or_skip
 
 WORKER = os.path.join(REPO, "tests", "python", "workers", "muon_worker.py")
-MUONRUN = os.path.join(REPO, "bazel-bin", "tools", "muonrun")
+MUONRUN = os.environ.get("MUONRUN") or os.path.join(REPO, "bazel-bin",
+                                                     "tools", "muonrun")
 PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 TIMEOUT_S = 120
 STEPS = 6
@@ -58,8 +59,7 @@ def child_env(lib):
 
 def launch_muonrun(n, args, lib):
     if not os.access(MUONRUN, os.X_OK):
-        pytest.skip("bazel-bin/tools/muonrun is not built "
-                    "(bazel build //tools:muonrun)")
+        pytest.skip(f"{MUONRUN} is not built (bazel build //tools:muonrun)")
     cmd = [MUONRUN, "--nproc-per-node", str(n), "--master-addr", "127.0.0.1",
            "--master-port", str(free_port_pair()), "--timeout_s",
            str(TIMEOUT_S - 20), "--grace_s", "5", PY, WORKER] + args
