@@ -39,6 +39,27 @@ while read -r target status; do
   fi
 done < <(grep -E '^//[^ ]+ +(\(cached\) )?(PASSED|FAILED|TIMEOUT|NO STATUS|FLAKY)' /tmp/muon-test-output.txt \
           | sed -E 's/\(cached\) //' | awk '{print $1, $2}')
+# Python tests (the muonrt package over libmuonrt.so), counted the same way
+# from pytest's JUnit XML report.
+if [[ -d tests/python && $rc -eq 0 ]]; then
+  xml=/tmp/muon-pytest.xml
+  rm -f "$xml"
+  MUONRT_LIBRARY="$PWD/bazel-bin/capi/libmuonrt.so" PYTHONPATH="$PWD/python" \
+    MUONRUN="$PWD/bazel-bin/tools/muonrun" \
+    timeout -k 10 1800 /usr/bin/python3 -m pytest -q -p no:cacheprovider \
+    --junitxml="$xml" tests/python || rc=1
+  if [[ -f $xml ]]; then
+    attrs=$(grep -m1 -o '<testsuite [^>]*' "$xml")
+    num() { echo "$attrs" | grep -o " $1=\"[0-9]*\"" | grep -o '[0-9]*' || echo 0; }
+    t=$(num tests); f=$(num failures); e=$(num errors); s=$(num skipped)
+    passed=$(( passed + t - f - e - s ))
+    failed=$(( failed + f + e ))
+    skipped=$(( skipped + s ))
+  else
+    echo "run_tests: pytest wrote no report"
+    failed=$((failed + 1))
+  fi
+fi
 # The CUDA configuration must compile and link too (CI has the toolkit but no
 # GPU; GPU tests skip there with their reason).
 if [[ -x /usr/local/cuda/bin/nvcc ]]; then

@@ -1,0 +1,374 @@
+#!/usr/bin/python3
+"""Fashion-MNIST trained by a PyTorch model whose matrices muonrt.Muon steps.
+
+The main job (README's first command). Without --worker this is the
+launcher; it runs, in order and timed per epoch:
+  1. distributed: `muonrun --nproc-per-node N` ranks of this script
+     (--worker). Each rank computes forward/backward on its micro-batch
+     with autograd, the ranks' gradients are summed with torch.distributed
+     (all_gather, then a sum in rank order: a fixed order), and
+     muonrt.Muon steps the matrices with FSDP-style sharded optimizer state
+     (each rank hands the optimizer views of its rows, Shard(0) over a
+     dp_shard mesh; the rows are all-gathered back after the step), or DDP
+     (--layout ddp: replicated parameters, the owner of each matrix
+     orthogonalizes it and sends it to every replica);
+  2. single: the same trainer in one process, accumulating the N
+     micro-batches in rank order, stepped by muonrt.Muon;
+  3. torch_muon: the same single-process trainer stepped by a plain PyTorch
+     Muon step (torch.optim.Muon where PyTorch has it, else the same
+     algorithm written in PyTorch ops below), for the time per epoch.
+It ends with one line:
+  fashion-mnist: distributed_acc=... single_acc=... torch_muon_acc=...
+  max_abs_param_diff=... max_rel_loss_diff=... ranks=N layout=...
+  s_per_epoch distributed=... single=... torch_muon=... wall_s=...
+and exits non-zero when the distributed and single runs disagree by more
+than 1e-5 relative on the loss curve.
+"""
+
+import argparse
+import gzip
+import json
+import math
+import os
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+# One BLAS thread in every process (set before torch and libmuonrt load
+# OpenBLAS): the bits of a GEMM depend on the thread count, and the rank
+# processes and the single-process run must compute the same bits.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(REPO, "python"))
+import muonrt  # noqa: E402
+
+DATA_DIR = "/usr/share/datasets/fashion-mnist"
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--nproc", type=int, default=4, help="rank processes")
+    p.add_argument("--layout", choices=["fsdp", "ddp"], default="fsdp")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=1000)
+    p.add_argument("--hidden", type=int, default=512)
+    p.add_argument("--lr", type=float, default=0.02)
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--momentum", type=float, default=0.95)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--train-limit", type=int, default=0,
+                   help="use the first N training images (0 = all)")
+    p.add_argument("--data-dir", default=DATA_DIR)
+    p.add_argument("--log-every", type=int, default=20)
+    p.add_argument("--skip-torch-muon", action="store_true",
+                   help="do not run the plain-PyTorch Muon comparison")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", default="", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+# ---- Data ------------------------------------------------------------------
+
+def read_idx(path):
+    """An IDX file (optionally gzipped) as a numpy array."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    if len(data) < 4:
+        raise ValueError(f"{path}: not an IDX file")
+    zero, dtype, ndim = struct.unpack(">HBB", data[:4])
+    if zero != 0 or dtype != 0x08 or not 1 <= ndim <= 3:
+        raise ValueError(f"{path}: unsupported IDX header")
+    dims = struct.unpack(">" + "I" * ndim, data[4:4 + 4 * ndim])
+    count = int(np.prod(dims))
+    body = data[4 + 4 * ndim:]
+    if len(body) != count:
+        raise ValueError(f"{path}: {len(body)} bytes of data, expected {count}")
+    return np.frombuffer(body, dtype=np.uint8).reshape(dims)
+
+
+def load_data(args):
+    def load(prefix):
+        images = read_idx(os.path.join(args.data_dir, f"{prefix}-images-idx3-ubyte.gz"))
+        labels = read_idx(os.path.join(args.data_dir, f"{prefix}-labels-idx1-ubyte.gz"))
+        x = torch.from_numpy(images.reshape(len(images), -1).astype(np.float32) / 255.0)
+        return x, torch.from_numpy(labels.astype(np.int64))
+    train_x, train_y = load("train")
+    test_x, test_y = load("t10k")
+    if args.train_limit > 0:
+        train_x, train_y = train_x[:args.train_limit], train_y[:args.train_limit]
+    return train_x, train_y, test_x, test_y
+
+
+# ---- Model -----------------------------------------------------------------
+
+def make_model(args):
+    """A bias-free MLP 784-hidden-hidden-10; every matrix is Muon's."""
+    torch.manual_seed(args.seed)
+    return torch.nn.Sequential(
+        torch.nn.Linear(784, args.hidden, bias=False), torch.nn.ReLU(),
+        torch.nn.Linear(args.hidden, args.hidden, bias=False), torch.nn.ReLU(),
+        torch.nn.Linear(args.hidden, 10, bias=False))
+
+
+def micro_batch_grads(model, x, y, batch):
+    """Forward/backward of one micro-batch; loss summed and divided by the
+    full batch size, so micro-batch gradients add up to the batch's.
+    Returns (loss, [grad per parameter])."""
+    for p in model.parameters():
+        p.grad = None
+    loss = F.cross_entropy(model(x), y, reduction="sum") / batch
+    loss.backward()
+    return loss.detach(), [p.grad for p in model.parameters()]
+
+
+@torch.no_grad()
+def accuracy(model, x, y):
+    return (model(x).argmax(dim=1) == y).float().mean().item()
+
+
+# ---- A plain PyTorch Muon step (the peer the runtime is timed against) -----
+
+def zeropower_via_newtonschulz(g, a=3.4445, b=-4.7750, c=2.0315, steps=5, eps=1e-7):
+    x = g.float()
+    transposed = x.size(0) > x.size(1)
+    if transposed:
+        x = x.T
+    x = x / x.norm().clamp(min=eps)
+    for _ in range(steps):
+        m = x @ x.T
+        x = a * x + (b * m + c * m @ m) @ x
+    return x.T if transposed else x
+
+
+class TorchMuon(torch.optim.Optimizer):
+    """torch.optim.Muon's step written in PyTorch ops (PyTorch 1.13 has no
+    torch.optim.Muon): momentum lerp, Nesterov, Newton-Schulz, decoupled
+    weight decay, AdjustLR "original"."""
+
+    def __init__(self, params, lr, weight_decay, momentum):
+        super().__init__(params, dict(lr=lr, weight_decay=weight_decay,
+                                      momentum=momentum))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p.grad)
+                buf = state["momentum_buffer"]
+                buf.lerp_(p.grad, 1 - group["momentum"])
+                update = p.grad.lerp(buf, group["momentum"])
+                o = zeropower_via_newtonschulz(update)
+                adjusted = group["lr"] * math.sqrt(max(1.0, p.size(0) / p.size(1)))
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                p.add_(o, alpha=-adjusted)
+
+
+def torch_muon(params, args):
+    if hasattr(torch.optim, "Muon"):
+        return torch.optim.Muon(params, lr=args.lr, weight_decay=args.weight_decay,
+                                momentum=args.momentum)
+    return TorchMuon(params, args.lr, args.weight_decay, args.momentum)
+
+
+# ---- Training ----------------------------------------------------------------
+
+def epoch_order(n, epoch, seed):
+    g = torch.Generator().manual_seed(seed * 1000 + epoch)
+    return torch.randperm(n, generator=g)
+
+
+def train(args, data, world, rank=0, dist=None, muon_kind="muonrt", log=True):
+    """Trains with `world` micro-batches per step. dist None: one process
+    (accumulates the micro-batches itself); else this rank of `world`.
+    Returns losses, accuracy, final weights and seconds per epoch."""
+    train_x, train_y, test_x, test_y = data
+    model = make_model(args)
+    params = list(model.parameters())
+    names = [n for n, _ in model.named_parameters()]
+    batch = args.batch_size
+    micro = batch // world
+    steps_per_epoch = len(train_x) // batch
+    tag = "single" if dist is None else f"rank {rank}"
+    if muon_kind == "torch":
+        tag = "torch_muon"
+        opt = torch_muon(params, args)
+        shards = None
+    elif dist is not None and args.layout == "fsdp":
+        # Each rank's optimizer sees views of its rows (torch.chunk over
+        # dim 0): the momentum state is sharded, the weights live in `p`.
+        shards = []
+        for name, p in zip(names, params):
+            rows = torch.chunk(torch.arange(p.shape[0]), world)
+            r = rows[rank] if rank < len(rows) else torch.arange(0)
+            begin = int(r[0]) if len(r) else p.shape[0]
+            shard = torch.nn.Parameter(p.data[begin:begin + len(r)])
+            shards.append((name, shard, begin, len(r)))
+        opt = muonrt.Muon([(n, s) for n, s, _, _ in shards], lr=args.lr,
+                          weight_decay=args.weight_decay, momentum=args.momentum,
+                          mesh=muonrt.Mesh(["dp_shard"], [world]),
+                          placements=["Shard(0)"],
+                          global_shapes={n: tuple(p.shape) for n, p in zip(names, params)})
+    else:
+        shards = None
+        kwargs = {}
+        if dist is not None:
+            kwargs = dict(mesh=muonrt.Mesh(["dp_replicate"], [world]),
+                          placements=["Replicate()"])
+        opt = muonrt.Muon(list(zip(names, params)), lr=args.lr,
+                          weight_decay=args.weight_decay, momentum=args.momentum,
+                          **kwargs)
+    losses, epoch_s = [], []
+    for epoch in range(args.epochs):
+        order = epoch_order(len(train_x), epoch, args.seed)
+        t0 = time.perf_counter()
+        for s in range(steps_per_epoch):
+            idx = order[s * batch:(s + 1) * batch]
+            if dist is None:
+                total, summed = 0.0, None
+                for k in range(world):
+                    part = idx[k * micro:(k + 1) * micro]
+                    loss, grads = micro_batch_grads(model, train_x[part], train_y[part], batch)
+                    total = loss if k == 0 else total + loss
+                    summed = [g.clone() for g in grads] if k == 0 else \
+                        [a.add_(g) for a, g in zip(summed, grads)]
+                grads = summed
+            else:
+                part = idx[rank * micro:(rank + 1) * micro]
+                loss, mine = micro_batch_grads(model, train_x[part], train_y[part], batch)
+                grads = []
+                for g in mine:   # the ranks' gradients, summed in rank order
+                    parts = [torch.empty_like(g) for _ in range(world)]
+                    dist.all_gather(parts, g)
+                    acc = parts[0].clone()
+                    for q in range(1, world):
+                        acc.add_(parts[q])
+                    grads.append(acc)
+                losses_all = [torch.empty_like(loss) for _ in range(world)]
+                dist.all_gather(losses_all, loss)
+                total = losses_all[0]
+                for q in range(1, world):
+                    total = total + losses_all[q]
+            losses.append(float(total))
+            if shards is not None:
+                for (_, shard, begin, n), g in zip(shards, grads):
+                    shard.grad = g[begin:begin + n]
+            else:
+                for p, g in zip(params, grads):
+                    p.grad = g
+            opt.step()
+            if shards is not None:
+                unshard(params, shards, world, dist)
+            step = epoch * steps_per_epoch + s + 1
+            if log and (step == 1 or step % args.log_every == 0):
+                print(f"[{tag}] epoch {epoch + 1} step {s + 1}/{steps_per_epoch} "
+                      f"loss {losses[-1]:.5f} ({time.perf_counter() - t0:.1f} s)", flush=True)
+        epoch_s.append(time.perf_counter() - t0)
+        acc = accuracy(model, test_x, test_y)
+        if log:
+            print(f"[{tag}] epoch {epoch + 1} test accuracy {acc:.4f} "
+                  f"({epoch_s[-1]:.1f} s/epoch)", flush=True)
+    return dict(losses=losses, accuracy=acc, epoch_s=epoch_s,
+                weights=[p.detach().clone() for p in params])
+
+
+@torch.no_grad()
+def unshard(params, shards, world, dist):
+    """FSDP's all-gather: every rank's updated rows back into the full
+    weights (torch.chunk rows, padded to equal sizes for all_gather)."""
+    for p, (_, _, begin, n) in zip(params, shards):
+        chunk = -(-p.shape[0] // world)
+        mine = torch.zeros(chunk, p.shape[1])
+        mine[:n] = p.data[begin:begin + n]
+        parts = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(parts, mine)
+        row = 0
+        for q in range(world):
+            take = min(chunk, p.shape[0] - row)
+            if take > 0:
+                p.data[row:row + take] = parts[q][:take]
+            row += max(take, 0)
+
+
+def worker_main(args):
+    import torch.distributed as tdist
+    torch.set_num_threads(1)
+    tdist.init_process_group("gloo", init_method="env://")
+    pg = muonrt.init_process_group()
+    data = load_data(args)
+    result = train(args, data, pg.world_size, pg.rank, tdist, log=pg.rank == 0)
+    if pg.rank == 0:
+        torch.save(result, os.path.join(args.out, "distributed.pt"))
+    pg.barrier()
+    tdist.destroy_process_group()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def muonrun_path():
+    path = os.environ.get("MUONRUN", os.path.join(REPO, "bazel-bin", "tools", "muonrun"))
+    if not os.path.exists(path):
+        raise SystemExit(f"fashion-mnist: {path} not found (bazel build //tools:muonrun)")
+    return path
+
+
+def launcher_main(args):
+    start = time.perf_counter()
+    torch.set_num_threads(1)
+    data = load_data(args)
+    print(f"fashion-mnist: {len(data[0])} train / {len(data[2])} test images, "
+          f"MLP 784-{args.hidden}-{args.hidden}-10 (PyTorch), muonrt.Muon lr={args.lr}, "
+          f"{args.epochs} epochs, batch {args.batch_size}; distributed run: muonrun "
+          f"--nproc-per-node {args.nproc}, layout {args.layout}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="fashion-mnist-torch-") as out:
+        port = free_port()
+        cmd = [muonrun_path(), "--nproc-per-node", str(args.nproc),
+               "--master-addr", "127.0.0.1", "--master-port", str(port),
+               sys.executable, os.path.abspath(__file__), "--worker", "--out", out]
+        cmd += [a for a in sys.argv[1:] if a not in ("--worker",)]
+        rc = subprocess.call(cmd, timeout=3600)
+        if rc != 0:
+            raise SystemExit(f"fashion-mnist: the distributed run failed (muonrun exit {rc})")
+        dist = torch.load(os.path.join(out, "distributed.pt"))
+    single = train(args, data, args.nproc)
+    ref = None if args.skip_torch_muon else train(args, data, args.nproc, muon_kind="torch")
+    max_diff = max(float((a - b).abs().max()) for a, b in zip(dist["weights"], single["weights"]))
+    max_rel = max(abs(a - b) / max(1e-12, abs(a)) for a, b in zip(single["losses"], dist["losses"]))
+    mean = lambda v: sum(v) / len(v)
+    torch_acc = f"{ref['accuracy']:.4f}" if ref else "skipped"
+    torch_s = f"{mean(ref['epoch_s']):.2f}" if ref else "skipped"
+    print(f"fashion-mnist: distributed_acc={dist['accuracy']:.4f} single_acc={single['accuracy']:.4f} "
+          f"torch_muon_acc={torch_acc} max_abs_param_diff={max_diff:g} "
+          f"max_rel_loss_diff={max_rel:g} ranks={args.nproc} layout={args.layout} "
+          f"s_per_epoch distributed={mean(dist['epoch_s']):.2f} single={mean(single['epoch_s']):.2f} "
+          f"torch_muon={torch_s} wall_s={time.perf_counter() - start:.1f}", flush=True)
+    if len(dist["losses"]) != len(single["losses"]) or max_rel > 1e-5:
+        raise SystemExit("fashion-mnist: the distributed and single-process loss curves disagree")
+
+
+def main():
+    args = parse_args()
+    if args.worker:
+        worker_main(args)
+    else:
+        launcher_main(args)
+
+
+if __name__ == "__main__":
+    main()
