@@ -70,7 +70,6 @@ Differences from torch.optim.Muon
 """
 import ctypes
 import json
-import math
 import os
 import weakref
 
@@ -492,9 +491,11 @@ class Muon(torch.optim.Optimizer):
                     f"({s.placements}) but its global shape is unknown: pass "
                     f"global_shapes={{name: shape}} (the local shard is "
                     f"{list(s.local_shape)})")
-            sm = _global_value(sub_mesh, s.name, s.param, "sub_mesh") \
-                if not isinstance(sub_mesh, dict) else sub_mesh.get(s.name)
-            if isinstance(sm, dict):
+            if isinstance(sub_mesh, dict):  # unlisted: no restriction
+                sm = sub_mesh.get(s.name)
+            else:
+                sm = _global_value(sub_mesh, s.name, s.param, "sub_mesh")
+            if isinstance(sm, dict):  # {"pp": 1} -> "pp=1"
                 sm = ",".join(f"{k}={v}" for k, v in sm.items())
             s.sub_mesh = sm or None
 

@@ -1,5 +1,4 @@
 """muonrt._lib: finding the library, ABI version, status -> exception."""
-import ctypes
 import os
 import shutil
 import subprocess

@@ -1,6 +1,5 @@
 """muonrt.split_params on a small language model: Muon gets the hidden
 layers' matrices; embeddings, the head, norms and biases go to AdamW."""
-import pytest
 import torch
 
 import muonrt

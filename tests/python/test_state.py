@@ -2,7 +2,6 @@
 save_checkpoint / load_checkpoint: a resumed run equals the uninterrupted
 one bitwise."""
 import json
-import os
 
 import pytest
 import torch
