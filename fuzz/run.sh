@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Runs one libFuzzer target for SECONDS on its corpus and reports.
+#
+# Usage: fuzz/run.sh TARGET SECONDS      TARGET: spec, manifest, npy, checkpoint
+#   Builds the target (fuzz/build.sh), then fuzzes with the committed seeds
+#   fuzz/corpus/TARGET/ (read only) and a working corpus
+#   fuzz/out/corpus/TARGET/ (git-ignored; new inputs go there and are reused
+#   by later runs), -timeout=10 -rss_limit_mb=2048, -max_len per target.
+#   A crash, sanitizer report, leak, timeout or OOM stops the run; its
+#   reproducer is written to fuzz/out/artifacts/TARGET/ (crash-*, leak-*,
+#   timeout-*, oom-*) and the script exits non-zero. Replay one with
+#   `fuzz/out/TARGET_fuzzer FILE`.
+# Env: FUZZ_KEEP_GOING=1 keeps fuzzing after a crash/timeout/OOM (libFuzzer's
+#   -fork=1 with -ignore_crashes/-ignore_timeouts/-ignore_ooms) to collect
+#   several distinct reproducers in one run; any artifact still fails it.
+#   FUZZ_NO_BUILD=1 skips the build.
+# Prints one line "fuzz TARGET: N execs in S s, C crashes, T timeouts,
+# O ooms/leaks, K corpus units" and the artifacts' paths.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+if [[ $# -ne 2 || ! $2 =~ ^[0-9]+$ ]]; then
+  echo "usage: fuzz/run.sh TARGET SECONDS" >&2
+  exit 2
+fi
+target=$1
+seconds=$2
+case $target in
+  spec) max_len=16384 ;;
+  manifest) max_len=8192 ;;
+  npy) max_len=4096 ;;
+  checkpoint) max_len=8192 ;;
+  *) echo "fuzz/run.sh: unknown target $target (spec, manifest, npy, checkpoint)" >&2; exit 2 ;;
+esac
+bin=fuzz/out/${target}_fuzzer
+if [[ ${FUZZ_NO_BUILD:-0} != 1 ]]; then
+  bash fuzz/build.sh "$target" || { echo "fuzz $target: build failed"; exit 2; }
+fi
+seeds=fuzz/corpus/$target
+work=fuzz/out/corpus/$target
+artifacts=fuzz/out/artifacts/$target
+mkdir -p "$work" "$artifacts"
+log=fuzz/out/$target.log
+marker=fuzz/out/.$target.start
+touch "$marker"
+args=(-max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048
+  -max_len="$max_len" -artifact_prefix="$artifacts/" -print_final_stats=1)
+if [[ ${FUZZ_KEEP_GOING:-0} == 1 ]]; then
+  args+=(-fork=1 -ignore_crashes=1 -ignore_timeouts=1 -ignore_ooms=1)
+fi
+start=$(date +%s)
+"$bin" "${args[@]}" "$work" "$seeds" >"$log" 2>&1
+status=$?
+elapsed=$(( $(date +%s) - start ))
+crashes=$(grep -c -E '^(==[0-9]+==ERROR|.*runtime error:|==[0-9]+== ERROR: libFuzzer: deadly signal)' "$log")
+timeouts=$(grep -c 'ERROR: libFuzzer: timeout' "$log")
+ooms=$(grep -c -E 'ERROR: libFuzzer: out-of-memory|ERROR: LeakSanitizer' "$log")
+execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | awk '{s += $2} END {print s + 0}')
+if [[ $execs -eq 0 ]]; then
+  # Fork mode prints no final stats: take the last status line's count.
+  execs=$(grep -o '^#[0-9]*' "$log" | tail -1 | tr -d '#')
+fi
+units=$(find "$work" -type f | wc -l)
+echo "fuzz $target: ${execs:-0} execs in ${elapsed} s, $crashes crashes, $timeouts timeouts, $ooms ooms/leaks, $units corpus units (log: $log)"
+arts=$(find "$artifacts" -type f -newer "$marker" | sort)
+if [[ -n $arts ]]; then
+  echo "fuzz $target: reproducers (replay with $bin FILE):"
+  echo "$arts" | sed 's/^/  /'
+  grep -m3 -E 'ERROR|runtime error|terminate called|what\(\)' "$log" | sed 's/^/  /'
+fi
+if [[ $status -ne 0 || $crashes -ne 0 || $timeouts -ne 0 || $ooms -ne 0 ]]; then
+  echo "fuzz $target: FAILED (libFuzzer exit $status)"
+  exit 1
+fi
+echo "fuzz $target: OK"
