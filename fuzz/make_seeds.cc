@@ -53,8 +53,7 @@ std::string EncodeJoins(const std::vector<muon::v1::JoinRequest>& joins) {
     google::protobuf::io::CodedOutputStream coded(&stream);
     for (const auto& j : joins) {
       std::string bytes = j.SerializeAsString();
-      coded.WriteTag(
-          (1 << 3) | 2);  // field 1, wire type 2 (length-delimited)
+      coded.WriteTag((1 << 3) | 2);  // field 1, wire type 2 (length-delimited)
       coded.WriteVarint32(static_cast<uint32_t>(bytes.size()));
       coded.WriteString(bytes);
     }

@@ -33,9 +33,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!muon::WriteNpy(out, a->shape, a->data.data()).ok()) return 0;
   absl::StatusOr<muon::NpyArray> b = muon::ReadNpy(out);
   if (!b.ok() || b->shape != a->shape || b->data.size() != a->data.size() ||
-      (!a->data.empty() &&
-       std::memcmp(b->data.data(), a->data.data(),
-                   a->data.size() * sizeof(float)) != 0)) {
+      (!a->data.empty() && std::memcmp(b->data.data(), a->data.data(),
+                                       a->data.size() * sizeof(float)) != 0)) {
     __builtin_trap();
   }
   return 0;

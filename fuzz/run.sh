@@ -5,7 +5,7 @@
 #   Builds the target (fuzz/build.sh), then fuzzes with the committed seeds
 #   fuzz/corpus/TARGET/ (read only) and a working corpus
 #   fuzz/out/corpus/TARGET/ (git-ignored; new inputs go there and are reused
-#   by later runs), -timeout=10 -rss_limit_mb=2048, -max_len per target.
+#   by later runs), the dictionary fuzz/dict/TARGET.dict, -timeout=10 -rss_limit_mb=2048, -max_len per target.
 #   A crash, sanitizer report, leak, timeout or OOM stops the run; its
 #   reproducer is written to fuzz/out/artifacts/TARGET/ (crash-*, leak-*,
 #   timeout-*, oom-*) and the script exits non-zero. Replay one with
@@ -44,6 +44,7 @@ marker=fuzz/out/.$target.start
 touch "$marker"
 args=(-max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048
   -max_len="$max_len" -artifact_prefix="$artifacts/" -print_final_stats=1)
+if [[ -f fuzz/dict/$target.dict ]]; then args+=(-dict="fuzz/dict/$target.dict"); fi
 if [[ ${FUZZ_KEEP_GOING:-0} == 1 ]]; then
   args+=(-fork=1 -ignore_crashes=1 -ignore_timeouts=1 -ignore_ooms=1)
 fi

@@ -76,6 +76,29 @@ if ! bash tools/check_format.sh; then
   failed=$((failed + 1))
   rc=1
 fi
+# Fuzzing: each libFuzzer target (fuzz/: job spec, manifests + Join, .npy
+# reader, checkpoint reader) built with clang-14 and run for
+# ${MUON_FUZZ_SECONDS:-30} s on its corpus, one after another; each target
+# counts as one test (a crash, sanitizer report, leak, timeout or OOM fails
+# it; the reproducer's path is printed).
+if ! command -v clang++-14 >/dev/null; then
+  echo "run_tests: clang++-14 not found (apt-get install clang-14 libfuzzer-14-dev): skipping the fuzz targets"
+elif [[ ! -f $(clang++-14 -print-file-name=libclang_rt.fuzzer-x86_64.a) ]]; then
+  echo "run_tests: libFuzzer runtime not found (apt-get install libfuzzer-14-dev): skipping the fuzz targets"
+elif ! bash fuzz/build.sh; then
+  echo "run_tests: fuzz/build.sh failed"
+  failed=$((failed + 1))
+  rc=1
+else
+  for target in spec manifest npy checkpoint; do
+    if FUZZ_NO_BUILD=1 bash fuzz/run.sh "$target" "${MUON_FUZZ_SECONDS:-30}"; then
+      passed=$((passed + 1))
+    else
+      failed=$((failed + 1))
+      rc=1
+    fi
+  done
+fi
 if [[ $rc -ne 0 && $failed -eq 0 ]]; then failed=1; fi
 bazel shutdown >/dev/null 2>&1 || true
 echo "$passed passed, $failed failed, $skipped skipped"

@@ -8,6 +8,7 @@ packages=(
   libgloo-dev libopenblas-dev zlib1g-dev dataset-fashion-mnist clang-format
   nlohmann-json3-dev python3-torch python3-pytest python3-numpy
   iproute2  # ip netns: tests/multihost:two_hosts_test
+  clang-14 libfuzzer-14-dev  # fuzz/: libFuzzer targets (fuzz/build.sh)
 )
 missing=()
 for p in "${packages[@]}"; do
