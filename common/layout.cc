@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <set>
 
 #include "absl/strings/ascii.h"
@@ -9,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "common/checked_math.h"
 
 namespace muon {
 
@@ -49,9 +51,10 @@ Mesh Mesh::OneDim(int world_size, const std::string& name) {
 }
 
 int Mesh::world_size() const {
-  int w = 1;
-  for (int s : sizes) w *= s;
-  return w;
+  // Checked: a mesh whose product overflows (3 x 1431655766) must not wrap
+  // into a small world; Validate rejects it.
+  std::optional<int64_t> w = CheckedProduct(sizes, kMaxWorldSize);
+  return w.has_value() ? static_cast<int>(*w) : -1;
 }
 
 std::vector<int> Mesh::Coord(int rank) const {
@@ -89,6 +92,11 @@ absl::Status Mesh::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "mesh has ", names.size(), " names but ", sizes.size(), " sizes"));
   }
+  if (ndim() > kMaxMeshDims) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("mesh ", ToString(), " has ", ndim(), " dims; at most ",
+                     kMaxMeshDims, " are supported"));
+  }
   std::set<std::string> seen;
   for (int d = 0; d < ndim(); ++d) {
     if (names[d].empty()) {
@@ -103,6 +111,14 @@ absl::Status Mesh::Validate() const {
       return absl::InvalidArgumentError(absl::StrCat(
           "mesh dim \"", names[d], "\" has size ", sizes[d], "; must be >= 1"));
     }
+  }
+  if (world_size() < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "mesh ", ToString(), " has more than ", kMaxWorldSize,
+        " ranks (the product of its sizes is ",
+        CheckedProduct(sizes).has_value() ? absl::StrCat(*CheckedProduct(sizes))
+                                          : std::string("beyond int64"),
+        "); the world size must be at most ", kMaxWorldSize));
   }
   return absl::OkStatus();
 }

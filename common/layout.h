@@ -48,7 +48,9 @@ struct Mesh {
   // A 1-D mesh of `world_size` ranks named `name`.
   static Mesh OneDim(int world_size, const std::string& name = "dp_shard");
   int ndim() const { return static_cast<int>(sizes.size()); }
-  // Product of the sizes (1 for a 0-D mesh).
+  // Product of the sizes (1 for a 0-D mesh), computed with checked
+  // arithmetic; -1 when it exceeds kMaxWorldSize (common/checked_math.h)
+  // or overflows. Validate rejects such a mesh.
   int world_size() const;
   // Coordinate of `rank`; requires 0 <= rank < world_size().
   std::vector<int> Coord(int rank) const;
@@ -58,7 +60,9 @@ struct Mesh {
   int DimIndex(absl::string_view name) const;
   // "dp_shard=4" or "tp=2 x dp_shard=4".
   std::string ToString() const;
-  // Errors: InvalidArgument when a size is < 1, names repeat or are empty.
+  // Errors: InvalidArgument when a size is < 1, names repeat or are empty,
+  // there are more than kMaxMeshDims dims, or the world size exceeds
+  // kMaxWorldSize (the message names the mesh and the product).
   absl::Status Validate() const;
 
   friend bool operator==(const Mesh& a, const Mesh& b) {

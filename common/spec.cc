@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/checked_math.h"
 #include "common/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -193,6 +194,41 @@ absl::Status CheckParamShape(
                        ShapeToString(shape), "; dims must be >= 1"));
     }
   }
+  if (shape.size() == 3 && shape[0] > kMaxExperts) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parameter \"", param, "\" has shape ", ShapeToString(shape), ": ",
+        shape[0], " experts exceeds the limit of ", kMaxExperts));
+  }
+  if (!CheckedProduct(shape, kMaxParamElements).has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parameter \"", param, "\" has shape ",
+                     ShapeToString(shape), ": more than ", kMaxParamElements,
+                     " elements (the limit per parameter)"));
+  }
+  return absl::OkStatus();
+}
+
+int64_t NumMatrices(const google::protobuf::RepeatedField<int64_t>& shape) {
+  return shape.size() == 3 ? shape[0] : 1;
+}
+
+absl::Status CheckJobSize(const Mesh& mesh, int64_t num_params,
+                          int64_t num_matrices) {
+  MUON_RETURN_IF_ERROR(mesh.Validate());
+  if (num_params > kMaxParams) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the job has ", num_params, " parameters; at most ",
+                     kMaxParams, " are supported"));
+  }
+  if (!CheckedProduct({num_matrices, int64_t{mesh.world_size()}},
+                      kMaxMatrixRankBoxes)
+           .has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the job has ", num_matrices, " matrices over the mesh ",
+                     mesh.ToString(), " (", mesh.world_size(),
+                     " ranks): matrices x world size must be at most ",
+                     kMaxMatrixRankBoxes));
+  }
   return absl::OkStatus();
 }
 
@@ -254,6 +290,12 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     return absl::InvalidArgumentError(
         absl::StrCat("mesh: ", mesh_status.message()));
   }
+  if (spec.params_size() > kMaxParams) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the job spec has ", spec.params_size(),
+                     " parameters; at most ", kMaxParams, " are supported"));
+  }
+  int64_t num_matrices = 0;
   std::set<std::string> names;
   for (int i = 0; i < spec.params_size(); ++i) {
     const v1::ParamSpec& param = spec.params(i);
@@ -266,6 +308,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
           "parameter \"", param.name(), "\" is listed more than once"));
     }
     MUON_RETURN_IF_ERROR(CheckParamShape(param.name(), param.shape()));
+    num_matrices += NumMatrices(param.shape());
     MUON_ASSIGN_OR_RETURN(
         std::vector<Placement> placements,
         CheckMatrixPlacements(param.name(), param.placements(), mesh,
@@ -274,6 +317,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
         CheckSubMesh(param.name(), param.sub_mesh(), placements, mesh)
             .status());
   }
+  MUON_RETURN_IF_ERROR(CheckJobSize(mesh, spec.params_size(), num_matrices));
   return absl::OkStatus();
 }
 

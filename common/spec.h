@@ -52,7 +52,21 @@ absl::StatusOr<v1::JobSpec> LoadJobSpec(const std::string& path);
 // (the same spelling ParseJobSpecJson reads).
 std::string JobSpecToJson(const v1::JobSpec& spec);
 
-// Checks a spec: mesh sizes >= 1 with unique non-empty names; each
+// Checks the size of a whole job before anything is sized by it: the
+// mesh's world size (Mesh::Validate: at most kMaxWorldSize ranks, checked
+// product), at most kMaxParams parameters, and `num_matrices` x world size
+// (the per-rank boxes the planner keeps) at most kMaxMatrixRankBoxes.
+// Errors:
+//   InvalidArgument: names the mesh, the count and the limit.
+absl::Status CheckJobSize(const Mesh& mesh, int64_t num_params,
+                          int64_t num_matrices);
+
+// Matrices of a checked parameter shape: 1 for 2-D, shape[0] for 3-D.
+int64_t NumMatrices(const google::protobuf::RepeatedField<int64_t>& shape);
+
+// Checks a spec: mesh sizes >= 1 with unique non-empty names, at most
+// kMaxMeshDims dims and kMaxWorldSize ranks, kMaxParams parameters (see
+// CheckJobSize and CheckParamShape for the size limits); each
 // parameter has a non-empty unique name, a 2-D [rows, cols] or 3-D
 // [experts, rows, cols] (expert stack) shape with dims >= 1, one placement
 // per mesh dim, placements that parse, no Partial, Shard dims below the
@@ -104,9 +118,11 @@ absl::StatusOr<std::vector<Placement>> CheckMatrixPlacements(
     const Mesh& mesh, int tensor_ndim = 2);
 
 // Checks a parameter's global shape: 2-D [rows, cols] or 3-D [experts,
-// rows, cols] (an expert stack), every dim >= 1.
+// rows, cols] (an expert stack), every dim >= 1, at most kMaxExperts
+// experts and kMaxParamElements elements in all (common/checked_math.h;
+// the product is computed with checked int64 arithmetic).
 // Errors:
-//   InvalidArgument: names the parameter and the shape.
+//   InvalidArgument: names the parameter, the shape and the exceeded limit.
 absl::Status CheckParamShape(
     absl::string_view param,
     const google::protobuf::RepeatedField<int64_t>& shape);

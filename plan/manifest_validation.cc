@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/checked_math.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
 
@@ -212,6 +213,11 @@ absl::StatusOr<Union> BuildUnion(
   absl::flat_hash_map<std::string, int> index;
   for (int r = 0; r < n; ++r) {
     const v1::RankManifest& m = manifests[r];
+    if (m.params_size() > kMaxParams) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", r, " lists ", m.params_size(),
+                       " parameters; at most ", kMaxParams, " are supported"));
+    }
     std::set<std::string> seen;
     // Per first-listing rank q: the last union index (of a parameter first
     // listed by q) seen on this rank, to check the relative order.
@@ -442,6 +448,15 @@ absl::StatusOr<JobLayout> ValidateManifests(
   JobLayout layout;
   MUON_RETURN_IF_ERROR(CheckRanksMeshAndOptions(manifests, &layout));
   MUON_ASSIGN_OR_RETURN(Union u, BuildUnion(manifests));
+  // Sizes first (checked arithmetic, documented limits), before any
+  // per-rank table is sized by them.
+  int64_t num_matrices = 0;
+  for (const v1::ParamManifest* p : u.first) {
+    MUON_RETURN_IF_ERROR(CheckParamShape(p->name(), p->global_shape()));
+    num_matrices += NumMatrices(p->global_shape());
+  }
+  MUON_RETURN_IF_ERROR(CheckJobSize(
+      layout.mesh, static_cast<int64_t>(u.first.size()), num_matrices));
   for (int i = 0; i < static_cast<int>(u.first.size()); ++i) {
     MUON_RETURN_IF_ERROR(AddParam(manifests, u, i, &layout));
   }

@@ -71,6 +71,32 @@ absl::StatusOr<SpecParams> LoadSpec(const std::string& path) {
   MUON_ASSIGN_OR_RETURN(s.spec, LoadJobSpec(path));
   MUON_RETURN_IF_ERROR(ValidateJobSpec(s.spec));
   s.mesh = MeshFromProto(s.spec.mesh());
+  // Bounds of a local check, before any process is forked or any full
+  // tensor allocated (ValidateJobSpec already bounded every product).
+  if (s.mesh.world_size() > kMaxValidateRanks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job spec \"", path, "\": mesh ", s.mesh.ToString(),
+                     " has ", s.mesh.world_size(),
+                     " ranks; validate starts one local process per "
+                     "rank and runs at most ",
+                     kMaxValidateRanks));
+  }
+  int64_t total = 0;
+  for (const v1::ParamSpec& p : s.spec.params()) {
+    // Each shape's product is at most kMaxParamElements (checked by
+    // ValidateJobSpec), and there are at most kMaxParams: no overflow.
+    int64_t n = 1;
+    for (int64_t d : p.shape()) n *= d;
+    total += n;
+    if (total > kMaxValidateElements) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("job spec \"", path, "\": the parameters up to \"",
+                       p.name(), "\" hold ", total,
+                       " elements; validate keeps full copies in one "
+                       "process and accepts at most ",
+                       kMaxValidateElements));
+    }
+  }
   for (const v1::ParamSpec& p : s.spec.params()) {
     MUON_ASSIGN_OR_RETURN(std::vector<Placement> pl,
                           ParsePlacements(p.placements(), p.name()));
@@ -107,8 +133,9 @@ absl::StatusOr<std::vector<float>> FullTensor(const ValidateOptions& o,
     return Synthetic(o.seed, step, i, Numel(shape), step < 0 ? 0.1 : 1.0);
   }
   const std::string path =
-      step < 0 ? absl::StrCat(dir, "/", p.name(), ".npy")
-               : absl::StrCat(dir, "/", step, "/", p.name(), ".npy");
+      step < 0
+          ? absl::StrCat(dir, "/", NpyFileName(p.name()), ".npy")
+          : absl::StrCat(dir, "/", step, "/", NpyFileName(p.name()), ".npy");
   MUON_ASSIGN_OR_RETURN(NpyArray a, ReadNpy(path));
   if (a.shape != shape) {
     return absl::InvalidArgumentError(
@@ -524,11 +551,12 @@ absl::Status RunValidate(const ValidateOptions& o, std::ostream& out) {
       MUON_RETURN_IF_ERROR(MakeDirs(o.dump_dir + "/distributed"));
       MUON_RETURN_IF_ERROR(MakeDirs(o.dump_dir + "/single"));
       MUON_RETURN_IF_ERROR(
-          WriteNpy(absl::StrCat(o.dump_dir, "/distributed/", ps.name(), ".npy"),
+          WriteNpy(absl::StrCat(o.dump_dir, "/distributed/",
+                                NpyFileName(ps.name()), ".npy"),
                    shape, dist_full.data()));
-      MUON_RETURN_IF_ERROR(
-          WriteNpy(absl::StrCat(o.dump_dir, "/single/", ps.name(), ".npy"),
-                   shape, single.data[i].data()));
+      MUON_RETURN_IF_ERROR(WriteNpy(
+          absl::StrCat(o.dump_dir, "/single/", NpyFileName(ps.name()), ".npy"),
+          shape, single.data[i].data()));
     }
   }
   RemoveTree(dir);

@@ -13,6 +13,16 @@
 
 namespace muon {
 
+// Limits of a local check, checked before any rank process is forked: the
+// mesh's world size (one process per rank) and the elements of all
+// parameters together (full fp32 copies are held in one process).
+inline constexpr int kMaxValidateRanks = 256;
+inline constexpr int64_t kMaxValidateElements = int64_t{1} << 28;
+
+// Parameter files (--init, --grads, --dump) are named
+// NpyFileName(parameter name) + ".npy" (tools/npy.h): every byte outside
+// [A-Za-z0-9_.-] is written %XX, so no name ("../../x", "/abs", "a/b")
+// reaches outside its folder.
 struct ValidateOptions {
   std::string spec_path;
   int steps = 3;
@@ -50,7 +60,9 @@ struct ValidateOptions {
 
 // Runs the check and prints a table (parameter, global shape, max abs
 // difference) and a summary line to `out`.
-// Errors: InvalidArgument (bad spec or files, naming them); Aborted when a
+// Errors: InvalidArgument (bad spec or files, naming them; a mesh of more
+// than kMaxValidateRanks ranks or more than kMaxValidateElements elements,
+// before anything is forked); Aborted when a
 // rank process failed (its stderr is passed through); DataLoss when the
 // results differ by more than the tolerance or the zero-redundancy counts
 // do not add up.

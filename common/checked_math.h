@@ -1,0 +1,69 @@
+// Checked int64 arithmetic for products of sizes (mesh world size, numel,
+// bytes), and the documented input limits every spec, manifest and file is
+// checked against before anything is allocated from it.
+//
+// Thread-safety: pure functions and constants.
+#ifndef MUON_COMMON_CHECKED_MATH_H_
+#define MUON_COMMON_CHECKED_MATH_H_
+
+#include <cstdint>
+#include <initializer_list>
+#include <optional>
+
+namespace muon {
+
+// Input limits (see README "Failure handling and security"). They are far
+// above any real job and low enough that every derived size (bytes, FLOPs,
+// per-rank tables) fits in int64 and in memory.
+//
+// Ranks in a mesh (the product of its sizes).
+inline constexpr int64_t kMaxWorldSize = int64_t{1} << 20;
+// Dims of a device mesh.
+inline constexpr int kMaxMeshDims = 8;
+// Parameters in one job spec or one rank's manifest.
+inline constexpr int64_t kMaxParams = int64_t{1} << 20;
+// Experts (slices) in one 3-D expert stack.
+inline constexpr int64_t kMaxExperts = int64_t{1} << 16;
+// Elements of one parameter (all slices of a stack): 2^40 fp32 values is
+// 4 TiB, so its byte count (x 4) and a matrix's NS FLOPs cannot overflow.
+inline constexpr int64_t kMaxParamElements = int64_t{1} << 40;
+// Per-rank boxes the planner keeps: matrices x world size (32 bytes each).
+inline constexpr int64_t kMaxMatrixRankBoxes = int64_t{1} << 24;
+
+// a * b, or nullopt when it overflows int64.
+inline std::optional<int64_t> CheckedMul(int64_t a, int64_t b) {
+  int64_t out = 0;
+  if (__builtin_mul_overflow(a, b, &out)) return std::nullopt;
+  return out;
+}
+
+// a + b, or nullopt when it overflows int64.
+inline std::optional<int64_t> CheckedAdd(int64_t a, int64_t b) {
+  int64_t out = 0;
+  if (__builtin_add_overflow(a, b, &out)) return std::nullopt;
+  return out;
+}
+
+// Product of `values` (1 when empty), or nullopt when any partial product
+// overflows int64 or exceeds `limit`. Values must be >= 0 for the limit to
+// mean anything; a 0 makes the product 0 (still checked up to it).
+template <typename Range>
+std::optional<int64_t> CheckedProduct(const Range& values,
+                                      int64_t limit = INT64_MAX) {
+  int64_t out = 1;
+  for (auto v : values) {
+    std::optional<int64_t> next = CheckedMul(out, static_cast<int64_t>(v));
+    if (!next.has_value() || *next > limit) return std::nullopt;
+    out = *next;
+  }
+  return out;
+}
+
+inline std::optional<int64_t> CheckedProduct(
+    std::initializer_list<int64_t> values, int64_t limit = INT64_MAX) {
+  return CheckedProduct<std::initializer_list<int64_t>>(values, limit);
+}
+
+}  // namespace muon
+
+#endif  // MUON_COMMON_CHECKED_MATH_H_

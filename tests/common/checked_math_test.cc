@@ -1,0 +1,154 @@
+// Tests of common/checked_math.h and of the size limits it documents, as
+// Mesh::Validate, CheckParamShape, CheckJobSize and ValidateJobSpec apply
+// them (issue 10 item 4: no product of sizes may wrap).
+#include "common/checked_math.h"
+
+#include <string>
+#include <vector>
+
+#include "common/layout.h"
+#include "common/spec.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/status_matchers.h"
+
+namespace muon {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+constexpr absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
+
+TEST(CheckedMathTest, CheckedMul_Overflow_ReturnsNullopt) {
+  EXPECT_EQ(CheckedMul(3, 1431655766), int64_t{4294967298});
+  EXPECT_FALSE(CheckedMul(INT64_MAX, 2).has_value());
+  EXPECT_FALSE(CheckedMul(int64_t{1} << 32, int64_t{1} << 31).has_value());
+  EXPECT_EQ(CheckedMul(-4, 5), -20);
+}
+
+TEST(CheckedMathTest, CheckedAdd_Overflow_ReturnsNullopt) {
+  EXPECT_EQ(CheckedAdd(1, 2), 3);
+  EXPECT_FALSE(CheckedAdd(INT64_MAX, 1).has_value());
+}
+
+TEST(CheckedMathTest, CheckedProduct_LimitAndOverflow_ReturnsNullopt) {
+  EXPECT_EQ(CheckedProduct(std::vector<int>{}), 1);
+  EXPECT_EQ(CheckedProduct(std::vector<int>{2, 3, 4}), 24);
+  EXPECT_EQ(CheckedProduct(std::vector<int>{2, 3, 4}, 24), 24);
+  EXPECT_FALSE(CheckedProduct(std::vector<int>{2, 3, 4}, 23).has_value());
+  EXPECT_FALSE(
+      CheckedProduct({int64_t{1} << 40, int64_t{1} << 40}).has_value());
+  EXPECT_EQ(CheckedProduct({0, INT64_MAX}), 0);
+}
+
+TEST(CheckedMathTest, MeshValidate_ProductOverflowsInt_ReturnsInvalidArgument) {
+  // 3 x 1431655766 = 2^32 + 2 wrapped to a 2-rank world before.
+  Mesh mesh{{"dp", "tp"}, {3, 1431655766}};
+  EXPECT_EQ(mesh.world_size(), -1);
+  EXPECT_THAT(
+      mesh.Validate(),
+      StatusIs(kInvalid, AllOf(HasSubstr("dp=3 x tp=1431655766"),
+                               HasSubstr("4294967298"), HasSubstr("1048576"))));
+}
+
+TEST(CheckedMathTest,
+     MeshValidate_ProductOverflowsInt64_ReturnsInvalidArgument) {
+  Mesh mesh{{"a", "b", "c"}, {2147483647, 2147483647, 2147483647}};
+  EXPECT_THAT(mesh.Validate(),
+              StatusIs(kInvalid, AllOf(HasSubstr("a=2147483647"),
+                                       HasSubstr("beyond int64"))));
+}
+
+TEST(CheckedMathTest, MeshValidate_AtWorldSizeLimit_IsOk) {
+  Mesh mesh{{"dp", "tp"}, {1 << 10, 1 << 10}};
+  EXPECT_EQ(mesh.world_size(), kMaxWorldSize);
+  EXPECT_THAT(mesh.Validate(), IsOk());
+  mesh.sizes[1] += 1;
+  EXPECT_THAT(mesh.Validate(), StatusIs(kInvalid, HasSubstr("tp=1025")));
+}
+
+TEST(CheckedMathTest, MeshValidate_TooManyDims_ReturnsInvalidArgument) {
+  Mesh mesh;
+  for (int d = 0; d <= kMaxMeshDims; ++d) {
+    mesh.names.push_back(absl::StrCat("d", d));
+    mesh.sizes.push_back(1);
+  }
+  EXPECT_THAT(mesh.Validate(),
+              StatusIs(kInvalid, HasSubstr("has 9 dims; at most 8")));
+}
+
+v1::JobSpec OneParamSpec(std::vector<int64_t> shape,
+                         std::vector<std::string> placements) {
+  v1::JobSpec spec;
+  v1::MeshDim* dim = spec.mutable_mesh()->add_dims();
+  dim->set_name("dp_shard");
+  dim->set_size(4);
+  v1::ParamSpec* p = spec.add_params();
+  p->set_name("w");
+  for (int64_t n : shape) p->add_shape(n);
+  for (const std::string& t : placements) p->add_placements(t);
+  return spec;
+}
+
+TEST(CheckedMathTest,
+     ValidateJobSpec_HugeMesh_ReturnsInvalidArgumentNamingMesh) {
+  v1::JobSpec spec;
+  v1::MeshDim* a = spec.mutable_mesh()->add_dims();
+  a->set_name("dp");
+  a->set_size(3);
+  v1::MeshDim* b = spec.mutable_mesh()->add_dims();
+  b->set_name("tp");
+  b->set_size(1431655766);
+  EXPECT_THAT(ValidateJobSpec(spec),
+              StatusIs(kInvalid, AllOf(HasSubstr("mesh"),
+                                       HasSubstr("dp=3 x tp=1431655766"),
+                                       HasSubstr("4294967298"))));
+  EXPECT_THAT(ManifestsFromSpec(spec), StatusIs(kInvalid, ::testing::_));
+}
+
+TEST(CheckedMathTest,
+     ValidateJobSpec_HugeExpertCount_ReturnsInvalidArgumentNamingParam) {
+  v1::JobSpec spec = OneParamSpec({int64_t{1} << 40, 2, 2}, {"Shard(1)"});
+  EXPECT_THAT(ValidateJobSpec(spec),
+              StatusIs(kInvalid, AllOf(HasSubstr("parameter \"w\""),
+                                       HasSubstr("1099511627776 experts"),
+                                       HasSubstr("65536"))));
+  EXPECT_THAT(ManifestsFromSpec(spec), StatusIs(kInvalid, ::testing::_));
+}
+
+TEST(CheckedMathTest,
+     ValidateJobSpec_ShapeProductOverflows_ReturnsInvalidArgumentNamingParam) {
+  v1::JobSpec spec =
+      OneParamSpec({int64_t{1} << 32, int64_t{1} << 32}, {"Shard(0)"});
+  EXPECT_THAT(ValidateJobSpec(spec),
+              StatusIs(kInvalid, AllOf(HasSubstr("parameter \"w\""),
+                                       HasSubstr("[4294967296, 4294967296]"),
+                                       HasSubstr("1099511627776 elements"))));
+  spec = OneParamSpec({100000000, 100000000}, {"Shard(0)"});
+  EXPECT_THAT(ValidateJobSpec(spec), StatusIs(kInvalid, ::testing::_));
+  spec = OneParamSpec({1 << 20, 1 << 20}, {"Shard(0)"});
+  EXPECT_THAT(ValidateJobSpec(spec), IsOk());
+}
+
+TEST(CheckedMathTest,
+     ValidateJobSpec_TooManyMatrixRankBoxes_ReturnsInvalidArgument) {
+  v1::JobSpec spec = OneParamSpec({60000, 4, 4}, {"Shard(1)", "Shard(2)"});
+  spec.mutable_mesh()->mutable_dims(0)->set_size(1024);
+  v1::MeshDim* tp = spec.mutable_mesh()->add_dims();
+  tp->set_name("tp");
+  tp->set_size(1024);
+  EXPECT_THAT(ValidateJobSpec(spec),
+              StatusIs(kInvalid, AllOf(HasSubstr("60000 matrices"),
+                                       HasSubstr("1048576 ranks"),
+                                       HasSubstr("16777216"))));
+}
+
+TEST(CheckedMathTest, CheckJobSize_TooManyParams_ReturnsInvalidArgument) {
+  EXPECT_THAT(CheckJobSize(Mesh::OneDim(2), kMaxParams + 1, kMaxParams + 1),
+              StatusIs(kInvalid, HasSubstr("1048577 parameters")));
+  EXPECT_THAT(CheckJobSize(Mesh::OneDim(2), 10, 10), IsOk());
+}
+
+}  // namespace
+}  // namespace muon
