@@ -1,6 +1,7 @@
 #include "client/agent.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -32,6 +33,13 @@ absl::StatusOr<v1::Plan> Agent::Join(const v1::RankManifest& manifest,
   request.set_incarnation(incarnation_);
   request.set_timeout_ms(timeout_ms);
   MUON_ASSIGN_OR_RETURN(v1::JoinResponse response, client_->Join(request));
+  absl::MutexLock lock(&mu_);
+  if (response.heartbeat_timeout_ms() > 0) {
+    heartbeat_timeout_ = absl::Milliseconds(response.heartbeat_timeout_ms());
+  }
+  interval_ = options_.heartbeat_interval > absl::ZeroDuration()
+                  ? options_.heartbeat_interval
+                  : std::min(absl::Seconds(1), heartbeat_timeout_ / 5);
   return response.plan();
 }
 
@@ -63,6 +71,130 @@ void Agent::Start() {
   started_ = true;
   heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
   report_thread_ = std::thread([this] { ReportLoop(); });
+}
+
+void Agent::SetAbortCallback(std::function<void()> abort) {
+  absl::MutexLock lock(&mu_);
+  abort_ = std::move(abort);
+}
+
+absl::Status Agent::job_error() const {
+  absl::MutexLock lock(&mu_);
+  if (job_error_.empty()) return absl::OkStatus();
+  return absl::AbortedError(job_error_);
+}
+
+int Agent::failed_rank() const {
+  absl::MutexLock lock(&mu_);
+  return failed_rank_;
+}
+
+absl::Duration Agent::heartbeat_interval() const {
+  absl::MutexLock lock(&mu_);
+  return interval_;
+}
+
+absl::Duration Agent::heartbeat_timeout() const {
+  absl::MutexLock lock(&mu_);
+  return heartbeat_timeout_;
+}
+
+bool Agent::TakeResponse(const v1::HeartbeatResponse& response) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (response.job_error().empty()) return !job_error_.empty();
+    if (job_error_.empty()) {
+      job_error_ = response.job_error();
+      failed_rank_ = response.failed_rank();
+    }
+  }
+  RunAbortOnce();
+  return true;
+}
+
+void Agent::RunAbortOnce() {
+  std::function<void()> abort;
+  {
+    absl::MutexLock lock(&mu_);
+    if (aborted_) return;
+    aborted_ = true;
+    abort = abort_;
+  }
+  // Outside mu_: Abort waits for the pending collective to return.
+  if (abort) abort();
+}
+
+void Agent::SendReport(const std::string& error, bool leaving) {
+  v1::HeartbeatRequest request;
+  request.set_rank(rank_);
+  request.set_incarnation(incarnation_);
+  request.set_error(error);
+  request.set_leaving(leaving);
+  absl::StatusOr<v1::HeartbeatResponse> response = client_->Heartbeat(request);
+  if (response.ok() && !leaving) TakeResponse(*response);
+}
+
+absl::Status Agent::OnStepFailed(const absl::Status& local) {
+  if (local.ok()) return local;
+  const bool communication = absl::IsUnavailable(local) ||
+                             absl::IsAborted(local) ||
+                             absl::IsDeadlineExceeded(local);
+  if (!communication) {
+    // This rank's own failure: the coordinator tells everyone.
+    SendReport(std::string(local.message()), /*leaving=*/false);
+    RunAbortOnce();
+    return local;
+  }
+  absl::Duration interval, timeout;
+  {
+    absl::MutexLock lock(&mu_);
+    interval = interval_;
+    timeout = heartbeat_timeout_;
+  }
+  // Poll the coordinator (besides the heartbeat thread) until it names the
+  // failed rank: a lost rank is known heartbeat_timeout after its last
+  // heartbeat, which came at most one interval before it failed.
+  const absl::Time deadline = absl::Now() + timeout + 2 * interval;
+  v1::HeartbeatRequest request;
+  request.set_rank(rank_);
+  request.set_incarnation(incarnation_);
+  bool reachable = true;
+  while (true) {
+    absl::StatusOr<v1::HeartbeatResponse> response =
+        client_->Heartbeat(request);
+    reachable = response.ok();
+    if (response.ok() && TakeResponse(*response)) break;
+    if (absl::Now() >= deadline) break;
+    absl::SleepFor(std::max(absl::Milliseconds(1), interval / 2));
+  }
+  std::string error;
+  int failed = -1;
+  {
+    absl::MutexLock lock(&mu_);
+    error = job_error_;
+    failed = failed_rank_;
+  }
+  if (!error.empty()) {
+    if (failed == rank_) return local;
+    return absl::AbortedError(absl::StrCat(
+        "rank ", rank_, ": step failed: ", error,
+        " (reported by the coordinator); this rank saw: ", local.message()));
+  }
+  if (!reachable) {
+    return absl::Status(
+        local.code(),
+        absl::StrCat(local.message(), " [rank ", rank_,
+                     ": the coordinator is unreachable, so it cannot say "
+                     "which rank failed (a rank embedding it may have died)]"));
+  }
+  // Nobody lost: report this failure so the other ranks abort too.
+  SendReport(std::string(local.message()), /*leaving=*/false);
+  RunAbortOnce();
+  return absl::Status(
+      local.code(),
+      absl::StrCat(local.message(), " [rank ", rank_,
+                   ": the coordinator knew of no failed rank within ",
+                   absl::FormatDuration(timeout + 2 * interval), "]"));
 }
 
 void Agent::Report(v1::StepReport report) {
@@ -117,6 +249,8 @@ void Agent::Stop(absl::Duration timeout) {
   }
   if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
   if (report_thread_.joinable()) report_thread_.join();
+  // A clean leave: the coordinator marks the rank finished, never lost.
+  if (options_.leave_on_stop) SendReport("", /*leaving=*/true);
   absl::MutexLock lock(&mu_);
   started_ = false;
   stopping_ = false;
@@ -136,14 +270,41 @@ void Agent::HeartbeatLoop() {
   v1::HeartbeatRequest request;
   request.set_rank(rank_);
   request.set_incarnation(incarnation_);
+  absl::Time last_ok = absl::Now();
   while (true) {
-    // Failures are not fatal here: the coordinator marks the rank lost.
-    (void)client_->Heartbeat(request);
+    absl::StatusOr<v1::HeartbeatResponse> response =
+        client_->Heartbeat(request);
+    const absl::Time now = absl::Now();
+    if (response.ok()) {
+      last_ok = now;
+      bool was_lost = false;
+      {
+        absl::MutexLock lock(&mu_);
+        was_lost = coordinator_lost_;
+        coordinator_lost_ = false;
+      }
+      if (was_lost) {
+        std::fprintf(stderr, "rank %d: the coordinator is reachable again\n",
+                     rank_);
+      }
+      TakeResponse(*response);
+    } else {
+      // Not fatal: training goes on while the data path is healthy; the
+      // coordinator marks this rank lost if it cannot hear it.
+      absl::MutexLock lock(&mu_);
+      if (!coordinator_lost_ && now - last_ok > heartbeat_timeout_) {
+        coordinator_lost_ = true;
+        std::fprintf(stderr,
+                     "rank %d: the coordinator has been unreachable for %s "
+                     "(%s); training goes on, step reports are dropped\n",
+                     rank_, absl::FormatDuration(now - last_ok).c_str(),
+                     std::string(response.status().message()).c_str());
+      }
+    }
     absl::MutexLock lock(&mu_);
     auto stop = [this]()
                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
-    if (mu_.AwaitWithTimeout(absl::Condition(&stop),
-                             options_.heartbeat_interval)) {
+    if (mu_.AwaitWithTimeout(absl::Condition(&stop), interval_)) {
       return;
     }
   }

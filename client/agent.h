@@ -16,9 +16,21 @@
 // finds it still queued. The internal mutex is never held across an RPC, so
 // neither a slow nor a failing coordinator delays Report().
 //
-//   heartbeat thread: Heartbeat every heartbeat_interval (failures ignored:
-//     the coordinator marks a silent rank lost).
+//   heartbeat thread: Heartbeat every heartbeat_interval. A response that
+//     carries the job error (the coordinator saw a rank lost or failed)
+//     is kept (job_error()) and runs the abort callback once (the
+//     communicator's Abort: pending collectives return at once). Failures
+//     of the Heartbeat RPC itself are not fatal: when they last longer than
+//     the heartbeat timeout the agent says so once on stderr
+//     ("coordinator unreachable") and training goes on.
 //   report thread:    queue -> ReportStep, one at a time.
+//
+// Failure propagation (XLA's model): a step that fails goes through
+// OnStepFailed, which turns a communication error (Unavailable, Aborted,
+// DeadlineExceeded: a peer's socket closed, the context was aborted) into
+// the coordinator's error naming the failed rank, waiting a bounded time
+// for it; a rank's own failure (any other code) is reported to the
+// coordinator, which tells every rank.
 //
 // Thread-safety: Report and counters may be called from any thread; Join,
 // Start and Stop from one thread.
@@ -26,6 +38,7 @@
 #define MUON_CLIENT_AGENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -44,11 +57,15 @@ namespace muon {
 class Agent {
  public:
   struct Options {
-    // Interval between heartbeats.
-    absl::Duration heartbeat_interval = absl::Seconds(1);
+    // Interval between heartbeats; zero = a fifth of the coordinator's
+    // heartbeat timeout (from the Join response), at most 1 s.
+    absl::Duration heartbeat_interval = absl::ZeroDuration();
     // Step reports waiting to be sent; newer reports are dropped (and
     // counted) when the queue is full.
     int report_queue_capacity = 64;
+    // Stop tells the coordinator that the rank leaves cleanly (it becomes
+    // "finished", never "lost"). Tests set false to stand for a crash.
+    bool leave_on_stop = true;
   };
 
   // `client` is not owned and must outlive the agent.
@@ -72,6 +89,35 @@ class Agent {
 
   // Starts the heartbeat and report threads.
   void Start();
+
+  // Called once, from the heartbeat thread (or OnStepFailed), when the job
+  // error is first seen; typically the communicator's Abort(). May be set
+  // after Start.
+  void SetAbortCallback(std::function<void()> abort);
+
+  // The coordinator's job error naming the failed rank (Aborted), or OK
+  // while none is known.
+  absl::Status job_error() const;
+  // The rank the job error names, or -1.
+  int failed_rank() const;
+
+  // The error a failed step should return. `local` is the step's own error.
+  //  - A communication error (Unavailable, Aborted, DeadlineExceeded): waits
+  //    up to the heartbeat timeout plus two heartbeat intervals for the
+  //    coordinator's job error and returns Aborted naming the failed rank
+  //    ("rank 0: step failed: rank 2 lost: no heartbeat for 0.31 s ...;
+  //    this rank saw: <local>"). When none comes, `local` is reported to the
+  //    coordinator (so the other ranks abort) and returned with a note.
+  //  - Any other error is this rank's own: it is reported to the
+  //    coordinator at once (every other rank aborts naming this rank), the
+  //    local communicator is aborted, and `local` is returned unchanged.
+  // OK stays OK.
+  absl::Status OnStepFailed(const absl::Status& local);
+
+  // The heartbeat interval in use (after Join).
+  absl::Duration heartbeat_interval() const;
+  // The coordinator's heartbeat timeout (after Join; 30 s if it sent none).
+  absl::Duration heartbeat_timeout() const;
   // Queues a report for the background thread (sets its rank and
   // incarnation); never blocks and never waits on the coordinator: when the
   // queue is full the report is dropped and counted.
@@ -91,7 +137,9 @@ class Agent {
   // rest, and stops the threads. Bound: `timeout` plus the RPC each thread
   // may have in flight, which the transport's deadline bounds
   // (GrpcCoordinationClient: its rpc_timeout; an unreachable coordinator
-  // fails at once). Idempotent.
+  // fails at once). Then, with Options::leave_on_stop, one last Heartbeat
+  // tells the coordinator the rank leaves (bounded the same way).
+  // Idempotent.
   void Stop(absl::Duration timeout = absl::Seconds(2));
 
   // Reports whose ReportStep succeeded.
@@ -102,6 +150,12 @@ class Agent {
  private:
   void HeartbeatLoop();
   void ReportLoop();
+  // Keeps a job error from a Heartbeat response; runs the abort callback
+  // the first time. Returns whether one is known.
+  bool TakeResponse(const v1::HeartbeatResponse& response);
+  void RunAbortOnce();
+  // Sends one Heartbeat reporting `error` (or leaving) right now.
+  void SendReport(const std::string& error, bool leaving);
 
   CoordinationClient* const client_;  // Not owned.
   const int rank_;
@@ -109,6 +163,13 @@ class Agent {
   const Options options_;
 
   mutable absl::Mutex mu_;
+  absl::Duration heartbeat_timeout_ ABSL_GUARDED_BY(mu_) = absl::Seconds(30);
+  absl::Duration interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
+  std::string job_error_ ABSL_GUARDED_BY(mu_);  // empty while none
+  int failed_rank_ ABSL_GUARDED_BY(mu_) = -1;
+  bool coordinator_lost_ ABSL_GUARDED_BY(mu_) = false;
+  std::function<void()> abort_ ABSL_GUARDED_BY(mu_);
+  bool aborted_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   // Every report object; free_ and the ring queue_ hold pointers into it.

@@ -368,6 +368,9 @@ absl::Status Muon::MakeDataPath(const DistributedConfig& config,
         executor.status().message()));
   }
   executor_ = *std::move(executor);
+  // The coordinator's job error (a rank lost or failed) aborts pending
+  // collectives so blocked calls return at once.
+  if (agent_ != nullptr) agent_->SetAbortCallback([comm] { comm->Abort(); });
   return absl::OkStatus();
 }
 
@@ -543,7 +546,11 @@ absl::Status Muon::Step() {
       }
     }
   }
-  MUON_RETURN_IF_ERROR(executor_->Run(update_ptrs_, params_, rule_, &stats_));
+  absl::Status run = executor_->Run(update_ptrs_, params_, rule_, &stats_);
+  // A failed collective: the coordinator's error naming the failed rank
+  // (bounded wait); this rank's own failure is reported to every rank.
+  if (!run.ok() && agent_ != nullptr) run = agent_->OnStepFailed(run);
+  MUON_RETURN_IF_ERROR(run);
   stats_.step_time_s = absl::ToDoubleSeconds(absl::Now() - start);
   ++step_;
   ReportStep();

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "plan/plan_job.h"
@@ -121,6 +122,8 @@ absl::StatusOr<v1::JoinResponse> CoordinatorService::Join(
     it->second.last_seen = options_.now();
     v1::JoinResponse response;
     *response.mutable_plan() = plan_;
+    response.set_heartbeat_timeout_ms(
+        absl::ToInt64Milliseconds(options_.heartbeat_timeout));
     return response;
   }
 
@@ -170,6 +173,8 @@ absl::StatusOr<v1::JoinResponse> CoordinatorService::Join(
     case JobState::kPlanned: {
       v1::JoinResponse response;
       *response.mutable_plan() = plan_;
+      response.set_heartbeat_timeout_ms(
+          absl::ToInt64Milliseconds(options_.heartbeat_timeout));
       return response;
     }
     case JobState::kFailed:
@@ -205,10 +210,50 @@ absl::StatusOr<v1::HeartbeatResponse> CoordinatorService::Heartbeat(
   absl::MutexLock lock(&mu_);
   MUON_ASSIGN_OR_RETURN(RankInfo * info,
                         FindRankLocked(request.rank(), request.incarnation()));
-  info->last_seen = options_.now();
+  const absl::Time now = options_.now();
+  info->last_seen = now;
+  if (request.leaving()) info->finished = true;
+  if (!request.error().empty() && state_ == JobState::kPlanned) {
+    FailRankLocked(request.rank(), absl::StrCat("rank ", request.rank(),
+                                                " failed: ", request.error()));
+  }
+  CheckLostLocked(now);
   v1::HeartbeatResponse response;
-  response.set_job_state(JobStateName(state_));
+  response.set_job_state(run_error_.empty() ? JobStateName(state_)
+                                            : std::string("failed"));
+  if (!run_error_.empty()) {
+    response.set_job_error(run_error_);
+    response.set_failed_rank(failed_rank_);
+  }
   return response;
+}
+
+void CoordinatorService::FailRankLocked(int rank, std::string message) {
+  if (!run_error_.empty()) return;  // the first failure wins
+  run_error_ = std::move(message);
+  failed_rank_ = rank;
+}
+
+void CoordinatorService::CheckLostLocked(absl::Time now) {
+  if (state_ != JobState::kPlanned || !run_error_.empty()) return;
+  const RankInfo* silent = nullptr;
+  int silent_rank = -1;
+  for (const auto& [rank, info] : ranks_) {
+    if (info.finished || info.joins_in_flight > 0) continue;
+    if (now - info.last_seen <= options_.heartbeat_timeout) continue;
+    if (silent == nullptr || info.last_seen < silent->last_seen) {
+      silent = &info;
+      silent_rank = rank;
+    }
+  }
+  if (silent == nullptr) return;
+  FailRankLocked(
+      silent_rank,
+      absl::StrFormat("rank %d lost: no heartbeat for %.2f s (heartbeat "
+                      "timeout %.2f s)",
+                      silent_rank,
+                      absl::ToDoubleSeconds(now - silent->last_seen),
+                      absl::ToDoubleSeconds(options_.heartbeat_timeout)));
 }
 
 absl::StatusOr<v1::ReportStepResponse> CoordinatorService::ReportStep(
@@ -218,9 +263,12 @@ absl::StatusOr<v1::ReportStepResponse> CoordinatorService::ReportStep(
   MUON_ASSIGN_OR_RETURN(RankInfo * info,
                         FindRankLocked(report.rank(), report.incarnation()));
   MUON_RETURN_IF_ERROR(PlanReadyLocked());
-  info->last_seen = options_.now();
+  const absl::Time now = options_.now();
+  info->last_seen = now;
   info->reported = true;
   info->last_report = report;
+  info->last_report_at = now;
+  CheckLostLocked(now);
   KeepReportLocked(*info, report);
   return v1::ReportStepResponse();
 }
@@ -302,6 +350,22 @@ bool CoordinatorService::IsStragglerLocked(
   return median > 0 && t > options_.straggler_factor * median;
 }
 
+bool CoordinatorService::IsLateLocked(
+    const RankInfo& info, absl::Time now,
+    const std::vector<double>& sorted_times) const {
+  if (!info.reported || info.finished || sorted_times.size() < 3) return false;
+  bool others_ahead = false;
+  for (const auto& [rank, other] : ranks_) {
+    if (other.reported && other.last_report.step() > info.last_report.step()) {
+      others_ahead = true;
+    }
+  }
+  if (!others_ahead) return false;
+  const double median = MedianWithout(sorted_times, sorted_times.size() / 2);
+  return median > 0 && absl::ToDoubleSeconds(now - info.last_report_at) >
+                           options_.straggler_factor * median;
+}
+
 absl::Status CoordinatorService::PlanReadyLocked() const {
   switch (state_) {
     case JobState::kPlanned:
@@ -323,14 +387,19 @@ absl::StatusOr<v1::JobInfo> CoordinatorService::GetJob(
     const v1::GetJobRequest& request) {
   MUON_RETURN_IF_ERROR(CheckJobId(request.job_id()));
   absl::MutexLock lock(&mu_);
+  CheckLostLocked(options_.now());
   v1::JobInfo info;
   info.set_job_id(options_.job_id);
+  info.set_failed_rank(failed_rank_);
   info.set_world_size(world_size_);
   info.set_ranks_joined(static_cast<int>(ranks_.size()));
   info.set_state(JobStateName(state_));
   if (state_ == JobState::kPlanned) info.set_plan_hash(plan_.hash());
   if (state_ == JobState::kFailed) {
     info.set_error(std::string(error_.message()));
+  } else if (!run_error_.empty()) {
+    info.set_state("failed");
+    info.set_error(run_error_);
   }
   return info;
 }
@@ -367,6 +436,7 @@ absl::StatusOr<v1::GetAssignmentsResponse> CoordinatorService::GetAssignments(
 std::string CoordinatorService::RankStateLocked(const RankInfo& info,
                                                 absl::Time now) const {
   if (state_ == JobState::kFailed) return "failed";
+  if (info.finished) return "finished";
   if (info.joins_in_flight == 0 &&
       now - info.last_seen > options_.heartbeat_timeout) {
     return "lost";
@@ -380,6 +450,7 @@ absl::StatusOr<v1::ListRanksResponse> CoordinatorService::ListRanks(
   MUON_RETURN_IF_ERROR(CheckJobId(request.job_id()));
   absl::MutexLock lock(&mu_);
   const absl::Time now = options_.now();
+  CheckLostLocked(now);
   const std::vector<double> step_times = SortedStepTimesLocked();
   v1::ListRanksResponse response;
   for (const auto& [rank, info] : ranks_) {
@@ -392,7 +463,8 @@ absl::StatusOr<v1::ListRanksResponse> CoordinatorService::ListRanks(
     s->set_last_step_time_s(info.last_report.step_time_s());
     s->set_matrices_orthogonalized(info.last_report.matrices_orthogonalized());
     s->set_ns_flops(info.last_report.ns_flops());
-    s->set_straggler(IsStragglerLocked(info, step_times));
+    s->set_straggler(IsStragglerLocked(info, step_times) ||
+                     IsLateLocked(info, now, step_times));
     s->set_reports_dropped(info.last_report.reports_dropped());
   }
   return response;

@@ -21,14 +21,31 @@
 // Job state:
 //   waiting --(last rank joins, plan ok)--> planned
 //   waiting --(manifests disagree, bad world size or rank)--> failed
+//   planned --(a rank lost, or a rank reports an error)--> failed (run time)
 // "failed" is terminal and keeps the error (GetJob.error); later Joins get
 // that same error.
+//
+// Failure propagation (XLA's coordination service model: the coordinator is
+// the one that knows, and tells everyone): once planned, any call from any
+// rank (Heartbeat, ReportStep) and GetJob/ListRanks check every rank's
+// silence; the first rank silent longer than heartbeat_timeout (not blocked
+// in Join, not finished) becomes the job error "rank R lost: no heartbeat
+// for X s (heartbeat timeout Y s)". A rank whose own step failed reports it
+// (HeartbeatRequest.error) and that becomes the job error unless one is
+// known. Every HeartbeatResponse then carries the job error and the rank it
+// names; agents abort their pending collectives on seeing it. The first
+// failure wins: later ones do not overwrite it.
 //
 // Rank state (computed when read):
 //   joining --(plan made)--> ready --(first ReportStep)--> running
 //   any --(no Join/Heartbeat/ReportStep for heartbeat_timeout, and not
 //          blocked in Join)--> lost
 //   any --(job failed)--> failed
+//   any --(Heartbeat with leaving)--> finished (never lost afterwards)
+// A rank is a straggler (ListRanks) when its last step time is far above
+// the median, or, while late, when others have reported later steps and its
+// time since its last report is already straggler_factor times the median
+// (a frozen rank is flagged before it is lost).
 //
 // Lifecycle: construct -> calls from any threads -> Shutdown (wakes every
 // blocked Join and KeyGet with Unavailable) -> destroy when no call is in
@@ -105,7 +122,10 @@ class CoordinatorService {
   absl::StatusOr<v1::JoinResponse> Join(const v1::JoinRequest& request);
 
   // Records that a rank is alive; returns the job state ("waiting",
-  // "planned", "failed").
+  // "planned", "failed") and, once the job failed at run time, the job
+  // error naming the failed rank. request.error reports this rank's own
+  // failure (the first failure becomes the job error); request.leaving
+  // marks the rank finished.
   // Errors: InvalidArgument (job id), NotFound (rank never joined),
   //   Aborted (stale incarnation).
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(
@@ -170,6 +190,8 @@ class CoordinatorService {
 
   struct RankInfo {
     uint64_t incarnation = 0;
+    bool finished = false;     // left cleanly (Heartbeat with leaving)
+    absl::Time last_report_at;  // when last_report arrived
     v1::RankManifest manifest;
     absl::Time last_seen;
     int joins_in_flight = 0;  // Join calls of this rank now blocked
@@ -199,6 +221,17 @@ class CoordinatorService {
   bool IsStragglerLocked(const RankInfo& info,
                          const std::vector<double>& sorted_times) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Once planned and without a run-time error: records the first rank
+  // silent for longer than heartbeat_timeout as the job error.
+  void CheckLostLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records a run-time failure naming `rank` unless one is known.
+  void FailRankLocked(int rank, std::string message)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a planned rank is late: others reported later steps and it has
+  // not reported for straggler_factor times the median step time.
+  bool IsLateLocked(const RankInfo& info, absl::Time now,
+                    const std::vector<double>& sorted_times) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // "ready", "lost", ... for one rank at time `now`.
   std::string RankStateLocked(const RankInfo& info, absl::Time now) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -217,6 +250,9 @@ class CoordinatorService {
   int world_size_ ABSL_GUARDED_BY(mu_);  // 0 until known
   JobState state_ ABSL_GUARDED_BY(mu_) = JobState::kWaiting;
   absl::Status error_ ABSL_GUARDED_BY(mu_);  // why the job failed
+  // Run-time failure (a lost rank or a reported error); empty while none.
+  std::string run_error_ ABSL_GUARDED_BY(mu_);
+  int failed_rank_ ABSL_GUARDED_BY(mu_) = -1;
   v1::Plan plan_ ABSL_GUARDED_BY(mu_);       // valid when kPlanned
   // Display name of each plan matrix (JobLayout::matrices[i].name); valid
   // when kPlanned.

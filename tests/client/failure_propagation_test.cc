@@ -1,0 +1,194 @@
+// Failure propagation end to end in one process (issue 10 item 1): 4 ranks
+// as threads, each with a Gloo process group over loopback and a Muon
+// optimizer whose agent talks to ONE in-process CoordinatorService with a
+// short heartbeat timeout. One rank stops: its heartbeats stop (its
+// coordination client is "frozen", as a SIGSTOPped or unreachable process)
+// and it stops taking part in steps. Every other rank's Step must return
+// Aborted naming that rank (the coordinator's "rank 3 lost") within 2x the
+// heartbeat timeout, well before the Gloo timeout: the job error aborts
+// their pending collectives.
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/barrier.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "client/distributed_config.h"
+#include "client/gloo_communicator.h"
+#include "client/muon.h"
+#include "client/parameter.h"
+#include "coordination/coordination_client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/coordinator_service.h"
+#include "server/local_coordination_client.h"
+#include "tests/client/rank_threads.h"
+#include "tests/status_matchers.h"
+
+namespace muon {
+namespace {
+
+using ::muon::testing::RunOnRanks;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+constexpr int kWorld = 4;
+constexpr int kStopped = 3;
+constexpr absl::Duration kHeartbeatTimeout = absl::Milliseconds(400);
+// Longer than the bound checked, so only an abort can meet it.
+constexpr absl::Duration kGlooTimeout = absl::Seconds(20);
+
+// Forwards to another client; once frozen, Heartbeat and ReportStep fail as
+// an unreachable (or stopped) process's would: the coordinator hears
+// nothing more from this rank.
+class FreezableClient final : public CoordinationClient {
+ public:
+  explicit FreezableClient(CoordinationClient* inner) : inner_(inner) {}
+  void Freeze() { frozen_.store(true); }
+
+  absl::StatusOr<v1::JoinResponse> Join(
+      const v1::JoinRequest& request) override {
+    return inner_->Join(request);
+  }
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(
+      const v1::HeartbeatRequest& request) override {
+    if (frozen_.load()) return absl::UnavailableError("frozen");
+    return inner_->Heartbeat(request);
+  }
+  absl::Status ReportStep(const v1::StepReport& report) override {
+    if (frozen_.load()) return absl::UnavailableError("frozen");
+    return inner_->ReportStep(report);
+  }
+  absl::Status KeySet(const std::string& key,
+                      const std::string& value) override {
+    return inner_->KeySet(key, value);
+  }
+  absl::StatusOr<std::string> KeyGet(const std::string& key,
+                                     absl::Duration timeout) override {
+    return inner_->KeyGet(key, timeout);
+  }
+  absl::StatusOr<v1::JobInfo> GetJob() override { return inner_->GetJob(); }
+  absl::StatusOr<v1::Plan> GetPlan() override { return inner_->GetPlan(); }
+  absl::StatusOr<v1::GetAssignmentsResponse> GetAssignments() override {
+    return inner_->GetAssignments();
+  }
+  absl::StatusOr<v1::ListRanksResponse> ListRanks() override {
+    return inner_->ListRanks();
+  }
+
+ private:
+  CoordinationClient* const inner_;  // Not owned.
+  std::atomic<bool> frozen_{false};
+};
+
+// Four replicated 16x16 matrices (DDP): every rank owns one, so every rank
+// takes part in every step's collectives.
+std::vector<Parameter> MakeParams() {
+  std::vector<Parameter> params;
+  for (int i = 0; i < 4; ++i) {
+    Parameter p;
+    p.name = absl::StrCat("layers.", i, ".weight");
+    p.local_shape = {16, 16};
+    p.data.resize(256);
+    p.grad.resize(256);
+    for (int j = 0; j < 256; ++j) {
+      p.data[j] = 0.01f * ((j * 7 + i) % 13);
+      p.grad[j] = 0.02f * ((j * 5 + 3 * i) % 11) - 0.1f;
+    }
+    params.push_back(std::move(p));
+  }
+  return params;
+}
+
+TEST(FailurePropagationTest,
+     Step_RankStopsHeartbeating_OthersAbortNamingItWithinTwiceTimeout) {
+  CoordinatorService::Options service_options;
+  service_options.job_id = "test";
+  service_options.world_size = kWorld;
+  service_options.default_join_timeout = absl::Seconds(10);
+  service_options.heartbeat_timeout = kHeartbeatTimeout;
+  CoordinatorService service(service_options);
+  std::vector<std::unique_ptr<LocalCoordinationClient>> locals;
+  std::vector<std::unique_ptr<FreezableClient>> clients;
+  for (int r = 0; r < kWorld; ++r) {
+    locals.push_back(std::make_unique<LocalCoordinationClient>(&service));
+    clients.push_back(std::make_unique<FreezableClient>(locals.back().get()));
+  }
+  std::vector<std::unique_ptr<GlooCommunicator>> comms(kWorld);
+  std::vector<absl::Status> created =
+      RunOnRanks(kWorld, [&](int rank) -> absl::Status {
+        GlooOptions options;
+        options.timeout = kGlooTimeout;
+        options.prefix = "gloo/failure";
+        absl::StatusOr<std::unique_ptr<GlooCommunicator>> comm =
+            GlooCommunicator::Create(rank, kWorld, clients[rank].get(),
+                                     options);
+        if (!comm.ok()) return comm.status();
+        comms[rank] = *std::move(comm);
+        return absl::OkStatus();
+      });
+  for (int r = 0; r < kWorld; ++r) ASSERT_THAT(created[r], IsOk()) << r;
+
+  absl::Barrier* first_step_done = new absl::Barrier(kWorld);
+  absl::Notification frozen;
+  absl::Notification others_done;
+  std::atomic<int> others_left{kWorld - 1};
+  absl::Time frozen_at;
+  std::vector<absl::Status> second_step(kWorld);
+  std::vector<absl::Duration> took(kWorld);
+  std::vector<absl::Status> statuses =
+      RunOnRanks(kWorld, [&](int rank) -> absl::Status {
+        std::vector<Parameter> params = MakeParams();
+        std::vector<Parameter*> ptrs;
+        for (Parameter& p : params) ptrs.push_back(&p);
+        AutoConfigOptions o;
+        o.ddp = comms[rank].get();
+        o.coordinator = clients[rank].get();
+        absl::StatusOr<DistributedConfig> config = CreateAutoConfig(ptrs, o);
+        if (!config.ok()) return config.status();
+        config->state.join_timeout_ms = 10000;
+        config->state.incarnation = 100 + rank;
+        absl::StatusOr<std::unique_ptr<Muon>> muon =
+            Muon::Create(ptrs, MuonOptions(), *std::move(config));
+        if (!muon.ok()) return muon.status();
+        absl::Status first = (*muon)->Step();
+        if (first_step_done->Block()) delete first_step_done;
+        if (!first.ok()) return first;
+        if (rank == kStopped) {
+          clients[rank]->Freeze();
+          frozen_at = absl::Now();
+          frozen.Notify();
+          others_done.WaitForNotificationWithTimeout(absl::Seconds(30));
+          return absl::OkStatus();
+        }
+        frozen.WaitForNotification();
+        second_step[rank] = (*muon)->Step();
+        took[rank] = absl::Now() - frozen_at;
+        if (others_left.fetch_sub(1) == 1) others_done.Notify();
+        return absl::OkStatus();
+      });
+  for (int r = 0; r < kWorld; ++r) ASSERT_THAT(statuses[r], IsOk()) << r;
+  for (int r = 0; r < kWorld; ++r) {
+    if (r == kStopped) continue;
+    EXPECT_THAT(second_step[r],
+                StatusIs(absl::StatusCode::kAborted,
+                         AllOf(HasSubstr(absl::StrCat("rank ", r,
+                                                      ": step failed")),
+                               HasSubstr("rank 3 lost"),
+                               HasSubstr("no heartbeat"))))
+        << r;
+    EXPECT_LT(took[r], 2 * kHeartbeatTimeout) << "rank " << r;
+  }
+  absl::StatusOr<v1::JobInfo> job = service.GetJob(v1::GetJobRequest());
+  ASSERT_THAT(job, IsOk());
+  EXPECT_EQ(job->failed_rank(), kStopped);
+  comms.clear();
+}
+
+}  // namespace
+}  // namespace muon

@@ -1,0 +1,189 @@
+// Failure propagation in the coordinator's core (XLA's coordination service
+// model): a rank that stops heart-beating is lost after heartbeat_timeout,
+// and every other rank's Heartbeat response carries a job error naming it;
+// a rank's reported error does the same; the first failure wins; a rank
+// that leaves cleanly is "finished", never lost; a late rank is flagged a
+// straggler before it is lost.
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/coordinator_service.h"
+#include "tests/server/test_specs.h"
+#include "tests/status_matchers.h"
+
+namespace muon {
+namespace {
+
+using ::muon::testing::FourRankSpec;
+using ::muon::testing::Manifests;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+class FakeClock {
+ public:
+  absl::Time Now() {
+    absl::MutexLock lock(&mu_);
+    return now_;
+  }
+  void Advance(absl::Duration d) {
+    absl::MutexLock lock(&mu_);
+    now_ += d;
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::Time now_ = absl::FromUnixSeconds(1700000000);
+};
+
+class FailurePropagationTest : public ::testing::Test {
+ protected:
+  CoordinatorService::Options Options() {
+    CoordinatorService::Options options;
+    options.job_id = "job";
+    options.default_join_timeout = absl::Seconds(2);
+    options.heartbeat_timeout = absl::Milliseconds(300);
+    options.now = [this] { return clock_.Now(); };
+    return options;
+  }
+
+  void JoinAll(CoordinatorService& service) {
+    std::vector<v1::RankManifest> manifests = Manifests(FourRankSpec());
+    std::vector<std::thread> threads;
+    std::vector<absl::Status> statuses(manifests.size());
+    for (size_t r = 0; r < manifests.size(); ++r) {
+      threads.emplace_back([&, r] {
+        v1::JoinRequest request;
+        *request.mutable_manifest() = manifests[r];
+        request.set_incarnation(100 + r);
+        request.set_timeout_ms(2000);
+        absl::StatusOr<v1::JoinResponse> response = service.Join(request);
+        statuses[r] = response.status();
+        if (response.ok()) {
+          EXPECT_EQ(response->heartbeat_timeout_ms(),
+                    absl::ToInt64Milliseconds(
+                        service.options().heartbeat_timeout));
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (const absl::Status& s : statuses) ASSERT_THAT(s, IsOk());
+  }
+
+  static absl::StatusOr<v1::HeartbeatResponse> Beat(
+      CoordinatorService& service, int rank, const std::string& error = "",
+      bool leaving = false) {
+    v1::HeartbeatRequest request;
+    request.set_rank(rank);
+    request.set_incarnation(100 + rank);
+    request.set_error(error);
+    request.set_leaving(leaving);
+    return service.Heartbeat(request);
+  }
+
+  FakeClock clock_;
+};
+
+TEST_F(FailurePropagationTest,
+       Heartbeat_RankSilentPastTimeout_EveryRankGetsErrorNamingIt) {
+  CoordinatorService service(Options());
+  JoinAll(service);
+  // Ranks 0, 1, 3 keep heart-beating every 100 ms; rank 2 goes silent.
+  for (int i = 0; i < 3; ++i) {
+    clock_.Advance(absl::Milliseconds(100));
+    for (int r : {0, 1, 3}) {
+      absl::StatusOr<v1::HeartbeatResponse> response = Beat(service, r);
+      ASSERT_THAT(response, IsOk());
+      EXPECT_EQ(response->job_error(), "") << "after " << (i + 1) * 100 << " ms";
+      EXPECT_EQ(response->job_state(), "planned");
+    }
+  }
+  clock_.Advance(absl::Milliseconds(100));  // rank 2 silent 400 ms > 300 ms
+  for (int r : {0, 1, 3}) {
+    absl::StatusOr<v1::HeartbeatResponse> response = Beat(service, r);
+    ASSERT_THAT(response, IsOk());
+    EXPECT_EQ(response->job_state(), "failed");
+    EXPECT_EQ(response->failed_rank(), 2);
+    EXPECT_THAT(response->job_error(),
+                AllOf(HasSubstr("rank 2 lost"), HasSubstr("no heartbeat for"),
+                      HasSubstr("heartbeat timeout 0.30 s")));
+  }
+  absl::StatusOr<v1::JobInfo> job = service.GetJob(v1::GetJobRequest());
+  ASSERT_THAT(job, IsOk());
+  EXPECT_EQ(job->state(), "failed");
+  EXPECT_EQ(job->failed_rank(), 2);
+  EXPECT_THAT(job->error(), HasSubstr("rank 2 lost"));
+}
+
+TEST_F(FailurePropagationTest,
+       Heartbeat_ReportedError_OtherRanksGetItAndFirstFailureWins) {
+  CoordinatorService service(Options());
+  JoinAll(service);
+  ASSERT_THAT(Beat(service, 1, "parameter \"w\" has a NaN gradient"), IsOk());
+  // A later report (a rank that merely saw the failure) does not overwrite.
+  ASSERT_THAT(Beat(service, 3, "connection reset by peer"), IsOk());
+  for (int r : {0, 2}) {
+    absl::StatusOr<v1::HeartbeatResponse> response = Beat(service, r);
+    ASSERT_THAT(response, IsOk());
+    EXPECT_EQ(response->failed_rank(), 1);
+    EXPECT_THAT(response->job_error(),
+                AllOf(HasSubstr("rank 1 failed"), HasSubstr("NaN gradient")));
+  }
+  // And a rank lost afterwards does not replace it either.
+  clock_.Advance(absl::Seconds(1));
+  absl::StatusOr<v1::HeartbeatResponse> response = Beat(service, 0);
+  ASSERT_THAT(response, IsOk());
+  EXPECT_EQ(response->failed_rank(), 1);
+}
+
+TEST_F(FailurePropagationTest, Heartbeat_Leaving_RankFinishedNeverLost) {
+  CoordinatorService service(Options());
+  JoinAll(service);
+  ASSERT_THAT(Beat(service, 3, "", /*leaving=*/true), IsOk());
+  for (int i = 0; i < 5; ++i) {
+    clock_.Advance(absl::Milliseconds(100));
+    for (int r : {0, 1, 2}) {
+      absl::StatusOr<v1::HeartbeatResponse> response = Beat(service, r);
+      ASSERT_THAT(response, IsOk());
+      EXPECT_EQ(response->job_error(), "");
+    }
+  }
+  absl::StatusOr<v1::ListRanksResponse> ranks =
+      service.ListRanks(v1::ListRanksRequest());
+  ASSERT_THAT(ranks, IsOk());
+  EXPECT_EQ(ranks->ranks(3).state(), "finished");
+}
+
+TEST_F(FailurePropagationTest, ListRanks_FrozenRankLate_StragglerBeforeLost) {
+  CoordinatorService::Options options = Options();
+  options.heartbeat_timeout = absl::Seconds(30);
+  CoordinatorService service(options);
+  JoinAll(service);
+  auto report = [&](int rank, int64_t step) {
+    v1::StepReport r;
+    r.set_rank(rank);
+    r.set_incarnation(100 + rank);
+    r.set_step(step);
+    r.set_step_time_s(0.1);
+    ASSERT_THAT(service.ReportStep(r), IsOk());
+  };
+  for (int r = 0; r < 4; ++r) report(r, 1);
+  // Rank 2 freezes after step 1; the others go on to step 5.
+  for (int step = 2; step <= 5; ++step) {
+    clock_.Advance(absl::Milliseconds(100));
+    for (int r : {0, 1, 3}) report(r, step);
+  }
+  absl::StatusOr<v1::ListRanksResponse> ranks =
+      service.ListRanks(v1::ListRanksRequest());
+  ASSERT_THAT(ranks, IsOk());
+  EXPECT_TRUE(ranks->ranks(2).straggler());
+  EXPECT_EQ(ranks->ranks(2).state(), "running");  // not lost yet
+  for (int r : {0, 1, 3}) EXPECT_FALSE(ranks->ranks(r).straggler()) << r;
+}
+
+}  // namespace
+}  // namespace muon
