@@ -51,7 +51,8 @@ absl::StatusOr<pid_t> SpawnProcess(const std::vector<std::string>& argv,
 }
 
 std::vector<int> WaitAll(const std::vector<pid_t>& pids, absl::Duration timeout,
-                         absl::Duration grace) {
+                         absl::Duration grace, std::vector<int>* exit_order) {
+  if (exit_order != nullptr) exit_order->clear();
   std::vector<int> codes(pids.size(), -1);
   std::vector<bool> done(pids.size(), false);
   absl::Time deadline = absl::Now() + timeout;
@@ -69,6 +70,7 @@ std::vector<int> WaitAll(const std::vector<pid_t>& pids, absl::Duration timeout,
         progressed = true;
         codes[i] =
             WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        if (exit_order != nullptr) exit_order->push_back(static_cast<int>(i));
         if (codes[i] != 0 && !shortened) {
           shortened = true;
           deadline = std::min(deadline, absl::Now() + grace);
@@ -83,6 +85,7 @@ std::vector<int> WaitAll(const std::vector<pid_t>& pids, absl::Duration timeout,
     int status = 0;
     waitpid(pids[i], &status, 0);
     codes[i] = -1;
+    if (exit_order != nullptr) exit_order->push_back(static_cast<int>(i));
   }
   return codes;
 }
@@ -157,7 +160,23 @@ absl::Status LaunchRanks(const RankLaunchOptions& o) {
     }
     pids.push_back(*pid);
   }
-  const std::vector<int> codes = WaitAll(pids, left(), o.grace);
+  std::vector<int> order;
+  const std::vector<int> codes = WaitAll(pids, left(), o.grace, &order);
+  // The first rank to fail in time is the one to name: the others usually
+  // fail because of it.
+  for (int r : order) {
+    if (codes[r] > 128) {
+      const int sig = codes[r] - 128;
+      return absl::AbortedError(absl::StrCat("rank ", r, " killed by signal ",
+                                             sig, " (", strsignal(sig),
+                                             ") first; see the errors above"));
+    }
+    if (codes[r] > 0) {
+      return absl::AbortedError(absl::StrCat("rank ", r, " exited with ",
+                                             codes[r],
+                                             " first (see its error above)"));
+    }
+  }
   for (int r = 0; r < o.world_size; ++r) {
     if (codes[r] == -1) {
       return absl::AbortedError(

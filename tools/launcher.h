@@ -28,9 +28,12 @@ absl::StatusOr<pid_t> SpawnProcess(
 // survivors. Returns per pid its exit code, 128+signal when killed by a
 // signal, or -1 when it had to be killed for the timeout. If one process
 // fails (non-zero), the others get `grace` to finish before being killed,
-// so a failed rank never leaves its peers hanging.
+// so a failed rank never leaves its peers hanging. `exit_order`, when not
+// null, receives the indices of the processes in the order they ended
+// (those killed for the timeout last).
 std::vector<int> WaitAll(const std::vector<pid_t>& pids, absl::Duration timeout,
-                         absl::Duration grace = absl::Seconds(20));
+                         absl::Duration grace = absl::Seconds(20),
+                         std::vector<int>* exit_order = nullptr);
 
 // Waits until `path` holds a port number written by a starting process
 // (`pid`, which must stay alive), up to `timeout`.
@@ -59,9 +62,10 @@ struct RankLaunchOptions {
 // others once rank 0's embedded coordinator listens) and waits for all of
 // them, killing any still running at the bound.
 // Errors: Internal when a process cannot be started; Aborted naming rank 0
-// when its coordinator never came up, or the first rank (lowest) that
-// exited non-zero, with its exit code (128+signal when killed by a signal,
-// "killed after the timeout" when it had to be killed).
+// when its coordinator never came up, or the rank that failed FIRST (in
+// time, not the lowest: the others usually fail because of it) with its exit
+// code or signal ("rank 2 killed by signal 9 (Killed)"; "killed after the
+// timeout" when it had to be killed).
 absl::Status LaunchRanks(const RankLaunchOptions& options);
 
 // A fresh directory under $TMPDIR (or /tmp). Errors: Internal.

@@ -1,0 +1,192 @@
+// Issue 10 item 1, multi-process: 4 rank processes (tests/multihost's
+// muon_rank, stepping Muon in a loop) with a muon-coordinator daemon whose
+// heartbeat timeout is 1 s. Each trial kills a random rank with SIGKILL at a
+// random moment; every surviving rank must exit (no hang) with an error
+// naming the killed rank ("rank V lost", the coordinator's words), within
+// 2x the heartbeat timeout plus process exit. KILL_TRIALS (default 10) sets
+// the number of trials; tools/kill_trials.sh runs 100 and prints the tally.
+// Also: LaunchRanks names the rank that failed first, with its signal.
+#include <signal.h>
+#include <sys/types.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tools/launcher.h"
+
+namespace muon {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kWorld = 4;
+constexpr double kHeartbeatTimeoutS = 1.0;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// A 2x2 mesh of small matrices: every rank takes part in every step.
+constexpr char kSpec[] = R"json({
+  "job_id": "kill",
+  "mesh": {"dims": [{"name": "dp_replicate", "size": 2},
+                    {"name": "dp_shard", "size": 2}]},
+  "params": [
+    {"name": "a", "shape": [12, 12], "placements": ["Replicate()", "Shard(0)"]},
+    {"name": "b", "shape": [20, 12], "placements": ["Shard(0)", "Shard(1)"]},
+    {"name": "c", "shape": [12, 20], "placements": ["Shard(1)", "Shard(1)"]},
+    {"name": "d", "shape": [10, 7], "placements": ["Shard(0)", "Replicate()"]}
+  ],
+  "optimizer": {"lr": 0.02}
+})json";
+
+struct TrialResult {
+  bool hang = false;
+  bool named = true;  // every survivor's error names the victim
+  double seconds = 0;  // kill -> every survivor exited
+  std::string detail;
+};
+
+TrialResult RunTrial(int victim, absl::Duration delay, int trial) {
+  TrialResult result;
+  absl::StatusOr<std::string> dir = MakeTempDir("kill-");
+  if (!dir.ok()) {
+    result.named = false;
+    result.detail = std::string(dir.status().message());
+    return result;
+  }
+  std::ofstream(*dir + "/spec.json") << kSpec;
+  const std::string port_file = *dir + "/port";
+  absl::StatusOr<pid_t> daemon = SpawnProcess(
+      {"server/muon-coordinator", "--port=0", "--port_file=" + port_file,
+       "--world_size=4", "--job_id=kill", "--join_timeout_s=20",
+       absl::StrCat("--heartbeat_timeout_s=", kHeartbeatTimeoutS)});
+  if (!daemon.ok()) {
+    result.named = false;
+    result.detail = std::string(daemon.status().message());
+    return result;
+  }
+  absl::StatusOr<int> port =
+      WaitForPortFile(port_file, *daemon, absl::Seconds(30));
+  std::vector<pid_t> pids;
+  if (port.ok()) {
+    for (int r = 0; r < kWorld; ++r) {
+      const std::string command = absl::StrCat(
+          "exec tests/multihost/muon_rank --spec=", *dir,
+          "/spec.json --steps=100000000 --seed=", trial, " --out_dir=", *dir,
+          " --timeout_s=60 2>", *dir, "/rank", r, ".err");
+      absl::StatusOr<pid_t> pid = SpawnProcess(
+          {"/bin/sh", "-c", command},
+          {absl::StrCat("RANK=", r), absl::StrCat("WORLD_SIZE=", kWorld),
+           absl::StrCat("LOCAL_RANK=", r),
+           absl::StrCat("LOCAL_WORLD_SIZE=", kWorld), "MASTER_ADDR=127.0.0.1",
+           absl::StrCat("MASTER_PORT=", *port),
+           absl::StrCat("MUON_COORDINATOR=127.0.0.1:", *port)});
+      if (pid.ok()) pids.push_back(*pid);
+    }
+  }
+  if (pids.size() != static_cast<size_t>(kWorld)) {
+    for (pid_t p : pids) kill(p, SIGKILL);
+    WaitAll(pids, absl::Seconds(5));
+    kill(*daemon, SIGKILL);
+    WaitAll({*daemon}, absl::Seconds(5));
+    result.named = false;
+    result.detail = "could not start the daemon or the ranks";
+    return result;
+  }
+  absl::SleepFor(delay);
+  kill(pids[victim], SIGKILL);
+  const absl::Time killed = absl::Now();
+  std::vector<int> codes = WaitAll(pids, absl::Seconds(20), absl::Seconds(20));
+  result.seconds = absl::ToDoubleSeconds(absl::Now() - killed);
+  kill(*daemon, SIGTERM);
+  WaitAll({*daemon}, absl::Seconds(10));
+  const std::string lost = absl::StrCat("rank ", victim, " lost");
+  for (int r = 0; r < kWorld; ++r) {
+    if (codes[r] == -1) result.hang = true;
+    if (r == victim) continue;
+    const std::string err = ReadFile(absl::StrCat(*dir, "/rank", r, ".err"));
+    if (codes[r] == 0 || err.find(lost) == std::string::npos) {
+      result.named = false;
+      absl::StrAppend(&result.detail, "rank ", r, " (exit ", codes[r],
+                      "): ", err.substr(0, 600), "\n");
+    }
+  }
+  return result;
+}
+
+int Trials() {
+  const char* v = std::getenv("KILL_TRIALS");
+  int n = 10;
+  if (v != nullptr && (!absl::SimpleAtoi(v, &n) || n < 1)) n = 10;
+  return n;
+}
+
+TEST(KillTrialsTest, KillRandomRank_EverySurvivorNamesItNoHang) {
+  const int trials = Trials();
+  const char* seed_env = std::getenv("KILL_TRIALS_SEED");
+  uint64_t seed = 20261122;
+  if (seed_env != nullptr) (void)absl::SimpleAtoi(seed_env, &seed);
+  std::mt19937_64 rng(seed);
+  int hangs = 0, wrong = 0;
+  double max_s = 0, sum_s = 0;
+  for (int t = 0; t < trials; ++t) {
+    const int victim = static_cast<int>(rng() % kWorld);
+    // 1.5 to 3.5 s after the start: after the join, mid-step or between
+    // steps, at a random point.
+    const absl::Duration delay =
+        absl::Milliseconds(1500 + static_cast<int>(rng() % 2000));
+    TrialResult r = RunTrial(victim, delay, t);
+    hangs += r.hang;
+    wrong += !r.named;
+    max_s = std::max(max_s, r.seconds);
+    sum_s += r.seconds;
+    std::cout << "trial " << t << ": killed rank " << victim << " after "
+              << absl::FormatDuration(delay) << "; survivors exited "
+              << r.seconds << " s later; " << (r.hang ? "HANG; " : "")
+              << (r.named ? "named" : "NOT named") << "\n"
+              << r.detail << std::flush;
+    EXPECT_FALSE(r.hang) << "trial " << t;
+    EXPECT_TRUE(r.named) << "trial " << t << ": " << r.detail;
+    // 2x the heartbeat timeout for the error, plus process teardown.
+    EXPECT_LT(r.seconds, 2 * kHeartbeatTimeoutS + 1.0) << "trial " << t;
+  }
+  std::cout << "kill trials: " << trials << ", hangs: " << hangs
+            << ", wrong or missing rank named: " << wrong
+            << ", kill -> survivors exited: mean " << sum_s / trials
+            << " s, max " << max_s << " s (heartbeat timeout "
+            << kHeartbeatTimeoutS << " s)\n";
+}
+
+TEST(KillTrialsTest, LaunchRanks_RankKilledFirst_NamedWithItsSignal) {
+  absl::StatusOr<std::string> dir = MakeTempDir("launch-");
+  ASSERT_TRUE(dir.ok());
+  RankLaunchOptions o;
+  o.world_size = 4;
+  o.coordinator = "127.0.0.1:1";  // unused by these ranks
+  o.timeout = absl::Seconds(20);
+  o.grace = absl::Seconds(10);
+  o.argv = [](int rank) -> std::vector<std::string> {
+    // Rank 2 dies of SIGKILL first; the others then fail with exit 1.
+    if (rank == 2) return {"/bin/sh", "-c", "sleep 0.2; kill -9 $$"};
+    return {"/bin/sh", "-c", "sleep 1; exit 1"};
+  };
+  absl::Status s = LaunchRanks(o);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("rank 2 killed by signal 9"));
+}
+
+}  // namespace
+}  // namespace muon
