@@ -89,6 +89,11 @@ int Agent::failed_rank() const {
   return failed_rank_;
 }
 
+bool Agent::coordinator_unreachable() const {
+  absl::MutexLock lock(&mu_);
+  return coordinator_lost_;
+}
+
 absl::Duration Agent::heartbeat_interval() const {
   absl::MutexLock lock(&mu_);
   return interval_;

@@ -100,6 +100,9 @@ class Agent {
   absl::Status job_error() const;
   // The rank the job error names, or -1.
   int failed_rank() const;
+  // Whether Heartbeats have failed for longer than the heartbeat timeout
+  // (said once on stderr; cleared by the next successful Heartbeat).
+  bool coordinator_unreachable() const;
 
   // The error a failed step should return. `local` is the step's own error.
   //  - A communication error (Unavailable, Aborted, DeadlineExceeded): waits

@@ -4,6 +4,7 @@
 // the coordinator's timeout.
 #include "client/agent.h"
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <thread>
@@ -26,6 +27,18 @@
 
 namespace muon {
 namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+int CountSubstr(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos;
+       at = text.find(needle, at + 1)) {
+    ++n;
+  }
+  return n;
+}
 
 // A transport whose ReportStep blocks until Release() (when made blocking)
 // or fails with Unavailable (when made failing); Heartbeat succeeds. Keeps
@@ -366,6 +379,122 @@ TEST(AgentTest, Heartbeats_AgentStopped_RankLostWithinTimeout) {
   EXPECT_GE(to_lost, absl::Milliseconds(200) - absl::Milliseconds(40));
   EXPECT_LT(to_lost, absl::Milliseconds(200 + 300)) << "lost detected late";
   agents[0]->Stop();
+}
+
+
+// Issue 10 item 1: a rank's own failure (not a communication error) is
+// reported; the coordinator makes it the job error and the other rank's
+// agent gets it with its next heartbeat and runs its abort callback.
+TEST(AgentTest, OnStepFailed_OwnError_ReportedOtherRankAbortsNamingIt) {
+  CoordinatorService::Options service_options;
+  service_options.job_id = "agent";
+  service_options.heartbeat_timeout = absl::Milliseconds(300);
+  CoordinatorService service(service_options);
+  std::vector<std::unique_ptr<LocalCoordinationClient>> clients;
+  std::vector<std::unique_ptr<Agent>> agents;
+  for (int r = 0; r < 2; ++r) {
+    clients.push_back(std::make_unique<LocalCoordinationClient>(&service));
+    agents.push_back(std::make_unique<Agent>(clients.back().get(), r, 700 + r,
+                                             Agent::Options()));
+  }
+  JoinAll(agents, TwoRankManifests());
+  EXPECT_EQ(agents[0]->heartbeat_timeout(), absl::Milliseconds(300));
+  EXPECT_EQ(agents[0]->heartbeat_interval(), absl::Milliseconds(60));
+  std::atomic<int> aborts{0};
+  agents[1]->SetAbortCallback([&] { ++aborts; });
+  for (auto& a : agents) a->Start();
+
+  const absl::Status own =
+      absl::InvalidArgumentError("rank 0: parameter \"w\" has a NaN gradient");
+  EXPECT_EQ(agents[0]->OnStepFailed(own), own);
+  ASSERT_TRUE(WaitFor([&] { return !agents[1]->job_error().ok(); },
+                      absl::Seconds(1)));
+  EXPECT_THAT(agents[1]->job_error(),
+              StatusIs(absl::StatusCode::kAborted,
+                       AllOf(HasSubstr("rank 0 failed"),
+                             HasSubstr("NaN gradient"))));
+  EXPECT_EQ(agents[1]->failed_rank(), 0);
+  EXPECT_TRUE(WaitFor([&] { return aborts.load() == 1; }));
+  // A communication error on rank 1 now names rank 0 at once.
+  EXPECT_THAT(agents[1]->OnStepFailed(absl::UnavailableError("peer reset")),
+              StatusIs(absl::StatusCode::kAborted,
+                       AllOf(HasSubstr("rank 1: step failed: rank 0 failed"),
+                             HasSubstr("this rank saw: peer reset"))));
+  EXPECT_EQ(aborts.load(), 1);  // once
+}
+
+// A communication error while a peer died: the coordinator names the peer
+// (lost after the heartbeat timeout), within 2x the timeout.
+TEST(AgentTest, OnStepFailed_CommErrorPeerCrashed_NamesPeerWithinTwiceTimeout) {
+  CoordinatorService::Options service_options;
+  service_options.job_id = "agent";
+  service_options.heartbeat_timeout = absl::Milliseconds(300);
+  CoordinatorService service(service_options);
+  std::vector<std::unique_ptr<LocalCoordinationClient>> clients;
+  std::vector<std::unique_ptr<Agent>> agents;
+  Agent::Options options;
+  options.leave_on_stop = false;  // Stop stands for a crash
+  for (int r = 0; r < 2; ++r) {
+    clients.push_back(std::make_unique<LocalCoordinationClient>(&service));
+    agents.push_back(
+        std::make_unique<Agent>(clients.back().get(), r, 800 + r, options));
+  }
+  JoinAll(agents, TwoRankManifests());
+  for (auto& a : agents) a->Start();
+  agents[1]->Stop(absl::ZeroDuration());
+  const absl::Time crashed = absl::Now();
+  absl::Status s =
+      agents[0]->OnStepFailed(absl::UnavailableError("connection reset"));
+  EXPECT_LT(absl::Now() - crashed, absl::Milliseconds(600));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kAborted,
+                          AllOf(HasSubstr("rank 0: step failed: rank 1 lost"),
+                                HasSubstr("no heartbeat"))));
+}
+
+// Issue 10 item 2 (first part): a dead coordinator is noticed within the
+// heartbeat timeout and said once; reports are dropped and counted, and
+// the step path never waits.
+TEST(AgentTest, Heartbeats_CoordinatorDies_NoticedOnceWithinTimeout) {
+  CoordinatorServerOptions server_options;
+  server_options.service.job_id = "agent";
+  server_options.service.heartbeat_timeout = absl::Milliseconds(300);
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
+      CoordinatorServer::Start(server_options);
+  ASSERT_THAT(server, IsOk());
+  const std::string address = (*server)->address();
+  std::vector<std::unique_ptr<GrpcCoordinationClient>> clients;
+  std::vector<std::unique_ptr<Agent>> agents;
+  for (int r = 0; r < 2; ++r) {
+    absl::StatusOr<std::unique_ptr<GrpcCoordinationClient>> c =
+        GrpcCoordinationClient::Create(address, "agent", absl::Seconds(1));
+    ASSERT_THAT(c, IsOk());
+    clients.push_back(*std::move(c));
+    agents.push_back(std::make_unique<Agent>(clients.back().get(), r, 600 + r,
+                                             Agent::Options()));
+  }
+  JoinAll(agents, TwoRankManifests());
+  for (auto& a : agents) a->Start();
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_FALSE(agents[0]->coordinator_unreachable());
+
+  ::testing::internal::CaptureStderr();
+  (*server)->Stop();
+  server->reset();
+  const absl::Time died = absl::Now();
+  ASSERT_TRUE(WaitFor([&] { return agents[0]->coordinator_unreachable(); },
+                      absl::Seconds(3)));
+  EXPECT_LT(absl::Now() - died, absl::Milliseconds(300) +
+                                    absl::Milliseconds(60) * 2 +
+                                    absl::Milliseconds(200));
+  absl::SleepFor(absl::Milliseconds(400));  // more failed heartbeats
+  agents[0]->Report(StepReportFor(1));
+  for (auto& a : agents) a->Stop(absl::Milliseconds(100));
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(CountSubstr(err, "rank 0: the coordinator has been unreachable"),
+            1)
+      << err;
+  EXPECT_EQ(agents[0]->reports_dropped(), 1);
+  EXPECT_TRUE(agents[0]->job_error().ok());  // no job error: training goes on
 }
 
 }  // namespace
