@@ -368,6 +368,9 @@ absl::Status Muon::MakeDataPath(const DistributedConfig& config,
         executor.status().message()));
   }
   executor_ = *std::move(executor);
+  comm_ = comm;
+  finite_flags_.assign(state.world_size, 0.0f);
+  finite_counts_.assign(state.world_size, 1);
   // The coordinator's job error (a rank lost or failed) aborts pending
   // collectives so blocked calls return at once.
   if (agent_ != nullptr) agent_->SetAbortCallback([comm] { comm->Abort(); });
@@ -522,6 +525,9 @@ absl::Status Muon::Preflight() {
 absl::Status Muon::Step() {
   // Preflight: nothing is modified and no collective runs on failure.
   MUON_RETURN_IF_ERROR(Preflight());
+  // Non-finite gradients on any rank: every rank fails here, before the
+  // momentum pass writes anything and before any data collective.
+  MUON_RETURN_IF_ERROR(CheckGradientsFinite());
   const absl::Time start = absl::Now();
   // Momentum and Nesterov on the local shards (elementwise: exact on
   // shards), reading the trainer's gradient where it lies.
@@ -554,6 +560,59 @@ absl::Status Muon::Step() {
   stats_.step_time_s = absl::ToDoubleSeconds(absl::Now() - start);
   ++step_;
   ReportStep();
+  return absl::OkStatus();
+}
+
+absl::Status Muon::CheckGradientsFinite() {
+  if (!options_.check_finite) return absl::OkStatus();
+  int bad_param = -1;
+  int64_t bad_index = -1;
+  float bad_value = 0.0f;
+  for (size_t i = 0; i < params_.size() && bad_param < 0; ++i) {
+    const ParamView& p = params_[i];
+    const int64_t n = static_cast<int64_t>(buffers_[i].size());
+    if (n == 0) continue;
+    if (p.grad_dtype == DType::kBFloat16) {
+      const auto* g = static_cast<const kernels::bf16_t*>(p.grad);
+      bad_index = kernels::FirstNonFinite(g, n);
+      if (bad_index >= 0) bad_value = kernels::Bf16ToFloat(g[bad_index]);
+    } else {
+      const auto* g = static_cast<const float*>(p.grad);
+      bad_index = kernels::FirstNonFinite(g, n);
+      if (bad_index >= 0) bad_value = g[bad_index];
+    }
+    if (bad_index >= 0) bad_param = static_cast<int>(i);
+  }
+  absl::Status local = absl::OkStatus();
+  if (bad_param >= 0) {
+    local = absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank_, ": parameter \"", params_[bad_param].name,
+        "\" has a non-finite gradient (", bad_value, " at local index ",
+        bad_index, ") at step ", step_ + 1,
+        "; the step was not taken: parameters and momentum are unchanged on "
+        "every rank"));
+  }
+  if (world_size_ == 1 || comm_ == nullptr) return local;
+  // Agreement: each rank contributes 1 + the index of its first bad
+  // parameter (0 = all finite; exact in float below 2^24 parameters).
+  const float flag = static_cast<float>(bad_param + 1);
+  absl::Status gathered =
+      comm_->AllGatherV(&flag, 1, finite_flags_.data(), finite_counts_);
+  if (!gathered.ok()) {
+    if (agent_ != nullptr) gathered = agent_->OnStepFailed(gathered);
+    return gathered;
+  }
+  if (!local.ok()) return local;
+  for (int r = 0; r < world_size_; ++r) {
+    if (finite_flags_[r] == 0.0f) continue;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank_, ": rank ", r,
+        " has a non-finite gradient (its parameter #",
+        static_cast<int64_t>(finite_flags_[r]) - 1, "; rank ", r,
+        "'s error names it) at step ", step_ + 1,
+        "; the step was not taken: parameters and momentum are unchanged on "
+        "every rank"));
+  }
   return absl::OkStatus();
 }
 

@@ -63,6 +63,14 @@ struct MuonOptions {
   int cuda_device = 0;
   // GPU arithmetic: "bf16" (bf16 in, fp32 accumulate), "tf32" or "fp32".
   std::string gpu_precision = "bf16";
+  // Checks every gradient for NaN/Inf before the step changes anything
+  // (a read-only scan, kernels::FirstNonFinite, then a one-float-per-rank
+  // all-gather of the result on the step's communicator when the world is
+  // larger than one, so that every rank fails the step together). On a
+  // non-finite value Step returns FailedPrecondition and parameters and
+  // momentum stay unchanged on every rank. Off: NaN/Inf propagate as in
+  // torch.optim.Muon.
+  bool check_finite = true;
 };
 
 // Checks `options` as torch.optim.Muon.__init__ does.
@@ -131,7 +139,11 @@ class Muon {
   // One optimizer step over every parameter.
   // Errors: FailedPrecondition when a gradient is missing or has the wrong
   // size (names the parameter and rank; raised before any collective, with
-  // parameters and state untouched); communicator errors.
+  // parameters and state untouched); FailedPrecondition when, with
+  // options.check_finite, a gradient on any rank holds NaN or Inf (names
+  // the rank, the parameter, the value and the step, step_count() + 1;
+  // raised on every rank before any data collective, parameters and
+  // momentum untouched everywhere); communicator errors.
   absl::Status Step();
 
   // Re-binds parameter `index`'s gradient (same dtype, shape and strides as
@@ -221,6 +233,8 @@ class Muon {
                             std::vector<MatrixGeometry> geometry);
   // Re-reads bound Parameters' pointers and checks every gradient.
   absl::Status Preflight();
+  // options_.check_finite: the local scan and the ranks' agreement.
+  absl::Status CheckGradientsFinite();
   void ReportStep();
 
   std::vector<ParamView> params_;           // views; the memory is not owned
@@ -233,6 +247,10 @@ class Muon {
   int world_size_ = 1;
   v1::Plan plan_;
   std::unique_ptr<Communicator> owned_comm_;  // world of one, if needed
+  Communicator* comm_ = nullptr;  // the step's communicator; Not owned
+  // CheckGradientsFinite's all-gather: one flag per rank, counts of 1.
+  std::vector<float> finite_flags_;
+  std::vector<int64_t> finite_counts_;
   std::unique_ptr<kernels::NsEngine> ns_engine_;
   std::unique_ptr<Agent> agent_;
   std::unique_ptr<StepExecutor> executor_;
