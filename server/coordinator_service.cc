@@ -361,7 +361,10 @@ bool CoordinatorService::IsLateLocked(
     }
   }
   if (!others_ahead) return false;
-  const double median = MedianWithout(sorted_times, sorted_times.size() / 2);
+  const size_t n = sorted_times.size();
+  const double median = n % 2 == 1 ? sorted_times[n / 2]
+                                   : 0.5 * (sorted_times[n / 2 - 1] +
+                                            sorted_times[n / 2]);
   return median > 0 && absl::ToDoubleSeconds(now - info.last_report_at) >
                            options_.straggler_factor * median;
 }

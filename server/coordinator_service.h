@@ -83,8 +83,11 @@ class CoordinatorService {
     // Join wait when JoinRequest.timeout_ms is 0.
     absl::Duration default_join_timeout = absl::Seconds(60);
     // A rank not heard from (Join, Heartbeat, ReportStep) for this long is
-    // "lost".
-    absl::Duration heartbeat_timeout = absl::Seconds(30);
+    // "lost", and the job fails naming it. Agents heartbeat every fifth of
+    // it (at most 1 s). After a rank dies the others' steps fail naming it
+    // within about this long (2x at most): keep it below the launcher's
+    // grace period (muonrun: 20 s).
+    absl::Duration heartbeat_timeout = absl::Seconds(10);
     // Policy and bucket size for jobs whose manifests leave them unset
     // (ExecutionOptions.assignment_policy empty, bucket_size_bytes 0); a
     // manifest's value wins. Everything else the planner uses comes from

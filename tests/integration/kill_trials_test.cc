@@ -59,7 +59,8 @@ struct TrialResult {
   std::string detail;
 };
 
-TrialResult RunTrial(int victim, absl::Duration delay, int trial) {
+TrialResult RunTrial(int victim, absl::Duration delay, int trial,
+                     int sig = SIGKILL) {
   TrialResult result;
   absl::StatusOr<std::string> dir = MakeTempDir("kill-");
   if (!dir.ok()) {
@@ -107,10 +108,21 @@ TrialResult RunTrial(int victim, absl::Duration delay, int trial) {
     return result;
   }
   absl::SleepFor(delay);
-  kill(pids[victim], SIGKILL);
+  kill(pids[victim], sig);
   const absl::Time killed = absl::Now();
-  std::vector<int> codes = WaitAll(pids, absl::Seconds(20), absl::Seconds(20));
+  std::vector<pid_t> survivors;
+  for (int r = 0; r < kWorld; ++r) {
+    if (r != victim) survivors.push_back(pids[r]);
+  }
+  std::vector<int> survivor_codes =
+      WaitAll(survivors, absl::Seconds(20), absl::Seconds(20));
   result.seconds = absl::ToDoubleSeconds(absl::Now() - killed);
+  if (sig != SIGKILL) kill(pids[victim], SIGKILL);  // a frozen one
+  const int victim_code = WaitAll({pids[victim]}, absl::Seconds(10))[0];
+  std::vector<int> codes;
+  for (int r = 0, i = 0; r < kWorld; ++r) {
+    codes.push_back(r == victim ? victim_code : survivor_codes[i++]);
+  }
   kill(*daemon, SIGTERM);
   WaitAll({*daemon}, absl::Seconds(10));
   const std::string lost = absl::StrCat("rank ", victim, " lost");
@@ -168,6 +180,28 @@ TEST(KillTrialsTest, KillRandomRank_EverySurvivorNamesItNoHang) {
             << ", kill -> survivors exited: mean " << sum_s / trials
             << " s, max " << max_s << " s (heartbeat timeout "
             << kHeartbeatTimeoutS << " s)\n";
+}
+
+// A frozen rank (SIGSTOP: alive, sockets open, silent): the survivors'
+// blocked collectives are aborted once the coordinator marks it lost; their
+// errors name it within 2x the heartbeat timeout (Gloo's own timeout here is
+// 60 s).
+TEST(KillTrialsTest, StopRandomRank_EverySurvivorNamesItWithinTwiceTimeout) {
+  std::mt19937_64 rng(7);
+  for (int t = 0; t < 3; ++t) {
+    const int victim = static_cast<int>(rng() % kWorld);
+    const absl::Duration delay =
+        absl::Milliseconds(1500 + static_cast<int>(rng() % 2000));
+    TrialResult r = RunTrial(victim, delay, t, SIGSTOP);
+    std::cout << "SIGSTOP trial " << t << ": rank " << victim << " after "
+              << absl::FormatDuration(delay) << "; survivors exited "
+              << r.seconds << " s later; " << (r.named ? "named" : "NOT named")
+              << "\n"
+              << r.detail << std::flush;
+    EXPECT_FALSE(r.hang) << "trial " << t;
+    EXPECT_TRUE(r.named) << "trial " << t << ": " << r.detail;
+    EXPECT_LT(r.seconds, 2 * kHeartbeatTimeoutS + 1.0) << "trial " << t;
+  }
 }
 
 TEST(KillTrialsTest, LaunchRanks_RankKilledFirst_NamedWithItsSignal) {
