@@ -37,6 +37,8 @@ absl::StatusOr<v1::Plan> Agent::Join(const v1::RankManifest& manifest,
   if (response.heartbeat_timeout_ms() > 0) {
     heartbeat_timeout_ = absl::Milliseconds(response.heartbeat_timeout_ms());
   }
+  coordinator_rank_ =
+      response.coordinator_in_rank() ? response.coordinator_rank() : -1;
   interval_ = options_.heartbeat_interval > absl::ZeroDuration()
                   ? options_.heartbeat_interval
                   : std::min(absl::Seconds(1), heartbeat_timeout_ / 5);
@@ -164,12 +166,22 @@ absl::Status Agent::OnStepFailed(const absl::Status& local) {
   request.set_rank(rank_);
   request.set_incarnation(incarnation_);
   bool reachable = true;
+  int failures = 0;
+  int host = -1;
+  {
+    absl::MutexLock lock(&mu_);
+    host = coordinator_rank_ == rank_ ? -1 : coordinator_rank_;
+  }
   while (true) {
     absl::StatusOr<v1::HeartbeatResponse> response =
         client_->Heartbeat(request);
     reachable = response.ok();
+    failures = reachable ? 0 : failures + 1;
     if (response.ok() && TakeResponse(*response)) break;
     if (absl::Now() >= deadline) break;
+    // The coordinator lived in rank `host`'s process and no longer
+    // answers: that rank is gone; no need to wait out the timeout.
+    if (host >= 0 && failures >= 3) break;
     absl::SleepFor(std::max(absl::Milliseconds(1), interval / 2));
   }
   std::string error;
@@ -184,6 +196,13 @@ absl::Status Agent::OnStepFailed(const absl::Status& local) {
     return absl::AbortedError(absl::StrCat(
         "rank ", rank_, ": step failed: ", error,
         " (reported by the coordinator); this rank saw: ", local.message()));
+  }
+  if (!reachable && host >= 0) {
+    return absl::AbortedError(absl::StrCat(
+        "rank ", rank_, ": step failed: rank ", host,
+        " lost: the coordinator it hosted no longer answers (its process "
+        "ended or stopped); this rank saw: ",
+        local.message()));
   }
   if (!reachable) {
     return absl::Status(

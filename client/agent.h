@@ -170,6 +170,8 @@ class Agent {
   absl::Duration interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
   std::string job_error_ ABSL_GUARDED_BY(mu_);  // empty while none
   int failed_rank_ ABSL_GUARDED_BY(mu_) = -1;
+  // The rank whose process hosts the coordinator, or -1 (from Join).
+  int coordinator_rank_ ABSL_GUARDED_BY(mu_) = -1;
   bool coordinator_lost_ ABSL_GUARDED_BY(mu_) = false;
   std::function<void()> abort_ ABSL_GUARDED_BY(mu_);
   bool aborted_ ABSL_GUARDED_BY(mu_) = false;

@@ -120,11 +120,7 @@ absl::StatusOr<v1::JoinResponse> CoordinatorService::Join(
     }
     // An idempotent retry of a rank that is already part of the plan.
     it->second.last_seen = options_.now();
-    v1::JoinResponse response;
-    *response.mutable_plan() = plan_;
-    response.set_heartbeat_timeout_ms(
-        absl::ToInt64Milliseconds(options_.heartbeat_timeout));
-    return response;
+    return JoinResponseLocked();
   }
 
   // Still waiting for ranks.
@@ -171,11 +167,7 @@ absl::StatusOr<v1::JoinResponse> CoordinatorService::Join(
   }
   switch (state_) {
     case JobState::kPlanned: {
-      v1::JoinResponse response;
-      *response.mutable_plan() = plan_;
-      response.set_heartbeat_timeout_ms(
-          absl::ToInt64Milliseconds(options_.heartbeat_timeout));
-      return response;
+      return JoinResponseLocked();
     }
     case JobState::kFailed:
       return error_;
@@ -186,6 +178,26 @@ absl::StatusOr<v1::JoinResponse> CoordinatorService::Join(
       "rank ", rank, " timed out after ", absl::FormatDuration(timeout),
       " waiting for ranks ", MissingRanksLocked(), " to join (", ranks_.size(),
       " of ", world_size_, " joined)"));
+}
+
+void CoordinatorService::NoteInProcessRank(int rank) {
+  absl::MutexLock lock(&mu_);
+  if (std::find(in_process_ranks_.begin(), in_process_ranks_.end(), rank) ==
+      in_process_ranks_.end()) {
+    in_process_ranks_.push_back(rank);
+  }
+}
+
+v1::JoinResponse CoordinatorService::JoinResponseLocked() const {
+  v1::JoinResponse response;
+  *response.mutable_plan() = plan_;
+  response.set_heartbeat_timeout_ms(
+      absl::ToInt64Milliseconds(options_.heartbeat_timeout));
+  if (in_process_ranks_.size() == 1) {
+    response.set_coordinator_in_rank(true);
+    response.set_coordinator_rank(in_process_ranks_[0]);
+  }
+  return response;
 }
 
 absl::StatusOr<CoordinatorService::RankInfo*>

@@ -124,6 +124,11 @@ class CoordinatorService {
   //   Unavailable: the service is shutting down.
   absl::StatusOr<v1::JoinResponse> Join(const v1::JoinRequest& request);
 
+  // Records that `rank` calls from the coordinator's own process
+  // (LocalCoordinationClient). When exactly one rank does, Join responses
+  // name it as the coordinator's host (JoinResponse.coordinator_rank).
+  void NoteInProcessRank(int rank);
+
   // Records that a rank is alive; returns the job state ("waiting",
   // "planned", "failed") and, once the job failed at run time, the job
   // error naming the failed rank. request.error reports this rank's own
@@ -242,6 +247,8 @@ class CoordinatorService {
   std::string MissingRanksLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // OK when a plan exists, else FailedPrecondition saying why.
   absl::Status PlanReadyLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The plan's Join response (heartbeat timeout, coordinator host).
+  v1::JoinResponse JoinResponseLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Finds a joined rank with a matching incarnation.
   absl::StatusOr<RankInfo*> FindRankLocked(int rank, uint64_t incarnation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -256,6 +263,8 @@ class CoordinatorService {
   // Run-time failure (a lost rank or a reported error); empty while none.
   std::string run_error_ ABSL_GUARDED_BY(mu_);
   int failed_rank_ ABSL_GUARDED_BY(mu_) = -1;
+  // Ranks that call from this process (NoteInProcessRank).
+  std::vector<int> in_process_ranks_ ABSL_GUARDED_BY(mu_);
   v1::Plan plan_ ABSL_GUARDED_BY(mu_);       // valid when kPlanned
   // Display name of each plan matrix (JobLayout::matrices[i].name); valid
   // when kPlanned.

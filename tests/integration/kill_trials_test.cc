@@ -6,7 +6,11 @@
 // 2x the heartbeat timeout plus process exit. KILL_TRIALS (default 10) sets
 // the number of trials; tools/kill_trials.sh runs 100 and prints the tally.
 // Also: LaunchRanks names the rank that failed first, with its signal.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <sys/types.h>
 
 #include <cstdlib>
@@ -59,8 +63,34 @@ struct TrialResult {
   std::string detail;
 };
 
+// Two consecutive free TCP ports on 127.0.0.1 (MASTER_PORT and the embedded
+// coordinator's MASTER_PORT + 1), or 0.
+int FreePortPair() {
+  std::mt19937 rng(static_cast<unsigned>(getpid()) ^
+                   static_cast<unsigned>(absl::ToUnixNanos(absl::Now())));
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    const int port = 20000 + static_cast<int>(rng() % 30000);
+    bool free = true;
+    for (int p : {port, port + 1}) {
+      const int fd = socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in addr{};
+      addr.sin_family = AF_INET;
+      addr.sin_port = htons(static_cast<uint16_t>(p));
+      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+        free = false;
+      }
+      close(fd);
+    }
+    if (free) return port;
+  }
+  return 0;
+}
+
+// One trial: with a daemon (heartbeat timeout kHeartbeatTimeoutS), or with
+// the coordinator embedded in rank 0 (`embedded`, its default timeout).
 TrialResult RunTrial(int victim, absl::Duration delay, int trial,
-                     int sig = SIGKILL) {
+                     int sig = SIGKILL, bool embedded = false) {
   TrialResult result;
   absl::StatusOr<std::string> dir = MakeTempDir("kill-");
   if (!dir.ok()) {
@@ -70,7 +100,8 @@ TrialResult RunTrial(int victim, absl::Duration delay, int trial,
   }
   std::ofstream(*dir + "/spec.json") << kSpec;
   const std::string port_file = *dir + "/port";
-  absl::StatusOr<pid_t> daemon = SpawnProcess(
+  absl::StatusOr<pid_t> daemon =
+      embedded ? absl::StatusOr<pid_t>(-1) : SpawnProcess(
       {"server/muon-coordinator", "--port=0", "--port_file=" + port_file,
        "--world_size=4", "--job_id=kill", "--join_timeout_s=20",
        absl::StrCat("--heartbeat_timeout_s=", kHeartbeatTimeoutS)});
@@ -80,7 +111,8 @@ TrialResult RunTrial(int victim, absl::Duration delay, int trial,
     return result;
   }
   absl::StatusOr<int> port =
-      WaitForPortFile(port_file, *daemon, absl::Seconds(30));
+      embedded ? absl::StatusOr<int>(FreePortPair())
+               : WaitForPortFile(port_file, *daemon, absl::Seconds(30));
   std::vector<pid_t> pids;
   if (port.ok()) {
     for (int r = 0; r < kWorld; ++r) {
@@ -88,21 +120,25 @@ TrialResult RunTrial(int victim, absl::Duration delay, int trial,
           "exec tests/multihost/muon_rank --spec=", *dir,
           "/spec.json --steps=100000000 --seed=", trial, " --out_dir=", *dir,
           " --timeout_s=60 2>", *dir, "/rank", r, ".err");
-      absl::StatusOr<pid_t> pid = SpawnProcess(
-          {"/bin/sh", "-c", command},
-          {absl::StrCat("RANK=", r), absl::StrCat("WORLD_SIZE=", kWorld),
-           absl::StrCat("LOCAL_RANK=", r),
-           absl::StrCat("LOCAL_WORLD_SIZE=", kWorld), "MASTER_ADDR=127.0.0.1",
-           absl::StrCat("MASTER_PORT=", *port),
-           absl::StrCat("MUON_COORDINATOR=127.0.0.1:", *port)});
+      std::vector<std::string> env = {
+          absl::StrCat("RANK=", r), absl::StrCat("WORLD_SIZE=", kWorld),
+          absl::StrCat("LOCAL_RANK=", r),
+          absl::StrCat("LOCAL_WORLD_SIZE=", kWorld), "MASTER_ADDR=127.0.0.1",
+          absl::StrCat("MASTER_PORT=", *port)};
+      if (!embedded) {
+        env.push_back(absl::StrCat("MUON_COORDINATOR=127.0.0.1:", *port));
+      }
+      absl::StatusOr<pid_t> pid = SpawnProcess({"/bin/sh", "-c", command}, env);
       if (pid.ok()) pids.push_back(*pid);
     }
   }
   if (pids.size() != static_cast<size_t>(kWorld)) {
     for (pid_t p : pids) kill(p, SIGKILL);
     WaitAll(pids, absl::Seconds(5));
-    kill(*daemon, SIGKILL);
-    WaitAll({*daemon}, absl::Seconds(5));
+    if (*daemon > 0) {
+      kill(*daemon, SIGKILL);
+      WaitAll({*daemon}, absl::Seconds(5));
+    }
     result.named = false;
     result.detail = "could not start the daemon or the ranks";
     return result;
@@ -123,8 +159,10 @@ TrialResult RunTrial(int victim, absl::Duration delay, int trial,
   for (int r = 0, i = 0; r < kWorld; ++r) {
     codes.push_back(r == victim ? victim_code : survivor_codes[i++]);
   }
-  kill(*daemon, SIGTERM);
-  WaitAll({*daemon}, absl::Seconds(10));
+  if (*daemon > 0) {
+    kill(*daemon, SIGTERM);
+    WaitAll({*daemon}, absl::Seconds(10));
+  }
   const std::string lost = absl::StrCat("rank ", victim, " lost");
   for (int r = 0; r < kWorld; ++r) {
     if (codes[r] == -1) result.hang = true;
@@ -201,6 +239,26 @@ TEST(KillTrialsTest, StopRandomRank_EverySurvivorNamesItWithinTwiceTimeout) {
     EXPECT_FALSE(r.hang) << "trial " << t;
     EXPECT_TRUE(r.named) << "trial " << t << ": " << r.detail;
     EXPECT_LT(r.seconds, 2 * kHeartbeatTimeoutS + 1.0) << "trial " << t;
+  }
+}
+
+// Rank 0 embeds the coordinator (no daemon): killing it takes the
+// coordinator along; the survivors find it unreachable and name rank 0
+// (JoinResponse.coordinator_rank) instead of waiting out the timeout.
+TEST(KillTrialsTest, KillRankHostingCoordinator_SurvivorsNameRankZero) {
+  std::mt19937_64 rng(11);
+  for (int t = 0; t < 2; ++t) {
+    const absl::Duration delay =
+        absl::Milliseconds(1500 + static_cast<int>(rng() % 2000));
+    TrialResult r = RunTrial(0, delay, t, SIGKILL, /*embedded=*/true);
+    std::cout << "embedded trial " << t << ": killed rank 0 after "
+              << absl::FormatDuration(delay) << "; survivors exited "
+              << r.seconds << " s later; " << (r.named ? "named" : "NOT named")
+              << "\n"
+              << r.detail << std::flush;
+    EXPECT_FALSE(r.hang) << "trial " << t;
+    EXPECT_TRUE(r.named) << "trial " << t << ": " << r.detail;
+    EXPECT_LT(r.seconds, 10.0) << "trial " << t;  // default timeout 10 s
   }
 }
 
