@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "common/checked_math.h"
+#include "common/status_macros.h"
 
 namespace muon {
 
@@ -140,6 +141,7 @@ absl::StatusOr<Box> LocalBox(int64_t rows, int64_t cols,
 absl::StatusOr<std::vector<Box>> AllBoxes(
     int64_t rows, int64_t cols, const std::vector<Placement>& placements,
     const Mesh& mesh) {
+  MUON_RETURN_IF_ERROR(mesh.Validate());
   std::vector<Box> boxes;
   boxes.reserve(mesh.world_size());
   for (int r = 0; r < mesh.world_size(); ++r) {
@@ -201,8 +203,27 @@ absl::StatusOr<std::vector<MatrixBoxes>> ParamMatrices(
                      "-D tensor is neither a matrix nor a 3-D expert "
                      "stack"));
   }
+  // Every size below is bounded before anything is allocated from it.
+  MUON_RETURN_IF_ERROR(mesh.Validate());
+  for (int64_t n : shape) {
+    if (n < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shape [", absl::StrJoin(shape, ", "), "] has a negative dim"));
+    }
+  }
   const bool stack = shape.size() == 3;
   const int64_t experts = stack ? shape[0] : 1;
+  if (experts > kMaxExperts ||
+      !CheckedProduct(shape, kMaxParamElements).has_value() ||
+      !CheckedProduct({experts, int64_t{mesh.world_size()}},
+                      kMaxMatrixRankBoxes)
+           .has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shape [", absl::StrJoin(shape, ", "), "] over the mesh ",
+                     mesh.ToString(), " exceeds the limits: at most ",
+                     kMaxExperts, " experts, ", kMaxParamElements,
+                     " elements, ", kMaxMatrixRankBoxes, " experts x ranks"));
+  }
   std::vector<MatrixBoxes> out(experts);
   for (int64_t e = 0; e < experts; ++e) {
     out[e].slice = static_cast<int>(e);

@@ -108,6 +108,7 @@ absl::StatusOr<Box> LocalBox(int64_t rows, int64_t cols,
                              const Mesh& mesh, const std::vector<int>& coord);
 
 // Boxes of every rank (index = rank) for the matrix; see LocalBox.
+// Errors: also InvalidArgument when the mesh is invalid (Mesh::Validate).
 absl::StatusOr<std::vector<Box>> AllBoxes(
     int64_t rows, int64_t cols, const std::vector<Placement>& placements,
     const Mesh& mesh);
@@ -149,7 +150,10 @@ struct MatrixBoxes {
 // cols]) with each rank's box. For 3-D stacks, Shard(0) splits experts
 // (expert parallelism: a slice lives whole on its ep group and is never
 // gathered across ep); Shard(1)/Shard(2) split rows/cols.
-// Errors: InvalidArgument (not 2-D or 3-D; see LocalRanges).
+// Errors: InvalidArgument (not 2-D or 3-D; an invalid mesh; a negative
+// dim; more than kMaxExperts experts, kMaxParamElements elements or
+// kMaxMatrixRankBoxes experts x ranks, common/checked_math.h; see
+// LocalRanges). Nothing is allocated before these checks.
 absl::StatusOr<std::vector<MatrixBoxes>> ParamMatrices(
     const std::vector<int64_t>& shape, const std::vector<Placement>& placements,
     const Mesh& mesh, const SubMesh& sub_mesh = {});

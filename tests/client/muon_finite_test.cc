@@ -203,5 +203,21 @@ TEST(MuonFiniteTest, Step_NanOnOneOfFourRanks_EveryRankFailsUnchanged) {
   }
 }
 
+TEST(MuonLimitsTest, Create_HugeExpertStack_ReturnsInvalidArgument) {
+  // A 3-D stack claiming 2^40 experts: an error naming the parameter, never
+  // an allocation of 2^40 per-expert tables (bad_alloc, SIGABRT before).
+  std::vector<float> w(4), g(4);
+  ParamView v;
+  v.name = "moe.experts.w1";
+  v.data = w.data();
+  v.grad = g.data();
+  v.expert_stack = true;
+  v.local_shape = {1, 2, 2};
+  v.global_shape = {int64_t{1} << 40, 2, 2};
+  EXPECT_THAT(Muon::Create(std::vector<ParamView>{v}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("moe.experts.w1")));
+}
+
 }  // namespace
 }  // namespace muon

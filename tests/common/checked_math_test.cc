@@ -144,6 +144,28 @@ TEST(CheckedMathTest,
                                        HasSubstr("16777216"))));
 }
 
+TEST(CheckedMathTest, ParamMatrices_HugeExpertCount_ReturnsInvalidArgument) {
+  // Before: std::vector<MatrixBoxes>(2^40) threw bad_alloc (SIGABRT).
+  EXPECT_THAT(ParamMatrices({int64_t{1} << 40, 2, 2}, {Placement::Shard(0)},
+                            Mesh::OneDim(4)),
+              StatusIs(kInvalid, AllOf(HasSubstr("[1099511627776, 2, 2]"),
+                                       HasSubstr("65536 experts"))));
+  EXPECT_THAT(
+      ParamMatrices({60000, 2, 2}, {Placement::Shard(1)}, Mesh::OneDim(1024)),
+      StatusIs(kInvalid, HasSubstr("dp_shard=1024")));
+  EXPECT_THAT(ParamMatrices({-1, 2}, {Placement::Shard(0)}, Mesh::OneDim(4)),
+              StatusIs(kInvalid, HasSubstr("negative")));
+  EXPECT_THAT(ParamMatrices({8, 2, 2}, {Placement::Shard(0)}, Mesh::OneDim(4)),
+              IsOk());
+}
+
+TEST(CheckedMathTest, AllBoxes_OverflowingMesh_ReturnsInvalidArgument) {
+  // Before: reserve(wrapped world size) or a wrong, small table.
+  EXPECT_THAT(AllBoxes(4, 4, {Placement::Shard(0), Placement::Shard(1)},
+                       Mesh{{"dp", "tp"}, {3, 1431655766}}),
+              StatusIs(kInvalid, HasSubstr("dp=3 x tp=1431655766")));
+}
+
 TEST(CheckedMathTest, CheckJobSize_TooManyParams_ReturnsInvalidArgument) {
   EXPECT_THAT(CheckJobSize(Mesh::OneDim(2), kMaxParams + 1, kMaxParams + 1),
               StatusIs(kInvalid, HasSubstr("1048577 parameters")));
