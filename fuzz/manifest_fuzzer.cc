@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "google/protobuf/stubs/logging.h"
 #include "google/protobuf/unknown_field_set.h"
 #include "muon/v1/coordinator.pb.h"
 #include "plan/manifest_validation.h"
@@ -26,6 +27,13 @@
 namespace {
 constexpr int kMaxJoins = 8;
 }  // namespace
+
+// protobuf logs every string field with invalid UTF-8 it parses: silence it
+// (the parse result is what matters).
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  google::protobuf::SetLogHandler(nullptr);
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   google::protobuf::UnknownFieldSet fields;
