@@ -312,6 +312,21 @@ void Agent::HeartbeatLoop() {
                      rank_);
       }
       TakeResponse(*response);
+    } else if (absl::IsNotFound(response.status()) ||
+               absl::IsAborted(response.status())) {
+      // The coordinator answers but no longer knows this rank (or this
+      // incarnation): it restarted. Ranks do not re-register into a
+      // running job: said once, training goes on, reports are dropped.
+      absl::MutexLock lock(&mu_);
+      if (!coordinator_lost_) {
+        coordinator_lost_ = true;
+        std::fprintf(stderr,
+                     "rank %d: the coordinator no longer knows this rank "
+                     "(%s): it was restarted; ranks do not re-register into "
+                     "a running job (restart the job to have a coordinator "
+                     "again); training goes on, step reports are dropped\n",
+                     rank_, std::string(response.status().message()).c_str());
+      }
     } else {
       // Not fatal: training goes on while the data path is healthy; the
       // coordinator marks this rank lost if it cannot hear it.

@@ -100,8 +100,10 @@ class Agent {
   absl::Status job_error() const;
   // The rank the job error names, or -1.
   int failed_rank() const;
-  // Whether Heartbeats have failed for longer than the heartbeat timeout
-  // (said once on stderr; cleared by the next successful Heartbeat).
+  // Whether Heartbeats have failed for longer than the heartbeat timeout,
+  // or the coordinator no longer knows this rank (NotFound/Aborted: it was
+  // restarted; ranks do not re-register into a running job). Said once on
+  // stderr; cleared by the next successful Heartbeat.
   bool coordinator_unreachable() const;
 
   // The error a failed step should return. `local` is the step's own error.

@@ -466,7 +466,8 @@ TEST(AgentTest, Heartbeats_CoordinatorDies_NoticedOnceWithinTimeout) {
   std::vector<std::unique_ptr<Agent>> agents;
   for (int r = 0; r < 2; ++r) {
     absl::StatusOr<std::unique_ptr<GrpcCoordinationClient>> c =
-        GrpcCoordinationClient::Create(address, "agent", absl::Seconds(1));
+        GrpcCoordinationClient::Create(address, "agent",
+                                       absl::Milliseconds(200));
     ASSERT_THAT(c, IsOk());
     clients.push_back(*std::move(c));
     agents.push_back(std::make_unique<Agent>(clients.back().get(), r, 600 + r,
@@ -483,9 +484,12 @@ TEST(AgentTest, Heartbeats_CoordinatorDies_NoticedOnceWithinTimeout) {
   const absl::Time died = absl::Now();
   ASSERT_TRUE(WaitFor([&] { return agents[0]->coordinator_unreachable(); },
                       absl::Seconds(3)));
+  // The timeout, plus a heartbeat in flight when it died (bounded by the
+  // client's 200 ms RPC deadline), plus an interval, plus slack.
   EXPECT_LT(absl::Now() - died, absl::Milliseconds(300) +
-                                    absl::Milliseconds(60) * 2 +
-                                    absl::Milliseconds(200));
+                                    absl::Milliseconds(200) +
+                                    absl::Milliseconds(60) +
+                                    absl::Milliseconds(300));
   absl::SleepFor(absl::Milliseconds(400));  // more failed heartbeats
   agents[0]->Report(StepReportFor(1));
   for (auto& a : agents) a->Stop(absl::Milliseconds(100));
@@ -495,6 +499,92 @@ TEST(AgentTest, Heartbeats_CoordinatorDies_NoticedOnceWithinTimeout) {
       << err;
   EXPECT_EQ(agents[0]->reports_dropped(), 1);
   EXPECT_TRUE(agents[0]->job_error().ok());  // no job error: training goes on
+}
+
+
+// Forwards to a service that a test can swap (a restarted coordinator).
+class SwitchableClient final : public CoordinationClient {
+ public:
+  explicit SwitchableClient(CoordinatorService* service)
+      : local_(std::make_unique<LocalCoordinationClient>(service)) {}
+  void Switch(CoordinatorService* service) {
+    absl::MutexLock lock(&mu_);
+    local_ = std::make_unique<LocalCoordinationClient>(service);
+  }
+  absl::StatusOr<v1::JoinResponse> Join(
+      const v1::JoinRequest& request) override {
+    absl::MutexLock lock(&mu_);
+    return local_->Join(request);
+  }
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(
+      const v1::HeartbeatRequest& request) override {
+    absl::MutexLock lock(&mu_);
+    return local_->Heartbeat(request);
+  }
+  absl::Status ReportStep(const v1::StepReport& report) override {
+    absl::MutexLock lock(&mu_);
+    return local_->ReportStep(report);
+  }
+  absl::Status KeySet(const std::string& key,
+                      const std::string& value) override {
+    absl::MutexLock lock(&mu_);
+    return local_->KeySet(key, value);
+  }
+  absl::StatusOr<std::string> KeyGet(const std::string& key,
+                                     absl::Duration timeout) override {
+    absl::MutexLock lock(&mu_);
+    return local_->KeyGet(key, timeout);
+  }
+  absl::StatusOr<v1::JobInfo> GetJob() override { absl::MutexLock lock(&mu_);
+    return local_->GetJob(); }
+  absl::StatusOr<v1::Plan> GetPlan() override { absl::MutexLock lock(&mu_);
+    return local_->GetPlan(); }
+  absl::StatusOr<v1::GetAssignmentsResponse> GetAssignments() override {
+    absl::MutexLock lock(&mu_);
+    return local_->GetAssignments();
+  }
+  absl::StatusOr<v1::ListRanksResponse> ListRanks() override {
+    absl::MutexLock lock(&mu_);
+    return local_->ListRanks();
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::unique_ptr<LocalCoordinationClient> local_;
+};
+
+// Issue 10 item 2: a restarted coordinator (it no longer knows the rank) is
+// detected at the next heartbeat and said once; training goes on.
+TEST(AgentTest, Heartbeats_CoordinatorRestarted_DetectedOnceAtNextBeat) {
+  CoordinatorService::Options service_options;
+  service_options.job_id = "agent";
+  service_options.heartbeat_timeout = absl::Seconds(5);
+  CoordinatorService first(service_options);
+  CoordinatorService restarted(service_options);
+  std::vector<std::unique_ptr<SwitchableClient>> clients;
+  std::vector<std::unique_ptr<Agent>> agents;
+  Agent::Options options;
+  options.heartbeat_interval = absl::Milliseconds(20);
+  for (int r = 0; r < 2; ++r) {
+    clients.push_back(std::make_unique<SwitchableClient>(&first));
+    agents.push_back(
+        std::make_unique<Agent>(clients.back().get(), r, 300 + r, options));
+  }
+  JoinAll(agents, TwoRankManifests());
+  for (auto& a : agents) a->Start();
+  absl::SleepFor(absl::Milliseconds(60));
+  EXPECT_FALSE(agents[0]->coordinator_unreachable());
+  ::testing::internal::CaptureStderr();
+  for (auto& c : clients) c->Switch(&restarted);
+  ASSERT_TRUE(WaitFor([&] { return agents[0]->coordinator_unreachable(); },
+                      absl::Seconds(1)));  // not the 5 s timeout
+  absl::SleepFor(absl::Milliseconds(100));
+  for (auto& a : agents) a->Stop(absl::Milliseconds(100));
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(CountSubstr(err, "rank 0: the coordinator no longer knows"), 1)
+      << err;
+  EXPECT_THAT(err, HasSubstr("it was restarted"));
+  EXPECT_TRUE(agents[0]->job_error().ok());
 }
 
 }  // namespace
