@@ -9,7 +9,10 @@ set -eu
 n="${1:-100}"
 seed="${2:-20261122}"
 cd "$(dirname "$0")/.."
-bazel build //tests/integration:kill_trials_test >/dev/null
+if ! bazel build //tests/integration:kill_trials_test >/dev/null 2>&1; then
+  bazel build //tests/integration:kill_trials_test
+  exit 1
+fi
 runfiles="bazel-bin/tests/integration/kill_trials_test.runfiles/muon"
 cd "$runfiles"
 KILL_TRIALS="$n" KILL_TRIALS_SEED="$seed" \
