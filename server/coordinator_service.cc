@@ -118,8 +118,10 @@ absl::StatusOr<v1::JoinResponse> CoordinatorService::Join(
           absl::StrCat("rank ", rank, " joined after the job was planned with ",
                        world_size_, " ranks"));
     }
-    // An idempotent retry of a rank that is already part of the plan.
+    // An idempotent retry of a rank that is already part of the plan (or
+    // a new optimizer of a rank that left): it is back.
     it->second.last_seen = options_.now();
+    it->second.finished = false;
     return JoinResponseLocked();
   }
 

@@ -158,6 +158,25 @@ TEST_F(FailurePropagationTest, Heartbeat_Leaving_RankFinishedNeverLost) {
   EXPECT_EQ(ranks->ranks(3).state(), "finished");
 }
 
+TEST_F(FailurePropagationTest, Join_AfterLeaving_RankCanBeLostAgain) {
+  CoordinatorService service(Options());
+  JoinAll(service);
+  ASSERT_THAT(Beat(service, 3, "", /*leaving=*/true), IsOk());
+  // Rank 3 makes a new optimizer: the same incarnation joins again.
+  v1::JoinRequest again;
+  *again.mutable_manifest() = Manifests(FourRankSpec())[3];
+  again.set_incarnation(103);
+  ASSERT_THAT(service.Join(again), IsOk());
+  for (int i = 0; i < 2; ++i) {
+    clock_.Advance(absl::Milliseconds(200));
+    for (int r : {0, 1, 2}) ASSERT_THAT(Beat(service, r), IsOk());
+  }
+  absl::StatusOr<v1::HeartbeatResponse> response = Beat(service, 0);
+  ASSERT_THAT(response, IsOk());
+  EXPECT_EQ(response->failed_rank(), 3);
+  EXPECT_THAT(response->job_error(), HasSubstr("rank 3 lost"));
+}
+
 TEST_F(FailurePropagationTest, ListRanks_FrozenRankLate_StragglerBeforeLost) {
   CoordinatorService::Options options = Options();
   options.heartbeat_timeout = absl::Seconds(30);
