@@ -14,6 +14,8 @@
 #   -fork=1 with -ignore_crashes/-ignore_timeouts/-ignore_ooms) to collect
 #   several distinct reproducers in one run; any artifact still fails it.
 #   FUZZ_NO_BUILD=1 skips the build.
+# Before fuzzing, the reproducers kept in fuzz/crashes/TARGET/ (findings
+# since fixed) are replayed: one that fails again fails the run.
 # Prints one line "fuzz TARGET: N execs in S s, C crashes, T timeouts,
 # O ooms/leaks, K corpus units" and the artifacts' paths.
 set -uo pipefail
@@ -48,6 +50,16 @@ if [[ -f fuzz/dict/$target.dict ]]; then args+=(-dict="fuzz/dict/$target.dict");
 if [[ ${FUZZ_KEEP_GOING:-0} == 1 ]]; then
   args+=(-fork=1 -ignore_crashes=1 -ignore_timeouts=1 -ignore_ooms=1)
 fi
+# Regression: the reproducers of fixed findings (fuzz/crashes/TARGET/) run
+# first; any that still fails fails the run.
+if compgen -G "fuzz/crashes/$target/*" >/dev/null; then
+  if ! "$bin" -timeout=10 -rss_limit_mb=2048 fuzz/crashes/"$target"/* >"$log.replay" 2>&1; then
+    echo "fuzz $target: a reproducer in fuzz/crashes/$target/ fails again (log: $log.replay):"
+    grep -m3 -E 'Running:|ERROR|runtime error|what\(\)' "$log.replay" | sed 's/^/  /'
+    echo "fuzz $target: FAILED"
+    exit 1
+  fi
+fi
 start=$(date +%s)
 "$bin" "${args[@]}" "$work" "$seeds" >"$log" 2>&1
 status=$?
@@ -55,6 +67,11 @@ elapsed=$(( $(date +%s) - start ))
 crashes=$(grep -c -E '^(==[0-9]+==ERROR|.*runtime error:|==[0-9]+== ERROR: libFuzzer: deadly signal)' "$log")
 timeouts=$(grep -c 'ERROR: libFuzzer: timeout' "$log")
 ooms=$(grep -c -E 'ERROR: libFuzzer: out-of-memory|ERROR: LeakSanitizer' "$log")
+# Fork mode (FUZZ_KEEP_GOING=1) counts in its status lines instead.
+if fork=$(grep -o 'oom/timeout/crash: [0-9]*/[0-9]*/[0-9]*' "$log" | tail -1 | grep -o '[0-9/]*$'); then
+  IFS=/ read -r o t c <<<"$fork"
+  ooms=$((ooms + o)); timeouts=$((timeouts + t)); crashes=$((crashes + c))
+fi
 execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | awk '{s += $2} END {print s + 0}')
 if [[ $execs -eq 0 ]]; then
   # Fork mode prints no final stats: take the last status line's count.
