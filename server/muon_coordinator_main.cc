@@ -37,7 +37,7 @@ ABSL_FLAG(int64_t, bucket_size_bytes, 0,
           "per bucket.");
 ABSL_FLAG(std::string, port_file, "",
           "If set, the bound port is written to this file (atomically).");
-ABSL_FLAG(double, heartbeat_timeout_s, 30.0,
+ABSL_FLAG(double, heartbeat_timeout_s, 10.0,
           "Seconds without a heartbeat after which a rank is reported lost.");
 ABSL_FLAG(double, join_timeout_s, 60.0,
           "Default seconds a Join waits for the other ranks.");
