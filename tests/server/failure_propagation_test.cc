@@ -64,9 +64,9 @@ class FailurePropagationTest : public ::testing::Test {
         absl::StatusOr<v1::JoinResponse> response = service.Join(request);
         statuses[r] = response.status();
         if (response.ok()) {
-          EXPECT_EQ(response->heartbeat_timeout_ms(),
-                    absl::ToInt64Milliseconds(
-                        service.options().heartbeat_timeout));
+          EXPECT_EQ(
+              response->heartbeat_timeout_ms(),
+              absl::ToInt64Milliseconds(service.options().heartbeat_timeout));
         }
       });
     }
@@ -98,7 +98,8 @@ TEST_F(FailurePropagationTest,
     for (int r : {0, 1, 3}) {
       absl::StatusOr<v1::HeartbeatResponse> response = Beat(service, r);
       ASSERT_THAT(response, IsOk());
-      EXPECT_EQ(response->job_error(), "") << "after " << (i + 1) * 100 << " ms";
+      EXPECT_EQ(response->job_error(), "")
+          << "after " << (i + 1) * 100 << " ms";
       EXPECT_EQ(response->job_state(), "planned");
     }
   }
