@@ -376,9 +376,9 @@ bool CoordinatorService::IsLateLocked(
   }
   if (!others_ahead) return false;
   const size_t n = sorted_times.size();
-  const double median = n % 2 == 1 ? sorted_times[n / 2]
-                                   : 0.5 * (sorted_times[n / 2 - 1] +
-                                            sorted_times[n / 2]);
+  const double median =
+      n % 2 == 1 ? sorted_times[n / 2]
+                 : 0.5 * (sorted_times[n / 2 - 1] + sorted_times[n / 2]);
   return median > 0 && absl::ToDoubleSeconds(now - info.last_report_at) >
                            options_.straggler_factor * median;
 }

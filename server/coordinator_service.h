@@ -198,7 +198,7 @@ class CoordinatorService {
 
   struct RankInfo {
     uint64_t incarnation = 0;
-    bool finished = false;     // left cleanly (Heartbeat with leaving)
+    bool finished = false;      // left cleanly (Heartbeat with leaving)
     absl::Time last_report_at;  // when last_report arrived
     v1::RankManifest manifest;
     absl::Time last_seen;
@@ -265,7 +265,7 @@ class CoordinatorService {
   int failed_rank_ ABSL_GUARDED_BY(mu_) = -1;
   // Ranks that call from this process (NoteInProcessRank).
   std::vector<int> in_process_ranks_ ABSL_GUARDED_BY(mu_);
-  v1::Plan plan_ ABSL_GUARDED_BY(mu_);       // valid when kPlanned
+  v1::Plan plan_ ABSL_GUARDED_BY(mu_);  // valid when kPlanned
   // Display name of each plan matrix (JobLayout::matrices[i].name); valid
   // when kPlanned.
   std::vector<std::string> matrix_names_ ABSL_GUARDED_BY(mu_);

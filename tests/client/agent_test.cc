@@ -381,7 +381,6 @@ TEST(AgentTest, Heartbeats_AgentStopped_RankLostWithinTimeout) {
   agents[0]->Stop();
 }
 
-
 // Issue 10 item 1: a rank's own failure (not a communication error) is
 // reported; the coordinator makes it the job error and the other rank's
 // agent gets it with its next heartbeat and runs its abort callback.
@@ -407,12 +406,12 @@ TEST(AgentTest, OnStepFailed_OwnError_ReportedOtherRankAbortsNamingIt) {
   const absl::Status own =
       absl::InvalidArgumentError("rank 0: parameter \"w\" has a NaN gradient");
   EXPECT_EQ(agents[0]->OnStepFailed(own), own);
-  ASSERT_TRUE(WaitFor([&] { return !agents[1]->job_error().ok(); },
-                      absl::Seconds(1)));
-  EXPECT_THAT(agents[1]->job_error(),
-              StatusIs(absl::StatusCode::kAborted,
-                       AllOf(HasSubstr("rank 0 failed"),
-                             HasSubstr("NaN gradient"))));
+  ASSERT_TRUE(
+      WaitFor([&] { return !agents[1]->job_error().ok(); }, absl::Seconds(1)));
+  EXPECT_THAT(
+      agents[1]->job_error(),
+      StatusIs(absl::StatusCode::kAborted,
+               AllOf(HasSubstr("rank 0 failed"), HasSubstr("NaN gradient"))));
   EXPECT_EQ(agents[1]->failed_rank(), 0);
   EXPECT_TRUE(WaitFor([&] { return aborts.load() == 1; }));
   // A communication error on rank 1 now names rank 0 at once.
@@ -486,21 +485,18 @@ TEST(AgentTest, Heartbeats_CoordinatorDies_NoticedOnceWithinTimeout) {
                       absl::Seconds(3)));
   // The timeout, plus a heartbeat in flight when it died (bounded by the
   // client's 200 ms RPC deadline), plus an interval, plus slack.
-  EXPECT_LT(absl::Now() - died, absl::Milliseconds(300) +
-                                    absl::Milliseconds(200) +
-                                    absl::Milliseconds(60) +
-                                    absl::Milliseconds(300));
+  EXPECT_LT(absl::Now() - died,
+            absl::Milliseconds(300) + absl::Milliseconds(200) +
+                absl::Milliseconds(60) + absl::Milliseconds(300));
   absl::SleepFor(absl::Milliseconds(400));  // more failed heartbeats
   agents[0]->Report(StepReportFor(1));
   for (auto& a : agents) a->Stop(absl::Milliseconds(100));
   const std::string err = ::testing::internal::GetCapturedStderr();
-  EXPECT_EQ(CountSubstr(err, "rank 0: the coordinator has been unreachable"),
-            1)
+  EXPECT_EQ(CountSubstr(err, "rank 0: the coordinator has been unreachable"), 1)
       << err;
   EXPECT_EQ(agents[0]->reports_dropped(), 1);
   EXPECT_TRUE(agents[0]->job_error().ok());  // no job error: training goes on
 }
-
 
 // Forwards to a service that a test can swap (a restarted coordinator).
 class SwitchableClient final : public CoordinationClient {
@@ -535,10 +531,14 @@ class SwitchableClient final : public CoordinationClient {
     absl::MutexLock lock(&mu_);
     return local_->KeyGet(key, timeout);
   }
-  absl::StatusOr<v1::JobInfo> GetJob() override { absl::MutexLock lock(&mu_);
-    return local_->GetJob(); }
-  absl::StatusOr<v1::Plan> GetPlan() override { absl::MutexLock lock(&mu_);
-    return local_->GetPlan(); }
+  absl::StatusOr<v1::JobInfo> GetJob() override {
+    absl::MutexLock lock(&mu_);
+    return local_->GetJob();
+  }
+  absl::StatusOr<v1::Plan> GetPlan() override {
+    absl::MutexLock lock(&mu_);
+    return local_->GetPlan();
+  }
   absl::StatusOr<v1::GetAssignmentsResponse> GetAssignments() override {
     absl::MutexLock lock(&mu_);
     return local_->GetAssignments();

@@ -175,12 +175,11 @@ TEST(FailurePropagationTest,
   for (int r = 0; r < kWorld; ++r) ASSERT_THAT(statuses[r], IsOk()) << r;
   for (int r = 0; r < kWorld; ++r) {
     if (r == kStopped) continue;
-    EXPECT_THAT(second_step[r],
-                StatusIs(absl::StatusCode::kAborted,
-                         AllOf(HasSubstr(absl::StrCat("rank ", r,
-                                                      ": step failed")),
-                               HasSubstr("rank 3 lost"),
-                               HasSubstr("no heartbeat"))))
+    EXPECT_THAT(
+        second_step[r],
+        StatusIs(absl::StatusCode::kAborted,
+                 AllOf(HasSubstr(absl::StrCat("rank ", r, ": step failed")),
+                       HasSubstr("rank 3 lost"), HasSubstr("no heartbeat"))))
         << r;
     EXPECT_LT(took[r], 2 * kHeartbeatTimeout) << "rank " << r;
   }

@@ -10,8 +10,8 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
-#include <unistd.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -58,7 +58,7 @@ constexpr char kSpec[] = R"json({
 
 struct TrialResult {
   bool hang = false;
-  bool named = true;  // every survivor's error names the victim
+  bool named = true;   // every survivor's error names the victim
   double seconds = 0;  // kill -> every survivor exited
   std::string detail;
 };
@@ -101,10 +101,12 @@ TrialResult RunTrial(int victim, absl::Duration delay, int trial,
   std::ofstream(*dir + "/spec.json") << kSpec;
   const std::string port_file = *dir + "/port";
   absl::StatusOr<pid_t> daemon =
-      embedded ? absl::StatusOr<pid_t>(-1) : SpawnProcess(
-      {"server/muon-coordinator", "--port=0", "--port_file=" + port_file,
-       "--world_size=4", "--job_id=kill", "--join_timeout_s=20",
-       absl::StrCat("--heartbeat_timeout_s=", kHeartbeatTimeoutS)});
+      embedded ? absl::StatusOr<pid_t>(-1)
+               : SpawnProcess({"server/muon-coordinator", "--port=0",
+                               "--port_file=" + port_file, "--world_size=4",
+                               "--job_id=kill", "--join_timeout_s=20",
+                               absl::StrCat("--heartbeat_timeout_s=",
+                                            kHeartbeatTimeoutS)});
   if (!daemon.ok()) {
     result.named = false;
     result.detail = std::string(daemon.status().message());
@@ -120,11 +122,12 @@ TrialResult RunTrial(int victim, absl::Duration delay, int trial,
           "exec tests/multihost/muon_rank --spec=", *dir,
           "/spec.json --steps=100000000 --seed=", trial, " --out_dir=", *dir,
           " --timeout_s=60 2>", *dir, "/rank", r, ".err");
-      std::vector<std::string> env = {
-          absl::StrCat("RANK=", r), absl::StrCat("WORLD_SIZE=", kWorld),
-          absl::StrCat("LOCAL_RANK=", r),
-          absl::StrCat("LOCAL_WORLD_SIZE=", kWorld), "MASTER_ADDR=127.0.0.1",
-          absl::StrCat("MASTER_PORT=", *port)};
+      std::vector<std::string> env = {absl::StrCat("RANK=", r),
+                                      absl::StrCat("WORLD_SIZE=", kWorld),
+                                      absl::StrCat("LOCAL_RANK=", r),
+                                      absl::StrCat("LOCAL_WORLD_SIZE=", kWorld),
+                                      "MASTER_ADDR=127.0.0.1",
+                                      absl::StrCat("MASTER_PORT=", *port)};
       if (!embedded) {
         env.push_back(absl::StrCat("MUON_COORDINATOR=127.0.0.1:", *port));
       }
