@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the CUDA configuration and packs what a GPU machine needs into
 # .device/ (git-ignored, < 64 MiB): the GPU tests, the GPU benchmark, muonctl
-# and the coordinator, with their Debian libraries (../shared/tools/
+# and the coordinator, muonrun and libmuonrt.so (with python/ for muonrt),
+# with their Debian libraries (../shared/tools/
 # device-bundle.sh), plus the PyTorch comparison scripts and
 # tools/device_checks.sh, which runs them all there:
 #   bash tools/pack_device.sh
@@ -15,7 +16,9 @@ targets=(
   //tests/client:nccl_communicator_test
   //tools:ns_gpu_bench
   //tools:muonctl
+  //tools:muonrun
   //server:muon-coordinator
+  //capi:libmuonrt.so
 )
 bazel build --config=cuda "${targets[@]}"
 bin=$(bazel info --config=cuda bazel-bin 2>/dev/null)
@@ -28,4 +31,9 @@ rm -rf .device
 ../shared/tools/device-bundle.sh .device "${paths[@]}"
 cp tools/torch_ns_bench.py tools/torch_muon_compare.py tools/device_checks.sh .device/
 cp -r examples/specs .device/specs
+# The Python package and the PyTorch job for the device's PyTorch (issue 11):
+# on the device, MUONRT_LIBRARY=/tmp/muon-bundle/bin/libmuonrt.so and
+# PYTHONPATH=.device/python (the bundle's run.sh sets LD_LIBRARY_PATH).
+cp -r python .device/python
+mkdir -p .device/examples && cp -r examples/fashion_mnist_torch .device/examples/
 du -sh .device
