@@ -11,33 +11,18 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/server/fake_clock.h"
 #include "tests/server/test_specs.h"
 #include "tests/status_matchers.h"
 
 namespace muon {
 namespace {
 
+using ::muon::testing::FakeClock;
 using ::muon::testing::FourRankSpec;
 using ::muon::testing::Manifests;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-
-// A clock tests move by hand.
-class FakeClock {
- public:
-  absl::Time Now() {
-    absl::MutexLock lock(&mu_);
-    return now_;
-  }
-  void Advance(absl::Duration d) {
-    absl::MutexLock lock(&mu_);
-    now_ += d;
-  }
-
- private:
-  absl::Mutex mu_;
-  absl::Time now_ = absl::FromUnixSeconds(1700000000);
-};
 
 v1::JoinRequest JoinRequestFor(const v1::RankManifest& manifest,
                                int64_t timeout_ms = 2000) {

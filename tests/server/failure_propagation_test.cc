@@ -13,32 +13,18 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/coordinator_service.h"
+#include "tests/server/fake_clock.h"
 #include "tests/server/test_specs.h"
 #include "tests/status_matchers.h"
 
 namespace muon {
 namespace {
 
+using ::muon::testing::FakeClock;
 using ::muon::testing::FourRankSpec;
 using ::muon::testing::Manifests;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-
-class FakeClock {
- public:
-  absl::Time Now() {
-    absl::MutexLock lock(&mu_);
-    return now_;
-  }
-  void Advance(absl::Duration d) {
-    absl::MutexLock lock(&mu_);
-    now_ += d;
-  }
-
- private:
-  absl::Mutex mu_;
-  absl::Time now_ = absl::FromUnixSeconds(1700000000);
-};
 
 class FailurePropagationTest : public ::testing::Test {
  protected:
