@@ -295,12 +295,14 @@ void Agent::HeartbeatLoop() {
   request.set_rank(rank_);
   request.set_incarnation(incarnation_);
   absl::Time last_ok = absl::Now();
+  int failures = 0;  // consecutive failed heartbeats
   while (true) {
     absl::StatusOr<v1::HeartbeatResponse> response =
         client_->Heartbeat(request);
     const absl::Time now = absl::Now();
     if (response.ok()) {
       last_ok = now;
+      failures = 0;
       bool was_lost = false;
       {
         absl::MutexLock lock(&mu_);
@@ -328,8 +330,27 @@ void Agent::HeartbeatLoop() {
                      rank_, std::string(response.status().message()).c_str());
       }
     } else {
-      // Not fatal: training goes on while the data path is healthy; the
-      // coordinator marks this rank lost if it cannot hear it.
+      // The coordinator lived in another rank's process (embedded) and has
+      // been unavailable for 3 heartbeats in a row: that rank is gone, and it
+      // can no longer tell anyone. Record it as the job error and abort the
+      // pending collectives, as a coordinator's verdict would.
+      bool host_lost = false;
+      {
+        absl::MutexLock lock(&mu_);
+        if (coordinator_rank_ >= 0 && coordinator_rank_ != rank_ &&
+            job_error_.empty() && absl::IsUnavailable(response.status()) &&
+            ++failures >= 3) {
+          job_error_ = absl::StrCat(
+              "rank ", coordinator_rank_,
+              " lost: the coordinator it hosted no longer answers (its "
+              "process ended or stopped)");
+          failed_rank_ = coordinator_rank_;
+          host_lost = true;
+        }
+      }
+      if (host_lost) RunAbortOnce();
+      // Otherwise not fatal: training goes on while the data path is
+      // healthy; the coordinator marks this rank lost if it cannot hear it.
       absl::MutexLock lock(&mu_);
       if (!coordinator_lost_ && now - last_ok > heartbeat_timeout_) {
         coordinator_lost_ = true;
