@@ -272,6 +272,12 @@ absl::StatusOr<muon::MuonOptions> ToMuonOptions(const muonrt_options& o) {
   m.ns_steps = o.ns_steps;
   if (o.adjust_lr_fn != nullptr) m.adjust_lr_fn = o.adjust_lr_fn;
   if (o.ns_schedule != nullptr) m.ns_schedule = o.ns_schedule;
+  if (o.transactional_step != 0 && o.transactional_step != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("muonrt_options: transactional_step ",
+                     o.transactional_step, " is neither 0 nor 1"));
+  }
+  m.transactional_step = o.transactional_step == 1;
   return m;
 }
 
@@ -515,6 +521,7 @@ void muonrt_options_default(muonrt_options* options) {
   options->prefetch_count = d.prefetch_count;
   options->assignment_policy = nullptr;
   options->bucket_size_bytes = d.bucket_size_bytes;
+  options->transactional_step = m.transactional_step ? 1 : 0;
 }
 
 int muonrt_optimizer_create(muonrt_process_group* pg, int mesh_ndim,

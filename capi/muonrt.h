@@ -31,7 +31,7 @@ extern "C" {
 #endif
 
 /* Incremented on any incompatible change of this header. */
-#define MUONRT_ABI_VERSION 1
+#define MUONRT_ABI_VERSION 2
 
 /* Status codes (absl::StatusCode values). */
 #define MUONRT_OK 0
@@ -120,6 +120,12 @@ typedef struct {
   int prefetch_count;            /* 0 */
   const char* assignment_policy; /* "lpt" | "round_robin"; NULL = lpt */
   int64_t bucket_size_bytes;     /* 0 = one matrix per owner per bucket */
+  /* 1 = all-or-nothing steps (MuonOptions::transactional_step): a step
+   * that fails on any rank leaves every rank's parameters, momentum and
+   * step count bitwise as before it. Costs sum(local_numel * (dtype bytes
+   * + 4)) + 8 bytes of host memory per rank and one one-float all-gather
+   * per step. 0 (default) or 1. */
+  int transactional_step;
 } muonrt_options;
 
 /* Fills `options` with the defaults above. */

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -369,8 +370,8 @@ absl::Status Muon::MakeDataPath(const DistributedConfig& config,
   }
   executor_ = *std::move(executor);
   comm_ = comm;
-  finite_flags_.assign(state.world_size, 0.0f);
-  finite_counts_.assign(state.world_size, 1);
+  rank_flags_.assign(state.world_size, 0.0f);
+  rank_flag_counts_.assign(state.world_size, 1);
   // The coordinator's job error (a rank lost or failed) aborts pending
   // collectives so blocked calls return at once.
   if (agent_ != nullptr) agent_->SetAbortCallback([comm] { comm->Abort(); });
@@ -424,6 +425,7 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
     muon->update_ptrs_.push_back(options.nesterov ? muon->nesterov_[i].data()
                                                   : muon->buffers_[i].data());
   }
+  if (options.transactional_step) muon->AllocateSnapshot();
   muon->stats_.ops.reserve(4 * muon->plan_.buckets_size());
   return muon;
 }
@@ -529,6 +531,18 @@ absl::Status Muon::Step() {
   // momentum pass writes anything and before any data collective.
   MUON_RETURN_IF_ERROR(CheckGradientsFinite());
   const absl::Time start = absl::Now();
+  if (options_.transactional_step) SaveState();
+  if (absl::Status s = UpdateAll(); !s.ok()) {
+    if (options_.transactional_step) RestoreState();
+    return s;
+  }
+  stats_.step_time_s = absl::ToDoubleSeconds(absl::Now() - start);
+  ++step_;
+  ReportStep();
+  return absl::OkStatus();
+}
+
+absl::Status Muon::UpdateAll() {
   // Momentum and Nesterov on the local shards (elementwise: exact on
   // shards), reading the trainer's gradient where it lies.
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -553,14 +567,74 @@ absl::Status Muon::Step() {
     }
   }
   absl::Status run = executor_->Run(update_ptrs_, params_, rule_, &stats_);
+  const bool ran = run.ok();
+  if (ran && post_update_fault_) run = post_update_fault_(step_ + 1);
+  // Every data collective of the step has run on this rank: the ranks
+  // agree on the outcome and roll back together.
+  if (ran && options_.transactional_step) return AgreeOnCommit(run);
   // A failed collective: the coordinator's error naming the failed rank
   // (bounded wait); this rank's own failure is reported to every rank.
   if (!run.ok() && agent_ != nullptr) run = agent_->OnStepFailed(run);
-  MUON_RETURN_IF_ERROR(run);
-  stats_.step_time_s = absl::ToDoubleSeconds(absl::Now() - start);
-  ++step_;
-  ReportStep();
+  return run;
+}
+
+void Muon::AllocateSnapshot() {
+  saved_params_.resize(params_.size());
+  saved_momentum_.resize(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const ParamView& p = params_[i];
+    saved_params_[i].resize(p.local_numel() * DTypeSize(p.dtype));
+    saved_momentum_[i].resize(buffers_[i].size());
+  }
+}
+
+void Muon::SaveState() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    std::vector<char>& bytes = saved_params_[i];
+    if (!bytes.empty()) {
+      std::memcpy(bytes.data(), params_[i].data, bytes.size());
+    }
+    std::copy(buffers_[i].begin(), buffers_[i].end(),
+              saved_momentum_[i].begin());
+  }
+  saved_step_ = step_;
+}
+
+void Muon::RestoreState() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const std::vector<char>& bytes = saved_params_[i];
+    if (!bytes.empty()) {
+      std::memcpy(params_[i].data, bytes.data(), bytes.size());
+    }
+    std::copy(saved_momentum_[i].begin(), saved_momentum_[i].end(),
+              buffers_[i].begin());
+  }
+  step_ = saved_step_;
+}
+
+absl::Status Muon::AgreeOnCommit(const absl::Status& local) {
+  const absl::Status gathered = GatherRankFlags(local.ok() ? 0.0f : 1.0f);
+  if (!local.ok()) return local;  // this rank's own error comes first
+  MUON_RETURN_IF_ERROR(gathered);
+  for (int r = 0; r < world_size_; ++r) {
+    if (rank_flags_[r] == 0.0f) continue;
+    return absl::AbortedError(absl::StrCat(
+        "rank ", rank_, ": rank ", r, " failed step ", step_ + 1, " (rank ", r,
+        "'s error names the cause); the step was rolled back: parameters, "
+        "momentum and step count are unchanged on every rank"));
+  }
   return absl::OkStatus();
+}
+
+absl::Status Muon::GatherRankFlags(float flag) {
+  rank_flags_[rank_] = flag;
+  if (world_size_ == 1 || comm_ == nullptr) return absl::OkStatus();
+  absl::Status gathered =
+      comm_->AllGatherV(&flag, 1, rank_flags_.data(), rank_flag_counts_);
+  if (!gathered.ok() && agent_ != nullptr) {
+    gathered = agent_->OnStepFailed(gathered);
+  }
+  return gathered;
 }
 
 absl::Status Muon::CheckGradientsFinite() {
@@ -595,20 +669,14 @@ absl::Status Muon::CheckGradientsFinite() {
   if (world_size_ == 1 || comm_ == nullptr) return local;
   // Agreement: each rank contributes 1 + the index of its first bad
   // parameter (0 = all finite; exact in float below 2^24 parameters).
-  const float flag = static_cast<float>(bad_param + 1);
-  absl::Status gathered =
-      comm_->AllGatherV(&flag, 1, finite_flags_.data(), finite_counts_);
-  if (!gathered.ok()) {
-    if (agent_ != nullptr) gathered = agent_->OnStepFailed(gathered);
-    return gathered;
-  }
+  MUON_RETURN_IF_ERROR(GatherRankFlags(static_cast<float>(bad_param + 1)));
   if (!local.ok()) return local;
   for (int r = 0; r < world_size_; ++r) {
-    if (finite_flags_[r] == 0.0f) continue;
+    if (rank_flags_[r] == 0.0f) continue;
     return absl::FailedPreconditionError(absl::StrCat(
         "rank ", rank_, ": rank ", r,
         " has a non-finite gradient (its parameter #",
-        static_cast<int64_t>(finite_flags_[r]) - 1, "; rank ", r,
+        static_cast<int64_t>(rank_flags_[r]) - 1, "; rank ", r,
         "'s error names it) at step ", step_ + 1,
         "; the step was not taken: parameters and momentum are unchanged on "
         "every rank"));

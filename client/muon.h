@@ -20,10 +20,12 @@
 #define MUON_CLIENT_MUON_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -71,6 +73,36 @@ struct MuonOptions {
   // momentum stay unchanged on every rank. Off: NaN/Inf propagate as in
   // torch.optim.Muon.
   bool check_finite = true;
+  // All-or-nothing steps: when a step fails on any rank (this rank's own
+  // error, a collective that fails because another rank failed or aborted,
+  // or another rank's failure after the last data collective), Step
+  // restores this rank's parameters (in their own dtype), momentum buffers
+  // and step count bit for bit before returning the error, on every rank.
+  // Mechanism: a snapshot taken after the preflight checks and before the
+  // momentum pass, and a commit agreement at the end of the step (after the
+  // parameters are updated, before the step counts): the same
+  // one-float-per-rank all-gather check_finite uses, of each rank's "my
+  // step succeeded" flag. A rank whose data path (the executor's
+  // collectives) failed skips the agreement; the other ranks' agreement
+  // then fails (the coordinator aborts it, or the communicator's timeout)
+  // and they restore too. After a rollback agreed through the commit the
+  // ranks are still in step and may step again; after a failed collective
+  // the process group is usually aborted (restart the job), but no rank
+  // keeps a partial step.
+  // Memory (preallocated at Create, on the host), in bytes:
+  //   sum over this rank's parameters i of
+  //     local_numel(i) * (DTypeSize(dtype(i)) + 4)
+  // i.e. a copy of each local shard in its own dtype (4 bytes fp32, 2
+  // bf16) plus a copy of its fp32 momentum buffer, plus 8 for the step
+  // count. (The Nesterov buffer U is recomputed every step: not saved.)
+  // Time: one copy of those bytes per step (the save; a failed step copies
+  // them back) and one more one-float all-gather per step when the world is
+  // larger than one.
+  // Window not covered: the commit all-gather itself returning OK on some
+  // ranks and an error on others (a rank dies or is aborted while the
+  // all-gather completes); those that saw OK keep the step, the others
+  // restore, and the world must restart from a checkpoint.
+  bool transactional_step = false;
 };
 
 // Checks `options` as torch.optim.Muon.__init__ does.
@@ -143,8 +175,23 @@ class Muon {
   // options.check_finite, a gradient on any rank holds NaN or Inf (names
   // the rank, the parameter, the value and the step, step_count() + 1;
   // raised on every rank before any data collective, parameters and
-  // momentum untouched everywhere); communicator errors.
+  // momentum untouched everywhere); communicator errors. With
+  // options.transactional_step, any error leaves this rank's parameters,
+  // momentum and step_count() as before the call (bitwise), and a failure
+  // on any rank fails the step on every rank: the other ranks return
+  // Aborted naming the failed rank and the step ("rank 0: rank 2 failed
+  // step 3 ...; the step was rolled back"), or their collective's error.
   absl::Status Step();
+
+  // Test-only fault injection (MuonOptions::transactional_step's tests):
+  // `fault`, when set, runs on this rank after the executor has updated the
+  // parameters and before the commit agreement; a non-OK status counts as
+  // this rank's step failing there (e.g. a local apply error after the last
+  // data collective). Argument: the step being taken (step_count() + 1).
+  void SetPostUpdateFaultForTesting(
+      std::function<absl::Status(int64_t step)> fault) {
+    post_update_fault_ = std::move(fault);
+  }
 
   // Re-binds parameter `index`'s gradient (same dtype, shape and strides as
   // given at Create; nullptr = no gradient). For trainers whose gradient
@@ -235,6 +282,23 @@ class Muon {
   absl::Status Preflight();
   // options_.check_finite: the local scan and the ranks' agreement.
   absl::Status CheckGradientsFinite();
+  // One float per rank all-gathered into rank_flags_ (0 = OK, else a
+  // failure code); no collective in a world of one (rank_flags_[rank_] is
+  // still set). Errors: the communicator's, through the agent's
+  // OnStepFailed when there is one.
+  absl::Status GatherRankFlags(float flag);
+  // The momentum pass, the executor's run and (transactional_step) the
+  // commit agreement.
+  absl::Status UpdateAll();
+  // options_.transactional_step: this rank's snapshot of what a step
+  // mutates, taken before it and restored (bitwise) after a failed one.
+  void AllocateSnapshot();  // at Create: the bytes MuonOptions states
+  void SaveState();
+  void RestoreState();
+  // The commit agreement: every rank's `local` outcome all-gathered; the
+  // first failure in rank order fails the step everywhere (Aborted on the
+  // ranks that succeeded).
+  absl::Status AgreeOnCommit(const absl::Status& local);
   void ReportStep();
 
   std::vector<ParamView> params_;           // views; the memory is not owned
@@ -248,9 +312,16 @@ class Muon {
   v1::Plan plan_;
   std::unique_ptr<Communicator> owned_comm_;  // world of one, if needed
   Communicator* comm_ = nullptr;  // the step's communicator; Not owned
-  // CheckGradientsFinite's all-gather: one flag per rank, counts of 1.
-  std::vector<float> finite_flags_;
-  std::vector<int64_t> finite_counts_;
+  // GatherRankFlags' all-gather (check_finite and the commit agreement):
+  // one flag per rank, counts of 1.
+  std::vector<float> rank_flags_;
+  std::vector<int64_t> rank_flag_counts_;
+  // transactional_step's snapshot (empty when off): per parameter its
+  // local shard's bytes (own dtype) and its fp32 momentum; the step count.
+  std::vector<std::vector<char>> saved_params_;
+  std::vector<std::vector<float>> saved_momentum_;
+  int64_t saved_step_ = 0;
+  std::function<absl::Status(int64_t)> post_update_fault_;  // testing only
   std::unique_ptr<kernels::NsEngine> ns_engine_;
   std::unique_ptr<Agent> agent_;
   std::unique_ptr<StepExecutor> executor_;

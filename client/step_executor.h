@@ -135,7 +135,8 @@ class StepExecutor {
   // computed in fp32 and rounded to nearest even, kernels::ApplyUpdate).
   // Errors: whatever the communicator or a custom function returns; on an
   // error some parameters may already be updated (a failed collective
-  // leaves the world inconsistent; the job must restart from a checkpoint).
+  // leaves the world inconsistent; the job must restart from a checkpoint,
+  // unless MuonOptions::transactional_step has Muon restore them).
   absl::Status Run(const std::vector<const float*>& updates,
                    const std::vector<ParamView>& params, const UpdateRule& rule,
                    StepStats* stats);

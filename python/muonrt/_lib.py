@@ -19,7 +19,7 @@ import os
 import threading
 
 # Must equal MUONRT_ABI_VERSION of capi/muonrt.h.
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 # Status codes (absl::StatusCode values, capi/muonrt.h).
 OK = 0
@@ -184,6 +184,7 @@ class muonrt_options(ctypes.Structure):
         ("prefetch_count", ctypes.c_int),
         ("assignment_policy", ctypes.c_char_p),
         ("bucket_size_bytes", ctypes.c_int64),
+        ("transactional_step", ctypes.c_int),
     ]
 
 

@@ -178,7 +178,11 @@ class Muon(torch.optim.Optimizer):
         [experts, rows, cols] parameters: each slice is its own matrix).
     Runtime (keyword-only): ns_schedule ("quintic" | "polar_express"),
         async_gpu_parallelism (bool), prefetch_count (int),
-        assignment_policy ("lpt" | "round_robin"), bucket_size_bytes (int).
+        assignment_policy ("lpt" | "round_robin"), bucket_size_bytes (int),
+        transactional_step (bool, False: a step that fails on any rank
+        leaves every rank's parameters, momentum and step count bitwise
+        as before it; costs a host copy of the local shards and momentum,
+        sum(numel * (element bytes + 4)) bytes per rank).
 
     Raises at construction: ValueError (torch's argument errors; a
     parameter that is not 2-D, with torch's message and its name; not
@@ -196,7 +200,7 @@ class Muon(torch.optim.Optimizer):
                  global_shapes=None, sub_mesh=None, expert_stacks=(),
                  ns_schedule=None, async_gpu_parallelism=False,
                  prefetch_count=0, assignment_policy=None,
-                 bucket_size_bytes=0):
+                 bucket_size_bytes=0, transactional_step=False):
         self._handle = None
         self._created = False
         # torch.optim.Muon.__init__'s checks and messages.
@@ -292,7 +296,8 @@ class Muon(torch.optim.Optimizer):
             async_gpu_parallelism=async_gpu_parallelism,
             prefetch_count=prefetch_count,
             assignment_policy=assignment_policy,
-            bucket_size_bytes=bucket_size_bytes))
+            bucket_size_bytes=bucket_size_bytes,
+            transactional_step=transactional_step))
         self._group_slots = []
         k = 0
         for group in self.param_groups:
@@ -563,6 +568,7 @@ class Muon(torch.optim.Optimizer):
         if runtime["assignment_policy"]:
             opts.assignment_policy = runtime["assignment_policy"].encode()
         opts.bucket_size_bytes = int(runtime["bucket_size_bytes"])
+        opts.transactional_step = 1 if runtime["transactional_step"] else 0
 
         mesh_names = [m.encode() for m in self._mesh.names]
         c_names = (ctypes.c_char_p * len(mesh_names))(*mesh_names)

@@ -204,9 +204,9 @@ static void ReferenceStep(double* W, const double* G, double* Buf, int rows,
 
 /* ---- Tests ------------------------------------------------------------ */
 
-static void AbiVersion_IsOne(void) {
+static void AbiVersion_IsTwo(void) {
   CHECK(muonrt_abi_version() == MUONRT_ABI_VERSION);
-  CHECK(MUONRT_ABI_VERSION == 1);
+  CHECK(MUONRT_ABI_VERSION == 2);
   CHECK(strcmp(muonrt_last_error(), "") == 0);
 done:;
 }
@@ -225,6 +225,7 @@ static void OptionsDefault_AreTorchDefaults(void) {
   CHECK(o.adjust_lr_fn == NULL && o.ns_schedule == NULL);
   CHECK(o.async_gpu_parallelism == 0 && o.prefetch_count == 0);
   CHECK(o.assignment_policy == NULL && o.bucket_size_bytes == 0);
+  CHECK(o.transactional_step == 0);
   muonrt_options_default(NULL); /* no-op */
 done:;
 }
@@ -388,6 +389,16 @@ static void Step_Fp32_MatchesFloat64TorchReference(void) {
   RunReference(&options, &ref, 0);
 }
 
+static void Step_TransactionalStep_MatchesFloat64TorchReference(void) {
+  muonrt_options options;
+  muonrt_options_default(&options);
+  options.lr = 0.2;
+  options.weight_decay = 0.1;
+  options.transactional_step = 1;
+  RefOptions ref = {0.2, 0.1, 0.95, 3.4445, -4.7750, 2.0315, 1e-7, 1, 5, 0};
+  RunReference(&options, &ref, 0);
+}
+
 static void Step_NoNesterovMatchRmsAdamwParamGroups_MatchesReference(void) {
   muonrt_options options;
   muonrt_options_default(&options);
@@ -536,6 +547,12 @@ static void Create_BadArguments_ReturnInvalidArgument(void) {
       muonrt_optimizer_create(NULL, 0, NULL, NULL, &p, 1, &options, &opt),
       MUONRT_INVALID_ARGUMENT);
   CHECK_ERROR_HAS("nesterov 2");
+  muonrt_options_default(&options);
+  options.transactional_step = 2;
+  CHECK_CODE(
+      muonrt_optimizer_create(NULL, 0, NULL, NULL, &p, 1, &options, &opt),
+      MUONRT_INVALID_ARGUMENT);
+  CHECK_ERROR_HAS("transactional_step 2");
   CHECK(opt == NULL);
   /* Zero parameters is an optimizer that does nothing. */
   CHECK_OK(muonrt_optimizer_create(NULL, 0, NULL, NULL, NULL, 0, NULL, &opt));
@@ -983,10 +1000,11 @@ typedef struct {
 
 int main(void) {
   const Test tests[] = {
-      TEST(AbiVersion_IsOne),
+      TEST(AbiVersion_IsTwo),
       TEST(OptionsDefault_AreTorchDefaults),
       TEST(Step_Fp32AndBf16_UpdatesInPlace),
       TEST(Step_Fp32_MatchesFloat64TorchReference),
+      TEST(Step_TransactionalStep_MatchesFloat64TorchReference),
       TEST(Step_NoNesterovMatchRmsAdamwParamGroups_MatchesReference),
       TEST(Create_BadParams_ReturnInvalidArgumentOrUnimplemented),
       TEST(Create_BadArguments_ReturnInvalidArgument),
