@@ -3,7 +3,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "coordination/credentials.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/security/credentials.h"
 
 namespace muon {
 namespace {
@@ -32,8 +34,21 @@ absl::Status ToAbsl(const grpc::Status& status, const char* rpc,
   return absl::Status(code, status.error_message());
 }
 
-void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
-  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+// Plaintext, or TLS checked against the CA in security.tls_ca_file.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(
+    const GrpcClientSecurity& security, grpc::ChannelArguments* args) {
+  if (security.tls_ca_file.empty()) return grpc::InsecureChannelCredentials();
+  absl::StatusOr<std::string> ca = ReadPemFile(security.tls_ca_file);
+  if (!ca.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TLS CA file: ", ca.status().message()));
+  }
+  if (!security.tls_server_name.empty()) {
+    args->SetSslTargetNameOverride(security.tls_server_name);
+  }
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = *std::move(ca);
+  return grpc::SslCredentials(ssl);
 }
 
 template <typename Request>
@@ -48,7 +63,8 @@ Request WithJobId(const Request& request, const std::string& job_id) {
 absl::StatusOr<std::unique_ptr<GrpcCoordinationClient>>
 GrpcCoordinationClient::Create(const std::string& address,
                                const std::string& job_id,
-                               absl::Duration rpc_timeout) {
+                               absl::Duration rpc_timeout,
+                               const GrpcClientSecurity& security) {
   if (address.empty()) {
     return absl::InvalidArgumentError("coordinator address is empty");
   }
@@ -59,24 +75,38 @@ GrpcCoordinationClient::Create(const std::string& address,
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
-  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
-      address, grpc::InsecureChannelCredentials(), args);
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      ChannelCredentials(security, &args);
+  if (!credentials.ok()) return credentials.status();
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(address, *credentials, args);
   if (channel == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot make a gRPC channel to \"", address, "\""));
   }
   return std::unique_ptr<GrpcCoordinationClient>(new GrpcCoordinationClient(
-      address, job_id, rpc_timeout, std::move(channel)));
+      address, job_id, rpc_timeout, security.token, std::move(channel)));
 }
 
 GrpcCoordinationClient::GrpcCoordinationClient(
     std::string address, std::string job_id, absl::Duration rpc_timeout,
-    std::shared_ptr<grpc::Channel> channel)
+    std::string token, std::shared_ptr<grpc::Channel> channel)
     : address_(std::move(address)),
       job_id_(std::move(job_id)),
       rpc_timeout_(rpc_timeout),
+      token_(std::move(token)),
       channel_(std::move(channel)),
       stub_(v1::Coordinator::NewStub(channel_)) {}
+
+std::unique_ptr<grpc::ClientContext> GrpcCoordinationClient::NewContext(
+    absl::Duration timeout) const {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  if (!token_.empty()) {
+    context->AddMetadata(kAuthorizationMetadataKey, BearerValue(token_));
+  }
+  return context;
+}
 
 absl::StatusOr<v1::JoinResponse> GrpcCoordinationClient::Join(
     const v1::JoinRequest& request) {
@@ -84,33 +114,30 @@ absl::StatusOr<v1::JoinResponse> GrpcCoordinationClient::Join(
                                   ? absl::Milliseconds(request.timeout_ms())
                                   : absl::Seconds(60);
   const absl::Duration deadline = wait + rpc_timeout_;
-  grpc::ClientContext context;
-  SetDeadline(&context, deadline);
-  context.set_wait_for_ready(true);  // the coordinator may not listen yet
+  std::unique_ptr<grpc::ClientContext> context = NewContext(deadline);
+  context->set_wait_for_ready(true);  // the coordinator may not listen yet
   v1::JoinResponse response;
   grpc::Status status =
-      stub_->Join(&context, WithJobId(request, job_id_), &response);
+      stub_->Join(context.get(), WithJobId(request, job_id_), &response);
   if (!status.ok()) return ToAbsl(status, "Join", address_, deadline);
   return response;
 }
 
 absl::StatusOr<v1::HeartbeatResponse> GrpcCoordinationClient::Heartbeat(
     const v1::HeartbeatRequest& request) {
-  grpc::ClientContext context;
-  SetDeadline(&context, rpc_timeout_);
+  std::unique_ptr<grpc::ClientContext> context = NewContext(rpc_timeout_);
   v1::HeartbeatResponse response;
   grpc::Status status =
-      stub_->Heartbeat(&context, WithJobId(request, job_id_), &response);
+      stub_->Heartbeat(context.get(), WithJobId(request, job_id_), &response);
   if (!status.ok()) return ToAbsl(status, "Heartbeat", address_, rpc_timeout_);
   return response;
 }
 
 absl::Status GrpcCoordinationClient::ReportStep(const v1::StepReport& report) {
-  grpc::ClientContext context;
-  SetDeadline(&context, rpc_timeout_);
+  std::unique_ptr<grpc::ClientContext> context = NewContext(rpc_timeout_);
   v1::ReportStepResponse response;
   grpc::Status status =
-      stub_->ReportStep(&context, WithJobId(report, job_id_), &response);
+      stub_->ReportStep(context.get(), WithJobId(report, job_id_), &response);
   return ToAbsl(status, "ReportStep", address_, rpc_timeout_);
 }
 
@@ -120,10 +147,9 @@ absl::Status GrpcCoordinationClient::KeySet(const std::string& key,
   request.set_job_id(job_id_);
   request.set_key(key);
   request.set_value(value);
-  grpc::ClientContext context;
-  SetDeadline(&context, rpc_timeout_);
+  std::unique_ptr<grpc::ClientContext> context = NewContext(rpc_timeout_);
   v1::KeySetResponse response;
-  grpc::Status status = stub_->KeySet(&context, request, &response);
+  grpc::Status status = stub_->KeySet(context.get(), request, &response);
   return ToAbsl(status, "KeySet", address_, rpc_timeout_);
 }
 
@@ -135,10 +161,9 @@ absl::StatusOr<std::string> GrpcCoordinationClient::KeyGet(
   request.set_key(key);
   request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
   const absl::Duration deadline = timeout + rpc_timeout_;
-  grpc::ClientContext context;
-  SetDeadline(&context, deadline);
+  std::unique_ptr<grpc::ClientContext> context = NewContext(deadline);
   v1::KeyGetResponse response;
-  grpc::Status status = stub_->KeyGet(&context, request, &response);
+  grpc::Status status = stub_->KeyGet(context.get(), request, &response);
   if (!status.ok()) return ToAbsl(status, "KeyGet", address_, deadline);
   return std::move(*response.mutable_value());
 }
@@ -146,10 +171,9 @@ absl::StatusOr<std::string> GrpcCoordinationClient::KeyGet(
 absl::StatusOr<v1::JobInfo> GrpcCoordinationClient::GetJob() {
   v1::GetJobRequest request;
   request.set_job_id(job_id_);
-  grpc::ClientContext context;
-  SetDeadline(&context, rpc_timeout_);
+  std::unique_ptr<grpc::ClientContext> context = NewContext(rpc_timeout_);
   v1::JobInfo response;
-  grpc::Status status = stub_->GetJob(&context, request, &response);
+  grpc::Status status = stub_->GetJob(context.get(), request, &response);
   if (!status.ok()) return ToAbsl(status, "GetJob", address_, rpc_timeout_);
   return response;
 }
@@ -157,10 +181,9 @@ absl::StatusOr<v1::JobInfo> GrpcCoordinationClient::GetJob() {
 absl::StatusOr<v1::Plan> GrpcCoordinationClient::GetPlan() {
   v1::GetPlanRequest request;
   request.set_job_id(job_id_);
-  grpc::ClientContext context;
-  SetDeadline(&context, rpc_timeout_);
+  std::unique_ptr<grpc::ClientContext> context = NewContext(rpc_timeout_);
   v1::Plan response;
-  grpc::Status status = stub_->GetPlan(&context, request, &response);
+  grpc::Status status = stub_->GetPlan(context.get(), request, &response);
   if (!status.ok()) return ToAbsl(status, "GetPlan", address_, rpc_timeout_);
   return response;
 }
@@ -169,10 +192,10 @@ absl::StatusOr<v1::GetAssignmentsResponse>
 GrpcCoordinationClient::GetAssignments() {
   v1::GetAssignmentsRequest request;
   request.set_job_id(job_id_);
-  grpc::ClientContext context;
-  SetDeadline(&context, rpc_timeout_);
+  std::unique_ptr<grpc::ClientContext> context = NewContext(rpc_timeout_);
   v1::GetAssignmentsResponse response;
-  grpc::Status status = stub_->GetAssignments(&context, request, &response);
+  grpc::Status status =
+      stub_->GetAssignments(context.get(), request, &response);
   if (!status.ok()) {
     return ToAbsl(status, "GetAssignments", address_, rpc_timeout_);
   }
@@ -182,10 +205,9 @@ GrpcCoordinationClient::GetAssignments() {
 absl::StatusOr<v1::ListRanksResponse> GrpcCoordinationClient::ListRanks() {
   v1::ListRanksRequest request;
   request.set_job_id(job_id_);
-  grpc::ClientContext context;
-  SetDeadline(&context, rpc_timeout_);
+  std::unique_ptr<grpc::ClientContext> context = NewContext(rpc_timeout_);
   v1::ListRanksResponse response;
-  grpc::Status status = stub_->ListRanks(&context, request, &response);
+  grpc::Status status = stub_->ListRanks(context.get(), request, &response);
   if (!status.ok()) return ToAbsl(status, "ListRanks", address_, rpc_timeout_);
   return response;
 }
@@ -196,10 +218,9 @@ absl::StatusOr<v1::GetReportsResponse> GrpcCoordinationClient::GetReports(
   request.set_job_id(job_id_);
   request.set_rank(rank);
   request.set_last_steps(last_steps);
-  grpc::ClientContext context;
-  SetDeadline(&context, rpc_timeout_);
+  std::unique_ptr<grpc::ClientContext> context = NewContext(rpc_timeout_);
   v1::GetReportsResponse response;
-  grpc::Status status = stub_->GetReports(&context, request, &response);
+  grpc::Status status = stub_->GetReports(context.get(), request, &response);
   if (!status.ok()) return ToAbsl(status, "GetReports", address_, rpc_timeout_);
   return response;
 }

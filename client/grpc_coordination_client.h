@@ -1,6 +1,8 @@
 // CoordinationClient over gRPC: talks to a muon-coordinator daemon or to
-// rank 0's embedded CoordinatorServer through an insecure channel (the
-// coordinator listens on loopback by default; TLS is a later option).
+// rank 0's embedded CoordinatorServer. Every RPC carries the token of
+// GrpcClientSecurity (`authorization: Bearer <token>`, see
+// coordination/credentials.h); the channel is plaintext unless a TLS CA file
+// is given.
 //
 // Deadlines: every RPC gets rpc_timeout, except Join (request.timeout_ms, or
 // 60 s when 0, plus rpc_timeout) and KeyGet (its timeout plus rpc_timeout),
@@ -24,9 +26,22 @@
 
 namespace grpc {
 class Channel;
+class ClientContext;
 }  // namespace grpc
 
 namespace muon {
+
+// How the client proves itself and checks the server.
+struct GrpcClientSecurity {
+  // The job secret (ranks) or the read-only token (muonctl); empty: none.
+  std::string token;
+  // PEM CA certificate to verify the coordinator's TLS certificate; empty:
+  // plaintext.
+  std::string tls_ca_file;
+  // Name the server's certificate must carry, when it differs from the
+  // address's host (gRPC's ssl_target_name_override).
+  std::string tls_server_name;
+};
 
 class GrpcCoordinationClient final : public CoordinationClient {
  public:
@@ -34,10 +49,12 @@ class GrpcCoordinationClient final : public CoordinationClient {
   // job `job_id` (stamped on requests that carry no job id). Does not
   // connect yet: connection errors surface on the first RPC.
   // Errors:
-  //   InvalidArgument: empty address or rpc_timeout <= 0.
+  //   InvalidArgument: empty address or rpc_timeout <= 0; an unreadable CA
+  //     file (names it).
   static absl::StatusOr<std::unique_ptr<GrpcCoordinationClient>> Create(
       const std::string& address, const std::string& job_id,
-      absl::Duration rpc_timeout = absl::Seconds(10));
+      absl::Duration rpc_timeout = absl::Seconds(10),
+      const GrpcClientSecurity& security = GrpcClientSecurity());
 
   // Errors: as CoordinationClient; the server's codes and messages are kept;
   // Unavailable (names the address) when the coordinator cannot be reached;
@@ -62,12 +79,15 @@ class GrpcCoordinationClient final : public CoordinationClient {
 
  private:
   GrpcCoordinationClient(std::string address, std::string job_id,
-                         absl::Duration rpc_timeout,
+                         absl::Duration rpc_timeout, std::string token,
                          std::shared_ptr<grpc::Channel> channel);
+  // A context with the deadline and the authorization metadata.
+  std::unique_ptr<grpc::ClientContext> NewContext(absl::Duration timeout) const;
 
   const std::string address_;
   const std::string job_id_;
   const absl::Duration rpc_timeout_;
+  const std::string token_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
 };

@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iostream>
 #include <optional>
 #include <set>
 #include <vector>
@@ -305,8 +306,39 @@ absl::StatusOr<std::string> SelectGlooHost(
   return LocalAddressToward(coordinator_host);
 }
 
+namespace {
+
+std::string EnvString(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v == nullptr || *v == '\0' ? fallback : std::string(v);
+}
+
+// options.job_secret and options.tls, completed from the environment.
+absl::Status FillSecurityFromEnv(ProcessGroupOptions& options) {
+  if (options.job_secret.empty()) {
+    absl::StatusOr<std::string> secret = JobSecretFromEnv();
+    if (!secret.ok()) {
+      return absl::Status(
+          secret.status().code(),
+          absl::StrCat("rank ", options.rank, ": ", secret.status().message()));
+    }
+    options.job_secret = *std::move(secret);
+  }
+  auto fill = [](std::string& field, const char* name) {
+    if (field.empty()) field = EnvString(name, "");
+  };
+  fill(options.tls.ca_file, "MUON_TLS_CA_FILE");
+  fill(options.tls.cert_file, "MUON_TLS_CERT_FILE");
+  fill(options.tls.key_file, "MUON_TLS_KEY_FILE");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(
-    const ProcessGroupOptions& options) {
+    const ProcessGroupOptions& original_options) {
+  ProcessGroupOptions options = original_options;
+  MUON_RETURN_IF_ERROR(FillSecurityFromEnv(options));
   if (options.world_size < 1 || options.rank < 0 ||
       options.rank >= options.world_size) {
     return absl::InvalidArgumentError(
@@ -333,6 +365,14 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(
     embedded.port = options.embedded_port;
     embedded.job_id = options.job_id;
     embedded.world_size = options.world_size;
+    embedded.auth.job_secret = options.job_secret;
+    embedded.tls = options.tls;
+    if (options.job_secret.empty() && options.world_size > 1) {
+      std::cerr << "muon: warning: no job secret (MUON_JOB_SECRET or "
+                   "MUON_JOB_SECRET_FILE): rank 0's coordinator accepts "
+                   "requests from any process that reaches it"
+                << std::endl;
+    }
     MUON_ASSIGN_OR_RETURN(pg->embedded_coordinator,
                           options.start_embedded_coordinator(embedded));
     if (!options.port_file.empty()) {
@@ -359,9 +399,13 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(
         }
       }
     }
+    GrpcClientSecurity security;
+    security.token = options.job_secret;
+    security.tls_ca_file = options.tls.ca_file;
     MUON_ASSIGN_OR_RETURN(pg->coordinator,
                           GrpcCoordinationClient::Create(
-                              options.coordinator_address, options.job_id));
+                              options.coordinator_address, options.job_id,
+                              absl::Seconds(10), security));
   }
   GlooOptions gloo;
   gloo.timeout = options.timeout;
@@ -403,11 +447,6 @@ absl::StatusOr<int> EnvInt(const char* name, std::optional<int> fallback) {
         "environment variable ", name, "=\"", v, "\" is not an integer"));
   }
   return x;
-}
-
-std::string EnvString(const char* name, const std::string& fallback) {
-  const char* v = std::getenv(name);
-  return v == nullptr || *v == '\0' ? fallback : std::string(v);
 }
 
 }  // namespace

@@ -27,6 +27,7 @@
 #include "absl/time/time.h"
 #include "client/communicator.h"
 #include "coordination/coordination_client.h"
+#include "coordination/credentials.h"
 #include "coordination/embedded_coordinator.h"
 
 namespace muon {
@@ -62,6 +63,17 @@ struct ProcessGroupOptions {
   // Fresh per process start (heartbeats carry it). 0 = derived from pid and
   // time.
   uint64_t incarnation = 0;
+  // The job secret every coordinator RPC carries and rank 0's embedded
+  // coordinator requires (coordination/credentials.h). Empty = taken from
+  // MUON_JOB_SECRET or MUON_JOB_SECRET_FILE; when those are unset too, no
+  // secret: an embedded coordinator then accepts any caller that reaches it
+  // and says so on stderr (muonrun always sets one).
+  std::string job_secret;
+  // TLS (PEM files): ca_file verifies the coordinator (MUON_TLS_CA_FILE);
+  // cert_file and key_file make rank 0's embedded coordinator serve TLS
+  // (MUON_TLS_CERT_FILE, MUON_TLS_KEY_FILE). Empty = taken from those
+  // variables; unset = plaintext.
+  TlsFiles tls;
 };
 
 struct ProcessGroup {

@@ -24,6 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "coordination/coordination_client.h"
+#include "coordination/credentials.h"
 
 namespace muon {
 
@@ -49,6 +50,11 @@ struct EmbeddedCoordinatorOptions {
   std::string job_id = "job";
   // Number of ranks; 0 = taken from the first Join.
   int world_size = 0;
+  // Tokens accepted (coordination/credentials.h); an empty job secret
+  // accepts any caller.
+  CoordinatorAuth auth;
+  // TLS certificate and key to serve with; empty: plaintext.
+  TlsFiles tls;
 };
 
 // Starts an embedded coordinator. The standard one is

@@ -1,18 +1,19 @@
 #include "server/coordinator_server.h"
 
 #include <chrono>
+#include <iostream>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/server_credentials.h"
 #include "server/grpc_service.h"
 
 namespace muon {
 namespace {
-
-constexpr int kMaxMessageBytes = 64 << 20;  // large manifests and plans
 
 std::string HostPort(const std::string& host, int port) {
   if (absl::StrContains(host, ':') && !absl::StartsWith(host, "[")) {
@@ -21,7 +22,29 @@ std::string HostPort(const std::string& host, int port) {
   return absl::StrCat(host, ":", port);
 }
 
+// Plaintext, or TLS from the PEM files in `tls`.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
+    const TlsFiles& tls) {
+  if (tls.cert_file.empty() && tls.key_file.empty()) {
+    return grpc::InsecureServerCredentials();
+  }
+  if (tls.cert_file.empty() || tls.key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "TLS needs both a certificate file and a key file");
+  }
+  MUON_ASSIGN_OR_RETURN(std::string cert, ReadPemFile(tls.cert_file));
+  MUON_ASSIGN_OR_RETURN(std::string key, ReadPemFile(tls.key_file));
+  grpc::SslServerCredentialsOptions ssl;
+  ssl.pem_key_cert_pairs.push_back({std::move(key), std::move(cert)});
+  return grpc::SslServerCredentials(ssl);
+}
+
 }  // namespace
+
+bool IsLoopbackHost(const std::string& host) {
+  return absl::StartsWith(host, "127.") || host == "::1" || host == "[::1]" ||
+         host == "localhost";
+}
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     const CoordinatorServerOptions& options) {
@@ -32,20 +55,28 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   if (options.host.empty()) {
     return absl::InvalidArgumentError("host is empty");
   }
+  MUON_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                        ServerCredentials(options.tls));
+  if (options.tls.cert_file.empty() && !IsLoopbackHost(options.host)) {
+    std::cerr << "muon coordinator: warning: listening on " << options.host
+              << " without TLS: secrets and plans travel in plaintext "
+                 "(set a TLS certificate and key)"
+              << std::endl;
+  }
   auto service = std::make_unique<CoordinatorService>(options.service);
-  auto grpc_service = std::make_unique<CoordinatorGrpcService>(service.get());
+  auto grpc_service =
+      std::make_unique<CoordinatorGrpcService>(service.get(), options.auth);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int bound_port = 0;
   const std::string target = HostPort(options.host, options.port);
-  builder.AddListeningPort(target, grpc::InsecureServerCredentials(),
-                           &bound_port);
+  builder.AddListeningPort(target, credentials, &bound_port);
   // gRPC sets SO_REUSEPORT by default: a second coordinator on the same
   // port would then share it silently. Refuse instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxSendMessageSize(options.max_message_bytes);
   builder.RegisterService(grpc_service.get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || bound_port == 0) {

@@ -20,6 +20,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "coordination/credentials.h"
 #include "server/coordinator_service.h"
 
 namespace grpc {
@@ -38,14 +39,29 @@ struct CoordinatorServerOptions {
   int port = 0;
   // The core service's options (job id, world size, timeouts, planner).
   CoordinatorService::Options service;
+  // Tokens the server accepts (coordination/credentials.h); an empty job
+  // secret serves without authentication (in-process tests only).
+  CoordinatorAuth auth;
+  // TLS: with cert_file and key_file set the server speaks TLS only
+  // (gRPC SSL server credentials); empty: plaintext.
+  TlsFiles tls;
+  // Largest request accepted, bytes (gRPC's receive limit; responses are
+  // bounded by the same value).
+  int max_message_bytes = 64 << 20;
 };
+
+// Whether `host` is a loopback address or name (127.0.0.0/8, ::1,
+// "localhost"); binding anything else without TLS logs a warning.
+bool IsLoopbackHost(const std::string& host);
 
 class CoordinatorServer {
  public:
   // Creates the service and starts serving on options.host:options.port.
   // Errors:
-  //   InvalidArgument: port outside [0, 65535] or an empty host.
+  //   InvalidArgument: port outside [0, 65535], an empty host, a TLS cert
+  //     without its key (or the reverse), unreadable PEM files (names them).
   //   Unavailable: the address cannot be bound (names it).
+  // Binding a non-loopback host without TLS prints a warning to stderr.
   static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(
       const CoordinatorServerOptions& options);
 

@@ -7,6 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
+#include "common/checked_math.h"
 #include "common/status_macros.h"
 #include "plan/plan_job.h"
 
@@ -28,7 +30,9 @@ double MedianWithout(const std::vector<double>& sorted, size_t skip) {
 }  // namespace
 
 CoordinatorService::CoordinatorService(Options options)
-    : options_(std::move(options)), world_size_(options_.world_size) {}
+    : options_(std::move(options)),
+      kv_(options_.kv_limits),
+      world_size_(options_.world_size) {}
 
 CoordinatorService::~CoordinatorService() { Shutdown(); }
 
@@ -39,16 +43,64 @@ absl::Status CoordinatorService::CheckJobId(const std::string& job_id) const {
       options_.job_id, "\""));
 }
 
-std::string CoordinatorService::JobStateName(JobState state) {
-  switch (state) {
+std::string CoordinatorService::JobStateNameLocked() const {
+  switch (state_) {
     case JobState::kWaiting:
       return "waiting";
-    case JobState::kPlanned:
-      return "planned";
     case JobState::kFailed:
       return "failed";
+    case JobState::kPlanned:
+      break;
   }
-  return "unknown";
+  if (!run_error_.empty()) return "failed";
+  bool all_left = static_cast<int>(ranks_.size()) == world_size_;
+  bool any_reported = false;
+  for (const auto& [rank, info] : ranks_) {
+    all_left = all_left && info.finished;
+    any_reported = any_reported || info.reported;
+  }
+  if (all_left) return "finished";
+  return any_reported ? "running" : "planned";
+}
+
+int64_t CoordinatorService::generation() const {
+  absl::MutexLock lock(&mu_);
+  return generation_;
+}
+
+bool CoordinatorService::GenerationOverLocked(absl::Time now) const {
+  if (ranks_.empty()) {
+    return kv_.size() > 0 &&
+           now - last_key_activity_ > options_.heartbeat_timeout;
+  }
+  for (const auto& [rank, info] : ranks_) {
+    const bool gone = info.joins_in_flight == 0 &&
+                      now - info.last_seen > options_.heartbeat_timeout;
+    if (!info.finished && !gone) return false;
+  }
+  return true;
+}
+
+void CoordinatorService::MaybeStartGenerationLocked(absl::Time now) {
+  if (!GenerationOverLocked(now)) return;
+  ++generation_;
+  world_size_ = options_.world_size;
+  state_ = JobState::kWaiting;
+  error_ = absl::OkStatus();
+  run_error_.clear();
+  failed_rank_ = -1;
+  in_process_ranks_.clear();
+  plan_.Clear();
+  matrix_names_.clear();
+  ranks_.clear();
+  kv_.Clear();
+}
+
+void CoordinatorService::NoteKeyActivity() {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = options_.now();
+  MaybeStartGenerationLocked(now);
+  last_key_activity_ = now;
 }
 
 std::string CoordinatorService::MissingRanksLocked() const {
@@ -62,11 +114,9 @@ std::string CoordinatorService::MissingRanksLocked() const {
 void CoordinatorService::FailLocked(absl::Status status) {
   state_ = JobState::kFailed;
   error_ = std::move(status);
-  // Waiters' conditions read state_; absl::Mutex re-evaluates them on
-  // unlock, so no explicit signal is needed.
 }
 
-void CoordinatorService::PlanLocked() {
+void CoordinatorService::PlanLocked(Completions* completions) {
   std::vector<v1::RankManifest> manifests;
   manifests.reserve(world_size_);
   for (int r = 0; r < world_size_; ++r) manifests.push_back(ranks_[r].manifest);
@@ -75,6 +125,7 @@ void CoordinatorService::PlanLocked() {
       PlanJob(manifests, options_.job_id, options_.plan_defaults);
   if (!job.ok()) {
     FailLocked(job.status());
+    CompleteJoinsLocked(completions);
     return;
   }
   plan_ = std::move(job->plan);
@@ -83,35 +134,134 @@ void CoordinatorService::PlanLocked() {
     matrix_names_.push_back(m.name);
   }
   state_ = JobState::kPlanned;
+  CompleteJoinsLocked(completions);
   const absl::Time now = options_.now();
   for (auto& [rank, info] : ranks_) info.last_seen = now;
 }
 
+void CoordinatorService::CompleteJoinsLocked(Completions* completions) {
+  const absl::Time now = options_.now();
+  for (auto& [id, waiter] : join_waiters_) {
+    auto it = ranks_.find(waiter.rank);
+    if (it != ranks_.end()) {
+      --it->second.joins_in_flight;
+      it->second.last_seen = now;
+    }
+    absl::StatusOr<v1::JoinResponse> result =
+        shutdown_ ? absl::UnavailableError("coordinator is shutting down")
+        : state_ == JobState::kPlanned
+            ? absl::StatusOr<v1::JoinResponse>(JoinResponseLocked())
+            : absl::StatusOr<v1::JoinResponse>(error_);
+    completions->push_back(
+        [done = std::move(waiter.done), result = std::move(result)]() mutable {
+          done(std::move(result));
+        });
+  }
+  join_waiters_.clear();
+}
+
+void CoordinatorService::ExpireJoin(uint64_t id) {
+  JoinCallback done;
+  absl::Status error;
+  {
+    absl::MutexLock lock(&mu_);
+    auto w = join_waiters_.find(id);
+    if (w == join_waiters_.end()) return;  // completed already
+    const int rank = w->second.rank;
+    done = std::move(w->second.done);
+    error = absl::DeadlineExceededError(
+        absl::StrCat("rank ", rank, " timed out after ",
+                     absl::FormatDuration(w->second.timeout),
+                     " waiting for ranks ", MissingRanksLocked(), " to join (",
+                     ranks_.size(), " of ", world_size_, " joined)"));
+    join_waiters_.erase(w);
+    auto it = ranks_.find(rank);
+    if (it != ranks_.end()) {
+      --it->second.joins_in_flight;
+      it->second.last_seen = options_.now();
+    }
+  }
+  done(error);
+}
+
 absl::StatusOr<v1::JoinResponse> CoordinatorService::Join(
     const v1::JoinRequest& request) {
-  MUON_RETURN_IF_ERROR(CheckJobId(request.job_id()));
+  absl::Notification finished;
+  absl::StatusOr<v1::JoinResponse> result;
+  JoinAsync(request, [&](absl::StatusOr<v1::JoinResponse> r) {
+    result = std::move(r);
+    finished.Notify();
+  });
+  finished.WaitForNotification();
+  return result;
+}
+
+void CoordinatorService::JoinAsync(const v1::JoinRequest& request,
+                                   JoinCallback done) {
+  absl::Status bad_job = CheckJobId(request.job_id());
+  if (!bad_job.ok()) {
+    done(bad_job);
+    return;
+  }
+  Completions completions;
+  bool waiting = false;
+  absl::StatusOr<v1::JoinResponse> result;
+  {
+    absl::MutexLock lock(&mu_);
+    result = JoinLocked(request, done, &waiting, &completions);
+  }
+  for (auto& complete : completions) complete();
+  if (!waiting) done(std::move(result));
+}
+
+absl::Status CoordinatorService::CheckJoinLocked(
+    const v1::RankManifest& manifest) {
+  const int rank = manifest.rank();
+  const int64_t world = manifest.world_size();
+  if (world < 1 || world > kMaxWorldSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " reports world size ", world,
+                     "; must be in [1, ", kMaxWorldSize, "]"));
+  }
+  if (world_size_ != 0 && world != world_size_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " reports world size ", world,
+                     " but the job's world size is ", world_size_,
+                     options_.world_size > 0 ? " (set on the coordinator)"
+                                             : " (from the first rank to join)",
+                     "; this Join is rejected, the job goes on"));
+  }
+  if (rank < 0 || rank >= world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a rank joined as rank ", rank,
+                     " but ranks must be in "
+                     "[0, ",
+                     world, "); this Join is rejected"));
+  }
+  if (world_size_ == 0) world_size_ = static_cast<int>(world);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::JoinResponse> CoordinatorService::JoinLocked(
+    const v1::JoinRequest& request, JoinCallback& done, bool* waiting,
+    Completions* completions) {
   const v1::RankManifest& manifest = request.manifest();
   const int rank = manifest.rank();
-  const absl::Duration timeout = request.timeout_ms() > 0
-                                     ? absl::Milliseconds(request.timeout_ms())
-                                     : options_.default_join_timeout;
-  const absl::Time deadline = absl::Now() + timeout;
-
-  absl::MutexLock lock(&mu_);
-  if (shutdown_) {
-    return absl::UnavailableError("coordinator is shutting down");
-  }
-  if (state_ == JobState::kFailed) return error_;
+  if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
+  const absl::Time now = options_.now();
+  MaybeStartGenerationLocked(now);
 
   auto it = ranks_.find(rank);
   if (it != ranks_.end() && it->second.incarnation != request.incarnation()) {
-    return absl::AbortedError(
-        absl::StrCat("rank ", rank, " already joined with incarnation ",
-                     it->second.incarnation, "; this join has incarnation ",
-                     request.incarnation(),
-                     " (restarting a rank is not supported: "
-                     "restart the whole job)"));
+    return absl::AbortedError(absl::StrCat(
+        "rank ", rank, " of job \"", options_.job_id, "\" (generation ",
+        generation_, ", ", JobStateNameLocked(), ") is held by incarnation ",
+        it->second.incarnation, "; this join has incarnation ",
+        request.incarnation(),
+        ": a second job or a restarted rank is rejected until the running "
+        "job ends (restart the whole job)"));
   }
+  if (state_ == JobState::kFailed) return error_;
   if (state_ == JobState::kPlanned) {
     if (it == ranks_.end()) {
       return absl::FailedPreconditionError(
@@ -120,66 +270,35 @@ absl::StatusOr<v1::JoinResponse> CoordinatorService::Join(
     }
     // An idempotent retry of a rank that is already part of the plan (or
     // a new optimizer of a rank that left): it is back.
-    it->second.last_seen = options_.now();
+    it->second.last_seen = now;
     it->second.finished = false;
     return JoinResponseLocked();
   }
-
-  // Still waiting for ranks.
-  if (world_size_ == 0) {
-    if (manifest.world_size() < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("rank ", rank, " reports world size ",
-                       manifest.world_size(), "; must be >= 1"));
-    }
-    world_size_ = manifest.world_size();
-  }
-  if (manifest.world_size() != world_size_) {
-    FailLocked(absl::InvalidArgumentError(absl::StrCat(
-        "rank ", rank, " reports world size ", manifest.world_size(),
-        " but the job's world size is ", world_size_,
-        options_.world_size > 0 ? " (set on the coordinator)"
-                                : " (from the first rank to join)")));
-    return error_;
-  }
-  if (rank < 0 || rank >= world_size_) {
-    FailLocked(absl::InvalidArgumentError(
-        absl::StrCat("a rank joined as rank ", rank,
-                     " but ranks must be in [0, ", world_size_, ")")));
-    return error_;
+  MUON_RETURN_IF_ERROR(CheckJoinLocked(manifest));
+  if (join_waiters_.size() >= options_.max_waiting_joins) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "Join: ", join_waiters_.size(), " calls already wait; the limit is ",
+        options_.max_waiting_joins));
   }
 
   RankInfo& info = ranks_[rank];
   info.incarnation = request.incarnation();
   info.manifest = manifest;
-  info.last_seen = options_.now();
-  if (static_cast<int>(ranks_.size()) == world_size_) PlanLocked();
-
+  info.last_seen = now;
   ++info.joins_in_flight;
-  auto done = [this]() {
-    mu_.AssertReaderHeld();
-    return shutdown_ || state_ != JobState::kWaiting;
-  };
-  mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
-  --info.joins_in_flight;
-  info.last_seen = options_.now();
-
-  if (shutdown_) {
-    return absl::UnavailableError("coordinator is shutting down");
+  const absl::Duration timeout = std::min(
+      request.timeout_ms() > 0 ? absl::Milliseconds(request.timeout_ms())
+                               : options_.default_join_timeout,
+      options_.max_join_timeout);
+  const uint64_t id = next_join_waiter_++;
+  join_waiters_.emplace(id, JoinWaiter{rank, timeout, std::move(done)});
+  *waiting = true;
+  if (static_cast<int>(ranks_.size()) == world_size_) {
+    PlanLocked(completions);
+  } else {
+    timer_.Schedule(absl::Now() + timeout, [this, id] { ExpireJoin(id); });
   }
-  switch (state_) {
-    case JobState::kPlanned: {
-      return JoinResponseLocked();
-    }
-    case JobState::kFailed:
-      return error_;
-    case JobState::kWaiting:
-      break;
-  }
-  return absl::DeadlineExceededError(absl::StrCat(
-      "rank ", rank, " timed out after ", absl::FormatDuration(timeout),
-      " waiting for ranks ", MissingRanksLocked(), " to join (", ranks_.size(),
-      " of ", world_size_, " joined)"));
+  return v1::JoinResponse();  // unused: the waiter is completed later
 }
 
 void CoordinatorService::NoteInProcessRank(int rank) {
@@ -233,8 +352,7 @@ absl::StatusOr<v1::HeartbeatResponse> CoordinatorService::Heartbeat(
   }
   CheckLostLocked(now);
   v1::HeartbeatResponse response;
-  response.set_job_state(run_error_.empty() ? JobStateName(state_)
-                                            : std::string("failed"));
+  response.set_job_state(JobStateNameLocked());
   if (!run_error_.empty()) {
     response.set_job_error(run_error_);
     response.set_failed_rank(failed_rank_);
@@ -410,12 +528,12 @@ absl::StatusOr<v1::JobInfo> CoordinatorService::GetJob(
   info.set_failed_rank(failed_rank_);
   info.set_world_size(world_size_);
   info.set_ranks_joined(static_cast<int>(ranks_.size()));
-  info.set_state(JobStateName(state_));
+  info.set_state(JobStateNameLocked());
+  info.set_generation(generation_);
   if (state_ == JobState::kPlanned) info.set_plan_hash(plan_.hash());
   if (state_ == JobState::kFailed) {
     info.set_error(std::string(error_.message()));
   } else if (!run_error_.empty()) {
-    info.set_state("failed");
     info.set_error(run_error_);
   }
   return info;
@@ -490,31 +608,53 @@ absl::StatusOr<v1::ListRanksResponse> CoordinatorService::ListRanks(
 absl::StatusOr<v1::KeySetResponse> CoordinatorService::KeySet(
     const v1::KeySetRequest& request) {
   MUON_RETURN_IF_ERROR(CheckJobId(request.job_id()));
-  if (request.key().empty()) {
-    return absl::InvalidArgumentError("KeySet: the key is empty");
-  }
-  kv_.Set(request.key(), request.value());
+  NoteKeyActivity();
+  MUON_RETURN_IF_ERROR(kv_.Set(request.key(), request.value()));
   return v1::KeySetResponse();
+}
+
+void CoordinatorService::KeyGetAsync(const v1::KeyGetRequest& request,
+                                     KeyGetCallback done) {
+  absl::Status bad_job = CheckJobId(request.job_id());
+  if (!bad_job.ok()) {
+    done(bad_job);
+    return;
+  }
+  NoteKeyActivity();
+  kv_.GetAsync(request.key(), absl::Milliseconds(request.timeout_ms()),
+               [done = std::move(done)](absl::StatusOr<std::string> value) {
+                 if (!value.ok()) {
+                   done(value.status());
+                   return;
+                 }
+                 v1::KeyGetResponse response;
+                 response.set_value(*std::move(value));
+                 done(std::move(response));
+               });
 }
 
 absl::StatusOr<v1::KeyGetResponse> CoordinatorService::KeyGet(
     const v1::KeyGetRequest& request) {
-  MUON_RETURN_IF_ERROR(CheckJobId(request.job_id()));
-  if (request.key().empty()) {
-    return absl::InvalidArgumentError("KeyGet: the key is empty");
-  }
-  MUON_ASSIGN_OR_RETURN(
-      std::string value,
-      kv_.Get(request.key(), absl::Milliseconds(request.timeout_ms())));
-  v1::KeyGetResponse response;
-  response.set_value(std::move(value));
-  return response;
+  absl::Notification finished;
+  absl::StatusOr<v1::KeyGetResponse> result;
+  KeyGetAsync(request, [&](absl::StatusOr<v1::KeyGetResponse> r) {
+    result = std::move(r);
+    finished.Notify();
+  });
+  finished.WaitForNotification();
+  return result;
 }
 
 void CoordinatorService::Shutdown() {
   kv_.Shutdown();
-  absl::MutexLock lock(&mu_);
-  shutdown_ = true;
+  Completions completions;
+  {
+    absl::MutexLock lock(&mu_);
+    shutdown_ = true;
+    CompleteJoinsLocked(&completions);
+  }
+  timer_.Shutdown();
+  for (auto& complete : completions) complete();
 }
 
 }  // namespace muon

@@ -18,12 +18,30 @@
 // straggler_factor times the median of the other ranks' last step times
 // (see ListRanks).
 //
-// Job state:
+// Job state (GetJob.state, HeartbeatResponse.job_state):
 //   waiting --(last rank joins, plan ok)--> planned
-//   waiting --(manifests disagree, bad world size or rank)--> failed
-//   planned --(a rank lost, or a rank reports an error)--> failed (run time)
-// "failed" is terminal and keeps the error (GetJob.error); later Joins get
-// that same error.
+//   waiting --(manifests disagree)--> failed
+//   planned --(first step report)--> running
+//   planned/running --(every rank left cleanly)--> finished
+//   planned/running --(a rank lost, or a rank reports an error)--> failed
+// "failed" keeps the error (GetJob.error); later Joins of the same job get
+// that same error. A Join that cannot belong to the job (rank out of range,
+// another world size, above kMaxWorldSize) is rejected alone and does not
+// fail the job.
+//
+// Job generations: a daemon serves one job after another. A generation ends
+// when the job finished, or when every rank that joined has left or gone
+// silent for heartbeat_timeout (a failed job whose ranks exited, or ranks
+// that gave up waiting); the next Join or KeySet then starts generation + 1
+// from a clean state and removes the previous generation's rendezvous keys.
+// While a generation is live, a second job is rejected before it writes
+// anything: its Join finds the rank held by another incarnation (Aborted)
+// and its KeySet finds the key set to another value (AlreadyExists).
+//
+// Waiting calls hold no thread: JoinAsync and KeyGetAsync register a
+// callback completed by the call that ends the wait (the last Join, a
+// KeySet), by a deadline timer (one thread for all waiters), or by Shutdown.
+// Join and KeyGet are blocking wrappers for in-process callers.
 //
 // Failure propagation (XLA's coordination service model: the coordinator is
 // the one that knows, and tells everyone): once planned, any call from any
@@ -61,6 +79,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -68,6 +87,7 @@
 #include "absl/time/time.h"
 #include "muon/v1/coordinator.pb.h"
 #include "plan/plan_job.h"
+#include "server/deadline_timer.h"
 #include "server/kv_store.h"
 
 namespace muon {
@@ -102,6 +122,13 @@ class CoordinatorService {
     // Clock for heartbeats and report times (tests inject one). Join and
     // KeyGet waits use real time.
     std::function<absl::Time()> now = [] { return absl::Now(); };
+    // Bounds on the rendezvous store (key/value sizes, total bytes, waiting
+    // KeyGets).
+    KeyValueStore::Limits kv_limits;
+    // Joins waiting for the other ranks at once.
+    size_t max_waiting_joins = 1 << 17;
+    // Longest Join wait a request may ask for (longer ones are capped).
+    absl::Duration max_join_timeout = absl::Hours(1);
   };
 
   explicit CoordinatorService(Options options);
@@ -123,6 +150,13 @@ class CoordinatorService {
   //   DeadlineExceeded: other ranks did not join in time (names them).
   //   Unavailable: the service is shutting down.
   absl::StatusOr<v1::JoinResponse> Join(const v1::JoinRequest& request);
+
+  // Join without blocking: `done` receives Join's result exactly once, from
+  // this call, the call that completes the job, the deadline timer or
+  // Shutdown (never with the service's lock held). Also ResourceExhausted
+  // when Options::max_waiting_joins calls already wait.
+  using JoinCallback = std::function<void(absl::StatusOr<v1::JoinResponse>)>;
+  void JoinAsync(const v1::JoinRequest& request, JoinCallback done);
 
   // Records that `rank` calls from the coordinator's own process
   // (LocalCoordinationClient). When exactly one rank does, Join responses
@@ -184,10 +218,20 @@ class CoordinatorService {
   absl::StatusOr<v1::GetReportsResponse> GetReports(
       const v1::GetReportsRequest& request);
 
-  // Key-value rendezvous. Errors: InvalidArgument (job id or empty key);
-  // KeyGet also DeadlineExceeded (names the key) and Unavailable (shutdown).
+  // Key-value rendezvous of the current job generation (KeyValueStore:
+  // set once, bounded sizes). Errors: InvalidArgument (job id, empty or
+  // oversized key or value), AlreadyExists (the key holds another value),
+  // ResourceExhausted (store or waiter limits); KeyGet also
+  // DeadlineExceeded (names the key) and Unavailable (shutdown).
   absl::StatusOr<v1::KeySetResponse> KeySet(const v1::KeySetRequest& request);
   absl::StatusOr<v1::KeyGetResponse> KeyGet(const v1::KeyGetRequest& request);
+  // KeyGet without blocking; `done` as in JoinAsync.
+  using KeyGetCallback =
+      std::function<void(absl::StatusOr<v1::KeyGetResponse>)>;
+  void KeyGetAsync(const v1::KeyGetRequest& request, KeyGetCallback done);
+
+  // The current job generation (1 for the first job).
+  int64_t generation() const;
 
   // Wakes every blocked Join and KeyGet with Unavailable and makes later
   // ones fail the same way. Idempotent.
@@ -195,6 +239,13 @@ class CoordinatorService {
 
  private:
   enum class JobState { kWaiting, kPlanned, kFailed };
+  using Completions = std::vector<std::function<void()>>;
+
+  struct JoinWaiter {
+    int rank = 0;
+    absl::Duration timeout;
+    JoinCallback done;
+  };
 
   struct RankInfo {
     uint64_t incarnation = 0;
@@ -212,10 +263,34 @@ class CoordinatorService {
   };
 
   absl::Status CheckJobId(const std::string& job_id) const;
-  static std::string JobStateName(JobState state);
+  // "waiting", "planned", "running", "finished" or "failed".
+  std::string JobStateNameLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Join up to registering the rank; sets *waiting when the caller must wait
+  // (then `done` is kept in join_waiters_), else returns the result.
+  absl::StatusOr<v1::JoinResponse> JoinLocked(const v1::JoinRequest& request,
+                                              JoinCallback& done, bool* waiting,
+                                              Completions* completions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Checks a Join's rank and world size against the job (rejects the call
+  // alone) and learns the world size from the first rank.
+  absl::Status CheckJoinLocked(const v1::RankManifest& manifest)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Completes every waiting Join with the job's plan or error.
+  void CompleteJoinsLocked(Completions* completions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends waiting Join `id` with DeadlineExceeded (timer thread).
+  void ExpireJoin(uint64_t id);
+  // Whether the current generation is over (see "Job generations").
+  bool GenerationOverLocked(absl::Time now) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Starts the next generation when the current one is over.
+  void MaybeStartGenerationLocked(absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts the next generation for a KeySet/KeyGet and notes the activity.
+  void NoteKeyActivity();
 
   // Validates and plans once every rank has joined; sets state_.
-  void PlanLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PlanLocked(Completions* completions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks the job failed with `status` and wakes every waiter.
   void FailLocked(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Appends `report` to the rank's ring, overwriting the oldest when full.
@@ -257,6 +332,11 @@ class CoordinatorService {
   KeyValueStore kv_;
 
   mutable absl::Mutex mu_;
+  int64_t generation_ ABSL_GUARDED_BY(mu_) = 1;
+  // Last KeySet/KeyGet (ends a generation whose ranks never joined).
+  absl::Time last_key_activity_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, JoinWaiter> join_waiters_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_join_waiter_ ABSL_GUARDED_BY(mu_) = 0;
   int world_size_ ABSL_GUARDED_BY(mu_);  // 0 until known
   JobState state_ ABSL_GUARDED_BY(mu_) = JobState::kWaiting;
   absl::Status error_ ABSL_GUARDED_BY(mu_);  // why the job failed
@@ -271,6 +351,7 @@ class CoordinatorService {
   std::vector<std::string> matrix_names_ ABSL_GUARDED_BY(mu_);
   std::map<int, RankInfo> ranks_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  DeadlineTimer timer_;  // last: destroyed (joined) first
 };
 
 }  // namespace muon

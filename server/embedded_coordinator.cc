@@ -34,6 +34,8 @@ absl::StatusOr<std::unique_ptr<EmbeddedCoordinator>> StartEmbeddedCoordinator(
   server_options.port = options.port;
   server_options.service.job_id = options.job_id;
   server_options.service.world_size = options.world_size;
+  server_options.auth = options.auth;
+  server_options.tls = options.tls;
   MUON_ASSIGN_OR_RETURN(std::unique_ptr<CoordinatorServer> server,
                         CoordinatorServer::Start(server_options));
   return std::unique_ptr<EmbeddedCoordinator>(

@@ -3,16 +3,43 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/match.h"
+#include "absl/strings/string_view.h"
+
 namespace muon {
 namespace {
 
-// Runs a core call and moves its value into the gRPC response.
+// Runs a synchronous core call after `check` and finishes the reactor.
 template <typename Response, typename Call>
-grpc::Status Handle(Response* response, Call&& call) {
+grpc::ServerUnaryReactor* Handle(grpc::CallbackServerContext* context,
+                                 const absl::Status& check, Response* response,
+                                 Call&& call) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (!check.ok()) {
+    reactor->Finish(ToGrpcStatus(check));
+    return reactor;
+  }
   auto result = call();
-  if (!result.ok()) return ToGrpcStatus(result.status());
+  if (!result.ok()) {
+    reactor->Finish(ToGrpcStatus(result.status()));
+    return reactor;
+  }
   *response = *std::move(result);
-  return grpc::Status::OK;
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+// A callback for the core's asynchronous calls that finishes the reactor.
+template <typename Response>
+auto Finisher(grpc::ServerUnaryReactor* reactor, Response* response) {
+  return [reactor, response](absl::StatusOr<Response> result) {
+    if (!result.ok()) {
+      reactor->Finish(ToGrpcStatus(result.status()));
+      return;
+    }
+    *response = *std::move(result);
+    reactor->Finish(grpc::Status::OK);
+  };
 }
 
 }  // namespace
@@ -30,64 +57,107 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
                       status.error_message());
 }
 
-grpc::Status CoordinatorGrpcService::Join(grpc::ServerContext*,
-                                          const v1::JoinRequest* request,
-                                          v1::JoinResponse* response) {
-  return Handle(response, [&] { return service_->Join(*request); });
+absl::Status CoordinatorGrpcService::Authorize(
+    const grpc::CallbackServerContext* context, Access access) const {
+  if (auth_.job_secret.empty()) return absl::OkStatus();
+  const auto& metadata = context->client_metadata();
+  auto it = metadata.find(kAuthorizationMetadataKey);
+  absl::string_view token;
+  if (it != metadata.end()) {
+    const absl::string_view value(it->second.data(), it->second.size());
+    if (absl::StartsWith(value, "Bearer ")) token = value.substr(7);
+  }
+  if (ConstantTimeEquals(token, auth_.job_secret)) return absl::OkStatus();
+  if (!auth_.read_token.empty() &&
+      ConstantTimeEquals(token, auth_.read_token)) {
+    if (access == Access::kRead) return absl::OkStatus();
+    return absl::PermissionDeniedError(
+        "this token is read-only; rank RPCs need the job secret");
+  }
+  return absl::UnauthenticatedError("missing or invalid credentials");
 }
 
-grpc::Status CoordinatorGrpcService::Heartbeat(
-    grpc::ServerContext*, const v1::HeartbeatRequest* request,
+grpc::ServerUnaryReactor* CoordinatorGrpcService::Join(
+    grpc::CallbackServerContext* context, const v1::JoinRequest* request,
+    v1::JoinResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::Status check = Authorize(context, Access::kRank);
+  if (!check.ok()) {
+    reactor->Finish(ToGrpcStatus(check));
+    return reactor;
+  }
+  service_->JoinAsync(*request, Finisher(reactor, response));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorGrpcService::KeyGet(
+    grpc::CallbackServerContext* context, const v1::KeyGetRequest* request,
+    v1::KeyGetResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::Status check = Authorize(context, Access::kRank);
+  if (!check.ok()) {
+    reactor->Finish(ToGrpcStatus(check));
+    return reactor;
+  }
+  service_->KeyGetAsync(*request, Finisher(reactor, response));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorGrpcService::Heartbeat(
+    grpc::CallbackServerContext* context, const v1::HeartbeatRequest* request,
     v1::HeartbeatResponse* response) {
-  return Handle(response, [&] { return service_->Heartbeat(*request); });
+  return Handle(context, Authorize(context, Access::kRank), response,
+                [&] { return service_->Heartbeat(*request); });
 }
 
-grpc::Status CoordinatorGrpcService::ReportStep(
-    grpc::ServerContext*, const v1::StepReport* request,
+grpc::ServerUnaryReactor* CoordinatorGrpcService::ReportStep(
+    grpc::CallbackServerContext* context, const v1::StepReport* request,
     v1::ReportStepResponse* response) {
-  return Handle(response, [&] { return service_->ReportStep(*request); });
+  return Handle(context, Authorize(context, Access::kRank), response,
+                [&] { return service_->ReportStep(*request); });
 }
 
-grpc::Status CoordinatorGrpcService::GetJob(grpc::ServerContext*,
-                                            const v1::GetJobRequest* request,
-                                            v1::JobInfo* response) {
-  return Handle(response, [&] { return service_->GetJob(*request); });
+grpc::ServerUnaryReactor* CoordinatorGrpcService::KeySet(
+    grpc::CallbackServerContext* context, const v1::KeySetRequest* request,
+    v1::KeySetResponse* response) {
+  return Handle(context, Authorize(context, Access::kRank), response,
+                [&] { return service_->KeySet(*request); });
 }
 
-grpc::Status CoordinatorGrpcService::GetPlan(grpc::ServerContext*,
-                                             const v1::GetPlanRequest* request,
-                                             v1::Plan* response) {
-  return Handle(response, [&] { return service_->GetPlan(*request); });
+grpc::ServerUnaryReactor* CoordinatorGrpcService::GetJob(
+    grpc::CallbackServerContext* context, const v1::GetJobRequest* request,
+    v1::JobInfo* response) {
+  return Handle(context, Authorize(context, Access::kRead), response,
+                [&] { return service_->GetJob(*request); });
 }
 
-grpc::Status CoordinatorGrpcService::GetAssignments(
-    grpc::ServerContext*, const v1::GetAssignmentsRequest* request,
+grpc::ServerUnaryReactor* CoordinatorGrpcService::GetPlan(
+    grpc::CallbackServerContext* context, const v1::GetPlanRequest* request,
+    v1::Plan* response) {
+  return Handle(context, Authorize(context, Access::kRead), response,
+                [&] { return service_->GetPlan(*request); });
+}
+
+grpc::ServerUnaryReactor* CoordinatorGrpcService::GetAssignments(
+    grpc::CallbackServerContext* context,
+    const v1::GetAssignmentsRequest* request,
     v1::GetAssignmentsResponse* response) {
-  return Handle(response, [&] { return service_->GetAssignments(*request); });
+  return Handle(context, Authorize(context, Access::kRead), response,
+                [&] { return service_->GetAssignments(*request); });
 }
 
-grpc::Status CoordinatorGrpcService::ListRanks(
-    grpc::ServerContext*, const v1::ListRanksRequest* request,
+grpc::ServerUnaryReactor* CoordinatorGrpcService::ListRanks(
+    grpc::CallbackServerContext* context, const v1::ListRanksRequest* request,
     v1::ListRanksResponse* response) {
-  return Handle(response, [&] { return service_->ListRanks(*request); });
+  return Handle(context, Authorize(context, Access::kRead), response,
+                [&] { return service_->ListRanks(*request); });
 }
 
-grpc::Status CoordinatorGrpcService::GetReports(
-    grpc::ServerContext*, const v1::GetReportsRequest* request,
+grpc::ServerUnaryReactor* CoordinatorGrpcService::GetReports(
+    grpc::CallbackServerContext* context, const v1::GetReportsRequest* request,
     v1::GetReportsResponse* response) {
-  return Handle(response, [&] { return service_->GetReports(*request); });
-}
-
-grpc::Status CoordinatorGrpcService::KeySet(grpc::ServerContext*,
-                                            const v1::KeySetRequest* request,
-                                            v1::KeySetResponse* response) {
-  return Handle(response, [&] { return service_->KeySet(*request); });
-}
-
-grpc::Status CoordinatorGrpcService::KeyGet(grpc::ServerContext*,
-                                            const v1::KeyGetRequest* request,
-                                            v1::KeyGetResponse* response) {
-  return Handle(response, [&] { return service_->KeyGet(*request); });
+  return Handle(context, Authorize(context, Access::kRead), response,
+                [&] { return service_->GetReports(*request); });
 }
 
 }  // namespace muon

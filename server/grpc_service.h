@@ -1,7 +1,16 @@
 // The gRPC face of the coordinator: one handler per RPC of
-// muon.v1.Coordinator, each converting nothing but status (the core already
-// speaks the proto messages) and delegating to CoordinatorService. No state
-// and no locks here (XLA's "RPC handler" layer).
+// muon.v1.Coordinator on gRPC's callback API, each checking the caller's
+// credentials, converting nothing but status (the core already speaks the
+// proto messages) and delegating to CoordinatorService. Join and KeyGet hold
+// no thread while they wait: the core completes them (XLA's "RPC handler"
+// layer, without its thread per waiting call).
+//
+// Authentication (coordination/credentials.h): with a job secret set, every
+// RPC must carry `authorization: Bearer <job secret>`; the read-only RPCs
+// (GetJob, GetPlan, GetAssignments, ListRanks, GetReports) also accept the
+// read-only token. Missing or wrong: UNAUTHENTICATED "missing or invalid
+// credentials" (nothing about the job); the read-only token on a rank RPC:
+// PERMISSION_DENIED.
 //
 // Lifecycle: construct over a service that outlives it, register with a
 // grpc::ServerBuilder, destroy after the server has shut down.
@@ -11,6 +20,7 @@
 #define MUON_SERVER_GRPC_SERVICE_H_
 
 #include "absl/status/status.h"
+#include "coordination/credentials.h"
 #include "grpcpp/grpcpp.h"
 #include "muon/v1/coordinator.grpc.pb.h"
 #include "server/coordinator_service.h"
@@ -22,44 +32,52 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 // grpc::Status -> absl::Status keeping the canonical code and the message.
 absl::Status FromGrpcStatus(const grpc::Status& status);
 
-class CoordinatorGrpcService final : public v1::Coordinator::Service {
+class CoordinatorGrpcService final : public v1::Coordinator::CallbackService {
  public:
-  explicit CoordinatorGrpcService(CoordinatorService* service)
-      : service_(service) {}
+  CoordinatorGrpcService(CoordinatorService* service, CoordinatorAuth auth)
+      : service_(service), auth_(std::move(auth)) {}
 
-  grpc::Status Join(grpc::ServerContext* context,
-                    const v1::JoinRequest* request,
-                    v1::JoinResponse* response) override;
-  grpc::Status Heartbeat(grpc::ServerContext* context,
-                         const v1::HeartbeatRequest* request,
-                         v1::HeartbeatResponse* response) override;
-  grpc::Status ReportStep(grpc::ServerContext* context,
-                          const v1::StepReport* request,
-                          v1::ReportStepResponse* response) override;
-  grpc::Status GetJob(grpc::ServerContext* context,
-                      const v1::GetJobRequest* request,
-                      v1::JobInfo* response) override;
-  grpc::Status GetPlan(grpc::ServerContext* context,
-                       const v1::GetPlanRequest* request,
-                       v1::Plan* response) override;
-  grpc::Status GetAssignments(grpc::ServerContext* context,
-                              const v1::GetAssignmentsRequest* request,
-                              v1::GetAssignmentsResponse* response) override;
-  grpc::Status ListRanks(grpc::ServerContext* context,
-                         const v1::ListRanksRequest* request,
-                         v1::ListRanksResponse* response) override;
-  grpc::Status GetReports(grpc::ServerContext* context,
-                          const v1::GetReportsRequest* request,
-                          v1::GetReportsResponse* response) override;
-  grpc::Status KeySet(grpc::ServerContext* context,
-                      const v1::KeySetRequest* request,
-                      v1::KeySetResponse* response) override;
-  grpc::Status KeyGet(grpc::ServerContext* context,
-                      const v1::KeyGetRequest* request,
-                      v1::KeyGetResponse* response) override;
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
+                                 const v1::JoinRequest* request,
+                                 v1::JoinResponse* response) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
+                                      const v1::HeartbeatRequest* request,
+                                      v1::HeartbeatResponse* response) override;
+  grpc::ServerUnaryReactor* ReportStep(
+      grpc::CallbackServerContext* context, const v1::StepReport* request,
+      v1::ReportStepResponse* response) override;
+  grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* context,
+                                   const v1::GetJobRequest* request,
+                                   v1::JobInfo* response) override;
+  grpc::ServerUnaryReactor* GetPlan(grpc::CallbackServerContext* context,
+                                    const v1::GetPlanRequest* request,
+                                    v1::Plan* response) override;
+  grpc::ServerUnaryReactor* GetAssignments(
+      grpc::CallbackServerContext* context,
+      const v1::GetAssignmentsRequest* request,
+      v1::GetAssignmentsResponse* response) override;
+  grpc::ServerUnaryReactor* ListRanks(grpc::CallbackServerContext* context,
+                                      const v1::ListRanksRequest* request,
+                                      v1::ListRanksResponse* response) override;
+  grpc::ServerUnaryReactor* GetReports(
+      grpc::CallbackServerContext* context,
+      const v1::GetReportsRequest* request,
+      v1::GetReportsResponse* response) override;
+  grpc::ServerUnaryReactor* KeySet(grpc::CallbackServerContext* context,
+                                   const v1::KeySetRequest* request,
+                                   v1::KeySetResponse* response) override;
+  grpc::ServerUnaryReactor* KeyGet(grpc::CallbackServerContext* context,
+                                   const v1::KeyGetRequest* request,
+                                   v1::KeyGetResponse* response) override;
 
  private:
+  enum class Access { kRank, kRead };
+  // OK when the call's token grants `access` (see the file comment).
+  absl::Status Authorize(const grpc::CallbackServerContext* context,
+                         Access access) const;
+
   CoordinatorService* const service_;  // Not owned.
+  const CoordinatorAuth auth_;
 };
 
 }  // namespace muon

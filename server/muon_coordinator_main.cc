@@ -6,10 +6,20 @@
 // "muon-coordinator listening on HOST:PORT", optionally writes the port to
 // --port_file (atomically, via rename), and serves until SIGINT or SIGTERM,
 // then stops cleanly (blocked Join/KeyGet calls get Unavailable).
+//
+// Access control (coordination/credentials.h): every RPC must carry the job
+// secret, taken from --secret_file (created with mode 0600 and a random
+// secret when it does not exist), else MUON_JOB_SECRET / MUON_JOB_SECRET_FILE,
+// else generated into a new private directory (mode 0700) whose path is
+// printed. --read_token_file (same rule; also generated into that private
+// directory) holds muonctl's read-only token. --tls_cert_file and
+// --tls_key_file serve TLS; a non-loopback --host without TLS is warned
+// about.
 #include <pthread.h>
 #include <signal.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -19,6 +29,8 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/status_macros.h"
+#include "coordination/credentials.h"
 #include "plan/planner.h"
 #include "server/coordinator_server.h"
 
@@ -43,6 +55,18 @@ ABSL_FLAG(double, join_timeout_s, 60.0,
           "Default seconds a Join waits for the other ranks.");
 ABSL_FLAG(int, reports_kept, 256,
           "Step reports kept per rank for muonctl timings/trace (a ring).");
+ABSL_FLAG(std::string, secret_file, "",
+          "File holding the job secret every RPC must carry; created (mode "
+          "0600, random) if missing. Default: MUON_JOB_SECRET, "
+          "MUON_JOB_SECRET_FILE, else a new file in a private directory.");
+ABSL_FLAG(std::string, read_token_file, "",
+          "File holding muonctl's read-only token; created (mode 0600, "
+          "random) if missing.");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "PEM certificate to serve TLS with (needs --tls_key_file).");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM private key for TLS.");
+ABSL_FLAG(int, max_message_bytes, 64 << 20,
+          "Largest request or response, bytes.");
 ABSL_FLAG(double, straggler_factor, 2.0,
           "A rank is flagged a straggler when its last step time exceeds this "
           "factor times the median of the other ranks' (needs >= 2 others).");
@@ -58,6 +82,57 @@ bool WritePortFile(const std::string& path, int port) {
     if (!out.flush()) return false;
   }
   return std::rename(tmp.c_str(), path.c_str()) == 0;
+}
+
+// Reads the token in `path`, or creates the file with a new random one.
+absl::StatusOr<std::string> ReadOrCreateToken(const std::string& path) {
+  absl::StatusOr<std::string> token = muon::ReadSecretFile(path);
+  if (token.ok() || token.status().code() != absl::StatusCode::kNotFound) {
+    return token;
+  }
+  MUON_ASSIGN_OR_RETURN(std::string fresh, muon::GenerateSecret());
+  MUON_RETURN_IF_ERROR(muon::WriteSecretFile(path, fresh));
+  std::cout << "muon-coordinator: wrote a new token to " << path << std::endl;
+  return fresh;
+}
+
+// A new private directory for generated tokens, made once.
+absl::StatusOr<std::string> PrivateDir() {
+  static std::string dir;
+  if (!dir.empty()) return dir;
+  const char* tmp = std::getenv("TMPDIR");
+  std::string pattern =
+      absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp",
+                   "/muon-coordinator-XXXXXX");
+  if (mkdtemp(pattern.data()) == nullptr) {
+    return absl::InternalError(absl::StrCat("cannot create ", pattern));
+  }
+  dir = pattern;
+  return dir;
+}
+
+// The job secret and read-only token (see the file comment).
+absl::StatusOr<muon::CoordinatorAuth> LoadAuth() {
+  muon::CoordinatorAuth auth;
+  const std::string secret_file = absl::GetFlag(FLAGS_secret_file);
+  std::string read_file = absl::GetFlag(FLAGS_read_token_file);
+  if (!secret_file.empty()) {
+    MUON_ASSIGN_OR_RETURN(auth.job_secret, ReadOrCreateToken(secret_file));
+  } else {
+    MUON_ASSIGN_OR_RETURN(auth.job_secret, muon::JobSecretFromEnv());
+  }
+  if (auth.job_secret.empty()) {
+    MUON_ASSIGN_OR_RETURN(std::string dir, PrivateDir());
+    MUON_ASSIGN_OR_RETURN(auth.job_secret,
+                          ReadOrCreateToken(absl::StrCat(dir, "/job.secret")));
+    std::cout << "muon-coordinator: ranks need MUON_JOB_SECRET_FILE=" << dir
+              << "/job.secret" << std::endl;
+    if (read_file.empty()) read_file = absl::StrCat(dir, "/read.token");
+  }
+  if (!read_file.empty()) {
+    MUON_ASSIGN_OR_RETURN(auth.read_token, ReadOrCreateToken(read_file));
+  }
+  return auth;
 }
 
 }  // namespace
@@ -107,6 +182,16 @@ int main(int argc, char** argv) {
               << std::endl;
     return 2;
   }
+
+  absl::StatusOr<muon::CoordinatorAuth> auth = LoadAuth();
+  if (!auth.ok()) {
+    std::cerr << "muon-coordinator: " << auth.status().message() << std::endl;
+    return 1;
+  }
+  options.auth = *std::move(auth);
+  options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert_file);
+  options.tls.key_file = absl::GetFlag(FLAGS_tls_key_file);
+  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
 
   absl::StatusOr<std::unique_ptr<muon::CoordinatorServer>> server =
       muon::CoordinatorServer::Start(options);

@@ -7,12 +7,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "coordination/credentials.h"
 
 extern char** environ;
 
@@ -128,6 +130,17 @@ absl::StatusOr<std::string> MakeTempDir(const std::string& prefix) {
 
 absl::Status LaunchRanks(const RankLaunchOptions& o) {
   const absl::Time start = absl::Now();
+  // The ranks share the job secret: the caller's (and the daemon's) from the
+  // environment, or a new one for rank 0's embedded coordinator.
+  std::vector<std::string> secret_env;
+  const char* secret = std::getenv("MUON_JOB_SECRET");
+  const char* secret_file = std::getenv("MUON_JOB_SECRET_FILE");
+  if ((secret == nullptr || *secret == '\0') &&
+      (secret_file == nullptr || *secret_file == '\0')) {
+    absl::StatusOr<std::string> fresh = GenerateSecret();
+    if (!fresh.ok()) return fresh.status();
+    secret_env.push_back(absl::StrCat("MUON_JOB_SECRET=", *fresh));
+  }
   auto left = [&] {
     return std::max(o.timeout - (absl::Now() - start), absl::Seconds(1));
   };
@@ -137,7 +150,7 @@ absl::Status LaunchRanks(const RankLaunchOptions& o) {
     std::vector<std::string> a = o.argv(0);
     a.push_back(address.empty() ? "--port_file=" + o.port_file
                                 : "--coordinator=" + address);
-    absl::StatusOr<pid_t> pid = SpawnProcess(a);
+    absl::StatusOr<pid_t> pid = SpawnProcess(a, secret_env);
     if (!pid.ok()) return pid.status();
     pids.push_back(*pid);
   }
@@ -153,7 +166,7 @@ absl::Status LaunchRanks(const RankLaunchOptions& o) {
   for (int r = 1; r < o.world_size; ++r) {
     std::vector<std::string> a = o.argv(r);
     a.push_back("--coordinator=" + address);
-    absl::StatusOr<pid_t> pid = SpawnProcess(a);
+    absl::StatusOr<pid_t> pid = SpawnProcess(a, secret_env);
     if (!pid.ok()) {
       WaitAll(pids, absl::Seconds(5), absl::Seconds(1));
       return pid.status();

@@ -18,6 +18,7 @@
 #include "client/grpc_coordination_client.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
+#include "coordination/credentials.h"
 #include "google/protobuf/util/json_util.h"
 #include "plan/manifest_validation.h"
 #include "plan/plan_job.h"
@@ -33,6 +34,12 @@ ABSL_FLAG(std::string, coordinator, "",
           "host:port of the coordinator (live commands; for validate: use "
           "this daemon instead of one embedded in rank 0).");
 ABSL_FLAG(std::string, job_id, "", "Job id (empty = the coordinator's job).");
+ABSL_FLAG(std::string, token_file, "",
+          "File (mode 0600) with the coordinator's read-only token or the job "
+          "secret; default: MUON_JOB_SECRET or MUON_JOB_SECRET_FILE.");
+ABSL_FLAG(std::string, tls_ca_file, "",
+          "PEM CA certificate to verify a TLS coordinator with (default: "
+          "MUON_TLS_CA_FILE); empty = plaintext.");
 ABSL_FLAG(int, steps, 3, "validate: optimizer steps.");
 ABSL_FLAG(std::string, init, "",
           "validate: initial parameters DIR/<param>.npy.");
@@ -166,10 +173,22 @@ absl::StatusOr<std::unique_ptr<CoordinationClient>> Connect(std::ostream& err) {
   if (address.empty()) {
     return absl::InvalidArgumentError("--coordinator HOST:PORT is required");
   }
+  GrpcClientSecurity security;
+  const std::string token_file = absl::GetFlag(FLAGS_token_file);
+  if (!token_file.empty()) {
+    MUON_ASSIGN_OR_RETURN(security.token, ReadSecretFile(token_file));
+  } else {
+    MUON_ASSIGN_OR_RETURN(security.token, JobSecretFromEnv());
+  }
+  security.tls_ca_file = absl::GetFlag(FLAGS_tls_ca_file);
+  if (security.tls_ca_file.empty()) {
+    const char* ca = std::getenv("MUON_TLS_CA_FILE");
+    if (ca != nullptr) security.tls_ca_file = ca;
+  }
   MUON_ASSIGN_OR_RETURN(
       std::unique_ptr<GrpcCoordinationClient> c,
       GrpcCoordinationClient::Create(address, absl::GetFlag(FLAGS_job_id),
-                                     absl::Seconds(5)));
+                                     absl::Seconds(5), security));
   return std::unique_ptr<CoordinationClient>(std::move(c));
 }
 

@@ -20,6 +20,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "coordination/credentials.h"
 
 extern char** environ;
 
@@ -440,9 +442,30 @@ std::string RankExit::Describe() const {
   return absl::StrCat("exited with code ", exit_code);
 }
 
+absl::StatusOr<std::vector<std::string>> WithJobSecret(
+    const MuonrunOptions& o, std::vector<std::string> base) {
+  const bool has_secret =
+      std::any_of(base.begin(), base.end(), [](const std::string& e) {
+        return absl::StartsWith(e, "MUON_JOB_SECRET=") ||
+               absl::StartsWith(e, "MUON_JOB_SECRET_FILE=");
+      });
+  if (has_secret) return base;
+  if (o.nnodes > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--nnodes=", o.nnodes,
+                     " needs one job secret shared by every node: "
+                     "set MUON_JOB_SECRET (e.g. $(openssl rand -hex 32)) or "
+                     "MUON_JOB_SECRET_FILE (mode 0600) on each node"));
+  }
+  MUON_ASSIGN_OR_RETURN(std::string secret, GenerateSecret());
+  base.push_back(absl::StrCat("MUON_JOB_SECRET=", secret));
+  return base;
+}
+
 absl::StatusOr<RunRanksResult> RunRanks(const MuonrunOptions& o,
                                         std::ostream& err) {
-  const std::vector<std::string> base = CurrentEnvironment();
+  MUON_ASSIGN_OR_RETURN(const std::vector<std::string> base,
+                        WithJobSecret(o, CurrentEnvironment()));
   std::vector<Child> children;
   const absl::Time start = absl::Now();
   for (int local = 0; local < o.nproc_per_node; ++local) {

@@ -157,6 +157,13 @@ struct RunRanksResult {
 // Errors: Internal when a rank cannot be started (fork fails; the ranks
 // already started are stopped first). A program that cannot be executed is
 // a rank exiting with code 127 (its message names the program).
+// `base` with the job secret the ranks share: kept when MUON_JOB_SECRET or
+// MUON_JOB_SECRET_FILE is set, else a new random MUON_JOB_SECRET on one node.
+// Errors: InvalidArgument when nnodes > 1 and none is set (every node needs
+// the same secret); Internal when no random secret can be made.
+absl::StatusOr<std::vector<std::string>> WithJobSecret(
+    const MuonrunOptions& o, std::vector<std::string> base);
+
 absl::StatusOr<RunRanksResult> RunRanks(const MuonrunOptions& options,
                                         std::ostream& err);
 

@@ -27,6 +27,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/job_secret_env.h"
 #include "tools/launcher.h"
 
 namespace muon {

@@ -34,6 +34,7 @@
 #include "gtest/gtest.h"
 #include "plan/plan_job.h"
 #include "server/embedded_coordinator.h"
+#include "tests/job_secret_env.h"
 #include "tests/server/test_specs.h"
 #include "tests/status_matchers.h"
 #include "tools/muonctl_lib.h"
@@ -195,7 +196,9 @@ std::vector<std::unique_ptr<CoordinationClient>> GrpcClients(
   std::vector<std::unique_ptr<CoordinationClient>> clients;
   for (int r = 0; r < count; ++r) {
     absl::StatusOr<std::unique_ptr<GrpcCoordinationClient>> c =
-        GrpcCoordinationClient::Create(address, kJobId, absl::Seconds(10));
+        GrpcCoordinationClient::Create(
+            address, kJobId, absl::Seconds(10),
+            GrpcClientSecurity{::muon::testing::TestJobSecret(), "", ""});
     EXPECT_THAT(c, IsOk());
     if (!c.ok()) return {};
     clients.push_back(*std::move(c));

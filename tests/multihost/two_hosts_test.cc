@@ -41,6 +41,7 @@
 #include "common/spec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/job_secret_env.h"
 #include "tools/npy.h"
 
 namespace muon {

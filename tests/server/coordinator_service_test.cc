@@ -246,7 +246,8 @@ TEST_F(CoordinatorServiceTest, Join_WrongJobId_ReturnsInvalidArgument) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("other")));
 }
 
-TEST_F(CoordinatorServiceTest, Join_WorldSizeDisagreesWithOptions_FailsJob) {
+TEST_F(CoordinatorServiceTest,
+       Join_WorldSizeDisagreesWithOptions_RejectedAloneJobKeepsWaiting) {
   CoordinatorService::Options options = DefaultOptions();
   options.world_size = 2;
   CoordinatorService service(options);
@@ -255,10 +256,12 @@ TEST_F(CoordinatorServiceTest, Join_WorldSizeDisagreesWithOptions_FailsJob) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("rank 0 reports world size 4 but the job's "
                                  "world size is 2")));
-  EXPECT_EQ(service.GetJob(v1::GetJobRequest())->state(), "failed");
+  // A Join that cannot belong to the job does not fail it.
+  EXPECT_EQ(service.GetJob(v1::GetJobRequest())->state(), "waiting");
 }
 
-TEST_F(CoordinatorServiceTest, Join_RankOutOfRange_FailsJobForWaitingRanks) {
+TEST_F(CoordinatorServiceTest,
+       Join_RogueRankOutOfRange_RejectedAloneOthersStillPlan) {
   CoordinatorService service(DefaultOptions());
   std::vector<v1::RankManifest> m = Manifests(FourRankSpec());
   absl::StatusOr<v1::JoinResponse> waiting = absl::UnknownError("not run");
@@ -273,9 +276,21 @@ TEST_F(CoordinatorServiceTest, Join_RankOutOfRange_FailsJobForWaitingRanks) {
   EXPECT_THAT(service.Join(JoinRequestFor(bad)),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("rank 9 but ranks must be in [0, 4)")));
+  EXPECT_EQ(service.GetJob(v1::GetJobRequest())->state(), "waiting");
+  // The real ranks still join and plan; the waiting rank gets the plan.
+  std::vector<absl::StatusOr<v1::JoinResponse>> rest(3);
+  std::vector<std::thread> joiners;
+  for (int r = 1; r < 4; ++r) {
+    joiners.emplace_back(
+        [&, r] { rest[r - 1] = service.Join(JoinRequestFor(m[r], 2000)); });
+  }
+  for (std::thread& j : joiners) j.join();
   t.join();
-  EXPECT_THAT(waiting, StatusIs(absl::StatusCode::kInvalidArgument,
-                                HasSubstr("rank 9")));
+  ASSERT_THAT(waiting, IsOk());
+  for (const auto& r : rest) {
+    ASSERT_THAT(r, IsOk());
+    EXPECT_EQ(r->plan().hash(), waiting->plan().hash());
+  }
 }
 
 TEST_F(CoordinatorServiceTest, Join_ManifestPolicyAndBucketSize_UsedByPlanner) {
@@ -380,7 +395,7 @@ TEST_F(CoordinatorServiceTest, RankStates_JoinReportSilence_ReadyRunningLost) {
       absl::StatusOr<v1::HeartbeatResponse> resp = service.Heartbeat(hb);
       ASSERT_THAT(resp, IsOk());
       // Rank 1 is lost once silent for more than 30 s: the job fails.
-      EXPECT_EQ(resp->job_state(), i < 3 ? "planned" : "failed");
+      EXPECT_EQ(resp->job_state(), i < 3 ? "running" : "failed");
     }
   }
   EXPECT_THAT(states(),

@@ -38,6 +38,9 @@ TEST(MuonCoordinatorMainTest,
   std::remove(port_file.c_str());
   const std::string binary = "server/muon-coordinator";
   const std::string port_flag = "--port_file=" + port_file;
+  // The daemon takes the job secret from the environment it inherits.
+  const std::string secret = "daemon-test-secret";
+  ASSERT_EQ(setenv("MUON_JOB_SECRET", secret.c_str(), 1), 0);
 
   const pid_t pid = fork();
   ASSERT_GE(pid, 0);
@@ -62,7 +65,8 @@ TEST(MuonCoordinatorMainTest,
 
   absl::StatusOr<std::unique_ptr<GrpcCoordinationClient>> client =
       GrpcCoordinationClient::Create(absl::StrCat("127.0.0.1:", port), "daemon",
-                                     absl::Seconds(2));
+                                     absl::Seconds(2),
+                                     GrpcClientSecurity{secret, "", ""});
   ASSERT_THAT(client, IsOk());
   absl::StatusOr<v1::JobInfo> job = (*client)->GetJob();
   EXPECT_THAT(job, IsOk());

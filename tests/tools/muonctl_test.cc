@@ -168,7 +168,7 @@ class MuonctlTest : public ::testing::Test {
 
 TEST_F(MuonctlTest, Status_LiveJob_TableWithStepTimeStragglerAndDropped) {
   ASSERT_EQ(Run("status"), 0) << err_.str();
-  EXPECT_THAT(out_.str(), HasSubstr("job ctl: planned, 4/4 ranks joined"));
+  EXPECT_THAT(out_.str(), HasSubstr("job ctl: running, 4/4 ranks joined"));
   EXPECT_THAT(out_.str(), HasSubstr("heartbeat age"));
   EXPECT_THAT(out_.str(), HasSubstr("straggler"));
   EXPECT_THAT(out_.str(), HasSubstr("dropped"));

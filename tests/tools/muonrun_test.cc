@@ -25,6 +25,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/job_secret_env.h"
 #include "tests/status_matchers.h"
 #include "tools/muonrun_lib.h"
 
