@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include <cstdlib>
+#include <iostream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -41,7 +42,8 @@ std::string TempDir() {
 }
 
 std::unique_ptr<CoordinatorServer> StartServer(TlsFiles tls = TlsFiles(),
-                                               int max_message_bytes = 1 << 20) {
+                                               int max_message_bytes = 1
+                                                                       << 20) {
   CoordinatorServerOptions options;
   options.service.job_id = "secret-job-name";
   options.service.world_size = 2;
@@ -59,17 +61,17 @@ std::unique_ptr<GrpcCoordinationClient> Connect(
     const std::string& address, const std::string& token,
     const std::string& ca_file = "") {
   absl::StatusOr<std::unique_ptr<GrpcCoordinationClient>> client =
-      GrpcCoordinationClient::Create(address, "", absl::Seconds(3),
-                                     GrpcClientSecurity{token, ca_file,
-                                                        "localhost"});
+      GrpcCoordinationClient::Create(
+          address, "", absl::Seconds(3),
+          GrpcClientSecurity{token, ca_file, "localhost"});
   EXPECT_TRUE(client.ok()) << client.status();
   return client.ok() ? *std::move(client) : nullptr;
 }
 
 v1::JoinRequest JoinRank0() {
   v1::JoinRequest request;
-  *request.mutable_manifest() = Manifests(MakeSpec(
-      {{"dp_shard", 2}}, {{"w", 8, 8, {"Shard(0)"}}}))[0];
+  *request.mutable_manifest() =
+      Manifests(MakeSpec({{"dp_shard", 2}}, {{"w", 8, 8, {"Shard(0)"}}}))[0];
   request.set_incarnation(7);
   request.set_timeout_ms(100);
   return request;
@@ -118,11 +120,11 @@ TEST(AccessControlTest, ReadOnlyToken_ReadsButRankRpcsPermissionDenied) {
   EXPECT_THAT(ctl->GetJob(), IsOk());
   EXPECT_THAT(ctl->ListRanks(), IsOk());
   EXPECT_THAT(ctl->GetReports(-1, 0), IsOk());
-  EXPECT_THAT(ctl->GetPlan(),
-              StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::_));  // no plan yet
-  EXPECT_THAT(ctl->Join(JoinRank0()),
-              StatusIs(absl::StatusCode::kPermissionDenied,
-                       HasSubstr("read-only")));
+  EXPECT_THAT(ctl->GetPlan(), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                       ::testing::_));  // no plan yet
+  EXPECT_THAT(
+      ctl->Join(JoinRank0()),
+      StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("read-only")));
   EXPECT_THAT(ctl->KeySet("k", "v"),
               StatusIs(absl::StatusCode::kPermissionDenied, ::testing::_));
   EXPECT_THAT(ctl->Heartbeat(v1::HeartbeatRequest()).status(),
@@ -183,8 +185,8 @@ TEST(AccessControlTest, ThreeHundredWaitingKeyGets_HoldNoServerThreads) {
   for (int i = 0; i < kCalls; ++i) {
     auto call = std::make_unique<Call>();
     call->context.AddMetadata(kAuthorizationMetadataKey, BearerValue(kSecret));
-    call->context.set_deadline(absl::ToChronoTime(absl::Now() +
-                                                  absl::Seconds(30)));
+    call->context.set_deadline(
+        absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
     call->request.set_key("late");
     call->request.set_timeout_ms(20000);
     Call* raw = call.get();
@@ -199,6 +201,9 @@ TEST(AccessControlTest, ThreeHundredWaitingKeyGets_HoldNoServerThreads) {
   // Let the calls reach the server (they wait there for 20 s).
   absl::SleepFor(absl::Seconds(1));
   const int during = CountThreads();
+  std::cout << "threads of the test process (server + client): " << before
+            << " before, " << during << " with " << kCalls
+            << " KeyGets waiting\n";
   // gRPC's pollers and the callback executor may add a few threads; one
   // per waiting call would add ~300.
   EXPECT_LT(during - before, 40) << "before " << before << " during " << during;
@@ -240,7 +245,8 @@ TEST(AccessControlTest, Tls_SelfSignedCert_VerifiedClientWorksPlaintextFails) {
   EXPECT_EQ(job->job_id(), "secret-job-name");
   std::unique_ptr<GrpcCoordinationClient> plain =
       Connect(server->address(), kSecret);
-  EXPECT_THAT(plain->GetJob(), StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
+  EXPECT_THAT(plain->GetJob(),
+              StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
 }
 
 TEST(AccessControlTest, Tls_CertWithoutKey_RejectedNamingIt) {
@@ -269,9 +275,9 @@ TEST(CredentialsTest, SecretFile_CreatedMode0600_WorldReadableRejected) {
   EXPECT_THAT(WriteSecretFile(path, "other"),
               StatusIs(absl::StatusCode::kAlreadyExists, ::testing::_));
   ASSERT_EQ(chmod(path.c_str(), 0644), 0);
-  EXPECT_THAT(ReadSecretFile(path),
-              StatusIs(absl::StatusCode::kPermissionDenied,
-                       HasSubstr("mode 0644")));
+  EXPECT_THAT(
+      ReadSecretFile(path),
+      StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("mode 0644")));
   EXPECT_THAT(ReadSecretFile(TempDir() + "/absent.secret"),
               StatusIs(absl::StatusCode::kNotFound, ::testing::_));
 }

@@ -111,9 +111,9 @@ TEST_F(JobLifecycleTest, SecondJobWhileRunning_RejectedBeforeWritingAnything) {
               StatusIs(absl::StatusCode::kAborted,
                        HasSubstr("a second job or a restarted rank is "
                                  "rejected")));
-  EXPECT_THAT(KeySet("gloo/0", "job2-addr"),
-              StatusIs(absl::StatusCode::kAlreadyExists,
-                       HasSubstr("\"gloo/0\"")));
+  EXPECT_THAT(
+      KeySet("gloo/0", "job2-addr"),
+      StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("\"gloo/0\"")));
   // The running job is untouched.
   absl::StatusOr<v1::KeyGetResponse> value = KeyGet("gloo/0");
   ASSERT_THAT(value, IsOk());
@@ -174,10 +174,10 @@ TEST_F(JobLifecycleTest, WaitingJoins_HoldNoThreadAndShutdownCompletesThem) {
     *request.mutable_manifest() = m[r];
     request.set_incarnation(100 + r);
     request.set_timeout_ms(60000);
-    service_->JoinAsync(request, [&results, r](
-                                     absl::StatusOr<v1::JoinResponse> result) {
-      results[r] = std::move(result);
-    });
+    service_->JoinAsync(request,
+                        [&results, r](absl::StatusOr<v1::JoinResponse> result) {
+                          results[r] = std::move(result);
+                        });
   }
   // No thread waits: the calls returned and are still pending.
   for (const auto& r : results) {

@@ -1,6 +1,7 @@
 // Tests of the muon-coordinator daemon binary: it starts on a free port,
 // writes --port_file, answers RPCs and exits 0 on SIGTERM.
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -8,16 +9,21 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/grpc_coordination_client.h"
+#include "coordination/credentials.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/status_matchers.h"
 
 namespace muon {
 namespace {
+
+using ::testing::HasSubstr;
 
 // Polls `pid` for up to `timeout`; returns its wait status or -1.
 int WaitFor(pid_t pid, absl::Duration timeout) {
@@ -100,6 +106,99 @@ TEST(MuonCoordinatorMainTest, Daemon_BadPolicy_ExitsWithUsageError) {
   ASSERT_NE(status, -1);
   EXPECT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 2);
+}
+
+std::string TestTmp() {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return tmp != nullptr ? tmp : "/tmp";
+}
+
+// Starts the daemon with `flags` (and no MUON_JOB_SECRET in its
+// environment); returns its pid and the port it wrote, 0 when none in 5 s.
+std::pair<pid_t, int> StartDaemon(const std::vector<std::string>& flags) {
+  const std::string port_file = TestTmp() + "/auth.port";
+  std::remove(port_file.c_str());
+  std::vector<std::string> args = {"server/muon-coordinator",
+                                   "--port_file=" + port_file};
+  args.insert(args.end(), flags.begin(), flags.end());
+  const pid_t pid = fork();
+  if (pid == 0) {
+    unsetenv("MUON_JOB_SECRET");
+    unsetenv("MUON_JOB_SECRET_FILE");
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  int port = 0;
+  for (int i = 0; i < 250 && port == 0 && pid > 0; ++i) {  // up to ~5 s
+    std::ifstream in(port_file);
+    if (!(in >> port)) port = 0;
+    if (port == 0) absl::SleepFor(absl::Milliseconds(20));
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) return {-1, 0};
+  }
+  return {pid, port};
+}
+
+void StopDaemon(pid_t pid) {
+  if (pid <= 0) return;
+  kill(pid, SIGTERM);
+  if (WaitFor(pid, absl::Seconds(10)) == -1) {
+    kill(pid, SIGKILL);
+    WaitFor(pid, absl::Seconds(5));
+  }
+}
+
+TEST(MuonCoordinatorMainTest,
+     Daemon_SecretAndReadTokenFiles_Created0600AndEnforced) {
+  const std::string secret_file = TestTmp() + "/job.secret";
+  const std::string read_file = TestTmp() + "/read.token";
+  std::remove(secret_file.c_str());
+  std::remove(read_file.c_str());
+  auto [pid, port] = StartDaemon({"--job_id=auth", "--world_size=2",
+                                  "--secret_file=" + secret_file,
+                                  "--read_token_file=" + read_file});
+  ASSERT_GT(port, 0) << "daemon did not start";
+  struct stat st;
+  ASSERT_EQ(stat(secret_file.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600);
+  ASSERT_EQ(stat(read_file.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600);
+  absl::StatusOr<std::string> secret = ReadSecretFile(secret_file);
+  absl::StatusOr<std::string> token = ReadSecretFile(read_file);
+  ASSERT_THAT(secret, IsOk());
+  ASSERT_THAT(token, IsOk());
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+  auto connect = [&](const std::string& t) {
+    return *GrpcCoordinationClient::Create(address, "", absl::Seconds(3),
+                                           GrpcClientSecurity{t, "", ""});
+  };
+  EXPECT_THAT(connect("")->GetJob(),
+              StatusIs(absl::StatusCode::kUnauthenticated,
+                       ::testing::Not(HasSubstr("auth"))));
+  absl::StatusOr<v1::JobInfo> job = connect(*token)->GetJob();
+  ASSERT_THAT(job, IsOk());
+  EXPECT_EQ(job->job_id(), "auth");
+  EXPECT_THAT(connect(*token)->KeySet("k", "v"),
+              StatusIs(absl::StatusCode::kPermissionDenied, ::testing::_));
+  EXPECT_THAT(connect(*secret)->KeySet("k", "v"), IsOk());
+  StopDaemon(pid);
+}
+
+TEST(MuonCoordinatorMainTest, Daemon_WorldReadableSecretFile_ExitsNamingMode) {
+  const std::string secret_file = TestTmp() + "/open.secret";
+  std::remove(secret_file.c_str());
+  {
+    std::ofstream out(secret_file);
+    out << "0123456789abcdef\n";
+  }
+  ASSERT_EQ(chmod(secret_file.c_str(), 0644), 0);
+  auto [pid, port] = StartDaemon({"--secret_file=" + secret_file});
+  EXPECT_EQ(port, 0);
+  EXPECT_EQ(pid, -1) << "the daemon kept running with a world-readable secret";
+  StopDaemon(pid);
 }
 
 }  // namespace
