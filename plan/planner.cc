@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <numeric>
 #include <utility>
 
@@ -68,6 +69,28 @@ double NewtonSchulzFlops(int64_t rows, int64_t cols, int ns_steps) {
   const double m = static_cast<double>(std::min(rows, cols));
   const double n = static_cast<double>(std::max(rows, cols));
   return ns_steps * (4.0 * m * m * n + 2.0 * m * m * m);
+}
+
+double LoadLowerBoundFlops(const v1::Plan& plan) {
+  std::vector<double> costs;
+  costs.reserve(plan.matrices_size());
+  double total = 0;
+  for (const v1::MatrixPlan& m : plan.matrices()) {
+    costs.push_back(m.ns_flops());
+    total += m.ns_flops();
+  }
+  if (costs.empty() || plan.world_size() < 1) return 0;
+  const size_t world = static_cast<size_t>(plan.world_size());
+  double bound = total / static_cast<double>(world);
+  if (costs.size() > world) {
+    std::nth_element(costs.begin(), costs.begin() + world, costs.end(),
+                     std::greater<double>());
+    // costs[world] is the (W+1)-th largest; the W-th largest is the
+    // smallest of the first W.
+    const double w_th = *std::min_element(costs.begin(), costs.begin() + world);
+    bound = std::max(bound, w_th + costs[world]);
+  }
+  return std::max(bound, *std::max_element(costs.begin(), costs.end()));
 }
 
 absl::StatusOr<v1::Plan> MakePlan(const JobLayout& layout,

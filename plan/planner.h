@@ -89,6 +89,17 @@ double NewtonSchulzFlops(int64_t rows, int64_t cols, int ns_steps);
 absl::StatusOr<v1::Plan> MakePlan(const JobLayout& layout,
                                   const PlannerOptions& options);
 
+// A lower bound on any assignment's max load (NS FLOPs) for the plan's
+// matrices over its world size, ignoring which ranks may own what (so it
+// holds with sub-mesh and expert constraints too): the largest of
+//   - the mean load, total / world_size;
+//   - the largest matrix;
+//   - p[W-1] + p[W], the W-th and (W+1)-th largest matrices when there are
+//     more matrices than ranks W (two of the W+1 largest share a rank).
+// The standard bounds for identical-machine makespan (Graham 1969; e.g.
+// Pinedo, "Scheduling", section 5.1). 0 for a plan without matrices.
+double LoadLowerBoundFlops(const v1::Plan& plan);
+
 // Stable hash of a plan: FNV-1a 64 over the deterministic protobuf
 // serialization of the plan with `hash` cleared, as 16 lowercase hex digits.
 // Equal plans hash equally in every process (unlike absl::Hash).

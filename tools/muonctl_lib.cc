@@ -160,10 +160,13 @@ int CmdPlan(const std::vector<std::string>&, std::ostream& out,
     absl::StatusOr<JobPlan> q = PlanJobSpec(*spec, policy);
     if (!q.ok()) return Fail(err, q.status());
     const double mean = q->plan.mean_load_flops();
+    const double bound = LoadLowerBoundFlops(q->plan);
     out << absl::StrFormat(
-        "policy %-11s max load %.4g GFLOP, mean %.4g GFLOP, max/mean %.3f\n",
+        "policy %-11s max load %.4g GFLOP, mean %.4g GFLOP, max/mean %.3f, "
+        "lower bound %.4g GFLOP, max/bound %.3f\n",
         policy, q->plan.max_load_flops() / 1e9, mean / 1e9,
-        mean > 0 ? q->plan.max_load_flops() / mean : 0.0);
+        mean > 0 ? q->plan.max_load_flops() / mean : 0.0, bound / 1e9,
+        bound > 0 ? q->plan.max_load_flops() / bound : 0.0);
   }
   return 0;
 }

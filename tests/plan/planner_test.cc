@@ -74,6 +74,41 @@ TEST(PlannerTest, NewtonSchulzFlops_UsesMinAndMaxDim) {
   EXPECT_DOUBLE_EQ(NewtonSchulzFlops(8, 4, 1), 640.0);
 }
 
+v1::Plan PlanWithCosts(int world_size, const std::vector<double>& costs) {
+  v1::Plan plan;
+  plan.set_world_size(world_size);
+  for (double c : costs) plan.add_matrices()->set_ns_flops(c);
+  return plan;
+}
+
+TEST(PlannerTest, LoadLowerBound_MeanLargestOrPairOfWthLargest) {
+  // Mean wins: 8 equal matrices over 4 ranks.
+  EXPECT_DOUBLE_EQ(
+      LoadLowerBoundFlops(PlanWithCosts(4, std::vector<double>(8, 10.0))),
+      20.0);
+  // The largest matrix wins.
+  EXPECT_DOUBLE_EQ(LoadLowerBoundFlops(PlanWithCosts(4, {100, 1, 1, 1})),
+                   100.0);
+  // 3 large matrices over 2 ranks: two share a rank (6 + 6 > mean 6.5).
+  EXPECT_DOUBLE_EQ(LoadLowerBoundFlops(PlanWithCosts(2, {6, 6, 6, 1})), 12.0);
+  EXPECT_DOUBLE_EQ(LoadLowerBoundFlops(PlanWithCosts(4, {})), 0.0);
+}
+
+TEST(PlannerTest, LoadLowerBound_NeverAboveLptMaxLoad) {
+  JobLayout layout =
+      Layout(MakeSpec({{"dp_shard", 3}}, {{"a", 64, 64, {"Shard(0)"}},
+                                          {"b", 64, 64, {"Shard(0)"}},
+                                          {"c", 64, 64, {"Shard(0)"}},
+                                          {"d", 64, 64, {"Shard(0)"}},
+                                          {"e", 16, 64, {"Shard(0)"}}}));
+  absl::StatusOr<v1::Plan> plan = MakePlan(layout, PlannerOptions());
+  ASSERT_THAT(plan, IsOk());
+  const double bound = LoadLowerBoundFlops(*plan);
+  EXPECT_LE(bound, plan->max_load_flops());
+  // 4 equal matrices on 3 ranks: two share one, the bound is exact.
+  EXPECT_DOUBLE_EQ(bound, plan->max_load_flops());
+}
+
 TEST(PlannerTest, MakePlan_Lpt_ExpectedOwnersOnSmallExample) {
   absl::StatusOr<v1::Plan> plan = MakePlan(Layout(SmallSpec()), Options(kLpt));
   ASSERT_THAT(plan, IsOk());
