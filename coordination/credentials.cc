@@ -31,9 +31,8 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& path,
         absl::StrCat("cannot stat ", path, ": ", std::strerror(errno)));
   }
   if (!S_ISREG(st->st_mode) || static_cast<size_t>(st->st_size) > max_bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, " is not a regular file of at most ", max_bytes,
-                     " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, " is not a regular file of at most ", max_bytes, " bytes"));
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::InternalError(absl::StrCat("cannot open ", path));
@@ -77,8 +76,8 @@ absl::StatusOr<std::string> ReadSecretFile(const std::string& path) {
   }
   std::string secret(absl::StripTrailingAsciiWhitespace(*text));
   if (secret.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("secret file ", path,
-                                                   " is empty"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("secret file ", path, " is empty"));
   }
   for (char c : secret) {
     if (c < 0x21 || c > 0x7e) {
@@ -91,8 +90,8 @@ absl::StatusOr<std::string> ReadSecretFile(const std::string& path) {
 
 absl::Status WriteSecretFile(const std::string& path,
                              absl::string_view secret) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
-                        0600);
+  const int fd =
+      ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) {
     if (errno == EEXIST) {
       return absl::AlreadyExistsError(absl::StrCat(path, " already exists"));
@@ -108,8 +107,8 @@ absl::Status WriteSecretFile(const std::string& path,
     if (n <= 0) {
       const std::string error = std::strerror(errno);
       ::close(fd);
-      return absl::InternalError(absl::StrCat("cannot write ", path, ": ",
-                                              error));
+      return absl::InternalError(
+          absl::StrCat("cannot write ", path, ": ", error));
     }
     written += static_cast<size_t>(n);
   }
@@ -134,9 +133,9 @@ absl::StatusOr<std::string> JobSecretFromEnv() {
   if (file == nullptr || *file == '\0') return std::string();
   absl::StatusOr<std::string> secret = ReadSecretFile(file);
   if (!secret.ok()) {
-    return absl::Status(secret.status().code(),
-                        absl::StrCat("MUON_JOB_SECRET_FILE: ",
-                                     secret.status().message()));
+    return absl::Status(
+        secret.status().code(),
+        absl::StrCat("MUON_JOB_SECRET_FILE: ", secret.status().message()));
   }
   return secret;
 }
@@ -146,8 +145,8 @@ absl::StatusOr<std::string> ReadPemFile(const std::string& path) {
   absl::StatusOr<std::string> text = ReadSmallFile(path, kMaxPemBytes, &st);
   if (!text.ok()) return text.status();
   if (text->empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("PEM file ", path,
-                                                   " is empty"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("PEM file ", path, " is empty"));
   }
   return text;
 }
