@@ -1,0 +1,836 @@
+// Control-plane load on one coordinator: N simulated agents Join a real
+// CoordinatorServer over real gRPC, then heartbeat at a fixed rate
+// (issue 12 item 4).
+//
+// For each N in --agents, the parent process (which never touches gRPC)
+// forks two children:
+//   server: CoordinatorServer::Start on 127.0.0.1:0 with a job secret and
+//     world size N; reports its port through a pipe and serves until the
+//     pipe's other end closes.
+//   load generator: N agents, each with its own channel (its own TCP
+//     connection, as N separate processes would have) and the job secret in
+//     `authorization: Bearer ...`, driven by --client_threads completion
+//     queue threads (no thread per agent). Phases:
+//       connect: every channel connects (timed apart from Join);
+//       join: every agent sends Join at once with the manifest of a 1-D
+//         dp_shard mesh of N ranks holding --matrices Shard(0) matrices of
+//         --matrix_size^2; join-to-plan is first Join sent to last
+//         JoinResponse received; every response must be OK with the same
+//         plan hash;
+//       heartbeat: agent i heartbeats at t0 + (i/N + k) * interval for
+//         --duration_s (evenly spread), at most one heartbeat in flight per
+//         agent (a late response delays the next send; counted as "late");
+//         a response must be OK and carry no job error.
+//   The load generator reads the server child's CPU time (utime + stime of
+//   /proc/<pid>/stat) at each phase boundary and its VmHWM (peak RSS) at
+//   the end, so the server's figures exclude the load generator, whose own
+//   CPU time (getrusage) is printed beside them.
+//
+// Prints one line per N (key=value), with the load average before and after.
+//
+// Usage: coordinator_load_bench [--agents 4096,16384] [--duration_s 20]
+//   [--heartbeat_interval_s 1] [--client_threads 2] [--matrices 8]
+//   [--matrix_size 1024] [--server_heartbeat_timeout_s 10] [--skip_plan]
+//   [--server_no_deadlock_detection] [--server_rss_limit_mb 12288]
+//   [--min_mem_available_mb 1024]
+// Results and analysis: docs/coordinator_load.md.
+#include <fcntl.h>
+#include <grpc/support/time.h>
+#include <grpcpp/alarm.h>
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/spec.h"
+#include "coordination/credentials.h"
+#include "muon/v1/coordinator.grpc.pb.h"
+#include "muon/v1/coordinator.pb.h"
+#include "server/coordinator_server.h"
+
+ABSL_FLAG(std::string, agents, "4096,16384",
+          "Agent counts (world sizes), comma-separated; one run each.");
+ABSL_FLAG(double, duration_s, 20.0, "Heartbeat phase length, seconds.");
+ABSL_FLAG(double, heartbeat_interval_s, 1.0,
+          "Each agent's heartbeat period, seconds.");
+ABSL_FLAG(int, client_threads, 2,
+          "Load generator threads (one completion queue each).");
+ABSL_FLAG(int, matrices, 8, "Shard(0) matrices in each manifest.");
+ABSL_FLAG(int, matrix_size, 1024, "Rows and columns of each matrix.");
+ABSL_FLAG(double, server_heartbeat_timeout_s, 10.0,
+          "The coordinator's heartbeat_timeout (a rank silent this long is "
+          "lost and fails the job), seconds.");
+ABSL_FLAG(bool, skip_plan, false,
+          "Heartbeats without a plan: the server's world size is N + 1, so "
+          "the N agents' Joins stay registered and waiting (no plan is made "
+          "or sent) while they heartbeat. The job is then \"waiting\", "
+          "where the coordinator skips its scan for lost ranks: this "
+          "measures the heartbeat path without that scan. join_to_plan_s "
+          "is then the time until the server counts N ranks joined.");
+ABSL_FLAG(int64_t, server_rss_limit_mb, 12288,
+          "Kill the server child (and report it) above this RSS, MiB: keeps "
+          "a runaway run from exhausting a shared machine.");
+
+ABSL_FLAG(bool, server_no_deadlock_detection, false,
+          "In the server child, turn off Abseil's mutex deadlock detection "
+          "(absl::SetMutexDeadlockDetectionMode(kIgnore)). Debian's Abseil "
+          "is built with it on, and gRPC's mutexes are absl::Mutex; the "
+          "coordinator as shipped leaves it on (the default, false).");
+ABSL_FLAG(int64_t, min_mem_available_mb, 1024,
+          "Kill the server child (and report it) when the machine's "
+          "MemAvailable falls below this, MiB.");
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr char kUsage[] =
+    "usage: coordinator_load_bench [--agents N[,N...]] [--duration_s S]\n"
+    "  [--heartbeat_interval_s S] [--client_threads T] [--matrices M]\n"
+    "  [--matrix_size R] [--server_heartbeat_timeout_s S]\n"
+    "  [--server_rss_limit_mb MB] [--min_mem_available_mb MB] [--skip_plan]\n"
+    "  [--server_no_deadlock_detection]\n";
+
+double SecondsSince(Clock::time_point start, Clock::time_point end) {
+  return std::chrono::duration<double>(end - start).count();
+}
+
+std::string LoadAverage() {
+  std::ifstream in("/proc/loadavg");
+  std::string one, five, fifteen;
+  in >> one >> five >> fifteen;
+  return absl::StrCat(one, "/", five, "/", fifteen);
+}
+
+// CPU seconds (utime + stime) of `pid` from /proc/<pid>/stat; -1 on error.
+double ProcessCpuSeconds(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string line;
+  if (!std::getline(in, line)) return -1;
+  // Fields after the parenthesized command name (which may hold spaces).
+  const size_t close = line.rfind(')');
+  if (close == std::string::npos) return -1;
+  std::istringstream rest(line.substr(close + 2));
+  std::vector<std::string> fields;
+  std::string f;
+  while (rest >> f) fields.push_back(f);
+  // Field 3 (state) is fields[0]; utime is field 14, stime field 15.
+  if (fields.size() < 13) return -1;
+  const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
+  return (std::stod(fields[11]) + std::stod(fields[12])) / ticks;
+}
+
+// A "Key:   value kB" line of /proc/<pid>/status, as a number; -1 if absent.
+int64_t ProcStatusValue(pid_t pid, absl::string_view key) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.size() > key.size() && absl::StartsWith(line, key) &&
+        line[key.size()] == ':') {
+      int64_t value = -1;
+      std::istringstream(line.substr(key.size() + 1)) >> value;
+      return value;
+    }
+  }
+  return -1;
+}
+
+// The machine's MemAvailable (/proc/meminfo), KiB; -1 if unreadable.
+int64_t MemAvailableKb() {
+  std::ifstream in("/proc/meminfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (absl::StartsWith(line, "MemAvailable:")) {
+      int64_t value = -1;
+      std::istringstream(line.substr(13)) >> value;
+      return value;
+    }
+  }
+  return -1;
+}
+
+double ProcessCpuSelf() {
+  rusage usage;
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_utime.tv_sec + usage.ru_utime.tv_usec * 1e-6 +
+         usage.ru_stime.tv_sec + usage.ru_stime.tv_usec * 1e-6;
+}
+
+bool WriteAll(int fd, const void* data, size_t size) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    const ssize_t n = write(fd, p, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+bool ReadAll(int fd, void* data, size_t size) {
+  char* p = static_cast<char*>(data);
+  while (size > 0) {
+    const ssize_t n = read(fd, p, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// The server child: serves until `control_fd` reaches EOF. Never returns.
+[[noreturn]] void ServeChild(int world, const std::string& secret, int port_fd,
+                             int control_fd) {
+  if (absl::GetFlag(FLAGS_server_no_deadlock_detection)) {
+    absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  }
+  muon::CoordinatorServerOptions options;
+  options.service.job_id = "job";
+  options.service.world_size = world + (absl::GetFlag(FLAGS_skip_plan) ? 1 : 0);
+  options.service.heartbeat_timeout =
+      absl::Seconds(absl::GetFlag(FLAGS_server_heartbeat_timeout_s));
+  options.auth.job_secret = secret;
+  absl::StatusOr<std::unique_ptr<muon::CoordinatorServer>> server =
+      muon::CoordinatorServer::Start(options);
+  int port = -1;
+  if (!server.ok()) {
+    std::fprintf(stderr, "coordinator_load_bench: server: %s\n",
+                 server.status().ToString().c_str());
+  } else {
+    port = (*server)->port();
+  }
+  WriteAll(port_fd, &port, sizeof(port));
+  close(port_fd);
+  char byte;
+  while (read(control_fd, &byte, 1) > 0 || errno == EINTR) {
+  }
+  std::fflush(nullptr);
+  _exit(server.ok() ? 0 : 1);  // skip destructors: the parent is done
+}
+
+// One simulated agent: its channel, stub and the call in flight.
+struct Agent {
+  int rank = 0;
+  double offset_s = 0;  // heartbeat phase offset: rank / N * interval
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<muon::v1::Coordinator::Stub> stub;
+  grpc::CompletionQueue* cq = nullptr;  // Not owned.
+
+  std::unique_ptr<grpc::ClientContext> join_context;
+  grpc::Status join_status;
+  std::unique_ptr<muon::v1::JoinRequest> join_request;
+  std::unique_ptr<muon::v1::JoinResponse> join_response;
+  std::unique_ptr<grpc::ClientAsyncResponseReader<muon::v1::JoinResponse>>
+      join_reader;
+  bool joined = false;
+
+  std::unique_ptr<grpc::ClientContext> context;
+  grpc::Status status;
+  muon::v1::HeartbeatRequest heartbeat_request;
+  muon::v1::HeartbeatResponse heartbeat_response;
+  std::unique_ptr<grpc::ClientAsyncResponseReader<muon::v1::HeartbeatResponse>>
+      heartbeat_reader;
+  std::unique_ptr<grpc::Alarm> alarm;
+  Clock::time_point sent;
+  int next_beat = 0;  // index k of the next heartbeat
+};
+
+// Completion-queue tags: an Agent pointer with the event in its low bits.
+enum Event : uintptr_t { kJoinDone = 0, kAlarm = 1, kHeartbeatDone = 2 };
+void* Tag(Agent* agent, Event event) {
+  return reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(agent) | event);
+}
+Agent* TagAgent(void* tag) {
+  return reinterpret_cast<Agent*>(reinterpret_cast<uintptr_t>(tag) &
+                                  ~uintptr_t{3});
+}
+Event TagEvent(void* tag) {
+  return static_cast<Event>(reinterpret_cast<uintptr_t>(tag) & 3);
+}
+
+// What one load generator thread saw.
+struct ThreadStats {
+  // Join phase.
+  int joins_ok = 0;
+  int join_errors = 0;
+  std::string first_join_error;
+  std::string plan_hash;  // the first plan hash seen
+  int plan_hash_mismatches = 0;
+  int64_t plan_bytes = 0;
+  Clock::time_point last_join_response{};
+  // Heartbeat phase.
+  std::vector<float> latencies_ms;
+  std::vector<float> send_lag_ms;  // send time - scheduled time
+  int64_t heartbeats_ok = 0;
+  int64_t heartbeat_errors = 0;
+  int64_t job_errors = 0;  // OK responses carrying a job error
+  int64_t late = 0;        // sends after their scheduled time (> 1 interval)
+  std::string first_heartbeat_error;
+  Clock::time_point last_heartbeat_response{};
+};
+
+gpr_timespec MonotonicDeadline(Clock::time_point due) {
+  const int64_t ns = std::max<int64_t>(
+      0,
+      std::chrono::duration_cast<std::chrono::nanoseconds>(due - Clock::now())
+          .count());
+  return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                      gpr_time_from_nanos(ns, GPR_TIMESPAN));
+}
+
+class LoadGenerator {
+ public:
+  LoadGenerator(int world, int port, pid_t server_pid, std::string secret)
+      : world_(world),
+        server_pid_(server_pid),
+        address_(absl::StrCat("127.0.0.1:", port)),
+        bearer_(muon::BearerValue(secret)),
+        threads_(std::max(1, absl::GetFlag(FLAGS_client_threads))),
+        interval_s_(absl::GetFlag(FLAGS_heartbeat_interval_s)),
+        duration_s_(absl::GetFlag(FLAGS_duration_s)) {}
+
+  // Runs the three phases and prints the result line. Returns the exit code.
+  int Run();
+
+ private:
+  void StartJoin(Agent* agent);
+  void StartHeartbeat(Agent* agent, ThreadStats* stats);
+  void ScheduleNextBeat(Agent* agent);
+  void JoinThread(int t);
+  void HeartbeatThread(int t);
+  void Watchdog();
+
+  const int world_;
+  const pid_t server_pid_;
+  const std::string address_;
+  const std::string bearer_;
+  const int threads_;
+  const double interval_s_;
+  const double duration_s_;
+
+  std::vector<std::unique_ptr<grpc::CompletionQueue>> cqs_;
+  std::vector<std::unique_ptr<Agent>> agents_;
+  std::vector<ThreadStats> stats_;
+  Clock::time_point heartbeat_start_;
+  std::atomic<bool> done_{false};
+  std::atomic<bool> server_killed_{false};
+  std::atomic<int64_t> server_rss_max_kb_{0};
+};
+
+void LoadGenerator::StartJoin(Agent* agent) {
+  agent->join_context = std::make_unique<grpc::ClientContext>();
+  agent->join_context->AddMetadata(muon::kAuthorizationMetadataKey, bearer_);
+  agent->join_context->set_deadline(std::chrono::system_clock::now() +
+                                    std::chrono::minutes(11));
+  agent->join_response = std::make_unique<muon::v1::JoinResponse>();
+  agent->join_reader = agent->stub->PrepareAsyncJoin(
+      agent->join_context.get(), *agent->join_request, agent->cq);
+  agent->join_reader->StartCall();
+  agent->join_reader->Finish(agent->join_response.get(), &agent->join_status,
+                             Tag(agent, kJoinDone));
+}
+
+void LoadGenerator::StartHeartbeat(Agent* agent, ThreadStats* stats) {
+  const Clock::time_point due =
+      heartbeat_start_ +
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
+          agent->offset_s + agent->next_beat * interval_s_));
+  agent->sent = Clock::now();
+  stats->send_lag_ms.push_back(static_cast<float>(
+      std::chrono::duration<double, std::milli>(agent->sent - due).count()));
+  if (agent->sent - due > std::chrono::duration<double>(interval_s_)) {
+    ++stats->late;
+  }
+  ++agent->next_beat;
+  agent->context = std::make_unique<grpc::ClientContext>();
+  agent->context->AddMetadata(muon::kAuthorizationMetadataKey, bearer_);
+  agent->context->set_deadline(std::chrono::system_clock::now() +
+                               std::chrono::seconds(10));
+  agent->heartbeat_response.Clear();
+  agent->heartbeat_reader = agent->stub->PrepareAsyncHeartbeat(
+      agent->context.get(), agent->heartbeat_request, agent->cq);
+  agent->heartbeat_reader->StartCall();
+  agent->heartbeat_reader->Finish(&agent->heartbeat_response, &agent->status,
+                                  Tag(agent, kHeartbeatDone));
+}
+
+// Sets the agent's alarm for its next heartbeat; clears the alarm (null)
+// once the agent has sent its last one.
+void LoadGenerator::ScheduleNextBeat(Agent* agent) {
+  const double at_s = agent->offset_s + agent->next_beat * interval_s_;
+  if (at_s >= duration_s_) {
+    agent->alarm.reset();
+    return;
+  }
+  agent->alarm = std::make_unique<grpc::Alarm>();
+  agent->alarm->Set(
+      agent->cq,
+      MonotonicDeadline(heartbeat_start_ +
+                        std::chrono::duration_cast<Clock::duration>(
+                            std::chrono::duration<double>(at_s))),
+      Tag(agent, kAlarm));
+}
+
+void LoadGenerator::JoinThread(int t) {
+  ThreadStats& stats = stats_[t];
+  int pending = 0;
+  for (size_t i = t; i < agents_.size(); i += threads_) {
+    StartJoin(agents_[i].get());
+    ++pending;
+  }
+  // --skip_plan: the Joins never complete; Run polls the server instead.
+  if (absl::GetFlag(FLAGS_skip_plan)) return;
+  while (pending > 0) {
+    void* tag;
+    bool ok;
+    if (!cqs_[t]->Next(&tag, &ok)) break;
+    Agent* agent = TagAgent(tag);
+    --pending;
+    stats.last_join_response = Clock::now();
+    if (!agent->join_status.ok()) {
+      ++stats.join_errors;
+      if (stats.first_join_error.empty()) {
+        stats.first_join_error = absl::StrCat(
+            "rank ", agent->rank, ": ", agent->join_status.error_code(), " ",
+            agent->join_status.error_message());
+      }
+    } else {
+      ++stats.joins_ok;
+      agent->joined = true;
+      const std::string& hash = agent->join_response->plan().hash();
+      if (stats.plan_hash.empty()) {
+        stats.plan_hash = hash;
+        stats.plan_bytes =
+            static_cast<int64_t>(agent->join_response->ByteSizeLong());
+      } else if (hash != stats.plan_hash) {
+        ++stats.plan_hash_mismatches;
+      }
+    }
+    // Free the plan copy and the call at once: N copies would not fit.
+    agent->join_response.reset();
+    agent->join_request.reset();
+    agent->join_reader.reset();
+    agent->join_context.reset();
+  }
+}
+
+void LoadGenerator::HeartbeatThread(int t) {
+  ThreadStats& stats = stats_[t];
+  int active = 0;
+  for (size_t i = t; i < agents_.size(); i += threads_) {
+    Agent* agent = agents_[i].get();
+    if (!agent->joined) continue;
+    ScheduleNextBeat(agent);
+    if (agent->alarm != nullptr) ++active;
+  }
+  const size_t expected = static_cast<size_t>((agents_.size() / threads_ + 1) *
+                                              (duration_s_ / interval_s_ + 1));
+  stats.latencies_ms.reserve(expected);
+  stats.send_lag_ms.reserve(expected);
+  while (active > 0) {
+    void* tag;
+    bool ok;
+    if (!cqs_[t]->Next(&tag, &ok)) break;
+    Agent* agent = TagAgent(tag);
+    if (TagEvent(tag) == kJoinDone) {
+      // --skip_plan: a waiting Join ended (its deadline or the server).
+      ++stats.join_errors;
+      continue;
+    }
+    if (TagEvent(tag) == kAlarm) {
+      StartHeartbeat(agent, &stats);
+      continue;
+    }
+    const Clock::time_point now = Clock::now();
+    stats.last_heartbeat_response = now;
+    if (!agent->status.ok()) {
+      ++stats.heartbeat_errors;
+      if (stats.first_heartbeat_error.empty()) {
+        stats.first_heartbeat_error =
+            absl::StrCat("rank ", agent->rank, ": ", agent->status.error_code(),
+                         " ", agent->status.error_message());
+      }
+    } else if (!agent->heartbeat_response.job_error().empty()) {
+      ++stats.job_errors;
+      if (stats.first_heartbeat_error.empty()) {
+        stats.first_heartbeat_error = absl::StrCat(
+            "rank ", agent->rank,
+            ": job error: ", agent->heartbeat_response.job_error());
+      }
+    } else {
+      ++stats.heartbeats_ok;
+      stats.latencies_ms.push_back(static_cast<float>(
+          std::chrono::duration<double, std::milli>(now - agent->sent)
+              .count()));
+    }
+    agent->heartbeat_reader.reset();
+    ScheduleNextBeat(agent);
+    if (agent->alarm == nullptr) --active;
+  }
+}
+
+void LoadGenerator::Watchdog() {
+  const int64_t limit_kb = absl::GetFlag(FLAGS_server_rss_limit_mb) * 1024;
+  const int64_t min_available_kb =
+      absl::GetFlag(FLAGS_min_mem_available_mb) * 1024;
+  while (!done_.load()) {
+    const int64_t rss = ProcStatusValue(server_pid_, "VmRSS");
+    if (rss > server_rss_max_kb_.load()) server_rss_max_kb_.store(rss);
+    const int64_t available = MemAvailableKb();
+    if ((rss > limit_kb || (available >= 0 && available < min_available_kb)) &&
+        !server_killed_.exchange(true)) {
+      std::fprintf(stderr,
+                   "coordinator_load_bench: server RSS %lld MiB, machine "
+                   "MemAvailable %lld MiB (limits: --server_rss_limit_mb, "
+                   "--min_mem_available_mb); killing the server\n",
+                   static_cast<long long>(rss / 1024),
+                   static_cast<long long>(available / 1024));
+      kill(server_pid_, SIGKILL);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+float Percentile(const std::vector<float>& sorted, double p) {
+  if (sorted.empty()) return NAN;
+  size_t index = static_cast<size_t>(std::ceil(p * sorted.size()));
+  index = std::min(sorted.size() - 1, index == 0 ? 0 : index - 1);
+  return sorted[index];
+}
+
+int LoadGenerator::Run() {
+  const std::string load_before = LoadAverage();
+  // Manifests: a 1-D dp_shard mesh of N ranks, Shard(0) matrices.
+  muon::v1::JobSpec spec;
+  spec.set_job_id("job");
+  muon::v1::MeshDim* dim = spec.mutable_mesh()->add_dims();
+  dim->set_name("dp_shard");
+  dim->set_size(world_ + (absl::GetFlag(FLAGS_skip_plan) ? 1 : 0));
+  const int size = absl::GetFlag(FLAGS_matrix_size);
+  for (int m = 0; m < absl::GetFlag(FLAGS_matrices); ++m) {
+    muon::v1::ParamSpec* p = spec.add_params();
+    p->set_name(absl::StrCat("layers.", m, ".weight"));
+    p->add_shape(size);
+    p->add_shape(size);
+    p->add_placements("Shard(0)");
+  }
+  absl::StatusOr<std::vector<muon::v1::RankManifest>> manifests =
+      muon::ManifestsFromSpec(spec);
+  if (!manifests.ok()) {
+    std::fprintf(stderr, "coordinator_load_bench: manifests: %s\n",
+                 manifests.status().ToString().c_str());
+    return 1;
+  }
+  int64_t manifest_bytes = 0;
+
+  for (int t = 0; t < threads_; ++t) {
+    cqs_.push_back(std::make_unique<grpc::CompletionQueue>());
+  }
+  stats_.resize(threads_);
+  grpc::ChannelArguments args;
+  // One TCP connection per agent, as N processes would have (channels with
+  // equal arguments would otherwise share one subchannel).
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  args.SetMaxReceiveMessageSize(-1);
+  for (int r = 0; r < world_; ++r) {
+    auto agent = std::make_unique<Agent>();
+    agent->rank = r;
+    agent->offset_s = interval_s_ * r / world_;
+    agent->channel = grpc::CreateCustomChannel(
+        address_, grpc::InsecureChannelCredentials(), args);
+    agent->stub = muon::v1::Coordinator::NewStub(agent->channel);
+    agent->cq = cqs_[r % threads_].get();
+    agent->join_request = std::make_unique<muon::v1::JoinRequest>();
+    agent->join_request->set_job_id("job");
+    agent->join_request->set_incarnation(1000 + r);
+    agent->join_request->set_timeout_ms(600000);
+    *agent->join_request->mutable_manifest() = std::move((*manifests)[r]);
+    manifest_bytes = std::max<int64_t>(
+        manifest_bytes,
+        static_cast<int64_t>(agent->join_request->ByteSizeLong()));
+    agent->heartbeat_request.set_job_id("job");
+    agent->heartbeat_request.set_rank(r);
+    agent->heartbeat_request.set_incarnation(1000 + r);
+    agents_.push_back(std::move(agent));
+  }
+  manifests->clear();
+  std::thread watchdog([this] { Watchdog(); });
+
+  // Connect phase.
+  const double cpu0 = ProcessCpuSeconds(server_pid_);
+  const Clock::time_point connect_start = Clock::now();
+  for (auto& agent : agents_) agent->channel->GetState(true);
+  int connect_failures = 0;
+  const auto connect_deadline =
+      std::chrono::system_clock::now() + std::chrono::seconds(120);
+  for (auto& agent : agents_) {
+    if (!agent->channel->WaitForConnected(connect_deadline)) {
+      ++connect_failures;
+    }
+  }
+  const double connect_s = SecondsSince(connect_start, Clock::now());
+  const double cpu1 = ProcessCpuSeconds(server_pid_);
+  const int64_t rss_connected = ProcStatusValue(server_pid_, "VmRSS");
+
+  // Join phase.
+  const double client_cpu_join0 = ProcessCpuSelf();
+  const Clock::time_point join_start = Clock::now();
+  {
+    std::vector<std::thread> workers;
+    for (int t = 0; t < threads_; ++t) {
+      workers.emplace_back([this, t] { JoinThread(t); });
+    }
+    for (std::thread& w : workers) w.join();
+  }
+  if (absl::GetFlag(FLAGS_skip_plan)) {
+    // Wait until the server has registered every agent.
+    std::unique_ptr<muon::v1::Coordinator::Stub> stub =
+        muon::v1::Coordinator::NewStub(
+            grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+    for (;;) {
+      grpc::ClientContext context;
+      context.AddMetadata(muon::kAuthorizationMetadataKey, bearer_);
+      muon::v1::GetJobRequest request;
+      request.set_job_id("job");
+      muon::v1::JobInfo info;
+      const grpc::Status status = stub->GetJob(&context, request, &info);
+      if (status.ok() && info.ranks_joined() >= world_) break;
+      if (SecondsSince(join_start, Clock::now()) > 300) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    stats_[0].last_join_response = Clock::now();
+    for (auto& agent : agents_) agent->joined = true;
+    for (ThreadStats& s : stats_) s.joins_ok = world_ / threads_;
+  }
+  Clock::time_point last_join = join_start;
+  int joins_ok = 0, join_errors = 0, hash_mismatches = 0;
+  int64_t plan_bytes = 0;
+  std::string join_error, plan_hash;
+  for (const ThreadStats& s : stats_) {
+    last_join = std::max(last_join, s.last_join_response);
+    joins_ok += s.joins_ok;
+    join_errors += s.join_errors;
+    hash_mismatches += s.plan_hash_mismatches;
+    if (join_error.empty()) join_error = s.first_join_error;
+    if (plan_hash.empty()) {
+      plan_hash = s.plan_hash;
+      plan_bytes = s.plan_bytes;
+    } else if (!s.plan_hash.empty() && s.plan_hash != plan_hash) {
+      ++hash_mismatches;
+    }
+  }
+  const double join_s = SecondsSince(join_start, last_join);
+  const double client_cpu_join = ProcessCpuSelf() - client_cpu_join0;
+  const double cpu2 = ProcessCpuSeconds(server_pid_);
+  const int64_t rss_joined = ProcStatusValue(server_pid_, "VmRSS");
+
+  // Heartbeat phase, starting shortly after the last JoinResponse.
+  const double client_cpu_hb0 = ProcessCpuSelf();
+  heartbeat_start_ = Clock::now() + std::chrono::milliseconds(200);
+  std::fprintf(stderr,
+               "coordinator_load_bench: N=%d heartbeat phase starts; server "
+               "pid %d\n",
+               world_, static_cast<int>(server_pid_));
+  {
+    std::vector<std::thread> workers;
+    for (int t = 0; t < threads_; ++t) {
+      workers.emplace_back([this, t] { HeartbeatThread(t); });
+    }
+    for (std::thread& w : workers) w.join();
+  }
+  const double client_cpu_hb = ProcessCpuSelf() - client_cpu_hb0;
+  const double cpu3 = ProcessCpuSeconds(server_pid_);
+  const int64_t server_hwm_kb = ProcStatusValue(server_pid_, "VmHWM");
+  const int64_t server_threads = ProcStatusValue(server_pid_, "Threads");
+  const int64_t client_hwm_kb = ProcStatusValue(getpid(), "VmHWM");
+  done_.store(true);
+  watchdog.join();
+
+  std::vector<float> latencies, send_lags;
+  int64_t heartbeats_ok = 0, heartbeat_errors = 0, job_errors = 0, late = 0;
+  std::string heartbeat_error;
+  Clock::time_point last_heartbeat = heartbeat_start_;
+  for (ThreadStats& s : stats_) {
+    latencies.insert(latencies.end(), s.latencies_ms.begin(),
+                     s.latencies_ms.end());
+    send_lags.insert(send_lags.end(), s.send_lag_ms.begin(),
+                     s.send_lag_ms.end());
+    heartbeats_ok += s.heartbeats_ok;
+    heartbeat_errors += s.heartbeat_errors;
+    job_errors += s.job_errors;
+    late += s.late;
+    last_heartbeat = std::max(last_heartbeat, s.last_heartbeat_response);
+    if (heartbeat_error.empty()) heartbeat_error = s.first_heartbeat_error;
+  }
+  std::sort(latencies.begin(), latencies.end());
+  std::sort(send_lags.begin(), send_lags.end());
+  const double heartbeat_s = SecondsSince(heartbeat_start_, last_heartbeat);
+  const int64_t errors = connect_failures + join_errors + hash_mismatches +
+                         heartbeat_errors + job_errors;
+
+  std::printf(
+      "agents=%d%s%s client_threads=%d connect_s=%.2f join_to_plan_s=%.3f "
+      "joins_ok=%d plan_bytes=%lld manifest_bytes=%lld "
+      "hb_p50_ms=%.2f hb_p99_ms=%.2f hb_max_ms=%.2f hb_per_s=%.0f "
+      "hb_ok=%lld send_lag_p99_ms=%.2f hb_late=%lld errors=%lld "
+      "server_cpu_s(connect/join/hb)=%.2f/%.2f/%.2f "
+      "server_hb_cores=%.3f server_threads=%lld "
+      "server_rss_mb(connected/joined/peak)=%.0f/%.0f/%.0f "
+      "client_cpu_s(join/hb)=%.2f/%.2f client_peak_rss_mb=%.0f "
+      "loadavg_before=%s loadavg_after=%s%s\n",
+      world_, absl::GetFlag(FLAGS_skip_plan) ? " (skip_plan)" : "",
+      absl::GetFlag(FLAGS_server_no_deadlock_detection)
+          ? " (server_no_deadlock_detection)"
+          : "",
+      threads_, connect_s, join_s, joins_ok, static_cast<long long>(plan_bytes),
+      static_cast<long long>(manifest_bytes), Percentile(latencies, 0.50),
+      Percentile(latencies, 0.99), latencies.empty() ? NAN : latencies.back(),
+      heartbeat_s > 0 ? heartbeats_ok / heartbeat_s : 0.0,
+      static_cast<long long>(heartbeats_ok), Percentile(send_lags, 0.99),
+      static_cast<long long>(late), static_cast<long long>(errors), cpu1 - cpu0,
+      cpu2 - cpu1, cpu3 - cpu2,
+      heartbeat_s > 0 ? (cpu3 - cpu2) / heartbeat_s : 0.0,
+      static_cast<long long>(server_threads), rss_connected / 1024.0,
+      rss_joined / 1024.0,
+      std::max(server_hwm_kb, server_rss_max_kb_.load()) / 1024.0,
+      client_cpu_join, client_cpu_hb, client_hwm_kb / 1024.0,
+      load_before.c_str(), LoadAverage().c_str(),
+      server_killed_.load() ? " SERVER_KILLED_MEMORY_LIMIT" : "");
+  if (errors > 0) {
+    std::printf(
+        "  errors: connect=%d join=%d plan_hash_mismatch=%d heartbeat=%lld "
+        "job_error=%lld; first join error: %s; first heartbeat error: %s\n",
+        connect_failures, join_errors, hash_mismatches,
+        static_cast<long long>(heartbeat_errors),
+        static_cast<long long>(job_errors),
+        join_error.empty() ? "-" : join_error.c_str(),
+        heartbeat_error.empty() ? "-" : heartbeat_error.c_str());
+  }
+  std::fflush(stdout);
+  return errors > 0 || server_killed_.load() ? 3 : 0;
+}
+
+// Runs one N: forks the server child and the load generator child, waits
+// for the load generator, then stops the server. Returns the load
+// generator's exit code.
+int RunOne(int world, const std::string& secret) {
+  int port_pipe[2], control_pipe[2];
+  if (pipe(port_pipe) != 0 || pipe(control_pipe) != 0) {
+    std::perror("pipe");
+    return 1;
+  }
+  std::fflush(nullptr);
+  const pid_t server = fork();
+  if (server < 0) {
+    std::perror("fork");
+    return 1;
+  }
+  if (server == 0) {
+    close(port_pipe[0]);
+    close(control_pipe[1]);
+    ServeChild(world, secret, port_pipe[1], control_pipe[0]);
+  }
+  close(port_pipe[1]);
+  close(control_pipe[0]);
+  int port = -1;
+  if (!ReadAll(port_pipe[0], &port, sizeof(port)) || port <= 0) {
+    std::fprintf(stderr, "coordinator_load_bench: the server did not start\n");
+    close(control_pipe[1]);
+    waitpid(server, nullptr, 0);
+    return 1;
+  }
+  close(port_pipe[0]);
+  const pid_t client = fork();
+  if (client < 0) {
+    std::perror("fork");
+    return 1;
+  }
+  if (client == 0) {
+    close(control_pipe[1]);
+    const int code = LoadGenerator(world, port, server, secret).Run();
+    std::fflush(nullptr);
+    _exit(code);  // skip tearing down N channels
+  }
+  int status = 0;
+  waitpid(client, &status, 0);
+  close(control_pipe[1]);  // the server exits
+  waitpid(server, nullptr, 0);
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  std::fprintf(stderr, "coordinator_load_bench: load generator died (%d)\n",
+               status);
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(kUsage);
+  absl::ParseCommandLine(argc, argv);
+  std::vector<int> worlds;
+  for (absl::string_view item :
+       absl::StrSplit(absl::GetFlag(FLAGS_agents), ',', absl::SkipEmpty())) {
+    int n = 0;
+    if (!absl::SimpleAtoi(item, &n) || n < 1 || n > 65536) {
+      std::fprintf(stderr,
+                   "coordinator_load_bench: bad --agents item \"%.*s\"\n",
+                   static_cast<int>(item.size()), item.data());
+      return 2;
+    }
+    worlds.push_back(n);
+  }
+  if (worlds.empty() || absl::GetFlag(FLAGS_duration_s) <= 0 ||
+      absl::GetFlag(FLAGS_heartbeat_interval_s) <= 0) {
+    std::fputs(kUsage, stderr);
+    return 2;
+  }
+  absl::StatusOr<std::string> secret = muon::GenerateSecret();
+  if (!secret.ok()) {
+    std::fprintf(stderr, "coordinator_load_bench: %s\n",
+                 secret.status().ToString().c_str());
+    return 1;
+  }
+  std::printf(
+      "# coordinator_load_bench: %ld cores, duration %.0f s, "
+      "heartbeat interval %.2f s, %d client threads, %d x %dx%d "
+      "Shard(0) matrices per manifest\n",
+      sysconf(_SC_NPROCESSORS_ONLN), absl::GetFlag(FLAGS_duration_s),
+      absl::GetFlag(FLAGS_heartbeat_interval_s),
+      absl::GetFlag(FLAGS_client_threads), absl::GetFlag(FLAGS_matrices),
+      absl::GetFlag(FLAGS_matrix_size), absl::GetFlag(FLAGS_matrix_size));
+  std::fflush(stdout);
+  int worst = 0;
+  for (int world : worlds) worst = std::max(worst, RunOne(world, *secret));
+  return worst;
+}
