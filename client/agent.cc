@@ -17,9 +17,10 @@ Agent::Agent(CoordinationClient* client, int rank, uint64_t incarnation,
       options_(options) {
   const int capacity = std::max(1, options_.report_queue_capacity);
   absl::MutexLock lock(&mu_);
+  free_.assign(capacity + 1, nullptr);
   for (int i = 0; i < capacity + 1; ++i) {
     pool_.push_back(std::make_unique<v1::StepReport>());
-    free_.push_back(pool_.back().get());
+    PushFreeLocked(pool_.back().get());
   }
   queue_.assign(capacity, nullptr);
 }
@@ -232,13 +233,24 @@ void Agent::Report(v1::StepReport report) {
 // locks below are short whatever the coordinator does.
 v1::StepReport* Agent::AcquireReport() {
   absl::MutexLock lock(&mu_);
-  if (free_.empty()) {
+  if (free_size_ == 0) {
     ++dropped_;
     return nullptr;
   }
-  v1::StepReport* report = free_.back();
-  free_.pop_back();
+  v1::StepReport* report = PopFreeLocked();
   report->Clear();  // keeps the storage of its repeated fields
+  return report;
+}
+
+void Agent::PushFreeLocked(v1::StepReport* report) {
+  free_[(free_head_ + free_size_) % free_.size()] = report;
+  ++free_size_;
+}
+
+v1::StepReport* Agent::PopFreeLocked() {
+  v1::StepReport* report = free_[free_head_];
+  free_head_ = (free_head_ + 1) % free_.size();
+  --free_size_;
   return report;
 }
 
@@ -248,7 +260,7 @@ void Agent::Submit(v1::StepReport* report) {
   absl::MutexLock lock(&mu_);
   if (queue_size_ == queue_.size()) {
     ++dropped_;
-    free_.push_back(report);
+    PushFreeLocked(report);
     return;
   }
   queue_[(queue_head_ + queue_size_) % queue_.size()] = report;
@@ -267,7 +279,7 @@ void Agent::Stop(absl::Duration timeout) {
     stopping_ = true;
     dropped_ += static_cast<int64_t>(queue_size_);
     for (; queue_size_ > 0; --queue_size_) {
-      free_.push_back(queue_[queue_head_]);
+      PushFreeLocked(queue_[queue_head_]);
       queue_head_ = (queue_head_ + 1) % queue_.size();
     }
   }
@@ -389,7 +401,7 @@ void Agent::ReportLoop() {
     // The RPC runs without mu_: Report() never waits on it.
     absl::Status s = client_->ReportStep(*report);
     absl::MutexLock lock(&mu_);
-    free_.push_back(report);
+    PushFreeLocked(report);
     if (s.ok()) {
       ++sent_;
     } else {

@@ -179,9 +179,18 @@ class Agent {
   bool aborted_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
+  void PushFreeLocked(v1::StepReport* report)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::StepReport* PopFreeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // Every report object; free_ and the ring queue_ hold pointers into it.
   std::vector<std::unique_ptr<v1::StepReport>> pool_;
+  // Free reports, a FIFO ring (the least recently returned is reused
+  // first): after pool_.size() reports every object has been filled once
+  // and holds its storage, however late the reporter thread returns them.
   std::vector<v1::StepReport*> free_ ABSL_GUARDED_BY(mu_);
+  size_t free_head_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t free_size_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<v1::StepReport*> queue_ ABSL_GUARDED_BY(mu_);  // ring buffer
   size_t queue_head_ ABSL_GUARDED_BY(mu_) = 0;
   size_t queue_size_ ABSL_GUARDED_BY(mu_) = 0;

@@ -224,13 +224,8 @@ absl::StatusOr<std::vector<MatrixBoxes>> ParamMatrices(
                      kMaxExperts, " experts, ", kMaxParamElements,
                      " elements, ", kMaxMatrixRankBoxes, " experts x ranks"));
   }
-  std::vector<MatrixBoxes> out(experts);
-  for (int64_t e = 0; e < experts; ++e) {
-    out[e].slice = static_cast<int>(e);
-    out[e].rows = shape[stack ? 1 : 0];
-    out[e].cols = shape[stack ? 2 : 1];
-    out[e].boxes.resize(mesh.world_size());
-  }
+  std::vector<std::vector<Box>> boxes(experts,
+                                      std::vector<Box>(mesh.world_size()));
   for (int r = 0; r < mesh.world_size(); ++r) {
     absl::StatusOr<std::vector<Range>> ranges =
         LocalRanges(shape, placements, mesh, mesh.Coord(r), sub_mesh);
@@ -239,11 +234,30 @@ absl::StatusOr<std::vector<MatrixBoxes>> ParamMatrices(
     const Range cols = (*ranges)[stack ? 2 : 1];
     const Range held = stack ? (*ranges)[0] : Range{0, rows.size() > 0 ? 1 : 0};
     for (int64_t e = held.begin; e < held.end; ++e) {
-      out[e].boxes[r] = Box{rows, cols};
+      boxes[e][r] = Box{rows, cols};
     }
+  }
+  std::vector<MatrixBoxes> out(experts);
+  for (int64_t e = 0; e < experts; ++e) {
+    out[e].slice = static_cast<int>(e);
+    out[e].rows = shape[stack ? 1 : 0];
+    out[e].cols = shape[stack ? 2 : 1];
+    // Slices held alike (a stack not split over experts) share one list.
+    out[e].boxes = e > 0 && boxes[e] == out[e - 1].boxes.vec()
+                       ? out[e - 1].boxes
+                       : BoxList(std::move(boxes[e]));
   }
   return out;
 }
+
+BoxList::BoxList() {
+  static const auto* const kEmpty = new std::shared_ptr<const std::vector<Box>>(
+      std::make_shared<const std::vector<Box>>());
+  boxes_ = *kEmpty;
+}
+
+BoxList::BoxList(std::vector<Box> boxes)
+    : boxes_(std::make_shared<const std::vector<Box>>(std::move(boxes))) {}
 
 void CopyRegion(const float* src, const Box& src_holds, float* dst,
                 const Box& dst_holds, const Box& region) {

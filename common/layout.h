@@ -5,6 +5,7 @@
 #define MUON_COMMON_LAYOUT_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -98,6 +99,33 @@ struct Box {
   }
 };
 
+// The boxes of one matrix, index = rank, behind a shared immutable vector:
+// matrices with the same shape, placements and sub-mesh share one list, so a
+// job of M matrices over R ranks keeps (distinct layouts x R) boxes instead
+// of M x R. Reads like a const std::vector<Box>.
+class BoxList {
+ public:
+  using value_type = Box;
+  using const_iterator = std::vector<Box>::const_iterator;
+  using iterator = const_iterator;
+  using size_type = size_t;
+
+  BoxList();
+  BoxList(std::vector<Box> boxes);  // NOLINT: implicit, as a vector
+  const Box& operator[](size_t rank) const { return (*boxes_)[rank]; }
+  size_t size() const { return boxes_->size(); }
+  bool empty() const { return boxes_->empty(); }
+  std::vector<Box>::const_iterator begin() const { return boxes_->begin(); }
+  std::vector<Box>::const_iterator end() const { return boxes_->end(); }
+  const std::vector<Box>& vec() const { return *boxes_; }
+  operator const std::vector<Box>&() const { return *boxes_; }  // NOLINT
+  // Equal for lists sharing storage (a cache key for per-layout results).
+  const void* id() const { return boxes_.get(); }
+
+ private:
+  std::shared_ptr<const std::vector<Box>> boxes_;
+};
+
 // The box of a [rows, cols] matrix held at mesh coordinate `coord` under
 // `placements` (one per mesh dim). Several mesh dims sharding the same
 // tensor dim nest left to right (DTensor's default order).
@@ -143,7 +171,8 @@ struct MatrixBoxes {
   int64_t cols = 0;
   // Box of the slice each rank holds (index = rank); empty when the rank
   // holds none of it (outside the sub-mesh, or another expert shard).
-  std::vector<Box> boxes;
+  // Slices with the same boxes share one list.
+  BoxList boxes;
 };
 
 // The matrices of a parameter of `shape` ([rows, cols] or [experts, rows,

@@ -276,7 +276,7 @@ absl::StatusOr<SubMesh> CheckSubMesh(
   return out;
 }
 
-absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
+absl::Status ValidateJobSpec(const v1::JobSpec& spec, bool per_rank_boxes) {
   const Mesh mesh = MeshFromProto(spec.mesh());
   for (int i = 0; i < mesh.ndim(); ++i) {
     if (mesh.sizes[i] < 1) {
@@ -316,6 +316,14 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     MUON_RETURN_IF_ERROR(
         CheckSubMesh(param.name(), param.sub_mesh(), placements, mesh)
             .status());
+  }
+  if (!per_rank_boxes) {
+    if (num_matrices > kMaxSharedLayoutMatrices) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the job has ", num_matrices, " matrices; at most ",
+                       kMaxSharedLayoutMatrices, " are supported"));
+    }
+    return CheckJobSize(mesh, spec.params_size(), /*num_matrices=*/0);
   }
   MUON_RETURN_IF_ERROR(CheckJobSize(mesh, spec.params_size(), num_matrices));
   return absl::OkStatus();

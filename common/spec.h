@@ -77,7 +77,16 @@ int64_t NumMatrices(const google::protobuf::RepeatedField<int64_t>& shape);
 //     parameter (or mesh dim) and the offending value, e.g.
 //     `parameter "layers.7.mlp.w1": pp stage 4 is out of range: mesh dim
 //     "pp" has 4 stages (0..3)`.
-absl::Status ValidateJobSpec(const v1::JobSpec& spec);
+//
+// `per_rank_boxes` false skips the matrices x world size bound (for
+// planners that share boxes between matrices of one layout, see
+// LayoutFromSpec in plan/manifest_validation.h); the job may then hold at
+// most kMaxSharedLayoutMatrices matrices.
+absl::Status ValidateJobSpec(const v1::JobSpec& spec,
+                             bool per_rank_boxes = true);
+
+// Most matrices of a job planned with shared boxes (2^24).
+inline constexpr int64_t kMaxSharedLayoutMatrices = int64_t{1} << 24;
 
 // The manifest each rank of the job would send on Join, index = rank:
 // rank, world size, mesh, the execution options, ns_steps (the optimizer's,

@@ -268,7 +268,8 @@ absl::StatusOr<Union> BuildUnion(
 // Checks one union parameter (shape, placements, sub-mesh, membership,
 // local shapes) and appends it and its matrices to `layout`.
 absl::Status AddParam(const std::vector<v1::RankManifest>& manifests,
-                      const Union& u, int i, JobLayout* layout) {
+                      const Union& u, int i, JobLayout* layout,
+                      LayoutCache* cache) {
   const Mesh& mesh = layout->mesh;
   const int n = layout->world_size;
   const v1::ParamManifest& p = *u.first[i];
@@ -333,29 +334,7 @@ absl::Status AddParam(const std::vector<v1::RankManifest>& manifests,
     }
   }
 
-  // Matrices.
-  absl::StatusOr<std::vector<MatrixBoxes>> matrices =
-      ParamMatrices(param.shape, param.placements, mesh, param.sub_mesh);
-  if (!matrices.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": ", matrices.status().message()));
-  }
-  const int param_index = static_cast<int>(layout->params.size());
-  param.first_matrix = static_cast<int>(layout->matrices.size());
-  param.num_matrices = static_cast<int>(matrices->size());
-  for (MatrixBoxes& mb : *matrices) {
-    MatrixLayout m;
-    m.param_index = param_index;
-    m.slice = mb.slice;
-    m.name = param.is_stack() ? absl::StrCat(param.name, "[", mb.slice, "]")
-                              : param.name;
-    m.rows = mb.rows;
-    m.cols = mb.cols;
-    m.boxes = std::move(mb.boxes);
-    layout->matrices.push_back(std::move(m));
-  }
-  layout->params.push_back(std::move(param));
-  return absl::OkStatus();
+  return AppendParam(std::move(param), what, layout, cache);
 }
 
 // Requested owners (a user's assign_fn), one per matrix of each manifest.
@@ -440,6 +419,48 @@ absl::Status CheckRequestedOwners(
 
 }  // namespace
 
+absl::Status AppendParam(ParamLayout param, absl::string_view what,
+                         JobLayout* layout, LayoutCache* cache) {
+  const std::string key = absl::StrCat(
+      ShapeToString(param.shape), " ", PlacementsToString(param.placements),
+      " ", SubMeshToString(param.sub_mesh, layout->mesh));
+  auto cached = cache->entries.find(key);
+  if (cached == cache->entries.end()) {
+    const int64_t added =
+        (param.is_stack() ? param.shape[0] : 1) * layout->world_size;
+    if (cache->max_boxes >= 0 && cache->boxes + added > cache->max_boxes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": the job's distinct parameter layouts need more than ",
+          cache->max_boxes, " boxes (layouts x ", layout->world_size,
+          " ranks)"));
+    }
+    cache->boxes += added;
+    absl::StatusOr<std::vector<MatrixBoxes>> matrices = ParamMatrices(
+        param.shape, param.placements, layout->mesh, param.sub_mesh);
+    if (!matrices.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": ", matrices.status().message()));
+    }
+    cached = cache->entries.emplace(key, *std::move(matrices)).first;
+  }
+  const int param_index = static_cast<int>(layout->params.size());
+  param.first_matrix = static_cast<int>(layout->matrices.size());
+  param.num_matrices = static_cast<int>(cached->second.size());
+  for (const MatrixBoxes& mb : cached->second) {
+    MatrixLayout m;
+    m.param_index = param_index;
+    m.slice = mb.slice;
+    m.name = param.is_stack() ? absl::StrCat(param.name, "[", mb.slice, "]")
+                              : param.name;
+    m.rows = mb.rows;
+    m.cols = mb.cols;
+    m.boxes = mb.boxes;  // shared with every matrix of the same layout
+    layout->matrices.push_back(std::move(m));
+  }
+  layout->params.push_back(std::move(param));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<JobLayout> ValidateManifests(
     const std::vector<v1::RankManifest>& manifests) {
   if (manifests.empty()) {
@@ -457,10 +478,62 @@ absl::StatusOr<JobLayout> ValidateManifests(
   }
   MUON_RETURN_IF_ERROR(CheckJobSize(
       layout.mesh, static_cast<int64_t>(u.first.size()), num_matrices));
+  LayoutCache cache;
   for (int i = 0; i < static_cast<int>(u.first.size()); ++i) {
-    MUON_RETURN_IF_ERROR(AddParam(manifests, u, i, &layout));
+    MUON_RETURN_IF_ERROR(AddParam(manifests, u, i, &layout, &cache));
   }
   MUON_RETURN_IF_ERROR(CheckRequestedOwners(manifests, u, &layout));
+  return layout;
+}
+
+}  // namespace muon
+
+namespace muon {
+
+absl::StatusOr<JobLayout> LayoutFromSpec(const v1::JobSpec& spec) {
+  MUON_RETURN_IF_ERROR(ValidateJobSpec(spec, /*per_rank_boxes=*/false));
+  JobLayout layout;
+  layout.mesh = MeshFromProto(spec.mesh());
+  layout.world_size = layout.mesh.world_size();
+  layout.execution = spec.execution();
+  layout.ns_steps = spec.optimizer().has_ns_steps()
+                        ? spec.optimizer().ns_steps()
+                        : kDefaultNsSteps;
+  if (layout.ns_steps < 0 || layout.ns_steps >= kMaxNsSteps) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer.ns_steps is ", layout.ns_steps,
+                     "; must be in [0, ", kMaxNsSteps, ")"));
+  }
+  // The union order of ValidateManifests(ManifestsFromSpec(spec)): a
+  // parameter first appears on the lowest rank of its sub-mesh.
+  std::vector<std::pair<int, ParamLayout>> params;
+  params.reserve(spec.params_size());
+  for (const v1::ParamSpec& p : spec.params()) {
+    ParamLayout param;
+    param.name = p.name();
+    param.shape.assign(p.shape().begin(), p.shape().end());
+    MUON_ASSIGN_OR_RETURN(
+        param.placements,
+        CheckMatrixPlacements(p.name(), p.placements(), layout.mesh,
+                              static_cast<int>(param.shape.size())));
+    MUON_ASSIGN_OR_RETURN(
+        param.sub_mesh,
+        CheckSubMesh(p.name(), p.sub_mesh(), param.placements, layout.mesh));
+    std::vector<int> coord(layout.mesh.ndim(), 0);
+    for (size_t k = 0; k < param.sub_mesh.dims.size(); ++k) {
+      coord[param.sub_mesh.dims[k]] = param.sub_mesh.coords[k];
+    }
+    params.emplace_back(layout.mesh.RankOf(coord), std::move(param));
+  }
+  std::stable_sort(
+      params.begin(), params.end(),
+      [](const auto& a, const auto& b) { return a.first < b.first; });
+  LayoutCache cache;
+  cache.max_boxes = kMaxMatrixRankBoxes;
+  for (auto& [first_rank, param] : params) {
+    const std::string what = absl::StrCat("parameter ", Quoted(param.name));
+    MUON_RETURN_IF_ERROR(AppendParam(std::move(param), what, &layout, &cache));
+  }
   return layout;
 }
 

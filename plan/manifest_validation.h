@@ -21,6 +21,7 @@
 #define MUON_PLAN_MANIFEST_VALIDATION_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -59,7 +60,7 @@ struct MatrixLayout {
   // Box each rank holds (index = rank); empty outside the parameter's
   // sub-mesh, on ranks holding other experts, and for empty torch.chunk
   // shards.
-  std::vector<Box> boxes;
+  BoxList boxes;             // shared by matrices of the same layout
   int requested_owner = -1;  // from a user's assign_fn; -1 = none
 };
 
@@ -112,6 +113,32 @@ struct JobLayout {
 //     outside its sub-mesh (coordinate pp=0, tp=0)`.
 absl::StatusOr<JobLayout> ValidateManifests(
     const std::vector<v1::RankManifest>& manifests);
+
+// The layout of the job a spec describes, without building any rank's
+// manifest: the same JobLayout ValidateManifests returns for
+// ManifestsFromSpec(spec) (parameters in the union order: by the first rank
+// of their sub-mesh, then spec order; canonical placements; execution
+// options and ns_steps from the spec, 5 when unset), in O(matrices +
+// distinct layouts x ranks) memory: matrices with the same shape,
+// placements and sub-mesh share their boxes.
+// Errors: InvalidArgument: as ValidateJobSpec(spec, per_rank_boxes=false);
+//   ns_steps outside [0, 100); distinct layouts x world size above
+//   kMaxMatrixRankBoxes boxes (names the count).
+absl::StatusOr<JobLayout> LayoutFromSpec(const v1::JobSpec& spec);
+
+// Boxes computed once per distinct (shape, placements, sub-mesh), shared by
+// the matrices of AppendParam calls with the same cache.
+struct LayoutCache {
+  std::map<std::string, std::vector<MatrixBoxes>> entries;
+  int64_t boxes = 0;       // boxes held by the entries
+  int64_t max_boxes = -1;  // bound on `boxes`; -1 = none
+};
+
+// Appends a checked parameter and its matrices (ParamMatrices, through the
+// cache) to `layout`; `what` names it in errors ("parameter \"w\"").
+// Errors: InvalidArgument (ParamMatrices' errors; the cache's box bound).
+absl::Status AppendParam(ParamLayout param, absl::string_view what,
+                         JobLayout* layout, LayoutCache* cache);
 
 }  // namespace muon
 

@@ -38,8 +38,20 @@ absl::StatusOr<PlannerOptions> PlannerOptionsForJob(
 absl::StatusOr<JobPlan> PlanJob(const std::vector<v1::RankManifest>& manifests,
                                 absl::string_view job_id,
                                 const PlanDefaults& defaults) {
+  MUON_ASSIGN_OR_RETURN(JobLayout layout, ValidateManifests(manifests));
+  return PlanLayout(std::move(layout), job_id, defaults);
+}
+
+absl::StatusOr<JobPlan> PlanJobFromSpec(const v1::JobSpec& spec,
+                                        const PlanDefaults& defaults) {
+  MUON_ASSIGN_OR_RETURN(JobLayout layout, LayoutFromSpec(spec));
+  return PlanLayout(std::move(layout), spec.job_id(), defaults);
+}
+
+absl::StatusOr<JobPlan> PlanLayout(JobLayout layout, absl::string_view job_id,
+                                   const PlanDefaults& defaults) {
   JobPlan job;
-  MUON_ASSIGN_OR_RETURN(job.layout, ValidateManifests(manifests));
+  job.layout = std::move(layout);
   MUON_ASSIGN_OR_RETURN(PlannerOptions options,
                         PlannerOptionsForJob(job.layout, job_id, defaults));
   MUON_ASSIGN_OR_RETURN(job.plan, MakePlan(job.layout, options));

@@ -78,6 +78,20 @@ absl::StatusOr<JobPlan> PlanJob(const std::vector<v1::RankManifest>& manifests,
                                 absl::string_view job_id,
                                 const PlanDefaults& defaults = PlanDefaults());
 
+// PlanJob for the job a spec describes (muonctl plan), without building any
+// rank's manifest: LayoutFromSpec, then the same planning and checks. Gives
+// the plan (and hash) PlanJob gives for ManifestsFromSpec(spec) with
+// job_id = spec.job_id(), in O(matrices + distinct layouts x ranks) memory.
+// Errors: LayoutFromSpec's; then as PlanJob.
+absl::StatusOr<JobPlan> PlanJobFromSpec(
+    const v1::JobSpec& spec, const PlanDefaults& defaults = PlanDefaults());
+
+// The planning half of PlanJob for an already validated layout: planner
+// options (PlannerOptionsForJob), MakePlan, ValidatePlan.
+// Errors: as PlanJob after validation.
+absl::StatusOr<JobPlan> PlanLayout(JobLayout layout, absl::string_view job_id,
+                                   const PlanDefaults& defaults);
+
 }  // namespace muon
 
 #endif  // MUON_PLAN_PLAN_JOB_H_

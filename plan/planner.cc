@@ -4,7 +4,9 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <numeric>
+#include <queue>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -44,6 +46,63 @@ int64_t GatherBytes(const MatrixLayout& matrix, int owner) {
 int64_t MatrixBytes(const MatrixLayout& matrix) {
   return kBytesPerElement * matrix.rows * matrix.cols;
 }
+
+// Matrices grouped by their (shared) box list: what only depends on the
+// boxes is computed once per group, not once per matrix.
+struct BoxGroups {
+  std::vector<int> group_of;               // per matrix
+  std::vector<std::vector<int>> eligible;  // per group: holders, ascending
+  std::vector<int64_t> min_gather;         // per group: fewest bytes moved
+};
+
+BoxGroups GroupByBoxes(const std::vector<MatrixLayout>& matrices) {
+  BoxGroups g;
+  std::map<const void*, int> index;
+  g.group_of.reserve(matrices.size());
+  for (const MatrixLayout& m : matrices) {
+    auto [it, added] =
+        index.emplace(m.boxes.id(), static_cast<int>(g.eligible.size()));
+    if (added) {
+      g.eligible.push_back(EligibleRanks(m));
+      int64_t best = MatrixBytes(m);
+      for (int r : g.eligible.back()) best = std::min(best, GatherBytes(m, r));
+      g.min_gather.push_back(best);
+    }
+    g.group_of.push_back(it->second);
+  }
+  return g;
+}
+
+// The eligible rank of a group with the least load (ties: lowest rank), as
+// a linear scan would pick it, in O(log ranks) amortized: a min-heap of
+// (load when pushed, rank) per group; loads only grow, so an entry whose
+// load is out of date is re-pushed with the current one when it surfaces.
+class LeastLoaded {
+ public:
+  LeastLoaded(const std::vector<std::vector<int>>& eligible,
+              const std::vector<double>* load)
+      : load_(load), heaps_(eligible.size()) {
+    for (size_t g = 0; g < eligible.size(); ++g) {
+      for (int r : eligible[g]) heaps_[g].push({(*load)[r], r});
+    }
+  }
+  int Pick(int group) {
+    auto& heap = heaps_[group];
+    while (heap.top().first != (*load_)[heap.top().second]) {
+      const int r = heap.top().second;
+      heap.pop();
+      heap.push({(*load_)[r], r});
+    }
+    return heap.top().second;
+  }
+
+ private:
+  using Entry = std::pair<double, int>;
+  const std::vector<double>* load_;
+  std::vector<
+      std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>>>
+      heaps_;
+};
 
 }  // namespace
 
@@ -112,7 +171,7 @@ absl::StatusOr<v1::Plan> MakePlan(const JobLayout& layout,
   plan.set_world_size(world);
   plan.set_policy(PolicyName(options.policy));
 
-  std::vector<std::vector<int>> eligible(num);
+  const BoxGroups groups = GroupByBoxes(matrices);
   std::vector<double> cost(num);
   for (int i = 0; i < num; ++i) {
     const MatrixLayout& matrix = matrices[i];
@@ -128,8 +187,7 @@ absl::StatusOr<v1::Plan> MakePlan(const JobLayout& layout,
                        matrix.param_index, " but the job has ",
                        layout.params.size(), " parameters"));
     }
-    eligible[i] = EligibleRanks(matrix);
-    if (eligible[i].empty()) {
+    if (groups.eligible[groups.group_of[i]].empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("matrix ", Quoted(matrix.name), " [", matrix.rows, ", ",
                        matrix.cols, "] is held by no rank"));
@@ -162,34 +220,24 @@ absl::StatusOr<v1::Plan> MakePlan(const JobLayout& layout,
   if (options.policy == PlannerOptions::Policy::kRoundRobin) {
     for (int i = 0; i < num; ++i) {
       if (matrices[i].requested_owner >= 0) continue;
-      assign(i, eligible[i][i % eligible[i].size()]);
+      const std::vector<int>& eligible = groups.eligible[groups.group_of[i]];
+      assign(i, eligible[i % eligible.size()]);
     }
   } else {
-    // Bytes moved at best: the gather of the eligible rank holding most.
-    std::vector<int64_t> min_gather(num);
-    for (int i = 0; i < num; ++i) {
-      int64_t best = GatherBytes(matrices[i], eligible[i][0]);
-      for (int r : eligible[i]) {
-        best = std::min(best, GatherBytes(matrices[i], r));
-      }
-      min_gather[i] = best;
-    }
     std::vector<int> order;
     for (int i = 0; i < num; ++i) {
       if (matrices[i].requested_owner < 0) order.push_back(i);
     }
+    auto min_gather = [&](int i) {
+      return groups.min_gather[groups.group_of[i]];
+    };
     std::sort(order.begin(), order.end(), [&](int a, int b) {
       if (cost[a] != cost[b]) return cost[a] > cost[b];
-      if (min_gather[a] != min_gather[b]) return min_gather[a] > min_gather[b];
+      if (min_gather(a) != min_gather(b)) return min_gather(a) > min_gather(b);
       return a < b;
     });
-    for (int i : order) {
-      int best = eligible[i][0];
-      for (int r : eligible[i]) {
-        if (load[r] < load[best]) best = r;  // strict: ties keep lowest rank
-      }
-      assign(i, best);
-    }
+    LeastLoaded least(groups.eligible, &load);
+    for (int i : order) assign(i, least.Pick(groups.group_of[i]));
   }
 
   // Buckets.

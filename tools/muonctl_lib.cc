@@ -740,9 +740,7 @@ absl::StatusOr<JobPlan> PlanJobSpec(const v1::JobSpec& spec,
                                     const std::string& policy) {
   v1::JobSpec job = spec;
   if (!policy.empty()) job.mutable_execution()->set_assignment_policy(policy);
-  MUON_ASSIGN_OR_RETURN(std::vector<v1::RankManifest> manifests,
-                        ManifestsFromSpec(job));
-  return PlanJob(manifests, job.job_id());
+  return PlanJobFromSpec(job);
 }
 
 int RunMuonctl(const std::vector<std::string>& args, std::ostream& out,

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/spec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -196,6 +197,104 @@ TEST(PlanJobTest, PlannerOptionsForJob_FromLayout_CopiesEveryField) {
   ASSERT_THAT(o, IsOk());
   EXPECT_EQ(o->policy, kLpt);
   EXPECT_EQ(o->bucket_size_bytes, 128);
+}
+
+}  // namespace
+}  // namespace muon
+
+namespace muon {
+namespace {
+
+using ::muon::testing::MakeSpec;
+
+// PlanJobFromSpec (no manifests, shared boxes) must give exactly the plan
+// PlanJob gives for the manifests the spec implies: same layout order,
+// same owners, same hash.
+void ExpectSamePlanBothWays(const v1::JobSpec& spec) {
+  absl::StatusOr<JobPlan> from_spec = PlanJobFromSpec(spec);
+  ASSERT_THAT(from_spec, IsOk());
+  absl::StatusOr<JobPlan> from_manifests =
+      PlanJob(Manifests(spec), spec.job_id());
+  ASSERT_THAT(from_manifests, IsOk());
+  EXPECT_EQ(from_spec->plan.hash(), from_manifests->plan.hash());
+  EXPECT_EQ(from_spec->plan.SerializeAsString(),
+            from_manifests->plan.SerializeAsString());
+  const JobLayout& a = from_spec->layout;
+  const JobLayout& b = from_manifests->layout;
+  ASSERT_EQ(a.params.size(), b.params.size());
+  for (size_t i = 0; i < a.params.size(); ++i) {
+    EXPECT_EQ(a.params[i].name, b.params[i].name) << i;
+    EXPECT_EQ(a.params[i].first_matrix, b.params[i].first_matrix) << i;
+  }
+  ASSERT_EQ(a.matrices.size(), b.matrices.size());
+  for (size_t i = 0; i < a.matrices.size(); ++i) {
+    EXPECT_EQ(a.matrices[i].name, b.matrices[i].name) << i;
+    EXPECT_EQ(a.matrices[i].boxes.vec(), b.matrices[i].boxes.vec()) << i;
+  }
+}
+
+TEST(PlanJobFromSpecTest, FsdpTpAndStacks_SamePlanAsManifestPath) {
+  ExpectSamePlanBothWays(::muon::testing::FourRankSpec());
+  v1::JobSpec tp = MakeSpec({{"dp_shard", 2}, {"tp", 4}},
+                            {{"wq", 64, 64, {"Shard(0)", "Shard(0)"}},
+                             {"wo", 64, 64, {"Shard(0)", "Shard(1)"}},
+                             {"w1", 128, 64, {"Shard(0)", "Shard(0)"}},
+                             {"norm", 8, 8, {"Replicate()", "Replicate()"}}});
+  ExpectSamePlanBothWays(tp);
+  v1::JobSpec moe =
+      MakeSpec({{"dp_shard", 2}, {"ep", 4}},
+               {{"experts", 16, 32, {"Shard(1)", "Shard(0)"}, {}, 8},
+                {"router", 16, 32, {"Shard(0)", "Replicate()"}}});
+  ExpectSamePlanBothWays(moe);
+}
+
+TEST(PlanJobFromSpecTest, PipelineStagesListedOutOfOrder_SameUnionOrder) {
+  // Stage 1's parameter is listed first in the spec, but rank 0 (stage 0)
+  // lists its own first: the union order puts stage 0 first.
+  v1::JobSpec pp =
+      MakeSpec({{"pp", 2}, {"tp", 2}},
+               {{"s1.w", 32, 16, {"Replicate()", "Shard(0)"}, {{"pp", 1}}},
+                {"s0.w", 16, 32, {"Replicate()", "Shard(1)"}, {{"pp", 0}}},
+                {"s1.v", 8, 8, {"Replicate()", "Shard(0)"}, {{"pp", 1}}}});
+  ExpectSamePlanBothWays(pp);
+  absl::StatusOr<JobPlan> plan = PlanJobFromSpec(pp);
+  ASSERT_THAT(plan, IsOk());
+  EXPECT_EQ(plan->layout.params[0].name, "s0.w");
+  ExpectSamePlanBothWays(::muon::testing::PipelineSpec());
+}
+
+TEST(PlanJobFromSpecTest, SameLayoutMatrices_ShareOneBoxList) {
+  std::vector<::muon::testing::TestParam> params;
+  for (int i = 0; i < 6; ++i) {
+    params.push_back({absl::StrCat("w", i), 64, 32, {"Shard(0)"}});
+  }
+  absl::StatusOr<JobPlan> plan =
+      PlanJobFromSpec(MakeSpec({{"dp_shard", 8}}, params));
+  ASSERT_THAT(plan, IsOk());
+  for (const MatrixLayout& m : plan->layout.matrices) {
+    EXPECT_EQ(m.boxes.id(), plan->layout.matrices[0].boxes.id());
+  }
+}
+
+TEST(PlanJobFromSpecTest, ManyMatricesOverManyRanks_PlansPastPerRankBoxLimit) {
+  // 4,096 ranks x 1,024 matrices = 2^22 matrix x rank pairs: above the
+  // per-rank box limit of the manifest path, fine with shared boxes.
+  std::vector<::muon::testing::TestParam> params;
+  const int64_t shapes[4][2] = {{256, 256}, {256, 512}, {512, 256}, {64, 256}};
+  for (int i = 0; i < 1024; ++i) {
+    params.push_back({absl::StrCat("w", i),
+                      shapes[i % 4][0],
+                      shapes[i % 4][1],
+                      {"Shard(0)"}});
+  }
+  v1::JobSpec spec = MakeSpec({{"dp_shard", 4096}}, params);
+  EXPECT_THAT(ManifestsFromSpec(spec).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("matrices x world size")));
+  absl::StatusOr<JobPlan> plan = PlanJobFromSpec(spec);
+  ASSERT_THAT(plan, IsOk());
+  EXPECT_EQ(plan->plan.matrices_size(), 1024);
+  EXPECT_EQ(plan->plan.world_size(), 4096);
 }
 
 }  // namespace
