@@ -53,14 +53,9 @@ std::string CoordinatorService::JobStateNameLocked() const {
       break;
   }
   if (!run_error_.empty()) return "failed";
-  bool all_left = static_cast<int>(ranks_.size()) == world_size_;
-  bool any_reported = false;
-  for (const auto& [rank, info] : ranks_) {
-    all_left = all_left && info.finished;
-    any_reported = any_reported || info.reported;
-  }
-  if (all_left) return "finished";
-  return any_reported ? "running" : "planned";
+  // O(1): heartbeats ask for it (counters kept by Heartbeat and ReportStep).
+  if (finished_count_ == world_size_) return "finished";
+  return reported_count_ > 0 ? "running" : "planned";
 }
 
 int64_t CoordinatorService::generation() const {
@@ -93,6 +88,8 @@ void CoordinatorService::MaybeStartGenerationLocked(absl::Time now) {
   plan_.Clear();
   matrix_names_.clear();
   ranks_.clear();
+  finished_count_ = 0;
+  reported_count_ = 0;
   kv_.Clear();
 }
 
@@ -271,6 +268,7 @@ absl::StatusOr<v1::JoinResponse> CoordinatorService::JoinLocked(
     // An idempotent retry of a rank that is already part of the plan (or
     // a new optimizer of a rank that left): it is back.
     it->second.last_seen = now;
+    if (it->second.finished) --finished_count_;
     it->second.finished = false;
     return JoinResponseLocked();
   }
@@ -345,7 +343,10 @@ absl::StatusOr<v1::HeartbeatResponse> CoordinatorService::Heartbeat(
                         FindRankLocked(request.rank(), request.incarnation()));
   const absl::Time now = options_.now();
   info->last_seen = now;
-  if (request.leaving()) info->finished = true;
+  if (request.leaving() && !info->finished) {
+    info->finished = true;
+    ++finished_count_;
+  }
   if (!request.error().empty() && state_ == JobState::kPlanned) {
     FailRankLocked(request.rank(), absl::StrCat("rank ", request.rank(),
                                                 " failed: ", request.error()));
@@ -368,6 +369,13 @@ void CoordinatorService::FailRankLocked(int rank, std::string message) {
 
 void CoordinatorService::CheckLostLocked(absl::Time now) {
   if (state_ != JobState::kPlanned || !run_error_.empty()) return;
+  // A scan of every rank, at most every tenth of the heartbeat timeout (and
+  // 1 s): heartbeats of a large job then cost O(1) amortized, and a lost
+  // rank is still named within 1.1 heartbeat timeouts of its last sign.
+  const absl::Duration every =
+      std::min(options_.heartbeat_timeout / 10, absl::Seconds(1));
+  if (now >= last_lost_check_ && now - last_lost_check_ < every) return;
+  last_lost_check_ = now;
   const RankInfo* silent = nullptr;
   int silent_rank = -1;
   for (const auto& [rank, info] : ranks_) {
@@ -397,6 +405,7 @@ absl::StatusOr<v1::ReportStepResponse> CoordinatorService::ReportStep(
   MUON_RETURN_IF_ERROR(PlanReadyLocked());
   const absl::Time now = options_.now();
   info->last_seen = now;
+  if (!info->reported) ++reported_count_;
   info->reported = true;
   info->last_report = report;
   info->last_report_at = now;

@@ -350,6 +350,11 @@ class CoordinatorService {
   // when kPlanned.
   std::vector<std::string> matrix_names_ ABSL_GUARDED_BY(mu_);
   std::map<int, RankInfo> ranks_ ABSL_GUARDED_BY(mu_);
+  // Ranks of ranks_ that left cleanly / have reported a step.
+  int finished_count_ ABSL_GUARDED_BY(mu_) = 0;
+  int reported_count_ ABSL_GUARDED_BY(mu_) = 0;
+  // When CheckLostLocked last scanned the ranks.
+  absl::Time last_lost_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   DeadlineTimer timer_;  // last: destroyed (joined) first
 };
