@@ -179,7 +179,17 @@ absl::StatusOr<StepExecutor::BufferSizes> StepExecutor::CompileBuckets(
 
 absl::Status StepExecutor::CompileSchedule(const v1::Plan& plan) {
   const v1::Schedule& schedule = plan.schedule();
-  if (schedule.ranks_size() <= rank_ || schedule.ranks(rank_).rank() != rank_) {
+  // A full plan lists every rank in order; a coordinator's Join response
+  // lists only the receiving rank (JoinResponse.plan).
+  const v1::RankSchedule* mine = nullptr;
+  if (schedule.ranks_size() > rank_ && schedule.ranks(rank_).rank() == rank_) {
+    mine = &schedule.ranks(rank_);
+  } else {
+    for (const v1::RankSchedule& rs : schedule.ranks()) {
+      if (rs.rank() == rank_) mine = &rs;
+    }
+  }
+  if (mine == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
         "rank ", rank_, ": the plan carries no stream schedule for this rank"));
   }
@@ -191,7 +201,7 @@ absl::Status StepExecutor::CompileSchedule(const v1::Plan& plan) {
     position[buckets_[i].index] = static_cast<int>(i);
   }
   slot_of_bucket_.assign(buckets_.size(), 0);
-  for (const v1::ScheduledOp& op : schedule.ranks(rank_).ops()) {
+  for (const v1::ScheduledOp& op : mine->ops()) {
     auto it = position.find(op.bucket());
     if (it == position.end() || op.slot() < 0 || op.slot() >= slots) {
       return absl::InvalidArgumentError(

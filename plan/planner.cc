@@ -295,6 +295,26 @@ absl::StatusOr<v1::Plan> MakePlan(const JobLayout& layout,
   return plan;
 }
 
+v1::Plan PlanForRank(const v1::Plan& plan, int rank) {
+  v1::Plan out;
+  out.set_job_id(plan.job_id());
+  out.set_world_size(plan.world_size());
+  out.set_policy(plan.policy());
+  *out.mutable_matrices() = plan.matrices();
+  *out.mutable_buckets() = plan.buckets();
+  out.set_max_load_flops(plan.max_load_flops());
+  out.set_mean_load_flops(plan.mean_load_flops());
+  out.set_hash(plan.hash());
+  v1::Schedule* schedule = out.mutable_schedule();
+  schedule->set_mode(plan.schedule().mode());
+  schedule->set_prefetch_count(plan.schedule().prefetch_count());
+  schedule->set_slots(plan.schedule().slots());
+  for (const v1::RankSchedule& rs : plan.schedule().ranks()) {
+    if (rs.rank() == rank) *schedule->add_ranks() = rs;
+  }
+  return out;
+}
+
 std::string PlanHash(const v1::Plan& plan) {
   v1::Plan copy = plan;
   copy.clear_hash();

@@ -100,6 +100,11 @@ absl::StatusOr<v1::Plan> MakePlan(const JobLayout& layout,
 // Pinedo, "Scheduling", section 5.1). 0 for a plan without matrices.
 double LoadLowerBoundFlops(const v1::Plan& plan);
 
+// The plan as rank `rank` receives it from a coordinator (JoinResponse.plan):
+// every matrix and bucket, only that rank's schedule, no loads; the hash
+// stays the whole plan's. O(matrices) instead of O(ranks) per rank.
+v1::Plan PlanForRank(const v1::Plan& plan, int rank);
+
 // Stable hash of a plan: FNV-1a 64 over the deterministic protobuf
 // serialization of the plan with `hash` cleared, as 16 lowercase hex digits.
 // Equal plans hash equally in every process (unlike absl::Hash).

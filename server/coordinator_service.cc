@@ -11,6 +11,7 @@
 #include "common/checked_math.h"
 #include "common/status_macros.h"
 #include "plan/plan_job.h"
+#include "plan/planner.h"
 
 namespace muon {
 namespace {
@@ -86,6 +87,7 @@ void CoordinatorService::MaybeStartGenerationLocked(absl::Time now) {
   failed_rank_ = -1;
   in_process_ranks_.clear();
   plan_.Clear();
+  rank_plan_.Clear();
   matrix_names_.clear();
   ranks_.clear();
   finished_count_ = 0;
@@ -126,6 +128,7 @@ void CoordinatorService::PlanLocked(Completions* completions) {
     return;
   }
   plan_ = std::move(job->plan);
+  rank_plan_ = PlanForRank(plan_, /*rank=*/-1);  // no rank's schedule
   matrix_names_.clear();
   for (const MatrixLayout& m : job->layout.matrices) {
     matrix_names_.push_back(m.name);
@@ -147,7 +150,7 @@ void CoordinatorService::CompleteJoinsLocked(Completions* completions) {
     absl::StatusOr<v1::JoinResponse> result =
         shutdown_ ? absl::UnavailableError("coordinator is shutting down")
         : state_ == JobState::kPlanned
-            ? absl::StatusOr<v1::JoinResponse>(JoinResponseLocked())
+            ? absl::StatusOr<v1::JoinResponse>(JoinResponseLocked(waiter.rank))
             : absl::StatusOr<v1::JoinResponse>(error_);
     completions->push_back(
         [done = std::move(waiter.done), result = std::move(result)]() mutable {
@@ -270,7 +273,7 @@ absl::StatusOr<v1::JoinResponse> CoordinatorService::JoinLocked(
     it->second.last_seen = now;
     if (it->second.finished) --finished_count_;
     it->second.finished = false;
-    return JoinResponseLocked();
+    return JoinResponseLocked(rank);
   }
   MUON_RETURN_IF_ERROR(CheckJoinLocked(manifest));
   if (join_waiters_.size() >= options_.max_waiting_joins) {
@@ -307,9 +310,15 @@ void CoordinatorService::NoteInProcessRank(int rank) {
   }
 }
 
-v1::JoinResponse CoordinatorService::JoinResponseLocked() const {
+v1::JoinResponse CoordinatorService::JoinResponseLocked(int rank) const {
   v1::JoinResponse response;
-  *response.mutable_plan() = plan_;
+  // PlanForRank(plan_, rank), built from the shared part: O(matrices) per
+  // rank, not O(ranks) (GetPlan serves the whole plan).
+  *response.mutable_plan() = rank_plan_;
+  if (rank >= 0 && rank < plan_.schedule().ranks_size()) {
+    *response.mutable_plan()->mutable_schedule()->add_ranks() =
+        plan_.schedule().ranks(rank);
+  }
   response.set_heartbeat_timeout_ms(
       absl::ToInt64Milliseconds(options_.heartbeat_timeout));
   if (in_process_ranks_.size() == 1) {

@@ -322,8 +322,11 @@ class CoordinatorService {
   std::string MissingRanksLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // OK when a plan exists, else FailedPrecondition saying why.
   absl::Status PlanReadyLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // The plan's Join response (heartbeat timeout, coordinator host).
-  v1::JoinResponse JoinResponseLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Rank `rank`'s Join response: the plan with only that rank's schedule and
+  // no loads (rank_plan_ plus one RankSchedule), the heartbeat timeout and
+  // the coordinator's host.
+  v1::JoinResponse JoinResponseLocked(int rank) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Finds a joined rank with a matching incarnation.
   absl::StatusOr<RankInfo*> FindRankLocked(int rank, uint64_t incarnation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -346,6 +349,9 @@ class CoordinatorService {
   // Ranks that call from this process (NoteInProcessRank).
   std::vector<int> in_process_ranks_ ABSL_GUARDED_BY(mu_);
   v1::Plan plan_ ABSL_GUARDED_BY(mu_);  // valid when kPlanned
+  // plan_ without schedule.ranks and loads: what every Join response
+  // shares (each adds its own rank's schedule).
+  v1::Plan rank_plan_ ABSL_GUARDED_BY(mu_);
   // Display name of each plan matrix (JobLayout::matrices[i].name); valid
   // when kPlanned.
   std::vector<std::string> matrix_names_ ABSL_GUARDED_BY(mu_);

@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "plan/planner.h"
 #include "tests/server/fake_clock.h"
 #include "tests/server/test_specs.h"
 #include "tests/status_matchers.h"
@@ -76,8 +77,17 @@ TEST_F(CoordinatorServiceTest, Join_AllRanks_SamePlanToEveryRank) {
   EXPECT_EQ(plan.matrices_size(), 3);
   EXPECT_EQ(plan.policy(), "lpt");
   EXPECT_FALSE(plan.hash().empty());
-  for (const auto& r : results) {
-    EXPECT_EQ(r->plan().SerializeAsString(), plan.SerializeAsString());
+  // Each rank gets the whole plan's matrices, buckets and hash with only
+  // its own schedule (PlanForRank); GetPlan has the whole plan.
+  absl::StatusOr<v1::Plan> full = service.GetPlan(v1::GetPlanRequest());
+  ASSERT_THAT(full, IsOk());
+  EXPECT_EQ(full->hash(), plan.hash());
+  EXPECT_EQ(full->loads_size(), 4);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(results[r]->plan().SerializeAsString(),
+              PlanForRank(*full, r).SerializeAsString());
+    ASSERT_EQ(results[r]->plan().schedule().ranks_size(), 1);
+    EXPECT_EQ(results[r]->plan().schedule().ranks(0).rank(), r);
   }
   absl::StatusOr<v1::JobInfo> job = service.GetJob(v1::GetJobRequest());
   ASSERT_THAT(job, IsOk());
@@ -131,8 +141,9 @@ TEST_F(CoordinatorServiceTest,
   const v1::Plan& plan = results[0]->plan();
   EXPECT_EQ(plan.world_size(), 8);
   ASSERT_EQ(plan.matrices_size(), 8);  // the union of both stages
-  for (const auto& r : results) {
-    EXPECT_EQ(r->plan().SerializeAsString(), plan.SerializeAsString());
+  for (const auto& r : results) {      // the same plan, each its own schedule
+    EXPECT_EQ(PlanForRank(r->plan(), -1).SerializeAsString(),
+              PlanForRank(plan, -1).SerializeAsString());
   }
   for (const v1::MatrixPlan& m : plan.matrices()) {
     EXPECT_EQ(m.owner() / 4, m.param_index() / 4)
