@@ -40,6 +40,7 @@
 #include "common/layout.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
+#include "tests/soak/rss.h"
 
 ABSL_FLAG(std::string, spec, "", "Job spec (JSON).");
 ABSL_FLAG(int, steps, 10000, "Muon steps.");
@@ -52,21 +53,6 @@ namespace muon {
 namespace {
 
 constexpr int kGradSets = 4;
-
-// VmRSS of this process in KiB, or -1.
-int64_t RssKb() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    absl::string_view v = line;
-    if (absl::ConsumePrefix(&v, "VmRSS:")) {
-      absl::ConsumeSuffix(&v, "kB");
-      int64_t kb = -1;
-      if (absl::SimpleAtoi(absl::StripAsciiWhitespace(v), &kb)) return kb;
-    }
-  }
-  return -1;
-}
 
 // Uniform in [-scale, scale) over this rank's block of a [rows, cols]
 // matrix, a pure function of (seed, set, param): the same in every process.
@@ -169,11 +155,11 @@ absl::Status Run() {
     }
     MUON_RETURN_IF_ERROR(opt->Step());
     if (step == 0 || (step + 1) % sample_every == 0) {
-      rss << (step + 1) << " " << RssKb() << std::endl;
+      rss << (step + 1) << " " << ::muon::testing::RssKb() << std::endl;
     }
   }
   MUON_RETURN_IF_ERROR(pg->comm->Barrier());
-  rss << "end " << RssKb() << std::endl;
+  rss << "end " << ::muon::testing::RssKb() << std::endl;
   for (const std::vector<float>& d : data) {
     for (float x : d) {
       if (!std::isfinite(x)) {

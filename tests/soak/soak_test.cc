@@ -45,6 +45,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "tests/soak/rss.h"
 #include "tools/launcher.h"
 
 namespace muon {
@@ -71,21 +72,6 @@ int EnvInt(const char* name, int fallback, int min = 1) {
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
   return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-// VmRSS of `pid` in KiB, or -1.
-int64_t RssKb(pid_t pid) {
-  std::istringstream in(ReadFile(absl::StrCat("/proc/", pid, "/status")));
-  std::string line;
-  while (std::getline(in, line)) {
-    absl::string_view v = line;
-    if (absl::ConsumePrefix(&v, "VmRSS:")) {
-      absl::ConsumeSuffix(&v, "kB");
-      int64_t kb = -1;
-      if (absl::SimpleAtoi(absl::StripAsciiWhitespace(v), &kb)) return kb;
-    }
-  }
-  return -1;
 }
 
 // Occurrences of `what` in `text`.
@@ -284,7 +270,9 @@ TEST(SoakTest, DaemonAndRanks_AllStepsFinished_RssFlat) {
       all_passed = std::min(all_passed, last);
     }
     for (int64_t s = every; s <= all_passed; s += every) {
-      if (!series[0].kb.count(s)) series[0].kb[s] = RssKb(procs.pid(daemon));
+      if (!series[0].kb.count(s))
+        series[0].kb[s] =
+            ::muon::testing::RssKb(std::to_string(procs.pid(daemon)));
     }
     if (absl::Now() - start > timeout) {
       failure =
@@ -294,7 +282,7 @@ TEST(SoakTest, DaemonAndRanks_AllStepsFinished_RssFlat) {
     absl::SleepFor(absl::Milliseconds(20));
   }
   ASSERT_TRUE(failure.empty()) << failure;
-  series[0].kb[-1] = RssKb(procs.pid(daemon));
+  series[0].kb[-1] = ::muon::testing::RssKb(std::to_string(procs.pid(daemon)));
   const double wall_s = absl::ToDoubleSeconds(absl::Now() - start);
 
   // The daemon's view, through `muonctl status --json` (which reads the
