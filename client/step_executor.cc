@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/status_macros.h"
+#include "plan/schedule.h"
 
 namespace muon {
 namespace {
@@ -179,20 +180,29 @@ absl::StatusOr<StepExecutor::BufferSizes> StepExecutor::CompileBuckets(
 
 absl::Status StepExecutor::CompileSchedule(const v1::Plan& plan) {
   const v1::Schedule& schedule = plan.schedule();
-  // A full plan lists every rank in order; a coordinator's Join response
-  // lists only the receiving rank (JoinResponse.plan).
+  // A compact plan (MakePlan's) carries no rank's list: derive this rank's
+  // and check it. An explicit plan lists every rank, or (an older
+  // coordinator's Join response) only the receiving one.
   const v1::RankSchedule* mine = nullptr;
-  if (schedule.ranks_size() > rank_ && schedule.ranks(rank_).rank() == rank_) {
-    mine = &schedule.ranks(rank_);
-  } else {
-    for (const v1::RankSchedule& rs : schedule.ranks()) {
-      if (rs.rank() == rank_) mine = &rs;
+  for (const v1::RankSchedule& rs : schedule.ranks()) {
+    if (rs.rank() == rank_) mine = &rs;
+  }
+  v1::RankSchedule derived;
+  if (mine == nullptr && schedule.ranks_size() == 0) {
+    if (schedule.derivation() != kScheduleDerivation) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", rank_, ": the plan's schedule derivation \"",
+                       schedule.derivation(), "\" is not this binary's \"",
+                       kScheduleDerivation, "\""));
     }
+    derived = MakeRankSchedule(plan, rank_);
+    mine = &derived;
   }
   if (mine == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
         "rank ", rank_, ": the plan carries no stream schedule for this rank"));
   }
+  MUON_RETURN_IF_ERROR(ValidateRankSchedule(*mine, schedule, plan));
   async_ = schedule.mode() == "async";
   prefetch_count_ = schedule.prefetch_count();
   const int slots = std::max(1, schedule.slots());

@@ -290,7 +290,7 @@ absl::StatusOr<v1::Plan> MakePlan(const JobLayout& layout,
   plan.set_max_load_flops(max_load);
   plan.set_mean_load_flops(world > 0 ? total / world : 0.0);
   *plan.mutable_schedule() =
-      MakeSchedule(plan, options.async, options.prefetch_count);
+      MakeScheduleHeader(plan, options.async, options.prefetch_count);
   plan.set_hash(PlanHash(plan));
   return plan;
 }
@@ -309,8 +309,9 @@ v1::Plan PlanForRank(const v1::Plan& plan, int rank) {
   schedule->set_mode(plan.schedule().mode());
   schedule->set_prefetch_count(plan.schedule().prefetch_count());
   schedule->set_slots(plan.schedule().slots());
+  schedule->set_derivation(plan.schedule().derivation());
   for (const v1::RankSchedule& rs : plan.schedule().ranks()) {
-    if (rs.rank() == rank) *schedule->add_ranks() = rs;
+    if (rs.rank() == rank) *schedule->add_ranks() = rs;  // explicit plans
   }
   return out;
 }

@@ -101,8 +101,9 @@ absl::StatusOr<v1::Plan> MakePlan(const JobLayout& layout,
 double LoadLowerBoundFlops(const v1::Plan& plan);
 
 // The plan as rank `rank` receives it from a coordinator (JoinResponse.plan):
-// every matrix and bucket, only that rank's schedule, no loads; the hash
-// stays the whole plan's. O(matrices) instead of O(ranks) per rank.
+// every matrix and bucket, the schedule header (and, for a plan with an
+// explicit schedule, only that rank's list), no loads; the hash stays the
+// whole plan's. O(matrices) instead of O(ranks) per rank.
 v1::Plan PlanForRank(const v1::Plan& plan, int rank);
 
 // Stable hash of a plan: FNV-1a 64 over the deterministic protobuf

@@ -1,8 +1,7 @@
 #include "plan/schedule.h"
 
 #include <algorithm>
-#include <map>
-#include <set>
+#include <array>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,17 +11,19 @@
 namespace muon {
 namespace {
 
-// Whether `rank` owns a matrix of bucket b.
-std::vector<std::set<int>> OwnersPerBucket(const v1::Plan& plan) {
-  std::vector<std::set<int>> owners(plan.buckets_size());
+// owns[b]: whether `rank` owns a matrix of bucket b. O(matrices).
+std::vector<char> OwnedBuckets(const v1::Plan& plan, int rank) {
+  std::vector<char> owns(plan.buckets_size(), 0);
   for (int b = 0; b < plan.buckets_size(); ++b) {
     for (int mi : plan.buckets(b).matrices()) {
-      if (mi >= 0 && mi < plan.matrices_size()) {
-        owners[b].insert(plan.matrices(mi).owner());
+      if (mi >= 0 && mi < plan.matrices_size() &&
+          plan.matrices(mi).owner() == rank) {
+        owns[b] = 1;
+        break;
       }
     }
   }
-  return owners;
+  return owns;
 }
 
 void Add(v1::RankSchedule* rs, int bucket, const char* op, const char* stream,
@@ -34,164 +35,218 @@ void Add(v1::RankSchedule* rs, int bucket, const char* op, const char* stream,
   o->set_slot(slot);
 }
 
-}  // namespace
-
-v1::Schedule MakeSchedule(const v1::Plan& plan, bool async,
-                          int prefetch_count) {
-  const int buckets = plan.buckets_size();
-  int p = std::max(0, prefetch_count);
-  if (buckets > 0) p = std::min(p, buckets - 1);
-  const std::vector<std::set<int>> owners = OwnersPerBucket(plan);
-  v1::Schedule s;
-  s.set_mode(async ? "async" : "sequential");
-  s.set_prefetch_count(async ? p : 0);
-  s.set_slots(async ? p + 1 : 1);
-  for (int r = 0; r < plan.world_size(); ++r) {
-    v1::RankSchedule* rs = s.add_ranks();
-    rs->set_rank(r);
-    if (!async) {
-      for (int b = 0; b < buckets; ++b) {
-        Add(rs, b, "gather", "main", 0);
-        if (owners[b].count(r)) Add(rs, b, "orthogonalize", "main", 0);
-        Add(rs, b, "redistribute", "main", 0);
-        Add(rs, b, "apply", "main", 0);
-      }
-      continue;
-    }
-    const int slots = p + 1;
-    int next_gather = 0;
-    for (; next_gather <= p && next_gather < buckets; ++next_gather) {
-      Add(rs, next_gather, "gather", "comm", next_gather % slots);
-    }
-    for (int b = 0; b < buckets; ++b) {
-      Add(rs, b, "redistribute", "comm", b % slots);
-      Add(rs, b, "apply", "comm", b % slots);
-      if (next_gather < buckets) {
-        Add(rs, next_gather, "gather", "comm", next_gather % slots);
-        ++next_gather;
-      }
-    }
-    for (int b = 0; b < buckets; ++b) {
-      if (owners[b].count(r)) Add(rs, b, "orthogonalize", "compute", b % slots);
-    }
-  }
-  return s;
+absl::Status Invalid(int rank, int bucket, const std::string& op,
+                     const std::string& what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("rank ", rank, ", bucket ", bucket, ", ", op, ": ", what));
 }
 
-absl::Status ValidateSchedule(const v1::Schedule& s, const v1::Plan& plan) {
+// Checks the header fields: mode, slots and prefetch depth.
+absl::Status ValidateHeader(const v1::Schedule& s) {
   const bool async = s.mode() == "async";
   if (!async && s.mode() != "sequential") {
     return absl::InvalidArgumentError(absl::StrCat(
         "schedule mode \"", s.mode(), "\" is not sequential or async"));
   }
-  const int buckets = plan.buckets_size();
   const int want_slots = async ? s.prefetch_count() + 1 : 1;
   if (s.prefetch_count() < 0 || s.slots() != want_slots) {
     return absl::InvalidArgumentError(absl::StrCat(
         "schedule has ", s.slots(), " slots for prefetch ", s.prefetch_count(),
         " in ", s.mode(), " mode; expected ", want_slots));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+v1::Schedule MakeScheduleHeader(const v1::Plan& plan, bool async,
+                                int prefetch_count) {
+  int p = std::max(0, prefetch_count);
+  p = std::min(p, std::max(0, plan.buckets_size() - 1));
+  v1::Schedule s;
+  s.set_mode(async ? "async" : "sequential");
+  s.set_prefetch_count(async ? p : 0);
+  s.set_slots(async ? p + 1 : 1);
+  s.set_derivation(kScheduleDerivation);
+  return s;
+}
+
+v1::RankSchedule MakeRankSchedule(const v1::Plan& plan, int rank) {
+  const v1::Schedule& header = plan.schedule();
+  const int buckets = plan.buckets_size();
+  const std::vector<char> owns = OwnedBuckets(plan, rank);
+  v1::RankSchedule rs;
+  rs.set_rank(rank);
+  if (header.mode() != "async") {
+    for (int b = 0; b < buckets; ++b) {
+      Add(&rs, b, "gather", "main", 0);
+      if (owns[b]) Add(&rs, b, "orthogonalize", "main", 0);
+      Add(&rs, b, "redistribute", "main", 0);
+      Add(&rs, b, "apply", "main", 0);
+    }
+    return rs;
+  }
+  const int p = std::max(0, header.prefetch_count());
+  const int slots = p + 1;
+  int next_gather = 0;
+  for (; next_gather <= p && next_gather < buckets; ++next_gather) {
+    Add(&rs, next_gather, "gather", "comm", next_gather % slots);
+  }
+  for (int b = 0; b < buckets; ++b) {
+    Add(&rs, b, "redistribute", "comm", b % slots);
+    Add(&rs, b, "apply", "comm", b % slots);
+    if (next_gather < buckets) {
+      Add(&rs, next_gather, "gather", "comm", next_gather % slots);
+      ++next_gather;
+    }
+  }
+  for (int b = 0; b < buckets; ++b) {
+    if (owns[b]) Add(&rs, b, "orthogonalize", "compute", b % slots);
+  }
+  return rs;
+}
+
+v1::Schedule MakeSchedule(const v1::Plan& plan, bool async,
+                          int prefetch_count) {
+  v1::Plan with_header;  // the plan's buckets and owners, the new header
+  *with_header.mutable_matrices() = plan.matrices();
+  *with_header.mutable_buckets() = plan.buckets();
+  *with_header.mutable_schedule() =
+      MakeScheduleHeader(plan, async, prefetch_count);
+  v1::Schedule s = with_header.schedule();
+  for (int r = 0; r < plan.world_size(); ++r) {
+    *s.add_ranks() = MakeRankSchedule(with_header, r);
+  }
+  return s;
+}
+
+absl::Status ValidateRankSchedule(
+    const v1::RankSchedule& rs, const v1::Schedule& s, const v1::Plan& plan,
+    std::vector<std::pair<int, std::string>>* collectives) {
+  const bool async = s.mode() == "async";
+  const int buckets = plan.buckets_size();
+  const int r = rs.rank();
+  const std::vector<char> owns = OwnedBuckets(plan, r);
+  // counts[b]: gather, orthogonalize, redistribute, apply.
+  std::vector<std::array<int, 4>> counts(buckets, {0, 0, 0, 0});
+  // Per slot: the bucket in it that is not yet redistributed (-1 = free).
+  std::vector<int> slot_user(std::max(0, s.slots()), -1);
+  std::vector<char> gathered(buckets, 0);
+  int in_flight = 0;
+  int last_gathered = -1;
+  for (const v1::ScheduledOp& op : rs.ops()) {
+    const int b = op.bucket();
+    if (b < 0 || b >= buckets) return Invalid(r, b, op.op(), "no such bucket");
+    if (op.slot() < 0 || op.slot() >= s.slots()) {
+      return Invalid(r, b, op.op(),
+                     absl::StrCat("slot ", op.slot(), " out of range [0, ",
+                                  s.slots(), ")"));
+    }
+    const std::string want_stream =
+        !async ? "main" : (op.op() == "orthogonalize" ? "compute" : "comm");
+    if (op.stream() != want_stream) {
+      return Invalid(r, b, op.op(),
+                     absl::StrCat("on stream \"", op.stream(),
+                                  "\"; expected \"", want_stream, "\""));
+    }
+    if (op.op() == "gather") {
+      ++counts[b][0];
+      if (b != last_gathered + 1) {
+        return Invalid(r, b, op.op(),
+                       absl::StrCat("buckets must be gathered in plan order "
+                                    "(after bucket ",
+                                    last_gathered, ")"));
+      }
+      last_gathered = b;
+      if (slot_user[op.slot()] != -1) {
+        return Invalid(r, b, op.op(),
+                       absl::StrCat("slot ", op.slot(), " still holds bucket ",
+                                    slot_user[op.slot()],
+                                    ", which is not redistributed yet"));
+      }
+      slot_user[op.slot()] = b;
+      gathered[b] = 1;
+      if (++in_flight > s.prefetch_count() + 1) {
+        return Invalid(r, b, op.op(),
+                       absl::StrCat(in_flight, " buckets in flight; at most ",
+                                    s.prefetch_count() + 1));
+      }
+      if (collectives != nullptr) collectives->push_back({b, op.op()});
+    } else if (op.op() == "redistribute" || op.op() == "apply") {
+      if (!gathered[b]) {
+        return Invalid(r, b, op.op(), "comes before the bucket's gather");
+      }
+      if (op.op() == "apply") {
+        ++counts[b][3];
+        continue;
+      }
+      ++counts[b][2];
+      if (slot_user[op.slot()] != b) {
+        return Invalid(r, b, op.op(),
+                       absl::StrCat("slot ", op.slot(), " holds bucket ",
+                                    slot_user[op.slot()]));
+      }
+      slot_user[op.slot()] = -1;
+      --in_flight;
+      if (collectives != nullptr) collectives->push_back({b, op.op()});
+    } else if (op.op() == "orthogonalize") {
+      ++counts[b][1];
+      if (!owns[b]) {
+        return Invalid(
+            r, b, op.op(),
+            absl::StrCat("rank ", r, " owns no matrix of this bucket"));
+      }
+    } else {
+      return Invalid(r, b, op.op(), "unknown operation");
+    }
+  }
+  static const char* const kNames[4] = {"gather", "orthogonalize",
+                                        "redistribute", "apply"};
+  for (int b = 0; b < buckets; ++b) {
+    for (int k = 0; k < 4; ++k) {
+      const int want = k == 1 ? (owns[b] ? 1 : 0) : 1;
+      if (counts[b][k] != want) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "rank ", r, ", bucket ", b, ": ", kNames[k], " scheduled ",
+            counts[b][k], " times; expected ", want == 1 ? "once" : "0"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateSchedule(const v1::Schedule& s, const v1::Plan& plan) {
+  absl::Status header = ValidateHeader(s);
+  if (!header.ok()) return header;
+  if (s.ranks_size() == 0) {
+    if (s.derivation() != kScheduleDerivation) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("schedule derivation \"", s.derivation(), "\" is not \"",
+                       kScheduleDerivation, "\" (a rank built another way)"));
+    }
+    // The collectives and slots every rank derives: those of a rank owning
+    // nothing (-1); owners only add orthogonalize on their own stream.
+    v1::Plan header_plan;
+    *header_plan.mutable_schedule() = s;
+    *header_plan.mutable_buckets() = plan.buckets();
+    return ValidateRankSchedule(MakeRankSchedule(header_plan, -1), s, plan);
+  }
   if (s.ranks_size() != plan.world_size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("schedule has ", s.ranks_size(),
                      " ranks; the plan's world size is ", plan.world_size()));
   }
-  const std::vector<std::set<int>> owners = OwnersPerBucket(plan);
   std::vector<std::pair<int, std::string>> collectives0;
   for (int r = 0; r < s.ranks_size(); ++r) {
-    const v1::RankSchedule& rs = s.ranks(r);
-    if (rs.rank() != r) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("schedule entry ", r, " is for rank ", rs.rank()));
+    if (s.ranks(r).rank() != r) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "schedule entry ", r, " is for rank ", s.ranks(r).rank()));
     }
-    std::map<std::pair<int, std::string>, int> count;
     std::vector<std::pair<int, std::string>> collectives;
-    // Per slot: the bucket in it that is not yet redistributed (-1 = free).
-    std::vector<int> slot_user(s.slots(), -1);
-    std::map<std::string, std::set<int>> gathered_on_stream;
-    int in_flight = 0;
-    int last_gathered = -1;
-    for (const v1::ScheduledOp& op : rs.ops()) {
-      const std::string where =
-          absl::StrCat("rank ", r, ", bucket ", op.bucket(), ", ", op.op());
-      if (op.bucket() < 0 || op.bucket() >= buckets) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where, ": no such bucket"));
-      }
-      if (op.slot() < 0 || op.slot() >= s.slots()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, ": slot ", op.slot(), " out of range [0, ", s.slots(), ")"));
-      }
-      const std::string want_stream =
-          !async ? "main" : (op.op() == "orthogonalize" ? "compute" : "comm");
-      if (op.stream() != want_stream) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where, ": on stream \"", op.stream(),
-                         "\"; expected \"", want_stream, "\""));
-      }
-      ++count[{op.bucket(), op.op()}];
-      if (op.op() == "gather") {
-        if (op.bucket() != last_gathered + 1) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              where, ": buckets must be gathered in plan order (after bucket ",
-              last_gathered, ")"));
-        }
-        last_gathered = op.bucket();
-        if (slot_user[op.slot()] != -1) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              where, ": slot ", op.slot(), " still holds bucket ",
-              slot_user[op.slot()], ", which is not redistributed yet"));
-        }
-        slot_user[op.slot()] = op.bucket();
-        gathered_on_stream[op.stream()].insert(op.bucket());
-        if (++in_flight > s.prefetch_count() + 1) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              where, ": ", in_flight, " buckets in flight; at most ",
-              s.prefetch_count() + 1));
-        }
-        collectives.push_back({op.bucket(), op.op()});
-      } else if (op.op() == "redistribute" || op.op() == "apply") {
-        if (!gathered_on_stream[op.stream()].count(op.bucket())) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(where, ": comes before the bucket's gather"));
-        }
-        if (op.op() == "redistribute") {
-          if (slot_user[op.slot()] != op.bucket()) {
-            return absl::InvalidArgumentError(
-                absl::StrCat(where, ": slot ", op.slot(), " holds bucket ",
-                             slot_user[op.slot()]));
-          }
-          slot_user[op.slot()] = -1;
-          --in_flight;
-          collectives.push_back({op.bucket(), op.op()});
-        }
-      } else if (op.op() == "orthogonalize") {
-        if (!owners[op.bucket()].count(r)) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              where, ": rank ", r, " owns no matrix of this bucket"));
-        }
-      } else {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where, ": unknown operation"));
-      }
-    }
-    for (int b = 0; b < buckets; ++b) {
-      for (const char* op : {"gather", "redistribute", "apply"}) {
-        if (count[{b, op}] != 1) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("rank ", r, ", bucket ", b, ": ", op, " scheduled ",
-                           count[{b, op}], " times; expected once"));
-        }
-      }
-      const int want = owners[b].count(r) ? 1 : 0;
-      if (count[{b, "orthogonalize"}] != want) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "rank ", r, ", bucket ", b, ": orthogonalize scheduled ",
-            count[{b, "orthogonalize"}], " times; expected ", want));
-      }
-    }
+    absl::Status st = ValidateRankSchedule(s.ranks(r), s, plan, &collectives);
+    if (!st.ok()) return st;
     if (r == 0) {
-      collectives0 = collectives;
+      collectives0 = std::move(collectives);
     } else if (collectives != collectives0) {
       size_t i = 0;
       while (i < collectives.size() && i < collectives0.size() &&

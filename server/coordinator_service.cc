@@ -150,7 +150,7 @@ void CoordinatorService::CompleteJoinsLocked(Completions* completions) {
     absl::StatusOr<v1::JoinResponse> result =
         shutdown_ ? absl::UnavailableError("coordinator is shutting down")
         : state_ == JobState::kPlanned
-            ? absl::StatusOr<v1::JoinResponse>(JoinResponseLocked(waiter.rank))
+            ? absl::StatusOr<v1::JoinResponse>(JoinResponseLocked())
             : absl::StatusOr<v1::JoinResponse>(error_);
     completions->push_back(
         [done = std::move(waiter.done), result = std::move(result)]() mutable {
@@ -273,7 +273,7 @@ absl::StatusOr<v1::JoinResponse> CoordinatorService::JoinLocked(
     it->second.last_seen = now;
     if (it->second.finished) --finished_count_;
     it->second.finished = false;
-    return JoinResponseLocked(rank);
+    return JoinResponseLocked();
   }
   MUON_RETURN_IF_ERROR(CheckJoinLocked(manifest));
   if (join_waiters_.size() >= options_.max_waiting_joins) {
@@ -310,15 +310,12 @@ void CoordinatorService::NoteInProcessRank(int rank) {
   }
 }
 
-v1::JoinResponse CoordinatorService::JoinResponseLocked(int rank) const {
+v1::JoinResponse CoordinatorService::JoinResponseLocked() const {
   v1::JoinResponse response;
-  // PlanForRank(plan_, rank), built from the shared part: O(matrices) per
-  // rank, not O(ranks) (GetPlan serves the whole plan).
+  // PlanForRank(plan_, rank): O(matrices) per rank, not O(ranks); the
+  // plan's schedule is compact, each rank derives its own operations
+  // (GetPlan serves the whole plan, with the loads).
   *response.mutable_plan() = rank_plan_;
-  if (rank >= 0 && rank < plan_.schedule().ranks_size()) {
-    *response.mutable_plan()->mutable_schedule()->add_ranks() =
-        plan_.schedule().ranks(rank);
-  }
   response.set_heartbeat_timeout_ms(
       absl::ToInt64Milliseconds(options_.heartbeat_timeout));
   if (in_process_ranks_.size() == 1) {

@@ -322,11 +322,10 @@ class CoordinatorService {
   std::string MissingRanksLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // OK when a plan exists, else FailedPrecondition saying why.
   absl::Status PlanReadyLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Rank `rank`'s Join response: the plan with only that rank's schedule and
-  // no loads (rank_plan_ plus one RankSchedule), the heartbeat timeout and
-  // the coordinator's host.
-  v1::JoinResponse JoinResponseLocked(int rank) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // A Join response: the plan without loads and with the compact schedule
+  // (rank_plan_; the same for every rank, each derives its own operations),
+  // the heartbeat timeout and the coordinator's host.
+  v1::JoinResponse JoinResponseLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Finds a joined rank with a matching incarnation.
   absl::StatusOr<RankInfo*> FindRankLocked(int rank, uint64_t incarnation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -22,6 +22,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "plan/manifest_validation.h"
 #include "plan/plan_job.h"
+#include "plan/schedule.h"
 #include "tools/validate.h"
 
 ABSL_FLAG(std::string, spec, "", "Job spec file (JSON, muon.v1.JobSpec).");
@@ -603,7 +604,12 @@ int CmdSchedule(const std::vector<std::string>&, std::ostream& out,
     return Fail(err, absl::FailedPreconditionError(absl::StrCat(
                          "plan ", plan.hash(), " has no stream schedule")));
   }
-  const v1::Schedule& s = plan.schedule();
+  // The plan's schedule is compact (each rank derives its list): expand it.
+  const v1::Schedule s =
+      plan.schedule().ranks_size() > 0
+          ? plan.schedule()
+          : MakeSchedule(plan, plan.schedule().mode() == "async",
+                         plan.schedule().prefetch_count());
   if (absl::GetFlag(FLAGS_json)) {
     out << ToJson(s) << "\n";
     return 0;

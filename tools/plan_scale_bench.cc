@@ -11,26 +11,17 @@
 //   1. "muonctl": PlanJobSpec(spec), timed end to end: the real figure.
 //      Jobs over the size limit (matrices x ranks > kMaxMatrixRankBoxes,
 //      common/checked_math.h) are refused here with InvalidArgument.
-//   2. "phases" (unless --nophases): PlanJob's pieces timed one by one,
-//      with the process's RSS and peak RSS (VmRSS/VmHWM) after each:
-//        manifests    ManifestsFromSpec (common/spec.h)
-//        layout       ValidateManifests (plan/manifest_validation.h)
-//        planner      PlannerOptionsForJob + MakePlan (plan/planner.h;
-//                     includes the schedule and the hash)
-//        schedule     MakeSchedule re-run on the finished plan (the share
-//                     of MakePlan spent in it)
-//        hash         PlanHash re-run on the finished plan (likewise)
-//        validate     ValidatePlan (recomputes the hash once)
-//      For a job over the size limit (or with --replica), the first two
-//      phases run replicas in this file that skip only the size checks
-//      (ReplicaManifests: ManifestsFromSpec's body without
-//      ValidateJobSpec; ReplicaLayout: ValidateManifests' per-rank work,
-//      i.e. the union of parameter names, per-entry agreement and local
-//      shape checks, then ParamMatrices, without CheckJobSize and without
-//      the requested-owner and error-message paths), so that the cost of
-//      the O(matrices x ranks) representation can be measured past the
-//      limit. The planner, schedule, hash and ValidatePlan are the real
-//      functions in both modes. Lines from replicas are marked "replica".
+//   2. "phases" (unless --nophases): PlanJobFromSpec's pieces timed one
+//      by one, with the process's RSS and peak RSS (VmRSS/VmHWM) after
+//      each:
+//        layout         LayoutFromSpec (plan/manifest_validation.h)
+//        planner        PlannerOptionsForJob + MakePlan (plan/planner.h;
+//                       includes the compact schedule and the hash)
+//        rank_schedule  MakeRankSchedule for the last rank (what every
+//                       rank derives at Join; plan/schedule.h)
+//        hash           PlanHash re-run on the finished plan
+//        validate       ValidatePlan (recomputes the hash once)
+//      All are the real functions.
 //
 // Output, one line per size and child, e.g.
 //   plan 1024 ranks x 2048 matrices: 9.0 s, peak 1.4 GB, max/mean 1.000
@@ -40,7 +31,7 @@
 // after each child is printed with it (the machine may be busy).
 //
 // Usage: plan_scale_bench [--sizes 1024x10000,4096x10000,16384x100000]
-//          [--time_limit_s 300] [--mem_limit_gb 20] [--nophases] [--replica]
+//          [--time_limit_s 300] [--mem_limit_gb 20] [--nophases]
 //          [--policy lpt|round_robin]
 #include <fcntl.h>
 #include <poll.h>
@@ -59,12 +50,10 @@
 #include <cstring>
 #include <fstream>
 #include <new>
-#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -91,9 +80,6 @@ ABSL_FLAG(double, time_limit_s, 300,
 ABSL_FLAG(double, mem_limit_gb, 20, "RLIMIT_AS of each child, in GiB.");
 ABSL_FLAG(bool, phases, true,
           "Also run a second child per size that times PlanJob's phases.");
-ABSL_FLAG(bool, replica, false,
-          "phases: use the replica manifests/layout phases even under the "
-          "size limit (to compare them with the real ones).");
 // Defined by muonctl_lib (muonctl plan --policy): the assignment policy,
 // empty = the spec's (lpt).
 ABSL_DECLARE_FLAG(std::string, policy);
@@ -177,154 +163,6 @@ class PhaseTimer {
   Clock::time_point t0_;
 };
 
-// ManifestsFromSpec's body (common/spec.cc) without ValidateJobSpec (so
-// without CheckJobSize). The spec is known valid apart from its size.
-absl::StatusOr<std::vector<v1::RankManifest>> ReplicaManifests(
-    const v1::JobSpec& spec) {
-  const Mesh mesh = MeshFromProto(spec.mesh());
-  const int world = mesh.world_size();
-  std::vector<std::vector<Placement>> placements(spec.params_size());
-  std::vector<SubMesh> sub_meshes(spec.params_size());
-  for (int i = 0; i < spec.params_size(); ++i) {
-    const v1::ParamSpec& param = spec.params(i);
-    absl::StatusOr<std::vector<Placement>> p = CheckMatrixPlacements(
-        param.name(), param.placements(), mesh, param.shape_size());
-    if (!p.ok()) return p.status();
-    placements[i] = *std::move(p);
-    absl::StatusOr<SubMesh> s =
-        CheckSubMesh(param.name(), param.sub_mesh(), placements[i], mesh);
-    if (!s.ok()) return s.status();
-    sub_meshes[i] = *std::move(s);
-  }
-  std::vector<v1::RankManifest> manifests(world);
-  for (int r = 0; r < world; ++r) {
-    const std::vector<int> coord = mesh.Coord(r);
-    v1::RankManifest& m = manifests[r];
-    m.set_rank(r);
-    m.set_world_size(world);
-    *m.mutable_mesh() = spec.mesh();
-    *m.mutable_execution() = spec.execution();
-    for (int i = 0; i < spec.params_size(); ++i) {
-      if (!sub_meshes[i].Contains(coord)) continue;
-      const v1::ParamSpec& param = spec.params(i);
-      const std::vector<int64_t> shape(param.shape().begin(),
-                                       param.shape().end());
-      absl::StatusOr<std::vector<Range>> ranges =
-          LocalRanges(shape, placements[i], mesh, coord, sub_meshes[i]);
-      if (!ranges.ok()) return ranges.status();
-      v1::ParamManifest* pm = m.add_params();
-      pm->set_name(param.name());
-      *pm->mutable_global_shape() = param.shape();
-      for (const Range& range : *ranges) pm->add_local_shape(range.size());
-      for (const Placement& p : placements[i]) {
-        pm->add_placements(p.ToString());
-      }
-      pm->set_dtype("float32");
-      *pm->mutable_sub_mesh() = param.sub_mesh();
-    }
-  }
-  return manifests;
-}
-
-// ValidateManifests' per-rank work (plan/manifest_validation.cc) without
-// CheckJobSize: the union of the ranks' parameter names (a hash map lookup
-// and a std::set insert per rank and entry, as BuildUnion), each entry's
-// agreement with the first listing (shape, placements, dtype), the
-// torch.chunk local shape of every (rank, parameter), then ParamMatrices
-// and one MatrixLayout per matrix (as AddParam). Skips the mesh/options
-// agreement checks (O(ranks)), membership of sub-meshes (none here) and
-// requested owners (none here).
-absl::StatusOr<JobLayout> ReplicaLayout(
-    const std::vector<v1::RankManifest>& manifests) {
-  JobLayout layout;
-  const v1::RankManifest& m0 = manifests[0];
-  layout.mesh = MeshFromProto(m0.mesh());
-  layout.world_size = m0.world_size();
-  layout.execution = m0.execution();
-  layout.ns_steps = m0.has_ns_steps() ? m0.ns_steps() : 5;
-  const Mesh& mesh = layout.mesh;
-  const int n = static_cast<int>(manifests.size());
-  absl::flat_hash_map<std::string, int> index;
-  std::vector<const v1::ParamManifest*> first;
-  std::vector<std::vector<int>> listed_on, listed_at;
-  for (int r = 0; r < n; ++r) {
-    std::set<std::string> seen;
-    for (int pos = 0; pos < manifests[r].params_size(); ++pos) {
-      const v1::ParamManifest& p = manifests[r].params(pos);
-      if (!seen.insert(p.name()).second) {
-        return absl::InvalidArgumentError("duplicate parameter");
-      }
-      auto [it, inserted] =
-          index.emplace(p.name(), static_cast<int>(first.size()));
-      if (inserted) {
-        first.push_back(&p);
-        listed_on.emplace_back();
-        listed_at.emplace_back();
-      } else {
-        const v1::ParamManifest& f = *first[it->second];
-        if (!std::equal(f.global_shape().begin(), f.global_shape().end(),
-                        p.global_shape().begin(), p.global_shape().end()) ||
-            f.placements_size() != p.placements_size() ||
-            !std::equal(f.placements().begin(), f.placements().end(),
-                        p.placements().begin()) ||
-            f.dtype() != p.dtype()) {
-          return absl::InvalidArgumentError("parameters disagree");
-        }
-      }
-      listed_on[it->second].push_back(r);
-      listed_at[it->second].push_back(pos);
-    }
-  }
-  for (int i = 0; i < static_cast<int>(first.size()); ++i) {
-    const v1::ParamManifest& p = *first[i];
-    ParamLayout param;
-    param.name = p.name();
-    param.shape.assign(p.global_shape().begin(), p.global_shape().end());
-    absl::StatusOr<std::vector<Placement>> placements = CheckMatrixPlacements(
-        p.name(), p.placements(), mesh, static_cast<int>(param.shape.size()));
-    if (!placements.ok()) return placements.status();
-    param.placements = *std::move(placements);
-    absl::StatusOr<SubMesh> sub_mesh =
-        CheckSubMesh(p.name(), p.sub_mesh(), param.placements, mesh);
-    if (!sub_mesh.ok()) return sub_mesh.status();
-    param.sub_mesh = *std::move(sub_mesh);
-    for (size_t j = 0; j < listed_on[i].size(); ++j) {
-      const int r = listed_on[i][j];
-      absl::StatusOr<std::vector<Range>> ranges = LocalRanges(
-          param.shape, param.placements, mesh, mesh.Coord(r), param.sub_mesh);
-      if (!ranges.ok()) return ranges.status();
-      const v1::ParamManifest& pr = manifests[r].params(listed_at[i][j]);
-      if (pr.local_shape_size() != static_cast<int>(ranges->size())) {
-        return absl::InvalidArgumentError("local shape rank");
-      }
-      for (size_t d = 0; d < ranges->size(); ++d) {
-        if (pr.local_shape(d) != (*ranges)[d].size()) {
-          return absl::InvalidArgumentError("local shape");
-        }
-      }
-    }
-    absl::StatusOr<std::vector<MatrixBoxes>> matrices =
-        ParamMatrices(param.shape, param.placements, mesh, param.sub_mesh);
-    if (!matrices.ok()) return matrices.status();
-    const int param_index = static_cast<int>(layout.params.size());
-    param.first_matrix = static_cast<int>(layout.matrices.size());
-    param.num_matrices = static_cast<int>(matrices->size());
-    for (MatrixBoxes& mb : *matrices) {
-      MatrixLayout m;
-      m.param_index = param_index;
-      m.slice = mb.slice;
-      m.name = param.is_stack() ? absl::StrCat(param.name, "[", mb.slice, "]")
-                                : param.name;
-      m.rows = mb.rows;
-      m.cols = mb.cols;
-      m.boxes = std::move(mb.boxes);
-      layout.matrices.push_back(std::move(m));
-    }
-    layout.params.push_back(std::move(param));
-  }
-  return layout;
-}
-
 std::string LoadRatio(const v1::Plan& plan) {
   const double mean = plan.mean_load_flops();
   return absl::StrFormat("%.3f", mean > 0 ? plan.max_load_flops() / mean : 0);
@@ -347,26 +185,14 @@ void RunMuonctlChild(int fd, int ranks, int matrices,
 }
 
 // Child 2: PlanJob's phases one by one (see the file comment).
-void RunPhasesChild(int fd, int ranks, int matrices, const std::string& policy,
-                    bool force_replica) {
+void RunPhasesChild(int fd, int ranks, int matrices,
+                    const std::string& policy) {
   PhaseTimer t(fd);
   t.Start();
   v1::JobSpec spec = MakeSpec(ranks, matrices);
   if (!policy.empty()) spec.mutable_execution()->set_assignment_policy(policy);
   t.Done("spec");
-  const bool replica =
-      force_replica || static_cast<int64_t>(ranks) * matrices >
-                           static_cast<int64_t>(kMaxMatrixRankBoxes);
-  if (replica) Report(fd, "replica");
-  absl::StatusOr<std::vector<v1::RankManifest>> manifests =
-      replica ? ReplicaManifests(spec) : ManifestsFromSpec(spec);
-  if (!manifests.ok()) {
-    Report(fd, absl::StrCat("error 0 ", manifests.status().ToString()));
-    return;
-  }
-  t.Done("manifests");
-  absl::StatusOr<JobLayout> layout =
-      replica ? ReplicaLayout(*manifests) : ValidateManifests(*manifests);
+  absl::StatusOr<JobLayout> layout = LayoutFromSpec(spec);
   if (!layout.ok()) {
     Report(fd, absl::StrCat("error 0 ", layout.status().ToString()));
     return;
@@ -384,9 +210,8 @@ void RunPhasesChild(int fd, int ranks, int matrices, const std::string& policy,
     return;
   }
   t.Done("planner");
-  const v1::Schedule schedule =
-      MakeSchedule(*plan, options->async, options->prefetch_count);
-  t.Done("schedule");
+  const v1::RankSchedule mine = MakeRankSchedule(*plan, ranks - 1);
+  t.Done("rank_schedule");
   const std::string hash = PlanHash(*plan);
   t.Done("hash");
   absl::Status valid = ValidatePlan(*plan, *layout);
@@ -395,13 +220,11 @@ void RunPhasesChild(int fd, int ranks, int matrices, const std::string& policy,
     return;
   }
   t.Done("validate");
-  Report(fd, absl::StrFormat("sizes plan_bytes=%d schedule_bytes=%d buckets=%d "
-                             "boxes_bytes=%d",
-                             plan->ByteSizeLong(), schedule.ByteSizeLong(),
-                             plan->buckets_size(),
-                             static_cast<int64_t>(layout->matrices.size()) *
-                                 layout->world_size *
-                                 static_cast<int64_t>(sizeof(Box))));
+  Report(fd, absl::StrFormat("sizes plan_bytes=%d join_response_bytes=%d "
+                             "rank_schedule_bytes=%d buckets=%d",
+                             plan->ByteSizeLong(),
+                             PlanForRank(*plan, 0).ByteSizeLong(),
+                             mine.ByteSizeLong(), plan->buckets_size()));
   Report(fd, absl::StrFormat("ok 0 %s", LoadRatio(*plan)));
 }
 
@@ -532,7 +355,7 @@ std::string Failure(const ChildResult& r, double time_limit_s,
 int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "plan_scale_bench [--sizes 1024x10000,...] [--time_limit_s 300] "
-      "[--mem_limit_gb 20] [--nophases] [--replica] [--policy P]");
+      "[--mem_limit_gb 20] [--nophases] [--policy P]");
   absl::ParseCommandLine(argc, argv);
   std::vector<bench::Shape> sizes;
   if (!bench::ParseSizes(absl::GetFlag(FLAGS_sizes), "plan_scale_bench",
@@ -542,7 +365,6 @@ int Main(int argc, char** argv) {
   const double time_limit = absl::GetFlag(FLAGS_time_limit_s);
   const double mem_limit = absl::GetFlag(FLAGS_mem_limit_gb);
   const std::string policy = absl::GetFlag(FLAGS_policy);
-  const bool force_replica = absl::GetFlag(FLAGS_replica);
   std::printf(
       "plan_scale_bench: nproc %ld, memory %.1f GB, limits %.0f s and %g "
       "GiB per child, size limit matrices x ranks <= %lld\n",
@@ -587,12 +409,8 @@ int Main(int argc, char** argv) {
 
     // 2. The phases.
     load0 = Load1();
-    r = RunChild(
-        [&](int fd) {
-          RunPhasesChild(fd, ranks, matrices, policy, force_replica);
-        },
-        time_limit, mem_limit);
-    bool replica = false;
+    r = RunChild([&](int fd) { RunPhasesChild(fd, ranks, matrices, policy); },
+                 time_limit, mem_limit);
     std::vector<std::string> phases;
     std::string extra, ratio_text;
     double total = 0;
@@ -601,10 +419,8 @@ int Main(int argc, char** argv) {
       double s = 0;
       long long rss = 0, hwm = 0;
       char ratio[32] = {0};
-      if (l == "replica") {
-        replica = true;
-      } else if (std::sscanf(l.c_str(), "phase %31s %lf %lld %lld", name, &s,
-                             &rss, &hwm) == 4) {
+      if (std::sscanf(l.c_str(), "phase %31s %lf %lld %lld", name, &s, &rss,
+                      &hwm) == 4) {
         total += s;
         phases.push_back(absl::StrFormat("%s %.2f s (rss %s, peak %s)", name, s,
                                          Gb(rss), Gb(hwm)));
@@ -621,10 +437,8 @@ int Main(int argc, char** argv) {
       line = absl::StrFormat("%.2f s in phases, peak %s, max/mean %s", total,
                              Gb(r.peak_bytes), ratio_text);
     }
-    std::printf(
-        "%s, phases%s: %s [load %.2f -> %.2f]\n", what.c_str(),
-        replica ? " (replica manifests/layout, size limit skipped)" : "",
-        line.c_str(), load0, Load1());
+    std::printf("%s, phases: %s [load %.2f -> %.2f]\n", what.c_str(),
+                line.c_str(), load0, Load1());
     for (const std::string& p : phases) std::printf("    %s\n", p.c_str());
     if (!extra.empty()) std::printf("    %s\n", extra.c_str());
     std::fflush(stdout);

@@ -129,7 +129,7 @@ TEST_P(LocalPlanTest,
   EXPECT_EQ(local_plan.hash(), joined_plan.hash());
   EXPECT_EQ(local_plan.hash(), offline->plan.hash());
   // Through a coordinator, the rank holds the plan as it needs it: every
-  // matrix and bucket, its own schedule, no loads (PlanForRank).
+  // matrix and bucket, the compact schedule, no loads (PlanForRank).
   EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(
       PlanForRank(local_plan, 0), joined_plan))
       << local_plan.DebugString() << joined_plan.DebugString();

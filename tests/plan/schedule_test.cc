@@ -133,5 +133,72 @@ TEST(ScheduleTest, ValidateSchedule_WrongSlotCount_ReturnsInvalidArgument) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("slots")));
 }
 
+// A plan with the compact schedule MakePlan puts in it.
+v1::Plan WithHeader(v1::Plan plan, bool async, int prefetch) {
+  *plan.mutable_schedule() = MakeScheduleHeader(plan, async, prefetch);
+  return plan;
+}
+
+TEST(ScheduleTest, MakeScheduleHeader_HasNoRankListsAndNamesTheDerivation) {
+  const v1::Plan plan = WithHeader(MakeTestPlan(4, 6), /*async=*/true, 2);
+  EXPECT_EQ(plan.schedule().ranks_size(), 0);
+  EXPECT_EQ(plan.schedule().derivation(), kScheduleDerivation);
+  EXPECT_EQ(plan.schedule().prefetch_count(), 2);
+  EXPECT_EQ(plan.schedule().slots(), 3);
+  EXPECT_THAT(ValidateSchedule(plan.schedule(), plan), IsOk());
+}
+
+TEST(ScheduleTest, MakeRankSchedule_EqualsTheExplicitListOfEveryRank) {
+  for (bool async : {false, true}) {
+    const v1::Plan plan = WithHeader(MakeTestPlan(3, 7), async, 2);
+    const v1::Schedule explicit_form = MakeSchedule(plan, async, 2);
+    ASSERT_EQ(explicit_form.ranks_size(), 3);
+    for (int r = 0; r < 3; ++r) {
+      const v1::RankSchedule derived = MakeRankSchedule(plan, r);
+      EXPECT_EQ(derived.SerializeAsString(),
+                explicit_form.ranks(r).SerializeAsString())
+          << "rank " << r << " async " << async;
+      EXPECT_THAT(ValidateRankSchedule(derived, plan.schedule(), plan), IsOk());
+    }
+  }
+}
+
+TEST(ScheduleTest, CompactSchedule_SizeDoesNotGrowWithRanks) {
+  // 16 buckets over 4 and over 4096 ranks: the explicit form grows with the
+  // ranks, the compact one does not.
+  const v1::Plan small = WithHeader(MakeTestPlan(4, 16), true, 1);
+  const v1::Plan large = WithHeader(MakeTestPlan(4096, 16), true, 1);
+  EXPECT_EQ(small.schedule().ByteSizeLong(), large.schedule().ByteSizeLong());
+  EXPECT_GT(MakeSchedule(large, true, 1).ByteSizeLong(),
+            100 * MakeSchedule(small, true, 1).ByteSizeLong());
+}
+
+TEST(ScheduleTest, ValidateSchedule_CompactWithOtherDerivation_IsRefused) {
+  v1::Plan plan = WithHeader(MakeTestPlan(2, 3), /*async=*/true, 1);
+  plan.mutable_schedule()->set_derivation("muon-schedule-v0");
+  EXPECT_THAT(ValidateSchedule(plan.schedule(), plan),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("derivation \"muon-schedule-v0\"")));
+}
+
+TEST(ScheduleTest, ValidateSchedule_CompactWithTooFewSlots_IsRefused) {
+  v1::Plan plan = WithHeader(MakeTestPlan(2, 3), /*async=*/true, 1);
+  plan.mutable_schedule()->set_slots(1);
+  EXPECT_THAT(ValidateSchedule(plan.schedule(), plan),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("slots")));
+}
+
+TEST(ScheduleTest, ValidateRankSchedule_OrthogonalizeOnNonOwner_NamesTheRank) {
+  const v1::Plan plan = WithHeader(MakeTestPlan(2, 2), /*async=*/true, 1);
+  v1::RankSchedule rs = MakeRankSchedule(plan, 1);
+  v1::ScheduledOp* op = rs.add_ops();  // bucket 0 is rank 0's
+  op->set_bucket(0);
+  op->set_op("orthogonalize");
+  op->set_stream("compute");
+  EXPECT_THAT(ValidateRankSchedule(rs, plan.schedule(), plan),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("rank 1, bucket 0, orthogonalize")));
+}
+
 }  // namespace
 }  // namespace muon

@@ -12,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "plan/planner.h"
+#include "plan/schedule.h"
 #include "tests/server/fake_clock.h"
 #include "tests/server/test_specs.h"
 #include "tests/status_matchers.h"
@@ -77,8 +78,9 @@ TEST_F(CoordinatorServiceTest, Join_AllRanks_SamePlanToEveryRank) {
   EXPECT_EQ(plan.matrices_size(), 3);
   EXPECT_EQ(plan.policy(), "lpt");
   EXPECT_FALSE(plan.hash().empty());
-  // Each rank gets the whole plan's matrices, buckets and hash with only
-  // its own schedule (PlanForRank); GetPlan has the whole plan.
+  // Each rank gets the whole plan's matrices, buckets and hash with the
+  // compact schedule (PlanForRank; each rank derives its own operations);
+  // GetPlan has the whole plan.
   absl::StatusOr<v1::Plan> full = service.GetPlan(v1::GetPlanRequest());
   ASSERT_THAT(full, IsOk());
   EXPECT_EQ(full->hash(), plan.hash());
@@ -86,8 +88,8 @@ TEST_F(CoordinatorServiceTest, Join_AllRanks_SamePlanToEveryRank) {
   for (int r = 0; r < 4; ++r) {
     EXPECT_EQ(results[r]->plan().SerializeAsString(),
               PlanForRank(*full, r).SerializeAsString());
-    ASSERT_EQ(results[r]->plan().schedule().ranks_size(), 1);
-    EXPECT_EQ(results[r]->plan().schedule().ranks(0).rank(), r);
+    EXPECT_EQ(results[r]->plan().schedule().ranks_size(), 0);
+    EXPECT_EQ(results[r]->plan().schedule().derivation(), kScheduleDerivation);
   }
   absl::StatusOr<v1::JobInfo> job = service.GetJob(v1::GetJobRequest());
   ASSERT_THAT(job, IsOk());
@@ -141,7 +143,7 @@ TEST_F(CoordinatorServiceTest,
   const v1::Plan& plan = results[0]->plan();
   EXPECT_EQ(plan.world_size(), 8);
   ASSERT_EQ(plan.matrices_size(), 8);  // the union of both stages
-  for (const auto& r : results) {      // the same plan, each its own schedule
+  for (const auto& r : results) {      // the same plan for every rank
     EXPECT_EQ(PlanForRank(r->plan(), -1).SerializeAsString(),
               PlanForRank(plan, -1).SerializeAsString());
   }

@@ -83,7 +83,7 @@ TEST(GrpcIntegrationTest, JoinKeyValueListRanks_OverLoopback_Work) {
   for (std::thread& t : threads) t.join();
   ASSERT_THAT(results[0], IsOk());
   ASSERT_THAT(results[1], IsOk());
-  // Same plan for both ranks, each with its own schedule only.
+  // Same plan for both ranks (each derives its own schedule).
   EXPECT_EQ(results[0]->plan().hash(), results[1]->plan().hash());
   EXPECT_EQ(PlanForRank(results[0]->plan(), -1).SerializeAsString(),
             PlanForRank(results[1]->plan(), -1).SerializeAsString());
