@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "plan/compact_manifest.h"
 
 namespace muon {
 
@@ -30,10 +31,23 @@ Agent::~Agent() { Stop(); }
 absl::StatusOr<v1::Plan> Agent::Join(const v1::RankManifest& manifest,
                                      int64_t timeout_ms) {
   v1::JoinRequest request;
-  *request.mutable_manifest() = manifest;
   request.set_incarnation(incarnation_);
   request.set_timeout_ms(timeout_ms);
+  // Rank 0 defines the layout; the others send O(1) bytes when theirs
+  // follows from it (plan/compact_manifest.h).
+  if (options_.compact_manifest && manifest.rank() != 0 &&
+      CheckManifestFollowsLayout(manifest).ok()) {
+    *request.mutable_compact() = MakeCompactManifest(manifest);
+  } else {
+    *request.mutable_manifest() = manifest;
+  }
   MUON_ASSIGN_OR_RETURN(v1::JoinResponse response, client_->Join(request));
+  if (response.send_full_manifest()) {
+    // Our layout differs from rank 0's: the full manifest names how.
+    request.clear_compact();
+    *request.mutable_manifest() = manifest;
+    MUON_ASSIGN_OR_RETURN(response, client_->Join(request));
+  }
   absl::MutexLock lock(&mu_);
   if (response.heartbeat_timeout_ms() > 0) {
     heartbeat_timeout_ = absl::Milliseconds(response.heartbeat_timeout_ms());
@@ -50,7 +64,8 @@ absl::Status Agent::ConfirmPlanHash(const std::string& hash, int world_size,
                                     absl::Duration timeout) {
   MUON_RETURN_IF_ERROR(
       client_->KeySet(absl::StrCat("plan_hash/", rank_), hash));
-  for (int r = 0; r < world_size; ++r) {
+  for (int r : {0, (rank_ + 1) % std::max(1, world_size)}) {
+    if (r == rank_) continue;
     absl::StatusOr<std::string> other =
         client_->KeyGet(absl::StrCat("plan_hash/", r), timeout);
     if (!other.ok()) {
@@ -60,9 +75,13 @@ absl::Status Agent::ConfirmPlanHash(const std::string& hash, int world_size,
                        "'s plan hash: ", other.status().message()));
     }
     if (*other != hash) {
-      return absl::FailedPreconditionError(absl::StrCat(
+      const absl::Status mismatch = absl::FailedPreconditionError(absl::StrCat(
           "rank ", rank_, " holds plan ", hash, " but rank ", r, " holds plan ",
           *other, "; every rank must run the same plan"));
+      // The coordinator makes it the job error: the ranks whose neighbours
+      // agree abort too.
+      SendReport(std::string(mismatch.message()), /*leaving=*/false);
+      return mismatch;
     }
   }
   return absl::OkStatus();

@@ -22,51 +22,47 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
-// The manifests every rank sends, derived from this rank's view: each rank
-// lists the parameters whose sub-mesh contains it, with the local shape the
-// torch.chunk rule gives it (this rank's own local shape for itself, so the
-// coordinator checks it). `owners[i]` are the requested owners of parameter
-// i's matrices (empty = none).
-absl::StatusOr<std::vector<v1::RankManifest>> AllManifests(
-    const std::vector<ParamView>& params, const DistributedState& state,
+// Rank r's manifest, derived from this rank's view: the parameters whose
+// sub-mesh contains r, with the local shape the torch.chunk rule gives it
+// (this rank's own local shape for itself, so the coordinator checks it).
+// `owners[i]` are the requested owners of parameter i's matrices (empty =
+// none). O(parameters).
+absl::StatusOr<v1::RankManifest> ManifestOfRank(
+    int r, const std::vector<ParamView>& params, const DistributedState& state,
     const v1::ExecutionOptions& execution,
     const std::vector<std::vector<int>>& owners) {
-  std::vector<v1::RankManifest> manifests;
-  for (int r = 0; r < state.mesh.world_size(); ++r) {
-    const std::vector<int> coord = state.mesh.Coord(r);
-    v1::RankManifest m;
-    m.set_rank(r);
-    m.set_world_size(state.world_size);
-    *m.mutable_mesh() = MeshToProto(state.mesh);
-    *m.mutable_execution() = execution;
-    for (size_t i = 0; i < params.size(); ++i) {
-      const ParamView& p = params[i];
-      const ParamPlacement& pl = state.param_placements[i];
-      if (!pl.sub_mesh.Contains(coord)) continue;
-      v1::ParamManifest* pm = m.add_params();
-      pm->set_name(p.name);
-      pm->set_dtype(std::string(DTypeName(p.dtype)));
-      for (int64_t d : p.shape()) pm->add_global_shape(d);
-      for (const Placement& x : pl.placements) pm->add_placements(x.ToString());
-      for (size_t k = 0; k < pl.sub_mesh.dims.size(); ++k) {
-        (*pm->mutable_sub_mesh())[state.mesh.names[pl.sub_mesh.dims[k]]] =
-            pl.sub_mesh.coords[k];
-      }
-      if (r == state.rank) {
-        for (int64_t d : p.local_shape) pm->add_local_shape(d);
-      } else {
-        MUON_ASSIGN_OR_RETURN(std::vector<Range> ranges,
-                              LocalRanges(p.shape(), pl.placements, state.mesh,
-                                          coord, pl.sub_mesh));
-        for (const Range& x : ranges) pm->add_local_shape(x.size());
-      }
-      if (!owners.empty()) {
-        for (int o : owners[i]) m.add_requested_owners(o);
-      }
+  const std::vector<int> coord = state.mesh.Coord(r);
+  v1::RankManifest m;
+  m.set_rank(r);
+  m.set_world_size(state.world_size);
+  *m.mutable_mesh() = MeshToProto(state.mesh);
+  *m.mutable_execution() = execution;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamView& p = params[i];
+    const ParamPlacement& pl = state.param_placements[i];
+    if (!pl.sub_mesh.Contains(coord)) continue;
+    v1::ParamManifest* pm = m.add_params();
+    pm->set_name(p.name);
+    pm->set_dtype(std::string(DTypeName(p.dtype)));
+    for (int64_t d : p.shape()) pm->add_global_shape(d);
+    for (const Placement& x : pl.placements) pm->add_placements(x.ToString());
+    for (size_t k = 0; k < pl.sub_mesh.dims.size(); ++k) {
+      (*pm->mutable_sub_mesh())[state.mesh.names[pl.sub_mesh.dims[k]]] =
+          pl.sub_mesh.coords[k];
     }
-    manifests.push_back(std::move(m));
+    if (r == state.rank) {
+      for (int64_t d : p.local_shape) pm->add_local_shape(d);
+    } else {
+      MUON_ASSIGN_OR_RETURN(std::vector<Range> ranges,
+                            LocalRanges(p.shape(), pl.placements, state.mesh,
+                                        coord, pl.sub_mesh));
+      for (const Range& x : ranges) pm->add_local_shape(x.size());
+    }
+    if (!owners.empty()) {
+      for (int o : owners[i]) m.add_requested_owners(o);
+    }
   }
-  return manifests;
+  return m;
 }
 
 }  // namespace
@@ -318,10 +314,15 @@ absl::Status CheckLocal(const std::vector<ParamView>& ps, bool distributed,
 }  // namespace
 
 absl::Status Muon::JoinOrPlan(const DistributedConfig& config,
-                              const std::vector<v1::RankManifest>& manifests,
+                              const ManifestOf& manifest_of,
                               bool uses_sub_mesh) {
   const DistributedState& state = config.state;
   if (state.coordinator == nullptr) {
+    std::vector<v1::RankManifest> manifests;
+    for (int r = 0; r < state.mesh.world_size(); ++r) {
+      MUON_ASSIGN_OR_RETURN(v1::RankManifest m, manifest_of(r));
+      manifests.push_back(std::move(m));
+    }
     MUON_ASSIGN_OR_RETURN(plan_, PlanLocally(manifests, config, uses_sub_mesh));
     return absl::OkStatus();
   }
@@ -329,8 +330,8 @@ absl::Status Muon::JoinOrPlan(const DistributedConfig& config,
   // answers every rank with the same plan or the same error.
   agent_ = std::make_unique<Agent>(state.coordinator, state.rank,
                                    state.incarnation, Agent::Options{});
-  absl::StatusOr<v1::Plan> plan =
-      agent_->Join(manifests[state.rank], state.join_timeout_ms);
+  MUON_ASSIGN_OR_RETURN(v1::RankManifest manifest, manifest_of(state.rank));
+  absl::StatusOr<v1::Plan> plan = agent_->Join(manifest, state.join_timeout_ms);
   if (!plan.ok()) return plan.status();
   plan_ = *std::move(plan);
   MUON_RETURN_IF_ERROR(
@@ -404,12 +405,15 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
   execution.set_bucket_size_bytes(config.bucket_size_bytes);
   execution.set_async_gpu_parallelism(config.async_gpu_parallelism);
   execution.set_prefetch_count(config.prefetch_count);
-  MUON_ASSIGN_OR_RETURN(
-      std::vector<v1::RankManifest> manifests,
-      AllManifests(muon->params_, state, execution, requested));
-  for (v1::RankManifest& m : manifests) m.set_ns_steps(options.ns_steps);
+  auto manifest_of = [&](int r) -> absl::StatusOr<v1::RankManifest> {
+    MUON_ASSIGN_OR_RETURN(
+        v1::RankManifest m,
+        ManifestOfRank(r, muon->params_, state, execution, requested));
+    m.set_ns_steps(options.ns_steps);
+    return m;
+  };
   MUON_RETURN_IF_ERROR(
-      muon->JoinOrPlan(config, manifests, local.uses_sub_mesh));
+      muon->JoinOrPlan(config, manifest_of, local.uses_sub_mesh));
   muon->matrices_ = std::move(local.infos);
   MUON_RETURN_IF_ERROR(muon->MakeDataPath(config, std::move(local.geometry)));
   MUON_ASSIGN_OR_RETURN(muon->rule_, MakeUpdateRule(options));

@@ -272,10 +272,12 @@ class Muon {
  private:
   Muon() = default;
   // Create's stages: the plan (from the coordinator, or local), then the
-  // communicator, Newton-Schulz engine and step executor.
+  // communicator, Newton-Schulz engine and step executor. `manifest_of(r)`
+  // is rank r's manifest as this rank derives it: a coordinator gets only
+  // this rank's (O(parameters)); a local plan needs every rank's.
+  using ManifestOf = std::function<absl::StatusOr<v1::RankManifest>(int)>;
   absl::Status JoinOrPlan(const DistributedConfig& config,
-                          const std::vector<v1::RankManifest>& manifests,
-                          bool uses_sub_mesh);
+                          const ManifestOf& manifest_of, bool uses_sub_mesh);
   absl::Status MakeDataPath(const DistributedConfig& config,
                             std::vector<MatrixGeometry> geometry);
   // Re-reads bound Parameters' pointers and checks every gradient.

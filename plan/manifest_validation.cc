@@ -108,6 +108,55 @@ int NsStepsOf(const v1::RankManifest& m) {
   return m.has_ns_steps() ? m.ns_steps() : kDefaultNsSteps;
 }
 
+// Checks that rank r's mesh, execution options and ns_steps agree with
+// rank 0's (the mesh of rank 0 is `mesh0`, already validated).
+absl::Status CheckRankAgreesWithRank0(const v1::RankManifest& m0,
+                                      const Mesh& mesh0,
+                                      const v1::RankManifest& mr, int r) {
+  const Mesh mesh = MeshFromProto(mr.mesh());
+  if (mesh != mesh0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", r, " reports mesh ", mesh.ToString(),
+                     " but rank 0 reports ", mesh0.ToString()));
+  }
+  // Execution options that shape the plan must agree.
+  const v1::ExecutionOptions& e = mr.execution();
+  if (e.assignment_policy() != m0.execution().assignment_policy()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", r, " reports assignment_policy ",
+                     Quoted(e.assignment_policy()), " but rank 0 reports ",
+                     Quoted(m0.execution().assignment_policy())));
+  }
+  if (e.async_gpu_parallelism() != m0.execution().async_gpu_parallelism() ||
+      e.prefetch_count() != m0.execution().prefetch_count()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", r, " runs async_gpu_parallelism=",
+        e.async_gpu_parallelism() ? "true" : "false", " prefetch_count=",
+        e.prefetch_count(), " but rank 0 runs async_gpu_parallelism=",
+        m0.execution().async_gpu_parallelism() ? "true" : "false",
+        " prefetch_count=", m0.execution().prefetch_count(),
+        "; every rank must use the same execution mode"));
+  }
+  if (e.bucket_size_bytes() != m0.execution().bucket_size_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", r, " reports bucket_size_bytes ", e.bucket_size_bytes(),
+        " but rank 0 reports ", m0.execution().bucket_size_bytes()));
+  }
+  // The optimizer's Newton-Schulz iterations: the cost model's k.
+  const int k = NsStepsOf(mr);
+  if (k < 0 || k >= kMaxNsSteps) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", r, " reports ns_steps ", k, "; must be in [0, ",
+                     kMaxNsSteps, ")"));
+  }
+  if (k != NsStepsOf(m0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", r, " reports ns_steps ", k, " but rank 0 reports ",
+        NsStepsOf(m0), "; every rank must run the same optimizer"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckRanksMeshAndOptions(
     const std::vector<v1::RankManifest>& manifests, JobLayout* layout) {
   const int n = static_cast<int>(manifests.size());
@@ -137,57 +186,12 @@ absl::Status CheckRanksMeshAndOptions(
         "mesh ", layout->mesh.ToString(), " has ", layout->mesh.world_size(),
         " ranks but the world size is ", n));
   }
-  for (int r = 1; r < n; ++r) {
-    const Mesh mesh = MeshFromProto(manifests[r].mesh());
-    if (mesh != layout->mesh) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("rank ", r, " reports mesh ", mesh.ToString(),
-                       " but rank 0 reports ", layout->mesh.ToString()));
-    }
+  for (int r = 0; r < n; ++r) {
+    MUON_RETURN_IF_ERROR(
+        CheckRankAgreesWithRank0(m0, layout->mesh, manifests[r], r));
   }
   layout->world_size = n;
-
-  // Execution options that shape the plan must agree.
-  for (int r = 1; r < n; ++r) {
-    const v1::ExecutionOptions& e = manifests[r].execution();
-    if (e.assignment_policy() != m0.execution().assignment_policy()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("rank ", r, " reports assignment_policy ",
-                       Quoted(e.assignment_policy()), " but rank 0 reports ",
-                       Quoted(m0.execution().assignment_policy())));
-    }
-    if (e.async_gpu_parallelism() != m0.execution().async_gpu_parallelism() ||
-        e.prefetch_count() != m0.execution().prefetch_count()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", r, " runs async_gpu_parallelism=",
-          e.async_gpu_parallelism() ? "true" : "false", " prefetch_count=",
-          e.prefetch_count(), " but rank 0 runs async_gpu_parallelism=",
-          m0.execution().async_gpu_parallelism() ? "true" : "false",
-          " prefetch_count=", m0.execution().prefetch_count(),
-          "; every rank must use the same execution mode"));
-    }
-    if (e.bucket_size_bytes() != m0.execution().bucket_size_bytes()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", r, " reports bucket_size_bytes ", e.bucket_size_bytes(),
-          " but rank 0 reports ", m0.execution().bucket_size_bytes()));
-    }
-  }
   layout->execution = m0.execution();
-
-  // The optimizer's Newton-Schulz iterations: the cost model's k.
-  for (int r = 0; r < n; ++r) {
-    const int k = NsStepsOf(manifests[r]);
-    if (k < 0 || k >= kMaxNsSteps) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("rank ", r, " reports ns_steps ", k, "; must be in [0, ",
-                       kMaxNsSteps, ")"));
-    }
-    if (k != NsStepsOf(m0)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", r, " reports ns_steps ", k, " but rank 0 reports ",
-          NsStepsOf(m0), "; every rank must run the same optimizer"));
-    }
-  }
   layout->ns_steps = NsStepsOf(m0);
   return absl::OkStatus();
 }
@@ -535,6 +539,53 @@ absl::StatusOr<JobLayout> LayoutFromSpec(const v1::JobSpec& spec) {
     MUON_RETURN_IF_ERROR(AppendParam(std::move(param), what, &layout, &cache));
   }
   return layout;
+}
+
+absl::Status DiagnoseLayoutMismatch(const v1::RankManifest& m0,
+                                    const v1::RankManifest& mr) {
+  const int r = mr.rank();
+  if (mr.world_size() != m0.world_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", r, " reports world size ", mr.world_size(),
+                     " but rank 0 reports ", m0.world_size()));
+  }
+  const Mesh mesh0 = MeshFromProto(m0.mesh());
+  MUON_RETURN_IF_ERROR(CheckRankAgreesWithRank0(m0, mesh0, mr, r));
+  std::map<std::string, int> index0;
+  for (int i = 0; i < m0.params_size(); ++i) index0[m0.params(i).name()] = i;
+  std::map<std::string, int> index_r;
+  int last = -1;
+  for (int i = 0; i < mr.params_size(); ++i) {
+    const v1::ParamManifest& pr = mr.params(i);
+    index_r[pr.name()] = i;
+    auto it = index0.find(pr.name());
+    if (it == index0.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter ", Quoted(pr.name()), " is listed on rank ", r,
+          " but not on rank 0 (the same layout on every rank "
+          "was expected: no sub-mesh)"));
+    }
+    MUON_RETURN_IF_ERROR(CheckParamAgrees(m0.params(it->second), 0, pr, r));
+    if (it->second < last) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter ", Quoted(pr.name()), ": rank ", r,
+                       " lists its parameters in another order than rank 0"));
+    }
+    last = it->second;
+  }
+  for (const v1::ParamManifest& p0 : m0.params()) {
+    if (!index_r.count(p0.name())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter ", Quoted(p0.name()),
+                       " (no sub-mesh: every rank) is missing on rank ", r));
+    }
+  }
+  if (mr.requested_owners_size() != m0.requested_owners_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", r, " requests ", mr.requested_owners_size(),
+        " owners but rank 0 requests ", m0.requested_owners_size()));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace muon

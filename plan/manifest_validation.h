@@ -126,6 +126,19 @@ absl::StatusOr<JobLayout> ValidateManifests(
 //   kMaxMatrixRankBoxes boxes (names the count).
 absl::StatusOr<JobLayout> LayoutFromSpec(const v1::JobSpec& spec);
 
+// Names the first difference between rank 0's manifest `m0` and another
+// rank's `mr` that ValidateManifests would report for a job whose ranks
+// share one layout: world size, mesh, execution options, ns_steps, a
+// parameter listed on one rank only, a shared parameter's global shape,
+// placements, dtype or sub_mesh, the order of the list, the number of
+// requested owners. Used to diagnose a compact manifest whose layout hash
+// differs (plan/compact_manifest.h). O(parameters).
+// Returns InvalidArgument naming the parameter, rank and values, e.g.
+//   `parameter "fc1.weight": rank 2 reports global shape [64, 32] but rank
+//   0 reports [32, 64]`; OK when no difference is found.
+absl::Status DiagnoseLayoutMismatch(const v1::RankManifest& m0,
+                                    const v1::RankManifest& mr);
+
 // Boxes computed once per distinct (shape, placements, sub-mesh), shared by
 // the matrices of AppendParam calls with the same cache.
 struct LayoutCache {

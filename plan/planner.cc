@@ -316,15 +316,13 @@ v1::Plan PlanForRank(const v1::Plan& plan, int rank) {
   return out;
 }
 
-std::string PlanHash(const v1::Plan& plan) {
-  v1::Plan copy = plan;
-  copy.clear_hash();
+std::string StableMessageHash(const google::protobuf::Message& message) {
   std::string bytes;
   {
     google::protobuf::io::StringOutputStream stream(&bytes);
     google::protobuf::io::CodedOutputStream coded(&stream);
     coded.SetSerializationDeterministic(true);
-    copy.SerializeToCodedStream(&coded);
+    message.SerializeToCodedStream(&coded);
   }
   uint64_t h = 14695981039346656037ULL;  // FNV-1a 64 offset basis
   for (unsigned char c : bytes) {
@@ -335,6 +333,12 @@ std::string PlanHash(const v1::Plan& plan) {
   std::snprintf(hex, sizeof(hex), "%016llx",
                 static_cast<unsigned long long>(h));
   return std::string(hex, 16);
+}
+
+std::string PlanHash(const v1::Plan& plan) {
+  v1::Plan copy = plan;
+  copy.clear_hash();
+  return StableMessageHash(copy);
 }
 
 absl::Status ValidatePlan(const v1::Plan& plan, const JobLayout& layout) {

@@ -32,6 +32,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "google/protobuf/message.h"
 #include "muon/v1/coordinator.pb.h"
 #include "plan/manifest_validation.h"
 
@@ -106,9 +107,12 @@ double LoadLowerBoundFlops(const v1::Plan& plan);
 // whole plan's. O(matrices) instead of O(ranks) per rank.
 v1::Plan PlanForRank(const v1::Plan& plan, int rank);
 
-// Stable hash of a plan: FNV-1a 64 over the deterministic protobuf
-// serialization of the plan with `hash` cleared, as 16 lowercase hex digits.
-// Equal plans hash equally in every process (unlike absl::Hash).
+// FNV-1a 64 (Fowler, Noll, Vo) over the deterministic protobuf
+// serialization of `message`, as 16 lowercase hex digits. Equal messages
+// hash equally in every process and build (unlike absl::Hash).
+std::string StableMessageHash(const google::protobuf::Message& message);
+
+// Stable hash of a plan: StableMessageHash of the plan with `hash` cleared.
 std::string PlanHash(const v1::Plan& plan);
 
 // Checks a plan against the layout: world size; one MatrixPlan per layout

@@ -9,7 +9,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "common/checked_math.h"
+#include "common/spec.h"
 #include "common/status_macros.h"
+#include "plan/compact_manifest.h"
+#include "plan/manifest_validation.h"
 #include "plan/plan_job.h"
 #include "plan/planner.h"
 
@@ -116,27 +119,120 @@ void CoordinatorService::FailLocked(absl::Status status) {
 }
 
 void CoordinatorService::PlanLocked(Completions* completions) {
-  std::vector<v1::RankManifest> manifests;
-  manifests.reserve(world_size_);
-  for (int r = 0; r < world_size_; ++r) manifests.push_back(ranks_[r].manifest);
-
-  absl::StatusOr<JobPlan> job =
-      PlanJob(manifests, options_.job_id, options_.plan_defaults);
+  absl::StatusOr<std::optional<JobPlan>> job = PlanJoinedLocked(completions);
+  if (job.ok() && !job->has_value()) return;  // ranks asked to resend
   if (!job.ok()) {
     FailLocked(job.status());
     CompleteJoinsLocked(completions);
     return;
   }
-  plan_ = std::move(job->plan);
+  std::optional<JobPlan>& planned = *job;
+  plan_ = std::move(planned->plan);
   rank_plan_ = PlanForRank(plan_, /*rank=*/-1);  // no rank's schedule
   matrix_names_.clear();
-  for (const MatrixLayout& m : job->layout.matrices) {
+  for (const MatrixLayout& m : planned->layout.matrices) {
     matrix_names_.push_back(m.name);
   }
   state_ = JobState::kPlanned;
   CompleteJoinsLocked(completions);
   const absl::Time now = options_.now();
   for (auto& [rank, info] : ranks_) info.last_seen = now;
+}
+
+absl::StatusOr<bool> CoordinatorService::FollowsRank0Locked(
+    std::vector<int>* resend) const {
+  const RankInfo& info0 = ranks_.at(0);
+  if (info0.compact) {
+    return absl::InvalidArgumentError(
+        "rank 0 sent a compact manifest; rank 0 must send its full manifest "
+        "(it defines the job's layout)");
+  }
+  const v1::RankManifest& m0 = info0.manifest;
+  if (!CheckManifestFollowsLayout(m0).ok()) {
+    // No shared layout (pipeline stages, requested owners, ...): every
+    // compact rank sends its full manifest and the full checks run.
+    for (const auto& [rank, info] : ranks_) {
+      if (info.compact) resend->push_back(rank);
+    }
+    return false;
+  }
+  const std::string h0 = ManifestLayoutHash(m0);
+  const Mesh mesh = MeshFromProto(m0.mesh());
+  bool follows = true;
+  for (const auto& [rank, info] : ranks_) {
+    if (rank == 0) continue;
+    if (info.compact) {
+      const std::vector<int> want = mesh.Coord(rank);
+      const auto& got = info.compact_manifest.coord();
+      if (!std::equal(want.begin(), want.end(), got.begin(), got.end())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "rank ", rank, " reports mesh coordinate (",
+            absl::StrJoin(got, ", "), ") but rank ", rank, " of mesh ",
+            mesh.ToString(), " is at (", absl::StrJoin(want, ", "), ")"));
+      }
+      if (info.compact_manifest.layout_hash() != h0) resend->push_back(rank);
+      continue;
+    }
+    if (ManifestLayoutHash(info.manifest) != h0) {
+      MUON_RETURN_IF_ERROR(DiagnoseLayoutMismatch(m0, info.manifest));
+      follows = false;  // a difference the diagnosis does not name
+    } else if (!CheckManifestFollowsLayout(info.manifest).ok()) {
+      follows = false;  // its local shapes: the full checks name them
+    }
+  }
+  return follows;
+}
+
+absl::StatusOr<std::optional<JobPlan>> CoordinatorService::PlanJoinedLocked(
+    Completions* completions) {
+  bool any_compact = false;
+  for (const auto& [rank, info] : ranks_) any_compact |= info.compact;
+  std::vector<int> resend;
+  bool follows = false;
+  if (any_compact) {
+    MUON_ASSIGN_OR_RETURN(follows, FollowsRank0Locked(&resend));
+  }
+  if (!resend.empty()) {
+    v1::JoinResponse again;
+    again.set_send_full_manifest(true);
+    for (int rank : resend) ranks_.erase(rank);
+    for (auto it = join_waiters_.begin(); it != join_waiters_.end();) {
+      if (ranks_.count(it->second.rank)) {
+        ++it;
+        continue;
+      }
+      completions->push_back(
+          [done = std::move(it->second.done), again] { done(again); });
+      join_waiters_.erase(it++);
+    }
+    return std::optional<JobPlan>();
+  }
+  if (follows) {
+    // Every rank follows rank 0's layout: plan it without any per-rank
+    // manifest (O(matrices + ranks)).
+    MUON_ASSIGN_OR_RETURN(JobLayout layout,
+                          LayoutFromSpec(JobSpecFromManifest(
+                              ranks_.at(0).manifest, options_.job_id)));
+    MUON_ASSIGN_OR_RETURN(
+        JobPlan job,
+        PlanLayout(std::move(layout), options_.job_id, options_.plan_defaults));
+    return std::optional<JobPlan>(std::move(job));
+  }
+  std::vector<v1::RankManifest> manifests;
+  manifests.reserve(world_size_);
+  for (int r = 0; r < world_size_; ++r) {
+    const RankInfo& info = ranks_[r];
+    if (!info.compact) {
+      manifests.push_back(info.manifest);
+      continue;
+    }
+    MUON_ASSIGN_OR_RETURN(v1::RankManifest m,
+                          ManifestForRank(ranks_.at(0).manifest, r));
+    manifests.push_back(std::move(m));
+  }
+  MUON_ASSIGN_OR_RETURN(
+      JobPlan job, PlanJob(manifests, options_.job_id, options_.plan_defaults));
+  return std::optional<JobPlan>(std::move(job));
 }
 
 void CoordinatorService::CompleteJoinsLocked(Completions* completions) {
@@ -214,10 +310,7 @@ void CoordinatorService::JoinAsync(const v1::JoinRequest& request,
   if (!waiting) done(std::move(result));
 }
 
-absl::Status CoordinatorService::CheckJoinLocked(
-    const v1::RankManifest& manifest) {
-  const int rank = manifest.rank();
-  const int64_t world = manifest.world_size();
+absl::Status CoordinatorService::CheckJoinLocked(int rank, int64_t world) {
   if (world < 1 || world > kMaxWorldSize) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", rank, " reports world size ", world,
@@ -245,8 +338,9 @@ absl::Status CoordinatorService::CheckJoinLocked(
 absl::StatusOr<v1::JoinResponse> CoordinatorService::JoinLocked(
     const v1::JoinRequest& request, JoinCallback& done, bool* waiting,
     Completions* completions) {
-  const v1::RankManifest& manifest = request.manifest();
-  const int rank = manifest.rank();
+  const bool compact = !request.has_manifest() && request.has_compact();
+  const int rank =
+      compact ? request.compact().rank() : request.manifest().rank();
   if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
   const absl::Time now = options_.now();
   MaybeStartGenerationLocked(now);
@@ -275,7 +369,9 @@ absl::StatusOr<v1::JoinResponse> CoordinatorService::JoinLocked(
     it->second.finished = false;
     return JoinResponseLocked();
   }
-  MUON_RETURN_IF_ERROR(CheckJoinLocked(manifest));
+  MUON_RETURN_IF_ERROR(
+      CheckJoinLocked(rank, compact ? request.compact().world_size()
+                                    : request.manifest().world_size()));
   if (join_waiters_.size() >= options_.max_waiting_joins) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "Join: ", join_waiters_.size(), " calls already wait; the limit is ",
@@ -284,7 +380,13 @@ absl::StatusOr<v1::JoinResponse> CoordinatorService::JoinLocked(
 
   RankInfo& info = ranks_[rank];
   info.incarnation = request.incarnation();
-  info.manifest = manifest;
+  info.compact = compact;
+  if (compact) {
+    info.compact_manifest = request.compact();
+    info.manifest.Clear();
+  } else {
+    info.manifest = request.manifest();
+  }
   info.last_seen = now;
   ++info.joins_in_flight;
   const absl::Duration timeout = std::min(

@@ -75,6 +75,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -251,7 +252,11 @@ class CoordinatorService {
     uint64_t incarnation = 0;
     bool finished = false;      // left cleanly (Heartbeat with leaving)
     absl::Time last_report_at;  // when last_report arrived
+    // The rank's full manifest, or (compact) its CompactManifest: its
+    // layout then follows from rank 0's (plan/compact_manifest.h).
     v1::RankManifest manifest;
+    bool compact = false;
+    v1::CompactManifest compact_manifest;
     absl::Time last_seen;
     int joins_in_flight = 0;  // Join calls of this rank now blocked
     bool reported = false;
@@ -273,7 +278,7 @@ class CoordinatorService {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Checks a Join's rank and world size against the job (rejects the call
   // alone) and learns the world size from the first rank.
-  absl::Status CheckJoinLocked(const v1::RankManifest& manifest)
+  absl::Status CheckJoinLocked(int rank, int64_t world)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Completes every waiting Join with the job's plan or error.
   void CompleteJoinsLocked(Completions* completions)
@@ -291,6 +296,19 @@ class CoordinatorService {
 
   // Validates and plans once every rank has joined; sets state_.
   void PlanLocked(Completions* completions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The plan of the joined ranks. With compact manifests: rank 0's layout,
+  // each compact rank's coordinate and layout hash checked against it
+  // (O(matrices + ranks)); ranks whose hash differs are answered with
+  // send_full_manifest and removed (returns nullopt: no plan yet); a full
+  // manifest whose layout differs from rank 0's is named by
+  // DiagnoseLayoutMismatch. Otherwise, or for a mixed job that does not
+  // follow rank 0's layout, PlanJob on every rank's (derived) manifest.
+  absl::StatusOr<std::optional<JobPlan>> PlanJoinedLocked(
+      Completions* completions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the joined ranks can be planned from rank 0's layout; the
+  // compact ranks to ask for their full manifest go to `resend`.
+  absl::StatusOr<bool> FollowsRank0Locked(std::vector<int>* resend) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Marks the job failed with `status` and wakes every waiter.
   void FailLocked(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Appends `report` to the rank's ring, overwriting the oldest when full.

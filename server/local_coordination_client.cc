@@ -18,7 +18,9 @@ Request WithJobId(const Request& request, const std::string& job_id) {
 absl::StatusOr<v1::JoinResponse> LocalCoordinationClient::Join(
     const v1::JoinRequest& request) {
   // This rank shares the coordinator's process (an embedded coordinator).
-  service_->NoteInProcessRank(request.manifest().rank());
+  service_->NoteInProcessRank(request.has_manifest()
+                                  ? request.manifest().rank()
+                                  : request.compact().rank());
   return service_->Join(WithJobId(request, job_id_));
 }
 

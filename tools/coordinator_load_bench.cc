@@ -76,6 +76,7 @@
 #include "coordination/credentials.h"
 #include "muon/v1/coordinator.grpc.pb.h"
 #include "muon/v1/coordinator.pb.h"
+#include "plan/compact_manifest.h"
 #include "server/coordinator_server.h"
 
 ABSL_FLAG(std::string, agents, "4096,16384",
@@ -87,6 +88,9 @@ ABSL_FLAG(int, client_threads, 2,
           "Load generator threads (one completion queue each).");
 ABSL_FLAG(int, matrices, 8, "Shard(0) matrices in each manifest.");
 ABSL_FLAG(int, matrix_size, 1024, "Rows and columns of each matrix.");
+ABSL_FLAG(bool, compact_manifests, true,
+          "Ranks other than 0 join with a CompactManifest "
+          "(plan/compact_manifest.h); false: every rank sends its manifest.");
 ABSL_FLAG(double, server_heartbeat_timeout_s, 10.0,
           "The coordinator's heartbeat_timeout (a rank silent this long is "
           "lost and fails the job), seconds.");
@@ -553,7 +557,9 @@ int LoadGenerator::Run() {
                  manifests.status().ToString().c_str());
     return 1;
   }
-  int64_t manifest_bytes = 0;
+  int64_t manifest_bytes = 0;   // the largest Join request
+  int64_t last_join_bytes = 0;  // rank N-1's Join request
+  const bool compact = absl::GetFlag(FLAGS_compact_manifests);
 
   for (int t = 0; t < threads_; ++t) {
     cqs_.push_back(std::make_unique<grpc::CompletionQueue>());
@@ -576,10 +582,18 @@ int LoadGenerator::Run() {
     agent->join_request->set_job_id("job");
     agent->join_request->set_incarnation(1000 + r);
     agent->join_request->set_timeout_ms(600000);
-    *agent->join_request->mutable_manifest() = std::move((*manifests)[r]);
-    manifest_bytes = std::max<int64_t>(
-        manifest_bytes,
-        static_cast<int64_t>(agent->join_request->ByteSizeLong()));
+    // Rank 0 defines the layout; the others send a compact manifest as
+    // client/agent.cc does (unless --nocompact_manifests).
+    if (compact && r != 0) {
+      *agent->join_request->mutable_compact() =
+          muon::MakeCompactManifest((*manifests)[r]);
+    } else {
+      *agent->join_request->mutable_manifest() = std::move((*manifests)[r]);
+    }
+    const int64_t bytes =
+        static_cast<int64_t>(agent->join_request->ByteSizeLong());
+    manifest_bytes = std::max(manifest_bytes, bytes);
+    if (r == world_ - 1) last_join_bytes = bytes;
     agent->heartbeat_request.set_job_id("job");
     agent->heartbeat_request.set_rank(r);
     agent->heartbeat_request.set_incarnation(1000 + r);
@@ -702,7 +716,7 @@ int LoadGenerator::Run() {
 
   std::printf(
       "agents=%d%s%s client_threads=%d connect_s=%.2f join_to_plan_s=%.3f "
-      "joins_ok=%d plan_bytes=%lld manifest_bytes=%lld "
+      "joins_ok=%d plan_bytes=%lld manifests=%s join_bytes(max/last)=%lld/%lld "
       "hb_p50_ms=%.2f hb_p99_ms=%.2f hb_max_ms=%.2f hb_per_s=%.0f "
       "hb_ok=%lld send_lag_p99_ms=%.2f hb_late=%lld errors=%lld "
       "server_cpu_s(connect/join/hb)=%.2f/%.2f/%.2f "
@@ -715,7 +729,8 @@ int LoadGenerator::Run() {
           ? " (server_no_deadlock_detection)"
           : "",
       threads_, connect_s, join_s, joins_ok, static_cast<long long>(plan_bytes),
-      static_cast<long long>(manifest_bytes), Percentile(latencies, 0.50),
+      compact ? "compact" : "full", static_cast<long long>(manifest_bytes),
+      static_cast<long long>(last_join_bytes), Percentile(latencies, 0.50),
       Percentile(latencies, 0.99), latencies.empty() ? NAN : latencies.back(),
       heartbeat_s > 0 ? heartbeats_ok / heartbeat_s : 0.0,
       static_cast<long long>(heartbeats_ok), Percentile(send_lags, 0.99),

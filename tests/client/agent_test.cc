@@ -422,6 +422,42 @@ TEST(AgentTest, OnStepFailed_OwnError_ReportedOtherRankAbortsNamingIt) {
   EXPECT_EQ(aborts.load(), 1);  // once
 }
 
+// Issue 12: ConfirmPlanHash reads two hashes per rank (rank 0's and the
+// next rank's), not every rank's; a rank whose plan differs is named, and
+// the coordinator makes it the job error so that the ranks whose own
+// neighbours agree learn it too.
+TEST(AgentTest, ConfirmPlanHash_OneRankDiffers_NamedAndJobFailsForAll) {
+  CoordinatorService::Options service_options;
+  service_options.job_id = "agent";
+  service_options.heartbeat_timeout = absl::Seconds(30);
+  CoordinatorService service(service_options);
+  std::vector<std::unique_ptr<LocalCoordinationClient>> clients;
+  std::vector<std::unique_ptr<Agent>> agents;
+  for (int r = 0; r < 2; ++r) {
+    clients.push_back(std::make_unique<LocalCoordinationClient>(&service));
+    agents.push_back(std::make_unique<Agent>(clients.back().get(), r, 800 + r,
+                                             Agent::Options()));
+  }
+  JoinAll(agents, TwoRankManifests());
+  std::vector<absl::Status> results(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      results[r] = agents[r]->ConfirmPlanHash(r == 1 ? "bbbb" : "aaaa", 2,
+                                              absl::Seconds(5));
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_THAT(results[0], StatusIs(absl::StatusCode::kFailedPrecondition,
+                                   HasSubstr("rank 1 holds plan bbbb")));
+  EXPECT_THAT(results[1], StatusIs(absl::StatusCode::kFailedPrecondition,
+                                   HasSubstr("rank 0 holds plan aaaa")));
+  absl::StatusOr<v1::JobInfo> job = service.GetJob(v1::GetJobRequest());
+  ASSERT_THAT(job, IsOk());
+  EXPECT_EQ(job->state(), "failed");
+  EXPECT_THAT(job->error(), HasSubstr("every rank must run the same plan"));
+}
+
 // A communication error while a peer died: the coordinator names the peer
 // (lost after the heartbeat timeout), within 2x the timeout.
 TEST(AgentTest, OnStepFailed_CommErrorPeerCrashed_NamesPeerWithinTwiceTimeout) {

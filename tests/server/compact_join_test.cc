@@ -1,0 +1,205 @@
+// Compact manifests on Join (issue 12 item 2; plan/compact_manifest.h):
+// ranks whose manifest follows from rank 0's layout send O(1) bytes, the
+// plan is the one full manifests give, and a mismatch is still named by
+// parameter, rank and values after the coordinator asks for the full
+// manifest.
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "plan/compact_manifest.h"
+#include "plan/plan_job.h"
+#include "server/coordinator_service.h"
+#include "tests/server/fake_clock.h"
+#include "tests/server/test_specs.h"
+#include "tests/status_matchers.h"
+
+namespace muon {
+namespace {
+
+using ::muon::testing::ExpertSpec;
+using ::muon::testing::FakeClock;
+using ::muon::testing::FourRankSpec;
+using ::muon::testing::Manifests;
+using ::muon::testing::PipelineSpec;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+// Rank r's Join: full manifest for rank 0 or when !compact, else compact.
+v1::JoinRequest Request(const v1::RankManifest& m, bool compact) {
+  v1::JoinRequest request;
+  request.set_job_id("job");
+  request.set_incarnation(100 + m.rank());
+  request.set_timeout_ms(5000);
+  if (compact) {
+    *request.mutable_compact() = MakeCompactManifest(m);
+  } else {
+    *request.mutable_manifest() = m;
+  }
+  return request;
+}
+
+class CompactJoinTest : public ::testing::Test {
+ protected:
+  CoordinatorService::Options Options() {
+    CoordinatorService::Options options;
+    options.job_id = "job";
+    options.default_join_timeout = absl::Seconds(5);
+    options.heartbeat_timeout = absl::Seconds(30);
+    options.now = [this] { return clock_.Now(); };
+    return options;
+  }
+
+  // Joins every request from its own thread. A rank asked for its full
+  // manifest joins again with `full[r]` (as client/agent.cc does) and its
+  // first response is kept in asked[r].
+  std::vector<absl::StatusOr<v1::JoinResponse>> JoinAll(
+      CoordinatorService& service, const std::vector<v1::JoinRequest>& requests,
+      const std::vector<v1::RankManifest>& full, std::vector<bool>* asked) {
+    const size_t n = requests.size();
+    std::vector<absl::StatusOr<v1::JoinResponse>> results(
+        n, absl::UnknownError("not run"));
+    asked->assign(n, false);
+    std::vector<std::thread> threads;
+    for (size_t r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        results[r] = service.Join(requests[r]);
+        if (results[r].ok() && results[r]->send_full_manifest()) {
+          (*asked)[r] = true;
+          results[r] = service.Join(Request(full[r], /*compact=*/false));
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    return results;
+  }
+
+  FakeClock clock_;
+};
+
+TEST_F(CompactJoinTest, RanksFollowingTheLayout_PlanEqualsFullManifestPlan) {
+  for (const v1::JobSpec& spec : {FourRankSpec(), ExpertSpec()}) {
+    const std::vector<v1::RankManifest> manifests = Manifests(spec);
+    std::vector<v1::JoinRequest> requests;
+    for (const v1::RankManifest& m : manifests) {
+      ASSERT_THAT(CheckManifestFollowsLayout(m), IsOk()) << m.rank();
+      requests.push_back(Request(m, /*compact=*/m.rank() != 0));
+    }
+    CoordinatorService service(Options());
+    std::vector<bool> asked;
+    auto results = JoinAll(service, requests, manifests, &asked);
+    absl::StatusOr<JobPlan> full = PlanJob(manifests, "job", PlanDefaults());
+    ASSERT_THAT(full, IsOk());
+    for (size_t r = 0; r < results.size(); ++r) {
+      ASSERT_THAT(results[r], IsOk()) << r;
+      EXPECT_FALSE(asked[r]) << "rank " << r << " was asked to resend";
+      EXPECT_EQ(results[r]->plan().hash(), full->plan.hash()) << r;
+    }
+    // A compact Join is O(1): no parameter in it.
+    EXPECT_LT(requests[1].ByteSizeLong(), 64u);
+    EXPECT_GT(requests[0].ByteSizeLong(), requests[1].ByteSizeLong());
+  }
+}
+
+TEST_F(CompactJoinTest, LayoutDiffers_FullManifestAskedThenParameterNamed) {
+  std::vector<v1::RankManifest> manifests = Manifests(FourRankSpec());
+  // Rank 2's model has fc2 [3, 6] where rank 0's has [3, 5].
+  v1::JobSpec other = FourRankSpec();
+  other.mutable_params(1)->set_shape(1, 6);
+  manifests[2] = Manifests(other)[2];
+  std::vector<v1::JoinRequest> requests;
+  for (const v1::RankManifest& m : manifests) {
+    requests.push_back(Request(m, m.rank() != 0));
+  }
+  CoordinatorService service(Options());
+  std::vector<bool> asked;
+  auto results = JoinAll(service, requests, manifests, &asked);
+  EXPECT_EQ(asked, (std::vector<bool>{false, false, true, false}));
+  for (const auto& r : results) {
+    EXPECT_THAT(r, StatusIs(absl::StatusCode::kInvalidArgument,
+                            AllOf(HasSubstr("parameter \"fc2.weight\""),
+                                  HasSubstr("rank 2"), HasSubstr("[3, 6]"),
+                                  HasSubstr("[3, 5]"))));
+  }
+}
+
+TEST_F(CompactJoinTest, WrongCoordinate_EveryRankGetsErrorNamingRank) {
+  const std::vector<v1::RankManifest> manifests = Manifests(FourRankSpec());
+  std::vector<v1::JoinRequest> requests;
+  for (const v1::RankManifest& m : manifests) {
+    requests.push_back(Request(m, m.rank() != 0));
+  }
+  requests[3].mutable_compact()->set_coord(0, 1);  // rank 3 is at (3)
+  CoordinatorService service(Options());
+  std::vector<bool> asked;
+  auto results = JoinAll(service, requests, manifests, &asked);
+  for (const auto& r : results) {
+    EXPECT_THAT(r, StatusIs(absl::StatusCode::kInvalidArgument,
+                            AllOf(HasSubstr("rank 3 reports mesh coordinate "
+                                            "(1)"),
+                                  HasSubstr("is at (3)"))));
+  }
+}
+
+TEST_F(CompactJoinTest, Rank0Compact_Refused) {
+  const std::vector<v1::RankManifest> manifests = Manifests(FourRankSpec());
+  std::vector<v1::JoinRequest> requests;
+  for (const v1::RankManifest& m : manifests)
+    requests.push_back(Request(m, true));
+  CoordinatorService service(Options());
+  std::vector<bool> asked;
+  auto results = JoinAll(service, requests, manifests, &asked);
+  for (const auto& r : results) {
+    EXPECT_THAT(r, StatusIs(absl::StatusCode::kInvalidArgument,
+                            HasSubstr("rank 0 must send its full manifest")));
+  }
+}
+
+TEST_F(CompactJoinTest, PipelineJobWithCompactRanks_FullManifestsPlanAsBefore) {
+  // Rank 0's layout has pipeline stages: no rank follows it, so every
+  // compact rank is asked for its full manifest and the job plans as with
+  // full manifests.
+  const std::vector<v1::RankManifest> manifests = Manifests(PipelineSpec());
+  std::vector<v1::JoinRequest> requests;
+  for (const v1::RankManifest& m : manifests) {
+    requests.push_back(Request(m, m.rank() != 0));
+  }
+  CoordinatorService service(Options());
+  std::vector<bool> asked;
+  auto results = JoinAll(service, requests, manifests, &asked);
+  absl::StatusOr<JobPlan> full = PlanJob(manifests, "job", PlanDefaults());
+  ASSERT_THAT(full, IsOk());
+  for (size_t r = 0; r < results.size(); ++r) {
+    ASSERT_THAT(results[r], IsOk()) << r;
+    EXPECT_EQ(asked[r], r != 0) << r;
+    EXPECT_EQ(results[r]->plan().hash(), full->plan.hash()) << r;
+  }
+}
+
+TEST(CompactManifestTest, FollowsLayout_PipelineOrWrongLocalShape_NotCompact) {
+  EXPECT_THAT(
+      CheckManifestFollowsLayout(Manifests(PipelineSpec())[5]),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("sub-mesh")));
+  v1::RankManifest m = Manifests(FourRankSpec())[1];
+  m.mutable_params(0)->set_local_shape(0, 2);  // chunk rule gives 3
+  EXPECT_THAT(CheckManifestFollowsLayout(m),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("fc1.weight"), HasSubstr("[3, 7]"))));
+}
+
+TEST(CompactManifestTest, ManifestForRank_EqualsTheSpecsManifestOfEveryRank) {
+  const std::vector<v1::RankManifest> manifests = Manifests(ExpertSpec());
+  for (size_t r = 0; r < manifests.size(); ++r) {
+    absl::StatusOr<v1::RankManifest> m =
+        ManifestForRank(manifests[0], static_cast<int>(r));
+    ASSERT_THAT(m, IsOk());
+    EXPECT_EQ(m->SerializeAsString(), manifests[r].SerializeAsString()) << r;
+    EXPECT_EQ(ManifestLayoutHash(manifests[r]),
+              ManifestLayoutHash(manifests[0]));
+  }
+}
+
+}  // namespace
+}  // namespace muon
