@@ -388,6 +388,11 @@ absl::Status CreateOptimizer(muonrt_process_group* pg, int mesh_ndim,
           kFn, ": bucket_size_bytes ", o.bucket_size_bytes, " is negative"));
     }
     config->bucket_size_bytes = o.bucket_size_bytes;
+    if (o.replan_every_steps < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kFn, ": replan_every_steps ", o.replan_every_steps, " is negative"));
+    }
+    config->replan_every_steps = o.replan_every_steps;
   }
   MUON_ASSIGN_OR_RETURN(
       std::unique_ptr<muon::Muon> muon,
@@ -522,6 +527,7 @@ void muonrt_options_default(muonrt_options* options) {
   options->assignment_policy = nullptr;
   options->bucket_size_bytes = d.bucket_size_bytes;
   options->transactional_step = m.transactional_step ? 1 : 0;
+  options->replan_every_steps = d.replan_every_steps;
 }
 
 int muonrt_optimizer_create(muonrt_process_group* pg, int mesh_ndim,

@@ -31,7 +31,7 @@ extern "C" {
 #endif
 
 /* Incremented on any incompatible change of this header. */
-#define MUONRT_ABI_VERSION 2
+#define MUONRT_ABI_VERSION 3
 
 /* Status codes (absl::StatusCode values). */
 #define MUONRT_OK 0
@@ -126,6 +126,11 @@ typedef struct {
    * + 4)) + 8 bytes of host memory per rank and one one-float all-gather
    * per step. 0 (default) or 1. */
   int transactional_step;
+  /* Re-plan from measured Newton-Schulz times every this many steps (0 =
+   * never, the default; needs a coordinator): the slow ranks get fewer
+   * matrices, results stay bitwise the same (execution.replan_every_steps;
+   * ABI version 3). */
+  int replan_every_steps;
 } muonrt_options;
 
 /* Fills `options` with the defaults above. */

@@ -87,6 +87,15 @@ absl::Status Agent::ConfirmPlanHash(const std::string& hash, int world_size,
   return absl::OkStatus();
 }
 
+absl::StatusOr<v1::Plan> Agent::Replan(int64_t step) {
+  v1::ReplanRequest request;
+  request.set_rank(rank_);
+  request.set_incarnation(incarnation_);
+  request.set_step(step);
+  MUON_ASSIGN_OR_RETURN(v1::ReplanResponse response, client_->Replan(request));
+  return std::move(*response.mutable_plan());
+}
+
 void Agent::Start() {
   absl::MutexLock lock(&mu_);
   if (started_) return;

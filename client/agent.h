@@ -98,6 +98,11 @@ class Agent {
   absl::Status ConfirmPlanHash(const std::string& hash, int world_size,
                                absl::Duration timeout);
 
+  // The coordinator's plan for the steps after `step` (re-planning,
+  // CoordinationClient::Replan); the same for every rank at that step.
+  // Errors: those of CoordinationClient::Replan.
+  absl::StatusOr<v1::Plan> Replan(int64_t step);
+
   // Starts the heartbeat and report threads.
   void Start();
 

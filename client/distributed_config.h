@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@
 #include "client/parameter.h"
 #include "common/layout.h"
 #include "coordination/coordination_client.h"
+#include "kernels/ns_engine.h"
 
 namespace muon {
 
@@ -105,6 +107,13 @@ struct DistributedConfig {
   std::string assignment_policy = "lpt";
   // Bytes of full fp32 matrices per bucket; 0 = one matrix per owner.
   int64_t bucket_size_bytes = 0;
+  // Re-plan from measured times every this many steps (0 = never; needs a
+  // coordinator): ExecutionOptions.replan_every_steps.
+  int replan_every_steps = 0;
+  // Makes this rank's Newton-Schulz engine instead of MuonOptions.device's
+  // (empty = that one): a custom kernel, or in tests a slowed one.
+  std::function<absl::StatusOr<std::unique_ptr<kernels::NsEngine>>()>
+      ns_engine_factory;
 };
 
 // Process groups for create_auto_config (seeds' create_auto_config with

@@ -178,6 +178,16 @@ absl::StatusOr<v1::JobInfo> GrpcCoordinationClient::GetJob() {
   return response;
 }
 
+absl::StatusOr<v1::ReplanResponse> GrpcCoordinationClient::Replan(
+    const v1::ReplanRequest& request) {
+  std::unique_ptr<grpc::ClientContext> context = NewContext(rpc_timeout_);
+  v1::ReplanResponse response;
+  grpc::Status status =
+      stub_->Replan(context.get(), WithJobId(request, job_id_), &response);
+  if (!status.ok()) return ToAbsl(status, "Replan", address_, rpc_timeout_);
+  return response;
+}
+
 absl::StatusOr<v1::Plan> GrpcCoordinationClient::GetPlan() {
   v1::GetPlanRequest request;
   request.set_job_id(job_id_);

@@ -74,6 +74,8 @@ class GrpcCoordinationClient final : public CoordinationClient {
   absl::StatusOr<v1::ListRanksResponse> ListRanks() override;
   absl::StatusOr<v1::GetReportsResponse> GetReports(int rank,
                                                     int last_steps) override;
+  absl::StatusOr<v1::ReplanResponse> Replan(
+      const v1::ReplanRequest& request) override;
 
   const std::string& address() const { return address_; }
 

@@ -360,7 +360,15 @@ absl::Status Muon::MakeDataPath(const DistributedConfig& config,
         comm->world_size(), " but the config says rank ", rank, " of ",
         state.world_size));
   }
-  MUON_ASSIGN_OR_RETURN(ns_engine_, MakeNsEngine(options_, rank));
+  if (config.ns_engine_factory) {
+    MUON_ASSIGN_OR_RETURN(ns_engine_, config.ns_engine_factory());
+  } else {
+    MUON_ASSIGN_OR_RETURN(ns_engine_, MakeNsEngine(options_, rank));
+  }
+  geometry_ = geometry;  // kept to rebuild the executor on a re-plan
+  gather_fn_ = config.gather_fn;
+  redistribute_fn_ = config.redistribute_fn;
+  replan_every_steps_ = config.replan_every_steps;
   absl::StatusOr<std::unique_ptr<StepExecutor>> executor = StepExecutor::Create(
       rank, state.world_size, plan_, std::move(geometry), comm,
       config.gather_fn, config.redistribute_fn, ns_engine_.get());
@@ -405,6 +413,7 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
   execution.set_bucket_size_bytes(config.bucket_size_bytes);
   execution.set_async_gpu_parallelism(config.async_gpu_parallelism);
   execution.set_prefetch_count(config.prefetch_count);
+  execution.set_replan_every_steps(config.replan_every_steps);
   auto manifest_of = [&](int r) -> absl::StatusOr<v1::RankManifest> {
     MUON_ASSIGN_OR_RETURN(
         v1::RankManifest m,
@@ -528,7 +537,45 @@ absl::Status Muon::Preflight() {
   return absl::OkStatus();
 }
 
+absl::Status Muon::MaybeReplan() {
+  if (agent_ == nullptr || replan_every_steps_ <= 0 || step_ == 0 ||
+      step_ % replan_every_steps_ != 0 || replanned_at_ == step_) {
+    return absl::OkStatus();
+  }
+  absl::StatusOr<v1::Plan> plan = agent_->Replan(step_);
+  if (!plan.ok()) {
+    // Every rank switches at this boundary or none may step on: the
+    // coordinator makes it the job error.
+    // This rank's own failure (not a peer's): reported at once.
+    const absl::StatusCode code = plan.status().code();
+    const bool transport = code == absl::StatusCode::kUnavailable ||
+                           code == absl::StatusCode::kAborted ||
+                           code == absl::StatusCode::kDeadlineExceeded;
+    return agent_->OnStepFailed(absl::Status(
+        transport ? absl::StatusCode::kInternal : code,
+        absl::StrCat("rank ", rank_, ": re-planning after step ", step_,
+                     " failed: ", plan.status().message())));
+  }
+  replanned_at_ = step_;
+  if (plan->hash() == plan_.hash()) return absl::OkStatus();
+  absl::StatusOr<std::unique_ptr<StepExecutor>> executor =
+      StepExecutor::Create(rank_, world_size_, *plan, geometry_, comm_,
+                           gather_fn_, redistribute_fn_, ns_engine_.get());
+  if (!executor.ok()) {
+    return agent_->OnStepFailed(absl::InternalError(
+        absl::StrCat("rank ", rank_, ": the re-plan after step ", step_,
+                     " does not fit this rank's parameters: ",
+                     executor.status().message())));
+  }
+  executor_ = *std::move(executor);
+  plan_ = *std::move(plan);
+  return absl::OkStatus();
+}
+
 absl::Status Muon::Step() {
+  // At a re-plan boundary every rank switches to the coordinator's new
+  // plan before the step (ExecutionOptions.replan_every_steps).
+  MUON_RETURN_IF_ERROR(MaybeReplan());
   // Preflight: nothing is modified and no collective runs on failure.
   MUON_RETURN_IF_ERROR(Preflight());
   // Non-finite gradients on any rank: every rank fails here, before the

@@ -280,6 +280,11 @@ class Muon {
                           const ManifestOf& manifest_of, bool uses_sub_mesh);
   absl::Status MakeDataPath(const DistributedConfig& config,
                             std::vector<MatrixGeometry> geometry);
+  // At a re-plan boundary (step_ a positive multiple of
+  // DistributedConfig::replan_every_steps), the coordinator's plan for the
+  // next steps, and a new executor when it changed. Errors: the Replan
+  // RPC's or the executor's, reported to the coordinator (every rank fails).
+  absl::Status MaybeReplan();
   // Re-reads bound Parameters' pointers and checks every gradient.
   absl::Status Preflight();
   // options_.check_finite: the local scan and the ranks' agreement.
@@ -327,6 +332,12 @@ class Muon {
   std::unique_ptr<kernels::NsEngine> ns_engine_;
   std::unique_ptr<Agent> agent_;
   std::unique_ptr<StepExecutor> executor_;
+  // What a re-plan rebuilds the executor from.
+  std::vector<MatrixGeometry> geometry_;
+  GatherFn gather_fn_;
+  RedistributeFn redistribute_fn_;
+  int replan_every_steps_ = 0;
+  int64_t replanned_at_ = -1;                 // step_ of the last re-plan asked
   std::vector<std::vector<float>> buffers_;   // momentum, local shards
   std::vector<std::vector<float>> nesterov_;  // U when nesterov, local
   std::vector<const float*> update_ptrs_;

@@ -277,6 +277,11 @@ absl::StatusOr<SubMesh> CheckSubMesh(
 }
 
 absl::Status ValidateJobSpec(const v1::JobSpec& spec, bool per_rank_boxes) {
+  if (spec.execution().replan_every_steps() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("execution.replan_every_steps is ",
+                     spec.execution().replan_every_steps(), "; must be >= 0"));
+  }
   const Mesh mesh = MeshFromProto(spec.mesh());
   for (int i = 0; i < mesh.ndim(); ++i) {
     if (mesh.sizes[i] < 1) {

@@ -69,6 +69,20 @@ class CoordinationClient {
     return absl::UnimplementedError(
         "GetReports is not implemented by this CoordinationClient");
   }
+
+  // The plan for the steps after request.step (re-planning from measured
+  // times, ExecutionOptions.replan_every_steps); every rank asking at the
+  // same step gets the same plan.
+  // Errors: FailedPrecondition (re-planning off, or step not a positive
+  // multiple of replan_every_steps, or the job failed), NotFound (unknown
+  // rank), Aborted (stale incarnation), Unavailable; Unimplemented from
+  // transports without it (this default).
+  virtual absl::StatusOr<v1::ReplanResponse> Replan(
+      const v1::ReplanRequest& request) {
+    (void)request;
+    return absl::UnimplementedError(
+        "Replan is not implemented by this CoordinationClient");
+  }
 };
 
 }  // namespace muon

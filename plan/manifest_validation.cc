@@ -142,6 +142,17 @@ absl::Status CheckRankAgreesWithRank0(const v1::RankManifest& m0,
         "rank ", r, " reports bucket_size_bytes ", e.bucket_size_bytes(),
         " but rank 0 reports ", m0.execution().bucket_size_bytes()));
   }
+  if (e.replan_every_steps() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", r, " reports replan_every_steps ",
+                     e.replan_every_steps(), "; must be >= 0"));
+  }
+  if (e.replan_every_steps() != m0.execution().replan_every_steps()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", r, " reports replan_every_steps ", e.replan_every_steps(),
+        " but rank 0 reports ", m0.execution().replan_every_steps(),
+        "; every rank must re-plan at the same steps"));
+  }
   // The optimizer's Newton-Schulz iterations: the cost model's k.
   const int k = NsStepsOf(mr);
   if (k < 0 || k >= kMaxNsSteps) {

@@ -158,6 +158,21 @@ absl::StatusOr<v1::Plan> MakePlan(const JobLayout& layout,
     return absl::InvalidArgumentError(
         absl::StrCat("ns_steps is ", options.ns_steps, "; must be >= 1"));
   }
+  if (!options.rank_seconds_per_flop.empty()) {
+    if (static_cast<int>(options.rank_seconds_per_flop.size()) !=
+        layout.world_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank_seconds_per_flop has ", options.rank_seconds_per_flop.size(),
+          " entries; the world size is ", layout.world_size));
+    }
+    for (size_t r = 0; r < options.rank_seconds_per_flop.size(); ++r) {
+      const double s = options.rank_seconds_per_flop[r];
+      if (!(s > 0) || !std::isfinite(s)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "rank_seconds_per_flop[", r, "] is ", s, "; must be > 0"));
+      }
+    }
+  }
   if (options.bucket_size_bytes < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "bucket_size_bytes is ", options.bucket_size_bytes, "; must be >= 0"));
@@ -206,11 +221,16 @@ absl::StatusOr<v1::Plan> MakePlan(const JobLayout& layout,
 
   // Owners.
   std::vector<double> load(world, 0.0);
+  // Predicted seconds per rank (the LPT key): FLOPs x seconds per FLOP, or
+  // FLOPs when every rank is equally fast.
+  const std::vector<double>& speed = options.rank_seconds_per_flop;
+  std::vector<double> seconds(world, 0.0);
   auto assign = [&](int i, int owner) {
     v1::MatrixPlan* m = plan.mutable_matrices(i);
     m->set_owner(owner);
     m->set_gather_bytes(GatherBytes(matrices[i], owner));
     load[owner] += cost[i];
+    seconds[owner] = speed.empty() ? load[owner] : load[owner] * speed[owner];
   };
   for (int i = 0; i < num; ++i) {
     if (matrices[i].requested_owner >= 0) {
@@ -236,7 +256,7 @@ absl::StatusOr<v1::Plan> MakePlan(const JobLayout& layout,
       if (min_gather(a) != min_gather(b)) return min_gather(a) > min_gather(b);
       return a < b;
     });
-    LeastLoaded least(groups.eligible, &load);
+    LeastLoaded least(groups.eligible, &seconds);
     for (int i : order) assign(i, least.Pick(groups.group_of[i]));
   }
 
@@ -284,6 +304,10 @@ absl::StatusOr<v1::Plan> MakePlan(const JobLayout& layout,
     l->set_rank(r);
     l->set_ns_flops(load[r]);
     l->set_matrices(count[r]);
+    if (!speed.empty()) {
+      l->set_seconds_per_flop(speed[r]);
+      l->set_predicted_seconds(load[r] * speed[r]);
+    }
     max_load = std::max(max_load, load[r]);
     total += load[r];
   }
@@ -305,6 +329,8 @@ v1::Plan PlanForRank(const v1::Plan& plan, int rank) {
   out.set_max_load_flops(plan.max_load_flops());
   out.set_mean_load_flops(plan.mean_load_flops());
   out.set_hash(plan.hash());
+  out.set_version(plan.version());
+  out.set_first_step(plan.first_step());
   v1::Schedule* schedule = out.mutable_schedule();
   schedule->set_mode(plan.schedule().mode());
   schedule->set_prefetch_count(plan.schedule().prefetch_count());

@@ -60,6 +60,12 @@ struct PlannerOptions {
   // `prefetch_count` buckets gathered ahead, or sequential debug mode.
   bool async = false;
   int prefetch_count = 0;
+  // The cost model of a re-plan (ExecutionOptions.replan_every_steps): per
+  // rank its measured Newton-Schulz seconds per FLOP (each > 0), so that a
+  // rank's load is FLOPs x seconds per FLOP (uniform machines, Graham's
+  // list scheduling: LPT picks the eligible rank whose predicted seconds
+  // are least). Empty: every rank equally fast (loads in FLOPs).
+  std::vector<double> rank_seconds_per_flop;
 };
 
 // "lpt" or "round_robin".

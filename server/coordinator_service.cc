@@ -15,6 +15,7 @@
 #include "plan/manifest_validation.h"
 #include "plan/plan_job.h"
 #include "plan/planner.h"
+#include "plan/replan.h"
 
 namespace muon {
 namespace {
@@ -92,6 +93,8 @@ void CoordinatorService::MaybeStartGenerationLocked(absl::Time now) {
   plan_.Clear();
   rank_plan_.Clear();
   matrix_names_.clear();
+  layout_ = JobLayout();
+  replans_.clear();
   ranks_.clear();
   finished_count_ = 0;
   reported_count_ = 0;
@@ -133,6 +136,8 @@ void CoordinatorService::PlanLocked(Completions* completions) {
   for (const MatrixLayout& m : planned->layout.matrices) {
     matrix_names_.push_back(m.name);
   }
+  layout_ = std::move(planned->layout);
+  replans_.clear();
   state_ = JobState::kPlanned;
   CompleteJoinsLocked(completions);
   const absl::Time now = options_.now();
@@ -633,6 +638,62 @@ absl::Status CoordinatorService::PlanReadyLocked() const {
       "job \"", options_.job_id, "\" has no plan yet: ", ranks_.size(), " of ",
       world_size_ > 0 ? absl::StrCat(world_size_) : std::string("?"),
       " ranks joined"));
+}
+
+absl::StatusOr<v1::ReplanResponse> CoordinatorService::Replan(
+    const v1::ReplanRequest& request) {
+  MUON_RETURN_IF_ERROR(CheckJobId(request.job_id()));
+  absl::MutexLock lock(&mu_);
+  MUON_RETURN_IF_ERROR(
+      FindRankLocked(request.rank(), request.incarnation()).status());
+  MUON_RETURN_IF_ERROR(PlanReadyLocked());
+  if (!run_error_.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job \"", options_.job_id, "\" failed: ", run_error_));
+  }
+  const int64_t every = layout_.execution.replan_every_steps();
+  const int64_t step = request.step();
+  if (every <= 0 || step <= 0 || step % every != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", request.rank(), " asked to re-plan at step ",
+                     step, " but execution.replan_every_steps is ", every,
+                     every > 0 ? absl::StrCat(" (re-plans happen after steps ",
+                                              every, ", ", 2 * every, ", ...)")
+                               : " (re-planning is off)"));
+  }
+  v1::ReplanResponse response;
+  auto cached = replans_.find(step);
+  if (cached != replans_.end()) {
+    *response.mutable_plan() = cached->second;
+    return response;
+  }
+  if (!replans_.empty() && step < replans_.begin()->first) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", request.rank(), " asked to re-plan at step ", step,
+        " but the oldest kept re-plan is at step ", replans_.begin()->first));
+  }
+  std::vector<std::vector<v1::StepReport>> reports(world_size_);
+  for (const auto& [rank, info] : ranks_) {
+    if (rank >= 0 && rank < world_size_) reports[rank] = info.reports;
+  }
+  const std::vector<double> seconds_per_flop = MeasuredSecondsPerFlop(
+      reports, std::max<int64_t>(plan_.first_step(), 1) - 1);
+  if (!seconds_per_flop.empty()) {
+    MUON_ASSIGN_OR_RETURN(
+        PlannerOptions planner,
+        PlannerOptionsForJob(layout_, options_.job_id, options_.plan_defaults));
+    MUON_ASSIGN_OR_RETURN(
+        v1::Plan plan, ReplanWithMeasuredCosts(layout_, std::move(planner),
+                                               plan_, seconds_per_flop, step));
+    if (plan.hash() != plan_.hash()) {
+      plan_ = std::move(plan);
+      rank_plan_ = PlanForRank(plan_, /*rank=*/-1);
+    }
+  }
+  replans_[step] = rank_plan_;
+  while (replans_.size() > 4) replans_.erase(replans_.begin());
+  *response.mutable_plan() = rank_plan_;
+  return response;
 }
 
 absl::StatusOr<v1::JobInfo> CoordinatorService::GetJob(

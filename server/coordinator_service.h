@@ -183,6 +183,19 @@ class CoordinatorService {
   absl::StatusOr<v1::ReportStepResponse> ReportStep(
       const v1::StepReport& report);
 
+  // Re-planning from measured times (ExecutionOptions.replan_every_steps,
+  // plan/replan.h): the plan for the steps after request.step. The first
+  // rank asking at a step boundary makes it (the ranks' measured
+  // Newton-Schulz seconds per FLOP since the current plan began, from their
+  // kept reports), and it becomes the job's plan (GetPlan); every rank
+  // asking at that step gets the same one (the last 4 boundaries are
+  // kept). Unchanged owners keep the current plan.
+  // Errors: InvalidArgument (job id), NotFound (rank never joined),
+  //   Aborted (stale incarnation), FailedPrecondition (no plan, the job
+  //   failed, re-planning off, a step that is not a positive multiple of
+  //   replan_every_steps, or a boundary older than the kept ones).
+  absl::StatusOr<v1::ReplanResponse> Replan(const v1::ReplanRequest& request);
+
   // Job summary. Errors: InvalidArgument (job id).
   absl::StatusOr<v1::JobInfo> GetJob(const v1::GetJobRequest& request);
 
@@ -372,6 +385,10 @@ class CoordinatorService {
   // Display name of each plan matrix (JobLayout::matrices[i].name); valid
   // when kPlanned.
   std::vector<std::string> matrix_names_ ABSL_GUARDED_BY(mu_);
+  // The job's layout (for re-planning) and, per re-plan step boundary, the
+  // plan every rank gets there (PlanForRank form; the last few kept).
+  JobLayout layout_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, v1::Plan> replans_ ABSL_GUARDED_BY(mu_);
   std::map<int, RankInfo> ranks_ ABSL_GUARDED_BY(mu_);
   // Ranks of ranks_ that left cleanly / have reported a step.
   int finished_count_ ABSL_GUARDED_BY(mu_) = 0;

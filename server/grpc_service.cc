@@ -117,6 +117,13 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::ReportStep(
                 [&] { return service_->ReportStep(*request); });
 }
 
+grpc::ServerUnaryReactor* CoordinatorGrpcService::Replan(
+    grpc::CallbackServerContext* context, const v1::ReplanRequest* request,
+    v1::ReplanResponse* response) {
+  return Handle(context, Authorize(context, Access::kRank), response,
+                [&] { return service_->Replan(*request); });
+}
+
 grpc::ServerUnaryReactor* CoordinatorGrpcService::KeySet(
     grpc::CallbackServerContext* context, const v1::KeySetRequest* request,
     v1::KeySetResponse* response) {

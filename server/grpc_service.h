@@ -63,6 +63,9 @@ class CoordinatorGrpcService final : public v1::Coordinator::CallbackService {
       grpc::CallbackServerContext* context,
       const v1::GetReportsRequest* request,
       v1::GetReportsResponse* response) override;
+  grpc::ServerUnaryReactor* Replan(grpc::CallbackServerContext* context,
+                                   const v1::ReplanRequest* request,
+                                   v1::ReplanResponse* response) override;
   grpc::ServerUnaryReactor* KeySet(grpc::CallbackServerContext* context,
                                    const v1::KeySetRequest* request,
                                    v1::KeySetResponse* response) override;

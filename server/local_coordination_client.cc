@@ -53,6 +53,11 @@ absl::StatusOr<std::string> LocalCoordinationClient::KeyGet(
   return std::move(*response->mutable_value());
 }
 
+absl::StatusOr<v1::ReplanResponse> LocalCoordinationClient::Replan(
+    const v1::ReplanRequest& request) {
+  return service_->Replan(WithJobId(request, job_id_));
+}
+
 absl::StatusOr<v1::JobInfo> LocalCoordinationClient::GetJob() {
   v1::GetJobRequest request;
   request.set_job_id(job_id_);

@@ -38,6 +38,8 @@ class LocalCoordinationClient final : public CoordinationClient {
   absl::StatusOr<v1::ListRanksResponse> ListRanks() override;
   absl::StatusOr<v1::GetReportsResponse> GetReports(int rank,
                                                     int last_steps) override;
+  absl::StatusOr<v1::ReplanResponse> Replan(
+      const v1::ReplanRequest& request) override;
 
  private:
   CoordinatorService* const service_;  // Not owned.

@@ -182,7 +182,10 @@ class Muon(torch.optim.Optimizer):
         transactional_step (bool, False: a step that fails on any rank
         leaves every rank's parameters, momentum and step count bitwise
         as before it; costs a host copy of the local shards and momentum,
-        sum(numel * (element bytes + 4)) bytes per rank).
+        sum(numel * (element bytes + 4)) bytes per rank),
+        replan_every_steps (int, 0 = never: every this many steps the
+        coordinator re-plans from the ranks' measured Newton-Schulz times;
+        results stay bitwise the same).
 
     Raises at construction: ValueError (torch's argument errors; a
     parameter that is not 2-D, with torch's message and its name; not
@@ -200,7 +203,8 @@ class Muon(torch.optim.Optimizer):
                  global_shapes=None, sub_mesh=None, expert_stacks=(),
                  ns_schedule=None, async_gpu_parallelism=False,
                  prefetch_count=0, assignment_policy=None,
-                 bucket_size_bytes=0, transactional_step=False):
+                 bucket_size_bytes=0, transactional_step=False,
+                 replan_every_steps=0):
         self._handle = None
         self._created = False
         # torch.optim.Muon.__init__'s checks and messages.
@@ -297,7 +301,8 @@ class Muon(torch.optim.Optimizer):
             prefetch_count=prefetch_count,
             assignment_policy=assignment_policy,
             bucket_size_bytes=bucket_size_bytes,
-            transactional_step=transactional_step))
+            transactional_step=transactional_step,
+            replan_every_steps=replan_every_steps))
         self._group_slots = []
         k = 0
         for group in self.param_groups:
@@ -569,6 +574,7 @@ class Muon(torch.optim.Optimizer):
             opts.assignment_policy = runtime["assignment_policy"].encode()
         opts.bucket_size_bytes = int(runtime["bucket_size_bytes"])
         opts.transactional_step = 1 if runtime["transactional_step"] else 0
+        opts.replan_every_steps = int(runtime["replan_every_steps"])
 
         mesh_names = [m.encode() for m in self._mesh.names]
         c_names = (ctypes.c_char_p * len(mesh_names))(*mesh_names)
