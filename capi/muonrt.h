@@ -67,10 +67,11 @@ const char* muonrt_last_error(void);
  * Joins the job described by torchrun's environment (RANK, WORLD_SIZE,
  * MASTER_ADDR, MASTER_PORT; MUON_COORDINATOR names a daemon instead of the
  * one rank 0 embeds on MASTER_ADDR:MASTER_PORT+1 (MUON_COORDINATOR_PORT);
- * MUON_JOB_ID; see client/process_group.h ProcessGroupOptionsFromEnv).
- * `timeout_s` bounds rendezvous and every collective (<= 0: 60 s). Collective:
- * every rank calls it. Errors: INVALID_ARGUMENT (environment), UNAVAILABLE /
- * DEADLINE_EXCEEDED (peers or coordinator unreachable). */
+ * MUON_JOB_ID (default empty: the coordinator's job); see
+ * client/process_group.h ProcessGroupOptionsFromEnv). `timeout_s` bounds
+ * rendezvous and every collective (<= 0: 60 s). Collective: every rank calls
+ * it. Errors: INVALID_ARGUMENT (environment), UNAVAILABLE / DEADLINE_EXCEEDED
+ * (peers or coordinator unreachable). */
 int muonrt_pg_init_from_env(double timeout_s, muonrt_process_group** out);
 /* -1 (and the last error set) when pg is NULL. */
 int muonrt_pg_rank(const muonrt_process_group* pg);

@@ -363,7 +363,7 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(
     EmbeddedCoordinatorOptions embedded;
     embedded.host = options.embedded_host;
     embedded.port = options.embedded_port;
-    embedded.job_id = options.job_id;
+    if (!options.job_id.empty()) embedded.job_id = options.job_id;
     embedded.world_size = options.world_size;
     embedded.auth.job_secret = options.job_secret;
     embedded.tls = options.tls;
@@ -469,7 +469,7 @@ absl::StatusOr<ProcessGroupOptions> ProcessGroupOptionsFromEnv() {
         "environment: LOCAL_RANK=", local_rank, " / LOCAL_WORLD_SIZE=",
         local_world, " do not fit WORLD_SIZE=", o.world_size));
   }
-  o.job_id = EnvString("MUON_JOB_ID", "job");
+  o.job_id = EnvString("MUON_JOB_ID", "");
   const std::string daemon = EnvString("MUON_COORDINATOR", "");
   if (!daemon.empty()) {
     o.coordinator_address = daemon;

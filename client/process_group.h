@@ -35,7 +35,12 @@ namespace muon {
 struct ProcessGroupOptions {
   int rank = 0;
   int world_size = 1;
-  std::string job_id = "job";
+  // The job id stamped on requests. Empty (the default) means "the
+  // coordinator's job": a muon-coordinator daemon started with any --job_id
+  // accepts the ranks; an explicit id that differs from the daemon's is
+  // rejected (InvalidArgument naming both). Rank 0's embedded coordinator
+  // serves "job" when this is empty.
+  std::string job_id;
   // host:port of the coordinator. Empty on rank 0 with embed_coordinator.
   std::string coordinator_address;
   // Rank 0 hosts the coordinator in-process (the default of the main job);
@@ -110,7 +115,7 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(
 //     ranks connect to it.
 //   MUON_COORDINATOR: host:port of a muon-coordinator daemon instead (no
 //     rank embeds one).
-//   MUON_JOB_ID: the job id (default "job").
+//   MUON_JOB_ID: the job id (default empty: the coordinator's job).
 //   LOCAL_RANK, LOCAL_WORLD_SIZE: checked when present (integers, in
 //     range), otherwise unused.
 // `start_embedded_coordinator` is left empty: the caller sets it (it links

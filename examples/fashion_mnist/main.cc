@@ -64,6 +64,9 @@ ABSL_FLAG(
     std::string, coordinator, "",
     "host:port of a running muon-coordinator; empty = embedded in rank 0.");
 // Internal: set by the launcher on rank processes.
+ABSL_FLAG(std::string, job_id, "",
+          "Job id the ranks name; empty: the --coordinator daemon's job (or "
+          "fashion-mnist for rank 0's embedded coordinator).");
 ABSL_FLAG(int, rank, -1, "Internal: this process's rank.");
 ABSL_FLAG(std::string, out_dir, "", "Internal: where ranks leave results.");
 ABSL_FLAG(std::string, port_file, "", "Internal: rank 0 writes the port here.");
@@ -413,9 +416,15 @@ int RankMain() {
   ProcessGroupOptions options;
   options.rank = rank;
   options.world_size = world;
-  options.job_id = "fashion-mnist";
   options.coordinator_address = absl::GetFlag(FLAGS_coordinator);
   options.embed_coordinator = options.coordinator_address.empty();
+  // With --coordinator the daemon's job id is used (an empty id in requests
+  // means the coordinator's job); rank 0's embedded coordinator serves
+  // "fashion-mnist". --job_id insists on a name.
+  options.job_id = absl::GetFlag(FLAGS_job_id);
+  if (options.job_id.empty() && options.embed_coordinator) {
+    options.job_id = "fashion-mnist";
+  }
   options.start_embedded_coordinator = StartEmbeddedCoordinator;
   options.port_file = absl::GetFlag(FLAGS_port_file);
   absl::StatusOr<std::unique_ptr<ProcessGroup>> pg = InitProcessGroup(options);
@@ -502,6 +511,7 @@ int LauncherMain() {
             "--async_gpu_parallelism=",
             absl::GetFlag(FLAGS_async_gpu_parallelism) ? "true" : "false"),
         absl::StrCat("--prefetch_count=", absl::GetFlag(FLAGS_prefetch_count)),
+        absl::StrCat("--job_id=", absl::GetFlag(FLAGS_job_id)),
         absl::StrCat("--out_dir=", *dir)};
     return a;
   };

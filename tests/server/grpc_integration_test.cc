@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "client/grpc_coordination_client.h"
+#include "client/process_group.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "plan/planner.h"
@@ -48,6 +49,45 @@ v1::JobSpec TwoRankSpec() {
   return MakeSpec({{"dp_shard", 2}}, {{"fc1.weight", 16, 8, {"Shard(0)"}},
                                       {"fc2.weight", 8, 16, {"Shard(1)"}},
                                       {"fc3.weight", 4, 4, {"Replicate()"}}});
+}
+
+// Issue 13 item 3.1: a trainer that does not insist on a job id (empty,
+// the default of ProcessGroupOptions and MUON_JOB_ID) joins whatever job the
+// daemon serves; an explicit, different id is still rejected naming both.
+TEST(GrpcIntegrationTest, Join_EmptyJobId_JoinsDaemonsJobOtherIdRejected) {
+  EXPECT_TRUE(ProcessGroupOptions().job_id.empty());
+  CoordinatorServerOptions options;
+  options.service.job_id = "demo";
+  options.service.world_size = 1;
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
+      CoordinatorServer::Start(options);
+  ASSERT_THAT(server, IsOk());
+  const v1::RankManifest manifest =
+      Manifests(MakeSpec({{"dp_shard", 1}}, {{"w", 4, 4, {"Replicate()"}}}))[0];
+
+  absl::StatusOr<std::unique_ptr<GrpcCoordinationClient>> other =
+      GrpcCoordinationClient::Create((*server)->address(), "fashion-mnist",
+                                     absl::Seconds(2));
+  ASSERT_THAT(other, IsOk());
+  v1::JoinRequest request;
+  *request.mutable_manifest() = manifest;
+  request.set_incarnation(1);
+  request.set_timeout_ms(2000);
+  EXPECT_THAT((*other)->Join(request),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("\"fashion-mnist\""),
+                             HasSubstr("serves job \"demo\""))));
+
+  absl::StatusOr<std::unique_ptr<GrpcCoordinationClient>> any =
+      GrpcCoordinationClient::Create((*server)->address(), /*job_id=*/"",
+                                     absl::Seconds(2));
+  ASSERT_THAT(any, IsOk());
+  absl::StatusOr<v1::JoinResponse> joined = (*any)->Join(request);
+  ASSERT_THAT(joined, IsOk());
+  EXPECT_EQ(joined->plan().job_id(), "demo");
+  absl::StatusOr<v1::JobInfo> job = (*any)->GetJob();
+  ASSERT_THAT(job, IsOk());
+  EXPECT_EQ(job->job_id(), "demo");
 }
 
 TEST(GrpcIntegrationTest, JoinKeyValueListRanks_OverLoopback_Work) {
