@@ -41,8 +41,32 @@ CoordinatorService::CoordinatorService(Options options)
 
 CoordinatorService::~CoordinatorService() { Shutdown(); }
 
+void CoordinatorService::Log(absl::string_view line) const {
+  if (options_.log) options_.log(line);
+}
+
+void CoordinatorService::NoteJobStateLocked() {
+  std::string state = JobStateNameLocked();
+  if (state == logged_state_ && generation_ == logged_generation_) return;
+  if (options_.log) {
+    Log(absl::StrCat("event=job_state job=", LogValue(options_.job_id),
+                     " generation=", generation_, " from=", logged_state_,
+                     " to=", state, " ranks_joined=", ranks_.size(),
+                     " world_size=", world_size_));
+  }
+  logged_state_ = std::move(state);
+  logged_generation_ = generation_;
+  if (options_.observer != nullptr) {
+    options_.observer->OnJobState(logged_state_, generation_);
+  }
+}
+
 absl::Status CoordinatorService::CheckJobId(const std::string& job_id) const {
   if (job_id.empty() || job_id == options_.job_id) return absl::OkStatus();
+  if (options_.log) {
+    Log(absl::StrCat("event=rejected reason=job_id request_job=",
+                     LogValue(job_id), " job=", LogValue(options_.job_id)));
+  }
   return absl::InvalidArgumentError(absl::StrCat(
       "request is for job \"", job_id, "\" but this coordinator serves job \"",
       options_.job_id, "\""));
@@ -99,6 +123,7 @@ void CoordinatorService::MaybeStartGenerationLocked(absl::Time now) {
   finished_count_ = 0;
   reported_count_ = 0;
   kv_.Clear();
+  NoteJobStateLocked();
 }
 
 void CoordinatorService::NoteKeyActivity() {
@@ -119,12 +144,19 @@ std::string CoordinatorService::MissingRanksLocked() const {
 void CoordinatorService::FailLocked(absl::Status status) {
   state_ = JobState::kFailed;
   error_ = std::move(status);
+  NoteJobStateLocked();
 }
 
 void CoordinatorService::PlanLocked(Completions* completions) {
   absl::StatusOr<std::optional<JobPlan>> job = PlanJoinedLocked(completions);
   if (job.ok() && !job->has_value()) return;  // ranks asked to resend
   if (!job.ok()) {
+    if (options_.log) {
+      Log(absl::StrCat("event=plan_failed job=", LogValue(options_.job_id),
+                       " generation=", generation_, " world_size=", world_size_,
+                       " code=", absl::StatusCodeToString(job.status().code()),
+                       " error=", LogValue(job.status().message())));
+    }
     FailLocked(job.status());
     CompleteJoinsLocked(completions);
     return;
@@ -139,6 +171,20 @@ void CoordinatorService::PlanLocked(Completions* completions) {
   layout_ = std::move(planned->layout);
   replans_.clear();
   state_ = JobState::kPlanned;
+  if (options_.log) {
+    int compact = 0;
+    for (const auto& [rank, info] : ranks_) compact += info.compact ? 1 : 0;
+    Log(absl::StrCat(
+        "event=plan job=", LogValue(options_.job_id),
+        " generation=", generation_, " hash=", LogValue(plan_.hash()),
+        " version=", plan_.version(), " matrices=", plan_.matrices_size(),
+        " ranks=", world_size_, " compact_manifests=", compact, " policy=",
+        LogValue(plan_.policy()), " max_load_flops=", plan_.max_load_flops()));
+  }
+  if (options_.observer != nullptr) {
+    options_.observer->OnPlan(plan_.version(), plan_.hash());
+  }
+  NoteJobStateLocked();
   CompleteJoinsLocked(completions);
   const absl::Time now = options_.now();
   for (auto& [rank, info] : ranks_) info.last_seen = now;
@@ -281,6 +327,12 @@ void CoordinatorService::ExpireJoin(uint64_t id) {
       --it->second.joins_in_flight;
       it->second.last_seen = options_.now();
     }
+    if (options_.log) {
+      Log(absl::StrCat("event=join_timeout rank=", rank,
+                       " missing=", LogValue(MissingRanksLocked()),
+                       " joined=", ranks_.size(), " world_size=", world_size_,
+                       " error=", LogValue(error.message())));
+    }
   }
   done(error);
 }
@@ -310,6 +362,15 @@ void CoordinatorService::JoinAsync(const v1::JoinRequest& request,
   {
     absl::MutexLock lock(&mu_);
     result = JoinLocked(request, done, &waiting, &completions);
+    if (!waiting && !result.ok() && options_.log) {
+      const bool compact = !request.has_manifest() && request.has_compact();
+      Log(absl::StrCat(
+          "event=join_rejected rank=",
+          compact ? request.compact().rank() : request.manifest().rank(),
+          " incarnation=", request.incarnation(),
+          " code=", absl::StatusCodeToString(result.status().code()),
+          " error=", LogValue(result.status().message())));
+    }
   }
   for (auto& complete : completions) complete();
   if (!waiting) done(std::move(result));
@@ -372,6 +433,7 @@ absl::StatusOr<v1::JoinResponse> CoordinatorService::JoinLocked(
     it->second.last_seen = now;
     if (it->second.finished) --finished_count_;
     it->second.finished = false;
+    NoteJobStateLocked();
     return JoinResponseLocked();
   }
   MUON_RETURN_IF_ERROR(
@@ -394,6 +456,12 @@ absl::StatusOr<v1::JoinResponse> CoordinatorService::JoinLocked(
   }
   info.last_seen = now;
   ++info.joins_in_flight;
+  if (options_.log) {
+    Log(absl::StrCat("event=join rank=", rank, " world_size=", world_size_,
+                     " manifest=", compact ? "compact" : "full",
+                     " incarnation=", request.incarnation(),
+                     " joined=", ranks_.size(), " generation=", generation_));
+  }
   const absl::Duration timeout = std::min(
       request.timeout_ms() > 0 ? absl::Milliseconds(request.timeout_ms())
                                : options_.default_join_timeout,
@@ -459,12 +527,23 @@ absl::StatusOr<v1::HeartbeatResponse> CoordinatorService::Heartbeat(
   if (request.leaving() && !info->finished) {
     info->finished = true;
     ++finished_count_;
+    if (options_.log) {
+      Log(absl::StrCat("event=rank_finished rank=", request.rank(),
+                       " finished=", finished_count_,
+                       " world_size=", world_size_));
+    }
   }
   if (!request.error().empty() && state_ == JobState::kPlanned) {
+    if (!info->failure_logged && options_.log) {
+      info->failure_logged = true;
+      Log(absl::StrCat("event=rank_failed rank=", request.rank(),
+                       " error=", LogValue(request.error())));
+    }
     FailRankLocked(request.rank(), absl::StrCat("rank ", request.rank(),
                                                 " failed: ", request.error()));
   }
   CheckLostLocked(now);
+  NoteJobStateLocked();
   v1::HeartbeatResponse response;
   response.set_job_state(JobStateNameLocked());
   if (!run_error_.empty()) {
@@ -500,6 +579,14 @@ void CoordinatorService::CheckLostLocked(absl::Time now) {
     }
   }
   if (silent == nullptr) return;
+  if (options_.log) {
+    Log(absl::StrFormat(
+        "event=rank_lost rank=%d silent_s=%.3f heartbeat_timeout_s=%.3f "
+        "last_step=%d",
+        silent_rank, absl::ToDoubleSeconds(now - silent->last_seen),
+        absl::ToDoubleSeconds(options_.heartbeat_timeout),
+        silent->reported ? silent->last_report.step() : -1));
+  }
   FailRankLocked(
       silent_rank,
       absl::StrFormat("rank %d lost: no heartbeat for %.2f s (heartbeat "
@@ -507,23 +594,28 @@ void CoordinatorService::CheckLostLocked(absl::Time now) {
                       silent_rank,
                       absl::ToDoubleSeconds(now - silent->last_seen),
                       absl::ToDoubleSeconds(options_.heartbeat_timeout)));
+  NoteJobStateLocked();
 }
 
 absl::StatusOr<v1::ReportStepResponse> CoordinatorService::ReportStep(
     const v1::StepReport& report) {
   MUON_RETURN_IF_ERROR(CheckJobId(report.job_id()));
-  absl::MutexLock lock(&mu_);
-  MUON_ASSIGN_OR_RETURN(RankInfo * info,
-                        FindRankLocked(report.rank(), report.incarnation()));
-  MUON_RETURN_IF_ERROR(PlanReadyLocked());
-  const absl::Time now = options_.now();
-  info->last_seen = now;
-  if (!info->reported) ++reported_count_;
-  info->reported = true;
-  info->last_report = report;
-  info->last_report_at = now;
-  CheckLostLocked(now);
-  KeepReportLocked(*info, report);
+  {
+    absl::MutexLock lock(&mu_);
+    MUON_ASSIGN_OR_RETURN(RankInfo * info,
+                          FindRankLocked(report.rank(), report.incarnation()));
+    MUON_RETURN_IF_ERROR(PlanReadyLocked());
+    const absl::Time now = options_.now();
+    info->last_seen = now;
+    if (!info->reported) ++reported_count_;
+    info->reported = true;
+    info->last_report = report;
+    info->last_report_at = now;
+    CheckLostLocked(now);
+    KeepReportLocked(*info, report);
+    NoteJobStateLocked();
+  }
+  if (options_.observer != nullptr) options_.observer->OnStepReport(report);
   return v1::ReportStepResponse();
 }
 
@@ -688,7 +780,17 @@ absl::StatusOr<v1::ReplanResponse> CoordinatorService::Replan(
     if (plan.hash() != plan_.hash()) {
       plan_ = std::move(plan);
       rank_plan_ = PlanForRank(plan_, /*rank=*/-1);
+      if (options_.observer != nullptr) {
+        options_.observer->OnPlan(plan_.version(), plan_.hash());
+      }
     }
+  }
+  if (options_.log) {
+    Log(absl::StrCat(
+        "event=replan job=", LogValue(options_.job_id), " step=", step,
+        " hash=", LogValue(plan_.hash()), " version=", plan_.version(),
+        " matrices=", plan_.matrices_size(), " ranks=", world_size_,
+        " measured=", !seconds_per_flop.empty(), " by_rank=", request.rank()));
   }
   replans_[step] = rank_plan_;
   while (replans_.size() > 4) replans_.erase(replans_.begin());

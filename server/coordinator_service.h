@@ -65,6 +65,16 @@
 // time since its last report is already straggler_factor times the median
 // (a frozen rank is flagged before it is lost).
 //
+// Logs and metrics (server/coordinator_observer.h): with Options::log set,
+// one key=value line per join ("event=join"), rejected join
+// ("event=join_rejected", "event=join_timeout"), request for another job
+// ("event=rejected reason=job_id"), plan ("event=plan", "event=plan_failed",
+// "event=replan"), job state change ("event=job_state"), lost rank
+// ("event=rank_lost"), failed rank ("event=rank_failed") and rank that left
+// ("event=rank_finished"). Heartbeats and step reports log nothing unless
+// they change a state. Options::observer receives accepted step reports,
+// job state changes and plans (the daemon's Prometheus metrics).
+//
 // Lifecycle: construct -> calls from any threads -> Shutdown (wakes every
 // blocked Join and KeyGet with Unavailable) -> destroy when no call is in
 // flight.
@@ -88,6 +98,7 @@
 #include "absl/time/time.h"
 #include "muon/v1/coordinator.pb.h"
 #include "plan/plan_job.h"
+#include "server/coordinator_observer.h"
 #include "server/deadline_timer.h"
 #include "server/kv_store.h"
 
@@ -130,6 +141,12 @@ class CoordinatorService {
     size_t max_waiting_joins = 1 << 17;
     // Longest Join wait a request may ask for (longer ones are capped).
     absl::Duration max_join_timeout = absl::Hours(1);
+    // Structured log lines (see "Logs and metrics" above); empty: none. The
+    // daemon logs them with glog's LOG(INFO).
+    CoordinatorLog log;
+    // Step reports, job state changes and plans, for metrics; null: none.
+    // Not owned; must outlive the service.
+    CoordinatorObserver* observer = nullptr;
   };
 
   explicit CoordinatorService(Options options);
@@ -247,6 +264,11 @@ class CoordinatorService {
   // The current job generation (1 for the first job).
   int64_t generation() const;
 
+  // Writes one structured log line through Options::log (nothing when it
+  // is empty). For the layers above, e.g. the gRPC layer's rejected
+  // credentials ("event=rejected reason=unauthenticated ...").
+  void Log(absl::string_view line) const;
+
   // Wakes every blocked Join and KeyGet with Unavailable and makes later
   // ones fail the same way. Idempotent.
   void Shutdown();
@@ -273,6 +295,7 @@ class CoordinatorService {
     absl::Time last_seen;
     int joins_in_flight = 0;  // Join calls of this rank now blocked
     bool reported = false;
+    bool failure_logged = false;  // "event=rank_failed" written
     v1::StepReport last_report;
     // The last reports_kept reports: a ring of at most that many entries,
     // `next_report` indexes the oldest once it is full.
@@ -280,7 +303,12 @@ class CoordinatorService {
     size_t next_report = 0;
   };
 
+  // OK for an empty job id or this job's; else InvalidArgument naming both
+  // (and logs "event=rejected reason=job_id").
   absl::Status CheckJobId(const std::string& job_id) const;
+  // Logs and tells the observer when the job state changed since the last
+  // call (O(1)).
+  void NoteJobStateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // "waiting", "planned", "running", "finished" or "failed".
   std::string JobStateNameLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Join up to registering the rank; sets *waiting when the caller must wait
@@ -396,6 +424,9 @@ class CoordinatorService {
   // When CheckLostLocked last scanned the ranks.
   absl::Time last_lost_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  // The job state and generation last logged (NoteJobStateLocked).
+  std::string logged_state_ ABSL_GUARDED_BY(mu_) = "waiting";
+  int64_t logged_generation_ ABSL_GUARDED_BY(mu_) = 1;
   DeadlineTimer timer_;  // last: destroyed (joined) first
 };
 

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 
 namespace muon {
@@ -68,9 +69,16 @@ absl::Status CoordinatorGrpcService::Authorize(
     if (absl::StartsWith(value, "Bearer ")) token = value.substr(7);
   }
   if (ConstantTimeEquals(token, auth_.job_secret)) return absl::OkStatus();
-  if (!auth_.read_token.empty() &&
-      ConstantTimeEquals(token, auth_.read_token)) {
-    if (access == Access::kRead) return absl::OkStatus();
+  const bool read_token =
+      !auth_.read_token.empty() && ConstantTimeEquals(token, auth_.read_token);
+  if (read_token && access == Access::kRead) return absl::OkStatus();
+  // Never log the token itself.
+  service_->Log(
+      absl::StrCat("event=rejected reason=",
+                   read_token ? "read_only_token" : "unauthenticated",
+                   " credentials=", token.empty() ? "missing" : "invalid",
+                   " peer=", LogValue(context->peer())));
+  if (read_token) {
     return absl::PermissionDeniedError(
         "this token is read-only; rank RPCs need the job secret");
   }
