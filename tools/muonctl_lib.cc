@@ -8,93 +8,215 @@
 #include <set>
 #include <vector>
 
-#include "absl/flags/flag.h"
+#include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "client/checkpoint.h"
+#include "client/exchange_plan.h"
 #include "client/grpc_coordination_client.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
 #include "coordination/credentials.h"
-#include "google/protobuf/util/json_util.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
+#include "nlohmann/json.hpp"
 #include "plan/manifest_validation.h"
 #include "plan/plan_job.h"
 #include "plan/schedule.h"
 #include "tools/validate.h"
 
-ABSL_FLAG(std::string, spec, "", "Job spec file (JSON, muon.v1.JobSpec).");
-ABSL_FLAG(bool, json, false,
-          "Print JSON (protobuf's JSON mapping) instead of a table.");
-ABSL_FLAG(std::string, policy, "",
-          "Assignment policy for `plan`: lpt or round_robin (default: the "
-          "spec's, else lpt).");
-ABSL_FLAG(std::string, coordinator, "",
-          "host:port of the coordinator (live commands; for validate: use "
-          "this daemon instead of one embedded in rank 0).");
-ABSL_FLAG(std::string, job_id, "", "Job id (empty = the coordinator's job).");
-ABSL_FLAG(std::string, token_file, "",
-          "File (mode 0600) with the coordinator's read-only token or the job "
-          "secret; default: MUON_JOB_SECRET or MUON_JOB_SECRET_FILE.");
-ABSL_FLAG(std::string, tls_ca_file, "",
-          "PEM CA certificate to verify a TLS coordinator with (default: "
-          "MUON_TLS_CA_FILE); empty = plaintext.");
-ABSL_FLAG(int, steps, 3, "validate: optimizer steps.");
-ABSL_FLAG(std::string, init, "",
-          "validate: initial parameters DIR/<param>.npy.");
-ABSL_FLAG(std::string, grads, "",
-          "validate: gradients DIR/<step>/<param>.npy.");
-ABSL_FLAG(std::string, dump, "", "validate: write final parameters under DIR.");
-ABSL_FLAG(uint64_t, seed, 0, "validate: seed of the synthetic values.");
-ABSL_FLAG(double, tolerance, 0.0,
-          "validate: accepted max abs difference (0 = bitwise).");
-ABSL_FLAG(int, timeout_s, 600,
-          "validate: bound on the distributed run, seconds.");
-ABSL_FLAG(int, checkpoint_at, 0,
-          "validate: save a checkpoint after step J, resume it in fresh rank "
-          "processes and continue to --steps (0 = no checkpoint).");
-ABSL_FLAG(std::string, resume_spec, "",
-          "validate --checkpoint_at: job spec of the resumed run (another "
-          "layout or world size; same parameters).");
-ABSL_FLAG(bool, watch, false,
-          "status: refresh the table every --interval_s seconds.");
-ABSL_FLAG(double, interval_s, 1.0,
-          "status --watch: seconds between refreshes.");
-ABSL_FLAG(int, count, 0,
-          "status --watch: number of refreshes (0 = until interrupted).");
-ABSL_FLAG(int, last_steps, 0,
-          "timings, trace: use each rank's last N kept steps (0 = all the "
-          "coordinator keeps).");
-ABSL_FLAG(std::string, out, "",
-          "trace: output file (Chrome trace event JSON; - = stdout).");
-// Internal (validate-rank).
-ABSL_FLAG(int, rank, -1, "Internal: rank of a validate-rank process.");
-ABSL_FLAG(std::string, out_dir, "", "Internal: validate-rank output folder.");
-ABSL_FLAG(std::string, port_file, "",
-          "Internal: rank 0 writes its coordinator port here.");
-ABSL_FLAG(int64_t, phase_from, 0, "Internal: validate-rank's first step.");
-ABSL_FLAG(int64_t, phase_to, -1, "Internal: validate-rank's end step.");
-ABSL_FLAG(std::string, load_dir, "",
-          "Internal: validate-rank resumes from this checkpoint.");
-ABSL_FLAG(std::string, save_dir, "",
-          "Internal: validate-rank saves a checkpoint here.");
-
 namespace muon {
 namespace {
+
+// Keys in insertion order (field order): stable, readable output.
+using Json = nlohmann::ordered_json;
+
+// The flags of the command being run: each command registers only its own
+// (RegisterFlags), so a flag another command takes is rejected as unknown.
+struct Flags {
+  std::string spec;         // job spec file (JSON, muon.v1.JobSpec)
+  bool json = false;        // JSON instead of a table
+  std::string policy;       // plan/schedule: lpt or round_robin
+  std::string coordinator;  // host:port
+  std::string job_id;       // empty = the coordinator's job
+  std::string token_file;   // read-only token or job secret, mode 0600
+  std::string tls_ca_file;  // PEM CA; empty = plaintext
+  int steps = 3;            // validate
+  std::string init, grads, dump;
+  uint64_t seed = 0;
+  double tolerance = 0.0;
+  int timeout_s = 600;
+  int checkpoint_at = 0;
+  std::string resume_spec;
+  bool watch = false;  // status
+  double interval_s = 1.0;
+  int count = 0;
+  int last_steps = 0;  // timings, trace
+  std::string out;     // trace
+  std::string dir;     // checkpoint inspect
+  // Internal (validate-rank).
+  int rank = -1;
+  std::string out_dir, port_file, load_dir, save_dir;
+  int64_t phase_from = 0, phase_to = -1;
+};
+
+Flags& F() {
+  static Flags flags;
+  return flags;
+}
 
 std::string Shape(int64_t r, int64_t c) {
   return absl::StrCat("[", r, ", ", c, "]");
 }
 
+// `value` with the largest prefix that keeps it >= 1, 3 significant
+// digits: "52.8 kFLOP", "9.81 GFLOP", "11.0 TFLOP" (SI, 1000).
+std::string Flops(double value) {
+  static const char* const kPrefix[] = {"", "k", "M", "G", "T", "P", "E"};
+  int k = 0;
+  while (k < 6 && std::abs(value) >= 1000) {
+    value /= 1000;
+    ++k;
+  }
+  return absl::StrFormat("%.3g %sFLOP", value, kPrefix[k]);
+}
+
+// Bytes in binary units: "512 B", "1.50 KiB", "3.20 MiB", "1.07 GiB".
+std::string Bytes(double value) {
+  static const char* const kUnit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int k = 0;
+  while (k < 5 && std::abs(value) >= 1024) {
+    value /= 1024;
+    ++k;
+  }
+  return k == 0 ? absl::StrFormat("%.0f B", value)
+                : absl::StrFormat("%.3g %s", value, kUnit[k]);
+}
+
+// Per rank, what one step moves and holds (fp32; the step executor's exact
+// all-to-all(v) split sizes, client/exchange_plan.h): bytes sent and
+// received in the gather and the redistribute, bytes gathered as owner
+// (received in the gather), and the peak of the preallocated buffers:
+// (prefetch + 1) bucket slots of the full U and O of the matrices it owns
+// and does not hold whole, plus the largest send and receive buffers.
+struct RankTraffic {
+  int64_t sent = 0, received = 0, gathered = 0, peak_buffer = 0;
+};
+
+std::vector<RankTraffic> PlanTraffic(const JobPlan& job) {
+  const v1::Plan& plan = job.plan;
+  const int world = plan.world_size();
+  std::vector<RankTraffic> t(world);
+  std::vector<int64_t> max_send(world, 0), max_recv(world, 0),
+      max_slot(world, 0);
+  for (const v1::Bucket& bucket : plan.buckets()) {
+    for (int r = 0; r < world; ++r) {
+      Exchange gather(world), redistribute(world);
+      int64_t slot = 0;
+      for (int i : bucket.matrices()) {
+        const MatrixLayout& m = job.layout.matrices[i];
+        const int owner = plan.matrices(i).owner();
+        const Box full{Range{0, m.rows}, Range{0, m.cols}};
+        const std::vector<Box>& boxes = m.boxes;
+        AddToGather(r, i, owner, boxes, full, &gather);
+        AddToRedistribute(r, i, owner, boxes, full, &redistribute);
+        if (owner == r && !(boxes[r] == full)) slot += 2 * full.numel();
+      }
+      gather.Finish();
+      redistribute.Finish();
+      t[r].sent += 4 * (gather.send_total + redistribute.send_total);
+      t[r].received += 4 * (gather.recv_total + redistribute.recv_total);
+      t[r].gathered += 4 * gather.recv_total;
+      max_send[r] =
+          std::max({max_send[r], gather.send_total, redistribute.send_total});
+      max_recv[r] =
+          std::max({max_recv[r], gather.recv_total, redistribute.recv_total});
+      max_slot[r] = std::max(max_slot[r], slot);
+    }
+  }
+  const int64_t slots = std::max(1, plan.schedule().slots());
+  for (int r = 0; r < world; ++r) {
+    t[r].peak_buffer = 4 * (slots * max_slot[r] + max_send[r] + max_recv[r]);
+  }
+  return t;
+}
+
+Json FieldJson(const google::protobuf::Message& m,
+               const google::protobuf::FieldDescriptor* f, int index);
+
+// `m` as JSON for jq users: every field, defaults included, under its
+// proto name; int64 and uint64 as JSON numbers (protobuf's JSON mapping
+// prints them as strings); enums by name; maps as objects; NaN and
+// infinities as null. Built with nlohmann::json from protobuf reflection.
+Json ProtoJson(const google::protobuf::Message& m) {
+  Json out = Json::object();
+  const google::protobuf::Descriptor* d = m.GetDescriptor();
+  const google::protobuf::Reflection* r = m.GetReflection();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* f = d->field(i);
+    if (f->is_map()) {
+      Json map = Json::object();
+      for (int k = 0; k < r->FieldSize(m, f); ++k) {
+        const google::protobuf::Message& entry = r->GetRepeatedMessage(m, f, k);
+        const Json key = FieldJson(entry, entry.GetDescriptor()->field(0), -1);
+        map[key.is_string() ? key.get<std::string>() : key.dump()] =
+            FieldJson(entry, entry.GetDescriptor()->field(1), -1);
+      }
+      out[f->name()] = std::move(map);
+    } else if (f->is_repeated()) {
+      Json list = Json::array();
+      for (int k = 0; k < r->FieldSize(m, f); ++k) {
+        list.push_back(FieldJson(m, f, k));
+      }
+      out[f->name()] = std::move(list);
+    } else {
+      out[f->name()] = FieldJson(m, f, -1);
+    }
+  }
+  return out;
+}
+
+Json Number(double x) { return std::isfinite(x) ? Json(x) : Json(nullptr); }
+
+// One value of field `f` (element `index` of a repeated field, -1 for a
+// singular one).
+Json FieldJson(const google::protobuf::Message& m,
+               const google::protobuf::FieldDescriptor* f, int index) {
+  using FD = google::protobuf::FieldDescriptor;
+  const google::protobuf::Reflection* r = m.GetReflection();
+  const bool rep = index >= 0;
+  switch (f->cpp_type()) {
+    case FD::CPPTYPE_INT32:
+      return rep ? r->GetRepeatedInt32(m, f, index) : r->GetInt32(m, f);
+    case FD::CPPTYPE_INT64:
+      return rep ? r->GetRepeatedInt64(m, f, index) : r->GetInt64(m, f);
+    case FD::CPPTYPE_UINT32:
+      return rep ? r->GetRepeatedUInt32(m, f, index) : r->GetUInt32(m, f);
+    case FD::CPPTYPE_UINT64:
+      return rep ? r->GetRepeatedUInt64(m, f, index) : r->GetUInt64(m, f);
+    case FD::CPPTYPE_DOUBLE:
+      return Number(rep ? r->GetRepeatedDouble(m, f, index)
+                        : r->GetDouble(m, f));
+    case FD::CPPTYPE_FLOAT:
+      return Number(rep ? r->GetRepeatedFloat(m, f, index) : r->GetFloat(m, f));
+    case FD::CPPTYPE_BOOL:
+      return rep ? r->GetRepeatedBool(m, f, index) : r->GetBool(m, f);
+    case FD::CPPTYPE_ENUM:
+      return (rep ? r->GetRepeatedEnum(m, f, index) : r->GetEnum(m, f))->name();
+    case FD::CPPTYPE_STRING:
+      return rep ? r->GetRepeatedString(m, f, index) : r->GetString(m, f);
+    case FD::CPPTYPE_MESSAGE:
+      return ProtoJson(rep ? r->GetRepeatedMessage(m, f, index)
+                           : r->GetMessage(m, f));
+  }
+  return nullptr;
+}
+
 std::string ToJson(const google::protobuf::Message& m) {
-  std::string s;
-  google::protobuf::util::JsonPrintOptions o;
-  o.add_whitespace = true;
-  o.preserve_proto_field_names = true;
-  (void)google::protobuf::util::MessageToJsonString(m, &s, o);
-  return s;
+  return ProtoJson(m).dump(2);
 }
 
 int Fail(std::ostream& err, const absl::Status& s) {
@@ -104,16 +226,16 @@ int Fail(std::ostream& err, const absl::Status& s) {
 
 int CmdPlan(const std::vector<std::string>&, std::ostream& out,
             std::ostream& err) {
-  const std::string path = absl::GetFlag(FLAGS_spec);
+  const std::string path = F().spec;
   if (path.empty()) {
     err << "muonctl plan: --spec FILE is required\n";
     return 2;
   }
   absl::StatusOr<v1::JobSpec> spec = LoadJobSpec(path);
   if (!spec.ok()) return Fail(err, spec.status());
-  absl::StatusOr<JobPlan> p = PlanJobSpec(*spec, absl::GetFlag(FLAGS_policy));
+  absl::StatusOr<JobPlan> p = PlanJobSpec(*spec, F().policy);
   if (!p.ok()) return Fail(err, p.status());
-  if (absl::GetFlag(FLAGS_json)) {
+  if (F().json) {
     out << ToJson(p->plan) << "\n";
     return 0;
   }
@@ -129,9 +251,9 @@ int CmdPlan(const std::vector<std::string>&, std::ostream& out,
   for (const MatrixLayout& ml : p->layout.matrices) {
     name_width = std::max(name_width, static_cast<int>(ml.name.size()));
   }
-  out << absl::StrFormat("%-*s %5s %6s %-14s %-28s %10s\n", name_width,
+  out << absl::StrFormat("%-*s %5s %6s %-14s %-28s %12s\n", name_width,
                          "matrix", "owner", "bucket", "global shape",
-                         "local shapes (holders)", "NS GFLOP");
+                         "local shapes (holders)", "NS per step");
   for (const v1::MatrixPlan& m : plan.matrices()) {
     const MatrixLayout& ml = p->layout.matrices[m.index()];
     std::vector<std::string> locals;
@@ -144,17 +266,33 @@ int CmdPlan(const std::vector<std::string>&, std::ostream& out,
         locals.push_back(Shape(b.rows.size(), b.cols.size()));
       }
     }
-    out << absl::StrFormat("%-*s %5d %6d %-14s %-28s %10.4g\n", name_width,
+    out << absl::StrFormat("%-*s %5d %6d %-14s %-28s %12s\n", name_width,
                            ml.name, m.owner(), m.bucket(),
                            Shape(m.rows(), m.cols()),
                            absl::StrCat(absl::StrJoin(locals, " "), " (",
                                         holders, "/", ml.boxes.size(), ")"),
-                           m.ns_flops() / 1e9);
+                           Flops(m.ns_flops()));
   }
-  out << absl::StrFormat("%-6s %9s %10s\n", "rank", "matrices", "NS GFLOP");
+  // Per rank: load, bytes per step and buffer memory (exact exchange
+  // sizes; O(ranks^2 x matrices) to compute, so only for smaller jobs).
+  const bool traffic = static_cast<int64_t>(plan.world_size()) *
+                           plan.world_size() * plan.matrices_size() <=
+                       (int64_t{1} << 28);
+  const std::vector<RankTraffic> t =
+      traffic ? PlanTraffic(*p) : std::vector<RankTraffic>();
+  out << absl::StrFormat("%-6s %9s %12s %12s %12s %12s %12s\n", "rank",
+                         "matrices", "NS per step", "gathered", "sent",
+                         "received", "peak buffer");
   for (const v1::RankLoad& l : plan.loads()) {
-    out << absl::StrFormat("%-6d %9d %10.4g\n", l.rank(), l.matrices(),
-                           l.ns_flops() / 1e9);
+    const int r = l.rank();
+    out << absl::StrFormat(
+        "%-6d %9d %12s %12s %12s %12s %12s\n", r, l.matrices(),
+        Flops(l.ns_flops()), traffic ? Bytes(t[r].gathered) : "-",
+        traffic ? Bytes(t[r].sent) : "-", traffic ? Bytes(t[r].received) : "-",
+        traffic ? Bytes(t[r].peak_buffer) : "-");
+  }
+  if (!traffic) {
+    out << "(bytes per rank not computed: ranks^2 x matrices above 2^28)\n";
   }
   // Both policies side by side.
   for (const char* policy : {"lpt", "round_robin"}) {
@@ -163,36 +301,35 @@ int CmdPlan(const std::vector<std::string>&, std::ostream& out,
     const double mean = q->plan.mean_load_flops();
     const double bound = LoadLowerBoundFlops(q->plan);
     out << absl::StrFormat(
-        "policy %-11s max load %.4g GFLOP, mean %.4g GFLOP, max/mean %.3f, "
-        "lower bound %.4g GFLOP, max/bound %.3f\n",
-        policy, q->plan.max_load_flops() / 1e9, mean / 1e9,
-        mean > 0 ? q->plan.max_load_flops() / mean : 0.0, bound / 1e9,
+        "policy %-11s max load %s, mean %s, max/mean %.3f, lower bound %s, "
+        "max/bound %.3f\n",
+        policy, Flops(q->plan.max_load_flops()), Flops(mean),
+        mean > 0 ? q->plan.max_load_flops() / mean : 0.0, Flops(bound),
         bound > 0 ? q->plan.max_load_flops() / bound : 0.0);
   }
   return 0;
 }
 
 absl::StatusOr<std::unique_ptr<CoordinationClient>> Connect(std::ostream& err) {
-  const std::string address = absl::GetFlag(FLAGS_coordinator);
+  const std::string address = F().coordinator;
   if (address.empty()) {
     return absl::InvalidArgumentError("--coordinator HOST:PORT is required");
   }
   GrpcClientSecurity security;
-  const std::string token_file = absl::GetFlag(FLAGS_token_file);
+  const std::string token_file = F().token_file;
   if (!token_file.empty()) {
     MUON_ASSIGN_OR_RETURN(security.token, ReadSecretFile(token_file));
   } else {
     MUON_ASSIGN_OR_RETURN(security.token, JobSecretFromEnv());
   }
-  security.tls_ca_file = absl::GetFlag(FLAGS_tls_ca_file);
+  security.tls_ca_file = F().tls_ca_file;
   if (security.tls_ca_file.empty()) {
     const char* ca = std::getenv("MUON_TLS_CA_FILE");
     if (ca != nullptr) security.tls_ca_file = ca;
   }
-  MUON_ASSIGN_OR_RETURN(
-      std::unique_ptr<GrpcCoordinationClient> c,
-      GrpcCoordinationClient::Create(address, absl::GetFlag(FLAGS_job_id),
-                                     absl::Seconds(5), security));
+  MUON_ASSIGN_OR_RETURN(std::unique_ptr<GrpcCoordinationClient> c,
+                        GrpcCoordinationClient::Create(
+                            address, F().job_id, absl::Seconds(5), security));
   return std::unique_ptr<CoordinationClient>(std::move(c));
 }
 
@@ -202,26 +339,47 @@ int CmdAssignments(const std::vector<std::string>&, std::ostream& out,
   if (!c.ok()) return Fail(err, c.status());
   absl::StatusOr<v1::GetAssignmentsResponse> a = (*c)->GetAssignments();
   if (!a.ok()) return Fail(err, a.status());
-  if (absl::GetFlag(FLAGS_json)) {
+  if (F().json) {
     out << ToJson(*a) << "\n";
     return 0;
   }
-  out << absl::StrFormat("%-6s %10s  %s\n", "rank", "NS GFLOP", "matrices");
+  out << absl::StrFormat("%-6s %12s  %s\n", "rank", "NS per step", "matrices");
   for (const v1::RankAssignment& r : a->ranks()) {
-    out << absl::StrFormat("%-6d %10.4g  %s\n", r.rank(), r.ns_flops() / 1e9,
+    out << absl::StrFormat("%-6d %12s  %s\n", r.rank(), Flops(r.ns_flops()),
                            absl::StrJoin(r.matrices(), ", "));
   }
   return 0;
 }
 
+// Why the job is unhealthy ("rank 3 lost", "job failed: ..."), or "" when
+// no rank is lost or failed and the job has not failed.
+std::string Unhealthy(const v1::JobInfo& job,
+                      const v1::ListRanksResponse& ranks) {
+  std::vector<std::string> bad;
+  for (const v1::RankStatus& r : ranks.ranks()) {
+    if (r.state() == "lost" || r.state() == "failed") {
+      bad.push_back(absl::StrCat("rank ", r.rank(), " ", r.state()));
+    }
+  }
+  if (job.state() == "failed") {
+    bad.push_back(absl::StrCat("job failed: ", job.error()));
+  }
+  return absl::StrJoin(bad, "; ");
+}
+
 // One status snapshot: the job line and a table per rank (or one JSON
-// object with --json).
-absl::Status PrintStatus(CoordinationClient& c, std::ostream& out) {
+// object {"job": {...}, "ranks": [...]} with --json). Sets *unhealthy to
+// why a rank is lost or failed or the job failed ("" when none).
+absl::Status PrintStatus(CoordinationClient& c, std::ostream& out,
+                         std::string* unhealthy) {
   MUON_ASSIGN_OR_RETURN(v1::JobInfo job, c.GetJob());
   MUON_ASSIGN_OR_RETURN(v1::ListRanksResponse ranks, c.ListRanks());
-  if (absl::GetFlag(FLAGS_json)) {
-    out << "{\"job\": " << ToJson(job) << ",\n\"ranks\": " << ToJson(ranks)
-        << "}\n";
+  *unhealthy = Unhealthy(job, ranks);
+  if (F().json) {
+    Json doc = Json::object();
+    doc["job"] = ProtoJson(job);
+    doc["ranks"] = ProtoJson(ranks)["ranks"];
+    out << doc.dump(2) << "\n";
     return absl::OkStatus();
   }
   out << absl::StrFormat(
@@ -254,29 +412,29 @@ int CmdStatus(const std::vector<std::string>&, std::ostream& out,
               std::ostream& err) {
   absl::StatusOr<std::unique_ptr<CoordinationClient>> c = Connect(err);
   if (!c.ok()) return Fail(err, c.status());
-  if (!absl::GetFlag(FLAGS_watch)) {
-    absl::Status s = PrintStatus(**c, out);
-    return s.ok() ? 0 : Fail(err, s);
-  }
-  const double interval_s = absl::GetFlag(FLAGS_interval_s);
-  const int count = absl::GetFlag(FLAGS_count);
-  if (!(interval_s > 0) || count < 0) {
-    err << "muonctl status --watch: --interval_s must be > 0 and --count >= "
-           "0\n";
-    return 2;
-  }
+  // A probe: exit 1 when a rank is lost or failed or the job failed.
+  auto outcome = [&](const absl::Status& s, const std::string& unhealthy) {
+    if (!s.ok()) return Fail(err, s);
+    if (unhealthy.empty()) return 0;
+    err << "muonctl status: " << unhealthy << "\n";
+    return 1;
+  };
+  std::string unhealthy;
+  if (!F().watch) return outcome(PrintStatus(**c, out, &unhealthy), unhealthy);
+  const double interval_s = F().interval_s;
+  const int count = F().count;
   // Like watch(1): a failed refresh is reported and the next one tried; the
   // exit code is the last refresh's.
   int rc = 0;
   for (int i = 0; count == 0 || i < count; ++i) {
     if (i > 0) absl::SleepFor(absl::Seconds(interval_s));
-    if (!absl::GetFlag(FLAGS_json)) {
+    if (!F().json) {
       out << absl::StrFormat(
           "--- %s ---\n", absl::FormatTime("%Y-%m-%d %H:%M:%E3S", absl::Now(),
                                            absl::LocalTimeZone()));
     }
-    absl::Status s = PrintStatus(**c, out);
-    rc = s.ok() ? 0 : Fail(err, s);
+    absl::Status s = PrintStatus(**c, out, &unhealthy);
+    rc = outcome(s, unhealthy);
     out.flush();
   }
   return rc;
@@ -305,76 +463,9 @@ double Percentile(const std::vector<double>& sorted, double p) {
   return sorted[k];
 }
 
-// A JSON string literal: quotes, backslashes and control characters
-// escaped (RFC 8259 section 7); other bytes (UTF-8) kept.
-std::string JsonString(absl::string_view text) {
-  std::string out = "\"";
-  for (const char ch : text) {
-    const unsigned char c = static_cast<unsigned char>(ch);
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (c < 0x20) {
-          out += absl::StrFormat("\\u%04x", c);
-        } else {
-          out += ch;
-        }
-    }
-  }
-  out += "\"";
-  return out;
-}
-
-// A JSON number: `decimals` >= 0 prints fixed-point with that many
-// decimals, else 15 significant digits; NaN and infinities (not JSON
-// numbers) print as null.
-std::string JsonNumber(double x, int decimals = -1) {
-  if (!std::isfinite(x)) return "null";
-  return decimals >= 0 ? absl::StrFormat("%.*f", decimals, x)
-                       : absl::StrFormat("%.15g", x);
-}
-
-// One JSON object, keys in the order they are added (so output is stable
-// and readable: protobuf's Struct printer orders keys by hash).
-class JsonObject {
- public:
-  JsonObject& Raw(absl::string_view key, absl::string_view json) {
-    absl::StrAppend(&text_, text_.empty() ? "{" : ",", JsonString(key), ":",
-                    json);
-    return *this;
-  }
-  JsonObject& Str(absl::string_view key, absl::string_view value) {
-    return Raw(key, JsonString(value));
-  }
-  JsonObject& Int(absl::string_view key, int64_t value) {
-    return Raw(key, absl::StrCat(value));
-  }
-  JsonObject& Num(absl::string_view key, double value, int decimals = -1) {
-    return Raw(key, JsonNumber(value, decimals));
-  }
-  std::string Build() const { return text_.empty() ? "{}" : text_ + "}"; }
-
- private:
-  std::string text_;
-};
-
 absl::StatusOr<v1::GetReportsResponse> FetchReports(std::ostream& err) {
   MUON_ASSIGN_OR_RETURN(std::unique_ptr<CoordinationClient> c, Connect(err));
-  const int last_steps = absl::GetFlag(FLAGS_last_steps);
+  const int last_steps = F().last_steps;
   if (last_steps < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--last_steps is ", last_steps, "; must be >= 0"));
@@ -418,21 +509,20 @@ int CmdTimings(const std::vector<std::string>&, std::ostream& out,
           {rank, name, v.size(), Percentile(v, 50), Percentile(v, 99)});
     }
   }
-  if (absl::GetFlag(FLAGS_json)) {
+  if (F().json) {
     // {"reports": N, "timings": [{"rank", "op", "count", "p50_ms", "p99_ms"}]}
-    out << "{\"reports\": " << reports->reports_size() << ", \"timings\": [\n";
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const Row& row = rows[i];
-      out << JsonObject()
-                 .Int("rank", row.rank)
-                 .Str("op", row.op)
-                 .Int("count", static_cast<int64_t>(row.count))
-                 .Num("p50_ms", row.p50, 6)
-                 .Num("p99_ms", row.p99, 6)
-                 .Build()
-          << (i + 1 < rows.size() ? ",\n" : "\n");
+    Json timings = Json::array();
+    for (const Row& row : rows) {
+      timings.push_back(Json{{"rank", row.rank},
+                             {"op", row.op},
+                             {"count", row.count},
+                             {"p50_ms", Number(row.p50)},
+                             {"p99_ms", Number(row.p99)}});
     }
-    out << "]}\n";
+    out << Json{{"reports", reports->reports_size()},
+                {"timings", std::move(timings)}}
+               .dump(2)
+        << "\n";
     return 0;
   }
   out << absl::StrFormat(
@@ -461,15 +551,12 @@ int StreamTid(const std::string& stream, std::map<std::string, int>& others) {
 }
 
 // A metadata ("M") event naming or ordering a process or thread.
-std::string MetadataEvent(const std::string& name, int pid, int tid,
-                          const std::string& arg_json) {
-  return JsonObject()
-      .Str("name", name)
-      .Str("ph", "M")
-      .Int("pid", pid)
-      .Int("tid", tid)
-      .Raw("args", arg_json)
-      .Build();
+Json MetadataEvent(const std::string& name, int pid, int tid, Json args) {
+  return Json{{"name", name},
+              {"ph", "M"},
+              {"pid", pid},
+              {"tid", tid},
+              {"args", std::move(args)}};
 }
 
 // `muonctl trace --out FILE`: the kept reports as Chrome trace event JSON
@@ -479,7 +566,7 @@ std::string MetadataEvent(const std::string& name, int pid, int tid,
 // in microseconds from the earliest operation start of the trace.
 int CmdTrace(const std::vector<std::string>&, std::ostream& out,
              std::ostream& err) {
-  const std::string path = absl::GetFlag(FLAGS_out);
+  const std::string path = F().out;
   if (path.empty()) {
     err << "muonctl trace: --out FILE is required (- = stdout)\n";
     return 2;
@@ -495,7 +582,7 @@ int CmdTrace(const std::vector<std::string>&, std::ostream& out,
       any = true;
     }
   }
-  std::vector<std::string> events;
+  Json events = Json::array();
   std::map<std::string, int> other_streams;
   std::set<int> ranks;
   std::set<std::pair<int, int>> threads;  // (pid, tid) named
@@ -504,50 +591,41 @@ int CmdTrace(const std::vector<std::string>&, std::ostream& out,
   for (const v1::StepReport& r : reports->reports()) {
     const int pid = r.rank();
     if (ranks.insert(pid).second) {
-      events.push_back(MetadataEvent(
-          "process_name", pid, 0,
-          JsonObject().Str("name", absl::StrCat("rank ", pid)).Build()));
+      events.push_back(MetadataEvent("process_name", pid, 0,
+                                     {{"name", absl::StrCat("rank ", pid)}}));
       events.push_back(
-          MetadataEvent("process_sort_index", pid, 0,
-                        JsonObject().Int("sort_index", pid).Build()));
+          MetadataEvent("process_sort_index", pid, 0, {{"sort_index", pid}}));
     }
     steps.insert(r.step());
     for (const v1::OpTiming& op : r.ops()) {
       const std::string stream = op.stream().empty() ? "main" : op.stream();
       const int tid = StreamTid(stream, other_streams);
       if (threads.insert({pid, tid}).second) {
-        events.push_back(MetadataEvent(
-            "thread_name", pid, tid, JsonObject().Str("name", stream).Build()));
         events.push_back(
-            MetadataEvent("thread_sort_index", pid, tid,
-                          JsonObject().Int("sort_index", tid).Build()));
+            MetadataEvent("thread_name", pid, tid, {{"name", stream}}));
+        events.push_back(MetadataEvent("thread_sort_index", pid, tid,
+                                       {{"sort_index", tid}}));
       }
       // ts and dur in microseconds, to the nanosecond.
       events.push_back(
-          JsonObject()
-              .Str("name", op.op())
-              .Str("cat", "muon")
-              .Str("ph", "X")
-              .Int("pid", pid)
-              .Int("tid", tid)
-              .Num("ts", (op.start_s() - t0) * 1e6, 3)
-              .Num("dur", std::max(0.0, op.end_s() - op.start_s()) * 1e6, 3)
-              .Raw("args", JsonObject()
-                               .Int("step", r.step())
-                               .Int("bucket", op.bucket())
-                               .Int("bytes", op.bytes())
-                               .Num("flops", op.flops())
-                               .Build())
-              .Build());
+          Json{{"name", op.op()},
+               {"cat", "muon"},
+               {"ph", "X"},
+               {"pid", pid},
+               {"tid", tid},
+               {"ts", Number((op.start_s() - t0) * 1e6)},
+               {"dur", Number(std::max(0.0, op.end_s() - op.start_s()) * 1e6)},
+               {"args", Json{{"step", r.step()},
+                             {"bucket", op.bucket()},
+                             {"bytes", op.bytes()},
+                             {"flops", Number(op.flops())}}}});
       ++slices;
     }
   }
-  // One event per line: readable, and still one JSON document.
-  std::string json = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
-  for (size_t i = 0; i < events.size(); ++i) {
-    absl::StrAppend(&json, events[i], i + 1 < events.size() ? ",\n" : "\n");
-  }
-  json += "]}\n";
+  const std::string json =
+      Json{{"displayTimeUnit", "ms"}, {"traceEvents", std::move(events)}}
+          .dump() +
+      "\n";
   if (path == "-") {
     out << json;
     return 0;
@@ -582,14 +660,14 @@ std::string OpToken(const v1::ScheduledOp& op) {
 int CmdSchedule(const std::vector<std::string>&, std::ostream& out,
                 std::ostream& err) {
   v1::Plan plan;
-  const std::string path = absl::GetFlag(FLAGS_spec);
+  const std::string path = F().spec;
   if (!path.empty()) {
     absl::StatusOr<v1::JobSpec> spec = LoadJobSpec(path);
     if (!spec.ok()) return Fail(err, spec.status());
-    absl::StatusOr<JobPlan> p = PlanJobSpec(*spec, absl::GetFlag(FLAGS_policy));
+    absl::StatusOr<JobPlan> p = PlanJobSpec(*spec, F().policy);
     if (!p.ok()) return Fail(err, p.status());
     plan = std::move(p->plan);
-  } else if (!absl::GetFlag(FLAGS_coordinator).empty()) {
+  } else if (!F().coordinator.empty()) {
     absl::StatusOr<std::unique_ptr<CoordinationClient>> c = Connect(err);
     if (!c.ok()) return Fail(err, c.status());
     absl::StatusOr<v1::Plan> live = (*c)->GetPlan();
@@ -610,7 +688,7 @@ int CmdSchedule(const std::vector<std::string>&, std::ostream& out,
           ? plan.schedule()
           : MakeSchedule(plan, plan.schedule().mode() == "async",
                          plan.schedule().prefetch_count());
-  if (absl::GetFlag(FLAGS_json)) {
+  if (F().json) {
     out << ToJson(s) << "\n";
     return 0;
   }
@@ -640,21 +718,21 @@ int CmdSchedule(const std::vector<std::string>&, std::ostream& out,
 
 ValidateOptions ValidateFlags() {
   ValidateOptions o;
-  o.spec_path = absl::GetFlag(FLAGS_spec);
-  o.steps = absl::GetFlag(FLAGS_steps);
-  o.init_dir = absl::GetFlag(FLAGS_init);
-  o.grads_dir = absl::GetFlag(FLAGS_grads);
-  o.dump_dir = absl::GetFlag(FLAGS_dump);
-  o.seed = absl::GetFlag(FLAGS_seed);
-  o.coordinator = absl::GetFlag(FLAGS_coordinator);
-  o.tolerance = absl::GetFlag(FLAGS_tolerance);
-  o.timeout_s = absl::GetFlag(FLAGS_timeout_s);
-  o.checkpoint_at = absl::GetFlag(FLAGS_checkpoint_at);
-  o.resume_spec_path = absl::GetFlag(FLAGS_resume_spec);
-  o.phase_from = absl::GetFlag(FLAGS_phase_from);
-  o.phase_to = absl::GetFlag(FLAGS_phase_to);
-  o.load_dir = absl::GetFlag(FLAGS_load_dir);
-  o.save_dir = absl::GetFlag(FLAGS_save_dir);
+  o.spec_path = F().spec;
+  o.steps = F().steps;
+  o.init_dir = F().init;
+  o.grads_dir = F().grads;
+  o.dump_dir = F().dump;
+  o.seed = F().seed;
+  o.coordinator = F().coordinator;
+  o.tolerance = F().tolerance;
+  o.timeout_s = F().timeout_s;
+  o.checkpoint_at = F().checkpoint_at;
+  o.resume_spec_path = F().resume_spec;
+  o.phase_from = F().phase_from;
+  o.phase_to = F().phase_to;
+  o.load_dir = F().load_dir;
+  o.save_dir = F().save_dir;
   return o;
 }
 
@@ -671,10 +749,9 @@ int CmdValidate(const std::vector<std::string>&, std::ostream& out,
 
 int CmdValidateRank(const std::vector<std::string>&, std::ostream& out,
                     std::ostream& err) {
-  const int rank = absl::GetFlag(FLAGS_rank);
+  const int rank = F().rank;
   absl::Status s =
-      RunValidateRank(ValidateFlags(), rank, absl::GetFlag(FLAGS_out_dir),
-                      absl::GetFlag(FLAGS_port_file));
+      RunValidateRank(ValidateFlags(), rank, F().out_dir, F().port_file);
   if (!s.ok()) {
     err << "muonctl validate: rank " << rank << ": " << s.ToString() << "\n";
     return 1;
@@ -683,61 +760,178 @@ int CmdValidateRank(const std::vector<std::string>&, std::ostream& out,
 }
 
 // `checkpoint inspect DIR`: what a checkpoint holds.
-int CmdCheckpoint(const std::vector<std::string>& args, std::ostream& out,
+int CmdCheckpoint(const std::vector<std::string>&, std::ostream& out,
                   std::ostream& err) {
-  if (args.size() != 3 || args[1] != "inspect") {
-    err << "usage: muonctl checkpoint inspect DIR\n";
-    return 2;
-  }
   absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
-      CheckpointReader::Open(args[2]);
+      CheckpointReader::Open(F().dir);
   if (!reader.ok()) return Fail(err, reader.status());
   (*reader)->Describe(out);
   return 0;
 }
 
+// Flag sets the commands share.
+void LiveFlags(CLI::App* app, bool required = true) {
+  CLI::Option* c = app->add_option("--coordinator", F().coordinator,
+                                   "host:port of the coordinator");
+  if (required) c->required();
+  app->add_option("--job_id", F().job_id,
+                  "Job id (default: the coordinator's job)");
+  app->add_option("--token_file", F().token_file,
+                  "File (mode 0600) with the coordinator's read-only token "
+                  "or the job secret (default: MUON_JOB_SECRET or "
+                  "MUON_JOB_SECRET_FILE)");
+  app->add_option("--tls_ca_file", F().tls_ca_file,
+                  "PEM CA certificate to verify a TLS coordinator with "
+                  "(default: MUON_TLS_CA_FILE; none = plaintext)");
+}
+
+void JsonFlag(CLI::App* app) {
+  app->add_flag("--json", F().json,
+                "Print JSON (every field, int64 as numbers) instead of a "
+                "table");
+}
+
+void PlanFlags(CLI::App* app) {
+  app->add_option("--spec", F().spec, "Job spec file (JSON, muon.v1.JobSpec)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  app->add_option("--policy", F().policy,
+                  "Assignment policy: lpt or round_robin (default: the "
+                  "spec's, else lpt)")
+      ->check(CLI::IsMember({"lpt", "round_robin"}));
+  JsonFlag(app);
+}
+
+void StatusFlags(CLI::App* app) {
+  LiveFlags(app);
+  JsonFlag(app);
+  CLI::Option* watch =
+      app->add_flag("--watch", F().watch, "Refresh every --interval_s");
+  app->add_option("--interval_s", F().interval_s,
+                  "Seconds between refreshes (--watch)")
+      ->needs(watch)
+      ->check(CLI::PositiveNumber);
+  app->add_option("--count", F().count,
+                  "Refreshes (--watch; 0 = until interrupted)")
+      ->needs(watch)
+      ->check(CLI::NonNegativeNumber);
+}
+
+void ReportFlags(CLI::App* app) {
+  LiveFlags(app);
+  app->add_option("--last_steps", F().last_steps,
+                  "Each rank's last N kept steps (0 = all kept)")
+      ->check(CLI::NonNegativeNumber);
+}
+
+void TimingsFlags(CLI::App* app) {
+  ReportFlags(app);
+  JsonFlag(app);
+}
+
+void TraceFlags(CLI::App* app) {
+  ReportFlags(app);
+  app->add_option("--out", F().out,
+                  "Output file (Chrome trace event JSON; - = stdout)")
+      ->required();
+}
+
+void ScheduleFlags(CLI::App* app) {
+  CLI::Option* spec =
+      app->add_option("--spec", F().spec, "Job spec file (offline)")
+          ->check(CLI::ExistingFile);
+  LiveFlags(app, /*required=*/false);
+  app->get_option("--coordinator")->excludes(spec);
+  app->add_option("--policy", F().policy, "Assignment policy (with --spec)")
+      ->needs(spec)
+      ->check(CLI::IsMember({"lpt", "round_robin"}));
+  app->require_option(1, 0);  // at least --spec or --coordinator
+  JsonFlag(app);
+}
+
+void ValidateFlagSet(CLI::App* app) {
+  app->add_option("--spec", F().spec, "Job spec file")
+      ->required()
+      ->check(CLI::ExistingFile);
+  app->add_option("--steps", F().steps, "Optimizer steps")
+      ->check(CLI::PositiveNumber);
+  app->add_option("--init", F().init, "Initial parameters DIR/<param>.npy")
+      ->check(CLI::ExistingDirectory);
+  app->add_option("--grads", F().grads, "Gradients DIR/<step>/<param>.npy")
+      ->check(CLI::ExistingDirectory);
+  app->add_option("--dump", F().dump, "Write the final parameters under DIR");
+  app->add_option("--seed", F().seed, "Seed of the synthetic values");
+  app->add_option("--coordinator", F().coordinator,
+                  "Use this daemon instead of one embedded in rank 0");
+  app->add_option("--tolerance", F().tolerance,
+                  "Accepted max abs difference (0 = bitwise)")
+      ->check(CLI::NonNegativeNumber);
+  app->add_option("--timeout_s", F().timeout_s,
+                  "Bound on the distributed run, seconds")
+      ->check(CLI::PositiveNumber);
+  app->add_option("--checkpoint_at", F().checkpoint_at,
+                  "Save a checkpoint after step J, resume it in fresh rank "
+                  "processes and continue to --steps (0 = none)")
+      ->check(CLI::NonNegativeNumber);
+  app->add_option("--resume_spec", F().resume_spec,
+                  "Job spec of the resumed run (--checkpoint_at)")
+      ->check(CLI::ExistingFile);
+}
+
+void ValidateRankFlags(CLI::App* app) {
+  ValidateFlagSet(app);
+  app->add_option("--rank", F().rank)->required();
+  app->add_option("--out_dir", F().out_dir)->required();
+  app->add_option("--port_file", F().port_file);
+  app->add_option("--phase_from", F().phase_from);
+  app->add_option("--phase_to", F().phase_to);
+  app->add_option("--load_dir", F().load_dir);
+  app->add_option("--save_dir", F().save_dir);
+}
+
+void CheckpointFlags(CLI::App* app) {
+  CLI::App* inspect = app->add_subcommand(
+      "inspect",
+      "Format version, step, mesh, plan hash and per tensor its shape, "
+      "placements and per-rank boxes");
+  inspect->add_option("DIR", F().dir, "Checkpoint directory")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  app->require_subcommand(1);
+}
+
 struct Command {
   const char* name;
   int (*fn)(const std::vector<std::string>&, std::ostream&, std::ostream&);
-  const char* help;
-  bool hidden;
+  void (*flags)(CLI::App*);
+  const char* help;  // empty: hidden
 };
 
-constexpr Command kCommands[] = {
-    {"plan", CmdPlan,
-     "plan --spec FILE [--policy lpt|round_robin] [--json]: owners, shapes, NS "
-     "cost, loads",
-     false},
+const Command kCommands[] = {
+    {"plan", CmdPlan, PlanFlags,
+     "Plan a job spec offline: owners, buckets, Newton-Schulz cost, per-rank "
+     "load, bytes and buffer memory"},
     {"assignments", CmdAssignments,
-     "assignments --coordinator HOST:PORT [--json]: matrices per rank of a "
-     "live job",
-     false},
-    {"status", CmdStatus,
-     "status --coordinator HOST:PORT [--json] [--watch [--interval_s S] "
-     "[--count N]]: job state and per-rank health, step time, stragglers",
-     false},
-    {"timings", CmdTimings,
-     "timings --coordinator HOST:PORT [--last_steps N] [--json]: per rank and "
-     "operation, count and p50/p99 duration",
-     false},
-    {"trace", CmdTrace,
-     "trace --coordinator HOST:PORT --out FILE [--last_steps N]: Chrome trace "
-     "event JSON (Perfetto, chrome://tracing)",
-     false},
-    {"schedule", CmdSchedule,
-     "schedule (--spec FILE [--policy P] | --coordinator HOST:PORT) [--json]: "
-     "the plan's stream schedule per rank",
-     false},
-    {"validate", CmdValidate,
-     "validate --spec FILE --steps K [--init DIR] [--grads DIR] [--dump DIR] "
-     "[--checkpoint_at J [--resume_spec FILE]]: distributed (optionally "
-     "checkpointed, resumed and resharded) vs uninterrupted single-device",
-     false},
-    {"checkpoint", CmdCheckpoint,
-     "checkpoint inspect DIR: format version, step, mesh, plan hash and per "
-     "tensor its shape, placements and per-rank boxes",
-     false},
-    {"validate-rank", CmdValidateRank, "", true},
+     [](CLI::App* app) {
+       LiveFlags(app);
+       JsonFlag(app);
+     },
+     "Matrices each rank of a live job orthogonalizes"},
+    {"status", CmdStatus, StatusFlags,
+     "Job state and per-rank health, step time, stragglers (exit 1 when a "
+     "rank is lost or failed)"},
+    {"timings", CmdTimings, TimingsFlags,
+     "Per rank and operation: count, p50 and p99 duration"},
+    {"trace", CmdTrace, TraceFlags,
+     "The kept step reports as a Chrome trace (Perfetto, chrome://tracing)"},
+    {"schedule", CmdSchedule, ScheduleFlags,
+     "The plan's stream schedule per rank (offline with --spec, or live)"},
+    {"validate", CmdValidate, ValidateFlagSet,
+     "Run a spec distributed (optionally checkpointed, resumed, resharded) "
+     "and compare with one device"},
+    {"checkpoint", CmdCheckpoint, CheckpointFlags,
+     "Inspect a checkpoint directory"},
+    {"validate-rank", CmdValidateRank, ValidateRankFlags, ""},
 };
 
 }  // namespace
@@ -751,16 +945,52 @@ absl::StatusOr<JobPlan> PlanJobSpec(const v1::JobSpec& spec,
 
 int RunMuonctl(const std::vector<std::string>& args, std::ostream& out,
                std::ostream& err) {
-  if (!args.empty()) {
-    for (const Command& c : kCommands) {
-      if (args[0] == c.name) return c.fn(args, out, err);
-    }
-    err << "muonctl: unknown command \"" << args[0] << "\"\n";
-  }
-  err << "usage: muonctl COMMAND [flags]\n";
+  F() = Flags();
+  CLI::App app("muonctl: plan a Muon job offline and inspect a live one",
+               "muonctl");
+  app.require_subcommand(0, 1);
+  app.set_help_all_flag("--help-all", "Every command's flags");
+  app.footer(
+      "Exit codes: 0 ok, 1 runtime error (or, for status, a lost or failed "
+      "rank), 2 usage error.\nRun `muonctl help COMMAND` or `muonctl "
+      "COMMAND --help` for a command's flags.");
+  std::vector<std::pair<CLI::App*, const Command*>> subs;
   for (const Command& c : kCommands) {
-    if (!c.hidden) err << "  " << c.help << "\n";
+    CLI::App* sub = app.add_subcommand(c.name, c.help);
+    if (*c.help == '\0') sub->group("");  // hidden
+    c.flags(sub);
+    subs.push_back({sub, &c});
   }
+  std::string help_topic;
+  CLI::App* help = app.add_subcommand("help", "Help on a command");
+  help->add_option("COMMAND", help_topic, "The command");
+  const std::string top_help = app.help();  // before a subcommand is parsed
+  // CLI11 parses a reversed argument vector.
+  std::vector<std::string> reversed(args.rbegin(), args.rend());
+  try {
+    app.parse(reversed);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e, out, err);
+    return code == 0 ? 0 : 2;
+  }
+  if (help->parsed()) {
+    if (help_topic.empty()) {
+      out << top_help;
+      return 0;
+    }
+    for (auto& [sub, command] : subs) {
+      if (help_topic == command->name && *command->help != '\0') {
+        out << sub->help("muonctl");
+        return 0;
+      }
+    }
+    err << "muonctl help: unknown command \"" << help_topic << "\"\n";
+    return 2;
+  }
+  for (auto& [sub, command] : subs) {
+    if (sub->parsed()) return command->fn({}, out, err);
+  }
+  err << top_help;
   return 2;
 }
 

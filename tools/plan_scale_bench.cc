@@ -54,7 +54,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -80,9 +79,8 @@ ABSL_FLAG(double, time_limit_s, 300,
 ABSL_FLAG(double, mem_limit_gb, 20, "RLIMIT_AS of each child, in GiB.");
 ABSL_FLAG(bool, phases, true,
           "Also run a second child per size that times PlanJob's phases.");
-// Defined by muonctl_lib (muonctl plan --policy): the assignment policy,
-// empty = the spec's (lpt).
-ABSL_DECLARE_FLAG(std::string, policy);
+ABSL_FLAG(std::string, policy, "",
+          "Assignment policy (lpt or round_robin); empty = the spec's (lpt).");
 
 namespace muon {
 namespace {

@@ -401,20 +401,24 @@ absl::Status RunRankPhase(const ValidateOptions& o,
   launch.port_file = out_dir + "/coordinator.port";
   launch.timeout = absl::Seconds(o.timeout_s);
   launch.argv = [&](int rank) {
-    return std::vector<std::string>{
-        self,
-        "validate-rank",
-        absl::StrCat("--spec=", spec_path),
-        absl::StrCat("--steps=", o.steps),
-        absl::StrCat("--rank=", rank),
-        absl::StrCat("--out_dir=", out_dir),
-        absl::StrCat("--seed=", o.seed),
-        absl::StrCat("--init=", o.init_dir),
-        absl::StrCat("--grads=", o.grads_dir),
-        absl::StrCat("--phase_from=", phase.from),
-        absl::StrCat("--phase_to=", phase.to),
-        absl::StrCat("--load_dir=", phase.load_dir),
-        absl::StrCat("--save_dir=", phase.save_dir)};
+    std::vector<std::string> argv{self,
+                                  "validate-rank",
+                                  absl::StrCat("--spec=", spec_path),
+                                  absl::StrCat("--steps=", o.steps),
+                                  absl::StrCat("--rank=", rank),
+                                  absl::StrCat("--out_dir=", out_dir),
+                                  absl::StrCat("--seed=", o.seed),
+                                  absl::StrCat("--phase_from=", phase.from),
+                                  absl::StrCat("--phase_to=", phase.to)};
+    // Paths only when set (muonctl checks that they exist).
+    for (const auto& [flag, value] :
+         {std::make_pair("--init=", o.init_dir),
+          std::make_pair("--grads=", o.grads_dir),
+          std::make_pair("--load_dir=", phase.load_dir),
+          std::make_pair("--save_dir=", phase.save_dir)}) {
+      if (!value.empty()) argv.push_back(absl::StrCat(flag, value));
+    }
+    return argv;
   };
   MUON_RETURN_IF_ERROR(LaunchRanks(launch));
   std::remove(launch.port_file.c_str());

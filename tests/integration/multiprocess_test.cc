@@ -336,7 +336,7 @@ TEST(MuonctlValidateTest, Validate_InitAndGradsFromNpy_DumpsEqualParameters) {
 TEST(MuonctlValidateTest, Validate_MissingSpec_FailsWithUsage) {
   CommandResult r = RunCommand("tools/muonctl validate --steps 1");
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_THAT(r.output, HasSubstr("--spec FILE"));
+  EXPECT_THAT(r.output, HasSubstr("--spec is required"));
 }
 
 // `muonctl validate --checkpoint_at J [--resume_spec FILE]`: run to step J,

@@ -19,8 +19,6 @@
 #include <thread>
 #include <vector>
 
-#include "absl/flags/declare.h"
-#include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -39,10 +37,6 @@
 #include "tests/server/test_specs.h"
 #include "tests/status_matchers.h"
 #include "tools/muonctl_lib.h"
-
-ABSL_DECLARE_FLAG(std::string, spec);
-ABSL_DECLARE_FLAG(bool, json);
-ABSL_DECLARE_FLAG(std::string, policy);
 
 namespace muon {
 namespace {
@@ -236,12 +230,9 @@ TEST_P(PlanHashTest, MuonctlPlanCommand_Json_PrintsPlanJobSpecsPlan) {
     std::ofstream f(path);
     f << JobSpecToJson(spec_);
   }
-  absl::SetFlag(&FLAGS_spec, path);
-  absl::SetFlag(&FLAGS_json, true);
-  absl::SetFlag(&FLAGS_policy, "");
   std::ostringstream out, err;
-  ASSERT_EQ(RunMuonctl({"plan"}, out, err), 0) << err.str();
-  absl::SetFlag(&FLAGS_json, false);
+  ASSERT_EQ(RunMuonctl({"plan", "--spec", path, "--json"}, out, err), 0)
+      << err.str();
   v1::Plan printed;
   ASSERT_TRUE(
       google::protobuf::util::JsonStringToMessage(out.str(), &printed).ok())

@@ -305,8 +305,8 @@ TEST(SoakTest, DaemonAndRanks_AllStepsFinished_RssFlat) {
   const std::string listed = status.substr(list_at);
   const int finished = CountOf(listed, "\"state\": \"finished\"");
   EXPECT_EQ(finished, ranks) << status;
-  EXPECT_EQ(CountOf(listed, absl::StrCat("\"last_step\": \"", steps, "\"")),
-            ranks)
+  // int64 fields are JSON numbers.
+  EXPECT_EQ(CountOf(listed, absl::StrCat("\"last_step\": ", steps, ",")), ranks)
       << status;
   EXPECT_EQ(CountOf(job, "\"failed_rank\": -1"), 1) << status;
 

@@ -12,11 +12,9 @@
 #include <thread>
 #include <vector>
 
-#include "absl/flags/declare.h"
-#include "absl/flags/flag.h"
-#include "absl/flags/reflection.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/spec.h"
@@ -28,15 +26,6 @@
 #include "server/coordinator_server.h"
 #include "tests/status_matchers.h"
 #include "tools/muonctl_lib.h"
-
-ABSL_DECLARE_FLAG(std::string, coordinator);
-ABSL_DECLARE_FLAG(std::string, spec);
-ABSL_DECLARE_FLAG(bool, json);
-ABSL_DECLARE_FLAG(bool, watch);
-ABSL_DECLARE_FLAG(double, interval_s);
-ABSL_DECLARE_FLAG(int, count);
-ABSL_DECLARE_FLAG(int, last_steps);
-ABSL_DECLARE_FLAG(std::string, out);
 
 namespace muon {
 namespace {
@@ -141,14 +130,22 @@ class MuonctlTest : public ::testing::Test {
                     IsOk());
       }
     }
-    absl::SetFlag(&FLAGS_coordinator, server_->address());
   }
 
-  // Runs muonctl `command`; returns its exit code, output in out_ / err_.
-  int Run(const std::string& command) {
+  // Runs muonctl with `args`; returns its exit code, output in out_ / err_.
+  int Run(const std::vector<std::string>& args) {
     out_.str("");
     err_.str("");
-    return RunMuonctl({command}, out_, err_);
+    return RunMuonctl(args, out_, err_);
+  }
+
+  // The same for a live command: `command --coordinator ADDRESS extra...`.
+  int Live(const std::string& command,
+           const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> args = {command, "--coordinator",
+                                     server_->address()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return Run(args);
   }
 
   // The table row of `rank` split on whitespace.
@@ -161,14 +158,13 @@ class MuonctlTest : public ::testing::Test {
     return {};
   }
 
-  absl::FlagSaver flags_;  // restores every flag after the test
   std::unique_ptr<CoordinatorServer> server_;
   std::ostringstream out_;
   std::ostringstream err_;
 };
 
 TEST_F(MuonctlTest, Status_LiveJob_TableWithStepTimeStragglerAndDropped) {
-  ASSERT_EQ(Run("status"), 0) << err_.str();
+  ASSERT_EQ(Live("status"), 0) << err_.str();
   EXPECT_THAT(out_.str(), HasSubstr("job ctl: running, 4/4 ranks joined"));
   EXPECT_THAT(out_.str(), HasSubstr("heartbeat age"));
   EXPECT_THAT(out_.str(), HasSubstr("straggler"));
@@ -188,14 +184,26 @@ TEST_F(MuonctlTest, Status_LiveJob_TableWithStepTimeStragglerAndDropped) {
     EXPECT_THAT(Row(r), ::testing::Not(::testing::Contains("yes"))) << r;
   }
 
-  absl::SetFlag(&FLAGS_json, true);
-  ASSERT_EQ(Run("status"), 0) << err_.str();
+  ASSERT_EQ(Live("status", {"--json"}), 0) << err_.str();
   Struct parsed;
   ASSERT_TRUE(
       google::protobuf::util::JsonStringToMessage(out_.str(), &parsed).ok())
       << out_.str();
-  const auto& ranks =
-      parsed.fields().at("ranks").struct_value().fields().at("ranks");
+  // Every field, zero values included (rank 0), int64 as numbers, the
+  // ranks a list of the job's object.
+  const auto& ranks = parsed.fields().at("ranks");
+  const auto& rank0 = ranks.list_value().values(0).struct_value().fields();
+  EXPECT_EQ(rank0.at("rank").kind_case(), Value::kNumberValue);
+  EXPECT_EQ(rank0.at("rank").number_value(), 0);
+  EXPECT_EQ(rank0.at("incarnation").kind_case(), Value::kNumberValue);
+  EXPECT_EQ(rank0.at("incarnation").number_value(), 40);
+  EXPECT_EQ(parsed.fields()
+                .at("job")
+                .struct_value()
+                .fields()
+                .at("generation")
+                .kind_case(),
+            Value::kNumberValue);
   ASSERT_EQ(ranks.list_value().values_size(), kRanks);
   EXPECT_TRUE(ranks.list_value()
                   .values(3)
@@ -206,11 +214,10 @@ TEST_F(MuonctlTest, Status_LiveJob_TableWithStepTimeStragglerAndDropped) {
 }
 
 TEST_F(MuonctlTest, Status_WatchCount2_PrintsTwoTables) {
-  absl::SetFlag(&FLAGS_watch, true);
-  absl::SetFlag(&FLAGS_count, 2);
-  absl::SetFlag(&FLAGS_interval_s, 0.05);
   const absl::Time start = absl::Now();
-  ASSERT_EQ(Run("status"), 0) << err_.str();
+  ASSERT_EQ(Live("status", {"--watch", "--count", "2", "--interval_s", "0.05"}),
+            0)
+      << err_.str();
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(50));
   const std::string out = out_.str();
   int tables = 0;
@@ -224,14 +231,12 @@ TEST_F(MuonctlTest, Status_WatchCount2_PrintsTwoTables) {
 }
 
 TEST_F(MuonctlTest, Status_WatchBadInterval_Usage) {
-  absl::SetFlag(&FLAGS_watch, true);
-  absl::SetFlag(&FLAGS_interval_s, 0);
-  EXPECT_EQ(Run("status"), 2);
+  EXPECT_EQ(Live("status", {"--watch", "--interval_s", "0"}), 2);
   EXPECT_THAT(err_.str(), HasSubstr("--interval_s"));
 }
 
 TEST_F(MuonctlTest, Timings_LiveJob_PercentilesPerRankAndOp) {
-  ASSERT_EQ(Run("timings"), 0) << err_.str();
+  ASSERT_EQ(Live("timings"), 0) << err_.str();
   EXPECT_THAT(out_.str(), HasSubstr("12 reports"));
   // Rank 3's orthogonalize: 20 ms every time (6 = 3 steps x 2 buckets).
   const std::string out = out_.str();
@@ -247,8 +252,7 @@ TEST_F(MuonctlTest, Timings_LiveJob_PercentilesPerRankAndOp) {
   }
   EXPECT_TRUE(found) << out;
 
-  absl::SetFlag(&FLAGS_json, true);
-  ASSERT_EQ(Run("timings"), 0) << err_.str();
+  ASSERT_EQ(Live("timings", {"--json"}), 0) << err_.str();
   Struct parsed;
   ASSERT_TRUE(
       google::protobuf::util::JsonStringToMessage(out_.str(), &parsed).ok())
@@ -279,16 +283,14 @@ TEST_F(MuonctlTest, Timings_LiveJob_PercentilesPerRankAndOp) {
   EXPECT_NEAR(at(1, "step")[1], 10.0, 1e-3);
   EXPECT_NEAR(at(3, "step")[1], 100.0, 1e-2);
 
-  absl::SetFlag(&FLAGS_last_steps, 1);
-  ASSERT_EQ(Run("timings"), 0) << err_.str();
+  ASSERT_EQ(Live("timings", {"--json", "--last_steps", "1"}), 0) << err_.str();
   EXPECT_THAT(out_.str(), HasSubstr("\"reports\": 4"));
 }
 
 TEST_F(MuonctlTest, Trace_LiveJob_ChromeTraceEventsParseBack) {
   const std::string path =
       absl::StrCat(::testing::TempDir(), "/muonctl_trace.json");
-  absl::SetFlag(&FLAGS_out, path);
-  ASSERT_EQ(Run("trace"), 0) << err_.str();
+  ASSERT_EQ(Live("trace", {"--out", path}), 0) << err_.str();
   EXPECT_THAT(out_.str(), HasSubstr("96 operations of 3 steps on 4 ranks"));
   std::ifstream file(path);
   ASSERT_TRUE(file.good());
@@ -373,8 +375,7 @@ TEST_F(MuonctlTest, Trace_OddNamesAndNumbers_StillValidJson) {
   op->set_flops(std::numeric_limits<double>::infinity());
   op->set_bytes(int64_t{1} << 40);
   ASSERT_THAT(server_->service()->ReportStep(report), IsOk());
-  absl::SetFlag(&FLAGS_out, "-");
-  ASSERT_EQ(Run("trace"), 0) << err_.str();
+  ASSERT_EQ(Live("trace", {"--out", "-"}), 0) << err_.str();
   Struct trace;
   ASSERT_TRUE(
       google::protobuf::util::JsonStringToMessage(out_.str(), &trace).ok())
@@ -403,12 +404,12 @@ TEST_F(MuonctlTest, Trace_OddNamesAndNumbers_StillValidJson) {
 }
 
 TEST_F(MuonctlTest, Trace_NoOut_Usage) {
-  EXPECT_EQ(Run("trace"), 2);
+  EXPECT_EQ(Live("trace"), 2);
   EXPECT_THAT(err_.str(), HasSubstr("--out"));
 }
 
 TEST_F(MuonctlTest, Schedule_LiveAndOfflineFromSpec_SameStreams) {
-  ASSERT_EQ(Run("schedule"), 0) << err_.str();
+  ASSERT_EQ(Live("schedule"), 0) << err_.str();
   const std::string live = out_.str();
   EXPECT_THAT(live,
               HasSubstr("mode async, prefetch 1, 2 buffer slots, 4 buckets"));
@@ -425,13 +426,10 @@ TEST_F(MuonctlTest, Schedule_LiveAndOfflineFromSpec_SameStreams) {
     std::ofstream f(path);
     f << JobSpecToJson(CtlSpec(/*async=*/true));
   }
-  absl::SetFlag(&FLAGS_coordinator, "");
-  absl::SetFlag(&FLAGS_spec, path);
-  ASSERT_EQ(Run("schedule"), 0) << err_.str();
+  ASSERT_EQ(Run({"schedule", "--spec", path}), 0) << err_.str();
   EXPECT_EQ(out_.str(), live);
 
-  absl::SetFlag(&FLAGS_json, true);
-  ASSERT_EQ(Run("schedule"), 0) << err_.str();
+  ASSERT_EQ(Run({"schedule", "--spec", path, "--json"}), 0) << err_.str();
   v1::Schedule schedule;
   ASSERT_TRUE(
       google::protobuf::util::JsonStringToMessage(out_.str(), &schedule).ok());
@@ -450,8 +448,7 @@ TEST_F(MuonctlTest, Schedule_LiveAndOfflineFromSpec_SameStreams) {
     std::ofstream f(path);
     f << JobSpecToJson(CtlSpec(/*async=*/false));
   }
-  absl::SetFlag(&FLAGS_json, false);
-  ASSERT_EQ(Run("schedule"), 0) << err_.str();
+  ASSERT_EQ(Run({"schedule", "--spec", path}), 0) << err_.str();
   EXPECT_THAT(
       out_.str(),
       HasSubstr("mode sequential, prefetch 0, 1 buffer slot, 4 buckets"));
@@ -460,16 +457,167 @@ TEST_F(MuonctlTest, Schedule_LiveAndOfflineFromSpec_SameStreams) {
 }
 
 TEST_F(MuonctlTest, Schedule_NoSource_Usage) {
-  absl::SetFlag(&FLAGS_coordinator, "");
-  EXPECT_EQ(Run("schedule"), 2);
+  EXPECT_EQ(Run({"schedule"}), 2);
   EXPECT_THAT(err_.str(), HasSubstr("--spec"));
 }
 
 TEST_F(MuonctlTest, Timings_CoordinatorStopped_FailsWithUnavailable) {
   server_->Stop();
-  EXPECT_EQ(Run("timings"), 1);
+  EXPECT_EQ(Live("timings"), 1);
   EXPECT_THAT(err_.str(), HasSubstr("UNAVAILABLE"));
   EXPECT_THAT(err_.str(), HasSubstr("GetReports"));
+}
+
+// Issue 13 item 1: per-command flags and help, exit codes 0 / 1 / 2.
+TEST(MuonctlCliTest, Help_TopLevelHelpCommandAndPerCommand_ExitZero) {
+  std::ostringstream out, err;
+  EXPECT_EQ(RunMuonctl({"--help"}, out, err), 0) << err.str();
+  for (const char* command : {"plan", "assignments", "status", "timings",
+                              "trace", "schedule", "validate", "checkpoint"}) {
+    EXPECT_THAT(out.str(), HasSubstr(command));
+  }
+  EXPECT_THAT(out.str(), ::testing::Not(HasSubstr("validate-rank")));
+  std::ostringstream help_out;
+  EXPECT_EQ(RunMuonctl({"help"}, help_out, err), 0);
+  EXPECT_EQ(help_out.str(), out.str());
+
+  std::ostringstream plan_help, plan_flag_help;
+  EXPECT_EQ(RunMuonctl({"help", "plan"}, plan_help, err), 0);
+  EXPECT_EQ(RunMuonctl({"plan", "--help"}, plan_flag_help, err), 0);
+  for (const std::string& text : {plan_help.str(), plan_flag_help.str()}) {
+    EXPECT_THAT(text, HasSubstr("--spec"));
+    EXPECT_THAT(text, HasSubstr("--policy"));
+    // Only plan's flags: no other command's, no internal ones.
+    for (const char* other :
+         {"--watch", "--coordinator", "--rank", "--port_file", "--out_dir"}) {
+      EXPECT_THAT(text, ::testing::Not(HasSubstr(other))) << other;
+    }
+  }
+  std::ostringstream unknown_err;
+  EXPECT_EQ(RunMuonctl({"help", "bogus"}, out, unknown_err), 2);
+  EXPECT_THAT(unknown_err.str(), HasSubstr("unknown command \"bogus\""));
+}
+
+TEST(MuonctlCliTest, Flags_UnknownIrrelevantMissingOrStray_UsageTwo) {
+  const std::string path =
+      absl::StrCat(::testing::TempDir(), "/muonctl_cli_spec.json");
+  {
+    std::ofstream f(path);
+    f << JobSpecToJson(CtlSpec(/*async=*/false));
+  }
+  const std::vector<std::vector<std::string>> usage = {
+      {"bogus"},                                     // unknown command
+      {"plan"},                                      // missing --spec
+      {"plan", "--spec", path, "--watch"},           // another command's flag
+      {"plan", "--spec", path, "--steps", "9"},      // validate's flag
+      {"plan", "--spec", path, "--json", "false"},   // stray argument
+      {"plan", "--spec", path, "--policy", "best"},  // not a policy
+      {"plan", "--spec", "/nonexistent/spec.json"},
+      {"status"},                                 // missing --coordinator
+      {"trace", "--coordinator", "127.0.0.1:1"},  // missing --out
+      {"checkpoint", "inspect"},                  // missing DIR
+  };
+  for (const std::vector<std::string>& args : usage) {
+    std::ostringstream out, err;
+    EXPECT_EQ(RunMuonctl(args, out, err), 2)
+        << absl::StrJoin(args, " ") << ": " << err.str();
+    EXPECT_FALSE(err.str().empty()) << absl::StrJoin(args, " ");
+  }
+  // --json=false is a valid spelling of the flag's value.
+  std::ostringstream out, err;
+  EXPECT_EQ(RunMuonctl({"plan", "--spec", path, "--json=false"}, out, err), 0)
+      << err.str();
+  EXPECT_THAT(out.str(), HasSubstr("policy lpt"));
+}
+
+TEST(MuonctlCliTest, Plan_ScaledUnitsAndBytesPerRankPerStep) {
+  // One [8, 8] matrix FSDP over 4 ranks: shards of 2 x 8 fp32 = 64 B. The
+  // owner receives 3 shards (192 B) and sends them back; every other rank
+  // sends and receives its own 64 B. Peak buffers: the owner's full U and
+  // O (2 x 256 B) + send and receive buffers (192 B each) = 896 B; the
+  // others' 64 + 64 = 128 B.
+  v1::JobSpec spec;
+  spec.set_job_id("units");
+  v1::MeshDim* dim = spec.mutable_mesh()->add_dims();
+  dim->set_name("dp_shard");
+  dim->set_size(4);
+  v1::ParamSpec* p = spec.add_params();
+  p->set_name("w");
+  p->add_shape(8);
+  p->add_shape(8);
+  p->add_placements("Shard(0)");
+  const std::string path =
+      absl::StrCat(::testing::TempDir(), "/muonctl_units_spec.json");
+  {
+    std::ofstream f(path);
+    f << JobSpecToJson(spec);
+  }
+  std::ostringstream out, err;
+  ASSERT_EQ(RunMuonctl({"plan", "--spec", path}, out, err), 0) << err.str();
+  EXPECT_THAT(out.str(), HasSubstr("gathered"));
+  EXPECT_THAT(out.str(), HasSubstr("peak buffer"));
+  EXPECT_THAT(out.str(), HasSubstr("kFLOP"));
+  EXPECT_THAT(out.str(), ::testing::Not(HasSubstr("e+")));
+  int owners = 0, others = 0;
+  for (absl::string_view line : absl::StrSplit(out.str(), '\n')) {
+    // rank matrices NS(value unit) gathered sent received peak (value unit)
+    std::vector<std::string> t = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (t.size() != 12 || t[0].size() != 1 || !isdigit(t[0][0])) continue;
+    if (t[1] == "1") {
+      ++owners;
+      EXPECT_EQ(absl::StrJoin(t.begin() + 4, t.end(), " "),
+                "192 B 192 B 192 B 896 B")
+          << line;
+    } else {
+      ++others;
+      EXPECT_EQ(absl::StrJoin(t.begin() + 4, t.end(), " "),
+                "0 B 64 B 64 B 128 B")
+          << line;
+    }
+  }
+  EXPECT_EQ(owners, 1) << out.str();
+  EXPECT_EQ(others, 3) << out.str();
+}
+
+TEST(MuonctlCliTest, Status_RankLost_ExitsOneNamingIt) {
+  CoordinatorServerOptions options;
+  options.service.job_id = "probe";
+  options.service.default_join_timeout = absl::Seconds(5);
+  options.service.heartbeat_timeout = absl::Milliseconds(100);
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
+      CoordinatorServer::Start(options);
+  ASSERT_THAT(server, IsOk());
+  absl::StatusOr<std::vector<v1::RankManifest>> manifests =
+      ManifestsFromSpec(CtlSpec(/*async=*/false));
+  ASSERT_THAT(manifests, IsOk());
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      v1::JoinRequest join;
+      *join.mutable_manifest() = (*manifests)[r];
+      join.set_incarnation(70 + r);
+      join.set_timeout_ms(5000);
+      EXPECT_THAT((*server)->service()->Join(join), IsOk());
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  std::ostringstream out, err;
+  EXPECT_EQ(
+      RunMuonctl({"status", "--coordinator", (*server)->address()}, out, err),
+      0)
+      << err.str();
+  // Nobody heartbeats: every rank is lost after the timeout.
+  int rc = 0;
+  for (int i = 0; i < 50 && rc == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+    out.str("");
+    err.str("");
+    rc =
+        RunMuonctl({"status", "--coordinator", (*server)->address()}, out, err);
+  }
+  EXPECT_EQ(rc, 1) << out.str();
+  EXPECT_THAT(err.str(), HasSubstr("lost")) << out.str();
+  EXPECT_THAT(err.str(), HasSubstr("rank 0")) << out.str();
 }
 
 }  // namespace
