@@ -8,12 +8,15 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "client/checkpoint.h"
 #include "client/distributed_config.h"
 #include "client/muon.h"
@@ -296,9 +299,14 @@ absl::Status SaveCheckpoint(const SpecParams& s, const RunOutput& out,
 }
 
 // Runs `phase`'s steps on one rank (pg != nullptr) or on a single device.
-absl::StatusOr<RunOutput> RunSteps(const ValidateOptions& o,
-                                   const SpecParams& s, ProcessGroup* pg,
-                                   const Phase& phase) {
+// Runs `phase` on this rank (pg) or on one device (pg == nullptr);
+// `progress(step, seconds)`, when set, after each step (1-based step, wall
+// seconds since the phase began).
+absl::StatusOr<RunOutput> RunSteps(
+    const ValidateOptions& o, const SpecParams& s, ProcessGroup* pg,
+    const Phase& phase,
+    const std::function<void(int64_t, double)>& progress = nullptr) {
+  const absl::Time start = absl::Now();
   const bool single = pg == nullptr;
   RunOutput out;
   MUON_RETURN_IF_ERROR(InitLocalParams(o, s, single, single ? 0 : pg->rank,
@@ -329,6 +337,9 @@ absl::StatusOr<RunOutput> RunSteps(const ValidateOptions& o,
     MUON_RETURN_IF_ERROR(opt->Step());
     out.matrices += opt->last_step_stats().matrices_orthogonalized;
     out.ns_flops += opt->last_step_stats().ns_flops;
+    if (progress) {
+      progress(step + 1, absl::ToDoubleSeconds(absl::Now() - start));
+    }
   }
   if (!phase.save_dir.empty()) {
     MUON_RETURN_IF_ERROR(SaveCheckpoint(s, out, *opt, phase.save_dir));
@@ -375,7 +386,16 @@ absl::Status RunValidateRank(const ValidateOptions& o, int rank,
                         InitProcessGroup(pgo));
   const Phase phase{o.phase_from, o.phase_to < 0 ? o.steps : o.phase_to,
                     o.load_dir, o.save_dir};
-  MUON_ASSIGN_OR_RETURN(RunOutput run, RunSteps(o, s, pg.get(), phase));
+  // Rank 0 reports each step (the other ranks take it at the same pace).
+  auto progress = [&](int64_t step, double seconds) {
+    std::fprintf(stderr, "validate: distributed step %lld/%d done (%.2f s)\n",
+                 static_cast<long long>(step), o.steps, seconds);
+  };
+  MUON_ASSIGN_OR_RETURN(
+      RunOutput run,
+      RunSteps(o, s, pg.get(), phase,
+               rank == 0 ? std::function<void(int64_t, double)>(progress)
+                         : nullptr));
   for (size_t k = 0; k < run.data.size(); ++k) {
     MUON_RETURN_IF_ERROR(WriteNpy(
         absl::StrCat(out_dir, "/rank", rank, "_", run.spec_index[k], ".npy"),
@@ -486,6 +506,25 @@ absl::StatusOr<std::vector<float>> Assemble(const SpecParams& s, int i,
 
 }  // namespace
 
+// Reads every --init file (one per parameter) and every --grads file (one
+// per step and parameter) and checks its shape, so that a missing or
+// misshapen file fails validate before any rank process starts.
+// Errors: ReadNpy's (NotFound / DataLoss naming the path); InvalidArgument
+// for a shape other than the parameter's (names the file, both shapes).
+absl::Status CheckInputFiles(const ValidateOptions& o, const SpecParams& s) {
+  for (int i = 0; i < s.spec.params_size(); ++i) {
+    const v1::ParamSpec& p = s.spec.params(i);
+    if (!o.init_dir.empty()) {
+      MUON_RETURN_IF_ERROR(FullTensor(o, p, i, /*step=*/-1).status());
+    }
+    if (o.grads_dir.empty()) continue;
+    for (int64_t step = 0; step < o.steps; ++step) {
+      MUON_RETURN_IF_ERROR(FullTensor(o, p, i, step).status());
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status RunValidate(const ValidateOptions& o, std::ostream& out) {
   MUON_ASSIGN_OR_RETURN(SpecParams s, LoadSpec(o.spec_path));
   const bool resume = o.checkpoint_at > 0;
@@ -499,6 +538,9 @@ absl::Status RunValidate(const ValidateOptions& o, std::ostream& out) {
   MUON_ASSIGN_OR_RETURN(SpecParams s2, LoadSpec(resume_path));
   MUON_RETURN_IF_ERROR(CheckSameParams(s, s2, resume_path));
   const SpecParams& last = resume ? s2 : s;
+  // --init / --grads: every file there and of the right shape before any
+  // rank process starts.
+  MUON_RETURN_IF_ERROR(CheckInputFiles(o, s));
   MUON_ASSIGN_OR_RETURN(std::string dir, MakeTempDir("muon-validate-"));
   out << "validate: " << s.spec.params_size() << " parameters, mesh "
       << s.mesh.ToString() << ", " << s.mesh.world_size() << " rank processes, "
@@ -532,8 +574,15 @@ absl::Status RunValidate(const ValidateOptions& o, std::ostream& out) {
   AddCounts(final_dir, last.mesh.world_size(), &dist_matrices, &dist_flops);
   // The same steps on a single device, uninterrupted, in this process.
   openblas_set_num_threads(1);
-  MUON_ASSIGN_OR_RETURN(RunOutput single,
-                        RunSteps(o, s, nullptr, Phase{0, o.steps, "", ""}));
+  MUON_ASSIGN_OR_RETURN(
+      RunOutput single,
+      RunSteps(o, s, nullptr, Phase{0, o.steps, "", ""},
+               [&](int64_t step, double seconds) {
+                 out << absl::StrFormat(
+                     "validate: single-device step %d/%d done (%.2f s)\n", step,
+                     o.steps, seconds);
+                 out.flush();
+               }));
   double worst = 0;
   out << absl::StrFormat("%-32s %-16s %s\n", "parameter", "global shape",
                          "max |distributed - single|");

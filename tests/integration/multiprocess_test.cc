@@ -314,6 +314,10 @@ TEST(MuonctlValidateTest, Validate_InitAndGradsFromNpy_DumpsEqualParameters) {
                    " --steps ", steps, " --init ", *dir, "/init --grads ", *dir,
                    "/grads --dump ", *dir, "/out"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  // Progress per step, from rank 0 and from the single-device run.
+  EXPECT_THAT(r.output, HasSubstr("distributed step 1/2 done"));
+  EXPECT_THAT(r.output, HasSubstr("distributed step 2/2 done"));
+  EXPECT_THAT(r.output, HasSubstr("single-device step 2/2 done"));
   for (const auto& [name, shape] : params) {
     absl::StatusOr<NpyArray> d =
         ReadNpy(absl::StrCat(*dir, "/out/distributed/", name, ".npy"));
@@ -329,8 +333,23 @@ TEST(MuonctlValidateTest, Validate_InitAndGradsFromNpy_DumpsEqualParameters) {
   CommandResult bad = RunCommand(absl::StrCat(
       "tools/muonctl validate --spec ", Spec("fsdp_dim0"), " --steps ", steps,
       " --init ", *dir, "/init --grads ", *dir, "/grads"));
-  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_EQ(bad.exit_code, 1);
   EXPECT_THAT(bad.output, HasSubstr("grads/1/w2.npy"));
+  // Checked before any rank process starts (the run's header line and the
+  // ranks' progress never appear).
+  EXPECT_THAT(bad.output, ::testing::Not(HasSubstr("rank processes")));
+  EXPECT_THAT(bad.output, ::testing::Not(HasSubstr("distributed step")));
+  // A file of the wrong shape likewise, naming both shapes.
+  const std::vector<float> wrong(12 * 20 + 1, 0.0f);
+  ASSERT_TRUE(
+      WriteNpy(absl::StrCat(*dir, "/grads/1/w2.npy"), {1, 241}, wrong.data())
+          .ok());
+  bad = RunCommand(absl::StrCat(
+      "tools/muonctl validate --spec ", Spec("fsdp_dim0"), " --steps ", steps,
+      " --init ", *dir, "/init --grads ", *dir, "/grads"));
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_THAT(bad.output, HasSubstr("[1, 241]"));
+  EXPECT_THAT(bad.output, ::testing::Not(HasSubstr("rank processes")));
 }
 
 TEST(MuonctlValidateTest, Validate_MissingSpec_FailsWithUsage) {
