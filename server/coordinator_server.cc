@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
@@ -68,6 +69,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
       std::make_unique<CoordinatorGrpcService>(service.get(), options.auth);
 
   grpc::EnableDefaultHealthCheckService(true);
+  // Server reflection (grpc.reflection.v1alpha.ServerReflection): grpcurl
+  // and grpc_cli list and call muon.v1.Coordinator without its .proto. The
+  // plugin is process-wide: every server built after this call has it.
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int bound_port = 0;
   const std::string target = HostPort(options.host, options.port);

@@ -1,6 +1,7 @@
 // A running coordinator: the core CoordinatorService behind a gRPC server
 // listening on host:port (plus gRPC's standard health service,
-// grpc.health.v1.Health, reporting SERVING while up).
+// grpc.health.v1.Health, reporting SERVING while up, and server reflection,
+// grpc.reflection.v1alpha.ServerReflection, listing muon.v1.Coordinator).
 //
 // Used by the muon-coordinator daemon and by rank 0's process in embedded
 // mode (where rank 0 may also call service() directly through

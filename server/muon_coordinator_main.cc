@@ -15,6 +15,15 @@
 // directory) holds muonctl's read-only token. --tls_cert_file and
 // --tls_key_file serve TLS; a non-loopback --host without TLS is warned
 // about.
+//
+// Logs: one glog line (to stderr) per join, plan, job state change, lost or
+// failed rank and rejected request, key=value style (see "Logs and
+// metrics" in server/coordinator_service.h). glog's own flags (gflags) are
+// not parsed: the daemon's flags are Abseil's.
+//
+// Metrics: --metrics_port=N serves Prometheus text metrics at
+// http://127.0.0.1:N/metrics (server/metrics.h) and prints "muon-coordinator
+// metrics on http://127.0.0.1:N/metrics"; 0 (the default) serves none.
 #include <pthread.h>
 #include <signal.h>
 
@@ -28,12 +37,15 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/status_macros.h"
 #include "coordination/credentials.h"
+#include "glog/logging.h"
 #include "plan/planner.h"
 #include "server/coordinator_server.h"
+#include "server/metrics.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1",
           "Address to listen on (loopback by default).");
@@ -68,6 +80,9 @@ ABSL_FLAG(std::string, tls_cert_file, "",
 ABSL_FLAG(std::string, tls_key_file, "", "PEM private key for TLS.");
 ABSL_FLAG(int, max_message_bytes, 64 << 20,
           "Largest request or response, bytes.");
+ABSL_FLAG(int, metrics_port, 0,
+          "Port of the Prometheus text endpoint on 127.0.0.1 (GET /metrics); "
+          "0 = no metrics.");
 ABSL_FLAG(double, straggler_factor, 2.0,
           "A rank is flagged a straggler when its last step time exceeds this "
           "factor times the median of the other ranks' (needs >= 2 others).");
@@ -142,6 +157,9 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "muon-coordinator: the distributed Muon job coordinator (gRPC).");
   absl::ParseCommandLine(argc, argv);
+  // glog to stderr; its gflags-defined flags are set here, never parsed.
+  FLAGS_logtostderr = true;
+  google::InitGoogleLogging(argv[0]);
   // Debian's Abseil checks every mutex acquisition for lock-order cycles,
   // gRPC's included: 7% of a heartbeat's CPU and 60% of connection setup
   // at 4,096 agents (docs/coordinator_load.md). The daemon's locks are
@@ -198,6 +216,28 @@ int main(int argc, char** argv) {
   options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert_file);
   options.tls.key_file = absl::GetFlag(FLAGS_tls_key_file);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.service.log = [](absl::string_view line) { LOG(INFO) << line; };
+
+  const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  std::unique_ptr<muon::CoordinatorMetrics> metrics;
+  if (metrics_port < 0 || metrics_port > 65535) {
+    std::cerr << "muon-coordinator: --metrics_port must be in [0, 65535]"
+              << std::endl;
+    return 2;
+  }
+  if (metrics_port > 0) {
+    muon::MetricsOptions metrics_options;
+    metrics_options.port = metrics_port;
+    absl::StatusOr<std::unique_ptr<muon::CoordinatorMetrics>> started =
+        muon::CoordinatorMetrics::Start(metrics_options);
+    if (!started.ok()) {
+      std::cerr << "muon-coordinator: --metrics_port: "
+                << started.status().ToString() << std::endl;
+      return 1;
+    }
+    metrics = *std::move(started);
+    options.service.observer = metrics.get();
+  }
 
   absl::StatusOr<std::unique_ptr<muon::CoordinatorServer>> server =
       muon::CoordinatorServer::Start(options);
@@ -212,13 +252,18 @@ int main(int argc, char** argv) {
               << std::endl;
     return 1;
   }
+  if (metrics != nullptr) metrics->Watch((*server)->service());
   std::cout << "muon-coordinator listening on " << (*server)->address()
             << std::endl;  // endl flushes: launchers read this line
+  if (metrics != nullptr) {
+    std::cout << "muon-coordinator metrics on " << metrics->url() << std::endl;
+  }
 
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
   std::cout << "muon-coordinator: signal " << signal_number << ", stopping"
             << std::endl;
+  if (metrics != nullptr) metrics->Watch(nullptr);
   (*server)->Stop();
   return 0;
 }

@@ -1,0 +1,230 @@
+#include "server/metrics.h"
+
+#include <algorithm>
+#include <exception>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "prometheus/collectable.h"
+#include "prometheus/counter.h"
+#include "prometheus/exposer.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace muon {
+namespace {
+
+constexpr const char* kRankStates[] = {"joining", "ready",  "running",
+                                       "lost",    "failed", "finished"};
+constexpr const char* kJobStates[] = {"waiting", "planned", "running",
+                                      "finished", "failed"};
+constexpr const char* kOps[] = {"gather", "orthogonalize", "redistribute",
+                                "apply"};
+
+// 100 us to ~105 s, x4 per bucket: step and operation times in seconds.
+prometheus::Histogram::BucketBoundaries SecondsBuckets() {
+  prometheus::Histogram::BucketBoundaries b;
+  for (double s = 1e-4; s < 200; s *= 4) b.push_back(s);
+  return b;
+}
+
+std::string HostPort(const std::string& host, int port) {
+  if (absl::StrContains(host, ':') && !absl::StartsWith(host, "[")) {
+    return absl::StrCat("[", host, "]:", port);
+  }
+  return absl::StrCat(host, ":", port);
+}
+
+}  // namespace
+
+// The collectable the Exposer scrapes: refreshes the rank states, then
+// returns the registry's families.
+class CoordinatorMetrics::Scraper : public prometheus::Collectable {
+ public:
+  explicit Scraper(CoordinatorMetrics* metrics) : metrics_(metrics) {}
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    metrics_->RefreshRankStates();
+    return metrics_->registry_->Collect();
+  }
+
+ private:
+  CoordinatorMetrics* const metrics_;
+};
+
+CoordinatorMetrics::CoordinatorMetrics(std::string host)
+    : host_(std::move(host)),
+      registry_(std::make_shared<prometheus::Registry>()) {
+  step_time_ = &prometheus::BuildGauge()
+                    .Name("muon_step_time_seconds")
+                    .Help("Last step time of each rank, seconds.")
+                    .Register(*registry_);
+  step_duration_ = &prometheus::BuildHistogram()
+                        .Name("muon_step_duration_seconds")
+                        .Help("Step times of every rank, seconds.")
+                        .Register(*registry_)
+                        .Add({}, SecondsBuckets());
+  op_duration_ = &prometheus::BuildHistogram()
+                      .Name("muon_op_duration_seconds")
+                      .Help(
+                          "Duration of each optimizer operation (gather, "
+                          "orthogonalize, redistribute, apply), seconds.")
+                      .Register(*registry_);
+  for (const char* op : kOps) op_duration_->Add({{"op", op}}, SecondsBuckets());
+  ns_flops_ = &prometheus::BuildCounter()
+                   .Name("muon_newton_schulz_flops_total")
+                   .Help("Newton-Schulz FLOPs reported by every rank.")
+                   .Register(*registry_)
+                   .Add({});
+  bytes_sent_ = &prometheus::BuildCounter()
+                     .Name("muon_bytes_sent_total")
+                     .Help("Bytes sent by every rank's optimizer steps.")
+                     .Register(*registry_)
+                     .Add({});
+  bytes_received_ = &prometheus::BuildCounter()
+                         .Name("muon_bytes_received_total")
+                         .Help(
+                             "Bytes received by every rank's optimizer "
+                             "steps.")
+                         .Register(*registry_)
+                         .Add({});
+  reports_dropped_ = &prometheus::BuildCounter()
+                          .Name("muon_reports_dropped_total")
+                          .Help("Step reports the ranks' agents dropped.")
+                          .Register(*registry_)
+                          .Add({});
+  rank_state_ = &prometheus::BuildGauge()
+                     .Name("muon_rank_state")
+                     .Help("Ranks in each state.")
+                     .Register(*registry_);
+  for (const char* s : kRankStates) rank_state_->Add({{"state", s}});
+  job_state_ = &prometheus::BuildGauge()
+                    .Name("muon_job_state")
+                    .Help("1 for the job's current state, else 0.")
+                    .Register(*registry_);
+  for (const char* s : kJobStates) {
+    job_state_->Add({{"state", s}}).Set(absl::string_view(s) == "waiting");
+  }
+  generation_ = &prometheus::BuildGauge()
+                     .Name("muon_job_generation")
+                     .Help("The job generation (1 for the first job).")
+                     .Register(*registry_)
+                     .Add({});
+  generation_->Set(1);
+  plan_version_ = &prometheus::BuildGauge()
+                       .Name("muon_plan_version")
+                       .Help(
+                           "Version of the plan in effect (0 at Join, n "
+                           "after the n-th re-plan; -1 before a plan).")
+                       .Register(*registry_)
+                       .Add({});
+  plan_version_->Set(-1);
+}
+
+absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Start(
+    const MetricsOptions& options) {
+  if (options.port < 0 || options.port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics port ", options.port, " is outside [0, 65535]"));
+  }
+  if (options.host.empty()) {
+    return absl::InvalidArgumentError("metrics host is empty");
+  }
+  std::unique_ptr<CoordinatorMetrics> metrics(
+      new CoordinatorMetrics(options.host));
+  const std::string address = HostPort(options.host, options.port);
+  try {
+    metrics->exposer_ = std::make_unique<prometheus::Exposer>(address);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
+  }
+  const std::vector<int> ports = metrics->exposer_->GetListeningPorts();
+  if (ports.empty() || ports[0] <= 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve metrics on ", address, ": no port bound"));
+  }
+  metrics->port_ = ports[0];
+  metrics->scraper_ = std::make_shared<Scraper>(metrics.get());
+  metrics->exposer_->RegisterCollectable(metrics->scraper_);
+  return metrics;
+}
+
+CoordinatorMetrics::~CoordinatorMetrics() {
+  exposer_.reset();  // no scrape runs after this
+}
+
+std::string CoordinatorMetrics::url() const {
+  return absl::StrCat("http://", HostPort(host_, port_), "/metrics");
+}
+
+void CoordinatorMetrics::Watch(CoordinatorService* service) {
+  absl::MutexLock lock(&watch_mu_);
+  service_ = service;
+}
+
+void CoordinatorMetrics::RefreshRankStates() {
+  absl::MutexLock lock(&watch_mu_);
+  if (service_ == nullptr) return;
+  absl::StatusOr<v1::ListRanksResponse> ranks =
+      service_->ListRanks(v1::ListRanksRequest());
+  if (!ranks.ok()) return;
+  std::map<std::string, int> counts;
+  for (const v1::RankStatus& r : ranks->ranks()) ++counts[r.state()];
+  for (const char* s : kRankStates) {
+    auto it = counts.find(s);
+    rank_state_->Add({{"state", s}}).Set(it == counts.end() ? 0 : it->second);
+  }
+}
+
+void CoordinatorMetrics::OnStepReport(const v1::StepReport& report) {
+  step_time_->Add({{"rank", std::to_string(report.rank())}})
+      .Set(report.step_time_s());
+  step_duration_->Observe(report.step_time_s());
+  for (const v1::OpTiming& op : report.ops()) {
+    if (op.op().empty()) continue;
+    op_duration_->Add({{"op", op.op()}}, SecondsBuckets())
+        .Observe(std::max(0.0, op.end_s() - op.start_s()));
+  }
+  if (report.ns_flops() > 0) ns_flops_->Increment(report.ns_flops());
+  if (report.bytes_sent() > 0) {
+    bytes_sent_->Increment(static_cast<double>(report.bytes_sent()));
+  }
+  if (report.bytes_received() > 0) {
+    bytes_received_->Increment(static_cast<double>(report.bytes_received()));
+  }
+  int64_t dropped_increase = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    int64_t& last = dropped_[report.rank()];
+    if (report.reports_dropped() > last) {
+      dropped_increase = report.reports_dropped() - last;
+      last = report.reports_dropped();
+    }
+  }
+  if (dropped_increase > 0) {
+    reports_dropped_->Increment(static_cast<double>(dropped_increase));
+  }
+}
+
+void CoordinatorMetrics::OnJobState(absl::string_view state,
+                                    int64_t generation) {
+  for (const char* s : kJobStates) {
+    job_state_->Add({{"state", s}}).Set(state == s ? 1 : 0);
+  }
+  generation_->Set(static_cast<double>(generation));
+  if (state == "waiting") {
+    plan_version_->Set(-1);
+    absl::MutexLock lock(&mu_);
+    dropped_.clear();  // a new generation's agents count from 0
+  }
+}
+
+void CoordinatorMetrics::OnPlan(int64_t version, absl::string_view hash) {
+  plan_version_->Set(static_cast<double>(version));
+}
+
+}  // namespace muon
