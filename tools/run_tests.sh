@@ -60,6 +60,16 @@ if [[ -d tests/python && $rc -eq 0 ]]; then
     failed=$((failed + 1))
   fi
 fi
+# The README's recipes that start a daemon or a job (blocks marked
+# <!-- readme-test -->), each block one test.
+if [[ $rc -eq 0 ]]; then
+  summary=$(bash tools/readme_recipes.sh | tee /dev/stderr | tail -1)
+  p=$(echo "$summary" | grep -o '^[0-9]* passed' | grep -o '[0-9]*')
+  f=$(echo "$summary" | grep -o '[0-9]* failed' | grep -o '[0-9]*')
+  passed=$(( passed + ${p:-0} ))
+  failed=$(( failed + ${f:-1} ))
+  if [[ ${f:-1} -ne 0 ]]; then rc=1; fi
+fi
 # The CUDA configuration must compile and link too (CI has the toolkit but no
 # GPU; GPU tests skip there with their reason).
 if [[ -x /usr/local/cuda/bin/nvcc ]]; then

@@ -377,7 +377,11 @@ absl::Status RunValidateRank(const ValidateOptions& o, int rank,
   ProcessGroupOptions pgo;
   pgo.rank = rank;
   pgo.world_size = s.mesh.world_size();
-  pgo.job_id = s.spec.job_id().empty() ? "validate" : s.spec.job_id();
+  // With a daemon the ranks join whatever job it serves (its --job_id);
+  // rank 0's embedded coordinator serves the spec's job id.
+  pgo.job_id = !o.coordinator.empty() ? ""
+               : s.spec.job_id().empty() ? "validate"
+                                         : s.spec.job_id();
   pgo.coordinator_address = o.coordinator;
   pgo.embed_coordinator = o.coordinator.empty();
   pgo.start_embedded_coordinator = StartEmbeddedCoordinator;
