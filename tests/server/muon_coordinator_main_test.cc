@@ -1,6 +1,10 @@
 // Tests of the muon-coordinator daemon binary: it starts on a free port,
 // writes --port_file, answers RPCs and exits 0 on SIGTERM.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -8,6 +12,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -149,6 +154,118 @@ void StopDaemon(pid_t pid) {
     kill(pid, SIGKILL);
     WaitFor(pid, absl::Seconds(5));
   }
+}
+
+// A free loopback port (bound, read back, closed: another process could take
+// it before the daemon does, which is unlikely in a test sandbox).
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+// GET http://127.0.0.1:port/path over a plain socket (HTTP/1.0).
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string response;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string request = absl::StrCat("GET ", path, " HTTP/1.0\r\n\r\n");
+    if (write(fd, request.data(), request.size()) ==
+        static_cast<ssize_t>(request.size())) {
+      char buf[4096];
+      ssize_t n;
+      while ((n = read(fd, buf, sizeof(buf))) > 0) response.append(buf, n);
+    }
+  }
+  close(fd);
+  return response;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Issue 13 item 3: the daemon's job id is used when a client names none;
+// rejected requests are logged with glog on stderr; --metrics_port serves
+// Prometheus text.
+TEST(MuonCoordinatorMainTest, Daemon_LogsRejectedRequestsAndServesMetrics) {
+  const std::string port_file = TestTmp() + "/logs.port";
+  const std::string out_file = TestTmp() + "/logs.stdout";
+  const std::string err_file = TestTmp() + "/logs.stderr";
+  std::remove(port_file.c_str());
+  const int metrics_port = FreePort();
+  ASSERT_GT(metrics_port, 0);
+  const std::string binary = "server/muon-coordinator";
+  const std::string port_flag = "--port_file=" + port_file;
+  const std::string metrics_flag =
+      absl::StrCat("--metrics_port=", metrics_port);
+  const std::string secret = "daemon-logs-secret";
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    setenv("MUON_JOB_SECRET", secret.c_str(), 1);
+    const int out = open(out_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    const int err = open(err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(out, 1);
+    dup2(err, 2);
+    execl(binary.c_str(), binary.c_str(), "--job_id=demo", port_flag.c_str(),
+          metrics_flag.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int port = 0;
+  for (int i = 0; i < 250 && port == 0; ++i) {
+    std::ifstream in(port_file);
+    if (!(in >> port)) port = 0;
+    if (port == 0) absl::SleepFor(absl::Milliseconds(20));
+  }
+  if (port == 0) {
+    StopDaemon(pid);
+    FAIL() << "daemon wrote no port; stderr: " << ReadAll(err_file);
+  }
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+  auto connect = [&](const std::string& job, const std::string& token) {
+    return *GrpcCoordinationClient::Create(address, job, absl::Seconds(3),
+                                           GrpcClientSecurity{token, "", ""});
+  };
+  absl::StatusOr<v1::JobInfo> job = connect("", secret)->GetJob();
+  ASSERT_THAT(job, IsOk());
+  EXPECT_EQ(job->job_id(), "demo");
+  EXPECT_THAT(connect("fashion-mnist", secret)->GetJob(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("serves job \"demo\"")));
+  EXPECT_THAT(connect("", "wrong")->GetJob(),
+              StatusIs(absl::StatusCode::kUnauthenticated, ::testing::_));
+  const std::string metrics = HttpGet(metrics_port, "/metrics");
+  EXPECT_THAT(metrics, HasSubstr("muon_job_state{state=\"waiting\"} 1"));
+  EXPECT_THAT(metrics, HasSubstr("muon_plan_version -1"));
+  StopDaemon(pid);
+
+  EXPECT_THAT(ReadAll(out_file),
+              HasSubstr(absl::StrCat("muon-coordinator metrics on "
+                                     "http://127.0.0.1:",
+                                     metrics_port, "/metrics")));
+  const std::string log = ReadAll(err_file);
+  EXPECT_THAT(log, HasSubstr("event=rejected reason=job_id "
+                             "request_job=fashion-mnist job=demo"));
+  EXPECT_THAT(log, HasSubstr("event=rejected reason=unauthenticated "
+                             "credentials=invalid"));
+  EXPECT_THAT(log, ::testing::Not(HasSubstr("wrong")));  // no token logged
 }
 
 TEST(MuonCoordinatorMainTest,
