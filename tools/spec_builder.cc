@@ -1,0 +1,613 @@
+#include "tools/spec_builder.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <exception>
+#include <fstream>
+#include <limits>
+#include <new>
+#include <regex>
+#include <set>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "common/layout.h"
+#include "common/spec.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+
+namespace muon {
+namespace {
+
+using Json = nlohmann::json;
+
+// The deepest nesting of `text` as JSON ([ and { outside strings). Stops
+// counting past `limit`.
+int JsonDepth(const std::string& text, int limit) {
+  int depth = 0;
+  int max_depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      max_depth = std::max(max_depth, ++depth);
+      if (max_depth > limit) return max_depth;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return max_depth;
+}
+
+// A JSON value's type for error messages.
+std::string TypeName(const Json& j) { return j.type_name(); }
+
+// An int64 from a JSON integer (not a float, not a bool).
+bool JsonToInt64(const Json& j, int64_t* out) {
+  if (j.is_number_unsigned()) {
+    const uint64_t v = j.get<uint64_t>();
+    if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return false;
+    }
+    *out = static_cast<int64_t>(v);
+    return true;
+  }
+  if (j.is_number_integer()) {
+    *out = j.get<int64_t>();
+    return true;
+  }
+  return false;
+}
+
+absl::StatusOr<TensorInfo> ParseTensorEntry(const std::string& path,
+                                            const std::string& name,
+                                            const Json& entry,
+                                            int64_t data_size) {
+  auto error = [&](const std::string& what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": tensor \"", name, "\": ", what));
+  };
+  if (name.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": a tensor has an empty name"));
+  }
+  if (name.size() > kMaxTensorNameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": a tensor name of ", name.size(), " bytes (starting \"",
+        name.substr(0, 64), "...\") exceeds ", kMaxTensorNameBytes, " bytes"));
+  }
+  if (!entry.is_object()) {
+    return error(absl::StrCat("expected an object with dtype, shape and ",
+                              "data_offsets, got ", TypeName(entry)));
+  }
+  for (const auto& [key, value] : entry.items()) {
+    if (key != "dtype" && key != "shape" && key != "data_offsets") {
+      return error(absl::StrCat("unknown key \"", key,
+                                "\" (expected dtype, shape, data_offsets)"));
+    }
+  }
+  for (const char* key : {"dtype", "shape", "data_offsets"}) {
+    if (!entry.contains(key)) {
+      return error(absl::StrCat("missing \"", key, "\""));
+    }
+  }
+  TensorInfo info;
+  info.name = name;
+  const Json& dtype = entry["dtype"];
+  if (!dtype.is_string()) {
+    return error(absl::StrCat("dtype must be a string, got ", TypeName(dtype)));
+  }
+  info.dtype = dtype.get<std::string>();
+  const int64_t element_size = SafetensorsDtypeSize(info.dtype);
+  if (element_size == 0) {
+    return error(absl::StrCat("unknown dtype \"", info.dtype, "\""));
+  }
+  const Json& shape = entry["shape"];
+  if (!shape.is_array()) {
+    return error(absl::StrCat("shape must be an array of integers, got ",
+                              TypeName(shape)));
+  }
+  if (shape.size() > static_cast<size_t>(kMaxSafetensorsDims)) {
+    return error(absl::StrCat("shape has ", shape.size(), " dims; at most ",
+                              kMaxSafetensorsDims));
+  }
+  int64_t numel = 1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    int64_t d = 0;
+    if (!JsonToInt64(shape[i], &d)) {
+      return error(absl::StrCat("shape[", i, "] must be an integer, got ",
+                                shape[i].dump()));
+    }
+    if (d < 0) {
+      return error(absl::StrCat("shape[", i, "] is ", d, "; dims are >= 0"));
+    }
+    info.shape.push_back(d);
+    if (d != 0 && numel > std::numeric_limits<int64_t>::max() / d) {
+      return error(absl::StrCat("shape ", ShapeToString(info.shape),
+                                "... has too many elements"));
+    }
+    numel *= d;
+  }
+  if (numel != 0 &&
+      numel > std::numeric_limits<int64_t>::max() / element_size) {
+    return error(absl::StrCat("shape ", ShapeToString(info.shape),
+                              " has too many bytes"));
+  }
+  const int64_t bytes = numel * element_size;
+  const Json& offsets = entry["data_offsets"];
+  if (!offsets.is_array() || offsets.size() != 2 ||
+      !JsonToInt64(offsets[0], &info.data_begin) ||
+      !JsonToInt64(offsets[1], &info.data_end)) {
+    return error(
+        absl::StrCat("data_offsets must be [begin, end], two integers, got ",
+                     offsets.dump()));
+  }
+  const std::string range =
+      absl::StrCat("[", info.data_begin, ", ", info.data_end, "]");
+  if (info.data_begin < 0 || info.data_end < info.data_begin) {
+    return error(
+        absl::StrCat("data_offsets ", range, " are not 0 <= begin <= end"));
+  }
+  if (info.data_end > data_size) {
+    return error(absl::StrCat("data_offsets ", range,
+                              " end beyond the file's data section of ",
+                              data_size, " bytes"));
+  }
+  if (info.data_end - info.data_begin != bytes) {
+    return error(absl::StrCat("data_offsets ", range, " hold ",
+                              info.data_end - info.data_begin, " bytes but ",
+                              info.dtype, " ", ShapeToString(info.shape),
+                              " needs ", bytes));
+  }
+  return info;
+}
+
+absl::StatusOr<std::vector<TensorInfo>> ParseHeader(const std::string& path,
+                                                    const std::string& text,
+                                                    int64_t data_size) {
+  const int depth = JsonDepth(text, kMaxSafetensorsJsonDepth);
+  if (depth > kMaxSafetensorsJsonDepth) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": header JSON nests more than ",
+                     kMaxSafetensorsJsonDepth, " deep"));
+  }
+  // Keys of the top-level object, to find duplicates (nlohmann keeps the
+  // last value of a repeated key silently).
+  std::set<std::string> keys;
+  std::string duplicate;
+  Json::parser_callback_t callback = [&](int d, Json::parse_event_t event,
+                                         Json& parsed) {
+    if (event == Json::parse_event_t::key && d == 1 && parsed.is_string()) {
+      const std::string& key = parsed.get_ref<const std::string&>();
+      if (!keys.insert(key).second && duplicate.empty()) duplicate = key;
+    }
+    return true;
+  };
+  const Json header = Json::parse(text, callback, /*allow_exceptions=*/false);
+  if (header.is_discarded()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": header is not valid JSON"));
+  }
+  if (!header.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": header JSON must be an object of tensors, got ",
+                     TypeName(header)));
+  }
+  if (!duplicate.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": header names \"", duplicate, "\" more than once"));
+  }
+  std::vector<TensorInfo> tensors;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      if (!entry.is_object()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            path, ": __metadata__ must be an object, got ", TypeName(entry)));
+      }
+      for (const auto& [key, value] : entry.items()) {
+        if (!value.is_string()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(path, ": __metadata__[\"", key,
+                           "\"] must be a string, got ", TypeName(value)));
+        }
+      }
+      continue;
+    }
+    MUON_ASSIGN_OR_RETURN(TensorInfo info,
+                          ParseTensorEntry(path, name, entry, data_size));
+    tensors.push_back(std::move(info));
+  }
+  std::sort(tensors.begin(), tensors.end(),
+            [](const TensorInfo& a, const TensorInfo& b) {
+              return std::tie(a.data_begin, a.data_end, a.name) <
+                     std::tie(b.data_begin, b.data_end, b.name);
+            });
+  // Non-empty ranges must not overlap (empty tensors hold no bytes).
+  const TensorInfo* previous = nullptr;
+  for (const TensorInfo& t : tensors) {
+    if (t.data_begin == t.data_end) continue;
+    if (previous != nullptr && t.data_begin < previous->data_end) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": tensor \"", t.name, "\": data_offsets [", t.data_begin, ", ",
+          t.data_end, "] overlap tensor \"", previous->name, "\"'s [",
+          previous->data_begin, ", ", previous->data_end, "]"));
+    }
+    previous = &t;
+  }
+  return tensors;
+}
+
+// Compiles `pattern`; `what` names it in the error.
+absl::StatusOr<std::regex> CompileRegex(const std::string& pattern,
+                                        absl::string_view what) {
+  try {
+    return std::regex(pattern, std::regex::ECMAScript);
+  } catch (const std::regex_error& e) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " \"", pattern, "\": bad regular expression: ", e.what()));
+  }
+}
+
+// Built-in default placements: Shard(0) on "dp_shard", else Replicate().
+std::vector<std::string> BuiltinDefaultPlacements(const v1::Mesh& mesh) {
+  std::vector<std::string> out;
+  for (const v1::MeshDim& dim : mesh.dims()) {
+    out.push_back(dim.name() == "dp_shard" ? "Shard(0)" : "Replicate()");
+  }
+  return out;
+}
+
+}  // namespace
+
+int64_t SafetensorsDtypeSize(absl::string_view dtype) {
+  static const std::pair<const char*, int64_t> kSizes[] = {
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1},
+      {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},
+      {"U32", 4},  {"F32", 4}, {"F64", 8}, {"I64", 8},     {"U64", 8},
+  };
+  for (const auto& [name, size] : kSizes) {
+    if (dtype == name) return size;
+  }
+  return 0;
+}
+
+absl::StatusOr<std::vector<TensorInfo>> ReadSafetensorsHeader(
+    const std::string& path) {
+  try {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) {
+      return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+    }
+    in.seekg(0, std::ios::end);
+    const std::streamoff file_size = in.tellg();
+    in.seekg(0, std::ios::beg);
+    if (file_size < 0 || !in) {
+      return absl::InternalError(
+          absl::StrCat(path, ": cannot determine the file size"));
+    }
+    if (file_size < 8) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": ", file_size,
+          " bytes is too short for a .safetensors file (8-byte header "
+          "length first)"));
+    }
+    unsigned char len_bytes[8];
+    if (!in.read(reinterpret_cast<char*>(len_bytes), 8)) {
+      return absl::InternalError(
+          absl::StrCat(path, ": reading the header length failed"));
+    }
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | len_bytes[i];
+    if (n > kMaxSafetensorsHeaderBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": header length ", n, " bytes exceeds the ",
+                       kMaxSafetensorsHeaderBytes, "-byte bound"));
+    }
+    const uint64_t available = static_cast<uint64_t>(file_size) - 8;
+    if (n > available) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": header length ", n, " bytes runs past the end of the ",
+          file_size, "-byte file"));
+    }
+    std::string text(n, '\0');
+    if (n > 0 && !in.read(text.data(), static_cast<std::streamsize>(n))) {
+      return absl::InternalError(
+          absl::StrCat(path, ": reading the ", n, "-byte header failed"));
+    }
+    return ParseHeader(path, text, static_cast<int64_t>(available - n));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(path, ": out of memory reading the header"));
+  } catch (const std::exception& e) {
+    // nlohmann's accessors are only used after type checks; this is a
+    // safety net so that no exception crosses the API.
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": bad header: ", e.what()));
+  }
+}
+
+const std::vector<std::string>& DefaultExcludePatterns() {
+  static const std::vector<std::string>* const kPatterns =
+      new std::vector<std::string>{"embed",   "wte",  "wpe",
+                                   "lm_head", "norm", "ln_"};
+  return *kPatterns;
+}
+
+absl::StatusOr<v1::Mesh> ParseMeshFlag(absl::string_view text) {
+  v1::Mesh mesh;
+  if (absl::StripAsciiWhitespace(text).empty()) return mesh;
+  std::set<std::string> names;
+  for (absl::string_view item : absl::StrSplit(text, ',')) {
+    item = absl::StripAsciiWhitespace(item);
+    std::vector<absl::string_view> parts = absl::StrSplit(item, '=');
+    int size = 0;
+    if (parts.size() != 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "mesh \"", text, "\": item \"", item, "\" is not name=size"));
+    }
+    const std::string name(absl::StripAsciiWhitespace(parts[0]));
+    if (name.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "mesh \"", text, "\": item \"", item, "\" has an empty name"));
+    }
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(parts[1]), &size) ||
+        size < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("mesh \"", text, "\": dim \"", name, "\" size \"",
+                       parts[1], "\" is not an integer >= 1"));
+    }
+    if (!names.insert(name).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "mesh \"", text, "\": dim \"", name, "\" appears twice"));
+    }
+    v1::MeshDim* dim = mesh.add_dims();
+    dim->set_name(name);
+    dim->set_size(size);
+  }
+  MUON_RETURN_IF_ERROR(MeshFromProto(mesh).Validate());
+  return mesh;
+}
+
+absl::StatusOr<std::vector<std::string>> ParsePlacementList(
+    absl::string_view text, const v1::Mesh& mesh, absl::string_view what) {
+  std::vector<absl::string_view> items;
+  for (absl::string_view item : absl::StrSplit(text, ',')) {
+    item = absl::StripAsciiWhitespace(item);
+    if (!item.empty()) items.push_back(item);
+  }
+  if (items.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": no placements given"));
+  }
+  const int ndim = mesh.dims_size();
+  auto canonical = [&](absl::string_view p) -> absl::StatusOr<std::string> {
+    absl::StatusOr<Placement> parsed = Placement::Parse(p);
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": ", parsed.status().message()));
+    }
+    if (parsed->kind == Placement::Kind::kPartial) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": \"", p, "\": Partial() is not a parameter placement"));
+    }
+    return parsed->ToString();
+  };
+  size_t named = 0;
+  for (absl::string_view item : items) {
+    if (absl::StrContains(item, ':')) ++named;
+  }
+  std::vector<std::string> out(ndim);
+  if (named == 0) {
+    if (static_cast<int>(items.size()) != ndim) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": ", items.size(), " placements for a mesh of ",
+                       ndim, " dims (", MeshFromProto(mesh).ToString(),
+                       "); give one per dim, or name dims as dim:placement"));
+    }
+    for (int i = 0; i < ndim; ++i) {
+      MUON_ASSIGN_OR_RETURN(out[i], canonical(items[i]));
+    }
+    return out;
+  }
+  if (named != items.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": mixes positional and dim:placement items; use one form"));
+  }
+  const Mesh m = MeshFromProto(mesh);
+  for (absl::string_view item : items) {
+    const size_t colon = item.find(':');
+    const absl::string_view dim_name =
+        absl::StripAsciiWhitespace(item.substr(0, colon));
+    const int d = m.DimIndex(dim_name);
+    if (d < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": \"", item, "\" names mesh dim \"", dim_name,
+                       "\" but the mesh ", m.ToString(), " has no such dim"));
+    }
+    if (!out[d].empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": mesh dim \"", dim_name, "\" is given twice"));
+    }
+    MUON_ASSIGN_OR_RETURN(
+        out[d], canonical(absl::StripAsciiWhitespace(item.substr(colon + 1))));
+  }
+  return out;
+}
+
+absl::StatusOr<SpecBuildOptions> ParseSpecBuildOptions(
+    absl::string_view mesh, absl::string_view default_placements,
+    const std::vector<std::string>& rules,
+    const std::vector<std::string>& exclude, absl::string_view transpose,
+    absl::string_view job_id, bool expert_stacks) {
+  SpecBuildOptions o;
+  o.job_id = std::string(job_id);
+  if (o.job_id.empty()) {
+    return absl::InvalidArgumentError("--job_id is empty");
+  }
+  absl::StatusOr<v1::Mesh> parsed_mesh = ParseMeshFlag(mesh);
+  if (!parsed_mesh.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--mesh: ", parsed_mesh.status().message()));
+  }
+  o.mesh = *std::move(parsed_mesh);
+  o.default_placements = BuiltinDefaultPlacements(o.mesh);
+  if (!absl::StripAsciiWhitespace(default_placements).empty()) {
+    MUON_ASSIGN_OR_RETURN(
+        std::vector<std::string> given,
+        ParsePlacementList(
+            default_placements, o.mesh,
+            absl::StrCat("--default_placements \"", default_placements, "\"")));
+    for (size_t i = 0; i < given.size(); ++i) {
+      if (!given[i].empty()) o.default_placements[i] = given[i];
+    }
+  }
+  for (const std::string& rule : rules) {
+    const std::string what = absl::StrCat("--rule \"", rule, "\"");
+    const size_t eq = rule.rfind('=');
+    if (eq == std::string::npos || eq == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": expected REGEX=PLACEMENTS"));
+    }
+    PlacementRule r;
+    r.pattern = rule.substr(0, eq);
+    MUON_RETURN_IF_ERROR(CompileRegex(r.pattern, what).status());
+    MUON_ASSIGN_OR_RETURN(
+        r.placements, ParsePlacementList(absl::string_view(rule).substr(eq + 1),
+                                         o.mesh, what));
+    o.rules.push_back(std::move(r));
+  }
+  if (!exclude.empty()) o.exclude = exclude;
+  for (const std::string& e : o.exclude) {
+    MUON_RETURN_IF_ERROR(CompileRegex(e, "--exclude").status());
+  }
+  o.transpose = std::string(transpose);
+  if (!o.transpose.empty()) {
+    MUON_RETURN_IF_ERROR(CompileRegex(o.transpose, "--transpose").status());
+  }
+  o.expert_stacks = expert_stacks;
+  return o;
+}
+
+absl::StatusOr<v1::JobSpec> BuildSpec(const std::vector<TensorInfo>& tensors,
+                                      const SpecBuildOptions& options,
+                                      std::vector<SkippedTensor>* skipped) {
+  if (options.job_id.empty()) {
+    return absl::InvalidArgumentError("job_id is empty");
+  }
+  const int ndim = options.mesh.dims_size();
+  std::vector<std::string> defaults = options.default_placements;
+  if (defaults.empty()) defaults = BuiltinDefaultPlacements(options.mesh);
+  if (static_cast<int>(defaults.size()) != ndim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "default_placements has ", defaults.size(), " entries for a mesh of ",
+        ndim, " dims (", MeshFromProto(options.mesh).ToString(), ")"));
+  }
+  std::vector<std::regex> rule_regexes;
+  for (size_t i = 0; i < options.rules.size(); ++i) {
+    const PlacementRule& rule = options.rules[i];
+    MUON_ASSIGN_OR_RETURN(
+        std::regex re,
+        CompileRegex(rule.pattern, absl::StrCat("rules[", i, "]")));
+    if (static_cast<int>(rule.placements.size()) != ndim) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rules[", i, "] \"", rule.pattern, "\" has ",
+                       rule.placements.size(), " placements for a mesh of ",
+                       ndim, " dims; use \"\" to keep a dim's default"));
+    }
+    rule_regexes.push_back(std::move(re));
+  }
+  std::vector<std::regex> exclude_regexes;
+  for (const std::string& e : options.exclude) {
+    MUON_ASSIGN_OR_RETURN(std::regex re, CompileRegex(e, "exclude"));
+    exclude_regexes.push_back(std::move(re));
+  }
+  std::regex transpose_regex;
+  const bool has_transpose = !options.transpose.empty();
+  if (has_transpose) {
+    MUON_ASSIGN_OR_RETURN(transpose_regex,
+                          CompileRegex(options.transpose, "transpose"));
+  }
+
+  v1::JobSpec spec;
+  spec.set_job_id(options.job_id);
+  *spec.mutable_mesh() = options.mesh;
+  auto skip = [&](const TensorInfo& t, std::string reason) {
+    if (skipped != nullptr) skipped->push_back({t.name, std::move(reason)});
+  };
+  for (const TensorInfo& t : tensors) {
+    const int rank = static_cast<int>(t.shape.size());
+    if (t.dtype.empty() || t.dtype[0] != 'F') {
+      skip(t, absl::StrCat("dtype ", t.dtype, " is not floating point"));
+      continue;
+    }
+    if (rank != 2 && !(rank == 3 && options.expert_stacks)) {
+      skip(t, rank == 3 ? "3-D (expert stacks not enabled)"
+                        : absl::StrCat(rank, "-D"));
+      continue;
+    }
+    if (std::any_of(t.shape.begin(), t.shape.end(),
+                    [](int64_t d) { return d < 1; })) {
+      skip(t, absl::StrCat("empty shape ", ShapeToString(t.shape)));
+      continue;
+    }
+    const std::string* excluded_by = nullptr;
+    for (size_t i = 0; i < exclude_regexes.size(); ++i) {
+      if (std::regex_search(t.name, exclude_regexes[i])) {
+        excluded_by = &options.exclude[i];
+        break;
+      }
+    }
+    if (excluded_by != nullptr) {
+      skip(t, absl::StrCat("excluded by \"", *excluded_by, "\""));
+      continue;
+    }
+    v1::ParamSpec* param = spec.add_params();
+    param->set_name(t.name);
+    std::vector<int64_t> shape = t.shape;
+    if (has_transpose && std::regex_search(t.name, transpose_regex)) {
+      std::swap(shape[rank - 2], shape[rank - 1]);
+    }
+    for (int64_t d : shape) param->add_shape(d);
+    std::vector<std::string> placements = defaults;
+    for (size_t i = 0; i < rule_regexes.size(); ++i) {
+      if (!std::regex_search(t.name, rule_regexes[i])) continue;
+      for (int d = 0; d < ndim; ++d) {
+        if (!options.rules[i].placements[d].empty()) {
+          placements[d] = options.rules[i].placements[d];
+        }
+      }
+      break;
+    }
+    for (const std::string& p : placements) param->add_placements(p);
+  }
+  if (spec.params_size() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "none of the ", tensors.size(),
+        " tensors is a Muon matrix (2-D floating point, not excluded)"));
+  }
+  MUON_RETURN_IF_ERROR(ValidateJobSpec(spec));
+  return spec;
+}
+
+}  // namespace muon

@@ -1,0 +1,233 @@
+// Job specs from real models: a Hugging Face .safetensors checkpoint's
+// header (names, dtypes, shapes; no tensor data is read) plus a mesh and
+// placement rules -> a validated muon.v1.JobSpec (common/spec.h).
+//
+// Which tensors become Muon matrices (the spec's params), in order:
+//   1. dtype is a floating type (F16, BF16, F32, F64, F8_E4M3, F8_E5M2);
+//   2. 2-D, or 3-D when SpecBuildOptions.expert_stacks ([experts, rows,
+//      cols], each slice its own matrix); every dim >= 1;
+//   3. the name matches none of SpecBuildOptions.exclude (defaults:
+//      kDefaultExcludePatterns, embeddings, output head, norms).
+// Everything else is skipped (listed in BuildSpec's `skipped`, with why).
+//
+// Placements: each matrix gets SpecBuildOptions.default_placements (one per
+// mesh dim), then the first rule whose regex matches its name overrides the
+// dims the rule names. Placements are DTensor spellings ("Shard(0)",
+// "Replicate()", also "S(0)", "R"), written canonically into the spec, and
+// refer to the spec's shape (after any transpose).
+//
+// Patterns are ECMAScript regular expressions (std::regex; RE2 is not
+// available here) matched with std::regex_search, i.e. anywhere in the name,
+// as Python's re.search: "norm" matches "model.norm.weight"; anchor with ^
+// and $ for a whole-name match. muonrt.spec_from_module (python/muonrt/
+// spec.py) applies the same rules to a torch.nn.Module.
+//
+// Example (what `muonctl spec` is meant to map its flags to):
+//   muonctl spec --safetensors model.safetensors --mesh dp_shard=8,tp=8
+//     --default_placements 'dp_shard:Shard(0)'
+//     --rule 'q_proj|k_proj|v_proj|gate_proj|up_proj=tp:Shard(0)'
+//     --rule 'o_proj|down_proj=tp:Shard(1)' --job_id llama-tp8-dp8
+// (one command line) is, in C++:
+//
+//   MUON_ASSIGN_OR_RETURN(std::vector<TensorInfo> tensors,
+//                         ReadSafetensorsHeader(path));
+//   MUON_ASSIGN_OR_RETURN(
+//       SpecBuildOptions options,
+//       ParseSpecBuildOptions("dp_shard=8,tp=8", "dp_shard:Shard(0)",
+//                             {"q_proj|k_proj|v_proj|gate_proj|up_proj="
+//                              "tp:Shard(0)",
+//                              "o_proj|down_proj=tp:Shard(1)"},
+//                             /*exclude=*/{}, /*transpose=*/"",
+//                             "llama-tp8-dp8"));
+//   MUON_ASSIGN_OR_RETURN(v1::JobSpec spec, BuildSpec(tensors, options));
+//   std::cout << JobSpecToJson(spec);
+// gives model.layers.0.self_attn.q_proj.weight [4096, 4096] placements
+// [Shard(0), Shard(0)], ...o_proj.weight [Shard(0), Shard(1)], and no
+// embed_tokens, norm or lm_head entries.
+//
+// GPT-2 (Conv1D stores [in, out]): --transpose 'c_attn|c_proj|c_fc' turns
+// transformer.h.0.attn.c_attn.weight, stored [768, 2304], into the spec
+// shape [2304, 768] = [out, in], the matrix torch.nn.Linear would hold.
+//
+// Thread-safety: pure functions.
+#ifndef MUON_TOOLS_SPEC_BUILDER_H_
+#define MUON_TOOLS_SPEC_BUILDER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "muon/v1/coordinator.pb.h"
+
+namespace muon {
+
+// Largest .safetensors header ReadSafetensorsHeader accepts (100 MiB; the
+// safetensors library's own bound).
+inline constexpr uint64_t kMaxSafetensorsHeaderBytes = uint64_t{100} << 20;
+
+// Deepest JSON nesting accepted in a header (a real one nests 3 deep).
+inline constexpr int kMaxSafetensorsJsonDepth = 64;
+
+// Most dims of one tensor in a header.
+inline constexpr int kMaxSafetensorsDims = 16;
+
+// Longest tensor name accepted, in bytes (names are matched with std::regex,
+// whose libstdc++ matcher recurses per character).
+inline constexpr size_t kMaxTensorNameBytes = 4096;
+
+// One tensor of a .safetensors file as its header describes it.
+struct TensorInfo {
+  // The key in the header, e.g. "model.layers.0.self_attn.q_proj.weight".
+  std::string name;
+  // safetensors' spelling: "F32", "BF16", "F16", "F64", "F8_E4M3",
+  // "F8_E5M2", "I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "BOOL".
+  std::string dtype;
+  // As stored (row-major), each dim >= 0.
+  std::vector<int64_t> shape;
+  // Byte range [data_begin, data_end) of the tensor's data, relative to
+  // the start of the data section (file offset 8 + header length);
+  // data_end - data_begin = element size x number of elements.
+  int64_t data_begin = 0;
+  int64_t data_end = 0;
+};
+
+// Bytes per element of a safetensors dtype ("F32" -> 4); 0 when unknown.
+int64_t SafetensorsDtypeSize(absl::string_view dtype);
+
+// Reads the header of the .safetensors file at `path`: 8 bytes,
+// little-endian uint64 N, then N bytes of JSON, an object mapping each
+// tensor name to {"dtype": string, "shape": [int...], "data_offsets":
+// [begin, end]}, plus an optional "__metadata__" object of string values.
+// Reads only the 8 + N header bytes (and the file's size). Returns the
+// tensors sorted by data_begin (the order of their data in the file), then
+// name.
+// Checks: N <= kMaxSafetensorsHeaderBytes and 8 + N <= the file size; the
+// JSON parses (nlohmann::json, no exception escapes), nests at most
+// kMaxSafetensorsJsonDepth deep, and is an object without duplicate keys;
+// names are 1..kMaxTensorNameBytes bytes; each entry is an object with exactly
+// those three keys of those types; a known dtype; at most kMaxSafetensorsDims
+// dims, each >= 0, element count without int64 overflow; 0 <= begin <= end <=
+// data section size, end - begin = dtype size x element count; no two tensors'
+// byte ranges overlap. Errors (every message names the path, and the tensor
+// where there is one):
+//   NotFound: the file cannot be opened.
+//   InvalidArgument: the file is shorter than 8 bytes, N is beyond the
+//     bound or the file, or any check above fails, e.g.
+//     `x.safetensors: tensor "w": data_offsets [0, 96] hold 96 bytes but
+//     F32 [4, 4] needs 64`.
+//   Internal: reading the file failed after it was opened.
+absl::StatusOr<std::vector<TensorInfo>> ReadSafetensorsHeader(
+    const std::string& path);
+
+// Exclude patterns used when SpecBuildOptions.exclude is left as is:
+// embeddings ("embed", "wte", "wpe"), the output head ("lm_head") and norms
+// ("norm", "ln_"). Matched with regex_search (see the file comment).
+const std::vector<std::string>& DefaultExcludePatterns();
+
+// Placements for the matrices whose name matches `pattern`.
+struct PlacementRule {
+  // ECMAScript regex, matched with std::regex_search.
+  std::string pattern;
+  // One per mesh dim (mesh order). An empty string keeps that dim's
+  // default placement, so {"", "Shard(1)"} on a dp_shard x tp mesh changes
+  // only tp.
+  std::vector<std::string> placements;
+};
+
+// What BuildSpec builds. Fill it directly or with ParseSpecBuildOptions.
+struct SpecBuildOptions {
+  // JobSpec.job_id; must be non-empty.
+  std::string job_id;
+  // The device mesh, dims in order (row-major rank layout). Empty = a
+  // single-device job with no mesh dims.
+  v1::Mesh mesh;
+  // One placement per mesh dim for every matrix. Empty = "Shard(0)" on the
+  // dim named "dp_shard" (FSDP) and "Replicate()" on every other dim.
+  std::vector<std::string> default_placements;
+  // Tried in order; the first whose pattern matches a matrix's name
+  // overrides the default on the dims it names.
+  std::vector<PlacementRule> rules;
+  // A tensor whose name matches any of these is not a Muon matrix.
+  std::vector<std::string> exclude = DefaultExcludePatterns();
+  // Tensors (2-D or 3-D) whose name matches this are stored transposed, as
+  // GPT-2's Conv1D stores its weight [in, out]: the spec's shape swaps the
+  // last two dims of the stored shape ([in, out] -> [out, in]; [E, in,
+  // out] -> [E, out, in]), i.e. the matrix as torch.nn.Linear holds it.
+  // Placements refer to the swapped shape. Empty = nothing is transposed.
+  std::string transpose;
+  // Also take 3-D tensors, as expert stacks [experts, rows, cols].
+  bool expert_stacks = false;
+};
+
+// A mesh from "dp_shard=8,tp=8" (name=size, comma-separated, mesh order;
+// spaces around items are ignored). "" = no dims (single device).
+// Errors:
+//   InvalidArgument: an item is not name=size, a name is empty or repeats,
+//     a size is not an integer >= 1 (names the item), or the mesh is too
+//     large (Mesh::Validate's message).
+absl::StatusOr<v1::Mesh> ParseMeshFlag(absl::string_view text);
+
+// Placements for `mesh` from a comma-separated list, either positional,
+// one per mesh dim ("Shard(0),Replicate()"), or named, "dim:placement"
+// items for some dims ("tp:Shard(1)"), the others "" (keep the default).
+// Placements are written canonically ("S(0)" -> "Shard(0)").
+// `what` names the list in errors (e.g. `rule "o_proj=tp:Shard(1)"`).
+// Errors:
+//   InvalidArgument: the list is empty, positional with the wrong count,
+//     mixes the two forms, names a dim the mesh lacks or a dim twice, or a
+//     placement does not parse or is Partial (names `what` and the item).
+absl::StatusOr<std::vector<std::string>> ParsePlacementList(
+    absl::string_view text, const v1::Mesh& mesh, absl::string_view what);
+
+// SpecBuildOptions from command-line strings:
+//   mesh: ParseMeshFlag's syntax, "dp_shard=8,tp=8".
+//   default_placements: ParsePlacementList's syntax; named dims not given
+//     keep the built-in default (Shard(0) on dp_shard, else Replicate());
+//     "" = the built-in default.
+//   rules: each "REGEX=PLACEMENTS", split at the last '=' (placements never
+//     contain '='), e.g. "o_proj|down_proj=tp:Shard(1)".
+//   exclude: regexes replacing DefaultExcludePatterns() when non-empty
+//     (pass {"^$"} to exclude nothing).
+//   transpose: a regex, "" = none.
+//   job_id: must be non-empty.
+//   expert_stacks: SpecBuildOptions.expert_stacks.
+// Every regex is compiled here so that a bad one is reported up front.
+// Errors:
+//   InvalidArgument: names the flag and the value, e.g. `--rule
+//     "o_proj": expected REGEX=PLACEMENTS`, `--transpose "(": bad regex:
+//     ...`, `--job_id is empty`.
+absl::StatusOr<SpecBuildOptions> ParseSpecBuildOptions(
+    absl::string_view mesh, absl::string_view default_placements,
+    const std::vector<std::string>& rules,
+    const std::vector<std::string>& exclude, absl::string_view transpose,
+    absl::string_view job_id, bool expert_stacks = false);
+
+// A tensor BuildSpec left out of the spec, and why ("excluded by
+// \"norm\"", "1-D", "dtype I64 is not floating point", ...).
+struct SkippedTensor {
+  std::string name;
+  std::string reason;
+};
+
+// The job spec for `tensors` (in their order) under `options`: job_id,
+// mesh, and one ParamSpec per Muon matrix (see the file comment) with the
+// spec shape (stored shape, last two dims swapped when it matches
+// `options.transpose`) and its placements. optimizer and execution are
+// left unset (PyTorch's defaults). Validated with ValidateJobSpec before it
+// is returned. When `skipped` is not null, it receives the tensors left
+// out, in order.
+// Errors:
+//   InvalidArgument: job_id empty; a pattern does not compile (names the
+//     option); default or rule placements not one per mesh dim; no tensor
+//     is a Muon matrix; or ValidateJobSpec's error (names the parameter,
+//     e.g. a rule's Shard(2) on a 2-D matrix).
+absl::StatusOr<v1::JobSpec> BuildSpec(
+    const std::vector<TensorInfo>& tensors, const SpecBuildOptions& options,
+    std::vector<SkippedTensor>* skipped = nullptr);
+
+}  // namespace muon
+
+#endif  // MUON_TOOLS_SPEC_BUILDER_H_
