@@ -15,7 +15,6 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "client/checkpoint.h"
-#include "client/exchange_plan.h"
 #include "client/grpc_coordination_client.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
@@ -26,6 +25,7 @@
 #include "plan/manifest_validation.h"
 #include "plan/plan_job.h"
 #include "plan/schedule.h"
+#include "tools/report.h"
 #include "tools/validate.h"
 
 namespace muon {
@@ -94,54 +94,6 @@ std::string Bytes(double value) {
   }
   return k == 0 ? absl::StrFormat("%.0f B", value)
                 : absl::StrFormat("%.3g %s", value, kUnit[k]);
-}
-
-// Per rank, what one step moves and holds (fp32; the step executor's exact
-// all-to-all(v) split sizes, client/exchange_plan.h): bytes sent and
-// received in the gather and the redistribute, bytes gathered as owner
-// (received in the gather), and the peak of the preallocated buffers:
-// (prefetch + 1) bucket slots of the full U and O of the matrices it owns
-// and does not hold whole, plus the largest send and receive buffers.
-struct RankTraffic {
-  int64_t sent = 0, received = 0, gathered = 0, peak_buffer = 0;
-};
-
-std::vector<RankTraffic> PlanTraffic(const JobPlan& job) {
-  const v1::Plan& plan = job.plan;
-  const int world = plan.world_size();
-  std::vector<RankTraffic> t(world);
-  std::vector<int64_t> max_send(world, 0), max_recv(world, 0),
-      max_slot(world, 0);
-  for (const v1::Bucket& bucket : plan.buckets()) {
-    for (int r = 0; r < world; ++r) {
-      Exchange gather(world), redistribute(world);
-      int64_t slot = 0;
-      for (int i : bucket.matrices()) {
-        const MatrixLayout& m = job.layout.matrices[i];
-        const int owner = plan.matrices(i).owner();
-        const Box full{Range{0, m.rows}, Range{0, m.cols}};
-        const std::vector<Box>& boxes = m.boxes;
-        AddToGather(r, i, owner, boxes, full, &gather);
-        AddToRedistribute(r, i, owner, boxes, full, &redistribute);
-        if (owner == r && !(boxes[r] == full)) slot += 2 * full.numel();
-      }
-      gather.Finish();
-      redistribute.Finish();
-      t[r].sent += 4 * (gather.send_total + redistribute.send_total);
-      t[r].received += 4 * (gather.recv_total + redistribute.recv_total);
-      t[r].gathered += 4 * gather.recv_total;
-      max_send[r] =
-          std::max({max_send[r], gather.send_total, redistribute.send_total});
-      max_recv[r] =
-          std::max({max_recv[r], gather.recv_total, redistribute.recv_total});
-      max_slot[r] = std::max(max_slot[r], slot);
-    }
-  }
-  const int64_t slots = std::max(1, plan.schedule().slots());
-  for (int r = 0; r < world; ++r) {
-    t[r].peak_buffer = 4 * (slots * max_slot[r] + max_send[r] + max_recv[r]);
-  }
-  return t;
 }
 
 Json FieldJson(const google::protobuf::Message& m,
@@ -559,6 +511,53 @@ Json MetadataEvent(const std::string& name, int pid, int tid, Json args) {
               {"args", std::move(args)}};
 }
 
+// The step span of report `r` (first operation start to last end, on
+// track 0 "step", cat "muon.step") and, per stream, a "wait" span (cat
+// "muon.wait") for each gap between one operation's end and the next's
+// start: where a stream waited for the other or for a peer.
+void AddStepAndWaitSpans(const v1::StepReport& r, double t0,
+                         std::map<std::string, int>& other_streams,
+                         std::set<std::pair<int, int>>* threads, Json* events) {
+  if (r.ops_size() == 0) return;
+  const int pid = r.rank();
+  if (threads->insert({pid, 0}).second) {
+    events->push_back(MetadataEvent("thread_name", pid, 0, {{"name", "step"}}));
+    events->push_back(
+        MetadataEvent("thread_sort_index", pid, 0, {{"sort_index", 0}}));
+  }
+  double start = r.ops(0).start_s(), end = r.ops(0).end_s();
+  std::map<std::string, std::vector<std::pair<double, double>>> by_stream;
+  for (const v1::OpTiming& op : r.ops()) {
+    start = std::min(start, op.start_s());
+    end = std::max(end, op.end_s());
+    by_stream[op.stream().empty() ? "main" : op.stream()].push_back(
+        {op.start_s(), op.end_s()});
+  }
+  auto span = [&](const std::string& name, const char* cat, int tid, double a,
+                  double b) {
+    events->push_back(Json{{"name", name},
+                           {"cat", cat},
+                           {"ph", "X"},
+                           {"pid", pid},
+                           {"tid", tid},
+                           {"ts", Number((a - t0) * 1e6)},
+                           {"dur", Number(std::max(0.0, b - a) * 1e6)},
+                           {"args", Json{{"step", r.step()}}}});
+  };
+  span(absl::StrCat("step ", r.step()), "muon.step", 0, start, end);
+  for (auto& [stream, ops] : by_stream) {
+    std::sort(ops.begin(), ops.end());
+    const int tid = StreamTid(stream, other_streams);
+    double busy_until = ops[0].second;
+    for (size_t i = 1; i < ops.size(); ++i) {
+      if (ops[i].first > busy_until) {
+        span("wait", "muon.wait", tid, busy_until, ops[i].first);
+      }
+      busy_until = std::max(busy_until, ops[i].second);
+    }
+  }
+}
+
 // `muonctl trace --out FILE`: the kept reports as Chrome trace event JSON
 // (https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU):
 // one process per rank (pid = rank, named "rank N"), one thread per stream
@@ -597,6 +596,7 @@ int CmdTrace(const std::vector<std::string>&, std::ostream& out,
           MetadataEvent("process_sort_index", pid, 0, {{"sort_index", pid}}));
     }
     steps.insert(r.step());
+    AddStepAndWaitSpans(r, t0, other_streams, &threads, &events);
     for (const v1::OpTiming& op : r.ops()) {
       const std::string stream = op.stream().empty() ? "main" : op.stream();
       const int tid = StreamTid(stream, other_streams);
@@ -642,6 +642,48 @@ int CmdTrace(const std::vector<std::string>&, std::ostream& out,
       "https://ui.perfetto.dev "
       "or chrome://tracing)\n",
       path, slices, steps.size(), ranks.size());
+  return 0;
+}
+
+// `muonctl report --spec FILE [--coordinator HOST:PORT] --out FILE`: the
+// one-page HTML report (tools/report.h) of the spec's plan, next to
+// round-robin, with the live job's step reports when a coordinator is named.
+int CmdReport(const std::vector<std::string>&, std::ostream& out,
+              std::ostream& err) {
+  absl::StatusOr<v1::JobSpec> spec = LoadJobSpec(F().spec);
+  if (!spec.ok()) return Fail(err, spec.status());
+  ReportInput in;
+  in.source = F().spec;
+  absl::StatusOr<JobPlan> p = PlanJobSpec(*spec, F().policy);
+  if (!p.ok()) return Fail(err, p.status());
+  in.plan = *std::move(p);
+  absl::StatusOr<JobPlan> rr = PlanJobSpec(*spec, "round_robin");
+  if (!rr.ok()) return Fail(err, rr.status());
+  in.round_robin = std::move(rr->plan);
+  in.lower_bound_flops = LoadLowerBoundFlops(in.plan.plan);
+  const v1::Plan& plan = in.plan.plan;
+  if (static_cast<int64_t>(plan.world_size()) * plan.world_size() *
+          plan.matrices_size() <=
+      (int64_t{1} << 28)) {
+    in.traffic = PlanTraffic(in.plan);
+  }
+  if (!F().coordinator.empty()) {
+    absl::StatusOr<v1::GetReportsResponse> reports = FetchReports(err);
+    if (!reports.ok()) return Fail(err, reports.status());
+    in.reports.assign(reports->reports().begin(), reports->reports().end());
+  }
+  const std::string html = RenderReportHtml(in);
+  std::ofstream file(F().out, std::ios::binary | std::ios::trunc);
+  file << html;
+  file.close();
+  if (!file) {
+    return Fail(err, absl::UnavailableError(
+                         absl::StrCat("cannot write \"", F().out, "\"")));
+  }
+  out << absl::StrFormat(
+      "wrote %s: plan %s, %d ranks, %d step reports (open it in a browser; "
+      "it needs no network)\n",
+      F().out, plan.hash(), plan.world_size(), in.reports.size());
   return 0;
 }
 
@@ -889,6 +931,19 @@ void ValidateRankFlags(CLI::App* app) {
   app->add_option("--save_dir", F().save_dir);
 }
 
+void ReportCommandFlags(CLI::App* app) {
+  app->add_option("--spec", F().spec, "Job spec file (JSON, muon.v1.JobSpec)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  app->add_option("--policy", F().policy,
+                  "Assignment policy shown next to round-robin (default: the "
+                  "spec's, else lpt)")
+      ->check(CLI::IsMember({"lpt", "round_robin"}));
+  ReportFlags(app);
+  app->get_option("--coordinator")->required(false);
+  app->add_option("--out", F().out, "Output HTML file")->required();
+}
+
 void CheckpointFlags(CLI::App* app) {
   CLI::App* inspect = app->add_subcommand(
       "inspect",
@@ -929,6 +984,9 @@ const Command kCommands[] = {
     {"validate", CmdValidate, ValidateFlagSet,
      "Run a spec distributed (optionally checkpointed, resumed, resharded) "
      "and compare with one device"},
+    {"report", CmdReport, ReportCommandFlags,
+     "One self-contained HTML page: per-rank load vs round-robin, bytes, "
+     "step times and the step timeline of a live job"},
     {"checkpoint", CmdCheckpoint, CheckpointFlags,
      "Inspect a checkpoint directory"},
     {"validate-rank", CmdValidateRank, ValidateRankFlags, ""},

@@ -8,6 +8,7 @@ packages=(
   libgloo-dev libopenblas-dev zlib1g-dev dataset-fashion-mnist clang-format
   nlohmann-json3-dev python3-torch python3-pytest python3-numpy
   libcli11-dev libgoogle-glog-dev prometheus-cpp-dev
+  chromium  # tests/python/test_report_page.py: muonctl report in headless Chromium
   iproute2  # ip netns: tests/multihost:two_hosts_test
   clang-14 libfuzzer-14-dev  # fuzz/: libFuzzer targets (fuzz/build.sh)
 )

@@ -379,7 +379,7 @@ absl::Status RunValidateRank(const ValidateOptions& o, int rank,
   pgo.world_size = s.mesh.world_size();
   // With a daemon the ranks join whatever job it serves (its --job_id);
   // rank 0's embedded coordinator serves the spec's job id.
-  pgo.job_id = !o.coordinator.empty() ? ""
+  pgo.job_id = !o.coordinator.empty()    ? ""
                : s.spec.job_id().empty() ? "validate"
                                          : s.spec.job_id();
   pgo.coordinator_address = o.coordinator;

@@ -304,7 +304,7 @@ TEST_F(MuonctlTest, Trace_LiveJob_ChromeTraceEventsParseBack) {
   EXPECT_EQ(trace.fields().at("displayTimeUnit").string_value(), "ms");
   const auto& events = trace.fields().at("traceEvents").list_value().values();
 
-  int slices = 0;
+  int slices = 0, step_spans = 0, wait_spans = 0;
   std::set<int> slice_pids;
   std::map<int, std::string> process_names;
   std::map<std::pair<int, int>, std::string> thread_names;
@@ -315,6 +315,17 @@ TEST_F(MuonctlTest, Trace_LiveJob_ChromeTraceEventsParseBack) {
     const std::string ph = e.at("ph").string_value();
     const int pid = static_cast<int>(e.at("pid").number_value());
     const int tid = static_cast<int>(e.at("tid").number_value());
+    if (ph == "X" && e.at("cat").string_value() == "muon.step") {
+      ++step_spans;
+      EXPECT_EQ(thread_names[std::make_pair(pid, tid)], "step");
+      continue;
+    }
+    if (ph == "X" && e.at("cat").string_value() == "muon.wait") {
+      ++wait_spans;
+      EXPECT_EQ(e.at("name").string_value(), "wait");
+      EXPECT_GT(e.at("dur").number_value(), 0);
+      continue;
+    }
     if (ph == "X") {
       ++slices;
       slice_pids.insert(pid);
@@ -343,6 +354,11 @@ TEST_F(MuonctlTest, Trace_LiveJob_ChromeTraceEventsParseBack) {
     }
   }
   EXPECT_EQ(slices, kRanks * kSteps * kBuckets * 4);
+  // A step span per report; waits: per bucket the comm stream waits for
+  // orthogonalize between gather and redistribute, and the compute stream
+  // between its two buckets: 2 + 1 per step.
+  EXPECT_EQ(step_spans, kRanks * kSteps);
+  EXPECT_EQ(wait_spans, kRanks * kSteps * (kBuckets + 1));
   EXPECT_EQ(slice_pids, (std::set<int>{0, 1, 2, 3}));
   EXPECT_EQ(per_op["orthogonalize"], kRanks * kSteps * kBuckets);
   EXPECT_DOUBLE_EQ(min_ts, 0);
@@ -350,7 +366,8 @@ TEST_F(MuonctlTest, Trace_LiveJob_ChromeTraceEventsParseBack) {
   for (int r = 0; r < kRanks; ++r) {
     EXPECT_EQ(process_names[r], absl::StrCat("rank ", r));
   }
-  EXPECT_EQ(thread_names.size(), 2u * kRanks);  // comm and compute per rank
+  // step, comm and compute per rank.
+  EXPECT_EQ(thread_names.size(), 3u * kRanks);
 
   // Durations in microseconds: rank 3's first orthogonalize is 20 ms.
   for (const Value& v : events) {
@@ -391,6 +408,7 @@ TEST_F(MuonctlTest, Trace_OddNamesAndNumbers_StillValidJson) {
       found = true;
     }
     if (e.at("ph").string_value() != "X" ||
+        e.at("cat").string_value() != "muon" ||
         e.at("args").struct_value().fields().at("step").number_value() != 99) {
       continue;
     }

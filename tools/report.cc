@@ -1,0 +1,376 @@
+#include "tools/report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/exchange_plan.h"
+#include "nlohmann/json.hpp"
+
+namespace muon {
+
+std::vector<RankTraffic> PlanTraffic(const JobPlan& job) {
+  const v1::Plan& plan = job.plan;
+  const int world = plan.world_size();
+  std::vector<RankTraffic> t(world);
+  std::vector<int64_t> max_send(world, 0), max_recv(world, 0),
+      max_slot(world, 0);
+  for (const v1::Bucket& bucket : plan.buckets()) {
+    for (int r = 0; r < world; ++r) {
+      Exchange gather(world), redistribute(world);
+      int64_t slot = 0;
+      for (int i : bucket.matrices()) {
+        const MatrixLayout& m = job.layout.matrices[i];
+        const int owner = plan.matrices(i).owner();
+        const Box full{Range{0, m.rows}, Range{0, m.cols}};
+        const std::vector<Box>& boxes = m.boxes;
+        AddToGather(r, i, owner, boxes, full, &gather);
+        AddToRedistribute(r, i, owner, boxes, full, &redistribute);
+        if (owner == r && !(boxes[r] == full)) slot += 2 * full.numel();
+      }
+      gather.Finish();
+      redistribute.Finish();
+      t[r].sent += 4 * (gather.send_total + redistribute.send_total);
+      t[r].received += 4 * (gather.recv_total + redistribute.recv_total);
+      t[r].gathered += 4 * gather.recv_total;
+      max_send[r] =
+          std::max({max_send[r], gather.send_total, redistribute.send_total});
+      max_recv[r] =
+          std::max({max_recv[r], gather.recv_total, redistribute.recv_total});
+      max_slot[r] = std::max(max_slot[r], slot);
+    }
+  }
+  const int64_t slots = std::max(1, plan.schedule().slots());
+  for (int r = 0; r < world; ++r) {
+    t[r].peak_buffer = 4 * (slots * max_slot[r] + max_send[r] + max_recv[r]);
+  }
+  return t;
+}
+
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+// Text for HTML element content and attribute values.
+std::string Escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
+// "18.6 TFLOP" (SI prefixes) or, for unit "B", "849 MiB" (binary).
+std::string Scaled(double value, const std::string& unit) {
+  static const char* const kSi[] = {"", "k", "M", "G", "T", "P", "E"};
+  static const char* const kBin[] = {"", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"};
+  const bool binary = unit == "B";
+  const double base = binary ? 1024 : 1000;
+  int k = 0;
+  while (k < 6 && std::abs(value) >= base) {
+    value /= base;
+    ++k;
+  }
+  return absl::StrFormat("%.3g %s%s", value, binary ? kBin[k] : kSi[k], unit);
+}
+
+constexpr int kWidth = 960;  // SVG width, px
+constexpr int kLeft = 64;    // left margin (axis labels)
+constexpr int kRight = 16;
+constexpr const char* kColors[] = {"#4e79a7", "#f28e2b", "#59a14f",
+                                   "#e15759", "#76b7b2", "#edc948"};
+
+// A bar chart: for each rank, one bar per series (value[series][rank]),
+// with an optional horizontal line at `line` (0 = none).
+std::string Bars(const std::string& title, const std::string& unit,
+                 const std::vector<std::string>& series,
+                 const std::vector<std::vector<double>>& values, double line,
+                 const std::string& line_label) {
+  const int ranks = values.empty() ? 0 : static_cast<int>(values[0].size());
+  double top = line;
+  for (const auto& v : values) {
+    for (double x : v) top = std::max(top, x);
+  }
+  if (!(top > 0)) top = 1;
+  const int height = 240, plot = 200;
+  const double slot =
+      static_cast<double>(kWidth - kLeft - kRight) / std::max(1, ranks);
+  const double bar =
+      std::max(0.5, slot * 0.8 / std::max<size_t>(1, series.size()));
+  std::string svg = absl::StrFormat(
+      "<h2>%s</h2>\n<svg width=\"%d\" height=\"%d\" role=\"img\">\n",
+      Escape(title), kWidth, height + 20);
+  svg += absl::StrFormat(
+      "<text x=\"4\" y=\"14\" class=\"axis\">%s</text>\n"
+      "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" class=\"axis\"/>\n",
+      Escape(Scaled(top, unit)), kLeft, plot + 10, kWidth - kRight, plot + 10);
+  for (size_t k = 0; k < values.size(); ++k) {
+    for (int r = 0; r < ranks; ++r) {
+      const double h = plot * values[k][r] / top;
+      svg += absl::StrFormat(
+          "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" "
+          "fill=\"%s\"><title>rank %d, %s: %s</title></rect>\n",
+          kLeft + r * slot + k * bar, plot + 10 - h, bar, h, kColors[k % 6], r,
+          Escape(series[k]), Escape(Scaled(values[k][r], unit)));
+    }
+  }
+  if (line > 0) {
+    const double y = plot + 10 - plot * line / top;
+    svg += absl::StrFormat(
+        "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" "
+        "class=\"bound\"/><text x=\"%d\" y=\"%.1f\" "
+        "class=\"axis\">%s</text>\n",
+        kLeft, y, kWidth - kRight, y, kLeft + 4, y - 3, Escape(line_label));
+  }
+  // Legend and rank labels (every rank up to 32, else every 8th).
+  for (size_t k = 0; k < series.size(); ++k) {
+    svg += absl::StrFormat(
+        "<rect x=\"%d\" y=\"%d\" width=\"10\" height=\"10\" fill=\"%s\"/>"
+        "<text x=\"%d\" y=\"%d\" class=\"axis\">%s</text>\n",
+        kWidth - 220, 4 + 14 * static_cast<int>(k), kColors[k % 6],
+        kWidth - 206, 13 + 14 * static_cast<int>(k), Escape(series[k]));
+  }
+  const int every = ranks <= 32 ? 1 : 8;
+  for (int r = 0; r < ranks; r += every) {
+    svg +=
+        absl::StrFormat("<text x=\"%.1f\" y=\"%d\" class=\"axis\">%d</text>\n",
+                        kLeft + r * slot, plot + 24, r);
+  }
+  return svg + "</svg>\n";
+}
+
+// Step time (ms) over steps, one polyline per rank.
+std::string StepTimes(const std::map<int, std::map<int64_t, double>>& ms) {
+  double top = 0;
+  int64_t first = -1, last = -1;
+  for (const auto& [rank, steps] : ms) {
+    for (const auto& [step, t] : steps) {
+      top = std::max(top, t);
+      first = first < 0 ? step : std::min(first, step);
+      last = std::max(last, step);
+    }
+  }
+  if (!(top > 0)) top = 1;
+  const int plot = 200;
+  const double span = std::max<int64_t>(1, last - first);
+  std::string svg = absl::StrFormat(
+      "<h2>Step time per rank</h2>\n<svg width=\"%d\" height=\"%d\">\n"
+      "<text x=\"4\" y=\"14\" class=\"axis\">%.3g ms</text>\n"
+      "<text x=\"%d\" y=\"%d\" class=\"axis\">step %d</text>"
+      "<text x=\"%d\" y=\"%d\" class=\"axis\">step %d</text>\n",
+      kWidth, plot + 30, top, kLeft, plot + 26, first, kWidth - 80, plot + 26,
+      last);
+  int k = 0;
+  for (const auto& [rank, steps] : ms) {
+    std::string points;
+    for (const auto& [step, t] : steps) {
+      absl::StrAppendFormat(
+          &points, "%.1f,%.1f ",
+          kLeft + (kWidth - kLeft - kRight) * (step - first) / span,
+          plot + 10 - plot * t / top);
+    }
+    svg += absl::StrFormat(
+        "<polyline points=\"%s\" fill=\"none\" stroke=\"%s\" "
+        "stroke-width=\"2\"><title>rank %d</title></polyline>\n",
+        points, kColors[k++ % 6], rank);
+  }
+  return svg + "</svg>\n";
+}
+
+int OpColor(const std::string& op) {
+  if (op == "gather") return 0;
+  if (op == "orthogonalize") return 1;
+  if (op == "redistribute") return 2;
+  if (op == "apply") return 3;
+  return 4;
+}
+
+// The last reported step of each rank: one row per (rank, stream), one
+// rectangle per operation, hatched waits between consecutive operations.
+std::string Timeline(const std::vector<v1::StepReport>& reports) {
+  std::map<int, const v1::StepReport*> last;
+  for (const v1::StepReport& r : reports) {
+    auto it = last.find(r.rank());
+    if (it == last.end() || it->second->step() < r.step()) last[r.rank()] = &r;
+  }
+  std::vector<std::pair<int, std::string>> rows;
+  double t0 = 0, t1 = 0;
+  bool any = false;
+  for (const auto& [rank, r] : last) {
+    std::set<std::string> streams;
+    for (const v1::OpTiming& op : r->ops()) {
+      streams.insert(op.stream().empty() ? "main" : op.stream());
+      // Each rank's step on its own clock: times from its step start.
+    }
+    for (const std::string& s : streams) rows.push_back({rank, s});
+    double start = 0, end = 0;
+    bool first = true;
+    for (const v1::OpTiming& op : r->ops()) {
+      if (first || op.start_s() < start) start = op.start_s();
+      if (first || op.end_s() > end) end = op.end_s();
+      first = false;
+    }
+    if (!first) {
+      t1 = std::max(t1, end - start);
+      any = true;
+    }
+  }
+  if (!any) return "";
+  (void)t0;
+  const int row_h = 18;
+  const int height = static_cast<int>(rows.size()) * row_h + 40;
+  const double scale = (kWidth - kLeft - kRight - 40) / std::max(t1, 1e-9);
+  std::string svg = absl::StrFormat(
+      "<h2>Step timeline (each rank's last reported step, from its start)"
+      "</h2>\n<svg width=\"%d\" height=\"%d\">\n"
+      "<defs><pattern id=\"wait\" width=\"6\" height=\"6\" "
+      "patternUnits=\"userSpaceOnUse\" patternTransform=\"rotate(45)\">"
+      "<rect width=\"3\" height=\"6\" fill=\"#bbb\"/></pattern></defs>\n",
+      kWidth + 40, height);
+  std::map<std::pair<int, std::string>, int> row_of;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    row_of[rows[i]] = static_cast<int>(i);
+    svg +=
+        absl::StrFormat("<text x=\"4\" y=\"%d\" class=\"axis\">%d %s</text>\n",
+                        20 + static_cast<int>(i) * row_h + 12, rows[i].first,
+                        Escape(rows[i].second));
+  }
+  for (const auto& [rank, r] : last) {
+    double start = 1e300;
+    for (const v1::OpTiming& op : r->ops())
+      start = std::min(start, op.start_s());
+    std::map<std::string, double> stream_end;  // waits: gaps in a stream
+    for (const v1::OpTiming& op : r->ops()) {
+      const std::string stream = op.stream().empty() ? "main" : op.stream();
+      const int y = 20 + row_of[{rank, stream}] * row_h;
+      const double x0 = op.start_s() - start, x1 = op.end_s() - start;
+      auto prev = stream_end.find(stream);
+      if (prev != stream_end.end() && x0 > prev->second) {
+        svg += absl::StrFormat(
+            "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"%d\" "
+            "fill=\"url(#wait)\"><title>rank %d %s: wait %.3f ms</title>"
+            "</rect>\n",
+            kLeft + 40 + prev->second * scale, y, (x0 - prev->second) * scale,
+            row_h - 4, rank, Escape(stream), (x0 - prev->second) * 1e3);
+      }
+      stream_end[stream] =
+          std::max(x1, prev == stream_end.end() ? x1 : prev->second);
+      svg += absl::StrFormat(
+          "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"%d\" "
+          "fill=\"%s\"><title>rank %d %s bucket %d: %s %.3f ms</title>"
+          "</rect>\n",
+          kLeft + 40 + x0 * scale, y, std::max(0.5, (x1 - x0) * scale),
+          row_h - 4, kColors[OpColor(op.op())], rank, Escape(stream),
+          op.bucket(), Escape(op.op()), (x1 - x0) * 1e3);
+    }
+  }
+  int k = 0;
+  for (const char* op : {"gather", "orthogonalize", "redistribute", "apply"}) {
+    svg += absl::StrFormat(
+        "<rect x=\"%d\" y=\"%d\" width=\"10\" height=\"10\" fill=\"%s\"/>"
+        "<text x=\"%d\" y=\"%d\" class=\"axis\">%s</text>\n",
+        kLeft + 120 * k, height - 12, kColors[OpColor(op)],
+        kLeft + 120 * k + 14, height - 3, op);
+    ++k;
+  }
+  svg += absl::StrFormat(
+      "<rect x=\"%d\" y=\"%d\" width=\"10\" height=\"10\" "
+      "fill=\"url(#wait)\"/><text x=\"%d\" y=\"%d\" "
+      "class=\"axis\">wait</text>\n",
+      kLeft + 480, height - 12, kLeft + 494, height - 3);
+  return svg + "</svg>\n";
+}
+
+}  // namespace
+
+std::string RenderReportHtml(const ReportInput& in) {
+  const v1::Plan& plan = in.plan.plan;
+  const int world = plan.world_size();
+  std::vector<double> chosen(world, 0), rr(world, 0);
+  for (const v1::RankLoad& l : plan.loads()) chosen[l.rank()] = l.ns_flops();
+  for (const v1::RankLoad& l : in.round_robin.loads()) {
+    if (l.rank() >= 0 && l.rank() < world) rr[l.rank()] = l.ns_flops();
+  }
+  std::vector<double> sent, received;
+  for (const RankTraffic& t : in.traffic) {
+    sent.push_back(static_cast<double>(t.sent));
+    received.push_back(static_cast<double>(t.received));
+  }
+  std::map<int, std::map<int64_t, double>> step_ms;
+  for (const v1::StepReport& r : in.reports) {
+    step_ms[r.rank()][r.step()] = r.step_time_s() * 1e3;
+  }
+  Json data = {{"plan_hash", plan.hash()},
+               {"policy", plan.policy()},
+               {"world_size", world},
+               {"matrices", plan.matrices_size()},
+               {"ns_flops", chosen},
+               {"round_robin_ns_flops", rr},
+               {"lower_bound_flops", in.lower_bound_flops},
+               {"bytes_sent", sent},
+               {"bytes_received", received}};
+  Json steps = Json::object();
+  for (const auto& [rank, s] : step_ms) {
+    Json per = Json::object();
+    for (const auto& [step, ms] : s) per[std::to_string(step)] = ms;
+    steps[std::to_string(rank)] = std::move(per);
+  }
+  data["step_time_ms"] = std::move(steps);
+  std::string html =
+      "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">\n"
+      "<title>muon report</title>\n<style>\n"
+      "body{font-family:sans-serif;margin:24px;background:#fff;color:#222}\n"
+      ".axis{font-size:11px;fill:#555;stroke:#555}\n"
+      "text.axis{stroke:none}\n"
+      ".bound{stroke:#e15759;stroke-dasharray:6 4;stroke-width:2}\n"
+      "</style></head><body>\n";
+  const double mean = plan.mean_load_flops();
+  absl::StrAppendFormat(
+      &html,
+      "<h1>muon plan %s</h1>\n<p>%s: %d matrices over %d ranks (mesh %s), "
+      "policy %s, %d buckets; max/mean %.3f, max/lower bound %.3f; "
+      "round-robin max/mean %.3f.</p>\n",
+      Escape(plan.hash()), Escape(in.source), plan.matrices_size(), world,
+      Escape(in.plan.layout.mesh.ToString()), Escape(plan.policy()),
+      plan.buckets_size(), mean > 0 ? plan.max_load_flops() / mean : 0,
+      in.lower_bound_flops > 0 ? plan.max_load_flops() / in.lower_bound_flops
+                               : 0,
+      in.round_robin.mean_load_flops() > 0
+          ? in.round_robin.max_load_flops() / in.round_robin.mean_load_flops()
+          : 0);
+  html += Bars("Newton-Schulz load per rank (FLOPs per step)", "FLOP",
+               {plan.policy(), "round_robin"}, {chosen, rr},
+               in.lower_bound_flops, "lower bound");
+  if (!in.traffic.empty()) {
+    html += Bars("Bytes per rank per step (gather + redistribute)", "B",
+                 {"sent", "received"}, {sent, received}, 0, "");
+  }
+  if (!step_ms.empty()) html += StepTimes(step_ms);
+  html += Timeline(in.reports);
+  html += "<script type=\"application/json\" id=\"muon-report-data\">\n" +
+          data.dump() + "\n</script>\n</body></html>\n";
+  return html;
+}
+
+}  // namespace muon

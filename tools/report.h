@@ -1,0 +1,56 @@
+// What `muonctl plan` and `muonctl report` show beyond the plan itself:
+// per-rank bytes per step (PlanTraffic) and the one-page HTML report
+// (RenderReportHtml).
+#ifndef MUON_TOOLS_REPORT_H_
+#define MUON_TOOLS_REPORT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "muon/v1/coordinator.pb.h"
+#include "plan/plan_job.h"
+
+namespace muon {
+
+// Per rank, what one step moves and holds, in bytes (fp32; the step
+// executor's exact all-to-all(v) split sizes, client/exchange_plan.h).
+struct RankTraffic {
+  int64_t sent = 0;      // gather + redistribute, to other ranks
+  int64_t received = 0;  // gather + redistribute, from other ranks
+  int64_t gathered = 0;  // received in the gather (as owner)
+  // The preallocated buffers: (prefetch + 1) bucket slots of the full U
+  // and O of the matrices it owns and does not hold whole, plus the
+  // largest send and receive buffers.
+  int64_t peak_buffer = 0;
+};
+
+// RankTraffic of every rank of `job` (index = rank). O(world^2 x
+// matrices) time: the exchange lists of every rank and bucket.
+std::vector<RankTraffic> PlanTraffic(const JobPlan& job);
+
+// The inputs of the report page.
+struct ReportInput {
+  JobPlan plan;                      // the chosen policy's plan and layout
+  v1::Plan round_robin;              // the same job planned round-robin
+  double lower_bound_flops = 0;      // LoadLowerBoundFlops(plan.plan)
+  std::vector<RankTraffic> traffic;  // PlanTraffic(plan), or empty
+  // Step reports of a live job (GetReports), any order; may be empty.
+  std::vector<v1::StepReport> reports;
+  std::string source;  // what the report is of, e.g. the spec's path
+};
+
+// One self-contained HTML page (inline SVG and CSS, no script or network
+// access, opens offline): per-rank Newton-Schulz load bars of the chosen
+// policy next to round-robin with the lower bound, per-rank bytes sent and
+// received per step, and, with reports, the step time over steps per rank
+// and the last reported step's timeline per rank and stream (gather,
+// orthogonalize, redistribute, apply, and the waits between them). The
+// numbers are also embedded as JSON (<script type="application/json"
+// id="muon-report-data">: plan hash, policy, per-rank FLOPs of both
+// policies, bytes, step times) so tools and tests can read them.
+std::string RenderReportHtml(const ReportInput& input);
+
+}  // namespace muon
+
+#endif  // MUON_TOOLS_REPORT_H_
