@@ -278,6 +278,11 @@ std::vector<std::string> BuiltinDefaultPlacements(const v1::Mesh& mesh) {
   return out;
 }
 
+bool IsFloatingDtype(absl::string_view dtype) {
+  return dtype == "F16" || dtype == "BF16" || dtype == "F32" ||
+         dtype == "F64" || dtype == "F8_E4M3" || dtype == "F8_E5M2";
+}
+
 }  // namespace
 
 int64_t SafetensorsDtypeSize(absl::string_view dtype) {
@@ -557,7 +562,7 @@ absl::StatusOr<v1::JobSpec> BuildSpec(const std::vector<TensorInfo>& tensors,
   };
   for (const TensorInfo& t : tensors) {
     const int rank = static_cast<int>(t.shape.size());
-    if (t.dtype.empty() || t.dtype[0] != 'F') {
+    if (!IsFloatingDtype(t.dtype)) {
       skip(t, absl::StrCat("dtype ", t.dtype, " is not floating point"));
       continue;
     }
