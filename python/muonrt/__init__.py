@@ -22,6 +22,12 @@ Distributed (under torchrun or muonrun)::
                       global_shapes={n: full_shape[n] for n, _ in shards})
     # or DTensor parameters (torch 2.x FSDP2): mesh and placements are read
     # from them.
+
+Job spec for muonctl / the daemon from a model (muonrt.spec)::
+
+    spec = muonrt.spec_from_module(model, "dp_shard=8,tp=8", job_id="llama",
+                                   placements_rules=[("o_proj", "tp:Shard(1)")])
+    muonrt.write_spec(spec, "llama.json")
 """
 from ._lib import (ABI_VERSION, MuonRTError, InvalidArgumentError,
                    NotFoundError, FailedPreconditionError, OutOfRangeError,
@@ -32,6 +38,7 @@ from .distributed import (ProcessGroup, Mesh, Shard, Replicate,
                           init_process_group, destroy_process_group,
                           get_default_group, is_initialized,
                           normalize_placement)
+from .spec import spec_from_module, write_spec, DEFAULT_EXCLUDE
 
 __version__ = "0.1.0"
 
@@ -62,5 +69,5 @@ __all__ = [
     "ABI_VERSION", "MuonRTError", "InvalidArgumentError", "NotFoundError",
     "FailedPreconditionError", "OutOfRangeError", "UnimplementedError",
     "DeadlineExceededError", "LibraryRuntimeError", "LibraryNotFoundError",
-    "AbiVersionError",
+    "AbiVersionError", "spec_from_module", "write_spec", "DEFAULT_EXCLUDE",
 ]
