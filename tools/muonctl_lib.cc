@@ -26,6 +26,7 @@
 #include "plan/plan_job.h"
 #include "plan/schedule.h"
 #include "tools/report.h"
+#include "tools/spec_builder.h"
 #include "tools/validate.h"
 
 namespace muon {
@@ -37,7 +38,11 @@ using Json = nlohmann::ordered_json;
 // The flags of the command being run: each command registers only its own
 // (RegisterFlags), so a flag another command takes is rejected as unknown.
 struct Flags {
-  std::string spec;         // job spec file (JSON, muon.v1.JobSpec)
+  std::string spec;  // job spec file (JSON, muon.v1.JobSpec)
+  // spec: a .safetensors header, mesh and placement rules.
+  std::string safetensors, mesh, default_placements, transpose;
+  std::vector<std::string> rules, exclude;
+  bool expert_stacks = false;
   bool json = false;        // JSON instead of a table
   std::string policy;       // plan/schedule: lpt or round_robin
   std::string coordinator;  // host:port
@@ -687,6 +692,46 @@ int CmdReport(const std::vector<std::string>&, std::ostream& out,
   return 0;
 }
 
+// `muonctl spec --safetensors FILE --mesh ... [--rule REGEX=PLACEMENTS]...`:
+// a job spec from a Hugging Face checkpoint's header (tools/spec_builder.h),
+// to --out or stdout; the tensors left out, and why, on stderr.
+int CmdSpec(const std::vector<std::string>&, std::ostream& out,
+            std::ostream& err) {
+  absl::StatusOr<std::vector<TensorInfo>> tensors =
+      ReadSafetensorsHeader(F().safetensors);
+  if (!tensors.ok()) return Fail(err, tensors.status());
+  absl::StatusOr<SpecBuildOptions> options = ParseSpecBuildOptions(
+      F().mesh, F().default_placements, F().rules, F().exclude, F().transpose,
+      F().job_id.empty() ? "job" : F().job_id, F().expert_stacks);
+  if (!options.ok()) {
+    err << "muonctl spec: " << options.status().message() << "\n";
+    return 2;
+  }
+  std::vector<SkippedTensor> skipped;
+  absl::StatusOr<v1::JobSpec> spec = BuildSpec(*tensors, *options, &skipped);
+  if (!spec.ok()) return Fail(err, spec.status());
+  for (const SkippedTensor& t : skipped) {
+    err << "muonctl spec: skipped " << t.name << ": " << t.reason << "\n";
+  }
+  const std::string json = JobSpecToJson(*spec);
+  if (F().out.empty() || F().out == "-") {
+    out << json << "\n";
+    return 0;
+  }
+  std::ofstream file(F().out, std::ios::binary | std::ios::trunc);
+  file << json << "\n";
+  file.close();
+  if (!file) {
+    return Fail(err, absl::UnavailableError(
+                         absl::StrCat("cannot write \"", F().out, "\"")));
+  }
+  out << absl::StrFormat(
+      "wrote %s: %d matrices (%d tensors skipped), mesh %s\n", F().out,
+      spec->params_size(), skipped.size(),
+      MeshFromProto(spec->mesh()).ToString());
+  return 0;
+}
+
 // "g0@s1" (gather of bucket 0 into slot 1), "o0", "r0", "a0".
 std::string OpToken(const v1::ScheduledOp& op) {
   if (op.op() == "gather")
@@ -944,6 +989,34 @@ void ReportCommandFlags(CLI::App* app) {
   app->add_option("--out", F().out, "Output HTML file")->required();
 }
 
+void SpecFlags(CLI::App* app) {
+  app->add_option("--safetensors", F().safetensors,
+                  "A Hugging Face .safetensors file (only its header is read)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  app->add_option("--mesh", F().mesh,
+                  "Mesh dims in order, e.g. dp_shard=8,tp=8 (empty: one "
+                  "device)");
+  app->add_option("--default_placements", F().default_placements,
+                  "Every matrix's placements: one per dim "
+                  "(Shard(0),Replicate()) or dim:placement items "
+                  "(default: Shard(0) on dp_shard, Replicate() elsewhere)");
+  app->add_option("--rule", F().rules,
+                  "REGEX=PLACEMENTS, repeatable, first match wins, e.g. "
+                  "'o_proj|down_proj=tp:Shard(1)'");
+  app->add_option("--exclude", F().exclude,
+                  "REGEX of tensors that are not Muon matrices, repeatable "
+                  "(replaces the defaults: embed, wte, wpe, lm_head, norm, "
+                  "ln_)");
+  app->add_option("--transpose", F().transpose,
+                  "REGEX of tensors stored [in, out] (GPT-2's Conv1D: "
+                  "c_attn|c_proj|c_fc): the spec holds [out, in]");
+  app->add_flag("--expert_stacks", F().expert_stacks,
+                "Take 3-D tensors as expert stacks [experts, rows, cols]");
+  app->add_option("--job_id", F().job_id, "The spec's job id (default: job)");
+  app->add_option("--out", F().out, "Output file (default: stdout)");
+}
+
 void CheckpointFlags(CLI::App* app) {
   CLI::App* inspect = app->add_subcommand(
       "inspect",
@@ -987,6 +1060,9 @@ const Command kCommands[] = {
     {"report", CmdReport, ReportCommandFlags,
      "One self-contained HTML page: per-rank load vs round-robin, bytes, "
      "step times and the step timeline of a live job"},
+    {"spec", CmdSpec, SpecFlags,
+     "Build a job spec from a .safetensors checkpoint's header, a mesh and "
+     "placement rules"},
     {"checkpoint", CmdCheckpoint, CheckpointFlags,
      "Inspect a checkpoint directory"},
     {"validate-rank", CmdValidateRank, ValidateRankFlags, ""},

@@ -638,5 +638,74 @@ TEST(MuonctlCliTest, Status_RankLost_ExitsOneNamingIt) {
   EXPECT_THAT(err.str(), HasSubstr("rank 0")) << out.str();
 }
 
+// Writes a .safetensors file: the header JSON for `tensors` (name, F32,
+// shape) and zero-filled data.
+void WriteSafetensors(
+    const std::string& path,
+    const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors) {
+  std::string header = "{";
+  int64_t offset = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    int64_t n = 4;
+    for (int64_t d : tensors[i].second) n *= d;
+    absl::StrAppend(&header, i > 0 ? "," : "", "\"", tensors[i].first,
+                    "\":{\"dtype\":\"F32\",\"shape\":[",
+                    absl::StrJoin(tensors[i].second, ","),
+                    "],\"data_offsets\":[", offset, ",", offset + n, "]}");
+    offset += n;
+  }
+  header += "}";
+  std::ofstream f(path, std::ios::binary);
+  uint64_t len = header.size();
+  for (int b = 0; b < 8; ++b) f.put(static_cast<char>((len >> (8 * b)) & 255));
+  f << header << std::string(offset, '\0');
+}
+
+TEST(MuonctlCliTest, Spec_FromSafetensorsHeader_TransposedAndPlannable) {
+  const std::string dir = ::testing::TempDir();
+  const std::string model = dir + "/gpt2_tiny.safetensors";
+  WriteSafetensors(model, {{"transformer.wte.weight", {50, 16}},
+                           {"transformer.h.0.ln_1.weight", {16}},
+                           {"transformer.h.0.attn.c_attn.weight", {16, 48}},
+                           {"transformer.h.0.attn.c_proj.weight", {16, 16}},
+                           {"transformer.h.0.mlp.c_fc.weight", {16, 64}},
+                           {"transformer.h.0.mlp.c_proj.weight", {64, 16}}});
+  const std::string spec_path = dir + "/gpt2_tiny_spec.json";
+  std::ostringstream out, err;
+  ASSERT_EQ(
+      RunMuonctl({"spec", "--safetensors", model, "--mesh", "dp_shard=2,tp=2",
+                  "--rule", "c_attn|c_fc=tp:Shard(0)", "--rule",
+                  "c_proj=tp:Shard(1)", "--transpose", "c_attn|c_proj|c_fc",
+                  "--job_id", "gpt2-tiny", "--out", spec_path},
+                 out, err),
+      0)
+      << err.str();
+  EXPECT_THAT(out.str(), HasSubstr("4 matrices (2 tensors skipped)"));
+  EXPECT_THAT(err.str(), HasSubstr("skipped transformer.wte.weight"));
+  absl::StatusOr<v1::JobSpec> spec = LoadJobSpec(spec_path);
+  ASSERT_THAT(spec, IsOk());
+  ASSERT_EQ(spec->params_size(), 4);
+  EXPECT_EQ(spec->job_id(), "gpt2-tiny");
+  // Conv1D [in, out] -> [out, in]; column-parallel on tp, FSDP on dp_shard.
+  EXPECT_EQ(spec->params(0).name(), "transformer.h.0.attn.c_attn.weight");
+  EXPECT_THAT(spec->params(0).shape(), ::testing::ElementsAre(48, 16));
+  EXPECT_THAT(spec->params(0).placements(),
+              ::testing::ElementsAre("Shard(0)", "Shard(0)"));
+  EXPECT_THAT(spec->params(1).placements(),
+              ::testing::ElementsAre("Shard(0)", "Shard(1)"));
+  // The spec plans.
+  std::ostringstream plan_out, plan_err;
+  EXPECT_EQ(RunMuonctl({"plan", "--spec", spec_path}, plan_out, plan_err), 0)
+      << plan_err.str();
+  EXPECT_THAT(plan_out.str(), HasSubstr("4 matrices over 4 ranks"));
+  // A bad rule is a usage error naming it.
+  std::ostringstream bad_out, bad_err;
+  EXPECT_EQ(RunMuonctl({"spec", "--safetensors", model, "--mesh", "tp=2",
+                        "--rule", "c_attn=xx:Shard(0)"},
+                       bad_out, bad_err),
+            2);
+  EXPECT_THAT(bad_err.str(), HasSubstr("xx"));
+}
+
 }  // namespace
 }  // namespace muon
