@@ -659,6 +659,16 @@ int CmdReport(const std::vector<std::string>&, std::ostream& out,
   if (!spec.ok()) return Fail(err, spec.status());
   ReportInput in;
   in.source = F().spec;
+  std::unique_ptr<CoordinationClient> live;
+  if (!F().coordinator.empty()) {
+    // Plan under the live job's id, so that the hash is the job's.
+    absl::StatusOr<std::unique_ptr<CoordinationClient>> c = Connect(err);
+    if (!c.ok()) return Fail(err, c.status());
+    live = *std::move(c);
+    absl::StatusOr<v1::JobInfo> job = live->GetJob();
+    if (!job.ok()) return Fail(err, job.status());
+    spec->set_job_id(job->job_id());
+  }
   absl::StatusOr<JobPlan> p = PlanJobSpec(*spec, F().policy);
   if (!p.ok()) return Fail(err, p.status());
   in.plan = *std::move(p);
@@ -672,10 +682,17 @@ int CmdReport(const std::vector<std::string>&, std::ostream& out,
       (int64_t{1} << 28)) {
     in.traffic = PlanTraffic(in.plan);
   }
-  if (!F().coordinator.empty()) {
-    absl::StatusOr<v1::GetReportsResponse> reports = FetchReports(err);
+  if (live != nullptr) {
+    absl::StatusOr<v1::GetReportsResponse> reports =
+        live->GetReports(/*rank=*/-1, F().last_steps);
     if (!reports.ok()) return Fail(err, reports.status());
     in.reports.assign(reports->reports().begin(), reports->reports().end());
+    absl::StatusOr<v1::Plan> live_plan = live->GetPlan();
+    if (live_plan.ok() && live_plan->hash() != plan.hash()) {
+      err << "muonctl report: the live job runs plan " << live_plan->hash()
+          << ", not the spec's " << plan.hash()
+          << " (another spec, policy or re-plan?)\n";
+    }
   }
   const std::string html = RenderReportHtml(in);
   std::ofstream file(F().out, std::ios::binary | std::ios::trunc);

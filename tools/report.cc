@@ -113,7 +113,8 @@ std::string Bars(const std::string& title, const std::string& unit,
     for (double x : v) top = std::max(top, x);
   }
   if (!(top > 0)) top = 1;
-  const int height = 240, plot = 200;
+  const int height = 270, plot = 200;
+  const int base = plot + 40;  // the x axis; the legend sits above the bars
   const double slot =
       static_cast<double>(kWidth - kLeft - kRight) / std::max(1, ranks);
   const double bar =
@@ -124,19 +125,19 @@ std::string Bars(const std::string& title, const std::string& unit,
   svg += absl::StrFormat(
       "<text x=\"4\" y=\"14\" class=\"axis\">%s</text>\n"
       "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" class=\"axis\"/>\n",
-      Escape(Scaled(top, unit)), kLeft, plot + 10, kWidth - kRight, plot + 10);
+      Escape(Scaled(top, unit)), kLeft, base, kWidth - kRight, base);
   for (size_t k = 0; k < values.size(); ++k) {
     for (int r = 0; r < ranks; ++r) {
       const double h = plot * values[k][r] / top;
       svg += absl::StrFormat(
           "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" "
           "fill=\"%s\"><title>rank %d, %s: %s</title></rect>\n",
-          kLeft + r * slot + k * bar, plot + 10 - h, bar, h, kColors[k % 6], r,
+          kLeft + r * slot + k * bar, base - h, bar, h, kColors[k % 6], r,
           Escape(series[k]), Escape(Scaled(values[k][r], unit)));
     }
   }
   if (line > 0) {
-    const double y = plot + 10 - plot * line / top;
+    const double y = base - plot * line / top;
     svg += absl::StrFormat(
         "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" "
         "class=\"bound\"/><text x=\"%d\" y=\"%.1f\" "
@@ -155,7 +156,7 @@ std::string Bars(const std::string& title, const std::string& unit,
   for (int r = 0; r < ranks; r += every) {
     svg +=
         absl::StrFormat("<text x=\"%.1f\" y=\"%d\" class=\"axis\">%d</text>\n",
-                        kLeft + r * slot, plot + 24, r);
+                        kLeft + r * slot, base + 14, r);
   }
   return svg + "</svg>\n";
 }
