@@ -274,7 +274,7 @@ def spec_from_module(module, mesh, placements_rules=None, job_id=None, *,
 
 def write_spec(spec, path):
     """Writes `spec` (spec_from_module's dict) to `path` as JSON, indented,
-    for ``muonctl plan --spec PATH`` and the daemon's --spec."""
+    for ``muonctl plan --spec PATH`` and ``muonctl validate --spec PATH``."""
     with open(path, "w", encoding="utf-8") as f:
         json.dump(spec, f, indent=2)
         f.write("\n")
