@@ -87,6 +87,21 @@ int OwnedBy(const v1::Plan& plan, int rank) {
 class World : public ThreadWorld {
  public:
   World() : ThreadWorld(kWorld), run(kWorld) {}
+
+  // Rank `rank`'s FSDP config over its shards, with this world's process
+  // group and coordinator client (bounded join).
+  absl::StatusOr<DistributedConfig> Config(int rank, RankShards& shards) {
+    AutoConfigOptions o;
+    o.fsdp = comm(rank);
+    o.coordinator = client(rank);
+    absl::StatusOr<DistributedConfig> config =
+        CreateAutoConfig(shards.Pointers(), o);
+    if (!config.ok()) return config.status();
+    config->state.join_timeout_ms = kJoinTimeoutMs;
+    config->state.incarnation = 100 + rank;
+    return config;
+  }
+
   DistributedRun run;
 };
 
@@ -106,14 +121,8 @@ TEST(ReplanTest, SlowRank_LoadDropsAfterReplan_ResultsBitwiseUnchanged) {
       problem, layout,
       [&](int rank,
           RankShards& shards) -> absl::StatusOr<std::unique_ptr<Muon>> {
-        AutoConfigOptions o;
-        o.fsdp = world.comm(rank);
-        o.coordinator = world.client(rank);
-        absl::StatusOr<DistributedConfig> config =
-            CreateAutoConfig(shards.Pointers(), o);
+        absl::StatusOr<DistributedConfig> config = world.Config(rank, shards);
         if (!config.ok()) return config.status();
-        config->state.join_timeout_ms = kJoinTimeoutMs;
-        config->state.incarnation = 100 + rank;
         config->replan_every_steps = kReplanEvery;
         if (rank == kSlowRank) {
           config->ns_engine_factory =
@@ -165,14 +174,8 @@ TEST(ReplanTest, ReplanOff_ReplanRpcRefusedNamingTheSetting) {
       problem, layout,
       [&](int rank,
           RankShards& shards) -> absl::StatusOr<std::unique_ptr<Muon>> {
-        AutoConfigOptions o;
-        o.fsdp = world.comm(rank);
-        o.coordinator = world.client(rank);
-        absl::StatusOr<DistributedConfig> config =
-            CreateAutoConfig(shards.Pointers(), o);
+        absl::StatusOr<DistributedConfig> config = world.Config(rank, shards);
         if (!config.ok()) return config.status();
-        config->state.join_timeout_ms = kJoinTimeoutMs;
-        config->state.incarnation = 100 + rank;
         return Muon::Create(shards.Pointers(), MuonOptions(),
                             *std::move(config));
       },
