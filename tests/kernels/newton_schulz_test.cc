@@ -275,6 +275,19 @@ TEST(NewtonSchulzFlopsTest, NewtonSchulzFlops_WideAndTall_UseMinAndMaxDims) {
   EXPECT_EQ(NewtonSchulzFlops(7, 9, 0), 0.0);
 }
 
+TEST(NewtonSchulzFlopsTest,
+     NewtonSchulzExecutedFlops_CountsSyrkAsHalf_SquareAndWide) {
+  NewtonSchulzOptions options;
+  options.steps = 5;
+  // k * (3*m*m*n + m^3).
+  EXPECT_DOUBLE_EQ(NewtonSchulzExecutedFlops(2048, 2048, options),
+                   5.0 * 4.0 * 2048.0 * 2048.0 * 2048.0);
+  EXPECT_DOUBLE_EQ(NewtonSchulzExecutedFlops(4096, 1024, options),
+                   NewtonSchulzExecutedFlops(1024, 4096, options));
+  EXPECT_DOUBLE_EQ(NewtonSchulzExecutedFlops(1024, 4096, options),
+                   5.0 * (3.0 * 1024 * 1024 * 4096 + 1024.0 * 1024 * 1024));
+}
+
 }  // namespace
 }  // namespace kernels
 }  // namespace muon
