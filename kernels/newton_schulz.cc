@@ -103,6 +103,78 @@ void ApplyPoly(bool tall, int m, int n, const float* b, const float* x, int ld,
   }
 }
 
+// X / max(norm_scale * ||U||_F, eps) into x (size floats), the division in
+// float as torch's div_ does.
+void Normalise(const float* u, int64_t size, const NewtonSchulzOptions& options,
+               float* x) {
+  const float denom = static_cast<float>(
+      std::max(options.norm_scale * FrobeniusNorm(u, size), options.eps));
+  for (int64_t i = 0; i < size; ++i) x[i] = u[i] / denom;
+}
+
+// The kGram evaluation of NewtonSchulz (see its comment in the header). X is
+// m x n (stored transposed when `tall`, leading dimension ld); out and
+// x_buf hold rows*cols floats, r, z, q, t m*m floats each.
+void GramNewtonSchulz(const float* u, bool tall, int m, int n, int ld,
+                      const NewtonSchulzOptions& options, float* out,
+                      float* x_buf, float* r, float* z, float* q, float* t) {
+  const int steps = NewtonSchulzIterations(options);
+  const int every = options.gram_restart_every;
+  const int blocks = (steps + every - 1) / every;
+  const int64_t size = static_cast<int64_t>(m) * n;
+  const int64_t mm = static_cast<int64_t>(m) * m;
+  // One X update per block: start where the last one lands in out.
+  float* x = (blocks % 2 == 0) ? out : x_buf;
+  float* x_next = (blocks % 2 == 0) ? x_buf : out;
+  Normalise(u, size, options, x);
+  for (int start = 0; start < steps; start += every) {
+    const int len = std::min(every, steps - start);
+    // R = X X^T.
+    SyrkUpper(tall, m, n, 1.0f, x, ld, 0.0f, r);
+    MirrorUpper(r, m);
+    for (int j = 0; j < len; ++j) {
+      const std::array<double, 3> abc =
+          NewtonSchulzCoefficients(options, start + j);
+      const float a = static_cast<float>(abc[0]);
+      const float b = static_cast<float>(abc[1]);
+      const float c = static_cast<float>(abc[2]);
+      // Z = c R R^T + b R (ssyrk on a copy of R), mirrored, then + a I.
+      std::memcpy(z, r, static_cast<size_t>(mm) * sizeof(float));
+      cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, m, m, c, r, m, b, z,
+                  m);
+      MirrorUpper(z, m);
+      for (int i = 0; i < m; ++i) z[static_cast<int64_t>(i) * m + i] += a;
+      // Q = Q Z (Q = Z for the block's first iteration).
+      if (j == 0) {
+        std::memcpy(q, z, static_cast<size_t>(mm) * sizeof(float));
+      } else {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, m, m, 1.0f, q,
+                    m, z, m, 0.0f, t, m);
+        std::swap(q, t);
+      }
+      if (j + 1 < len) {
+        // R = Z (R Z), symmetric in exact arithmetic: keep the upper
+        // triangle and mirror it so that the next ssyrk sees R = R^T.
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, m, m, 1.0f, r,
+                    m, z, m, 0.0f, t, m);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, m, m, 1.0f, z,
+                    m, t, m, 0.0f, r, m);
+        MirrorUpper(r, m);
+      }
+    }
+    // X = Q X (V = X^T: V' = V Q^T).
+    if (tall) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, m, 1.0f, x, ld,
+                  q, m, 0.0f, x_next, ld);
+    } else {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, m, 1.0f, q,
+                  m, x, ld, 0.0f, x_next, ld);
+    }
+    std::swap(x, x_next);
+  }
+  assert(x == out);
+}
+
 }  // namespace
 
 int NewtonSchulzIterations(const NewtonSchulzOptions& options) {
@@ -143,6 +215,19 @@ absl::StatusOr<NewtonSchulzOptions> ParseCoefficientSchedule(
       name, "\""));
 }
 
+absl::StatusOr<NewtonSchulzMethod> ParseNewtonSchulzMethod(
+    absl::string_view name) {
+  if (name == "standard") return NewtonSchulzMethod::kStandard;
+  if (name == "gram") return NewtonSchulzMethod::kGram;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "Newton-Schulz method must be \"standard\" or \"gram\", got \"", name,
+      "\""));
+}
+
+absl::string_view NewtonSchulzMethodName(NewtonSchulzMethod method) {
+  return method == NewtonSchulzMethod::kGram ? "gram" : "standard";
+}
+
 absl::Status ValidateNewtonSchulzOptions(const NewtonSchulzOptions& options) {
   if (options.coefficients.empty() && options.steps < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -167,6 +252,16 @@ absl::Status ValidateNewtonSchulzOptions(const NewtonSchulzOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "NewtonSchulz: eps must be finite and >= 0, got ", options.eps));
   }
+  if (options.method != NewtonSchulzMethod::kStandard &&
+      options.method != NewtonSchulzMethod::kGram) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "NewtonSchulz: unknown method ", static_cast<int>(options.method)));
+  }
+  if (options.gram_restart_every < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NewtonSchulz: gram_restart_every must be >= 1, got ",
+                     options.gram_restart_every));
+  }
   return absl::OkStatus();
 }
 
@@ -179,8 +274,10 @@ void NewtonSchulzWorkspace::Reserve(int64_t rows, int64_t cols) {
 }
 
 int64_t NewtonSchulzWorkspace::CapacityBytes() const {
-  return static_cast<int64_t>(
-      (x_.capacity() + gram_.capacity() + poly_.capacity()) * sizeof(float));
+  return static_cast<int64_t>((x_.capacity() + gram_.capacity() +
+                               poly_.capacity() + q_.capacity() +
+                               tmp_.capacity()) *
+                              sizeof(float));
 }
 
 absl::Status NewtonSchulz(const float* u, int64_t rows, int64_t cols,
@@ -229,6 +326,14 @@ absl::Status NewtonSchulz(const float* u, int64_t rows, int64_t cols,
   const int ld = static_cast<int>(cols);
 
   const int steps = NewtonSchulzIterations(options);
+  if (options.method == NewtonSchulzMethod::kGram) {
+    GrowTo(ws->q_, static_cast<int64_t>(m) * m);
+    GrowTo(ws->tmp_, static_cast<int64_t>(m) * m);
+    GramNewtonSchulz(u, tall, m, n, ld, options, out, ws->x_.data(),
+                     ws->gram_.data(), ws->poly_.data(), ws->q_.data(),
+                     ws->tmp_.data());
+    return absl::OkStatus();
+  }
   // Ping-pong between out and the workspace buffer. Each step writes the
   // other buffer, so start where the last step lands in out: no final copy.
   float* x = (steps % 2 == 0) ? out : ws->x_.data();
@@ -359,7 +464,17 @@ double NewtonSchulzExecutedFlops(int64_t rows, int64_t cols,
                                  const NewtonSchulzOptions& options) {
   const double m = static_cast<double>(std::min(rows, cols));
   const double n = static_cast<double>(std::max(rows, cols));
-  return NewtonSchulzIterations(options) * (3.0 * m * m * n + m * m * m);
+  const int steps = NewtonSchulzIterations(options);
+  if (options.method != NewtonSchulzMethod::kGram) {
+    return steps * (3.0 * m * m * n + m * m * m);
+  }
+  const int every = std::max(options.gram_restart_every, 1);
+  double flops = 0.0;
+  for (int start = 0; start < steps; start += every) {
+    const int len = std::min(every, steps - start);
+    flops += 3.0 * m * m * n + (7.0 * len - 6.0) * m * m * m;
+  }
+  return flops;
 }
 
 }  // namespace kernels

@@ -31,6 +31,19 @@
 namespace muon {
 namespace kernels {
 
+// How NewtonSchulz evaluates the iteration (the polynomials are the same).
+enum class NewtonSchulzMethod {
+  // X <- p(X X^T) X on the m x n matrix every iteration (torch's order of
+  // operations, with symmetric products).
+  kStandard,
+  // Gram Newton-Schulz (Dao AI Lab, "Gram Newton-Schulz: A Fast,
+  // Hardware-Aware Newton-Schulz Algorithm for Muon", 2026,
+  // tridao.me/blog/2026/gram-newton-schulz): iterate on the m x m Gram
+  // matrix and multiply X once per restart block; cheaper when n >> m, see
+  // NewtonSchulz.
+  kGram,
+};
+
 // Coefficients and iteration count of the quintic Newton-Schulz iteration
 // X <- a*X + b*(X X^T) X + c*(X X^T)^2 X. Defaults are torch.optim.Muon's.
 //
@@ -60,7 +73,23 @@ struct NewtonSchulzOptions {
   // push the top singular value above 1 (outside the interval its
   // polynomials were fitted on).
   double norm_scale = 1.0;
+  // Evaluation order: standard (default) or Gram Newton-Schulz.
+  NewtonSchulzMethod method = NewtonSchulzMethod::kStandard;
+  // kGram only: re-form the Gram matrix from the current X after every this
+  // many iterations (>= 1; 1 is the standard iteration's arithmetic in a
+  // different order). 2 is the restart "at iteration 2" of the Dao AI Lab
+  // write-up (and DeepSpeed's Gram NS); k = 5 then runs blocks of 2, 2, 1.
+  int gram_restart_every = 2;
 };
+
+// Parses a method name: "standard" or "gram" (exact, case-sensitive).
+// Errors:
+//   InvalidArgument: any other name (the message quotes it).
+absl::StatusOr<NewtonSchulzMethod> ParseNewtonSchulzMethod(
+    absl::string_view name);
+
+// "standard" or "gram".
+absl::string_view NewtonSchulzMethodName(NewtonSchulzMethod method);
 
 // Number of iterations k that `options` runs: coefficients.size() when the
 // schedule is explicit, else steps.
@@ -97,13 +126,14 @@ absl::StatusOr<NewtonSchulzOptions> ParseCoefficientSchedule(
 // Errors:
 //   InvalidArgument: steps < 0 with an empty schedule, a non-finite
 //     coefficient (names the iteration), norm_scale not finite and > 0, or
-//     eps not finite and >= 0 (each names the field and value).
+//     eps not finite and >= 0, gram_restart_every < 1 (each names the field
+//     and value).
 absl::Status ValidateNewtonSchulzOptions(const NewtonSchulzOptions& options);
 
 // Scratch buffers for NewtonSchulz, reused across calls so the hot path does
 // not allocate after warm-up. Buffers only grow. Not thread-safe: use one
 // workspace per thread. Holds rows*cols + 2*min(rows, cols)^2 floats after
-// Reserve(rows, cols).
+// Reserve(rows, cols), 2*min(rows, cols)^2 more after a kGram call.
 class NewtonSchulzWorkspace {
  public:
   NewtonSchulzWorkspace() = default;
@@ -127,6 +157,8 @@ class NewtonSchulzWorkspace {
   std::vector<float> x_;     // Second ping-pong buffer for X: rows*cols.
   std::vector<float> gram_;  // A = X X^T: m*m, m = min(rows, cols).
   std::vector<float> poly_;  // B = b*A + c*A*A: m*m.
+  std::vector<float> q_;     // kGram: accumulated polynomial Q: m*m.
+  std::vector<float> tmp_;   // kGram: products Q Z and R Z: m*m.
 };
 
 // O = NS_k(U): approximately the orthogonal polar factor of U.
@@ -154,6 +186,26 @@ class NewtonSchulzWorkspace {
 // stays below 1e-4 (tests/kernels/newton_schulz_test.cc).
 // Cost: NewtonSchulzFlops(rows, cols, options) nominal FLOPs (the sgemm-only
 // count torch runs); NewtonSchulzExecutedFlops the ones actually executed.
+//
+// options.method == kGram (Gram Newton-Schulz): with X_{i+1} = Z_i X_i,
+// Z_i = a I + b R_i + c R_i^2 and R_i = X_i X_i^T, every Z_i is a
+// polynomial in R_i, so the matrices commute and R_{i+1} = Z_i R_i Z_i.
+// Per restart block of L = gram_restart_every iterations (the last block
+// may be shorter):
+//   R = X X^T;                              (ssyrk, m*m*n)
+//   Q = I; for j < L {
+//     Z = a I + b R + c R*R;                (ssyrk for R*R, m^3)
+//     Q = Q Z;                              (sgemm, 2 m^3; j = 0: Q = Z)
+//     if j < L-1: R = Z (R Z);              (two sgemm, 4 m^3)
+//   }
+//   X = Q X;                                (sgemm, 2*m*m*n)
+// i.e. per block 3*m*m*n + (7L - 6)*m^3 FLOPs against L*(3*m*m*n + m^3)
+// for kStandard: fewer when n is several times m (1024x4096, k = 5,
+// restart 2: 1.9e11 vs 3.3e11), more for square matrices. Exact in exact
+// arithmetic; in fp32 R's small eigenvalues lose relative accuracy (Gram
+// squares the condition number), which the restart bounds. Measured
+// against the float64 reference: docs/benchmarks.md and
+// tests/kernels/newton_schulz_gram_test.cc.
 // Errors:
 //   InvalidArgument: rows < 1 or cols < 1 (names the value), options
 //     rejected by ValidateNewtonSchulzOptions (e.g. steps < 0), a dimension
@@ -184,8 +236,10 @@ double NewtonSchulzFlops(int64_t rows, int64_t cols,
                          const NewtonSchulzOptions& options);
 
 // FLOPs NewtonSchulz actually executes on a [rows, cols] matrix, counting an
-// ssyrk as half of the full product: k * (3*m*m*n + m^3) (A = X X^T: m*m*n,
-// A*A: m^3, B X: 2*m*m*n). 2048x2048, k = 5: 1.72e11 (nominal 2.58e11).
+// ssyrk as half of the full product. kStandard: k * (3*m*m*n + m^3)
+// (A = X X^T: m*m*n, A*A: m^3, B X: 2*m*m*n); 2048x2048, k = 5: 1.72e11
+// (nominal 2.58e11). kGram: the sum over restart blocks of
+// 3*m*m*n + (7L - 6)*m^3 (see NewtonSchulz). Elementwise work not counted.
 double NewtonSchulzExecutedFlops(int64_t rows, int64_t cols,
                                  const NewtonSchulzOptions& options);
 
