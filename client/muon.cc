@@ -112,6 +112,17 @@ absl::Status ValidateMuonOptions(const MuonOptions& o) {
         "ns_schedule \"", o.ns_schedule,
         "\" is not supported (use \"quintic\" or \"polar_express\")"));
   }
+  if (!kernels::ParseNewtonSchulzMethod(o.ns_method).ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ns_method \"", o.ns_method,
+                     "\" is not supported (use \"standard\" or \"gram\")"));
+  }
+  if (o.ns_method == "gram" && o.device != "cpu") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ns_method \"gram\" is implemented on device \"cpu\" only, got "
+        "device \"",
+        o.device, "\""));
+  }
   if (!(o.eps >= 0.0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("eps should be >= 0 but is: ", o.eps));
@@ -134,6 +145,7 @@ MuonOptions MuonOptionsFromProto(const v1::OptimizerOptions& p) {
   if (p.has_ns_steps()) o.ns_steps = p.ns_steps();
   if (p.has_adjust_lr_fn()) o.adjust_lr_fn = p.adjust_lr_fn();
   if (p.has_ns_schedule()) o.ns_schedule = p.ns_schedule();
+  if (p.has_ns_method()) o.ns_method = p.ns_method();
   return o;
 }
 
@@ -278,6 +290,8 @@ absl::StatusOr<UpdateRule> MakeUpdateRule(const MuonOptions& options) {
     rule.ns.steps = options.ns_steps;
   }
   rule.ns.eps = options.eps;
+  MUON_ASSIGN_OR_RETURN(rule.ns.method,
+                        kernels::ParseNewtonSchulzMethod(options.ns_method));
   return rule;
 }
 

@@ -58,6 +58,14 @@ struct MuonOptions {
   // ns_steps iterations) or "polar_express" (Amsel et al. 2025,
   // per-iteration coefficients; ns_steps and the coefficients are ignored).
   std::string ns_schedule = "quintic";
+  // Newton-Schulz evaluation (kernels::NewtonSchulzMethod): "standard"
+  // (torch's order) or "gram" (Gram Newton-Schulz, Dao AI Lab 2026:
+  // iterates on the m x m Gram matrix, restarting every 2 iterations; fewer
+  // FLOPs when max(rows, cols) is several times min(rows, cols); fp32 error
+  // against float64 within 2e-5 Frobenius, docs/benchmarks.md). The same
+  // on every rank, so distributed results still equal single-device ones.
+  // device "cpu" only.
+  std::string ns_method = "standard";
   // Where this rank's owned matrices are orthogonalized: "cpu" (OpenBLAS
   // fp32) or "cuda" (cuBLAS on `cuda_device`, host-staged: parameters and
   // collectives stay on the host, so several ranks may share one GPU).

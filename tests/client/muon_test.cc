@@ -653,6 +653,67 @@ TEST(MuonTest, Create_UnknownAdjustLrFn_ReturnsInvalidArgument) {
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("Original")));
 }
 
+TEST(MuonTest, Create_UnknownNsMethod_ReturnsInvalidArgument) {
+  MuonOptions o;
+  o.ns_method = "Gram";
+  EXPECT_THAT(ValidateMuonOptions(o),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("ns_method"), HasSubstr("Gram"))));
+  Parameter p = MakeParam("w", 3, 5, 1);
+  EXPECT_THAT(Muon::Create({&p}, o),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("Gram")));
+}
+
+TEST(MuonTest, Create_GramOnCuda_ReturnsInvalidArgument) {
+  MuonOptions o;
+  o.ns_method = "gram";
+  o.device = "cuda";
+  EXPECT_THAT(ValidateMuonOptions(o),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("ns_method"), HasSubstr("cuda"))));
+}
+
+TEST(MuonOptionsTest, MuonOptionsFromProto_NsMethod_CopiedDefaultStandard) {
+  v1::OptimizerOptions proto;
+  EXPECT_EQ(MuonOptions().ns_method, "standard");
+  EXPECT_EQ(MuonOptionsFromProto(proto).ns_method, "standard");
+  proto.set_ns_method("gram");
+  EXPECT_EQ(MuonOptionsFromProto(proto).ns_method, "gram");
+}
+
+// ns_method = "gram" runs kernels::NewtonSchulz with kGram: one step on a
+// wide and a tall matrix equals the standard method's step to the Gram
+// kernel's error (tests/kernels/newton_schulz_gram_test.cc) and is not
+// bitwise the standard one (the option reaches the kernel).
+TEST(MuonTest, Step_GramMethod_ClosesToStandardButNotBitwise) {
+  std::vector<float> results[2];
+  for (int method = 0; method < 2; ++method) {
+    MuonOptions o;
+    o.lr = 0.05;
+    o.ns_method = method == 0 ? "standard" : "gram";
+    Parameter wide = MakeParam("wide", 32, 160, 3);
+    Parameter tall = MakeParam("tall", 150, 40, 4);
+    wide.grad = RandomValues(32 * 160, 5);
+    tall.grad = RandomValues(150 * 40, 6);
+    absl::StatusOr<std::unique_ptr<Muon>> muon =
+        Muon::Create(std::vector<Parameter*>{&wide, &tall}, o);
+    ASSERT_TRUE(muon.ok()) << muon.status();
+    ASSERT_TRUE((*muon)->Step().ok());
+    results[method] = wide.data;
+    results[method].insert(results[method].end(), tall.data.begin(),
+                           tall.data.end());
+  }
+  EXPECT_FALSE(BitwiseEqual(results[0], results[1]));
+  double max_diff = 0.0;
+  for (size_t i = 0; i < results[0].size(); ++i) {
+    max_diff = std::max(max_diff, std::fabs(static_cast<double>(results[0][i]) -
+                                            results[1][i]));
+  }
+  // lr * sqrt(max(1, rows/cols)) * |O| <= 0.05 * 1.94 * ~0.5; the O error
+  // bound is 1e-4 of max |O|.
+  EXPECT_LE(max_diff, 1e-5);
+}
+
 TEST(MuonTest, Create_NsSteps100_ReturnsInvalidArgument) {
   MuonOptions o;
   o.ns_steps = 100;
