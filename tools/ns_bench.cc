@@ -7,11 +7,32 @@
 // m x m x n Gram shape (A = X X^T, 2*m*m*n FLOPs), timed in the same loop
 // (one NS run, then one sgemm run, per repeat). The
 // ratio NS/sgemm says how close NS is to the machine's GEMM rate for that
-// shape (1.0 would be perfect; NS also runs m x m x m and m x n x m GEMMs and
-// copies).
+// shape, counting the FLOPs NS actually executes
+// (kernels::NewtonSchulzExecutedFlops: an ssyrk is half a GEMM); "NS GF/s"
+// is the nominal rate (NewtonSchulzFlops, the count of torch's 3 GEMMs per
+// step), so that rates compare across implementations.
+//
+// --torch (issue 14): also times PyTorch's own Newton-Schulz (fp32, 2.9's
+// `_zeropower_via_newtonschulz` with torch.addmm, tools/torch_ns_bench.py
+// --cpu --serve) in a child process started once, interleaved per repeat
+// (ours, sgemm, torch; same machine state), with torch.set_num_threads and
+// OPENBLAS_NUM_THREADS set to our OpenBLAS thread count and the environment
+// (OPENBLAS_CORETYPE) inherited; prints torch's best / median and the ratio
+// torch / ours of the best and of the median times. Run from the repository
+// root (the script path is relative): bazel-bin/tools/ns_bench --torch.
+// Each timed NS and torch run starts after --pause_ms (200) of idle time:
+// OpenBLAS's threads busy-wait for about 0.1 s after a call and would
+// otherwise steal the other process's cores.
 //
 // Usage: ns_bench [--sizes 1024x1024,2048x2048] [--repeats 3] [--steps 5]
+//                 [--method standard|gram] [--torch] [--python
+//                 /usr/bin/python3]
+//                 [--torch_script tools/torch_ns_bench.py]
 #include <cblas.h>
+#include <signal.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -28,6 +49,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
@@ -48,6 +70,18 @@ ABSL_FLAG(std::string, sizes, "1024x1024,2048x2048,1024x4096,4096x1024",
           "Matrix shapes RxC, comma-separated.");
 ABSL_FLAG(int, repeats, 5, "Timed runs after one warm-up.");
 ABSL_FLAG(int, steps, 5, "Newton-Schulz iterations.");
+ABSL_FLAG(std::string, method, "standard",
+          "Newton-Schulz method: standard or gram.");
+ABSL_FLAG(bool, torch, false,
+          "Also time PyTorch's fp32 Newton-Schulz, interleaved.");
+ABSL_FLAG(int, pause_ms, 200,
+          "With --torch: idle time before each timed run, so that the other "
+          "process's OpenBLAS threads (which busy-wait ~0.1 s after a call) "
+          "and OpenMP threads are asleep.");
+ABSL_FLAG(std::string, python, "/usr/bin/python3",
+          "Python with torch, for --torch.");
+ABSL_FLAG(std::string, torch_script, "tools/torch_ns_bench.py",
+          "Path of torch_ns_bench.py, for --torch.");
 
 namespace {
 
@@ -56,7 +90,10 @@ constexpr char kUsage[] =
     "  --sizes    matrix shapes (default "
     "1024x1024,2048x2048,1024x4096,4096x1024)\n"
     "  --repeats  timed runs after one warm-up (default 5)\n"
-    "  --steps    Newton-Schulz iterations (default 5)\n";
+    "  --steps    Newton-Schulz iterations (default 5)\n"
+    "  --method   standard (default) or gram\n"
+    "  --torch    also time PyTorch's fp32 NS, interleaved (run from the\n"
+    "             repository root; --python, --torch_script)\n";
 
 template <typename Fn>
 double Seconds(Fn fn) {
@@ -73,6 +110,66 @@ std::vector<float> RandomMatrix(int64_t rows, int64_t cols, uint32_t seed) {
   }
   return m;
 }
+
+// A child `python3 torch_ns_bench.py --cpu --serve` answering "RxC" lines
+// with "ms <milliseconds>" (one PyTorch Newton-Schulz run each).
+class TorchServer {
+ public:
+  ~TorchServer() {
+    if (to_ != nullptr) std::fclose(to_);
+    if (from_ != nullptr) std::fclose(from_);
+    if (pid_ > 0) waitpid(pid_, nullptr, 0);
+  }
+
+  bool Start(const std::string& python, const std::string& script, int threads,
+             int steps) {
+    int in[2], out[2];
+    if (pipe(in) != 0 || pipe(out) != 0) return false;
+    const std::string threads_text = std::to_string(threads);
+    const std::string steps_text = std::to_string(steps);
+    pid_ = fork();
+    if (pid_ < 0) return false;
+    if (pid_ == 0) {
+      dup2(in[0], 0);
+      dup2(out[1], 1);
+      close(in[0]);
+      close(in[1]);
+      close(out[0]);
+      close(out[1]);
+      setenv("OPENBLAS_NUM_THREADS", threads_text.c_str(), 1);
+      setenv("OMP_NUM_THREADS", threads_text.c_str(), 1);
+      execl(python.c_str(), python.c_str(), script.c_str(), "--cpu", "--serve",
+            "--threads", threads_text.c_str(), "--steps", steps_text.c_str(),
+            static_cast<char*>(nullptr));
+      std::perror("ns_bench: exec python");
+      _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    to_ = fdopen(in[1], "w");
+    from_ = fdopen(out[0], "r");
+    return to_ != nullptr && from_ != nullptr;
+  }
+
+  // Milliseconds of one PyTorch run on a rows x cols matrix; < 0 on error.
+  double RunMs(int64_t rows, int64_t cols) {
+    std::fprintf(to_, "%lldx%lld\n", static_cast<long long>(rows),
+                 static_cast<long long>(cols));
+    std::fflush(to_);
+    char line[128];
+    double ms = -1.0;
+    if (std::fgets(line, sizeof(line), from_) == nullptr ||
+        std::sscanf(line, "ms %lf", &ms) != 1) {
+      return -1.0;
+    }
+    return ms;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  FILE* to_ = nullptr;    // Child's stdin.
+  FILE* from_ = nullptr;  // Child's stdout.
+};
 
 }  // namespace
 
@@ -98,16 +195,44 @@ int main(int argc, char** argv) {
       coretype_env != nullptr ? coretype_env : "(unset)",
       threads_env != nullptr ? threads_env : "(unset)");
   std::printf("OpenBLAS config: %s\n", openblas_get_config());
-  std::printf(
-      "NS: fp32, %d steps, 1 warm-up + %d timed runs; sgemm: m x m x n "
-      "(A = X X^T shape), interleaved with NS\n\n",
-      steps, repeats);
-  std::printf("%-11s %5s %5s %10s %10s %9s %11s %10s %8s\n", "size", "m", "n",
-              "NS best", "NS median", "NS GF/s", "sgemm best", "sgemm GF/s",
-              "NS/gemm");
-
   muon::kernels::NewtonSchulzOptions options;
   options.steps = steps;
+  absl::StatusOr<muon::kernels::NewtonSchulzMethod> method =
+      muon::kernels::ParseNewtonSchulzMethod(absl::GetFlag(FLAGS_method));
+  if (!method.ok()) {
+    std::fprintf(stderr, "ns_bench: %s\n%s", method.status().ToString().c_str(),
+                 kUsage);
+    return 2;
+  }
+  options.method = *method;
+  const bool with_torch = absl::GetFlag(FLAGS_torch);
+  TorchServer torch;
+  if (with_torch && !torch.Start(absl::GetFlag(FLAGS_python),
+                                 absl::GetFlag(FLAGS_torch_script),
+                                 openblas_get_num_threads(), steps)) {
+    std::fprintf(stderr, "ns_bench: cannot start %s %s\n",
+                 absl::GetFlag(FLAGS_python).c_str(),
+                 absl::GetFlag(FLAGS_torch_script).c_str());
+    return 1;
+  }
+  std::printf(
+      "NS: fp32, %s, %d steps, 1 warm-up + %d timed runs; sgemm: m x m x n "
+      "(A = X X^T shape)%s, interleaved\n",
+      absl::GetFlag(FLAGS_method).c_str(), steps, repeats,
+      with_torch ? "; torch: PyTorch 2.9 _zeropower_via_newtonschulz fp32 "
+                   "(addmm), same thread count"
+                 : "");
+  std::printf(
+      "NS GF/s: nominal FLOPs k*(4m^2n+2m^3); NS/gemm: executed FLOPs "
+      "(ssyrk = half) / time, over the sgemm rate\n\n");
+  std::printf("%-11s %5s %5s %10s %10s %9s %10s %8s", "size", "m", "n",
+              "NS best", "NS median", "NS GF/s", "sgemm GF/s", "NS/gemm");
+  if (with_torch) {
+    std::printf(" %11s %11s %9s %9s", "torch best", "torch med", "best x",
+                "median x");
+  }
+  std::printf("\n");
+
   muon::kernels::NewtonSchulzWorkspace workspace;
   for (const Shape& shape : shapes) {
     const int64_t rows = shape.rows;
@@ -134,10 +259,25 @@ int main(int argc, char** argv) {
     // state (shared 2-core VMs drift by 2x over seconds).
     run_ns();
     run_gemm();
-    std::vector<double> ns_seconds, gemm_seconds;
+    if (with_torch && torch.RunMs(rows, cols) < 0) {
+      std::fprintf(stderr, "ns_bench: torch_ns_bench.py did not answer\n");
+      return 1;
+    }
+    std::vector<double> ns_seconds, gemm_seconds, torch_seconds;
+    const int pause_us = with_torch ? absl::GetFlag(FLAGS_pause_ms) * 1000 : 0;
     for (int r = 0; r < repeats; ++r) {
+      usleep(pause_us);
       ns_seconds.push_back(Seconds(run_ns));
       gemm_seconds.push_back(Seconds(run_gemm));
+      if (with_torch) {
+        usleep(pause_us);
+        const double ms = torch.RunMs(rows, cols);
+        if (ms < 0) {
+          std::fprintf(stderr, "ns_bench: torch_ns_bench.py did not answer\n");
+          return 1;
+        }
+        torch_seconds.push_back(ms * 1e-3);
+      }
     }
     if (!status.ok()) {
       std::fprintf(stderr, "ns_bench: NewtonSchulz failed: %s\n",
@@ -149,13 +289,22 @@ int main(int argc, char** argv) {
 
     const double ns_gflops =
         muon::kernels::NewtonSchulzFlops(rows, cols, steps) / ns.best / 1e9;
+    const double ns_executed_gflops =
+        muon::kernels::NewtonSchulzExecutedFlops(rows, cols, options) /
+        ns.best / 1e9;
     const double gemm_gflops = 2.0 * m * m * n / gemm.best / 1e9;
     char size[32];
     std::snprintf(size, sizeof(size), "%lldx%lld", static_cast<long long>(rows),
                   static_cast<long long>(cols));
-    std::printf("%-11s %5d %5d %8.1fms %8.1fms %9.1f %9.1fms %10.1f %8.2f\n",
-                size, m, n, ns.best * 1e3, ns.median * 1e3, ns_gflops,
-                gemm.best * 1e3, gemm_gflops, ns_gflops / gemm_gflops);
+    std::printf("%-11s %5d %5d %8.1fms %8.1fms %9.1f %10.1f %8.2f", size, m, n,
+                ns.best * 1e3, ns.median * 1e3, ns_gflops, gemm_gflops,
+                ns_executed_gflops / gemm_gflops);
+    if (with_torch) {
+      const Timing t = Summarize(torch_seconds);
+      std::printf(" %9.1fms %9.1fms %9.2f %9.2f", t.best * 1e3, t.median * 1e3,
+                  t.best / ns.best, t.median / ns.median);
+    }
+    std::printf("\n");
     std::fflush(stdout);
   }
   return 0;

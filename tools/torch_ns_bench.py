@@ -17,6 +17,23 @@ does; addmm=False is torch.optim.Muon's default.
 Usage: python3 tools/torch_ns_bench.py [--sizes 1024x1024,4096x4096,...]
          [--repeats 10] [--steps 5] [--gemm_size 8192]
 Exit status 2 when PyTorch, its Muon or a GPU is missing.
+
+CPU mode (--cpu; issue 14): PyTorch's Newton-Schulz in float32 on the CPU,
+the yardstick of our kernels::NewtonSchulz. Debian's torch 1.13 has no
+torch.optim._muon, so `zeropower_fp32` below is PyTorch 2.9's
+`_zeropower_via_newtonschulz` (torch/optim/_muon.py) line for line with
+`grad.bfloat16()` replaced by `grad.float()`: X X^T by `@`, then two
+torch.addmm calls folding b*A and a*X (3 GEMMs per step, FLOPs
+k*(4*m*m*n + 2*m^3)). torch.set_num_threads(--threads); its matmuls run on
+the same OpenBLAS (Debian's libblas.so.3 -> openblas-pthread), so
+OPENBLAS_NUM_THREADS and OPENBLAS_CORETYPE apply to both sides.
+  python3 tools/torch_ns_bench.py --cpu [--sizes ...] [--repeats 5]
+      times each size itself (1 warm-up) and prints best / median ms.
+  python3 tools/torch_ns_bench.py --cpu --serve
+      the protocol tools/ns_bench --torch drives, so that PyTorch's runs
+      interleave with ours in one benchmark: for each stdin line "RxC" it
+      runs zeropower_fp32 once on a uniform [-1, 1) matrix of that shape
+      (created once per shape, seed 1) and answers "ms <milliseconds>".
 """
 
 import argparse
@@ -52,13 +69,97 @@ def time_cuda(torch, fn, repeats, warmup=2):
     return min(times), statistics.median(times)
 
 
+# PyTorch 2.9's default quintic (torch/optim/_muon.py DEFAULT_A/B/C, EPS).
+QUINTIC = (3.4445, -4.7750, 2.0315)
+EPS = 1e-7
+
+
+def zeropower_fp32(torch, grad, ns_coefficients, ns_steps, eps):
+    """torch.optim._muon._zeropower_via_newtonschulz (PyTorch 2.9) in fp32."""
+    a, b, c = ns_coefficients
+    ortho_grad = grad.float()
+    if grad.size(0) > grad.size(1):
+        ortho_grad = ortho_grad.T
+    ortho_grad = ortho_grad / ortho_grad.norm().clamp(min=eps)
+    for _ in range(ns_steps):
+        gram_matrix = ortho_grad @ ortho_grad.T
+        gram_update = torch.addmm(
+            gram_matrix, gram_matrix, gram_matrix, beta=b, alpha=c)
+        ortho_grad = torch.addmm(ortho_grad, gram_update, ortho_grad, beta=a)
+    if grad.size(0) > grad.size(1):
+        ortho_grad = ortho_grad.T
+    return ortho_grad
+
+
+def cpu_main(args):
+    """--cpu: PyTorch's fp32 Newton-Schulz on the CPU (see the docstring)."""
+    import os
+    import time
+    try:
+        import torch
+    except ImportError as e:
+        print(f"torch_ns_bench: PyTorch is not installed: {e}", file=sys.stderr)
+        return 2
+    torch.set_num_threads(args.threads)
+    inputs = {}
+
+    def matrix(rows, cols):
+        if (rows, cols) not in inputs:
+            gen = torch.Generator().manual_seed(1)
+            inputs[(rows, cols)] = torch.rand(rows, cols, generator=gen) * 2 - 1
+        return inputs[(rows, cols)]
+
+    def run_ms(rows, cols):
+        grad = matrix(rows, cols)
+        start = time.perf_counter()
+        zeropower_fp32(torch, grad, QUINTIC, args.steps, EPS)
+        return (time.perf_counter() - start) * 1e3
+
+    if args.serve:
+        for line in sys.stdin:
+            line = line.strip()
+            if not line:
+                continue
+            rows, _, cols = line.partition("x")
+            print(f"ms {run_ms(int(rows), int(cols)):.3f}", flush=True)
+        return 0
+    print(f"torch {torch.__version__} CPU | threads {torch.get_num_threads()} | "
+          f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')} | "
+          f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', '(unset)')}")
+    print(f"NS: PyTorch 2.9 _zeropower_via_newtonschulz in fp32 (addmm), "
+          f"{args.steps} steps, 1 warm-up + {args.repeats} timed runs")
+    print(f"{'size':<11} {'NS best':>10} {'NS median':>10} {'GF/s':>7}")
+    for rows, cols in parse_sizes(args.sizes):
+        m, n = min(rows, cols), max(rows, cols)
+        run_ms(rows, cols)
+        times = [run_ms(rows, cols) for _ in range(args.repeats)]
+        best = min(times)
+        flops = args.steps * (4.0 * m * m * n + 2.0 * m ** 3)
+        print(f"{rows}x{cols:<{10 - len(str(rows))}} {best:>8.1f}ms "
+              f"{statistics.median(times):>8.1f}ms {flops / best / 1e6:>7.1f}",
+              flush=True)
+    return 0
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1024x1024,4096x4096,4096x11008,8192x8192")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--gemm_size", type=int, default=8192)
+    parser.add_argument("--cpu", action="store_true",
+                        help="fp32 on the CPU instead of bf16 on a CUDA GPU")
+    parser.add_argument("--serve", action="store_true",
+                        help="with --cpu: answer 'RxC' lines on stdin")
+    parser.add_argument("--threads", type=int, default=2,
+                        help="with --cpu: torch.set_num_threads")
     args = parser.parse_args()
+    if args.cpu:
+        if args.sizes == parser.get_default("sizes"):
+            args.sizes = "1024x1024,2048x2048,1024x4096,4096x1024"
+        if args.repeats == parser.get_default("repeats"):
+            args.repeats = 5
+        return cpu_main(args)
 
     try:
         import torch
