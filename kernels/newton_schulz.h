@@ -201,7 +201,8 @@ class NewtonSchulzWorkspace {
 //   X = Q X;                                (sgemm, 2*m*m*n)
 // i.e. per block 3*m*m*n + (7L - 6)*m^3 FLOPs against L*(3*m*m*n + m^3)
 // for kStandard: fewer when n is several times m (1024x4096, k = 5,
-// restart 2: 1.9e11 vs 3.3e11), more for square matrices. Exact in exact
+// restart 2: 5.7e10 vs 7.0e10; restart 5: 4.4e10), more for square ones
+// (2048x2048, restart 2: 2.2e11 vs 1.7e11). Exact in exact
 // arithmetic; in fp32 R's small eigenvalues lose relative accuracy (Gram
 // squares the condition number), which the restart bounds. Measured
 // against the float64 reference: docs/benchmarks.md and
