@@ -272,6 +272,7 @@ absl::StatusOr<muon::MuonOptions> ToMuonOptions(const muonrt_options& o) {
   m.ns_steps = o.ns_steps;
   if (o.adjust_lr_fn != nullptr) m.adjust_lr_fn = o.adjust_lr_fn;
   if (o.ns_schedule != nullptr) m.ns_schedule = o.ns_schedule;
+  if (o.ns_method != nullptr) m.ns_method = o.ns_method;
   if (o.transactional_step != 0 && o.transactional_step != 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("muonrt_options: transactional_step ",
@@ -522,6 +523,7 @@ void muonrt_options_default(muonrt_options* options) {
   options->ns_steps = m.ns_steps;
   options->adjust_lr_fn = nullptr;
   options->ns_schedule = nullptr;
+  options->ns_method = nullptr;
   options->async_gpu_parallelism = d.async_gpu_parallelism ? 1 : 0;
   options->prefetch_count = d.prefetch_count;
   options->assignment_policy = nullptr;

@@ -31,7 +31,7 @@ extern "C" {
 #endif
 
 /* Incremented on any incompatible change of this header. */
-#define MUONRT_ABI_VERSION 3
+#define MUONRT_ABI_VERSION 4
 
 /* Status codes (absl::StatusCode values). */
 #define MUONRT_OK 0
@@ -132,6 +132,9 @@ typedef struct {
    * matrices, results stay bitwise the same (execution.replan_every_steps;
    * ABI version 3). */
   int replan_every_steps;
+  /* Newton-Schulz method: "standard" (NULL) or "gram" (iterate on the
+   * m x m Gram matrix; CPU only; MuonOptions::ns_method; ABI version 4). */
+  const char* ns_method;
 } muonrt_options;
 
 /* Fills `options` with the defaults above. */

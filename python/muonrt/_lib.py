@@ -19,7 +19,7 @@ import os
 import threading
 
 # Must equal MUONRT_ABI_VERSION of capi/muonrt.h.
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 # Status codes (absl::StatusCode values, capi/muonrt.h).
 OK = 0
@@ -186,6 +186,7 @@ class muonrt_options(ctypes.Structure):
         ("bucket_size_bytes", ctypes.c_int64),
         ("transactional_step", ctypes.c_int),
         ("replan_every_steps", ctypes.c_int),
+        ("ns_method", ctypes.c_char_p),
     ]
 
 

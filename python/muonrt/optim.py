@@ -177,6 +177,8 @@ class Muon(torch.optim.Optimizer):
         ownership restriction); expert_stacks (names of 3-D
         [experts, rows, cols] parameters: each slice is its own matrix).
     Runtime (keyword-only): ns_schedule ("quintic" | "polar_express"),
+        ns_method ("standard" | "gram": iterate on the m x m Gram matrix,
+        CPU only),
         async_gpu_parallelism (bool), prefetch_count (int),
         assignment_policy ("lpt" | "round_robin"), bucket_size_bytes (int),
         transactional_step (bool, False: a step that fails on any rank
@@ -201,7 +203,8 @@ class Muon(torch.optim.Optimizer):
                  eps=EPS, ns_steps=DEFAULT_NS_STEPS, adjust_lr_fn=None, *,
                  process_group=None, mesh=None, placements=None,
                  global_shapes=None, sub_mesh=None, expert_stacks=(),
-                 ns_schedule=None, async_gpu_parallelism=False,
+                 ns_schedule=None, ns_method=None,
+                 async_gpu_parallelism=False,
                  prefetch_count=0, assignment_policy=None,
                  bucket_size_bytes=0, transactional_step=False,
                  replan_every_steps=0):
@@ -297,6 +300,7 @@ class Muon(torch.optim.Optimizer):
         self._resolve_layout(placements, global_shapes, sub_mesh)
         self._create(dict(
             ns_schedule=ns_schedule,
+            ns_method=ns_method,
             async_gpu_parallelism=async_gpu_parallelism,
             prefetch_count=prefetch_count,
             assignment_policy=assignment_policy,
@@ -567,6 +571,8 @@ class Muon(torch.optim.Optimizer):
         opts.adjust_lr_fn = (d["adjust_lr_fn"] or "original").encode()
         if runtime["ns_schedule"]:
             opts.ns_schedule = runtime["ns_schedule"].encode()
+        if runtime["ns_method"]:
+            opts.ns_method = runtime["ns_method"].encode()
         opts.async_gpu_parallelism = 1 if runtime["async_gpu_parallelism"] \
             else 0
         opts.prefetch_count = int(runtime["prefetch_count"])

@@ -206,7 +206,7 @@ static void ReferenceStep(double* W, const double* G, double* Buf, int rows,
 
 static void AbiVersion_IsTwo(void) {
   CHECK(muonrt_abi_version() == MUONRT_ABI_VERSION);
-  CHECK(MUONRT_ABI_VERSION == 3);
+  CHECK(MUONRT_ABI_VERSION == 4);
   CHECK(strcmp(muonrt_last_error(), "") == 0);
 done:;
 }
@@ -227,6 +227,7 @@ static void OptionsDefault_AreTorchDefaults(void) {
   CHECK(o.assignment_policy == NULL && o.bucket_size_bytes == 0);
   CHECK(o.transactional_step == 0);
   CHECK(o.replan_every_steps == 0);
+  CHECK(o.ns_method == NULL);
   muonrt_options_default(NULL); /* no-op */
 done:;
 }
