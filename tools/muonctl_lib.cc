@@ -77,30 +77,6 @@ std::string Shape(int64_t r, int64_t c) {
   return absl::StrCat("[", r, ", ", c, "]");
 }
 
-// `value` with the largest prefix that keeps it >= 1, 3 significant
-// digits: "52.8 kFLOP", "9.81 GFLOP", "11.0 TFLOP" (SI, 1000).
-std::string Flops(double value) {
-  static const char* const kPrefix[] = {"", "k", "M", "G", "T", "P", "E"};
-  int k = 0;
-  while (k < 6 && std::abs(value) >= 1000) {
-    value /= 1000;
-    ++k;
-  }
-  return absl::StrFormat("%.3g %sFLOP", value, kPrefix[k]);
-}
-
-// Bytes in binary units: "512 B", "1.50 KiB", "3.20 MiB", "1.07 GiB".
-std::string Bytes(double value) {
-  static const char* const kUnit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  int k = 0;
-  while (k < 5 && std::abs(value) >= 1024) {
-    value /= 1024;
-    ++k;
-  }
-  return k == 0 ? absl::StrFormat("%.0f B", value)
-                : absl::StrFormat("%.3g %s", value, kUnit[k]);
-}
-
 Json FieldJson(const google::protobuf::Message& m,
                const google::protobuf::FieldDescriptor* f, int index);
 
@@ -230,13 +206,10 @@ int CmdPlan(const std::vector<std::string>&, std::ostream& out,
                                         holders, "/", ml.boxes.size(), ")"),
                            Flops(m.ns_flops()));
   }
-  // Per rank: load, bytes per step and buffer memory (exact exchange
-  // sizes; O(ranks^2 x matrices) to compute, so only for smaller jobs).
-  const bool traffic = static_cast<int64_t>(plan.world_size()) *
-                           plan.world_size() * plan.matrices_size() <=
-                       (int64_t{1} << 28);
-  const std::vector<RankTraffic> t =
-      traffic ? PlanTraffic(*p) : std::vector<RankTraffic>();
+  // Per rank: load, bytes per step and buffer memory (empty above
+  // PlanTraffic's size bound).
+  const std::vector<RankTraffic> t = PlanTraffic(*p);
+  const bool traffic = !t.empty();
   out << absl::StrFormat("%-6s %9s %12s %12s %12s %12s %12s\n", "rank",
                          "matrices", "NS per step", "gathered", "sent",
                          "received", "peak buffer");
@@ -249,7 +222,8 @@ int CmdPlan(const std::vector<std::string>&, std::ostream& out,
         traffic ? Bytes(t[r].peak_buffer) : "-");
   }
   if (!traffic) {
-    out << "(bytes per rank not computed: ranks^2 x matrices above 2^28)\n";
+    out << "(bytes per rank not computed: ranks^2 x matrices above "
+           "kMaxTrafficWork)\n";
   }
   // Both policies side by side.
   for (const char* policy : {"lpt", "round_robin"}) {
@@ -677,11 +651,7 @@ int CmdReport(const std::vector<std::string>&, std::ostream& out,
   in.round_robin = std::move(rr->plan);
   in.lower_bound_flops = LoadLowerBoundFlops(in.plan.plan);
   const v1::Plan& plan = in.plan.plan;
-  if (static_cast<int64_t>(plan.world_size()) * plan.world_size() *
-          plan.matrices_size() <=
-      (int64_t{1} << 28)) {
-    in.traffic = PlanTraffic(in.plan);
-  }
+  in.traffic = PlanTraffic(in.plan);
   if (live != nullptr) {
     absl::StatusOr<v1::GetReportsResponse> reports =
         live->GetReports(/*rank=*/-1, F().last_steps);

@@ -15,9 +15,37 @@
 
 namespace muon {
 
+// `value` with the largest prefix that keeps it >= 1, 3 significant
+// digits: "52.8 kFLOP", "9.81 GFLOP", "11.0 TFLOP" (SI, 1000).
+std::string Flops(double value) {
+  static const char* const kPrefix[] = {"", "k", "M", "G", "T", "P", "E"};
+  int k = 0;
+  while (k < 6 && std::abs(value) >= 1000) {
+    value /= 1000;
+    ++k;
+  }
+  return absl::StrFormat("%.3g %sFLOP", value, kPrefix[k]);
+}
+
+// Bytes in binary units: "512 B", "1.50 KiB", "3.20 MiB", "1.07 GiB".
+std::string Bytes(double value) {
+  static const char* const kUnit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int k = 0;
+  while (k < 5 && std::abs(value) >= 1024) {
+    value /= 1024;
+    ++k;
+  }
+  return k == 0 ? absl::StrFormat("%.0f B", value)
+                : absl::StrFormat("%.3g %s", value, kUnit[k]);
+}
+
 std::vector<RankTraffic> PlanTraffic(const JobPlan& job) {
   const v1::Plan& plan = job.plan;
   const int world = plan.world_size();
+  if (static_cast<int64_t>(world) * world * plan.matrices_size() >
+      kMaxTrafficWork) {
+    return {};
+  }
   std::vector<RankTraffic> t(world);
   std::vector<int64_t> max_send(world, 0), max_recv(world, 0),
       max_slot(world, 0);
@@ -81,20 +109,6 @@ std::string Escape(const std::string& s) {
   return out;
 }
 
-// "18.6 TFLOP" (SI prefixes) or, for unit "B", "849 MiB" (binary).
-std::string Scaled(double value, const std::string& unit) {
-  static const char* const kSi[] = {"", "k", "M", "G", "T", "P", "E"};
-  static const char* const kBin[] = {"", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"};
-  const bool binary = unit == "B";
-  const double base = binary ? 1024 : 1000;
-  int k = 0;
-  while (k < 6 && std::abs(value) >= base) {
-    value /= base;
-    ++k;
-  }
-  return absl::StrFormat("%.3g %s%s", value, binary ? kBin[k] : kSi[k], unit);
-}
-
 constexpr int kWidth = 960;  // SVG width, px
 constexpr int kLeft = 64;    // left margin (axis labels)
 constexpr int kRight = 16;
@@ -125,7 +139,8 @@ std::string Bars(const std::string& title, const std::string& unit,
   svg += absl::StrFormat(
       "<text x=\"4\" y=\"14\" class=\"axis\">%s</text>\n"
       "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" class=\"axis\"/>\n",
-      Escape(Scaled(top, unit)), kLeft, base, kWidth - kRight, base);
+      Escape(unit == "B" ? Bytes(top) : Flops(top)), kLeft, base,
+      kWidth - kRight, base);
   for (size_t k = 0; k < values.size(); ++k) {
     for (int r = 0; r < ranks; ++r) {
       const double h = plot * values[k][r] / top;
@@ -133,7 +148,8 @@ std::string Bars(const std::string& title, const std::string& unit,
           "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" "
           "fill=\"%s\"><title>rank %d, %s: %s</title></rect>\n",
           kLeft + r * slot + k * bar, base - h, bar, h, kColors[k % 6], r,
-          Escape(series[k]), Escape(Scaled(values[k][r], unit)));
+          Escape(series[k]),
+          Escape(unit == "B" ? Bytes(values[k][r]) : Flops(values[k][r])));
     }
   }
   if (line > 0) {

@@ -25,9 +25,20 @@ struct RankTraffic {
   int64_t peak_buffer = 0;
 };
 
+// Largest world^2 x matrices PlanTraffic computes (2^28).
+inline constexpr int64_t kMaxTrafficWork = int64_t{1} << 28;
+
 // RankTraffic of every rank of `job` (index = rank). O(world^2 x
-// matrices) time: the exchange lists of every rank and bucket.
+// matrices) time: the exchange lists of every rank and bucket; empty when
+// world^2 x matrices exceeds kMaxTrafficWork.
 std::vector<RankTraffic> PlanTraffic(const JobPlan& job);
+
+// FLOPs with the largest SI prefix that keeps the value >= 1, 3
+// significant digits: "52.8 kFLOP", "9.81 GFLOP", "11 TFLOP".
+std::string Flops(double value);
+
+// Bytes in binary units: "512 B", "1.5 KiB", "3.2 MiB", "1.07 GiB".
+std::string Bytes(double value);
 
 // The inputs of the report page.
 struct ReportInput {
