@@ -8,14 +8,15 @@
 namespace muon {
 
 std::vector<double> MeasuredSecondsPerFlop(
-    const std::vector<std::vector<v1::StepReport>>& reports,
+    const std::vector<const std::vector<v1::StepReport>*>& reports,
     int64_t after_step) {
   const size_t world = reports.size();
   std::vector<double> measured(world, 0.0);
   std::vector<double> known;
   for (size_t r = 0; r < world; ++r) {
     double seconds = 0, flops = 0;
-    for (const v1::StepReport& report : reports[r]) {
+    if (reports[r] == nullptr) continue;
+    for (const v1::StepReport& report : *reports[r]) {
       if (report.step() <= after_step) continue;
       for (const v1::OpTiming& op : report.ops()) {
         if (op.op() != "orthogonalize" || !(op.flops() > 0)) continue;

@@ -26,12 +26,13 @@ namespace muon {
 // Per rank, its Newton-Schulz seconds per FLOP measured in the reports of
 // steps > `after_step`: sum of its "orthogonalize" operations' seconds
 // (end_s - start_s) / sum of their FLOPs (OpTiming.flops).
-// `reports[r]` are rank r's kept reports (any order; may be empty). A rank
+// `reports[r]` points to rank r's kept reports (any order; null or empty
+// for none; not copied: the coordinator passes its rings). A rank
 // without a measurement (it owned nothing, or no report arrived yet) gets
 // the median of the measured ranks. Returns an empty vector when no rank
 // has a measurement.
 std::vector<double> MeasuredSecondsPerFlop(
-    const std::vector<std::vector<v1::StepReport>>& reports,
+    const std::vector<const std::vector<v1::StepReport>*>& reports,
     int64_t after_step);
 
 // The plan for steps `step` + 1 on: MakePlan(layout, options) with

@@ -764,9 +764,9 @@ absl::StatusOr<v1::ReplanResponse> CoordinatorService::Replan(
         "rank ", request.rank(), " asked to re-plan at step ", step,
         " but the oldest kept re-plan is at step ", replans_.begin()->first));
   }
-  std::vector<std::vector<v1::StepReport>> reports(world_size_);
+  std::vector<const std::vector<v1::StepReport>*> reports(world_size_, nullptr);
   for (const auto& [rank, info] : ranks_) {
-    if (rank >= 0 && rank < world_size_) reports[rank] = info.reports;
+    if (rank >= 0 && rank < world_size_) reports[rank] = &info.reports;
   }
   const std::vector<double> seconds_per_flop = MeasuredSecondsPerFlop(
       reports, std::max<int64_t>(plan_.first_step(), 1) - 1);

@@ -42,13 +42,16 @@ TEST(ReplanTest, MeasuredSecondsPerFlop_RatioPerRank_MedianForUnmeasured) {
   reports[2] = {Report(2, 2, 1e9, 8.0)};                          // 8e-9
   // Rank 3 measured only before the window: the median (of 1, 2, 8: 2).
   reports[3] = {Report(3, 0, 1e9, 100.0)};
-  const std::vector<double> m = MeasuredSecondsPerFlop(reports, 0);
+  const std::vector<const std::vector<v1::StepReport>*> rings = {
+      &reports[0], &reports[1], &reports[2], &reports[3]};
+  const std::vector<double> m = MeasuredSecondsPerFlop(rings, 0);
   ASSERT_EQ(m.size(), 4u);
   EXPECT_DOUBLE_EQ(m[0], 2e-9);
   EXPECT_DOUBLE_EQ(m[1], 1e-9);
   EXPECT_DOUBLE_EQ(m[2], 8e-9);
   EXPECT_DOUBLE_EQ(m[3], 2e-9);
-  EXPECT_TRUE(MeasuredSecondsPerFlop(reports, 5).empty());  // nothing after
+  EXPECT_TRUE(MeasuredSecondsPerFlop(rings, 5).empty());  // nothing after
+  EXPECT_TRUE(MeasuredSecondsPerFlop({nullptr, nullptr}, 0).empty());
 }
 
 class ReplanPlanTest : public ::testing::Test {
