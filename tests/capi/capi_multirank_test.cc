@@ -25,6 +25,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/free_port.h"
 #include "tools/launcher.h"
 
 namespace muon {
@@ -48,23 +49,6 @@ int64_t ChunkRows(int64_t n, int parts, int index) {
   const int64_t begin = std::min(n, chunk * index);
   const int64_t end = std::min(n, chunk * (index + 1));
   return end - begin;
-}
-
-// A TCP port on 127.0.0.1 that was free a moment ago (0 on failure).
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return 0;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return port;
 }
 
 // Waits until 127.0.0.1:`port` accepts connections, up to `timeout`.
@@ -102,7 +86,7 @@ std::vector<std::string> CommonEnv() { return {"OPENBLAS_NUM_THREADS=1"}; }
 // `timeout`).
 std::vector<int> RunRanks(const std::string& mode, const std::string& dir,
                           const std::string& job_id, absl::Duration timeout) {
-  const int port = FreePort();
+  const int port = ::muon::testing::FreePort();
   EXPECT_GT(port, 1);
   std::vector<pid_t> pids;
   for (int r = 0; r < kWorld; ++r) {

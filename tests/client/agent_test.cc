@@ -267,6 +267,30 @@ void JoinAll(std::vector<std::unique_ptr<Agent>>& agents,
   for (std::thread& t : threads) t.join();
 }
 
+// Two ranks' agents (incarnations `incarnation` + rank) joined to one
+// in-process CoordinatorService with `heartbeat_timeout`.
+struct LocalJob {
+  LocalJob(absl::Duration heartbeat_timeout, const Agent::Options& options,
+           uint64_t incarnation)
+      : service([&] {
+          CoordinatorService::Options o;
+          o.job_id = "agent";
+          o.heartbeat_timeout = heartbeat_timeout;
+          return o;
+        }()) {
+    for (int r = 0; r < 2; ++r) {
+      clients.push_back(std::make_unique<LocalCoordinationClient>(&service));
+      agents.push_back(std::make_unique<Agent>(clients.back().get(), r,
+                                               incarnation + r, options));
+    }
+    JoinAll(agents, TwoRankManifests());
+  }
+
+  CoordinatorService service;
+  std::vector<std::unique_ptr<LocalCoordinationClient>> clients;
+  std::vector<std::unique_ptr<Agent>> agents;
+};
+
 // The acceptance test: a step never waits on the report queue, even
 // with the coordinator stopped; Stop stays bounded.
 TEST(AgentTest, Report_CoordinatorStopped_NeverBlocksAndStopBounded) {
@@ -334,21 +358,12 @@ TEST(AgentTest, Report_CoordinatorStopped_NeverBlocksAndStopBounded) {
 // The acceptance test: a rank whose heartbeats stop is marked lost
 // within the timeout (200 ms here; agents beat every 20 ms).
 TEST(AgentTest, Heartbeats_AgentStopped_RankLostWithinTimeout) {
-  CoordinatorService::Options service_options;
-  service_options.job_id = "agent";
-  service_options.heartbeat_timeout = absl::Milliseconds(200);
-  CoordinatorService service(service_options);
-  std::vector<std::unique_ptr<LocalCoordinationClient>> clients;
-  std::vector<std::unique_ptr<Agent>> agents;
   Agent::Options options;
   options.heartbeat_interval = absl::Milliseconds(20);
   options.leave_on_stop = false;  // Stop stands for a crash here
-  for (int r = 0; r < 2; ++r) {
-    clients.push_back(std::make_unique<LocalCoordinationClient>(&service));
-    agents.push_back(
-        std::make_unique<Agent>(clients.back().get(), r, 900 + r, options));
-  }
-  JoinAll(agents, TwoRankManifests());
+  LocalJob job(absl::Milliseconds(200), options, 900);
+  CoordinatorService& service = job.service;
+  std::vector<std::unique_ptr<Agent>>& agents = job.agents;
   for (auto& a : agents) a->Start();
 
   auto states = [&] {
@@ -385,18 +400,8 @@ TEST(AgentTest, Heartbeats_AgentStopped_RankLostWithinTimeout) {
 // reported; the coordinator makes it the job error and the other rank's
 // agent gets it with its next heartbeat and runs its abort callback.
 TEST(AgentTest, OnStepFailed_OwnError_ReportedOtherRankAbortsNamingIt) {
-  CoordinatorService::Options service_options;
-  service_options.job_id = "agent";
-  service_options.heartbeat_timeout = absl::Milliseconds(300);
-  CoordinatorService service(service_options);
-  std::vector<std::unique_ptr<LocalCoordinationClient>> clients;
-  std::vector<std::unique_ptr<Agent>> agents;
-  for (int r = 0; r < 2; ++r) {
-    clients.push_back(std::make_unique<LocalCoordinationClient>(&service));
-    agents.push_back(std::make_unique<Agent>(clients.back().get(), r, 700 + r,
-                                             Agent::Options()));
-  }
-  JoinAll(agents, TwoRankManifests());
+  LocalJob job(absl::Milliseconds(300), Agent::Options(), 700);
+  std::vector<std::unique_ptr<Agent>>& agents = job.agents;
   EXPECT_EQ(agents[0]->heartbeat_timeout(), absl::Milliseconds(300));
   EXPECT_EQ(agents[0]->heartbeat_interval(), absl::Milliseconds(60));
   std::atomic<int> aborts{0};
@@ -427,18 +432,9 @@ TEST(AgentTest, OnStepFailed_OwnError_ReportedOtherRankAbortsNamingIt) {
 // the coordinator makes it the job error so that the ranks whose own
 // neighbours agree learn it too.
 TEST(AgentTest, ConfirmPlanHash_OneRankDiffers_NamedAndJobFailsForAll) {
-  CoordinatorService::Options service_options;
-  service_options.job_id = "agent";
-  service_options.heartbeat_timeout = absl::Seconds(30);
-  CoordinatorService service(service_options);
-  std::vector<std::unique_ptr<LocalCoordinationClient>> clients;
-  std::vector<std::unique_ptr<Agent>> agents;
-  for (int r = 0; r < 2; ++r) {
-    clients.push_back(std::make_unique<LocalCoordinationClient>(&service));
-    agents.push_back(std::make_unique<Agent>(clients.back().get(), r, 800 + r,
-                                             Agent::Options()));
-  }
-  JoinAll(agents, TwoRankManifests());
+  LocalJob job(absl::Seconds(30), Agent::Options(), 800);
+  CoordinatorService& service = job.service;
+  std::vector<std::unique_ptr<Agent>>& agents = job.agents;
   std::vector<absl::Status> results(2);
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r) {
@@ -452,29 +448,19 @@ TEST(AgentTest, ConfirmPlanHash_OneRankDiffers_NamedAndJobFailsForAll) {
                                    HasSubstr("rank 1 holds plan bbbb")));
   EXPECT_THAT(results[1], StatusIs(absl::StatusCode::kFailedPrecondition,
                                    HasSubstr("rank 0 holds plan aaaa")));
-  absl::StatusOr<v1::JobInfo> job = service.GetJob(v1::GetJobRequest());
-  ASSERT_THAT(job, IsOk());
-  EXPECT_EQ(job->state(), "failed");
-  EXPECT_THAT(job->error(), HasSubstr("every rank must run the same plan"));
+  absl::StatusOr<v1::JobInfo> info = service.GetJob(v1::GetJobRequest());
+  ASSERT_THAT(info, IsOk());
+  EXPECT_EQ(info->state(), "failed");
+  EXPECT_THAT(info->error(), HasSubstr("every rank must run the same plan"));
 }
 
 // A communication error while a peer died: the coordinator names the peer
 // (lost after the heartbeat timeout), within 2x the timeout.
 TEST(AgentTest, OnStepFailed_CommErrorPeerCrashed_NamesPeerWithinTwiceTimeout) {
-  CoordinatorService::Options service_options;
-  service_options.job_id = "agent";
-  service_options.heartbeat_timeout = absl::Milliseconds(300);
-  CoordinatorService service(service_options);
-  std::vector<std::unique_ptr<LocalCoordinationClient>> clients;
-  std::vector<std::unique_ptr<Agent>> agents;
   Agent::Options options;
   options.leave_on_stop = false;  // Stop stands for a crash
-  for (int r = 0; r < 2; ++r) {
-    clients.push_back(std::make_unique<LocalCoordinationClient>(&service));
-    agents.push_back(
-        std::make_unique<Agent>(clients.back().get(), r, 800 + r, options));
-  }
-  JoinAll(agents, TwoRankManifests());
+  LocalJob job(absl::Milliseconds(300), options, 800);
+  std::vector<std::unique_ptr<Agent>>& agents = job.agents;
   for (auto& a : agents) a->Start();
   agents[1]->Stop(absl::ZeroDuration());
   const absl::Time crashed = absl::Now();

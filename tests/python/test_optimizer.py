@@ -79,12 +79,15 @@ def test_defaults_are_torch_defaults():
     assert g["param_names"] == ["w"]
 
 
-def test_default_options_step_matches_reference():
-    init, grads = make_problem(seed=3)
+def check_against_reference(seed, ref_kw=None, **muon_kw):
+    """STEPS steps of muonrt.Muon(**muon_kw) and of the float64 reference
+    (ReferenceMuon(**ref_kw), default: the same arguments) on one problem;
+    every parameter agrees (assert_close)."""
+    init, grads = make_problem(seed=seed)
     params = params_of(init)
-    opt = muonrt.Muon(list(params.items()))
+    opt = muonrt.Muon(list(params.items()), **muon_kw)
     ref_params = [w.clone() for w in init.values()]
-    ref = ReferenceMuon(ref_params)
+    ref = ReferenceMuon(ref_params, **(muon_kw if ref_kw is None else ref_kw))
     for k in range(STEPS):
         for n, p in params.items():
             p.grad = grads[k][n].clone()
@@ -92,22 +95,15 @@ def test_default_options_step_matches_reference():
         ref.step([grads[k][n] for n in params])
     for (n, p), r in zip(params.items(), ref_params):
         assert_close(p.detach(), r, init[n], what=n)
+
+
+def test_default_options_step_matches_reference():
+    check_against_reference(seed=3)
 
 
 def test_custom_ns_coefficients_steps_eps():
-    init, grads = make_problem(seed=4)
-    params = params_of(init)
-    kw = dict(lr=0.01, ns_coefficients=(3.0, -3.2, 1.2), ns_steps=3, eps=1e-6)
-    opt = muonrt.Muon(list(params.items()), **kw)
-    ref_params = [w.clone() for w in init.values()]
-    ref = ReferenceMuon(ref_params, **kw)
-    for k in range(STEPS):
-        for n, p in params.items():
-            p.grad = grads[k][n].clone()
-        opt.step()
-        ref.step([grads[k][n] for n in params])
-    for (n, p), r in zip(params.items(), ref_params):
-        assert_close(p.detach(), r, init[n], what=n)
+    check_against_reference(seed=4, lr=0.01, ns_coefficients=(3.0, -3.2, 1.2),
+                            ns_steps=3, eps=1e-6)
 
 
 def test_bfloat16_parameters_match_reference_within_bf16_rounding():
@@ -336,18 +332,7 @@ def test_gram_newton_schulz_method_steps_close_to_reference():
     # ns_method="gram" (issue 14): iterate on the m x m Gram matrix; its
     # error against float64 is ~2e-6 relative (docs/benchmarks.md), within
     # the tolerance of the standard method's check.
-    init, grads = make_problem(seed=5)
-    params = params_of(init)
-    opt = muonrt.Muon(list(params.items()), ns_method="gram")
-    ref_params = [w.clone() for w in init.values()]
-    ref = ReferenceMuon(ref_params)
-    for k in range(STEPS):
-        for n, p in params.items():
-            p.grad = grads[k][n].clone()
-        opt.step()
-        ref.step([grads[k][n] for n in params])
-    for (n, p), r in zip(params.items(), ref_params):
-        assert_close(p.detach(), r, init[n], what=n)
+    check_against_reference(seed=5, ref_kw={}, ns_method="gram")
 
 
 def test_unknown_ns_method_is_refused_naming_it():

@@ -23,6 +23,7 @@
 #include "coordination/credentials.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/free_port.h"
 #include "tests/status_matchers.h"
 
 namespace muon {
@@ -156,23 +157,6 @@ void StopDaemon(pid_t pid) {
   }
 }
 
-// A free loopback port (bound, read back, closed: another process could take
-// it before the daemon does, which is unlikely in a test sandbox).
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return port;
-}
-
 // GET http://127.0.0.1:port/path over a plain socket (HTTP/1.0).
 std::string HttpGet(int port, const std::string& path) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -209,7 +193,7 @@ TEST(MuonCoordinatorMainTest, Daemon_LogsRejectedRequestsAndServesMetrics) {
   const std::string out_file = TestTmp() + "/logs.stdout";
   const std::string err_file = TestTmp() + "/logs.stderr";
   std::remove(port_file.c_str());
-  const int metrics_port = FreePort();
+  const int metrics_port = ::muon::testing::FreePort();
   ASSERT_GT(metrics_port, 0);
   const std::string binary = "server/muon-coordinator";
   const std::string port_flag = "--port_file=" + port_file;
