@@ -22,10 +22,16 @@
 // root (the script path is relative): bazel-bin/tools/ns_bench --torch.
 // Each timed NS and torch run starts after --pause_ms (200) of idle time:
 // OpenBLAS's threads busy-wait for about 0.1 s after a call and would
-// otherwise steal the other process's cores.
+// otherwise steal the other process's cores. "paired x" is the median over
+// the repeats of torch / ours within one repeat: the two runs are seconds
+// apart, so a drift of the VM's speed over the whole run cancels.
+//
+// --gram (with --method standard): also times the Gram method (kGram,
+// default restart period) in the same loop and prints its best time and
+// standard best / gram best (> 1: Gram faster).
 //
 // Usage: ns_bench [--sizes 1024x1024,2048x2048] [--repeats 3] [--steps 5]
-//                 [--method standard|gram] [--torch] [--python
+//                 [--method standard|gram] [--gram] [--torch] [--python
 //                 /usr/bin/python3]
 //                 [--torch_script tools/torch_ns_bench.py]
 #include <cblas.h>
@@ -72,6 +78,8 @@ ABSL_FLAG(int, repeats, 5, "Timed runs after one warm-up.");
 ABSL_FLAG(int, steps, 5, "Newton-Schulz iterations.");
 ABSL_FLAG(std::string, method, "standard",
           "Newton-Schulz method: standard or gram.");
+ABSL_FLAG(bool, gram, false,
+          "With --method standard: also time the Gram method, interleaved.");
 ABSL_FLAG(bool, torch, false,
           "Also time PyTorch's fp32 Newton-Schulz, interleaved.");
 ABSL_FLAG(int, pause_ms, 200,
@@ -92,6 +100,7 @@ constexpr char kUsage[] =
     "  --repeats  timed runs after one warm-up (default 5)\n"
     "  --steps    Newton-Schulz iterations (default 5)\n"
     "  --method   standard (default) or gram\n"
+    "  --gram     with --method standard: also time gram, interleaved\n"
     "  --torch    also time PyTorch's fp32 NS, interleaved (run from the\n"
     "             repository root; --python, --torch_script)\n";
 
@@ -205,6 +214,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.method = *method;
+  const bool with_gram = absl::GetFlag(FLAGS_gram);
+  if (with_gram &&
+      options.method != muon::kernels::NewtonSchulzMethod::kStandard) {
+    std::fprintf(stderr, "ns_bench: --gram needs --method standard\n%s",
+                 kUsage);
+    return 2;
+  }
+  muon::kernels::NewtonSchulzOptions gram_options = options;
+  gram_options.method = muon::kernels::NewtonSchulzMethod::kGram;
   const bool with_torch = absl::GetFlag(FLAGS_torch);
   TorchServer torch;
   if (with_torch && !torch.Start(absl::GetFlag(FLAGS_python),
@@ -227,13 +245,15 @@ int main(int argc, char** argv) {
       "(ssyrk = half) / time, over the sgemm rate\n\n");
   std::printf("%-11s %5s %5s %10s %10s %9s %10s %8s", "size", "m", "n",
               "NS best", "NS median", "NS GF/s", "sgemm GF/s", "NS/gemm");
+  if (with_gram) std::printf(" %10s %8s", "gram best", "std/gram");
   if (with_torch) {
-    std::printf(" %11s %11s %9s %9s", "torch best", "torch med", "best x",
-                "median x");
+    std::printf(" %11s %11s %9s %9s %9s", "torch best", "torch med", "best x",
+                "median x", "paired x");
   }
   std::printf("\n");
 
   muon::kernels::NewtonSchulzWorkspace workspace;
+  muon::kernels::NewtonSchulzWorkspace gram_workspace;
   for (const Shape& shape : shapes) {
     const int64_t rows = shape.rows;
     const int64_t cols = shape.cols;
@@ -251,6 +271,12 @@ int main(int argc, char** argv) {
       status = muon::kernels::NewtonSchulz(u.data(), rows, cols, options,
                                            out.data(), &workspace);
     };
+    std::vector<float> gram_out(with_gram ? u.size() : 0);
+    auto run_gram = [&] {
+      absl::Status s = muon::kernels::NewtonSchulz(
+          u.data(), rows, cols, gram_options, gram_out.data(), &gram_workspace);
+      if (!s.ok()) status = s;
+    };
     auto run_gemm = [&] {
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, m, n, 1.0f,
                   x.data(), n, x.data(), n, 0.0f, gram.data(), m);
@@ -259,16 +285,22 @@ int main(int argc, char** argv) {
     // state (shared 2-core VMs drift by 2x over seconds).
     run_ns();
     run_gemm();
+    if (with_gram) run_gram();
     if (with_torch && torch.RunMs(rows, cols) < 0) {
       std::fprintf(stderr, "ns_bench: torch_ns_bench.py did not answer\n");
       return 1;
     }
-    std::vector<double> ns_seconds, gemm_seconds, torch_seconds;
+    std::vector<double> ns_seconds, gemm_seconds, gram_seconds, torch_seconds;
+    std::vector<double> paired;  // torch / ours, per repeat
     const int pause_us = with_torch ? absl::GetFlag(FLAGS_pause_ms) * 1000 : 0;
     for (int r = 0; r < repeats; ++r) {
       usleep(pause_us);
       ns_seconds.push_back(Seconds(run_ns));
       gemm_seconds.push_back(Seconds(run_gemm));
+      if (with_gram) {
+        usleep(pause_us);
+        gram_seconds.push_back(Seconds(run_gram));
+      }
       if (with_torch) {
         usleep(pause_us);
         const double ms = torch.RunMs(rows, cols);
@@ -277,6 +309,7 @@ int main(int argc, char** argv) {
           return 1;
         }
         torch_seconds.push_back(ms * 1e-3);
+        paired.push_back(torch_seconds.back() / ns_seconds.back());
       }
     }
     if (!status.ok()) {
@@ -299,10 +332,15 @@ int main(int argc, char** argv) {
     std::printf("%-11s %5d %5d %8.1fms %8.1fms %9.1f %10.1f %8.2f", size, m, n,
                 ns.best * 1e3, ns.median * 1e3, ns_gflops, gemm_gflops,
                 ns_executed_gflops / gemm_gflops);
+    if (with_gram) {
+      const Timing g = Summarize(gram_seconds);
+      std::printf(" %8.1fms %8.2f", g.best * 1e3, ns.best / g.best);
+    }
     if (with_torch) {
       const Timing t = Summarize(torch_seconds);
-      std::printf(" %9.1fms %9.1fms %9.2f %9.2f", t.best * 1e3, t.median * 1e3,
-                  t.best / ns.best, t.median / ns.median);
+      std::printf(" %9.1fms %9.1fms %9.2f %9.2f %9.2f", t.best * 1e3,
+                  t.median * 1e3, t.best / ns.best, t.median / ns.median,
+                  Summarize(paired).median);
     }
     std::printf("\n");
     std::fflush(stdout);
