@@ -3,8 +3,8 @@
 // This is the O <- NS_k(U) line of a Muon step (DESIGN.md sections 1 and 6):
 // the semantics of torch.optim.Muon's `_zeropower_via_newtonschulz`
 // (torch/optim/_muon.py, PyTorch 2.9) computed in float32 instead of
-// bfloat16, on cblas_sgemm with alpha/beta folding and transposes by GEMM
-// flags (no transpose copies).
+// bfloat16, on cblas_ssyrk / cblas_sgemm with the scalars folded into the
+// products and transposes by GEMM flags (no transpose copies).
 //
 // Determinism: our own reduction (the norm) is sequential in index order, so
 // the output bits are a function of the input bits, the options and the
@@ -171,16 +171,19 @@ class NewtonSchulzWorkspace {
 //   X /= max(norm_scale * ||X||_F, eps)  (norm accumulated in double,
 //        sequentially);
 //   for each iteration i, (a, b, c) = NewtonSchulzCoefficients(options, i) {
-//     A = X X^T;         (ssyrk: upper triangle, m*m*n FLOPs; then the lower
-//                         triangle mirrored)
-//     B = b*A + c*A*A;   (ssyrk on a copy of A, beta = b: A*A = A A^T since A
-//                         is symmetric, m^3 FLOPs; then mirrored)
-//     X = a*X + B*X;     (one sgemm, beta = a, on a copy of X, 2*m*m*n)
+//     A = X X^T;             (ssyrk: upper triangle, m*m*n FLOPs; then the
+//                             lower triangle mirrored)
+//     P = a I + b A + c A*A; (ssyrk, transposed form: A*A = A^T A since A is
+//                             symmetric, m^3 FLOPs; b A + a I added to the
+//                             upper triangle; then mirrored)
+//     X = P X;               (one sgemm, beta = 0, 2*m*m*n FLOPs: torch's
+//                             a*X + B*X with a folded into P's diagonal)
 //   }
 //   transpose back (by the same flags).
 // The symmetric products follow the Gram Newton-Schulz write-up (Dao AI
 // Lab, "Gram Newton-Schulz", 2026: symmetric GEMMs halve the X X^T and A*A
-// work). The mirrors are sequential copies, so determinism is unchanged: the
+// work). The mirrors are sequential copies and the additions elementwise
+// (built with -ffp-contract=off), so determinism is unchanged: the
 // bits depend on the input, the options, the OpenBLAS build, core type and
 // thread count only. Relative error against NewtonSchulzReference (float64)
 // stays below 1e-4 (tests/kernels/newton_schulz_test.cc).
