@@ -180,21 +180,48 @@ class TorchServer {
   FILE* from_ = nullptr;  // Child's stdout.
 };
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(kUsage);
-  absl::ParseCommandLine(argc, argv);
+// What to measure, from the flags.
+struct BenchConfig {
   std::vector<Shape> shapes;
-  const int repeats = absl::GetFlag(FLAGS_repeats);
-  const int steps = absl::GetFlag(FLAGS_steps);
-  if (!::muon::bench::ParseSizes(absl::GetFlag(FLAGS_sizes), "ns_bench",
-                                 &shapes) ||
-      repeats < 1 || steps < 1) {
-    std::fprintf(stderr, "ns_bench: bad flags\n%s", kUsage);
-    return 2;
-  }
+  int repeats = 0;
+  muon::kernels::NewtonSchulzOptions options;       // --method
+  muon::kernels::NewtonSchulzOptions gram_options;  // --gram
+  bool with_gram = false;
+  bool with_torch = false;
+  int pause_us = 0;  // Before each timed run, with --torch.
+};
 
+// Reads the flags into *config; false (usage printed) when one is bad.
+bool ParseConfig(BenchConfig* config) {
+  config->repeats = absl::GetFlag(FLAGS_repeats);
+  const int steps = absl::GetFlag(FLAGS_steps);
+  absl::StatusOr<muon::kernels::NewtonSchulzMethod> method =
+      muon::kernels::ParseNewtonSchulzMethod(absl::GetFlag(FLAGS_method));
+  if (!::muon::bench::ParseSizes(absl::GetFlag(FLAGS_sizes), "ns_bench",
+                                 &config->shapes) ||
+      config->repeats < 1 || steps < 1 || !method.ok()) {
+    std::fprintf(stderr, "ns_bench: bad flags%s%s\n%s", method.ok() ? "" : ": ",
+                 method.ok() ? "" : method.status().ToString().c_str(), kUsage);
+    return false;
+  }
+  config->options.steps = steps;
+  config->options.method = *method;
+  config->with_gram = absl::GetFlag(FLAGS_gram);
+  if (config->with_gram &&
+      *method != muon::kernels::NewtonSchulzMethod::kStandard) {
+    std::fprintf(stderr, "ns_bench: --gram needs --method standard\n%s",
+                 kUsage);
+    return false;
+  }
+  config->gram_options = config->options;
+  config->gram_options.method = muon::kernels::NewtonSchulzMethod::kGram;
+  config->with_torch = absl::GetFlag(FLAGS_torch);
+  config->pause_us =
+      config->with_torch ? absl::GetFlag(FLAGS_pause_ms) * 1000 : 0;
+  return true;
+}
+
+void PrintHeader(const BenchConfig& config) {
   const char* coretype_env = std::getenv("OPENBLAS_CORETYPE");
   const char* threads_env = std::getenv("OPENBLAS_NUM_THREADS");
   std::printf(
@@ -204,146 +231,162 @@ int main(int argc, char** argv) {
       coretype_env != nullptr ? coretype_env : "(unset)",
       threads_env != nullptr ? threads_env : "(unset)");
   std::printf("OpenBLAS config: %s\n", openblas_get_config());
-  muon::kernels::NewtonSchulzOptions options;
-  options.steps = steps;
-  absl::StatusOr<muon::kernels::NewtonSchulzMethod> method =
-      muon::kernels::ParseNewtonSchulzMethod(absl::GetFlag(FLAGS_method));
-  if (!method.ok()) {
-    std::fprintf(stderr, "ns_bench: %s\n%s", method.status().ToString().c_str(),
-                 kUsage);
-    return 2;
-  }
-  options.method = *method;
-  const bool with_gram = absl::GetFlag(FLAGS_gram);
-  if (with_gram &&
-      options.method != muon::kernels::NewtonSchulzMethod::kStandard) {
-    std::fprintf(stderr, "ns_bench: --gram needs --method standard\n%s",
-                 kUsage);
-    return 2;
-  }
-  muon::kernels::NewtonSchulzOptions gram_options = options;
-  gram_options.method = muon::kernels::NewtonSchulzMethod::kGram;
-  const bool with_torch = absl::GetFlag(FLAGS_torch);
-  TorchServer torch;
-  if (with_torch && !torch.Start(absl::GetFlag(FLAGS_python),
-                                 absl::GetFlag(FLAGS_torch_script),
-                                 openblas_get_num_threads(), steps)) {
-    std::fprintf(stderr, "ns_bench: cannot start %s %s\n",
-                 absl::GetFlag(FLAGS_python).c_str(),
-                 absl::GetFlag(FLAGS_torch_script).c_str());
-    return 1;
-  }
   std::printf(
       "NS: fp32, %s, %d steps, 1 warm-up + %d timed runs; sgemm: m x m x n "
       "(A = X X^T shape)%s, interleaved\n",
-      absl::GetFlag(FLAGS_method).c_str(), steps, repeats,
-      with_torch ? "; torch: PyTorch 2.9 _zeropower_via_newtonschulz fp32 "
-                   "(addmm), same thread count"
-                 : "");
+      absl::GetFlag(FLAGS_method).c_str(), config.options.steps, config.repeats,
+      config.with_torch ? "; torch: PyTorch 2.9 _zeropower_via_newtonschulz "
+                          "fp32 (addmm), same thread count"
+                        : "");
   std::printf(
       "NS GF/s: nominal FLOPs k*(4m^2n+2m^3); NS/gemm: executed FLOPs "
       "(ssyrk = half) / time, over the sgemm rate\n\n");
   std::printf("%-11s %5s %5s %10s %10s %9s %10s %8s", "size", "m", "n",
               "NS best", "NS median", "NS GF/s", "sgemm GF/s", "NS/gemm");
-  if (with_gram) std::printf(" %10s %8s", "gram best", "std/gram");
-  if (with_torch) {
+  if (config.with_gram) std::printf(" %10s %8s", "gram best", "std/gram");
+  if (config.with_torch) {
     std::printf(" %11s %11s %9s %9s %9s", "torch best", "torch med", "best x",
                 "median x", "paired x");
   }
   std::printf("\n");
+}
 
+// Timings of one size, in seconds.
+struct RowTimings {
+  Timing ns, gemm, gram, torch;
+  double paired = 0.0;  // Median of torch / ours within a repeat.
+};
+
+// Times one shape: a warm-up of each, then per repeat ours, the sgemm,
+// Gram (--gram) and torch (--torch), interleaved. Errors: NewtonSchulz's,
+// or Internal when the torch child does not answer.
+absl::StatusOr<RowTimings> BenchShape(
+    const BenchConfig& config, const Shape& shape, TorchServer* torch,
+    muon::kernels::NewtonSchulzWorkspace* workspace,
+    muon::kernels::NewtonSchulzWorkspace* gram_workspace) {
+  const int64_t rows = shape.rows;
+  const int64_t cols = shape.cols;
+  const int m = static_cast<int>(std::min(rows, cols));
+  const int n = static_cast<int>(std::max(rows, cols));
+  const std::vector<float> u = RandomMatrix(rows, cols, 1);
+  std::vector<float> out(u.size());
+  std::vector<float> gram_out(config.with_gram ? u.size() : 0);
+  workspace->Reserve(rows, cols);
+  // The Gram GEMM of the NS shape: [m, n] x [m, n]^T -> [m, m].
+  const std::vector<float> x = RandomMatrix(m, n, 2);
+  std::vector<float> gram(static_cast<size_t>(m) * m);
+  absl::Status status;
+  auto run_ns = [&] {
+    status.Update(muon::kernels::NewtonSchulz(
+        u.data(), rows, cols, config.options, out.data(), workspace));
+  };
+  auto run_gram = [&] {
+    status.Update(muon::kernels::NewtonSchulz(u.data(), rows, cols,
+                                              config.gram_options,
+                                              gram_out.data(), gram_workspace));
+  };
+  auto run_gemm = [&] {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, m, n, 1.0f,
+                x.data(), n, x.data(), n, 0.0f, gram.data(), m);
+  };
+  const absl::Status no_torch =
+      absl::InternalError("tools/torch_ns_bench.py did not answer");
+  // Warm-up, then all interleaved so that each sees the same machine state
+  // (shared 2-core VMs drift by 2x over seconds).
+  run_ns();
+  run_gemm();
+  if (config.with_gram) run_gram();
+  if (config.with_torch && torch->RunMs(rows, cols) < 0) return no_torch;
+  std::vector<double> ns, gemm, gram_s, torch_s, paired;
+  for (int r = 0; r < config.repeats; ++r) {
+    usleep(config.pause_us);
+    ns.push_back(Seconds(run_ns));
+    gemm.push_back(Seconds(run_gemm));
+    if (config.with_gram) {
+      usleep(config.pause_us);
+      gram_s.push_back(Seconds(run_gram));
+    }
+    if (config.with_torch) {
+      usleep(config.pause_us);
+      const double ms = torch->RunMs(rows, cols);
+      if (ms < 0) return no_torch;
+      torch_s.push_back(ms * 1e-3);
+      paired.push_back(torch_s.back() / ns.back());
+    }
+  }
+  if (!status.ok()) return status;
+  RowTimings row;
+  row.ns = Summarize(ns);
+  row.gemm = Summarize(gemm);
+  if (config.with_gram) row.gram = Summarize(gram_s);
+  if (config.with_torch) {
+    row.torch = Summarize(torch_s);
+    row.paired = Summarize(paired).median;
+  }
+  return row;
+}
+
+void PrintRow(const BenchConfig& config, const Shape& shape,
+              const RowTimings& row) {
+  const int64_t m = std::min(shape.rows, shape.cols);
+  const int64_t n = std::max(shape.rows, shape.cols);
+  const double ns_gflops = muon::kernels::NewtonSchulzFlops(
+                               shape.rows, shape.cols, config.options.steps) /
+                           row.ns.best / 1e9;
+  const double ns_executed_gflops =
+      muon::kernels::NewtonSchulzExecutedFlops(shape.rows, shape.cols,
+                                               config.options) /
+      row.ns.best / 1e9;
+  const double gemm_gflops = 2.0 * m * m * n / row.gemm.best / 1e9;
+  char size[48];
+  std::snprintf(size, sizeof(size), "%lldx%lld",
+                static_cast<long long>(shape.rows),
+                static_cast<long long>(shape.cols));
+  std::printf("%-11s %5lld %5lld %8.1fms %8.1fms %9.1f %10.1f %8.2f", size,
+              static_cast<long long>(m), static_cast<long long>(n),
+              row.ns.best * 1e3, row.ns.median * 1e3, ns_gflops, gemm_gflops,
+              ns_executed_gflops / gemm_gflops);
+  if (config.with_gram) {
+    std::printf(" %8.1fms %8.2f", row.gram.best * 1e3,
+                row.ns.best / row.gram.best);
+  }
+  if (config.with_torch) {
+    std::printf(" %9.1fms %9.1fms %9.2f %9.2f %9.2f", row.torch.best * 1e3,
+                row.torch.median * 1e3, row.torch.best / row.ns.best,
+                row.torch.median / row.ns.median, row.paired);
+  }
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(kUsage);
+  absl::ParseCommandLine(argc, argv);
+  BenchConfig config;
+  if (!ParseConfig(&config)) return 2;
+  PrintHeader(config);
+  TorchServer torch;
+  if (config.with_torch &&
+      !torch.Start(absl::GetFlag(FLAGS_python),
+                   absl::GetFlag(FLAGS_torch_script),
+                   openblas_get_num_threads(), config.options.steps)) {
+    std::fprintf(stderr, "ns_bench: cannot start %s %s\n",
+                 absl::GetFlag(FLAGS_python).c_str(),
+                 absl::GetFlag(FLAGS_torch_script).c_str());
+    return 1;
+  }
   muon::kernels::NewtonSchulzWorkspace workspace;
   muon::kernels::NewtonSchulzWorkspace gram_workspace;
-  for (const Shape& shape : shapes) {
-    const int64_t rows = shape.rows;
-    const int64_t cols = shape.cols;
-    const int m = static_cast<int>(std::min(rows, cols));
-    const int n = static_cast<int>(std::max(rows, cols));
-    const std::vector<float> u = RandomMatrix(rows, cols, 1);
-    std::vector<float> out(u.size());
-    workspace.Reserve(rows, cols);
-
-    // The Gram GEMM of the NS shape: [m, n] x [m, n]^T -> [m, m].
-    const std::vector<float> x = RandomMatrix(m, n, 2);
-    std::vector<float> gram(static_cast<size_t>(m) * m);
-    absl::Status status;
-    auto run_ns = [&] {
-      status = muon::kernels::NewtonSchulz(u.data(), rows, cols, options,
-                                           out.data(), &workspace);
-    };
-    std::vector<float> gram_out(with_gram ? u.size() : 0);
-    auto run_gram = [&] {
-      absl::Status s = muon::kernels::NewtonSchulz(
-          u.data(), rows, cols, gram_options, gram_out.data(), &gram_workspace);
-      if (!s.ok()) status = s;
-    };
-    auto run_gemm = [&] {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, m, n, 1.0f,
-                  x.data(), n, x.data(), n, 0.0f, gram.data(), m);
-    };
-    // Warm-up, then NS and sgemm interleaved so both see the same machine
-    // state (shared 2-core VMs drift by 2x over seconds).
-    run_ns();
-    run_gemm();
-    if (with_gram) run_gram();
-    if (with_torch && torch.RunMs(rows, cols) < 0) {
-      std::fprintf(stderr, "ns_bench: torch_ns_bench.py did not answer\n");
+  for (const Shape& shape : config.shapes) {
+    absl::StatusOr<RowTimings> row =
+        BenchShape(config, shape, &torch, &workspace, &gram_workspace);
+    if (!row.ok()) {
+      std::fprintf(stderr, "ns_bench: %s\n", row.status().ToString().c_str());
       return 1;
     }
-    std::vector<double> ns_seconds, gemm_seconds, gram_seconds, torch_seconds;
-    std::vector<double> paired;  // torch / ours, per repeat
-    const int pause_us = with_torch ? absl::GetFlag(FLAGS_pause_ms) * 1000 : 0;
-    for (int r = 0; r < repeats; ++r) {
-      usleep(pause_us);
-      ns_seconds.push_back(Seconds(run_ns));
-      gemm_seconds.push_back(Seconds(run_gemm));
-      if (with_gram) {
-        usleep(pause_us);
-        gram_seconds.push_back(Seconds(run_gram));
-      }
-      if (with_torch) {
-        usleep(pause_us);
-        const double ms = torch.RunMs(rows, cols);
-        if (ms < 0) {
-          std::fprintf(stderr, "ns_bench: torch_ns_bench.py did not answer\n");
-          return 1;
-        }
-        torch_seconds.push_back(ms * 1e-3);
-        paired.push_back(torch_seconds.back() / ns_seconds.back());
-      }
-    }
-    if (!status.ok()) {
-      std::fprintf(stderr, "ns_bench: NewtonSchulz failed: %s\n",
-                   status.ToString().c_str());
-      return 1;
-    }
-    const Timing ns = Summarize(ns_seconds);
-    const Timing gemm = Summarize(gemm_seconds);
-
-    const double ns_gflops =
-        muon::kernels::NewtonSchulzFlops(rows, cols, steps) / ns.best / 1e9;
-    const double ns_executed_gflops =
-        muon::kernels::NewtonSchulzExecutedFlops(rows, cols, options) /
-        ns.best / 1e9;
-    const double gemm_gflops = 2.0 * m * m * n / gemm.best / 1e9;
-    char size[32];
-    std::snprintf(size, sizeof(size), "%lldx%lld", static_cast<long long>(rows),
-                  static_cast<long long>(cols));
-    std::printf("%-11s %5d %5d %8.1fms %8.1fms %9.1f %10.1f %8.2f", size, m, n,
-                ns.best * 1e3, ns.median * 1e3, ns_gflops, gemm_gflops,
-                ns_executed_gflops / gemm_gflops);
-    if (with_gram) {
-      const Timing g = Summarize(gram_seconds);
-      std::printf(" %8.1fms %8.2f", g.best * 1e3, ns.best / g.best);
-    }
-    if (with_torch) {
-      const Timing t = Summarize(torch_seconds);
-      std::printf(" %9.1fms %9.1fms %9.2f %9.2f %9.2f", t.best * 1e3,
-                  t.median * 1e3, t.best / ns.best, t.median / ns.median,
-                  Summarize(paired).median);
-    }
-    std::printf("\n");
-    std::fflush(stdout);
+    PrintRow(config, shape, *row);
   }
   return 0;
 }
