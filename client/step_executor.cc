@@ -64,7 +64,9 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
                        std::move(gather_fn), std::move(redistribute_fn)));
   ex->ns_engine_ = ns_engine;
   MUON_ASSIGN_OR_RETURN(const BufferSizes sizes, ex->CompileBuckets(plan));
-  MUON_RETURN_IF_ERROR(ns_engine->Reserve(sizes.max_rows, sizes.max_cols));
+  for (const auto& [rows, cols] : sizes.owned_shapes) {
+    MUON_RETURN_IF_ERROR(ns_engine->Reserve(rows, cols));
+  }
   MUON_RETURN_IF_ERROR(ex->CompileSchedule(plan));
   ex->AllocateBuffers(sizes, plan.schedule().slots());
   return ex;
@@ -152,9 +154,10 @@ absl::StatusOr<StepExecutor::BufferSizes> StepExecutor::CompileBuckets(
       bucket_of_[m] = static_cast<int>(buckets_.size());
       b.matrices.push_back(m);
       b.owners.push_back(owner);
-      if (owner == rank_) b.owned.push_back(m);
-      sizes.max_rows = std::max(sizes.max_rows, g.rows);
-      sizes.max_cols = std::max(sizes.max_cols, g.cols);
+      if (owner == rank_) {
+        b.owned.push_back(m);
+        sizes.owned_shapes.insert({g.rows, g.cols});
+      }
       bucket_elems = PlaceInSlot(m, owner, bucket_elems);
       AddToGather(rank_, m, owner, g.boxes, FullBox(g), &b.gather);
       AddToRedistribute(rank_, m, owner, g.boxes, FullBox(g), &b.redistribute);

@@ -32,8 +32,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -171,8 +173,11 @@ class StepExecutor {
     int64_t max_send = 0;  // elements
     int64_t max_recv = 0;
     int64_t max_bucket_elems = 0;
-    int64_t max_rows = 1;
-    int64_t max_cols = 1;
+    // The distinct [rows, cols] of the matrices this rank orthogonalizes:
+    // the NS engine reserves for each (its buffers grow to the largest
+    // need of each, not to max rows x max cols: 4096x11008 and 11008x4096
+    // together need 4096 x 11008, not 11008^2).
+    std::set<std::pair<int64_t, int64_t>> owned_shapes;
   };
 
   StepExecutor(int rank, int world_size, Communicator* comm,

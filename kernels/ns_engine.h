@@ -36,8 +36,10 @@ class NsEngine {
   virtual absl::Status Orthogonalize(const float* u, int64_t rows, int64_t cols,
                                      const NewtonSchulzOptions& options,
                                      float* out) = 0;
-  // Grows scratch space for matrices up to [rows, cols] (either orientation)
-  // so that Orthogonalize does not allocate afterwards.
+  // Grows scratch space to fit a [rows, cols] matrix (either orientation)
+  // so that Orthogonalize does not allocate for it afterwards. Buffers only
+  // grow: call once per shape to fit all of them (each buffer ends at the
+  // largest need over the calls).
   virtual absl::Status Reserve(int64_t rows, int64_t cols) = 0;
   // "cpu/openblas" or "cuda:<device>/<precision>".
   virtual std::string name() const = 0;

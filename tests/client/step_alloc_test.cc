@@ -2,20 +2,26 @@
 // executor preallocates its buffers and timing records, and step reports
 // are filled into pooled objects whose storage is reused. (Gloo's own
 // collectives may allocate inside the library; this test uses a world of
-// one, where no collective runs.)
+// one, where no collective runs.) Also: the Newton-Schulz engine is
+// reserved for each owned shape, not for max rows x max cols.
 #include <cblas.h>
 
 #include <atomic>
 #include <cstdlib>
 #include <memory>
 #include <new>
+#include <set>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "client/distributed_config.h"
 #include "client/local_communicator.h"
 #include "client/muon.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/ns_engine.h"
 #include "server/coordinator_service.h"
 #include "server/local_coordination_client.h"
 #include "tests/client/rank_threads.h"
@@ -104,6 +110,68 @@ TEST(StepAllocTest,
     EXPECT_GT(CountStepAllocations(**opt, 0), 0);
     // Warm every pooled report (capacity 64 + 1) once.
     EXPECT_EQ(CountStepAllocations(**opt, 80), 0);
+  }
+  service.Shutdown();
+}
+
+// The CPU engine, recording the shapes it is asked to reserve for.
+class ReserveRecordingEngine final : public kernels::NsEngine {
+ public:
+  explicit ReserveRecordingEngine(std::set<std::pair<int64_t, int64_t>>* log)
+      : inner_(kernels::MakeCpuNsEngine()), log_(log) {}
+  absl::Status Orthogonalize(const float* u, int64_t rows, int64_t cols,
+                             const kernels::NewtonSchulzOptions& options,
+                             float* out) override {
+    return inner_->Orthogonalize(u, rows, cols, options, out);
+  }
+  absl::Status Reserve(int64_t rows, int64_t cols) override {
+    log_->insert({rows, cols});
+    return inner_->Reserve(rows, cols);
+  }
+  std::string name() const override { return inner_->name(); }
+
+ private:
+  std::unique_ptr<kernels::NsEngine> inner_;
+  std::set<std::pair<int64_t, int64_t>>* log_;
+};
+
+TEST(StepAllocTest, Create_ReservesEachOwnedShape_NotMaxRowsTimesMaxCols) {
+  CoordinatorService::Options so;
+  so.job_id = "reserve";
+  so.world_size = 1;
+  CoordinatorService service(so);
+  LocalCoordinationClient client(&service);
+  std::unique_ptr<Communicator> comm = LocalCommunicator::Create();
+  // A 24 x 80 and an 80 x 24 matrix (as 4096 x 11008 and 11008 x 4096):
+  // max rows x max cols would be 80 x 80.
+  std::vector<Parameter> params(2);
+  std::vector<Parameter*> ptrs;
+  for (int i = 0; i < 2; ++i) {
+    params[i].name = absl::StrCat("w", i);
+    params[i].global_shape =
+        i == 0 ? std::vector<int64_t>{24, 80} : std::vector<int64_t>{80, 24};
+    params[i].local_shape = params[i].global_shape;
+    params[i].data = RandomValues(24 * 80, i + 1);
+    params[i].grad = RandomValues(24 * 80, i + 10);
+    ptrs.push_back(&params[i]);
+  }
+  std::vector<ParamPlacement> placements(
+      ptrs.size(), ParamPlacement{{Placement::Replicate()}, {}});
+  absl::StatusOr<DistributedConfig> config = CreateMeshConfig(
+      Mesh{{"dp_replicate"}, {1}}, placements, comm.get(), &client);
+  ASSERT_TRUE(config.ok()) << config.status();
+  std::set<std::pair<int64_t, int64_t>> reserved;
+  config->ns_engine_factory =
+      [&]() -> absl::StatusOr<std::unique_ptr<kernels::NsEngine>> {
+    return std::make_unique<ReserveRecordingEngine>(&reserved);
+  };
+  {
+    absl::StatusOr<std::unique_ptr<Muon>> opt =
+        Muon::Create(ptrs, MuonOptions{}, *config);
+    ASSERT_TRUE(opt.ok()) << opt.status();
+    using Shape = std::pair<int64_t, int64_t>;
+    EXPECT_THAT(reserved, ::testing::ElementsAre(Shape{24, 80}, Shape{80, 24}));
+    EXPECT_TRUE((*opt)->Step().ok());
   }
   service.Shutdown();
 }
