@@ -7,20 +7,39 @@
 #   3. a single-device GPU step vs torch.optim.Muon (bf16 tolerance);
 #   4. 4 host-staged ranks sharing one GPU, bitwise vs single-device GPU;
 #   5. Newton-Schulz TFLOP/s vs PyTorch's own and the bf16 GEMM rate.
+# MUON_REQUIRE_GPU=1 turns the GPU tests' "no GPU" skips into failures (on
+# this machine they mean a broken setup). Each step runs under `timeout`
+# ($STEP_TIMEOUT_S seconds, default 300). Prints one line per step and a
+# summary; exits 1 when any step failed or timed out.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-/tmp/out}
+step_timeout=${STEP_TIMEOUT_S:-300}
 mkdir -p "$out"
+export MUON_REQUIRE_GPU=1
+failed=()
 run() {
   local name=$1
   shift
   echo "== $name: $*"
-  "$@" >"$out/$name.txt" 2>&1
+  timeout -k 10 "$step_timeout" "$@" >"$out/$name.txt" 2>&1
   local rc=$?
   tail -n 5 "$out/$name.txt"
-  echo "== $name: exit $rc"
+  if [[ $rc -eq 124 || $rc -eq 137 ]]; then
+    echo "== $name: timed out after ${step_timeout}s"
+    failed+=("$name (timeout)")
+  elif [[ $rc -ne 0 ]]; then
+    echo "== $name: exit $rc"
+    failed+=("$name (exit $rc)")
+  else
+    echo "== $name: ok"
+  fi
 }
-nvidia-smi >"$out/nvidia-smi.txt" 2>&1
+{
+  ldd --version | head -n 1
+  nvidia-smi
+} >"$out/nvidia-smi.txt" 2>&1
+head -n 1 "$out/nvidia-smi.txt"
 run gpu_newton_schulz_test "$here/run.sh" bin/gpu_newton_schulz_test
 run gpu_muon_update_test "$here/run.sh" bin/gpu_muon_update_test
 run cuda_api_test "$here/run.sh" bin/cuda_api_test
@@ -34,3 +53,8 @@ sed 's/"optimizer"/"execution": {"device": "cuda"}, "optimizer"/' \
 run host_staged_4_ranks "$here/run.sh" bin/muonctl validate --spec "$spec" --steps 3
 run ns_gpu_bench "$here/run.sh" bin/ns_gpu_bench
 run torch_ns_bench python3 "$here/torch_ns_bench.py"
+if [[ ${#failed[@]} -gt 0 ]]; then
+  echo "device_checks: ${#failed[@]} failed: ${failed[*]}"
+  exit 1
+fi
+echo "device_checks: all passed"

@@ -11,13 +11,11 @@
 #include "kernels/cuda/muon_update_cuda.h"
 #include "kernels/cuda/newton_schulz_cuda.h"
 #include "kernels/ns_engine.h"
+#include "tests/gpu_test_util.h"
 
-#define MUON_SKIP_WITHOUT_CUDA_BUILD()                                \
-  do {                                                                \
-    if (!cuda::BuiltWithCuda()) {                                     \
-      GTEST_SKIP() << "built without CUDA: build with --config=cuda"; \
-    }                                                                 \
-  } while (0)
+#define MUON_SKIP_WITHOUT_CUDA_BUILD()                 \
+  MUON_SKIP_OR_FAIL_UNLESS_GPU(!cuda::BuiltWithCuda(), \
+                               "built without CUDA: build with --config=cuda")
 
 namespace muon {
 namespace kernels {

@@ -24,14 +24,13 @@
 #include "kernels/cuda/muon_update_cuda.h"
 #include "kernels/muon_update.h"
 #include "kernels/ns_engine.h"
+#include "tests/gpu_test_util.h"
 #include "tests/kernels/ns_test_util.h"
 
-#define MUON_SKIP_WITHOUT_GPU()             \
-  do {                                      \
-    std::string reason;                     \
-    if (CudaDeviceCount(&reason) == 0) {    \
-      GTEST_SKIP() << "no GPU: " << reason; \
-    }                                       \
+#define MUON_SKIP_WITHOUT_GPU()                                          \
+  do {                                                                   \
+    std::string reason;                                                  \
+    MUON_SKIP_OR_FAIL_UNLESS_GPU(CudaDeviceCount(&reason) == 0, reason); \
   } while (0)
 
 namespace muon {

@@ -24,15 +24,14 @@
 #include "kernels/cuda/newton_schulz_cuda.h"
 #include "kernels/newton_schulz.h"
 #include "kernels/ns_engine.h"
+#include "tests/gpu_test_util.h"
 #include "tests/kernels/ns_test_util.h"
 
 // Each GPU test begins with this: skip (never pass silently) without a GPU.
-#define MUON_SKIP_WITHOUT_GPU()             \
-  do {                                      \
-    std::string reason;                     \
-    if (CudaDeviceCount(&reason) == 0) {    \
-      GTEST_SKIP() << "no GPU: " << reason; \
-    }                                       \
+#define MUON_SKIP_WITHOUT_GPU()                                          \
+  do {                                                                   \
+    std::string reason;                                                  \
+    MUON_SKIP_OR_FAIL_UNLESS_GPU(CudaDeviceCount(&reason) == 0, reason); \
   } while (0)
 
 namespace muon {
