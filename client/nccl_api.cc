@@ -151,6 +151,10 @@ int cudaMemset(void* pointer, int value, size_t bytes) {
   return ::cudaMemset(pointer, value, bytes);
 }
 
+int cudaMemsetAsync(void* pointer, int value, size_t bytes, Stream stream) {
+  return ::cudaMemsetAsync(pointer, value, bytes, stream);
+}
+
 int cudaMemcpy(void* dst, const void* src, size_t bytes) {
   return ::cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
 }
@@ -158,6 +162,8 @@ int cudaMemcpy(void* dst, const void* src, size_t bytes) {
 int cudaMemcpyAsync(void* dst, const void* src, size_t bytes, Stream stream) {
   return ::cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream);
 }
+
+int cudaDeviceSynchronize() { return ::cudaDeviceSynchronize(); }
 
 const char* cudaGetErrorName(int error) {
   return ::cudaGetErrorName(static_cast<cudaError_t>(error));

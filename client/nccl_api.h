@@ -116,8 +116,14 @@ int cudaStreamQuery(Stream stream);
 int cudaMalloc(void** pointer, size_t bytes);
 int cudaFree(void* pointer);
 int cudaMemset(void* pointer, int value, size_t bytes);
+int cudaMemsetAsync(void* pointer, int value, size_t bytes, Stream stream);
+// Note: from pageable host memory cudaMemcpy may return before the DMA to
+// the device is done, and neither it nor cudaMemset orders with work on a
+// non-blocking stream: use the Async forms on that stream, or
+// cudaDeviceSynchronize, before such work reads the bytes.
 int cudaMemcpy(void* dst, const void* src, size_t bytes);
 int cudaMemcpyAsync(void* dst, const void* src, size_t bytes, Stream stream);
+int cudaDeviceSynchronize();
 const char* cudaGetErrorName(int error);
 const char* cudaGetErrorString(int error);
 

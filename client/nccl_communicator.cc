@@ -31,7 +31,7 @@ using nccl_api::cudaGetErrorString;
 using nccl_api::cudaMalloc;
 using nccl_api::cudaMemcpy;
 using nccl_api::cudaMemcpyAsync;
-using nccl_api::cudaMemset;
+using nccl_api::cudaMemsetAsync;
 using nccl_api::cudaSetDevice;
 using nccl_api::cudaStreamCreateWithFlags;
 using nccl_api::cudaStreamDestroy;
@@ -279,7 +279,12 @@ NcclCommunicator::~NcclCommunicator() {
     }
     comm_ = nullptr;
   }
-  if (barrier_buffer_ != nullptr) cudaFree(barrier_buffer_);
+  // cudaFree waits for the whole device, including a kernel stuck on a dead
+  // peer: after a failure or an abort the 4-byte buffer is left to the
+  // process's exit instead.
+  if (barrier_buffer_ != nullptr && failed_.ok() && !aborted_.load()) {
+    cudaFree(barrier_buffer_);
+  }
   if (stream_ != nullptr) {
     cudaStreamDestroy(static_cast<nccl_api::Stream>(stream_));
   }
@@ -454,7 +459,10 @@ absl::Status NcclCommunicator::InitResources(absl::string_view op) {
   void* buffer = nullptr;
   MUON_CUDA_RETURN_IF_ERROR(op, cudaMalloc(&buffer, sizeof(float)));
   barrier_buffer_ = static_cast<float*>(buffer);
-  MUON_CUDA_RETURN_IF_ERROR(op, cudaMemset(buffer, 0, sizeof(float)));
+  // On the communicator's (non-blocking) stream, so that the barriers
+  // enqueued there later are ordered after it.
+  MUON_CUDA_RETURN_IF_ERROR(op,
+                            cudaMemsetAsync(buffer, 0, sizeof(float), stream));
   return absl::OkStatus();
 }
 
@@ -923,13 +931,16 @@ absl::Status NcclCommunicator::ExchangeRootRanks(absl::string_view op,
   int32_t* gathered = static_cast<int32_t*>(raw);
   const int32_t mine = my_root_rank;
   absl::Status status = [&]() -> absl::Status {
-    // Synchronous copies around the all-gather: nothing else may be
-    // enqueued on the stream while NCCL's state is ncclInProgress.
-    MUON_CUDA_RETURN_IF_ERROR(
-        op, cudaMemcpy(gathered + rank_, &mine, sizeof(int32_t)));
+    // The upload is enqueued on the communicator's stream ahead of the
+    // all-gather (a plain cudaMemcpy from pageable memory may return before
+    // its DMA lands and does not order with a non-blocking stream);
+    // RunLocked waits for the stream, so `mine` outlives the copy and the
+    // download below reads the finished all-gather.
     MUON_RETURN_IF_ERROR(RunLocked(op, [&]() -> absl::Status {
       nccl_api::Comm comm = static_cast<nccl_api::Comm>(comm_);
       nccl_api::Stream stream = static_cast<nccl_api::Stream>(stream_);
+      MUON_CUDA_RETURN_IF_ERROR(op, cudaMemcpyAsync(gathered + rank_, &mine,
+                                                    sizeof(int32_t), stream));
       MUON_NCCL_RETURN_IF_ERROR(
           op, -1,
           ncclAllGather(gathered + rank_, gathered, 1, kInt32, comm, stream));
@@ -948,7 +959,8 @@ absl::Status NcclCommunicator::ExchangeRootRanks(absl::string_view op,
     }
     return absl::OkStatus();
   }();
-  cudaFree(raw);
+  // As in the destructor: no device-wide wait after a failure.
+  if (status.ok()) cudaFree(raw);
   return status;
 }
 

@@ -330,6 +330,14 @@ absl::StatusOr<std::unique_ptr<NsCudaContext>> NsCudaContext::Create(
                          static_cast<size_t>(s->cublas_workspace.bytes())));
   MUON_CUBLAS_RETURN_IF_ERROR(
       cublasSetPointerMode(s->handle, CUBLAS_POINTER_MODE_HOST));
+  // bf16 GEMMs: split-K partial sums reduced in fp32 (the compute type), not
+  // in the bf16 output type, as the header promises ("accumulated in
+  // fp32"). PyTorch allows the reduced-precision reduction by default
+  // (torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction).
+  MUON_CUBLAS_RETURN_IF_ERROR(cublasSetMathMode(
+      s->handle, static_cast<cublasMath_t>(
+                     CUBLAS_DEFAULT_MATH |
+                     CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
   return ctx;
 }
 

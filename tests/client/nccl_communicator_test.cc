@@ -30,6 +30,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/client/in_memory_store_client.h"
+#include "tests/gpu_test_util.h"
 #include "tests/status_matchers.h"
 
 #if MUON_NCCL_TEST_CUDA
@@ -48,12 +49,11 @@ using ::testing::NotNull;
 
 // Skips the calling test when no CUDA device is visible (always in the
 // default build), naming why.
-#define SKIP_WITHOUT_GPU()                               \
-  do {                                                   \
-    std::string muon_no_gpu_reason_;                     \
-    if (NcclDeviceCount(&muon_no_gpu_reason_) == 0) {    \
-      GTEST_SKIP() << "no GPU: " << muon_no_gpu_reason_; \
-    }                                                    \
+#define SKIP_WITHOUT_GPU()                                                   \
+  do {                                                                       \
+    std::string muon_no_gpu_reason_;                                         \
+    MUON_SKIP_OR_FAIL_UNLESS_GPU(NcclDeviceCount(&muon_no_gpu_reason_) == 0, \
+                                 muon_no_gpu_reason_);                       \
   } while (0)
 
 // Timeout of every call in the tests that expect success: generous for a
@@ -122,6 +122,11 @@ std::unique_ptr<DeviceArray> DeviceArray::From(
     error = nccl_api::cudaMemcpy(data, values.data(),
                                  values.size() * sizeof(float));
   }
+  // The copy from pageable memory may return before its DMA lands, and the
+  // communicator's non-blocking stream does not wait for it.
+  if (error == nccl_api::kCudaSuccess) {
+    error = nccl_api::cudaDeviceSynchronize();
+  }
   if (error != nccl_api::kCudaSuccess) {
     ADD_FAILURE() << "device memory on GPU " << device << ": "
                   << nccl_api::cudaGetErrorName(error) << ": "
@@ -141,10 +146,10 @@ DeviceArray::~DeviceArray() {
 std::vector<float> DeviceArray::Read() const {
   std::vector<float> values(size_);
   nccl_api::cudaSetDevice(device_);
-  const int error =
-      values.empty()
-          ? nccl_api::kCudaSuccess
-          : nccl_api::cudaMemcpy(values.data(), data_, size_ * sizeof(float));
+  int error = nccl_api::cudaDeviceSynchronize();
+  if (error == nccl_api::kCudaSuccess && !values.empty()) {
+    error = nccl_api::cudaMemcpy(values.data(), data_, size_ * sizeof(float));
+  }
   EXPECT_EQ(error, nccl_api::kCudaSuccess)
       << nccl_api::cudaGetErrorName(error) << ": "
       << nccl_api::cudaGetErrorString(error);
