@@ -9,9 +9,14 @@ It writes a job spec (one rank, execution.device = "cuda"), seeded initial
 parameters and gradients as .npy files, runs `muonctl validate` on them
 (which also dumps the single-device result), runs the same steps with
 torch.optim.Muon on CUDA (its Newton-Schulz in bfloat16, as upstream), and
-prints the max abs difference per parameter and relative to the update size.
-Exit status 1 when a parameter differs by more than --tolerance (relative to
-the largest update), which defaults to a bf16-level 2e-2.
+prints per parameter the difference of the two updates (ours - init vs
+torch's - init), relative to torch's update: in Frobenius norm and as max
+elements. Exit status 1 when one exceeds the bf16 bounds of the GPU tests
+(GpuErrorBound in tests/kernels/ns_test_util.h: --fro_tolerance 4e-2 of the
+Frobenius norm, --max_tolerance 1e-1 of the max element). torch rounds U and
+its norm to bf16 and sums in another order, so a single Newton-Schulz call
+already differs by 2-3e-2 in its max element (a CPU emulation): the
+Frobenius ratio is the stable check, the max one catches a localised fault.
 """
 import argparse
 import json
@@ -35,7 +40,8 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--lr", type=float, default=0.02)
     ap.add_argument("--precision", default="bf16")
-    ap.add_argument("--tolerance", type=float, default=2e-2)
+    ap.add_argument("--fro_tolerance", type=float, default=4e-2)
+    ap.add_argument("--max_tolerance", type=float, default=1e-1)
     args = ap.parse_args()
 
     work = tempfile.mkdtemp(prefix="muon-vs-torch-")
@@ -72,20 +78,25 @@ def main():
         for p, n in zip(params, SHAPES):
             p.grad = torch.from_numpy(grads[k][n]).cuda()
         opt.step()
-    worst = 0.0
-    print(f"{'parameter':12} {'shape':12} {'max|ours-torch|':>16} {'max|update|':>12} {'relative':>9}")
+    worst_fro, worst_max = 0.0, 0.0
+    print(f"{'parameter':12} {'shape':12} {'fro rel':>9} {'max rel':>9} "
+          f"{'max|ours-torch|':>16} {'max|update|':>12}")
     for p, n in zip(params, SHAPES):
-        ours = np.load(f"{work}/out/single/{n}.npy")
-        theirs = p.detach().float().cpu().numpy()
-        diff = float(np.abs(ours - theirs).max())
-        update = float(np.abs(theirs - init[n]).max())
-        rel = diff / max(update, 1e-30)
-        worst = max(worst, rel)
-        print(f"{n:12} {str(SHAPES[n]):12} {diff:16.3e} {update:12.3e} {rel:9.2e}")
+        ours = np.load(f"{work}/out/single/{n}.npy").astype(np.float64)
+        theirs = p.detach().double().cpu().numpy()
+        diff = ours - theirs
+        update = theirs - init[n].astype(np.float64)
+        fro = float(np.linalg.norm(diff) / max(np.linalg.norm(update), 1e-30))
+        mx = float(np.abs(diff).max() / max(np.abs(update).max(), 1e-30))
+        worst_fro, worst_max = max(worst_fro, fro), max(worst_max, mx)
+        print(f"{n:12} {str(SHAPES[n]):12} {fro:9.2e} {mx:9.2e} "
+              f"{np.abs(diff).max():16.3e} {np.abs(update).max():12.3e}")
     print(f"torch-compare: torch {torch.__version__}, {torch.cuda.get_device_name()}, "
-          f"precision {args.precision}, max relative difference {worst:.3e} "
-          f"(tolerance {args.tolerance})")
-    return 0 if worst <= args.tolerance else 1
+          f"precision {args.precision}, {args.steps} steps: worst Frobenius "
+          f"{worst_fro:.3e} (bound {args.fro_tolerance}), worst max "
+          f"{worst_max:.3e} (bound {args.max_tolerance})")
+    ok = worst_fro <= args.fro_tolerance and worst_max <= args.max_tolerance
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

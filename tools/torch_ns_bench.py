@@ -52,8 +52,14 @@ def parse_sizes(text):
     return shapes
 
 
-def time_cuda(torch, fn, repeats, warmup=2):
-    """Best and median milliseconds of fn() on the current stream."""
+def time_cuda(torch, fn, repeats, warmup=2, calls=20):
+    """Best and median milliseconds of one fn() on the current stream.
+
+    Each timed run records `calls` calls back to back between its events and
+    counts the elapsed time / calls, so that the host's enqueue time of one
+    call (above the GPU time of a 1024x1024 Newton-Schulz) does not hide in
+    it; tools/ns_gpu_bench --calls does the same.
+    """
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -62,10 +68,11 @@ def time_cuda(torch, fn, repeats, warmup=2):
         start = torch.cuda.Event(enable_timing=True)
         stop = torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        for _ in range(calls):
+            fn()
         stop.record()
         stop.synchronize()
-        times.append(start.elapsed_time(stop))
+        times.append(start.elapsed_time(stop) / calls)
     return min(times), statistics.median(times)
 
 
