@@ -113,6 +113,12 @@ struct NcclOptions {
   // so each group created on one coordinator needs its own prefix (e.g.
   // "nccl/<incarnation>"): a stale unique id would make Create time out.
   std::string prefix = "nccl";
+  // The rank's own part of AllToAllV (and of an uneven AllGatherV) as a
+  // grouped ncclSend/ncclRecv to itself instead of a device-to-device copy
+  // (NCCL allows send/recv to self). Slower; it lets a world of one on a
+  // single GPU run the grouped send/recv path that larger worlds use (the
+  // GPU checks set it). In-place own parts are still skipped.
+  bool exchange_self_through_nccl = false;
 };
 
 // Number of CUDA devices visible to this process. 0 when built without

@@ -264,9 +264,11 @@ TEST(NcclCommunicatorTest, Create_DeviceBeyondVisible_ReturnsInvalidArgument) {
 class NcclWorldOfOneTest : public ::testing::Test {
  protected:
   // Creates comm_ (call after SKIP_WITHOUT_GPU()).
-  void MakeComm() {
+  void MakeComm(bool exchange_self_through_nccl = false) {
+    NcclOptions options = Options("test/one");
+    options.exchange_self_through_nccl = exchange_self_through_nccl;
     absl::StatusOr<std::unique_ptr<NcclCommunicator>> comm =
-        NcclCommunicator::Create(0, 1, &store_, Options("test/one"));
+        NcclCommunicator::Create(0, 1, &store_, options);
     ASSERT_THAT(comm, IsOk());
     comm_ = std::move(*comm);
   }
@@ -302,6 +304,36 @@ TEST_F(NcclWorldOfOneTest, AllToAllV_CopiesDeviceData) {
   EXPECT_THAT(recv->Read(), ElementsAreArray(values));
   // Zero counts and null buffers with zero totals are allowed.
   EXPECT_THAT(comm_->AllToAllV(nullptr, {0}, nullptr, {0}), IsOk());
+}
+
+// The own part through grouped ncclSend/ncclRecv to self: the send/recv
+// path of larger worlds, on one GPU.
+TEST_F(NcclWorldOfOneTest, AllToAllV_SelfThroughNccl_CopiesDeviceData) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_NO_FATAL_FAILURE(MakeComm(/*exchange_self_through_nccl=*/true));
+  for (const int count : {1, 1000, 1 << 20}) {
+    const std::vector<float> values = Iota(count, 0.5f);
+    std::unique_ptr<DeviceArray> send = DeviceArray::From(0, values);
+    std::unique_ptr<DeviceArray> recv = DeviceArray::Filled(0, count);
+    ASSERT_THAT(send, NotNull());
+    ASSERT_THAT(recv, NotNull());
+    EXPECT_THAT(comm_->AllToAllV(send->data(), {count}, recv->data(), {count}),
+                IsOk())
+        << count;
+    EXPECT_THAT(recv->Read(), ElementsAreArray(values)) << count;
+  }
+  EXPECT_THAT(comm_->AllToAllV(nullptr, {0}, nullptr, {0}), IsOk());
+  // Repeated calls reuse the communicator (no stale group state).
+  const std::vector<float> values = Iota(64, 2.0f);
+  std::unique_ptr<DeviceArray> send = DeviceArray::From(0, values);
+  std::unique_ptr<DeviceArray> recv = DeviceArray::Filled(0, 64);
+  ASSERT_THAT(send, NotNull());
+  ASSERT_THAT(recv, NotNull());
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_THAT(comm_->AllToAllV(send->data(), {64}, recv->data(), {64}),
+                IsOk());
+  }
+  EXPECT_THAT(recv->Read(), ElementsAreArray(values));
 }
 
 TEST_F(NcclWorldOfOneTest, AllGatherV_CopiesDeviceData) {
