@@ -29,6 +29,9 @@ for t in "${targets[@]}"; do
 done
 rm -rf .device
 ../shared/tools/device-bundle.sh .device "${paths[@]}"
+# Our launcher replaces the bundle's run.sh: it resolves the CUDA/NCCL
+# library folders once and says which it chose (tools/device_run.sh).
+cp tools/device_run.sh .device/run.sh
 cp tools/torch_ns_bench.py tools/torch_muon_compare.py tools/device_checks.sh .device/
 cp -r examples/specs .device/specs
 # The Python package and the PyTorch job for the device's PyTorch (issue 11):
