@@ -62,7 +62,7 @@ TEST(NpyTest, ParseNpy_Valid_ReturnsArray) {
 
 TEST(NpyTest, ParseNpy_DtypeNotExactlyF4_ReturnsInvalidArgument) {
   // The old check was a substring match: '<f4' inside another dtype passed.
-  for (const std::string descr :
+  for (const std::string& descr :
        std::vector<std::string>{"<f8", ">f4", "<f4x", "x<f4", "|u1<f4"}) {
     EXPECT_THAT(ParseNpy(Npy(Header(descr, "(2,)"), 8), "g.npy"),
                 StatusIs(kInvalid, AllOf(HasSubstr("g.npy"),
@@ -176,7 +176,7 @@ TEST(NpyTest, NpyFileName_PathCharacters_AreEscaped) {
   EXPECT_EQ(NpyFileName("a%2Fb"), "a%252Fb");  // '%' escaped: injective
   EXPECT_EQ(NpyFileName(std::string("a\0b", 3)), "a%00b");
   EXPECT_EQ(NpyFileName("a b\\c"), "a%20b%5Cc");
-  for (const std::string name :
+  for (const std::string& name :
        std::vector<std::string>{"..", ".", "../..", "/", "a/../../b"}) {
     const std::string file = NpyFileName(name) + ".npy";
     EXPECT_EQ(file.find('/'), std::string::npos) << name;
