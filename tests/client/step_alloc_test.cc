@@ -66,6 +66,36 @@ Model MakeModel() {
   return m;
 }
 
+// A world of one with an in-process coordinator; Config() places every
+// parameter Replicate() on a 1-rank dp_replicate mesh.
+class WorldOfOne {
+ public:
+  explicit WorldOfOne(const std::string& job_id)
+      : service_(ServiceOptions(job_id)),
+        client_(&service_),
+        comm_(LocalCommunicator::Create()) {}
+  ~WorldOfOne() { service_.Shutdown(); }
+
+  absl::StatusOr<DistributedConfig> Config(size_t num_params) {
+    std::vector<ParamPlacement> placements(
+        num_params, ParamPlacement{{Placement::Replicate()}, {}});
+    return CreateMeshConfig(Mesh{{"dp_replicate"}, {1}}, placements,
+                            comm_.get(), &client_);
+  }
+
+ private:
+  static CoordinatorService::Options ServiceOptions(const std::string& id) {
+    CoordinatorService::Options so;
+    so.job_id = id;
+    so.world_size = 1;
+    return so;
+  }
+
+  CoordinatorService service_;
+  LocalCoordinationClient client_;
+  std::unique_ptr<Communicator> comm_;
+};
+
 int64_t CountStepAllocations(Muon& opt, int warm_steps) {
   for (int s = 0; s < warm_steps; ++s) EXPECT_TRUE(opt.Step().ok());
   allocations = 0;
@@ -87,31 +117,20 @@ TEST(StepAllocTest, Step_SingleDeviceWarm_AllocatesNothing) {
 TEST(StepAllocTest,
      Step_WorldOfOneWithCoordinatorAndAsync_AllocatesNothingOnceWarm) {
   openblas_set_num_threads(1);
-  CoordinatorService::Options so;
-  so.job_id = "alloc";
-  so.world_size = 1;
-  CoordinatorService service(so);
-  LocalCoordinationClient client(&service);
-  std::unique_ptr<Communicator> comm = LocalCommunicator::Create();
+  WorldOfOne world("alloc");
   Model m = MakeModel();
-  std::vector<ParamPlacement> placements(
-      m.ptrs.size(), ParamPlacement{{Placement::Replicate()}, {}});
-  absl::StatusOr<DistributedConfig> config = CreateMeshConfig(
-      Mesh{{"dp_replicate"}, {1}}, placements, comm.get(), &client);
+  absl::StatusOr<DistributedConfig> config = world.Config(m.ptrs.size());
   ASSERT_TRUE(config.ok()) << config.status();
   config->async_gpu_parallelism = true;
   config->prefetch_count = 1;
-  {
-    absl::StatusOr<std::unique_ptr<Muon>> opt =
-        Muon::Create(m.ptrs, MuonOptions{}, *config);
-    ASSERT_TRUE(opt.ok()) << opt.status();
-    // The counter sees allocations: the first step fills a fresh pooled
-    // report, whose fields get their storage then.
-    EXPECT_GT(CountStepAllocations(**opt, 0), 0);
-    // Warm every pooled report (capacity 64 + 1) once.
-    EXPECT_EQ(CountStepAllocations(**opt, 80), 0);
-  }
-  service.Shutdown();
+  absl::StatusOr<std::unique_ptr<Muon>> opt =
+      Muon::Create(m.ptrs, MuonOptions{}, *config);
+  ASSERT_TRUE(opt.ok()) << opt.status();
+  // The counter sees allocations: the first step fills a fresh pooled
+  // report, whose fields get their storage then.
+  EXPECT_GT(CountStepAllocations(**opt, 0), 0);
+  // Warm every pooled report (capacity 64 + 1) once.
+  EXPECT_EQ(CountStepAllocations(**opt, 80), 0);
 }
 
 // The CPU engine, recording the shapes it is asked to reserve for.
@@ -136,12 +155,7 @@ class ReserveRecordingEngine final : public kernels::NsEngine {
 };
 
 TEST(StepAllocTest, Create_ReservesEachOwnedShape_NotMaxRowsTimesMaxCols) {
-  CoordinatorService::Options so;
-  so.job_id = "reserve";
-  so.world_size = 1;
-  CoordinatorService service(so);
-  LocalCoordinationClient client(&service);
-  std::unique_ptr<Communicator> comm = LocalCommunicator::Create();
+  WorldOfOne world("reserve");
   // A 24 x 80 and an 80 x 24 matrix (as 4096 x 11008 and 11008 x 4096):
   // max rows x max cols would be 80 x 80.
   std::vector<Parameter> params(2);
@@ -155,25 +169,19 @@ TEST(StepAllocTest, Create_ReservesEachOwnedShape_NotMaxRowsTimesMaxCols) {
     params[i].grad = RandomValues(24 * 80, i + 10);
     ptrs.push_back(&params[i]);
   }
-  std::vector<ParamPlacement> placements(
-      ptrs.size(), ParamPlacement{{Placement::Replicate()}, {}});
-  absl::StatusOr<DistributedConfig> config = CreateMeshConfig(
-      Mesh{{"dp_replicate"}, {1}}, placements, comm.get(), &client);
+  absl::StatusOr<DistributedConfig> config = world.Config(ptrs.size());
   ASSERT_TRUE(config.ok()) << config.status();
   std::set<std::pair<int64_t, int64_t>> reserved;
   config->ns_engine_factory =
       [&]() -> absl::StatusOr<std::unique_ptr<kernels::NsEngine>> {
     return std::make_unique<ReserveRecordingEngine>(&reserved);
   };
-  {
-    absl::StatusOr<std::unique_ptr<Muon>> opt =
-        Muon::Create(ptrs, MuonOptions{}, *config);
-    ASSERT_TRUE(opt.ok()) << opt.status();
-    using Shape = std::pair<int64_t, int64_t>;
-    EXPECT_THAT(reserved, ::testing::ElementsAre(Shape{24, 80}, Shape{80, 24}));
-    EXPECT_TRUE((*opt)->Step().ok());
-  }
-  service.Shutdown();
+  absl::StatusOr<std::unique_ptr<Muon>> opt =
+      Muon::Create(ptrs, MuonOptions{}, *config);
+  ASSERT_TRUE(opt.ok()) << opt.status();
+  using Shape = std::pair<int64_t, int64_t>;
+  EXPECT_THAT(reserved, ::testing::ElementsAre(Shape{24, 80}, Shape{80, 24}));
+  EXPECT_TRUE((*opt)->Step().ok());
 }
 
 }  // namespace
