@@ -132,6 +132,19 @@ TEST(NewtonSchulzGramTest, Gram_SameInputTwice_BitwiseEqual) {
   EXPECT_TRUE(BitwiseEqual(first, fresh));
 }
 
+// With a restart every iteration, Gram NS re-forms R = X X^T each step,
+// forms Z with the standard method's own polynomial code and applies Q = Z
+// once: the standard iteration's operations, in its order.
+TEST(NewtonSchulzGramTest, Gram_RestartEveryStep_BitwiseEqualsStandard) {
+  for (auto [rows, cols] :
+       {std::pair<int64_t, int64_t>{96, 700}, {700, 96}, {130, 130}, {1, 33}}) {
+    const std::vector<float> u = RandomMatrix(rows, cols, 9);
+    EXPECT_TRUE(BitwiseEqual(RunNs(u, rows, cols, GramOptions(1)),
+                             RunNs(u, rows, cols, NewtonSchulzOptions())))
+        << rows << "x" << cols;
+  }
+}
+
 TEST(NewtonSchulzGramTest, Gram_ZeroSteps_EqualsStandardNormalisation) {
   const std::vector<float> u = RandomMatrix(40, 90, 8);
   NewtonSchulzOptions gram = GramOptions(2);
