@@ -132,8 +132,9 @@ typedef struct {
    * matrices, results stay bitwise the same (execution.replan_every_steps;
    * ABI version 3). */
   int replan_every_steps;
-  /* Newton-Schulz method: "standard" (NULL) or "gram" (iterate on the
-   * m x m Gram matrix; CPU only; MuonOptions::ns_method; ABI version 4). */
+  /* Newton-Schulz method: "standard" (NULL), "gram" (iterate on the
+   * m x m Gram matrix) or "auto" (per matrix, whichever executes fewer
+   * FLOPs); gram and auto CPU only; MuonOptions::ns_method; ABI version 4. */
   const char* ns_method;
 } muonrt_options;
 

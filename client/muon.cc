@@ -115,13 +115,14 @@ absl::Status ValidateMuonOptions(const MuonOptions& o) {
   if (!kernels::ParseNewtonSchulzMethod(o.ns_method).ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("ns_method \"", o.ns_method,
-                     "\" is not supported (use \"standard\" or \"gram\")"));
+                     "\" is not supported (use \"standard\", \"gram\" or "
+                     "\"auto\")"));
   }
-  if (o.ns_method == "gram" && o.device != "cpu") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ns_method \"gram\" is implemented on device \"cpu\" only, got "
-        "device \"",
-        o.device, "\""));
+  if (o.ns_method != "standard" && o.device != "cpu") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ns_method \"", o.ns_method,
+                     "\" is implemented on device \"cpu\" only, got device \"",
+                     o.device, "\""));
   }
   if (!(o.eps >= 0.0)) {
     return absl::InvalidArgumentError(

@@ -62,9 +62,11 @@ struct MuonOptions {
   // (torch's order) or "gram" (Gram Newton-Schulz, Dao AI Lab 2026:
   // iterates on the m x m Gram matrix, restarting every 2 iterations; fewer
   // FLOPs when max(rows, cols) is several times min(rows, cols); fp32 error
-  // against float64 within 2e-5 Frobenius, docs/benchmarks.md). The same
-  // on every rank, so distributed results still equal single-device ones.
-  // device "cpu" only.
+  // against float64 within 2e-5 Frobenius, docs/benchmarks.md) or "auto"
+  // (per matrix, whichever executes fewer FLOPs: gram once the long side
+  // exceeds twice the short one, kernels::ResolveNewtonSchulzMethod). The
+  // same on every rank, so distributed results still equal single-device
+  // ones. gram and auto: device "cpu" only.
   std::string ns_method = "standard";
   // Where this rank's owned matrices are orthogonalized: "cpu" (OpenBLAS
   // fp32) or "cuda" (cuBLAS on `cuda_device`, host-staged: parameters and

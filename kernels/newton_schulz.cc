@@ -237,13 +237,22 @@ absl::StatusOr<NewtonSchulzMethod> ParseNewtonSchulzMethod(
     absl::string_view name) {
   if (name == "standard") return NewtonSchulzMethod::kStandard;
   if (name == "gram") return NewtonSchulzMethod::kGram;
+  if (name == "auto") return NewtonSchulzMethod::kAuto;
   return absl::InvalidArgumentError(absl::StrCat(
-      "Newton-Schulz method must be \"standard\" or \"gram\", got \"", name,
-      "\""));
+      "Newton-Schulz method must be \"standard\", \"gram\" or \"auto\", got \"",
+      name, "\""));
 }
 
 absl::string_view NewtonSchulzMethodName(NewtonSchulzMethod method) {
-  return method == NewtonSchulzMethod::kGram ? "gram" : "standard";
+  switch (method) {
+    case NewtonSchulzMethod::kGram:
+      return "gram";
+    case NewtonSchulzMethod::kAuto:
+      return "auto";
+    case NewtonSchulzMethod::kStandard:
+      break;
+  }
+  return "standard";
 }
 
 absl::Status ValidateNewtonSchulzOptions(const NewtonSchulzOptions& options) {
@@ -271,7 +280,8 @@ absl::Status ValidateNewtonSchulzOptions(const NewtonSchulzOptions& options) {
         "NewtonSchulz: eps must be finite and >= 0, got ", options.eps));
   }
   if (options.method != NewtonSchulzMethod::kStandard &&
-      options.method != NewtonSchulzMethod::kGram) {
+      options.method != NewtonSchulzMethod::kGram &&
+      options.method != NewtonSchulzMethod::kAuto) {
     return absl::InvalidArgumentError(absl::StrCat(
         "NewtonSchulz: unknown method ", static_cast<int>(options.method)));
   }
@@ -344,7 +354,8 @@ absl::Status NewtonSchulz(const float* u, int64_t rows, int64_t cols,
   const int ld = static_cast<int>(cols);
 
   const int steps = NewtonSchulzIterations(options);
-  if (options.method == NewtonSchulzMethod::kGram) {
+  if (ResolveNewtonSchulzMethod(rows, cols, options) ==
+      NewtonSchulzMethod::kGram) {
     GrowTo(ws->q_, static_cast<int64_t>(m) * m);
     GrowTo(ws->tmp_, static_cast<int64_t>(m) * m);
     GramNewtonSchulz(u, tall, m, n, ld, options, out, ws->x_.data(),
@@ -463,12 +474,16 @@ double NewtonSchulzFlops(int64_t rows, int64_t cols,
   return NewtonSchulzFlops(rows, cols, NewtonSchulzIterations(options));
 }
 
-double NewtonSchulzExecutedFlops(int64_t rows, int64_t cols,
-                                 const NewtonSchulzOptions& options) {
+namespace {
+
+// NewtonSchulzExecutedFlops of one concrete method (kStandard or kGram).
+double ExecutedFlops(int64_t rows, int64_t cols,
+                     const NewtonSchulzOptions& options,
+                     NewtonSchulzMethod method) {
   const double m = static_cast<double>(std::min(rows, cols));
   const double n = static_cast<double>(std::max(rows, cols));
   const int steps = NewtonSchulzIterations(options);
-  if (options.method != NewtonSchulzMethod::kGram) {
+  if (method != NewtonSchulzMethod::kGram) {
     return steps * (3.0 * m * m * n + m * m * m);
   }
   const int every = std::max(options.gram_restart_every, 1);
@@ -478,6 +493,24 @@ double NewtonSchulzExecutedFlops(int64_t rows, int64_t cols,
     flops += 3.0 * m * m * n + (7.0 * len - 6.0) * m * m * m;
   }
   return flops;
+}
+
+}  // namespace
+
+NewtonSchulzMethod ResolveNewtonSchulzMethod(
+    int64_t rows, int64_t cols, const NewtonSchulzOptions& options) {
+  if (options.method != NewtonSchulzMethod::kAuto) return options.method;
+  return ExecutedFlops(rows, cols, options, NewtonSchulzMethod::kGram) <
+                 ExecutedFlops(rows, cols, options,
+                               NewtonSchulzMethod::kStandard)
+             ? NewtonSchulzMethod::kGram
+             : NewtonSchulzMethod::kStandard;
+}
+
+double NewtonSchulzExecutedFlops(int64_t rows, int64_t cols,
+                                 const NewtonSchulzOptions& options) {
+  return ExecutedFlops(rows, cols, options,
+                       ResolveNewtonSchulzMethod(rows, cols, options));
 }
 
 }  // namespace kernels

@@ -42,6 +42,11 @@ enum class NewtonSchulzMethod {
   // matrix and multiply X once per restart block; cheaper when n >> m, see
   // NewtonSchulz.
   kGram,
+  // Per matrix, whichever of kStandard and kGram executes fewer FLOPs
+  // (NewtonSchulzExecutedFlops; kStandard on a tie): with k = 5 and a
+  // restart every 2, kGram once the long side exceeds twice the short one
+  // (9m^2n + 17m^3 vs 15m^2n + 5m^3). See ResolveNewtonSchulzMethod.
+  kAuto,
 };
 
 // Coefficients and iteration count of the quintic Newton-Schulz iteration
@@ -82,14 +87,22 @@ struct NewtonSchulzOptions {
   int gram_restart_every = 2;
 };
 
-// Parses a method name: "standard" or "gram" (exact, case-sensitive).
+// Parses a method name: "standard", "gram" or "auto" (exact,
+// case-sensitive).
 // Errors:
 //   InvalidArgument: any other name (the message quotes it).
 absl::StatusOr<NewtonSchulzMethod> ParseNewtonSchulzMethod(
     absl::string_view name);
 
-// "standard" or "gram".
+// "standard", "gram" or "auto".
 absl::string_view NewtonSchulzMethodName(NewtonSchulzMethod method);
+
+// The method NewtonSchulz runs on a [rows, cols] matrix: options.method,
+// with kAuto resolved to the one of kStandard and kGram (with
+// options.gram_restart_every) that executes fewer FLOPs, kStandard on a
+// tie. Never returns kAuto.
+NewtonSchulzMethod ResolveNewtonSchulzMethod(
+    int64_t rows, int64_t cols, const NewtonSchulzOptions& options);
 
 // Number of iterations k that `options` runs: coefficients.size() when the
 // schedule is explicit, else steps.
@@ -243,7 +256,8 @@ double NewtonSchulzFlops(int64_t rows, int64_t cols,
 // ssyrk as half of the full product. kStandard: k * (3*m*m*n + m^3)
 // (A = X X^T: m*m*n, A*A: m^3, B X: 2*m*m*n); 2048x2048, k = 5: 1.72e11
 // (nominal 2.58e11). kGram: the sum over restart blocks of
-// 3*m*m*n + (7L - 6)*m^3 (see NewtonSchulz). Elementwise work not counted.
+// 3*m*m*n + (7L - 6)*m^3 (see NewtonSchulz). kAuto: the count of the method
+// ResolveNewtonSchulzMethod picks. Elementwise work not counted.
 double NewtonSchulzExecutedFlops(int64_t rows, int64_t cols,
                                  const NewtonSchulzOptions& options);
 

@@ -177,8 +177,9 @@ class Muon(torch.optim.Optimizer):
         ownership restriction); expert_stacks (names of 3-D
         [experts, rows, cols] parameters: each slice is its own matrix).
     Runtime (keyword-only): ns_schedule ("quintic" | "polar_express"),
-        ns_method ("standard" | "gram": iterate on the m x m Gram matrix,
-        CPU only),
+        ns_method ("standard" | "gram": iterate on the m x m Gram matrix |
+        "auto": per matrix, whichever executes fewer FLOPs, i.e. Gram when
+        the long side exceeds twice the short one; gram and auto CPU only),
         async_gpu_parallelism (bool), prefetch_count (int),
         assignment_policy ("lpt" | "round_robin"), bucket_size_bytes (int),
         transactional_step (bool, False: a step that fails on any rank

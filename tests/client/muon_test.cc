@@ -664,13 +664,16 @@ TEST(MuonTest, Create_UnknownNsMethod_ReturnsInvalidArgument) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("Gram")));
 }
 
-TEST(MuonTest, Create_GramOnCuda_ReturnsInvalidArgument) {
-  MuonOptions o;
-  o.ns_method = "gram";
-  o.device = "cuda";
-  EXPECT_THAT(ValidateMuonOptions(o),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("ns_method"), HasSubstr("cuda"))));
+TEST(MuonTest, Create_GramOrAutoOnCuda_ReturnsInvalidArgument) {
+  for (const char* method : {"gram", "auto"}) {
+    MuonOptions o;
+    o.ns_method = method;
+    o.device = "cuda";
+    EXPECT_THAT(ValidateMuonOptions(o),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr("ns_method"), HasSubstr(method),
+                               HasSubstr("cuda"))));
+  }
 }
 
 TEST(MuonOptionsTest, MuonOptionsFromProto_NsMethod_CopiedDefaultStandard) {
@@ -712,6 +715,31 @@ TEST(MuonTest, Step_GramMethod_ClosesToStandardButNotBitwise) {
   // lr * sqrt(max(1, rows/cols)) * |O| <= 0.05 * 1.94 * ~0.5; the O error
   // bound is 1e-4 of max |O|.
   EXPECT_LE(max_diff, 1e-5);
+}
+
+// ns_method = "auto" picks per matrix: the wide matrix's step is bitwise
+// the "gram" job's, the square one's bitwise the "standard" job's.
+TEST(MuonTest, Step_AutoMethod_GramForWideStandardForSquare_Bitwise) {
+  std::vector<float> wide_result[3], square_result[3];
+  const char* methods[3] = {"standard", "gram", "auto"};
+  for (int i = 0; i < 3; ++i) {
+    MuonOptions o;
+    o.lr = 0.05;
+    o.ns_method = methods[i];
+    Parameter wide = MakeParam("wide", 32, 160, 3);
+    Parameter square = MakeParam("square", 48, 48, 4);
+    wide.grad = RandomValues(32 * 160, 5);
+    square.grad = RandomValues(48 * 48, 6);
+    absl::StatusOr<std::unique_ptr<Muon>> muon =
+        Muon::Create(std::vector<Parameter*>{&wide, &square}, o);
+    ASSERT_TRUE(muon.ok()) << muon.status();
+    ASSERT_TRUE((*muon)->Step().ok());
+    wide_result[i] = wide.data;
+    square_result[i] = square.data;
+  }
+  EXPECT_FALSE(BitwiseEqual(wide_result[0], wide_result[1]));
+  EXPECT_TRUE(BitwiseEqual(wide_result[2], wide_result[1]));
+  EXPECT_TRUE(BitwiseEqual(square_result[2], square_result[0]));
 }
 
 TEST(MuonTest, Create_NsSteps100_ReturnsInvalidArgument) {

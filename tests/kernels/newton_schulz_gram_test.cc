@@ -145,6 +145,39 @@ TEST(NewtonSchulzGramTest, Gram_RestartEveryStep_BitwiseEqualsStandard) {
   }
 }
 
+// kAuto: Gram exactly when it executes fewer FLOPs (k = 5, restart 2:
+// long side > 2 x short side), and then bitwise the picked method.
+TEST(NewtonSchulzGramTest, Auto_GramPastAspectTwo_BitwiseEqualsPickedMethod) {
+  NewtonSchulzOptions auto_options;
+  auto_options.method = NewtonSchulzMethod::kAuto;
+  const struct {
+    int64_t rows, cols;
+    NewtonSchulzMethod expected;
+  } cases[] = {{32, 160, NewtonSchulzMethod::kGram},
+               {160, 32, NewtonSchulzMethod::kGram},
+               {64, 129, NewtonSchulzMethod::kGram},
+               {64, 128, NewtonSchulzMethod::kStandard},  // a tie
+               {100, 100, NewtonSchulzMethod::kStandard},
+               {90, 60, NewtonSchulzMethod::kStandard}};
+  for (const auto& c : cases) {
+    const NewtonSchulzMethod picked =
+        ResolveNewtonSchulzMethod(c.rows, c.cols, auto_options);
+    EXPECT_EQ(picked, c.expected) << c.rows << "x" << c.cols;
+    NewtonSchulzOptions explicit_options;
+    explicit_options.method = picked;
+    EXPECT_EQ(NewtonSchulzExecutedFlops(c.rows, c.cols, auto_options),
+              NewtonSchulzExecutedFlops(c.rows, c.cols, explicit_options));
+    const std::vector<float> u = RandomMatrix(c.rows, c.cols, 10);
+    EXPECT_TRUE(BitwiseEqual(RunNs(u, c.rows, c.cols, auto_options),
+                             RunNs(u, c.rows, c.cols, explicit_options)))
+        << c.rows << "x" << c.cols;
+  }
+  EXPECT_EQ(ResolveNewtonSchulzMethod(32, 160, GramOptions(2)),
+            NewtonSchulzMethod::kGram);
+  EXPECT_EQ(ResolveNewtonSchulzMethod(100, 100, GramOptions(2)),
+            NewtonSchulzMethod::kGram);  // explicit methods are kept
+}
+
 TEST(NewtonSchulzGramTest, Gram_ZeroSteps_EqualsStandardNormalisation) {
   const std::vector<float> u = RandomMatrix(40, 90, 8);
   NewtonSchulzOptions gram = GramOptions(2);
@@ -165,7 +198,8 @@ TEST(NewtonSchulzGramTest, Gram_PolarExpressSchedule_MatchesReference) {
 
 TEST(NewtonSchulzGramTest, ParseNewtonSchulzMethod_KnownNames_RoundTrip) {
   for (NewtonSchulzMethod method :
-       {NewtonSchulzMethod::kStandard, NewtonSchulzMethod::kGram}) {
+       {NewtonSchulzMethod::kStandard, NewtonSchulzMethod::kGram,
+        NewtonSchulzMethod::kAuto}) {
     const absl::StatusOr<NewtonSchulzMethod> parsed =
         ParseNewtonSchulzMethod(NewtonSchulzMethodName(method));
     ASSERT_TRUE(parsed.ok()) << parsed.status();

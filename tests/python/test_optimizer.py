@@ -335,6 +335,12 @@ def test_gram_newton_schulz_method_steps_close_to_reference():
     check_against_reference(seed=5, ref_kw={}, ns_method="gram")
 
 
+def test_auto_newton_schulz_method_steps_close_to_reference():
+    # ns_method="auto": Gram for matrices whose long side exceeds twice the
+    # short one, the standard method for the others.
+    check_against_reference(seed=7, ref_kw={}, ns_method="auto")
+
+
 def test_unknown_ns_method_is_refused_naming_it():
     init, _ = make_problem(seed=6)
     with pytest.raises(ValueError, match="ns_method"):
