@@ -93,9 +93,10 @@ void MirrorUpper(float* c, int m) {
 // c G^T G by ssyrk (m^3 FLOPs; the transposed form measured 2-4% faster
 // than G G^T with OpenBLAS 0.3.21), then b G + a I added to the upper
 // triangle row by row and the result mirrored. Upper element (i, j) is
-// fl(fl(c (G G)_ij) + fl(b G_ij)), plus a on the diagonal (built with
-// -ffp-contract=off: no fused multiply-adds), the same bits in every process
-// for the same G. (One tiled pass doing both measured 1.7x slower than the
+// fl(S_ij + fl(b G_ij)), plus a on the diagonal, where S_ij is c (G G)_ij as
+// ssyrk rounds it (built with -ffp-contract=off: no fused multiply-adds of
+// our own): the same bits in every process for the same G and OpenBLAS
+// configuration. (One tiled pass doing both measured 1.7x slower than the
 // two passes.)
 void SymmetricPolynomial(const float* g, int m, float a, float b, float c,
                          float* p) {
