@@ -263,9 +263,9 @@ NcclCommunicator::~NcclCommunicator() {
   }
   DeviceScope scope;
   scope.Enter(options_.device);
+  bool finalized = false;
   if (comm_ != nullptr) {
     nccl_api::Comm comm = static_cast<nccl_api::Comm>(comm_);
-    bool finalized = false;
     if (failed_.ok() && !aborted_.load() && IsOk(ncclCommFinalize(comm))) {
       finalized = WaitCommReady("destroy", comm_, "ncclCommFinalize(comm)",
                                 absl::Now() + options_.timeout,
@@ -280,11 +280,11 @@ NcclCommunicator::~NcclCommunicator() {
     comm_ = nullptr;
   }
   // cudaFree waits for the whole device, including a kernel stuck on a dead
-  // peer: after a failure or an abort the 4-byte buffer is left to the
-  // process's exit instead.
-  if (barrier_buffer_ != nullptr && failed_.ok() && !aborted_.load()) {
-    cudaFree(barrier_buffer_);
-  }
+  // peer: unless the communicator finalized cleanly (no failure, no abort,
+  // ncclCommFinalize completed in time), the 4-byte buffer is left to the
+  // process's exit instead. (On the clean path cudaFree still waits for
+  // the device's other work.)
+  if (barrier_buffer_ != nullptr && finalized) cudaFree(barrier_buffer_);
   if (stream_ != nullptr) {
     cudaStreamDestroy(static_cast<nccl_api::Stream>(stream_));
   }
@@ -935,6 +935,7 @@ absl::Status NcclCommunicator::ExchangeRootRanks(absl::string_view op,
                             cudaMalloc(&raw, world_size_ * sizeof(int32_t)));
   int32_t* gathered = static_cast<int32_t*>(raw);
   const int32_t mine = my_root_rank;
+  bool stream_done = false;  // The all-gather and the copies have finished.
   absl::Status status = [&]() -> absl::Status {
     // The upload is enqueued on the communicator's stream ahead of the
     // all-gather (a plain cudaMemcpy from pageable memory may return before
@@ -954,6 +955,7 @@ absl::Status NcclCommunicator::ExchangeRootRanks(absl::string_view op,
     std::vector<int32_t> host(world_size_);
     MUON_CUDA_RETURN_IF_ERROR(
         op, cudaMemcpy(host.data(), gathered, world_size_ * sizeof(int32_t)));
+    stream_done = true;
     for (int r = 0; r < world_size_; ++r) {
       if (host[r] < 0) {
         return absl::InternalError(
@@ -964,8 +966,8 @@ absl::Status NcclCommunicator::ExchangeRootRanks(absl::string_view op,
     }
     return absl::OkStatus();
   }();
-  // As in the destructor: no device-wide wait after a failure.
-  if (status.ok()) cudaFree(raw);
+  // As in the destructor: no device-wide wait when the stream may be stuck.
+  if (stream_done) cudaFree(raw);
   return status;
 }
 

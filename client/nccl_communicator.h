@@ -116,8 +116,9 @@ struct NcclOptions {
   // The rank's own part of AllToAllV (and of an uneven AllGatherV) as a
   // grouped ncclSend/ncclRecv to itself instead of a device-to-device copy
   // (NCCL allows send/recv to self). Slower; it lets a world of one on a
-  // single GPU run the grouped send/recv path that larger worlds use (the
-  // GPU checks set it). In-place own parts are still skipped.
+  // single GPU run AllToAllV's grouped send/recv path that larger worlds use
+  // (NcclWorldOfOneTest sets it; a world of one never takes the uneven
+  // AllGatherV path). In-place and empty own parts are still skipped.
   bool exchange_self_through_nccl = false;
 };
 

@@ -10,9 +10,14 @@
 # filesystem, and prints what it chose the first time (stderr).
 here=$(cd "$(dirname "$0")" && pwd)
 dest=/tmp/muon-bundle
-if [[ ! -d $dest/bin || $here/bundle.tar.xz -nt $dest/bin ]]; then
-  rm -rf "$dest" && mkdir -p "$dest" &&
-    tar -C "$dest" -xJf "$here/bundle.tar.xz" || exit 1
+# A stamp written after unpacking: tar gives bin/ the archive's (older)
+# mtimes, so comparing with bin/ would unpack again on every call.
+stamp=$dest/.unpacked
+if [[ ! -f $stamp || $here/bundle.tar.xz -nt $stamp ]]; then
+  staging=$(mktemp -d /tmp/muon-bundle.XXXXXX) &&
+    tar -C "$staging" -xJf "$here/bundle.tar.xz" &&
+    touch "$staging/.unpacked" || exit 1
+  rm -rf "$dest" && mv "$staging" "$dest" || exit 1
 fi
 cache=$dest/ld_library_path
 if [[ ! -s $cache ]]; then

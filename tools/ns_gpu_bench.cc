@@ -64,8 +64,8 @@ ABSL_FLAG(std::string, precision, "bf16", "bf16, tf32 or fp32.");
 ABSL_FLAG(std::string, schedule, "quintic", "quintic or polar_express.");
 ABSL_FLAG(int, repeats, 10, "Timed runs after 2 warm-ups.");
 ABSL_FLAG(int, calls, 20,
-          "Calls back to back per timed run (the time is divided by it): one "
-          "1024x1024 NS (~50 us of GPU work) is shorter than its enqueue.");
+          "Calls back to back per timed run (the time is divided by it): the "
+          "throughput of back-to-back calls.");
 ABSL_FLAG(int64_t, gemm_size, 8192, "m = n = k of the dense GEMM yardstick.");
 ABSL_FLAG(int64_t, batch, 1, "Matrices per NS call (strided-batched).");
 ABSL_FLAG(int, device, 0, "CUDA device.");
@@ -134,8 +134,10 @@ absl::StatusOr<cuda::DeviceBuffer> RandomOperand(int64_t n,
 // Best and median milliseconds of one call of `fn` (which enqueues on
 // `stream`) over `repeats` event-timed runs after 2 warm-ups; each run
 // enqueues --calls calls back to back between its events and counts the
-// elapsed time / calls, so that the host's enqueue time of one call does
-// not hide in the GPU time.
+// elapsed time / calls: the throughput of back-to-back calls. Where
+// enqueuing a call takes longer than its GPU work (1024x1024, ~50 us) that
+// is the host's enqueue rate, which a step without CUDA graphs pays too;
+// the GPU-only time would need a CUDA graph of the calls.
 template <typename Fn>
 absl::StatusOr<Timing> TimeDevice(void* stream, int repeats, Fn fn) {
   const int calls = absl::GetFlag(FLAGS_calls);

@@ -52,13 +52,14 @@ def parse_sizes(text):
     return shapes
 
 
-def time_cuda(torch, fn, repeats, warmup=2, calls=20):
+def time_cuda(torch, fn, repeats, calls, warmup=2):
     """Best and median milliseconds of one fn() on the current stream.
 
     Each timed run records `calls` calls back to back between its events and
-    counts the elapsed time / calls, so that the host's enqueue time of one
-    call (above the GPU time of a 1024x1024 Newton-Schulz) does not hide in
-    it; tools/ns_gpu_bench --calls does the same.
+    counts the elapsed time / calls: the throughput of back-to-back calls, as
+    tools/ns_gpu_bench --calls measures ours. Where enqueuing a call takes
+    longer than its GPU work (a 1024x1024 Newton-Schulz, ~50 us) this is the
+    host's enqueue rate, which is what a step without CUDA graphs pays too.
     """
     for _ in range(warmup):
         fn()
@@ -152,6 +153,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1024x1024,4096x4096,4096x11008,8192x8192")
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--calls", type=int, default=20,
+                        help="GPU: calls back to back per timed run")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--gemm_size", type=int, default=8192)
     parser.add_argument("--cpu", action="store_true",
@@ -209,7 +212,8 @@ def main():
         gen = torch.Generator(device=device).manual_seed(11)
         a = (torch.rand(m, k, device=device, generator=gen) * 2 - 1).bfloat16()
         b = (torch.rand(k, n, device=device, generator=gen) * 2 - 1).bfloat16()
-        best, _ = time_cuda(torch, lambda: torch.matmul(a, b), args.repeats)
+        best, _ = time_cuda(torch, lambda: torch.matmul(a, b), args.repeats,
+                            args.calls)
         return 2.0 * m * n * k / (best * 1e-3) / 1e12, best
 
     g = args.gemm_size
@@ -229,7 +233,7 @@ def main():
                 torch,
                 lambda: _zeropower_via_newtonschulz(
                     grad, coefficients, args.steps, EPS, **extra),
-                args.repeats)
+                args.repeats, args.calls)
             rate = flops / (best * 1e-3) / 1e12
             print(f"{rows}x{cols:<{10 - len(str(rows))}} {m:>5} {n:>5} "
                   f"{name:>8} {best:>7.2f}ms {median:>7.2f}ms {rate:>9.1f} "
