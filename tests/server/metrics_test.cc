@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/coordinator_server.h"
+#include "tests/http_get.h"
 #include "tests/server/test_specs.h"
 #include "tests/status_matchers.h"
 
@@ -23,34 +24,10 @@ namespace muon {
 namespace {
 
 using ::muon::testing::FourRankSpec;
+using ::muon::testing::HttpGet;
 using ::muon::testing::Manifests;
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-// GET http://127.0.0.1:port/path over a plain socket; the whole response
-// (headers and body), or "" on a socket error.
-std::string HttpGet(int port, const std::string& path) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return "";
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string response;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string request = absl::StrCat(
-        "GET ", path,
-        " HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
-    if (write(fd, request.data(), request.size()) ==
-        static_cast<ssize_t>(request.size())) {
-      char buf[4096];
-      ssize_t n;
-      while ((n = read(fd, buf, sizeof(buf))) > 0) response.append(buf, n);
-    }
-  }
-  close(fd);
-  return response;
-}
 
 TEST(MetricsTest, ServerWithMetrics_ReportStep_ScrapedValues) {
   absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> metrics =

@@ -24,11 +24,13 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/free_port.h"
+#include "tests/http_get.h"
 #include "tests/status_matchers.h"
 
 namespace muon {
 namespace {
 
+using ::muon::testing::HttpGet;
 using ::testing::HasSubstr;
 
 // Polls `pid` for up to `timeout`; returns its wait status or -1.
@@ -155,27 +157,6 @@ void StopDaemon(pid_t pid) {
     kill(pid, SIGKILL);
     WaitFor(pid, absl::Seconds(5));
   }
-}
-
-// GET http://127.0.0.1:port/path over a plain socket (HTTP/1.0).
-std::string HttpGet(int port, const std::string& path) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string response;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string request = absl::StrCat("GET ", path, " HTTP/1.0\r\n\r\n");
-    if (write(fd, request.data(), request.size()) ==
-        static_cast<ssize_t>(request.size())) {
-      char buf[4096];
-      ssize_t n;
-      while ((n = read(fd, buf, sizeof(buf))) > 0) response.append(buf, n);
-    }
-  }
-  close(fd);
-  return response;
 }
 
 std::string ReadAll(const std::string& path) {
