@@ -2,9 +2,6 @@
 // by a real CoordinatorServer, scraped over a plain socket.
 #include "server/metrics.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <memory>

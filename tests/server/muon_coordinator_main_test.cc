@@ -1,10 +1,7 @@
 // Tests of the muon-coordinator daemon binary: it starts on a free port,
 // writes --port_file, answers RPCs and exits 0 on SIGTERM.
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
