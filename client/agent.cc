@@ -64,7 +64,11 @@ absl::Status Agent::ConfirmPlanHash(const std::string& hash, int world_size,
                                     absl::Duration timeout) {
   MUON_RETURN_IF_ERROR(
       client_->KeySet(absl::StrCat("plan_hash/", rank_), hash));
-  for (int r : {0, (rank_ + 1) % std::max(1, world_size)}) {
+  // Rank 0's hash and the next rank's (one read when the next is rank 0).
+  const int next = (rank_ + 1) % std::max(1, world_size);
+  const int peers[] = {0, next};
+  for (int i = 0; i < (next == 0 ? 1 : 2); ++i) {
+    const int r = peers[i];
     if (r == rank_) continue;
     absl::StatusOr<std::string> other =
         client_->KeyGet(absl::StrCat("plan_hash/", r), timeout);
