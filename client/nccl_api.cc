@@ -147,10 +147,6 @@ int cudaMalloc(void** pointer, size_t bytes) {
 }
 int cudaFree(void* pointer) { return ::cudaFree(pointer); }
 
-int cudaMemset(void* pointer, int value, size_t bytes) {
-  return ::cudaMemset(pointer, value, bytes);
-}
-
 int cudaMemsetAsync(void* pointer, int value, size_t bytes, Stream stream) {
   return ::cudaMemsetAsync(pointer, value, bytes, stream);
 }

@@ -115,10 +115,9 @@ int cudaStreamDestroy(Stream stream);
 int cudaStreamQuery(Stream stream);
 int cudaMalloc(void** pointer, size_t bytes);
 int cudaFree(void* pointer);
-int cudaMemset(void* pointer, int value, size_t bytes);
 int cudaMemsetAsync(void* pointer, int value, size_t bytes, Stream stream);
 // Note: from pageable host memory cudaMemcpy may return before the DMA to
-// the device is done, and neither it nor cudaMemset orders with work on a
+// the device is done, and it does not order with work on a
 // non-blocking stream: use the Async forms on that stream, or
 // cudaDeviceSynchronize, before such work reads the bytes.
 int cudaMemcpy(void* dst, const void* src, size_t bytes);

@@ -605,9 +605,13 @@ absl::Status NcclCommunicator::AllToAllV(
       kBackend, rank_, world_size_, send, send_counts, recv, recv_counts));
   const std::vector<int64_t> send_offsets = Offsets(send_counts);
   const std::vector<int64_t> recv_offsets = Offsets(recv_counts);
-  const bool self_via_nccl =
-      options_.exchange_self_through_nccl && send_counts[rank_] > 0 &&
-      send + send_offsets[rank_] != recv + recv_offsets[rank_];
+  const float* own_send = send + send_offsets[rank_];
+  float* own_recv = recv + recv_offsets[rank_];
+  const size_t own_bytes = send_counts[rank_] * sizeof(float);
+  // The own part moves unless it is empty or in place: by a device copy, or
+  // with exchange_self_through_nccl by send/recv to self in the group.
+  const bool move_own = own_bytes > 0 && own_send != own_recv;
+  const bool self_via_nccl = move_own && options_.exchange_self_through_nccl;
   bool any_peer = self_via_nccl;
   for (int p = 0; p < world_size_; ++p) {
     if (p != rank_ && (send_counts[p] > 0 || recv_counts[p] > 0)) {
@@ -617,10 +621,7 @@ absl::Status NcclCommunicator::AllToAllV(
   return RunLocked(kOp, [&]() -> absl::Status {
     nccl_api::Comm comm = static_cast<nccl_api::Comm>(comm_);
     nccl_api::Stream stream = static_cast<nccl_api::Stream>(stream_);
-    const float* own_send = send + send_offsets[rank_];
-    float* own_recv = recv + recv_offsets[rank_];
-    const size_t own_bytes = send_counts[rank_] * sizeof(float);
-    if (own_bytes > 0 && own_send != own_recv && !self_via_nccl) {
+    if (move_own && !self_via_nccl) {
       MUON_CUDA_RETURN_IF_ERROR(
           kOp, cudaMemcpyAsync(own_recv, own_send, own_bytes, stream));
     }
@@ -672,9 +673,7 @@ absl::Status NcclCommunicator::AllGatherV(
       return absl::OkStatus();
     }
     float* own_recv = recv + offsets[rank_];
-    const bool self_via_nccl = options_.exchange_self_through_nccl &&
-                               send_count > 0 && send != own_recv;
-    if (send_count > 0 && send != own_recv && !self_via_nccl) {
+    if (send_count > 0 && send != own_recv) {
       MUON_CUDA_RETURN_IF_ERROR(
           kOp,
           cudaMemcpyAsync(own_recv, send, send_count * sizeof(float), stream));
@@ -682,7 +681,7 @@ absl::Status NcclCommunicator::AllGatherV(
     MUON_NCCL_RETURN_IF_ERROR(kOp, -1, ncclGroupStart());
     return EndGroup(kOp, [&]() -> absl::Status {
       for (int p = 0; p < world_size_; ++p) {
-        if (p == rank_ && !self_via_nccl) continue;
+        if (p == rank_) continue;
         if (send_count > 0) {
           MUON_NCCL_RETURN_IF_ERROR(
               kOp, p, ncclSend(send, send_count, kFloat32, p, comm, stream));

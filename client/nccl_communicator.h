@@ -113,12 +113,11 @@ struct NcclOptions {
   // so each group created on one coordinator needs its own prefix (e.g.
   // "nccl/<incarnation>"): a stale unique id would make Create time out.
   std::string prefix = "nccl";
-  // The rank's own part of AllToAllV (and of an uneven AllGatherV) as a
-  // grouped ncclSend/ncclRecv to itself instead of a device-to-device copy
-  // (NCCL allows send/recv to self). Slower; it lets a world of one on a
-  // single GPU run AllToAllV's grouped send/recv path that larger worlds use
-  // (NcclWorldOfOneTest sets it; a world of one never takes the uneven
-  // AllGatherV path). In-place and empty own parts are still skipped.
+  // The rank's own part of AllToAllV as a grouped ncclSend/ncclRecv to
+  // itself instead of a device-to-device copy (NCCL allows send/recv to
+  // self). Slower; it lets a world of one on a single GPU run the grouped
+  // send/recv path that larger worlds use (NcclWorldOfOneTest sets it).
+  // In-place and empty own parts are still skipped.
   bool exchange_self_through_nccl = false;
 };
 
