@@ -182,13 +182,7 @@ void GramNewtonSchulz(const float* u, bool tall, int m, int n, int ld,
       }
     }
     // X = Q X (V = X^T: V' = V Q^T).
-    if (tall) {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, m, 1.0f, x, ld,
-                  q, m, 0.0f, x_next, ld);
-    } else {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, m, 1.0f, q,
-                  m, x, ld, 0.0f, x_next, ld);
-    }
+    ApplyPoly(tall, m, n, q, x, ld, x_next);
     std::swap(x, x_next);
   }
   assert(x == out);
