@@ -6,6 +6,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/host_port.h"
 #include "common/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
@@ -15,13 +16,6 @@
 
 namespace muon {
 namespace {
-
-std::string HostPort(const std::string& host, int port) {
-  if (absl::StrContains(host, ':') && !absl::StartsWith(host, "[")) {
-    return absl::StrCat("[", host, "]:", port);  // IPv6 literal
-  }
-  return absl::StrCat(host, ":", port);
-}
 
 // Plaintext, or TLS from the PEM files in `tls`.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(

@@ -116,7 +116,6 @@ void CoordinatorService::MaybeStartGenerationLocked(absl::Time now) {
   in_process_ranks_.clear();
   plan_.Clear();
   rank_plan_.Clear();
-  matrix_names_.clear();
   layout_ = JobLayout();
   replans_.clear();
   ranks_.clear();
@@ -164,10 +163,6 @@ void CoordinatorService::PlanLocked(Completions* completions) {
   std::optional<JobPlan>& planned = *job;
   plan_ = std::move(planned->plan);
   rank_plan_ = PlanForRank(plan_, /*rank=*/-1);  // no rank's schedule
-  matrix_names_.clear();
-  for (const MatrixLayout& m : planned->layout.matrices) {
-    matrix_names_.push_back(m.name);
-  }
   layout_ = std::move(planned->layout);
   replans_.clear();
   state_ = JobState::kPlanned;
@@ -839,10 +834,10 @@ absl::StatusOr<v1::GetAssignmentsResponse> CoordinatorService::GetAssignments(
   }
   for (const v1::MatrixPlan& m : plan_.matrices()) {
     v1::RankAssignment* a = response.mutable_ranks(m.owner());
-    a->add_matrices(m.index() >= 0 &&
-                            m.index() < static_cast<int>(matrix_names_.size())
-                        ? matrix_names_[m.index()]
-                        : m.param());
+    a->add_matrices(
+        m.index() >= 0 && m.index() < static_cast<int>(layout_.matrices.size())
+            ? layout_.matrices[m.index()].name
+            : m.param());
     a->set_ns_flops(a->ns_flops() + m.ns_flops());
   }
   return response;

@@ -410,11 +410,9 @@ class CoordinatorService {
   // plan_ without schedule.ranks and loads: what every Join response
   // shares (each adds its own rank's schedule).
   v1::Plan rank_plan_ ABSL_GUARDED_BY(mu_);
-  // Display name of each plan matrix (JobLayout::matrices[i].name); valid
-  // when kPlanned.
-  std::vector<std::string> matrix_names_ ABSL_GUARDED_BY(mu_);
-  // The job's layout (for re-planning) and, per re-plan step boundary, the
-  // plan every rank gets there (PlanForRank form; the last few kept).
+  // The job's layout (for re-planning and the matrices' display names) and,
+  // per re-plan step boundary, the plan every rank gets there (PlanForRank
+  // form; the last few kept).
   JobLayout layout_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, v1::Plan> replans_ ABSL_GUARDED_BY(mu_);
   std::map<int, RankInfo> ranks_ ABSL_GUARDED_BY(mu_);

@@ -5,8 +5,8 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/host_port.h"
 #include "prometheus/collectable.h"
 #include "prometheus/counter.h"
 #include "prometheus/exposer.h"
@@ -30,13 +30,6 @@ prometheus::Histogram::BucketBoundaries SecondsBuckets() {
   prometheus::Histogram::BucketBoundaries b;
   for (double s = 1e-4; s < 200; s *= 4) b.push_back(s);
   return b;
-}
-
-std::string HostPort(const std::string& host, int port) {
-  if (absl::StrContains(host, ':') && !absl::StartsWith(host, "[")) {
-    return absl::StrCat("[", host, "]:", port);
-  }
-  return absl::StrCat(host, ":", port);
 }
 
 }  // namespace
