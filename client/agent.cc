@@ -174,17 +174,20 @@ void Agent::SendReport(const std::string& error, bool leaving) {
   if (response.ok() && !leaving) TakeResponse(*response);
 }
 
+absl::Status Agent::OnOwnFailure(const absl::Status& local) {
+  if (local.ok()) return local;
+  SendReport(std::string(local.message()), /*leaving=*/false);
+  RunAbortOnce();
+  return local;
+}
+
 absl::Status Agent::OnStepFailed(const absl::Status& local) {
   if (local.ok()) return local;
   const bool communication = absl::IsUnavailable(local) ||
                              absl::IsAborted(local) ||
                              absl::IsDeadlineExceeded(local);
-  if (!communication) {
-    // This rank's own failure: the coordinator tells everyone.
-    SendReport(std::string(local.message()), /*leaving=*/false);
-    RunAbortOnce();
-    return local;
-  }
+  // This rank's own failure: the coordinator tells everyone.
+  if (!communication) return OnOwnFailure(local);
   absl::Duration interval, timeout;
   {
     absl::MutexLock lock(&mu_);

@@ -135,6 +135,12 @@ class Agent {
   // OK stays OK.
   absl::Status OnStepFailed(const absl::Status& local);
 
+  // A failure known to be this rank's own whatever its code (e.g. the
+  // Replan RPC failing on this rank): reported to the coordinator at once,
+  // the local communicator aborted (once), `local` returned unchanged. OK
+  // stays OK.
+  absl::Status OnOwnFailure(const absl::Status& local);
+
   // The heartbeat interval in use (after Join).
   absl::Duration heartbeat_interval() const;
   // The coordinator's heartbeat timeout (after Join; 30 s if it sent none).

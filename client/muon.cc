@@ -559,15 +559,11 @@ absl::Status Muon::MaybeReplan() {
   }
   absl::StatusOr<v1::Plan> plan = agent_->Replan(step_);
   if (!plan.ok()) {
-    // Every rank switches at this boundary or none may step on: the
-    // coordinator makes it the job error.
-    // This rank's own failure (not a peer's): reported at once.
-    const absl::StatusCode code = plan.status().code();
-    const bool transport = code == absl::StatusCode::kUnavailable ||
-                           code == absl::StatusCode::kAborted ||
-                           code == absl::StatusCode::kDeadlineExceeded;
-    return agent_->OnStepFailed(absl::Status(
-        transport ? absl::StatusCode::kInternal : code,
+    // Every rank switches at this boundary or none may step on: this
+    // rank's own failure (not a peer's, whatever its code), reported at
+    // once so that the coordinator makes it the job error.
+    return agent_->OnOwnFailure(absl::Status(
+        plan.status().code(),
         absl::StrCat("rank ", rank_, ": re-planning after step ", step_,
                      " failed: ", plan.status().message())));
   }
@@ -577,7 +573,7 @@ absl::Status Muon::MaybeReplan() {
       StepExecutor::Create(rank_, world_size_, *plan, geometry_, comm_,
                            gather_fn_, redistribute_fn_, ns_engine_.get());
   if (!executor.ok()) {
-    return agent_->OnStepFailed(absl::InternalError(
+    return agent_->OnOwnFailure(absl::InternalError(
         absl::StrCat("rank ", rank_, ": the re-plan after step ", step_,
                      " does not fit this rank's parameters: ",
                      executor.status().message())));

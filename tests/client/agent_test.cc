@@ -427,6 +427,28 @@ TEST(AgentTest, OnStepFailed_OwnError_ReportedOtherRankAbortsNamingIt) {
   EXPECT_EQ(aborts.load(), 1);  // once
 }
 
+// OnOwnFailure: a failure of this rank's own with a transport code (a
+// Replan RPC that failed here) is reported at once and returned unchanged,
+// where OnStepFailed would wait for the coordinator to name a peer.
+TEST(AgentTest, OnOwnFailure_TransportCode_ReportedAndReturnedUnchanged) {
+  LocalJob job(absl::Milliseconds(300), Agent::Options(), 700);
+  std::vector<std::unique_ptr<Agent>>& agents = job.agents;
+  std::atomic<int> aborts{0};
+  agents[0]->SetAbortCallback([&] { ++aborts; });
+  for (auto& a : agents) a->Start();
+  const absl::Status own = absl::UnavailableError(
+      "rank 0: re-planning after step 4 failed: connection refused");
+  EXPECT_EQ(agents[0]->OnOwnFailure(own), own);
+  EXPECT_EQ(aborts.load(), 1);
+  ASSERT_TRUE(
+      WaitFor([&] { return !agents[1]->job_error().ok(); }, absl::Seconds(1)));
+  EXPECT_THAT(agents[1]->job_error(),
+              StatusIs(absl::StatusCode::kAborted,
+                       AllOf(HasSubstr("rank 0 failed"),
+                             HasSubstr("re-planning after step 4"))));
+  EXPECT_EQ(agents[0]->OnOwnFailure(absl::OkStatus()), absl::OkStatus());
+}
+
 // Issue 12: ConfirmPlanHash reads two hashes per rank (rank 0's and the
 // next rank's), not every rank's; a rank whose plan differs is named, and
 // the coordinator makes it the job error so that the ranks whose own
