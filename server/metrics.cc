@@ -66,7 +66,10 @@ CoordinatorMetrics::CoordinatorMetrics(std::string host)
                           "Duration of each optimizer operation (gather, "
                           "orthogonalize, redistribute, apply), seconds.")
                       .Register(*registry_);
-  for (const char* op : kOps) op_duration_->Add({{"op", op}}, SecondsBuckets());
+  for (const char* op : kOps) {
+    op_series_.emplace_back(op,
+                            &op_duration_->Add({{"op", op}}, SecondsBuckets()));
+  }
   ns_flops_ = &prometheus::BuildCounter()
                    .Name("muon_newton_schulz_flops_total")
                    .Help("Newton-Schulz FLOPs reported by every rank.")
@@ -174,13 +177,27 @@ void CoordinatorMetrics::RefreshRankStates() {
 }
 
 void CoordinatorMetrics::OnStepReport(const v1::StepReport& report) {
-  step_time_->Add({{"rank", std::to_string(report.rank())}})
-      .Set(report.step_time_s());
+  prometheus::Gauge* step_time = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    prometheus::Gauge*& series = step_time_series_[report.rank()];
+    if (series == nullptr) {
+      series = &step_time_->Add({{"rank", std::to_string(report.rank())}});
+    }
+    step_time = series;
+  }
+  step_time->Set(report.step_time_s());
   step_duration_->Observe(report.step_time_s());
   for (const v1::OpTiming& op : report.ops()) {
     if (op.op().empty()) continue;
-    op_duration_->Add({{"op", op.op()}}, SecondsBuckets())
-        .Observe(std::max(0.0, op.end_s() - op.start_s()));
+    auto known = std::find_if(
+        op_series_.begin(), op_series_.end(),
+        [&](const auto& series) { return series.first == op.op(); });
+    prometheus::Histogram& histogram =
+        known != op_series_.end()
+            ? *known->second
+            : op_duration_->Add({{"op", op.op()}}, SecondsBuckets());
+    histogram.Observe(std::max(0.0, op.end_s() - op.start_s()));
   }
   if (report.ns_flops() > 0) ns_flops_->Increment(report.ns_flops());
   if (report.bytes_sent() > 0) {

@@ -37,6 +37,8 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -105,6 +107,9 @@ class CoordinatorMetrics : public CoordinatorObserver {
   prometheus::Family<prometheus::Gauge>* step_time_ = nullptr;
   prometheus::Histogram* step_duration_ = nullptr;
   prometheus::Family<prometheus::Histogram>* op_duration_ = nullptr;
+  // op_duration_'s series of the known operations, registered up front so
+  // that a report does not look them up (a label map per op).
+  std::vector<std::pair<std::string, prometheus::Histogram*>> op_series_;
   prometheus::Counter* ns_flops_ = nullptr;
   prometheus::Counter* bytes_sent_ = nullptr;
   prometheus::Counter* bytes_received_ = nullptr;
@@ -117,6 +122,8 @@ class CoordinatorMetrics : public CoordinatorObserver {
   absl::Mutex mu_;  // never held while calling the service
   // Each rank's last StepReport.reports_dropped.
   std::map<int, int64_t> dropped_ ABSL_GUARDED_BY(mu_);
+  // Each rank's series of step_time_, looked up once per rank.
+  std::map<int, prometheus::Gauge*> step_time_series_ ABSL_GUARDED_BY(mu_);
 
   absl::Mutex watch_mu_;  // held while the scrape reads the service
   CoordinatorService* service_ ABSL_GUARDED_BY(watch_mu_) = nullptr;
