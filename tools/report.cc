@@ -231,30 +231,26 @@ std::string Timeline(const std::vector<v1::StepReport>& reports) {
     auto it = last.find(r.rank());
     if (it == last.end() || it->second->step() < r.step()) last[r.rank()] = &r;
   }
+  // Each rank's step on its own clock: times from its first op's start.
   std::vector<std::pair<int, std::string>> rows;
-  double t0 = 0, t1 = 0;
-  bool any = false;
+  std::map<int, double> start_of;
+  double t1 = 0;
   for (const auto& [rank, r] : last) {
     std::set<std::string> streams;
     for (const v1::OpTiming& op : r->ops()) {
       streams.insert(op.stream().empty() ? "main" : op.stream());
-      // Each rank's step on its own clock: times from its step start.
     }
     for (const std::string& s : streams) rows.push_back({rank, s});
-    double start = 0, end = 0;
-    bool first = true;
+    if (r->ops().empty()) continue;
+    double start = r->ops(0).start_s(), end = r->ops(0).end_s();
     for (const v1::OpTiming& op : r->ops()) {
-      if (first || op.start_s() < start) start = op.start_s();
-      if (first || op.end_s() > end) end = op.end_s();
-      first = false;
+      start = std::min(start, op.start_s());
+      end = std::max(end, op.end_s());
     }
-    if (!first) {
-      t1 = std::max(t1, end - start);
-      any = true;
-    }
+    start_of[rank] = start;
+    t1 = std::max(t1, end - start);
   }
-  if (!any) return "";
-  (void)t0;
+  if (start_of.empty()) return "";
   const int row_h = 18;
   const int height = static_cast<int>(rows.size()) * row_h + 40;
   const double scale = (kWidth - kLeft - kRight - 40) / std::max(t1, 1e-9);
@@ -274,9 +270,8 @@ std::string Timeline(const std::vector<v1::StepReport>& reports) {
                         Escape(rows[i].second));
   }
   for (const auto& [rank, r] : last) {
-    double start = 1e300;
-    for (const v1::OpTiming& op : r->ops())
-      start = std::min(start, op.start_s());
+    if (r->ops().empty()) continue;
+    const double start = start_of[rank];
     std::map<std::string, double> stream_end;  // waits: gaps in a stream
     for (const v1::OpTiming& op : r->ops()) {
       const std::string stream = op.stream().empty() ? "main" : op.stream();
