@@ -157,6 +157,18 @@ int Fail(std::ostream& err, const absl::Status& s) {
   return 1;
 }
 
+// Writes `text` to the file `path` (created or truncated). Errors:
+// Unavailable naming the path when it cannot be written.
+absl::Status WriteTextFile(const std::string& path, const std::string& text) {
+  std::ofstream file(path, std::ios::binary | std::ios::trunc);
+  file << text;
+  file.close();
+  if (!file) {
+    return absl::UnavailableError(absl::StrCat("cannot write \"", path, "\""));
+  }
+  return absl::OkStatus();
+}
+
 int CmdPlan(const std::vector<std::string>&, std::ostream& out,
             std::ostream& err) {
   const std::string path = F().spec;
@@ -609,12 +621,8 @@ int CmdTrace(const std::vector<std::string>&, std::ostream& out,
     out << json;
     return 0;
   }
-  std::ofstream file(path, std::ios::binary | std::ios::trunc);
-  file << json;
-  file.close();
-  if (!file) {
-    return Fail(err, absl::UnavailableError(
-                         absl::StrCat("cannot write \"", path, "\"")));
+  if (absl::Status s = WriteTextFile(path, json); !s.ok()) {
+    return Fail(err, s);
   }
   out << absl::StrFormat(
       "wrote %s: %d operations of %d steps on %d ranks (open in "
@@ -665,12 +673,8 @@ int CmdReport(const std::vector<std::string>&, std::ostream& out,
     }
   }
   const std::string html = RenderReportHtml(in);
-  std::ofstream file(F().out, std::ios::binary | std::ios::trunc);
-  file << html;
-  file.close();
-  if (!file) {
-    return Fail(err, absl::UnavailableError(
-                         absl::StrCat("cannot write \"", F().out, "\"")));
+  if (absl::Status s = WriteTextFile(F().out, html); !s.ok()) {
+    return Fail(err, s);
   }
   out << absl::StrFormat(
       "wrote %s: plan %s, %d ranks, %d step reports (open it in a browser; "
@@ -705,12 +709,8 @@ int CmdSpec(const std::vector<std::string>&, std::ostream& out,
     out << json << "\n";
     return 0;
   }
-  std::ofstream file(F().out, std::ios::binary | std::ios::trunc);
-  file << json << "\n";
-  file.close();
-  if (!file) {
-    return Fail(err, absl::UnavailableError(
-                         absl::StrCat("cannot write \"", F().out, "\"")));
+  if (absl::Status s = WriteTextFile(F().out, json + "\n"); !s.ok()) {
+    return Fail(err, s);
   }
   out << absl::StrFormat(
       "wrote %s: %d matrices (%d tensors skipped), mesh %s\n", F().out,
