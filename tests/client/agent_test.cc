@@ -240,12 +240,12 @@ TEST(AgentTest, Start_Heartbeats_SentEveryInterval) {
 }
 
 // Two ranks over dp_shard=2 with one replicated 4 x 4 parameter.
-std::vector<v1::RankManifest> TwoRankManifests() {
+std::vector<v1::RankManifest> RankManifests(int world_size) {
   v1::JobSpec spec;
   spec.set_job_id("agent");
   v1::MeshDim* dim = spec.mutable_mesh()->add_dims();
   dim->set_name("dp_shard");
-  dim->set_size(2);
+  dim->set_size(world_size);
   v1::ParamSpec* p = spec.add_params();
   p->set_name("w");
   p->add_shape(4);
@@ -267,23 +267,23 @@ void JoinAll(std::vector<std::unique_ptr<Agent>>& agents,
   for (std::thread& t : threads) t.join();
 }
 
-// Two ranks' agents (incarnations `incarnation` + rank) joined to one
-// in-process CoordinatorService with `heartbeat_timeout`.
+// `world_size` ranks' agents (incarnations `incarnation` + rank) joined to
+// one in-process CoordinatorService with `heartbeat_timeout`.
 struct LocalJob {
   LocalJob(absl::Duration heartbeat_timeout, const Agent::Options& options,
-           uint64_t incarnation)
+           uint64_t incarnation, int world_size = 2)
       : service([&] {
           CoordinatorService::Options o;
           o.job_id = "agent";
           o.heartbeat_timeout = heartbeat_timeout;
           return o;
         }()) {
-    for (int r = 0; r < 2; ++r) {
+    for (int r = 0; r < world_size; ++r) {
       clients.push_back(std::make_unique<LocalCoordinationClient>(&service));
       agents.push_back(std::make_unique<Agent>(clients.back().get(), r,
                                                incarnation + r, options));
     }
-    JoinAll(agents, TwoRankManifests());
+    JoinAll(agents, RankManifests(world_size));
   }
 
   CoordinatorService service;
@@ -314,7 +314,7 @@ TEST(AgentTest, Report_CoordinatorStopped_NeverBlocksAndStopBounded) {
     agents.push_back(
         std::make_unique<Agent>(clients.back().get(), r, 500 + r, options));
   }
-  JoinAll(agents, TwoRankManifests());
+  JoinAll(agents, RankManifests(2));
   for (auto& a : agents) a->Start();
   Agent& agent = *agents[0];
 
@@ -454,26 +454,37 @@ TEST(AgentTest, OnOwnFailure_TransportCode_ReportedAndReturnedUnchanged) {
 // the coordinator makes it the job error so that the ranks whose own
 // neighbours agree learn it too.
 TEST(AgentTest, ConfirmPlanHash_OneRankDiffers_NamedAndJobFailsForAll) {
-  LocalJob job(absl::Seconds(30), Agent::Options(), 800);
+  // Three ranks, rank 2 differs: rank 0 reads rank 1 (agrees) and returns
+  // OK; rank 1 reads rank 0 and rank 2; rank 2 reads rank 0.
+  LocalJob job(absl::Milliseconds(300), Agent::Options(), 800,
+               /*world_size=*/3);
   CoordinatorService& service = job.service;
   std::vector<std::unique_ptr<Agent>>& agents = job.agents;
-  std::vector<absl::Status> results(2);
+  std::vector<absl::Status> results(3);
   std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < 3; ++r) {
     threads.emplace_back([&, r] {
-      results[r] = agents[r]->ConfirmPlanHash(r == 1 ? "bbbb" : "aaaa", 2,
+      results[r] = agents[r]->ConfirmPlanHash(r == 2 ? "bbbb" : "aaaa", 3,
                                               absl::Seconds(5));
     });
   }
   for (std::thread& t : threads) t.join();
-  EXPECT_THAT(results[0], StatusIs(absl::StatusCode::kFailedPrecondition,
-                                   HasSubstr("rank 1 holds plan bbbb")));
+  EXPECT_THAT(results[0], IsOk());
   EXPECT_THAT(results[1], StatusIs(absl::StatusCode::kFailedPrecondition,
+                                   HasSubstr("rank 2 holds plan bbbb")));
+  EXPECT_THAT(results[2], StatusIs(absl::StatusCode::kFailedPrecondition,
                                    HasSubstr("rank 0 holds plan aaaa")));
   absl::StatusOr<v1::JobInfo> info = service.GetJob(v1::GetJobRequest());
   ASSERT_THAT(info, IsOk());
   EXPECT_EQ(info->state(), "failed");
   EXPECT_THAT(info->error(), HasSubstr("every rank must run the same plan"));
+  // Rank 0, whose neighbours agreed, learns the job error by heartbeat.
+  agents[0]->Start();
+  ASSERT_TRUE(
+      WaitFor([&] { return !agents[0]->job_error().ok(); }, absl::Seconds(2)));
+  EXPECT_THAT(agents[0]->job_error(),
+              StatusIs(absl::StatusCode::kAborted,
+                       HasSubstr("every rank must run the same plan")));
 }
 
 // A communication error while a peer died: the coordinator names the peer
@@ -516,7 +527,7 @@ TEST(AgentTest, Heartbeats_CoordinatorDies_NoticedOnceWithinTimeout) {
     agents.push_back(std::make_unique<Agent>(clients.back().get(), r, 600 + r,
                                              Agent::Options()));
   }
-  JoinAll(agents, TwoRankManifests());
+  JoinAll(agents, RankManifests(2));
   for (auto& a : agents) a->Start();
   absl::SleepFor(absl::Milliseconds(200));
   EXPECT_FALSE(agents[0]->coordinator_unreachable());
@@ -614,7 +625,7 @@ TEST(AgentTest, Heartbeats_CoordinatorRestarted_DetectedOnceAtNextBeat) {
     agents.push_back(
         std::make_unique<Agent>(clients.back().get(), r, 300 + r, options));
   }
-  JoinAll(agents, TwoRankManifests());
+  JoinAll(agents, RankManifests(2));
   for (auto& a : agents) a->Start();
   absl::SleepFor(absl::Milliseconds(60));
   EXPECT_FALSE(agents[0]->coordinator_unreachable());
