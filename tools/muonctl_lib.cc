@@ -865,14 +865,20 @@ void JsonFlag(CLI::App* app) {
                 "table");
 }
 
-void PlanFlags(CLI::App* app) {
+// --spec (required, an existing file) and --policy (described by
+// `policy_help`).
+void SpecAndPolicyFlags(CLI::App* app, const std::string& policy_help) {
   app->add_option("--spec", F().spec, "Job spec file (JSON, muon.v1.JobSpec)")
       ->required()
       ->check(CLI::ExistingFile);
-  app->add_option("--policy", F().policy,
-                  "Assignment policy: lpt or round_robin (default: the "
-                  "spec's, else lpt)")
+  app->add_option("--policy", F().policy, policy_help)
       ->check(CLI::IsMember({"lpt", "round_robin"}));
+}
+
+void PlanFlags(CLI::App* app) {
+  SpecAndPolicyFlags(app,
+                     "Assignment policy: lpt or round_robin (default: the "
+                     "spec's, else lpt)");
   JsonFlag(app);
 }
 
@@ -891,8 +897,10 @@ void StatusFlags(CLI::App* app) {
       ->check(CLI::NonNegativeNumber);
 }
 
-void ReportFlags(CLI::App* app) {
-  LiveFlags(app);
+// LiveFlags (--coordinator required unless `coordinator_required` is
+// false) and --last_steps.
+void ReportFlags(CLI::App* app, bool coordinator_required = true) {
+  LiveFlags(app, coordinator_required);
   app->add_option("--last_steps", F().last_steps,
                   "Each rank's last N kept steps (0 = all kept)")
       ->check(CLI::NonNegativeNumber);
@@ -964,15 +972,10 @@ void ValidateRankFlags(CLI::App* app) {
 }
 
 void ReportCommandFlags(CLI::App* app) {
-  app->add_option("--spec", F().spec, "Job spec file (JSON, muon.v1.JobSpec)")
-      ->required()
-      ->check(CLI::ExistingFile);
-  app->add_option("--policy", F().policy,
-                  "Assignment policy shown next to round-robin (default: the "
-                  "spec's, else lpt)")
-      ->check(CLI::IsMember({"lpt", "round_robin"}));
-  ReportFlags(app);
-  app->get_option("--coordinator")->required(false);
+  SpecAndPolicyFlags(app,
+                     "Assignment policy shown next to round-robin (default: "
+                     "the spec's, else lpt)");
+  ReportFlags(app, /*coordinator_required=*/false);
   app->add_option("--out", F().out, "Output HTML file")->required();
 }
 
