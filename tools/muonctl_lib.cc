@@ -171,12 +171,8 @@ absl::Status WriteTextFile(const std::string& path, const std::string& text) {
 
 int CmdPlan(const std::vector<std::string>&, std::ostream& out,
             std::ostream& err) {
-  const std::string path = F().spec;
-  if (path.empty()) {
-    err << "muonctl plan: --spec FILE is required\n";
-    return 2;
-  }
-  absl::StatusOr<v1::JobSpec> spec = LoadJobSpec(path);
+  // --spec is required and checked to exist by its flag (PlanFlags).
+  absl::StatusOr<v1::JobSpec> spec = LoadJobSpec(F().spec);
   if (!spec.ok()) return Fail(err, spec.status());
   absl::StatusOr<JobPlan> p = PlanJobSpec(*spec, F().policy);
   if (!p.ok()) return Fail(err, p.status());
@@ -408,12 +404,8 @@ double Percentile(const std::vector<double>& sorted, double p) {
 
 absl::StatusOr<v1::GetReportsResponse> FetchReports(std::ostream& err) {
   MUON_ASSIGN_OR_RETURN(std::unique_ptr<CoordinationClient> c, Connect(err));
-  const int last_steps = F().last_steps;
-  if (last_steps < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--last_steps is ", last_steps, "; must be >= 0"));
-  }
-  return c->GetReports(/*rank=*/-1, last_steps);
+  // --last_steps >= 0 is checked by its flag (ReportFlags).
+  return c->GetReports(/*rank=*/-1, F().last_steps);
 }
 
 // `muonctl timings`: per rank and operation, the count and the p50 / p99 of
@@ -812,11 +804,9 @@ ValidateOptions ValidateFlags() {
 
 int CmdValidate(const std::vector<std::string>&, std::ostream& out,
                 std::ostream& err) {
+  // --spec (required, existing) and --steps (positive, default 3) are
+  // checked by their flags (ValidateFlagSet).
   ValidateOptions o = ValidateFlags();
-  if (o.spec_path.empty() || o.steps < 1) {
-    err << "muonctl validate: --spec FILE and --steps K >= 1 are required\n";
-    return 2;
-  }
   absl::Status s = RunValidate(o, out);
   return s.ok() ? 0 : Fail(err, s);
 }
