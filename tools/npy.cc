@@ -270,8 +270,12 @@ absl::StatusOr<NpyArray> ParseNpy(absl::string_view bytes,
   return a;
 }
 
-absl::StatusOr<NpyArray> ReadNpy(const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
+namespace {
+
+// Opens `path` into `in` and reads and checks its preamble and header
+// (against the file's real size); `in` is left at the data.
+absl::StatusOr<NpyHeader> OpenNpy(const std::string& path, std::ifstream& in) {
+  in.open(path, std::ios::binary | std::ios::ate);
   if (!in.good()) {
     return absl::NotFoundError(absl::StrCat("cannot open ", path));
   }
@@ -294,7 +298,21 @@ absl::StatusOr<NpyArray> ReadNpy(const std::string& path) {
   if (!in.good()) {
     return absl::DataLossError(absl::StrCat(path, ": truncated header"));
   }
-  absl::StatusOr<NpyHeader> h = ParseHeader(header, offset + len, size, path);
+  return ParseHeader(header, offset + len, size, path);
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<int64_t>> ReadNpyShape(const std::string& path) {
+  std::ifstream in;
+  absl::StatusOr<NpyHeader> h = OpenNpy(path, in);
+  if (!h.ok()) return h.status();
+  return std::move(h->shape);
+}
+
+absl::StatusOr<NpyArray> ReadNpy(const std::string& path) {
+  std::ifstream in;
+  absl::StatusOr<NpyHeader> h = OpenNpy(path, in);
   if (!h.ok()) return h.status();
   NpyArray a;
   a.shape = h->shape;

@@ -43,6 +43,11 @@ struct NpyArray {
 // DataLoss (truncated header or data, with the byte counts).
 absl::StatusOr<NpyArray> ReadNpy(const std::string& path);
 
+// The shape of the .npy file `path`, reading only its header: the same
+// checks and errors as ReadNpy except those of the data bytes' reading
+// (the file's size must still match the header).
+absl::StatusOr<std::vector<int64_t>> ReadNpyShape(const std::string& path);
+
 // ReadNpy on the bytes of a whole file in memory; `what` names it in
 // messages. Same checks and errors (no NotFound).
 absl::StatusOr<NpyArray> ParseNpy(absl::string_view bytes,

@@ -125,27 +125,38 @@ std::vector<float> Synthetic(uint64_t seed, int64_t step, int param,
   return v;
 }
 
+// The .npy file of parameter `p`'s initial values (step < 0) or of its
+// gradient at `step`, under `dir` (--init or --grads).
+std::string InputPath(const std::string& dir, const v1::ParamSpec& p,
+                      int64_t step) {
+  return step < 0
+             ? absl::StrCat(dir, "/", NpyFileName(p.name()), ".npy")
+             : absl::StrCat(dir, "/", step, "/", NpyFileName(p.name()), ".npy");
+}
+
+// InvalidArgument naming the file and both shapes unless `got` is p's.
+absl::Status CheckInputShape(const std::string& path,
+                             const std::vector<int64_t>& got,
+                             const v1::ParamSpec& p) {
+  const std::vector<int64_t> shape = ShapeOf(p);
+  if (got == shape) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      path, " has shape [", absl::StrJoin(got, ", "), "] but parameter \"",
+      p.name(), "\" is [", absl::StrJoin(shape, ", "), "]"));
+}
+
 // The full [rows, cols] tensor of parameter i: initial values (step < 0) or
 // the gradient of `step`.
 absl::StatusOr<std::vector<float>> FullTensor(const ValidateOptions& o,
                                               const v1::ParamSpec& p, int i,
                                               int64_t step) {
-  const std::vector<int64_t> shape = ShapeOf(p);
   const std::string& dir = step < 0 ? o.init_dir : o.grads_dir;
   if (dir.empty()) {
-    return Synthetic(o.seed, step, i, Numel(shape), step < 0 ? 0.1 : 1.0);
+    return Synthetic(o.seed, step, i, Numel(ShapeOf(p)), step < 0 ? 0.1 : 1.0);
   }
-  const std::string path =
-      step < 0
-          ? absl::StrCat(dir, "/", NpyFileName(p.name()), ".npy")
-          : absl::StrCat(dir, "/", step, "/", NpyFileName(p.name()), ".npy");
+  const std::string path = InputPath(dir, p, step);
   MUON_ASSIGN_OR_RETURN(NpyArray a, ReadNpy(path));
-  if (a.shape != shape) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, " has shape [", absl::StrJoin(a.shape, ", "),
-                     "] but parameter \"", p.name(), "\" is [",
-                     absl::StrJoin(shape, ", "), "]"));
-  }
+  MUON_RETURN_IF_ERROR(CheckInputShape(path, a.shape, p));
   return std::move(a.data);
 }
 
@@ -516,14 +527,21 @@ absl::StatusOr<std::vector<float>> Assemble(const SpecParams& s, int i,
 // Errors: ReadNpy's (NotFound / DataLoss naming the path); InvalidArgument
 // for a shape other than the parameter's (names the file, both shapes).
 absl::Status CheckInputFiles(const ValidateOptions& o, const SpecParams& s) {
-  for (int i = 0; i < s.spec.params_size(); ++i) {
-    const v1::ParamSpec& p = s.spec.params(i);
+  // Headers only (ReadNpyShape checks the file size against the header):
+  // the ranks read the data.
+  auto check = [&](const std::string& dir, const v1::ParamSpec& p,
+                   int64_t step) -> absl::Status {
+    const std::string path = InputPath(dir, p, step);
+    MUON_ASSIGN_OR_RETURN(std::vector<int64_t> shape, ReadNpyShape(path));
+    return CheckInputShape(path, shape, p);
+  };
+  for (const v1::ParamSpec& p : s.spec.params()) {
     if (!o.init_dir.empty()) {
-      MUON_RETURN_IF_ERROR(FullTensor(o, p, i, /*step=*/-1).status());
+      MUON_RETURN_IF_ERROR(check(o.init_dir, p, /*step=*/-1));
     }
     if (o.grads_dir.empty()) continue;
     for (int64_t step = 0; step < o.steps; ++step) {
-      MUON_RETURN_IF_ERROR(FullTensor(o, p, i, step).status());
+      MUON_RETURN_IF_ERROR(check(o.grads_dir, p, step));
     }
   }
   return absl::OkStatus();

@@ -168,6 +168,33 @@ TEST(NpyTest, ReadNpy_RoundTripAndStrictFile) {
   std::remove(path.c_str());
 }
 
+// ReadNpyShape reads only the header but checks it against the file's
+// size, as ReadNpy does: a file with missing or extra data is refused.
+TEST(NpyTest, ReadNpyShape_HeaderOnly_SameSizeChecksAsReadNpy) {
+  const std::string dir = ::testing::TempDir();
+  const std::string path = absl::StrCat(dir, "/npy_test_shape.npy");
+  const std::vector<float> v(12, 1.0f);
+  ASSERT_THAT(WriteNpy(path, {3, 4}, v.data()), IsOk());
+  absl::StatusOr<std::vector<int64_t>> shape = ReadNpyShape(path);
+  ASSERT_THAT(shape, IsOk());
+  EXPECT_THAT(*shape, ElementsAre(3, 4));
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::app);
+    out << "x";
+  }
+  EXPECT_THAT(ReadNpyShape(path), StatusIs(kInvalid, HasSubstr("trailing")));
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << Npy(Header("<f4", "(3, 4)"), 40);
+  }
+  EXPECT_THAT(ReadNpyShape(path),
+              StatusIs(kDataLoss, AllOf(HasSubstr("needs 48 bytes"),
+                                        HasSubstr("holds 40"))));
+  EXPECT_THAT(ReadNpyShape(absl::StrCat(dir, "/missing.npy")),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("missing.npy")));
+  std::remove(path.c_str());
+}
+
 TEST(NpyTest, NpyFileName_PathCharacters_AreEscaped) {
   EXPECT_EQ(NpyFileName("fc1.weight"), "fc1.weight");
   EXPECT_EQ(NpyFileName("layers.0.mlp-w_1"), "layers.0.mlp-w_1");
