@@ -71,8 +71,13 @@ v1::Schedule MakeScheduleHeader(const v1::Plan& plan, bool async,
   return s;
 }
 
-v1::RankSchedule MakeRankSchedule(const v1::Plan& plan, int rank) {
-  const v1::Schedule& header = plan.schedule();
+namespace {
+
+// MakeRankSchedule with the header given apart from the plan (whose buckets
+// and owners are read), so that callers holding a new header need not copy
+// the plan to attach it.
+v1::RankSchedule DeriveRankSchedule(const v1::Schedule& header,
+                                    const v1::Plan& plan, int rank) {
   const int buckets = plan.buckets_size();
   const std::vector<char> owns = OwnedBuckets(plan, rank);
   v1::RankSchedule rs;
@@ -106,16 +111,17 @@ v1::RankSchedule MakeRankSchedule(const v1::Plan& plan, int rank) {
   return rs;
 }
 
+}  // namespace
+
+v1::RankSchedule MakeRankSchedule(const v1::Plan& plan, int rank) {
+  return DeriveRankSchedule(plan.schedule(), plan, rank);
+}
+
 v1::Schedule MakeSchedule(const v1::Plan& plan, bool async,
                           int prefetch_count) {
-  v1::Plan with_header;  // the plan's buckets and owners, the new header
-  *with_header.mutable_matrices() = plan.matrices();
-  *with_header.mutable_buckets() = plan.buckets();
-  *with_header.mutable_schedule() =
-      MakeScheduleHeader(plan, async, prefetch_count);
-  v1::Schedule s = with_header.schedule();
+  v1::Schedule s = MakeScheduleHeader(plan, async, prefetch_count);
   for (int r = 0; r < plan.world_size(); ++r) {
-    *s.add_ranks() = MakeRankSchedule(with_header, r);
+    *s.add_ranks() = DeriveRankSchedule(s, plan, r);
   }
   return s;
 }
@@ -226,10 +232,7 @@ absl::Status ValidateSchedule(const v1::Schedule& s, const v1::Plan& plan) {
     }
     // The collectives and slots every rank derives: those of a rank owning
     // nothing (-1); owners only add orthogonalize on their own stream.
-    v1::Plan header_plan;
-    *header_plan.mutable_schedule() = s;
-    *header_plan.mutable_buckets() = plan.buckets();
-    return ValidateRankSchedule(MakeRankSchedule(header_plan, -1), s, plan);
+    return ValidateRankSchedule(DeriveRankSchedule(s, plan, -1), s, plan);
   }
   if (s.ranks_size() != plan.world_size()) {
     return absl::InvalidArgumentError(
