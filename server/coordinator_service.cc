@@ -880,6 +880,15 @@ absl::StatusOr<v1::ListRanksResponse> CoordinatorService::ListRanks(
   return response;
 }
 
+std::map<std::string, int> CoordinatorService::RankStateCounts() {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = options_.now();
+  CheckLostLocked(now);
+  std::map<std::string, int> counts;
+  for (const auto& [rank, info] : ranks_) ++counts[RankStateLocked(info, now)];
+  return counts;
+}
+
 absl::StatusOr<v1::KeySetResponse> CoordinatorService::KeySet(
     const v1::KeySetRequest& request) {
   MUON_RETURN_IF_ERROR(CheckJobId(request.job_id()));

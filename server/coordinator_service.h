@@ -240,6 +240,12 @@ class CoordinatorService {
   absl::StatusOr<v1::ListRanksResponse> ListRanks(
       const v1::ListRanksRequest& request);
 
+  // Number of ranks in each state (the RankStatus.state names: "joining",
+  // "ready", "running", ...), after the same lost-rank check as ListRanks:
+  // what the metrics endpoint scrapes, without building ListRanks' per-rank
+  // statuses or sorting step times.
+  std::map<std::string, int> RankStateCounts();
+
   // The kept step reports (at most reports_kept per rank) of request.rank
   // (-1 = every rank that joined), the last request.last_steps of each rank
   // (0 = all kept), ordered by rank, then step (then arrival).

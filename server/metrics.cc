@@ -165,11 +165,7 @@ void CoordinatorMetrics::Watch(CoordinatorService* service) {
 void CoordinatorMetrics::RefreshRankStates() {
   absl::MutexLock lock(&watch_mu_);
   if (service_ == nullptr) return;
-  absl::StatusOr<v1::ListRanksResponse> ranks =
-      service_->ListRanks(v1::ListRanksRequest());
-  if (!ranks.ok()) return;
-  std::map<std::string, int> counts;
-  for (const v1::RankStatus& r : ranks->ranks()) ++counts[r.state()];
+  const std::map<std::string, int> counts = service_->RankStateCounts();
   for (const char* s : kRankStates) {
     auto it = counts.find(s);
     rank_state_->Add({{"state", s}}).Set(it == counts.end() ? 0 : it->second);
