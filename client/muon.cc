@@ -380,9 +380,6 @@ absl::Status Muon::MakeDataPath(const DistributedConfig& config,
   } else {
     MUON_ASSIGN_OR_RETURN(ns_engine_, MakeNsEngine(options_, rank));
   }
-  geometry_ = geometry;  // kept to rebuild the executor on a re-plan
-  gather_fn_ = config.gather_fn;
-  redistribute_fn_ = config.redistribute_fn;
   replan_every_steps_ = config.replan_every_steps;
   absl::StatusOr<std::unique_ptr<StepExecutor>> executor = StepExecutor::Create(
       rank, state.world_size, plan_, std::move(geometry), comm,
@@ -570,8 +567,7 @@ absl::Status Muon::MaybeReplan() {
   replanned_at_ = step_;
   if (plan->hash() == plan_.hash()) return absl::OkStatus();
   absl::StatusOr<std::unique_ptr<StepExecutor>> executor =
-      StepExecutor::Create(rank_, world_size_, *plan, geometry_, comm_,
-                           gather_fn_, redistribute_fn_, ns_engine_.get());
+      executor_->ForPlan(*plan);
   if (!executor.ok()) {
     return agent_->OnOwnFailure(absl::InternalError(
         absl::StrCat("rank ", rank_, ": the re-plan after step ", step_,

@@ -342,10 +342,6 @@ class Muon {
   std::unique_ptr<kernels::NsEngine> ns_engine_;
   std::unique_ptr<Agent> agent_;
   std::unique_ptr<StepExecutor> executor_;
-  // What a re-plan rebuilds the executor from.
-  std::vector<MatrixGeometry> geometry_;
-  GatherFn gather_fn_;
-  RedistributeFn redistribute_fn_;
   int replan_every_steps_ = 0;
   int64_t replanned_at_ = -1;                 // step_ of the last re-plan asked
   std::vector<std::vector<float>> buffers_;   // momentum, local shards

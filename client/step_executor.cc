@@ -72,6 +72,12 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
   return ex;
 }
 
+absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::ForPlan(
+    const v1::Plan& plan) const {
+  return Create(rank_, world_size_, plan, geometry_, comm_, gather_fn_,
+                redistribute_fn_, ns_engine_);
+}
+
 absl::Status StepExecutor::CheckPlanMatrix(const v1::Plan& plan, int mi,
                                            int m) const {
   const v1::MatrixPlan& mp = plan.matrices(mi);

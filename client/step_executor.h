@@ -126,6 +126,12 @@ class StepExecutor {
       GatherFn gather_fn, RedistributeFn redistribute_fn,
       kernels::NsEngine* ns_engine);
 
+  // An executor for `plan` (a re-plan of the same job) with this one's
+  // rank, matrices, communicator, gather/redistribute functions and
+  // Newton-Schulz engine. Errors: those of Create.
+  absl::StatusOr<std::unique_ptr<StepExecutor>> ForPlan(
+      const v1::Plan& plan) const;
+
   ~StepExecutor();
 
   // Runs gather -> orthogonalize -> redistribute -> apply for every bucket.
