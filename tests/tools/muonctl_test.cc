@@ -25,6 +25,7 @@
 #include "plan/schedule.h"
 #include "server/coordinator_server.h"
 #include "tests/status_matchers.h"
+#include "tests/tools/safetensors_writer.h"
 #include "tools/muonctl_lib.h"
 
 namespace muon {
@@ -638,27 +639,13 @@ TEST(MuonctlCliTest, Status_RankLost_ExitsOneNamingIt) {
   EXPECT_THAT(err.str(), HasSubstr("rank 0")) << out.str();
 }
 
-// Writes a .safetensors file: the header JSON for `tensors` (name, F32,
-// shape) and zero-filled data.
+// A .safetensors file of F32 `tensors` (name, shape), zero-filled.
 void WriteSafetensors(
     const std::string& path,
     const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors) {
-  std::string header = "{";
-  int64_t offset = 0;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    int64_t n = 4;
-    for (int64_t d : tensors[i].second) n *= d;
-    absl::StrAppend(&header, i > 0 ? "," : "", "\"", tensors[i].first,
-                    "\":{\"dtype\":\"F32\",\"shape\":[",
-                    absl::StrJoin(tensors[i].second, ","),
-                    "],\"data_offsets\":[", offset, ",", offset + n, "]}");
-    offset += n;
-  }
-  header += "}";
-  std::ofstream f(path, std::ios::binary);
-  uint64_t len = header.size();
-  for (int b = 0; b < 8; ++b) f.put(static_cast<char>((len >> (8 * b)) & 255));
-  f << header << std::string(offset, '\0');
+  std::vector<::muon::testing::SafetensorsTensor> t;
+  for (const auto& [name, shape] : tensors) t.push_back({name, "F32", shape});
+  ASSERT_TRUE(::muon::testing::WriteSafetensorsFile(path, t)) << path;
 }
 
 TEST(MuonctlCliTest, Spec_FromSafetensorsHeader_TransposedAndPlannable) {

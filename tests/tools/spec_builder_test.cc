@@ -13,9 +13,9 @@
 #include "common/spec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "nlohmann/json.hpp"
 #include "plan/plan_job.h"
 #include "tests/status_matchers.h"
+#include "tests/tools/safetensors_writer.h"
 
 namespace muon {
 namespace {
@@ -23,46 +23,20 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
-using Json = nlohmann::ordered_json;
 
-struct Tensor {
-  std::string name;
-  std::string dtype;
-  std::vector<int64_t> shape;
-};
+using Tensor = ::muon::testing::SafetensorsTensor;
+using ::muon::testing::WriteSafetensorsFile;
+using ::muon::testing::WriteSafetensorsRaw;
 
 std::string TempPath(const std::string& name) {
   return absl::StrCat(::testing::TempDir(), "/", name);
 }
 
-// Writes 8-byte little-endian `declared_len` (the header's length unless
-// given), `header`, then `data_bytes` zero bytes.
-void WriteRaw(const std::string& path, const std::string& header,
-              uint64_t data_bytes, int64_t declared_len = -1) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  uint64_t n = declared_len < 0 ? header.size() : uint64_t(declared_len);
-  for (int i = 0; i < 8; ++i) out.put(static_cast<char>((n >> (8 * i)) & 0xff));
-  out << header;
-  out << std::string(data_bytes, '\0');
-  ASSERT_TRUE(out.good()) << path;
-}
-
-// A real .safetensors file: tensors in order, packed, zero-filled.
+// A real .safetensors file in the test's temporary folder.
 std::string WriteSafetensors(const std::string& file,
                              const std::vector<Tensor>& tensors) {
-  Json header = Json::object();
-  header["__metadata__"] = {{"format", "pt"}};
-  uint64_t offset = 0;
-  for (const Tensor& t : tensors) {
-    uint64_t bytes = SafetensorsDtypeSize(t.dtype);
-    for (int64_t d : t.shape) bytes *= d;
-    header[t.name] = {{"dtype", t.dtype},
-                      {"shape", t.shape},
-                      {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
-  }
   const std::string path = TempPath(file);
-  WriteRaw(path, header.dump(), offset);
+  EXPECT_TRUE(WriteSafetensorsFile(path, tensors)) << path;
   return path;
 }
 
@@ -382,7 +356,8 @@ TEST(ParseMeshFlag, EmptyIsSingleDevice) {
 absl::Status ReadRaw(const std::string& file, const std::string& header,
                      uint64_t data_bytes, int64_t declared_len = -1) {
   const std::string path = TempPath(file);
-  WriteRaw(path, header, data_bytes, declared_len);
+  EXPECT_TRUE(WriteSafetensorsRaw(path, header, data_bytes, declared_len))
+      << path;
   return ReadSafetensorsHeader(path).status();
 }
 
