@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/status_macros.h"
+#include "device/runtime.h"
 #include "plan/schedule.h"
 
 namespace muon {
@@ -68,7 +69,8 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
     MUON_RETURN_IF_ERROR(ns_engine->Reserve(rows, cols));
   }
   MUON_RETURN_IF_ERROR(ex->CompileSchedule(plan));
-  ex->AllocateBuffers(sizes, plan.schedule().slots());
+  MUON_RETURN_IF_ERROR(ex->AllocateBuffers(sizes, plan.schedule().slots()));
+  MUON_RETURN_IF_ERROR(ex->CreateStreams());
   return ex;
 }
 
@@ -273,15 +275,20 @@ absl::Status StepExecutor::CheckOrthogonalizeOps() const {
   return absl::OkStatus();
 }
 
-void StepExecutor::AllocateBuffers(const BufferSizes& sizes, int slots) {
+absl::Status StepExecutor::AllocateBuffers(const BufferSizes& sizes,
+                                           int slots) {
   slots = std::max(1, slots);
-  send_buf_.resize(sizes.max_send);
-  recv_buf_.resize(sizes.max_recv);
+  device::Allocator* host = device::HostAllocator();
+  MUON_ASSIGN_OR_RETURN(
+      send_buf_, device::DeviceBuffer<float>::Allocate(host, sizes.max_send));
+  MUON_ASSIGN_OR_RETURN(
+      recv_buf_, device::DeviceBuffer<float>::Allocate(host, sizes.max_recv));
   slot_elems_ = sizes.max_bucket_elems;
-  arena_.resize(slots * sizes.max_bucket_elems);
+  MUON_ASSIGN_OR_RETURN(arena_, device::DeviceBuffer<float>::Allocate(
+                                    host, slots * sizes.max_bucket_elems));
   const int64_t exchange_bytes =
       (sizes.max_send + sizes.max_recv) * static_cast<int64_t>(sizeof(float));
-  buffer_bytes_ = arena_.size() * sizeof(float) + exchange_bytes;
+  buffer_bytes_ = arena_.bytes() + exchange_bytes;
   buffer_bound_bytes_ = (prefetch_count_ + 1) * sizes.max_bucket_elems *
                             static_cast<int64_t>(sizeof(float)) +
                         exchange_bytes;
@@ -289,20 +296,37 @@ void StepExecutor::AllocateBuffers(const BufferSizes& sizes, int slots) {
   main_records_.reserve(records);
   comm_records_.reserve(records);
   if (async_) {
-    absl::MutexLock lock(&mu_);
-    gathered_.assign(buckets_.size(), 0);
-    ns_done_.assign(buckets_.size(), 0);
-    comm_thread_ = std::thread([this] { CommLoop(); });
+    device::Runtime* rt = device::HostRuntime();
+    for (int s = 0; s < slots; ++s) {
+      MUON_ASSIGN_OR_RETURN(std::unique_ptr<device::Event> g,
+                            rt->CreateEvent(absl::StrCat(
+                                "rank ", rank_, " slot ", s, " gathered")));
+      MUON_ASSIGN_OR_RETURN(
+          std::unique_ptr<device::Event> o,
+          rt->CreateEvent(
+              absl::StrCat("rank ", rank_, " slot ", s, " orthogonalized")));
+      gathered_.push_back(std::move(g));
+      orthogonalized_.push_back(std::move(o));
+    }
   }
+  return absl::OkStatus();
 }
 
-StepExecutor::~StepExecutor() {
-  {
-    absl::MutexLock lock(&mu_);
-    shutdown_ = true;
+absl::Status StepExecutor::CreateStreams() {
+  device::Runtime* rt = device::HostRuntime();
+  if (async_) {
+    MUON_ASSIGN_OR_RETURN(
+        comm_stream_, rt->CreateStream(absl::StrCat("rank ", rank_, " comm")));
+    MUON_ASSIGN_OR_RETURN(compute_stream_, rt->CreateStream(absl::StrCat(
+                                               "rank ", rank_, " compute")));
+  } else {
+    MUON_ASSIGN_OR_RETURN(
+        main_stream_, rt->CreateStream(absl::StrCat("rank ", rank_, " main")));
   }
-  if (comm_thread_.joinable()) comm_thread_.join();
+  return absl::OkStatus();
 }
+
+StepExecutor::~StepExecutor() = default;
 
 float* StepExecutor::FullU(int m) {
   return arena_.data() + slot_of_bucket_[bucket_of_[m]] * slot_elems_ +
@@ -473,127 +497,112 @@ void StepExecutor::Apply(int b, const StepArgs& args,
   rec->push_back(OpRecord{"apply", stream, bs.index, t0, NowSeconds(), 0, 0});
 }
 
-absl::Status StepExecutor::RunSequential(const StepArgs& args) {
+absl::Status StepExecutor::EnqueueSequential() {
+  device::Stream* main = main_stream_.get();
   for (const Op& op : main_ops_) {
+    const int b = op.bucket;
     switch (op.kind) {
-      case OpKind::kGather: {
-        MUON_RETURN_IF_ERROR(Gather(op.bucket, args, &main_records_, "main"));
-        // Owners orthogonalize in rank order: rank i runs between the i-th
-        // and (i+1)-th barrier of the bucket.
-        const bool mine = !buckets_[op.bucket].owned.empty();
-        if (world_size_ == 1) {
-          if (mine) {
-            MUON_RETURN_IF_ERROR(
-                Orthogonalize(op.bucket, args, &main_records_, "main"));
+      case OpKind::kGather:
+        MUON_RETURN_IF_ERROR(main->Launch([this, b] {
+          MUON_RETURN_IF_ERROR(Gather(b, step_args_, &main_records_, "main"));
+          // Owners orthogonalize in rank order: rank i runs between the
+          // i-th and (i+1)-th barrier of the bucket.
+          const bool mine = !buckets_[b].owned.empty();
+          if (world_size_ == 1) {
+            return mine ? Orthogonalize(b, step_args_, &main_records_, "main")
+                        : absl::OkStatus();
           }
-          break;
-        }
-        for (int turn = 0; turn < world_size_; ++turn) {
-          if (turn == rank_ && mine) {
-            MUON_RETURN_IF_ERROR(
-                Orthogonalize(op.bucket, args, &main_records_, "main"));
+          for (int turn = 0; turn < world_size_; ++turn) {
+            if (turn == rank_ && mine) {
+              MUON_RETURN_IF_ERROR(
+                  Orthogonalize(b, step_args_, &main_records_, "main"));
+            }
+            MUON_RETURN_IF_ERROR(comm_->Barrier());
           }
-          MUON_RETURN_IF_ERROR(comm_->Barrier());
-        }
+          return absl::OkStatus();
+        }));
         break;
-      }
       case OpKind::kOrthogonalize:
         break;  // run in rank order right after the bucket's gather
       case OpKind::kRedistribute:
-        MUON_RETURN_IF_ERROR(
-            Redistribute(op.bucket, args, &main_records_, "main"));
+        MUON_RETURN_IF_ERROR(main->Launch([this, b] {
+          return Redistribute(b, step_args_, &main_records_, "main");
+        }));
         break;
       case OpKind::kApply:
-        Apply(op.bucket, args, &main_records_, "main");
+        MUON_RETURN_IF_ERROR(main->Launch([this, b] {
+          Apply(b, step_args_, &main_records_, "main");
+          return absl::OkStatus();
+        }));
         break;
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status StepExecutor::RunCommOps(const StepArgs& args) {
+absl::Status StepExecutor::EnqueueCompute(const Op& op) {
+  const int b = op.bucket;
+  device::Event* gathered = gathered_[slot_of_bucket_[b]].get();
+  if (dropped_wait_ != EventWait::kGatheredBeforeOrthogonalize) {
+    MUON_RETURN_IF_ERROR(compute_stream_->WaitFor(gathered));
+  }
+  MUON_RETURN_IF_ERROR(compute_stream_->Launch([this, b] {
+    return Orthogonalize(b, step_args_, &main_records_, "compute");
+  }));
+  return orthogonalized_[slot_of_bucket_[b]]->Record(compute_stream_.get());
+}
+
+absl::Status StepExecutor::EnqueueCommOp(const Op& op) {
+  const int b = op.bucket;
+  device::Stream* comm = comm_stream_.get();
+  switch (op.kind) {
+    case OpKind::kGather:
+      MUON_RETURN_IF_ERROR(comm->Launch(
+          [this, b] { return Gather(b, step_args_, &comm_records_, "comm"); }));
+      return gathered_[slot_of_bucket_[b]]->Record(comm);
+    case OpKind::kRedistribute:
+      if (!buckets_[b].owned.empty() &&
+          dropped_wait_ != EventWait::kOrthogonalizedBeforeRedistribute) {
+        MUON_RETURN_IF_ERROR(
+            comm->WaitFor(orthogonalized_[slot_of_bucket_[b]].get()));
+      }
+      return comm->Launch([this, b] {
+        return Redistribute(b, step_args_, &comm_records_, "comm");
+      });
+    case OpKind::kApply:
+      return comm->Launch([this, b] {
+        Apply(b, step_args_, &comm_records_, "comm");
+        return absl::OkStatus();
+      });
+    case OpKind::kOrthogonalize:
+      break;  // never scheduled on the comm stream
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepExecutor::EnqueueAsync() {
+  // The host enqueues both streams' work in one pass over the comm ops. A
+  // wait binds to the event's latest record, so each bucket's Newton-Schulz
+  // is enqueued after its gather's record and before the slot's next gather
+  // (which the schedule puts after the bucket's redistribute): compute ops
+  // are enqueued up to bucket b just before redistribute(b) waits for them.
+  size_t next_compute = 0;
   for (const Op& op : comm_ops_) {
-    switch (op.kind) {
-      case OpKind::kGather: {
-        MUON_RETURN_IF_ERROR(Gather(op.bucket, args, &comm_records_, "comm"));
-        absl::MutexLock lock(&mu_);
-        gathered_[op.bucket] = 1;
-        break;
+    if (op.kind == OpKind::kRedistribute &&
+        !buckets_[op.bucket].owned.empty()) {
+      bool enqueued = false;
+      while (!enqueued && next_compute < compute_ops_.size()) {
+        const Op& c = compute_ops_[next_compute++];
+        MUON_RETURN_IF_ERROR(EnqueueCompute(c));
+        enqueued = c.bucket == op.bucket;
       }
-      case OpKind::kRedistribute: {
-        if (!buckets_[op.bucket].owned.empty()) {
-          absl::MutexLock lock(&mu_);
-          auto ready = [this, &op]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-            return ns_done_[op.bucket] != 0 || !error_.ok();
-          };
-          mu_.Await(absl::Condition(&ready));
-          if (!error_.ok()) return absl::OkStatus();  // reported by compute
-        }
-        MUON_RETURN_IF_ERROR(
-            Redistribute(op.bucket, args, &comm_records_, "comm"));
-        break;
-      }
-      case OpKind::kApply:
-        Apply(op.bucket, args, &comm_records_, "comm");
-        break;
-      case OpKind::kOrthogonalize:
-        break;  // never scheduled on the comm stream
     }
+    MUON_RETURN_IF_ERROR(EnqueueCommOp(op));
+  }
+  while (next_compute < compute_ops_.size()) {
+    MUON_RETURN_IF_ERROR(EnqueueCompute(compute_ops_[next_compute++]));
   }
   return absl::OkStatus();
-}
-
-void StepExecutor::CommLoop() {
-  int64_t seen = 0;
-  while (true) {
-    StepArgs args;
-    {
-      absl::MutexLock lock(&mu_);
-      auto wake = [this, &seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return shutdown_ || step_seq_ != seen;
-      };
-      mu_.Await(absl::Condition(&wake));
-      if (shutdown_) return;
-      seen = step_seq_;
-      args = step_args_;
-    }
-    absl::Status s = RunCommOps(args);
-    absl::MutexLock lock(&mu_);
-    if (!s.ok() && error_.ok()) error_ = s;
-    comm_done_ = true;
-  }
-}
-
-absl::Status StepExecutor::RunAsync(const StepArgs& args) {
-  {
-    absl::MutexLock lock(&mu_);
-    step_args_ = args;
-    std::fill(gathered_.begin(), gathered_.end(), 0);
-    std::fill(ns_done_.begin(), ns_done_.end(), 0);
-    error_ = absl::OkStatus();
-    comm_done_ = false;
-    ++step_seq_;
-  }
-  for (const Op& op : compute_ops_) {
-    {
-      absl::MutexLock lock(&mu_);
-      auto ready = [this, &op]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return gathered_[op.bucket] != 0 || !error_.ok();
-      };
-      mu_.Await(absl::Condition(&ready));
-      if (!error_.ok()) break;
-    }
-    absl::Status s = Orthogonalize(op.bucket, args, &main_records_, "compute");
-    absl::MutexLock lock(&mu_);
-    if (!s.ok() && error_.ok()) error_ = s;
-    ns_done_[op.bucket] = 1;
-    if (!s.ok()) break;
-  }
-  absl::MutexLock lock(&mu_);
-  auto done = [this]()
-                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return comm_done_; };
-  mu_.Await(absl::Condition(&done));
-  return error_;
 }
 
 absl::Status StepExecutor::Run(const std::vector<const float*>& updates,
@@ -605,8 +614,22 @@ absl::Status StepExecutor::Run(const std::vector<const float*>& updates,
   bytes_received_ = 0;
   ns_matrices_ = 0;
   ns_flops_ = 0;
-  StepArgs args{&updates, &params, &rule};
-  absl::Status s = async_ ? RunAsync(args) : RunSequential(args);
+  // The streams' work reads the step's arguments from step_args_ (set
+  // before anything is enqueued: the enqueue orders it before that work);
+  // its closures capture only `this` and a bucket, so they fit in
+  // std::function's inline storage and a warm step allocates nothing.
+  step_args_ = StepArgs{&updates, &params, &rule};
+  // Every operation is bounded (collectives by the communicator's timeout),
+  // and the streams' work reads `args` and this executor: wait for all of
+  // it, even after an enqueue error, before returning.
+  const absl::Status enqueued = async_ ? EnqueueAsync() : EnqueueSequential();
+  absl::Status s = enqueued;
+  for (device::Stream* stream :
+       {main_stream_.get(), compute_stream_.get(), comm_stream_.get()}) {
+    if (stream == nullptr) continue;
+    const absl::Status done = stream->Synchronize(absl::InfiniteDuration());
+    if (s.ok()) s = done;
+  }
   stats->matrices_orthogonalized = ns_matrices_;
   stats->ns_flops = ns_flops_;
   stats->bytes_sent = bytes_sent_;

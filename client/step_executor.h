@@ -3,17 +3,23 @@
 // gather shards of the update U to their owners, orthogonalize on the owner
 // (Newton-Schulz), redistribute O back to every holder, apply.
 //
-// Modes (seeds' async_gpu_parallelism, prefetch_count):
-//   Sequential (debug): one bucket at a time on the calling thread; owners
-//     orthogonalize in rank order (rank i runs its Newton-Schulz between the
-//     i-th and (i+1)-th barrier of the bucket), every operation finishes
-//     before the next starts, so timings are exact per operation.
-//   Async: the collectives and applies run on this executor's communication
-//     thread, Newton-Schulz on the calling thread, overlapping; up to
-//     prefetch_count buckets are gathered ahead into (prefetch_count + 1)
-//     preallocated bucket slots.
+// The operations run on device streams (device/stream.h), ordered by
+// events, as torchtitan's FlexShard runtime and c10d order collectives and
+// compute with CUDA events:
+//   Sequential (debug): every operation on one "main" stream, each waiting
+//     for the previous one; owners orthogonalize in rank order (rank i runs
+//     its Newton-Schulz between the i-th and (i+1)-th barrier of the
+//     bucket), so timings are exact per operation.
+//   Async: gathers, redistributes and applies on a "comm" stream,
+//     Newton-Schulz on a "compute" stream. Per bucket slot, one event says
+//     "gathered" (comm -> compute) and one "orthogonalized" (compute ->
+//     comm); up to prefetch_count buckets are gathered ahead into
+//     (prefetch_count + 1) preallocated bucket slots, and a slot is gathered
+//     into again only after the comm stream has redistributed its previous
+//     bucket.
 // Both modes compute the same numbers in the same order per matrix: the
-// results are bitwise identical.
+// results are bitwise identical. Host streams (this executor's streams
+// today) run each stream's work on a thread of its own.
 //
 // Built once from the plan and the layout: construction precomputes, per
 // bucket, the exact all-to-all(v) split sizes and region copies of both
@@ -24,9 +30,9 @@
 // redistribute_fn, one call per matrix) in the schedule's order, the same
 // on every rank.
 //
-// Lifecycle: Create -> Run* -> destroy (joins the communication thread).
+// Lifecycle: Create -> Run* -> destroy (drains and joins the streams).
 // Thread-compatible: one thread calls Run at a time; the communicator is
-// used only from inside Run.
+// used only by the stream running the exchanges, inside Run.
 #ifndef MUON_CLIENT_STEP_EXECUTOR_H_
 #define MUON_CLIENT_STEP_EXECUTOR_H_
 
@@ -34,19 +40,18 @@
 #include <memory>
 #include <set>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "client/communicator.h"
 #include "client/distributed_config.h"
 #include "client/exchange_plan.h"
 #include "client/tensor_view.h"
 #include "common/layout.h"
+#include "device/memory.h"
+#include "device/stream.h"
 #include "kernels/muon_update.h"
 #include "kernels/newton_schulz.h"
 #include "kernels/ns_engine.h"
@@ -152,6 +157,16 @@ class StepExecutor {
   bool async() const { return async_; }
   int prefetch_count() const { return prefetch_count_; }
 
+  // The event waits of the async schedule. For tests that prove a missing
+  // dependency is caught (by ThreadSanitizer or a wrong result): a dropped
+  // wait lets the two streams touch a bucket slot at the same time.
+  enum class EventWait {
+    kNone,
+    kGatheredBeforeOrthogonalize,       // compute waits for the slot's gather
+    kOrthogonalizedBeforeRedistribute,  // comm waits for Newton-Schulz
+  };
+  void DropEventWaitForTesting(EventWait wait) { dropped_wait_ = wait; }
+
  private:
   struct BucketSchedule {
     int index = 0;
@@ -167,7 +182,7 @@ class StepExecutor {
     OpKind kind;
     int slot;
   };
-  // Arguments of the step in flight (set by Run, read by both threads).
+  // Arguments of the step in flight (set by Run, read by the streams).
   struct StepArgs {
     const std::vector<const float*>* updates = nullptr;
     const std::vector<ParamView>* params = nullptr;
@@ -191,14 +206,14 @@ class StepExecutor {
                RedistributeFn redistribute_fn);
   // Create's stages: the buckets' exchanges and slot offsets from the
   // plan; this rank's stream schedule; the preallocated buffers (and, in
-  // async mode, the communication thread).
+  // async mode, the streams and events).
   absl::StatusOr<BufferSizes> CompileBuckets(const v1::Plan& plan);
   absl::Status CheckPlanMatrix(const v1::Plan& plan, int plan_index,
                                int m) const;
   int64_t PlaceInSlot(int m, int owner, int64_t bucket_elems);
   absl::Status CompileSchedule(const v1::Plan& plan);
   absl::Status CheckOrthogonalizeOps() const;
-  void AllocateBuffers(const BufferSizes& sizes, int slots);
+  absl::Status AllocateBuffers(const BufferSizes& sizes, int slots);
   bool HoldsFull(int m) const;
   float* FullU(int m);
   float* FullO(int m);
@@ -213,10 +228,12 @@ class StepExecutor {
                             std::vector<OpRecord>* rec, const char* stream);
   void Apply(int b, const StepArgs& args, std::vector<OpRecord>* rec,
              const char* stream);
-  absl::Status RunSequential(const StepArgs& args);
-  absl::Status RunAsync(const StepArgs& args);
-  void CommLoop();
-  absl::Status RunCommOps(const StepArgs& args);
+  absl::Status CreateStreams();
+  // Enqueue the step's operations on the streams (Run then waits for them).
+  absl::Status EnqueueSequential();
+  absl::Status EnqueueAsync();
+  absl::Status EnqueueCommOp(const Op& op);
+  absl::Status EnqueueCompute(const Op& op);
 
   const int rank_;
   const int world_size_;
@@ -234,7 +251,7 @@ class StepExecutor {
   // Bucket slots: slots x slot_elems floats holding the owned matrices'
   // full U and O of the bucket in the slot; each owned matrix has fixed
   // offsets inside its bucket's slot (-1 = not needed).
-  std::vector<float> arena_;
+  device::DeviceBuffer<float> arena_;
   int64_t slot_elems_ = 0;
   std::vector<int> slot_of_bucket_;
   std::vector<int> bucket_of_;     // per local matrix: position in buckets_
@@ -242,30 +259,33 @@ class StepExecutor {
   std::vector<int64_t> o_offset_;
   // This rank's box of O per local matrix.
   std::vector<std::vector<float>> local_o_;
-  // Exchange buffers, used by one thread at a time.
-  std::vector<float> send_buf_;
-  std::vector<float> recv_buf_;
+  // Exchange buffers, used only by the stream running the exchanges.
+  device::DeviceBuffer<float> send_buf_;
+  device::DeviceBuffer<float> recv_buf_;
   kernels::NsEngine* ns_engine_ = nullptr;  // Not owned.
-  // Per-thread timing records, preallocated.
+  // Per-stream timing records, preallocated: main_records_ is written by
+  // the main (sequential) or compute (async) stream, comm_records_ by the
+  // comm stream; read by Run after the streams are synchronized.
   std::vector<OpRecord> main_records_;
   std::vector<OpRecord> comm_records_;
-  int64_t bytes_sent_ = 0;  // written by the thread running exchanges
+  int64_t bytes_sent_ = 0;  // written by the stream running exchanges
   int64_t bytes_received_ = 0;
-  int ns_matrices_ = 0;  // written by the thread running NS
+  int ns_matrices_ = 0;  // written by the stream running Newton-Schulz
   double ns_flops_ = 0;
   int64_t buffer_bytes_ = 0;
   int64_t buffer_bound_bytes_ = 0;
 
-  // Async mode: the communication thread and the step's progress.
-  absl::Mutex mu_;
-  std::thread comm_thread_;
-  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
-  int64_t step_seq_ ABSL_GUARDED_BY(mu_) = 0;
-  StepArgs step_args_ ABSL_GUARDED_BY(mu_);
-  std::vector<char> gathered_ ABSL_GUARDED_BY(mu_);  // per bucket
-  std::vector<char> ns_done_ ABSL_GUARDED_BY(mu_);   // per bucket
-  bool comm_done_ ABSL_GUARDED_BY(mu_) = true;
-  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  // Streams (host streams, each with its own thread): "main" in
+  // sequential mode; "comm" and "compute" in async mode.
+  std::unique_ptr<device::Stream> main_stream_;
+  std::unique_ptr<device::Stream> comm_stream_;
+  std::unique_ptr<device::Stream> compute_stream_;
+  // Async mode, per bucket slot: recorded on comm after the slot's gather,
+  // and on compute after its Newton-Schulz.
+  std::vector<std::unique_ptr<device::Event>> gathered_;
+  std::vector<std::unique_ptr<device::Event>> orthogonalized_;
+  EventWait dropped_wait_ = EventWait::kNone;
+  StepArgs step_args_;  // the step in flight (see Run)
 };
 
 }  // namespace muon

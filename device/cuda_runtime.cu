@@ -1,0 +1,276 @@
+// CUDA streams, events and memory behind device/stream.h and
+// device/memory.h (nvcc, --config=cuda only).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "device/cuda_runtime.h"
+#include "device/runtime.h"
+
+namespace muon {
+namespace device {
+namespace {
+
+#define MUON_DEVICE_CUDA_RETURN_IF_ERROR(expr)                             \
+  do {                                                                     \
+    const cudaError_t muon_device_err_ = (expr);                           \
+    if (muon_device_err_ != cudaSuccess) {                                 \
+      (void)cudaGetLastError();                                            \
+      return CudaErrorToStatus(static_cast<int>(muon_device_err_), #expr); \
+    }                                                                      \
+  } while (0)
+
+// Makes `ordinal` current for the scope, restoring the previous device.
+class ScopedDevice {
+ public:
+  explicit ScopedDevice(int ordinal) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (previous_ != ordinal) status_ = cudaSetDevice(ordinal);
+  }
+  ~ScopedDevice() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
+  cudaError_t status() const { return status_; }
+
+ private:
+  int previous_ = -1;
+  cudaError_t status_ = cudaSuccess;
+};
+
+// Polls `query` (cudaEventQuery / cudaStreamQuery) until it is not
+// cudaErrorNotReady or `timeout` passes, backing off from 10 us to 1 ms.
+template <typename Query>
+absl::Status PollUntilReady(Query query, absl::Duration timeout,
+                            const std::string& what) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Duration pause = absl::Microseconds(10);
+  while (true) {
+    const cudaError_t e = query();
+    if (e != cudaErrorNotReady) {
+      if (e == cudaSuccess) return absl::OkStatus();
+      (void)cudaGetLastError();
+      return CudaErrorToStatus(static_cast<int>(e), what.c_str());
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          what, ": not finished within ", absl::FormatDuration(timeout)));
+    }
+    absl::SleepFor(pause);
+    pause = std::min(pause * 2, absl::Milliseconds(1));
+  }
+}
+
+class CudaStream;
+
+class CudaEvent final : public Event {
+ public:
+  CudaEvent(int ordinal, cudaEvent_t event, std::string name)
+      : ordinal_(ordinal), event_(event), name_(std::move(name)) {}
+  ~CudaEvent() override { (void)cudaEventDestroy(event_); }
+
+  absl::Status Record(Stream* stream) override;
+  bool Query() override { return cudaEventQuery(event_) != cudaErrorNotReady; }
+  absl::Status Synchronize(absl::Duration timeout) override {
+    return PollUntilReady([this] { return cudaEventQuery(event_); }, timeout,
+                          absl::StrCat("event \"", name_, "\""));
+  }
+  const std::string& name() const override { return name_; }
+  cudaEvent_t handle() const { return event_; }
+  int ordinal() const { return ordinal_; }
+
+ private:
+  const int ordinal_;
+  const cudaEvent_t event_;  // Owned.
+  const std::string name_;
+};
+
+class CudaStream final : public Stream {
+ public:
+  CudaStream(int ordinal, cudaStream_t stream, std::string name)
+      : ordinal_(ordinal), stream_(stream), name_(std::move(name)) {}
+  ~CudaStream() override {
+    (void)cudaStreamSynchronize(stream_);
+    (void)cudaStreamDestroy(stream_);
+  }
+
+  Device device() const override { return Device::Cuda(ordinal_); }
+  const std::string& name() const override { return name_; }
+  absl::Status Launch(StreamFn fn) override {
+    ScopedDevice scoped(ordinal_);
+    MUON_DEVICE_CUDA_RETURN_IF_ERROR(scoped.status());
+    return fn();
+  }
+  absl::Status WaitFor(Event* event) override {
+    auto* cuda = dynamic_cast<CudaEvent*>(event);
+    if (cuda == nullptr || cuda->ordinal() != ordinal_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CUDA stream \"", name_, "\" on cuda:", ordinal_,
+          " told to wait for event \"", event ? event->name() : "null",
+          "\", not a CUDA event of that device"));
+    }
+    MUON_DEVICE_CUDA_RETURN_IF_ERROR(
+        cudaStreamWaitEvent(stream_, cuda->handle(), 0));
+    return absl::OkStatus();
+  }
+  absl::Status Synchronize(absl::Duration timeout) override {
+    return PollUntilReady([this] { return cudaStreamQuery(stream_); }, timeout,
+                          absl::StrCat("stream \"", name_, "\""));
+  }
+  void* native_handle() const override { return stream_; }
+  int ordinal() const { return ordinal_; }
+
+ private:
+  const int ordinal_;
+  const cudaStream_t stream_;  // Owned.
+  const std::string name_;
+};
+
+absl::Status CudaEvent::Record(Stream* stream) {
+  auto* cuda = dynamic_cast<CudaStream*>(stream);
+  if (cuda == nullptr || cuda->ordinal() != ordinal_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CUDA event \"", name_, "\" of cuda:", ordinal_,
+        " recorded on stream \"", stream ? stream->name() : "null", "\" of ",
+        stream ? stream->device().ToString() : "no device"));
+  }
+  MUON_DEVICE_CUDA_RETURN_IF_ERROR(cudaEventRecord(
+      event_, static_cast<cudaStream_t>(cuda->native_handle())));
+  return absl::OkStatus();
+}
+
+class CudaAllocator final : public Allocator {
+ public:
+  explicit CudaAllocator(int ordinal) : ordinal_(ordinal) {}
+  Device device() const override { return Device::Cuda(ordinal_); }
+  absl::StatusOr<void*> AllocateRaw(int64_t bytes) override {
+    if (bytes < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cuda:", ordinal_, ": allocation of ", bytes, " bytes"));
+    }
+    if (bytes == 0) return nullptr;
+    ScopedDevice scoped(ordinal_);
+    MUON_DEVICE_CUDA_RETURN_IF_ERROR(scoped.status());
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, static_cast<size_t>(bytes));
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      const std::string what =
+          absl::StrCat("cudaMalloc(", bytes, " bytes) on cuda:", ordinal_);
+      return CudaErrorToStatus(static_cast<int>(e), what.c_str());
+    }
+    return p;
+  }
+  void DeallocateRaw(void* ptr) override {
+    if (ptr == nullptr) return;
+    ScopedDevice scoped(ordinal_);
+    (void)cudaFree(ptr);
+  }
+
+ private:
+  const int ordinal_;
+};
+
+class CudaRuntimeImpl final : public Runtime {
+ public:
+  explicit CudaRuntimeImpl(int ordinal)
+      : ordinal_(ordinal), allocator_(ordinal) {}
+  Device device() const override { return Device::Cuda(ordinal_); }
+  absl::StatusOr<std::unique_ptr<Stream>> CreateStream(
+      const std::string& name) override {
+    ScopedDevice scoped(ordinal_);
+    MUON_DEVICE_CUDA_RETURN_IF_ERROR(scoped.status());
+    cudaStream_t s = nullptr;
+    MUON_DEVICE_CUDA_RETURN_IF_ERROR(
+        cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    return std::unique_ptr<Stream>(new CudaStream(ordinal_, s, name));
+  }
+  absl::StatusOr<std::unique_ptr<Event>> CreateEvent(
+      const std::string& name) override {
+    ScopedDevice scoped(ordinal_);
+    MUON_DEVICE_CUDA_RETURN_IF_ERROR(scoped.status());
+    cudaEvent_t e = nullptr;
+    MUON_DEVICE_CUDA_RETURN_IF_ERROR(
+        cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return std::unique_ptr<Event>(new CudaEvent(ordinal_, e, name));
+  }
+  Allocator* allocator() override { return &allocator_; }
+
+ private:
+  const int ordinal_;
+  CudaAllocator allocator_;
+};
+
+}  // namespace
+
+absl::Status CudaErrorToStatus(int cuda_error, const char* expr) {
+  const cudaError_t err = static_cast<cudaError_t>(cuda_error);
+  if (err == cudaSuccess) return absl::OkStatus();
+  const std::string message =
+      absl::StrCat(expr, ": ", cudaGetErrorName(err), " (", cuda_error,
+                   "): ", cudaGetErrorString(err));
+  switch (err) {
+    case cudaErrorMemoryAllocation:
+      return absl::ResourceExhaustedError(message);
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorDevicesUnavailable:
+    case cudaErrorSystemDriverMismatch:
+    case cudaErrorCompatNotSupportedOnDevice:
+    case cudaErrorNoKernelImageForDevice:
+    case cudaErrorUnsupportedPtxVersion:
+      return absl::FailedPreconditionError(message);
+    case cudaErrorInvalidValue:
+    case cudaErrorInvalidDevice:
+    case cudaErrorInvalidDevicePointer:
+    case cudaErrorInvalidMemcpyDirection:
+      return absl::InvalidArgumentError(message);
+    default:
+      return absl::InternalError(message);
+  }
+}
+
+int CudaDeviceCount(std::string* reason) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (reason != nullptr) {
+      *reason = CudaErrorToStatus(static_cast<int>(e), "cudaGetDeviceCount")
+                    .ToString();
+    }
+    return 0;
+  }
+  if (count == 0 && reason != nullptr) *reason = "no CUDA device is visible";
+  return count;
+}
+
+absl::StatusOr<Runtime*> CudaRuntime(int ordinal) {
+  std::string reason;
+  const int count = CudaDeviceCount(&reason);
+  if (ordinal < 0 || ordinal >= count) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cuda:", ordinal, " requested but ", count,
+        " CUDA device(s) are visible", reason.empty() ? "" : ": ", reason));
+  }
+  static std::mutex mu;
+  static std::vector<std::unique_ptr<CudaRuntimeImpl>>* runtimes =
+      new std::vector<std::unique_ptr<CudaRuntimeImpl>>();
+  std::lock_guard<std::mutex> lock(mu);
+  if (runtimes->size() < static_cast<size_t>(count)) runtimes->resize(count);
+  auto& slot = (*runtimes)[ordinal];
+  if (slot == nullptr) slot = std::make_unique<CudaRuntimeImpl>(ordinal);
+  return slot.get();
+}
+
+}  // namespace device
+}  // namespace muon

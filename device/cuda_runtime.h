@@ -1,0 +1,38 @@
+// The CUDA implementation of the device package: streams (non-blocking
+// cudaStream_t), events (cudaEvent_t without timing), cudaMalloc memory, and
+// the one map from a CUDA runtime error to an absl::Status. A plain C++
+// header: the .cu file behind it is the only one here that includes CUDA
+// headers (compiled by nvcc with --config=cuda; stubs otherwise).
+#ifndef MUON_DEVICE_CUDA_RUNTIME_H_
+#define MUON_DEVICE_CUDA_RUNTIME_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace muon {
+namespace device {
+
+class Runtime;
+
+// The process-wide runtime of CUDA device `ordinal` (created on first use;
+// its streams, events and allocations are made with that device current).
+// Errors: Unimplemented (built without --config=cuda); FailedPrecondition
+// (ordinal outside [0, CudaDeviceCount()), naming both).
+absl::StatusOr<Runtime*> CudaRuntime(int ordinal);
+
+// Visible CUDA devices (cudaGetDeviceCount); 0 without CUDA or a GPU, and
+// then `reason` (if given) says why.
+int CudaDeviceCount(std::string* reason = nullptr);
+
+// A CUDA runtime error code (cudaError_t as int) as a Status: OK for
+// cudaSuccess; else ResourceExhausted (out of memory), FailedPrecondition
+// (no device, driver too old), InvalidArgument (invalid value), Internal
+// otherwise, with the message "<expr>: <name> (<code>): <CUDA's text>".
+absl::Status CudaErrorToStatus(int cuda_error, const char* expr);
+
+}  // namespace device
+}  // namespace muon
+
+#endif  // MUON_DEVICE_CUDA_RUNTIME_H_

@@ -1,0 +1,30 @@
+// device/cuda_runtime.h in builds without --config=cuda: no CUDA device.
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "device/cuda_runtime.h"
+
+namespace muon {
+namespace device {
+
+absl::StatusOr<Runtime*> CudaRuntime(int ordinal) {
+  return absl::UnimplementedError(
+      absl::StrCat("cuda:", ordinal,
+                   " requested but this build has no CUDA support (build "
+                   "with --config=cuda)"));
+}
+
+int CudaDeviceCount(std::string* reason) {
+  if (reason != nullptr) {
+    *reason = "built without CUDA support (build with --config=cuda)";
+  }
+  return 0;
+}
+
+absl::Status CudaErrorToStatus(int cuda_error, const char* expr) {
+  if (cuda_error == 0) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(
+      expr, ": CUDA error ", cuda_error, " in a build without CUDA support"));
+}
+
+}  // namespace device
+}  // namespace muon

@@ -1,0 +1,221 @@
+// The step executor on streams: async mode orders its two streams with
+// events, and the suite sees a missing dependency. With every wait in
+// place, the comm stream redistributes a bucket only after the compute
+// stream's Newton-Schulz has finished, and Newton-Schulz reads a slot only
+// after its gather. With one wait dropped on purpose
+// (StepExecutor::DropEventWaitForTesting), the overlap happens and is
+// caught: as a wrong order in every build, and as a data race reported by
+// ThreadSanitizer in the --config=tsan build (tools/run_tests.sh runs it).
+//
+// The probes make the violation deterministic instead of a matter of
+// timing: the side that must come second waits (bounded, 500 ms) for the
+// side that must come first to have started; with the wait in place that
+// never happens and the bound passes, without it the two overlap at once.
+#include <atomic>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/step_executor.h"
+#include "common/layout.h"
+#include "gtest/gtest.h"
+#include "kernels/ns_engine.h"
+#include "plan/manifest_validation.h"
+#include "plan/planner.h"
+#include "tests/client/rank_threads.h"
+#include "tests/server/test_specs.h"
+
+#if defined(__SANITIZE_THREAD__)
+// Stop at the first report, so that a death test sees it as its exit.
+extern "C" const char* __tsan_default_options() { return "halt_on_error=1"; }
+constexpr bool kThreadSanitizer = true;
+#else
+constexpr bool kThreadSanitizer = false;
+#endif
+
+namespace muon {
+namespace {
+
+using ::muon::testing::BitwiseEqual;
+using ::muon::testing::RandomValues;
+
+constexpr int64_t kRows = 24;
+constexpr int64_t kCols = 16;
+constexpr absl::Duration kProbeWait = absl::Milliseconds(500);
+
+// Polls `flag` until it is set or `bound` passes; returns whether it was set.
+bool AwaitFlag(const std::atomic<bool>& flag, absl::Duration bound) {
+  const absl::Time deadline = absl::Now() + bound;
+  while (!flag.load()) {
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
+}
+
+// What the probes observed in one step.
+struct Probe {
+  std::atomic<bool> gather_done{false};
+  std::atomic<bool> ns_started{false};
+  std::atomic<bool> ns_done{false};
+  std::atomic<bool> redistribute_called{false};
+  // The order violations: NS started before its gather finished; a
+  // redistribute ran before NS finished.
+  std::atomic<bool> ns_before_gather{false};
+  std::atomic<bool> redistribute_before_ns{false};
+  // Which side delays to invite the overlap.
+  bool slow_gather = false;
+  bool slow_ns = false;
+};
+
+// The CPU engine, reporting to the probe (and, with slow_ns, waiting for a
+// redistribute to start before it orthogonalizes).
+class ProbeEngine final : public kernels::NsEngine {
+ public:
+  explicit ProbeEngine(Probe* probe)
+      : inner_(kernels::MakeCpuNsEngine()), probe_(probe) {}
+  absl::Status Orthogonalize(const float* u, int64_t rows, int64_t cols,
+                             const kernels::NewtonSchulzOptions& options,
+                             float* out) override {
+    probe_->ns_started = true;
+    if (!probe_->gather_done.load()) probe_->ns_before_gather = true;
+    if (probe_->slow_ns) AwaitFlag(probe_->redistribute_called, kProbeWait);
+    absl::Status s = inner_->Orthogonalize(u, rows, cols, options, out);
+    probe_->ns_done = true;
+    return s;
+  }
+  absl::Status Reserve(int64_t rows, int64_t cols) override {
+    return inner_->Reserve(rows, cols);
+  }
+  std::string name() const override { return "probe/" + inner_->name(); }
+
+ private:
+  std::unique_ptr<kernels::NsEngine> inner_;
+  Probe* probe_;  // Not owned.
+};
+
+v1::Plan AsyncPlanOfOne() {
+  const v1::JobSpec spec = testing::MakeSpec(
+      {{"dp_shard", 1}}, {{"w", kRows, kCols, {"Replicate()"}}});
+  absl::StatusOr<JobLayout> layout =
+      ValidateManifests(testing::Manifests(spec));
+  EXPECT_TRUE(layout.ok()) << layout.status();
+  PlannerOptions options;
+  options.async = true;
+  options.prefetch_count = 0;
+  absl::StatusOr<v1::Plan> plan = MakePlan(*layout, options);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  return *plan;
+}
+
+// One async step of a world of one on w [24, 16] with a custom gather and
+// redistribute (which report to the probe), the `dropped` wait removed.
+// Returns the updated parameter.
+std::vector<float> RunStep(Probe* probe, StepExecutor::EventWait dropped) {
+  MatrixGeometry g;
+  g.param = "w";
+  g.rows = kRows;
+  g.cols = kCols;
+  g.boxes = {Box{Range{0, kRows}, Range{0, kCols}}};
+  const int64_t n = kRows * kCols;
+  GatherFn gather = [probe, n](int, int, int, const float* shard, float* full) {
+    if (probe->slow_gather) AwaitFlag(probe->ns_started, kProbeWait);
+    for (int64_t i = 0; i < n; ++i) full[i] = shard[i];
+    probe->gather_done = true;
+    return absl::OkStatus();
+  };
+  RedistributeFn redistribute = [probe](int, int, int, const float*, float*) {
+    probe->redistribute_called = true;
+    if (!probe->ns_done.load()) probe->redistribute_before_ns = true;
+    return absl::OkStatus();
+  };
+  ProbeEngine engine(probe);
+  absl::StatusOr<std::unique_ptr<StepExecutor>> ex = StepExecutor::Create(
+      0, 1, AsyncPlanOfOne(), {g}, nullptr, gather, redistribute, &engine);
+  EXPECT_TRUE(ex.ok()) << ex.status();
+  if (!ex.ok()) return {};
+  EXPECT_TRUE((*ex)->async());
+  (*ex)->DropEventWaitForTesting(dropped);
+  const std::vector<float> update = RandomValues(n, 7);
+  std::vector<float> param = RandomValues(n, 8);
+  StepStats stats;
+  UpdateRule rule;
+  rule.lr = 0.02;
+  ParamView view;
+  view.name = "w";
+  view.data = param.data();
+  view.local_shape = {kRows, kCols};
+  absl::Status s = (*ex)->Run({update.data()}, {view}, rule, &stats);
+  EXPECT_TRUE(s.ok()) << s;
+  return param;
+}
+
+TEST(ExecutorStreamsTest, Async_EveryWait_RedistributeAfterNewtonSchulz) {
+  Probe probe;
+  probe.slow_ns = true;
+  RunStep(&probe, StepExecutor::EventWait::kNone);
+  EXPECT_TRUE(probe.ns_done);
+  EXPECT_TRUE(probe.redistribute_called);
+  EXPECT_FALSE(probe.redistribute_before_ns);
+}
+
+TEST(ExecutorStreamsTest, Async_EveryWait_NewtonSchulzAfterGather) {
+  Probe probe;
+  probe.slow_gather = true;
+  RunStep(&probe, StepExecutor::EventWait::kNone);
+  EXPECT_TRUE(probe.gather_done);
+  EXPECT_TRUE(probe.ns_started);
+  EXPECT_FALSE(probe.ns_before_gather);
+}
+
+TEST(ExecutorStreamsTest, Async_SlowSides_SameBitsAsPromptSides) {
+  Probe prompt;
+  const std::vector<float> expected =
+      RunStep(&prompt, StepExecutor::EventWait::kNone);
+  Probe slow;
+  slow.slow_gather = true;
+  slow.slow_ns = true;
+  EXPECT_TRUE(
+      BitwiseEqual(RunStep(&slow, StepExecutor::EventWait::kNone), expected));
+}
+
+// Runs a step with `dropped` removed in a child process and exits with 0
+// when the probe saw the order violation (1 when it did not). Under
+// ThreadSanitizer the race on the bucket's buffer stops the child first.
+void RunDroppedAndExit(StepExecutor::EventWait dropped) {
+  Probe probe;
+  probe.slow_gather =
+      dropped == StepExecutor::EventWait::kGatheredBeforeOrthogonalize;
+  probe.slow_ns =
+      dropped == StepExecutor::EventWait::kOrthogonalizedBeforeRedistribute;
+  RunStep(&probe, dropped);
+  const bool caught = probe.slow_gather ? probe.ns_before_gather.load()
+                                        : probe.redistribute_before_ns.load();
+  std::_Exit(caught ? 0 : 1);
+}
+
+// Exit code and message of a child that ran into the dropped wait.
+int CaughtExitCode() { return kThreadSanitizer ? 66 : 0; }
+const char* CaughtMessage() {
+  return kThreadSanitizer ? "ThreadSanitizer: data race" : "";
+}
+
+TEST(ExecutorStreamsDeathTest, OrthogonalizedWaitDropped_OverlapCaught) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(RunDroppedAndExit(
+                  StepExecutor::EventWait::kOrthogonalizedBeforeRedistribute),
+              ::testing::ExitedWithCode(CaughtExitCode()), CaughtMessage());
+}
+
+TEST(ExecutorStreamsDeathTest, GatheredWaitDropped_OverlapCaught) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      RunDroppedAndExit(StepExecutor::EventWait::kGatheredBeforeOrthogonalize),
+      ::testing::ExitedWithCode(CaughtExitCode()), CaughtMessage());
+}
+
+}  // namespace
+}  // namespace muon

@@ -1,0 +1,283 @@
+// Host streams and events (device/host_stream.h): ordering, error
+// propagation, bounded waits; and the host allocator and runtime.
+#include "device/host_stream.h"
+
+#include <atomic>
+#include <cstdint>
+#include <future>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "device/cuda_runtime.h"
+#include "device/device.h"
+#include "device/memory.h"
+#include "device/runtime.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/status_matchers.h"
+
+namespace muon {
+namespace device {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr absl::Duration kWait = absl::Seconds(10);
+
+TEST(HostStreamTest, Launch_RunsInOrderOnItsOwnThread) {
+  HostStream stream("s");
+  std::vector<int> order;  // touched only by the stream's thread
+  std::thread::id worker;
+  for (int i = 0; i < 50; ++i) {
+    ASSERT_THAT(stream.Launch([&order, &worker, i] {
+      order.push_back(i);
+      worker = std::this_thread::get_id();
+      return absl::OkStatus();
+    }),
+                IsOk());
+  }
+  ASSERT_THAT(stream.Synchronize(kWait), IsOk());
+  ASSERT_EQ(order.size(), 50u);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(order[i], i);
+  EXPECT_NE(worker, std::this_thread::get_id());
+  EXPECT_EQ(stream.device(), Device::Host());
+  EXPECT_EQ(stream.native_handle(), nullptr);
+}
+
+TEST(HostStreamTest, Launch_DoesNotRunInline) {
+  HostStream stream("s");
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
+  std::atomic<bool> ran{false};
+  ASSERT_THAT(stream.Launch([gate] {
+    gate.wait();
+    return absl::OkStatus();
+  }),
+              IsOk());
+  ASSERT_THAT(stream.Launch([&ran] {
+    ran = true;
+    return absl::OkStatus();
+  }),
+              IsOk());
+  // Launch returned while the first work is blocked: nothing ran inline.
+  EXPECT_FALSE(ran.load());
+  release.set_value();
+  ASSERT_THAT(stream.Synchronize(kWait), IsOk());
+  EXPECT_TRUE(ran.load());
+}
+
+TEST(HostStreamTest, WaitFor_OrdersWorkAcrossStreams) {
+  HostStream producer("producer");
+  HostStream consumer("consumer");
+  HostEvent ready("ready");
+  // Plain (non-atomic) data: only the event orders the write and the read.
+  std::vector<float> data(1024, 0.0f);
+  float sum = 0;
+  ASSERT_THAT(producer.Launch([&data] {
+    absl::SleepFor(absl::Milliseconds(30));
+    for (float& x : data) x = 2.0f;
+    return absl::OkStatus();
+  }),
+              IsOk());
+  ASSERT_THAT(ready.Record(&producer), IsOk());
+  ASSERT_THAT(consumer.WaitFor(&ready), IsOk());
+  ASSERT_THAT(consumer.Launch([&data, &sum] {
+    for (float x : data) sum += x;
+    return absl::OkStatus();
+  }),
+              IsOk());
+  ASSERT_THAT(consumer.Synchronize(kWait), IsOk());
+  EXPECT_EQ(sum, 2048.0f);
+  EXPECT_TRUE(ready.Query());
+}
+
+TEST(HostStreamTest, WaitFor_NeverRecordedEvent_IsNoOp) {
+  HostStream stream("s");
+  HostEvent never("never");
+  EXPECT_TRUE(never.Query());
+  ASSERT_THAT(stream.WaitFor(&never), IsOk());
+  bool ran = false;
+  ASSERT_THAT(stream.Launch([&ran] {
+    ran = true;
+    return absl::OkStatus();
+  }),
+              IsOk());
+  ASSERT_THAT(stream.Synchronize(kWait), IsOk());
+  EXPECT_TRUE(ran);
+  EXPECT_THAT(never.Synchronize(absl::ZeroDuration()), IsOk());
+}
+
+TEST(HostStreamTest, Failure_SkipsLaterWork_PropagatesThroughEvent_ThenClears) {
+  HostStream a("a");
+  HostStream b("b");
+  HostEvent after("after-failure");
+  int a_later = 0;
+  int b_later = 0;
+  ASSERT_THAT(a.Launch([] { return absl::UnavailableError("peer rank 3"); }),
+              IsOk());
+  ASSERT_THAT(a.Launch([&a_later] {
+    ++a_later;
+    return absl::OkStatus();
+  }),
+              IsOk());
+  ASSERT_THAT(after.Record(&a), IsOk());
+  ASSERT_THAT(b.WaitFor(&after), IsOk());
+  ASSERT_THAT(b.Launch([&b_later] {
+    ++b_later;
+    return absl::OkStatus();
+  }),
+              IsOk());
+  EXPECT_THAT(after.Synchronize(kWait),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("rank 3")));
+  EXPECT_THAT(a.Synchronize(kWait),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("rank 3")));
+  EXPECT_THAT(b.Synchronize(kWait),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("rank 3")));
+  EXPECT_EQ(a_later, 0);
+  EXPECT_EQ(b_later, 0);
+  // The error was returned: the streams run work again.
+  ASSERT_THAT(a.Launch([&a_later] {
+    ++a_later;
+    return absl::OkStatus();
+  }),
+              IsOk());
+  EXPECT_THAT(a.Synchronize(kWait), IsOk());
+  EXPECT_EQ(a_later, 1);
+}
+
+TEST(HostStreamTest, Launch_WorkThrows_ReturnsInternalNamingStream) {
+  HostStream stream("compute");
+  ASSERT_THAT(
+      stream.Launch([]() -> absl::Status { throw std::runtime_error("boom"); }),
+      IsOk());
+  EXPECT_THAT(
+      stream.Synchronize(kWait),
+      StatusIs(absl::StatusCode::kInternal,
+               ::testing::AllOf(HasSubstr("compute"), HasSubstr("boom"))));
+}
+
+TEST(HostStreamTest, Synchronize_WorkBlocked_DeadlineExceededNamingStream) {
+  HostStream stream("comm");
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
+  HostEvent event("slot-0");
+  ASSERT_THAT(stream.Launch([gate] {
+    gate.wait();
+    return absl::OkStatus();
+  }),
+              IsOk());
+  ASSERT_THAT(event.Record(&stream), IsOk());
+  EXPECT_THAT(stream.Synchronize(absl::Milliseconds(20)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("comm")));
+  EXPECT_FALSE(event.Query());
+  EXPECT_THAT(
+      event.Synchronize(absl::Milliseconds(20)),
+      StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("slot-0")));
+  release.set_value();
+  EXPECT_THAT(stream.Synchronize(kWait), IsOk());
+  EXPECT_TRUE(event.Query());
+}
+
+TEST(HostStreamTest, Destroy_RunsQueuedWorkAndCompletesEvents) {
+  HostEvent done("done");
+  int ran = 0;
+  {
+    HostStream stream("s");
+    ASSERT_THAT(stream.Launch([&ran] {
+      absl::SleepFor(absl::Milliseconds(10));
+      ++ran;
+      return absl::OkStatus();
+    }),
+                IsOk());
+    ASSERT_THAT(done.Record(&stream), IsOk());
+  }
+  EXPECT_EQ(ran, 1);
+  EXPECT_TRUE(done.Query());
+}
+
+TEST(HostAllocatorTest, Allocate_ZeroFilledAlignedAndTaggedWithHost) {
+  absl::StatusOr<DeviceBuffer<float>> buf =
+      DeviceBuffer<float>::Allocate(HostAllocator(), 1000);
+  ASSERT_THAT(buf, IsOk());
+  EXPECT_EQ(buf->size(), 1000);
+  EXPECT_EQ(buf->bytes(), 4000);
+  EXPECT_EQ(buf->device(), Device::Host());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(buf->data()) % 64, 0u);
+  for (int64_t i = 0; i < buf->size(); ++i) ASSERT_EQ(buf->data()[i], 0.0f);
+  DeviceBuffer<float> moved = *std::move(buf);
+  EXPECT_EQ(moved.size(), 1000);
+}
+
+TEST(HostAllocatorTest, Allocate_NegativeOrOverflowingCount_InvalidArgument) {
+  EXPECT_THAT(DeviceBuffer<float>::Allocate(HostAllocator(), -1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("-1")));
+  EXPECT_THAT(DeviceBuffer<float>::Allocate(HostAllocator(), INT64_MAX / 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("large")));
+  absl::StatusOr<DeviceBuffer<float>> empty =
+      DeviceBuffer<float>::Allocate(HostAllocator(), 0);
+  ASSERT_THAT(empty, IsOk());
+  EXPECT_EQ(empty->data(), nullptr);
+}
+
+TEST(RuntimeTest, HostRuntime_MakesHostStreamsEventsAndMemory) {
+  absl::StatusOr<Runtime*> rt = GetRuntime(Device::Host());
+  ASSERT_THAT(rt, IsOk());
+  EXPECT_EQ((*rt)->device(), Device::Host());
+  absl::StatusOr<std::unique_ptr<Stream>> s = (*rt)->CreateStream("x");
+  absl::StatusOr<std::unique_ptr<Event>> e = (*rt)->CreateEvent("y");
+  ASSERT_THAT(s, IsOk());
+  ASSERT_THAT(e, IsOk());
+  EXPECT_EQ((*s)->name(), "x");
+  EXPECT_EQ((*e)->name(), "y");
+  EXPECT_THAT((*e)->Record(s->get()), IsOk());
+  EXPECT_THAT((*e)->Synchronize(kWait), IsOk());
+  EXPECT_EQ((*rt)->allocator()->device(), Device::Host());
+}
+
+TEST(RuntimeTest, CudaRuntime_WithoutThatDevice_RefusedNamingIt) {
+  std::string reason;
+  const int count = CudaDeviceCount(&reason);
+  absl::StatusOr<Runtime*> rt = GetRuntime(Device::Cuda(count));
+  EXPECT_FALSE(rt.ok());
+  EXPECT_THAT(rt.status().message(), HasSubstr(absl::StrCat("cuda:", count)));
+  if (count == 0) {
+    EXPECT_FALSE(reason.empty());
+  }
+}
+
+TEST(RuntimeTest, HostEventOnCudaLikeStream_InvalidArgument) {
+  HostStream stream("s");
+  class OtherEvent final : public Event {
+   public:
+    absl::Status Record(Stream*) override { return absl::OkStatus(); }
+    bool Query() override { return true; }
+    absl::Status Synchronize(absl::Duration) override {
+      return absl::OkStatus();
+    }
+    const std::string& name() const override { return name_; }
+    std::string name_ = "foreign";
+  } other;
+  EXPECT_THAT(
+      stream.WaitFor(&other),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("foreign")));
+}
+
+TEST(DeviceTest, ParseDevice_TorchSpellings) {
+  EXPECT_EQ(*ParseDevice("cpu"), Device::Host());
+  EXPECT_EQ(*ParseDevice("cuda"), Device::Cuda(0));
+  EXPECT_EQ(*ParseDevice("cuda:3"), Device::Cuda(3));
+  EXPECT_EQ(Device::Cuda(3).ToString(), "cuda:3");
+  EXPECT_EQ(Device::Host().ToString(), "cpu");
+  EXPECT_THAT(ParseDevice("cuda:-1"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("-1")));
+  EXPECT_THAT(ParseDevice("gpu"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("gpu")));
+}
+
+}  // namespace
+}  // namespace device
+}  // namespace muon
