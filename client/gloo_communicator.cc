@@ -85,12 +85,13 @@ class GlooCommunicator::InflightScope {
   InflightScope(GlooCommunicator* comm,
                 std::initializer_list<gloo::transport::UnboundBuffer*> buffers)
       : comm_(comm) {
-    absl::MutexLock lock(&comm_->inflight_mu_);
+    std::lock_guard<std::mutex> lock(comm_->inflight_mu_);
     comm_->inflight_.assign(buffers.begin(), buffers.end());
   }
   ~InflightScope() {
-    absl::MutexLock lock(&comm_->inflight_mu_);
+    std::lock_guard<std::mutex> lock(comm_->inflight_mu_);
     comm_->inflight_.clear();
+    comm_->inflight_cv_.notify_all();
   }
 
  private:
@@ -210,7 +211,7 @@ int GlooCommunicator::FindPeer(const std::string& message) {
     if (peer == rank_) continue;
     std::string address;
     {
-      absl::MutexLock lock(&peer_mu_);
+      std::lock_guard<std::mutex> lock(peer_mu_);
       address = peer_addresses_[peer];
     }
     if (address.empty()) {
@@ -222,7 +223,7 @@ int GlooCommunicator::FindPeer(const std::string& message) {
       if (split.size() != static_cast<size_t>(world_size_)) continue;
       address = split[rank_];
       if (address.empty()) continue;
-      absl::MutexLock lock(&peer_mu_);
+      std::lock_guard<std::mutex> lock(peer_mu_);
       peer_addresses_[peer] = address;
     }
     for (size_t pos = message.find(address); pos != std::string::npos;
@@ -314,7 +315,7 @@ uint32_t GlooCommunicator::NextTagLocked() { return next_tag_++; }
 absl::Status GlooCommunicator::AllToAllV(
     const float* send, const std::vector<int64_t>& send_counts, float* recv,
     const std::vector<int64_t>& recv_counts) {
-  absl::MutexLock lock(&op_mu_);
+  std::lock_guard<std::mutex> lock(op_mu_);
   MUON_RETURN_IF_ERROR(CheckUsableLocked("AllToAllV"));
   MUON_RETURN_IF_ERROR(communicator_internal::CheckAllToAllV(
       kBackend, rank_, world_size_, send, send_counts, recv, recv_counts));
@@ -348,7 +349,7 @@ absl::Status GlooCommunicator::AllToAllV(
 absl::Status GlooCommunicator::AllGatherV(
     const float* send, int64_t send_count, float* recv,
     const std::vector<int64_t>& recv_counts) {
-  absl::MutexLock lock(&op_mu_);
+  std::lock_guard<std::mutex> lock(op_mu_);
   MUON_RETURN_IF_ERROR(CheckUsableLocked("AllGatherV"));
   MUON_RETURN_IF_ERROR(communicator_internal::CheckAllGatherV(
       kBackend, rank_, world_size_, send, send_count, recv, recv_counts));
@@ -377,7 +378,7 @@ absl::Status GlooCommunicator::AllGatherV(
 }
 
 absl::Status GlooCommunicator::Broadcast(float* data, int64_t count, int root) {
-  absl::MutexLock lock(&op_mu_);
+  std::lock_guard<std::mutex> lock(op_mu_);
   MUON_RETURN_IF_ERROR(CheckUsableLocked("Broadcast"));
   MUON_RETURN_IF_ERROR(communicator_internal::CheckBroadcast(
       kBackend, rank_, world_size_, data, count, root));
@@ -397,7 +398,7 @@ absl::Status GlooCommunicator::Broadcast(float* data, int64_t count, int root) {
 }
 
 absl::Status GlooCommunicator::Barrier() {
-  absl::MutexLock lock(&op_mu_);
+  std::lock_guard<std::mutex> lock(op_mu_);
   MUON_RETURN_IF_ERROR(CheckUsableLocked("Barrier"));
   if (world_size_ == 1) return absl::OkStatus();
   return RunCollectiveLocked("Barrier", [&] {
@@ -420,7 +421,7 @@ absl::Status GlooCommunicator::Barrier() {
 
 absl::StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::Split(
     const std::vector<int>& ranks) {
-  absl::MutexLock lock(&op_mu_);
+  std::lock_guard<std::mutex> lock(op_mu_);
   MUON_RETURN_IF_ERROR(CheckUsableLocked("Split"));
   MUON_RETURN_IF_ERROR(
       communicator_internal::CheckSplit(kBackend, rank_, world_size_, ranks));
@@ -465,19 +466,14 @@ void GlooCommunicator::Abort() {
   // until the collective has returned (bounded by the timeout).
   const absl::Time deadline =
       absl::Now() + absl::Milliseconds(timeout_.count());
-  absl::MutexLock lock(&inflight_mu_);
+  std::unique_lock<std::mutex> lock(inflight_mu_);
   while (!inflight_.empty() && absl::Now() < deadline) {
     for (gloo::transport::UnboundBuffer* buffer : inflight_) {
       buffer->abortWaitRecv();
       buffer->abortWaitSend();
     }
-    inflight_mu_.AwaitWithTimeout(
-        absl::Condition(
-            +[](std::vector<gloo::transport::UnboundBuffer*>* buffers) {
-              return buffers->empty();
-            },
-            &inflight_),
-        absl::Milliseconds(1));
+    inflight_cv_.wait_for(lock, std::chrono::milliseconds(1),
+                          [this] { return inflight_.empty(); });
   }
 }
 

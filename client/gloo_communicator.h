@@ -41,18 +41,18 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/communicator.h"
 #include "coordination/coordination_client.h"
@@ -188,12 +188,11 @@ class GlooCommunicator : public Communicator {
   absl::Status RunGloo(absl::string_view op, const std::function<void()>& fn);
   // RunGloo for a collective: Aborted if aborted meanwhile (Gloo returns
   // quietly from an interrupted wait); the first error moves to kFailed.
+  // The ...Locked methods are called with op_mu_ held.
   absl::Status RunCollectiveLocked(absl::string_view op,
-                                   const std::function<void()>& fn)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
-  absl::Status CheckUsableLocked(absl::string_view op) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
-  uint32_t NextTagLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
+                                   const std::function<void()>& fn);
+  absl::Status CheckUsableLocked(absl::string_view op) const;
+  uint32_t NextTagLocked();
   // "gloo <op> on rank <r>[ (rank <g> of group <prefix>)][ (peer rank p)]: ".
   std::string Where(absl::string_view op, int peer) const;
 
@@ -215,23 +214,28 @@ class GlooCommunicator : public Communicator {
 
   std::atomic<bool> aborted_{false};
 
-  absl::Mutex peer_mu_;
+  // The locks are std::mutex, not absl::Mutex: Debian's Abseil is not
+  // instrumented, so ThreadSanitizer (--config=tsan) would not see
+  // absl::Mutex's waits and would report the data they guard.
+  std::mutex peer_mu_;
   // peer_addresses_[p]: how Gloo prints peer p's end of the connection to
-  // this rank; "" until learned.
-  std::vector<std::string> peer_addresses_ ABSL_GUARDED_BY(peer_mu_);
+  // this rank; "" until learned. Guarded by peer_mu_.
+  std::vector<std::string> peer_addresses_;
 
   // Serializes collectives and Split.
-  absl::Mutex op_mu_;
-  uint32_t next_tag_ ABSL_GUARDED_BY(op_mu_) = 0;
-  // Count of earlier Splits per joined rank list.
-  std::map<std::string, int> split_counts_ ABSL_GUARDED_BY(op_mu_);
-  // First collective error (kFailed), OK while kReady.
-  absl::Status failed_ ABSL_GUARDED_BY(op_mu_);
+  mutable std::mutex op_mu_;
+  uint32_t next_tag_ = 0;  // guarded by op_mu_
+  // Count of earlier Splits per joined rank list. Guarded by op_mu_.
+  std::map<std::string, int> split_counts_;
+  // First collective error (kFailed), OK while kReady. Guarded by op_mu_.
+  absl::Status failed_;
 
   // Buffers of the pending collective, for Abort to interrupt their waits.
-  absl::Mutex inflight_mu_ ABSL_ACQUIRED_AFTER(op_mu_);
-  std::vector<gloo::transport::UnboundBuffer*> inflight_
-      ABSL_GUARDED_BY(inflight_mu_);
+  // Acquired after op_mu_. Guarded by inflight_mu_; inflight_cv_ is
+  // notified when the collective clears them.
+  std::mutex inflight_mu_;
+  std::condition_variable inflight_cv_;
+  std::vector<gloo::transport::UnboundBuffer*> inflight_;
 };
 
 }  // namespace muon

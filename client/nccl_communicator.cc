@@ -16,6 +16,7 @@
 #include "client/local_communicator.h"
 #include "client/nccl_api.h"
 #include "common/status_macros.h"
+#include "device/cuda_runtime.h"
 
 namespace muon {
 
@@ -25,9 +26,6 @@ namespace {
 // NCCL/CUDA call it forwards to.
 using nccl_api::cudaFree;
 using nccl_api::cudaGetDevice;
-using nccl_api::cudaGetDeviceCount;
-using nccl_api::cudaGetErrorName;
-using nccl_api::cudaGetErrorString;
 using nccl_api::cudaMalloc;
 using nccl_api::cudaMemcpy;
 using nccl_api::cudaMemcpyAsync;
@@ -83,25 +81,6 @@ absl::StatusCode NcclCode(int result) {
     default:
       return absl::StatusCode::kInternal;
   }
-}
-
-absl::StatusCode CudaCode(int error) {
-  switch (error) {
-    case nccl_api::kCudaErrorMemoryAllocation:
-      return absl::StatusCode::kResourceExhausted;
-    case nccl_api::kCudaErrorNoDevice:
-    case nccl_api::kCudaErrorInsufficientDriver:
-      return absl::StatusCode::kFailedPrecondition;
-    default:
-      return absl::StatusCode::kInternal;
-  }
-}
-
-std::string CudaText(int error) {
-  const char* name = cudaGetErrorName(error);
-  const char* text = cudaGetErrorString(error);
-  return absl::StrCat(name != nullptr ? name : "cudaError", ": ",
-                      text != nullptr ? text : "(no message)");
 }
 
 // Waits between polls: yields first (collectives of a step take
@@ -223,28 +202,13 @@ absl::StatusOr<std::string> WaitForKey(CoordinationClient* store,
   } while (0)
 
 // Evaluates CUDA runtime call `expr`; returns its error unless cudaSuccess.
-#define MUON_CUDA_RETURN_IF_ERROR(op, expr)            \
+#define MUON_NCCL_CUDA_RETURN_IF_ERROR(op, expr)       \
   do {                                                 \
     const int muon_cuda_error_ = (expr);               \
     if (muon_cuda_error_ != nccl_api::kCudaSuccess) {  \
       return CudaError((op), #expr, muon_cuda_error_); \
     }                                                  \
   } while (0)
-
-int NcclDeviceCount(std::string* reason) {
-  int count = 0;
-  const int error = cudaGetDeviceCount(&count);
-  if (error != nccl_api::kCudaSuccess) {
-    if (reason != nullptr) {
-      *reason = absl::StrCat("cudaGetDeviceCount: ", CudaText(error));
-    }
-    return 0;
-  }
-  if (count <= 0 && reason != nullptr) {
-    *reason = "cudaGetDeviceCount found no CUDA device";
-  }
-  return std::max(count, 0);
-}
 
 NcclCommunicator::NcclCommunicator(int rank, int world_size,
                                    const NcclOptions& options,
@@ -325,8 +289,10 @@ absl::Status NcclCommunicator::NcclError(absl::string_view op, int peer,
 absl::Status NcclCommunicator::CudaError(absl::string_view op,
                                          absl::string_view expr,
                                          int error) const {
-  return absl::Status(CudaCode(error),
-                      absl::StrCat(Where(op), expr, ": ", CudaText(error)));
+  // The device layer's map (codes and "<expr>: <name> (<code>): <text>").
+  const std::string what(expr);
+  const absl::Status s = device::CudaErrorToStatus(error, what.c_str());
+  return absl::Status(s.code(), absl::StrCat(Where(op), s.message()));
 }
 
 absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
@@ -359,12 +325,11 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
   }
   const absl::Time deadline = absl::Now() + options.timeout;
 
-  int device_count = 0;
-  const int count_error = cudaGetDeviceCount(&device_count);
-  if (count_error != nccl_api::kCudaSuccess) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        where, "no usable GPU: cudaGetDeviceCount(&device_count): ",
-        CudaText(count_error)));
+  std::string no_device_reason;
+  const int device_count = device::CudaDeviceCount(&no_device_reason);
+  if (device_count <= 0 && !no_device_reason.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(where, "no usable GPU: ", no_device_reason));
   }
   if (device_count <= 0) {
     return absl::FailedPreconditionError(
@@ -453,16 +418,16 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
 
 absl::Status NcclCommunicator::InitResources(absl::string_view op) {
   nccl_api::Stream stream = nullptr;
-  MUON_CUDA_RETURN_IF_ERROR(
+  MUON_NCCL_CUDA_RETURN_IF_ERROR(
       op, cudaStreamCreateWithFlags(&stream, kCudaStreamNonBlocking));
   stream_ = stream;
   void* buffer = nullptr;
-  MUON_CUDA_RETURN_IF_ERROR(op, cudaMalloc(&buffer, sizeof(float)));
+  MUON_NCCL_CUDA_RETURN_IF_ERROR(op, cudaMalloc(&buffer, sizeof(float)));
   barrier_buffer_ = static_cast<float*>(buffer);
   // On the communicator's (non-blocking) stream, so that the barriers
   // enqueued there later are ordered after it.
-  MUON_CUDA_RETURN_IF_ERROR(op,
-                            cudaMemsetAsync(buffer, 0, sizeof(float), stream));
+  MUON_NCCL_CUDA_RETURN_IF_ERROR(
+      op, cudaMemsetAsync(buffer, 0, sizeof(float), stream));
   return absl::OkStatus();
 }
 
@@ -622,7 +587,7 @@ absl::Status NcclCommunicator::AllToAllV(
     nccl_api::Comm comm = static_cast<nccl_api::Comm>(comm_);
     nccl_api::Stream stream = static_cast<nccl_api::Stream>(stream_);
     if (move_own && !self_via_nccl) {
-      MUON_CUDA_RETURN_IF_ERROR(
+      MUON_NCCL_CUDA_RETURN_IF_ERROR(
           kOp, cudaMemcpyAsync(own_recv, own_send, own_bytes, stream));
     }
     if (!any_peer) return absl::OkStatus();
@@ -674,7 +639,7 @@ absl::Status NcclCommunicator::AllGatherV(
     }
     float* own_recv = recv + offsets[rank_];
     if (send_count > 0 && send != own_recv) {
-      MUON_CUDA_RETURN_IF_ERROR(
+      MUON_NCCL_CUDA_RETURN_IF_ERROR(
           kOp,
           cudaMemcpyAsync(own_recv, send, send_count * sizeof(float), stream));
     }
@@ -930,8 +895,8 @@ absl::Status NcclCommunicator::ExchangeRootRanks(absl::string_view op,
     return CudaError(op, "cudaSetDevice(options.device)", error);
   }
   void* raw = nullptr;
-  MUON_CUDA_RETURN_IF_ERROR(op,
-                            cudaMalloc(&raw, world_size_ * sizeof(int32_t)));
+  MUON_NCCL_CUDA_RETURN_IF_ERROR(
+      op, cudaMalloc(&raw, world_size_ * sizeof(int32_t)));
   int32_t* gathered = static_cast<int32_t*>(raw);
   const int32_t mine = my_root_rank;
   bool stream_done = false;  // The all-gather and the copies have finished.
@@ -944,15 +909,16 @@ absl::Status NcclCommunicator::ExchangeRootRanks(absl::string_view op,
     MUON_RETURN_IF_ERROR(RunLocked(op, [&]() -> absl::Status {
       nccl_api::Comm comm = static_cast<nccl_api::Comm>(comm_);
       nccl_api::Stream stream = static_cast<nccl_api::Stream>(stream_);
-      MUON_CUDA_RETURN_IF_ERROR(op, cudaMemcpyAsync(gathered + rank_, &mine,
-                                                    sizeof(int32_t), stream));
+      MUON_NCCL_CUDA_RETURN_IF_ERROR(
+          op,
+          cudaMemcpyAsync(gathered + rank_, &mine, sizeof(int32_t), stream));
       MUON_NCCL_RETURN_IF_ERROR(
           op, -1,
           ncclAllGather(gathered + rank_, gathered, 1, kInt32, comm, stream));
       return absl::OkStatus();
     }));
     std::vector<int32_t> host(world_size_);
-    MUON_CUDA_RETURN_IF_ERROR(
+    MUON_NCCL_CUDA_RETURN_IF_ERROR(
         op, cudaMemcpy(host.data(), gathered, world_size_ * sizeof(int32_t)));
     stream_done = true;
     for (int r = 0; r < world_size_; ++r) {

@@ -98,6 +98,7 @@
 #include "absl/time/time.h"
 #include "client/communicator.h"
 #include "coordination/coordination_client.h"
+#include "device/cuda_runtime.h"
 
 namespace muon {
 
@@ -121,12 +122,13 @@ struct NcclOptions {
   bool exchange_self_through_nccl = false;
 };
 
-// Number of CUDA devices visible to this process. 0 when built without
-// --config=cuda, or when the CUDA runtime finds no device or fails; then
-// `reason` (if non-null) says why, e.g. "built without CUDA (build with
-// --config=cuda)" or "cudaGetDeviceCount: cudaErrorNoDevice: no
-// CUDA-capable device is detected".
-int NcclDeviceCount(std::string* reason = nullptr);
+// Number of CUDA devices visible to this process (the device layer's
+// count, device::CudaDeviceCount). 0 when built without --config=cuda, or
+// when the CUDA runtime finds no device or fails; then `reason` (if
+// non-null) says why.
+inline int NcclDeviceCount(std::string* reason = nullptr) {
+  return device::CudaDeviceCount(reason);
+}
 
 class NcclCommunicator : public Communicator {
  public:

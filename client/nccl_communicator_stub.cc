@@ -23,12 +23,6 @@ absl::Status NotBuilt(absl::string_view op) {
 
 }  // namespace
 
-int NcclDeviceCount(std::string* reason) {
-  if (reason != nullptr)
-    *reason = "built without CUDA (build with --config=cuda)";
-  return 0;
-}
-
 absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
     int rank, int world_size, CoordinationClient* store,
     const NcclOptions& options) {

@@ -44,12 +44,12 @@ int64_t HostEvent::Arm() {
 }
 
 void HostEvent::Complete(int64_t generation, const absl::Status& status) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (generation > completed_) {
-      completed_ = generation;
-      status_ = status;
-    }
+  // Notify with the lock held: a waiter that sees the completion may
+  // destroy the event (and its condition variable) as soon as it can lock.
+  std::lock_guard<std::mutex> lock(mu_);
+  if (generation > completed_) {
+    completed_ = generation;
+    status_ = status;
   }
   cv_.notify_all();
 }

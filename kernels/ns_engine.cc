@@ -1,7 +1,7 @@
 // NsEngine implementations that need no CUDA: the OpenBLAS engine,
 // ParseGpuPrecision, and (in default builds, without MUON_WITH_CUDA) the
-// CUDA entry points as stubs. With --config=cuda, MakeCudaNsEngine and
-// CudaDeviceCount come from kernels/cuda/ns_engine_cuda.cu.
+// CUDA entry point as a stub. With --config=cuda, MakeCudaNsEngine comes
+// from kernels/cuda/ns_engine_cuda.cu (the device count is device/'s).
 #include "kernels/ns_engine.h"
 
 #include <cstdint>
@@ -68,11 +68,6 @@ absl::StatusOr<std::unique_ptr<NsEngine>> MakeCudaNsEngine(
   (void)precision;
   return absl::UnimplementedError(
       absl::StrCat("MakeCudaNsEngine(device ", device, "): ", kNoCuda));
-}
-
-int CudaDeviceCount(std::string* reason) {
-  if (reason != nullptr) *reason = kNoCuda;
-  return 0;
 }
 
 #endif  // MUON_WITH_CUDA

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "device/cuda_runtime.h"
 #include "kernels/newton_schulz.h"
 
 namespace muon {
@@ -54,9 +55,9 @@ std::unique_ptr<NsEngine> MakeCpuNsEngine();
 absl::StatusOr<std::unique_ptr<NsEngine>> MakeCudaNsEngine(
     int device, GpuPrecision precision);
 
-// Number of visible CUDA devices; 0 when built without CUDA or without a GPU
-// (`reason` then says why).
-int CudaDeviceCount(std::string* reason = nullptr);
+// Number of visible CUDA devices (the device layer's count); 0 when built
+// without CUDA or without a GPU (`reason` then says why).
+using ::muon::device::CudaDeviceCount;
 
 }  // namespace kernels
 }  // namespace muon

@@ -17,28 +17,35 @@ fi
 passed=0
 failed=0
 skipped=0
-while read -r target status; do
-  dir=bazel-testlogs/${target#//}
-  dir=${dir/://}
-  xml=$dir/test.xml
-  if [[ -f $xml ]] && grep -q '<testsuites' "$xml"; then
-    t=$(grep -m1 -o '<testsuites[^>]*' "$xml" | grep -o ' tests="[0-9]*"' | grep -o '[0-9]*')
-    f=$(grep -m1 -o '<testsuites[^>]*' "$xml" | grep -o ' failures="[0-9]*"' | grep -o '[0-9]*')
-    e=$(grep -m1 -o '<testsuites[^>]*' "$xml" | grep -o ' errors="[0-9]*"' | grep -o '[0-9]*')
-    d=$(grep -m1 -o '<testsuites[^>]*' "$xml" | grep -o ' disabled="[0-9]*"' | grep -o '[0-9]*')
-    f=$(( ${f:-0} + ${e:-0} ))
-    s=$(grep -c 'result="skipped"' "$xml")
-    skipped=$(( skipped + ${s:-0} ))
-    passed=$(( passed + ${t:-0} - f - ${d:-0} - ${s:-0} ))
-    failed=$(( failed + f ))
-    if [[ $status != PASSED && $f -eq 0 ]]; then failed=$((failed + 1)); fi
-  elif [[ $status == PASSED ]]; then
-    passed=$((passed + 1))
-  else
-    failed=$((failed + 1))
-  fi
-done < <(grep -E '^//[^ ]+ +(\(cached\) )?(PASSED|FAILED|TIMEOUT|NO STATUS|FLAKY)' /tmp/muon-test-output.txt \
-          | sed -E 's/\(cached\) //' | awk '{print $1, $2}')
+# Adds the GoogleTest cases of one `bazel test` run (its output in $1) to
+# passed/failed/skipped, reading each target's XML report under
+# bazel-testlogs (the tree of that run's configuration).
+count_bazel_results() {
+  local target status dir xml t f e d s
+  while read -r target status; do
+    dir=bazel-testlogs/${target#//}
+    dir=${dir/://}
+    xml=$dir/test.xml
+    if [[ -f $xml ]] && grep -q '<testsuites' "$xml"; then
+      t=$(grep -m1 -o '<testsuites[^>]*' "$xml" | grep -o ' tests="[0-9]*"' | grep -o '[0-9]*')
+      f=$(grep -m1 -o '<testsuites[^>]*' "$xml" | grep -o ' failures="[0-9]*"' | grep -o '[0-9]*')
+      e=$(grep -m1 -o '<testsuites[^>]*' "$xml" | grep -o ' errors="[0-9]*"' | grep -o '[0-9]*')
+      d=$(grep -m1 -o '<testsuites[^>]*' "$xml" | grep -o ' disabled="[0-9]*"' | grep -o '[0-9]*')
+      f=$(( ${f:-0} + ${e:-0} ))
+      s=$(grep -c 'result="skipped"' "$xml")
+      skipped=$(( skipped + ${s:-0} ))
+      passed=$(( passed + ${t:-0} - f - ${d:-0} - ${s:-0} ))
+      failed=$(( failed + f ))
+      if [[ $status != PASSED && $f -eq 0 ]]; then failed=$((failed + 1)); fi
+    elif [[ $status == PASSED ]]; then
+      passed=$((passed + 1))
+    else
+      failed=$((failed + 1))
+    fi
+  done < <(grep -E '^//[^ ]+ +(\(cached\) )?(PASSED|FAILED|TIMEOUT|NO STATUS|FLAKY)' "$1" \
+            | sed -E 's/\(cached\) //' | awk '{print $1, $2}')
+}
+count_bazel_results /tmp/muon-test-output.txt
 # Python tests (the muonrt package over libmuonrt.so), counted the same way
 # from pytest's JUnit XML report.
 if [[ -d tests/python && $rc -eq 0 ]]; then
@@ -69,6 +76,21 @@ if [[ $rc -eq 0 ]]; then
   passed=$(( passed + ${p:-0} ))
   failed=$(( failed + ${f:-1} ))
   if [[ ${f:-1} -ne 0 ]]; then rc=1; fi
+fi
+# ThreadSanitizer: the host streams, the step executor on streams (one and
+# two ranks over Gloo, both modes, and the deliberately dropped event waits,
+# which TSan must report) and the communicators, built with --config=tsan
+# (gcc's -fsanitize=thread; a tree of its own). A report fails the test.
+# OpenBLAS runs on the calling thread (its own pool synchronizes by
+# spinning, which TSan cannot see). No suppressions: the code these tests
+# run synchronizes with std:: primitives, which TSan sees.
+TSAN_TESTS=(//tests/device:host_stream_test //tests/client:executor_streams_test
+            //tests/client:communicator_test)
+if [[ $rc -eq 0 ]]; then
+  bazel test --config=tsan --test_env=OPENBLAS_NUM_THREADS=1 --test_summary=short \
+    "${TSAN_TESTS[@]}" 2>&1 | tee /tmp/muon-tsan-output.txt
+  if [[ ${PIPESTATUS[0]} -ne 0 ]]; then rc=1; fi
+  count_bazel_results /tmp/muon-tsan-output.txt
 fi
 # The CUDA configuration must compile and link too (CI has the toolkit but no
 # GPU; GPU tests skip there with their reason).

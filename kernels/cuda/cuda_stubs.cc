@@ -100,10 +100,6 @@ EventTimer::~EventTimer() = default;
 absl::Status EventTimer::Start(void*) { return NoCuda("EventTimer::Start"); }
 absl::StatusOr<double> EventTimer::Stop() { return NoCuda("EventTimer::Stop"); }
 
-absl::Status CudaErrorToStatus(int cuda_error, const char* expr) {
-  if (cuda_error == 0) return absl::OkStatus();
-  return NoCuda(expr);
-}
 absl::Status CublasStatusToStatus(int cublas_status, const char* expr) {
   if (cublas_status == 0) return absl::OkStatus();
   return NoCuda(expr);

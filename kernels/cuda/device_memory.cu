@@ -16,33 +16,6 @@ namespace muon {
 namespace kernels {
 namespace cuda {
 
-absl::Status CudaErrorToStatus(int cuda_error, const char* expr) {
-  const cudaError_t err = static_cast<cudaError_t>(cuda_error);
-  if (err == cudaSuccess) return absl::OkStatus();
-  const std::string message =
-      absl::StrCat(expr, ": ", cudaGetErrorName(err), " (", cuda_error,
-                   "): ", cudaGetErrorString(err));
-  switch (err) {
-    case cudaErrorMemoryAllocation:
-      return absl::ResourceExhaustedError(message);
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorDevicesUnavailable:
-    case cudaErrorSystemDriverMismatch:
-    case cudaErrorCompatNotSupportedOnDevice:
-    case cudaErrorNoKernelImageForDevice:
-    case cudaErrorUnsupportedPtxVersion:
-      return absl::FailedPreconditionError(message);
-    case cudaErrorInvalidValue:
-    case cudaErrorInvalidDevice:
-    case cudaErrorInvalidDevicePointer:
-    case cudaErrorInvalidMemcpyDirection:
-      return absl::InvalidArgumentError(message);
-    default:
-      return absl::InternalError(message);
-  }
-}
-
 absl::Status CublasStatusToStatus(int cublas_status, const char* expr) {
   const cublasStatus_t st = static_cast<cublasStatus_t>(cublas_status);
   if (st == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();

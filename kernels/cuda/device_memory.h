@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "device/cuda_runtime.h"
 
 namespace muon {
 namespace kernels {
@@ -100,13 +101,13 @@ absl::StatusOr<double> TimeOnStream(void* stream, Fn fn) {
   return timer.Stop();
 }
 
-// Converts a CUDA runtime error code (cudaError_t as int) or a cuBLAS status
-// (cublasStatus_t as int) to a Status the way every call here does: OK for
-// success; else a canonical code (ResourceExhausted for out-of-memory,
-// FailedPrecondition for no device / driver problems, InvalidArgument for
-// invalid values, Internal otherwise) and the message
-// "<expr>: <name> (<code>): <library's description>". Exposed for tests.
-absl::Status CudaErrorToStatus(int cuda_error, const char* expr);
+// The CUDA runtime error map is the device layer's (one for the project);
+// a cuBLAS status (cublasStatus_t as int) maps the same way: OK for
+// success; else ResourceExhausted (allocation failed), FailedPrecondition
+// (not initialized, architecture mismatch, not supported), InvalidArgument
+// (invalid value), Internal otherwise, with the message
+// "<expr>: <name> (<code>): <cuBLAS's description>". Exposed for tests.
+using ::muon::device::CudaErrorToStatus;
 absl::Status CublasStatusToStatus(int cublas_status, const char* expr);
 
 }  // namespace cuda

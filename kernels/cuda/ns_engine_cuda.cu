@@ -1,4 +1,4 @@
-// The host-staged cuBLAS NsEngine and CudaDeviceCount (kernels/ns_engine.h)
+// The host-staged cuBLAS NsEngine (kernels/ns_engine.h)
 // for --config=cuda builds, nvcc. Default builds take both from
 // kernels/ns_engine.cc (Unimplemented / 0).
 #include <cuda_runtime.h>
@@ -136,24 +136,6 @@ class CudaNsEngine final : public NsEngine {
 };
 
 }  // namespace
-
-int CudaDeviceCount(std::string* reason) {
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();
-    if (reason != nullptr) {
-      *reason =
-          absl::StrCat("cudaGetDeviceCount failed: ", cudaGetErrorName(err),
-                       ": ", cudaGetErrorString(err));
-    }
-    return 0;
-  }
-  if (count == 0 && reason != nullptr) {
-    *reason = "cudaGetDeviceCount reports 0 devices";
-  }
-  return count;
-}
 
 absl::StatusOr<std::unique_ptr<NsEngine>> MakeCudaNsEngine(
     int device, GpuPrecision precision) {
