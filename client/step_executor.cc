@@ -64,9 +64,10 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
       new StepExecutor(rank, world_size, comm, std::move(geometry),
                        std::move(gather_fn), std::move(redistribute_fn)));
   ex->ns_engine_ = ns_engine;
+  ex->kernels_ = kernels::MakeHostStepKernels(ns_engine);
   MUON_ASSIGN_OR_RETURN(const BufferSizes sizes, ex->CompileBuckets(plan));
   for (const auto& [rows, cols] : sizes.owned_shapes) {
-    MUON_RETURN_IF_ERROR(ns_engine->Reserve(rows, cols));
+    MUON_RETURN_IF_ERROR(ex->kernels_->Reserve(rows, cols));
   }
   MUON_RETURN_IF_ERROR(ex->CompileSchedule(plan));
   MUON_RETURN_IF_ERROR(ex->AllocateBuffers(sizes, plan.schedule().slots()));
@@ -128,12 +129,14 @@ absl::StatusOr<StepExecutor::BufferSizes> StepExecutor::CompileBuckets(
   for (int m = 0; m < num_matrices; ++m) {
     local_id[{geometry_[m].param, geometry_[m].slice}] = m;
   }
-  local_o_.resize(num_matrices);
+  local_o_offset_.assign(num_matrices, 0);
   u_offset_.assign(num_matrices, -1);
   bucket_of_.assign(num_matrices, -1);
   o_offset_.assign(num_matrices, -1);
+  local_o_elems_ = 0;
   for (int m = 0; m < num_matrices; ++m) {
-    local_o_[m].resize(geometry_[m].boxes[rank_].numel());
+    local_o_offset_[m] = local_o_elems_;
+    local_o_elems_ += geometry_[m].boxes[rank_].numel();
   }
   std::vector<int> seen(num_matrices, 0);
   BufferSizes sizes;
@@ -286,6 +289,8 @@ absl::Status StepExecutor::AllocateBuffers(const BufferSizes& sizes,
   slot_elems_ = sizes.max_bucket_elems;
   MUON_ASSIGN_OR_RETURN(arena_, device::DeviceBuffer<float>::Allocate(
                                     host, slots * sizes.max_bucket_elems));
+  MUON_ASSIGN_OR_RETURN(
+      local_o_, device::DeviceBuffer<float>::Allocate(host, local_o_elems_));
   const int64_t exchange_bytes =
       (sizes.max_send + sizes.max_recv) * static_cast<int64_t>(sizeof(float));
   buffer_bytes_ = arena_.bytes() + exchange_bytes;
@@ -333,6 +338,10 @@ float* StepExecutor::FullU(int m) {
          u_offset_[m];
 }
 
+float* StepExecutor::LocalO(int m) {
+  return local_o_.data() + local_o_offset_[m];
+}
+
 float* StepExecutor::FullO(int m) {
   return arena_.data() + slot_of_bucket_[bucket_of_[m]] * slot_elems_ +
          o_offset_[m];
@@ -340,6 +349,7 @@ float* StepExecutor::FullO(int m) {
 
 absl::Status StepExecutor::RunExchange(const Exchange& x, bool to_owner,
                                        const std::vector<const float*>& updates,
+                                       device::Stream* stream,
                                        int64_t* bytes_sent,
                                        int64_t* bytes_received) {
   // Source and destination of matrix m's data on this rank.
@@ -350,7 +360,7 @@ absl::Status StepExecutor::RunExchange(const Exchange& x, bool to_owner,
       return updates[g.param_index] + g.offset;
     }
     *holds = FullBox(g);
-    return HoldsFull(m) ? local_o_[m].data() : FullO(m);
+    return HoldsFull(m) ? LocalO(m) : FullO(m);
   };
   auto dst_of = [&](int m, Box* holds) -> float* {
     const MatrixGeometry& g = geometry_[m];
@@ -359,20 +369,22 @@ absl::Status StepExecutor::RunExchange(const Exchange& x, bool to_owner,
       return FullU(m);
     }
     *holds = g.boxes[rank_];
-    return local_o_[m].data();
+    return LocalO(m);
   };
   Box src_holds, dst_holds;
   for (const RegionCopy& c : x.self) {
     const float* src = src_of(c.matrix, &src_holds);
     float* dst = dst_of(c.matrix, &dst_holds);
-    CopyRegion(src, src_holds, dst, dst_holds, c.region);
+    MUON_RETURN_IF_ERROR(
+        kernels_->CopyRegion(stream, src, src_holds, dst, dst_holds, c.region));
   }
   if (world_size_ == 1) return absl::OkStatus();
   int64_t off = 0;
   for (int q = 0; q < world_size_; ++q) {
     for (const RegionCopy& c : x.send[q]) {
       const float* src = src_of(c.matrix, &src_holds);
-      CopyRegion(src, src_holds, send_buf_.data() + off, c.region, c.region);
+      MUON_RETURN_IF_ERROR(kernels_->CopyRegion(
+          stream, src, src_holds, send_buf_.data() + off, c.region, c.region));
       off += c.region.numel();
     }
   }
@@ -382,7 +394,8 @@ absl::Status StepExecutor::RunExchange(const Exchange& x, bool to_owner,
   for (int q = 0; q < world_size_; ++q) {
     for (const RegionCopy& c : x.recv[q]) {
       float* dst = dst_of(c.matrix, &dst_holds);
-      CopyRegion(recv_buf_.data() + off, c.region, dst, dst_holds, c.region);
+      MUON_RETURN_IF_ERROR(kernels_->CopyRegion(
+          stream, recv_buf_.data() + off, c.region, dst, dst_holds, c.region));
       off += c.region.numel();
     }
   }
@@ -392,8 +405,9 @@ absl::Status StepExecutor::RunExchange(const Exchange& x, bool to_owner,
 }
 
 absl::Status StepExecutor::Gather(int b, const StepArgs& args,
+                                  device::Stream* stream,
                                   std::vector<OpRecord>* rec,
-                                  const char* stream) {
+                                  const char* stream_name) {
   const BucketSchedule& bs = buckets_[b];
   const double t0 = NowSeconds();
   const int64_t sent0 = bytes_sent_;
@@ -408,17 +422,18 @@ absl::Status StepExecutor::Gather(int b, const StepArgs& args,
     }
   } else {
     MUON_RETURN_IF_ERROR(RunExchange(bs.gather, /*to_owner=*/true,
-                                     *args.updates, &bytes_sent_,
+                                     *args.updates, stream, &bytes_sent_,
                                      &bytes_received_));
   }
-  rec->push_back(OpRecord{"gather", stream, bs.index, t0, NowSeconds(),
+  rec->push_back(OpRecord{"gather", stream_name, bs.index, t0, NowSeconds(),
                           bytes_sent_ - sent0, 0});
   return absl::OkStatus();
 }
 
 absl::Status StepExecutor::Orthogonalize(int b, const StepArgs& args,
+                                         device::Stream* stream,
                                          std::vector<OpRecord>* rec,
-                                         const char* stream) {
+                                         const char* stream_name) {
   const BucketSchedule& bs = buckets_[b];
   const double t0 = NowSeconds();
   double flops = 0;
@@ -427,22 +442,23 @@ absl::Status StepExecutor::Orthogonalize(int b, const StepArgs& args,
     const float* u = HoldsFull(m) && !gather_fn_
                          ? (*args.updates)[g.param_index] + g.offset
                          : FullU(m);
-    float* o = HoldsFull(m) ? local_o_[m].data() : FullO(m);
+    float* o = HoldsFull(m) ? LocalO(m) : FullO(m);
     MUON_RETURN_IF_ERROR(
-        ns_engine_->Orthogonalize(u, g.rows, g.cols, args.rule->ns, o));
+        kernels_->Orthogonalize(stream, u, g.rows, g.cols, args.rule->ns, o));
     flops += kernels::NewtonSchulzFlops(
         g.rows, g.cols, kernels::NewtonSchulzIterations(args.rule->ns));
     ++ns_matrices_;
   }
   ns_flops_ += flops;
-  rec->push_back(
-      OpRecord{"orthogonalize", stream, bs.index, t0, NowSeconds(), 0, flops});
+  rec->push_back(OpRecord{"orthogonalize", stream_name, bs.index, t0,
+                          NowSeconds(), 0, flops});
   return absl::OkStatus();
 }
 
 absl::Status StepExecutor::Redistribute(int b, const StepArgs& args,
+                                        device::Stream* stream,
                                         std::vector<OpRecord>* rec,
-                                        const char* stream) {
+                                        const char* stream_name) {
   const BucketSchedule& bs = buckets_[b];
   const double t0 = NowSeconds();
   const int64_t sent0 = bytes_sent_;
@@ -452,30 +468,32 @@ absl::Status StepExecutor::Redistribute(int b, const StepArgs& args,
       const MatrixGeometry& g = geometry_[m];
       const float* full = nullptr;
       if (bs.owners[i] == rank_) {
-        full = HoldsFull(m) ? local_o_[m].data() : FullO(m);
+        full = HoldsFull(m) ? LocalO(m) : FullO(m);
       }
-      MUON_RETURN_IF_ERROR(redistribute_fn_(
-          g.param_index, g.slice, bs.owners[i], full, local_o_[m].data()));
+      MUON_RETURN_IF_ERROR(redistribute_fn_(g.param_index, g.slice,
+                                            bs.owners[i], full, LocalO(m)));
     }
   } else {
     MUON_RETURN_IF_ERROR(RunExchange(bs.redistribute, /*to_owner=*/false,
-                                     *args.updates, &bytes_sent_,
+                                     *args.updates, stream, &bytes_sent_,
                                      &bytes_received_));
   }
-  rec->push_back(OpRecord{"redistribute", stream, bs.index, t0, NowSeconds(),
-                          bytes_sent_ - sent0, 0});
+  rec->push_back(OpRecord{"redistribute", stream_name, bs.index, t0,
+                          NowSeconds(), bytes_sent_ - sent0, 0});
   return absl::OkStatus();
 }
 
-void StepExecutor::Apply(int b, const StepArgs& args,
-                         std::vector<OpRecord>* rec, const char* stream) {
+absl::Status StepExecutor::Apply(int b, const StepArgs& args,
+                                 device::Stream* stream,
+                                 std::vector<OpRecord>* rec,
+                                 const char* stream_name) {
   // Decoupled weight decay and the AdjustLR-scaled update on the local
   // shard, with AdjustLR from the matrix's GLOBAL shape.
   const BucketSchedule& bs = buckets_[b];
   const double t0 = NowSeconds();
   for (int m : bs.matrices) {
     const MatrixGeometry& g = geometry_[m];
-    const int64_t n = static_cast<int64_t>(local_o_[m].size());
+    const int64_t n = g.boxes[rank_].numel();
     if (n == 0) continue;
     const UpdateRule& rule = *args.rule;
     const double lr =
@@ -486,15 +504,16 @@ void StepExecutor::Apply(int b, const StepArgs& args,
     const double adjusted =
         kernels::AdjustLr(lr, rule.adjust_lr_fn, g.rows, g.cols);
     const ParamView& p = (*args.params)[g.param_index];
-    if (p.dtype == DType::kBFloat16) {
-      kernels::ApplyUpdate(static_cast<kernels::bf16_t*>(p.data) + g.offset,
-                           local_o_[m].data(), n, lr, wd, adjusted);
-    } else {
-      kernels::ApplyUpdate(static_cast<float*>(p.data) + g.offset,
-                           local_o_[m].data(), n, lr, wd, adjusted);
-    }
+    const bool bf16 = p.dtype == DType::kBFloat16;
+    void* data = static_cast<char*>(p.data) + g.offset * DTypeSize(p.dtype);
+    MUON_RETURN_IF_ERROR(kernels_->DecayAndApply(
+        stream, data,
+        bf16 ? kernels::ParamDType::kBFloat16 : kernels::ParamDType::kFloat32,
+        LocalO(m), n, lr, wd, adjusted));
   }
-  rec->push_back(OpRecord{"apply", stream, bs.index, t0, NowSeconds(), 0, 0});
+  rec->push_back(
+      OpRecord{"apply", stream_name, bs.index, t0, NowSeconds(), 0, 0});
+  return absl::OkStatus();
 }
 
 absl::Status StepExecutor::EnqueueSequential() {
@@ -504,18 +523,20 @@ absl::Status StepExecutor::EnqueueSequential() {
     switch (op.kind) {
       case OpKind::kGather:
         MUON_RETURN_IF_ERROR(main->Launch([this, b] {
-          MUON_RETURN_IF_ERROR(Gather(b, step_args_, &main_records_, "main"));
+          MUON_RETURN_IF_ERROR(Gather(b, step_args_, main_stream_.get(),
+                                      &main_records_, "main"));
           // Owners orthogonalize in rank order: rank i runs between the
           // i-th and (i+1)-th barrier of the bucket.
           const bool mine = !buckets_[b].owned.empty();
           if (world_size_ == 1) {
-            return mine ? Orthogonalize(b, step_args_, &main_records_, "main")
+            return mine ? Orthogonalize(b, step_args_, main_stream_.get(),
+                                        &main_records_, "main")
                         : absl::OkStatus();
           }
           for (int turn = 0; turn < world_size_; ++turn) {
             if (turn == rank_ && mine) {
-              MUON_RETURN_IF_ERROR(
-                  Orthogonalize(b, step_args_, &main_records_, "main"));
+              MUON_RETURN_IF_ERROR(Orthogonalize(
+                  b, step_args_, main_stream_.get(), &main_records_, "main"));
             }
             MUON_RETURN_IF_ERROR(comm_->Barrier());
           }
@@ -526,13 +547,14 @@ absl::Status StepExecutor::EnqueueSequential() {
         break;  // run in rank order right after the bucket's gather
       case OpKind::kRedistribute:
         MUON_RETURN_IF_ERROR(main->Launch([this, b] {
-          return Redistribute(b, step_args_, &main_records_, "main");
+          return Redistribute(b, step_args_, main_stream_.get(), &main_records_,
+                              "main");
         }));
         break;
       case OpKind::kApply:
         MUON_RETURN_IF_ERROR(main->Launch([this, b] {
-          Apply(b, step_args_, &main_records_, "main");
-          return absl::OkStatus();
+          return Apply(b, step_args_, main_stream_.get(), &main_records_,
+                       "main");
         }));
         break;
     }
@@ -547,7 +569,8 @@ absl::Status StepExecutor::EnqueueCompute(const Op& op) {
     MUON_RETURN_IF_ERROR(compute_stream_->WaitFor(gathered));
   }
   MUON_RETURN_IF_ERROR(compute_stream_->Launch([this, b] {
-    return Orthogonalize(b, step_args_, &main_records_, "compute");
+    return Orthogonalize(b, step_args_, compute_stream_.get(), &main_records_,
+                         "compute");
   }));
   return orthogonalized_[slot_of_bucket_[b]]->Record(compute_stream_.get());
 }
@@ -557,8 +580,10 @@ absl::Status StepExecutor::EnqueueCommOp(const Op& op) {
   device::Stream* comm = comm_stream_.get();
   switch (op.kind) {
     case OpKind::kGather:
-      MUON_RETURN_IF_ERROR(comm->Launch(
-          [this, b] { return Gather(b, step_args_, &comm_records_, "comm"); }));
+      MUON_RETURN_IF_ERROR(comm->Launch([this, b] {
+        return Gather(b, step_args_, comm_stream_.get(), &comm_records_,
+                      "comm");
+      }));
       return gathered_[slot_of_bucket_[b]]->Record(comm);
     case OpKind::kRedistribute:
       if (!buckets_[b].owned.empty() &&
@@ -567,12 +592,12 @@ absl::Status StepExecutor::EnqueueCommOp(const Op& op) {
             comm->WaitFor(orthogonalized_[slot_of_bucket_[b]].get()));
       }
       return comm->Launch([this, b] {
-        return Redistribute(b, step_args_, &comm_records_, "comm");
+        return Redistribute(b, step_args_, comm_stream_.get(), &comm_records_,
+                            "comm");
       });
     case OpKind::kApply:
       return comm->Launch([this, b] {
-        Apply(b, step_args_, &comm_records_, "comm");
-        return absl::OkStatus();
+        return Apply(b, step_args_, comm_stream_.get(), &comm_records_, "comm");
       });
     case OpKind::kOrthogonalize:
       break;  // never scheduled on the comm stream

@@ -55,6 +55,7 @@
 #include "kernels/muon_update.h"
 #include "kernels/newton_schulz.h"
 #include "kernels/ns_engine.h"
+#include "kernels/step_kernels.h"
 #include "muon/v1/coordinator.pb.h"
 
 namespace muon {
@@ -217,17 +218,23 @@ class StepExecutor {
   bool HoldsFull(int m) const;
   float* FullU(int m);
   float* FullO(int m);
+  float* LocalO(int m);
+  // The step's operations, each run in `stream`'s order (called from
+  // inside its Launch); `stream_name` labels the timing record.
   absl::Status RunExchange(const Exchange& ex, bool to_owner,
                            const std::vector<const float*>& updates,
-                           int64_t* bytes_sent, int64_t* bytes_received);
-  absl::Status Gather(int b, const StepArgs& args, std::vector<OpRecord>* rec,
-                      const char* stream);
+                           device::Stream* stream, int64_t* bytes_sent,
+                           int64_t* bytes_received);
+  absl::Status Gather(int b, const StepArgs& args, device::Stream* stream,
+                      std::vector<OpRecord>* rec, const char* stream_name);
   absl::Status Orthogonalize(int b, const StepArgs& args,
-                             std::vector<OpRecord>* rec, const char* stream);
-  absl::Status Redistribute(int b, const StepArgs& args,
-                            std::vector<OpRecord>* rec, const char* stream);
-  void Apply(int b, const StepArgs& args, std::vector<OpRecord>* rec,
-             const char* stream);
+                             device::Stream* stream, std::vector<OpRecord>* rec,
+                             const char* stream_name);
+  absl::Status Redistribute(int b, const StepArgs& args, device::Stream* stream,
+                            std::vector<OpRecord>* rec,
+                            const char* stream_name);
+  absl::Status Apply(int b, const StepArgs& args, device::Stream* stream,
+                     std::vector<OpRecord>* rec, const char* stream_name);
   absl::Status CreateStreams();
   // Enqueue the step's operations on the streams (Run then waits for them).
   absl::Status EnqueueSequential();
@@ -257,12 +264,17 @@ class StepExecutor {
   std::vector<int> bucket_of_;     // per local matrix: position in buckets_
   std::vector<int64_t> u_offset_;  // per local matrix
   std::vector<int64_t> o_offset_;
-  // This rank's box of O per local matrix.
-  std::vector<std::vector<float>> local_o_;
+  // This rank's box of O per local matrix, at local_o_offset_[m] in
+  // local_o_ (local_o_elems_ floats in all).
+  device::DeviceBuffer<float> local_o_;
+  std::vector<int64_t> local_o_offset_;
+  int64_t local_o_elems_ = 0;
   // Exchange buffers, used only by the stream running the exchanges.
   device::DeviceBuffer<float> send_buf_;
   device::DeviceBuffer<float> recv_buf_;
   kernels::NsEngine* ns_engine_ = nullptr;  // Not owned.
+  // The step's kernels on this executor's device (host: over ns_engine_).
+  std::unique_ptr<kernels::StepKernels> kernels_;
   // Per-stream timing records, preallocated: main_records_ is written by
   // the main (sequential) or compute (async) stream, comm_records_ by the
   // comm stream; read by Run after the streams are synchronized.

@@ -69,6 +69,11 @@ absl::Status DecayAndApply(float*, const float*, int64_t, double, double,
   return NoCuda("DecayAndApply");
 }
 
+absl::Status DecayAndApplyBf16(uint16_t*, const float*, int64_t, double, double,
+                               double, FmaMode, void*) {
+  return NoCuda("DecayAndApplyBf16");
+}
+
 DeviceBuffer::~DeviceBuffer() = default;
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)),

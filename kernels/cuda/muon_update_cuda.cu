@@ -71,6 +71,38 @@ __global__ void DecayAndApplyKernel(float* __restrict__ param,
   }
 }
 
+// c10::BFloat16's conversions, as kernels/bfloat16.h on the CPU: widening
+// is exact; narrowing rounds to nearest even and keeps NaN quiet with its
+// sign.
+__device__ __forceinline__ float Bf16BitsToFloat(uint16_t x) {
+  return __uint_as_float(static_cast<uint32_t>(x) << 16);
+}
+__device__ __forceinline__ uint16_t FloatToBf16Bits(float f) {
+  const uint32_t bits = __float_as_uint(f);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) {
+    return static_cast<uint16_t>((bits >> 16) | 0x0040u);
+  }
+  const uint32_t rounding_bias = 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>((bits + rounding_bias) >> 16);
+}
+
+// torch on a bf16 parameter: param.mul_(decay) rounds to bf16, then
+// param.add_(update, alpha) computes in fp32 and rounds again.
+template <bool kFma>
+__global__ void DecayAndApplyBf16Kernel(uint16_t* __restrict__ param,
+                                        const float* __restrict__ update,
+                                        int64_t n, float decay, float alpha) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+       i < n; i += stride) {
+    const float decayed = Bf16BitsToFloat(
+        FloatToBf16Bits(__fmul_rn(Bf16BitsToFloat(param[i]), decay)));
+    const float sum = kFma ? __fmaf_rn(alpha, update[i], decayed)
+                           : __fadd_rn(decayed, __fmul_rn(alpha, update[i]));
+    param[i] = FloatToBf16Bits(sum);
+  }
+}
+
 }  // namespace
 
 absl::Status MomentumNesterov(float* buf, const float* grad, int64_t n,
@@ -135,6 +167,32 @@ absl::Status DecayAndApply(float* param, const float* update, int64_t n,
         <<<Blocks(n), kThreads, 0, s>>>(param, update, n, decay, alpha);
   }
   MUON_CUDA_RETURN_IF_LAUNCH_FAILED("DecayAndApplyKernel");
+  return absl::OkStatus();
+}
+
+absl::Status DecayAndApplyBf16(uint16_t* param, const float* update, int64_t n,
+                               double lr, double weight_decay,
+                               double adjusted_lr, FmaMode mode, void* stream) {
+  if (n < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DecayAndApplyBf16: n must be >= 0, got ", n));
+  }
+  if (n == 0) return absl::OkStatus();
+  if (param == nullptr || update == nullptr) {
+    return absl::InvalidArgumentError(
+        "DecayAndApplyBf16: param and update must be non-null");
+  }
+  const float decay = static_cast<float>(1.0 - lr * weight_decay);
+  const float alpha = static_cast<float>(-adjusted_lr);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (mode == FmaMode::kFused) {
+    DecayAndApplyBf16Kernel<true>
+        <<<Blocks(n), kThreads, 0, s>>>(param, update, n, decay, alpha);
+  } else {
+    DecayAndApplyBf16Kernel<false>
+        <<<Blocks(n), kThreads, 0, s>>>(param, update, n, decay, alpha);
+  }
+  MUON_CUDA_RETURN_IF_LAUNCH_FAILED("DecayAndApplyBf16Kernel");
   return absl::OkStatus();
 }
 

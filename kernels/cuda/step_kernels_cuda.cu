@@ -1,0 +1,111 @@
+// The CUDA StepKernels (kernels/step_kernels.h), nvcc.
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "device/cuda_runtime.h"
+#include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/muon_update_cuda.h"
+#include "kernels/cuda/newton_schulz_cuda.h"
+#include "kernels/step_kernels.h"
+
+namespace muon {
+namespace kernels {
+namespace {
+
+class CudaStepKernels final : public StepKernels {
+ public:
+  CudaStepKernels(int ordinal, GpuPrecision precision,
+                  std::unique_ptr<cuda::NsCudaContext> ns)
+      : ordinal_(ordinal), precision_(precision), ns_(std::move(ns)) {}
+
+  device::Device device() const override {
+    return device::Device::Cuda(ordinal_);
+  }
+  std::string name() const override {
+    const char* p = precision_ == GpuPrecision::kBf16   ? "bf16"
+                    : precision_ == GpuPrecision::kTf32 ? "tf32"
+                                                        : "fp32";
+    return absl::StrCat("cuda:", ordinal_, "/", p);
+  }
+
+  absl::Status CopyRegion(device::Stream* stream, const float* src,
+                          const Box& src_holds, float* dst,
+                          const Box& dst_holds, const Box& region) override {
+    if (region.empty()) return absl::OkStatus();
+    const int64_t src_cols = src_holds.cols.size();
+    const int64_t dst_cols = dst_holds.cols.size();
+    const float* from = src +
+                        (region.rows.begin - src_holds.rows.begin) * src_cols +
+                        (region.cols.begin - src_holds.cols.begin);
+    float* to = dst + (region.rows.begin - dst_holds.rows.begin) * dst_cols +
+                (region.cols.begin - dst_holds.cols.begin);
+    MUON_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
+        to, dst_cols * sizeof(float), from, src_cols * sizeof(float),
+        region.cols.size() * sizeof(float), region.rows.size(),
+        cudaMemcpyDeviceToDevice,
+        static_cast<cudaStream_t>(stream->native_handle())));
+    return absl::OkStatus();
+  }
+
+  absl::Status Orthogonalize(device::Stream* stream, const float* u,
+                             int64_t rows, int64_t cols,
+                             const NewtonSchulzOptions& options,
+                             float* out) override {
+    if (stream->native_handle() != ns_->stream()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CUDA Newton-Schulz on cuda:", ordinal_, " is bound to its compute ",
+          "stream, not stream \"", stream->name(), "\""));
+    }
+    return cuda::NewtonSchulzBatched(ns_.get(), u, 1, rows, cols, options,
+                                     precision_, out);
+  }
+
+  absl::Status Reserve(int64_t rows, int64_t cols) override {
+    return ns_->Reserve(1, rows, cols, precision_);
+  }
+
+  absl::Status DecayAndApply(device::Stream* stream, void* param,
+                             ParamDType dtype, const float* update, int64_t n,
+                             double lr, double weight_decay,
+                             double adjusted_lr) override {
+    void* s = stream->native_handle();
+    if (dtype == ParamDType::kBFloat16) {
+      return cuda::DecayAndApplyBf16(static_cast<uint16_t*>(param), update, n,
+                                     lr, weight_decay, adjusted_lr,
+                                     cuda::FmaMode::kFused, s);
+    }
+    return cuda::DecayAndApply(static_cast<float*>(param), update, n, lr,
+                               weight_decay, adjusted_lr, cuda::FmaMode::kFused,
+                               s);
+  }
+
+ private:
+  const int ordinal_;
+  const GpuPrecision precision_;
+  const std::unique_ptr<cuda::NsCudaContext> ns_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<StepKernels>> MakeCudaStepKernels(
+    int ordinal, device::Stream* compute_stream, GpuPrecision precision) {
+  if (compute_stream == nullptr ||
+      compute_stream->device() != device::Device::Cuda(ordinal)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CUDA step kernels for cuda:", ordinal, ": the compute stream \"",
+        compute_stream ? compute_stream->name() : "null", "\" is on ",
+        compute_stream ? compute_stream->device().ToString() : "no device"));
+  }
+  absl::StatusOr<std::unique_ptr<cuda::NsCudaContext>> ns =
+      cuda::NsCudaContext::Create(ordinal, compute_stream->native_handle());
+  if (!ns.ok()) return ns.status();
+  return std::unique_ptr<StepKernels>(
+      new CudaStepKernels(ordinal, precision, *std::move(ns)));
+}
+
+}  // namespace kernels
+}  // namespace muon

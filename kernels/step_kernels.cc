@@ -1,0 +1,69 @@
+#include "kernels/step_kernels.h"
+
+#include "absl/strings/str_cat.h"
+#include "kernels/bfloat16.h"
+#include "kernels/muon_update.h"
+
+namespace muon {
+namespace kernels {
+namespace {
+
+class HostStepKernels final : public StepKernels {
+ public:
+  explicit HostStepKernels(NsEngine* engine) : engine_(engine) {}
+
+  device::Device device() const override { return device::Device::Host(); }
+  std::string name() const override { return engine_->name(); }
+
+  absl::Status CopyRegion(device::Stream*, const float* src,
+                          const Box& src_holds, float* dst,
+                          const Box& dst_holds, const Box& region) override {
+    ::muon::CopyRegion(src, src_holds, dst, dst_holds, region);
+    return absl::OkStatus();
+  }
+
+  absl::Status Orthogonalize(device::Stream*, const float* u, int64_t rows,
+                             int64_t cols, const NewtonSchulzOptions& options,
+                             float* out) override {
+    return engine_->Orthogonalize(u, rows, cols, options, out);
+  }
+
+  absl::Status Reserve(int64_t rows, int64_t cols) override {
+    return engine_->Reserve(rows, cols);
+  }
+
+  absl::Status DecayAndApply(device::Stream*, void* param, ParamDType dtype,
+                             const float* update, int64_t n, double lr,
+                             double weight_decay,
+                             double adjusted_lr) override {
+    if (dtype == ParamDType::kBFloat16) {
+      ApplyUpdate(static_cast<bf16_t*>(param), update, n, lr, weight_decay,
+                  adjusted_lr);
+    } else {
+      ApplyUpdate(static_cast<float*>(param), update, n, lr, weight_decay,
+                  adjusted_lr);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  NsEngine* const engine_;  // Not owned.
+};
+
+}  // namespace
+
+std::unique_ptr<StepKernels> MakeHostStepKernels(NsEngine* engine) {
+  return std::make_unique<HostStepKernels>(engine);
+}
+
+#ifndef MUON_WITH_CUDA
+absl::StatusOr<std::unique_ptr<StepKernels>> MakeCudaStepKernels(
+    int ordinal, device::Stream*, GpuPrecision) {
+  return absl::UnimplementedError(
+      absl::StrCat("CUDA step kernels for cuda:", ordinal,
+                   ": built without CUDA support (build with --config=cuda)"));
+}
+#endif  // MUON_WITH_CUDA
+
+}  // namespace kernels
+}  // namespace muon

@@ -1,0 +1,92 @@
+// The kernels of a step's data path on one device, behind one interface so
+// that one step executor serves the host and CUDA: the region copies that
+// pack and unpack exchange buffers, Newton-Schulz, and weight decay +
+// apply. Each is called in a stream's order, from inside
+// device::Stream::Launch on the stream it is given:
+//   host: computes at once on the calling thread (the host stream's own);
+//   CUDA: enqueues on stream->native_handle() and returns without waiting.
+// Every pointer is memory of this interface's device().
+//
+// Thread-compatible: one stream uses an instance at a time.
+#ifndef MUON_KERNELS_STEP_KERNELS_H_
+#define MUON_KERNELS_STEP_KERNELS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/layout.h"
+#include "device/device.h"
+#include "device/stream.h"
+#include "kernels/newton_schulz.h"
+#include "kernels/ns_engine.h"
+
+namespace muon {
+namespace kernels {
+
+// Element type of a parameter the apply kernel writes.
+enum class ParamDType { kFloat32, kBFloat16 };
+
+class StepKernels {
+ public:
+  virtual ~StepKernels() = default;
+
+  virtual device::Device device() const = 0;
+  // "cpu/openblas", "cuda:0/bf16", ...
+  virtual std::string name() const = 0;
+
+  // Copies `region` of a row-major fp32 matrix stored as `src` (holding box
+  // `src_holds`) into `dst` (holding box `dst_holds`); both boxes contain
+  // the region (common/layout.h CopyRegion's contract). region.numel()
+  // floats move; the CUDA copy is one cudaMemcpy2DAsync.
+  // Errors: the CUDA error (host: none).
+  virtual absl::Status CopyRegion(device::Stream* stream, const float* src,
+                                  const Box& src_holds, float* dst,
+                                  const Box& dst_holds, const Box& region) = 0;
+
+  // out = NS_k(u) for one row-major fp32 [rows, cols] matrix
+  // (kernels::NewtonSchulz's iteration; torch.optim.Muon's
+  // _zeropower_via_newtonschulz), 3 or 4 GEMM per iteration
+  // (kernels::NewtonSchulzFlops FLOPs). `out` may not alias `u`.
+  // Errors: InvalidArgument (shapes, options); the device's errors.
+  virtual absl::Status Orthogonalize(device::Stream* stream, const float* u,
+                                     int64_t rows, int64_t cols,
+                                     const NewtonSchulzOptions& options,
+                                     float* out) = 0;
+
+  // Grows the scratch of Orthogonalize to fit [rows, cols] (either
+  // orientation) so that a step allocates nothing. Call once per shape.
+  virtual absl::Status Reserve(int64_t rows, int64_t cols) = 0;
+
+  // torch.optim.Muon's decoupled weight decay and update, elementwise over
+  // n elements: param = param * (1 - lr * weight_decay) - adjusted_lr *
+  // update (bf16 params: each op computed in fp32 and rounded to nearest
+  // even, as kernels::ApplyUpdate). `update` is fp32.
+  // Errors: the CUDA error (host: none).
+  virtual absl::Status DecayAndApply(device::Stream* stream, void* param,
+                                     ParamDType dtype, const float* update,
+                                     int64_t n, double lr, double weight_decay,
+                                     double adjusted_lr) = 0;
+};
+
+// The host kernels: common/layout.h's CopyRegion, `engine`'s Newton-Schulz
+// (not owned; outlives the kernels) and kernels::ApplyUpdate. Bitwise what
+// the CPU path computed before streams.
+std::unique_ptr<StepKernels> MakeHostStepKernels(NsEngine* engine);
+
+// The CUDA kernels of device `ordinal`: cudaMemcpy2DAsync,
+// kernels/cuda's NewtonSchulzBatched (cuBLAS in `precision`) bound to
+// `compute_stream` (a CUDA stream of that device, not owned), and
+// kernels/cuda's DecayAndApply (torch's fused multiply-adds).
+// Errors: Unimplemented (built without --config=cuda); FailedPrecondition
+// (no such device); InvalidArgument (`compute_stream` is not a CUDA stream
+// of that device).
+absl::StatusOr<std::unique_ptr<StepKernels>> MakeCudaStepKernels(
+    int ordinal, device::Stream* compute_stream, GpuPrecision precision);
+
+}  // namespace kernels
+}  // namespace muon
+
+#endif  // MUON_KERNELS_STEP_KERNELS_H_
