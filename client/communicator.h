@@ -12,6 +12,13 @@
 //
 // Lifecycle: Create (backend-specific, may rendezvous) -> collectives ->
 // destroy (or Abort from any thread to unblock pending calls).
+//
+// Collectives on streams (c10d's Work and ProcessGroup async_op=True): a
+// collective can be enqueued on a device stream (device/stream.h) instead
+// of run on the calling thread. Host backends (Gloo, local) run it as the
+// host stream's work, on that stream's thread; NCCL enqueues it on the
+// CUDA stream with no host wait. Either way its completion is an event
+// that other streams wait on, and Work::Wait is the bounded host wait.
 #ifndef MUON_CLIENT_COMMUNICATOR_H_
 #define MUON_CLIENT_COMMUNICATOR_H_
 
@@ -22,8 +29,28 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "device/stream.h"
 
 namespace muon {
+
+// The completion of one collective enqueued on a stream (c10d's Work).
+// Thread-compatible.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // True once the collective has finished on its stream, with or without
+  // an error.
+  virtual bool IsCompleted() = 0;
+  // Blocks the calling host thread until the collective has finished, at
+  // most `timeout`, and returns its status.
+  // Errors: DeadlineExceeded (names the collective, the backend and the
+  // timeout); the collective's own error (names the peer when known).
+  virtual absl::Status Wait(absl::Duration timeout) = 0;
+  // Recorded on the stream after the collective: another stream's
+  // WaitFor(event()) orders its later work after the collective.
+  virtual device::Event* event() = 0;
+};
 
 class Communicator {
  public:
@@ -55,6 +82,36 @@ class Communicator {
                                  const std::vector<int64_t>& send_counts,
                                  float* recv,
                                  const std::vector<int64_t>& recv_counts) = 0;
+
+  // AllToAllV in `stream`'s order, called from inside stream->Launch (the
+  // step executor's exchanges). Host backends run it at once on the
+  // calling thread (the host stream's own), blocking as AllToAllV; NCCL
+  // enqueues it on the stream's CUDA stream and returns without waiting
+  // (errors that happen on the GPU later surface in Work::Wait or the
+  // stream's Synchronize). Buffers are memory of the stream's device and
+  // must stay valid until the collective has finished.
+  // Errors: those of AllToAllV; InvalidArgument when `stream`'s device is
+  // not this backend's (host streams for Gloo and local, CUDA for NCCL).
+  virtual absl::Status AllToAllVOnStream(
+      device::Stream* stream, const float* send,
+      const std::vector<int64_t>& send_counts, float* recv,
+      const std::vector<int64_t>& recv_counts);
+
+  // Enqueues AllToAllV on `stream` after its earlier work and returns the
+  // collective's Work (torch.distributed.all_to_all_single with
+  // async_op=True). `send` and `recv` must stay valid, and the count
+  // vectors are copied.
+  // Errors: those of Stream::Launch and Event::Record; InvalidArgument
+  // (wrong vector sizes, another device). The collective's own errors come
+  // from Work::Wait.
+  absl::StatusOr<std::unique_ptr<Work>> EnqueueAllToAllV(
+      device::Stream* stream, const float* send,
+      const std::vector<int64_t>& send_counts, float* recv,
+      const std::vector<int64_t>& recv_counts);
+
+  // Errors the backend learned asynchronously (NCCL's
+  // ncclCommGetAsyncError); OK for backends without any.
+  virtual absl::Status AsyncError() { return absl::OkStatus(); }
 
   // All-gather(v): every rank contributes `send_count` elements; `recv`
   // receives recv_counts[p] elements of rank p, packed in rank order

@@ -552,6 +552,23 @@ absl::Status NcclCommunicator::RunLocked(
   return absl::OkStatus();
 }
 
+absl::Status NcclCommunicator::LaunchLocked(
+    absl::string_view op, const std::function<absl::Status()>& enqueue) {
+  const absl::Time deadline = absl::Now() + options_.timeout;
+  DeviceScope scope;
+  if (const int error = scope.Enter(options_.device);
+      error != nccl_api::kCudaSuccess) {
+    return CudaError(op, "cudaSetDevice(options.device)", error);
+  }
+  absl::Status status = enqueue();
+  if (status.ok()) {
+    status = WaitCommReady(op, comm_, "launch of the enqueued NCCL calls",
+                           deadline, /*check_aborted=*/true);
+  }
+  if (!status.ok()) return FailLocked(op, std::move(status));
+  return absl::OkStatus();
+}
+
 absl::Status NcclCommunicator::EndGroup(absl::string_view op,
                                         absl::Status body_status) const {
   const int end = ncclGroupEnd();
@@ -568,6 +585,56 @@ absl::Status NcclCommunicator::AllToAllV(
   MUON_RETURN_IF_ERROR(CheckUsableLocked(kOp));
   MUON_RETURN_IF_ERROR(communicator_internal::CheckAllToAllV(
       kBackend, rank_, world_size_, send, send_counts, recv, recv_counts));
+  return RunLocked(kOp, [&]() -> absl::Status {
+    return EnqueueAllToAllVLocked(kOp, stream_, send, send_counts, recv,
+                                  recv_counts);
+  });
+}
+
+absl::Status NcclCommunicator::AllToAllVOnStream(
+    device::Stream* stream, const float* send,
+    const std::vector<int64_t>& send_counts, float* recv,
+    const std::vector<int64_t>& recv_counts) {
+  constexpr char kOp[] = "AllToAllVOnStream";
+  if (stream == nullptr ||
+      stream->device() != device::Device::Cuda(options_.device)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Where(kOp, -1), "stream \"", stream ? stream->name() : "null",
+        "\" is on ", stream ? stream->device().ToString() : "no device",
+        ", not this communicator's cuda:", options_.device));
+  }
+  absl::MutexLock lock(&op_mu_);
+  MUON_RETURN_IF_ERROR(CheckUsableLocked(kOp));
+  MUON_RETURN_IF_ERROR(communicator_internal::CheckAllToAllV(
+      kBackend, rank_, world_size_, send, send_counts, recv, recv_counts));
+  void* native = stream->native_handle();
+  return LaunchLocked(kOp, [&]() -> absl::Status {
+    return EnqueueAllToAllVLocked(kOp, native, send, send_counts, recv,
+                                  recv_counts);
+  });
+}
+
+absl::Status NcclCommunicator::AsyncError() {
+  constexpr char kOp[] = "AsyncError";
+  absl::MutexLock lock(&op_mu_);
+  MUON_RETURN_IF_ERROR(CheckUsableLocked(kOp));
+  int state = nccl_api::kNcclSuccess;
+  MUON_NCCL_RETURN_IF_ERROR(
+      kOp, -1,
+      ncclCommGetAsyncError(static_cast<nccl_api::Comm>(comm_), &state));
+  if (!IsOk(state)) {
+    return FailLocked(kOp, NcclError(kOp, -1,
+                                     "ncclCommGetAsyncError(comm, &state) -> "
+                                     "state",
+                                     state));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NcclCommunicator::EnqueueAllToAllVLocked(
+    absl::string_view op, void* native_stream, const float* send,
+    const std::vector<int64_t>& send_counts, float* recv,
+    const std::vector<int64_t>& recv_counts) {
   const std::vector<int64_t> send_offsets = Offsets(send_counts);
   const std::vector<int64_t> recv_offsets = Offsets(recv_counts);
   const float* own_send = send + send_offsets[rank_];
@@ -583,34 +650,32 @@ absl::Status NcclCommunicator::AllToAllV(
       any_peer = true;
     }
   }
-  return RunLocked(kOp, [&]() -> absl::Status {
-    nccl_api::Comm comm = static_cast<nccl_api::Comm>(comm_);
-    nccl_api::Stream stream = static_cast<nccl_api::Stream>(stream_);
-    if (move_own && !self_via_nccl) {
-      MUON_NCCL_CUDA_RETURN_IF_ERROR(
-          kOp, cudaMemcpyAsync(own_recv, own_send, own_bytes, stream));
-    }
-    if (!any_peer) return absl::OkStatus();
-    MUON_NCCL_RETURN_IF_ERROR(kOp, -1, ncclGroupStart());
-    return EndGroup(kOp, [&]() -> absl::Status {
-      for (int p = 0; p < world_size_; ++p) {
-        if (p == rank_ && !self_via_nccl) continue;
-        if (send_counts[p] > 0) {
-          MUON_NCCL_RETURN_IF_ERROR(
-              kOp, p,
-              ncclSend(send + send_offsets[p], send_counts[p], kFloat32, p,
-                       comm, stream));
-        }
-        if (recv_counts[p] > 0) {
-          MUON_NCCL_RETURN_IF_ERROR(
-              kOp, p,
-              ncclRecv(recv + recv_offsets[p], recv_counts[p], kFloat32, p,
-                       comm, stream));
-        }
+  nccl_api::Comm comm = static_cast<nccl_api::Comm>(comm_);
+  nccl_api::Stream stream = static_cast<nccl_api::Stream>(native_stream);
+  if (move_own && !self_via_nccl) {
+    MUON_NCCL_CUDA_RETURN_IF_ERROR(
+        op, cudaMemcpyAsync(own_recv, own_send, own_bytes, stream));
+  }
+  if (!any_peer) return absl::OkStatus();
+  MUON_NCCL_RETURN_IF_ERROR(op, -1, ncclGroupStart());
+  return EndGroup(op, [&]() -> absl::Status {
+    for (int p = 0; p < world_size_; ++p) {
+      if (p == rank_ && !self_via_nccl) continue;
+      if (send_counts[p] > 0) {
+        MUON_NCCL_RETURN_IF_ERROR(
+            op, p,
+            ncclSend(send + send_offsets[p], send_counts[p], kFloat32, p, comm,
+                     stream));
       }
-      return absl::OkStatus();
-    }());
-  });
+      if (recv_counts[p] > 0) {
+        MUON_NCCL_RETURN_IF_ERROR(
+            op, p,
+            ncclRecv(recv + recv_offsets[p], recv_counts[p], kFloat32, p, comm,
+                     stream));
+      }
+    }
+    return absl::OkStatus();
+  }());
 }
 
 absl::Status NcclCommunicator::AllGatherV(

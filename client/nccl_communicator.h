@@ -190,6 +190,23 @@ class NcclCommunicator : public Communicator {
                          const std::vector<int64_t>& send_counts, float* recv,
                          const std::vector<int64_t>& recv_counts) override;
 
+  // The same NCCL group enqueued on `stream` (a CUDA stream of
+  // options.device; c10d's ProcessGroupNCCL with the caller's stream)
+  // instead of this communicator's own, with no host wait: returns once
+  // NCCL has accepted the group (the non-blocking communicator left
+  // ncclInProgress). Later GPU-side failures show in AsyncError, which
+  // Work::Wait polls.
+  // Errors: InvalidArgument (`stream` not a CUDA stream of options.device;
+  // see CheckAllToAllV); as AllToAllV otherwise.
+  absl::Status AllToAllVOnStream(
+      device::Stream* stream, const float* send,
+      const std::vector<int64_t>& send_counts, float* recv,
+      const std::vector<int64_t>& recv_counts) override;
+
+  // ncclCommGetAsyncError as a Status (naming the call); Aborted after
+  // Abort; FailedPrecondition after an earlier error.
+  absl::Status AsyncError() override;
+
   // All-gather(v): ncclAllGather when every count is equal (in place when
   // send == recv + rank * count), otherwise this rank's share by
   // cudaMemcpyAsync and one NCCL group of ncclSend/ncclRecv.
@@ -281,6 +298,18 @@ class NcclCommunicator : public Communicator {
   // the NCCL communicator and records the first error.
   absl::Status RunLocked(absl::string_view op,
                          const std::function<absl::Status()>& enqueue)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
+  // RunLocked without the wait for the stream: returns once the NCCL group
+  // is launched (the caller orders its stream with events).
+  absl::Status LaunchLocked(absl::string_view op,
+                            const std::function<absl::Status()>& enqueue)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
+  // AllToAllV's calls on `stream` (checks done by the caller).
+  absl::Status EnqueueAllToAllVLocked(absl::string_view op, void* stream,
+                                      const float* send,
+                                      const std::vector<int64_t>& send_counts,
+                                      float* recv,
+                                      const std::vector<int64_t>& recv_counts)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
   // Closes the NCCL group this thread opened with ncclGroupStart (also when
   // `body_status`, the status of the calls inside it, is an error: NCCL's

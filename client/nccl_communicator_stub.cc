@@ -51,6 +51,15 @@ absl::Status NcclCommunicator::AllToAllV(const float*,
   return NotBuilt("AllToAllV");
 }
 
+absl::Status NcclCommunicator::AllToAllVOnStream(device::Stream*, const float*,
+                                                 const std::vector<int64_t>&,
+                                                 float*,
+                                                 const std::vector<int64_t>&) {
+  return NotBuilt("AllToAllVOnStream");
+}
+
+absl::Status NcclCommunicator::AsyncError() { return NotBuilt("AsyncError"); }
+
 absl::Status NcclCommunicator::AllGatherV(const float*, int64_t, float*,
                                           const std::vector<int64_t>&) {
   return NotBuilt("AllGatherV");

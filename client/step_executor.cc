@@ -388,8 +388,9 @@ absl::Status StepExecutor::RunExchange(const Exchange& x, bool to_owner,
       off += c.region.numel();
     }
   }
-  MUON_RETURN_IF_ERROR(comm_->AllToAllV(send_buf_.data(), x.send_counts,
-                                        recv_buf_.data(), x.recv_counts));
+  MUON_RETURN_IF_ERROR(comm_->AllToAllVOnStream(stream, send_buf_.data(),
+                                                x.send_counts, recv_buf_.data(),
+                                                x.recv_counts));
   off = 0;
   for (int q = 0; q < world_size_; ++q) {
     for (const RegionCopy& c : x.recv[q]) {

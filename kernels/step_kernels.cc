@@ -34,8 +34,7 @@ class HostStepKernels final : public StepKernels {
 
   absl::Status DecayAndApply(device::Stream*, void* param, ParamDType dtype,
                              const float* update, int64_t n, double lr,
-                             double weight_decay,
-                             double adjusted_lr) override {
+                             double weight_decay, double adjusted_lr) override {
     if (dtype == ParamDType::kBFloat16) {
       ApplyUpdate(static_cast<bf16_t*>(param), update, n, lr, weight_decay,
                   adjusted_lr);

@@ -3,7 +3,9 @@
 # every GPU check of the project, each output saved under $OUT (or /tmp/out).
 #   1. GPU Newton-Schulz vs the CPU float64 reference (bf16/tf32/fp32),
 #      fused kernels, CUDA API checks;
-#   2. the NCCL communicator (world size 1; 2 ranks when 2 GPUs);
+#   2. the device layer (CUDA streams, events, memory; host streams and the
+#      stream executor), the NCCL communicator (world size 1, also on a
+#      device-layer stream; 2 ranks when 2 GPUs);
 #   3. a single-device GPU step vs torch.optim.Muon (bf16 tolerance);
 #   4. 4 host-staged ranks sharing one GPU, bitwise vs single-device GPU;
 #   5. Newton-Schulz TFLOP/s vs PyTorch's own and the bf16 GEMM rate.
@@ -43,6 +45,9 @@ head -n 1 "$out/nvidia-smi.txt"
 run gpu_newton_schulz_test "$here/run.sh" bin/gpu_newton_schulz_test
 run gpu_muon_update_test "$here/run.sh" bin/gpu_muon_update_test
 run cuda_api_test "$here/run.sh" bin/cuda_api_test
+run cuda_stream_test "$here/run.sh" bin/cuda_stream_test
+run host_stream_test "$here/run.sh" bin/host_stream_test
+run executor_streams_test "$here/run.sh" bin/executor_streams_test
 run nccl_communicator_test "$here/run.sh" bin/nccl_communicator_test
 run torch_muon_compare python3 "$here/torch_muon_compare.py" \
   --muonctl "$here/run.sh bin/muonctl" --steps 3

@@ -27,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "device/runtime.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/client/in_memory_store_client.h"
@@ -334,6 +335,53 @@ TEST_F(NcclWorldOfOneTest, AllToAllV_SelfThroughNccl_CopiesDeviceData) {
                 IsOk());
   }
   EXPECT_THAT(recv->Read(), ElementsAreArray(values));
+}
+
+// The collective on a CUDA stream of the device layer, with no host wait:
+// EnqueueAllToAllV returns a Work whose event another CUDA stream waits
+// on; Work::Wait then returns OK and the data arrived.
+TEST_F(NcclWorldOfOneTest, EnqueueAllToAllV_OnCudaStream_WorkCompletes) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_NO_FATAL_FAILURE(MakeComm(/*exchange_self_through_nccl=*/true));
+  absl::StatusOr<device::Runtime*> rt =
+      device::GetRuntime(device::Device::Cuda(0));
+  ASSERT_THAT(rt, IsOk());
+  absl::StatusOr<std::unique_ptr<device::Stream>> comm_stream =
+      (*rt)->CreateStream("comm");
+  absl::StatusOr<std::unique_ptr<device::Stream>> consumer =
+      (*rt)->CreateStream("consumer");
+  ASSERT_THAT(comm_stream, IsOk());
+  ASSERT_THAT(consumer, IsOk());
+  const std::vector<float> values = Iota(1 << 16, 1.5f);
+  std::unique_ptr<DeviceArray> send = DeviceArray::From(0, values);
+  std::unique_ptr<DeviceArray> recv = DeviceArray::Filled(0, values.size());
+  ASSERT_THAT(send, NotNull());
+  ASSERT_THAT(recv, NotNull());
+  const int64_t n = static_cast<int64_t>(values.size());
+  absl::StatusOr<std::unique_ptr<Work>> work = comm_->EnqueueAllToAllV(
+      comm_stream->get(), send->data(), {n}, recv->data(), {n});
+  ASSERT_THAT(work, IsOk());
+  EXPECT_THAT((*consumer)->WaitFor((*work)->event()), IsOk());
+  EXPECT_THAT((*work)->Wait(absl::Seconds(30)), IsOk());
+  EXPECT_TRUE((*work)->IsCompleted());
+  EXPECT_THAT((*consumer)->Synchronize(absl::Seconds(30)), IsOk());
+  EXPECT_THAT(recv->Read(), ElementsAreArray(values));
+}
+
+// A host stream is not NCCL's: refused naming it, nothing enqueued.
+TEST(NcclCommunicatorTest, AllToAllVOnStream_HostStream_InvalidArgument) {
+  SKIP_WITHOUT_GPU();
+  InMemoryStoreClient store;
+  NcclOptions options;
+  absl::StatusOr<std::unique_ptr<NcclCommunicator>> comm =
+      NcclCommunicator::Create(0, 1, &store, options);
+  ASSERT_THAT(comm, IsOk());
+  absl::StatusOr<std::unique_ptr<device::Stream>> host =
+      device::HostRuntime()->CreateStream("host");
+  ASSERT_THAT(host, IsOk());
+  EXPECT_THAT(
+      (*comm)->AllToAllVOnStream(host->get(), nullptr, {0}, nullptr, {0}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("host")));
 }
 
 TEST_F(NcclWorldOfOneTest, AllGatherV_CopiesDeviceData) {

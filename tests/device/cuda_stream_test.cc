@@ -1,0 +1,94 @@
+// CUDA streams, events and memory of the device layer (device/runtime.h):
+// an event orders a copy on one CUDA stream after a copy on another, a
+// failed wait is bounded, and the allocator tags its buffers with the
+// device. Skips without a GPU (fails with MUON_REQUIRE_GPU=1).
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "device/cuda_runtime.h"
+#include "device/device.h"
+#include "device/memory.h"
+#include "device/runtime.h"
+#include "device/stream.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/cuda/device_memory.h"
+#include "tests/gpu_test_util.h"
+#include "tests/status_matchers.h"
+
+namespace muon {
+namespace device {
+namespace {
+
+using ::testing::ElementsAreArray;
+
+#define SKIP_WITHOUT_GPU()                                             \
+  do {                                                                 \
+    std::string muon_no_gpu_reason_;                                   \
+    MUON_SKIP_OR_FAIL_UNLESS_GPU(CudaDeviceCount(&muon_no_gpu_reason_) \
+                                     == 0,                             \
+                                 muon_no_gpu_reason_);                 \
+  } while (0)
+
+TEST(CudaStreamTest, EventOrdersCopiesAcrossStreams) {
+  SKIP_WITHOUT_GPU();
+  absl::StatusOr<Runtime*> rt = GetRuntime(Device::Cuda(0));
+  ASSERT_THAT(rt, IsOk());
+  absl::StatusOr<std::unique_ptr<Stream>> a = (*rt)->CreateStream("a");
+  absl::StatusOr<std::unique_ptr<Stream>> b = (*rt)->CreateStream("b");
+  absl::StatusOr<std::unique_ptr<Event>> ready = (*rt)->CreateEvent("ready");
+  ASSERT_THAT(a, IsOk());
+  ASSERT_THAT(b, IsOk());
+  ASSERT_THAT(ready, IsOk());
+  EXPECT_EQ((*a)->device(), Device::Cuda(0));
+  EXPECT_NE((*a)->native_handle(), nullptr);
+  const int64_t n = 1 << 20;
+  absl::StatusOr<DeviceBuffer<float>> buf =
+      DeviceBuffer<float>::Allocate((*rt)->allocator(), n);
+  ASSERT_THAT(buf, IsOk());
+  EXPECT_EQ(buf->device(), Device::Cuda(0));
+  std::vector<float> in(n), out(n, -1.0f);
+  for (int64_t i = 0; i < n; ++i) in[i] = 0.25f * static_cast<float>(i);
+  Stream* sa = a->get();
+  Stream* sb = b->get();
+  ASSERT_THAT(sa->Launch([&] {
+    return kernels::cuda::CopyToDevice(buf->data(), in.data(), n * 4,
+                                       sa->native_handle());
+  }),
+              IsOk());
+  ASSERT_THAT((*ready)->Record(sa), IsOk());
+  ASSERT_THAT(sb->WaitFor(ready->get()), IsOk());
+  ASSERT_THAT(sb->Launch([&] {
+    return kernels::cuda::CopyToHost(out.data(), buf->data(), n * 4,
+                                     sb->native_handle());
+  }),
+              IsOk());
+  EXPECT_THAT(sb->Synchronize(absl::Seconds(30)), IsOk());
+  EXPECT_THAT((*ready)->Synchronize(absl::Seconds(30)), IsOk());
+  EXPECT_TRUE((*ready)->Query());
+  EXPECT_THAT(out, ElementsAreArray(in));
+}
+
+TEST(CudaStreamTest, HostEventOnCudaStream_InvalidArgument) {
+  SKIP_WITHOUT_GPU();
+  absl::StatusOr<Runtime*> rt = GetRuntime(Device::Cuda(0));
+  ASSERT_THAT(rt, IsOk());
+  absl::StatusOr<std::unique_ptr<Stream>> cuda = (*rt)->CreateStream("c");
+  absl::StatusOr<std::unique_ptr<Event>> host =
+      HostRuntime()->CreateEvent("host-event");
+  ASSERT_THAT(cuda, IsOk());
+  ASSERT_THAT(host, IsOk());
+  EXPECT_THAT((*cuda)->WaitFor(host->get()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::HasSubstr("host-event")));
+  EXPECT_THAT((*host)->Record(cuda->get()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::HasSubstr("c")));
+}
+
+}  // namespace
+}  // namespace device
+}  // namespace muon
