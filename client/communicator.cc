@@ -27,9 +27,8 @@ class EventWork final : public Work {
     while (!event_->Query()) {
       if (absl::Status async = comm_->AsyncError(); !async.ok()) return async;
       if (absl::Now() >= deadline) {
-        return absl::DeadlineExceededError(
-            absl::StrCat(what_, ": not finished within ",
-                         absl::FormatDuration(timeout)));
+        return absl::DeadlineExceededError(absl::StrCat(
+            what_, ": not finished within ", absl::FormatDuration(timeout)));
       }
       absl::SleepFor(pause);
       pause = std::min(pause * 2, absl::Milliseconds(1));
@@ -52,11 +51,11 @@ absl::Status Communicator::AllToAllVOnStream(
     const std::vector<int64_t>& send_counts, float* recv,
     const std::vector<int64_t>& recv_counts) {
   if (stream == nullptr || !stream->device().is_host()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        backend(), " AllToAllV on rank ", rank(), ": stream \"",
-        stream ? stream->name() : "null", "\" is on ",
-        stream ? stream->device().ToString() : "no device",
-        "; this backend runs on host streams"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(backend(), " AllToAllV on rank ", rank(), ": stream \"",
+                     stream ? stream->name() : "null", "\" is on ",
+                     stream ? stream->device().ToString() : "no device",
+                     "; this backend runs on host streams"));
   }
   return AllToAllV(send, send_counts, recv, recv_counts);
 }
@@ -68,15 +67,16 @@ absl::StatusOr<std::unique_ptr<Work>> Communicator::EnqueueAllToAllV(
   const std::string what =
       absl::StrCat(backend(), " AllToAllV on rank ", rank(), " (stream \"",
                    stream ? stream->name() : "null", "\")");
-  if (stream == nullptr) return absl::InvalidArgumentError(what + ": no stream");
+  if (stream == nullptr)
+    return absl::InvalidArgumentError(what + ": no stream");
   absl::StatusOr<device::Runtime*> runtime =
       device::GetRuntime(stream->device());
   if (!runtime.ok()) return runtime.status();
   absl::StatusOr<std::unique_ptr<device::Event>> event =
       (*runtime)->CreateEvent(what);
   if (!event.ok()) return event.status();
-  absl::Status launched = stream->Launch(
-      [this, stream, send, send_counts, recv, recv_counts] {
+  absl::Status launched =
+      stream->Launch([this, stream, send, send_counts, recv, recv_counts] {
         return AllToAllVOnStream(stream, send, send_counts, recv, recv_counts);
       });
   if (!launched.ok()) return launched;

@@ -26,13 +26,15 @@ Box FullBox(const MatrixGeometry& g) {
 
 StepExecutor::StepExecutor(int rank, int world_size, Communicator* comm,
                            std::vector<MatrixGeometry> geometry,
-                           GatherFn gather_fn, RedistributeFn redistribute_fn)
+                           GatherFn gather_fn, RedistributeFn redistribute_fn,
+                           const ExecutorOptions& options)
     : rank_(rank),
       world_size_(world_size),
       comm_(comm),
       geometry_(std::move(geometry)),
       gather_fn_(std::move(gather_fn)),
-      redistribute_fn_(std::move(redistribute_fn)) {}
+      redistribute_fn_(std::move(redistribute_fn)),
+      options_(options) {}
 
 bool StepExecutor::HoldsFull(int m) const {
   const MatrixGeometry& g = geometry_[m];
@@ -43,8 +45,14 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
     int rank, int world_size, const v1::Plan& plan,
     std::vector<MatrixGeometry> geometry, Communicator* comm,
     GatherFn gather_fn, RedistributeFn redistribute_fn,
-    kernels::NsEngine* ns_engine) {
-  if (ns_engine == nullptr) {
+    kernels::NsEngine* ns_engine, const ExecutorOptions& options) {
+  if (options.device.is_cuda() && (gather_fn || redistribute_fn)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank, ": custom gather/redistribute functions take host ",
+        "memory; the executor on ", options.device.ToString(),
+        " exchanges with the communicator"));
+  }
+  if (ns_engine == nullptr && options.device.is_host()) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", rank, ": no Newton-Schulz engine"));
   }
@@ -60,25 +68,25 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
           " shard boxes for a world of ", world_size));
     }
   }
-  std::unique_ptr<StepExecutor> ex(
-      new StepExecutor(rank, world_size, comm, std::move(geometry),
-                       std::move(gather_fn), std::move(redistribute_fn)));
+  std::unique_ptr<StepExecutor> ex(new StepExecutor(
+      rank, world_size, comm, std::move(geometry), std::move(gather_fn),
+      std::move(redistribute_fn), options));
   ex->ns_engine_ = ns_engine;
-  ex->kernels_ = kernels::MakeHostStepKernels(ns_engine);
+  MUON_ASSIGN_OR_RETURN(ex->runtime_, device::GetRuntime(options.device));
   MUON_ASSIGN_OR_RETURN(const BufferSizes sizes, ex->CompileBuckets(plan));
+  MUON_RETURN_IF_ERROR(ex->CompileSchedule(plan));
+  MUON_RETURN_IF_ERROR(ex->CreateStreamsAndKernels());
   for (const auto& [rows, cols] : sizes.owned_shapes) {
     MUON_RETURN_IF_ERROR(ex->kernels_->Reserve(rows, cols));
   }
-  MUON_RETURN_IF_ERROR(ex->CompileSchedule(plan));
   MUON_RETURN_IF_ERROR(ex->AllocateBuffers(sizes, plan.schedule().slots()));
-  MUON_RETURN_IF_ERROR(ex->CreateStreams());
   return ex;
 }
 
 absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::ForPlan(
     const v1::Plan& plan) const {
   return Create(rank_, world_size_, plan, geometry_, comm_, gather_fn_,
-                redistribute_fn_, ns_engine_);
+                redistribute_fn_, ns_engine_, options_);
 }
 
 absl::Status StepExecutor::CheckPlanMatrix(const v1::Plan& plan, int mi,
@@ -300,8 +308,16 @@ absl::Status StepExecutor::AllocateBuffers(const BufferSizes& sizes,
   const size_t records = 4 * buckets_.size() + 4;
   main_records_.reserve(records);
   comm_records_.reserve(records);
+  device::Runtime* rt = runtime_;
+  MUON_ASSIGN_OR_RETURN(caller_ready_, rt->CreateEvent(absl::StrCat(
+                                           "rank ", rank_, " caller ready")));
+  for (size_t i = 0; i < Streams().size(); ++i) {
+    MUON_ASSIGN_OR_RETURN(
+        std::unique_ptr<device::Event> done,
+        rt->CreateEvent(absl::StrCat("rank ", rank_, " step done ", i)));
+    step_done_.push_back(std::move(done));
+  }
   if (async_) {
-    device::Runtime* rt = device::HostRuntime();
     for (int s = 0; s < slots; ++s) {
       MUON_ASSIGN_OR_RETURN(std::unique_ptr<device::Event> g,
                             rt->CreateEvent(absl::StrCat(
@@ -317,8 +333,8 @@ absl::Status StepExecutor::AllocateBuffers(const BufferSizes& sizes,
   return absl::OkStatus();
 }
 
-absl::Status StepExecutor::CreateStreams() {
-  device::Runtime* rt = device::HostRuntime();
+absl::Status StepExecutor::CreateStreamsAndKernels() {
+  device::Runtime* rt = runtime_;
   if (async_) {
     MUON_ASSIGN_OR_RETURN(
         comm_stream_, rt->CreateStream(absl::StrCat("rank ", rank_, " comm")));
@@ -328,7 +344,22 @@ absl::Status StepExecutor::CreateStreams() {
     MUON_ASSIGN_OR_RETURN(
         main_stream_, rt->CreateStream(absl::StrCat("rank ", rank_, " main")));
   }
+  if (options_.device.is_host()) {
+    kernels_ = kernels::MakeHostStepKernels(ns_engine_);
+    return absl::OkStatus();
+  }
+  // CUDA Newton-Schulz is bound to the stream it runs on.
+  device::Stream* ns_stream =
+      async_ ? compute_stream_.get() : main_stream_.get();
+  MUON_ASSIGN_OR_RETURN(
+      kernels_, kernels::MakeCudaStepKernels(options_.device.ordinal, ns_stream,
+                                             options_.precision));
   return absl::OkStatus();
+}
+
+std::vector<device::Stream*> StepExecutor::Streams() const {
+  if (async_) return {compute_stream_.get(), comm_stream_.get()};
+  return {main_stream_.get()};
 }
 
 StepExecutor::~StepExecutor() = default;
@@ -634,6 +665,30 @@ absl::Status StepExecutor::EnqueueAsync() {
 absl::Status StepExecutor::Run(const std::vector<const float*>& updates,
                                const std::vector<ParamView>& params,
                                const UpdateRule& rule, StepStats* stats) {
+  if (in_flight_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank_, ": a step is in flight: Finish it before Run"));
+  }
+  const absl::Status enqueued = Enqueue(updates, params, rule, nullptr);
+  if (!in_flight_) return enqueued;  // nothing was enqueued
+  const absl::Status finished = Finish(stats);
+  return enqueued.ok() ? finished : enqueued;
+}
+
+absl::Status StepExecutor::Enqueue(const std::vector<const float*>& updates,
+                                   const std::vector<ParamView>& params,
+                                   const UpdateRule& rule,
+                                   device::Stream* caller) {
+  if (in_flight_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank_, ": a step is in flight: Finish it before the next"));
+  }
+  if (caller != nullptr && caller->device() != options_.device) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank_, ": the caller's stream \"", caller->name(),
+                     "\" is on ", caller->device().ToString(),
+                     ", the executor on ", options_.device.ToString()));
+  }
   main_records_.clear();
   comm_records_.clear();
   bytes_sent_ = 0;
@@ -645,17 +700,40 @@ absl::Status StepExecutor::Run(const std::vector<const float*>& updates,
   // its closures capture only `this` and a bucket, so they fit in
   // std::function's inline storage and a warm step allocates nothing.
   step_args_ = StepArgs{&updates, &params, &rule};
+  if (caller != nullptr) {
+    MUON_RETURN_IF_ERROR(caller_ready_->Record(caller));
+    for (device::Stream* stream : Streams()) {
+      MUON_RETURN_IF_ERROR(stream->WaitFor(caller_ready_.get()));
+    }
+  }
+  // From here on work may be queued: Finish must wait for it, even after
+  // an enqueue error.
+  in_flight_ = true;
+  MUON_RETURN_IF_ERROR(async_ ? EnqueueAsync() : EnqueueSequential());
+  if (caller != nullptr) {
+    const std::vector<device::Stream*> streams = Streams();
+    for (size_t i = 0; i < streams.size(); ++i) {
+      MUON_RETURN_IF_ERROR(step_done_[i]->Record(streams[i]));
+      MUON_RETURN_IF_ERROR(caller->WaitFor(step_done_[i].get()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepExecutor::Finish(StepStats* stats) {
+  if (!in_flight_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank_, ": no step in flight to finish"));
+  }
   // Every operation is bounded (collectives by the communicator's timeout),
-  // and the streams' work reads `args` and this executor: wait for all of
-  // it, even after an enqueue error, before returning.
-  const absl::Status enqueued = async_ ? EnqueueAsync() : EnqueueSequential();
-  absl::Status s = enqueued;
-  for (device::Stream* stream :
-       {main_stream_.get(), compute_stream_.get(), comm_stream_.get()}) {
-    if (stream == nullptr) continue;
+  // and the streams' work reads step_args_ and this executor: wait for all
+  // of it.
+  absl::Status s;
+  for (device::Stream* stream : Streams()) {
     const absl::Status done = stream->Synchronize(absl::InfiniteDuration());
     if (s.ok()) s = done;
   }
+  in_flight_ = false;
   stats->matrices_orthogonalized = ns_matrices_;
   stats->ns_flops = ns_flops_;
   stats->bytes_sent = bytes_sent_;

@@ -51,6 +51,7 @@
 #include "client/tensor_view.h"
 #include "common/layout.h"
 #include "device/memory.h"
+#include "device/runtime.h"
 #include "device/stream.h"
 #include "kernels/muon_update.h"
 #include "kernels/newton_schulz.h"
@@ -114,6 +115,16 @@ struct UpdateRule {
   kernels::NewtonSchulzOptions ns;
 };
 
+// Where an executor runs: its streams, buffers and kernels.
+struct ExecutorOptions {
+  // The host (OpenBLAS, Gloo or local exchanges) or a CUDA device (cuBLAS
+  // Newton-Schulz, NCCL exchanges; every buffer in that device's memory).
+  device::Device device = device::Device::Host();
+  // Arithmetic of Newton-Schulz on CUDA (bf16 with fp32 accumulation by
+  // default, as torch.optim.Muon's bfloat16 iteration). Unused on the host.
+  kernels::GpuPrecision precision = kernels::GpuPrecision::kBf16;
+};
+
 class StepExecutor {
  public:
   // `ns_engine` (not owned; outlives the executor) orthogonalizes.
@@ -125,12 +136,16 @@ class StepExecutor {
   // all-to-all(v)).
   // Errors: InvalidArgument when the plan does not cover every local matrix
   // exactly once, disagrees on a shape, names an owner that holds no shard,
-  // or has no schedule for this rank (names the matrix and parameter).
+  // or has no schedule for this rank (names the matrix and parameter); on
+  // a CUDA device, custom gather/redistribute functions (they take host
+  // memory). The device's errors (Unimplemented: CUDA in a build without
+  // it; FailedPrecondition: no such device).
   static absl::StatusOr<std::unique_ptr<StepExecutor>> Create(
       int rank, int world_size, const v1::Plan& plan,
       std::vector<MatrixGeometry> matrices, Communicator* comm,
       GatherFn gather_fn, RedistributeFn redistribute_fn,
-      kernels::NsEngine* ns_engine);
+      kernels::NsEngine* ns_engine,
+      const ExecutorOptions& options = ExecutorOptions());
 
   // An executor for `plan` (a re-plan of the same job) with this one's
   // rank, matrices, communicator, gather/redistribute functions and
@@ -154,6 +169,25 @@ class StepExecutor {
   absl::Status Run(const std::vector<const float*>& updates,
                    const std::vector<ParamView>& params, const UpdateRule& rule,
                    StepStats* stats);
+
+  // Run in two halves, for a step ordered on the caller's stream with no
+  // host wait (c10d's Work; torch's current stream). Enqueue puts the
+  // step's work on this executor's streams after the work enqueued on
+  // `caller` so far, and makes the work the caller enqueues afterwards
+  // wait for the step; it returns at once. `caller` is a stream of this
+  // executor's device, or nullptr (no ordering: the step starts now).
+  // `updates`, `params` and `rule` must stay valid until Finish returns.
+  // Finish blocks until the step has finished on this executor's streams
+  // and returns its status and stats (as Run). Each Enqueue needs its
+  // Finish before the next Enqueue.
+  // Errors: FailedPrecondition (a step is in flight); InvalidArgument
+  // (`caller` on another device); the streams' errors; then as Run.
+  absl::Status Enqueue(const std::vector<const float*>& updates,
+                       const std::vector<ParamView>& params,
+                       const UpdateRule& rule, device::Stream* caller);
+  absl::Status Finish(StepStats* stats);
+
+  const device::Device& device() const { return options_.device; }
 
   bool async() const { return async_; }
   int prefetch_count() const { return prefetch_count_; }
@@ -204,7 +238,11 @@ class StepExecutor {
 
   StepExecutor(int rank, int world_size, Communicator* comm,
                std::vector<MatrixGeometry> matrices, GatherFn gather_fn,
-               RedistributeFn redistribute_fn);
+               RedistributeFn redistribute_fn, const ExecutorOptions& options);
+  // The streams and the kernels on options_.device.
+  absl::Status CreateStreamsAndKernels();
+  // The executor's streams in use (main; or compute and comm).
+  std::vector<device::Stream*> Streams() const;
   // Create's stages: the buckets' exchanges and slot offsets from the
   // plan; this rank's stream schedule; the preallocated buffers (and, in
   // async mode, the streams and events).
@@ -235,7 +273,6 @@ class StepExecutor {
                             const char* stream_name);
   absl::Status Apply(int b, const StepArgs& args, device::Stream* stream,
                      std::vector<OpRecord>* rec, const char* stream_name);
-  absl::Status CreateStreams();
   // Enqueue the step's operations on the streams (Run then waits for them).
   absl::Status EnqueueSequential();
   absl::Status EnqueueAsync();
@@ -287,8 +324,10 @@ class StepExecutor {
   int64_t buffer_bytes_ = 0;
   int64_t buffer_bound_bytes_ = 0;
 
-  // Streams (host streams, each with its own thread): "main" in
-  // sequential mode; "comm" and "compute" in async mode.
+  const ExecutorOptions options_;
+  device::Runtime* runtime_ = nullptr;  // Not owned; options_.device's.
+  // Streams of options_.device (host streams each have a thread): "main"
+  // in sequential mode; "comm" and "compute" in async mode.
   std::unique_ptr<device::Stream> main_stream_;
   std::unique_ptr<device::Stream> comm_stream_;
   std::unique_ptr<device::Stream> compute_stream_;
@@ -297,7 +336,12 @@ class StepExecutor {
   std::vector<std::unique_ptr<device::Event>> gathered_;
   std::vector<std::unique_ptr<device::Event>> orthogonalized_;
   EventWait dropped_wait_ = EventWait::kNone;
-  StepArgs step_args_;  // the step in flight (see Run)
+  StepArgs step_args_;      // the step in flight (see Run)
+  bool in_flight_ = false;  // between Enqueue and Finish
+  // Caller-stream ordering (Enqueue): recorded on the caller's stream, and
+  // on each of this executor's streams at the end of the step.
+  std::unique_ptr<device::Event> caller_ready_;
+  std::vector<std::unique_ptr<device::Event>> step_done_;
 };
 
 }  // namespace muon

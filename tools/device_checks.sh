@@ -48,6 +48,7 @@ run cuda_api_test "$here/run.sh" bin/cuda_api_test
 run cuda_stream_test "$here/run.sh" bin/cuda_stream_test
 run host_stream_test "$here/run.sh" bin/host_stream_test
 run executor_streams_test "$here/run.sh" bin/executor_streams_test
+run gpu_executor_test "$here/run.sh" bin/gpu_executor_test
 run nccl_communicator_test "$here/run.sh" bin/nccl_communicator_test
 run torch_muon_compare python3 "$here/torch_muon_compare.py" \
   --muonctl "$here/run.sh bin/muonctl" --steps 3

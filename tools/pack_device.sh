@@ -17,6 +17,7 @@ targets=(
   //tests/device:cuda_stream_test
   //tests/device:host_stream_test
   //tests/client:executor_streams_test
+  //tests/client:gpu_executor_test
   //tools:ns_gpu_bench
   //tools:muonctl
   //tools:muonrun

@@ -23,6 +23,9 @@
 #include "client/gloo_communicator.h"
 #include "client/step_executor.h"
 #include "common/layout.h"
+#include "device/cuda_runtime.h"
+#include "device/host_stream.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/ns_engine.h"
 #include "plan/manifest_validation.h"
@@ -352,6 +355,125 @@ TEST(ExecutorStreamsTest, TwoRanksGloo_AsyncAndSequential_BitsOfOneDevice) {
     EXPECT_TRUE(BitwiseEqual(seq[i], one[i])) << "matrix " << i;
     EXPECT_TRUE(BitwiseEqual(async[i], one[i])) << "matrix " << i;
   }
+}
+
+// A step ordered on the caller's (host) stream: the caller's earlier work
+// writes the update, the step reads it, the caller's later work reads the
+// parameter; Enqueue returns without waiting. Plain memory throughout, so
+// only the events order it (ThreadSanitizer checks under --config=tsan);
+// the result has the bits of Run on the same inputs.
+TEST(ExecutorStreamsTest, Enqueue_CallerStream_StepBetweenCallersWork) {
+  const v1::Plan plan = AsyncPlanOfOne();
+  MatrixGeometry g;
+  g.param = "w";
+  g.rows = kRows;
+  g.cols = kCols;
+  g.boxes = {Box{Range{0, kRows}, Range{0, kCols}}};
+  const int64_t n = kRows * kCols;
+  std::unique_ptr<kernels::NsEngine> engine = kernels::MakeCpuNsEngine();
+  UpdateRule rule;
+  rule.lr = 0.02;
+  const std::vector<float> u0 = RandomValues(n, 7);
+  // Reference: Run on the same inputs.
+  std::vector<float> want = RandomValues(n, 8);
+  {
+    absl::StatusOr<std::unique_ptr<StepExecutor>> ex = StepExecutor::Create(
+        0, 1, plan, {g}, nullptr, nullptr, nullptr, engine.get());
+    ASSERT_TRUE(ex.ok()) << ex.status();
+    ParamView view;
+    view.name = "w";
+    view.data = want.data();
+    StepStats stats;
+    ASSERT_TRUE((*ex)->Run({u0.data()}, {view}, rule, &stats).ok());
+  }
+  absl::StatusOr<std::unique_ptr<StepExecutor>> ex = StepExecutor::Create(
+      0, 1, plan, {g}, nullptr, nullptr, nullptr, engine.get());
+  ASSERT_TRUE(ex.ok()) << ex.status();
+  std::vector<float> update(n, 0.0f);
+  std::vector<float> param = RandomValues(n, 8);
+  std::vector<float> seen;
+  device::HostStream caller("caller");
+  ASSERT_TRUE(caller
+                  .Launch([&] {
+                    absl::SleepFor(absl::Milliseconds(30));
+                    update = u0;
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  ParamView view;
+  view.name = "w";
+  view.data = param.data();
+  const std::vector<const float*> updates = {update.data()};
+  const std::vector<ParamView> views = {view};
+  ASSERT_TRUE((*ex)->Enqueue(updates, views, rule, &caller).ok());
+  // In flight: a second step is refused until Finish.
+  EXPECT_EQ((*ex)->Enqueue(updates, views, rule, &caller).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(caller
+                  .Launch([&] {
+                    seen = param;
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  ASSERT_TRUE(caller.Synchronize(absl::Seconds(30)).ok());
+  StepStats stats;
+  ASSERT_TRUE((*ex)->Finish(&stats).ok());
+  EXPECT_EQ(stats.matrices_orthogonalized, 1);
+  EXPECT_TRUE(BitwiseEqual(seen, want));
+  EXPECT_EQ((*ex)->Finish(&stats).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(ExecutorStreamsTest, Enqueue_CallerStreamOfAnotherDevice_InvalidArgument) {
+  MatrixGeometry g;
+  g.param = "w";
+  g.rows = kRows;
+  g.cols = kCols;
+  g.boxes = {Box{Range{0, kRows}, Range{0, kCols}}};
+  std::unique_ptr<kernels::NsEngine> engine = kernels::MakeCpuNsEngine();
+  absl::StatusOr<std::unique_ptr<StepExecutor>> ex = StepExecutor::Create(
+      0, 1, AsyncPlanOfOne(), {g}, nullptr, nullptr, nullptr, engine.get());
+  ASSERT_TRUE(ex.ok()) << ex.status();
+  class FakeCudaStream final : public device::Stream {
+   public:
+    device::Device device() const override { return device::Device::Cuda(0); }
+    const std::string& name() const override { return name_; }
+    absl::Status Launch(device::StreamFn fn) override { return fn(); }
+    absl::Status WaitFor(device::Event*) override { return absl::OkStatus(); }
+    absl::Status Synchronize(absl::Duration) override {
+      return absl::OkStatus();
+    }
+    void* native_handle() const override { return nullptr; }
+    std::string name_ = "torch-current";
+  } stream;
+  std::vector<float> update(kRows * kCols), param(kRows * kCols);
+  ParamView view;
+  view.data = param.data();
+  const absl::Status s =
+      (*ex)->Enqueue({update.data()}, {view}, UpdateRule(), &stream);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("torch-current"));
+  // Nothing was enqueued: the executor still runs.
+  StepStats stats;
+  EXPECT_TRUE((*ex)->Run({update.data()}, {view}, UpdateRule(), &stats).ok());
+}
+
+// Without that CUDA device (or without CUDA support), an executor on it is
+// refused naming the device, before anything is allocated.
+TEST(ExecutorStreamsTest, Create_OnCudaWithoutThatDevice_RefusedNamingIt) {
+  const int count = device::CudaDeviceCount();
+  MatrixGeometry g;
+  g.param = "w";
+  g.rows = kRows;
+  g.cols = kCols;
+  g.boxes = {Box{Range{0, kRows}, Range{0, kCols}}};
+  ExecutorOptions options;
+  options.device = device::Device::Cuda(count);
+  absl::StatusOr<std::unique_ptr<StepExecutor>> ex = StepExecutor::Create(
+      0, 1, AsyncPlanOfOne(), {g}, nullptr, nullptr, nullptr, nullptr, options);
+  ASSERT_FALSE(ex.ok());
+  EXPECT_THAT(std::string(ex.status().message()),
+              ::testing::HasSubstr(absl::StrCat("cuda:", count)));
 }
 
 }  // namespace

@@ -25,12 +25,11 @@ namespace {
 
 using ::testing::ElementsAreArray;
 
-#define SKIP_WITHOUT_GPU()                                             \
-  do {                                                                 \
-    std::string muon_no_gpu_reason_;                                   \
-    MUON_SKIP_OR_FAIL_UNLESS_GPU(CudaDeviceCount(&muon_no_gpu_reason_) \
-                                     == 0,                             \
-                                 muon_no_gpu_reason_);                 \
+#define SKIP_WITHOUT_GPU()                                                   \
+  do {                                                                       \
+    std::string muon_no_gpu_reason_;                                         \
+    MUON_SKIP_OR_FAIL_UNLESS_GPU(CudaDeviceCount(&muon_no_gpu_reason_) == 0, \
+                                 muon_no_gpu_reason_);                       \
   } while (0)
 
 TEST(CudaStreamTest, EventOrdersCopiesAcrossStreams) {
@@ -84,9 +83,9 @@ TEST(CudaStreamTest, HostEventOnCudaStream_InvalidArgument) {
   EXPECT_THAT((*cuda)->WaitFor(host->get()),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        ::testing::HasSubstr("host-event")));
-  EXPECT_THAT((*host)->Record(cuda->get()),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       ::testing::HasSubstr("c")));
+  EXPECT_THAT(
+      (*host)->Record(cuda->get()),
+      StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("c")));
 }
 
 }  // namespace
