@@ -344,6 +344,11 @@ absl::Status StepExecutor::CreateStreamsAndKernels() {
     MUON_ASSIGN_OR_RETURN(
         main_stream_, rt->CreateStream(absl::StrCat("rank ", rank_, " main")));
   }
+  if (async_) {
+    streams_ = {compute_stream_.get(), comm_stream_.get()};
+  } else {
+    streams_ = {main_stream_.get()};
+  }
   if (options_.device.is_host()) {
     kernels_ = kernels::MakeHostStepKernels(ns_engine_);
     return absl::OkStatus();
@@ -357,9 +362,8 @@ absl::Status StepExecutor::CreateStreamsAndKernels() {
   return absl::OkStatus();
 }
 
-std::vector<device::Stream*> StepExecutor::Streams() const {
-  if (async_) return {compute_stream_.get(), comm_stream_.get()};
-  return {main_stream_.get()};
+const std::vector<device::Stream*>& StepExecutor::Streams() const {
+  return streams_;
 }
 
 StepExecutor::~StepExecutor() = default;
@@ -711,7 +715,7 @@ absl::Status StepExecutor::Enqueue(const std::vector<const float*>& updates,
   in_flight_ = true;
   MUON_RETURN_IF_ERROR(async_ ? EnqueueAsync() : EnqueueSequential());
   if (caller != nullptr) {
-    const std::vector<device::Stream*> streams = Streams();
+    const std::vector<device::Stream*>& streams = Streams();
     for (size_t i = 0; i < streams.size(); ++i) {
       MUON_RETURN_IF_ERROR(step_done_[i]->Record(streams[i]));
       MUON_RETURN_IF_ERROR(caller->WaitFor(step_done_[i].get()));

@@ -242,7 +242,7 @@ class StepExecutor {
   // The streams and the kernels on options_.device.
   absl::Status CreateStreamsAndKernels();
   // The executor's streams in use (main; or compute and comm).
-  std::vector<device::Stream*> Streams() const;
+  const std::vector<device::Stream*>& Streams() const;
   // Create's stages: the buckets' exchanges and slot offsets from the
   // plan; this rank's stream schedule; the preallocated buffers (and, in
   // async mode, the streams and events).
@@ -331,6 +331,7 @@ class StepExecutor {
   std::unique_ptr<device::Stream> main_stream_;
   std::unique_ptr<device::Stream> comm_stream_;
   std::unique_ptr<device::Stream> compute_stream_;
+  std::vector<device::Stream*> streams_;  // the above that exist
   // Async mode, per bucket slot: recorded on comm after the slot's gather,
   // and on compute after its Newton-Schulz.
   std::vector<std::unique_ptr<device::Event>> gathered_;

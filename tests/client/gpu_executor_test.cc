@@ -30,11 +30,12 @@ namespace {
 using ::muon::testing::BitwiseEqual;
 using ::muon::testing::RandomValues;
 
-#define SKIP_WITHOUT_GPU()                                                     \
-  do {                                                                         \
-    std::string muon_no_gpu_reason_;                                           \
-    MUON_SKIP_OR_FAIL_UNLESS_GPU(                                              \
-        device::CudaDeviceCount(&muon_no_gpu_reason_) == 0, muon_no_gpu_reason_); \
+#define SKIP_WITHOUT_GPU()                                  \
+  do {                                                      \
+    std::string muon_no_gpu_reason_;                        \
+    MUON_SKIP_OR_FAIL_UNLESS_GPU(                           \
+        device::CudaDeviceCount(&muon_no_gpu_reason_) == 0, \
+        muon_no_gpu_reason_);                               \
   } while (0)
 
 struct Shape {
@@ -81,9 +82,9 @@ std::vector<MatrixGeometry> Geometry() {
 // One step on the host executor; returns the parameters.
 std::vector<std::vector<float>> HostStep(const UpdateRule& rule) {
   std::unique_ptr<kernels::NsEngine> engine = kernels::MakeCpuNsEngine();
-  absl::StatusOr<std::unique_ptr<StepExecutor>> ex = StepExecutor::Create(
-      0, 1, PlanOfOne(true), Geometry(), nullptr, nullptr, nullptr,
-      engine.get());
+  absl::StatusOr<std::unique_ptr<StepExecutor>> ex =
+      StepExecutor::Create(0, 1, PlanOfOne(true), Geometry(), nullptr, nullptr,
+                           nullptr, engine.get());
   EXPECT_TRUE(ex.ok()) << ex.status();
   std::vector<std::vector<float>> updates, params;
   std::vector<const float*> u_ptrs;
@@ -120,8 +121,8 @@ std::vector<std::vector<float>> CudaStep(const UpdateRule& rule, bool async,
   options.device = device::Device::Cuda(0);
   options.precision = precision;
   absl::StatusOr<std::unique_ptr<StepExecutor>> ex =
-      StepExecutor::Create(0, 1, PlanOfOne(async), Geometry(), nullptr,
-                           nullptr, nullptr, nullptr, options);
+      StepExecutor::Create(0, 1, PlanOfOne(async), Geometry(), nullptr, nullptr,
+                           nullptr, nullptr, options);
   EXPECT_TRUE(ex.ok()) << ex.status();
   if (!ex.ok()) return {};
   std::vector<device::DeviceBuffer<float>> d_updates, d_params;
@@ -138,9 +139,9 @@ std::vector<std::vector<float>> CudaStep(const UpdateRule& rule, bool async,
     EXPECT_TRUE(kernels::cuda::CopyToDevice(d_updates.back().data(), u.data(),
                                             n * 4, cs)
                     .ok());
-    EXPECT_TRUE(kernels::cuda::CopyToDevice(d_params.back().data(), w.data(),
-                                            n * 4, cs)
-                    .ok());
+    EXPECT_TRUE(
+        kernels::cuda::CopyToDevice(d_params.back().data(), w.data(), n * 4, cs)
+            .ok());
   }
   for (size_t i = 0; i < Shapes().size(); ++i) {
     u_ptrs.push_back(d_updates[i].data());
@@ -155,8 +156,8 @@ std::vector<std::vector<float>> CudaStep(const UpdateRule& rule, bool async,
     const int64_t n = Shapes()[i].rows * Shapes()[i].cols;
     out.emplace_back(n);
     // On the caller's stream: ordered after the step by its events.
-    EXPECT_TRUE(kernels::cuda::CopyToHost(out.back().data(),
-                                          d_params[i].data(), n * 4, cs)
+    EXPECT_TRUE(kernels::cuda::CopyToHost(out.back().data(), d_params[i].data(),
+                                          n * 4, cs)
                     .ok());
   }
   StepStats stats;
@@ -172,8 +173,10 @@ double RelativeUpdateDifference(const std::vector<float>& a,
                                 const std::vector<float>& w0) {
   double diff = 0, norm = 0;
   for (size_t i = 0; i < a.size(); ++i) {
-    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    norm += (static_cast<double>(b[i]) - w0[i]) * (static_cast<double>(b[i]) - w0[i]);
+    diff +=
+        (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    norm += (static_cast<double>(b[i]) - w0[i]) *
+            (static_cast<double>(b[i]) - w0[i]);
   }
   return std::sqrt(diff / norm);
 }
@@ -210,8 +213,10 @@ TEST(GpuExecutorTest, WorldOfOne_AsyncAndSequential_SameBits) {
   SKIP_WITHOUT_GPU();
   UpdateRule rule;
   rule.lr = 0.02;
-  const auto seq = CudaStep(rule, /*async=*/false, kernels::GpuPrecision::kFp32);
-  const auto async = CudaStep(rule, /*async=*/true, kernels::GpuPrecision::kFp32);
+  const auto seq =
+      CudaStep(rule, /*async=*/false, kernels::GpuPrecision::kFp32);
+  const auto async =
+      CudaStep(rule, /*async=*/true, kernels::GpuPrecision::kFp32);
   ASSERT_EQ(seq.size(), async.size());
   for (size_t i = 0; i < seq.size(); ++i) {
     EXPECT_TRUE(BitwiseEqual(async[i], seq[i])) << Shapes()[i].name;
