@@ -550,9 +550,16 @@ void muonrt_optimizer_destroy(muonrt_optimizer* opt) {
   });
 }
 
-int muonrt_optimizer_step(muonrt_optimizer* opt) {
+int muonrt_optimizer_step(muonrt_optimizer* opt, void* stream) {
   return Guard("muonrt_optimizer_step", [&]() -> absl::Status {
     if (opt == nullptr) return NullArgument("muonrt_optimizer_step", "opt");
+    if (stream != nullptr) {
+      // Every accepted parameter is a CPU tensor (tensor_view.cc refuses
+      // CUDA ones): a CPU step has no stream to be ordered on.
+      return absl::InvalidArgumentError(
+          "muonrt_optimizer_step: a stream was given but the parameters are "
+          "CPU tensors (pass NULL)");
+    }
     return opt->muon->Step();
   });
 }

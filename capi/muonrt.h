@@ -31,7 +31,7 @@ extern "C" {
 #endif
 
 /* Incremented on any incompatible change of this header. */
-#define MUONRT_ABI_VERSION 4
+#define MUONRT_ABI_VERSION 5
 
 /* Status codes (absl::StatusCode values). */
 #define MUONRT_OK 0
@@ -157,10 +157,14 @@ int muonrt_optimizer_create(muonrt_process_group* pg, int mesh_ndim,
 /* NULL is a no-op. */
 void muonrt_optimizer_destroy(muonrt_optimizer* opt);
 
-/* One step over every parameter (collective). Errors: FAILED_PRECONDITION
- * (a missing gradient, before any collective, nothing modified);
- * communicator errors. */
-int muonrt_optimizer_step(muonrt_optimizer* opt);
+/* One step over every parameter (collective), ordered on `stream`: the
+ * caller's stream of the parameters' device (a cudaStream_t, e.g.
+ * torch.cuda.current_stream().cuda_stream), or NULL for CPU parameters
+ * (the step then runs before the call returns). ABI version 5 added
+ * `stream`. Errors: INVALID_ARGUMENT (a stream for CPU parameters);
+ * FAILED_PRECONDITION (a missing gradient, before any collective, nothing
+ * modified); communicator errors. */
+int muonrt_optimizer_step(muonrt_optimizer* opt, void* stream);
 
 /* Re-binds parameter `index`'s gradient pointer (same dtype and shape);
  * NULL = none. Errors: OUT_OF_RANGE. */

@@ -19,7 +19,7 @@ import os
 import threading
 
 # Must equal MUONRT_ABI_VERSION of capi/muonrt.h.
-ABI_VERSION = 4
+ABI_VERSION = 5
 
 # Status codes (absl::StatusCode values, capi/muonrt.h).
 OK = 0
@@ -222,7 +222,7 @@ _SIGNATURES = {
         ctypes.POINTER(_c_int), ctypes.POINTER(muonrt_param), _c_int,
         ctypes.POINTER(muonrt_options), ctypes.POINTER(_opt_p)]),
     "muonrt_optimizer_destroy": (None, [_opt_p]),
-    "muonrt_optimizer_step": (_c_int, [_opt_p]),
+    "muonrt_optimizer_step": (_c_int, [_opt_p, ctypes.c_void_p]),
     "muonrt_optimizer_set_grad": (_c_int, [_opt_p, _c_int, ctypes.c_void_p]),
     "muonrt_optimizer_set_hyperparameters": (
         _c_int, [_opt_p, _c_int, ctypes.c_double, ctypes.c_double]),

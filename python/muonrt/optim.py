@@ -713,8 +713,18 @@ class Muon(torch.optim.Optimizer):
                            "muonrt_optimizer_set_grad")
                 s.bound_grad = ptr
             s.grad_ref = g  # keeps the memory the library reads alive
-        _lib.check(L.muonrt_optimizer_step(h), "muonrt_optimizer_step")
+        _lib.check(L.muonrt_optimizer_step(h, self._step_stream()),
+                   "muonrt_optimizer_step")
         return loss
+
+    def _step_stream(self):
+        """The stream the step is ordered on: torch's current stream of the
+        parameters' CUDA device (its cudaStream_t), None for CPU tensors."""
+        device = self._slots[0].device if self._slots else (_lib.CPU, 0)
+        if device[0] != _lib.CUDA:
+            return None
+        import torch
+        return torch.cuda.current_stream(device[1]).cuda_stream
 
     # ---- state ---------------------------------------------------------------
 

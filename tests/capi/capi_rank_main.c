@@ -158,7 +158,7 @@ static void FreeShards(Shards* s) {
 static int RunSteps(muonrt_optimizer* opt, Shards* s) {
   for (int step = 0; step < kSteps; ++step) {
     FillGrads(s, step);
-    if (muonrt_optimizer_step(opt) != MUONRT_OK) return Fail("step");
+    if (muonrt_optimizer_step(opt, NULL) != MUONRT_OK) return Fail("step");
   }
   if (muonrt_optimizer_step_count(opt) != kSteps) {
     fprintf(stderr, "capi_rank_main: step count %lld, expected %d\n",

@@ -87,7 +87,7 @@ static int Run(void) {
   muonrt_optimizer* opt = NULL;
   CHECK(SYM(muonrt_optimizer_create)(NULL, 0, NULL, NULL, &p, 1, &options,
                                      &opt) == MUONRT_OK);
-  CHECK(SYM(muonrt_optimizer_step)(opt) == MUONRT_OK);
+  CHECK(SYM(muonrt_optimizer_step)(opt, NULL) == MUONRT_OK);
   CHECK(strcmp(SYM(muonrt_last_error)(), "") == 0);
   CHECK(SYM(muonrt_optimizer_step_count)(opt) == 1);
   CHECK(memcmp(w, w0, sizeof(w)) != 0);

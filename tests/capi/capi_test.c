@@ -204,9 +204,9 @@ static void ReferenceStep(double* W, const double* G, double* Buf, int rows,
 
 /* ---- Tests ------------------------------------------------------------ */
 
-static void AbiVersion_IsTwo(void) {
+static void AbiVersion_IsFive(void) {
   CHECK(muonrt_abi_version() == MUONRT_ABI_VERSION);
-  CHECK(MUONRT_ABI_VERSION == 4);
+  CHECK(MUONRT_ABI_VERSION == 5);
   CHECK(strcmp(muonrt_last_error(), "") == 0);
 done:;
 }
@@ -271,7 +271,7 @@ static void Step_Fp32AndBf16_UpdatesInPlace(void) {
   CHECK(n0 == kA);
   for (int i = 0; i < kA; ++i) CHECK(m0[i] == 0.0f);
 
-  CHECK_OK(muonrt_optimizer_step(opt));
+  CHECK_OK(muonrt_optimizer_step(opt, NULL));
   CHECK(muonrt_optimizer_step_count(opt) == 1);
   CHECK(memcmp(a, a0, sizeof(a)) != 0);
   CHECK(memcmp(b, b0, sizeof(b)) != 0);
@@ -306,7 +306,7 @@ static void Step_Fp32AndBf16_UpdatesInPlace(void) {
   float ga2[kA];
   Fill(ga2, kA, 7);
   CHECK_OK(muonrt_optimizer_set_grad(opt, 0, ga2));
-  CHECK_OK(muonrt_optimizer_step(opt));
+  CHECK_OK(muonrt_optimizer_step(opt, NULL));
   CHECK(muonrt_optimizer_step_count(opt) == 2);
 done:
   muonrt_optimizer_destroy(opt);
@@ -342,7 +342,7 @@ static void RunReference(const muonrt_options* options, const RefOptions* ref,
     Fill(gt, kT, 30 + step);
     for (int i = 0; i < kW; ++i) dgw[i] = gw[i];
     for (int i = 0; i < kT; ++i) dgt[i] = gt[i];
-    CHECK_OK(muonrt_optimizer_step(opt));
+    CHECK_OK(muonrt_optimizer_step(opt, NULL));
     ReferenceStep(rw, dgw, rbw, 3, 5, ref);
     ReferenceStep(rt, dgt, rbt, 6, 4, &tall_ref);
   }
@@ -558,7 +558,14 @@ static void Create_BadArguments_ReturnInvalidArgument(void) {
   CHECK(opt == NULL);
   /* Zero parameters is an optimizer that does nothing. */
   CHECK_OK(muonrt_optimizer_create(NULL, 0, NULL, NULL, NULL, 0, NULL, &opt));
-  CHECK_OK(muonrt_optimizer_step(opt));
+  CHECK_OK(muonrt_optimizer_step(opt, NULL));
+  /* A stream is for CUDA parameters; CPU parameters take NULL. */
+  {
+    int not_a_stream = 0;
+    CHECK_CODE(muonrt_optimizer_step(opt, &not_a_stream),
+               MUONRT_INVALID_ARGUMENT);
+    CHECK_ERROR_HAS("CPU tensors");
+  }
 done:
   muonrt_optimizer_destroy(opt);
 }
@@ -568,7 +575,7 @@ static void NullHandles_ReturnInvalidArgument(void) {
   int64_t numel = 0;
   size_t len = 0;
   muonrt_step_stats stats;
-  CHECK_CODE(muonrt_optimizer_step(NULL), MUONRT_INVALID_ARGUMENT);
+  CHECK_CODE(muonrt_optimizer_step(NULL, NULL), MUONRT_INVALID_ARGUMENT);
   CHECK_ERROR_HAS("opt is NULL");
   CHECK_CODE(muonrt_optimizer_set_grad(NULL, 0, NULL), MUONRT_INVALID_ARGUMENT);
   CHECK_CODE(muonrt_optimizer_set_hyperparameters(NULL, 0, 1, 1),
@@ -613,7 +620,7 @@ static void Step_MissingGrad_FailedPreconditionAndUntouched(void) {
   params[0] = Param2D("a", a, ga, sa);
   params[1] = Param2D("b", b, NULL, sb); /* no gradient yet */
   CHECK_OK(muonrt_optimizer_create(NULL, 0, NULL, NULL, params, 2, NULL, &opt));
-  CHECK_CODE(muonrt_optimizer_step(opt), MUONRT_FAILED_PRECONDITION);
+  CHECK_CODE(muonrt_optimizer_step(opt, NULL), MUONRT_FAILED_PRECONDITION);
   CHECK_ERROR_HAS("\"b\" has no gradient");
   CHECK(memcmp(a, a0, sizeof(a)) == 0);
   CHECK(memcmp(b, b0, sizeof(b)) == 0);
@@ -643,14 +650,14 @@ static void Step_MissingGrad_FailedPreconditionAndUntouched(void) {
     float gb[15];
     Fill(gb, 15, 9);
     CHECK_OK(muonrt_optimizer_set_grad(opt, 1, gb));
-    CHECK_OK(muonrt_optimizer_step(opt));
+    CHECK_OK(muonrt_optimizer_step(opt, NULL));
   }
   CHECK(strcmp(muonrt_last_error(), "") == 0);
   CHECK(memcmp(b, b0, sizeof(b)) != 0);
   /* Un-binding makes the next step fail again, untouched. */
   CHECK_OK(muonrt_optimizer_set_grad(opt, 0, NULL));
   memcpy(a0, a, sizeof(a));
-  CHECK_CODE(muonrt_optimizer_step(opt), MUONRT_FAILED_PRECONDITION);
+  CHECK_CODE(muonrt_optimizer_step(opt, NULL), MUONRT_FAILED_PRECONDITION);
   CHECK(memcmp(a, a0, sizeof(a)) == 0);
   CHECK(muonrt_optimizer_step_count(opt) == 1);
 done:
@@ -757,8 +764,8 @@ static void SaveLoad_FreshOptimizer_RestoresMomentumAndStep(void) {
       muonrt_optimizer_create(NULL, 0, NULL, NULL, m1.params, 3, NULL, &x));
   CHECK_OK(
       muonrt_optimizer_create(NULL, 0, NULL, NULL, m2.params, 3, NULL, &y));
-  CHECK_OK(muonrt_optimizer_step(x));
-  CHECK_OK(muonrt_optimizer_step(x));
+  CHECK_OK(muonrt_optimizer_step(x, NULL));
+  CHECK_OK(muonrt_optimizer_step(x, NULL));
   CHECK(!SameMomentum(x, y));
   CHECK(MakeDir(dir, "capi_ckpt"));
   CHECK_CODE(muonrt_optimizer_save(x, NULL), MUONRT_INVALID_ARGUMENT);
@@ -778,8 +785,8 @@ static void SaveLoad_FreshOptimizer_RestoresMomentumAndStep(void) {
   memcpy(m2.a, m1.a, sizeof(m1.a));
   memcpy(m2.b, m1.b, sizeof(m1.b));
   memcpy(m2.c, m1.c, sizeof(m1.c));
-  CHECK_OK(muonrt_optimizer_step(x));
-  CHECK_OK(muonrt_optimizer_step(y));
+  CHECK_OK(muonrt_optimizer_step(x, NULL));
+  CHECK_OK(muonrt_optimizer_step(y, NULL));
   CHECK(memcmp(m1.a, m2.a, sizeof(m1.a)) == 0);
   CHECK(memcmp(m1.b, m2.b, sizeof(m1.b)) == 0);
   CHECK(memcmp(m1.c, m2.c, sizeof(m1.c)) == 0);
@@ -806,7 +813,7 @@ static void LoadState_SizesChecked_AllOrNothing(void) {
   InitModel(&m);
   CHECK_OK(
       muonrt_optimizer_create(NULL, 0, NULL, NULL, m.params, 3, NULL, &opt));
-  CHECK_OK(muonrt_optimizer_step(opt));
+  CHECK_OK(muonrt_optimizer_step(opt, NULL));
   float s0[12], s1[15], s2[16], keep0[12];
   Fill(s0, 12, 51);
   Fill(s1, 15, 52);
@@ -975,7 +982,7 @@ static void ProcessGroupOfOne_MeshAndPlacementErrors(void) {
   options.assignment_policy = "round_robin";
   CHECK_OK(
       muonrt_optimizer_create(pg, 1, names, sizes, &param, 1, &options, &opt));
-  CHECK_OK(muonrt_optimizer_step(opt));
+  CHECK_OK(muonrt_optimizer_step(opt, NULL));
   CHECK(memcmp(w, w0, sizeof(w)) != 0);
   CHECK(muonrt_optimizer_step_count(opt) == 1);
   {
@@ -1002,7 +1009,7 @@ typedef struct {
 
 int main(void) {
   const Test tests[] = {
-      TEST(AbiVersion_IsTwo),
+      TEST(AbiVersion_IsFive),
       TEST(OptionsDefault_AreTorchDefaults),
       TEST(Step_Fp32AndBf16_UpdatesInPlace),
       TEST(Step_Fp32_MatchesFloat64TorchReference),

@@ -40,7 +40,7 @@ def test_import_without_library_then_clear_error():
 
 
 def test_abi_version_and_path(lib):
-    assert muonrt.abi_version() == muonrt.ABI_VERSION == 4
+    assert muonrt.abi_version() == muonrt.ABI_VERSION == 5
     assert os.path.isfile(muonrt.library_path())
 
 
@@ -108,9 +108,14 @@ def test_library_error_keeps_message_and_code(lib):
     _lib.call("muonrt_optimizer_set_grad", opt._handle, 0, None)
     assert _lib.last_error() == ""
     with pytest.raises(RuntimeError) as e:  # FAILED_PRECONDITION, no grad
-        _lib.call("muonrt_optimizer_step", opt._handle)
+        _lib.call("muonrt_optimizer_step", opt._handle, None)
     assert e.value.code_name == "FAILED_PRECONDITION"
     assert "w" in str(e.value)
+    # A stream orders CUDA parameters' step; CPU parameters take None.
+    with pytest.raises(ValueError) as e:
+        _lib.call("muonrt_optimizer_step", opt._handle, 1)
+    assert e.value.code_name == "INVALID_ARGUMENT"
+    assert "CPU tensors" in str(e.value)
 
 
 def test_init_process_group_without_environment_is_value_error(lib):
