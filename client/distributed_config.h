@@ -19,8 +19,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "client/communicator.h"
 #include "client/parameter.h"
+#include "comm/communicator.h"
 #include "common/layout.h"
 #include "coordination/coordination_client.h"
 #include "kernels/ns_engine.h"

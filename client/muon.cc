@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "client/local_communicator.h"
+#include "comm/local_communicator.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
 #include "kernels/muon_update.h"

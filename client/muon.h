@@ -31,11 +31,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "client/agent.h"
-#include "client/communicator.h"
 #include "client/distributed_config.h"
 #include "client/parameter.h"
 #include "client/step_executor.h"
 #include "client/tensor_view.h"
+#include "comm/communicator.h"
 #include "kernels/ns_engine.h"
 #include "muon/v1/coordinator.pb.h"
 

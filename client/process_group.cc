@@ -28,8 +28,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "client/gloo_communicator.h"
 #include "client/grpc_coordination_client.h"
+#include "comm/gloo_communicator.h"
 #include "common/status_macros.h"
 
 namespace muon {

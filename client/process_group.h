@@ -25,7 +25,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "client/communicator.h"
+#include "comm/communicator.h"
 #include "coordination/coordination_client.h"
 #include "coordination/credentials.h"
 #include "coordination/embedded_coordinator.h"

@@ -45,10 +45,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "client/communicator.h"
 #include "client/distributed_config.h"
 #include "client/exchange_plan.h"
 #include "client/tensor_view.h"
+#include "comm/communicator.h"
 #include "common/layout.h"
 #include "device/memory.h"
 #include "device/runtime.h"

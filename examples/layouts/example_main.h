@@ -30,9 +30,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "client/communicator.h"
 #include "client/muon.h"
 #include "client/parameter.h"
+#include "comm/communicator.h"
 #include "common/layout.h"
 #include "coordination/coordination_client.h"
 

@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "client/communicator.h"
 #include "client/distributed_config.h"
 #include "client/muon.h"
+#include "comm/communicator.h"
 #include "common/layout.h"
 #include "common/status_macros.h"
 #include "examples/layouts/example_main.h"

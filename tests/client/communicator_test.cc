@@ -5,7 +5,7 @@
 // an in-memory fake of the coordinator's key-value store; traffic stays on
 // 127.0.0.1. Every collective is bounded by the options' timeout, so every
 // join below is bounded too.
-#include "client/communicator.h"
+#include "comm/communicator.h"
 
 #include <atomic>
 #include <functional>
@@ -19,8 +19,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "client/gloo_communicator.h"
-#include "client/local_communicator.h"
+#include "comm/gloo_communicator.h"
+#include "comm/local_communicator.h"
 #include "device/host_stream.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -1,4 +1,4 @@
-// NcclCommunicator (client/nccl_communicator.h).
+// NcclCommunicator (comm/nccl_communicator.h).
 //
 // Default build: the stub's Create returns Unimplemented and
 // NcclDeviceCount reports 0 (these tests run anywhere). With --config=cuda
@@ -10,7 +10,7 @@
 // in-memory fake of the coordinator's key-value store; with one GPU both
 // ranks share it, which NCCL rejects ("Duplicate GPU detected"): those tests
 // then skip with NCCL's message.
-#include "client/nccl_communicator.h"
+#include "comm/nccl_communicator.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -35,7 +35,7 @@
 #include "tests/status_matchers.h"
 
 #if MUON_NCCL_TEST_CUDA
-#include "client/nccl_api.h"
+#include "comm/nccl_api.h"
 #endif
 
 namespace muon {

@@ -17,8 +17,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/distributed_config.h"
-#include "client/local_communicator.h"
 #include "client/muon.h"
+#include "comm/local_communicator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/ns_engine.h"

@@ -7,8 +7,8 @@
 #include <memory>
 #include <vector>
 
-#include "client/communicator.h"
-#include "client/gloo_communicator.h"
+#include "comm/communicator.h"
+#include "comm/gloo_communicator.h"
 #include "coordination/coordination_client.h"
 #include "gtest/gtest.h"
 #include "server/coordinator_service.h"

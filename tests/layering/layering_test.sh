@@ -27,4 +27,6 @@ forbid plan_deps '^//(server|client)[:/]' "//plan depends on neither //server no
 forbid coordination_deps '^//(server|client)[:/]' "//coordination depends on neither //server nor //client"
 forbid server_deps '^//client[:/]' "//server does not depend on //client"
 forbid client_deps '^//server[:/]' "//client (process group, Muon, agent, gRPC client) does not depend on //server"
+forbid comm_deps '^//(server|client|kernels|plan)[:/]' "//comm (communicators) depends on none of //client, //server, //kernels, //plan"
+forbid device_deps '^//(server|client|kernels|plan|comm|coordination|common|proto)[:/]' "//device depends on no other package of the project"
 exit $failed

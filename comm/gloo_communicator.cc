@@ -1,4 +1,4 @@
-#include "client/gloo_communicator.h"
+#include "comm/gloo_communicator.h"
 
 #include <signal.h>
 
@@ -16,8 +16,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "client/coordination_store.h"
-#include "client/local_communicator.h"
+#include "comm/coordination_store.h"
+#include "comm/local_communicator.h"
 #include "common/status_macros.h"
 #include "gloo/allgatherv.h"
 #include "gloo/alltoallv.h"

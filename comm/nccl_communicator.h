@@ -3,11 +3,11 @@
 // CUDA device pointer (or any pointer NCCL accepts: managed memory, host
 // memory registered for device access) on options.device.
 //
-// Built only with --config=cuda (client/nccl_communicator.cc). The default
+// Built only with --config=cuda (comm/nccl_communicator.cc). The default
 // build links client/nccl_communicator_stub.cc instead: Create returns
 // Unimplemented and NcclDeviceCount returns 0, so callers and tests compile
 // and link without the CUDA toolkit. This header includes no CUDA header;
-// the implementation reaches NCCL and CUDA through client/nccl_api.h (see
+// the implementation reaches NCCL and CUDA through comm/nccl_api.h (see
 // there why).
 //
 // Who talks to whom: every rank of a group creates one NcclCommunicator on
@@ -80,8 +80,8 @@
 // the same order is the caller's). Abort() and the accessors may be called
 // from any thread at any time. Each call makes options.device current on the
 // calling thread for its duration and restores the previous device.
-#ifndef MUON_CLIENT_NCCL_COMMUNICATOR_H_
-#define MUON_CLIENT_NCCL_COMMUNICATOR_H_
+#ifndef MUON_COMM_NCCL_COMMUNICATOR_H_
+#define MUON_COMM_NCCL_COMMUNICATOR_H_
 
 #include <atomic>
 #include <cstdint>
@@ -96,7 +96,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "client/communicator.h"
+#include "comm/communicator.h"
 #include "coordination/coordination_client.h"
 #include "device/cuda_runtime.h"
 
@@ -370,4 +370,4 @@ class NcclCommunicator : public Communicator {
 
 }  // namespace muon
 
-#endif  // MUON_CLIENT_NCCL_COMMUNICATOR_H_
+#endif  // MUON_COMM_NCCL_COMMUNICATOR_H_

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "client/nccl_communicator.h"
+#include "comm/nccl_communicator.h"
 
 namespace muon {
 namespace {

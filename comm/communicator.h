@@ -1,7 +1,7 @@
 // Collectives between the ranks of a process group: the data path of a
 // distributed Muon step. One interface, several backends: Gloo over TCP
-// (client/gloo_communicator.h, CPU buffers), an in-process backend for a
-// world of one (client/local_communicator.h), NCCL later. A method a backend
+// (comm/gloo_communicator.h, CPU buffers), an in-process backend for a
+// world of one (comm/local_communicator.h), NCCL later. A method a backend
 // lacks returns Unimplemented, never crashes.
 //
 // Contract (as torch.distributed): every rank of the group calls the same
@@ -19,8 +19,8 @@
 // host stream's work, on that stream's thread; NCCL enqueues it on the
 // CUDA stream with no host wait. Either way its completion is an event
 // that other streams wait on, and Work::Wait is the bounded host wait.
-#ifndef MUON_CLIENT_COMMUNICATOR_H_
-#define MUON_CLIENT_COMMUNICATOR_H_
+#ifndef MUON_COMM_COMMUNICATOR_H_
+#define MUON_COMM_COMMUNICATOR_H_
 
 #include <cstdint>
 #include <memory>
@@ -151,4 +151,4 @@ class Communicator {
 
 }  // namespace muon
 
-#endif  // MUON_CLIENT_COMMUNICATOR_H_
+#endif  // MUON_COMM_COMMUNICATOR_H_

@@ -19,8 +19,8 @@
 //
 // Thread-safety: as the wrapped functions (NCCL and the CUDA runtime are
 // thread-safe; a communicator must not be used by two threads at once).
-#ifndef MUON_CLIENT_NCCL_API_H_
-#define MUON_CLIENT_NCCL_API_H_
+#ifndef MUON_COMM_NCCL_API_H_
+#define MUON_COMM_NCCL_API_H_
 
 #include <cstddef>
 
@@ -129,4 +129,4 @@ const char* cudaGetErrorString(int error);
 }  // namespace nccl_api
 }  // namespace muon
 
-#endif  // MUON_CLIENT_NCCL_API_H_
+#endif  // MUON_COMM_NCCL_API_H_

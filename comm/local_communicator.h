@@ -5,8 +5,8 @@
 // Also home of the argument checks every backend shares
 // (communicator_internal::Check*), so all backends reject the same calls
 // with the same InvalidArgument messages.
-#ifndef MUON_CLIENT_LOCAL_COMMUNICATOR_H_
-#define MUON_CLIENT_LOCAL_COMMUNICATOR_H_
+#ifndef MUON_COMM_LOCAL_COMMUNICATOR_H_
+#define MUON_COMM_LOCAL_COMMUNICATOR_H_
 
 #include <atomic>
 #include <cstdint>
@@ -17,7 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "client/communicator.h"
+#include "comm/communicator.h"
 
 namespace muon {
 
@@ -103,4 +103,4 @@ class LocalCommunicator : public Communicator {
 
 }  // namespace muon
 
-#endif  // MUON_CLIENT_LOCAL_COMMUNICATOR_H_
+#endif  // MUON_COMM_LOCAL_COMMUNICATOR_H_

@@ -25,8 +25,8 @@
 // Thread-safety: all methods may be called concurrently from any thread
 // (CoordinationClient is thread-safe; the store itself has no mutable state
 // besides the atomic cancel flag).
-#ifndef MUON_CLIENT_COORDINATION_STORE_H_
-#define MUON_CLIENT_COORDINATION_STORE_H_
+#ifndef MUON_COMM_COORDINATION_STORE_H_
+#define MUON_COMM_COORDINATION_STORE_H_
 
 #include <atomic>
 #include <chrono>
@@ -123,4 +123,4 @@ class CoordinationStore : public gloo::rendezvous::Store {
 
 }  // namespace muon
 
-#endif  // MUON_CLIENT_COORDINATION_STORE_H_
+#endif  // MUON_COMM_COORDINATION_STORE_H_

@@ -1,6 +1,6 @@
 // The only translation unit that includes nccl.h and cuda_runtime.h; see
 // nccl_api.h. Compiled by the genrule :nccl_api_obj (--config=cuda only).
-#include "client/nccl_api.h"
+#include "comm/nccl_api.h"
 
 #include <cuda_runtime.h>
 #include <nccl.h>

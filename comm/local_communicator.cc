@@ -1,4 +1,4 @@
-#include "client/local_communicator.h"
+#include "comm/local_communicator.h"
 
 #include <cstring>
 #include <utility>

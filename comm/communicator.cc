@@ -1,4 +1,4 @@
-#include "client/communicator.h"
+#include "comm/communicator.h"
 
 #include <algorithm>
 #include <utility>

@@ -1,4 +1,4 @@
-#include "client/coordination_store.h"
+#include "comm/coordination_store.h"
 
 #include <algorithm>
 #include <thread>

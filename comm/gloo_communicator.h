@@ -36,8 +36,8 @@
 // an internal mutex (the contract that all ranks call them in the same order
 // is the caller's). Abort() and the accessors may be called from any thread
 // at any time.
-#ifndef MUON_CLIENT_GLOO_COMMUNICATOR_H_
-#define MUON_CLIENT_GLOO_COMMUNICATOR_H_
+#ifndef MUON_COMM_GLOO_COMMUNICATOR_H_
+#define MUON_COMM_GLOO_COMMUNICATOR_H_
 
 #include <atomic>
 #include <chrono>
@@ -54,7 +54,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "client/communicator.h"
+#include "comm/communicator.h"
 #include "coordination/coordination_client.h"
 
 namespace gloo {
@@ -240,4 +240,4 @@ class GlooCommunicator : public Communicator {
 
 }  // namespace muon
 
-#endif  // MUON_CLIENT_GLOO_COMMUNICATOR_H_
+#endif  // MUON_COMM_GLOO_COMMUNICATOR_H_

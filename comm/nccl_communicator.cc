@@ -1,6 +1,6 @@
 // NcclCommunicator over NCCL (--config=cuda build). NCCL and CUDA are
-// reached through client/nccl_api.h, so this file includes no CUDA header.
-#include "client/nccl_communicator.h"
+// reached through comm/nccl_api.h, so this file includes no CUDA header.
+#include "comm/nccl_communicator.h"
 
 #include <algorithm>
 #include <cctype>
@@ -13,8 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "client/local_communicator.h"
-#include "client/nccl_api.h"
+#include "comm/local_communicator.h"
+#include "comm/nccl_api.h"
 #include "common/status_macros.h"
 #include "device/cuda_runtime.h"
 
