@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/status_macros.h"
@@ -267,6 +268,33 @@ absl::Status StepExecutor::CompileSchedule(const v1::Plan& plan) {
 }
 
 absl::Status StepExecutor::CheckOrthogonalizeOps() const {
+  // Async: EnqueueAsync enqueues each bucket's Newton-Schulz just before
+  // the comm stream's redistribute of it waits, so that every event wait
+  // binds to the right record: the compute stream must orthogonalize the
+  // owned buckets in the order the comm stream redistributes them.
+  if (async_) {
+    std::vector<int> redistributed, orthogonalized;
+    for (const Op& o : comm_ops_) {
+      if (o.kind == OpKind::kRedistribute &&
+          !buckets_[o.bucket].owned.empty()) {
+        redistributed.push_back(buckets_[o.bucket].index);
+      }
+    }
+    for (const Op& o : compute_ops_) {
+      if (o.kind == OpKind::kOrthogonalize) {
+        orthogonalized.push_back(buckets_[o.bucket].index);
+      }
+    }
+    if (redistributed != orthogonalized) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank_,
+          ": the schedule's compute stream orthogonalizes "
+          "buckets [",
+          absl::StrJoin(orthogonalized, ", "),
+          "] but its comm stream redistributes the owned ones in the order [",
+          absl::StrJoin(redistributed, ", "), "]"));
+    }
+  }
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const bool owns = !buckets_[b].owned.empty();
     int scheduled = 0;
@@ -289,16 +317,17 @@ absl::Status StepExecutor::CheckOrthogonalizeOps() const {
 absl::Status StepExecutor::AllocateBuffers(const BufferSizes& sizes,
                                            int slots) {
   slots = std::max(1, slots);
-  device::Allocator* host = device::HostAllocator();
+  // Every buffer in the executor's device memory.
+  device::Allocator* alloc = runtime_->allocator();
   MUON_ASSIGN_OR_RETURN(
-      send_buf_, device::DeviceBuffer<float>::Allocate(host, sizes.max_send));
+      send_buf_, device::DeviceBuffer<float>::Allocate(alloc, sizes.max_send));
   MUON_ASSIGN_OR_RETURN(
-      recv_buf_, device::DeviceBuffer<float>::Allocate(host, sizes.max_recv));
+      recv_buf_, device::DeviceBuffer<float>::Allocate(alloc, sizes.max_recv));
   slot_elems_ = sizes.max_bucket_elems;
   MUON_ASSIGN_OR_RETURN(arena_, device::DeviceBuffer<float>::Allocate(
-                                    host, slots * sizes.max_bucket_elems));
+                                    alloc, slots * sizes.max_bucket_elems));
   MUON_ASSIGN_OR_RETURN(
-      local_o_, device::DeviceBuffer<float>::Allocate(host, local_o_elems_));
+      local_o_, device::DeviceBuffer<float>::Allocate(alloc, local_o_elems_));
   const int64_t exchange_bytes =
       (sizes.max_send + sizes.max_recv) * static_cast<int64_t>(sizeof(float));
   buffer_bytes_ = arena_.bytes() + exchange_bytes;
@@ -366,7 +395,12 @@ const std::vector<device::Stream*>& StepExecutor::Streams() const {
   return streams_;
 }
 
-StepExecutor::~StepExecutor() = default;
+StepExecutor::~StepExecutor() {
+  if (in_flight_) {
+    StepStats discarded;
+    (void)Finish(&discarded);
+  }
+}
 
 float* StepExecutor::FullU(int m) {
   return arena_.data() + slot_of_bucket_[bucket_of_[m]] * slot_elems_ +
@@ -713,15 +747,47 @@ absl::Status StepExecutor::Enqueue(const std::vector<const float*>& updates,
   // From here on work may be queued: Finish must wait for it, even after
   // an enqueue error.
   in_flight_ = true;
-  MUON_RETURN_IF_ERROR(async_ ? EnqueueAsync() : EnqueueSequential());
+  absl::Status status = async_ ? EnqueueAsync() : EnqueueSequential();
+  // Also after an enqueue error: the caller's later work must not race
+  // what was enqueued.
   if (caller != nullptr) {
     const std::vector<device::Stream*>& streams = Streams();
     for (size_t i = 0; i < streams.size(); ++i) {
-      MUON_RETURN_IF_ERROR(step_done_[i]->Record(streams[i]));
-      MUON_RETURN_IF_ERROR(caller->WaitFor(step_done_[i].get()));
+      absl::Status s = step_done_[i]->Record(streams[i]);
+      if (s.ok()) s = caller->WaitFor(step_done_[i].get());
+      if (status.ok()) status = s;
     }
   }
-  return absl::OkStatus();
+  return status;
+}
+
+absl::Status StepExecutor::WaitForStream(device::Stream* stream) {
+  // Host streams: every operation is bounded (Gloo by its timeout).
+  if (options_.device.is_host() || comm_ == nullptr) {
+    return stream->Synchronize(absl::InfiniteDuration());
+  }
+  // CUDA: NCCL kernels of a failed peer never finish; its error shows in
+  // the communicator's asynchronous error, and aborting ends the kernels.
+  // A peer that hangs without an error is cut off at options_.step_timeout.
+  const absl::Time deadline = absl::Now() + options_.step_timeout;
+  absl::Status async_error;
+  while (true) {
+    absl::Status done = stream->Synchronize(absl::Milliseconds(10));
+    if (done.code() != absl::StatusCode::kDeadlineExceeded) {
+      return async_error.ok() ? done : async_error;
+    }
+    if (async_error.ok()) {
+      async_error = comm_->AsyncError();
+      if (async_error.ok() && absl::Now() > deadline) {
+        async_error = absl::DeadlineExceededError(
+            absl::StrCat("rank ", rank_, ": stream \"", stream->name(),
+                         "\" did not finish the step within ",
+                         absl::FormatDuration(options_.step_timeout),
+                         "; aborted the communicator"));
+      }
+      if (!async_error.ok()) comm_->Abort();
+    }
+  }
 }
 
 absl::Status StepExecutor::Finish(StepStats* stats) {
@@ -734,7 +800,7 @@ absl::Status StepExecutor::Finish(StepStats* stats) {
   // of it.
   absl::Status s;
   for (device::Stream* stream : Streams()) {
-    const absl::Status done = stream->Synchronize(absl::InfiniteDuration());
+    const absl::Status done = WaitForStream(stream);
     if (s.ok()) s = done;
   }
   in_flight_ = false;

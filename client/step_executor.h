@@ -45,6 +45,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "client/distributed_config.h"
 #include "client/exchange_plan.h"
 #include "client/tensor_view.h"
@@ -123,6 +124,10 @@ struct ExecutorOptions {
   // Arithmetic of Newton-Schulz on CUDA (bf16 with fp32 accumulation by
   // default, as torch.optim.Muon's bfloat16 iteration). Unused on the host.
   kernels::GpuPrecision precision = kernels::GpuPrecision::kBf16;
+  // On CUDA: how long Finish waits for a step's streams before it aborts
+  // the communicator (a peer that hangs without an error). Host streams
+  // are bounded by the communicator's own timeout.
+  absl::Duration step_timeout = absl::Minutes(30);
 };
 
 class StepExecutor {
@@ -180,6 +185,11 @@ class StepExecutor {
   // Finish blocks until the step has finished on this executor's streams
   // and returns its status and stats (as Run). Each Enqueue needs its
   // Finish before the next Enqueue.
+  // On CUDA, Finish polls the communicator's asynchronous errors while it
+  // waits and aborts the communicator on one (a failed NCCL peer never
+  // completes the stream), so it returns once the streams have drained.
+  // After an Enqueue error the caller's stream is still ordered after what
+  // was enqueued. Destroying the executor finishes a step in flight.
   // Errors: FailedPrecondition (a step is in flight); InvalidArgument
   // (`caller` on another device); the streams' errors; then as Run.
   absl::Status Enqueue(const std::vector<const float*>& updates,
@@ -243,6 +253,9 @@ class StepExecutor {
   absl::Status CreateStreamsAndKernels();
   // The executor's streams in use (main; or compute and comm).
   const std::vector<device::Stream*>& Streams() const;
+  // Waits for a stream; on CUDA polls the communicator's asynchronous
+  // errors meanwhile and aborts it on the first one.
+  absl::Status WaitForStream(device::Stream* stream);
   // Create's stages: the buckets' exchanges and slot offsets from the
   // plan; this rank's stream schedule; the preallocated buffers (and, in
   // async mode, the streams and events).
@@ -310,8 +323,6 @@ class StepExecutor {
   device::DeviceBuffer<float> send_buf_;
   device::DeviceBuffer<float> recv_buf_;
   kernels::NsEngine* ns_engine_ = nullptr;  // Not owned.
-  // The step's kernels on this executor's device (host: over ns_engine_).
-  std::unique_ptr<kernels::StepKernels> kernels_;
   // Per-stream timing records, preallocated: main_records_ is written by
   // the main (sequential) or compute (async) stream, comm_records_ by the
   // comm stream; read by Run after the streams are synchronized.
@@ -326,23 +337,29 @@ class StepExecutor {
 
   const ExecutorOptions options_;
   device::Runtime* runtime_ = nullptr;  // Not owned; options_.device's.
+  // Members are destroyed in reverse order: the kernels first (the CUDA
+  // Newton-Schulz context is bound to a stream), then the streams (which
+  // drain), then the events and buffers their work refers to.
+  //
+  // Async mode, per bucket slot: recorded on comm after the slot's gather,
+  // and on compute after its Newton-Schulz.
+  std::vector<std::unique_ptr<device::Event>> gathered_;
+  std::vector<std::unique_ptr<device::Event>> orthogonalized_;
+  // Caller-stream ordering (Enqueue): recorded on the caller's stream, and
+  // on each of this executor's streams at the end of the step.
+  std::unique_ptr<device::Event> caller_ready_;
+  std::vector<std::unique_ptr<device::Event>> step_done_;
+  EventWait dropped_wait_ = EventWait::kNone;
+  StepArgs step_args_;      // the step in flight (see Run)
+  bool in_flight_ = false;  // between Enqueue and Finish
   // Streams of options_.device (host streams each have a thread): "main"
   // in sequential mode; "comm" and "compute" in async mode.
   std::unique_ptr<device::Stream> main_stream_;
   std::unique_ptr<device::Stream> comm_stream_;
   std::unique_ptr<device::Stream> compute_stream_;
   std::vector<device::Stream*> streams_;  // the above that exist
-  // Async mode, per bucket slot: recorded on comm after the slot's gather,
-  // and on compute after its Newton-Schulz.
-  std::vector<std::unique_ptr<device::Event>> gathered_;
-  std::vector<std::unique_ptr<device::Event>> orthogonalized_;
-  EventWait dropped_wait_ = EventWait::kNone;
-  StepArgs step_args_;      // the step in flight (see Run)
-  bool in_flight_ = false;  // between Enqueue and Finish
-  // Caller-stream ordering (Enqueue): recorded on the caller's stream, and
-  // on each of this executor's streams at the end of the step.
-  std::unique_ptr<device::Event> caller_ready_;
-  std::vector<std::unique_ptr<device::Event>> step_done_;
+  // The step's kernels on this executor's device (host: over ns_engine_).
+  std::unique_ptr<kernels::StepKernels> kernels_;
 };
 
 }  // namespace muon

@@ -18,63 +18,69 @@ std::chrono::nanoseconds ToChrono(absl::Duration d) {
 
 }  // namespace
 
+HostEvent::HostEvent(std::string name)
+    : state_(std::make_shared<State>(std::move(name))) {}
+
 absl::Status HostEvent::Record(Stream* stream) {
   auto* host = dynamic_cast<HostStream*>(stream);
   if (host == nullptr) {
     return absl::InvalidArgumentError(
-        absl::StrCat("host event \"", name_, "\" recorded on stream \"",
+        absl::StrCat("host event \"", name(), "\" recorded on stream \"",
                      stream ? stream->name() : "null", "\" of device ",
                      stream ? stream->device().ToString() : "none"));
   }
   HostStream::Task task;
   task.kind = HostStream::Task::Kind::kRecord;
-  task.event = this;
-  task.generation = Arm();
-  return host->Enqueue(std::move(task));
+  task.event = state_;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    task.generation = ++state_->recorded;
+  }
+  const int64_t generation = task.generation;
+  absl::Status queued = host->Enqueue(std::move(task));
+  // Never left armed: a record that could not be queued completes now.
+  if (!queued.ok()) state_->Complete(generation, queued);
+  return queued;
 }
 
 int64_t HostEvent::recorded() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return recorded_;
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->recorded;
 }
 
-int64_t HostEvent::Arm() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return ++recorded_;
-}
-
-void HostEvent::Complete(int64_t generation, const absl::Status& status) {
+void HostEvent::State::Complete(int64_t generation,
+                                const absl::Status& work_status) {
   // Notify with the lock held: a waiter that sees the completion may
-  // destroy the event (and its condition variable) as soon as it can lock.
-  std::lock_guard<std::mutex> lock(mu_);
-  if (generation > completed_) {
-    completed_ = generation;
-    status_ = status;
+  // destroy what it waited on as soon as it can lock.
+  std::lock_guard<std::mutex> lock(mu);
+  if (generation > completed) {
+    completed = generation;
+    status = work_status;
   }
-  cv_.notify_all();
+  cv.notify_all();
 }
 
-absl::Status HostEvent::AwaitGeneration(int64_t generation) {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return completed_ >= generation; });
-  return status_;
+absl::Status HostEvent::State::AwaitGeneration(int64_t generation) {
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return completed >= generation; });
+  return status;
 }
 
 bool HostEvent::Query() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return completed_ >= recorded_;
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->completed >= state_->recorded;
 }
 
 absl::Status HostEvent::Synchronize(absl::Duration timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  const int64_t target = recorded_;
-  if (!cv_.wait_for(lock, ToChrono(timeout),
-                    [&] { return completed_ >= target; })) {
+  std::unique_lock<std::mutex> lock(state_->mu);
+  const int64_t target = state_->recorded;
+  if (!state_->cv.wait_for(lock, ToChrono(timeout),
+                           [&] { return state_->completed >= target; })) {
     return absl::DeadlineExceededError(
-        absl::StrCat("event \"", name_, "\": the work it captured did not ",
-                     "finish within ", absl::FormatDuration(timeout)));
+        absl::StrCat("event \"", state_->name, "\": the work it captured did ",
+                     "not finish within ", absl::FormatDuration(timeout)));
   }
-  return status_;
+  return state_->status;
 }
 
 HostStream::HostStream(std::string name) : name_(std::move(name)) {
@@ -120,6 +126,7 @@ void HostStream::PushLocked(Task task) {
 HostStream::Task HostStream::PopLocked() {
   Task task = std::move(ring_[head_]);
   ring_[head_].fn = nullptr;
+  ring_[head_].event = nullptr;
   head_ = (head_ + 1) % ring_.size();
   --queued_;
   return task;
@@ -141,7 +148,7 @@ absl::Status HostStream::WaitFor(Event* event) {
   }
   Task task;
   task.kind = Task::Kind::kWait;
-  task.event = host;
+  task.event = host->state_;
   task.generation = host->recorded();
   if (task.generation == 0) return absl::OkStatus();  // never recorded
   return Enqueue(std::move(task));
@@ -197,6 +204,7 @@ void HostStream::WorkerLoop() {
     }
     absl::Status s = RunTask(task, stream_error);
     task.fn = nullptr;  // release captures before reporting progress
+    task.event = nullptr;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!s.ok() && error_.ok()) error_ = std::move(s);

@@ -30,36 +30,45 @@ namespace device {
 class HostStream;
 
 // A host event. Records of one event come from one stream at a time (a
-// wait binds to a record generation; generations complete in order).
+// wait binds to a record generation; generations complete in order). The
+// event's state is shared with the work queued on streams, so an event may
+// be destroyed while a stream still holds a record or a wait of it.
 class HostEvent final : public Event {
  public:
-  explicit HostEvent(std::string name) : name_(std::move(name)) {}
+  explicit HostEvent(std::string name);
 
-  // Errors: InvalidArgument (`stream` is not a host stream).
+  // Errors: InvalidArgument (`stream` is not a host stream); the stream's
+  // Launch errors (the event then completes at once with that error).
   absl::Status Record(Stream* stream) override;
   bool Query() override;
   // Errors: DeadlineExceeded; the captured work's first error.
   absl::Status Synchronize(absl::Duration timeout) override;
-  const std::string& name() const override { return name_; }
+  const std::string& name() const override { return state_->name; }
 
  private:
   friend class HostStream;
+  // What records and waits queued on streams refer to.
+  struct State {
+    explicit State(std::string n) : name(std::move(n)) {}
+    // Blocks until `generation` is complete; returns the status of the
+    // work it captured.
+    absl::Status AwaitGeneration(int64_t generation);
+    // Called by the recording stream's thread when the work before the
+    // record of `generation` has finished with `status`.
+    void Complete(int64_t generation, const absl::Status& status);
+
+    const std::string name;
+    std::mutex mu;
+    std::condition_variable cv;
+    int64_t recorded = 0;   // guarded by mu
+    int64_t completed = 0;  // guarded by mu
+    absl::Status status;    // of generation `completed`; guarded by mu
+  };
+
   // The generation a wait enqueued now binds to (0: never recorded).
   int64_t recorded() const;
-  // A new record generation (its completion is enqueued by the stream).
-  int64_t Arm();
-  // Called by the recording stream's thread when the work before the
-  // record of `generation` has finished with `status`.
-  void Complete(int64_t generation, const absl::Status& status);
-  // Blocks until `generation` is complete; returns its status.
-  absl::Status AwaitGeneration(int64_t generation);
 
-  const std::string name_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  int64_t recorded_ = 0;   // guarded by mu_
-  int64_t completed_ = 0;  // guarded by mu_
-  absl::Status status_;    // of generation completed_; guarded by mu_
+  const std::shared_ptr<State> state_;
 };
 
 // A host stream: a FIFO of work run by its own thread.
@@ -87,7 +96,7 @@ class HostStream final : public Stream {
     enum class Kind { kRun, kRecord, kWait };
     Kind kind = Kind::kRun;
     StreamFn fn;
-    HostEvent* event = nullptr;  // Not owned; kRecord and kWait.
+    std::shared_ptr<HostEvent::State> event;  // kRecord and kWait
     int64_t generation = 0;
   };
 

@@ -12,9 +12,12 @@
 // side that must come first to have started; with the wait in place that
 // never happens and the bound passes, without it the two overlap at once.
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
+#include <future>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -30,6 +33,7 @@
 #include "kernels/ns_engine.h"
 #include "plan/manifest_validation.h"
 #include "plan/planner.h"
+#include "plan/schedule.h"
 #include "tests/client/in_memory_store_client.h"
 #include "tests/client/rank_threads.h"
 #include "tests/server/test_specs.h"
@@ -234,14 +238,23 @@ struct Matrix {
   Placement placement;
 };
 
+// Eight matrices: four buckets of one matrix per owner, so that with
+// prefetch 1 (two slots) every slot is gathered into twice per step.
 std::vector<Matrix> TwoRankMatrices() {
   return {{"w0", 24, 16, Placement::Shard(0)},
           {"w1", 10, 7, Placement::Shard(1)},
-          {"w2", 6, 8, Placement::Replicate()}};
+          {"w2", 6, 8, Placement::Replicate()},
+          {"w3", 16, 24, Placement::Shard(0)},
+          {"w4", 9, 13, Placement::Shard(1)},
+          {"w5", 20, 12, Placement::Shard(0)},
+          {"w6", 7, 7, Placement::Replicate()},
+          {"w7", 12, 18, Placement::Shard(1)}};
 }
 
-// Runs one step of `world` ranks (threads) and returns each matrix
-// reassembled from the ranks' shards.
+constexpr int kTwoRankSteps = 2;
+
+// Runs kTwoRankSteps steps of `world` ranks (threads), each executor
+// reused, and returns each matrix reassembled from the ranks' shards.
 std::vector<std::vector<float>> RunWorld(int world, bool async, int prefetch,
                                          testing::InMemoryStoreClient* store,
                                          const std::string& prefix) {
@@ -319,9 +332,11 @@ std::vector<std::vector<float>> RunWorld(int world, bool async, int prefetch,
         }
         UpdateRule rule;
         rule.lr = 0.02;
-        StepStats stats;
-        absl::Status s = (*ex)->Run(u_ptrs, views, rule, &stats);
-        if (!s.ok()) return s;
+        for (int step = 0; step < kTwoRankSteps; ++step) {
+          StepStats stats;
+          absl::Status s = (*ex)->Run(u_ptrs, views, rule, &stats);
+          if (!s.ok()) return s;
+        }
         for (size_t i = 0; i < mats.size(); ++i) {
           const Box whole{Range{0, mats[i].rows}, Range{0, mats[i].cols}};
           const Box& mine = geometry[i].boxes[rank];
@@ -343,6 +358,23 @@ std::vector<std::vector<float>> RunWorld(int world, bool async, int prefetch,
 
 TEST(ExecutorStreamsTest, TwoRanksGloo_AsyncAndSequential_BitsOfOneDevice) {
   testing::InMemoryStoreClient store;
+  {
+    // The premise: more buckets than async slots, so slots are reused.
+    const std::vector<Matrix> mats = TwoRankMatrices();
+    std::vector<testing::TestParam> spec_params;
+    for (const Matrix& m : mats) {
+      spec_params.push_back({m.name, m.rows, m.cols, {"Replicate()"}});
+    }
+    absl::StatusOr<JobLayout> layout = ValidateManifests(
+        testing::Manifests(testing::MakeSpec({{"dp_shard", 2}}, spec_params)));
+    ASSERT_TRUE(layout.ok()) << layout.status();
+    PlannerOptions options;
+    options.async = true;
+    options.prefetch_count = 1;
+    absl::StatusOr<v1::Plan> plan = MakePlan(*layout, options);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_GT(plan->buckets_size(), plan->schedule().slots());
+  }
   const std::vector<std::vector<float>> one =
       RunWorld(1, /*async=*/false, 0, &store, "one");
   const std::vector<std::vector<float>> seq =
@@ -393,9 +425,17 @@ TEST(ExecutorStreamsTest, Enqueue_CallerStream_StepBetweenCallersWork) {
   std::vector<float> param = RandomValues(n, 8);
   std::vector<float> seen;
   device::HostStream caller("caller");
+  // The caller's earlier work is held until Enqueue has returned: Enqueue
+  // must not wait for it (bounded: 10 s, then the step fails).
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
   ASSERT_TRUE(caller
-                  .Launch([&] {
-                    absl::SleepFor(absl::Milliseconds(30));
+                  .Launch([&, gate]() -> absl::Status {
+                    if (gate.wait_for(std::chrono::seconds(10)) !=
+                        std::future_status::ready) {
+                      return absl::DeadlineExceededError(
+                          "Enqueue waited for the caller's stream");
+                    }
                     update = u0;
                     return absl::OkStatus();
                   })
@@ -406,6 +446,7 @@ TEST(ExecutorStreamsTest, Enqueue_CallerStream_StepBetweenCallersWork) {
   const std::vector<const float*> updates = {update.data()};
   const std::vector<ParamView> views = {view};
   ASSERT_TRUE((*ex)->Enqueue(updates, views, rule, &caller).ok());
+  release.set_value();
   // In flight: a second step is refused until Finish.
   EXPECT_EQ((*ex)->Enqueue(updates, views, rule, &caller).code(),
             absl::StatusCode::kFailedPrecondition);
@@ -474,6 +515,52 @@ TEST(ExecutorStreamsTest, Create_OnCudaWithoutThatDevice_RefusedNamingIt) {
   ASSERT_FALSE(ex.ok());
   EXPECT_THAT(std::string(ex.status().message()),
               ::testing::HasSubstr(absl::StrCat("cuda:", count)));
+}
+
+// An explicit schedule whose compute stream orthogonalizes the buckets in
+// another order than its comm stream redistributes them is refused: the
+// executor's event waits rely on that order.
+TEST(ExecutorStreamsTest, Create_ComputeOrderOtherThanRedistribute_Refused) {
+  const v1::JobSpec spec = testing::MakeSpec(
+      {{"dp_shard", 1}},
+      {{"a", 8, 6, {"Replicate()"}}, {"b", 6, 4, {"Replicate()"}}});
+  absl::StatusOr<JobLayout> layout =
+      ValidateManifests(testing::Manifests(spec));
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  PlannerOptions options;
+  options.async = true;
+  options.prefetch_count = 1;
+  absl::StatusOr<v1::Plan> plan = MakePlan(*layout, options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->buckets_size(), 2);
+  v1::RankSchedule mine = MakeRankSchedule(*plan, 0);
+  // Swap the two orthogonalize ops (both on the compute stream).
+  std::vector<int> ns;
+  for (int k = 0; k < mine.ops_size(); ++k) {
+    if (mine.ops(k).op() == "orthogonalize") ns.push_back(k);
+  }
+  ASSERT_EQ(ns.size(), 2u);
+  mine.mutable_ops()->SwapElements(ns[0], ns[1]);
+  *plan->mutable_schedule()->add_ranks() = mine;
+  std::vector<MatrixGeometry> geometry;
+  for (const auto& [name, rows, cols] :
+       std::vector<std::tuple<std::string, int64_t, int64_t>>{{"a", 8, 6},
+                                                              {"b", 6, 4}}) {
+    MatrixGeometry g;
+    g.param = name;
+    g.param_index = static_cast<int>(geometry.size());
+    g.rows = rows;
+    g.cols = cols;
+    g.boxes = {Box{Range{0, rows}, Range{0, cols}}};
+    geometry.push_back(g);
+  }
+  std::unique_ptr<kernels::NsEngine> engine = kernels::MakeCpuNsEngine();
+  absl::StatusOr<std::unique_ptr<StepExecutor>> ex = StepExecutor::Create(
+      0, 1, *plan, geometry, nullptr, nullptr, nullptr, engine.get());
+  ASSERT_FALSE(ex.ok());
+  EXPECT_EQ(ex.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(ex.status().message()),
+              ::testing::HasSubstr("orthogonalizes buckets"));
 }
 
 }  // namespace

@@ -199,6 +199,73 @@ TEST(HostStreamTest, Destroy_RunsQueuedWorkAndCompletesEvents) {
   EXPECT_TRUE(done.Query());
 }
 
+// A wait binds to the event's latest record when the wait is enqueued:
+// re-recording the event later (the next step's use of a slot) does not
+// hold up, or release, a wait already queued.
+TEST(HostStreamTest, WaitFor_BindsToLatestRecordAtEnqueue) {
+  HostStream producer("producer");
+  HostStream consumer("consumer");
+  HostEvent event("slot");
+  std::promise<void> release_second;
+  std::shared_future<void> second_gate = release_second.get_future().share();
+  int first = 0;  // written by producer before record 1
+  int seen = -1;  // read by consumer after waiting for record 1
+  ASSERT_THAT(producer.Launch([&first] {
+    first = 1;
+    return absl::OkStatus();
+  }),
+              IsOk());
+  ASSERT_THAT(event.Record(&producer), IsOk());
+  ASSERT_THAT(consumer.WaitFor(&event), IsOk());  // binds to record 1
+  ASSERT_THAT(consumer.Launch([&first, &seen] {
+    seen = first;
+    return absl::OkStatus();
+  }),
+              IsOk());
+  // Record 2 captures work that blocks until released; the consumer's
+  // queued wait must not wait for it.
+  ASSERT_THAT(producer.Launch([second_gate] {
+    second_gate.wait();
+    return absl::OkStatus();
+  }),
+              IsOk());
+  ASSERT_THAT(event.Record(&producer), IsOk());
+  EXPECT_THAT(consumer.Synchronize(kWait), IsOk());
+  EXPECT_EQ(seen, 1);
+  EXPECT_FALSE(event.Query());  // record 2 still pending
+  release_second.set_value();
+  EXPECT_THAT(event.Synchronize(kWait), IsOk());
+}
+
+// Records and waits queued on streams keep the event's state alive: the
+// event object may go first.
+TEST(HostStreamTest, EventDestroyedWhileQueued_StreamsStillComplete) {
+  HostStream producer("producer");
+  HostStream consumer("consumer");
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
+  ASSERT_THAT(producer.Launch([gate] {
+    gate.wait();
+    return absl::OkStatus();
+  }),
+              IsOk());
+  {
+    HostEvent event("short-lived");
+    ASSERT_THAT(event.Record(&producer), IsOk());
+    ASSERT_THAT(consumer.WaitFor(&event), IsOk());
+  }
+  bool ran = false;
+  ASSERT_THAT(consumer.Launch([&ran] {
+    ran = true;
+    return absl::OkStatus();
+  }),
+              IsOk());
+  release.set_value();
+  EXPECT_THAT(producer.Synchronize(kWait), IsOk());
+  EXPECT_THAT(consumer.Synchronize(kWait), IsOk());
+  EXPECT_TRUE(ran);
+}
+
 TEST(HostAllocatorTest, Allocate_ZeroFilledAlignedAndTaggedWithHost) {
   absl::StatusOr<DeviceBuffer<float>> buf =
       DeviceBuffer<float>::Allocate(HostAllocator(), 1000);
@@ -249,7 +316,7 @@ TEST(RuntimeTest, CudaRuntime_WithoutThatDevice_RefusedNamingIt) {
   }
 }
 
-TEST(RuntimeTest, HostEventOnCudaLikeStream_InvalidArgument) {
+TEST(RuntimeTest, WaitFor_ForeignEvent_InvalidArgument) {
   HostStream stream("s");
   class OtherEvent final : public Event {
    public:
