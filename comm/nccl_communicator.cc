@@ -535,6 +535,16 @@ absl::Status NcclCommunicator::FailLocked(absl::string_view op,
 absl::Status NcclCommunicator::RunLocked(
     absl::string_view op, const std::function<absl::Status()>& enqueue) {
   const absl::Time deadline = absl::Now() + options_.timeout;
+  MUON_RETURN_IF_ERROR(LaunchLocked(op, enqueue, deadline));
+  // The calls are on stream_: wait for them (bounded by the deadline).
+  absl::Status status = WaitStreamLocked(op, deadline);
+  if (!status.ok()) return FailLocked(op, std::move(status));
+  return absl::OkStatus();
+}
+
+absl::Status NcclCommunicator::LaunchLocked(
+    absl::string_view op, const std::function<absl::Status()>& enqueue,
+    absl::Time deadline) {
   DeviceScope scope;
   if (const int error = scope.Enter(options_.device);
       error != nccl_api::kCudaSuccess) {
@@ -543,24 +553,6 @@ absl::Status NcclCommunicator::RunLocked(
   absl::Status status = enqueue();
   // ncclGroupEnd and lone calls may return ncclInProgress: the operations
   // are on the stream only once the communicator leaves that state.
-  if (status.ok()) {
-    status = WaitCommReady(op, comm_, "launch of the enqueued NCCL calls",
-                           deadline, /*check_aborted=*/true);
-  }
-  if (status.ok()) status = WaitStreamLocked(op, deadline);
-  if (!status.ok()) return FailLocked(op, std::move(status));
-  return absl::OkStatus();
-}
-
-absl::Status NcclCommunicator::LaunchLocked(
-    absl::string_view op, const std::function<absl::Status()>& enqueue) {
-  const absl::Time deadline = absl::Now() + options_.timeout;
-  DeviceScope scope;
-  if (const int error = scope.Enter(options_.device);
-      error != nccl_api::kCudaSuccess) {
-    return CudaError(op, "cudaSetDevice(options.device)", error);
-  }
-  absl::Status status = enqueue();
   if (status.ok()) {
     status = WaitCommReady(op, comm_, "launch of the enqueued NCCL calls",
                            deadline, /*check_aborted=*/true);
@@ -608,10 +600,13 @@ absl::Status NcclCommunicator::AllToAllVOnStream(
   MUON_RETURN_IF_ERROR(communicator_internal::CheckAllToAllV(
       kBackend, rank_, world_size_, send, send_counts, recv, recv_counts));
   void* native = stream->native_handle();
-  return LaunchLocked(kOp, [&]() -> absl::Status {
-    return EnqueueAllToAllVLocked(kOp, native, send, send_counts, recv,
-                                  recv_counts);
-  });
+  return LaunchLocked(
+      kOp,
+      [&]() -> absl::Status {
+        return EnqueueAllToAllVLocked(kOp, native, send, send_counts, recv,
+                                      recv_counts);
+      },
+      absl::Now() + options_.timeout);
 }
 
 absl::Status NcclCommunicator::AsyncError() {

@@ -299,10 +299,13 @@ class NcclCommunicator : public Communicator {
   absl::Status RunLocked(absl::string_view op,
                          const std::function<absl::Status()>& enqueue)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
-  // RunLocked without the wait for the stream: returns once the NCCL group
-  // is launched (the caller orders its stream with events).
+  // RunLocked without the wait for the stream: makes the device current,
+  // calls `enqueue` and returns once NCCL has launched the calls (the
+  // communicator left ncclInProgress) or `deadline`; on failure aborts the
+  // NCCL communicator and records the first error.
   absl::Status LaunchLocked(absl::string_view op,
-                            const std::function<absl::Status()>& enqueue)
+                            const std::function<absl::Status()>& enqueue,
+                            absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
   // AllToAllV's calls on `stream` (checks done by the caller).
   absl::Status EnqueueAllToAllVLocked(absl::string_view op, void* stream,

@@ -9,7 +9,9 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
+#include "device/cuda_runtime.h"
 #include "gtest/gtest.h"
 
 namespace muon {
@@ -35,6 +37,16 @@ inline bool GpuRequired() {
       }                                                              \
       GTEST_SKIP() << "no GPU: " << reason;                          \
     }                                                                \
+  } while (0)
+
+// The same for "no CUDA device is visible" (device::CudaDeviceCount, which
+// says why: no GPU, no driver, or a build without --config=cuda).
+#define MUON_SKIP_OR_FAIL_UNLESS_CUDA_DEVICE()                      \
+  do {                                                              \
+    std::string muon_no_gpu_reason_;                                \
+    MUON_SKIP_OR_FAIL_UNLESS_GPU(                                   \
+        ::muon::device::CudaDeviceCount(&muon_no_gpu_reason_) == 0, \
+        muon_no_gpu_reason_);                                       \
   } while (0)
 
 #endif  // MUON_TESTS_GPU_TEST_UTIL_H_

@@ -24,6 +24,7 @@
 #include "device/host_stream.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/client/fake_cuda_stream.h"
 #include "tests/client/in_memory_store_client.h"
 
 namespace muon {
@@ -133,6 +134,31 @@ TYPED_TEST(CommunicatorTest, Accessors_ReportRankWorldSizeAndBackend) {
 int64_t Count(int p, int q) { return (p + q + 1) % 3; }
 float Value(int p, int q, int i) { return 1000.0f * p + 100.0f * q + i; }
 
+// Rank `rank`'s all-to-all(v) in a world of `n` with the counts above: what
+// it sends (packed in peer order), the counts, and what it must receive.
+struct PackedAllToAll {
+  std::vector<float> send;
+  std::vector<int64_t> send_counts, recv_counts;
+  std::vector<float> want;  // expected received data, packed in peer order
+  int64_t recv_total() const { return static_cast<int64_t>(want.size()); }
+};
+
+PackedAllToAll MakePackedAllToAll(int rank, int n) {
+  PackedAllToAll a;
+  a.send_counts.resize(n);
+  a.recv_counts.resize(n);
+  for (int q = 0; q < n; ++q) {
+    a.send_counts[q] = Count(rank, q);
+    a.recv_counts[q] = Count(q, rank);
+    for (int i = 0; i < a.send_counts[q]; ++i) {
+      a.send.push_back(Value(rank, q, i));
+    }
+    for (int i = 0; i < a.recv_counts[q]; ++i)
+      a.want.push_back(Value(q, rank, i));
+  }
+  return a;
+}
+
 TYPED_TEST(CommunicatorTest, AllToAllV_UnevenAndZeroCounts_DeliversPackedData) {
   for (int n : this->WorldSizes()) {
     SCOPED_TRACE(absl::StrCat("world_size ", n));
@@ -141,28 +167,15 @@ TYPED_TEST(CommunicatorTest, AllToAllV_UnevenAndZeroCounts_DeliversPackedData) {
     std::vector<absl::Status> status(n);
     std::vector<std::vector<float>> received(n);
     RunRanks(n, [&](int rank) {
-      std::vector<int64_t> send_counts(n), recv_counts(n);
-      std::vector<float> send;
-      for (int q = 0; q < n; ++q) {
-        send_counts[q] = Count(rank, q);
-        recv_counts[q] = Count(q, rank);
-        for (int i = 0; i < send_counts[q]; ++i)
-          send.push_back(Value(rank, q, i));
-      }
-      int64_t recv_total = 0;
-      for (int64_t c : recv_counts) recv_total += c;
-      received[rank].assign(recv_total, -1.0f);
-      status[rank] = group[rank]->AllToAllV(send.data(), send_counts,
-                                            received[rank].data(), recv_counts);
+      const PackedAllToAll a = MakePackedAllToAll(rank, n);
+      received[rank].assign(a.recv_total(), -1.0f);
+      status[rank] = group[rank]->AllToAllV(
+          a.send.data(), a.send_counts, received[rank].data(), a.recv_counts);
     });
     for (int rank = 0; rank < n; ++rank) {
       ASSERT_TRUE(status[rank].ok()) << status[rank];
-      std::vector<float> want;
-      for (int p = 0; p < n; ++p) {
-        for (int i = 0; i < Count(p, rank); ++i)
-          want.push_back(Value(p, rank, i));
-      }
-      EXPECT_EQ(received[rank], want) << "rank " << rank;
+      EXPECT_EQ(received[rank], MakePackedAllToAll(rank, n).want)
+          << "rank " << rank;
     }
   }
 }
@@ -180,22 +193,14 @@ TYPED_TEST(CommunicatorTest,
     std::vector<absl::Status> status(n);
     std::vector<std::vector<float>> copied(n);
     RunRanks(n, [&](int rank) {
-      std::vector<int64_t> send_counts(n), recv_counts(n);
-      std::vector<float> send;
-      for (int q = 0; q < n; ++q) {
-        send_counts[q] = Count(rank, q);
-        recv_counts[q] = Count(q, rank);
-        for (int i = 0; i < send_counts[q]; ++i)
-          send.push_back(Value(rank, q, i));
-      }
-      int64_t recv_total = 0;
-      for (int64_t c : recv_counts) recv_total += c;
-      std::vector<float> received(recv_total, -1.0f);
+      const PackedAllToAll a = MakePackedAllToAll(rank, n);
+      std::vector<float> received(a.recv_total(), -1.0f);
       device::HostStream comm_stream("comm");
       device::HostStream consumer("consumer");
       absl::StatusOr<std::unique_ptr<Work>> work =
-          group[rank]->EnqueueAllToAllV(&comm_stream, send.data(), send_counts,
-                                        received.data(), recv_counts);
+          group[rank]->EnqueueAllToAllV(&comm_stream, a.send.data(),
+                                        a.send_counts, received.data(),
+                                        a.recv_counts);
       if (!work.ok()) {
         status[rank] = work.status();
         return;
@@ -213,12 +218,8 @@ TYPED_TEST(CommunicatorTest,
     });
     for (int rank = 0; rank < n; ++rank) {
       ASSERT_TRUE(status[rank].ok()) << status[rank];
-      std::vector<float> want;
-      for (int p = 0; p < n; ++p) {
-        for (int i = 0; i < Count(p, rank); ++i)
-          want.push_back(Value(p, rank, i));
-      }
-      EXPECT_EQ(copied[rank], want) << "rank " << rank;
+      EXPECT_EQ(copied[rank], MakePackedAllToAll(rank, n).want)
+          << "rank " << rank;
     }
   }
 }
@@ -227,18 +228,7 @@ TYPED_TEST(CommunicatorTest,
 TYPED_TEST(CommunicatorTest, AllToAllVOnStream_CudaStream_InvalidArgument) {
   Group group = this->MakeGroup(1);
   ASSERT_EQ(group.size(), 1);
-  class FakeCudaStream final : public device::Stream {
-   public:
-    device::Device device() const override { return device::Device::Cuda(0); }
-    const std::string& name() const override { return name_; }
-    absl::Status Launch(device::StreamFn fn) override { return fn(); }
-    absl::Status WaitFor(device::Event*) override { return absl::OkStatus(); }
-    absl::Status Synchronize(absl::Duration) override {
-      return absl::OkStatus();
-    }
-    void* native_handle() const override { return nullptr; }
-    std::string name_ = "fake-cuda";
-  } stream;
+  testing::FakeCudaStream stream("fake-cuda");
   const std::vector<int64_t> zeros(1, 0);
   const absl::Status s =
       group[0]->AllToAllVOnStream(&stream, nullptr, zeros, nullptr, zeros);

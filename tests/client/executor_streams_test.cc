@@ -34,6 +34,7 @@
 #include "plan/manifest_validation.h"
 #include "plan/planner.h"
 #include "plan/schedule.h"
+#include "tests/client/fake_cuda_stream.h"
 #include "tests/client/in_memory_store_client.h"
 #include "tests/client/rank_threads.h"
 #include "tests/server/test_specs.h"
@@ -55,6 +56,18 @@ using ::muon::testing::RandomValues;
 constexpr int64_t kRows = 24;
 constexpr int64_t kCols = 16;
 constexpr absl::Duration kProbeWait = absl::Milliseconds(500);
+
+// A matrix of a world of one (its rank holds it whole).
+MatrixGeometry WholeMatrix(const std::string& name, int64_t rows, int64_t cols,
+                           int param_index = 0) {
+  MatrixGeometry g;
+  g.param = name;
+  g.param_index = param_index;
+  g.rows = rows;
+  g.cols = cols;
+  g.boxes = {Box{Range{0, rows}, Range{0, cols}}};
+  return g;
+}
 
 // Polls `flag` until it is set or `bound` passes; returns whether it was set.
 bool AwaitFlag(const std::atomic<bool>& flag, absl::Duration bound) {
@@ -125,11 +138,7 @@ v1::Plan AsyncPlanOfOne() {
 // redistribute (which report to the probe), the `dropped` wait removed.
 // Returns the updated parameter.
 std::vector<float> RunStep(Probe* probe, StepExecutor::EventWait dropped) {
-  MatrixGeometry g;
-  g.param = "w";
-  g.rows = kRows;
-  g.cols = kCols;
-  g.boxes = {Box{Range{0, kRows}, Range{0, kCols}}};
+  const MatrixGeometry g = WholeMatrix("w", kRows, kCols);
   const int64_t n = kRows * kCols;
   GatherFn gather = [probe, n](int, int, int, const float* shard, float* full) {
     if (probe->slow_gather) AwaitFlag(probe->ns_started, kProbeWait);
@@ -396,11 +405,7 @@ TEST(ExecutorStreamsTest, TwoRanksGloo_AsyncAndSequential_BitsOfOneDevice) {
 // the result has the bits of Run on the same inputs.
 TEST(ExecutorStreamsTest, Enqueue_CallerStream_StepBetweenCallersWork) {
   const v1::Plan plan = AsyncPlanOfOne();
-  MatrixGeometry g;
-  g.param = "w";
-  g.rows = kRows;
-  g.cols = kCols;
-  g.boxes = {Box{Range{0, kRows}, Range{0, kCols}}};
+  const MatrixGeometry g = WholeMatrix("w", kRows, kCols);
   const int64_t n = kRows * kCols;
   std::unique_ptr<kernels::NsEngine> engine = kernels::MakeCpuNsEngine();
   UpdateRule rule;
@@ -466,27 +471,12 @@ TEST(ExecutorStreamsTest, Enqueue_CallerStream_StepBetweenCallersWork) {
 }
 
 TEST(ExecutorStreamsTest, Enqueue_CallerStreamOfAnotherDevice_InvalidArgument) {
-  MatrixGeometry g;
-  g.param = "w";
-  g.rows = kRows;
-  g.cols = kCols;
-  g.boxes = {Box{Range{0, kRows}, Range{0, kCols}}};
+  const MatrixGeometry g = WholeMatrix("w", kRows, kCols);
   std::unique_ptr<kernels::NsEngine> engine = kernels::MakeCpuNsEngine();
   absl::StatusOr<std::unique_ptr<StepExecutor>> ex = StepExecutor::Create(
       0, 1, AsyncPlanOfOne(), {g}, nullptr, nullptr, nullptr, engine.get());
   ASSERT_TRUE(ex.ok()) << ex.status();
-  class FakeCudaStream final : public device::Stream {
-   public:
-    device::Device device() const override { return device::Device::Cuda(0); }
-    const std::string& name() const override { return name_; }
-    absl::Status Launch(device::StreamFn fn) override { return fn(); }
-    absl::Status WaitFor(device::Event*) override { return absl::OkStatus(); }
-    absl::Status Synchronize(absl::Duration) override {
-      return absl::OkStatus();
-    }
-    void* native_handle() const override { return nullptr; }
-    std::string name_ = "torch-current";
-  } stream;
+  testing::FakeCudaStream stream("torch-current");
   std::vector<float> update(kRows * kCols), param(kRows * kCols);
   ParamView view;
   view.data = param.data();
@@ -503,11 +493,7 @@ TEST(ExecutorStreamsTest, Enqueue_CallerStreamOfAnotherDevice_InvalidArgument) {
 // refused naming the device, before anything is allocated.
 TEST(ExecutorStreamsTest, Create_OnCudaWithoutThatDevice_RefusedNamingIt) {
   const int count = device::CudaDeviceCount();
-  MatrixGeometry g;
-  g.param = "w";
-  g.rows = kRows;
-  g.cols = kCols;
-  g.boxes = {Box{Range{0, kRows}, Range{0, kCols}}};
+  const MatrixGeometry g = WholeMatrix("w", kRows, kCols);
   ExecutorOptions options;
   options.device = device::Device::Cuda(count);
   absl::StatusOr<std::unique_ptr<StepExecutor>> ex = StepExecutor::Create(
@@ -546,13 +532,8 @@ TEST(ExecutorStreamsTest, Create_ComputeOrderOtherThanRedistribute_Refused) {
   for (const auto& [name, rows, cols] :
        std::vector<std::tuple<std::string, int64_t, int64_t>>{{"a", 8, 6},
                                                               {"b", 6, 4}}) {
-    MatrixGeometry g;
-    g.param = name;
-    g.param_index = static_cast<int>(geometry.size());
-    g.rows = rows;
-    g.cols = cols;
-    g.boxes = {Box{Range{0, rows}, Range{0, cols}}};
-    geometry.push_back(g);
+    geometry.push_back(
+        WholeMatrix(name, rows, cols, static_cast<int>(geometry.size())));
   }
   std::unique_ptr<kernels::NsEngine> engine = kernels::MakeCpuNsEngine();
   absl::StatusOr<std::unique_ptr<StepExecutor>> ex = StepExecutor::Create(

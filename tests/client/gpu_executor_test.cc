@@ -30,14 +30,6 @@ namespace {
 using ::muon::testing::BitwiseEqual;
 using ::muon::testing::RandomValues;
 
-#define SKIP_WITHOUT_GPU()                                  \
-  do {                                                      \
-    std::string muon_no_gpu_reason_;                        \
-    MUON_SKIP_OR_FAIL_UNLESS_GPU(                           \
-        device::CudaDeviceCount(&muon_no_gpu_reason_) == 0, \
-        muon_no_gpu_reason_);                               \
-  } while (0)
-
 struct Shape {
   std::string name;
   int64_t rows, cols;
@@ -182,7 +174,7 @@ double RelativeUpdateDifference(const std::vector<float>& a,
 }
 
 TEST(GpuExecutorTest, WorldOfOne_Fp32AndBf16_WithinBoundOfHostExecutor) {
-  SKIP_WITHOUT_GPU();
+  MUON_SKIP_OR_FAIL_UNLESS_CUDA_DEVICE();
   UpdateRule rule;
   rule.lr = 0.02;
   const std::vector<std::vector<float>> host = HostStep(rule);
@@ -210,7 +202,7 @@ TEST(GpuExecutorTest, WorldOfOne_Fp32AndBf16_WithinBoundOfHostExecutor) {
 }
 
 TEST(GpuExecutorTest, WorldOfOne_AsyncAndSequential_SameBits) {
-  SKIP_WITHOUT_GPU();
+  MUON_SKIP_OR_FAIL_UNLESS_CUDA_DEVICE();
   UpdateRule rule;
   rule.lr = 0.02;
   const auto seq =

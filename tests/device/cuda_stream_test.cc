@@ -27,15 +27,8 @@ namespace {
 
 using ::testing::ElementsAreArray;
 
-#define SKIP_WITHOUT_GPU()                                                   \
-  do {                                                                       \
-    std::string muon_no_gpu_reason_;                                         \
-    MUON_SKIP_OR_FAIL_UNLESS_GPU(CudaDeviceCount(&muon_no_gpu_reason_) == 0, \
-                                 muon_no_gpu_reason_);                       \
-  } while (0)
-
 TEST(CudaStreamTest, CopyRecordWaitCopy_RoundTripsThroughDeviceBuffer) {
-  SKIP_WITHOUT_GPU();
+  MUON_SKIP_OR_FAIL_UNLESS_CUDA_DEVICE();
   absl::StatusOr<Runtime*> rt = GetRuntime(Device::Cuda(0));
   ASSERT_THAT(rt, IsOk());
   absl::StatusOr<std::unique_ptr<Stream>> a = (*rt)->CreateStream("a");
@@ -74,7 +67,7 @@ TEST(CudaStreamTest, CopyRecordWaitCopy_RoundTripsThroughDeviceBuffer) {
 }
 
 TEST(CudaStreamTest, HostEventOnCudaStream_InvalidArgument) {
-  SKIP_WITHOUT_GPU();
+  MUON_SKIP_OR_FAIL_UNLESS_CUDA_DEVICE();
   absl::StatusOr<Runtime*> rt = GetRuntime(Device::Cuda(0));
   ASSERT_THAT(rt, IsOk());
   absl::StatusOr<std::unique_ptr<Stream>> cuda = (*rt)->CreateStream("c");
