@@ -87,7 +87,9 @@ class Stream {
 
   // Work enqueued after this call starts once the work `event` captured
   // has finished (cudaStreamWaitEvent); if that work failed, this stream
-  // takes its error. No-op for an event never recorded.
+  // takes its error (also after the failing stream's Synchronize returned
+  // it: re-record an event before waiting on it again). No-op for an event
+  // never recorded.
   // Errors: InvalidArgument (another device); the CUDA error.
   virtual absl::Status WaitFor(Event* event) = 0;
 
