@@ -11,6 +11,15 @@ namespace muon {
 namespace device {
 namespace {
 
+// A copy of `s` that shares nothing with it. absl::Status shares its
+// message through a reference count that Debian's Abseil (not built with
+// ThreadSanitizer) changes out of TSan's sight, so a Status handed from
+// one thread to another is copied deeply: each thread then owns its own.
+absl::Status Detached(const absl::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(s.code(), std::string(s.message()));
+}
+
 std::chrono::nanoseconds ToChrono(absl::Duration d) {
   if (d == absl::InfiniteDuration()) return std::chrono::hours(24 * 365);
   return absl::ToChronoNanoseconds(d);
@@ -55,7 +64,7 @@ void HostEvent::State::Complete(int64_t generation,
   std::lock_guard<std::mutex> lock(mu);
   if (generation > completed) {
     completed = generation;
-    status = work_status;
+    status = Detached(work_status);
   }
   cv.notify_all();
 }
@@ -63,7 +72,7 @@ void HostEvent::State::Complete(int64_t generation,
 absl::Status HostEvent::State::AwaitGeneration(int64_t generation) {
   std::unique_lock<std::mutex> lock(mu);
   cv.wait(lock, [&] { return completed >= generation; });
-  return status;
+  return Detached(status);
 }
 
 bool HostEvent::Query() {
@@ -80,7 +89,7 @@ absl::Status HostEvent::Synchronize(absl::Duration timeout) {
         absl::StrCat("event \"", state_->name, "\": the work it captured did ",
                      "not finish within ", absl::FormatDuration(timeout)));
   }
-  return state_->status;
+  return Detached(state_->status);
 }
 
 HostStream::HostStream(std::string name) : name_(std::move(name)) {
@@ -164,7 +173,7 @@ absl::Status HostStream::Synchronize(absl::Duration timeout) {
                      target, " enqueued operations did not finish within ",
                      absl::FormatDuration(timeout)));
   }
-  absl::Status status = error_;
+  absl::Status status = Detached(error_);
   if (finished_ == enqueued_) error_ = absl::OkStatus();
   return status;
 }
@@ -200,14 +209,14 @@ void HostStream::WorkerLoop() {
       work_cv_.wait(lock, [&] { return shutdown_ || queued_ > 0; });
       if (queued_ == 0) return;  // shut down with nothing left to run
       task = PopLocked();
-      stream_error = error_;
+      stream_error = Detached(error_);
     }
     absl::Status s = RunTask(task, stream_error);
     task.fn = nullptr;  // release captures before reporting progress
     task.event = nullptr;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!s.ok() && error_.ok()) error_ = std::move(s);
+      if (!s.ok() && error_.ok()) error_ = Detached(s);
       ++finished_;
     }
     done_cv_.notify_all();

@@ -21,9 +21,7 @@ class FakeCudaStream final : public device::Stream {
   const std::string& name() const override { return name_; }
   absl::Status Launch(device::StreamFn fn) override { return fn(); }
   absl::Status WaitFor(device::Event*) override { return absl::OkStatus(); }
-  absl::Status Synchronize(absl::Duration) override {
-    return absl::OkStatus();
-  }
+  absl::Status Synchronize(absl::Duration) override { return absl::OkStatus(); }
   void* native_handle() const override { return nullptr; }
 
  private:

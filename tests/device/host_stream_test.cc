@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <future>
 #include <stdexcept>
 #include <thread>
@@ -19,6 +20,14 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/status_matchers.h"
+
+#if defined(__SANITIZE_THREAD__)
+// Stop at the first report, so that a death test sees it as its exit.
+extern "C" const char* __tsan_default_options() { return "halt_on_error=1"; }
+constexpr bool kThreadSanitizer = true;
+#else
+constexpr bool kThreadSanitizer = false;
+#endif
 
 namespace muon {
 namespace device {
@@ -264,6 +273,40 @@ TEST(HostStreamTest, EventDestroyedWhileQueued_StreamsStillComplete) {
   EXPECT_THAT(producer.Synchronize(kWait), IsOk());
   EXPECT_THAT(consumer.Synchronize(kWait), IsOk());
   EXPECT_TRUE(ran);
+}
+
+// Without the event wait, a consumer stream reads what a producer stream
+// writes with nothing ordering the two: ThreadSanitizer reports the race
+// (whatever order the threads ran in), which is what lets the TSan run of
+// the suite see a missing dependency. Only meaningful in the --config=tsan
+// build (tools/run_tests.sh runs it); skipped elsewhere.
+void ProduceAndConsumeWithoutWait() {
+  HostStream producer("producer");
+  HostStream consumer("consumer");
+  std::vector<float> data(1024, 0.0f);
+  float sum = 0;
+  (void)producer.Launch([&data] {
+    absl::SleepFor(absl::Milliseconds(20));
+    for (float& x : data) x = 1.0f;
+    return absl::OkStatus();
+  });
+  (void)consumer.Launch([&data, &sum] {
+    for (float x : data) sum += x;
+    return absl::OkStatus();
+  });
+  (void)producer.Synchronize(kWait);
+  (void)consumer.Synchronize(kWait);
+  std::_Exit(0);
+}
+
+TEST(HostStreamDeathTest, MissingWait_ThreadSanitizerReportsRace) {
+  if (!kThreadSanitizer) {
+    GTEST_SKIP() << "needs the --config=tsan build (tools/run_tests.sh runs "
+                    "this test in it)";
+  }
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(ProduceAndConsumeWithoutWait(), ::testing::ExitedWithCode(66),
+              "ThreadSanitizer: data race");
 }
 
 TEST(HostAllocatorTest, Allocate_ZeroFilledAlignedAndTaggedWithHost) {
