@@ -77,8 +77,9 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
   MUON_ASSIGN_OR_RETURN(const BufferSizes sizes, ex->CompileBuckets(plan));
   MUON_RETURN_IF_ERROR(ex->CompileSchedule(plan));
   MUON_RETURN_IF_ERROR(ex->CreateStreamsAndKernels());
-  for (const auto& [rows, cols] : sizes.owned_shapes) {
-    MUON_RETURN_IF_ERROR(ex->kernels_->Reserve(rows, cols));
+  for (const auto& [shape, batch] : sizes.owned_shapes) {
+    MUON_RETURN_IF_ERROR(
+        ex->kernels_->Reserve(batch, shape.first, shape.second));
   }
   MUON_RETURN_IF_ERROR(ex->AllocateBuffers(sizes, plan.schedule().slots()));
   return ex;
@@ -114,21 +115,46 @@ absl::Status StepExecutor::CheckPlanMatrix(const v1::Plan& plan, int mi,
   return absl::OkStatus();
 }
 
-int64_t StepExecutor::PlaceInSlot(int m, int owner, int64_t bucket_elems) {
-  if (owner != rank_) return bucket_elems;
-  const int64_t full = FullBox(geometry_[m]).numel();
-  const bool owner_full = HoldsFull(m);
-  // Full U and O in the bucket's slot; a custom gather_fn always writes a
-  // full buffer.
-  if (!owner_full || gather_fn_) {
-    u_offset_[m] = bucket_elems;
-    bucket_elems += full;
+int64_t StepExecutor::PlaceInSlot(BucketSchedule* b, BufferSizes* sizes) {
+  int64_t elems = 0;
+  // Owned matrices this rank does not hold whole get full U and O in the
+  // slot, grouped by shape (first appearance order): the group's U one
+  // after another, then its O.
+  std::vector<std::vector<int>> groups;
+  std::map<std::pair<int64_t, int64_t>, size_t> group_of;
+  for (int m : b->owned) {
+    const MatrixGeometry& g = geometry_[m];
+    if (HoldsFull(m)) {
+      // Its own buffers; a custom gather_fn still writes a full U here.
+      if (gather_fn_) {
+        u_offset_[m] = elems;
+        elems += FullBox(g).numel();
+      }
+      b->ns_batches.push_back(NsBatch{m, 1, false});
+      int64_t& batch = sizes->owned_shapes[{g.rows, g.cols}];
+      batch = std::max<int64_t>(batch, 1);
+      continue;
+    }
+    auto [it, added] = group_of.insert({{g.rows, g.cols}, groups.size()});
+    if (added) groups.emplace_back();
+    groups[it->second].push_back(m);
   }
-  if (!owner_full) {
-    o_offset_[m] = bucket_elems;
-    bucket_elems += full;
+  for (const std::vector<int>& group : groups) {
+    for (int m : group) {
+      u_offset_[m] = elems;
+      elems += FullBox(geometry_[m]).numel();
+    }
+    for (int m : group) {
+      o_offset_[m] = elems;
+      elems += FullBox(geometry_[m]).numel();
+    }
+    const MatrixGeometry& g = geometry_[group[0]];
+    const int count = static_cast<int>(group.size());
+    b->ns_batches.push_back(NsBatch{group[0], count, true});
+    int64_t& batch = sizes->owned_shapes[{g.rows, g.cols}];
+    batch = std::max<int64_t>(batch, count);
   }
-  return bucket_elems;
+  return elems;
 }
 
 absl::StatusOr<StepExecutor::BufferSizes> StepExecutor::CompileBuckets(
@@ -154,7 +180,6 @@ absl::StatusOr<StepExecutor::BufferSizes> StepExecutor::CompileBuckets(
     b.index = bp.index();
     b.gather = Exchange(world_size_);
     b.redistribute = Exchange(world_size_);
-    int64_t bucket_elems = 0;
     for (int mi : bp.matrices()) {
       if (mi < 0 || mi >= plan.matrices_size()) {
         return absl::InvalidArgumentError(
@@ -174,14 +199,11 @@ absl::StatusOr<StepExecutor::BufferSizes> StepExecutor::CompileBuckets(
       bucket_of_[m] = static_cast<int>(buckets_.size());
       b.matrices.push_back(m);
       b.owners.push_back(owner);
-      if (owner == rank_) {
-        b.owned.push_back(m);
-        sizes.owned_shapes.insert({g.rows, g.cols});
-      }
-      bucket_elems = PlaceInSlot(m, owner, bucket_elems);
+      if (owner == rank_) b.owned.push_back(m);
       AddToGather(rank_, m, owner, g.boxes, FullBox(g), &b.gather);
       AddToRedistribute(rank_, m, owner, g.boxes, FullBox(g), &b.redistribute);
     }
+    const int64_t bucket_elems = PlaceInSlot(&b, &sizes);
     for (Exchange* x : {&b.gather, &b.redistribute}) {
       x->Finish();
       sizes.max_send = std::max(sizes.max_send, x->send_total);
@@ -507,17 +529,19 @@ absl::Status StepExecutor::Orthogonalize(int b, const StepArgs& args,
   const BucketSchedule& bs = buckets_[b];
   const double t0 = NowSeconds();
   double flops = 0;
-  for (int m : bs.owned) {
+  for (const NsBatch& batch : bs.ns_batches) {
+    const int m = batch.first;
     const MatrixGeometry& g = geometry_[m];
-    const float* u = HoldsFull(m) && !gather_fn_
+    const float* u = !batch.in_slot && !gather_fn_
                          ? (*args.updates)[g.param_index] + g.offset
                          : FullU(m);
-    float* o = HoldsFull(m) ? LocalO(m) : FullO(m);
-    MUON_RETURN_IF_ERROR(
-        kernels_->Orthogonalize(stream, u, g.rows, g.cols, args.rule->ns, o));
-    flops += kernels::NewtonSchulzFlops(
-        g.rows, g.cols, kernels::NewtonSchulzIterations(args.rule->ns));
-    ++ns_matrices_;
+    float* o = batch.in_slot ? FullO(m) : LocalO(m);
+    MUON_RETURN_IF_ERROR(kernels_->Orthogonalize(stream, u, batch.count, g.rows,
+                                                 g.cols, args.rule->ns, o));
+    flops += batch.count * kernels::NewtonSchulzFlops(
+                               g.rows, g.cols,
+                               kernels::NewtonSchulzIterations(args.rule->ns));
+    ns_matrices_ += batch.count;
   }
   ns_flops_ += flops;
   rec->push_back(OpRecord{"orthogonalize", stream_name, bs.index, t0,

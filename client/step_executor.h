@@ -37,6 +37,7 @@
 #define MUON_CLIENT_STEP_EXECUTOR_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -213,13 +214,24 @@ class StepExecutor {
   void DropEventWaitForTesting(EventWait wait) { dropped_wait_ = wait; }
 
  private:
+  // Newton-Schulz calls of one bucket on this rank: `count` matrices of
+  // one shape starting at local matrix `first`. In the slot (`in_slot`),
+  // the group's full U and full O each lie one after another, so one
+  // batched call serves the group (strided-batched cuBLAS on CUDA); a
+  // matrix this rank holds whole is its own call on its own buffers.
+  struct NsBatch {
+    int first = 0;
+    int count = 1;
+    bool in_slot = false;
+  };
   struct BucketSchedule {
     int index = 0;
     std::vector<int> matrices;  // local matrix ids in plan order (known ones)
     std::vector<int> owners;    // owner of each
     std::vector<int> owned;     // local matrices this rank orthogonalizes
-    Exchange gather;            // shards of U -> owners' full U
-    Exchange redistribute;      // owners' full O -> holders' shards
+    std::vector<NsBatch> ns_batches;  // the owned matrices, grouped
+    Exchange gather;                  // shards of U -> owners' full U
+    Exchange redistribute;            // owners' full O -> holders' shards
   };
   enum class OpKind { kGather, kOrthogonalize, kRedistribute, kApply };
   struct Op {
@@ -239,11 +251,12 @@ class StepExecutor {
     int64_t max_send = 0;  // elements
     int64_t max_recv = 0;
     int64_t max_bucket_elems = 0;
-    // The distinct [rows, cols] of the matrices this rank orthogonalizes:
-    // the NS engine reserves for each (its buffers grow to the largest
-    // need of each, not to max rows x max cols: 4096x11008 and 11008x4096
-    // together need 4096 x 11008, not 11008^2).
-    std::set<std::pair<int64_t, int64_t>> owned_shapes;
+    // The distinct [rows, cols] of the matrices this rank orthogonalizes,
+    // with the largest Newton-Schulz batch of each: the kernels reserve for
+    // each (their buffers grow to the largest need of each, not to max
+    // rows x max cols: 4096x11008 and 11008x4096 together need 4096 x
+    // 11008, not 11008^2).
+    std::map<std::pair<int64_t, int64_t>, int64_t> owned_shapes;
   };
 
   StepExecutor(int rank, int world_size, Communicator* comm,
@@ -262,7 +275,10 @@ class StepExecutor {
   absl::StatusOr<BufferSizes> CompileBuckets(const v1::Plan& plan);
   absl::Status CheckPlanMatrix(const v1::Plan& plan, int plan_index,
                                int m) const;
-  int64_t PlaceInSlot(int m, int owner, int64_t bucket_elems);
+  // Lays out the owned matrices' full U and O in the bucket's slot (same
+  // shapes one after another) and fills b->ns_batches; returns the slot's
+  // elements.
+  int64_t PlaceInSlot(BucketSchedule* b, BufferSizes* sizes);
   absl::Status CompileSchedule(const v1::Plan& plan);
   absl::Status CheckOrthogonalizeOps() const;
   absl::Status AllocateBuffers(const BufferSizes& sizes, int slots);

@@ -22,14 +22,25 @@ class HostStepKernels final : public StepKernels {
     return absl::OkStatus();
   }
 
-  absl::Status Orthogonalize(device::Stream*, const float* u, int64_t rows,
-                             int64_t cols, const NewtonSchulzOptions& options,
+  absl::Status Orthogonalize(device::Stream*, const float* u, int64_t batch,
+                             int64_t rows, int64_t cols,
+                             const NewtonSchulzOptions& options,
                              float* out) override {
-    return engine_->Orthogonalize(u, rows, cols, options, out);
+    if (batch < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Orthogonalize: batch must be >= 1, got ", batch));
+    }
+    const int64_t stride = rows * cols;
+    for (int64_t i = 0; i < batch; ++i) {
+      absl::Status s = engine_->Orthogonalize(u + i * stride, rows, cols,
+                                              options, out + i * stride);
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
   }
 
-  absl::Status Reserve(int64_t rows, int64_t cols) override {
-    return engine_->Reserve(rows, cols);
+  absl::Status Reserve(int64_t, int64_t rows, int64_t cols) override {
+    return engine_->Reserve(rows, cols);  // one matrix at a time
   }
 
   absl::Status DecayAndApply(device::Stream*, void* param, ParamDType dtype,

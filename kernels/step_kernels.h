@@ -46,19 +46,24 @@ class StepKernels {
                                   const Box& src_holds, float* dst,
                                   const Box& dst_holds, const Box& region) = 0;
 
-  // out = NS_k(u) for one row-major fp32 [rows, cols] matrix
-  // (kernels::NewtonSchulz's iteration; torch.optim.Muon's
-  // _zeropower_via_newtonschulz), 3 or 4 GEMM per iteration
-  // (kernels::NewtonSchulzFlops FLOPs). `out` may not alias `u`.
-  // Errors: InvalidArgument (shapes, options); the device's errors.
+  // out[i] = NS_k(u[i]) for `batch` row-major fp32 [rows, cols] matrices
+  // stored one after another (matrix i at u + i * rows * cols; the same for
+  // out): kernels::NewtonSchulz's iteration, torch.optim.Muon's
+  // _zeropower_via_newtonschulz. Host: one matrix after another (the
+  // engine's bits); CUDA: one strided-batched cuBLAS iteration
+  // (NewtonSchulzBatched). batch * kernels::NewtonSchulzFlops FLOPs. `out`
+  // may not overlap `u`.
+  // Errors: InvalidArgument (shapes, batch < 1, options); the device's
+  // errors.
   virtual absl::Status Orthogonalize(device::Stream* stream, const float* u,
-                                     int64_t rows, int64_t cols,
+                                     int64_t batch, int64_t rows, int64_t cols,
                                      const NewtonSchulzOptions& options,
                                      float* out) = 0;
 
-  // Grows the scratch of Orthogonalize to fit [rows, cols] (either
-  // orientation) so that a step allocates nothing. Call once per shape.
-  virtual absl::Status Reserve(int64_t rows, int64_t cols) = 0;
+  // Grows the scratch of Orthogonalize to fit `batch` matrices [rows,
+  // cols] (either orientation) so that a step allocates nothing. Call once
+  // per shape with its largest batch.
+  virtual absl::Status Reserve(int64_t batch, int64_t rows, int64_t cols) = 0;
 
   // torch.optim.Muon's decoupled weight decay and update, elementwise over
   // n elements: param = param * (1 - lr * weight_decay) - adjusted_lr *

@@ -52,7 +52,7 @@ class CudaStepKernels final : public StepKernels {
   }
 
   absl::Status Orthogonalize(device::Stream* stream, const float* u,
-                             int64_t rows, int64_t cols,
+                             int64_t batch, int64_t rows, int64_t cols,
                              const NewtonSchulzOptions& options,
                              float* out) override {
     if (stream->native_handle() != ns_->stream()) {
@@ -60,12 +60,12 @@ class CudaStepKernels final : public StepKernels {
           "CUDA Newton-Schulz on cuda:", ordinal_, " is bound to its compute ",
           "stream, not stream \"", stream->name(), "\""));
     }
-    return cuda::NewtonSchulzBatched(ns_.get(), u, 1, rows, cols, options,
+    return cuda::NewtonSchulzBatched(ns_.get(), u, batch, rows, cols, options,
                                      precision_, out);
   }
 
-  absl::Status Reserve(int64_t rows, int64_t cols) override {
-    return ns_->Reserve(1, rows, cols, precision_);
+  absl::Status Reserve(int64_t batch, int64_t rows, int64_t cols) override {
+    return ns_->Reserve(batch, rows, cols, precision_);
   }
 
   absl::Status DecayAndApply(device::Stream* stream, void* param,

@@ -17,6 +17,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <future>
 #include <memory>
 #include <string>
@@ -279,12 +280,20 @@ std::vector<Matrix> TwoRankMatrices() {
 
 constexpr int kTwoRankSteps = 2;
 
+// How RunWorld plans and orthogonalizes.
+struct WorldOptions {
+  std::vector<Matrix> matrices = TwoRankMatrices();
+  int64_t bucket_size_bytes = 0;  // PlannerOptions::bucket_size_bytes
+  // The Newton-Schulz engine of each rank (empty: the CPU engine).
+  std::function<std::unique_ptr<kernels::NsEngine>(int rank)> engine;
+};
+
 // Runs kTwoRankSteps steps of `world` ranks (threads), each executor
 // reused, and returns each matrix reassembled from the ranks' shards.
-std::vector<std::vector<float>> RunWorld(int world, bool async, int prefetch,
-                                         testing::InMemoryStoreClient* store,
-                                         const std::string& prefix) {
-  const std::vector<Matrix> mats = TwoRankMatrices();
+std::vector<std::vector<float>> RunWorld(
+    int world, bool async, int prefetch, testing::InMemoryStoreClient* store,
+    const std::string& prefix, const WorldOptions& wo = WorldOptions()) {
+  const std::vector<Matrix>& mats = wo.matrices;
   const Mesh mesh{{"dp_shard"}, {world}};
   std::vector<testing::TestParam> spec_params;
   for (const Matrix& m : mats) {
@@ -301,6 +310,7 @@ std::vector<std::vector<float>> RunWorld(int world, bool async, int prefetch,
   PlannerOptions options;
   options.async = async;
   options.prefetch_count = prefetch;
+  options.bucket_size_bytes = wo.bucket_size_bytes;
   absl::StatusOr<v1::Plan> plan = MakePlan(*layout, options);
   EXPECT_TRUE(plan.ok()) << plan.status();
   std::vector<std::vector<float>> out(mats.size());
@@ -342,7 +352,8 @@ std::vector<std::vector<float>> RunWorld(int world, bool async, int prefetch,
           CopyRegion(w.data(), whole, params.back().data(), mine, mine);
           geometry.push_back(std::move(g));
         }
-        std::unique_ptr<kernels::NsEngine> engine = kernels::MakeCpuNsEngine();
+        std::unique_ptr<kernels::NsEngine> engine =
+            wo.engine ? wo.engine(rank) : kernels::MakeCpuNsEngine();
         absl::StatusOr<std::unique_ptr<StepExecutor>> ex =
             StepExecutor::Create(rank, world, *plan, geometry, comm.get(),
                                  nullptr, nullptr, engine.get());
@@ -412,6 +423,68 @@ TEST(ExecutorStreamsTest, TwoRanksGloo_AsyncAndSequential_BitsOfOneDevice) {
   for (size_t i = 0; i < one.size(); ++i) {
     EXPECT_TRUE(BitwiseEqual(seq[i], one[i])) << "matrix " << i;
     EXPECT_TRUE(BitwiseEqual(async[i], one[i])) << "matrix " << i;
+  }
+}
+
+// The CPU engine, logging where each matrix it orthogonalizes lies.
+class AddressLoggingEngine final : public kernels::NsEngine {
+ public:
+  struct Call {
+    const float* u;
+    float* out;
+  };
+  explicit AddressLoggingEngine(std::vector<Call>* log)
+      : inner_(kernels::MakeCpuNsEngine()), log_(log) {}
+  absl::Status Orthogonalize(const float* u, int64_t rows, int64_t cols,
+                             const kernels::NewtonSchulzOptions& options,
+                             float* out) override {
+    log_->push_back({u, out});
+    return inner_->Orthogonalize(u, rows, cols, options, out);
+  }
+  absl::Status Reserve(int64_t rows, int64_t cols) override {
+    return inner_->Reserve(rows, cols);
+  }
+  std::string name() const override { return inner_->name(); }
+
+ private:
+  std::unique_ptr<kernels::NsEngine> inner_;
+  std::vector<Call>* log_;  // Not owned.
+};
+
+// One bucket holding four same-shape matrices sharded over two ranks: each
+// rank owns two, whose full U (and O) lie one after another in the slot,
+// so that one batched Newton-Schulz call serves them (one strided-batched
+// cuBLAS iteration on CUDA; on the host the engine still sees one matrix
+// at a time, at consecutive addresses). Same bits as one device.
+TEST(ExecutorStreamsTest, SameShapeOwnedMatrices_ContiguousInSlot_BitsKept) {
+  WorldOptions wo;
+  wo.matrices = {{"a", 12, 8, Placement::Shard(0)},
+                 {"b", 12, 8, Placement::Shard(0)},
+                 {"c", 12, 8, Placement::Shard(0)},
+                 {"d", 12, 8, Placement::Shard(0)}};
+  wo.bucket_size_bytes = 1 << 20;  // one bucket
+  std::vector<std::vector<AddressLoggingEngine::Call>> calls(2);
+  wo.engine = [&calls](int rank) -> std::unique_ptr<kernels::NsEngine> {
+    return std::make_unique<AddressLoggingEngine>(&calls[rank]);
+  };
+  testing::InMemoryStoreClient store;
+  WorldOptions one = wo;
+  one.engine = nullptr;
+  const auto want = RunWorld(1, /*async=*/false, 0, &store, "batch-one", one);
+  const auto got = RunWorld(2, /*async=*/true, 0, &store, "batch-two", wo);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_TRUE(BitwiseEqual(got[i], want[i])) << "matrix " << i;
+  }
+  for (int rank = 0; rank < 2; ++rank) {
+    // kTwoRankSteps steps, two matrices per step.
+    ASSERT_EQ(calls[rank].size(), 2u * kTwoRankSteps) << "rank " << rank;
+    for (int step = 0; step < kTwoRankSteps; ++step) {
+      const auto& first = calls[rank][2 * step];
+      const auto& second = calls[rank][2 * step + 1];
+      EXPECT_EQ(second.u, first.u + 12 * 8) << "rank " << rank;
+      EXPECT_EQ(second.out, first.out + 12 * 8) << "rank " << rank;
+    }
   }
 }
 
