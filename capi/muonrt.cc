@@ -176,7 +176,7 @@ absl::StatusOr<muon::ParamView> ToView(const muonrt_param& p, int i) {
   v.expert_stack = p.expert_stack == 1;
   switch (p.device_type) {
     case MUONRT_CPU:
-      v.device = muon::Device::Cpu();
+      v.device = muon::Device::Host();
       break;
     case MUONRT_CUDA:
       if (p.device_index < 0) {

@@ -36,10 +36,6 @@ absl::StatusOr<DType> ParseDType(absl::string_view name) {
                    "\" is not supported (use \"float32\" or \"bfloat16\")"));
 }
 
-std::string Device::ToString() const {
-  return type == Type::kCpu ? std::string("cpu") : absl::StrCat("cuda:", index);
-}
-
 int64_t ParamView::local_numel() const {
   int64_t n = 1;
   for (int64_t d : local_shape) n *= d;
@@ -102,7 +98,7 @@ absl::Status ValidateParamView(const ParamView& p, int rank) {
         "; only contiguous (row-major) tensors are supported: call "
         ".contiguous() first"));
   }
-  if (!p.device.is_cpu()) {
+  if (!p.device.is_host()) {
     return absl::UnimplementedError(absl::StrCat(
         "rank ", rank, ": parameter \"", p.name, "\" is on ",
         p.device.ToString(),

@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "device/device.h"
 
 namespace muon {
 
@@ -36,21 +37,9 @@ int64_t DTypeSize(DType dtype);
 // Errors: InvalidArgument quoting the text.
 absl::StatusOr<DType> ParseDType(absl::string_view name);
 
-// Where a tensor's memory lives, as torch.device.
-struct Device {
-  enum class Type { kCpu, kCuda };
-  Type type = Type::kCpu;
-  int index = 0;  // CUDA device ordinal (ignored for the CPU)
-
-  static Device Cpu() { return Device{}; }
-  static Device Cuda(int index) { return Device{Type::kCuda, index}; }
-  bool is_cpu() const { return type == Type::kCpu; }
-  // "cpu" or "cuda:<index>".
-  std::string ToString() const;
-  friend bool operator==(const Device& a, const Device& b) {
-    return a.type == b.type && (a.type == Type::kCpu || a.index == b.index);
-  }
-};
+// Where a tensor's memory lives, as torch.device: the device layer's
+// Device (cpu, or cuda:<ordinal>).
+using Device = device::Device;
 
 // One parameter of this rank: a view of its local shard and gradient.
 struct ParamView {

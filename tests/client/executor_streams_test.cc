@@ -42,14 +42,7 @@
 #include "tests/client/in_memory_store_client.h"
 #include "tests/client/rank_threads.h"
 #include "tests/server/test_specs.h"
-
-#if defined(__SANITIZE_THREAD__)
-// Stop at the first report, so that a death test sees it as its exit.
-extern "C" const char* __tsan_default_options() { return "halt_on_error=1"; }
-constexpr bool kThreadSanitizer = true;
-#else
-constexpr bool kThreadSanitizer = false;
-#endif
+#include "tests/tsan_death_test.h"
 
 namespace muon {
 namespace {
@@ -237,7 +230,7 @@ void RunDroppedAndExit(StepExecutor::EventWait dropped) {
 bool CaughtByProbeOrThreadSanitizer(int status) {
   if (!WIFEXITED(status)) return false;
   const int code = WEXITSTATUS(status);
-  return code == 0 || (kThreadSanitizer && code == 66);
+  return code == 0 || (testing::kThreadSanitizer && code == 66);
 }
 
 TEST(ExecutorStreamsDeathTest, OrthogonalizedWaitDropped_OverlapCaught) {

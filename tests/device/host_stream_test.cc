@@ -20,14 +20,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/status_matchers.h"
-
-#if defined(__SANITIZE_THREAD__)
-// Stop at the first report, so that a death test sees it as its exit.
-extern "C" const char* __tsan_default_options() { return "halt_on_error=1"; }
-constexpr bool kThreadSanitizer = true;
-#else
-constexpr bool kThreadSanitizer = false;
-#endif
+#include "tests/tsan_death_test.h"
 
 namespace muon {
 namespace device {
@@ -300,7 +293,7 @@ void ProduceAndConsumeWithoutWait() {
 }
 
 TEST(HostStreamDeathTest, MissingWait_ThreadSanitizerReportsRace) {
-  if (!kThreadSanitizer) {
+  if (!testing::kThreadSanitizer) {
     GTEST_SKIP() << "needs the --config=tsan build (tools/run_tests.sh runs "
                     "this test in it)";
   }
