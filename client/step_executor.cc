@@ -362,7 +362,7 @@ absl::Status StepExecutor::AllocateBuffers(const BufferSizes& sizes,
   device::Runtime* rt = runtime_;
   MUON_ASSIGN_OR_RETURN(caller_ready_, rt->CreateEvent(absl::StrCat(
                                            "rank ", rank_, " caller ready")));
-  for (size_t i = 0; i < Streams().size(); ++i) {
+  for (size_t i = 0; i < streams_.size(); ++i) {
     MUON_ASSIGN_OR_RETURN(
         std::unique_ptr<device::Event> done,
         rt->CreateEvent(absl::StrCat("rank ", rank_, " step done ", i)));
@@ -411,10 +411,6 @@ absl::Status StepExecutor::CreateStreamsAndKernels() {
       kernels_, kernels::MakeCudaStepKernels(options_.device.ordinal, ns_stream,
                                              options_.precision));
   return absl::OkStatus();
-}
-
-const std::vector<device::Stream*>& StepExecutor::Streams() const {
-  return streams_;
 }
 
 StepExecutor::~StepExecutor() {
@@ -764,7 +760,7 @@ absl::Status StepExecutor::Enqueue(const std::vector<const float*>& updates,
   step_args_ = StepArgs{&updates, &params, &rule};
   if (caller != nullptr) {
     MUON_RETURN_IF_ERROR(caller_ready_->Record(caller));
-    for (device::Stream* stream : Streams()) {
+    for (device::Stream* stream : streams_) {
       MUON_RETURN_IF_ERROR(stream->WaitFor(caller_ready_.get()));
     }
   }
@@ -775,7 +771,7 @@ absl::Status StepExecutor::Enqueue(const std::vector<const float*>& updates,
   // Also after an enqueue error: the caller's later work must not race
   // what was enqueued.
   if (caller != nullptr) {
-    const std::vector<device::Stream*>& streams = Streams();
+    const std::vector<device::Stream*>& streams = streams_;
     for (size_t i = 0; i < streams.size(); ++i) {
       absl::Status s = step_done_[i]->Record(streams[i]);
       if (s.ok()) s = caller->WaitFor(step_done_[i].get());
@@ -823,7 +819,7 @@ absl::Status StepExecutor::Finish(StepStats* stats) {
   // and the streams' work reads step_args_ and this executor: wait for all
   // of it.
   absl::Status s;
-  for (device::Stream* stream : Streams()) {
+  for (device::Stream* stream : streams_) {
     const absl::Status done = WaitForStream(stream);
     if (s.ok()) s = done;
   }

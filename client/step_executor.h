@@ -264,8 +264,6 @@ class StepExecutor {
                RedistributeFn redistribute_fn, const ExecutorOptions& options);
   // The streams and the kernels on options_.device.
   absl::Status CreateStreamsAndKernels();
-  // The executor's streams in use (main; or compute and comm).
-  const std::vector<device::Stream*>& Streams() const;
   // Waits for a stream; on CUDA polls the communicator's asynchronous
   // errors meanwhile and aborts it on the first one.
   absl::Status WaitForStream(device::Stream* stream);
