@@ -50,6 +50,9 @@ struct muonrt_optimizer {
   // Holds raw pointers to its process group's communicator and coordinator
   // (not owned): destroyed before the group (see the header).
   std::unique_ptr<muon::Muon> muon;
+  // Host copies of the momentum buffers muonrt_optimizer_momentum handed
+  // out (one per parameter, sized once: the pointers stay valid).
+  std::vector<std::vector<float>> momentum_copies;
 };
 
 namespace {
@@ -553,14 +556,9 @@ void muonrt_optimizer_destroy(muonrt_optimizer* opt) {
 int muonrt_optimizer_step(muonrt_optimizer* opt, void* stream) {
   return Guard("muonrt_optimizer_step", [&]() -> absl::Status {
     if (opt == nullptr) return NullArgument("muonrt_optimizer_step", "opt");
-    if (stream != nullptr) {
-      // Every accepted parameter is a CPU tensor (tensor_view.cc refuses
-      // CUDA ones): a CPU step has no stream to be ordered on.
-      return absl::InvalidArgumentError(
-          "muonrt_optimizer_step: a stream was given but the parameters are "
-          "CPU tensors (pass NULL)");
-    }
-    return opt->muon->Step();
+    // CPU parameters: `stream` must be NULL; CUDA ones: the caller's
+    // cudaStream_t (NULL = the legacy default stream).
+    return opt->muon->StepOnStream(stream);
   });
 }
 
@@ -602,7 +600,21 @@ int muonrt_optimizer_momentum(muonrt_optimizer* opt, int index,
     if (data == nullptr) return NullArgument(kFn, "data");
     if (numel == nullptr) return NullArgument(kFn, "numel");
     MUON_RETURN_IF_ERROR(CheckIndex(*opt->muon, index, kFn));
-    const std::vector<float>& buf = opt->muon->momentum_buffer(index);
+    std::vector<std::vector<float>>& copies = opt->momentum_copies;
+    copies.resize(opt->muon->params().size());
+    std::vector<float> now = opt->muon->momentum_buffer(index);
+    const int64_t expected = opt->muon->params()[index].local_numel();
+    if (static_cast<int64_t>(now.size()) != expected) {
+      return absl::InternalError(absl::StrCat(
+          kFn, ": the momentum of parameter ", index, " could not be copied ",
+          "from ", opt->muon->device().ToString()));
+    }
+    std::vector<float>& buf = copies[index];
+    if (buf.empty()) {
+      buf = std::move(now);  // the first copy fixes the storage
+    } else {
+      std::copy(now.begin(), now.end(), buf.begin());
+    }
     *data = buf.data();
     *numel = static_cast<int64_t>(buf.size());
     return absl::OkStatus();

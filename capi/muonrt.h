@@ -181,11 +181,13 @@ int muonrt_optimizer_set_hyperparameters(muonrt_optimizer* opt, int index,
 /* Steps taken; -1 (and the last error set) when opt is NULL. */
 int64_t muonrt_optimizer_step_count(const muonrt_optimizer* opt);
 
-/* Parameter `index`'s momentum buffer: the library's fp32 local shard,
- * row-major, `*numel` elements (for state_dict()), read-only (write it
- * through muonrt_optimizer_load_state). The pointer stays valid until the
- * optimizer is destroyed; the values change with step, load_state and load.
- * Errors: OUT_OF_RANGE. */
+/* Parameter `index`'s momentum buffer: a host copy of the library's fp32
+ * local shard (copied from the parameters' device by this call), row-major,
+ * `*numel` elements (for state_dict()), read-only (write it through
+ * muonrt_optimizer_load_state). The pointer stays valid until the optimizer
+ * is destroyed; the values are those of this call's time (call again after
+ * step, load_state or load). Errors: OUT_OF_RANGE; INTERNAL (the copy from
+ * a CUDA device failed). */
 int muonrt_optimizer_momentum(muonrt_optimizer* opt, int index,
                               const float** data, int64_t* numel);
 

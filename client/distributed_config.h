@@ -81,8 +81,17 @@ struct DistributedState {
   Mesh mesh;
   std::vector<ParamPlacement> param_placements;
   // Process group spanning the mesh (the data path). Not owned; must
-  // outlive the optimizer.
+  // outlive the optimizer. Its buffers must be on the parameters' device
+  // (Communicator::buffer_device: Gloo for CPU parameters, NCCL on the
+  // parameters' GPU for CUDA ones) when the world is larger than one.
   Communicator* communicator = nullptr;
+  // A group over the same ranks on host memory (Gloo) for the step's
+  // control values, one float per rank: MuonOptions::check_finite's and
+  // transactional_step's agreements (c10d keeps a Gloo group beside NCCL
+  // for the same purpose). Not owned. nullptr = `communicator` when its
+  // buffers are host memory; with an NCCL `communicator`, world size > 1
+  // and either option on, it is required (InitProcessGroup makes one).
+  Communicator* control_communicator = nullptr;
   // The coordinator (join, plan, reports). Not owned. nullptr = plan
   // locally, with no cross-rank validation of manifests (debug only).
   CoordinationClient* coordinator = nullptr;

@@ -22,6 +22,11 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
+kernels::ParamDType KernelDType(DType dtype) {
+  return dtype == DType::kBFloat16 ? kernels::ParamDType::kBFloat16
+                                   : kernels::ParamDType::kFloat32;
+}
+
 // Rank r's manifest, derived from this rank's view: the parameters whose
 // sub-mesh contains r, with the local shape the torch.chunk rule gives it
 // (this rank's own local shape for itself, so the coordinator checks it).
@@ -296,6 +301,64 @@ absl::StatusOr<UpdateRule> MakeUpdateRule(const MuonOptions& options) {
   return rule;
 }
 
+// The device every parameter is on (the host for none).
+// Errors: InvalidArgument naming two parameters on different devices.
+absl::StatusOr<device::Device> CommonDevice(const std::vector<ParamView>& ps,
+                                            int rank) {
+  if (ps.empty()) return device::Device::Host();
+  for (const ParamView& p : ps) {
+    if (p.device == ps[0].device) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank, ": parameter \"", ps[0].name, "\" is on ",
+        ps[0].device.ToString(), " but parameter \"", p.name, "\" is on ",
+        p.device.ToString(), "; one optimizer steps parameters of one device"));
+  }
+  return ps[0].device;
+}
+
+// The options a CUDA step does not support, and the step's communicators:
+// the data path's on the parameters' device, a host group for the control
+// values. Errors: InvalidArgument naming the option or group.
+absl::Status CheckDeviceSupport(const device::Device& dev, const MuonOptions& o,
+                                const DistributedState& state) {
+  const int rank = state.rank;
+  if (dev.is_cuda() && o.ns_method != "standard") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank, ": ns_method \"", o.ns_method,
+        "\" is implemented for CPU parameters only; the parameters are on ",
+        dev.ToString(), " (use \"standard\")"));
+  }
+  if (state.world_size == 1) return absl::OkStatus();
+  const Communicator* comm = state.communicator;
+  if (comm != nullptr && comm->buffer_device() != dev) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank, ": the parameters are on ", dev.ToString(),
+        " but the process group (", comm->backend(), ") exchanges ",
+        comm->buffer_device().ToString(), " memory; use ",
+        dev.is_cuda() ? "an NCCL group on that device" : "a Gloo group"));
+  }
+  const Communicator* control = state.control_communicator;
+  if (control != nullptr) {
+    if (!control->buffer_device().is_host() ||
+        control->world_size() != state.world_size || control->rank() != rank) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank, ": the control group (", control->backend(), ", rank ",
+          control->rank(), " of ", control->world_size(), ", on ",
+          control->buffer_device().ToString(),
+          ") must be a host-memory group over the same ranks"));
+    }
+  } else if ((o.check_finite || o.transactional_step) && comm != nullptr &&
+             !comm->buffer_device().is_host()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank, ": check_finite and transactional_step agree across ",
+        "ranks through a host-memory group, and the process group is ",
+        comm->backend(), ": set DistributedState::control_communicator to a ",
+        "Gloo group over the same ranks (InitProcessGroup makes one), or ",
+        "turn both options off"));
+  }
+  return absl::OkStatus();
+}
+
 // Checks the views and the config against each other (identical on every
 // rank of an SPMD program); fills a world of one when not distributed.
 absl::Status CheckLocal(const std::vector<ParamView>& ps, bool distributed,
@@ -375,15 +438,36 @@ absl::Status Muon::MakeDataPath(const DistributedConfig& config,
         comm->world_size(), " but the config says rank ", rank, " of ",
         state.world_size));
   }
-  if (config.ns_engine_factory) {
-    MUON_ASSIGN_OR_RETURN(ns_engine_, config.ns_engine_factory());
+  MUON_RETURN_IF_ERROR(CheckDeviceSupport(device_, options_, state));
+  ExecutorOptions exec_options;
+  exec_options.device = device_;
+  MUON_ASSIGN_OR_RETURN(exec_options.precision,
+                        kernels::ParseGpuPrecision(options_.gpu_precision));
+  device_wait_timeout_ = exec_options.step_timeout;
+  if (device_.is_host()) {
+    if (config.ns_engine_factory) {
+      MUON_ASSIGN_OR_RETURN(ns_engine_, config.ns_engine_factory());
+    } else {
+      MUON_ASSIGN_OR_RETURN(ns_engine_, MakeNsEngine(options_, rank));
+    }
+    kernels_ = kernels::MakeHostStepKernels(ns_engine_.get());
   } else {
-    MUON_ASSIGN_OR_RETURN(ns_engine_, MakeNsEngine(options_, rank));
+    // Newton-Schulz runs in the executor's own CUDA kernels; these serve
+    // the elementwise passes on the caller's stream.
+    absl::StatusOr<std::unique_ptr<kernels::StepKernels>> k =
+        kernels::MakeCudaStepKernels(device_.ordinal, nullptr,
+                                     exec_options.precision);
+    if (!k.ok()) {
+      return absl::Status(k.status().code(),
+                          absl::StrCat("rank ", rank, ": ", device_.ToString(),
+                                       ": ", k.status().message()));
+    }
+    kernels_ = *std::move(k);
   }
   replan_every_steps_ = config.replan_every_steps;
   absl::StatusOr<std::unique_ptr<StepExecutor>> executor = StepExecutor::Create(
       rank, state.world_size, plan_, std::move(geometry), comm,
-      config.gather_fn, config.redistribute_fn, ns_engine_.get());
+      config.gather_fn, config.redistribute_fn, ns_engine_.get(), exec_options);
   if (!executor.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "rank ", rank, ": the plan does not fit this rank's parameters: ",
@@ -391,11 +475,20 @@ absl::Status Muon::MakeDataPath(const DistributedConfig& config,
   }
   executor_ = *std::move(executor);
   comm_ = comm;
+  control_comm_ = state.control_communicator != nullptr
+                      ? state.control_communicator
+                      : (comm->buffer_device().is_host() ? comm : nullptr);
   rank_flags_.assign(state.world_size, 0.0f);
   rank_flag_counts_.assign(state.world_size, 1);
   // The coordinator's job error (a rank lost or failed) aborts pending
   // collectives so blocked calls return at once.
-  if (agent_ != nullptr) agent_->SetAbortCallback([comm] { comm->Abort(); });
+  if (agent_ != nullptr) {
+    Communicator* control = control_comm_;
+    agent_->SetAbortCallback([comm, control] {
+      comm->Abort();
+      if (control != nullptr && control != comm) control->Abort();
+    });
+  }
   return absl::OkStatus();
 }
 
@@ -410,6 +503,16 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
   const DistributedState& state = config.state;
 
   std::unique_ptr<Muon> muon(new Muon());
+  MUON_ASSIGN_OR_RETURN(muon->device_, CommonDevice(params, state.rank));
+  absl::StatusOr<device::Runtime*> runtime = device::GetRuntime(muon->device_);
+  if (!runtime.ok()) {
+    return absl::Status(
+        runtime.status().code(),
+        absl::StrCat("rank ", state.rank, ": the parameters are on ",
+                     muon->device_.ToString(), ": ",
+                     runtime.status().message()));
+  }
+  muon->runtime_ = *runtime;
   muon->params_ = std::move(params);
   muon->options_ = options;
   muon->rank_ = state.rank;
@@ -439,18 +542,7 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
   MUON_RETURN_IF_ERROR(muon->MakeDataPath(config, std::move(local.geometry)));
   MUON_ASSIGN_OR_RETURN(muon->rule_, MakeUpdateRule(options));
 
-  // State: fp32 momentum buffers (and Nesterov's U) per local shard.
-  const size_t n = muon->params_.size();
-  muon->buffers_.resize(n);
-  muon->nesterov_.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    const int64_t numel = muon->params_[i].local_numel();
-    muon->buffers_[i].assign(numel, 0.0f);
-    if (options.nesterov) muon->nesterov_[i].resize(numel);
-    muon->update_ptrs_.push_back(options.nesterov ? muon->nesterov_[i].data()
-                                                  : muon->buffers_[i].data());
-  }
-  if (options.transactional_step) muon->AllocateSnapshot();
+  MUON_RETURN_IF_ERROR(muon->AllocateState());
   muon->stats_.ops.reserve(4 * muon->plan_.buckets_size());
   return muon;
 }
@@ -579,7 +671,38 @@ absl::Status Muon::MaybeReplan() {
   return absl::OkStatus();
 }
 
-absl::Status Muon::Step() {
+absl::Status Muon::Step() { return StepOnStream(nullptr); }
+
+absl::Status Muon::StepOnStream(void* stream) {
+  if (device_.is_host()) {
+    if (stream != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank_, ": a stream was given but the parameters are on ",
+          device_.ToString(), " (pass no stream for CPU tensors)"));
+    }
+    return RunStep(nullptr);
+  }
+  MUON_ASSIGN_OR_RETURN(device::Stream * caller, CallerStream(stream));
+  return RunStep(caller);
+}
+
+absl::StatusOr<device::Stream*> Muon::CallerStream(void* native) {
+  if (caller_ == nullptr || caller_native_ != native) {
+    caller_.reset();
+    MUON_ASSIGN_OR_RETURN(
+        caller_, runtime_->WrapStream(
+                     native, absl::StrCat("rank ", rank_, " caller stream")));
+    caller_native_ = native;
+  }
+  return caller_.get();
+}
+
+absl::Status Muon::SyncCaller(device::Stream* caller) {
+  if (caller == nullptr) return absl::OkStatus();
+  return caller->Synchronize(device_wait_timeout_);
+}
+
+absl::Status Muon::RunStep(device::Stream* caller) {
   // At a re-plan boundary every rank switches to the coordinator's new
   // plan before the step (ExecutionOptions.replan_every_steps).
   MUON_RETURN_IF_ERROR(MaybeReplan());
@@ -587,11 +710,18 @@ absl::Status Muon::Step() {
   MUON_RETURN_IF_ERROR(Preflight());
   // Non-finite gradients on any rank: every rank fails here, before the
   // momentum pass writes anything and before any data collective.
-  MUON_RETURN_IF_ERROR(CheckGradientsFinite());
+  MUON_RETURN_IF_ERROR(CheckGradientsFinite(caller));
   const absl::Time start = absl::Now();
-  if (options_.transactional_step) SaveState();
-  if (absl::Status s = UpdateAll(); !s.ok()) {
-    if (options_.transactional_step) RestoreState();
+  if (options_.transactional_step) MUON_RETURN_IF_ERROR(SaveState(caller));
+  if (absl::Status s = UpdateAll(caller); !s.ok()) {
+    if (options_.transactional_step) {
+      if (absl::Status r = RestoreState(caller); !r.ok()) {
+        return absl::Status(
+            s.code(),
+            absl::StrCat(s.message(), "; restoring the snapshot on ",
+                         device_.ToString(), " failed too: ", r.ToString()));
+      }
+    }
     return s;
   }
   stats_.step_time_s = absl::ToDoubleSeconds(absl::Now() - start);
@@ -600,31 +730,26 @@ absl::Status Muon::Step() {
   return absl::OkStatus();
 }
 
-absl::Status Muon::UpdateAll() {
+absl::Status Muon::MomentumPass(device::Stream* caller) {
   // Momentum and Nesterov on the local shards (elementwise: exact on
   // shards), reading the trainer's gradient where it lies.
   for (size_t i = 0; i < params_.size(); ++i) {
     const ParamView& p = params_[i];
-    const int64_t n = static_cast<int64_t>(buffers_[i].size());
+    const int64_t n = buffers_[i].size();
     if (n == 0) continue;
-    float* buf = buffers_[i].data();
-    if (p.grad_dtype == DType::kBFloat16) {
-      const auto* g = static_cast<const kernels::bf16_t*>(p.grad);
-      kernels::MomentumUpdate(buf, g, n, options_.momentum);
-      if (options_.nesterov) {
-        kernels::NesterovUpdate(g, buf, n, options_.momentum,
-                                nesterov_[i].data());
-      }
-    } else {
-      const auto* g = static_cast<const float*>(p.grad);
-      kernels::MomentumUpdate(buf, g, n, options_.momentum);
-      if (options_.nesterov) {
-        kernels::NesterovUpdate(g, buf, n, options_.momentum,
-                                nesterov_[i].data());
-      }
-    }
+    MUON_RETURN_IF_ERROR(kernels_->MomentumNesterov(
+        caller, buffers_[i].data(), p.grad, KernelDType(p.grad_dtype), n,
+        options_.momentum, options_.nesterov,
+        options_.nesterov ? nesterov_[i].data() : nullptr));
   }
-  absl::Status run = executor_->Run(update_ptrs_, params_, rule_, &stats_);
+  return absl::OkStatus();
+}
+
+absl::Status Muon::UpdateAll(device::Stream* caller) {
+  absl::Status run = MomentumPass(caller);
+  if (run.ok()) {
+    run = executor_->Run(update_ptrs_, params_, rule_, &stats_, caller);
+  }
   const bool ran = run.ok();
   if (ran && post_update_fault_) run = post_update_fault_(step_ + 1);
   // Every data collective of the step has run on this rank: the ranks
@@ -636,38 +761,79 @@ absl::Status Muon::UpdateAll() {
   return run;
 }
 
-void Muon::AllocateSnapshot() {
-  saved_params_.resize(params_.size());
-  saved_momentum_.resize(params_.size());
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const ParamView& p = params_[i];
-    saved_params_[i].resize(p.local_numel() * DTypeSize(p.dtype));
-    saved_momentum_[i].resize(buffers_[i].size());
+absl::Status Muon::AllocateState() {
+  device::Allocator* alloc = runtime_->allocator();
+  const size_t n = params_.size();
+  buffers_.resize(n);
+  nesterov_.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t numel = params_[i].local_numel();
+    MUON_ASSIGN_OR_RETURN(buffers_[i],
+                          device::DeviceBuffer<float>::Allocate(alloc, numel));
+    // Zeros (host memory comes zero-filled; device memory does not).
+    if (!device_.is_host()) {
+      const std::vector<float> zeros(numel, 0.0f);
+      MUON_RETURN_IF_ERROR(runtime_->CopyFromHost(
+          buffers_[i].data(), zeros.data(), numel * sizeof(float)));
+    }
+    if (options_.nesterov) {
+      MUON_ASSIGN_OR_RETURN(
+          nesterov_[i], device::DeviceBuffer<float>::Allocate(alloc, numel));
+    }
+    update_ptrs_.push_back(options_.nesterov ? nesterov_[i].data()
+                                             : buffers_[i].data());
   }
+  MUON_ASSIGN_OR_RETURN(nonfinite_, device::DeviceBuffer<int64_t>::Allocate(
+                                        alloc, static_cast<int64_t>(n)));
+  host_nonfinite_.assign(n, -1);
+  if (!options_.transactional_step) return absl::OkStatus();
+  saved_params_.resize(n);
+  saved_momentum_.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const ParamView& p = params_[i];
+    MUON_ASSIGN_OR_RETURN(saved_params_[i],
+                          device::DeviceMemory::Allocate(
+                              alloc, p.local_numel() * DTypeSize(p.dtype)));
+    MUON_ASSIGN_OR_RETURN(
+        saved_momentum_[i],
+        device::DeviceBuffer<float>::Allocate(alloc, buffers_[i].size()));
+  }
+  return absl::OkStatus();
 }
 
-void Muon::SaveState() {
+absl::Status Muon::SaveState(device::Stream* caller) {
   for (size_t i = 0; i < params_.size(); ++i) {
-    std::vector<char>& bytes = saved_params_[i];
-    if (!bytes.empty()) {
-      std::memcpy(bytes.data(), params_[i].data, bytes.size());
-    }
-    std::copy(buffers_[i].begin(), buffers_[i].end(),
-              saved_momentum_[i].begin());
+    MUON_RETURN_IF_ERROR(kernels_->Copy(caller, saved_params_[i].data(),
+                                        params_[i].data,
+                                        saved_params_[i].bytes()));
+    MUON_RETURN_IF_ERROR(kernels_->Copy(caller, saved_momentum_[i].data(),
+                                        buffers_[i].data(),
+                                        buffers_[i].bytes()));
   }
   saved_step_ = step_;
+  return absl::OkStatus();
 }
 
-void Muon::RestoreState() {
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const std::vector<char>& bytes = saved_params_[i];
-    if (!bytes.empty()) {
-      std::memcpy(params_[i].data, bytes.data(), bytes.size());
-    }
-    std::copy(saved_momentum_[i].begin(), saved_momentum_[i].end(),
-              buffers_[i].begin());
-  }
+absl::Status Muon::RestoreState(device::Stream* caller) {
   step_ = saved_step_;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    MUON_RETURN_IF_ERROR(kernels_->Copy(caller, params_[i].data,
+                                        saved_params_[i].data(),
+                                        saved_params_[i].bytes()));
+    MUON_RETURN_IF_ERROR(kernels_->Copy(caller, buffers_[i].data(),
+                                        saved_momentum_[i].data(),
+                                        saved_momentum_[i].bytes()));
+  }
+  return SyncCaller(caller);
+}
+
+std::vector<float> Muon::momentum_buffer(int i) const {
+  std::vector<float> out(buffers_[i].size());
+  if (!runtime_->CopyToHost(out.data(), buffers_[i].data(), buffers_[i].bytes())
+           .ok()) {
+    out.clear();
+  }
+  return out;
 }
 
 absl::Status Muon::AgreeOnCommit(const absl::Status& local) {
@@ -686,34 +852,60 @@ absl::Status Muon::AgreeOnCommit(const absl::Status& local) {
 
 absl::Status Muon::GatherRankFlags(float flag) {
   rank_flags_[rank_] = flag;
-  if (world_size_ == 1 || comm_ == nullptr) return absl::OkStatus();
-  absl::Status gathered =
-      comm_->AllGatherV(&flag, 1, rank_flags_.data(), rank_flag_counts_);
+  if (world_size_ == 1 || control_comm_ == nullptr) return absl::OkStatus();
+  absl::Status gathered = control_comm_->AllGatherV(
+      &flag, 1, rank_flags_.data(), rank_flag_counts_);
   if (!gathered.ok() && agent_ != nullptr) {
     gathered = agent_->OnStepFailed(gathered);
   }
   return gathered;
 }
 
-absl::Status Muon::CheckGradientsFinite() {
+absl::Status Muon::FindNonFinite(device::Stream* caller, int* bad_param,
+                                 int64_t* bad_index, float* bad_value) {
+  *bad_param = -1;
+  const int n = static_cast<int>(params_.size());
+  for (int i = 0; i < n; ++i) {
+    const ParamView& p = params_[i];
+    const int64_t numel = buffers_[i].size();
+    if (numel == 0) continue;
+    MUON_RETURN_IF_ERROR(
+        kernels_->FirstNonFinite(caller, p.grad, KernelDType(p.grad_dtype),
+                                 numel, nonfinite_.data() + i));
+  }
+  MUON_RETURN_IF_ERROR(SyncCaller(caller));
+  MUON_RETURN_IF_ERROR(runtime_->CopyToHost(
+      host_nonfinite_.data(), nonfinite_.data(), nonfinite_.bytes()));
+  for (int i = 0; i < n; ++i) {
+    if (buffers_[i].size() == 0 || host_nonfinite_[i] < 0) continue;
+    const ParamView& p = params_[i];
+    *bad_param = i;
+    *bad_index = host_nonfinite_[i];
+    const int64_t size = DTypeSize(p.grad_dtype);
+    const char* at = static_cast<const char*>(p.grad) + *bad_index * size;
+    if (p.grad_dtype == DType::kBFloat16) {
+      kernels::bf16_t raw;
+      MUON_RETURN_IF_ERROR(runtime_->CopyToHost(&raw, at, size));
+      *bad_value = kernels::Bf16ToFloat(raw);
+    } else {
+      MUON_RETURN_IF_ERROR(runtime_->CopyToHost(bad_value, at, size));
+    }
+    break;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Muon::CheckGradientsFinite(device::Stream* caller) {
   if (!options_.check_finite) return absl::OkStatus();
   int bad_param = -1;
   int64_t bad_index = -1;
   float bad_value = 0.0f;
-  for (size_t i = 0; i < params_.size() && bad_param < 0; ++i) {
-    const ParamView& p = params_[i];
-    const int64_t n = static_cast<int64_t>(buffers_[i].size());
-    if (n == 0) continue;
-    if (p.grad_dtype == DType::kBFloat16) {
-      const auto* g = static_cast<const kernels::bf16_t*>(p.grad);
-      bad_index = kernels::FirstNonFinite(g, n);
-      if (bad_index >= 0) bad_value = kernels::Bf16ToFloat(g[bad_index]);
-    } else {
-      const auto* g = static_cast<const float*>(p.grad);
-      bad_index = kernels::FirstNonFinite(g, n);
-      if (bad_index >= 0) bad_value = g[bad_index];
-    }
-    if (bad_index >= 0) bad_param = static_cast<int>(i);
+  // A device error here is this rank's own failure, raised before any
+  // collective and reported, so that the other ranks' agreement fails too.
+  if (absl::Status s =
+          FindNonFinite(caller, &bad_param, &bad_index, &bad_value);
+      !s.ok()) {
+    return agent_ != nullptr ? agent_->OnOwnFailure(s) : s;
   }
   absl::Status local = absl::OkStatus();
   if (bad_param >= 0) {
@@ -724,7 +916,7 @@ absl::Status Muon::CheckGradientsFinite() {
         "; the step was not taken: parameters and momentum are unchanged on "
         "every rank"));
   }
-  if (world_size_ == 1 || comm_ == nullptr) return local;
+  if (world_size_ == 1 || control_comm_ == nullptr) return local;
   // Agreement: each rank contributes 1 + the index of its first bad
   // parameter (0 = all finite; exact in float below 2^24 parameters).
   MUON_RETURN_IF_ERROR(GatherRankFlags(static_cast<float>(bad_param + 1)));

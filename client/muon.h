@@ -36,7 +36,12 @@
 #include "client/step_executor.h"
 #include "client/tensor_view.h"
 #include "comm/communicator.h"
+#include "device/device.h"
+#include "device/memory.h"
+#include "device/runtime.h"
+#include "device/stream.h"
 #include "kernels/ns_engine.h"
+#include "kernels/step_kernels.h"
 #include "muon/v1/coordinator.pb.h"
 
 namespace muon {
@@ -68,12 +73,20 @@ struct MuonOptions {
   // same on every rank, so distributed results still equal single-device
   // ones. gram and auto: device "cpu" only.
   std::string ns_method = "standard";
-  // Where this rank's owned matrices are orthogonalized: "cpu" (OpenBLAS
-  // fp32) or "cuda" (cuBLAS on `cuda_device`, host-staged: parameters and
-  // collectives stay on the host, so several ranks may share one GPU).
+  // For CPU parameters, where this rank's owned matrices are
+  // orthogonalized: "cpu" (OpenBLAS fp32) or "cuda" (cuBLAS on
+  // `cuda_device`, host-staged: parameters, momentum and collectives stay
+  // on the host, e.g. an optimizer offloaded to CPU memory that still uses
+  // a GPU for Newton-Schulz, or several ranks sharing one GPU). Parameters
+  // on a CUDA device run the whole step on that device, whatever these
+  // two say.
   std::string device = "cpu";
   int cuda_device = 0;
-  // GPU arithmetic: "bf16" (bf16 in, fp32 accumulate), "tf32" or "fp32".
+  // GPU arithmetic of Newton-Schulz: "bf16" (bf16 in, fp32 accumulate, as
+  // torch.optim.Muon), "tf32" or "fp32". For CUDA parameters "fp32" also
+  // rounds every multiply and add of the elementwise kernels separately
+  // (the CPU kernels' bits); the others use fused multiply-adds (torch's
+  // CUDA kernels).
   std::string gpu_precision = "bf16";
   // Checks every gradient for NaN/Inf before the step changes anything
   // (a read-only scan, kernels::FirstNonFinite, then a one-float-per-rank
@@ -99,7 +112,7 @@ struct MuonOptions {
   // ranks are still in step and may step again; after a failed collective
   // the process group is usually aborted (restart the job), but no rank
   // keeps a partial step.
-  // Memory (preallocated at Create, on the host), in bytes:
+  // Memory (preallocated at Create, on the parameters' device), in bytes:
   //   sum over this rank's parameters i of
   //     local_numel(i) * (DTypeSize(dtype(i)) + 4)
   // i.e. a copy of each local shard in its own dtype (4 bytes fp32, 2
@@ -158,8 +171,13 @@ class Muon {
   //     assign_fn with a missing, duplicated or out-of-range owner (names
   //     the parameter and the ranks); manifests that disagree across ranks
   //     (from the coordinator, the same error on every rank).
-  //   Unimplemented: a parameter on a CUDA device (the device-resident step
-  //     comes with the GPU path).
+  //   InvalidArgument: parameters on different devices (names two of them
+  //     and their devices); CUDA parameters with a process group whose
+  //     buffers are not on their device, with ns_method other than
+  //     "standard", or (world size > 1, check_finite or
+  //     transactional_step) without a host control group.
+  //   Unimplemented / FailedPrecondition: CUDA parameters in a build
+  //     without CUDA, or on a device that is not visible.
   //   DeadlineExceeded / Unavailable: the coordinator or other ranks did
   //     not answer in time.
   static absl::StatusOr<std::unique_ptr<Muon>> Create(
@@ -178,7 +196,8 @@ class Muon {
 
   ~Muon();
 
-  // One optimizer step over every parameter.
+  // One optimizer step over every parameter. For CUDA parameters, the
+  // same as StepOnStream(nullptr): ordered on CUDA's legacy default stream.
   // Errors: FailedPrecondition when a gradient is missing or has the wrong
   // size (names the parameter and rank; raised before any collective, with
   // parameters and state untouched); FailedPrecondition when, with
@@ -192,6 +211,20 @@ class Muon {
   // Aborted naming the failed rank and the step ("rank 0: rank 2 failed
   // step 3 ...; the step was rolled back"), or their collective's error.
   absl::Status Step();
+
+  // One step ordered on the caller's stream `stream` (a cudaStream_t of the
+  // parameters' device, e.g. torch.cuda.current_stream().cuda_stream;
+  // nullptr = the legacy default stream): the step reads the gradients
+  // after the work enqueued on `stream` so far, and work enqueued on it
+  // after the call sees the updated parameters. Returns once the step has
+  // finished on the device (its status is known). The momentum pass,
+  // finite check and snapshot run on `stream` itself; the exchanges and
+  // Newton-Schulz on the optimizer's own streams (StepExecutor). The
+  // host waits for `stream` once per step before the finite check's
+  // agreement (check_finite) and on a rollback (transactional_step).
+  // Errors: InvalidArgument (a non-null stream with CPU parameters); then
+  // as Step.
+  absl::Status StepOnStream(void* stream);
 
   // Test-only fault injection (MuonOptions::transactional_step's tests):
   // `fault`, when set, runs on this rank after the executor has updated the
@@ -272,9 +305,12 @@ class Muon {
   // Counters and timings of the last Step on this rank.
   const StepStats& last_step_stats() const { return stats_; }
   int64_t step_count() const { return step_; }
-  // Momentum buffer of parameter i (local shard, fp32, row-major; zeros
-  // before the first step).
-  const std::vector<float>& momentum_buffer(int i) const { return buffers_[i]; }
+  // A host copy of parameter i's momentum buffer (local shard, fp32,
+  // row-major; zeros before the first step), copied from the parameters'
+  // device. Empty when that copy fails (a CUDA error; Save reports it).
+  std::vector<float> momentum_buffer(int i) const;
+  // The parameters' device (all of them share it).
+  const device::Device& device() const { return device_; }
   const MuonOptions& options() const { return options_; }
   // The agent when a coordinator is configured, else nullptr.
   Agent* agent() { return agent_.get(); }
@@ -297,8 +333,20 @@ class Muon {
   absl::Status MaybeReplan();
   // Re-reads bound Parameters' pointers and checks every gradient.
   absl::Status Preflight();
+  // The step on `caller` (nullptr for CPU parameters).
+  absl::Status RunStep(device::Stream* caller);
+  // The caller's stream, wrapped (cached per native handle).
+  absl::StatusOr<device::Stream*> CallerStream(void* native);
+  // Waits for the caller's stream (no-op for nullptr).
+  absl::Status SyncCaller(device::Stream* caller);
   // options_.check_finite: the local scan and the ranks' agreement.
-  absl::Status CheckGradientsFinite();
+  absl::Status CheckGradientsFinite(device::Stream* caller);
+  // The local scan: the first parameter (optimizer order) whose gradient
+  // holds NaN or Inf, with the index and value, or bad_param = -1.
+  absl::Status FindNonFinite(device::Stream* caller, int* bad_param,
+                             int64_t* bad_index, float* bad_value);
+  // Momentum and Nesterov on every local shard, on `caller`.
+  absl::Status MomentumPass(device::Stream* caller);
   // One float per rank all-gathered into rank_flags_ (0 = OK, else a
   // failure code); no collective in a world of one (rank_flags_[rank_] is
   // still set). Errors: the communicator's, through the agent's
@@ -306,12 +354,15 @@ class Muon {
   absl::Status GatherRankFlags(float flag);
   // The momentum pass, the executor's run and (transactional_step) the
   // commit agreement.
-  absl::Status UpdateAll();
+  absl::Status UpdateAll(device::Stream* caller);
+  // The optimizer's state on the parameters' device (momentum, Nesterov
+  // buffer, finite-check results, snapshot), at Create.
+  absl::Status AllocateState();
   // options_.transactional_step: this rank's snapshot of what a step
-  // mutates, taken before it and restored (bitwise) after a failed one.
-  void AllocateSnapshot();  // at Create: the bytes MuonOptions states
-  void SaveState();
-  void RestoreState();
+  // mutates, taken before it and restored (bitwise) after a failed one,
+  // by copies on `caller`.
+  absl::Status SaveState(device::Stream* caller);
+  absl::Status RestoreState(device::Stream* caller);
   // The commit agreement: every rank's `local` outcome all-gathered; the
   // first failure in rank order fails the step everywhere (Aborted on the
   // ranks that succeeded).
@@ -329,23 +380,40 @@ class Muon {
   v1::Plan plan_;
   std::unique_ptr<Communicator> owned_comm_;  // world of one, if needed
   Communicator* comm_ = nullptr;  // the step's communicator; Not owned
+  // Host-memory group for GatherRankFlags (comm_ when that is on the host;
+  // nullptr in a world of one). Not owned.
+  Communicator* control_comm_ = nullptr;
+  // The parameters' device, its runtime (not owned) and this optimizer's
+  // elementwise kernels there (momentum, finite check, snapshot copies).
+  device::Device device_;
+  device::Runtime* runtime_ = nullptr;
+  std::unique_ptr<kernels::StepKernels> kernels_;
+  // CUDA: the caller's stream of the last step, wrapped.
+  std::unique_ptr<device::Stream> caller_;
+  void* caller_native_ = nullptr;
+  absl::Duration device_wait_timeout_ = absl::Minutes(30);
   // GatherRankFlags' all-gather (check_finite and the commit agreement):
   // one flag per rank, counts of 1.
   std::vector<float> rank_flags_;
   std::vector<int64_t> rank_flag_counts_;
-  // transactional_step's snapshot (empty when off): per parameter its
-  // local shard's bytes (own dtype) and its fp32 momentum; the step count.
-  std::vector<std::vector<char>> saved_params_;
-  std::vector<std::vector<float>> saved_momentum_;
+  // transactional_step's snapshot (empty when off), on the parameters'
+  // device: per parameter its local shard's bytes (own dtype) and its fp32
+  // momentum; the step count.
+  std::vector<device::DeviceMemory> saved_params_;
+  std::vector<device::DeviceBuffer<float>> saved_momentum_;
   int64_t saved_step_ = 0;
   std::function<absl::Status(int64_t)> post_update_fault_;  // testing only
   std::unique_ptr<kernels::NsEngine> ns_engine_;
   std::unique_ptr<Agent> agent_;
   std::unique_ptr<StepExecutor> executor_;
   int replan_every_steps_ = 0;
-  int64_t replanned_at_ = -1;                 // step_ of the last re-plan asked
-  std::vector<std::vector<float>> buffers_;   // momentum, local shards
-  std::vector<std::vector<float>> nesterov_;  // U when nesterov, local
+  int64_t replanned_at_ = -1;  // step_ of the last re-plan asked
+  // On the parameters' device: momentum and (nesterov) U per local shard;
+  // the finite check's first non-finite index per parameter.
+  std::vector<device::DeviceBuffer<float>> buffers_;
+  std::vector<device::DeviceBuffer<float>> nesterov_;
+  device::DeviceBuffer<int64_t> nonfinite_;
+  std::vector<int64_t> host_nonfinite_;  // nonfinite_ copied to the host
   std::vector<const float*> update_ptrs_;
   std::vector<MatrixInfo> matrices_;
   StepStats stats_;

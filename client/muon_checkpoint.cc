@@ -47,7 +47,7 @@ OptimizerStateDict Muon::state_dict() const {
         LocalRanges(ps.global_shape, placements_[i].placements, mesh_, coord,
                     placements_[i].sub_mesh);
     if (box.ok()) ps.box = *std::move(box);
-    ps.momentum_buffer = buffers_[i];
+    ps.momentum_buffer = momentum_buffer(static_cast<int>(i));
     sd.params.push_back(std::move(ps));
   }
   return sd;
@@ -92,7 +92,17 @@ absl::Status Muon::load_state_dict(const OptimizerStateDict& state) {
     }
   }
   for (size_t i = 0; i < buffers_.size(); ++i) {
-    buffers_[i] = state.params[i].momentum_buffer;
+    if (absl::Status s = runtime_->CopyFromHost(
+            buffers_[i].data(), state.params[i].momentum_buffer.data(),
+            buffers_[i].bytes());
+        !s.ok()) {
+      // Only a device error gets here: the buffers before i are loaded.
+      return absl::Status(
+          s.code(),
+          absl::StrCat("rank ", rank_, ": load_state_dict: copying ",
+                       "the momentum of \"", state.params[i].name, "\" to ",
+                       device_.ToString(), ": ", s.message()));
+    }
   }
   step_ = state.step;
   return absl::OkStatus();
@@ -106,7 +116,13 @@ absl::Status Muon::Save(const std::string& dir) const {
   meta.plan_hash = plan_.hash();
   meta.step = step_;
   std::vector<ShardTensorView> tensors;
-  for (const ParamState& ps : sd.params) {
+  for (size_t i = 0; i < sd.params.size(); ++i) {
+    const ParamState& ps = sd.params[i];
+    if (static_cast<int64_t>(ps.momentum_buffer.size()) != buffers_[i].size()) {
+      return absl::InternalError(
+          absl::StrCat("rank ", rank_, ": Save: the momentum of \"", ps.name,
+                       "\" could not be copied from ", device_.ToString()));
+    }
     ShardTensorView t;
     t.name = MomentumKey(ps.name);
     t.global_shape = ps.global_shape;

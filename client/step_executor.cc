@@ -722,12 +722,13 @@ absl::Status StepExecutor::EnqueueAsync() {
 
 absl::Status StepExecutor::Run(const std::vector<const float*>& updates,
                                const std::vector<ParamView>& params,
-                               const UpdateRule& rule, StepStats* stats) {
+                               const UpdateRule& rule, StepStats* stats,
+                               device::Stream* caller) {
   if (in_flight_) {
     return absl::FailedPreconditionError(absl::StrCat(
         "rank ", rank_, ": a step is in flight: Finish it before Run"));
   }
-  const absl::Status enqueued = Enqueue(updates, params, rule, nullptr);
+  const absl::Status enqueued = Enqueue(updates, params, rule, caller);
   if (!in_flight_) return enqueued;  // nothing was enqueued
   const absl::Status finished = Finish(stats);
   return enqueued.ok() ? finished : enqueued;

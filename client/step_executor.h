@@ -165,16 +165,18 @@ class StepExecutor {
   // `updates[i]` is this rank's shard of U for parameter i (local shape,
   // row-major fp32, read only); `params[i]` views its local shard of W
   // (3-D stacks: [local experts, rows, cols]; float32 or bfloat16,
-  // contiguous, host memory; checked by the caller), updated in place:
+  // contiguous; `updates` and the parameters are memory of device(),
+  // checked by the caller), updated in place:
   // W *= (1 - lr*wd); W -= AdjustLR(lr, global shape) * O (bf16: each op
   // computed in fp32 and rounded to nearest even, kernels::ApplyUpdate).
   // Errors: whatever the communicator or a custom function returns; on an
   // error some parameters may already be updated (a failed collective
   // leaves the world inconsistent; the job must restart from a checkpoint,
   // unless MuonOptions::transactional_step has Muon restore them).
+  // `caller` (optional): as Enqueue's; Run is Enqueue then Finish.
   absl::Status Run(const std::vector<const float*>& updates,
                    const std::vector<ParamView>& params, const UpdateRule& rule,
-                   StepStats* stats);
+                   StepStats* stats, device::Stream* caller = nullptr);
 
   // Run in two halves, for a step ordered on the caller's stream with no
   // host wait (c10d's Work; torch's current stream). Enqueue puts the

@@ -98,13 +98,10 @@ absl::Status ValidateParamView(const ParamView& p, int rank) {
         "; only contiguous (row-major) tensors are supported: call "
         ".contiguous() first"));
   }
-  if (!p.device.is_host()) {
-    return absl::UnimplementedError(absl::StrCat(
-        "rank ", rank, ": parameter \"", p.name, "\" is on ",
-        p.device.ToString(),
-        "; the device-resident CUDA step is not available yet: pass CPU "
-        "tensors (MuonOptions::device = \"cuda\" runs Newton-Schulz on the "
-        "GPU, host-staged)"));
+  if (p.device.is_cuda() && p.device.ordinal < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, ": parameter \"", p.name, "\" is on ",
+                     p.device.ToString(), ": a negative CUDA ordinal"));
   }
   if (p.data == nullptr && p.local_numel() > 0) {
     return absl::InvalidArgumentError(absl::StrCat(

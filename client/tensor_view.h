@@ -66,6 +66,8 @@ struct ParamView {
   // matrix. Without it, as torch.optim.Muon, only 2-D parameters are
   // accepted.
   bool expert_stack = false;
+  // Where `data` and `grad` live: the host, or CUDA device N (both
+  // pointers are then that device's memory).
   Device device;
 
   const std::vector<int64_t>& shape() const {
@@ -76,10 +78,10 @@ struct ParamView {
 
 // Checks what the step needs of a view on this rank: a name, a data
 // pointer unless the shard is empty, 2-D (3-D with expert_stack) shapes,
-// contiguous strides, a CPU device (the device-resident CUDA step comes with
-// the GPU path).
+// contiguous strides, a non-negative CUDA ordinal. (Whether the device
+// exists is the optimizer's check: device::GetRuntime.)
 // Errors: InvalidArgument naming the rank, the parameter and the offending
-// value (shape, strides, null pointer); Unimplemented for a CUDA device.
+// value (shape, strides, null pointer, device).
 absl::Status ValidateParamView(const ParamView& view, int rank);
 
 // True when `strides` are those of a contiguous row-major tensor of `shape`

@@ -30,6 +30,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "device/device.h"
 #include "device/stream.h"
 
 namespace muon {
@@ -61,6 +62,11 @@ class Communicator {
   virtual int world_size() const = 0;
   // "gloo", "local", "nccl".
   virtual std::string backend() const = 0;
+  // Where the buffers of this communicator's collectives live: the host
+  // (Gloo, local) or the CUDA device of an NCCL communicator.
+  virtual device::Device buffer_device() const {
+    return device::Device::Host();
+  }
 
   // The ranks of this group in the world it was split from, indexed by
   // rank() (torch.distributed.get_process_group_ranks). A group that was

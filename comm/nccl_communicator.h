@@ -168,6 +168,9 @@ class NcclCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int world_size() const override { return world_size_; }
   std::string backend() const override { return "nccl"; }
+  device::Device buffer_device() const override {
+    return device::Device::Cuda(options_.device);
+  }
   // Ranks of this group in the group Create was called for.
   std::vector<int> global_ranks() const override { return root_ranks_; }
   // The CUDA device of this communicator (options.device).

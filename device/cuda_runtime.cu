@@ -96,9 +96,16 @@ class CudaEvent final : public Event {
 
 class CudaStream final : public Stream {
  public:
-  CudaStream(int ordinal, cudaStream_t stream, std::string name)
-      : ordinal_(ordinal), stream_(stream), name_(std::move(name)) {}
+  // `owned`: created here (synchronized and destroyed with the wrapper);
+  // else adopted (Runtime::WrapStream) and left alone.
+  CudaStream(int ordinal, cudaStream_t stream, std::string name,
+             bool owned = true)
+      : ordinal_(ordinal),
+        stream_(stream),
+        name_(std::move(name)),
+        owned_(owned) {}
   ~CudaStream() override {
+    if (!owned_) return;
     (void)cudaStreamSynchronize(stream_);
     (void)cudaStreamDestroy(stream_);
   }
@@ -131,8 +138,9 @@ class CudaStream final : public Stream {
 
  private:
   const int ordinal_;
-  const cudaStream_t stream_;  // Owned.
+  const cudaStream_t stream_;  // Owned when owned_.
   const std::string name_;
+  const bool owned_;
 };
 
 absl::Status CudaEvent::Record(Stream* stream) {
@@ -204,8 +212,34 @@ class CudaRuntimeImpl final : public Runtime {
     return std::unique_ptr<Event>(new CudaEvent(ordinal_, e, name));
   }
   Allocator* allocator() override { return &allocator_; }
+  absl::StatusOr<std::unique_ptr<Stream>> WrapStream(
+      void* native, const std::string& name) override {
+    return std::unique_ptr<Stream>(new CudaStream(
+        ordinal_, static_cast<cudaStream_t>(native), name, /*owned=*/false));
+  }
+  absl::Status CopyToHost(void* host_dst, const void* src,
+                          int64_t bytes) override {
+    return Copy(host_dst, src, bytes, cudaMemcpyDeviceToHost, "CopyToHost");
+  }
+  absl::Status CopyFromHost(void* dst, const void* host_src,
+                            int64_t bytes) override {
+    return Copy(dst, host_src, bytes, cudaMemcpyHostToDevice, "CopyFromHost");
+  }
 
  private:
+  absl::Status Copy(void* dst, const void* src, int64_t bytes,
+                    cudaMemcpyKind kind, const char* what) {
+    if (absl::Status s = CheckCopyArguments(what, dst, src, bytes); !s.ok()) {
+      return s;
+    }
+    if (bytes == 0) return absl::OkStatus();
+    ScopedDevice scoped(ordinal_);
+    MUON_DEVICE_CUDA_RETURN_IF_ERROR(scoped.status());
+    MUON_DEVICE_CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(dst, src, static_cast<size_t>(bytes), kind));
+    return absl::OkStatus();
+  }
+
   const int ordinal_;
   CudaAllocator allocator_;
 };

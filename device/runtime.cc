@@ -1,6 +1,9 @@
 #include "device/runtime.h"
 
+#include <cstring>
+
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "device/cuda_runtime.h"
 #include "device/host_stream.h"
 
@@ -20,9 +23,40 @@ class HostRuntimeImpl final : public Runtime {
     return std::unique_ptr<Event>(new HostEvent(name));
   }
   Allocator* allocator() override { return HostAllocator(); }
+  absl::StatusOr<std::unique_ptr<Stream>> WrapStream(
+      void*, const std::string& name) override {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot adopt stream \"", name,
+        "\" on the host: host streams have no native handle (pass no "
+        "stream for CPU tensors)"));
+  }
+  absl::Status CopyToHost(void* host_dst, const void* src,
+                          int64_t bytes) override {
+    absl::Status s = CheckCopyArguments("CopyToHost", host_dst, src, bytes);
+    if (s.ok() && bytes > 0) std::memcpy(host_dst, src, bytes);
+    return s;
+  }
+  absl::Status CopyFromHost(void* dst, const void* host_src,
+                            int64_t bytes) override {
+    absl::Status s = CheckCopyArguments("CopyFromHost", dst, host_src, bytes);
+    if (s.ok() && bytes > 0) std::memcpy(dst, host_src, bytes);
+    return s;
+  }
 };
 
 }  // namespace
+
+absl::Status CheckCopyArguments(const char* what, const void* dst,
+                                const void* src, int64_t bytes) {
+  if (bytes < 0 || (bytes > 0 && (dst == nullptr || src == nullptr))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", bytes, " bytes from ",
+                     src == nullptr ? "null" : "a pointer", " to ",
+                     dst == nullptr ? "null" : "a pointer",
+                     " (bytes must be >= 0 and pointers non-null)"));
+  }
+  return absl::OkStatus();
+}
 
 Runtime* HostRuntime() {
   static Runtime* const runtime = new HostRuntimeImpl();

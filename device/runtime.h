@@ -5,6 +5,7 @@
 #ifndef MUON_DEVICE_RUNTIME_H_
 #define MUON_DEVICE_RUNTIME_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -30,7 +31,34 @@ class Runtime {
       const std::string& name) = 0;
   // The device's allocator (not owned; lives as long as the process).
   virtual Allocator* allocator() = 0;
+
+  // A Stream over a stream created elsewhere, e.g. torch's current stream
+  // (torch.cuda.current_stream().cuda_stream): `native` is a cudaStream_t
+  // of this device (nullptr = CUDA's legacy default stream). Work launched
+  // on it and events recorded on it act on that stream; it is neither
+  // synchronized nor destroyed when the wrapper is.
+  // Errors: InvalidArgument on the host (host streams have no native
+  // handle to adopt).
+  virtual absl::StatusOr<std::unique_ptr<Stream>> WrapStream(
+      void* native, const std::string& name) = 0;
+
+  // Copies `bytes` bytes from this device's memory `src` to host memory
+  // `host_dst` (CopyToHost), or from host memory `host_src` to this
+  // device's memory `dst` (CopyFromHost), blocking until done. Not ordered
+  // after any stream: synchronize the streams that write or read the
+  // device memory first. Host: memcpy.
+  // Errors: InvalidArgument (bytes < 0, null pointer with bytes > 0); the
+  // CUDA error.
+  virtual absl::Status CopyToHost(void* host_dst, const void* src,
+                                  int64_t bytes) = 0;
+  virtual absl::Status CopyFromHost(void* dst, const void* host_src,
+                                    int64_t bytes) = 0;
 };
+
+// The argument check both runtimes' copies share (bytes >= 0, non-null
+// pointers when bytes > 0). Errors: InvalidArgument naming `what`.
+absl::Status CheckCopyArguments(const char* what, const void* dst,
+                                const void* src, int64_t bytes);
 
 // The process-wide host runtime (host streams: device/host_stream.h).
 Runtime* HostRuntime();

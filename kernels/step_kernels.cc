@@ -1,5 +1,7 @@
 #include "kernels/step_kernels.h"
 
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "kernels/bfloat16.h"
 #include "kernels/muon_update.h"
@@ -41,6 +43,50 @@ class HostStepKernels final : public StepKernels {
 
   absl::Status Reserve(int64_t, int64_t rows, int64_t cols) override {
     return engine_->Reserve(rows, cols);  // one matrix at a time
+  }
+
+  absl::Status MomentumNesterov(device::Stream*, float* buf, const void* grad,
+                                ParamDType grad_dtype, int64_t n,
+                                double momentum, bool nesterov,
+                                float* update) override {
+    if (n < 0 || (n > 0 && (buf == nullptr || grad == nullptr ||
+                            (nesterov && update == nullptr)))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "MomentumNesterov: n must be >= 0 and pointers non-null, got n = ",
+          n));
+    }
+    if (grad_dtype == ParamDType::kBFloat16) {
+      const auto* g = static_cast<const bf16_t*>(grad);
+      MomentumUpdate(buf, g, n, momentum);
+      if (nesterov) NesterovUpdate(g, buf, n, momentum, update);
+    } else {
+      const auto* g = static_cast<const float*>(grad);
+      MomentumUpdate(buf, g, n, momentum);
+      if (nesterov) NesterovUpdate(g, buf, n, momentum, update);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status FirstNonFinite(device::Stream*, const void* x, ParamDType dtype,
+                              int64_t n, int64_t* first) override {
+    if (n < 0 || first == nullptr || (n > 0 && x == nullptr)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "FirstNonFinite: n must be >= 0 and pointers non-null, got n = ", n));
+    }
+    *first = dtype == ParamDType::kBFloat16
+                 ? kernels::FirstNonFinite(static_cast<const bf16_t*>(x), n)
+                 : kernels::FirstNonFinite(static_cast<const float*>(x), n);
+    return absl::OkStatus();
+  }
+
+  absl::Status Copy(device::Stream*, void* dst, const void* src,
+                    int64_t bytes) override {
+    if (bytes < 0 || (bytes > 0 && (dst == nullptr || src == nullptr))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Copy: bytes must be >= 0 and pointers non-null, got ", bytes));
+    }
+    if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
+    return absl::OkStatus();
   }
 
   absl::Status DecayAndApply(device::Stream*, void* param, ParamDType dtype,

@@ -26,7 +26,7 @@
 namespace muon {
 namespace kernels {
 
-// Element type of a parameter the apply kernel writes.
+// Element type of a parameter or gradient a kernel reads or writes.
 enum class ParamDType { kFloat32, kBFloat16 };
 
 class StepKernels {
@@ -65,6 +65,38 @@ class StepKernels {
   // per shape with its largest batch.
   virtual absl::Status Reserve(int64_t batch, int64_t rows, int64_t cols) = 0;
 
+  // torch.optim.Muon's momentum and Nesterov, elementwise over n
+  // elements (torch/optim/_muon.py: buf.lerp_(grad, 1 - momentum), then
+  // grad.lerp(buf, momentum); kernels::MomentumUpdate and NesterovUpdate):
+  //   buf <- lerp(buf, grad, 1 - momentum);
+  //   nesterov: update <- lerp(grad, buf, momentum) (update: fp32, may not
+  //   alias buf); else `update` is unused (the update is buf itself).
+  // `grad` is fp32 or bf16 (`grad_dtype`, widened exactly); buf fp32.
+  // Host: bitwise kernels::MomentumUpdate / NesterovUpdate. CUDA: one
+  // kernel; with GpuPrecision::kFp32 each multiply and add rounded
+  // separately (the host's bits), else fused multiply-adds (torch's CUDA
+  // lerp, as nvcc contracts it).
+  // Errors: InvalidArgument (n < 0, null pointers); the CUDA error.
+  virtual absl::Status MomentumNesterov(device::Stream* stream, float* buf,
+                                        const void* grad, ParamDType grad_dtype,
+                                        int64_t n, double momentum,
+                                        bool nesterov, float* update) = 0;
+
+  // *first <- the smallest index i in [0, n) with x[i] NaN or +-Inf, or -1
+  // (kernels::FirstNonFinite). `x` (fp32 or bf16) and `first` (one int64)
+  // are memory of device(): the host writes *first at once; CUDA enqueues
+  // a reduction, so read *first after the stream has reached it.
+  // Errors: InvalidArgument (n < 0, null pointers); the CUDA error.
+  virtual absl::Status FirstNonFinite(device::Stream* stream, const void* x,
+                                      ParamDType dtype, int64_t n,
+                                      int64_t* first) = 0;
+
+  // Copies `bytes` bytes from `src` to `dst`, both memory of device(), in
+  // the stream's order (CUDA: cudaMemcpyAsync). They may not overlap.
+  // Errors: InvalidArgument (bytes < 0, null pointers); the CUDA error.
+  virtual absl::Status Copy(device::Stream* stream, void* dst, const void* src,
+                            int64_t bytes) = 0;
+
   // torch.optim.Muon's decoupled weight decay and update, elementwise over
   // n elements: param = param * (1 - lr * weight_decay) - adjusted_lr *
   // update (bf16 params: each op computed in fp32 and rounded to nearest
@@ -83,8 +115,11 @@ std::unique_ptr<StepKernels> MakeHostStepKernels(NsEngine* engine);
 
 // The CUDA kernels of device `ordinal`: cudaMemcpy2DAsync,
 // kernels/cuda's NewtonSchulzBatched (cuBLAS in `precision`) bound to
-// `compute_stream` (a CUDA stream of that device, not owned), and
-// kernels/cuda's DecayAndApply (torch's fused multiply-adds).
+// `compute_stream` (a CUDA stream of that device, not owned; nullptr = no
+// Newton-Schulz: Orthogonalize and Reserve return FailedPrecondition, the
+// elementwise kernels take any stream of the device), and kernels/cuda's
+// elementwise kernels (kSeparate rounding with kFp32, fused multiply-adds
+// otherwise).
 // Errors: Unimplemented (built without --config=cuda); FailedPrecondition
 // (no such device); InvalidArgument (`compute_stream` is not a CUDA stream
 // of that device).

@@ -64,6 +64,19 @@ absl::Status MomentumNesterov(float*, const float*, int64_t, double, bool,
   return NoCuda("MomentumNesterov");
 }
 
+absl::Status MomentumNesterovBf16Grad(float*, const uint16_t*, int64_t, double,
+                                      bool, float*, FmaMode, void*) {
+  return NoCuda("MomentumNesterovBf16Grad");
+}
+
+absl::Status FirstNonFinite(const float*, int64_t, int64_t*, void*) {
+  return NoCuda("FirstNonFinite");
+}
+
+absl::Status FirstNonFiniteBf16(const uint16_t*, int64_t, int64_t*, void*) {
+  return NoCuda("FirstNonFiniteBf16");
+}
+
 absl::Status DecayAndApply(float*, const float*, int64_t, double, double,
                            double, FmaMode, void*) {
   return NoCuda("DecayAndApply");

@@ -42,17 +42,53 @@ __device__ __forceinline__ float Lerp(float self, float end, float w) {
               : __fsub_rn(end, __fmul_rn(diff, one_minus_w));
 }
 
-template <bool kFma>
-__global__ void MomentumNesterovKernel(float* buf, const float* grad, int64_t n,
+// c10::BFloat16's conversions, as kernels/bfloat16.h on the CPU: widening
+// is exact; narrowing rounds to nearest even and keeps NaN quiet with its
+// sign.
+__device__ __forceinline__ float Bf16BitsToFloat(uint16_t x) {
+  return __uint_as_float(static_cast<uint32_t>(x) << 16);
+}
+__device__ __forceinline__ uint16_t FloatToBf16Bits(float f) {
+  const uint32_t bits = __float_as_uint(f);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) {
+    return static_cast<uint16_t>((bits >> 16) | 0x0040u);
+  }
+  const uint32_t rounding_bias = 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>((bits + rounding_bias) >> 16);
+}
+
+__device__ __forceinline__ float LoadFloat(float x) { return x; }
+__device__ __forceinline__ float LoadFloat(uint16_t x) {
+  return Bf16BitsToFloat(x);
+}
+
+// GradT: float, or uint16_t holding bf16 bits (widened exactly, as
+// kernels::MomentumUpdate's bf16 overload).
+template <bool kFma, typename GradT>
+__global__ void MomentumNesterovKernel(float* buf, const GradT* grad, int64_t n,
                                        float w_buf, float w_nest, bool nesterov,
                                        float* update) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
        i < n; i += stride) {
-    const float g = grad[i];
+    const float g = LoadFloat(grad[i]);
     const float b = Lerp<kFma>(buf[i], g, w_buf);
     buf[i] = b;
     update[i] = nesterov ? Lerp<kFma>(g, b, w_nest) : b;
+  }
+}
+
+// *first = min(*first, i) over the i with a NaN or Inf at x[i]; *first
+// starts at all ones (-1 as int64, the largest unsigned value).
+template <typename T>
+__global__ void FirstNonFiniteKernel(const T* x, int64_t n,
+                                     unsigned long long* first) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+       i < n; i += stride) {
+    if (!isfinite(LoadFloat(x[i]))) {
+      atomicMin(first, static_cast<unsigned long long>(i));
+    }
   }
 }
 
@@ -69,21 +105,6 @@ __global__ void DecayAndApplyKernel(float* __restrict__ param,
     param[i] = kFma ? __fmaf_rn(alpha, update[i], decayed)
                     : __fadd_rn(decayed, __fmul_rn(alpha, update[i]));
   }
-}
-
-// c10::BFloat16's conversions, as kernels/bfloat16.h on the CPU: widening
-// is exact; narrowing rounds to nearest even and keeps NaN quiet with its
-// sign.
-__device__ __forceinline__ float Bf16BitsToFloat(uint16_t x) {
-  return __uint_as_float(static_cast<uint32_t>(x) << 16);
-}
-__device__ __forceinline__ uint16_t FloatToBf16Bits(float f) {
-  const uint32_t bits = __float_as_uint(f);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) {
-    return static_cast<uint16_t>((bits >> 16) | 0x0040u);
-  }
-  const uint32_t rounding_bias = 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>((bits + rounding_bias) >> 16);
 }
 
 // torch on a bf16 parameter: param.mul_(decay) rounds to bf16, then
@@ -105,9 +126,12 @@ __global__ void DecayAndApplyBf16Kernel(uint16_t* __restrict__ param,
 
 }  // namespace
 
-absl::Status MomentumNesterov(float* buf, const float* grad, int64_t n,
-                              double momentum, bool nesterov, float* update,
-                              FmaMode mode, void* stream) {
+namespace {
+
+template <typename GradT>
+absl::Status LaunchMomentumNesterov(float* buf, const GradT* grad, int64_t n,
+                                    double momentum, bool nesterov,
+                                    float* update, FmaMode mode, void* stream) {
   if (n < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("MomentumNesterov: n must be >= 0, got ", n));
@@ -127,14 +151,57 @@ absl::Status MomentumNesterov(float* buf, const float* grad, int64_t n,
   const float w_nest = static_cast<float>(momentum);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (mode == FmaMode::kFused) {
-    MomentumNesterovKernel<true><<<Blocks(n), kThreads, 0, s>>>(
+    MomentumNesterovKernel<true, GradT><<<Blocks(n), kThreads, 0, s>>>(
         buf, grad, n, w_buf, w_nest, nesterov, update);
   } else {
-    MomentumNesterovKernel<false><<<Blocks(n), kThreads, 0, s>>>(
+    MomentumNesterovKernel<false, GradT><<<Blocks(n), kThreads, 0, s>>>(
         buf, grad, n, w_buf, w_nest, nesterov, update);
   }
   MUON_CUDA_RETURN_IF_LAUNCH_FAILED("MomentumNesterovKernel");
   return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status LaunchFirstNonFinite(const T* x, int64_t n, int64_t* first,
+                                  void* stream) {
+  if (n < 0 || first == nullptr || (n > 0 && x == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "FirstNonFinite: n must be >= 0 and pointers non-null, got n = ", n));
+  }
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  MUON_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(first, 0xff, sizeof(int64_t), s));
+  if (n == 0) return absl::OkStatus();
+  FirstNonFiniteKernel<T><<<Blocks(n), kThreads, 0, s>>>(
+      x, n, reinterpret_cast<unsigned long long*>(first));
+  MUON_CUDA_RETURN_IF_LAUNCH_FAILED("FirstNonFiniteKernel");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status MomentumNesterov(float* buf, const float* grad, int64_t n,
+                              double momentum, bool nesterov, float* update,
+                              FmaMode mode, void* stream) {
+  return LaunchMomentumNesterov(buf, grad, n, momentum, nesterov, update, mode,
+                                stream);
+}
+
+absl::Status MomentumNesterovBf16Grad(float* buf, const uint16_t* grad,
+                                      int64_t n, double momentum, bool nesterov,
+                                      float* update, FmaMode mode,
+                                      void* stream) {
+  return LaunchMomentumNesterov(buf, grad, n, momentum, nesterov, update, mode,
+                                stream);
+}
+
+absl::Status FirstNonFinite(const float* x, int64_t n, int64_t* first,
+                            void* stream) {
+  return LaunchFirstNonFinite(x, n, first, stream);
+}
+
+absl::Status FirstNonFiniteBf16(const uint16_t* x, int64_t n, int64_t* first,
+                                void* stream) {
+  return LaunchFirstNonFinite(x, n, first, stream);
 }
 
 absl::Status DecayAndApply(float* param, const float* update, int64_t n,

@@ -52,6 +52,24 @@ absl::Status MomentumNesterov(float* buf, const float* grad, int64_t n,
                               double momentum, bool nesterov, float* update,
                               FmaMode mode, void* stream);
 
+// MomentumNesterov with a bf16 gradient (`grad`: device bf16 bits, widened
+// exactly to fp32 first, as kernels::MomentumUpdate's bf16 overload).
+// Errors: as MomentumNesterov.
+absl::Status MomentumNesterovBf16Grad(float* buf, const uint16_t* grad,
+                                      int64_t n, double momentum, bool nesterov,
+                                      float* update, FmaMode mode,
+                                      void* stream);
+
+// Enqueues on `stream`: *first <- the smallest i in [0, n) with x[i] NaN
+// or +-Inf, or -1 when there is none (kernels::FirstNonFinite's answer).
+// `x` (float32, or bf16 bits for the Bf16 overload) and `first` (one
+// int64) are device memory; read *first after the stream has reached it.
+// Errors: InvalidArgument (n < 0, null pointers); Internal (launch).
+absl::Status FirstNonFinite(const float* x, int64_t n, int64_t* first,
+                            void* stream);
+absl::Status FirstNonFiniteBf16(const uint16_t* x, int64_t n, int64_t* first,
+                                void* stream);
+
 // In one pass: param <- param * (float)(1 - lr*weight_decay)
 //                       + (float)(-adjusted_lr) * update
 // (the multiply by the decay rounded first, as torch's mul_ then

@@ -18,9 +18,14 @@ namespace {
 
 class CudaStepKernels final : public StepKernels {
  public:
+  // `ns` may be null: no Newton-Schulz.
   CudaStepKernels(int ordinal, GpuPrecision precision,
                   std::unique_ptr<cuda::NsCudaContext> ns)
-      : ordinal_(ordinal), precision_(precision), ns_(std::move(ns)) {}
+      : ordinal_(ordinal),
+        precision_(precision),
+        fma_(precision == GpuPrecision::kFp32 ? cuda::FmaMode::kSeparate
+                                              : cuda::FmaMode::kFused),
+        ns_(std::move(ns)) {}
 
   device::Device device() const override {
     return device::Device::Cuda(ordinal_);
@@ -55,6 +60,7 @@ class CudaStepKernels final : public StepKernels {
                              int64_t batch, int64_t rows, int64_t cols,
                              const NewtonSchulzOptions& options,
                              float* out) override {
+    if (ns_ == nullptr) return NoNewtonSchulz();
     if (stream->native_handle() != ns_->stream()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "CUDA Newton-Schulz on cuda:", ordinal_, " is bound to its compute ",
@@ -65,7 +71,48 @@ class CudaStepKernels final : public StepKernels {
   }
 
   absl::Status Reserve(int64_t batch, int64_t rows, int64_t cols) override {
+    if (ns_ == nullptr) return NoNewtonSchulz();
     return ns_->Reserve(batch, rows, cols, precision_);
+  }
+
+  absl::Status MomentumNesterov(device::Stream* stream, float* buf,
+                                const void* grad, ParamDType grad_dtype,
+                                int64_t n, double momentum, bool nesterov,
+                                float* update) override {
+    void* s = stream->native_handle();
+    // Without Nesterov the kernel writes buf to update: buf itself.
+    float* out = nesterov ? update : buf;
+    if (grad_dtype == ParamDType::kBFloat16) {
+      return cuda::MomentumNesterovBf16Grad(
+          buf, static_cast<const uint16_t*>(grad), n, momentum, nesterov, out,
+          fma_, s);
+    }
+    return cuda::MomentumNesterov(buf, static_cast<const float*>(grad), n,
+                                  momentum, nesterov, out, fma_, s);
+  }
+
+  absl::Status FirstNonFinite(device::Stream* stream, const void* x,
+                              ParamDType dtype, int64_t n,
+                              int64_t* first) override {
+    void* s = stream->native_handle();
+    if (dtype == ParamDType::kBFloat16) {
+      return cuda::FirstNonFiniteBf16(static_cast<const uint16_t*>(x), n, first,
+                                      s);
+    }
+    return cuda::FirstNonFinite(static_cast<const float*>(x), n, first, s);
+  }
+
+  absl::Status Copy(device::Stream* stream, void* dst, const void* src,
+                    int64_t bytes) override {
+    if (bytes < 0 || (bytes > 0 && (dst == nullptr || src == nullptr))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Copy: bytes must be >= 0 and pointers non-null, got ", bytes));
+    }
+    if (bytes == 0) return absl::OkStatus();
+    MUON_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+        dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice,
+        static_cast<cudaStream_t>(stream->native_handle())));
+    return absl::OkStatus();
   }
 
   absl::Status DecayAndApply(device::Stream* stream, void* param,
@@ -75,17 +122,22 @@ class CudaStepKernels final : public StepKernels {
     void* s = stream->native_handle();
     if (dtype == ParamDType::kBFloat16) {
       return cuda::DecayAndApplyBf16(static_cast<uint16_t*>(param), update, n,
-                                     lr, weight_decay, adjusted_lr,
-                                     cuda::FmaMode::kFused, s);
+                                     lr, weight_decay, adjusted_lr, fma_, s);
     }
     return cuda::DecayAndApply(static_cast<float*>(param), update, n, lr,
-                               weight_decay, adjusted_lr, cuda::FmaMode::kFused,
-                               s);
+                               weight_decay, adjusted_lr, fma_, s);
   }
 
  private:
+  absl::Status NoNewtonSchulz() const {
+    return absl::FailedPreconditionError(
+        absl::StrCat("CUDA step kernels of cuda:", ordinal_,
+                     " were made without a compute stream: no Newton-Schulz"));
+  }
+
   const int ordinal_;
   const GpuPrecision precision_;
+  const cuda::FmaMode fma_;
   const std::unique_ptr<cuda::NsCudaContext> ns_;
 };
 
@@ -93,12 +145,21 @@ class CudaStepKernels final : public StepKernels {
 
 absl::StatusOr<std::unique_ptr<StepKernels>> MakeCudaStepKernels(
     int ordinal, device::Stream* compute_stream, GpuPrecision precision) {
-  if (compute_stream == nullptr ||
-      compute_stream->device() != device::Device::Cuda(ordinal)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "CUDA step kernels for cuda:", ordinal, ": the compute stream \"",
-        compute_stream ? compute_stream->name() : "null", "\" is on ",
-        compute_stream ? compute_stream->device().ToString() : "no device"));
+  if (compute_stream == nullptr) {
+    std::string reason;
+    if (ordinal < 0 || ordinal >= device::CudaDeviceCount(&reason)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("CUDA step kernels for cuda:", ordinal,
+                       ": no such device (", reason, ")"));
+    }
+    return std::unique_ptr<StepKernels>(
+        new CudaStepKernels(ordinal, precision, nullptr));
+  }
+  if (compute_stream->device() != device::Device::Cuda(ordinal)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CUDA step kernels for cuda:", ordinal,
+                     ": the compute stream \"", compute_stream->name(),
+                     "\" is on ", compute_stream->device().ToString()));
   }
   absl::StatusOr<std::unique_ptr<cuda::NsCudaContext>> ns =
       cuda::NsCudaContext::Create(ordinal, compute_stream->native_handle());

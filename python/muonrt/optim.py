@@ -61,12 +61,16 @@ Differences from torch.optim.Muon
   so a missing gradient is a RuntimeError naming the parameter, raised
   before anything is modified. Give parameters that received no gradient a
   zero gradient, or leave them out of the optimizer.
-* Parameters are fp32 or bf16, contiguous, on the CPU (CUDA tensors raise
-  NotImplementedError from the library until the device-resident step).
+* Parameters are fp32 or bf16, contiguous, all on the CPU or all on one
+  CUDA device. CUDA parameters run the whole step on their device (momentum
+  buffers there too), ordered on ``torch.cuda.current_stream()``; step()
+  returns once the step has finished on the GPU.
 * Parameter groups are fixed at construction (add_param_group afterwards
   raises NotImplementedError).
-* Newton-Schulz runs in fp32 (torch's runs in bf16), so results match a
-  float32 formulation of torch.optim.Muon; momentum buffers are fp32.
+* Newton-Schulz runs in fp32 for CPU parameters (torch's runs in bf16), so
+  results match a float32 formulation of torch.optim.Muon; for CUDA
+  parameters it runs in bf16 with fp32 accumulation, as torch's. Momentum
+  buffers are fp32.
 """
 import ctypes
 import json
@@ -193,7 +197,8 @@ class Muon(torch.optim.Optimizer):
     Raises at construction: ValueError (torch's argument errors; a
     parameter that is not 2-D, with torch's message and its name; not
     contiguous; layout errors), TypeError (dtype other than float32 /
-    bfloat16), NotImplementedError (CUDA tensors), and the library's
+    bfloat16), ValueError (parameters on several devices, or on neither
+    the CPU nor CUDA), and the library's
     errors (distributed creation is collective: every rank constructs its
     optimizer at the same point).
     """
@@ -419,8 +424,7 @@ class Muon(torch.optim.Optimizer):
                 else:
                     raise ValueError(
                         f"muonrt.Muon: parameter {name!r} is on "
-                        f"{local.device}; CPU (and CUDA, with the GPU path) "
-                        f"tensors only")
+                        f"{local.device}; CPU and CUDA tensors only")
                 s.local = local
                 s.data_ptr = local.data_ptr()
                 s.dtype = p.dtype
@@ -770,7 +774,8 @@ class Muon(torch.optim.Optimizer):
 
     def momentum_buffer(self, key):
         """A copy of a parameter's momentum buffer (fp32, the local shard's
-        shape); `key` is an index, a name or the parameter."""
+        shape, on the parameter's device); `key` is an index, a name or the
+        parameter."""
         i = self._index(key)
         s = self._slots[i]
         ptr = ctypes.POINTER(ctypes.c_float)()
@@ -785,7 +790,7 @@ class Muon(torch.optim.Optimizer):
                 f"{out.numel()}")
         if numel.value:
             ctypes.memmove(out.data_ptr(), ptr, 4 * numel.value)
-        return out
+        return out.to(s.local.device)
 
     def _layout_meta(self):
         return {

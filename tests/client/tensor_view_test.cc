@@ -10,9 +10,11 @@
 #include <memory>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "client/distributed_config.h"
 #include "client/muon.h"
 #include "common/layout.h"
+#include "device/cuda_runtime.h"
 #include "gtest/gtest.h"
 #include "kernels/bfloat16.h"
 #include "kernels/muon_update.h"
@@ -230,14 +232,53 @@ TEST(TensorViewTest,
   EXPECT_TRUE(Muon::Create({v}).ok());
 }
 
-TEST(TensorViewTest, Create_CudaDevice_UnimplementedNamingParameterAndDevice) {
+// CUDA parameters are accepted; a device that is not there (the first
+// ordinal past the visible ones) fails Create with the device layer's
+// reason: no CUDA in this build (Unimplemented) or no such device
+// (FailedPrecondition).
+TEST(TensorViewTest, Create_CudaDeviceNotVisible_ErrorNamesDeviceAndReason) {
   TrainerTensor t{{2, 2}, RandomValues(4, 17), RandomValues(4, 18)};
   ParamView v = t.View("w");
-  v.device = Device::Cuda(1);
+  const int missing = device::CudaDeviceCount();
+  v.device = Device::Cuda(missing);
+  absl::StatusOr<std::unique_ptr<Muon>> m = Muon::Create({v});
+  ASSERT_FALSE(m.ok());
+  EXPECT_TRUE(absl::IsUnimplemented(m.status()) ||
+              absl::IsFailedPrecondition(m.status()))
+      << m.status();
+  EXPECT_NE(m.status().message().find(
+                absl::StrCat("the parameters are on cuda:", missing)),
+            std::string::npos)
+      << m.status();
+  if (absl::IsUnimplemented(m.status())) {
+    EXPECT_NE(m.status().message().find("--config=cuda"), std::string::npos)
+        << m.status();
+  }
+}
+
+TEST(TensorViewTest, Create_ParametersOnTwoDevices_InvalidArgumentNamingBoth) {
+  TrainerTensor a{{2, 2}, RandomValues(4, 17), RandomValues(4, 18)};
+  TrainerTensor b{{2, 2}, RandomValues(4, 19), RandomValues(4, 20)};
+  ParamView va = a.View("a");
+  ParamView vb = b.View("b");
+  vb.device = Device::Cuda(0);
+  absl::StatusOr<std::unique_ptr<Muon>> m = Muon::Create({va, vb});
+  EXPECT_THAT(m.status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  EXPECT_NE(m.status().message().find(
+                "\"a\" is on cpu but parameter \"b\" is on cuda:0"),
+            std::string::npos)
+      << m.status();
+}
+
+TEST(TensorViewTest, Create_NegativeCudaOrdinal_InvalidArgument) {
+  TrainerTensor t{{2, 2}, RandomValues(4, 17), RandomValues(4, 18)};
+  ParamView v = t.View("w");
+  v.device = Device::Cuda(-1);
   absl::StatusOr<std::unique_ptr<Muon>> m = Muon::Create({v});
   EXPECT_THAT(m.status(),
-              StatusIs(absl::StatusCode::kUnimplemented, ::testing::_));
-  EXPECT_NE(m.status().message().find("\"w\" is on cuda:1"), std::string::npos)
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  EXPECT_NE(m.status().message().find("\"w\" is on cuda:-1"), std::string::npos)
       << m.status();
 }
 
