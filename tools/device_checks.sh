@@ -6,7 +6,10 @@
 #   2. the device layer (CUDA streams, events, memory; host streams and the
 #      stream executor), the NCCL communicator (world size 1, also on a
 #      device-layer stream; 2 ranks when 2 GPUs);
-#   3. a single-device GPU step vs torch.optim.Muon (bf16 tolerance);
+#   3. Muon over CUDA parameters (the device-resident step: bitwise equal
+#      to host-staged Newton-Schulz in fp32 mode; bf16 within bound), and
+#      a single-device GPU step vs torch.optim.Muon (bf16 tolerance), also
+#      through muonrt on CUDA tensors (tests/python/test_cuda_step.py);
 #   4. 4 host-staged ranks sharing one GPU, bitwise vs single-device GPU;
 #   5. Newton-Schulz TFLOP/s vs PyTorch's own and the bf16 GEMM rate.
 # MUON_REQUIRE_GPU=1 turns the GPU tests' "no GPU" skips into failures (on
@@ -49,9 +52,16 @@ run cuda_stream_test "$here/run.sh" bin/cuda_stream_test
 run host_stream_test "$here/run.sh" bin/host_stream_test
 run executor_streams_test "$here/run.sh" bin/executor_streams_test
 run gpu_executor_test "$here/run.sh" bin/gpu_executor_test
+run step_kernels_test "$here/run.sh" bin/step_kernels_test
+run gpu_muon_test "$here/run.sh" bin/gpu_muon_test
 run nccl_communicator_test "$here/run.sh" bin/nccl_communicator_test
 run torch_muon_compare python3 "$here/torch_muon_compare.py" \
   --muonctl "$here/run.sh bin/muonctl" --steps 3
+# muonrt (ctypes) on CUDA tensors next to this machine's PyTorch.
+run muonrt_cuda_tensors "$here/run.sh" env \
+  MUONRT_LIBRARY=/tmp/muon-bundle/bin/libmuonrt.so PYTHONPATH="$here/python" \
+  python3 -m pytest -q -p no:cacheprovider -rs \
+  "$here/tests/python/test_cuda_step.py"
 # 4 rank processes, one GPU, host-staged; bitwise vs the single-device GPU run.
 spec=$out/fsdp_cuda.json
 sed 's/"optimizer"/"execution": {"device": "cuda"}, "optimizer"/' \

@@ -18,6 +18,8 @@ targets=(
   //tests/device:host_stream_test
   //tests/client:executor_streams_test
   //tests/client:gpu_executor_test
+  //tests/client:gpu_muon_test
+  //tests/kernels:step_kernels_test
   //tools:ns_gpu_bench
   //tools:muonctl
   //tools:muonrun
@@ -42,5 +44,6 @@ cp -r examples/specs .device/specs
 # on the device, MUONRT_LIBRARY=/tmp/muon-bundle/bin/libmuonrt.so and
 # PYTHONPATH=.device/python (the bundle's run.sh sets LD_LIBRARY_PATH).
 cp -r python .device/python
+mkdir -p .device/tests && cp -r tests/python .device/tests/python
 mkdir -p .device/examples && cp -r examples/fashion_mnist_torch .device/examples/
 du -sh .device

@@ -352,6 +352,30 @@ TEST(RuntimeTest, CudaRuntime_WithoutThatDevice_RefusedNamingIt) {
   }
 }
 
+TEST(RuntimeTest, HostRuntime_WrapStream_InvalidArgumentNoNativeHandle) {
+  int dummy = 0;
+  absl::StatusOr<std::unique_ptr<Stream>> s =
+      HostRuntime()->WrapStream(&dummy, "torch's");
+  EXPECT_THAT(s.status(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                   HasSubstr("\"torch's\" on the host")));
+}
+
+TEST(RuntimeTest, HostRuntime_CopiesBothWays_BadArgumentsRefused) {
+  const std::vector<float> src = {1.5f, -2.0f, 3.25f};
+  std::vector<float> mid(3), back(3);
+  Runtime* rt = HostRuntime();
+  ASSERT_THAT(rt->CopyFromHost(mid.data(), src.data(), 12), IsOk());
+  ASSERT_THAT(rt->CopyToHost(back.data(), mid.data(), 12), IsOk());
+  EXPECT_EQ(back, src);
+  EXPECT_THAT(rt->CopyToHost(nullptr, mid.data(), 0), IsOk());
+  EXPECT_THAT(rt->CopyToHost(back.data(), mid.data(), -4),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("CopyToHost: -4 bytes")));
+  EXPECT_THAT(
+      rt->CopyFromHost(nullptr, src.data(), 4),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("CopyFromHost")));
+}
+
 TEST(RuntimeTest, WaitFor_ForeignEvent_InvalidArgument) {
   HostStream stream("s");
   class OtherEvent final : public Event {

@@ -1,0 +1,329 @@
+// Muon over parameters on a CUDA device (world of one): the whole step on
+// the GPU (momentum, finite check, snapshot, Newton-Schulz, apply), ordered
+// on the caller's stream. Proven against the host:
+//   - with gpu_precision "fp32", bitwise equal to CPU parameters whose
+//     Newton-Schulz runs host-staged on the same GPU (MuonOptions::device
+//     "cuda": the same cuBLAS iteration, batch 1 per shape; the elementwise
+//     kernels round each operation as the CPU's do), for fp32 and bf16
+//     parameters over three steps, momentum included;
+//   - with the default bf16 Newton-Schulz, within torch.optim.Muon's bf16
+//     bound of the CPU step;
+// and the device-side paths: the non-finite check, the transactional
+// rollback, state_dict round trips, a caller stream. Skips without a GPU
+// (fails with MUON_REQUIRE_GPU=1; tools/device_checks.sh runs it).
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "client/muon.h"
+#include "client/tensor_view.h"
+#include "device/cuda_runtime.h"
+#include "device/memory.h"
+#include "device/runtime.h"
+#include "gtest/gtest.h"
+#include "kernels/bfloat16.h"
+#include "tests/client/rank_threads.h"
+#include "tests/gpu_test_util.h"
+
+namespace muon {
+namespace {
+
+using ::muon::testing::BitwiseEqual;
+using ::muon::testing::RandomValues;
+
+struct Shape {
+  const char* name;
+  int64_t rows, cols;
+};
+
+// Distinct shapes: one Newton-Schulz call of batch 1 each, as the
+// host-staged engine makes.
+const std::vector<Shape>& Shapes() {
+  static const std::vector<Shape> shapes = {
+      {"w0", 96, 64}, {"w1", 64, 160}, {"w2", 48, 48}};
+  return shapes;
+}
+
+// Parameters and gradients held on the host (for CPU parameters) or copied
+// to cuda:0, in fp32 or bf16.
+class Params {
+ public:
+  Params(bool on_gpu, DType dtype) : on_gpu_(on_gpu), dtype_(dtype) {
+    if (on_gpu_) {
+      absl::StatusOr<device::Runtime*> rt =
+          device::GetRuntime(device::Device::Cuda(0));
+      EXPECT_TRUE(rt.ok()) << rt.status();
+      runtime_ = *rt;
+    } else {
+      runtime_ = device::HostRuntime();
+    }
+    for (size_t i = 0; i < Shapes().size(); ++i) {
+      const int64_t bytes = Numel(i) * DTypeSize(dtype_);
+      data_.push_back(*device::DeviceMemory::Allocate(runtime_->allocator(),
+                                                      bytes));
+      grad_.push_back(*device::DeviceMemory::Allocate(runtime_->allocator(),
+                                                      bytes));
+      Write(data_[i], Scaled(RandomValues(Numel(i), 20 + i), 0.02f));
+    }
+  }
+
+  static int64_t Numel(size_t i) { return Shapes()[i].rows * Shapes()[i].cols; }
+
+  std::vector<ParamView> Views() const {
+    std::vector<ParamView> views;
+    for (size_t i = 0; i < Shapes().size(); ++i) {
+      ParamView v;
+      v.name = Shapes()[i].name;
+      v.data = data_[i].data();
+      v.grad = grad_[i].data();
+      v.dtype = dtype_;
+      v.grad_dtype = dtype_;
+      v.local_shape = {Shapes()[i].rows, Shapes()[i].cols};
+      v.device = on_gpu_ ? device::Device::Cuda(0) : device::Device::Host();
+      views.push_back(v);
+    }
+    return views;
+  }
+
+  // Gradients of step `step` (the same values on every holder).
+  void SetGrads(int step) {
+    for (size_t i = 0; i < Shapes().size(); ++i) {
+      Write(grad_[i], RandomValues(Numel(i), 100 * step + i));
+    }
+  }
+  void SetGradValue(size_t i, int64_t index, float value) {
+    std::vector<float> g = Read(grad_[i], Numel(i));
+    g[index] = value;
+    Write(grad_[i], g);
+  }
+
+  void SetData(size_t i, const std::vector<float>& v) { Write(data_[i], v); }
+
+  // The parameters' bits, widened to fp32 (exact for bf16).
+  std::vector<float> Data(size_t i) const { return Read(data_[i], Numel(i)); }
+
+ private:
+  static std::vector<float> Scaled(std::vector<float> v, float s) {
+    for (float& x : v) x *= s;
+    return v;
+  }
+  void Write(device::DeviceMemory& mem, const std::vector<float>& v) const {
+    if (dtype_ == DType::kFloat32) {
+      ASSERT_TRUE(runtime_->CopyFromHost(mem.data(), v.data(), v.size() * 4)
+                      .ok());
+      return;
+    }
+    std::vector<kernels::bf16_t> b(v.size());
+    for (size_t k = 0; k < v.size(); ++k) b[k] = kernels::FloatToBf16(v[k]);
+    ASSERT_TRUE(
+        runtime_->CopyFromHost(mem.data(), b.data(), b.size() * 2).ok());
+  }
+  std::vector<float> Read(const device::DeviceMemory& mem, int64_t n) const {
+    std::vector<float> out(n);
+    if (dtype_ == DType::kFloat32) {
+      EXPECT_TRUE(runtime_->CopyToHost(out.data(), mem.data(), n * 4).ok());
+      return out;
+    }
+    std::vector<kernels::bf16_t> b(n);
+    EXPECT_TRUE(runtime_->CopyToHost(b.data(), mem.data(), n * 2).ok());
+    for (int64_t k = 0; k < n; ++k) out[k] = kernels::Bf16ToFloat(b[k]);
+    return out;
+  }
+
+  const bool on_gpu_;
+  const DType dtype_;
+  device::Runtime* runtime_ = nullptr;
+  std::vector<device::DeviceMemory> data_;
+  std::vector<device::DeviceMemory> grad_;
+};
+
+MuonOptions Options(const std::string& precision) {
+  MuonOptions o;
+  o.lr = 0.02;
+  o.gpu_precision = precision;
+  return o;
+}
+
+struct OptimizerRun {
+  std::unique_ptr<Params> params;
+  std::unique_ptr<Muon> muon;
+};
+
+// `steps` steps; CPU parameters with Newton-Schulz host-staged on cuda:0
+// when `host_staged`.
+OptimizerRun Steps(bool on_gpu, DType dtype, const MuonOptions& options, int steps) {
+  OptimizerRun run;
+  run.params = std::make_unique<Params>(on_gpu, dtype);
+  absl::StatusOr<std::unique_ptr<Muon>> muon =
+      Muon::Create(run.params->Views(), options);
+  EXPECT_TRUE(muon.ok()) << muon.status();
+  if (!muon.ok()) return run;
+  run.muon = *std::move(muon);
+  for (int s = 0; s < steps; ++s) {
+    run.params->SetGrads(s);
+    const absl::Status st = run.muon->Step();
+    EXPECT_TRUE(st.ok()) << st;
+  }
+  return run;
+}
+
+TEST(GpuMuonTest, CudaParamsFp32Mode_BitwiseEqualToHostStagedCudaNewtonSchulz) {
+  MUON_SKIP_OR_FAIL_UNLESS_CUDA_DEVICE();
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    SCOPED_TRACE(std::string(DTypeName(dtype)));
+    MuonOptions host_staged = Options("fp32");
+    host_staged.device = "cuda";
+    const OptimizerRun ref = Steps(/*on_gpu=*/false, dtype, host_staged, 3);
+    const OptimizerRun gpu = Steps(/*on_gpu=*/true, dtype, Options("fp32"), 3);
+    ASSERT_NE(ref.muon, nullptr);
+    ASSERT_NE(gpu.muon, nullptr);
+    EXPECT_EQ(gpu.muon->step_count(), 3);
+    EXPECT_EQ(gpu.muon->last_step_stats().matrices_orthogonalized, 3);
+    for (size_t i = 0; i < Shapes().size(); ++i) {
+      EXPECT_TRUE(BitwiseEqual(gpu.params->Data(i), ref.params->Data(i)))
+          << Shapes()[i].name;
+      EXPECT_TRUE(BitwiseEqual(gpu.muon->momentum_buffer(i),
+                               ref.muon->momentum_buffer(i)))
+          << Shapes()[i].name;
+    }
+  }
+}
+
+TEST(GpuMuonTest, CudaParamsBf16NewtonSchulz_WithinTorchBoundOfCpuStep) {
+  MUON_SKIP_OR_FAIL_UNLESS_CUDA_DEVICE();
+  const OptimizerRun cpu = Steps(/*on_gpu=*/false, DType::kFloat32, Options("fp32"), 1);
+  const OptimizerRun gpu = Steps(/*on_gpu=*/true, DType::kFloat32, Options("bf16"), 1);
+  ASSERT_NE(gpu.muon, nullptr);
+  const Params initial(/*on_gpu=*/false, DType::kFloat32);
+  for (size_t i = 0; i < Shapes().size(); ++i) {
+    const std::vector<float> a = gpu.params->Data(i);
+    const std::vector<float> b = cpu.params->Data(i);
+    const std::vector<float> w0 = initial.Data(i);
+    double diff = 0, norm = 0;
+    for (size_t k = 0; k < a.size(); ++k) {
+      diff += (double{a[k]} - b[k]) * (double{a[k]} - b[k]);
+      norm += (double{b[k]} - w0[k]) * (double{b[k]} - w0[k]);
+    }
+    const double rel = std::sqrt(diff / norm);
+    // tools/torch_muon_compare.py's Frobenius bound for bf16 Newton-Schulz.
+    std::printf("%s: bf16 GPU step vs fp32 CPU step, relative update "
+                "difference %.3g (bound 4e-2)\n",
+                Shapes()[i].name, rel);
+    EXPECT_LT(rel, 4e-2) << Shapes()[i].name;
+    EXPECT_GT(rel, 0.0) << "bf16 and fp32 cannot agree to the bit";
+  }
+}
+
+TEST(GpuMuonTest, CudaParams_StepOnCallerStream_SameBitsAsDefaultStream) {
+  MUON_SKIP_OR_FAIL_UNLESS_CUDA_DEVICE();
+  const OptimizerRun ref = Steps(/*on_gpu=*/true, DType::kFloat32, Options("fp32"), 2);
+  absl::StatusOr<device::Runtime*> rt =
+      device::GetRuntime(device::Device::Cuda(0));
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  absl::StatusOr<std::unique_ptr<device::Stream>> stream =
+      (*rt)->CreateStream("trainer");
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  Params params(/*on_gpu=*/true, DType::kFloat32);
+  absl::StatusOr<std::unique_ptr<Muon>> muon =
+      Muon::Create(params.Views(), Options("fp32"));
+  ASSERT_TRUE(muon.ok()) << muon.status();
+  for (int s = 0; s < 2; ++s) {
+    params.SetGrads(s);
+    const absl::Status st = (*muon)->StepOnStream((*stream)->native_handle());
+    ASSERT_TRUE(st.ok()) << st;
+  }
+  ASSERT_TRUE((*stream)->Synchronize(absl::Seconds(60)).ok());
+  for (size_t i = 0; i < Shapes().size(); ++i) {
+    EXPECT_TRUE(BitwiseEqual(params.Data(i), ref.params->Data(i)))
+        << Shapes()[i].name;
+  }
+}
+
+TEST(GpuMuonTest, CudaParams_NonFiniteGradient_FailedPreconditionUnchanged) {
+  MUON_SKIP_OR_FAIL_UNLESS_CUDA_DEVICE();
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    SCOPED_TRACE(std::string(DTypeName(dtype)));
+    OptimizerRun run = Steps(/*on_gpu=*/true, dtype, Options("fp32"), 1);
+    ASSERT_NE(run.muon, nullptr);
+    std::vector<std::vector<float>> before, momentum;
+    for (size_t i = 0; i < Shapes().size(); ++i) {
+      before.push_back(run.params->Data(i));
+      momentum.push_back(run.muon->momentum_buffer(i));
+    }
+    run.params->SetGrads(1);
+    run.params->SetGradValue(1, 77, std::numeric_limits<float>::infinity());
+    run.params->SetGradValue(1, 5, std::nanf(""));
+    const absl::Status st = run.muon->Step();
+    EXPECT_TRUE(absl::IsFailedPrecondition(st)) << st;
+    EXPECT_NE(st.message().find("\"w1\" has a non-finite gradient (nan at "
+                                "local index 5) at step 2"),
+              std::string::npos)
+        << st;
+    EXPECT_EQ(run.muon->step_count(), 1);
+    for (size_t i = 0; i < Shapes().size(); ++i) {
+      EXPECT_TRUE(BitwiseEqual(run.params->Data(i), before[i]));
+      EXPECT_TRUE(BitwiseEqual(run.muon->momentum_buffer(i), momentum[i]));
+    }
+  }
+}
+
+TEST(GpuMuonTest, CudaParams_TransactionalStepFault_RestoredBitwise) {
+  MUON_SKIP_OR_FAIL_UNLESS_CUDA_DEVICE();
+  MuonOptions options = Options("fp32");
+  options.transactional_step = true;
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    SCOPED_TRACE(std::string(DTypeName(dtype)));
+    OptimizerRun run = Steps(/*on_gpu=*/true, dtype, options, 1);
+    ASSERT_NE(run.muon, nullptr);
+    std::vector<std::vector<float>> before, momentum;
+    for (size_t i = 0; i < Shapes().size(); ++i) {
+      before.push_back(run.params->Data(i));
+      momentum.push_back(run.muon->momentum_buffer(i));
+    }
+    run.muon->SetPostUpdateFaultForTesting([](int64_t) {
+      return absl::InternalError("planted fault after the update");
+    });
+    run.params->SetGrads(1);
+    const absl::Status st = run.muon->Step();
+    EXPECT_TRUE(absl::IsInternal(st)) << st;
+    EXPECT_EQ(run.muon->step_count(), 1);
+    for (size_t i = 0; i < Shapes().size(); ++i) {
+      EXPECT_TRUE(BitwiseEqual(run.params->Data(i), before[i]));
+      EXPECT_TRUE(BitwiseEqual(run.muon->momentum_buffer(i), momentum[i]));
+    }
+  }
+}
+
+TEST(GpuMuonTest, CudaParams_StateDictIntoFreshOptimizer_SameNextStep) {
+  MUON_SKIP_OR_FAIL_UNLESS_CUDA_DEVICE();
+  OptimizerRun a = Steps(/*on_gpu=*/true, DType::kFloat32, Options("fp32"), 2);
+  ASSERT_NE(a.muon, nullptr);
+  // b: a fresh optimizer over a copy of a's parameters, loaded with a's
+  // state (the momentum goes host -> device).
+  Params b_params(/*on_gpu=*/true, DType::kFloat32);
+  for (size_t i = 0; i < Shapes().size(); ++i) {
+    b_params.SetData(i, a.params->Data(i));
+  }
+  absl::StatusOr<std::unique_ptr<Muon>> b =
+      Muon::Create(b_params.Views(), Options("fp32"));
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_TRUE((*b)->load_state_dict(a.muon->state_dict()).ok());
+  EXPECT_EQ((*b)->step_count(), 2);
+  a.params->SetGrads(2);
+  b_params.SetGrads(2);
+  ASSERT_TRUE(a.muon->Step().ok());
+  ASSERT_TRUE((*b)->Step().ok());
+  for (size_t i = 0; i < Shapes().size(); ++i) {
+    EXPECT_TRUE(BitwiseEqual(b_params.Data(i), a.params->Data(i)));
+    EXPECT_TRUE(BitwiseEqual((*b)->momentum_buffer(i),
+                             a.muon->momentum_buffer(i)));
+  }
+}
+
+}  // namespace
+}  // namespace muon

@@ -1,0 +1,222 @@
+// The elementwise StepKernels the optimizer runs on the caller's stream
+// (momentum + Nesterov, the finite scan, copies): the host kernels equal
+// kernels/muon_update.h bit for bit; the CUDA kernels with GpuPrecision
+// kFp32 equal the host kernels bit for bit (each multiply and add rounded
+// separately) and find the same first non-finite index (skipped without a
+// GPU; fails with MUON_REQUIRE_GPU=1).
+#include "kernels/step_kernels.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "device/memory.h"
+#include "device/runtime.h"
+#include "gtest/gtest.h"
+#include "kernels/bfloat16.h"
+#include "kernels/muon_update.h"
+#include "tests/gpu_test_util.h"
+
+namespace muon {
+namespace kernels {
+namespace {
+
+std::vector<float> Random(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+std::vector<bf16_t> ToBf16(const std::vector<float>& v) {
+  std::vector<bf16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = FloatToBf16(v[i]);
+  return out;
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() &&
+         std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+constexpr int64_t kN = 1000;
+constexpr double kMomentum = 0.95;
+
+TEST(HostStepKernelsTest, MomentumNesterov_BitwiseMuonUpdateKernels) {
+  std::unique_ptr<StepKernels> k = MakeHostStepKernels(nullptr);
+  const std::vector<float> g32 = Random(kN, 1);
+  const std::vector<bf16_t> g16 = ToBf16(Random(kN, 2));
+  for (bool nesterov : {false, true}) {
+    std::vector<float> buf = Random(kN, 3), update(kN, 0.0f);
+    std::vector<float> ref_buf = buf, ref_update(kN, 0.0f);
+    ASSERT_TRUE(k->MomentumNesterov(nullptr, buf.data(), g32.data(),
+                                    ParamDType::kFloat32, kN, kMomentum,
+                                    nesterov, update.data())
+                    .ok());
+    MomentumUpdate(ref_buf.data(), g32.data(), kN, kMomentum);
+    if (nesterov) {
+      NesterovUpdate(g32.data(), ref_buf.data(), kN, kMomentum,
+                     ref_update.data());
+    }
+    EXPECT_TRUE(SameBits(buf, ref_buf));
+    EXPECT_TRUE(SameBits(update, ref_update));
+
+    ASSERT_TRUE(k->MomentumNesterov(nullptr, buf.data(), g16.data(),
+                                    ParamDType::kBFloat16, kN, kMomentum,
+                                    nesterov, update.data())
+                    .ok());
+    MomentumUpdate(ref_buf.data(), g16.data(), kN, kMomentum);
+    if (nesterov) {
+      NesterovUpdate(g16.data(), ref_buf.data(), kN, kMomentum,
+                     ref_update.data());
+    }
+    EXPECT_TRUE(SameBits(buf, ref_buf));
+    EXPECT_TRUE(SameBits(update, ref_update));
+  }
+  float buf = 0;
+  EXPECT_TRUE(absl::IsInvalidArgument(k->MomentumNesterov(
+      nullptr, &buf, nullptr, ParamDType::kFloat32, 1, kMomentum, false,
+      nullptr)));
+}
+
+TEST(HostStepKernelsTest, FirstNonFinite_FirstIndexOrMinusOne) {
+  std::unique_ptr<StepKernels> k = MakeHostStepKernels(nullptr);
+  std::vector<float> x = Random(kN, 4);
+  int64_t first = 7;
+  ASSERT_TRUE(
+      k->FirstNonFinite(nullptr, x.data(), ParamDType::kFloat32, kN, &first)
+          .ok());
+  EXPECT_EQ(first, -1);
+  x[900] = std::numeric_limits<float>::infinity();
+  x[321] = std::nanf("");
+  ASSERT_TRUE(
+      k->FirstNonFinite(nullptr, x.data(), ParamDType::kFloat32, kN, &first)
+          .ok());
+  EXPECT_EQ(first, 321);
+  const std::vector<bf16_t> b = ToBf16(x);
+  ASSERT_TRUE(
+      k->FirstNonFinite(nullptr, b.data(), ParamDType::kBFloat16, kN, &first)
+          .ok());
+  EXPECT_EQ(first, 321);
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      k->FirstNonFinite(nullptr, x.data(), ParamDType::kFloat32, -1, &first)));
+}
+
+TEST(HostStepKernelsTest, Copy_CopiesBytes_BadArgumentsRefused) {
+  std::unique_ptr<StepKernels> k = MakeHostStepKernels(nullptr);
+  const std::vector<float> src = Random(16, 5);
+  std::vector<float> dst(16, 0.0f);
+  ASSERT_TRUE(k->Copy(nullptr, dst.data(), src.data(), 64).ok());
+  EXPECT_TRUE(SameBits(dst, src));
+  EXPECT_TRUE(k->Copy(nullptr, nullptr, nullptr, 0).ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(k->Copy(nullptr, dst.data(), nullptr, 4)));
+}
+
+// The CUDA kernels of cuda:0 on a stream, against the host kernels.
+class CudaStepKernelsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    MUON_SKIP_OR_FAIL_UNLESS_CUDA_DEVICE();
+    absl::StatusOr<device::Runtime*> rt =
+        device::GetRuntime(device::Device::Cuda(0));
+    ASSERT_TRUE(rt.ok()) << rt.status();
+    rt_ = *rt;
+    absl::StatusOr<std::unique_ptr<device::Stream>> s =
+        rt_->CreateStream("test");
+    ASSERT_TRUE(s.ok()) << s.status();
+    stream_ = *std::move(s);
+    absl::StatusOr<std::unique_ptr<StepKernels>> k =
+        MakeCudaStepKernels(0, nullptr, GpuPrecision::kFp32);
+    ASSERT_TRUE(k.ok()) << k.status();
+    kernels_ = *std::move(k);
+  }
+
+  template <typename T>
+  device::DeviceBuffer<T> ToDevice(const std::vector<T>& v) {
+    device::DeviceBuffer<T> d = *device::DeviceBuffer<T>::Allocate(
+        rt_->allocator(), static_cast<int64_t>(v.size()));
+    EXPECT_TRUE(rt_->CopyFromHost(d.data(), v.data(), d.bytes()).ok());
+    return d;
+  }
+  template <typename T>
+  std::vector<T> ToHost(const device::DeviceBuffer<T>& d) {
+    EXPECT_TRUE(stream_->Synchronize(absl::Seconds(60)).ok());
+    std::vector<T> v(d.size());
+    EXPECT_TRUE(rt_->CopyToHost(v.data(), d.data(), d.bytes()).ok());
+    return v;
+  }
+
+  device::Runtime* rt_ = nullptr;
+  std::unique_ptr<device::Stream> stream_;
+  std::unique_ptr<StepKernels> kernels_;
+};
+
+TEST_F(CudaStepKernelsTest, Fp32Precision_MomentumNesterovBitwiseHost) {
+  std::unique_ptr<StepKernels> host = MakeHostStepKernels(nullptr);
+  const std::vector<float> g32 = Random(kN, 1);
+  const std::vector<bf16_t> g16 = ToBf16(Random(kN, 2));
+  for (bool bf16 : {false, true}) {
+    std::vector<float> buf = Random(kN, 3), update(kN, 0.0f);
+    device::DeviceBuffer<float> d_buf = ToDevice(buf);
+    device::DeviceBuffer<float> d_update = ToDevice(update);
+    device::DeviceBuffer<float> d_g32 = ToDevice(g32);
+    device::DeviceBuffer<bf16_t> d_g16 = ToDevice(g16);
+    const ParamDType dt = bf16 ? ParamDType::kBFloat16 : ParamDType::kFloat32;
+    const void* g = bf16 ? static_cast<const void*>(g16.data()) : g32.data();
+    const void* d_g =
+        bf16 ? static_cast<const void*>(d_g16.data()) : d_g32.data();
+    ASSERT_TRUE(host->MomentumNesterov(nullptr, buf.data(), g, dt, kN,
+                                       kMomentum, true, update.data())
+                    .ok());
+    ASSERT_TRUE(kernels_->MomentumNesterov(stream_.get(), d_buf.data(), d_g,
+                                           dt, kN, kMomentum, true,
+                                           d_update.data())
+                    .ok());
+    EXPECT_TRUE(SameBits(ToHost(d_buf), buf)) << "bf16 grad: " << bf16;
+    EXPECT_TRUE(SameBits(ToHost(d_update), update)) << "bf16 grad: " << bf16;
+  }
+}
+
+TEST_F(CudaStepKernelsTest, FirstNonFinite_SameIndexAsHost) {
+  std::vector<float> x = Random(100000, 4);
+  device::DeviceBuffer<int64_t> first = ToDevice(std::vector<int64_t>{7});
+  device::DeviceBuffer<float> d_clean = ToDevice(x);
+  ASSERT_TRUE(kernels_->FirstNonFinite(stream_.get(), d_clean.data(),
+                                       ParamDType::kFloat32, x.size(),
+                                       first.data())
+                  .ok());
+  EXPECT_EQ(ToHost(first)[0], -1);
+  x[90000] = std::numeric_limits<float>::infinity();
+  x[54321] = std::nanf("");
+  x[77777] = -std::numeric_limits<float>::infinity();
+  device::DeviceBuffer<float> d_x = ToDevice(x);
+  ASSERT_TRUE(kernels_->FirstNonFinite(stream_.get(), d_x.data(),
+                                       ParamDType::kFloat32, x.size(),
+                                       first.data())
+                  .ok());
+  EXPECT_EQ(ToHost(first)[0], 54321);
+  device::DeviceBuffer<bf16_t> d_b = ToDevice(ToBf16(x));
+  ASSERT_TRUE(kernels_->FirstNonFinite(stream_.get(), d_b.data(),
+                                       ParamDType::kBFloat16, x.size(),
+                                       first.data())
+                  .ok());
+  EXPECT_EQ(ToHost(first)[0], 54321);
+}
+
+TEST_F(CudaStepKernelsTest, WithoutComputeStream_NoNewtonSchulz) {
+  float x = 0;
+  const absl::Status s = kernels_->Orthogonalize(stream_.get(), &x, 1, 1, 1,
+                                                 NewtonSchulzOptions(), &x);
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+}
+
+}  // namespace
+}  // namespace kernels
+}  // namespace muon
