@@ -375,6 +375,7 @@ absl::Status CreateOptimizer(muonrt_process_group* pg, int mesh_ndim,
         config,
         muon::CreateMeshConfig(mesh, placements, pg->pg->comm.get(),
                                pg->pg->coordinator.get(), pg->pg->incarnation));
+    config->state.control_communicator = pg->pg->control();
     config->state.rank = pg->pg->rank;
     config->state.world_size = pg->pg->world_size;
     config->state.join_timeout_ms = absl::ToInt64Milliseconds(pg->timeout);
@@ -455,25 +456,54 @@ int muonrt_abi_version(void) {
 
 const char* muonrt_last_error(void) { return last_error.c_str(); }
 
-int muonrt_pg_init_from_env(double timeout_s, muonrt_process_group** out) {
-  return Guard("muonrt_pg_init_from_env", [&]() -> absl::Status {
-    constexpr char kFn[] = "muonrt_pg_init_from_env";
-    if (out == nullptr) return NullArgument(kFn, "out");
-    *out = nullptr;
-    if (std::isnan(timeout_s) || std::isinf(timeout_s)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          kFn, ": timeout_s ", timeout_s, " is not finite (<= 0: 60 s)"));
+namespace {
+
+absl::Status InitProcessGroupFromEnv(const char* fn, const char* backend,
+                                     int cuda_device, double timeout_s,
+                                     muonrt_process_group** out) {
+  if (out == nullptr) return NullArgument(fn, "out");
+  *out = nullptr;
+  if (std::isnan(timeout_s) || std::isinf(timeout_s)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        fn, ": timeout_s ", timeout_s, " is not finite (<= 0: 60 s)"));
+  }
+  MUON_ASSIGN_OR_RETURN(muon::ProcessGroupOptions options,
+                        muon::ProcessGroupOptionsFromEnv());
+  if (backend != nullptr) {
+    absl::StatusOr<muon::ProcessGroupBackend> b =
+        muon::ParseProcessGroupBackend(backend);
+    if (!b.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(fn, ": ", b.status().message()));
     }
-    MUON_ASSIGN_OR_RETURN(muon::ProcessGroupOptions options,
-                          muon::ProcessGroupOptionsFromEnv());
-    options.timeout =
-        timeout_s > 0 ? absl::Seconds(timeout_s) : absl::Seconds(60);
-    options.start_embedded_coordinator = muon::StartEmbeddedCoordinator;
-    auto handle = std::make_unique<muonrt_process_group>();
-    handle->timeout = options.timeout;
-    MUON_ASSIGN_OR_RETURN(handle->pg, muon::InitProcessGroup(options));
-    *out = handle.release();
-    return absl::OkStatus();
+    options.backend = *b;
+  }
+  if (cuda_device >= 0) options.cuda_device = cuda_device;
+  options.timeout =
+      timeout_s > 0 ? absl::Seconds(timeout_s) : absl::Seconds(60);
+  options.start_embedded_coordinator = muon::StartEmbeddedCoordinator;
+  auto handle = std::make_unique<muonrt_process_group>();
+  handle->timeout = options.timeout;
+  MUON_ASSIGN_OR_RETURN(handle->pg, muon::InitProcessGroup(options));
+  *out = handle.release();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int muonrt_pg_init_from_env(double timeout_s, muonrt_process_group** out) {
+  return Guard("muonrt_pg_init_from_env", [&] {
+    return InitProcessGroupFromEnv("muonrt_pg_init_from_env", nullptr, -1,
+                                   timeout_s, out);
+  });
+}
+
+int muonrt_pg_init_backend_from_env(const char* backend, int cuda_device,
+                                    double timeout_s,
+                                    muonrt_process_group** out) {
+  return Guard("muonrt_pg_init_backend_from_env", [&] {
+    return InitProcessGroupFromEnv("muonrt_pg_init_backend_from_env", backend,
+                                   cuda_device, timeout_s, out);
   });
 }
 

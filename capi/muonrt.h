@@ -31,7 +31,7 @@ extern "C" {
 #endif
 
 /* Incremented on any incompatible change of this header. */
-#define MUONRT_ABI_VERSION 5
+#define MUONRT_ABI_VERSION 6
 
 /* Status codes (absl::StatusCode values). */
 #define MUONRT_OK 0
@@ -73,6 +73,17 @@ const char* muonrt_last_error(void);
  * it. Errors: INVALID_ARGUMENT (environment), UNAVAILABLE / DEADLINE_EXCEEDED
  * (peers or coordinator unreachable). */
 int muonrt_pg_init_from_env(double timeout_s, muonrt_process_group** out);
+/* The same with the data path's backend (torch.distributed's names):
+ * "gloo" (CPU tensors; also for NULL) or "nccl" (CUDA tensors on CUDA
+ * device `cuda_device`, an ordinal among the visible devices; < 0 =
+ * LOCAL_RANK, torchrun's one GPU per local rank), which also joins a Gloo
+ * group over the same ranks for the step's control values. Collective.
+ * Errors: as muonrt_pg_init_from_env; INVALID_ARGUMENT (unknown backend);
+ * UNIMPLEMENTED ("nccl" in a library built without CUDA);
+ * FAILED_PRECONDITION (no such GPU). */
+int muonrt_pg_init_backend_from_env(const char* backend, int cuda_device,
+                                    double timeout_s,
+                                    muonrt_process_group** out);
 /* -1 (and the last error set) when pg is NULL. */
 int muonrt_pg_rank(const muonrt_process_group* pg);
 int muonrt_pg_world_size(const muonrt_process_group* pg);

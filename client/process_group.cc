@@ -30,6 +30,7 @@
 #include "absl/time/clock.h"
 #include "client/grpc_coordination_client.h"
 #include "comm/gloo_communicator.h"
+#include "comm/nccl_communicator.h"
 #include "common/status_macros.h"
 
 namespace muon {
@@ -345,6 +346,12 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(
         absl::StrCat("rank ", options.rank, " is out of range for world size ",
                      options.world_size));
   }
+  if (options.backend == ProcessGroupBackend::kNccl &&
+      options.cuda_device < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", options.rank, ": cuda_device ",
+                     options.cuda_device, " is negative"));
+  }
   auto pg = std::make_unique<ProcessGroup>();
   pg->rank = options.rank;
   pg->world_size = options.world_size;
@@ -422,10 +429,39 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(
     }
     gloo.hostname = *std::move(host);
   }
+  std::unique_ptr<Communicator> gloo_comm;
   MUON_ASSIGN_OR_RETURN(
-      pg->comm, GlooCommunicator::Create(options.rank, options.world_size,
-                                         pg->coordinator.get(), gloo));
+      gloo_comm, GlooCommunicator::Create(options.rank, options.world_size,
+                                          pg->coordinator.get(), gloo));
+  if (options.backend == ProcessGroupBackend::kGloo) {
+    pg->comm = std::move(gloo_comm);
+    return pg;
+  }
+  pg->control_comm = std::move(gloo_comm);
+  NcclOptions nccl;
+  nccl.device = options.cuda_device;
+  nccl.timeout = options.timeout;
+  absl::StatusOr<std::unique_ptr<NcclCommunicator>> comm =
+      NcclCommunicator::Create(options.rank, options.world_size,
+                               pg->coordinator.get(), nccl);
+  if (!comm.ok()) {
+    return absl::Status(
+        comm.status().code(),
+        absl::StrCat("rank ", options.rank, ": the NCCL group on cuda:",
+                     options.cuda_device, ": ", comm.status().message()));
+  }
+  pg->comm = *std::move(comm);
   return pg;
+}
+
+absl::StatusOr<ProcessGroupBackend> ParseProcessGroupBackend(
+    absl::string_view name) {
+  if (name == "gloo") return ProcessGroupBackend::kGloo;
+  if (name == "nccl") return ProcessGroupBackend::kNccl;
+  return absl::InvalidArgumentError(
+      absl::StrCat("process group backend \"", name,
+                   "\" is not supported (use \"gloo\" "
+                   "for CPU tensors or \"nccl\" for CUDA tensors)"));
 }
 
 namespace {
@@ -469,6 +505,7 @@ absl::StatusOr<ProcessGroupOptions> ProcessGroupOptionsFromEnv() {
         "environment: LOCAL_RANK=", local_rank, " / LOCAL_WORLD_SIZE=",
         local_world, " do not fit WORLD_SIZE=", o.world_size));
   }
+  o.cuda_device = local_rank;
   o.job_id = EnvString("MUON_JOB_ID", "");
   const std::string daemon = EnvString("MUON_COORDINATOR", "");
   if (!daemon.empty()) {

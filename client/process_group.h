@@ -24,6 +24,7 @@
 #include <utility>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "comm/communicator.h"
 #include "coordination/coordination_client.h"
@@ -31,6 +32,21 @@
 #include "coordination/embedded_coordinator.h"
 
 namespace muon {
+
+// Which collectives carry the step's data (torch.distributed's backend).
+enum class ProcessGroupBackend {
+  // Gloo over TCP on host memory: CPU parameters.
+  kGloo,
+  // NCCL on CUDA device ProcessGroupOptions::cuda_device: CUDA parameters.
+  // A Gloo group over the same ranks comes with it for the step's control
+  // values (ProcessGroup::control_comm), as c10d keeps Gloo beside NCCL.
+  kNccl,
+};
+
+// "gloo" or "nccl" (torch.distributed's spellings).
+// Errors: InvalidArgument naming the value and the choices.
+absl::StatusOr<ProcessGroupBackend> ParseProcessGroupBackend(
+    absl::string_view name);
 
 struct ProcessGroupOptions {
   int rank = 0;
@@ -65,6 +81,11 @@ struct ProcessGroupOptions {
   std::string gloo_host;
   // Bound on rendezvous and every collective.
   absl::Duration timeout = absl::Seconds(60);
+  // The data path's collectives; kNccl runs them on CUDA device
+  // `cuda_device` (an ordinal among the visible devices; torchrun's
+  // convention is LOCAL_RANK, which ProcessGroupOptionsFromEnv sets).
+  ProcessGroupBackend backend = ProcessGroupBackend::kGloo;
+  int cuda_device = 0;
   // Fresh per process start (heartbeats carry it). 0 = derived from pid and
   // time.
   uint64_t incarnation = 0;
@@ -89,19 +110,33 @@ struct ProcessGroup {
   // communicator goes first and the embedded coordinator last.
   std::unique_ptr<EmbeddedCoordinator> embedded_coordinator;  // rank 0 only
   std::unique_ptr<CoordinationClient> coordinator;
+  // The data path: Gloo, or NCCL with options.backend == kNccl.
   std::unique_ptr<Communicator> comm;
+  // With NCCL: a Gloo group over the same ranks for the control values
+  // (DistributedState::control_communicator); nullptr with Gloo, whose
+  // `comm` serves both.
+  std::unique_ptr<Communicator> control_comm;
+
+  // The host-memory group for control values: control_comm, else comm.
+  Communicator* control() const {
+    return control_comm != nullptr ? control_comm.get() : comm.get();
+  }
 };
 
 // A rank that connects to a coordinator first waits (up to
 // options.timeout) until its TCP port accepts connections, so ranks may be
 // started in any order, on any host (as torchrun starts them).
+// With backend kNccl the NCCL group joins after the Gloo group, through the
+// same coordinator's key-value store.
 // Errors: InvalidArgument (rank out of range, no coordinator address on a
 // rank that does not embed one, GLOO_SOCKET_IFNAME names no interface with
-// an IPv4 address); FailedPrecondition (embed_coordinator on rank 0 without
-// start_embedded_coordinator); the starter's errors (e.g. Unavailable: the
-// port cannot be bound); Unavailable / DeadlineExceeded when the
-// coordinator or a peer cannot be reached within options.timeout, or there
-// is no route to the coordinator's host.
+// an IPv4 address, a negative cuda_device); those of
+// NcclCommunicator::Create with kNccl (Unimplemented in a build without
+// --config=cuda; FailedPrecondition without that GPU); FailedPrecondition
+// (embed_coordinator on rank 0 without start_embedded_coordinator); the
+// starter's errors (e.g. Unavailable: the port cannot be bound); Unavailable /
+// DeadlineExceeded when the coordinator or a peer cannot be reached within
+// options.timeout, or there is no route to the coordinator's host.
 absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(
     const ProcessGroupOptions& options);
 
@@ -117,7 +152,7 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(
 //     rank embeds one).
 //   MUON_JOB_ID: the job id (default empty: the coordinator's job).
 //   LOCAL_RANK, LOCAL_WORLD_SIZE: checked when present (integers, in
-//     range), otherwise unused.
+//     range); cuda_device = LOCAL_RANK (0 when unset).
 // `start_embedded_coordinator` is left empty: the caller sets it (it links
 // the gRPC server).
 // Errors: InvalidArgument naming the variable and its value (missing, not

@@ -252,6 +252,7 @@ absl::StatusOr<DistributedConfig> ConfigOf(const SpecParams& s,
       DistributedConfig config,
       CreateMeshConfig(s.mesh, pp, pg->comm.get(), pg->coordinator.get(),
                        pg->incarnation));
+  config.state.control_communicator = pg->control();
   if (!s.spec.execution().assignment_policy().empty()) {
     config.assignment_policy = s.spec.execution().assignment_policy();
   }

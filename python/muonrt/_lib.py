@@ -19,7 +19,7 @@ import os
 import threading
 
 # Must equal MUONRT_ABI_VERSION of capi/muonrt.h.
-ABI_VERSION = 5
+ABI_VERSION = 6
 
 # Status codes (absl::StatusCode values, capi/muonrt.h).
 OK = 0
@@ -212,6 +212,8 @@ _SIGNATURES = {
     "muonrt_abi_version": (_c_int, []),
     "muonrt_last_error": (ctypes.c_char_p, []),
     "muonrt_pg_init_from_env": (_c_int, [ctypes.c_double, ctypes.POINTER(_pg_p)]),
+    "muonrt_pg_init_backend_from_env": (_c_int, [
+        ctypes.c_char_p, _c_int, ctypes.c_double, ctypes.POINTER(_pg_p)]),
     "muonrt_pg_rank": (_c_int, [_pg_p]),
     "muonrt_pg_world_size": (_c_int, [_pg_p]),
     "muonrt_pg_barrier": (_c_int, [_pg_p]),

@@ -1,7 +1,8 @@
 """Process groups, meshes and placements.
 
-- ``init_process_group(timeout=60.0)`` joins the job described by torchrun's
-  environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; rank 0 embeds the
+- ``init_process_group(backend=None, timeout=60.0, device_id=None)`` joins
+  the job described by torchrun's environment (RANK, WORLD_SIZE,
+  MASTER_ADDR, MASTER_PORT; rank 0 embeds the
   coordinator on MASTER_ADDR:MASTER_PORT+1 unless MUON_COORDINATOR names a
   daemon; see capi/muonrt.h) and makes it the module's default group, which
   ``muonrt.Muon`` uses when given no ``process_group``. Collective: every
@@ -93,23 +94,44 @@ def _timeout_seconds(timeout):
     return float(timeout)
 
 
-def init_process_group(timeout=60.0):
+def init_process_group(backend=None, timeout=60.0, device_id=None):
     """Joins the job of torchrun's environment and returns its
     ProcessGroup, which becomes the default group (``get_default_group``).
 
+    `backend` (torch.distributed's names): "gloo" (CPU tensors; the default
+    for None) or "nccl" (CUDA tensors), which also joins a Gloo group for
+    the step's control values, as c10d keeps Gloo beside NCCL. `device_id`
+    (an int or a torch.device "cuda:N"; None = LOCAL_RANK, torchrun's one
+    GPU per local rank) is the GPU of the NCCL group.
     `timeout` (seconds, or a datetime.timedelta; None = the library's 60 s)
     bounds rendezvous and every collective.
     Raises ValueError (the environment: a missing or malformed variable,
-    named), TimeoutError / RuntimeError (peers or coordinator unreachable),
-    RuntimeError when a default group already exists."""
+    named; an unknown backend), NotImplementedError ("nccl" with a library
+    built without CUDA), TimeoutError / RuntimeError (peers or coordinator
+    unreachable; no such GPU), RuntimeError when a default group already
+    exists."""
     global _default_group
     if _default_group is not None and not _default_group.destroyed:
         raise RuntimeError(
             "muonrt.init_process_group: a default process group already "
             "exists (call muonrt.destroy_process_group() first)")
+    if backend is not None and not isinstance(backend, str):
+        raise TypeError(
+            f"muonrt.init_process_group: backend must be \"gloo\" or "
+            f"\"nccl\", got {backend!r} (pass a timeout as timeout=)")
+    if device_id is None:
+        device = -1
+    elif isinstance(device_id, int):
+        device = device_id
+    else:  # torch.device
+        if getattr(device_id, "type", None) != "cuda":
+            raise ValueError(f"muonrt.init_process_group: device_id "
+                             f"{device_id!r} is not a CUDA device")
+        device = device_id.index if device_id.index is not None else 0
     out = ctypes.c_void_p()
-    _lib.call("muonrt_pg_init_from_env", _timeout_seconds(timeout),
-              ctypes.byref(out))
+    _lib.call("muonrt_pg_init_backend_from_env",
+              None if backend is None else backend.encode(), device,
+              _timeout_seconds(timeout), ctypes.byref(out))
     _default_group = ProcessGroup(out.value)
     return _default_group
 

@@ -30,6 +30,7 @@ static const char* const kEntryPoints[] = {
     "muonrt_abi_version",
     "muonrt_last_error",
     "muonrt_pg_init_from_env",
+    "muonrt_pg_init_backend_from_env",
     "muonrt_pg_rank",
     "muonrt_pg_world_size",
     "muonrt_pg_barrier",

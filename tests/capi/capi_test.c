@@ -204,9 +204,9 @@ static void ReferenceStep(double* W, const double* G, double* Buf, int rows,
 
 /* ---- Tests ------------------------------------------------------------ */
 
-static void AbiVersion_IsFive(void) {
+static void AbiVersion_IsSix(void) {
   CHECK(muonrt_abi_version() == MUONRT_ABI_VERSION);
-  CHECK(MUONRT_ABI_VERSION == 5);
+  CHECK(MUONRT_ABI_VERSION == 6);
   CHECK(strcmp(muonrt_last_error(), "") == 0);
 done:;
 }
@@ -901,6 +901,10 @@ static void ProcessGroupOfOne_MeshAndPlacementErrors(void) {
   setenv("MASTER_PORT", port, 1); /* the coordinator listens on port + 1 */
   setenv("MUON_JOB_ID", "capi_test_pg1", 1);
   CHECK_CODE(muonrt_pg_init_from_env(NAN, &pg), MUONRT_INVALID_ARGUMENT);
+  CHECK_CODE(muonrt_pg_init_backend_from_env("mpi", -1, 10, &pg),
+             MUONRT_INVALID_ARGUMENT);
+  CHECK_ERROR_HAS("backend \"mpi\" is not supported");
+  CHECK(pg == NULL);
   CHECK_OK(muonrt_pg_init_from_env(10, &pg));
   CHECK(pg != NULL);
   CHECK(muonrt_pg_rank(pg) == 0);
@@ -1009,7 +1013,7 @@ typedef struct {
 
 int main(void) {
   const Test tests[] = {
-      TEST(AbiVersion_IsFive),
+      TEST(AbiVersion_IsSix),
       TEST(OptionsDefault_AreTorchDefaults),
       TEST(Step_Fp32AndBf16_UpdatesInPlace),
       TEST(Step_Fp32_MatchesFloat64TorchReference),

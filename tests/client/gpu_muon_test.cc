@@ -64,10 +64,10 @@ class Params {
     }
     for (size_t i = 0; i < Shapes().size(); ++i) {
       const int64_t bytes = Numel(i) * DTypeSize(dtype_);
-      data_.push_back(*device::DeviceMemory::Allocate(runtime_->allocator(),
-                                                      bytes));
-      grad_.push_back(*device::DeviceMemory::Allocate(runtime_->allocator(),
-                                                      bytes));
+      data_.push_back(
+          *device::DeviceMemory::Allocate(runtime_->allocator(), bytes));
+      grad_.push_back(
+          *device::DeviceMemory::Allocate(runtime_->allocator(), bytes));
       Write(data_[i], Scaled(RandomValues(Numel(i), 20 + i), 0.02f));
     }
   }
@@ -114,8 +114,8 @@ class Params {
   }
   void Write(device::DeviceMemory& mem, const std::vector<float>& v) const {
     if (dtype_ == DType::kFloat32) {
-      ASSERT_TRUE(runtime_->CopyFromHost(mem.data(), v.data(), v.size() * 4)
-                      .ok());
+      ASSERT_TRUE(
+          runtime_->CopyFromHost(mem.data(), v.data(), v.size() * 4).ok());
       return;
     }
     std::vector<kernels::bf16_t> b(v.size());
@@ -156,7 +156,8 @@ struct OptimizerRun {
 
 // `steps` steps; CPU parameters with Newton-Schulz host-staged on cuda:0
 // when `host_staged`.
-OptimizerRun Steps(bool on_gpu, DType dtype, const MuonOptions& options, int steps) {
+OptimizerRun Steps(bool on_gpu, DType dtype, const MuonOptions& options,
+                   int steps) {
   OptimizerRun run;
   run.params = std::make_unique<Params>(on_gpu, dtype);
   absl::StatusOr<std::unique_ptr<Muon>> muon =
@@ -196,8 +197,10 @@ TEST(GpuMuonTest, CudaParamsFp32Mode_BitwiseEqualToHostStagedCudaNewtonSchulz) {
 
 TEST(GpuMuonTest, CudaParamsBf16NewtonSchulz_WithinTorchBoundOfCpuStep) {
   MUON_SKIP_OR_FAIL_UNLESS_CUDA_DEVICE();
-  const OptimizerRun cpu = Steps(/*on_gpu=*/false, DType::kFloat32, Options("fp32"), 1);
-  const OptimizerRun gpu = Steps(/*on_gpu=*/true, DType::kFloat32, Options("bf16"), 1);
+  const OptimizerRun cpu =
+      Steps(/*on_gpu=*/false, DType::kFloat32, Options("fp32"), 1);
+  const OptimizerRun gpu =
+      Steps(/*on_gpu=*/true, DType::kFloat32, Options("bf16"), 1);
   ASSERT_NE(gpu.muon, nullptr);
   const Params initial(/*on_gpu=*/false, DType::kFloat32);
   for (size_t i = 0; i < Shapes().size(); ++i) {
@@ -211,9 +214,10 @@ TEST(GpuMuonTest, CudaParamsBf16NewtonSchulz_WithinTorchBoundOfCpuStep) {
     }
     const double rel = std::sqrt(diff / norm);
     // tools/torch_muon_compare.py's Frobenius bound for bf16 Newton-Schulz.
-    std::printf("%s: bf16 GPU step vs fp32 CPU step, relative update "
-                "difference %.3g (bound 4e-2)\n",
-                Shapes()[i].name, rel);
+    std::printf(
+        "%s: bf16 GPU step vs fp32 CPU step, relative update "
+        "difference %.3g (bound 4e-2)\n",
+        Shapes()[i].name, rel);
     EXPECT_LT(rel, 4e-2) << Shapes()[i].name;
     EXPECT_GT(rel, 0.0) << "bf16 and fp32 cannot agree to the bit";
   }
@@ -221,7 +225,8 @@ TEST(GpuMuonTest, CudaParamsBf16NewtonSchulz_WithinTorchBoundOfCpuStep) {
 
 TEST(GpuMuonTest, CudaParams_StepOnCallerStream_SameBitsAsDefaultStream) {
   MUON_SKIP_OR_FAIL_UNLESS_CUDA_DEVICE();
-  const OptimizerRun ref = Steps(/*on_gpu=*/true, DType::kFloat32, Options("fp32"), 2);
+  const OptimizerRun ref =
+      Steps(/*on_gpu=*/true, DType::kFloat32, Options("fp32"), 2);
   absl::StatusOr<device::Runtime*> rt =
       device::GetRuntime(device::Device::Cuda(0));
   ASSERT_TRUE(rt.ok()) << rt.status();
@@ -320,8 +325,8 @@ TEST(GpuMuonTest, CudaParams_StateDictIntoFreshOptimizer_SameNextStep) {
   ASSERT_TRUE((*b)->Step().ok());
   for (size_t i = 0; i < Shapes().size(); ++i) {
     EXPECT_TRUE(BitwiseEqual(b_params.Data(i), a.params->Data(i)));
-    EXPECT_TRUE(BitwiseEqual((*b)->momentum_buffer(i),
-                             a.muon->momentum_buffer(i)));
+    EXPECT_TRUE(
+        BitwiseEqual((*b)->momentum_buffer(i), a.muon->momentum_buffer(i)));
   }
 }
 

@@ -81,9 +81,9 @@ TEST(HostStepKernelsTest, MomentumNesterov_BitwiseMuonUpdateKernels) {
     EXPECT_TRUE(SameBits(update, ref_update));
   }
   float buf = 0;
-  EXPECT_TRUE(absl::IsInvalidArgument(k->MomentumNesterov(
-      nullptr, &buf, nullptr, ParamDType::kFloat32, 1, kMomentum, false,
-      nullptr)));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      k->MomentumNesterov(nullptr, &buf, nullptr, ParamDType::kFloat32, 1,
+                          kMomentum, false, nullptr)));
 }
 
 TEST(HostStepKernelsTest, FirstNonFinite_FirstIndexOrMinusOne) {
@@ -116,7 +116,8 @@ TEST(HostStepKernelsTest, Copy_CopiesBytes_BadArgumentsRefused) {
   ASSERT_TRUE(k->Copy(nullptr, dst.data(), src.data(), 64).ok());
   EXPECT_TRUE(SameBits(dst, src));
   EXPECT_TRUE(k->Copy(nullptr, nullptr, nullptr, 0).ok());
-  EXPECT_TRUE(absl::IsInvalidArgument(k->Copy(nullptr, dst.data(), nullptr, 4)));
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(k->Copy(nullptr, dst.data(), nullptr, 4)));
 }
 
 // The CUDA kernels of cuda:0 on a stream, against the host kernels.
@@ -175,9 +176,9 @@ TEST_F(CudaStepKernelsTest, Fp32Precision_MomentumNesterovBitwiseHost) {
     ASSERT_TRUE(host->MomentumNesterov(nullptr, buf.data(), g, dt, kN,
                                        kMomentum, true, update.data())
                     .ok());
-    ASSERT_TRUE(kernels_->MomentumNesterov(stream_.get(), d_buf.data(), d_g,
-                                           dt, kN, kMomentum, true,
-                                           d_update.data())
+    ASSERT_TRUE(kernels_
+                    ->MomentumNesterov(stream_.get(), d_buf.data(), d_g, dt, kN,
+                                       kMomentum, true, d_update.data())
                     .ok());
     EXPECT_TRUE(SameBits(ToHost(d_buf), buf)) << "bf16 grad: " << bf16;
     EXPECT_TRUE(SameBits(ToHost(d_update), update)) << "bf16 grad: " << bf16;
@@ -188,24 +189,25 @@ TEST_F(CudaStepKernelsTest, FirstNonFinite_SameIndexAsHost) {
   std::vector<float> x = Random(100000, 4);
   device::DeviceBuffer<int64_t> first = ToDevice(std::vector<int64_t>{7});
   device::DeviceBuffer<float> d_clean = ToDevice(x);
-  ASSERT_TRUE(kernels_->FirstNonFinite(stream_.get(), d_clean.data(),
-                                       ParamDType::kFloat32, x.size(),
-                                       first.data())
+  ASSERT_TRUE(kernels_
+                  ->FirstNonFinite(stream_.get(), d_clean.data(),
+                                   ParamDType::kFloat32, x.size(), first.data())
                   .ok());
   EXPECT_EQ(ToHost(first)[0], -1);
   x[90000] = std::numeric_limits<float>::infinity();
   x[54321] = std::nanf("");
   x[77777] = -std::numeric_limits<float>::infinity();
   device::DeviceBuffer<float> d_x = ToDevice(x);
-  ASSERT_TRUE(kernels_->FirstNonFinite(stream_.get(), d_x.data(),
-                                       ParamDType::kFloat32, x.size(),
-                                       first.data())
+  ASSERT_TRUE(kernels_
+                  ->FirstNonFinite(stream_.get(), d_x.data(),
+                                   ParamDType::kFloat32, x.size(), first.data())
                   .ok());
   EXPECT_EQ(ToHost(first)[0], 54321);
   device::DeviceBuffer<bf16_t> d_b = ToDevice(ToBf16(x));
-  ASSERT_TRUE(kernels_->FirstNonFinite(stream_.get(), d_b.data(),
-                                       ParamDType::kBFloat16, x.size(),
-                                       first.data())
+  ASSERT_TRUE(kernels_
+                  ->FirstNonFinite(stream_.get(), d_b.data(),
+                                   ParamDType::kBFloat16, x.size(),
+                                   first.data())
                   .ok());
   EXPECT_EQ(ToHost(first)[0], 54321);
 }
