@@ -54,6 +54,7 @@ run executor_streams_test "$here/run.sh" bin/executor_streams_test
 run gpu_executor_test "$here/run.sh" bin/gpu_executor_test
 run step_kernels_test "$here/run.sh" bin/step_kernels_test
 run gpu_muon_test "$here/run.sh" bin/gpu_muon_test
+run process_group_backend_test "$here/run.sh" bin/process_group_backend_test
 run nccl_communicator_test "$here/run.sh" bin/nccl_communicator_test
 run torch_muon_compare python3 "$here/torch_muon_compare.py" \
   --muonctl "$here/run.sh bin/muonctl" --steps 3
