@@ -46,25 +46,68 @@ count_bazel_results() {
             | sed -E 's/\(cached\) //' | awk '{print $1, $2}')
 }
 count_bazel_results /tmp/muon-test-output.txt
-# Python tests (the muonrt package over libmuonrt.so), counted the same way
-# from pytest's JUnit XML report.
+# Adds the cases of a pytest JUnit XML report ($1) to the counts; a missing
+# report counts as one failure.
+count_pytest_results() {
+  local xml=$1 attrs t f e s
+  if [[ ! -f $xml ]]; then
+    echo "run_tests: pytest wrote no report ($xml)"
+    failed=$((failed + 1))
+    return
+  fi
+  attrs=$(grep -m1 -o '<testsuite [^>]*' "$xml")
+  num() { echo "$attrs" | grep -o " $1=\"[0-9]*\"" | grep -o '[0-9]*' || echo 0; }
+  t=$(num tests); f=$(num failures); e=$(num errors); s=$(num skipped)
+  passed=$(( passed + t - f - e - s ))
+  failed=$(( failed + f + e ))
+  skipped=$(( skipped + s ))
+}
+# The self-contained library (tools/graft_libs.py): libmuonrt.so with its
+# own renamed copies of Gloo, gRPC, protobuf, Abseil, OpenBLAS, ... in
+# python/muonrt/lib, where the package finds it first.
+if [[ $rc -eq 0 ]]; then
+  rm -rf python/muonrt/lib
+  if ! python3 tools/graft_libs.py --out python/muonrt/lib \
+      bazel-bin/capi/libmuonrt.so | tail -n 2; then
+    echo "run_tests: tools/graft_libs.py failed"
+    rc=1
+  fi
+fi
+# Python tests (the muonrt package over the self-contained libmuonrt.so,
+# next to Debian 12's torch 1.13 on Python 3.11), counted the same way from
+# pytest's JUnit XML report.
 if [[ -d tests/python && $rc -eq 0 ]]; then
   xml=/tmp/muon-pytest.xml
   rm -f "$xml"
-  MUONRT_LIBRARY="$PWD/bazel-bin/capi/libmuonrt.so" PYTHONPATH="$PWD/python" \
+  MUONRT_LIBRARY="$PWD/python/muonrt/lib/libmuonrt.so" PYTHONPATH="$PWD/python" \
     MUONRUN="$PWD/bazel-bin/tools/muonrun" \
     timeout -k 10 1800 /usr/bin/python3 -m pytest -q -p no:cacheprovider \
     --junitxml="$xml" tests/python || rc=1
-  if [[ -f $xml ]]; then
-    attrs=$(grep -m1 -o '<testsuite [^>]*' "$xml")
-    num() { echo "$attrs" | grep -o " $1=\"[0-9]*\"" | grep -o '[0-9]*' || echo 0; }
-    t=$(num tests); f=$(num failures); e=$(num errors); s=$(num skipped)
-    passed=$(( passed + t - f - e - s ))
-    failed=$(( failed + f + e ))
-    skipped=$(( skipped + s ))
+  count_pytest_results "$xml"
+fi
+# The same package next to PyTorch 2.x: a Debian sid chroot with its
+# python3-torch (FSDP2, DTensor, DCP, torch.optim.Muon; made once and
+# reused while current, tools/torch2_env.sh), running the suites that use
+# torch: the package's own and tests/python/torch2 (real FSDP2/DTensor
+# layouts on 4 gloo ranks, and the library beside torch's own Gloo).
+TORCH2_TESTS=(tests/python/torch2 tests/python/test_optimizer.py
+              tests/python/test_lib.py tests/python/test_state.py
+              tests/python/test_dtensor.py tests/python/test_errors.py)
+if [[ $rc -eq 0 ]]; then
+  start=$SECONDS
+  if bash tools/torch2_env.sh make >/dev/null; then
+    echo "run_tests: PyTorch 2.x environment ready in $((SECONDS - start)) s"
+    root=$(bash tools/torch2_env.sh make 2>/dev/null)
+    rm -f "$root/opt/muon/pytest-torch2.xml"
+    timeout -k 10 1800 bash tools/torch2_env.sh run python3 -m pytest -q \
+      -p no:cacheprovider --junitxml=/opt/muon/pytest-torch2.xml \
+      "${TORCH2_TESTS[@]}" || rc=1
+    cp "$root/opt/muon/pytest-torch2.xml" /tmp/muon-pytest-torch2.xml 2>/dev/null
+    count_pytest_results /tmp/muon-pytest-torch2.xml
   else
-    echo "run_tests: pytest wrote no report"
+    echo "run_tests: making the PyTorch 2.x environment failed"
     failed=$((failed + 1))
+    rc=1
   fi
 fi
 # The README's recipes that start a daemon or a job (blocks marked

@@ -11,6 +11,8 @@ packages=(
   chromium  # tests/python/test_report_page.py: muonctl report in headless Chromium
   iproute2  # ip netns: tests/multihost:two_hosts_test
   clang-14 libfuzzer-14-dev  # fuzz/: libFuzzer targets (fuzz/build.sh)
+  patchelf  # tools/graft_libs.py: the self-contained libmuonrt.so
+  mmdebstrap  # tools/torch2_env.sh: the PyTorch 2.x chroot (sid)
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -2,12 +2,20 @@
 
 The library is found, in this order:
   1. the path in the environment variable MUONRT_LIBRARY;
-  2. libmuonrt.so next to the package (inside python/muonrt/, or in the
+  2. muonrt/lib/libmuonrt.so inside the package: the self-contained copy
+     with its own grafted Gloo, gRPC, protobuf, Abseil and OpenBLAS
+     (tools/graft_libs.py; the test command and `pip install` put it
+     there);
+  3. libmuonrt.so next to the package (inside python/muonrt/, or in the
      directory that holds the package, e.g. site-packages/);
-  3. <repo>/bazel-bin/capi/libmuonrt.so, for the first directory above this
-     file that has one (the repository checkout).
+  4. <repo>/bazel-bin/capi/libmuonrt.so, for the first directory above this
+     file that has one (the repository checkout; it needs the host's
+     libraries and may clash with another PyTorch's Gloo).
 It is loaded on first use (``import muonrt`` works without it), once per
-process. Every function gets its argtypes and restype; a call that returns a
+process, with RTLD_LOCAL | RTLD_DEEPBIND: the library and the libraries it
+needs resolve their symbols in their own scope first, so a Gloo or protobuf
+that PyTorch loaded into the process (another version, the same symbol
+names) is never bound to ours. Every function gets its argtypes and restype; a call that returns a
 non-zero status raises the Python exception of that status with the
 library's message (muonrt_last_error()), see ``check``.
 
@@ -246,6 +254,8 @@ _SIGNATURES = {
 }
 
 LIBRARY_NAME = "libmuonrt.so"
+# dlopen flags: our own scope before the process's (see the docstring).
+_LOAD_MODE = os.RTLD_LOCAL | getattr(os, "RTLD_DEEPBIND", 0)
 _lock = threading.Lock()
 _lib = None
 _lib_path = None
@@ -258,6 +268,7 @@ def candidate_paths():
     if env:
         paths.append(env)
     package_dir = os.path.dirname(os.path.abspath(__file__))
+    paths.append(os.path.join(package_dir, "lib", LIBRARY_NAME))
     paths.append(os.path.join(package_dir, LIBRARY_NAME))
     paths.append(os.path.join(os.path.dirname(package_dir), LIBRARY_NAME))
     d = package_dir
@@ -301,7 +312,7 @@ def lib():
         if _lib is not None:
             return _lib
         path = _find()
-        handle = ctypes.CDLL(os.path.abspath(path))
+        handle = ctypes.CDLL(os.path.abspath(path), mode=_LOAD_MODE)
         for name, (restype, argtypes) in _SIGNATURES.items():
             try:
                 fn = getattr(handle, name)

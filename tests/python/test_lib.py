@@ -47,7 +47,13 @@ def test_abi_version_and_path(lib):
 def test_library_next_to_the_package_is_found(lib, tmp_path):
     shutil.copytree(os.path.join(REPO, "python", "muonrt"),
                     tmp_path / "muonrt",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+                    ignore=shutil.ignore_patterns("__pycache__", "lib"))
+    # A self-contained library (tools/graft_libs.py) comes with the
+    # libraries grafted beside it.
+    src = os.path.dirname(lib)
+    grafted = [f for f in os.listdir(src) if "-muonrt.so" in f]
+    for f in grafted:
+        shutil.copy(os.path.join(src, f), tmp_path / "muonrt" / f)
     shutil.copy(lib, tmp_path / "muonrt" / "libmuonrt.so")
     r = run_py("import muonrt; print(muonrt.library_path()); "
                "print(muonrt.abi_version())",
@@ -62,18 +68,39 @@ def test_library_in_bazel_bin_is_found_walking_up(lib):
     built = os.path.join(REPO, "bazel-bin", "capi", "libmuonrt.so")
     if not os.path.isfile(built):
         pytest.skip("bazel-bin/capi/libmuonrt.so is not built")
+    # A copy of the package without its packaged library, inside the
+    # checkout (.cache/ is git-ignored), so that the walk up finds bazel-bin.
+    where = os.path.join(REPO, ".cache", "walkup-test")
+    shutil.rmtree(where, ignore_errors=True)
+    try:
+        shutil.copytree(os.path.join(REPO, "python", "muonrt"),
+                        os.path.join(where, "muonrt"),
+                        ignore=shutil.ignore_patterns("__pycache__", "lib"))
+        r = run_py("import muonrt; print(muonrt.library_path())",
+                   {"MUONRT_LIBRARY": None, "PYTHONPATH": where})
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+    assert r.returncode == 0, r.stderr
+    assert os.path.samefile(r.stdout.strip(), built)
+
+
+def test_packaged_self_contained_library_is_found_first(lib):
+    packaged = os.path.join(REPO, "python", "muonrt", "lib", "libmuonrt.so")
+    if not os.path.isfile(packaged):
+        pytest.skip("python/muonrt/lib is not made (tools/graft_libs.py)")
     r = run_py("import muonrt; print(muonrt.library_path())",
                {"MUONRT_LIBRARY": None,
                 "PYTHONPATH": os.path.join(REPO, "python")})
     assert r.returncode == 0, r.stderr
-    assert os.path.samefile(r.stdout.strip(), built)
+    assert os.path.samefile(r.stdout.strip(), packaged)
 
 
 def test_candidate_paths_order(monkeypatch):
     monkeypatch.setenv("MUONRT_LIBRARY", "/x/libmuonrt.so")
     paths = _lib.candidate_paths()
     pkg = os.path.dirname(os.path.abspath(_lib.__file__))
-    assert paths[:3] == ["/x/libmuonrt.so",
+    assert paths[:4] == ["/x/libmuonrt.so",
+                         os.path.join(pkg, "lib", "libmuonrt.so"),
                          os.path.join(pkg, "libmuonrt.so"),
                          os.path.join(os.path.dirname(pkg), "libmuonrt.so")]
     assert os.path.join(REPO, "bazel-bin", "capi", "libmuonrt.so") in paths

@@ -1,0 +1,156 @@
+"""One rank of a real PyTorch 2.x layout stepped by muonrt.Muon
+(tests/python/torch2/test_layouts.py starts 4 of them).
+
+    layout_worker.py LAYOUT STEPS OUT_DIR      (RANK, WORLD_SIZE,
+                                                MASTER_ADDR, MASTER_PORT set)
+
+Builds the model of LAYOUT, shards it with PyTorch's own APIs (fully_shard,
+parallelize_module, distribute_tensor) on a DeviceMesh over gloo, gives
+every parameter the gradient that `gradients()` defines for the whole
+tensor (distributed with the parameter's own placements, as backward would
+leave it), steps muonrt.Muon (which reads mesh, placements and global
+shapes from the DTensors alone), and on rank 0 saves the full parameters
+(full_tensor()) to OUT_DIR/result.pt. The same module's `reference()` runs
+the same steps on whole tensors in one process.
+"""
+import os
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+LR = 0.02
+
+
+class Net(torch.nn.Module):
+    """Two linears without bias: [130, 48] (uneven rows over 4) and
+    [48, 130]; plus [2, 16] (empty shards over 4)."""
+
+    def __init__(self):
+        super().__init__()
+        self.l0 = torch.nn.Linear(48, 130, bias=False)
+        self.l1 = torch.nn.Linear(130, 48, bias=False)
+        self.tiny = torch.nn.Linear(16, 2, bias=False)
+
+
+def initial():
+    g = torch.Generator().manual_seed(0)
+    return {"l0.weight": torch.randn(130, 48, generator=g) * 0.05,
+            "l1.weight": torch.randn(48, 130, generator=g) * 0.05,
+            "tiny.weight": torch.randn(2, 16, generator=g) * 0.05,
+            "experts": torch.randn(4, 24, 16, generator=g) * 0.05}
+
+
+def gradients(step):
+    g = torch.Generator().manual_seed(1000 + step)
+    return {n: torch.randn(t.shape, generator=g)
+            for n, t in initial().items()}
+
+
+def names(layout):
+    if layout == "ep":
+        return ["experts"]
+    if layout in ("tp", "fsdp_tp"):
+        return ["l0.weight", "l1.weight"]
+    return ["l0.weight", "l1.weight", "tiny.weight"]
+
+
+def build(layout, mesh):
+    """The layout's parameters as DTensors: name -> nn.Parameter."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+    init = initial()
+    if layout == "ep":
+        p = torch.nn.Parameter(distribute_tensor(init["experts"], mesh,
+                                                 [Shard(0)]))
+        return {"experts": p}
+    net = Net()
+    with torch.no_grad():
+        for n, p in net.named_parameters():
+            p.copy_(init[n])
+    if layout in ("tp", "fsdp_tp"):
+        del net.tiny
+        from torch.distributed.tensor.parallel import (
+            ColwiseParallel, RowwiseParallel, parallelize_module)
+        tp_mesh = mesh["tp"] if layout == "fsdp_tp" else mesh
+        parallelize_module(net, tp_mesh, {"l0": ColwiseParallel(),
+                                          "l1": RowwiseParallel()})
+    if layout in ("fsdp", "hsdp", "fsdp_tp"):
+        from torch.distributed.fsdp import fully_shard
+        dp_mesh = mesh["dp"] if layout == "fsdp_tp" else mesh
+        for m in (net.l0, net.l1):
+            fully_shard(m, mesh=dp_mesh)
+        fully_shard(net, mesh=dp_mesh)
+    return dict(net.named_parameters())
+
+
+def make_mesh(layout):
+    from torch.distributed.device_mesh import init_device_mesh
+    shapes = {"fsdp": ((4,), ("dp",)), "tp": ((4,), ("tp",)),
+              "ep": ((4,), ("ep",)),
+              "hsdp": ((2, 2), ("replicate", "shard")),
+              "fsdp_tp": ((2, 2), ("dp", "tp"))}
+    shape, dim_names = shapes[layout]
+    return init_device_mesh("cpu", shape, mesh_dim_names=dim_names)
+
+
+def main():
+    layout, steps, out_dir = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    import torch.distributed as dist
+    from torch.distributed.tensor import distribute_tensor
+    import muonrt
+    dist.init_process_group("gloo")
+    pg = muonrt.init_process_group(timeout=120)
+    mesh = make_mesh(layout)
+    params = build(layout, mesh)
+    assert sorted(params) == sorted(names(layout)), sorted(params)
+    for n, p in params.items():
+        print(f"rank {dist.get_rank()}: {n} {tuple(p.shape)} "
+              f"{p.placements} local {tuple(p.to_local().shape)}",
+              flush=True)
+    opt = muonrt.Muon(list(params.items()), lr=LR,
+                      expert_stacks=["experts"] if layout == "ep" else ())
+    for step in range(steps):
+        full = gradients(step)
+        for n, p in params.items():
+            p.grad = distribute_tensor(full[n], p.device_mesh, p.placements)
+        opt.step()
+    result = {n: p.full_tensor().detach().clone() for n, p in params.items()}
+    if dist.get_rank() == 0:
+        torch.save(result, os.path.join(out_dir, "result.pt"))
+    pg.destroy()
+    dist.destroy_process_group()
+
+
+def reference(layout, steps, optimizer="muonrt"):
+    """The same steps on whole tensors in one process: muonrt.Muon (no
+    process group), or torch.optim.Muon."""
+    import muonrt
+    init = initial()
+    params = {n: torch.nn.Parameter(init[n].clone()) for n in names(layout)}
+    if optimizer == "torch" and layout == "ep":
+        # torch.optim.Muon takes 2-D parameters: one per expert slice.
+        slices = [torch.nn.Parameter(init["experts"][k].clone())
+                  for k in range(init["experts"].shape[0])]
+        opt = torch.optim.Muon(slices, lr=LR)
+        for step in range(steps):
+            g = gradients(step)["experts"]
+            for k, p in enumerate(slices):
+                p.grad = g[k].clone()
+            opt.step()
+        return {"experts": torch.stack([p.detach() for p in slices])}
+    if optimizer == "torch":
+        opt = torch.optim.Muon(list(params.values()), lr=LR)
+    else:
+        opt = muonrt.Muon(list(params.items()), lr=LR,
+                          expert_stacks=["experts"] if layout == "ep" else ())
+    for step in range(steps):
+        full = gradients(step)
+        for n, p in params.items():
+            p.grad = full[n].clone()
+        opt.step()
+    return {n: p.detach().clone() for n, p in params.items()}
+
+
+if __name__ == "__main__":
+    main()
