@@ -72,6 +72,7 @@ Differences from torch.optim.Muon
   parameters it runs in bf16 with fp32 accumulation, as torch's. Momentum
   buffers are fp32.
 """
+import collections.abc
 import ctypes
 import json
 import os
@@ -109,6 +110,20 @@ def _destroy_all():
 def _is_dtensor(t):
     return (hasattr(t, "placements") and hasattr(t, "device_mesh")
             and hasattr(t, "to_local"))
+
+
+def _dtensor_class():
+    """torch's DTensor class (torch.distributed.tensor from 2.4,
+    torch.distributed._tensor before), or None without one."""
+    try:
+        from torch.distributed.tensor import DTensor
+        return DTensor
+    except ImportError:
+        try:
+            from torch.distributed._tensor import DTensor
+            return DTensor
+        except ImportError:
+            return None
 
 
 def _local(t):
@@ -320,6 +335,10 @@ class Muon(torch.optim.Optimizer):
             self._group_slots.append(list(range(k, k + n)))
             k += n
         self._pushed = [None] * len(self.param_groups)
+        # torch's per-parameter state, read through the library (see
+        # _StateView): never empty, so torch.distributed.checkpoint's
+        # get/set_optimizer_state_dict do not "initialize" it with a step.
+        self.state = _StateView(self)
 
     # ---- param groups ------------------------------------------------------
 
@@ -806,21 +825,40 @@ class Muon(torch.optim.Optimizer):
             "placements": [list(s.placements) for s in self._slots],
         }
 
+    def _momentum_state(self, i):
+        """Parameter i's momentum buffer as torch.optim.Muon's state holds
+        it: a copy of the local shard, or, for a DTensor parameter, a
+        DTensor with the parameter's mesh, placements and global shape
+        (so that torch.distributed.checkpoint reshards it)."""
+        buf = self.momentum_buffer(i)
+        p = self._slots[i].param
+        DTensor = _dtensor_class()
+        if not _is_dtensor(p) or DTensor is None or not isinstance(p, DTensor):
+            return buf
+        return DTensor.from_local(buf, device_mesh=p.device_mesh,
+                                  placements=p.placements, run_check=False,
+                                  shape=p.shape, stride=p.stride())
+
     def state_dict(self):
         """This rank's state in torch's structure:
-        ``{"state": {i: {"momentum_buffer": fp32 tensor (local shard,
-        copied)}}, "param_groups": [group options with "params": [indices]
-        and "param_names"], "muonrt": {"step", "rank", "world_size",
-        "mesh", "names", "global_shapes", "local_shapes", "placements"}}``.
-        torch.save / torch.load round-trip it; load_state_dict restores it
-        on the same layout (save_checkpoint reshards)."""
-        state = {i: {"momentum_buffer": self.momentum_buffer(i)}
+        ``{"state": {i: {"momentum_buffer": fp32 tensor}}, "param_groups":
+        [group options with "params": [indices], "param_names" and
+        "muonrt_step"], "muonrt": {"step", "rank", "world_size", "mesh",
+        "names", "global_shapes", "local_shapes", "placements"}}``. The
+        momentum buffer is a copy of the local shard, or a DTensor on the
+        parameter's mesh with its placements for DTensor parameters
+        (torch.distributed.checkpoint's get_optimizer_state_dict and
+        dcp.save reshard it; "muonrt_step" carries the step count through
+        it). torch.save / torch.load round-trip it; load_state_dict restores
+        it on the same layout, or from DTensors of any layout."""
+        state = {i: {"momentum_buffer": self._momentum_state(i)}
                  for i in range(len(self._slots))}
         groups = []
         for gi, group in enumerate(self.param_groups):
             packed = {k: v for k, v in group.items() if k != "params"}
             packed["param_names"] = list(group["param_names"])
             packed["params"] = list(self._group_slots[gi])
+            packed["muonrt_step"] = self.step_count
             groups.append(packed)
         return {"state": state, "param_groups": groups,
                 "muonrt": self._layout_meta()}
@@ -877,6 +915,8 @@ class Muon(torch.optim.Optimizer):
                             f"{name!r}: {key[:-1].replace('_', ' ')} "
                             f"{list(a)} in the state_dict, {list(b)} here")
             step = int(meta["step"])
+        elif saved_groups and "muonrt_step" in saved_groups[0]:
+            step = int(saved_groups[0]["muonrt_step"])
         buffers = []
         for gi, sg in enumerate(saved_groups):
             for j, key in enumerate(sg["params"]):
@@ -885,6 +925,8 @@ class Muon(torch.optim.Optimizer):
                 buf = entry.get("momentum_buffer") if entry else None
                 if buf is None:  # torch: no state yet = zeros at next step
                     buf = torch.zeros(s.local_shape, dtype=torch.float32)
+                if _is_dtensor(buf):
+                    buf = self._local_momentum(s, buf)
                 if not isinstance(buf, torch.Tensor):
                     raise ValueError(
                         f"muonrt.Muon.load_state_dict: momentum_buffer of "
@@ -906,9 +948,24 @@ class Muon(torch.optim.Optimizer):
                   n)
         for g, sg in zip(groups, saved_groups):
             for k, v in sg.items():
-                if k not in ("params", "param_names"):
+                if k not in ("params", "param_names", "muonrt_step"):
                     g[k] = v
         self._pushed = [None] * len(groups)
+
+    def _local_momentum(self, s, buf):
+        """This rank's shard of a DTensor momentum buffer `buf`, in the
+        parameter's layout (redistributed when the state_dict came from
+        another layout on the same mesh)."""
+        if tuple(buf.shape) != tuple(s.global_shape):
+            raise ValueError(
+                f"muonrt.Muon.load_state_dict: momentum_buffer of {s.name!r} "
+                f"has global shape {list(buf.shape)}, the parameter "
+                f"{list(s.global_shape)}")
+        p = s.param
+        if _is_dtensor(p) and (buf.device_mesh != p.device_mesh or
+                               tuple(buf.placements) != tuple(p.placements)):
+            buf = buf.redistribute(p.device_mesh, p.placements)
+        return _local(buf)
 
     def save_checkpoint(self, directory, barrier=True):
         """Writes this rank's state (momentum shards, step) to
@@ -957,3 +1014,29 @@ class Muon(torch.optim.Optimizer):
         _lib.call("muonrt_optimizer_last_step_stats", self._h,
                   ctypes.byref(st))
         return {name: getattr(st, name) for name, _ in st._fields_}
+
+
+class _StateView(collections.abc.Mapping):
+    """Muon.state: torch's per-parameter optimizer state (``state[param]
+    == {"momentum_buffer": tensor}``), read from the library on access
+    (copies: write through load_state_dict)."""
+
+    def __init__(self, opt):
+        self._opt = weakref.ref(opt)
+
+    def _params(self):
+        opt = self._opt()
+        return [] if opt is None else [s.param for s in opt._slots]
+
+    def __getitem__(self, param):
+        opt = self._opt()
+        for i, p in enumerate(self._params()):
+            if p is param:
+                return {"momentum_buffer": opt._momentum_state(i)}
+        raise KeyError("parameter not in this optimizer")
+
+    def __iter__(self):
+        return iter(self._params())
+
+    def __len__(self):
+        return len(self._params())

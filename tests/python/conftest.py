@@ -32,3 +32,32 @@ def library_or_skip():
 @pytest.fixture
 def lib():
     return library_or_skip()
+
+
+# The PyTorch 2.x suite (tests/python/torch2; tools/torch2_env.sh runs it
+# in a Debian sid chroot) is skipped with its reason on an older torch
+# (Debian 12's 1.13).
+TORCH2_DIR = os.path.join(HERE, "torch2")
+
+
+def _torch_version():
+    import torch
+    return tuple(int(x) for x in
+                 torch.__version__.split("+")[0].split(".")[:2])
+
+
+def pytest_report_header(config):
+    import torch
+    return (f"torch {torch.__version__}, Python {sys.version.split()[0]}")
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+    if _torch_version() >= (2, 6):
+        return
+    skip = pytest.mark.skip(
+        reason=f"needs PyTorch >= 2.6 (FSDP2, DTensor, torch.optim.Muon); "
+               f"this is {torch.__version__}: tools/torch2_env.sh runs it")
+    for item in items:
+        if str(item.fspath).startswith(TORCH2_DIR):
+            item.add_marker(skip)

@@ -13,65 +13,27 @@ update. We demand ||W_muonrt - W_torch||_F <= 4e-2 ||W_torch - W_0||_F
 values are printed.
 """
 import os
-import socket
-import subprocess
 import sys
-import time
 
 import pytest
 import torch
 
-import layout_worker
-
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import layout_worker  # noqa: E402
+from ranks import run_ranks  # noqa: E402
 STEPS = 3
 WORLD = 4
 BOUND = 4e-2
 
 
-def free_port_pair():
-    """A port p with p + 1 free too (torch's TCPStore on p, muonrt's
-    embedded coordinator on p + 1)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            p = s.getsockname()[1]
-        try:
-            with socket.socket() as s2:
-                s2.bind(("127.0.0.1", p + 1))
-            return p
-        except OSError:
-            continue
-    raise RuntimeError("no free port pair")
-
-
 def run_layout(layout, tmp_path):
-    port = free_port_pair()
-    procs = []
-    for rank in range(WORLD):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(WORLD),
-                   LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(WORLD),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   USE_LIBUV="0", OMP_NUM_THREADS="1",
-                   MUON_JOB_ID=f"torch2-{layout}")
-        procs.append(subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "layout_worker.py"), layout,
-             str(STEPS), str(tmp_path)], env=env, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True))
-    deadline = time.time() + 240
-    outputs = []
-    for p in procs:
-        try:
-            out, _ = p.communicate(timeout=max(1, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            out, _ = p.communicate()
-            pytest.fail(f"{layout}: a rank did not finish in 240 s:\n{out}")
-        outputs.append(out)
-    for rank, (p, out) in enumerate(zip(procs, outputs)):
-        assert p.returncode == 0, f"{layout} rank {rank} failed:\n{out}"
-    print(outputs[0])
+    results = run_ranks(WORLD, [os.path.join(HERE, "layout_worker.py"),
+                                layout, str(STEPS), str(tmp_path)],
+                        job_id=f"torch2-{layout}")
+    for rank, (rc, out) in enumerate(results):
+        assert rc == 0, f"{layout} rank {rank} exit {rc}:\n{out}"
+    print(results[0][1])
     return torch.load(os.path.join(tmp_path, "result.pt"))
 
 

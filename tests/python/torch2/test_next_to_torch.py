@@ -6,14 +6,13 @@ symbol our library and our Gloo use to our grafted copy
 (libgloo-muonrt.so.0), never to torch's (LD_DEBUG=bindings)."""
 import os
 import re
-import socket
-import subprocess
 import sys
-import time
 
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from ranks import run_ranks  # noqa: E402
 
 RANK_CODE = r"""
 import os, torch, torch.distributed as dist
@@ -36,50 +35,19 @@ dist.destroy_process_group()
 """
 
 
-def free_port_pair():
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            p = s.getsockname()[1]
-        try:
-            with socket.socket() as s2:
-                s2.bind(("127.0.0.1", p + 1))
-            return p
-        except OSError:
-            continue
-    raise RuntimeError("no free port pair")
-
-
 def test_two_ranks_beside_torch_gloo_bind_to_our_gloo(tmp_path):
     import muonrt
     lib_path = muonrt.library_path()
     if "-muonrt" not in " ".join(os.listdir(os.path.dirname(lib_path))):
         pytest.skip(f"{lib_path} is not the self-contained library "
                     f"(tools/graft_libs.py)")
-    port = free_port_pair()
-    procs = []
-    for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   USE_LIBUV="0", MUON_JOB_ID="next-to-torch")
-        if rank == 1:
-            env["LD_DEBUG"] = "bindings"
-            env["LD_DEBUG_OUTPUT"] = str(tmp_path / "ld")
-        procs.append(subprocess.Popen([sys.executable, "-c", RANK_CODE],
-                                      env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
-    deadline = time.time() + 120
-    outs = []
-    for p in procs:
-        try:
-            out, _ = p.communicate(timeout=max(1, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail("a rank did not finish in 120 s")
-        outs.append(out)
-    for rank, (p, out) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0, f"rank {rank}:\n{out}"
+    results = run_ranks(2, ["-c", RANK_CODE], timeout_s=120,
+                        job_id="next-to-torch",
+                        extra_env={1: {"LD_DEBUG": "bindings",
+                                       "LD_DEBUG_OUTPUT": str(tmp_path / "ld")}})
+    outs = [out for _, out in results]
+    for rank, (rc, out) in enumerate(results):
+        assert rc == 0, f"rank {rank} exit {rc}:\n{out}"
         assert "our_gloo True" in out, out
         assert "sum [3.0, 3.0, 3.0]" in out, out
     torch_gloo_loaded = "torch_gloo True" in outs[1]

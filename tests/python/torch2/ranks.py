@@ -1,0 +1,55 @@
+"""Starting N rank processes of a torch.distributed + muonrt job on this
+machine the way torchrun's env:// does (RANK, WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT; Debian's torchrun needs libuv, which its build lacks, so the
+tests spawn the ranks themselves), bounded in time."""
+import os
+import socket
+import subprocess
+import sys
+import time
+
+
+def free_port_pair():
+    """A port p with p + 1 free too (torch's TCPStore on p, muonrt's
+    embedded coordinator on p + 1)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            p = s.getsockname()[1]
+        try:
+            with socket.socket() as s2:
+                s2.bind(("127.0.0.1", p + 1))
+            return p
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair on 127.0.0.1")
+
+
+def run_ranks(world, argv, timeout_s=240, job_id="torch2", extra_env=None):
+    """Runs `argv` (after the Python interpreter) as ranks 0..world-1;
+    returns each rank's (returncode, output). A rank still running after
+    `timeout_s` is killed, with every other rank, and reported as
+    returncode None."""
+    port = free_port_pair()
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world),
+                   LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   USE_LIBUV="0", OMP_NUM_THREADS="1", MUON_JOB_ID=job_id)
+        env.update((extra_env or {}).get(rank, {}))
+        procs.append(subprocess.Popen([sys.executable] + list(argv), env=env,
+                                      stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    deadline = time.time() + timeout_s
+    results = []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=max(1, deadline - time.time()))
+            results.append((p.returncode, out))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            out, _ = p.communicate()
+            results.append((None, out))
+    return results
