@@ -7,9 +7,10 @@
 #   bash tools/torch2_env.sh make            # make or reuse; prints the root
 #   bash tools/torch2_env.sh run CMD ARGS    # runs CMD inside, from /opt/muon
 #
-# `run` copies the repository's python/ and tests/python/ and the
-# self-contained library (python/muonrt/lib, tools/graft_libs.py) into
-# ROOT/opt/muon first, mounts /proc for the command and unmounts it after
+# `run` copies the repository's python/ (with the self-contained library in
+# python/muonrt/lib, tools/graft_libs.py), tests/python/,
+# examples/fashion_mnist_torch/ and the Fashion-MNIST data
+# (/usr/share/datasets/fashion-mnist -> data/) into ROOT/opt/muon first, mounts /proc for the command and unmounts it after
 # (also on failure or interruption).
 # The root is $MUON_TORCH2_ROOT (default /var/cache/muon/torch2-root). It is
 # current when its stamp names the same package list and it is younger than
@@ -56,6 +57,11 @@ copy_in() {
   mkdir -p "$dst/tests" "$dst/tools"
   cp -a python "$dst/python"
   cp -a tests/python "$dst/tests/python"
+  mkdir -p "$dst/examples" "$dst/data"
+  cp -a examples/fashion_mnist_torch "$dst/examples/"
+  if [[ -d /usr/share/datasets/fashion-mnist ]]; then
+    cp -a /usr/share/datasets/fashion-mnist "$dst/data/"
+  fi
   [[ -d python/muonrt/lib ]] || {
     echo "torch2_env: python/muonrt/lib is missing: run tools/graft_libs.py" >&2
     exit 1
