@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/checked_math.h"
 #include "common/status_macros.h"
@@ -20,6 +21,10 @@ std::string Placement::ToString() const {
     case Kind::kReplicate:
       return "Replicate()";
     case Kind::kShard:
+      if (split_factor > 1) {
+        return absl::StrCat("_StridedShard(dim=", dim, ", sf=", split_factor,
+                            ")");
+      }
       return absl::StrCat("Shard(", dim, ")");
     case Kind::kPartial:
       return "Partial()";
@@ -42,9 +47,29 @@ absl::StatusOr<Placement> Placement::Parse(absl::string_view text) {
     int d = 0;
     if (absl::SimpleAtoi(inner, &d) && d >= 0) return Placement::Shard(d);
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown placement \"", text,
-                   "\": expected Replicate(), Shard(d) or Partial()"));
+  inner = t;
+  if (absl::ConsumePrefix(&inner, "_StridedShard(") &&
+      absl::ConsumeSuffix(&inner, ")")) {
+    // "dim=0, sf=2" or "0, 2" (torch's repr spells split_factor "sf").
+    std::vector<absl::string_view> parts = absl::StrSplit(inner, ',');
+    int d = -1, sf = 0;
+    if (parts.size() == 2) {
+      absl::string_view a = absl::StripAsciiWhitespace(parts[0]);
+      absl::string_view b = absl::StripAsciiWhitespace(parts[1]);
+      absl::ConsumePrefix(&a, "dim=");
+      if (!absl::ConsumePrefix(&b, "sf=")) {
+        absl::ConsumePrefix(&b, "split_factor=");
+      }
+      if (absl::SimpleAtoi(a, &d) && absl::SimpleAtoi(b, &sf) && d >= 0 &&
+          sf >= 1 && sf <= kMaxWorldSize) {
+        return Placement::StridedShard(d, sf);
+      }
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown placement \"", text,
+      "\": expected Replicate(), Shard(d), _StridedShard(dim=d, sf=k) or "
+      "Partial()"));
 }
 
 Mesh Mesh::OneDim(int world_size, const std::string& name) {
@@ -160,6 +185,30 @@ bool SubMesh::Contains(const std::vector<int>& coord) const {
   return true;
 }
 
+absl::Status CheckStridedShards(const std::vector<Placement>& placements,
+                                const Mesh& mesh) {
+  for (int d = 0; d < static_cast<int>(placements.size()); ++d) {
+    const Placement& p = placements[d];
+    if (!p.is_strided()) continue;
+    int64_t later = 1;
+    for (int e = d + 1; e < static_cast<int>(placements.size()); ++e) {
+      const Placement& q = placements[e];
+      if (q.is_shard() && !q.is_strided() && q.dim == p.dim) {
+        later *= mesh.sizes[e];
+      }
+    }
+    if (later != p.split_factor) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          p.ToString(), " on mesh dim \"", mesh.names[d],
+          "\": the split factor must be the product of the sizes of the later "
+          "mesh dims that Shard(",
+          p.dim, ") (", later,
+          " here), as FSDP2 over tensor parallelism makes it"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<Range>> LocalRanges(
     const std::vector<int64_t>& shape, const std::vector<Placement>& placements,
     const Mesh& mesh, const std::vector<int>& coord, const SubMesh& sub_mesh) {
@@ -170,7 +219,17 @@ absl::StatusOr<std::vector<Range>> LocalRanges(
   }
   std::vector<Range> ranges;
   for (int64_t n : shape) ranges.push_back(Range{0, n});
+  MUON_RETURN_IF_ERROR(CheckStridedShards(placements, mesh));
+  // Shard(d) in mesh order, then _StridedShard(d, k) in mesh order (they
+  // chunk what the later mesh dims left).
+  std::vector<int> order;
   for (int d = 0; d < mesh.ndim(); ++d) {
+    if (!placements[d].is_strided()) order.push_back(d);
+  }
+  for (int d = 0; d < mesh.ndim(); ++d) {
+    if (placements[d].is_strided()) order.push_back(d);
+  }
+  for (int d : order) {
     const Placement& p = placements[d];
     if (p.kind == Placement::Kind::kPartial) {
       return absl::InvalidArgumentError(

@@ -19,21 +19,35 @@ struct Placement {
   enum class Kind { kReplicate, kShard, kPartial };
   Kind kind = Kind::kReplicate;
   int dim = 0;  // tensor dim, for kShard only
+  // kShard only: 1 for Shard(d); K > 1 for DTensor's _StridedShard(d,
+  // split_factor=K), the placement FSDP2 gives its mesh dim when it shards
+  // a tensor dim that tensor parallelism (a later mesh dim) already
+  // sharded: this mesh dim chunks the tensor dim after the later mesh dims
+  // that shard it (whose sizes multiply to K), i.e. FSDP2 chunks the
+  // TP-local shard (torch/distributed/tensor/placement_types.py).
+  int split_factor = 1;
 
   static Placement Replicate() { return {Kind::kReplicate, 0}; }
   static Placement Shard(int d) { return {Kind::kShard, d}; }
+  static Placement StridedShard(int d, int split_factor) {
+    return {Kind::kShard, d, split_factor};
+  }
   static Placement Partial() { return {Kind::kPartial, 0}; }
   bool is_shard() const { return kind == Kind::kShard; }
+  bool is_strided() const { return kind == Kind::kShard && split_factor > 1; }
   bool is_replicate() const { return kind == Kind::kReplicate; }
 
-  // "Replicate()", "Shard(0)", "Partial()".
+  // "Replicate()", "Shard(0)", "_StridedShard(dim=0, sf=2)", "Partial()".
   std::string ToString() const;
   // Parses DTensor spelling: "Replicate()", "Replicate", "R", "Shard(d)",
-  // "S(d)", "Partial()". Errors: InvalidArgument naming the text.
+  // "S(d)", "_StridedShard(dim=d, sf=k)" (also "_StridedShard(d, k)"),
+  // "Partial()". Errors: InvalidArgument naming the text.
   static absl::StatusOr<Placement> Parse(absl::string_view text);
 
   friend bool operator==(const Placement& a, const Placement& b) {
-    return a.kind == b.kind && (a.kind != Kind::kShard || a.dim == b.dim);
+    return a.kind == b.kind &&
+           (a.kind != Kind::kShard ||
+            (a.dim == b.dim && a.split_factor == b.split_factor));
   }
   friend bool operator!=(const Placement& a, const Placement& b) {
     return !(a == b);
@@ -150,6 +164,13 @@ struct SubMesh {
   bool Contains(const std::vector<int>& coord) const;
   bool empty() const { return dims.empty(); }
 };
+
+// Checks every _StridedShard(d, k) in `placements` (one per mesh dim): k
+// must be the product of the sizes of the later mesh dims that Shard(d)
+// (FSDP2 over tensor parallelism's placement; the only use supported).
+// Errors: InvalidArgument naming the placement, mesh dim and expected k.
+absl::Status CheckStridedShards(const std::vector<Placement>& placements,
+                                const Mesh& mesh);
 
 // Ranges of every tensor dim held at mesh coordinate `coord` for a tensor
 // of `shape` (any rank >= 1) under `placements` (one per mesh dim); all

@@ -272,12 +272,15 @@ class Replicate:
 
 _SHARD_RE = re.compile(r"^Shard\(\s*(?:dim\s*=\s*)?(\d+)\s*\)$")
 _REPLICATE_RE = re.compile(r"^Replicate\(\s*\)$")
+_STRIDED_RE = re.compile(
+    r"^_StridedShard\(\s*(?:dim\s*=\s*)?(\d+)\s*,\s*(?:sf|split_factor)\s*=\s*(\d+)\s*\)$")
 
 
 def normalize_placement(placement):
     """The DTensor spelling the library takes ("Shard(0)", "Replicate()")
     of a string or placement object (torch's Shard(dim=0) included).
-    Raises ValueError for anything else (Partial(), _StridedShard, ...)."""
+    _StridedShard(dim=d, sf=k) (FSDP2 over tensor parallelism) is kept as
+    such. Raises ValueError for anything else (Partial(), ...)."""
     if isinstance(placement, str):
         text = placement.strip()
     else:
@@ -288,9 +291,18 @@ def normalize_placement(placement):
             return f"Shard({placement.dim})"
         if cls == "Replicate":
             return "Replicate()"
+        # FSDP2 over tensor parallelism: this mesh dim chunks the TP-local
+        # shard (DTensor's _StridedShard(dim, split_factor)).
+        if cls == "_StridedShard" and isinstance(
+                getattr(placement, "dim", None), int):
+            return (f"_StridedShard(dim={placement.dim}, "
+                    f"sf={int(placement.split_factor)})")
     m = _SHARD_RE.match(text)
     if m:
         return f"Shard({int(m.group(1))})"
+    m = _STRIDED_RE.match(text)
+    if m:
+        return f"_StridedShard(dim={int(m.group(1))}, sf={int(m.group(2))})"
     if _REPLICATE_RE.match(text):
         return "Replicate()"
     if text.startswith("Partial"):

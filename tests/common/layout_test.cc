@@ -154,7 +154,8 @@ TEST(PlacementTest, Parse_MalformedText_ReturnsInvalidArgumentNamingIt) {
     EXPECT_THAT(Placement::Parse(text),
                 StatusIs(kInvalidArgument,
                          AllOf(HasSubstr(absl::StrCat("\"", text, "\"")),
-                               HasSubstr("Replicate(), Shard(d) or "
+                               HasSubstr("Replicate(), Shard(d), "
+                                         "_StridedShard(dim=d, sf=k) or "
                                          "Partial()"))));
   }
 }
@@ -435,6 +436,54 @@ TEST(LocalRangesTest, LocalRanges_OneDimTensorShard0_TorchChunk) {
     ASSERT_THAT(got, IsOk());
     EXPECT_THAT(*got, ElementsAre(want[r])) << "rank " << r;
   }
+}
+
+// FSDP2 over tensor parallelism on dp=2 x tp=2: ColwiseParallel shards
+// the 130 rows over tp (65, 65), FSDP2 then chunks each TP-local shard over
+// dp (33, 32), which DTensor spells [_StridedShard(dim=0, sf=2),
+// Shard(0)]: rank (d, t) holds chunk d of chunk t.
+TEST(LocalRangesTest, LocalRanges_StridedShardOverTp_ChunksTheTpShard) {
+  const Mesh mesh = MakeMesh({"dp", "tp"}, {2, 2});
+  const std::vector<Placement> placements = {Placement::StridedShard(0, 2),
+                                             Placement::Shard(0)};
+  const std::vector<Range> want = {{0, 33}, {65, 98}, {33, 65}, {98, 130}};
+  for (int r = 0; r < 4; ++r) {
+    absl::StatusOr<std::vector<Range>> got =
+        LocalRanges({130, 48}, placements, mesh, mesh.Coord(r));
+    ASSERT_THAT(got, IsOk());
+    EXPECT_THAT(*got, ElementsAre(want[r], Range{0, 48})) << "rank " << r;
+  }
+  // Plain (Shard(0), Shard(0)) chunks over dp first: another layout.
+  absl::StatusOr<std::vector<Range>> plain = LocalRanges(
+      {130, 48}, {Placement::Shard(0), Placement::Shard(0)}, mesh, {0, 1});
+  ASSERT_THAT(plain, IsOk());
+  EXPECT_EQ((*plain)[0], (Range{33, 65}));
+}
+
+TEST(LocalRangesTest,
+     LocalRanges_StridedShardWrongSplitFactor_InvalidArgument) {
+  const Mesh mesh = MakeMesh({"dp", "tp"}, {2, 2});
+  EXPECT_THAT(LocalRanges({130, 48},
+                          {Placement::StridedShard(0, 4), Placement::Shard(0)},
+                          mesh, {0, 0}),
+              StatusIs(kInvalidArgument,
+                       AllOf(HasSubstr("_StridedShard(dim=0, sf=4)"),
+                             HasSubstr("\"dp\""), HasSubstr("(2 here)"))));
+}
+
+TEST(PlacementTest, StridedShard_ParseAndToStringRoundTrip) {
+  for (const char* text : {"_StridedShard(dim=0, sf=2)", "_StridedShard(0, 2)",
+                           "_StridedShard(dim=1, split_factor=4)"}) {
+    absl::StatusOr<Placement> p = Placement::Parse(text);
+    ASSERT_THAT(p, IsOk()) << text;
+    EXPECT_TRUE(p->is_strided());
+    absl::StatusOr<Placement> again = Placement::Parse(p->ToString());
+    ASSERT_THAT(again, IsOk());
+    EXPECT_EQ(*again, *p);
+  }
+  EXPECT_NE(Placement::StridedShard(0, 2), Placement::Shard(0));
+  EXPECT_THAT(Placement::Parse("_StridedShard(dim=0)"),
+              StatusIs(kInvalidArgument, HasSubstr("_StridedShard")));
 }
 
 // pp=2 x dp_shard=2, [Replicate(), Shard(0)] on [10, 7], living on pp

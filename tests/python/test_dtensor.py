@@ -30,8 +30,10 @@ def test_placement_spellings():
     assert muonrt.Shard(1) != "Partial()"
     with pytest.raises(ValueError, match="Partial"):
         muonrt.normalize_placement(fd.Partial())
+    assert muonrt.normalize_placement("_StridedShard(dim=0, sf=2)") == \
+        "_StridedShard(dim=0, sf=2)"
     with pytest.raises(ValueError, match="not supported"):
-        muonrt.normalize_placement("_StridedShard(dim=0, sf=2)")
+        muonrt.normalize_placement("Strided(0)")
 
 
 def test_torch_placement_classes_if_present():

@@ -24,31 +24,32 @@ NAMES = ("l0.weight", "l1.weight")
 
 
 def build(layout, mesh):
-    """Net without its tiny layer, sharded as LAYOUT (fsdp or tp)."""
+    """Net without its tiny layer, sharded as LAYOUT (fsdp, tp, or fsdp_tp:
+    FSDP2 over TP on a (dp, tp) mesh)."""
     net = layout_worker.Net()
     del net.tiny
     init = layout_worker.initial()
     with torch.no_grad():
         for n, p in net.named_parameters():
             p.copy_(init[n])
-    if layout == "tp":
+    if layout in ("tp", "fsdp_tp"):
         from torch.distributed.tensor.parallel import (
             ColwiseParallel, RowwiseParallel, parallelize_module)
-        parallelize_module(net, mesh, {"l0": ColwiseParallel(),
-                                       "l1": RowwiseParallel()})
-    else:
+        parallelize_module(net, mesh["tp"] if layout == "fsdp_tp" else mesh,
+                           {"l0": ColwiseParallel(), "l1": RowwiseParallel()})
+    if layout in ("fsdp", "fsdp_tp"):
         from torch.distributed.fsdp import fully_shard
+        dp = mesh["dp"] if layout == "fsdp_tp" else mesh
         for m in (net.l0, net.l1):
-            fully_shard(m, mesh=mesh)
-        fully_shard(net, mesh=mesh)
+            fully_shard(m, mesh=dp)
+        fully_shard(net, mesh=dp)
     return net
 
 
 def step(net, opt, k):
-    from torch.distributed.tensor import distribute_tensor
     full = layout_worker.gradients(k)
     for n, p in net.named_parameters():
-        p.grad = distribute_tensor(full[n], p.device_mesh, p.placements)
+        layout_worker.set_grad(p, full[n])
     opt.step()
 
 
@@ -64,8 +65,12 @@ def main():
     dist.init_process_group("gloo")
     pg = muonrt.init_process_group(timeout=120)
     world = dist.get_world_size()
-    mesh = init_device_mesh("cpu", (world,),
-                            mesh_dim_names=("tp" if layout == "tp" else "dp",))
+    if layout == "fsdp_tp":
+        mesh = init_device_mesh("cpu", (world // 2, 2),
+                                mesh_dim_names=("dp", "tp"))
+    else:
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=(
+            "tp" if layout == "tp" else "dp",))
     net = build(layout, mesh)
     opt = muonrt.Muon(list(net.named_parameters()), lr=layout_worker.LR)
     if mode == "save":
@@ -85,9 +90,9 @@ def main():
         assert opt.step_count == 2, opt.step_count
         step(net, opt, 2)
         name = "resumed.pt"
-    result = {n: p.full_tensor().detach().clone()
+    result = {n: layout_worker.gather_full(p)
               for n, p in net.named_parameters()}
-    momentum = {n: opt.state[p]["momentum_buffer"].full_tensor()
+    momentum = {n: layout_worker.gather_full(opt.state[p]["momentum_buffer"])
                 for n, p in net.named_parameters()}
     if dist.get_rank() == 0:
         torch.save({"params": result, "momentum": momentum},

@@ -84,6 +84,63 @@ def build(layout, mesh):
     return dict(net.named_parameters())
 
 
+def local_box(shape, mesh, placements):
+    """The slices of the global tensor this rank holds, as FSDP2 and
+    parallelize_module lay them out: Shard(d) chunks (torch.chunk) in mesh
+    order, then _StridedShard(d) chunks what the later mesh dims left
+    (FSDP2 over TP). torch's distribute_tensor / full_tensor refuse uneven
+    _StridedShard, so the test lays gradients out and gathers results
+    itself with this."""
+    coord = mesh.get_coordinate()
+    box = [(0, n) for n in shape]
+    strided = [i for i, p in enumerate(placements)
+               if type(p).__name__ == "_StridedShard"]
+    order = [i for i in range(len(placements)) if i not in strided] + strided
+    for i in order:
+        p = placements[i]
+        if not hasattr(p, "dim") or type(p).__name__ == "Replicate":
+            continue
+        begin, end = box[p.dim]
+        idx = torch.arange(begin, end)
+        chunks = torch.chunk(idx, mesh.size(i))
+        c = coord[i]
+        if c < len(chunks) and len(chunks[c]):
+            box[p.dim] = (int(chunks[c][0]), int(chunks[c][-1]) + 1)
+        else:
+            box[p.dim] = (end, end)
+    return [slice(b, e) for b, e in box]
+
+
+def strided(p):
+    return any(type(q).__name__ == "_StridedShard" for q in p.placements)
+
+
+def set_grad(p, full):
+    from torch.distributed.tensor import DTensor, distribute_tensor
+    if not strided(p):
+        p.grad = distribute_tensor(full, p.device_mesh, p.placements)
+        return
+    local = full[tuple(local_box(full.shape, p.device_mesh, p.placements))]
+    p.grad = DTensor.from_local(local.contiguous(), p.device_mesh,
+                                p.placements, run_check=False,
+                                shape=full.shape, stride=full.stride())
+
+
+def gather_full(p):
+    """p's global value on every rank (all_gather_object of each rank's
+    box and local shard where full_tensor() refuses the layout)."""
+    import torch.distributed as dist
+    if not strided(p):
+        return p.full_tensor().detach().clone()
+    box = local_box(p.shape, p.device_mesh, p.placements)
+    pieces = [None] * dist.get_world_size()
+    dist.all_gather_object(pieces, (box, p.to_local().detach().clone()))
+    full = torch.empty(p.shape)
+    for b, t in pieces:
+        full[tuple(b)] = t
+    return full
+
+
 def make_mesh(layout):
     from torch.distributed.device_mesh import init_device_mesh
     shapes = {"fsdp": ((4,), ("dp",)), "tp": ((4,), ("tp",)),
@@ -97,25 +154,30 @@ def make_mesh(layout):
 def main():
     layout, steps, out_dir = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     import torch.distributed as dist
-    from torch.distributed.tensor import distribute_tensor
     import muonrt
     dist.init_process_group("gloo")
     pg = muonrt.init_process_group(timeout=120)
     mesh = make_mesh(layout)
     params = build(layout, mesh)
     assert sorted(params) == sorted(names(layout)), sorted(params)
+    init = initial()
     for n, p in params.items():
         print(f"rank {dist.get_rank()}: {n} {tuple(p.shape)} "
               f"{p.placements} local {tuple(p.to_local().shape)}",
               flush=True)
+        # The box this test (and muonrt) assumes is what PyTorch holds: the
+        # initial weights' slice.
+        box = tuple(local_box(p.shape, p.device_mesh, p.placements))
+        assert torch.equal(p.to_local(), init[n][box]), \
+            f"{n}: PyTorch's local shard is not the box {box}"
     opt = muonrt.Muon(list(params.items()), lr=LR,
                       expert_stacks=["experts"] if layout == "ep" else ())
     for step in range(steps):
         full = gradients(step)
         for n, p in params.items():
-            p.grad = distribute_tensor(full[n], p.device_mesh, p.placements)
+            set_grad(p, full[n])
         opt.step()
-    result = {n: p.full_tensor().detach().clone() for n, p in params.items()}
+    result = {n: gather_full(p) for n, p in params.items()}
     if dist.get_rank() == 0:
         torch.save(result, os.path.join(out_dir, "result.pt"))
     pg.destroy()

@@ -34,7 +34,7 @@ def saved(tmp_path_factory):
 
 
 @pytest.mark.parametrize("world, layout", [(2, "fsdp"), (4, "tp"),
-                                           (4, "fsdp")])
+                                           (4, "fsdp_tp"), (4, "fsdp")])
 def test_dcp_fsdp2_on_4_ranks_resumes_bitwise_in_other_layout(saved, world,
                                                               layout,
                                                               tmp_path):

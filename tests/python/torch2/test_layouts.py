@@ -39,10 +39,10 @@ def run_layout(layout, tmp_path):
 
 # fsdp / hsdp: fully_shard on a 1-D / (replicate, shard) mesh; tp:
 # parallelize_module with ColwiseParallel (Shard(0)) and RowwiseParallel
-# (Shard(1)); ep: a [4, 24, 16] expert stack distributed Shard(0). FSDP2
-# over TP (layout_worker's "fsdp_tp") is not here: its DTensors carry
-# _StridedShard placements, which muonrt does not read yet.
-@pytest.mark.parametrize("layout", ["fsdp", "hsdp", "tp", "ep"])
+# (Shard(1)); fsdp_tp: FSDP2 over that TP on a (dp, tp) mesh (DTensor
+# spells the dp placement of the colwise weight _StridedShard(dim=0, sf=2));
+# ep: a [4, 24, 16] expert stack distributed Shard(0).
+@pytest.mark.parametrize("layout", ["fsdp", "hsdp", "tp", "fsdp_tp", "ep"])
 def test_layout_bitwise_one_process_and_within_bf16_of_torch(layout,
                                                              tmp_path):
     dist = run_layout(layout, tmp_path)
