@@ -58,11 +58,13 @@ run process_group_backend_test "$here/run.sh" bin/process_group_backend_test
 run nccl_communicator_test "$here/run.sh" bin/nccl_communicator_test
 run torch_muon_compare python3 "$here/torch_muon_compare.py" \
   --muonctl "$here/run.sh bin/muonctl" --steps 3
-# muonrt (ctypes) on CUDA tensors next to this machine's PyTorch.
-run muonrt_cuda_tensors "$here/run.sh" env \
-  MUONRT_LIBRARY=/tmp/muon-bundle/bin/libmuonrt.so PYTHONPATH="$here/python" \
-  python3 -m pytest -q -p no:cacheprovider -rs \
-  "$here/tests/python/test_cuda_step.py"
+# muonrt (ctypes) on CUDA tensors next to this machine's PyTorch, through
+# the self-contained library (its own Gloo, gRPC, ... beside torch's).
+mkdir -p "$here/python/muonrt/lib"
+tar -C "$here/python/muonrt/lib" -xJf "$here/muonrt-lib.tar.xz"
+run muonrt_cuda_tensors "$here/run.sh" env -u MUONRT_LIBRARY \
+  PYTHONPATH="$here/python" python3 -m pytest -q -p no:cacheprovider -rs \
+  "$here/tests/python/test_cuda_step.py" "$here/tests/python/test_self_contained.py"
 # 4 rank processes, one GPU, host-staged; bitwise vs the single-device GPU run.
 spec=$out/fsdp_cuda.json
 sed 's/"optimizer"/"execution": {"device": "cuda"}, "optimizer"/' \

@@ -18,7 +18,8 @@ closure (as the dynamic loader resolves it here, `ldd`) is split into:
 Then, with Debian's patchelf, every NEEDED entry naming a grafted library
 is rewritten to the new name, each grafted library gets its new SONAME, and
 every file gets RUNPATH $ORIGIN (libraries) or $ORIGIN/../lib (executables
-copied into DIR/bin when --bin is given). Names are unchanged inside the
+copied into DIR/bin when --bin is given), followed by the system folders
+(under /usr/) it named before, such as CUDA's /usr/local/cuda/lib64. Names are unchanged inside the
 libraries (the symbols); which copy a symbol binds to is decided by the
 loader's scope: muonrt loads the library with RTLD_LOCAL | RTLD_DEEPBIND
 (python/muonrt/_lib.py), so its own scope, with the grafted copies, comes
@@ -86,10 +87,15 @@ def grafted_name(soname):
 
 
 def patch(path, renames, runpath):
+    """Renames the grafted NEEDED entries of `path` and sets its RUNPATH to
+    `runpath` followed by the system folders it had (e.g. the CUDA
+    toolkit's /usr/local/cuda/lib64 in CUDA builds)."""
     for old in needed(path):
         if old in renames:
             run(["patchelf", "--replace-needed", old, renames[old], path])
-    run(["patchelf", "--set-rpath", runpath, path])
+    before = run(["patchelf", "--print-rpath", path]).strip()
+    keep = [d for d in before.split(":") if d.startswith("/usr/")]
+    run(["patchelf", "--set-rpath", ":".join([runpath] + keep), path])
 
 
 def main():

@@ -45,6 +45,14 @@ cp -r examples/specs .device/specs
 # on the device, MUONRT_LIBRARY=/tmp/muon-bundle/bin/libmuonrt.so and
 # PYTHONPATH=.device/python (the bundle's run.sh sets LD_LIBRARY_PATH).
 cp -r python .device/python
+rm -rf .device/python/muonrt/lib
+# The self-contained libmuonrt.so of the CUDA build (tools/graft_libs.py;
+# the machine's CUDA and NCCL stay outside), compressed: device_checks.sh
+# unpacks it into python/muonrt/lib, where muonrt finds it.
+graft=$(mktemp -d)
+python3 tools/graft_libs.py --out "$graft" "$bin/capi/libmuonrt.so" | tail -n 1
+tar -C "$graft" -cJf .device/muonrt-lib.tar.xz .
+rm -rf "$graft"
 mkdir -p .device/tests && cp -r tests/python .device/tests/python
 mkdir -p .device/examples && cp -r examples/fashion_mnist_torch .device/examples/
 du -sh .device
