@@ -65,6 +65,12 @@ tar -C "$here/python/muonrt/lib" -xJf "$here/muonrt-lib.tar.xz"
 run muonrt_cuda_tensors "$here/run.sh" env -u MUONRT_LIBRARY \
   PYTHONPATH="$here/python" python3 -m pytest -q -p no:cacheprovider -rs \
   "$here/tests/python/test_cuda_step.py" "$here/tests/python/test_self_contained.py"
+# The PyTorch 2.x suite (FSDP2 / HSDP / TP / EP layouts, DCP, the library
+# beside torch's Gloo, the main job, real torchrun) on this machine's
+# PyTorch, which has torchrun's libuv.
+run torch2_suite "$here/run.sh" env -u MUONRT_LIBRARY \
+  PYTHONPATH="$here/python" python3 -m pytest -q -p no:cacheprovider -rs \
+  "$here/tests/python/torch2"
 # 4 rank processes, one GPU, host-staged; bitwise vs the single-device GPU run.
 spec=$out/fsdp_cuda.json
 sed 's/"optimizer"/"execution": {"device": "cuda"}, "optimizer"/' \
