@@ -18,8 +18,9 @@ bash tools/setup.sh
 echo "run_job: building libmuonrt.so and the tools (bazel)"
 bazel build //capi:libmuonrt.so //tools:muonrun //tools:muonctl //server:muon-coordinator
 echo "run_job: making the self-contained library (python/muonrt/lib)"
-rm -rf python/muonrt/lib
-python3 tools/graft_libs.py --out python/muonrt/lib bazel-bin/capi/libmuonrt.so | tail -n 1
+rm -rf python/muonrt/lib python/muonrt/bin
+python3 tools/graft_libs.py --out python/muonrt --bin bazel-bin/tools/muonrun \
+  bazel-bin/tools/muonctl -- bazel-bin/capi/libmuonrt.so | tail -n 1
 echo "run_job: the PyTorch 2.x environment (first time: about 2-3 minutes)"
 start=$SECONDS
 bash tools/torch2_env.sh make >/dev/null

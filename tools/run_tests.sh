@@ -64,10 +64,12 @@ count_pytest_results() {
 }
 # The self-contained library (tools/graft_libs.py): libmuonrt.so with its
 # own renamed copies of Gloo, gRPC, protobuf, Abseil, OpenBLAS, ... in
-# python/muonrt/lib, where the package finds it first.
+# python/muonrt/lib, where the package finds it first; muonrun and muonctl
+# on the same copies in python/muonrt/bin.
 if [[ $rc -eq 0 ]]; then
-  rm -rf python/muonrt/lib
-  if ! python3 tools/graft_libs.py --out python/muonrt/lib \
+  rm -rf python/muonrt/lib python/muonrt/bin
+  if ! python3 tools/graft_libs.py --out python/muonrt \
+      --bin bazel-bin/tools/muonrun bazel-bin/tools/muonctl -- \
       bazel-bin/capi/libmuonrt.so | tail -n 2; then
     echo "run_tests: tools/graft_libs.py failed"
     rc=1
@@ -92,7 +94,8 @@ fi
 # layouts on 4 gloo ranks, and the library beside torch's own Gloo).
 TORCH2_TESTS=(tests/python/torch2 tests/python/test_optimizer.py
               tests/python/test_lib.py tests/python/test_state.py
-              tests/python/test_dtensor.py tests/python/test_errors.py)
+              tests/python/test_dtensor.py tests/python/test_errors.py
+              tests/python/test_self_contained.py)
 if [[ $rc -eq 0 ]]; then
   start=$SECONDS
   if bash tools/torch2_env.sh make >/dev/null; then

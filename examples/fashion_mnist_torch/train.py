@@ -447,17 +447,28 @@ def free_port():
         return s.getsockname()[1]
 
 
+def muonrun_candidates():
+    """MUONRUN, else the self-contained muonrun of the package
+    (python/muonrt/bin, tools/graft_libs.py), else bazel-bin's."""
+    if os.environ.get("MUONRUN"):
+        return [os.environ["MUONRUN"]]
+    return [os.path.join(REPO, "python", "muonrt", "bin", "muonrun"),
+            os.path.join(REPO, "bazel-bin", "tools", "muonrun")]
+
+
 def muonrun_runs():
-    """True when muonrun exists and starts here (it does not inside the
-    PyTorch 2.x chroot, which lacks the host's libraries)."""
-    path = os.environ.get("MUONRUN", os.path.join(REPO, "bazel-bin", "tools", "muonrun"))
-    if not os.path.exists(path):
-        return False
-    try:
-        return subprocess.run([path, "--help"], capture_output=True,
-                              timeout=30).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+    """True when a muonrun exists and starts here (bazel-bin's does not
+    inside the PyTorch 2.x chroot, which lacks the build's libraries; the
+    package's self-contained one does)."""
+    for path in muonrun_candidates():
+        try:
+            if subprocess.run([path, "--help"], capture_output=True,
+                              timeout=30).returncode == 0:
+                os.environ["MUONRUN"] = path
+                return True
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+    return False
 
 
 def spawn_ranks(n, worker):
@@ -508,7 +519,8 @@ def free_port_pair():
 
 
 def muonrun_path():
-    path = os.environ.get("MUONRUN", os.path.join(REPO, "bazel-bin", "tools", "muonrun"))
+    path = next((p for p in muonrun_candidates() if os.path.exists(p)),
+                muonrun_candidates()[-1])
     if not os.path.exists(path):
         raise SystemExit(f"fashion-mnist: {path} not found (bazel build //tools:muonrun)")
     return path

@@ -1,10 +1,14 @@
 """The self-contained libmuonrt.so (tools/graft_libs.py, in
-python/muonrt/lib): it needs nothing outside its folder but the C and C++
-runtimes, every library beside it was renamed (so no soname clashes with a
-PyTorch process's own Gloo, protobuf, Abseil or OpenBLAS), and it exports
-the C ABI only. Runs on any Python (no torch needed)."""
+python/muonrt/lib) and tools (python/muonrt/bin: muonrun, muonctl): they
+need nothing outside the package but the C and C++ runtimes, every library
+beside them was renamed (so no soname clashes with a PyTorch process's own
+Gloo, protobuf, Abseil or OpenBLAS), the library exports the C ABI only,
+and the tools start on a system without the build's libraries (the
+PyTorch 2.x chroot runs this file too). Runs on any Python (no torch
+needed)."""
 import os
 import re
+import shutil
 import subprocess
 
 import pytest
@@ -13,6 +17,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 LIB_DIR = os.path.join(REPO, "python", "muonrt", "lib")
 LIBRARY = os.path.join(LIB_DIR, "libmuonrt.so")
+BIN_DIR = os.path.join(REPO, "python", "muonrt", "bin")
 # The runtime every process shares (and, in CUDA builds, the machine's
 # CUDA and NCCL libraries).
 SYSTEM = re.compile(r"^(libc\.so\.6|libm\.so\.6|libstdc\+\+\.so\.6|"
@@ -29,6 +34,9 @@ def needed(path):
 
 @pytest.fixture
 def library():
+    for tool in ("readelf", "nm", "ldd"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed (binutils)")
     if not os.path.isfile(LIBRARY):
         pytest.skip("python/muonrt/lib is not made: "
                     "python3 tools/graft_libs.py --out python/muonrt/lib "
@@ -39,8 +47,10 @@ def library():
 def test_needed_only_system_runtime_and_grafted_copies(library):
     grafted = sorted(f for f in os.listdir(LIB_DIR) if "-muonrt.so" in f)
     assert any(f.startswith("libgloo-muonrt.so") for f in grafted)
+    tools = [os.path.join(BIN_DIR, t) for t in ("muonrun", "muonctl")
+             if os.path.isfile(os.path.join(BIN_DIR, t))]
     outside = set()
-    for f in ["libmuonrt.so"] + grafted:
+    for f in ["libmuonrt.so"] + grafted + tools:
         for n in needed(os.path.join(LIB_DIR, f)):
             if n in grafted:
                 continue
@@ -80,3 +90,14 @@ def test_exports_only_the_c_abi(library):
     print(f"{len(names)} exported symbols")
     assert len(names) >= 20
     assert others == []
+
+
+@pytest.mark.parametrize("tool", ["muonrun", "muonctl"])
+def test_tool_starts_with_only_the_package_libraries(tool):
+    path = os.path.join(BIN_DIR, tool)
+    if not os.path.isfile(path):
+        pytest.skip(f"{path} is not made (tools/graft_libs.py --bin)")
+    r = subprocess.run([path, "--help"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert tool in (r.stdout + r.stderr)
