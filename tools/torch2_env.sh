@@ -42,7 +42,7 @@ make_root() {
   rm -rf "$staging"
   mkdir -p "$(dirname "$root")"
   local start=$SECONDS
-  mmdebstrap --variant=apt --quiet \
+  mmdebstrap --variant=apt \
     --aptopt='Acquire::Check-Valid-Until "false"' \
     --include="$packages" sid "$staging" http://deb.debian.org/debian >&2
   printf '%s\n%s\n' "$packages" "$(date -u +%FT%TZ)" >"$staging/.muon-torch2-stamp"
