@@ -697,6 +697,13 @@ absl::StatusOr<device::Stream*> Muon::CallerStream(void* native) {
   return caller_.get();
 }
 
+absl::Status Muon::OnCaller(device::Stream* caller,
+                            const std::function<absl::Status()>& work) {
+  // On a stream: Launch makes its device current for the enqueue.
+  if (caller == nullptr) return work();
+  return caller->Launch(work);
+}
+
 absl::Status Muon::SyncCaller(device::Stream* caller) {
   if (caller == nullptr) return absl::OkStatus();
   return caller->Synchronize(device_wait_timeout_);
@@ -737,16 +744,20 @@ absl::Status Muon::MomentumPass(device::Stream* caller) {
     const ParamView& p = params_[i];
     const int64_t n = buffers_[i].size();
     if (n == 0) continue;
-    MUON_RETURN_IF_ERROR(kernels_->MomentumNesterov(
-        caller, buffers_[i].data(), p.grad, KernelDType(p.grad_dtype), n,
-        options_.momentum, options_.nesterov,
-        options_.nesterov ? nesterov_[i].data() : nullptr));
+    MUON_RETURN_IF_ERROR(OnCaller(caller, [&] {
+      return kernels_->MomentumNesterov(
+          caller, buffers_[i].data(), p.grad, KernelDType(p.grad_dtype), n,
+          options_.momentum, options_.nesterov,
+          options_.nesterov ? nesterov_[i].data() : nullptr);
+    }));
   }
   return absl::OkStatus();
 }
 
 absl::Status Muon::UpdateAll(device::Stream* caller) {
   absl::Status run = MomentumPass(caller);
+  // A partial momentum pass still in flight must not outlive the step.
+  if (!run.ok()) (void)SyncCaller(caller);
   if (run.ok()) {
     run = executor_->Run(update_ptrs_, params_, rule_, &stats_, caller);
   }
@@ -802,28 +813,34 @@ absl::Status Muon::AllocateState() {
 }
 
 absl::Status Muon::SaveState(device::Stream* caller) {
-  for (size_t i = 0; i < params_.size(); ++i) {
-    MUON_RETURN_IF_ERROR(kernels_->Copy(caller, saved_params_[i].data(),
-                                        params_[i].data,
-                                        saved_params_[i].bytes()));
-    MUON_RETURN_IF_ERROR(kernels_->Copy(caller, saved_momentum_[i].data(),
-                                        buffers_[i].data(),
-                                        buffers_[i].bytes()));
-  }
+  MUON_RETURN_IF_ERROR(OnCaller(caller, [&]() -> absl::Status {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      MUON_RETURN_IF_ERROR(kernels_->Copy(caller, saved_params_[i].data(),
+                                          params_[i].data,
+                                          saved_params_[i].bytes()));
+      MUON_RETURN_IF_ERROR(kernels_->Copy(caller, saved_momentum_[i].data(),
+                                          buffers_[i].data(),
+                                          buffers_[i].bytes()));
+    }
+    return absl::OkStatus();
+  }));
   saved_step_ = step_;
   return absl::OkStatus();
 }
 
 absl::Status Muon::RestoreState(device::Stream* caller) {
   step_ = saved_step_;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    MUON_RETURN_IF_ERROR(kernels_->Copy(caller, params_[i].data,
-                                        saved_params_[i].data(),
-                                        saved_params_[i].bytes()));
-    MUON_RETURN_IF_ERROR(kernels_->Copy(caller, buffers_[i].data(),
-                                        saved_momentum_[i].data(),
-                                        saved_momentum_[i].bytes()));
-  }
+  MUON_RETURN_IF_ERROR(OnCaller(caller, [&]() -> absl::Status {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      MUON_RETURN_IF_ERROR(kernels_->Copy(caller, params_[i].data,
+                                          saved_params_[i].data(),
+                                          saved_params_[i].bytes()));
+      MUON_RETURN_IF_ERROR(kernels_->Copy(caller, buffers_[i].data(),
+                                          saved_momentum_[i].data(),
+                                          saved_momentum_[i].bytes()));
+    }
+    return absl::OkStatus();
+  }));
   return SyncCaller(caller);
 }
 
@@ -869,9 +886,10 @@ absl::Status Muon::FindNonFinite(device::Stream* caller, int* bad_param,
     const ParamView& p = params_[i];
     const int64_t numel = buffers_[i].size();
     if (numel == 0) continue;
-    MUON_RETURN_IF_ERROR(
-        kernels_->FirstNonFinite(caller, p.grad, KernelDType(p.grad_dtype),
-                                 numel, nonfinite_.data() + i));
+    MUON_RETURN_IF_ERROR(OnCaller(caller, [&] {
+      return kernels_->FirstNonFinite(caller, p.grad, KernelDType(p.grad_dtype),
+                                      numel, nonfinite_.data() + i);
+    }));
   }
   MUON_RETURN_IF_ERROR(SyncCaller(caller));
   MUON_RETURN_IF_ERROR(runtime_->CopyToHost(

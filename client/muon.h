@@ -337,6 +337,10 @@ class Muon {
   absl::Status RunStep(device::Stream* caller);
   // The caller's stream, wrapped (cached per native handle).
   absl::StatusOr<device::Stream*> CallerStream(void* native);
+  // Runs `work` (which enqueues on `caller`) inside caller->Launch, so that
+  // the caller's device is current for it; at once for nullptr (host).
+  absl::Status OnCaller(device::Stream* caller,
+                        const std::function<absl::Status()>& work);
   // Waits for the caller's stream (no-op for nullptr).
   absl::Status SyncCaller(device::Stream* caller);
   // options_.check_finite: the local scan and the ranks' agreement.

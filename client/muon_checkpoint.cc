@@ -141,7 +141,11 @@ absl::Status Muon::Load(const std::string& dir) {
   MUON_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
                         CheckpointReader::Open(dir));
   OptimizerStateDict sd = state_dict();
-  for (ParamState& ps : sd.params) {
+  for (size_t i = 0; i < sd.params.size(); ++i) {
+    ParamState& ps = sd.params[i];
+    // Sized from this optimizer's buffer (a failed device copy leaves the
+    // state_dict's copy empty): ReadRegion fills exactly this many floats.
+    ps.momentum_buffer.assign(buffers_[i].size(), 0.0f);
     absl::Status s = reader->ReadRegion(MomentumKey(ps.name), ps.global_shape,
                                         ps.box, ps.momentum_buffer.data());
     if (!s.ok()) {

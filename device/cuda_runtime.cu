@@ -30,23 +30,6 @@ namespace {
     }                                                                      \
   } while (0)
 
-// Makes `ordinal` current for the scope, restoring the previous device.
-class ScopedDevice {
- public:
-  explicit ScopedDevice(int ordinal) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    if (previous_ != ordinal) status_ = cudaSetDevice(ordinal);
-  }
-  ~ScopedDevice() {
-    if (previous_ >= 0) (void)cudaSetDevice(previous_);
-  }
-  cudaError_t status() const { return status_; }
-
- private:
-  int previous_ = -1;
-  cudaError_t status_ = cudaSuccess;
-};
-
 // Polls `query` (cudaEventQuery / cudaStreamQuery) until it is not
 // cudaErrorNotReady or `timeout` passes, backing off from 10 us to 1 ms.
 template <typename Query>
@@ -81,6 +64,8 @@ class CudaEvent final : public Event {
   absl::Status Record(Stream* stream) override;
   bool Query() override { return cudaEventQuery(event_) != cudaErrorNotReady; }
   absl::Status Synchronize(absl::Duration timeout) override {
+    CudaDeviceGuard guard(ordinal_);
+    if (!guard.status().ok()) return guard.status();
     return PollUntilReady([this] { return cudaEventQuery(event_); }, timeout,
                           absl::StrCat("event \"", name_, "\""));
   }
@@ -113,8 +98,8 @@ class CudaStream final : public Stream {
   Device device() const override { return Device::Cuda(ordinal_); }
   const std::string& name() const override { return name_; }
   absl::Status Launch(StreamFn fn) override {
-    ScopedDevice scoped(ordinal_);
-    MUON_DEVICE_CUDA_RETURN_IF_ERROR(scoped.status());
+    CudaDeviceGuard guard(ordinal_);
+    if (!guard.status().ok()) return guard.status();
     return fn();
   }
   absl::Status WaitFor(Event* event) override {
@@ -125,11 +110,17 @@ class CudaStream final : public Stream {
           " told to wait for event \"", event ? event->name() : "null",
           "\", not a CUDA event of that device"));
     }
+    // The device current for the call: a wrapped handle 0 is the legacy
+    // default stream of the current device.
+    CudaDeviceGuard guard(ordinal_);
+    if (!guard.status().ok()) return guard.status();
     MUON_DEVICE_CUDA_RETURN_IF_ERROR(
         cudaStreamWaitEvent(stream_, cuda->handle(), 0));
     return absl::OkStatus();
   }
   absl::Status Synchronize(absl::Duration timeout) override {
+    CudaDeviceGuard guard(ordinal_);
+    if (!guard.status().ok()) return guard.status();
     return PollUntilReady([this] { return cudaStreamQuery(stream_); }, timeout,
                           absl::StrCat("stream \"", name_, "\""));
   }
@@ -151,6 +142,8 @@ absl::Status CudaEvent::Record(Stream* stream) {
         " recorded on stream \"", stream ? stream->name() : "null", "\" of ",
         stream ? stream->device().ToString() : "no device"));
   }
+  CudaDeviceGuard guard(ordinal_);
+  if (!guard.status().ok()) return guard.status();
   MUON_DEVICE_CUDA_RETURN_IF_ERROR(cudaEventRecord(
       event_, static_cast<cudaStream_t>(cuda->native_handle())));
   return absl::OkStatus();
@@ -166,8 +159,8 @@ class CudaAllocator final : public Allocator {
           absl::StrCat("cuda:", ordinal_, ": allocation of ", bytes, " bytes"));
     }
     if (bytes == 0) return nullptr;
-    ScopedDevice scoped(ordinal_);
-    MUON_DEVICE_CUDA_RETURN_IF_ERROR(scoped.status());
+    CudaDeviceGuard guard(ordinal_);
+    if (!guard.status().ok()) return guard.status();
     void* p = nullptr;
     const cudaError_t e = cudaMalloc(&p, static_cast<size_t>(bytes));
     if (e != cudaSuccess) {
@@ -180,7 +173,7 @@ class CudaAllocator final : public Allocator {
   }
   void DeallocateRaw(void* ptr) override {
     if (ptr == nullptr) return;
-    ScopedDevice scoped(ordinal_);
+    CudaDeviceGuard guard(ordinal_);
     (void)cudaFree(ptr);
   }
 
@@ -195,8 +188,8 @@ class CudaRuntimeImpl final : public Runtime {
   Device device() const override { return Device::Cuda(ordinal_); }
   absl::StatusOr<std::unique_ptr<Stream>> CreateStream(
       const std::string& name) override {
-    ScopedDevice scoped(ordinal_);
-    MUON_DEVICE_CUDA_RETURN_IF_ERROR(scoped.status());
+    CudaDeviceGuard guard(ordinal_);
+    if (!guard.status().ok()) return guard.status();
     cudaStream_t s = nullptr;
     MUON_DEVICE_CUDA_RETURN_IF_ERROR(
         cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -204,8 +197,8 @@ class CudaRuntimeImpl final : public Runtime {
   }
   absl::StatusOr<std::unique_ptr<Event>> CreateEvent(
       const std::string& name) override {
-    ScopedDevice scoped(ordinal_);
-    MUON_DEVICE_CUDA_RETURN_IF_ERROR(scoped.status());
+    CudaDeviceGuard guard(ordinal_);
+    if (!guard.status().ok()) return guard.status();
     cudaEvent_t e = nullptr;
     MUON_DEVICE_CUDA_RETURN_IF_ERROR(
         cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
@@ -233,10 +226,17 @@ class CudaRuntimeImpl final : public Runtime {
       return s;
     }
     if (bytes == 0) return absl::OkStatus();
-    ScopedDevice scoped(ordinal_);
-    MUON_DEVICE_CUDA_RETURN_IF_ERROR(scoped.status());
+    CudaDeviceGuard guard(ordinal_);
+    if (!guard.status().ok()) return guard.status();
     MUON_DEVICE_CUDA_RETURN_IF_ERROR(
         cudaMemcpy(dst, src, static_cast<size_t>(bytes), kind));
+    // A copy from pageable host memory may return before its DMA has
+    // landed (CUDA's "API synchronization behavior"); wait for the legacy
+    // stream that carries it, so that work on non-blocking streams sees
+    // the data.
+    if (kind == cudaMemcpyHostToDevice) {
+      MUON_DEVICE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cudaStreamLegacy));
+    }
     return absl::OkStatus();
   }
 
@@ -245,6 +245,34 @@ class CudaRuntimeImpl final : public Runtime {
 };
 
 }  // namespace
+
+CudaDeviceGuard::CudaDeviceGuard(int ordinal) {
+  int current = -1;
+  if (cudaGetDevice(&current) != cudaSuccess) {
+    (void)cudaGetLastError();
+    current = -1;
+  }
+  previous_ = current;
+  if (current != ordinal) {
+    const cudaError_t e = cudaSetDevice(ordinal);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      error_ = static_cast<int>(e);
+    }
+  }
+}
+
+CudaDeviceGuard::~CudaDeviceGuard() {
+  int current = -1;
+  if (previous_ >= 0 && cudaGetDevice(&current) == cudaSuccess &&
+      current != previous_) {
+    (void)cudaSetDevice(previous_);
+  }
+}
+
+absl::Status CudaDeviceGuard::status() const {
+  return CudaErrorToStatus(error_, "cudaSetDevice");
+}
 
 absl::Status CudaErrorToStatus(int cuda_error, const char* expr) {
   const cudaError_t err = static_cast<cudaError_t>(cuda_error);

@@ -22,6 +22,25 @@ class Runtime;
 // (ordinal outside [0, CudaDeviceCount()), naming both).
 absl::StatusOr<Runtime*> CudaRuntime(int ordinal);
 
+// Makes CUDA device `ordinal` current on the calling thread for the
+// guard's lifetime and restores the previous one on destruction
+// (c10::cuda::CUDAGuard), so that a library call never changes the
+// trainer's current device. Without CUDA: a no-op whose status() is
+// Unimplemented.
+class CudaDeviceGuard {
+ public:
+  explicit CudaDeviceGuard(int ordinal);
+  ~CudaDeviceGuard();
+  CudaDeviceGuard(const CudaDeviceGuard&) = delete;
+  CudaDeviceGuard& operator=(const CudaDeviceGuard&) = delete;
+  // The error of making `ordinal` current (CudaErrorToStatus), else OK.
+  absl::Status status() const;
+
+ private:
+  int previous_ = -1;  // the device current before; -1 = unknown
+  int error_ = 0;      // cudaError_t of cudaSetDevice
+};
+
 // Visible CUDA devices (cudaGetDeviceCount); 0 without CUDA or a GPU, and
 // then `reason` (if given) says why.
 int CudaDeviceCount(std::string* reason = nullptr);

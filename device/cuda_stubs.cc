@@ -13,6 +13,13 @@ absl::StatusOr<Runtime*> CudaRuntime(int ordinal) {
                    "with --config=cuda)"));
 }
 
+CudaDeviceGuard::CudaDeviceGuard(int) {}
+CudaDeviceGuard::~CudaDeviceGuard() = default;
+absl::Status CudaDeviceGuard::status() const {
+  return absl::UnimplementedError(
+      "CudaDeviceGuard: built without CUDA support (build with --config=cuda)");
+}
+
 int CudaDeviceCount(std::string* reason) {
   if (reason != nullptr) {
     *reason = "built without CUDA support (build with --config=cuda)";

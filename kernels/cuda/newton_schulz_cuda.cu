@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "device/cuda_runtime.h"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/newton_schulz_cuda.h"
@@ -266,7 +267,8 @@ absl::Status Normalize(NsCudaContext::State* s, const Layout& l, const float* u,
 
 absl::Status ReserveState(NsCudaContext::State* s, const Layout& l) {
   if (s->scratch.bytes() >= l.total) return absl::OkStatus();
-  MUON_CUDA_RETURN_IF_ERROR(cudaSetDevice(s->device));
+  device::CudaDeviceGuard device_guard(s->device);
+  if (!device_guard.status().ok()) return device_guard.status();
   // Work already enqueued may still use the old buffer.
   MUON_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s->stream));
   s->scratch = DeviceBuffer();
@@ -285,7 +287,7 @@ NsCudaContext::NsCudaContext(std::unique_ptr<State> state)
 
 NsCudaContext::~NsCudaContext() {
   if (state_ == nullptr) return;
-  (void)cudaSetDevice(state_->device);
+  device::CudaDeviceGuard device_guard(state_->device);
   (void)cudaStreamSynchronize(state_->stream);
   if (state_->handle != nullptr) (void)cublasDestroy(state_->handle);
 }
@@ -313,7 +315,8 @@ absl::StatusOr<std::unique_ptr<NsCudaContext>> NsCudaContext::Create(
   auto state = std::make_unique<State>();
   state->device = device;
   state->stream = static_cast<cudaStream_t>(stream);
-  MUON_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  device::CudaDeviceGuard device_guard(device);
+  if (!device_guard.status().ok()) return device_guard.status();
   // From here on the context owns what it creates (the destructor frees).
   auto ctx =
       std::unique_ptr<NsCudaContext>(new NsCudaContext(std::move(state)));
@@ -380,7 +383,8 @@ absl::Status NewtonSchulzBatched(NsCudaContext* ctx, const float* u,
         "NewtonSchulzBatched: out must not overlap u");
   }
   NsCudaContext::State* s = ctx->state();
-  MUON_CUDA_RETURN_IF_ERROR(cudaSetDevice(s->device));
+  device::CudaDeviceGuard device_guard(s->device);
+  if (!device_guard.status().ok()) return device_guard.status();
   const Layout l = MakeLayout(batch, rows, cols, precision);
   MUON_CU_RETURN_IF_ERROR(ReserveState(s, l));
 
@@ -483,7 +487,8 @@ absl::Status DenseGemm(NsCudaContext* ctx, GpuPrecision precision, int64_t m,
                      " n=", n, " k=", k));
   }
   NsCudaContext::State* s = ctx->state();
-  MUON_CUDA_RETURN_IF_ERROR(cudaSetDevice(s->device));
+  device::CudaDeviceGuard device_guard(s->device);
+  if (!device_guard.status().ok()) return device_guard.status();
   const GemmTypes t = TypesFor(precision);
   const int mi = static_cast<int>(m);
   const int ni = static_cast<int>(n);

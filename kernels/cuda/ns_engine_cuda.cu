@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "device/cuda_runtime.h"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/newton_schulz_cuda.h"
@@ -44,7 +45,8 @@ class CudaNsEngine final : public NsEngine {
       int device, GpuPrecision precision) {
     auto engine =
         std::unique_ptr<CudaNsEngine>(new CudaNsEngine(device, precision));
-    MUON_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+    device::CudaDeviceGuard device_guard(device);
+    if (!device_guard.status().ok()) return device_guard.status();
     absl::StatusOr<void*> stream = cuda::CreateStream();
     if (!stream.ok()) return stream.status();
     engine->stream_ = *stream;
@@ -56,7 +58,7 @@ class CudaNsEngine final : public NsEngine {
   }
 
   ~CudaNsEngine() override {
-    (void)cudaSetDevice(device_);
+    device::CudaDeviceGuard device_guard(device_);
     ctx_.reset();  // Synchronises the stream before freeing.
     u_ = cuda::DeviceBuffer();
     out_ = cuda::DeviceBuffer();
@@ -101,7 +103,8 @@ class CudaNsEngine final : public NsEngine {
           "CudaNsEngine::Reserve: sizes must be positive, got rows=", rows,
           " cols=", cols));
     }
-    MUON_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    device::CudaDeviceGuard device_guard(device_);
+    if (!device_guard.status().ok()) return device_guard.status();
     const int64_t bytes = rows * cols * int64_t{sizeof(float)};
     if (u_.bytes() < bytes) {
       MUON_CU_RETURN_IF_ERROR(cuda::SynchronizeStream(stream_));
