@@ -509,6 +509,17 @@ absl::StatusOr<ProcessGroupOptions> ProcessGroupOptionsFromEnv() {
   o.job_id = EnvString("MUON_JOB_ID", "");
   const std::string daemon = EnvString("MUON_COORDINATOR", "");
   if (!daemon.empty()) {
+    // Checked here, before any connection: a malformed address would
+    // otherwise surface as a rendezvous failure of the first collective.
+    const std::optional<std::string> tcp = TcpTarget(daemon);
+    if (absl::Status s =
+            tcp.has_value() ? SplitHostPort(*tcp).status() : absl::OkStatus();
+        !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "environment variable MUON_COORDINATOR=\"", daemon,
+          "\" is not host:port (", s.message(),
+          "); it names a muon-coordinator daemon, e.g. 127.0.0.1:29400"));
+    }
     o.coordinator_address = daemon;
     return o;
   }

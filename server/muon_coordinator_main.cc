@@ -36,6 +36,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
@@ -156,6 +158,14 @@ absl::StatusOr<muon::CoordinatorAuth> LoadAuth() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "muon-coordinator: the distributed Muon job coordinator (gRPC).");
+  // --help lists this file's flags (Abseil matches files named after the
+  // program, and "muon-coordinator" is not "muon_coordinator_main").
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "muon_coordinator_main.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
   // glog to stderr; its gflags-defined flags are set here, never parsed.
   FLAGS_logtostderr = true;

@@ -4,6 +4,8 @@
 // made, the control group carries the finite check and the commit). The
 // NCCL cases need a GPU: without one they check the error instead (a
 // build without CUDA, or no such device).
+#include <stdlib.h>
+
 #include <memory>
 #include <optional>
 #include <string>
@@ -71,6 +73,27 @@ TEST(ProcessGroupBackendTest, NegativeCudaDevice_InvalidArgument) {
   EXPECT_THAT(InitProcessGroup(o),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("cuda_device -2 is negative")));
+}
+
+// MUON_COORDINATOR without a port is refused by name before anything
+// connects (it used to surface as a Gloo rendezvous failure).
+TEST(ProcessGroupOptionsFromEnvTest, CoordinatorWithoutPort_InvalidArgument) {
+  ASSERT_EQ(setenv("RANK", "0", 1), 0);
+  ASSERT_EQ(setenv("WORLD_SIZE", "2", 1), 0);
+  ASSERT_EQ(setenv("MUON_COORDINATOR", "127.0.0.1:", 1), 0);
+  absl::StatusOr<ProcessGroupOptions> o = ProcessGroupOptionsFromEnv();
+  unsetenv("MUON_COORDINATOR");
+  EXPECT_THAT(o.status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("MUON_COORDINATOR=\"127.0.0.1:\""),
+                             HasSubstr("is not host:port"))));
+  ASSERT_EQ(setenv("MUON_COORDINATOR", "127.0.0.1:29400", 1), 0);
+  o = ProcessGroupOptionsFromEnv();
+  unsetenv("MUON_COORDINATOR");
+  unsetenv("RANK");
+  unsetenv("WORLD_SIZE");
+  ASSERT_THAT(o, IsOk());
+  EXPECT_EQ(o->coordinator_address, "127.0.0.1:29400");
 }
 
 // Without a GPU: the NCCL group's error, naming the device. With one: an

@@ -195,3 +195,17 @@ def test_single_rank_process_group(lib):
                       "MUONRT_LIBRARY": lib})
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.split() == ["0", "1", "1", "True"], r.stdout + r.stderr
+
+
+def test_readme_muon_signature_lists_every_constructor_argument():
+    """python/README.md's Muon(...) row names every argument of
+    muonrt.Muon.__init__ (a new user copies from it)."""
+    import inspect
+    text = open(os.path.join(REPO, "python", "README.md")).read()
+    row = next(line for line in text.splitlines()
+               if line.startswith("| `Muon(params"))
+    for name in inspect.signature(muonrt.Muon.__init__).parameters:
+        if name in ("self",):
+            continue
+        assert f"{name}=" in row or name == "params", \
+            f"python/README.md's Muon(...) omits {name}"

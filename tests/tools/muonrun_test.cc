@@ -405,6 +405,9 @@ TEST(MuonrunTest, Help_UsageOnStdoutExit0) {
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_THAT(r.out, HasSubstr("usage: muonrun"));
   EXPECT_THAT(r.out, HasSubstr("--nproc-per-node"));
+  // The coordinator is on MASTER_PORT + 1, as the docs say.
+  EXPECT_THAT(r.out, HasSubstr("rank 0's embedded coordinator listens"));
+  EXPECT_THAT(r.out, HasSubstr("on PORT + 1"));
 }
 
 // --- The library in-process ----------------------------------------------
