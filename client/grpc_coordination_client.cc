@@ -24,6 +24,16 @@ absl::Status ToAbsl(const grpc::Status& status, const char* rpc,
         absl::StrCat(rpc, ": coordinator at ", address,
                      " is unavailable: ", status.error_message()));
   }
+  if (code == absl::StatusCode::kUnauthenticated) {
+    // The coordinator refused the credentials (server/grpc_service.cc):
+    // say which secret, and where it comes from.
+    return absl::UnauthenticatedError(absl::StrCat(
+        rpc, ": the coordinator at ", address, " refused this client's "
+        "credentials (", status.error_message(), "): every rank and the "
+        "coordinator must share one job secret (MUON_JOB_SECRET, or "
+        "MUON_JOB_SECRET_FILE naming a mode-0600 file); muonctl passes the "
+        "secret or a read-only token with --token_file"));
+  }
   if (code == absl::StatusCode::kDeadlineExceeded &&
       status.error_message() == "Deadline Exceeded") {
     // Client-side deadline (server-side timeouts carry their own message).

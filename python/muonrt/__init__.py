@@ -32,7 +32,7 @@ Job spec for muonctl / the daemon from a model (muonrt.spec)::
 from ._lib import (ABI_VERSION, MuonRTError, InvalidArgumentError,
                    NotFoundError, FailedPreconditionError, OutOfRangeError,
                    UnimplementedError, DeadlineExceededError,
-                   LibraryRuntimeError, LibraryNotFoundError, AbiVersionError,
+                   UnauthenticatedError, LibraryRuntimeError, LibraryNotFoundError, AbiVersionError,
                    library_path)
 from .distributed import (ProcessGroup, Mesh, Shard, Replicate,
                           init_process_group, destroy_process_group,
@@ -68,6 +68,6 @@ __all__ = [
     "is_initialized", "normalize_placement", "library_path", "abi_version",
     "ABI_VERSION", "MuonRTError", "InvalidArgumentError", "NotFoundError",
     "FailedPreconditionError", "OutOfRangeError", "UnimplementedError",
-    "DeadlineExceededError", "LibraryRuntimeError", "LibraryNotFoundError",
+    "DeadlineExceededError", "UnauthenticatedError", "LibraryRuntimeError", "LibraryNotFoundError",
     "AbiVersionError", "spec_from_module", "write_spec", "DEFAULT_EXCLUDE",
 ]

@@ -131,7 +131,13 @@ class LibraryRuntimeError(MuonRTError, RuntimeError):
     """Every other status (UNAVAILABLE, INTERNAL, DATA_LOSS, ...)."""
 
 
+class UnauthenticatedError(MuonRTError, PermissionError):
+    """UNAUTHENTICATED: the coordinator refused the job secret (every rank
+    and the coordinator must share MUON_JOB_SECRET / MUON_JOB_SECRET_FILE)."""
+
+
 _ERROR_CLASSES = {
+    UNAUTHENTICATED: UnauthenticatedError,
     INVALID_ARGUMENT: InvalidArgumentError,
     NOT_FOUND: NotFoundError,
     FAILED_PRECONDITION: FailedPreconditionError,

@@ -114,6 +114,7 @@ def test_candidate_paths_order(monkeypatch):
     (9, muonrt.FailedPreconditionError, RuntimeError),
     (11, muonrt.OutOfRangeError, IndexError),
     (12, muonrt.UnimplementedError, NotImplementedError),
+    (16, muonrt.UnauthenticatedError, PermissionError),
     (13, muonrt.LibraryRuntimeError, RuntimeError),
     (14, muonrt.LibraryRuntimeError, RuntimeError),
     (15, muonrt.LibraryRuntimeError, RuntimeError),

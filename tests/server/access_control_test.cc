@@ -30,6 +30,7 @@ namespace {
 
 using ::muon::testing::MakeSpec;
 using ::muon::testing::Manifests;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -99,6 +100,12 @@ TEST(AccessControlTest, NoOrWrongToken_EveryRpcUnauthenticatedLeakingNothing) {
       EXPECT_THAT(s, StatusIs(absl::StatusCode::kUnauthenticated,
                               Not(HasSubstr("secret-job-name"))))
           << "token \"" << token << "\"";
+      // The error says what to fix: the shared secret and where it is set.
+      EXPECT_THAT(s.message(),
+                  AllOf(HasSubstr("refused this client's credentials"),
+                        HasSubstr("MUON_JOB_SECRET"),
+                        HasSubstr("--token_file")))
+          << s;
     }
   }
   // Nothing was written: the rogue KeySet and Join left no trace.
