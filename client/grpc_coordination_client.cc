@@ -28,8 +28,11 @@ absl::Status ToAbsl(const grpc::Status& status, const char* rpc,
     // The coordinator refused the credentials (server/grpc_service.cc):
     // say which secret, and where it comes from.
     return absl::UnauthenticatedError(absl::StrCat(
-        rpc, ": the coordinator at ", address, " refused this client's "
-        "credentials (", status.error_message(), "): every rank and the "
+        rpc, ": the coordinator at ", address,
+        " refused this client's "
+        "credentials (",
+        status.error_message(),
+        "): every rank and the "
         "coordinator must share one job secret (MUON_JOB_SECRET, or "
         "MUON_JOB_SECRET_FILE naming a mode-0600 file); muonctl passes the "
         "secret or a read-only token with --token_file"));

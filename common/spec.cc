@@ -1,10 +1,12 @@
 #include "common/spec.h"
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -13,6 +15,65 @@
 #include "google/protobuf/util/json_util.h"
 
 namespace muon {
+
+namespace {
+
+// Levenshtein distance of two short names.
+int EditDistance(absl::string_view a, absl::string_view b) {
+  std::vector<int> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = static_cast<int>(j);
+  for (size_t i = 1; i <= a.size(); ++i) {
+    int diagonal = row[0];
+    row[0] = static_cast<int>(i);
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const int up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1,
+                         diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// Every field name (proto and JSON spelling) of `d` and the messages under it.
+void CollectFieldNames(const google::protobuf::Descriptor* d,
+                       std::set<const google::protobuf::Descriptor*>* seen,
+                       std::set<std::string>* names) {
+  if (d == nullptr || !seen->insert(d).second) return;
+  for (int i = 0; i < d->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* f = d->field(i);
+    names->insert(f->name());
+    names->insert(f->json_name());
+    CollectFieldNames(f->message_type(), seen, names);
+  }
+}
+
+// For protobuf's "(path) name: Cannot find field." the closest field name
+// of the spec's messages, as " (did you mean \"x\"?)", or "".
+std::string SuggestField(absl::string_view message) {
+  const size_t end = message.find(": Cannot find field.");
+  if (end == absl::string_view::npos) return "";
+  absl::string_view name = message.substr(0, end);
+  const size_t space = name.rfind(' ');
+  if (space != absl::string_view::npos) name = name.substr(space + 1);
+  std::set<const google::protobuf::Descriptor*> seen;
+  std::set<std::string> names;
+  CollectFieldNames(v1::JobSpec::descriptor(), &seen, &names);
+  std::string best;
+  int best_distance = 4;  // suggest only close names
+  for (const std::string& n : names) {
+    const int d = EditDistance(name, n);
+    if (d < best_distance) {
+      best_distance = d;
+      best = n;
+    }
+  }
+  if (best.empty()) return absl::StrCat(" (unknown field \"", name, "\")");
+  return absl::StrCat(" (unknown field \"", name, "\"; did you mean \"", best,
+                      "\"?)");
+}
+
+}  // namespace
 
 absl::StatusOr<v1::JobSpec> ParseJobSpecJson(absl::string_view json) {
   v1::JobSpec spec;
@@ -25,7 +86,8 @@ absl::StatusOr<v1::JobSpec> ParseJobSpecJson(absl::string_view json) {
   if (!status.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("job spec is not valid JSON for muon.v1.JobSpec: ",
-                     std::string(status.message())));
+                     std::string(status.message()),
+                     SuggestField(std::string(status.message()))));
   }
   return spec;
 }
@@ -87,10 +149,11 @@ absl::StatusOr<std::vector<Placement>> ParsePlacements(
   for (const std::string& text : placements) {
     absl::StatusOr<Placement> p = Placement::Parse(text);
     if (!p.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": bad placement \"", text,
-                       "\" (expected \"Shard(d)\" or \"Replicate()\"): ",
-                       p.status().message()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": placement \"", text,
+          "\" is not one a parameter can have: use \"Shard(d)\" with a "
+          "tensor dim d (0, 1, ...), \"Replicate()\", or "
+          "\"_StridedShard(dim=d, sf=k)\""));
     }
     out.push_back(*p);
   }

@@ -101,10 +101,10 @@ TEST(AccessControlTest, NoOrWrongToken_EveryRpcUnauthenticatedLeakingNothing) {
                               Not(HasSubstr("secret-job-name"))))
           << "token \"" << token << "\"";
       // The error says what to fix: the shared secret and where it is set.
-      EXPECT_THAT(s.message(),
-                  AllOf(HasSubstr("refused this client's credentials"),
-                        HasSubstr("MUON_JOB_SECRET"),
-                        HasSubstr("--token_file")))
+      EXPECT_THAT(
+          s.message(),
+          AllOf(HasSubstr("refused this client's credentials"),
+                HasSubstr("MUON_JOB_SECRET"), HasSubstr("--token_file")))
           << s;
     }
   }

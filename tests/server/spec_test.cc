@@ -73,6 +73,15 @@ TEST(SpecTest, ParseJobSpecJson_UnknownField_ReturnsInvalidArgument) {
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("paramz")));
 }
 
+TEST(SpecTest, ParseJobSpecJson_NestedTypo_NamesFieldAndClosestName) {
+  EXPECT_THAT(
+      ParseJobSpecJson(
+          R"({"job_id": "x", "params": [{"name": "w", "placement": []}]})"),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               ::testing::AllOf(HasSubstr("unknown field \"placement\""),
+                                HasSubstr("did you mean \"placements\"?"))));
+}
+
 TEST(SpecTest, ParseJobSpecJson_NotJson_ReturnsInvalidArgument) {
   EXPECT_THAT(ParseJobSpecJson("{not json"),
               StatusIs(absl::StatusCode::kInvalidArgument,
@@ -303,6 +312,19 @@ TEST(SpecTest, ValidateJobSpec_BadPlacementText_ReturnsInvalidArgument) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        ::testing::AllOf(HasSubstr("\"fc1.weight\""),
                                         HasSubstr("Shrd(0)"))));
+}
+
+// "Shard(O)" (a letter O): one message, saying what is accepted (not
+// Partial(), which parameters cannot have).
+TEST(SpecTest, ValidateJobSpec_ShardLetterO_SaysWhatIsAccepted) {
+  v1::JobSpec spec = GoodSpec();
+  spec.mutable_params(0)->set_placements(0, "Shard(O)");
+  absl::Status s = ValidateJobSpec(spec);
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument,
+                          ::testing::AllOf(
+                              HasSubstr("placement \"Shard(O)\" is not one"),
+                              HasSubstr("tensor dim d (0, 1, ...)"))));
+  EXPECT_EQ(s.message().find("Partial"), std::string::npos) << s;
 }
 
 TEST(SpecTest, ValidateJobSpec_WrongPlacementCount_ReturnsInvalidArgument) {
