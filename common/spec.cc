@@ -11,29 +11,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/checked_math.h"
+#include "common/edit_distance.h"
 #include "common/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace muon {
 
 namespace {
-
-// Levenshtein distance of two short names.
-int EditDistance(absl::string_view a, absl::string_view b) {
-  std::vector<int> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = static_cast<int>(j);
-  for (size_t i = 1; i <= a.size(); ++i) {
-    int diagonal = row[0];
-    row[0] = static_cast<int>(i);
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const int up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1,
-                         diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = up;
-    }
-  }
-  return row[b.size()];
-}
 
 // Every field name (proto and JSON spelling) of `d` and the messages under it.
 void CollectFieldNames(const google::protobuf::Descriptor* d,
@@ -59,15 +43,8 @@ std::string SuggestField(absl::string_view message) {
   std::set<const google::protobuf::Descriptor*> seen;
   std::set<std::string> names;
   CollectFieldNames(v1::JobSpec::descriptor(), &seen, &names);
-  std::string best;
-  int best_distance = 4;  // suggest only close names
-  for (const std::string& n : names) {
-    const int d = EditDistance(name, n);
-    if (d < best_distance) {
-      best_distance = d;
-      best = n;
-    }
-  }
+  const std::string best =
+      NearestName(name, std::vector<std::string>(names.begin(), names.end()));
   if (best.empty()) return absl::StrCat(" (unknown field \"", name, "\")");
   return absl::StrCat(" (unknown field \"", name, "\"; did you mean \"", best,
                       "\"?)");

@@ -9,11 +9,27 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/checked_math.h"
+#include "common/edit_distance.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
 
 namespace muon {
 namespace {
+
+// "; rank R has \"x\" (...)" when rank R lists a name that `name` was
+// probably meant as (a dotted prefix apart, as DDP's "module." or
+// torch.compile's "_orig_mod.", or a near typo); "" otherwise.
+std::string NearNameNote(const std::string& name, const v1::RankManifest& m,
+                         int rank) {
+  std::vector<std::string> names;
+  for (const v1::ParamManifest& p : m.params()) names.push_back(p.name());
+  const std::string near = NearestName(name, names);
+  if (near.empty()) return "";
+  return absl::StrCat("; rank ", rank, " has \"", near,
+                      "\": pass the same parameter names on every rank (a "
+                      "wrapper such as DDP or torch.compile adds a prefix "
+                      "like \"module.\" or \"_orig_mod.\")");
+}
 
 std::string Quoted(const std::string& s) { return absl::StrCat("\"", s, "\""); }
 
@@ -311,7 +327,8 @@ absl::Status AddParam(const std::vector<v1::RankManifest>& manifests,
       return absl::InvalidArgumentError(absl::StrCat(
           what, " ", SubMeshNote(param.sub_mesh, mesh), " is missing on rank ",
           r, " (coordinate ", CoordToString(mesh, coord),
-          "); it is listed on ranks ", RanksToString(u.listed_on[i])));
+          "); it is listed on ranks ", RanksToString(u.listed_on[i]),
+          NearNameNote(p.name(), manifests[r], r)));
     }
     if (!inside && listed[r]) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -574,7 +591,8 @@ absl::Status DiagnoseLayoutMismatch(const v1::RankManifest& m0,
       return absl::InvalidArgumentError(absl::StrCat(
           "parameter ", Quoted(pr.name()), " is listed on rank ", r,
           " but not on rank 0 (the same layout on every rank "
-          "was expected: no sub-mesh)"));
+          "was expected: no sub-mesh)",
+          NearNameNote(pr.name(), m0, 0)));
     }
     MUON_RETURN_IF_ERROR(CheckParamAgrees(m0.params(it->second), 0, pr, r));
     if (it->second < last) {
@@ -588,7 +606,8 @@ absl::Status DiagnoseLayoutMismatch(const v1::RankManifest& m0,
     if (!index_r.count(p0.name())) {
       return absl::InvalidArgumentError(
           absl::StrCat("parameter ", Quoted(p0.name()),
-                       " (no sub-mesh: every rank) is missing on rank ", r));
+                       " (no sub-mesh: every rank) is missing on rank ", r,
+                       NearNameNote(p0.name(), mr, r)));
     }
   }
   if (mr.requested_owners_size() != m0.requested_owners_size()) {

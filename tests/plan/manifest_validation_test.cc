@@ -142,6 +142,22 @@ TEST(ManifestValidationTest,
                          "it is listed on ranks [2]")));
 }
 
+// One rank's names carry a wrapper's prefix ("module." from DDP): the
+// error names the near match on the other rank.
+TEST(ManifestValidationTest,
+     ValidateManifests_PrefixedNamesOnOneRank_SuggestsTheNearName) {
+  std::vector<v1::RankManifest> m = Manifests(FourRankSpec());
+  for (v1::ParamManifest& p : *m[1].mutable_params()) {
+    p.set_name("module." + p.name());
+  }
+  EXPECT_THAT(ValidateManifests(m),
+              StatusIs(kInvalid,
+                       AllOf(HasSubstr("is missing on rank 1"),
+                             HasSubstr("rank 1 has \"module.fc1.weight\""),
+                             HasSubstr("pass the same parameter names on every "
+                                       "rank"))));
+}
+
 TEST(ManifestValidationTest,
      ValidateManifests_DtypeDisagrees_ReturnsInvalidArgument) {
   std::vector<v1::RankManifest> m = Manifests(FourRankSpec());
