@@ -697,13 +697,6 @@ absl::StatusOr<device::Stream*> Muon::CallerStream(void* native) {
   return caller_.get();
 }
 
-absl::Status Muon::OnCaller(device::Stream* caller,
-                            const std::function<absl::Status()>& work) {
-  // On a stream: Launch makes its device current for the enqueue.
-  if (caller == nullptr) return work();
-  return caller->Launch(work);
-}
-
 absl::Status Muon::SyncCaller(device::Stream* caller) {
   if (caller == nullptr) return absl::OkStatus();
   return caller->Synchronize(device_wait_timeout_);

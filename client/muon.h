@@ -339,8 +339,13 @@ class Muon {
   absl::StatusOr<device::Stream*> CallerStream(void* native);
   // Runs `work` (which enqueues on `caller`) inside caller->Launch, so that
   // the caller's device is current for it; at once for nullptr (host).
-  absl::Status OnCaller(device::Stream* caller,
-                        const std::function<absl::Status()>& work);
+  // A template, so that the host path (no stream) makes no std::function
+  // (a warm CPU step allocates nothing).
+  template <typename Work>
+  absl::Status OnCaller(device::Stream* caller, Work&& work) {
+    if (caller == nullptr) return work();
+    return caller->Launch(device::StreamFn(std::forward<Work>(work)));
+  }
   // Waits for the caller's stream (no-op for nullptr).
   absl::Status SyncCaller(device::Stream* caller);
   // options_.check_finite: the local scan and the ranks' agreement.
