@@ -1,6 +1,8 @@
 #include "tools/muonrun_lib.h"
 
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -9,10 +11,17 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
+#include <memory>
+#include <mutex>
 #include <set>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -105,12 +114,77 @@ void SignalRank(pid_t pid, int sig) {
   if (kill(-pid, sig) != 0) kill(pid, sig);
 }
 
+// Copies one rank's stdout or stderr pipe to `dest` (1 or 2) line by line
+// as "[rank N] line", each line in one write under a lock shared by every
+// forwarder, until EOF or, once `stop` is set, until the pipe has been
+// quiet for 200 ms (a grandchild may hold it open).
+class LineForwarder {
+ public:
+  LineForwarder(int fd, int dest, int rank)
+      : fd_(fd), dest_(dest), prefix_(absl::StrCat("[rank ", rank, "] ")) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~LineForwarder() {
+    stop_.store(true);
+    if (thread_.joinable()) thread_.join();
+    close(fd_);
+  }
+
+ private:
+  static std::mutex& OutputMutex() {
+    static std::mutex* mu = new std::mutex();
+    return *mu;
+  }
+  void Emit(absl::string_view line) {
+    const std::string out = absl::StrCat(prefix_, line, "\n");
+    std::lock_guard<std::mutex> lock(OutputMutex());
+    for (size_t done = 0; done < out.size();) {
+      const ssize_t n = write(dest_, out.data() + done, out.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return;
+      done += static_cast<size_t>(n);
+    }
+  }
+  void Run() {
+    std::string pending;
+    char buf[4096];
+    while (true) {
+      struct pollfd p = {fd_, POLLIN, 0};
+      const int ready = poll(&p, 1, 200);
+      if (ready < 0 && errno == EINTR) continue;
+      if (ready == 0) {
+        if (stop_.load()) break;
+        continue;
+      }
+      const ssize_t n = read(fd_, buf, sizeof(buf));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;  // EOF: every writer closed the pipe
+      pending.append(buf, static_cast<size_t>(n));
+      size_t start = 0;
+      for (size_t nl; (nl = pending.find('\n', start)) != std::string::npos;
+           start = nl + 1) {
+        Emit(absl::string_view(pending).substr(start, nl - start));
+      }
+      pending.erase(0, start);
+    }
+    if (!pending.empty()) Emit(pending);
+  }
+
+  const int fd_;  // Owned: the read end of the rank's pipe.
+  const int dest_;
+  const std::string prefix_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
 struct Child {
   int rank = 0;
   int local_rank = 0;
   pid_t pid = -1;
   bool done = false;
   RankExit exit;
+  // With rank_prefix: the forwarders of its stdout and stderr.
+  std::vector<std::shared_ptr<LineForwarder>> forwarders;
 };
 
 // Reaps `c` if it has exited (non-blocking unless `block`). Returns whether
@@ -178,8 +252,21 @@ int StopChildren(std::vector<Child>& children, int sig, absl::Duration grace) {
 
 // Starts one rank process. The child gets its own process group and dies
 // with muonrun (PR_SET_PDEATHSIG); exec failures exit 127 with a message.
-absl::StatusOr<pid_t> StartRank(const std::vector<std::string>& argv,
-                                const std::vector<std::string>& env, int rank) {
+absl::StatusOr<pid_t> StartRank(
+    const std::vector<std::string>& argv, const std::vector<std::string>& env,
+    int rank, std::vector<std::shared_ptr<LineForwarder>>* forwarders) {
+  // With forwarders: the rank's stdout and stderr are pipes read here.
+  int out_pipe[2] = {-1, -1};
+  int err_pipe[2] = {-1, -1};
+  if (forwarders != nullptr &&
+      (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0)) {
+    const int e = errno;
+    for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) {
+      if (fd >= 0) close(fd);
+    }
+    return absl::InternalError(absl::StrCat("muonrun: pipe for rank ", rank,
+                                            "'s output: ", std::strerror(e)));
+  }
   std::vector<char*> cargv;
   for (const std::string& a : argv)
     cargv.push_back(const_cast<char*>(a.data()));
@@ -192,10 +279,18 @@ absl::StatusOr<pid_t> StartRank(const std::vector<std::string>& argv,
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) {
-    return absl::InternalError(absl::StrCat("muonrun: fork for rank ", rank,
-                                            ": ", std::strerror(errno)));
+    const int e = errno;
+    for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) {
+      if (fd >= 0) close(fd);
+    }
+    return absl::InternalError(
+        absl::StrCat("muonrun: fork for rank ", rank, ": ", std::strerror(e)));
   }
   if (pid == 0) {
+    if (out_pipe[1] >= 0) {
+      dup2(out_pipe[1], 1);
+      dup2(err_pipe[1], 2);
+    }
     setpgid(0, 0);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(1);  // muonrun already gone
@@ -211,6 +306,14 @@ absl::StatusOr<pid_t> StartRank(const std::vector<std::string>& argv,
     _exit(127);
   }
   setpgid(pid, pid);  // also here: no race with an early SignalRank
+  if (forwarders != nullptr) {
+    close(out_pipe[1]);
+    close(err_pipe[1]);
+    forwarders->push_back(
+        std::make_shared<LineForwarder>(out_pipe[0], 1, rank));
+    forwarders->push_back(
+        std::make_shared<LineForwarder>(err_pipe[0], 2, rank));
+  }
   return pid;
 }
 
@@ -242,6 +345,9 @@ std::string MuonrunUsage() {
          "                      29500); rank 0's embedded coordinator listens\n"
          "                      on PORT + 1\n"
          "  --standalone        one node: 127.0.0.1 and a free port\n"
+         "  --no-rank-prefix    pass the ranks' output through as is "
+         "(default:\n"
+         "                      each line prefixed with [rank N])\n"
          "  --max-restarts 0    restarts are not supported (only 0)\n"
          "  --timeout_s S       stop the ranks after S seconds, exit 124 "
          "(default:\n"
@@ -280,6 +386,13 @@ absl::StatusOr<MuonrunOptions> ParseMuonrunArgs(
     }
     const std::string spelled = absl::StrCat("--", name);
     name = absl::StrReplaceAll(name, {{"-", "_"}});
+    if (name == "no_rank_prefix") {
+      if (value.has_value()) {
+        return Usage("--no-rank-prefix takes no value");
+      }
+      o.rank_prefix = false;
+      continue;
+    }
     if (name == "standalone") {
       if (value.has_value()) {
         return Usage("--standalone takes no value");
@@ -477,7 +590,7 @@ absl::StatusOr<RunRanksResult> RunRanks(const MuonrunOptions& o,
     c.rank = o.node_rank * o.nproc_per_node + local;
     absl::StatusOr<pid_t> pid = StartRank(
         o.program, MergeEnvironment(base, RankEnvironment(o, local, base)),
-        c.rank);
+        c.rank, o.rank_prefix ? &c.forwarders : nullptr);
     if (!pid.ok()) {
       StopChildren(children, SIGKILL, absl::ZeroDuration());
       return pid.status();
@@ -540,6 +653,9 @@ absl::StatusOr<RunRanksResult> RunRanks(const MuonrunOptions& o,
     // Whatever the ranks started in their process groups goes too.
     for (const Child& c : children) kill(-c.pid, SIGKILL);
   }
+  // The ranks' last lines: the forwarders drain their pipes and stop.
+  std::cerr.flush();
+  for (Child& c : children) c.forwarders.clear();
   for (const Child& c : children) result.exits.push_back(c.exit);
   if (result.first_failure.has_value()) {
     result.exit_code = result.first_failure->status_code();

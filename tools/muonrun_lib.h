@@ -73,6 +73,11 @@ struct MuonrunOptions {
   absl::Duration timeout = absl::InfiniteDuration();
   // How long stopped ranks get between SIGTERM and SIGKILL (--grace_s).
   absl::Duration grace = absl::Seconds(10);
+  // Each line a rank writes to stdout or stderr goes out as "[rank N] line"
+  // on muonrun's stdout or stderr, whole lines at a time so that ranks do
+  // not interleave mid-line (torchrun's --tee / log prefixes);
+  // --no-rank-prefix passes the ranks' output through untouched.
+  bool rank_prefix = true;
   // --help / -h: print the usage and exit 0.
   bool help = false;
   // The program (resolved on PATH as execvp does) and its arguments.

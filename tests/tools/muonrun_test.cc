@@ -378,6 +378,42 @@ TEST(MuonrunTest, MuonrunGetsSigterm_ForwardsAndExits143) {
   EXPECT_EQ(ReadFile(dir + "/term.1"), "term\n");
 }
 
+// Each rank's lines come out whole, prefixed with "[rank N]", on the
+// stream the rank wrote them to; two ranks writing long lines at once never
+// interleave inside a line.
+TEST(MuonrunTest, Output_WholeLinesPrefixedWithRank) {
+  RunResult r = RunMuonrun(Concat(
+      {"--nproc-per-node", "2"},
+      Sh("i=0; while [ $i -lt 200 ]; do printf '%0800d\\n' $RANK; "
+         "i=$((i+1)); done; echo to-stderr-$RANK >&2; printf tail-$RANK")));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  int lines[2] = {0, 0};
+  for (absl::string_view line : absl::StrSplit(r.out, '\n')) {
+    if (line.empty()) continue;
+    ASSERT_TRUE(absl::StartsWith(line, "[rank ")) << line.substr(0, 40);
+    const int rank = line[6] - '0';
+    ASSERT_TRUE(rank == 0 || rank == 1) << line.substr(0, 40);
+    absl::string_view body = line.substr(9);
+    if (absl::StartsWith(body, "tail-")) continue;
+    ASSERT_EQ(body, std::string(799, '0') + std::string(1, '0' + rank))
+        << "a line was cut or mixed: " << line.substr(0, 60);
+    ++lines[rank];
+  }
+  EXPECT_EQ(lines[0], 200);
+  EXPECT_EQ(lines[1], 200);
+  EXPECT_THAT(r.out, HasSubstr("[rank 0] tail-0\n"));
+  EXPECT_THAT(r.err, HasSubstr("[rank 1] to-stderr-1\n"));
+}
+
+TEST(MuonrunTest, NoRankPrefix_OutputPassesThrough) {
+  RunResult r = RunMuonrun(
+      Concat({"--nproc-per-node", "2", "--no-rank-prefix"}, Sh("echo $RANK")));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, Not(HasSubstr("[rank")));
+  EXPECT_THAT(r.out, HasSubstr("0\n"));
+  EXPECT_THAT(r.out, HasSubstr("1\n"));
+}
+
 TEST(MuonrunTest, ProgramNotFound_Exit127NamingIt) {
   RunResult r = RunMuonrun({"/nonexistent/program"});
   EXPECT_EQ(r.exit_code, 127);
