@@ -208,12 +208,19 @@ absl::Status Agent::OnStepFailed(const absl::Status& local) {
     absl::MutexLock lock(&mu_);
     host = coordinator_rank_ == rank_ ? -1 : coordinator_rank_;
   }
+  std::string finished_peer;
   while (true) {
     absl::StatusOr<v1::HeartbeatResponse> response =
         client_->Heartbeat(request);
     reachable = response.ok();
     failures = reachable ? 0 : failures + 1;
     if (response.ok() && TakeResponse(*response)) break;
+    // A peer that left the job normally (its optimizer or process group
+    // ended) while this rank still steps: known at once, no need to wait.
+    if (reachable) {
+      finished_peer = FinishedPeer();
+      if (!finished_peer.empty()) break;
+    }
     if (absl::Now() >= deadline) break;
     // The coordinator lived in rank `host`'s process and no longer
     // answers: that rank is gone; no need to wait out the timeout.
@@ -226,6 +233,14 @@ absl::Status Agent::OnStepFailed(const absl::Status& local) {
     absl::MutexLock lock(&mu_);
     error = job_error_;
     failed = failed_rank_;
+  }
+  if (error.empty() && !finished_peer.empty()) {
+    RunAbortOnce();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank_, ": step failed: ", finished_peer, " while rank ", rank_,
+        " is still stepping: every rank must call step() the same "
+        "number of times; this rank saw: ",
+        local.message()));
   }
   if (!error.empty()) {
     if (failed == rank_) return local;
@@ -255,6 +270,25 @@ absl::Status Agent::OnStepFailed(const absl::Status& local) {
       absl::StrCat(local.message(), " [rank ", rank_,
                    ": the coordinator knew of no failed rank within ",
                    absl::FormatDuration(timeout + 2 * interval), "]"));
+}
+
+std::string Agent::FinishedPeer() {
+  absl::StatusOr<v1::ListRanksResponse> ranks = client_->ListRanks();
+  if (!ranks.ok()) return "";
+  // The rank that left first (its last heartbeat is its leaving one): the
+  // ranks whose step then failed may have left since, too.
+  const v1::RankStatus* first = nullptr;
+  for (const v1::RankStatus& r : ranks->ranks()) {
+    if (r.rank() == rank_ || r.state() != "finished") continue;
+    if (first == nullptr ||
+        r.last_heartbeat_unix_s() < first->last_heartbeat_unix_s()) {
+      first = &r;
+    }
+  }
+  if (first == nullptr) return "";
+  return absl::StrCat("rank ", first->rank(),
+                      " finished (left the job after step ", first->last_step(),
+                      ")");
 }
 
 void Agent::Report(v1::StepReport report) {

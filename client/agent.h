@@ -184,6 +184,9 @@ class Agent {
   // Sends one Heartbeat reporting `error` (or leaving) right now.
   void SendReport(const std::string& error, bool leaving);
 
+  // "rank R finished (left the job after step S)" for a peer the
+  // coordinator lists as finished, else "" (also when it cannot be asked).
+  std::string FinishedPeer();
   CoordinationClient* const client_;  // Not owned.
   const int rank_;
   const uint64_t incarnation_;

@@ -22,6 +22,7 @@
 #include "client/muon.h"
 #include "client/parameter.h"
 #include "comm/gloo_communicator.h"
+#include "common/status_macros.h"
 #include "coordination/coordination_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -105,6 +106,30 @@ std::vector<Parameter> MakeParams() {
   return params;
 }
 
+// Gloo groups of kWorld thread ranks over `clients`' store; empty when one
+// failed (the test then fails on the size).
+std::vector<std::unique_ptr<GlooCommunicator>> MakeComms(
+    const std::vector<std::unique_ptr<FreezableClient>>& clients,
+    absl::Duration timeout, const std::string& prefix) {
+  std::vector<std::unique_ptr<GlooCommunicator>> comms(kWorld);
+  std::vector<absl::Status> created =
+      RunOnRanks(kWorld, [&](int rank) -> absl::Status {
+        GlooOptions options;
+        options.timeout = timeout;
+        options.prefix = prefix;
+        absl::StatusOr<std::unique_ptr<GlooCommunicator>> comm =
+            GlooCommunicator::Create(rank, kWorld, clients[rank].get(),
+                                     options);
+        if (!comm.ok()) return comm.status();
+        comms[rank] = *std::move(comm);
+        return absl::OkStatus();
+      });
+  for (const absl::Status& s : created) {
+    if (!s.ok()) return {};
+  }
+  return comms;
+}
+
 TEST(FailurePropagationTest,
      Step_RankStopsHeartbeating_OthersAbortNamingItWithinTwiceTimeout) {
   CoordinatorService::Options service_options;
@@ -119,20 +144,9 @@ TEST(FailurePropagationTest,
     locals.push_back(std::make_unique<LocalCoordinationClient>(&service));
     clients.push_back(std::make_unique<FreezableClient>(locals.back().get()));
   }
-  std::vector<std::unique_ptr<GlooCommunicator>> comms(kWorld);
-  std::vector<absl::Status> created =
-      RunOnRanks(kWorld, [&](int rank) -> absl::Status {
-        GlooOptions options;
-        options.timeout = kGlooTimeout;
-        options.prefix = "gloo/failure";
-        absl::StatusOr<std::unique_ptr<GlooCommunicator>> comm =
-            GlooCommunicator::Create(rank, kWorld, clients[rank].get(),
-                                     options);
-        if (!comm.ok()) return comm.status();
-        comms[rank] = *std::move(comm);
-        return absl::OkStatus();
-      });
-  for (int r = 0; r < kWorld; ++r) ASSERT_THAT(created[r], IsOk()) << r;
+  std::vector<std::unique_ptr<GlooCommunicator>> comms =
+      MakeComms(clients, kGlooTimeout, "gloo/failure");
+  ASSERT_EQ(comms.size(), static_cast<size_t>(kWorld));
 
   absl::Barrier* first_step_done = new absl::Barrier(kWorld);
   absl::Notification frozen;
@@ -186,6 +200,76 @@ TEST(FailurePropagationTest,
   absl::StatusOr<v1::JobInfo> job = service.GetJob(v1::GetJobRequest());
   ASSERT_THAT(job, IsOk());
   EXPECT_EQ(job->failed_rank(), kStopped);
+  comms.clear();
+}
+
+// Ranks that call Step a different number of times: rank 3 ends its
+// optimizer (leaving the job) after step 1 while the others take step 2.
+// Their step fails once their collective gives up, saying which rank
+// finished and after which step, without waiting for the coordinator's
+// lost-rank timeout.
+TEST(FailurePropagationTest,
+     Step_PeerFinishedEarlier_ErrorNamesItAndTheStepCountRule) {
+  CoordinatorService::Options service_options;
+  service_options.job_id = "test";
+  service_options.world_size = kWorld;
+  service_options.default_join_timeout = absl::Seconds(10);
+  service_options.heartbeat_timeout = absl::Seconds(30);
+  CoordinatorService service(service_options);
+  std::vector<std::unique_ptr<LocalCoordinationClient>> locals;
+  std::vector<std::unique_ptr<FreezableClient>> clients;
+  for (int r = 0; r < kWorld; ++r) {
+    locals.push_back(std::make_unique<LocalCoordinationClient>(&service));
+    clients.push_back(std::make_unique<FreezableClient>(locals.back().get()));
+  }
+  std::vector<std::unique_ptr<GlooCommunicator>> comms =
+      MakeComms(clients, absl::Seconds(2), "gloo/finished");
+  ASSERT_EQ(comms.size(), static_cast<size_t>(kWorld));
+  absl::Notification left;
+  std::vector<absl::Status> second_step(kWorld);
+  std::vector<absl::Duration> took(kWorld);
+  std::vector<absl::Status> statuses =
+      RunOnRanks(kWorld, [&](int rank) -> absl::Status {
+        std::vector<Parameter> params = MakeParams();
+        std::vector<Parameter*> ptrs;
+        for (Parameter& p : params) ptrs.push_back(&p);
+        AutoConfigOptions o;
+        o.ddp = comms[rank].get();
+        o.coordinator = clients[rank].get();
+        absl::StatusOr<DistributedConfig> config = CreateAutoConfig(ptrs, o);
+        if (!config.ok()) return config.status();
+        config->state.join_timeout_ms = 10000;
+        config->state.incarnation = 200 + rank;
+        absl::StatusOr<std::unique_ptr<Muon>> muon =
+            Muon::Create(ptrs, MuonOptions(), *std::move(config));
+        if (!muon.ok()) return muon.status();
+        MUON_RETURN_IF_ERROR((*muon)->Step());
+        if (rank == kStopped) {
+          muon->reset();  // leaves the job (the agent's last heartbeat)
+          left.Notify();
+          return absl::OkStatus();
+        }
+        left.WaitForNotificationWithTimeout(absl::Seconds(30));
+        const absl::Time start = absl::Now();
+        second_step[rank] = (*muon)->Step();
+        took[rank] = absl::Now() - start;
+        return absl::OkStatus();
+      });
+  for (int r = 0; r < kWorld; ++r) ASSERT_THAT(statuses[r], IsOk()) << r;
+  for (int r = 0; r < kWorld; ++r) {
+    if (r == kStopped) continue;
+    EXPECT_THAT(second_step[r],
+                StatusIs(absl::StatusCode::kFailedPrecondition,
+                         AllOf(HasSubstr("rank 3 finished (left the job after "
+                                         "step 1)"),
+                               HasSubstr(absl::StrCat("while rank ", r,
+                                                      " is still stepping")),
+                               HasSubstr("every rank must call step() the "
+                                         "same number of times"))))
+        << r;
+    // The collective's own timeout (2 s) and no lost-rank wait on top.
+    EXPECT_LT(took[r], absl::Seconds(8)) << r;
+  }
   comms.clear();
 }
 
