@@ -182,9 +182,12 @@ int CmdPlan(const std::vector<std::string>&, std::ostream& out,
   }
   const v1::Plan& plan = p->plan;
   out << absl::StrFormat(
-      "plan %s: %d matrices over %d ranks (mesh %s), policy %s, %d buckets\n",
-      plan.hash(), plan.matrices_size(), plan.world_size(),
-      p->layout.mesh.ToString(), plan.policy(), plan.buckets_size());
+      "plan %s: %d matri%s over %d rank%s (mesh %s), policy %s, %d "
+      "bucket%s\n",
+      plan.hash(), plan.matrices_size(),
+      plan.matrices_size() == 1 ? "x" : "ces", plan.world_size(),
+      plan.world_size() == 1 ? "" : "s", p->layout.mesh.ToString(),
+      plan.policy(), plan.buckets_size(), plan.buckets_size() == 1 ? "" : "s");
   // Local shapes: the distinct non-empty boxes of the matrix, then how many
   // ranks hold part of it (ranks outside a pp/ep sub-mesh, holding other
   // experts, or with an empty torch.chunk shard hold none).

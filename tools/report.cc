@@ -361,11 +361,12 @@ std::string RenderReportHtml(const ReportInput& in) {
   absl::StrAppendFormat(
       &html,
       "<h1>muon plan %s</h1>\n<p>%s: %d matrices over %d ranks (mesh %s), "
-      "policy %s, %d buckets; max/mean %.3f, max/lower bound %.3f; "
+      "policy %s, %d bucket%s; max/mean %.3f, max/lower bound %.3f; "
       "round-robin max/mean %.3f.</p>\n",
       Escape(plan.hash()), Escape(in.source), plan.matrices_size(), world,
       Escape(in.plan.layout.mesh.ToString()), Escape(plan.policy()),
-      plan.buckets_size(), mean > 0 ? plan.max_load_flops() / mean : 0,
+      plan.buckets_size(), plan.buckets_size() == 1 ? "" : "s",
+      mean > 0 ? plan.max_load_flops() / mean : 0,
       in.lower_bound_flops > 0 ? plan.max_load_flops() / in.lower_bound_flops
                                : 0,
       in.round_robin.mean_load_flops() > 0

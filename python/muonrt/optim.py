@@ -32,7 +32,8 @@ Layout (distributed mode)
   ``muonrt.init_process_group()`` if there is one, else single device.
 * ``mesh``: ``muonrt.Mesh(names, sizes)`` (or a torch DeviceMesh); its size
   must equal the group's world size. Default: DTensor parameters' mesh, else
-  ``Mesh(["dp"], [world_size])`` (every parameter replicated: DDP).
+  ``Mesh(["dp"], [world_size])`` (every parameter replicated: DDP; one
+  process: ``Mesh(["dp_shard"], [1])``, the library's single-device mesh).
 * ``placements``: per parameter, one placement per mesh dim in DTensor
   spelling ("Shard(0)", "Replicate()", or Shard/Replicate objects, torch's
   included): a dict ``{name: [...]}`` (every parameter must be listed),
@@ -477,6 +478,11 @@ class Muon(torch.optim.Optimizer):
             return dmesh
         if mesh is not None:
             return mesh
+        # One process: the library's single-device mesh name (what its
+        # checkpoints record), so state_dict and `muonctl checkpoint
+        # inspect` agree.
+        if world == 1:
+            return Mesh(["dp_shard"], [1])
         return Mesh(["dp"], [world])
 
     def _resolve_layout(self, placements, global_shapes, sub_mesh):

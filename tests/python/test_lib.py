@@ -176,7 +176,7 @@ def test_single_rank_process_group(lib):
             "pg.barrier()\n"
             "w = torch.nn.Parameter(torch.randn(4, 4))\n"
             "opt = muonrt.Muon([('w', w)], lr=0.1)\n"
-            "assert opt.process_group is pg and opt.mesh == muonrt.Mesh(['dp'], [1])\n"
+            "assert opt.process_group is pg and opt.mesh == muonrt.Mesh(['dp_shard'], [1])\n"
             "try:\n"
             "    muonrt.Muon([('v', torch.zeros(2, 2))], mesh=muonrt.Mesh(['dp'], [2]))\n"
             "except ValueError as e:\n"

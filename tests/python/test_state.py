@@ -209,3 +209,20 @@ def test_load_checkpoint_errors(tmp_path):
         fresh.load_checkpoint(tmp_path / "ck")
     assert e.value.code_name == "DATA_LOSS"
     assert fresh.step_count == 0
+
+
+def test_single_process_state_dict_mesh_matches_the_library_checkpoint(
+        tmp_path):
+    """One process: the state_dict's mesh is the library's single-device
+    mesh, the one its checkpoints record (muonctl checkpoint inspect)."""
+    import json
+    w = torch.nn.Parameter(torch.randn(6, 4))
+    opt = muonrt.Muon([("w", w)], lr=0.02)
+    w.grad = torch.ones(6, 4)
+    opt.step()
+    mesh = opt.state_dict()["muonrt"]["mesh"]
+    assert mesh == {"names": ["dp_shard"], "sizes": [1]}
+    opt.save_checkpoint(tmp_path)
+    meta = json.load(open(tmp_path / "metadata.json"))
+    text = json.dumps(meta)
+    assert "dp_shard" in text, text

@@ -549,6 +549,30 @@ TEST(MuonctlCliTest, Flags_UnknownIrrelevantMissingOrStray_UsageTwo) {
   EXPECT_THAT(out.str(), HasSubstr("policy lpt"));
 }
 
+// One of each: no "1 buckets".
+TEST(MuonctlCliTest, Plan_OneMatrixOneRankOneBucket_Singular) {
+  const std::string path =
+      absl::StrCat(::testing::TempDir(), "/muonctl_one_spec.json");
+  {
+    v1::JobSpec spec;
+    spec.set_job_id("one");
+    v1::MeshDim* dim = spec.mutable_mesh()->add_dims();
+    dim->set_name("dp_shard");
+    dim->set_size(1);
+    v1::ParamSpec* p = spec.add_params();
+    p->set_name("w");
+    p->add_shape(8);
+    p->add_shape(8);
+    p->add_placements("Replicate()");
+    std::ofstream f(path);
+    f << JobSpecToJson(spec);
+  }
+  std::ostringstream out, err;
+  ASSERT_EQ(RunMuonctl({"plan", "--spec", path}, out, err), 0) << err.str();
+  EXPECT_THAT(out.str(), HasSubstr("1 matrix over 1 rank (mesh dp_shard=1)"));
+  EXPECT_THAT(out.str(), HasSubstr("policy lpt, 1 bucket\n"));
+}
+
 TEST(MuonctlCliTest, Plan_ScaledUnitsAndBytesPerRankPerStep) {
   // One [8, 8] matrix FSDP over 4 ranks: shards of 2 x 8 fp32 = 64 B. The
   // owner receives 3 shards (192 B) and sends them back; every other rank
