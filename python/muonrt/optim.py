@@ -1007,10 +1007,14 @@ class Muon(torch.optim.Optimizer):
 
     def assignments(self):
         """{rank: [indices of matrices that rank orthogonalizes]} as this
-        rank sees it (parameter indices when every parameter is 2-D)."""
+        rank sees it (parameter indices when every parameter is 2-D), with
+        every rank of the world listed (an empty list for a rank that owns
+        none of this rank's matrices)."""
         raw = json.loads(_lib.read_json_text(
             "muonrt_optimizer_assignments_json", self._h))
-        return {int(k): list(v) for k, v in raw.items()}
+        out = {r: [] for r in range(self.world_size)}
+        out.update({int(k): list(v) for k, v in raw.items()})
+        return out
 
     def last_step_stats(self):
         """Counters of the last step on this rank: step,

@@ -130,6 +130,8 @@ def check_ranks(out, n, layout_name, single_result):
     assert total == len(muon_worker.SHAPES)
     owned = sorted(i for v in assignments.values() for i in v)
     assert owned == list(range(len(muon_worker.SHAPES)))
+    # Every rank is listed, also one that owns nothing.
+    assert sorted(assignments) == list(range(n))
 
 
 @pytest.mark.parametrize("launcher", sorted(LAUNCHERS))

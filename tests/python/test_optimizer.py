@@ -345,3 +345,4 @@ def test_unknown_ns_method_is_refused_naming_it():
     init, _ = make_problem(seed=6)
     with pytest.raises(ValueError, match="ns_method"):
         muonrt.Muon(list(params_of(init).items()), ns_method="bogus")
+
