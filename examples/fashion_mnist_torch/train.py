@@ -204,6 +204,17 @@ def epoch_order(n, epoch, seed):
     return torch.randperm(n, generator=g)
 
 
+def rank_order_sum(t, world, dist):
+    """Every rank's `t` summed in rank order (all_gather, then rank 0's +
+    rank 1's + ...): the order the single-process run accumulates in."""
+    parts = [torch.empty_like(t) for _ in range(world)]
+    dist.all_gather(parts, t)
+    total = parts[0].clone()
+    for q in range(1, world):
+        total.add_(parts[q])
+    return total
+
+
 def train(args, data, world, rank=0, dist=None, muon_kind="muonrt", log=True):
     """Trains with `world` micro-batches per step. dist None: one process
     (accumulates the micro-batches itself); else this rank of `world`.
@@ -262,19 +273,9 @@ def train(args, data, world, rank=0, dist=None, muon_kind="muonrt", log=True):
             else:
                 part = idx[rank * micro:(rank + 1) * micro]
                 loss, mine = micro_batch_grads(model, train_x[part], train_y[part], batch)
-                grads = []
-                for g in mine:   # the ranks' gradients, summed in rank order
-                    parts = [torch.empty_like(g) for _ in range(world)]
-                    dist.all_gather(parts, g)
-                    acc = parts[0].clone()
-                    for q in range(1, world):
-                        acc.add_(parts[q])
-                    grads.append(acc)
-                losses_all = [torch.empty_like(loss) for _ in range(world)]
-                dist.all_gather(losses_all, loss)
-                total = losses_all[0]
-                for q in range(1, world):
-                    total = total + losses_all[q]
+                # The ranks' gradients, summed in rank order.
+                grads = [rank_order_sum(g, world, dist) for g in mine]
+                total = rank_order_sum(loss, world, dist)
             losses.append(float(total))
             if shards is not None:
                 for (_, shard, begin, n), g in zip(shards, grads):
@@ -382,12 +383,7 @@ def train_fsdp2(args, data, world, rank, dist, log=True):
             loss = F.cross_entropy(model(train_x[part]), train_y[part],
                                    reduction="sum") / batch
             loss.backward()
-            parts = [torch.empty_like(loss.detach()) for _ in range(world)]
-            dist.all_gather(parts, loss.detach())
-            total = parts[0]
-            for q in range(1, world):
-                total = total + parts[q]
-            losses.append(float(total))
+            losses.append(float(rank_order_sum(loss.detach(), world, dist)))
             opt.step()
             opt.zero_grad(set_to_none=True)
             step = epoch * steps_per_epoch + s + 1

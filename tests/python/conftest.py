@@ -8,6 +8,7 @@ MUONRT_LIBRARY is unset; a MUONRT_LIBRARY that names a missing file fails
 them instead.
 """
 import os
+import socket
 import sys
 
 import pytest
@@ -61,3 +62,21 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if str(item.fspath).startswith(TORCH2_DIR):
             item.add_marker(skip)
+
+
+def free_port_pair():
+    """A port P with P and P+1 free (the embedded coordinator takes
+    MASTER_PORT+1, MASTER_PORT stays torch.distributed's)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port >= 65535:
+            continue
+        try:
+            with socket.socket() as s2:
+                s2.bind(("127.0.0.1", port + 1))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair")

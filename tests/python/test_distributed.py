@@ -9,14 +9,13 @@ plain spawner here that sets torchrun's environment itself. Every
 subprocess is bounded by a timeout.
 """
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from conftest import REPO, library_or_skip
+from conftest import REPO, free_port_pair, library_or_skip
 
 WORKER = os.path.join(REPO, "tests", "python", "workers", "muon_worker.py")
 MUONRUN = os.environ.get("MUONRUN") or os.path.join(REPO, "bazel-bin",
@@ -27,24 +26,6 @@ STEPS = 6
 
 sys.path.insert(0, os.path.dirname(WORKER))
 import muon_worker  # noqa: E402
-
-
-def free_port_pair():
-    """A port P with P and P+1 free (the embedded coordinator takes
-    MASTER_PORT+1, MASTER_PORT stays torch.distributed's)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port >= 65535:
-            continue
-        try:
-            with socket.socket() as s2:
-                s2.bind(("127.0.0.1", port + 1))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no free port pair")
 
 
 def child_env(lib):

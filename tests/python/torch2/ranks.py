@@ -3,26 +3,13 @@ machine the way torchrun's env:// does (RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT; Debian's torchrun needs libuv, which its build lacks, so the
 tests spawn the ranks themselves), bounded in time."""
 import os
-import socket
 import subprocess
 import sys
 import time
 
-
-def free_port_pair():
-    """A port p with p + 1 free too (torch's TCPStore on p, muonrt's
-    embedded coordinator on p + 1)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            p = s.getsockname()[1]
-        try:
-            with socket.socket() as s2:
-                s2.bind(("127.0.0.1", p + 1))
-            return p
-        except OSError:
-            continue
-    raise RuntimeError("no free port pair on 127.0.0.1")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__))))
+from conftest import free_port_pair  # noqa: E402,F401 (tests/python's)
 
 
 def run_ranks(world, argv, timeout_s=240, job_id="torch2", extra_env=None):
