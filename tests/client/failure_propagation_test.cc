@@ -106,6 +106,44 @@ std::vector<Parameter> MakeParams() {
   return params;
 }
 
+// An in-process coordinator for kWorld ranks and one freezable client per
+// rank.
+struct World {
+  explicit World(absl::Duration heartbeat_timeout) {
+    CoordinatorService::Options options;
+    options.job_id = "test";
+    options.world_size = kWorld;
+    options.default_join_timeout = absl::Seconds(10);
+    options.heartbeat_timeout = heartbeat_timeout;
+    service = std::make_unique<CoordinatorService>(options);
+    for (int r = 0; r < kWorld; ++r) {
+      locals.push_back(
+          std::make_unique<LocalCoordinationClient>(service.get()));
+      clients.push_back(std::make_unique<FreezableClient>(locals.back().get()));
+    }
+  }
+  std::unique_ptr<CoordinatorService> service;
+  std::vector<std::unique_ptr<LocalCoordinationClient>> locals;
+  std::vector<std::unique_ptr<FreezableClient>> clients;
+};
+
+// Muon over `params` (DDP over `comm`, joining through `client`).
+absl::StatusOr<std::unique_ptr<Muon>> CreateMuon(std::vector<Parameter>* params,
+                                                 Communicator* comm,
+                                                 CoordinationClient* client,
+                                                 uint64_t incarnation) {
+  std::vector<Parameter*> ptrs;
+  for (Parameter& p : *params) ptrs.push_back(&p);
+  AutoConfigOptions o;
+  o.ddp = comm;
+  o.coordinator = client;
+  absl::StatusOr<DistributedConfig> config = CreateAutoConfig(ptrs, o);
+  if (!config.ok()) return config.status();
+  config->state.join_timeout_ms = 10000;
+  config->state.incarnation = incarnation;
+  return Muon::Create(ptrs, MuonOptions(), *std::move(config));
+}
+
 // Gloo groups of kWorld thread ranks over `clients`' store; empty when one
 // failed (the test then fails on the size).
 std::vector<std::unique_ptr<GlooCommunicator>> MakeComms(
@@ -132,18 +170,9 @@ std::vector<std::unique_ptr<GlooCommunicator>> MakeComms(
 
 TEST(FailurePropagationTest,
      Step_RankStopsHeartbeating_OthersAbortNamingItWithinTwiceTimeout) {
-  CoordinatorService::Options service_options;
-  service_options.job_id = "test";
-  service_options.world_size = kWorld;
-  service_options.default_join_timeout = absl::Seconds(10);
-  service_options.heartbeat_timeout = kHeartbeatTimeout;
-  CoordinatorService service(service_options);
-  std::vector<std::unique_ptr<LocalCoordinationClient>> locals;
-  std::vector<std::unique_ptr<FreezableClient>> clients;
-  for (int r = 0; r < kWorld; ++r) {
-    locals.push_back(std::make_unique<LocalCoordinationClient>(&service));
-    clients.push_back(std::make_unique<FreezableClient>(locals.back().get()));
-  }
+  World world(kHeartbeatTimeout);
+  CoordinatorService& service = *world.service;
+  std::vector<std::unique_ptr<FreezableClient>>& clients = world.clients;
   std::vector<std::unique_ptr<GlooCommunicator>> comms =
       MakeComms(clients, kGlooTimeout, "gloo/failure");
   ASSERT_EQ(comms.size(), static_cast<size_t>(kWorld));
@@ -158,17 +187,8 @@ TEST(FailurePropagationTest,
   std::vector<absl::Status> statuses =
       RunOnRanks(kWorld, [&](int rank) -> absl::Status {
         std::vector<Parameter> params = MakeParams();
-        std::vector<Parameter*> ptrs;
-        for (Parameter& p : params) ptrs.push_back(&p);
-        AutoConfigOptions o;
-        o.ddp = comms[rank].get();
-        o.coordinator = clients[rank].get();
-        absl::StatusOr<DistributedConfig> config = CreateAutoConfig(ptrs, o);
-        if (!config.ok()) return config.status();
-        config->state.join_timeout_ms = 10000;
-        config->state.incarnation = 100 + rank;
-        absl::StatusOr<std::unique_ptr<Muon>> muon =
-            Muon::Create(ptrs, MuonOptions(), *std::move(config));
+        absl::StatusOr<std::unique_ptr<Muon>> muon = CreateMuon(
+            &params, comms[rank].get(), clients[rank].get(), 100 + rank);
         if (!muon.ok()) return muon.status();
         absl::Status first = (*muon)->Step();
         if (first_step_done->Block()) delete first_step_done;
@@ -210,18 +230,8 @@ TEST(FailurePropagationTest,
 // lost-rank timeout.
 TEST(FailurePropagationTest,
      Step_PeerFinishedEarlier_ErrorNamesItAndTheStepCountRule) {
-  CoordinatorService::Options service_options;
-  service_options.job_id = "test";
-  service_options.world_size = kWorld;
-  service_options.default_join_timeout = absl::Seconds(10);
-  service_options.heartbeat_timeout = absl::Seconds(30);
-  CoordinatorService service(service_options);
-  std::vector<std::unique_ptr<LocalCoordinationClient>> locals;
-  std::vector<std::unique_ptr<FreezableClient>> clients;
-  for (int r = 0; r < kWorld; ++r) {
-    locals.push_back(std::make_unique<LocalCoordinationClient>(&service));
-    clients.push_back(std::make_unique<FreezableClient>(locals.back().get()));
-  }
+  World world(absl::Seconds(30));
+  std::vector<std::unique_ptr<FreezableClient>>& clients = world.clients;
   std::vector<std::unique_ptr<GlooCommunicator>> comms =
       MakeComms(clients, absl::Seconds(2), "gloo/finished");
   ASSERT_EQ(comms.size(), static_cast<size_t>(kWorld));
@@ -231,17 +241,8 @@ TEST(FailurePropagationTest,
   std::vector<absl::Status> statuses =
       RunOnRanks(kWorld, [&](int rank) -> absl::Status {
         std::vector<Parameter> params = MakeParams();
-        std::vector<Parameter*> ptrs;
-        for (Parameter& p : params) ptrs.push_back(&p);
-        AutoConfigOptions o;
-        o.ddp = comms[rank].get();
-        o.coordinator = clients[rank].get();
-        absl::StatusOr<DistributedConfig> config = CreateAutoConfig(ptrs, o);
-        if (!config.ok()) return config.status();
-        config->state.join_timeout_ms = 10000;
-        config->state.incarnation = 200 + rank;
-        absl::StatusOr<std::unique_ptr<Muon>> muon =
-            Muon::Create(ptrs, MuonOptions(), *std::move(config));
+        absl::StatusOr<std::unique_ptr<Muon>> muon = CreateMuon(
+            &params, comms[rank].get(), clients[rank].get(), 200 + rank);
         if (!muon.ok()) return muon.status();
         MUON_RETURN_IF_ERROR((*muon)->Step());
         if (rank == kStopped) {
