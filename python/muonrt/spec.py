@@ -200,7 +200,11 @@ def spec_from_module(module, mesh, placements_rules=None, job_id=None, *,
     default_placements: placements for every matrix before rules; None =
         Shard(0) on "dp_shard", Replicate() elsewhere; named dims not given
         keep that built-in default.
-    exclude: regexes replacing DEFAULT_EXCLUDE (None = the defaults).
+    exclude: regexes replacing DEFAULT_EXCLUDE (None = the defaults, and
+        then also split_params's rule: a 2-D parameter split_params gives to
+        AdamW, such as an MLP's last Linear or an output head, is left out,
+        so the spec plans exactly what muonrt.Muon(split_params(...)[0])
+        steps).
     transpose: regex of parameters stored [in, out] (module docstring).
     expert_stacks: also take 3-D parameters as [experts, rows, cols].
     skipped: a list that receives (name, reason) for parameters left out.
@@ -221,8 +225,11 @@ def spec_from_module(module, mesh, placements_rules=None, job_id=None, *,
         what = f"rule {pattern!r}"
         rules.append((_compile(pattern, what),
                       parse_placement_list(placements, dims, what)))
+    adamw_names = set()
     if exclude is None:
         exclude = DEFAULT_EXCLUDE
+        from .params import split_params
+        adamw_names = {n for n, p in split_params(module)[1] if p.ndim == 2}
     elif isinstance(exclude, str):
         exclude = [exclude]
     exclude = [(e, _compile(e, "exclude")) for e in exclude]
@@ -246,6 +253,9 @@ def spec_from_module(module, mesh, placements_rules=None, job_id=None, *,
                 if r.search(name):
                     reason = f'excluded by "{pattern}"'
                     break
+            if reason is None and name in adamw_names:
+                reason = ("left to AdamW by split_params (embedding, output "
+                          "head or last Linear)")
         if reason is not None:
             if skipped is not None:
                 skipped.append((name, reason))

@@ -136,6 +136,8 @@ def test_expert_stacks():
         def __init__(self):
             super().__init__()
             self.experts_w1 = torch.nn.Parameter(torch.zeros(4, 8, 6))
+            self.hidden = torch.nn.Linear(6, 6, bias=False)
+            # The last Linear: AdamW's, by split_params's rule.
             self.router = torch.nn.Linear(6, 4, bias=False)
 
     assert len(muonrt.spec_from_module(Moe(), "ep=2", job_id="m")
@@ -187,3 +189,20 @@ def test_write_spec_json_matches_spec_file_structure(tmp_path):
         assert set(p) == set(example["params"][0])
         assert all(isinstance(d, int) and d >= 1 for d in p["shape"])
         assert len(p["placements"]) == len(loaded["mesh"]["dims"])
+
+
+def test_default_rule_matches_split_params():
+    """With the default exclusions the spec lists exactly the matrices
+    split_params gives to Muon (an MLP's classifier, the last Linear, goes
+    to AdamW in both)."""
+    import torch
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 10))
+    skipped = []
+    spec = muonrt.spec_from_module(model, "dp_shard=2", job_id="mlp",
+                                   skipped=skipped)
+    muon_names = [n for n, _ in muonrt.split_params(model)[0]]
+    assert [p["name"] for p in spec["params"]] == muon_names
+    assert ("4.weight", "left to AdamW by split_params (embedding, output "
+            "head or last Linear)") in skipped
