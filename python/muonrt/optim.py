@@ -817,6 +817,28 @@ class Muon(torch.optim.Optimizer):
             ctypes.memmove(out.data_ptr(), ptr, 4 * numel.value)
         return out.to(s.local.device)
 
+    def write_spec(self, path, job_id="job"):
+        """Writes this optimizer's own job spec to `path` (muonctl's JSON
+        format, spec_from_module's fields): its mesh, and every parameter's
+        name, global shape, placements and sub-mesh as the optimizer took
+        them, so that ``muonctl plan --spec PATH`` or ``muonctl report
+        --spec PATH`` describes exactly this job. Returns the spec dict."""
+        from .spec import write_spec
+        params = []
+        for s in self._slots:
+            p = {"name": s.name, "shape": [int(d) for d in s.global_shape],
+                 "placements": list(s.placements)}
+            if s.sub_mesh:
+                p["sub_mesh"] = {k: int(v) for k, v in (
+                    kv.split("=") for kv in s.sub_mesh.split(","))}
+            params.append(p)
+        spec = {"job_id": str(job_id),
+                "mesh": {"dims": [{"name": n, "size": int(z)} for n, z in
+                                  zip(self._mesh.names, self._mesh.sizes)]},
+                "params": params}
+        write_spec(spec, path)
+        return spec
+
     def _layout_meta(self):
         return {
             "format": 1,

@@ -206,3 +206,28 @@ def test_default_rule_matches_split_params():
     assert [p["name"] for p in spec["params"]] == muon_names
     assert ("4.weight", "left to AdamW by split_params (embedding, output "
             "head or last Linear)") in skipped
+
+
+def test_optimizer_writes_its_own_spec_that_muonctl_plans(tmp_path):
+    """opt.write_spec(path): the optimizer's mesh, names, global shapes and
+    placements; the package's muonctl plans it."""
+    import subprocess
+    import torch
+    w1 = torch.nn.Parameter(torch.randn(12, 8))
+    w2 = torch.nn.Parameter(torch.randn(8, 6))
+    opt = muonrt.Muon([("w1", w1), ("w2", w2)], lr=0.02)
+    path = tmp_path / "job.json"
+    spec = opt.write_spec(path, job_id="mine")
+    assert json.load(open(path)) == spec
+    assert spec["mesh"] == {"dims": [{"name": "dp_shard", "size": 1}]}
+    assert [(p["name"], p["shape"]) for p in spec["params"]] == [
+        ("w1", [12, 8]), ("w2", [8, 6])]
+    muonctl = os.path.join(REPO, "python", "muonrt", "bin", "muonctl")
+    if not os.path.exists(muonctl):
+        muonctl = os.path.join(REPO, "bazel-bin", "tools", "muonctl")
+    if not os.path.exists(muonctl):
+        pytest.skip("muonctl is not built")
+    r = subprocess.run([muonctl, "plan", "--spec", str(path)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "2 matrices over 1 rank" in r.stdout
