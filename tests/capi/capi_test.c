@@ -493,7 +493,10 @@ static void Create_BadParams_ReturnInvalidArgumentOrUnimplemented(void) {
                           "more than"));
   CHECK(
       ExpectCreateError(NonContiguous, MUONRT_INVALID_ARGUMENT, "contiguous"));
+  /* CUDA parameters are accepted; this library (the default build) has no
+   * CUDA, which the error says, naming the device. */
   CHECK(ExpectCreateError(Cuda, MUONRT_UNIMPLEMENTED, "cuda:0"));
+  CHECK_ERROR_HAS("--config=cuda");
   CHECK(ExpectCreateError(BadDevice, MUONRT_INVALID_ARGUMENT, "device_type"));
   CHECK(ExpectCreateError(BadDtype, MUONRT_INVALID_ARGUMENT, "dtype 5"));
   CHECK(ExpectCreateError(BadGradDtype, MUONRT_INVALID_ARGUMENT,

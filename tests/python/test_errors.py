@@ -62,12 +62,21 @@ def test_non_contiguous_parameter_names_it():
         muonrt.Muon([("ok", torch.randn(3, 3)), ("w_t", p)])
 
 
-def test_cuda_parameter_is_not_implemented():
+def test_parameter_on_another_device_kind_raises_naming_it():
+    p = torch.nn.Parameter(torch.empty(4, 4, device="meta"))
+    with pytest.raises(ValueError, match=r"'w_meta' is on meta; CPU and "
+                                         r"CUDA tensors only"):
+        muonrt.Muon([("w_meta", p)])
+
+
+def test_cpu_and_cuda_parameters_in_one_optimizer_raise_naming_both():
     if not torch.cuda.is_available():
-        pytest.skip("no CUDA device (the CUDA-tensor error needs one)")
-    p = torch.nn.Parameter(torch.randn(4, 4, device="cuda"))
-    with pytest.raises(NotImplementedError):
-        muonrt.Muon([("w_cuda", p)])
+        pytest.skip("no CUDA device (mixing devices needs one)")
+    a = torch.nn.Parameter(torch.randn(4, 4))
+    b = torch.nn.Parameter(torch.randn(4, 4, device="cuda"))
+    with pytest.raises(ValueError, match=r'"a" is on cpu but parameter "b" '
+                                         r'is on cuda:0'):
+        muonrt.Muon([("a", a), ("b", b)])
 
 
 def test_missing_grad_raises_naming_parameter_and_modifies_nothing():
