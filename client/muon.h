@@ -364,6 +364,9 @@ class Muon {
   // The momentum pass, the executor's run and (transactional_step) the
   // commit agreement.
   absl::Status UpdateAll(device::Stream* caller);
+  // state_dict() without the momentum values (no device copies): names,
+  // shapes, placements and boxes, for checks and for Load to fill.
+  OptimizerStateDict StateLayout() const;
   // The optimizer's state on the parameters' device (momentum, Nesterov
   // buffer, finite-check results, snapshot), at Create.
   absl::Status AllocateState();

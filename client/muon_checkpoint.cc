@@ -29,7 +29,7 @@ std::string MomentumKey(const std::string& param) {
 
 }  // namespace
 
-OptimizerStateDict Muon::state_dict() const {
+OptimizerStateDict Muon::StateLayout() const {
   OptimizerStateDict sd;
   sd.step = step_;
   sd.mesh = mesh_;
@@ -47,14 +47,21 @@ OptimizerStateDict Muon::state_dict() const {
         LocalRanges(ps.global_shape, placements_[i].placements, mesh_, coord,
                     placements_[i].sub_mesh);
     if (box.ok()) ps.box = *std::move(box);
-    ps.momentum_buffer = momentum_buffer(static_cast<int>(i));
     sd.params.push_back(std::move(ps));
   }
   return sd;
 }
 
+OptimizerStateDict Muon::state_dict() const {
+  OptimizerStateDict sd = StateLayout();
+  for (size_t i = 0; i < sd.params.size(); ++i) {
+    sd.params[i].momentum_buffer = momentum_buffer(static_cast<int>(i));
+  }
+  return sd;
+}
+
 absl::Status Muon::load_state_dict(const OptimizerStateDict& state) {
-  const OptimizerStateDict mine = state_dict();
+  const OptimizerStateDict mine = StateLayout();
   if (state.params.size() != mine.params.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", rank_, ": load_state_dict: the state holds ",
@@ -80,10 +87,10 @@ absl::Status Muon::load_state_dict(const OptimizerStateDict& state) {
       what = absl::StrCat("shard box ", BoxString(got.box), " (expected ",
                           BoxString(want.box),
                           "; load a checkpoint with Load to reshard)");
-    } else if (got.momentum_buffer.size() != want.momentum_buffer.size()) {
-      what =
-          absl::StrCat("momentum buffer of ", got.momentum_buffer.size(),
-                       " values (expected ", want.momentum_buffer.size(), ")");
+    } else if (static_cast<int64_t>(got.momentum_buffer.size()) !=
+               buffers_[i].size()) {
+      what = absl::StrCat("momentum buffer of ", got.momentum_buffer.size(),
+                          " values (expected ", buffers_[i].size(), ")");
     }
     if (!what.empty()) {
       return absl::InvalidArgumentError(
@@ -140,11 +147,10 @@ absl::Status Muon::Save(const std::string& dir) const {
 absl::Status Muon::Load(const std::string& dir) {
   MUON_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
                         CheckpointReader::Open(dir));
-  OptimizerStateDict sd = state_dict();
+  OptimizerStateDict sd = StateLayout();
   for (size_t i = 0; i < sd.params.size(); ++i) {
     ParamState& ps = sd.params[i];
-    // Sized from this optimizer's buffer (a failed device copy leaves the
-    // state_dict's copy empty): ReadRegion fills exactly this many floats.
+    // ReadRegion fills exactly this many floats.
     ps.momentum_buffer.assign(buffers_[i].size(), 0.0f);
     absl::Status s = reader->ReadRegion(MomentumKey(ps.name), ps.global_shape,
                                         ps.box, ps.momentum_buffer.data());

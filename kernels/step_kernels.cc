@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "device/runtime.h"
 #include "kernels/bfloat16.h"
 #include "kernels/muon_update.h"
 
@@ -81,9 +82,9 @@ class HostStepKernels final : public StepKernels {
 
   absl::Status Copy(device::Stream*, void* dst, const void* src,
                     int64_t bytes) override {
-    if (bytes < 0 || (bytes > 0 && (dst == nullptr || src == nullptr))) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Copy: bytes must be >= 0 and pointers non-null, got ", bytes));
+    if (absl::Status s = device::CheckCopyArguments("Copy", dst, src, bytes);
+        !s.ok()) {
+      return s;
     }
     if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
     return absl::OkStatus();

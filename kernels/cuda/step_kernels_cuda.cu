@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "device/cuda_runtime.h"
+#include "device/runtime.h"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/muon_update_cuda.h"
 #include "kernels/cuda/newton_schulz_cuda.h"
@@ -104,9 +105,9 @@ class CudaStepKernels final : public StepKernels {
 
   absl::Status Copy(device::Stream* stream, void* dst, const void* src,
                     int64_t bytes) override {
-    if (bytes < 0 || (bytes > 0 && (dst == nullptr || src == nullptr))) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Copy: bytes must be >= 0 and pointers non-null, got ", bytes));
+    if (absl::Status s = device::CheckCopyArguments("Copy", dst, src, bytes);
+        !s.ok()) {
+      return s;
     }
     if (bytes == 0) return absl::OkStatus();
     MUON_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
