@@ -8,12 +8,14 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/checked_math.h"
 #include "common/edit_distance.h"
 #include "common/status_macros.h"
 #include "google/protobuf/util/json_util.h"
+#include "nlohmann/json.hpp"
 
 namespace muon {
 
@@ -89,14 +91,67 @@ absl::StatusOr<v1::JobSpec> LoadJobSpec(const std::string& path) {
   return spec;
 }
 
+namespace {
+
+// Largest integer a JSON number carries exactly in every reader (an IEEE
+// double's 53-bit significand; RFC 8259 section 6).
+constexpr int64_t kMaxExactJsonInteger = (int64_t{1} << 53) - 1;
+
+// Protobuf's JSON mapping prints 64-bit integers as strings ("48"); turns
+// each such value of `json` (an object printed from a message of type `d`
+// with proto field names) back into a number when its magnitude is at most
+// kMaxExactJsonInteger.
+void Int64StringsToNumbers(const google::protobuf::Descriptor* d,
+                           nlohmann::ordered_json* json);
+
+void Int64StringToNumber(const google::protobuf::FieldDescriptor* f,
+                         nlohmann::ordered_json* value) {
+  using FD = google::protobuf::FieldDescriptor;
+  if (f->cpp_type() == FD::CPPTYPE_MESSAGE) {
+    Int64StringsToNumbers(f->message_type(), value);
+    return;
+  }
+  if (!value->is_string()) return;
+  if (f->cpp_type() != FD::CPPTYPE_INT64 && f->cpp_type() != FD::CPPTYPE_UINT64)
+    return;
+  int64_t v = 0;
+  if (!absl::SimpleAtoi(value->get<std::string>(), &v)) return;
+  if (v > kMaxExactJsonInteger || v < -kMaxExactJsonInteger) return;
+  *value = v;
+}
+
+void Int64StringsToNumbers(const google::protobuf::Descriptor* d,
+                           nlohmann::ordered_json* json) {
+  if (d == nullptr || !json->is_object()) return;
+  for (auto& [key, value] : json->items()) {
+    const google::protobuf::FieldDescriptor* f = d->FindFieldByName(key);
+    if (f == nullptr) continue;
+    if (f->is_map()) {
+      // A map's values are the map entry's "value" field.
+      const google::protobuf::FieldDescriptor* v =
+          f->message_type()->FindFieldByName("value");
+      for (auto& [k, entry] : value.items()) Int64StringToNumber(v, &entry);
+    } else if (f->is_repeated()) {
+      for (auto& element : value) Int64StringToNumber(f, &element);
+    } else {
+      Int64StringToNumber(f, &value);
+    }
+  }
+}
+
+}  // namespace
+
 std::string JobSpecToJson(const v1::JobSpec& spec) {
   google::protobuf::util::JsonPrintOptions options;
-  options.add_whitespace = true;
   options.preserve_proto_field_names = true;
   std::string out;
   // Printing a well-formed message cannot fail.
   (void)google::protobuf::util::MessageToJsonString(spec, &out, options);
-  return out;
+  nlohmann::ordered_json json =
+      nlohmann::ordered_json::parse(out, nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded()) return out;
+  Int64StringsToNumbers(v1::JobSpec::descriptor(), &json);
+  return json.dump(2);
 }
 
 Mesh MeshFromProto(const v1::Mesh& mesh) {

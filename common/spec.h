@@ -49,7 +49,10 @@ absl::StatusOr<v1::JobSpec> ParseJobSpecJson(absl::string_view json);
 absl::StatusOr<v1::JobSpec> LoadJobSpec(const std::string& path);
 
 // Serializes a spec to pretty-printed JSON with snake_case field names
-// (the same spelling ParseJobSpecJson reads).
+// (the same spelling ParseJobSpecJson reads). 64-bit integers (shapes,
+// bucket_size_bytes) are JSON numbers, as in hand-written specs, where
+// protobuf's JSON mapping would print strings ("48"); a magnitude above
+// 2^53 - 1, which a JSON number cannot carry exactly, stays a string.
 std::string JobSpecToJson(const v1::JobSpec& spec);
 
 // Checks the size of a whole job before anything is sized by it: the

@@ -21,6 +21,7 @@ using ::muon::testing::PipelineSpec;
 using ::muon::testing::TestParam;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr char kGoodSpec[] = R"json({
   "job_id": "mlp",
@@ -123,6 +124,24 @@ TEST(SpecTest, LoadJobSpec_GoodFile_RoundTripsThroughJson) {
   EXPECT_EQ(loaded->SerializeAsString(), spec.SerializeAsString());
   EXPECT_THAT(JobSpecToJson(spec), HasSubstr("\"job_id\""));
   std::remove(path.c_str());
+}
+
+TEST(SpecTest, JobSpecToJson_WritesShapesAndBytesAsNumbersAndRoundTrips) {
+  v1::JobSpec spec = GoodSpec();
+  spec.mutable_params(0)->clear_shape();
+  spec.mutable_params(0)->add_shape(48);
+  spec.mutable_params(0)->add_shape(int64_t{1} << 40);
+  spec.mutable_execution()->set_bucket_size_bytes(int64_t{1} << 54);
+  const std::string json = JobSpecToJson(spec);
+  // Numbers where a JSON number is exact, like a hand-written spec; a
+  // value above 2^53 - 1 keeps protobuf's string form.
+  EXPECT_THAT(json, HasSubstr("48,"));
+  EXPECT_THAT(json, HasSubstr("1099511627776"));
+  EXPECT_THAT(json, Not(HasSubstr("\"48\"")));
+  EXPECT_THAT(json, HasSubstr("\"18014398509481984\""));
+  absl::StatusOr<v1::JobSpec> parsed = ParseJobSpecJson(json);
+  ASSERT_THAT(parsed, IsOk());
+  EXPECT_EQ(parsed->SerializeAsString(), spec.SerializeAsString());
 }
 
 TEST(SpecTest, ValidateJobSpec_FourDimParam_ReturnsInvalidArgumentNamingIt) {

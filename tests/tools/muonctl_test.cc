@@ -3,6 +3,7 @@
 // reports: status (and --watch), timings, trace (parsed back as JSON), and
 // schedule (live and offline from a spec).
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <memory>
@@ -34,6 +35,7 @@ namespace {
 using ::google::protobuf::Struct;
 using ::google::protobuf::Value;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr int kRanks = 4;
 constexpr int kSteps = 3;
@@ -700,6 +702,12 @@ TEST(MuonctlCliTest, Spec_FromSafetensorsHeader_TransposedAndPlannable) {
   // Conv1D [in, out] -> [out, in]; column-parallel on tp, FSDP on dp_shard.
   EXPECT_EQ(spec->params(0).name(), "transformer.h.0.attn.c_attn.weight");
   EXPECT_THAT(spec->params(0).shape(), ::testing::ElementsAre(48, 16));
+  // Shapes are JSON numbers, as in every example spec (not "48").
+  std::ifstream written(spec_path);
+  const std::string text((std::istreambuf_iterator<char>(written)),
+                         std::istreambuf_iterator<char>());
+  EXPECT_THAT(text, ::testing::ContainsRegex("\"shape\": \\[\n +48,\n +16\n"));
+  EXPECT_THAT(text, Not(HasSubstr("\"48\"")));
   EXPECT_THAT(spec->params(0).placements(),
               ::testing::ElementsAre("Shard(0)", "Shard(0)"));
   EXPECT_THAT(spec->params(1).placements(),
