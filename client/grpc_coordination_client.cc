@@ -64,13 +64,6 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(
   return grpc::SslCredentials(ssl);
 }
 
-template <typename Request>
-Request WithJobId(const Request& request, const std::string& job_id) {
-  Request out = request;
-  if (out.job_id().empty()) out.set_job_id(job_id);
-  return out;
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GrpcCoordinationClient>>
@@ -121,131 +114,104 @@ std::unique_ptr<grpc::ClientContext> GrpcCoordinationClient::NewContext(
   return context;
 }
 
+template <typename Request, typename Response>
+absl::StatusOr<Response> GrpcCoordinationClient::Call(
+    grpc::Status (v1::Coordinator::Stub::*method)(grpc::ClientContext*,
+                                                  const Request&, Response*),
+    const char* name, Request request, absl::Duration timeout,
+    bool wait_for_ready) const {
+  if (request.job_id().empty()) request.set_job_id(job_id_);
+  std::unique_ptr<grpc::ClientContext> context = NewContext(timeout);
+  if (wait_for_ready) context->set_wait_for_ready(true);
+  Response response;
+  grpc::Status status = ((*stub_).*method)(context.get(), request, &response);
+  if (!status.ok()) return ToAbsl(status, name, address_, timeout);
+  return response;
+}
+
 absl::StatusOr<v1::JoinResponse> GrpcCoordinationClient::Join(
     const v1::JoinRequest& request) {
   const absl::Duration wait = request.timeout_ms() > 0
                                   ? absl::Milliseconds(request.timeout_ms())
                                   : absl::Seconds(60);
-  const absl::Duration deadline = wait + rpc_timeout_;
-  std::unique_ptr<grpc::ClientContext> context = NewContext(deadline);
-  context->set_wait_for_ready(true);  // the coordinator may not listen yet
-  v1::JoinResponse response;
-  grpc::Status status =
-      stub_->Join(context.get(), WithJobId(request, job_id_), &response);
-  if (!status.ok()) return ToAbsl(status, "Join", address_, deadline);
-  return response;
+  // The coordinator may not listen yet: wait for it.
+  return Call(&v1::Coordinator::Stub::Join, "Join", request,
+              wait + rpc_timeout_, /*wait_for_ready=*/true);
 }
 
 absl::StatusOr<v1::HeartbeatResponse> GrpcCoordinationClient::Heartbeat(
     const v1::HeartbeatRequest& request) {
-  std::unique_ptr<grpc::ClientContext> context = NewContext(rpc_timeout_);
-  v1::HeartbeatResponse response;
-  grpc::Status status =
-      stub_->Heartbeat(context.get(), WithJobId(request, job_id_), &response);
-  if (!status.ok()) return ToAbsl(status, "Heartbeat", address_, rpc_timeout_);
-  return response;
+  return Call(&v1::Coordinator::Stub::Heartbeat, "Heartbeat", request,
+              rpc_timeout_);
 }
 
 absl::Status GrpcCoordinationClient::ReportStep(const v1::StepReport& report) {
-  std::unique_ptr<grpc::ClientContext> context = NewContext(rpc_timeout_);
-  v1::ReportStepResponse response;
-  grpc::Status status =
-      stub_->ReportStep(context.get(), WithJobId(report, job_id_), &response);
-  return ToAbsl(status, "ReportStep", address_, rpc_timeout_);
+  return Call(&v1::Coordinator::Stub::ReportStep, "ReportStep", report,
+              rpc_timeout_)
+      .status();
 }
 
 absl::Status GrpcCoordinationClient::KeySet(const std::string& key,
                                             const std::string& value) {
   v1::KeySetRequest request;
-  request.set_job_id(job_id_);
   request.set_key(key);
   request.set_value(value);
-  std::unique_ptr<grpc::ClientContext> context = NewContext(rpc_timeout_);
-  v1::KeySetResponse response;
-  grpc::Status status = stub_->KeySet(context.get(), request, &response);
-  return ToAbsl(status, "KeySet", address_, rpc_timeout_);
+  return Call(&v1::Coordinator::Stub::KeySet, "KeySet", std::move(request),
+              rpc_timeout_)
+      .status();
 }
 
 absl::StatusOr<std::string> GrpcCoordinationClient::KeyGet(
     const std::string& key, absl::Duration timeout) {
   if (timeout < absl::ZeroDuration()) timeout = absl::ZeroDuration();
   v1::KeyGetRequest request;
-  request.set_job_id(job_id_);
   request.set_key(key);
   request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
-  const absl::Duration deadline = timeout + rpc_timeout_;
-  std::unique_ptr<grpc::ClientContext> context = NewContext(deadline);
-  v1::KeyGetResponse response;
-  grpc::Status status = stub_->KeyGet(context.get(), request, &response);
-  if (!status.ok()) return ToAbsl(status, "KeyGet", address_, deadline);
-  return std::move(*response.mutable_value());
+  absl::StatusOr<v1::KeyGetResponse> response =
+      Call(&v1::Coordinator::Stub::KeyGet, "KeyGet", std::move(request),
+           timeout + rpc_timeout_);
+  if (!response.ok()) return response.status();
+  return std::move(*response->mutable_value());
 }
 
 absl::StatusOr<v1::JobInfo> GrpcCoordinationClient::GetJob() {
-  v1::GetJobRequest request;
-  request.set_job_id(job_id_);
-  std::unique_ptr<grpc::ClientContext> context = NewContext(rpc_timeout_);
-  v1::JobInfo response;
-  grpc::Status status = stub_->GetJob(context.get(), request, &response);
-  if (!status.ok()) return ToAbsl(status, "GetJob", address_, rpc_timeout_);
-  return response;
+  return Call(&v1::Coordinator::Stub::GetJob, "GetJob", v1::GetJobRequest(),
+              rpc_timeout_);
 }
 
 absl::StatusOr<v1::ReplanResponse> GrpcCoordinationClient::Replan(
     const v1::ReplanRequest& request) {
-  std::unique_ptr<grpc::ClientContext> context = NewContext(rpc_timeout_);
-  v1::ReplanResponse response;
-  grpc::Status status =
-      stub_->Replan(context.get(), WithJobId(request, job_id_), &response);
-  if (!status.ok()) return ToAbsl(status, "Replan", address_, rpc_timeout_);
-  return response;
+  return Call(&v1::Coordinator::Stub::Replan, "Replan", request, rpc_timeout_);
 }
 
 absl::StatusOr<v1::Plan> GrpcCoordinationClient::GetPlan() {
-  v1::GetPlanRequest request;
-  request.set_job_id(job_id_);
-  std::unique_ptr<grpc::ClientContext> context = NewContext(rpc_timeout_);
-  v1::Plan response;
-  grpc::Status status = stub_->GetPlan(context.get(), request, &response);
-  if (!status.ok()) return ToAbsl(status, "GetPlan", address_, rpc_timeout_);
-  return response;
+  return Call(&v1::Coordinator::Stub::GetPlan, "GetPlan", v1::GetPlanRequest(),
+              rpc_timeout_);
+}
+
+absl::StatusOr<v1::JobSpec> GrpcCoordinationClient::GetJobSpec() {
+  return Call(&v1::Coordinator::Stub::GetJobSpec, "GetJobSpec",
+              v1::GetJobSpecRequest(), rpc_timeout_);
 }
 
 absl::StatusOr<v1::GetAssignmentsResponse>
 GrpcCoordinationClient::GetAssignments() {
-  v1::GetAssignmentsRequest request;
-  request.set_job_id(job_id_);
-  std::unique_ptr<grpc::ClientContext> context = NewContext(rpc_timeout_);
-  v1::GetAssignmentsResponse response;
-  grpc::Status status =
-      stub_->GetAssignments(context.get(), request, &response);
-  if (!status.ok()) {
-    return ToAbsl(status, "GetAssignments", address_, rpc_timeout_);
-  }
-  return response;
+  return Call(&v1::Coordinator::Stub::GetAssignments, "GetAssignments",
+              v1::GetAssignmentsRequest(), rpc_timeout_);
 }
 
 absl::StatusOr<v1::ListRanksResponse> GrpcCoordinationClient::ListRanks() {
-  v1::ListRanksRequest request;
-  request.set_job_id(job_id_);
-  std::unique_ptr<grpc::ClientContext> context = NewContext(rpc_timeout_);
-  v1::ListRanksResponse response;
-  grpc::Status status = stub_->ListRanks(context.get(), request, &response);
-  if (!status.ok()) return ToAbsl(status, "ListRanks", address_, rpc_timeout_);
-  return response;
+  return Call(&v1::Coordinator::Stub::ListRanks, "ListRanks",
+              v1::ListRanksRequest(), rpc_timeout_);
 }
 
 absl::StatusOr<v1::GetReportsResponse> GrpcCoordinationClient::GetReports(
     int rank, int last_steps) {
   v1::GetReportsRequest request;
-  request.set_job_id(job_id_);
   request.set_rank(rank);
   request.set_last_steps(last_steps);
-  std::unique_ptr<grpc::ClientContext> context = NewContext(rpc_timeout_);
-  v1::GetReportsResponse response;
-  grpc::Status status = stub_->GetReports(context.get(), request, &response);
-  if (!status.ok()) return ToAbsl(status, "GetReports", address_, rpc_timeout_);
-  return response;
+  return Call(&v1::Coordinator::Stub::GetReports, "GetReports",
+              std::move(request), rpc_timeout_);
 }
 
 }  // namespace muon

@@ -70,6 +70,7 @@ class GrpcCoordinationClient final : public CoordinationClient {
                                      absl::Duration timeout) override;
   absl::StatusOr<v1::JobInfo> GetJob() override;
   absl::StatusOr<v1::Plan> GetPlan() override;
+  absl::StatusOr<v1::JobSpec> GetJobSpec() override;
   absl::StatusOr<v1::GetAssignmentsResponse> GetAssignments() override;
   absl::StatusOr<v1::ListRanksResponse> ListRanks() override;
   absl::StatusOr<v1::GetReportsResponse> GetReports(int rank,
@@ -85,6 +86,18 @@ class GrpcCoordinationClient final : public CoordinationClient {
                          std::shared_ptr<grpc::Channel> channel);
   // A context with the deadline and the authorization metadata.
   std::unique_ptr<grpc::ClientContext> NewContext(absl::Duration timeout) const;
+
+  // One unary RPC: `method` of the stub with `request` (this client's job id
+  // stamped when it carries none), the deadline `timeout` from now;
+  // `wait_for_ready` waits for a coordinator that does not listen yet.
+  // Returns the response, or the RPC's error as ToAbsl maps it (names
+  // `name`, the address and the deadline).
+  template <typename Request, typename Response>
+  absl::StatusOr<Response> Call(
+      grpc::Status (v1::Coordinator::Stub::*method)(grpc::ClientContext*,
+                                                    const Request&, Response*),
+      const char* name, Request request, absl::Duration timeout,
+      bool wait_for_ready = false) const;
 
   const std::string address_;
   const std::string job_id_;

@@ -57,6 +57,15 @@ class CoordinationClient {
   virtual absl::StatusOr<v1::GetAssignmentsResponse> GetAssignments() = 0;
   virtual absl::StatusOr<v1::ListRanksResponse> ListRanks() = 0;
 
+  // The planned job's layout as a job spec (muon.v1.Coordinator.GetJobSpec).
+  // Errors: FailedPrecondition (no plan yet), Unavailable; Unimplemented
+  // from transports without it (this default, so test fakes need not
+  // implement it).
+  virtual absl::StatusOr<v1::JobSpec> GetJobSpec() {
+    return absl::UnimplementedError(
+        "GetJobSpec is not implemented by this CoordinationClient");
+  }
+
   // The coordinator's kept step reports of `rank` (-1 = every rank), the
   // last `last_steps` of each (0 = all kept), by rank then step.
   // Errors: InvalidArgument (rank < -1 or last_steps < 0), NotFound (rank

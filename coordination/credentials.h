@@ -5,9 +5,9 @@
 // `authorization: Bearer <token>` (kAuthorizationMetadataKey). The job
 // secret grants every RPC (Join, Heartbeat, ReportStep, KeySet, KeyGet and
 // the read-only views); a read-only token (muonctl's) grants only GetJob,
-// GetPlan, GetAssignments, ListRanks and GetReports. Missing or wrong
-// tokens get UNAUTHENTICATED with no detail; a read-only token on a rank RPC
-// gets PERMISSION_DENIED.
+// GetPlan, GetJobSpec, GetAssignments, ListRanks and GetReports. Missing or
+// wrong tokens get UNAUTHENTICATED with no detail; a read-only token on a rank
+// RPC gets PERMISSION_DENIED.
 //
 // Secrets are 32 random bytes from the kernel (getrandom), hex-encoded.
 // They travel to ranks through the environment (MUON_JOB_SECRET) or a file

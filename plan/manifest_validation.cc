@@ -569,6 +569,106 @@ absl::StatusOr<JobLayout> LayoutFromSpec(const v1::JobSpec& spec) {
   return layout;
 }
 
+v1::JobSpec JobSpecFromLayout(const JobLayout& layout,
+                              absl::string_view job_id) {
+  v1::JobSpec spec;
+  spec.set_job_id(std::string(job_id));
+  *spec.mutable_mesh() = MeshToProto(layout.mesh);
+  for (const ParamLayout& p : layout.params) {
+    v1::ParamSpec* out = spec.add_params();
+    out->set_name(p.name);
+    for (int64_t d : p.shape) out->add_shape(d);
+    for (const Placement& placement : p.placements) {
+      out->add_placements(placement.ToString());
+    }
+    for (size_t k = 0; k < p.sub_mesh.dims.size(); ++k) {
+      (*out->mutable_sub_mesh())[layout.mesh.names[p.sub_mesh.dims[k]]] =
+          p.sub_mesh.coords[k];
+    }
+  }
+  *spec.mutable_execution() = layout.execution;
+  spec.mutable_optimizer()->set_ns_steps(layout.ns_steps);
+  return spec;
+}
+
+namespace {
+
+// The placements as canonical strings, or the texts as given where one
+// does not parse (so that a difference still shows).
+std::vector<std::string> CanonicalPlacements(
+    const google::protobuf::RepeatedPtrField<std::string>& placements) {
+  std::vector<std::string> out;
+  for (const std::string& text : placements) {
+    absl::StatusOr<Placement> p = Placement::Parse(text);
+    out.push_back(p.ok() ? p->ToString() : text);
+  }
+  return out;
+}
+
+// The first difference of one parameter both specs list, or "".
+std::string DescribeParamDifference(const v1::ParamSpec& given,
+                                    const v1::ParamSpec& live) {
+  const std::string what = absl::StrCat("parameter ", Quoted(given.name()));
+  if (!std::equal(given.shape().begin(), given.shape().end(),
+                  live.shape().begin(), live.shape().end())) {
+    return absl::StrCat(what, ": global shape ", ShapeToString(given.shape()),
+                        " differs from the live job's ",
+                        ShapeToString(live.shape()));
+  }
+  const std::vector<std::string> a = CanonicalPlacements(given.placements());
+  const std::vector<std::string> b = CanonicalPlacements(live.placements());
+  if (a != b) {
+    return absl::StrCat(what, ": placements [", absl::StrJoin(a, ", "),
+                        "] differ from the live job's [",
+                        absl::StrJoin(b, ", "), "]");
+  }
+  if (SubMeshToString(given.sub_mesh()) != SubMeshToString(live.sub_mesh())) {
+    return absl::StrCat(what, ": sub_mesh ", SubMeshToString(given.sub_mesh()),
+                        " differs from the live job's ",
+                        SubMeshToString(live.sub_mesh()));
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string DescribeLayoutDifference(const v1::JobSpec& given,
+                                     const v1::JobSpec& live) {
+  const Mesh a = MeshFromProto(given.mesh());
+  const Mesh b = MeshFromProto(live.mesh());
+  if (a.names != b.names || a.sizes != b.sizes) {
+    return absl::StrCat("mesh ", a.ToString(), " differs from the live job's ",
+                        b.ToString());
+  }
+  std::map<std::string, const v1::ParamSpec*> live_params;
+  std::vector<std::string> live_names;
+  for (const v1::ParamSpec& p : live.params()) {
+    live_params[p.name()] = &p;
+    live_names.push_back(p.name());
+  }
+  std::set<std::string> given_names;
+  for (const v1::ParamSpec& p : given.params()) {
+    given_names.insert(p.name());
+    auto it = live_params.find(p.name());
+    if (it == live_params.end()) {
+      const std::string near = NearestName(p.name(), live_names);
+      return absl::StrCat(
+          "parameter ", Quoted(p.name()), " is not in the live job",
+          near.empty() ? ""
+                       : absl::StrCat(" (did you mean ", Quoted(near), "?)"));
+    }
+    std::string difference = DescribeParamDifference(p, *it->second);
+    if (!difference.empty()) return difference;
+  }
+  for (const v1::ParamSpec& p : live.params()) {
+    if (given_names.count(p.name()) == 0) {
+      return absl::StrCat("the live job's parameter ", Quoted(p.name()),
+                          " is not in the spec");
+    }
+  }
+  return "";
+}
+
 absl::Status DiagnoseLayoutMismatch(const v1::RankManifest& m0,
                                     const v1::RankManifest& mr) {
   const int r = mr.rank();

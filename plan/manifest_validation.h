@@ -126,6 +126,25 @@ absl::StatusOr<JobLayout> ValidateManifests(
 //   kMaxMatrixRankBoxes boxes (names the count).
 absl::StatusOr<JobLayout> LayoutFromSpec(const v1::JobSpec& spec);
 
+// The job spec of `layout`, the inverse of LayoutFromSpec: `job_id`, the
+// mesh, every parameter in layout order with its global shape, placements
+// (Placement::ToString) and sub_mesh, the execution options and
+// optimizer.ns_steps = layout.ns_steps. LayoutFromSpec of the result gives
+// the same mesh, parameters and matrices, boxes included (requested owners,
+// which a spec does not carry, aside).
+v1::JobSpec JobSpecFromLayout(const JobLayout& layout,
+                              absl::string_view job_id);
+
+// The first difference between the jobs `given` and `live` describe (mesh,
+// parameter names in order, global shapes, placements, sub-meshes), as
+// "mesh dp_shard=4 differs from the live job's dp_shard=2" or
+// `parameter "fc1.weight": global shape [64, 32] differs from the live
+// job's [32, 64]`; "" when they describe the same layout. Placements
+// compare in canonical form ("S(0)" equals "Shard(0)"); job ids, optimizer
+// and execution options are not compared.
+std::string DescribeLayoutDifference(const v1::JobSpec& given,
+                                     const v1::JobSpec& live);
+
 // Names the first difference between rank 0's manifest `m0` and another
 // rank's `mr` that ValidateManifests would report for a job whose ranks
 // share one layout: world size, mesh, execution options, ns_steps, a

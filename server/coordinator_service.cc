@@ -822,6 +822,14 @@ absl::StatusOr<v1::Plan> CoordinatorService::GetPlan(
   return plan_;
 }
 
+absl::StatusOr<v1::JobSpec> CoordinatorService::GetJobSpec(
+    const v1::GetJobSpecRequest& request) {
+  MUON_RETURN_IF_ERROR(CheckJobId(request.job_id()));
+  absl::MutexLock lock(&mu_);
+  MUON_RETURN_IF_ERROR(PlanReadyLocked());
+  return JobSpecFromLayout(layout_, plan_.job_id());
+}
+
 absl::StatusOr<v1::GetAssignmentsResponse> CoordinatorService::GetAssignments(
     const v1::GetAssignmentsRequest& request) {
   MUON_RETURN_IF_ERROR(CheckJobId(request.job_id()));

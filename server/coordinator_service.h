@@ -220,6 +220,11 @@ class CoordinatorService {
   //   still waiting for ranks, or planning failed; the message says which).
   absl::StatusOr<v1::Plan> GetPlan(const v1::GetPlanRequest& request);
 
+  // The planned job's layout as a job spec (JobSpecFromLayout: mesh,
+  // parameters with global shapes, placements and sub-meshes, execution
+  // options, optimizer.ns_steps), job_id the job's. Errors: as GetPlan.
+  absl::StatusOr<v1::JobSpec> GetJobSpec(const v1::GetJobSpecRequest& request);
+
   // Per rank (every rank of the world), the matrices it orthogonalizes
   // (parameter names; "name[e]" for slice e of a 3-D expert stack) and its
   // NS FLOPs. Errors: as GetPlan.

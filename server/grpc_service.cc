@@ -153,6 +153,13 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::GetPlan(
                 [&] { return service_->GetPlan(*request); });
 }
 
+grpc::ServerUnaryReactor* CoordinatorGrpcService::GetJobSpec(
+    grpc::CallbackServerContext* context, const v1::GetJobSpecRequest* request,
+    v1::JobSpec* response) {
+  return Handle(context, Authorize(context, Access::kRead), response,
+                [&] { return service_->GetJobSpec(*request); });
+}
+
 grpc::ServerUnaryReactor* CoordinatorGrpcService::GetAssignments(
     grpc::CallbackServerContext* context,
     const v1::GetAssignmentsRequest* request,

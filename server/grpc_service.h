@@ -7,10 +7,10 @@
 //
 // Authentication (coordination/credentials.h): with a job secret set, every
 // RPC must carry `authorization: Bearer <job secret>`; the read-only RPCs
-// (GetJob, GetPlan, GetAssignments, ListRanks, GetReports) also accept the
-// read-only token. Missing or wrong: UNAUTHENTICATED "missing or invalid
-// credentials" (nothing about the job); the read-only token on a rank RPC:
-// PERMISSION_DENIED.
+// (GetJob, GetPlan, GetJobSpec, GetAssignments, ListRanks, GetReports) also
+// accept the read-only token. Missing or wrong: UNAUTHENTICATED "missing or
+// invalid credentials" (nothing about the job); the read-only token on a rank
+// RPC: PERMISSION_DENIED.
 //
 // Lifecycle: construct over a service that outlives it, register with a
 // grpc::ServerBuilder, destroy after the server has shut down.
@@ -52,6 +52,9 @@ class CoordinatorGrpcService final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* GetPlan(grpc::CallbackServerContext* context,
                                     const v1::GetPlanRequest* request,
                                     v1::Plan* response) override;
+  grpc::ServerUnaryReactor* GetJobSpec(grpc::CallbackServerContext* context,
+                                       const v1::GetJobSpecRequest* request,
+                                       v1::JobSpec* response) override;
   grpc::ServerUnaryReactor* GetAssignments(
       grpc::CallbackServerContext* context,
       const v1::GetAssignmentsRequest* request,

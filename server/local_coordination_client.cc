@@ -64,6 +64,12 @@ absl::StatusOr<v1::JobInfo> LocalCoordinationClient::GetJob() {
   return service_->GetJob(request);
 }
 
+absl::StatusOr<v1::JobSpec> LocalCoordinationClient::GetJobSpec() {
+  v1::GetJobSpecRequest request;
+  request.set_job_id(job_id_);
+  return service_->GetJobSpec(request);
+}
+
 absl::StatusOr<v1::Plan> LocalCoordinationClient::GetPlan() {
   v1::GetPlanRequest request;
   request.set_job_id(job_id_);

@@ -34,6 +34,7 @@ class LocalCoordinationClient final : public CoordinationClient {
                                      absl::Duration timeout) override;
   absl::StatusOr<v1::JobInfo> GetJob() override;
   absl::StatusOr<v1::Plan> GetPlan() override;
+  absl::StatusOr<v1::JobSpec> GetJobSpec() override;
   absl::StatusOr<v1::GetAssignmentsResponse> GetAssignments() override;
   absl::StatusOr<v1::ListRanksResponse> ListRanks() override;
   absl::StatusOr<v1::GetReportsResponse> GetReports(int rank,

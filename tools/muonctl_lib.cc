@@ -5,6 +5,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -627,54 +628,74 @@ int CmdTrace(const std::vector<std::string>&, std::ostream& out,
   return 0;
 }
 
-// `muonctl report --spec FILE [--coordinator HOST:PORT] --out FILE`: the
-// one-page HTML report (tools/report.h) of the spec's plan, next to
-// round-robin, with the live job's step reports when a coordinator is named.
-int CmdReport(const std::vector<std::string>&, std::ostream& out,
-              std::ostream& err) {
-  absl::StatusOr<v1::JobSpec> spec = LoadJobSpec(F().spec);
-  if (!spec.ok()) return Fail(err, spec.status());
-  ReportInput in;
-  in.source = F().spec;
-  std::unique_ptr<CoordinationClient> live;
-  if (!F().coordinator.empty()) {
-    // Plan under the live job's id, so that the hash is the job's.
-    absl::StatusOr<std::unique_ptr<CoordinationClient>> c = Connect(err);
-    if (!c.ok()) return Fail(err, c.status());
-    live = *std::move(c);
-    absl::StatusOr<v1::JobInfo> job = live->GetJob();
-    if (!job.ok()) return Fail(err, job.status());
-    spec->set_job_id(job->job_id());
-  }
-  absl::StatusOr<JobPlan> p = PlanJobSpec(*spec, F().policy);
-  if (!p.ok()) return Fail(err, p.status());
-  in.plan = *std::move(p);
-  absl::StatusOr<JobPlan> rr = PlanJobSpec(*spec, "round_robin");
-  if (!rr.ok()) return Fail(err, rr.status());
-  in.round_robin = std::move(rr->plan);
-  in.lower_bound_flops = LoadLowerBoundFlops(in.plan.plan);
-  const v1::Plan& plan = in.plan.plan;
-  in.traffic = PlanTraffic(in.plan);
-  if (live != nullptr) {
-    absl::StatusOr<v1::GetReportsResponse> reports =
-        live->GetReports(/*rank=*/-1, F().last_steps);
-    if (!reports.ok()) return Fail(err, reports.status());
-    in.reports.assign(reports->reports().begin(), reports->reports().end());
-    absl::StatusOr<v1::Plan> live_plan = live->GetPlan();
-    if (live_plan.ok() && live_plan->hash() != plan.hash()) {
-      err << "muonctl report: the live job runs plan " << live_plan->hash()
-          << ", not the spec's " << plan.hash()
-          << " (another spec, policy or re-plan?)\n";
+// The report of a live job: its layout (GetJobSpec) and the plan it runs
+// (GetPlan, re-plans included), round-robin of the same layout, and the
+// kept step reports. A `given` spec (--spec) must describe the same layout.
+absl::Status LiveReportInput(CoordinationClient& live, const v1::JobSpec* given,
+                             ReportInput* in) {
+  MUON_ASSIGN_OR_RETURN(v1::JobSpec spec, live.GetJobSpec());
+  if (given != nullptr) {
+    const std::string difference = DescribeLayoutDifference(*given, spec);
+    if (!difference.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--spec ", F().spec, " does not describe the live job \"",
+          spec.job_id(), "\": ", difference,
+          " (leave out --spec to report the live job as it runs)"));
     }
   }
+  MUON_ASSIGN_OR_RETURN(in->plan.layout, LayoutFromSpec(spec));
+  MUON_ASSIGN_OR_RETURN(in->plan.plan, live.GetPlan());
+  MUON_ASSIGN_OR_RETURN(JobPlan rr, PlanJobSpec(spec, "round_robin"));
+  in->round_robin = std::move(rr.plan);
+  MUON_ASSIGN_OR_RETURN(v1::GetReportsResponse reports,
+                        live.GetReports(/*rank=*/-1, F().last_steps));
+  in->reports.assign(reports.reports().begin(), reports.reports().end());
+  in->source =
+      absl::StrCat("live job \"", spec.job_id(), "\" at ", F().coordinator);
+  return absl::OkStatus();
+}
+
+// The report of a spec planned offline with --policy, next to round-robin.
+absl::Status OfflineReportInput(const v1::JobSpec& spec, ReportInput* in) {
+  MUON_ASSIGN_OR_RETURN(in->plan, PlanJobSpec(spec, F().policy));
+  MUON_ASSIGN_OR_RETURN(JobPlan rr, PlanJobSpec(spec, "round_robin"));
+  in->round_robin = std::move(rr.plan);
+  in->source = F().spec;
+  return absl::OkStatus();
+}
+
+// `muonctl report (--spec FILE | --coordinator HOST:PORT) --out FILE`: the
+// one-page HTML report (tools/report.h). Offline, of the spec's plan next to
+// round-robin; live, of the job's own layout and plan with its step
+// reports (a --spec given with --coordinator must match the live job).
+int CmdReport(const std::vector<std::string>&, std::ostream& out,
+              std::ostream& err) {
+  std::optional<v1::JobSpec> spec;
+  if (!F().spec.empty()) {
+    absl::StatusOr<v1::JobSpec> loaded = LoadJobSpec(F().spec);
+    if (!loaded.ok()) return Fail(err, loaded.status());
+    spec = *std::move(loaded);
+  }
+  ReportInput in;
+  if (!F().coordinator.empty()) {
+    absl::StatusOr<std::unique_ptr<CoordinationClient>> c = Connect(err);
+    if (!c.ok()) return Fail(err, c.status());
+    absl::Status s = LiveReportInput(**c, spec ? &*spec : nullptr, &in);
+    if (!s.ok()) return Fail(err, s);
+  } else if (absl::Status s = OfflineReportInput(*spec, &in); !s.ok()) {
+    return Fail(err, s);
+  }
+  in.lower_bound_flops = LoadLowerBoundFlops(in.plan.plan);
+  in.traffic = PlanTraffic(in.plan);
   const std::string html = RenderReportHtml(in);
   if (absl::Status s = WriteTextFile(F().out, html); !s.ok()) {
     return Fail(err, s);
   }
+  const v1::Plan& plan = in.plan.plan;
   out << absl::StrFormat(
-      "wrote %s: plan %s, %d ranks, %d step reports (open it in a browser; "
-      "it needs no network)\n",
-      F().out, plan.hash(), plan.world_size(), in.reports.size());
+      "wrote %s: %s, plan %s, %d ranks, %d step reports (open it in a "
+      "browser; it needs no network)\n",
+      F().out, in.source, plan.hash(), plan.world_size(), in.reports.size());
   return 0;
 }
 
@@ -965,10 +986,17 @@ void ValidateRankFlags(CLI::App* app) {
 }
 
 void ReportCommandFlags(CLI::App* app) {
-  SpecAndPolicyFlags(app,
-                     "Assignment policy shown next to round-robin (default: "
-                     "the spec's, else lpt)");
+  app->add_option("--spec", F().spec,
+                  "Job spec file: the report of its plan (offline); with "
+                  "--coordinator it must describe the live job")
+      ->check(CLI::ExistingFile);
+  app->add_option("--policy", F().policy,
+                  "Assignment policy shown next to round-robin (offline; "
+                  "default: the spec's, else lpt)")
+      ->check(CLI::IsMember({"lpt", "round_robin"}));
   ReportFlags(app, /*coordinator_required=*/false);
+  app->get_option("--policy")->excludes("--coordinator");
+  app->require_option(1, 0);  // at least --spec or --coordinator
   app->add_option("--out", F().out, "Output HTML file")->required();
 }
 
@@ -1041,8 +1069,9 @@ const Command kCommands[] = {
      "Run a spec distributed (optionally checkpointed, resumed, resharded) "
      "and compare with one device"},
     {"report", CmdReport, ReportCommandFlags,
-     "One self-contained HTML page: per-rank load vs round-robin, bytes, "
-     "step times and the step timeline of a live job"},
+     "One self-contained HTML page of a spec's plan (--spec) or a live "
+     "job's (--coordinator): per-rank load vs round-robin, bytes, step "
+     "times and the step timeline"},
     {"spec", CmdSpec, SpecFlags,
      "Build a job spec from a .safetensors checkpoint's header, a mesh and "
      "placement rules"},

@@ -7,7 +7,7 @@ packages=(
   libgrpc++-dev libprotobuf-dev libabsl-dev libgtest-dev libgmock-dev
   libgloo-dev libopenblas-dev zlib1g-dev dataset-fashion-mnist clang-format
   nlohmann-json3-dev python3-torch python3-pytest python3-numpy
-  python3-pip python3-setuptools python3-wheel  # pip install ./python (tests)
+  python3-pip python3-setuptools python3-wheel python3-venv  # pip install ./python (tests, python/README.md)
   libcli11-dev libgoogle-glog-dev prometheus-cpp-dev
   chromium  # tests/python/test_report_page.py: muonctl report in headless Chromium
   iproute2  # ip netns: tests/multihost:two_hosts_test

@@ -554,5 +554,69 @@ TEST(ManifestValidationTest,
                          "sub-mesh pp=1")));
 }
 
+// JobSpecFromLayout is LayoutFromSpec's inverse: the spec it writes lays
+// out the same parameters and every rank's boxes, sub-meshes and stacks
+// included.
+TEST(ManifestValidationTest, JobSpecFromLayout_RoundTripsEveryLayout) {
+  for (const v1::JobSpec& spec :
+       {FourRankSpec(), PipelineSpec(), ExpertSpec()}) {
+    absl::StatusOr<JobLayout> layout = LayoutFromSpec(spec);
+    ASSERT_THAT(layout, IsOk());
+    const v1::JobSpec written = JobSpecFromLayout(*layout, "live");
+    EXPECT_EQ(written.job_id(), "live");
+    EXPECT_EQ(DescribeLayoutDifference(spec, written), "");
+    absl::StatusOr<JobLayout> again = LayoutFromSpec(written);
+    ASSERT_THAT(again, IsOk());
+    EXPECT_EQ(again->mesh.ToString(), layout->mesh.ToString());
+    ASSERT_EQ(again->params.size(), layout->params.size());
+    ASSERT_EQ(again->matrices.size(), layout->matrices.size());
+    for (size_t i = 0; i < layout->matrices.size(); ++i) {
+      const MatrixLayout& a = layout->matrices[i];
+      const MatrixLayout& b = again->matrices[i];
+      EXPECT_EQ(a.name, b.name);
+      for (int r = 0; r < layout->world_size; ++r) {
+        EXPECT_TRUE(a.boxes[r] == b.boxes[r]) << a.name << " rank " << r;
+      }
+    }
+  }
+}
+
+TEST(ManifestValidationTest,
+     DescribeLayoutDifference_NamesMeshShapePlacementAndParameter) {
+  const v1::JobSpec live = FourRankSpec();
+  // Placement spellings compare in canonical form.
+  v1::JobSpec same = live;
+  same.mutable_params(0)->set_placements(0, "S(0)");
+  EXPECT_EQ(DescribeLayoutDifference(same, live), "");
+
+  v1::JobSpec mesh = live;
+  mesh.mutable_mesh()->mutable_dims(0)->set_size(2);
+  EXPECT_EQ(DescribeLayoutDifference(mesh, live),
+            "mesh dp_shard=2 differs from the live job's dp_shard=4");
+
+  v1::JobSpec shape = live;
+  shape.mutable_params(1)->set_shape(0, 4);
+  EXPECT_EQ(DescribeLayoutDifference(shape, live),
+            "parameter \"fc2.weight\": global shape [4, 5] differs from "
+            "the live job's [3, 5]");
+
+  v1::JobSpec placement = live;
+  placement.mutable_params(2)->set_placements(0, "Shard(1)");
+  EXPECT_EQ(DescribeLayoutDifference(placement, live),
+            "parameter \"fc3.weight\": placements [Shard(1)] differ from "
+            "the live job's [Replicate()]");
+
+  v1::JobSpec renamed = live;
+  renamed.mutable_params(0)->set_name("module.fc1.weight");
+  EXPECT_EQ(DescribeLayoutDifference(renamed, live),
+            "parameter \"module.fc1.weight\" is not in the live job (did "
+            "you mean \"fc1.weight\"?)");
+
+  v1::JobSpec fewer = live;
+  fewer.mutable_params()->RemoveLast();
+  EXPECT_EQ(DescribeLayoutDifference(fewer, live),
+            "the live job's parameter \"fc3.weight\" is not in the spec");
+}
+
 }  // namespace
 }  // namespace muon

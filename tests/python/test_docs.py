@@ -3,6 +3,9 @@ other commands broken, and blocks that race what they start."""
 import glob
 import os
 import re
+import subprocess
+import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -42,3 +45,66 @@ def test_port_files_are_waited_for_before_they_are_read():
                 bad.append(f"{os.path.relpath(path, REPO)}: reads {f} "
                            f"without waiting for it")
     assert bad == [], "\n".join(bad)
+
+
+DOC_BLOCKS = os.path.join(REPO, "tools", "doc_blocks.py")
+# The documents whose command blocks the test command runs
+# (tools/run_tests.sh): every shell and python block in them is run or says
+# why not.
+RUN_DOCS = ["README.md", "python/README.md", "docs/user_guide.md"]
+
+
+def run_doc_blocks(*args, timeout=120):
+    return subprocess.run([sys.executable, DOC_BLOCKS, *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_every_command_block_of_the_run_documents_is_marked():
+    r = run_doc_blocks("--list", *RUN_DOCS)
+    assert r.returncode == 0, r.stderr
+    runs = [line for line in r.stdout.splitlines()
+            if line.endswith(" runs")]
+    assert len(runs) >= 12, r.stdout
+
+
+def test_unmarked_command_block_is_refused_with_its_line(tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text("# t\n\n```json\n{}\n```\n\nText.\n\n```\necho hi\n```\n")
+    r = run_doc_blocks("--list", str(doc))
+    assert r.returncode == 2
+    assert f"{doc}:9: shell block without a marker" in r.stderr
+
+
+def test_blocks_share_one_session_and_a_failure_stops_the_rest(tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text(
+        "<!-- doc-test file=greet.py -->\n```python\nprint('hello')\n```\n"
+        "<!-- doc-test expect=\"hello\" -->\n```\nx=1; /usr/bin/python3 "
+        "greet.py\n```\n"
+        "<!-- doc-test expect=\"x is 1\" -->\n```\necho \"x is $x\"\n```\n"
+        "<!-- doc-test expect=\"absent\" -->\n```\necho present\n```\n"
+        "<!-- doc-test -->\n```\nfalse\necho after\n```\n"
+        "<!-- doc-test -->\n```\necho never\n```\n"
+        "<!-- doc-not-run: needs two hosts -->\n```\nssh other\n```\n")
+    r = run_doc_blocks(str(doc))
+    assert r.returncode == 1, r.stdout + r.stderr
+    out = r.stdout
+    assert f"{doc}:2 OK (wrote greet.py)" in out
+    assert f"{doc}:6 OK (ran)" in out
+    assert f"{doc}:10 OK (ran)" in out  # the variable of the block before
+    assert f"{doc}:14 FAILED (output lacks 'absent')" in out
+    assert f"{doc}:18 FAILED (exit 1)" in out
+    assert f"{doc}:23 FAILED (not reached)" in out
+    assert f"{doc}:27 not run: needs two hosts" in out
+    assert "    after" not in out  # set -e stopped the block at `false`
+    assert out.strip().endswith("3 passed, 3 failed")
+
+
+def test_a_block_that_hangs_is_stopped_at_the_timeout(tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text("<!-- doc-test -->\n```\nsleep 300 &\nsleep 300\n```\n")
+    start = time.monotonic()
+    r = run_doc_blocks("--timeout_s", "2", str(doc))
+    assert time.monotonic() - start < 30
+    assert r.returncode == 1
+    assert "FAILED (timed out after 2.0 s)" in r.stdout

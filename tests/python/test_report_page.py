@@ -136,14 +136,42 @@ def test_report_live_job_has_step_times_and_timeline(tmp_path):
         subprocess.run([MUONCTL, "validate", "--spec", spec, "--steps", "3",
                         "--coordinator", address], env=env, check=True,
                        timeout=300, stdout=subprocess.DEVNULL)
+        # No spec: the report is of the job's own layout and plan.
         html = str(tmp_path / "live.html")
+        subprocess.run([MUONCTL, "report", "--coordinator", address,
+                        "--out", html], env=env, check=True, timeout=60)
+        # A spec that matches the live job is accepted.
         subprocess.run([MUONCTL, "report", "--spec", spec, "--coordinator",
-                        address, "--out", html], env=env, check=True,
-                       timeout=60)
+                        address, "--out", str(tmp_path / "matching.html")],
+                       env=env, check=True, timeout=60,
+                       stdout=subprocess.DEVNULL)
+        # One that does not (DDP's Replicate() for FSDP's Shard(0)) is
+        # refused, naming the difference, and writes nothing.
+        other = os.path.join(ROOT, "examples/specs/ddp.json")
+        refused = subprocess.run(
+            [MUONCTL, "report", "--spec", other, "--coordinator", address,
+             "--out", str(tmp_path / "other.html")], env=env, timeout=60,
+            capture_output=True, text=True)
     finally:
         os.killpg(daemon.pid, signal.SIGTERM)
         daemon.wait(timeout=20)
+    assert refused.returncode == 1, refused.stderr
+    assert ('does not describe the live job "report": mesh dp_replicate=4 '
+            "differs from the live job's dp_shard=4") in refused.stderr
+    assert not (tmp_path / "other.html").exists()
+    # The live job's plan: the spec planned offline under the job's id.
+    with open(spec) as f:
+        as_job = json.load(f)
+    as_job["job_id"] = "report"
+    (tmp_path / "as_job.json").write_text(json.dumps(as_job))
+    offline = json.loads(subprocess.run(
+        [MUONCTL, "plan", "--spec", str(tmp_path / "as_job.json"), "--json"],
+        check=True, capture_output=True, timeout=120).stdout)
     text, data = page_data(html)
+    assert data["plan_hash"] == offline["hash"]
+    assert data["world_size"] == 4
+    assert data["ns_flops"] == [l["ns_flops"] for l in offline["loads"]]
+    assert f'live job &quot;report&quot; at {address}' in text
     assert sorted(data["step_time_ms"]) == ["0", "1", "2", "3"]
     assert all(len(steps) == 3 for steps in data["step_time_ms"].values())
     assert "Step timeline" in text and "url(#wait)" in text
