@@ -333,4 +333,57 @@ void CopyRegion(const float* src, const Box& src_holds, float* dst,
   }
 }
 
+std::string ShapeToString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+std::vector<int64_t> BoxShape(const std::vector<Range>& box) {
+  std::vector<int64_t> sizes;
+  sizes.reserve(box.size());
+  for (const Range& r : box) sizes.push_back(r.size());
+  return sizes;
+}
+
+int64_t BoxNumel(const std::vector<Range>& box) {
+  int64_t n = 1;
+  for (const Range& r : box) n *= r.size();
+  return n;
+}
+
+std::string BoxToString(const std::vector<Range>& box) {
+  std::vector<std::string> parts;
+  parts.reserve(box.size());
+  for (const Range& r : box) parts.push_back(absl::StrCat(r.begin, ":", r.end));
+  return absl::StrCat("[", absl::StrJoin(parts, ", "), "]");
+}
+
+bool IntersectBoxes(const std::vector<Range>& a, const std::vector<Range>& b,
+                    std::vector<Range>* out) {
+  out->resize(a.size());
+  for (size_t d = 0; d < a.size(); ++d) {
+    (*out)[d].begin = std::max(a[d].begin, b[d].begin);
+    (*out)[d].end = std::min(a[d].end, b[d].end);
+    if ((*out)[d].begin >= (*out)[d].end) return false;
+  }
+  return true;
+}
+
+void SubtractBox(const std::vector<Range>& u, const std::vector<Range>& i,
+                 std::vector<std::vector<Range>>* out) {
+  std::vector<Range> rest = u;
+  for (size_t d = 0; d < u.size(); ++d) {
+    if (rest[d].begin < i[d].begin) {
+      std::vector<Range> piece = rest;
+      piece[d] = {rest[d].begin, i[d].begin};
+      out->push_back(std::move(piece));
+    }
+    if (i[d].end < rest[d].end) {
+      std::vector<Range> piece = rest;
+      piece[d] = {i[d].end, rest[d].end};
+      out->push_back(std::move(piece));
+    }
+    rest[d] = i[d];
+  }
+}
+
 }  // namespace muon

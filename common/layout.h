@@ -96,6 +96,26 @@ struct Range {
   }
 };
 
+// "[10, 7]" for a shape.
+std::string ShapeToString(const std::vector<int64_t>& shape);
+
+// N-D boxes: one Range per tensor dim, the global indices a shard covers
+// (a checkpoint's saved shards, a region read back).
+//
+// The sizes per dim of `box`.
+std::vector<int64_t> BoxShape(const std::vector<Range>& box);
+// Elements of `box` (1 for 0 dims). Call only on boxes checked against a
+// shape whose element count fits int64.
+int64_t BoxNumel(const std::vector<Range>& box);
+// "[0:4, 2:6]".
+std::string BoxToString(const std::vector<Range>& box);
+// a ∩ b into `out` (same dims); false when it is empty.
+bool IntersectBoxes(const std::vector<Range>& a, const std::vector<Range>& b,
+                    std::vector<Range>* out);
+// Appends u \ i (i inside u) to `out` as at most 2 x dims disjoint boxes.
+void SubtractBox(const std::vector<Range>& u, const std::vector<Range>& i,
+                 std::vector<std::vector<Range>>* out);
+
 // Chunk `index` of a dimension of `n` elements split in `parts`, as
 // torch.chunk / DTensor Shard: chunk = ceil(n / parts); chunk i covers
 // [min(i*chunk, n), min((i+1)*chunk, n)), so the last chunks may be smaller

@@ -197,10 +197,6 @@ std::string ShapeToString(
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
-std::string ShapeToString(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
-
 std::string PlacementsToString(const std::vector<Placement>& placements) {
   if (placements.size() == 1) return placements[0].ToString();
   std::vector<std::string> parts;

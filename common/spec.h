@@ -165,10 +165,9 @@ std::string SubMeshToString(
 // A mesh coordinate as "pp=1, tp=0" ("(single device)" for a 0-D mesh).
 std::string CoordToString(const Mesh& mesh, const std::vector<int>& coord);
 
-// "[10, 7]" for a shape.
+// "[10, 7]" for a shape (the std::vector overload is in common/layout.h).
 std::string ShapeToString(
     const google::protobuf::RepeatedField<int64_t>& shape);
-std::string ShapeToString(const std::vector<int64_t>& shape);
 
 // "Shard(0)" for one placement, "[Shard(0), Replicate()]" for several, "[]"
 // for none.

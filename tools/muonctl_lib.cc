@@ -704,9 +704,9 @@ int CmdReport(const std::vector<std::string>&, std::ostream& out,
 // to --out or stdout; the tensors left out, and why, on stderr.
 int CmdSpec(const std::vector<std::string>&, std::ostream& out,
             std::ostream& err) {
-  absl::StatusOr<std::vector<TensorInfo>> tensors =
+  absl::StatusOr<SafetensorsHeader> header =
       ReadSafetensorsHeader(F().safetensors);
-  if (!tensors.ok()) return Fail(err, tensors.status());
+  if (!header.ok()) return Fail(err, header.status());
   absl::StatusOr<SpecBuildOptions> options = ParseSpecBuildOptions(
       F().mesh, F().default_placements, F().rules, F().exclude, F().transpose,
       F().job_id.empty() ? "job" : F().job_id, F().expert_stacks);
@@ -715,7 +715,8 @@ int CmdSpec(const std::vector<std::string>&, std::ostream& out,
     return 2;
   }
   std::vector<SkippedTensor> skipped;
-  absl::StatusOr<v1::JobSpec> spec = BuildSpec(*tensors, *options, &skipped);
+  absl::StatusOr<v1::JobSpec> spec =
+      BuildSpec(header->tensors, *options, &skipped);
   if (!spec.ok()) return Fail(err, spec.status());
   for (const SkippedTensor& t : skipped) {
     err << "muonctl spec: skipped " << t.name << ": " << t.reason << "\n";

@@ -25,238 +25,9 @@
 #include "common/layout.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
-#include "nlohmann/json.hpp"
 
 namespace muon {
 namespace {
-
-using Json = nlohmann::json;
-
-// The deepest nesting of `text` as JSON ([ and { outside strings). Stops
-// counting past `limit`.
-int JsonDepth(const std::string& text, int limit) {
-  int depth = 0;
-  int max_depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      max_depth = std::max(max_depth, ++depth);
-      if (max_depth > limit) return max_depth;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return max_depth;
-}
-
-// A JSON value's type for error messages.
-std::string TypeName(const Json& j) { return j.type_name(); }
-
-// An int64 from a JSON integer (not a float, not a bool).
-bool JsonToInt64(const Json& j, int64_t* out) {
-  if (j.is_number_unsigned()) {
-    const uint64_t v = j.get<uint64_t>();
-    if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      return false;
-    }
-    *out = static_cast<int64_t>(v);
-    return true;
-  }
-  if (j.is_number_integer()) {
-    *out = j.get<int64_t>();
-    return true;
-  }
-  return false;
-}
-
-absl::StatusOr<TensorInfo> ParseTensorEntry(const std::string& path,
-                                            const std::string& name,
-                                            const Json& entry,
-                                            int64_t data_size) {
-  auto error = [&](const std::string& what) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": tensor \"", name, "\": ", what));
-  };
-  if (name.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": a tensor has an empty name"));
-  }
-  if (name.size() > kMaxTensorNameBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": a tensor name of ", name.size(), " bytes (starting \"",
-        name.substr(0, 64), "...\") exceeds ", kMaxTensorNameBytes, " bytes"));
-  }
-  if (!entry.is_object()) {
-    return error(absl::StrCat("expected an object with dtype, shape and ",
-                              "data_offsets, got ", TypeName(entry)));
-  }
-  for (const auto& [key, value] : entry.items()) {
-    if (key != "dtype" && key != "shape" && key != "data_offsets") {
-      return error(absl::StrCat("unknown key \"", key,
-                                "\" (expected dtype, shape, data_offsets)"));
-    }
-  }
-  for (const char* key : {"dtype", "shape", "data_offsets"}) {
-    if (!entry.contains(key)) {
-      return error(absl::StrCat("missing \"", key, "\""));
-    }
-  }
-  TensorInfo info;
-  info.name = name;
-  const Json& dtype = entry["dtype"];
-  if (!dtype.is_string()) {
-    return error(absl::StrCat("dtype must be a string, got ", TypeName(dtype)));
-  }
-  info.dtype = dtype.get<std::string>();
-  const int64_t element_size = SafetensorsDtypeSize(info.dtype);
-  if (element_size == 0) {
-    return error(absl::StrCat("unknown dtype \"", info.dtype, "\""));
-  }
-  const Json& shape = entry["shape"];
-  if (!shape.is_array()) {
-    return error(absl::StrCat("shape must be an array of integers, got ",
-                              TypeName(shape)));
-  }
-  if (shape.size() > static_cast<size_t>(kMaxSafetensorsDims)) {
-    return error(absl::StrCat("shape has ", shape.size(), " dims; at most ",
-                              kMaxSafetensorsDims));
-  }
-  int64_t numel = 1;
-  for (size_t i = 0; i < shape.size(); ++i) {
-    int64_t d = 0;
-    if (!JsonToInt64(shape[i], &d)) {
-      return error(absl::StrCat("shape[", i, "] must be an integer, got ",
-                                shape[i].dump()));
-    }
-    if (d < 0) {
-      return error(absl::StrCat("shape[", i, "] is ", d, "; dims are >= 0"));
-    }
-    info.shape.push_back(d);
-    if (d != 0 && numel > std::numeric_limits<int64_t>::max() / d) {
-      return error(absl::StrCat("shape ", ShapeToString(info.shape),
-                                "... has too many elements"));
-    }
-    numel *= d;
-  }
-  if (numel != 0 &&
-      numel > std::numeric_limits<int64_t>::max() / element_size) {
-    return error(absl::StrCat("shape ", ShapeToString(info.shape),
-                              " has too many bytes"));
-  }
-  const int64_t bytes = numel * element_size;
-  const Json& offsets = entry["data_offsets"];
-  if (!offsets.is_array() || offsets.size() != 2 ||
-      !JsonToInt64(offsets[0], &info.data_begin) ||
-      !JsonToInt64(offsets[1], &info.data_end)) {
-    return error(
-        absl::StrCat("data_offsets must be [begin, end], two integers, got ",
-                     offsets.dump()));
-  }
-  const std::string range =
-      absl::StrCat("[", info.data_begin, ", ", info.data_end, "]");
-  if (info.data_begin < 0 || info.data_end < info.data_begin) {
-    return error(
-        absl::StrCat("data_offsets ", range, " are not 0 <= begin <= end"));
-  }
-  if (info.data_end > data_size) {
-    return error(absl::StrCat("data_offsets ", range,
-                              " end beyond the file's data section of ",
-                              data_size, " bytes"));
-  }
-  if (info.data_end - info.data_begin != bytes) {
-    return error(absl::StrCat("data_offsets ", range, " hold ",
-                              info.data_end - info.data_begin, " bytes but ",
-                              info.dtype, " ", ShapeToString(info.shape),
-                              " needs ", bytes));
-  }
-  return info;
-}
-
-absl::StatusOr<std::vector<TensorInfo>> ParseHeader(const std::string& path,
-                                                    const std::string& text,
-                                                    int64_t data_size) {
-  const int depth = JsonDepth(text, kMaxSafetensorsJsonDepth);
-  if (depth > kMaxSafetensorsJsonDepth) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": header JSON nests more than ",
-                     kMaxSafetensorsJsonDepth, " deep"));
-  }
-  // Keys of the top-level object, to find duplicates (nlohmann keeps the
-  // last value of a repeated key silently).
-  std::set<std::string> keys;
-  std::string duplicate;
-  Json::parser_callback_t callback = [&](int d, Json::parse_event_t event,
-                                         Json& parsed) {
-    if (event == Json::parse_event_t::key && d == 1 && parsed.is_string()) {
-      const std::string& key = parsed.get_ref<const std::string&>();
-      if (!keys.insert(key).second && duplicate.empty()) duplicate = key;
-    }
-    return true;
-  };
-  const Json header = Json::parse(text, callback, /*allow_exceptions=*/false);
-  if (header.is_discarded()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": header is not valid JSON"));
-  }
-  if (!header.is_object()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": header JSON must be an object of tensors, got ",
-                     TypeName(header)));
-  }
-  if (!duplicate.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": header names \"", duplicate, "\" more than once"));
-  }
-  std::vector<TensorInfo> tensors;
-  for (const auto& [name, entry] : header.items()) {
-    if (name == "__metadata__") {
-      if (!entry.is_object()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            path, ": __metadata__ must be an object, got ", TypeName(entry)));
-      }
-      for (const auto& [key, value] : entry.items()) {
-        if (!value.is_string()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(path, ": __metadata__[\"", key,
-                           "\"] must be a string, got ", TypeName(value)));
-        }
-      }
-      continue;
-    }
-    MUON_ASSIGN_OR_RETURN(TensorInfo info,
-                          ParseTensorEntry(path, name, entry, data_size));
-    tensors.push_back(std::move(info));
-  }
-  std::sort(tensors.begin(), tensors.end(),
-            [](const TensorInfo& a, const TensorInfo& b) {
-              return std::tie(a.data_begin, a.data_end, a.name) <
-                     std::tie(b.data_begin, b.data_end, b.name);
-            });
-  // Non-empty ranges must not overlap (empty tensors hold no bytes).
-  const TensorInfo* previous = nullptr;
-  for (const TensorInfo& t : tensors) {
-    if (t.data_begin == t.data_end) continue;
-    if (previous != nullptr && t.data_begin < previous->data_end) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": tensor \"", t.name, "\": data_offsets [", t.data_begin, ", ",
-          t.data_end, "] overlap tensor \"", previous->name, "\"'s [",
-          previous->data_begin, ", ", previous->data_end, "]"));
-    }
-    previous = &t;
-  }
-  return tensors;
-}
 
 // Compiles `pattern`; `what` names it in the error.
 absl::StatusOr<std::regex> CompileRegex(const std::string& pattern,
@@ -284,73 +55,6 @@ bool IsFloatingDtype(absl::string_view dtype) {
 }
 
 }  // namespace
-
-int64_t SafetensorsDtypeSize(absl::string_view dtype) {
-  static const std::pair<const char*, int64_t> kSizes[] = {
-      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1},
-      {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},
-      {"U32", 4},  {"F32", 4}, {"F64", 8}, {"I64", 8},     {"U64", 8},
-  };
-  for (const auto& [name, size] : kSizes) {
-    if (dtype == name) return size;
-  }
-  return 0;
-}
-
-absl::StatusOr<std::vector<TensorInfo>> ReadSafetensorsHeader(
-    const std::string& path) {
-  try {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) {
-      return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-    }
-    in.seekg(0, std::ios::end);
-    const std::streamoff file_size = in.tellg();
-    in.seekg(0, std::ios::beg);
-    if (file_size < 0 || !in) {
-      return absl::InternalError(
-          absl::StrCat(path, ": cannot determine the file size"));
-    }
-    if (file_size < 8) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": ", file_size,
-          " bytes is too short for a .safetensors file (8-byte header "
-          "length first)"));
-    }
-    unsigned char len_bytes[8];
-    if (!in.read(reinterpret_cast<char*>(len_bytes), 8)) {
-      return absl::InternalError(
-          absl::StrCat(path, ": reading the header length failed"));
-    }
-    uint64_t n = 0;
-    for (int i = 7; i >= 0; --i) n = (n << 8) | len_bytes[i];
-    if (n > kMaxSafetensorsHeaderBytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": header length ", n, " bytes exceeds the ",
-                       kMaxSafetensorsHeaderBytes, "-byte bound"));
-    }
-    const uint64_t available = static_cast<uint64_t>(file_size) - 8;
-    if (n > available) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": header length ", n, " bytes runs past the end of the ",
-          file_size, "-byte file"));
-    }
-    std::string text(n, '\0');
-    if (n > 0 && !in.read(text.data(), static_cast<std::streamsize>(n))) {
-      return absl::InternalError(
-          absl::StrCat(path, ": reading the ", n, "-byte header failed"));
-    }
-    return ParseHeader(path, text, static_cast<int64_t>(available - n));
-  } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(path, ": out of memory reading the header"));
-  } catch (const std::exception& e) {
-    // nlohmann's accessors are only used after type checks; this is a
-    // safety net so that no exception crosses the API.
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": bad header: ", e.what()));
-  }
-}
 
 const std::vector<std::string>& DefaultExcludePatterns() {
   static const std::vector<std::string>* const kPatterns =
@@ -514,9 +218,9 @@ absl::StatusOr<SpecBuildOptions> ParseSpecBuildOptions(
   return o;
 }
 
-absl::StatusOr<v1::JobSpec> BuildSpec(const std::vector<TensorInfo>& tensors,
-                                      const SpecBuildOptions& options,
-                                      std::vector<SkippedTensor>* skipped) {
+absl::StatusOr<v1::JobSpec> BuildSpec(
+    const std::vector<SafetensorsTensor>& tensors,
+    const SpecBuildOptions& options, std::vector<SkippedTensor>* skipped) {
   if (options.job_id.empty()) {
     return absl::InvalidArgumentError("job_id is empty");
   }
@@ -557,10 +261,10 @@ absl::StatusOr<v1::JobSpec> BuildSpec(const std::vector<TensorInfo>& tensors,
   v1::JobSpec spec;
   spec.set_job_id(options.job_id);
   *spec.mutable_mesh() = options.mesh;
-  auto skip = [&](const TensorInfo& t, std::string reason) {
+  auto skip = [&](const SafetensorsTensor& t, std::string reason) {
     if (skipped != nullptr) skipped->push_back({t.name, std::move(reason)});
   };
-  for (const TensorInfo& t : tensors) {
+  for (const SafetensorsTensor& t : tensors) {
     const int rank = static_cast<int>(t.shape.size());
     if (!IsFloatingDtype(t.dtype)) {
       skip(t, absl::StrCat("dtype ", t.dtype, " is not floating point"));

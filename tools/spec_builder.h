@@ -29,7 +29,7 @@
 //     --rule 'o_proj|down_proj=tp:Shard(1)' --job_id llama-tp8-dp8
 // (one command line) is, in C++:
 //
-//   MUON_ASSIGN_OR_RETURN(std::vector<TensorInfo> tensors,
+//   MUON_ASSIGN_OR_RETURN(SafetensorsHeader header,
 //                         ReadSafetensorsHeader(path));
 //   MUON_ASSIGN_OR_RETURN(
 //       SpecBuildOptions options,
@@ -39,7 +39,8 @@
 //                              "o_proj|down_proj=tp:Shard(1)"},
 //                             /*exclude=*/{}, /*transpose=*/"",
 //                             "llama-tp8-dp8"));
-//   MUON_ASSIGN_OR_RETURN(v1::JobSpec spec, BuildSpec(tensors, options));
+//   MUON_ASSIGN_OR_RETURN(v1::JobSpec spec,
+//                         BuildSpec(header.tensors, options));
 //   std::cout << JobSpecToJson(spec);
 // gives model.layers.0.self_attn.q_proj.weight [4096, 4096] placements
 // [Shard(0), Shard(0)], ...o_proj.weight [Shard(0), Shard(1)], and no
@@ -60,67 +61,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/safetensors.h"
 #include "muon/v1/coordinator.pb.h"
 
 namespace muon {
-
-// Largest .safetensors header ReadSafetensorsHeader accepts (100 MiB; the
-// safetensors library's own bound).
-inline constexpr uint64_t kMaxSafetensorsHeaderBytes = uint64_t{100} << 20;
-
-// Deepest JSON nesting accepted in a header (a real one nests 3 deep).
-inline constexpr int kMaxSafetensorsJsonDepth = 64;
-
-// Most dims of one tensor in a header.
-inline constexpr int kMaxSafetensorsDims = 16;
-
-// Longest tensor name accepted, in bytes (names are matched with std::regex,
-// whose libstdc++ matcher recurses per character).
-inline constexpr size_t kMaxTensorNameBytes = 4096;
-
-// One tensor of a .safetensors file as its header describes it.
-struct TensorInfo {
-  // The key in the header, e.g. "model.layers.0.self_attn.q_proj.weight".
-  std::string name;
-  // safetensors' spelling: "F32", "BF16", "F16", "F64", "F8_E4M3",
-  // "F8_E5M2", "I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "BOOL".
-  std::string dtype;
-  // As stored (row-major), each dim >= 0.
-  std::vector<int64_t> shape;
-  // Byte range [data_begin, data_end) of the tensor's data, relative to
-  // the start of the data section (file offset 8 + header length);
-  // data_end - data_begin = element size x number of elements.
-  int64_t data_begin = 0;
-  int64_t data_end = 0;
-};
-
-// Bytes per element of a safetensors dtype ("F32" -> 4); 0 when unknown.
-int64_t SafetensorsDtypeSize(absl::string_view dtype);
-
-// Reads the header of the .safetensors file at `path`: 8 bytes,
-// little-endian uint64 N, then N bytes of JSON, an object mapping each
-// tensor name to {"dtype": string, "shape": [int...], "data_offsets":
-// [begin, end]}, plus an optional "__metadata__" object of string values.
-// Reads only the 8 + N header bytes (and the file's size). Returns the
-// tensors sorted by data_begin (the order of their data in the file), then
-// name.
-// Checks: N <= kMaxSafetensorsHeaderBytes and 8 + N <= the file size; the
-// JSON parses (nlohmann::json, no exception escapes), nests at most
-// kMaxSafetensorsJsonDepth deep, and is an object without duplicate keys;
-// names are 1..kMaxTensorNameBytes bytes; each entry is an object with exactly
-// those three keys of those types; a known dtype; at most kMaxSafetensorsDims
-// dims, each >= 0, element count without int64 overflow; 0 <= begin <= end <=
-// data section size, end - begin = dtype size x element count; no two tensors'
-// byte ranges overlap. Errors (every message names the path, and the tensor
-// where there is one):
-//   NotFound: the file cannot be opened.
-//   InvalidArgument: the file is shorter than 8 bytes, N is beyond the
-//     bound or the file, or any check above fails, e.g.
-//     `x.safetensors: tensor "w": data_offsets [0, 96] hold 96 bytes but
-//     F32 [4, 4] needs 64`.
-//   Internal: reading the file failed after it was opened.
-absl::StatusOr<std::vector<TensorInfo>> ReadSafetensorsHeader(
-    const std::string& path);
 
 // Exclude patterns used when SpecBuildOptions.exclude is left as is:
 // embeddings ("embed", "wte", "wpe"), the output head ("lm_head") and norms
@@ -225,7 +169,8 @@ struct SkippedTensor {
 //     is a Muon matrix; or ValidateJobSpec's error (names the parameter,
 //     e.g. a rule's Shard(2) on a 2-D matrix).
 absl::StatusOr<v1::JobSpec> BuildSpec(
-    const std::vector<TensorInfo>& tensors, const SpecBuildOptions& options,
+    const std::vector<SafetensorsTensor>& tensors,
+    const SpecBuildOptions& options,
     std::vector<SkippedTensor>* skipped = nullptr);
 
 }  // namespace muon

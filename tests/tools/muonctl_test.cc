@@ -25,8 +25,8 @@
 #include "gtest/gtest.h"
 #include "plan/schedule.h"
 #include "server/coordinator_server.h"
+#include "tests/common/safetensors_test_util.h"
 #include "tests/status_matchers.h"
-#include "tests/tools/safetensors_writer.h"
 #include "tools/muonctl_lib.h"
 
 namespace muon {
@@ -669,7 +669,7 @@ TEST(MuonctlCliTest, Status_RankLost_ExitsOneNamingIt) {
 void WriteSafetensors(
     const std::string& path,
     const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors) {
-  std::vector<::muon::testing::SafetensorsTensor> t;
+  std::vector<::muon::testing::TestTensor> t;
   for (const auto& [name, shape] : tensors) t.push_back({name, "F32", shape});
   ASSERT_TRUE(::muon::testing::WriteSafetensorsFile(path, t)) << path;
 }

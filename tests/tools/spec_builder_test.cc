@@ -1,7 +1,8 @@
 // Tests of tools/spec_builder.h: .safetensors headers written here (header
 // JSON + zero-filled data) with GPT-2 and Llama names -> job specs with FSDP
-// and TP rules, exclusions, the Conv1D transpose; hostile headers; a built
-// spec plans (PlanJobFromSpec).
+// and TP rules, exclusions, the Conv1D transpose; a built spec plans
+// (PlanJobFromSpec). The header reader's own tests are in
+// tests/common/safetensors_test.cc.
 #include "tools/spec_builder.h"
 
 #include <cstdint>
@@ -14,8 +15,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "plan/plan_job.h"
+#include "tests/common/safetensors_test_util.h"
 #include "tests/status_matchers.h"
-#include "tests/tools/safetensors_writer.h"
 
 namespace muon {
 namespace {
@@ -24,12 +25,19 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
-using Tensor = ::muon::testing::SafetensorsTensor;
+using Tensor = ::muon::testing::TestTensor;
 using ::muon::testing::WriteSafetensorsFile;
-using ::muon::testing::WriteSafetensorsRaw;
 
 std::string TempPath(const std::string& name) {
   return absl::StrCat(::testing::TempDir(), "/", name);
+}
+
+// The tensors of the file at `path` (ReadSafetensorsHeader).
+absl::StatusOr<std::vector<SafetensorsTensor>> ReadTensors(
+    const std::string& path) {
+  absl::StatusOr<SafetensorsHeader> header = ReadSafetensorsHeader(path);
+  if (!header.ok()) return header.status();
+  return header->tensors;
 }
 
 // A real .safetensors file in the test's temporary folder.
@@ -97,27 +105,9 @@ std::vector<std::string> Placements(const v1::ParamSpec& p) {
   return {p.placements().begin(), p.placements().end()};
 }
 
-TEST(ReadSafetensorsHeader, Gpt2_ReturnsTensorsInDataOrder) {
-  const std::vector<Tensor> written = Gpt2Tensors();
-  const std::string path = WriteSafetensors("gpt2.safetensors", written);
-  absl::StatusOr<std::vector<TensorInfo>> tensors = ReadSafetensorsHeader(path);
-  ASSERT_THAT(tensors, IsOk());
-  ASSERT_EQ(tensors->size(), written.size());
-  int64_t offset = 0;
-  for (size_t i = 0; i < written.size(); ++i) {
-    EXPECT_EQ((*tensors)[i].name, written[i].name);
-    EXPECT_EQ((*tensors)[i].dtype, "F32");
-    EXPECT_EQ((*tensors)[i].shape, written[i].shape);
-    EXPECT_EQ((*tensors)[i].data_begin, offset);
-    offset = (*tensors)[i].data_end;
-  }
-  EXPECT_EQ((*tensors)[4].name, "transformer.h.0.attn.c_attn.weight");
-  EXPECT_THAT((*tensors)[4].shape, ElementsAre(768, 2304));
-}
-
 TEST(BuildSpec, Gpt2FsdpWithTranspose_SwapsConv1DAndExcludesEmbeddingsNorms) {
-  absl::StatusOr<std::vector<TensorInfo>> tensors = ReadSafetensorsHeader(
-      WriteSafetensors("gpt2_fsdp.safetensors", Gpt2Tensors()));
+  absl::StatusOr<std::vector<SafetensorsTensor>> tensors =
+      ReadTensors(WriteSafetensors("gpt2_fsdp.safetensors", Gpt2Tensors()));
   ASSERT_THAT(tensors, IsOk());
   absl::StatusOr<SpecBuildOptions> options = ParseSpecBuildOptions(
       "dp_shard=8", "", {}, {}, "c_attn|c_proj|c_fc", "gpt2-fsdp8");
@@ -157,8 +147,8 @@ TEST(BuildSpec, Gpt2FsdpWithTranspose_SwapsConv1DAndExcludesEmbeddingsNorms) {
 }
 
 TEST(BuildSpec, Gpt2WithoutTranspose_KeepsStoredShape) {
-  absl::StatusOr<std::vector<TensorInfo>> tensors = ReadSafetensorsHeader(
-      WriteSafetensors("gpt2_plain.safetensors", Gpt2Tensors()));
+  absl::StatusOr<std::vector<SafetensorsTensor>> tensors =
+      ReadTensors(WriteSafetensors("gpt2_plain.safetensors", Gpt2Tensors()));
   ASSERT_THAT(tensors, IsOk());
   absl::StatusOr<SpecBuildOptions> options =
       ParseSpecBuildOptions("dp_shard=8", "", {}, {}, "", "gpt2");
@@ -170,8 +160,8 @@ TEST(BuildSpec, Gpt2WithoutTranspose_KeepsStoredShape) {
 }
 
 v1::JobSpec LlamaTpSpec(const std::string& mesh) {
-  absl::StatusOr<std::vector<TensorInfo>> tensors = ReadSafetensorsHeader(
-      WriteSafetensors("llama.safetensors", LlamaTensors()));
+  absl::StatusOr<std::vector<SafetensorsTensor>> tensors =
+      ReadTensors(WriteSafetensors("llama.safetensors", LlamaTensors()));
   EXPECT_THAT(tensors, IsOk());
   absl::StatusOr<SpecBuildOptions> options = ParseSpecBuildOptions(
       mesh, "dp_shard:Shard(0)",
@@ -220,8 +210,8 @@ TEST(BuildSpec, LlamaFsdpTp_Plans) {
 }
 
 TEST(BuildSpec, DefaultPlacements_ReplicateOffDpShard) {
-  absl::StatusOr<std::vector<TensorInfo>> tensors = ReadSafetensorsHeader(
-      WriteSafetensors("llama_hsdp.safetensors", LlamaTensors()));
+  absl::StatusOr<std::vector<SafetensorsTensor>> tensors =
+      ReadTensors(WriteSafetensors("llama_hsdp.safetensors", LlamaTensors()));
   ASSERT_THAT(tensors, IsOk());
   absl::StatusOr<SpecBuildOptions> options =
       ParseSpecBuildOptions("dp_replicate=2,dp_shard=4", "", {}, {}, "", "h");
@@ -233,7 +223,7 @@ TEST(BuildSpec, DefaultPlacements_ReplicateOffDpShard) {
 }
 
 TEST(BuildSpec, ExpertStacks_TakenOnlyWhenEnabled) {
-  const std::vector<TensorInfo> tensors = {
+  const std::vector<SafetensorsTensor> tensors = {
       {"model.layers.0.experts.w1", "F32", {4, 8, 6}, 0, 768},
       {"model.layers.0.router.weight", "F32", {4, 6}, 768, 864},
   };
@@ -255,7 +245,7 @@ TEST(BuildSpec, ExpertStacks_TakenOnlyWhenEnabled) {
 }
 
 TEST(BuildSpec, ExcludeReplacesDefaults) {
-  const std::vector<TensorInfo> tensors = {
+  const std::vector<SafetensorsTensor> tensors = {
       {"wte.weight", "F32", {8, 4}, 0, 128},
       {"h.0.mlp.weight", "F32", {4, 4}, 128, 192},
       {"steps", "I64", {2, 2}, 192, 224},
@@ -279,7 +269,7 @@ TEST(BuildSpec, ExcludeReplacesDefaults) {
 }
 
 TEST(BuildSpec, RuleShardBeyondMatrixRank_ReturnsInvalidArgumentNamingParam) {
-  const std::vector<TensorInfo> tensors = {{"w", "F32", {4, 4}, 0, 64}};
+  const std::vector<SafetensorsTensor> tensors = {{"w", "F32", {4, 4}, 0, 64}};
   absl::StatusOr<SpecBuildOptions> o =
       ParseSpecBuildOptions("tp=2", "", {"w=Shard(2)"}, {}, "", "x");
   ASSERT_THAT(o, IsOk());
@@ -288,7 +278,7 @@ TEST(BuildSpec, RuleShardBeyondMatrixRank_ReturnsInvalidArgumentNamingParam) {
 }
 
 TEST(BuildSpec, NothingSelected_ReturnsInvalidArgument) {
-  const std::vector<TensorInfo> tensors = {{"norm", "F32", {4}, 0, 16}};
+  const std::vector<SafetensorsTensor> tensors = {{"norm", "F32", {4}, 0, 16}};
   SpecBuildOptions o;
   o.job_id = "x";
   EXPECT_THAT(BuildSpec(tensors, o),
@@ -349,154 +339,6 @@ TEST(ParseMeshFlag, EmptyIsSingleDevice) {
   ASSERT_EQ(mesh->dims_size(), 2);
   EXPECT_EQ(mesh->dims(1).name(), "tp");
   EXPECT_EQ(mesh->dims(1).size(), 8);
-}
-
-// --- Hostile headers --------------------------------------------------------
-
-absl::Status ReadRaw(const std::string& file, const std::string& header,
-                     uint64_t data_bytes, int64_t declared_len = -1) {
-  const std::string path = TempPath(file);
-  EXPECT_TRUE(WriteSafetensorsRaw(path, header, data_bytes, declared_len))
-      << path;
-  return ReadSafetensorsHeader(path).status();
-}
-
-constexpr auto kInvalid = absl::StatusCode::kInvalidArgument;
-
-TEST(ReadSafetensorsHeader, LengthBeyondFile_ReturnsInvalidArgument) {
-  EXPECT_THAT(ReadRaw("long.safetensors", "{}", 0, 1000),
-              StatusIs(kInvalid, HasSubstr("runs past the end")));
-  EXPECT_THAT(ReadRaw("huge.safetensors", "{}", 0, int64_t{1} << 40),
-              StatusIs(kInvalid, HasSubstr("exceeds")));
-  const std::string path = TempPath("short.safetensors");
-  {
-    std::ofstream out(path, std::ios::binary);
-    out << "abc";
-  }
-  EXPECT_THAT(ReadSafetensorsHeader(path),
-              StatusIs(kInvalid, HasSubstr("too short")));
-  EXPECT_THAT(
-      ReadSafetensorsHeader(TempPath("missing.safetensors")),
-      StatusIs(absl::StatusCode::kNotFound, HasSubstr("missing.safetensors")));
-}
-
-TEST(ReadSafetensorsHeader, NotAnObject_ReturnsInvalidArgument) {
-  EXPECT_THAT(ReadRaw("array.safetensors", "[1, 2]", 0),
-              StatusIs(kInvalid, HasSubstr("must be an object")));
-  EXPECT_THAT(ReadRaw("garbage.safetensors", "{\"w\": ", 0),
-              StatusIs(kInvalid, HasSubstr("not valid JSON")));
-  EXPECT_THAT(ReadRaw("deep.safetensors",
-                      std::string(1000, '[') + std::string(1000, ']'), 0),
-              StatusIs(kInvalid, HasSubstr("nests more than")));
-  EXPECT_THAT(
-      ReadRaw("entry.safetensors", R"({"w": [1]})", 0),
-      StatusIs(kInvalid, HasSubstr("tensor \"w\": expected an object")));
-  EXPECT_THAT(ReadRaw("meta.safetensors", R"({"__metadata__": {"a": 1}})", 0),
-              StatusIs(kInvalid, HasSubstr("__metadata__[\"a\"]")));
-}
-
-TEST(ReadSafetensorsHeader, WrongTypes_ReturnInvalidArgumentNamingTensor) {
-  const std::string path_part = "types.safetensors";
-  EXPECT_THAT(
-      ReadRaw(path_part,
-              R"({"w": {"dtype": 5, "shape": [2], "data_offsets": [0, 8]}})",
-              8),
-      StatusIs(kInvalid, HasSubstr("tensor \"w\": dtype must be a string")));
-  EXPECT_THAT(
-      ReadRaw(
-          path_part,
-          R"({"w": {"dtype": "F99", "shape": [2], "data_offsets": [0, 8]}})",
-          8),
-      StatusIs(kInvalid, HasSubstr("unknown dtype \"F99\"")));
-  EXPECT_THAT(
-      ReadRaw(
-          path_part,
-          R"({"w": {"dtype": "F32", "shape": "2", "data_offsets": [0, 8]}})",
-          8),
-      StatusIs(kInvalid, HasSubstr("shape must be an array")));
-  EXPECT_THAT(
-      ReadRaw(
-          path_part,
-          R"({"w": {"dtype": "F32", "shape": [2.5], "data_offsets": [0, 8]}})",
-          8),
-      StatusIs(kInvalid, HasSubstr("shape[0] must be an integer")));
-  EXPECT_THAT(
-      ReadRaw(
-          path_part,
-          R"({"w": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}})",
-          8),
-      StatusIs(kInvalid, HasSubstr("dims are >= 0")));
-  EXPECT_THAT(
-      ReadRaw(path_part,
-              R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0]}})",
-              8),
-      StatusIs(kInvalid, HasSubstr("data_offsets must be [begin, end]")));
-  EXPECT_THAT(ReadRaw(path_part, R"({"w": {"dtype": "F32", "shape": [2]}})", 8),
-              StatusIs(kInvalid, HasSubstr("missing \"data_offsets\"")));
-  EXPECT_THAT(
-      ReadRaw(path_part,
-              R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8],
-                  "extra": 1}})",
-              8),
-      StatusIs(kInvalid, HasSubstr("unknown key \"extra\"")));
-  EXPECT_THAT(
-      ReadRaw(path_part,
-              R"({"w": {"dtype": "F32", "shape": [4611686018427387904, 4],
-                  "data_offsets": [0, 8]}})",
-              8),
-      StatusIs(kInvalid, HasSubstr("too many")));
-  EXPECT_THAT(
-      ReadRaw(path_part,
-              R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
-                  "w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})",
-              8),
-      StatusIs(kInvalid, HasSubstr("\"w\" more than once")));
-}
-
-TEST(ReadSafetensorsHeader, OffsetsOutsideFile_ReturnInvalidArgument) {
-  const std::string file = "offsets.safetensors";
-  EXPECT_THAT(
-      ReadRaw(
-          file,
-          R"({"w": {"dtype": "F32", "shape": [4, 4], "data_offsets": [0, 64]}})",
-          32),
-      StatusIs(kInvalid,
-               HasSubstr("tensor \"w\": data_offsets [0, 64] end beyond the "
-                         "file's data section of 32 bytes")));
-  EXPECT_THAT(
-      ReadRaw(
-          file,
-          R"({"w": {"dtype": "F32", "shape": [4, 4], "data_offsets": [0, 96]}})",
-          96),
-      StatusIs(kInvalid, HasSubstr("hold 96 bytes but F32 [4, 4] needs 64")));
-  EXPECT_THAT(
-      ReadRaw(
-          file,
-          R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}})",
-          8),
-      StatusIs(kInvalid, HasSubstr("not 0 <= begin <= end")));
-  EXPECT_THAT(
-      ReadRaw(file,
-              R"({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
-                  "b": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]}})",
-              24),
-      StatusIs(kInvalid, HasSubstr("tensor \"b\": data_offsets [8, 24] "
-                                   "overlap tensor \"a\"")));
-  // The error names the file.
-  EXPECT_THAT(
-      ReadRaw(
-          file,
-          R"({"w": {"dtype": "F32", "shape": [4, 4], "data_offsets": [0, 64]}})",
-          0),
-      StatusIs(kInvalid, HasSubstr(file)));
-}
-
-TEST(ReadSafetensorsHeader, EmptyHeaderAndEmptyTensor_Accepted) {
-  absl::Status s = ReadRaw(
-      "empty_tensor.safetensors",
-      R"({"e": {"dtype": "F32", "shape": [0, 4], "data_offsets": [0, 0]}})", 0);
-  EXPECT_THAT(s, IsOk());
-  EXPECT_THAT(ReadRaw("empty.safetensors", "{}", 0), IsOk());
 }
 
 }  // namespace
