@@ -1,7 +1,8 @@
 // How a Muon optimizer's parameters are laid out over ranks and who
-// orthogonalizes what: the C++ counterpart of the seeds' DistributedConfig
-// (assign_fn, gather_fn, redistribute_fn, state, async_gpu_parallelism,
-// prefetch_count) and of create_auto_config / create_dtensor_config.
+// orthogonalizes what: who owns each matrix (assign_fn), how its update
+// reaches the owner and comes back (gather_fn, redistribute_fn), what the
+// rank knows of the setup (state) and how the step runs
+// (async_gpu_parallelism, prefetch_count).
 //
 // A DistributedConfig is a value: build it once per rank with
 // CreateAutoConfig (process-group style) or CreateMeshConfig (DTensor style),
@@ -39,28 +40,26 @@ struct MatrixInfo {
 };
 
 // Maps each rank to the indices (MatrixInfo::index) of the matrices it
-// orthogonalizes (seeds' assign_fn); with only 2-D parameters these are the
-// parameter indices. Must be deterministic: every rank calls it with the
-// same arguments and must get the same answer. Every matrix must appear
-// exactly once; ranks are in [0, world_size) and must hold a shard.
+// orthogonalizes; with only 2-D parameters these are the parameter indices.
+// Must be deterministic: every rank calls it with the same arguments and
+// must get the same answer. Every matrix must appear exactly once; ranks are
+// in [0, world_size) and must hold a shard.
 using AssignFn = std::function<std::map<int, std::vector<int>>(
     const std::vector<MatrixInfo>& params, int world_size)>;
 
-// Custom gather (seeds' gather_fn): moves the update U of one matrix
-// (parameter `param_index`, expert `slice` of a 3-D stack, 0 for 2-D) from
-// the ranks' shards to `owner`. Called on every rank that has the
-// parameter, for each of its matrices, in plan order (so collectives inside
-// it line up). `local_shard` is this rank's part of U for that matrix
-// (row-major, its local [rows, cols]); `full` is a [rows, cols] row-major
-// buffer to fill on the owner and nullptr elsewhere.
+// Custom gather: moves the update U of one matrix (parameter `param_index`,
+// expert `slice` of a 3-D stack, 0 for 2-D) from the ranks' shards to `owner`.
+// Called on every rank that has the parameter, for each of its matrices, in
+// plan order (so collectives inside it line up). `local_shard` is this rank's
+// part of U for that matrix (row-major, its local [rows, cols]); `full` is a
+// [rows, cols] row-major buffer to fill on the owner and nullptr elsewhere.
 using GatherFn =
     std::function<absl::Status(int param_index, int slice, int owner,
                                const float* local_shard, float* full)>;
 
-// Custom redistribute (seeds' redistribute_fn): sends every holder its
-// part of the orthogonalized O of one matrix. Called like GatherFn. `full`
-// is O on the owner (nullptr elsewhere); `local_shard` receives this rank's
-// part (its local [rows, cols]).
+// Custom redistribute: sends every holder its part of the orthogonalized O of
+// one matrix. Called like GatherFn. `full` is O on the owner (nullptr
+// elsewhere); `local_shard` receives this rank's part (its local [rows, cols]).
 using RedistributeFn =
     std::function<absl::Status(int param_index, int slice, int owner,
                                const float* full, float* local_shard)>;
@@ -73,7 +72,7 @@ struct ParamPlacement {
   SubMesh sub_mesh;
 };
 
-// Everything a rank knows about the distributed setup (seeds' `state`).
+// Everything a rank knows about the distributed setup.
 struct DistributedState {
   int rank = 0;
   int world_size = 1;
@@ -109,7 +108,8 @@ struct DistributedConfig {
   GatherFn gather_fn;
   RedistributeFn redistribute_fn;
   DistributedState state;
-  // false = sequential debug mode; true = async (issue 4).
+  // false = sequential debug mode; true = async (comm and compute streams
+  // overlap, with prefetch_count buckets gathered ahead).
   bool async_gpu_parallelism = false;
   int prefetch_count = 0;
   // "lpt" or "round_robin" when assign_fn is empty.
@@ -125,8 +125,8 @@ struct DistributedConfig {
       ns_engine_factory;
 };
 
-// Process groups for create_auto_config (seeds' create_auto_config with
-// fsdp / tp / HSDP shard+replicate / cp / dp / pp / ep groups). Each group is
+// Process groups for CreateAutoConfig (fsdp / tp / HSDP shard+replicate /
+// cp / dp / pp / ep groups, as a PyTorch job holds them). Each group is
 // a Communicator this rank belongs to, split from `world`; its
 // global_ranks() place it in the mesh. Unset groups are not used.
 //
@@ -155,7 +155,7 @@ struct AutoConfigOptions {
   // DDP: same as `replicate` (give one of the two).
   Communicator* ddp = nullptr;
   // Tensor parallel group, its default shard dim, and per-parameter dims
-  // (optimizer index -> tensor dim, seeds' tp_dim_per_param).
+  // (optimizer index -> tensor dim).
   Communicator* tp = nullptr;
   int tp_shard_dim = 0;
   std::map<int, int> tp_dim_per_param;

@@ -291,9 +291,9 @@ class Muon {
   const std::vector<ParamView>& params() const { return params_; }
   // The plan (owners, buckets, loads, hash) this optimizer runs.
   const v1::Plan& plan() const { return plan_; }
-  // rank -> indices of this rank's matrices that it orthogonalizes (seeds'
-  // optimizer.assignments). Indices are parameter indices when every
-  // parameter is 2-D; with expert stacks, positions in matrices().
+  // rank -> indices of the matrices that rank orthogonalizes, as the plan
+  // says. Indices are parameter indices when every parameter is 2-D; with
+  // expert stacks, positions in matrices().
   // Matrices of parameters other ranks hold (other pipeline stages) are not
   // listed.
   std::map<int, std::vector<int>> assignments() const;

@@ -92,7 +92,7 @@ struct OpRecord {
 // single-device figures: zero redundancy).
 struct StepStats {
   int matrices_orthogonalized = 0;
-  double ns_flops = 0;     // Newton-Schulz FLOPs (DESIGN section 10)
+  double ns_flops = 0;     // Newton-Schulz FLOPs (NewtonSchulzFlops)
   int64_t bytes_sent = 0;  // fp32 payload sent to other ranks
   int64_t bytes_received = 0;
   double step_time_s = 0;

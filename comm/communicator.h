@@ -1,8 +1,9 @@
 // Collectives between the ranks of a process group: the data path of a
 // distributed Muon step. One interface, several backends: Gloo over TCP
-// (comm/gloo_communicator.h, CPU buffers), an in-process backend for a
-// world of one (comm/local_communicator.h), NCCL later. A method a backend
-// lacks returns Unimplemented, never crashes.
+// (comm/gloo_communicator.h, CPU buffers), NCCL (comm/nccl_communicator.h,
+// CUDA device buffers; built with --config=cuda) and an in-process backend
+// for a world of one (comm/local_communicator.h). A method a backend lacks
+// returns Unimplemented, never crashes.
 //
 // Contract (as torch.distributed): every rank of the group calls the same
 // collectives in the same order with matching sizes. Buffers are float32,

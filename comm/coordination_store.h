@@ -1,7 +1,7 @@
 // CoordinationStore: Gloo's rendezvous key-value store
 // (gloo::rendezvous::Store) on top of the coordinator's KeySet/KeyGet, so a
 // Gloo process group rendezvouses through the same coordinator that plans
-// the job (DESIGN.md section 7) instead of a separate Redis or file store.
+// the job instead of a separate Redis or file store.
 //
 // Who talks to whom: gloo::rendezvous::Context::connectFullMesh (usually
 // through a gloo::rendezvous::PrefixStore) -> CoordinationStore ->

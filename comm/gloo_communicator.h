@@ -1,5 +1,5 @@
 // GlooCommunicator: the Communicator for CPU float32 buffers over Gloo's
-// TCP transport (DESIGN.md section 7).
+// TCP transport.
 //
 // Who talks to whom: every rank of a group creates one GlooCommunicator.
 // Create rendezvouses through the coordinator's key-value store

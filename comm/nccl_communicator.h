@@ -1,10 +1,10 @@
 // NcclCommunicator: the Communicator for CUDA DEVICE float32 buffers over
-// NCCL (DESIGN.md section 7). Every float* passed to its collectives is a
-// CUDA device pointer (or any pointer NCCL accepts: managed memory, host
-// memory registered for device access) on options.device.
+// NCCL. Every float* passed to its collectives is a CUDA device pointer (or
+// any pointer NCCL accepts: managed memory, host memory registered for
+// device access) on options.device.
 //
 // Built only with --config=cuda (comm/nccl_communicator.cc). The default
-// build links client/nccl_communicator_stub.cc instead: Create returns
+// build links comm/nccl_communicator_stub.cc instead: Create returns
 // Unimplemented and NcclDeviceCount returns 0, so callers and tests compile
 // and link without the CUDA toolkit. This header includes no CUDA header;
 // the implementation reaches NCCL and CUDA through comm/nccl_api.h (see

@@ -1,6 +1,6 @@
 // A coordinator hosted inside a trainer's process: rank 0's in embedded
-// mode (DESIGN.md section 10: rank 0 embeds the coordinator unless a daemon
-// is named). The interface lives in coordination/ so that client/
+// mode (rank 0 embeds the coordinator unless a muon-coordinator daemon is
+// named). The interface lives in coordination/ so that client/
 // (InitProcessGroup, client/process_group.h) can start, use and own one
 // without linking the gRPC server: server/embedded_coordinator.h implements
 // it (StartEmbeddedCoordinator), and only the binaries that embed the

@@ -1,7 +1,7 @@
 // Elementwise parts of a Muon step on the CPU, fp32: momentum buffer update,
 // Nesterov look-ahead, learning-rate adjustment and the decoupled weight
 // decay + update. Matches torch.optim.Muon (torch/optim/_muon.py, PyTorch
-// 2.9) `_single_tensor_muon` and `_adjust_lr` (DESIGN.md section 1).
+// 2.9) `_single_tensor_muon` and `_adjust_lr`.
 //
 // All loops are plain sequential scalar code compiled without floating-point
 // contraction (-ffp-contract=off), so the bits do not depend on the compiler

@@ -1,10 +1,10 @@
 // Newton-Schulz orthogonalization of one fp32 matrix on the CPU (OpenBLAS).
 //
-// This is the O <- NS_k(U) line of a Muon step (DESIGN.md sections 1 and 6):
-// the semantics of torch.optim.Muon's `_zeropower_via_newtonschulz`
-// (torch/optim/_muon.py, PyTorch 2.9) computed in float32 instead of
-// bfloat16, on cblas_ssyrk / cblas_sgemm with the scalars folded into the
-// products and transposes by GEMM flags (no transpose copies).
+// This is the O <- NS_k(U) line of a Muon step: the semantics of
+// torch.optim.Muon's `_zeropower_via_newtonschulz` (torch/optim/_muon.py,
+// PyTorch 2.9) computed in float32 instead of bfloat16, on cblas_ssyrk /
+// cblas_sgemm with the scalars folded into the products and transposes by
+// GEMM flags (no transpose copies).
 //
 // Determinism: our own reduction (the norm) is sequential in index order, so
 // the output bits are a function of the input bits, the options and the
@@ -243,8 +243,8 @@ void NewtonSchulzReference(const double* u, int64_t rows, int64_t cols,
                            const NewtonSchulzOptions& options, double* out);
 
 // FLOPs of NewtonSchulz on a [rows, cols] matrix: steps*(4*m*m*n + 2*m^3),
-// m = min(rows, cols), n = max(rows, cols) (DESIGN.md section 10; A = X X^T
-// is 2*m*m*n, B is 2*m^3, B X is 2*m*m*n; elementwise work not counted).
+// m = min(rows, cols), n = max(rows, cols) (A = X X^T is 2*m*m*n, B is
+// 2*m^3, B X is 2*m*m*n; elementwise work not counted).
 double NewtonSchulzFlops(int64_t rows, int64_t cols, int steps);
 
 // The same with k = NewtonSchulzIterations(options) (an explicit schedule's

@@ -1,5 +1,5 @@
-// Compact manifests (issue 12 item 2): a rank whose manifest follows from
-// the job's layout sends O(1) bytes on Join instead of O(parameters).
+// Compact manifests: a rank whose manifest follows from the job's layout sends
+// O(1) bytes on Join instead of O(parameters).
 //
 // In the usual job every rank lists the same parameters with the same
 // global shapes, placements and dtypes (no pipeline stages or per-expert

@@ -16,9 +16,9 @@
 //   - per-rank loads (Newton-Schulz FLOPs, matrix count), max/mean load;
 //   - a stable hash every rank confirms before the first step.
 //
-// Cost model (DESIGN.md section 4 / 10): Newton-Schulz FLOPs of an m x n
-// matrix (m = min dim, n = max dim) with k iterations are
-// k * (4*m*m*n + 2*m^3). Bytes are fp32 (4 bytes per element).
+// Cost model: Newton-Schulz FLOPs of an m x n matrix (m = min dim, n = max dim)
+// with k iterations are k * (4*m*m*n + 2*m^3). Bytes are fp32 (4 bytes per
+// element).
 //
 // Thread-safety: pure functions.
 #ifndef MUON_PLAN_PLANNER_H_

@@ -1,5 +1,4 @@
-// Re-planning from measured times (issue 12 item 5;
-// ExecutionOptions.replan_every_steps).
+// Re-planning from measured times (ExecutionOptions.replan_every_steps).
 //
 // Every replan_every_steps steps the coordinator turns the ranks' step
 // reports into a cost model (each rank's measured Newton-Schulz seconds per

@@ -1,11 +1,10 @@
-// The stream schedule of a plan (DESIGN section 4): per rank, the order,
-// stream and buffer slot of every operation of a step, and the prefetch
-// depth. MakePlan (plan/planner.h) puts the compact form in the plan (the
-// header: mode, prefetch depth, slots, derivation); every rank derives its
-// own operation list from the plan with MakeRankSchedule and checks it
-// with ValidateRankSchedule; ValidatePlan checks the header and the
-// collective order through ValidateSchedule (issue 12: the plan is
-// O(matrices + ranks), not O(ranks x buckets)).
+// The stream schedule of a plan: per rank, the order, stream and buffer slot of
+// every operation of a step, and the prefetch depth. MakePlan (plan/planner.h)
+// puts the compact form in the plan (the header: mode, prefetch depth, slots,
+// derivation); every rank derives its own operation list from the plan with
+// MakeRankSchedule and checks it with ValidateRankSchedule; ValidatePlan checks
+// the header and the collective order through ValidateSchedule (so the plan
+// holds O(matrices + ranks) values, not O(ranks x buckets)).
 //
 // Sequential (debug) mode: one stream "main", one slot; per bucket in plan
 // order: gather, orthogonalize (owners; the executor runs owners in rank

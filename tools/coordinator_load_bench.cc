@@ -1,6 +1,5 @@
 // Control-plane load on one coordinator: N simulated agents Join a real
-// CoordinatorServer over real gRPC, then heartbeat at a fixed rate
-// (issue 12 item 4).
+// CoordinatorServer over real gRPC, then heartbeat at a fixed rate.
 //
 // For each N in --agents, the parent process (which never touches gRPC)
 // forks two children:

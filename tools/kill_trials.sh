@@ -1,5 +1,5 @@
 #!/bin/sh
-# Issue 10 item 1: N (default 100) kill -9 trials of 4 rank processes with a
+# Failure propagation: N (default 100) kill -9 trials of 4 rank processes with a
 # muon-coordinator daemon (heartbeat timeout 1 s): a random rank killed at a
 # random moment; prints each trial and the tally (hangs, trials where a
 # survivor's error did not name the killed rank, seconds from the kill until

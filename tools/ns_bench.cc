@@ -1,5 +1,5 @@
 // Newton-Schulz throughput on the CPU next to the sgemm rate measured in the
-// same run (DESIGN.md section 10).
+// same run.
 //
 // For each size rows x cols (m = min, n = max): times NewtonSchulz (1 warm-up,
 // then --repeats timed runs; best and median), reports its rate as
@@ -12,7 +12,7 @@
 // is the nominal rate (NewtonSchulzFlops, the count of torch's 3 GEMMs per
 // step), so that rates compare across implementations.
 //
-// --torch (issue 14): also times PyTorch's own Newton-Schulz (fp32, 2.9's
+// --torch: also times PyTorch's own Newton-Schulz (fp32, 2.9's
 // `_zeropower_via_newtonschulz` with torch.addmm, tools/torch_ns_bench.py
 // --cpu --serve) in a child process started once, interleaved per repeat
 // (ours, sgemm, torch; same machine state), with torch.set_num_threads and

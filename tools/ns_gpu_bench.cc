@@ -1,5 +1,5 @@
 // Newton-Schulz throughput on a CUDA GPU next to the GPU's dense GEMM rate
-// measured in the same run (DESIGN.md section 10).
+// measured in the same run.
 //
 // Prints the GPU, then the dense GEMM yardstick (one cublasGemmEx of
 // --gemm_size^3 in the chosen precision: bf16 in / fp32 accumulate by

@@ -41,7 +41,7 @@ rm -rf .device
 cp tools/device_run.sh .device/run.sh
 cp tools/torch_ns_bench.py tools/torch_muon_compare.py tools/device_checks.sh .device/
 cp -r examples/specs .device/specs
-# The Python package and the PyTorch job for the device's PyTorch (issue 11):
+# The Python package and the PyTorch job for the device's PyTorch:
 # on the device, MUONRT_LIBRARY=/tmp/muon-bundle/bin/libmuonrt.so and
 # PYTHONPATH=.device/python (the bundle's run.sh sets LD_LIBRARY_PATH).
 cp -r python .device/python

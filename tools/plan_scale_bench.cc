@@ -1,8 +1,8 @@
-// Planning time and peak memory at scale (issue 12 item 4): `muonctl plan`
-// of a 1-D dp_shard mesh with N ranks and M matrices cycling through the
-// shapes 4096x4096, 4096x14336, 14336x4096 and 1024x4096, every one placed
-// Shard(0). The JobSpec is built in memory and planned by PlanJobSpec
-// (tools/muonctl_lib.h), the function `muonctl plan --spec FILE` calls.
+// Planning time and peak memory at scale: `muonctl plan` of a 1-D dp_shard mesh
+// with N ranks and M matrices cycling through the shapes 4096x4096, 4096x14336,
+// 14336x4096 and 1024x4096, every one placed Shard(0). The JobSpec is built in
+// memory and planned by PlanJobSpec (tools/muonctl_lib.h), the function
+// `muonctl plan --spec FILE` calls.
 //
 // Each size runs in its own child process (fork): the child sets
 // RLIMIT_AS to --mem_limit_gb, the parent kills it with SIGKILL after

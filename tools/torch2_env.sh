@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # A PyTorch 2.x environment on this Debian 12 machine: a chroot of Debian sid
 # (python3-torch 2.x with FSDP2, DTensor, DCP and torch.optim.Muon, on the
-# CPU with gloo), made with mmdebstrap and reused while current
-# (../shared/notes/modern-pytorch.md).
+# CPU with gloo), made with mmdebstrap and reused while current.
 #
 #   bash tools/torch2_env.sh make            # make or reuse; prints the root
 #   bash tools/torch2_env.sh run CMD ARGS    # runs CMD inside, from /opt/muon

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch's own Newton-Schulz on a CUDA GPU, next to torch.matmul's bf16 rate.
 
-The peer of tools/ns_gpu_bench (DESIGN.md section 10): times
+The peer of tools/ns_gpu_bench: times
 torch.optim._muon._zeropower_via_newtonschulz (torch/optim/_muon.py, PyTorch
 >= 2.9; the function torch.optim.Muon calls) on the same shapes, in its own
 arithmetic (it casts the input to bfloat16 and runs bf16 matmuls with fp32
@@ -18,7 +18,7 @@ Usage: python3 tools/torch_ns_bench.py [--sizes 1024x1024,4096x4096,...]
          [--repeats 10] [--steps 5] [--gemm_size 8192]
 Exit status 2 when PyTorch, its Muon or a GPU is missing.
 
-CPU mode (--cpu; issue 14): PyTorch's Newton-Schulz in float32 on the CPU,
+CPU mode (--cpu): PyTorch's Newton-Schulz in float32 on the CPU,
 the yardstick of our kernels::NewtonSchulz. Debian's torch 1.13 has no
 torch.optim._muon, so `zeropower_fp32` below is PyTorch 2.9's
 `_zeropower_via_newtonschulz` (torch/optim/_muon.py) line for line with

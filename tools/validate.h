@@ -1,7 +1,6 @@
-// `muonctl validate` (seeds' validate_distributed_setup: baseline,
-// distributed and compare in one command): runs K Muon steps on as many
-// local rank processes as the spec's mesh holds, the same K steps on a
-// single device, and compares the final parameters.
+// `muonctl validate` (baseline, distributed run and comparison in one command):
+// runs K Muon steps on as many local rank processes as the spec's mesh holds,
+// the same K steps on a single device, and compares the final parameters.
 #ifndef MUON_TOOLS_VALIDATE_H_
 #define MUON_TOOLS_VALIDATE_H_
 

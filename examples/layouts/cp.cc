@@ -1,5 +1,5 @@
-// EXAMPLES.md "Context Parallel (CP)": the sequence is split, the parameters
-// are replicated.
+// Context Parallel (CP): the sequence is split, the parameters are
+// replicated.
 //
 //   config = create_auto_config(cp_process_group=dist.group.WORLD)
 //   ...

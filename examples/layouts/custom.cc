@@ -1,7 +1,7 @@
-// EXAMPLES.md "Custom Distributed Setup": a framework that is not PyTorch's
-// fills DistributedConfig itself: assign_fn (here "Custom Assignment Logic
-// Based on Parameter Size"), gather_fn and redistribute_fn written against
-// its own collectives (here the job's muon::Communicator), and the state.
+// Custom distributed setup: a framework that is not PyTorch's fills
+// DistributedConfig itself: assign_fn (here an assignment by parameter
+// size), gather_fn and redistribute_fn written against its own collectives
+// (here the job's muon::Communicator), and the state.
 //
 //   config = DistributedConfig(assign_fn=size_aware_assign_fn,
 //       gather_fn=custom_gather_fn, redistribute_fn=custom_redistribute_fn,
@@ -9,11 +9,10 @@
 //              "shard_dim": 0})
 //
 // The parameters are sharded along dim 0 over every rank (torch.chunk).
-// gather_fn: all-gather every rank's rows, the owner keeps the
-// concatenation; redistribute_fn: the owner broadcasts the orthogonalized
-// matrix and each rank keeps its rows (EXAMPLES.md's scatter). Both are
-// called on every rank for every matrix in the plan's order, so the
-// collectives inside them line up across ranks.
+// gather_fn: all-gather every rank's rows, the owner keeps the concatenation;
+// redistribute_fn: the owner broadcasts the orthogonalized matrix and each rank
+// keeps its rows (a scatter). Both are called on every rank for every matrix in
+// the plan's order, so the collectives inside them line up across ranks.
 //
 //   bazel run //examples/layouts:custom
 #include <algorithm>

@@ -1,4 +1,4 @@
-// EXAMPLES.md "DDP (No Special Config)", with the optional config.
+// DDP, which needs no special config; this example passes the optional one.
 //
 //   model = DDP(model)                      # full replica on every rank
 //   config = create_auto_config(cp_process_group=dist.group.WORLD)

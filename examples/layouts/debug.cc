@@ -1,4 +1,4 @@
-// EXAMPLES.md "Debug Mode": sequential execution for debugging.
+// Debug mode: sequential execution for debugging.
 //
 //   config = create_auto_config(fsdp_process_group=dist.group.WORLD)
 //   config.async_gpu_parallelism = False  # Sequential execution

@@ -1,12 +1,12 @@
-// EXAMPLES.md "Expert Parallel (EP)": each rank holds COMPLETE experts.
+// Expert Parallel (EP): each rank holds COMPLETE experts.
 //
 //   experts_per_gpu = num_experts // world_size   # this rank's experts
 //   optimizer = Muon(model.parameters(), lr=1e-3)  # no distributed_config
 //
 // The experts live in 3-D stacks [experts, rows, cols] (Parameter::
-// expert_stack): each [rows, cols] slice is its own matrix. Experts are
-// never gathered across ranks: whoever holds an expert orthogonalizes it.
-// As in EXAMPLES.md, Muon::Create(params) with no config works here too. The
+// expert_stack): each [rows, cols] slice is its own matrix. Experts are never
+// gathered across ranks: whoever holds an expert orthogonalizes it. As in the
+// Python form above, Muon::Create(params) with no config works here too. The
 // config below adds one thing: the 2-D router, replicated on every rank, is
 // orthogonalized once in the world instead of on every rank, and the
 // coordinator checks that the ranks' experts fit together.

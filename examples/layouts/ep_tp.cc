@@ -1,5 +1,5 @@
-// EXAMPLES.md "EP + TP Hybrid (TP-Sharded Experts)": each expert is itself
-// TP-sharded. Here 2 expert groups x 2 TP ranks (4 ranks, 4 experts).
+// EP + TP hybrid (TP-sharded experts): each expert is itself TP-sharded. Here 2
+// expert groups x 2 TP ranks (4 ranks, 4 experts).
 //
 //   expert_id = rank // tp_size; tp_rank = rank % tp_size
 //   tp_pg = dist.new_group([expert_id * tp_size + i for i in range(tp_size)])

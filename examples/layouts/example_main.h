@@ -1,6 +1,6 @@
 // Shared plumbing of the layout examples (examples/layouts/*.cc, one per
-// section of /work/shared/seeds/EXAMPLES.md): what every example needs but
-// that is not the point of the example.
+// parallelism layout: FSDP, DDP, HSDP, TP, CP, EP, PP and their hybrids):
+// what every example needs but that is not the point of the example.
 //
 //  - RankContext: this rank and its process group (the C++ counterpart of
 //    dist.init_process_group / dist.group.WORLD).

@@ -1,6 +1,6 @@
 """The layout examples: one cc_binary per entry (examples/layouts/BUILD.bazel),
-all run by //tests/examples:examples_test. See README.md for the EXAMPLES.md
-section each one mirrors."""
+all run by //tests/examples:examples_test. See README.md for the layout each
+one shows."""
 
 LAYOUT_EXAMPLES = [
     "single_device",  # Single GPU (Baseline), 1 rank

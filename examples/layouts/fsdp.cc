@@ -1,4 +1,4 @@
-// EXAMPLES.md "FSDP": every matrix sharded along dim 0 over all ranks.
+// FSDP: every matrix sharded along dim 0 over all ranks.
 //
 //   model = FSDP(model)
 //   config = create_auto_config(fsdp_process_group=dist.group.WORLD)

@@ -1,5 +1,5 @@
-// EXAMPLES.md "FSDP", variant: parameters sharded along dim 1 (columns),
-// e.g. FSDP2's fully_shard(model, shard_placement_fn=lambda p: Shard(1)).
+// FSDP, variant: parameters sharded along dim 1 (columns), e.g. FSDP2's
+// fully_shard(model, shard_placement_fn=lambda p: Shard(1)).
 //
 //   config = create_auto_config(fsdp_process_group=dist.group.WORLD)
 //   # C++: AutoConfigOptions{.fsdp = world, .fsdp_shard_dim = 1}

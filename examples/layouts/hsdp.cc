@@ -1,5 +1,5 @@
-// EXAMPLES.md "HSDP (Hybrid Sharded Data Parallel)": FSDP within a node,
-// replicas across nodes. Here 2 "nodes" of 2 ranks.
+// HSDP (Hybrid Sharded Data Parallel): FSDP within a node, replicas across
+// nodes. Here 2 "nodes" of 2 ranks.
 //
 //   shard_pg = dist.new_group(ranks of this node)
 //   replicate_pg = dist.new_group(the same local rank on every node)

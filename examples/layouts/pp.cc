@@ -1,5 +1,5 @@
-// EXAMPLES.md "Pipeline Parallel": layers split into stages, one stage per
-// rank; each stage optimizes its own layers.
+// Pipeline Parallel: layers split into stages, one stage per rank; each stage
+// optimizes its own layers.
 //
 //   stage_model = get_stage_model(full_model, stage_id, num_stages)
 //   config = create_auto_config(pp_process_group=dist.group.WORLD,

@@ -1,16 +1,15 @@
-// EXAMPLES.md "Full 4D Parallelism (PP + TP + HSDP)": pipeline stages, each
-// stage TP-sharded and HSDP-wrapped. Here 2 stages x 2 shard x 2 TP on 8
-// ranks (replicate size world / 8: 1 here, 2 with --nproc 16).
+// Full 4-D parallelism (PP + TP + HSDP): pipeline stages, each stage TP-sharded
+// and HSDP-wrapped. Here 2 stages x 2 shard x 2 TP on 8 ranks (replicate size
+// world / 8: 1 here, 2 with --nproc 16).
 //
 //   config = create_auto_config(pp_process_group=pp_pg, pp_stage_id=pp_rank,
 //       pp_num_stages=pp_size, tp_process_group=tp_pg, tp_shard_dim=1,
 //       shard_process_group=shard_pg, replicate_process_group=replicate_pg)
 //
 // Ranks are laid out in the standard mesh order pp x dp_replicate x dp_shard
-// x tp (torch's init_device_mesh order, tp fastest): EXAMPLES.md's 4-D
-// example puts replicate fastest instead; build your groups in the standard
-// order. Parameters: [Replicate(), Replicate(), Shard(0), Shard(1)] on their
-// stage's sub-mesh.
+// x tp (torch's init_device_mesh order, tp fastest), not with replicate
+// fastest; build your groups in the standard order. Parameters:
+// [Replicate(), Replicate(), Shard(0), Shard(1)] on their stage's sub-mesh.
 //
 //   bazel run //examples/layouts:pp_tp_hsdp
 #include <algorithm>

@@ -1,4 +1,4 @@
-// EXAMPLES.md "Single GPU (Baseline)": no distributed configuration.
+// Single GPU (the baseline): no distributed configuration.
 //
 //   optimizer = Muon(model.parameters(), lr=1e-3, momentum=0.95)
 //

@@ -1,4 +1,5 @@
-// EXAMPLES.md "Tensor Parallel" and its "Mixed Sharding Dimensions".
+// Tensor Parallel, with mixed sharding dimensions (column- and row-parallel
+// layers in one model).
 //
 //   model = parallelize_module(model, device_mesh, {
 //       "attention.qkv_proj": ColwiseParallel(),
@@ -9,9 +10,9 @@
 //
 // Python needs one optimizer per shard dim for mixed layers; here one
 // optimizer takes the dim of each parameter (tp_dim_per_param, parameter
-// index -> tensor dim), tp_shard_dim being the default. Dims follow
-// EXAMPLES.md (column-parallel = dim 1, row-parallel = dim 0); give whatever
-// dim your framework actually split.
+// index -> tensor dim), tp_shard_dim being the default. This example's
+// dims: column-parallel = dim 1, row-parallel = dim 0; give whatever dim your
+// framework actually split.
 //
 //   bazel run //examples/layouts:tp
 #include <map>

@@ -1,5 +1,5 @@
-// EXAMPLES.md "TP + FSDP Hybrid": TP within a node, FSDP across nodes (2-D
-// parallelism). Here 2 nodes x 2 TP ranks.
+// TP + FSDP hybrid: TP within a node, FSDP across nodes (2-D parallelism). Here
+// 2 nodes x 2 TP ranks.
 //
 //   tp_pg = dist.new_group(
 //       range(fsdp_rank * tp_size, (fsdp_rank + 1) * tp_size))

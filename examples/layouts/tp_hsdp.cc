@@ -1,4 +1,4 @@
-// EXAMPLES.md "TP + HSDP Hybrid": tensor parallel + shard + replicate.
+// TP + HSDP hybrid: tensor parallel + shard + replicate.
 // Here 2 nodes x 4 ranks: TP pairs, FSDP over the 2 pairs of a node,
 // replicas across the nodes (8 ranks).
 //

@@ -127,10 +127,11 @@ absl::Status NewtonSchulzBatched(NsCudaContext* ctx, const float* u,
                                  const NewtonSchulzOptions& options,
                                  GpuPrecision precision, float* out);
 
-// The GPU's dense GEMM rate yardstick (DESIGN.md section 10): one
-// cublasGemmEx C[m, n] = A[m, k] * B[k, n] (column-major, no transposes,
-// beta = 0) with the types NewtonSchulzBatched uses for `precision`
-// (bf16 elements for kBf16, fp32 otherwise), enqueued on ctx's stream.
+// The GPU's dense GEMM rate yardstick (what tools/ns_gpu_bench compares
+// Newton-Schulz throughput with): one cublasGemmEx C[m, n] = A[m, k] *
+// B[k, n] (column-major, no transposes, beta = 0) with the types
+// NewtonSchulzBatched uses for `precision` (bf16 elements for kBf16, fp32
+// otherwise), enqueued on ctx's stream.
 // a, b, c are device buffers of m*k, k*n and m*n elements. 2*m*n*k FLOPs.
 // Errors: InvalidArgument (sizes, null); Unimplemented; Internal (cuBLAS).
 absl::Status DenseGemm(NsCudaContext* ctx, GpuPrecision precision, int64_t m,

@@ -396,9 +396,9 @@ TEST(AgentTest, Heartbeats_AgentStopped_RankLostWithinTimeout) {
   agents[0]->Stop();
 }
 
-// Issue 10 item 1: a rank's own failure (not a communication error) is
-// reported; the coordinator makes it the job error and the other rank's
-// agent gets it with its next heartbeat and runs its abort callback.
+// A rank's own failure (not a communication error) is reported; the coordinator
+// makes it the job error and the other rank's agent gets it with its next
+// heartbeat and runs its abort callback.
 TEST(AgentTest, OnStepFailed_OwnError_ReportedOtherRankAbortsNamingIt) {
   LocalJob job(absl::Milliseconds(300), Agent::Options(), 700);
   std::vector<std::unique_ptr<Agent>>& agents = job.agents;
@@ -449,10 +449,9 @@ TEST(AgentTest, OnOwnFailure_TransportCode_ReportedAndReturnedUnchanged) {
   EXPECT_EQ(agents[0]->OnOwnFailure(absl::OkStatus()), absl::OkStatus());
 }
 
-// Issue 12: ConfirmPlanHash reads two hashes per rank (rank 0's and the
-// next rank's), not every rank's; a rank whose plan differs is named, and
-// the coordinator makes it the job error so that the ranks whose own
-// neighbours agree learn it too.
+// ConfirmPlanHash reads two hashes per rank (rank 0's and the next rank's), not
+// every rank's; a rank whose plan differs is named, and the coordinator makes
+// it the job error so that the ranks whose own neighbours agree learn it too.
 TEST(AgentTest, ConfirmPlanHash_OneRankDiffers_NamedAndJobFailsForAll) {
   // Three ranks, rank 2 differs: rank 0 reads rank 1 (agrees) and returns
   // OK; rank 1 reads rank 0 and rank 2; rank 2 reads rank 0.
@@ -505,9 +504,8 @@ TEST(AgentTest, OnStepFailed_CommErrorPeerCrashed_NamesPeerWithinTwiceTimeout) {
                                 HasSubstr("no heartbeat"))));
 }
 
-// Issue 10 item 2 (first part): a dead coordinator is noticed within the
-// heartbeat timeout and said once; reports are dropped and counted, and
-// the step path never waits.
+// A dead coordinator is noticed within the heartbeat timeout and said once;
+// reports are dropped and counted, and the step path never waits.
 TEST(AgentTest, Heartbeats_CoordinatorDies_NoticedOnceWithinTimeout) {
   CoordinatorServerOptions server_options;
   server_options.service.job_id = "agent";
@@ -608,8 +606,8 @@ class SwitchableClient final : public CoordinationClient {
   std::unique_ptr<LocalCoordinationClient> local_;
 };
 
-// Issue 10 item 2: a restarted coordinator (it no longer knows the rank) is
-// detected at the next heartbeat and said once; training goes on.
+// A restarted coordinator (it no longer knows the rank) is detected at the next
+// heartbeat and said once; training goes on.
 TEST(AgentTest, Heartbeats_CoordinatorRestarted_DetectedOnceAtNextBeat) {
   CoordinatorService::Options service_options;
   service_options.job_id = "agent";

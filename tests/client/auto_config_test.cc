@@ -1,12 +1,11 @@
 // Tests of muon::CreateAutoConfig (client/distributed_config.h), the
-// process-group style config (seeds' create_auto_config): N ranks as N
-// threads of this process, each with a GlooCommunicator world (TCP on
-// 127.0.0.1) and sub-groups made with world->Split(ranks), all rendezvousing
-// through ONE shared in-process CoordinatorService (one
-// LocalCoordinationClient per rank; tests/client/thread_world.h).
+// process-group style config: N ranks as N threads of this process, each with a
+// GlooCommunicator world (TCP on 127.0.0.1) and sub-groups made with
+// world->Split(ranks), all rendezvousing through ONE shared in-process
+// CoordinatorService (one LocalCoordinationClient per rank;
+// tests/client/thread_world.h).
 //
-// What is checked (DESIGN.md section 3, TEST_MATRIX "Process Group
-// Validation"):
+// What is checked (the config's layouts and its process-group validation):
 //   - The mesh CreateAutoConfig builds (names and sizes in the standard order
 //     pp x dp_replicate x dp_shard x cp x ep x tp) and, per parameter, its
 //     placements and sub-mesh, for FSDP, DDP (ddp and replicate), TP + FSDP
@@ -394,7 +393,8 @@ std::vector<GroupDef> HsdpGroups() {
 // ===================== Success: mesh and placements =====================
 
 TEST(AutoConfigTest, MeshGroup_TpFsdpMesh_GivesStandardGroups) {
-  // The test's own group arithmetic, against the layout the brief names.
+  // The test's own group arithmetic, against the standard layout written
+  // out: tp groups {0, 1} and {2, 3}, dp_shard groups {0, 2} and {1, 3}.
   for (int r = 0; r < 4; ++r) {
     EXPECT_EQ(MeshGroup(TpFsdpMesh(), "tp", r),
               (std::vector<int>{2 * (r / 2), 2 * (r / 2) + 1}));
@@ -521,7 +521,7 @@ TEST(AutoConfigTest, CreateAutoConfig_TpHsdpEightRanks_ThreeDimMesh) {
                      o.tp_shard_dim = 1;
                      o.tp_dim_per_param = {{1, 0}};
                    });
-  // The groups are the brief's: rank 5 = (1, 0, 1).
+  // The groups of the standard order (tp fastest): rank 5 = (1, 0, 1).
   EXPECT_EQ(job.group(5, "tp")->global_ranks(), (std::vector<int>{4, 5}));
   EXPECT_EQ(job.group(5, "fsdp")->global_ranks(), (std::vector<int>{5, 7}));
   EXPECT_EQ(job.group(5, "replicate")->global_ranks(),
@@ -744,8 +744,8 @@ TEST(AutoConfigTest,
 
 // ===================== Errors: groups =====================
 
-// TEST_MATRIX "test_reject_overlapping_fsdp_tp": fsdp and tp both span the
-// 4 ranks, so they are not orthogonal.
+// Overlapping fsdp and tp groups are rejected: both span the 4 ranks, so
+// they are not orthogonal.
 TEST(AutoConfigTest,
      CreateAutoConfig_FsdpAndTpBothWholeWorld_ReturnsInvalidArgumentDoNotTile) {
   const Problem problem = MakeProblem(Matrices());
@@ -932,7 +932,7 @@ void ConnectPpOnly(Job& job, const Problem& problem) {
   }
 }
 
-// TEST_MATRIX "test_reject_invalid_pp_stage_id": pp = WORLD, stage 4 of 4.
+// An invalid pp stage id is rejected: pp = WORLD, stage 4 of 4.
 TEST(AutoConfigTest,
      CreateAutoConfig_PpStageEqualsNumStages_ReturnsInvalidArgument) {
   const Problem problem = MakeProblem(Matrices());

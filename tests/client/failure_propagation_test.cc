@@ -1,12 +1,11 @@
-// Failure propagation end to end in one process (issue 10 item 1): 4 ranks
-// as threads, each with a Gloo process group over loopback and a Muon
-// optimizer whose agent talks to ONE in-process CoordinatorService with a
-// short heartbeat timeout. One rank stops: its heartbeats stop (its
-// coordination client is "frozen", as a SIGSTOPped or unreachable process)
-// and it stops taking part in steps. Every other rank's Step must return
-// Aborted naming that rank (the coordinator's "rank 3 lost") within 2x the
-// heartbeat timeout, well before the Gloo timeout: the job error aborts
-// their pending collectives.
+// Failure propagation end to end in one process: 4 ranks as threads, each with
+// a Gloo process group over loopback and a Muon optimizer whose agent talks to
+// ONE in-process CoordinatorService with a short heartbeat timeout. One rank
+// stops: its heartbeats stop (its coordination client is "frozen", as a
+// SIGSTOPped or unreachable process) and it stops taking part in steps. Every
+// other rank's Step must return Aborted naming that rank (the coordinator's
+// "rank 3 lost") within 2x the heartbeat timeout, well before the Gloo timeout:
+// the job error aborts their pending collectives.
 #include <atomic>
 #include <memory>
 #include <string>

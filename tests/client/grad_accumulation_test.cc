@@ -1,6 +1,6 @@
-// TEST_MATRIX "Test 2: Gradient Accumulation Correctness": orthogonalization
-// happens once, after the micro-batch gradients are accumulated, not per
-// micro-batch. A bias-free MLP, FSDP over 4 ranks (threads, Gloo).
+// Gradient accumulation correctness: orthogonalization happens once, after
+// the micro-batch gradients are accumulated, not per micro-batch. A
+// bias-free MLP, FSDP over 4 ranks (threads, Gloo).
 #include <cblas.h>
 
 #include <algorithm>
@@ -211,7 +211,7 @@ TEST(GradAccumulationTest,
   // Each matrix orthogonalized once in the world, after accumulation.
   EXPECT_EQ(matrices, 3);
   // And it matches the single large batch up to the gradient GEMMs' summation
-  // order (the seeds' tolerance, 1e-5).
+  // order (tolerance 1e-5).
   EXPECT_LE(MaxAbsDiff(dist[0].weights, large->weights), 1e-5);
 }
 

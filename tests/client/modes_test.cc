@@ -1,8 +1,8 @@
-// Execution modes (seeds' async_gpu_parallelism, prefetch_count):
-// sequential debug mode and async mode with prefetch 0, 1, 2 give bitwise
-// identical parameters; debug mode runs owners in rank order (TEST_MATRIX
-// "Test 3: Debug Mode"), proved from the timestamps the ranks report to
-// the coordinator; buffers stay within (prefetch_count + 1) bucket slots.
+// Execution modes (async_gpu_parallelism, prefetch_count): sequential debug
+// mode and async mode with prefetch 0, 1, 2 give bitwise identical parameters;
+// debug mode runs owners in rank order, proved from the timestamps the ranks
+// report to the coordinator; buffers stay within (prefetch_count + 1) bucket
+// slots.
 #include <cblas.h>
 
 #include <algorithm>
@@ -160,8 +160,8 @@ TEST(ModesTest, Step_Async_BuffersWithinPrefetchPlusOneSlots) {
   }
 }
 
-// TEST_MATRIX Test 3: in debug mode, rank i's orthogonalization of a bucket
-// ends before rank i+1's starts.
+// In debug mode, rank i's orthogonalization of a bucket ends before rank
+// i+1's starts.
 TEST(ModesTest, Step_DebugMode_OwnersOrthogonalizeInRankOrder) {
   openblas_set_num_threads(1);
   ThreadWorld tw(kWorld);

@@ -3,7 +3,7 @@
 // LocalCoordinationClient over ONE shared in-process CoordinatorService
 // (join, plan, plan-hash confirmation and the Gloo rendezvous).
 //
-// What is checked (DESIGN.md sections 1, 3-5):
+// What is checked:
 //   - Correctness: 3 steps with seeded gradients give, bit for bit, the
 //     single-device parameters, and every rank's momentum buffer equals the
 //     region of the single-device buffer it holds. FSDP Shard(0)/Shard(1)

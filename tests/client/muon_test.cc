@@ -1,6 +1,6 @@
 // Tests of muon::Muon on a single device (no DistributedConfig): the step is
-// checked against torch.optim.Muon's semantics (DESIGN.md section 1) two
-// ways.
+// checked against torch.optim.Muon's semantics (`_single_tensor_muon` in
+// torch/optim/_muon.py, PyTorch 2.9) two ways.
 //
 // Bit for bit, the element-wise operations: a float32 reference written in
 // the test, operation by operation,
@@ -118,7 +118,7 @@ struct RefMatrix {
 };
 
 // One torch.optim.Muon step of `m` with gradient `g`, in float32, following
-// DESIGN.md section 1 literally.
+// `_single_tensor_muon` (torch/optim/_muon.py, PyTorch 2.9) literally.
 void ReferenceStep(const MuonOptions& o, const std::vector<float>& g,
                    RefMatrix* m) {
   const int64_t n = m->rows * m->cols;

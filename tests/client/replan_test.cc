@@ -1,10 +1,9 @@
-// Re-planning from measured times (issue 12 item 5;
-// ExecutionOptions.replan_every_steps): four ranks as threads with one
-// in-process coordinator; rank 2's Newton-Schulz engine is artificially
-// slow. After the first re-plan boundaries the coordinator's cost model
-// sees it, rank 2's load drops, every rank switches at the same step to
-// the same plan, and the parameters and momentum stay bitwise equal to
-// the single-device run.
+// Re-planning from measured times (ExecutionOptions.replan_every_steps): four
+// ranks as threads with one in-process coordinator; rank 2's Newton-Schulz
+// engine is artificially slow. After the first re-plan boundaries the
+// coordinator's cost model sees it, rank 2's load drops, every rank switches at
+// the same step to the same plan, and the parameters and momentum stay bitwise
+// equal to the single-device run.
 #include <memory>
 #include <utility>
 #include <vector>

@@ -1,6 +1,6 @@
 // Tests of common/checked_math.h and of the size limits it documents, as
 // Mesh::Validate, CheckParamShape, CheckJobSize and ValidateJobSpec apply
-// them (issue 10 item 4: no product of sizes may wrap).
+// them (no product of sizes may wrap).
 #include "common/checked_math.h"
 
 #include <string>

@@ -1,5 +1,5 @@
-// Runs every layout example binary (examples/layouts, one per section of
-// EXAMPLES.md) the way a user would, each bounded by `timeout`, and checks
+// Runs every layout example binary (examples/layouts, one per parallelism
+// layout) the way a user would, each bounded by `timeout`, and checks
 // that it exits 0 and prints its OK line: every rank's parameters after 3
 // steps equal, bit for bit, a single-device run of the same model and
 // gradients.

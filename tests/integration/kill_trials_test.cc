@@ -1,4 +1,4 @@
-// Issue 10 item 1, multi-process: 4 rank processes (tests/multihost's
+// Failure propagation, multi-process: 4 rank processes (tests/multihost's
 // muon_rank, stepping Muon in a loop) with a muon-coordinator daemon whose
 // heartbeat timeout is 1 s. Each trial kills a random rank with SIGKILL at a
 // random moment; every surviving rank must exit (no hang) with an error

@@ -174,9 +174,9 @@ void ExpectZeroRedundancy(const std::string& output) {
   EXPECT_GT(std::stoll(m[2]), 0);
 }
 
-// The shipped specs of the seed test matrix rows, each bitwise equal to
-// single-device with zero redundancy (the counts over all ranks equal the
-// single-device counts).
+// The shipped specs (examples/specs, one per parallelism layout), each
+// bitwise equal to single-device with zero redundancy (the counts over all
+// ranks equal the single-device counts).
 class MatrixRowTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(MatrixRowTest, Validate_ShippedSpec_BitwiseEqualAndZeroRedundancy) {

@@ -1,10 +1,10 @@
-// One job, one plan, whoever plans it (issue 8): for the same job spec,
-// `muonctl plan` (PlanJobSpec and the `plan --json` command), the
-// coordinator embedded in rank 0 (StartEmbeddedCoordinator: rank 0 joins in
-// process, the other ranks over gRPC) and the muon-coordinator daemon (a
-// child process on 127.0.0.1, port 0) report the same plan: same owners,
-// loads and hash, with the optimizer's ns_steps at torch's default and at 3
-// (before PlanJob, the coordinator always costed 5 iterations).
+// One job, one plan, whoever plans it: for the same job spec, `muonctl plan`
+// (PlanJobSpec and the `plan --json` command), the coordinator embedded in
+// rank 0 (StartEmbeddedCoordinator: rank 0 joins in process, the other ranks
+// over gRPC) and the muon-coordinator daemon (a child process on 127.0.0.1,
+// port 0) report the same plan: same owners, loads and hash, with the
+// optimizer's ns_steps at torch's default and at 3 (before PlanJob, the
+// coordinator always costed 5 iterations).
 #include <signal.h>
 #include <sys/types.h>
 #include <sys/wait.h>

@@ -1,5 +1,5 @@
 // The cost model and planning step of re-planning from measured times
-// (plan/replan.h, issue 12 item 5).
+// (plan/replan.h).
 #include "plan/replan.h"
 
 #include <vector>

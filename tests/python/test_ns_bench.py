@@ -1,7 +1,7 @@
-"""`ns_bench` (issue 14 item 3) runs end to end: ours, sgemm, the Gram method
-and PyTorch's Newton-Schulz interleaved, one row per size with every column
-a positive number. Asserts the output's shape, not a speed (speed is the
-benchmark's to measure, docs/benchmarks.md).
+"""`ns_bench` runs end to end: ours, sgemm, the Gram method and PyTorch's
+Newton-Schulz interleaved, one row per size with every column a positive
+number. Asserts the output's shape, not a speed (speed is the benchmark's
+to measure, docs/benchmarks.md).
 
 Skips, with the reason, when the binary is not built.
 """

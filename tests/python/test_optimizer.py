@@ -329,9 +329,9 @@ def test_expert_stack_slices_are_separate_matrices():
 
 
 def test_gram_newton_schulz_method_steps_close_to_reference():
-    # ns_method="gram" (issue 14): iterate on the m x m Gram matrix; its
-    # error against float64 is ~2e-6 relative (docs/benchmarks.md), within
-    # the tolerance of the standard method's check.
+    # ns_method="gram": iterate on the m x m Gram matrix; its error against
+    # float64 is ~2e-6 relative (docs/benchmarks.md), within the tolerance of
+    # the standard method's check.
     check_against_reference(seed=5, ref_kw={}, ns_method="gram")
 
 

@@ -1,6 +1,6 @@
-"""`muonctl report` (issue 13 item 4): one self-contained HTML page, opened
-in headless Chromium (Debian's chromium); the screenshot must not be blank
-and the page must hold the plan's numbers.
+"""`muonctl report`: one self-contained HTML page, opened in headless
+Chromium (Debian's chromium); the screenshot must not be blank and the page
+must hold the plan's numbers.
 
 Skips, with the reason, when Chromium or the built binaries are missing.
 """

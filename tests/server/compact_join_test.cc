@@ -1,8 +1,7 @@
-// Compact manifests on Join (issue 12 item 2; plan/compact_manifest.h):
-// ranks whose manifest follows from rank 0's layout send O(1) bytes, the
-// plan is the one full manifests give, and a mismatch is still named by
-// parameter, rank and values after the coordinator asks for the full
-// manifest.
+// Compact manifests on Join (plan/compact_manifest.h): ranks whose manifest
+// follows from rank 0's layout send O(1) bytes, the plan is the one full
+// manifests give, and a mismatch is still named by parameter, rank and values
+// after the coordinator asks for the full manifest.
 #include <string>
 #include <thread>
 #include <vector>

@@ -1,5 +1,5 @@
-// Issue 13 item 3.2: CoordinatorService's structured log lines
-// (Options::log) and observer events (Options::observer), driven directly.
+// CoordinatorService's structured log lines (Options::log) and observer events
+// (Options::observer), driven directly.
 #include <memory>
 #include <string>
 #include <thread>

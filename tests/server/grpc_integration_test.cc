@@ -51,9 +51,9 @@ v1::JobSpec TwoRankSpec() {
                                       {"fc3.weight", 4, 4, {"Replicate()"}}});
 }
 
-// Issue 13 item 3.1: a trainer that does not insist on a job id (empty,
-// the default of ProcessGroupOptions and MUON_JOB_ID) joins whatever job the
-// daemon serves; an explicit, different id is still rejected naming both.
+// A trainer that does not insist on a job id (empty, the default of
+// ProcessGroupOptions and MUON_JOB_ID) joins whatever job the daemon serves; an
+// explicit, different id is still rejected naming both.
 TEST(GrpcIntegrationTest, Join_EmptyJobId_JoinsDaemonsJobOtherIdRejected) {
   EXPECT_TRUE(ProcessGroupOptions().job_id.empty());
   CoordinatorServerOptions options;

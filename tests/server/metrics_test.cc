@@ -1,5 +1,5 @@
-// Issue 13 item 3.4: the daemon's Prometheus endpoint (server/metrics.h) fed
-// by a real CoordinatorServer, scraped over a plain socket.
+// The daemon's Prometheus endpoint (server/metrics.h) fed by a real
+// CoordinatorServer, scraped over a plain socket.
 #include "server/metrics.h"
 
 #include <unistd.h>

@@ -182,9 +182,8 @@ std::string ReadAll(const std::string& path) {
   return text.str();
 }
 
-// Issue 13 item 3: the daemon's job id is used when a client names none;
-// rejected requests are logged with glog on stderr; --metrics_port serves
-// Prometheus text.
+// The daemon's job id is used when a client names none; rejected requests are
+// logged with glog on stderr; --metrics_port serves Prometheus text.
 TEST(MuonCoordinatorMainTest, Daemon_LogsRejectedRequestsAndServesMetrics) {
   const std::string port_file = TestTmp() + "/logs.port";
   const std::string out_file = TestTmp() + "/logs.stdout";

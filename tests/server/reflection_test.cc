@@ -1,8 +1,8 @@
-// Issue 13 item 3.3: CoordinatorServer serves gRPC server reflection, so
-// grpcurl / grpc_cli can list muon.v1.Coordinator. Debian ships the
-// reflection library without its generated headers: the test speaks
-// grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo with raw
-// bytes (a ByteBuffer bidi stream) and decodes the answer with protobuf's
+// CoordinatorServer serves gRPC server reflection, so grpcurl / grpc_cli can
+// list muon.v1.Coordinator. Debian ships the reflection library without its
+// generated headers: the test speaks
+// grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo with raw bytes
+// (a ByteBuffer bidi stream) and decodes the answer with protobuf's
 // UnknownFieldSet.
 #include <memory>
 #include <string>

@@ -1,10 +1,10 @@
-// Issue 10 item 7, the soak: a muon-coordinator daemon and SOAK_RANKS
-// (default 8) rank processes (tests/soak:soak_rank, FSDP over every rank,
-// Gloo on loopback) run SOAK_STEPS (default 10,000) Muon steps on a few
-// small matrices. Every rank samples its own RSS (VmRSS) after step 1 and
-// every SOAK_SAMPLE_EVERY (default 1,000) steps; the test samples the
-// daemon's (/proc/PID/status) when every rank has passed each of those
-// steps and once more after all ranks exited. It checks that
+// The soak: a muon-coordinator daemon and SOAK_RANKS (default 8) rank processes
+// (tests/soak:soak_rank, FSDP over every rank, Gloo on loopback) run SOAK_STEPS
+// (default 10,000) Muon steps on a few small matrices. Every rank samples its
+// own RSS (VmRSS) after step 1 and every SOAK_SAMPLE_EVERY (default 1,000)
+// steps; the test samples the daemon's (/proc/PID/status) when every rank has
+// passed each of those steps and once more after all ranks exited. It checks
+// that
 //   - every rank ran every step and exited 0, and the daemon lists every
 //     rank "finished" with its last step report at step SOAK_STEPS and no
 //     job error (`muonctl status --json`);

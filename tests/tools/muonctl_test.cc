@@ -489,7 +489,7 @@ TEST_F(MuonctlTest, Timings_CoordinatorStopped_FailsWithUnavailable) {
   EXPECT_THAT(err_.str(), HasSubstr("GetReports"));
 }
 
-// Issue 13 item 1: per-command flags and help, exit codes 0 / 1 / 2.
+// Per-command flags and help, exit codes 0 / 1 / 2.
 TEST(MuonctlCliTest, Help_TopLevelHelpCommandAndPerCommand_ExitZero) {
   std::ostringstream out, err;
   EXPECT_EQ(RunMuonctl({"--help"}, out, err), 0) << err.str();
