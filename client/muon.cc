@@ -18,10 +18,6 @@
 namespace muon {
 namespace {
 
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
-
 kernels::ParamDType KernelDType(DType dtype) {
   return dtype == DType::kBFloat16 ? kernels::ParamDType::kBFloat16
                                    : kernels::ParamDType::kFloat32;
@@ -112,7 +108,7 @@ absl::Status ValidateMuonOptions(const MuonOptions& o) {
         "gpu_precision \"", o.gpu_precision,
         "\" is not supported (use \"bf16\", \"tf32\" or \"fp32\")"));
   }
-  if (o.ns_schedule != "quintic" && o.ns_schedule != "polar_express") {
+  if (!kernels::ParseCoefficientSchedule(o.ns_schedule).ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ns_schedule \"", o.ns_schedule,
         "\" is not supported (use \"quintic\" or \"polar_express\")"));
@@ -287,14 +283,10 @@ absl::StatusOr<UpdateRule> MakeUpdateRule(const MuonOptions& options) {
                         kernels::ParseAdjustLrFn(options.adjust_lr_fn));
   rule.lr = options.lr;
   rule.weight_decay = options.weight_decay;
-  if (options.ns_schedule == "polar_express") {
-    rule.ns = kernels::PolarExpressSchedule();
-  } else {
-    rule.ns.a = options.ns_a;
-    rule.ns.b = options.ns_b;
-    rule.ns.c = options.ns_c;
-    rule.ns.steps = options.ns_steps;
-  }
+  MUON_ASSIGN_OR_RETURN(
+      rule.ns, kernels::CoefficientScheduleFor(options.ns_schedule,
+                                               options.ns_a, options.ns_b,
+                                               options.ns_c, options.ns_steps));
   rule.ns.eps = options.eps;
   MUON_ASSIGN_OR_RETURN(rule.ns.method,
                         kernels::ParseNewtonSchulzMethod(options.ns_method));
@@ -558,7 +550,7 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
         p->local_shape.size() == (p->expert_stack ? 3u : 2u)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "rank ", rank, ": parameter \"", p->name, "\" holds ", p->data.size(),
-          " values but its local shape ", ShapeString(p->local_shape),
+          " values but its local shape ", ShapeToString(p->local_shape),
           " needs ", p->local_numel()));
     }
   }
@@ -614,28 +606,29 @@ absl::Status Muon::Preflight() {
     Parameter& p = *bound_[i];
     ParamView& v = params_[i];
     if (static_cast<int64_t>(p.data.size()) != v.local_numel()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("rank ", rank_, ": parameter \"", p.name, "\" holds ",
-                       p.data.size(), " values but its local shape ",
-                       ShapeString(v.local_shape), " needs ", v.local_numel()));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", rank_, ": parameter \"", p.name, "\" holds ", p.data.size(),
+          " values but its local shape ", ShapeToString(v.local_shape),
+          " needs ", v.local_numel()));
     }
     if (!p.grad.empty() &&
         static_cast<int64_t>(p.grad.size()) != v.local_numel()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "rank ", rank_, ": parameter \"", p.name, "\" has a gradient of ",
           p.grad.size(), " values but its local shape ",
-          ShapeString(v.local_shape), " needs ", v.local_numel()));
+          ShapeToString(v.local_shape), " needs ", v.local_numel()));
     }
     v.data = p.data.data();
     v.grad = p.grad.empty() ? nullptr : p.grad.data();
   }
   for (const ParamView& v : params_) {
     if (v.grad == nullptr && v.local_numel() > 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "rank ", rank_, ": parameter \"", v.name,
-          "\" has no gradient (its "
-          "local shape ",
-          ShapeString(v.local_shape), " needs ", v.local_numel(), " values)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("rank ", rank_, ": parameter \"", v.name,
+                       "\" has no gradient (its "
+                       "local shape ",
+                       ShapeToString(v.local_shape), " needs ", v.local_numel(),
+                       " values)"));
     }
   }
   return absl::OkStatus();

@@ -4,16 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/layout.h"
 
 namespace muon {
-namespace {
-
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
-
-}  // namespace
-
 absl::string_view DTypeName(DType dtype) {
   switch (dtype) {
     case DType::kFloat32:
@@ -66,20 +59,20 @@ absl::Status ValidateParamView(const ParamView& p, int rank) {
           "rank ", rank, ": parameter \"", p.name,
           "\" is marked as an "
           "expert stack but has shape ",
-          ShapeString(p.shape()), "; expected [experts, rows, cols]"));
+          ShapeToString(p.shape()), "; expected [experts, rows, cols]"));
     }
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", rank,
                      ": Muon only supports 2D parameters whereas we found "
                      "a parameter with size: ",
-                     ShapeString(p.shape()), " (parameter \"", p.name,
+                     ShapeToString(p.shape()), " (parameter \"", p.name,
                      "\"; mark 3-D expert stacks with expert_stack)"));
   }
   if (p.local_shape.size() != ndim) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", rank, ": parameter \"", p.name,
-                     "\" has local shape ", ShapeString(p.local_shape),
-                     " but global shape ", ShapeString(p.shape())));
+                     "\" has local shape ", ShapeToString(p.local_shape),
+                     " but global shape ", ShapeToString(p.shape())));
   }
   for (size_t k = 0; k < ndim; ++k) {
     if (p.local_shape[k] < 0 || p.shape()[k] < 0) {
@@ -87,14 +80,15 @@ absl::Status ValidateParamView(const ParamView& p, int rank) {
           absl::StrCat("rank ", rank, ": parameter \"", p.name,
                        "\" has a negative dim: "
                        "local shape ",
-                       ShapeString(p.local_shape), ", global shape ",
-                       ShapeString(p.shape())));
+                       ShapeToString(p.local_shape), ", global shape ",
+                       ShapeToString(p.shape())));
     }
   }
   if (!IsContiguous(p.local_shape, p.strides)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "rank ", rank, ": parameter \"", p.name, "\" has strides ",
-        ShapeString(p.strides), " for local shape ", ShapeString(p.local_shape),
+        ShapeToString(p.strides), " for local shape ",
+        ShapeToString(p.local_shape),
         "; only contiguous (row-major) tensors are supported: call "
         ".contiguous() first"));
   }
@@ -106,7 +100,7 @@ absl::Status ValidateParamView(const ParamView& p, int rank) {
   if (p.data == nullptr && p.local_numel() > 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "rank ", rank, ": parameter \"", p.name, "\" has no data pointer for ",
-        "local shape ", ShapeString(p.local_shape)));
+        "local shape ", ShapeToString(p.local_shape)));
   }
   return absl::OkStatus();
 }

@@ -33,8 +33,7 @@ bool JsonToInt64Array(const nlohmann::json& j, std::vector<int64_t>* out) {
   return true;
 }
 
-bool JsonToStringArray(const nlohmann::json& j,
-                       std::vector<std::string>* out) {
+bool JsonToStringArray(const nlohmann::json& j, std::vector<std::string>* out) {
   if (!j.is_array()) return false;
   out->clear();
   out->reserve(j.size());

@@ -24,9 +24,9 @@ using Json = nlohmann::json;
 std::string TypeName(const Json& j) { return j.type_name(); }
 
 absl::StatusOr<SafetensorsTensor> ParseTensorEntry(const std::string& path,
-                                            const std::string& name,
-                                            const Json& entry,
-                                            int64_t data_size) {
+                                                   const std::string& name,
+                                                   const Json& entry,
+                                                   int64_t data_size) {
   auto error = [&](const std::string& what) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": tensor \"", name, "\": ", what));
@@ -114,8 +114,8 @@ absl::StatusOr<SafetensorsTensor> ParseTensorEntry(const std::string& path,
   }
   if (info.data_end > data_size) {
     return error(absl::StrCat("data_offsets ", range,
-                              " end beyond the data section of ",
-                              data_size, " bytes (file truncated?)"));
+                              " end beyond the data section of ", data_size,
+                              " bytes (file truncated?)"));
   }
   if (info.data_end - info.data_begin != bytes) {
     return error(absl::StrCat("data_offsets ", range, " hold ",
@@ -149,7 +149,7 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(
     return true;
   };
   const Json header = Json::parse(text.begin(), text.end(), callback,
-                                 /*allow_exceptions=*/false);
+                                  /*allow_exceptions=*/false);
   if (header.is_discarded()) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": header is not valid JSON"));
@@ -206,7 +206,6 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(
   return out;
 }
 
-
 int64_t SafetensorsDtypeSize(absl::string_view dtype) {
   static const std::pair<const char*, int64_t> kSizes[] = {
       {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1},
@@ -233,7 +232,8 @@ absl::StatusOr<int64_t> ReadHeaderLength(int fd, const std::string& path,
         "length first)"));
   }
   unsigned char len_bytes[8];
-  MUON_ASSIGN_OR_RETURN(const int64_t got, PreadFull(fd, len_bytes, 8, 0, path));
+  MUON_ASSIGN_OR_RETURN(const int64_t got,
+                        PreadFull(fd, len_bytes, 8, 0, path));
   if (got != 8) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": short read of the header length"));
@@ -241,9 +241,9 @@ absl::StatusOr<int64_t> ReadHeaderLength(int fd, const std::string& path,
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | len_bytes[i];
   if (n > max_header_bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": header length ", n, " bytes exceeds the cap of ",
-                     max_header_bytes, " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat(path, ": header length ", n,
+                                                   " bytes exceeds the cap of ",
+                                                   max_header_bytes, " bytes"));
   }
   if (n > static_cast<uint64_t>(file_size) - 8) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -296,10 +296,10 @@ absl::Status CheckSafetensorsPacked(const std::string& path,
   int64_t at = 0;
   for (const SafetensorsTensor& t : header.tensors) {
     if (t.data_begin != at) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": data_offsets leave a gap or overlap at byte ", at,
-          " of the data section (tensor \"", t.name, "\" starts at ",
-          t.data_begin, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": data_offsets leave a gap or overlap at byte ",
+                       at, " of the data section (tensor \"", t.name,
+                       "\" starts at ", t.data_begin, ")"));
     }
     at = t.data_end;
   }

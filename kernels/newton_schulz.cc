@@ -228,6 +228,18 @@ absl::StatusOr<NewtonSchulzOptions> ParseCoefficientSchedule(
       name, "\""));
 }
 
+absl::StatusOr<NewtonSchulzOptions> CoefficientScheduleFor(
+    absl::string_view name, double a, double b, double c, int steps) {
+  absl::StatusOr<NewtonSchulzOptions> options = ParseCoefficientSchedule(name);
+  if (!options.ok() || name != "quintic") return options;
+  options->coefficients.clear();
+  options->a = a;
+  options->b = b;
+  options->c = c;
+  options->steps = steps;
+  return options;
+}
+
 absl::StatusOr<NewtonSchulzMethod> ParseNewtonSchulzMethod(
     absl::string_view name) {
   if (name == "standard") return NewtonSchulzMethod::kStandard;

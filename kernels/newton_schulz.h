@@ -135,6 +135,14 @@ NewtonSchulzOptions PolarExpressSchedule();
 absl::StatusOr<NewtonSchulzOptions> ParseCoefficientSchedule(
     absl::string_view name);
 
+// The iteration an optimizer with torch.optim.Muon's ns_coefficients
+// (a, b, c) and ns_steps runs under the schedule `name`: "quintic" is
+// (a, b, c) repeated `steps` times (torch's `_zeropower_via_newtonschulz`);
+// "polar_express" is PolarExpressSchedule(), whatever a, b, c and steps.
+// Errors: as ParseCoefficientSchedule.
+absl::StatusOr<NewtonSchulzOptions> CoefficientScheduleFor(
+    absl::string_view name, double a, double b, double c, int steps);
+
 // Checks what NewtonSchulz requires of the options alone.
 // Errors:
 //   InvalidArgument: steps < 0 with an empty schedule, a non-finite

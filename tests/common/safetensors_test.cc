@@ -64,16 +64,16 @@ TEST(ReadSafetensorsHeader, Gpt2_ReturnsTensorsInDataOrder) {
   EXPECT_EQ((*tensors)[4].name, "transformer.h.0.attn.c_attn.weight");
   EXPECT_THAT((*tensors)[4].shape, ElementsAre(768, 2304));
   // The test writer's metadata, and the data section's place and size.
-  EXPECT_EQ(header->metadata, (std::map<std::string, std::string>{
-                                  {"format", "pt"}}));
+  EXPECT_EQ(header->metadata,
+            (std::map<std::string, std::string>{{"format", "pt"}}));
   EXPECT_EQ(header->data_offset % 8, 0);
   EXPECT_EQ(header->data_size, offset);
   EXPECT_THAT(CheckSafetensorsPacked(path, *header), IsOk());
 }
 
 TEST(EncodeSafetensorsHeader, ReadsBackWithMetadataAndAlignedData) {
-  const std::vector<SafetensorsTensor> tensors = {
-      {"b", "F32", {2, 3}, 0, 24}, {"a", "BF16", {4}, 24, 32}};
+  const std::vector<SafetensorsTensor> tensors = {{"b", "F32", {2, 3}, 0, 24},
+                                                  {"a", "BF16", {4}, 24, 32}};
   const std::map<std::string, std::string> metadata = {{"step", "7"},
                                                        {"x.offsets", "[0,1]"}};
   const std::string head = EncodeSafetensorsHeader(tensors, metadata);

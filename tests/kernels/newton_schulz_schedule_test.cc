@@ -221,6 +221,24 @@ TEST(CoefficientScheduleTest, ParseCoefficientSchedule_KnownNames) {
 }
 
 TEST(CoefficientScheduleTest,
+     CoefficientScheduleFor_QuinticTakesTheOptimizersCoefficients) {
+  absl::StatusOr<NewtonSchulzOptions> quintic =
+      CoefficientScheduleFor("quintic", 2.0, -1.5, 0.5, 3);
+  ASSERT_TRUE(quintic.ok()) << quintic.status();
+  EXPECT_TRUE(quintic->coefficients.empty());
+  EXPECT_EQ(quintic->a, 2.0);
+  EXPECT_EQ(quintic->b, -1.5);
+  EXPECT_EQ(quintic->c, 0.5);
+  EXPECT_EQ(quintic->steps, 3);
+  absl::StatusOr<NewtonSchulzOptions> pe =
+      CoefficientScheduleFor("polar_express", 2.0, -1.5, 0.5, 3);
+  ASSERT_TRUE(pe.ok()) << pe.status();
+  EXPECT_EQ(pe->coefficients, PolarExpressSchedule().coefficients);
+  EXPECT_EQ(CoefficientScheduleFor("cubic", 2.0, -1.5, 0.5, 3).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CoefficientScheduleTest,
      ParseCoefficientSchedule_Unknown_ReturnsInvalidArgument) {
   for (const char* name : {"Quintic", "polar-express", "", "cubic"}) {
     absl::StatusOr<NewtonSchulzOptions> parsed = ParseCoefficientSchedule(name);
