@@ -283,6 +283,8 @@ absl::StatusOr<UpdateRule> MakeUpdateRule(const MuonOptions& options) {
                         kernels::ParseAdjustLrFn(options.adjust_lr_fn));
   rule.lr = options.lr;
   rule.weight_decay = options.weight_decay;
+  rule.momentum = options.momentum;
+  rule.nesterov = options.nesterov;
   MUON_ASSIGN_OR_RETURN(
       rule.ns, kernels::CoefficientScheduleFor(options.ns_schedule,
                                                options.ns_a, options.ns_b,
@@ -592,12 +594,8 @@ absl::Status Muon::SetParamHyperparameters(int index, double lr,
         absl::StrCat("weight decay should be >= 0 but is: ", weight_decay,
                      " (parameter \"", params_[index].name, "\")"));
   }
-  if (rule_.param_lr.empty()) {
-    rule_.param_lr.assign(params_.size(), rule_.lr);
-    rule_.param_weight_decay.assign(params_.size(), rule_.weight_decay);
-  }
-  rule_.param_lr[index] = lr;
-  rule_.param_weight_decay[index] = weight_decay;
+  rule_.SetParamHyperparameters(index, static_cast<int>(params_.size()), lr,
+                                weight_decay);
   return absl::OkStatus();
 }
 
@@ -731,10 +729,8 @@ absl::Status Muon::MomentumPass(device::Stream* caller) {
     const int64_t n = buffers_[i].size();
     if (n == 0) continue;
     MUON_RETURN_IF_ERROR(OnCaller(caller, [&] {
-      return kernels_->MomentumNesterov(
-          caller, buffers_[i].data(), p.grad, KernelDType(p.grad_dtype), n,
-          options_.momentum, options_.nesterov,
-          options_.nesterov ? nesterov_[i].data() : nullptr);
+      return rule_.Momentum(*kernels_, caller, buffers_[i].data(), p.grad,
+                            KernelDType(p.grad_dtype), n, nesterov_[i].data());
     }));
   }
   return absl::OkStatus();

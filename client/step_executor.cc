@@ -578,28 +578,20 @@ absl::Status StepExecutor::Apply(int b, const StepArgs& args,
                                  std::vector<OpRecord>* rec,
                                  const char* stream_name) {
   // Decoupled weight decay and the AdjustLR-scaled update on the local
-  // shard, with AdjustLR from the matrix's GLOBAL shape.
+  // shard (UpdateRule::Apply), AdjustLR from the matrix's GLOBAL shape.
   const BucketSchedule& bs = buckets_[b];
   const double t0 = NowSeconds();
   for (int m : bs.matrices) {
     const MatrixGeometry& g = geometry_[m];
     const int64_t n = g.boxes[rank_].numel();
     if (n == 0) continue;
-    const UpdateRule& rule = *args.rule;
-    const double lr =
-        rule.param_lr.empty() ? rule.lr : rule.param_lr[g.param_index];
-    const double wd = rule.param_weight_decay.empty()
-                          ? rule.weight_decay
-                          : rule.param_weight_decay[g.param_index];
-    const double adjusted =
-        kernels::AdjustLr(lr, rule.adjust_lr_fn, g.rows, g.cols);
     const ParamView& p = (*args.params)[g.param_index];
     const bool bf16 = p.dtype == DType::kBFloat16;
     void* data = static_cast<char*>(p.data) + g.offset * DTypeSize(p.dtype);
-    MUON_RETURN_IF_ERROR(kernels_->DecayAndApply(
-        stream, data,
+    MUON_RETURN_IF_ERROR(args.rule->Apply(
+        *kernels_, stream, g.param_index, g.rows, g.cols, data,
         bf16 ? kernels::ParamDType::kBFloat16 : kernels::ParamDType::kFloat32,
-        LocalO(m), n, lr, wd, adjusted));
+        LocalO(m), n));
   }
   rec->push_back(
       OpRecord{"apply", stream_name, bs.index, t0, NowSeconds(), 0, 0});

@@ -50,6 +50,7 @@
 #include "client/distributed_config.h"
 #include "client/exchange_plan.h"
 #include "client/tensor_view.h"
+#include "client/update_rule.h"
 #include "comm/communicator.h"
 #include "common/layout.h"
 #include "device/memory.h"
@@ -103,18 +104,6 @@ struct StepStats {
   // buffers.
   int64_t buffer_bytes = 0;
   int64_t buffer_bound_bytes = 0;
-};
-
-// Scalars of the update rule (torch.optim.Muon's hyper-parameters).
-struct UpdateRule {
-  double lr = 1e-3;
-  double weight_decay = 0.1;
-  // Per parameter (optimizer order) lr and weight decay, as torch's param
-  // groups give them; empty = `lr` / `weight_decay` for every parameter.
-  std::vector<double> param_lr;
-  std::vector<double> param_weight_decay;
-  kernels::AdjustLrFn adjust_lr_fn = kernels::AdjustLrFn::kOriginal;
-  kernels::NewtonSchulzOptions ns;
 };
 
 // Where an executor runs: its streams, buffers and kernels.

@@ -1,0 +1,45 @@
+#include "client/update_rule.h"
+
+namespace muon {
+
+double UpdateRule::LrOf(int param_index) const {
+  return param_lr.empty() ? lr : param_lr[param_index];
+}
+
+double UpdateRule::WeightDecayOf(int param_index) const {
+  return param_weight_decay.empty() ? weight_decay
+                                    : param_weight_decay[param_index];
+}
+
+void UpdateRule::SetParamHyperparameters(int param_index, int num_params,
+                                         double lr_value, double wd_value) {
+  if (param_lr.empty()) {
+    param_lr.assign(num_params, lr);
+    param_weight_decay.assign(num_params, weight_decay);
+  }
+  param_lr[param_index] = lr_value;
+  param_weight_decay[param_index] = wd_value;
+}
+
+absl::Status UpdateRule::Momentum(kernels::StepKernels& kernels,
+                                  device::Stream* stream, float* buf,
+                                  const void* grad,
+                                  kernels::ParamDType grad_dtype, int64_t n,
+                                  float* nesterov_update) const {
+  return kernels.MomentumNesterov(stream, buf, grad, grad_dtype, n, momentum,
+                                  nesterov, nesterov ? nesterov_update : nullptr);
+}
+
+absl::Status UpdateRule::Apply(kernels::StepKernels& kernels,
+                               device::Stream* stream, int param_index,
+                               int64_t rows, int64_t cols, void* param,
+                               kernels::ParamDType dtype, const float* update,
+                               int64_t n) const {
+  const double param_lr_value = LrOf(param_index);
+  const double adjusted =
+      kernels::AdjustLr(param_lr_value, adjust_lr_fn, rows, cols);
+  return kernels.DecayAndApply(stream, param, dtype, update, n, param_lr_value,
+                               WeightDecayOf(param_index), adjusted);
+}
+
+}  // namespace muon
