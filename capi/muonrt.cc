@@ -285,6 +285,19 @@ absl::StatusOr<muon::MuonOptions> ToMuonOptions(const muonrt_options& o) {
   return m;
 }
 
+// The execution fields of `o` as the job spec's message.
+muon::v1::ExecutionOptions ToExecutionOptions(const muonrt_options& o) {
+  muon::v1::ExecutionOptions e;
+  if (o.assignment_policy != nullptr) {
+    e.set_assignment_policy(o.assignment_policy);
+  }
+  e.set_bucket_size_bytes(o.bucket_size_bytes);
+  e.set_async_gpu_parallelism(o.async_gpu_parallelism != 0);
+  e.set_prefetch_count(o.prefetch_count);
+  e.set_replan_every_steps(o.replan_every_steps);
+  return e;
+}
+
 absl::Status CheckIndex(const muon::Muon& muon, int index,
                         const char* function) {
   const int n = static_cast<int>(muon.params().size());
@@ -380,23 +393,11 @@ absl::Status CreateOptimizer(muonrt_process_group* pg, int mesh_ndim,
     config->state.world_size = pg->pg->world_size;
     config->state.join_timeout_ms = absl::ToInt64Milliseconds(pg->timeout);
     config->async_gpu_parallelism = o.async_gpu_parallelism != 0;
-    if (o.prefetch_count < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          kFn, ": prefetch_count ", o.prefetch_count, " is negative"));
-    }
     config->prefetch_count = o.prefetch_count;
     if (o.assignment_policy != nullptr) {
       config->assignment_policy = o.assignment_policy;
     }
-    if (o.bucket_size_bytes < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          kFn, ": bucket_size_bytes ", o.bucket_size_bytes, " is negative"));
-    }
     config->bucket_size_bytes = o.bucket_size_bytes;
-    if (o.replan_every_steps < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          kFn, ": replan_every_steps ", o.replan_every_steps, " is negative"));
-    }
     config->replan_every_steps = o.replan_every_steps;
   }
   MUON_ASSIGN_OR_RETURN(
@@ -538,6 +539,16 @@ void muonrt_pg_destroy(muonrt_process_group* pg) {
   Guard("muonrt_pg_destroy", [&]() -> absl::Status {
     delete pg;
     return absl::OkStatus();
+  });
+}
+
+int muonrt_options_validate(const muonrt_options* options) {
+  return Guard("muonrt_options_validate", [&]() -> absl::Status {
+    if (options == nullptr)
+      return NullArgument("muonrt_options_validate", "options");
+    MUON_ASSIGN_OR_RETURN(muon::MuonOptions m, ToMuonOptions(*options));
+    MUON_RETURN_IF_ERROR(muon::ValidateMuonOptions(m));
+    return muon::ValidateExecutionOptions(ToExecutionOptions(*options));
   });
 }
 

@@ -31,7 +31,7 @@ extern "C" {
 #endif
 
 /* Incremented on any incompatible change of this header. */
-#define MUONRT_ABI_VERSION 6
+#define MUONRT_ABI_VERSION 7
 
 /* Status codes (absl::StatusCode values). */
 #define MUONRT_OK 0
@@ -151,6 +151,14 @@ typedef struct {
 
 /* Fills `options` with the defaults above. */
 void muonrt_options_default(muonrt_options* options);
+
+/* Checks `options` without creating anything: torch.optim.Muon's argument
+ * checks (its messages: "Learning rate should be >= 0 but is: -0.1", ...),
+ * the schedule, method and device names, and the execution options
+ * (negative counts, unknown policy). muonrt_optimizer_create runs the same
+ * checks. Errors: INVALID_ARGUMENT naming the field and value. ABI
+ * version 7. */
+int muonrt_options_validate(const muonrt_options* options);
 
 /* Creates the optimizer over `num_params` views. `pg` NULL = single device
  * (mesh, placements and sub_mesh ignored). `options` NULL = defaults.

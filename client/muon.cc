@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "comm/local_communicator.h"
@@ -68,19 +70,38 @@ absl::StatusOr<v1::RankManifest> ManifestOfRank(
 
 }  // namespace
 
+namespace {
+
+// `v` as Python's repr(float) prints it (the shortest text that reads back
+// as v; "1.0" not "1"; "nan", "inf"), so that messages read as torch's,
+// which format the Python float.
+std::string PythonFloat(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  std::string text;
+  for (int digits = 1; digits <= 17; ++digits) {
+    text = absl::StrFormat("%.*g", digits, v);
+    if (std::strtod(text.c_str(), nullptr) == v) break;
+  }
+  if (text.find_first_of(".en") == std::string::npos) text += ".0";
+  return text;
+}
+
+}  // namespace
+
 absl::Status ValidateMuonOptions(const MuonOptions& o) {
   // Messages follow torch.optim.Muon.__init__.
   if (!(o.lr >= 0.0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Learning rate should be >= 0 but is: ", o.lr));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Learning rate should be >= 0 but is: ", PythonFloat(o.lr)));
   }
   if (!(o.momentum >= 0.0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("momentum should be >= 0 but is: ", o.momentum));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "momentum should be >= 0 but is: ", PythonFloat(o.momentum)));
   }
   if (!(o.weight_decay >= 0.0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("weight decay should be >= 0 but is: ", o.weight_decay));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "weight decay should be >= 0 but is: ", PythonFloat(o.weight_decay)));
   }
   if (!kernels::ParseAdjustLrFn(o.adjust_lr_fn).ok()) {
     return absl::InvalidArgumentError(
@@ -127,7 +148,7 @@ absl::Status ValidateMuonOptions(const MuonOptions& o) {
   }
   if (!(o.eps >= 0.0)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("eps should be >= 0 but is: ", o.eps));
+        absl::StrCat("eps should be >= 0 but is: ", PythonFloat(o.eps)));
   }
   return absl::OkStatus();
 }
@@ -523,6 +544,10 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
   execution.set_async_gpu_parallelism(config.async_gpu_parallelism);
   execution.set_prefetch_count(config.prefetch_count);
   execution.set_replan_every_steps(config.replan_every_steps);
+  if (absl::Status s = ValidateExecutionOptions(execution); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", state.rank, ": ", s.message()));
+  }
   auto manifest_of = [&](int r) -> absl::StatusOr<v1::RankManifest> {
     MUON_ASSIGN_OR_RETURN(
         v1::RankManifest m,

@@ -27,7 +27,8 @@ absl::Status UpdateRule::Momentum(kernels::StepKernels& kernels,
                                   kernels::ParamDType grad_dtype, int64_t n,
                                   float* nesterov_update) const {
   return kernels.MomentumNesterov(stream, buf, grad, grad_dtype, n, momentum,
-                                  nesterov, nesterov ? nesterov_update : nullptr);
+                                  nesterov,
+                                  nesterov ? nesterov_update : nullptr);
 }
 
 absl::Status UpdateRule::Apply(kernels::StepKernels& kernels,

@@ -367,12 +367,28 @@ absl::StatusOr<SubMesh> CheckSubMesh(
   return out;
 }
 
-absl::Status ValidateJobSpec(const v1::JobSpec& spec, bool per_rank_boxes) {
-  if (spec.execution().replan_every_steps() < 0) {
+absl::Status ValidateExecutionOptions(const v1::ExecutionOptions& e) {
+  const std::string& policy = e.assignment_policy();
+  if (!policy.empty() && policy != "lpt" && policy != "round_robin") {
     return absl::InvalidArgumentError(
-        absl::StrCat("execution.replan_every_steps is ",
-                     spec.execution().replan_every_steps(), "; must be >= 0"));
+        absl::StrCat("execution.assignment_policy \"", policy,
+                     "\" is not a policy (use \"lpt\" or \"round_robin\")"));
   }
+  const std::pair<const char*, int64_t> counts[] = {
+      {"bucket_size_bytes", e.bucket_size_bytes()},
+      {"prefetch_count", e.prefetch_count()},
+      {"replan_every_steps", e.replan_every_steps()}};
+  for (const auto& [name, value] : counts) {
+    if (value < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("execution.", name, " is ", value, "; must be >= 0"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateJobSpec(const v1::JobSpec& spec, bool per_rank_boxes) {
+  MUON_RETURN_IF_ERROR(ValidateExecutionOptions(spec.execution()));
   const Mesh mesh = MeshFromProto(spec.mesh());
   for (int i = 0; i < mesh.ndim(); ++i) {
     if (mesh.sizes[i] < 1) {

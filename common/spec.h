@@ -67,7 +67,16 @@ absl::Status CheckJobSize(const Mesh& mesh, int64_t num_params,
 // Matrices of a checked parameter shape: 1 for 2-D, shape[0] for 3-D.
 int64_t NumMatrices(const google::protobuf::RepeatedField<int64_t>& shape);
 
-// Checks a spec: mesh sizes >= 1 with unique non-empty names, at most
+// Checks the execution options wherever they come from (a spec file, the
+// C ABI's muonrt_options, DistributedConfig): assignment_policy empty,
+// "lpt" or "round_robin"; bucket_size_bytes, prefetch_count and
+// replan_every_steps >= 0.
+// Errors: InvalidArgument naming the field and value, e.g.
+//   `execution.prefetch_count is -1; must be >= 0`.
+absl::Status ValidateExecutionOptions(const v1::ExecutionOptions& execution);
+
+// Checks a spec: its execution options (ValidateExecutionOptions), mesh
+// sizes >= 1 with unique non-empty names, at most
 // kMaxMeshDims dims and kMaxWorldSize ranks, kMaxParams parameters (see
 // CheckJobSize and CheckParamShape for the size limits); each
 // parameter has a non-empty unique name, a 2-D [rows, cols] or 3-D

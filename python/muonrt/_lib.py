@@ -27,7 +27,7 @@ import os
 import threading
 
 # Must equal MUONRT_ABI_VERSION of capi/muonrt.h.
-ABI_VERSION = 6
+ABI_VERSION = 7
 
 # Status codes (absl::StatusCode values, capi/muonrt.h).
 OK = 0
@@ -233,6 +233,7 @@ _SIGNATURES = {
     "muonrt_pg_barrier": (_c_int, [_pg_p]),
     "muonrt_pg_destroy": (None, [_pg_p]),
     "muonrt_options_default": (None, [ctypes.POINTER(muonrt_options)]),
+    "muonrt_options_validate": (_c_int, [ctypes.POINTER(muonrt_options)]),
     "muonrt_optimizer_create": (_c_int, [
         _pg_p, _c_int, ctypes.POINTER(ctypes.c_char_p),
         ctypes.POINTER(_c_int), ctypes.POINTER(muonrt_param), _c_int,

@@ -174,6 +174,34 @@ class _Slot:
                  "sub_mesh")
 
 
+
+def _options_struct(defaults, runtime):
+    """The muonrt_options of torch.optim.Muon's arguments (`defaults`) and
+    the runtime's execution options (`runtime`)."""
+    d = defaults
+    opts = _lib.muonrt_options()
+    _lib.lib().muonrt_options_default(ctypes.byref(opts))
+    opts.lr = float(d["lr"])
+    opts.weight_decay = float(d["weight_decay"])
+    opts.momentum = float(d["momentum"])
+    opts.nesterov = 1 if d["nesterov"] else 0
+    opts.ns_a, opts.ns_b, opts.ns_c = (float(v) for v in d["ns_coefficients"])
+    opts.eps = float(d["eps"])
+    opts.ns_steps = int(d["ns_steps"])
+    opts.adjust_lr_fn = str(d["adjust_lr_fn"] or "original").encode()
+    if runtime["ns_schedule"]:
+        opts.ns_schedule = str(runtime["ns_schedule"]).encode()
+    if runtime["ns_method"]:
+        opts.ns_method = str(runtime["ns_method"]).encode()
+    opts.async_gpu_parallelism = 1 if runtime["async_gpu_parallelism"] else 0
+    opts.prefetch_count = int(runtime["prefetch_count"])
+    if runtime["assignment_policy"]:
+        opts.assignment_policy = str(runtime["assignment_policy"]).encode()
+    opts.bucket_size_bytes = int(runtime["bucket_size_bytes"])
+    opts.transactional_step = 1 if runtime["transactional_step"] else 0
+    opts.replan_every_steps = int(runtime["replan_every_steps"])
+    return opts
+
 class Muon(torch.optim.Optimizer):
     """torch.optim.Muon's update over libmuonrt (see the module docstring
     for the parameter and layout conventions).
@@ -232,27 +260,10 @@ class Muon(torch.optim.Optimizer):
                  replan_every_steps=0):
         self._handle = None
         self._created = False
-        # torch.optim.Muon.__init__'s checks and messages.
+        # The Python types torch.optim.Muon.__init__ checks; the values are
+        # checked once, by the library (muonrt_options_validate, below).
         if isinstance(lr, torch.Tensor) and lr.numel() != 1:
             raise ValueError("Tensor lr must be 1-element")
-        if not 0.0 <= lr:
-            raise ValueError(f"Learning rate should be >= 0 but is: {lr}")
-        if not 0.0 <= momentum:
-            raise ValueError(f"momentum should be >= 0 but is: {momentum}")
-        if not 0.0 <= weight_decay:
-            raise ValueError(
-                f"weight decay should be >= 0 but is: {weight_decay}")
-        if adjust_lr_fn is not None and adjust_lr_fn not in [
-                "original", "match_rms_adamw"]:
-            raise ValueError(
-                f"Adjust learning rate function {adjust_lr_fn} is not "
-                f"supported")
-        # torch checks these in _zeropower_via_newtonschulz, at the first
-        # step; the library takes them now.
-        if ns_steps >= 100:
-            raise ValueError(
-                "Number of steps must be less than 100 for computational "
-                "efficiency")
         if len(ns_coefficients) != 3:
             raise ValueError(
                 "Coefficients must be a tuple of exactly 3 values")
@@ -266,6 +277,21 @@ class Muon(torch.optim.Optimizer):
             "ns_steps": ns_steps,
             "adjust_lr_fn": adjust_lr_fn,
         }
+        runtime = dict(
+            ns_schedule=ns_schedule,
+            ns_method=ns_method,
+            async_gpu_parallelism=async_gpu_parallelism,
+            prefetch_count=prefetch_count,
+            assignment_policy=assignment_policy,
+            bucket_size_bytes=bucket_size_bytes,
+            transactional_step=transactional_step,
+            replan_every_steps=replan_every_steps)
+        # torch.optim.Muon's argument checks (its messages; torch checks
+        # ns_steps at the first step, the library now) and the runtime
+        # options': the library's, raised as InvalidArgumentError
+        # (a ValueError) before anything else is done.
+        _lib.call("muonrt_options_validate",
+                  ctypes.byref(_options_struct(defaults, runtime)))
         self._num_named = 0
         self._num_unnamed = 0
         super().__init__(params, defaults)
@@ -320,15 +346,7 @@ class Muon(torch.optim.Optimizer):
                 f"muonrt.Muon: the mesh {self._mesh} has {self._mesh.size()} "
                 f"ranks but the process group has {world}")
         self._resolve_layout(placements, global_shapes, sub_mesh)
-        self._create(dict(
-            ns_schedule=ns_schedule,
-            ns_method=ns_method,
-            async_gpu_parallelism=async_gpu_parallelism,
-            prefetch_count=prefetch_count,
-            assignment_policy=assignment_policy,
-            bucket_size_bytes=bucket_size_bytes,
-            transactional_step=transactional_step,
-            replan_every_steps=replan_every_steps))
+        self._create(runtime)
         self._group_slots = []
         k = 0
         for group in self.param_groups:
@@ -587,30 +605,7 @@ class Muon(torch.optim.Optimizer):
             c.expert_stack = 1 if s.expert_stack else 0
             c.device_type, c.device_index = s.device
 
-        d = self.defaults
-        opts = _lib.muonrt_options()
-        L.muonrt_options_default(ctypes.byref(opts))
-        opts.lr = float(d["lr"])
-        opts.weight_decay = float(d["weight_decay"])
-        opts.momentum = float(d["momentum"])
-        opts.nesterov = 1 if d["nesterov"] else 0
-        opts.ns_a, opts.ns_b, opts.ns_c = (float(v)
-                                           for v in d["ns_coefficients"])
-        opts.eps = float(d["eps"])
-        opts.ns_steps = int(d["ns_steps"])
-        opts.adjust_lr_fn = (d["adjust_lr_fn"] or "original").encode()
-        if runtime["ns_schedule"]:
-            opts.ns_schedule = runtime["ns_schedule"].encode()
-        if runtime["ns_method"]:
-            opts.ns_method = runtime["ns_method"].encode()
-        opts.async_gpu_parallelism = 1 if runtime["async_gpu_parallelism"] \
-            else 0
-        opts.prefetch_count = int(runtime["prefetch_count"])
-        if runtime["assignment_policy"]:
-            opts.assignment_policy = runtime["assignment_policy"].encode()
-        opts.bucket_size_bytes = int(runtime["bucket_size_bytes"])
-        opts.transactional_step = 1 if runtime["transactional_step"] else 0
-        opts.replan_every_steps = int(runtime["replan_every_steps"])
+        opts = _options_struct(self.defaults, runtime)
 
         mesh_names = [m.encode() for m in self._mesh.names]
         c_names = (ctypes.c_char_p * len(mesh_names))(*mesh_names)

@@ -204,9 +204,9 @@ static void ReferenceStep(double* W, const double* G, double* Buf, int rows,
 
 /* ---- Tests ------------------------------------------------------------ */
 
-static void AbiVersion_IsSix(void) {
+static void AbiVersion_IsSeven(void) {
   CHECK(muonrt_abi_version() == MUONRT_ABI_VERSION);
-  CHECK(MUONRT_ABI_VERSION == 6);
+  CHECK(MUONRT_ABI_VERSION == 7);
   CHECK(strcmp(muonrt_last_error(), "") == 0);
 done:;
 }
@@ -229,6 +229,29 @@ static void OptionsDefault_AreTorchDefaults(void) {
   CHECK(o.replan_every_steps == 0);
   CHECK(o.ns_method == NULL);
   muonrt_options_default(NULL); /* no-op */
+done:;
+}
+
+/* muonrt_options_validate: the defaults pass; torch's argument errors and
+ * negative execution counts are INVALID_ARGUMENT naming the field. */
+static void OptionsValidate_NamesTheBadField(void) {
+  muonrt_options o;
+  muonrt_options_default(&o);
+  CHECK(muonrt_options_validate(&o) == MUONRT_OK);
+  o.lr = -0.5;
+  CHECK(muonrt_options_validate(&o) == MUONRT_INVALID_ARGUMENT);
+  CHECK(strstr(muonrt_last_error(),
+               "Learning rate should be >= 0 but is: -0.5") != NULL);
+  muonrt_options_default(&o);
+  o.prefetch_count = -1;
+  CHECK(muonrt_options_validate(&o) == MUONRT_INVALID_ARGUMENT);
+  CHECK(strstr(muonrt_last_error(),
+               "execution.prefetch_count is -1; must be >= 0") != NULL);
+  muonrt_options_default(&o);
+  o.assignment_policy = "fastest";
+  CHECK(muonrt_options_validate(&o) == MUONRT_INVALID_ARGUMENT);
+  CHECK(strstr(muonrt_last_error(), "\"fastest\"") != NULL);
+  CHECK(muonrt_options_validate(NULL) == MUONRT_INVALID_ARGUMENT);
 done:;
 }
 
@@ -1016,8 +1039,9 @@ typedef struct {
 
 int main(void) {
   const Test tests[] = {
-      TEST(AbiVersion_IsSix),
+      TEST(AbiVersion_IsSeven),
       TEST(OptionsDefault_AreTorchDefaults),
+      TEST(OptionsValidate_NamesTheBadField),
       TEST(Step_Fp32AndBf16_UpdatesInPlace),
       TEST(Step_Fp32_MatchesFloat64TorchReference),
       TEST(Step_TransactionalStep_MatchesFloat64TorchReference),

@@ -27,6 +27,13 @@ def named(*shapes, dtype=torch.float32):
     ({"ns_coefficients": (1.0, 2.0)},
      "Coefficients must be a tuple of exactly 3 values"),
     ({"lr": torch.tensor([0.1, 0.2])}, "Tensor lr must be 1-element"),
+    # The runtime's options, checked by the same library call.
+    ({"prefetch_count": -1}, "execution.prefetch_count is -1; must be >= 0"),
+    ({"replan_every_steps": -2},
+     "execution.replan_every_steps is -2; must be >= 0"),
+    ({"assignment_policy": "fastest"},
+     'execution.assignment_policy "fastest" is not a policy'),
+    ({"ns_schedule": "cubic"}, 'ns_schedule "cubic" is not supported'),
 ])
 def test_torch_argument_errors(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
