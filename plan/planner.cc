@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/spec.h"
+#include "common/status_macros.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "plan/schedule.h"
@@ -152,8 +153,11 @@ double LoadLowerBoundFlops(const v1::Plan& plan) {
   return std::max(bound, *std::max_element(costs.begin(), costs.end()));
 }
 
-absl::StatusOr<v1::Plan> MakePlan(const JobLayout& layout,
-                                  const PlannerOptions& options) {
+namespace {
+
+// Checks the options MakePlan reads beyond the layout.
+absl::Status CheckPlannerOptions(const JobLayout& layout,
+                                 const PlannerOptions& options) {
   if (options.ns_steps < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("ns_steps is ", options.ns_steps, "; must be >= 1"));
@@ -177,23 +181,23 @@ absl::StatusOr<v1::Plan> MakePlan(const JobLayout& layout,
     return absl::InvalidArgumentError(absl::StrCat(
         "bucket_size_bytes is ", options.bucket_size_bytes, "; must be >= 0"));
   }
-  const int world = layout.world_size;
-  const int num = static_cast<int>(layout.matrices.size());
+  return absl::OkStatus();
+}
+
+// One MatrixPlan per matrix (no owner yet) and its Newton-Schulz FLOPs,
+// after checking that every matrix has a box per rank, a parameter and a
+// holder.
+absl::StatusOr<std::vector<double>> AddMatrices(const JobLayout& layout,
+                                                const BoxGroups& groups,
+                                                int ns_steps, v1::Plan* plan) {
   const std::vector<MatrixLayout>& matrices = layout.matrices;
-
-  v1::Plan plan;
-  plan.set_job_id(options.job_id);
-  plan.set_world_size(world);
-  plan.set_policy(PolicyName(options.policy));
-
-  const BoxGroups groups = GroupByBoxes(matrices);
-  std::vector<double> cost(num);
-  for (int i = 0; i < num; ++i) {
+  std::vector<double> cost(matrices.size());
+  for (size_t i = 0; i < matrices.size(); ++i) {
     const MatrixLayout& matrix = matrices[i];
-    if (static_cast<int>(matrix.boxes.size()) != world) {
+    if (static_cast<int>(matrix.boxes.size()) != layout.world_size) {
       return absl::InvalidArgumentError(absl::StrCat(
           "matrix ", Quoted(matrix.name), " has ", matrix.boxes.size(),
-          " boxes but the world size is ", world));
+          " boxes but the world size is ", layout.world_size));
     }
     if (matrix.param_index < 0 ||
         matrix.param_index >= static_cast<int>(layout.params.size())) {
@@ -207,9 +211,9 @@ absl::StatusOr<v1::Plan> MakePlan(const JobLayout& layout,
           absl::StrCat("matrix ", Quoted(matrix.name), " [", matrix.rows, ", ",
                        matrix.cols, "] is held by no rank"));
     }
-    cost[i] = NewtonSchulzFlops(matrix.rows, matrix.cols, options.ns_steps);
-    v1::MatrixPlan* m = plan.add_matrices();
-    m->set_index(i);
+    cost[i] = NewtonSchulzFlops(matrix.rows, matrix.cols, ns_steps);
+    v1::MatrixPlan* m = plan->add_matrices();
+    m->set_index(static_cast<int>(i));
     m->set_param(layout.params[matrix.param_index].name);
     m->set_param_index(matrix.param_index);
     m->set_slice(matrix.slice);
@@ -218,15 +222,26 @@ absl::StatusOr<v1::Plan> MakePlan(const JobLayout& layout,
     m->set_ns_flops(cost[i]);
     m->set_owner(-1);
   }
+  return cost;
+}
 
-  // Owners.
-  std::vector<double> load(world, 0.0);
+// Sets every matrix's owner (requested owners first, then the policy:
+// round-robin over its eligible ranks, or longest-processing-time-first on
+// predicted seconds, Graham 1969) and returns the FLOPs per rank.
+std::vector<double> AssignOwners(const JobLayout& layout,
+                                 const BoxGroups& groups,
+                                 const std::vector<double>& cost,
+                                 const PlannerOptions& options,
+                                 v1::Plan* plan) {
+  const std::vector<MatrixLayout>& matrices = layout.matrices;
+  const int num = static_cast<int>(matrices.size());
+  std::vector<double> load(layout.world_size, 0.0);
   // Predicted seconds per rank (the LPT key): FLOPs x seconds per FLOP, or
   // FLOPs when every rank is equally fast.
   const std::vector<double>& speed = options.rank_seconds_per_flop;
-  std::vector<double> seconds(world, 0.0);
+  std::vector<double> seconds(layout.world_size, 0.0);
   auto assign = [&](int i, int owner) {
-    v1::MatrixPlan* m = plan.mutable_matrices(i);
+    v1::MatrixPlan* m = plan->mutable_matrices(i);
     m->set_owner(owner);
     m->set_gather_bytes(GatherBytes(matrices[i], owner));
     load[owner] += cost[i];
@@ -243,29 +258,36 @@ absl::StatusOr<v1::Plan> MakePlan(const JobLayout& layout,
       const std::vector<int>& eligible = groups.eligible[groups.group_of[i]];
       assign(i, eligible[i % eligible.size()]);
     }
-  } else {
-    std::vector<int> order;
-    for (int i = 0; i < num; ++i) {
-      if (matrices[i].requested_owner < 0) order.push_back(i);
-    }
-    auto min_gather = [&](int i) {
-      return groups.min_gather[groups.group_of[i]];
-    };
-    std::sort(order.begin(), order.end(), [&](int a, int b) {
-      if (cost[a] != cost[b]) return cost[a] > cost[b];
-      if (min_gather(a) != min_gather(b)) return min_gather(a) > min_gather(b);
-      return a < b;
-    });
-    LeastLoaded least(groups.eligible, &seconds);
-    for (int i : order) assign(i, least.Pick(groups.group_of[i]));
+    return load;
   }
+  std::vector<int> order;
+  for (int i = 0; i < num; ++i) {
+    if (matrices[i].requested_owner < 0) order.push_back(i);
+  }
+  auto min_gather = [&](int i) {
+    return groups.min_gather[groups.group_of[i]];
+  };
+  std::sort(order.begin(), order.end(), [&](int a, int b) {
+    if (cost[a] != cost[b]) return cost[a] > cost[b];
+    if (min_gather(a) != min_gather(b)) return min_gather(a) > min_gather(b);
+    return a < b;
+  });
+  LeastLoaded least(groups.eligible, &seconds);
+  for (int i : order) assign(i, least.Pick(groups.group_of[i]));
+  return load;
+}
 
-  // Buckets.
+// The buckets: with no byte bound, bucket k holds each owner's k-th
+// matrix; else consecutive matrices up to bucket_size_bytes fp32 bytes.
+void AddBuckets(const JobLayout& layout, int64_t bucket_size_bytes,
+                v1::Plan* plan) {
+  const std::vector<MatrixLayout>& matrices = layout.matrices;
+  const int num = static_cast<int>(matrices.size());
   std::vector<std::vector<int>> buckets;
-  if (options.bucket_size_bytes == 0) {
-    std::vector<int> seen(world, 0);  // matrices per owner so far
+  if (bucket_size_bytes == 0) {
+    std::vector<int> seen(layout.world_size, 0);  // matrices per owner
     for (int i = 0; i < num; ++i) {
-      const int k = seen[plan.matrices(i).owner()]++;
+      const int k = seen[plan->matrices(i).owner()]++;
       if (k >= static_cast<int>(buckets.size())) buckets.resize(k + 1);
       buckets[k].push_back(i);  // index order within the bucket
     }
@@ -274,7 +296,7 @@ absl::StatusOr<v1::Plan> MakePlan(const JobLayout& layout,
     for (int i = 0; i < num; ++i) {
       const int64_t b = MatrixBytes(matrices[i]);
       if (buckets.empty() ||
-          (!buckets.back().empty() && bytes + b > options.bucket_size_bytes)) {
+          (!buckets.back().empty() && bytes + b > bucket_size_bytes)) {
         buckets.emplace_back();
         bytes = 0;
       }
@@ -283,24 +305,29 @@ absl::StatusOr<v1::Plan> MakePlan(const JobLayout& layout,
     }
   }
   for (int k = 0; k < static_cast<int>(buckets.size()); ++k) {
-    v1::Bucket* bucket = plan.add_buckets();
+    v1::Bucket* bucket = plan->add_buckets();
     bucket->set_index(k);
     int64_t bytes = 0;
     for (int i : buckets[k]) {
       bucket->add_matrices(i);
-      plan.mutable_matrices(i)->set_bucket(k);
+      plan->mutable_matrices(i)->set_bucket(k);
       bytes += MatrixBytes(matrices[i]);
     }
     bucket->set_bytes(bytes);
   }
+}
 
-  // Loads.
+// Per rank: FLOPs, matrices and, with measured speeds, the predicted
+// seconds; the max and mean load.
+void AddLoads(const std::vector<double>& load, const std::vector<double>& speed,
+              v1::Plan* plan) {
+  const int world = static_cast<int>(load.size());
   std::vector<int> count(world, 0);
-  for (int i = 0; i < num; ++i) ++count[plan.matrices(i).owner()];
+  for (const v1::MatrixPlan& m : plan->matrices()) ++count[m.owner()];
   double max_load = 0.0;
   double total = 0.0;
   for (int r = 0; r < world; ++r) {
-    v1::RankLoad* l = plan.add_loads();
+    v1::RankLoad* l = plan->add_loads();
     l->set_rank(r);
     l->set_ns_flops(load[r]);
     l->set_matrices(count[r]);
@@ -311,8 +338,26 @@ absl::StatusOr<v1::Plan> MakePlan(const JobLayout& layout,
     max_load = std::max(max_load, load[r]);
     total += load[r];
   }
-  plan.set_max_load_flops(max_load);
-  plan.set_mean_load_flops(world > 0 ? total / world : 0.0);
+  plan->set_max_load_flops(max_load);
+  plan->set_mean_load_flops(world > 0 ? total / world : 0.0);
+}
+
+}  // namespace
+
+absl::StatusOr<v1::Plan> MakePlan(const JobLayout& layout,
+                                  const PlannerOptions& options) {
+  MUON_RETURN_IF_ERROR(CheckPlannerOptions(layout, options));
+  v1::Plan plan;
+  plan.set_job_id(options.job_id);
+  plan.set_world_size(layout.world_size);
+  plan.set_policy(PolicyName(options.policy));
+  const BoxGroups groups = GroupByBoxes(layout.matrices);
+  MUON_ASSIGN_OR_RETURN(std::vector<double> cost,
+                        AddMatrices(layout, groups, options.ns_steps, &plan));
+  const std::vector<double> load =
+      AssignOwners(layout, groups, cost, options, &plan);
+  AddBuckets(layout, options.bucket_size_bytes, &plan);
+  AddLoads(load, options.rank_seconds_per_flop, &plan);
   *plan.mutable_schedule() =
       MakeScheduleHeader(plan, options.async, options.prefetch_count);
   plan.set_hash(PlanHash(plan));
@@ -367,66 +412,59 @@ std::string PlanHash(const v1::Plan& plan) {
   return StableMessageHash(copy);
 }
 
-absl::Status ValidatePlan(const v1::Plan& plan, const JobLayout& layout) {
-  const int world = layout.world_size;
-  const int num = static_cast<int>(layout.matrices.size());
-  if (plan.world_size() != world) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "plan has world size ", plan.world_size(), " but the job has ", world));
-  }
-  if (plan.matrices_size() != num) {
-    return absl::InvalidArgumentError(absl::StrCat("plan has ",
-                                                   plan.matrices_size(),
-                                                   " matrices but the job "
-                                                   "has ",
-                                                   num, " matrices"));
-  }
-  std::vector<double> load(world, 0.0);
-  std::vector<int> count(world, 0);
-  for (int i = 0; i < num; ++i) {
-    const v1::MatrixPlan& m = plan.matrices(i);
-    const MatrixLayout& matrix = layout.matrices[i];
-    const std::string name = Quoted(matrix.name);
-    const std::string& param =
-        matrix.param_index >= 0 &&
-                matrix.param_index < static_cast<int>(layout.params.size())
-            ? layout.params[matrix.param_index].name
-            : matrix.name;
-    if (m.index() != i || m.param_index() != matrix.param_index ||
-        m.param() != param || m.slice() != matrix.slice) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "plan matrix ", i, " is index ", m.index(), " of parameter ",
-          Quoted(m.param()), " (param_index ", m.param_index(), ", slice ",
-          m.slice(), ") but matrix ", i, " is ", name, " (param_index ",
-          matrix.param_index, ", slice ", matrix.slice, ")"));
-    }
-    if (m.rows() != matrix.rows || m.cols() != matrix.cols) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("plan matrix ", i, " (", name, ") has shape [", m.rows(),
-                       ", ", m.cols(), "] but the matrix is [", matrix.rows,
-                       ", ", matrix.cols, "]"));
-    }
-    if (m.owner() < 0 || m.owner() >= world) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("plan matrix ", i, " (", name, ") has owner rank ",
-                       m.owner(), " outside [0, ", world, ")"));
-    }
-    if (matrix.boxes[m.owner()].empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "plan matrix ", i, " (", name, ") is owned by rank ", m.owner(),
-          " which holds no shard of it (coordinate ",
-          CoordToString(layout.mesh, layout.mesh.Coord(m.owner())), ")"));
-    }
-    if (m.gather_bytes() != GatherBytes(matrix, m.owner())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("plan matrix ", i, " (", name, ") has gather_bytes ",
-                       m.gather_bytes(), " but owner rank ", m.owner(),
-                       " must gather ", GatherBytes(matrix, m.owner())));
-    }
-    load[m.owner()] += m.ns_flops();
-    ++count[m.owner()];
-  }
+namespace {
 
+// Plan matrix i against layout matrix i: index, parameter, slice, shape,
+// an owner in range that holds a shard, and the owner's gather bytes.
+absl::Status CheckPlanMatrix(const v1::Plan& plan, const JobLayout& layout,
+                             int i) {
+  const int world = layout.world_size;
+  const v1::MatrixPlan& m = plan.matrices(i);
+  const MatrixLayout& matrix = layout.matrices[i];
+  const std::string name = Quoted(matrix.name);
+  const std::string& param =
+      matrix.param_index >= 0 &&
+              matrix.param_index < static_cast<int>(layout.params.size())
+          ? layout.params[matrix.param_index].name
+          : matrix.name;
+  if (m.index() != i || m.param_index() != matrix.param_index ||
+      m.param() != param || m.slice() != matrix.slice) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan matrix ", i, " is index ", m.index(), " of parameter ",
+        Quoted(m.param()), " (param_index ", m.param_index(), ", slice ",
+        m.slice(), ") but matrix ", i, " is ", name, " (param_index ",
+        matrix.param_index, ", slice ", matrix.slice, ")"));
+  }
+  if (m.rows() != matrix.rows || m.cols() != matrix.cols) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan matrix ", i, " (", name, ") has shape [", m.rows(),
+                     ", ", m.cols(), "] but the matrix is [", matrix.rows, ", ",
+                     matrix.cols, "]"));
+  }
+  if (m.owner() < 0 || m.owner() >= world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan matrix ", i, " (", name, ") has owner rank ",
+                     m.owner(), " outside [0, ", world, ")"));
+  }
+  if (matrix.boxes[m.owner()].empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan matrix ", i, " (", name, ") is owned by rank ", m.owner(),
+        " which holds no shard of it (coordinate ",
+        CoordToString(layout.mesh, layout.mesh.Coord(m.owner())), ")"));
+  }
+  if (m.gather_bytes() != GatherBytes(matrix, m.owner())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan matrix ", i, " (", name, ") has gather_bytes ",
+                     m.gather_bytes(), " but owner rank ", m.owner(),
+                     " must gather ", GatherBytes(matrix, m.owner())));
+  }
+  return absl::OkStatus();
+}
+
+// Every matrix in exactly one bucket, the one it names; bucket indices
+// and byte counts consistent.
+absl::Status CheckPlanBuckets(const v1::Plan& plan, const JobLayout& layout) {
+  const int num = static_cast<int>(layout.matrices.size());
   std::vector<int> bucket_of(num, -1);
   for (int k = 0; k < plan.buckets_size(); ++k) {
     const v1::Bucket& b = plan.buckets(k);
@@ -470,6 +508,18 @@ absl::Status ValidatePlan(const v1::Plan& plan, const JobLayout& layout) {
     }
   }
 
+  return absl::OkStatus();
+}
+
+// The per-rank loads and the max/mean agree with the owners' FLOPs.
+absl::Status CheckPlanLoads(const v1::Plan& plan, const JobLayout& layout) {
+  const int world = layout.world_size;
+  std::vector<double> load(world, 0.0);
+  std::vector<int> count(world, 0);
+  for (const v1::MatrixPlan& m : plan.matrices()) {
+    load[m.owner()] += m.ns_flops();
+    ++count[m.owner()];
+  }
   if (plan.loads_size() != world) {
     return absl::InvalidArgumentError(
         absl::StrCat("plan has ", plan.loads_size(),
@@ -498,6 +548,30 @@ absl::Status ValidatePlan(const v1::Plan& plan, const JobLayout& layout) {
                      plan.mean_load_flops(), " FLOPs but the loads give ",
                      max_load, "/", world > 0 ? total / world : 0.0));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidatePlan(const v1::Plan& plan, const JobLayout& layout) {
+  const int world = layout.world_size;
+  const int num = static_cast<int>(layout.matrices.size());
+  if (plan.world_size() != world) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan has world size ", plan.world_size(), " but the job has ", world));
+  }
+  if (plan.matrices_size() != num) {
+    return absl::InvalidArgumentError(absl::StrCat("plan has ",
+                                                   plan.matrices_size(),
+                                                   " matrices but the job "
+                                                   "has ",
+                                                   num, " matrices"));
+  }
+  for (int i = 0; i < num; ++i) {
+    MUON_RETURN_IF_ERROR(CheckPlanMatrix(plan, layout, i));
+  }
+  MUON_RETURN_IF_ERROR(CheckPlanBuckets(plan, layout));
+  MUON_RETURN_IF_ERROR(CheckPlanLoads(plan, layout));
   if (!plan.hash().empty() && plan.hash() != PlanHash(plan)) {
     return absl::InvalidArgumentError(
         absl::StrCat("plan hash ", plan.hash(),
