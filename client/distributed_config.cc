@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 
 namespace muon {
 
@@ -45,17 +46,23 @@ absl::StatusOr<DistributedConfig> CreateAutoConfig(
   return CreateAutoConfig(ViewsOf(params), options);
 }
 
-absl::StatusOr<DistributedConfig> CreateAutoConfig(
-    const std::vector<ParamView>& params, const AutoConfigOptions& options) {
+namespace {
+
+// A process group and the mesh dim it spans.
+struct Group {
+  std::string name;
+  Communicator* comm;
+};
+
+// The groups given, in the mesh's dim order (pp, dp_replicate, dp_shard,
+// cp, ep, tp).
+absl::StatusOr<std::vector<Group>> GroupsInMeshOrder(
+    const AutoConfigOptions& options) {
   if (options.ddp != nullptr && options.replicate != nullptr) {
     return absl::InvalidArgumentError(
         "CreateAutoConfig: give the DDP group as either ddp or replicate, not "
         "both");
   }
-  struct Group {
-    std::string name;
-    Communicator* comm;
-  };
   std::vector<Group> groups;
   for (const Group& g :
        {Group{"pp", options.pp},
@@ -70,32 +77,40 @@ absl::StatusOr<DistributedConfig> CreateAutoConfig(
         "CreateAutoConfig: no process group given (fsdp, replicate/ddp, tp, "
         "cp, ep or pp)");
   }
-  Mesh mesh;
-  for (const Group& g : groups) {
-    mesh.names.push_back(g.name);
-    mesh.sizes.push_back(g.comm->world_size());
+  return groups;
+}
+
+// The group spanning every rank: options.world, or the only group when it
+// is the whole world.
+absl::StatusOr<Communicator*> WorldGroup(const std::vector<Group>& groups,
+                                         const AutoConfigOptions& options) {
+  if (options.world != nullptr) return options.world;
+  if (groups.size() > 1) {
+    return absl::InvalidArgumentError(
+        "CreateAutoConfig: several groups given; set `world` to the process "
+        "group spanning every rank");
   }
-  Communicator* world = options.world;
-  if (world == nullptr) {
-    if (groups.size() > 1) {
+  Communicator* world = groups[0].comm;
+  const std::vector<int> ranks = world->global_ranks();
+  for (int r = 0; r < static_cast<int>(ranks.size()); ++r) {
+    if (ranks[r] != r) {
       return absl::InvalidArgumentError(
-          "CreateAutoConfig: several groups given; set `world` to the process "
-          "group spanning every rank");
-    }
-    world = groups[0].comm;
-    const std::vector<int> ranks = world->global_ranks();
-    for (int r = 0; r < static_cast<int>(ranks.size()); ++r) {
-      if (ranks[r] != r) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "rank ", ranks[world->rank()], ": the ", groups[0].name, " group [",
-            absl::StrJoin(ranks, ", "),
-            "] is a sub-group of a larger world; "
-            "set `world` to the process group spanning every rank"));
-      }
+          absl::StrCat("rank ", ranks[world->rank()], ": the ", groups[0].name,
+                       " group [", absl::StrJoin(ranks, ", "),
+                       "] is a sub-group of a larger world; "
+                       "set `world` to the process group spanning every rank"));
     }
   }
-  const int rank = world->rank();
-  if (mesh.world_size() != world->world_size()) {
+  return world;
+}
+
+// This rank's coordinate in `mesh`: its position in each group, checked
+// to be the row-major mesh's (each group is this rank's row of its dim).
+absl::StatusOr<std::vector<int>> MeshCoordinate(
+    const std::vector<Group>& groups, const Mesh& mesh,
+    const Communicator& world) {
+  const int rank = world.rank();
+  if (mesh.world_size() != world.world_size()) {
     std::string sizes;
     for (const Group& g : groups) {
       absl::StrAppend(&sizes, sizes.empty() ? "" : " x ", g.name, "=",
@@ -104,9 +119,8 @@ absl::StatusOr<DistributedConfig> CreateAutoConfig(
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", rank, ": the groups ", sizes, " hold ",
                      mesh.world_size(), " ranks but the world size is ",
-                     world->world_size(), "; the groups must tile the world"));
+                     world.world_size(), "; the groups must tile the world"));
   }
-  // Each group must be this rank's row of the row-major mesh.
   std::vector<int> coord(mesh.ndim());
   for (int d = 0; d < mesh.ndim(); ++d) {
     const std::vector<int> ranks = groups[d].comm->global_ranks();
@@ -143,81 +157,118 @@ absl::StatusOr<DistributedConfig> CreateAutoConfig(
                        "]; groups overlap or do not tile the world"));
     }
   }
+  return coord;
+}
+
+// This rank's pipeline stage (-1 without a pp dim), checked against the
+// options' pp_stage and pp_num_stages.
+absl::StatusOr<int> PipelineStage(const Mesh& mesh,
+                                  const std::vector<int>& coord, int rank,
+                                  const AutoConfigOptions& options) {
   const int pp_dim = mesh.DimIndex("pp");
-  int stage = -1;
-  if (pp_dim >= 0) {
-    stage = options.pp_stage >= 0 ? options.pp_stage : coord[pp_dim];
-    const int stages =
-        options.pp_num_stages > 0 ? options.pp_num_stages : mesh.sizes[pp_dim];
-    if (stage >= stages) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", rank, ": pp stage ", stage, " is out of range for ", stages,
-          " stages (0..", stages - 1, ")"));
-    }
-    if (stages != mesh.sizes[pp_dim]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", rank, ": ", stages, " pipeline stages but the pp group has ",
-          mesh.sizes[pp_dim], " ranks"));
-    }
-    if (stage != coord[pp_dim]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", rank, ": pp stage ", stage, " but this rank is at position ",
-          coord[pp_dim], " of its pp group"));
-    }
+  if (pp_dim < 0) return -1;
+  const int stage = options.pp_stage >= 0 ? options.pp_stage : coord[pp_dim];
+  const int stages =
+      options.pp_num_stages > 0 ? options.pp_num_stages : mesh.sizes[pp_dim];
+  if (stage >= stages) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank, ": pp stage ", stage, " is out of range for ", stages,
+        " stages (0..", stages - 1, ")"));
   }
+  if (stages != mesh.sizes[pp_dim]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank, ": ", stages, " pipeline stages but the pp group has ",
+        mesh.sizes[pp_dim], " ranks"));
+  }
+  if (stage != coord[pp_dim]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank, ": pp stage ", stage, " but this rank is at position ",
+        coord[pp_dim], " of its pp group"));
+  }
+  return stage;
+}
+
+// Parameter `i`'s placements over `mesh` from the options' shard dims
+// (dp_shard: fsdp_shard_dim; tp: tp_dim_per_param or tp_shard_dim; ep:
+// whole experts of a stack), its sub-mesh the pp stage, checked against
+// the local shape the rank holds.
+absl::StatusOr<ParamPlacement> AutoPlacement(const ParamView& p, int i,
+                                             const Mesh& mesh,
+                                             const std::vector<int>& coord,
+                                             int stage, int rank,
+                                             const AutoConfigOptions& options) {
+  const int shift = p.expert_stack ? 1 : 0;
+  ParamPlacement pl;
+  for (int d = 0; d < mesh.ndim(); ++d) {
+    const std::string& name = mesh.names[d];
+    Placement x = Placement::Replicate();
+    // Matrix dim (0 rows, 1 cols) sharded by dp_shard / tp; -1 = none.
+    int matrix_dim = -1;
+    if (name == "dp_shard") {
+      matrix_dim = options.fsdp_shard_dim;
+    } else if (name == "ep" && p.expert_stack) {
+      x = Placement::Shard(0);  // whole experts per ep rank
+    } else if (name == "tp") {
+      auto it = options.tp_dim_per_param.find(i);
+      matrix_dim = it != options.tp_dim_per_param.end() ? it->second
+                                                        : options.tp_shard_dim;
+    }
+    if (matrix_dim != -1 || name == "dp_shard" || name == "tp") {
+      if (matrix_dim < 0 || matrix_dim > 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "rank ", rank, ": parameter \"", p.name, "\": ", name,
+            " shard dim ", matrix_dim, " is out of range (0 rows or 1 cols)"));
+      }
+      x = Placement::Shard(matrix_dim + shift);
+    }
+    pl.placements.push_back(x);
+  }
+  if (stage >= 0) {
+    pl.sub_mesh.dims = {mesh.DimIndex("pp")};
+    pl.sub_mesh.coords = {stage};
+  }
+  // The local shape must be what these placements give this rank.
+  MUON_ASSIGN_OR_RETURN(
+      std::vector<Range> ranges,
+      LocalRanges(p.shape(), pl.placements, mesh, coord, pl.sub_mesh));
+  std::vector<int64_t> expected;
+  for (const Range& r : ranges) expected.push_back(r.size());
+  if (expected != p.local_shape) {
+    std::vector<std::string> names;
+    for (const Placement& x : pl.placements) names.push_back(x.ToString());
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, ": parameter \"", p.name,
+                     "\" has local shape [", absl::StrJoin(p.local_shape, ", "),
+                     "] but [", absl::StrJoin(names, ", "), "] over ",
+                     mesh.ToString(), " of [", absl::StrJoin(p.shape(), ", "),
+                     "] gives [", absl::StrJoin(expected, ", "),
+                     "]; check the shard dims (fsdp_shard_dim, tp_shard_dim, "
+                     "tp_dim_per_param)"));
+  }
+  return pl;
+}
+
+}  // namespace
+
+absl::StatusOr<DistributedConfig> CreateAutoConfig(
+    const std::vector<ParamView>& params, const AutoConfigOptions& options) {
+  MUON_ASSIGN_OR_RETURN(std::vector<Group> groups, GroupsInMeshOrder(options));
+  Mesh mesh;
+  for (const Group& g : groups) {
+    mesh.names.push_back(g.name);
+    mesh.sizes.push_back(g.comm->world_size());
+  }
+  MUON_ASSIGN_OR_RETURN(Communicator * world, WorldGroup(groups, options));
+  const int rank = world->rank();
+  MUON_ASSIGN_OR_RETURN(std::vector<int> coord,
+                        MeshCoordinate(groups, mesh, *world));
+  MUON_ASSIGN_OR_RETURN(const int stage,
+                        PipelineStage(mesh, coord, rank, options));
   std::vector<ParamPlacement> placements;
   for (size_t i = 0; i < params.size(); ++i) {
-    const ParamView& p = params[i];
-    const int shift = p.expert_stack ? 1 : 0;
-    ParamPlacement pl;
-    for (int d = 0; d < mesh.ndim(); ++d) {
-      const std::string& name = mesh.names[d];
-      Placement x = Placement::Replicate();
-      // Matrix dim (0 rows, 1 cols) sharded by dp_shard / tp; -1 = none.
-      int matrix_dim = -1;
-      if (name == "dp_shard") {
-        matrix_dim = options.fsdp_shard_dim;
-      } else if (name == "ep" && p.expert_stack) {
-        x = Placement::Shard(0);  // whole experts per ep rank
-      } else if (name == "tp") {
-        auto it = options.tp_dim_per_param.find(static_cast<int>(i));
-        matrix_dim = it != options.tp_dim_per_param.end()
-                         ? it->second
-                         : options.tp_shard_dim;
-      }
-      if (matrix_dim != -1 || name == "dp_shard" || name == "tp") {
-        if (matrix_dim < 0 || matrix_dim > 1) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("rank ", rank, ": parameter \"", p.name,
-                           "\": ", name, " shard dim ", matrix_dim,
-                           " is out of range (0 rows or 1 cols)"));
-        }
-        x = Placement::Shard(matrix_dim + shift);
-      }
-      pl.placements.push_back(x);
-    }
-    if (pp_dim >= 0) {
-      pl.sub_mesh.dims = {pp_dim};
-      pl.sub_mesh.coords = {stage};
-    }
-    // The local shape must be what these placements give this rank.
-    absl::StatusOr<std::vector<Range>> ranges =
-        LocalRanges(p.shape(), pl.placements, mesh, coord, pl.sub_mesh);
-    if (!ranges.ok()) return ranges.status();
-    std::vector<int64_t> expected;
-    for (const Range& r : *ranges) expected.push_back(r.size());
-    if (expected != p.local_shape) {
-      std::vector<std::string> names;
-      for (const Placement& x : pl.placements) names.push_back(x.ToString());
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", rank, ": parameter \"", p.name, "\" has local shape [",
-          absl::StrJoin(p.local_shape, ", "), "] but [",
-          absl::StrJoin(names, ", "), "] over ", mesh.ToString(), " of [",
-          absl::StrJoin(p.shape(), ", "), "] gives [",
-          absl::StrJoin(expected, ", "),
-          "]; check the shard dims (fsdp_shard_dim, tp_shard_dim, "
-          "tp_dim_per_param)"));
-    }
+    MUON_ASSIGN_OR_RETURN(ParamPlacement pl,
+                          AutoPlacement(params[i], static_cast<int>(i), mesh,
+                                        coord, stage, rank, options));
     placements.push_back(std::move(pl));
   }
   return CreateMeshConfig(mesh, placements, world, options.coordinator,
