@@ -23,14 +23,17 @@ using Json = nlohmann::json;
 // A JSON value's type for error messages.
 std::string TypeName(const Json& j) { return j.type_name(); }
 
-absl::StatusOr<SafetensorsTensor> ParseTensorEntry(const std::string& path,
-                                                   const std::string& name,
-                                                   const Json& entry,
-                                                   int64_t data_size) {
-  auto error = [&](const std::string& what) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": tensor \"", name, "\": ", what));
-  };
+// An error about tensor `name` of file `path`.
+absl::Status TensorError(const std::string& path, const std::string& name,
+                         absl::string_view what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(path, ": tensor \"", name, "\": ", what));
+}
+
+// The name is 1..kMaxTensorNameBytes bytes; the entry is an object with
+// exactly dtype, shape and data_offsets.
+absl::Status CheckEntryKeys(const std::string& path, const std::string& name,
+                            const Json& entry) {
   if (name.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": a tensor has an empty name"));
@@ -41,32 +44,35 @@ absl::StatusOr<SafetensorsTensor> ParseTensorEntry(const std::string& path,
         name.substr(0, 64), "...\") exceeds ", kMaxTensorNameBytes, " bytes"));
   }
   if (!entry.is_object()) {
-    return error(absl::StrCat("expected an object with dtype, shape and ",
-                              "data_offsets, got ", TypeName(entry)));
+    return TensorError(path, name,
+                       absl::StrCat("expected an object with dtype, shape and ",
+                                    "data_offsets, got ", TypeName(entry)));
   }
   for (const auto& [key, value] : entry.items()) {
     if (key != "dtype" && key != "shape" && key != "data_offsets") {
-      return error(absl::StrCat("unknown key \"", key,
-                                "\" (expected dtype, shape, data_offsets)"));
+      return TensorError(
+          path, name,
+          absl::StrCat("unknown key \"", key,
+                       "\" (expected dtype, shape, data_offsets)"));
     }
   }
   for (const char* key : {"dtype", "shape", "data_offsets"}) {
     if (!entry.contains(key)) {
-      return error(absl::StrCat("missing \"", key, "\""));
+      return TensorError(path, name, absl::StrCat("missing \"", key, "\""));
     }
   }
-  SafetensorsTensor info;
-  info.name = name;
-  const Json& dtype = entry["dtype"];
-  if (!dtype.is_string()) {
-    return error(absl::StrCat("dtype must be a string, got ", TypeName(dtype)));
-  }
-  info.dtype = dtype.get<std::string>();
-  const int64_t element_size = SafetensorsDtypeSize(info.dtype);
-  if (element_size == 0) {
-    return error(absl::StrCat("unknown dtype \"", info.dtype, "\""));
-  }
-  const Json& shape = entry["shape"];
+  return absl::OkStatus();
+}
+
+// The entry's shape (at most kMaxSafetensorsDims dims, each >= 0) into
+// info->shape; returns its bytes at `element_size` bytes per element,
+// checked against int64 overflow.
+absl::StatusOr<int64_t> ParseShape(const std::string& path, const Json& shape,
+                                   int64_t element_size,
+                                   SafetensorsTensor* info) {
+  auto error = [&](absl::string_view what) {
+    return TensorError(path, info->name, what);
+  };
   if (!shape.is_array()) {
     return error(absl::StrCat("shape must be an array of integers, got ",
                               TypeName(shape)));
@@ -85,44 +91,79 @@ absl::StatusOr<SafetensorsTensor> ParseTensorEntry(const std::string& path,
     if (d < 0) {
       return error(absl::StrCat("shape[", i, "] is ", d, "; dims are >= 0"));
     }
-    info.shape.push_back(d);
+    info->shape.push_back(d);
     if (d != 0 && numel > std::numeric_limits<int64_t>::max() / d) {
-      return error(absl::StrCat("shape ", ShapeToString(info.shape),
+      return error(absl::StrCat("shape ", ShapeToString(info->shape),
                                 "... has too many elements"));
     }
     numel *= d;
   }
   if (numel != 0 &&
       numel > std::numeric_limits<int64_t>::max() / element_size) {
-    return error(absl::StrCat("shape ", ShapeToString(info.shape),
+    return error(absl::StrCat("shape ", ShapeToString(info->shape),
                               " has too many bytes"));
   }
-  const int64_t bytes = numel * element_size;
-  const Json& offsets = entry["data_offsets"];
+  return numel * element_size;
+}
+
+// The entry's data_offsets into info->data_begin/end: 0 <= begin <= end <=
+// data_size and end - begin = bytes.
+absl::Status ParseDataOffsets(const std::string& path, const Json& offsets,
+                              int64_t bytes, int64_t data_size,
+                              SafetensorsTensor* info) {
+  auto error = [&](absl::string_view what) {
+    return TensorError(path, info->name, what);
+  };
   if (!offsets.is_array() || offsets.size() != 2 ||
-      !JsonToInt64(offsets[0], &info.data_begin) ||
-      !JsonToInt64(offsets[1], &info.data_end)) {
+      !JsonToInt64(offsets[0], &info->data_begin) ||
+      !JsonToInt64(offsets[1], &info->data_end)) {
     return error(
         absl::StrCat("data_offsets must be [begin, end], two integers, got ",
                      offsets.dump()));
   }
   const std::string range =
-      absl::StrCat("[", info.data_begin, ", ", info.data_end, "]");
-  if (info.data_begin < 0 || info.data_end < info.data_begin) {
+      absl::StrCat("[", info->data_begin, ", ", info->data_end, "]");
+  if (info->data_begin < 0 || info->data_end < info->data_begin) {
     return error(
         absl::StrCat("data_offsets ", range, " are not 0 <= begin <= end"));
   }
-  if (info.data_end > data_size) {
+  if (info->data_end > data_size) {
     return error(absl::StrCat("data_offsets ", range,
                               " end beyond the data section of ", data_size,
                               " bytes (file truncated?)"));
   }
-  if (info.data_end - info.data_begin != bytes) {
+  if (info->data_end - info->data_begin != bytes) {
     return error(absl::StrCat("data_offsets ", range, " hold ",
-                              info.data_end - info.data_begin, " bytes but ",
-                              info.dtype, " ", ShapeToString(info.shape),
+                              info->data_end - info->data_begin, " bytes but ",
+                              info->dtype, " ", ShapeToString(info->shape),
                               " needs ", bytes));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SafetensorsTensor> ParseTensorEntry(const std::string& path,
+                                                   const std::string& name,
+                                                   const Json& entry,
+                                                   int64_t data_size) {
+  MUON_RETURN_IF_ERROR(CheckEntryKeys(path, name, entry));
+  SafetensorsTensor info;
+  info.name = name;
+  const Json& dtype = entry["dtype"];
+  if (!dtype.is_string()) {
+    return TensorError(
+        path, name,
+        absl::StrCat("dtype must be a string, got ", TypeName(dtype)));
+  }
+  info.dtype = dtype.get<std::string>();
+  const int64_t element_size = SafetensorsDtypeSize(info.dtype);
+  if (element_size == 0) {
+    return TensorError(path, name,
+                       absl::StrCat("unknown dtype \"", info.dtype, "\""));
+  }
+  MUON_ASSIGN_OR_RETURN(const int64_t bytes,
+                        ParseShape(path, entry["shape"], element_size, &info));
+  MUON_RETURN_IF_ERROR(
+      ParseDataOffsets(path, entry["data_offsets"], bytes, data_size, &info));
   return info;
 }
 
