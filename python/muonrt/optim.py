@@ -295,56 +295,14 @@ class Muon(torch.optim.Optimizer):
         self._num_named = 0
         self._num_unnamed = 0
         super().__init__(params, defaults)
-        if self._num_named and self._num_unnamed:
-            raise ValueError(
-                "all optimizer params should be with/without names. Some "
-                "param names are missing")
-        names = [n for g in self.param_groups for n in g["param_names"]]
-        seen = set()
-        for n in names:
-            if n in seen:
-                raise ValueError(
-                    f"muonrt.Muon: parameter name {n!r} appears twice")
-            seen.add(n)
-        for gi, group in enumerate(self.param_groups):
-            for key in _GLOBAL_KEYS:
-                if _canonical(key, group[key]) != _canonical(key,
-                                                             defaults[key]):
-                    raise ValueError(
-                        f"muonrt.Muon: param group {gi} sets {key}="
-                        f"{group[key]!r}, but {key} is one value for the "
-                        f"whole optimizer ({defaults[key]!r}); only lr and "
-                        f"weight_decay may differ per group")
-
+        names = self._check_param_groups(defaults)
         expert_stacks = set(expert_stacks or ())
-        unknown = expert_stacks - seen
+        unknown = expert_stacks - names
         if unknown:
             raise ValueError(f"muonrt.Muon: expert_stacks names unknown "
                              f"parameters {sorted(unknown)}")
         self._slots = self._make_slots(expert_stacks)
-
-        # Process group and mesh.
-        if process_group is None:
-            process_group = _dist.get_default_group()
-        if process_group is not None and not isinstance(process_group,
-                                                        ProcessGroup):
-            raise TypeError(
-                f"muonrt.Muon: process_group must be a muonrt.ProcessGroup "
-                f"(muonrt.init_process_group()), not "
-                f"{type(process_group).__name__}")
-        self._pg = process_group
-        world = process_group.world_size if process_group else 1
-        self._mesh = self._resolve_mesh(mesh, world)
-        if self._mesh.size() != world:
-            if process_group is None:
-                raise ValueError(
-                    f"muonrt.Muon: the mesh {self._mesh} has "
-                    f"{self._mesh.size()} ranks but there is no process "
-                    f"group: call muonrt.init_process_group() on every rank "
-                    f"first (or pass process_group=)")
-            raise ValueError(
-                f"muonrt.Muon: the mesh {self._mesh} has {self._mesh.size()} "
-                f"ranks but the process group has {world}")
+        self._resolve_process_group(process_group, mesh)
         self._resolve_layout(placements, global_shapes, sub_mesh)
         self._create(runtime)
         self._group_slots = []
@@ -358,6 +316,56 @@ class Muon(torch.optim.Optimizer):
         # _StateView): never empty, so torch.distributed.checkpoint's
         # get/set_optimizer_state_dict do not "initialize" it with a step.
         self.state = _StateView(self)
+
+    def _check_param_groups(self, defaults):
+        """Checks the names (all given or none, each once) and that groups
+        differ only in lr and weight_decay; returns the set of names."""
+        if self._num_named and self._num_unnamed:
+            raise ValueError(
+                "all optimizer params should be with/without names. Some "
+                "param names are missing")
+        seen = set()
+        for n in (n for g in self.param_groups for n in g["param_names"]):
+            if n in seen:
+                raise ValueError(
+                    f"muonrt.Muon: parameter name {n!r} appears twice")
+            seen.add(n)
+        for gi, group in enumerate(self.param_groups):
+            for key in _GLOBAL_KEYS:
+                if _canonical(key, group[key]) != _canonical(key,
+                                                             defaults[key]):
+                    raise ValueError(
+                        f"muonrt.Muon: param group {gi} sets {key}="
+                        f"{group[key]!r}, but {key} is one value for the "
+                        f"whole optimizer ({defaults[key]!r}); only lr and "
+                        f"weight_decay may differ per group")
+        return seen
+
+    def _resolve_process_group(self, process_group, mesh):
+        """Sets self._pg (the given group, else the default one, else None)
+        and self._mesh, whose size must be the group's world size."""
+        if process_group is None:
+            process_group = _dist.get_default_group()
+        if process_group is not None and not isinstance(process_group,
+                                                        ProcessGroup):
+            raise TypeError(
+                f"muonrt.Muon: process_group must be a muonrt.ProcessGroup "
+                f"(muonrt.init_process_group()), not "
+                f"{type(process_group).__name__}")
+        self._pg = process_group
+        world = process_group.world_size if process_group else 1
+        self._mesh = self._resolve_mesh(mesh, world)
+        if self._mesh.size() == world:
+            return
+        if process_group is None:
+            raise ValueError(
+                f"muonrt.Muon: the mesh {self._mesh} has "
+                f"{self._mesh.size()} ranks but there is no process "
+                f"group: call muonrt.init_process_group() on every rank "
+                f"first (or pass process_group=)")
+        raise ValueError(
+            f"muonrt.Muon: the mesh {self._mesh} has {self._mesh.size()} "
+            f"ranks but the process group has {world}")
 
     # ---- param groups ------------------------------------------------------
 
