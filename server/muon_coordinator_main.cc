@@ -153,13 +153,12 @@ absl::StatusOr<muon::CoordinatorAuth> LoadAuth() {
   return auth;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// Parses the command line: --help lists this file's flags (Abseil
+// matches files named after the program, and "muon-coordinator" is not
+// "muon_coordinator_main").
+void ParseFlags(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "muon-coordinator: the distributed Muon job coordinator (gRPC).");
-  // --help lists this file's flags (Abseil matches files named after the
-  // program, and "muon-coordinator" is not "muon_coordinator_main").
   absl::FlagsUsageConfig usage;
   usage.contains_help_flags = [](absl::string_view file) {
     return absl::EndsWith(file, "muon_coordinator_main.cc");
@@ -167,6 +166,78 @@ int main(int argc, char** argv) {
   usage.contains_helpshort_flags = usage.contains_help_flags;
   absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
+}
+
+// The first flag whose value is out of range, as the message for exit
+// status 2; "" when every flag is fine.
+std::string FlagUsageError() {
+  absl::StatusOr<muon::PlannerOptions::Policy> policy =
+      muon::ParsePolicy(absl::GetFlag(FLAGS_policy));
+  if (!policy.ok()) {
+    return absl::StrCat("--policy: ", policy.status().message());
+  }
+  if (absl::GetFlag(FLAGS_world_size) < 0) return "--world_size must be >= 0";
+  if (absl::GetFlag(FLAGS_reports_kept) < 1 ||
+      !(absl::GetFlag(FLAGS_straggler_factor) > 0)) {
+    return "--reports_kept must be >= 1 and --straggler_factor > 0";
+  }
+  const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  if (metrics_port < 0 || metrics_port > 65535) {
+    return "--metrics_port must be in [0, 65535]";
+  }
+  return "";
+}
+
+// The server's options from the flags (checked by FlagUsageError) and the
+// secrets they name (LoadAuth's errors).
+absl::StatusOr<muon::CoordinatorServerOptions> ServerOptionsFromFlags() {
+  muon::CoordinatorServerOptions options;
+  options.host = absl::GetFlag(FLAGS_host);
+  options.port = absl::GetFlag(FLAGS_port);
+  auto& service = options.service;
+  service.job_id = absl::GetFlag(FLAGS_job_id);
+  service.world_size = absl::GetFlag(FLAGS_world_size);
+  service.heartbeat_timeout =
+      absl::Seconds(absl::GetFlag(FLAGS_heartbeat_timeout_s));
+  service.default_join_timeout =
+      absl::Seconds(absl::GetFlag(FLAGS_join_timeout_s));
+  service.plan_defaults.bucket_size_bytes =
+      absl::GetFlag(FLAGS_bucket_size_bytes);
+  MUON_ASSIGN_OR_RETURN(service.plan_defaults.policy,
+                        muon::ParsePolicy(absl::GetFlag(FLAGS_policy)));
+  service.reports_kept = absl::GetFlag(FLAGS_reports_kept);
+  service.straggler_factor = absl::GetFlag(FLAGS_straggler_factor);
+  service.log = [](absl::string_view line) { LOG(INFO) << line; };
+  MUON_ASSIGN_OR_RETURN(options.auth, LoadAuth());
+  options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert_file);
+  options.tls.key_file = absl::GetFlag(FLAGS_tls_key_file);
+  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  return options;
+}
+
+// The Prometheus endpoint of --metrics_port (nullptr for 0), observing the
+// service through `options`.
+absl::StatusOr<std::unique_ptr<muon::CoordinatorMetrics>> StartMetrics(
+    muon::CoordinatorServerOptions* options) {
+  const int port = absl::GetFlag(FLAGS_metrics_port);
+  if (port == 0) return std::unique_ptr<muon::CoordinatorMetrics>();
+  muon::MetricsOptions metrics_options;
+  metrics_options.port = port;
+  absl::StatusOr<std::unique_ptr<muon::CoordinatorMetrics>> started =
+      muon::CoordinatorMetrics::Start(metrics_options);
+  if (!started.ok()) {
+    return absl::Status(
+        started.status().code(),
+        absl::StrCat("--metrics_port: ", started.status().ToString()));
+  }
+  options->service.observer = started->get();
+  return started;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ParseFlags(argc, argv);
   // glog to stderr; its gflags-defined flags are set here, never parsed.
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
@@ -184,73 +255,26 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
-  muon::CoordinatorServerOptions options;
-  options.host = absl::GetFlag(FLAGS_host);
-  options.port = absl::GetFlag(FLAGS_port);
-  options.service.job_id = absl::GetFlag(FLAGS_job_id);
-  options.service.world_size = absl::GetFlag(FLAGS_world_size);
-  options.service.heartbeat_timeout =
-      absl::Seconds(absl::GetFlag(FLAGS_heartbeat_timeout_s));
-  options.service.default_join_timeout =
-      absl::Seconds(absl::GetFlag(FLAGS_join_timeout_s));
-  options.service.plan_defaults.bucket_size_bytes =
-      absl::GetFlag(FLAGS_bucket_size_bytes);
-  absl::StatusOr<muon::PlannerOptions::Policy> policy =
-      muon::ParsePolicy(absl::GetFlag(FLAGS_policy));
-  if (!policy.ok()) {
-    std::cerr << "muon-coordinator: --policy: " << policy.status().message()
+  if (const std::string usage = FlagUsageError(); !usage.empty()) {
+    std::cerr << "muon-coordinator: " << usage << std::endl;
+    return 2;
+  }
+  absl::StatusOr<muon::CoordinatorServerOptions> options =
+      ServerOptionsFromFlags();
+  if (!options.ok()) {
+    std::cerr << "muon-coordinator: " << options.status().message()
               << std::endl;
-    return 2;
-  }
-  options.service.plan_defaults.policy = *policy;
-  if (options.service.world_size < 0) {
-    std::cerr << "muon-coordinator: --world_size must be >= 0" << std::endl;
-    return 2;
-  }
-  options.service.reports_kept = absl::GetFlag(FLAGS_reports_kept);
-  options.service.straggler_factor = absl::GetFlag(FLAGS_straggler_factor);
-  if (options.service.reports_kept < 1 ||
-      !(options.service.straggler_factor > 0)) {
-    std::cerr << "muon-coordinator: --reports_kept must be >= 1 and "
-                 "--straggler_factor > 0"
-              << std::endl;
-    return 2;
-  }
-
-  absl::StatusOr<muon::CoordinatorAuth> auth = LoadAuth();
-  if (!auth.ok()) {
-    std::cerr << "muon-coordinator: " << auth.status().message() << std::endl;
     return 1;
   }
-  options.auth = *std::move(auth);
-  options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert_file);
-  options.tls.key_file = absl::GetFlag(FLAGS_tls_key_file);
-  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
-  options.service.log = [](absl::string_view line) { LOG(INFO) << line; };
-
-  const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
-  std::unique_ptr<muon::CoordinatorMetrics> metrics;
-  if (metrics_port < 0 || metrics_port > 65535) {
-    std::cerr << "muon-coordinator: --metrics_port must be in [0, 65535]"
+  absl::StatusOr<std::unique_ptr<muon::CoordinatorMetrics>> metrics =
+      StartMetrics(&*options);
+  if (!metrics.ok()) {
+    std::cerr << "muon-coordinator: " << metrics.status().message()
               << std::endl;
-    return 2;
+    return 1;
   }
-  if (metrics_port > 0) {
-    muon::MetricsOptions metrics_options;
-    metrics_options.port = metrics_port;
-    absl::StatusOr<std::unique_ptr<muon::CoordinatorMetrics>> started =
-        muon::CoordinatorMetrics::Start(metrics_options);
-    if (!started.ok()) {
-      std::cerr << "muon-coordinator: --metrics_port: "
-                << started.status().ToString() << std::endl;
-      return 1;
-    }
-    metrics = *std::move(started);
-    options.service.observer = metrics.get();
-  }
-
   absl::StatusOr<std::unique_ptr<muon::CoordinatorServer>> server =
-      muon::CoordinatorServer::Start(options);
+      muon::CoordinatorServer::Start(*options);
   if (!server.ok()) {
     std::cerr << "muon-coordinator: " << server.status().ToString()
               << std::endl;
@@ -262,18 +286,19 @@ int main(int argc, char** argv) {
               << std::endl;
     return 1;
   }
-  if (metrics != nullptr) metrics->Watch((*server)->service());
+  if (*metrics != nullptr) (*metrics)->Watch((*server)->service());
   std::cout << "muon-coordinator listening on " << (*server)->address()
             << std::endl;  // endl flushes: launchers read this line
-  if (metrics != nullptr) {
-    std::cout << "muon-coordinator metrics on " << metrics->url() << std::endl;
+  if (*metrics != nullptr) {
+    std::cout << "muon-coordinator metrics on " << (*metrics)->url()
+              << std::endl;
   }
 
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
   std::cout << "muon-coordinator: signal " << signal_number << ", stopping"
             << std::endl;
-  if (metrics != nullptr) metrics->Watch(nullptr);
+  if (*metrics != nullptr) (*metrics)->Watch(nullptr);
   (*server)->Stop();
   return 0;
 }
