@@ -357,11 +357,102 @@ std::string MuonrunUsage() {
          "                      ranks (default 10)\n";
 }
 
+namespace {
+
+// Sets the valued flag `name` (underscore spelling) to `v` in `o`, and
+// records it in `given`.
+absl::Status SetValuedFlag(const std::string& name, const std::string& v,
+                           MuonrunOptions* o, std::set<std::string>* given) {
+  given->insert(name);
+  if (name == "nproc_per_node") {
+    if (v == "cpu" || v == "auto") {
+      const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+      o->nproc_per_node = cpus > 0 ? static_cast<int>(cpus) : 1;
+    } else if (v == "gpu") {
+      return Usage(
+          "--nproc-per-node gpu: muonrun does not count GPUs; give a number");
+    } else {
+      absl::StatusOr<int> n = ParseInt("nproc-per-node", v, 1, 1 << 16);
+      if (!n.ok()) return n.status();
+      o->nproc_per_node = *n;
+    }
+  } else if (name == "nnodes") {
+    if (absl::StrContains(v, ":")) {
+      return Usage(absl::StrCat("--nnodes ", v,
+                                ": elastic ranges (MIN:MAX) are not "
+                                "supported; give the number of nodes"));
+    }
+    absl::StatusOr<int> n = ParseInt("nnodes", v, 1, 1 << 16);
+    if (!n.ok()) return n.status();
+    o->nnodes = *n;
+  } else if (name == "node_rank") {
+    absl::StatusOr<int> n = ParseInt("node-rank", v, 0, 1 << 16);
+    if (!n.ok()) return n.status();
+    o->node_rank = *n;
+  } else if (name == "master_addr") {
+    if (v.empty()) return Usage("--master-addr is empty");
+    o->master_addr = v;
+  } else if (name == "master_port") {
+    absl::StatusOr<int> n = ParseInt("master-port", v, 1, 65535);
+    if (!n.ok()) return n.status();
+    o->master_port = *n;
+  } else if (name == "max_restarts") {
+    absl::StatusOr<int> n = ParseInt("max-restarts", v, 0, 1 << 20);
+    if (!n.ok()) return n.status();
+    if (*n != 0) {
+      return Usage(absl::StrCat(
+          "--max-restarts ", *n,
+          ": restarts are not supported (they need elastic rendezvous "
+          "across nodes); use 0"));
+    }
+    o->max_restarts = *n;
+  } else if (name == "timeout_s") {
+    absl::StatusOr<absl::Duration> d =
+        ParseSeconds("timeout_s", v, /*allow_zero=*/false);
+    if (!d.ok()) return d.status();
+    o->timeout = *d;
+  } else if (name == "grace_s") {
+    absl::StatusOr<absl::Duration> d =
+        ParseSeconds("grace_s", v, /*allow_zero=*/true);
+    if (!d.ok()) return d.status();
+    o->grace = *d;
+  }
+  return absl::OkStatus();
+}
+
+// Checks the options against each other and, with --standalone, picks
+// 127.0.0.1 and a free port.
+absl::Status FinishOptions(const std::set<std::string>& given,
+                           MuonrunOptions* o) {
+  if (o->node_rank >= o->nnodes) {
+    return Usage(absl::StrCat("--node-rank ", o->node_rank,
+                              " is out of range for --nnodes ", o->nnodes,
+                              " (0..", o->nnodes - 1, ")"));
+  }
+  if (o->standalone) {
+    if (o->nnodes != 1) {
+      return Usage(absl::StrCat("--standalone is one node, but --nnodes is ",
+                                o->nnodes));
+    }
+    if (given.count("master_addr") || given.count("master_port")) {
+      return Usage(
+          "--standalone picks the address and port itself; drop "
+          "--master-addr / --master-port");
+    }
+    o->master_addr = "127.0.0.1";
+    absl::StatusOr<int> port = FreePort();
+    if (!port.ok()) return port.status();
+    o->master_port = *port;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<MuonrunOptions> ParseMuonrunArgs(
     const std::vector<std::string>& args) {
   MuonrunOptions o;
-  bool addr_given = false;
-  bool port_given = false;
+  std::set<std::string> given;  // valued flags given
   size_t i = 0;
   for (; i < args.size(); ++i) {
     const std::string& arg = args[i];
@@ -413,87 +504,13 @@ absl::StatusOr<MuonrunOptions> ParseMuonrunArgs(
       }
       value = args[++i];
     }
-    const std::string& v = *value;
-    if (name == "nproc_per_node") {
-      if (v == "cpu" || v == "auto") {
-        const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-        o.nproc_per_node = cpus > 0 ? static_cast<int>(cpus) : 1;
-      } else if (v == "gpu") {
-        return Usage(
-            "--nproc-per-node gpu: muonrun does not count GPUs; give a number");
-      } else {
-        absl::StatusOr<int> n = ParseInt("nproc-per-node", v, 1, 1 << 16);
-        if (!n.ok()) return n.status();
-        o.nproc_per_node = *n;
-      }
-    } else if (name == "nnodes") {
-      if (absl::StrContains(v, ":")) {
-        return Usage(absl::StrCat("--nnodes ", v,
-                                  ": elastic ranges (MIN:MAX) are not "
-                                  "supported; give the number of nodes"));
-      }
-      absl::StatusOr<int> n = ParseInt("nnodes", v, 1, 1 << 16);
-      if (!n.ok()) return n.status();
-      o.nnodes = *n;
-    } else if (name == "node_rank") {
-      absl::StatusOr<int> n = ParseInt("node-rank", v, 0, 1 << 16);
-      if (!n.ok()) return n.status();
-      o.node_rank = *n;
-    } else if (name == "master_addr") {
-      if (v.empty()) return Usage("--master-addr is empty");
-      o.master_addr = v;
-      addr_given = true;
-    } else if (name == "master_port") {
-      absl::StatusOr<int> n = ParseInt("master-port", v, 1, 65535);
-      if (!n.ok()) return n.status();
-      o.master_port = *n;
-      port_given = true;
-    } else if (name == "max_restarts") {
-      absl::StatusOr<int> n = ParseInt("max-restarts", v, 0, 1 << 20);
-      if (!n.ok()) return n.status();
-      if (*n != 0) {
-        return Usage(absl::StrCat(
-            "--max-restarts ", *n,
-            ": restarts are not supported (they need elastic rendezvous "
-            "across nodes); use 0"));
-      }
-      o.max_restarts = *n;
-    } else if (name == "timeout_s") {
-      absl::StatusOr<absl::Duration> d =
-          ParseSeconds("timeout_s", v, /*allow_zero=*/false);
-      if (!d.ok()) return d.status();
-      o.timeout = *d;
-    } else if (name == "grace_s") {
-      absl::StatusOr<absl::Duration> d =
-          ParseSeconds("grace_s", v, /*allow_zero=*/true);
-      if (!d.ok()) return d.status();
-      o.grace = *d;
-    }
+    MUON_RETURN_IF_ERROR(SetValuedFlag(name, *value, &o, &given));
   }
   o.program.assign(args.begin() + std::min(i, args.size()), args.end());
   if (o.program.empty()) {
     return Usage("no program given (muonrun [flags] program [args...])");
   }
-  if (o.node_rank >= o.nnodes) {
-    return Usage(absl::StrCat("--node-rank ", o.node_rank,
-                              " is out of range for --nnodes ", o.nnodes,
-                              " (0..", o.nnodes - 1, ")"));
-  }
-  if (o.standalone) {
-    if (o.nnodes != 1) {
-      return Usage(
-          absl::StrCat("--standalone is one node, but --nnodes is ", o.nnodes));
-    }
-    if (addr_given || port_given) {
-      return Usage(
-          "--standalone picks the address and port itself; drop "
-          "--master-addr / --master-port");
-    }
-    o.master_addr = "127.0.0.1";
-    absl::StatusOr<int> port = FreePort();
-    if (!port.ok()) return port.status();
-    o.master_port = *port;
-  }
+  MUON_RETURN_IF_ERROR(FinishOptions(given, &o));
   return o;
 }
 
