@@ -334,6 +334,111 @@ absl::Status FillSecurityFromEnv(ProcessGroupOptions& options) {
   return absl::OkStatus();
 }
 
+// Rank 0's embedded coordinator (options.start_embedded_coordinator),
+// its port written to options.port_file; pg->coordinator a local client.
+absl::Status EmbedCoordinator(const ProcessGroupOptions& options,
+                              ProcessGroup* pg) {
+  if (!options.start_embedded_coordinator) {
+    return absl::FailedPreconditionError(
+        "rank 0: embed_coordinator is set but start_embedded_coordinator "
+        "is not (depend on //server:embedded_coordinator and pass "
+        "muon::StartEmbeddedCoordinator, or name a coordinator address)");
+  }
+  EmbeddedCoordinatorOptions embedded;
+  embedded.host = options.embedded_host;
+  embedded.port = options.embedded_port;
+  if (!options.job_id.empty()) embedded.job_id = options.job_id;
+  embedded.world_size = options.world_size;
+  embedded.auth.job_secret = options.job_secret;
+  embedded.tls = options.tls;
+  if (options.job_secret.empty() && options.world_size > 1) {
+    std::cerr << "muon: warning: no job secret (MUON_JOB_SECRET or "
+                 "MUON_JOB_SECRET_FILE): rank 0's coordinator accepts "
+                 "requests from any process that reaches it"
+              << std::endl;
+  }
+  MUON_ASSIGN_OR_RETURN(pg->embedded_coordinator,
+                        options.start_embedded_coordinator(embedded));
+  if (!options.port_file.empty()) {
+    MUON_RETURN_IF_ERROR(
+        WritePortFile(options.port_file, pg->embedded_coordinator->port()));
+  }
+  pg->coordinator = pg->embedded_coordinator->NewLocalClient();
+  return absl::OkStatus();
+}
+
+// A gRPC client of options.coordinator_address, once something listens
+// there (bounded by options.timeout).
+absl::StatusOr<std::unique_ptr<CoordinationClient>> ConnectToCoordinator(
+    const ProcessGroupOptions& options) {
+  if (options.coordinator_address.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", options.rank,
+        ": no coordinator address (pass --coordinator host:port, or embed "
+        "the coordinator in rank 0)"));
+  }
+  std::optional<std::string> target = TcpTarget(options.coordinator_address);
+  if (target.has_value()) {
+    absl::StatusOr<std::pair<std::string, int>> hp = SplitHostPort(*target);
+    if (hp.ok()) {
+      absl::Status up = WaitForListener(hp->first, hp->second, options.timeout);
+      if (!up.ok()) {
+        return absl::Status(
+            up.code(), absl::StrCat("rank ", options.rank, ": ", up.message()));
+      }
+    }
+  }
+  GrpcClientSecurity security;
+  security.token = options.job_secret;
+  security.tls_ca_file = options.tls.ca_file;
+  MUON_ASSIGN_OR_RETURN(std::unique_ptr<GrpcCoordinationClient> client,
+                        GrpcCoordinationClient::Create(
+                            options.coordinator_address, options.job_id,
+                            absl::Seconds(10), security));
+  return std::unique_ptr<CoordinationClient>(std::move(client));
+}
+
+// The Gloo group of every rank, rendezvous through `coordinator`, bound to
+// the address SelectGlooHost picks.
+absl::StatusOr<std::unique_ptr<Communicator>> MakeGlooGroup(
+    const ProcessGroupOptions& options, CoordinationClient* coordinator) {
+  GlooOptions gloo;
+  gloo.timeout = options.timeout;
+  if (options.world_size > 1) {
+    const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+    absl::StatusOr<std::string> host =
+        SelectGlooHost(options.gloo_host, ifname == nullptr ? "" : ifname,
+                       CoordinatorHost(options));
+    if (!host.ok()) {
+      return absl::Status(host.status().code(),
+                          absl::StrCat("rank ", options.rank,
+                                       ": choosing the address Gloo binds: ",
+                                       host.status().message()));
+    }
+    gloo.hostname = *std::move(host);
+  }
+  return GlooCommunicator::Create(options.rank, options.world_size, coordinator,
+                                  gloo);
+}
+
+// The NCCL group on options.cuda_device.
+absl::StatusOr<std::unique_ptr<Communicator>> MakeNcclGroup(
+    const ProcessGroupOptions& options, CoordinationClient* coordinator) {
+  NcclOptions nccl;
+  nccl.device = options.cuda_device;
+  nccl.timeout = options.timeout;
+  absl::StatusOr<std::unique_ptr<NcclCommunicator>> comm =
+      NcclCommunicator::Create(options.rank, options.world_size, coordinator,
+                               nccl);
+  if (!comm.ok()) {
+    return absl::Status(
+        comm.status().code(),
+        absl::StrCat("rank ", options.rank, ": the NCCL group on cuda:",
+                     options.cuda_device, ": ", comm.status().message()));
+  }
+  return std::unique_ptr<Communicator>(*std::move(comm));
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(
@@ -361,96 +466,21 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(
           : (static_cast<uint64_t>(getpid()) << 32) ^
                 static_cast<uint64_t>(absl::GetCurrentTimeNanos());
   if (options.embed_coordinator && options.rank == 0) {
-    if (!options.start_embedded_coordinator) {
-      return absl::FailedPreconditionError(
-          "rank 0: embed_coordinator is set but start_embedded_coordinator "
-          "is not (depend on //server:embedded_coordinator and pass "
-          "muon::StartEmbeddedCoordinator, or name a coordinator address)");
-    }
-    EmbeddedCoordinatorOptions embedded;
-    embedded.host = options.embedded_host;
-    embedded.port = options.embedded_port;
-    if (!options.job_id.empty()) embedded.job_id = options.job_id;
-    embedded.world_size = options.world_size;
-    embedded.auth.job_secret = options.job_secret;
-    embedded.tls = options.tls;
-    if (options.job_secret.empty() && options.world_size > 1) {
-      std::cerr << "muon: warning: no job secret (MUON_JOB_SECRET or "
-                   "MUON_JOB_SECRET_FILE): rank 0's coordinator accepts "
-                   "requests from any process that reaches it"
-                << std::endl;
-    }
-    MUON_ASSIGN_OR_RETURN(pg->embedded_coordinator,
-                          options.start_embedded_coordinator(embedded));
-    if (!options.port_file.empty()) {
-      MUON_RETURN_IF_ERROR(
-          WritePortFile(options.port_file, pg->embedded_coordinator->port()));
-    }
-    pg->coordinator = pg->embedded_coordinator->NewLocalClient();
+    MUON_RETURN_IF_ERROR(EmbedCoordinator(options, pg.get()));
   } else {
-    if (options.coordinator_address.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", options.rank,
-          ": no coordinator address (pass --coordinator host:port, or embed "
-          "the coordinator in rank 0)"));
-    }
-    std::optional<std::string> target = TcpTarget(options.coordinator_address);
-    if (target.has_value()) {
-      absl::StatusOr<std::pair<std::string, int>> hp = SplitHostPort(*target);
-      if (hp.ok()) {
-        absl::Status up =
-            WaitForListener(hp->first, hp->second, options.timeout);
-        if (!up.ok()) {
-          return absl::Status(up.code(), absl::StrCat("rank ", options.rank,
-                                                      ": ", up.message()));
-        }
-      }
-    }
-    GrpcClientSecurity security;
-    security.token = options.job_secret;
-    security.tls_ca_file = options.tls.ca_file;
-    MUON_ASSIGN_OR_RETURN(pg->coordinator,
-                          GrpcCoordinationClient::Create(
-                              options.coordinator_address, options.job_id,
-                              absl::Seconds(10), security));
+    MUON_ASSIGN_OR_RETURN(pg->coordinator, ConnectToCoordinator(options));
   }
-  GlooOptions gloo;
-  gloo.timeout = options.timeout;
-  if (options.world_size > 1) {
-    const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
-    absl::StatusOr<std::string> host =
-        SelectGlooHost(options.gloo_host, ifname == nullptr ? "" : ifname,
-                       CoordinatorHost(options));
-    if (!host.ok()) {
-      return absl::Status(host.status().code(),
-                          absl::StrCat("rank ", options.rank,
-                                       ": choosing the address Gloo binds: ",
-                                       host.status().message()));
-    }
-    gloo.hostname = *std::move(host);
-  }
-  std::unique_ptr<Communicator> gloo_comm;
-  MUON_ASSIGN_OR_RETURN(
-      gloo_comm, GlooCommunicator::Create(options.rank, options.world_size,
-                                          pg->coordinator.get(), gloo));
+  MUON_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> gloo_comm,
+                        MakeGlooGroup(options, pg->coordinator.get()));
   if (options.backend == ProcessGroupBackend::kGloo) {
     pg->comm = std::move(gloo_comm);
     return pg;
   }
+  // NCCL carries the data; Gloo stays as the control group (c10d's
+  // arrangement for small host-side collectives).
   pg->control_comm = std::move(gloo_comm);
-  NcclOptions nccl;
-  nccl.device = options.cuda_device;
-  nccl.timeout = options.timeout;
-  absl::StatusOr<std::unique_ptr<NcclCommunicator>> comm =
-      NcclCommunicator::Create(options.rank, options.world_size,
-                               pg->coordinator.get(), nccl);
-  if (!comm.ok()) {
-    return absl::Status(
-        comm.status().code(),
-        absl::StrCat("rank ", options.rank, ": the NCCL group on cuda:",
-                     options.cuda_device, ": ", comm.status().message()));
-  }
-  pg->comm = *std::move(comm);
+  MUON_ASSIGN_OR_RETURN(pg->comm,
+                        MakeNcclGroup(options, pg->coordinator.get()));
   return pg;
 }
 

@@ -416,7 +416,7 @@ TEST(MuonctlCheckpointTest, Inspect_DumpedCheckpoint_ListsStepMeshAndShards) {
   EXPECT_THAT(inspect.output, HasSubstr("step 1"));
   EXPECT_THAT(inspect.output, HasSubstr("mesh dp_shard=2 x tp=2"));
   EXPECT_THAT(inspect.output,
-              HasSubstr("attn.wo.momentum_buffer: F32 [12,10]"));
+              HasSubstr("attn.wo.momentum_buffer: F32 [12, 10]"));
   EXPECT_THAT(inspect.output, HasSubstr("rank 3: box [6:12, 5:10], 120 bytes"));
   // A file cut short is named, with a non-zero exit.
   const std::string file = *dir + "/checkpoint/optim/rank_2.safetensors";
