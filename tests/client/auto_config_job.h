@@ -55,7 +55,6 @@ using ::muon::testing::RunSingleDevice;
 using ::muon::testing::SingleDeviceResult;
 using ::muon::testing::TensorSpec;
 
-
 inline std::vector<std::string> PlacementStrings(const ParamPlacement& pl) {
   std::vector<std::string> out;
   for (const Placement& p : pl.placements) out.push_back(p.ToString());
@@ -107,7 +106,7 @@ inline Mesh MakeMesh(std::vector<std::string> names, std::vector<int> sizes) {
 }
 
 inline ParamPlacement Placed(std::vector<Placement> placements,
-                      SubMesh sub_mesh = {}) {
+                             SubMesh sub_mesh = {}) {
   ParamPlacement p;
   p.placements = std::move(placements);
   p.sub_mesh = std::move(sub_mesh);
@@ -119,7 +118,8 @@ inline Placement S(int d) { return Placement::Shard(d); }
 
 // Rank `rank`'s group along mesh dim `dim` (the ranks whose coordinates
 // differ from its own only there), ascending.
-inline std::vector<int> MeshGroup(const Mesh& mesh, const std::string& dim, int rank) {
+inline std::vector<int> MeshGroup(const Mesh& mesh, const std::string& dim,
+                                  int rank) {
   const int d = mesh.DimIndex(dim);
   std::vector<int> coord = mesh.Coord(rank);
   std::vector<int> out;
@@ -141,7 +141,7 @@ struct GroupDef {
 };
 
 inline GroupDef MeshGroupDef(const std::string& role, const Mesh& mesh,
-                      const std::string& dim) {
+                             const std::string& dim) {
   return GroupDef{role,
                   [mesh, dim](int rank) { return MeshGroup(mesh, dim, rank); }};
 }
@@ -274,9 +274,9 @@ inline std::vector<absl::StatusOr<DistributedConfig>> CreateOnEveryRank(
 // Expects every rank's config to carry `expected`'s mesh, this rank's
 // placements and sub-meshes (for the parameters it holds), its rank, the
 // world communicator and its coordinator client.
-inline void ExpectConfigs(Job& job,
-                   const std::vector<absl::StatusOr<DistributedConfig>>& cfgs,
-                   const Expected& expected, bool world_is_set = true) {
+inline void ExpectConfigs(
+    Job& job, const std::vector<absl::StatusOr<DistributedConfig>>& cfgs,
+    const Expected& expected, bool world_is_set = true) {
   ASSERT_EQ(cfgs.size(), static_cast<size_t>(job.size()));
   for (int r = 0; r < job.size(); ++r) {
     SCOPED_TRACE(absl::StrCat("rank ", r));
@@ -310,9 +310,9 @@ inline void ExpectConfigs(Job& job,
 // `expected` says, runs CreateAutoConfig on every rank and checks the
 // configs against `expected`.
 inline void ExpectAutoConfig(Job& job, const Problem& problem,
-                      const Expected& expected,
-                      const std::vector<GroupDef>& groups,
-                      const OptionsFn& adjust, bool with_world = true) {
+                             const Expected& expected,
+                             const std::vector<GroupDef>& groups,
+                             const OptionsFn& adjust, bool with_world = true) {
   ASSERT_TRUE(job.Connect(groups));
   for (int r = 0; r < job.size(); ++r) {
     ASSERT_THAT(job.MakeShards(r, problem, expected), IsOk());
