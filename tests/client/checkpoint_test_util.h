@@ -6,8 +6,6 @@
 #ifndef MUON_TESTS_CLIENT_CHECKPOINT_TEST_UTIL_H_
 #define MUON_TESTS_CLIENT_CHECKPOINT_TEST_UTIL_H_
 
-#include "client/checkpoint.h"
-
 #include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -25,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "client/checkpoint.h"
 #include "common/layout.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -38,7 +37,6 @@ using json = nlohmann::json;
 using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
 
 // A fresh directory path (not created) unique to the running test.
 inline std::string TestDir(const std::string& suffix = "ckpt") {
@@ -67,8 +65,8 @@ inline std::vector<float> MakeGlobal(const std::vector<int64_t>& shape) {
 
 // The row-major region `box` of a row-major tensor of `shape`.
 inline std::vector<float> Slice(const std::vector<float>& global,
-                         const std::vector<int64_t>& shape,
-                         const std::vector<Range>& box) {
+                                const std::vector<int64_t>& shape,
+                                const std::vector<Range>& box) {
   const int n = static_cast<int>(shape.size());
   int64_t numel = 1;
   for (const Range& r : box) numel *= r.size();
@@ -136,7 +134,7 @@ inline CheckpointMetadata Meta(const Mesh& mesh, int64_t step = 7) {
 
 // Every rank writes its shard (as a job would); rank 0 writes metadata.json.
 inline void SaveAll(const std::string& dir, const CheckpointMetadata& meta,
-             const std::vector<GlobalTensor>& tensors) {
+                    const std::vector<GlobalTensor>& tensors) {
   std::vector<std::vector<float>> keep;  // local copies outlive the views
   for (int r = 0; r < meta.world_size; ++r) {
     std::vector<ShardTensorView> views;
@@ -164,10 +162,9 @@ inline std::unique_ptr<CheckpointReader> OpenOrDie(const std::string& dir) {
 
 // Reads, under `placements` over `mesh`, every rank's box of `t` and
 // compares it with the global tensor's slice.
-inline void ExpectReshardedReadsMatch(const CheckpointReader& reader,
-                               const GlobalTensor& t,
-                               const std::vector<std::string>& placements,
-                               const Mesh& mesh) {
+inline void ExpectReshardedReadsMatch(
+    const CheckpointReader& reader, const GlobalTensor& t,
+    const std::vector<std::string>& placements, const Mesh& mesh) {
   const auto boxes = RankBoxes(t.shape, placements, mesh);
   for (size_t r = 0; r < boxes.size(); ++r) {
     const std::vector<float> want = Slice(t.data, t.shape, boxes[r]);
@@ -209,7 +206,7 @@ inline ParsedFile ParseFile(const std::string& bytes) {
 
 // Rewrites the JSON header of safetensors file `path` with `edit`.
 inline void EditHeader(const std::string& path,
-                const std::function<void(json&)>& edit) {
+                       const std::function<void(json&)>& edit) {
   const ::muon::testing::SafetensorsParts st =
       ::muon::testing::SplitSafetensors(ReadFile(path));
   json header = json::parse(st.header, nullptr, false);
@@ -219,7 +216,7 @@ inline void EditHeader(const std::string& path,
 }
 
 inline void EditMetadataJson(const std::string& dir,
-                      const std::function<void(json&)>& edit) {
+                             const std::function<void(json&)>& edit) {
   const std::string path = dir + "/metadata.json";
   json root = json::parse(ReadFile(path), nullptr, false);
   ASSERT_FALSE(root.is_discarded());

@@ -201,21 +201,6 @@ void ExpectStepsMatchReference(const MuonOptions& options,
 
 // --- Options ---
 
-TEST(MuonOptionsTest, Defaults_MatchTorch) {
-  const MuonOptions o;
-  EXPECT_EQ(o.lr, 1e-3);
-  EXPECT_EQ(o.weight_decay, 0.1);
-  EXPECT_EQ(o.momentum, 0.95);
-  EXPECT_TRUE(o.nesterov);
-  EXPECT_EQ(o.ns_a, 3.4445);
-  EXPECT_EQ(o.ns_b, -4.7750);
-  EXPECT_EQ(o.ns_c, 2.0315);
-  EXPECT_EQ(o.eps, 1e-7);
-  EXPECT_EQ(o.ns_steps, 5);
-  EXPECT_EQ(o.adjust_lr_fn, "original");
-  EXPECT_TRUE(ValidateMuonOptions(o).ok());
-}
-
 TEST(MuonTest, Create_DefaultOptions_KeepsOptionsAndIsWorldOfOne) {
   Parameter p = MakeParam("fc.weight", 3, 5, 1);
   absl::StatusOr<std::unique_ptr<Muon>> muon = Muon::Create({&p});
@@ -587,102 +572,7 @@ TEST(MuonTest, ZeroGrad_AfterStep_ClearsGradientsKeepingSizes) {
   EXPECT_EQ(p.grad, std::vector<float>(15, 0.0f));
 }
 
-// --- Argument errors (torch.optim.Muon.__init__) ---
-
-TEST(MuonTest, Create_NegativeLr_ReturnsInvalidArgument) {
-  MuonOptions o;
-  o.lr = -0.5;
-  EXPECT_THAT(
-      ValidateMuonOptions(o),
-      StatusIs(absl::StatusCode::kInvalidArgument,
-               AllOf(ContainsRegex("[Ll]earning rate|lr"), HasSubstr("-0.5"))));
-  Parameter p = MakeParam("w", 3, 5, 1);
-  EXPECT_THAT(Muon::Create({&p}, o),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("-0.5")));
-}
-
-TEST(MuonTest, Create_ZeroLr_Succeeds) {
-  MuonOptions o;
-  o.lr = 0.0;
-  Parameter p = MakeParam("w", 3, 5, 1);
-  EXPECT_TRUE(Muon::Create({&p}, o).ok());
-}
-
-TEST(MuonTest, Create_NegativeMomentum_ReturnsInvalidArgument) {
-  MuonOptions o;
-  o.momentum = -0.25;
-  EXPECT_THAT(ValidateMuonOptions(o),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("momentum"), HasSubstr("-0.25"))));
-  Parameter p = MakeParam("w", 3, 5, 1);
-  EXPECT_THAT(Muon::Create({&p}, o),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("momentum"), HasSubstr("-0.25"))));
-}
-
-TEST(MuonTest, Create_NegativeWeightDecay_ReturnsInvalidArgument) {
-  MuonOptions o;
-  o.weight_decay = -0.125;
-  EXPECT_THAT(
-      ValidateMuonOptions(o),
-      StatusIs(absl::StatusCode::kInvalidArgument,
-               AllOf(ContainsRegex("weight[ _]decay"), HasSubstr("-0.125"))));
-  Parameter p = MakeParam("w", 3, 5, 1);
-  EXPECT_THAT(
-      Muon::Create({&p}, o),
-      StatusIs(absl::StatusCode::kInvalidArgument,
-               AllOf(ContainsRegex("weight[ _]decay"), HasSubstr("-0.125"))));
-}
-
-TEST(MuonTest, Create_UnknownAdjustLrFn_ReturnsInvalidArgument) {
-  MuonOptions o;
-  o.adjust_lr_fn = "match_rms_sgd";
-  EXPECT_THAT(ValidateMuonOptions(o),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(ContainsRegex("[Aa]djust (learning rate|lr)|"
-                                           "adjust_lr_fn"),
-                             HasSubstr("match_rms_sgd"))));
-  Parameter p = MakeParam("w", 3, 5, 1);
-  EXPECT_THAT(
-      Muon::Create({&p}, o),
-      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("match_rms_sgd")));
-  // The spelling is exact (torch compares strings).
-  o.adjust_lr_fn = "Original";
-  EXPECT_THAT(
-      ValidateMuonOptions(o),
-      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("Original")));
-}
-
-TEST(MuonTest, Create_UnknownNsMethod_ReturnsInvalidArgument) {
-  MuonOptions o;
-  o.ns_method = "Gram";
-  EXPECT_THAT(ValidateMuonOptions(o),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("ns_method"), HasSubstr("Gram"))));
-  Parameter p = MakeParam("w", 3, 5, 1);
-  EXPECT_THAT(Muon::Create({&p}, o),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("Gram")));
-}
-
-TEST(MuonTest, Create_GramOrAutoOnCuda_ReturnsInvalidArgument) {
-  for (const char* method : {"gram", "auto"}) {
-    MuonOptions o;
-    o.ns_method = method;
-    o.device = "cuda";
-    EXPECT_THAT(ValidateMuonOptions(o),
-                StatusIs(absl::StatusCode::kInvalidArgument,
-                         AllOf(HasSubstr("ns_method"), HasSubstr(method),
-                               HasSubstr("cuda"))));
-  }
-}
-
-TEST(MuonOptionsTest, MuonOptionsFromProto_NsMethod_CopiedDefaultStandard) {
-  v1::OptimizerOptions proto;
-  EXPECT_EQ(MuonOptions().ns_method, "standard");
-  EXPECT_EQ(MuonOptionsFromProto(proto).ns_method, "standard");
-  proto.set_ns_method("gram");
-  EXPECT_EQ(MuonOptionsFromProto(proto).ns_method, "gram");
-}
+// --- Parameter errors (option errors: muon_options_test.cc) ---
 
 // ns_method = "gram" runs kernels::NewtonSchulz with kGram: one step on a
 // wide and a tall matrix equals the standard method's step to the Gram
@@ -740,27 +630,6 @@ TEST(MuonTest, Step_AutoMethod_GramForWideStandardForSquare_Bitwise) {
   EXPECT_FALSE(BitwiseEqual(wide_result[0], wide_result[1]));
   EXPECT_TRUE(BitwiseEqual(wide_result[2], wide_result[1]));
   EXPECT_TRUE(BitwiseEqual(square_result[2], square_result[0]));
-}
-
-TEST(MuonTest, Create_NsSteps100_ReturnsInvalidArgument) {
-  MuonOptions o;
-  o.ns_steps = 100;
-  EXPECT_THAT(ValidateMuonOptions(o),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(ContainsRegex("ns_steps|[Nn]umber of steps"),
-                             HasSubstr("100"))));
-  Parameter p = MakeParam("w", 3, 5, 1);
-  EXPECT_THAT(Muon::Create({&p}, o),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("100")));
-}
-
-TEST(MuonTest, Create_NsSteps99_Succeeds) {
-  MuonOptions o;
-  o.ns_steps = 99;
-  EXPECT_TRUE(ValidateMuonOptions(o).ok());
-  Parameter p = MakeParam("w", 3, 5, 1);
-  absl::StatusOr<std::unique_ptr<Muon>> muon = Muon::Create({&p}, o);
-  EXPECT_TRUE(muon.ok()) << muon.status();
 }
 
 TEST(MuonTest, Create_OneDimParameter_ReturnsInvalidArgumentNamingIt) {
