@@ -36,8 +36,10 @@ namespace {
 // Keys in insertion order (field order): stable, readable output.
 using Json = nlohmann::ordered_json;
 
-// The flags of the command being run: each command registers only its own
-// (RegisterFlags), so a flag another command takes is rejected as unknown.
+// The flags of the command being run, owned by RunMuonctl and passed to the
+// command (no process-wide state: RunMuonctl may run concurrently). Each
+// command's registrar binds only its own, so a flag another command takes
+// is rejected as unknown.
 struct Flags {
   std::string spec;  // job spec file (JSON, muon.v1.JobSpec)
   // spec: a .safetensors header, mesh and placement rules.
@@ -68,11 +70,6 @@ struct Flags {
   std::string out_dir, port_file, load_dir, save_dir;
   int64_t phase_from = 0, phase_to = -1;
 };
-
-Flags& F() {
-  static Flags flags;
-  return flags;
-}
 
 std::string Shape(int64_t r, int64_t c) {
   return absl::StrCat("[", r, ", ", c, "]");
@@ -170,14 +167,13 @@ absl::Status WriteTextFile(const std::string& path, const std::string& text) {
   return absl::OkStatus();
 }
 
-int CmdPlan(const std::vector<std::string>&, std::ostream& out,
-            std::ostream& err) {
+int CmdPlan(const Flags& f, std::ostream& out, std::ostream& err) {
   // --spec is required and checked to exist by its flag (PlanFlags).
-  absl::StatusOr<v1::JobSpec> spec = LoadJobSpec(F().spec);
+  absl::StatusOr<v1::JobSpec> spec = LoadJobSpec(f.spec);
   if (!spec.ok()) return Fail(err, spec.status());
-  absl::StatusOr<JobPlan> p = PlanJobSpec(*spec, F().policy);
+  absl::StatusOr<JobPlan> p = PlanJobSpec(*spec, f.policy);
   if (!p.ok()) return Fail(err, p.status());
-  if (F().json) {
+  if (f.json) {
     out << ToJson(p->plan) << "\n";
     return 0;
   }
@@ -253,36 +249,36 @@ int CmdPlan(const std::vector<std::string>&, std::ostream& out,
   return 0;
 }
 
-absl::StatusOr<std::unique_ptr<CoordinationClient>> Connect(std::ostream& err) {
-  const std::string address = F().coordinator;
+absl::StatusOr<std::unique_ptr<CoordinationClient>> Connect(const Flags& f,
+                                                            std::ostream& err) {
+  const std::string address = f.coordinator;
   if (address.empty()) {
     return absl::InvalidArgumentError("--coordinator HOST:PORT is required");
   }
   GrpcClientSecurity security;
-  const std::string token_file = F().token_file;
+  const std::string token_file = f.token_file;
   if (!token_file.empty()) {
     MUON_ASSIGN_OR_RETURN(security.token, ReadSecretFile(token_file));
   } else {
     MUON_ASSIGN_OR_RETURN(security.token, JobSecretFromEnv());
   }
-  security.tls_ca_file = F().tls_ca_file;
+  security.tls_ca_file = f.tls_ca_file;
   if (security.tls_ca_file.empty()) {
     const char* ca = std::getenv("MUON_TLS_CA_FILE");
     if (ca != nullptr) security.tls_ca_file = ca;
   }
   MUON_ASSIGN_OR_RETURN(std::unique_ptr<GrpcCoordinationClient> c,
                         GrpcCoordinationClient::Create(
-                            address, F().job_id, absl::Seconds(5), security));
+                            address, f.job_id, absl::Seconds(5), security));
   return std::unique_ptr<CoordinationClient>(std::move(c));
 }
 
-int CmdAssignments(const std::vector<std::string>&, std::ostream& out,
-                   std::ostream& err) {
-  absl::StatusOr<std::unique_ptr<CoordinationClient>> c = Connect(err);
+int CmdAssignments(const Flags& f, std::ostream& out, std::ostream& err) {
+  absl::StatusOr<std::unique_ptr<CoordinationClient>> c = Connect(f, err);
   if (!c.ok()) return Fail(err, c.status());
   absl::StatusOr<v1::GetAssignmentsResponse> a = (*c)->GetAssignments();
   if (!a.ok()) return Fail(err, a.status());
-  if (F().json) {
+  if (f.json) {
     out << ToJson(*a) << "\n";
     return 0;
   }
@@ -313,12 +309,12 @@ std::string Unhealthy(const v1::JobInfo& job,
 // One status snapshot: the job line and a table per rank (or one JSON
 // object {"job": {...}, "ranks": [...]} with --json). Sets *unhealthy to
 // why a rank is lost or failed or the job failed ("" when none).
-absl::Status PrintStatus(CoordinationClient& c, std::ostream& out,
-                         std::string* unhealthy) {
+absl::Status PrintStatus(const Flags& f, CoordinationClient& c,
+                         std::ostream& out, std::string* unhealthy) {
   MUON_ASSIGN_OR_RETURN(v1::JobInfo job, c.GetJob());
   MUON_ASSIGN_OR_RETURN(v1::ListRanksResponse ranks, c.ListRanks());
   *unhealthy = Unhealthy(job, ranks);
-  if (F().json) {
+  if (f.json) {
     Json doc = Json::object();
     doc["job"] = ProtoJson(job);
     doc["ranks"] = ProtoJson(ranks)["ranks"];
@@ -351,9 +347,8 @@ absl::Status PrintStatus(CoordinationClient& c, std::ostream& out,
   return absl::OkStatus();
 }
 
-int CmdStatus(const std::vector<std::string>&, std::ostream& out,
-              std::ostream& err) {
-  absl::StatusOr<std::unique_ptr<CoordinationClient>> c = Connect(err);
+int CmdStatus(const Flags& f, std::ostream& out, std::ostream& err) {
+  absl::StatusOr<std::unique_ptr<CoordinationClient>> c = Connect(f, err);
   if (!c.ok()) return Fail(err, c.status());
   // A probe: exit 1 when a rank is lost or failed or the job failed.
   auto outcome = [&](const absl::Status& s, const std::string& unhealthy) {
@@ -363,20 +358,20 @@ int CmdStatus(const std::vector<std::string>&, std::ostream& out,
     return 1;
   };
   std::string unhealthy;
-  if (!F().watch) return outcome(PrintStatus(**c, out, &unhealthy), unhealthy);
-  const double interval_s = F().interval_s;
-  const int count = F().count;
+  if (!f.watch) return outcome(PrintStatus(f, **c, out, &unhealthy), unhealthy);
+  const double interval_s = f.interval_s;
+  const int count = f.count;
   // Like watch(1): a failed refresh is reported and the next one tried; the
   // exit code is the last refresh's.
   int rc = 0;
   for (int i = 0; count == 0 || i < count; ++i) {
     if (i > 0) absl::SleepFor(absl::Seconds(interval_s));
-    if (!F().json) {
+    if (!f.json) {
       out << absl::StrFormat(
           "--- %s ---\n", absl::FormatTime("%Y-%m-%d %H:%M:%E3S", absl::Now(),
                                            absl::LocalTimeZone()));
     }
-    absl::Status s = PrintStatus(**c, out, &unhealthy);
+    absl::Status s = PrintStatus(f, **c, out, &unhealthy);
     rc = outcome(s, unhealthy);
     out.flush();
   }
@@ -406,18 +401,18 @@ double Percentile(const std::vector<double>& sorted, double p) {
   return sorted[k];
 }
 
-absl::StatusOr<v1::GetReportsResponse> FetchReports(std::ostream& err) {
-  MUON_ASSIGN_OR_RETURN(std::unique_ptr<CoordinationClient> c, Connect(err));
+absl::StatusOr<v1::GetReportsResponse> FetchReports(const Flags& f,
+                                                    std::ostream& err) {
+  MUON_ASSIGN_OR_RETURN(std::unique_ptr<CoordinationClient> c, Connect(f, err));
   // --last_steps >= 0 is checked by its flag (ReportFlags).
-  return c->GetReports(/*rank=*/-1, F().last_steps);
+  return c->GetReports(/*rank=*/-1, f.last_steps);
 }
 
 // `muonctl timings`: per rank and operation, the count and the p50 / p99 of
 // the operation's duration (end - start) over the kept reports; "step" is
 // the whole step (StepReport.step_time_s).
-int CmdTimings(const std::vector<std::string>&, std::ostream& out,
-               std::ostream& err) {
-  absl::StatusOr<v1::GetReportsResponse> reports = FetchReports(err);
+int CmdTimings(const Flags& f, std::ostream& out, std::ostream& err) {
+  absl::StatusOr<v1::GetReportsResponse> reports = FetchReports(f, err);
   if (!reports.ok()) return Fail(err, reports.status());
   // rank -> op -> durations in ms.
   std::map<int, std::map<std::string, std::vector<double>>> ms;
@@ -448,7 +443,7 @@ int CmdTimings(const std::vector<std::string>&, std::ostream& out,
           {rank, name, v.size(), Percentile(v, 50), Percentile(v, 99)});
     }
   }
-  if (F().json) {
+  if (f.json) {
     // {"reports": N, "timings": [{"rank", "op", "count", "p50_ms", "p99_ms"}]}
     Json timings = Json::array();
     for (const Row& row : rows) {
@@ -550,14 +545,13 @@ void AddStepAndWaitSpans(const v1::StepReport& r, double t0,
 // one process per rank (pid = rank, named "rank N"), one thread per stream
 // (main, comm, compute), one complete event ("X") per operation; ts and dur
 // in microseconds from the earliest operation start of the trace.
-int CmdTrace(const std::vector<std::string>&, std::ostream& out,
-             std::ostream& err) {
-  const std::string path = F().out;
+int CmdTrace(const Flags& f, std::ostream& out, std::ostream& err) {
+  const std::string path = f.out;
   if (path.empty()) {
     err << "muonctl trace: --out FILE is required (- = stdout)\n";
     return 2;
   }
-  absl::StatusOr<v1::GetReportsResponse> reports = FetchReports(err);
+  absl::StatusOr<v1::GetReportsResponse> reports = FetchReports(f, err);
   if (!reports.ok()) return Fail(err, reports.status());
 
   double t0 = 0;
@@ -631,14 +625,14 @@ int CmdTrace(const std::vector<std::string>&, std::ostream& out,
 // The report of a live job: its layout (GetJobSpec) and the plan it runs
 // (GetPlan, re-plans included), round-robin of the same layout, and the
 // kept step reports. A `given` spec (--spec) must describe the same layout.
-absl::Status LiveReportInput(CoordinationClient& live, const v1::JobSpec* given,
-                             ReportInput* in) {
+absl::Status LiveReportInput(const Flags& f, CoordinationClient& live,
+                             const v1::JobSpec* given, ReportInput* in) {
   MUON_ASSIGN_OR_RETURN(v1::JobSpec spec, live.GetJobSpec());
   if (given != nullptr) {
     const std::string difference = DescribeLayoutDifference(*given, spec);
     if (!difference.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--spec ", F().spec, " does not describe the live job \"",
+          "--spec ", f.spec, " does not describe the live job \"",
           spec.job_id(), "\": ", difference,
           " (leave out --spec to report the live job as it runs)"));
     }
@@ -648,19 +642,20 @@ absl::Status LiveReportInput(CoordinationClient& live, const v1::JobSpec* given,
   MUON_ASSIGN_OR_RETURN(JobPlan rr, PlanJobSpec(spec, "round_robin"));
   in->round_robin = std::move(rr.plan);
   MUON_ASSIGN_OR_RETURN(v1::GetReportsResponse reports,
-                        live.GetReports(/*rank=*/-1, F().last_steps));
+                        live.GetReports(/*rank=*/-1, f.last_steps));
   in->reports.assign(reports.reports().begin(), reports.reports().end());
   in->source =
-      absl::StrCat("live job \"", spec.job_id(), "\" at ", F().coordinator);
+      absl::StrCat("live job \"", spec.job_id(), "\" at ", f.coordinator);
   return absl::OkStatus();
 }
 
 // The report of a spec planned offline with --policy, next to round-robin.
-absl::Status OfflineReportInput(const v1::JobSpec& spec, ReportInput* in) {
-  MUON_ASSIGN_OR_RETURN(in->plan, PlanJobSpec(spec, F().policy));
+absl::Status OfflineReportInput(const Flags& f, const v1::JobSpec& spec,
+                                ReportInput* in) {
+  MUON_ASSIGN_OR_RETURN(in->plan, PlanJobSpec(spec, f.policy));
   MUON_ASSIGN_OR_RETURN(JobPlan rr, PlanJobSpec(spec, "round_robin"));
   in->round_robin = std::move(rr.plan);
-  in->source = F().spec;
+  in->source = f.spec;
   return absl::OkStatus();
 }
 
@@ -668,48 +663,46 @@ absl::Status OfflineReportInput(const v1::JobSpec& spec, ReportInput* in) {
 // one-page HTML report (tools/report.h). Offline, of the spec's plan next to
 // round-robin; live, of the job's own layout and plan with its step
 // reports (a --spec given with --coordinator must match the live job).
-int CmdReport(const std::vector<std::string>&, std::ostream& out,
-              std::ostream& err) {
+int CmdReport(const Flags& f, std::ostream& out, std::ostream& err) {
   std::optional<v1::JobSpec> spec;
-  if (!F().spec.empty()) {
-    absl::StatusOr<v1::JobSpec> loaded = LoadJobSpec(F().spec);
+  if (!f.spec.empty()) {
+    absl::StatusOr<v1::JobSpec> loaded = LoadJobSpec(f.spec);
     if (!loaded.ok()) return Fail(err, loaded.status());
     spec = *std::move(loaded);
   }
   ReportInput in;
-  if (!F().coordinator.empty()) {
-    absl::StatusOr<std::unique_ptr<CoordinationClient>> c = Connect(err);
+  if (!f.coordinator.empty()) {
+    absl::StatusOr<std::unique_ptr<CoordinationClient>> c = Connect(f, err);
     if (!c.ok()) return Fail(err, c.status());
-    absl::Status s = LiveReportInput(**c, spec ? &*spec : nullptr, &in);
+    absl::Status s = LiveReportInput(f, **c, spec ? &*spec : nullptr, &in);
     if (!s.ok()) return Fail(err, s);
-  } else if (absl::Status s = OfflineReportInput(*spec, &in); !s.ok()) {
+  } else if (absl::Status s = OfflineReportInput(f, *spec, &in); !s.ok()) {
     return Fail(err, s);
   }
   in.lower_bound_flops = LoadLowerBoundFlops(in.plan.plan);
   in.traffic = PlanTraffic(in.plan);
   const std::string html = RenderReportHtml(in);
-  if (absl::Status s = WriteTextFile(F().out, html); !s.ok()) {
+  if (absl::Status s = WriteTextFile(f.out, html); !s.ok()) {
     return Fail(err, s);
   }
   const v1::Plan& plan = in.plan.plan;
   out << absl::StrFormat(
       "wrote %s: %s, plan %s, %d ranks, %d step reports (open it in a "
       "browser; it needs no network)\n",
-      F().out, in.source, plan.hash(), plan.world_size(), in.reports.size());
+      f.out, in.source, plan.hash(), plan.world_size(), in.reports.size());
   return 0;
 }
 
 // `muonctl spec --safetensors FILE --mesh ... [--rule REGEX=PLACEMENTS]...`:
 // a job spec from a Hugging Face checkpoint's header (tools/spec_builder.h),
 // to --out or stdout; the tensors left out, and why, on stderr.
-int CmdSpec(const std::vector<std::string>&, std::ostream& out,
-            std::ostream& err) {
+int CmdSpec(const Flags& f, std::ostream& out, std::ostream& err) {
   absl::StatusOr<SafetensorsHeader> header =
-      ReadSafetensorsHeader(F().safetensors);
+      ReadSafetensorsHeader(f.safetensors);
   if (!header.ok()) return Fail(err, header.status());
   absl::StatusOr<SpecBuildOptions> options = ParseSpecBuildOptions(
-      F().mesh, F().default_placements, F().rules, F().exclude, F().transpose,
-      F().job_id.empty() ? "job" : F().job_id, F().expert_stacks);
+      f.mesh, f.default_placements, f.rules, f.exclude, f.transpose,
+      f.job_id.empty() ? "job" : f.job_id, f.expert_stacks);
   if (!options.ok()) {
     err << "muonctl spec: " << options.status().message() << "\n";
     return 2;
@@ -722,15 +715,15 @@ int CmdSpec(const std::vector<std::string>&, std::ostream& out,
     err << "muonctl spec: skipped " << t.name << ": " << t.reason << "\n";
   }
   const std::string json = JobSpecToJson(*spec);
-  if (F().out.empty() || F().out == "-") {
+  if (f.out.empty() || f.out == "-") {
     out << json << "\n";
     return 0;
   }
-  if (absl::Status s = WriteTextFile(F().out, json + "\n"); !s.ok()) {
+  if (absl::Status s = WriteTextFile(f.out, json + "\n"); !s.ok()) {
     return Fail(err, s);
   }
   out << absl::StrFormat(
-      "wrote %s: %d matrices (%d tensors skipped), mesh %s\n", F().out,
+      "wrote %s: %d matrices (%d tensors skipped), mesh %s\n", f.out,
       spec->params_size(), skipped.size(),
       MeshFromProto(spec->mesh()).ToString());
   return 0;
@@ -748,18 +741,17 @@ std::string OpToken(const v1::ScheduledOp& op) {
 
 // `muonctl schedule`: the plan's stream schedule, offline from --spec or
 // live from --coordinator.
-int CmdSchedule(const std::vector<std::string>&, std::ostream& out,
-                std::ostream& err) {
+int CmdSchedule(const Flags& f, std::ostream& out, std::ostream& err) {
   v1::Plan plan;
-  const std::string path = F().spec;
+  const std::string path = f.spec;
   if (!path.empty()) {
     absl::StatusOr<v1::JobSpec> spec = LoadJobSpec(path);
     if (!spec.ok()) return Fail(err, spec.status());
-    absl::StatusOr<JobPlan> p = PlanJobSpec(*spec, F().policy);
+    absl::StatusOr<JobPlan> p = PlanJobSpec(*spec, f.policy);
     if (!p.ok()) return Fail(err, p.status());
     plan = std::move(p->plan);
-  } else if (!F().coordinator.empty()) {
-    absl::StatusOr<std::unique_ptr<CoordinationClient>> c = Connect(err);
+  } else if (!f.coordinator.empty()) {
+    absl::StatusOr<std::unique_ptr<CoordinationClient>> c = Connect(f, err);
     if (!c.ok()) return Fail(err, c.status());
     absl::StatusOr<v1::Plan> live = (*c)->GetPlan();
     if (!live.ok()) return Fail(err, live.status());
@@ -779,7 +771,7 @@ int CmdSchedule(const std::vector<std::string>&, std::ostream& out,
           ? plan.schedule()
           : MakeSchedule(plan, plan.schedule().mode() == "async",
                          plan.schedule().prefetch_count());
-  if (F().json) {
+  if (f.json) {
     out << ToJson(s) << "\n";
     return 0;
   }
@@ -807,40 +799,38 @@ int CmdSchedule(const std::vector<std::string>&, std::ostream& out,
   return 0;
 }
 
-ValidateOptions ValidateFlags() {
+ValidateOptions ValidateFlags(const Flags& f) {
   ValidateOptions o;
-  o.spec_path = F().spec;
-  o.steps = F().steps;
-  o.init_dir = F().init;
-  o.grads_dir = F().grads;
-  o.dump_dir = F().dump;
-  o.seed = F().seed;
-  o.coordinator = F().coordinator;
-  o.tolerance = F().tolerance;
-  o.timeout_s = F().timeout_s;
-  o.checkpoint_at = F().checkpoint_at;
-  o.resume_spec_path = F().resume_spec;
-  o.phase_from = F().phase_from;
-  o.phase_to = F().phase_to;
-  o.load_dir = F().load_dir;
-  o.save_dir = F().save_dir;
+  o.spec_path = f.spec;
+  o.steps = f.steps;
+  o.init_dir = f.init;
+  o.grads_dir = f.grads;
+  o.dump_dir = f.dump;
+  o.seed = f.seed;
+  o.coordinator = f.coordinator;
+  o.tolerance = f.tolerance;
+  o.timeout_s = f.timeout_s;
+  o.checkpoint_at = f.checkpoint_at;
+  o.resume_spec_path = f.resume_spec;
+  o.phase_from = f.phase_from;
+  o.phase_to = f.phase_to;
+  o.load_dir = f.load_dir;
+  o.save_dir = f.save_dir;
   return o;
 }
 
-int CmdValidate(const std::vector<std::string>&, std::ostream& out,
-                std::ostream& err) {
+int CmdValidate(const Flags& f, std::ostream& out, std::ostream& err) {
   // --spec (required, existing) and --steps (positive, default 3) are
   // checked by their flags (ValidateFlagSet).
-  ValidateOptions o = ValidateFlags();
+  ValidateOptions o = ValidateFlags(f);
   absl::Status s = RunValidate(o, out);
   return s.ok() ? 0 : Fail(err, s);
 }
 
-int CmdValidateRank(const std::vector<std::string>&, std::ostream& out,
-                    std::ostream& err) {
-  const int rank = F().rank;
+int CmdValidateRank(const Flags& f, std::ostream& out, std::ostream& err) {
+  const int rank = f.rank;
   absl::Status s =
-      RunValidateRank(ValidateFlags(), rank, F().out_dir, F().port_file);
+      RunValidateRank(ValidateFlags(f), rank, f.out_dir, f.port_file);
   if (!s.ok()) {
     err << "muonctl validate: rank " << rank << ": " << s.ToString() << "\n";
     return 1;
@@ -849,64 +839,64 @@ int CmdValidateRank(const std::vector<std::string>&, std::ostream& out,
 }
 
 // `checkpoint inspect DIR`: what a checkpoint holds.
-int CmdCheckpoint(const std::vector<std::string>&, std::ostream& out,
-                  std::ostream& err) {
+int CmdCheckpoint(const Flags& f, std::ostream& out, std::ostream& err) {
   absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
-      CheckpointReader::Open(F().dir);
+      CheckpointReader::Open(f.dir);
   if (!reader.ok()) return Fail(err, reader.status());
   (*reader)->Describe(out);
   return 0;
 }
 
 // Flag sets the commands share.
-void LiveFlags(CLI::App* app, bool required = true) {
-  CLI::Option* c = app->add_option("--coordinator", F().coordinator,
+void LiveFlags(CLI::App* app, Flags& f, bool required = true) {
+  CLI::Option* c = app->add_option("--coordinator", f.coordinator,
                                    "host:port of the coordinator");
   if (required) c->required();
-  app->add_option("--job_id", F().job_id,
+  app->add_option("--job_id", f.job_id,
                   "Job id (default: the coordinator's job)");
-  app->add_option("--token_file", F().token_file,
+  app->add_option("--token_file", f.token_file,
                   "File (mode 0600) with the coordinator's read-only token "
                   "or the job secret (default: MUON_JOB_SECRET or "
                   "MUON_JOB_SECRET_FILE)");
-  app->add_option("--tls_ca_file", F().tls_ca_file,
+  app->add_option("--tls_ca_file", f.tls_ca_file,
                   "PEM CA certificate to verify a TLS coordinator with "
                   "(default: MUON_TLS_CA_FILE; none = plaintext)");
 }
 
-void JsonFlag(CLI::App* app) {
-  app->add_flag("--json", F().json,
+void JsonFlag(CLI::App* app, Flags& f) {
+  app->add_flag("--json", f.json,
                 "Print JSON (every field, int64 as numbers) instead of a "
                 "table");
 }
 
 // --spec (required, an existing file) and --policy (described by
 // `policy_help`).
-void SpecAndPolicyFlags(CLI::App* app, const std::string& policy_help) {
-  app->add_option("--spec", F().spec, "Job spec file (JSON, muon.v1.JobSpec)")
+void SpecAndPolicyFlags(CLI::App* app, Flags& f,
+                        const std::string& policy_help) {
+  app->add_option("--spec", f.spec, "Job spec file (JSON, muon.v1.JobSpec)")
       ->required()
       ->check(CLI::ExistingFile);
-  app->add_option("--policy", F().policy, policy_help)
+  app->add_option("--policy", f.policy, policy_help)
       ->check(CLI::IsMember({"lpt", "round_robin"}));
 }
 
-void PlanFlags(CLI::App* app) {
-  SpecAndPolicyFlags(app,
+void PlanFlags(CLI::App* app, Flags& f) {
+  SpecAndPolicyFlags(app, f,
                      "Assignment policy: lpt or round_robin (default: the "
                      "spec's, else lpt)");
-  JsonFlag(app);
+  JsonFlag(app, f);
 }
 
-void StatusFlags(CLI::App* app) {
-  LiveFlags(app);
-  JsonFlag(app);
+void StatusFlags(CLI::App* app, Flags& f) {
+  LiveFlags(app, f);
+  JsonFlag(app, f);
   CLI::Option* watch =
-      app->add_flag("--watch", F().watch, "Refresh every --interval_s");
-  app->add_option("--interval_s", F().interval_s,
+      app->add_flag("--watch", f.watch, "Refresh every --interval_s");
+  app->add_option("--interval_s", f.interval_s,
                   "Seconds between refreshes (--watch)")
       ->needs(watch)
       ->check(CLI::PositiveNumber);
-  app->add_option("--count", F().count,
+  app->add_option("--count", f.count,
                   "Refreshes (--watch; 0 = until interrupted)")
       ->needs(watch)
       ->check(CLI::NonNegativeNumber);
@@ -914,127 +904,127 @@ void StatusFlags(CLI::App* app) {
 
 // LiveFlags (--coordinator required unless `coordinator_required` is
 // false) and --last_steps.
-void ReportFlags(CLI::App* app, bool coordinator_required = true) {
-  LiveFlags(app, coordinator_required);
-  app->add_option("--last_steps", F().last_steps,
+void ReportFlags(CLI::App* app, Flags& f, bool coordinator_required = true) {
+  LiveFlags(app, f, coordinator_required);
+  app->add_option("--last_steps", f.last_steps,
                   "Each rank's last N kept steps (0 = all kept)")
       ->check(CLI::NonNegativeNumber);
 }
 
-void TimingsFlags(CLI::App* app) {
-  ReportFlags(app);
-  JsonFlag(app);
+void TimingsFlags(CLI::App* app, Flags& f) {
+  ReportFlags(app, f);
+  JsonFlag(app, f);
 }
 
-void TraceFlags(CLI::App* app) {
-  ReportFlags(app);
-  app->add_option("--out", F().out,
+void TraceFlags(CLI::App* app, Flags& f) {
+  ReportFlags(app, f);
+  app->add_option("--out", f.out,
                   "Output file (Chrome trace event JSON; - = stdout)")
       ->required();
 }
 
-void ScheduleFlags(CLI::App* app) {
+void ScheduleFlags(CLI::App* app, Flags& f) {
   CLI::Option* spec =
-      app->add_option("--spec", F().spec, "Job spec file (offline)")
+      app->add_option("--spec", f.spec, "Job spec file (offline)")
           ->check(CLI::ExistingFile);
-  LiveFlags(app, /*required=*/false);
+  LiveFlags(app, f, /*required=*/false);
   app->get_option("--coordinator")->excludes(spec);
-  app->add_option("--policy", F().policy, "Assignment policy (with --spec)")
+  app->add_option("--policy", f.policy, "Assignment policy (with --spec)")
       ->needs(spec)
       ->check(CLI::IsMember({"lpt", "round_robin"}));
   app->require_option(1, 0);  // at least --spec or --coordinator
-  JsonFlag(app);
+  JsonFlag(app, f);
 }
 
-void ValidateFlagSet(CLI::App* app) {
-  app->add_option("--spec", F().spec, "Job spec file")
+void ValidateFlagSet(CLI::App* app, Flags& f) {
+  app->add_option("--spec", f.spec, "Job spec file")
       ->required()
       ->check(CLI::ExistingFile);
-  app->add_option("--steps", F().steps, "Optimizer steps")
+  app->add_option("--steps", f.steps, "Optimizer steps")
       ->check(CLI::PositiveNumber);
-  app->add_option("--init", F().init, "Initial parameters DIR/<param>.npy")
+  app->add_option("--init", f.init, "Initial parameters DIR/<param>.npy")
       ->check(CLI::ExistingDirectory);
-  app->add_option("--grads", F().grads, "Gradients DIR/<step>/<param>.npy")
+  app->add_option("--grads", f.grads, "Gradients DIR/<step>/<param>.npy")
       ->check(CLI::ExistingDirectory);
-  app->add_option("--dump", F().dump, "Write the final parameters under DIR");
-  app->add_option("--seed", F().seed, "Seed of the synthetic values");
-  app->add_option("--coordinator", F().coordinator,
+  app->add_option("--dump", f.dump, "Write the final parameters under DIR");
+  app->add_option("--seed", f.seed, "Seed of the synthetic values");
+  app->add_option("--coordinator", f.coordinator,
                   "Use this daemon instead of one embedded in rank 0");
-  app->add_option("--tolerance", F().tolerance,
+  app->add_option("--tolerance", f.tolerance,
                   "Accepted max abs difference (0 = bitwise)")
       ->check(CLI::NonNegativeNumber);
-  app->add_option("--timeout_s", F().timeout_s,
+  app->add_option("--timeout_s", f.timeout_s,
                   "Bound on the distributed run, seconds")
       ->check(CLI::PositiveNumber);
-  app->add_option("--checkpoint_at", F().checkpoint_at,
+  app->add_option("--checkpoint_at", f.checkpoint_at,
                   "Save a checkpoint after step J, resume it in fresh rank "
                   "processes and continue to --steps (0 = none)")
       ->check(CLI::NonNegativeNumber);
-  app->add_option("--resume_spec", F().resume_spec,
+  app->add_option("--resume_spec", f.resume_spec,
                   "Job spec of the resumed run (--checkpoint_at)")
       ->check(CLI::ExistingFile);
 }
 
-void ValidateRankFlags(CLI::App* app) {
-  ValidateFlagSet(app);
-  app->add_option("--rank", F().rank)->required();
-  app->add_option("--out_dir", F().out_dir)->required();
-  app->add_option("--port_file", F().port_file);
-  app->add_option("--phase_from", F().phase_from);
-  app->add_option("--phase_to", F().phase_to);
-  app->add_option("--load_dir", F().load_dir);
-  app->add_option("--save_dir", F().save_dir);
+void ValidateRankFlags(CLI::App* app, Flags& f) {
+  ValidateFlagSet(app, f);
+  app->add_option("--rank", f.rank)->required();
+  app->add_option("--out_dir", f.out_dir)->required();
+  app->add_option("--port_file", f.port_file);
+  app->add_option("--phase_from", f.phase_from);
+  app->add_option("--phase_to", f.phase_to);
+  app->add_option("--load_dir", f.load_dir);
+  app->add_option("--save_dir", f.save_dir);
 }
 
-void ReportCommandFlags(CLI::App* app) {
-  app->add_option("--spec", F().spec,
+void ReportCommandFlags(CLI::App* app, Flags& f) {
+  app->add_option("--spec", f.spec,
                   "Job spec file: the report of its plan (offline); with "
                   "--coordinator it must describe the live job")
       ->check(CLI::ExistingFile);
-  app->add_option("--policy", F().policy,
+  app->add_option("--policy", f.policy,
                   "Assignment policy shown next to round-robin (offline; "
                   "default: the spec's, else lpt)")
       ->check(CLI::IsMember({"lpt", "round_robin"}));
-  ReportFlags(app, /*coordinator_required=*/false);
+  ReportFlags(app, f, /*coordinator_required=*/false);
   app->get_option("--policy")->excludes("--coordinator");
   app->require_option(1, 0);  // at least --spec or --coordinator
-  app->add_option("--out", F().out, "Output HTML file")->required();
+  app->add_option("--out", f.out, "Output HTML file")->required();
 }
 
-void SpecFlags(CLI::App* app) {
-  app->add_option("--safetensors", F().safetensors,
+void SpecFlags(CLI::App* app, Flags& f) {
+  app->add_option("--safetensors", f.safetensors,
                   "A Hugging Face .safetensors file (only its header is read)")
       ->required()
       ->check(CLI::ExistingFile);
-  app->add_option("--mesh", F().mesh,
+  app->add_option("--mesh", f.mesh,
                   "Mesh dims in order, e.g. dp_shard=8,tp=8 (empty: one "
                   "device)");
-  app->add_option("--default_placements", F().default_placements,
+  app->add_option("--default_placements", f.default_placements,
                   "Every matrix's placements: one per dim "
                   "(Shard(0),Replicate()) or dim:placement items "
                   "(default: Shard(0) on dp_shard, Replicate() elsewhere)");
-  app->add_option("--rule", F().rules,
+  app->add_option("--rule", f.rules,
                   "REGEX=PLACEMENTS, repeatable, first match wins, e.g. "
                   "'o_proj|down_proj=tp:Shard(1)'");
-  app->add_option("--exclude", F().exclude,
+  app->add_option("--exclude", f.exclude,
                   "REGEX of tensors that are not Muon matrices, repeatable "
                   "(replaces the defaults: embed, wte, wpe, lm_head, norm, "
                   "ln_)");
-  app->add_option("--transpose", F().transpose,
+  app->add_option("--transpose", f.transpose,
                   "REGEX of tensors stored [in, out] (GPT-2's Conv1D: "
                   "c_attn|c_proj|c_fc): the spec holds [out, in]");
-  app->add_flag("--expert_stacks", F().expert_stacks,
+  app->add_flag("--expert_stacks", f.expert_stacks,
                 "Take 3-D tensors as expert stacks [experts, rows, cols]");
-  app->add_option("--job_id", F().job_id, "The spec's job id (default: job)");
-  app->add_option("--out", F().out, "Output file (default: stdout)");
+  app->add_option("--job_id", f.job_id, "The spec's job id (default: job)");
+  app->add_option("--out", f.out, "Output file (default: stdout)");
 }
 
-void CheckpointFlags(CLI::App* app) {
+void CheckpointFlags(CLI::App* app, Flags& f) {
   CLI::App* inspect = app->add_subcommand(
       "inspect",
       "Format version, step, mesh, plan hash and per tensor its shape, "
       "placements and per-rank boxes");
-  inspect->add_option("DIR", F().dir, "Checkpoint directory")
+  inspect->add_option("DIR", f.dir, "Checkpoint directory")
       ->required()
       ->check(CLI::ExistingDirectory);
   app->require_subcommand(1);
@@ -1042,8 +1032,8 @@ void CheckpointFlags(CLI::App* app) {
 
 struct Command {
   const char* name;
-  int (*fn)(const std::vector<std::string>&, std::ostream&, std::ostream&);
-  void (*flags)(CLI::App*);
+  int (*fn)(const Flags&, std::ostream&, std::ostream&);
+  void (*flags)(CLI::App*, Flags&);
   const char* help;  // empty: hidden
 };
 
@@ -1052,9 +1042,9 @@ const Command kCommands[] = {
      "Plan a job spec offline: owners, buckets, Newton-Schulz cost, per-rank "
      "load, bytes and buffer memory"},
     {"assignments", CmdAssignments,
-     [](CLI::App* app) {
-       LiveFlags(app);
-       JsonFlag(app);
+     [](CLI::App* app, Flags& f) {
+       LiveFlags(app, f);
+       JsonFlag(app, f);
      },
      "Matrices each rank of a live job orthogonalizes"},
     {"status", CmdStatus, StatusFlags,
@@ -1092,7 +1082,7 @@ absl::StatusOr<JobPlan> PlanJobSpec(const v1::JobSpec& spec,
 
 int RunMuonctl(const std::vector<std::string>& args, std::ostream& out,
                std::ostream& err) {
-  F() = Flags();
+  Flags flags;  // the parsed command's flags, bound by its registrar
   CLI::App app("muonctl: plan a Muon job offline and inspect a live one",
                "muonctl");
   app.require_subcommand(0, 1);
@@ -1105,7 +1095,7 @@ int RunMuonctl(const std::vector<std::string>& args, std::ostream& out,
   for (const Command& c : kCommands) {
     CLI::App* sub = app.add_subcommand(c.name, c.help);
     if (*c.help == '\0') sub->group("");  // hidden
-    c.flags(sub);
+    c.flags(sub, flags);
     subs.push_back({sub, &c});
   }
   std::string help_topic;
@@ -1135,7 +1125,7 @@ int RunMuonctl(const std::vector<std::string>& args, std::ostream& out,
     return 2;
   }
   for (auto& [sub, command] : subs) {
-    if (sub->parsed()) return command->fn({}, out, err);
+    if (sub->parsed()) return command->fn(flags, out, err);
   }
   err << top_help;
   return 2;
