@@ -273,9 +273,11 @@ absl::StatusOr<muon::MuonOptions> ToMuonOptions(const muonrt_options& o) {
   m.ns_c = o.ns_c;
   m.eps = o.eps;
   m.ns_steps = o.ns_steps;
-  if (o.adjust_lr_fn != nullptr) m.adjust_lr_fn = o.adjust_lr_fn;
-  if (o.ns_schedule != nullptr) m.ns_schedule = o.ns_schedule;
-  if (o.ns_method != nullptr) m.ns_method = o.ns_method;
+  muon::MuonOptionNames names;
+  if (o.adjust_lr_fn != nullptr) names.adjust_lr_fn = o.adjust_lr_fn;
+  if (o.ns_schedule != nullptr) names.ns_schedule = o.ns_schedule;
+  if (o.ns_method != nullptr) names.ns_method = o.ns_method;
+  MUON_RETURN_IF_ERROR(muon::ApplyMuonOptionNames(names, &m));
   if (o.transactional_step != 0 && o.transactional_step != 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("muonrt_options: transactional_step ",

@@ -103,12 +103,6 @@ absl::Status ValidateMuonOptions(const MuonOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat(
         "weight decay should be >= 0 but is: ", PythonFloat(o.weight_decay)));
   }
-  if (!kernels::ParseAdjustLrFn(o.adjust_lr_fn).ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Adjust learning rate function ", o.adjust_lr_fn,
-                     " is not supported (use \"original\" or "
-                     "\"match_rms_adamw\")"));
-  }
   if (o.ns_steps >= 100) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Number of steps must be less than 100 for computational efficiency "
@@ -119,32 +113,12 @@ absl::Status ValidateMuonOptions(const MuonOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("ns_steps should be >= 0 but is: ", o.ns_steps));
   }
-  if (o.device != "cpu" && o.device != "cuda") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("device \"", o.device,
-                     "\" is not supported (use \"cpu\" or \"cuda\")"));
-  }
-  if (!kernels::ParseGpuPrecision(o.gpu_precision).ok()) {
+  if (o.ns_method != kernels::NewtonSchulzMethod::kStandard &&
+      o.device != device::DeviceKind::kHost) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "gpu_precision \"", o.gpu_precision,
-        "\" is not supported (use \"bf16\", \"tf32\" or \"fp32\")"));
-  }
-  if (!kernels::ParseCoefficientSchedule(o.ns_schedule).ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ns_schedule \"", o.ns_schedule,
-        "\" is not supported (use \"quintic\" or \"polar_express\")"));
-  }
-  if (!kernels::ParseNewtonSchulzMethod(o.ns_method).ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ns_method \"", o.ns_method,
-                     "\" is not supported (use \"standard\", \"gram\" or "
-                     "\"auto\")"));
-  }
-  if (o.ns_method != "standard" && o.device != "cpu") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ns_method \"", o.ns_method,
-                     "\" is implemented on device \"cpu\" only, got device \"",
-                     o.device, "\""));
+        "ns_method \"", kernels::NewtonSchulzMethodName(o.ns_method),
+        "\" is implemented on device \"cpu\" only, got device "
+        "\"cuda\""));
   }
   if (!(o.eps >= 0.0)) {
     return absl::InvalidArgumentError(
@@ -153,7 +127,66 @@ absl::Status ValidateMuonOptions(const MuonOptions& o) {
   return absl::OkStatus();
 }
 
-MuonOptions MuonOptionsFromProto(const v1::OptimizerOptions& p) {
+absl::Status ApplyMuonOptionNames(const MuonOptionNames& names,
+                                  MuonOptions* options) {
+  MuonOptions o = *options;
+  if (!names.adjust_lr_fn.empty()) {
+    absl::StatusOr<kernels::AdjustLrFn> fn =
+        kernels::ParseAdjustLrFn(names.adjust_lr_fn);
+    // torch.optim.Muon.__init__'s message.
+    if (!fn.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Adjust learning rate function ", names.adjust_lr_fn,
+                       " is not supported (use \"original\" or "
+                       "\"match_rms_adamw\")"));
+    }
+    o.adjust_lr_fn = *fn;
+  }
+  auto unsupported = [](const char* option, const std::string& value,
+                        const char* choices) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        option, " \"", value, "\" is not supported (use ", choices, ")"));
+  };
+  if (!names.ns_schedule.empty()) {
+    absl::StatusOr<kernels::CoefficientSchedule> schedule =
+        kernels::ParseCoefficientScheduleName(names.ns_schedule);
+    if (!schedule.ok()) {
+      return unsupported("ns_schedule", names.ns_schedule,
+                         "\"quintic\" or \"polar_express\"");
+    }
+    o.ns_schedule = *schedule;
+  }
+  if (!names.ns_method.empty()) {
+    absl::StatusOr<kernels::NewtonSchulzMethod> method =
+        kernels::ParseNewtonSchulzMethod(names.ns_method);
+    if (!method.ok()) {
+      return unsupported("ns_method", names.ns_method,
+                         "\"standard\", \"gram\" or \"auto\"");
+    }
+    o.ns_method = *method;
+  }
+  if (!names.device.empty()) {
+    if (names.device != "cpu" && names.device != "cuda") {
+      return unsupported("device", names.device, "\"cpu\" or \"cuda\"");
+    }
+    o.device = names.device == "cuda" ? device::DeviceKind::kCuda
+                                      : device::DeviceKind::kHost;
+  }
+  if (!names.gpu_precision.empty()) {
+    absl::StatusOr<kernels::GpuPrecision> precision =
+        kernels::ParseGpuPrecision(names.gpu_precision);
+    if (!precision.ok()) {
+      return unsupported("gpu_precision", names.gpu_precision,
+                         "\"bf16\", \"tf32\" or \"fp32\"");
+    }
+    o.gpu_precision = *precision;
+  }
+  *options = o;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<MuonOptions> MuonOptionsFromProto(
+    const v1::OptimizerOptions& p) {
   MuonOptions o;
   if (p.has_lr()) o.lr = p.lr();
   if (p.has_weight_decay()) o.weight_decay = p.weight_decay();
@@ -166,9 +199,11 @@ MuonOptions MuonOptionsFromProto(const v1::OptimizerOptions& p) {
   }
   if (p.has_eps()) o.eps = p.eps();
   if (p.has_ns_steps()) o.ns_steps = p.ns_steps();
-  if (p.has_adjust_lr_fn()) o.adjust_lr_fn = p.adjust_lr_fn();
-  if (p.has_ns_schedule()) o.ns_schedule = p.ns_schedule();
-  if (p.has_ns_method()) o.ns_method = p.ns_method();
+  MuonOptionNames names;
+  names.adjust_lr_fn = p.adjust_lr_fn();
+  names.ns_schedule = p.ns_schedule();
+  names.ns_method = p.ns_method();
+  MUON_RETURN_IF_ERROR(ApplyMuonOptionNames(names, &o));
   return o;
 }
 
@@ -280,15 +315,14 @@ absl::StatusOr<v1::Plan> PlanLocally(
   return std::move(job->plan);
 }
 
-// The Newton-Schulz engine `options.device` names.
+// The Newton-Schulz engine on `options.device`.
 absl::StatusOr<std::unique_ptr<kernels::NsEngine>> MakeNsEngine(
     const MuonOptions& options, int rank) {
-  if (options.device != "cuda") return kernels::MakeCpuNsEngine();
-  absl::StatusOr<kernels::GpuPrecision> precision =
-      kernels::ParseGpuPrecision(options.gpu_precision);
-  if (!precision.ok()) return precision.status();
+  if (options.device != device::DeviceKind::kCuda) {
+    return kernels::MakeCpuNsEngine();
+  }
   absl::StatusOr<std::unique_ptr<kernels::NsEngine>> engine =
-      kernels::MakeCudaNsEngine(options.cuda_device, *precision);
+      kernels::MakeCudaNsEngine(options.cuda_device, options.gpu_precision);
   if (!engine.ok()) {
     return absl::Status(engine.status().code(),
                         absl::StrCat("rank ", rank, ": device \"cuda\": ",
@@ -300,19 +334,16 @@ absl::StatusOr<std::unique_ptr<kernels::NsEngine>> MakeNsEngine(
 // torch.optim.Muon's hyper-parameters as the executor applies them.
 absl::StatusOr<UpdateRule> MakeUpdateRule(const MuonOptions& options) {
   UpdateRule rule;
-  MUON_ASSIGN_OR_RETURN(rule.adjust_lr_fn,
-                        kernels::ParseAdjustLrFn(options.adjust_lr_fn));
+  rule.adjust_lr_fn = options.adjust_lr_fn;
   rule.lr = options.lr;
   rule.weight_decay = options.weight_decay;
   rule.momentum = options.momentum;
   rule.nesterov = options.nesterov;
-  MUON_ASSIGN_OR_RETURN(
-      rule.ns, kernels::CoefficientScheduleFor(options.ns_schedule,
-                                               options.ns_a, options.ns_b,
-                                               options.ns_c, options.ns_steps));
+  rule.ns = kernels::CoefficientScheduleFor(options.ns_schedule, options.ns_a,
+                                            options.ns_b, options.ns_c,
+                                            options.ns_steps);
   rule.ns.eps = options.eps;
-  MUON_ASSIGN_OR_RETURN(rule.ns.method,
-                        kernels::ParseNewtonSchulzMethod(options.ns_method));
+  rule.ns.method = options.ns_method;
   return rule;
 }
 
@@ -337,9 +368,10 @@ absl::StatusOr<device::Device> CommonDevice(const std::vector<ParamView>& ps,
 absl::Status CheckDeviceSupport(const device::Device& dev, const MuonOptions& o,
                                 const DistributedState& state) {
   const int rank = state.rank;
-  if (dev.is_cuda() && o.ns_method != "standard") {
+  if (dev.is_cuda() && o.ns_method != kernels::NewtonSchulzMethod::kStandard) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", rank, ": ns_method \"", o.ns_method,
+        "rank ", rank, ": ns_method \"",
+        kernels::NewtonSchulzMethodName(o.ns_method),
         "\" is implemented for CPU parameters only; the parameters are on ",
         dev.ToString(), " (use \"standard\")"));
   }
@@ -456,8 +488,7 @@ absl::Status Muon::MakeDataPath(const DistributedConfig& config,
   MUON_RETURN_IF_ERROR(CheckDeviceSupport(device_, options_, state));
   ExecutorOptions exec_options;
   exec_options.device = device_;
-  MUON_ASSIGN_OR_RETURN(exec_options.precision,
-                        kernels::ParseGpuPrecision(options_.gpu_precision));
+  exec_options.precision = options_.gpu_precision;
   device_wait_timeout_ = exec_options.step_timeout;
   if (device_.is_host()) {
     if (config.ns_engine_factory) {

@@ -40,6 +40,8 @@
 #include "device/memory.h"
 #include "device/runtime.h"
 #include "device/stream.h"
+#include "kernels/muon_update.h"
+#include "kernels/newton_schulz.h"
 #include "kernels/ns_engine.h"
 #include "kernels/step_kernels.h"
 #include "muon/v1/coordinator.pb.h"
@@ -56,13 +58,14 @@ struct MuonOptions {
   double ns_a = 3.4445, ns_b = -4.7750, ns_c = 2.0315;
   double eps = 1e-7;  // Frobenius-norm floor before NS
   int ns_steps = 5;   // < 100, as torch
-  // "original": lr*sqrt(max(1, rows/cols));
-  // "match_rms_adamw": lr*0.2*sqrt(max(rows, cols)).
-  std::string adjust_lr_fn = "original";
-  // Newton-Schulz coefficient schedule: "quintic" ((ns_a, ns_b, ns_c) for
-  // ns_steps iterations) or "polar_express" (Amsel et al. 2025,
+  // kOriginal ("original"): lr*sqrt(max(1, rows/cols));
+  // kMatchRmsAdamW ("match_rms_adamw"): lr*0.2*sqrt(max(rows, cols)).
+  kernels::AdjustLrFn adjust_lr_fn = kernels::AdjustLrFn::kOriginal;
+  // Newton-Schulz coefficient schedule: kQuintic ((ns_a, ns_b, ns_c) for
+  // ns_steps iterations) or kPolarExpress (Amsel et al. 2025,
   // per-iteration coefficients; ns_steps and the coefficients are ignored).
-  std::string ns_schedule = "quintic";
+  kernels::CoefficientSchedule ns_schedule =
+      kernels::CoefficientSchedule::kQuintic;
   // Newton-Schulz evaluation (kernels::NewtonSchulzMethod): "standard"
   // (torch's order) or "gram" (Gram Newton-Schulz, Dao AI Lab 2026:
   // iterates on the m x m Gram matrix, restarting every 2 iterations; fewer
@@ -71,23 +74,24 @@ struct MuonOptions {
   // (per matrix, whichever executes fewer FLOPs: gram once the long side
   // exceeds twice the short one, kernels::ResolveNewtonSchulzMethod). The
   // same on every rank, so distributed results still equal single-device
-  // ones. gram and auto: device "cpu" only.
-  std::string ns_method = "standard";
+  // ones. gram and auto: device kHost only.
+  kernels::NewtonSchulzMethod ns_method =
+      kernels::NewtonSchulzMethod::kStandard;
   // For CPU parameters, where this rank's owned matrices are
-  // orthogonalized: "cpu" (OpenBLAS fp32) or "cuda" (cuBLAS on
+  // orthogonalized: kHost (OpenBLAS fp32) or kCuda (cuBLAS on
   // `cuda_device`, host-staged: parameters, momentum and collectives stay
   // on the host, e.g. an optimizer offloaded to CPU memory that still uses
   // a GPU for Newton-Schulz, or several ranks sharing one GPU). Parameters
   // on a CUDA device run the whole step on that device, whatever these
   // two say.
-  std::string device = "cpu";
+  device::DeviceKind device = device::DeviceKind::kHost;
   int cuda_device = 0;
-  // GPU arithmetic of Newton-Schulz: "bf16" (bf16 in, fp32 accumulate, as
-  // torch.optim.Muon), "tf32" or "fp32". For CUDA parameters "fp32" also
+  // GPU arithmetic of Newton-Schulz: kBf16 (bf16 in, fp32 accumulate, as
+  // torch.optim.Muon), kTf32 or kFp32. For CUDA parameters kFp32 also
   // rounds every multiply and add of the elementwise kernels separately
   // (the CPU kernels' bits); the others use fused multiply-adds (torch's
   // CUDA kernels).
-  std::string gpu_precision = "bf16";
+  kernels::GpuPrecision gpu_precision = kernels::GpuPrecision::kBf16;
   // Checks every gradient for NaN/Inf before the step changes anything
   // (a read-only scan, kernels::FirstNonFinite, then a one-float-per-rank
   // all-gather of the result on the step's communicator when the world is
@@ -132,8 +136,29 @@ struct MuonOptions {
 // Errors: InvalidArgument naming the argument and its value.
 absl::Status ValidateMuonOptions(const MuonOptions& options);
 
+// MuonOptions' enum options as their users spell them: torch's arguments,
+// the job spec's fields, the C ABI's strings. Parsed once, by
+// ApplyMuonOptionNames; empty = keep the value already in the options.
+struct MuonOptionNames {
+  std::string adjust_lr_fn;   // "original" | "match_rms_adamw"
+  std::string ns_schedule;    // "quintic" | "polar_express"
+  std::string ns_method;      // "standard" | "gram" | "auto"
+  std::string device;         // "cpu" | "cuda"
+  std::string gpu_precision;  // "bf16" | "tf32" | "fp32"
+};
+
+// Sets the options `names` spells into `options`.
+// Errors: InvalidArgument naming the option and value, for adjust_lr_fn in
+//   torch's words ("Adjust learning rate function X is not supported"),
+//   else `ns_method "Gram" is not supported (use "standard", "gram" or
+//   "auto")`; `options` is then unchanged.
+absl::Status ApplyMuonOptionNames(const MuonOptionNames& names,
+                                  MuonOptions* options);
+
 // Reads optimizer options from the job spec's proto (unset = default).
-MuonOptions MuonOptionsFromProto(const v1::OptimizerOptions& proto);
+// Errors: as ApplyMuonOptionNames.
+absl::StatusOr<MuonOptions> MuonOptionsFromProto(
+    const v1::OptimizerOptions& proto);
 
 // One parameter's optimizer state on this rank, in torch's state_dict
 // vocabulary (optimizer.state_dict()["state"][i]["momentum_buffer"]) plus

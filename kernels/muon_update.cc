@@ -125,6 +125,10 @@ absl::StatusOr<AdjustLrFn> ParseAdjustLrFn(absl::string_view name) {
       "\""));
 }
 
+absl::string_view AdjustLrFnName(AdjustLrFn fn) {
+  return fn == AdjustLrFn::kMatchRmsAdamW ? "match_rms_adamw" : "original";
+}
+
 void ApplyUpdate(float* param, const float* update, int64_t n, double lr,
                  double weight_decay, double adjusted_lr) {
   const float decay = static_cast<float>(1.0 - lr * weight_decay);

@@ -81,6 +81,9 @@ double AdjustLr(double lr, AdjustLrFn fn, int64_t rows, int64_t cols);
 //   InvalidArgument: any other value (the message quotes it).
 absl::StatusOr<AdjustLrFn> ParseAdjustLrFn(absl::string_view name);
 
+// "original" or "match_rms_adamw".
+absl::string_view AdjustLrFnName(AdjustLrFn fn);
+
 // Decoupled weight decay and the Muon update, in place:
 //   param *= (float)(1 - lr * weight_decay);
 //   param += (float)(-adjusted_lr) * update;

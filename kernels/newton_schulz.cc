@@ -221,22 +221,38 @@ NewtonSchulzOptions PolarExpressSchedule() {
 
 absl::StatusOr<NewtonSchulzOptions> ParseCoefficientSchedule(
     absl::string_view name) {
-  if (name == "quintic") return QuinticSchedule(5);
-  if (name == "polar_express") return PolarExpressSchedule();
+  absl::StatusOr<CoefficientSchedule> schedule =
+      ParseCoefficientScheduleName(name);
+  if (!schedule.ok()) return schedule.status();
+  return *schedule == CoefficientSchedule::kQuintic ? QuinticSchedule(5)
+                                                    : PolarExpressSchedule();
+}
+
+absl::StatusOr<CoefficientSchedule> ParseCoefficientScheduleName(
+    absl::string_view name) {
+  if (name == "quintic") return CoefficientSchedule::kQuintic;
+  if (name == "polar_express") return CoefficientSchedule::kPolarExpress;
   return absl::InvalidArgumentError(absl::StrCat(
       "coefficient schedule must be \"quintic\" or \"polar_express\", got \"",
       name, "\""));
 }
 
-absl::StatusOr<NewtonSchulzOptions> CoefficientScheduleFor(
-    absl::string_view name, double a, double b, double c, int steps) {
-  absl::StatusOr<NewtonSchulzOptions> options = ParseCoefficientSchedule(name);
-  if (!options.ok() || name != "quintic") return options;
-  options->coefficients.clear();
-  options->a = a;
-  options->b = b;
-  options->c = c;
-  options->steps = steps;
+absl::string_view CoefficientScheduleName(CoefficientSchedule schedule) {
+  return schedule == CoefficientSchedule::kPolarExpress ? "polar_express"
+                                                        : "quintic";
+}
+
+NewtonSchulzOptions CoefficientScheduleFor(CoefficientSchedule schedule,
+                                           double a, double b, double c,
+                                           int steps) {
+  if (schedule == CoefficientSchedule::kPolarExpress) {
+    return PolarExpressSchedule();
+  }
+  NewtonSchulzOptions options;
+  options.a = a;
+  options.b = b;
+  options.c = c;
+  options.steps = steps;
   return options;
 }
 

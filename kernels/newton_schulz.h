@@ -135,13 +135,27 @@ NewtonSchulzOptions PolarExpressSchedule();
 absl::StatusOr<NewtonSchulzOptions> ParseCoefficientSchedule(
     absl::string_view name);
 
+// A named coefficient schedule.
+enum class CoefficientSchedule {
+  kQuintic,       // (a, b, c) repeated: torch.optim.Muon's iteration
+  kPolarExpress,  // PolarExpressSchedule()
+};
+
+// Parses "quintic" or "polar_express" (exact, case-sensitive).
+// Errors: InvalidArgument: any other name (the message quotes it).
+absl::StatusOr<CoefficientSchedule> ParseCoefficientScheduleName(
+    absl::string_view name);
+
+// "quintic" or "polar_express".
+absl::string_view CoefficientScheduleName(CoefficientSchedule schedule);
+
 // The iteration an optimizer with torch.optim.Muon's ns_coefficients
-// (a, b, c) and ns_steps runs under the schedule `name`: "quintic" is
-// (a, b, c) repeated `steps` times (torch's `_zeropower_via_newtonschulz`);
-// "polar_express" is PolarExpressSchedule(), whatever a, b, c and steps.
-// Errors: as ParseCoefficientSchedule.
-absl::StatusOr<NewtonSchulzOptions> CoefficientScheduleFor(
-    absl::string_view name, double a, double b, double c, int steps);
+// (a, b, c) and ns_steps runs under `schedule`: kQuintic is (a, b, c)
+// repeated `steps` times (torch's `_zeropower_via_newtonschulz`);
+// kPolarExpress is PolarExpressSchedule(), whatever a, b, c and steps.
+NewtonSchulzOptions CoefficientScheduleFor(CoefficientSchedule schedule,
+                                           double a, double b, double c,
+                                           int steps);
 
 // Checks what NewtonSchulz requires of the options alone.
 // Errors:

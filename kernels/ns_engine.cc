@@ -53,6 +53,18 @@ absl::StatusOr<GpuPrecision> ParseGpuPrecision(const std::string& name) {
       "\""));
 }
 
+absl::string_view GpuPrecisionName(GpuPrecision precision) {
+  switch (precision) {
+    case GpuPrecision::kTf32:
+      return "tf32";
+    case GpuPrecision::kFp32:
+      return "fp32";
+    case GpuPrecision::kBf16:
+      break;
+  }
+  return "bf16";
+}
+
 std::unique_ptr<NsEngine> MakeCpuNsEngine() {
   return std::make_unique<CpuNsEngine>();
 }

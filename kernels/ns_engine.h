@@ -27,6 +27,9 @@ enum class GpuPrecision { kBf16, kTf32, kFp32 };
 // Parses "bf16", "tf32", "fp32". Errors: InvalidArgument naming the value.
 absl::StatusOr<GpuPrecision> ParseGpuPrecision(const std::string& name);
 
+// "bf16", "tf32" or "fp32".
+absl::string_view GpuPrecisionName(GpuPrecision precision);
+
 class NsEngine {
  public:
   virtual ~NsEngine() = default;

@@ -262,16 +262,16 @@ absl::StatusOr<DistributedConfig> ConfigOf(const SpecParams& s,
   return config;
 }
 
-MuonOptions OptionsOf(const SpecParams& s) {
-  MuonOptions options = MuonOptionsFromProto(s.spec.optimizer());
+absl::StatusOr<MuonOptions> OptionsOf(const SpecParams& s) {
+  MUON_ASSIGN_OR_RETURN(MuonOptions options,
+                        MuonOptionsFromProto(s.spec.optimizer()));
   // Single device and ranks orthogonalize on the same device kind, so the
   // comparison stays bitwise (e.g. 4 host-staged ranks sharing one GPU vs
   // the single-device GPU run).
-  if (!s.spec.execution().device().empty())
-    options.device = s.spec.execution().device();
-  if (!s.spec.execution().gpu_precision().empty()) {
-    options.gpu_precision = s.spec.execution().gpu_precision();
-  }
+  MuonOptionNames names;
+  names.device = s.spec.execution().device();
+  names.gpu_precision = s.spec.execution().gpu_precision();
+  MUON_RETURN_IF_ERROR(ApplyMuonOptionNames(names, &options));
   return options;
 }
 
@@ -327,9 +327,9 @@ absl::StatusOr<RunOutput> RunSteps(
   if (!single) {
     MUON_ASSIGN_OR_RETURN(config, ConfigOf(s, out, pg));
   }
-  MUON_ASSIGN_OR_RETURN(
-      std::unique_ptr<Muon> opt,
-      Muon::Create(LocalViews(s, &out), OptionsOf(s), config));
+  MUON_ASSIGN_OR_RETURN(MuonOptions options, OptionsOf(s));
+  MUON_ASSIGN_OR_RETURN(std::unique_ptr<Muon> opt,
+                        Muon::Create(LocalViews(s, &out), options, config));
   if (!phase.load_dir.empty()) {
     MUON_RETURN_IF_ERROR(opt->Load(phase.load_dir + "/optim"));
     if (opt->step_count() != phase.from) {

@@ -90,12 +90,16 @@ std::vector<int64_t> LayerSizes(int64_t in, int64_t classes) {
   return sizes;
 }
 
-MuonOptions OptimizerOptions() {
+// The optimizer options of the flags; a bad --adjust_lr_fn is named in
+// torch's words (ApplyMuonOptionNames).
+absl::StatusOr<MuonOptions> OptimizerOptions() {
   MuonOptions o;
   o.lr = absl::GetFlag(FLAGS_lr);
   o.weight_decay = absl::GetFlag(FLAGS_weight_decay);
   o.momentum = absl::GetFlag(FLAGS_momentum);
-  o.adjust_lr_fn = absl::GetFlag(FLAGS_adjust_lr_fn);
+  MuonOptionNames names;
+  names.adjust_lr_fn = absl::GetFlag(FLAGS_adjust_lr_fn);
+  if (absl::Status s = ApplyMuonOptionNames(names, &o); !s.ok()) return s;
   return o;
 }
 
@@ -211,8 +215,9 @@ absl::StatusOr<RunResult> Train(const Data& data, int world, ProcessGroup* pg) {
     config->async_gpu_parallelism = absl::GetFlag(FLAGS_async_gpu_parallelism);
     config->prefetch_count = absl::GetFlag(FLAGS_prefetch_count);
   }
+  MUON_ASSIGN_OR_RETURN(MuonOptions options, OptimizerOptions());
   MUON_ASSIGN_OR_RETURN(std::unique_ptr<Muon> opt,
-                        Muon::Create(views, OptimizerOptions(), config));
+                        Muon::Create(views, options, config));
   if (log) {
     std::printf("[%s] plan %s: %d matrices, %d buckets, owners:", tag.c_str(),
                 opt->plan().hash().c_str(), opt->plan().matrices_size(),

@@ -145,7 +145,7 @@ class Params {
 MuonOptions Options(const std::string& precision) {
   MuonOptions o;
   o.lr = 0.02;
-  o.gpu_precision = precision;
+  o.gpu_precision = *kernels::ParseGpuPrecision(precision);
   return o;
 }
 
@@ -178,7 +178,7 @@ TEST(GpuMuonTest, CudaParamsFp32Mode_BitwiseEqualToHostStagedCudaNewtonSchulz) {
   for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
     SCOPED_TRACE(std::string(DTypeName(dtype)));
     MuonOptions host_staged = Options("fp32");
-    host_staged.device = "cuda";
+    host_staged.device = device::DeviceKind::kCuda;
     const OptimizerRun ref = Steps(/*on_gpu=*/false, dtype, host_staged, 3);
     const OptimizerRun gpu = Steps(/*on_gpu=*/true, dtype, Options("fp32"), 3);
     ASSERT_NE(ref.muon, nullptr);

@@ -299,7 +299,7 @@ TEST(MuonDistributedTest,
   const Problem problem = MatricesProblem();
   MuonOptions o = TestOptions();
   o.nesterov = false;
-  o.adjust_lr_fn = "match_rms_adamw";
+  o.adjust_lr_fn = kernels::AdjustLrFn::kMatchRmsAdamW;
   World world(4);
   ExpectMatchesSingleDevice(
       world, problem, OneDimLayout(4, Placement::Shard(1), 4),

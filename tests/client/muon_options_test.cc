@@ -40,31 +40,55 @@ TEST(MuonOptionsTest, Defaults_MatchTorch) {
   EXPECT_EQ(o.ns_c, 2.0315);
   EXPECT_EQ(o.eps, 1e-7);
   EXPECT_EQ(o.ns_steps, 5);
-  EXPECT_EQ(o.adjust_lr_fn, "original");
+  EXPECT_EQ(o.adjust_lr_fn, kernels::AdjustLrFn::kOriginal);
+  EXPECT_EQ(o.ns_schedule, kernels::CoefficientSchedule::kQuintic);
+  EXPECT_EQ(o.ns_method, kernels::NewtonSchulzMethod::kStandard);
+  EXPECT_EQ(o.device, device::DeviceKind::kHost);
+  EXPECT_EQ(o.gpu_precision, kernels::GpuPrecision::kBf16);
   EXPECT_TRUE(ValidateMuonOptions(o).ok());
 }
 
-TEST(MuonOptionsTest, MuonOptionsFromProto_NsMethod_CopiedDefaultStandard) {
+TEST(MuonOptionsTest, MuonOptionsFromProto_NamesParsedUnsetKeepDefaults) {
   v1::OptimizerOptions proto;
-  EXPECT_EQ(MuonOptions().ns_method, "standard");
-  EXPECT_EQ(MuonOptionsFromProto(proto).ns_method, "standard");
+  absl::StatusOr<MuonOptions> o = MuonOptionsFromProto(proto);
+  ASSERT_THAT(o, IsOk());
+  EXPECT_EQ(o->ns_method, kernels::NewtonSchulzMethod::kStandard);
   proto.set_ns_method("gram");
-  EXPECT_EQ(MuonOptionsFromProto(proto).ns_method, "gram");
+  proto.set_adjust_lr_fn("match_rms_adamw");
+  proto.set_ns_schedule("polar_express");
+  o = MuonOptionsFromProto(proto);
+  ASSERT_THAT(o, IsOk());
+  EXPECT_EQ(o->ns_method, kernels::NewtonSchulzMethod::kGram);
+  EXPECT_EQ(o->adjust_lr_fn, kernels::AdjustLrFn::kMatchRmsAdamW);
+  EXPECT_EQ(o->ns_schedule, kernels::CoefficientSchedule::kPolarExpress);
 }
 
-// One bad option: how to set it, and the message both ValidateMuonOptions
-// and Muon::Create give (torch's wording, the value as Python prints it).
+// One bad option, set as a value or spelled as a name, and the message it
+// gets (torch's wording; a value as Python prints it).
 struct BadOption {
   std::string name;
-  std::function<void(MuonOptions&)> set;
+  std::function<void(MuonOptions&, MuonOptionNames&)> set;
   std::string message;
 };
 
 class MuonBadOptionTest : public ::testing::TestWithParam<BadOption> {};
 
-TEST_P(MuonBadOptionTest, ValidateAndCreate_ReturnInvalidArgumentWithMessage) {
+// A bad name is refused where it is parsed (ApplyMuonOptionNames, options
+// untouched); a bad value by ValidateMuonOptions and by Muon::Create, with
+// the parameters untouched.
+TEST_P(MuonBadOptionTest, RefusedWithMessageBeforeAnythingChanges) {
   MuonOptions o;
-  GetParam().set(o);
+  MuonOptionNames names;
+  GetParam().set(o, names);
+  const MuonOptions before_names = o;
+  absl::Status parsed = ApplyMuonOptionNames(names, &o);
+  if (!parsed.ok()) {
+    EXPECT_THAT(parsed, StatusIs(absl::StatusCode::kInvalidArgument,
+                                 HasSubstr(GetParam().message)));
+    EXPECT_EQ(o.adjust_lr_fn, before_names.adjust_lr_fn);
+    EXPECT_EQ(o.ns_method, before_names.ns_method);
+    return;
+  }
   EXPECT_THAT(ValidateMuonOptions(o),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr(GetParam().message)));
@@ -79,46 +103,64 @@ TEST_P(MuonBadOptionTest, ValidateAndCreate_ReturnInvalidArgumentWithMessage) {
 INSTANTIATE_TEST_SUITE_P(
     TorchArgumentErrors, MuonBadOptionTest,
     ::testing::Values(
-        BadOption{"NegativeLr", [](MuonOptions& o) { o.lr = -0.5; },
+        BadOption{"NegativeLr",
+                  [](MuonOptions& o, MuonOptionNames&) { o.lr = -0.5; },
                   "Learning rate should be >= 0 but is: -0.5"},
-        BadOption{"NegativeWholeLr", [](MuonOptions& o) { o.lr = -1.0; },
+        BadOption{"NegativeWholeLr",
+                  [](MuonOptions& o, MuonOptionNames&) { o.lr = -1.0; },
                   "Learning rate should be >= 0 but is: -1.0"},
         BadOption{"NegativeMomentum",
-                  [](MuonOptions& o) { o.momentum = -0.25; },
+                  [](MuonOptions& o, MuonOptionNames&) { o.momentum = -0.25; },
                   "momentum should be >= 0 but is: -0.25"},
-        BadOption{"NegativeWeightDecay",
-                  [](MuonOptions& o) { o.weight_decay = -0.125; },
-                  "weight decay should be >= 0 but is: -0.125"},
+        BadOption{
+            "NegativeWeightDecay",
+            [](MuonOptions& o, MuonOptionNames&) { o.weight_decay = -0.125; },
+            "weight decay should be >= 0 but is: -0.125"},
         BadOption{"UnknownAdjustLrFn",
-                  [](MuonOptions& o) { o.adjust_lr_fn = "match_rms_sgd"; },
+                  [](MuonOptions&, MuonOptionNames& n) {
+                    n.adjust_lr_fn = "match_rms_sgd";
+                  },
                   "Adjust learning rate function match_rms_sgd is not "
                   "supported"},
         // The spelling is exact (torch compares strings).
         BadOption{"AdjustLrFnCapitalized",
-                  [](MuonOptions& o) { o.adjust_lr_fn = "Original"; },
+                  [](MuonOptions&, MuonOptionNames& n) {
+                    n.adjust_lr_fn = "Original";
+                  },
                   "Adjust learning rate function Original is not supported"},
-        BadOption{"NsSteps100", [](MuonOptions& o) { o.ns_steps = 100; },
+        BadOption{"NsSteps100",
+                  [](MuonOptions& o, MuonOptionNames&) { o.ns_steps = 100; },
                   "Number of steps must be less than 100 for computational "
                   "efficiency"},
-        BadOption{"UnknownNsMethod",
-                  [](MuonOptions& o) { o.ns_method = "Gram"; },
-                  "ns_method \"Gram\" is not supported"},
-        BadOption{"UnknownNsSchedule",
-                  [](MuonOptions& o) { o.ns_schedule = "cubic"; },
-                  "ns_schedule \"cubic\" is not supported"},
+        BadOption{
+            "UnknownNsMethod",
+            [](MuonOptions&, MuonOptionNames& n) { n.ns_method = "Gram"; },
+            "ns_method \"Gram\" is not supported"},
+        BadOption{
+            "UnknownNsSchedule",
+            [](MuonOptions&, MuonOptionNames& n) { n.ns_schedule = "cubic"; },
+            "ns_schedule \"cubic\" is not supported"},
+        BadOption{"UnknownDevice",
+                  [](MuonOptions&, MuonOptionNames& n) { n.device = "tpu"; },
+                  "device \"tpu\" is not supported"},
+        BadOption{
+            "UnknownGpuPrecision",
+            [](MuonOptions&, MuonOptionNames& n) { n.gpu_precision = "fp8"; },
+            "gpu_precision \"fp8\" is not supported"},
         BadOption{"GramOnCuda",
-                  [](MuonOptions& o) {
-                    o.ns_method = "gram";
-                    o.device = "cuda";
+                  [](MuonOptions& o, MuonOptionNames&) {
+                    o.ns_method = kernels::NewtonSchulzMethod::kGram;
+                    o.device = device::DeviceKind::kCuda;
                   },
                   "ns_method \"gram\" is implemented on device \"cpu\" only, "
                   "got device \"cuda\""},
         BadOption{"AutoOnCuda",
-                  [](MuonOptions& o) {
-                    o.ns_method = "auto";
-                    o.device = "cuda";
+                  [](MuonOptions& o, MuonOptionNames&) {
+                    o.ns_method = kernels::NewtonSchulzMethod::kAuto;
+                    o.device = device::DeviceKind::kCuda;
                   },
-                  "ns_method \"auto\" is implemented on device \"cpu\" only"}),
+                  "ns_method \"auto\" is implemented on device \"cpu\" "
+                  "only"}),
     [](const ::testing::TestParamInfo<BadOption>& info) {
       return info.param.name;
     });

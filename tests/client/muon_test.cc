@@ -101,11 +101,13 @@ float TorchLerp(float self, float end, float w) {
 }
 
 // torch.optim.Muon._adjust_lr, in double as Python computes it.
-double ExpectedAdjustedLr(double lr, const std::string& fn, int64_t rows,
+double ExpectedAdjustedLr(double lr, kernels::AdjustLrFn fn, int64_t rows,
                           int64_t cols) {
   const double a = static_cast<double>(rows);
   const double b = static_cast<double>(cols);
-  if (fn == "original") return lr * std::sqrt(std::max(1.0, a / b));
+  if (fn == kernels::AdjustLrFn::kOriginal) {
+    return lr * std::sqrt(std::max(1.0, a / b));
+  }
   return lr * (0.2 * std::sqrt(std::max(a, b)));
 }
 
@@ -209,7 +211,7 @@ TEST(MuonTest, Create_DefaultOptions_KeepsOptionsAndIsWorldOfOne) {
   EXPECT_EQ((*muon)->options().weight_decay, 0.1);
   EXPECT_EQ((*muon)->options().momentum, 0.95);
   EXPECT_TRUE((*muon)->options().nesterov);
-  EXPECT_EQ((*muon)->options().adjust_lr_fn, "original");
+  EXPECT_EQ((*muon)->options().adjust_lr_fn, kernels::AdjustLrFn::kOriginal);
   EXPECT_EQ((*muon)->current_rank(), 0);
   EXPECT_EQ((*muon)->world_size(), 1);
   EXPECT_EQ((*muon)->step_count(), 0);
@@ -256,7 +258,7 @@ TEST(MuonTest,
      Step_OriginalAdjustLrTallAndWide_ElementwiseOpsMatchTorchBitwise) {
   MuonOptions o;
   o.lr = 0.02;
-  o.adjust_lr_fn = "original";
+  o.adjust_lr_fn = kernels::AdjustLrFn::kOriginal;
   // Tall: lr*sqrt(8/2) = 2*lr; wide: lr*sqrt(max(1, 2/8)) = lr.
   ExpectStepsMatchReference(o, {{8, 2}, {2, 8}, {7, 3}, {3, 7}}, 2);
 }
@@ -265,7 +267,7 @@ TEST(MuonTest,
      Step_MatchRmsAdamWAdjustLrTallAndWide_ElementwiseOpsMatchTorchBitwise) {
   MuonOptions o;
   o.lr = 0.02;
-  o.adjust_lr_fn = "match_rms_adamw";
+  o.adjust_lr_fn = kernels::AdjustLrFn::kMatchRmsAdamW;
   ExpectStepsMatchReference(o, {{8, 2}, {2, 8}, {7, 3}, {3, 7}}, 2);
 }
 
@@ -284,12 +286,16 @@ TEST(MuonTest,
 // The reference's own AdjustLR values for these shapes (pins the formula the
 // bitwise tests above rely on).
 TEST(MuonTest, ExpectedAdjustedLr_TallAndWide_MatchTorchFormula) {
-  EXPECT_DOUBLE_EQ(ExpectedAdjustedLr(0.02, "original", 8, 2), 0.04);
-  EXPECT_DOUBLE_EQ(ExpectedAdjustedLr(0.02, "original", 2, 8), 0.02);
-  EXPECT_DOUBLE_EQ(ExpectedAdjustedLr(0.02, "match_rms_adamw", 8, 2),
-                   0.02 * 0.2 * std::sqrt(8.0));
-  EXPECT_DOUBLE_EQ(ExpectedAdjustedLr(0.02, "match_rms_adamw", 2, 8),
-                   0.02 * 0.2 * std::sqrt(8.0));
+  EXPECT_DOUBLE_EQ(
+      ExpectedAdjustedLr(0.02, kernels::AdjustLrFn::kOriginal, 8, 2), 0.04);
+  EXPECT_DOUBLE_EQ(
+      ExpectedAdjustedLr(0.02, kernels::AdjustLrFn::kOriginal, 2, 8), 0.02);
+  EXPECT_DOUBLE_EQ(
+      ExpectedAdjustedLr(0.02, kernels::AdjustLrFn::kMatchRmsAdamW, 8, 2),
+      0.02 * 0.2 * std::sqrt(8.0));
+  EXPECT_DOUBLE_EQ(
+      ExpectedAdjustedLr(0.02, kernels::AdjustLrFn::kMatchRmsAdamW, 2, 8),
+      0.02 * 0.2 * std::sqrt(8.0));
 }
 
 // With a zero gradient U = 0 and NS(0) = 0 (the norm is clamped to eps), so
@@ -297,8 +303,9 @@ TEST(MuonTest, ExpectedAdjustedLr_TallAndWide_MatchTorchFormula) {
 // lr, bit for bit. The adjusted lr differs by a factor 2 ("original", 16x4)
 // and 0.8 ("match_rms_adamw"), so using it would change the result.
 TEST(MuonTest, Step_ZeroGradient_DecaysWithUnadjustedLr) {
-  for (const std::string fn : {"original", "match_rms_adamw"}) {
-    SCOPED_TRACE(fn);
+  for (const kernels::AdjustLrFn fn :
+       {kernels::AdjustLrFn::kOriginal, kernels::AdjustLrFn::kMatchRmsAdamW}) {
+    SCOPED_TRACE(kernels::AdjustLrFnName(fn));
     MuonOptions o;
     o.lr = 0.05;
     o.weight_decay = 0.5;
@@ -330,7 +337,7 @@ TEST(MuonTest, Step_WeightDecayWithTallMatrix_UsesUnadjustedLr) {
   MuonOptions o;
   o.lr = 0.05;
   o.weight_decay = 0.5;
-  o.adjust_lr_fn = "original";
+  o.adjust_lr_fn = kernels::AdjustLrFn::kOriginal;
   ExpectStepsMatchReference(o, {{12, 3}}, 1);
 
   // And the variant with the adjusted lr in the decay gives other bits.
@@ -340,7 +347,8 @@ TEST(MuonTest, Step_WeightDecayWithTallMatrix_UsesUnadjustedLr) {
   RefMatrix wrong{12, 3, p.data, std::vector<float>(36, 0.0f)};
   MuonOptions wrong_o = o;
   wrong_o.weight_decay =
-      o.weight_decay * ExpectedAdjustedLr(o.lr, "original", 12, 3) / o.lr;
+      o.weight_decay *
+      ExpectedAdjustedLr(o.lr, kernels::AdjustLrFn::kOriginal, 12, 3) / o.lr;
   ReferenceStep(wrong_o, p.grad, &wrong);
   absl::StatusOr<std::unique_ptr<Muon>> muon = Muon::Create({&p}, o);
   ASSERT_TRUE(muon.ok()) << muon.status();
@@ -439,7 +447,7 @@ std::vector<OptionSet> OptionSets() {
   o.lr = 0.02;
   sets.push_back(
       {"adjust_lr_fn original", o, {{8, 2}, {2, 8}, {7, 3}, {3, 7}}, 2});
-  o.adjust_lr_fn = "match_rms_adamw";
+  o.adjust_lr_fn = kernels::AdjustLrFn::kMatchRmsAdamW;
   sets.push_back(
       {"adjust_lr_fn match_rms_adamw", o, {{8, 2}, {2, 8}, {7, 3}, {3, 7}}, 2});
   o = MuonOptions{};
@@ -583,7 +591,8 @@ TEST(MuonTest, Step_GramMethod_ClosesToStandardButNotBitwise) {
   for (int method = 0; method < 2; ++method) {
     MuonOptions o;
     o.lr = 0.05;
-    o.ns_method = method == 0 ? "standard" : "gram";
+    o.ns_method = method == 0 ? kernels::NewtonSchulzMethod::kStandard
+                              : kernels::NewtonSchulzMethod::kGram;
     Parameter wide = MakeParam("wide", 32, 160, 3);
     Parameter tall = MakeParam("tall", 150, 40, 4);
     wide.grad = RandomValues(32 * 160, 5);
@@ -611,7 +620,9 @@ TEST(MuonTest, Step_GramMethod_ClosesToStandardButNotBitwise) {
 // the "gram" job's, the square one's bitwise the "standard" job's.
 TEST(MuonTest, Step_AutoMethod_GramForWideStandardForSquare_Bitwise) {
   std::vector<float> wide_result[3], square_result[3];
-  const char* methods[3] = {"standard", "gram", "auto"};
+  const kernels::NewtonSchulzMethod methods[3] = {
+      kernels::NewtonSchulzMethod::kStandard,
+      kernels::NewtonSchulzMethod::kGram, kernels::NewtonSchulzMethod::kAuto};
   for (int i = 0; i < 3; ++i) {
     MuonOptions o;
     o.lr = 0.05;

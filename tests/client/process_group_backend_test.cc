@@ -131,7 +131,7 @@ TEST(ProcessGroupBackendTest, Nccl_MuonOverCudaParams_SameBitsAsNoGroup) {
   constexpr int64_t kRows = 64, kCols = 96, kN = kRows * kCols;
   MuonOptions options;
   options.transactional_step = true;
-  options.gpu_precision = "fp32";
+  options.gpu_precision = kernels::GpuPrecision::kFp32;
   std::vector<std::vector<float>> results;
   for (bool with_group : {false, true}) {
     std::unique_ptr<ProcessGroup> pg;

@@ -222,19 +222,23 @@ TEST(CoefficientScheduleTest, ParseCoefficientSchedule_KnownNames) {
 
 TEST(CoefficientScheduleTest,
      CoefficientScheduleFor_QuinticTakesTheOptimizersCoefficients) {
-  absl::StatusOr<NewtonSchulzOptions> quintic =
-      CoefficientScheduleFor("quintic", 2.0, -1.5, 0.5, 3);
-  ASSERT_TRUE(quintic.ok()) << quintic.status();
-  EXPECT_TRUE(quintic->coefficients.empty());
-  EXPECT_EQ(quintic->a, 2.0);
-  EXPECT_EQ(quintic->b, -1.5);
-  EXPECT_EQ(quintic->c, 0.5);
-  EXPECT_EQ(quintic->steps, 3);
-  absl::StatusOr<NewtonSchulzOptions> pe =
-      CoefficientScheduleFor("polar_express", 2.0, -1.5, 0.5, 3);
-  ASSERT_TRUE(pe.ok()) << pe.status();
-  EXPECT_EQ(pe->coefficients, PolarExpressSchedule().coefficients);
-  EXPECT_EQ(CoefficientScheduleFor("cubic", 2.0, -1.5, 0.5, 3).status().code(),
+  const NewtonSchulzOptions quintic =
+      CoefficientScheduleFor(CoefficientSchedule::kQuintic, 2.0, -1.5, 0.5, 3);
+  EXPECT_TRUE(quintic.coefficients.empty());
+  EXPECT_EQ(quintic.a, 2.0);
+  EXPECT_EQ(quintic.b, -1.5);
+  EXPECT_EQ(quintic.c, 0.5);
+  EXPECT_EQ(quintic.steps, 3);
+  const NewtonSchulzOptions pe = CoefficientScheduleFor(
+      CoefficientSchedule::kPolarExpress, 2.0, -1.5, 0.5, 3);
+  EXPECT_EQ(pe.coefficients, PolarExpressSchedule().coefficients);
+  for (const char* name : {"quintic", "polar_express"}) {
+    absl::StatusOr<CoefficientSchedule> parsed =
+        ParseCoefficientScheduleName(name);
+    ASSERT_TRUE(parsed.ok()) << name;
+    EXPECT_EQ(CoefficientScheduleName(*parsed), name);
+  }
+  EXPECT_EQ(ParseCoefficientScheduleName("cubic").status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 

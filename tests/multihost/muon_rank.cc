@@ -157,9 +157,10 @@ absl::Status Run() {
     }
     config->bucket_size_bytes = spec.execution().bucket_size_bytes();
   }
-  MUON_ASSIGN_OR_RETURN(
-      std::unique_ptr<Muon> opt,
-      Muon::Create(views, MuonOptionsFromProto(spec.optimizer()), config));
+  MUON_ASSIGN_OR_RETURN(MuonOptions options,
+                        MuonOptionsFromProto(spec.optimizer()));
+  MUON_ASSIGN_OR_RETURN(std::unique_ptr<Muon> opt,
+                        Muon::Create(views, options, config));
   for (int step = 0; step < absl::GetFlag(FLAGS_steps); ++step) {
     for (size_t k = 0; k < index.size(); ++k) {
       const v1::ParamSpec& p = spec.params(index[k]);

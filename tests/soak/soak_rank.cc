@@ -145,9 +145,10 @@ absl::Status Run() {
   config.bucket_size_bytes = spec.execution().bucket_size_bytes();
   config.async_gpu_parallelism = spec.execution().async_gpu_parallelism();
   config.prefetch_count = spec.execution().prefetch_count();
-  MUON_ASSIGN_OR_RETURN(
-      std::unique_ptr<Muon> opt,
-      Muon::Create(views, MuonOptionsFromProto(spec.optimizer()), config));
+  MUON_ASSIGN_OR_RETURN(MuonOptions options,
+                        MuonOptionsFromProto(spec.optimizer()));
+  MUON_ASSIGN_OR_RETURN(std::unique_ptr<Muon> opt,
+                        Muon::Create(views, options, config));
   for (int step = 0; step < steps; ++step) {
     const std::vector<std::vector<float>>& g = grad_sets[step % kGradSets];
     for (size_t k = 0; k < grad.size(); ++k) {
