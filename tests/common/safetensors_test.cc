@@ -22,18 +22,11 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 using Tensor = ::muon::testing::TestTensor;
-using ::muon::testing::WriteSafetensorsFile;
 using ::muon::testing::WriteSafetensorsRaw;
+using ::muon::testing::WriteTempSafetensors;
 
 std::string TempPath(const std::string& name) {
   return absl::StrCat(::testing::TempDir(), "/", name);
-}
-
-std::string WriteSafetensors(const std::string& file,
-                             const std::vector<Tensor>& tensors) {
-  const std::string path = TempPath(file);
-  EXPECT_TRUE(WriteSafetensorsFile(path, tensors)) << path;
-  return path;
 }
 
 // GPT-2's first tensors (Conv1D weights are stored [in, out]).
@@ -48,7 +41,7 @@ std::vector<Tensor> Gpt2Tensors() {
 
 TEST(ReadSafetensorsHeader, Gpt2_ReturnsTensorsInDataOrder) {
   const std::vector<Tensor> written = Gpt2Tensors();
-  const std::string path = WriteSafetensors("gpt2.safetensors", written);
+  const std::string path = WriteTempSafetensors("gpt2.safetensors", written);
   absl::StatusOr<SafetensorsHeader> header = ReadSafetensorsHeader(path);
   ASSERT_THAT(header, IsOk());
   const std::vector<SafetensorsTensor>* tensors = &header->tensors;

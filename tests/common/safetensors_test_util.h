@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/safetensors.h"
+#include "gtest/gtest.h"
 
 namespace muon {
 namespace testing {
@@ -52,6 +53,15 @@ inline bool WriteSafetensorsFile(const std::string& path,
   const std::string head = EncodeSafetensorsHeader(entries, {{"format", "pt"}});
   return WriteSafetensorsRaw(path, head.substr(8),
                              static_cast<uint64_t>(offset));
+}
+
+// A real .safetensors file `file` in the test's temporary folder (gtest's
+// TempDir()); returns its path. The write is EXPECTed to succeed.
+inline std::string WriteTempSafetensors(
+    const std::string& file, const std::vector<TestTensor>& tensors) {
+  const std::string path = ::testing::TempDir() + "/" + file;
+  EXPECT_TRUE(WriteSafetensorsFile(path, tensors)) << path;
+  return path;
 }
 
 // A safetensors file's bytes as its header JSON text and its data section.

@@ -26,11 +26,7 @@ using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
 using Tensor = ::muon::testing::TestTensor;
-using ::muon::testing::WriteSafetensorsFile;
-
-std::string TempPath(const std::string& name) {
-  return absl::StrCat(::testing::TempDir(), "/", name);
-}
+using ::muon::testing::WriteTempSafetensors;
 
 // The tensors of the file at `path` (ReadSafetensorsHeader).
 absl::StatusOr<std::vector<SafetensorsTensor>> ReadTensors(
@@ -38,14 +34,6 @@ absl::StatusOr<std::vector<SafetensorsTensor>> ReadTensors(
   absl::StatusOr<SafetensorsHeader> header = ReadSafetensorsHeader(path);
   if (!header.ok()) return header.status();
   return header->tensors;
-}
-
-// A real .safetensors file in the test's temporary folder.
-std::string WriteSafetensors(const std::string& file,
-                             const std::vector<Tensor>& tensors) {
-  const std::string path = TempPath(file);
-  EXPECT_TRUE(WriteSafetensorsFile(path, tensors)) << path;
-  return path;
 }
 
 // GPT-2 small's names and stored shapes (Conv1D weights are [in, out]), two
@@ -107,7 +95,7 @@ std::vector<std::string> Placements(const v1::ParamSpec& p) {
 
 TEST(BuildSpec, Gpt2FsdpWithTranspose_SwapsConv1DAndExcludesEmbeddingsNorms) {
   absl::StatusOr<std::vector<SafetensorsTensor>> tensors =
-      ReadTensors(WriteSafetensors("gpt2_fsdp.safetensors", Gpt2Tensors()));
+      ReadTensors(WriteTempSafetensors("gpt2_fsdp.safetensors", Gpt2Tensors()));
   ASSERT_THAT(tensors, IsOk());
   absl::StatusOr<SpecBuildOptions> options = ParseSpecBuildOptions(
       "dp_shard=8", "", {}, {}, "c_attn|c_proj|c_fc", "gpt2-fsdp8");
@@ -147,8 +135,8 @@ TEST(BuildSpec, Gpt2FsdpWithTranspose_SwapsConv1DAndExcludesEmbeddingsNorms) {
 }
 
 TEST(BuildSpec, Gpt2WithoutTranspose_KeepsStoredShape) {
-  absl::StatusOr<std::vector<SafetensorsTensor>> tensors =
-      ReadTensors(WriteSafetensors("gpt2_plain.safetensors", Gpt2Tensors()));
+  absl::StatusOr<std::vector<SafetensorsTensor>> tensors = ReadTensors(
+      WriteTempSafetensors("gpt2_plain.safetensors", Gpt2Tensors()));
   ASSERT_THAT(tensors, IsOk());
   absl::StatusOr<SpecBuildOptions> options =
       ParseSpecBuildOptions("dp_shard=8", "", {}, {}, "", "gpt2");
@@ -161,7 +149,7 @@ TEST(BuildSpec, Gpt2WithoutTranspose_KeepsStoredShape) {
 
 v1::JobSpec LlamaTpSpec(const std::string& mesh) {
   absl::StatusOr<std::vector<SafetensorsTensor>> tensors =
-      ReadTensors(WriteSafetensors("llama.safetensors", LlamaTensors()));
+      ReadTensors(WriteTempSafetensors("llama.safetensors", LlamaTensors()));
   EXPECT_THAT(tensors, IsOk());
   absl::StatusOr<SpecBuildOptions> options = ParseSpecBuildOptions(
       mesh, "dp_shard:Shard(0)",
@@ -210,8 +198,8 @@ TEST(BuildSpec, LlamaFsdpTp_Plans) {
 }
 
 TEST(BuildSpec, DefaultPlacements_ReplicateOffDpShard) {
-  absl::StatusOr<std::vector<SafetensorsTensor>> tensors =
-      ReadTensors(WriteSafetensors("llama_hsdp.safetensors", LlamaTensors()));
+  absl::StatusOr<std::vector<SafetensorsTensor>> tensors = ReadTensors(
+      WriteTempSafetensors("llama_hsdp.safetensors", LlamaTensors()));
   ASSERT_THAT(tensors, IsOk());
   absl::StatusOr<SpecBuildOptions> options =
       ParseSpecBuildOptions("dp_replicate=2,dp_shard=4", "", {}, {}, "", "h");
