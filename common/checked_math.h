@@ -31,9 +31,8 @@ inline constexpr int64_t kMaxExperts = int64_t{1} << 16;
 inline constexpr int64_t kMaxParamElements = int64_t{1} << 40;
 // Per-rank boxes the planner keeps: matrices x world size (32 bytes each,
 // plus a ParamManifest per rank and parameter when a spec is expanded).
-// Measured: 2^24 (65,536 ranks x 256 matrices) took 74 s and 9.7 GB in
-// `muonctl plan`; 2^21 (e.g. 1,024 ranks x 2,048 matrices) is the bound:
-// 65,536 ranks x 32 matrices plans in 9 s and 1.4 GB.
+// 2^21 (e.g. 1,024 ranks x 2,048 matrices); the time and memory measured
+// at and beyond it are in docs/scale.md ("The size bound").
 inline constexpr int64_t kMaxMatrixRankBoxes = int64_t{1} << 21;
 
 // a * b, or nullopt when it overflows int64.

@@ -41,10 +41,8 @@ void MomentumUpdate(float* buf, const bf16_t* grad, int64_t n, double momentum);
 // index is searched only inside the first bad block), reading n * 4 bytes
 // (fp32) or n * 2 bytes (bf16). Muon::Step runs it on every gradient before
 // the momentum pass, which writes the buffer: a separate read-only scan is
-// what keeps the state unchanged when a gradient is bad. Measured (2-core
-// dev VM, -O2, n = 2^22 fp32): scan 1.1 ms, MomentumUpdate 2.7-3.8 ms,
-// NesterovUpdate 3.1-5.2 ms: about 15% of the elementwise pass and nothing
-// next to Newton-Schulz.
+// what keeps the state unchanged when a gradient is bad. Its cost next to
+// the momentum pass is in docs/benchmarks.md ("The finite scan").
 int64_t FirstNonFinite(const float* x, int64_t n);
 int64_t FirstNonFinite(const bf16_t* x, int64_t n);
 
