@@ -548,6 +548,71 @@ absl::Status CheckInputFiles(const ValidateOptions& o, const SpecParams& s) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// Runs the distributed steps in rank processes (with --checkpoint_at: up to
+// the checkpoint on `s`'s mesh, then resumed on `s2`'s) into `final_dir`;
+// adds up the ranks' orthogonalized matrices and NS FLOPs.
+absl::Status RunDistributed(const ValidateOptions& o, const SpecParams& s,
+                            const SpecParams& s2,
+                            const std::string& resume_path,
+                            const std::string& dir, const std::string& ckpt,
+                            const std::string& final_dir, int64_t* matrices,
+                            double* flops) {
+  if (o.checkpoint_at > 0) {
+    MUON_RETURN_IF_ERROR(RunRankPhase(o, o.spec_path, s.mesh.world_size(),
+                                      Phase{0, o.checkpoint_at, "", ckpt},
+                                      dir + "/before"));
+    AddCounts(dir + "/before", s.mesh.world_size(), matrices, flops);
+    MUON_RETURN_IF_ERROR(RunRankPhase(o, resume_path, s2.mesh.world_size(),
+                                      Phase{o.checkpoint_at, o.steps, ckpt, ""},
+                                      final_dir));
+  } else {
+    MUON_RETURN_IF_ERROR(RunRankPhase(o, o.spec_path, s.mesh.world_size(),
+                                      Phase{0, o.steps, "", ""}, final_dir));
+  }
+  const SpecParams& last = o.checkpoint_at > 0 ? s2 : s;
+  AddCounts(final_dir, last.mesh.world_size(), matrices, flops);
+  return absl::OkStatus();
+}
+
+// Prints, per parameter, the largest |distributed - single| (writing both
+// as .npy under --dump); returns the largest over all.
+absl::StatusOr<double> CompareParameters(
+    const ValidateOptions& o, const SpecParams& s, const SpecParams& last,
+    const std::string& final_dir, const RunOutput& single, std::ostream& out) {
+  double worst = 0;
+  out << absl::StrFormat("%-32s %-16s %s\n", "parameter", "global shape",
+                         "max |distributed - single|");
+  for (int i = 0; i < s.spec.params_size(); ++i) {
+    const v1::ParamSpec& ps = s.spec.params(i);
+    const std::vector<int64_t> shape = ShapeOf(ps);
+    MUON_ASSIGN_OR_RETURN(std::vector<float> dist_full,
+                          Assemble(last, i, final_dir));
+    double diff = 0;
+    for (int64_t k = 0; k < Numel(shape); ++k) {
+      const double d = std::fabs(double(dist_full[k]) - single.data[i][k]);
+      diff = std::isnan(d) ? INFINITY : std::max(diff, d);
+    }
+    worst = std::max(worst, diff);
+    out << absl::StrFormat("%-32s %-16s %g\n", ps.name(),
+                           absl::StrCat("[", absl::StrJoin(shape, ", "), "]"),
+                           diff);
+    if (o.dump_dir.empty()) continue;
+    MUON_RETURN_IF_ERROR(MakeDirs(o.dump_dir + "/distributed"));
+    MUON_RETURN_IF_ERROR(MakeDirs(o.dump_dir + "/single"));
+    MUON_RETURN_IF_ERROR(WriteNpy(absl::StrCat(o.dump_dir, "/distributed/",
+                                               NpyFileName(ps.name()), ".npy"),
+                                  shape, dist_full.data()));
+    MUON_RETURN_IF_ERROR(WriteNpy(
+        absl::StrCat(o.dump_dir, "/single/", NpyFileName(ps.name()), ".npy"),
+        shape, single.data[i].data()));
+  }
+  return worst;
+}
+
+}  // namespace
+
 absl::Status RunValidate(const ValidateOptions& o, std::ostream& out) {
   MUON_ASSIGN_OR_RETURN(SpecParams s, LoadSpec(o.spec_path));
   const bool resume = o.checkpoint_at > 0;
@@ -581,20 +646,8 @@ absl::Status RunValidate(const ValidateOptions& o, std::ostream& out) {
   const std::string final_dir = dir + "/final";
   int64_t dist_matrices = 0;
   double dist_flops = 0;
-  if (resume) {
-    MUON_RETURN_IF_ERROR(RunRankPhase(o, o.spec_path, s.mesh.world_size(),
-                                      Phase{0, o.checkpoint_at, "", ckpt},
-                                      dir + "/before"));
-    AddCounts(dir + "/before", s.mesh.world_size(), &dist_matrices,
-              &dist_flops);
-    MUON_RETURN_IF_ERROR(RunRankPhase(o, resume_path, s2.mesh.world_size(),
-                                      Phase{o.checkpoint_at, o.steps, ckpt, ""},
-                                      final_dir));
-  } else {
-    MUON_RETURN_IF_ERROR(RunRankPhase(o, o.spec_path, s.mesh.world_size(),
-                                      Phase{0, o.steps, "", ""}, final_dir));
-  }
-  AddCounts(final_dir, last.mesh.world_size(), &dist_matrices, &dist_flops);
+  MUON_RETURN_IF_ERROR(RunDistributed(o, s, s2, resume_path, dir, ckpt,
+                                      final_dir, &dist_matrices, &dist_flops));
   // The same steps on a single device, uninterrupted, in this process.
   openblas_set_num_threads(1);
   MUON_ASSIGN_OR_RETURN(
@@ -606,35 +659,8 @@ absl::Status RunValidate(const ValidateOptions& o, std::ostream& out) {
                      o.steps, seconds);
                  out.flush();
                }));
-  double worst = 0;
-  out << absl::StrFormat("%-32s %-16s %s\n", "parameter", "global shape",
-                         "max |distributed - single|");
-  for (int i = 0; i < s.spec.params_size(); ++i) {
-    const v1::ParamSpec& ps = s.spec.params(i);
-    const std::vector<int64_t> shape = ShapeOf(ps);
-    MUON_ASSIGN_OR_RETURN(std::vector<float> dist_full,
-                          Assemble(last, i, final_dir));
-    double diff = 0;
-    for (int64_t k = 0; k < Numel(shape); ++k) {
-      const double d = std::fabs(double(dist_full[k]) - single.data[i][k]);
-      diff = std::isnan(d) ? INFINITY : std::max(diff, d);
-    }
-    worst = std::max(worst, diff);
-    out << absl::StrFormat("%-32s %-16s %g\n", ps.name(),
-                           absl::StrCat("[", absl::StrJoin(shape, ", "), "]"),
-                           diff);
-    if (!o.dump_dir.empty()) {
-      MUON_RETURN_IF_ERROR(MakeDirs(o.dump_dir + "/distributed"));
-      MUON_RETURN_IF_ERROR(MakeDirs(o.dump_dir + "/single"));
-      MUON_RETURN_IF_ERROR(
-          WriteNpy(absl::StrCat(o.dump_dir, "/distributed/",
-                                NpyFileName(ps.name()), ".npy"),
-                   shape, dist_full.data()));
-      MUON_RETURN_IF_ERROR(WriteNpy(
-          absl::StrCat(o.dump_dir, "/single/", NpyFileName(ps.name()), ".npy"),
-          shape, single.data[i].data()));
-    }
-  }
+  MUON_ASSIGN_OR_RETURN(const double worst,
+                        CompareParameters(o, s, last, final_dir, single, out));
   RemoveTree(dir);
   const bool equal = worst <= o.tolerance;
   const bool counts =
