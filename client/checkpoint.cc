@@ -230,6 +230,74 @@ absl::Status CheckFormatName(const std::string& path, const json* format) {
   return absl::OkStatus();
 }
 
+// metadata.json's "mesh" ({"names": [..], "sizes": [..]}) into meta->mesh,
+// checked against meta->world_size.
+absl::Status ParseMetadataMesh(const std::string& path, const json& root,
+                               CheckpointMetadata* meta) {
+  const json* mesh = JsonMember(root, "mesh");
+  std::vector<int64_t> sizes;
+  if (mesh == nullptr || !mesh->is_object() ||
+      JsonMember(*mesh, "names") == nullptr ||
+      !JsonToStringArray(*JsonMember(*mesh, "names"), &meta->mesh.names) ||
+      JsonMember(*mesh, "sizes") == nullptr ||
+      !JsonToInt64Array(*JsonMember(*mesh, "sizes"), &sizes)) {
+    return absl::DataLossError(
+        absl::StrCat(path,
+                     ": field \"mesh\" missing or not {\"names\": "
+                     "[string], \"sizes\": [int]}"));
+  }
+  meta->mesh.sizes.clear();
+  const int64_t mesh_world =
+      CheckedProduct(sizes, std::numeric_limits<int>::max()).value_or(-1);
+  for (int64_t s : sizes) {
+    if (s < 1 || s > std::numeric_limits<int>::max() || mesh_world < 0) {
+      return absl::DataLossError(absl::StrCat(
+          path, ": mesh sizes ", ShapeToString(sizes), " out of range"));
+    }
+    meta->mesh.sizes.push_back(static_cast<int>(s));
+  }
+  if (absl::Status s = meta->mesh.Validate(); !s.ok()) {
+    return absl::DataLossError(absl::StrCat(path, ": mesh: ", s.message()));
+  }
+  if (mesh_world != meta->world_size) {
+    return absl::DataLossError(absl::StrCat(
+        path, ": mesh ", meta->mesh.ToString(), " has ", mesh_world,
+        " ranks but world_size is ", meta->world_size));
+  }
+
+  return absl::OkStatus();
+}
+
+// metadata.json's "tensors" ({name: {"global_shape", "placements"}}) into
+// `tensors`.
+absl::Status ParseMetadataTensors(
+    const std::string& path, const json& list,
+    std::map<std::string, CheckpointReader::TensorInfo>* tensors) {
+  for (auto it = list.begin(); it != list.end(); ++it) {
+    const std::string& name = it.key();
+    if (!ValidName(name)) {
+      return absl::DataLossError(absl::StrCat(
+          path, ": tensor name \"", name, "\" is invalid: want ", NameRule()));
+    }
+    CheckpointReader::TensorInfo info;
+    const json* gs = JsonMember(it.value(), "global_shape");
+    const json* pl = JsonMember(it.value(), "placements");
+    if (gs == nullptr || !JsonToInt64Array(*gs, &info.global_shape) ||
+        !ValidShape(info.global_shape)) {
+      return absl::DataLossError(absl::StrCat(
+          path, ": tensor ", name,
+          ": global_shape missing, not a list of dims >= 0, or overflowing "
+          "int64 bytes"));
+    }
+    if (pl == nullptr || !JsonToStringArray(*pl, &info.placements)) {
+      return absl::DataLossError(absl::StrCat(
+          path, ": tensor ", name, ": placements missing or not strings"));
+    }
+    (*tensors)[name] = std::move(info);
+  }
+  return absl::OkStatus();
+}
+
 // Parses metadata.json.
 absl::Status ParseMetadataJson(
     const std::string& path, const std::string& text, CheckpointMetadata* meta,
@@ -257,33 +325,7 @@ absl::Status ParseMetadataJson(
   }
   meta->world_size = static_cast<int>(v);
 
-  const json* mesh = JsonMember(root, "mesh");
-  std::vector<int64_t> sizes;
-  if (mesh == nullptr || !mesh->is_object() ||
-      JsonMember(*mesh, "names") == nullptr ||
-      !JsonToStringArray(*JsonMember(*mesh, "names"), &meta->mesh.names) ||
-      JsonMember(*mesh, "sizes") == nullptr ||
-      !JsonToInt64Array(*JsonMember(*mesh, "sizes"), &sizes)) {
-    return bad("mesh", "{\"names\": [string], \"sizes\": [int]}");
-  }
-  meta->mesh.sizes.clear();
-  const int64_t mesh_world =
-      CheckedProduct(sizes, std::numeric_limits<int>::max()).value_or(-1);
-  for (int64_t s : sizes) {
-    if (s < 1 || s > std::numeric_limits<int>::max() || mesh_world < 0) {
-      return absl::DataLossError(absl::StrCat(
-          path, ": mesh sizes ", ShapeToString(sizes), " out of range"));
-    }
-    meta->mesh.sizes.push_back(static_cast<int>(s));
-  }
-  if (absl::Status s = meta->mesh.Validate(); !s.ok()) {
-    return absl::DataLossError(absl::StrCat(path, ": mesh: ", s.message()));
-  }
-  if (mesh_world != meta->world_size) {
-    return absl::DataLossError(absl::StrCat(
-        path, ": mesh ", meta->mesh.ToString(), " has ", mesh_world,
-        " ranks but world_size is ", meta->world_size));
-  }
+  MUON_RETURN_IF_ERROR(ParseMetadataMesh(path, root, meta));
 
   f = JsonMember(root, "plan_hash");
   if (f == nullptr || !f->is_string()) return bad("plan_hash", "a string");
@@ -297,29 +339,7 @@ absl::Status ParseMetadataJson(
 
   const json* list = JsonMember(root, "tensors");
   if (list == nullptr || !list->is_object()) return bad("tensors", "an object");
-  for (auto it = list->begin(); it != list->end(); ++it) {
-    const std::string& name = it.key();
-    if (!ValidName(name)) {
-      return absl::DataLossError(absl::StrCat(
-          path, ": tensor name \"", name, "\" is invalid: want ", NameRule()));
-    }
-    CheckpointReader::TensorInfo info;
-    const json* gs = JsonMember(it.value(), "global_shape");
-    const json* pl = JsonMember(it.value(), "placements");
-    if (gs == nullptr || !JsonToInt64Array(*gs, &info.global_shape) ||
-        !ValidShape(info.global_shape)) {
-      return absl::DataLossError(absl::StrCat(
-          path, ": tensor ", name,
-          ": global_shape missing, not a list of dims >= 0, or overflowing "
-          "int64 bytes"));
-    }
-    if (pl == nullptr || !JsonToStringArray(*pl, &info.placements)) {
-      return absl::DataLossError(absl::StrCat(
-          path, ": tensor ", name, ": placements missing or not strings"));
-    }
-    (*tensors)[name] = std::move(info);
-  }
-  return absl::OkStatus();
+  return ParseMetadataTensors(path, *list, tensors);
 }
 
 // The rank file's safetensors header (common/safetensors.h), its format
