@@ -903,8 +903,28 @@ class Muon(torch.optim.Optimizer):
         if "state" not in state_dict or "param_groups" not in state_dict:
             raise ValueError("muonrt.Muon.load_state_dict: expected a dict "
                              "with 'state' and 'param_groups'")
-        groups = self.param_groups
         saved_groups = state_dict["param_groups"]
+        self._check_saved_groups(saved_groups)
+        step = self._saved_step(state_dict.get("muonrt"), saved_groups)
+        buffers = self._saved_buffers(state_dict["state"], saved_groups)
+        n = len(buffers)
+        ptrs = (ctypes.POINTER(ctypes.c_float) * n)(*[
+            ctypes.cast(b.data_ptr(), ctypes.POINTER(ctypes.c_float))
+            for b in buffers])
+        numels = (ctypes.c_int64 * n)(*[b.numel() for b in buffers])
+        _lib.call("muonrt_optimizer_load_state", self._h, step, ptrs, numels,
+                  n)
+        for g, sg in zip(self.param_groups, saved_groups):
+            for k, v in sg.items():
+                if k not in ("params", "param_names", "muonrt_step"):
+                    g[k] = v
+        self._pushed = [None] * len(self.param_groups)
+
+    def _check_saved_groups(self, saved_groups):
+        """The saved param groups match this optimizer's: their count and
+        sizes (torch's messages), names, and the options fixed at
+        construction."""
+        groups = self.param_groups
         if len(groups) != len(saved_groups):
             raise ValueError("loaded state dict has a different number of "
                              "parameter groups")
@@ -927,32 +947,41 @@ class Muon(torch.optim.Optimizer):
                         f"muonrt.Muon.load_state_dict: the state_dict has "
                         f"{key}={sg[key]!r}, this optimizer {key}="
                         f"{self.defaults[key]!r} (fixed at construction)")
-        meta = state_dict.get("muonrt")
-        step = 0
-        if meta is not None:
-            mine = self._layout_meta()
-            if (meta.get("rank"), meta.get("world_size")) != (
-                    mine["rank"], mine["world_size"]):
-                raise ValueError(
-                    f"muonrt.Muon.load_state_dict: the state_dict is rank "
-                    f"{meta.get('rank')} of {meta.get('world_size')}, this "
-                    f"optimizer rank {mine['rank']} of {mine['world_size']} "
-                    f"(state_dict is per rank; load_checkpoint reshards)")
-            for key in ("global_shapes", "local_shapes", "placements"):
-                for name, a, b in zip(mine["names"], meta[key], mine[key]):
-                    if list(a) != list(b):
-                        raise ValueError(
-                            f"muonrt.Muon.load_state_dict: parameter "
-                            f"{name!r}: {key[:-1].replace('_', ' ')} "
-                            f"{list(a)} in the state_dict, {list(b)} here")
-            step = int(meta["step"])
-        elif saved_groups and "muonrt_step" in saved_groups[0]:
-            step = int(saved_groups[0]["muonrt_step"])
+
+    def _saved_step(self, meta, saved_groups):
+        """The step count of a state_dict: from its "muonrt" entry (whose
+        rank and layout must be this optimizer's), else its first group's
+        "muonrt_step", else 0 (torch.optim.Muon records none)."""
+        if meta is None:
+            if saved_groups and "muonrt_step" in saved_groups[0]:
+                return int(saved_groups[0]["muonrt_step"])
+            return 0
+        mine = self._layout_meta()
+        if (meta.get("rank"), meta.get("world_size")) != (
+                mine["rank"], mine["world_size"]):
+            raise ValueError(
+                f"muonrt.Muon.load_state_dict: the state_dict is rank "
+                f"{meta.get('rank')} of {meta.get('world_size')}, this "
+                f"optimizer rank {mine['rank']} of {mine['world_size']} "
+                f"(state_dict is per rank; load_checkpoint reshards)")
+        for key in ("global_shapes", "local_shapes", "placements"):
+            for name, a, b in zip(mine["names"], meta[key], mine[key]):
+                if list(a) != list(b):
+                    raise ValueError(
+                        f"muonrt.Muon.load_state_dict: parameter "
+                        f"{name!r}: {key[:-1].replace('_', ' ')} "
+                        f"{list(a)} in the state_dict, {list(b)} here")
+        return int(meta["step"])
+
+    def _saved_buffers(self, state, saved_groups):
+        """The momentum buffers of `state`, one per parameter in optimizer
+        order, as contiguous float32 CPU tensors of the local shard's shape
+        (zeros where torch has no state yet)."""
         buffers = []
         for gi, sg in enumerate(saved_groups):
             for j, key in enumerate(sg["params"]):
                 s = self._slots[self._group_slots[gi][j]]
-                entry = state_dict["state"].get(key)
+                entry = state.get(key)
                 buf = entry.get("momentum_buffer") if entry else None
                 if buf is None:  # torch: no state yet = zeros at next step
                     buf = torch.zeros(s.local_shape, dtype=torch.float32)
@@ -970,18 +999,7 @@ class Muon(torch.optim.Optimizer):
                 buffers.append(buf.detach().to(device="cpu",
                                                dtype=torch.float32)
                                .contiguous())
-        n = len(buffers)
-        ptrs = (ctypes.POINTER(ctypes.c_float) * n)(*[
-            ctypes.cast(b.data_ptr(), ctypes.POINTER(ctypes.c_float))
-            for b in buffers])
-        numels = (ctypes.c_int64 * n)(*[b.numel() for b in buffers])
-        _lib.call("muonrt_optimizer_load_state", self._h, step, ptrs, numels,
-                  n)
-        for g, sg in zip(groups, saved_groups):
-            for k, v in sg.items():
-                if k not in ("params", "param_names", "muonrt_step"):
-                    g[k] = v
-        self._pushed = [None] * len(groups)
+        return buffers
 
     def _local_momentum(self, s, buf):
         """This rank's shard of a DTensor momentum buffer `buf`, in the
