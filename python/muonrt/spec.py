@@ -214,14 +214,9 @@ def spec_from_module(module, mesh, placements_rules=None, job_id=None, *,
     if not job_id:
         raise ValueError("spec_from_module: job_id is empty")
     dims = parse_mesh(mesh)
-    defaults = ["Shard(0)" if n == "dp_shard" else "Replicate()"
-                for n, _ in dims]
-    if default_placements is not None:
-        given = parse_placement_list(default_placements, dims,
-                                     "default_placements")
-        defaults = [g or d for g, d in zip(given, defaults)]
+    defaults = _default_placements(dims, default_placements)
     rules = []
-    for i, (pattern, placements) in enumerate(_rules(placements_rules)):
+    for pattern, placements in _rules(placements_rules):
         what = f"rule {pattern!r}"
         rules.append((_compile(pattern, what),
                       parse_placement_list(placements, dims, what)))
@@ -240,22 +235,8 @@ def spec_from_module(module, mesh, placements_rules=None, job_id=None, *,
     for name, p in module.named_parameters():
         count += 1
         shape = [int(d) for d in p.shape]
-        reason = None
-        if not p.dtype.is_floating_point:
-            reason = f"dtype {p.dtype} is not floating point"
-        elif not (len(shape) == 2 or (len(shape) == 3 and expert_stacks)):
-            reason = ("3-D (expert stacks not enabled)" if len(shape) == 3
-                      else f"{len(shape)}-D")
-        elif any(d < 1 for d in shape):
-            reason = f"empty shape {shape}"
-        else:
-            for pattern, r in exclude:
-                if r.search(name):
-                    reason = f'excluded by "{pattern}"'
-                    break
-            if reason is None and name in adamw_names:
-                reason = ("left to AdamW by split_params (embedding, output "
-                          "head or last Linear)")
+        reason = _skip_reason(name, p, shape, expert_stacks, exclude,
+                              adamw_names)
         if reason is not None:
             if skipped is not None:
                 skipped.append((name, reason))
@@ -280,6 +261,36 @@ def spec_from_module(module, mesh, placements_rules=None, job_id=None, *,
         "mesh": {"dims": [{"name": n, "size": s} for n, s in dims]},
         "params": params,
     }
+
+
+def _default_placements(dims, default_placements):
+    """Every matrix's placements before the rules: Shard(0) on "dp_shard",
+    Replicate() elsewhere, overridden per dim by `default_placements`."""
+    defaults = ["Shard(0)" if n == "dp_shard" else "Replicate()"
+                for n, _ in dims]
+    if default_placements is None:
+        return defaults
+    given = parse_placement_list(default_placements, dims,
+                                 "default_placements")
+    return [g or d for g, d in zip(given, defaults)]
+
+
+def _skip_reason(name, p, shape, expert_stacks, exclude, adamw_names):
+    """Why parameter `name` is not a Muon matrix of the spec, or None."""
+    if not p.dtype.is_floating_point:
+        return f"dtype {p.dtype} is not floating point"
+    if not (len(shape) == 2 or (len(shape) == 3 and expert_stacks)):
+        return ("3-D (expert stacks not enabled)" if len(shape) == 3
+                else f"{len(shape)}-D")
+    if any(d < 1 for d in shape):
+        return f"empty shape {shape}"
+    for pattern, r in exclude:
+        if r.search(name):
+            return f'excluded by "{pattern}"'
+    if name in adamw_names:
+        return ("left to AdamW by split_params (embedding, output head or "
+                "last Linear)")
+    return None
 
 
 def write_spec(spec, path):
