@@ -6,6 +6,7 @@
 #include <fstream>
 #include <limits>
 #include <new>
+#include <optional>
 #include <regex>
 #include <set>
 #include <string>
@@ -218,21 +219,27 @@ absl::StatusOr<SpecBuildOptions> ParseSpecBuildOptions(
   return o;
 }
 
-absl::StatusOr<v1::JobSpec> BuildSpec(
-    const std::vector<SafetensorsTensor>& tensors,
-    const SpecBuildOptions& options, std::vector<SkippedTensor>* skipped) {
-  if (options.job_id.empty()) {
-    return absl::InvalidArgumentError("job_id is empty");
-  }
+namespace {
+
+// The compiled patterns of SpecBuildOptions and the default placements.
+struct CompiledSpecOptions {
+  std::vector<std::string> defaults;  // one per mesh dim
+  std::vector<std::regex> rules;      // options.rules[i].pattern
+  std::vector<std::regex> exclude;    // options.exclude[i]
+  std::optional<std::regex> transpose;
+};
+
+absl::StatusOr<CompiledSpecOptions> CompileSpecOptions(
+    const SpecBuildOptions& options) {
   const int ndim = options.mesh.dims_size();
-  std::vector<std::string> defaults = options.default_placements;
-  if (defaults.empty()) defaults = BuiltinDefaultPlacements(options.mesh);
-  if (static_cast<int>(defaults.size()) != ndim) {
+  CompiledSpecOptions c;
+  c.defaults = options.default_placements;
+  if (c.defaults.empty()) c.defaults = BuiltinDefaultPlacements(options.mesh);
+  if (static_cast<int>(c.defaults.size()) != ndim) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "default_placements has ", defaults.size(), " entries for a mesh of ",
+        "default_placements has ", c.defaults.size(), " entries for a mesh of ",
         ndim, " dims (", MeshFromProto(options.mesh).ToString(), ")"));
   }
-  std::vector<std::regex> rule_regexes;
   for (size_t i = 0; i < options.rules.size(); ++i) {
     const PlacementRule& rule = options.rules[i];
     MUON_ASSIGN_OR_RETURN(
@@ -244,71 +251,89 @@ absl::StatusOr<v1::JobSpec> BuildSpec(
                        rule.placements.size(), " placements for a mesh of ",
                        ndim, " dims; use \"\" to keep a dim's default"));
     }
-    rule_regexes.push_back(std::move(re));
+    c.rules.push_back(std::move(re));
   }
-  std::vector<std::regex> exclude_regexes;
   for (const std::string& e : options.exclude) {
     MUON_ASSIGN_OR_RETURN(std::regex re, CompileRegex(e, "exclude"));
-    exclude_regexes.push_back(std::move(re));
+    c.exclude.push_back(std::move(re));
   }
-  std::regex transpose_regex;
-  const bool has_transpose = !options.transpose.empty();
-  if (has_transpose) {
-    MUON_ASSIGN_OR_RETURN(transpose_regex,
+  if (!options.transpose.empty()) {
+    MUON_ASSIGN_OR_RETURN(c.transpose,
                           CompileRegex(options.transpose, "transpose"));
   }
+  return c;
+}
 
+// Why tensor `t` is not a Muon matrix of the spec, or "".
+std::string SkipReason(const SafetensorsTensor& t,
+                       const SpecBuildOptions& options,
+                       const CompiledSpecOptions& c) {
+  const int rank = static_cast<int>(t.shape.size());
+  if (!IsFloatingDtype(t.dtype)) {
+    return absl::StrCat("dtype ", t.dtype, " is not floating point");
+  }
+  if (rank != 2 && !(rank == 3 && options.expert_stacks)) {
+    return rank == 3 ? "3-D (expert stacks not enabled)"
+                     : absl::StrCat(rank, "-D");
+  }
+  if (std::any_of(t.shape.begin(), t.shape.end(),
+                  [](int64_t d) { return d < 1; })) {
+    return absl::StrCat("empty shape ", ShapeToString(t.shape));
+  }
+  for (size_t i = 0; i < c.exclude.size(); ++i) {
+    if (std::regex_search(t.name, c.exclude[i])) {
+      return absl::StrCat("excluded by \"", options.exclude[i], "\"");
+    }
+  }
+  return "";
+}
+
+// Adds matrix `t` to `spec`: its shape (transposed when the transpose
+// pattern matches) and its placements (the first matching rule's over the
+// defaults).
+void AddParam(const SafetensorsTensor& t, const SpecBuildOptions& options,
+              const CompiledSpecOptions& c, v1::JobSpec* spec) {
+  const int rank = static_cast<int>(t.shape.size());
+  v1::ParamSpec* param = spec->add_params();
+  param->set_name(t.name);
+  std::vector<int64_t> shape = t.shape;
+  if (c.transpose.has_value() && std::regex_search(t.name, *c.transpose)) {
+    std::swap(shape[rank - 2], shape[rank - 1]);
+  }
+  for (int64_t d : shape) param->add_shape(d);
+  std::vector<std::string> placements = c.defaults;
+  for (size_t i = 0; i < c.rules.size(); ++i) {
+    if (!std::regex_search(t.name, c.rules[i])) continue;
+    for (size_t d = 0; d < placements.size(); ++d) {
+      if (!options.rules[i].placements[d].empty()) {
+        placements[d] = options.rules[i].placements[d];
+      }
+    }
+    break;
+  }
+  for (const std::string& p : placements) param->add_placements(p);
+}
+
+}  // namespace
+
+absl::StatusOr<v1::JobSpec> BuildSpec(
+    const std::vector<SafetensorsTensor>& tensors,
+    const SpecBuildOptions& options, std::vector<SkippedTensor>* skipped) {
+  if (options.job_id.empty()) {
+    return absl::InvalidArgumentError("job_id is empty");
+  }
+  MUON_ASSIGN_OR_RETURN(CompiledSpecOptions compiled,
+                        CompileSpecOptions(options));
   v1::JobSpec spec;
   spec.set_job_id(options.job_id);
   *spec.mutable_mesh() = options.mesh;
-  auto skip = [&](const SafetensorsTensor& t, std::string reason) {
-    if (skipped != nullptr) skipped->push_back({t.name, std::move(reason)});
-  };
   for (const SafetensorsTensor& t : tensors) {
-    const int rank = static_cast<int>(t.shape.size());
-    if (!IsFloatingDtype(t.dtype)) {
-      skip(t, absl::StrCat("dtype ", t.dtype, " is not floating point"));
-      continue;
+    std::string reason = SkipReason(t, options, compiled);
+    if (reason.empty()) {
+      AddParam(t, options, compiled, &spec);
+    } else if (skipped != nullptr) {
+      skipped->push_back({t.name, std::move(reason)});
     }
-    if (rank != 2 && !(rank == 3 && options.expert_stacks)) {
-      skip(t, rank == 3 ? "3-D (expert stacks not enabled)"
-                        : absl::StrCat(rank, "-D"));
-      continue;
-    }
-    if (std::any_of(t.shape.begin(), t.shape.end(),
-                    [](int64_t d) { return d < 1; })) {
-      skip(t, absl::StrCat("empty shape ", ShapeToString(t.shape)));
-      continue;
-    }
-    const std::string* excluded_by = nullptr;
-    for (size_t i = 0; i < exclude_regexes.size(); ++i) {
-      if (std::regex_search(t.name, exclude_regexes[i])) {
-        excluded_by = &options.exclude[i];
-        break;
-      }
-    }
-    if (excluded_by != nullptr) {
-      skip(t, absl::StrCat("excluded by \"", *excluded_by, "\""));
-      continue;
-    }
-    v1::ParamSpec* param = spec.add_params();
-    param->set_name(t.name);
-    std::vector<int64_t> shape = t.shape;
-    if (has_transpose && std::regex_search(t.name, transpose_regex)) {
-      std::swap(shape[rank - 2], shape[rank - 1]);
-    }
-    for (int64_t d : shape) param->add_shape(d);
-    std::vector<std::string> placements = defaults;
-    for (size_t i = 0; i < rule_regexes.size(); ++i) {
-      if (!std::regex_search(t.name, rule_regexes[i])) continue;
-      for (int d = 0; d < ndim; ++d) {
-        if (!options.rules[i].placements[d].empty()) {
-          placements[d] = options.rules[i].placements[d];
-        }
-      }
-      break;
-    }
-    for (const std::string& p : placements) param->add_placements(p);
   }
   if (spec.params_size() == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
