@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace muon {
 namespace {
@@ -126,99 +127,152 @@ v1::Schedule MakeSchedule(const v1::Plan& plan, bool async,
   return s;
 }
 
-absl::Status ValidateRankSchedule(
-    const v1::RankSchedule& rs, const v1::Schedule& s, const v1::Plan& plan,
-    std::vector<std::pair<int, std::string>>* collectives) {
-  const bool async = s.mode() == "async";
-  const int buckets = plan.buckets_size();
-  const int r = rs.rank();
-  const std::vector<char> owns = OwnedBuckets(plan, r);
-  // counts[b]: gather, orthogonalize, redistribute, apply.
-  std::vector<std::array<int, 4>> counts(buckets, {0, 0, 0, 0});
-  // Per slot: the bucket in it that is not yet redistributed (-1 = free).
-  std::vector<int> slot_user(std::max(0, s.slots()), -1);
-  std::vector<char> gathered(buckets, 0);
-  int in_flight = 0;
-  int last_gathered = -1;
-  for (const v1::ScheduledOp& op : rs.ops()) {
+namespace {
+
+// Walks one rank's operation list in order, tracking per bucket how often
+// each operation ran, which bucket holds each slot, and how many buckets
+// are in flight (gathered, not yet redistributed).
+class RankScheduleWalk {
+ public:
+  RankScheduleWalk(const v1::RankSchedule& rs, const v1::Schedule& s,
+                   const v1::Plan& plan,
+                   std::vector<std::pair<int, std::string>>* collectives)
+      : s_(s),
+        r_(rs.rank()),
+        owns_(OwnedBuckets(plan, r_)),
+        counts_(plan.buckets_size(), {0, 0, 0, 0}),
+        slot_user_(std::max(0, s.slots()), -1),
+        gathered_(plan.buckets_size(), 0),
+        collectives_(collectives) {}
+
+  // One operation: bucket and slot in range, the mode's stream, then the
+  // operation's own rules.
+  absl::Status Step(const v1::ScheduledOp& op) {
     const int b = op.bucket();
-    if (b < 0 || b >= buckets) return Invalid(r, b, op.op(), "no such bucket");
-    if (op.slot() < 0 || op.slot() >= s.slots()) {
-      return Invalid(r, b, op.op(),
-                     absl::StrCat("slot ", op.slot(), " out of range [0, ",
-                                  s.slots(), ")"));
+    if (b < 0 || b >= static_cast<int>(counts_.size())) {
+      return Invalid(r_, b, op.op(), "no such bucket");
     }
+    if (op.slot() < 0 || op.slot() >= s_.slots()) {
+      return Invalid(r_, b, op.op(),
+                     absl::StrCat("slot ", op.slot(), " out of range [0, ",
+                                  s_.slots(), ")"));
+    }
+    const bool async = s_.mode() == "async";
     const std::string want_stream =
         !async ? "main" : (op.op() == "orthogonalize" ? "compute" : "comm");
     if (op.stream() != want_stream) {
-      return Invalid(r, b, op.op(),
+      return Invalid(r_, b, op.op(),
                      absl::StrCat("on stream \"", op.stream(),
                                   "\"; expected \"", want_stream, "\""));
     }
-    if (op.op() == "gather") {
-      ++counts[b][0];
-      if (b != last_gathered + 1) {
-        return Invalid(r, b, op.op(),
-                       absl::StrCat("buckets must be gathered in plan order "
-                                    "(after bucket ",
-                                    last_gathered, ")"));
-      }
-      last_gathered = b;
-      if (slot_user[op.slot()] != -1) {
-        return Invalid(r, b, op.op(),
-                       absl::StrCat("slot ", op.slot(), " still holds bucket ",
-                                    slot_user[op.slot()],
-                                    ", which is not redistributed yet"));
-      }
-      slot_user[op.slot()] = b;
-      gathered[b] = 1;
-      if (++in_flight > s.prefetch_count() + 1) {
-        return Invalid(r, b, op.op(),
-                       absl::StrCat(in_flight, " buckets in flight; at most ",
-                                    s.prefetch_count() + 1));
-      }
-      if (collectives != nullptr) collectives->push_back({b, op.op()});
-    } else if (op.op() == "redistribute" || op.op() == "apply") {
-      if (!gathered[b]) {
-        return Invalid(r, b, op.op(), "comes before the bucket's gather");
-      }
-      if (op.op() == "apply") {
-        ++counts[b][3];
-        continue;
-      }
-      ++counts[b][2];
-      if (slot_user[op.slot()] != b) {
-        return Invalid(r, b, op.op(),
-                       absl::StrCat("slot ", op.slot(), " holds bucket ",
-                                    slot_user[op.slot()]));
-      }
-      slot_user[op.slot()] = -1;
-      --in_flight;
-      if (collectives != nullptr) collectives->push_back({b, op.op()});
-    } else if (op.op() == "orthogonalize") {
-      ++counts[b][1];
-      if (!owns[b]) {
+    if (op.op() == "gather") return Gather(op);
+    if (op.op() == "redistribute" || op.op() == "apply") return Release(op);
+    if (op.op() == "orthogonalize") {
+      ++counts_[b][1];
+      if (!owns_[b]) {
         return Invalid(
-            r, b, op.op(),
-            absl::StrCat("rank ", r, " owns no matrix of this bucket"));
+            r_, b, op.op(),
+            absl::StrCat("rank ", r_, " owns no matrix of this bucket"));
       }
-    } else {
-      return Invalid(r, b, op.op(), "unknown operation");
+      return absl::OkStatus();
     }
+    return Invalid(r_, b, op.op(), "unknown operation");
   }
-  static const char* const kNames[4] = {"gather", "orthogonalize",
-                                        "redistribute", "apply"};
-  for (int b = 0; b < buckets; ++b) {
-    for (int k = 0; k < 4; ++k) {
-      const int want = k == 1 ? (owns[b] ? 1 : 0) : 1;
-      if (counts[b][k] != want) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "rank ", r, ", bucket ", b, ": ", kNames[k], " scheduled ",
-            counts[b][k], " times; expected ", want == 1 ? "once" : "0"));
+
+  // After the walk: every bucket gathered, redistributed and applied once,
+  // orthogonalized once by an owner and never by another rank.
+  absl::Status CheckCounts() const {
+    static const char* const kNames[4] = {"gather", "orthogonalize",
+                                          "redistribute", "apply"};
+    for (size_t b = 0; b < counts_.size(); ++b) {
+      for (int k = 0; k < 4; ++k) {
+        const int want = k == 1 ? (owns_[b] ? 1 : 0) : 1;
+        if (counts_[b][k] != want) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "rank ", r_, ", bucket ", b, ": ", kNames[k], " scheduled ",
+              counts_[b][k], " times; expected ", want == 1 ? "once" : "0"));
+        }
       }
     }
+    return absl::OkStatus();
   }
-  return absl::OkStatus();
+
+ private:
+  // A gather: buckets in plan order, into a free slot, at most
+  // prefetch_count + 1 in flight.
+  absl::Status Gather(const v1::ScheduledOp& op) {
+    const int b = op.bucket();
+    ++counts_[b][0];
+    if (b != last_gathered_ + 1) {
+      return Invalid(r_, b, op.op(),
+                     absl::StrCat("buckets must be gathered in plan order "
+                                  "(after bucket ",
+                                  last_gathered_, ")"));
+    }
+    last_gathered_ = b;
+    if (slot_user_[op.slot()] != -1) {
+      return Invalid(r_, b, op.op(),
+                     absl::StrCat("slot ", op.slot(), " still holds bucket ",
+                                  slot_user_[op.slot()],
+                                  ", which is not redistributed yet"));
+    }
+    slot_user_[op.slot()] = b;
+    gathered_[b] = 1;
+    if (++in_flight_ > s_.prefetch_count() + 1) {
+      return Invalid(r_, b, op.op(),
+                     absl::StrCat(in_flight_, " buckets in flight; at most ",
+                                  s_.prefetch_count() + 1));
+    }
+    if (collectives_ != nullptr) collectives_->push_back({b, op.op()});
+    return absl::OkStatus();
+  }
+
+  // A redistribute (frees the bucket's slot) or an apply, both after the
+  // bucket's gather.
+  absl::Status Release(const v1::ScheduledOp& op) {
+    const int b = op.bucket();
+    if (!gathered_[b]) {
+      return Invalid(r_, b, op.op(), "comes before the bucket's gather");
+    }
+    if (op.op() == "apply") {
+      ++counts_[b][3];
+      return absl::OkStatus();
+    }
+    ++counts_[b][2];
+    if (slot_user_[op.slot()] != b) {
+      return Invalid(r_, b, op.op(),
+                     absl::StrCat("slot ", op.slot(), " holds bucket ",
+                                  slot_user_[op.slot()]));
+    }
+    slot_user_[op.slot()] = -1;
+    --in_flight_;
+    if (collectives_ != nullptr) collectives_->push_back({b, op.op()});
+    return absl::OkStatus();
+  }
+
+  const v1::Schedule& s_;
+  const int r_;
+  const std::vector<char> owns_;
+  // counts_[b]: gather, orthogonalize, redistribute, apply.
+  std::vector<std::array<int, 4>> counts_;
+  // Per slot: the bucket in it that is not yet redistributed (-1 = free).
+  std::vector<int> slot_user_;
+  std::vector<char> gathered_;
+  int in_flight_ = 0;
+  int last_gathered_ = -1;
+  std::vector<std::pair<int, std::string>>* collectives_;
+};
+
+}  // namespace
+
+absl::Status ValidateRankSchedule(
+    const v1::RankSchedule& rs, const v1::Schedule& s, const v1::Plan& plan,
+    std::vector<std::pair<int, std::string>>* collectives) {
+  RankScheduleWalk walk(rs, s, plan, collectives);
+  for (const v1::ScheduledOp& op : rs.ops()) {
+    MUON_RETURN_IF_ERROR(walk.Step(op));
+  }
+  return walk.CheckCounts();
 }
 
 absl::Status ValidateSchedule(const v1::Schedule& s, const v1::Plan& plan) {
