@@ -759,6 +759,60 @@ absl::StatusOr<std::vector<std::string>> CheckpointReader::Placements(
   return info->placements;
 }
 
+namespace {
+
+// A region request against what the checkpoint holds of the tensor: the
+// expected global shape, and a box of its dims inside it.
+absl::Status CheckRegionRequest(const std::string& where,
+                                const CheckpointReader::TensorInfo& info,
+                                const std::vector<int64_t>& expected_shape,
+                                const std::vector<Range>& box) {
+  if (expected_shape != info.global_shape) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": expected global shape ", ShapeToString(expected_shape),
+        " but the checkpoint has ", ShapeToString(info.global_shape)));
+  }
+  if (box.size() != info.global_shape.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": box ", BoxToString(box), " has ", box.size(),
+        " dims but the global shape ", ShapeToString(info.global_shape),
+        " has ", info.global_shape.size()));
+  }
+  for (size_t d = 0; d < box.size(); ++d) {
+    if (box[d].begin < 0 || box[d].begin > box[d].end ||
+        box[d].end > info.global_shape[d]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": box ", BoxToString(box), " lies outside global shape ",
+          ShapeToString(info.global_shape), " in dim ", d));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// DataLoss: part `missing` of region `box` is in no rank file; names the
+// saved shards (the first 8).
+absl::Status UncoveredRegionError(const std::string& where,
+                                  const CheckpointReader::TensorInfo& info,
+                                  const std::vector<Range>& box,
+                                  const std::vector<Range>& missing) {
+  std::vector<std::string> saved;
+  for (const CheckpointReader::SavedShard& shard : info.shards) {
+    if (saved.size() == 8) {
+      saved.push_back("...");
+      break;
+    }
+    saved.push_back(
+        absl::StrCat("rank ", shard.rank, " ", BoxToString(shard.box)));
+  }
+  return absl::DataLossError(absl::StrCat(
+      where, ": region ", BoxToString(box),
+      " is not covered by the saved shards: ", BoxToString(missing),
+      " is in no rank file (saved: ",
+      saved.empty() ? "none" : absl::StrJoin(saved, ", "), ")"));
+}
+
+}  // namespace
+
 absl::Status CheckpointReader::ReadRegion(
     const std::string& name, const std::vector<int64_t>& expected_global_shape,
     const std::vector<Range>& box, float* out) const {
@@ -769,25 +823,8 @@ absl::Status CheckpointReader::ReadRegion(
   }
   const std::string where =
       absl::StrCat("checkpoint ", dir_, ": tensor ", name);
-  if (expected_global_shape != info->global_shape) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": expected global shape ", ShapeToString(expected_global_shape),
-        " but the checkpoint has ", ShapeToString(info->global_shape)));
-  }
-  if (box.size() != info->global_shape.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": box ", BoxToString(box), " has ", box.size(),
-        " dims but the global shape ", ShapeToString(info->global_shape),
-        " has ", info->global_shape.size()));
-  }
-  for (size_t d = 0; d < box.size(); ++d) {
-    if (box[d].begin < 0 || box[d].begin > box[d].end ||
-        box[d].end > info->global_shape[d]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": box ", BoxToString(box), " lies outside global shape ",
-          ShapeToString(info->global_shape), " in dim ", d));
-    }
-  }
+  MUON_RETURN_IF_ERROR(
+      CheckRegionRequest(where, *info, expected_global_shape, box));
   if (BoxNumel(box) == 0) return absl::OkStatus();
   if (out == nullptr) {
     return absl::InvalidArgumentError(
@@ -823,20 +860,7 @@ absl::Status CheckpointReader::ReadRegion(
     uncovered.swap(next);
   }
   if (!uncovered.empty()) {
-    std::vector<std::string> saved;
-    for (const SavedShard& shard : info->shards) {
-      if (saved.size() == 8) {
-        saved.push_back("...");
-        break;
-      }
-      saved.push_back(
-          absl::StrCat("rank ", shard.rank, " ", BoxToString(shard.box)));
-    }
-    return absl::DataLossError(absl::StrCat(
-        where, ": region ", BoxToString(box),
-        " is not covered by the saved shards: ", BoxToString(uncovered.front()),
-        " is in no rank file (saved: ",
-        saved.empty() ? "none" : absl::StrJoin(saved, ", "), ")"));
+    return UncoveredRegionError(where, *info, box, uncovered.front());
   }
   return absl::OkStatus();
 }
