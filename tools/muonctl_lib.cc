@@ -167,6 +167,61 @@ absl::Status WriteTextFile(const std::string& path, const std::string& text) {
   return absl::OkStatus();
 }
 
+// The plan's matrices: owner, bucket, global shape, the distinct local
+// shapes with how many ranks hold a part, and Newton-Schulz FLOPs.
+void PrintPlanMatrices(const JobPlan& p, std::ostream& out) {
+  // Ranks outside a pp/ep sub-mesh, holding other experts, or with an
+  // empty torch.chunk shard hold none of a matrix.
+  int name_width = 36;
+  for (const MatrixLayout& ml : p.layout.matrices) {
+    name_width = std::max(name_width, static_cast<int>(ml.name.size()));
+  }
+  out << absl::StrFormat("%-*s %5s %6s %-14s %-28s %12s\n", name_width,
+                         "matrix", "owner", "bucket", "global shape",
+                         "local shapes (holders)", "NS per step");
+  for (const v1::MatrixPlan& m : p.plan.matrices()) {
+    const MatrixLayout& ml = p.layout.matrices[m.index()];
+    std::vector<std::string> locals;
+    std::set<std::pair<int64_t, int64_t>> seen;
+    int holders = 0;
+    for (const Box& b : ml.boxes) {
+      if (b.empty()) continue;
+      ++holders;
+      if (seen.insert({b.rows.size(), b.cols.size()}).second) {
+        locals.push_back(Shape(b.rows.size(), b.cols.size()));
+      }
+    }
+    out << absl::StrFormat("%-*s %5d %6d %-14s %-28s %12s\n", name_width,
+                           ml.name, m.owner(), m.bucket(),
+                           Shape(m.rows(), m.cols()),
+                           absl::StrCat(absl::StrJoin(locals, " "), " (",
+                                        holders, "/", ml.boxes.size(), ")"),
+                           Flops(m.ns_flops()));
+  }
+}
+
+// Per rank: load, bytes per step and buffer memory (not computed above
+// PlanTraffic's size bound).
+void PrintPlanRanks(const JobPlan& p, std::ostream& out) {
+  const std::vector<RankTraffic> t = PlanTraffic(p);
+  const bool traffic = !t.empty();
+  out << absl::StrFormat("%-6s %9s %12s %12s %12s %12s %12s\n", "rank",
+                         "matrices", "NS per step", "gathered", "sent",
+                         "received", "peak buffer");
+  for (const v1::RankLoad& l : p.plan.loads()) {
+    const int r = l.rank();
+    out << absl::StrFormat(
+        "%-6d %9d %12s %12s %12s %12s %12s\n", r, l.matrices(),
+        Flops(l.ns_flops()), traffic ? Bytes(t[r].gathered) : "-",
+        traffic ? Bytes(t[r].sent) : "-", traffic ? Bytes(t[r].received) : "-",
+        traffic ? Bytes(t[r].peak_buffer) : "-");
+  }
+  if (!traffic) {
+    out << "(bytes per rank not computed: ranks^2 x matrices above "
+           "kMaxTrafficWork)\n";
+  }
+}
+
 int CmdPlan(const Flags& f, std::ostream& out, std::ostream& err) {
   // --spec is required and checked to exist by its flag (PlanFlags).
   absl::StatusOr<v1::JobSpec> spec = LoadJobSpec(f.spec);
@@ -185,54 +240,8 @@ int CmdPlan(const Flags& f, std::ostream& out, std::ostream& err) {
       plan.matrices_size() == 1 ? "x" : "ces", plan.world_size(),
       plan.world_size() == 1 ? "" : "s", p->layout.mesh.ToString(),
       plan.policy(), plan.buckets_size(), plan.buckets_size() == 1 ? "" : "s");
-  // Local shapes: the distinct non-empty boxes of the matrix, then how many
-  // ranks hold part of it (ranks outside a pp/ep sub-mesh, holding other
-  // experts, or with an empty torch.chunk shard hold none).
-  int name_width = 36;
-  for (const MatrixLayout& ml : p->layout.matrices) {
-    name_width = std::max(name_width, static_cast<int>(ml.name.size()));
-  }
-  out << absl::StrFormat("%-*s %5s %6s %-14s %-28s %12s\n", name_width,
-                         "matrix", "owner", "bucket", "global shape",
-                         "local shapes (holders)", "NS per step");
-  for (const v1::MatrixPlan& m : plan.matrices()) {
-    const MatrixLayout& ml = p->layout.matrices[m.index()];
-    std::vector<std::string> locals;
-    std::set<std::pair<int64_t, int64_t>> seen;
-    int holders = 0;
-    for (const Box& b : ml.boxes) {
-      if (b.empty()) continue;
-      ++holders;
-      if (seen.insert({b.rows.size(), b.cols.size()}).second) {
-        locals.push_back(Shape(b.rows.size(), b.cols.size()));
-      }
-    }
-    out << absl::StrFormat("%-*s %5d %6d %-14s %-28s %12s\n", name_width,
-                           ml.name, m.owner(), m.bucket(),
-                           Shape(m.rows(), m.cols()),
-                           absl::StrCat(absl::StrJoin(locals, " "), " (",
-                                        holders, "/", ml.boxes.size(), ")"),
-                           Flops(m.ns_flops()));
-  }
-  // Per rank: load, bytes per step and buffer memory (empty above
-  // PlanTraffic's size bound).
-  const std::vector<RankTraffic> t = PlanTraffic(*p);
-  const bool traffic = !t.empty();
-  out << absl::StrFormat("%-6s %9s %12s %12s %12s %12s %12s\n", "rank",
-                         "matrices", "NS per step", "gathered", "sent",
-                         "received", "peak buffer");
-  for (const v1::RankLoad& l : plan.loads()) {
-    const int r = l.rank();
-    out << absl::StrFormat(
-        "%-6d %9d %12s %12s %12s %12s %12s\n", r, l.matrices(),
-        Flops(l.ns_flops()), traffic ? Bytes(t[r].gathered) : "-",
-        traffic ? Bytes(t[r].sent) : "-", traffic ? Bytes(t[r].received) : "-",
-        traffic ? Bytes(t[r].peak_buffer) : "-");
-  }
-  if (!traffic) {
-    out << "(bytes per rank not computed: ranks^2 x matrices above "
-           "kMaxTrafficWork)\n";
-  }
+  PrintPlanMatrices(*p, out);
+  PrintPlanRanks(*p, out);
   // Both policies side by side.
   for (const char* policy : {"lpt", "round_robin"}) {
     absl::StatusOr<JobPlan> q = PlanJobSpec(*spec, policy);
