@@ -181,6 +181,42 @@ absl::Status Agent::OnOwnFailure(const absl::Status& local) {
   return local;
 }
 
+Agent::FailureCause Agent::PollForFailureCause() {
+  absl::Duration interval, timeout;
+  FailureCause cause;
+  {
+    absl::MutexLock lock(&mu_);
+    interval = interval_;
+    timeout = heartbeat_timeout_;
+    cause.host = coordinator_rank_ == rank_ ? -1 : coordinator_rank_;
+  }
+  cause.waited = timeout + 2 * interval;
+  const absl::Time deadline = absl::Now() + cause.waited;
+  v1::HeartbeatRequest request;
+  request.set_rank(rank_);
+  request.set_incarnation(incarnation_);
+  int failures = 0;
+  while (true) {
+    absl::StatusOr<v1::HeartbeatResponse> response =
+        client_->Heartbeat(request);
+    cause.reachable = response.ok();
+    failures = cause.reachable ? 0 : failures + 1;
+    if (response.ok() && TakeResponse(*response)) break;
+    // A peer that left the job normally (its optimizer or process group
+    // ended) while this rank still steps: known at once, no need to wait.
+    if (cause.reachable) {
+      cause.finished_peer = FinishedPeer();
+      if (!cause.finished_peer.empty()) break;
+    }
+    if (absl::Now() >= deadline) break;
+    // The coordinator lived in rank `host`'s process and no longer
+    // answers: that rank is gone; no need to wait out the timeout.
+    if (cause.host >= 0 && failures >= 3) break;
+    absl::SleepFor(std::max(absl::Milliseconds(1), interval / 2));
+  }
+  return cause;
+}
+
 absl::Status Agent::OnStepFailed(const absl::Status& local) {
   if (local.ok()) return local;
   const bool communication = absl::IsUnavailable(local) ||
@@ -188,45 +224,7 @@ absl::Status Agent::OnStepFailed(const absl::Status& local) {
                              absl::IsDeadlineExceeded(local);
   // This rank's own failure: the coordinator tells everyone.
   if (!communication) return OnOwnFailure(local);
-  absl::Duration interval, timeout;
-  {
-    absl::MutexLock lock(&mu_);
-    interval = interval_;
-    timeout = heartbeat_timeout_;
-  }
-  // Poll the coordinator (besides the heartbeat thread) until it names the
-  // failed rank: a lost rank is known heartbeat_timeout after its last
-  // heartbeat, which came at most one interval before it failed.
-  const absl::Time deadline = absl::Now() + timeout + 2 * interval;
-  v1::HeartbeatRequest request;
-  request.set_rank(rank_);
-  request.set_incarnation(incarnation_);
-  bool reachable = true;
-  int failures = 0;
-  int host = -1;
-  {
-    absl::MutexLock lock(&mu_);
-    host = coordinator_rank_ == rank_ ? -1 : coordinator_rank_;
-  }
-  std::string finished_peer;
-  while (true) {
-    absl::StatusOr<v1::HeartbeatResponse> response =
-        client_->Heartbeat(request);
-    reachable = response.ok();
-    failures = reachable ? 0 : failures + 1;
-    if (response.ok() && TakeResponse(*response)) break;
-    // A peer that left the job normally (its optimizer or process group
-    // ended) while this rank still steps: known at once, no need to wait.
-    if (reachable) {
-      finished_peer = FinishedPeer();
-      if (!finished_peer.empty()) break;
-    }
-    if (absl::Now() >= deadline) break;
-    // The coordinator lived in rank `host`'s process and no longer
-    // answers: that rank is gone; no need to wait out the timeout.
-    if (host >= 0 && failures >= 3) break;
-    absl::SleepFor(std::max(absl::Milliseconds(1), interval / 2));
-  }
+  const FailureCause cause = PollForFailureCause();
   std::string error;
   int failed = -1;
   {
@@ -234,13 +232,14 @@ absl::Status Agent::OnStepFailed(const absl::Status& local) {
     error = job_error_;
     failed = failed_rank_;
   }
-  if (error.empty() && !finished_peer.empty()) {
+  if (error.empty() && !cause.finished_peer.empty()) {
     RunAbortOnce();
-    return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", rank_, ": step failed: ", finished_peer, " while rank ", rank_,
-        " is still stepping: every rank must call step() the same "
-        "number of times; this rank saw: ",
-        local.message()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank_, ": step failed: ", cause.finished_peer,
+                     " while rank ", rank_,
+                     " is still stepping: every rank must call step() the same "
+                     "number of times; this rank saw: ",
+                     local.message()));
   }
   if (!error.empty()) {
     if (failed == rank_) return local;
@@ -248,14 +247,14 @@ absl::Status Agent::OnStepFailed(const absl::Status& local) {
         "rank ", rank_, ": step failed: ", error,
         " (reported by the coordinator); this rank saw: ", local.message()));
   }
-  if (!reachable && host >= 0) {
+  if (!cause.reachable && cause.host >= 0) {
     return absl::AbortedError(absl::StrCat(
-        "rank ", rank_, ": step failed: rank ", host,
+        "rank ", rank_, ": step failed: rank ", cause.host,
         " lost: the coordinator it hosted no longer answers (its process "
         "ended or stopped); this rank saw: ",
         local.message()));
   }
-  if (!reachable) {
+  if (!cause.reachable) {
     return absl::Status(
         local.code(),
         absl::StrCat(local.message(), " [rank ", rank_,
@@ -269,7 +268,7 @@ absl::Status Agent::OnStepFailed(const absl::Status& local) {
       local.code(),
       absl::StrCat(local.message(), " [rank ", rank_,
                    ": the coordinator knew of no failed rank within ",
-                   absl::FormatDuration(timeout + 2 * interval), "]"));
+                   absl::FormatDuration(cause.waited), "]"));
 }
 
 std::string Agent::FinishedPeer() {

@@ -187,6 +187,20 @@ class Agent {
   // "rank R finished (left the job after step S)" for a peer the
   // coordinator lists as finished, else "" (also when it cannot be asked).
   std::string FinishedPeer();
+
+  // What polling the coordinator after a communication error found.
+  struct FailureCause {
+    bool reachable = true;      // the last poll got an answer
+    int host = -1;              // the rank hosting the coordinator, or -1
+    std::string finished_peer;  // FinishedPeer(), when one left early
+    absl::Duration waited;      // the poll's bound
+  };
+  // Polls the coordinator (besides the heartbeat thread) until it names
+  // the failed rank (TakeResponse), a peer has finished, the coordinator's
+  // host stops answering, or heartbeat_timeout + 2 heartbeat intervals
+  // pass: a lost rank is known heartbeat_timeout after its last heartbeat,
+  // which came at most one interval before it failed.
+  FailureCause PollForFailureCause();
   CoordinationClient* const client_;  // Not owned.
   const int rank_;
   const uint64_t incarnation_;
