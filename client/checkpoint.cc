@@ -342,6 +342,16 @@ absl::Status ParseMetadataJson(
   return ParseMetadataTensors(path, *list, tensors);
 }
 
+// FileSize of a checkpoint file; one that is not a regular file (a
+// directory or device in its place) is a damaged checkpoint: DataLoss.
+absl::StatusOr<int64_t> CheckpointFileSize(int fd, const std::string& path) {
+  absl::StatusOr<int64_t> size = FileSize(fd, path);
+  if (absl::IsFailedPrecondition(size.status())) {
+    return absl::DataLossError(size.status().message());
+  }
+  return size;
+}
+
 // The rank file's safetensors header (common/safetensors.h), its format
 // errors as DataLoss: a checkpoint file that does not parse is corrupted.
 absl::StatusOr<SafetensorsHeader> ReadRankFileHeader(
@@ -704,7 +714,8 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
       }
       return fd.status();
     }
-    MUON_ASSIGN_OR_RETURN(const int64_t size, FileSize(fd->get(), meta_path));
+    MUON_ASSIGN_OR_RETURN(const int64_t size,
+                          CheckpointFileSize(fd->get(), meta_path));
     if (size > kCheckpointMaxHeaderBytes) {
       return absl::DataLossError(absl::StrCat(meta_path, ": ", size,
                                               " bytes exceeds the cap of ",
@@ -846,7 +857,8 @@ absl::Status CheckpointReader::ReadRegion(
       }
       if (fd.get() < 0) {
         MUON_ASSIGN_OR_RETURN(fd, OpenForRead(path));
-        MUON_ASSIGN_OR_RETURN(const int64_t size, FileSize(fd.get(), path));
+        MUON_ASSIGN_OR_RETURN(const int64_t size,
+                              CheckpointFileSize(fd.get(), path));
         if (size != file_sizes_[shard.rank]) {
           return absl::DataLossError(absl::StrCat(
               path, ": tensor ", name, ": file is ", size, " bytes but was ",

@@ -31,6 +31,22 @@ TEST(CheckpointTest, Open_MissingRankFile_ReturnsDataLoss) {
                        HasSubstr(c.dir + "/rank_2.safetensors")));
 }
 
+// A directory where a checkpoint file should be is a damaged checkpoint.
+TEST(CheckpointTest, Open_FileReplacedByDirectory_ReturnsDataLoss) {
+  for (const std::string file : {"metadata.json", "rank_2.safetensors"}) {
+    SCOPED_TRACE(file);
+    SmallCheckpoint d = MakeSmallCheckpoint();
+    const std::string path = d.dir + "/" + file;
+    ASSERT_EQ(::unlink(path.c_str()), 0);
+    ASSERT_EQ(::mkdir(path.c_str(), 0755), 0);
+    EXPECT_THAT(
+        CheckpointReader::Open(d.dir),
+        StatusIs(absl::StatusCode::kDataLoss,
+                 AllOf(HasSubstr(path), HasSubstr("not a regular file"))));
+    ASSERT_EQ(::rmdir(path.c_str()), 0);  // the next file's checkpoint
+  }
+}
+
 TEST(CheckpointTest, Open_TruncatedDataSection_ReturnsDataLoss) {
   SmallCheckpoint c = MakeSmallCheckpoint();
   const std::string path = c.dir + "/rank_1.safetensors";
