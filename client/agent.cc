@@ -278,7 +278,7 @@ std::string Agent::FinishedPeer() {
   // ranks whose step then failed may have left since, too.
   const v1::RankStatus* first = nullptr;
   for (const v1::RankStatus& r : ranks->ranks()) {
-    if (r.rank() == rank_ || r.state() != "finished") continue;
+    if (r.rank() == rank_ || r.state() != v1::RANK_STATE_FINISHED) continue;
     if (first == nullptr ||
         r.last_heartbeat_unix_s() < first->last_heartbeat_unix_s()) {
       first = &r;

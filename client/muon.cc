@@ -1001,7 +1001,8 @@ void Muon::ReportStep() {
   report->set_ns_flops(stats_.ns_flops);
   report->set_bytes_sent(stats_.bytes_sent);
   report->set_bytes_received(stats_.bytes_received);
-  report->set_mode(executor_->async() ? "async" : "sequential");
+  report->set_mode(executor_->async() ? v1::SCHEDULE_MODE_ASYNC
+                                      : v1::SCHEDULE_MODE_SEQUENTIAL);
   report->set_prefetch_count(executor_->prefetch_count());
   report->set_buffer_bytes(stats_.buffer_bytes);
   report->set_buffer_bound_bytes(stats_.buffer_bound_bytes);

@@ -9,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/status_macros.h"
+#include "common/wire_names.h"
 #include "device/runtime.h"
 #include "plan/schedule.h"
 
@@ -248,7 +249,7 @@ absl::Status StepExecutor::CompileSchedule(const v1::Plan& plan) {
         "rank ", rank_, ": the plan carries no stream schedule for this rank"));
   }
   MUON_RETURN_IF_ERROR(ValidateRankSchedule(*mine, schedule, plan));
-  async_ = schedule.mode() == "async";
+  async_ = schedule.mode() == v1::SCHEDULE_MODE_ASYNC;
   prefetch_count_ = schedule.prefetch_count();
   const int slots = std::max(1, schedule.slots());
   std::map<int, int> position;
@@ -263,24 +264,23 @@ absl::Status StepExecutor::CompileSchedule(const v1::Plan& plan) {
           absl::StrCat("rank ", rank_, ": schedule names bucket ", op.bucket(),
                        " slot ", op.slot(), " outside the plan"));
     }
-    OpKind kind;
-    if (op.op() == "gather") {
-      kind = OpKind::kGather;
-      slot_of_bucket_[it->second] = op.slot();
-    } else if (op.op() == "orthogonalize") {
-      kind = OpKind::kOrthogonalize;
-    } else if (op.op() == "redistribute") {
-      kind = OpKind::kRedistribute;
-    } else if (op.op() == "apply") {
-      kind = OpKind::kApply;
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", rank_, ": unknown scheduled operation \"", op.op(), "\""));
+    switch (op.op()) {
+      case v1::OP_KIND_GATHER:
+        slot_of_bucket_[it->second] = op.slot();
+        break;
+      case v1::OP_KIND_ORTHOGONALIZE:
+      case v1::OP_KIND_REDISTRIBUTE:
+      case v1::OP_KIND_APPLY:
+        break;
+      default:
+        return absl::InvalidArgumentError(
+            absl::StrCat("rank ", rank_, ": unknown scheduled operation \"",
+                         WireName(op.op()), "\""));
     }
-    const Op o{it->second, kind, op.slot()};
-    if (op.stream() == "compute") {
+    const Op o{it->second, op.op(), op.slot()};
+    if (op.stream() == v1::STREAM_KIND_COMPUTE) {
       compute_ops_.push_back(o);
-    } else if (op.stream() == "comm") {
+    } else if (op.stream() == v1::STREAM_KIND_COMM) {
       comm_ops_.push_back(o);
     } else {
       main_ops_.push_back(o);
@@ -297,13 +297,13 @@ absl::Status StepExecutor::CheckOrthogonalizeOps() const {
   if (async_) {
     std::vector<int> redistributed, orthogonalized;
     for (const Op& o : comm_ops_) {
-      if (o.kind == OpKind::kRedistribute &&
+      if (o.kind == v1::OP_KIND_REDISTRIBUTE &&
           !buckets_[o.bucket].owned.empty()) {
         redistributed.push_back(buckets_[o.bucket].index);
       }
     }
     for (const Op& o : compute_ops_) {
-      if (o.kind == OpKind::kOrthogonalize) {
+      if (o.kind == v1::OP_KIND_ORTHOGONALIZE) {
         orthogonalized.push_back(buckets_[o.bucket].index);
       }
     }
@@ -322,8 +322,8 @@ absl::Status StepExecutor::CheckOrthogonalizeOps() const {
     int scheduled = 0;
     for (const auto* list : {&main_ops_, &compute_ops_}) {
       for (const Op& o : *list) {
-        scheduled +=
-            o.bucket == static_cast<int>(b) && o.kind == OpKind::kOrthogonalize;
+        scheduled += o.bucket == static_cast<int>(b) &&
+                     o.kind == v1::OP_KIND_ORTHOGONALIZE;
       }
     }
     if (scheduled != (owns ? 1 : 0)) {
@@ -495,7 +495,7 @@ absl::Status StepExecutor::RunExchange(const Exchange& x, bool to_owner,
 absl::Status StepExecutor::Gather(int b, const StepArgs& args,
                                   device::Stream* stream,
                                   std::vector<OpRecord>* rec,
-                                  const char* stream_name) {
+                                  v1::StreamKind stream_kind) {
   const BucketSchedule& bs = buckets_[b];
   const double t0 = NowSeconds();
   const int64_t sent0 = bytes_sent_;
@@ -513,15 +513,15 @@ absl::Status StepExecutor::Gather(int b, const StepArgs& args,
                                      *args.updates, stream, &bytes_sent_,
                                      &bytes_received_));
   }
-  rec->push_back(OpRecord{"gather", stream_name, bs.index, t0, NowSeconds(),
-                          bytes_sent_ - sent0, 0});
+  rec->push_back(OpRecord{v1::OP_KIND_GATHER, stream_kind, bs.index, t0,
+                          NowSeconds(), bytes_sent_ - sent0, 0});
   return absl::OkStatus();
 }
 
 absl::Status StepExecutor::Orthogonalize(int b, const StepArgs& args,
                                          device::Stream* stream,
                                          std::vector<OpRecord>* rec,
-                                         const char* stream_name) {
+                                         v1::StreamKind stream_kind) {
   const BucketSchedule& bs = buckets_[b];
   const double t0 = NowSeconds();
   double flops = 0;
@@ -540,7 +540,7 @@ absl::Status StepExecutor::Orthogonalize(int b, const StepArgs& args,
     ns_matrices_ += batch.count;
   }
   ns_flops_ += flops;
-  rec->push_back(OpRecord{"orthogonalize", stream_name, bs.index, t0,
+  rec->push_back(OpRecord{v1::OP_KIND_ORTHOGONALIZE, stream_kind, bs.index, t0,
                           NowSeconds(), 0, flops});
   return absl::OkStatus();
 }
@@ -548,7 +548,7 @@ absl::Status StepExecutor::Orthogonalize(int b, const StepArgs& args,
 absl::Status StepExecutor::Redistribute(int b, const StepArgs& args,
                                         device::Stream* stream,
                                         std::vector<OpRecord>* rec,
-                                        const char* stream_name) {
+                                        v1::StreamKind stream_kind) {
   const BucketSchedule& bs = buckets_[b];
   const double t0 = NowSeconds();
   const int64_t sent0 = bytes_sent_;
@@ -568,7 +568,7 @@ absl::Status StepExecutor::Redistribute(int b, const StepArgs& args,
                                      *args.updates, stream, &bytes_sent_,
                                      &bytes_received_));
   }
-  rec->push_back(OpRecord{"redistribute", stream_name, bs.index, t0,
+  rec->push_back(OpRecord{v1::OP_KIND_REDISTRIBUTE, stream_kind, bs.index, t0,
                           NowSeconds(), bytes_sent_ - sent0, 0});
   return absl::OkStatus();
 }
@@ -576,7 +576,7 @@ absl::Status StepExecutor::Redistribute(int b, const StepArgs& args,
 absl::Status StepExecutor::Apply(int b, const StepArgs& args,
                                  device::Stream* stream,
                                  std::vector<OpRecord>* rec,
-                                 const char* stream_name) {
+                                 v1::StreamKind stream_kind) {
   // Decoupled weight decay and the AdjustLR-scaled update on the local
   // shard (UpdateRule::Apply), AdjustLR from the matrix's GLOBAL shape.
   const BucketSchedule& bs = buckets_[b];
@@ -593,8 +593,8 @@ absl::Status StepExecutor::Apply(int b, const StepArgs& args,
         bf16 ? kernels::ParamDType::kBFloat16 : kernels::ParamDType::kFloat32,
         LocalO(m), n));
   }
-  rec->push_back(
-      OpRecord{"apply", stream_name, bs.index, t0, NowSeconds(), 0, 0});
+  rec->push_back(OpRecord{v1::OP_KIND_APPLY, stream_kind, bs.index, t0,
+                          NowSeconds(), 0, 0});
   return absl::OkStatus();
 }
 
@@ -603,40 +603,41 @@ absl::Status StepExecutor::EnqueueSequential() {
   for (const Op& op : main_ops_) {
     const int b = op.bucket;
     switch (op.kind) {
-      case OpKind::kGather:
+      case v1::OP_KIND_GATHER:
         MUON_RETURN_IF_ERROR(main->Launch([this, b] {
           MUON_RETURN_IF_ERROR(Gather(b, step_args_, main_stream_.get(),
-                                      &main_records_, "main"));
+                                      &main_records_, v1::STREAM_KIND_MAIN));
           // Owners orthogonalize in rank order: rank i runs between the
           // i-th and (i+1)-th barrier of the bucket.
           const bool mine = !buckets_[b].owned.empty();
           if (world_size_ == 1) {
             return mine ? Orthogonalize(b, step_args_, main_stream_.get(),
-                                        &main_records_, "main")
+                                        &main_records_, v1::STREAM_KIND_MAIN)
                         : absl::OkStatus();
           }
           for (int turn = 0; turn < world_size_; ++turn) {
             if (turn == rank_ && mine) {
-              MUON_RETURN_IF_ERROR(Orthogonalize(
-                  b, step_args_, main_stream_.get(), &main_records_, "main"));
+              MUON_RETURN_IF_ERROR(
+                  Orthogonalize(b, step_args_, main_stream_.get(),
+                                &main_records_, v1::STREAM_KIND_MAIN));
             }
             MUON_RETURN_IF_ERROR(comm_->Barrier());
           }
           return absl::OkStatus();
         }));
         break;
-      case OpKind::kOrthogonalize:
+      case v1::OP_KIND_ORTHOGONALIZE:
         break;  // run in rank order right after the bucket's gather
-      case OpKind::kRedistribute:
+      case v1::OP_KIND_REDISTRIBUTE:
         MUON_RETURN_IF_ERROR(main->Launch([this, b] {
           return Redistribute(b, step_args_, main_stream_.get(), &main_records_,
-                              "main");
+                              v1::STREAM_KIND_MAIN);
         }));
         break;
-      case OpKind::kApply:
+      case v1::OP_KIND_APPLY:
         MUON_RETURN_IF_ERROR(main->Launch([this, b] {
           return Apply(b, step_args_, main_stream_.get(), &main_records_,
-                       "main");
+                       v1::STREAM_KIND_MAIN);
         }));
         break;
     }
@@ -652,7 +653,7 @@ absl::Status StepExecutor::EnqueueCompute(const Op& op) {
   }
   MUON_RETURN_IF_ERROR(compute_stream_->Launch([this, b] {
     return Orthogonalize(b, step_args_, compute_stream_.get(), &main_records_,
-                         "compute");
+                         v1::STREAM_KIND_COMPUTE);
   }));
   return orthogonalized_[slot_of_bucket_[b]]->Record(compute_stream_.get());
 }
@@ -661,13 +662,13 @@ absl::Status StepExecutor::EnqueueCommOp(const Op& op) {
   const int b = op.bucket;
   device::Stream* comm = comm_stream_.get();
   switch (op.kind) {
-    case OpKind::kGather:
+    case v1::OP_KIND_GATHER:
       MUON_RETURN_IF_ERROR(comm->Launch([this, b] {
         return Gather(b, step_args_, comm_stream_.get(), &comm_records_,
-                      "comm");
+                      v1::STREAM_KIND_COMM);
       }));
       return gathered_[slot_of_bucket_[b]]->Record(comm);
-    case OpKind::kRedistribute:
+    case v1::OP_KIND_REDISTRIBUTE:
       if (!buckets_[b].owned.empty() &&
           dropped_wait_ != EventWait::kOrthogonalizedBeforeRedistribute) {
         MUON_RETURN_IF_ERROR(
@@ -675,13 +676,14 @@ absl::Status StepExecutor::EnqueueCommOp(const Op& op) {
       }
       return comm->Launch([this, b] {
         return Redistribute(b, step_args_, comm_stream_.get(), &comm_records_,
-                            "comm");
+                            v1::STREAM_KIND_COMM);
       });
-    case OpKind::kApply:
+    case v1::OP_KIND_APPLY:
       return comm->Launch([this, b] {
-        return Apply(b, step_args_, comm_stream_.get(), &comm_records_, "comm");
+        return Apply(b, step_args_, comm_stream_.get(), &comm_records_,
+                     v1::STREAM_KIND_COMM);
       });
-    case OpKind::kOrthogonalize:
+    case v1::OP_KIND_ORTHOGONALIZE:
       break;  // never scheduled on the comm stream
   }
   return absl::OkStatus();
@@ -695,7 +697,7 @@ absl::Status StepExecutor::EnqueueAsync() {
   // are enqueued up to bucket b just before redistribute(b) waits for them.
   size_t next_compute = 0;
   for (const Op& op : comm_ops_) {
-    if (op.kind == OpKind::kRedistribute &&
+    if (op.kind == v1::OP_KIND_REDISTRIBUTE &&
         !buckets_[op.bucket].owned.empty()) {
       bool enqueued = false;
       while (!enqueued && next_compute < compute_ops_.size()) {

@@ -80,8 +80,8 @@ struct MatrixGeometry {
 
 // Timing of one operation (no allocation on the step path).
 struct OpRecord {
-  const char* op = "";  // "gather", "orthogonalize", "redistribute", "apply"
-  const char* stream = "";  // "main", "comm", "compute"
+  v1::OpKind op = v1::OP_KIND_UNSPECIFIED;
+  v1::StreamKind stream = v1::STREAM_KIND_UNSPECIFIED;
   int bucket = 0;
   double start_s = 0;  // seconds since the Unix epoch
   double end_s = 0;
@@ -224,10 +224,9 @@ class StepExecutor {
     Exchange gather;                  // shards of U -> owners' full U
     Exchange redistribute;            // owners' full O -> holders' shards
   };
-  enum class OpKind { kGather, kOrthogonalize, kRedistribute, kApply };
   struct Op {
     int bucket;  // position in buckets_
-    OpKind kind;
+    v1::OpKind kind;
     int slot;
   };
   // Arguments of the step in flight (set by Run, read by the streams).
@@ -276,21 +275,21 @@ class StepExecutor {
   float* FullO(int m);
   float* LocalO(int m);
   // The step's operations, each run in `stream`'s order (called from
-  // inside its Launch); `stream_name` labels the timing record.
+  // inside its Launch); `stream_kind` labels the timing record.
   absl::Status RunExchange(const Exchange& ex, bool to_owner,
                            const std::vector<const float*>& updates,
                            device::Stream* stream, int64_t* bytes_sent,
                            int64_t* bytes_received);
   absl::Status Gather(int b, const StepArgs& args, device::Stream* stream,
-                      std::vector<OpRecord>* rec, const char* stream_name);
+                      std::vector<OpRecord>* rec, v1::StreamKind stream_kind);
   absl::Status Orthogonalize(int b, const StepArgs& args,
                              device::Stream* stream, std::vector<OpRecord>* rec,
-                             const char* stream_name);
+                             v1::StreamKind stream_kind);
   absl::Status Redistribute(int b, const StepArgs& args, device::Stream* stream,
                             std::vector<OpRecord>* rec,
-                            const char* stream_name);
+                            v1::StreamKind stream_kind);
   absl::Status Apply(int b, const StepArgs& args, device::Stream* stream,
-                     std::vector<OpRecord>* rec, const char* stream_name);
+                     std::vector<OpRecord>* rec, v1::StreamKind stream_kind);
   // Enqueue the step's operations on the streams (Run then waits for them).
   absl::Status EnqueueSequential();
   absl::Status EnqueueAsync();

@@ -19,7 +19,7 @@ std::vector<double> MeasuredSecondsPerFlop(
     for (const v1::StepReport& report : *reports[r]) {
       if (report.step() <= after_step) continue;
       for (const v1::OpTiming& op : report.ops()) {
-        if (op.op() != "orthogonalize" || !(op.flops() > 0)) continue;
+        if (op.op() != v1::OP_KIND_ORTHOGONALIZE || !(op.flops() > 0)) continue;
         seconds += std::max(0.0, op.end_s() - op.start_s());
         flops += op.flops();
       }

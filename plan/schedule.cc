@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/wire_names.h"
 
 namespace muon {
 namespace {
@@ -27,7 +28,7 @@ std::vector<char> OwnedBuckets(const v1::Plan& plan, int rank) {
   return owns;
 }
 
-void Add(v1::RankSchedule* rs, int bucket, const char* op, const char* stream,
+void Add(v1::RankSchedule* rs, int bucket, v1::OpKind op, v1::StreamKind stream,
          int slot) {
   v1::ScheduledOp* o = rs->add_ops();
   o->set_bucket(bucket);
@@ -36,24 +37,25 @@ void Add(v1::RankSchedule* rs, int bucket, const char* op, const char* stream,
   o->set_slot(slot);
 }
 
-absl::Status Invalid(int rank, int bucket, const std::string& op,
+absl::Status Invalid(int rank, int bucket, v1::OpKind op,
                      const std::string& what) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("rank ", rank, ", bucket ", bucket, ", ", op, ": ", what));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "rank ", rank, ", bucket ", bucket, ", ", WireName(op), ": ", what));
 }
 
 // Checks the header fields: mode, slots and prefetch depth.
 absl::Status ValidateHeader(const v1::Schedule& s) {
-  const bool async = s.mode() == "async";
-  if (!async && s.mode() != "sequential") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "schedule mode \"", s.mode(), "\" is not sequential or async"));
+  const bool async = s.mode() == v1::SCHEDULE_MODE_ASYNC;
+  if (!async && s.mode() != v1::SCHEDULE_MODE_SEQUENTIAL) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("schedule mode \"", WireName(s.mode()),
+                     "\" is not sequential or async"));
   }
   const int want_slots = async ? s.prefetch_count() + 1 : 1;
   if (s.prefetch_count() < 0 || s.slots() != want_slots) {
     return absl::InvalidArgumentError(absl::StrCat(
         "schedule has ", s.slots(), " slots for prefetch ", s.prefetch_count(),
-        " in ", s.mode(), " mode; expected ", want_slots));
+        " in ", WireName(s.mode()), " mode; expected ", want_slots));
   }
   return absl::OkStatus();
 }
@@ -65,7 +67,7 @@ v1::Schedule MakeScheduleHeader(const v1::Plan& plan, bool async,
   int p = std::max(0, prefetch_count);
   p = std::min(p, std::max(0, plan.buckets_size() - 1));
   v1::Schedule s;
-  s.set_mode(async ? "async" : "sequential");
+  s.set_mode(async ? v1::SCHEDULE_MODE_ASYNC : v1::SCHEDULE_MODE_SEQUENTIAL);
   s.set_prefetch_count(async ? p : 0);
   s.set_slots(async ? p + 1 : 1);
   s.set_derivation(kScheduleDerivation);
@@ -83,31 +85,36 @@ v1::RankSchedule DeriveRankSchedule(const v1::Schedule& header,
   const std::vector<char> owns = OwnedBuckets(plan, rank);
   v1::RankSchedule rs;
   rs.set_rank(rank);
-  if (header.mode() != "async") {
+  if (header.mode() != v1::SCHEDULE_MODE_ASYNC) {
+    constexpr v1::StreamKind kMain = v1::STREAM_KIND_MAIN;
     for (int b = 0; b < buckets; ++b) {
-      Add(&rs, b, "gather", "main", 0);
-      if (owns[b]) Add(&rs, b, "orthogonalize", "main", 0);
-      Add(&rs, b, "redistribute", "main", 0);
-      Add(&rs, b, "apply", "main", 0);
+      Add(&rs, b, v1::OP_KIND_GATHER, kMain, 0);
+      if (owns[b]) Add(&rs, b, v1::OP_KIND_ORTHOGONALIZE, kMain, 0);
+      Add(&rs, b, v1::OP_KIND_REDISTRIBUTE, kMain, 0);
+      Add(&rs, b, v1::OP_KIND_APPLY, kMain, 0);
     }
     return rs;
   }
   const int p = std::max(0, header.prefetch_count());
   const int slots = p + 1;
+  constexpr v1::StreamKind kComm = v1::STREAM_KIND_COMM;
   int next_gather = 0;
   for (; next_gather <= p && next_gather < buckets; ++next_gather) {
-    Add(&rs, next_gather, "gather", "comm", next_gather % slots);
+    Add(&rs, next_gather, v1::OP_KIND_GATHER, kComm, next_gather % slots);
   }
   for (int b = 0; b < buckets; ++b) {
-    Add(&rs, b, "redistribute", "comm", b % slots);
-    Add(&rs, b, "apply", "comm", b % slots);
+    Add(&rs, b, v1::OP_KIND_REDISTRIBUTE, kComm, b % slots);
+    Add(&rs, b, v1::OP_KIND_APPLY, kComm, b % slots);
     if (next_gather < buckets) {
-      Add(&rs, next_gather, "gather", "comm", next_gather % slots);
+      Add(&rs, next_gather, v1::OP_KIND_GATHER, kComm, next_gather % slots);
       ++next_gather;
     }
   }
   for (int b = 0; b < buckets; ++b) {
-    if (owns[b]) Add(&rs, b, "orthogonalize", "compute", b % slots);
+    if (owns[b]) {
+      Add(&rs, b, v1::OP_KIND_ORTHOGONALIZE, v1::STREAM_KIND_COMPUTE,
+          b % slots);
+    }
   }
   return rs;
 }
@@ -136,7 +143,7 @@ class RankScheduleWalk {
  public:
   RankScheduleWalk(const v1::RankSchedule& rs, const v1::Schedule& s,
                    const v1::Plan& plan,
-                   std::vector<std::pair<int, std::string>>* collectives)
+                   std::vector<std::pair<int, v1::OpKind>>* collectives)
       : s_(s),
         r_(rs.rank()),
         owns_(OwnedBuckets(plan, r_)),
@@ -157,17 +164,18 @@ class RankScheduleWalk {
                      absl::StrCat("slot ", op.slot(), " out of range [0, ",
                                   s_.slots(), ")"));
     }
-    const bool async = s_.mode() == "async";
-    const std::string want_stream =
-        !async ? "main" : (op.op() == "orthogonalize" ? "compute" : "comm");
+    const v1::StreamKind want_stream = ExpectedStream(op.op());
     if (op.stream() != want_stream) {
-      return Invalid(r_, b, op.op(),
-                     absl::StrCat("on stream \"", op.stream(),
-                                  "\"; expected \"", want_stream, "\""));
+      return Invalid(
+          r_, b, op.op(),
+          absl::StrCat("on stream \"", WireName(op.stream()), "\"; expected \"",
+                       WireName(want_stream), "\""));
     }
-    if (op.op() == "gather") return Gather(op);
-    if (op.op() == "redistribute" || op.op() == "apply") return Release(op);
-    if (op.op() == "orthogonalize") {
+    if (op.op() == v1::OP_KIND_GATHER) return Gather(op);
+    if (op.op() == v1::OP_KIND_REDISTRIBUTE || op.op() == v1::OP_KIND_APPLY) {
+      return Release(op);
+    }
+    if (op.op() == v1::OP_KIND_ORTHOGONALIZE) {
       ++counts_[b][1];
       if (!owns_[b]) {
         return Invalid(
@@ -182,15 +190,17 @@ class RankScheduleWalk {
   // After the walk: every bucket gathered, redistributed and applied once,
   // orthogonalized once by an owner and never by another rank.
   absl::Status CheckCounts() const {
-    static const char* const kNames[4] = {"gather", "orthogonalize",
-                                          "redistribute", "apply"};
+    static constexpr v1::OpKind kKinds[4] = {
+        v1::OP_KIND_GATHER, v1::OP_KIND_ORTHOGONALIZE, v1::OP_KIND_REDISTRIBUTE,
+        v1::OP_KIND_APPLY};
     for (size_t b = 0; b < counts_.size(); ++b) {
       for (int k = 0; k < 4; ++k) {
         const int want = k == 1 ? (owns_[b] ? 1 : 0) : 1;
         if (counts_[b][k] != want) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "rank ", r_, ", bucket ", b, ": ", kNames[k], " scheduled ",
-              counts_[b][k], " times; expected ", want == 1 ? "once" : "0"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("rank ", r_, ", bucket ", b, ": ",
+                           WireName(kKinds[k]), " scheduled ", counts_[b][k],
+                           " times; expected ", want == 1 ? "once" : "0"));
         }
       }
     }
@@ -198,6 +208,14 @@ class RankScheduleWalk {
   }
 
  private:
+  // "main" in sequential mode; in async mode "compute" for Newton-Schulz
+  // and "comm" for the rest.
+  v1::StreamKind ExpectedStream(v1::OpKind op) const {
+    if (s_.mode() != v1::SCHEDULE_MODE_ASYNC) return v1::STREAM_KIND_MAIN;
+    return op == v1::OP_KIND_ORTHOGONALIZE ? v1::STREAM_KIND_COMPUTE
+                                           : v1::STREAM_KIND_COMM;
+  }
+
   // A gather: buckets in plan order, into a free slot, at most
   // prefetch_count + 1 in flight.
   absl::Status Gather(const v1::ScheduledOp& op) {
@@ -234,7 +252,7 @@ class RankScheduleWalk {
     if (!gathered_[b]) {
       return Invalid(r_, b, op.op(), "comes before the bucket's gather");
     }
-    if (op.op() == "apply") {
+    if (op.op() == v1::OP_KIND_APPLY) {
       ++counts_[b][3];
       return absl::OkStatus();
     }
@@ -260,14 +278,14 @@ class RankScheduleWalk {
   std::vector<char> gathered_;
   int in_flight_ = 0;
   int last_gathered_ = -1;
-  std::vector<std::pair<int, std::string>>* collectives_;
+  std::vector<std::pair<int, v1::OpKind>>* collectives_;
 };
 
 }  // namespace
 
 absl::Status ValidateRankSchedule(
     const v1::RankSchedule& rs, const v1::Schedule& s, const v1::Plan& plan,
-    std::vector<std::pair<int, std::string>>* collectives) {
+    std::vector<std::pair<int, v1::OpKind>>* collectives) {
   RankScheduleWalk walk(rs, s, plan, collectives);
   for (const v1::ScheduledOp& op : rs.ops()) {
     MUON_RETURN_IF_ERROR(walk.Step(op));
@@ -293,13 +311,13 @@ absl::Status ValidateSchedule(const v1::Schedule& s, const v1::Plan& plan) {
         absl::StrCat("schedule has ", s.ranks_size(),
                      " ranks; the plan's world size is ", plan.world_size()));
   }
-  std::vector<std::pair<int, std::string>> collectives0;
+  std::vector<std::pair<int, v1::OpKind>> collectives0;
   for (int r = 0; r < s.ranks_size(); ++r) {
     if (s.ranks(r).rank() != r) {
       return absl::InvalidArgumentError(absl::StrCat(
           "schedule entry ", r, " is for rank ", s.ranks(r).rank()));
     }
-    std::vector<std::pair<int, std::string>> collectives;
+    std::vector<std::pair<int, v1::OpKind>> collectives;
     absl::Status st = ValidateRankSchedule(s.ranks(r), s, plan, &collectives);
     if (!st.ok()) return st;
     if (r == 0) {

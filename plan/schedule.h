@@ -65,7 +65,7 @@ v1::Schedule MakeSchedule(const v1::Plan& plan, bool async, int prefetch_count);
 absl::Status ValidateRankSchedule(
     const v1::RankSchedule& rank_schedule, const v1::Schedule& schedule,
     const v1::Plan& plan,
-    std::vector<std::pair<int, std::string>>* collectives = nullptr);
+    std::vector<std::pair<int, v1::OpKind>>* collectives = nullptr);
 
 // Checks a schedule against its plan. The header: mode "sequential" or
 // "async", slots == prefetch_count + 1 (async) or 1, prefetch_count >= 0.

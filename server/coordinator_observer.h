@@ -38,9 +38,9 @@ class CoordinatorObserver {
   // agent's running total).
   virtual void OnStepReport(const v1::StepReport& report) {}
 
-  // The job's state became `state` ("waiting", "planned", "running",
-  // "finished" or "failed"); `generation` is the job generation (1 first).
-  virtual void OnJobState(absl::string_view state, int64_t generation) {}
+  // The job's state became `state`; `generation` is the job generation (1
+  // first).
+  virtual void OnJobState(v1::JobState state, int64_t generation) {}
 
   // A plan took effect: the first plan of a generation, or a re-plan that
   // changed owners. `version` is Plan.version, `hash` Plan.hash.

@@ -11,6 +11,7 @@
 #include "common/checked_math.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
+#include "common/wire_names.h"
 #include "plan/compact_manifest.h"
 #include "plan/manifest_validation.h"
 #include "plan/plan_job.h"
@@ -46,15 +47,16 @@ void CoordinatorService::Log(absl::string_view line) const {
 }
 
 void CoordinatorService::NoteJobStateLocked() {
-  std::string state = JobStateNameLocked();
+  const v1::JobState state = JobStateLocked();
   if (state == logged_state_ && generation_ == logged_generation_) return;
   if (options_.log) {
     Log(absl::StrCat("event=job_state job=", LogValue(options_.job_id),
-                     " generation=", generation_, " from=", logged_state_,
-                     " to=", state, " ranks_joined=", ranks_.size(),
+                     " generation=", generation_,
+                     " from=", WireName(logged_state_), " to=", WireName(state),
+                     " ranks_joined=", ranks_.size(),
                      " world_size=", world_size_));
   }
-  logged_state_ = std::move(state);
+  logged_state_ = state;
   logged_generation_ = generation_;
   if (options_.observer != nullptr) {
     options_.observer->OnJobState(logged_state_, generation_);
@@ -72,19 +74,19 @@ absl::Status CoordinatorService::CheckJobId(const std::string& job_id) const {
       options_.job_id, "\""));
 }
 
-std::string CoordinatorService::JobStateNameLocked() const {
+v1::JobState CoordinatorService::JobStateLocked() const {
   switch (state_) {
-    case JobState::kWaiting:
-      return "waiting";
-    case JobState::kFailed:
-      return "failed";
-    case JobState::kPlanned:
+    case Phase::kWaiting:
+      return v1::JOB_STATE_WAITING;
+    case Phase::kFailed:
+      return v1::JOB_STATE_FAILED;
+    case Phase::kPlanned:
       break;
   }
-  if (!run_error_.empty()) return "failed";
+  if (!run_error_.empty()) return v1::JOB_STATE_FAILED;
   // O(1): heartbeats ask for it (counters kept by Heartbeat and ReportStep).
-  if (finished_count_ == world_size_) return "finished";
-  return reported_count_ > 0 ? "running" : "planned";
+  if (finished_count_ == world_size_) return v1::JOB_STATE_FINISHED;
+  return reported_count_ > 0 ? v1::JOB_STATE_RUNNING : v1::JOB_STATE_PLANNED;
 }
 
 int64_t CoordinatorService::generation() const {
@@ -109,7 +111,7 @@ void CoordinatorService::MaybeStartGenerationLocked(absl::Time now) {
   if (!GenerationOverLocked(now)) return;
   ++generation_;
   world_size_ = options_.world_size;
-  state_ = JobState::kWaiting;
+  state_ = Phase::kWaiting;
   error_ = absl::OkStatus();
   run_error_.clear();
   failed_rank_ = -1;
@@ -141,7 +143,7 @@ std::string CoordinatorService::MissingRanksLocked() const {
 }
 
 void CoordinatorService::FailLocked(absl::Status status) {
-  state_ = JobState::kFailed;
+  state_ = Phase::kFailed;
   error_ = std::move(status);
   NoteJobStateLocked();
 }
@@ -165,7 +167,7 @@ void CoordinatorService::PlanLocked(Completions* completions) {
   rank_plan_ = PlanForRank(plan_, /*rank=*/-1);  // no rank's schedule
   layout_ = std::move(planned->layout);
   replans_.clear();
-  state_ = JobState::kPlanned;
+  state_ = Phase::kPlanned;
   if (options_.log) {
     int compact = 0;
     for (const auto& [rank, info] : ranks_) compact += info.compact ? 1 : 0;
@@ -291,7 +293,7 @@ void CoordinatorService::CompleteJoinsLocked(Completions* completions) {
     }
     absl::StatusOr<v1::JoinResponse> result =
         shutdown_ ? absl::UnavailableError("coordinator is shutting down")
-        : state_ == JobState::kPlanned
+        : state_ == Phase::kPlanned
             ? absl::StatusOr<v1::JoinResponse>(JoinResponseLocked())
             : absl::StatusOr<v1::JoinResponse>(error_);
     completions->push_back(
@@ -410,14 +412,14 @@ absl::StatusOr<v1::JoinResponse> CoordinatorService::JoinLocked(
   if (it != ranks_.end() && it->second.incarnation != request.incarnation()) {
     return absl::AbortedError(absl::StrCat(
         "rank ", rank, " of job \"", options_.job_id, "\" (generation ",
-        generation_, ", ", JobStateNameLocked(), ") is held by incarnation ",
-        it->second.incarnation, "; this join has incarnation ",
-        request.incarnation(),
+        generation_, ", ", WireName(JobStateLocked()),
+        ") is held by incarnation ", it->second.incarnation,
+        "; this join has incarnation ", request.incarnation(),
         ": a second job or a restarted rank is rejected until the running "
         "job ends (restart the whole job)"));
   }
-  if (state_ == JobState::kFailed) return error_;
-  if (state_ == JobState::kPlanned) {
+  if (state_ == Phase::kFailed) return error_;
+  if (state_ == Phase::kPlanned) {
     if (it == ranks_.end()) {
       return absl::FailedPreconditionError(
           absl::StrCat("rank ", rank, " joined after the job was planned with ",
@@ -528,7 +530,7 @@ absl::StatusOr<v1::HeartbeatResponse> CoordinatorService::Heartbeat(
                        " world_size=", world_size_));
     }
   }
-  if (!request.error().empty() && state_ == JobState::kPlanned) {
+  if (!request.error().empty() && state_ == Phase::kPlanned) {
     if (!info->failure_logged && options_.log) {
       info->failure_logged = true;
       Log(absl::StrCat("event=rank_failed rank=", request.rank(),
@@ -540,7 +542,7 @@ absl::StatusOr<v1::HeartbeatResponse> CoordinatorService::Heartbeat(
   CheckLostLocked(now);
   NoteJobStateLocked();
   v1::HeartbeatResponse response;
-  response.set_job_state(JobStateNameLocked());
+  response.set_job_state(JobStateLocked());
   if (!run_error_.empty()) {
     response.set_job_error(run_error_);
     response.set_failed_rank(failed_rank_);
@@ -555,7 +557,7 @@ void CoordinatorService::FailRankLocked(int rank, std::string message) {
 }
 
 void CoordinatorService::CheckLostLocked(absl::Time now) {
-  if (state_ != JobState::kPlanned || !run_error_.empty()) return;
+  if (state_ != Phase::kPlanned || !run_error_.empty()) return;
   // A scan of every rank, at most every tenth of the heartbeat timeout (and
   // 1 s): heartbeats of a large job then cost O(1) amortized, and a lost
   // rank is still named within 1.1 heartbeat timeouts of its last sign.
@@ -712,13 +714,13 @@ bool CoordinatorService::IsLateLocked(
 
 absl::Status CoordinatorService::PlanReadyLocked() const {
   switch (state_) {
-    case JobState::kPlanned:
+    case Phase::kPlanned:
       return absl::OkStatus();
-    case JobState::kFailed:
+    case Phase::kFailed:
       return absl::FailedPreconditionError(
           absl::StrCat("job \"", options_.job_id,
                        "\" has no plan: planning failed: ", error_.message()));
-    case JobState::kWaiting:
+    case Phase::kWaiting:
       break;
   }
   return absl::FailedPreconditionError(absl::StrCat(
@@ -803,10 +805,10 @@ absl::StatusOr<v1::JobInfo> CoordinatorService::GetJob(
   info.set_failed_rank(failed_rank_);
   info.set_world_size(world_size_);
   info.set_ranks_joined(static_cast<int>(ranks_.size()));
-  info.set_state(JobStateNameLocked());
+  info.set_state(JobStateLocked());
   info.set_generation(generation_);
-  if (state_ == JobState::kPlanned) info.set_plan_hash(plan_.hash());
-  if (state_ == JobState::kFailed) {
+  if (state_ == Phase::kPlanned) info.set_plan_hash(plan_.hash());
+  if (state_ == Phase::kFailed) {
     info.set_error(std::string(error_.message()));
   } else if (!run_error_.empty()) {
     info.set_error(run_error_);
@@ -851,16 +853,16 @@ absl::StatusOr<v1::GetAssignmentsResponse> CoordinatorService::GetAssignments(
   return response;
 }
 
-std::string CoordinatorService::RankStateLocked(const RankInfo& info,
-                                                absl::Time now) const {
-  if (state_ == JobState::kFailed) return "failed";
-  if (info.finished) return "finished";
+v1::RankState CoordinatorService::RankStateLocked(const RankInfo& info,
+                                                  absl::Time now) const {
+  if (state_ == Phase::kFailed) return v1::RANK_STATE_FAILED;
+  if (info.finished) return v1::RANK_STATE_FINISHED;
   if (info.joins_in_flight == 0 &&
       now - info.last_seen > options_.heartbeat_timeout) {
-    return "lost";
+    return v1::RANK_STATE_LOST;
   }
-  if (state_ == JobState::kWaiting) return "joining";
-  return info.reported ? "running" : "ready";
+  if (state_ == Phase::kWaiting) return v1::RANK_STATE_JOINING;
+  return info.reported ? v1::RANK_STATE_RUNNING : v1::RANK_STATE_READY;
 }
 
 absl::StatusOr<v1::ListRanksResponse> CoordinatorService::ListRanks(
@@ -888,11 +890,11 @@ absl::StatusOr<v1::ListRanksResponse> CoordinatorService::ListRanks(
   return response;
 }
 
-std::map<std::string, int> CoordinatorService::RankStateCounts() {
+std::map<v1::RankState, int> CoordinatorService::RankStateCounts() {
   absl::MutexLock lock(&mu_);
   const absl::Time now = options_.now();
   CheckLostLocked(now);
-  std::map<std::string, int> counts;
+  std::map<v1::RankState, int> counts;
   for (const auto& [rank, info] : ranks_) ++counts[RankStateLocked(info, now)];
   return counts;
 }

@@ -181,21 +181,20 @@ class CoordinatorService {
   // name it as the coordinator's host (JoinResponse.coordinator_rank).
   void NoteInProcessRank(int rank);
 
-  // Records that a rank is alive; returns the job state ("waiting",
-  // "planned", "failed") and, once the job failed at run time, the job
-  // error naming the failed rank. request.error reports this rank's own
-  // failure (the first failure becomes the job error); request.leaving
-  // marks the rank finished.
-  // Errors: InvalidArgument (job id), NotFound (rank never joined),
+  // Records that a rank is alive; returns the job state and, once the job
+  // failed at run time, the job error naming the failed rank. request.error
+  // reports this rank's own failure (the first failure becomes the job error);
+  // request.leaving marks the rank finished. Errors: InvalidArgument (job id),
+  // NotFound (rank never joined),
   //   Aborted (stale incarnation).
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(
       const v1::HeartbeatRequest& request);
 
   // Records a rank's step: last step, step time, matrices and FLOPs, and
   // keeps the whole report (per-operation timings) in the rank's ring of the
-  // last reports_kept reports; the rank becomes "running". Also counts as a
-  // heartbeat.
-  // Errors: InvalidArgument (job id), NotFound (rank never joined),
+  // last reports_kept reports; the rank becomes RANK_STATE_RUNNING. Also counts
+  // as a heartbeat. Errors: InvalidArgument (job id), NotFound (rank never
+  // joined),
   //   Aborted (stale incarnation), FailedPrecondition (no plan yet).
   absl::StatusOr<v1::ReportStepResponse> ReportStep(
       const v1::StepReport& report);
@@ -245,11 +244,10 @@ class CoordinatorService {
   absl::StatusOr<v1::ListRanksResponse> ListRanks(
       const v1::ListRanksRequest& request);
 
-  // Number of ranks in each state (the RankStatus.state names: "joining",
-  // "ready", "running", ...), after the same lost-rank check as ListRanks:
-  // what the metrics endpoint scrapes, without building ListRanks' per-rank
-  // statuses or sorting step times.
-  std::map<std::string, int> RankStateCounts();
+  // Number of ranks in each state (RANK_STATE_JOINING, ...), after the same
+  // lost-rank check as ListRanks: what the metrics endpoint scrapes, without
+  // building ListRanks' per-rank statuses or sorting step times.
+  std::map<v1::RankState, int> RankStateCounts();
 
   // The kept step reports (at most reports_kept per rank) of request.rank
   // (-1 = every rank that joined), the last request.last_steps of each rank
@@ -285,7 +283,9 @@ class CoordinatorService {
   void Shutdown();
 
  private:
-  enum class JobState { kWaiting, kPlanned, kFailed };
+  // Where the job is in its planning: the job state (JobStateLocked) adds
+  // running, finished and run-time failures from the ranks' counters.
+  enum class Phase { kWaiting, kPlanned, kFailed };
   using Completions = std::vector<std::function<void()>>;
 
   struct JoinWaiter {
@@ -320,8 +320,8 @@ class CoordinatorService {
   // Logs and tells the observer when the job state changed since the last
   // call (O(1)).
   void NoteJobStateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // "waiting", "planned", "running", "finished" or "failed".
-  std::string JobStateNameLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The job's state: the phase, refined by the ranks' reports and leaves.
+  v1::JobState JobStateLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Join up to registering the rank; sets *waiting when the caller must wait
   // (then `done` is kept in join_waiters_), else returns the result.
   absl::StatusOr<v1::JoinResponse> JoinLocked(const v1::JoinRequest& request,
@@ -385,8 +385,8 @@ class CoordinatorService {
   bool IsLateLocked(const RankInfo& info, absl::Time now,
                     const std::vector<double>& sorted_times) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // "ready", "lost", ... for one rank at time `now`.
-  std::string RankStateLocked(const RankInfo& info, absl::Time now) const
+  // One rank's state at time `now`.
+  v1::RankState RankStateLocked(const RankInfo& info, absl::Time now) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Ranks in [0, world_size_) that have not joined, e.g. "[2, 3]".
   std::string MissingRanksLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -410,7 +410,7 @@ class CoordinatorService {
   absl::flat_hash_map<uint64_t, JoinWaiter> join_waiters_ ABSL_GUARDED_BY(mu_);
   uint64_t next_join_waiter_ ABSL_GUARDED_BY(mu_) = 0;
   int world_size_ ABSL_GUARDED_BY(mu_);  // 0 until known
-  JobState state_ ABSL_GUARDED_BY(mu_) = JobState::kWaiting;
+  Phase state_ ABSL_GUARDED_BY(mu_) = Phase::kWaiting;
   absl::Status error_ ABSL_GUARDED_BY(mu_);  // why the job failed
   // Run-time failure (a lost rank or a reported error); empty while none.
   std::string run_error_ ABSL_GUARDED_BY(mu_);
@@ -434,7 +434,7 @@ class CoordinatorService {
   absl::Time last_lost_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   // The job state and generation last logged (NoteJobStateLocked).
-  std::string logged_state_ ABSL_GUARDED_BY(mu_) = "waiting";
+  v1::JobState logged_state_ ABSL_GUARDED_BY(mu_) = v1::JOB_STATE_WAITING;
   int64_t logged_generation_ ABSL_GUARDED_BY(mu_) = 1;
   DeadlineTimer timer_;  // last: destroyed (joined) first
 };

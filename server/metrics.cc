@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/host_port.h"
+#include "common/wire_names.h"
 #include "prometheus/collectable.h"
 #include "prometheus/counter.h"
 #include "prometheus/exposer.h"
@@ -17,13 +18,6 @@
 
 namespace muon {
 namespace {
-
-constexpr const char* kRankStates[] = {"joining", "ready",  "running",
-                                       "lost",    "failed", "finished"};
-constexpr const char* kJobStates[] = {"waiting", "planned", "running",
-                                      "finished", "failed"};
-constexpr const char* kOps[] = {"gather", "orthogonalize", "redistribute",
-                                "apply"};
 
 // 100 us to ~105 s, x4 per bucket: step and operation times in seconds.
 prometheus::Histogram::BucketBoundaries SecondsBuckets() {
@@ -66,9 +60,9 @@ CoordinatorMetrics::CoordinatorMetrics(std::string host)
                           "Duration of each optimizer operation (gather, "
                           "orthogonalize, redistribute, apply), seconds.")
                       .Register(*registry_);
-  for (const char* op : kOps) {
-    op_series_.emplace_back(op,
-                            &op_duration_->Add({{"op", op}}, SecondsBuckets()));
+  for (v1::OpKind op : SpecifiedValues<v1::OpKind>()) {
+    op_series_[op] =
+        &op_duration_->Add({{"op", WireName(op)}}, SecondsBuckets());
   }
   ns_flops_ = &prometheus::BuildCounter()
                    .Name("muon_newton_schulz_flops_total")
@@ -96,13 +90,15 @@ CoordinatorMetrics::CoordinatorMetrics(std::string host)
                      .Name("muon_rank_state")
                      .Help("Ranks in each state.")
                      .Register(*registry_);
-  for (const char* s : kRankStates) rank_state_->Add({{"state", s}});
+  for (v1::RankState s : SpecifiedValues<v1::RankState>()) {
+    rank_state_->Add({{"state", WireName(s)}});
+  }
   job_state_ = &prometheus::BuildGauge()
                     .Name("muon_job_state")
                     .Help("1 for the job's current state, else 0.")
                     .Register(*registry_);
-  for (const char* s : kJobStates) {
-    job_state_->Add({{"state", s}}).Set(absl::string_view(s) == "waiting");
+  for (v1::JobState s : SpecifiedValues<v1::JobState>()) {
+    job_state_->Add({{"state", WireName(s)}}).Set(s == v1::JOB_STATE_WAITING);
   }
   generation_ = &prometheus::BuildGauge()
                      .Name("muon_job_generation")
@@ -165,10 +161,11 @@ void CoordinatorMetrics::Watch(CoordinatorService* service) {
 void CoordinatorMetrics::RefreshRankStates() {
   absl::MutexLock lock(&watch_mu_);
   if (service_ == nullptr) return;
-  const std::map<std::string, int> counts = service_->RankStateCounts();
-  for (const char* s : kRankStates) {
+  const std::map<v1::RankState, int> counts = service_->RankStateCounts();
+  for (v1::RankState s : SpecifiedValues<v1::RankState>()) {
     auto it = counts.find(s);
-    rank_state_->Add({{"state", s}}).Set(it == counts.end() ? 0 : it->second);
+    rank_state_->Add({{"state", WireName(s)}})
+        .Set(it == counts.end() ? 0 : it->second);
   }
 }
 
@@ -185,14 +182,12 @@ void CoordinatorMetrics::OnStepReport(const v1::StepReport& report) {
   step_time->Set(report.step_time_s());
   step_duration_->Observe(report.step_time_s());
   for (const v1::OpTiming& op : report.ops()) {
-    if (op.op().empty()) continue;
-    auto known = std::find_if(
-        op_series_.begin(), op_series_.end(),
-        [&](const auto& series) { return series.first == op.op(); });
+    if (op.op() == v1::OP_KIND_UNSPECIFIED) continue;
+    auto known = op_series_.find(op.op());
     prometheus::Histogram& histogram =
         known != op_series_.end()
             ? *known->second
-            : op_duration_->Add({{"op", op.op()}}, SecondsBuckets());
+            : op_duration_->Add({{"op", WireName(op.op())}}, SecondsBuckets());
     histogram.Observe(std::max(0.0, op.end_s() - op.start_s()));
   }
   if (report.ns_flops() > 0) ns_flops_->Increment(report.ns_flops());
@@ -216,13 +211,12 @@ void CoordinatorMetrics::OnStepReport(const v1::StepReport& report) {
   }
 }
 
-void CoordinatorMetrics::OnJobState(absl::string_view state,
-                                    int64_t generation) {
-  for (const char* s : kJobStates) {
-    job_state_->Add({{"state", s}}).Set(state == s ? 1 : 0);
+void CoordinatorMetrics::OnJobState(v1::JobState state, int64_t generation) {
+  for (v1::JobState s : SpecifiedValues<v1::JobState>()) {
+    job_state_->Add({{"state", WireName(s)}}).Set(state == s ? 1 : 0);
   }
   generation_->Set(static_cast<double>(generation));
-  if (state == "waiting") {
+  if (state == v1::JOB_STATE_WAITING) {
     plan_version_->Set(-1);
     absl::MutexLock lock(&mu_);
     dropped_.clear();  // a new generation's agents count from 0

@@ -7,8 +7,8 @@
 //   muon_step_time_seconds{rank}                gauge, last step time
 //   muon_step_duration_seconds                  histogram, every step time
 //   muon_op_duration_seconds{op}                histogram per operation
-//     ("gather", "orthogonalize", "redistribute", "apply"; OpTiming
-//     end_s - start_s of every op of every report)
+//     (op = the OpKind's wire name, "gather", ..., common/wire_names.h;
+//     OpTiming end_s - start_s of every op of every report)
 //   muon_newton_schulz_flops_total              counter (StepReport.ns_flops)
 //   muon_bytes_sent_total, muon_bytes_received_total  counters
 //   muon_reports_dropped_total                  counter: increases of the
@@ -92,7 +92,7 @@ class CoordinatorMetrics : public CoordinatorObserver {
 
   // CoordinatorObserver.
   void OnStepReport(const v1::StepReport& report) override;
-  void OnJobState(absl::string_view state, int64_t generation) override;
+  void OnJobState(v1::JobState state, int64_t generation) override;
   void OnPlan(int64_t version, absl::string_view hash) override;
 
  private:
@@ -109,7 +109,7 @@ class CoordinatorMetrics : public CoordinatorObserver {
   prometheus::Family<prometheus::Histogram>* op_duration_ = nullptr;
   // op_duration_'s series of the known operations, registered up front so
   // that a report does not look them up (a label map per op).
-  std::vector<std::pair<std::string, prometheus::Histogram*>> op_series_;
+  std::map<v1::OpKind, prometheus::Histogram*> op_series_;
   prometheus::Counter* ns_flops_ = nullptr;
   prometheus::Counter* bytes_sent_ = nullptr;
   prometheus::Counter* bytes_received_ = nullptr;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -19,6 +20,7 @@
 #include "client/grpc_coordination_client.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
+#include "common/wire_names.h"
 #include "coordination/credentials.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
@@ -80,8 +82,9 @@ Json FieldJson(const google::protobuf::Message& m,
 
 // `m` as JSON for jq users: every field, defaults included, under its
 // proto name; int64 and uint64 as JSON numbers (protobuf's JSON mapping
-// prints them as strings); enums by name; maps as objects; NaN and
-// infinities as null. Built with nlohmann::json from protobuf reflection.
+// prints them as strings); enums by their full names, as protobuf's
+// JSON mapping prints and parses them (OP_KIND_GATHER); maps as objects; NaN
+// and infinities as null. Built with nlohmann::json from protobuf reflection.
 Json ProtoJson(const google::protobuf::Message& m) {
   Json out = Json::object();
   const google::protobuf::Descriptor* d = m.GetDescriptor();
@@ -305,11 +308,12 @@ std::string Unhealthy(const v1::JobInfo& job,
                       const v1::ListRanksResponse& ranks) {
   std::vector<std::string> bad;
   for (const v1::RankStatus& r : ranks.ranks()) {
-    if (r.state() == "lost" || r.state() == "failed") {
-      bad.push_back(absl::StrCat("rank ", r.rank(), " ", r.state()));
+    if (r.state() == v1::RANK_STATE_LOST ||
+        r.state() == v1::RANK_STATE_FAILED) {
+      bad.push_back(absl::StrCat("rank ", r.rank(), " ", WireName(r.state())));
     }
   }
-  if (job.state() == "failed") {
+  if (job.state() == v1::JOB_STATE_FAILED) {
     bad.push_back(absl::StrCat("job failed: ", job.error()));
   }
   return absl::StrJoin(bad, "; ");
@@ -331,8 +335,8 @@ absl::Status PrintStatus(const Flags& f, CoordinationClient& c,
     return absl::OkStatus();
   }
   out << absl::StrFormat(
-      "job %s: %s, %d/%d ranks joined, plan %s%s\n", job.job_id(), job.state(),
-      job.ranks_joined(), job.world_size(),
+      "job %s: %s, %d/%d ranks joined, plan %s%s\n", job.job_id(),
+      WireName(job.state()), job.ranks_joined(), job.world_size(),
       job.plan_hash().empty() ? "-" : job.plan_hash(),
       job.error().empty() ? "" : absl::StrCat(", error: ", job.error()));
   const double now = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
@@ -347,8 +351,8 @@ absl::Status PrintStatus(const Flags& f, CoordinationClient& c,
             : "-";
     const bool reported = r.last_step() >= 0;
     out << absl::StrFormat(
-        "%-6d %-9s %13s %8s %12s %9s %9d %9d\n", r.rank(), r.state(), age,
-        reported ? absl::StrCat(r.last_step()) : "-",
+        "%-6d %-9s %13s %8s %12s %9s %9d %9d\n", r.rank(), WireName(r.state()),
+        age, reported ? absl::StrCat(r.last_step()) : "-",
         reported ? absl::StrFormat("%.1f ms", r.last_step_time_s() * 1e3) : "-",
         r.straggler() ? "yes" : "", r.reports_dropped(),
         r.matrices_orthogonalized());
@@ -387,20 +391,6 @@ int CmdStatus(const Flags& f, std::ostream& out, std::ostream& err) {
   return rc;
 }
 
-// Display order of the operations of a step; others after, by name.
-int OpOrder(const std::string& op) {
-  static const char* const kOps[] = {"gather", "orthogonalize", "redistribute",
-                                     "apply"};
-  for (int i = 0; i < 4; ++i) {
-    if (op == kOps[i]) return i;
-  }
-  return 4;
-}
-
-bool OpLess(const std::string& a, const std::string& b) {
-  return std::make_pair(OpOrder(a), a) < std::make_pair(OpOrder(b), b);
-}
-
 // Nearest-rank percentile of sorted values: the ceil(p/100 * n)-th smallest.
 double Percentile(const std::vector<double>& sorted, double p) {
   if (sorted.empty()) return 0;
@@ -423,13 +413,15 @@ absl::StatusOr<v1::GetReportsResponse> FetchReports(const Flags& f,
 int CmdTimings(const Flags& f, std::ostream& out, std::ostream& err) {
   absl::StatusOr<v1::GetReportsResponse> reports = FetchReports(f, err);
   if (!reports.ok()) return Fail(err, reports.status());
-  // rank -> op -> durations in ms.
-  std::map<int, std::map<std::string, std::vector<double>>> ms;
+  // rank -> op -> durations in ms, the operations in step order (the
+  // OpKind numbers) and the whole step last.
+  constexpr int kStep = std::numeric_limits<int>::max();
+  std::map<int, std::map<int, std::vector<double>>> ms;
   for (const v1::StepReport& r : reports->reports()) {
     for (const v1::OpTiming& op : r.ops()) {
       ms[r.rank()][op.op()].push_back((op.end_s() - op.start_s()) * 1e3);
     }
-    ms[r.rank()]["step"].push_back(r.step_time_s() * 1e3);
+    ms[r.rank()][kStep].push_back(r.step_time_s() * 1e3);
   }
   struct Row {
     int rank;
@@ -439,15 +431,10 @@ int CmdTimings(const Flags& f, std::ostream& out, std::ostream& err) {
   };
   std::vector<Row> rows;
   for (auto& [rank, ops] : ms) {
-    std::vector<std::string> names;
-    for (const auto& [name, v] : ops) {
-      if (name != "step") names.push_back(name);
-    }
-    std::sort(names.begin(), names.end(), OpLess);
-    names.push_back("step");
-    for (const std::string& name : names) {
-      std::vector<double>& v = ops[name];
+    for (auto& [op, v] : ops) {
       std::sort(v.begin(), v.end());
+      const std::string name =
+          op == kStep ? "step" : WireName(static_cast<v1::OpKind>(op));
       rows.push_back(
           {rank, name, v.size(), Percentile(v, 50), Percentile(v, 99)});
     }
@@ -480,18 +467,16 @@ int CmdTimings(const Flags& f, std::ostream& out, std::ostream& err) {
   return 0;
 }
 
-// Track (tid) of a stream: main 1, comm 2, compute 3, others 4, 5, ... in
-// order of first appearance.
-int StreamTid(const std::string& stream, std::map<std::string, int>& others) {
-  if (stream.empty() || stream == "main") return 1;
-  if (stream == "comm") return 2;
-  if (stream == "compute") return 3;
-  auto it = others.find(stream);
-  if (it != others.end()) return it->second;
-  const int tid = 4 + static_cast<int>(others.size());
-  others[stream] = tid;
-  return tid;
+// The stream an operation was recorded on (reports without one ran on
+// "main").
+v1::StreamKind StreamOf(const v1::OpTiming& op) {
+  return op.stream() == v1::STREAM_KIND_UNSPECIFIED ? v1::STREAM_KIND_MAIN
+                                                    : op.stream();
 }
+
+// Track (tid) of a stream: its StreamKind number (main 1, comm 2, compute
+// 3; a kind from a newer agent keeps its own number).
+int StreamTid(v1::StreamKind stream) { return static_cast<int>(stream); }
 
 // A metadata ("M") event naming or ordering a process or thread.
 Json MetadataEvent(const std::string& name, int pid, int tid, Json args) {
@@ -507,7 +492,6 @@ Json MetadataEvent(const std::string& name, int pid, int tid, Json args) {
 // "muon.wait") for each gap between one operation's end and the next's
 // start: where a stream waited for the other or for a peer.
 void AddStepAndWaitSpans(const v1::StepReport& r, double t0,
-                         std::map<std::string, int>& other_streams,
                          std::set<std::pair<int, int>>* threads, Json* events) {
   if (r.ops_size() == 0) return;
   const int pid = r.rank();
@@ -517,12 +501,11 @@ void AddStepAndWaitSpans(const v1::StepReport& r, double t0,
         MetadataEvent("thread_sort_index", pid, 0, {{"sort_index", 0}}));
   }
   double start = r.ops(0).start_s(), end = r.ops(0).end_s();
-  std::map<std::string, std::vector<std::pair<double, double>>> by_stream;
+  std::map<v1::StreamKind, std::vector<std::pair<double, double>>> by_stream;
   for (const v1::OpTiming& op : r.ops()) {
     start = std::min(start, op.start_s());
     end = std::max(end, op.end_s());
-    by_stream[op.stream().empty() ? "main" : op.stream()].push_back(
-        {op.start_s(), op.end_s()});
+    by_stream[StreamOf(op)].push_back({op.start_s(), op.end_s()});
   }
   auto span = [&](const std::string& name, const char* cat, int tid, double a,
                   double b) {
@@ -538,7 +521,7 @@ void AddStepAndWaitSpans(const v1::StepReport& r, double t0,
   span(absl::StrCat("step ", r.step()), "muon.step", 0, start, end);
   for (auto& [stream, ops] : by_stream) {
     std::sort(ops.begin(), ops.end());
-    const int tid = StreamTid(stream, other_streams);
+    const int tid = StreamTid(stream);
     double busy_until = ops[0].second;
     for (size_t i = 1; i < ops.size(); ++i) {
       if (ops[i].first > busy_until) {
@@ -572,7 +555,6 @@ int CmdTrace(const Flags& f, std::ostream& out, std::ostream& err) {
     }
   }
   Json events = Json::array();
-  std::map<std::string, int> other_streams;
   std::set<int> ranks;
   std::set<std::pair<int, int>> threads;  // (pid, tid) named
   std::set<int64_t> steps;
@@ -586,19 +568,19 @@ int CmdTrace(const Flags& f, std::ostream& out, std::ostream& err) {
           MetadataEvent("process_sort_index", pid, 0, {{"sort_index", pid}}));
     }
     steps.insert(r.step());
-    AddStepAndWaitSpans(r, t0, other_streams, &threads, &events);
+    AddStepAndWaitSpans(r, t0, &threads, &events);
     for (const v1::OpTiming& op : r.ops()) {
-      const std::string stream = op.stream().empty() ? "main" : op.stream();
-      const int tid = StreamTid(stream, other_streams);
+      const v1::StreamKind stream = StreamOf(op);
+      const int tid = StreamTid(stream);
       if (threads.insert({pid, tid}).second) {
-        events.push_back(
-            MetadataEvent("thread_name", pid, tid, {{"name", stream}}));
+        events.push_back(MetadataEvent("thread_name", pid, tid,
+                                       {{"name", WireName(stream)}}));
         events.push_back(MetadataEvent("thread_sort_index", pid, tid,
                                        {{"sort_index", tid}}));
       }
       // ts and dur in microseconds, to the nanosecond.
       events.push_back(
-          Json{{"name", op.op()},
+          Json{{"name", WireName(op.op())},
                {"cat", "muon"},
                {"ph", "X"},
                {"pid", pid},
@@ -740,12 +722,18 @@ int CmdSpec(const Flags& f, std::ostream& out, std::ostream& err) {
 
 // "g0@s1" (gather of bucket 0 into slot 1), "o0", "r0", "a0".
 std::string OpToken(const v1::ScheduledOp& op) {
-  if (op.op() == "gather")
-    return absl::StrCat("g", op.bucket(), "@s", op.slot());
-  if (op.op() == "orthogonalize") return absl::StrCat("o", op.bucket());
-  if (op.op() == "redistribute") return absl::StrCat("r", op.bucket());
-  if (op.op() == "apply") return absl::StrCat("a", op.bucket());
-  return absl::StrCat(op.op(), op.bucket());
+  switch (op.op()) {
+    case v1::OP_KIND_GATHER:
+      return absl::StrCat("g", op.bucket(), "@s", op.slot());
+    case v1::OP_KIND_ORTHOGONALIZE:
+      return absl::StrCat("o", op.bucket());
+    case v1::OP_KIND_REDISTRIBUTE:
+      return absl::StrCat("r", op.bucket());
+    case v1::OP_KIND_APPLY:
+      return absl::StrCat("a", op.bucket());
+    default:
+      return absl::StrCat(WireName(op.op()), op.bucket());
+  }
 }
 
 // `muonctl schedule`: the plan's stream schedule, offline from --spec or
@@ -778,7 +766,8 @@ int CmdSchedule(const Flags& f, std::ostream& out, std::ostream& err) {
   const v1::Schedule s =
       plan.schedule().ranks_size() > 0
           ? plan.schedule()
-          : MakeSchedule(plan, plan.schedule().mode() == "async",
+          : MakeSchedule(plan,
+                         plan.schedule().mode() == v1::SCHEDULE_MODE_ASYNC,
                          plan.schedule().prefetch_count());
   if (f.json) {
     out << ToJson(s) << "\n";
@@ -787,21 +776,21 @@ int CmdSchedule(const Flags& f, std::ostream& out, std::ostream& err) {
   out << absl::StrFormat(
       "schedule of plan %s: mode %s, prefetch %d, %d buffer slot%s, %d "
       "buckets, %d ranks\n",
-      plan.hash(), s.mode(), s.prefetch_count(), s.slots(),
+      plan.hash(), WireName(s.mode()), s.prefetch_count(), s.slots(),
       s.slots() == 1 ? "" : "s", plan.buckets_size(), s.ranks_size());
   out << "g<b>@s<k> = gather bucket b into slot k, o = orthogonalize, r = "
          "redistribute, "
          "a = apply\n";
   for (const v1::RankSchedule& rs : s.ranks()) {
     out << "rank " << rs.rank() << "\n";
-    std::vector<std::string> streams;  // in order of first appearance
-    std::map<std::string, std::vector<std::string>> tokens;
+    std::vector<v1::StreamKind> streams;  // in order of first appearance
+    std::map<v1::StreamKind, std::vector<std::string>> tokens;
     for (const v1::ScheduledOp& op : rs.ops()) {
       if (!tokens.count(op.stream())) streams.push_back(op.stream());
       tokens[op.stream()].push_back(OpToken(op));
     }
-    for (const std::string& stream : streams) {
-      out << absl::StrFormat("  %-8s %s\n", stream,
+    for (v1::StreamKind stream : streams) {
+      out << absl::StrFormat("  %-8s %s\n", WireName(stream),
                              absl::StrJoin(tokens[stream], " "));
     }
   }

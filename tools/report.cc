@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/exchange_plan.h"
+#include "common/wire_names.h"
 #include "nlohmann/json.hpp"
 
 namespace muon {
@@ -215,95 +216,109 @@ std::string StepTimes(const std::map<int, std::map<int64_t, double>>& ms) {
   return svg + "</svg>\n";
 }
 
-int OpColor(const std::string& op) {
-  if (op == "gather") return 0;
-  if (op == "orthogonalize") return 1;
-  if (op == "redistribute") return 2;
-  if (op == "apply") return 3;
-  return 4;
+// Color index of an operation kind in kColors (4 for one unknown here).
+int OpColor(v1::OpKind op) {
+  switch (op) {
+    case v1::OP_KIND_GATHER:
+      return 0;
+    case v1::OP_KIND_ORTHOGONALIZE:
+      return 1;
+    case v1::OP_KIND_REDISTRIBUTE:
+      return 2;
+    case v1::OP_KIND_APPLY:
+      return 3;
+    default:
+      return 4;
+  }
 }
 
-// The last reported step of each rank: one row per (rank, stream), one
-// rectangle per operation, hatched waits between consecutive operations.
-std::string Timeline(const std::vector<v1::StepReport>& reports) {
-  std::map<int, const v1::StepReport*> last;
+// The stream a timing was recorded on (reports without one ran on "main").
+v1::StreamKind StreamOf(const v1::OpTiming& op) {
+  return op.stream() == v1::STREAM_KIND_UNSPECIFIED ? v1::STREAM_KIND_MAIN
+                                                    : op.stream();
+}
+
+using TimelineRow = std::pair<int, v1::StreamKind>;  // (rank, stream)
+
+// The timeline's rows and time axis: one row per (rank, stream) of each
+// rank's last reported step, each rank's step on its own clock (times from
+// its first operation's start), and the longest step in seconds.
+struct TimelineAxes {
+  std::map<int, const v1::StepReport*> last;  // per rank
+  std::vector<TimelineRow> rows;
+  std::map<int, double> start_of;  // per rank, seconds since the epoch
+  double t1 = 0;                   // seconds
+};
+
+TimelineAxes MakeTimelineAxes(const std::vector<v1::StepReport>& reports) {
+  TimelineAxes axes;
   for (const v1::StepReport& r : reports) {
-    auto it = last.find(r.rank());
-    if (it == last.end() || it->second->step() < r.step()) last[r.rank()] = &r;
-  }
-  // Each rank's step on its own clock: times from its first op's start.
-  std::vector<std::pair<int, std::string>> rows;
-  std::map<int, double> start_of;
-  double t1 = 0;
-  for (const auto& [rank, r] : last) {
-    std::set<std::string> streams;
-    for (const v1::OpTiming& op : r->ops()) {
-      streams.insert(op.stream().empty() ? "main" : op.stream());
+    auto it = axes.last.find(r.rank());
+    if (it == axes.last.end() || it->second->step() < r.step()) {
+      axes.last[r.rank()] = &r;
     }
-    for (const std::string& s : streams) rows.push_back({rank, s});
+  }
+  for (const auto& [rank, r] : axes.last) {
+    std::set<v1::StreamKind> streams;
+    for (const v1::OpTiming& op : r->ops()) streams.insert(StreamOf(op));
+    for (v1::StreamKind s : streams) axes.rows.push_back({rank, s});
     if (r->ops().empty()) continue;
     double start = r->ops(0).start_s(), end = r->ops(0).end_s();
     for (const v1::OpTiming& op : r->ops()) {
       start = std::min(start, op.start_s());
       end = std::max(end, op.end_s());
     }
-    start_of[rank] = start;
-    t1 = std::max(t1, end - start);
+    axes.start_of[rank] = start;
+    axes.t1 = std::max(axes.t1, end - start);
   }
-  if (start_of.empty()) return "";
-  const int row_h = 18;
-  const int height = static_cast<int>(rows.size()) * row_h + 40;
-  const double scale = (kWidth - kLeft - kRight - 40) / std::max(t1, 1e-9);
-  std::string svg = absl::StrFormat(
-      "<h2>Step timeline (each rank's last reported step, from its start)"
-      "</h2>\n<svg width=\"%d\" height=\"%d\">\n"
-      "<defs><pattern id=\"wait\" width=\"6\" height=\"6\" "
-      "patternUnits=\"userSpaceOnUse\" patternTransform=\"rotate(45)\">"
-      "<rect width=\"3\" height=\"6\" fill=\"#bbb\"/></pattern></defs>\n",
-      kWidth + 40, height);
-  std::map<std::pair<int, std::string>, int> row_of;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    row_of[rows[i]] = static_cast<int>(i);
-    svg +=
-        absl::StrFormat("<text x=\"4\" y=\"%d\" class=\"axis\">%d %s</text>\n",
-                        20 + static_cast<int>(i) * row_h + 12, rows[i].first,
-                        Escape(rows[i].second));
-  }
-  for (const auto& [rank, r] : last) {
-    if (r->ops().empty()) continue;
-    const double start = start_of[rank];
-    std::map<std::string, double> stream_end;  // waits: gaps in a stream
-    for (const v1::OpTiming& op : r->ops()) {
-      const std::string stream = op.stream().empty() ? "main" : op.stream();
-      const int y = 20 + row_of[{rank, stream}] * row_h;
-      const double x0 = op.start_s() - start, x1 = op.end_s() - start;
-      auto prev = stream_end.find(stream);
-      if (prev != stream_end.end() && x0 > prev->second) {
-        svg += absl::StrFormat(
-            "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"%d\" "
-            "fill=\"url(#wait)\"><title>rank %d %s: wait %.3f ms</title>"
-            "</rect>\n",
-            kLeft + 40 + prev->second * scale, y, (x0 - prev->second) * scale,
-            row_h - 4, rank, Escape(stream), (x0 - prev->second) * 1e3);
-      }
-      stream_end[stream] =
-          std::max(x1, prev == stream_end.end() ? x1 : prev->second);
+  return axes;
+}
+
+// One rank's operations as rectangles on their rows, with hatched waits
+// between consecutive operations of a stream. `scale`: pixels per second.
+std::string RankTimeline(int rank, const v1::StepReport& r, double start,
+                         const std::map<TimelineRow, int>& row_of, int row_h,
+                         double scale) {
+  std::string svg;
+  std::map<v1::StreamKind, double> stream_end;  // waits: gaps in a stream
+  for (const v1::OpTiming& op : r.ops()) {
+    const v1::StreamKind stream = StreamOf(op);
+    const std::string stream_name = WireName(stream);
+    const int y = 20 + row_of.at({rank, stream}) * row_h;
+    const double x0 = op.start_s() - start, x1 = op.end_s() - start;
+    auto prev = stream_end.find(stream);
+    if (prev != stream_end.end() && x0 > prev->second) {
       svg += absl::StrFormat(
           "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"%d\" "
-          "fill=\"%s\"><title>rank %d %s bucket %d: %s %.3f ms</title>"
+          "fill=\"url(#wait)\"><title>rank %d %s: wait %.3f ms</title>"
           "</rect>\n",
-          kLeft + 40 + x0 * scale, y, std::max(0.5, (x1 - x0) * scale),
-          row_h - 4, kColors[OpColor(op.op())], rank, Escape(stream),
-          op.bucket(), Escape(op.op()), (x1 - x0) * 1e3);
+          kLeft + 40 + prev->second * scale, y, (x0 - prev->second) * scale,
+          row_h - 4, rank, stream_name, (x0 - prev->second) * 1e3);
     }
+    stream_end[stream] =
+        std::max(x1, prev == stream_end.end() ? x1 : prev->second);
+    svg += absl::StrFormat(
+        "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"%d\" "
+        "fill=\"%s\"><title>rank %d %s bucket %d: %s %.3f ms</title>"
+        "</rect>\n",
+        kLeft + 40 + x0 * scale, y, std::max(0.5, (x1 - x0) * scale), row_h - 4,
+        kColors[OpColor(op.op())], rank, stream_name, op.bucket(),
+        WireName(op.op()), (x1 - x0) * 1e3);
   }
+  return svg;
+}
+
+// The legend under the timeline: one swatch per operation kind and the
+// wait hatching, on the baseline of a timeline `height` pixels high.
+std::string TimelineLegend(int height) {
+  std::string svg;
   int k = 0;
-  for (const char* op : {"gather", "orthogonalize", "redistribute", "apply"}) {
+  for (v1::OpKind op : SpecifiedValues<v1::OpKind>()) {
     svg += absl::StrFormat(
         "<rect x=\"%d\" y=\"%d\" width=\"10\" height=\"10\" fill=\"%s\"/>"
         "<text x=\"%d\" y=\"%d\" class=\"axis\">%s</text>\n",
         kLeft + 120 * k, height - 12, kColors[OpColor(op)],
-        kLeft + 120 * k + 14, height - 3, op);
+        kLeft + 120 * k + 14, height - 3, WireName(op));
     ++k;
   }
   svg += absl::StrFormat(
@@ -311,7 +326,37 @@ std::string Timeline(const std::vector<v1::StepReport>& reports) {
       "fill=\"url(#wait)\"/><text x=\"%d\" y=\"%d\" "
       "class=\"axis\">wait</text>\n",
       kLeft + 480, height - 12, kLeft + 494, height - 3);
-  return svg + "</svg>\n";
+  return svg;
+}
+
+// The last reported step of each rank: one row per (rank, stream), one
+// rectangle per operation, hatched waits between consecutive operations.
+std::string Timeline(const std::vector<v1::StepReport>& reports) {
+  const TimelineAxes axes = MakeTimelineAxes(reports);
+  if (axes.start_of.empty()) return "";
+  const int row_h = 18;
+  const int height = static_cast<int>(axes.rows.size()) * row_h + 40;
+  const double scale = (kWidth - kLeft - kRight - 40) / std::max(axes.t1, 1e-9);
+  std::string svg = absl::StrFormat(
+      "<h2>Step timeline (each rank's last reported step, from its start)"
+      "</h2>\n<svg width=\"%d\" height=\"%d\">\n"
+      "<defs><pattern id=\"wait\" width=\"6\" height=\"6\" "
+      "patternUnits=\"userSpaceOnUse\" patternTransform=\"rotate(45)\">"
+      "<rect width=\"3\" height=\"6\" fill=\"#bbb\"/></pattern></defs>\n",
+      kWidth + 40, height);
+  std::map<TimelineRow, int> row_of;
+  for (size_t i = 0; i < axes.rows.size(); ++i) {
+    row_of[axes.rows[i]] = static_cast<int>(i);
+    svg +=
+        absl::StrFormat("<text x=\"4\" y=\"%d\" class=\"axis\">%d %s</text>\n",
+                        20 + static_cast<int>(i) * row_h + 12,
+                        axes.rows[i].first, WireName(axes.rows[i].second));
+  }
+  for (const auto& [rank, r] : axes.last) {
+    if (r->ops().empty()) continue;
+    svg += RankTimeline(rank, *r, axes.start_of.at(rank), row_of, row_h, scale);
+  }
+  return svg + TimelineLegend(height) + "</svg>\n";
 }
 
 }  // namespace

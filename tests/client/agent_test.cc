@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "client/grpc_coordination_client.h"
 #include "common/spec.h"
+#include "common/wire_names.h"
 #include "coordination/coordination_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -116,7 +117,7 @@ v1::StepReport StepReportFor(int64_t step) {
   v1::StepReport report;
   report.set_step(step);
   report.set_step_time_s(0.01);
-  for (const char* op : {"gather", "orthogonalize", "redistribute", "apply"}) {
+  for (v1::OpKind op : SpecifiedValues<v1::OpKind>()) {
     v1::OpTiming* t = report.add_ops();
     t->set_op(op);
     t->set_start_s(1.0);
@@ -372,7 +373,8 @@ TEST(AgentTest, Heartbeats_AgentStopped_RankLostWithinTimeout) {
         service.ListRanks(v1::ListRanksRequest());
     EXPECT_THAT(ranks, IsOk());
     if (ranks.ok()) {
-      for (const v1::RankStatus& s : ranks->ranks()) out.push_back(s.state());
+      for (const v1::RankStatus& s : ranks->ranks())
+        out.push_back(WireName(s.state()));
     }
     return out;
   };
@@ -475,7 +477,7 @@ TEST(AgentTest, ConfirmPlanHash_OneRankDiffers_NamedAndJobFailsForAll) {
                                    HasSubstr("rank 0 holds plan aaaa")));
   absl::StatusOr<v1::JobInfo> info = service.GetJob(v1::GetJobRequest());
   ASSERT_THAT(info, IsOk());
-  EXPECT_EQ(info->state(), "failed");
+  EXPECT_EQ(info->state(), v1::JOB_STATE_FAILED);
   EXPECT_THAT(info->error(), HasSubstr("every rank must run the same plan"));
   // Rank 0, whose neighbours agreed, learns the job error by heartbeat.
   agents[0]->Start();

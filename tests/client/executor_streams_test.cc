@@ -606,7 +606,7 @@ TEST(ExecutorStreamsTest, Create_ComputeOrderOtherThanRedistribute_Refused) {
   // Swap the two orthogonalize ops (both on the compute stream).
   std::vector<int> ns;
   for (int k = 0; k < mine.ops_size(); ++k) {
-    if (mine.ops(k).op() == "orthogonalize") ns.push_back(k);
+    if (mine.ops(k).op() == v1::OP_KIND_ORTHOGONALIZE) ns.push_back(k);
   }
   ASSERT_EQ(ns.size(), 2u);
   mine.mutable_ops()->SwapElements(ns[0], ns[1]);

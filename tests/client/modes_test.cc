@@ -127,11 +127,11 @@ ModeResult RunModeInNewWorld(bool async, int prefetch) {
 TEST(ModesTest, Step_AsyncPrefetch012_BitwiseEqualToSequential) {
   openblas_set_num_threads(1);
   const ModeResult seq = RunModeInNewWorld(/*async=*/false, 0);
-  EXPECT_EQ(seq.plans[0].schedule().mode(), "sequential");
+  EXPECT_EQ(seq.plans[0].schedule().mode(), v1::SCHEDULE_MODE_SEQUENTIAL);
   for (int p : {0, 1, 2}) {
     SCOPED_TRACE(absl::StrCat("prefetch ", p));
     const ModeResult async = RunModeInNewWorld(/*async=*/true, p);
-    EXPECT_EQ(async.plans[0].schedule().mode(), "async");
+    EXPECT_EQ(async.plans[0].schedule().mode(), v1::SCHEDULE_MODE_ASYNC);
     EXPECT_EQ(async.plans[0].schedule().prefetch_count(), p);
     for (size_t i = 0; i < seq.full.size(); ++i) {
       EXPECT_TRUE(BitwiseEqual(async.full[i], seq.full[i])) << "matrix " << i;
@@ -176,9 +176,9 @@ TEST(ModesTest, Step_DebugMode_OwnersOrthogonalizeInRankOrder) {
   std::map<std::pair<int64_t, int>, std::map<int, std::pair<double, double>>>
       ns;
   for (const v1::StepReport& report : reports->reports()) {
-    EXPECT_EQ(report.mode(), "sequential");
+    EXPECT_EQ(report.mode(), v1::SCHEDULE_MODE_SEQUENTIAL);
     for (const v1::OpTiming& op : report.ops()) {
-      if (op.op() == "orthogonalize") {
+      if (op.op() == v1::OP_KIND_ORTHOGONALIZE) {
         ns[{report.step(), op.bucket()}][report.rank()] = {op.start_s(),
                                                            op.end_s()};
       }

@@ -168,7 +168,7 @@ TEST(PlanJobTest, PlanJob_AsyncExecution_PlansAsyncSchedule) {
   }
   absl::StatusOr<JobPlan> job = PlanJob(m, "job");
   ASSERT_THAT(job, IsOk());
-  EXPECT_EQ(job->plan.schedule().mode(), "async");
+  EXPECT_EQ(job->plan.schedule().mode(), v1::SCHEDULE_MODE_ASYNC);
   EXPECT_EQ(job->plan.schedule().prefetch_count(), 1);
 }
 

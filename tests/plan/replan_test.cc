@@ -24,12 +24,12 @@ v1::StepReport Report(int rank, int64_t step, double flops, double seconds) {
   r.set_rank(rank);
   r.set_step(step);
   v1::OpTiming* op = r.add_ops();
-  op->set_op("orthogonalize");
+  op->set_op(v1::OP_KIND_ORTHOGONALIZE);
   op->set_start_s(100.0);
   op->set_end_s(100.0 + seconds);
   op->set_flops(flops);
   v1::OpTiming* gather = r.add_ops();  // not Newton-Schulz: ignored
-  gather->set_op("gather");
+  gather->set_op(v1::OP_KIND_GATHER);
   gather->set_start_s(0);
   gather->set_end_s(50);
   return r;

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "common/wire_names.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/status_matchers.h"
@@ -32,12 +33,14 @@ v1::Plan MakeTestPlan(int world, int buckets) {
   return plan;
 }
 
+// "g0@1": first letter of the operation's wire name, bucket, slot.
 std::vector<std::string> Ops(const v1::RankSchedule& rs,
-                             const std::string& stream) {
+                             v1::StreamKind stream) {
   std::vector<std::string> out;
   for (const v1::ScheduledOp& op : rs.ops()) {
     if (op.stream() == stream) {
-      out.push_back(op.op().substr(0, 1) + std::to_string(op.bucket()) + "@" +
+      out.push_back(WireName(op.op()).substr(0, 1) +
+                    std::to_string(op.bucket()) + "@" +
                     std::to_string(op.slot()));
     }
   }
@@ -47,11 +50,11 @@ std::vector<std::string> Ops(const v1::RankSchedule& rs,
 TEST(ScheduleTest, MakeSchedule_Sequential_OneStreamOneSlotOwnersOnly) {
   const v1::Plan plan = MakeTestPlan(2, 3);
   const v1::Schedule s = MakeSchedule(plan, /*async=*/false, 2);
-  EXPECT_EQ(s.mode(), "sequential");
+  EXPECT_EQ(s.mode(), v1::SCHEDULE_MODE_SEQUENTIAL);
   EXPECT_EQ(s.slots(), 1);
   EXPECT_EQ(s.prefetch_count(), 0);
   EXPECT_THAT(
-      Ops(s.ranks(0), "main"),
+      Ops(s.ranks(0), v1::STREAM_KIND_MAIN),
       ::testing::ElementsAre("g0@0", "o0@0", "r0@0", "a0@0", "g1@0", "r1@0",
                              "a1@0", "g2@0", "o2@0", "r2@0", "a2@0"));
   EXPECT_THAT(ValidateSchedule(s, plan), IsOk());
@@ -62,10 +65,10 @@ TEST(ScheduleTest, MakeSchedule_AsyncPrefetchOne_GathersAheadInTwoSlots) {
   const v1::Schedule s = MakeSchedule(plan, /*async=*/true, 1);
   EXPECT_EQ(s.slots(), 2);
   EXPECT_THAT(
-      Ops(s.ranks(1), "comm"),
+      Ops(s.ranks(1), v1::STREAM_KIND_COMM),
       ::testing::ElementsAre("g0@0", "g1@1", "r0@0", "a0@0", "g2@0", "r1@1",
                              "a1@1", "g3@1", "r2@0", "a2@0", "r3@1", "a3@1"));
-  EXPECT_THAT(Ops(s.ranks(1), "compute"),
+  EXPECT_THAT(Ops(s.ranks(1), v1::STREAM_KIND_COMPUTE),
               ::testing::ElementsAre("o1@1", "o3@1"));
   EXPECT_THAT(ValidateSchedule(s, plan), IsOk());
 }
@@ -109,8 +112,8 @@ TEST(ScheduleTest,
   v1::Schedule s = MakeSchedule(plan, /*async=*/false, 0);
   v1::ScheduledOp* op = s.mutable_ranks(1)->add_ops();
   op->set_bucket(0);
-  op->set_op("orthogonalize");
-  op->set_stream("main");
+  op->set_op(v1::OP_KIND_ORTHOGONALIZE);
+  op->set_stream(v1::STREAM_KIND_MAIN);
   EXPECT_THAT(ValidateSchedule(s, plan),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("owns no matrix of this bucket")));
@@ -193,8 +196,8 @@ TEST(ScheduleTest, ValidateRankSchedule_OrthogonalizeOnNonOwner_NamesTheRank) {
   v1::RankSchedule rs = MakeRankSchedule(plan, 1);
   v1::ScheduledOp* op = rs.add_ops();  // bucket 0 is rank 0's
   op->set_bucket(0);
-  op->set_op("orthogonalize");
-  op->set_stream("compute");
+  op->set_op(v1::OP_KIND_ORTHOGONALIZE);
+  op->set_stream(v1::STREAM_KIND_COMPUTE);
   EXPECT_THAT(ValidateRankSchedule(rs, plan.schedule(), plan),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("rank 1, bucket 0, orthogonalize")));

@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/wire_names.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/coordinator_observer.h"
@@ -52,9 +53,9 @@ class Capture : public CoordinatorObserver {
     absl::MutexLock lock(&mu_);
     reported_steps_.push_back(report.step());
   }
-  void OnJobState(absl::string_view state, int64_t generation) override {
+  void OnJobState(v1::JobState state, int64_t generation) override {
     absl::MutexLock lock(&mu_);
-    states_.emplace_back(state);
+    states_.push_back(WireName(state));
   }
   void OnPlan(int64_t version, absl::string_view hash) override {
     absl::MutexLock lock(&mu_);

@@ -9,6 +9,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/wire_names.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "plan/planner.h"
@@ -93,7 +94,7 @@ TEST_F(CoordinatorServiceTest, Join_AllRanks_SamePlanToEveryRank) {
   }
   absl::StatusOr<v1::JobInfo> job = service.GetJob(v1::GetJobRequest());
   ASSERT_THAT(job, IsOk());
-  EXPECT_EQ(job->state(), "planned");
+  EXPECT_EQ(job->state(), v1::JOB_STATE_PLANNED);
   EXPECT_EQ(job->ranks_joined(), 4);
   EXPECT_EQ(job->plan_hash(), plan.hash());
   absl::StatusOr<v1::Plan> got = service.GetPlan(v1::GetPlanRequest());
@@ -117,7 +118,7 @@ TEST_F(CoordinatorServiceTest,
   }
   absl::StatusOr<v1::JobInfo> job = service.GetJob(v1::GetJobRequest());
   ASSERT_THAT(job, IsOk());
-  EXPECT_EQ(job->state(), "failed");
+  EXPECT_EQ(job->state(), v1::JOB_STATE_FAILED);
   EXPECT_THAT(job->error(), HasSubstr("fc1.weight"));
   EXPECT_THAT(service.GetPlan(v1::GetPlanRequest()),
               StatusIs(absl::StatusCode::kFailedPrecondition,
@@ -125,7 +126,8 @@ TEST_F(CoordinatorServiceTest,
   absl::StatusOr<v1::ListRanksResponse> ranks =
       service.ListRanks(v1::ListRanksRequest());
   ASSERT_THAT(ranks, IsOk());
-  for (const v1::RankStatus& s : ranks->ranks()) EXPECT_EQ(s.state(), "failed");
+  for (const v1::RankStatus& s : ranks->ranks())
+    EXPECT_EQ(s.state(), v1::RANK_STATE_FAILED);
   // A late retry sees the same error.
   EXPECT_EQ(service.Join(JoinRequestFor(m[0])).status(), results[0].status());
 }
@@ -205,7 +207,7 @@ TEST_F(CoordinatorServiceTest, Join_MissingRanks_DeadlineExceededNamingThem) {
   }
   absl::StatusOr<v1::JobInfo> job = service.GetJob(v1::GetJobRequest());
   ASSERT_THAT(job, IsOk());
-  EXPECT_EQ(job->state(), "waiting");
+  EXPECT_EQ(job->state(), v1::JOB_STATE_WAITING);
   EXPECT_THAT(service.GetPlan(v1::GetPlanRequest()),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("2 of 4 ranks joined")));
@@ -270,7 +272,8 @@ TEST_F(CoordinatorServiceTest,
                        HasSubstr("rank 0 reports world size 4 but the job's "
                                  "world size is 2")));
   // A Join that cannot belong to the job does not fail it.
-  EXPECT_EQ(service.GetJob(v1::GetJobRequest())->state(), "waiting");
+  EXPECT_EQ(service.GetJob(v1::GetJobRequest())->state(),
+            v1::JOB_STATE_WAITING);
 }
 
 TEST_F(CoordinatorServiceTest,
@@ -289,7 +292,8 @@ TEST_F(CoordinatorServiceTest,
   EXPECT_THAT(service.Join(JoinRequestFor(bad)),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("rank 9 but ranks must be in [0, 4)")));
-  EXPECT_EQ(service.GetJob(v1::GetJobRequest())->state(), "waiting");
+  EXPECT_EQ(service.GetJob(v1::GetJobRequest())->state(),
+            v1::JOB_STATE_WAITING);
   // The real ranks still join and plan; the waiting rank gets the plan.
   std::vector<absl::StatusOr<v1::JoinResponse>> rest(3);
   std::vector<std::thread> joiners;
@@ -373,7 +377,8 @@ TEST_F(CoordinatorServiceTest, RankStates_JoinReportSilence_ReadyRunningLost) {
         service.ListRanks(v1::ListRanksRequest());
     EXPECT_THAT(ranks, IsOk());
     if (!ranks.ok()) return out;
-    for (const v1::RankStatus& s : ranks->ranks()) out.push_back(s.state());
+    for (const v1::RankStatus& s : ranks->ranks())
+      out.push_back(WireName(s.state()));
     return out;
   };
   EXPECT_THAT(states(), ::testing::Each("ready"));
@@ -408,7 +413,8 @@ TEST_F(CoordinatorServiceTest, RankStates_JoinReportSilence_ReadyRunningLost) {
       absl::StatusOr<v1::HeartbeatResponse> resp = service.Heartbeat(hb);
       ASSERT_THAT(resp, IsOk());
       // Rank 1 is lost once silent for more than 30 s: the job fails.
-      EXPECT_EQ(resp->job_state(), i < 3 ? "running" : "failed");
+      EXPECT_EQ(resp->job_state(),
+                i < 3 ? v1::JOB_STATE_RUNNING : v1::JOB_STATE_FAILED);
     }
   }
   EXPECT_THAT(states(),
@@ -437,8 +443,8 @@ TEST_F(CoordinatorServiceTest, RankStates_RealClockShortTimeout_Lost) {
   absl::StatusOr<v1::ListRanksResponse> ranks =
       service.ListRanks(v1::ListRanksRequest());
   ASSERT_THAT(ranks, IsOk());
-  EXPECT_EQ(ranks->ranks(0).state(), "lost");
-  EXPECT_EQ(ranks->ranks(2).state(), "ready");
+  EXPECT_EQ(ranks->ranks(0).state(), v1::RANK_STATE_LOST);
+  EXPECT_EQ(ranks->ranks(2).state(), v1::RANK_STATE_READY);
 }
 
 TEST_F(CoordinatorServiceTest, Heartbeat_StaleIncarnation_ReturnsAborted) {
@@ -471,7 +477,7 @@ TEST_F(CoordinatorServiceTest,
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("no plan yet")));
   EXPECT_EQ(service.ListRanks(v1::ListRanksRequest())->ranks(0).state(),
-            "joining");
+            v1::RANK_STATE_JOINING);
 }
 
 TEST_F(CoordinatorServiceTest, GetAssignments_Planned_ListsEveryRank) {
@@ -563,7 +569,7 @@ TEST_F(CoordinatorServiceTest, GetReports_RingFull_KeepsLastNByRankThenStep) {
   for (int64_t step : {0, 1, 2, 3, 4, 5, 6, 7, 9, 8}) {
     v1::StepReport report = ReportFor(0, step, 0.1);
     v1::OpTiming* op = report.add_ops();
-    op->set_op("gather");
+    op->set_op(v1::OP_KIND_GATHER);
     op->set_start_s(1000.0 + step);
     op->set_end_s(1000.5 + step);
     ASSERT_THAT(service.ReportStep(report), IsOk());
@@ -697,7 +703,7 @@ TEST_F(CoordinatorServiceTest, ListRanks_ReportsDropped_FromLatestReport) {
       service.ListRanks(v1::ListRanksRequest());
   ASSERT_THAT(ranks, IsOk());
   EXPECT_EQ(ranks->ranks(2).reports_dropped(), 17);
-  EXPECT_EQ(ranks->ranks(2).state(), "running");
+  EXPECT_EQ(ranks->ranks(2).state(), v1::RANK_STATE_RUNNING);
   EXPECT_EQ(ranks->ranks(2).last_step(), 2);
   EXPECT_EQ(ranks->ranks(0).reports_dropped(), 0);
 }
@@ -746,7 +752,8 @@ TEST_F(CoordinatorServiceTest, RankStates_HeartbeatsStop_LostWithinTimeout) {
         service.ListRanks(v1::ListRanksRequest());
     EXPECT_THAT(ranks, IsOk());
     if (ranks.ok()) {
-      for (const v1::RankStatus& s : ranks->ranks()) out.push_back(s.state());
+      for (const v1::RankStatus& s : ranks->ranks())
+        out.push_back(WireName(s.state()));
     }
     return out;
   };

@@ -86,14 +86,14 @@ TEST_F(FailurePropagationTest,
       ASSERT_THAT(response, IsOk());
       EXPECT_EQ(response->job_error(), "")
           << "after " << (i + 1) * 100 << " ms";
-      EXPECT_EQ(response->job_state(), "planned");
+      EXPECT_EQ(response->job_state(), v1::JOB_STATE_PLANNED);
     }
   }
   clock_.Advance(absl::Milliseconds(100));  // rank 2 silent 400 ms > 300 ms
   for (int r : {0, 1, 3}) {
     absl::StatusOr<v1::HeartbeatResponse> response = Beat(service, r);
     ASSERT_THAT(response, IsOk());
-    EXPECT_EQ(response->job_state(), "failed");
+    EXPECT_EQ(response->job_state(), v1::JOB_STATE_FAILED);
     EXPECT_EQ(response->failed_rank(), 2);
     EXPECT_THAT(response->job_error(),
                 AllOf(HasSubstr("rank 2 lost"), HasSubstr("no heartbeat for"),
@@ -101,7 +101,7 @@ TEST_F(FailurePropagationTest,
   }
   absl::StatusOr<v1::JobInfo> job = service.GetJob(v1::GetJobRequest());
   ASSERT_THAT(job, IsOk());
-  EXPECT_EQ(job->state(), "failed");
+  EXPECT_EQ(job->state(), v1::JOB_STATE_FAILED);
   EXPECT_EQ(job->failed_rank(), 2);
   EXPECT_THAT(job->error(), HasSubstr("rank 2 lost"));
 }
@@ -142,7 +142,7 @@ TEST_F(FailurePropagationTest, Heartbeat_Leaving_RankFinishedNeverLost) {
   absl::StatusOr<v1::ListRanksResponse> ranks =
       service.ListRanks(v1::ListRanksRequest());
   ASSERT_THAT(ranks, IsOk());
-  EXPECT_EQ(ranks->ranks(3).state(), "finished");
+  EXPECT_EQ(ranks->ranks(3).state(), v1::RANK_STATE_FINISHED);
 }
 
 TEST_F(FailurePropagationTest, Join_AfterLeaving_RankCanBeLostAgain) {
@@ -187,7 +187,7 @@ TEST_F(FailurePropagationTest, ListRanks_FrozenRankLate_StragglerBeforeLost) {
       service.ListRanks(v1::ListRanksRequest());
   ASSERT_THAT(ranks, IsOk());
   EXPECT_TRUE(ranks->ranks(2).straggler());
-  EXPECT_EQ(ranks->ranks(2).state(), "running");  // not lost yet
+  EXPECT_EQ(ranks->ranks(2).state(), v1::RANK_STATE_RUNNING);  // not lost yet
   for (int r : {0, 1, 3}) EXPECT_FALSE(ranks->ranks(r).straggler()) << r;
 }
 

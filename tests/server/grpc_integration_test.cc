@@ -140,12 +140,12 @@ TEST(GrpcIntegrationTest, JoinKeyValueListRanks_OverLoopback_Work) {
   absl::StatusOr<v1::ListRanksResponse> ranks = ctl->ListRanks();
   ASSERT_THAT(ranks, IsOk());
   ASSERT_EQ(ranks->ranks_size(), 2);
-  EXPECT_EQ(ranks->ranks(0).state(), "ready");
-  EXPECT_EQ(ranks->ranks(1).state(), "running");
+  EXPECT_EQ(ranks->ranks(0).state(), v1::RANK_STATE_READY);
+  EXPECT_EQ(ranks->ranks(1).state(), v1::RANK_STATE_RUNNING);
   EXPECT_EQ(ranks->ranks(1).last_step(), 3);
   absl::StatusOr<v1::JobInfo> job = ctl->GetJob();
   ASSERT_THAT(job, IsOk());
-  EXPECT_EQ(job->state(), "running");  // a rank has reported a step
+  EXPECT_EQ(job->state(), v1::JOB_STATE_RUNNING);  // a rank has reported a step
   EXPECT_EQ(job->plan_hash(), results[0]->plan().hash());
   absl::StatusOr<v1::GetAssignmentsResponse> assignments =
       ctl->GetAssignments();
@@ -165,9 +165,9 @@ TEST(GrpcIntegrationTest, JoinKeyValueListRanks_OverLoopback_Work) {
     report0.set_step(step);
     report0.clear_ops();
     v1::OpTiming* op = report0.add_ops();
-    op->set_op("orthogonalize");
+    op->set_op(v1::OP_KIND_ORTHOGONALIZE);
     op->set_bucket(0);
-    op->set_stream("compute");
+    op->set_stream(v1::STREAM_KIND_COMPUTE);
     op->set_start_s(10.0 * step);
     op->set_end_s(10.0 * step + 0.25);
     op->set_flops(1e6);
@@ -181,7 +181,7 @@ TEST(GrpcIntegrationTest, JoinKeyValueListRanks_OverLoopback_Work) {
   EXPECT_EQ(reports->reports(1).step(), 2);
   EXPECT_EQ(reports->reports(2).rank(), 1);
   ASSERT_EQ(reports->reports(1).ops_size(), 1);
-  EXPECT_EQ(reports->reports(1).ops(0).stream(), "compute");
+  EXPECT_EQ(reports->reports(1).ops(0).stream(), v1::STREAM_KIND_COMPUTE);
   EXPECT_DOUBLE_EQ(reports->reports(1).ops(0).end_s(), 20.25);
   absl::StatusOr<v1::GetReportsResponse> last = ctl->GetReports(0, 1);
   ASSERT_THAT(last, IsOk());

@@ -78,27 +78,29 @@ class JobLifecycleTest : public ::testing::Test {
     return service_->KeyGet(request);
   }
 
-  std::string State() { return service_->GetJob(v1::GetJobRequest())->state(); }
+  v1::JobState State() {
+    return service_->GetJob(v1::GetJobRequest())->state();
+  }
 
   FakeClock clock_;
   std::unique_ptr<CoordinatorService> service_;
 };
 
 TEST_F(JobLifecycleTest, States_WaitingPlannedRunningFinished) {
-  EXPECT_EQ(State(), "waiting");
+  EXPECT_EQ(State(), v1::JOB_STATE_WAITING);
   ASSERT_THAT(KeySet("gloo/0", "a"), IsOk());
   ASSERT_THAT(JoinAll(100), IsOk());
-  EXPECT_EQ(State(), "planned");
+  EXPECT_EQ(State(), v1::JOB_STATE_PLANNED);
   v1::StepReport report;
   report.set_rank(2);
   report.set_incarnation(102);
   report.set_step(1);
   ASSERT_THAT(service_->ReportStep(report), IsOk());
-  EXPECT_EQ(State(), "running");
+  EXPECT_EQ(State(), v1::JOB_STATE_RUNNING);
   for (int r = 0; r < 3; ++r) ASSERT_THAT(Heartbeat(r, 100 + r, true), IsOk());
-  EXPECT_EQ(State(), "running");  // rank 3 has not left
+  EXPECT_EQ(State(), v1::JOB_STATE_RUNNING);  // rank 3 has not left
   ASSERT_THAT(Heartbeat(3, 103, true), IsOk());
-  EXPECT_EQ(State(), "finished");
+  EXPECT_EQ(State(), v1::JOB_STATE_FINISHED);
   EXPECT_EQ(service_->GetJob(v1::GetJobRequest())->generation(), 1);
 }
 
@@ -119,7 +121,7 @@ TEST_F(JobLifecycleTest, SecondJobWhileRunning_RejectedBeforeWritingAnything) {
   ASSERT_THAT(value, IsOk());
   EXPECT_EQ(value->value(), "job1-addr");
   v1::JobInfo job = *service_->GetJob(v1::GetJobRequest());
-  EXPECT_EQ(job.state(), "planned");
+  EXPECT_EQ(job.state(), v1::JOB_STATE_PLANNED);
   EXPECT_EQ(job.plan_hash(), hash);
   EXPECT_EQ(service_->ListRanks(v1::ListRanksRequest())->ranks(0).incarnation(),
             100u);
@@ -129,16 +131,16 @@ TEST_F(JobLifecycleTest, NextJobAfterFinish_NewGenerationKeysRemoved) {
   ASSERT_THAT(KeySet("gloo/0", "job1-addr"), IsOk());
   ASSERT_THAT(JoinAll(100), IsOk());
   for (int r = 0; r < 4; ++r) ASSERT_THAT(Heartbeat(r, 100 + r, true), IsOk());
-  EXPECT_EQ(State(), "finished");
+  EXPECT_EQ(State(), v1::JOB_STATE_FINISHED);
   // The next job's first KeySet starts generation 2 with an empty store.
   ASSERT_THAT(KeySet("gloo/0", "job2-addr"), IsOk());
   v1::JobInfo job = *service_->GetJob(v1::GetJobRequest());
   EXPECT_EQ(job.generation(), 2);
-  EXPECT_EQ(job.state(), "waiting");
+  EXPECT_EQ(job.state(), v1::JOB_STATE_WAITING);
   EXPECT_EQ(job.ranks_joined(), 0);
   EXPECT_EQ(KeyGet("gloo/0")->value(), "job2-addr");
   ASSERT_THAT(JoinAll(200), IsOk());
-  EXPECT_EQ(State(), "planned");
+  EXPECT_EQ(State(), v1::JOB_STATE_PLANNED);
   EXPECT_EQ(service_->ListRanks(v1::ListRanksRequest())->ranks(3).incarnation(),
             203u);
 }
@@ -150,7 +152,7 @@ TEST_F(JobLifecycleTest, FailedJob_NextGenerationOnlyAfterItsRanksAreGone) {
   hb.set_incarnation(101);
   hb.set_error("CUDA error: out of memory");
   ASSERT_THAT(service_->Heartbeat(hb), IsOk());
-  EXPECT_EQ(State(), "failed");
+  EXPECT_EQ(State(), v1::JOB_STATE_FAILED);
   // Ranks 0, 2, 3 are still alive: the restarted job must wait.
   EXPECT_THAT(Join(Manifests(FourRankSpec())[0], 500),
               StatusIs(absl::StatusCode::kAborted, HasSubstr("generation 1")));
@@ -160,7 +162,7 @@ TEST_F(JobLifecycleTest, FailedJob_NextGenerationOnlyAfterItsRanksAreGone) {
   ASSERT_THAT(JoinAll(500), IsOk());
   v1::JobInfo job = *service_->GetJob(v1::GetJobRequest());
   EXPECT_EQ(job.generation(), 2);
-  EXPECT_EQ(job.state(), "planned");
+  EXPECT_EQ(job.state(), v1::JOB_STATE_PLANNED);
   EXPECT_EQ(job.error(), "");
   EXPECT_EQ(job.failed_rank(), -1);
 }
@@ -196,7 +198,7 @@ TEST_F(JobLifecycleTest, JoinWorldSizeAboveLimit_RejectedAlone) {
   m.set_world_size(1 << 20);
   EXPECT_THAT(Join(m, 1), StatusIs(absl::StatusCode::kInvalidArgument,
                                    HasSubstr("must be in [1, 65536]")));
-  EXPECT_EQ(State(), "waiting");
+  EXPECT_EQ(State(), v1::JOB_STATE_WAITING);
   EXPECT_EQ(service_->GetJob(v1::GetJobRequest())->world_size(), 0);
 }
 

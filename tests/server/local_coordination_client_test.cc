@@ -40,7 +40,7 @@ TEST(LocalCoordinationClientTest, JoinAndViews_FourRanks_SharePlan) {
 
   LocalCoordinationClient client(&service, "embedded");
   EXPECT_EQ(client.GetPlan()->hash(), results[3]->plan().hash());
-  EXPECT_EQ(client.GetJob()->state(), "planned");
+  EXPECT_EQ(client.GetJob()->state(), v1::JOB_STATE_PLANNED);
   EXPECT_EQ(client.GetAssignments()->ranks_size(), 4);
   EXPECT_EQ(client.ListRanks()->ranks_size(), 4);
   v1::HeartbeatRequest hb;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/wire_names.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/coordinator_server.h"
@@ -70,7 +71,7 @@ TEST(MetricsTest, ServerWithMetrics_ReportStep_ScrapedValues) {
   report.set_bytes_sent(4096);
   report.set_bytes_received(8192);
   report.set_reports_dropped(5);
-  for (const char* op : {"gather", "orthogonalize", "redistribute", "apply"}) {
+  for (v1::OpKind op : SpecifiedValues<v1::OpKind>()) {
     v1::OpTiming* timing = report.add_ops();
     timing->set_op(op);
     timing->set_start_s(1.0);

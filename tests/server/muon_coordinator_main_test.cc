@@ -84,7 +84,7 @@ TEST(MuonCoordinatorMainTest,
   if (job.ok()) {
     EXPECT_EQ(job->job_id(), "daemon");
     EXPECT_EQ(job->world_size(), 2);
-    EXPECT_EQ(job->state(), "waiting");
+    EXPECT_EQ(job->state(), v1::JOB_STATE_WAITING);
   }
 
   ASSERT_EQ(kill(pid, SIGTERM), 0);

@@ -287,7 +287,8 @@ TEST(SoakTest, DaemonAndRanks_AllStepsFinished_RssFlat) {
 
   // The daemon's view, through `muonctl status --json` (which reads the
   // job secret from the environment as the ranks do): every rank
-  // finished, its last step report at `steps`, no job error.
+  // finished (RANK_STATE_FINISHED: JSON prints protobuf's enum names), its
+  // last step report at `steps`, no job error.
   const std::string status_file = *dir + "/status.json";
   absl::StatusOr<pid_t> muonctl = SpawnProcess(
       {"/bin/sh", "-c",
@@ -303,7 +304,7 @@ TEST(SoakTest, DaemonAndRanks_AllStepsFinished_RssFlat) {
   ASSERT_NE(list_at, std::string::npos) << status;
   const std::string job = status.substr(0, list_at);
   const std::string listed = status.substr(list_at);
-  const int finished = CountOf(listed, "\"state\": \"finished\"");
+  const int finished = CountOf(listed, "\"state\": \"RANK_STATE_FINISHED\"");
   EXPECT_EQ(finished, ranks) << status;
   // int64 fields are JSON numbers.
   EXPECT_EQ(CountOf(listed, absl::StrCat("\"last_step\": ", steps, ",")), ranks)
