@@ -394,13 +394,7 @@ absl::Status CreateOptimizer(muonrt_process_group* pg, int mesh_ndim,
     config->state.rank = pg->pg->rank;
     config->state.world_size = pg->pg->world_size;
     config->state.join_timeout_ms = absl::ToInt64Milliseconds(pg->timeout);
-    config->async_gpu_parallelism = o.async_gpu_parallelism != 0;
-    config->prefetch_count = o.prefetch_count;
-    if (o.assignment_policy != nullptr) {
-      config->assignment_policy = o.assignment_policy;
-    }
-    config->bucket_size_bytes = o.bucket_size_bytes;
-    config->replan_every_steps = o.replan_every_steps;
+    config->execution = ToExecutionOptions(o);
   }
   MUON_ASSIGN_OR_RETURN(
       std::unique_ptr<muon::Muon> muon,
@@ -557,7 +551,7 @@ int muonrt_options_validate(const muonrt_options* options) {
 void muonrt_options_default(muonrt_options* options) {
   if (options == nullptr) return;
   const muon::MuonOptions m;
-  const muon::DistributedConfig d;
+  const muon::v1::ExecutionOptions d;  // the job spec's defaults
   options->lr = m.lr;
   options->weight_decay = m.weight_decay;
   options->momentum = m.momentum;
@@ -570,12 +564,12 @@ void muonrt_options_default(muonrt_options* options) {
   options->adjust_lr_fn = nullptr;
   options->ns_schedule = nullptr;
   options->ns_method = nullptr;
-  options->async_gpu_parallelism = d.async_gpu_parallelism ? 1 : 0;
-  options->prefetch_count = d.prefetch_count;
+  options->async_gpu_parallelism = d.async_gpu_parallelism() ? 1 : 0;
+  options->prefetch_count = d.prefetch_count();
   options->assignment_policy = nullptr;
-  options->bucket_size_bytes = d.bucket_size_bytes;
+  options->bucket_size_bytes = d.bucket_size_bytes();
   options->transactional_step = m.transactional_step ? 1 : 0;
-  options->replan_every_steps = d.replan_every_steps;
+  options->replan_every_steps = d.replan_every_steps();
 }
 
 int muonrt_optimizer_create(muonrt_process_group* pg, int mesh_ndim,

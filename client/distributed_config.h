@@ -25,6 +25,7 @@
 #include "common/layout.h"
 #include "coordination/coordination_client.h"
 #include "kernels/ns_engine.h"
+#include "muon/v1/coordinator.pb.h"
 
 namespace muon {
 
@@ -108,17 +109,20 @@ struct DistributedConfig {
   GatherFn gather_fn;
   RedistributeFn redistribute_fn;
   DistributedState state;
-  // false = sequential debug mode; true = async (comm and compute streams
-  // overlap, with prefetch_count buckets gathered ahead).
-  bool async_gpu_parallelism = false;
-  int prefetch_count = 0;
-  // "lpt" or "round_robin" when assign_fn is empty.
-  std::string assignment_policy = "lpt";
-  // Bytes of full fp32 matrices per bucket; 0 = one matrix per owner.
-  int64_t bucket_size_bytes = 0;
-  // Re-plan from measured times every this many steps (0 = never; needs a
-  // coordinator): ExecutionOptions.replan_every_steps.
-  int replan_every_steps = 0;
+  // How the plan is made and the step runs: the job spec's "execution"
+  // message (proto/muon/v1/coordinator.proto), the one definition of these
+  // settings, which the C ABI and Python fill too:
+  //   assignment_policy: "lpt" (longest-processing-time-first, also when
+  //     empty) or "round_robin", when assign_fn is empty;
+  //   bucket_size_bytes: bytes of full fp32 matrices per bucket (0 = one
+  //     matrix per owner);
+  //   async_gpu_parallelism: false = sequential debug mode; true = comm and
+  //     compute streams overlap, with prefetch_count buckets gathered ahead;
+  //   replan_every_steps: re-plan from measured times every this many steps
+  //     (0 = never; needs a coordinator).
+  // device and gpu_precision must stay empty: MuonOptions holds them.
+  // Muon::Create checks it (ValidateExecutionOptions).
+  v1::ExecutionOptions execution;
   // Makes this rank's Newton-Schulz engine instead of MuonOptions.device's
   // (empty = that one): a custom kernel, or in tests a slowed one.
   std::function<absl::StatusOr<std::unique_ptr<kernels::NsEngine>>()>

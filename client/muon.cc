@@ -25,6 +25,21 @@ kernels::ParamDType KernelDType(DType dtype) {
                                    : kernels::ParamDType::kFloat32;
 }
 
+// DistributedConfig.execution: ValidateExecutionOptions, and device and
+// gpu_precision left to MuonOptions.
+// Errors: InvalidArgument naming the field and value.
+absl::Status CheckConfigExecution(const v1::ExecutionOptions& execution) {
+  MUON_RETURN_IF_ERROR(ValidateExecutionOptions(execution));
+  if (!execution.device().empty() || !execution.gpu_precision().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DistributedConfig.execution sets device \"", execution.device(),
+        "\" / gpu_precision \"", execution.gpu_precision(),
+        "\"; leave them empty and set MuonOptions.device and "
+        "MuonOptions.gpu_precision"));
+  }
+  return absl::OkStatus();
+}
+
 // Rank r's manifest, derived from this rank's view: the parameters whose
 // sub-mesh contains r, with the local shape the torch.chunk rule gives it
 // (this rank's own local shape for itself, so the coordinator checks it).
@@ -510,7 +525,7 @@ absl::Status Muon::MakeDataPath(const DistributedConfig& config,
     }
     kernels_ = *std::move(k);
   }
-  replan_every_steps_ = config.replan_every_steps;
+  replan_every_steps_ = config.execution.replan_every_steps();
   absl::StatusOr<std::unique_ptr<StepExecutor>> executor = StepExecutor::Create(
       rank, state.world_size, plan_, std::move(geometry), comm,
       config.gather_fn, config.redistribute_fn, ns_engine_.get(), exec_options);
@@ -521,15 +536,15 @@ absl::Status Muon::MakeDataPath(const DistributedConfig& config,
   }
   executor_ = *std::move(executor);
   comm_ = comm;
-  control_comm_ = state.control_communicator != nullptr
-                      ? state.control_communicator
-                      : (comm->buffer_device().is_host() ? comm : nullptr);
-  rank_flags_.assign(state.world_size, 0.0f);
-  rank_flag_counts_.assign(state.world_size, 1);
+  rank_flags_ = std::make_unique<RankFlags>(
+      rank, state.world_size,
+      state.control_communicator != nullptr
+          ? state.control_communicator
+          : (comm->buffer_device().is_host() ? comm : nullptr));
   // The coordinator's job error (a rank lost or failed) aborts pending
   // collectives so blocked calls return at once.
   if (agent_ != nullptr) {
-    Communicator* control = control_comm_;
+    Communicator* control = rank_flags_->control();
     agent_->SetAbortCallback([comm, control] {
       comm->Abort();
       if (control != nullptr && control != comm) control->Abort();
@@ -569,13 +584,8 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
                         MakeLocalMatrices(muon->params_, state));
   MUON_ASSIGN_OR_RETURN(std::vector<std::vector<int>> requested,
                         RequestedOwners(config, muon->params_, local.infos));
-  v1::ExecutionOptions execution;
-  execution.set_assignment_policy(config.assignment_policy);
-  execution.set_bucket_size_bytes(config.bucket_size_bytes);
-  execution.set_async_gpu_parallelism(config.async_gpu_parallelism);
-  execution.set_prefetch_count(config.prefetch_count);
-  execution.set_replan_every_steps(config.replan_every_steps);
-  if (absl::Status s = ValidateExecutionOptions(execution); !s.ok()) {
+  const v1::ExecutionOptions& execution = config.execution;
+  if (absl::Status s = CheckConfigExecution(execution); !s.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", state.rank, ": ", s.message()));
   }
@@ -759,7 +769,11 @@ absl::Status Muon::RunStep(device::Stream* caller) {
   // momentum pass writes anything and before any data collective.
   MUON_RETURN_IF_ERROR(CheckGradientsFinite(caller));
   const absl::Time start = absl::Now();
-  if (options_.transactional_step) MUON_RETURN_IF_ERROR(SaveState(caller));
+  if (options_.transactional_step) {
+    MUON_RETURN_IF_ERROR(OnCaller(caller, [&] {
+      return snapshot_.Save(kernels_.get(), caller, params_, buffers_, step_);
+    }));
+  }
   if (absl::Status s = UpdateAll(caller); !s.ok()) {
     if (options_.transactional_step) {
       if (absl::Status r = RestoreState(caller); !r.ok()) {
@@ -836,48 +850,14 @@ absl::Status Muon::AllocateState() {
                                         alloc, static_cast<int64_t>(n)));
   host_nonfinite_.assign(n, -1);
   if (!options_.transactional_step) return absl::OkStatus();
-  saved_params_.resize(n);
-  saved_momentum_.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    const ParamView& p = params_[i];
-    MUON_ASSIGN_OR_RETURN(saved_params_[i],
-                          device::DeviceMemory::Allocate(
-                              alloc, p.local_numel() * DTypeSize(p.dtype)));
-    MUON_ASSIGN_OR_RETURN(
-        saved_momentum_[i],
-        device::DeviceBuffer<float>::Allocate(alloc, buffers_[i].size()));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Muon::SaveState(device::Stream* caller) {
-  MUON_RETURN_IF_ERROR(OnCaller(caller, [&]() -> absl::Status {
-    for (size_t i = 0; i < params_.size(); ++i) {
-      MUON_RETURN_IF_ERROR(kernels_->Copy(caller, saved_params_[i].data(),
-                                          params_[i].data,
-                                          saved_params_[i].bytes()));
-      MUON_RETURN_IF_ERROR(kernels_->Copy(caller, saved_momentum_[i].data(),
-                                          buffers_[i].data(),
-                                          buffers_[i].bytes()));
-    }
-    return absl::OkStatus();
-  }));
-  saved_step_ = step_;
+  MUON_ASSIGN_OR_RETURN(snapshot_,
+                        StepSnapshot::Allocate(alloc, params_, buffers_));
   return absl::OkStatus();
 }
 
 absl::Status Muon::RestoreState(device::Stream* caller) {
-  step_ = saved_step_;
-  MUON_RETURN_IF_ERROR(OnCaller(caller, [&]() -> absl::Status {
-    for (size_t i = 0; i < params_.size(); ++i) {
-      MUON_RETURN_IF_ERROR(kernels_->Copy(caller, params_[i].data,
-                                          saved_params_[i].data(),
-                                          saved_params_[i].bytes()));
-      MUON_RETURN_IF_ERROR(kernels_->Copy(caller, buffers_[i].data(),
-                                          saved_momentum_[i].data(),
-                                          saved_momentum_[i].bytes()));
-    }
-    return absl::OkStatus();
+  MUON_RETURN_IF_ERROR(OnCaller(caller, [&] {
+    return snapshot_.Restore(kernels_.get(), caller, params_, buffers_, &step_);
   }));
   return SyncCaller(caller);
 }
@@ -895,8 +875,7 @@ absl::Status Muon::AgreeOnCommit(const absl::Status& local) {
   const absl::Status gathered = GatherRankFlags(local.ok() ? 0.0f : 1.0f);
   if (!local.ok()) return local;  // this rank's own error comes first
   MUON_RETURN_IF_ERROR(gathered);
-  for (int r = 0; r < world_size_; ++r) {
-    if (rank_flags_[r] == 0.0f) continue;
+  if (const int r = rank_flags_->FirstRaised(); r >= 0) {
     return absl::AbortedError(absl::StrCat(
         "rank ", rank_, ": rank ", r, " failed step ", step_ + 1, " (rank ", r,
         "'s error names the cause); the step was rolled back: parameters, "
@@ -906,10 +885,7 @@ absl::Status Muon::AgreeOnCommit(const absl::Status& local) {
 }
 
 absl::Status Muon::GatherRankFlags(float flag) {
-  rank_flags_[rank_] = flag;
-  if (world_size_ == 1 || control_comm_ == nullptr) return absl::OkStatus();
-  absl::Status gathered = control_comm_->AllGatherV(
-      &flag, 1, rank_flags_.data(), rank_flag_counts_);
+  absl::Status gathered = rank_flags_->Gather(flag);
   if (!gathered.ok() && agent_ != nullptr) {
     gathered = agent_->OnStepFailed(gathered);
   }
@@ -972,17 +948,16 @@ absl::Status Muon::CheckGradientsFinite(device::Stream* caller) {
         "; the step was not taken: parameters and momentum are unchanged on "
         "every rank"));
   }
-  if (world_size_ == 1 || control_comm_ == nullptr) return local;
+  if (!rank_flags_->collective()) return local;
   // Agreement: each rank contributes 1 + the index of its first bad
   // parameter (0 = all finite; exact in float below 2^24 parameters).
   MUON_RETURN_IF_ERROR(GatherRankFlags(static_cast<float>(bad_param + 1)));
   if (!local.ok()) return local;
-  for (int r = 0; r < world_size_; ++r) {
-    if (rank_flags_[r] == 0.0f) continue;
+  if (const int r = rank_flags_->FirstRaised(); r >= 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "rank ", rank_, ": rank ", r,
         " has a non-finite gradient (its parameter #",
-        static_cast<int64_t>(rank_flags_[r]) - 1, "; rank ", r,
+        static_cast<int64_t>(rank_flags_->flag(r)) - 1, "; rank ", r,
         "'s error names it) at step ", step_ + 1,
         "; the step was not taken: parameters and momentum are unchanged on "
         "every rank"));

@@ -33,7 +33,9 @@
 #include "client/agent.h"
 #include "client/distributed_config.h"
 #include "client/parameter.h"
+#include "client/rank_flags.h"
 #include "client/step_executor.h"
+#include "client/step_snapshot.h"
 #include "client/tensor_view.h"
 #include "comm/communicator.h"
 #include "device/device.h"
@@ -395,10 +397,8 @@ class Muon {
   // The optimizer's state on the parameters' device (momentum, Nesterov
   // buffer, finite-check results, snapshot), at Create.
   absl::Status AllocateState();
-  // options_.transactional_step: this rank's snapshot of what a step
-  // mutates, taken before it and restored (bitwise) after a failed one,
-  // by copies on `caller`.
-  absl::Status SaveState(device::Stream* caller);
+  // options_.transactional_step: copies snapshot_ back on `caller` after a
+  // failed step (bitwise) and waits for it.
   absl::Status RestoreState(device::Stream* caller);
   // The commit agreement: every rank's `local` outcome all-gathered; the
   // first failure in rank order fails the step everywhere (Aborted on the
@@ -417,9 +417,9 @@ class Muon {
   v1::Plan plan_;
   std::unique_ptr<Communicator> owned_comm_;  // world of one, if needed
   Communicator* comm_ = nullptr;  // the step's communicator; Not owned
-  // Host-memory group for GatherRankFlags (comm_ when that is on the host;
-  // nullptr in a world of one). Not owned.
-  Communicator* control_comm_ = nullptr;
+  // GatherRankFlags' all-gather (check_finite and the commit agreement)
+  // over the host-memory control group (comm_ when that is on the host).
+  std::unique_ptr<RankFlags> rank_flags_;
   // The parameters' device, its runtime (not owned) and this optimizer's
   // elementwise kernels there (momentum, finite check, snapshot copies).
   device::Device device_;
@@ -429,16 +429,9 @@ class Muon {
   std::unique_ptr<device::Stream> caller_;
   void* caller_native_ = nullptr;
   absl::Duration device_wait_timeout_ = absl::Minutes(30);
-  // GatherRankFlags' all-gather (check_finite and the commit agreement):
-  // one flag per rank, counts of 1.
-  std::vector<float> rank_flags_;
-  std::vector<int64_t> rank_flag_counts_;
-  // transactional_step's snapshot (empty when off), on the parameters'
-  // device: per parameter its local shard's bytes (own dtype) and its fp32
-  // momentum; the step count.
-  std::vector<device::DeviceMemory> saved_params_;
-  std::vector<device::DeviceBuffer<float>> saved_momentum_;
-  int64_t saved_step_ = 0;
+  // transactional_step's snapshot on the parameters' device (empty when
+  // off).
+  StepSnapshot snapshot_;
   std::function<absl::Status(int64_t)> post_update_fault_;  // testing only
   std::unique_ptr<kernels::NsEngine> ns_engine_;
   std::unique_ptr<Agent> agent_;

@@ -12,8 +12,7 @@ constexpr absl::string_view kUnspecified = "UNSPECIFIED";
 // "OP_KIND_" for OpKind, from its zero value OP_KIND_UNSPECIFIED; empty when
 // the zero value does not follow that naming.
 absl::string_view Prefix(const google::protobuf::EnumDescriptor& type) {
-  const google::protobuf::EnumValueDescriptor* zero =
-      type.FindValueByNumber(0);
+  const google::protobuf::EnumValueDescriptor* zero = type.FindValueByNumber(0);
   if (zero == nullptr) return "";
   absl::string_view name = zero->name();
   if (!absl::EndsWith(name, kUnspecified)) return "";

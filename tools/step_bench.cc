@@ -123,9 +123,10 @@ Result RunMode(const std::vector<Shape>& shapes, bool async, int prefetch) {
         errors[rank] = config.status().ToString();
         return;
       }
-      config->async_gpu_parallelism = async;
-      config->prefetch_count = prefetch;
-      config->bucket_size_bytes = absl::GetFlag(FLAGS_bucket_size_bytes);
+      config->execution.set_async_gpu_parallelism(async);
+      config->execution.set_prefetch_count(prefetch);
+      config->execution.set_bucket_size_bytes(
+          absl::GetFlag(FLAGS_bucket_size_bytes));
       absl::StatusOr<std::unique_ptr<Muon>> opt =
           Muon::Create(ptrs, MuonOptions{}, *config);
       if (!opt.ok()) {

@@ -253,12 +253,10 @@ absl::StatusOr<DistributedConfig> ConfigOf(const SpecParams& s,
       CreateMeshConfig(s.mesh, pp, pg->comm.get(), pg->coordinator.get(),
                        pg->incarnation));
   config.state.control_communicator = pg->control();
-  if (!s.spec.execution().assignment_policy().empty()) {
-    config.assignment_policy = s.spec.execution().assignment_policy();
-  }
-  config.bucket_size_bytes = s.spec.execution().bucket_size_bytes();
-  config.async_gpu_parallelism = s.spec.execution().async_gpu_parallelism();
-  config.prefetch_count = s.spec.execution().prefetch_count();
+  // The spec's execution options; the device is MuonOptions' (below).
+  config.execution = s.spec.execution();
+  config.execution.clear_device();
+  config.execution.clear_gpu_precision();
   return config;
 }
 

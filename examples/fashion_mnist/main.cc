@@ -212,8 +212,9 @@ absl::StatusOr<RunResult> Train(const Data& data, int world, ProcessGroup* pg) {
     auto_options.coordinator = pg->coordinator.get();
     auto_options.incarnation = pg->incarnation;
     MUON_ASSIGN_OR_RETURN(config, CreateAutoConfig(views, auto_options));
-    config->async_gpu_parallelism = absl::GetFlag(FLAGS_async_gpu_parallelism);
-    config->prefetch_count = absl::GetFlag(FLAGS_prefetch_count);
+    config->execution.set_async_gpu_parallelism(
+        absl::GetFlag(FLAGS_async_gpu_parallelism));
+    config->execution.set_prefetch_count(absl::GetFlag(FLAGS_prefetch_count));
   }
   MUON_ASSIGN_OR_RETURN(MuonOptions options, OptimizerOptions());
   MUON_ASSIGN_OR_RETURN(std::unique_ptr<Muon> opt,

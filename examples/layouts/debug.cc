@@ -1,8 +1,8 @@
 // Debug mode: sequential execution for debugging.
 //
 //   config = create_auto_config(fsdp_process_group=dist.group.WORLD)
-//   config.async_gpu_parallelism = False  # Sequential execution
-//   config.prefetch_count = 0             # Disable prefetching
+//   config.execution.async_gpu_parallelism = False  # Sequential execution
+//   config.execution.prefetch_count = 0             # Disable prefetching
 //
 // Sequential mode runs one bucket at a time, owners in rank order, each
 // operation finished before the next starts, so per-operation timings and
@@ -39,8 +39,8 @@ absl::Status RunDebug(RankContext& ctx) {
   MUON_ASSIGN_OR_RETURN(DistributedConfig config,
                         CreateAutoConfig(model.params(), options));
   // Override for debugging (simplest execution).
-  config.async_gpu_parallelism = false;
-  config.prefetch_count = 0;
+  config.execution.set_async_gpu_parallelism(false);
+  config.execution.set_prefetch_count(0);
 
   MUON_ASSIGN_OR_RETURN(std::unique_ptr<Muon> optimizer,
                         Muon::Create(model.params(), ExampleOptions(), config));

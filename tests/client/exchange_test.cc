@@ -113,7 +113,7 @@ void CheckExchanges(const Mesh& mesh, const std::vector<TensorSpec>& specs,
         absl::StatusOr<DistributedConfig> config = CreateMeshConfig(
             mesh, placements, rec[rank].get(), tw.client(rank));
         if (!config.ok()) return config.status();
-        config->bucket_size_bytes = bucket_size_bytes;
+        config->execution.set_bucket_size_bytes(bucket_size_bytes);
         absl::StatusOr<std::unique_ptr<Muon>> opt =
             Muon::Create(ptrs, MuonOptions{}, *config);
         if (!opt.ok()) return opt.status();

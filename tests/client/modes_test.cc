@@ -88,8 +88,8 @@ ModeResult RunMode(bool async, int prefetch, ThreadWorld* tw) {
         ao.coordinator = tw->client(rank);
         absl::StatusOr<DistributedConfig> config = CreateAutoConfig(ptrs, ao);
         if (!config.ok()) return config.status();
-        config->async_gpu_parallelism = async;
-        config->prefetch_count = prefetch;
+        config->execution.set_async_gpu_parallelism(async);
+        config->execution.set_prefetch_count(prefetch);
         absl::StatusOr<std::unique_ptr<Muon>> opt =
             Muon::Create(ptrs, MuonOptions{}, *config);
         if (!opt.ok()) return opt.status();

@@ -291,7 +291,7 @@ TEST(MuonDistributedTest,
   ExpectMatchesSingleDevice(
       world, problem, OneDimLayout(4, Placement::Shard(0), 4),
       AutoConfig(/*fsdp=*/true, 0), TestOptions(),
-      [](DistributedConfig& c) { c.bucket_size_bytes = 1 << 20; });
+      [](DistributedConfig& c) { c.execution.set_bucket_size_bytes(1 << 20); });
 }
 
 TEST(MuonDistributedTest,
@@ -303,8 +303,9 @@ TEST(MuonDistributedTest,
   World world(4);
   ExpectMatchesSingleDevice(
       world, problem, OneDimLayout(4, Placement::Shard(1), 4),
-      AutoConfig(/*fsdp=*/true, 1), o,
-      [](DistributedConfig& c) { c.assignment_policy = "round_robin"; });
+      AutoConfig(/*fsdp=*/true, 1), o, [](DistributedConfig& c) {
+        c.execution.set_assignment_policy("round_robin");
+      });
 }
 
 // A valid user assign_fn (every matrix to rank 1) is honoured: same bits,

@@ -122,7 +122,7 @@ TEST(ReplanTest, SlowRank_LoadDropsAfterReplan_ResultsBitwiseUnchanged) {
           RankShards& shards) -> absl::StatusOr<std::unique_ptr<Muon>> {
         absl::StatusOr<DistributedConfig> config = world.Config(rank, shards);
         if (!config.ok()) return config.status();
-        config->replan_every_steps = kReplanEvery;
+        config->execution.set_replan_every_steps(kReplanEvery);
         if (rank == kSlowRank) {
           config->ns_engine_factory =
               []() -> absl::StatusOr<std::unique_ptr<kernels::NsEngine>> {

@@ -121,8 +121,8 @@ TEST(StepAllocTest,
   Model m = MakeModel();
   absl::StatusOr<DistributedConfig> config = world.Config(m.ptrs.size());
   ASSERT_TRUE(config.ok()) << config.status();
-  config->async_gpu_parallelism = true;
-  config->prefetch_count = 1;
+  config->execution.set_async_gpu_parallelism(true);
+  config->execution.set_prefetch_count(1);
   absl::StatusOr<std::unique_ptr<Muon>> opt =
       Muon::Create(m.ptrs, MuonOptions{}, *config);
   ASSERT_TRUE(opt.ok()) << opt.status();

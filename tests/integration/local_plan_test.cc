@@ -84,12 +84,7 @@ v1::JobSpec SameJobSpec(const MuonOptions& options) {
   v1::JobSpec spec = testing::MakeSpec({{"dp_shard", 1}}, params);
   spec.set_job_id("");
   spec.mutable_optimizer()->set_ns_steps(options.ns_steps);
-  const DistributedConfig defaults;
-  spec.mutable_execution()->set_assignment_policy(defaults.assignment_policy);
-  spec.mutable_execution()->set_bucket_size_bytes(defaults.bucket_size_bytes);
-  spec.mutable_execution()->set_async_gpu_parallelism(
-      defaults.async_gpu_parallelism);
-  spec.mutable_execution()->set_prefetch_count(defaults.prefetch_count);
+  *spec.mutable_execution() = DistributedConfig().execution;
   return spec;
 }
 

@@ -152,10 +152,10 @@ absl::Status Run() {
     MUON_ASSIGN_OR_RETURN(
         config, CreateMeshConfig(mesh, placements, pg->comm.get(),
                                  pg->coordinator.get(), pg->incarnation));
-    if (!spec.execution().assignment_policy().empty()) {
-      config->assignment_policy = spec.execution().assignment_policy();
-    }
-    config->bucket_size_bytes = spec.execution().bucket_size_bytes();
+    // The spec's execution options; the device is MuonOptions'.
+    config->execution = spec.execution();
+    config->execution.clear_device();
+    config->execution.clear_gpu_precision();
   }
   MUON_ASSIGN_OR_RETURN(MuonOptions options,
                         MuonOptionsFromProto(spec.optimizer()));

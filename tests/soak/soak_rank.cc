@@ -138,13 +138,10 @@ absl::Status Run() {
       DistributedConfig config,
       CreateMeshConfig(mesh, placements, pg->comm.get(), pg->coordinator.get(),
                        pg->incarnation));
-  // The spec's execution options, as tools/validate.cc takes them.
-  if (!spec.execution().assignment_policy().empty()) {
-    config.assignment_policy = spec.execution().assignment_policy();
-  }
-  config.bucket_size_bytes = spec.execution().bucket_size_bytes();
-  config.async_gpu_parallelism = spec.execution().async_gpu_parallelism();
-  config.prefetch_count = spec.execution().prefetch_count();
+  // The spec's execution options; the device is MuonOptions'.
+  config.execution = spec.execution();
+  config.execution.clear_device();
+  config.execution.clear_gpu_precision();
   MUON_ASSIGN_OR_RETURN(MuonOptions options,
                         MuonOptionsFromProto(spec.optimizer()));
   MUON_ASSIGN_OR_RETURN(std::unique_ptr<Muon> opt,
