@@ -17,9 +17,8 @@ absl::StatusOr<StepSnapshot> StepSnapshot::Allocate(
     MUON_ASSIGN_OR_RETURN(s.params_[i],
                           device::DeviceMemory::Allocate(
                               alloc, p.local_numel() * DTypeSize(p.dtype)));
-    MUON_ASSIGN_OR_RETURN(
-        s.momentum_[i],
-        device::DeviceBuffer<float>::Allocate(alloc, momentum[i].size()));
+    MUON_ASSIGN_OR_RETURN(s.momentum_[i], device::DeviceBuffer<float>::Allocate(
+                                              alloc, momentum[i].size()));
   }
   return s;
 }
@@ -31,8 +30,8 @@ absl::Status StepSnapshot::Save(
   for (size_t i = 0; i < params.size(); ++i) {
     MUON_RETURN_IF_ERROR(kernels->Copy(stream, params_[i].data(),
                                        params[i].data, params_[i].bytes()));
-    MUON_RETURN_IF_ERROR(kernels->Copy(stream, momentum_[i].data(),
-                                       momentum[i].data(), momentum[i].bytes()));
+    MUON_RETURN_IF_ERROR(kernels->Copy(
+        stream, momentum_[i].data(), momentum[i].data(), momentum[i].bytes()));
   }
   step_ = step;
   return absl::OkStatus();
@@ -46,9 +45,8 @@ absl::Status StepSnapshot::Restore(
   for (size_t i = 0; i < params.size(); ++i) {
     MUON_RETURN_IF_ERROR(kernels->Copy(stream, params[i].data,
                                        params_[i].data(), params_[i].bytes()));
-    MUON_RETURN_IF_ERROR(kernels->Copy(stream, momentum[i].data(),
-                                       momentum_[i].data(),
-                                       momentum_[i].bytes()));
+    MUON_RETURN_IF_ERROR(kernels->Copy(
+        stream, momentum[i].data(), momentum_[i].data(), momentum_[i].bytes()));
   }
   return absl::OkStatus();
 }

@@ -6,6 +6,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <vector>
@@ -38,39 +39,85 @@ namespace {
 // Keys in insertion order (field order): stable, readable output.
 using Json = nlohmann::ordered_json;
 
-// The flags of the command being run, owned by RunMuonctl and passed to the
-// command (no process-wide state: RunMuonctl may run concurrently). Each
-// command's registrar binds only its own, so a flag another command takes
-// is rejected as unknown.
-struct Flags {
-  std::string spec;  // job spec file (JSON, muon.v1.JobSpec)
-  // spec: a .safetensors header, mesh and placement rules.
-  std::string safetensors, mesh, default_placements, transpose;
-  std::vector<std::string> rules, exclude;
-  bool expert_stacks = false;
-  bool json = false;        // JSON instead of a table
-  std::string policy;       // plan/schedule: lpt or round_robin
+// Each command's flags: a struct per command, bound by its registrar
+// (Bind*) and passed to it (no process-wide state: RunMuonctl may run
+// concurrently); a flag another command takes is rejected as unknown.
+
+// A live coordinator and the credentials to read it.
+struct LiveFlags {
   std::string coordinator;  // host:port
   std::string job_id;       // empty = the coordinator's job
   std::string token_file;   // read-only token or job secret, mode 0600
   std::string tls_ca_file;  // PEM CA; empty = plaintext
-  int steps = 3;            // validate
-  std::string init, grads, dump;
-  uint64_t seed = 0;
-  double tolerance = 0.0;
-  int timeout_s = 600;
-  int checkpoint_at = 0;
-  std::string resume_spec;
-  bool watch = false;  // status
-  double interval_s = 1.0;
-  int count = 0;
-  int last_steps = 0;  // timings, trace
-  std::string out;     // trace
-  std::string dir;     // checkpoint inspect
-  // Internal (validate-rank).
+};
+
+// The kept step reports of a live job.
+struct ReportsFlags {
+  LiveFlags live;
+  int last_steps = 0;  // each rank's last N kept steps (0 = all kept)
+};
+
+struct PlanFlags {
+  std::string spec;    // job spec file (JSON, muon.v1.JobSpec)
+  std::string policy;  // lpt or round_robin; empty = the spec's
+  bool json = false;   // JSON instead of a table
+};
+
+struct AssignmentsFlags {
+  LiveFlags live;
+  bool json = false;
+};
+
+struct StatusFlags {
+  LiveFlags live;
+  bool json = false;
+  bool watch = false;
+  double interval_s = 1.0;  // seconds between refreshes
+  int count = 0;            // refreshes; 0 = until interrupted
+};
+
+struct TimingsFlags {
+  ReportsFlags reports;
+  bool json = false;
+};
+
+struct TraceFlags {
+  ReportsFlags reports;
+  std::string out;  // Chrome trace JSON file; "-" = stdout
+};
+
+struct ScheduleFlags {
+  std::string spec;  // offline, or
+  LiveFlags live;    // live
+  std::string policy;
+  bool json = false;
+};
+
+struct ReportFlags {
+  std::string spec;    // offline, or the live job's layout to check
+  std::string policy;  // offline
+  ReportsFlags reports;
+  std::string out;  // HTML file
+};
+
+struct SpecFlags {
+  std::string safetensors;  // header to read
+  std::string mesh, default_placements, transpose;
+  std::vector<std::string> rules, exclude;
+  bool expert_stacks = false;
+  std::string job_id;  // the spec's job id; empty = "job"
+  std::string out;     // empty or "-" = stdout
+};
+
+// `validate-rank`, the internal command `validate` runs per rank.
+struct ValidateRankFlags {
+  ValidateOptions validate;
   int rank = -1;
-  std::string out_dir, port_file, load_dir, save_dir;
-  int64_t phase_from = 0, phase_to = -1;
+  std::string out_dir, port_file;
+};
+
+struct CheckpointFlags {
+  std::string dir;  // checkpoint directory
 };
 
 std::string Shape(int64_t r, int64_t c) {
@@ -225,8 +272,8 @@ void PrintPlanRanks(const JobPlan& p, std::ostream& out) {
   }
 }
 
-int CmdPlan(const Flags& f, std::ostream& out, std::ostream& err) {
-  // --spec is required and checked to exist by its flag (PlanFlags).
+int CmdPlan(const PlanFlags& f, std::ostream& out, std::ostream& err) {
+  // --spec is required and checked to exist by its flag (BindPlan).
   absl::StatusOr<v1::JobSpec> spec = LoadJobSpec(f.spec);
   if (!spec.ok()) return Fail(err, spec.status());
   absl::StatusOr<JobPlan> p = PlanJobSpec(*spec, f.policy);
@@ -261,7 +308,7 @@ int CmdPlan(const Flags& f, std::ostream& out, std::ostream& err) {
   return 0;
 }
 
-absl::StatusOr<std::unique_ptr<CoordinationClient>> Connect(const Flags& f,
+absl::StatusOr<std::unique_ptr<CoordinationClient>> Connect(const LiveFlags& f,
                                                             std::ostream& err) {
   const std::string address = f.coordinator;
   if (address.empty()) {
@@ -285,8 +332,9 @@ absl::StatusOr<std::unique_ptr<CoordinationClient>> Connect(const Flags& f,
   return std::unique_ptr<CoordinationClient>(std::move(c));
 }
 
-int CmdAssignments(const Flags& f, std::ostream& out, std::ostream& err) {
-  absl::StatusOr<std::unique_ptr<CoordinationClient>> c = Connect(f, err);
+int CmdAssignments(const AssignmentsFlags& f, std::ostream& out,
+                   std::ostream& err) {
+  absl::StatusOr<std::unique_ptr<CoordinationClient>> c = Connect(f.live, err);
   if (!c.ok()) return Fail(err, c.status());
   absl::StatusOr<v1::GetAssignmentsResponse> a = (*c)->GetAssignments();
   if (!a.ok()) return Fail(err, a.status());
@@ -322,7 +370,7 @@ std::string Unhealthy(const v1::JobInfo& job,
 // One status snapshot: the job line and a table per rank (or one JSON
 // object {"job": {...}, "ranks": [...]} with --json). Sets *unhealthy to
 // why a rank is lost or failed or the job failed ("" when none).
-absl::Status PrintStatus(const Flags& f, CoordinationClient& c,
+absl::Status PrintStatus(const StatusFlags& f, CoordinationClient& c,
                          std::ostream& out, std::string* unhealthy) {
   MUON_ASSIGN_OR_RETURN(v1::JobInfo job, c.GetJob());
   MUON_ASSIGN_OR_RETURN(v1::ListRanksResponse ranks, c.ListRanks());
@@ -360,8 +408,8 @@ absl::Status PrintStatus(const Flags& f, CoordinationClient& c,
   return absl::OkStatus();
 }
 
-int CmdStatus(const Flags& f, std::ostream& out, std::ostream& err) {
-  absl::StatusOr<std::unique_ptr<CoordinationClient>> c = Connect(f, err);
+int CmdStatus(const StatusFlags& f, std::ostream& out, std::ostream& err) {
+  absl::StatusOr<std::unique_ptr<CoordinationClient>> c = Connect(f.live, err);
   if (!c.ok()) return Fail(err, c.status());
   // A probe: exit 1 when a rank is lost or failed or the job failed.
   auto outcome = [&](const absl::Status& s, const std::string& unhealthy) {
@@ -400,18 +448,19 @@ double Percentile(const std::vector<double>& sorted, double p) {
   return sorted[k];
 }
 
-absl::StatusOr<v1::GetReportsResponse> FetchReports(const Flags& f,
+absl::StatusOr<v1::GetReportsResponse> FetchReports(const ReportsFlags& f,
                                                     std::ostream& err) {
-  MUON_ASSIGN_OR_RETURN(std::unique_ptr<CoordinationClient> c, Connect(f, err));
-  // --last_steps >= 0 is checked by its flag (ReportFlags).
+  MUON_ASSIGN_OR_RETURN(std::unique_ptr<CoordinationClient> c,
+                        Connect(f.live, err));
+  // --last_steps >= 0 is checked by its flag (BindReports).
   return c->GetReports(/*rank=*/-1, f.last_steps);
 }
 
 // `muonctl timings`: per rank and operation, the count and the p50 / p99 of
 // the operation's duration (end - start) over the kept reports; "step" is
 // the whole step (StepReport.step_time_s).
-int CmdTimings(const Flags& f, std::ostream& out, std::ostream& err) {
-  absl::StatusOr<v1::GetReportsResponse> reports = FetchReports(f, err);
+int CmdTimings(const TimingsFlags& f, std::ostream& out, std::ostream& err) {
+  absl::StatusOr<v1::GetReportsResponse> reports = FetchReports(f.reports, err);
   if (!reports.ok()) return Fail(err, reports.status());
   // rank -> op -> durations in ms, the operations in step order (the
   // OpKind numbers) and the whole step last.
@@ -537,13 +586,13 @@ void AddStepAndWaitSpans(const v1::StepReport& r, double t0,
 // one process per rank (pid = rank, named "rank N"), one thread per stream
 // (main, comm, compute), one complete event ("X") per operation; ts and dur
 // in microseconds from the earliest operation start of the trace.
-int CmdTrace(const Flags& f, std::ostream& out, std::ostream& err) {
+int CmdTrace(const TraceFlags& f, std::ostream& out, std::ostream& err) {
   const std::string path = f.out;
   if (path.empty()) {
     err << "muonctl trace: --out FILE is required (- = stdout)\n";
     return 2;
   }
-  absl::StatusOr<v1::GetReportsResponse> reports = FetchReports(f, err);
+  absl::StatusOr<v1::GetReportsResponse> reports = FetchReports(f.reports, err);
   if (!reports.ok()) return Fail(err, reports.status());
 
   double t0 = 0;
@@ -616,7 +665,7 @@ int CmdTrace(const Flags& f, std::ostream& out, std::ostream& err) {
 // The report of a live job: its layout (GetJobSpec) and the plan it runs
 // (GetPlan, re-plans included), round-robin of the same layout, and the
 // kept step reports. A `given` spec (--spec) must describe the same layout.
-absl::Status LiveReportInput(const Flags& f, CoordinationClient& live,
+absl::Status LiveReportInput(const ReportFlags& f, CoordinationClient& live,
                              const v1::JobSpec* given, ReportInput* in) {
   MUON_ASSIGN_OR_RETURN(v1::JobSpec spec, live.GetJobSpec());
   if (given != nullptr) {
@@ -633,15 +682,15 @@ absl::Status LiveReportInput(const Flags& f, CoordinationClient& live,
   MUON_ASSIGN_OR_RETURN(JobPlan rr, PlanJobSpec(spec, "round_robin"));
   in->round_robin = std::move(rr.plan);
   MUON_ASSIGN_OR_RETURN(v1::GetReportsResponse reports,
-                        live.GetReports(/*rank=*/-1, f.last_steps));
+                        live.GetReports(/*rank=*/-1, f.reports.last_steps));
   in->reports.assign(reports.reports().begin(), reports.reports().end());
-  in->source =
-      absl::StrCat("live job \"", spec.job_id(), "\" at ", f.coordinator);
+  in->source = absl::StrCat("live job \"", spec.job_id(), "\" at ",
+                            f.reports.live.coordinator);
   return absl::OkStatus();
 }
 
 // The report of a spec planned offline with --policy, next to round-robin.
-absl::Status OfflineReportInput(const Flags& f, const v1::JobSpec& spec,
+absl::Status OfflineReportInput(const ReportFlags& f, const v1::JobSpec& spec,
                                 ReportInput* in) {
   MUON_ASSIGN_OR_RETURN(in->plan, PlanJobSpec(spec, f.policy));
   MUON_ASSIGN_OR_RETURN(JobPlan rr, PlanJobSpec(spec, "round_robin"));
@@ -654,7 +703,7 @@ absl::Status OfflineReportInput(const Flags& f, const v1::JobSpec& spec,
 // one-page HTML report (tools/report.h). Offline, of the spec's plan next to
 // round-robin; live, of the job's own layout and plan with its step
 // reports (a --spec given with --coordinator must match the live job).
-int CmdReport(const Flags& f, std::ostream& out, std::ostream& err) {
+int CmdReport(const ReportFlags& f, std::ostream& out, std::ostream& err) {
   std::optional<v1::JobSpec> spec;
   if (!f.spec.empty()) {
     absl::StatusOr<v1::JobSpec> loaded = LoadJobSpec(f.spec);
@@ -662,8 +711,9 @@ int CmdReport(const Flags& f, std::ostream& out, std::ostream& err) {
     spec = *std::move(loaded);
   }
   ReportInput in;
-  if (!f.coordinator.empty()) {
-    absl::StatusOr<std::unique_ptr<CoordinationClient>> c = Connect(f, err);
+  if (!f.reports.live.coordinator.empty()) {
+    absl::StatusOr<std::unique_ptr<CoordinationClient>> c =
+        Connect(f.reports.live, err);
     if (!c.ok()) return Fail(err, c.status());
     absl::Status s = LiveReportInput(f, **c, spec ? &*spec : nullptr, &in);
     if (!s.ok()) return Fail(err, s);
@@ -687,7 +737,7 @@ int CmdReport(const Flags& f, std::ostream& out, std::ostream& err) {
 // `muonctl spec --safetensors FILE --mesh ... [--rule REGEX=PLACEMENTS]...`:
 // a job spec from a Hugging Face checkpoint's header (tools/spec_builder.h),
 // to --out or stdout; the tensors left out, and why, on stderr.
-int CmdSpec(const Flags& f, std::ostream& out, std::ostream& err) {
+int CmdSpec(const SpecFlags& f, std::ostream& out, std::ostream& err) {
   absl::StatusOr<SafetensorsHeader> header =
       ReadSafetensorsHeader(f.safetensors);
   if (!header.ok()) return Fail(err, header.status());
@@ -738,7 +788,7 @@ std::string OpToken(const v1::ScheduledOp& op) {
 
 // `muonctl schedule`: the plan's stream schedule, offline from --spec or
 // live from --coordinator.
-int CmdSchedule(const Flags& f, std::ostream& out, std::ostream& err) {
+int CmdSchedule(const ScheduleFlags& f, std::ostream& out, std::ostream& err) {
   v1::Plan plan;
   const std::string path = f.spec;
   if (!path.empty()) {
@@ -747,8 +797,9 @@ int CmdSchedule(const Flags& f, std::ostream& out, std::ostream& err) {
     absl::StatusOr<JobPlan> p = PlanJobSpec(*spec, f.policy);
     if (!p.ok()) return Fail(err, p.status());
     plan = std::move(p->plan);
-  } else if (!f.coordinator.empty()) {
-    absl::StatusOr<std::unique_ptr<CoordinationClient>> c = Connect(f, err);
+  } else if (!f.live.coordinator.empty()) {
+    absl::StatusOr<std::unique_ptr<CoordinationClient>> c =
+        Connect(f.live, err);
     if (!c.ok()) return Fail(err, c.status());
     absl::StatusOr<v1::Plan> live = (*c)->GetPlan();
     if (!live.ok()) return Fail(err, live.status());
@@ -797,38 +848,18 @@ int CmdSchedule(const Flags& f, std::ostream& out, std::ostream& err) {
   return 0;
 }
 
-ValidateOptions ValidateFlags(const Flags& f) {
-  ValidateOptions o;
-  o.spec_path = f.spec;
-  o.steps = f.steps;
-  o.init_dir = f.init;
-  o.grads_dir = f.grads;
-  o.dump_dir = f.dump;
-  o.seed = f.seed;
-  o.coordinator = f.coordinator;
-  o.tolerance = f.tolerance;
-  o.timeout_s = f.timeout_s;
-  o.checkpoint_at = f.checkpoint_at;
-  o.resume_spec_path = f.resume_spec;
-  o.phase_from = f.phase_from;
-  o.phase_to = f.phase_to;
-  o.load_dir = f.load_dir;
-  o.save_dir = f.save_dir;
-  return o;
-}
-
-int CmdValidate(const Flags& f, std::ostream& out, std::ostream& err) {
+int CmdValidate(const ValidateOptions& f, std::ostream& out,
+                std::ostream& err) {
   // --spec (required, existing) and --steps (positive, default 3) are
-  // checked by their flags (ValidateFlagSet).
-  ValidateOptions o = ValidateFlags(f);
-  absl::Status s = RunValidate(o, out);
+  // checked by their flags (BindValidate).
+  absl::Status s = RunValidate(f, out);
   return s.ok() ? 0 : Fail(err, s);
 }
 
-int CmdValidateRank(const Flags& f, std::ostream& out, std::ostream& err) {
+int CmdValidateRank(const ValidateRankFlags& f, std::ostream& out,
+                    std::ostream& err) {
   const int rank = f.rank;
-  absl::Status s =
-      RunValidateRank(ValidateFlags(f), rank, f.out_dir, f.port_file);
+  absl::Status s = RunValidateRank(f.validate, rank, f.out_dir, f.port_file);
   if (!s.ok()) {
     err << "muonctl validate: rank " << rank << ": " << s.ToString() << "\n";
     return 1;
@@ -837,7 +868,8 @@ int CmdValidateRank(const Flags& f, std::ostream& out, std::ostream& err) {
 }
 
 // `checkpoint inspect DIR`: what a checkpoint holds.
-int CmdCheckpoint(const Flags& f, std::ostream& out, std::ostream& err) {
+int CmdCheckpoint(const CheckpointFlags& f, std::ostream& out,
+                  std::ostream& err) {
   absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
       CheckpointReader::Open(f.dir);
   if (!reader.ok()) return Fail(err, reader.status());
@@ -845,8 +877,11 @@ int CmdCheckpoint(const Flags& f, std::ostream& out, std::ostream& err) {
   return 0;
 }
 
-// Flag sets the commands share.
-void LiveFlags(CLI::App* app, Flags& f, bool required = true) {
+// The registrars: each binds its command's flags to the command's struct.
+
+// --coordinator (required unless `required` is false), --job_id,
+// --token_file and --tls_ca_file.
+void BindLive(CLI::App* app, LiveFlags& f, bool required = true) {
   CLI::Option* c = app->add_option("--coordinator", f.coordinator,
                                    "host:port of the coordinator");
   if (required) c->required();
@@ -861,33 +896,47 @@ void LiveFlags(CLI::App* app, Flags& f, bool required = true) {
                   "(default: MUON_TLS_CA_FILE; none = plaintext)");
 }
 
-void JsonFlag(CLI::App* app, Flags& f) {
-  app->add_flag("--json", f.json,
+void BindJson(CLI::App* app, bool& json) {
+  app->add_flag("--json", json,
                 "Print JSON (every field, int64 as numbers) instead of a "
                 "table");
 }
 
-// --spec (required, an existing file) and --policy (described by
-// `policy_help`).
-void SpecAndPolicyFlags(CLI::App* app, Flags& f,
-                        const std::string& policy_help) {
-  app->add_option("--spec", f.spec, "Job spec file (JSON, muon.v1.JobSpec)")
-      ->required()
-      ->check(CLI::ExistingFile);
-  app->add_option("--policy", f.policy, policy_help)
+// BindLive (--coordinator required unless `coordinator_required` is false)
+// and --last_steps.
+void BindReports(CLI::App* app, ReportsFlags& f,
+                 bool coordinator_required = true) {
+  BindLive(app, f.live, coordinator_required);
+  app->add_option("--last_steps", f.last_steps,
+                  "Each rank's last N kept steps (0 = all kept)")
+      ->check(CLI::NonNegativeNumber);
+}
+
+// --policy (lpt or round_robin) described by `help`.
+CLI::Option* BindPolicy(CLI::App* app, std::string& policy,
+                        const std::string& help) {
+  return app->add_option("--policy", policy, help)
       ->check(CLI::IsMember({"lpt", "round_robin"}));
 }
 
-void PlanFlags(CLI::App* app, Flags& f) {
-  SpecAndPolicyFlags(app, f,
-                     "Assignment policy: lpt or round_robin (default: the "
-                     "spec's, else lpt)");
-  JsonFlag(app, f);
+void BindPlan(CLI::App* app, PlanFlags& f) {
+  app->add_option("--spec", f.spec, "Job spec file (JSON, muon.v1.JobSpec)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  BindPolicy(app, f.policy,
+             "Assignment policy: lpt or round_robin (default: the spec's, "
+             "else lpt)");
+  BindJson(app, f.json);
 }
 
-void StatusFlags(CLI::App* app, Flags& f) {
-  LiveFlags(app, f);
-  JsonFlag(app, f);
+void BindAssignments(CLI::App* app, AssignmentsFlags& f) {
+  BindLive(app, f.live);
+  BindJson(app, f.json);
+}
+
+void BindStatus(CLI::App* app, StatusFlags& f) {
+  BindLive(app, f.live);
+  BindJson(app, f.json);
   CLI::Option* watch =
       app->add_flag("--watch", f.watch, "Refresh every --interval_s");
   app->add_option("--interval_s", f.interval_s,
@@ -900,51 +949,40 @@ void StatusFlags(CLI::App* app, Flags& f) {
       ->check(CLI::NonNegativeNumber);
 }
 
-// LiveFlags (--coordinator required unless `coordinator_required` is
-// false) and --last_steps.
-void ReportFlags(CLI::App* app, Flags& f, bool coordinator_required = true) {
-  LiveFlags(app, f, coordinator_required);
-  app->add_option("--last_steps", f.last_steps,
-                  "Each rank's last N kept steps (0 = all kept)")
-      ->check(CLI::NonNegativeNumber);
+void BindTimings(CLI::App* app, TimingsFlags& f) {
+  BindReports(app, f.reports);
+  BindJson(app, f.json);
 }
 
-void TimingsFlags(CLI::App* app, Flags& f) {
-  ReportFlags(app, f);
-  JsonFlag(app, f);
-}
-
-void TraceFlags(CLI::App* app, Flags& f) {
-  ReportFlags(app, f);
+void BindTrace(CLI::App* app, TraceFlags& f) {
+  BindReports(app, f.reports);
   app->add_option("--out", f.out,
                   "Output file (Chrome trace event JSON; - = stdout)")
       ->required();
 }
 
-void ScheduleFlags(CLI::App* app, Flags& f) {
+void BindSchedule(CLI::App* app, ScheduleFlags& f) {
   CLI::Option* spec =
       app->add_option("--spec", f.spec, "Job spec file (offline)")
           ->check(CLI::ExistingFile);
-  LiveFlags(app, f, /*required=*/false);
+  BindLive(app, f.live, /*required=*/false);
   app->get_option("--coordinator")->excludes(spec);
-  app->add_option("--policy", f.policy, "Assignment policy (with --spec)")
-      ->needs(spec)
-      ->check(CLI::IsMember({"lpt", "round_robin"}));
+  BindPolicy(app, f.policy, "Assignment policy (with --spec)")->needs(spec);
   app->require_option(1, 0);  // at least --spec or --coordinator
-  JsonFlag(app, f);
+  BindJson(app, f.json);
 }
 
-void ValidateFlagSet(CLI::App* app, Flags& f) {
-  app->add_option("--spec", f.spec, "Job spec file")
+void BindValidate(CLI::App* app, ValidateOptions& f) {
+  app->add_option("--spec", f.spec_path, "Job spec file")
       ->required()
       ->check(CLI::ExistingFile);
   app->add_option("--steps", f.steps, "Optimizer steps")
       ->check(CLI::PositiveNumber);
-  app->add_option("--init", f.init, "Initial parameters DIR/<param>.npy")
+  app->add_option("--init", f.init_dir, "Initial parameters DIR/<param>.npy")
       ->check(CLI::ExistingDirectory);
-  app->add_option("--grads", f.grads, "Gradients DIR/<step>/<param>.npy")
+  app->add_option("--grads", f.grads_dir, "Gradients DIR/<step>/<param>.npy")
       ->check(CLI::ExistingDirectory);
-  app->add_option("--dump", f.dump, "Write the final parameters under DIR");
+  app->add_option("--dump", f.dump_dir, "Write the final parameters under DIR");
   app->add_option("--seed", f.seed, "Seed of the synthetic values");
   app->add_option("--coordinator", f.coordinator,
                   "Use this daemon instead of one embedded in rank 0");
@@ -958,38 +996,37 @@ void ValidateFlagSet(CLI::App* app, Flags& f) {
                   "Save a checkpoint after step J, resume it in fresh rank "
                   "processes and continue to --steps (0 = none)")
       ->check(CLI::NonNegativeNumber);
-  app->add_option("--resume_spec", f.resume_spec,
+  app->add_option("--resume_spec", f.resume_spec_path,
                   "Job spec of the resumed run (--checkpoint_at)")
       ->check(CLI::ExistingFile);
 }
 
-void ValidateRankFlags(CLI::App* app, Flags& f) {
-  ValidateFlagSet(app, f);
+void BindValidateRank(CLI::App* app, ValidateRankFlags& f) {
+  BindValidate(app, f.validate);
   app->add_option("--rank", f.rank)->required();
   app->add_option("--out_dir", f.out_dir)->required();
   app->add_option("--port_file", f.port_file);
-  app->add_option("--phase_from", f.phase_from);
-  app->add_option("--phase_to", f.phase_to);
-  app->add_option("--load_dir", f.load_dir);
-  app->add_option("--save_dir", f.save_dir);
+  app->add_option("--phase_from", f.validate.phase_from);
+  app->add_option("--phase_to", f.validate.phase_to);
+  app->add_option("--load_dir", f.validate.load_dir);
+  app->add_option("--save_dir", f.validate.save_dir);
 }
 
-void ReportCommandFlags(CLI::App* app, Flags& f) {
+void BindReport(CLI::App* app, ReportFlags& f) {
   app->add_option("--spec", f.spec,
                   "Job spec file: the report of its plan (offline); with "
                   "--coordinator it must describe the live job")
       ->check(CLI::ExistingFile);
-  app->add_option("--policy", f.policy,
-                  "Assignment policy shown next to round-robin (offline; "
-                  "default: the spec's, else lpt)")
-      ->check(CLI::IsMember({"lpt", "round_robin"}));
-  ReportFlags(app, f, /*coordinator_required=*/false);
+  BindPolicy(app, f.policy,
+             "Assignment policy shown next to round-robin (offline; "
+             "default: the spec's, else lpt)");
+  BindReports(app, f.reports, /*coordinator_required=*/false);
   app->get_option("--policy")->excludes("--coordinator");
   app->require_option(1, 0);  // at least --spec or --coordinator
   app->add_option("--out", f.out, "Output HTML file")->required();
 }
 
-void SpecFlags(CLI::App* app, Flags& f) {
+void BindSpec(CLI::App* app, SpecFlags& f) {
   app->add_option("--safetensors", f.safetensors,
                   "A Hugging Face .safetensors file (only its header is read)")
       ->required()
@@ -1017,7 +1054,7 @@ void SpecFlags(CLI::App* app, Flags& f) {
   app->add_option("--out", f.out, "Output file (default: stdout)");
 }
 
-void CheckpointFlags(CLI::App* app, Flags& f) {
+void BindCheckpoint(CLI::App* app, CheckpointFlags& f) {
   CLI::App* inspect = app->add_subcommand(
       "inspect",
       "Format version, step, mesh, plan hash and per tensor its shape, "
@@ -1028,46 +1065,75 @@ void CheckpointFlags(CLI::App* app, Flags& f) {
   app->require_subcommand(1);
 }
 
-struct Command {
+// A command registered on the app: its subcommand, and its run with the
+// flags its registrar bound (owned by the closure).
+struct BoundCommand {
   const char* name;
-  int (*fn)(const Flags&, std::ostream&, std::ostream&);
-  void (*flags)(CLI::App*, Flags&);
   const char* help;  // empty: hidden
+  CLI::App* app;
+  std::function<int(std::ostream&, std::ostream&)> run;
 };
 
-const Command kCommands[] = {
-    {"plan", CmdPlan, PlanFlags,
-     "Plan a job spec offline: owners, buckets, Newton-Schulz cost, per-rank "
-     "load, bytes and buffer memory"},
-    {"assignments", CmdAssignments,
-     [](CLI::App* app, Flags& f) {
-       LiveFlags(app, f);
-       JsonFlag(app, f);
-     },
-     "Matrices each rank of a live job orthogonalizes"},
-    {"status", CmdStatus, StatusFlags,
-     "Job state and per-rank health, step time, stragglers (exit 1 when a "
-     "rank is lost or failed)"},
-    {"timings", CmdTimings, TimingsFlags,
-     "Per rank and operation: count, p50 and p99 duration"},
-    {"trace", CmdTrace, TraceFlags,
-     "The kept step reports as a Chrome trace (Perfetto, chrome://tracing)"},
-    {"schedule", CmdSchedule, ScheduleFlags,
-     "The plan's stream schedule per rank (offline with --spec, or live)"},
-    {"validate", CmdValidate, ValidateFlagSet,
-     "Run a spec distributed (optionally checkpointed, resumed, resharded) "
-     "and compare with one device"},
-    {"report", CmdReport, ReportCommandFlags,
-     "One self-contained HTML page of a spec's plan (--spec) or a live "
-     "job's (--coordinator): per-rank load vs round-robin, bytes, step "
-     "times and the step timeline"},
-    {"spec", CmdSpec, SpecFlags,
-     "Build a job spec from a .safetensors checkpoint's header, a mesh and "
-     "placement rules"},
-    {"checkpoint", CmdCheckpoint, CheckpointFlags,
-     "Inspect a checkpoint directory"},
-    {"validate-rank", CmdValidateRank, ValidateRankFlags, ""},
-};
+// Adds command `name` to `app` with flags of type F, bound by `bind` and
+// passed to `run` once parsed.
+template <typename F>
+void AddCommand(CLI::App& app, const char* name, const char* help,
+                void (*bind)(CLI::App*, F&),
+                int (*run)(const F&, std::ostream&, std::ostream&),
+                std::vector<BoundCommand>* commands) {
+  auto flags = std::make_shared<F>();
+  CLI::App* sub = app.add_subcommand(name, help);
+  if (*help == '\0') sub->group("");  // hidden
+  bind(sub, *flags);
+  commands->push_back(
+      {name, help, sub, [flags, run](std::ostream& out, std::ostream& err) {
+         return run(*flags, out, err);
+       }});
+}
+
+// Every command, in the order `muonctl --help` lists them.
+std::vector<BoundCommand> AddCommands(CLI::App& app) {
+  std::vector<BoundCommand> c;
+  AddCommand(app, "plan",
+             "Plan a job spec offline: owners, buckets, Newton-Schulz cost, "
+             "per-rank load, bytes and buffer memory",
+             BindPlan, CmdPlan, &c);
+  AddCommand(app, "assignments",
+             "Matrices each rank of a live job orthogonalizes", BindAssignments,
+             CmdAssignments, &c);
+  AddCommand(app, "status",
+             "Job state and per-rank health, step time, stragglers (exit 1 "
+             "when a rank is lost or failed)",
+             BindStatus, CmdStatus, &c);
+  AddCommand(app, "timings",
+             "Per rank and operation: count, p50 and p99 duration", BindTimings,
+             CmdTimings, &c);
+  AddCommand(app, "trace",
+             "The kept step reports as a Chrome trace (Perfetto, "
+             "chrome://tracing)",
+             BindTrace, CmdTrace, &c);
+  AddCommand(app, "schedule",
+             "The plan's stream schedule per rank (offline with --spec, or "
+             "live)",
+             BindSchedule, CmdSchedule, &c);
+  AddCommand(app, "validate",
+             "Run a spec distributed (optionally checkpointed, resumed, "
+             "resharded) and compare with one device",
+             BindValidate, CmdValidate, &c);
+  AddCommand(app, "report",
+             "One self-contained HTML page of a spec's plan (--spec) or a "
+             "live job's (--coordinator): per-rank load vs round-robin, "
+             "bytes, step times and the step timeline",
+             BindReport, CmdReport, &c);
+  AddCommand(app, "spec",
+             "Build a job spec from a .safetensors checkpoint's header, a "
+             "mesh and placement rules",
+             BindSpec, CmdSpec, &c);
+  AddCommand(app, "checkpoint", "Inspect a checkpoint directory",
+             BindCheckpoint, CmdCheckpoint, &c);
+  AddCommand(app, "validate-rank", "", BindValidateRank, CmdValidateRank, &c);
+  return c;
+}
 
 }  // namespace
 
@@ -1080,7 +1146,6 @@ absl::StatusOr<JobPlan> PlanJobSpec(const v1::JobSpec& spec,
 
 int RunMuonctl(const std::vector<std::string>& args, std::ostream& out,
                std::ostream& err) {
-  Flags flags;  // the parsed command's flags, bound by its registrar
   CLI::App app("muonctl: plan a Muon job offline and inspect a live one",
                "muonctl");
   app.require_subcommand(0, 1);
@@ -1089,13 +1154,7 @@ int RunMuonctl(const std::vector<std::string>& args, std::ostream& out,
       "Exit codes: 0 ok, 1 runtime error (or, for status, a lost or failed "
       "rank), 2 usage error.\nRun `muonctl help COMMAND` or `muonctl "
       "COMMAND --help` for a command's flags.");
-  std::vector<std::pair<CLI::App*, const Command*>> subs;
-  for (const Command& c : kCommands) {
-    CLI::App* sub = app.add_subcommand(c.name, c.help);
-    if (*c.help == '\0') sub->group("");  // hidden
-    c.flags(sub, flags);
-    subs.push_back({sub, &c});
-  }
+  const std::vector<BoundCommand> commands = AddCommands(app);
   std::string help_topic;
   CLI::App* help = app.add_subcommand("help", "Help on a command");
   help->add_option("COMMAND", help_topic, "The command");
@@ -1113,17 +1172,17 @@ int RunMuonctl(const std::vector<std::string>& args, std::ostream& out,
       out << top_help;
       return 0;
     }
-    for (auto& [sub, command] : subs) {
-      if (help_topic == command->name && *command->help != '\0') {
-        out << sub->help("muonctl");
+    for (const BoundCommand& c : commands) {
+      if (help_topic == c.name && *c.help != '\0') {
+        out << c.app->help("muonctl");
         return 0;
       }
     }
     err << "muonctl help: unknown command \"" << help_topic << "\"\n";
     return 2;
   }
-  for (auto& [sub, command] : subs) {
-    if (sub->parsed()) return command->fn(flags, out, err);
+  for (const BoundCommand& c : commands) {
+    if (c.app->parsed()) return c.run(out, err);
   }
   err << top_help;
   return 2;
