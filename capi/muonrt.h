@@ -118,16 +118,16 @@ typedef struct {
 
 /* torch.optim.Muon's arguments and the runtime's execution options. */
 typedef struct {
-  double lr;               /* 1e-3 */
-  double weight_decay;     /* 0.1 */
-  double momentum;         /* 0.95 */
-  int nesterov;            /* 1 */
-  double ns_a, ns_b, ns_c; /* 3.4445, -4.7750, 2.0315 */
-  double eps;              /* 1e-7 */
-  int ns_steps;            /* 5 */
-  const char*
-      adjust_lr_fn;        /* "original" | "match_rms_adamw"; NULL = original */
-  const char* ns_schedule; /* "quintic" | "polar_express"; NULL = quintic */
+  double lr;                /* 1e-3 */
+  double weight_decay;      /* 0.1 */
+  double momentum;          /* 0.95 */
+  int nesterov;             /* 1 */
+  double ns_a, ns_b, ns_c;  /* 3.4445, -4.7750, 2.0315 */
+  double eps;               /* 1e-7 */
+  int ns_steps;             /* 5 */
+  const char* adjust_lr_fn; /* "original" | "match_rms_adamw" | "spectral_norm";
+                               NULL = original */
+  const char* ns_schedule;  /* "quintic" | "polar_express"; NULL = quintic */
   int async_gpu_parallelism;     /* 0 = sequential debug mode */
   int prefetch_count;            /* 0 */
   const char* assignment_policy; /* "lpt" | "round_robin"; NULL = lpt */

@@ -148,12 +148,12 @@ absl::Status ApplyMuonOptionNames(const MuonOptionNames& names,
   if (!names.adjust_lr_fn.empty()) {
     absl::StatusOr<kernels::AdjustLrFn> fn =
         kernels::ParseAdjustLrFn(names.adjust_lr_fn);
-    // torch.optim.Muon.__init__'s message.
+    // torch.optim.Muon.__init__'s message, with dion's spectral_norm.
     if (!fn.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Adjust learning rate function ", names.adjust_lr_fn,
-                       " is not supported (use \"original\" or "
-                       "\"match_rms_adamw\")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Adjust learning rate function ", names.adjust_lr_fn,
+          " is not supported (use \"original\", \"match_rms_adamw\" or "
+          "\"spectral_norm\")"));
     }
     o.adjust_lr_fn = *fn;
   }

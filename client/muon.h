@@ -61,7 +61,9 @@ struct MuonOptions {
   double eps = 1e-7;  // Frobenius-norm floor before NS
   int ns_steps = 5;   // < 100, as torch
   // kOriginal ("original"): lr*sqrt(max(1, rows/cols));
-  // kMatchRmsAdamW ("match_rms_adamw"): lr*0.2*sqrt(max(rows, cols)).
+  // kMatchRmsAdamW ("match_rms_adamw"): lr*0.2*sqrt(max(rows, cols));
+  // kSpectralNorm ("spectral_norm", dion's default): lr*sqrt(rows/cols).
+  // On the global shape of the matrix (of an expert slice).
   kernels::AdjustLrFn adjust_lr_fn = kernels::AdjustLrFn::kOriginal;
   // Newton-Schulz coefficient schedule: kQuintic ((ns_a, ns_b, ns_c) for
   // ns_steps iterations) or kPolarExpress (Amsel et al. 2025,
@@ -142,7 +144,8 @@ absl::Status ValidateMuonOptions(const MuonOptions& options);
 // the job spec's fields, the C ABI's strings. Parsed once, by
 // ApplyMuonOptionNames; empty = keep the value already in the options.
 struct MuonOptionNames {
-  std::string adjust_lr_fn;   // "original" | "match_rms_adamw"
+  // "original" | "match_rms_adamw" | "spectral_norm"
+  std::string adjust_lr_fn;
   std::string ns_schedule;    // "quintic" | "polar_express"
   std::string ns_method;      // "standard" | "gram" | "auto"
   std::string device;         // "cpu" | "cuda"

@@ -113,6 +113,8 @@ double AdjustLr(double lr, AdjustLrFn fn, int64_t rows, int64_t cols) {
     case AdjustLrFn::kMatchRmsAdamW:
       ratio = 0.2 * std::sqrt(std::max(r, c));
       break;
+    case AdjustLrFn::kSpectralNorm:
+      return lr * std::sqrt(r / c);
   }
   return lr * ratio;
 }
@@ -120,13 +122,23 @@ double AdjustLr(double lr, AdjustLrFn fn, int64_t rows, int64_t cols) {
 absl::StatusOr<AdjustLrFn> ParseAdjustLrFn(absl::string_view name) {
   if (name == "original") return AdjustLrFn::kOriginal;
   if (name == "match_rms_adamw") return AdjustLrFn::kMatchRmsAdamW;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "adjust_lr_fn must be \"original\" or \"match_rms_adamw\", got \"", name,
-      "\""));
+  if (name == "spectral_norm") return AdjustLrFn::kSpectralNorm;
+  return absl::InvalidArgumentError(
+      absl::StrCat("adjust_lr_fn must be \"original\", \"match_rms_adamw\" or "
+                   "\"spectral_norm\", got \"",
+                   name, "\""));
 }
 
 absl::string_view AdjustLrFnName(AdjustLrFn fn) {
-  return fn == AdjustLrFn::kMatchRmsAdamW ? "match_rms_adamw" : "original";
+  switch (fn) {
+    case AdjustLrFn::kMatchRmsAdamW:
+      return "match_rms_adamw";
+    case AdjustLrFn::kSpectralNorm:
+      return "spectral_norm";
+    case AdjustLrFn::kOriginal:
+      break;
+  }
+  return "original";
 }
 
 void ApplyUpdate(float* param, const float* update, int64_t n, double lr,

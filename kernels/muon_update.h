@@ -64,22 +64,29 @@ enum class AdjustLrFn {
   // "match_rms_adamw": lr * 0.2 * sqrt(max(rows, cols)) (Moonshot's Muon is
   // Scalable for LLM Training, matching AdamW's update RMS).
   kMatchRmsAdamW,
+  // "spectral_norm": lr * sqrt(rows / cols), rows = fan_out, cols = fan_in
+  // (the spectral condition of Yang, Simon and Bernstein, "A Spectral
+  // Condition for Feature Learning", arXiv 2310.17813: from spectral norm 1
+  // to RMS operator norm 1; microsoft/dion's adjust_lr_spectral_norm, its
+  // default). Unlike "original" it also shrinks wide matrices' steps.
+  kSpectralNorm,
 };
 
 // Adjusted learning rate for a matrix of GLOBAL shape [rows, cols] (never the
 // local shard's). Matches torch.optim.Muon `_adjust_lr` in double, operation
 // for operation: ratio = sqrt(max(1, rows / cols)) or
-// 0.2 * sqrt(max(rows, cols)); returns lr * ratio. Units: those of lr.
+// 0.2 * sqrt(max(rows, cols)); returns lr * ratio. "spectral_norm" is
+// dion's lr * sqrt(rows / cols) in double. Units: those of lr.
 // Precondition: rows >= 1, cols >= 1.
 double AdjustLr(double lr, AdjustLrFn fn, int64_t rows, int64_t cols);
 
-// Parses the torch spelling of an AdjustLrFn: "original" or
-// "match_rms_adamw" (exact, case-sensitive).
+// Parses the spelling of an AdjustLrFn: torch's "original" and
+// "match_rms_adamw", dion's "spectral_norm" (exact, case-sensitive).
 // Errors:
 //   InvalidArgument: any other value (the message quotes it).
 absl::StatusOr<AdjustLrFn> ParseAdjustLrFn(absl::string_view name);
 
-// "original" or "match_rms_adamw".
+// "original", "match_rms_adamw" or "spectral_norm".
 absl::string_view AdjustLrFnName(AdjustLrFn fn);
 
 // Decoupled weight decay and the Muon update, in place:

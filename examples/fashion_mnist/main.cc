@@ -47,7 +47,8 @@ ABSL_FLAG(std::string, hidden, "512,512", "Hidden layer widths.");
 ABSL_FLAG(double, lr, 0.02, "Muon learning rate.");
 ABSL_FLAG(double, weight_decay, 0.0, "Muon decoupled weight decay.");
 ABSL_FLAG(double, momentum, 0.95, "Muon momentum.");
-ABSL_FLAG(std::string, adjust_lr_fn, "original", "original | match_rms_adamw");
+ABSL_FLAG(std::string, adjust_lr_fn, "original",
+          "original | match_rms_adamw | spectral_norm");
 ABSL_FLAG(std::string, layout, "fsdp",
           "fsdp (Shard(0)), fsdp1 (Shard(1)) or ddp (Replicate()).");
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",

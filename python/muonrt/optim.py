@@ -218,8 +218,10 @@ class Muon(torch.optim.Optimizer):
         eps (float): Frobenius-norm floor before Newton-Schulz (1e-7).
         ns_steps (int): Newton-Schulz iterations, < 100 (5).
         adjust_lr_fn (str or None): "original" (lr * sqrt(max(1, rows /
-            cols)); None means it) or "match_rms_adamw" (lr * 0.2 *
-            sqrt(max(rows, cols))), on the global shape.
+            cols)); None means it), "match_rms_adamw" (lr * 0.2 *
+            sqrt(max(rows, cols))) or "spectral_norm" (lr * sqrt(rows /
+            cols), microsoft/dion's default; arXiv 2310.17813), on the
+            global shape.
     Layout (keyword-only): process_group, mesh, placements, global_shapes
         (module docstring); sub_mesh ({name: "pp=1"} or a callable:
         ownership restriction); expert_stacks (names of 3-D

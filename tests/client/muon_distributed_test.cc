@@ -308,6 +308,34 @@ TEST(MuonDistributedTest,
       });
 }
 
+// adjust_lr_fn "spectral_norm" (dion's lr * sqrt(rows / cols), on the
+// global shape whatever the shard) on FSDP Shard(0) with uneven and empty
+// shards, TP Shard(1) and HSDP: the same bits as one device, whose own
+// step the float64 references check (muon_test, test_optimizer.py).
+TEST(MuonDistributedTest,
+     Step_SpectralNormFsdpTpHsdp_MatchesSingleDeviceBitwise) {
+  const Problem problem = MatricesProblem();
+  MuonOptions o = TestOptions();
+  o.adjust_lr_fn = kernels::AdjustLrFn::kSpectralNorm;
+  ProblemLayout tp;
+  tp.mesh = Mesh::OneDim(4, "tp");
+  tp.placements.assign(problem.specs.size(), {Placement::Shard(1)});
+  ProblemLayout hsdp;
+  hsdp.mesh.names = {"dp_replicate", "dp_shard"};
+  hsdp.mesh.sizes = {2, 2};
+  hsdp.placements.assign(problem.specs.size(),
+                         {Placement::Replicate(), Placement::Shard(0)});
+  const ProblemLayout fsdp =
+      OneDimLayout(4, Placement::Shard(0), problem.specs.size());
+  for (const auto& [name, layout] :
+       std::vector<std::pair<std::string, ProblemLayout>>{
+           {"fsdp", fsdp}, {"tp", tp}, {"hsdp", hsdp}}) {
+    SCOPED_TRACE(name);
+    World world(4);
+    ExpectMatchesSingleDevice(world, problem, layout, MeshConfig(layout), o);
+  }
+}
+
 // A valid user assign_fn (every matrix to rank 1) is honoured: same bits,
 // assignments() says so on every rank, and only rank 1 orthogonalizes.
 TEST(MuonDistributedTest,

@@ -108,6 +108,9 @@ double ExpectedAdjustedLr(double lr, kernels::AdjustLrFn fn, int64_t rows,
   if (fn == kernels::AdjustLrFn::kOriginal) {
     return lr * std::sqrt(std::max(1.0, a / b));
   }
+  if (fn == kernels::AdjustLrFn::kSpectralNorm) {
+    return lr * std::sqrt(a / b);  // dion's adjust_lr_spectral_norm
+  }
   return lr * (0.2 * std::sqrt(std::max(a, b)));
 }
 
@@ -296,6 +299,10 @@ TEST(MuonTest, ExpectedAdjustedLr_TallAndWide_MatchTorchFormula) {
   EXPECT_DOUBLE_EQ(
       ExpectedAdjustedLr(0.02, kernels::AdjustLrFn::kMatchRmsAdamW, 2, 8),
       0.02 * 0.2 * std::sqrt(8.0));
+  EXPECT_DOUBLE_EQ(
+      ExpectedAdjustedLr(0.02, kernels::AdjustLrFn::kSpectralNorm, 8, 2), 0.04);
+  EXPECT_DOUBLE_EQ(
+      ExpectedAdjustedLr(0.02, kernels::AdjustLrFn::kSpectralNorm, 2, 8), 0.01);
 }
 
 // With a zero gradient U = 0 and NS(0) = 0 (the norm is clamped to eps), so
@@ -304,7 +311,8 @@ TEST(MuonTest, ExpectedAdjustedLr_TallAndWide_MatchTorchFormula) {
 // and 0.8 ("match_rms_adamw"), so using it would change the result.
 TEST(MuonTest, Step_ZeroGradient_DecaysWithUnadjustedLr) {
   for (const kernels::AdjustLrFn fn :
-       {kernels::AdjustLrFn::kOriginal, kernels::AdjustLrFn::kMatchRmsAdamW}) {
+       {kernels::AdjustLrFn::kOriginal, kernels::AdjustLrFn::kMatchRmsAdamW,
+        kernels::AdjustLrFn::kSpectralNorm}) {
     SCOPED_TRACE(kernels::AdjustLrFnName(fn));
     MuonOptions o;
     o.lr = 0.05;
@@ -450,6 +458,9 @@ std::vector<OptionSet> OptionSets() {
   o.adjust_lr_fn = kernels::AdjustLrFn::kMatchRmsAdamW;
   sets.push_back(
       {"adjust_lr_fn match_rms_adamw", o, {{8, 2}, {2, 8}, {7, 3}, {3, 7}}, 2});
+  o.adjust_lr_fn = kernels::AdjustLrFn::kSpectralNorm;
+  sets.push_back(
+      {"adjust_lr_fn spectral_norm", o, {{8, 2}, {2, 8}, {7, 3}, {3, 7}}, 2});
   o = MuonOptions{};
   o.lr = 0.01;
   o.ns_a = 2.0;

@@ -125,6 +125,16 @@ TEST(AdjustLrTest, AdjustLr_MatchRmsAdamW_ScalesByPointTwoSqrtMaxDim) {
   EXPECT_EQ(AdjustLr(0.02, AdjustLrFn::kMatchRmsAdamW, 256, 1024), 0.02 * 6.4);
 }
 
+// dion's adjust_lr_spectral_norm: lr * sqrt(fan_out / fan_in), which also
+// shrinks the steps of wide matrices (unlike "original").
+TEST(AdjustLrTest, AdjustLr_SpectralNorm_ScalesBySqrtRowsOverCols) {
+  EXPECT_EQ(AdjustLr(0.02, AdjustLrFn::kSpectralNorm, 1024, 256), 0.02 * 2.0);
+  EXPECT_EQ(AdjustLr(0.02, AdjustLrFn::kSpectralNorm, 256, 1024), 0.02 * 0.5);
+  EXPECT_EQ(AdjustLr(0.02, AdjustLrFn::kSpectralNorm, 512, 512), 0.02);
+  EXPECT_EQ(AdjustLr(0.3, AdjustLrFn::kSpectralNorm, 14336, 4096),
+            0.3 * std::sqrt(14336.0 / 4096.0));
+}
+
 // torch computes ratio = 0.2 * sqrt(max) first, then lr * ratio. The other
 // association (lr * 0.2) * sqrt(max) gives 0.22170250336881628 here, one ulp
 // lower; we must match torch's bits.
@@ -142,6 +152,13 @@ TEST(ParseAdjustLrFnTest, ParseAdjustLrFn_TorchNames_Parse) {
   absl::StatusOr<AdjustLrFn> match = ParseAdjustLrFn("match_rms_adamw");
   ASSERT_TRUE(match.ok()) << match.status();
   EXPECT_EQ(*match, AdjustLrFn::kMatchRmsAdamW);
+  absl::StatusOr<AdjustLrFn> spectral = ParseAdjustLrFn("spectral_norm");
+  ASSERT_TRUE(spectral.ok()) << spectral.status();
+  EXPECT_EQ(*spectral, AdjustLrFn::kSpectralNorm);
+  for (AdjustLrFn fn : {AdjustLrFn::kOriginal, AdjustLrFn::kMatchRmsAdamW,
+                        AdjustLrFn::kSpectralNorm}) {
+    EXPECT_EQ(ParseAdjustLrFn(AdjustLrFnName(fn)).value(), fn);
+  }
 }
 
 TEST(ParseAdjustLrFnTest, ParseAdjustLrFn_UnknownName_ReturnsInvalidArgument) {

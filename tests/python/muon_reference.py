@@ -42,6 +42,9 @@ def adjust_lr(lr, adjust_lr_fn, shape):
         return lr * math.sqrt(max(1, rows / cols))
     if adjust_lr_fn == "match_rms_adamw":
         return lr * 0.2 * math.sqrt(max(rows, cols))
+    if adjust_lr_fn == "spectral_norm":
+        # microsoft/dion's adjust_lr_spectral_norm: fan_out / fan_in.
+        return lr * math.sqrt(rows / cols)
     raise ValueError(adjust_lr_fn)
 
 

@@ -45,7 +45,8 @@ def assert_close(ours, ref, init=None, tol=TOL, what=""):
 
 
 @pytest.mark.parametrize("nesterov", [True, False])
-@pytest.mark.parametrize("adjust_lr_fn", [None, "original", "match_rms_adamw"])
+@pytest.mark.parametrize("adjust_lr_fn",
+                         [None, "original", "match_rms_adamw", "spectral_norm"])
 @pytest.mark.parametrize("weight_decay", [0.0, 0.1])
 def test_step_matches_reference(nesterov, adjust_lr_fn, weight_decay):
     init, grads = make_problem()
