@@ -640,6 +640,8 @@ absl::Status StepExecutor::EnqueueSequential() {
                        v1::STREAM_KIND_MAIN);
         }));
         break;
+      default:
+        break;  // Create accepts only the four kinds
     }
   }
   return absl::OkStatus();
@@ -684,6 +686,7 @@ absl::Status StepExecutor::EnqueueCommOp(const Op& op) {
                      v1::STREAM_KIND_COMM);
       });
     case v1::OP_KIND_ORTHOGONALIZE:
+    default:
       break;  // never scheduled on the comm stream
   }
   return absl::OkStatus();
