@@ -335,6 +335,42 @@ class LoadGenerator {
   void HeartbeatThread(int t);
   void Watchdog();
 
+  // The figures of one run, filled phase by phase (CPU in seconds, RSS in
+  // KiB, times in seconds, latencies in ms).
+  struct RunFigures {
+    int64_t manifest_bytes = 0;                     // the largest Join request
+    int64_t last_join_bytes = 0;                    // rank N-1's Join request
+    double cpu0 = 0, cpu1 = 0, cpu2 = 0, cpu3 = 0;  // server CPU by phase
+    int connect_failures = 0;
+    double connect_s = 0;
+    int64_t rss_connected = 0, rss_joined = 0;
+    int joins_ok = 0, join_errors = 0, hash_mismatches = 0;
+    int64_t plan_bytes = 0;
+    std::string join_error, plan_hash;
+    double join_s = 0, client_cpu_join = 0, client_cpu_hb = 0;
+    int64_t server_hwm_kb = 0, server_threads = 0, client_hwm_kb = 0;
+    std::vector<float> latencies, send_lags;  // sorted
+    int64_t heartbeats_ok = 0, heartbeat_errors = 0, job_errors = 0, late = 0;
+    std::string heartbeat_error;
+    double heartbeat_s = 0;
+    int64_t errors() const {
+      return connect_failures + join_errors + hash_mismatches +
+             heartbeat_errors + job_errors;
+    }
+  };
+  // One agent per rank with its channel, Join and heartbeat requests
+  // (compact manifests for ranks > 0 when `compact`).
+  void MakeAgents(std::vector<muon::v1::RankManifest> manifests, bool compact,
+                  RunFigures* f);
+  void ConnectPhase(RunFigures* f);
+  void JoinPhase(RunFigures* f);
+  // --skip_plan: no JoinResponse comes; polls GetJob until every agent is
+  // registered (at most 300 s).
+  void WaitForEveryRankJoined(Clock::time_point join_start);
+  void HeartbeatPhase(RunFigures* f);
+  void PrintFigures(const RunFigures& f, bool compact,
+                    const std::string& load_before) const;
+
   const int world_;
   const pid_t server_pid_;
   const std::string address_;
@@ -533,14 +569,14 @@ float Percentile(const std::vector<float>& sorted, double p) {
   return sorted[index];
 }
 
-int LoadGenerator::Run() {
-  const std::string load_before = LoadAverage();
-  // Manifests: a 1-D dp_shard mesh of N ranks, Shard(0) matrices.
+// The job's manifests: a 1-D dp_shard mesh of N ranks (one more with
+// --skip_plan, so that the job never plans), --matrices Shard(0) matrices.
+absl::StatusOr<std::vector<muon::v1::RankManifest>> LoadManifests(int world) {
   muon::v1::JobSpec spec;
   spec.set_job_id("job");
   muon::v1::MeshDim* dim = spec.mutable_mesh()->add_dims();
   dim->set_name("dp_shard");
-  dim->set_size(world_ + (absl::GetFlag(FLAGS_skip_plan) ? 1 : 0));
+  dim->set_size(world + (absl::GetFlag(FLAGS_skip_plan) ? 1 : 0));
   const int size = absl::GetFlag(FLAGS_matrix_size);
   for (int m = 0; m < absl::GetFlag(FLAGS_matrices); ++m) {
     muon::v1::ParamSpec* p = spec.add_params();
@@ -549,17 +585,11 @@ int LoadGenerator::Run() {
     p->add_shape(size);
     p->add_placements("Shard(0)");
   }
-  absl::StatusOr<std::vector<muon::v1::RankManifest>> manifests =
-      muon::ManifestsFromSpec(spec);
-  if (!manifests.ok()) {
-    std::fprintf(stderr, "coordinator_load_bench: manifests: %s\n",
-                 manifests.status().ToString().c_str());
-    return 1;
-  }
-  int64_t manifest_bytes = 0;   // the largest Join request
-  int64_t last_join_bytes = 0;  // rank N-1's Join request
-  const bool compact = absl::GetFlag(FLAGS_compact_manifests);
+  return muon::ManifestsFromSpec(spec);
+}
 
+void LoadGenerator::MakeAgents(std::vector<muon::v1::RankManifest> manifests,
+                               bool compact, RunFigures* f) {
   for (int t = 0; t < threads_; ++t) {
     cqs_.push_back(std::make_unique<grpc::CompletionQueue>());
   }
@@ -585,40 +615,59 @@ int LoadGenerator::Run() {
     // client/agent.cc does (unless --nocompact_manifests).
     if (compact && r != 0) {
       *agent->join_request->mutable_compact() =
-          muon::MakeCompactManifest((*manifests)[r]);
+          muon::MakeCompactManifest(manifests[r]);
     } else {
-      *agent->join_request->mutable_manifest() = std::move((*manifests)[r]);
+      *agent->join_request->mutable_manifest() = std::move(manifests[r]);
     }
     const int64_t bytes =
         static_cast<int64_t>(agent->join_request->ByteSizeLong());
-    manifest_bytes = std::max(manifest_bytes, bytes);
-    if (r == world_ - 1) last_join_bytes = bytes;
+    f->manifest_bytes = std::max(f->manifest_bytes, bytes);
+    if (r == world_ - 1) f->last_join_bytes = bytes;
     agent->heartbeat_request.set_job_id("job");
     agent->heartbeat_request.set_rank(r);
     agent->heartbeat_request.set_incarnation(1000 + r);
     agents_.push_back(std::move(agent));
   }
-  manifests->clear();
-  std::thread watchdog([this] { Watchdog(); });
+}
 
-  // Connect phase.
-  const double cpu0 = ProcessCpuSeconds(server_pid_);
+void LoadGenerator::ConnectPhase(RunFigures* f) {
+  f->cpu0 = ProcessCpuSeconds(server_pid_);
   const Clock::time_point connect_start = Clock::now();
   for (auto& agent : agents_) agent->channel->GetState(true);
-  int connect_failures = 0;
   const auto connect_deadline =
       std::chrono::system_clock::now() + std::chrono::seconds(120);
   for (auto& agent : agents_) {
     if (!agent->channel->WaitForConnected(connect_deadline)) {
-      ++connect_failures;
+      ++f->connect_failures;
     }
   }
-  const double connect_s = SecondsSince(connect_start, Clock::now());
-  const double cpu1 = ProcessCpuSeconds(server_pid_);
-  const int64_t rss_connected = ProcStatusValue(server_pid_, "VmRSS");
+  f->connect_s = SecondsSince(connect_start, Clock::now());
+  f->cpu1 = ProcessCpuSeconds(server_pid_);
+  f->rss_connected = ProcStatusValue(server_pid_, "VmRSS");
+}
 
-  // Join phase.
-  const double client_cpu_join0 = ProcessCpuSelf();
+void LoadGenerator::WaitForEveryRankJoined(Clock::time_point join_start) {
+  std::unique_ptr<muon::v1::Coordinator::Stub> stub =
+      muon::v1::Coordinator::NewStub(
+          grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  for (;;) {
+    grpc::ClientContext context;
+    context.AddMetadata(muon::kAuthorizationMetadataKey, bearer_);
+    muon::v1::GetJobRequest request;
+    request.set_job_id("job");
+    muon::v1::JobInfo info;
+    const grpc::Status status = stub->GetJob(&context, request, &info);
+    if (status.ok() && info.ranks_joined() >= world_) break;
+    if (SecondsSince(join_start, Clock::now()) > 300) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  stats_[0].last_join_response = Clock::now();
+  for (auto& agent : agents_) agent->joined = true;
+  for (ThreadStats& s : stats_) s.joins_ok = world_ / threads_;
+}
+
+void LoadGenerator::JoinPhase(RunFigures* f) {
+  const double client_cpu0 = ProcessCpuSelf();
   const Clock::time_point join_start = Clock::now();
   {
     std::vector<std::thread> workers;
@@ -627,50 +676,30 @@ int LoadGenerator::Run() {
     }
     for (std::thread& w : workers) w.join();
   }
-  if (absl::GetFlag(FLAGS_skip_plan)) {
-    // Wait until the server has registered every agent.
-    std::unique_ptr<muon::v1::Coordinator::Stub> stub =
-        muon::v1::Coordinator::NewStub(
-            grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
-    for (;;) {
-      grpc::ClientContext context;
-      context.AddMetadata(muon::kAuthorizationMetadataKey, bearer_);
-      muon::v1::GetJobRequest request;
-      request.set_job_id("job");
-      muon::v1::JobInfo info;
-      const grpc::Status status = stub->GetJob(&context, request, &info);
-      if (status.ok() && info.ranks_joined() >= world_) break;
-      if (SecondsSince(join_start, Clock::now()) > 300) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    stats_[0].last_join_response = Clock::now();
-    for (auto& agent : agents_) agent->joined = true;
-    for (ThreadStats& s : stats_) s.joins_ok = world_ / threads_;
-  }
+  if (absl::GetFlag(FLAGS_skip_plan)) WaitForEveryRankJoined(join_start);
   Clock::time_point last_join = join_start;
-  int joins_ok = 0, join_errors = 0, hash_mismatches = 0;
-  int64_t plan_bytes = 0;
-  std::string join_error, plan_hash;
   for (const ThreadStats& s : stats_) {
     last_join = std::max(last_join, s.last_join_response);
-    joins_ok += s.joins_ok;
-    join_errors += s.join_errors;
-    hash_mismatches += s.plan_hash_mismatches;
-    if (join_error.empty()) join_error = s.first_join_error;
-    if (plan_hash.empty()) {
-      plan_hash = s.plan_hash;
-      plan_bytes = s.plan_bytes;
-    } else if (!s.plan_hash.empty() && s.plan_hash != plan_hash) {
-      ++hash_mismatches;
+    f->joins_ok += s.joins_ok;
+    f->join_errors += s.join_errors;
+    f->hash_mismatches += s.plan_hash_mismatches;
+    if (f->join_error.empty()) f->join_error = s.first_join_error;
+    if (f->plan_hash.empty()) {
+      f->plan_hash = s.plan_hash;
+      f->plan_bytes = s.plan_bytes;
+    } else if (!s.plan_hash.empty() && s.plan_hash != f->plan_hash) {
+      ++f->hash_mismatches;
     }
   }
-  const double join_s = SecondsSince(join_start, last_join);
-  const double client_cpu_join = ProcessCpuSelf() - client_cpu_join0;
-  const double cpu2 = ProcessCpuSeconds(server_pid_);
-  const int64_t rss_joined = ProcStatusValue(server_pid_, "VmRSS");
+  f->join_s = SecondsSince(join_start, last_join);
+  f->client_cpu_join = ProcessCpuSelf() - client_cpu0;
+  f->cpu2 = ProcessCpuSeconds(server_pid_);
+  f->rss_joined = ProcStatusValue(server_pid_, "VmRSS");
+}
 
-  // Heartbeat phase, starting shortly after the last JoinResponse.
-  const double client_cpu_hb0 = ProcessCpuSelf();
+void LoadGenerator::HeartbeatPhase(RunFigures* f) {
+  // Starts shortly after the last JoinResponse.
+  const double client_cpu0 = ProcessCpuSelf();
   heartbeat_start_ = Clock::now() + std::chrono::milliseconds(200);
   std::fprintf(stderr,
                "coordinator_load_bench: N=%d heartbeat phase starts; server "
@@ -683,36 +712,33 @@ int LoadGenerator::Run() {
     }
     for (std::thread& w : workers) w.join();
   }
-  const double client_cpu_hb = ProcessCpuSelf() - client_cpu_hb0;
-  const double cpu3 = ProcessCpuSeconds(server_pid_);
-  const int64_t server_hwm_kb = ProcStatusValue(server_pid_, "VmHWM");
-  const int64_t server_threads = ProcStatusValue(server_pid_, "Threads");
-  const int64_t client_hwm_kb = ProcStatusValue(getpid(), "VmHWM");
-  done_.store(true);
-  watchdog.join();
-
-  std::vector<float> latencies, send_lags;
-  int64_t heartbeats_ok = 0, heartbeat_errors = 0, job_errors = 0, late = 0;
-  std::string heartbeat_error;
+  f->client_cpu_hb = ProcessCpuSelf() - client_cpu0;
+  f->cpu3 = ProcessCpuSeconds(server_pid_);
+  f->server_hwm_kb = ProcStatusValue(server_pid_, "VmHWM");
+  f->server_threads = ProcStatusValue(server_pid_, "Threads");
+  f->client_hwm_kb = ProcStatusValue(getpid(), "VmHWM");
   Clock::time_point last_heartbeat = heartbeat_start_;
   for (ThreadStats& s : stats_) {
-    latencies.insert(latencies.end(), s.latencies_ms.begin(),
-                     s.latencies_ms.end());
-    send_lags.insert(send_lags.end(), s.send_lag_ms.begin(),
-                     s.send_lag_ms.end());
-    heartbeats_ok += s.heartbeats_ok;
-    heartbeat_errors += s.heartbeat_errors;
-    job_errors += s.job_errors;
-    late += s.late;
+    f->latencies.insert(f->latencies.end(), s.latencies_ms.begin(),
+                        s.latencies_ms.end());
+    f->send_lags.insert(f->send_lags.end(), s.send_lag_ms.begin(),
+                        s.send_lag_ms.end());
+    f->heartbeats_ok += s.heartbeats_ok;
+    f->heartbeat_errors += s.heartbeat_errors;
+    f->job_errors += s.job_errors;
+    f->late += s.late;
     last_heartbeat = std::max(last_heartbeat, s.last_heartbeat_response);
-    if (heartbeat_error.empty()) heartbeat_error = s.first_heartbeat_error;
+    if (f->heartbeat_error.empty())
+      f->heartbeat_error = s.first_heartbeat_error;
   }
-  std::sort(latencies.begin(), latencies.end());
-  std::sort(send_lags.begin(), send_lags.end());
-  const double heartbeat_s = SecondsSince(heartbeat_start_, last_heartbeat);
-  const int64_t errors = connect_failures + join_errors + hash_mismatches +
-                         heartbeat_errors + job_errors;
+  std::sort(f->latencies.begin(), f->latencies.end());
+  std::sort(f->send_lags.begin(), f->send_lags.end());
+  f->heartbeat_s = SecondsSince(heartbeat_start_, last_heartbeat);
+}
 
+void LoadGenerator::PrintFigures(const RunFigures& f, bool compact,
+                                 const std::string& load_before) const {
+  const int64_t errors = f.errors();
   std::printf(
       "agents=%d%s%s client_threads=%d connect_s=%.2f join_to_plan_s=%.3f "
       "joins_ok=%d plan_bytes=%lld manifests=%s join_bytes(max/last)=%lld/%lld "
@@ -727,33 +753,56 @@ int LoadGenerator::Run() {
       absl::GetFlag(FLAGS_server_no_deadlock_detection)
           ? " (server_no_deadlock_detection)"
           : "",
-      threads_, connect_s, join_s, joins_ok, static_cast<long long>(plan_bytes),
-      compact ? "compact" : "full", static_cast<long long>(manifest_bytes),
-      static_cast<long long>(last_join_bytes), Percentile(latencies, 0.50),
-      Percentile(latencies, 0.99), latencies.empty() ? NAN : latencies.back(),
-      heartbeat_s > 0 ? heartbeats_ok / heartbeat_s : 0.0,
-      static_cast<long long>(heartbeats_ok), Percentile(send_lags, 0.99),
-      static_cast<long long>(late), static_cast<long long>(errors), cpu1 - cpu0,
-      cpu2 - cpu1, cpu3 - cpu2,
-      heartbeat_s > 0 ? (cpu3 - cpu2) / heartbeat_s : 0.0,
-      static_cast<long long>(server_threads), rss_connected / 1024.0,
-      rss_joined / 1024.0,
-      std::max(server_hwm_kb, server_rss_max_kb_.load()) / 1024.0,
-      client_cpu_join, client_cpu_hb, client_hwm_kb / 1024.0,
+      threads_, f.connect_s, f.join_s, f.joins_ok,
+      static_cast<long long>(f.plan_bytes), compact ? "compact" : "full",
+      static_cast<long long>(f.manifest_bytes),
+      static_cast<long long>(f.last_join_bytes), Percentile(f.latencies, 0.50),
+      Percentile(f.latencies, 0.99),
+      f.latencies.empty() ? NAN : f.latencies.back(),
+      f.heartbeat_s > 0 ? f.heartbeats_ok / f.heartbeat_s : 0.0,
+      static_cast<long long>(f.heartbeats_ok), Percentile(f.send_lags, 0.99),
+      static_cast<long long>(f.late), static_cast<long long>(errors),
+      f.cpu1 - f.cpu0, f.cpu2 - f.cpu1, f.cpu3 - f.cpu2,
+      f.heartbeat_s > 0 ? (f.cpu3 - f.cpu2) / f.heartbeat_s : 0.0,
+      static_cast<long long>(f.server_threads), f.rss_connected / 1024.0,
+      f.rss_joined / 1024.0,
+      std::max(f.server_hwm_kb, server_rss_max_kb_.load()) / 1024.0,
+      f.client_cpu_join, f.client_cpu_hb, f.client_hwm_kb / 1024.0,
       load_before.c_str(), LoadAverage().c_str(),
       server_killed_.load() ? " SERVER_KILLED_MEMORY_LIMIT" : "");
   if (errors > 0) {
     std::printf(
         "  errors: connect=%d join=%d plan_hash_mismatch=%d heartbeat=%lld "
         "job_error=%lld; first join error: %s; first heartbeat error: %s\n",
-        connect_failures, join_errors, hash_mismatches,
-        static_cast<long long>(heartbeat_errors),
-        static_cast<long long>(job_errors),
-        join_error.empty() ? "-" : join_error.c_str(),
-        heartbeat_error.empty() ? "-" : heartbeat_error.c_str());
+        f.connect_failures, f.join_errors, f.hash_mismatches,
+        static_cast<long long>(f.heartbeat_errors),
+        static_cast<long long>(f.job_errors),
+        f.join_error.empty() ? "-" : f.join_error.c_str(),
+        f.heartbeat_error.empty() ? "-" : f.heartbeat_error.c_str());
   }
   std::fflush(stdout);
-  return errors > 0 || server_killed_.load() ? 3 : 0;
+}
+
+int LoadGenerator::Run() {
+  const std::string load_before = LoadAverage();
+  absl::StatusOr<std::vector<muon::v1::RankManifest>> manifests =
+      LoadManifests(world_);
+  if (!manifests.ok()) {
+    std::fprintf(stderr, "coordinator_load_bench: manifests: %s\n",
+                 manifests.status().ToString().c_str());
+    return 1;
+  }
+  const bool compact = absl::GetFlag(FLAGS_compact_manifests);
+  RunFigures f;
+  MakeAgents(*std::move(manifests), compact, &f);
+  std::thread watchdog([this] { Watchdog(); });
+  ConnectPhase(&f);
+  JoinPhase(&f);
+  HeartbeatPhase(&f);
+  done_.store(true);
+  watchdog.join();
+  PrintFigures(f, compact, load_before);
+  return f.errors() > 0 || server_killed_.load() ? 3 : 0;
 }
 
 // Runs one N: forks the server child and the load generator child, waits
