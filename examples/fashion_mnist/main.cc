@@ -18,7 +18,9 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -162,207 +164,271 @@ absl::StatusOr<Data> LoadData() {
   return d;
 }
 
-// Trains with `world` micro-batches per step. rank < 0: single device
-// (accumulates the micro-batches itself). Otherwise one rank of the
-// distributed run on `pg`.
-absl::StatusOr<RunResult> Train(const Data& data, int world, ProcessGroup* pg) {
-  const bool single = pg == nullptr;
-  const int rank = single ? 0 : pg->rank;
-  const std::string tag = single ? "single" : absl::StrCat("rank ", rank);
-  const bool log = single || rank == 0;
-  Mlp mlp(LayerSizes(data.train.features, 10));
-  const int layers = mlp.num_layers();
-  const Placement placement = LayoutPlacement();
-  const Mesh mesh =
-      Mesh::OneDim(world, placement.is_shard() ? "dp_shard" : "dp_replicate");
+// Trains with `world` micro-batches per step: one rank of the distributed
+// run on `pg`, or (pg == nullptr) a single device that accumulates the
+// micro-batches itself. The trainer owns its parameters' shards and
+// gradients; the optimizer steps views of them in place.
+class Trainer {
+ public:
+  Trainer(const Data& data, int world, ProcessGroup* pg)
+      : data_(data),
+        world_(world),
+        pg_(pg),
+        single_(pg == nullptr),
+        rank_(single_ ? 0 : pg->rank),
+        tag_(single_ ? "single" : absl::StrCat("rank ", rank_)),
+        log_(single_ || rank_ == 0),
+        mlp_(LayerSizes(data.train.features, 10)),
+        layers_(mlp_.num_layers()),
+        placement_(LayoutPlacement()) {}
 
-  // Parameters: this rank's shard (the whole matrix when single).
-  std::vector<Parameter> params(layers);
-  std::vector<std::vector<Box>> boxes(layers);
-  for (int l = 0; l < layers; ++l) {
-    const int64_t r = mlp.rows(l), c = mlp.cols(l);
+  absl::StatusOr<RunResult> Run();
+
+ private:
+  absl::Status MakeParams();
+  absl::Status MakeOptimizer();
+  void MakeFullBuffers();
+  // FSDP unshard: every rank's shard of layer l into full_w_[l].
+  absl::Status Unshard(int l);
+  // Sums the ranks' full gradients of layer l into this rank's shard, in
+  // rank order (the reduce-scatter of FSDP; all-reduce for DDP).
+  absl::Status ReduceScatter(int l);
+  // Forward and backward of step s of the epoch (`order`): the gradient
+  // shards in params_, every micro-batch's loss in losses_.
+  absl::Status Gradients(const std::vector<int64_t>& order, int64_t s);
+  absl::Status Epoch(int epoch, RunResult* result);
+  void Log(const std::string& line) const;
+
+  const Data& data_;
+  const int world_;
+  ProcessGroup* const pg_;
+  const bool single_;
+  const int rank_;
+  const std::string tag_;
+  const bool log_;
+  Mlp mlp_;
+  const int layers_;
+  const Placement placement_;
+  std::vector<Parameter> params_;        // this rank's shards
+  std::vector<std::vector<Box>> boxes_;  // per layer, every rank's box
+  std::unique_ptr<Muon> opt_;
+  // Full weights (FSDP unshard), gradients and (single) their sum.
+  std::vector<std::vector<float>> full_w_, full_g_, acc_g_;
+  std::vector<const float*> wptr_;
+  std::vector<float*> gptr_;
+  std::vector<float> gathered_, send_, recv_;  // collective scratch
+  std::vector<float> x_;
+  std::vector<int32_t> y_;
+  std::vector<float> losses_;  // per micro-batch
+  double step_seconds_ = 0;    // time inside Muon::Step, summed
+  absl::Time start_;
+};
+
+void Trainer::Log(const std::string& line) const {
+  if (!log_) return;
+  std::printf("[%s] %s\n", tag_.c_str(), line.c_str());
+  std::fflush(stdout);
+}
+
+absl::Status Trainer::MakeParams() {
+  const Mesh mesh =
+      Mesh::OneDim(world_, placement_.is_shard() ? "dp_shard" : "dp_replicate");
+  params_.resize(layers_);
+  boxes_.resize(layers_);
+  for (int l = 0; l < layers_; ++l) {
+    const int64_t r = mlp_.rows(l), c = mlp_.cols(l);
     std::vector<float> full = InitLinear(r, c, absl::GetFlag(FLAGS_seed), l);
-    Parameter& p = params[l];
+    Parameter& p = params_[l];
     p.name = absl::StrCat("fc", l + 1, ".weight");
     p.global_shape = {r, c};
-    if (single) {
-      boxes[l] = {Box{Range{0, r}, Range{0, c}}};
+    if (single_) {
+      boxes_[l] = {Box{Range{0, r}, Range{0, c}}};
     } else {
-      MUON_ASSIGN_OR_RETURN(boxes[l], AllBoxes(r, c, {placement}, mesh));
+      MUON_ASSIGN_OR_RETURN(boxes_[l], AllBoxes(r, c, {placement_}, mesh));
     }
-    const Box& mine = boxes[l][rank];
+    const Box& mine = boxes_[l][rank_];
     p.local_shape = {mine.rows.size(), mine.cols.size()};
     p.data.resize(mine.numel());
     p.grad.assign(mine.numel(), 0.0f);
     CopyRegion(full.data(), Box{Range{0, r}, Range{0, c}}, p.data.data(), mine,
                mine);
   }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::MakeOptimizer() {
   // The optimizer works on views of the trainer's own buffers: it reads
   // the gradients and updates the weights in place.
   std::vector<ParamView> views;
-  for (Parameter& p : params) views.push_back(p.View());
+  for (Parameter& p : params_) views.push_back(p.View());
   std::optional<DistributedConfig> config;
-  if (!single) {
+  if (!single_) {
     AutoConfigOptions auto_options;
-    if (placement.is_shard()) {
-      auto_options.fsdp = pg->comm.get();
-      auto_options.fsdp_shard_dim = placement.dim;
+    if (placement_.is_shard()) {
+      auto_options.fsdp = pg_->comm.get();
+      auto_options.fsdp_shard_dim = placement_.dim;
     } else {
-      auto_options.ddp = pg->comm.get();
+      auto_options.ddp = pg_->comm.get();
     }
-    auto_options.coordinator = pg->coordinator.get();
-    auto_options.incarnation = pg->incarnation;
+    auto_options.coordinator = pg_->coordinator.get();
+    auto_options.incarnation = pg_->incarnation;
     MUON_ASSIGN_OR_RETURN(config, CreateAutoConfig(views, auto_options));
     config->execution.set_async_gpu_parallelism(
         absl::GetFlag(FLAGS_async_gpu_parallelism));
     config->execution.set_prefetch_count(absl::GetFlag(FLAGS_prefetch_count));
   }
   MUON_ASSIGN_OR_RETURN(MuonOptions options, OptimizerOptions());
-  MUON_ASSIGN_OR_RETURN(std::unique_ptr<Muon> opt,
-                        Muon::Create(views, options, config));
-  if (log) {
-    std::printf("[%s] plan %s: %d matrices, %d buckets, owners:", tag.c_str(),
-                opt->plan().hash().c_str(), opt->plan().matrices_size(),
-                opt->plan().buckets_size());
-    for (const auto& m : opt->plan().matrices()) {
-      std::printf(" %s->%d", m.param().c_str(), m.owner());
-    }
-    std::printf("\n");
-    std::fflush(stdout);
+  MUON_ASSIGN_OR_RETURN(opt_, Muon::Create(views, options, config));
+  std::string owners;
+  for (const auto& m : opt_->plan().matrices()) {
+    absl::StrAppend(&owners, " ", m.param(), "->", m.owner());
   }
+  Log(absl::StrFormat("plan %s: %d matrices, %d buckets, owners:%s",
+                      opt_->plan().hash(), opt_->plan().matrices_size(),
+                      opt_->plan().buckets_size(), owners));
+  return absl::OkStatus();
+}
 
-  // Full weights (FSDP unshard) and gradient buffers.
-  std::vector<std::vector<float>> full_w(layers), full_g(layers), acc_g(layers);
-  std::vector<const float*> wptr(layers);
-  std::vector<float*> gptr(layers);
-  for (int l = 0; l < layers; ++l) {
-    full_w[l].resize(mlp.rows(l) * mlp.cols(l));
-    full_g[l].resize(full_w[l].size());
-    if (single) acc_g[l].resize(full_w[l].size());
-    wptr[l] = full_w[l].data();
-    gptr[l] = full_g[l].data();
+void Trainer::MakeFullBuffers() {
+  full_w_.resize(layers_);
+  full_g_.resize(layers_);
+  acc_g_.resize(layers_);
+  for (int l = 0; l < layers_; ++l) {
+    full_w_[l].resize(mlp_.rows(l) * mlp_.cols(l));
+    full_g_[l].resize(full_w_[l].size());
+    if (single_) acc_g_[l].resize(full_w_[l].size());
+    wptr_.push_back(full_w_[l].data());
+    gptr_.push_back(full_g_[l].data());
   }
-  std::vector<float> gathered, send, recv;
-  auto unshard = [&](int l) -> absl::Status {
-    const Box full{Range{0, mlp.rows(l)}, Range{0, mlp.cols(l)}};
-    if (single || boxes[l][rank] == full) {
-      full_w[l] = params[l].data;
-      return absl::OkStatus();
-    }
-    std::vector<int64_t> counts(world);
-    for (int q = 0; q < world; ++q) counts[q] = boxes[l][q].numel();
-    gathered.resize(std::accumulate(counts.begin(), counts.end(), int64_t{0}));
-    MUON_RETURN_IF_ERROR(pg->comm->AllGatherV(
-        params[l].data.data(), params[l].data.size(), gathered.data(), counts));
-    int64_t off = 0;
-    for (int q = 0; q < world; ++q) {
-      CopyRegion(gathered.data() + off, boxes[l][q], full_w[l].data(), full,
-                 boxes[l][q]);
-      off += counts[q];
-    }
-    return absl::OkStatus();
-  };
-  // Sums the ranks' full gradients of layer l into this rank's shard, in
-  // rank order (the reduce-scatter of FSDP; all-reduce for DDP).
-  auto reduce_scatter = [&](int l) -> absl::Status {
-    const Box full{Range{0, mlp.rows(l)}, Range{0, mlp.cols(l)}};
-    const Box& mine = boxes[l][rank];
-    std::vector<int64_t> send_counts(world), recv_counts(world, mine.numel());
-    for (int q = 0; q < world; ++q) send_counts[q] = boxes[l][q].numel();
-    send.resize(
-        std::accumulate(send_counts.begin(), send_counts.end(), int64_t{0}));
-    recv.resize(mine.numel() * world);
-    int64_t off = 0;
-    for (int q = 0; q < world; ++q) {
-      CopyRegion(full_g[l].data(), full, send.data() + off, boxes[l][q],
-                 boxes[l][q]);
-      off += send_counts[q];
-    }
-    MUON_RETURN_IF_ERROR(pg->comm->AllToAllV(send.data(), send_counts,
-                                             recv.data(), recv_counts));
-    std::vector<float>& g = params[l].grad;
-    std::copy_n(recv.data(), mine.numel(), g.data());
-    for (int q = 1; q < world; ++q) {
-      const float* part = recv.data() + q * mine.numel();
-      for (int64_t i = 0; i < mine.numel(); ++i) g[i] += part[i];
-    }
-    return absl::OkStatus();
-  };
+  losses_.assign(world_, 0.0f);
+}
 
-  RunResult result;
+absl::Status Trainer::Unshard(int l) {
+  const Box full{Range{0, mlp_.rows(l)}, Range{0, mlp_.cols(l)}};
+  if (single_ || boxes_[l][rank_] == full) {
+    full_w_[l] = params_[l].data;
+    return absl::OkStatus();
+  }
+  std::vector<int64_t> counts(world_);
+  for (int q = 0; q < world_; ++q) counts[q] = boxes_[l][q].numel();
+  gathered_.resize(std::accumulate(counts.begin(), counts.end(), int64_t{0}));
+  MUON_RETURN_IF_ERROR(pg_->comm->AllGatherV(params_[l].data.data(),
+                                             params_[l].data.size(),
+                                             gathered_.data(), counts));
+  int64_t off = 0;
+  for (int q = 0; q < world_; ++q) {
+    CopyRegion(gathered_.data() + off, boxes_[l][q], full_w_[l].data(), full,
+               boxes_[l][q]);
+    off += counts[q];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::ReduceScatter(int l) {
+  const Box full{Range{0, mlp_.rows(l)}, Range{0, mlp_.cols(l)}};
+  const Box& mine = boxes_[l][rank_];
+  std::vector<int64_t> send_counts(world_), recv_counts(world_, mine.numel());
+  for (int q = 0; q < world_; ++q) send_counts[q] = boxes_[l][q].numel();
+  send_.resize(
+      std::accumulate(send_counts.begin(), send_counts.end(), int64_t{0}));
+  recv_.resize(mine.numel() * world_);
+  int64_t off = 0;
+  for (int q = 0; q < world_; ++q) {
+    CopyRegion(full_g_[l].data(), full, send_.data() + off, boxes_[l][q],
+               boxes_[l][q]);
+    off += send_counts[q];
+  }
+  MUON_RETURN_IF_ERROR(pg_->comm->AllToAllV(send_.data(), send_counts,
+                                            recv_.data(), recv_counts));
+  std::vector<float>& g = params_[l].grad;
+  std::copy_n(recv_.data(), mine.numel(), g.data());
+  for (int q = 1; q < world_; ++q) {
+    const float* part = recv_.data() + q * mine.numel();
+    for (int64_t i = 0; i < mine.numel(); ++i) g[i] += part[i];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Gradients(const std::vector<int64_t>& order, int64_t s) {
   const int64_t batch = absl::GetFlag(FLAGS_batch_size);
-  const int64_t micro = batch / world;
-  const int64_t steps_per_epoch = data.train.count / batch;
-  const int epochs = absl::GetFlag(FLAGS_epochs);
-  std::vector<float> x;
-  std::vector<int32_t> y;
-  std::vector<float> losses(world);
-  double step_seconds = 0;  // time inside Muon::Step, summed
-  const absl::Time start = absl::Now();
-  for (int epoch = 0; epoch < epochs; ++epoch) {
-    const std::vector<int64_t> order = EpochOrder(data.train.count, epoch);
-    for (int64_t s = 0; s < steps_per_epoch; ++s) {
-      for (int l = 0; l < layers; ++l) MUON_RETURN_IF_ERROR(unshard(l));
-      if (single) {
-        for (int k = 0; k < world; ++k) {
-          CopySamples(data.train, order, s * batch + k * micro, micro, &x, &y);
-          losses[k] =
-              mlp.ForwardBackward(wptr, x.data(), y.data(), micro, batch, gptr);
-          for (int l = 0; l < layers; ++l) {
-            if (k == 0) {
-              acc_g[l] = full_g[l];
-            } else {
-              for (size_t i = 0; i < acc_g[l].size(); ++i)
-                acc_g[l][i] += full_g[l][i];
-            }
-          }
-        }
-        for (int l = 0; l < layers; ++l) {
-          std::copy(acc_g[l].begin(), acc_g[l].end(), params[l].grad.begin());
-        }
+  const int64_t micro = batch / world_;
+  if (!single_) {
+    CopySamples(data_.train, order, s * batch + rank_ * micro, micro, &x_, &y_);
+    const float mine =
+        mlp_.ForwardBackward(wptr_, x_.data(), y_.data(), micro, batch, gptr_);
+    for (int l = 0; l < layers_; ++l) MUON_RETURN_IF_ERROR(ReduceScatter(l));
+    return pg_->comm->AllGatherV(&mine, 1, losses_.data(),
+                                 std::vector<int64_t>(world_, 1));
+  }
+  for (int k = 0; k < world_; ++k) {
+    CopySamples(data_.train, order, s * batch + k * micro, micro, &x_, &y_);
+    losses_[k] =
+        mlp_.ForwardBackward(wptr_, x_.data(), y_.data(), micro, batch, gptr_);
+    for (int l = 0; l < layers_; ++l) {
+      if (k == 0) {
+        acc_g_[l] = full_g_[l];
       } else {
-        CopySamples(data.train, order, s * batch + rank * micro, micro, &x, &y);
-        const float mine =
-            mlp.ForwardBackward(wptr, x.data(), y.data(), micro, batch, gptr);
-        for (int l = 0; l < layers; ++l)
-          MUON_RETURN_IF_ERROR(reduce_scatter(l));
-        MUON_RETURN_IF_ERROR(pg->comm->AllGatherV(
-            &mine, 1, losses.data(), std::vector<int64_t>(world, 1)));
-      }
-      float total = losses[0];
-      for (int k = 1; k < world; ++k) total += losses[k];
-      const float mean = total / static_cast<float>(batch);
-      result.losses.push_back(mean);
-      const absl::Time step_start = absl::Now();
-      MUON_RETURN_IF_ERROR(opt->Step());
-      step_seconds += absl::ToDoubleSeconds(absl::Now() - step_start);
-      const int64_t step = epoch * steps_per_epoch + s + 1;
-      if (log && (step % absl::GetFlag(FLAGS_log_every) == 0 || step == 1)) {
-        std::printf("[%s] epoch %d step %lld/%lld loss %.5f  (%.1f s)\n",
-                    tag.c_str(), epoch + 1, static_cast<long long>(s + 1),
-                    static_cast<long long>(steps_per_epoch), mean,
-                    absl::ToDoubleSeconds(absl::Now() - start));
-        std::fflush(stdout);
+        for (size_t i = 0; i < acc_g_[l].size(); ++i) {
+          acc_g_[l][i] += full_g_[l][i];
+        }
       }
     }
-    for (int l = 0; l < layers; ++l) MUON_RETURN_IF_ERROR(unshard(l));
-    result.accuracy = TestAccuracy(mlp, wptr, data.test);
-    if (log) {
-      std::printf("[%s] epoch %d test accuracy %.4f\n", tag.c_str(), epoch + 1,
-                  result.accuracy);
-      std::fflush(stdout);
+  }
+  for (int l = 0; l < layers_; ++l) {
+    std::copy(acc_g_[l].begin(), acc_g_[l].end(), params_[l].grad.begin());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Epoch(int epoch, RunResult* result) {
+  const int64_t batch = absl::GetFlag(FLAGS_batch_size);
+  const int64_t steps_per_epoch = data_.train.count / batch;
+  const std::vector<int64_t> order = EpochOrder(data_.train.count, epoch);
+  for (int64_t s = 0; s < steps_per_epoch; ++s) {
+    for (int l = 0; l < layers_; ++l) MUON_RETURN_IF_ERROR(Unshard(l));
+    MUON_RETURN_IF_ERROR(Gradients(order, s));
+    float total = losses_[0];
+    for (int k = 1; k < world_; ++k) total += losses_[k];
+    const float mean = total / static_cast<float>(batch);
+    result->losses.push_back(mean);
+    const absl::Time step_start = absl::Now();
+    MUON_RETURN_IF_ERROR(opt_->Step());
+    step_seconds_ += absl::ToDoubleSeconds(absl::Now() - step_start);
+    const int64_t step = epoch * steps_per_epoch + s + 1;
+    if (step % absl::GetFlag(FLAGS_log_every) == 0 || step == 1) {
+      Log(absl::StrFormat("epoch %d step %lld/%lld loss %.5f  (%.1f s)",
+                          epoch + 1, static_cast<long long>(s + 1),
+                          static_cast<long long>(steps_per_epoch), mean,
+                          absl::ToDoubleSeconds(absl::Now() - start_)));
     }
   }
-  if (log) {
-    const int64_t steps = static_cast<int64_t>(result.losses.size());
-    std::printf("[%s] optimizer step: %.2f ms mean over %lld steps\n",
-                tag.c_str(), steps > 0 ? 1e3 * step_seconds / steps : 0.0,
-                static_cast<long long>(steps));
-    std::fflush(stdout);
+  for (int l = 0; l < layers_; ++l) MUON_RETURN_IF_ERROR(Unshard(l));
+  result->accuracy = TestAccuracy(mlp_, wptr_, data_.test);
+  Log(absl::StrFormat("epoch %d test accuracy %.4f", epoch + 1,
+                      result->accuracy));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RunResult> Trainer::Run() {
+  MUON_RETURN_IF_ERROR(MakeParams());
+  MUON_RETURN_IF_ERROR(MakeOptimizer());
+  MakeFullBuffers();
+  RunResult result;
+  start_ = absl::Now();
+  for (int epoch = 0; epoch < absl::GetFlag(FLAGS_epochs); ++epoch) {
+    MUON_RETURN_IF_ERROR(Epoch(epoch, &result));
   }
-  for (int l = 0; l < layers; ++l) result.weights.push_back(full_w[l]);
-  if (!single) MUON_RETURN_IF_ERROR(pg->comm->Barrier());
+  const int64_t steps = static_cast<int64_t>(result.losses.size());
+  Log(absl::StrFormat("optimizer step: %.2f ms mean over %lld steps",
+                      steps > 0 ? 1e3 * step_seconds_ / steps : 0.0,
+                      static_cast<long long>(steps)));
+  for (int l = 0; l < layers_; ++l) result.weights.push_back(full_w_[l]);
+  if (!single_) MUON_RETURN_IF_ERROR(pg_->comm->Barrier());
   return result;
+}
+
+absl::StatusOr<RunResult> Train(const Data& data, int world, ProcessGroup* pg) {
+  return Trainer(data, world, pg).Run();
 }
 
 absl::Status WriteResult(const std::string& path, const RunResult& r) {
