@@ -297,6 +297,7 @@ muon::v1::ExecutionOptions ToExecutionOptions(const muonrt_options& o) {
   e.set_async_gpu_parallelism(o.async_gpu_parallelism != 0);
   e.set_prefetch_count(o.prefetch_count);
   e.set_replan_every_steps(o.replan_every_steps);
+  if (o.exchange_dtype != nullptr) e.set_exchange_dtype(o.exchange_dtype);
   return e;
 }
 
@@ -570,6 +571,7 @@ void muonrt_options_default(muonrt_options* options) {
   options->bucket_size_bytes = d.bucket_size_bytes();
   options->transactional_step = m.transactional_step ? 1 : 0;
   options->replan_every_steps = d.replan_every_steps();
+  options->exchange_dtype = nullptr;
 }
 
 int muonrt_optimizer_create(muonrt_process_group* pg, int mesh_ndim,

@@ -31,7 +31,7 @@ extern "C" {
 #endif
 
 /* Incremented on any incompatible change of this header. */
-#define MUONRT_ABI_VERSION 7
+#define MUONRT_ABI_VERSION 8
 
 /* Status codes (absl::StatusCode values). */
 #define MUONRT_OK 0
@@ -147,6 +147,11 @@ typedef struct {
    * m x m Gram matrix) or "auto" (per matrix, whichever executes fewer
    * FLOPs); gram and auto CPU only; MuonOptions::ns_method; ABI version 4. */
   const char* ns_method;
+  /* The dtype the exchange between ranks carries: "float32" (NULL; the
+   * single device's bits) or "bfloat16" (half the bytes; the update's
+   * parts sent to an owner and the owner's Newton-Schulz output rounded
+   * to nearest even); execution.exchange_dtype; ABI version 8. */
+  const char* exchange_dtype;
 } muonrt_options;
 
 /* Fills `options` with the defaults above. */

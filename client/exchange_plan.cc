@@ -9,6 +9,17 @@ void Exchange::Finish() {
   recv_total = 0;
   for (int64_t c : send_counts) send_total += c;
   for (int64_t c : recv_counts) recv_total += c;
+  auto words = [](const std::vector<int64_t>& counts, std::vector<int64_t>* out,
+                  int64_t* total) {
+    out->resize(counts.size());
+    *total = 0;
+    for (size_t q = 0; q < counts.size(); ++q) {
+      (*out)[q] = (counts[q] + 1) / 2;
+      *total += (*out)[q];
+    }
+  };
+  words(send_counts, &send_words_bf16, &send_words_bf16_total);
+  words(recv_counts, &recv_words_bf16, &recv_words_bf16_total);
 }
 
 void AddToGather(int rank, int matrix, int owner, const std::vector<Box>& boxes,

@@ -44,8 +44,16 @@ struct Exchange {
   std::vector<RegionCopy> self;               // local copies
   int64_t send_total = 0;  // sums of the counts, set by Finish
   int64_t recv_total = 0;
+  // The bf16 exchange's split sizes (set by Finish): per peer, the fp32
+  // words that carry its bf16 values two by two, ceil(count / 2) (a
+  // peer's part starts on a word boundary), and their sums.
+  std::vector<int64_t> send_words_bf16;
+  std::vector<int64_t> recv_words_bf16;
+  int64_t send_words_bf16_total = 0;
+  int64_t recv_words_bf16_total = 0;
 
-  // Sums the split sizes into send_total / recv_total.
+  // Sums the split sizes into send_total / recv_total and derives the bf16
+  // exchange's words.
   void Finish();
 };
 

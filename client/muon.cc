@@ -504,6 +504,7 @@ absl::Status Muon::MakeDataPath(const DistributedConfig& config,
   ExecutorOptions exec_options;
   exec_options.device = device_;
   exec_options.precision = options_.gpu_precision;
+  exec_options.bf16_exchange = ExchangeIsBf16(config.execution);
   device_wait_timeout_ = exec_options.step_timeout;
   if (device_.is_host()) {
     if (config.ns_engine_factory) {
@@ -588,6 +589,14 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
   if (absl::Status s = CheckConfigExecution(execution); !s.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", state.rank, ": ", s.message()));
+  }
+  if (ExchangeIsBf16(execution) &&
+      (config.gather_fn || config.redistribute_fn)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", state.rank,
+        ": execution.exchange_dtype \"bfloat16\" applies to the built-in "
+        "exchange; custom gather_fn / redistribute_fn carry float32 (leave "
+        "exchange_dtype empty or \"float32\")"));
   }
   auto manifest_of = [&](int r) -> absl::StatusOr<v1::RankManifest> {
     MUON_ASSIGN_OR_RETURN(

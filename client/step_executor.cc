@@ -207,8 +207,11 @@ absl::StatusOr<StepExecutor::BufferSizes> StepExecutor::CompileBuckets(
     const int64_t bucket_elems = PlaceInSlot(&b, &sizes);
     for (Exchange* x : {&b.gather, &b.redistribute}) {
       x->Finish();
-      sizes.max_send = std::max(sizes.max_send, x->send_total);
-      sizes.max_recv = std::max(sizes.max_recv, x->recv_total);
+      const bool bf16 = options_.bf16_exchange;
+      sizes.max_send = std::max(
+          sizes.max_send, bf16 ? x->send_words_bf16_total : x->send_total);
+      sizes.max_recv = std::max(
+          sizes.max_recv, bf16 ? x->recv_words_bf16_total : x->recv_total);
     }
     sizes.max_bucket_elems = std::max(sizes.max_bucket_elems, bucket_elems);
     buckets_.push_back(std::move(b));
@@ -434,44 +437,38 @@ float* StepExecutor::FullO(int m) {
          o_offset_[m];
 }
 
-absl::Status StepExecutor::RunExchange(const Exchange& x, bool to_owner,
-                                       const std::vector<const float*>& updates,
-                                       device::Stream* stream,
-                                       int64_t* bytes_sent,
-                                       int64_t* bytes_received) {
-  // Source and destination of matrix m's data on this rank.
-  auto src_of = [&](int m, Box* holds) -> const float* {
-    const MatrixGeometry& g = geometry_[m];
-    if (to_owner) {
-      *holds = g.boxes[rank_];
-      return updates[g.param_index] + g.offset;
-    }
-    *holds = FullBox(g);
-    return HoldsFull(m) ? LocalO(m) : FullO(m);
-  };
-  auto dst_of = [&](int m, Box* holds) -> float* {
-    const MatrixGeometry& g = geometry_[m];
-    if (to_owner) {
-      *holds = FullBox(g);
-      return FullU(m);
-    }
+const float* StepExecutor::ExchangeSource(
+    int m, bool to_owner, const std::vector<const float*>& updates,
+    Box* holds) {
+  const MatrixGeometry& g = geometry_[m];
+  if (to_owner) {
     *holds = g.boxes[rank_];
-    return LocalO(m);
-  };
-  Box src_holds, dst_holds;
-  for (const RegionCopy& c : x.self) {
-    const float* src = src_of(c.matrix, &src_holds);
-    float* dst = dst_of(c.matrix, &dst_holds);
-    MUON_RETURN_IF_ERROR(
-        kernels_->CopyRegion(stream, src, src_holds, dst, dst_holds, c.region));
+    return updates[g.param_index] + g.offset;
   }
-  if (world_size_ == 1) return absl::OkStatus();
+  *holds = FullBox(g);
+  return HoldsFull(m) ? LocalO(m) : FullO(m);
+}
+
+float* StepExecutor::ExchangeDestination(int m, bool to_owner, Box* holds) {
+  const MatrixGeometry& g = geometry_[m];
+  if (to_owner) {
+    *holds = FullBox(g);
+    return FullU(m);
+  }
+  *holds = g.boxes[rank_];
+  return LocalO(m);
+}
+
+absl::Status StepExecutor::SendRecvFp32(
+    const Exchange& x, bool to_owner, const std::vector<const float*>& updates,
+    device::Stream* stream) {
+  Box holds;
   int64_t off = 0;
   for (int q = 0; q < world_size_; ++q) {
     for (const RegionCopy& c : x.send[q]) {
-      const float* src = src_of(c.matrix, &src_holds);
+      const float* src = ExchangeSource(c.matrix, to_owner, updates, &holds);
       MUON_RETURN_IF_ERROR(kernels_->CopyRegion(
-          stream, src, src_holds, send_buf_.data() + off, c.region, c.region));
+          stream, src, holds, send_buf_.data() + off, c.region, c.region));
       off += c.region.numel();
     }
   }
@@ -481,14 +478,74 @@ absl::Status StepExecutor::RunExchange(const Exchange& x, bool to_owner,
   off = 0;
   for (int q = 0; q < world_size_; ++q) {
     for (const RegionCopy& c : x.recv[q]) {
-      float* dst = dst_of(c.matrix, &dst_holds);
+      float* dst = ExchangeDestination(c.matrix, to_owner, &holds);
       MUON_RETURN_IF_ERROR(kernels_->CopyRegion(
-          stream, recv_buf_.data() + off, c.region, dst, dst_holds, c.region));
+          stream, recv_buf_.data() + off, c.region, dst, holds, c.region));
       off += c.region.numel();
     }
   }
-  *bytes_sent += x.send_total * static_cast<int64_t>(sizeof(float));
-  *bytes_received += x.recv_total * static_cast<int64_t>(sizeof(float));
+  return absl::OkStatus();
+}
+
+absl::Status StepExecutor::SendRecvBf16(
+    const Exchange& x, bool to_owner, const std::vector<const float*>& updates,
+    device::Stream* stream) {
+  // The float buffers hold bf16 values two per word; each peer's part
+  // starts on a word (x.send_words_bf16[q] words).
+  auto* send = reinterpret_cast<kernels::bf16_t*>(send_buf_.data());
+  auto* recv = reinterpret_cast<kernels::bf16_t*>(recv_buf_.data());
+  Box holds;
+  int64_t word = 0;
+  for (int q = 0; q < world_size_; ++q) {
+    kernels::bf16_t* out = send + 2 * word;
+    for (const RegionCopy& c : x.send[q]) {
+      const float* src = ExchangeSource(c.matrix, to_owner, updates, &holds);
+      MUON_RETURN_IF_ERROR(
+          kernels_->PackRegionBf16(stream, src, holds, out, c.region));
+      out += c.region.numel();
+    }
+    word += x.send_words_bf16[q];
+  }
+  MUON_RETURN_IF_ERROR(
+      comm_->AllToAllVOnStream(stream, send_buf_.data(), x.send_words_bf16,
+                               recv_buf_.data(), x.recv_words_bf16));
+  word = 0;
+  for (int q = 0; q < world_size_; ++q) {
+    const kernels::bf16_t* in = recv + 2 * word;
+    for (const RegionCopy& c : x.recv[q]) {
+      float* dst = ExchangeDestination(c.matrix, to_owner, &holds);
+      MUON_RETURN_IF_ERROR(
+          kernels_->UnpackRegionBf16(stream, in, c.region, dst, holds));
+      in += c.region.numel();
+    }
+    word += x.recv_words_bf16[q];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepExecutor::RunExchange(const Exchange& x, bool to_owner,
+                                       const std::vector<const float*>& updates,
+                                       device::Stream* stream,
+                                       int64_t* bytes_sent,
+                                       int64_t* bytes_received) {
+  Box src_holds, dst_holds;
+  for (const RegionCopy& c : x.self) {
+    const float* src = ExchangeSource(c.matrix, to_owner, updates, &src_holds);
+    float* dst = ExchangeDestination(c.matrix, to_owner, &dst_holds);
+    MUON_RETURN_IF_ERROR(
+        kernels_->CopyRegion(stream, src, src_holds, dst, dst_holds, c.region));
+  }
+  if (world_size_ == 1) return absl::OkStatus();
+  constexpr int64_t kWord = sizeof(float);
+  if (options_.bf16_exchange) {
+    MUON_RETURN_IF_ERROR(SendRecvBf16(x, to_owner, updates, stream));
+    *bytes_sent += x.send_words_bf16_total * kWord;
+    *bytes_received += x.recv_words_bf16_total * kWord;
+    return absl::OkStatus();
+  }
+  MUON_RETURN_IF_ERROR(SendRecvFp32(x, to_owner, updates, stream));
+  *bytes_sent += x.send_total * kWord;
+  *bytes_received += x.recv_total * kWord;
   return absl::OkStatus();
 }
 
@@ -534,6 +591,11 @@ absl::Status StepExecutor::Orthogonalize(int b, const StepArgs& args,
     float* o = batch.in_slot ? FullO(m) : LocalO(m);
     MUON_RETURN_IF_ERROR(kernels_->Orthogonalize(stream, u, batch.count, g.rows,
                                                  g.cols, args.rule->ns, o));
+    if (options_.bf16_exchange) {
+      // Every holder, the owner included, applies the same bf16 values.
+      MUON_RETURN_IF_ERROR(
+          kernels_->RoundToBf16(stream, o, batch.count * g.rows * g.cols));
+    }
     flops += batch.count * kernels::NewtonSchulzFlops(
                                g.rows, g.cols,
                                kernels::NewtonSchulzIterations(args.rule->ns));

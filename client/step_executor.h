@@ -118,6 +118,13 @@ struct ExecutorOptions {
   // the communicator (a peer that hangs without an error). Host streams
   // are bounded by the communicator's own timeout.
   absl::Duration step_timeout = absl::Minutes(30);
+  // The gather and the redistribute carry bf16 (half the bytes; as
+  // torchtitan, microsoft/dion and Megatron-LM exchange): the parts of U
+  // sent to an owner are rounded to nearest even (the owner's own part
+  // stays fp32, Newton-Schulz runs in fp32), and the owner rounds O so that
+  // every holder, itself included, applies the same values (replicas stay
+  // equal). false: fp32, the single device's bits.
+  bool bf16_exchange = false;
 };
 
 class StepExecutor {
@@ -280,6 +287,21 @@ class StepExecutor {
                            const std::vector<const float*>& updates,
                            device::Stream* stream, int64_t* bytes_sent,
                            int64_t* bytes_received);
+  // Where local matrix m's data comes from and goes to in an exchange
+  // (the gather when to_owner, else the redistribute), and the box held
+  // there.
+  const float* ExchangeSource(int m, bool to_owner,
+                              const std::vector<const float*>& updates,
+                              Box* holds);
+  float* ExchangeDestination(int m, bool to_owner, Box* holds);
+  // RunExchange's all-to-all(v) with the other ranks: packed fp32, or bf16
+  // two values per word (ExecutorOptions::bf16_exchange).
+  absl::Status SendRecvFp32(const Exchange& ex, bool to_owner,
+                            const std::vector<const float*>& updates,
+                            device::Stream* stream);
+  absl::Status SendRecvBf16(const Exchange& ex, bool to_owner,
+                            const std::vector<const float*>& updates,
+                            device::Stream* stream);
   absl::Status Gather(int b, const StepArgs& args, device::Stream* stream,
                       std::vector<OpRecord>* rec, v1::StreamKind stream_kind);
   absl::Status Orthogonalize(int b, const StepArgs& args,

@@ -374,6 +374,13 @@ absl::Status ValidateExecutionOptions(const v1::ExecutionOptions& e) {
         absl::StrCat("execution.assignment_policy \"", policy,
                      "\" is not a policy (use \"lpt\" or \"round_robin\")"));
   }
+  const std::string& dtype = e.exchange_dtype();
+  if (!dtype.empty() && dtype != "float32" && dtype != "bfloat16") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("execution.exchange_dtype \"", dtype,
+                     "\" is not an exchange dtype (use \"float32\" or "
+                     "\"bfloat16\")"));
+  }
   const std::pair<const char*, int64_t> counts[] = {
       {"bucket_size_bytes", e.bucket_size_bytes()},
       {"prefetch_count", e.prefetch_count()},
@@ -385,6 +392,10 @@ absl::Status ValidateExecutionOptions(const v1::ExecutionOptions& e) {
     }
   }
   return absl::OkStatus();
+}
+
+bool ExchangeIsBf16(const v1::ExecutionOptions& e) {
+  return e.exchange_dtype() == "bfloat16";
 }
 
 absl::Status ValidateJobSpec(const v1::JobSpec& spec, bool per_rank_boxes) {

@@ -69,11 +69,14 @@ int64_t NumMatrices(const google::protobuf::RepeatedField<int64_t>& shape);
 
 // Checks the execution options wherever they come from (a spec file, the
 // C ABI's muonrt_options, DistributedConfig): assignment_policy empty,
-// "lpt" or "round_robin"; bucket_size_bytes, prefetch_count and
-// replan_every_steps >= 0.
+// "lpt" or "round_robin"; exchange_dtype empty, "float32" or "bfloat16";
+// bucket_size_bytes, prefetch_count and replan_every_steps >= 0.
 // Errors: InvalidArgument naming the field and value, e.g.
 //   `execution.prefetch_count is -1; must be >= 0`.
 absl::Status ValidateExecutionOptions(const v1::ExecutionOptions& execution);
+
+// Whether the exchange carries bf16 (execution.exchange_dtype "bfloat16").
+bool ExchangeIsBf16(const v1::ExecutionOptions& execution);
 
 // Checks a spec: its execution options (ValidateExecutionOptions), mesh
 // sizes >= 1 with unique non-empty names, at most

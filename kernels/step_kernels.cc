@@ -25,6 +25,41 @@ class HostStepKernels final : public StepKernels {
     return absl::OkStatus();
   }
 
+  absl::Status PackRegionBf16(device::Stream*, const float* src,
+                              const Box& src_holds, bf16_t* dst,
+                              const Box& region) override {
+    const int64_t ld = src_holds.cols.size();
+    const int64_t n = region.cols.size();
+    for (int64_t i = region.rows.begin; i < region.rows.end; ++i) {
+      const float* s = src + (i - src_holds.rows.begin) * ld +
+                       (region.cols.begin - src_holds.cols.begin);
+      for (int64_t j = 0; j < n; ++j) *dst++ = FloatToBf16(s[j]);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status RoundToBf16(device::Stream*, float* x, int64_t n) override {
+    if (n < 0 || (n > 0 && x == nullptr)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "RoundToBf16: n must be >= 0 and x non-null, got n = ", n));
+    }
+    for (int64_t i = 0; i < n; ++i) x[i] = Bf16ToFloat(FloatToBf16(x[i]));
+    return absl::OkStatus();
+  }
+
+  absl::Status UnpackRegionBf16(device::Stream*, const bf16_t* src,
+                                const Box& region, float* dst,
+                                const Box& dst_holds) override {
+    const int64_t ld = dst_holds.cols.size();
+    const int64_t n = region.cols.size();
+    for (int64_t i = region.rows.begin; i < region.rows.end; ++i) {
+      float* d = dst + (i - dst_holds.rows.begin) * ld +
+                 (region.cols.begin - dst_holds.cols.begin);
+      for (int64_t j = 0; j < n; ++j) d[j] = Bf16ToFloat(*src++);
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status Orthogonalize(device::Stream*, const float* u, int64_t batch,
                              int64_t rows, int64_t cols,
                              const NewtonSchulzOptions& options,

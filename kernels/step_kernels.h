@@ -20,6 +20,7 @@
 #include "common/layout.h"
 #include "device/device.h"
 #include "device/stream.h"
+#include "kernels/bfloat16.h"
 #include "kernels/newton_schulz.h"
 #include "kernels/ns_engine.h"
 
@@ -45,6 +46,31 @@ class StepKernels {
   virtual absl::Status CopyRegion(device::Stream* stream, const float* src,
                                   const Box& src_holds, float* dst,
                                   const Box& dst_holds, const Box& region) = 0;
+
+  // The bf16 exchange's pack: `region` of fp32 `src` (holding
+  // `src_holds`) into `dst` as region.numel() bf16 values, row-major
+  // packed, each rounded to nearest even with NaN kept quiet
+  // (kernels::FloatToBf16: c10::BFloat16's narrowing). Both pointers are
+  // memory of device().
+  // Errors: the CUDA error (host: none).
+  virtual absl::Status PackRegionBf16(device::Stream* stream, const float* src,
+                                      const Box& src_holds, bf16_t* dst,
+                                      const Box& region) = 0;
+
+  // The bf16 exchange's unpack: region.numel() packed bf16 values `src`
+  // widened exactly into `region` of fp32 `dst` (holding `dst_holds`).
+  // Errors: the CUDA error (host: none).
+  virtual absl::Status UnpackRegionBf16(device::Stream* stream,
+                                        const bf16_t* src, const Box& region,
+                                        float* dst, const Box& dst_holds) = 0;
+
+  // x[i] <- the fp32 value of bf16(x[i]) for i in [0, n), rounded as
+  // PackRegionBf16 (the bf16 exchange rounds the owner's Newton-Schulz
+  // output so that every holder applies the same values). `x` is memory
+  // of device().
+  // Errors: InvalidArgument (n < 0, null); the CUDA error.
+  virtual absl::Status RoundToBf16(device::Stream* stream, float* x,
+                                   int64_t n) = 0;
 
   // out[i] = NS_k(u[i]) for `batch` row-major fp32 [rows, cols] matrices
   // stored one after another (matrix i at u + i * rows * cols; the same for

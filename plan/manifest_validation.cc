@@ -153,6 +153,13 @@ absl::Status CheckRankAgreesWithRank0(const v1::RankManifest& m0,
         " prefetch_count=", m0.execution().prefetch_count(),
         "; every rank must use the same execution mode"));
   }
+  if (ExchangeIsBf16(e) != ExchangeIsBf16(m0.execution())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", r, " exchanges ", ExchangeIsBf16(e) ? "bfloat16" : "float32",
+        " but rank 0 exchanges ",
+        ExchangeIsBf16(m0.execution()) ? "bfloat16" : "float32",
+        " (execution.exchange_dtype); every rank must use the same"));
+  }
   if (e.bucket_size_bytes() != m0.execution().bucket_size_bytes()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "rank ", r, " reports bucket_size_bytes ", e.bucket_size_bytes(),

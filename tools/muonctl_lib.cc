@@ -250,26 +250,39 @@ void PrintPlanMatrices(const JobPlan& p, std::ostream& out) {
   }
 }
 
-// Per rank: load, bytes per step and buffer memory (not computed above
-// PlanTraffic's size bound).
+// Per rank: load, bytes per step (fp32 exchange; bf16 in "sent bf16")
+// and buffer memory (not computed above PlanTraffic's size bound); then
+// the whole step's exchange bytes in both dtypes.
 void PrintPlanRanks(const JobPlan& p, std::ostream& out) {
   const std::vector<RankTraffic> t = PlanTraffic(p);
   const bool traffic = !t.empty();
-  out << absl::StrFormat("%-6s %9s %12s %12s %12s %12s %12s\n", "rank",
+  out << absl::StrFormat("%-6s %9s %12s %12s %12s %12s %12s %12s\n", "rank",
                          "matrices", "NS per step", "gathered", "sent",
-                         "received", "peak buffer");
+                         "received", "sent bf16", "peak buffer");
+  int64_t sent = 0, sent_bf16 = 0;
   for (const v1::RankLoad& l : p.plan.loads()) {
     const int r = l.rank();
     out << absl::StrFormat(
-        "%-6d %9d %12s %12s %12s %12s %12s\n", r, l.matrices(),
+        "%-6d %9d %12s %12s %12s %12s %12s %12s\n", r, l.matrices(),
         Flops(l.ns_flops()), traffic ? Bytes(t[r].gathered) : "-",
         traffic ? Bytes(t[r].sent) : "-", traffic ? Bytes(t[r].received) : "-",
+        traffic ? Bytes(t[r].sent_bf16) : "-",
         traffic ? Bytes(t[r].peak_buffer) : "-");
+    if (traffic) {
+      sent += t[r].sent;
+      sent_bf16 += t[r].sent_bf16;
+    }
   }
   if (!traffic) {
     out << "(bytes per rank not computed: ranks^2 x matrices above "
            "kMaxTrafficWork)\n";
+    return;
   }
+  out << absl::StrFormat(
+      "exchange per step, all ranks: %s with float32, %s with bfloat16 "
+      "(execution.exchange_dtype; this spec: %s)\n",
+      Bytes(sent), Bytes(sent_bf16),
+      ExchangeIsBf16(p.layout.execution) ? "bfloat16" : "float32");
 }
 
 int CmdPlan(const PlanFlags& f, std::ostream& out, std::ostream& err) {

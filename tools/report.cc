@@ -67,6 +67,10 @@ std::vector<RankTraffic> PlanTraffic(const JobPlan& job) {
       redistribute.Finish();
       t[r].sent += 4 * (gather.send_total + redistribute.send_total);
       t[r].received += 4 * (gather.recv_total + redistribute.recv_total);
+      t[r].sent_bf16 += 4 * (gather.send_words_bf16_total +
+                             redistribute.send_words_bf16_total);
+      t[r].received_bf16 += 4 * (gather.recv_words_bf16_total +
+                                 redistribute.recv_words_bf16_total);
       t[r].gathered += 4 * gather.recv_total;
       max_send[r] =
           std::max({max_send[r], gather.send_total, redistribute.send_total});

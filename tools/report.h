@@ -18,6 +18,10 @@ namespace muon {
 struct RankTraffic {
   int64_t sent = 0;      // gather + redistribute, to other ranks
   int64_t received = 0;  // gather + redistribute, from other ranks
+  // The same with execution.exchange_dtype "bfloat16": two values per
+  // 4-byte word, each peer's part rounded up to a word.
+  int64_t sent_bf16 = 0;
+  int64_t received_bf16 = 0;
   int64_t gathered = 0;  // received in the gather (as owner)
   // The preallocated buffers: (prefetch + 1) bucket slots of the full U
   // and O of the matrices it owns and does not hold whole, plus the

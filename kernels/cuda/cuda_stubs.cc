@@ -87,6 +87,20 @@ absl::Status DecayAndApplyBf16(uint16_t*, const float*, int64_t, double, double,
   return NoCuda("DecayAndApplyBf16");
 }
 
+absl::Status PackBf16(const float*, int64_t, int64_t, int64_t, uint16_t*,
+                      void*) {
+  return NoCuda("PackBf16");
+}
+
+absl::Status RoundToBf16(float*, int64_t, void*) {
+  return NoCuda("RoundToBf16");
+}
+
+absl::Status UnpackBf16(const uint16_t*, int64_t, int64_t, float*, int64_t,
+                        void*) {
+  return NoCuda("UnpackBf16");
+}
+
 DeviceBuffer::~DeviceBuffer() = default;
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)),

@@ -161,6 +161,48 @@ absl::Status LaunchMomentumNesterov(float* buf, const GradT* grad, int64_t n,
   return absl::OkStatus();
 }
 
+__global__ void PackBf16Kernel(const float* __restrict__ src, int64_t src_ld,
+                               int64_t rows, int64_t cols,
+                               uint16_t* __restrict__ dst) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+       i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    dst[i] = FloatToBf16Bits(src[(i / cols) * src_ld + i % cols]);
+  }
+}
+
+__global__ void UnpackBf16Kernel(const uint16_t* __restrict__ src, int64_t rows,
+                                 int64_t cols, float* __restrict__ dst,
+                                 int64_t dst_ld) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+       i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    dst[(i / cols) * dst_ld + i % cols] = Bf16BitsToFloat(src[i]);
+  }
+}
+
+__global__ void RoundToBf16Kernel(float* __restrict__ x, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+       i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    x[i] = Bf16BitsToFloat(FloatToBf16Bits(x[i]));
+  }
+}
+
+// The checks of PackBf16 and UnpackBf16.
+absl::Status CheckBf16Block(const char* fn, const void* a, const void* b,
+                            int64_t rows, int64_t cols, int64_t ld) {
+  if (rows < 0 || cols < 0 || ld < cols) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        fn, ": rows ", rows, ", cols ", cols, ", leading dimension ", ld,
+        "; need rows, cols >= 0 and a leading dimension >= cols"));
+  }
+  if (rows * cols > 0 && (a == nullptr || b == nullptr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(fn, ": pointers must be non-null"));
+  }
+  return absl::OkStatus();
+}
+
 template <typename T>
 absl::Status LaunchFirstNonFinite(const T* x, int64_t n, int64_t* first,
                                   void* stream) {
@@ -260,6 +302,47 @@ absl::Status DecayAndApplyBf16(uint16_t* param, const float* update, int64_t n,
         <<<Blocks(n), kThreads, 0, s>>>(param, update, n, decay, alpha);
   }
   MUON_CUDA_RETURN_IF_LAUNCH_FAILED("DecayAndApplyBf16Kernel");
+  return absl::OkStatus();
+}
+
+absl::Status PackBf16(const float* src, int64_t src_ld, int64_t rows,
+                      int64_t cols, uint16_t* dst, void* stream) {
+  if (absl::Status s = CheckBf16Block("PackBf16", src, dst, rows, cols, src_ld);
+      !s.ok()) {
+    return s;
+  }
+  if (rows * cols == 0) return absl::OkStatus();
+  PackBf16Kernel<<<Blocks(rows * cols), kThreads, 0,
+                   static_cast<cudaStream_t>(stream)>>>(src, src_ld, rows, cols,
+                                                        dst);
+  MUON_CUDA_RETURN_IF_LAUNCH_FAILED("PackBf16Kernel");
+  return absl::OkStatus();
+}
+
+absl::Status RoundToBf16(float* x, int64_t n, void* stream) {
+  if (n < 0 || (n > 0 && x == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RoundToBf16: n must be >= 0 and x non-null, got n = ", n));
+  }
+  if (n == 0) return absl::OkStatus();
+  RoundToBf16Kernel<<<Blocks(n), kThreads, 0,
+                      static_cast<cudaStream_t>(stream)>>>(x, n);
+  MUON_CUDA_RETURN_IF_LAUNCH_FAILED("RoundToBf16Kernel");
+  return absl::OkStatus();
+}
+
+absl::Status UnpackBf16(const uint16_t* src, int64_t rows, int64_t cols,
+                        float* dst, int64_t dst_ld, void* stream) {
+  if (absl::Status s =
+          CheckBf16Block("UnpackBf16", src, dst, rows, cols, dst_ld);
+      !s.ok()) {
+    return s;
+  }
+  if (rows * cols == 0) return absl::OkStatus();
+  UnpackBf16Kernel<<<Blocks(rows * cols), kThreads, 0,
+                     static_cast<cudaStream_t>(stream)>>>(src, rows, cols, dst,
+                                                          dst_ld);
+  MUON_CUDA_RETURN_IF_LAUNCH_FAILED("UnpackBf16Kernel");
   return absl::OkStatus();
 }
 

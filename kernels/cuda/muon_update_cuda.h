@@ -89,6 +89,26 @@ absl::Status DecayAndApplyBf16(uint16_t* param, const float* update, int64_t n,
                                double lr, double weight_decay,
                                double adjusted_lr, FmaMode mode, void* stream);
 
+// Narrows a [rows, cols] block of fp32 `src` (device memory, row stride
+// `src_ld` floats) into `dst` (device memory, rows * cols bf16 bits,
+// row-major packed), each value rounded to nearest even with NaN kept
+// quiet (kernels::FloatToBf16's bits), on `stream`.
+// Errors: InvalidArgument (negative sizes, src_ld < cols, null); Internal
+// (launch).
+absl::Status PackBf16(const float* src, int64_t src_ld, int64_t rows,
+                      int64_t cols, uint16_t* dst, void* stream);
+
+// x[i] <- the fp32 value of bf16(x[i]) (PackBf16's rounding), i in
+// [0, n), x device memory, on `stream`.
+// Errors: InvalidArgument (n < 0, null); Internal (launch).
+absl::Status RoundToBf16(float* x, int64_t n, void* stream);
+
+// Widens rows * cols packed bf16 bits `src` (device memory) exactly into a
+// [rows, cols] block of fp32 `dst` (device memory, row stride `dst_ld`).
+// Errors: as PackBf16.
+absl::Status UnpackBf16(const uint16_t* src, int64_t rows, int64_t cols,
+                        float* dst, int64_t dst_ld, void* stream);
+
 }  // namespace cuda
 }  // namespace kernels
 }  // namespace muon

@@ -57,6 +57,31 @@ class CudaStepKernels final : public StepKernels {
     return absl::OkStatus();
   }
 
+  absl::Status PackRegionBf16(device::Stream* stream, const float* src,
+                              const Box& src_holds, bf16_t* dst,
+                              const Box& region) override {
+    const int64_t ld = src_holds.cols.size();
+    const float* from = src + (region.rows.begin - src_holds.rows.begin) * ld +
+                        (region.cols.begin - src_holds.cols.begin);
+    return cuda::PackBf16(from, ld, region.rows.size(), region.cols.size(), dst,
+                          stream->native_handle());
+  }
+
+  absl::Status RoundToBf16(device::Stream* stream, float* x,
+                           int64_t n) override {
+    return cuda::RoundToBf16(x, n, stream->native_handle());
+  }
+
+  absl::Status UnpackRegionBf16(device::Stream* stream, const bf16_t* src,
+                                const Box& region, float* dst,
+                                const Box& dst_holds) override {
+    const int64_t ld = dst_holds.cols.size();
+    float* to = dst + (region.rows.begin - dst_holds.rows.begin) * ld +
+                (region.cols.begin - dst_holds.cols.begin);
+    return cuda::UnpackBf16(src, region.rows.size(), region.cols.size(), to, ld,
+                            stream->native_handle());
+  }
+
   absl::Status Orthogonalize(device::Stream* stream, const float* u,
                              int64_t batch, int64_t rows, int64_t cols,
                              const NewtonSchulzOptions& options,

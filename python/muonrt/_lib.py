@@ -27,7 +27,7 @@ import os
 import threading
 
 # Must equal MUONRT_ABI_VERSION of capi/muonrt.h.
-ABI_VERSION = 7
+ABI_VERSION = 8
 
 # Status codes (absl::StatusCode values, capi/muonrt.h).
 OK = 0
@@ -201,6 +201,7 @@ class muonrt_options(ctypes.Structure):
         ("transactional_step", ctypes.c_int),
         ("replan_every_steps", ctypes.c_int),
         ("ns_method", ctypes.c_char_p),
+        ("exchange_dtype", ctypes.c_char_p),
     ]
 
 

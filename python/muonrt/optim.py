@@ -200,6 +200,8 @@ def _options_struct(defaults, runtime):
     opts.bucket_size_bytes = int(runtime["bucket_size_bytes"])
     opts.transactional_step = 1 if runtime["transactional_step"] else 0
     opts.replan_every_steps = int(runtime["replan_every_steps"])
+    if runtime["exchange_dtype"]:
+        opts.exchange_dtype = str(runtime["exchange_dtype"]).encode()
     return opts
 
 class Muon(torch.optim.Optimizer):
@@ -238,7 +240,12 @@ class Muon(torch.optim.Optimizer):
         sum(numel * (element bytes + 4)) bytes per rank),
         replan_every_steps (int, 0 = never: every this many steps the
         coordinator re-plans from the ranks' measured Newton-Schulz times;
-        results stay bitwise the same).
+        results stay bitwise the same), exchange_dtype ("float32" (None):
+        the single device's bits | "bfloat16": the gather and redistribute
+        carry half the bytes, as torchtitan, microsoft/dion and Megatron-LM
+        do; the update's parts sent to an owner and the owner's
+        Newton-Schulz output are rounded to nearest even, every replica
+        applies the same values).
 
     Raises at construction: ValueError (torch's argument errors; a
     parameter that is not 2-D, with torch's message and its name; not
@@ -259,7 +266,7 @@ class Muon(torch.optim.Optimizer):
                  async_gpu_parallelism=False,
                  prefetch_count=0, assignment_policy=None,
                  bucket_size_bytes=0, transactional_step=False,
-                 replan_every_steps=0):
+                 replan_every_steps=0, exchange_dtype=None):
         self._handle = None
         self._created = False
         # The Python types torch.optim.Muon.__init__ checks; the values are
@@ -287,7 +294,8 @@ class Muon(torch.optim.Optimizer):
             assignment_policy=assignment_policy,
             bucket_size_bytes=bucket_size_bytes,
             transactional_step=transactional_step,
-            replan_every_steps=replan_every_steps)
+            replan_every_steps=replan_every_steps,
+            exchange_dtype=exchange_dtype)
         # torch.optim.Muon's argument checks (its messages; torch checks
         # ns_steps at the first step, the library now) and the runtime
         # options': the library's, raised as InvalidArgumentError

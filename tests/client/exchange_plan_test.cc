@@ -137,5 +137,19 @@ TEST(ExchangePlanTest, ColumnShards_RegionsAreColumnBoxes) {
   EXPECT_EQ(owner.gather.recv_counts, (Counts{12, 0}));
 }
 
+// The bf16 exchange's words: each peer's values two per 4-byte word,
+// rounded up per peer (so that every peer's part starts on a word).
+TEST(ExchangeTest, Finish_Bf16WordsAreHalfTheCountsRoundedUpPerPeer) {
+  Exchange x(4);
+  x.send_counts = {0, 1, 6, 7};
+  x.recv_counts = {3, 0, 2, 9};
+  x.Finish();
+  EXPECT_EQ(x.send_total, 14);
+  EXPECT_EQ(x.send_words_bf16, (std::vector<int64_t>{0, 1, 3, 4}));
+  EXPECT_EQ(x.send_words_bf16_total, 8);
+  EXPECT_EQ(x.recv_words_bf16, (std::vector<int64_t>{2, 0, 1, 5}));
+  EXPECT_EQ(x.recv_words_bf16_total, 8);
+}
+
 }  // namespace
 }  // namespace muon

@@ -120,6 +120,51 @@ TEST(HostStepKernelsTest, Copy_CopiesBytes_BadArgumentsRefused) {
       absl::IsInvalidArgument(k->Copy(nullptr, dst.data(), nullptr, 4)));
 }
 
+// A [6, 5] matrix holding box rows [2, 8) x cols [1, 6); the region rows
+// [3, 6) x cols [2, 5) packs to 9 bf16 values, row-major, each
+// FloatToBf16 of its element; unpacking them into a zeroed copy restores
+// exactly those elements widened and leaves the rest zero.
+const Box kHolds{Range{2, 8}, Range{1, 6}};
+const Box kRegion{Range{3, 6}, Range{2, 5}};
+
+TEST(HostStepKernelsTest, PackUnpackRegionBf16_RoundsRegionToNearestEven) {
+  std::unique_ptr<StepKernels> k = MakeHostStepKernels(nullptr);
+  std::vector<float> m = Random(kHolds.numel(), 5);
+  m[(3 - 2) * 5 + (2 - 1)] = 1.0f + 0x1p-8f;  // a tie: rounds to even, 1
+  std::vector<bf16_t> packed(kRegion.numel(), 0xffff);
+  ASSERT_TRUE(
+      k->PackRegionBf16(nullptr, m.data(), kHolds, packed.data(), kRegion)
+          .ok());
+  EXPECT_EQ(packed[0], FloatToBf16(1.0f));
+  std::vector<float> back(kHolds.numel(), 0.0f);
+  ASSERT_TRUE(
+      k->UnpackRegionBf16(nullptr, packed.data(), kRegion, back.data(), kHolds)
+          .ok());
+  int64_t i = 0;
+  for (int64_t r = kHolds.rows.begin; r < kHolds.rows.end; ++r) {
+    for (int64_t c = kHolds.cols.begin; c < kHolds.cols.end; ++c, ++i) {
+      const bool inside = r >= kRegion.rows.begin && r < kRegion.rows.end &&
+                          c >= kRegion.cols.begin && c < kRegion.cols.end;
+      EXPECT_EQ(back[i], inside ? Bf16ToFloat(FloatToBf16(m[i])) : 0.0f)
+          << "row " << r << " col " << c;
+    }
+  }
+}
+
+TEST(HostStepKernelsTest, RoundToBf16_EachValueToItsBf16) {
+  std::unique_ptr<StepKernels> k = MakeHostStepKernels(nullptr);
+  std::vector<float> x = Random(kN, 6);
+  const std::vector<float> before = x;
+  ASSERT_TRUE(k->RoundToBf16(nullptr, x.data(), kN).ok());
+  for (int64_t i = 0; i < kN; ++i) {
+    ASSERT_EQ(x[i], Bf16ToFloat(FloatToBf16(before[i]))) << i;
+    // Relative error at most 2^-9 (round to nearest, 8 significant bits).
+    ASSERT_LE(std::fabs(x[i] - before[i]), std::ldexp(std::fabs(before[i]), -8))
+        << i;
+  }
+  EXPECT_TRUE(absl::IsInvalidArgument(k->RoundToBf16(nullptr, x.data(), -1)));
+}
+
 // The CUDA kernels of cuda:0 on a stream, against the host kernels.
 class CudaStepKernelsTest : public ::testing::Test {
  protected:
@@ -210,6 +255,39 @@ TEST_F(CudaStepKernelsTest, FirstNonFinite_SameIndexAsHost) {
                                    first.data())
                   .ok());
   EXPECT_EQ(ToHost(first)[0], 54321);
+}
+
+TEST_F(CudaStepKernelsTest, Bf16PackUnpackAndRound_BitwiseHost) {
+  std::unique_ptr<StepKernels> host = MakeHostStepKernels(nullptr);
+  const std::vector<float> m = Random(kHolds.numel(), 7);
+  std::vector<bf16_t> packed(kRegion.numel());
+  ASSERT_TRUE(
+      host->PackRegionBf16(nullptr, m.data(), kHolds, packed.data(), kRegion)
+          .ok());
+  device::DeviceBuffer<float> d_m = ToDevice(m);
+  device::DeviceBuffer<bf16_t> d_packed =
+      ToDevice(std::vector<bf16_t>(kRegion.numel(), 0));
+  ASSERT_TRUE(kernels_
+                  ->PackRegionBf16(stream_.get(), d_m.data(), kHolds,
+                                   d_packed.data(), kRegion)
+                  .ok());
+  EXPECT_EQ(ToHost(d_packed), packed);
+  std::vector<float> back(kHolds.numel(), 0.0f);
+  ASSERT_TRUE(host->UnpackRegionBf16(nullptr, packed.data(), kRegion,
+                                     back.data(), kHolds)
+                  .ok());
+  device::DeviceBuffer<float> d_back =
+      ToDevice(std::vector<float>(kHolds.numel(), 0.0f));
+  ASSERT_TRUE(kernels_
+                  ->UnpackRegionBf16(stream_.get(), d_packed.data(), kRegion,
+                                     d_back.data(), kHolds)
+                  .ok());
+  EXPECT_TRUE(SameBits(ToHost(d_back), back));
+  std::vector<float> x = Random(kN, 8);
+  device::DeviceBuffer<float> d_x = ToDevice(x);
+  ASSERT_TRUE(host->RoundToBf16(nullptr, x.data(), kN).ok());
+  ASSERT_TRUE(kernels_->RoundToBf16(stream_.get(), d_x.data(), kN).ok());
+  EXPECT_TRUE(SameBits(ToHost(d_x), x));
 }
 
 TEST_F(CudaStepKernelsTest, WithoutComputeStream_NoNewtonSchulz) {

@@ -317,6 +317,19 @@ TEST(ManifestValidationTest,
       StatusIs(kInvalid, HasSubstr("rank 1 reports bucket_size_bytes 4096")));
 }
 
+// "float32" and empty are the same exchange; "bfloat16" on one rank only
+// would make the ranks' all-to-all sizes disagree.
+TEST(ManifestValidationTest,
+     ValidateManifests_ExchangeDtypeDisagrees_ReturnsInvalidArgument) {
+  std::vector<v1::RankManifest> m = Manifests(FourRankSpec());
+  m[1].mutable_execution()->set_exchange_dtype("float32");
+  EXPECT_THAT(ValidateManifests(m), IsOk());
+  m[3].mutable_execution()->set_exchange_dtype("bfloat16");
+  EXPECT_THAT(ValidateManifests(m),
+              StatusIs(kInvalid, HasSubstr("rank 3 exchanges bfloat16 but "
+                                           "rank 0 exchanges float32")));
+}
+
 TEST(ManifestValidationTest, ValidateManifests_TwoDim_OneMatrixPerParam) {
   absl::StatusOr<JobLayout> layout =
       ValidateManifests(Manifests(FourRankSpec()));

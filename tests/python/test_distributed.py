@@ -136,6 +136,40 @@ def test_other_layouts_match_single_process_bitwise(single, tmp_path,
     check_ranks(tmp_path, n, layout_name, single[0])
 
 
+@pytest.mark.parametrize("layout_name, n", [("fsdp", 4), ("hsdp", 4)])
+def test_bf16_exchange_close_to_single_process_and_replicas_equal(
+        single, tmp_path, layout_name, n):
+    """exchange_dtype="bfloat16": the momentum stays bitwise the one-process
+    one (computed locally), the parameters within 2^-7 x lr x steps of it
+    (the C++ test's bound, with lr and steps of this worker), every replica
+    of a shard equal (the C++ test also checks the bytes halve)."""
+    lib = library_or_skip()
+    launch_muonrun(n, ["--layout", layout_name, "--steps", str(STEPS),
+                       "--out", str(tmp_path), "--exchange-dtype",
+                       "bfloat16"], lib)
+    _, sizes, placements = muon_worker.layout(layout_name, n)
+    lr = muon_worker.OPTIONS["lr"]
+    bound = STEPS * 2 * lr * 2.0 ** -7
+    seen = {}
+    worst = 0.0
+    for rank in range(n):
+        r = torch.load(os.path.join(tmp_path, f"rank_{rank}.pt"))
+        for name in muon_worker.SHAPES:
+            want = muon_worker.local_shard(single[0]["params"][name],
+                                           sizes, placements[name], rank)
+            got = r["params"][name]
+            if got.numel() > 0:  # empty shards hold nothing
+                worst = max(worst, (got - want).abs().max().item())
+            want_m = muon_worker.local_shard(single[0]["momentum"][name],
+                                             sizes, placements[name], rank)
+            assert torch.equal(r["momentum"][name], want_m), (rank, name)
+            key = (name, want.numpy().tobytes())  # the region's contents
+            if key in seen:
+                assert torch.equal(seen[key], got), (rank, name)
+            seen[key] = got
+    assert 0 < worst <= bound, (worst, bound)
+
+
 def test_pipeline_stages_with_sub_mesh(single, tmp_path):
     """Mesh pp=2, each rank holds only its stage's parameters (sub_mesh
     "pp=<stage>"): bitwise the one-process result, each matrix owned within

@@ -34,6 +34,8 @@ def named(*shapes, dtype=torch.float32):
     ({"assignment_policy": "fastest"},
      'execution.assignment_policy "fastest" is not a policy'),
     ({"ns_schedule": "cubic"}, 'ns_schedule "cubic" is not supported'),
+    ({"exchange_dtype": "float16"},
+     'execution.exchange_dtype "float16" is not an exchange dtype'),
 ])
 def test_torch_argument_errors(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):

@@ -607,23 +607,28 @@ TEST(MuonctlCliTest, Plan_ScaledUnitsAndBytesPerRankPerStep) {
   EXPECT_THAT(out.str(), ::testing::Not(HasSubstr("e+")));
   int owners = 0, others = 0;
   for (absl::string_view line : absl::StrSplit(out.str(), '\n')) {
-    // rank matrices NS(value unit) gathered sent received peak (value unit)
+    // rank matrices NS(value unit) gathered sent received, sent bf16
+    // (two values per word: half), peak (value unit)
     std::vector<std::string> t = absl::StrSplit(line, ' ', absl::SkipEmpty());
-    if (t.size() != 12 || t[0].size() != 1 || !isdigit(t[0][0])) continue;
+    if (t.size() != 14 || t[0].size() != 1 || !isdigit(t[0][0])) continue;
     if (t[1] == "1") {
       ++owners;
       EXPECT_EQ(absl::StrJoin(t.begin() + 4, t.end(), " "),
-                "192 B 192 B 192 B 896 B")
+                "192 B 192 B 192 B 96 B 896 B")
           << line;
     } else {
       ++others;
       EXPECT_EQ(absl::StrJoin(t.begin() + 4, t.end(), " "),
-                "0 B 64 B 64 B 128 B")
+                "0 B 64 B 64 B 32 B 128 B")
           << line;
     }
   }
   EXPECT_EQ(owners, 1) << out.str();
   EXPECT_EQ(others, 3) << out.str();
+  // 192 + 3 x 64 bytes sent by all ranks, half with bf16.
+  EXPECT_THAT(out.str(),
+              HasSubstr("exchange per step, all ranks: 384 B with float32, "
+                        "192 B with bfloat16"));
 }
 
 TEST(MuonctlCliTest, Status_RankLost_ExitsOneNamingIt) {

@@ -91,7 +91,7 @@ def problem(steps, seed=1234):
 
 
 def run(layout_name, steps, out, save_at=None, ckpt=None, resume=None,
-        start=0, pg=None):
+        start=0, pg=None, exchange_dtype=None):
     rank = pg.rank if pg else 0
     world = pg.world_size if pg else 1
     init, grads = problem(steps)
@@ -129,6 +129,8 @@ def run(layout_name, steps, out, save_at=None, ckpt=None, resume=None,
         kw = dict(process_group=pg)
     else:
         params = {n: torch.nn.Parameter(t) for n, t in local.items()}
+    if exchange_dtype:
+        kw["exchange_dtype"] = exchange_dtype
     opt = muonrt.Muon(list(params.items()), **OPTIONS, **kw)
     if resume:
         opt.load_checkpoint(ckpt)
@@ -172,12 +174,13 @@ def main():
     ap.add_argument("--ckpt")
     ap.add_argument("--resume")
     ap.add_argument("--start", type=int, default=0)
+    ap.add_argument("--exchange-dtype")
     args = ap.parse_args()
     pg = None
     if args.layout != "single":
         pg = muonrt.init_process_group(timeout=60)
     run(args.layout, args.steps, args.out, args.save_at, args.ckpt,
-        args.resume, args.start, pg)
+        args.resume, args.start, pg, args.exchange_dtype)
     if pg is not None:
         pg.barrier()
         muonrt.destroy_process_group()
