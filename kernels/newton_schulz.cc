@@ -331,9 +331,13 @@ int64_t NewtonSchulzWorkspace::CapacityBytes() const {
                               sizeof(float));
 }
 
-absl::Status NewtonSchulz(const float* u, int64_t rows, int64_t cols,
-                          const NewtonSchulzOptions& options, float* out,
-                          NewtonSchulzWorkspace* workspace) {
+namespace {
+
+// NewtonSchulz's argument checks (its errors).
+absl::Status CheckNewtonSchulzArguments(const float* u, int64_t rows,
+                                        int64_t cols,
+                                        const NewtonSchulzOptions& options,
+                                        const float* out) {
   if (rows < 1 || cols < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "NewtonSchulz: matrix shape must be positive, got rows=", rows,
@@ -359,7 +363,19 @@ absl::Status NewtonSchulz(const float* u, int64_t rows, int64_t cols,
   if (out_begin < u_begin + bytes && u_begin < out_begin + bytes) {
     return absl::InvalidArgumentError("NewtonSchulz: out must not overlap u");
   }
+  return absl::OkStatus();
+}
 
+}  // namespace
+
+absl::Status NewtonSchulz(const float* u, int64_t rows, int64_t cols,
+                          const NewtonSchulzOptions& options, float* out,
+                          NewtonSchulzWorkspace* workspace) {
+  if (absl::Status s = CheckNewtonSchulzArguments(u, rows, cols, options, out);
+      !s.ok()) {
+    return s;
+  }
+  const int64_t size = rows * cols;
   NewtonSchulzWorkspace local;
   NewtonSchulzWorkspace* ws = workspace != nullptr ? workspace : &local;
   ws->Reserve(rows, cols);

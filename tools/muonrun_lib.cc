@@ -595,12 +595,13 @@ absl::StatusOr<std::vector<std::string>> WithJobSecret(
   return base;
 }
 
-absl::StatusOr<RunRanksResult> RunRanks(const MuonrunOptions& o,
-                                        std::ostream& err) {
-  MUON_ASSIGN_OR_RETURN(const std::vector<std::string> base,
-                        WithJobSecret(o, CurrentEnvironment()));
-  std::vector<Child> children;
-  const absl::Time start = absl::Now();
+namespace {
+
+// Starts this node's nproc_per_node ranks into *children; on a failure
+// kills those started and returns the error.
+absl::Status StartRanks(const MuonrunOptions& o,
+                        const std::vector<std::string>& base,
+                        std::vector<Child>* children) {
   for (int local = 0; local < o.nproc_per_node; ++local) {
     Child c;
     c.local_rank = local;
@@ -609,67 +610,93 @@ absl::StatusOr<RunRanksResult> RunRanks(const MuonrunOptions& o,
         o.program, MergeEnvironment(base, RankEnvironment(o, local, base)),
         c.rank, o.rank_prefix ? &c.forwarders : nullptr);
     if (!pid.ok()) {
-      StopChildren(children, SIGKILL, absl::ZeroDuration());
+      StopChildren(*children, SIGKILL, absl::ZeroDuration());
       return pid.status();
     }
     c.pid = *pid;
-    children.push_back(c);
+    children->push_back(c);
   }
-  const absl::Time deadline = o.timeout == absl::InfiniteDuration()
-                                  ? absl::InfiniteFuture()
-                                  : start + o.timeout;
-  RunRanksResult result;
-  int stop_signal = 0;
+  return absl::OkStatus();
+}
+
+// Reaps ranks until every one has exited, one failed (recorded in
+// *result), a signal arrived or `deadline` passed; returns the signal to
+// stop the others with (0: none left).
+int WaitForRanks(const MuonrunOptions& o, absl::Time deadline,
+                 std::vector<Child>& children, RunRanksResult* result,
+                 std::ostream& err) {
   while (Running(children) > 0) {
     bool progressed = false;
     for (Child& c : children) {
       if (c.done || !Reap(c, /*block=*/false)) continue;
       progressed = true;
-      if (c.exit.failed() && !result.first_failure.has_value()) {
-        result.first_failure = c.exit;
+      if (c.exit.failed() && !result->first_failure.has_value()) {
+        result->first_failure = c.exit;
         err << "muonrun: rank " << c.rank << " (local rank " << c.local_rank
             << ", pid " << c.pid << ") failed first: " << c.exit.Describe()
             << "\n";
         err.flush();
       }
     }
-    if (result.first_failure.has_value()) {
-      stop_signal = SIGTERM;
-      break;
-    }
+    if (result->first_failure.has_value()) return SIGTERM;
     if (g_received_signal != 0) {
-      result.received_signal = g_received_signal;
-      stop_signal = result.received_signal;
-      err << "muonrun: received " << SignalName(stop_signal) << "\n";
-      break;
+      result->received_signal = g_received_signal;
+      err << "muonrun: received " << SignalName(result->received_signal)
+          << "\n";
+      return result->received_signal;
     }
     if (absl::Now() >= deadline) {
-      result.timed_out = true;
-      stop_signal = SIGTERM;
+      result->timed_out = true;
       err << "muonrun: timed out: ranks still running after "
           << absl::FormatDuration(o.timeout) << " (--timeout_s)\n";
-      break;
+      return SIGTERM;
     }
     if (!progressed) {
       absl::SleepFor(std::min(kPollInterval, deadline - absl::Now()));
     }
   }
+  return 0;
+}
+
+// Stops the ranks still running with `stop_signal` (SIGKILL after the
+// grace period) and whatever they started in their process groups.
+void StopRanks(const MuonrunOptions& o, int stop_signal,
+               std::vector<Child>& children, RunRanksResult* result,
+               std::ostream& err) {
   const int running = Running(children);
   if (running > 0) {
     err << "muonrun: stopping " << Ranks(running) << " ("
         << SignalName(stop_signal) << ", SIGKILL after "
         << absl::FormatDuration(o.grace) << ")\n";
     err.flush();
-    result.stopped = running;
-    result.killed = StopChildren(children, stop_signal, o.grace);
+    result->stopped = running;
+    result->killed = StopChildren(children, stop_signal, o.grace);
     err << "muonrun: stopped " << Ranks(running);
-    if (result.killed > 0) err << " (" << result.killed << " needed SIGKILL)";
+    if (result->killed > 0) {
+      err << " (" << result->killed << " needed SIGKILL)";
+    }
     err << "\n";
   }
   if (stop_signal != 0) {
-    // Whatever the ranks started in their process groups goes too.
     for (const Child& c : children) kill(-c.pid, SIGKILL);
   }
+}
+
+}  // namespace
+
+absl::StatusOr<RunRanksResult> RunRanks(const MuonrunOptions& o,
+                                        std::ostream& err) {
+  MUON_ASSIGN_OR_RETURN(const std::vector<std::string> base,
+                        WithJobSecret(o, CurrentEnvironment()));
+  std::vector<Child> children;
+  const absl::Time start = absl::Now();
+  MUON_RETURN_IF_ERROR(StartRanks(o, base, &children));
+  const absl::Time deadline = o.timeout == absl::InfiniteDuration()
+                                  ? absl::InfiniteFuture()
+                                  : start + o.timeout;
+  RunRanksResult result;
+  const int stop_signal = WaitForRanks(o, deadline, children, &result, err);
+  StopRanks(o, stop_signal, children, &result, err);
   // The ranks' last lines: the forwarders drain their pipes and stop.
   std::cerr.flush();
   for (Child& c : children) c.forwarders.clear();

@@ -25,6 +25,7 @@
 #include "client/muon.h"
 #include "comm/gloo_communicator.h"
 #include "common/layout.h"
+#include "common/status_macros.h"
 #include "server/coordinator_service.h"
 #include "server/local_coordination_client.h"
 
@@ -69,6 +70,67 @@ struct Result {
   int64_t plan_buckets = 0;
 };
 
+// This rank's shards of `shapes` under FSDP Shard(0) on `mesh`: fixed
+// data, a deterministic gradient pattern.
+std::vector<Parameter> RankParams(const std::vector<Shape>& shapes,
+                                  const Mesh& mesh, int rank) {
+  std::vector<Parameter> params(shapes.size());
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    absl::StatusOr<Box> box =
+        LocalBox(shapes[i].rows, shapes[i].cols, {Placement::Shard(0)}, mesh,
+                 mesh.Coord(rank));
+    Parameter& p = params[i];
+    p.name = shapes[i].name;
+    p.global_shape = {shapes[i].rows, shapes[i].cols};
+    p.local_shape = {box->rows.size(), box->cols.size()};
+    p.data.assign(box->numel(), 0.01f);
+    p.grad.resize(box->numel());
+    for (int64_t k = 0; k < box->numel(); ++k) {
+      p.grad[k] =
+          static_cast<float>((k * 2654435761u + i) % 1000) * 1e-3f - 0.5f;
+    }
+  }
+  return params;
+}
+
+// One rank of RunMode: its Gloo group, optimizer and timed steps (ms, after
+// the warmup) into *times; its buffers and bucket count into *result.
+absl::Status RunRank(int rank, int world, CoordinationClient* client,
+                     const std::vector<Shape>& shapes, bool async, int prefetch,
+                     std::vector<double>* times, Result* result) {
+  GlooOptions go;
+  go.prefix = "gloo/bench";
+  MUON_ASSIGN_OR_RETURN(std::unique_ptr<GlooCommunicator> comm,
+                        GlooCommunicator::Create(rank, world, client, go));
+  std::vector<Parameter> params =
+      RankParams(shapes, Mesh{{"dp_shard"}, {world}}, rank);
+  std::vector<Parameter*> ptrs;
+  for (Parameter& p : params) ptrs.push_back(&p);
+  AutoConfigOptions ao;
+  ao.fsdp = comm.get();
+  ao.coordinator = client;
+  MUON_ASSIGN_OR_RETURN(DistributedConfig config, CreateAutoConfig(ptrs, ao));
+  config.execution.set_async_gpu_parallelism(async);
+  config.execution.set_prefetch_count(prefetch);
+  config.execution.set_bucket_size_bytes(
+      absl::GetFlag(FLAGS_bucket_size_bytes));
+  MUON_ASSIGN_OR_RETURN(std::unique_ptr<Muon> opt,
+                        Muon::Create(ptrs, MuonOptions{}, config));
+  const int total = absl::GetFlag(FLAGS_warmup) + absl::GetFlag(FLAGS_steps);
+  for (int s = 0; s < total; ++s) {
+    const absl::Time t0 = absl::Now();
+    MUON_RETURN_IF_ERROR(opt->Step());
+    if (s >= absl::GetFlag(FLAGS_warmup)) {
+      times->push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
+    }
+  }
+  result->buffer_bytes = opt->last_step_stats().buffer_bytes;
+  result->buffer_bound_bytes = opt->last_step_stats().buffer_bound_bytes;
+  result->plan_buckets = opt->plan().buckets_size();
+  (void)comm->Barrier();
+  return absl::OkStatus();
+}
+
 // Runs warmup + steps optimizer steps on every rank; returns the median of
 // rank 0's step times (every step ends with the same collectives on every
 // rank, so rank 0's time is the world's).
@@ -82,82 +144,22 @@ Result RunMode(const std::vector<Shape>& shapes, bool async, int prefetch) {
   for (int r = 0; r < world; ++r) {
     clients.push_back(std::make_unique<LocalCoordinationClient>(&service));
   }
-  const Mesh mesh{{"dp_shard"}, {world}};
   std::vector<std::vector<double>> times(world);
   std::vector<Result> results(world);
-  std::vector<std::string> errors(world);
+  std::vector<absl::Status> errors(world);
   std::vector<std::thread> threads;
   for (int rank = 0; rank < world; ++rank) {
     threads.emplace_back([&, rank] {
-      GlooOptions go;
-      go.prefix = "gloo/bench";
-      absl::StatusOr<std::unique_ptr<GlooCommunicator>> comm =
-          GlooCommunicator::Create(rank, world, clients[rank].get(), go);
-      if (!comm.ok()) {
-        errors[rank] = comm.status().ToString();
-        return;
-      }
-      std::vector<Parameter> params(shapes.size());
-      std::vector<Parameter*> ptrs;
-      for (size_t i = 0; i < shapes.size(); ++i) {
-        absl::StatusOr<Box> box =
-            LocalBox(shapes[i].rows, shapes[i].cols, {Placement::Shard(0)},
-                     mesh, mesh.Coord(rank));
-        Parameter& p = params[i];
-        p.name = shapes[i].name;
-        p.global_shape = {shapes[i].rows, shapes[i].cols};
-        p.local_shape = {box->rows.size(), box->cols.size()};
-        p.data.assign(box->numel(), 0.01f);
-        p.grad.resize(box->numel());
-        for (int64_t k = 0; k < box->numel(); ++k) {
-          p.grad[k] =
-              static_cast<float>((k * 2654435761u + i) % 1000) * 1e-3f - 0.5f;
-        }
-        ptrs.push_back(&p);
-      }
-      AutoConfigOptions ao;
-      ao.fsdp = comm->get();
-      ao.coordinator = clients[rank].get();
-      absl::StatusOr<DistributedConfig> config = CreateAutoConfig(ptrs, ao);
-      if (!config.ok()) {
-        errors[rank] = config.status().ToString();
-        return;
-      }
-      config->execution.set_async_gpu_parallelism(async);
-      config->execution.set_prefetch_count(prefetch);
-      config->execution.set_bucket_size_bytes(
-          absl::GetFlag(FLAGS_bucket_size_bytes));
-      absl::StatusOr<std::unique_ptr<Muon>> opt =
-          Muon::Create(ptrs, MuonOptions{}, *config);
-      if (!opt.ok()) {
-        errors[rank] = opt.status().ToString();
-        return;
-      }
-      const int total =
-          absl::GetFlag(FLAGS_warmup) + absl::GetFlag(FLAGS_steps);
-      for (int s = 0; s < total; ++s) {
-        const absl::Time t0 = absl::Now();
-        absl::Status st = (*opt)->Step();
-        if (!st.ok()) {
-          errors[rank] = st.ToString();
-          return;
-        }
-        if (s >= absl::GetFlag(FLAGS_warmup)) {
-          times[rank].push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
-        }
-      }
-      results[rank].buffer_bytes = (*opt)->last_step_stats().buffer_bytes;
-      results[rank].buffer_bound_bytes =
-          (*opt)->last_step_stats().buffer_bound_bytes;
-      results[rank].plan_buckets = (*opt)->plan().buckets_size();
-      (void)(*comm)->Barrier();
+      errors[rank] = RunRank(rank, world, clients[rank].get(), shapes, async,
+                             prefetch, &times[rank], &results[rank]);
     });
   }
   for (std::thread& t : threads) t.join();
   service.Shutdown();
   for (int r = 0; r < world; ++r) {
-    if (!errors[r].empty()) {
-      std::fprintf(stderr, "step_bench: rank %d: %s\n", r, errors[r].c_str());
+    if (!errors[r].ok()) {
+      std::fprintf(stderr, "step_bench: rank %d: %s\n", r,
+                   errors[r].ToString().c_str());
       std::exit(1);
     }
   }
