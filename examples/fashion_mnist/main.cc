@@ -522,6 +522,94 @@ int RankMain() {
   return 0;
 }
 
+// The command line of rank `rank`'s process: this binary with the
+// launcher's flags, and where to leave its result.
+std::vector<std::string> RankArgv(const std::string& self, int rank, int world,
+                                  const std::string& out_dir) {
+  return {
+      self,
+      absl::StrCat("--rank=", rank),
+      absl::StrCat("--nproc=", world),
+      absl::StrCat("--epochs=", absl::GetFlag(FLAGS_epochs)),
+      absl::StrCat("--batch_size=", absl::GetFlag(FLAGS_batch_size)),
+      absl::StrCat("--hidden=", absl::GetFlag(FLAGS_hidden)),
+      absl::StrFormat("--lr=%.17g", absl::GetFlag(FLAGS_lr)),
+      absl::StrFormat("--weight_decay=%.17g",
+                      absl::GetFlag(FLAGS_weight_decay)),
+      absl::StrFormat("--momentum=%.17g", absl::GetFlag(FLAGS_momentum)),
+      absl::StrCat("--adjust_lr_fn=", absl::GetFlag(FLAGS_adjust_lr_fn)),
+      absl::StrCat("--layout=", absl::GetFlag(FLAGS_layout)),
+      absl::StrCat("--data_dir=", absl::GetFlag(FLAGS_data_dir)),
+      absl::StrCat("--train_limit=", absl::GetFlag(FLAGS_train_limit)),
+      absl::StrCat("--seed=", absl::GetFlag(FLAGS_seed)),
+      absl::StrCat("--log_every=", absl::GetFlag(FLAGS_log_every)),
+      absl::StrCat(
+          "--async_gpu_parallelism=",
+          absl::GetFlag(FLAGS_async_gpu_parallelism) ? "true" : "false"),
+      absl::StrCat("--prefetch_count=", absl::GetFlag(FLAGS_prefetch_count)),
+      absl::StrCat("--job_id=", absl::GetFlag(FLAGS_job_id)),
+      absl::StrCat("--out_dir=", out_dir)};
+}
+
+void PrintJob(const Data& data, int world, const std::string& layout) {
+  std::printf(
+      "fashion-mnist: %lld train / %lld test images, MLP %s, Muon lr=%g, "
+      "%d epochs, batch %d; distributed run: %d rank processes, %s, "
+      "coordinator %s\n",
+      static_cast<long long>(data.train.count),
+      static_cast<long long>(data.test.count),
+      absl::StrCat(
+          "784-",
+          absl::StrReplaceAll(absl::GetFlag(FLAGS_hidden), {{",", "-"}}), "-10")
+          .c_str(),
+      absl::GetFlag(FLAGS_lr), absl::GetFlag(FLAGS_epochs),
+      absl::GetFlag(FLAGS_batch_size), world, layout.c_str(),
+      absl::GetFlag(FLAGS_coordinator).empty()
+          ? "embedded in rank 0"
+          : absl::GetFlag(FLAGS_coordinator).c_str());
+  std::fflush(stdout);
+}
+
+// Runs the distributed job as `world` processes of this binary and reads
+// rank 0's result from `dir`.
+absl::StatusOr<RunResult> RunDistributed(int world, const std::string& dir,
+                                         const std::string& port_file) {
+  const std::string self = SelfExecutable();
+  RankLaunchOptions launch;
+  launch.world_size = world;
+  launch.argv = [&](int rank) { return RankArgv(self, rank, world, dir); };
+  launch.coordinator = absl::GetFlag(FLAGS_coordinator);
+  launch.port_file = port_file;
+  launch.timeout = absl::Minutes(30);
+  MUON_RETURN_IF_ERROR(LaunchRanks(launch));
+  return ReadResult(dir + "/distributed.bin");
+}
+
+// Prints the comparison line; returns whether the losses agree.
+bool Compare(const RunResult& single, const RunResult& dist, int world,
+             const std::string& layout, absl::Time start) {
+  double max_diff = 0, max_rel = 0;
+  for (size_t l = 0; l < single.weights.size(); ++l) {
+    for (size_t i = 0; i < single.weights[l].size(); ++i) {
+      max_diff = std::max<double>(
+          max_diff, std::fabs(single.weights[l][i] - dist.weights[l][i]));
+    }
+  }
+  for (size_t s = 0; s < single.losses.size(); ++s) {
+    const double a = single.losses[s], b = dist.losses[s];
+    max_rel =
+        std::max(max_rel, std::fabs(a - b) / std::max(1e-12, std::fabs(a)));
+  }
+  std::printf(
+      "fashion-mnist: distributed_acc=%.4f single_acc=%.4f "
+      "max_abs_param_diff=%g max_rel_loss_diff=%g ranks=%d layout=%s "
+      "wall_s=%.1f\n",
+      dist.accuracy, single.accuracy, max_diff, max_rel, world, layout.c_str(),
+      absl::ToDoubleSeconds(absl::Now() - start));
+  std::fflush(stdout);
+  return single.losses.size() == dist.losses.size() && max_rel <= 1e-4;
+}
+
 int LauncherMain() {
   const absl::Time start = absl::Now();
   const int world = absl::GetFlag(FLAGS_nproc);
@@ -540,68 +628,16 @@ int LauncherMain() {
     std::fprintf(stderr, "%s\n", dir.status().ToString().c_str());
     return 1;
   }
-  const std::string placement = LayoutPlacement().ToString();
-  const std::string layout = absl::StrCat(
-      absl::GetFlag(FLAGS_layout), "(", placement, " over ", world, " ranks)");
-  std::printf(
-      "fashion-mnist: %lld train / %lld test images, MLP %s, Muon lr=%g, "
-      "%d epochs, batch %d; distributed run: %d rank processes, %s, "
-      "coordinator %s\n",
-      static_cast<long long>(data->train.count),
-      static_cast<long long>(data->test.count),
-      absl::StrCat(
-          "784-",
-          absl::StrReplaceAll(absl::GetFlag(FLAGS_hidden), {{",", "-"}}), "-10")
-          .c_str(),
-      absl::GetFlag(FLAGS_lr), absl::GetFlag(FLAGS_epochs),
-      absl::GetFlag(FLAGS_batch_size), world, layout.c_str(),
-      absl::GetFlag(FLAGS_coordinator).empty()
-          ? "embedded in rank 0"
-          : absl::GetFlag(FLAGS_coordinator).c_str());
-  std::fflush(stdout);
-
+  const std::string layout =
+      absl::StrCat(absl::GetFlag(FLAGS_layout), "(",
+                   LayoutPlacement().ToString(), " over ", world, " ranks)");
+  PrintJob(*data, world, layout);
   // 1. Distributed run: N rank processes of this binary.
-  const std::string self = SelfExecutable();
-  auto flag_args = [&](int rank) {
-    std::vector<std::string> a = {
-        self,
-        absl::StrCat("--rank=", rank),
-        absl::StrCat("--nproc=", world),
-        absl::StrCat("--epochs=", absl::GetFlag(FLAGS_epochs)),
-        absl::StrCat("--batch_size=", absl::GetFlag(FLAGS_batch_size)),
-        absl::StrCat("--hidden=", absl::GetFlag(FLAGS_hidden)),
-        absl::StrFormat("--lr=%.17g", absl::GetFlag(FLAGS_lr)),
-        absl::StrFormat("--weight_decay=%.17g",
-                        absl::GetFlag(FLAGS_weight_decay)),
-        absl::StrFormat("--momentum=%.17g", absl::GetFlag(FLAGS_momentum)),
-        absl::StrCat("--adjust_lr_fn=", absl::GetFlag(FLAGS_adjust_lr_fn)),
-        absl::StrCat("--layout=", absl::GetFlag(FLAGS_layout)),
-        absl::StrCat("--data_dir=", absl::GetFlag(FLAGS_data_dir)),
-        absl::StrCat("--train_limit=", absl::GetFlag(FLAGS_train_limit)),
-        absl::StrCat("--seed=", absl::GetFlag(FLAGS_seed)),
-        absl::StrCat("--log_every=", absl::GetFlag(FLAGS_log_every)),
-        absl::StrCat(
-            "--async_gpu_parallelism=",
-            absl::GetFlag(FLAGS_async_gpu_parallelism) ? "true" : "false"),
-        absl::StrCat("--prefetch_count=", absl::GetFlag(FLAGS_prefetch_count)),
-        absl::StrCat("--job_id=", absl::GetFlag(FLAGS_job_id)),
-        absl::StrCat("--out_dir=", *dir)};
-    return a;
-  };
-  RankLaunchOptions launch;
-  launch.world_size = world;
-  launch.argv = flag_args;
-  launch.coordinator = absl::GetFlag(FLAGS_coordinator);
-  launch.port_file = *dir + "/coordinator.port";
-  launch.timeout = absl::Minutes(30);
-  const absl::Status launched = LaunchRanks(launch);
-  if (!launched.ok()) {
-    std::fprintf(stderr, "fashion-mnist: %s\n", launched.ToString().c_str());
-    return 1;
-  }
-  absl::StatusOr<RunResult> dist = ReadResult(*dir + "/distributed.bin");
+  const std::string port_file = *dir + "/coordinator.port";
+  absl::StatusOr<RunResult> dist = RunDistributed(world, *dir, port_file);
   if (!dist.ok()) {
-    std::fprintf(stderr, "%s\n", dist.status().ToString().c_str());
+    std::fprintf(stderr, "fashion-mnist: %s\n",
+                 dist.status().ToString().c_str());
     return 1;
   }
   // 2. The same job on a single device, in this process.
@@ -612,29 +648,11 @@ int LauncherMain() {
     return 1;
   }
   // 3. Compare.
-  double max_diff = 0, max_rel = 0;
-  for (size_t l = 0; l < single->weights.size(); ++l) {
-    for (size_t i = 0; i < single->weights[l].size(); ++i) {
-      max_diff = std::max<double>(
-          max_diff, std::fabs(single->weights[l][i] - dist->weights[l][i]));
-    }
-  }
-  for (size_t s = 0; s < single->losses.size(); ++s) {
-    const double a = single->losses[s], b = dist->losses[s];
-    max_rel =
-        std::max(max_rel, std::fabs(a - b) / std::max(1e-12, std::fabs(a)));
-  }
-  std::printf(
-      "fashion-mnist: distributed_acc=%.4f single_acc=%.4f "
-      "max_abs_param_diff=%g max_rel_loss_diff=%g ranks=%d layout=%s "
-      "wall_s=%.1f\n",
-      dist->accuracy, single->accuracy, max_diff, max_rel, world,
-      layout.c_str(), absl::ToDoubleSeconds(absl::Now() - start));
-  std::fflush(stdout);
+  const bool agree = Compare(*single, *dist, world, layout, start);
   std::remove((*dir + "/distributed.bin").c_str());
-  std::remove(launch.port_file.c_str());
+  std::remove(port_file.c_str());
   rmdir(dir->c_str());
-  if (single->losses.size() != dist->losses.size() || max_rel > 1e-4) {
+  if (!agree) {
     std::fprintf(stderr, "fashion-mnist: the two runs' losses disagree\n");
     return 1;
   }
