@@ -215,23 +215,14 @@ def rank_order_sum(t, world, dist):
     return total
 
 
-def train(args, data, world, rank=0, dist=None, muon_kind="muonrt", log=True):
-    """Trains with `world` micro-batches per step. dist None: one process
-    (accumulates the micro-batches itself); else this rank of `world`.
-    Returns losses, accuracy, final weights and seconds per epoch."""
-    train_x, train_y, test_x, test_y = data
-    model = make_model(args)
+def make_optimizer(args, model, world, rank, dist, muon_kind):
+    """The optimizer of `model` and, for the fsdp layout, this rank's row
+    shards [(name, shard parameter, first row, rows)] (else None)."""
     params = list(model.parameters())
     names = [n for n, _ in model.named_parameters()]
-    batch = args.batch_size
-    micro = batch // world
-    steps_per_epoch = len(train_x) // batch
-    tag = "single" if dist is None else f"rank {rank}"
     if muon_kind == "torch":
-        tag = "torch_muon"
-        opt = torch_muon(params, args)
-        shards = None
-    elif dist is not None and args.layout == "fsdp":
+        return torch_muon(params, args), None
+    if dist is not None and args.layout == "fsdp":
         # Each rank's optimizer sees views of its rows (torch.chunk over
         # dim 0): the momentum state is sharded, the weights live in `p`.
         shards = []
@@ -246,36 +237,57 @@ def train(args, data, world, rank=0, dist=None, muon_kind="muonrt", log=True):
                           mesh=muonrt.Mesh(["dp_shard"], [world]),
                           placements=["Shard(0)"],
                           global_shapes={n: tuple(p.shape) for n, p in zip(names, params)})
-    else:
-        shards = None
-        kwargs = {}
-        if dist is not None:
-            kwargs = dict(mesh=muonrt.Mesh(["dp_replicate"], [world]),
-                          placements=["Replicate()"])
-        opt = muonrt.Muon(list(zip(names, params)), lr=args.lr,
-                          weight_decay=args.weight_decay, momentum=args.momentum,
-                          **kwargs)
+        return opt, shards
+    kwargs = {}
+    if dist is not None:
+        kwargs = dict(mesh=muonrt.Mesh(["dp_replicate"], [world]),
+                      placements=["Replicate()"])
+    opt = muonrt.Muon(list(zip(names, params)), lr=args.lr,
+                      weight_decay=args.weight_decay, momentum=args.momentum,
+                      **kwargs)
+    return opt, None
+
+
+def step_grads(model, data, idx, world, rank, dist, batch):
+    """The summed loss and gradients of one step's batch `idx`: one process
+    accumulates the `world` micro-batches in order; a rank computes its own
+    and sums the ranks' in rank order."""
+    train_x, train_y = data[0], data[1]
+    micro = batch // world
+    if dist is not None:
+        part = idx[rank * micro:(rank + 1) * micro]
+        loss, mine = micro_batch_grads(model, train_x[part], train_y[part], batch)
+        return (rank_order_sum(loss, world, dist),
+                [rank_order_sum(g, world, dist) for g in mine])
+    total, summed = 0.0, None
+    for k in range(world):
+        part = idx[k * micro:(k + 1) * micro]
+        loss, grads = micro_batch_grads(model, train_x[part], train_y[part], batch)
+        total = loss if k == 0 else total + loss
+        summed = [g.clone() for g in grads] if k == 0 else \
+            [a.add_(g) for a, g in zip(summed, grads)]
+    return total, summed
+
+
+def train(args, data, world, rank=0, dist=None, muon_kind="muonrt", log=True):
+    """Trains with `world` micro-batches per step. dist None: one process
+    (accumulates the micro-batches itself); else this rank of `world`.
+    Returns losses, accuracy, final weights and seconds per epoch."""
+    model = make_model(args)
+    params = list(model.parameters())
+    batch = args.batch_size
+    steps_per_epoch = len(data[0]) // batch
+    tag = "single" if dist is None else f"rank {rank}"
+    if muon_kind == "torch":
+        tag = "torch_muon"
+    opt, shards = make_optimizer(args, model, world, rank, dist, muon_kind)
     losses, epoch_s = [], []
     for epoch in range(args.epochs):
-        order = epoch_order(len(train_x), epoch, args.seed)
+        order = epoch_order(len(data[0]), epoch, args.seed)
         t0 = time.perf_counter()
         for s in range(steps_per_epoch):
-            idx = order[s * batch:(s + 1) * batch]
-            if dist is None:
-                total, summed = 0.0, None
-                for k in range(world):
-                    part = idx[k * micro:(k + 1) * micro]
-                    loss, grads = micro_batch_grads(model, train_x[part], train_y[part], batch)
-                    total = loss if k == 0 else total + loss
-                    summed = [g.clone() for g in grads] if k == 0 else \
-                        [a.add_(g) for a, g in zip(summed, grads)]
-                grads = summed
-            else:
-                part = idx[rank * micro:(rank + 1) * micro]
-                loss, mine = micro_batch_grads(model, train_x[part], train_y[part], batch)
-                # The ranks' gradients, summed in rank order.
-                grads = [rank_order_sum(g, world, dist) for g in mine]
-                total = rank_order_sum(loss, world, dist)
+            total, grads = step_grads(model, data, order[s * batch:(s + 1) * batch],
+                                      world, rank, dist, batch)
             losses.append(float(total))
             if shards is not None:
                 for (_, shard, begin, n), g in zip(shards, grads):
@@ -291,7 +303,7 @@ def train(args, data, world, rank=0, dist=None, muon_kind="muonrt", log=True):
                 print(f"[{tag}] epoch {epoch + 1} step {s + 1}/{steps_per_epoch} "
                       f"loss {losses[-1]:.5f} ({time.perf_counter() - t0:.1f} s)", flush=True)
         epoch_s.append(time.perf_counter() - t0)
-        acc = accuracy(model, test_x, test_y)
+        acc = accuracy(model, data[2], data[3])
         if log:
             print(f"[{tag}] epoch {epoch + 1} test accuracy {acc:.4f} "
                   f"({epoch_s[-1]:.1f} s/epoch)", flush=True)
