@@ -350,6 +350,73 @@ std::string Failure(const ChildResult& r, double time_limit_s,
   return "";
 }
 
+// The muonctl plan path for one size in a child: its result line.
+std::string MuonctlPathLine(int ranks, int matrices, const std::string& policy,
+                            double time_limit, double mem_limit) {
+  ChildResult r =
+      RunChild([&](int fd) { RunMuonctlChild(fd, ranks, matrices, policy); },
+               time_limit, mem_limit);
+  std::string line = Failure(r, time_limit, mem_limit);
+  if (!line.empty()) return line;
+  line = "no result";
+  for (const std::string& l : r.lines) {
+    double s = 0;
+    char ratio[32] = {0};
+    int buckets = 0;
+    if (std::sscanf(l.c_str(), "ok %lf %31s %d", &s, ratio, &buckets) == 3) {
+      line = absl::StrFormat("%.2f s, peak %s, max/mean %s, %d buckets", s,
+                             Gb(r.peak_bytes), ratio, buckets);
+    } else if (l.rfind("error ", 0) == 0) {
+      std::sscanf(l.c_str(), "error %lf", &s);
+      const size_t msg = l.find(' ', 6);
+      line = absl::StrFormat("refused in %.2f s, peak %s: %s", s,
+                             Gb(r.peak_bytes), l.substr(msg + 1));
+    }
+  }
+  return line;
+}
+
+// The planning phases for one size in a child, printed after `what`.
+void PrintPhases(const std::string& what, int ranks, int matrices,
+                 const std::string& policy, double time_limit,
+                 double mem_limit) {
+  const double load0 = Load1();
+  ChildResult r =
+      RunChild([&](int fd) { RunPhasesChild(fd, ranks, matrices, policy); },
+               time_limit, mem_limit);
+  std::vector<std::string> phases;
+  std::string extra, ratio_text;
+  double total = 0;
+  for (const std::string& l : r.lines) {
+    char name[32] = {0};
+    double s = 0;
+    long long rss = 0, hwm = 0;
+    char ratio[32] = {0};
+    if (std::sscanf(l.c_str(), "phase %31s %lf %lld %lld", name, &s, &rss,
+                    &hwm) == 4) {
+      total += s;
+      phases.push_back(absl::StrFormat("%s %.2f s (rss %s, peak %s)", name, s,
+                                       Gb(rss), Gb(hwm)));
+    } else if (l.rfind("sizes ", 0) == 0) {
+      extra = l.substr(6);
+    } else if (std::sscanf(l.c_str(), "ok 0 %31s", ratio) == 1) {
+      ratio_text = ratio;
+    } else if (l.rfind("error ", 0) == 0) {
+      extra = l;
+    }
+  }
+  std::string line = Failure(r, time_limit, mem_limit);
+  if (line.empty()) {
+    line = absl::StrFormat("%.2f s in phases, peak %s, max/mean %s", total,
+                           Gb(r.peak_bytes), ratio_text);
+  }
+  std::printf("%s, phases: %s [load %.2f -> %.2f]\n", what.c_str(),
+              line.c_str(), load0, Load1());
+  for (const std::string& p : phases) std::printf("    %s\n", p.c_str());
+  if (!extra.empty()) std::printf("    %s\n", extra.c_str());
+  std::fflush(stdout);
+}
+
 int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "plan_scale_bench [--sizes 1024x10000,...] [--time_limit_s 300] "
@@ -375,71 +442,16 @@ int Main(int argc, char** argv) {
     const int matrices = static_cast<int>(size.cols);
     const std::string what =
         absl::StrFormat("plan %d ranks x %d matrices", ranks, matrices);
-
-    // 1. The muonctl plan path.
-    double load0 = Load1();
-    ChildResult r =
-        RunChild([&](int fd) { RunMuonctlChild(fd, ranks, matrices, policy); },
-                 time_limit, mem_limit);
-    std::string line = Failure(r, time_limit, mem_limit);
-    if (line.empty()) {
-      line = "no result";
-      for (const std::string& l : r.lines) {
-        double s = 0;
-        char ratio[32] = {0};
-        int buckets = 0;
-        if (std::sscanf(l.c_str(), "ok %lf %31s %d", &s, ratio, &buckets) ==
-            3) {
-          line = absl::StrFormat("%.2f s, peak %s, max/mean %s, %d buckets", s,
-                                 Gb(r.peak_bytes), ratio, buckets);
-        } else if (l.rfind("error ", 0) == 0) {
-          std::sscanf(l.c_str(), "error %lf", &s);
-          const size_t msg = l.find(' ', 6);
-          line = absl::StrFormat("refused in %.2f s, peak %s: %s", s,
-                                 Gb(r.peak_bytes), l.substr(msg + 1));
-        }
-      }
-    }
+    // 1. The muonctl plan path, 2. the phases.
+    const double load0 = Load1();
+    const std::string line =
+        MuonctlPathLine(ranks, matrices, policy, time_limit, mem_limit);
     std::printf("%s: %s [load %.2f -> %.2f]\n", what.c_str(), line.c_str(),
                 load0, Load1());
     std::fflush(stdout);
-    if (!absl::GetFlag(FLAGS_phases)) continue;
-
-    // 2. The phases.
-    load0 = Load1();
-    r = RunChild([&](int fd) { RunPhasesChild(fd, ranks, matrices, policy); },
-                 time_limit, mem_limit);
-    std::vector<std::string> phases;
-    std::string extra, ratio_text;
-    double total = 0;
-    for (const std::string& l : r.lines) {
-      char name[32] = {0};
-      double s = 0;
-      long long rss = 0, hwm = 0;
-      char ratio[32] = {0};
-      if (std::sscanf(l.c_str(), "phase %31s %lf %lld %lld", name, &s, &rss,
-                      &hwm) == 4) {
-        total += s;
-        phases.push_back(absl::StrFormat("%s %.2f s (rss %s, peak %s)", name, s,
-                                         Gb(rss), Gb(hwm)));
-      } else if (l.rfind("sizes ", 0) == 0) {
-        extra = l.substr(6);
-      } else if (std::sscanf(l.c_str(), "ok 0 %31s", ratio) == 1) {
-        ratio_text = ratio;
-      } else if (l.rfind("error ", 0) == 0) {
-        extra = l;
-      }
+    if (absl::GetFlag(FLAGS_phases)) {
+      PrintPhases(what, ranks, matrices, policy, time_limit, mem_limit);
     }
-    line = Failure(r, time_limit, mem_limit);
-    if (line.empty()) {
-      line = absl::StrFormat("%.2f s in phases, peak %s, max/mean %s", total,
-                             Gb(r.peak_bytes), ratio_text);
-    }
-    std::printf("%s, phases: %s [load %.2f -> %.2f]\n", what.c_str(),
-                line.c_str(), load0, Load1());
-    for (const std::string& p : phases) std::printf("    %s\n", p.c_str());
-    if (!extra.empty()) std::printf("    %s\n", extra.c_str());
-    std::fflush(stdout);
   }
   return 0;
 }
