@@ -149,7 +149,7 @@ def cpu_main(args):
     return 0
 
 
-def main():
+def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1024x1024,4096x4096,4096x11008,8192x8192")
     parser.add_argument("--repeats", type=int, default=10)
@@ -169,13 +169,17 @@ def main():
             args.sizes = "1024x1024,2048x2048,1024x4096,4096x1024"
         if args.repeats == parser.get_default("repeats"):
             args.repeats = 5
-        return cpu_main(args)
+    return args
 
+
+def import_torch_ns():
+    """(torch, _zeropower_via_newtonschulz, (a, b, c), eps), or None after
+    printing why (no PyTorch, a PyTorch without it, no CUDA GPU)."""
     try:
         import torch
     except ImportError as e:
         print(f"torch_ns_bench: PyTorch is not installed: {e}", file=sys.stderr)
-        return 2
+        return None
     try:
         from torch.optim._muon import _zeropower_via_newtonschulz
         from torch.optim._muon import DEFAULT_A, DEFAULT_B, DEFAULT_C, EPS
@@ -186,15 +190,22 @@ def main():
             f"needed): {e}",
             file=sys.stderr,
         )
-        return 2
+        return None
     if not torch.cuda.is_available():
         print("torch_ns_bench: no CUDA GPU visible to PyTorch", file=sys.stderr)
-        return 2
+        return None
+    return (torch, _zeropower_via_newtonschulz,
+            (DEFAULT_A, DEFAULT_B, DEFAULT_C), EPS)
 
+
+def gpu_main(args):
+    imported = import_torch_ns()
+    if imported is None:
+        return 2
+    torch, zeropower, coefficients, eps = imported
     device = torch.device("cuda")
     props = torch.cuda.get_device_properties(device)
-    coefficients = (DEFAULT_A, DEFAULT_B, DEFAULT_C)
-    params = inspect.signature(_zeropower_via_newtonschulz).parameters
+    params = inspect.signature(zeropower).parameters
     variants = [("addmm", {"use_addmm": True}), ("plain", {"use_addmm": False})] \
         if "use_addmm" in params else [("default", {})]
     print(
@@ -231,8 +242,7 @@ def main():
         for name, extra in variants:
             best, median = time_cuda(
                 torch,
-                lambda: _zeropower_via_newtonschulz(
-                    grad, coefficients, args.steps, EPS, **extra),
+                lambda: zeropower(grad, coefficients, args.steps, eps, **extra),
                 args.repeats, args.calls)
             rate = flops / (best * 1e-3) / 1e12
             print(f"{rows}x{cols:<{10 - len(str(rows))}} {m:>5} {n:>5} "
@@ -241,6 +251,11 @@ def main():
         del grad
         torch.cuda.empty_cache()
     return 0
+
+
+def main():
+    args = parse_args()
+    return cpu_main(args) if args.cpu else gpu_main(args)
 
 
 if __name__ == "__main__":
