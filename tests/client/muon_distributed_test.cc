@@ -1,7 +1,9 @@
 // Multi-rank tests of muon::Muon: N ranks as N threads of this process, each
 // with its own GlooCommunicator (TCP on 127.0.0.1) and its own
 // LocalCoordinationClient over ONE shared in-process CoordinatorService
-// (join, plan, plan-hash confirmation and the Gloo rendezvous).
+// (join, plan, plan-hash confirmation and the Gloo rendezvous): the harness
+// of tests/client/distributed_world.h. The Muon variants over the same
+// layouts are in muon_variants_test.cc.
 //
 // What is checked:
 //   - Correctness: 3 steps with seeded gradients give, bit for bit, the
@@ -25,9 +27,7 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <functional>
 #include <map>
 #include <memory>
@@ -46,6 +46,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/newton_schulz.h"
+#include "tests/client/distributed_world.h"
 #include "tests/client/rank_threads.h"
 #include "tests/client/single_device_reference.h"
 #include "tests/client/thread_world.h"
@@ -58,171 +59,21 @@ using ::testing::AllOf;
 using ::testing::AnyOf;
 using ::testing::HasSubstr;
 
-constexpr int kSteps = 3;
+using ::muon::testing::AutoConfig;
 using ::muon::testing::BitwiseEqual;
-using ::muon::testing::CutShards;
-using ::muon::testing::DistributedRun;
-using ::muon::testing::ExpectEachMatrixOrthogonalizedOnce;
+using ::muon::testing::ExpectMatchesSingleDevice;
 using ::muon::testing::ExpectShardsMatchSingleDevice;
-using ::muon::testing::ExtractRegion;
-using ::muon::testing::kJoinTimeoutMs;
-using ::muon::testing::MakeProblem;
+using ::muon::testing::kSteps;
+using ::muon::testing::MatricesProblem;
+using ::muon::testing::MeshConfig;
+using ::muon::testing::OneDimLayout;
 using ::muon::testing::Problem;
 using ::muon::testing::ProblemLayout;
-using ::muon::testing::RankShards;
-using ::muon::testing::RunDistributedSteps;
 using ::muon::testing::RunOnRanks;
 using ::muon::testing::RunSingleDevice;
 using ::muon::testing::SingleDeviceResult;
-using ::muon::testing::TensorSpec;
-using ::muon::testing::UniformLayout;
-
-// Uneven (10x7 over 4: chunks 3,3,3,1 rows / 2,2,2,1 cols), smaller than the
-// world in one dim (3x5 and 5x3 over 4: an empty shard), and even.
-Problem MatricesProblem() {
-  return MakeProblem({{"layers.0.weight", {10, 7}},
-                      {"layers.1.weight", {3, 5}},
-                      {"layers.2.weight", {5, 3}},
-                      {"layers.3.weight", {12, 16}}},
-                     kSteps);
-}
-
-MuonOptions TestOptions() {
-  MuonOptions o;
-  o.lr = 0.02;  // visible updates; everything else torch's defaults
-  o.nesterov = true;
-  return o;
-}
-
-// Makes a rank's DistributedConfig from its parameters, process group and
-// coordinator client.
-using ConfigFactory = std::function<absl::StatusOr<DistributedConfig>(
-    const std::vector<Parameter*>& params, Communicator* comm,
-    CoordinationClient* coordinator)>;
-
-ProblemLayout OneDimLayout(int world_size, Placement placement,
-                           size_t matrices) {
-  return UniformLayout(Mesh::OneDim(world_size), {placement}, matrices);
-}
-
-ConfigFactory AutoConfig(bool fsdp, int shard_dim = 0) {
-  return
-      [fsdp, shard_dim](const std::vector<Parameter*>& params,
-                        Communicator* comm, CoordinationClient* coordinator) {
-        AutoConfigOptions o;
-        if (fsdp) {
-          o.fsdp = comm;
-          o.fsdp_shard_dim = shard_dim;
-        } else {
-          o.ddp = comm;
-        }
-        o.coordinator = coordinator;
-        return CreateAutoConfig(params, o);
-      };
-}
-
-ConfigFactory MeshConfig(const ProblemLayout& layout) {
-  return [layout](const std::vector<Parameter*>&, Communicator* comm,
-                  CoordinationClient* coordinator) {
-    std::vector<ParamPlacement> placements;
-    for (const auto& p : layout.placements) {
-      placements.push_back(ParamPlacement{p});
-    }
-    return CreateMeshConfig(layout.mesh, placements, comm, coordinator);
-  };
-}
-
-// One job: a coordinator, and per rank a coordination client, a Gloo process
-// group (ThreadWorld), and the ranks' shards, optimizers and step stats
-// (`run`). `run` is destroyed before the ThreadWorld base: the optimizers
-// stop their agents before the process groups and the coordinator go.
-class World : public ::muon::testing::ThreadWorld {
- public:
-  explicit World(int world_size) : ThreadWorld(world_size), run(world_size) {}
-
-  // Cuts rank `rank`'s shards of the problem as `layout` says (must run
-  // before the optimizer is made; the vectors are not resized afterwards).
-  absl::Status MakeShards(int rank, const Problem& problem,
-                          const ProblemLayout& layout) {
-    absl::StatusOr<RankShards> shards = CutShards(problem, layout, rank);
-    if (!shards.ok()) return shards.status();
-    run.shards[rank] = *std::move(shards);
-    return absl::OkStatus();
-  }
-
-  std::vector<Parameter>& params(int rank) { return run.shards[rank].params; }
-
-  // Builds the rank's config with `factory` (bounded join) and the
-  // optimizer over `shards`.
-  absl::StatusOr<std::unique_ptr<Muon>> MakeMuon(
-      int rank, RankShards& shards, const ConfigFactory& factory,
-      const MuonOptions& options,
-      const std::function<void(DistributedConfig&)>& customize = nullptr) {
-    absl::StatusOr<DistributedConfig> config =
-        factory(shards.Pointers(), comm(rank), client(rank));
-    if (!config.ok()) return config.status();
-    config->state.join_timeout_ms = kJoinTimeoutMs;
-    config->state.incarnation = 100 + rank;
-    if (customize) customize(*config);
-    return Muon::Create(shards.Pointers(), options, *std::move(config));
-  }
-
-  // The same into run.muons[rank].
-  absl::Status CreateMuon(
-      int rank, const ConfigFactory& factory, const MuonOptions& options,
-      const std::function<void(DistributedConfig&)>& customize = nullptr) {
-    absl::StatusOr<std::unique_ptr<Muon>> muon =
-        MakeMuon(rank, run.shards[rank], factory, options, customize);
-    if (!muon.ok()) return muon.status();
-    run.muons[rank] = *std::move(muon);
-    return absl::OkStatus();
-  }
-
-  DistributedRun run;
-};
-
-// Runs kSteps distributed steps on `world` (shards cut as `layout`, config
-// from `factory`) and compares with the single-device run bit for bit
-// (every shard, replica, momentum buffer and reassembled parameter, and the
-// zero-redundancy counters of every step), then checks that every rank
-// holds the same plan, whose owners cover every matrix once.
-void ExpectMatchesSingleDevice(
-    World& world, const Problem& problem, const ProblemLayout& layout,
-    const ConfigFactory& factory, const MuonOptions& options = TestOptions(),
-    const std::function<void(DistributedConfig&)>& customize = nullptr) {
-  const absl::StatusOr<SingleDeviceResult> single =
-      RunSingleDevice(problem, options);
-  ASSERT_THAT(single, IsOk());
-  ASSERT_TRUE(world.Connect());
-  const int n = world.size();
-  std::vector<absl::Status> statuses = RunDistributedSteps(
-      problem, layout,
-      [&](int rank, RankShards& shards) {
-        return world.MakeMuon(rank, shards, factory, options, customize);
-      },
-      &world.run);
-  for (int r = 0; r < n; ++r) {
-    ASSERT_TRUE(statuses[r].ok()) << "rank " << r << ": " << statuses[r];
-  }
-  ExpectShardsMatchSingleDevice(problem, *single, world.run);
-  ExpectEachMatrixOrthogonalizedOnce(problem, *single, world.run);
-
-  // Every rank holds the same plan, and its owners cover every matrix once.
-  std::map<int, std::vector<int>> assignments =
-      world.run.muons[0]->assignments();
-  std::vector<int> owned(problem.specs.size(), 0);
-  for (const auto& [rank, indices] : assignments) {
-    EXPECT_GE(rank, 0);
-    EXPECT_LT(rank, n);
-    for (int i : indices) ++owned[i];
-  }
-  EXPECT_EQ(owned, std::vector<int>(problem.specs.size(), 1));
-  for (int r = 1; r < n; ++r) {
-    EXPECT_EQ(world.run.muons[r]->assignments(), assignments) << "rank " << r;
-    EXPECT_EQ(world.run.muons[r]->plan().hash(),
-              world.run.muons[0]->plan().hash());
-  }
-}
+using ::muon::testing::TestOptions;
+using ::muon::testing::World;
 
 // --- Bitwise equality with the single-device step ---
 
@@ -309,138 +160,6 @@ TEST(MuonDistributedTest,
       AutoConfig(/*fsdp=*/true, 1), o, [](DistributedConfig& c) {
         c.execution.set_assignment_policy("round_robin");
       });
-}
-
-// adjust_lr_fn "spectral_norm" (dion's lr * sqrt(rows / cols), on the
-// global shape whatever the shard) on FSDP Shard(0) with uneven and empty
-// shards, TP Shard(1) and HSDP: the same bits as one device, whose own
-// step the float64 references check (muon_test, test_optimizer.py).
-TEST(MuonDistributedTest,
-     Step_SpectralNormFsdpTpHsdp_MatchesSingleDeviceBitwise) {
-  const Problem problem = MatricesProblem();
-  MuonOptions o = TestOptions();
-  o.adjust_lr_fn = kernels::AdjustLrFn::kSpectralNorm;
-  ProblemLayout tp;
-  tp.mesh = Mesh::OneDim(4, "tp");
-  tp.placements.assign(problem.specs.size(), {Placement::Shard(1)});
-  ProblemLayout hsdp;
-  hsdp.mesh.names = {"dp_replicate", "dp_shard"};
-  hsdp.mesh.sizes = {2, 2};
-  hsdp.placements.assign(problem.specs.size(),
-                         {Placement::Replicate(), Placement::Shard(0)});
-  const ProblemLayout fsdp =
-      OneDimLayout(4, Placement::Shard(0), problem.specs.size());
-  for (const auto& [name, layout] :
-       std::vector<std::pair<std::string, ProblemLayout>>{
-           {"fsdp", fsdp}, {"tp", tp}, {"hsdp", hsdp}}) {
-    SCOPED_TRACE(name);
-    World world(4);
-    ExpectMatchesSingleDevice(world, problem, layout, MeshConfig(layout), o);
-  }
-}
-
-// What a run with execution.exchange_dtype "bfloat16" did: the largest
-// |element - the fp32 single-device run's| over every rank's shards after
-// kSteps steps, whether every replica of a shard holds the same bits, and
-// the bytes all ranks sent over the steps.
-struct Bf16Run {
-  double max_diff = 0;
-  bool replicas_equal = true;
-  int64_t bytes_sent = 0;
-};
-
-Bf16Run RunBf16Exchange(const Problem& problem, const ProblemLayout& layout,
-                        const SingleDeviceResult& single, bool bf16) {
-  World world(layout.mesh.world_size());
-  EXPECT_TRUE(world.Connect());
-  const std::vector<absl::Status> statuses = RunDistributedSteps(
-      problem, layout,
-      [&](int rank, RankShards& shards) {
-        return world.MakeMuon(rank, shards, MeshConfig(layout), TestOptions(),
-                              [bf16](DistributedConfig& c) {
-                                if (bf16) {
-                                  c.execution.set_exchange_dtype("bfloat16");
-                                }
-                              });
-      },
-      &world.run);
-  Bf16Run out;
-  // The first copy of each (parameter, region) seen, by region text.
-  std::map<std::string, std::vector<float>> first;
-  for (int r = 0; r < world.size(); ++r) {
-    EXPECT_TRUE(statuses[r].ok()) << "rank " << r << ": " << statuses[r];
-    const RankShards& shards = world.run.shards[r];
-    for (size_t k = 0; k < shards.held.size(); ++k) {
-      const int i = shards.held[k];
-      const std::vector<float>& local = shards.params[k].data;
-      const std::vector<float> want = ExtractRegion(
-          single.params[i], problem.specs[i].shape, shards.ranges[k]);
-      for (size_t e = 0; e < local.size(); ++e) {
-        out.max_diff =
-            std::max<double>(out.max_diff, std::fabs(local[e] - want[e]));
-      }
-      std::string key = absl::StrCat(i);
-      for (const Range& range : shards.ranges[k]) {
-        absl::StrAppend(&key, ":", range.begin, "-", range.end);
-      }
-      auto [it, fresh] = first.insert({key, local});
-      if (!fresh && !BitwiseEqual(it->second, local)) {
-        out.replicas_equal = false;
-      }
-    }
-    for (const StepStats& s : world.run.stats[r])
-      out.bytes_sent += s.bytes_sent;
-  }
-  return out;
-}
-
-// exchange_dtype "bfloat16" on FSDP Shard(0) (uneven and empty shards), TP
-// Shard(1), HSDP and DDP. Against the fp32 single-device run (which the
-// float64 references check: muon_test, test_optimizer.py): each step moves
-// an element by adjusted_lr * O (|O| <= ~1, adjusted_lr <= 0.02 * 2), and
-// bf16 rounding of O and of U's sent parts (2^-9 relative each) perturbs
-// O by at most ~2^-7 through Newton-Schulz, so over kSteps steps the
-// difference stays below kSteps * 0.04 * 2^-7 = 9.4e-4 (measured: 1.4e-4
-// on FSDP, TP and HSDP, 9.2e-5 on DDP). Every replica
-// holds the same bits (the owner rounds O before anyone applies it), and
-// the ranks send at most half the fp32 bytes plus one word per peer part.
-TEST(MuonDistributedTest,
-     Step_Bf16ExchangeFsdpTpHsdpDdp_WithinBoundReplicasEqualHalfTheBytes) {
-  const Problem problem = MatricesProblem();
-  const absl::StatusOr<SingleDeviceResult> single =
-      RunSingleDevice(problem, TestOptions());
-  ASSERT_THAT(single, IsOk());
-  const size_t n = problem.specs.size();
-  ProblemLayout tp =
-      UniformLayout(Mesh::OneDim(4, "tp"), {Placement::Shard(1)}, n);
-  ProblemLayout hsdp;
-  hsdp.mesh.names = {"dp_replicate", "dp_shard"};
-  hsdp.mesh.sizes = {2, 2};
-  hsdp.placements.assign(n, {Placement::Replicate(), Placement::Shard(0)});
-  const double bound = kSteps * 0.04 * std::ldexp(1.0, -7);
-  for (const auto& [name, layout] :
-       std::vector<std::pair<std::string, ProblemLayout>>{
-           {"fsdp", OneDimLayout(4, Placement::Shard(0), n)},
-           {"tp", tp},
-           {"hsdp", hsdp},
-           {"ddp", OneDimLayout(4, Placement::Replicate(), n)}}) {
-    SCOPED_TRACE(name);
-    const Bf16Run fp32 = RunBf16Exchange(problem, layout, *single, false);
-    const Bf16Run bf16 = RunBf16Exchange(problem, layout, *single, true);
-    EXPECT_EQ(fp32.max_diff, 0.0);  // the fp32 exchange keeps the bits
-    EXPECT_GT(bf16.max_diff, 0.0);  // bf16 did round something
-    EXPECT_LE(bf16.max_diff, bound);
-    std::printf(
-        "bf16 exchange, %s: max |diff| %.3g (bound %.3g), bytes "
-        "%lld vs %lld fp32\n",
-        name.c_str(), bf16.max_diff, bound,
-        static_cast<long long>(bf16.bytes_sent),
-        static_cast<long long>(fp32.bytes_sent));
-    EXPECT_TRUE(bf16.replicas_equal);
-    const int64_t parts = 2 * kSteps * 4 * 4 * static_cast<int64_t>(n);
-    EXPECT_LE(2 * bf16.bytes_sent, fp32.bytes_sent + 8 * parts);
-    EXPECT_LT(bf16.bytes_sent, fp32.bytes_sent);
-  }
 }
 
 // A valid user assign_fn (every matrix to rank 1) is honoured: same bits,

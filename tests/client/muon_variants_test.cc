@@ -1,0 +1,181 @@
+// The Muon variants of docs/user_guide.md section 11 on several layouts,
+// with the multi-rank harness of tests/client/distributed_world.h:
+//   - adjust_lr_fn "spectral_norm" (microsoft/dion's lr * sqrt(rows /
+//     cols)): bitwise the single-device run on FSDP (uneven and empty
+//     shards), TP Shard(1) and HSDP;
+//   - execution.exchange_dtype "bfloat16": within a stated bound of the
+//     fp32 run on FSDP, TP, HSDP and DDP, replicas equal, half the bytes.
+// The single-device runs themselves are checked against float64
+// references (muon_test, tests/python/test_optimizer.py).
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/distributed_config.h"
+#include "client/muon.h"
+#include "common/layout.h"
+#include "gtest/gtest.h"
+#include "kernels/muon_update.h"
+#include "tests/client/distributed_world.h"
+#include "tests/client/single_device_reference.h"
+#include "tests/status_matchers.h"
+
+namespace muon {
+namespace {
+
+using ::muon::testing::BitwiseEqual;
+using ::muon::testing::ExpectMatchesSingleDevice;
+using ::muon::testing::ExtractRegion;
+using ::muon::testing::kSteps;
+using ::muon::testing::MatricesProblem;
+using ::muon::testing::MeshConfig;
+using ::muon::testing::OneDimLayout;
+using ::muon::testing::Problem;
+using ::muon::testing::ProblemLayout;
+using ::muon::testing::RankShards;
+using ::muon::testing::RunDistributedSteps;
+using ::muon::testing::RunSingleDevice;
+using ::muon::testing::SingleDeviceResult;
+using ::muon::testing::TestOptions;
+using ::muon::testing::UniformLayout;
+using ::muon::testing::World;
+
+// adjust_lr_fn "spectral_norm" (dion's lr * sqrt(rows / cols), on the
+// global shape whatever the shard) on FSDP Shard(0) with uneven and empty
+// shards, TP Shard(1) and HSDP: the same bits as one device, whose own
+// step the float64 references check (muon_test, test_optimizer.py).
+TEST(MuonVariantsTest,
+     Step_SpectralNormFsdpTpHsdp_MatchesSingleDeviceBitwise) {
+  const Problem problem = MatricesProblem();
+  MuonOptions o = TestOptions();
+  o.adjust_lr_fn = kernels::AdjustLrFn::kSpectralNorm;
+  ProblemLayout tp;
+  tp.mesh = Mesh::OneDim(4, "tp");
+  tp.placements.assign(problem.specs.size(), {Placement::Shard(1)});
+  ProblemLayout hsdp;
+  hsdp.mesh.names = {"dp_replicate", "dp_shard"};
+  hsdp.mesh.sizes = {2, 2};
+  hsdp.placements.assign(problem.specs.size(),
+                         {Placement::Replicate(), Placement::Shard(0)});
+  const ProblemLayout fsdp =
+      OneDimLayout(4, Placement::Shard(0), problem.specs.size());
+  for (const auto& [name, layout] :
+       std::vector<std::pair<std::string, ProblemLayout>>{
+           {"fsdp", fsdp}, {"tp", tp}, {"hsdp", hsdp}}) {
+    SCOPED_TRACE(name);
+    World world(4);
+    ExpectMatchesSingleDevice(world, problem, layout, MeshConfig(layout), o);
+  }
+}
+
+// What a run with execution.exchange_dtype "bfloat16" did: the largest
+// |element - the fp32 single-device run's| over every rank's shards after
+// kSteps steps, whether every replica of a shard holds the same bits, and
+// the bytes all ranks sent over the steps.
+struct Bf16Run {
+  double max_diff = 0;
+  bool replicas_equal = true;
+  int64_t bytes_sent = 0;
+};
+
+Bf16Run RunBf16Exchange(const Problem& problem, const ProblemLayout& layout,
+                        const SingleDeviceResult& single, bool bf16) {
+  World world(layout.mesh.world_size());
+  EXPECT_TRUE(world.Connect());
+  const std::vector<absl::Status> statuses = RunDistributedSteps(
+      problem, layout,
+      [&](int rank, RankShards& shards) {
+        return world.MakeMuon(rank, shards, MeshConfig(layout), TestOptions(),
+                              [bf16](DistributedConfig& c) {
+                                if (bf16) {
+                                  c.execution.set_exchange_dtype("bfloat16");
+                                }
+                              });
+      },
+      &world.run);
+  Bf16Run out;
+  // The first copy of each (parameter, region) seen, by region text.
+  std::map<std::string, std::vector<float>> first;
+  for (int r = 0; r < world.size(); ++r) {
+    EXPECT_TRUE(statuses[r].ok()) << "rank " << r << ": " << statuses[r];
+    const RankShards& shards = world.run.shards[r];
+    for (size_t k = 0; k < shards.held.size(); ++k) {
+      const int i = shards.held[k];
+      const std::vector<float>& local = shards.params[k].data;
+      const std::vector<float> want = ExtractRegion(
+          single.params[i], problem.specs[i].shape, shards.ranges[k]);
+      for (size_t e = 0; e < local.size(); ++e) {
+        out.max_diff =
+            std::max<double>(out.max_diff, std::fabs(local[e] - want[e]));
+      }
+      std::string key = absl::StrCat(i);
+      for (const Range& range : shards.ranges[k]) {
+        absl::StrAppend(&key, ":", range.begin, "-", range.end);
+      }
+      auto [it, fresh] = first.insert({key, local});
+      if (!fresh && !BitwiseEqual(it->second, local)) {
+        out.replicas_equal = false;
+      }
+    }
+    for (const StepStats& s : world.run.stats[r])
+      out.bytes_sent += s.bytes_sent;
+  }
+  return out;
+}
+
+// exchange_dtype "bfloat16" on FSDP Shard(0) (uneven and empty shards), TP
+// Shard(1), HSDP and DDP. Against the fp32 single-device run (which the
+// float64 references check: muon_test, test_optimizer.py): each step moves
+// an element by adjusted_lr * O (|O| <= ~1, adjusted_lr <= 0.02 * 2), and
+// bf16 rounding of O and of U's sent parts (2^-9 relative each) perturbs
+// O by at most ~2^-7 through Newton-Schulz, so over kSteps steps the
+// difference stays below kSteps * 0.04 * 2^-7 = 9.4e-4 (measured: 1.4e-4
+// on FSDP, TP and HSDP, 9.2e-5 on DDP). Every replica
+// holds the same bits (the owner rounds O before anyone applies it), and
+// the ranks send at most half the fp32 bytes plus one word per peer part.
+TEST(MuonVariantsTest,
+     Step_Bf16ExchangeFsdpTpHsdpDdp_WithinBoundReplicasEqualHalfTheBytes) {
+  const Problem problem = MatricesProblem();
+  const absl::StatusOr<SingleDeviceResult> single =
+      RunSingleDevice(problem, TestOptions());
+  ASSERT_THAT(single, IsOk());
+  const size_t n = problem.specs.size();
+  ProblemLayout tp =
+      UniformLayout(Mesh::OneDim(4, "tp"), {Placement::Shard(1)}, n);
+  ProblemLayout hsdp;
+  hsdp.mesh.names = {"dp_replicate", "dp_shard"};
+  hsdp.mesh.sizes = {2, 2};
+  hsdp.placements.assign(n, {Placement::Replicate(), Placement::Shard(0)});
+  const double bound = kSteps * 0.04 * std::ldexp(1.0, -7);
+  for (const auto& [name, layout] :
+       std::vector<std::pair<std::string, ProblemLayout>>{
+           {"fsdp", OneDimLayout(4, Placement::Shard(0), n)},
+           {"tp", tp},
+           {"hsdp", hsdp},
+           {"ddp", OneDimLayout(4, Placement::Replicate(), n)}}) {
+    SCOPED_TRACE(name);
+    const Bf16Run fp32 = RunBf16Exchange(problem, layout, *single, false);
+    const Bf16Run bf16 = RunBf16Exchange(problem, layout, *single, true);
+    EXPECT_EQ(fp32.max_diff, 0.0);  // the fp32 exchange keeps the bits
+    EXPECT_GT(bf16.max_diff, 0.0);  // bf16 did round something
+    EXPECT_LE(bf16.max_diff, bound);
+    std::printf(
+        "bf16 exchange, %s: max |diff| %.3g (bound %.3g), bytes "
+        "%lld vs %lld fp32\n",
+        name.c_str(), bf16.max_diff, bound,
+        static_cast<long long>(bf16.bytes_sent),
+        static_cast<long long>(fp32.bytes_sent));
+    EXPECT_TRUE(bf16.replicas_equal);
+    const int64_t parts = 2 * kSteps * 4 * 4 * static_cast<int64_t>(n);
+    EXPECT_LE(2 * bf16.bytes_sent, fp32.bytes_sent + 8 * parts);
+    EXPECT_LT(bf16.bytes_sent, fp32.bytes_sent);
+  }
+}
+
+}  // namespace
+}  // namespace muon
