@@ -148,9 +148,9 @@ typedef struct {
    * FLOPs); gram and auto CPU only; MuonOptions::ns_method; ABI version 4. */
   const char* ns_method;
   /* The dtype the exchange between ranks carries: "float32" (NULL; the
-   * single device's bits) or "bfloat16" (half the bytes; the update's
-   * parts sent to an owner and the owner's Newton-Schulz output rounded
-   * to nearest even); execution.exchange_dtype; ABI version 8. */
+   * single device's bits) or "bfloat16" (half the bytes; Newton-Schulz's
+   * input and output rounded to nearest even bf16, the same bits on every
+   * layout); execution.exchange_dtype; ABI version 8. */
   const char* exchange_dtype;
 } muonrt_options;
 

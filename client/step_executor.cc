@@ -126,8 +126,9 @@ int64_t StepExecutor::PlaceInSlot(BucketSchedule* b, BufferSizes* sizes) {
   for (int m : b->owned) {
     const MatrixGeometry& g = geometry_[m];
     if (HoldsFull(m)) {
-      // Its own buffers; a custom gather_fn still writes a full U here.
-      if (gather_fn_) {
+      // Its own buffers; a custom gather_fn still writes a full U here, and
+      // the bf16 exchange its rounded copy of U.
+      if (gather_fn_ || options_.bf16_exchange) {
         u_offset_[m] = elems;
         elems += FullBox(g).numel();
       }
@@ -549,6 +550,24 @@ absl::Status StepExecutor::RunExchange(const Exchange& x, bool to_owner,
   return absl::OkStatus();
 }
 
+absl::Status StepExecutor::RoundOwnedUpdates(
+    const BucketSchedule& bs, const std::vector<const float*>& updates,
+    device::Stream* stream) {
+  for (int m : bs.owned) {
+    const MatrixGeometry& g = geometry_[m];
+    const Box full = FullBox(g);
+    if (HoldsFull(m)) {
+      MUON_RETURN_IF_ERROR(
+          kernels_->CopyRegion(stream, updates[g.param_index] + g.offset, full,
+                               FullU(m), full, full));
+    }
+    // The parts received are bf16 already (rounding them again is exact);
+    // the owner's own part is rounded here.
+    MUON_RETURN_IF_ERROR(kernels_->RoundToBf16(stream, FullU(m), full.numel()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status StepExecutor::Gather(int b, const StepArgs& args,
                                   device::Stream* stream,
                                   std::vector<OpRecord>* rec,
@@ -569,6 +588,9 @@ absl::Status StepExecutor::Gather(int b, const StepArgs& args,
     MUON_RETURN_IF_ERROR(RunExchange(bs.gather, /*to_owner=*/true,
                                      *args.updates, stream, &bytes_sent_,
                                      &bytes_received_));
+    if (options_.bf16_exchange) {
+      MUON_RETURN_IF_ERROR(RoundOwnedUpdates(bs, *args.updates, stream));
+    }
   }
   rec->push_back(OpRecord{v1::OP_KIND_GATHER, stream_kind, bs.index, t0,
                           NowSeconds(), bytes_sent_ - sent0, 0});
@@ -585,7 +607,7 @@ absl::Status StepExecutor::Orthogonalize(int b, const StepArgs& args,
   for (const NsBatch& batch : bs.ns_batches) {
     const int m = batch.first;
     const MatrixGeometry& g = geometry_[m];
-    const float* u = !batch.in_slot && !gather_fn_
+    const float* u = !batch.in_slot && !gather_fn_ && !options_.bf16_exchange
                          ? (*args.updates)[g.param_index] + g.offset
                          : FullU(m);
     float* o = batch.in_slot ? FullO(m) : LocalO(m);

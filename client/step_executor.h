@@ -119,11 +119,12 @@ struct ExecutorOptions {
   // are bounded by the communicator's own timeout.
   absl::Duration step_timeout = absl::Minutes(30);
   // The gather and the redistribute carry bf16 (half the bytes; as
-  // torchtitan, microsoft/dion and Megatron-LM exchange): the parts of U
-  // sent to an owner are rounded to nearest even (the owner's own part
-  // stays fp32, Newton-Schulz runs in fp32), and the owner rounds O so that
-  // every holder, itself included, applies the same values (replicas stay
-  // equal). false: fp32, the single device's bits.
+  // torchtitan, microsoft/dion and Megatron-LM exchange): Newton-Schulz
+  // (fp32) sees U rounded to bf16 (to nearest even), the parts sent and the
+  // owner's own alike, and the owner rounds O to bf16 before every holder,
+  // itself included, applies it. So the result does not depend on the
+  // layout or on which rank owns a matrix, and replicas stay equal.
+  // false: fp32, the single device's bits.
   bool bf16_exchange = false;
 };
 
@@ -294,6 +295,12 @@ class StepExecutor {
                               const std::vector<const float*>& updates,
                               Box* holds);
   float* ExchangeDestination(int m, bool to_owner, Box* holds);
+  // The bf16 exchange's owner side of a gather: every owned matrix's full U
+  // in its slot rounded to bf16 (copied there first when this rank holds
+  // it whole), so that Newton-Schulz sees the same input whoever owns it.
+  absl::Status RoundOwnedUpdates(const BucketSchedule& bs,
+                                 const std::vector<const float*>& updates,
+                                 device::Stream* stream);
   // RunExchange's all-to-all(v) with the other ranks: packed fp32, or bf16
   // two values per word (ExecutorOptions::bf16_exchange).
   absl::Status SendRecvFp32(const Exchange& ex, bool to_owner,

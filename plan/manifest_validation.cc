@@ -137,7 +137,11 @@ absl::Status CheckRankAgreesWithRank0(const v1::RankManifest& m0,
   }
   // Execution options that shape the plan must agree.
   const v1::ExecutionOptions& e = mr.execution();
-  if (e.assignment_policy() != m0.execution().assignment_policy()) {
+  auto policy = [](const v1::ExecutionOptions& x) {
+    return x.assignment_policy().empty() ? std::string("lpt")
+                                         : x.assignment_policy();
+  };
+  if (policy(e) != policy(m0.execution())) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", r, " reports assignment_policy ",
                      Quoted(e.assignment_policy()), " but rank 0 reports ",

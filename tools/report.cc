@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/exchange_plan.h"
+#include "common/spec.h"
 #include "common/wire_names.h"
 #include "nlohmann/json.hpp"
 
@@ -50,6 +51,9 @@ std::vector<RankTraffic> PlanTraffic(const JobPlan& job) {
   std::vector<RankTraffic> t(world);
   std::vector<int64_t> max_send(world, 0), max_recv(world, 0),
       max_slot(world, 0);
+  // The buffers the runtime allocates: bf16 words, and an owner's rounded
+  // copy of a matrix it holds whole, with the bf16 exchange.
+  const bool bf16 = ExchangeIsBf16(job.layout.execution);
   for (const v1::Bucket& bucket : plan.buckets()) {
     for (int r = 0; r < world; ++r) {
       Exchange gather(world), redistribute(world);
@@ -61,7 +65,11 @@ std::vector<RankTraffic> PlanTraffic(const JobPlan& job) {
         const std::vector<Box>& boxes = m.boxes;
         AddToGather(r, i, owner, boxes, full, &gather);
         AddToRedistribute(r, i, owner, boxes, full, &redistribute);
-        if (owner == r && !(boxes[r] == full)) slot += 2 * full.numel();
+        if (owner == r && !(boxes[r] == full)) {
+          slot += 2 * full.numel();
+        } else if (owner == r && bf16) {
+          slot += full.numel();
+        }
       }
       gather.Finish();
       redistribute.Finish();
@@ -72,10 +80,14 @@ std::vector<RankTraffic> PlanTraffic(const JobPlan& job) {
       t[r].received_bf16 += 4 * (gather.recv_words_bf16_total +
                                  redistribute.recv_words_bf16_total);
       t[r].gathered += 4 * gather.recv_total;
-      max_send[r] =
-          std::max({max_send[r], gather.send_total, redistribute.send_total});
-      max_recv[r] =
-          std::max({max_recv[r], gather.recv_total, redistribute.recv_total});
+      max_send[r] = std::max(
+          {max_send[r], bf16 ? gather.send_words_bf16_total : gather.send_total,
+           bf16 ? redistribute.send_words_bf16_total
+                : redistribute.send_total});
+      max_recv[r] = std::max(
+          {max_recv[r], bf16 ? gather.recv_words_bf16_total : gather.recv_total,
+           bf16 ? redistribute.recv_words_bf16_total
+                : redistribute.recv_total});
       max_slot[r] = std::max(max_slot[r], slot);
     }
   }
@@ -375,8 +387,11 @@ std::string RenderReportHtml(const ReportInput& in) {
   }
   std::vector<double> sent, received;
   for (const RankTraffic& t : in.traffic) {
-    sent.push_back(static_cast<double>(t.sent));
-    received.push_back(static_cast<double>(t.received));
+    // The bytes of the job's exchange dtype.
+    const bool bf16 = ExchangeIsBf16(in.plan.layout.execution);
+    sent.push_back(static_cast<double>(bf16 ? t.sent_bf16 : t.sent));
+    received.push_back(
+        static_cast<double>(bf16 ? t.received_bf16 : t.received));
   }
   std::map<int, std::map<int64_t, double>> step_ms;
   for (const v1::StepReport& r : in.reports) {

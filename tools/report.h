@@ -24,8 +24,9 @@ struct RankTraffic {
   int64_t received_bf16 = 0;
   int64_t gathered = 0;  // received in the gather (as owner)
   // The preallocated buffers: (prefetch + 1) bucket slots of the full U
-  // and O of the matrices it owns and does not hold whole, plus the
-  // largest send and receive buffers.
+  // and O of the matrices it owns and does not hold whole (and, with the
+  // bf16 exchange, U of those it owns whole), plus the largest send and
+  // receive buffers (in bf16 words with the bf16 exchange).
   int64_t peak_buffer = 0;
 };
 

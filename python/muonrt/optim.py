@@ -243,9 +243,9 @@ class Muon(torch.optim.Optimizer):
         results stay bitwise the same), exchange_dtype ("float32" (None):
         the single device's bits | "bfloat16": the gather and redistribute
         carry half the bytes, as torchtitan, microsoft/dion and Megatron-LM
-        do; the update's parts sent to an owner and the owner's
-        Newton-Schulz output are rounded to nearest even, every replica
-        applies the same values).
+        do; Newton-Schulz's input and output are rounded to nearest even
+        bf16, so the result is the same on every layout and replicas stay
+        equal).
 
     Raises at construction: ValueError (torch's argument errors; a
     parameter that is not 2-D, with torch's message and its name; not

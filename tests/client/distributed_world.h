@@ -57,7 +57,7 @@ using ConfigFactory = std::function<absl::StatusOr<DistributedConfig>(
     CoordinationClient* coordinator)>;
 
 inline ProblemLayout OneDimLayout(int world_size, Placement placement,
-                           size_t matrices) {
+                                  size_t matrices) {
   return UniformLayout(Mesh::OneDim(world_size), {placement}, matrices);
 }
 

@@ -308,6 +308,15 @@ TEST(ManifestValidationTest,
                                            "\"round_robin\"")));
 }
 
+// An empty policy is lpt, the default: a rank that names it and one that
+// leaves it out agree.
+TEST(ManifestValidationTest, ValidateManifests_EmptyPolicyAndLpt_Agree) {
+  std::vector<v1::RankManifest> m = Manifests(FourRankSpec());
+  m[0].mutable_execution()->clear_assignment_policy();
+  m[1].mutable_execution()->set_assignment_policy("lpt");
+  EXPECT_THAT(ValidateManifests(m), IsOk());
+}
+
 TEST(ManifestValidationTest,
      ValidateManifests_BucketSizeDisagrees_ReturnsInvalidArgument) {
   std::vector<v1::RankManifest> m = Manifests(FourRankSpec());
