@@ -11,6 +11,18 @@ namespace muon {
 namespace kernels {
 namespace {
 
+// Calls fn(at, n) for each row of `region`, in order: `at` is the index of
+// the row's first element in a row-major buffer holding box `holds`, `n`
+// the row's length (region.cols.size()).
+template <typename Fn>
+void ForEachRegionRow(const Box& holds, const Box& region, Fn fn) {
+  const int64_t ld = holds.cols.size();
+  const int64_t n = region.cols.size();
+  for (int64_t i = region.rows.begin; i < region.rows.end; ++i) {
+    fn((i - holds.rows.begin) * ld + (region.cols.begin - holds.cols.begin), n);
+  }
+}
+
 class HostStepKernels final : public StepKernels {
  public:
   explicit HostStepKernels(NsEngine* engine) : engine_(engine) {}
@@ -28,13 +40,9 @@ class HostStepKernels final : public StepKernels {
   absl::Status PackRegionBf16(device::Stream*, const float* src,
                               const Box& src_holds, bf16_t* dst,
                               const Box& region) override {
-    const int64_t ld = src_holds.cols.size();
-    const int64_t n = region.cols.size();
-    for (int64_t i = region.rows.begin; i < region.rows.end; ++i) {
-      const float* s = src + (i - src_holds.rows.begin) * ld +
-                       (region.cols.begin - src_holds.cols.begin);
-      for (int64_t j = 0; j < n; ++j) *dst++ = FloatToBf16(s[j]);
-    }
+    ForEachRegionRow(src_holds, region, [&](int64_t at, int64_t n) {
+      for (int64_t j = 0; j < n; ++j) *dst++ = FloatToBf16(src[at + j]);
+    });
     return absl::OkStatus();
   }
 
@@ -50,13 +58,9 @@ class HostStepKernels final : public StepKernels {
   absl::Status UnpackRegionBf16(device::Stream*, const bf16_t* src,
                                 const Box& region, float* dst,
                                 const Box& dst_holds) override {
-    const int64_t ld = dst_holds.cols.size();
-    const int64_t n = region.cols.size();
-    for (int64_t i = region.rows.begin; i < region.rows.end; ++i) {
-      float* d = dst + (i - dst_holds.rows.begin) * ld +
-                 (region.cols.begin - dst_holds.cols.begin);
-      for (int64_t j = 0; j < n; ++j) d[j] = Bf16ToFloat(*src++);
-    }
+    ForEachRegionRow(dst_holds, region, [&](int64_t at, int64_t n) {
+      for (int64_t j = 0; j < n; ++j) dst[at + j] = Bf16ToFloat(*src++);
+    });
     return absl::OkStatus();
   }
 
