@@ -53,6 +53,8 @@ struct muonrt_optimizer {
   // Host copies of the momentum buffers muonrt_optimizer_momentum handed
   // out (one per parameter, sized once: the pointers stay valid).
   std::vector<std::vector<float>> momentum_copies;
+  // The same for muonrt_optimizer_variance_neuron.
+  std::vector<std::vector<float>> variance_copies;
 };
 
 namespace {
@@ -284,6 +286,13 @@ absl::StatusOr<muon::MuonOptions> ToMuonOptions(const muonrt_options& o) {
                      o.transactional_step, " is neither 0 nor 1"));
   }
   m.transactional_step = o.transactional_step == 1;
+  if (o.normuon != 0 && o.normuon != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "muonrt_options: normuon ", o.normuon, " is neither 0 nor 1"));
+  }
+  m.normuon = o.normuon == 1;
+  m.normuon_beta2 = o.normuon_beta2;
+  m.normuon_eps = o.normuon_eps;
   return m;
 }
 
@@ -406,9 +415,62 @@ absl::Status CreateOptimizer(muonrt_process_group* pg, int mesh_ndim,
   return absl::OkStatus();
 }
 
+// Copies `n` host arrays into `dst` (per parameter), checking each size
+// against dst's: the momentum buffers or the row states of a state_dict.
+absl::Status CopyStateArrays(const char* fn, const char* what,
+                             const char* arrays_name,
+                             const float* const* arrays, const int64_t* numels,
+                             std::vector<std::vector<float>*> dst,
+                             const muon::OptimizerStateDict& sd) {
+  for (size_t i = 0; i < dst.size(); ++i) {
+    std::vector<float>& buf = *dst[i];
+    const int64_t want = static_cast<int64_t>(buf.size());
+    if (numels[i] != want) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          fn, ": parameter ", i, " (\"", sd.params[i].name, "\") has ",
+          numels[i], " ", what, " values but its local shard holds ", want));
+    }
+    if (want > 0 && arrays[i] == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(fn, ": ", arrays_name, "[", i, "] (\"",
+                       sd.params[i].name, "\") is NULL"));
+    }
+    if (want > 0) std::memcpy(buf.data(), arrays[i], want * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
+// Hands out a host copy (`now`, expected to hold `expected` values) of
+// parameter `index`'s state through `copies` (one per parameter, sized
+// once: the pointers handed out stay valid).
+absl::Status HandOutCopy(const char* fn, const char* what,
+                         std::vector<float> now, int64_t expected, int index,
+                         std::vector<std::vector<float>>* copies,
+                         const muon::Muon& m, const float** data,
+                         int64_t* numel) {
+  if (data == nullptr) return NullArgument(fn, "data");
+  if (numel == nullptr) return NullArgument(fn, "numel");
+  copies->resize(m.params().size());
+  if (static_cast<int64_t>(now.size()) != expected) {
+    return absl::InternalError(
+        absl::StrCat(fn, ": the ", what, " of parameter ", index,
+                     " could not be copied from ", m.device().ToString()));
+  }
+  std::vector<float>& buf = (*copies)[index];
+  if (buf.empty()) {
+    buf = std::move(now);  // the first copy fixes the storage
+  } else {
+    std::copy(now.begin(), now.end(), buf.begin());
+  }
+  *data = buf.data();
+  *numel = static_cast<int64_t>(buf.size());
+  return absl::OkStatus();
+}
+
 absl::Status LoadState(muonrt_optimizer* opt, int64_t step,
                        const float* const* buffers, const int64_t* numels,
-                       int num_params) {
+                       const float* const* variances,
+                       const int64_t* variance_numels, int num_params) {
   constexpr char kFn[] = "muonrt_optimizer_load_state";
   if (opt == nullptr) return NullArgument(kFn, "opt");
   muon::Muon& m = *opt->muon;
@@ -424,20 +486,23 @@ absl::Status LoadState(muonrt_optimizer* opt, int64_t step,
   }
   if (n > 0 && buffers == nullptr) return NullArgument(kFn, "buffers");
   if (n > 0 && numels == nullptr) return NullArgument(kFn, "numels");
+  if ((variances == nullptr) != (variance_numels == nullptr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kFn, ": variances and variance_numels must both be ",
+                     "NULL or both be set"));
+  }
   muon::OptimizerStateDict sd = m.state_dict();
-  for (int i = 0; i < n; ++i) {
-    std::vector<float>& buf = sd.params[i].momentum_buffer;
-    const int64_t want = static_cast<int64_t>(buf.size());
-    if (numels[i] != want) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          kFn, ": parameter ", i, " (\"", sd.params[i].name, "\") has ",
-          numels[i], " momentum values but its local shard holds ", want));
-    }
-    if (want > 0 && buffers[i] == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          kFn, ": buffers[", i, "] (\"", sd.params[i].name, "\") is NULL"));
-    }
-    if (want > 0) std::memcpy(buf.data(), buffers[i], want * sizeof(float));
+  std::vector<std::vector<float>*> momentum, variance;
+  for (muon::ParamState& ps : sd.params) {
+    momentum.push_back(&ps.momentum_buffer);
+    variance.push_back(&ps.variance_neuron);
+  }
+  MUON_RETURN_IF_ERROR(CopyStateArrays(kFn, "momentum", "buffers", buffers,
+                                       numels, momentum, sd));
+  if (variances != nullptr) {
+    MUON_RETURN_IF_ERROR(CopyStateArrays(kFn, "variance_neuron", "variances",
+                                         variances, variance_numels, variance,
+                                         sd));
   }
   sd.step = step;
   return m.load_state_dict(sd);
@@ -572,6 +637,9 @@ void muonrt_options_default(muonrt_options* options) {
   options->transactional_step = m.transactional_step ? 1 : 0;
   options->replan_every_steps = d.replan_every_steps();
   options->exchange_dtype = nullptr;
+  options->normuon = m.normuon ? 1 : 0;
+  options->normuon_beta2 = m.normuon_beta2;
+  options->normuon_eps = m.normuon_eps;
 }
 
 int muonrt_optimizer_create(muonrt_process_group* pg, int mesh_ndim,
@@ -636,27 +704,23 @@ int muonrt_optimizer_momentum(muonrt_optimizer* opt, int index,
   return Guard("muonrt_optimizer_momentum", [&]() -> absl::Status {
     constexpr char kFn[] = "muonrt_optimizer_momentum";
     if (opt == nullptr) return NullArgument(kFn, "opt");
-    if (data == nullptr) return NullArgument(kFn, "data");
-    if (numel == nullptr) return NullArgument(kFn, "numel");
     MUON_RETURN_IF_ERROR(CheckIndex(*opt->muon, index, kFn));
-    std::vector<std::vector<float>>& copies = opt->momentum_copies;
-    copies.resize(opt->muon->params().size());
-    std::vector<float> now = opt->muon->momentum_buffer(index);
-    const int64_t expected = opt->muon->params()[index].local_numel();
-    if (static_cast<int64_t>(now.size()) != expected) {
-      return absl::InternalError(absl::StrCat(
-          kFn, ": the momentum of parameter ", index, " could not be copied ",
-          "from ", opt->muon->device().ToString()));
-    }
-    std::vector<float>& buf = copies[index];
-    if (buf.empty()) {
-      buf = std::move(now);  // the first copy fixes the storage
-    } else {
-      std::copy(now.begin(), now.end(), buf.begin());
-    }
-    *data = buf.data();
-    *numel = static_cast<int64_t>(buf.size());
-    return absl::OkStatus();
+    return HandOutCopy(kFn, "momentum", opt->muon->momentum_buffer(index),
+                       opt->muon->params()[index].local_numel(), index,
+                       &opt->momentum_copies, *opt->muon, data, numel);
+  });
+}
+
+int muonrt_optimizer_variance_neuron(muonrt_optimizer* opt, int index,
+                                     const float** data, int64_t* numel) {
+  return Guard("muonrt_optimizer_variance_neuron", [&]() -> absl::Status {
+    constexpr char kFn[] = "muonrt_optimizer_variance_neuron";
+    if (opt == nullptr) return NullArgument(kFn, "opt");
+    MUON_RETURN_IF_ERROR(CheckIndex(*opt->muon, index, kFn));
+    const muon::Muon& m = *opt->muon;
+    return HandOutCopy(kFn, "row state", m.variance_neuron(index),
+                       m.options().normuon ? m.params()[index].local_rows() : 0,
+                       index, &opt->variance_copies, m, data, numel);
   });
 }
 
@@ -664,7 +728,19 @@ int muonrt_optimizer_load_state(muonrt_optimizer* opt, int64_t step,
                                 const float* const* buffers,
                                 const int64_t* numels, int num_params) {
   return Guard("muonrt_optimizer_load_state", [&] {
-    return LoadState(opt, step, buffers, numels, num_params);
+    return LoadState(opt, step, buffers, numels, nullptr, nullptr, num_params);
+  });
+}
+
+int muonrt_optimizer_load_full_state(muonrt_optimizer* opt, int64_t step,
+                                     const float* const* buffers,
+                                     const int64_t* numels,
+                                     const float* const* variances,
+                                     const int64_t* variance_numels,
+                                     int num_params) {
+  return Guard("muonrt_optimizer_load_full_state", [&] {
+    return LoadState(opt, step, buffers, numels, variances, variance_numels,
+                     num_params);
   });
 }
 

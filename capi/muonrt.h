@@ -31,7 +31,7 @@ extern "C" {
 #endif
 
 /* Incremented on any incompatible change of this header. */
-#define MUONRT_ABI_VERSION 8
+#define MUONRT_ABI_VERSION 9
 
 /* Status codes (absl::StatusCode values). */
 #define MUONRT_OK 0
@@ -152,6 +152,14 @@ typedef struct {
    * input and output rounded to nearest even bf16, the same bits on every
    * layout); execution.exchange_dtype; ABI version 8. */
   const char* exchange_dtype;
+  /* NorMuon (MuonOptions::normuon; arXiv 2510.05491, microsoft/dion): 0
+   * (default) or 1: Newton-Schulz's output normalized per row by a second
+   * moment (decay normuon_beta2 in [0, 1), default 0.95; floor
+   * normuon_eps > 0, default 1e-8) and rescaled to its Frobenius norm.
+   * CPU parameters, float32 exchange. ABI version 9. */
+  int normuon;
+  double normuon_beta2;
+  double normuon_eps;
 } muonrt_options;
 
 /* Fills `options` with the defaults above. */
@@ -222,6 +230,26 @@ int muonrt_optimizer_momentum(muonrt_optimizer* opt, int index,
 int muonrt_optimizer_load_state(muonrt_optimizer* opt, int64_t step,
                                 const float* const* buffers,
                                 const int64_t* numels, int num_params);
+
+/* Parameter `index`'s NorMuon row state ("variance_neuron"): a host copy
+ * of one fp32 per local row ([local experts * local rows]), `*numel`
+ * elements (0 without NorMuon), valid as muonrt_optimizer_momentum's.
+ * Errors: OUT_OF_RANGE; INTERNAL (the copy failed). ABI version 9. */
+int muonrt_optimizer_variance_neuron(muonrt_optimizer* opt, int index,
+                                     const float** data, int64_t* numel);
+
+/* muonrt_optimizer_load_state plus NorMuon's row states, all or nothing:
+ * variances[i] holds variance_numels[i] fp32 values for parameter i (as
+ * muonrt_optimizer_variance_neuron gives them); `variances` and
+ * `variance_numels` NULL = every row state unchanged. Errors:
+ * INVALID_ARGUMENT (count or size mismatch, naming the parameter),
+ * nothing changed. ABI version 9. */
+int muonrt_optimizer_load_full_state(muonrt_optimizer* opt, int64_t step,
+                                     const float* const* buffers,
+                                     const int64_t* numels,
+                                     const float* const* variances,
+                                     const int64_t* variance_numels,
+                                     int num_params);
 
 /* Muon::Save / Muon::Load: one safetensors file per rank plus
  * metadata.json in `dir`; Load reshards from any saved layout. Errors:

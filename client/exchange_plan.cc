@@ -23,7 +23,7 @@ void Exchange::Finish() {
 }
 
 void AddToGather(int rank, int matrix, int owner, const std::vector<Box>& boxes,
-                 const Box& full, Exchange* gather) {
+                 const Box& full, Exchange* gather, RegionData data) {
   if (boxes[owner] == full) return;  // the owner has it all
   const int world_size = static_cast<int>(boxes.size());
   std::vector<Box> distinct;
@@ -36,12 +36,12 @@ void AddToGather(int rank, int matrix, int owner, const std::vector<Box>& boxes,
     distinct.push_back(box);
     const int source = boxes[owner] == box ? owner : r;
     if (source == owner) {
-      if (rank == owner) gather->self.push_back({matrix, box});
+      if (rank == owner) gather->self.push_back({matrix, box, data});
     } else if (rank == source) {
-      gather->send[owner].push_back({matrix, box});
+      gather->send[owner].push_back({matrix, box, data});
       gather->send_counts[owner] += box.numel();
     } else if (rank == owner) {
-      gather->recv[source].push_back({matrix, box});
+      gather->recv[source].push_back({matrix, box, data});
       gather->recv_counts[source] += box.numel();
     }
   }
@@ -49,7 +49,7 @@ void AddToGather(int rank, int matrix, int owner, const std::vector<Box>& boxes,
 
 void AddToRedistribute(int rank, int matrix, int owner,
                        const std::vector<Box>& boxes, const Box& full,
-                       Exchange* redistribute) {
+                       Exchange* redistribute, RegionData data) {
   const bool owner_full = boxes[owner] == full;
   const int world_size = static_cast<int>(boxes.size());
   for (int h = 0; h < world_size; ++h) {
@@ -57,16 +57,28 @@ void AddToRedistribute(int rank, int matrix, int owner,
     if (box.empty()) continue;
     if (h == owner) {
       if (rank == owner && !owner_full) {
-        redistribute->self.push_back({matrix, box});
+        redistribute->self.push_back({matrix, box, data});
       }
     } else if (rank == owner) {
-      redistribute->send[h].push_back({matrix, box});
+      redistribute->send[h].push_back({matrix, box, data});
       redistribute->send_counts[h] += box.numel();
     } else if (rank == h) {
-      redistribute->recv[owner].push_back({matrix, box});
+      redistribute->recv[owner].push_back({matrix, box, data});
       redistribute->recv_counts[owner] += box.numel();
     }
   }
+}
+
+Box RowStateBox(const Box& box) {
+  if (box.empty()) return Box{};
+  return Box{box.rows, Range{0, 1}};
+}
+
+std::vector<Box> RowStateBoxes(const std::vector<Box>& boxes) {
+  std::vector<Box> out;
+  out.reserve(boxes.size());
+  for (const Box& b : boxes) out.push_back(RowStateBox(b));
+  return out;
 }
 
 }  // namespace muon

@@ -19,12 +19,18 @@
 
 namespace muon {
 
+// What a region copies: the matrix's values (U to the owner, O back), or
+// its per-row optimizer state (NorMuon's second moment, one float per row
+// of the matrix: a [rows, 1] column, see RowStateBoxes).
+enum class RegionData { kMatrix, kRowState };
+
 // A region (global coordinates) of local matrix `matrix`.
 struct RegionCopy {
   int matrix = 0;
   Box region;
+  RegionData data = RegionData::kMatrix;
   friend bool operator==(const RegionCopy& a, const RegionCopy& b) {
-    return a.matrix == b.matrix && a.region == b.region;
+    return a.matrix == b.matrix && a.region == b.region && a.data == b.data;
   }
 };
 
@@ -58,16 +64,26 @@ struct Exchange {
 };
 
 // Adds local matrix `matrix` (global box `full`, rank r holding boxes[r];
-// owner `owner`) to the gather exchange of `rank`. Requires
-// boxes.size() == the exchange's world size, 0 <= owner, rank < it.
+// owner `owner`) to the gather exchange of `rank`; its regions copy
+// `data`. Requires boxes.size() == the exchange's world size,
+// 0 <= owner, rank < it.
 void AddToGather(int rank, int matrix, int owner, const std::vector<Box>& boxes,
-                 const Box& full, Exchange* gather);
+                 const Box& full, Exchange* gather,
+                 RegionData data = RegionData::kMatrix);
 
 // Adds local matrix `matrix` to the redistribute exchange of `rank` (same
 // arguments as AddToGather).
 void AddToRedistribute(int rank, int matrix, int owner,
                        const std::vector<Box>& boxes, const Box& full,
-                       Exchange* redistribute);
+                       Exchange* redistribute,
+                       RegionData data = RegionData::kMatrix);
+
+// The per-row state of a matrix seen as a [rows, 1] column: the box of it a
+// holder of `box` keeps (box's rows, column 0; empty when `box` is), as
+// dion's variance_neuron (param[..., 0:1]) is sharded with the rows.
+Box RowStateBox(const Box& box);
+// RowStateBox of every rank's box.
+std::vector<Box> RowStateBoxes(const std::vector<Box>& boxes);
 
 }  // namespace muon
 

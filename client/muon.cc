@@ -139,6 +139,16 @@ absl::Status ValidateMuonOptions(const MuonOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("eps should be >= 0 but is: ", PythonFloat(o.eps)));
   }
+  if (!(o.normuon_beta2 >= 0.0 && o.normuon_beta2 < 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("normuon_beta2 should be in [0, 1) but is: ",
+                     PythonFloat(o.normuon_beta2)));
+  }
+  if (!(o.normuon_eps > 0.0 && std::isfinite(o.normuon_eps))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("normuon_eps should be a finite value > 0 but is: ",
+                     PythonFloat(o.normuon_eps)));
+  }
   return absl::OkStatus();
 }
 
@@ -214,6 +224,9 @@ absl::StatusOr<MuonOptions> MuonOptionsFromProto(
   }
   if (p.has_eps()) o.eps = p.eps();
   if (p.has_ns_steps()) o.ns_steps = p.ns_steps();
+  if (p.has_normuon()) o.normuon = p.normuon();
+  if (p.has_normuon_beta2()) o.normuon_beta2 = p.normuon_beta2();
+  if (p.has_normuon_eps()) o.normuon_eps = p.normuon_eps();
   MuonOptionNames names;
   names.adjust_lr_fn = p.adjust_lr_fn();
   names.ns_schedule = p.ns_schedule();
@@ -267,6 +280,7 @@ absl::StatusOr<LocalMatrices> MakeLocalMatrices(
       const Box& my_box = mb.boxes[rank];
       if (ps[i].expert_stack && !my_box.empty()) {
         g.offset = (mb.slice - mine[0].begin) * my_box.numel();
+        g.row_offset = (mb.slice - mine[0].begin) * my_box.rows.size();
       }
       g.boxes = std::move(mb.boxes);
       out.infos.push_back(MatrixInfo{static_cast<int>(out.infos.size()),
@@ -359,6 +373,8 @@ absl::StatusOr<UpdateRule> MakeUpdateRule(const MuonOptions& options) {
                                             options.ns_steps);
   rule.ns.eps = options.eps;
   rule.ns.method = options.ns_method;
+  rule.normuon_beta2 = options.normuon_beta2;
+  rule.normuon_eps = options.normuon_eps;
   return rule;
 }
 
@@ -383,6 +399,11 @@ absl::StatusOr<device::Device> CommonDevice(const std::vector<ParamView>& ps,
 absl::Status CheckDeviceSupport(const device::Device& dev, const MuonOptions& o,
                                 const DistributedState& state) {
   const int rank = state.rank;
+  if (dev.is_cuda() && o.normuon) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank, ": normuon runs on CPU parameters in this version; the ",
+        "parameters are on ", dev.ToString()));
+  }
   if (dev.is_cuda() && o.ns_method != kernels::NewtonSchulzMethod::kStandard) {
     return absl::InvalidArgumentError(absl::StrCat(
         "rank ", rank, ": ns_method \"",
@@ -505,6 +526,7 @@ absl::Status Muon::MakeDataPath(const DistributedConfig& config,
   exec_options.device = device_;
   exec_options.precision = options_.gpu_precision;
   exec_options.bf16_exchange = ExchangeIsBf16(config.execution);
+  exec_options.normuon = options_.normuon;
   device_wait_timeout_ = exec_options.step_timeout;
   if (device_.is_host()) {
     if (config.ns_engine_factory) {
@@ -598,11 +620,20 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
         "exchange; custom gather_fn / redistribute_fn carry float32 (leave "
         "exchange_dtype empty or \"float32\")"));
   }
+  if (options.normuon && (ExchangeIsBf16(execution) || config.gather_fn ||
+                          config.redistribute_fn)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", state.rank, ": normuon keeps its row state in float32 and ",
+        "sends it with the built-in exchange: it cannot run with ",
+        ExchangeIsBf16(execution) ? "execution.exchange_dtype \"bfloat16\""
+                                  : "custom gather_fn / redistribute_fn"));
+  }
   auto manifest_of = [&](int r) -> absl::StatusOr<v1::RankManifest> {
     MUON_ASSIGN_OR_RETURN(
         v1::RankManifest m,
         ManifestOfRank(r, muon->params_, state, execution, requested));
     m.set_ns_steps(options.ns_steps);
+    if (options.normuon) m.set_normuon(true);
     return m;
   };
   MUON_RETURN_IF_ERROR(
@@ -780,7 +811,8 @@ absl::Status Muon::RunStep(device::Stream* caller) {
   const absl::Time start = absl::Now();
   if (options_.transactional_step) {
     MUON_RETURN_IF_ERROR(OnCaller(caller, [&] {
-      return snapshot_.Save(kernels_.get(), caller, params_, buffers_, step_);
+      return snapshot_.Save(kernels_.get(), caller, params_, state_buffers_,
+                            step_);
     }));
   }
   if (absl::Status s = UpdateAll(caller); !s.ok()) {
@@ -858,17 +890,43 @@ absl::Status Muon::AllocateState() {
   MUON_ASSIGN_OR_RETURN(nonfinite_, device::DeviceBuffer<int64_t>::Allocate(
                                         alloc, static_cast<int64_t>(n)));
   host_nonfinite_.assign(n, -1);
+  MUON_RETURN_IF_ERROR(AllocateRowState());
+  for (auto& b : buffers_) state_buffers_.push_back(&b);
+  for (auto& b : row_state_) state_buffers_.push_back(&b);
   if (!options_.transactional_step) return absl::OkStatus();
   MUON_ASSIGN_OR_RETURN(snapshot_,
-                        StepSnapshot::Allocate(alloc, params_, buffers_));
+                        StepSnapshot::Allocate(alloc, params_, state_buffers_));
+  return absl::OkStatus();
+}
+
+absl::Status Muon::AllocateRowState() {
+  const size_t n = params_.size();
+  row_state_.resize(n);
+  if (!options_.normuon) return absl::OkStatus();
+  std::vector<float*> bound(n, nullptr);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t rows = params_[i].local_rows();
+    MUON_ASSIGN_OR_RETURN(row_state_[i], device::DeviceBuffer<float>::Allocate(
+                                             runtime_->allocator(), rows));
+    bound[i] = rows > 0 ? row_state_[i].data() : nullptr;
+  }
+  executor_->BindRowState(std::move(bound));
   return absl::OkStatus();
 }
 
 absl::Status Muon::RestoreState(device::Stream* caller) {
   MUON_RETURN_IF_ERROR(OnCaller(caller, [&] {
-    return snapshot_.Restore(kernels_.get(), caller, params_, buffers_, &step_);
+    return snapshot_.Restore(kernels_.get(), caller, params_, state_buffers_,
+                             &step_);
   }));
   return SyncCaller(caller);
+}
+
+std::vector<float> Muon::variance_neuron(int i) const {
+  const device::DeviceBuffer<float>& b = row_state_[i];
+  std::vector<float> out(b.size());
+  if (!runtime_->CopyToHost(out.data(), b.data(), b.bytes()).ok()) out.clear();
+  return out;
 }
 
 std::vector<float> Muon::momentum_buffer(int i) const {

@@ -134,6 +134,23 @@ struct MuonOptions {
   // all-gather completes); those that saw OK keep the step, the others
   // restore, and the world must restart from a checkpoint.
   bool transactional_step = false;
+  // NorMuon (Li et al., arXiv 2510.05491; microsoft/dion's NorMuon, whose
+  // rescale it follows): after Newton-Schulz, on the owner, each matrix's
+  // update O is normalized per row (neuron) by a second-moment estimate v
+  // (kernels::NorMuonNormalize):
+  //   v_i <- lerp(v_i, mean_j O_ij^2, 1 - normuon_beta2)
+  //   O_ij <- O_ij / (sqrt(v_i) + normuon_eps)
+  //   O <- O * ||O_before||_F / max(||O||_F, normuon_eps)
+  // then applied with AdjustLR as usual. v (fp32, one per row of every
+  // matrix, zeros at first) is sharded with the parameter's rows (a rank
+  // keeps the rows it holds: all of them under Shard(1)), travels to the
+  // owner with the gather and back with the redistribute, and is saved as
+  // "variance_neuron" in state_dict and checkpoints (resharded on load like
+  // the momentum). Every rank must agree (checked in the manifests). CPU
+  // parameters, the float32 built-in exchange.
+  bool normuon = false;
+  double normuon_beta2 = 0.95;  // in [0, 1)
+  double normuon_eps = 1e-8;    // > 0
 };
 
 // Checks `options` as torch.optim.Muon.__init__ does.
@@ -175,6 +192,9 @@ struct ParamState {
   std::vector<std::string> placements;  // DTensor spelling, one per mesh dim
   std::vector<Range> box;               // per tensor dim, the global range held
   std::vector<float> momentum_buffer;   // fp32, row-major, prod(box sizes)
+  // NorMuon's row state (empty without NorMuon): fp32, one per row of the
+  // box (prod(box sizes but the last)), as a [..., rows, 1] tensor.
+  std::vector<float> variance_neuron;
 };
 
 // The optimizer's state on one rank: rank-symmetric (every holder keeps the
@@ -339,6 +359,10 @@ class Muon {
   // row-major; zeros before the first step), copied from the parameters'
   // device. Empty when that copy fails (a CUDA error; Save reports it).
   std::vector<float> momentum_buffer(int i) const;
+  // A host copy of parameter i's NorMuon row state (fp32, one per local
+  // row: [local experts, local rows] for a stack); empty without NorMuon
+  // or when the copy fails.
+  std::vector<float> variance_neuron(int i) const;
   // The parameters' device (all of them share it).
   const device::Device& device() const { return device_; }
   const MuonOptions& options() const { return options_; }
@@ -400,6 +424,9 @@ class Muon {
   // The optimizer's state on the parameters' device (momentum, Nesterov
   // buffer, finite-check results, snapshot), at Create.
   absl::Status AllocateState();
+  // NorMuon's row state (zeros; host memory only, as NorMuon runs on CPU
+  // parameters), bound to the executor.
+  absl::Status AllocateRowState();
   // options_.transactional_step: copies snapshot_ back on `caller` after a
   // failed step (bitwise) and waits for it.
   absl::Status RestoreState(device::Stream* caller);
@@ -445,6 +472,11 @@ class Muon {
   // the finite check's first non-finite index per parameter.
   std::vector<device::DeviceBuffer<float>> buffers_;
   std::vector<device::DeviceBuffer<float>> nesterov_;
+  // NorMuon's row state per parameter (empty buffers without NorMuon).
+  std::vector<device::DeviceBuffer<float>> row_state_;
+  // Every state buffer a transactional step snapshots: the momentum
+  // buffers, then the row states.
+  std::vector<device::DeviceBuffer<float>*> state_buffers_;
   device::DeviceBuffer<int64_t> nonfinite_;
   std::vector<int64_t> host_nonfinite_;  // nonfinite_ copied to the host
   std::vector<const float*> update_ptrs_;

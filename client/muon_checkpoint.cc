@@ -1,6 +1,6 @@
 // Muon's state_dict / load_state_dict and its checkpoints (Save / Load):
-// the rank-symmetric momentum shards, in the safetensors-based format of
-// client/checkpoint.h.
+// the rank-symmetric momentum shards (and NorMuon's row state), in the
+// safetensors-based format of client/checkpoint.h.
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -25,6 +25,36 @@ std::string BoxString(const std::vector<Range>& box) {
 // Name of parameter `param`'s momentum buffer in a checkpoint.
 std::string MomentumKey(const std::string& param) {
   return absl::StrCat(param, ".momentum_buffer");
+}
+
+// Name of parameter `param`'s NorMuon row state in a checkpoint (dion's
+// state key "variance_neuron").
+std::string VarianceKey(const std::string& param) {
+  return absl::StrCat(param, ".variance_neuron");
+}
+
+// NorMuon's row state of a parameter as a checkpoint tensor: the
+// parameter's shape with the last dim 1 ([..., rows, 1], as dion's
+// param[..., 0:1]), held where the parameter's rows are: a mesh dim that
+// shards the last dim replicates it. A rank holding none of the parameter
+// holds none of it.
+ShardTensorView RowStateTensor(const ParamState& ps,
+                               const std::vector<Placement>& placements) {
+  ShardTensorView t;
+  t.name = VarianceKey(ps.name);
+  t.global_shape = ps.global_shape;
+  t.global_shape.back() = 1;
+  const int last = static_cast<int>(ps.global_shape.size()) - 1;
+  for (const Placement& p : placements) {
+    t.placements.push_back(p.is_shard() && p.dim == last
+                               ? Placement::Replicate().ToString()
+                               : p.ToString());
+  }
+  bool empty = false;
+  for (const Range& r : ps.box) empty |= r.size() == 0;
+  t.box = ps.box;
+  if (!t.box.empty()) t.box.back() = empty ? Range{0, 0} : Range{0, 1};
+  return t;
 }
 
 }  // namespace
@@ -56,6 +86,9 @@ OptimizerStateDict Muon::state_dict() const {
   OptimizerStateDict sd = StateLayout();
   for (size_t i = 0; i < sd.params.size(); ++i) {
     sd.params[i].momentum_buffer = momentum_buffer(static_cast<int>(i));
+    if (options_.normuon) {
+      sd.params[i].variance_neuron = variance_neuron(static_cast<int>(i));
+    }
   }
   return sd;
 }
@@ -91,6 +124,13 @@ absl::Status Muon::load_state_dict(const OptimizerStateDict& state) {
                buffers_[i].size()) {
       what = absl::StrCat("momentum buffer of ", got.momentum_buffer.size(),
                           " values (expected ", buffers_[i].size(), ")");
+    } else if (static_cast<int64_t>(got.variance_neuron.size()) !=
+               row_state_[i].size()) {
+      what = absl::StrCat("variance_neuron of ", got.variance_neuron.size(),
+                          " values (expected ", row_state_[i].size(),
+                          options_.normuon
+                              ? ": NorMuon keeps one per local row)"
+                              : ": this optimizer runs without normuon)");
     }
     if (!what.empty()) {
       return absl::InvalidArgumentError(
@@ -99,10 +139,15 @@ absl::Status Muon::load_state_dict(const OptimizerStateDict& state) {
     }
   }
   for (size_t i = 0; i < buffers_.size(); ++i) {
-    if (absl::Status s = runtime_->CopyFromHost(
-            buffers_[i].data(), state.params[i].momentum_buffer.data(),
-            buffers_[i].bytes());
-        !s.ok()) {
+    absl::Status s = runtime_->CopyFromHost(
+        buffers_[i].data(), state.params[i].momentum_buffer.data(),
+        buffers_[i].bytes());
+    if (s.ok() && row_state_[i].size() > 0) {
+      s = runtime_->CopyFromHost(row_state_[i].data(),
+                                 state.params[i].variance_neuron.data(),
+                                 row_state_[i].bytes());
+    }
+    if (!s.ok()) {
       // Only a device error gets here: the buffers before i are loaded.
       return absl::Status(
           s.code(),
@@ -137,6 +182,16 @@ absl::Status Muon::Save(const std::string& dir) const {
     t.box = ps.box;
     t.data = ps.momentum_buffer.data();
     tensors.push_back(std::move(t));
+    if (!options_.normuon) continue;
+    if (static_cast<int64_t>(ps.variance_neuron.size()) !=
+        row_state_[i].size()) {
+      return absl::InternalError(
+          absl::StrCat("rank ", rank_, ": Save: the row state of \"", ps.name,
+                       "\" could not be copied from ", device_.ToString()));
+    }
+    ShardTensorView v = RowStateTensor(ps, placements_[i].placements);
+    v.data = ps.variance_neuron.data();
+    tensors.push_back(std::move(v));
   }
   MUON_RETURN_IF_ERROR(WriteCheckpointShard(dir, rank_, meta, tensors));
   if (rank_ == 0)
@@ -154,6 +209,13 @@ absl::Status Muon::Load(const std::string& dir) {
     ps.momentum_buffer.assign(buffers_[i].size(), 0.0f);
     absl::Status s = reader->ReadRegion(MomentumKey(ps.name), ps.global_shape,
                                         ps.box, ps.momentum_buffer.data());
+    if (s.ok() && options_.normuon) {
+      // Zeros where this rank holds rows of no matrix (an empty box).
+      ps.variance_neuron.assign(row_state_[i].size(), 0.0f);
+      const ShardTensorView v = RowStateTensor(ps, placements_[i].placements);
+      s = reader->ReadRegion(v.name, v.global_shape, v.box,
+                             ps.variance_neuron.data());
+    }
     if (!s.ok()) {
       return absl::Status(s.code(), absl::StrCat("rank ", rank_, ": loading \"",
                                                  ps.name, "\": ", s.message()));

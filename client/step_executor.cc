@@ -54,6 +54,25 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
         "memory; the executor on ", options.device.ToString(),
         " exchanges with the communicator"));
   }
+  if (options.normuon) {
+    std::string refused;
+    if (!options.device.is_host()) {
+      refused = absl::StrCat(
+          "runs on the host in this version; the executor "
+          "is on ",
+          options.device.ToString());
+    } else if (gather_fn || redistribute_fn) {
+      refused =
+          "needs the built-in exchange (its row state travels with it), "
+          "not custom gather/redistribute functions";
+    } else if (options.bf16_exchange) {
+      refused = "keeps its row state in float32: use the float32 exchange";
+    }
+    if (!refused.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", rank, ": NorMuon ", refused));
+    }
+  }
   if (ns_engine == nullptr && options.device.is_host()) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", rank, ": no Newton-Schulz engine"));
@@ -88,8 +107,12 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
 
 absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::ForPlan(
     const v1::Plan& plan) const {
-  return Create(rank_, world_size_, plan, geometry_, comm_, gather_fn_,
-                redistribute_fn_, ns_engine_, options_);
+  MUON_ASSIGN_OR_RETURN(
+      std::unique_ptr<StepExecutor> ex,
+      Create(rank_, world_size_, plan, geometry_, comm_, gather_fn_,
+             redistribute_fn_, ns_engine_, options_));
+  ex->BindRowState(row_state_);
+  return ex;
 }
 
 absl::Status StepExecutor::CheckPlanMatrix(const v1::Plan& plan, int mi,
@@ -132,7 +155,7 @@ int64_t StepExecutor::PlaceInSlot(BucketSchedule* b, BufferSizes* sizes) {
         u_offset_[m] = elems;
         elems += FullBox(g).numel();
       }
-      b->ns_batches.push_back(NsBatch{m, 1, false});
+      b->ns_batches.push_back(NsBatch{m, 1, false, {m}});
       int64_t& batch = sizes->owned_shapes[{g.rows, g.cols}];
       batch = std::max<int64_t>(batch, 1);
       continue;
@@ -150,9 +173,14 @@ int64_t StepExecutor::PlaceInSlot(BucketSchedule* b, BufferSizes* sizes) {
       o_offset_[m] = elems;
       elems += FullBox(geometry_[m]).numel();
     }
+    for (int m : group) {
+      if (!options_.normuon || HoldsAllRows(m)) continue;
+      v_offset_[m] = elems;
+      elems += geometry_[m].rows;
+    }
     const MatrixGeometry& g = geometry_[group[0]];
     const int count = static_cast<int>(group.size());
-    b->ns_batches.push_back(NsBatch{group[0], count, true});
+    b->ns_batches.push_back(NsBatch{group[0], count, true, group});
     int64_t& batch = sizes->owned_shapes[{g.rows, g.cols}];
     batch = std::max<int64_t>(batch, count);
   }
@@ -170,6 +198,7 @@ absl::StatusOr<StepExecutor::BufferSizes> StepExecutor::CompileBuckets(
   u_offset_.assign(num_matrices, -1);
   bucket_of_.assign(num_matrices, -1);
   o_offset_.assign(num_matrices, -1);
+  v_offset_.assign(num_matrices, -1);
   local_o_elems_ = 0;
   for (int m = 0; m < num_matrices; ++m) {
     local_o_offset_[m] = local_o_elems_;
@@ -204,6 +233,15 @@ absl::StatusOr<StepExecutor::BufferSizes> StepExecutor::CompileBuckets(
       if (owner == rank_) b.owned.push_back(m);
       AddToGather(rank_, m, owner, g.boxes, FullBox(g), &b.gather);
       AddToRedistribute(rank_, m, owner, g.boxes, FullBox(g), &b.redistribute);
+      if (options_.normuon) {
+        // The row state travels with the matrix: to the owner and back.
+        const std::vector<Box> rows = RowStateBoxes(g.boxes);
+        const Box all_rows = RowStateBox(FullBox(g));
+        AddToGather(rank_, m, owner, rows, all_rows, &b.gather,
+                    RegionData::kRowState);
+        AddToRedistribute(rank_, m, owner, rows, all_rows, &b.redistribute,
+                          RegionData::kRowState);
+      }
     }
     const int64_t bucket_elems = PlaceInSlot(&b, &sizes);
     for (Exchange* x : {&b.gather, &b.redistribute}) {
@@ -438,10 +476,31 @@ float* StepExecutor::FullO(int m) {
          o_offset_[m];
 }
 
-const float* StepExecutor::ExchangeSource(
-    int m, bool to_owner, const std::vector<const float*>& updates,
-    Box* holds) {
+bool StepExecutor::HoldsAllRows(int m) const {
   const MatrixGeometry& g = geometry_[m];
+  return RowStateBox(g.boxes[rank_]) == RowStateBox(FullBox(g));
+}
+
+float* StepExecutor::LocalRowState(int m) {
+  const MatrixGeometry& g = geometry_[m];
+  return row_state_[g.param_index] + g.row_offset;
+}
+
+float* StepExecutor::FullRowState(int m) {
+  if (HoldsAllRows(m)) return LocalRowState(m);
+  return arena_.data() + slot_of_bucket_[bucket_of_[m]] * slot_elems_ +
+         v_offset_[m];
+}
+
+const float* StepExecutor::ExchangeSource(
+    const RegionCopy& c, bool to_owner,
+    const std::vector<const float*>& updates, Box* holds) {
+  const int m = c.matrix;
+  const MatrixGeometry& g = geometry_[m];
+  if (c.data == RegionData::kRowState) {
+    *holds = RowStateBox(to_owner ? g.boxes[rank_] : FullBox(g));
+    return to_owner ? LocalRowState(m) : FullRowState(m);
+  }
   if (to_owner) {
     *holds = g.boxes[rank_];
     return updates[g.param_index] + g.offset;
@@ -450,8 +509,14 @@ const float* StepExecutor::ExchangeSource(
   return HoldsFull(m) ? LocalO(m) : FullO(m);
 }
 
-float* StepExecutor::ExchangeDestination(int m, bool to_owner, Box* holds) {
+float* StepExecutor::ExchangeDestination(const RegionCopy& c, bool to_owner,
+                                         Box* holds) {
+  const int m = c.matrix;
   const MatrixGeometry& g = geometry_[m];
+  if (c.data == RegionData::kRowState) {
+    *holds = RowStateBox(to_owner ? FullBox(g) : g.boxes[rank_]);
+    return to_owner ? FullRowState(m) : LocalRowState(m);
+  }
   if (to_owner) {
     *holds = FullBox(g);
     return FullU(m);
@@ -467,7 +532,7 @@ absl::Status StepExecutor::SendRecvFp32(
   int64_t off = 0;
   for (int q = 0; q < world_size_; ++q) {
     for (const RegionCopy& c : x.send[q]) {
-      const float* src = ExchangeSource(c.matrix, to_owner, updates, &holds);
+      const float* src = ExchangeSource(c, to_owner, updates, &holds);
       MUON_RETURN_IF_ERROR(kernels_->CopyRegion(
           stream, src, holds, send_buf_.data() + off, c.region, c.region));
       off += c.region.numel();
@@ -479,7 +544,7 @@ absl::Status StepExecutor::SendRecvFp32(
   off = 0;
   for (int q = 0; q < world_size_; ++q) {
     for (const RegionCopy& c : x.recv[q]) {
-      float* dst = ExchangeDestination(c.matrix, to_owner, &holds);
+      float* dst = ExchangeDestination(c, to_owner, &holds);
       MUON_RETURN_IF_ERROR(kernels_->CopyRegion(
           stream, recv_buf_.data() + off, c.region, dst, holds, c.region));
       off += c.region.numel();
@@ -500,7 +565,7 @@ absl::Status StepExecutor::SendRecvBf16(
   for (int q = 0; q < world_size_; ++q) {
     kernels::bf16_t* out = send + 2 * word;
     for (const RegionCopy& c : x.send[q]) {
-      const float* src = ExchangeSource(c.matrix, to_owner, updates, &holds);
+      const float* src = ExchangeSource(c, to_owner, updates, &holds);
       MUON_RETURN_IF_ERROR(
           kernels_->PackRegionBf16(stream, src, holds, out, c.region));
       out += c.region.numel();
@@ -514,7 +579,7 @@ absl::Status StepExecutor::SendRecvBf16(
   for (int q = 0; q < world_size_; ++q) {
     const kernels::bf16_t* in = recv + 2 * word;
     for (const RegionCopy& c : x.recv[q]) {
-      float* dst = ExchangeDestination(c.matrix, to_owner, &holds);
+      float* dst = ExchangeDestination(c, to_owner, &holds);
       MUON_RETURN_IF_ERROR(
           kernels_->UnpackRegionBf16(stream, in, c.region, dst, holds));
       in += c.region.numel();
@@ -531,8 +596,8 @@ absl::Status StepExecutor::RunExchange(const Exchange& x, bool to_owner,
                                        int64_t* bytes_received) {
   Box src_holds, dst_holds;
   for (const RegionCopy& c : x.self) {
-    const float* src = ExchangeSource(c.matrix, to_owner, updates, &src_holds);
-    float* dst = ExchangeDestination(c.matrix, to_owner, &dst_holds);
+    const float* src = ExchangeSource(c, to_owner, updates, &src_holds);
+    float* dst = ExchangeDestination(c, to_owner, &dst_holds);
     MUON_RETURN_IF_ERROR(
         kernels_->CopyRegion(stream, src, src_holds, dst, dst_holds, c.region));
   }
@@ -613,6 +678,9 @@ absl::Status StepExecutor::Orthogonalize(int b, const StepArgs& args,
     float* o = batch.in_slot ? FullO(m) : LocalO(m);
     MUON_RETURN_IF_ERROR(kernels_->Orthogonalize(stream, u, batch.count, g.rows,
                                                  g.cols, args.rule->ns, o));
+    if (options_.normuon) {
+      MUON_RETURN_IF_ERROR(NormalizeBatch(batch, o, *args.rule, stream));
+    }
     if (options_.bf16_exchange) {
       // Every holder, the owner included, applies the same bf16 values.
       MUON_RETURN_IF_ERROR(
@@ -626,6 +694,19 @@ absl::Status StepExecutor::Orthogonalize(int b, const StepArgs& args,
   ns_flops_ += flops;
   rec->push_back(OpRecord{v1::OP_KIND_ORTHOGONALIZE, stream_kind, bs.index, t0,
                           NowSeconds(), 0, flops});
+  return absl::OkStatus();
+}
+
+absl::Status StepExecutor::NormalizeBatch(const NsBatch& batch, float* o,
+                                          const UpdateRule& rule,
+                                          device::Stream* stream) {
+  for (size_t k = 0; k < batch.members.size(); ++k) {
+    const int m = batch.members[k];
+    const MatrixGeometry& g = geometry_[m];
+    MUON_RETURN_IF_ERROR(kernels_->NorMuonNormalize(
+        stream, o + static_cast<int64_t>(k) * g.rows * g.cols, g.rows, g.cols,
+        FullRowState(m), rule.normuon_beta2, rule.normuon_eps));
+  }
   return absl::OkStatus();
 }
 
@@ -828,6 +909,17 @@ absl::Status StepExecutor::Enqueue(const std::vector<const float*>& updates,
         absl::StrCat("rank ", rank_, ": the caller's stream \"", caller->name(),
                      "\" is on ", caller->device().ToString(),
                      ", the executor on ", options_.device.ToString()));
+  }
+  if (options_.normuon) {
+    for (const MatrixGeometry& g : geometry_) {
+      if (g.boxes[rank_].empty()) continue;
+      if (g.param_index >= static_cast<int>(row_state_.size()) ||
+          row_state_[g.param_index] == nullptr) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("rank ", rank_, ": NorMuon has no row state for \"",
+                         g.param, "\" (BindRowState)"));
+      }
+    }
   }
   main_records_.clear();
   comm_records_.clear();

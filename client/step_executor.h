@@ -75,6 +75,10 @@ struct MatrixGeometry {
   // Offset, in elements, of this rank's part of the matrix inside the
   // parameter's local data (non-zero for later expert slices).
   int64_t offset = 0;
+  // Offset, in rows, of this rank's rows of the matrix inside the
+  // parameter's local row state (NorMuon's second moment: one float per
+  // local row, expert slices one after another).
+  int64_t row_offset = 0;
   std::vector<Box> boxes;  // box held by each rank (index = rank)
 };
 
@@ -126,6 +130,12 @@ struct ExecutorOptions {
   // layout or on which rank owns a matrix, and replicas stay equal.
   // false: fp32, the single device's bits.
   bool bf16_exchange = false;
+  // NorMuon (kernels::NorMuonNormalize, with UpdateRule's beta2 and eps):
+  // each matrix's row state (BindRowState) travels with the gather to the
+  // owner, which normalizes O with it, and back with the redistribute to
+  // every holder of those rows. Host only; fp32 exchange and the built-in
+  // exchange only (Create refuses the rest).
+  bool normuon = false;
 };
 
 class StepExecutor {
@@ -157,6 +167,15 @@ class StepExecutor {
       const v1::Plan& plan) const;
 
   ~StepExecutor();
+
+  // NorMuon: `row_state[i]` is parameter i's row state on this rank
+  // (float32, memory of device(): one float per local row of each of its
+  // matrices, [local experts, local rows] for a stack; nullptr for a
+  // parameter with no local rows), read and updated by every Run; not
+  // owned, must stay valid while steps run. Carried over by ForPlan.
+  void BindRowState(std::vector<float*> row_state) {
+    row_state_ = std::move(row_state);
+  }
 
   // Runs gather -> orthogonalize -> redistribute -> apply for every bucket.
   // `updates[i]` is this rank's shard of U for parameter i (local shape,
@@ -222,6 +241,7 @@ class StepExecutor {
     int first = 0;
     int count = 1;
     bool in_slot = false;
+    std::vector<int> members;  // the local matrices, in slot order
   };
   struct BucketSchedule {
     int index = 0;
@@ -288,13 +308,23 @@ class StepExecutor {
                            const std::vector<const float*>& updates,
                            device::Stream* stream, int64_t* bytes_sent,
                            int64_t* bytes_received);
-  // Where local matrix m's data comes from and goes to in an exchange
-  // (the gather when to_owner, else the redistribute), and the box held
-  // there.
-  const float* ExchangeSource(int m, bool to_owner,
+  // Where region `c`'s data (local matrix c.matrix's values or row state)
+  // comes from and goes to in an exchange (the gather when to_owner, else
+  // the redistribute), and the box held there.
+  const float* ExchangeSource(const RegionCopy& c, bool to_owner,
                               const std::vector<const float*>& updates,
                               Box* holds);
-  float* ExchangeDestination(int m, bool to_owner, Box* holds);
+  float* ExchangeDestination(const RegionCopy& c, bool to_owner, Box* holds);
+  // NorMuon: this rank's rows of local matrix m's row state, and the full
+  // row state of an owned matrix (in its bucket's slot, or this rank's own
+  // when it holds every row).
+  float* LocalRowState(int m);
+  float* FullRowState(int m);
+  bool HoldsAllRows(int m) const;
+  // NorMuon's normalization of an owned batch's O (`o`, batch.count
+  // matrices one after another).
+  absl::Status NormalizeBatch(const NsBatch& batch, float* o,
+                              const UpdateRule& rule, device::Stream* stream);
   // The bf16 exchange's owner side of a gather: every owned matrix's full U
   // in its slot rounded to bf16 (copied there first when this rank holds
   // it whole), so that Newton-Schulz sees the same input whoever owns it.
@@ -347,6 +377,8 @@ class StepExecutor {
   std::vector<int> bucket_of_;     // per local matrix: position in buckets_
   std::vector<int64_t> u_offset_;  // per local matrix
   std::vector<int64_t> o_offset_;
+  std::vector<int64_t> v_offset_;  // NorMuon's full row state (-1 = none)
+  std::vector<float*> row_state_;  // per parameter (BindRowState)
   // This rank's box of O per local matrix, at local_o_offset_[m] in
   // local_o_ (local_o_elems_ floats in all).
   device::DeviceBuffer<float> local_o_;

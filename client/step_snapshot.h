@@ -2,9 +2,10 @@
 #define MUON_CLIENT_STEP_SNAPSHOT_H_
 
 // MuonOptions::transactional_step's snapshot: a copy of everything a step
-// mutates (each parameter's local shard in its own dtype, its fp32 momentum
-// buffer, the step count), taken before the step and copied back, bitwise,
-// after a failed one, so that a failed step leaves the optimizer as it was.
+// mutates (each parameter's local shard in its own dtype, its fp32 optimizer
+// state: momentum buffer and NorMuon's row state, the step count), taken before
+// the step and copied back, bitwise, after a failed one, so that a failed step
+// leaves the optimizer as it was.
 
 #include <cstdint>
 #include <vector>
@@ -23,32 +24,34 @@ class StepSnapshot {
   StepSnapshot() = default;  // empty: holds nothing (option off)
 
   // Room on `alloc`'s device for parameter i's local shard
-  // (params[i].local_numel() elements of params[i].dtype) and its momentum
-  // (momentum[i].size() floats), for every i. params and momentum have the
-  // same length. Errors: the allocator's (ResourceExhausted, ...).
+  // (params[i].local_numel() elements of params[i].dtype), for every i, and
+  // for every optimizer state buffer state[k] (fp32: the momentum buffers,
+  // NorMuon's row state; state[k]->size() floats, none null).
+  // Errors: the allocator's (ResourceExhausted, ...).
   static absl::StatusOr<StepSnapshot> Allocate(
       device::Allocator* alloc, const std::vector<ParamView>& params,
-      const std::vector<device::DeviceBuffer<float>>& momentum);
+      const std::vector<device::DeviceBuffer<float>*>& state);
 
-  // Enqueues the copies of every params[i].data and momentum[i] into the
-  // snapshot on `stream` (nullptr: the host, at once) with `kernels`, and
-  // records `step`. The caller makes the stream's device current (runs
-  // this inside the stream's Launch) and waits for the stream before the
-  // values may change. Errors: the kernels' copy errors.
+  // Enqueues the copies of every params[i].data and state[k] (the buffers
+  // given to Allocate, in the same order) into the snapshot on `stream`
+  // (nullptr: the host, at once) with `kernels`, and records `step`. The
+  // caller makes the stream's device current (runs this inside the
+  // stream's Launch) and waits for the stream before the values may
+  // change. Errors: the kernels' copy errors.
   absl::Status Save(kernels::StepKernels* kernels, device::Stream* stream,
                     const std::vector<ParamView>& params,
-                    const std::vector<device::DeviceBuffer<float>>& momentum,
+                    const std::vector<device::DeviceBuffer<float>*>& state,
                     int64_t step);
 
   // The reverse copies, like Save; *step = the recorded step count.
   absl::Status Restore(kernels::StepKernels* kernels, device::Stream* stream,
                        const std::vector<ParamView>& params,
-                       std::vector<device::DeviceBuffer<float>>& momentum,
+                       const std::vector<device::DeviceBuffer<float>*>& state,
                        int64_t* step) const;
 
  private:
   std::vector<device::DeviceMemory> params_;
-  std::vector<device::DeviceBuffer<float>> momentum_;
+  std::vector<device::DeviceBuffer<float>> state_;
   int64_t step_ = 0;
 };
 

@@ -35,6 +35,12 @@ int64_t ParamView::local_numel() const {
   return n;
 }
 
+int64_t ParamView::local_rows() const {
+  int64_t n = 1;
+  for (size_t d = 0; d + 1 < local_shape.size(); ++d) n *= local_shape[d];
+  return n;
+}
+
 bool IsContiguous(const std::vector<int64_t>& shape,
                   const std::vector<int64_t>& strides) {
   if (strides.empty()) return true;

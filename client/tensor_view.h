@@ -74,6 +74,9 @@ struct ParamView {
     return global_shape.empty() ? local_shape : global_shape;
   }
   int64_t local_numel() const;
+  // Rows of the local shard over all its matrices: the product of every
+  // local dim but the last ([local experts * local rows] for a stack).
+  int64_t local_rows() const;
 };
 
 // Checks what the step needs of a view on this rank: a name, a data

@@ -141,6 +141,38 @@ absl::string_view AdjustLrFnName(AdjustLrFn fn) {
   return "original";
 }
 
+void NorMuonNormalize(float* o, int64_t rows, int64_t cols, float* variance,
+                      double beta2, double eps) {
+  if (rows <= 0 || cols <= 0) return;
+  const float w = static_cast<float>(1.0 - beta2);
+  const float eps_f = static_cast<float>(eps);
+  const float cols_f = static_cast<float>(cols);
+  double before = 0;  // ||O||_F^2
+  double after = 0;   // ||O / (sqrt(v) + eps)||_F^2
+  for (int64_t i = 0; i < rows; ++i) {
+    float* row = o + i * cols;
+    double sq = 0;
+    for (int64_t j = 0; j < cols; ++j) {
+      sq += static_cast<double>(row[j]) * static_cast<double>(row[j]);
+    }
+    before += sq;
+    const float mean_sq = static_cast<float>(sq) / cols_f;
+    variance[i] = Lerp(variance[i], mean_sq, w);
+    const float denom = std::sqrt(variance[i]) + eps_f;
+    double row_after = 0;
+    for (int64_t j = 0; j < cols; ++j) {
+      row[j] = row[j] / denom;
+      row_after += static_cast<double>(row[j]) * static_cast<double>(row[j]);
+    }
+    after += row_after;
+  }
+  const float norm_before = static_cast<float>(std::sqrt(before));
+  const float norm_after =
+      std::max(static_cast<float>(std::sqrt(after)), eps_f);
+  const float scale = norm_before / norm_after;
+  for (int64_t k = 0; k < rows * cols; ++k) o[k] = o[k] * scale;
+}
+
 void ApplyUpdate(float* param, const float* update, int64_t n, double lr,
                  double weight_decay, double adjusted_lr) {
   const float decay = static_cast<float>(1.0 - lr * weight_decay);

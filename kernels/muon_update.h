@@ -89,6 +89,28 @@ absl::StatusOr<AdjustLrFn> ParseAdjustLrFn(absl::string_view name);
 // "original", "match_rms_adamw" or "spectral_norm".
 absl::string_view AdjustLrFnName(AdjustLrFn fn);
 
+// NorMuon's neuron-wise normalization of one orthogonalized update, in
+// place (Li et al., "NorMuon: Making Muon more efficient and scalable",
+// arXiv 2510.05491, Algorithm 1; microsoft/dion's
+// _normuon_normalization_core, whose Frobenius-norm rescale it follows):
+//   n0   = ||O||_F
+//   v_i <- lerp(v_i, mean_j O_ij^2, 1 - beta2)      (per row i: a neuron)
+//   O_ij <- O_ij / (sqrt(v_i) + eps)
+//   O    <- O * (n0 / max(||O||_F, eps))
+//   o:        float32 [rows, cols] row-major, the update NS_k(U).
+//   variance: float32 [rows], the second-moment state v of the matrix's
+//             rows (zeros before the first step), updated in place.
+//   beta2:    in [0, 1); eps > 0 (dion: 1e-8 for both uses).
+// Sums of squares accumulate in double over rows in order (deterministic:
+// the same bits wherever it runs); the lerp is ATen's scalar formula in
+// float, as MomentumUpdate's; every other operation is one float operation
+// per element. The paper scales the result by 0.2 * sqrt(rows * cols) /
+// ||O||_F instead of the rescale to n0; with AdjustLrFn::kMatchRmsAdamW the
+// two agree up to how far ||NS_k(U)||_F is from sqrt(min(rows, cols)).
+// No-op when rows or cols is 0.
+void NorMuonNormalize(float* o, int64_t rows, int64_t cols, float* variance,
+                      double beta2, double eps);
+
 // Decoupled weight decay and the Muon update, in place:
 //   param *= (float)(1 - lr * weight_decay);
 //   param += (float)(-adjusted_lr) * update;

@@ -55,6 +55,20 @@ class HostStepKernels final : public StepKernels {
     return absl::OkStatus();
   }
 
+  absl::Status NorMuonNormalize(device::Stream*, float* o, int64_t rows,
+                                int64_t cols, float* variance, double beta2,
+                                double eps) override {
+    if (rows < 0 || cols < 0 ||
+        (rows * cols > 0 && (o == nullptr || variance == nullptr))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "NorMuonNormalize: rows and cols must be >= 0 with non-null o and "
+          "variance, got [",
+          rows, ", ", cols, "]"));
+    }
+    kernels::NorMuonNormalize(o, rows, cols, variance, beta2, eps);
+    return absl::OkStatus();
+  }
+
   absl::Status UnpackRegionBf16(device::Stream*, const bf16_t* src,
                                 const Box& region, float* dst,
                                 const Box& dst_holds) override {

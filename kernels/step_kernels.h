@@ -91,6 +91,16 @@ class StepKernels {
   // per shape with its largest batch.
   virtual absl::Status Reserve(int64_t batch, int64_t rows, int64_t cols) = 0;
 
+  // NorMuon's normalization (kernels::NorMuonNormalize) of one row-major
+  // fp32 [rows, cols] update `o`, in place, with its row state `variance`
+  // (float32 [rows], updated in place). Both are memory of device().
+  // Errors: InvalidArgument (negative sizes, null pointers); Unimplemented
+  // on CUDA (NorMuon runs on the host in this version).
+  virtual absl::Status NorMuonNormalize(device::Stream* stream, float* o,
+                                        int64_t rows, int64_t cols,
+                                        float* variance, double beta2,
+                                        double eps) = 0;
+
   // torch.optim.Muon's momentum and Nesterov, elementwise over n
   // elements (torch/optim/_muon.py: buf.lerp_(grad, 1 - momentum), then
   // grad.lerp(buf, momentum); kernels::MomentumUpdate and NesterovUpdate):

@@ -192,6 +192,13 @@ absl::Status CheckRankAgreesWithRank0(const v1::RankManifest& m0,
         "rank ", r, " reports ns_steps ", k, " but rank 0 reports ",
         NsStepsOf(m0), "; every rank must run the same optimizer"));
   }
+  if (mr.normuon() != m0.normuon()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", r, " reports normuon=", mr.normuon() ? "true" : "false",
+        " but rank 0 reports normuon=", m0.normuon() ? "true" : "false",
+        "; every rank must run the same optimizer (NorMuon's row state "
+        "travels with the exchanges)"));
+  }
   return absl::OkStatus();
 }
 

@@ -75,6 +75,9 @@ def parse_args(argv=None):
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--momentum", type=float, default=0.95)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--normuon", action="store_true",
+                   help="NorMuon (arXiv 2510.05491): muonrt.Muon(normuon=True); "
+                        "the torch.optim.Muon reference stays plain Muon")
     p.add_argument("--train-limit", type=int, default=0,
                    help="use the first N training images (0 = all)")
     p.add_argument("--data-dir", default=DATA_DIR)
@@ -234,6 +237,7 @@ def make_optimizer(args, model, world, rank, dist, muon_kind):
             shards.append((name, shard, begin, len(r)))
         opt = muonrt.Muon([(n, s) for n, s, _, _ in shards], lr=args.lr,
                           weight_decay=args.weight_decay, momentum=args.momentum,
+                          normuon=args.normuon,
                           mesh=muonrt.Mesh(["dp_shard"], [world]),
                           placements=["Shard(0)"],
                           global_shapes={n: tuple(p.shape) for n, p in zip(names, params)})
@@ -244,7 +248,7 @@ def make_optimizer(args, model, world, rank, dist, muon_kind):
                       placements=["Replicate()"])
     opt = muonrt.Muon(list(zip(names, params)), lr=args.lr,
                       weight_decay=args.weight_decay, momentum=args.momentum,
-                      **kwargs)
+                      normuon=args.normuon, **kwargs)
     return opt, None
 
 
@@ -376,7 +380,8 @@ def train_fsdp2(args, data, world, rank, dist, log=True):
             m.set_force_sum_reduction_for_comms(True)
             m.set_custom_reduce_scatter(comm)
     opt = muonrt.Muon(list(model.named_parameters()), lr=args.lr,
-                      weight_decay=args.weight_decay, momentum=args.momentum)
+                      weight_decay=args.weight_decay, momentum=args.momentum,
+                      normuon=args.normuon)
     if log:
         for n, p in model.named_parameters():
             print(f"[rank {rank}] {n}: DTensor {tuple(p.shape)} "
@@ -539,7 +544,8 @@ def launcher_main(args):
     torch.set_num_threads(1)
     data = load_data(args)
     print(f"fashion-mnist: {len(data[0])} train / {len(data[2])} test images, "
-          f"MLP 784-{args.hidden}-{args.hidden}-10 (PyTorch), muonrt.Muon lr={args.lr}, "
+          f"MLP 784-{args.hidden}-{args.hidden}-10 (PyTorch), muonrt.Muon lr={args.lr}"
+          f"{' normuon' if args.normuon else ''}, "
           f"{args.epochs} epochs, batch {args.batch_size}; distributed run: muonrun "
           f"--nproc-per-node {args.nproc}, layout {args.layout}", flush=True)
     launcher = args.launcher

@@ -67,6 +67,13 @@ class CudaStepKernels final : public StepKernels {
                           stream->native_handle());
   }
 
+  absl::Status NorMuonNormalize(device::Stream*, float*, int64_t, int64_t,
+                                float*, double, double) override {
+    return absl::UnimplementedError(
+        "NorMuon's normalization runs on the host in this version; CUDA "
+        "parameters cannot use normuon");
+  }
+
   absl::Status RoundToBf16(device::Stream* stream, float* x,
                            int64_t n) override {
     return cuda::RoundToBf16(x, n, stream->native_handle());

@@ -27,7 +27,7 @@ import os
 import threading
 
 # Must equal MUONRT_ABI_VERSION of capi/muonrt.h.
-ABI_VERSION = 8
+ABI_VERSION = 9
 
 # Status codes (absl::StatusCode values, capi/muonrt.h).
 OK = 0
@@ -202,6 +202,9 @@ class muonrt_options(ctypes.Structure):
         ("replan_every_steps", ctypes.c_int),
         ("ns_method", ctypes.c_char_p),
         ("exchange_dtype", ctypes.c_char_p),
+        ("normuon", ctypes.c_int),
+        ("normuon_beta2", ctypes.c_double),
+        ("normuon_eps", ctypes.c_double),
     ]
 
 
@@ -250,6 +253,14 @@ _SIGNATURES = {
         ctypes.POINTER(ctypes.c_int64)]),
     "muonrt_optimizer_load_state": (_c_int, [
         _opt_p, ctypes.c_int64, ctypes.POINTER(ctypes.POINTER(ctypes.c_float)),
+        ctypes.POINTER(ctypes.c_int64), _c_int]),
+    "muonrt_optimizer_variance_neuron": (_c_int, [
+        _opt_p, _c_int, ctypes.POINTER(ctypes.POINTER(ctypes.c_float)),
+        ctypes.POINTER(ctypes.c_int64)]),
+    "muonrt_optimizer_load_full_state": (_c_int, [
+        _opt_p, ctypes.c_int64, ctypes.POINTER(ctypes.POINTER(ctypes.c_float)),
+        ctypes.POINTER(ctypes.c_int64),
+        ctypes.POINTER(ctypes.POINTER(ctypes.c_float)),
         ctypes.POINTER(ctypes.c_int64), _c_int]),
     "muonrt_optimizer_save": (_c_int, [_opt_p, ctypes.c_char_p]),
     "muonrt_optimizer_load": (_c_int, [_opt_p, ctypes.c_char_p]),

@@ -166,6 +166,20 @@ def _canonical(key, value):
     return float(value)
 
 
+def _row_state_placements(placements, ndim):
+    """A parameter's placements as its NorMuon row state ([..., rows, 1])
+    takes them: a Shard of the last dim becomes Replicate()."""
+    from torch.distributed.tensor import Replicate
+    out = []
+    for pl in placements:
+        dim = getattr(pl, "dim", None)
+        if pl.is_shard() and dim is not None and dim in (ndim - 1, -1):
+            out.append(Replicate())
+        else:
+            out.append(pl)
+    return tuple(out)
+
+
 class _Slot:
     """One parameter as the library sees it."""
     __slots__ = ("name", "param", "local", "data_ptr", "dtype", "grad_dtype",
@@ -202,6 +216,9 @@ def _options_struct(defaults, runtime):
     opts.replan_every_steps = int(runtime["replan_every_steps"])
     if runtime["exchange_dtype"]:
         opts.exchange_dtype = str(runtime["exchange_dtype"]).encode()
+    opts.normuon = 1 if runtime["normuon"] else 0
+    opts.normuon_beta2 = float(runtime["normuon_beta2"])
+    opts.normuon_eps = float(runtime["normuon_eps"])
     return opts
 
 class Muon(torch.optim.Optimizer):
@@ -246,6 +263,15 @@ class Muon(torch.optim.Optimizer):
         do; Newton-Schulz's input and output are rounded to nearest even
         bf16, so the result is the same on every layout and replicas stay
         equal).
+    NorMuon (keyword-only; arXiv 2510.05491, microsoft/dion's NorMuon):
+        normuon (bool, False): after Newton-Schulz each matrix's update is
+        normalized per row by a second-moment estimate v (v <- lerp(v,
+        mean over the row of O**2, 1 - normuon_beta2); O / (sqrt(v) +
+        normuon_eps)) and rescaled to its Frobenius norm before AdjustLR;
+        normuon_beta2 (float in [0, 1), 0.95); normuon_eps (float > 0,
+        1e-8). The state "variance_neuron" (fp32, [..., rows, 1], sharded
+        with the rows) is in state_dict and the checkpoints. CPU
+        parameters, float32 exchange.
 
     Raises at construction: ValueError (torch's argument errors; a
     parameter that is not 2-D, with torch's message and its name; not
@@ -266,7 +292,8 @@ class Muon(torch.optim.Optimizer):
                  async_gpu_parallelism=False,
                  prefetch_count=0, assignment_policy=None,
                  bucket_size_bytes=0, transactional_step=False,
-                 replan_every_steps=0, exchange_dtype=None):
+                 replan_every_steps=0, exchange_dtype=None, normuon=False,
+                 normuon_beta2=0.95, normuon_eps=1e-8):
         self._handle = None
         self._created = False
         # The Python types torch.optim.Muon.__init__ checks; the values are
@@ -295,7 +322,11 @@ class Muon(torch.optim.Optimizer):
             bucket_size_bytes=bucket_size_bytes,
             transactional_step=transactional_step,
             replan_every_steps=replan_every_steps,
-            exchange_dtype=exchange_dtype)
+            exchange_dtype=exchange_dtype,
+            normuon=normuon,
+            normuon_beta2=normuon_beta2,
+            normuon_eps=normuon_eps)
+        self._normuon = bool(normuon)
         # torch.optim.Muon's argument checks (its messages; torch checks
         # ns_steps at the first step, the library now) and the runtime
         # options': the library's, raised as InvalidArgumentError
@@ -830,6 +861,28 @@ class Muon(torch.optim.Optimizer):
             ctypes.memmove(out.data_ptr(), ptr, 4 * numel.value)
         return out.to(s.local.device)
 
+    def variance_neuron(self, key):
+        """A copy of a parameter's NorMuon row state (fp32, the local
+        shard's shape with the last dim 1, on the parameter's device), or
+        None without NorMuon; `key` as momentum_buffer's."""
+        if not self._normuon:
+            return None
+        i = self._index(key)
+        s = self._slots[i]
+        ptr = ctypes.POINTER(ctypes.c_float)()
+        numel = ctypes.c_int64(0)
+        _lib.call("muonrt_optimizer_variance_neuron", self._h, i,
+                  ctypes.byref(ptr), ctypes.byref(numel))
+        out = torch.empty(tuple(s.local_shape[:-1]) + (1,),
+                          dtype=torch.float32)
+        if out.numel() != numel.value:
+            raise RuntimeError(
+                f"muonrt.Muon: the library's variance_neuron of {s.name!r} "
+                f"has {numel.value} elements, expected {out.numel()}")
+        if numel.value:
+            ctypes.memmove(out.data_ptr(), ptr, 4 * numel.value)
+        return out.to(s.local.device)
+
     def write_spec(self, path, job_id="job"):
         """Writes this optimizer's own job spec to `path` (muonctl's JSON
         format, spec_from_module's fields): its mesh, and every parameter's
@@ -880,6 +933,32 @@ class Muon(torch.optim.Optimizer):
                                   placements=p.placements, run_check=False,
                                   shape=p.shape, stride=p.stride())
 
+    def _param_state(self, i):
+        """torch's per-parameter state dict of parameter i: its momentum
+        buffer, and with NorMuon its row state."""
+        st = {"momentum_buffer": self._momentum_state(i)}
+        if self._normuon:
+            st["variance_neuron"] = self._variance_state(i)
+        return st
+
+    def _variance_state(self, i):
+        """Parameter i's NorMuon row state: a copy of the local rows
+        ([..., local rows, 1]), or, for a DTensor parameter, a DTensor of
+        global shape [..., rows, 1] whose placements are the parameter's
+        with a Shard of the last dim replaced by Replicate() (a rank keeps
+        every row it holds part of)."""
+        buf = self.variance_neuron(i)
+        p = self._slots[i].param
+        DTensor = _dtensor_class()
+        if not _is_dtensor(p) or DTensor is None or not isinstance(p, DTensor):
+            return buf
+        shape = tuple(p.shape[:-1]) + (1,)
+        stride = torch.empty(shape, device="meta").stride()
+        return DTensor.from_local(
+            buf, device_mesh=p.device_mesh,
+            placements=_row_state_placements(p.placements, p.dim()),
+            run_check=False, shape=shape, stride=stride)
+
     def state_dict(self):
         """This rank's state in torch's structure:
         ``{"state": {i: {"momentum_buffer": fp32 tensor}}, "param_groups":
@@ -892,8 +971,7 @@ class Muon(torch.optim.Optimizer):
         dcp.save reshard it; "muonrt_step" carries the step count through
         it). torch.save / torch.load round-trip it; load_state_dict restores
         it on the same layout, or from DTensors of any layout."""
-        state = {i: {"momentum_buffer": self._momentum_state(i)}
-                 for i in range(len(self._slots))}
+        state = {i: self._param_state(i) for i in range(len(self._slots))}
         groups = []
         for gi, group in enumerate(self.param_groups):
             packed = {k: v for k, v in group.items() if k != "params"}
@@ -918,12 +996,23 @@ class Muon(torch.optim.Optimizer):
         step = self._saved_step(state_dict.get("muonrt"), saved_groups)
         buffers = self._saved_buffers(state_dict["state"], saved_groups)
         n = len(buffers)
-        ptrs = (ctypes.POINTER(ctypes.c_float) * n)(*[
-            ctypes.cast(b.data_ptr(), ctypes.POINTER(ctypes.c_float))
-            for b in buffers])
-        numels = (ctypes.c_int64 * n)(*[b.numel() for b in buffers])
-        _lib.call("muonrt_optimizer_load_state", self._h, step, ptrs, numels,
-                  n)
+
+        def arrays(tensors):
+            ptrs = (ctypes.POINTER(ctypes.c_float) * n)(*[
+                ctypes.cast(b.data_ptr(), ctypes.POINTER(ctypes.c_float))
+                for b in tensors])
+            return ptrs, (ctypes.c_int64 * n)(*[b.numel() for b in tensors])
+
+        ptrs, numels = arrays(buffers)
+        if self._normuon:
+            variances = self._saved_buffers(state_dict["state"], saved_groups,
+                                            key="variance_neuron")
+            vptrs, vnumels = arrays(variances)
+            _lib.call("muonrt_optimizer_load_full_state", self._h, step, ptrs,
+                      numels, vptrs, vnumels, n)
+        else:
+            _lib.call("muonrt_optimizer_load_state", self._h, step, ptrs,
+                      numels, n)
         for g, sg in zip(self.param_groups, saved_groups):
             for k, v in sg.items():
                 if k not in ("params", "param_names", "muonrt_step"):
@@ -983,47 +1072,59 @@ class Muon(torch.optim.Optimizer):
                         f"{list(a)} in the state_dict, {list(b)} here")
         return int(meta["step"])
 
-    def _saved_buffers(self, state, saved_groups):
-        """The momentum buffers of `state`, one per parameter in optimizer
+    def _saved_buffers(self, state, saved_groups, key="momentum_buffer"):
+        """The `key` state ("momentum_buffer" or NorMuon's
+        "variance_neuron") of `state`, one per parameter in optimizer
         order, as contiguous float32 CPU tensors of the local shard's shape
-        (zeros where torch has no state yet)."""
+        (the last dim 1 for variance_neuron; zeros where torch has no state
+        yet)."""
         buffers = []
         for gi, sg in enumerate(saved_groups):
-            for j, key in enumerate(sg["params"]):
+            for j, index in enumerate(sg["params"]):
                 s = self._slots[self._group_slots[gi][j]]
-                entry = state.get(key)
-                buf = entry.get("momentum_buffer") if entry else None
+                local_shape = tuple(s.local_shape)
+                if key == "variance_neuron":
+                    local_shape = local_shape[:-1] + (1,)
+                entry = state.get(index)
+                buf = entry.get(key) if entry else None
                 if buf is None:  # torch: no state yet = zeros at next step
-                    buf = torch.zeros(s.local_shape, dtype=torch.float32)
+                    buf = torch.zeros(local_shape, dtype=torch.float32)
                 if _is_dtensor(buf):
-                    buf = self._local_momentum(s, buf)
+                    buf = self._local_state(s, buf, key)
                 if not isinstance(buf, torch.Tensor):
                     raise ValueError(
-                        f"muonrt.Muon.load_state_dict: momentum_buffer of "
+                        f"muonrt.Muon.load_state_dict: {key} of "
                         f"{s.name!r} is a {type(buf).__name__}, not a tensor")
-                if tuple(buf.shape) != s.local_shape:
+                if tuple(buf.shape) != local_shape:
                     raise ValueError(
-                        f"muonrt.Muon.load_state_dict: momentum_buffer of "
-                        f"{s.name!r} has size {list(buf.shape)}, the "
-                        f"parameter's local shard {list(s.local_shape)}")
+                        f"muonrt.Muon.load_state_dict: {key} of "
+                        f"{s.name!r} has size {list(buf.shape)}, expected "
+                        f"{list(local_shape)} (the parameter's local shard "
+                        f"{list(s.local_shape)})")
                 buffers.append(buf.detach().to(device="cpu",
                                                dtype=torch.float32)
                                .contiguous())
         return buffers
 
-    def _local_momentum(self, s, buf):
-        """This rank's shard of a DTensor momentum buffer `buf`, in the
+    def _local_state(self, s, buf, key):
+        """This rank's shard of a DTensor state `buf` (`key`: a momentum
+        buffer, or a row state of global shape [..., rows, 1]), in the
         parameter's layout (redistributed when the state_dict came from
         another layout on the same mesh)."""
-        if tuple(buf.shape) != tuple(s.global_shape):
-            raise ValueError(
-                f"muonrt.Muon.load_state_dict: momentum_buffer of {s.name!r} "
-                f"has global shape {list(buf.shape)}, the parameter "
-                f"{list(s.global_shape)}")
         p = s.param
+        shape = tuple(s.global_shape)
+        placements = tuple(p.placements) if _is_dtensor(p) else None
+        if key == "variance_neuron":
+            shape = shape[:-1] + (1,)
+            if placements is not None:
+                placements = _row_state_placements(placements, len(shape))
+        if tuple(buf.shape) != shape:
+            raise ValueError(
+                f"muonrt.Muon.load_state_dict: {key} of {s.name!r} "
+                f"has global shape {list(buf.shape)}, expected {list(shape)}")
         if _is_dtensor(p) and (buf.device_mesh != p.device_mesh or
-                               tuple(buf.placements) != tuple(p.placements)):
-            buf = buf.redistribute(p.device_mesh, p.placements)
+                               tuple(buf.placements) != placements):
+            buf = buf.redistribute(p.device_mesh, placements)
         return _local(buf)
 
     def save_checkpoint(self, directory, barrier=True):
@@ -1095,7 +1196,7 @@ class _StateView(collections.abc.Mapping):
         opt = self._opt()
         for i, p in enumerate(self._params()):
             if p is param:
-                return {"momentum_buffer": opt._momentum_state(i)}
+                return opt._param_state(i)
         raise KeyError("parameter not in this optimizer")
 
     def __iter__(self):

@@ -204,9 +204,9 @@ static void ReferenceStep(double* W, const double* G, double* Buf, int rows,
 
 /* ---- Tests ------------------------------------------------------------ */
 
-static void AbiVersion_IsSeven(void) {
+static void AbiVersion_IsNine(void) {
   CHECK(muonrt_abi_version() == MUONRT_ABI_VERSION);
-  CHECK(MUONRT_ABI_VERSION == 8);
+  CHECK(MUONRT_ABI_VERSION == 9);
   CHECK(strcmp(muonrt_last_error(), "") == 0);
 done:;
 }
@@ -888,6 +888,75 @@ done:
   muonrt_optimizer_destroy(opt);
 }
 
+/* NorMuon (muonrt_options.normuon): one row state value per row
+ * (muonrt_optimizer_variance_neuron; none without NorMuon), set with the
+ * momentum by muonrt_optimizer_load_full_state, all or nothing. */
+static void NorMuon_RowStateReadAndLoadedAllOrNothing(void) {
+  Model m;
+  muonrt_optimizer *opt = NULL, *plain = NULL;
+  InitModel(&m);
+  muonrt_options o;
+  muonrt_options_default(&o);
+  CHECK(o.normuon == 0 && o.normuon_beta2 == 0.95 && o.normuon_eps == 1e-8);
+  o.normuon = 2;
+  CHECK_CODE(muonrt_options_validate(&o), MUONRT_INVALID_ARGUMENT);
+  CHECK_ERROR_HAS("normuon 2 is neither 0 nor 1");
+  o.normuon = 1;
+  CHECK_OK(muonrt_optimizer_create(NULL, 0, NULL, NULL, m.params, 3, &o, &opt));
+  CHECK_OK(
+      muonrt_optimizer_create(NULL, 0, NULL, NULL, m.params, 3, NULL, &plain));
+  CHECK_OK(muonrt_optimizer_step(opt, NULL));
+  const float* v0 = NULL;
+  int64_t n0 = -1;
+  CHECK_OK(muonrt_optimizer_variance_neuron(opt, 0, &v0, &n0));
+  CHECK(n0 == 4); /* enc.w is 4 x 3 */
+  for (int r = 0; r < 4; ++r) CHECK(v0[r] > 0.0f);
+  float keep_v0[4];
+  memcpy(keep_v0, v0, sizeof(keep_v0));
+  const float* none = NULL;
+  int64_t n_none = -1;
+  CHECK_OK(muonrt_optimizer_variance_neuron(plain, 0, &none, &n_none));
+  CHECK(n_none == 0);
+
+  float s0[12], s1[15], s2[16], r0[4], r1[3], r2[2];
+  Fill(s0, 12, 61);
+  Fill(s1, 15, 62);
+  Fill(s2, 16, 63);
+  Fill(r0, 4, 64);
+  Fill(r1, 3, 65);
+  Fill(r2, 2, 66);
+  const float* bufs[3] = {s0, s1, s2};
+  const float* rows[3] = {r0, r1, r2};
+  int64_t numels[3] = {12, 15, 16};
+  int64_t row_numels[3] = {4, 3, 1};
+  CHECK_CODE(muonrt_optimizer_load_full_state(opt, 5, bufs, numels, rows,
+                                              row_numels, 3),
+             MUONRT_INVALID_ARGUMENT);
+  CHECK_ERROR_HAS("(\"emb.w\") has 1 variance_neuron values");
+  CHECK_CODE(
+      muonrt_optimizer_load_full_state(opt, 5, bufs, numels, rows, NULL, 3),
+      MUONRT_INVALID_ARGUMENT);
+  /* Nothing changed by the failures. */
+  CHECK_OK(muonrt_optimizer_variance_neuron(opt, 0, &v0, &n0));
+  CHECK(memcmp(v0, keep_v0, sizeof(keep_v0)) == 0);
+  CHECK(muonrt_optimizer_step_count(opt) == 1);
+
+  row_numels[2] = 2;
+  CHECK_OK(muonrt_optimizer_load_full_state(opt, 5, bufs, numels, rows,
+                                            row_numels, 3));
+  CHECK(muonrt_optimizer_step_count(opt) == 5);
+  for (int i = 0; i < 3; ++i) {
+    const float* vi = NULL;
+    int64_t ni = 0;
+    CHECK_OK(muonrt_optimizer_variance_neuron(opt, i, &vi, &ni));
+    CHECK(ni == row_numels[i]);
+    CHECK(memcmp(vi, rows[i], (size_t)ni * sizeof(float)) == 0);
+  }
+done:
+  muonrt_optimizer_destroy(opt);
+  muonrt_optimizer_destroy(plain);
+}
+
 /* A free TCP port on 127.0.0.1 (bound and released; 0 on failure). */
 static int FreePort(void) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -1039,7 +1108,7 @@ typedef struct {
 
 int main(void) {
   const Test tests[] = {
-      TEST(AbiVersion_IsSeven),
+      TEST(AbiVersion_IsNine),
       TEST(OptionsDefault_AreTorchDefaults),
       TEST(OptionsValidate_NamesTheBadField),
       TEST(Step_Fp32AndBf16_UpdatesInPlace),
@@ -1053,6 +1122,7 @@ int main(void) {
       TEST(PlanAndAssignmentsJson_BufferProtocol),
       TEST(SaveLoad_FreshOptimizer_RestoresMomentumAndStep),
       TEST(LoadState_SizesChecked_AllOrNothing),
+      TEST(NorMuon_RowStateReadAndLoadedAllOrNothing),
       TEST(ProcessGroupOfOne_MeshAndPlacementErrors),
   };
   const int n = (int)(sizeof(tests) / sizeof(tests[0]));

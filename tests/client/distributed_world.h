@@ -9,6 +9,7 @@
 // configs, and the bitwise comparison with the single-device run
 // (tests/client/single_device_reference.h).
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
@@ -83,6 +84,30 @@ inline ConfigFactory MeshConfig(const ProblemLayout& layout) {
     std::vector<ParamPlacement> placements;
     for (const auto& p : layout.placements) {
       placements.push_back(ParamPlacement{p});
+    }
+    return CreateMeshConfig(layout.mesh, placements, comm, coordinator);
+  };
+}
+
+// MeshConfig for a layout with sub-meshes (pipeline stages, expert
+// groups): each rank's config lists only the parameters it holds (matched
+// to the layout's by name among `names`), with their sub-meshes.
+inline ConfigFactory SubMeshConfig(const ProblemLayout& layout,
+                                   const std::vector<std::string>& names) {
+  return [layout, names](const std::vector<Parameter*>& params,
+                         Communicator* comm, CoordinationClient* coordinator)
+             -> absl::StatusOr<DistributedConfig> {
+    std::vector<ParamPlacement> placements;
+    for (const Parameter* p : params) {
+      const auto it = std::find(names.begin(), names.end(), p->name);
+      if (it == names.end()) {
+        return absl::InvalidArgumentError("SubMeshConfig: unknown parameter " +
+                                          p->name);
+      }
+      const size_t i = static_cast<size_t>(it - names.begin());
+      placements.push_back(ParamPlacement{
+          layout.placements[i],
+          layout.sub_meshes.empty() ? SubMesh{} : layout.sub_meshes[i]});
     }
     return CreateMeshConfig(layout.mesh, placements, comm, coordinator);
   };

@@ -1,7 +1,8 @@
 // Muon checkpoints: state_dict / load_state_dict, Save / Load with
-// resharding (FSDP over 4 -> over 2, FSDP -> TP x FSDP, DDP -> FSDP), resume
-// bitwise equal to an uninterrupted single-device run, and checkpoints that
-// do not fit rejected with the optimizer untouched.
+// resharding (FSDP over 4 -> over 2, FSDP -> TP x FSDP, DDP -> FSDP; with
+// NorMuon's row state too), resume bitwise equal to an uninterrupted
+// single-device run, and checkpoints that do not fit rejected with the
+// optimizer untouched.
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -74,8 +75,8 @@ std::string TempDir(const std::string& name) {
 // parameters back to `*full`. Returns the first rank's error.
 absl::Status RunPhase(const Problem& problem, const Layout& layout, int from,
                       int to, std::vector<std::vector<float>>* full,
-                      const std::string& load_dir,
-                      const std::string& save_dir) {
+                      const std::string& load_dir, const std::string& save_dir,
+                      const MuonOptions& options = Options()) {
   const int world = layout.mesh.world_size();
   const size_t np = problem.shapes.size();
   std::vector<std::vector<Box>> boxes(np);
@@ -120,7 +121,7 @@ absl::Status RunPhase(const Problem& problem, const Layout& layout, int from,
           config->state.world_size = world;
         }
         MUON_ASSIGN_OR_RETURN(std::unique_ptr<Muon> opt,
-                              Muon::Create(views, Options(), config));
+                              Muon::Create(views, options, config));
         if (!load_dir.empty()) MUON_RETURN_IF_ERROR(opt->Load(load_dir));
         if (opt->step_count() != from) {
           return absl::InternalError(
@@ -160,9 +161,11 @@ Layout TpFsdp() {
 }
 
 // Uninterrupted single-device run of every step.
-std::vector<std::vector<float>> Uninterrupted(const Problem& problem) {
+std::vector<std::vector<float>> Uninterrupted(
+    const Problem& problem, const MuonOptions& options = Options()) {
   std::vector<std::vector<float>> full = problem.init;
-  absl::Status s = RunPhase(problem, Single(), 0, kSteps, &full, "", "");
+  absl::Status s =
+      RunPhase(problem, Single(), 0, kSteps, &full, "", "", options);
   EXPECT_TRUE(s.ok()) << s;
   return full;
 }
@@ -170,13 +173,14 @@ std::vector<std::vector<float>> Uninterrupted(const Problem& problem) {
 // Runs to step 2 on `before`, saves, resumes on `after` from the checkpoint
 // and runs to the end; expects the single-device uninterrupted bits.
 void ExpectResumeBitwise(const Layout& before, const Layout& after,
-                         const std::string& name) {
+                         const std::string& name,
+                         const MuonOptions& options = Options()) {
   Problem problem;
-  const std::vector<std::vector<float>> want = Uninterrupted(problem);
+  const std::vector<std::vector<float>> want = Uninterrupted(problem, options);
   std::vector<std::vector<float>> full = problem.init;
   const std::string dir = TempDir(name);
-  ASSERT_TRUE(RunPhase(problem, before, 0, 2, &full, "", dir).ok());
-  absl::Status s = RunPhase(problem, after, 2, kSteps, &full, dir, "");
+  ASSERT_TRUE(RunPhase(problem, before, 0, 2, &full, "", dir, options).ok());
+  absl::Status s = RunPhase(problem, after, 2, kSteps, &full, dir, "", options);
   ASSERT_TRUE(s.ok()) << s;
   for (size_t i = 0; i < want.size(); ++i) {
     EXPECT_TRUE(BitwiseEqual(full[i], want[i])) << problem.names[i];
@@ -204,6 +208,107 @@ TEST(MuonCheckpointTest, Resume_DdpIntoFsdp_BitwiseEqualsUninterrupted) {
 TEST(MuonCheckpointTest,
      Resume_FsdpIntoSingleDevice_BitwiseEqualsUninterrupted) {
   ExpectResumeBitwise(Fsdp(4), Single(), "fsdp_single");
+}
+
+MuonOptions NorMuonOptions() {
+  MuonOptions o = Options();
+  o.normuon = true;
+  return o;
+}
+
+Layout Tp(int n) { return {Mesh::OneDim(n, "tp"), {Placement::Shard(1)}}; }
+
+// NorMuon's row state is saved as "<param>.variance_neuron" ([rows, 1],
+// sharded with the rows, replicated over a mesh dim sharding the columns)
+// and resharded on load: the resumed run keeps the uninterrupted bits
+// (without the row state it would not: v starts again from zeros).
+TEST(MuonCheckpointTest,
+     Resume_NorMuonFsdpIntoTpTimesFsdp_BitwiseEqualsUninterrupted) {
+  ExpectResumeBitwise(Fsdp(4), TpFsdp(), "normuon_fsdp_tpfsdp",
+                      NorMuonOptions());
+}
+
+TEST(MuonCheckpointTest,
+     Resume_NorMuonTpIntoFsdpOver2_BitwiseEqualsUninterrupted) {
+  ExpectResumeBitwise(Tp(4), Fsdp(2), "normuon_tp_fsdp2", NorMuonOptions());
+}
+
+TEST(MuonCheckpointTest,
+     Resume_NorMuonFsdpIntoSingleDevice_BitwiseEqualsUninterrupted) {
+  ExpectResumeBitwise(Fsdp(4), Single(), "normuon_fsdp_single",
+                      NorMuonOptions());
+}
+
+// Steps [from, to) of `problem` on one device over weights `w` with
+// `opt` (its views point into `w` and `g`).
+void StepSingle(const Problem& problem, int from, int to,
+                std::vector<std::vector<float>>* g, Muon* opt) {
+  for (int s = from; s < to; ++s) {
+    *g = problem.grads[s];
+    ASSERT_TRUE(opt->Step().ok());
+  }
+}
+
+std::unique_ptr<Muon> SingleNorMuon(const Problem& problem,
+                                    std::vector<std::vector<float>>* w,
+                                    std::vector<std::vector<float>>* g) {
+  std::vector<ParamView> views;
+  for (size_t i = 0; i < w->size(); ++i) {
+    ParamView v;
+    v.name = problem.names[i];
+    v.data = (*w)[i].data();
+    v.grad = (*g)[i].data();
+    v.local_shape = problem.shapes[i];
+    views.push_back(v);
+  }
+  absl::StatusOr<std::unique_ptr<Muon>> opt =
+      Muon::Create(views, NorMuonOptions());
+  EXPECT_TRUE(opt.ok()) << opt.status();
+  return opt.ok() ? *std::move(opt) : nullptr;
+}
+
+// state_dict carries the row state and load_state_dict restores it: a
+// resumed run keeps the uninterrupted bits, and the same resume with the
+// row state zeroed ends elsewhere (so the resume tests above do not pass
+// vacuously). A row state of the wrong size is refused, naming it.
+TEST(MuonCheckpointTest, LoadStateDict_NorMuonRowState_RestoredAndNeeded) {
+  Problem problem;
+  const std::vector<std::vector<float>> want =
+      Uninterrupted(problem, NorMuonOptions());
+  std::vector<std::vector<float>> w = problem.init, g = problem.grads[0];
+  std::unique_ptr<Muon> first = SingleNorMuon(problem, &w, &g);
+  ASSERT_NE(first, nullptr);
+  StepSingle(problem, 0, 2, &g, first.get());
+  const OptimizerStateDict sd = first->state_dict();
+  ASSERT_EQ(sd.params[0].variance_neuron.size(), 10u);  // one per row
+  OptimizerStateDict zeroed = sd;
+  for (ParamState& ps : zeroed.params) {
+    ps.variance_neuron.assign(ps.variance_neuron.size(), 0.0f);
+  }
+  std::vector<std::vector<bool>> differs;
+  for (const OptimizerStateDict* state :
+       std::vector<const OptimizerStateDict*>{&sd, &zeroed}) {
+    std::vector<std::vector<float>> w2 = w, g2 = g;
+    std::unique_ptr<Muon> opt = SingleNorMuon(problem, &w2, &g2);
+    ASSERT_NE(opt, nullptr);
+    ASSERT_TRUE(opt->load_state_dict(*state).ok());
+    StepSingle(problem, 2, kSteps, &g2, opt.get());
+    differs.emplace_back();
+    for (size_t i = 0; i < want.size(); ++i) {
+      differs.back().push_back(!BitwiseEqual(w2[i], want[i]));
+    }
+  }
+  EXPECT_EQ(differs[0], std::vector<bool>(want.size(), false));
+  EXPECT_NE(differs[1], std::vector<bool>(want.size(), false));
+
+  OptimizerStateDict bad = sd;
+  bad.params[1].variance_neuron.pop_back();
+  const std::vector<float> before = first->variance_neuron(1);
+  EXPECT_THAT(first->load_state_dict(bad),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::HasSubstr("variance_neuron of 7 values "
+                                            "(expected 8")));
+  EXPECT_TRUE(BitwiseEqual(first->variance_neuron(1), before));
 }
 
 // A single-device optimizer over problem.init (views into `w`, `g`).

@@ -44,11 +44,14 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/newton_schulz.h"
+#include "tests/client/torch_reference64.h"
 #include "tests/status_matchers.h"
 
 namespace muon {
 namespace {
 
+using ::muon::testing::ExpectedAdjustedLr;
+using ::muon::testing::TorchZeropower64;
 using ::testing::AllOf;
 using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
@@ -98,20 +101,6 @@ Parameter MakeParam(const std::string& name, int64_t rows, int64_t cols,
 float TorchLerp(float self, float end, float w) {
   const float diff = end - self;
   return std::abs(w) < 0.5f ? self + w * diff : end - diff * (1.0f - w);
-}
-
-// torch.optim.Muon._adjust_lr, in double as Python computes it.
-double ExpectedAdjustedLr(double lr, kernels::AdjustLrFn fn, int64_t rows,
-                          int64_t cols) {
-  const double a = static_cast<double>(rows);
-  const double b = static_cast<double>(cols);
-  if (fn == kernels::AdjustLrFn::kOriginal) {
-    return lr * std::sqrt(std::max(1.0, a / b));
-  }
-  if (fn == kernels::AdjustLrFn::kSpectralNorm) {
-    return lr * std::sqrt(a / b);  // dion's adjust_lr_spectral_norm
-  }
-  return lr * (0.2 * std::sqrt(std::max(a, b)));
 }
 
 // The state of one matrix in the hand-written reference.
@@ -365,59 +354,6 @@ TEST(MuonTest, Step_WeightDecayWithTallMatrix_UsesUnadjustedLr) {
 }
 
 // --- The whole step against an independent float64 formulation ---
-
-// torch.optim.Muon's _zeropower_via_newtonschulz in float64, plain loops:
-//   X = G (transposed when rows > cols); X /= max(||X||_F, eps)
-//   ns_steps times: A = X X^T; B = b A + c A A; X = a X + B X
-//   transposed back.
-std::vector<double> TorchZeropower64(const std::vector<double>& g, int64_t rows,
-                                     int64_t cols, const MuonOptions& o) {
-  const bool tall = rows > cols;
-  const int64_t m = tall ? cols : rows;  // X is [m, n], m <= n
-  const int64_t n = tall ? rows : cols;
-  std::vector<double> x(m * n);
-  for (int64_t i = 0; i < rows; ++i) {
-    for (int64_t j = 0; j < cols; ++j) {
-      x[tall ? j * n + i : i * n + j] = g[i * cols + j];
-    }
-  }
-  double sum = 0.0;
-  for (double v : x) sum += v * v;
-  const double norm = std::max(std::sqrt(sum), o.eps);
-  for (double& v : x) v /= norm;
-  std::vector<double> a(m * m), b(m * m), bx(m * n);
-  for (int k = 0; k < o.ns_steps; ++k) {
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < m; ++j) {
-        double dot = 0.0;
-        for (int64_t l = 0; l < n; ++l) dot += x[i * n + l] * x[j * n + l];
-        a[i * m + j] = dot;
-      }
-    }
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < m; ++j) {
-        double aa = 0.0;
-        for (int64_t l = 0; l < m; ++l) aa += a[i * m + l] * a[l * m + j];
-        b[i * m + j] = o.ns_b * a[i * m + j] + o.ns_c * aa;
-      }
-    }
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < n; ++j) {
-        double dot = 0.0;
-        for (int64_t l = 0; l < m; ++l) dot += b[i * m + l] * x[l * n + j];
-        bx[i * n + j] = dot;
-      }
-    }
-    for (int64_t i = 0; i < m * n; ++i) x[i] = o.ns_a * x[i] + bx[i];
-  }
-  std::vector<double> out(rows * cols);
-  for (int64_t i = 0; i < rows; ++i) {
-    for (int64_t j = 0; j < cols; ++j) {
-      out[i * cols + j] = x[tall ? j * n + i : i * n + j];
-    }
-  }
-  return out;
-}
 
 // Relative error bound of the fp32 Newton-Schulz kernel against float64,
 // of max|O| (kMaxRelErr in tests/kernels/newton_schulz_test.cc, where it is

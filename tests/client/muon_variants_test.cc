@@ -4,7 +4,10 @@
 //     cols)): bitwise the single-device run on FSDP (uneven and empty
 //     shards), TP Shard(1) and HSDP;
 //   - execution.exchange_dtype "bfloat16": within a stated bound of the
-//     fp32 run on FSDP, TP, HSDP and DDP, replicas equal, half the bytes.
+//     fp32 run on FSDP, TP, HSDP and DDP, replicas equal, half the bytes;
+//   - NorMuon: parameters, momentum and row state bitwise the single-device
+//     run on FSDP Shard(0) and Shard(1), TP Shard(1), HSDP, DDP, FSDP x TP,
+//     EP x TP over expert stacks, and pipeline stages.
 // The single-device runs themselves are checked against float64
 // references (muon_test, tests/python/test_optimizer.py).
 #include <cmath>
@@ -29,10 +32,13 @@ namespace muon {
 namespace {
 
 using ::muon::testing::BitwiseEqual;
+using ::muon::testing::ExpectEachMatrixOrthogonalizedOnce;
 using ::muon::testing::ExpectMatchesSingleDevice;
+using ::muon::testing::ExpectShardsMatchSingleDevice;
 using ::muon::testing::ExtractRegion;
 using ::muon::testing::InsertRegion;
 using ::muon::testing::kSteps;
+using ::muon::testing::MakeProblem;
 using ::muon::testing::MatricesProblem;
 using ::muon::testing::MeshConfig;
 using ::muon::testing::Numel;
@@ -43,6 +49,7 @@ using ::muon::testing::RankShards;
 using ::muon::testing::RunDistributedSteps;
 using ::muon::testing::RunSingleDevice;
 using ::muon::testing::SingleDeviceResult;
+using ::muon::testing::SubMeshConfig;
 using ::muon::testing::TestOptions;
 using ::muon::testing::UniformLayout;
 using ::muon::testing::World;
@@ -194,6 +201,110 @@ TEST(MuonVariantsTest,
       }
     }
   }
+}
+
+// NorMuon's row state travels with the exchanges (to the owner with the
+// gather, back with the redistribute): every layout ends with the single
+// device's parameters, momentum and row state (ExpectMatchesSingleDevice
+// compares each rank's variance_neuron with the single device's rows),
+// uneven and empty shards included.
+TEST(MuonVariantsTest, Step_NorMuonEveryLayout_MatchesSingleDeviceBitwise) {
+  const Problem problem = MatricesProblem();
+  const size_t n = problem.specs.size();
+  MuonOptions o = TestOptions();
+  o.normuon = true;
+  ProblemLayout hsdp;
+  hsdp.mesh.names = {"dp_replicate", "dp_shard"};
+  hsdp.mesh.sizes = {2, 2};
+  hsdp.placements.assign(n, {Placement::Replicate(), Placement::Shard(0)});
+  ProblemLayout fsdp_tp;
+  fsdp_tp.mesh.names = {"dp_shard", "tp"};
+  fsdp_tp.mesh.sizes = {2, 2};
+  fsdp_tp.placements.assign(n, {Placement::Shard(0), Placement::Shard(1)});
+  for (const auto& [name, layout] :
+       std::vector<std::pair<std::string, ProblemLayout>>{
+           {"fsdp shard(0)", OneDimLayout(4, Placement::Shard(0), n)},
+           {"fsdp shard(1)", OneDimLayout(4, Placement::Shard(1), n)},
+           {"tp shard(1)",
+            UniformLayout(Mesh::OneDim(4, "tp"), {Placement::Shard(1)}, n)},
+           {"hsdp", hsdp},
+           {"ddp", OneDimLayout(4, Placement::Replicate(), n)},
+           {"fsdp x tp", fsdp_tp}}) {
+    SCOPED_TRACE(name);
+    World world(4);
+    ExpectMatchesSingleDevice(world, problem, layout, MeshConfig(layout), o);
+  }
+  {
+    // Async mode: the row state shares its bucket slot's lifetime with U
+    // and O while later buckets are gathered ahead.
+    SCOPED_TRACE("fsdp shard(0), async, prefetch 2, small buckets");
+    const ProblemLayout fsdp = OneDimLayout(4, Placement::Shard(0), n);
+    World world(4);
+    ExpectMatchesSingleDevice(world, problem, fsdp, MeshConfig(fsdp), o,
+                              [](DistributedConfig& c) {
+                                c.execution.set_async_gpu_parallelism(true);
+                                c.execution.set_prefetch_count(2);
+                                c.execution.set_bucket_size_bytes(256);
+                              });
+  }
+  // NorMuon did change the result (the row state is not a no-op).
+  const absl::StatusOr<SingleDeviceResult> plain =
+      RunSingleDevice(problem, TestOptions());
+  const absl::StatusOr<SingleDeviceResult> normuon =
+      RunSingleDevice(problem, o);
+  ASSERT_THAT(plain, IsOk());
+  ASSERT_THAT(normuon, IsOk());
+  EXPECT_FALSE(BitwiseEqual(plain->params[3], normuon->params[3]));
+}
+
+// Pipeline stages (pp x dp_shard, two parameters per stage, FSDP inside a
+// stage): each rank holds only its stage's parameters and their row state.
+TEST(MuonVariantsTest, Step_NorMuonPipelineStages_MatchesSingleDeviceBitwise) {
+  const Problem problem = MatricesProblem();
+  const size_t n = problem.specs.size();
+  MuonOptions o = TestOptions();
+  o.normuon = true;
+  ProblemLayout pp =
+      UniformLayout(Mesh{{"pp", "dp_shard"}, {2, 2}},
+                    {Placement::Replicate(), Placement::Shard(0)}, n);
+  std::vector<std::string> names;
+  for (size_t i = 0; i < n; ++i) {
+    pp.sub_meshes.push_back(SubMesh{{0}, {static_cast<int>(i) / 2}});
+    names.push_back(problem.specs[i].name);
+  }
+  const absl::StatusOr<SingleDeviceResult> single = RunSingleDevice(problem, o);
+  ASSERT_THAT(single, IsOk());
+  World world(4);
+  ASSERT_TRUE(world.Connect());
+  const std::vector<absl::Status> statuses = RunDistributedSteps(
+      problem, pp,
+      [&](int rank, RankShards& shards) {
+        return world.MakeMuon(rank, shards, SubMeshConfig(pp, names), o);
+      },
+      &world.run);
+  for (int r = 0; r < world.size(); ++r) {
+    ASSERT_TRUE(statuses[r].ok()) << "rank " << r << ": " << statuses[r];
+    EXPECT_EQ(world.run.shards[r].held.size(), 2u) << "rank " << r;
+  }
+  ExpectShardsMatchSingleDevice(problem, *single, world.run);
+  ExpectEachMatrixOrthogonalizedOnce(problem, *single, world.run);
+}
+
+// Expert stacks under EP x TP: each expert slice is its own matrix with its
+// own rows' state (slices one after another in the parameter's row state);
+// the stack's rows split over tp (Shard(1)) and its experts over ep.
+TEST(MuonVariantsTest,
+     Step_NorMuonExpertStacksEpTp_MatchesSingleDeviceBitwise) {
+  Problem problem = MakeProblem(
+      {{"attn.weight", {12, 12}}, {"experts.w1", {4, 12, 10}, true}}, kSteps);
+  ProblemLayout layout;
+  layout.mesh = Mesh{{"ep", "tp"}, {2, 2}};
+  layout.placements = {{Placement::Replicate(), Placement::Shard(0)},
+                       {Placement::Shard(0), Placement::Shard(1)}};
+  MuonOptions o = TestOptions();
+  o.normuon = true;
+  World world(4);
+  ExpectMatchesSingleDevice(world, problem, layout, MeshConfig(layout), o);
 }
 
 }  // namespace

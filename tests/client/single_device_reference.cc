@@ -110,6 +110,9 @@ absl::StatusOr<SingleDeviceResult> RunSingleDevice(const Problem& problem,
   for (size_t i = 0; i < params.size(); ++i) {
     out.params.push_back(params[i].data);
     out.buffers.push_back((*muon)->momentum_buffer(static_cast<int>(i)));
+    if (options.normuon) {
+      out.variances.push_back((*muon)->variance_neuron(static_cast<int>(i)));
+    }
   }
   return out;
 }
@@ -220,6 +223,28 @@ std::vector<absl::Status> RunDistributedSteps(const Problem& problem,
   });
 }
 
+namespace {
+
+// NorMuon: rank's row state of its parameter k (global `spec`, holding
+// `region`) is the single device's rows of that region, [..., rows, 1];
+// zeros where the rank holds none of the columns (no matrix part, so no
+// state of its own).
+void ExpectRowStateMatches(const Muon& muon, int k, const TensorSpec& spec,
+                           const std::vector<Range>& region,
+                           const std::vector<float>& single_rows) {
+  std::vector<int64_t> shape = spec.shape;
+  shape.back() = 1;
+  std::vector<Range> rows = region;
+  const bool holds = Numel(spec.shape) > 0 && region.back().size() > 0;
+  rows.back() = Range{0, 1};
+  std::vector<float> want = ExtractRegion(single_rows, shape, rows);
+  if (!holds) want.assign(want.size(), 0.0f);
+  EXPECT_TRUE(BitwiseEqual(muon.variance_neuron(k), want))
+      << "variance_neuron of local parameter " << k;
+}
+
+}  // namespace
+
 void ExpectShardsMatchSingleDevice(const Problem& problem,
                                    const SingleDeviceResult& single,
                                    const DistributedRun& run) {
@@ -245,6 +270,10 @@ void ExpectShardsMatchSingleDevice(const Problem& problem,
         EXPECT_TRUE(
             BitwiseEqual(run.muons[r]->momentum_buffer(static_cast<int>(k)),
                          ExtractRegion(single.buffers[i], spec.shape, region)));
+        if (!single.variances.empty()) {
+          ExpectRowStateMatches(*run.muons[r], static_cast<int>(k), spec,
+                                region, single.variances[i]);
+        }
       }
     }
     EXPECT_TRUE(BitwiseEqual(whole, single.params[i]));

@@ -76,7 +76,10 @@ Problem MakeProblem(const std::vector<TensorSpec>& specs, int steps);
 struct SingleDeviceResult {
   std::vector<std::vector<float>> params;   // [param], after the last step
   std::vector<std::vector<float>> buffers;  // [param], momentum, ditto
-  std::vector<StepStats> stats;             // [step]
+  // [param], NorMuon's row state ([..., rows] of the parameter), ditto;
+  // empty without MuonOptions::normuon.
+  std::vector<std::vector<float>> variances;
+  std::vector<StepStats> stats;  // [step]
 };
 
 // Runs problem.steps() steps of muon::Muon with `options` and no

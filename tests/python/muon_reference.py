@@ -9,6 +9,10 @@ comparable with the runtime's fp32 results within rounding:
     U <- G.lerp(B, momentum) if nesterov else B
     O <- NS(U): X = U (transposed when rows > cols); X /= max(||X||_F, eps);
          ns_steps times { A = X X^T; B = b A + c A A; X = a X + B X }
+    NorMuon (normuon=True; arXiv 2510.05491 Algorithm 1, microsoft/dion's
+    normuon.py rescale): V <- V.lerp(mean over each row of O**2,
+         1 - beta2); O' = O / (sqrt(V) + eps); O <- O' * ||O||_F /
+         max(||O'||_F, eps)
     W <- W * (1 - lr * weight_decay)
     W <- W - adjust_lr(lr, shape) * O
 It shares no code with muonrt.
@@ -48,6 +52,15 @@ def adjust_lr(lr, adjust_lr_fn, shape):
     raise ValueError(adjust_lr_fn)
 
 
+def normuon_normalize(o, v, beta2=0.95, eps=1e-8):
+    """NorMuon's row-wise normalization of an orthogonalized update `o`
+    ([rows, cols]) with row state `v` ([rows, 1], updated in place)."""
+    norm = o.norm()
+    v.lerp_((o * o).mean(dim=-1, keepdim=True), 1 - beta2)
+    normalized = o / (v.sqrt() + eps)
+    return normalized * (norm / normalized.norm().clamp(min=eps))
+
+
 class ReferenceMuon:
     """State for a list of 2-D parameters (tensors updated in place).
 
@@ -59,13 +72,18 @@ class ReferenceMuon:
     def __init__(self, params, lr=1e-3, weight_decay=0.1, momentum=0.95,
                  nesterov=True, ns_coefficients=(3.4445, -4.7750, 2.0315),
                  eps=1e-7, ns_steps=5, adjust_lr_fn=None,
-                 dtype=torch.float32):
+                 dtype=torch.float32, normuon=False, normuon_beta2=0.95,
+                 normuon_eps=1e-8):
         self.params = params
         self.lr, self.weight_decay, self.momentum = lr, weight_decay, momentum
         self.nesterov, self.ns_coefficients = nesterov, ns_coefficients
         self.eps, self.ns_steps, self.adjust_lr_fn = eps, ns_steps, adjust_lr_fn
         self.dtype = dtype
         self.buffers = [torch.zeros(p.shape, dtype=dtype) for p in params]
+        self.normuon = normuon
+        self.normuon_beta2, self.normuon_eps = normuon_beta2, normuon_eps
+        self.variances = [torch.zeros(p.shape[0], 1, dtype=dtype)
+                          for p in params]
 
     def step(self, grads, lrs=None, weight_decays=None):
         for i, (p, g) in enumerate(zip(self.params, grads)):
@@ -79,6 +97,9 @@ class ReferenceMuon:
             o = zeropower_via_newtonschulz(update, self.ns_coefficients,
                                            self.ns_steps, self.eps,
                                            self.dtype)
+            if self.normuon:
+                o = normuon_normalize(o, self.variances[i],
+                                      self.normuon_beta2, self.normuon_eps)
             alr = adjust_lr(lr, self.adjust_lr_fn, p.shape)
             if p.dtype == torch.bfloat16:
                 w = (p.to(self.dtype) * (1 - lr * wd)).to(torch.bfloat16)

@@ -170,6 +170,43 @@ def test_bf16_exchange_close_to_single_process_and_replicas_equal(
     assert 0 < worst <= bound, (worst, bound)
 
 
+@pytest.fixture(scope="module")
+def single_normuon(tmp_path_factory):
+    """The one-process run with normuon=True."""
+    library_or_skip()
+    out = tmp_path_factory.mktemp("single_normuon")
+    return muon_worker.run("single", STEPS, str(out), normuon=True)
+
+
+@pytest.mark.parametrize("layout_name, n", [("fsdp", 4), ("mixed", 2),
+                                            ("hsdp_tp", 4), ("dtensor", 2)])
+def test_normuon_ranks_match_single_process_bitwise(single_normuon, tmp_path,
+                                                    layout_name, n):
+    """normuon=True: parameters, momentum and the row state
+    ("variance_neuron", [local rows, 1]: a rank keeps the rows it holds part
+    of, all of them under Shard(1)) bitwise the one-process run's, and the
+    row state is in state_dict."""
+    lib = library_or_skip()
+    launch_muonrun(n, ["--layout", layout_name, "--steps", str(STEPS),
+                       "--out", str(tmp_path), "--normuon"], lib)
+    _, sizes, placements = muon_worker.layout(layout_name, n)
+    for rank in range(n):
+        r = torch.load(os.path.join(tmp_path, f"rank_{rank}.pt"))
+        for name in muon_worker.SHAPES:
+            pl = placements[name]
+            want = muon_worker.local_shard(single_normuon["params"][name],
+                                           sizes, pl, rank)
+            assert torch.equal(r["params"][name], want), (rank, name)
+            rows_pl = ["Replicate()" if p == "Shard(1)" else p for p in pl]
+            want_v = muon_worker.local_shard(
+                single_normuon["variance"][name], sizes, rows_pl, rank)
+            if want.numel() == 0:  # no columns here: no state of its own
+                want_v = torch.zeros_like(want_v)
+            assert torch.equal(r["variance"][name], want_v), (rank, name)
+            assert r["state_keys"][name] == ["momentum_buffer",
+                                             "variance_neuron"]
+
+
 def test_pipeline_stages_with_sub_mesh(single, tmp_path):
     """Mesh pp=2, each rank holds only its stage's parameters (sub_mesh
     "pp=<stage>"): bitwise the one-process result, each matrix owned within

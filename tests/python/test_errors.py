@@ -36,6 +36,10 @@ def named(*shapes, dtype=torch.float32):
     ({"ns_schedule": "cubic"}, 'ns_schedule "cubic" is not supported'),
     ({"exchange_dtype": "float16"},
      'execution.exchange_dtype "float16" is not an exchange dtype'),
+    ({"normuon": True, "normuon_beta2": 1.0},
+     "normuon_beta2 should be in [0, 1) but is: 1.0"),
+    ({"normuon": True, "normuon_eps": 0.0},
+     "normuon_eps should be a finite value > 0 but is: 0.0"),
 ])
 def test_torch_argument_errors(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):

@@ -347,3 +347,71 @@ def test_unknown_ns_method_is_refused_naming_it():
     with pytest.raises(ValueError, match="ns_method"):
         muonrt.Muon(list(params_of(init).items()), ns_method="bogus")
 
+
+
+@pytest.mark.parametrize("nesterov, beta2, adjust_lr_fn", [
+    (True, 0.95, None), (False, 0.5, "match_rms_adamw"),
+    (True, 0.95, "spectral_norm")])
+def test_normuon_step_matches_float64_reference(nesterov, beta2,
+                                                adjust_lr_fn):
+    """normuon=True against the float64 reference (NorMuon from arXiv
+    2510.05491 and microsoft/dion's normuon.py): every parameter within
+    assert_close's bounds after every step, the row state within 1e-4 of
+    its largest entry."""
+    init, grads = make_problem(seed=8)
+    params = params_of(init)
+    lr = 0.02 if adjust_lr_fn != "match_rms_adamw" else 0.002
+    kw = dict(lr=lr, weight_decay=0.1, momentum=0.9, nesterov=nesterov,
+              adjust_lr_fn=adjust_lr_fn, normuon=True, normuon_beta2=beta2)
+    opt = muonrt.Muon(list(params.items()), **kw)
+    ref_params = [w.clone().double() for w in init.values()]
+    ref = ReferenceMuon(ref_params, dtype=torch.float64, **kw)
+    for k in range(STEPS):
+        for n, p in params.items():
+            p.grad = grads[k][n].clone()
+        opt.step()
+        ref.step([grads[k][n] for n in params])
+        for (n, p), r in zip(params.items(), ref_params):
+            assert_close(p.detach(), r, init[n], what=f"{n} step {k}")
+    for i, n in enumerate(params):
+        v = opt.variance_neuron(n)
+        assert v.shape == (SHAPES[n][0], 1)
+        assert_close(v, ref.variances[i], tol=1e-4, what=f"{n} variance")
+
+
+def test_normuon_state_dict_carries_row_state():
+    """state_dict()["state"][i]["variance_neuron"] ([rows, 1]) restores with
+    load_state_dict: a copy of the optimizer continues bitwise; with the
+    row state zeroed it does not."""
+    init, grads = make_problem(seed=9)
+    params = params_of(init)
+    opt = muonrt.Muon(list(params.items()), lr=0.02, normuon=True)
+    for k in range(2):
+        for n, p in params.items():
+            p.grad = grads[k][n].clone()
+        opt.step()
+    sd = opt.state_dict()
+    assert sd["state"][0]["variance_neuron"].shape == (48, 1)
+    results = []
+    for zero in (False, True):
+        copy = {n: torch.nn.Parameter(p.detach().clone())
+                for n, p in params.items()}
+        opt2 = muonrt.Muon(list(copy.items()), lr=0.02, normuon=True)
+        sd2 = {"state": {i: dict(st) for i, st in sd["state"].items()},
+               "param_groups": sd["param_groups"], "muonrt": sd["muonrt"]}
+        if zero:
+            for st in sd2["state"].values():
+                st["variance_neuron"] = torch.zeros_like(
+                    st["variance_neuron"])
+        opt2.load_state_dict(sd2)
+        for n, p in copy.items():
+            p.grad = grads[2][n].clone()
+        opt2.step()
+        results.append({n: p.detach().clone() for n, p in copy.items()})
+    for n, p in params.items():
+        p.grad = grads[2][n].clone()
+    opt.step()
+    for n, p in params.items():
+        assert torch.equal(results[0][n], p.detach()), n
+    assert any(not torch.equal(results[1][n], p.detach())
+               for n, p in params.items())

@@ -91,7 +91,7 @@ def problem(steps, seed=1234):
 
 
 def run(layout_name, steps, out, save_at=None, ckpt=None, resume=None,
-        start=0, pg=None, exchange_dtype=None):
+        start=0, pg=None, exchange_dtype=None, normuon=False):
     rank = pg.rank if pg else 0
     world = pg.world_size if pg else 1
     init, grads = problem(steps)
@@ -131,6 +131,8 @@ def run(layout_name, steps, out, save_at=None, ckpt=None, resume=None,
         params = {n: torch.nn.Parameter(t) for n, t in local.items()}
     if exchange_dtype:
         kw["exchange_dtype"] = exchange_dtype
+    if normuon:
+        kw["normuon"] = True
     opt = muonrt.Muon(list(params.items()), **OPTIONS, **kw)
     if resume:
         opt.load_checkpoint(ckpt)
@@ -156,6 +158,9 @@ def run(layout_name, steps, out, save_at=None, ckpt=None, resume=None,
         "params": {n: (p._local_tensor if dtensor else p).detach().clone()
                    for n, p in params.items()},
         "momentum": {n: opt.momentum_buffer(n) for n in params},
+        "variance": {n: opt.variance_neuron(n) for n in params},
+        "state_keys": {n: sorted(opt.state_dict()["state"][i])
+                       for i, n in enumerate(params)},
         "stats": opt.last_step_stats(),
         "assignments": opt.assignments(),
         "step_count": opt.step_count,
@@ -175,12 +180,13 @@ def main():
     ap.add_argument("--resume")
     ap.add_argument("--start", type=int, default=0)
     ap.add_argument("--exchange-dtype")
+    ap.add_argument("--normuon", action="store_true")
     args = ap.parse_args()
     pg = None
     if args.layout != "single":
         pg = muonrt.init_process_group(timeout=60)
     run(args.layout, args.steps, args.out, args.save_at, args.ckpt,
-        args.resume, args.start, pg, args.exchange_dtype)
+        args.resume, args.start, pg, args.exchange_dtype, args.normuon)
     if pg is not None:
         pg.barrier()
         muonrt.destroy_process_group()
