@@ -286,6 +286,25 @@ TEST(NorMuonTest, Create_BadBeta2OrEps_InvalidArgumentNamingIt) {
   }
 }
 
+// The job spec's optimizer fields reach MuonOptions; unset keeps the
+// defaults (off, 0.95, 1e-8).
+TEST(NorMuonTest, MuonOptionsFromProto_NorMuonFields_SetOrDefault) {
+  v1::OptimizerOptions proto;
+  absl::StatusOr<MuonOptions> o = MuonOptionsFromProto(proto);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_FALSE(o->normuon);
+  EXPECT_EQ(o->normuon_beta2, 0.95);
+  EXPECT_EQ(o->normuon_eps, 1e-8);
+  proto.set_normuon(true);
+  proto.set_normuon_beta2(0.9);
+  proto.set_normuon_eps(1e-6);
+  o = MuonOptionsFromProto(proto);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->normuon);
+  EXPECT_EQ(o->normuon_beta2, 0.9);
+  EXPECT_EQ(o->normuon_eps, 1e-6);
+}
+
 // Runs Create on 4 ranks of FSDP Shard(0) with `options` per rank and the
 // config customized by `customize`; returns each rank's status.
 std::vector<absl::Status> CreateOnFourRanks(
