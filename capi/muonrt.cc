@@ -34,6 +34,7 @@
 #include "client/muon.h"
 #include "client/process_group.h"
 #include "client/tensor_view.h"
+#include "common/checked_math.h"
 #include "common/layout.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
@@ -179,6 +180,16 @@ absl::StatusOr<muon::ParamView> ToView(const muonrt_param& p, int i) {
                      p.expert_stack, " is neither 0 nor 1"));
   }
   v.expert_stack = p.expert_stack == 1;
+  if (p.num_row_splits < 0 || p.num_row_splits > muon::kMaxExperts ||
+      (p.num_row_splits > 0 && p.row_splits == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parameter \"", v.name, "\": num_row_splits ", p.num_row_splits,
+        " with row_splits ", p.row_splits == nullptr ? "NULL" : "set",
+        " (0 to ", muon::kMaxExperts, ")"));
+  }
+  if (p.num_row_splits > 0) {
+    v.row_splits.assign(p.row_splits, p.row_splits + p.num_row_splits);
+  }
   switch (p.device_type) {
     case MUONRT_CPU:
       v.device = muon::Device::Host();
@@ -729,6 +740,65 @@ int muonrt_optimizer_load_state(muonrt_optimizer* opt, int64_t step,
                                 const int64_t* numels, int num_params) {
   return Guard("muonrt_optimizer_load_state", [&] {
     return LoadState(opt, step, buffers, numels, nullptr, nullptr, num_params);
+  });
+}
+
+int muonrt_optimizer_set_qk_clip(muonrt_optimizer* opt, double threshold,
+                                 double alpha,
+                                 const muonrt_qk_clip_layer* layers,
+                                 int num_layers) {
+  return Guard("muonrt_optimizer_set_qk_clip", [&]() -> absl::Status {
+    constexpr char kFn[] = "muonrt_optimizer_set_qk_clip";
+    if (opt == nullptr) return NullArgument(kFn, "opt");
+    if (num_layers < 0 || (num_layers > 0 && layers == nullptr)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kFn, ": num_layers ", num_layers, " with layers ",
+                       layers == nullptr ? "NULL" : "set"));
+    }
+    muon::QkClipOptions o;
+    o.threshold = threshold;
+    o.alpha = alpha;
+    for (int i = 0; i < num_layers; ++i) {
+      const muonrt_qk_clip_layer& c = layers[i];
+      muon::QkClipLayer l;
+      l.q_param = c.q_param != nullptr ? c.q_param : "";
+      l.q_row_begin = c.q_row_begin;
+      l.k_param = c.k_param != nullptr ? c.k_param : "";
+      l.k_row_begin = c.k_row_begin;
+      l.num_heads = c.num_heads;
+      l.num_kv_heads = c.num_kv_heads == 0 ? c.num_heads : c.num_kv_heads;
+      l.head_dim = c.head_dim;
+      o.layers.push_back(std::move(l));
+    }
+    return opt->muon->SetQkClip(o);
+  });
+}
+
+int muonrt_optimizer_clip_qk(muonrt_optimizer* opt, const float* max_logits,
+                             int64_t count, int64_t* groups_clipped,
+                             float* max_logit) {
+  return Guard("muonrt_optimizer_clip_qk", [&]() -> absl::Status {
+    constexpr char kFn[] = "muonrt_optimizer_clip_qk";
+    if (opt == nullptr) return NullArgument(kFn, "opt");
+    // The count is checked against the layers by ClipQk on every rank;
+    // only a size this process can copy is taken from outside. Bad
+    // arguments still join the collective (as no maxima), so that every
+    // rank fails together instead of waiting for this one.
+    constexpr int64_t kMaxHeads = int64_t{1} << 24;
+    if (count < 0 || count > kMaxHeads ||
+        (count > 0 && max_logits == nullptr)) {
+      const absl::Status joined = opt->muon->ClipQk({});
+      return absl::InvalidArgumentError(
+          absl::StrCat(kFn, ": count ", count, " with max_logits ",
+                       max_logits == nullptr ? "NULL" : "set", " (0 to ",
+                       kMaxHeads, "); ", joined.message()));
+    }
+    const std::vector<float> values(max_logits, max_logits + count);
+    muon::QkClipStats stats;
+    MUON_RETURN_IF_ERROR(opt->muon->ClipQk(values, &stats));
+    if (groups_clipped != nullptr) *groups_clipped = stats.groups_clipped;
+    if (max_logit != nullptr) *max_logit = stats.max_logit;
+    return absl::OkStatus();
   });
 }
 

@@ -114,6 +114,12 @@ typedef struct {
   int expert_stack; /* 1 = [experts, rows, cols] stack */
   int device_type;  /* MUONRT_CPU | MUONRT_CUDA */
   int device_index;
+  /* Blocks of rows orthogonalized as matrices of their own (per-head
+   * Newton-Schulz, fused QKV): num_row_splits sizes summing to the global
+   * rows; NULL / 0 = the whole matrix (ParamView::row_splits). ABI
+   * version 9. */
+  const int64_t* row_splits;
+  int num_row_splits;
 } muonrt_param;
 
 /* torch.optim.Muon's arguments and the runtime's execution options. */
@@ -250,6 +256,44 @@ int muonrt_optimizer_load_full_state(muonrt_optimizer* opt, int64_t step,
                                      const float* const* variances,
                                      const int64_t* variance_numels,
                                      int num_params);
+
+/* ---- QK-clip (MuonClip) ------------------------------------------------ */
+
+/* One attention layer: query head h is rows [q_row_begin + h * head_dim,
+ * + head_dim) of parameter q_param, key head g rows [k_row_begin + g *
+ * head_dim, + head_dim) of k_param (the same name for a fused q | k | v
+ * projection); query heads h / (num_heads / num_kv_heads) == g share key
+ * head g (num_kv_heads 0 = num_heads). */
+typedef struct {
+  const char* q_param;
+  int64_t q_row_begin;
+  const char* k_param;
+  int64_t k_row_begin;
+  int num_heads;
+  int num_kv_heads;
+  int64_t head_dim;
+} muonrt_qk_clip_layer;
+
+/* Sets QK-clip's layers (num_layers 0 = off), threshold tau (> 0; the Kimi
+ * K2 report's 100) and alpha (the query's share of the scale, in [0, 1];
+ * 0.5). Local, all or nothing. Errors: INVALID_ARGUMENT naming the layer,
+ * field or parameter (unknown, not 2-D, too few rows). ABI version 9. */
+int muonrt_optimizer_set_qk_clip(muonrt_optimizer* opt, double threshold,
+                                 double alpha,
+                                 const muonrt_qk_clip_layer* layers,
+                                 int num_layers);
+
+/* QK-clip after a step (Muon::ClipQk; collective): max_logits holds this
+ * rank's largest pre-softmax logit per query head (layers in order,
+ * `count` = their heads in all; -inf for a head not computed here); the
+ * ranks' MAX decides which groups clip; every rank scales its own rows.
+ * *groups_clipped and *max_logit (either may be NULL) report it.
+ * Errors: INVALID_ARGUMENT on every rank naming the rank with a bad count
+ * or a NaN (nothing scaled); FAILED_PRECONDITION (no layers). ABI
+ * version 9. */
+int muonrt_optimizer_clip_qk(muonrt_optimizer* opt, const float* max_logits,
+                             int64_t count, int64_t* groups_clipped,
+                             float* max_logit);
 
 /* Muon::Save / Muon::Load: one safetensors file per rank plus
  * metadata.json in `dir`; Load reshards from any saved layout. Errors:

@@ -64,6 +64,7 @@ absl::StatusOr<v1::RankManifest> ManifestOfRank(
     pm->set_dtype(std::string(DTypeName(p.dtype)));
     for (int64_t d : p.shape()) pm->add_global_shape(d);
     for (const Placement& x : pl.placements) pm->add_placements(x.ToString());
+    for (int64_t n : p.row_splits) pm->add_row_splits(n);
     for (size_t k = 0; k < pl.sub_mesh.dims.size(); ++k) {
       (*pm->mutable_sub_mesh())[state.mesh.names[pl.sub_mesh.dims[k]]] =
           pl.sub_mesh.coords[k];
@@ -139,6 +140,7 @@ absl::Status ValidateMuonOptions(const MuonOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("eps should be >= 0 but is: ", PythonFloat(o.eps)));
   }
+  MUON_RETURN_IF_ERROR(ValidateQkClipOptions(o.qk_clip));
   if (!(o.normuon_beta2 >= 0.0 && o.normuon_beta2 < 1.0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("normuon_beta2 should be in [0, 1) but is: ",
@@ -227,6 +229,7 @@ absl::StatusOr<MuonOptions> MuonOptionsFromProto(
   if (p.has_normuon()) o.normuon = p.normuon();
   if (p.has_normuon_beta2()) o.normuon_beta2 = p.normuon_beta2();
   if (p.has_normuon_eps()) o.normuon_eps = p.normuon_eps();
+  if (p.has_qk_clip()) o.qk_clip = QkClipOptionsFromProto(p.qk_clip());
   MuonOptionNames names;
   names.adjust_lr_fn = p.adjust_lr_fn();
   names.ns_schedule = p.ns_schedule();
@@ -261,7 +264,8 @@ absl::StatusOr<LocalMatrices> MakeLocalMatrices(
           "not contain this rank; pass only the parameters this rank holds"));
     }
     absl::StatusOr<std::vector<MatrixBoxes>> mats =
-        ParamMatrices(ps[i].shape(), pl.placements, state.mesh, pl.sub_mesh);
+        ParamMatrices(ps[i].shape(), pl.placements, state.mesh, pl.sub_mesh,
+                      ps[i].row_splits);
     if (!mats.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("rank ", rank, ": parameter \"", ps[i].name,
@@ -281,6 +285,13 @@ absl::StatusOr<LocalMatrices> MakeLocalMatrices(
       if (ps[i].expert_stack && !my_box.empty()) {
         g.offset = (mb.slice - mine[0].begin) * my_box.numel();
         g.row_offset = (mb.slice - mine[0].begin) * my_box.rows.size();
+      }
+      if (!ps[i].row_splits.empty() && !my_box.empty()) {
+        // The block's rows held here are contiguous in the local shard.
+        int64_t block_begin = 0;
+        for (int b = 0; b < mb.slice; ++b) block_begin += ps[i].row_splits[b];
+        g.row_offset = block_begin + my_box.rows.begin - mine[0].begin;
+        g.offset = g.row_offset * mine[1].size();
       }
       g.boxes = std::move(mb.boxes);
       out.infos.push_back(MatrixInfo{static_cast<int>(out.infos.size()),
@@ -638,6 +649,7 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
   };
   MUON_RETURN_IF_ERROR(
       muon->JoinOrPlan(config, manifest_of, local.uses_sub_mesh));
+  MUON_RETURN_IF_ERROR(muon->ResolveQkClip(local.uses_sub_mesh));
   muon->matrices_ = std::move(local.infos);
   MUON_RETURN_IF_ERROR(muon->MakeDataPath(config, std::move(local.geometry)));
   MUON_ASSIGN_OR_RETURN(muon->rule_, MakeUpdateRule(options));

@@ -19,6 +19,7 @@
 #ifndef MUON_CLIENT_MUON_H_
 #define MUON_CLIENT_MUON_H_
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -33,6 +34,7 @@
 #include "client/agent.h"
 #include "client/distributed_config.h"
 #include "client/parameter.h"
+#include "client/qk_clip.h"
 #include "client/rank_flags.h"
 #include "client/step_executor.h"
 #include "client/step_snapshot.h"
@@ -151,6 +153,16 @@ struct MuonOptions {
   bool normuon = false;
   double normuon_beta2 = 0.95;  // in [0, 1)
   double normuon_eps = 1e-8;    // > 0
+  // QK-clip (MuonClip; client/qk_clip.h): the attention layers whose query
+  // and key rows Muon::ClipQk scales; no layers = off. Every parameter a
+  // layer names must be 2-D and fit its heads; on CPU parameters.
+  QkClipOptions qk_clip;
+};
+
+// What one Muon::ClipQk did (the same on every rank).
+struct QkClipStats {
+  int64_t groups_clipped = 0;   // key-value groups scaled, over the layers
+  float max_logit = -INFINITY;  // the largest reduced S_max of any head
 };
 
 // Checks `options` as torch.optim.Muon.__init__ does.
@@ -301,6 +313,29 @@ class Muon {
   absl::Status SetParamHyperparameters(int index, double lr,
                                        double weight_decay);
 
+  // QK-clip after a step (MuonOptions::qk_clip; client/qk_clip.h):
+  // `max_logits` holds this rank's largest pre-softmax logit per query head
+  // from the step's forward pass, the layers' heads one after another
+  // (qk_clip.total_heads() values; -inf, or any value <= the threshold,
+  // for a head this rank did not compute). The ranks' values are reduced
+  // with MAX (an all-gather of total_heads() + 1 floats per rank on the
+  // host control group: ranks with other data, other heads under TP, or
+  // other stages under PP all contribute), then every rank scales the rows
+  // of its own shards that belong to a clipped group. Collective: every
+  // rank calls it (after Step), with the same options. The same bits on
+  // every layout as on one device.
+  // Errors (every rank, before anything is scaled): FailedPrecondition
+  // (qk_clip has no layers; a world without a host control group);
+  // InvalidArgument naming the rank that passed the wrong number of
+  // values or a NaN (its own message on that rank); the communicator's.
+  absl::Status ClipQk(const std::vector<float>& max_logits,
+                      QkClipStats* stats = nullptr);
+
+  // Replaces MuonOptions::qk_clip (the C ABI and Python configure it after
+  // construction). Local: no collective. All or nothing.
+  // Errors: InvalidArgument as Create's qk_clip checks.
+  absl::Status SetQkClip(const QkClipOptions& qk_clip);
+
   // Clears every gradient to zero (keeps sizes). Bound Parameters only;
   // trainers zero their own gradients.
   void ZeroGrad();
@@ -427,6 +462,17 @@ class Muon {
   // NorMuon's row state (zeros; host memory only, as NorMuon runs on CPU
   // parameters), bound to the executor.
   absl::Status AllocateRowState();
+  // Create's check of options_.qk_clip against this rank's parameters;
+  // fills qk_clip_params_. `uses_sub_mesh`: a layer may be on another
+  // pipeline stage (neither parameter here).
+  absl::Status ResolveQkClip(bool uses_sub_mesh);
+  // ClipQk's all-gather: every rank's [flag, maxima...]; the reduced
+  // maxima into *reduced. Errors: as ClipQk's.
+  absl::Status ReduceQkClipMaxima(const std::vector<float>& max_logits,
+                                  std::vector<float>* reduced);
+  // Scales this rank's rows [begin, end) of parameter `index` (-1: not
+  // held here) by `factor`.
+  void ScaleLocalRows(int index, int64_t begin, int64_t end, double factor);
   // options_.transactional_step: copies snapshot_ back on `caller` after a
   // failed step (bitwise) and waits for it.
   absl::Status RestoreState(device::Stream* caller);
@@ -477,6 +523,10 @@ class Muon {
   // Every state buffer a transactional step snapshots: the momentum
   // buffers, then the row states.
   std::vector<device::DeviceBuffer<float>*> state_buffers_;
+  // Per QK-clip layer: the local index of its q and k parameters (-1 when
+  // this rank does not hold it).
+  std::vector<std::pair<int, int>> qk_clip_params_;
+  bool uses_sub_mesh_ = false;  // some parameter lives on a sub-mesh
   device::DeviceBuffer<int64_t> nonfinite_;
   std::vector<int64_t> host_nonfinite_;  // nonfinite_ copied to the host
   std::vector<const float*> update_ptrs_;

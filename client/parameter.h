@@ -33,6 +33,8 @@ struct Parameter {
   std::vector<float> data;
   // Gradient of the local shard, same size as `data`; empty = none.
   std::vector<float> grad;
+  // Row blocks orthogonalized on their own; see ParamView::row_splits.
+  std::vector<int64_t> row_splits;
 
   const std::vector<int64_t>& shape() const {
     return global_shape.empty() ? local_shape : global_shape;
@@ -52,6 +54,7 @@ struct Parameter {
     v.local_shape = local_shape;
     v.global_shape = global_shape;
     v.expert_stack = expert_stack;
+    v.row_splits = row_splits;
     return v;
   }
 };

@@ -98,6 +98,17 @@ absl::Status ValidateParamView(const ParamView& p, int rank) {
         "; only contiguous (row-major) tensors are supported: call "
         ".contiguous() first"));
   }
+  if (!p.row_splits.empty()) {
+    if (p.expert_stack) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank, ": parameter \"", p.name,
+          "\": row splits are for 2-D parameters, not expert stacks"));
+    }
+    if (absl::Status s = CheckRowSplits(p.shape(), p.row_splits); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank, ": parameter \"", p.name, "\": ", s.message()));
+    }
+  }
   if (p.device.is_cuda() && p.device.ordinal < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", rank, ": parameter \"", p.name, "\" is on ",

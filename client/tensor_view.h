@@ -66,6 +66,10 @@ struct ParamView {
   // matrix. Without it, as torch.optim.Muon, only 2-D parameters are
   // accepted.
   bool expert_stack = false;
+  // Blocks of rows orthogonalized as matrices of their own (2-D only; sum
+  // to the global rows): per-head Newton-Schulz or a fused QKV projection
+  // (ParamSpec.row_splits). Empty = the whole matrix.
+  std::vector<int64_t> row_splits;
   // Where `data` and `grad` live: the host, or CUDA device N (both
   // pointers are then that device's memory).
   Device device;

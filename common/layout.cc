@@ -253,9 +253,90 @@ absl::StatusOr<std::vector<Range>> LocalRanges(
   return ranges;
 }
 
+absl::Status CheckRowSplits(const std::vector<int64_t>& shape,
+                            const std::vector<int64_t>& row_splits) {
+  if (row_splits.empty()) return absl::OkStatus();
+  const std::string splits =
+      absl::StrCat("[", absl::StrJoin(row_splits, ", "), "]");
+  if (shape.size() != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("row splits ", splits, " need a 2-D parameter, not [",
+                     absl::StrJoin(shape, ", "), "]"));
+  }
+  if (static_cast<int64_t>(row_splits.size()) > kMaxExperts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("row splits: ", row_splits.size(), " blocks (at most ",
+                     kMaxExperts, ")"));
+  }
+  int64_t sum = 0;
+  for (int64_t n : row_splits) {
+    if (n < 1 || n > shape[0]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("row splits ", splits, " hold a block of ", n,
+                       " rows (each must be in [1, ", shape[0], "])"));
+    }
+    sum += n;
+  }
+  if (sum != shape[0]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("row splits ", splits, " sum to ", sum,
+                     " rows but the parameter has ", shape[0]));
+  }
+  return absl::OkStatus();
+}
+
+Range RowsInBlock(const Range& rows, int64_t block_begin, int64_t block_end) {
+  const int64_t lo = std::max(rows.begin, block_begin);
+  const int64_t hi = std::min(rows.end, block_end);
+  if (lo >= hi) return Range{0, 0};
+  return Range{lo - block_begin, hi - block_begin};
+}
+
+namespace {
+
+// ParamMatrices of a 2-D parameter split into row blocks.
+absl::StatusOr<std::vector<MatrixBoxes>> RowBlockMatrices(
+    const std::vector<int64_t>& shape, const std::vector<Placement>& placements,
+    const Mesh& mesh, const SubMesh& sub_mesh,
+    const std::vector<int64_t>& row_splits) {
+  const int64_t blocks = static_cast<int64_t>(row_splits.size());
+  if (!CheckedProduct({blocks, int64_t{mesh.world_size()}}, kMaxMatrixRankBoxes)
+           .has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("row splits: ", blocks, " blocks over ", mesh.world_size(),
+                     " ranks exceed ", kMaxMatrixRankBoxes, " blocks x ranks"));
+  }
+  std::vector<std::vector<Box>> boxes(blocks,
+                                      std::vector<Box>(mesh.world_size()));
+  for (int r = 0; r < mesh.world_size(); ++r) {
+    absl::StatusOr<std::vector<Range>> ranges =
+        LocalRanges(shape, placements, mesh, mesh.Coord(r), sub_mesh);
+    if (!ranges.ok()) return ranges.status();
+    const Range cols = (*ranges)[1];
+    int64_t begin = 0;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const Range rows =
+          RowsInBlock((*ranges)[0], begin, begin + row_splits[b]);
+      if (rows.size() > 0 && cols.size() > 0) boxes[b][r] = Box{rows, cols};
+      begin += row_splits[b];
+    }
+  }
+  std::vector<MatrixBoxes> out(blocks);
+  for (int64_t b = 0; b < blocks; ++b) {
+    out[b].slice = static_cast<int>(b);
+    out[b].rows = row_splits[b];
+    out[b].cols = shape[1];
+    out[b].boxes = BoxList(std::move(boxes[b]));
+  }
+  return out;
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<MatrixBoxes>> ParamMatrices(
     const std::vector<int64_t>& shape, const std::vector<Placement>& placements,
-    const Mesh& mesh, const SubMesh& sub_mesh) {
+    const Mesh& mesh, const SubMesh& sub_mesh,
+    const std::vector<int64_t>& row_splits) {
   if (shape.size() != 2 && shape.size() != 3) {
     return absl::InvalidArgumentError(
         absl::StrCat("a ", shape.size(),
@@ -282,6 +363,10 @@ absl::StatusOr<std::vector<MatrixBoxes>> ParamMatrices(
                      mesh.ToString(), " exceeds the limits: at most ",
                      kMaxExperts, " experts, ", kMaxParamElements,
                      " elements, ", kMaxMatrixRankBoxes, " experts x ranks"));
+  }
+  if (!row_splits.empty()) {
+    MUON_RETURN_IF_ERROR(CheckRowSplits(shape, row_splits));
+    return RowBlockMatrices(shape, placements, mesh, sub_mesh, row_splits);
   }
   std::vector<std::vector<Box>> boxes(experts,
                                       std::vector<Box>(mesh.world_size()));

@@ -207,7 +207,7 @@ absl::StatusOr<std::vector<Range>> LocalRanges(
 // a 2-D parameter is one matrix; a 3-D expert stack [experts, rows, cols]
 // is one matrix per expert slice.
 struct MatrixBoxes {
-  int slice = 0;  // expert index (0 for 2-D)
+  int slice = 0;  // expert index, or row block index (0 for 2-D)
   int64_t rows = 0;
   int64_t cols = 0;
   // Box of the slice each rank holds (index = rank); empty when the rank
@@ -224,9 +224,25 @@ struct MatrixBoxes {
 // dim; more than kMaxExperts experts, kMaxParamElements elements or
 // kMaxMatrixRankBoxes experts x ranks, common/checked_math.h; see
 // LocalRanges). Nothing is allocated before these checks.
+// `row_splits` (2-D only; empty = none): the matrix is blocks of rows,
+// block b rows [sum of the splits before b, + row_splits[b]), each its own
+// matrix (slice b, [row_splits[b], cols]) with each rank's box the part of
+// its rows inside the block, in the block's coordinates: per-head or fused
+// QKV orthogonalization (microsoft/dion's num_heads and split_sizes).
+// Errors also: InvalidArgument when the splits do not sum to the rows, one
+// is < 1, there are more than kMaxExperts, or the shape is 3-D.
 absl::StatusOr<std::vector<MatrixBoxes>> ParamMatrices(
     const std::vector<int64_t>& shape, const std::vector<Placement>& placements,
-    const Mesh& mesh, const SubMesh& sub_mesh = {});
+    const Mesh& mesh, const SubMesh& sub_mesh = {},
+    const std::vector<int64_t>& row_splits = {});
+
+// Checks `row_splits` against a parameter `shape` (as ParamMatrices).
+absl::Status CheckRowSplits(const std::vector<int64_t>& shape,
+                            const std::vector<int64_t>& row_splits);
+
+// The rows [begin, end) of `rows` inside block [block_begin, block_end),
+// in the block's coordinates (empty when they do not meet).
+Range RowsInBlock(const Range& rows, int64_t block_begin, int64_t block_end);
 
 // Copies box `src_box` of a row-major matrix stored as `src` (whose own box
 // is `src_holds`) into `dst` laid out as box `dst_holds`, for the overlap

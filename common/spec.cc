@@ -431,7 +431,18 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec, bool per_rank_boxes) {
           "parameter \"", param.name(), "\" is listed more than once"));
     }
     MUON_RETURN_IF_ERROR(CheckParamShape(param.name(), param.shape()));
-    num_matrices += NumMatrices(param.shape());
+    {
+      const std::vector<int64_t> shape(param.shape().begin(),
+                                       param.shape().end());
+      const std::vector<int64_t> splits(param.row_splits().begin(),
+                                        param.row_splits().end());
+      if (absl::Status s = CheckRowSplits(shape, splits); !s.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("parameter \"", param.name(), "\": ", s.message()));
+      }
+    }
+    num_matrices += param.row_splits_size() > 0 ? param.row_splits_size()
+                                                : NumMatrices(param.shape());
     MUON_ASSIGN_OR_RETURN(
         std::vector<Placement> placements,
         CheckMatrixPlacements(param.name(), param.placements(), mesh,
@@ -502,6 +513,7 @@ absl::StatusOr<std::vector<v1::RankManifest>> ManifestsFromSpec(
       }
       pm->set_dtype("float32");
       *pm->mutable_sub_mesh() = param.sub_mesh();
+      *pm->mutable_row_splits() = param.row_splits();
     }
   }
   return manifests;

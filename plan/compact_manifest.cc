@@ -136,6 +136,7 @@ v1::JobSpec JobSpecFromManifest(const v1::RankManifest& m,
     *ps->mutable_shape() = p.global_shape();
     *ps->mutable_placements() = p.placements();
     *ps->mutable_sub_mesh() = p.sub_mesh();
+    *ps->mutable_row_splits() = p.row_splits();
   }
   return spec;
 }

@@ -63,6 +63,10 @@ std::string SubMeshNote(const SubMesh& sub_mesh, const Mesh& mesh) {
 // `parameter "w"` for a 2-D parameter, `parameter "w" expert slice 3` for
 // a slice of a stack.
 std::string MatrixWhat(const ParamLayout& param, const MatrixLayout& m) {
+  if (!param.row_splits.empty()) {
+    return absl::StrCat("parameter ", Quoted(param.name), " row block ",
+                        m.slice);
+  }
   if (!param.is_stack()) return absl::StrCat("parameter ", Quoted(param.name));
   return absl::StrCat("parameter ", Quoted(param.name), " expert slice ",
                       m.slice);
@@ -97,6 +101,13 @@ absl::Status CheckParamAgrees(const v1::ParamManifest& p0, int r0,
         absl::StrCat(what, ": rank ", r, " reports placements ",
                      PlacementTexts(pr.placements()), " but rank ", r0,
                      " reports ", PlacementTexts(p0.placements())));
+  }
+  if (!std::equal(pr.row_splits().begin(), pr.row_splits().end(),
+                  p0.row_splits().begin(), p0.row_splits().end())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": rank ", r, " reports row splits ",
+                     ShapeToString(pr.row_splits()), " but rank ", r0,
+                     " reports ", ShapeToString(p0.row_splits())));
   }
   if (pr.dtype() != p0.dtype()) {
     return absl::InvalidArgumentError(
@@ -328,6 +339,7 @@ absl::Status AddParam(const std::vector<v1::RankManifest>& manifests,
   ParamLayout param;
   param.name = p.name();
   param.shape.assign(p.global_shape().begin(), p.global_shape().end());
+  param.row_splits.assign(p.row_splits().begin(), p.row_splits().end());
   MUON_ASSIGN_OR_RETURN(
       param.placements,
       CheckMatrixPlacements(p.name(), p.placements(), mesh,
@@ -473,11 +485,14 @@ absl::Status AppendParam(ParamLayout param, absl::string_view what,
                          JobLayout* layout, LayoutCache* cache) {
   const std::string key = absl::StrCat(
       ShapeToString(param.shape), " ", PlacementsToString(param.placements),
-      " ", SubMeshToString(param.sub_mesh, layout->mesh));
+      " ", SubMeshToString(param.sub_mesh, layout->mesh), " ",
+      ShapeToString(param.row_splits));
   auto cached = cache->entries.find(key);
   if (cached == cache->entries.end()) {
-    const int64_t added =
-        (param.is_stack() ? param.shape[0] : 1) * layout->world_size;
+    const int64_t slices = param.is_stack()
+                               ? param.shape[0]
+                               : std::max<int64_t>(1, param.row_splits.size());
+    const int64_t added = slices * layout->world_size;
     if (cache->max_boxes >= 0 && cache->boxes + added > cache->max_boxes) {
       return absl::InvalidArgumentError(absl::StrCat(
           what, ": the job's distinct parameter layouts need more than ",
@@ -485,8 +500,9 @@ absl::Status AppendParam(ParamLayout param, absl::string_view what,
           " ranks)"));
     }
     cache->boxes += added;
-    absl::StatusOr<std::vector<MatrixBoxes>> matrices = ParamMatrices(
-        param.shape, param.placements, layout->mesh, param.sub_mesh);
+    absl::StatusOr<std::vector<MatrixBoxes>> matrices =
+        ParamMatrices(param.shape, param.placements, layout->mesh,
+                      param.sub_mesh, param.row_splits);
     if (!matrices.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat(what, ": ", matrices.status().message()));
@@ -500,8 +516,8 @@ absl::Status AppendParam(ParamLayout param, absl::string_view what,
     MatrixLayout m;
     m.param_index = param_index;
     m.slice = mb.slice;
-    m.name = param.is_stack() ? absl::StrCat(param.name, "[", mb.slice, "]")
-                              : param.name;
+    m.name = param.is_sliced() ? absl::StrCat(param.name, "[", mb.slice, "]")
+                               : param.name;
     m.rows = mb.rows;
     m.cols = mb.cols;
     m.boxes = mb.boxes;  // shared with every matrix of the same layout
@@ -524,7 +540,8 @@ absl::StatusOr<JobLayout> ValidateManifests(
   int64_t num_matrices = 0;
   for (const v1::ParamManifest* p : u.first) {
     MUON_RETURN_IF_ERROR(CheckParamShape(p->name(), p->global_shape()));
-    num_matrices += NumMatrices(p->global_shape());
+    num_matrices += p->row_splits_size() > 0 ? p->row_splits_size()
+                                             : NumMatrices(p->global_shape());
   }
   MUON_RETURN_IF_ERROR(CheckJobSize(
       layout.mesh, static_cast<int64_t>(u.first.size()), num_matrices));
@@ -562,6 +579,7 @@ absl::StatusOr<JobLayout> LayoutFromSpec(const v1::JobSpec& spec) {
     ParamLayout param;
     param.name = p.name();
     param.shape.assign(p.shape().begin(), p.shape().end());
+    param.row_splits.assign(p.row_splits().begin(), p.row_splits().end());
     MUON_ASSIGN_OR_RETURN(
         param.placements,
         CheckMatrixPlacements(p.name(), p.placements(), layout.mesh,
@@ -603,6 +621,7 @@ v1::JobSpec JobSpecFromLayout(const JobLayout& layout,
       (*out->mutable_sub_mesh())[layout.mesh.names[p.sub_mesh.dims[k]]] =
           p.sub_mesh.coords[k];
     }
+    for (int64_t n : p.row_splits) out->add_row_splits(n);
   }
   *spec.mutable_execution() = layout.execution;
   spec.mutable_optimizer()->set_ns_steps(layout.ns_steps);

@@ -39,6 +39,9 @@ struct ParamLayout {
   std::vector<Placement> placements;  // one per mesh dim
   // Ranks it lives on (pp stage, ep owner); empty = every rank.
   SubMesh sub_mesh;
+  // Blocks of rows, each its own matrix (ParamSpec.row_splits); empty =
+  // none.
+  std::vector<int64_t> row_splits;
   // Its matrices are JobLayout::matrices[first_matrix, first_matrix +
   // num_matrices) (one for a 2-D parameter, one per slice of a stack).
   int first_matrix = 0;
@@ -46,6 +49,8 @@ struct ParamLayout {
 
   // A 3-D [experts, rows, cols] expert stack.
   bool is_stack() const { return shape.size() == 3; }
+  // Several matrices: a stack's slices or row blocks.
+  bool is_sliced() const { return is_stack() || !row_splits.empty(); }
 };
 
 // One logical matrix: the planner's unit of work (a 2-D parameter, or one

@@ -236,6 +236,7 @@ std::vector<ParamView> LocalViews(const SpecParams& s, RunOutput* out) {
     v.local_shape = out->local_shape[k];
     v.global_shape = ShapeOf(ps);
     v.expert_stack = v.global_shape.size() == 3;
+    v.row_splits.assign(ps.row_splits().begin(), ps.row_splits().end());
     views.push_back(std::move(v));
   }
   return views;

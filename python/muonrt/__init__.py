@@ -53,6 +53,9 @@ def __getattr__(name):
     if name == "split_params":
         from .params import split_params
         return split_params
+    if name in ("attention_max_logits", "MaxLogitTracker"):
+        from . import qk_clip
+        return getattr(qk_clip, name)
     raise AttributeError(f"module 'muonrt' has no attribute {name!r}")
 
 
@@ -63,7 +66,8 @@ def abi_version():
 
 
 __all__ = [
-    "Muon", "split_params", "Mesh", "Shard", "Replicate", "ProcessGroup",
+    "Muon", "split_params", "attention_max_logits", "MaxLogitTracker",
+    "Mesh", "Shard", "Replicate", "ProcessGroup",
     "init_process_group", "destroy_process_group", "get_default_group",
     "is_initialized", "normalize_placement", "library_path", "abi_version",
     "ABI_VERSION", "MuonRTError", "InvalidArgumentError", "NotFoundError",

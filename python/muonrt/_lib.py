@@ -178,6 +178,8 @@ class muonrt_param(ctypes.Structure):
         ("expert_stack", ctypes.c_int),
         ("device_type", ctypes.c_int),
         ("device_index", ctypes.c_int),
+        ("row_splits", ctypes.POINTER(ctypes.c_int64)),
+        ("num_row_splits", ctypes.c_int),
     ]
 
 
@@ -205,6 +207,18 @@ class muonrt_options(ctypes.Structure):
         ("normuon", ctypes.c_int),
         ("normuon_beta2", ctypes.c_double),
         ("normuon_eps", ctypes.c_double),
+    ]
+
+
+class muonrt_qk_clip_layer(ctypes.Structure):
+    _fields_ = [
+        ("q_param", ctypes.c_char_p),
+        ("q_row_begin", ctypes.c_int64),
+        ("k_param", ctypes.c_char_p),
+        ("k_row_begin", ctypes.c_int64),
+        ("num_heads", ctypes.c_int),
+        ("num_kv_heads", ctypes.c_int),
+        ("head_dim", ctypes.c_int64),
     ]
 
 
@@ -254,6 +268,12 @@ _SIGNATURES = {
     "muonrt_optimizer_load_state": (_c_int, [
         _opt_p, ctypes.c_int64, ctypes.POINTER(ctypes.POINTER(ctypes.c_float)),
         ctypes.POINTER(ctypes.c_int64), _c_int]),
+    "muonrt_optimizer_set_qk_clip": (_c_int, [
+        _opt_p, ctypes.c_double, ctypes.c_double,
+        ctypes.POINTER(muonrt_qk_clip_layer), _c_int]),
+    "muonrt_optimizer_clip_qk": (_c_int, [
+        _opt_p, ctypes.POINTER(ctypes.c_float), ctypes.c_int64,
+        ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_float)]),
     "muonrt_optimizer_variance_neuron": (_c_int, [
         _opt_p, _c_int, ctypes.POINTER(ctypes.POINTER(ctypes.c_float)),
         ctypes.POINTER(ctypes.c_int64)]),

@@ -75,6 +75,7 @@ Differences from torch.optim.Muon
 """
 import collections.abc
 import ctypes
+import math
 import json
 import os
 import weakref
@@ -243,7 +244,11 @@ class Muon(torch.optim.Optimizer):
             global shape.
     Layout (keyword-only): process_group, mesh, placements, global_shapes
         (module docstring); sub_mesh ({name: "pp=1"} or a callable:
-        ownership restriction); expert_stacks (names of 3-D
+        ownership restriction); row_splits ({name: [rows, ...]}: blocks
+        of rows of a 2-D parameter, each orthogonalized as its own matrix
+        with its own AdjustLR shape, e.g. a fused QKV [q, k, v] rows;
+        microsoft/dion's split_sizes); num_heads ({name: heads}: equal
+        blocks, per-head Newton-Schulz; dion's num_heads); expert_stacks (names of 3-D
         [experts, rows, cols] parameters: each slice is its own matrix).
     Runtime (keyword-only): ns_schedule ("quintic" | "polar_express"),
         ns_method ("standard" | "gram": iterate on the m x m Gram matrix |
@@ -272,6 +277,14 @@ class Muon(torch.optim.Optimizer):
         1e-8). The state "variance_neuron" (fp32, [..., rows, 1], sharded
         with the rows) is in state_dict and the checkpoints. CPU
         parameters, float32 exchange.
+    QK-clip (keyword-only; MuonClip, Kimi K2 report arXiv 2507.20534,
+        Megatron-LM's grouped-query rule): qk_clip (dict or None):
+        {"threshold": 100.0, "alpha": 0.5, "layers": [{"q": name, "k":
+        name, "num_heads": H, "num_kv_heads": G (default H), "head_dim": D,
+        "q_row_begin": 0, "k_row_begin": 0}, ...]}; after a step,
+        clip_qk(max_logits) scales the query and key rows of every group
+        whose largest logit exceeded the threshold (muonrt.MaxLogitTracker
+        records the maxima next to scaled_dot_product_attention).
 
     Raises at construction: ValueError (torch's argument errors; a
     parameter that is not 2-D, with torch's message and its name; not
@@ -288,12 +301,13 @@ class Muon(torch.optim.Optimizer):
                  eps=EPS, ns_steps=DEFAULT_NS_STEPS, adjust_lr_fn=None, *,
                  process_group=None, mesh=None, placements=None,
                  global_shapes=None, sub_mesh=None, expert_stacks=(),
+                 row_splits=None, num_heads=None,
                  ns_schedule=None, ns_method=None,
                  async_gpu_parallelism=False,
                  prefetch_count=0, assignment_policy=None,
                  bucket_size_bytes=0, transactional_step=False,
                  replan_every_steps=0, exchange_dtype=None, normuon=False,
-                 normuon_beta2=0.95, normuon_eps=1e-8):
+                 normuon_beta2=0.95, normuon_eps=1e-8, qk_clip=None):
         self._handle = None
         self._created = False
         # The Python types torch.optim.Muon.__init__ checks; the values are
@@ -345,7 +359,13 @@ class Muon(torch.optim.Optimizer):
         self._slots = self._make_slots(expert_stacks)
         self._resolve_process_group(process_group, mesh)
         self._resolve_layout(placements, global_shapes, sub_mesh)
+        self._row_splits = self._resolve_row_splits(row_splits, num_heads,
+                                                    names)
         self._create(runtime)
+        self._qk_heads = 0
+        self._qk_layer_heads = []
+        if qk_clip:
+            self._set_qk_clip(qk_clip)
         self._group_slots = []
         k = 0
         for group in self.param_groups:
@@ -469,6 +489,37 @@ class Muon(torch.optim.Optimizer):
         super().add_param_group(group)
 
     # ---- construction --------------------------------------------------------
+
+    def _resolve_row_splits(self, row_splits, num_heads, names):
+        """{name: [rows per block]} from the row_splits and num_heads
+        keywords (checked against the global shapes by the library)."""
+        out = {}
+        for what, given in (("row_splits", row_splits),
+                            ("num_heads", num_heads)):
+            unknown = set(given or {}) - set(names)
+            if unknown:
+                raise ValueError(f"muonrt.Muon: {what} names unknown "
+                                 f"parameters {sorted(unknown)}")
+        for name, splits in (row_splits or {}).items():
+            out[name] = [int(n) for n in splits]
+        for name, heads in (num_heads or {}).items():
+            if name in out:
+                raise ValueError(f"muonrt.Muon: {name!r} is in both "
+                                 f"row_splits and num_heads")
+            rows = self._global_rows(name)
+            heads = int(heads)
+            if heads < 1 or rows % heads != 0:
+                raise ValueError(f"muonrt.Muon: num_heads {heads} does not "
+                                 f"divide the {rows} rows of {name!r}")
+            out[name] = [rows // heads] * heads
+        return out
+
+    def _global_rows(self, name):
+        for s in self._slots:
+            if s.name == name:
+                return int(s.global_shape[0]) if s.global_shape else \
+                    int(s.local_shape[0])
+        raise ValueError(f"muonrt.Muon: unknown parameter {name!r}")
 
     def _make_slots(self, expert_stacks):
         slots = []
@@ -653,6 +704,10 @@ class Muon(torch.optim.Optimizer):
                 c.sub_mesh = None
             c.expert_stack = 1 if s.expert_stack else 0
             c.device_type, c.device_index = s.device
+            splits = self._row_splits.get(s.name)
+            if splits:
+                c.row_splits = i64(splits)
+                c.num_row_splits = len(splits)
 
         opts = _options_struct(self.defaults, runtime)
 
@@ -860,6 +915,63 @@ class Muon(torch.optim.Optimizer):
         if numel.value:
             ctypes.memmove(out.data_ptr(), ptr, 4 * numel.value)
         return out.to(s.local.device)
+
+    def _set_qk_clip(self, spec):
+        """Hands the qk_clip keyword to the library
+        (muonrt_optimizer_set_qk_clip)."""
+        known = {"threshold", "alpha", "layers"}
+        if not isinstance(spec, dict) or set(spec) - known:
+            raise ValueError(f"muonrt.Muon: qk_clip must be a dict with keys "
+                             f"{sorted(known)}, got {spec!r}")
+        layers = list(spec.get("layers", ()))
+        arr = (_lib.muonrt_qk_clip_layer * max(1, len(layers)))()
+        self._qk_names = []  # keeps the encoded names alive
+        self._qk_layer_heads = []
+        heads = 0
+        for i, layer in enumerate(layers):
+            keys = {"q", "k", "num_heads", "num_kv_heads", "head_dim",
+                    "q_row_begin", "k_row_begin"}
+            if set(layer) - keys or not {"q", "k", "num_heads",
+                                         "head_dim"} <= set(layer):
+                raise ValueError(
+                    f"muonrt.Muon: qk_clip layer {i} needs q, k, num_heads "
+                    f"and head_dim (optional num_kv_heads, q_row_begin, "
+                    f"k_row_begin), got {sorted(layer)}")
+            q, k = str(layer["q"]).encode(), str(layer["k"]).encode()
+            self._qk_names += [q, k]
+            arr[i].q_param, arr[i].k_param = q, k
+            arr[i].q_row_begin = int(layer.get("q_row_begin", 0))
+            arr[i].k_row_begin = int(layer.get("k_row_begin", 0))
+            arr[i].num_heads = int(layer["num_heads"])
+            arr[i].num_kv_heads = int(layer.get("num_kv_heads", 0))
+            arr[i].head_dim = int(layer["head_dim"])
+            heads += arr[i].num_heads
+            self._qk_layer_heads.append(arr[i].num_heads)
+        _lib.call("muonrt_optimizer_set_qk_clip", self._h,
+                  float(spec.get("threshold", 100.0)),
+                  float(spec.get("alpha", 0.5)), arr, len(layers))
+        self._qk_heads = heads
+
+    def clip_qk(self, max_logits):
+        """QK-clip after step() (collective: every rank calls it).
+        `max_logits`: one [num_heads] tensor per qk_clip layer (None or
+        -inf for heads this rank did not compute), or one flat tensor; the
+        ranks' MAX decides. Returns {"groups_clipped", "max_logit"}."""
+        parts = []
+        listed = isinstance(max_logits, (list, tuple))
+        for i, m in enumerate(max_logits if listed else [max_logits]):
+            if m is None and listed and i < len(self._qk_layer_heads):
+                m = torch.full((self._qk_layer_heads[i],), -math.inf)
+            parts.append(torch.as_tensor(m, dtype=torch.float32).reshape(-1)
+                         .detach().cpu())
+        flat = torch.cat(parts) if parts else torch.empty(0)
+        flat = flat.contiguous()
+        groups = ctypes.c_int64(0)
+        top = ctypes.c_float(0)
+        _lib.call("muonrt_optimizer_clip_qk", self._h,
+                  ctypes.cast(flat.data_ptr(), ctypes.POINTER(ctypes.c_float)),
+                  flat.numel(), ctypes.byref(groups), ctypes.byref(top))
+        return {"groups_clipped": groups.value, "max_logit": top.value}
 
     def variance_neuron(self, key):
         """A copy of a parameter's NorMuon row state (fp32, the local

@@ -119,6 +119,8 @@ static int MakeShards(Shards* s, int rank, int world, int distributed) {
     m->placements = distributed ? kShard0 : NULL;
     m->sub_mesh = NULL;
     m->expert_stack = 0;
+    m->row_splits = NULL;
+    m->num_row_splits = 0;
     m->device_type = MUONRT_CPU;
     m->device_index = 0;
   }

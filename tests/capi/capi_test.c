@@ -957,6 +957,43 @@ done:
   muonrt_optimizer_destroy(plain);
 }
 
+/* QK-clip: enc.w (4 x 3) as the query of 2 heads of 2 rows and dec.w
+ * (3 x 5) rows 1..2 as their key (one key head, grouped). Head maxima 50
+ * and 200 over threshold 100: the group clips with gamma 0.5, alpha 0.5:
+ * every q row scaled by sqrt(0.5), k rows 1..2 by sqrt(0.5), row 0 kept. */
+static void QkClip_ScalesClippedHeadRowsAndRefusesBadInput(void) {
+  Model m;
+  muonrt_optimizer* opt = NULL;
+  InitModel(&m);
+  CHECK_OK(
+      muonrt_optimizer_create(NULL, 0, NULL, NULL, m.params, 3, NULL, &opt));
+  muonrt_qk_clip_layer layer = {"enc.w", 0, "dec.w", 1, 2, 1, 2};
+  CHECK_OK(muonrt_optimizer_set_qk_clip(opt, 100.0, 0.5, &layer, 1));
+  float a0[12], b0[15];
+  memcpy(a0, m.a, sizeof(a0));
+  memcpy(b0, m.b, sizeof(b0));
+  const float maxima[2] = {50.0f, 200.0f};
+  CHECK_CODE(muonrt_optimizer_clip_qk(opt, maxima, 1, NULL, NULL),
+             MUONRT_INVALID_ARGUMENT);
+  CHECK_ERROR_HAS("ClipQk got 1 maxima");
+  CHECK_CODE(muonrt_optimizer_clip_qk(opt, NULL, 2, NULL, NULL),
+             MUONRT_INVALID_ARGUMENT);
+  CHECK(memcmp(a0, m.a, sizeof(a0)) == 0);
+  int64_t groups = -1;
+  float top = 0;
+  CHECK_OK(muonrt_optimizer_clip_qk(opt, maxima, 2, &groups, &top));
+  CHECK(groups == 1 && top == 200.0f);
+  const float f = (float)sqrt(0.5);
+  for (int i = 0; i < 12; ++i) CHECK(m.a[i] == a0[i] * f);
+  for (int i = 0; i < 15; ++i) CHECK(m.b[i] == (i < 5 ? b0[i] : b0[i] * f));
+  layer.head_dim = 3; /* 2 x 3 query rows: enc.w has 4 */
+  CHECK_CODE(muonrt_optimizer_set_qk_clip(opt, 100.0, 0.5, &layer, 1),
+             MUONRT_INVALID_ARGUMENT);
+  CHECK_ERROR_HAS("enc.w\" has 4 rows but 2 heads of 3 rows");
+done:
+  muonrt_optimizer_destroy(opt);
+}
+
 /* A free TCP port on 127.0.0.1 (bound and released; 0 on failure). */
 static int FreePort(void) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -1123,6 +1160,7 @@ int main(void) {
       TEST(SaveLoad_FreshOptimizer_RestoresMomentumAndStep),
       TEST(LoadState_SizesChecked_AllOrNothing),
       TEST(NorMuon_RowStateReadAndLoadedAllOrNothing),
+      TEST(QkClip_ScalesClippedHeadRowsAndRefusesBadInput),
       TEST(ProcessGroupOfOne_MeshAndPlacementErrors),
   };
   const int n = (int)(sizeof(tests) / sizeof(tests[0]));

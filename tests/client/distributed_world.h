@@ -191,13 +191,20 @@ inline void ExpectMatchesSingleDevice(
   // Every rank holds the same plan, and its owners cover every matrix once.
   std::map<int, std::vector<int>> assignments =
       world.run.muons[0]->assignments();
-  std::vector<int> owned(problem.specs.size(), 0);
+  // Indices are positions in matrices(): one per 2-D parameter, per
+  // expert slice, per row block.
+  const int matrices = problem.matrices();
+  std::vector<int> owned(matrices, 0);
   for (const auto& [rank, indices] : assignments) {
     EXPECT_GE(rank, 0);
     EXPECT_LT(rank, n);
-    for (int i : indices) ++owned[i];
+    for (int i : indices) {
+      ASSERT_GE(i, 0);
+      ASSERT_LT(i, matrices);
+      ++owned[i];
+    }
   }
-  EXPECT_EQ(owned, std::vector<int>(problem.specs.size(), 1));
+  EXPECT_EQ(owned, std::vector<int>(matrices, 1));
   for (int r = 1; r < n; ++r) {
     EXPECT_EQ(world.run.muons[r]->assignments(), assignments) << "rank " << r;
     EXPECT_EQ(world.run.muons[r]->plan().hash(),

@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -61,7 +62,8 @@ int64_t Numel(const std::vector<int64_t>& shape) {
 int Problem::matrices() const {
   int n = 0;
   for (const TensorSpec& s : specs) {
-    n += s.expert_stack ? static_cast<int>(s.shape[0]) : 1;
+    n += s.expert_stack ? static_cast<int>(s.shape[0])
+                        : std::max<int>(1, s.row_splits.size());
   }
   return n;
 }
@@ -91,6 +93,7 @@ absl::StatusOr<SingleDeviceResult> RunSingleDevice(const Problem& problem,
     params[i].name = problem.specs[i].name;
     params[i].local_shape = problem.specs[i].shape;
     params[i].expert_stack = problem.specs[i].expert_stack;
+    params[i].row_splits = problem.specs[i].row_splits;
     params[i].data = problem.init[i];
     ptrs.push_back(&params[i]);
   }
@@ -169,6 +172,7 @@ absl::StatusOr<RankShards> CutShards(const Problem& problem,
     p.name = spec.name;
     p.global_shape = spec.shape;
     p.expert_stack = spec.expert_stack;
+    p.row_splits = spec.row_splits;
     for (const Range& r : *ranges) p.local_shape.push_back(r.size());
     p.data = ExtractRegion(problem.init[i], spec.shape, *ranges);
     p.grad.assign(p.data.size(), 0.0f);

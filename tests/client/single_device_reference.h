@@ -48,6 +48,8 @@ struct TensorSpec {
   std::vector<int64_t> shape;
   // A 3-D stack of expert matrices (Parameter::expert_stack).
   bool expert_stack = false;
+  // Row blocks orthogonalized on their own (Parameter::row_splits).
+  std::vector<int64_t> row_splits = {};
 };
 
 // Product of the dims (1 for an empty shape).

@@ -552,6 +552,49 @@ TEST(ParamMatricesTest, ParamMatrices_TwoDimShard0_OneMatrixWithRankBoxes) {
                           MakeBox(6, 9, 0, 7), MakeBox(9, 10, 0, 7)));
 }
 
+// Row blocks {4, 2, 4} of a [10, 7] Shard(0) over 4 (rows 0-3, 3-6, 6-9,
+// 9-10): each block is a matrix, each rank's box the part of its rows in
+// the block, in the block's coordinates (block 0: ranks 0 and 1 share it;
+// block 1 lives on rank 1 only; block 2 on ranks 2 and 3).
+TEST(ParamMatricesTest, ParamMatrices_RowSplitsShard0_BlockBoxesInBlockRows) {
+  absl::StatusOr<std::vector<MatrixBoxes>> m = ParamMatrices(
+      {10, 7}, {Placement::Shard(0)}, Mesh::OneDim(4), {}, {4, 2, 4});
+  ASSERT_THAT(m, IsOk());
+  ASSERT_EQ(m->size(), 3u);
+  EXPECT_EQ((*m)[1].slice, 1);
+  EXPECT_EQ((*m)[1].rows, 2);
+  EXPECT_EQ((*m)[1].cols, 7);
+  EXPECT_THAT((*m)[0].boxes, ElementsAre(MakeBox(0, 3, 0, 7),
+                                         MakeBox(3, 4, 0, 7), Box{}, Box{}));
+  EXPECT_THAT((*m)[1].boxes,
+              ElementsAre(Box{}, MakeBox(0, 2, 0, 7), Box{}, Box{}));
+  EXPECT_THAT((*m)[2].boxes, ElementsAre(Box{}, Box{}, MakeBox(0, 3, 0, 7),
+                                         MakeBox(3, 4, 0, 7)));
+  // Shard(1): every rank holds every row of every block, its columns.
+  m = ParamMatrices({10, 7}, {Placement::Shard(1)}, Mesh::OneDim(4), {},
+                    {5, 5});
+  ASSERT_THAT(m, IsOk());
+  EXPECT_THAT((*m)[1].boxes,
+              ElementsAre(MakeBox(0, 5, 0, 2), MakeBox(0, 5, 2, 4),
+                          MakeBox(0, 5, 4, 6), MakeBox(0, 5, 6, 7)));
+}
+
+TEST(ParamMatricesTest, ParamMatrices_BadRowSplits_InvalidArgumentNamingThem) {
+  EXPECT_THAT(ParamMatrices({10, 7}, {Placement::Shard(0)}, Mesh::OneDim(4), {},
+                            {4, 4}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("row splits [4, 4] sum to 8 rows but the "
+                                 "parameter has 10")));
+  EXPECT_THAT(ParamMatrices({10, 7}, {Placement::Shard(0)}, Mesh::OneDim(4), {},
+                            {10, 0}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("hold a block of 0 rows")));
+  EXPECT_THAT(ParamMatrices({2, 10, 7}, {Placement::Shard(0)}, Mesh::OneDim(2),
+                            {}, {5, 5}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("need a 2-D parameter")));
+}
+
 // [4, 6, 4] stack, Shard(0) over ep=2: experts 0, 1 live whole on rank 0,
 // experts 2, 3 whole on rank 1; the other rank's box is empty.
 TEST(ParamMatricesTest, ParamMatrices_StackShard0_EachSliceWholeOnItsEpRank) {

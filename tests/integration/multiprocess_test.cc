@@ -195,7 +195,7 @@ INSTANTIATE_TEST_SUITE_P(
                       "hsdp", "tp_fsdp", "tp_hsdp", "ep_expert_parallel",
                       "ep_tp_tp_sharded_experts", "cp", "pp_2_stages",
                       "pp_4_stages", "pp_tp", "pp_fsdp", "ep_tp", "cp_tp",
-                      "pp_tp_hsdp"));
+                      "pp_tp_hsdp", "row_blocks"));
 
 // `spec` with its mesh rescaled to `world` ranks: the pp dim keeps its number
 // of stages (parameters stay on their stages) and the factor left is spread

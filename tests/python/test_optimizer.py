@@ -415,3 +415,45 @@ def test_normuon_state_dict_carries_row_state():
         assert torch.equal(results[0][n], p.detach()), n
     assert any(not torch.equal(results[1][n], p.detach())
                for n, p in params.items())
+
+
+@pytest.mark.parametrize("normuon", [False, True])
+def test_row_blocks_match_float64_reference_of_the_blocks(normuon):
+    """row_splits (a fused q | k | v) and num_heads (per-head): each block
+    is orthogonalized as its own matrix with its own AdjustLR shape (and
+    NorMuon's rescale), against the float64 reference run on the blocks as
+    separate tensors."""
+    shapes = {"wqkv": (48, 24), "wo": (24, 24)}
+    splits = {"wqkv": [24, 12, 12], "wo": [6, 6, 6, 6]}
+    init, grads = make_problem(seed=11, shapes=shapes)
+    params = params_of(init)
+    kw = dict(lr=0.02, weight_decay=0.1, momentum=0.9,
+              adjust_lr_fn="spectral_norm", normuon=normuon)
+    opt = muonrt.Muon(list(params.items()), row_splits={"wqkv": [24, 12, 12]},
+                      num_heads={"wo": 4}, **kw)
+    blocks = {n: list(init[n].split(splits[n])) for n in shapes}
+    ref_params = [b.clone().double() for n in shapes for b in blocks[n]]
+    ref = ReferenceMuon(ref_params, dtype=torch.float64, **kw)
+    for k in range(STEPS):
+        for n, p in params.items():
+            p.grad = grads[k][n].clone()
+        opt.step()
+        ref.step([g for n in shapes for g in grads[k][n].split(splits[n])])
+    i = 0
+    for n, p in params.items():
+        got = p.detach().split(splits[n])
+        for b, init_b in enumerate(blocks[n]):
+            assert_close(got[b], ref_params[i], init_b, what=f"{n} block {b}")
+            i += 1
+    assert opt.last_step_stats()["matrices_orthogonalized"] == 7
+
+
+def test_row_blocks_bad_splits_are_refused():
+    w = torch.nn.Parameter(torch.randn(12, 4))
+    with pytest.raises(ValueError, match="sum to 10 rows but the parameter "
+                                         "has 12"):
+        muonrt.Muon([("w", w)], row_splits={"w": [5, 5]})
+    with pytest.raises(ValueError, match="num_heads 5 does not divide"):
+        muonrt.Muon([("w", w)], num_heads={"w": 5})
+    with pytest.raises(ValueError, match="unknown parameters"):
+        muonrt.Muon([("w", w)], num_heads={"v": 2})

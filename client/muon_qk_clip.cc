@@ -1,0 +1,177 @@
+// Muon::ClipQk and its checks: QK-clip (MuonClip) over this rank's shards
+// of the attention layers' query and key projections (client/qk_clip.h).
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/muon.h"
+#include "client/qk_clip.h"
+#include "common/status_macros.h"
+
+namespace muon {
+
+absl::Status Muon::SetQkClip(const QkClipOptions& qk_clip) {
+  if (absl::Status s = ValidateQkClipOptions(qk_clip); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank_, ": ", s.message()));
+  }
+  const QkClipOptions old = options_.qk_clip;
+  std::vector<std::pair<int, int>> old_params = qk_clip_params_;
+  options_.qk_clip = qk_clip;
+  if (absl::Status s = ResolveQkClip(uses_sub_mesh_); !s.ok()) {
+    options_.qk_clip = old;
+    qk_clip_params_ = std::move(old_params);
+    return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Muon::ResolveQkClip(bool uses_sub_mesh) {
+  const QkClipOptions& o = options_.qk_clip;
+  uses_sub_mesh_ = uses_sub_mesh;
+  qk_clip_params_.clear();
+  auto find = [&](const std::string& name) {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (params_[i].name == name) return static_cast<int>(i);
+    }
+    return -1;
+  };
+  for (size_t l = 0; l < o.layers.size(); ++l) {
+    const QkClipLayer& layer = o.layers[l];
+    const int q = find(layer.q_param);
+    const int k = find(layer.k_param);
+    if ((q < 0 || k < 0) && !(q < 0 && k < 0 && uses_sub_mesh)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank_, ": qk_clip layer ", l, " names parameter \"",
+          q < 0 ? layer.q_param : layer.k_param,
+          "\", which this optimizer does not have (a layer of another "
+          "pipeline stage must have neither parameter here)"));
+    }
+    for (const auto& [index, which] :
+         {std::pair<int, const char*>{q, "q"}, {k, "k"}}) {
+      if (index < 0) continue;
+      const ParamView& p = params_[index];
+      if (p.expert_stack || !p.device.is_host()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "rank ", rank_, ": qk_clip layer ", l, ": parameter \"", p.name,
+            "\" is ", p.expert_stack ? "an expert stack" : p.device.ToString(),
+            "; QK-clip scales 2-D CPU parameters in this version"));
+      }
+      if (absl::Status s =
+              CheckQkClipRows(layer, which, p.shape(), static_cast<int>(l));
+          !s.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("rank ", rank_, ": ", s.message()));
+      }
+    }
+    qk_clip_params_.push_back({q, k});
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Muon::ReduceQkClipMaxima(const std::vector<float>& max_logits,
+                                      std::vector<float>* reduced) {
+  const QkClipOptions& o = options_.qk_clip;
+  const int64_t n = o.total_heads();
+  std::string mine;  // this rank's error, if any
+  if (static_cast<int64_t>(max_logits.size()) != n) {
+    mine = absl::StrCat("rank ", rank_, ": ClipQk got ", max_logits.size(),
+                        " maxima but the ", o.layers.size(),
+                        " qk_clip layers have ", n, " query heads");
+  } else {
+    for (int64_t h = 0; h < n && mine.empty(); ++h) {
+      if (std::isnan(max_logits[h])) {
+        mine = absl::StrCat("rank ", rank_, ": ClipQk maximum ", h,
+                            " (a query head, layers in order) is NaN");
+      }
+    }
+  }
+  const int64_t width = n + 1;  // [flag, maxima...]
+  std::vector<float> send(width, -INFINITY);
+  send[0] = mine.empty() ? 0.0f : 1.0f;
+  if (mine.empty())
+    std::copy(max_logits.begin(), max_logits.end(), send.begin() + 1);
+  std::vector<float> all = send;
+  if (world_size_ > 1) {
+    Communicator* control = rank_flags_->control();
+    if (control == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("rank ", rank_,
+                       ": ClipQk reduces over a host-memory control group "
+                       "and this job has none (DistributedState::"
+                       "control_communicator)"));
+    }
+    all.assign(width * world_size_, 0.0f);
+    MUON_RETURN_IF_ERROR(
+        control->AllGatherV(send.data(), width, all.data(),
+                            std::vector<int64_t>(world_size_, width)));
+  }
+  for (int r = 0; r < world_size_; ++r) {
+    if (all[r * width] == 0.0f) continue;
+    if (r == rank_) return absl::InvalidArgumentError(mine);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank_, ": rank ", r, " passed bad QK-clip maxima (rank ", r,
+        "'s error names them); nothing was clipped"));
+  }
+  reduced->assign(n, -INFINITY);
+  for (int r = 0; r < world_size_; ++r) {
+    for (int64_t h = 0; h < n; ++h) {
+      (*reduced)[h] = std::max((*reduced)[h], all[r * width + 1 + h]);
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Muon::ScaleLocalRows(int index, int64_t begin, int64_t end,
+                          double factor) {
+  if (index < 0) return;
+  const ParamView& p = params_[index];
+  absl::StatusOr<std::vector<Range>> box =
+      LocalRanges(p.shape(), placements_[index].placements, mesh_,
+                  mesh_.Coord(rank_), placements_[index].sub_mesh);
+  if (!box.ok() || p.local_numel() == 0) return;  // checked at Create
+  ScaleGlobalRows(p.data, p.dtype, (*box)[0], p.local_shape[1], begin, end,
+                  factor);
+}
+
+absl::Status Muon::ClipQk(const std::vector<float>& max_logits,
+                          QkClipStats* stats) {
+  const QkClipOptions& o = options_.qk_clip;
+  if (!o.enabled()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank_, ": ClipQk: MuonOptions::qk_clip has no layers"));
+  }
+  std::vector<float> reduced;
+  MUON_RETURN_IF_ERROR(ReduceQkClipMaxima(max_logits, &reduced));
+  QkClipStats out;
+  int64_t offset = 0;
+  for (size_t l = 0; l < o.layers.size(); ++l) {
+    const QkClipLayer& layer = o.layers[l];
+    const auto [q, k] = qk_clip_params_[l];
+    for (int h = 0; h < layer.num_heads; ++h) {
+      out.max_logit = std::max(out.max_logit, reduced[offset + h]);
+    }
+    const std::vector<double> scales =
+        QkClipGroupScales(layer, reduced.data() + offset, o.threshold);
+    offset += layer.num_heads;
+    const int64_t group_rows =
+        layer.head_dim * (layer.num_heads / layer.num_kv_heads);
+    for (int g = 0; g < layer.num_kv_heads; ++g) {
+      if (scales[g] >= 1.0) continue;
+      ++out.groups_clipped;
+      const int64_t q_begin = layer.q_row_begin + g * group_rows;
+      ScaleLocalRows(q, q_begin, q_begin + group_rows,
+                     std::pow(scales[g], o.alpha));
+      const int64_t k_begin = layer.k_row_begin + g * layer.head_dim;
+      ScaleLocalRows(k, k_begin, k_begin + layer.head_dim,
+                     std::pow(scales[g], 1.0 - o.alpha));
+    }
+  }
+  if (stats != nullptr) *stats = out;
+  return absl::OkStatus();
+}
+
+}  // namespace muon

@@ -1,0 +1,128 @@
+#include "client/qk_clip.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/bfloat16.h"
+
+namespace muon {
+
+int64_t QkClipOptions::total_heads() const {
+  int64_t n = 0;
+  for (const QkClipLayer& l : layers) n += l.num_heads;
+  return n;
+}
+
+QkClipOptions QkClipOptionsFromProto(const v1::QkClip& p) {
+  QkClipOptions o;
+  if (p.has_threshold()) o.threshold = p.threshold();
+  if (p.has_alpha()) o.alpha = p.alpha();
+  for (const v1::QkClipLayer& l : p.layers()) {
+    QkClipLayer layer;
+    layer.q_param = l.q_param();
+    layer.q_row_begin = l.q_row_begin();
+    layer.k_param = l.k_param();
+    layer.k_row_begin = l.k_row_begin();
+    layer.num_heads = l.num_heads();
+    layer.num_kv_heads =
+        l.num_kv_heads() == 0 ? l.num_heads() : l.num_kv_heads();
+    layer.head_dim = l.head_dim();
+    o.layers.push_back(std::move(layer));
+  }
+  return o;
+}
+
+absl::Status ValidateQkClipOptions(const QkClipOptions& o) {
+  if (!(o.threshold > 0.0 && std::isfinite(o.threshold))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("qk_clip threshold should be a finite value > 0 but is: ",
+                     o.threshold));
+  }
+  if (!(o.alpha >= 0.0 && o.alpha <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("qk_clip alpha should be in [0, 1] but is: ", o.alpha));
+  }
+  for (size_t i = 0; i < o.layers.size(); ++i) {
+    const QkClipLayer& l = o.layers[i];
+    std::string bad;
+    if (l.q_param.empty() || l.k_param.empty()) {
+      bad = "names no query or no key parameter";
+    } else if (l.num_heads < 1 || l.num_kv_heads < 1 ||
+               l.num_heads % l.num_kv_heads != 0) {
+      bad = absl::StrCat("has num_heads ", l.num_heads, " and num_kv_heads ",
+                         l.num_kv_heads,
+                         " (both >= 1, num_kv_heads dividing num_heads)");
+    } else if (l.head_dim < 1) {
+      bad = absl::StrCat("has head_dim ", l.head_dim, " (must be >= 1)");
+    } else if (l.q_row_begin < 0 || l.k_row_begin < 0) {
+      bad = absl::StrCat("has row offsets q ", l.q_row_begin, " k ",
+                         l.k_row_begin, " (must be >= 0)");
+    }
+    if (!bad.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("qk_clip layer ", i, " (\"", l.q_param, "\", \"",
+                       l.k_param, "\") ", bad));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckQkClipRows(const QkClipLayer& layer, const char* which,
+                             const std::vector<int64_t>& global_shape,
+                             int layer_index) {
+  const bool q = std::string(which) == "q";
+  const std::string& name = q ? layer.q_param : layer.k_param;
+  const int64_t begin = q ? layer.q_row_begin : layer.k_row_begin;
+  const int64_t heads = q ? layer.num_heads : layer.num_kv_heads;
+  if (global_shape.size() != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "qk_clip layer ", layer_index, ": ", which, " parameter \"", name,
+        "\" is not 2-D (", global_shape.size(), " dims)"));
+  }
+  const int64_t end = begin + heads * layer.head_dim;
+  if (end > global_shape[0]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "qk_clip layer ", layer_index, ": ", which, " parameter \"", name,
+        "\" has ", global_shape[0], " rows but ", heads, " heads of ",
+        layer.head_dim, " rows from row ", begin, " need ", end));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<double> QkClipGroupScales(const QkClipLayer& layer,
+                                      const float* max_logits,
+                                      double threshold) {
+  const int per_group = layer.num_heads / layer.num_kv_heads;
+  std::vector<double> scales(layer.num_kv_heads, 1.0);
+  for (int g = 0; g < layer.num_kv_heads; ++g) {
+    double s = -INFINITY;
+    for (int h = g * per_group; h < (g + 1) * per_group; ++h) {
+      s = std::max(s, static_cast<double>(max_logits[h]));
+    }
+    if (s > threshold) scales[g] = threshold / s;
+  }
+  return scales;
+}
+
+void ScaleGlobalRows(void* data, DType dtype, const Range& rows, int64_t cols,
+                     int64_t begin, int64_t end, double factor) {
+  const int64_t lo = std::max(begin, rows.begin);
+  const int64_t hi = std::min(end, rows.end);
+  if (lo >= hi || cols == 0) return;
+  const float f = static_cast<float>(factor);
+  const int64_t first = (lo - rows.begin) * cols;
+  const int64_t n = (hi - lo) * cols;
+  if (dtype == DType::kBFloat16) {
+    auto* p = static_cast<kernels::bf16_t*>(data) + first;
+    for (int64_t i = 0; i < n; ++i) {
+      p[i] = kernels::FloatToBf16(kernels::Bf16ToFloat(p[i]) * f);
+    }
+    return;
+  }
+  float* p = static_cast<float*>(data) + first;
+  for (int64_t i = 0; i < n; ++i) p[i] = p[i] * f;
+}
+
+}  // namespace muon

@@ -1,0 +1,394 @@
+// QK-clip (MuonClip; client/qk_clip.h, Muon::ClipQk): the group scales
+// against the Kimi K2 report's rule with Megatron-LM's grouped-query
+// grouping, the row scaling against a float64 reference, the behaviour it
+// exists for (after the clip, a clipped group's largest logit recomputed
+// from the weights is the threshold), bitwise the single device on FSDP
+// (heads split across ranks), TP (whole heads), Shard(1), HSDP and a fused
+// QKV projection, the MAX over ranks that saw different data, and bad
+// input refused on every rank with nothing scaled.
+#include "client/qk_clip.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/distributed_config.h"
+#include "client/muon.h"
+#include "client/parameter.h"
+#include "common/layout.h"
+#include "common/status_macros.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/bfloat16.h"
+#include "tests/client/distributed_world.h"
+#include "tests/client/single_device_reference.h"
+#include "tests/status_matchers.h"
+
+namespace muon {
+namespace {
+
+using ::muon::testing::BitwiseEqual;
+using ::muon::testing::ExtractRegion;
+using ::muon::testing::MakeProblem;
+using ::muon::testing::MeshConfig;
+using ::muon::testing::OneDimLayout;
+using ::muon::testing::Problem;
+using ::muon::testing::ProblemLayout;
+using ::muon::testing::RandomValues;
+using ::muon::testing::RunOnRanks;
+using ::muon::testing::UniformLayout;
+using ::muon::testing::World;
+using ::testing::HasSubstr;
+
+constexpr int64_t kHeadDim = 4;
+constexpr int64_t kHidden = 6;
+
+// Grouped-query attention (4 query heads, 2 key heads) over separate wq
+// [16, 6] and wk [8, 6], and multi-head attention (2 heads) in a fused wqkv
+// [24, 6] laid out q | k | v by rows.
+QkClipOptions Layers(double threshold) {
+  QkClipOptions o;
+  o.threshold = threshold;
+  QkClipLayer gqa;
+  gqa.q_param = "wq";
+  gqa.k_param = "wk";
+  gqa.num_heads = 4;
+  gqa.num_kv_heads = 2;
+  gqa.head_dim = kHeadDim;
+  QkClipLayer fused;
+  fused.q_param = "wqkv";
+  fused.k_param = "wqkv";
+  fused.k_row_begin = 2 * kHeadDim;
+  fused.num_heads = 2;
+  fused.num_kv_heads = 2;
+  fused.head_dim = kHeadDim;
+  o.layers = {gqa, fused};
+  return o;
+}
+
+TEST(QkClipTest, GroupScales_GroupedQueryHeads_MinOfOneAndThresholdOverMax) {
+  QkClipLayer l;
+  l.num_heads = 4;
+  l.num_kv_heads = 2;
+  // Group 0 = heads 0, 1 (max 150 > 100); group 1 = heads 2, 3 (max 90).
+  const std::vector<float> s = {50, 150, 80, 90};
+  EXPECT_THAT(QkClipGroupScales(l, s.data(), 100.0),
+              ::testing::ElementsAre(::testing::DoubleEq(100.0 / 150.0),
+                                     ::testing::DoubleEq(1.0)));
+  // Without grouping every head is its own group; -inf never clips.
+  l.num_kv_heads = 4;
+  const std::vector<float> t = {-INFINITY, 200, 100, 400};
+  EXPECT_THAT(QkClipGroupScales(l, t.data(), 100.0),
+              ::testing::ElementsAre(1.0, 0.5, 1.0, 0.25));
+}
+
+TEST(QkClipTest, ScaleGlobalRows_PartOfShard_OnlyThoseRowsOneMultiply) {
+  // A shard holding global rows [3, 7) of 2 columns; rows [5, 9) scaled.
+  std::vector<float> w = {1, 2, 3, 4, 5, 6, 7, 8};
+  ScaleGlobalRows(w.data(), DType::kFloat32, Range{3, 7}, 2, 5, 9, 0.5);
+  EXPECT_EQ(w, (std::vector<float>{1, 2, 3, 4, 2.5, 3, 3.5, 4}));
+  std::vector<kernels::bf16_t> b = {kernels::FloatToBf16(3.0f),
+                                    kernels::FloatToBf16(1.0f)};
+  ScaleGlobalRows(b.data(), DType::kBFloat16, Range{0, 1}, 2, 0, 1, 1.0 / 3);
+  EXPECT_EQ(b[0], kernels::FloatToBf16(3.0f * static_cast<float>(1.0 / 3)));
+  EXPECT_EQ(b[1], kernels::FloatToBf16(static_cast<float>(1.0 / 3)));
+}
+
+// Largest logit of each query head over tokens x [n, kHidden]: max over
+// token pairs of (x_i . Wq_h) . (x_j . Wk_g(h)) in double (the rows of
+// head h and of its key head), layer `l` of Layers().
+std::vector<double> MaxLogits(const QkClipLayer& l, const std::vector<float>& x,
+                              int tokens, const std::vector<float>& wq,
+                              const std::vector<float>& wk) {
+  auto project = [&](const std::vector<float>& w, int64_t row0) {
+    std::vector<double> out(tokens * kHeadDim, 0.0);
+    for (int i = 0; i < tokens; ++i) {
+      for (int64_t d = 0; d < kHeadDim; ++d) {
+        for (int64_t c = 0; c < kHidden; ++c) {
+          out[i * kHeadDim + d] +=
+              double{x[i * kHidden + c]} * w[(row0 + d) * kHidden + c];
+        }
+      }
+    }
+    return out;
+  };
+  std::vector<double> s(l.num_heads, -INFINITY);
+  const int per_group = l.num_heads / l.num_kv_heads;
+  for (int h = 0; h < l.num_heads; ++h) {
+    const std::vector<double> q = project(wq, l.q_row_begin + h * kHeadDim);
+    const std::vector<double> k =
+        project(wk, l.k_row_begin + (h / per_group) * kHeadDim);
+    for (int i = 0; i < tokens; ++i) {
+      for (int j = 0; j < tokens; ++j) {
+        double dot = 0;
+        for (int64_t d = 0; d < kHeadDim; ++d) {
+          dot += q[i * kHeadDim + d] * k[j * kHeadDim + d];
+        }
+        s[h] = std::max(s[h], dot);
+      }
+    }
+  }
+  return s;
+}
+
+// A whole (unsharded) parameter [rows, kHidden] holding `data`.
+Parameter Whole(const std::string& name, int64_t rows,
+                std::vector<float> data) {
+  Parameter p;
+  p.name = name;
+  p.local_shape = {rows, kHidden};
+  p.data = std::move(data);
+  p.grad.assign(p.data.size(), 0.0f);
+  return p;
+}
+
+std::vector<float> Scaled(const std::vector<float>& v, float by) {
+  std::vector<float> out = v;
+  for (float& x : out) x *= by;
+  return out;
+}
+
+// One device: the maxima measured from the weights, then ClipQk. Every
+// weight is within one rounding of the float64 reference w * gamma^alpha
+// (or gamma^(1 - alpha)); recomputed from the clipped weights, a clipped
+// group's largest logit is the threshold, and an unclipped group's weights
+// keep their bits.
+TEST(QkClipTest, ClipQk_SingleDevice_ClippedGroupsLandOnThreshold) {
+  const int tokens = 5;
+  const std::vector<float> x = RandomValues(tokens * kHidden, 1);
+  Parameter wq = Whole("wq", 16, Scaled(RandomValues(16 * kHidden, 2), 4));
+  Parameter wk = Whole("wk", 8, Scaled(RandomValues(8 * kHidden, 3), 4));
+  Parameter wqkv = Whole("wqkv", 24, Scaled(RandomValues(24 * kHidden, 4), 4));
+  const QkClipOptions probe = Layers(1.0);
+  std::vector<float> maxima;
+  std::vector<double> before;
+  for (const auto& [layer, q, k] :
+       {std::tuple<QkClipLayer, Parameter*, Parameter*>{probe.layers[0], &wq,
+                                                        &wk},
+        {probe.layers[1], &wqkv, &wqkv}}) {
+    for (double s : MaxLogits(layer, x, tokens, q->data, k->data)) {
+      maxima.push_back(static_cast<float>(s));
+      before.push_back(s);
+    }
+  }
+  // A threshold between the heads' maxima: some groups clip, some do not.
+  std::vector<double> sorted = before;
+  std::sort(sorted.begin(), sorted.end());
+  const double tau = 0.5 * (sorted[2] + sorted[3]);
+  MuonOptions o;
+  o.qk_clip = Layers(tau);
+  o.qk_clip.alpha = 0.3;
+  const std::vector<std::vector<float>> orig = {wq.data, wk.data, wqkv.data};
+  absl::StatusOr<std::unique_ptr<Muon>> muon =
+      Muon::Create({&wq, &wk, &wqkv}, o);
+  ASSERT_TRUE(muon.ok()) << muon.status();
+  QkClipStats stats;
+  ASSERT_TRUE((*muon)->ClipQk(maxima, &stats).ok());
+  EXPECT_GT(stats.groups_clipped, 0);
+  EXPECT_LT(stats.groups_clipped, 4);
+  EXPECT_EQ(stats.max_logit, *std::max_element(maxima.begin(), maxima.end()));
+  // Recomputed from the clipped weights.
+  int64_t offset = 0;
+  int64_t unclipped = 0;
+  for (const auto& [layer, q, k] :
+       {std::tuple<QkClipLayer, Parameter*, Parameter*>{o.qk_clip.layers[0],
+                                                        &wq, &wk},
+        {o.qk_clip.layers[1], &wqkv, &wqkv}}) {
+    const std::vector<double> after =
+        MaxLogits(layer, x, tokens, q->data, k->data);
+    const int per_group = layer.num_heads / layer.num_kv_heads;
+    for (int g = 0; g < layer.num_kv_heads; ++g) {
+      double group_before = -INFINITY, group_after = -INFINITY;
+      for (int h = g * per_group; h < (g + 1) * per_group; ++h) {
+        group_before = std::max(group_before, before[offset + h]);
+        group_after = std::max(group_after, after[h]);
+      }
+      if (group_before > tau) {
+        EXPECT_NEAR(group_after, tau, 1e-5 * tau) << "layer group " << g;
+      } else {
+        EXPECT_EQ(group_after, group_before) << "layer group " << g;
+        ++unclipped;
+      }
+    }
+    offset += layer.num_heads;
+  }
+  EXPECT_GT(unclipped, 0);
+  // Element by element against float64: the factor gamma^alpha in double,
+  // one float multiply (two roundings: the factor and the product).
+  const std::vector<double> gamma0 =
+      QkClipGroupScales(o.qk_clip.layers[0], maxima.data(), tau);
+  for (int64_t r = 0; r < 16; ++r) {
+    const double f = std::pow(gamma0[r / (2 * kHeadDim)], 0.3);
+    for (int64_t c = 0; c < kHidden; ++c) {
+      const double want = double{orig[0][r * kHidden + c]} * f;
+      EXPECT_NEAR(wq.data[r * kHidden + c], want,
+                  std::ldexp(std::abs(want), -23))
+          << "wq row " << r;
+    }
+  }
+}
+
+// Four ranks, each with its own maxima (different data; -inf for heads it
+// did not see): the world's MAX decides, and every layout gives the single
+// device's bits for the same reduced maxima.
+TEST(QkClipTest,
+     ClipQk_FsdpTpShard1Hsdp_MaxOverRanksMatchesSingleDeviceBitwise) {
+  const Problem problem = MakeProblem(
+      {{"wq", {16, kHidden}}, {"wk", {8, kHidden}}, {"wqkv", {24, kHidden}}},
+      1);
+  const double tau = 100.0;
+  // Rank r's maxima: head h sees 60 + 25 * ((h + r) % 4), or nothing.
+  auto maxima_of = [](int rank) {
+    std::vector<float> m;
+    for (int h = 0; h < 6; ++h) {
+      m.push_back(h == rank ? -INFINITY
+                            : static_cast<float>(60 + 25 * ((h + rank) % 4)));
+    }
+    return m;
+  };
+  std::vector<float> reduced(6, -INFINITY);
+  for (int r = 0; r < 4; ++r) {
+    const std::vector<float> m = maxima_of(r);
+    for (int h = 0; h < 6; ++h) reduced[h] = std::max(reduced[h], m[h]);
+  }
+  MuonOptions o;
+  o.qk_clip = Layers(tau);
+  // The single device with the reduced maxima.
+  std::vector<Parameter> whole;
+  for (size_t i = 0; i < problem.specs.size(); ++i) {
+    whole.push_back(Whole(problem.specs[i].name, problem.specs[i].shape[0],
+                          problem.init[i]));
+  }
+  std::vector<Parameter*> ptrs;
+  for (Parameter& p : whole) ptrs.push_back(&p);
+  absl::StatusOr<std::unique_ptr<Muon>> single = Muon::Create(ptrs, o);
+  ASSERT_TRUE(single.ok()) << single.status();
+  QkClipStats single_stats;
+  ASSERT_TRUE((*single)->ClipQk(reduced, &single_stats).ok());
+  ASSERT_GT(single_stats.groups_clipped, 0);
+
+  const size_t n = problem.specs.size();
+  ProblemLayout hsdp;
+  hsdp.mesh.names = {"dp_replicate", "dp_shard"};
+  hsdp.mesh.sizes = {2, 2};
+  hsdp.placements.assign(n, {Placement::Replicate(), Placement::Shard(0)});
+  for (const auto& [name, layout] :
+       std::vector<std::pair<std::string, ProblemLayout>>{
+           {"fsdp shard(0)", OneDimLayout(4, Placement::Shard(0), n)},
+           {"tp shard(0)",
+            UniformLayout(Mesh::OneDim(4, "tp"), {Placement::Shard(0)}, n)},
+           {"shard(1)", OneDimLayout(4, Placement::Shard(1), n)},
+           {"hsdp", hsdp}}) {
+    SCOPED_TRACE(name);
+    World world(4);
+    ASSERT_TRUE(world.Connect());
+    for (int r = 0; r < 4; ++r) {
+      ASSERT_TRUE(world.MakeShards(r, problem, layout).ok());
+    }
+    std::vector<QkClipStats> stats(4);
+    const std::vector<absl::Status> st = RunOnRanks(4, [&](int rank) {
+      MUON_RETURN_IF_ERROR(world.CreateMuon(rank, MeshConfig(layout), o));
+      return world.run.muons[rank]->ClipQk(maxima_of(rank), &stats[rank]);
+    });
+    for (int r = 0; r < 4; ++r) {
+      ASSERT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r];
+      EXPECT_EQ(stats[r].groups_clipped, single_stats.groups_clipped);
+      const auto& shards = world.run.shards[r];
+      for (size_t k = 0; k < shards.held.size(); ++k) {
+        const int i = shards.held[k];
+        EXPECT_TRUE(
+            BitwiseEqual(shards.params[k].data,
+                         ExtractRegion(whole[i].data, problem.specs[i].shape,
+                                       shards.ranges[k])))
+            << "rank " << r << " " << problem.specs[i].name;
+      }
+    }
+  }
+}
+
+// Rank 2 passes one value too few: every rank fails with InvalidArgument
+// naming rank 2 (rank 2 its own count), and no rank scaled anything.
+TEST(QkClipTest, ClipQk_OneRankWrongCount_EveryRankNamesItNothingScaled) {
+  const Problem problem = MakeProblem(
+      {{"wq", {16, kHidden}}, {"wk", {8, kHidden}}, {"wqkv", {24, kHidden}}},
+      1);
+  const ProblemLayout layout = OneDimLayout(4, Placement::Shard(0), 3);
+  MuonOptions o;
+  o.qk_clip = Layers(1e-3);  // everything would clip
+  World world(4);
+  ASSERT_TRUE(world.Connect());
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(world.MakeShards(r, problem, layout).ok());
+  }
+  std::vector<std::vector<std::vector<float>>> before(4);
+  for (int r = 0; r < 4; ++r) {
+    for (const Parameter& p : world.run.shards[r].params) {
+      before[r].push_back(p.data);
+    }
+  }
+  const std::vector<absl::Status> st = RunOnRanks(4, [&](int rank) {
+    MUON_RETURN_IF_ERROR(world.CreateMuon(rank, MeshConfig(layout), o));
+    return world.run.muons[rank]->ClipQk(
+        std::vector<float>(rank == 2 ? 5 : 6, 50.0f));
+  });
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_THAT(st[r], StatusIs(absl::StatusCode::kInvalidArgument,
+                                HasSubstr(r == 2 ? "rank 2: ClipQk got 5 maxima"
+                                                 : "rank 2 passed bad")))
+        << "rank " << r;
+    for (size_t k = 0; k < before[r].size(); ++k) {
+      EXPECT_TRUE(
+          BitwiseEqual(world.run.shards[r].params[k].data, before[r][k]));
+    }
+  }
+}
+
+TEST(QkClipTest, Create_BadLayers_InvalidArgumentNamingTheField) {
+  Parameter wq = Whole("wq", 16, std::vector<float>(16 * kHidden, 1.0f));
+  Parameter wk = Whole("wk", 8, std::vector<float>(8 * kHidden, 1.0f));
+  struct Case {
+    std::function<void(QkClipOptions&)> edit;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {[](QkClipOptions& o) { o.threshold = 0; },
+       "qk_clip threshold should be a finite value > 0 but is: 0"},
+      {[](QkClipOptions& o) { o.alpha = 1.5; },
+       "qk_clip alpha should be in [0, 1] but is: 1.5"},
+      {[](QkClipOptions& o) { o.layers[0].num_kv_heads = 3; },
+       "qk_clip layer 0 (\"wq\", \"wk\") has num_heads 4 and num_kv_heads 3"},
+      {[](QkClipOptions& o) { o.layers[0].k_param = "wv"; },
+       "names parameter \"wv\", which this optimizer does not have"},
+      {[](QkClipOptions& o) { o.layers[0].head_dim = 5; },
+       "q parameter \"wq\" has 16 rows but 4 heads of 5 rows from row 0 "
+       "need 20"},
+  };
+  for (const Case& c : cases) {
+    MuonOptions o;
+    o.qk_clip = Layers(100.0);
+    o.qk_clip.layers.resize(1);
+    c.edit(o.qk_clip);
+    EXPECT_THAT(
+        Muon::Create(std::vector<Parameter*>{&wq, &wk}, o),
+        StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.message)));
+  }
+  MuonOptions off;
+  absl::StatusOr<std::unique_ptr<Muon>> muon =
+      Muon::Create(std::vector<Parameter*>{&wq, &wk}, off);
+  ASSERT_TRUE(muon.ok());
+  EXPECT_THAT(
+      (*muon)->ClipQk({}),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no layers")));
+}
+
+}  // namespace
+}  // namespace muon
