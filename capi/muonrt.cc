@@ -768,6 +768,8 @@ int muonrt_optimizer_set_qk_clip(muonrt_optimizer* opt, double threshold,
       l.num_heads = c.num_heads;
       l.num_kv_heads = c.num_kv_heads == 0 ? c.num_heads : c.num_kv_heads;
       l.head_dim = c.head_dim;
+      l.k_head_dim = c.k_head_dim;
+      l.q_rope_dim = c.q_rope_dim;
       o.layers.push_back(std::move(l));
     }
     return opt->muon->SetQkClip(o);

@@ -272,6 +272,11 @@ typedef struct {
   int num_heads;
   int num_kv_heads;
   int64_t head_dim;
+  /* Rows per key head (0 = head_dim), and MLA's rotary rows at the end of
+   * each query head (0 = not MLA; scaled by gamma, the shared rotary key
+   * untouched: the Kimi K2 report's MLA rule). */
+  int64_t k_head_dim;
+  int64_t q_rope_dim;
 } muonrt_qk_clip_layer;
 
 /* Sets QK-clip's layers (num_layers 0 = off), threshold tau (> 0; the Kimi

@@ -159,14 +159,18 @@ absl::Status Muon::ClipQk(const std::vector<float>& max_logits,
     offset += layer.num_heads;
     const int64_t group_rows =
         layer.head_dim * (layer.num_heads / layer.num_kv_heads);
+    const int64_t k_rows = layer.key_rows_per_head();
     for (int g = 0; g < layer.num_kv_heads; ++g) {
       if (scales[g] >= 1.0) continue;
       ++out.groups_clipped;
       const int64_t q_begin = layer.q_row_begin + g * group_rows;
-      ScaleLocalRows(q, q_begin, q_begin + group_rows,
-                     std::pow(scales[g], o.alpha));
-      const int64_t k_begin = layer.k_row_begin + g * layer.head_dim;
-      ScaleLocalRows(k, k_begin, k_begin + layer.head_dim,
+      // MLA: the head's rotary rows (its last q_rope_dim) take all of
+      // gamma; without MLA q_rope_dim is 0.
+      const int64_t q_rope = q_begin + group_rows - layer.q_rope_dim;
+      ScaleLocalRows(q, q_begin, q_rope, std::pow(scales[g], o.alpha));
+      ScaleLocalRows(q, q_rope, q_begin + group_rows, scales[g]);
+      const int64_t k_begin = layer.k_row_begin + g * k_rows;
+      ScaleLocalRows(k, k_begin, k_begin + k_rows,
                      std::pow(scales[g], 1.0 - o.alpha));
     }
   }

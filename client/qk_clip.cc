@@ -29,6 +29,8 @@ QkClipOptions QkClipOptionsFromProto(const v1::QkClip& p) {
     layer.num_kv_heads =
         l.num_kv_heads() == 0 ? l.num_heads() : l.num_kv_heads();
     layer.head_dim = l.head_dim();
+    layer.k_head_dim = l.k_head_dim();
+    layer.q_rope_dim = l.q_rope_dim();
     o.layers.push_back(std::move(layer));
   }
   return o;
@@ -54,8 +56,16 @@ absl::Status ValidateQkClipOptions(const QkClipOptions& o) {
       bad = absl::StrCat("has num_heads ", l.num_heads, " and num_kv_heads ",
                          l.num_kv_heads,
                          " (both >= 1, num_kv_heads dividing num_heads)");
-    } else if (l.head_dim < 1) {
-      bad = absl::StrCat("has head_dim ", l.head_dim, " (must be >= 1)");
+    } else if (l.head_dim < 1 || l.k_head_dim < 0) {
+      bad = absl::StrCat("has head_dim ", l.head_dim, " and k_head_dim ",
+                         l.k_head_dim, " (>= 1, and >= 0)");
+    } else if (l.q_rope_dim < 0 || l.q_rope_dim >= l.head_dim ||
+               (l.q_rope_dim > 0 && l.num_kv_heads != l.num_heads)) {
+      bad =
+          absl::StrCat("has q_rope_dim ", l.q_rope_dim, " with head_dim ",
+                       l.head_dim, " and ", l.num_kv_heads, " of ", l.num_heads,
+                       " key heads (MLA: 0 <= q_rope_dim < head_dim, one "
+                       "key head per query head)");
     } else if (l.q_row_begin < 0 || l.k_row_begin < 0) {
       bad = absl::StrCat("has row offsets q ", l.q_row_begin, " k ",
                          l.k_row_begin, " (must be >= 0)");
@@ -76,17 +86,18 @@ absl::Status CheckQkClipRows(const QkClipLayer& layer, const char* which,
   const std::string& name = q ? layer.q_param : layer.k_param;
   const int64_t begin = q ? layer.q_row_begin : layer.k_row_begin;
   const int64_t heads = q ? layer.num_heads : layer.num_kv_heads;
+  const int64_t rows_per_head = q ? layer.head_dim : layer.key_rows_per_head();
   if (global_shape.size() != 2) {
     return absl::InvalidArgumentError(absl::StrCat(
         "qk_clip layer ", layer_index, ": ", which, " parameter \"", name,
         "\" is not 2-D (", global_shape.size(), " dims)"));
   }
-  const int64_t end = begin + heads * layer.head_dim;
+  const int64_t end = begin + heads * rows_per_head;
   if (end > global_shape[0]) {
     return absl::InvalidArgumentError(absl::StrCat(
         "qk_clip layer ", layer_index, ": ", which, " parameter \"", name,
         "\" has ", global_shape[0], " rows but ", heads, " heads of ",
-        layer.head_dim, " rows from row ", begin, " need ", end));
+        rows_per_head, " rows from row ", begin, " need ", end));
   }
   return absl::OkStatus();
 }

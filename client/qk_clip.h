@@ -11,6 +11,11 @@
 //     W_q[rows of every query head of g] *= gamma_g ^ alpha
 //     W_k[rows of key head g]             *= gamma_g ^ (1 - alpha)
 // so q . k scales by gamma_g and the group's largest logit becomes tau.
+// Multi-head latent attention (the report's MLA rule, QkClipLayer::
+// q_rope_dim > 0): per head h, the head-specific parts q^C and k^C are
+// scaled by gamma_h^alpha and gamma_h^(1 - alpha), the head's rotary query
+// rows q^R by gamma_h, and the rotary key k^R shared by all heads (not
+// listed) is left alone, so q^C.k^C + q^R.k^R scales by gamma_h.
 // Row scaling is elementwise: a rank scales the rows of its own shard that
 // belong to a clipped head, whatever the sharding (FSDP splits heads across
 // ranks, TP holds whole heads), and the result is the same bits on every
@@ -43,7 +48,19 @@ struct QkClipLayer {
   int64_t k_row_begin = 0;
   int num_heads = 0;     // query heads, >= 1
   int num_kv_heads = 0;  // key heads, >= 1, divides num_heads
-  int64_t head_dim = 0;  // rows per head, >= 1
+  int64_t head_dim = 0;  // rows per query head, >= 1
+  // Rows per key head (0 = head_dim); MLA: the head-specific k^C rows.
+  int64_t k_head_dim = 0;
+  // MLA: the last q_rope_dim rows of every query head are its rotary part
+  // q^R (scaled by gamma, not gamma^alpha); 0 = none (then the key side is
+  // num_kv_heads heads of k_head_dim rows). With q_rope_dim > 0 every query
+  // head has its own key head (num_kv_heads == num_heads), and
+  // q_rope_dim < head_dim.
+  int64_t q_rope_dim = 0;
+
+  int64_t key_rows_per_head() const {
+    return k_head_dim > 0 ? k_head_dim : head_dim;
+  }
 };
 
 struct QkClipOptions {

@@ -219,6 +219,8 @@ class muonrt_qk_clip_layer(ctypes.Structure):
         ("num_heads", ctypes.c_int),
         ("num_kv_heads", ctypes.c_int),
         ("head_dim", ctypes.c_int64),
+        ("k_head_dim", ctypes.c_int64),
+        ("q_rope_dim", ctypes.c_int64),
     ]
 
 

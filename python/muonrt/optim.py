@@ -281,7 +281,8 @@ class Muon(torch.optim.Optimizer):
         Megatron-LM's grouped-query rule): qk_clip (dict or None):
         {"threshold": 100.0, "alpha": 0.5, "layers": [{"q": name, "k":
         name, "num_heads": H, "num_kv_heads": G (default H), "head_dim": D,
-        "q_row_begin": 0, "k_row_begin": 0}, ...]}; after a step,
+        "q_row_begin": 0, "k_row_begin": 0, "k_head_dim": D, "q_rope_dim":
+        0 (MLA: the rotary rows of each query head)}, ...]}; after a step,
         clip_qk(max_logits) scales the query and key rows of every group
         whose largest logit exceeded the threshold (muonrt.MaxLogitTracker
         records the maxima next to scaled_dot_product_attention).
@@ -930,7 +931,7 @@ class Muon(torch.optim.Optimizer):
         heads = 0
         for i, layer in enumerate(layers):
             keys = {"q", "k", "num_heads", "num_kv_heads", "head_dim",
-                    "q_row_begin", "k_row_begin"}
+                    "q_row_begin", "k_row_begin", "k_head_dim", "q_rope_dim"}
             if set(layer) - keys or not {"q", "k", "num_heads",
                                          "head_dim"} <= set(layer):
                 raise ValueError(
@@ -945,6 +946,8 @@ class Muon(torch.optim.Optimizer):
             arr[i].num_heads = int(layer["num_heads"])
             arr[i].num_kv_heads = int(layer.get("num_kv_heads", 0))
             arr[i].head_dim = int(layer["head_dim"])
+            arr[i].k_head_dim = int(layer.get("k_head_dim", 0))
+            arr[i].q_rope_dim = int(layer.get("q_rope_dim", 0))
             heads += arr[i].num_heads
             self._qk_layer_heads.append(arr[i].num_heads)
         _lib.call("muonrt_optimizer_set_qk_clip", self._h,

@@ -11,6 +11,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -51,10 +52,18 @@ int64_t ChunkRows(int64_t n, int parts, int index) {
   return end - begin;
 }
 
-// Waits until 127.0.0.1:`port` accepts connections, up to `timeout`.
-bool WaitForListener(int port, absl::Duration timeout) {
+// Waits until 127.0.0.1:`port` accepts connections, up to `timeout`, or
+// until process `pid` has exited (then *exited is set and false returned:
+// e.g. the port was taken by another process after FreePort chose it).
+bool WaitForListener(int port, absl::Duration timeout, pid_t pid = -1,
+                     bool* exited = nullptr) {
   const absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
+    int status = 0;
+    if (pid > 0 && waitpid(pid, &status, WNOHANG) == pid) {
+      if (exited != nullptr) *exited = true;
+      return false;
+    }
     const int fd = socket(AF_INET, SOCK_STREAM, 0);
     if (fd < 0) return false;
     sockaddr_in addr{};
@@ -84,8 +93,9 @@ std::vector<std::string> CommonEnv() { return {"OPENBLAS_NUM_THREADS=1"}; }
 // Starts `kWorld` ranks of `mode` (rank 0 first, the others once its
 // coordinator listens) and returns their exit codes (bounded: killed after
 // `timeout`).
-std::vector<int> RunRanks(const std::string& mode, const std::string& dir,
-                          const std::string& job_id, absl::Duration timeout) {
+std::vector<int> RunRanksOnce(const std::string& mode, const std::string& dir,
+                              const std::string& job_id, absl::Duration timeout,
+                              bool* port_taken) {
   const int port = ::muon::testing::FreePort();
   EXPECT_GT(port, 1);
   std::vector<pid_t> pids;
@@ -105,7 +115,12 @@ std::vector<int> RunRanks(const std::string& mode, const std::string& dir,
       break;
     }
     pids.push_back(*pid);
-    if (r == 0 && !WaitForListener(port, absl::Seconds(30))) {
+    bool exited = false;
+    if (r == 0 && !WaitForListener(port, absl::Seconds(30), *pid, &exited)) {
+      if (exited) {
+        *port_taken = true;  // rank 0 gave up: start again on another port
+        return std::vector<int>(kWorld, -2);
+      }
       ADD_FAILURE() << "rank 0's coordinator did not listen on port " << port;
       break;
     }
@@ -113,6 +128,21 @@ std::vector<int> RunRanks(const std::string& mode, const std::string& dir,
   std::vector<int> codes = WaitAll(pids, timeout, absl::Seconds(20));
   codes.resize(kWorld, -2);  // ranks that could not be started
   return codes;
+}
+
+// Rank 0 exits at once when the port FreePort chose was taken in between
+// (another test's server): the job is then started again on a new port, at
+// most kPortAttempts times.
+constexpr int kPortAttempts = 3;
+
+std::vector<int> RunRanks(const std::string& mode, const std::string& dir,
+                          const std::string& job_id, absl::Duration timeout) {
+  for (int attempt = 1;; ++attempt) {
+    bool port_taken = false;
+    std::vector<int> codes =
+        RunRanksOnce(mode, dir, job_id, timeout, &port_taken);
+    if (!port_taken || attempt == kPortAttempts) return codes;
+  }
 }
 
 TEST(CapiMultirankTest, Fsdp4Ranks_MatchesSingleDeviceBitwise) {

@@ -967,7 +967,7 @@ static void QkClip_ScalesClippedHeadRowsAndRefusesBadInput(void) {
   InitModel(&m);
   CHECK_OK(
       muonrt_optimizer_create(NULL, 0, NULL, NULL, m.params, 3, NULL, &opt));
-  muonrt_qk_clip_layer layer = {"enc.w", 0, "dec.w", 1, 2, 1, 2};
+  muonrt_qk_clip_layer layer = {"enc.w", 0, "dec.w", 1, 2, 1, 2, 0, 0};
   CHECK_OK(muonrt_optimizer_set_qk_clip(opt, 100.0, 0.5, &layer, 1));
   float a0[12], b0[15];
   memcpy(a0, m.a, sizeof(a0));

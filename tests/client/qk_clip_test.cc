@@ -237,6 +237,95 @@ TEST(QkClipTest, ClipQk_SingleDevice_ClippedGroupsLandOnThreshold) {
   }
 }
 
+// MLA (the Kimi K2 report's rule): 3 heads whose query rows are 4
+// head-specific (q^C) then 2 rotary (q^R), key rows 4 per head (k^C), and a
+// rotary key k^R [2, kHidden] shared by all heads and not listed. Logit of
+// head h between tokens i, j: q^C_i . k^C_j + q^R_i . k^R_j. After the
+// clip: q^C scaled by gamma^alpha, q^R by gamma, k^C by gamma^(1-alpha),
+// k^R untouched (bitwise), and a clipped head's largest logit is tau.
+TEST(QkClipTest, ClipQk_MlaRule_RotaryQueryTakesGammaSharedKeyUntouched) {
+  constexpr int kHeads = 3, kNope = 4, kRope = 2, kTokens = 5;
+  const std::vector<float> x = RandomValues(kTokens * kHidden, 21);
+  Parameter wq = Whole("wq", kHeads * (kNope + kRope),
+                       Scaled(RandomValues(kHeads * 6 * kHidden, 22), 4));
+  Parameter wkc = Whole("wkc", kHeads * kNope,
+                        Scaled(RandomValues(kHeads * kNope * kHidden, 23), 4));
+  Parameter wkr =
+      Whole("wkr", kRope, Scaled(RandomValues(kRope * kHidden, 24), 4));
+  auto row_dot = [&](const std::vector<float>& w, int64_t row, int token) {
+    double d = 0;
+    for (int64_t c = 0; c < kHidden; ++c) {
+      d += double{w[row * kHidden + c]} * x[token * kHidden + c];
+    }
+    return d;
+  };
+  auto max_logits = [&]() {
+    std::vector<double> s(kHeads, -INFINITY);
+    for (int h = 0; h < kHeads; ++h) {
+      for (int i = 0; i < kTokens; ++i) {
+        for (int j = 0; j < kTokens; ++j) {
+          double l = 0;
+          for (int d = 0; d < kNope; ++d) {
+            l += row_dot(wq.data, h * 6 + d, i) *
+                 row_dot(wkc.data, h * kNope + d, j);
+          }
+          for (int d = 0; d < kRope; ++d) {
+            l += row_dot(wq.data, h * 6 + kNope + d, i) *
+                 row_dot(wkr.data, d, j);
+          }
+          s[h] = std::max(s[h], l);
+        }
+      }
+    }
+    return s;
+  };
+  const std::vector<double> before = max_logits();
+  std::vector<double> sorted = before;
+  std::sort(sorted.begin(), sorted.end());
+  const double tau = 0.5 * (sorted[0] + sorted[1]);  // two heads clip
+  MuonOptions o;
+  o.qk_clip.threshold = tau;
+  o.qk_clip.alpha = 0.5;
+  QkClipLayer mla;
+  mla.q_param = "wq";
+  mla.k_param = "wkc";
+  mla.num_heads = mla.num_kv_heads = kHeads;
+  mla.head_dim = kNope + kRope;
+  mla.k_head_dim = kNope;
+  mla.q_rope_dim = kRope;
+  o.qk_clip.layers = {mla};
+  const std::vector<float> q0 = wq.data, kc0 = wkc.data, kr0 = wkr.data;
+  absl::StatusOr<std::unique_ptr<Muon>> muon =
+      Muon::Create(std::vector<Parameter*>{&wq, &wkc, &wkr}, o);
+  ASSERT_TRUE(muon.ok()) << muon.status();
+  std::vector<float> maxima(before.begin(), before.end());
+  QkClipStats stats;
+  ASSERT_TRUE((*muon)->ClipQk(maxima, &stats).ok());
+  EXPECT_EQ(stats.groups_clipped, 2);
+  EXPECT_TRUE(BitwiseEqual(wkr.data, kr0));
+  const std::vector<double> after = max_logits();
+  for (int h = 0; h < kHeads; ++h) {
+    // The factors come from the float maxima handed to ClipQk.
+    const double s_h = maxima[h];
+    const double gamma = s_h > tau ? tau / s_h : 1.0;
+    if (before[h] > tau) {
+      EXPECT_NEAR(after[h], tau, 1e-5 * tau) << "head " << h;
+    } else {
+      EXPECT_EQ(after[h], before[h]) << "head " << h;
+    }
+    for (int64_t c = 0; c < kHidden; ++c) {
+      const int64_t nope = (h * 6) * kHidden + c;
+      const int64_t rope = (h * 6 + kNope) * kHidden + c;
+      const int64_t key = (h * kNope) * kHidden + c;
+      EXPECT_EQ(wq.data[nope],
+                q0[nope] * static_cast<float>(std::pow(gamma, 0.5)));
+      EXPECT_EQ(wq.data[rope], q0[rope] * static_cast<float>(gamma));
+      EXPECT_EQ(wkc.data[key],
+                kc0[key] * static_cast<float>(std::pow(gamma, 0.5)));
+    }
+  }
+}
+
 // Four ranks, each with its own maxima (different data; -inf for heads it
 // did not see): the world's MAX decides, and every layout gives the single
 // device's bits for the same reduced maxima.
