@@ -302,6 +302,13 @@ absl::StatusOr<muon::MuonOptions> ToMuonOptions(const muonrt_options& o) {
         "muonrt_options: normuon ", o.normuon, " is neither 0 nor 1"));
   }
   m.normuon = o.normuon == 1;
+  if (o.overlap_backward != 0 && o.overlap_backward != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("muonrt_options: overlap_backward ", o.overlap_backward,
+                     " is neither 0 nor 1"));
+  }
+  // The finite check's agreement needs every gradient before the step.
+  if (o.overlap_backward == 1) m.check_finite = false;
   m.normuon_beta2 = o.normuon_beta2;
   m.normuon_eps = o.normuon_eps;
   return m;
@@ -318,6 +325,7 @@ muon::v1::ExecutionOptions ToExecutionOptions(const muonrt_options& o) {
   e.set_prefetch_count(o.prefetch_count);
   e.set_replan_every_steps(o.replan_every_steps);
   if (o.exchange_dtype != nullptr) e.set_exchange_dtype(o.exchange_dtype);
+  e.set_overlap_backward(o.overlap_backward == 1);
   return e;
 }
 
@@ -416,6 +424,15 @@ absl::Status CreateOptimizer(muonrt_process_group* pg, int mesh_ndim,
     config->state.world_size = pg->pg->world_size;
     config->state.join_timeout_ms = absl::ToInt64Milliseconds(pg->timeout);
     config->execution = ToExecutionOptions(o);
+  } else if (o.overlap_backward == 1) {
+    // One process that still plans its buckets for the overlap: a world of
+    // one with the execution options.
+    muon::DistributedConfig one;
+    one.state.mesh = muon::Mesh::OneDim(1);
+    one.state.param_placements.assign(
+        num_params, muon::ParamPlacement{{muon::Placement::Replicate()}});
+    one.execution = ToExecutionOptions(o);
+    config = std::move(one);
   }
   MUON_ASSIGN_OR_RETURN(
       std::unique_ptr<muon::Muon> muon,
@@ -651,6 +668,7 @@ void muonrt_options_default(muonrt_options* options) {
   options->normuon = m.normuon ? 1 : 0;
   options->normuon_beta2 = m.normuon_beta2;
   options->normuon_eps = m.normuon_eps;
+  options->overlap_backward = d.overlap_backward() ? 1 : 0;
 }
 
 int muonrt_optimizer_create(muonrt_process_group* pg, int mesh_ndim,
@@ -740,6 +758,14 @@ int muonrt_optimizer_load_state(muonrt_optimizer* opt, int64_t step,
                                 const int64_t* numels, int num_params) {
   return Guard("muonrt_optimizer_load_state", [&] {
     return LoadState(opt, step, buffers, numels, nullptr, nullptr, num_params);
+  });
+}
+
+int muonrt_optimizer_mark_ready(muonrt_optimizer* opt, int index) {
+  return Guard("muonrt_optimizer_mark_ready", [&]() -> absl::Status {
+    if (opt == nullptr)
+      return NullArgument("muonrt_optimizer_mark_ready", "opt");
+    return opt->muon->MarkReady(index);
   });
 }
 

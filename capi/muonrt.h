@@ -166,6 +166,13 @@ typedef struct {
   int normuon;
   double normuon_beta2;
   double normuon_eps;
+  /* 1 = start the step during backward (execution.overlap_backward):
+   * buckets ordered last matrix first (25 MiB each unless
+   * bucket_size_bytes says), muonrt_optimizer_mark_ready hands ready
+   * buckets to the exchange. It turns the non-finite gradient check off
+   * (its agreement needs every gradient before the step starts) and
+   * cannot run with transactional_step. ABI version 9. */
+  int overlap_backward;
 } muonrt_options;
 
 /* Fills `options` with the defaults above. */
@@ -256,6 +263,15 @@ int muonrt_optimizer_load_full_state(muonrt_optimizer* opt, int64_t step,
                                      const float* const* variances,
                                      const int64_t* variance_numels,
                                      int num_params);
+
+/* Marks parameter `index`'s gradient final for the coming step (options
+ * .overlap_backward; Muon::MarkReady): its momentum runs now and every
+ * bucket whose parameters are all ready starts its exchange and
+ * Newton-Schulz on the optimizer's threads; muonrt_optimizer_step finishes
+ * the rest. The gradient must not change afterwards in this step.
+ * Errors: OUT_OF_RANGE; FAILED_PRECONDITION (overlap_backward off, marked
+ * twice, no gradient). ABI version 9. */
+int muonrt_optimizer_mark_ready(muonrt_optimizer* opt, int index);
 
 /* ---- QK-clip (MuonClip) ------------------------------------------------ */
 

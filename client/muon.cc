@@ -18,12 +18,13 @@
 #include "plan/planner.h"
 
 namespace muon {
-namespace {
 
-kernels::ParamDType KernelDType(DType dtype) {
+kernels::ParamDType Muon::KernelDType(DType dtype) {
   return dtype == DType::kBFloat16 ? kernels::ParamDType::kBFloat16
                                    : kernels::ParamDType::kFloat32;
 }
+
+namespace {
 
 // DistributedConfig.execution: ValidateExecutionOptions, and device and
 // gpu_precision left to MuonOptions.
@@ -651,6 +652,11 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
       muon->JoinOrPlan(config, manifest_of, local.uses_sub_mesh));
   MUON_RETURN_IF_ERROR(muon->ResolveQkClip(local.uses_sub_mesh));
   muon->matrices_ = std::move(local.infos);
+  muon->overlap_ = execution.overlap_backward();
+  if (muon->overlap_) {
+    MUON_RETURN_IF_ERROR(
+        CheckOverlapSupport(options, muon->device_, state.rank));
+  }
   MUON_RETURN_IF_ERROR(muon->MakeDataPath(config, std::move(local.geometry)));
   MUON_ASSIGN_OR_RETURN(muon->rule_, MakeUpdateRule(options));
 
@@ -812,6 +818,8 @@ absl::Status Muon::SyncCaller(device::Stream* caller) {
 }
 
 absl::Status Muon::RunStep(device::Stream* caller) {
+  // A step begun during backward (MarkReady) finishes what is left.
+  if (overlap_begun_) return FinishOverlappedStep();
   // At a re-plan boundary every rank switches to the coordinator's new
   // plan before the step (ExecutionOptions.replan_every_steps).
   MUON_RETURN_IF_ERROR(MaybeReplan());

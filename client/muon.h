@@ -331,6 +331,29 @@ class Muon {
   absl::Status ClipQk(const std::vector<float>& max_logits,
                       QkClipStats* stats = nullptr);
 
+  // Starting the step during backward (DistributedConfig::execution.
+  // overlap_backward: the plan orders buckets from the last matrix to the
+  // first). Marks parameter `index`'s gradient final for the coming step:
+  // its momentum (and Nesterov update) is computed at once on the calling
+  // thread, and every bucket whose parameters on this rank are all ready
+  // now (a prefix of the plan's bucket order) is handed to the executor's
+  // streams, which exchange and orthogonalize it while the caller goes on
+  // (a rank that is ahead waits for the others inside the collective, on
+  // the communication stream's thread). Step then marks the rest and
+  // finishes. The first MarkReady of a step begins it (a re-plan boundary
+  // switches plans there). With gradient accumulation, mark a parameter
+  // only in the last micro-batch's backward. Results are bitwise those of
+  // the same job without overlap. The gradient must not change after its
+  // parameter is marked (the step uses it as it was then); in the debug
+  // (sequential) mode Step checks that and returns FailedPrecondition
+  // naming the parameter. Every rank must mark every parameter it holds
+  // (or leave it to Step) in each step.
+  // Errors: OutOfRange (bad index); FailedPrecondition (overlap_backward
+  // off; marked twice in one step; no gradient); the executor's enqueue
+  // errors. Create refuses overlap_backward with check_finite or
+  // transactional_step on, or CUDA parameters (InvalidArgument).
+  absl::Status MarkReady(int index);
+
   // Replaces MuonOptions::qk_clip (the C ABI and Python configure it after
   // construction). Local: no collective. All or nothing.
   // Errors: InvalidArgument as Create's qk_clip checks.
@@ -470,6 +493,16 @@ class Muon {
   // maxima into *reduced. Errors: as ClipQk's.
   absl::Status ReduceQkClipMaxima(const std::vector<float>& max_logits,
                                   std::vector<float>* reduced);
+  // overlap_backward: the options it cannot run with (InvalidArgument
+  // naming them); the step's start at the first MarkReady; one parameter's
+  // momentum (and, in debug mode, its gradient's fingerprint); Step's end
+  // of a step begun by MarkReady.
+  static absl::Status CheckOverlapSupport(const MuonOptions& o,
+                                          const device::Device& dev, int rank);
+  absl::Status BeginOverlappedStep();
+  absl::Status ReadyOne(int index);
+  absl::Status FinishOverlappedStep();
+  static kernels::ParamDType KernelDType(DType dtype);
   // Scales this rank's rows [begin, end) of parameter `index` (-1: not
   // held here) by `factor`.
   void ScaleLocalRows(int index, int64_t begin, int64_t end, double factor);
@@ -527,6 +560,15 @@ class Muon {
   // this rank does not hold it).
   std::vector<std::pair<int, int>> qk_clip_params_;
   bool uses_sub_mesh_ = false;  // some parameter lives on a sub-mesh
+  // overlap_backward: on, a step begun by MarkReady, its parameters
+  // marked, the buckets handed to the executor, gradient fingerprints
+  // (debug mode), and when it began.
+  bool overlap_ = false;
+  bool overlap_begun_ = false;
+  std::vector<char> param_ready_;
+  int enqueued_ready_ = 0;
+  std::vector<uint64_t> grad_fingerprints_;
+  absl::Time overlap_start_;
   device::DeviceBuffer<int64_t> nonfinite_;
   std::vector<int64_t> host_nonfinite_;  // nonfinite_ copied to the host
   std::vector<const float*> update_ptrs_;

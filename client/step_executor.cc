@@ -763,9 +763,12 @@ absl::Status StepExecutor::Apply(int b, const StepArgs& args,
   return absl::OkStatus();
 }
 
-absl::Status StepExecutor::EnqueueSequential() {
+absl::Status StepExecutor::EnqueueSequential(int ready) {
   device::Stream* main = main_stream_.get();
-  for (const Op& op : main_ops_) {
+  for (; next_main_op_ < main_ops_.size() &&
+         main_ops_[next_main_op_].bucket < ready;
+       ++next_main_op_) {
+    const Op& op = main_ops_[next_main_op_];
     const int b = op.bucket;
     switch (op.kind) {
       case v1::OP_KIND_GATHER:
@@ -857,29 +860,75 @@ absl::Status StepExecutor::EnqueueCommOp(const Op& op) {
   return absl::OkStatus();
 }
 
-absl::Status StepExecutor::EnqueueAsync() {
+absl::Status StepExecutor::EnqueueAsync(int ready) {
   // The host enqueues both streams' work in one pass over the comm ops. A
   // wait binds to the event's latest record, so each bucket's Newton-Schulz
   // is enqueued after its gather's record and before the slot's next gather
   // (which the schedule puts after the bucket's redistribute): compute ops
   // are enqueued up to bucket b just before redistribute(b) waits for them.
-  size_t next_compute = 0;
-  for (const Op& op : comm_ops_) {
+  for (; next_comm_op_ < comm_ops_.size() &&
+         comm_ops_[next_comm_op_].bucket < ready;
+       ++next_comm_op_) {
+    const Op& op = comm_ops_[next_comm_op_];
     if (op.kind == v1::OP_KIND_REDISTRIBUTE &&
         !buckets_[op.bucket].owned.empty()) {
       bool enqueued = false;
-      while (!enqueued && next_compute < compute_ops_.size()) {
-        const Op& c = compute_ops_[next_compute++];
+      while (!enqueued && next_compute_op_ < compute_ops_.size()) {
+        const Op& c = compute_ops_[next_compute_op_++];
         MUON_RETURN_IF_ERROR(EnqueueCompute(c));
         enqueued = c.bucket == op.bucket;
       }
     }
     MUON_RETURN_IF_ERROR(EnqueueCommOp(op));
   }
-  while (next_compute < compute_ops_.size()) {
-    MUON_RETURN_IF_ERROR(EnqueueCompute(compute_ops_[next_compute++]));
+  if (ready < static_cast<int>(buckets_.size())) return absl::OkStatus();
+  while (next_compute_op_ < compute_ops_.size()) {
+    MUON_RETURN_IF_ERROR(EnqueueCompute(compute_ops_[next_compute_op_++]));
   }
   return absl::OkStatus();
+}
+
+int StepExecutor::ReadyBuckets(const std::vector<char>& param_ready) const {
+  int p = 0;
+  for (; p < static_cast<int>(buckets_.size()); ++p) {
+    for (int m : buckets_[p].matrices) {
+      const int i = geometry_[m].param_index;
+      if (i >= static_cast<int>(param_ready.size()) || !param_ready[i]) {
+        return p;
+      }
+    }
+  }
+  return p;
+}
+
+absl::Status StepExecutor::EnqueueReady(int ready) {
+  if (!in_flight_ || enqueue_ended_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank_, ": EnqueueReady outside a step (Begin first)"));
+  }
+  if (!enqueue_status_.ok()) return enqueue_status_;
+  enqueue_status_ = async_ ? EnqueueAsync(ready) : EnqueueSequential(ready);
+  return enqueue_status_;
+}
+
+absl::Status StepExecutor::EndEnqueue() {
+  absl::Status status = enqueue_status_;
+  if (status.ok()) {
+    const int all = static_cast<int>(buckets_.size());
+    status = async_ ? EnqueueAsync(all) : EnqueueSequential(all);
+  }
+  enqueue_ended_ = true;
+  // Also after an enqueue error: the caller's later work must not race
+  // what was enqueued.
+  device::Stream* caller = step_caller_;
+  if (caller != nullptr) {
+    for (size_t i = 0; i < streams_.size(); ++i) {
+      absl::Status s = step_done_[i]->Record(streams_[i]);
+      if (s.ok()) s = caller->WaitFor(step_done_[i].get());
+      if (status.ok()) status = s;
+    }
+  }
+  return status;
 }
 
 absl::Status StepExecutor::Run(const std::vector<const float*>& updates,
@@ -900,6 +949,14 @@ absl::Status StepExecutor::Enqueue(const std::vector<const float*>& updates,
                                    const std::vector<ParamView>& params,
                                    const UpdateRule& rule,
                                    device::Stream* caller) {
+  MUON_RETURN_IF_ERROR(Begin(updates, params, rule, caller));
+  return EndEnqueue();
+}
+
+absl::Status StepExecutor::Begin(const std::vector<const float*>& updates,
+                                 const std::vector<ParamView>& params,
+                                 const UpdateRule& rule,
+                                 device::Stream* caller) {
   if (in_flight_) {
     return absl::FailedPreconditionError(absl::StrCat(
         "rank ", rank_, ": a step is in flight: Finish it before the next"));
@@ -941,18 +998,13 @@ absl::Status StepExecutor::Enqueue(const std::vector<const float*>& updates,
   // From here on work may be queued: Finish must wait for it, even after
   // an enqueue error.
   in_flight_ = true;
-  absl::Status status = async_ ? EnqueueAsync() : EnqueueSequential();
-  // Also after an enqueue error: the caller's later work must not race
-  // what was enqueued.
-  if (caller != nullptr) {
-    const std::vector<device::Stream*>& streams = streams_;
-    for (size_t i = 0; i < streams.size(); ++i) {
-      absl::Status s = step_done_[i]->Record(streams[i]);
-      if (s.ok()) s = caller->WaitFor(step_done_[i].get());
-      if (status.ok()) status = s;
-    }
-  }
-  return status;
+  enqueue_ended_ = false;
+  enqueue_status_ = absl::OkStatus();
+  step_caller_ = caller;
+  next_main_op_ = 0;
+  next_comm_op_ = 0;
+  next_compute_op_ = 0;
+  return absl::OkStatus();
 }
 
 absl::Status StepExecutor::WaitForStream(device::Stream* stream) {
@@ -989,10 +1041,11 @@ absl::Status StepExecutor::Finish(StepStats* stats) {
     return absl::FailedPreconditionError(
         absl::StrCat("rank ", rank_, ": no step in flight to finish"));
   }
+  // A step begun bucket by bucket enqueues what is left first.
+  absl::Status s = enqueue_ended_ ? absl::OkStatus() : EndEnqueue();
   // Every operation is bounded (collectives by the communicator's timeout),
   // and the streams' work reads step_args_ and this executor: wait for all
   // of it.
-  absl::Status s;
   for (device::Stream* stream : streams_) {
     const absl::Status done = WaitForStream(stream);
     if (s.ok()) s = done;

@@ -216,6 +216,28 @@ class StepExecutor {
                        const UpdateRule& rule, device::Stream* caller);
   absl::Status Finish(StepStats* stats);
 
+  // Enqueue in pieces, for a step that starts during backward
+  // (ExecutionOptions.overlap_backward): Begin takes Enqueue's arguments
+  // and enqueues nothing; EnqueueReady(k) enqueues, in the schedule's
+  // order, every operation of the first k buckets (positions in the plan's
+  // bucket order) not enqueued yet, stopping at the first operation of a
+  // later bucket, so every rank still issues the same collectives in the
+  // same order; Finish enqueues the rest, then waits. Enqueue is Begin,
+  // then the whole schedule. The updates of a bucket's parameters must be
+  // final before EnqueueReady lets it run (its gather reads them on the
+  // executor's streams, while the caller goes on).
+  // Errors: FailedPrecondition (a step in flight, or EnqueueReady outside
+  // one); the first enqueue error, again on every later call; as Enqueue.
+  absl::Status Begin(const std::vector<const float*>& updates,
+                     const std::vector<ParamView>& params,
+                     const UpdateRule& rule, device::Stream* caller);
+  absl::Status EnqueueReady(int ready_buckets);
+  // How many buckets, from the first in the plan's order, have every
+  // matrix of this rank in a parameter i with param_ready[i] set (a bucket
+  // with none of this rank's matrices is ready).
+  int ReadyBuckets(const std::vector<char>& param_ready) const;
+  int num_buckets() const { return static_cast<int>(buckets_.size()); }
+
   const device::Device& device() const { return options_.device; }
 
   bool async() const { return async_; }
@@ -349,9 +371,12 @@ class StepExecutor {
                             v1::StreamKind stream_kind);
   absl::Status Apply(int b, const StepArgs& args, device::Stream* stream,
                      std::vector<OpRecord>* rec, v1::StreamKind stream_kind);
-  // Enqueue the step's operations on the streams (Run then waits for them).
-  absl::Status EnqueueSequential();
-  absl::Status EnqueueAsync();
+  // Enqueue the step's operations of buckets [0, ready) not enqueued yet
+  // (from the cursors below) on the streams; EndEnqueue enqueues the rest
+  // and orders the caller's stream after the step.
+  absl::Status EnqueueSequential(int ready);
+  absl::Status EnqueueAsync(int ready);
+  absl::Status EndEnqueue();
   absl::Status EnqueueCommOp(const Op& op);
   absl::Status EnqueueCompute(const Op& op);
 
@@ -417,6 +442,14 @@ class StepExecutor {
   EventWait dropped_wait_ = EventWait::kNone;
   StepArgs step_args_;      // the step in flight (see Run)
   bool in_flight_ = false;  // between Enqueue and Finish
+  // The step in flight's enqueue state: the next operation of each list,
+  // whether EndEnqueue ran, its first error, the caller's stream.
+  size_t next_main_op_ = 0;
+  size_t next_comm_op_ = 0;
+  size_t next_compute_op_ = 0;
+  bool enqueue_ended_ = true;
+  absl::Status enqueue_status_;
+  device::Stream* step_caller_ = nullptr;
   // Streams of options_.device (host streams each have a thread): "main"
   // in sequential mode; "comm" and "compute" in async mode.
   std::unique_ptr<device::Stream> main_stream_;

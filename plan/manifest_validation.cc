@@ -185,6 +185,14 @@ absl::Status CheckRankAgreesWithRank0(const v1::RankManifest& m0,
         absl::StrCat("rank ", r, " reports replan_every_steps ",
                      e.replan_every_steps(), "; must be >= 0"));
   }
+  if (e.overlap_backward() != m0.execution().overlap_backward()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", r,
+        " reports overlap_backward=", e.overlap_backward() ? "true" : "false",
+        " but rank 0 reports overlap_backward=",
+        m0.execution().overlap_backward() ? "true" : "false",
+        "; every rank must order its buckets the same way"));
+  }
   if (e.replan_every_steps() != m0.execution().replan_every_steps()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "rank ", r, " reports replan_every_steps ", e.replan_every_steps(),

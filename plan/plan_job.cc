@@ -31,6 +31,13 @@ absl::StatusOr<PlannerOptions> PlannerOptionsForJob(
                                   : defaults.bucket_size_bytes;
   options.async = execution.async_gpu_parallelism();
   options.prefetch_count = execution.prefetch_count();
+  options.reverse_buckets = execution.overlap_backward();
+  // Buckets of one matrix per owner would wait for every owner's first
+  // gradient: with overlap, byte-bounded buckets (torch DDP's default
+  // bucket_cap_mb, 25 MiB) unless the job sets its own bound.
+  if (options.reverse_buckets && options.bucket_size_bytes == 0) {
+    options.bucket_size_bytes = kOverlapBucketBytes;
+  }
   options.ns_steps = std::max(1, layout.ns_steps);
   return options;
 }

@@ -32,6 +32,10 @@
 
 namespace muon {
 
+// The bucket bound of an overlap_backward job that sets none: torch
+// DistributedDataParallel's bucket_cap_mb default, 25 MiB.
+inline constexpr int64_t kOverlapBucketBytes = int64_t{25} << 20;
+
 // What a job's manifests may leave to whoever plans it (the daemon's
 // --policy and --bucket_size_bytes flags). Manifests that set a value win.
 struct PlanDefaults {

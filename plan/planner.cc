@@ -280,20 +280,23 @@ std::vector<double> AssignOwners(const JobLayout& layout,
 // The buckets: with no byte bound, bucket k holds each owner's k-th
 // matrix; else consecutive matrices up to bucket_size_bytes fp32 bytes.
 void AddBuckets(const JobLayout& layout, int64_t bucket_size_bytes,
-                v1::Plan* plan) {
+                bool reverse, v1::Plan* plan) {
   const std::vector<MatrixLayout>& matrices = layout.matrices;
   const int num = static_cast<int>(matrices.size());
+  // The matrices in the order buckets take them.
+  std::vector<int> order(num);
+  for (int i = 0; i < num; ++i) order[i] = reverse ? num - 1 - i : i;
   std::vector<std::vector<int>> buckets;
   if (bucket_size_bytes == 0) {
     std::vector<int> seen(layout.world_size, 0);  // matrices per owner
-    for (int i = 0; i < num; ++i) {
+    for (int i : order) {
       const int k = seen[plan->matrices(i).owner()]++;
       if (k >= static_cast<int>(buckets.size())) buckets.resize(k + 1);
-      buckets[k].push_back(i);  // index order within the bucket
+      buckets[k].push_back(i);
     }
   } else {
     int64_t bytes = 0;
-    for (int i = 0; i < num; ++i) {
+    for (int i : order) {
       const int64_t b = MatrixBytes(matrices[i]);
       if (buckets.empty() ||
           (!buckets.back().empty() && bytes + b > bucket_size_bytes)) {
@@ -304,6 +307,7 @@ void AddBuckets(const JobLayout& layout, int64_t bucket_size_bytes,
       bytes += b;
     }
   }
+  for (std::vector<int>& b : buckets) std::sort(b.begin(), b.end());
   for (int k = 0; k < static_cast<int>(buckets.size()); ++k) {
     v1::Bucket* bucket = plan->add_buckets();
     bucket->set_index(k);
@@ -356,7 +360,7 @@ absl::StatusOr<v1::Plan> MakePlan(const JobLayout& layout,
                         AddMatrices(layout, groups, options.ns_steps, &plan));
   const std::vector<double> load =
       AssignOwners(layout, groups, cost, options, &plan);
-  AddBuckets(layout, options.bucket_size_bytes, &plan);
+  AddBuckets(layout, options.bucket_size_bytes, options.reverse_buckets, &plan);
   AddLoads(load, options.rank_seconds_per_flop, &plan);
   *plan.mutable_schedule() =
       MakeScheduleHeader(plan, options.async, options.prefetch_count);

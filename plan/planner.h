@@ -60,6 +60,9 @@ struct PlannerOptions {
   // `prefetch_count` buckets gathered ahead, or sequential debug mode.
   bool async = false;
   int prefetch_count = 0;
+  // Buckets from the last matrix to the first (ExecutionOptions.
+  // overlap_backward: gradients become final in reverse forward order).
+  bool reverse_buckets = false;
   // The cost model of a re-plan (ExecutionOptions.replan_every_steps): per
   // rank its measured Newton-Schulz seconds per FLOP (each > 0), so that a
   // rank's load is FLOPs x seconds per FLOP (uniform machines, Graham's
@@ -88,8 +91,9 @@ double NewtonSchulzFlops(int64_t rows, int64_t cols, int ns_steps);
 //   gather_bytes: 4 * elements of the matrix the owner does not hold (each
 //     element counted once, however many replicas hold it).
 //   Buckets: see PlannerOptions::bucket_size_bytes; with a limit, matrices
-//     are packed greedily in index order and a matrix larger than the limit
-//     gets its own bucket. Matrices within a bucket are in index order.
+//     are packed greedily in index order (descending with reverse_buckets)
+//     and a matrix larger than the limit gets its own bucket. Matrices
+//     within a bucket are in index order.
 // Errors:
 //   InvalidArgument: ns_steps < 1, bucket_size_bytes < 0, or a matrix no
 //     rank holds any element of (names the matrix, e.g. "w1[3]").

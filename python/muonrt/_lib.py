@@ -207,6 +207,7 @@ class muonrt_options(ctypes.Structure):
         ("normuon", ctypes.c_int),
         ("normuon_beta2", ctypes.c_double),
         ("normuon_eps", ctypes.c_double),
+        ("overlap_backward", ctypes.c_int),
     ]
 
 
@@ -270,6 +271,7 @@ _SIGNATURES = {
     "muonrt_optimizer_load_state": (_c_int, [
         _opt_p, ctypes.c_int64, ctypes.POINTER(ctypes.POINTER(ctypes.c_float)),
         ctypes.POINTER(ctypes.c_int64), _c_int]),
+    "muonrt_optimizer_mark_ready": (_c_int, [_opt_p, _c_int]),
     "muonrt_optimizer_set_qk_clip": (_c_int, [
         _opt_p, ctypes.c_double, ctypes.c_double,
         ctypes.POINTER(muonrt_qk_clip_layer), _c_int]),

@@ -218,6 +218,7 @@ def _options_struct(defaults, runtime):
     if runtime["exchange_dtype"]:
         opts.exchange_dtype = str(runtime["exchange_dtype"]).encode()
     opts.normuon = 1 if runtime["normuon"] else 0
+    opts.overlap_backward = 1 if runtime["overlap_backward"] else 0
     opts.normuon_beta2 = float(runtime["normuon_beta2"])
     opts.normuon_eps = float(runtime["normuon_eps"])
     return opts
@@ -268,6 +269,13 @@ class Muon(torch.optim.Optimizer):
         do; Newton-Schulz's input and output are rounded to nearest even
         bf16, so the result is the same on every layout and replicas stay
         equal).
+    overlap_backward (keyword-only, bool, False): the step starts during
+        backward: buckets are ordered last matrix first (list parameters in
+        forward order), each plain parameter's gradient hook calls
+        mark_ready, and a bucket whose parameters are all ready is
+        exchanged and orthogonalized while backward goes on; step()
+        finishes the rest. Bitwise the same results. The non-finite check
+        is off with it; not with transactional_step; CPU tensors.
     NorMuon (keyword-only; arXiv 2510.05491, microsoft/dion's NorMuon):
         normuon (bool, False): after Newton-Schulz each matrix's update is
         normalized per row by a second-moment estimate v (v <- lerp(v,
@@ -308,7 +316,8 @@ class Muon(torch.optim.Optimizer):
                  prefetch_count=0, assignment_policy=None,
                  bucket_size_bytes=0, transactional_step=False,
                  replan_every_steps=0, exchange_dtype=None, normuon=False,
-                 normuon_beta2=0.95, normuon_eps=1e-8, qk_clip=None):
+                 normuon_beta2=0.95, normuon_eps=1e-8, qk_clip=None,
+                 overlap_backward=False):
         self._handle = None
         self._created = False
         # The Python types torch.optim.Muon.__init__ checks; the values are
@@ -340,7 +349,8 @@ class Muon(torch.optim.Optimizer):
             exchange_dtype=exchange_dtype,
             normuon=normuon,
             normuon_beta2=normuon_beta2,
-            normuon_eps=normuon_eps)
+            normuon_eps=normuon_eps,
+            overlap_backward=overlap_backward)
         self._normuon = bool(normuon)
         # torch.optim.Muon's argument checks (its messages; torch checks
         # ns_steps at the first step, the library now) and the runtime
@@ -367,6 +377,13 @@ class Muon(torch.optim.Optimizer):
         self._qk_layer_heads = []
         if qk_clip:
             self._set_qk_clip(qk_clip)
+        # overlap_backward: the step starts during backward (mark_ready).
+        self.accumulating = False
+        self._marking = False
+        self._ready = set()
+        self._hooks = []
+        if overlap_backward:
+            self._register_ready_hooks()
         self._group_slots = []
         k = 0
         for group in self.param_groups:
@@ -820,28 +837,19 @@ class Muon(torch.optim.Optimizer):
                     f"it was {s.grad_dtype} when the optimizer was created")
             grads.append(g)
         L = _lib.lib()
-        for gi, group in enumerate(self.param_groups):
-            for key in _GLOBAL_KEYS:
-                if _canonical(key, group[key]) != _canonical(
-                        key, self.defaults[key]):
-                    raise RuntimeError(
-                        f"muonrt.Muon: param group {gi}'s {key} changed to "
-                        f"{group[key]!r}; only lr and weight_decay can change "
-                        f"after construction")
-            hp = (float(group["lr"]), float(group["weight_decay"]))
-            if hp != self._pushed[gi]:
-                for i in self._group_slots[gi]:
-                    _lib.check(L.muonrt_optimizer_set_hyperparameters(
-                        h, i, hp[0], hp[1]),
-                        "muonrt_optimizer_set_hyperparameters")
-                self._pushed[gi] = hp
+        if not self._marking:  # else pushed at the step's first mark_ready
+            self._push_hyperparameters()
         for i, (s, g) in enumerate(zip(self._slots, grads)):
+            if i in self._ready:
+                continue  # bound by mark_ready
             ptr = g.data_ptr()
             if ptr != s.bound_grad:
                 _lib.check(L.muonrt_optimizer_set_grad(h, i, ptr),
                            "muonrt_optimizer_set_grad")
                 s.bound_grad = ptr
             s.grad_ref = g  # keeps the memory the library reads alive
+        self._marking = False
+        self._ready = set()
         _lib.check(L.muonrt_optimizer_step(h, self._step_stream()),
                    "muonrt_optimizer_step")
         return loss
@@ -916,6 +924,87 @@ class Muon(torch.optim.Optimizer):
         if numel.value:
             ctypes.memmove(out.data_ptr(), ptr, 4 * numel.value)
         return out.to(s.local.device)
+
+    def _register_ready_hooks(self):
+        """overlap_backward: a hook on every plain (non-DTensor) parameter
+        that marks it ready once backward has accumulated its gradient
+        (Tensor.register_post_accumulate_grad_hook, PyTorch 2.1+; the
+        AccumulateGrad node's post-hook on older PyTorch). DTensor
+        parameters (FSDP2) are marked by step() in this version."""
+        for i, s in enumerate(self._slots):
+            p = s.param
+            if _is_dtensor(p):
+                continue
+            if hasattr(p, "register_post_accumulate_grad_hook"):
+                h = p.register_post_accumulate_grad_hook(
+                    lambda _p, i=i: self._on_grad_ready(i))
+            else:
+                node = p.expand_as(p).grad_fn.next_functions[0][0]
+                h = node.register_hook(
+                    lambda *_, i=i: self._on_grad_ready(i))
+                self._hooks.append(node)  # keeps the node alive
+            self._hooks.append(h)
+
+    def _on_grad_ready(self, i):
+        if not self.accumulating:
+            self.mark_ready(i)
+
+    def _push_hyperparameters(self):
+        """Each group's current lr and weight_decay to the library (those
+        that changed since the last push)."""
+        L = _lib.lib()
+        for gi, group in enumerate(self.param_groups):
+            for key in _GLOBAL_KEYS:
+                if _canonical(key, group[key]) != _canonical(
+                        key, self.defaults[key]):
+                    raise RuntimeError(
+                        f"muonrt.Muon: param group {gi}'s {key} changed to "
+                        f"{group[key]!r}; only lr and weight_decay can change "
+                        f"after construction")
+            hp = (float(group["lr"]), float(group["weight_decay"]))
+            if hp != self._pushed[gi]:
+                for i in self._group_slots[gi]:
+                    _lib.check(L.muonrt_optimizer_set_hyperparameters(
+                        self._h, i, hp[0], hp[1]),
+                        "muonrt_optimizer_set_hyperparameters")
+                self._pushed[gi] = hp
+
+    def _bind_grad(self, i):
+        """Checks parameter i's gradient as step() does and hands its
+        pointer to the library."""
+        s = self._slots[i]
+        if s.param.grad is None:
+            raise RuntimeError(
+                f"muonrt.Muon: parameter {s.name!r} has no gradient "
+                f"(grad is None)")
+        g = self._grad_local(s)
+        if g.dtype != s.grad_dtype:
+            raise RuntimeError(
+                f"muonrt.Muon: the gradient of {s.name!r} is {g.dtype}, "
+                f"it was {s.grad_dtype} when the optimizer was created")
+        ptr = g.data_ptr()
+        if ptr != s.bound_grad:
+            _lib.check(_lib.lib().muonrt_optimizer_set_grad(self._h, i, ptr),
+                       "muonrt_optimizer_set_grad")
+            s.bound_grad = ptr
+        s.grad_ref = g
+
+    def mark_ready(self, key):
+        """overlap_backward: marks a parameter's gradient final for the
+        coming step (`key`: index, name or the parameter). Its momentum
+        runs now, and every bucket whose parameters are all ready starts
+        its exchange and Newton-Schulz on the library's threads while
+        backward goes on; step() finishes the rest. The hooks call it
+        after each gradient's accumulation (not while `accumulating` is
+        True: set it for every micro-batch's backward but the last). The
+        gradient must not change afterwards in this step."""
+        i = self._index(key)
+        if not self._marking:
+            self._push_hyperparameters()
+            self._marking = True
+        self._bind_grad(i)
+        _lib.call("muonrt_optimizer_mark_ready", self._h, i)
+        self._ready.add(i)
 
     def _set_qk_clip(self, spec):
         """Hands the qk_clip keyword to the library

@@ -207,6 +207,19 @@ def test_normuon_ranks_match_single_process_bitwise(single_normuon, tmp_path,
                                              "variance_neuron"]
 
 
+@pytest.mark.parametrize("layout_name, n", [("fsdp", 4), ("hsdp_tp", 4),
+                                            ("ddp", 2)])
+def test_overlap_backward_ranks_match_single_process_bitwise(
+        single, tmp_path, layout_name, n):
+    """overlap_backward=True with every parameter marked ready by hand,
+    last first, before step(): bitwise the one-process run without
+    overlap, every matrix orthogonalized once."""
+    lib = library_or_skip()
+    launch_muonrun(n, ["--layout", layout_name, "--steps", str(STEPS),
+                       "--out", str(tmp_path), "--overlap"], lib)
+    check_ranks(tmp_path, n, layout_name, single[0])
+
+
 def test_pipeline_stages_with_sub_mesh(single, tmp_path):
     """Mesh pp=2, each rank holds only its stage's parameters (sub_mesh
     "pp=<stage>"): bitwise the one-process result, each matrix owned within

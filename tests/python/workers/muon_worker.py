@@ -91,7 +91,8 @@ def problem(steps, seed=1234):
 
 
 def run(layout_name, steps, out, save_at=None, ckpt=None, resume=None,
-        start=0, pg=None, exchange_dtype=None, normuon=False):
+        start=0, pg=None, exchange_dtype=None, normuon=False,
+        overlap=False):
     rank = pg.rank if pg else 0
     world = pg.world_size if pg else 1
     init, grads = problem(steps)
@@ -133,6 +134,8 @@ def run(layout_name, steps, out, save_at=None, ckpt=None, resume=None,
         kw["exchange_dtype"] = exchange_dtype
     if normuon:
         kw["normuon"] = True
+    if overlap:  # marked by hand below: the gradients are set, not computed
+        kw.update(overlap_backward=True, bucket_size_bytes=256)
     opt = muonrt.Muon(list(params.items()), **OPTIONS, **kw)
     if resume:
         opt.load_checkpoint(ckpt)
@@ -147,6 +150,9 @@ def run(layout_name, steps, out, save_at=None, ckpt=None, resume=None,
             else:
                 p.grad = (local_shard(g, lay[1], lay[2][n], rank) if lay
                           else g.clone())
+        if overlap:  # last parameter first, as backward makes them ready
+            for n in reversed(list(params)):
+                opt.mark_ready(n)
         opt.step()
         if save_at is not None and k + 1 == save_at:
             opt.save_checkpoint(ckpt)
@@ -181,12 +187,14 @@ def main():
     ap.add_argument("--start", type=int, default=0)
     ap.add_argument("--exchange-dtype")
     ap.add_argument("--normuon", action="store_true")
+    ap.add_argument("--overlap", action="store_true")
     args = ap.parse_args()
     pg = None
     if args.layout != "single":
         pg = muonrt.init_process_group(timeout=60)
     run(args.layout, args.steps, args.out, args.save_at, args.ckpt,
-        args.resume, args.start, pg, args.exchange_dtype, args.normuon)
+        args.resume, args.start, pg, args.exchange_dtype, args.normuon,
+        args.overlap)
     if pg is not None:
         pg.barrier()
         muonrt.destroy_process_group()

@@ -1,0 +1,154 @@
+// Muon::MarkReady and the step that starts during backward
+// (ExecutionOptions.overlap_backward): a parameter marked ready gets its
+// momentum at once, and every bucket whose parameters are all ready is
+// handed to the executor's streams (StepExecutor::EnqueueReady), which
+// gather, orthogonalize and redistribute it while the caller goes on with
+// backward; Step then finishes what is left.
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/muon.h"
+#include "common/status_macros.h"
+
+namespace muon {
+namespace {
+
+// FNV-1a over `bytes` bytes: the debug mode's record of a gradient at
+// MarkReady, compared again at Step.
+uint64_t Fingerprint(const void* data, int64_t bytes) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint64_t h = 1469598103934665603ull;
+  for (int64_t i = 0; i < bytes; ++i) {
+    h = (h ^ p[i]) * 1099511628211ull;
+  }
+  return h;
+}
+
+}  // namespace
+
+absl::Status Muon::CheckOverlapSupport(const MuonOptions& o,
+                                       const device::Device& dev, int rank) {
+  std::string refused;
+  if (o.check_finite) {
+    refused =
+        "check_finite (its agreement needs every gradient before the "
+        "step starts): set it to false";
+  } else if (o.transactional_step) {
+    refused =
+        "transactional_step (its snapshot precedes the momentum "
+        "pass): set it to false";
+  } else if (!dev.is_host()) {
+    refused = absl::StrCat("parameters on ", dev.ToString(),
+                           " (CPU parameters in this version)");
+  }
+  if (refused.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "rank ", rank, ": execution.overlap_backward cannot run with ", refused));
+}
+
+absl::Status Muon::BeginOverlappedStep() {
+  MUON_RETURN_IF_ERROR(MaybeReplan());
+  // Bound Parameters: their pointers as Preflight re-reads them.
+  for (size_t i = 0; i < bound_.size(); ++i) {
+    params_[i].data = bound_[i]->data.data();
+  }
+  param_ready_.assign(params_.size(), 0);
+  grad_fingerprints_.assign(params_.size(), 0);
+  enqueued_ready_ = 0;
+  overlap_start_ = absl::Now();
+  MUON_RETURN_IF_ERROR(executor_->Begin(update_ptrs_, params_, rule_, nullptr));
+  overlap_begun_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status Muon::ReadyOne(int index) {
+  ParamView& p = params_[index];
+  if (index < static_cast<int>(bound_.size())) {
+    Parameter& b = *bound_[index];
+    p.grad = b.grad.empty() ? nullptr : b.grad.data();
+  }
+  const int64_t n = buffers_[index].size();
+  if (p.grad == nullptr && n > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank_, ": parameter \"", p.name,
+                     "\" was marked ready without a gradient"));
+  }
+  if (n > 0) {
+    MUON_RETURN_IF_ERROR(
+        rule_.Momentum(*kernels_, nullptr, buffers_[index].data(), p.grad,
+                       KernelDType(p.grad_dtype), n, nesterov_[index].data()));
+    if (!executor_->async()) {
+      grad_fingerprints_[index] =
+          Fingerprint(p.grad, n * DTypeSize(p.grad_dtype));
+    }
+  }
+  param_ready_[index] = 1;
+  return absl::OkStatus();
+}
+
+absl::Status Muon::MarkReady(int index) {
+  if (index < 0 || index >= static_cast<int>(params_.size())) {
+    return absl::OutOfRangeError(
+        absl::StrCat("rank ", rank_, ": MarkReady: parameter index ", index,
+                     " is outside [0, ", params_.size(), ")"));
+  }
+  if (!overlap_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank_, ": MarkReady needs execution.overlap_backward"));
+  }
+  if (!overlap_begun_) MUON_RETURN_IF_ERROR(BeginOverlappedStep());
+  if (param_ready_[index]) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank_, ": parameter \"", params_[index].name,
+                     "\" was marked ready twice in step ", step_ + 1));
+  }
+  MUON_RETURN_IF_ERROR(ReadyOne(index));
+  const int ready = executor_->ReadyBuckets(param_ready_);
+  if (ready > enqueued_ready_) {
+    enqueued_ready_ = ready;
+    MUON_RETURN_IF_ERROR(executor_->EnqueueReady(ready));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Muon::FinishOverlappedStep() {
+  absl::Status status;
+  for (size_t i = 0; i < params_.size() && status.ok(); ++i) {
+    if (!param_ready_[i]) status = ReadyOne(static_cast<int>(i));
+  }
+  // Debug mode (the sequential schedule): a gradient changed after its
+  // parameter was marked ready is an error naming it (the step used the
+  // gradient as it was when marked).
+  if (status.ok() && !executor_->async()) {
+    for (size_t i = 0; i < params_.size() && status.ok(); ++i) {
+      const int64_t n = buffers_[i].size();
+      const ParamView& p = params_[i];
+      if (n == 0 || p.grad == nullptr) continue;
+      if (Fingerprint(p.grad, n * DTypeSize(p.grad_dtype)) !=
+          grad_fingerprints_[i]) {
+        status = absl::FailedPreconditionError(absl::StrCat(
+            "rank ", rank_, ": the gradient of parameter \"", p.name,
+            "\" changed after MarkReady in step ", step_ + 1,
+            "; the step used it as it was when marked"));
+      }
+    }
+  }
+  absl::Status finished = executor_->Finish(&stats_);
+  overlap_begun_ = false;
+  if (status.ok()) status = finished;
+  if (!status.ok()) {
+    if (agent_ != nullptr && !finished.ok())
+      status = agent_->OnStepFailed(status);
+    return status;
+  }
+  stats_.step_time_s = absl::ToDoubleSeconds(absl::Now() - overlap_start_);
+  ++step_;
+  ReportStep();
+  return absl::OkStatus();
+}
+
+}  // namespace muon

@@ -1,0 +1,192 @@
+// Starting the step during backward (execution.overlap_backward,
+// Muon::MarkReady): each rank marks its parameters ready last-to-first, as
+// backward makes their gradients final, with work of its own in between;
+// the buckets (ordered last matrix first) run on the executor's streams
+// meanwhile. The result is bitwise the single device's and the same job's
+// without overlap, in the sequential (debug) and the async schedule; a
+// gradient changed after MarkReady is named in debug mode; the options it
+// cannot run with are refused.
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/distributed_config.h"
+#include "client/muon.h"
+#include "common/layout.h"
+#include "common/status_macros.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/client/distributed_world.h"
+#include "tests/client/single_device_reference.h"
+#include "tests/status_matchers.h"
+
+namespace muon {
+namespace {
+
+using ::muon::testing::CutShards;
+using ::muon::testing::ExpectEachMatrixOrthogonalizedOnce;
+using ::muon::testing::ExpectShardsMatchSingleDevice;
+using ::muon::testing::MatricesProblem;
+using ::muon::testing::MeshConfig;
+using ::muon::testing::OneDimLayout;
+using ::muon::testing::Problem;
+using ::muon::testing::ProblemLayout;
+using ::muon::testing::RunOnRanks;
+using ::muon::testing::RunSingleDevice;
+using ::muon::testing::SingleDeviceResult;
+using ::muon::testing::World;
+using ::testing::HasSubstr;
+
+MuonOptions OverlapOptions() {
+  MuonOptions o;
+  o.lr = 0.02;
+  o.check_finite = false;  // its agreement needs every gradient first
+  return o;
+}
+
+void Overlap(DistributedConfig& c, bool async) {
+  c.execution.set_overlap_backward(true);
+  c.execution.set_async_gpu_parallelism(async);
+  c.execution.set_prefetch_count(async ? 1 : 0);
+  c.execution.set_bucket_size_bytes(256);  // about one matrix per bucket
+}
+
+// Runs the problem's steps on 4 ranks with overlap_backward: per step each
+// rank cuts its gradients, marks parameters ready from the last to the
+// first with a little work between (a backward's layers), then steps.
+// (*step_called)[rank][step]: when Step was called, seconds since the Unix
+// epoch (as OpRecord's times).
+std::vector<absl::Status> RunOverlapped(
+    const Problem& problem, const ProblemLayout& layout, bool async,
+    World* world, std::vector<std::vector<double>>* step_called) {
+  step_called->assign(world->size(), {});
+  return RunOnRanks(world->size(), [&](int rank) -> absl::Status {
+    MUON_ASSIGN_OR_RETURN(world->run.shards[rank],
+                          CutShards(problem, layout, rank));
+    MUON_RETURN_IF_ERROR(world->CreateMuon(
+        rank, MeshConfig(layout), OverlapOptions(),
+        [async](DistributedConfig& c) { Overlap(c, async); }));
+    Muon& muon = *world->run.muons[rank];
+    world->run.stats[rank].clear();
+    const int n = static_cast<int>(muon.params().size());
+    for (int step = 0; step < problem.steps(); ++step) {
+      world->run.shards[rank].SetGrads(problem, step);
+      for (int i = n - 1; i >= 0; --i) {
+        absl::SleepFor(absl::Milliseconds(20));  // the layer's backward
+        MUON_RETURN_IF_ERROR(muon.MarkReady(i));
+      }
+      (*step_called)[rank].push_back(
+          absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
+      MUON_RETURN_IF_ERROR(muon.Step());
+      world->run.stats[rank].push_back(muon.last_step_stats());
+    }
+    return absl::OkStatus();
+  });
+}
+
+// FSDP Shard(0) over 4 ranks, uneven and empty shards, one matrix per
+// bucket: bitwise the single device (parameters and momentum on every
+// rank), every matrix orthogonalized once; the plan's first bucket holds
+// the last matrix.
+TEST(OverlapBackwardTest,
+     Step_MarkReadyLastToFirst_MatchesSingleDeviceBitwise) {
+  const Problem problem = MatricesProblem();
+  const absl::StatusOr<SingleDeviceResult> single =
+      RunSingleDevice(problem, OverlapOptions());
+  ASSERT_THAT(single, IsOk());
+  const ProblemLayout fsdp =
+      OneDimLayout(4, Placement::Shard(0), problem.specs.size());
+  for (const bool async : {false, true}) {
+    SCOPED_TRACE(async ? "async" : "sequential");
+    World world(4);
+    ASSERT_TRUE(world.Connect());
+    std::vector<std::vector<double>> step_called;
+    const std::vector<absl::Status> st =
+        RunOverlapped(problem, fsdp, async, &world, &step_called);
+    for (int r = 0; r < 4; ++r) {
+      ASSERT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r];
+    }
+    ExpectShardsMatchSingleDevice(problem, *single, world.run);
+    ExpectEachMatrixOrthogonalizedOnce(problem, *single, world.run);
+    // The overlap itself: on every rank and step the first bucket's gather
+    // started before Step was called (during the "backward").
+    for (int r = 0; r < 4; ++r) {
+      for (size_t k = 0; k < world.run.stats[r].size(); ++k) {
+        double first_gather = 1e300;
+        for (const OpRecord& op : world.run.stats[r][k].ops) {
+          if (op.op == v1::OP_KIND_GATHER) {
+            first_gather = std::min(first_gather, op.start_s);
+          }
+        }
+        EXPECT_LT(first_gather, step_called[r][k])
+            << "rank " << r << " step " << k + 1;
+      }
+    }
+    const v1::Plan& plan = world.run.muons[0]->plan();
+    ASSERT_GT(plan.buckets_size(), 1);
+    EXPECT_THAT(plan.buckets(0).matrices(),
+                ::testing::Contains(plan.matrices_size() - 1));
+  }
+}
+
+// Debug mode: a gradient written after its parameter was marked ready is
+// reported by Step, naming the parameter (the step used the old values).
+TEST(OverlapBackwardTest, Step_GradientChangedAfterMarkReady_NamedInDebugMode) {
+  Parameter p;
+  p.name = "layers.0.weight";
+  p.local_shape = {6, 4};
+  p.data = ::muon::testing::RandomValues(24, 1);
+  p.grad = ::muon::testing::RandomValues(24, 2);
+  DistributedConfig config;
+  config.state.mesh = Mesh::OneDim(1);
+  config.state.param_placements = {ParamPlacement{{Placement::Replicate()}}};
+  config.execution.set_overlap_backward(true);
+  absl::StatusOr<std::unique_ptr<Muon>> muon =
+      Muon::Create(std::vector<Parameter*>{&p}, OverlapOptions(), config);
+  ASSERT_TRUE(muon.ok()) << muon.status();
+  ASSERT_TRUE((*muon)->MarkReady(0).ok());
+  EXPECT_THAT((*muon)->MarkReady(0),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("marked ready twice")));
+  p.grad[3] += 1.0f;
+  EXPECT_THAT((*muon)->Step(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("the gradient of parameter "
+                                 "\"layers.0.weight\" changed after "
+                                 "MarkReady")));
+  // The next step works as usual.
+  ASSERT_TRUE((*muon)->MarkReady(0).ok());
+  EXPECT_TRUE((*muon)->Step().ok());
+}
+
+TEST(OverlapBackwardTest, Create_WithCheckFiniteOrTransactional_Refused) {
+  Parameter p;
+  p.name = "w";
+  p.local_shape = {4, 4};
+  p.data.assign(16, 1.0f);
+  for (const bool transactional : {false, true}) {
+    MuonOptions o = OverlapOptions();
+    o.check_finite = !transactional;
+    o.transactional_step = transactional;
+    DistributedConfig config;
+    config.state.mesh = Mesh::OneDim(1);
+    config.state.param_placements = {ParamPlacement{{Placement::Replicate()}}};
+    config.execution.set_overlap_backward(true);
+    EXPECT_THAT(Muon::Create(std::vector<Parameter*>{&p}, o, config),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr(transactional ? "transactional_step"
+                                                 : "check_finite")));
+  }
+  absl::StatusOr<std::unique_ptr<Muon>> plain =
+      Muon::Create(std::vector<Parameter*>{&p});
+  ASSERT_TRUE(plain.ok());
+  EXPECT_THAT((*plain)->MarkReady(0),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("overlap_backward")));
+}
+
+}  // namespace
+}  // namespace muon

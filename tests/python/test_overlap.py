@@ -1,0 +1,57 @@
+"""overlap_backward from Python: the gradient hooks mark each parameter
+ready during backward and the step finishes the rest, with the same bits
+as the same training without overlap (one process here; 2 and 4 ranks in
+test_distributed.py); gradient accumulation marks only in the last
+micro-batch."""
+import pytest
+import torch
+
+import muonrt
+
+pytestmark = pytest.mark.usefixtures("lib")
+
+
+def train(overlap, steps=3, micro_batches=1, seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32, bias=False),
+                                torch.nn.Tanh(),
+                                torch.nn.Linear(32, 24, bias=False),
+                                torch.nn.Tanh(),
+                                torch.nn.Linear(24, 8, bias=False))
+    opt = muonrt.Muon(list(model.named_parameters()), lr=0.02,
+                      overlap_backward=overlap, bucket_size_bytes=256)
+    g = torch.Generator().manual_seed(seed + 1)
+    marked = []
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        for mb in range(micro_batches):
+            opt.accumulating = mb < micro_batches - 1
+            x = torch.randn(4, 16, generator=g)
+            model(x).square().mean().backward()
+            marked.append(len(opt._ready))
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()], marked
+
+
+@pytest.mark.parametrize("micro_batches", [1, 3])
+def test_overlap_backward_same_bits_and_hooks_mark_every_parameter(
+        micro_batches):
+    want, _ = train(False, micro_batches=micro_batches)
+    got, marked = train(True, micro_batches=micro_batches)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    # After the last micro-batch's backward every parameter was marked by
+    # its hook; during the earlier ones (accumulating) none was.
+    per_step = [marked[k:k + micro_batches]
+                for k in range(0, len(marked), micro_batches)]
+    for step in per_step:
+        assert step[-1] == 3, marked
+        assert all(m == 0 for m in step[:-1]), marked
+
+
+def test_mark_ready_without_overlap_is_refused():
+    w = torch.nn.Parameter(torch.randn(4, 4))
+    opt = muonrt.Muon([("w", w)])
+    w.grad = torch.randn(4, 4)
+    with pytest.raises(RuntimeError, match="overlap_backward"):
+        opt.mark_ready("w")
