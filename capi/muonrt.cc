@@ -359,36 +359,16 @@ absl::Status WriteText(const char* function, const std::string& text, char* buf,
   return absl::OkStatus();
 }
 
-absl::Status CreateOptimizer(muonrt_process_group* pg, int mesh_ndim,
-                             const char* const* mesh_names,
-                             const int* mesh_sizes, const muonrt_param* params,
-                             int num_params, const muonrt_options* options,
-                             muonrt_optimizer** out) {
+// The optimizer's DistributedConfig: from the process group and the mesh,
+// a world of one for an overlap_backward process without a group, else
+// none (the single-device path). Errors: InvalidArgument (the mesh
+// arguments, a placement), those of CreateMeshConfig.
+absl::StatusOr<std::optional<muon::DistributedConfig>> ConfigOf(
+    muonrt_process_group* pg, int mesh_ndim, const char* const* mesh_names,
+    const int* mesh_sizes, const muonrt_param* params,
+    const std::vector<muon::ParamView>& views, const muonrt_options& o) {
   constexpr char kFn[] = "muonrt_optimizer_create";
-  if (out == nullptr) return NullArgument(kFn, "out");
-  *out = nullptr;
-  if (num_params < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(kFn, ": num_params ", num_params, " is negative"));
-  }
-  if (num_params > 0 && params == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(kFn, ": params is NULL but num_params is ", num_params));
-  }
-  muonrt_options defaults;
-  muonrt_options_default(&defaults);
-  MUON_ASSIGN_OR_RETURN(
-      muon::MuonOptions muon_options,
-      ToMuonOptions(options != nullptr ? *options : defaults));
-  const muonrt_options& o = options != nullptr ? *options : defaults;
-
-  std::vector<muon::ParamView> views;
-  views.reserve(num_params);
-  for (int i = 0; i < num_params; ++i) {
-    MUON_ASSIGN_OR_RETURN(muon::ParamView v, ToView(params[i], i));
-    views.push_back(std::move(v));
-  }
-
+  const int num_params = static_cast<int>(views.size());
   std::optional<muon::DistributedConfig> config;
   if (pg != nullptr) {
     if (mesh_ndim < 1 || mesh_ndim > kMaxNdim) {
@@ -434,6 +414,42 @@ absl::Status CreateOptimizer(muonrt_process_group* pg, int mesh_ndim,
     one.execution = ToExecutionOptions(o);
     config = std::move(one);
   }
+  return config;
+}
+
+absl::Status CreateOptimizer(muonrt_process_group* pg, int mesh_ndim,
+                             const char* const* mesh_names,
+                             const int* mesh_sizes, const muonrt_param* params,
+                             int num_params, const muonrt_options* options,
+                             muonrt_optimizer** out) {
+  constexpr char kFn[] = "muonrt_optimizer_create";
+  if (out == nullptr) return NullArgument(kFn, "out");
+  *out = nullptr;
+  if (num_params < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kFn, ": num_params ", num_params, " is negative"));
+  }
+  if (num_params > 0 && params == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kFn, ": params is NULL but num_params is ", num_params));
+  }
+  muonrt_options defaults;
+  muonrt_options_default(&defaults);
+  MUON_ASSIGN_OR_RETURN(
+      muon::MuonOptions muon_options,
+      ToMuonOptions(options != nullptr ? *options : defaults));
+  const muonrt_options& o = options != nullptr ? *options : defaults;
+
+  std::vector<muon::ParamView> views;
+  views.reserve(num_params);
+  for (int i = 0; i < num_params; ++i) {
+    MUON_ASSIGN_OR_RETURN(muon::ParamView v, ToView(params[i], i));
+    views.push_back(std::move(v));
+  }
+
+  MUON_ASSIGN_OR_RETURN(
+      std::optional<muon::DistributedConfig> config,
+      ConfigOf(pg, mesh_ndim, mesh_names, mesh_sizes, params, views, o));
   MUON_ASSIGN_OR_RETURN(
       std::unique_ptr<muon::Muon> muon,
       muon::Muon::Create(std::move(views), muon_options, std::move(config)));

@@ -135,6 +135,32 @@ int NsStepsOf(const v1::RankManifest& m) {
   return m.has_ns_steps() ? m.ns_steps() : kDefaultNsSteps;
 }
 
+// The optimizer options rank r's manifest carries against rank 0's:
+// ns_steps (the cost model's k) and normuon.
+absl::Status CheckOptimizerAgrees(const v1::RankManifest& m0,
+                                  const v1::RankManifest& mr, int r) {
+  // The optimizer's Newton-Schulz iterations: the cost model's k.
+  const int k = NsStepsOf(mr);
+  if (k < 0 || k >= kMaxNsSteps) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", r, " reports ns_steps ", k, "; must be in [0, ",
+                     kMaxNsSteps, ")"));
+  }
+  if (k != NsStepsOf(m0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", r, " reports ns_steps ", k, " but rank 0 reports ",
+        NsStepsOf(m0), "; every rank must run the same optimizer"));
+  }
+  if (mr.normuon() != m0.normuon()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", r, " reports normuon=", mr.normuon() ? "true" : "false",
+        " but rank 0 reports normuon=", m0.normuon() ? "true" : "false",
+        "; every rank must run the same optimizer (NorMuon's row state "
+        "travels with the exchanges)"));
+  }
+  return absl::OkStatus();
+}
+
 // Checks that rank r's mesh, execution options and ns_steps agree with
 // rank 0's (the mesh of rank 0 is `mesh0`, already validated).
 absl::Status CheckRankAgreesWithRank0(const v1::RankManifest& m0,
@@ -199,26 +225,7 @@ absl::Status CheckRankAgreesWithRank0(const v1::RankManifest& m0,
         " but rank 0 reports ", m0.execution().replan_every_steps(),
         "; every rank must re-plan at the same steps"));
   }
-  // The optimizer's Newton-Schulz iterations: the cost model's k.
-  const int k = NsStepsOf(mr);
-  if (k < 0 || k >= kMaxNsSteps) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank ", r, " reports ns_steps ", k, "; must be in [0, ",
-                     kMaxNsSteps, ")"));
-  }
-  if (k != NsStepsOf(m0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", r, " reports ns_steps ", k, " but rank 0 reports ",
-        NsStepsOf(m0), "; every rank must run the same optimizer"));
-  }
-  if (mr.normuon() != m0.normuon()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", r, " reports normuon=", mr.normuon() ? "true" : "false",
-        " but rank 0 reports normuon=", m0.normuon() ? "true" : "false",
-        "; every rank must run the same optimizer (NorMuon's row state "
-        "travels with the exchanges)"));
-  }
-  return absl::OkStatus();
+  return CheckOptimizerAgrees(m0, mr, r);
 }
 
 absl::Status CheckRanksMeshAndOptions(

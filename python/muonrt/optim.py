@@ -351,7 +351,6 @@ class Muon(torch.optim.Optimizer):
             normuon_beta2=normuon_beta2,
             normuon_eps=normuon_eps,
             overlap_backward=overlap_backward)
-        self._normuon = bool(normuon)
         # torch.optim.Muon's argument checks (its messages; torch checks
         # ns_steps at the first step, the library now) and the runtime
         # options': the library's, raised as InvalidArgumentError
@@ -373,17 +372,7 @@ class Muon(torch.optim.Optimizer):
         self._row_splits = self._resolve_row_splits(row_splits, num_heads,
                                                     names)
         self._create(runtime)
-        self._qk_heads = 0
-        self._qk_layer_heads = []
-        if qk_clip:
-            self._set_qk_clip(qk_clip)
-        # overlap_backward: the step starts during backward (mark_ready).
-        self.accumulating = False
-        self._marking = False
-        self._ready = set()
-        self._hooks = []
-        if overlap_backward:
-            self._register_ready_hooks()
+        self._set_variants(normuon, qk_clip, overlap_backward)
         self._group_slots = []
         k = 0
         for group in self.param_groups:
@@ -924,6 +913,23 @@ class Muon(torch.optim.Optimizer):
         if numel.value:
             ctypes.memmove(out.data_ptr(), ptr, 4 * numel.value)
         return out.to(s.local.device)
+
+    def _set_variants(self, normuon, qk_clip, overlap_backward):
+        """The options set after the library's optimizer exists: NorMuon's
+        state keys, QK-clip's layers, and overlap_backward's state and
+        gradient hooks."""
+        self._normuon = bool(normuon)
+        self._qk_heads = 0
+        self._qk_layer_heads = []
+        if qk_clip:
+            self._set_qk_clip(qk_clip)
+        # overlap_backward: the step starts during backward (mark_ready).
+        self.accumulating = False
+        self._marking = False
+        self._ready = set()
+        self._hooks = []
+        if overlap_backward:
+            self._register_ready_hooks()
 
     def _register_ready_hooks(self):
         """overlap_backward: a hook on every plain (non-DTensor) parameter
