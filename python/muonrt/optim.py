@@ -812,19 +812,7 @@ class Muon(torch.optim.Optimizer):
                     f"pointer changed since the optimizer was created, e.g. "
                     f"`p.data = ...`): the optimizer writes the parameter in "
                     f"place; create it again over the new tensor")
-            if s.param.grad is None:
-                raise RuntimeError(
-                    f"muonrt.Muon: parameter {s.name!r} has no gradient "
-                    f"(grad is None). torch.optim.Muon skips such parameters, "
-                    f"but this step is one collective over every parameter "
-                    f"of every rank: give it a zero gradient, or leave it out "
-                    f"of the optimizer")
-            g = self._grad_local(s)
-            if g.dtype != s.grad_dtype:
-                raise RuntimeError(
-                    f"muonrt.Muon: the gradient of {s.name!r} is {g.dtype}, "
-                    f"it was {s.grad_dtype} when the optimizer was created")
-            grads.append(g)
+            grads.append(self._checked_grad(s))
         L = _lib.lib()
         if not self._marking:  # else pushed at the step's first mark_ready
             self._push_hyperparameters()
@@ -975,19 +963,28 @@ class Muon(torch.optim.Optimizer):
                         "muonrt_optimizer_set_hyperparameters")
                 self._pushed[gi] = hp
 
-    def _bind_grad(self, i):
-        """Checks parameter i's gradient as step() does and hands its
-        pointer to the library."""
-        s = self._slots[i]
+    def _checked_grad(self, s):
+        """Slot s's local gradient, checked: present, of the dtype it had
+        at construction (and _grad_local's checks)."""
         if s.param.grad is None:
             raise RuntimeError(
                 f"muonrt.Muon: parameter {s.name!r} has no gradient "
-                f"(grad is None)")
+                f"(grad is None). torch.optim.Muon skips such parameters, "
+                f"but this step is one collective over every parameter "
+                f"of every rank: give it a zero gradient, or leave it out "
+                f"of the optimizer")
         g = self._grad_local(s)
         if g.dtype != s.grad_dtype:
             raise RuntimeError(
                 f"muonrt.Muon: the gradient of {s.name!r} is {g.dtype}, "
                 f"it was {s.grad_dtype} when the optimizer was created")
+        return g
+
+    def _bind_grad(self, i):
+        """Checks parameter i's gradient as step() does and hands its
+        pointer to the library."""
+        s = self._slots[i]
+        g = self._checked_grad(s)
         ptr = g.data_ptr()
         if ptr != s.bound_grad:
             _lib.check(_lib.lib().muonrt_optimizer_set_grad(self._h, i, ptr),
