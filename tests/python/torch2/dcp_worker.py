@@ -55,6 +55,7 @@ def step(net, opt, k):
 
 def main():
     mode, layout, ckpt, out = sys.argv[1:5]
+    normuon = sys.argv[5:] == ["normuon"]  # NorMuon's row state too
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
@@ -72,7 +73,8 @@ def main():
         mesh = init_device_mesh("cpu", (world,), mesh_dim_names=(
             "tp" if layout == "tp" else "dp",))
     net = build(layout, mesh)
-    opt = muonrt.Muon(list(net.named_parameters()), lr=layout_worker.LR)
+    opt = muonrt.Muon(list(net.named_parameters()), lr=layout_worker.LR,
+                      normuon=normuon)
     if mode == "save":
         step(net, opt, 0)
         step(net, opt, 1)

@@ -18,9 +18,9 @@ from ranks import run_ranks  # noqa: E402
 import muonrt  # noqa: E402
 
 
-def run(world, mode, layout, ckpt, out):
+def run(world, mode, layout, ckpt, out, extra=()):
     results = run_ranks(world, [os.path.join(HERE, "dcp_worker.py"), mode,
-                                layout, str(ckpt), str(out)],
+                                layout, str(ckpt), str(out), *extra],
                         job_id=f"dcp-{mode}-{layout}-{world}")
     for rank, (rc, text) in enumerate(results):
         assert rc == 0, f"{mode} {layout} rank {rank} exit {rc}:\n{text}"
@@ -40,6 +40,27 @@ def test_dcp_fsdp2_on_4_ranks_resumes_bitwise_in_other_layout(saved, world,
                                                               tmp_path):
     run(world, "load", layout, saved / "ckpt", tmp_path)
     ref = torch.load(saved / "reference.pt")
+    got = torch.load(tmp_path / "resumed.pt")
+    for n in ref["params"]:
+        assert torch.equal(got["params"][n], ref["params"][n]), n
+        assert torch.equal(got["momentum"][n], ref["momentum"][n]), n
+
+
+@pytest.fixture(scope="module")
+def saved_normuon(tmp_path_factory):
+    d = tmp_path_factory.mktemp("dcp_normuon")
+    run(4, "save", "fsdp", d / "ckpt", d, ["normuon"])
+    return d
+
+
+@pytest.mark.parametrize("world, layout", [(2, "fsdp"), (4, "tp")])
+def test_dcp_normuon_row_state_resumes_bitwise_in_other_layout(
+        saved_normuon, world, layout, tmp_path):
+    """NorMuon's "variance_neuron" ([rows, 1] DTensors, a Shard of the
+    columns made Replicate()) goes through torch.distributed.checkpoint
+    with the momentum: the resumed step is the uninterrupted one's bits."""
+    run(world, "load", layout, saved_normuon / "ckpt", tmp_path, ["normuon"])
+    ref = torch.load(saved_normuon / "reference.pt")
     got = torch.load(tmp_path / "resumed.pt")
     for n in ref["params"]:
         assert torch.equal(got["params"][n], ref["params"][n]), n
