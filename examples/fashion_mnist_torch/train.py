@@ -75,6 +75,9 @@ def parse_args(argv=None):
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--momentum", type=float, default=0.95)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--overlap-backward", action="store_true",
+                   help="muonrt.Muon(overlap_backward=True): the step starts "
+                        "during backward (gradient hooks)")
     p.add_argument("--normuon", action="store_true",
                    help="NorMuon (arXiv 2510.05491): muonrt.Muon(normuon=True); "
                         "the torch.optim.Muon reference stays plain Muon")
@@ -381,7 +384,10 @@ def train_fsdp2(args, data, world, rank, dist, log=True):
             m.set_custom_reduce_scatter(comm)
     opt = muonrt.Muon(list(model.named_parameters()), lr=args.lr,
                       weight_decay=args.weight_decay, momentum=args.momentum,
-                      normuon=args.normuon)
+                      normuon=args.normuon,
+                      overlap_backward=args.overlap_backward,
+                      bucket_size_bytes=(1 << 20) if args.overlap_backward
+                      else 0)
     if log:
         for n, p in model.named_parameters():
             print(f"[rank {rank}] {n}: DTensor {tuple(p.shape)} "
@@ -400,10 +406,16 @@ def train_fsdp2(args, data, world, rank, dist, log=True):
             loss = F.cross_entropy(model(train_x[part]), train_y[part],
                                    reduction="sum") / batch
             loss.backward()
+            step = epoch * steps_per_epoch + s + 1
+            if args.overlap_backward and step == 1 and log:
+                # FSDP2 runs the post-accumulate-grad hooks after each
+                # layer's reduce-scatter: the optimizer started in backward.
+                print(f"[rank {rank}] overlap_backward: {len(opt._ready)} of "
+                      f"{len(list(model.parameters()))} parameters marked ready during "
+                      f"backward", flush=True)
             losses.append(float(rank_order_sum(loss.detach(), world, dist)))
             opt.step()
             opt.zero_grad(set_to_none=True)
-            step = epoch * steps_per_epoch + s + 1
             if log and (step == 1 or step % args.log_every == 0):
                 print(f"[rank {rank}] epoch {epoch + 1} step {s + 1}/"
                       f"{steps_per_epoch} loss {losses[-1]:.5f} "

@@ -920,15 +920,14 @@ class Muon(torch.optim.Optimizer):
             self._register_ready_hooks()
 
     def _register_ready_hooks(self):
-        """overlap_backward: a hook on every plain (non-DTensor) parameter
-        that marks it ready once backward has accumulated its gradient
-        (Tensor.register_post_accumulate_grad_hook, PyTorch 2.1+; the
-        AccumulateGrad node's post-hook on older PyTorch). DTensor
-        parameters (FSDP2) are marked by step() in this version."""
+        """overlap_backward: a hook on every parameter that marks it ready
+        once its gradient is final (Tensor.register_post_accumulate_grad_
+        hook, PyTorch 2.1+: after autograd's accumulation, and for FSDP2's
+        sharded DTensor parameters after the layer's reduce-scatter, where
+        FSDP2 calls these hooks; the AccumulateGrad node's post-hook on
+        older PyTorch)."""
         for i, s in enumerate(self._slots):
             p = s.param
-            if _is_dtensor(p):
-                continue
             if hasattr(p, "register_post_accumulate_grad_hook"):
                 h = p.register_post_accumulate_grad_hook(
                     lambda _p, i=i: self._on_grad_ready(i))

@@ -42,3 +42,28 @@ def test_main_job_fsdp2_four_ranks_bitwise_one_process():
     assert abs(float(summary["torch_muon_acc"]) -
                float(summary["single_acc"])) < 0.05
     assert "DTensor" in r.stdout and "Shard(dim=0)" in r.stdout
+
+
+def test_main_job_fsdp2_overlap_backward_bitwise_one_process():
+    """--overlap-backward: FSDP2 calls the post-accumulate-grad hooks of its
+    sharded DTensor parameters after each layer's reduce-scatter, so every
+    parameter is marked ready during backward and its bucket exchanged
+    then; the result stays bitwise the one-process run."""
+    data = next((d for d in DATA_DIRS if os.path.isdir(d)), None)
+    if data is None:
+        pytest.skip("no Fashion-MNIST data (dataset-fashion-mnist)")
+    r = subprocess.run([sys.executable, TRAIN, "--epochs", "1",
+                        "--train-limit", "4000", "--nproc", "4",
+                        "--launcher", "spawn", "--data-dir", data,
+                        "--skip-torch-muon", "--overlap-backward"],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    assert "overlap_backward: 3 of 3 parameters marked ready during " \
+           "backward" in r.stdout, r.stdout[-4000:]
+    line = [l for l in r.stdout.splitlines()
+            if l.startswith("fashion-mnist: distributed_acc=")]
+    assert line, r.stdout
+    summary = dict(re.findall(r"(\w+)=(\S+)", line[-1]))
+    assert summary["layout"] == "fsdp2"
+    assert float(summary["max_abs_param_diff"]) == 0.0
+    assert summary["distributed_acc"] == summary["single_acc"]
