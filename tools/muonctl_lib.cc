@@ -657,7 +657,12 @@ int CmdTrace(const TraceFlags& f, std::ostream& out, std::ostream& err) {
     }
   }
   const std::string json =
-      Json{{"displayTimeUnit", "ms"}, {"traceEvents", std::move(events)}}
+      Json{{"displayTimeUnit", "ms"},
+           {"traceEvents", std::move(events)},
+           // ts 0 as seconds since the Unix epoch, to line the trace up
+           // with a trainer's own clock (Chrome's trace format keeps
+           // otherData as metadata).
+           {"otherData", Json{{"t0_unix_s", Number(t0)}}}}
           .dump() +
       "\n";
   if (path == "-") {

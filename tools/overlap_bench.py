@@ -8,10 +8,13 @@ bias-free linear layers, one rank per process under muonrun.
 
 Every rank holds the whole model and the same data (the DDP layout, placements
 Replicate(): replicas agree, each matrix orthogonalized once in the world)
-and runs, interleaved per iteration, (a) backward then step, timing each,
-and (b) the same with overlap_backward=True, where the gradient hooks mark
-parameters ready during backward and buckets (last layer first) are
-exchanged and orthogonalized while backward goes on. Rank 0 prints the
+and runs one optimizer (overlap_backward=True, the async schedule: comm and
+compute threads, one bucket gathered ahead), alternating per iteration
+(a) backward then step (the hooks held back with `accumulating`), timing
+each, and (b) the step started during backward: the gradient hooks mark
+parameters ready and buckets (last layer first) are exchanged and
+orthogonalized while backward goes on. (Results are bitwise the same
+either way: tests/python/test_overlap.py.) Rank 0 prints the
 medians: backward alone, step alone, their sum, and backward + step with
 overlap, with the core type and library versions; with --trace FILE it
 also writes `muonctl trace` of the last steps next to the overlap run's
@@ -46,29 +49,67 @@ def model_of(layers, width, seed):
 
 
 def optimizer(model, pg, overlap, bucket_bytes):
+    """muonrt.Muon over `model` on the DDP layout of `pg`."""
     names = [n for n, _ in model.named_parameters()]
     return muonrt.Muon(list(model.named_parameters()), lr=0.01,
                        process_group=pg,
                        mesh=muonrt.Mesh(["dp"], [pg.world_size]),
                        placements={n: ["Replicate()"] for n in names},
                        overlap_backward=overlap,
-                       bucket_size_bytes=bucket_bytes)
+                       bucket_size_bytes=bucket_bytes,
+                       async_gpu_parallelism=True, prefetch_count=1)
 
 
-def iteration(model, opt, x, pg):
+def iteration(model, opt, x, pg, overlap):
     """One backward + step; returns (backward s, step s, total s, backward
-    start and end in seconds since the epoch)."""
+    start and end in seconds since the epoch). Without `overlap` the
+    gradient hooks do not mark (`accumulating`): step() marks every
+    parameter after backward, the plain backward-then-step."""
     opt.zero_grad(set_to_none=True)
     loss = model(x).square().mean()
+    opt.accumulating = not overlap
     pg.barrier()  # every rank starts backward together
     t0 = time.perf_counter()
     w0 = time.time()
     loss.backward()
     t1 = time.perf_counter()
     w1 = time.time()
+    opt.accumulating = False
     opt.step()
     t2 = time.perf_counter()
     return t1 - t0, t2 - t1, t2 - t0, w0, w1
+
+
+def report_trace(path, last):
+    """Prints, for rank 0's last step in the trace (the overlap run's last
+    iteration), when its gathers and Newton-Schulz ran relative to that
+    iteration's backward (ms after backward start; backward's end)."""
+    import json
+    with open(path) as f:
+        trace = json.load(f)
+    t0 = trace.get("otherData", {}).get("t0_unix_s")
+    ops = [e for e in trace["traceEvents"]
+           if e.get("ph") == "X" and e.get("pid") == 0 and
+           e.get("cat") == "muon"]
+    if t0 is None or not ops:
+        print("overlap_bench: the trace has no ops or no time origin")
+        return
+    last_step = max(e["args"]["step"] for e in ops)
+    begin = last[3]
+    rows = []
+    for e in ops:
+        if e["args"]["step"] != last_step:
+            continue
+        start = t0 + e["ts"] / 1e6
+        rows.append((start - begin, e["name"], e["args"]["bucket"]))
+    # Both optimizers report to the job's coordinator: keep the operations
+    # of this iteration (from backward's start to the step's end).
+    rows = sorted(r for r in rows if 0 <= r[0] <= last[2])
+    inside = [r for r in rows if r[0] < last[4] - begin]
+    print(f"overlap_bench: rank 0 step {last_step}: backward ends at "
+          f"+{1e3 * (last[4] - begin):.1f} ms; {len(inside)} of {len(rows)} "
+          f"operations started inside it: " +
+          ", ".join(f"{n}[{b}] +{1e3 * t:.1f}" for t, n, b in inside[:12]))
 
 
 def main():
@@ -85,19 +126,17 @@ def main():
     pg = muonrt.init_process_group(timeout=300)
     x = torch.randn(args.tokens, args.width,
                     generator=torch.Generator().manual_seed(7))
-    plain_model = model_of(args.layers, args.width, 1)
-    over_model = model_of(args.layers, args.width, 1)
-    plain = optimizer(plain_model, pg, False, args.bucket_bytes)
-    over = optimizer(over_model, pg, True, args.bucket_bytes)
+    # One optimizer (one job, one plan) for both modes, alternating.
+    model = model_of(args.layers, args.width, 1)
+    opt = optimizer(model, pg, True, args.bucket_bytes)
     rows = {"plain": [], "overlap": []}
     for it in range(args.warmup + args.iters):
-        a = iteration(plain_model, plain, x, pg)
-        b = iteration(over_model, over, x, pg)
+        a = iteration(model, opt, x, pg, False)
+        b = iteration(model, opt, x, pg, True)
         if it >= args.warmup:
             rows["plain"].append(a)
             rows["overlap"].append(b)
-    same = all(torch.equal(p, q) for p, q in zip(plain_model.parameters(),
-                                                 over_model.parameters()))
+    plain_model = model
     med = {k: [statistics.median(r[i] for r in v) for i in range(3)]
            for k, v in rows.items()}
     if pg.rank == 0:
@@ -115,8 +154,7 @@ def main():
         print(f"overlap_bench: backward alone {pb:.1f} ms, step alone "
               f"{ps:.1f} ms, sum {pb + ps:.1f} ms (measured {pt:.1f} ms); "
               f"with overlap backward {ob:.1f} ms, backward start to step "
-              f"end {ot:.1f} ms = {ot / pt:.3f} x the sum; same weights: "
-              f"{same}")
+              f"end {ot:.1f} ms = {ot / pt:.3f} x the sum")
         last = rows["overlap"][-1]
         print(f"overlap_bench: last overlap iteration: backward "
               f"{last[3]:.6f} -> {last[4]:.6f} (epoch s), step end "
@@ -124,13 +162,18 @@ def main():
     pg.barrier()
     if args.trace and pg.rank == 0:
         port = int(os.environ["MASTER_PORT"]) + 1
-        muonctl = os.path.join(HERE, "..", "bazel-bin", "tools", "muonctl")
+        muonctl = os.path.join(HERE, "..", "python", "muonrt", "bin",
+                               "muonctl")
+        if not os.path.exists(muonctl):
+            muonctl = os.path.join(HERE, "..", "bazel-bin", "tools", "muonctl")
         r = subprocess.run([muonctl, "trace", "--coordinator",
                             f"127.0.0.1:{port}", "--out", args.trace,
                             "--last_steps", "2"],
                            capture_output=True, text=True, timeout=60)
         print(f"overlap_bench: muonctl trace -> {args.trace} (exit "
               f"{r.returncode}) {r.stderr.strip()[:200]}")
+        if r.returncode == 0:
+            report_trace(args.trace, rows["overlap"][-1])
     pg.barrier()
     muonrt.destroy_process_group()
 

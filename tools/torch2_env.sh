@@ -58,6 +58,7 @@ copy_in() {
   cp -a tests/python "$dst/tests/python"
   mkdir -p "$dst/examples" "$dst/data"
   cp -a examples/fashion_mnist_torch "$dst/examples/"
+  cp -a tools/overlap_bench.py "$dst/tools/"
   if [[ -d /usr/share/datasets/fashion-mnist ]]; then
     cp -a /usr/share/datasets/fashion-mnist "$dst/data/"
   fi
