@@ -426,7 +426,23 @@ absl::StatusOr<v1::JoinResponse> CoordinatorService::JoinLocked(
                        world_size_, " ranks"));
     }
     // An idempotent retry of a rank that is already part of the plan (or
-    // a new optimizer of a rank that left): it is back.
+    // a new optimizer of a rank that left): it is back, with the same
+    // layout and options (the plan was made for them).
+    const RankInfo& first = it->second;
+    const std::string before = first.compact
+                                   ? first.compact_manifest.layout_hash()
+                                   : ManifestLayoutHash(first.manifest);
+    const std::string again = compact ? request.compact().layout_hash()
+                                      : ManifestLayoutHash(request.manifest());
+    if (before != again) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", rank, " joined job \"", options_.job_id,
+          "\" again after it was planned, with another manifest (its "
+          "parameters, placements or optimizer and execution options differ "
+          "from its first join): the job's plan is not for it; a second "
+          "optimizer with other settings needs a job of its own (another "
+          "job id or process group)"));
+    }
     it->second.last_seen = now;
     if (it->second.finished) --finished_count_;
     it->second.finished = false;

@@ -343,6 +343,25 @@ TEST_F(CoordinatorServiceTest, Join_AfterPlanned_SameIncarnationGetsPlan) {
   EXPECT_EQ(again->plan().hash(), results[3]->plan().hash());
 }
 
+// A second optimizer of a rank with other settings (here the step started
+// during backward, which orders buckets otherwise) cannot take the plan
+// made for the first: refused, naming the rank; the same manifest still
+// gets the plan.
+TEST_F(CoordinatorServiceTest,
+       Join_AfterPlannedWithOtherManifest_FailedPreconditionNamingRank) {
+  CoordinatorService service(DefaultOptions());
+  std::vector<v1::RankManifest> m = Manifests(FourRankSpec());
+  auto results = JoinAll(service, m);
+  ASSERT_THAT(results[3], IsOk());
+  v1::RankManifest other = m[3];
+  other.mutable_execution()->set_overlap_backward(true);
+  EXPECT_THAT(service.Join(JoinRequestFor(other)),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("rank 3 joined job \"job\" again after it "
+                                 "was planned, with another manifest")));
+  EXPECT_THAT(service.Join(JoinRequestFor(m[3])), IsOk());
+}
+
 TEST_F(CoordinatorServiceTest, Shutdown_WakesBlockedJoin_WithUnavailable) {
   CoordinatorService service(DefaultOptions());
   absl::StatusOr<v1::JoinResponse> result = absl::UnknownError("not run");
