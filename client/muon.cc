@@ -645,7 +645,11 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
         v1::RankManifest m,
         ManifestOfRank(r, muon->params_, state, execution, requested));
     m.set_ns_steps(options.ns_steps);
-    if (options.normuon) m.set_normuon(true);
+    if (options.normuon) {
+      m.set_normuon(true);
+      m.set_normuon_beta2(options.normuon_beta2);
+      m.set_normuon_eps(options.normuon_eps);
+    }
     return m;
   };
   MUON_RETURN_IF_ERROR(
@@ -717,6 +721,13 @@ absl::Status Muon::SetParamHyperparameters(int index, double lr,
     return absl::InvalidArgumentError(
         absl::StrCat("weight decay should be >= 0 but is: ", weight_decay,
                      " (parameter \"", params_[index].name, "\")"));
+  }
+  if (overlap_begun_) {
+    // The executor's threads read the rule for buckets already running.
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank_, ": parameter \"", params_[index].name,
+                     "\": hyperparameters cannot change during a step begun by "
+                     "MarkReady; set them before the first MarkReady"));
   }
   rule_.SetParamHyperparameters(index, static_cast<int>(params_.size()), lr,
                                 weight_decay);

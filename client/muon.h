@@ -326,8 +326,9 @@ class Muon {
   // every layout as on one device.
   // Errors (every rank, before anything is scaled): FailedPrecondition
   // (qk_clip has no layers; a world without a host control group);
-  // InvalidArgument naming the rank that passed the wrong number of
-  // values or a NaN (its own message on that rank); the communicator's.
+  // InvalidArgument naming a rank whose layers differ from rank 0's, or
+  // that passed the wrong number of values, a NaN or +inf (its own message
+  // on that rank); the communicator's.
   absl::Status ClipQk(const std::vector<float>& max_logits,
                       QkClipStats* stats = nullptr);
 
@@ -493,6 +494,10 @@ class Muon {
   // maxima into *reduced. Errors: as ClipQk's.
   absl::Status ReduceQkClipMaxima(const std::vector<float>& max_logits,
                                   std::vector<float>* reduced);
+  // ClipQk's first all-gather: every rank's layer and head counts, which
+  // must be rank 0's. Errors: InvalidArgument naming the rank;
+  // FailedPrecondition (no host control group); the communicator's.
+  absl::Status AgreeOnQkClipLayers();
   // overlap_backward: the options it cannot run with (InvalidArgument
   // naming them); the step's start at the first MarkReady; one parameter's
   // momentum (and, in debug mode, its gradient's fingerprint); Step's end

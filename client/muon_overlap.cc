@@ -52,10 +52,6 @@ absl::Status Muon::CheckOverlapSupport(const MuonOptions& o,
 
 absl::Status Muon::BeginOverlappedStep() {
   MUON_RETURN_IF_ERROR(MaybeReplan());
-  // Bound Parameters: their pointers as Preflight re-reads them.
-  for (size_t i = 0; i < bound_.size(); ++i) {
-    params_[i].data = bound_[i]->data.data();
-  }
   param_ready_.assign(params_.size(), 0);
   grad_fingerprints_.assign(params_.size(), 0);
   enqueued_ready_ = 0;
@@ -67,11 +63,20 @@ absl::Status Muon::BeginOverlappedStep() {
 
 absl::Status Muon::ReadyOne(int index) {
   ParamView& p = params_[index];
+  const int64_t n = buffers_[index].size();
   if (index < static_cast<int>(bound_.size())) {
+    // Bound Parameters: Preflight's size checks, for this one.
     Parameter& b = *bound_[index];
+    if (static_cast<int64_t>(b.data.size()) != n ||
+        (!b.grad.empty() && static_cast<int64_t>(b.grad.size()) != n)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("rank ", rank_, ": parameter \"", p.name, "\" holds ",
+                       b.data.size(), " values and a gradient of ",
+                       b.grad.size(), " but its local shape needs ", n));
+    }
+    p.data = b.data.data();
     p.grad = b.grad.empty() ? nullptr : b.grad.data();
   }
-  const int64_t n = buffers_[index].size();
   if (p.grad == nullptr && n > 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("rank ", rank_, ": parameter \"", p.name,
@@ -137,13 +142,19 @@ absl::Status Muon::FinishOverlappedStep() {
       }
     }
   }
+  // The buckets already running must end on every rank (their
+  // collectives), whatever failed here.
   absl::Status finished = executor_->Finish(&stats_);
   overlap_begun_ = false;
-  if (status.ok()) status = finished;
   if (!status.ok()) {
-    if (agent_ != nullptr && !finished.ok())
-      status = agent_->OnStepFailed(status);
+    // This rank's own error after its peers may have finished the step:
+    // reported so that the job fails on every rank (restart from a
+    // checkpoint), as a failed step does without transactional_step.
+    if (agent_ != nullptr) status = agent_->OnOwnFailure(status);
     return status;
+  }
+  if (!finished.ok()) {
+    return agent_ != nullptr ? agent_->OnStepFailed(finished) : finished;
   }
   stats_.step_time_s = absl::ToDoubleSeconds(absl::Now() - overlap_start_);
   ++step_;

@@ -83,9 +83,12 @@ absl::Status Muon::ReduceQkClipMaxima(const std::vector<float>& max_logits,
                         " qk_clip layers have ", n, " query heads");
   } else {
     for (int64_t h = 0; h < n && mine.empty(); ++h) {
-      if (std::isnan(max_logits[h])) {
-        mine = absl::StrCat("rank ", rank_, ": ClipQk maximum ", h,
-                            " (a query head, layers in order) is NaN");
+      if (std::isnan(max_logits[h]) || max_logits[h] == INFINITY) {
+        mine =
+            absl::StrCat("rank ", rank_, ": ClipQk maximum ", h,
+                         " (a query head, layers in order) is ", max_logits[h],
+                         " (NaN and +inf are refused: a +inf logit "
+                         "would scale the head's rows to zero)");
       }
     }
   }
@@ -137,9 +140,38 @@ void Muon::ScaleLocalRows(int index, int64_t begin, int64_t end,
                   factor);
 }
 
+absl::Status Muon::AgreeOnQkClipLayers() {
+  if (world_size_ == 1) return absl::OkStatus();
+  Communicator* control = rank_flags_->control();
+  if (control == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank_,
+                     ": ClipQk reduces over a host-memory control group "
+                     "and this job has none (DistributedState::"
+                     "control_communicator)"));
+  }
+  const QkClipOptions& o = options_.qk_clip;
+  const float mine[2] = {static_cast<float>(o.layers.size()),
+                         static_cast<float>(o.total_heads())};
+  std::vector<float> all(2 * world_size_);
+  MUON_RETURN_IF_ERROR(control->AllGatherV(
+      mine, 2, all.data(), std::vector<int64_t>(world_size_, 2)));
+  for (int r = 1; r < world_size_; ++r) {
+    if (all[2 * r] == all[0] && all[2 * r + 1] == all[1]) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank_, ": rank ", r, " has ", all[2 * r],
+        " qk_clip layers of ", all[2 * r + 1], " query heads but rank 0 has ",
+        all[0], " of ", all[1], "; every rank must clip the same layers"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Muon::ClipQk(const std::vector<float>& max_logits,
                           QkClipStats* stats) {
   const QkClipOptions& o = options_.qk_clip;
+  // Every rank with the same layers first (a tiny all-gather), so that a
+  // rank configured otherwise fails every rank instead of a collective.
+  MUON_RETURN_IF_ERROR(AgreeOnQkClipLayers());
   if (!o.enabled()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "rank ", rank_, ": ClipQk: MuonOptions::qk_clip has no layers"));

@@ -158,6 +158,14 @@ absl::Status CheckOptimizerAgrees(const v1::RankManifest& m0,
         "; every rank must run the same optimizer (NorMuon's row state "
         "travels with the exchanges)"));
   }
+  if (mr.normuon_beta2() != m0.normuon_beta2() ||
+      mr.normuon_eps() != m0.normuon_eps()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", r, " reports normuon_beta2=", mr.normuon_beta2(),
+        " normuon_eps=", mr.normuon_eps(), " but rank 0 reports normuon_beta2=",
+        m0.normuon_beta2(), " normuon_eps=", m0.normuon_eps(),
+        "; every rank must run the same optimizer"));
+  }
   return absl::OkStatus();
 }
 

@@ -803,32 +803,74 @@ class Muon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if self._marking:
+            return self._finish_overlapped_step(loss)
         h = self._h
-        grads = []
-        for s in self._slots:
-            if _local(s.param).data_ptr() != s.data_ptr:
-                raise RuntimeError(
-                    f"muonrt.Muon: parameter {s.name!r} moved (its data "
-                    f"pointer changed since the optimizer was created, e.g. "
-                    f"`p.data = ...`): the optimizer writes the parameter in "
-                    f"place; create it again over the new tensor")
-            grads.append(self._checked_grad(s))
+        grads = [self._checked_slot_grad(s) for s in self._slots]
         L = _lib.lib()
-        if not self._marking:  # else pushed at the step's first mark_ready
-            self._push_hyperparameters()
+        self._push_hyperparameters()
         for i, (s, g) in enumerate(zip(self._slots, grads)):
-            if i in self._ready:
-                continue  # bound by mark_ready
             ptr = g.data_ptr()
             if ptr != s.bound_grad:
                 _lib.check(L.muonrt_optimizer_set_grad(h, i, ptr),
                            "muonrt_optimizer_set_grad")
                 s.bound_grad = ptr
             s.grad_ref = g  # keeps the memory the library reads alive
-        self._marking = False
-        self._ready = set()
         _lib.check(L.muonrt_optimizer_step(h, self._step_stream()),
                    "muonrt_optimizer_step")
+        return loss
+
+    def _checked_slot_grad(self, s):
+        """step()'s checks of slot s: its storage did not move, and its
+        gradient (_checked_grad)."""
+        if _local(s.param).data_ptr() != s.data_ptr:
+            raise RuntimeError(
+                f"muonrt.Muon: parameter {s.name!r} moved (its data "
+                f"pointer changed since the optimizer was created, e.g. "
+                f"`p.data = ...`): the optimizer writes the parameter in "
+                f"place; create it again over the new tensor")
+        return self._checked_grad(s)
+
+    def _finish_overlapped_step(self, loss):
+        """step() after mark_ready began the step: marks the rest and
+        finishes it in the library even when a check here fails (the
+        buckets already running are collectives every rank must end; the
+        library then fails the step, naming what is missing), and refuses
+        an lr or weight decay changed since the first mark (buckets may
+        already be applied with the old values)."""
+        h = self._h
+        L = _lib.lib()
+        try:
+            error = None
+            for i, s in enumerate(self._slots):
+                if i in self._ready:
+                    continue
+                try:
+                    self._bind_grad(i)
+                except Exception as e:  # noqa: BLE001 (re-raised below)
+                    # No stale pointer may stay bound: the library then
+                    # fails the step for this parameter ("no gradient").
+                    _lib.lib().muonrt_optimizer_set_grad(h, i, None)
+                    s.bound_grad = None
+                    error = error or e
+            try:
+                for gi, group in enumerate(self.param_groups):
+                    hp = (float(group["lr"]), float(group["weight_decay"]))
+                    if hp != self._pushed[gi]:
+                        raise RuntimeError(
+                            f"muonrt.Muon: param group {gi}'s lr or "
+                            f"weight_decay changed to {hp} after "
+                            f"mark_ready began the step with "
+                            f"{self._pushed[gi]}: set them before backward")
+            except Exception as e:  # noqa: BLE001 (re-raised below)
+                error = error or e
+            status = L.muonrt_optimizer_step(h, self._step_stream())
+            if error is not None:
+                raise error
+            _lib.check(status, "muonrt_optimizer_step")
+        finally:
+            self._marking = False
+            self._ready = set()
         return loss
 
     def _step_stream(self):
@@ -916,18 +958,25 @@ class Muon(torch.optim.Optimizer):
         self._marking = False
         self._ready = set()
         self._hooks = []
+        self._overlap = bool(overlap_backward)
         if overlap_backward:
             self._register_ready_hooks()
 
     def _register_ready_hooks(self):
-        """overlap_backward: a hook on every parameter that marks it ready
-        once its gradient is final (Tensor.register_post_accumulate_grad_
-        hook, PyTorch 2.1+: after autograd's accumulation, and for FSDP2's
-        sharded DTensor parameters after the layer's reduce-scatter, where
-        FSDP2 calls these hooks; the AccumulateGrad node's post-hook on
-        older PyTorch)."""
+        """overlap_backward: a hook that marks a parameter ready once its
+        gradient is final (Tensor.register_post_accumulate_grad_hook,
+        PyTorch 2.1+; the AccumulateGrad node's post-hook on older
+        PyTorch): on FSDP2's sharded DTensor parameters, whose hooks FSDP2
+        runs after the layer's reduce-scatter, and on every parameter of a
+        single process. Plain tensors of several ranks get none: their
+        final gradient comes after what the trainer does with autograd's
+        (torch DDP averages it later in backward, a hand-made FSDP cuts
+        it): call mark_ready when it is final."""
+        single = self.world_size == 1
         for i, s in enumerate(self._slots):
             p = s.param
+            if not single and not _is_dtensor(p):
+                continue
             if hasattr(p, "register_post_accumulate_grad_hook"):
                 h = p.register_post_accumulate_grad_hook(
                     lambda _p, i=i: self._on_grad_ready(i))
@@ -1103,11 +1152,17 @@ class Muon(torch.optim.Optimizer):
             if s.sub_mesh:
                 p["sub_mesh"] = {k: int(v) for k, v in (
                     kv.split("=") for kv in s.sub_mesh.split(","))}
+            if self._row_splits.get(s.name):
+                p["row_splits"] = list(self._row_splits[s.name])
             params.append(p)
         spec = {"job_id": str(job_id),
                 "mesh": {"dims": [{"name": n, "size": int(z)} for n, z in
                                   zip(self._mesh.names, self._mesh.sizes)]},
                 "params": params}
+        if self._normuon:
+            spec["optimizer"] = {"normuon": True}
+        if self._overlap:
+            spec["execution"] = {"overlap_backward": True}
         write_spec(spec, path)
         return spec
 
@@ -1150,20 +1205,28 @@ class Muon(torch.optim.Optimizer):
     def _variance_state(self, i):
         """Parameter i's NorMuon row state: a copy of the local rows
         ([..., local rows, 1]), or, for a DTensor parameter, a DTensor of
-        global shape [..., rows, 1] whose placements are the parameter's
-        with a Shard of the last dim replaced by Replicate() (a rank keeps
-        every row it holds part of)."""
+        global shape [..., rows, 1] with the parameter's placements. A
+        Shard of the last dim then chunks a dim of size 1: the rank at
+        coordinate 0 on that mesh dim holds the rows' state (it holds
+        columns, so its copy is current) and the others an empty [..., 0]
+        part, so torch.distributed.checkpoint saves each row once."""
         buf = self.variance_neuron(i)
         p = self._slots[i].param
         DTensor = _dtensor_class()
         if not _is_dtensor(p) or DTensor is None or not isinstance(p, DTensor):
             return buf
+        coord = p.device_mesh.get_coordinate()
+        last = p.dim() - 1
+        for d, pl in enumerate(p.placements):
+            dim = getattr(pl, "dim", None)
+            if pl.is_shard() and dim in (last, -1) and coord[d] != 0:
+                buf = buf[..., :0]
         shape = tuple(p.shape[:-1]) + (1,)
         stride = torch.empty(shape, device="meta").stride()
         return DTensor.from_local(
-            buf, device_mesh=p.device_mesh,
-            placements=_row_state_placements(p.placements, p.dim()),
-            run_check=False, shape=shape, stride=stride)
+            buf.contiguous(), device_mesh=p.device_mesh,
+            placements=tuple(p.placements), run_check=False, shape=shape,
+            stride=stride)
 
     def state_dict(self):
         """This rank's state in torch's structure:
@@ -1321,6 +1384,8 @@ class Muon(torch.optim.Optimizer):
         shape = tuple(s.global_shape)
         placements = tuple(p.placements) if _is_dtensor(p) else None
         if key == "variance_neuron":
+            # Every rank holding part of a row needs its state: a Shard of
+            # the last dim is gathered (Replicate) before the local part.
             shape = shape[:-1] + (1,)
             if placements is not None:
                 placements = _row_state_placements(placements, len(shape))

@@ -43,6 +43,11 @@ def attention_max_logits(q, k, scale=None, is_causal=False, attn_mask=None,
         s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
         qf, kf = q.float(), k.float()
         length, keys = q.shape[-2], k.shape[-2]
+        if attn_mask is not None:
+            # A mask broadcast over batch, heads or queries ([S], [B,1,1,S]):
+            # to the logits' shape, so that each chunk of queries slices it.
+            attn_mask = torch.broadcast_to(
+                attn_mask, tuple(q.shape[:-1]) + (keys,))
         out = torch.full((heads,), -math.inf, device=q.device)
         for start in range(0, length, chunk):
             end = min(length, start + chunk)

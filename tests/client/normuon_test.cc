@@ -350,6 +350,24 @@ TEST(NorMuonTest, Create_WithBf16ExchangeOrCustomExchange_RefusedOnEveryRank) {
   }
 }
 
+// Rank 1 with another beta2: refused the same way (the owner's would
+// decide every holder's state).
+TEST(NorMuonTest, Create_RanksDisagreeOnBeta2_EveryRankNamesTheRank) {
+  const std::vector<absl::Status> st = CreateOnFourRanks(
+      [](int rank) {
+        MuonOptions o = TestOptions();
+        o.normuon = true;
+        if (rank == 1) o.normuon_beta2 = 0.9;
+        return o;
+      },
+      nullptr);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_THAT(st[r], StatusIs(absl::StatusCode::kInvalidArgument,
+                                HasSubstr("rank 1 reports normuon_beta2=0.9")))
+        << "rank " << r;
+  }
+}
+
 // Rank 2 without NorMuon: the plan fails on every rank, naming rank 2.
 TEST(NorMuonTest, Create_RanksDisagreeOnNorMuon_EveryRankNamesTheRank) {
   const std::vector<absl::Status> st = CreateOnFourRanks(

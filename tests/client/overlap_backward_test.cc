@@ -151,6 +151,10 @@ TEST(OverlapBackwardTest, Step_GradientChangedAfterMarkReady_NamedInDebugMode) {
   EXPECT_THAT((*muon)->MarkReady(0),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("marked ready twice")));
+  // The executor's threads read the rule during the step.
+  EXPECT_THAT((*muon)->SetParamHyperparameters(0, 0.5, 0.0),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("before the first MarkReady")));
   p.grad[3] += 1.0f;
   EXPECT_THAT((*muon)->Step(),
               StatusIs(absl::StatusCode::kFailedPrecondition,

@@ -441,6 +441,33 @@ TEST(QkClipTest, ClipQk_OneRankWrongCount_EveryRankNamesItNothingScaled) {
   }
 }
 
+// Rank 3 configured without the fused layer: ClipQk's first all-gather
+// finds it, and every rank fails naming rank 3 (no collective mismatch).
+TEST(QkClipTest, ClipQk_RankWithOtherLayers_EveryRankNamesIt) {
+  const Problem problem = MakeProblem(
+      {{"wq", {16, kHidden}}, {"wk", {8, kHidden}}, {"wqkv", {24, kHidden}}},
+      1);
+  const ProblemLayout layout = OneDimLayout(4, Placement::Shard(0), 3);
+  World world(4);
+  ASSERT_TRUE(world.Connect());
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(world.MakeShards(r, problem, layout).ok());
+  }
+  const std::vector<absl::Status> st = RunOnRanks(4, [&](int rank) {
+    MuonOptions o;
+    o.qk_clip = Layers(100.0);
+    if (rank == 3) o.qk_clip.layers.resize(1);
+    MUON_RETURN_IF_ERROR(world.CreateMuon(rank, MeshConfig(layout), o));
+    return world.run.muons[rank]->ClipQk(
+        std::vector<float>(rank == 3 ? 4 : 6, 50.0f));
+  });
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_THAT(st[r], StatusIs(absl::StatusCode::kInvalidArgument,
+                                HasSubstr("rank 3 has 1 qk_clip layers")))
+        << "rank " << r;
+  }
+}
+
 TEST(QkClipTest, Create_BadLayers_InvalidArgumentNamingTheField) {
   Parameter wq = Whole("wq", 16, std::vector<float>(16 * kHidden, 1.0f));
   Parameter wk = Whole("wk", 8, std::vector<float>(8 * kHidden, 1.0f));

@@ -55,3 +55,33 @@ def test_mark_ready_without_overlap_is_refused():
     w.grad = torch.randn(4, 4)
     with pytest.raises(RuntimeError, match="overlap_backward"):
         opt.mark_ready("w")
+
+
+def test_overlapped_step_refuses_lr_changed_after_marks_and_missing_grads():
+    """After the hooks began the step: an lr changed before step() is
+    refused (buckets may already be applied with the old one), and a
+    parameter without a gradient fails the step without a stale pointer;
+    the optimizer steps normally afterwards."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8, bias=False),
+                                torch.nn.Linear(8, 4, bias=False))
+    opt = muonrt.Muon(list(model.named_parameters()), lr=0.02,
+                      overlap_backward=True, bucket_size_bytes=64)
+    x = torch.randn(4, 8)
+    model(x).sum().backward()
+    opt.param_groups[0]["lr"] = 0.01
+    with pytest.raises(RuntimeError, match="changed to .* after mark_ready"):
+        opt.step()
+    opt.zero_grad(set_to_none=True)
+    model(x).sum().backward()
+    opt.step()  # the new lr, pushed at this step's first mark
+    assert opt.step_count == 2
+    # Only the last layer's gradient: the first's is missing.
+    opt.zero_grad(set_to_none=True)
+    model[1].weight.grad = torch.randn(4, 8)
+    opt.mark_ready(1)
+    with pytest.raises(RuntimeError, match="no gradient"):
+        opt.step()
+    opt.zero_grad(set_to_none=True)
+    model(x).sum().backward()
+    opt.step()

@@ -43,6 +43,10 @@ def test_attention_max_logits_matches_logits_by_hand(causal):
     got = muonrt.attention_max_logits(q, k, scale=0.5, attn_mask=mask)
     want = logits_by_hand(q, k, 0.5, False)[..., 0].amax(dim=(0, 2))
     assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-6)
+    # A padding mask broadcast over queries ([S]), in chunks of 3 queries.
+    got = muonrt.attention_max_logits(q, k, scale=0.5, attn_mask=mask[0],
+                                      chunk=3)
+    assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-6)
 
 
 def project(x, w, heads):
@@ -94,6 +98,8 @@ def test_clip_qk_bad_input_is_refused():
     with pytest.raises(ValueError, match="ClipQk got 3 maxima but the 1 "
                                          "qk_clip layers have 4 query heads"):
         opt.clip_qk(torch.zeros(3))
+    with pytest.raises(ValueError, match="is inf"):
+        opt.clip_qk(torch.tensor([1.0, float("inf"), 2.0, 3.0]))
     with pytest.raises(ValueError, match="num_heads 4 and num_kv_heads 3"):
         muonrt.Muon([("wq", wq), ("wk", wk)],
                     qk_clip={"layers": [dict(layer, num_kv_heads=3)]})
