@@ -498,6 +498,11 @@ class Muon {
   // must be rank 0's. Errors: InvalidArgument naming the rank;
   // FailedPrecondition (no host control group); the communicator's.
   absl::Status AgreeOnQkClipLayers();
+  // Every rank's `width` floats from `mine`, rank after rank, over the
+  // host control group (a copy in a world of one). Errors:
+  // FailedPrecondition (no host control group); the communicator's.
+  absl::Status GatherQkClipValues(const float* mine, int64_t width,
+                                  std::vector<float>* all);
   // overlap_backward: the options it cannot run with (InvalidArgument
   // naming them); the step's start at the first MarkReady; one parameter's
   // momentum (and, in debug mode, its gradient's fingerprint); Step's end

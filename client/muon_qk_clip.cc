@@ -97,21 +97,8 @@ absl::Status Muon::ReduceQkClipMaxima(const std::vector<float>& max_logits,
   send[0] = mine.empty() ? 0.0f : 1.0f;
   if (mine.empty())
     std::copy(max_logits.begin(), max_logits.end(), send.begin() + 1);
-  std::vector<float> all = send;
-  if (world_size_ > 1) {
-    Communicator* control = rank_flags_->control();
-    if (control == nullptr) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("rank ", rank_,
-                       ": ClipQk reduces over a host-memory control group "
-                       "and this job has none (DistributedState::"
-                       "control_communicator)"));
-    }
-    all.assign(width * world_size_, 0.0f);
-    MUON_RETURN_IF_ERROR(
-        control->AllGatherV(send.data(), width, all.data(),
-                            std::vector<int64_t>(world_size_, width)));
-  }
+  std::vector<float> all;
+  MUON_RETURN_IF_ERROR(GatherQkClipValues(send.data(), width, &all));
   for (int r = 0; r < world_size_; ++r) {
     if (all[r * width] == 0.0f) continue;
     if (r == rank_) return absl::InvalidArgumentError(mine);
@@ -140,8 +127,12 @@ void Muon::ScaleLocalRows(int index, int64_t begin, int64_t end,
                   factor);
 }
 
-absl::Status Muon::AgreeOnQkClipLayers() {
-  if (world_size_ == 1) return absl::OkStatus();
+absl::Status Muon::GatherQkClipValues(const float* mine, int64_t width,
+                                      std::vector<float>* all) {
+  if (world_size_ == 1) {
+    all->assign(mine, mine + width);
+    return absl::OkStatus();
+  }
   Communicator* control = rank_flags_->control();
   if (control == nullptr) {
     return absl::FailedPreconditionError(
@@ -150,12 +141,18 @@ absl::Status Muon::AgreeOnQkClipLayers() {
                      "and this job has none (DistributedState::"
                      "control_communicator)"));
   }
+  all->assign(width * world_size_, 0.0f);
+  return control->AllGatherV(mine, width, all->data(),
+                             std::vector<int64_t>(world_size_, width));
+}
+
+absl::Status Muon::AgreeOnQkClipLayers() {
+  if (world_size_ == 1) return absl::OkStatus();
   const QkClipOptions& o = options_.qk_clip;
   const float mine[2] = {static_cast<float>(o.layers.size()),
                          static_cast<float>(o.total_heads())};
-  std::vector<float> all(2 * world_size_);
-  MUON_RETURN_IF_ERROR(control->AllGatherV(
-      mine, 2, all.data(), std::vector<int64_t>(world_size_, 2)));
+  std::vector<float> all;
+  MUON_RETURN_IF_ERROR(GatherQkClipValues(mine, 2, &all));
   for (int r = 1; r < world_size_; ++r) {
     if (all[2 * r] == all[0] && all[2 * r + 1] == all[1]) continue;
     return absl::InvalidArgumentError(absl::StrCat(
