@@ -236,7 +236,6 @@ class StepExecutor {
   // matrix of this rank in a parameter i with param_ready[i] set (a bucket
   // with none of this rank's matrices is ready).
   int ReadyBuckets(const std::vector<char>& param_ready) const;
-  int num_buckets() const { return static_cast<int>(buckets_.size()); }
 
   const device::Device& device() const { return options_.device; }
 

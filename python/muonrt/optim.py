@@ -949,7 +949,6 @@ class Muon(torch.optim.Optimizer):
         state keys, QK-clip's layers, and overlap_backward's state and
         gradient hooks."""
         self._normuon = bool(normuon)
-        self._qk_heads = 0
         self._qk_layer_heads = []
         if qk_clip:
             self._set_qk_clip(qk_clip)
@@ -1068,7 +1067,6 @@ class Muon(torch.optim.Optimizer):
         arr = (_lib.muonrt_qk_clip_layer * max(1, len(layers)))()
         self._qk_names = []  # keeps the encoded names alive
         self._qk_layer_heads = []
-        heads = 0
         for i, layer in enumerate(layers):
             keys = {"q", "k", "num_heads", "num_kv_heads", "head_dim",
                     "q_row_begin", "k_row_begin", "k_head_dim", "q_rope_dim"}
@@ -1088,12 +1086,10 @@ class Muon(torch.optim.Optimizer):
             arr[i].head_dim = int(layer["head_dim"])
             arr[i].k_head_dim = int(layer.get("k_head_dim", 0))
             arr[i].q_rope_dim = int(layer.get("q_rope_dim", 0))
-            heads += arr[i].num_heads
             self._qk_layer_heads.append(arr[i].num_heads)
         _lib.call("muonrt_optimizer_set_qk_clip", self._h,
                   float(spec.get("threshold", 100.0)),
                   float(spec.get("alpha", 0.5)), arr, len(layers))
-        self._qk_heads = heads
 
     def clip_qk(self, max_logits):
         """QK-clip after step() (collective: every rank calls it).
