@@ -40,6 +40,7 @@
 #include "common/status_macros.h"
 #include "google/protobuf/map.h"
 #include "google/protobuf/util/json_util.h"
+#include "kernels/blas_tiles.h"
 #include "server/embedded_coordinator.h"
 
 struct muonrt_process_group {
@@ -562,6 +563,29 @@ int muonrt_abi_version(void) {
 }
 
 const char* muonrt_last_error(void) { return last_error.c_str(); }
+
+int muonrt_compute_threads(void) {
+  int threads = 1;
+  Guard("muonrt_compute_threads", [&] {
+    threads = muon::kernels::ComputeThreads();
+    return absl::OkStatus();
+  });
+  return threads;
+}
+
+int muonrt_set_compute_threads(int threads) {
+  return Guard("muonrt_set_compute_threads",
+               [&] { return muon::kernels::SetComputeThreads(threads); });
+}
+
+const char* muonrt_cpu_kernels(void) {
+  thread_local std::string name;
+  Guard("muonrt_cpu_kernels", [&] {
+    name = muon::kernels::BlasCoreName();
+    return absl::OkStatus();
+  });
+  return name.c_str();
+}
 
 namespace {
 

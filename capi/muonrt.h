@@ -31,7 +31,7 @@ extern "C" {
 #endif
 
 /* Incremented on any incompatible change of this header. */
-#define MUONRT_ABI_VERSION 9
+#define MUONRT_ABI_VERSION 10
 
 /* Status codes (absl::StatusCode values). */
 #define MUONRT_OK 0
@@ -62,6 +62,26 @@ int muonrt_abi_version(void);
 /* The message of the last failed call on this thread ("" after a
  * successful one). Valid until the next call on this thread. */
 const char* muonrt_last_error(void);
+
+/* ---- CPU kernels ---------------------------------------------------------
+ * Threads the CPU Newton-Schulz runs on (>= 1): at first use, the thread
+ * count of the library's OpenBLAS (OPENBLAS_NUM_THREADS, else the core
+ * count), after which OpenBLAS itself runs single-threaded and the library
+ * splits each product's output into fixed 256 x 256 tiles over these
+ * threads. Speed only: the results are the same bits for every count.
+ * ABI version 10. */
+int muonrt_compute_threads(void);
+
+/* Sets the count above (1 to 1024). Errors: INVALID_ARGUMENT (names the
+ * value). ABI version 10. */
+int muonrt_set_compute_threads(int threads);
+
+/* The CPU kernel set the library's OpenBLAS runs, with its version and
+ * build ("SkylakeX (OpenBLAS 0.3.21 DYNAMIC_ARCH ...)"): results are
+ * bitwise the same across thread and rank counts for one kernel set, and
+ * may differ in the last bits between kernel sets (OPENBLAS_CORETYPE).
+ * Valid until the next call of it on this thread. ABI version 10. */
+const char* muonrt_cpu_kernels(void);
 
 /* ---- Process group ------------------------------------------------------
  * Joins the job described by torchrun's environment (RANK, WORLD_SIZE,
@@ -151,7 +171,9 @@ typedef struct {
   int replan_every_steps;
   /* Newton-Schulz method: "standard" (NULL), "gram" (iterate on the
    * m x m Gram matrix) or "auto" (per matrix, whichever executes fewer
-   * FLOPs); gram and auto CPU only; MuonOptions::ns_method; ABI version 4. */
+   * FLOPs; on CUDA parameters, cuBLAS GEMMs for every product: gram
+   * once the long side exceeds 1.5 times the short one);
+   * MuonOptions::ns_method; ABI version 4 (CUDA: version 10). */
   const char* ns_method;
   /* The dtype the exchange between ranks carries: "float32" (NULL; the
    * single device's bits) or "bfloat16" (half the bytes; Newton-Schulz's

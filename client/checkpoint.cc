@@ -337,6 +337,12 @@ absl::Status ParseMetadataJson(
   }
   meta->step = v;
 
+  f = JsonMember(root, "blas_core");
+  if (f != nullptr) {
+    if (!f->is_string()) return bad("blas_core", "a string");
+    meta->blas_core = f->get<std::string>();
+  }
+
   const json* list = JsonMember(root, "tensors");
   if (list == nullptr || !list->is_object()) return bad("tensors", "an object");
   return ParseMetadataTensors(path, *list, tensors);
@@ -685,6 +691,7 @@ absl::Status WriteCheckpointMetadata(
   root["mesh"] = std::move(mesh);
   root["plan_hash"] = meta.plan_hash;
   root["step"] = meta.step;
+  if (!meta.blas_core.empty()) root["blas_core"] = meta.blas_core;
   root["tensors"] = std::move(list);
   std::string text = DumpJson(root, /*indent=*/2);
   text.push_back('\n');
@@ -886,6 +893,9 @@ void CheckpointReader::Describe(std::ostream& out) const {
       << metadata_.mesh.ToString() << "\n";
   out << "  plan hash "
       << (metadata_.plan_hash.empty() ? "(none)" : metadata_.plan_hash) << "\n";
+  out << "  CPU kernels "
+      << (metadata_.blas_core.empty() ? "(not recorded)" : metadata_.blas_core)
+      << "\n";
   out << "  " << tensors_.size() << " tensor"
       << (tensors_.size() == 1 ? "" : "s") << "\n";
   for (const auto& [name, info] : tensors_) {

@@ -79,6 +79,11 @@ struct CheckpointMetadata {
   std::string plan_hash;
   // Optimizer step the checkpoint was taken after (>= 0).
   int64_t step = 0;
+  // The writer's CPU kernel set (kernels::BlasCoreName(), e.g. "SkylakeX
+  // (OpenBLAS 0.3.21 ...)"), which with the OpenBLAS version decides the
+  // CPU Newton-Schulz bits. Optional in metadata.json ("blas_core"; empty
+  // when absent, as in checkpoints written before it was recorded).
+  std::string blas_core;
 };
 
 // One tensor of one rank's shard: an N-d box (N >= 1) of a global fp32

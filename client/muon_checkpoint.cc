@@ -1,6 +1,7 @@
 // Muon's state_dict / load_state_dict and its checkpoints (Save / Load):
 // the rank-symmetric momentum shards (and NorMuon's row state), in the
 // safetensors-based format of client/checkpoint.h.
+#include <iostream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -8,6 +9,7 @@
 #include "client/checkpoint.h"
 #include "client/muon.h"
 #include "common/status_macros.h"
+#include "kernels/blas_tiles.h"
 
 namespace muon {
 namespace {
@@ -55,6 +57,21 @@ ShardTensorView RowStateTensor(const ParamState& ps,
   t.box = ps.box;
   if (!t.box.empty()) t.box.back() = empty ? Range{0, 0} : Range{0, 1};
   return t;
+}
+
+// A job resumed on another CPU kernel set keeps going, but its CPU
+// Newton-Schulz bits are no longer those of the job that wrote `dir`: say
+// so on stderr, naming both (rank 0 only).
+void WarnIfOtherBlasCore(int rank, const std::string& dir,
+                         const std::string& saved) {
+  if (rank != 0 || saved.empty()) return;
+  const std::string here = kernels::BlasCoreName();
+  if (saved == here) return;
+  std::cerr << "muon: warning: checkpoint " << dir
+            << " was written with CPU kernels " << saved
+            << "; this process runs " << here
+            << ": CPU Newton-Schulz results will not be bitwise those of "
+               "the writing job\n";
 }
 
 }  // namespace
@@ -167,6 +184,7 @@ absl::Status Muon::Save(const std::string& dir) const {
   meta.mesh = mesh_;
   meta.plan_hash = plan_.hash();
   meta.step = step_;
+  meta.blas_core = kernels::BlasCoreName();
   std::vector<ShardTensorView> tensors;
   for (size_t i = 0; i < sd.params.size(); ++i) {
     const ParamState& ps = sd.params[i];
@@ -222,6 +240,7 @@ absl::Status Muon::Load(const std::string& dir) {
     }
   }
   sd.step = reader->metadata().step;
+  WarnIfOtherBlasCore(rank_, dir, reader->metadata().blas_core);
   return load_state_dict(sd);
 }
 

@@ -1,7 +1,5 @@
 #include "kernels/newton_schulz.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <array>
 #include <cassert>
@@ -16,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "kernels/blas_tiles.h"
 
 namespace muon {
 namespace kernels {
@@ -61,8 +60,7 @@ constexpr double kPolarExpressNormScale = 1.02;
 // ld) so that X X^T = V^T V. C's strict lower triangle is not touched.
 void SyrkUpper(bool tall, int m, int n, float alpha, const float* x, int ld,
                float beta, float* c) {
-  cblas_ssyrk(CblasRowMajor, CblasUpper, tall ? CblasTrans : CblasNoTrans, m, n,
-              alpha, x, ld, beta, c, m);
+  TiledSyrkUpper(tall, m, n, alpha, x, ld, beta, c, m);
 }
 
 // Copies the upper triangle of the m x m row-major matrix c onto its strict
@@ -100,7 +98,7 @@ void MirrorUpper(float* c, int m) {
 // two passes.)
 void SymmetricPolynomial(const float* g, int m, float a, float b, float c,
                          float* p) {
-  cblas_ssyrk(CblasRowMajor, CblasUpper, CblasTrans, m, m, c, g, m, 0.0f, p, m);
+  TiledSyrkUpper(/*trans=*/true, m, m, c, g, m, 0.0f, p, m);
   for (int i = 0; i < m; ++i) {
     float* p_row = p + static_cast<int64_t>(i) * m;
     const float* g_row = g + static_cast<int64_t>(i) * m;
@@ -119,11 +117,11 @@ void SymmetricPolynomial(const float* g, int m, float a, float b, float c,
 void ApplyPoly(bool tall, int m, int n, const float* p, const float* x, int ld,
                float* y) {
   if (tall) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, m, 1.0f, x, ld,
-                p, m, 0.0f, y, ld);
+    TiledSgemm(/*trans_a=*/false, /*trans_b=*/true, n, m, m, 1.0f, x, ld, p, m,
+               0.0f, y, ld);
   } else {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, m, 1.0f, p, m,
-                x, ld, 0.0f, y, ld);
+    TiledSgemm(/*trans_a=*/false, /*trans_b=*/false, m, n, m, 1.0f, p, m, x, ld,
+               0.0f, y, ld);
   }
 }
 
@@ -167,17 +165,14 @@ void GramNewtonSchulz(const float* u, bool tall, int m, int n, int ld,
       if (j == 0) {
         std::memcpy(q, z, static_cast<size_t>(mm) * sizeof(float));
       } else {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, m, m, 1.0f, q,
-                    m, z, m, 0.0f, t, m);
+        TiledSgemm(false, false, m, m, m, 1.0f, q, m, z, m, 0.0f, t, m);
         std::swap(q, t);
       }
       if (j + 1 < len) {
         // R = Z (R Z), symmetric in exact arithmetic: keep the upper
         // triangle and mirror it so that the next ssyrk sees R = R^T.
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, m, m, 1.0f, r,
-                    m, z, m, 0.0f, t, m);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, m, m, 1.0f, z,
-                    m, t, m, 0.0f, r, m);
+        TiledSgemm(false, false, m, m, m, 1.0f, r, m, z, m, 0.0f, t, m);
+        TiledSgemm(false, false, m, m, m, 1.0f, z, m, t, m, 0.0f, r, m);
         MirrorUpper(r, m);
       }
     }

@@ -6,17 +6,17 @@
 // cblas_sgemm with the scalars folded into the products and transposes by
 // GEMM flags (no transpose copies).
 //
-// Determinism: our own reduction (the norm) is sequential in index order, so
-// the output bits are a function of the input bits, the options and the
-// OpenBLAS configuration only: its build, core type (OPENBLAS_CORETYPE or
-// autodetection) and thread count (OPENBLAS_NUM_THREADS /
-// openblas_set_num_threads). The last two matter: OpenBLAS 0.3.21 splits a
-// GEMM's output among threads and the micro-kernel path a tile takes depends
-// on the split, so 1 and 2 threads give different last bits, and so do the
-// Haswell and Cooperlake kernels on the same CPU (measured). Processes that
-// must agree bitwise (an owner rank and a single-device reference) must pin
-// both. Note `bazel test` clears the environment, so a test autodetects the
-// core even where the shell sets OPENBLAS_CORETYPE.
+// Determinism: our own reduction (the norm) is sequential in index order and
+// every product goes through kernels/blas_tiles.h (fixed output tiles, each
+// one single-threaded OpenBLAS call over the whole inner dimension), so the
+// output bits are a function of the input bits, the options and the OpenBLAS
+// build and core type (OPENBLAS_CORETYPE or autodetection; BlasCoreName())
+// only, whatever the thread count (ComputeThreads(), OPENBLAS_NUM_THREADS)
+// of either process. The Haswell and Cooperlake kernels on the same CPU
+// still give different last bits (measured), so processes that must agree
+// bitwise (an owner rank and a single-device reference) must run the same
+// core type. Note `bazel test` clears the environment, so a test
+// autodetects the core even where the shell sets OPENBLAS_CORETYPE.
 #ifndef MUON_KERNELS_NEWTON_SCHULZ_H_
 #define MUON_KERNELS_NEWTON_SCHULZ_H_
 
@@ -219,11 +219,11 @@ class NewtonSchulzWorkspace {
 // Lab, "Gram Newton-Schulz", 2026: symmetric GEMMs halve the X X^T and A*A
 // work). The mirrors are sequential copies and the additions elementwise
 // (built with -ffp-contract=off), so determinism is unchanged: the
-// bits depend on the input, the options, the OpenBLAS build, core type and
-// thread count only. Relative error against NewtonSchulzReference (float64)
-// stays below 1e-4 (tests/kernels/newton_schulz_test.cc).
-// Cost: NewtonSchulzFlops(rows, cols, options) nominal FLOPs (the sgemm-only
-// count torch runs); NewtonSchulzExecutedFlops the ones actually executed.
+// bits depend on the input, the options, the OpenBLAS build and core type
+// only, not on the thread count. Relative error against NewtonSchulzReference
+// (float64) stays below 1e-4 (tests/kernels/newton_schulz_test.cc). Cost:
+// NewtonSchulzFlops(rows, cols, options) nominal FLOPs (the sgemm-only count
+// torch runs); NewtonSchulzExecutedFlops the ones actually executed.
 //
 // options.method == kGram (Gram Newton-Schulz): with X_{i+1} = Z_i X_i,
 // Z_i = a I + b R_i + c R_i^2 and R_i = X_i X_i^T, every Z_i is a

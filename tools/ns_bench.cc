@@ -59,6 +59,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "kernels/blas_tiles.h"
 #include "kernels/newton_schulz.h"
 #include "tools/bench_util.h"
 
@@ -227,7 +228,7 @@ void PrintHeader(const BenchConfig& config) {
   std::printf(
       "OpenBLAS core: %s | threads: %d | OPENBLAS_CORETYPE=%s | "
       "OPENBLAS_NUM_THREADS=%s\n",
-      openblas_get_corename(), openblas_get_num_threads(),
+      openblas_get_corename(), muon::kernels::ComputeThreads(),
       coretype_env != nullptr ? coretype_env : "(unset)",
       threads_env != nullptr ? threads_env : "(unset)");
   std::printf("OpenBLAS config: %s\n", openblas_get_config());
@@ -285,9 +286,15 @@ absl::StatusOr<RowTimings> BenchShape(
                                               config.gram_options,
                                               gram_out.data(), gram_workspace));
   };
+  // The peer: OpenBLAS's own sgemm on as many threads as ours run on (our
+  // products keep OpenBLAS at one thread and split the output themselves;
+  // see kernels/blas_tiles.h).
+  const int threads = muon::kernels::ComputeThreads();
   auto run_gemm = [&] {
+    openblas_set_num_threads(threads);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, m, n, 1.0f,
                 x.data(), n, x.data(), n, 0.0f, gram.data(), m);
+    openblas_set_num_threads(1);
   };
   const absl::Status no_torch =
       absl::InternalError("tools/torch_ns_bench.py did not answer");
@@ -371,7 +378,7 @@ int main(int argc, char** argv) {
   if (config.with_torch &&
       !torch.Start(absl::GetFlag(FLAGS_python),
                    absl::GetFlag(FLAGS_torch_script),
-                   openblas_get_num_threads(), config.options.steps)) {
+                   muon::kernels::ComputeThreads(), config.options.steps)) {
     std::fprintf(stderr, "ns_bench: cannot start %s %s\n",
                  absl::GetFlag(FLAGS_python).c_str(),
                  absl::GetFlag(FLAGS_torch_script).c_str());

@@ -1,6 +1,5 @@
 #include "tools/validate.h"
 
-#include <cblas.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -24,6 +23,7 @@
 #include "common/layout.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
+#include "kernels/blas_tiles.h"
 #include "server/embedded_coordinator.h"
 #include "tools/launcher.h"
 #include "tools/npy.h"
@@ -383,7 +383,7 @@ void RemoveTree(const std::string& path) {
 absl::Status RunValidateRank(const ValidateOptions& o, int rank,
                              const std::string& out_dir,
                              const std::string& port_file) {
-  openblas_set_num_threads(1);
+  (void)kernels::SetComputeThreads(1);  // one thread per rank process
   MUON_ASSIGN_OR_RETURN(SpecParams s, LoadSpec(o.spec_path));
   ProcessGroupOptions pgo;
   pgo.rank = rank;
@@ -648,7 +648,7 @@ absl::Status RunValidate(const ValidateOptions& o, std::ostream& out) {
   MUON_RETURN_IF_ERROR(RunDistributed(o, s, s2, resume_path, dir, ckpt,
                                       final_dir, &dist_matrices, &dist_flops));
   // The same steps on a single device, uninterrupted, in this process.
-  openblas_set_num_threads(1);
+  (void)kernels::SetComputeThreads(1);  // one thread per rank process
   MUON_ASSIGN_OR_RETURN(
       RunOutput single,
       RunSteps(o, s, nullptr, Phase{0, o.steps, "", ""},
@@ -664,6 +664,9 @@ absl::Status RunValidate(const ValidateOptions& o, std::ostream& out) {
   const bool equal = worst <= o.tolerance;
   const bool counts =
       dist_matrices == single.matrices && dist_flops == single.ns_flops;
+  // What the bitwise promise is scoped by: the CPU kernel set (any thread
+  // and rank count).
+  out << "validate: cpu_kernels=" << kernels::BlasCoreName() << "\n";
   out << absl::StrFormat(
       "validate: max_abs_diff=%g tolerance=%g matrices_orthogonalized "
       "distributed=%d single=%d ns_flops distributed=%.0f single=%.0f "

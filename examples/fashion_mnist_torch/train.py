@@ -87,12 +87,24 @@ def parse_args(argv=None):
     p.add_argument("--log-every", type=int, default=20)
     p.add_argument("--skip-torch-muon", action="store_true",
                    help="do not run the plain-PyTorch Muon comparison")
+    p.add_argument("--torch-muon-budget-s", type=float, default=120.0,
+                   help="stop the torch.optim.Muon comparison after this "
+                        "many seconds of training (at a step boundary; its "
+                        "accuracy is then that of the steps done, and the "
+                        "output says how many). On CPUs without fast bf16 "
+                        "kernels its bf16 Newton-Schulz takes minutes per "
+                        "epoch. 0: no bound")
+    p.add_argument("--torch-muon-full", action="store_true",
+                   help="run the torch.optim.Muon comparison to the end "
+                        "(same as --torch-muon-budget-s 0)")
     p.add_argument("--launcher", choices=["auto", "muonrun", "spawn"],
                    default="auto",
                    help="how the ranks start: muonrun, or spawned with "
                         "torchrun's env:// variables (auto: muonrun when it "
                         "runs here)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    # Set by the launcher when muonrun prefixes each rank's lines itself.
+    p.add_argument("--no-rank-tag", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", default="", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -276,23 +288,32 @@ def step_grads(model, data, idx, world, rank, dist, batch):
     return total, summed
 
 
-def train(args, data, world, rank=0, dist=None, muon_kind="muonrt", log=True):
+def train(args, data, world, rank=0, dist=None, muon_kind="muonrt", log=True,
+          budget_s=0.0):
     """Trains with `world` micro-batches per step. dist None: one process
     (accumulates the micro-batches itself); else this rank of `world`.
-    Returns losses, accuracy, final weights and seconds per epoch."""
+    budget_s > 0 stops after the first step boundary past that many
+    seconds of training. Returns losses, accuracy, final weights, seconds
+    per epoch (extrapolated from the steps done when stopped early), steps
+    done and steps planned."""
     model = make_model(args)
     params = list(model.parameters())
     batch = args.batch_size
     steps_per_epoch = len(data[0]) // batch
-    tag = "single" if dist is None else f"rank {rank}"
+    tag = "[single] " if dist is None else f"[rank {rank}] "
+    if dist is not None and args.no_rank_tag:
+        tag = ""  # muonrun already prefixes "[rank N]"
     if muon_kind == "torch":
-        tag = "torch_muon"
+        tag = "[torch_muon] "
     opt, shards = make_optimizer(args, model, world, rank, dist, muon_kind)
     losses, epoch_s = [], []
+    trained_s = 0.0
     for epoch in range(args.epochs):
         order = epoch_order(len(data[0]), epoch, args.seed)
         t0 = time.perf_counter()
         for s in range(steps_per_epoch):
+            if budget_s > 0 and trained_s + time.perf_counter() - t0 > budget_s:
+                break
             total, grads = step_grads(model, data, order[s * batch:(s + 1) * batch],
                                       world, rank, dist, batch)
             losses.append(float(total))
@@ -307,15 +328,24 @@ def train(args, data, world, rank=0, dist=None, muon_kind="muonrt", log=True):
                 unshard(params, shards, world, dist)
             step = epoch * steps_per_epoch + s + 1
             if log and (step == 1 or step % args.log_every == 0):
-                print(f"[{tag}] epoch {epoch + 1} step {s + 1}/{steps_per_epoch} "
+                print(f"{tag}epoch {epoch + 1} step {s + 1}/{steps_per_epoch} "
                       f"loss {losses[-1]:.5f} ({time.perf_counter() - t0:.1f} s)", flush=True)
-        epoch_s.append(time.perf_counter() - t0)
+        elapsed = time.perf_counter() - t0
+        trained_s += elapsed
+        steps = len(losses) - epoch * steps_per_epoch
+        stopped = steps < steps_per_epoch
+        # An epoch cut short: its time extrapolated from the steps done.
+        epoch_s.append(elapsed * steps_per_epoch / max(steps, 1))
         acc = accuracy(model, data[2], data[3])
         if log:
-            print(f"[{tag}] epoch {epoch + 1} test accuracy {acc:.4f} "
-                  f"({epoch_s[-1]:.1f} s/epoch)", flush=True)
+            print(f"{tag}epoch {epoch + 1} test accuracy {acc:.4f} "
+                  f"({epoch_s[-1]:.1f} s/epoch"
+                  f"{', after %d steps' % steps if stopped else ''})", flush=True)
+        if stopped:
+            break
     return dict(losses=losses, accuracy=acc, epoch_s=epoch_s,
-                weights=[p.detach().clone() for p in params])
+                weights=[p.detach().clone() for p in params],
+                steps=len(losses), planned=args.epochs * steps_per_epoch)
 
 
 def has_fsdp2():
@@ -367,6 +397,8 @@ def train_fsdp2(args, data, world, rank, dist, log=True):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     train_x, train_y, test_x, test_y = data
+    # muonrun prefixes every line with "[rank N]" itself.
+    tag = "" if args.no_rank_tag else f"[rank {rank}] "
     model = make_model(args)
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp_shard",))
     sharded = [layer for layer in model if isinstance(layer, torch.nn.Linear)]
@@ -390,7 +422,7 @@ def train_fsdp2(args, data, world, rank, dist, log=True):
                       else 0)
     if log:
         for n, p in model.named_parameters():
-            print(f"[rank {rank}] {n}: DTensor {tuple(p.shape)} "
+            print(f"{tag}{n}: DTensor {tuple(p.shape)} "
                   f"{p.placements} on mesh {mesh.mesh_dim_names}, local "
                   f"{tuple(p.to_local().shape)}", flush=True)
     batch = args.batch_size
@@ -410,20 +442,20 @@ def train_fsdp2(args, data, world, rank, dist, log=True):
             if args.overlap_backward and step == 1 and log:
                 # FSDP2 runs the post-accumulate-grad hooks after each
                 # layer's reduce-scatter: the optimizer started in backward.
-                print(f"[rank {rank}] overlap_backward: {len(opt._ready)} of "
+                print(f"{tag}overlap_backward: {len(opt._ready)} of "
                       f"{len(list(model.parameters()))} parameters marked ready during "
                       f"backward", flush=True)
             losses.append(float(rank_order_sum(loss.detach(), world, dist)))
             opt.step()
             opt.zero_grad(set_to_none=True)
             if log and (step == 1 or step % args.log_every == 0):
-                print(f"[rank {rank}] epoch {epoch + 1} step {s + 1}/"
+                print(f"{tag}epoch {epoch + 1} step {s + 1}/"
                       f"{steps_per_epoch} loss {losses[-1]:.5f} "
                       f"({time.perf_counter() - t0:.1f} s)", flush=True)
         epoch_s.append(time.perf_counter() - t0)
         acc = accuracy(model, test_x, test_y)  # FSDP2 forward: every rank
         if log:
-            print(f"[rank {rank}] epoch {epoch + 1} test accuracy {acc:.4f} "
+            print(f"{tag}epoch {epoch + 1} test accuracy {acc:.4f} "
                   f"({epoch_s[-1]:.1f} s/epoch)", flush=True)
     weights = [p.full_tensor().detach().clone() for p in model.parameters()]
     return dict(losses=losses, accuracy=acc, epoch_s=epoch_s,
@@ -575,6 +607,8 @@ def launcher_main(args):
             cmd = [muonrun_path(), "--nproc-per-node", str(args.nproc),
                    "--master-addr", "127.0.0.1", "--master-port",
                    str(free_port())] + worker
+            # muonrun prefixes every line with "[rank N]" itself.
+            cmd.append("--no-rank-tag")
             rc = subprocess.call(cmd, timeout=3600)
         else:
             rc = spawn_ranks(args.nproc, worker)
@@ -582,14 +616,22 @@ def launcher_main(args):
             raise SystemExit(f"fashion-mnist: the distributed run failed ({launcher} exit {rc})")
         dist = torch.load(os.path.join(out, "distributed.pt"))
     single = train(args, data, args.nproc)
-    ref = None if args.skip_torch_muon else train(args, data, args.nproc, muon_kind="torch")
+    budget = 0.0 if args.torch_muon_full else args.torch_muon_budget_s
+    ref = None if args.skip_torch_muon else train(
+        args, data, args.nproc, muon_kind="torch", budget_s=budget)
+    if ref and ref["steps"] < ref["planned"]:
+        print(f"fashion-mnist: torch.optim.Muon stopped after {ref['steps']} of "
+              f"{ref['planned']} steps ({budget:g} s budget; --torch-muon-full "
+              f"runs it to the end): its accuracy is that of those steps and "
+              f"its s_per_epoch extrapolated", flush=True)
     max_diff = max(float((a - b).abs().max()) for a, b in zip(dist["weights"], single["weights"]))
     max_rel = max(abs(a - b) / max(1e-12, abs(a)) for a, b in zip(single["losses"], dist["losses"]))
     mean = lambda v: sum(v) / len(v)
     torch_acc = f"{ref['accuracy']:.4f}" if ref else "skipped"
+    torch_steps = f"{ref['steps']}/{ref['planned']}" if ref else "skipped"
     torch_s = f"{mean(ref['epoch_s']):.2f}" if ref else "skipped"
     print(f"fashion-mnist: distributed_acc={dist['accuracy']:.4f} single_acc={single['accuracy']:.4f} "
-          f"torch_muon_acc={torch_acc} max_abs_param_diff={max_diff:g} "
+          f"torch_muon_acc={torch_acc} torch_muon_steps={torch_steps} max_abs_param_diff={max_diff:g} "
           f"max_rel_loss_diff={max_rel:g} ranks={args.nproc} "
           f"layout={'fsdp2' if dist.get('fsdp2') else args.layout} torch={torch.__version__} "
           f"s_per_epoch distributed={mean(dist['epoch_s']):.2f} single={mean(single['epoch_s']):.2f} "

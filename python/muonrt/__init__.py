@@ -65,11 +65,37 @@ def abi_version():
     return _lib.lib().muonrt_abi_version()
 
 
+def compute_threads():
+    """Threads the library's CPU Newton-Schulz runs on (loads it): at first
+    use the thread count of its private OpenBLAS (OPENBLAS_NUM_THREADS,
+    else the core count; torch.set_num_threads does not reach it). Speed
+    only: the results are the same bits for every count."""
+    from . import _lib
+    return _lib.lib().muonrt_compute_threads()
+
+
+def set_compute_threads(threads):
+    """Sets compute_threads() (1 to 1024); raises InvalidArgumentError
+    otherwise."""
+    from . import _lib
+    _lib.call("muonrt_set_compute_threads", int(threads))
+
+
+def cpu_kernels():
+    """The CPU kernel set of the library's OpenBLAS, with its version
+    ("SkylakeX (OpenBLAS 0.3.21 ...)"). The bitwise promise (a distributed
+    run equals one process) holds for any thread and rank count on one
+    kernel set; OPENBLAS_CORETYPE chooses another."""
+    from . import _lib
+    return _lib.lib().muonrt_cpu_kernels().decode("utf-8", "replace")
+
+
 __all__ = [
     "Muon", "split_params", "attention_max_logits", "MaxLogitTracker",
     "Mesh", "Shard", "Replicate", "ProcessGroup",
     "init_process_group", "destroy_process_group", "get_default_group",
     "is_initialized", "normalize_placement", "library_path", "abi_version",
+    "compute_threads", "set_compute_threads", "cpu_kernels",
     "ABI_VERSION", "MuonRTError", "InvalidArgumentError", "NotFoundError",
     "FailedPreconditionError", "OutOfRangeError", "UnimplementedError",
     "DeadlineExceededError", "UnauthenticatedError", "LibraryRuntimeError", "LibraryNotFoundError",

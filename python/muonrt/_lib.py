@@ -27,7 +27,7 @@ import os
 import threading
 
 # Must equal MUONRT_ABI_VERSION of capi/muonrt.h.
-ABI_VERSION = 9
+ABI_VERSION = 10
 
 # Status codes (absl::StatusCode values, capi/muonrt.h).
 OK = 0
@@ -246,6 +246,9 @@ _c_size_p = ctypes.POINTER(ctypes.c_size_t)
 _SIGNATURES = {
     "muonrt_abi_version": (_c_int, []),
     "muonrt_last_error": (ctypes.c_char_p, []),
+    "muonrt_compute_threads": (_c_int, []),
+    "muonrt_set_compute_threads": (_c_int, [_c_int]),
+    "muonrt_cpu_kernels": (ctypes.c_char_p, []),
     "muonrt_pg_init_from_env": (_c_int, [ctypes.c_double, ctypes.POINTER(_pg_p)]),
     "muonrt_pg_init_backend_from_env": (_c_int, [
         ctypes.c_char_p, _c_int, ctypes.c_double, ctypes.POINTER(_pg_p)]),

@@ -29,6 +29,9 @@ static int g_failed = 0;
 static const char* const kEntryPoints[] = {
     "muonrt_abi_version",
     "muonrt_last_error",
+    "muonrt_compute_threads",
+    "muonrt_set_compute_threads",
+    "muonrt_cpu_kernels",
     "muonrt_pg_init_from_env",
     "muonrt_pg_init_backend_from_env",
     "muonrt_pg_rank",

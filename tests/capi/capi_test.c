@@ -204,10 +204,23 @@ static void ReferenceStep(double* W, const double* G, double* Buf, int rows,
 
 /* ---- Tests ------------------------------------------------------------ */
 
-static void AbiVersion_IsNine(void) {
+static void AbiVersion_IsTen(void) {
   CHECK(muonrt_abi_version() == MUONRT_ABI_VERSION);
-  CHECK(MUONRT_ABI_VERSION == 9);
+  CHECK(MUONRT_ABI_VERSION == 10);
   CHECK(strcmp(muonrt_last_error(), "") == 0);
+done:;
+}
+
+static void ComputeThreads_SetAndRefusedOutOfRange(void) {
+  const int saved = muonrt_compute_threads();
+  CHECK(saved >= 1);
+  CHECK(muonrt_set_compute_threads(3) == MUONRT_OK);
+  CHECK(muonrt_compute_threads() == 3);
+  CHECK(muonrt_set_compute_threads(0) == MUONRT_INVALID_ARGUMENT);
+  CHECK(strstr(muonrt_last_error(), "got 0") != NULL);
+  CHECK(muonrt_compute_threads() == 3);
+  CHECK(strstr(muonrt_cpu_kernels(), "OpenBLAS") != NULL);
+  CHECK(muonrt_set_compute_threads(saved) == MUONRT_OK);
 done:;
 }
 
@@ -1145,7 +1158,8 @@ typedef struct {
 
 int main(void) {
   const Test tests[] = {
-      TEST(AbiVersion_IsNine),
+      TEST(AbiVersion_IsTen),
+      TEST(ComputeThreads_SetAndRefusedOutOfRange),
       TEST(OptionsDefault_AreTorchDefaults),
       TEST(OptionsValidate_NamesTheBadField),
       TEST(Step_Fp32AndBf16_UpdatesInPlace),

@@ -18,9 +18,13 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 LIB_DIR = os.path.join(REPO, "python", "muonrt", "lib")
 LIBRARY = os.path.join(LIB_DIR, "libmuonrt.so")
 BIN_DIR = os.path.join(REPO, "python", "muonrt", "bin")
-# The runtime every process shares (and, in CUDA builds, the machine's
-# CUDA and NCCL libraries).
-SYSTEM = re.compile(r"^(libc\.so\.6|libm\.so\.6|libstdc\+\+\.so\.6|"
+# The runtime every process shares: glibc's own libraries (one file on
+# Debian 12, several on Ubuntu, where libc.so.6 still pulls in librt,
+# libdl, libpthread, ...), libstdc++ and libgcc_s, and, in CUDA builds, the
+# machine's CUDA and NCCL libraries.
+SYSTEM = re.compile(r"^(libc\.so\.6|libm\.so\.6|libdl\.so\.2|"
+                    r"libpthread\.so\.0|librt\.so\.1|libresolv\.so\.2|"
+                    r"libutil\.so\.1|libstdc\+\+\.so\.6|"
                     r"libgcc_s\.so\.1|ld-linux-x86-64\.so\.2|"
                     r"libcudart\.so\..*|libcublas(Lt)?\.so\..*|"
                     r"libnccl\.so\..*|libcuda\.so\..*)$")

@@ -184,10 +184,17 @@ def main():
     dist.destroy_process_group()
 
 
+# Threads of the one-process reference (the ranks run 1 or 3).
+REFERENCE_THREADS = 2
+
+
 def reference(layout, steps, optimizer="muonrt"):
     """The same steps on whole tensors in one process: muonrt.Muon (no
-    process group), or torch.optim.Muon."""
+    process group), or torch.optim.Muon. muonrt's reference runs on
+    REFERENCE_THREADS CPU threads, a count no rank uses (ranks.RANK_THREADS):
+    the bits must not depend on it."""
     import muonrt
+    muonrt.set_compute_threads(REFERENCE_THREADS)
     init = initial()
     params = {n: torch.nn.Parameter(init[n].clone()) for n in names(layout)}
     if optimizer == "torch" and layout == "ep":

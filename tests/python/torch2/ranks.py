@@ -12,6 +12,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
 from conftest import free_port_pair  # noqa: E402,F401 (tests/python's)
 
 
+# The CPU threads of the ranks' Newton-Schulz (OPENBLAS_NUM_THREADS, read
+# by the library's private OpenBLAS): 1 on even ranks, 3 on odd ones, and
+# never the one-process references' count (layout_worker.REFERENCE_THREADS),
+# so every bitwise comparison also shows that the thread count does not
+# change the bits.
+RANK_THREADS = (1, 3)
+
+
 def run_ranks(world, argv, timeout_s=240, job_id="torch2", extra_env=None):
     """Runs `argv` (after the Python interpreter) as ranks 0..world-1;
     returns each rank's (returncode, output). A rank still running after
@@ -23,7 +31,8 @@ def run_ranks(world, argv, timeout_s=240, job_id="torch2", extra_env=None):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world),
                    LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   USE_LIBUV="0", OMP_NUM_THREADS="1", MUON_JOB_ID=job_id)
+                   USE_LIBUV="0", OMP_NUM_THREADS="1", MUON_JOB_ID=job_id,
+                   OPENBLAS_NUM_THREADS=str(RANK_THREADS[rank % 2]))
         env.update((extra_env or {}).get(rank, {}))
         procs.append(subprocess.Popen([sys.executable] + list(argv), env=env,
                                       stdout=subprocess.PIPE,

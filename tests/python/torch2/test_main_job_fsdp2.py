@@ -24,7 +24,8 @@ def test_main_job_fsdp2_four_ranks_bitwise_one_process():
         pytest.skip("no Fashion-MNIST data (dataset-fashion-mnist)")
     r = subprocess.run([sys.executable, TRAIN, "--epochs", "1",
                         "--train-limit", "4000", "--nproc", "4",
-                        "--launcher", "spawn", "--data-dir", data],
+                        "--launcher", "spawn", "--data-dir", data,
+                        "--torch-muon-full"],
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     line = [l for l in r.stdout.splitlines()
@@ -32,6 +33,7 @@ def test_main_job_fsdp2_four_ranks_bitwise_one_process():
     assert line, r.stdout
     print(line[-1])
     summary = dict(re.findall(r"(\w+)=(\S+)", line[-1]))
+    assert summary["torch_muon_steps"] == "4/4"
     assert summary["layout"] == "fsdp2"
     assert summary["ranks"] == "4"
     assert float(summary["max_abs_param_diff"]) == 0.0

@@ -1,0 +1,140 @@
+"""muonrt.Muon's bits do not depend on the BLAS thread count of the process
+(OPENBLAS_NUM_THREADS, read by the library's private OpenBLAS), nor on the
+optimizers created before in the same process: the one-process reference a
+distributed run is compared with is the same on every machine of one CPU
+kernel set."""
+import hashlib
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import library_or_skip
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+
+# Tall, wide, square, several 256-tiles, tiny.
+SHAPES = [(130, 48), (48, 130), (256, 256), (1000, 300), (2, 16)]
+STEPS = 3
+VARIANTS = {
+    "standard": {},
+    "gram": {"ns_method": "gram"},
+    "auto": {"ns_method": "auto"},
+    "normuon": {"normuon": True},
+}
+
+# One process: 3 steps of every variant on SHAPES from fixed seeds; prints
+# "<variant> <sha256 of the parameters' bits>" per variant.
+CHILD = r"""
+import hashlib, json, sys
+import torch
+import muonrt
+
+def run(shapes, steps, kwargs):
+    g = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(*s, generator=g))
+              for s in shapes]
+    opt = muonrt.Muon([("w%d" % i, p) for i, p in enumerate(params)],
+                      lr=0.02, weight_decay=0.01, **kwargs)
+    for _ in range(steps):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=g)
+        opt.step()
+    h = hashlib.sha256()
+    for p in params:
+        h.update(p.detach().numpy().tobytes())
+    return h.hexdigest()
+
+spec = json.loads(sys.argv[1])
+# OpenBLAS caps OPENBLAS_NUM_THREADS at the core count; set the count
+# itself so that 16 threads run on a 2-core machine too.
+muonrt.set_compute_threads(spec["threads"])
+assert muonrt.compute_threads() == spec["threads"]
+for name, kwargs in spec["variants"].items():
+    print(name, run([tuple(s) for s in spec["shapes"]], spec["steps"], kwargs))
+"""
+
+
+def hashes_with_threads(threads):
+    """Runs CHILD on `threads` CPU threads (OPENBLAS_NUM_THREADS and
+    muonrt.set_compute_threads); {variant: hash}."""
+    import json
+    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads),
+               PYTHONPATH=os.path.join(REPO, "python"))
+    spec = json.dumps({"shapes": SHAPES, "steps": STEPS,
+                       "variants": VARIANTS, "threads": threads})
+    out = subprocess.run([sys.executable, "-c", CHILD, spec], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return dict(line.split() for line in out.stdout.splitlines()
+                if line.split() and line.split()[0] in VARIANTS)
+
+
+def test_bits_are_the_same_for_1_2_3_4_8_and_16_blas_threads():
+    library_or_skip()
+    want = hashes_with_threads(1)
+    assert sorted(want) == sorted(VARIANTS)
+    # The variants differ from each other, so a hash that ignored the
+    # parameters could not pass.
+    assert len(set(want.values())) == len(VARIANTS)
+    for threads in (2, 3, 4, 8, 16):
+        got = hashes_with_threads(threads)
+        assert got == want, f"OPENBLAS_NUM_THREADS={threads}"
+
+
+def params_hash(kwargs):
+    g = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(*s, generator=g))
+              for s in SHAPES]
+    import muonrt
+    opt = muonrt.Muon([("w%d" % i, p) for i, p in enumerate(params)],
+                      lr=0.02, weight_decay=0.01, **kwargs)
+    for _ in range(STEPS):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=g)
+        opt.step()
+    h = hashlib.sha256()
+    for p in params:
+        h.update(p.detach().numpy().tobytes())
+    return h.hexdigest()
+
+
+def test_reference_is_unchanged_by_earlier_optimizers_in_the_process():
+    library_or_skip()
+    import muonrt
+    first = params_hash({})
+    # NorMuon, the bf16 exchange and QK-clip, each stepped, in between.
+    params_hash({"normuon": True})
+    params_hash({"exchange_dtype": "bfloat16"})
+    g = torch.Generator().manual_seed(3)
+    wq = torch.nn.Parameter(torch.randn(8, 16, generator=g))
+    wk = torch.nn.Parameter(torch.randn(4, 16, generator=g))
+    opt = muonrt.Muon([("wq", wq), ("wk", wk)], lr=0.02, qk_clip={
+        "threshold": 1.0, "layers": [{"q": "wq", "k": "wk", "num_heads": 2,
+                                      "num_kv_heads": 1, "head_dim": 4}]})
+    wq.grad = torch.randn(wq.shape, generator=g)
+    wk.grad = torch.randn(wk.shape, generator=g)
+    opt.step()
+    opt.clip_qk(torch.tensor([5.0, 0.5]))
+    assert params_hash({}) == first
+
+
+@pytest.mark.parametrize("threads", [1, 16])
+def test_thread_count_is_the_process_blas_setting(threads):
+    """The library takes its private OpenBLAS's thread count:
+    OPENBLAS_NUM_THREADS, which OpenBLAS caps at the core count."""
+    library_or_skip()
+    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads),
+               PYTHONPATH=os.path.join(REPO, "python"))
+    out = subprocess.run(
+        [sys.executable, "-c",
+         "import muonrt; print(muonrt.compute_threads(), "
+         "muonrt.cpu_kernels())"],
+        env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    count, kernels = out.stdout.split(" ", 1)
+    assert int(count) == min(threads, len(os.sched_getaffinity(0)))
+    assert "OpenBLAS" in kernels
