@@ -130,13 +130,6 @@ absl::Status ValidateMuonOptions(const MuonOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("ns_steps should be >= 0 but is: ", o.ns_steps));
   }
-  if (o.ns_method != kernels::NewtonSchulzMethod::kStandard &&
-      o.device != device::DeviceKind::kHost) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ns_method \"", kernels::NewtonSchulzMethodName(o.ns_method),
-        "\" is implemented on device \"cpu\" only, got device "
-        "\"cuda\""));
-  }
   if (!(o.eps >= 0.0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("eps should be >= 0 but is: ", PythonFloat(o.eps)));
@@ -415,13 +408,6 @@ absl::Status CheckDeviceSupport(const device::Device& dev, const MuonOptions& o,
     return absl::InvalidArgumentError(absl::StrCat(
         "rank ", rank, ": normuon runs on CPU parameters in this version; the ",
         "parameters are on ", dev.ToString()));
-  }
-  if (dev.is_cuda() && o.ns_method != kernels::NewtonSchulzMethod::kStandard) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", rank, ": ns_method \"",
-        kernels::NewtonSchulzMethodName(o.ns_method),
-        "\" is implemented for CPU parameters only; the parameters are on ",
-        dev.ToString(), " (use \"standard\")"));
   }
   if (state.world_size == 1) return absl::OkStatus();
   const Communicator* comm = state.communicator;

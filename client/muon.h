@@ -80,7 +80,9 @@ struct MuonOptions {
   // (per matrix, whichever executes fewer FLOPs: gram once the long side
   // exceeds twice the short one, kernels::ResolveNewtonSchulzMethod). The
   // same on every rank, so distributed results still equal single-device
-  // ones. gram and auto: device kHost only.
+  // ones. On a GPU (CUDA parameters, or device kCuda) every product is a
+  // full cuBLAS GEMM, so auto picks gram once the long side exceeds 1.5
+  // times the short one (kernels/cuda/ns_gemm_plan.h, GpuRunsGram).
   kernels::NewtonSchulzMethod ns_method =
       kernels::NewtonSchulzMethod::kStandard;
   // For CPU parameters, where this rank's owned matrices are
@@ -235,8 +237,7 @@ class Muon {
   //     (from the coordinator, the same error on every rank).
   //   InvalidArgument: parameters on different devices (names two of them
   //     and their devices); CUDA parameters with a process group whose
-  //     buffers are not on their device, with ns_method other than
-  //     "standard", or (world size > 1, check_finite or
+  //     buffers are not on their device, or (world size > 1, check_finite or
   //     transactional_step) without a host control group.
   //   Unimplemented / FailedPrecondition: CUDA parameters in a build
   //     without CUDA, or on a device that is not visible.

@@ -1,85 +1,396 @@
 #!/usr/bin/env bash
-# Runs on a GPU machine from the repository root, after tools/pack_device.sh:
-# every GPU check of the project, each output saved under $OUT (or /tmp/out).
-#   1. GPU Newton-Schulz vs the CPU float64 reference (bf16/tf32/fp32),
-#      fused kernels, CUDA API checks;
-#   2. the device layer (CUDA streams, events, memory; host streams and the
-#      stream executor), the NCCL communicator (world size 1, also on a
-#      device-layer stream; 2 ranks when 2 GPUs);
-#   3. Muon over CUDA parameters (the device-resident step: bitwise equal
-#      to host-staged Newton-Schulz in fp32 mode; bf16 within bound), and
-#      a single-device GPU step vs torch.optim.Muon (bf16 tolerance), also
-#      through muonrt on CUDA tensors (tests/python/test_cuda_step.py);
-#   4. 4 host-staged ranks sharing one GPU, bitwise vs single-device GPU;
-#   5. Newton-Schulz TFLOP/s vs PyTorch's own and the bf16 GEMM rate.
+# Runs on a GPU machine from the repository root, after tools/pack_device.sh
+# (from the bundle: bash .device/device_checks.sh): every GPU check of the
+# project inside one time budget, most important first:
+#   1. the GPU test binaries: Newton-Schulz vs the CPU float64 reference
+#      (bf16/tf32/fp32), fused kernels, CUDA API checks; the device layer
+#      (CUDA streams, events, memory; host streams and the stream
+#      executor); Muon over CUDA parameters (bitwise the host-staged step
+#      in fp32 mode, bf16 within bound); the NCCL communicator (world size
+#      1, also on a device-layer stream; 2 ranks when 2 GPUs);
+#   2. 4 host-staged ranks sharing the GPU (muonctl validate), bitwise vs
+#      the single-device GPU run;
+#   3. a single-device GPU step vs torch.optim.Muon (torch_muon_compare.py);
+#   4. muonrt (ctypes) on CUDA tensors next to this machine's PyTorch
+#      (tests/python/test_cuda_step.py) and the self-contained library;
+#   5. the Llama-3-8B layer-set step, muonrt.Muon vs torch.optim.Muon:
+#      time and device memory (gpu_step_bench.py --layers 8);
+#   6. Newton-Schulz TFLOP/s, ours (ns_gpu_bench, standard and Gram) and
+#      PyTorch's (torch_ns_bench.py), vs the bf16 GEMM rate;
+#   7. Newton-Schulz accuracy against a float64 run of the same iteration,
+#      ours vs torch's (ns_accuracy.py);
+#   8. the PyTorch 2.x suite (tests/python/torch2; CPU rank processes),
+#      started in the background with the time left, while
+#   9. compute-sanitizer runs: memcheck on gpu_muon_test and the Gram
+#      tests, racecheck and synccheck on cuda_stream_test (skipped with the
+#      reason when the machine has no compute-sanitizer).
+# Before them it records the machine (nvidia-smi, driver, CUDA, torch,
+# Python, CPU) in versions.txt.
+#
+# Time: the whole run keeps within DEADLINE_S seconds (default 540) from
+# its start, RESERVE_S (default 15) of them kept for the summary and the
+# archive. Each step runs under `timeout` with its own limit (STEP_TIMEOUT_S,
+# default 90, unless the step names another), cut to the time left; a step
+# that would get less than its minimum (MIN_STEP_S, default 15, unless the
+# step names another) is not started and is recorded as "skipped
+# (deadline)". MEMCHECK_FILTER (default *) is the --gtest_filter of
+# gpu_muon_test under memcheck. A TERM, INT or HUP stops the running step
+# and still writes the summary and the archive.
+#
+# Output ($OUT, default /tmp/out), few files since the machine returns at
+# most 8: summary.txt (one line per step: name, ok / FAILED / TIMEOUT /
+# skipped, seconds, the last line of its log), device_logs.tar.gz (logs/:
+# versions.txt and one log per step) and the JSON figures
+# gpu_step_bench.json and ns_accuracy.json. Exit status 1 when a step
+# failed or timed out, else 0.
+#
+# Files written into the bundle's folder do not survive until the next run
+# (the bundle is copied over again), so everything unpacked goes to /tmp:
+# the bundle's run.sh unpacks the binaries into /tmp/muon-bundle, and this
+# script makes /tmp/muon-py (python/, tests/python, examples/ copied from
+# the bundle, muonrt-lib.tar.xz unpacked into python/muonrt: lib/ with the
+# self-contained libmuonrt.so, bin/ with muonrun and muonctl).
+#
 # MUON_REQUIRE_GPU=1 turns the GPU tests' "no GPU" skips into failures (on
-# this machine they mean a broken setup). Each step runs under `timeout`
-# ($STEP_TIMEOUT_S seconds, default 300). Prints one line per step and a
-# summary; exits 1 when any step failed or timed out.
+# this machine they mean a broken setup).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-/tmp/out}
-step_timeout=${STEP_TIMEOUT_S:-300}
-mkdir -p "$out"
+deadline_s=${DEADLINE_S:-540}
+reserve_s=${RESERVE_S:-15}
+step_timeout=${STEP_TIMEOUT_S:-90}
+min_step_s=${MIN_STEP_S:-15}
+memcheck_filter=${MEMCHECK_FILTER:-*}
+logs=$out/logs
+# Where tools/device_run.sh (the bundle's run.sh) unpacks the binaries.
+bundle_dir=/tmp/muon-bundle
+py=/tmp/muon-py
+mkdir -p "$logs"
+rm -f "$out/summary.txt" "$out/device_logs.tar.gz"
 export MUON_REQUIRE_GPU=1
-failed=()
+started=$SECONDS
+
+names=()
+statuses=()
+seconds=()
+notes=()
+current_pid=""
+current_name=""
+current_t0=0
+finished=0
+
+record() {  # name status seconds note
+  names+=("$1")
+  statuses+=("$2")
+  seconds+=("$3")
+  notes+=("$4")
+  printf '== %s: %s (%ss) %s\n' "$1" "$2" "$3" "$4"
+}
+
+time_left() {
+  echo $((deadline_s - reserve_s - (SECONDS - started)))
+}
+
+# The last non-empty line of a log, shortened for the summary.
+last_line() {
+  local line
+  line=$(grep -v '^[[:space:]]*$' "$1" 2>/dev/null | tail -n 1 | tr -s ' \t' ' ')
+  echo "${line:0:90}"
+}
+
+# run NAME [--timeout S] [--min S] -- COMMAND...
+# Runs COMMAND under `timeout` (S seconds, default $STEP_TIMEOUT_S, cut to
+# the time left) with its output in $logs/NAME.log, unless less than its
+# minimum (default $MIN_STEP_S) is left.
 run() {
-  local name=$1
+  local name=$1 limit=$step_timeout min=$min_step_s
   shift
-  echo "== $name: $*"
-  timeout -k 10 "$step_timeout" "$@" >"$out/$name.txt" 2>&1
-  local rc=$?
-  tail -n 5 "$out/$name.txt"
+  while [[ $# -gt 0 && $1 != -- ]]; do
+    case $1 in
+      --timeout) limit=$2; shift 2 ;;
+      --min) min=$2; shift 2 ;;
+      *) echo "device_checks: run $name: unknown option $1" >&2; return 1 ;;
+    esac
+  done
+  shift
+  local left
+  left=$(time_left)
+  if ((left < min)); then
+    record "$name" "skipped (deadline)" 0 "${left}s left, needs >= ${min}s"
+    return 0
+  fi
+  local cut=""
+  if ((limit > left)); then
+    limit=$left
+    cut=" (limit cut to ${left}s by the deadline)"
+  fi
+  local log=$logs/$name.log t0=$SECONDS rc
+  echo "== $name (limit ${limit}s): $*"
+  echo "+ $* (limit ${limit}s)" >"$log"
+  # In the background, so that a TERM to this script reaches `finish` at
+  # once (and `finish` stops the step).
+  timeout -k 10 "$limit" "$@" >>"$log" 2>&1 &
+  current_pid=$!
+  current_name=$name
+  current_t0=$t0
+  wait "$current_pid"
+  rc=$?
+  current_pid=""
+  local took=$((SECONDS - t0))
+  tail -n 3 "$log" | sed 's/^/   | /'
   if [[ $rc -eq 124 || $rc -eq 137 ]]; then
-    echo "== $name: timed out after ${step_timeout}s"
-    failed+=("$name (timeout)")
+    record "$name" TIMEOUT "$took" "after ${limit}s$cut"
   elif [[ $rc -ne 0 ]]; then
-    echo "== $name: exit $rc"
-    failed+=("$name (exit $rc)")
+    record "$name" FAILED "$took" "exit $rc: $(last_line "$log")"
   else
-    echo "== $name: ok"
+    record "$name" ok "$took" "$(last_line "$log")"
   fi
 }
+
+# Writes summary.txt, packs logs/ into device_logs.tar.gz and removes it.
+finish() {
+  local why=${1:-}
+  ((finished)) && return
+  finished=1
+  if [[ -n ${bg_pid:-} ]]; then
+    kill -TERM "$bg_pid" 2>/dev/null
+    wait "$bg_pid" 2>/dev/null
+    record torch2_suite "FAILED (stopped)" "$((SECONDS - bg_t0))" \
+      "$why while it ran in the background"
+    bg_pid=""
+  fi
+  if [[ -n $current_pid ]]; then
+    kill -TERM "$current_pid" 2>/dev/null
+    wait "$current_pid" 2>/dev/null
+    record "$current_name" "FAILED (stopped)" "$((SECONDS - current_t0))" \
+      "$why while it ran; the step's log holds its output so far"
+  fi
+  local failed=0 skipped=0 i
+  {
+    echo "device_checks summary, $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+    grep -m 1 '^gpu:' "$logs/versions.txt" 2>/dev/null
+    grep -m 1 '^torch:' "$logs/versions.txt" 2>/dev/null
+    echo "total $((SECONDS - started))s of a ${deadline_s}s deadline" \
+      "(step limit ${step_timeout}s)"
+    printf '%-32s %-19s %5s  %s\n' step status secs note
+    for i in "${!names[@]}"; do
+      printf '%-32s %-19s %5s  %s\n' "${names[$i]}" "${statuses[$i]}" \
+        "${seconds[$i]}" "${notes[$i]}"
+      case ${statuses[$i]} in
+        ok) ;;
+        skipped*) skipped=$((skipped + 1)) ;;
+        *) failed=$((failed + 1)) ;;
+      esac
+    done
+    echo "device_checks: ${#names[@]} steps, $failed failed or timed out," \
+      "$skipped skipped"
+  } >"$out/summary.txt"
+  echo
+  cat "$out/summary.txt"
+  cp "$out/summary.txt" "$logs/summary.txt"
+  if tar -C "$out" -czf "$out/device_logs.tar.gz" logs; then
+    rm -rf "$logs"
+  else
+    echo "device_checks: could not pack $logs; left as it is"
+  fi
+  echo "device_checks: results in $out:" \
+    "$(find "$out" -maxdepth 1 -type f -printf '%f ')"
+  if ((failed)); then
+    exit 1
+  fi
+  exit 0
+}
+trap 'finish "stopped by a signal"' TERM INT HUP
+
+# ---- the machine -------------------------------------------------------------
 {
-  ldd --version | head -n 1
+  echo "date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+  if command -v nvidia-smi >/dev/null; then
+    echo "gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap \
+      --format=csv,noheader 2>&1 | head -n 1)"
+  else
+    echo "gpu: nvidia-smi not found"
+  fi
+  echo "torch: $(timeout 60 python3 -c 'import torch, sys; print(torch.__version__,
+    "CUDA", torch.version.cuda, "cuda available", torch.cuda.is_available(),
+    "Python", sys.version.split()[0])' 2>&1 | tail -n 1)"
+  echo "cpu: $(lscpu 2>/dev/null | sed -n 's/^Model name:[[:space:]]*//p' | head -n 1)" \
+    "($(nproc) cores), memory $(free -g 2>/dev/null | awk '/^Mem:/ {print $2 " GiB"}')"
+  echo "kernel: $(uname -srm)"
+  echo "glibc: $(ldd --version 2>&1 | head -n 1)"
+  if [[ -x /usr/local/cuda/bin/nvcc ]]; then
+    echo "nvcc: $(/usr/local/cuda/bin/nvcc --version | tail -n 1)"
+  fi
+  echo
   nvidia-smi
-} >"$out/nvidia-smi.txt" 2>&1
-head -n 1 "$out/nvidia-smi.txt"
-run gpu_newton_schulz_test "$here/run.sh" bin/gpu_newton_schulz_test
-run gpu_muon_update_test "$here/run.sh" bin/gpu_muon_update_test
-run cuda_api_test "$here/run.sh" bin/cuda_api_test
-run cuda_stream_test "$here/run.sh" bin/cuda_stream_test
-run host_stream_test "$here/run.sh" bin/host_stream_test
-run executor_streams_test "$here/run.sh" bin/executor_streams_test
-run gpu_executor_test "$here/run.sh" bin/gpu_executor_test
-run step_kernels_test "$here/run.sh" bin/step_kernels_test
-run gpu_muon_test "$here/run.sh" bin/gpu_muon_test
-run process_group_backend_test "$here/run.sh" bin/process_group_backend_test
-run nccl_communicator_test "$here/run.sh" bin/nccl_communicator_test
-run torch_muon_compare python3 "$here/torch_muon_compare.py" \
-  --muonctl "$here/run.sh bin/muonctl" --steps 3
-# muonrt (ctypes) on CUDA tensors next to this machine's PyTorch, through
-# the self-contained library (its own Gloo, gRPC, ... beside torch's).
-mkdir -p "$here/python/muonrt/lib"
-tar -C "$here/python/muonrt/lib" -xJf "$here/muonrt-lib.tar.xz"
-run muonrt_cuda_tensors "$here/run.sh" env -u MUONRT_LIBRARY \
-  PYTHONPATH="$here/python" python3 -m pytest -q -p no:cacheprovider -rs \
-  "$here/tests/python/test_cuda_step.py" "$here/tests/python/test_self_contained.py"
-# The PyTorch 2.x suite (FSDP2 / HSDP / TP / EP layouts, DCP, the library
-# beside torch's Gloo, the main job, real torchrun) on this machine's
-# PyTorch, which has torchrun's libuv.
-run torch2_suite "$here/run.sh" env -u MUONRT_LIBRARY \
-  PYTHONPATH="$here/python" python3 -m pytest -q -p no:cacheprovider -rs \
-  "$here/tests/python/torch2"
-# 4 rank processes, one GPU, host-staged; bitwise vs the single-device GPU run.
-spec=$out/fsdp_cuda.json
+  echo
+  python3 -m pip list 2>/dev/null | grep -Ei '^(torch|numpy|pytest|nvidia-)'
+} >"$logs/versions.txt" 2>&1
+head -n 4 "$logs/versions.txt"
+
+# ---- the Python tree in /tmp ---------------------------------------------------
+# The muonrt package, its tests and the examples, with the self-contained
+# library (and muonrun, muonctl) unpacked where the package finds it.
+py_ready=""
+rm -rf "$py"
+mkdir -p "$py/tests"
+if [[ ! -f $here/muonrt-lib.tar.xz ]]; then
+  py_ready="muonrt-lib.tar.xz is not in the bundle"
+elif ! cp -r "$here/python" "$py/python" ||
+  ! cp -r "$here/tests/python" "$py/tests/python"; then
+  py_ready="copying python/ and tests/python to $py failed"
+else
+  [[ -d $here/examples ]] && cp -r "$here/examples" "$py/examples"
+  # The archive holds lib/ and bin/ (graft_libs.py --bin), or the library
+  # folder's files alone (bundles packed before muonrun and muonctl).
+  listing=$(tar -tJf "$here/muonrt-lib.tar.xz" 2>&1)
+  if grep -Eq '^(\./)?lib/libmuonrt\.so$' <<<"$listing"; then
+    dest=$py/python/muonrt
+  else
+    dest=$py/python/muonrt/lib
+  fi
+  rm -rf "$py/python/muonrt/lib" "$py/python/muonrt/bin"
+  mkdir -p "$dest"
+  if ! tar -C "$dest" -xJf "$here/muonrt-lib.tar.xz"; then
+    py_ready="unpacking muonrt-lib.tar.xz into $dest failed"
+  elif [[ ! -f $py/python/muonrt/lib/libmuonrt.so ]]; then
+    py_ready="muonrt-lib.tar.xz has no libmuonrt.so"
+  fi
+fi
+muonrun=$py/python/muonrt/bin/muonrun
+[[ -x $muonrun ]] || muonrun=""
+echo "python tree: $py (${py_ready:-ready}; muonrun ${muonrun:-absent})"
+# Python with the bundle's libraries and this machine's CUDA (run.sh) and
+# the package from /tmp (its own libmuonrt.so, not MUONRT_LIBRARY's).
+pyrun=("$here/run.sh" env -u MUONRT_LIBRARY PYTHONPATH="$py/python"
+       ${muonrun:+MUONRUN="$muonrun"} python3)
+# run_py NAME [run options] -- ARGS...: a Python step that needs muonrt.
+run_py() {
+  local name=$1
+  shift
+  if [[ -n $py_ready ]]; then
+    record "$name" FAILED 0 "not run: $py_ready"
+    return 0
+  fi
+  local opts=()
+  while [[ $# -gt 0 && $1 != -- ]]; do opts+=("$1"); shift; done
+  shift
+  run "$name" "${opts[@]}" -- "${pyrun[@]}" "$@"
+}
+
+# ---- 1. GPU test binaries --------------------------------------------------------
+for t in gpu_newton_schulz_test gpu_muon_update_test cuda_api_test \
+  cuda_stream_test host_stream_test executor_streams_test gpu_executor_test \
+  step_kernels_test gpu_muon_test process_group_backend_test \
+  nccl_communicator_test; do
+  run "$t" --timeout 60 -- "$here/run.sh" "bin/$t"
+done
+
+# ---- 2. 4 rank processes, one GPU, host-staged; bitwise vs one device ------------
+spec=$logs/fsdp_cuda.json
 sed 's/"optimizer"/"execution": {"device": "cuda"}, "optimizer"/' \
   "$here/specs/fsdp.json" >"$spec"
-run host_staged_4_ranks "$here/run.sh" bin/muonctl validate --spec "$spec" --steps 3
-run ns_gpu_bench "$here/run.sh" bin/ns_gpu_bench
-run torch_ns_bench python3 "$here/torch_ns_bench.py"
-if [[ ${#failed[@]} -gt 0 ]]; then
-  echo "device_checks: ${#failed[@]} failed: ${failed[*]}"
-  exit 1
+run host_staged_4_ranks -- "$here/run.sh" bin/muonctl validate --spec "$spec" \
+  --steps 3
+
+# ---- 3. single-device GPU step vs torch.optim.Muon -------------------------------
+run torch_muon_compare -- python3 "$here/torch_muon_compare.py" \
+  --muonctl "$here/run.sh bin/muonctl" --steps 3
+
+# ---- 4. muonrt on CUDA tensors, the self-contained library ----------------------
+run_py muonrt_cuda_tensors --timeout 120 -- -m pytest -q -p no:cacheprovider -rs \
+  "$py/tests/python/test_cuda_step.py" "$py/tests/python/test_self_contained.py"
+
+# ---- 5. Llama-3-8B layer-set step: muonrt.Muon vs torch.optim.Muon ---------------
+run_py gpu_step_bench --timeout 150 --min 45 -- "$here/gpu_step_bench.py" \
+  --layers 8 --json "$out/gpu_step_bench.json"
+
+# ---- 6. Newton-Schulz throughput, ours and PyTorch's ------------------------------
+# The Llama-3-8B shapes and 8192^2; standard and Gram (restart every 2).
+ns_sizes=1024x1024,1024x4096,4096x4096,4096x14336,8192x8192
+run ns_gpu_bench --timeout 60 -- "$here/run.sh" bin/ns_gpu_bench \
+  --sizes "$ns_sizes" --staged 0
+run ns_gpu_bench_gram --timeout 60 -- "$here/run.sh" bin/ns_gpu_bench \
+  --sizes "$ns_sizes" --staged 0 --method gram
+run torch_ns_bench --timeout 60 -- python3 "$here/torch_ns_bench.py" \
+  --sizes "$ns_sizes"
+
+# ---- 7. Newton-Schulz accuracy vs float64 ----------------------------------------
+run_py ns_accuracy -- "$here/ns_accuracy.py" --device cuda \
+  --json "$out/ns_accuracy.json"
+
+# ---- 8. the PyTorch 2.x suite, in the background ---------------------------------
+# FSDP2 / HSDP / TP / EP layouts, DCP, the library beside torch's Gloo, the
+# main job, real torchrun (this machine's PyTorch has torchrun's libuv).
+# Its ranks are CPU processes on gloo, so it runs beside compute-sanitizer
+# (step 9), with the time left; -v: a suite stopped by the deadline still
+# shows which tests ran.
+bg_pid=""
+bg_t0=0
+bg_limit=0
+bg_log=$logs/torch2_suite.log
+if [[ -n $py_ready ]]; then
+  record torch2_suite FAILED 0 "not run: $py_ready"
+elif (($(time_left) < 60)); then
+  record torch2_suite "skipped (deadline)" 0 "$(time_left)s left, needs >= 60s"
+else
+  bg_limit=$(time_left)
+  echo "== torch2_suite (background, limit ${bg_limit}s)"
+  echo "+ pytest tests/python/torch2 (limit ${bg_limit}s)" >"$bg_log"
+  timeout -k 10 "$bg_limit" "${pyrun[@]}" -m pytest -v -p no:cacheprovider -rs \
+    --durations=15 "$py/tests/python/torch2" >>"$bg_log" 2>&1 &
+  bg_pid=$!
+  bg_t0=$SECONDS
 fi
-echo "device_checks: all passed"
+# Waits for the background suite and records it (as run does).
+finish_background() {
+  [[ -z $bg_pid ]] && return
+  local rc
+  wait "$bg_pid"
+  rc=$?
+  bg_pid=""
+  local took=$((SECONDS - bg_t0))
+  tail -n 3 "$bg_log" | sed 's/^/   | /'
+  if [[ $rc -eq 124 || $rc -eq 137 ]]; then
+    record torch2_suite TIMEOUT "$took" "after ${bg_limit}s"
+  elif [[ $rc -ne 0 ]]; then
+    record torch2_suite FAILED "$took" "exit $rc: $(last_line "$bg_log")"
+  else
+    record torch2_suite ok "$took" "$(last_line "$bg_log")"
+  fi
+}
+
+# ---- 9. compute-sanitizer ----------------------------------------------------------
+sanitizer=$(command -v compute-sanitizer 2>/dev/null)
+if [[ -z $sanitizer ]]; then
+  for s in /usr/local/cuda/bin/compute-sanitizer \
+    /usr/local/cuda/compute-sanitizer/compute-sanitizer \
+    /usr/local/cuda-*/bin/compute-sanitizer; do
+    [[ -x $s ]] && sanitizer=$s && break
+  done
+fi
+if [[ -z $sanitizer ]]; then
+  for n in memcheck_gpu_muon_test racecheck_cuda_stream_test \
+    synccheck_cuda_stream_test; do
+    record "$n" "skipped (no tool)" 0 \
+      "compute-sanitizer is not on PATH nor under /usr/local/cuda*"
+  done
+else
+  # The bundled binaries by absolute path (run.sh maps only its first
+  # argument); --error-exitcode makes a reported hazard a failure.
+  run memcheck_gpu_muon_test --timeout 90 --min 30 -- "$here/run.sh" \
+    "$sanitizer" --tool memcheck --error-exitcode 3 \
+    "$bundle_dir/bin/gpu_muon_test" --gtest_filter="$memcheck_filter"
+  run memcheck_gpu_newton_schulz_test --timeout 60 --min 30 -- "$here/run.sh" \
+    "$sanitizer" --tool memcheck --error-exitcode 3 \
+    "$bundle_dir/bin/gpu_newton_schulz_test" --gtest_filter='*Gram*'
+  run racecheck_cuda_stream_test --timeout 60 -- "$here/run.sh" \
+    "$sanitizer" --tool racecheck --error-exitcode 3 \
+    "$bundle_dir/bin/cuda_stream_test"
+  run synccheck_cuda_stream_test --timeout 60 -- "$here/run.sh" \
+    "$sanitizer" --tool synccheck --error-exitcode 3 \
+    "$bundle_dir/bin/cuda_stream_test"
+fi
+
+finish_background
+finish ""

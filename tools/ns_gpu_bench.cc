@@ -19,6 +19,7 @@
 //
 // Usage: ns_gpu_bench [--sizes 1024x1024,4096x4096,4096x11008,8192x8192]
 //          [--precision bf16|tf32|fp32] [--schedule quintic|polar_express]
+//          [--method standard|gram|auto]
 //          [--repeats 10] [--calls 20] [--gemm_size 8192] [--batch 1]
 //          [--device 0]
 //          [--staged 1]
@@ -62,6 +63,8 @@ ABSL_FLAG(std::string, sizes, "1024x1024,4096x4096,4096x11008,8192x8192",
           "Matrix shapes RxC, comma-separated.");
 ABSL_FLAG(std::string, precision, "bf16", "bf16, tf32 or fp32.");
 ABSL_FLAG(std::string, schedule, "quintic", "quintic or polar_express.");
+ABSL_FLAG(std::string, method, "standard",
+          "Newton-Schulz method: standard, gram (restart every 2) or auto.");
 ABSL_FLAG(int, repeats, 10, "Timed runs after 2 warm-ups.");
 ABSL_FLAG(int, calls, 20,
           "Calls back to back per timed run (the time is divided by it): the "
@@ -75,12 +78,17 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: ns_gpu_bench [--sizes RxC[,RxC...]] [--precision bf16|tf32|fp32]\n"
-    "         [--schedule quintic|polar_express] [--repeats N]\n"
+    "         [--schedule quintic|polar_express] [--method "
+    "standard|gram|auto]\n"
+    "         [--repeats N]\n"
     "         [--gemm_size N] [--batch B] [--device D] [--staged 0|1]\n"
     "  --sizes      matrix shapes (default "
     "1024x1024,4096x4096,4096x11008,8192x8192)\n"
     "  --precision  GEMM arithmetic (default bf16: bf16 in, fp32 accumulate)\n"
     "  --schedule   coefficient schedule (default quintic, 5 iterations)\n"
+    "  --method     standard (default), gram (Gram Newton-Schulz, restart\n"
+    "               every 2) or auto; NS TFLOP/s counts the standard\n"
+    "               iteration's FLOPs whatever the method (time-equivalent)\n"
     "  --repeats    timed runs after 2 warm-ups (default 10)\n"
     "  --calls      calls back to back per timed run (default 20)\n"
     "  --gemm_size  m = n = k of the dense GEMM yardstick (default 8192)\n"
@@ -198,9 +206,10 @@ int main(int argc, char** argv) {
   if (!::muon::bench::ParseSizes(absl::GetFlag(FLAGS_sizes), "ns_gpu_bench",
                                  &shapes) ||
       !kernels::ParseGpuPrecision(precision_name).ok() ||
-      !kernels::ParseCoefficientSchedule(schedule_name).ok() || repeats < 1 ||
-      absl::GetFlag(FLAGS_calls) < 1 || gemm_size < 1 || batch < 1 ||
-      device < 0) {
+      !kernels::ParseCoefficientSchedule(schedule_name).ok() ||
+      !kernels::ParseNewtonSchulzMethod(absl::GetFlag(FLAGS_method)).ok() ||
+      repeats < 1 || absl::GetFlag(FLAGS_calls) < 1 || gemm_size < 1 ||
+      batch < 1 || device < 0) {
     std::fprintf(stderr, "ns_gpu_bench: bad flags\n%s", kUsage);
     return 2;
   }
@@ -219,8 +228,10 @@ int main(int argc, char** argv) {
   }
   const kernels::GpuPrecision precision =
       *kernels::ParseGpuPrecision(precision_name);
-  const kernels::NewtonSchulzOptions options =
+  kernels::NewtonSchulzOptions options =
       *kernels::ParseCoefficientSchedule(schedule_name);
+  options.method =
+      *kernels::ParseNewtonSchulzMethod(absl::GetFlag(FLAGS_method));
 
   absl::Status status = cuda::SetDevice(device);
   if (!status.ok()) return Fail("cudaSetDevice", status);
@@ -234,10 +245,11 @@ int main(int argc, char** argv) {
 
   std::printf("GPU %d of %d: %s\n", device, count, gpu->c_str());
   std::printf(
-      "NS: precision %s, schedule %s (%d iterations), batch %lld, 2 warm-ups "
-      "+ %d timed runs (CUDA events)\n",
+      "NS: precision %s, schedule %s (%d iterations), method %s, batch %lld, "
+      "2 warm-ups + %d timed runs (CUDA events)\n",
       precision_name.c_str(), schedule_name.c_str(),
-      kernels::NewtonSchulzIterations(options), static_cast<long long>(batch),
+      kernels::NewtonSchulzIterations(options),
+      absl::GetFlag(FLAGS_method).c_str(), static_cast<long long>(batch),
       repeats);
   absl::StatusOr<Timing> peak =
       TimeGemm(ctx->get(), precision, gemm_size, gemm_size, gemm_size, repeats);

@@ -39,20 +39,33 @@ rm -rf .device
 # Our launcher replaces the bundle's run.sh: it resolves the CUDA/NCCL
 # library folders once and says which it chose (tools/device_run.sh).
 cp tools/device_run.sh .device/run.sh
-cp tools/torch_ns_bench.py tools/torch_muon_compare.py tools/device_checks.sh .device/
+cp tools/torch_ns_bench.py tools/torch_muon_compare.py tools/device_checks.sh \
+  tools/gpu_step_bench.py tools/ns_accuracy.py .device/
 cp -r examples/specs .device/specs
 # The Python package and the PyTorch job for the device's PyTorch:
 # on the device, MUONRT_LIBRARY=/tmp/muon-bundle/bin/libmuonrt.so and
 # PYTHONPATH=.device/python (the bundle's run.sh sets LD_LIBRARY_PATH).
 cp -r python .device/python
-rm -rf .device/python/muonrt/lib
-# The self-contained libmuonrt.so of the CUDA build (tools/graft_libs.py;
-# the machine's CUDA and NCCL stay outside), compressed: device_checks.sh
-# unpacks it into python/muonrt/lib, where muonrt finds it.
+# (lib/ and bin/ of a host build, when tools/run_tests.sh made them, are
+# not the CUDA build's: the archive below replaces them.)
+rm -rf .device/python/muonrt/lib .device/python/muonrt/bin
+# The self-contained libmuonrt.so of the CUDA build, with muonrun and
+# muonctl on the same grafted libraries (tools/graft_libs.py --bin, as
+# tools/run_tests.sh makes python/muonrt; the machine's CUDA and NCCL stay
+# outside), compressed: lib/ and bin/, which device_checks.sh unpacks into
+# a copy of python/muonrt under /tmp, where muonrt finds the library and
+# the tests find muonrun (MUONRUN) and muonctl.
 graft=$(mktemp -d)
-python3 tools/graft_libs.py --out "$graft" "$bin/capi/libmuonrt.so" | tail -n 1
-tar -C "$graft" -cJf .device/muonrt-lib.tar.xz .
+python3 tools/graft_libs.py --out "$graft" \
+  --bin "$bin/tools/muonrun" "$bin/tools/muonctl" -- \
+  "$bin/capi/libmuonrt.so" | tail -n 1
+XZ_OPT=-9 tar -C "$graft" -cJf .device/muonrt-lib.tar.xz .
 rm -rf "$graft"
 mkdir -p .device/tests && cp -r tests/python .device/tests/python
 mkdir -p .device/examples && cp -r examples/fashion_mnist_torch .device/examples/
 du -sh .device
+# The device machine takes at most 64 MiB of carried files.
+if (($(du -sm .device | cut -f1) >= 64)); then
+  echo "pack_device: .device is 64 MiB or more: the device run will refuse it" >&2
+  exit 1
+fi

@@ -81,14 +81,16 @@ struct Layout {
   int64_t x0 = 0;       // X ping buffer (work type).
   int64_t x1 = 0;       // X pong buffer (bf16 only; fp32 pongs into out).
   int64_t gram = 0;     // A: batch * m * m.
-  int64_t poly = 0;     // B: batch * m * m.
+  int64_t poly = 0;     // B (Gram: Z): batch * m * m.
+  int64_t q = 0;        // Gram only: Q, batch * m * m.
+  int64_t tmp = 0;      // Gram only: Q Z or R Z, batch * m * m.
   int64_t partial = 0;  // double [batch, NormBlocks].
   int64_t denom = 0;    // float [batch].
   int64_t total = 0;
 };
 
 Layout MakeLayout(int64_t batch, int64_t rows, int64_t cols,
-                  GpuPrecision precision) {
+                  GpuPrecision precision, bool gram) {
   const GemmTypes t = TypesFor(precision);
   const int64_t m = std::min(rows, cols);
   const int64_t x_bytes = AlignUp(batch * rows * cols * t.elem_bytes);
@@ -103,6 +105,13 @@ Layout MakeLayout(int64_t batch, int64_t rows, int64_t cols,
   at += g_bytes;
   l.poly = at;
   at += g_bytes;
+  l.q = at;
+  l.tmp = at;
+  if (gram) {
+    at += g_bytes;
+    l.tmp = at;
+    at += g_bytes;
+  }
   l.partial = at;
   at += AlignUp(batch * NormBlocks(rows * cols) * int64_t{sizeof(double)});
   l.denom = at;
@@ -183,6 +192,24 @@ __global__ void Bf16ToFloatKernel(const __nv_bfloat16* __restrict__ x,
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
        i < n; i += stride) {
     out[i] = __bfloat162float(x[i]);
+  }
+}
+
+__device__ __forceinline__ float Load(const float* p) { return *p; }
+__device__ __forceinline__ float Load(const __nv_bfloat16* p) {
+  return __bfloat162float(*p);
+}
+
+// z[mat] += a * I for the m x m matrices of the batch (blockIdx.y = mat,
+// matrix i at z + i * m * m): one fp32 addition and one rounding to T per
+// diagonal element.
+template <typename T>
+__global__ void AddDiagonalKernel(T* __restrict__ z, int m, float a) {
+  T* zm = z + static_cast<int64_t>(blockIdx.y) * m * m;
+  for (int i = blockIdx.x * kThreads + threadIdx.x; i < m;
+       i += gridDim.x * kThreads) {
+    T* d = zm + static_cast<int64_t>(i) * m + i;
+    Store(d, __fadd_rn(Load(d), a));
   }
 }
 
@@ -278,6 +305,161 @@ absl::Status ReserveState(NsCudaContext::State* s, const Layout& l) {
   return absl::OkStatus();
 }
 
+// The iteration's device buffers (work type: bf16 or fp32); x and x_next
+// swap after every X update, q and tmp after every Q Z.
+struct IterationBuffers {
+  void* x;
+  void* x_next;
+  void* gram;  // A, or Gram's R.
+  void* poly;  // B, or Gram's Z.
+  void* q;     // Gram only.
+  void* tmp;   // Gram only.
+  void* Get(NsBuffer which) const {
+    switch (which) {
+      case NsBuffer::kX:
+        return x;
+      case NsBuffer::kXNext:
+        return x_next;
+      case NsBuffer::kGram:
+        return gram;
+      case NsBuffer::kPoly:
+        return poly;
+      case NsBuffer::kQ:
+        return q;
+      case NsBuffer::kTmp:
+        break;
+    }
+    return tmp;
+  }
+};
+
+// The bucket's shape and the GEMM types.
+struct IterationShape {
+  int batch;
+  int64_t rows, cols;
+  GemmTypes types;
+  bool bf16;
+  int64_t m() const { return std::min(rows, cols); }
+};
+
+absl::Status RunPlanned(NsCudaContext::State* s, const IterationShape& shape,
+                        const IterationBuffers& buf, const NsGemm& g) {
+  return RunGemm(s->handle, shape.types, shape.batch,
+                 {g.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                  g.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N, g.m, g.n, g.k,
+                  static_cast<float>(g.alpha), buf.Get(g.a), g.lda, g.stride_a,
+                  buf.Get(g.b), g.ldb, g.stride_b, static_cast<float>(g.beta),
+                  buf.Get(g.c), g.ldc, g.stride_c});
+}
+
+absl::Status CopyAsync(NsCudaContext::State* s, void* dst, const void* src,
+                       int64_t bytes) {
+  MUON_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes),
+                      cudaMemcpyDeviceToDevice, s->stream));
+  return absl::OkStatus();
+}
+
+// The standard iteration (NsStepPlan), `steps` X updates.
+absl::Status StandardIterations(NsCudaContext::State* s,
+                                const IterationShape& shape,
+                                const NewtonSchulzOptions& options,
+                                IterationBuffers* buf) {
+  const int64_t m = shape.m();
+  const int64_t gram_bytes = shape.batch * m * m * shape.types.elem_bytes;
+  const int64_t x_bytes =
+      shape.batch * shape.rows * shape.cols * shape.types.elem_bytes;
+  for (int step = 0; step < NewtonSchulzIterations(options); ++step) {
+    const NsStepPlan plan = PlanNewtonSchulzStep(
+        shape.rows, shape.cols, NewtonSchulzCoefficients(options, step));
+    MUON_CU_RETURN_IF_ERROR(
+        WithContext(RunPlanned(s, shape, *buf, plan.gram), "A = X X^T", step));
+    // B = b*A + c*A*A: B starts as a copy of A, then beta = b.
+    MUON_CU_RETURN_IF_ERROR(WithContext(
+        CopyAsync(s, buf->poly, buf->gram, gram_bytes), "copy A", step));
+    MUON_CU_RETURN_IF_ERROR(WithContext(RunPlanned(s, shape, *buf, plan.poly),
+                                        "B = b*A + c*A*A", step));
+    // X' = a*X + B*X: X' starts as a copy of X, then beta = a.
+    MUON_CU_RETURN_IF_ERROR(WithContext(
+        CopyAsync(s, buf->x_next, buf->x, x_bytes), "copy X", step));
+    MUON_CU_RETURN_IF_ERROR(WithContext(RunPlanned(s, shape, *buf, plan.update),
+                                        "X = a*X + B*X", step));
+    std::swap(buf->x, buf->x_next);
+  }
+  return absl::OkStatus();
+}
+
+// Z += a I on the bucket's m x m matrices.
+absl::Status AddDiagonal(NsCudaContext::State* s, const IterationShape& shape,
+                         void* z, float a) {
+  const int m = static_cast<int>(shape.m());
+  const dim3 grid((m + kThreads - 1) / kThreads,
+                  static_cast<unsigned int>(shape.batch));
+  if (shape.bf16) {
+    AddDiagonalKernel<__nv_bfloat16><<<grid, kThreads, 0, s->stream>>>(
+        static_cast<__nv_bfloat16*>(z), m, a);
+  } else {
+    AddDiagonalKernel<float>
+        <<<grid, kThreads, 0, s->stream>>>(static_cast<float*>(z), m, a);
+  }
+  MUON_CUDA_RETURN_IF_LAUNCH_FAILED("AddDiagonalKernel");
+  return absl::OkStatus();
+}
+
+// One Gram iteration inside a restart block (see NsGramPlan): Z from R,
+// Q from Z (j = 0: a copy), and R = Z R Z unless it is the block's last.
+absl::Status GramInnerStep(NsCudaContext::State* s, const IterationShape& shape,
+                           const NewtonSchulzOptions& options, int step, int j,
+                           bool last, IterationBuffers* buf) {
+  const int64_t m = shape.m();
+  const int64_t mm_bytes = shape.batch * m * m * shape.types.elem_bytes;
+  const std::array<double, 3> abc = NewtonSchulzCoefficients(options, step);
+  const NsGramPlan plan = PlanGramNewtonSchulz(shape.rows, shape.cols, abc);
+  MUON_CU_RETURN_IF_ERROR(WithContext(
+      CopyAsync(s, buf->poly, buf->gram, mm_bytes), "copy R", step));
+  MUON_CU_RETURN_IF_ERROR(WithContext(RunPlanned(s, shape, *buf, plan.square),
+                                      "Z = b*R + c*R*R", step));
+  MUON_CU_RETURN_IF_ERROR(
+      WithContext(AddDiagonal(s, shape, buf->poly, static_cast<float>(abc[0])),
+                  "Z += a*I", step));
+  if (j == 0) {
+    MUON_CU_RETURN_IF_ERROR(
+        WithContext(CopyAsync(s, buf->q, buf->poly, mm_bytes), "Q = Z", step));
+  } else {
+    MUON_CU_RETURN_IF_ERROR(WithContext(
+        RunPlanned(s, shape, *buf, plan.accumulate), "Q = Q Z", step));
+    std::swap(buf->q, buf->tmp);
+  }
+  if (last) return absl::OkStatus();
+  MUON_CU_RETURN_IF_ERROR(
+      WithContext(RunPlanned(s, shape, *buf, plan.right), "T = R Z", step));
+  return WithContext(RunPlanned(s, shape, *buf, plan.left), "R = Z T", step);
+}
+
+// Gram Newton-Schulz (NsGramPlan): one X update per restart block.
+absl::Status GramIterations(NsCudaContext::State* s,
+                            const IterationShape& shape,
+                            const NewtonSchulzOptions& options,
+                            IterationBuffers* buf) {
+  const int steps = NewtonSchulzIterations(options);
+  const int every = std::max(options.gram_restart_every, 1);
+  for (int start = 0; start < steps; start += every) {
+    const int len = std::min(every, steps - start);
+    const NsGramPlan plan = PlanGramNewtonSchulz(
+        shape.rows, shape.cols, NewtonSchulzCoefficients(options, start));
+    MUON_CU_RETURN_IF_ERROR(
+        WithContext(RunPlanned(s, shape, *buf, plan.gram), "R = X X^T", start));
+    for (int j = 0; j < len; ++j) {
+      MUON_CU_RETURN_IF_ERROR(
+          GramInnerStep(s, shape, options, start + j, j, j + 1 == len, buf));
+    }
+    MUON_CU_RETURN_IF_ERROR(
+        WithContext(RunPlanned(s, shape, *buf, plan.apply), "X = Q X", start));
+    std::swap(buf->x, buf->x_next);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 bool BuiltWithCuda() { return true; }
@@ -351,7 +533,10 @@ absl::Status NsCudaContext::Reserve(int64_t batch, int64_t rows, int64_t cols,
         "NsCudaContext::Reserve: sizes must be positive, got batch=", batch,
         " rows=", rows, " cols=", cols));
   }
-  return ReserveState(state_.get(), MakeLayout(batch, rows, cols, precision));
+  // The standard iteration's layout: a Gram call (two more m x m buffers)
+  // grows the scratch at its first call.
+  return ReserveState(state_.get(),
+                      MakeLayout(batch, rows, cols, precision, /*gram=*/false));
 }
 
 int64_t NsCudaContext::ScratchBytes() const { return state_->scratch.bytes(); }
@@ -385,91 +570,46 @@ absl::Status NewtonSchulzBatched(NsCudaContext* ctx, const float* u,
   NsCudaContext::State* s = ctx->state();
   device::CudaDeviceGuard device_guard(s->device);
   if (!device_guard.status().ok()) return device_guard.status();
-  const Layout l = MakeLayout(batch, rows, cols, precision);
+  const int steps = NewtonSchulzIterations(options);
+  const bool gram =
+      GpuRunsGram(rows, cols, steps, static_cast<int>(options.method),
+                  options.gram_restart_every);
+  const Layout l = MakeLayout(batch, rows, cols, precision, gram);
   MUON_CU_RETURN_IF_ERROR(ReserveState(s, l));
 
   const GemmTypes t = TypesFor(precision);
-  const int steps = NewtonSchulzIterations(options);
-  const int64_t m = std::min(rows, cols);
   char* base = s->scratch.as<char>();
   const bool bf16 = precision == GpuPrecision::kBf16;
+  const int every = std::max(options.gram_restart_every, 1);
+  // X updates: one per iteration, or one per Gram restart block.
+  const int updates = gram ? (steps + every - 1) / every : steps;
 
   // X ping-pong. bf16: two bf16 scratch buffers, widened into out at the
   // end. fp32/tf32: out and one scratch buffer, starting where the last
-  // iteration lands in out (no final copy), as the CPU kernel.
-  void* x;
-  void* x_next;
+  // update lands in out (no final copy), as the CPU kernel.
+  IterationBuffers buf;
+  buf.gram = base + l.gram;
+  buf.poly = base + l.poly;
+  buf.q = base + l.q;
+  buf.tmp = base + l.tmp;
   if (bf16) {
-    x = base + l.x0;
-    x_next = base + l.x1;
+    buf.x = base + l.x0;
+    buf.x_next = base + l.x1;
     MUON_CU_RETURN_IF_ERROR(Normalize(s, l, u, batch, size, options,
-                                      static_cast<__nv_bfloat16*>(x)));
+                                      static_cast<__nv_bfloat16*>(buf.x)));
   } else {
-    x = (steps % 2 == 0) ? static_cast<void*>(out) : base + l.x0;
-    x_next = (steps % 2 == 0) ? base + l.x0 : static_cast<void*>(out);
+    buf.x = (updates % 2 == 0) ? static_cast<void*>(out) : base + l.x0;
+    buf.x_next = (updates % 2 == 0) ? base + l.x0 : static_cast<void*>(out);
     MUON_CU_RETURN_IF_ERROR(
-        Normalize(s, l, u, batch, size, options, static_cast<float*>(x)));
+        Normalize(s, l, u, batch, size, options, static_cast<float*>(buf.x)));
   }
-  void* gram = base + l.gram;
-  void* poly = base + l.poly;
-  const size_t gram_bytes = static_cast<size_t>(batch * m * m * t.elem_bytes);
-  const size_t x_bytes = static_cast<size_t>(batch * size * t.elem_bytes);
-  const int b = static_cast<int>(batch);
-
-  // The GEMM sequence and its layout (transposes by flags, no copies of
-  // transposes) are in kernels/cuda/ns_gemm_plan.h.
-  for (int step = 0; step < steps; ++step) {
-    const NsStepPlan plan = PlanNewtonSchulzStep(
-        rows, cols, NewtonSchulzCoefficients(options, step));
-    const auto buffer = [&](NsBuffer which) -> void* {
-      switch (which) {
-        case NsBuffer::kX:
-          return x;
-        case NsBuffer::kXNext:
-          return x_next;
-        case NsBuffer::kGram:
-          return gram;
-        case NsBuffer::kPoly:
-          break;
-      }
-      return poly;
-    };
-    const auto run = [&](const NsGemm& g) {
-      return RunGemm(
-          s->handle, t, b,
-          {g.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-           g.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N, g.m, g.n, g.k,
-           static_cast<float>(g.alpha), buffer(g.a), g.lda, g.stride_a,
-           buffer(g.b), g.ldb, g.stride_b, static_cast<float>(g.beta),
-           buffer(g.c), g.ldc, g.stride_c});
-    };
-    MUON_CU_RETURN_IF_ERROR(WithContext(run(plan.gram), "A = X X^T", step));
-    // B = b*A + c*A*A: B starts as a copy of A, then beta = b.
-    MUON_CU_RETURN_IF_ERROR(WithContext(
-        [&]() -> absl::Status {
-          MUON_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-              poly, gram, gram_bytes, cudaMemcpyDeviceToDevice, s->stream));
-          return absl::OkStatus();
-        }(),
-        "copy A", step));
-    MUON_CU_RETURN_IF_ERROR(
-        WithContext(run(plan.poly), "B = b*A + c*A*A", step));
-    // X' = a*X + B*X: X' starts as a copy of X, then beta = a.
-    MUON_CU_RETURN_IF_ERROR(WithContext(
-        [&]() -> absl::Status {
-          MUON_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-              x_next, x, x_bytes, cudaMemcpyDeviceToDevice, s->stream));
-          return absl::OkStatus();
-        }(),
-        "copy X", step));
-    MUON_CU_RETURN_IF_ERROR(
-        WithContext(run(plan.update), "X = a*X + B*X", step));
-    std::swap(x, x_next);
-  }
+  const IterationShape shape{static_cast<int>(batch), rows, cols, t, bf16};
+  MUON_CU_RETURN_IF_ERROR(gram ? GramIterations(s, shape, options, &buf)
+                               : StandardIterations(s, shape, options, &buf));
   if (bf16) {
     const int64_t total = batch * size;
     Bf16ToFloatKernel<<<ElementwiseBlocks(total), kThreads, 0, s->stream>>>(
-        static_cast<const __nv_bfloat16*>(x), total, out);
+        static_cast<const __nv_bfloat16*>(buf.x), total, out);
     MUON_CUDA_RETURN_IF_LAUNCH_FAILED("Bf16ToFloatKernel");
   }
   return absl::OkStatus();

@@ -32,8 +32,10 @@ namespace cuda {
 enum class NsBuffer {
   kX,      // Current X: batch * rows*cols elements.
   kXNext,  // Next X (holds a copy of X before the update GEMM).
-  kGram,   // A: batch * m*m.
-  kPoly,   // B (holds a copy of A before the polynomial GEMM).
+  kGram,   // A (Gram: R): batch * m*m.
+  kPoly,   // B (holds a copy of A before the polynomial GEMM); Gram: Z.
+  kQ,      // Gram only: the accumulated polynomial Q, batch * m*m.
+  kTmp,    // Gram only: the product Q Z or R Z, batch * m*m.
 };
 
 // C = alpha * op(A) op(B) + beta * C, column-major, `transpose_*` true for
@@ -99,6 +101,102 @@ inline NsStepPlan PlanNewtonSchulzStep(int64_t rows, int64_t cols,
                    abc[1], NsBuffer::kPoly,  m, mm};
   // clang-format on
   return plan;
+}
+
+// Gram Newton-Schulz (Dao AI Lab, "Gram Newton-Schulz: A Fast,
+// Hardware-Aware Newton-Schulz Algorithm for Muon", 2026; the CPU
+// kernels::NewtonSchulz with NewtonSchulzMethod::kGram). With
+// Z_i = a I + b R_i + c R_i^2, R_i = X_i X_i^T, all Z_i commute with R_i, so
+// per restart block of L iterations:
+//   R = X X^T;                                  `gram` (kX -> kGram)
+//   for j < L:
+//     Z = b R + c R R, then Z += a I;           copy kGram -> kPoly, `square`,
+//                                               a diagonal kernel
+//     Q = Z (j = 0, a copy) or Q = Q Z;          `accumulate` (-> kTmp, then
+//                                               kTmp and kQ swap)
+//     j < L-1: R = Z (R Z);                      `right` (-> kTmp), `left`
+//   X' = Q X;                                   `apply` (kQ, kX -> kXNext)
+// The m x m matrices are column-major buffers of the matrices themselves
+// (the products of symmetric and commuting matrices need no transposes);
+// only `gram` and `apply` depend on the layout of X, as in NsStepPlan.
+struct NsGramPlan {
+  NsGemm gram;
+  NsGemm square;
+  NsGemm accumulate;
+  NsGemm right;
+  NsGemm left;
+  NsGemm apply;
+};
+
+// The Gram plan for a [rows, cols] matrix (rows, cols in [1, INT_MAX]) and
+// one iteration's (a, b, c) (`square` carries b and c; a is added to Z's
+// diagonal by the caller).
+inline NsGramPlan PlanGramNewtonSchulz(int64_t rows, int64_t cols,
+                                       const std::array<double, 3>& abc) {
+  const NsStepPlan standard = PlanNewtonSchulzStep(rows, cols, abc);
+  const bool tall = rows > cols;
+  const int m = static_cast<int>(std::min(rows, cols));
+  const int n = static_cast<int>(std::max(rows, cols));
+  const int64_t mn = rows * cols;
+  const int64_t mm = static_cast<int64_t>(m) * m;
+  NsGramPlan plan;
+  plan.gram = standard.gram;
+  // clang-format off
+  plan.square     = {false, false, m, m, m, abc[2],
+                     NsBuffer::kGram, m, mm,  NsBuffer::kGram, m, mm,
+                     abc[1], NsBuffer::kPoly, m, mm};
+  plan.accumulate = {false, false, m, m, m, 1.0,
+                     NsBuffer::kQ,    m, mm,  NsBuffer::kPoly, m, mm,
+                     0.0,    NsBuffer::kTmp,  m, mm};
+  plan.right      = {false, false, m, m, m, 1.0,
+                     NsBuffer::kGram, m, mm,  NsBuffer::kPoly, m, mm,
+                     0.0,    NsBuffer::kTmp,  m, mm};
+  plan.left       = {false, false, m, m, m, 1.0,
+                     NsBuffer::kPoly, m, mm,  NsBuffer::kTmp,  m, mm,
+                     0.0,    NsBuffer::kGram, m, mm};
+  if (tall) {
+    // Xc = X (m x n, ld m): X' = Q X.
+    plan.apply    = {false, false, m, n, m, 1.0,
+                     NsBuffer::kQ,    m, mm,  NsBuffer::kX,    m, mn,
+                     0.0,    NsBuffer::kXNext, m, mn};
+  } else {
+    // Xc = X^T (n x m, ld n): Xc' = Xc Q^T.
+    plan.apply    = {false, true,  n, m, m, 1.0,
+                     NsBuffer::kX,    n, mn,  NsBuffer::kQ,    m, mm,
+                     0.0,    NsBuffer::kXNext, n, mn};
+  }
+  // clang-format on
+  return plan;
+}
+
+// FLOPs the GPU iteration executes on one [rows, cols] matrix (every
+// product a full GEMM): standard k * (4 m^2 n + 2 m^3); Gram, per restart
+// block of L iterations, 4 m^2 n + (8L - 6) m^3 (gram and apply 2 m^2 n
+// each; L squares, L - 1 accumulations and 2(L - 1) R updates of 2 m^3).
+inline double GpuNewtonSchulzFlops(int64_t rows, int64_t cols, int steps,
+                                   bool gram, int restart_every) {
+  const double m = static_cast<double>(std::min(rows, cols));
+  const double n = static_cast<double>(std::max(rows, cols));
+  if (!gram) return steps * (4.0 * m * m * n + 2.0 * m * m * m);
+  const int every = std::max(restart_every, 1);
+  double flops = 0.0;
+  for (int start = 0; start < steps; start += every) {
+    const int len = std::min(every, steps - start);
+    flops += 4.0 * m * m * n + (8.0 * len - 6.0) * m * m * m;
+  }
+  return flops;
+}
+
+// Whether the GPU iteration runs Gram for `method` (kAuto: when it executes
+// fewer FLOPs than the standard one by GpuNewtonSchulzFlops; with k = 5 and
+// a restart every 2, 12 m^2 n + 22 m^3 against 20 m^2 n + 10 m^3: once the
+// long side exceeds 1.5 times the short one).
+// `method` is 0 standard, 1 gram, 2 auto (NewtonSchulzMethod's order).
+inline bool GpuRunsGram(int64_t rows, int64_t cols, int steps, int method,
+                        int restart_every) {
+  if (method != 2) return method == 1;
+  return GpuNewtonSchulzFlops(rows, cols, steps, true, restart_every) <
+         GpuNewtonSchulzFlops(rows, cols, steps, false, restart_every);
 }
 
 }  // namespace cuda

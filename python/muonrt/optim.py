@@ -254,7 +254,8 @@ class Muon(torch.optim.Optimizer):
     Runtime (keyword-only): ns_schedule ("quintic" | "polar_express"),
         ns_method ("standard" | "gram": iterate on the m x m Gram matrix |
         "auto": per matrix, whichever executes fewer FLOPs, i.e. Gram when
-        the long side exceeds twice the short one; gram and auto CPU only),
+        the long side exceeds twice the short one on the CPU, 1.5 times on
+        CUDA),
         async_gpu_parallelism (bool), prefetch_count (int),
         assignment_policy ("lpt" | "round_robin"), bucket_size_bytes (int),
         transactional_step (bool, False: a step that fails on any rank

@@ -115,6 +115,43 @@ TEST(GpuNewtonSchulzTest,
   CheckScheduleAgainstReference("polar_express", PolarExpressSchedule());
 }
 
+// Gram Newton-Schulz (the m x m iteration, restart every 2 and every
+// iteration) under the standard iteration's bounds: the same polynomial in
+// another order.
+TEST(GpuNewtonSchulzTest, Engine_Gram_MatchesFloat64ReferenceAllPrecisions) {
+  MUON_SKIP_WITHOUT_GPU();
+  for (int restart : {2, 1}) {
+    NewtonSchulzOptions options;
+    options.method = NewtonSchulzMethod::kGram;
+    options.gram_restart_every = restart;
+    CheckScheduleAgainstReference(restart == 2 ? "gram2" : "gram1", options);
+  }
+}
+
+// The Gram path is really taken (other products, so other bits than the
+// standard iteration), and auto takes it for a 1:4 matrix only.
+TEST(GpuNewtonSchulzTest, Engine_GramAndAuto_RunTheGramIteration) {
+  MUON_SKIP_WITHOUT_GPU();
+  std::unique_ptr<NsEngine> engine = MakeEngine(GpuPrecision::kFp32);
+  ASSERT_NE(engine, nullptr);
+  NewtonSchulzOptions standard;
+  NewtonSchulzOptions gram;
+  gram.method = NewtonSchulzMethod::kGram;
+  NewtonSchulzOptions automatic;
+  automatic.method = NewtonSchulzMethod::kAuto;
+  const std::vector<float> wide = RandomMatrix(64, 256, 52);
+  const std::vector<float> o_std =
+      RunEngine(engine.get(), wide, 64, 256, standard);
+  const std::vector<float> o_gram =
+      RunEngine(engine.get(), wide, 64, 256, gram);
+  EXPECT_FALSE(BitwiseEqual(o_std, o_gram));
+  EXPECT_TRUE(
+      BitwiseEqual(RunEngine(engine.get(), wide, 64, 256, automatic), o_gram));
+  const std::vector<float> square = RandomMatrix(96, 96, 53);
+  EXPECT_TRUE(BitwiseEqual(RunEngine(engine.get(), square, 96, 96, automatic),
+                           RunEngine(engine.get(), square, 96, 96, standard)));
+}
+
 // Small, vector and odd shapes in fp32 (reduced precisions are
 // ill-conditioned there, see ns_test_util.h).
 TEST(GpuNewtonSchulzTest, Engine_Fp32SmallShapes_MatchFloat64Reference) {

@@ -27,7 +27,7 @@ namespace {
 using ::muon::kernels::testing::RandomMatrix;
 
 struct Buffers {
-  std::vector<double> x, x_next, gram, poly;
+  std::vector<double> x, x_next, gram, poly, q, tmp;
   std::vector<double>& Get(NsBuffer which) {
     switch (which) {
       case NsBuffer::kX:
@@ -37,9 +37,13 @@ struct Buffers {
       case NsBuffer::kGram:
         return gram;
       case NsBuffer::kPoly:
+        return poly;
+      case NsBuffer::kQ:
+        return q;
+      case NsBuffer::kTmp:
         break;
     }
-    return poly;
+    return tmp;
   }
 };
 
@@ -89,10 +93,10 @@ void SimulateGemm(const NsGemm& g, int batch, Buffers* buffers) {
   }
 }
 
-// NewtonSchulzBatched's sequence on `batch` row-major [rows, cols] matrices.
-std::vector<double> RunPlan(const std::vector<double>& u, int batch,
-                            int64_t rows, int64_t cols,
-                            const NewtonSchulzOptions& options) {
+// The normalised input (X = U / max(norm_scale ||U||_F, eps) per matrix)
+// in fresh buffers whose scratch starts as NaN.
+Buffers Normalised(const std::vector<double>& u, int batch, int64_t rows,
+                   int64_t cols, const NewtonSchulzOptions& options) {
   const int64_t size = rows * cols;
   const int64_t m = std::min(rows, cols);
   Buffers buf;
@@ -100,6 +104,8 @@ std::vector<double> RunPlan(const std::vector<double>& u, int batch,
   buf.x_next.assign(buf.x.size(), NAN);
   buf.gram.assign(static_cast<size_t>(batch * m * m), NAN);
   buf.poly.assign(buf.gram.size(), NAN);
+  buf.q.assign(buf.gram.size(), NAN);
+  buf.tmp.assign(buf.gram.size(), NAN);
   for (int e = 0; e < batch; ++e) {
     double sum = 0.0;
     for (int64_t i = 0; i < size; ++i) sum += u[e * size + i] * u[e * size + i];
@@ -109,6 +115,15 @@ std::vector<double> RunPlan(const std::vector<double>& u, int batch,
       buf.x[e * size + i] = u[e * size + i] / denom;
     }
   }
+  return buf;
+}
+
+// NewtonSchulzBatched's standard sequence on `batch` row-major [rows, cols]
+// matrices.
+std::vector<double> RunPlan(const std::vector<double>& u, int batch,
+                            int64_t rows, int64_t cols,
+                            const NewtonSchulzOptions& options) {
+  Buffers buf = Normalised(u, batch, rows, cols, options);
   for (int step = 0; step < NewtonSchulzIterations(options); ++step) {
     const NsStepPlan plan = PlanNewtonSchulzStep(
         rows, cols, NewtonSchulzCoefficients(options, step));
@@ -120,6 +135,106 @@ std::vector<double> RunPlan(const std::vector<double>& u, int batch,
     std::swap(buf.x, buf.x_next);
   }
   return buf.x;
+}
+
+// NewtonSchulzBatched's Gram sequence (GramIterations in
+// newton_schulz_cuda.cu): copies, the diagonal kernel and the Q/tmp swap
+// as the CUDA code does them.
+std::vector<double> RunGramPlan(const std::vector<double>& u, int batch,
+                                int64_t rows, int64_t cols,
+                                const NewtonSchulzOptions& options) {
+  Buffers buf = Normalised(u, batch, rows, cols, options);
+  const int64_t m = std::min(rows, cols);
+  const int steps = NewtonSchulzIterations(options);
+  const int every = options.gram_restart_every;
+  for (int start = 0; start < steps; start += every) {
+    const int len = std::min(every, steps - start);
+    SimulateGemm(PlanGramNewtonSchulz(rows, cols,
+                                      NewtonSchulzCoefficients(options, start))
+                     .gram,
+                 batch, &buf);
+    for (int j = 0; j < len; ++j) {
+      const std::array<double, 3> abc =
+          NewtonSchulzCoefficients(options, start + j);
+      const NsGramPlan plan = PlanGramNewtonSchulz(rows, cols, abc);
+      buf.poly = buf.gram;
+      SimulateGemm(plan.square, batch, &buf);
+      for (int e = 0; e < batch; ++e) {
+        for (int64_t i = 0; i < m; ++i)
+          buf.poly[e * m * m + i * m + i] += abc[0];
+      }
+      if (j == 0) {
+        buf.q = buf.poly;
+      } else {
+        SimulateGemm(plan.accumulate, batch, &buf);
+        std::swap(buf.q, buf.tmp);
+      }
+      if (j + 1 < len) {
+        SimulateGemm(plan.right, batch, &buf);
+        SimulateGemm(plan.left, batch, &buf);
+      }
+    }
+    SimulateGemm(PlanGramNewtonSchulz(rows, cols,
+                                      NewtonSchulzCoefficients(options, start))
+                     .apply,
+                 batch, &buf);
+    std::swap(buf.x, buf.x_next);
+  }
+  return buf.x;
+}
+
+TEST(NsGemmPlanTest, GramPlan_AllShapesAndRestarts_MatchesFloat64Reference) {
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {1, 1}, {1, 17}, {17, 1}, {8, 8}, {12, 31}, {31, 12}, {40, 41}};
+  for (int restart : {1, 2, 3, 5}) {
+    for (NewtonSchulzOptions options :
+         {NewtonSchulzOptions{}, PolarExpressSchedule()}) {
+      options.method = NewtonSchulzMethod::kGram;
+      options.gram_restart_every = restart;
+      for (auto [rows, cols] : shapes) {
+        constexpr int kBatch = 2;
+        std::vector<double> u;
+        std::vector<double> want;
+        for (int e = 0; e < kBatch; ++e) {
+          const std::vector<float> one =
+              RandomMatrix(rows, cols, 90 + static_cast<uint32_t>(e));
+          std::vector<double> one64(one.begin(), one.end());
+          std::vector<double> ref(one.size());
+          NewtonSchulzReference(one64.data(), rows, cols, options, ref.data());
+          u.insert(u.end(), one64.begin(), one64.end());
+          want.insert(want.end(), ref.begin(), ref.end());
+        }
+        const std::vector<double> got =
+            RunGramPlan(u, kBatch, rows, cols, options);
+        ASSERT_EQ(got.size(), want.size());
+        double max_diff = 0.0;
+        for (size_t i = 0; i < got.size(); ++i) {
+          ASSERT_TRUE(std::isfinite(got[i])) << rows << "x" << cols;
+          max_diff = std::max(max_diff, std::abs(got[i] - want[i]));
+        }
+        // The same polynomial in another order, in float64: the Gram form
+        // squares the conditioning, still ~1e-12 here; a wrong operand or
+        // transpose gives O(1).
+        EXPECT_LE(max_diff, 1e-8)
+            << rows << "x" << cols << " restart " << restart;
+      }
+    }
+  }
+}
+
+TEST(NsGemmPlanTest, GpuRunsGram_AutoPicksGramOnlyWhenItCostsFewerFlops) {
+  // k = 5, restart 2: 12 m^2 n + 22 m^3 vs 20 m^2 n + 10 m^3.
+  EXPECT_TRUE(GpuRunsGram(1024, 4096, 5, /*auto=*/2, 2));
+  EXPECT_TRUE(GpuRunsGram(14336, 4096, 5, 2, 2));
+  EXPECT_FALSE(GpuRunsGram(4096, 4096, 5, 2, 2));
+  EXPECT_FALSE(GpuRunsGram(1000, 1500, 5, 2, 2));  // ratio 1.5: a tie
+  EXPECT_TRUE(GpuRunsGram(1000, 1501, 5, 2, 2));
+  EXPECT_TRUE(GpuRunsGram(8, 8, 5, /*gram=*/1, 2));
+  EXPECT_FALSE(GpuRunsGram(8, 800, 5, /*standard=*/0, 2));
+  EXPECT_DOUBLE_EQ(GpuNewtonSchulzFlops(1024, 4096, 5, true, 2),
+                   12.0 * 1024 * 1024 * 4096 + 22.0 * 1024.0 * 1024 * 1024);
+  EXPECT_DOUBLE_EQ(GpuNewtonSchulzFlops(1024, 4096, 5, false, 2),
+                   20.0 * 1024 * 1024 * 4096 + 10.0 * 1024.0 * 1024 * 1024);
 }
 
 TEST(NsGemmPlanTest, Plan_AllShapesAndSchedules_MatchesFloat64Reference) {
