@@ -898,21 +898,43 @@ int muonrt_optimizer_load(muonrt_optimizer* opt, const char* dir) {
   });
 }
 
+namespace {
+
+// `message` in protobuf's JSON mapping (proto field names) into buf.
+absl::Status WriteProtoJson(const char* fn, const char* what,
+                            const google::protobuf::Message& message, char* buf,
+                            size_t cap, size_t* len) {
+  google::protobuf::util::JsonPrintOptions print;
+  print.preserve_proto_field_names = true;
+  std::string json;
+  const auto s =
+      google::protobuf::util::MessageToJsonString(message, &json, print);
+  if (!s.ok()) {
+    return absl::InternalError(
+        absl::StrCat(fn, ": printing ", what, ": ", s.ToString()));
+  }
+  return WriteText(fn, json, buf, cap, len);
+}
+
+}  // namespace
+
 int muonrt_optimizer_plan_json(const muonrt_optimizer* opt, char* buf,
                                size_t cap, size_t* len) {
   return Guard("muonrt_optimizer_plan_json", [&]() -> absl::Status {
     constexpr char kFn[] = "muonrt_optimizer_plan_json";
     if (opt == nullptr) return NullArgument(kFn, "opt");
-    google::protobuf::util::JsonPrintOptions print;
-    print.preserve_proto_field_names = true;
-    std::string json;
-    const auto s = google::protobuf::util::MessageToJsonString(
-        opt->muon->plan(), &json, print);
-    if (!s.ok()) {
-      return absl::InternalError(
-          absl::StrCat(kFn, ": printing the plan: ", s.ToString()));
-    }
-    return WriteText(kFn, json, buf, cap, len);
+    return WriteProtoJson(kFn, "the plan", opt->muon->plan(), buf, cap, len);
+  });
+}
+
+int muonrt_optimizer_last_step_report_json(const muonrt_optimizer* opt,
+                                           char* buf, size_t cap, size_t* len) {
+  return Guard("muonrt_optimizer_last_step_report_json", [&]() -> absl::Status {
+    constexpr char kFn[] = "muonrt_optimizer_last_step_report_json";
+    if (opt == nullptr) return NullArgument(kFn, "opt");
+    muon::v1::StepReport report;
+    opt->muon->FillStepReport(&report);
+    return WriteProtoJson(kFn, "the step report", report, buf, cap, len);
   });
 }
 

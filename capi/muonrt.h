@@ -358,6 +358,15 @@ int muonrt_optimizer_plan_json(const muonrt_optimizer* opt, char* buf,
  * (Muon::assignments()). */
 int muonrt_optimizer_assignments_json(const muonrt_optimizer* opt, char* buf,
                                       size_t cap, size_t* len);
+/* The last step on this rank as the muon.v1.StepReport a rank sends its
+ * coordinator, in protobuf's JSON mapping (proto field names): counters
+ * and "ops", one per operation (gather, orthogonalize, redistribute,
+ * apply) with its bucket, stream, start_s and end_s in seconds since the
+ * Unix epoch (CUDA tensors: the device times of CUDA events around each
+ * operation's work) (Muon::FillStepReport). Buffer as the other *_json
+ * calls. ABI version 10. */
+int muonrt_optimizer_last_step_report_json(const muonrt_optimizer* opt,
+                                           char* buf, size_t cap, size_t* len);
 
 /* Counters of the last step on this rank. */
 typedef struct {

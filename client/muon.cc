@@ -1054,6 +1054,12 @@ void Muon::ReportStep() {
   // A pooled report whose storage is reused: no allocation once warm.
   v1::StepReport* report = agent_->AcquireReport();
   if (report == nullptr) return;
+  FillStepReport(report);
+  agent_->Submit(report);
+}
+
+void Muon::FillStepReport(v1::StepReport* report) const {
+  report->set_rank(rank_);
   report->set_step(step_);
   report->set_step_time_s(stats_.step_time_s);
   report->set_matrices_orthogonalized(stats_.matrices_orthogonalized);
@@ -1065,6 +1071,7 @@ void Muon::ReportStep() {
   report->set_prefetch_count(executor_->prefetch_count());
   report->set_buffer_bytes(stats_.buffer_bytes);
   report->set_buffer_bound_bytes(stats_.buffer_bound_bytes);
+  report->clear_ops();
   for (const OpRecord& op : stats_.ops) {
     v1::OpTiming* t = report->add_ops();
     t->set_op(op.op);
@@ -1075,7 +1082,6 @@ void Muon::ReportStep() {
     t->set_bytes(op.bytes);
     t->set_flops(op.flops);
   }
-  agent_->Submit(report);
 }
 
 void Muon::ZeroGrad() {

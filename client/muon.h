@@ -414,6 +414,11 @@ class Muon {
   int world_size() const { return world_size_; }
   // Counters and timings of the last Step on this rank.
   const StepStats& last_step_stats() const { return stats_; }
+  // The last step as the report a rank sends its coordinator: counters and
+  // the per-operation timings (CUDA: the device times of CUDA events
+  // around each operation; the host: the host clock around its work),
+  // seconds since the Unix epoch. job_id and incarnation are left unset.
+  void FillStepReport(v1::StepReport* report) const;
   int64_t step_count() const { return step_; }
   // A host copy of parameter i's momentum buffer (local shard, fp32,
   // row-major; zeros before the first step), copied from the parameters'

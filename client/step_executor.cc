@@ -402,6 +402,9 @@ absl::Status StepExecutor::AllocateBuffers(const BufferSizes& sizes,
   main_records_.reserve(records);
   comm_records_.reserve(records);
   device::Runtime* rt = runtime_;
+  if (!options_.device.is_host()) {
+    MUON_RETURN_IF_ERROR(CreateTimingEvents(rt, 2 * records));
+  }
   MUON_ASSIGN_OR_RETURN(caller_ready_, rt->CreateEvent(absl::StrCat(
                                            "rank ", rank_, " caller ready")));
   for (size_t i = 0; i < streams_.size(); ++i) {
@@ -640,6 +643,8 @@ absl::Status StepExecutor::Gather(int b, const StepArgs& args,
   const BucketSchedule& bs = buckets_[b];
   const double t0 = NowSeconds();
   const int64_t sent0 = bytes_sent_;
+  int timing = -1;
+  MUON_RETURN_IF_ERROR(StartTiming(stream, &timing));
   if (gather_fn_) {
     for (size_t i = 0; i < bs.matrices.size(); ++i) {
       const int m = bs.matrices[i];
@@ -657,8 +662,9 @@ absl::Status StepExecutor::Gather(int b, const StepArgs& args,
       MUON_RETURN_IF_ERROR(RoundOwnedUpdates(bs, *args.updates, stream));
     }
   }
+  MUON_RETURN_IF_ERROR(EndTiming(stream, timing));
   rec->push_back(OpRecord{v1::OP_KIND_GATHER, stream_kind, bs.index, t0,
-                          NowSeconds(), bytes_sent_ - sent0, 0});
+                          NowSeconds(), bytes_sent_ - sent0, 0, timing});
   return absl::OkStatus();
 }
 
@@ -669,6 +675,8 @@ absl::Status StepExecutor::Orthogonalize(int b, const StepArgs& args,
   const BucketSchedule& bs = buckets_[b];
   const double t0 = NowSeconds();
   double flops = 0;
+  int timing = -1;
+  MUON_RETURN_IF_ERROR(StartTiming(stream, &timing));
   for (const NsBatch& batch : bs.ns_batches) {
     const int m = batch.first;
     const MatrixGeometry& g = geometry_[m];
@@ -692,8 +700,9 @@ absl::Status StepExecutor::Orthogonalize(int b, const StepArgs& args,
     ns_matrices_ += batch.count;
   }
   ns_flops_ += flops;
+  MUON_RETURN_IF_ERROR(EndTiming(stream, timing));
   rec->push_back(OpRecord{v1::OP_KIND_ORTHOGONALIZE, stream_kind, bs.index, t0,
-                          NowSeconds(), 0, flops});
+                          NowSeconds(), 0, flops, timing});
   return absl::OkStatus();
 }
 
@@ -717,6 +726,8 @@ absl::Status StepExecutor::Redistribute(int b, const StepArgs& args,
   const BucketSchedule& bs = buckets_[b];
   const double t0 = NowSeconds();
   const int64_t sent0 = bytes_sent_;
+  int timing = -1;
+  MUON_RETURN_IF_ERROR(StartTiming(stream, &timing));
   if (redistribute_fn_) {
     for (size_t i = 0; i < bs.matrices.size(); ++i) {
       const int m = bs.matrices[i];
@@ -733,8 +744,9 @@ absl::Status StepExecutor::Redistribute(int b, const StepArgs& args,
                                      *args.updates, stream, &bytes_sent_,
                                      &bytes_received_));
   }
+  MUON_RETURN_IF_ERROR(EndTiming(stream, timing));
   rec->push_back(OpRecord{v1::OP_KIND_REDISTRIBUTE, stream_kind, bs.index, t0,
-                          NowSeconds(), bytes_sent_ - sent0, 0});
+                          NowSeconds(), bytes_sent_ - sent0, 0, timing});
   return absl::OkStatus();
 }
 
@@ -746,6 +758,8 @@ absl::Status StepExecutor::Apply(int b, const StepArgs& args,
   // shard (UpdateRule::Apply), AdjustLR from the matrix's GLOBAL shape.
   const BucketSchedule& bs = buckets_[b];
   const double t0 = NowSeconds();
+  int timing = -1;
+  MUON_RETURN_IF_ERROR(StartTiming(stream, &timing));
   for (int m : bs.matrices) {
     const MatrixGeometry& g = geometry_[m];
     const int64_t n = g.boxes[rank_].numel();
@@ -758,8 +772,9 @@ absl::Status StepExecutor::Apply(int b, const StepArgs& args,
         bf16 ? kernels::ParamDType::kBFloat16 : kernels::ParamDType::kFloat32,
         LocalO(m), n));
   }
+  MUON_RETURN_IF_ERROR(EndTiming(stream, timing));
   rec->push_back(OpRecord{v1::OP_KIND_APPLY, stream_kind, bs.index, t0,
-                          NowSeconds(), 0, 0});
+                          NowSeconds(), 0, 0, timing});
   return absl::OkStatus();
 }
 
@@ -980,6 +995,7 @@ absl::Status StepExecutor::Begin(const std::vector<const float*>& updates,
   }
   main_records_.clear();
   comm_records_.clear();
+  next_timing_ = 0;
   bytes_sent_ = 0;
   bytes_received_ = 0;
   ns_matrices_ = 0;
@@ -1051,6 +1067,7 @@ absl::Status StepExecutor::Finish(StepStats* stats) {
     if (s.ok()) s = done;
   }
   in_flight_ = false;
+  if (s.ok()) ResolveDeviceTimes();
   stats->matrices_orthogonalized = ns_matrices_;
   stats->ns_flops = ns_flops_;
   stats->bytes_sent = bytes_sent_;
@@ -1067,6 +1084,60 @@ absl::Status StepExecutor::Finish(StepStats* stats) {
               return a.start_s < b.start_s;
             });
   return s;
+}
+
+absl::Status StepExecutor::CreateTimingEvents(device::Runtime* rt,
+                                              size_t count) {
+  MUON_ASSIGN_OR_RETURN(timing_anchor_, rt->CreateTimingEvent(absl::StrCat(
+                                            "rank ", rank_, " timing anchor")));
+  timing_events_.reserve(count);
+  for (size_t i = 0; i < count; ++i) {
+    MUON_ASSIGN_OR_RETURN(
+        std::unique_ptr<device::Event> e,
+        rt->CreateTimingEvent(absl::StrCat("rank ", rank_, " op timing ", i)));
+    timing_events_.push_back(std::move(e));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepExecutor::StartTiming(device::Stream* stream, int* pair) {
+  *pair = -1;
+  if (2 * static_cast<size_t>(next_timing_) + 1 >= timing_events_.size()) {
+    return absl::OkStatus();
+  }
+  MUON_RETURN_IF_ERROR(timing_events_[2 * next_timing_]->Record(stream));
+  *pair = next_timing_++;
+  return absl::OkStatus();
+}
+
+absl::Status StepExecutor::EndTiming(device::Stream* stream, int pair) {
+  if (pair < 0) return absl::OkStatus();
+  return timing_events_[2 * pair + 1]->Record(stream);
+}
+
+void StepExecutor::ResolveDeviceTimes() {
+  if (timing_anchor_ == nullptr || next_timing_ == 0 || streams_.empty()) {
+    return;
+  }
+  // The streams are idle: the anchor completes as soon as it is recorded,
+  // so the host clock read right after its completion is its device time.
+  if (!timing_anchor_->Record(streams_[0]).ok() ||
+      !timing_anchor_->Synchronize(absl::Seconds(10)).ok()) {
+    return;
+  }
+  const double anchor_s = NowSeconds();
+  for (auto* records : {&main_records_, &comm_records_}) {
+    for (OpRecord& r : *records) {
+      if (r.timing < 0) continue;
+      absl::StatusOr<double> to_start =
+          timing_anchor_->SecondsSince(timing_events_[2 * r.timing].get());
+      absl::StatusOr<double> to_end =
+          timing_anchor_->SecondsSince(timing_events_[2 * r.timing + 1].get());
+      if (!to_start.ok() || !to_end.ok()) continue;
+      r.start_s = anchor_s - *to_start;
+      r.end_s = anchor_s - *to_end;
+    }
+  }
 }
 
 }  // namespace muon

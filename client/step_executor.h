@@ -91,6 +91,10 @@ struct OpRecord {
   double end_s = 0;
   int64_t bytes = 0;  // fp32 payload this rank sent
   double flops = 0;   // Newton-Schulz FLOPs
+  // CUDA: the pair of timing events bracketing the operation's device
+  // work (StepExecutor's timing_events_[2 * timing], [2 * timing + 1]);
+  // -1 on the host, whose start_s / end_s time the work itself.
+  int timing = -1;
 };
 
 // Per-step counters of one rank (summed over the world they equal the
@@ -370,6 +374,18 @@ class StepExecutor {
                             v1::StreamKind stream_kind);
   absl::Status Apply(int b, const StepArgs& args, device::Stream* stream,
                      std::vector<OpRecord>* rec, v1::StreamKind stream_kind);
+  // CUDA: the timing events (2 per record the step can make) and anchor.
+  absl::Status CreateTimingEvents(device::Runtime* rt, size_t count);
+  // CUDA: records the next pair's first timing event on `stream` and sets
+  // *pair to its index (-1 when the pool is used up, or on the host).
+  absl::Status StartTiming(device::Stream* stream, int* pair);
+  // Records pair's second event (no-op for -1).
+  absl::Status EndTiming(device::Stream* stream, int pair);
+  // CUDA, after the streams are synchronized: replaces the records'
+  // enqueue times by the device times of their timing events, placed on
+  // the host clock by an anchor event recorded on an idle stream. Keeps
+  // the enqueue times when the events cannot be read.
+  void ResolveDeviceTimes();
   // Enqueue the step's operations of buckets [0, ready) not enqueued yet
   // (from the cursors below) on the streams; EndEnqueue enqueues the rest
   // and orders the caller's stream after the step.
@@ -417,6 +433,14 @@ class StepExecutor {
   // comm stream; read by Run after the streams are synchronized.
   std::vector<OpRecord> main_records_;
   std::vector<OpRecord> comm_records_;
+  // CUDA only (empty on the host): two timing events per record of a step
+  // (records of operations enqueued past the pool keep their enqueue
+  // times), the anchor (ResolveDeviceTimes), and the pairs handed out this
+  // step (by the enqueuing thread: CUDA streams run the operations'
+  // enqueue code on it).
+  std::vector<std::unique_ptr<device::Event>> timing_events_;
+  std::unique_ptr<device::Event> timing_anchor_;
+  int next_timing_ = 0;
   int64_t bytes_sent_ = 0;  // written by the stream running exchanges
   int64_t bytes_received_ = 0;
   int ns_matrices_ = 0;  // written by the stream running Newton-Schulz

@@ -57,8 +57,11 @@ class CudaStream;
 
 class CudaEvent final : public Event {
  public:
-  CudaEvent(int ordinal, cudaEvent_t event, std::string name)
-      : ordinal_(ordinal), event_(event), name_(std::move(name)) {}
+  CudaEvent(int ordinal, cudaEvent_t event, std::string name, bool timing)
+      : ordinal_(ordinal),
+        event_(event),
+        name_(std::move(name)),
+        timing_(timing) {}
   ~CudaEvent() override { (void)cudaEventDestroy(event_); }
 
   absl::Status Record(Stream* stream) override;
@@ -69,15 +72,46 @@ class CudaEvent final : public Event {
     return PollUntilReady([this] { return cudaEventQuery(event_); }, timeout,
                           absl::StrCat("event \"", name_, "\""));
   }
+  absl::StatusOr<double> SecondsSince(Event* earlier) override;
   const std::string& name() const override { return name_; }
   cudaEvent_t handle() const { return event_; }
   int ordinal() const { return ordinal_; }
+  bool timing() const { return timing_; }
 
  private:
   const int ordinal_;
   const cudaEvent_t event_;  // Owned.
   const std::string name_;
+  const bool timing_;  // Created without cudaEventDisableTiming.
 };
+
+absl::StatusOr<double> CudaEvent::SecondsSince(Event* earlier) {
+  auto* other = dynamic_cast<CudaEvent*>(earlier);
+  if (other == nullptr || other->ordinal() != ordinal_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CUDA event \"", name_, "\" on cuda:", ordinal_,
+                     " timed against \"", earlier ? earlier->name() : "null",
+                     "\", not a CUDA event of that device"));
+  }
+  if (!timing_ || !other->timing()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CUDA events \"", other->name(), "\" and \"", name_,
+        "\": both must be timing events (Runtime::CreateTimingEvent)"));
+  }
+  CudaDeviceGuard guard(ordinal_);
+  if (!guard.status().ok()) return guard.status();
+  float ms = 0.0f;
+  const cudaError_t err = cudaEventElapsedTime(&ms, other->handle(), event_);
+  if (err == cudaErrorNotReady || err == cudaErrorInvalidResourceHandle) {
+    (void)cudaGetLastError();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "CUDA events \"", other->name(), "\" and \"", name_,
+        "\": not both recorded and complete (cudaEventElapsedTime: ",
+        cudaGetErrorName(err), ")"));
+  }
+  MUON_DEVICE_CUDA_RETURN_IF_ERROR(err);
+  return static_cast<double>(ms) * 1e-3;
+}
 
 class CudaStream final : public Stream {
  public:
@@ -202,7 +236,18 @@ class CudaRuntimeImpl final : public Runtime {
     cudaEvent_t e = nullptr;
     MUON_DEVICE_CUDA_RETURN_IF_ERROR(
         cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    return std::unique_ptr<Event>(new CudaEvent(ordinal_, e, name));
+    return std::unique_ptr<Event>(
+        new CudaEvent(ordinal_, e, name, /*timing=*/false));
+  }
+  absl::StatusOr<std::unique_ptr<Event>> CreateTimingEvent(
+      const std::string& name) override {
+    CudaDeviceGuard guard(ordinal_);
+    if (!guard.status().ok()) return guard.status();
+    cudaEvent_t e = nullptr;
+    MUON_DEVICE_CUDA_RETURN_IF_ERROR(
+        cudaEventCreateWithFlags(&e, cudaEventDefault));
+    return std::unique_ptr<Event>(
+        new CudaEvent(ordinal_, e, name, /*timing=*/true));
   }
   Allocator* allocator() override { return &allocator_; }
   absl::StatusOr<std::unique_ptr<Stream>> WrapStream(

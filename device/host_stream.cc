@@ -65,6 +65,7 @@ void HostEvent::State::Complete(int64_t generation,
   if (generation > completed) {
     completed = generation;
     status = Detached(work_status);
+    completed_at = absl::Now();
   }
   cv.notify_all();
 }
@@ -90,6 +91,33 @@ absl::Status HostEvent::Synchronize(absl::Duration timeout) {
                      "not finish within ", absl::FormatDuration(timeout)));
   }
   return Detached(state_->status);
+}
+
+absl::StatusOr<absl::Time> HostEvent::State::CompletionTime() {
+  std::lock_guard<std::mutex> lock(mu);
+  if (recorded == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("event \"", name, "\" was never recorded"));
+  }
+  if (completed < recorded) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "event \"", name, "\": the work it captured has not finished"));
+  }
+  return completed_at;
+}
+
+absl::StatusOr<double> HostEvent::SecondsSince(Event* earlier) {
+  auto* other = dynamic_cast<HostEvent*>(earlier);
+  if (other == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "host event \"", name(), "\" timed against \"",
+        earlier ? earlier->name() : "null", "\", not a host event"));
+  }
+  absl::StatusOr<absl::Time> then = other->state_->CompletionTime();
+  if (!then.ok()) return then.status();
+  absl::StatusOr<absl::Time> now = state_->CompletionTime();
+  if (!now.ok()) return now.status();
+  return absl::ToDoubleSeconds(*now - *then);
 }
 
 HostStream::HostStream(std::string name) : name_(std::move(name)) {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "device/stream.h"
 
@@ -43,6 +44,11 @@ class HostEvent final : public Event {
   bool Query() override;
   // Errors: DeadlineExceeded; the captured work's first error.
   absl::Status Synchronize(absl::Duration timeout) override;
+  // The host clock at the two completions (the recording stream's thread
+  // reads it when the work before the record has finished).
+  // Errors: InvalidArgument (not a host event); FailedPrecondition (never
+  // recorded, or not complete).
+  absl::StatusOr<double> SecondsSince(Event* earlier) override;
   const std::string& name() const override { return state_->name; }
 
  private:
@@ -56,6 +62,9 @@ class HostEvent final : public Event {
     // Called by the recording stream's thread when the work before the
     // record of `generation` has finished with `status`.
     void Complete(int64_t generation, const absl::Status& status);
+    // completed_at of the latest record. Errors: FailedPrecondition (never
+    // recorded, or not complete).
+    absl::StatusOr<absl::Time> CompletionTime();
 
     const std::string name;
     std::mutex mu;
@@ -63,6 +72,8 @@ class HostEvent final : public Event {
     int64_t recorded = 0;   // guarded by mu
     int64_t completed = 0;  // guarded by mu
     absl::Status status;    // of generation `completed`; guarded by mu
+    // When generation `completed` completed; guarded by mu.
+    absl::Time completed_at = absl::InfinitePast();
   };
 
   // The generation a wait enqueued now binds to (0: never recorded).

@@ -22,6 +22,10 @@ class HostRuntimeImpl final : public Runtime {
       const std::string& name) override {
     return std::unique_ptr<Event>(new HostEvent(name));
   }
+  absl::StatusOr<std::unique_ptr<Event>> CreateTimingEvent(
+      const std::string& name) override {
+    return CreateEvent(name);
+  }
   Allocator* allocator() override { return HostAllocator(); }
   absl::StatusOr<std::unique_ptr<Stream>> WrapStream(
       void*, const std::string& name) override {

@@ -57,6 +57,16 @@ class Event {
   // error of the captured work.
   virtual absl::Status Synchronize(absl::Duration timeout) = 0;
 
+  // Seconds from the completion of `earlier` to the completion of this
+  // event (negative when this one completed first), both recorded and
+  // complete: cudaEventElapsedTime for events of
+  // Runtime::CreateTimingEvent (resolution about 0.5 us); the host clock at
+  // each completion for host events.
+  // Errors: InvalidArgument (`earlier` of another device or kind, or an
+  // event created without timing); FailedPrecondition (either never
+  // recorded or not complete yet); the CUDA error.
+  virtual absl::StatusOr<double> SecondsSince(Event* earlier) = 0;
+
   virtual const std::string& name() const = 0;
 };
 

@@ -34,15 +34,20 @@
 # that would get less than its minimum (MIN_STEP_S, default 15, unless the
 # step names another) is not started and is recorded as "skipped
 # (deadline)". MEMCHECK_FILTER (default *) is the --gtest_filter of
-# gpu_muon_test under memcheck. A TERM, INT or HUP stops the running step
-# and still writes the summary and the archive.
+# gpu_muon_test under memcheck. ONLY (a bash regex, default empty: all)
+# runs the steps whose names match it and records the others as skipped,
+# e.g. ONLY='_test$|gpu_step_bench' for a second, shorter run.
+# STEP_BENCH_ARGS (default "--layers 8") are gpu_step_bench.py's flags,
+# e.g. "--layers 32 --ns-method auto". A TERM, INT or HUP stops the running
+# step and still writes the summary and the archive.
 #
 # Output ($OUT, default /tmp/out), few files since the machine returns at
 # most 8: summary.txt (one line per step: name, ok / FAILED / TIMEOUT /
 # skipped, seconds, the last line of its log), device_logs.tar.gz (logs/:
-# versions.txt and one log per step) and the JSON figures
-# gpu_step_bench.json and ns_accuracy.json. Exit status 1 when a step
-# failed or timed out, else 0.
+# versions.txt and one log per step), the JSON figures gpu_step_bench.json
+# and ns_accuracy.json, and step_trace.json (muonrt's last Llama step as a
+# Chrome trace, from CUDA events). Exit status 1 when a step failed or
+# timed out, else 0.
 #
 # Files written into the bundle's folder do not survive until the next run
 # (the bundle is copied over again), so everything unpacked goes to /tmp:
@@ -61,6 +66,10 @@ reserve_s=${RESERVE_S:-15}
 step_timeout=${STEP_TIMEOUT_S:-90}
 min_step_s=${MIN_STEP_S:-15}
 memcheck_filter=${MEMCHECK_FILTER:-*}
+only=${ONLY:-}
+# gpu_step_bench.py's problem (the Llama-3-8B layer set) and muonrt's
+# Newton-Schulz method there.
+read -r -a step_bench_args <<<"${STEP_BENCH_ARGS:---layers 8}"
 logs=$out/logs
 # Where tools/device_run.sh (the bundle's run.sh) unpacks the binaries.
 bundle_dir=/tmp/muon-bundle
@@ -102,6 +111,11 @@ last_line() {
 # Runs COMMAND under `timeout` (S seconds, default $STEP_TIMEOUT_S, cut to
 # the time left) with its output in $logs/NAME.log, unless less than its
 # minimum (default $MIN_STEP_S) is left.
+# Whether step NAME runs: every step, or those matching the ONLY regex.
+selected() {
+  [[ -z $only || $1 =~ $only ]]
+}
+
 run() {
   local name=$1 limit=$step_timeout min=$min_step_s
   shift
@@ -113,6 +127,10 @@ run() {
     esac
   done
   shift
+  if ! selected "$name"; then
+    record "$name" "skipped (ONLY)" 0 "not matched by ONLY=$only"
+    return 0
+  fi
   local left
   left=$(time_left)
   if ((left < min)); then
@@ -303,7 +321,8 @@ run_py muonrt_cuda_tensors --timeout 120 -- -m pytest -q -p no:cacheprovider -rs
 
 # ---- 5. Llama-3-8B layer-set step: muonrt.Muon vs torch.optim.Muon ---------------
 run_py gpu_step_bench --timeout 150 --min 45 -- "$here/gpu_step_bench.py" \
-  --layers 8 --json "$out/gpu_step_bench.json"
+  "${step_bench_args[@]}" --json "$out/gpu_step_bench.json" \
+  --trace "$out/step_trace.json"
 
 # ---- 6. Newton-Schulz throughput, ours and PyTorch's ------------------------------
 # The Llama-3-8B shapes and 8192^2; standard and Gram (restart every 2).
@@ -329,7 +348,9 @@ bg_pid=""
 bg_t0=0
 bg_limit=0
 bg_log=$logs/torch2_suite.log
-if [[ -n $py_ready ]]; then
+if ! selected torch2_suite; then
+  record torch2_suite "skipped (ONLY)" 0 "not matched by ONLY=$only"
+elif [[ -n $py_ready ]]; then
   record torch2_suite FAILED 0 "not run: $py_ready"
 elif (($(time_left) < 60)); then
   record torch2_suite "skipped (deadline)" 0 "$(time_left)s left, needs >= 60s"
@@ -369,7 +390,9 @@ if [[ -z $sanitizer ]]; then
     [[ -x $s ]] && sanitizer=$s && break
   done
 fi
-if [[ -z $sanitizer ]]; then
+if [[ -z $sanitizer ]] && ! selected memcheck_gpu_muon_test; then
+  : # not asked for (ONLY)
+elif [[ -z $sanitizer ]]; then
   for n in memcheck_gpu_muon_test racecheck_cuda_stream_test \
     synccheck_cuda_stream_test; do
     record "$n" "skipped (no tool)" 0 \

@@ -31,6 +31,7 @@ muonrt's own cuBLAS handle and kernels are counted against muonrt.
 Usage:
   python3 tools/gpu_step_bench.py [--layers 8] [--dtype bf16|fp32]
       [--iters 5] [--order torch-first|ours-first] [--json PATH]
+      [--ns-method standard|gram|auto]
 Exit status 2 (with the reason) when there is no CUDA GPU, when muonrt
 cannot be imported or loaded, or when it refuses CUDA tensors; 1 when a
 measured optimizer fails otherwise (e.g. out of memory); 0 otherwise.
@@ -88,6 +89,16 @@ def parse_args(argv=None):
     ap.add_argument("--adjust-lr-fn", default="original",
                     choices=("original", "match_rms_adamw"))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--trace", metavar="PATH",
+                    help="write muonrt's last step as a Chrome trace "
+                         "(chrome://tracing, Perfetto): one slice per "
+                         "operation and bucket, at its CUDA-event device "
+                         "times, one row per stream")
+    ap.add_argument("--ns-method", choices=("standard", "gram", "auto"),
+                    default="standard",
+                    help="muonrt's Newton-Schulz method (torch.optim.Muon "
+                         "has only the standard one): auto runs Gram "
+                         "Newton-Schulz on k, v, gate, up and down")
     ap.add_argument("--json", metavar="PATH",
                     help="also write the figures as JSON to PATH")
     args = ap.parse_args(argv)
@@ -186,7 +197,7 @@ def torch_factory(torch, hp):
     return make, kw, dropped
 
 
-def ours_factory(hp):
+def ours_factory(hp, ns_method="standard"):
     try:
         import muonrt
     except ImportError as e:
@@ -198,7 +209,7 @@ def ours_factory(hp):
         raise Refused(f"libmuonrt.so does not load: {e}") from None
 
     def make(params):
-        return muonrt.Muon(list(params), **hp)
+        return muonrt.Muon(list(params), ns_method=ns_method, **hp)
     return make, path
 
 
@@ -247,6 +258,7 @@ def measure(torch, label, make, params, iters, is_torch):
             stats = opt.last_step_stats()
             r["library_buffer_bytes"] = int(stats.get("buffer_bytes", 0))
             r["library_step_time_s"] = float(stats.get("step_time_s", 0.0))
+            r["last_step_ops"] = opt.last_step_report().get("ops", [])
         except Exception as e:  # noqa: BLE001 (informational only)
             r["library_stats_error"] = str(e)
         opt.close()
@@ -322,7 +334,8 @@ def print_setup(args, hp, n_params, theirs, ours):
     print(f"Llama-3-8B layer set: {args.layers} layers x "
           f"{len(LLAMA3_8B_LAYER)} matrices, {n_params / 1e6:.1f}M "
           f"parameters, {args.dtype} parameters and gradients, "
-          f"{args.iters} steady steps each, order {args.order}", flush=True)
+          f"{args.iters} steady steps each, order {args.order}, muonrt "
+          f"ns_method {args.ns_method}", flush=True)
     print(f"hyperparameters: {hp}")
     if theirs is not None:
         _, kw, dropped = theirs
@@ -361,6 +374,36 @@ def run_all(torch, args, params, theirs, ours):
     return results, refused
 
 
+def write_trace(path, ops):
+    """Chrome trace of one step's operations (Trace Event Format: complete
+    events "X", microseconds from the first operation's start)."""
+    if not ops:
+        print("gpu_step_bench: no muonrt operations to trace",
+              file=sys.stderr)
+        return
+    t0 = min(op["start_s"] for op in ops)
+    events = []
+    for op in ops:
+        kind = op.get("op", "OP_KIND_UNSPECIFIED").replace("OP_KIND_", "")
+        stream = op.get("stream", "STREAM_KIND_MAIN").replace(
+            "STREAM_KIND_", "").lower()
+        events.append({
+            "name": f"{kind.lower()}[{op.get('bucket', 0)}]",
+            "cat": kind.lower(), "ph": "X", "pid": 0, "tid": stream,
+            "ts": (op["start_s"] - t0) * 1e6,
+            "dur": (op["end_s"] - op["start_s"]) * 1e6,
+            "args": {k: op[k] for k in ("bytes", "flops") if k in op}})
+    with open(path, "w") as f:
+        json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
+    busy = {}
+    for e in events:
+        busy[e["cat"]] = busy.get(e["cat"], 0.0) + e["dur"] / 1e3
+    span = max(op["end_s"] for op in ops) - t0
+    print(f"trace: {len(events)} operations over {span * 1e3:.1f} ms; "
+          + ", ".join(f"{k} {v:.1f} ms" for k, v in sorted(busy.items()))
+          + f"; wrote {path}")
+
+
 def write_json(path, args, hp, n_params, env, results):
     for r in results.values():
         if "device_bytes" in r:
@@ -368,6 +411,7 @@ def write_json(path, args, hp, n_params, env, results):
     doc = {
         "environment": env,
         "layers": args.layers,
+        "ns_method": args.ns_method,
         "dtype": args.dtype,
         "parameters": n_params,
         "iters": args.iters,
@@ -403,7 +447,7 @@ def main(argv=None):
     ours = None
     if args.only in ("both", "ours"):
         try:
-            ours = ours_factory(hp)
+            ours = ours_factory(hp, args.ns_method)
         except Refused as e:
             print(f"gpu_step_bench: {e}", file=sys.stderr)
             return 2
@@ -428,6 +472,9 @@ def main(argv=None):
 
     results, refused = run_all(torch, args, params, theirs, ours)
     print_table(results, n_params, env)
+    if args.trace:
+        write_trace(args.trace,
+                    results.get("ours", {}).get("last_step_ops", []))
     if args.json:
         write_json(args.json, args, hp, n_params, env, results)
     if refused:

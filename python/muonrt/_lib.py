@@ -295,6 +295,8 @@ _SIGNATURES = {
         _c_int, [_opt_p, ctypes.c_char_p, ctypes.c_size_t, _c_size_p]),
     "muonrt_optimizer_assignments_json": (
         _c_int, [_opt_p, ctypes.c_char_p, ctypes.c_size_t, _c_size_p]),
+    "muonrt_optimizer_last_step_report_json": (
+        _c_int, [_opt_p, ctypes.c_char_p, ctypes.c_size_t, _c_size_p]),
     "muonrt_optimizer_last_step_stats": (
         _c_int, [_opt_p, ctypes.POINTER(muonrt_step_stats)]),
 }

@@ -1447,6 +1447,16 @@ class Muon(torch.optim.Optimizer):
                   ctypes.byref(st))
         return {name: getattr(st, name) for name, _ in st._fields_}
 
+    def last_step_report(self):
+        """The last step on this rank as the muon.v1.StepReport the
+        coordinator collects (protobuf JSON mapping, as a dict): the
+        counters and "ops", one dict per operation with "op" (OP_KIND_GATHER,
+        OP_KIND_ORTHOGONALIZE, OP_KIND_REDISTRIBUTE, OP_KIND_APPLY), "bucket",
+        "stream", "start_s" and "end_s" (seconds since the Unix epoch; on CUDA
+        tensors the device times of CUDA events around each operation)."""
+        return json.loads(_lib.read_json_text(
+            "muonrt_optimizer_last_step_report_json", self._h))
+
 
 class _StateView(collections.abc.Mapping):
     """Muon.state: torch's per-parameter optimizer state (``state[param]

@@ -51,6 +51,7 @@ static const char* const kEntryPoints[] = {
     "muonrt_optimizer_load",
     "muonrt_optimizer_plan_json",
     "muonrt_optimizer_assignments_json",
+    "muonrt_optimizer_last_step_report_json",
     "muonrt_optimizer_last_step_stats",
 };
 

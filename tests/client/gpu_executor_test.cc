@@ -6,10 +6,12 @@
 // GPU (fails with MUON_REQUIRE_GPU=1; tools/device_checks.sh runs it).
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/step_executor.h"
 #include "device/cuda_runtime.h"
@@ -41,9 +43,9 @@ const std::vector<Shape>& Shapes() {
   return shapes;
 }
 
-v1::Plan PlanOfOne(bool async) {
+v1::Plan PlanOfOne(bool async, const std::vector<Shape>& shapes = Shapes()) {
   std::vector<testing::TestParam> params;
-  for (const Shape& s : Shapes()) {
+  for (const Shape& s : shapes) {
     params.push_back({s.name, s.rows, s.cols, {"Replicate()"}});
   }
   absl::StatusOr<JobLayout> layout = ValidateManifests(
@@ -57,14 +59,15 @@ v1::Plan PlanOfOne(bool async) {
   return *plan;
 }
 
-std::vector<MatrixGeometry> Geometry() {
+std::vector<MatrixGeometry> Geometry(
+    const std::vector<Shape>& shapes = Shapes()) {
   std::vector<MatrixGeometry> out;
-  for (size_t i = 0; i < Shapes().size(); ++i) {
+  for (size_t i = 0; i < shapes.size(); ++i) {
     MatrixGeometry g;
-    g.param = Shapes()[i].name;
+    g.param = shapes[i].name;
     g.param_index = static_cast<int>(i);
-    g.rows = Shapes()[i].rows;
-    g.cols = Shapes()[i].cols;
+    g.rows = shapes[i].rows;
+    g.cols = shapes[i].cols;
     g.boxes = {Box{Range{0, g.rows}, Range{0, g.cols}}};
     out.push_back(g);
   }
@@ -98,10 +101,22 @@ std::vector<std::vector<float>> HostStep(const UpdateRule& rule) {
   return params;
 }
 
+double NowSeconds() {
+  return absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+}
+
 // One step on cuda:0 (ordered on a caller stream of the device layer);
-// returns the parameters copied back.
-std::vector<std::vector<float>> CudaStep(const UpdateRule& rule, bool async,
-                                         kernels::GpuPrecision precision) {
+// returns the parameters copied back, and the step's stats (with the host
+// clock just before Enqueue and just after Finish) where asked.
+struct StepTimes {
+  StepStats stats;
+  double before_s = 0;
+  double after_s = 0;
+};
+
+std::vector<std::vector<float>> CudaStep(
+    const UpdateRule& rule, bool async, kernels::GpuPrecision precision,
+    const std::vector<Shape>& shapes = Shapes(), StepTimes* times = nullptr) {
   absl::StatusOr<device::Runtime*> rt =
       device::GetRuntime(device::Device::Cuda(0));
   EXPECT_TRUE(rt.ok()) << rt.status();
@@ -113,15 +128,15 @@ std::vector<std::vector<float>> CudaStep(const UpdateRule& rule, bool async,
   options.device = device::Device::Cuda(0);
   options.precision = precision;
   absl::StatusOr<std::unique_ptr<StepExecutor>> ex =
-      StepExecutor::Create(0, 1, PlanOfOne(async), Geometry(), nullptr, nullptr,
-                           nullptr, nullptr, options);
+      StepExecutor::Create(0, 1, PlanOfOne(async, shapes), Geometry(shapes),
+                           nullptr, nullptr, nullptr, nullptr, options);
   EXPECT_TRUE(ex.ok()) << ex.status();
   if (!ex.ok()) return {};
   std::vector<device::DeviceBuffer<float>> d_updates, d_params;
   std::vector<const float*> u_ptrs;
   std::vector<ParamView> views;
-  for (size_t i = 0; i < Shapes().size(); ++i) {
-    const int64_t n = Shapes()[i].rows * Shapes()[i].cols;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const int64_t n = shapes[i].rows * shapes[i].cols;
     const std::vector<float> u = RandomValues(n, 10 + i);
     const std::vector<float> w = RandomValues(n, 20 + i);
     d_updates.push_back(
@@ -135,17 +150,18 @@ std::vector<std::vector<float>> CudaStep(const UpdateRule& rule, bool async,
         kernels::cuda::CopyToDevice(d_params.back().data(), w.data(), n * 4, cs)
             .ok());
   }
-  for (size_t i = 0; i < Shapes().size(); ++i) {
+  for (size_t i = 0; i < shapes.size(); ++i) {
     u_ptrs.push_back(d_updates[i].data());
     ParamView v;
-    v.name = Shapes()[i].name;
+    v.name = shapes[i].name;
     v.data = d_params[i].data();
     views.push_back(v);
   }
+  const double before_s = NowSeconds();
   EXPECT_TRUE((*ex)->Enqueue(u_ptrs, views, rule, caller->get()).ok());
   std::vector<std::vector<float>> out;
-  for (size_t i = 0; i < Shapes().size(); ++i) {
-    const int64_t n = Shapes()[i].rows * Shapes()[i].cols;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const int64_t n = shapes[i].rows * shapes[i].cols;
     out.emplace_back(n);
     // On the caller's stream: ordered after the step by its events.
     EXPECT_TRUE(kernels::cuda::CopyToHost(out.back().data(), d_params[i].data(),
@@ -154,7 +170,12 @@ std::vector<std::vector<float>> CudaStep(const UpdateRule& rule, bool async,
   }
   StepStats stats;
   EXPECT_TRUE((*ex)->Finish(&stats).ok());
-  EXPECT_EQ(stats.matrices_orthogonalized, static_cast<int>(Shapes().size()));
+  EXPECT_EQ(stats.matrices_orthogonalized, static_cast<int>(shapes.size()));
+  if (times != nullptr) {
+    times->stats = stats;
+    times->before_s = before_s;
+    times->after_s = NowSeconds();
+  }
   return out;
 }
 
@@ -212,6 +233,39 @@ TEST(GpuExecutorTest, WorldOfOne_AsyncAndSequential_SameBits) {
   ASSERT_EQ(seq.size(), async.size());
   for (size_t i = 0; i < seq.size(); ++i) {
     EXPECT_TRUE(BitwiseEqual(async[i], seq[i])) << Shapes()[i].name;
+  }
+}
+
+// The trace's operation times are the device's: a 4096x4096 fp32
+// Newton-Schulz (2.1e12 FLOPs, over 10 ms on any GPU without fp32 tensor
+// cores) shows its device duration, which its enqueue (about 20 cuBLAS
+// launches) would not; every operation lies inside the host's clock
+// around the step, and the apply starts after the Newton-Schulz ends.
+TEST(GpuExecutorTest, OpTimings_AreDeviceTimesOfTheWork) {
+  MUON_SKIP_OR_FAIL_UNLESS_CUDA_DEVICE();
+  UpdateRule rule;
+  rule.lr = 0.02;
+  const std::vector<Shape> big = {{"big", 4096, 4096}};
+  for (bool async : {false, true}) {
+    StepTimes t;
+    CudaStep(rule, async, kernels::GpuPrecision::kFp32, big, &t);
+    const OpRecord* ns = nullptr;
+    const OpRecord* apply = nullptr;
+    for (const OpRecord& r : t.stats.ops) {
+      EXPECT_GE(r.timing, 0) << "async " << async;
+      EXPECT_LE(r.start_s, r.end_s);
+      EXPECT_GE(r.start_s, t.before_s);
+      EXPECT_LE(r.end_s, t.after_s);
+      if (r.op == v1::OP_KIND_ORTHOGONALIZE) ns = &r;
+      if (r.op == v1::OP_KIND_APPLY) apply = &r;
+    }
+    ASSERT_NE(ns, nullptr);
+    ASSERT_NE(apply, nullptr);
+    std::printf(
+        "async %d: Newton-Schulz %.2f ms on the device, apply %.3f ms\n", async,
+        1e3 * (ns->end_s - ns->start_s), 1e3 * (apply->end_s - apply->start_s));
+    EXPECT_GE(ns->end_s - ns->start_s, 0.010) << "async " << async;
+    EXPECT_GE(apply->start_s, ns->end_s) << "async " << async;
   }
 }
 

@@ -83,6 +83,61 @@ TEST(CudaStreamTest, HostEventOnCudaStream_InvalidArgument) {
       StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("c")));
 }
 
+// Timing events bracket device work: a 64 MiB host-to-device copy and back
+// takes a measurable, positive time no longer than the host's wall clock
+// around it; events without timing are refused.
+TEST(CudaStreamTest, TimingEvents_SecondsSinceBracketsTheWork) {
+  MUON_SKIP_OR_FAIL_UNLESS_CUDA_DEVICE();
+  absl::StatusOr<Runtime*> rt = GetRuntime(Device::Cuda(0));
+  ASSERT_THAT(rt, IsOk());
+  absl::StatusOr<std::unique_ptr<Stream>> s = (*rt)->CreateStream("timed");
+  absl::StatusOr<std::unique_ptr<Event>> start =
+      (*rt)->CreateTimingEvent("start");
+  absl::StatusOr<std::unique_ptr<Event>> end = (*rt)->CreateTimingEvent("end");
+  absl::StatusOr<std::unique_ptr<Event>> plain = (*rt)->CreateEvent("plain");
+  ASSERT_THAT(s, IsOk());
+  ASSERT_THAT(start, IsOk());
+  ASSERT_THAT(end, IsOk());
+  ASSERT_THAT(plain, IsOk());
+  const int64_t n = int64_t{16} << 20;  // floats: 64 MiB
+  absl::StatusOr<DeviceBuffer<float>> buf =
+      DeviceBuffer<float>::Allocate((*rt)->allocator(), n);
+  ASSERT_THAT(buf, IsOk());
+  std::vector<float> host(n, 1.0f);
+  Stream* st = s->get();
+  EXPECT_THAT((*end)->SecondsSince(start->get()),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       ::testing::HasSubstr("not both recorded")));
+  const absl::Time t0 = absl::Now();
+  ASSERT_THAT((*start)->Record(st), IsOk());
+  ASSERT_THAT(st->Launch([&] {
+    absl::Status in = kernels::cuda::CopyToDevice(buf->data(), host.data(),
+                                                  n * 4, st->native_handle());
+    if (!in.ok()) return in;
+    return kernels::cuda::CopyToHost(host.data(), buf->data(), n * 4,
+                                     st->native_handle());
+  }),
+              IsOk());
+  ASSERT_THAT((*end)->Record(st), IsOk());
+  ASSERT_THAT(st->Synchronize(absl::Seconds(30)), IsOk());
+  const double wall = absl::ToDoubleSeconds(absl::Now() - t0);
+  absl::StatusOr<double> took = (*end)->SecondsSince(start->get());
+  ASSERT_THAT(took, IsOk());
+  EXPECT_GT(*took, 0.0);
+  EXPECT_LE(*took, wall);
+  ASSERT_THAT((*plain)->Record(st), IsOk());
+  ASSERT_THAT(st->Synchronize(absl::Seconds(30)), IsOk());
+  EXPECT_THAT((*plain)->SecondsSince(start->get()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::HasSubstr("timing events")));
+  absl::StatusOr<std::unique_ptr<Event>> host_event =
+      HostRuntime()->CreateTimingEvent("host");
+  ASSERT_THAT(host_event, IsOk());
+  EXPECT_THAT((*end)->SecondsSince(host_event->get()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::HasSubstr("not a CUDA event")));
+}
+
 }  // namespace
 }  // namespace device
 }  // namespace muon

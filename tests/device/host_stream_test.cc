@@ -302,6 +302,59 @@ TEST(HostStreamDeathTest, MissingWait_ThreadSanitizerReportsRace) {
               "ThreadSanitizer: data race");
 }
 
+TEST(HostStreamTest, SecondsSince_TimesTheWorkBetweenTwoRecords) {
+  absl::StatusOr<std::unique_ptr<Event>> start =
+      HostRuntime()->CreateTimingEvent("start");
+  absl::StatusOr<std::unique_ptr<Event>> end =
+      HostRuntime()->CreateTimingEvent("end");
+  ASSERT_TRUE(start.ok() && end.ok());
+  HostStream stream("s");
+  // Not recorded yet.
+  EXPECT_THAT((*end)->SecondsSince(start->get()),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("never recorded")));
+  const absl::Time t0 = absl::Now();
+  ASSERT_TRUE((*start)->Record(&stream).ok());
+  ASSERT_TRUE(stream
+                  .Launch([] {
+                    absl::SleepFor(absl::Milliseconds(30));
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  ASSERT_TRUE((*end)->Record(&stream).ok());
+  ASSERT_TRUE(stream.Synchronize(absl::Seconds(10)).ok());
+  const double wall = absl::ToDoubleSeconds(absl::Now() - t0);
+  absl::StatusOr<double> s = (*end)->SecondsSince(start->get());
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_GE(*s, 0.030);
+  EXPECT_LE(*s, wall);
+  absl::StatusOr<double> back = (*start)->SecondsSince(end->get());
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(*back, -*s);
+}
+
+TEST(HostStreamTest, SecondsSince_RecordNotComplete_FailedPrecondition) {
+  HostEvent start("start");
+  HostEvent end("end");
+  HostStream stream("s");
+  std::promise<void> go;
+  std::shared_future<void> gate = go.get_future().share();
+  ASSERT_TRUE(start.Record(&stream).ok());
+  ASSERT_TRUE(stream
+                  .Launch([gate] {
+                    gate.wait();
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  ASSERT_TRUE(end.Record(&stream).ok());
+  EXPECT_THAT(end.SecondsSince(&start),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("not finished")));
+  go.set_value();
+  ASSERT_TRUE(stream.Synchronize(absl::Seconds(10)).ok());
+  EXPECT_TRUE(end.SecondsSince(&start).ok());
+}
+
 TEST(HostAllocatorTest, Allocate_ZeroFilledAlignedAndTaggedWithHost) {
   absl::StatusOr<DeviceBuffer<float>> buf =
       DeviceBuffer<float>::Allocate(HostAllocator(), 1000);
@@ -385,9 +438,14 @@ TEST(RuntimeTest, WaitFor_ForeignEvent_InvalidArgument) {
     absl::Status Synchronize(absl::Duration) override {
       return absl::OkStatus();
     }
+    absl::StatusOr<double> SecondsSince(Event*) override { return 0.0; }
     const std::string& name() const override { return name_; }
     std::string name_ = "foreign";
   } other;
+  HostEvent mine("mine");
+  EXPECT_THAT(mine.SecondsSince(&other),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("not a host event")));
   EXPECT_THAT(
       stream.WaitFor(&other),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("foreign")));

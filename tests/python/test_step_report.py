@@ -1,0 +1,37 @@
+"""Muon.last_step_report(): the last step's counters and per-operation
+timings (muon.v1.StepReport in protobuf's JSON mapping), the data
+`muonctl trace` draws. On CUDA tensors the times are the device's (CUDA
+events around each operation; tests/client/gpu_executor_test.cc); here the
+host executor's."""
+import time
+
+import torch
+
+from conftest import library_or_skip
+
+
+def test_last_step_report_times_every_operation_inside_the_step():
+    library_or_skip()
+    import muonrt
+    g = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(64, 32, generator=g)),
+              torch.nn.Parameter(torch.randn(48, 130, generator=g))]
+    opt = muonrt.Muon([("a", params[0]), ("b", params[1])], lr=0.02)
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=g)
+    before = time.time()
+    opt.step()
+    after = time.time()
+    report = opt.last_step_report()
+    assert int(report["step"]) == 1
+    assert report["matrices_orthogonalized"] == 2
+    kinds = [op["op"] for op in report["ops"]]
+    for kind in ("OP_KIND_GATHER", "OP_KIND_ORTHOGONALIZE",
+                 "OP_KIND_REDISTRIBUTE", "OP_KIND_APPLY"):
+        assert kind in kinds, kinds
+    for op in report["ops"]:
+        assert before <= op["start_s"] <= op["end_s"] <= after, op
+    starts = [op["start_s"] for op in report["ops"]]
+    assert starts == sorted(starts)
+    ns = [op for op in report["ops"] if op["op"] == "OP_KIND_ORTHOGONALIZE"]
+    assert sum(op.get("flops", 0) for op in ns) == report["ns_flops"]
