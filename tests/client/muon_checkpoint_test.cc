@@ -5,16 +5,19 @@
 // optimizer untouched.
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "client/checkpoint.h"
 #include "client/distributed_config.h"
 #include "client/muon.h"
 #include "common/layout.h"
 #include "common/status_macros.h"
 #include "gtest/gtest.h"
+#include "kernels/blas_tiles.h"
 #include "tests/client/rank_threads.h"
 #include "tests/client/thread_world.h"
 #include "tests/status_matchers.h"
@@ -359,6 +362,46 @@ TEST(MuonCheckpointTest, Load_MissingParameter_NotFoundAndUntouched) {
     EXPECT_TRUE(BitwiseEqual(after.params[i].momentum_buffer,
                              before.params[i].momentum_buffer));
   }
+}
+
+// Checkpoints record the CPU kernel set (the bits depend on it); a load
+// under another one goes ahead and warns naming both, the same one stays
+// silent.
+TEST(MuonCheckpointTest, Save_RecordsCpuKernels_LoadOnOtherKernelsWarns) {
+  const std::string dir = TempDir("kernels");
+  SingleOptimizer saved;
+  ASSERT_TRUE(saved.opt->Step().ok());
+  ASSERT_TRUE(saved.opt->Save(dir).ok());
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
+      CheckpointReader::Open(dir);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  const std::string here = kernels::BlasCoreName();
+  EXPECT_EQ((*reader)->metadata().blas_core, here);
+
+  SingleOptimizer same;
+  ::testing::internal::CaptureStderr();
+  ASSERT_TRUE(same.opt->Load(dir).ok());
+  EXPECT_EQ(::testing::internal::GetCapturedStderr().find("warning"),
+            std::string::npos);
+
+  // The same checkpoint as if written on another core type.
+  const std::string path = dir + "/metadata.json";
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)),
+                   std::istreambuf_iterator<char>());
+  in.close();
+  const size_t at = text.find(here);
+  ASSERT_NE(at, std::string::npos) << text.substr(0, 400);
+  const std::string other = "Haswell (OpenBLAS 0.0 elsewhere)";
+  text.replace(at, here.size(), other);
+  std::ofstream(path, std::ios::trunc) << text;
+  SingleOptimizer resumed;
+  ::testing::internal::CaptureStderr();
+  ASSERT_TRUE(resumed.opt->Load(dir).ok());
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find(other), std::string::npos) << err;
+  EXPECT_NE(err.find(here), std::string::npos) << err;
+  EXPECT_EQ(resumed.opt->step_count(), 1);
 }
 
 TEST(MuonCheckpointTest, Load_OtherGlobalShape_InvalidArgumentNamingBoth) {
