@@ -64,16 +64,17 @@ int muonrt_abi_version(void);
 const char* muonrt_last_error(void);
 
 /* ---- CPU kernels ---------------------------------------------------------
- * Threads the CPU Newton-Schulz runs on (>= 1): at first use, the thread
- * count of the library's OpenBLAS (OPENBLAS_NUM_THREADS, else the core
+ * Threads the CPU Newton-Schulz runs on (>= 1): at first use,
+ * MUONRT_NUM_THREADS (1 to 64), else the thread count of the library's
+ * OpenBLAS (OPENBLAS_NUM_THREADS capped at the core count, else the core
  * count), after which OpenBLAS itself runs single-threaded and the library
  * splits each product's output into fixed 256 x 256 tiles over these
  * threads. Speed only: the results are the same bits for every count.
  * ABI version 10. */
 int muonrt_compute_threads(void);
 
-/* Sets the count above (1 to 1024). Errors: INVALID_ARGUMENT (names the
- * value). ABI version 10. */
+/* Sets the count above (1 to 64: OpenBLAS's own limit on calls in flight).
+ * Errors: INVALID_ARGUMENT (names the value). ABI version 10. */
 int muonrt_set_compute_threads(int threads);
 
 /* The CPU kernel set the library's OpenBLAS runs, with its version and

@@ -525,6 +525,7 @@ absl::Status Muon::MakeDataPath(const DistributedConfig& config,
   exec_options.precision = options_.gpu_precision;
   exec_options.bf16_exchange = ExchangeIsBf16(config.execution);
   exec_options.normuon = options_.normuon;
+  exec_options.ns = rule_.ns;
   device_wait_timeout_ = exec_options.step_timeout;
   if (device_.is_host()) {
     if (config.ns_engine_factory) {
@@ -647,8 +648,10 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
     MUON_RETURN_IF_ERROR(
         CheckOverlapSupport(options, muon->device_, state.rank));
   }
-  MUON_RETURN_IF_ERROR(muon->MakeDataPath(config, std::move(local.geometry)));
+  // The rule first: the executor reserves its scratch for the rule's
+  // Newton-Schulz.
   MUON_ASSIGN_OR_RETURN(muon->rule_, MakeUpdateRule(options));
+  MUON_RETURN_IF_ERROR(muon->MakeDataPath(config, std::move(local.geometry)));
 
   MUON_RETURN_IF_ERROR(muon->AllocateState());
   muon->stats_.ops.reserve(4 * muon->plan_.buckets_size());

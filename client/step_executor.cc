@@ -99,7 +99,7 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
   MUON_RETURN_IF_ERROR(ex->CreateStreamsAndKernels());
   for (const auto& [shape, batch] : sizes.owned_shapes) {
     MUON_RETURN_IF_ERROR(
-        ex->kernels_->Reserve(batch, shape.first, shape.second));
+        ex->kernels_->Reserve(batch, shape.first, shape.second, options.ns));
   }
   MUON_RETURN_IF_ERROR(ex->AllocateBuffers(sizes, plan.schedule().slots()));
   return ex;
@@ -1121,9 +1121,12 @@ void StepExecutor::ResolveDeviceTimes() {
   }
   // The streams are idle: the anchor completes as soon as it is recorded,
   // so the host clock read right after its completion is its device time.
-  if (!timing_anchor_->Record(streams_[0]).ok() ||
-      !timing_anchor_->Synchronize(absl::Seconds(10)).ok()) {
-    return;
+  // Spin on Query (no sleep, which would make the reading late), at most
+  // 10 s.
+  if (!timing_anchor_->Record(streams_[0]).ok()) return;
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (!timing_anchor_->Query()) {
+    if (absl::Now() > give_up) return;
   }
   const double anchor_s = NowSeconds();
   for (auto* records : {&main_records_, &comm_records_}) {

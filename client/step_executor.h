@@ -140,6 +140,11 @@ struct ExecutorOptions {
   // every holder of those rows. Host only; fp32 exchange and the built-in
   // exchange only (Create refuses the rest).
   bool normuon = false;
+  // The Newton-Schulz the steps will run (the rule's): Create reserves its
+  // scratch for it (on CUDA the Gram iteration needs two more m x m
+  // buffers), so that no step allocates. Only the method, the iteration
+  // count and the restart are read.
+  kernels::NewtonSchulzOptions ns;
 };
 
 class StepExecutor {

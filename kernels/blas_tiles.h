@@ -34,12 +34,16 @@ namespace kernels {
 inline constexpr int kTileRows = 256;
 inline constexpr int kTileCols = 256;
 
-// Largest thread count SetComputeThreads accepts.
-inline constexpr int kMaxComputeThreads = 1024;
+// Largest thread count SetComputeThreads accepts: OpenBLAS 0.3.21 as
+// Debian builds it (MAX_THREADS=64) keeps 2 x 64 work buffers for calls in
+// flight at once, and every tile is a call.
+inline constexpr int kMaxComputeThreads = 64;
 
 // Threads the tiled products run on (>= 1; the calling thread counts as
-// one). The first call (or the first product) fixes it from OpenBLAS's own
-// count and sets OpenBLAS to one thread.
+// one). The first call (or the first product) takes it from
+// MUONRT_NUM_THREADS when that is an integer in [1, kMaxComputeThreads],
+// else from OpenBLAS's own count (OPENBLAS_NUM_THREADS, capped by OpenBLAS
+// at the core count, or the core count), and sets OpenBLAS to one thread.
 int ComputeThreads();
 
 // Sets the thread count for later products (1..kMaxComputeThreads). Changes
@@ -59,8 +63,8 @@ std::string BlasCoreName();
 // when trans_a, [k, lda]), op(B) k x n (B stored [k, ldb] or, when trans_b,
 // [n, ldb]), C m x n with leading dimension ldc. Host pointers, float32;
 // C must not overlap A or B. 2*m*n*k FLOPs. m, n, k >= 0 (nothing to do
-// when m or n is 0). Preconditions (assert only): leading dimensions valid
-// for the shapes.
+// when m or n is 0). Preconditions (checked by assert only): leading
+// dimensions valid for the shapes.
 void TiledSgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
                 const float* a, int lda, const float* b, int ldb, float beta,
                 float* c, int ldc);

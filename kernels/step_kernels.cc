@@ -95,7 +95,8 @@ class HostStepKernels final : public StepKernels {
     return absl::OkStatus();
   }
 
-  absl::Status Reserve(int64_t, int64_t rows, int64_t cols) override {
+  absl::Status Reserve(int64_t, int64_t rows, int64_t cols,
+                       const NewtonSchulzOptions&) override {
     return engine_->Reserve(rows, cols);  // one matrix at a time
   }
 

@@ -87,9 +87,11 @@ class StepKernels {
                                      float* out) = 0;
 
   // Grows the scratch of Orthogonalize to fit `batch` matrices [rows,
-  // cols] (either orientation) so that a step allocates nothing. Call once
-  // per shape with its largest batch.
-  virtual absl::Status Reserve(int64_t batch, int64_t rows, int64_t cols) = 0;
+  // cols] (either orientation) run with `options` (its method decides the
+  // scratch on CUDA) so that a step allocates nothing. Call once per shape
+  // with its largest batch.
+  virtual absl::Status Reserve(int64_t batch, int64_t rows, int64_t cols,
+                               const NewtonSchulzOptions& options) = 0;
 
   // NorMuon's normalization (kernels::NorMuonNormalize) of one row-major
   // fp32 [rows, cols] update `o`, in place, with its row state `variance`

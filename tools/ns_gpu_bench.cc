@@ -287,7 +287,7 @@ int main(int argc, char** argv) {
     if (!d_out.ok()) return Fail("allocate O", d_out.status());
     status = cuda::CopyToDevice(d_u->data(), u.data(), bytes, nullptr);
     if (!status.ok()) return Fail("copy U", status);
-    status = (*ctx)->Reserve(batch, rows, cols, precision);
+    status = (*ctx)->Reserve(batch, rows, cols, precision, options);
     if (!status.ok()) return Fail("reserve", status);
     absl::StatusOr<Timing> ns = TimeDevice((*ctx)->stream(), repeats, [&] {
       return cuda::NewtonSchulzBatched(ctx->get(), d_u->as<float>(), batch,

@@ -308,6 +308,7 @@ def train(args, data, world, rank=0, dist=None, muon_kind="muonrt", log=True,
     opt, shards = make_optimizer(args, model, world, rank, dist, muon_kind)
     losses, epoch_s = [], []
     trained_s = 0.0
+    acc = None
     for epoch in range(args.epochs):
         order = epoch_order(len(data[0]), epoch, args.seed)
         t0 = time.perf_counter()
@@ -334,8 +335,10 @@ def train(args, data, world, rank=0, dist=None, muon_kind="muonrt", log=True,
         trained_s += elapsed
         steps = len(losses) - epoch * steps_per_epoch
         stopped = steps < steps_per_epoch
+        if steps == 0:
+            break  # the budget ran out at the epoch boundary
         # An epoch cut short: its time extrapolated from the steps done.
-        epoch_s.append(elapsed * steps_per_epoch / max(steps, 1))
+        epoch_s.append(elapsed * steps_per_epoch / steps)
         acc = accuracy(model, data[2], data[3])
         if log:
             print(f"{tag}epoch {epoch + 1} test accuracy {acc:.4f} "
@@ -343,7 +346,9 @@ def train(args, data, world, rank=0, dist=None, muon_kind="muonrt", log=True,
                   f"{', after %d steps' % steps if stopped else ''})", flush=True)
         if stopped:
             break
-    return dict(losses=losses, accuracy=acc, epoch_s=epoch_s,
+    if acc is None:  # stopped before its first step
+        acc = accuracy(model, data[2], data[3])
+    return dict(losses=losses, accuracy=acc, epoch_s=epoch_s or [0.0],
                 weights=[p.detach().clone() for p in params],
                 steps=len(losses), planned=args.epochs * steps_per_epoch)
 
@@ -584,6 +589,9 @@ def muonrun_path():
 
 
 def launcher_main(args):
+    if args.torch_muon_budget_s < 0:
+        raise SystemExit(f"fashion-mnist: --torch-muon-budget-s must be >= 0 "
+                         f"(0: no bound), got {args.torch_muon_budget_s:g}")
     start = time.perf_counter()
     torch.set_num_threads(1)
     data = load_data(args)

@@ -41,7 +41,8 @@ absl::StatusOr<std::unique_ptr<NsCudaContext>> NsCudaContext::Create(
   return NoCuda("NsCudaContext::Create");
 }
 
-absl::Status NsCudaContext::Reserve(int64_t, int64_t, int64_t, GpuPrecision) {
+absl::Status NsCudaContext::Reserve(int64_t, int64_t, int64_t, GpuPrecision,
+                                    const NewtonSchulzOptions&) {
   return NoCuda("NsCudaContext::Reserve");
 }
 int64_t NsCudaContext::ScratchBytes() const { return 0; }

@@ -527,16 +527,18 @@ absl::StatusOr<std::unique_ptr<NsCudaContext>> NsCudaContext::Create(
 }
 
 absl::Status NsCudaContext::Reserve(int64_t batch, int64_t rows, int64_t cols,
-                                    GpuPrecision precision) {
+                                    GpuPrecision precision,
+                                    const NewtonSchulzOptions& options) {
   if (batch < 1 || rows < 1 || cols < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "NsCudaContext::Reserve: sizes must be positive, got batch=", batch,
         " rows=", rows, " cols=", cols));
   }
-  // The standard iteration's layout: a Gram call (two more m x m buffers)
-  // grows the scratch at its first call.
+  const bool gram =
+      GpuRunsGram(rows, cols, NewtonSchulzIterations(options),
+                  static_cast<int>(options.method), options.gram_restart_every);
   return ReserveState(state_.get(),
-                      MakeLayout(batch, rows, cols, precision, /*gram=*/false));
+                      MakeLayout(batch, rows, cols, precision, gram));
 }
 
 int64_t NsCudaContext::ScratchBytes() const { return state_->scratch.bytes(); }

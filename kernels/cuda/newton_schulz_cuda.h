@@ -82,13 +82,16 @@ class NsCudaContext {
   NsCudaContext& operator=(const NsCudaContext&) = delete;
 
   // Grows the scratch to fit `batch` matrices [rows, cols] (either
-  // orientation) in `precision`: 2 X buffers (1 for fp32/tf32: the output
-  // is the other) of batch*rows*cols, A and B of batch*m*m elements (2 bytes
-  // each for bf16, 4 otherwise), plus the norm partials. Never shrinks.
+  // orientation) in `precision` run with `options`: 2 X buffers (1 for
+  // fp32/tf32: the output is the other) of batch*rows*cols, A and B of
+  // batch*m*m elements (2 bytes each for bf16, 4 otherwise), 2 more m*m
+  // buffers when `options` runs the Gram iteration on this shape
+  // (GpuRunsGram), plus the norm partials. Never shrinks.
   // Errors: InvalidArgument (non-positive sizes); ResourceExhausted
   // (cudaMalloc); Internal.
-  absl::Status Reserve(int64_t batch, int64_t rows, int64_t cols,
-                       GpuPrecision precision);
+  absl::Status Reserve(
+      int64_t batch, int64_t rows, int64_t cols, GpuPrecision precision,
+      const NewtonSchulzOptions& options = NewtonSchulzOptions());
 
   // Device bytes held by the scratch (not counting cuBLAS's workspace).
   int64_t ScratchBytes() const;

@@ -103,9 +103,10 @@ class CudaStepKernels final : public StepKernels {
                                      precision_, out);
   }
 
-  absl::Status Reserve(int64_t batch, int64_t rows, int64_t cols) override {
+  absl::Status Reserve(int64_t batch, int64_t rows, int64_t cols,
+                       const NewtonSchulzOptions& options) override {
     if (ns_ == nullptr) return NoNewtonSchulz();
-    return ns_->Reserve(batch, rows, cols, precision_);
+    return ns_->Reserve(batch, rows, cols, precision_, options);
   }
 
   absl::Status MomentumNesterov(device::Stream* stream, float* buf,

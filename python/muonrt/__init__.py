@@ -67,18 +67,28 @@ def abi_version():
 
 def compute_threads():
     """Threads the library's CPU Newton-Schulz runs on (loads it): at first
-    use the thread count of its private OpenBLAS (OPENBLAS_NUM_THREADS,
+    use MUONRT_NUM_THREADS (1 to 64), else the thread count of its private
+    OpenBLAS (OPENBLAS_NUM_THREADS, which OpenBLAS caps at the core count,
     else the core count; torch.set_num_threads does not reach it). Speed
     only: the results are the same bits for every count."""
     from . import _lib
     return _lib.lib().muonrt_compute_threads()
 
 
+MAX_COMPUTE_THREADS = 64
+
+
 def set_compute_threads(threads):
-    """Sets compute_threads() (1 to 1024); raises InvalidArgumentError
-    otherwise."""
+    """Sets compute_threads() to an int in [1, MAX_COMPUTE_THREADS] (64,
+    OpenBLAS's own limit on calls in flight); raises InvalidArgumentError
+    naming the value otherwise."""
     from . import _lib
-    _lib.call("muonrt_set_compute_threads", int(threads))
+    if (isinstance(threads, bool) or not isinstance(threads, int)
+            or not 1 <= threads <= MAX_COMPUTE_THREADS):
+        raise _lib.error_class(_lib.INVALID_ARGUMENT)(
+            f"set_compute_threads: threads must be an int in [1, "
+            f"{MAX_COMPUTE_THREADS}], got {threads!r}", _lib.INVALID_ARGUMENT)
+    _lib.call("muonrt_set_compute_threads", threads)
 
 
 def cpu_kernels():

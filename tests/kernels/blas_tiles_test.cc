@@ -5,14 +5,33 @@
 
 #include <cblas.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <new>
 #include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/newton_schulz.h"
 #include "tests/kernels/ns_test_util.h"
+
+// Every allocation of the process, on any thread (the pool's workers
+// included), counted while `g_counting` is set.
+std::atomic<bool> g_counting{false};
+std::atomic<int64_t> g_allocations{0};
+
+void* operator new(size_t size) {
+  if (g_counting.load(std::memory_order_relaxed)) {
+    g_allocations.fetch_add(1, std::memory_order_relaxed);
+  }
+  void* p = std::malloc(size == 0 ? 1 : size);
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
 
 namespace muon {
 namespace kernels {
@@ -176,6 +195,28 @@ TEST_F(BlasTilesTest, OpenBlasThreadCountSetByTheProgramBecomesOurs) {
   ASSERT_TRUE(SetComputeThreads(1).ok());
   EXPECT_TRUE(
       BitwiseEqual(Orthogonalize(s, NewtonSchulzMethod::kStandard), out));
+}
+
+TEST_F(BlasTilesTest, WarmTiledProductsAllocateNothingOnAnyThread) {
+  ASSERT_TRUE(SetComputeThreads(3).ok());
+  const int m = 600, n = 520, k = 64;
+  const std::vector<float> a = RandomMatrix(m, k, 5);
+  const std::vector<float> b = RandomMatrix(k, n, 6);
+  std::vector<float> c(static_cast<size_t>(m) * n);
+  std::vector<float> g(static_cast<size_t>(m) * m);
+  // Warm-up: the workers start, OpenBLAS allocates its buffers.
+  TiledSgemm(false, false, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f,
+             c.data(), n);
+  TiledSyrkUpper(false, m, k, 1.0f, a.data(), k, 0.0f, g.data(), m);
+  g_allocations = 0;
+  g_counting = true;
+  for (int r = 0; r < 3; ++r) {
+    TiledSgemm(false, false, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f,
+               c.data(), n);
+    TiledSyrkUpper(false, m, k, 1.0f, a.data(), k, 0.0f, g.data(), m);
+  }
+  g_counting = false;
+  EXPECT_EQ(g_allocations.load(), 0);
 }
 
 TEST_F(BlasTilesTest, SetComputeThreadsRefusesCountsOutOfRange) {

@@ -120,11 +120,14 @@ TEST(GpuNewtonSchulzTest,
 // another order.
 TEST(GpuNewtonSchulzTest, Engine_Gram_MatchesFloat64ReferenceAllPrecisions) {
   MUON_SKIP_WITHOUT_GPU();
-  for (int restart : {2, 1}) {
+  // Restart 2 and 1: 3 and 5 X updates; restart 3: 2 (the even count,
+  // which starts the fp32 ping-pong in `out`).
+  for (int restart : {2, 1, 3}) {
     NewtonSchulzOptions options;
     options.method = NewtonSchulzMethod::kGram;
     options.gram_restart_every = restart;
-    CheckScheduleAgainstReference(restart == 2 ? "gram2" : "gram1", options);
+    CheckScheduleAgainstReference(absl::StrCat("gram", restart).c_str(),
+                                  options);
   }
 }
 
@@ -265,6 +268,36 @@ TEST(GpuNewtonSchulzTest, Engine_NameAndErrors) {
       absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(MakeCudaNsEngine(-1, GpuPrecision::kBf16).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Reserve with the Gram options sizes the scratch for the Gram iteration
+// (two more m x m buffers than the standard one): a Gram call afterwards
+// does not grow it, so a step allocates nothing.
+TEST(GpuNewtonSchulzTest, ReserveWithGramOptions_GramCallDoesNotGrowScratch) {
+  MUON_SKIP_WITHOUT_GPU();
+  absl::StatusOr<std::unique_ptr<cuda::NsCudaContext>> ctx =
+      cuda::NsCudaContext::Create(0, nullptr);
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  const int64_t rows = 128, cols = 512;
+  NewtonSchulzOptions gram;
+  gram.method = NewtonSchulzMethod::kGram;
+  ASSERT_TRUE((*ctx)->Reserve(2, rows, cols, GpuPrecision::kBf16).ok());
+  const int64_t standard_bytes = (*ctx)->ScratchBytes();
+  ASSERT_TRUE((*ctx)->Reserve(2, rows, cols, GpuPrecision::kBf16, gram).ok());
+  const int64_t gram_bytes = (*ctx)->ScratchBytes();
+  // Q and the product buffer: 2 x batch x m x m bf16 values (plus alignment).
+  EXPECT_GE(gram_bytes - standard_bytes, 2 * 2 * rows * rows * 2);
+  const int64_t bytes = 2 * rows * cols * int64_t{sizeof(float)};
+  absl::StatusOr<cuda::DeviceBuffer> d_u = cuda::DeviceBuffer::Allocate(bytes);
+  absl::StatusOr<cuda::DeviceBuffer> d_o = cuda::DeviceBuffer::Allocate(bytes);
+  ASSERT_TRUE(d_u.ok() && d_o.ok());
+  const std::vector<float> u = RandomMatrix(2 * rows, cols, 54);
+  ASSERT_TRUE(cuda::CopyToDevice(d_u->data(), u.data(), bytes, nullptr).ok());
+  ASSERT_TRUE(cuda::NewtonSchulzBatched(ctx->get(), d_u->as<float>(), 2, rows,
+                                        cols, gram, GpuPrecision::kBf16,
+                                        d_o->as<float>())
+                  .ok());
+  EXPECT_EQ((*ctx)->ScratchBytes(), gram_bytes);
 }
 
 // A bucket of same-shape matrices through one strided-batched GEMM per

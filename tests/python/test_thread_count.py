@@ -49,20 +49,19 @@ def run(shapes, steps, kwargs):
     return h.hexdigest()
 
 spec = json.loads(sys.argv[1])
-# OpenBLAS caps OPENBLAS_NUM_THREADS at the core count; set the count
-# itself so that 16 threads run on a 2-core machine too.
-muonrt.set_compute_threads(spec["threads"])
-assert muonrt.compute_threads() == spec["threads"]
+# MUONRT_NUM_THREADS (the parent sets it): not capped at the core count,
+# unlike OPENBLAS_NUM_THREADS, so 16 threads run on a 2-core machine too.
+assert muonrt.compute_threads() == spec["threads"], muonrt.compute_threads()
 for name, kwargs in spec["variants"].items():
     print(name, run([tuple(s) for s in spec["shapes"]], spec["steps"], kwargs))
 """
 
 
 def hashes_with_threads(threads):
-    """Runs CHILD on `threads` CPU threads (OPENBLAS_NUM_THREADS and
-    muonrt.set_compute_threads); {variant: hash}."""
+    """Runs CHILD on `threads` CPU threads (MUONRT_NUM_THREADS);
+    {variant: hash}."""
     import json
-    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads),
+    env = dict(os.environ, MUONRT_NUM_THREADS=str(threads),
                PYTHONPATH=os.path.join(REPO, "python"))
     spec = json.dumps({"shapes": SHAPES, "steps": STEPS,
                        "variants": VARIANTS, "threads": threads})
@@ -129,6 +128,7 @@ def test_thread_count_is_the_process_blas_setting(threads):
     library_or_skip()
     env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads),
                PYTHONPATH=os.path.join(REPO, "python"))
+    env.pop("MUONRT_NUM_THREADS", None)
     out = subprocess.run(
         [sys.executable, "-c",
          "import muonrt; print(muonrt.compute_threads(), "
@@ -138,3 +138,27 @@ def test_thread_count_is_the_process_blas_setting(threads):
     count, kernels = out.stdout.split(" ", 1)
     assert int(count) == min(threads, len(os.sched_getaffinity(0)))
     assert "OpenBLAS" in kernels
+
+
+def test_set_compute_threads_refuses_what_is_not_an_int_in_range():
+    library_or_skip()
+    import muonrt
+    before = muonrt.compute_threads()
+    for bad in (0, 65, -1, 2.5, True, 2 ** 32 + 5, "4"):
+        with pytest.raises(muonrt.InvalidArgumentError) as e:
+            muonrt.set_compute_threads(bad)
+        assert repr(bad) in str(e.value)
+    assert muonrt.compute_threads() == before
+
+
+def test_bad_muonrt_num_threads_is_reported_and_ignored():
+    library_or_skip()
+    env = dict(os.environ, MUONRT_NUM_THREADS="many", OPENBLAS_NUM_THREADS="1",
+               PYTHONPATH=os.path.join(REPO, "python"))
+    out = subprocess.run(
+        [sys.executable, "-c",
+         "import muonrt; print(muonrt.compute_threads())"],
+        env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "1"
+    assert 'MUONRT_NUM_THREADS="many"' in out.stderr

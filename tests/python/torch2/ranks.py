@@ -12,8 +12,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
 from conftest import free_port_pair  # noqa: E402,F401 (tests/python's)
 
 
-# The CPU threads of the ranks' Newton-Schulz (OPENBLAS_NUM_THREADS, read
-# by the library's private OpenBLAS): 1 on even ranks, 3 on odd ones, and
+# The CPU threads of the ranks' Newton-Schulz (MUONRT_NUM_THREADS, which
+# unlike OPENBLAS_NUM_THREADS is not capped at the core count, so it holds
+# on a 2-core machine too): 1 on even ranks, 3 on odd ones, and
 # never the one-process references' count (layout_worker.REFERENCE_THREADS),
 # so every bitwise comparison also shows that the thread count does not
 # change the bits.
@@ -32,7 +33,7 @@ def run_ranks(world, argv, timeout_s=240, job_id="torch2", extra_env=None):
                    LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    USE_LIBUV="0", OMP_NUM_THREADS="1", MUON_JOB_ID=job_id,
-                   OPENBLAS_NUM_THREADS=str(RANK_THREADS[rank % 2]))
+                   MUONRT_NUM_THREADS=str(RANK_THREADS[rank % 2]))
         env.update((extra_env or {}).get(rank, {}))
         procs.append(subprocess.Popen([sys.executable] + list(argv), env=env,
                                       stdout=subprocess.PIPE,

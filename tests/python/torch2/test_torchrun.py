@@ -21,7 +21,7 @@ def test_torchrun_two_ranks_fsdp2_bitwise_one_process(tmp_path):
     port = free_port_pair()
     # The ranks on 3 CPU threads, the one-process reference on 2.
     env = dict(os.environ, OMP_NUM_THREADS="1", MUON_JOB_ID="torchrun",
-               OPENBLAS_NUM_THREADS="3")
+               MUONRT_NUM_THREADS="3")
     r = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
          "--nproc-per-node", "2", "--rdzv-backend", "static", "--node-rank",
