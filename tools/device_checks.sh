@@ -328,9 +328,9 @@ run_py gpu_step_bench --timeout 150 --min 45 -- "$here/gpu_step_bench.py" \
 # The Llama-3-8B shapes and 8192^2; standard and Gram (restart every 2).
 ns_sizes=1024x1024,1024x4096,4096x4096,4096x14336,8192x8192
 run ns_gpu_bench --timeout 60 -- "$here/run.sh" bin/ns_gpu_bench \
-  --sizes "$ns_sizes" --staged 0
+  --sizes "$ns_sizes" --nostaged
 run ns_gpu_bench_gram --timeout 60 -- "$here/run.sh" bin/ns_gpu_bench \
-  --sizes "$ns_sizes" --staged 0 --method gram
+  --sizes "$ns_sizes" --nostaged --method gram
 run torch_ns_bench --timeout 60 -- python3 "$here/torch_ns_bench.py" \
   --sizes "$ns_sizes"
 
