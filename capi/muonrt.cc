@@ -361,8 +361,9 @@ absl::Status WriteText(const char* function, const std::string& text, char* buf,
 }
 
 // The optimizer's DistributedConfig: from the process group and the mesh,
-// a world of one for an overlap_backward process without a group, else
-// none (the single-device path). Errors: InvalidArgument (the mesh
+// a world of one for a process without a group that sets overlap_backward,
+// bucket_size_bytes, async_gpu_parallelism or prefetch_count, else none
+// (the single-device path). Errors: InvalidArgument (the mesh
 // arguments, a placement), those of CreateMeshConfig.
 absl::StatusOr<std::optional<muon::DistributedConfig>> ConfigOf(
     muonrt_process_group* pg, int mesh_ndim, const char* const* mesh_names,
@@ -405,9 +406,12 @@ absl::StatusOr<std::optional<muon::DistributedConfig>> ConfigOf(
     config->state.world_size = pg->pg->world_size;
     config->state.join_timeout_ms = absl::ToInt64Milliseconds(pg->timeout);
     config->execution = ToExecutionOptions(o);
-  } else if (o.overlap_backward == 1) {
-    // One process that still plans its buckets for the overlap: a world of
-    // one with the execution options.
+  } else if (o.overlap_backward == 1 || o.bucket_size_bytes != 0 ||
+             o.async_gpu_parallelism != 0 || o.prefetch_count != 0) {
+    // One process that still plans its buckets and schedule (the overlap,
+    // byte-bounded buckets whose same-shape matrices run as one batched
+    // Newton-Schulz, the async schedule): a world of one with the
+    // execution options, which the single-device path does not read.
     muon::DistributedConfig one;
     one.state.mesh = muon::Mesh::OneDim(1);
     one.state.param_placements.assign(

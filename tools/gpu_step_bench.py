@@ -31,7 +31,7 @@ muonrt's own cuBLAS handle and kernels are counted against muonrt.
 Usage:
   python3 tools/gpu_step_bench.py [--layers 8] [--dtype bf16|fp32]
       [--iters 5] [--order torch-first|ours-first] [--json PATH]
-      [--ns-method standard|gram|auto]
+      [--ns-method standard|gram|auto] [--bucket-size-mib M] [--prefetch N]
 Exit status 2 (with the reason) when there is no CUDA GPU, when muonrt
 cannot be imported or loaded, or when it refuses CUDA tensors; 1 when a
 measured optimizer fails otherwise (e.g. out of memory); 0 otherwise.
@@ -94,6 +94,13 @@ def parse_args(argv=None):
                          "(chrome://tracing, Perfetto): one slice per "
                          "operation and bucket, at its CUDA-event device "
                          "times, one row per stream")
+    ap.add_argument("--bucket-size-mib", type=float, default=0.0,
+                    help="muonrt's bucket_size_bytes in MiB (0: one matrix "
+                         "per bucket): the same-shape matrices of a bucket "
+                         "run as one strided-batched Newton-Schulz")
+    ap.add_argument("--prefetch", type=int, default=-1,
+                    help="muonrt's async schedule with this prefetch_count "
+                         "(-1: the sequential schedule)")
     ap.add_argument("--ns-method", choices=("standard", "gram", "auto"),
                     default="standard",
                     help="muonrt's Newton-Schulz method (torch.optim.Muon "
@@ -197,7 +204,17 @@ def torch_factory(torch, hp):
     return make, kw, dropped
 
 
-def ours_factory(hp, ns_method="standard"):
+def runtime_options(args):
+    """muonrt.Muon's runtime keywords from the flags."""
+    runtime = {"ns_method": args.ns_method,
+               "bucket_size_bytes": int(args.bucket_size_mib * (1 << 20))}
+    if args.prefetch >= 0:
+        runtime.update(async_gpu_parallelism=True,
+                       prefetch_count=args.prefetch)
+    return runtime
+
+
+def ours_factory(hp, runtime):
     try:
         import muonrt
     except ImportError as e:
@@ -209,7 +226,7 @@ def ours_factory(hp, ns_method="standard"):
         raise Refused(f"libmuonrt.so does not load: {e}") from None
 
     def make(params):
-        return muonrt.Muon(list(params), ns_method=ns_method, **hp)
+        return muonrt.Muon(list(params), **runtime, **hp)
     return make, path
 
 
@@ -335,7 +352,7 @@ def print_setup(args, hp, n_params, theirs, ours):
           f"{len(LLAMA3_8B_LAYER)} matrices, {n_params / 1e6:.1f}M "
           f"parameters, {args.dtype} parameters and gradients, "
           f"{args.iters} steady steps each, order {args.order}, muonrt "
-          f"ns_method {args.ns_method}", flush=True)
+          f"{runtime_options(args)}", flush=True)
     print(f"hyperparameters: {hp}")
     if theirs is not None:
         _, kw, dropped = theirs
@@ -411,7 +428,7 @@ def write_json(path, args, hp, n_params, env, results):
     doc = {
         "environment": env,
         "layers": args.layers,
-        "ns_method": args.ns_method,
+        "muonrt_runtime": runtime_options(args),
         "dtype": args.dtype,
         "parameters": n_params,
         "iters": args.iters,
@@ -447,7 +464,7 @@ def main(argv=None):
     ours = None
     if args.only in ("both", "ours"):
         try:
-            ours = ours_factory(hp, args.ns_method)
+            ours = ours_factory(hp, runtime_options(args))
         except Refused as e:
             print(f"gpu_step_bench: {e}", file=sys.stderr)
             return 2

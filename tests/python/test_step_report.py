@@ -35,3 +35,37 @@ def test_last_step_report_times_every_operation_inside_the_step():
     assert starts == sorted(starts)
     ns = [op for op in report["ops"] if op["op"] == "OP_KIND_ORTHOGONALIZE"]
     assert sum(op.get("flops", 0) for op in ns) == report["ns_flops"]
+
+
+def test_one_process_honours_bucket_size_and_async_schedule():
+    """Without a process group the execution options still apply: byte-
+    bounded buckets (here two matrices of 8 KiB per 16 KiB bucket, so
+    same-shape matrices run as one batched Newton-Schulz) and the async
+    schedule with prefetch;
+    the bits equal the default one-matrix-per-bucket step."""
+    library_or_skip()
+    import muonrt
+
+    def run(**kwargs):
+        g = torch.Generator().manual_seed(1)
+        params = [torch.nn.Parameter(torch.randn(64, 32, generator=g))
+                  for _ in range(4)]
+        opt = muonrt.Muon([(f"w{i}", p) for i, p in enumerate(params)],
+                          lr=0.02, **kwargs)
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=g)
+        opt.step()
+        return opt.last_step_report(), [p.detach().clone() for p in params]
+
+    plain_report, plain = run()
+    bucketed_report, bucketed = run(bucket_size_bytes=16 << 10,
+                                    async_gpu_parallelism=True,
+                                    prefetch_count=1)
+    plain_buckets = {op.get("bucket", 0) for op in plain_report["ops"]}
+    buckets = {op.get("bucket", 0) for op in bucketed_report["ops"]}
+    assert len(plain_buckets) == 4
+    assert len(buckets) == 2
+    assert bucketed_report["mode"] == "SCHEDULE_MODE_ASYNC"
+    assert bucketed_report.get("prefetch_count", 0) == 1
+    for a, b in zip(plain, bucketed):
+        assert torch.equal(a, b)
