@@ -82,7 +82,8 @@ struct CheckpointMetadata {
   // The writer's CPU kernel set (kernels::BlasCoreName(), e.g. "SkylakeX
   // (OpenBLAS 0.3.21 ...)"), which with the OpenBLAS version decides the
   // CPU Newton-Schulz bits. Optional in metadata.json ("blas_core"; empty
-  // when absent, as in checkpoints written before it was recorded).
+  // when absent: a job whose Newton-Schulz ran on a GPU, or a checkpoint
+  // written before it was recorded).
   std::string blas_core;
 };
 

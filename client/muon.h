@@ -530,6 +530,9 @@ class Muon {
   // ranks that succeeded).
   absl::Status AgreeOnCommit(const absl::Status& local);
   void ReportStep();
+  // Whether this rank's Newton-Schulz is the CPU one (OpenBLAS): CPU
+  // parameters orthogonalized on the host, not on a GPU.
+  bool RunsCpuNewtonSchulz() const;
 
   std::vector<ParamView> params_;           // views; the memory is not owned
   Mesh mesh_;                               // the job's device mesh

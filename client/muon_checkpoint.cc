@@ -177,6 +177,10 @@ absl::Status Muon::load_state_dict(const OptimizerStateDict& state) {
   return absl::OkStatus();
 }
 
+bool Muon::RunsCpuNewtonSchulz() const {
+  return device_.is_host() && options_.device == device::DeviceKind::kHost;
+}
+
 absl::Status Muon::Save(const std::string& dir) const {
   const OptimizerStateDict sd = state_dict();
   CheckpointMetadata meta;
@@ -184,7 +188,8 @@ absl::Status Muon::Save(const std::string& dir) const {
   meta.mesh = mesh_;
   meta.plan_hash = plan_.hash();
   meta.step = step_;
-  meta.blas_core = kernels::BlasCoreName();
+  // Only the CPU Newton-Schulz's bits depend on the OpenBLAS kernel set.
+  if (RunsCpuNewtonSchulz()) meta.blas_core = kernels::BlasCoreName();
   std::vector<ShardTensorView> tensors;
   for (size_t i = 0; i < sd.params.size(); ++i) {
     const ParamState& ps = sd.params[i];
@@ -240,7 +245,9 @@ absl::Status Muon::Load(const std::string& dir) {
     }
   }
   sd.step = reader->metadata().step;
-  WarnIfOtherBlasCore(rank_, dir, reader->metadata().blas_core);
+  if (RunsCpuNewtonSchulz()) {
+    WarnIfOtherBlasCore(rank_, dir, reader->metadata().blas_core);
+  }
   return load_state_dict(sd);
 }
 

@@ -231,23 +231,11 @@ class CudaRuntimeImpl final : public Runtime {
   }
   absl::StatusOr<std::unique_ptr<Event>> CreateEvent(
       const std::string& name) override {
-    CudaDeviceGuard guard(ordinal_);
-    if (!guard.status().ok()) return guard.status();
-    cudaEvent_t e = nullptr;
-    MUON_DEVICE_CUDA_RETURN_IF_ERROR(
-        cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    return std::unique_ptr<Event>(
-        new CudaEvent(ordinal_, e, name, /*timing=*/false));
+    return NewEvent(name, /*timing=*/false);
   }
   absl::StatusOr<std::unique_ptr<Event>> CreateTimingEvent(
       const std::string& name) override {
-    CudaDeviceGuard guard(ordinal_);
-    if (!guard.status().ok()) return guard.status();
-    cudaEvent_t e = nullptr;
-    MUON_DEVICE_CUDA_RETURN_IF_ERROR(
-        cudaEventCreateWithFlags(&e, cudaEventDefault));
-    return std::unique_ptr<Event>(
-        new CudaEvent(ordinal_, e, name, /*timing=*/true));
+    return NewEvent(name, /*timing=*/true);
   }
   Allocator* allocator() override { return &allocator_; }
   absl::StatusOr<std::unique_ptr<Stream>> WrapStream(
@@ -265,6 +253,16 @@ class CudaRuntimeImpl final : public Runtime {
   }
 
  private:
+  // A CUDA event on this device: cudaEventDisableTiming unless `timing`.
+  absl::StatusOr<std::unique_ptr<Event>> NewEvent(const std::string& name,
+                                                  bool timing) {
+    CudaDeviceGuard guard(ordinal_);
+    if (!guard.status().ok()) return guard.status();
+    cudaEvent_t e = nullptr;
+    MUON_DEVICE_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(
+        &e, timing ? cudaEventDefault : cudaEventDisableTiming));
+    return std::unique_ptr<Event>(new CudaEvent(ordinal_, e, name, timing));
+  }
   absl::Status Copy(void* dst, const void* src, int64_t bytes,
                     cudaMemcpyKind kind, const char* what) {
     if (absl::Status s = CheckCopyArguments(what, dst, src, bytes); !s.ok()) {

@@ -155,9 +155,16 @@ run() {
   rc=$?
   current_pid=""
   local took=$((SECONDS - t0))
+  record_exit "$name" "$rc" "$took" "after ${limit}s$cut" "$log"
+}
+
+# record_exit NAME RC SECONDS TIMEOUT_NOTE LOG: records a finished step
+# from `timeout`'s exit status (124/137: timed out) and its log.
+record_exit() {
+  local name=$1 rc=$2 took=$3 timeout_note=$4 log=$5
   tail -n 3 "$log" | sed 's/^/   | /'
   if [[ $rc -eq 124 || $rc -eq 137 ]]; then
-    record "$name" TIMEOUT "$took" "after ${limit}s$cut"
+    record "$name" TIMEOUT "$took" "$timeout_note"
   elif [[ $rc -ne 0 ]]; then
     record "$name" FAILED "$took" "exit $rc: $(last_line "$log")"
   else
@@ -371,14 +378,7 @@ finish_background() {
   rc=$?
   bg_pid=""
   local took=$((SECONDS - bg_t0))
-  tail -n 3 "$bg_log" | sed 's/^/   | /'
-  if [[ $rc -eq 124 || $rc -eq 137 ]]; then
-    record torch2_suite TIMEOUT "$took" "after ${bg_limit}s"
-  elif [[ $rc -ne 0 ]]; then
-    record torch2_suite FAILED "$took" "exit $rc: $(last_line "$bg_log")"
-  else
-    record torch2_suite ok "$took" "$(last_line "$bg_log")"
-  fi
+  record_exit torch2_suite "$rc" "$took" "after ${bg_limit}s" "$bg_log"
 }
 
 # ---- 9. compute-sanitizer ----------------------------------------------------------

@@ -49,6 +49,9 @@ import json
 import math
 import sys
 
+# Beside this script in tools/ and in the device bundle (sys.path[0]).
+from torch_ns_bench import zeropower
+
 COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 EPS = 1e-7
 GPU_SHAPES = "4096x4096,1024x4096,14336x4096,4096x14336"
@@ -95,46 +98,10 @@ def parse_args(argv=None):
 
 # ---- Newton-Schulz: the reference and torch's --------------------------------
 
-def ns_reference(torch, g, steps, coefficients=COEFFICIENTS, eps=EPS):
+def ns_reference(torch, g, steps):
     """torch.optim.Muon's iteration in float64 (the module docstring)."""
-    a, b, c = coefficients
-    x = g.double()
-    tall = g.size(0) > g.size(1)
-    if tall:
-        x = x.T
-    x = x / x.norm().clamp(min=eps)
-    for _ in range(steps):
-        gram = x @ x.T
-        update = b * gram + c * (gram @ gram)
-        x = a * x + update @ x
-    return x.T if tall else x
-
-
-def ns_torch_fallback(torch, grad, ns_coefficients, ns_steps, eps,
-                      use_addmm=False):
-    """torch.optim._muon._zeropower_via_newtonschulz (PyTorch 2.9+,
-    torch/optim/_muon.py) line for line, for a torch that lacks it: bf16
-    throughout, both of its variants."""
-    a, b, c = ns_coefficients
-    ortho_grad = grad.bfloat16()
-    if grad.size(0) > grad.size(1):
-        ortho_grad = ortho_grad.T
-    ortho_grad.div_(ortho_grad.norm().clamp(min=eps))
-    if use_addmm:
-        for _ in range(ns_steps):
-            gram_matrix = ortho_grad @ ortho_grad.T
-            gram_update = torch.addmm(
-                gram_matrix, gram_matrix, gram_matrix, beta=b, alpha=c)
-            ortho_grad = torch.addmm(ortho_grad, gram_update, ortho_grad,
-                                     beta=a)
-    else:
-        for _ in range(ns_steps):
-            gram_matrix = ortho_grad @ ortho_grad.T
-            gram_update = b * gram_matrix + c * gram_matrix @ gram_matrix
-            ortho_grad = a * ortho_grad + gram_update @ ortho_grad
-    if grad.size(0) > grad.size(1):
-        ortho_grad = ortho_grad.T
-    return ortho_grad
+    return zeropower(torch, g, COEFFICIENTS, steps, EPS, dtype=torch.float64,
+                     use_addmm=False)
 
 
 def torch_variants(torch):
@@ -148,8 +115,8 @@ def torch_variants(torch):
         zp = None
     if zp is None:
         def fb(g, steps, addmm):
-            return ns_torch_fallback(torch, g, COEFFICIENTS, steps, EPS,
-                                     use_addmm=addmm)
+            return zeropower(torch, g, COEFFICIENTS, steps, EPS,
+                             dtype=torch.bfloat16, use_addmm=addmm)
         return ([("torch", lambda g, s: fb(g, s, False)),
                  ("torch_addmm", lambda g, s: fb(g, s, True))],
                 f"torch {torch.__version__} has no torch.optim._muon: a copy "

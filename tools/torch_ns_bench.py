@@ -20,7 +20,7 @@ Exit status 2 when PyTorch, its Muon or a GPU is missing.
 
 CPU mode (--cpu): PyTorch's Newton-Schulz in float32 on the CPU,
 the yardstick of our kernels::NewtonSchulz. Debian's torch 1.13 has no
-torch.optim._muon, so `zeropower_fp32` below is PyTorch 2.9's
+torch.optim._muon, so `zeropower` below is PyTorch 2.9's
 `_zeropower_via_newtonschulz` (torch/optim/_muon.py) line for line with
 `grad.bfloat16()` replaced by `grad.float()`: X X^T by `@`, then two
 torch.addmm calls folding b*A and a*X (3 GEMMs per step, FLOPs
@@ -32,7 +32,7 @@ OPENBLAS_NUM_THREADS and OPENBLAS_CORETYPE apply to both sides.
   python3 tools/torch_ns_bench.py --cpu --serve
       the protocol tools/ns_bench --torch drives, so that PyTorch's runs
       interleave with ours in one benchmark: for each stdin line "RxC" it
-      runs zeropower_fp32 once on a uniform [-1, 1) matrix of that shape
+      runs zeropower (fp32) once on a uniform [-1, 1) matrix of that shape
       (created once per shape, seed 1) and answers "ms <milliseconds>".
 """
 
@@ -82,18 +82,29 @@ QUINTIC = (3.4445, -4.7750, 2.0315)
 EPS = 1e-7
 
 
-def zeropower_fp32(torch, grad, ns_coefficients, ns_steps, eps):
-    """torch.optim._muon._zeropower_via_newtonschulz (PyTorch 2.9) in fp32."""
+def zeropower(torch, grad, ns_coefficients, ns_steps, eps, dtype=None,
+              use_addmm=True):
+    """torch.optim._muon._zeropower_via_newtonschulz (PyTorch 2.9+,
+    torch/optim/_muon.py) line for line, in `dtype` (default float32; torch
+    runs bfloat16), with either of its variants: use_addmm (torch.addmm,
+    the form PyTorch 2.9 had) or the plain products (torch.optim.Muon's
+    default since). tools/ns_accuracy.py runs it in float64 as the
+    reference and in bf16 where torch lacks the function."""
     a, b, c = ns_coefficients
-    ortho_grad = grad.float()
+    ortho_grad = grad.to(torch.float32 if dtype is None else dtype)
     if grad.size(0) > grad.size(1):
         ortho_grad = ortho_grad.T
     ortho_grad = ortho_grad / ortho_grad.norm().clamp(min=eps)
     for _ in range(ns_steps):
         gram_matrix = ortho_grad @ ortho_grad.T
-        gram_update = torch.addmm(
-            gram_matrix, gram_matrix, gram_matrix, beta=b, alpha=c)
-        ortho_grad = torch.addmm(ortho_grad, gram_update, ortho_grad, beta=a)
+        if use_addmm:
+            gram_update = torch.addmm(
+                gram_matrix, gram_matrix, gram_matrix, beta=b, alpha=c)
+            ortho_grad = torch.addmm(ortho_grad, gram_update, ortho_grad,
+                                     beta=a)
+        else:
+            gram_update = b * gram_matrix + c * gram_matrix @ gram_matrix
+            ortho_grad = a * ortho_grad + gram_update @ ortho_grad
     if grad.size(0) > grad.size(1):
         ortho_grad = ortho_grad.T
     return ortho_grad
@@ -120,7 +131,7 @@ def cpu_main(args):
     def run_ms(rows, cols):
         grad = matrix(rows, cols)
         start = time.perf_counter()
-        zeropower_fp32(torch, grad, QUINTIC, args.steps, EPS)
+        zeropower(torch, grad, QUINTIC, args.steps, EPS)
         return (time.perf_counter() - start) * 1e3
 
     if args.serve:

@@ -26,14 +26,10 @@ VARIANTS = {
     "normuon": {"normuon": True},
 }
 
-# One process: 3 steps of every variant on SHAPES from fixed seeds; prints
-# "<variant> <sha256 of the parameters' bits>" per variant.
-CHILD = r"""
-import hashlib, json, sys
-import torch
-import muonrt
-
-def run(shapes, steps, kwargs):
+def params_hash(kwargs, shapes=SHAPES, steps=STEPS):
+    """sha256 of the parameters' bits after `steps` steps of muonrt.Muon
+    (kwargs) on `shapes`, from fixed seeds."""
+    import muonrt
     g = torch.Generator().manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(*s, generator=g))
               for s in shapes]
@@ -48,12 +44,21 @@ def run(shapes, steps, kwargs):
         h.update(p.detach().numpy().tobytes())
     return h.hexdigest()
 
+
+# One process (this file's params_hash): every variant; prints
+# "<variant> <hash>" per variant.
+CHILD = r"""
+import json, sys
+import muonrt
+sys.path.insert(0, sys.argv[2])
+from test_thread_count import params_hash
+
 spec = json.loads(sys.argv[1])
 # MUONRT_NUM_THREADS (the parent sets it): not capped at the core count,
 # unlike OPENBLAS_NUM_THREADS, so 16 threads run on a 2-core machine too.
 assert muonrt.compute_threads() == spec["threads"], muonrt.compute_threads()
 for name, kwargs in spec["variants"].items():
-    print(name, run([tuple(s) for s in spec["shapes"]], spec["steps"], kwargs))
+    print(name, params_hash(kwargs))
 """
 
 
@@ -63,9 +68,8 @@ def hashes_with_threads(threads):
     import json
     env = dict(os.environ, MUONRT_NUM_THREADS=str(threads),
                PYTHONPATH=os.path.join(REPO, "python"))
-    spec = json.dumps({"shapes": SHAPES, "steps": STEPS,
-                       "variants": VARIANTS, "threads": threads})
-    out = subprocess.run([sys.executable, "-c", CHILD, spec], env=env,
+    spec = json.dumps({"variants": VARIANTS, "threads": threads})
+    out = subprocess.run([sys.executable, "-c", CHILD, spec, HERE], env=env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     return dict(line.split() for line in out.stdout.splitlines()
@@ -81,24 +85,7 @@ def test_bits_are_the_same_for_1_2_3_4_8_and_16_blas_threads():
     assert len(set(want.values())) == len(VARIANTS)
     for threads in (2, 3, 4, 8, 16):
         got = hashes_with_threads(threads)
-        assert got == want, f"OPENBLAS_NUM_THREADS={threads}"
-
-
-def params_hash(kwargs):
-    g = torch.Generator().manual_seed(0)
-    params = [torch.nn.Parameter(torch.randn(*s, generator=g))
-              for s in SHAPES]
-    import muonrt
-    opt = muonrt.Muon([("w%d" % i, p) for i, p in enumerate(params)],
-                      lr=0.02, weight_decay=0.01, **kwargs)
-    for _ in range(STEPS):
-        for p in params:
-            p.grad = torch.randn(p.shape, generator=g)
-        opt.step()
-    h = hashlib.sha256()
-    for p in params:
-        h.update(p.detach().numpy().tobytes())
-    return h.hexdigest()
+        assert got == want, f"MUONRT_NUM_THREADS={threads}"
 
 
 def test_reference_is_unchanged_by_earlier_optimizers_in_the_process():
