@@ -291,6 +291,7 @@ absl::StatusOr<muon::MuonOptions> ToMuonOptions(const muonrt_options& o) {
   if (o.adjust_lr_fn != nullptr) names.adjust_lr_fn = o.adjust_lr_fn;
   if (o.ns_schedule != nullptr) names.ns_schedule = o.ns_schedule;
   if (o.ns_method != nullptr) names.ns_method = o.ns_method;
+  if (o.momentum_dtype != nullptr) names.momentum_dtype = o.momentum_dtype;
   MUON_RETURN_IF_ERROR(muon::ApplyMuonOptionNames(names, &m));
   if (o.transactional_step != 0 && o.transactional_step != 1) {
     return absl::InvalidArgumentError(
@@ -713,6 +714,7 @@ void muonrt_options_default(muonrt_options* options) {
   options->normuon_beta2 = m.normuon_beta2;
   options->normuon_eps = m.normuon_eps;
   options->overlap_backward = d.overlap_backward() ? 1 : 0;
+  options->momentum_dtype = nullptr;
 }
 
 int muonrt_optimizer_create(muonrt_process_group* pg, int mesh_ndim,

@@ -31,7 +31,7 @@ extern "C" {
 #endif
 
 /* Incremented on any incompatible change of this header. */
-#define MUONRT_ABI_VERSION 10
+#define MUONRT_ABI_VERSION 11
 
 /* Status codes (absl::StatusCode values). */
 #define MUONRT_OK 0
@@ -196,6 +196,12 @@ typedef struct {
    * (its agreement needs every gradient before the step starts) and
    * cannot run with transactional_step. ABI version 9. */
   int overlap_backward;
+  /* The momentum buffer's dtype (MuonOptions::momentum_dtype): "param"
+   * (NULL; each parameter's own, as torch.optim.Muon keeps it: 2 bytes
+   * per parameter for bf16), "float32" (4 bytes; a bf16 parameter's
+   * momentum keeps the low bits of small increments) or "bfloat16".
+   * ABI version 11. */
+  const char* momentum_dtype;
 } muonrt_options;
 
 /* Fills `options` with the defaults above. */

@@ -202,6 +202,19 @@ absl::Status ApplyMuonOptionNames(const MuonOptionNames& names,
     }
     o.gpu_precision = *precision;
   }
+  if (!names.momentum_dtype.empty()) {
+    const std::string& d = names.momentum_dtype;
+    if (d == "param") {
+      o.momentum_dtype = MomentumDType::kParam;
+    } else if (d == "float32") {
+      o.momentum_dtype = MomentumDType::kFloat32;
+    } else if (d == "bfloat16") {
+      o.momentum_dtype = MomentumDType::kBFloat16;
+    } else {
+      return unsupported("momentum_dtype", d,
+                         "\"param\", \"float32\" or \"bfloat16\"");
+    }
+  }
   *options = o;
   return absl::OkStatus();
 }
@@ -228,11 +241,26 @@ absl::StatusOr<MuonOptions> MuonOptionsFromProto(
   names.adjust_lr_fn = p.adjust_lr_fn();
   names.ns_schedule = p.ns_schedule();
   names.ns_method = p.ns_method();
+  names.momentum_dtype = p.momentum_dtype();
   MUON_RETURN_IF_ERROR(ApplyMuonOptionNames(names, &o));
   return o;
 }
 
 namespace {
+
+// The dtype of a momentum buffer of a `param_dtype` parameter.
+kernels::ParamDType MomentumDTypeOf(MomentumDType option, DType param_dtype) {
+  switch (option) {
+    case MomentumDType::kFloat32:
+      return kernels::ParamDType::kFloat32;
+    case MomentumDType::kBFloat16:
+      return kernels::ParamDType::kBFloat16;
+    case MomentumDType::kParam:
+      break;
+  }
+  return param_dtype == DType::kBFloat16 ? kernels::ParamDType::kBFloat16
+                                         : kernels::ParamDType::kFloat32;
+}
 
 // This rank's matrices with their geometry (a 2-D parameter is one matrix,
 // an expert stack one per slice), and whether any parameter lives on a
@@ -526,6 +554,14 @@ absl::Status Muon::MakeDataPath(const DistributedConfig& config,
   exec_options.bf16_exchange = ExchangeIsBf16(config.execution);
   exec_options.normuon = options_.normuon;
   exec_options.ns = rule_.ns;
+  exec_options.allocator = &memory_->buffers;
+  // U is formed per bucket for Nesterov and for bf16 momentum buffers.
+  exec_options.form_update = options_.nesterov;
+  for (const ParamView& p : params_) {
+    exec_options.form_update |=
+        MomentumDTypeOf(options_.momentum_dtype, p.dtype) !=
+        kernels::ParamDType::kFloat32;
+  }
   device_wait_timeout_ = exec_options.step_timeout;
   if (device_.is_host()) {
     if (config.ns_engine_factory) {
@@ -596,6 +632,7 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
                      runtime.status().message()));
   }
   muon->runtime_ = *runtime;
+  muon->memory_ = std::make_unique<MemoryCounters>(muon->runtime_->allocator());
   muon->params_ = std::move(params);
   muon->options_ = options;
   muon->rank_ = state.rank;
@@ -856,15 +893,22 @@ absl::Status Muon::MomentumPass(device::Stream* caller) {
   // Momentum and Nesterov on the local shards (elementwise: exact on
   // shards), reading the trainer's gradient where it lies.
   for (size_t i = 0; i < params_.size(); ++i) {
-    const ParamView& p = params_[i];
-    const int64_t n = buffers_[i].size();
-    if (n == 0) continue;
-    MUON_RETURN_IF_ERROR(OnCaller(caller, [&] {
-      return rule_.Momentum(*kernels_, caller, buffers_[i].data(), p.grad,
-                            KernelDType(p.grad_dtype), n, nesterov_[i].data());
-    }));
+    MUON_RETURN_IF_ERROR(OnCaller(
+        caller, [&] { return MomentumOne(static_cast<int>(i), caller); }));
   }
   return absl::OkStatus();
+}
+
+absl::Status Muon::MomentumOne(int index, device::Stream* stream) {
+  const ParamView& p = params_[index];
+  const MomentumBuffer& buf = buffers_[index];
+  UpdateSource& src = update_sources_[index];
+  // The executor forms Nesterov's U from the gradient per bucket.
+  src.grad = options_.nesterov ? p.grad : nullptr;
+  src.grad_dtype = KernelDType(p.grad_dtype);
+  if (buf.size() == 0) return absl::OkStatus();
+  return rule_.Momentum(*kernels_, stream, buf.data(), buf.dtype, p.grad,
+                        KernelDType(p.grad_dtype), buf.size());
 }
 
 absl::Status Muon::UpdateAll(device::Stream* caller) {
@@ -872,7 +916,7 @@ absl::Status Muon::UpdateAll(device::Stream* caller) {
   // A partial momentum pass still in flight must not outlive the step.
   if (!run.ok()) (void)SyncCaller(caller);
   if (run.ok()) {
-    run = executor_->Run(update_ptrs_, params_, rule_, &stats_, caller);
+    run = executor_->Run(update_sources_, params_, rule_, &stats_, caller);
   }
   const bool ran = run.ok();
   if (ran && post_update_fault_) run = post_update_fault_(step_ + 1);
@@ -886,36 +930,36 @@ absl::Status Muon::UpdateAll(device::Stream* caller) {
 }
 
 absl::Status Muon::AllocateState() {
-  device::Allocator* alloc = runtime_->allocator();
+  device::Allocator* alloc = &memory_->state;
   const size_t n = params_.size();
   buffers_.resize(n);
-  nesterov_.resize(n);
+  update_sources_.assign(n, UpdateSource());
   for (size_t i = 0; i < n; ++i) {
-    const int64_t numel = params_[i].local_numel();
-    MUON_ASSIGN_OR_RETURN(buffers_[i],
-                          device::DeviceBuffer<float>::Allocate(alloc, numel));
+    MomentumBuffer& buf = buffers_[i];
+    buf.numel = params_[i].local_numel();
+    buf.dtype = MomentumDTypeOf(options_.momentum_dtype, params_[i].dtype);
+    MUON_ASSIGN_OR_RETURN(
+        buf.memory, device::DeviceMemory::Allocate(
+                        alloc, buf.numel * kernels::ParamDTypeSize(buf.dtype)));
     // Zeros (host memory comes zero-filled; device memory does not).
     if (!device_.is_host()) {
-      const std::vector<float> zeros(numel, 0.0f);
-      MUON_RETURN_IF_ERROR(runtime_->CopyFromHost(
-          buffers_[i].data(), zeros.data(), numel * sizeof(float)));
+      const std::vector<char> zeros(buf.bytes(), 0);
+      MUON_RETURN_IF_ERROR(
+          runtime_->CopyFromHost(buf.data(), zeros.data(), buf.bytes()));
     }
-    if (options_.nesterov) {
-      MUON_ASSIGN_OR_RETURN(
-          nesterov_[i], device::DeviceBuffer<float>::Allocate(alloc, numel));
-    }
-    update_ptrs_.push_back(options_.nesterov ? nesterov_[i].data()
-                                             : buffers_[i].data());
+    update_sources_[i].momentum = buf.data();
+    update_sources_[i].momentum_dtype = buf.dtype;
   }
   MUON_ASSIGN_OR_RETURN(nonfinite_, device::DeviceBuffer<int64_t>::Allocate(
                                         alloc, static_cast<int64_t>(n)));
   host_nonfinite_.assign(n, -1);
   MUON_RETURN_IF_ERROR(AllocateRowState());
-  for (auto& b : buffers_) state_buffers_.push_back(&b);
-  for (auto& b : row_state_) state_buffers_.push_back(&b);
+  for (const MomentumBuffer& b : buffers_) state_buffers_.push_back(&b.memory);
+  for (const auto& b : row_state_) state_buffers_.push_back(&b.memory());
   if (!options_.transactional_step) return absl::OkStatus();
-  MUON_ASSIGN_OR_RETURN(snapshot_,
-                        StepSnapshot::Allocate(alloc, params_, state_buffers_));
+  MUON_ASSIGN_OR_RETURN(
+      snapshot_,
+      StepSnapshot::Allocate(&memory_->snapshot, params_, state_buffers_));
   return absl::OkStatus();
 }
 
@@ -927,7 +971,7 @@ absl::Status Muon::AllocateRowState() {
   for (size_t i = 0; i < n; ++i) {
     const int64_t rows = params_[i].local_rows();
     MUON_ASSIGN_OR_RETURN(row_state_[i], device::DeviceBuffer<float>::Allocate(
-                                             runtime_->allocator(), rows));
+                                             &memory_->state, rows));
     bound[i] = rows > 0 ? row_state_[i].data() : nullptr;
   }
   executor_->BindRowState(std::move(bound));
@@ -951,11 +995,34 @@ std::vector<float> Muon::variance_neuron(int i) const {
 
 std::vector<float> Muon::momentum_buffer(int i) const {
   std::vector<float> out(buffers_[i].size());
-  if (!runtime_->CopyToHost(out.data(), buffers_[i].data(), buffers_[i].bytes())
-           .ok()) {
-    out.clear();
-  }
+  if (!ReadMomentum(i, out.data()).ok()) out.clear();
   return out;
+}
+
+absl::Status Muon::ReadMomentum(int i, float* values) const {
+  const MomentumBuffer& buf = buffers_[i];
+  if (buf.dtype == kernels::ParamDType::kFloat32) {
+    return runtime_->CopyToHost(values, buf.data(), buf.bytes());
+  }
+  std::vector<kernels::bf16_t> bits(buf.size());
+  MUON_RETURN_IF_ERROR(
+      runtime_->CopyToHost(bits.data(), buf.data(), buf.bytes()));
+  for (int64_t k = 0; k < buf.size(); ++k) {
+    values[k] = kernels::Bf16ToFloat(bits[k]);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Muon::WriteMomentum(int i, const float* values) {
+  const MomentumBuffer& buf = buffers_[i];
+  if (buf.dtype == kernels::ParamDType::kFloat32) {
+    return runtime_->CopyFromHost(buf.data(), values, buf.bytes());
+  }
+  std::vector<kernels::bf16_t> bits(buf.size());
+  for (int64_t k = 0; k < buf.size(); ++k) {
+    bits[k] = kernels::FloatToBf16(values[k]);
+  }
+  return runtime_->CopyFromHost(buf.data(), bits.data(), buf.bytes());
 }
 
 absl::Status Muon::AgreeOnCommit(const absl::Status& local) {
@@ -1061,6 +1128,16 @@ void Muon::ReportStep() {
   agent_->Submit(report);
 }
 
+OptimizerMemory Muon::memory() const {
+  OptimizerMemory m;
+  for (const MomentumBuffer& b : buffers_) m.momentum_bytes += b.bytes();
+  m.state_bytes = memory_->state.bytes_in_use();
+  m.snapshot_bytes = memory_->snapshot.bytes_in_use();
+  m.buffer_bytes = memory_->buffers.bytes_in_use();
+  m.peak_bytes = memory_->total.peak_bytes();
+  return m;
+}
+
 void Muon::FillStepReport(v1::StepReport* report) const {
   report->set_rank(rank_);
   report->set_step(step_);
@@ -1074,6 +1151,11 @@ void Muon::FillStepReport(v1::StepReport* report) const {
   report->set_prefetch_count(executor_->prefetch_count());
   report->set_buffer_bytes(stats_.buffer_bytes);
   report->set_buffer_bound_bytes(stats_.buffer_bound_bytes);
+  const OptimizerMemory mem = memory();
+  report->set_momentum_bytes(mem.momentum_bytes);
+  report->set_state_bytes(mem.state_bytes);
+  report->set_snapshot_bytes(mem.snapshot_bytes);
+  report->set_peak_bytes(mem.peak_bytes);
   report->clear_ops();
   for (const OpRecord& op : stats_.ops) {
     v1::OpTiming* t = report->add_ops();

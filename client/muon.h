@@ -52,12 +52,31 @@
 
 namespace muon {
 
+// The dtype of the momentum buffers (MuonOptions::momentum_dtype).
+enum class MomentumDType {
+  kParam,     // "param": each parameter's own dtype, as torch.optim.Muon
+  kFloat32,   // "float32"
+  kBFloat16,  // "bfloat16"
+};
+
 // torch.optim.Muon's constructor arguments, with its defaults.
 struct MuonOptions {
   double lr = 1e-3;           // >= 0
   double weight_decay = 0.1;  // >= 0, decoupled, with the unadjusted lr
   double momentum = 0.95;     // >= 0
   bool nesterov = true;
+  // The momentum buffer's dtype. kParam (default): the parameter's, as
+  // torch.optim.Muon keeps it (torch.zeros_like(grad)): 2 bytes per
+  // parameter for bf16 parameters, 4 for fp32. Each momentum step is then
+  // computed in fp32 and rounded to nearest even (torch's bf16 lerp_).
+  // kFloat32 keeps a bf16 parameter's momentum in fp32: 2 more bytes per
+  // parameter, and the buffer no longer loses the low bits of every
+  // (1 - momentum) * grad increment (torch's bf16 buffer does: with
+  // momentum 0.95 an increment below 2^-9 of the buffer's magnitude
+  // vanishes). Nesterov's U is formed per bucket in fp32 either way (no
+  // persistent buffer). Checkpoints and state_dict carry the values as
+  // fp32 (a bf16 buffer widened exactly) and load into either dtype.
+  MomentumDType momentum_dtype = MomentumDType::kParam;
   // Newton-Schulz (a, b, c): Keller Jordan's quintic.
   double ns_a = 3.4445, ns_b = -4.7750, ns_c = 2.0315;
   double eps = 1e-7;  // Frobenius-norm floor before NS
@@ -126,10 +145,11 @@ struct MuonOptions {
   // keeps a partial step.
   // Memory (preallocated at Create, on the parameters' device), in bytes:
   //   sum over this rank's parameters i of
-  //     local_numel(i) * (DTypeSize(dtype(i)) + 4)
+  //     local_numel(i) * (DTypeSize(dtype(i)) + momentum dtype size)
   // i.e. a copy of each local shard in its own dtype (4 bytes fp32, 2
-  // bf16) plus a copy of its fp32 momentum buffer, plus 8 for the step
-  // count. (The Nesterov buffer U is recomputed every step: not saved.)
+  // bf16) plus a copy of its momentum buffer, plus 8 for the step count
+  // (OptimizerMemory::snapshot_bytes). (Nesterov's U is recomputed every
+  // step: not saved.)
   // Time: one copy of those bytes per step (the save; a failed step copies
   // them back) and one more one-float all-gather per step when the world is
   // larger than one.
@@ -161,6 +181,28 @@ struct MuonOptions {
   QkClipOptions qk_clip;
 };
 
+// The optimizer's memory on the parameters' device, in bytes, counted by
+// the allocator it allocates through (device::CountingAllocator).
+struct OptimizerMemory {
+  // The momentum buffers: sum of local numel x the buffer dtype's size
+  // (torch.optim.Muon's state for the same parameters).
+  int64_t momentum_bytes = 0;
+  // Everything that persists between steps: the momentum buffers,
+  // NorMuon's row state and the finite check's results (8 bytes per
+  // parameter).
+  int64_t state_bytes = 0;
+  // MuonOptions::transactional_step's snapshot (0 when off).
+  int64_t snapshot_bytes = 0;
+  // The step executor's buffers: (prefetch_count + 1) bucket slots
+  // (this rank's U and O of the bucket's matrices, the owned matrices'
+  // full U and O) and the exchange buffers.
+  int64_t buffer_bytes = 0;
+  // The largest total of the above held at once so far (a re-plan holds
+  // two executors' buffers for a moment). Newton-Schulz scratch is not in
+  // these counts (the CUDA engine allocates it itself).
+  int64_t peak_bytes = 0;
+};
+
 // What one Muon::ClipQk did (the same on every rank).
 struct QkClipStats {
   int64_t groups_clipped = 0;   // key-value groups scaled, over the layers
@@ -177,10 +219,11 @@ absl::Status ValidateMuonOptions(const MuonOptions& options);
 struct MuonOptionNames {
   // "original" | "match_rms_adamw" | "spectral_norm"
   std::string adjust_lr_fn;
-  std::string ns_schedule;    // "quintic" | "polar_express"
-  std::string ns_method;      // "standard" | "gram" | "auto"
-  std::string device;         // "cpu" | "cuda"
-  std::string gpu_precision;  // "bf16" | "tf32" | "fp32"
+  std::string ns_schedule;     // "quintic" | "polar_express"
+  std::string ns_method;       // "standard" | "gram" | "auto"
+  std::string device;          // "cpu" | "cuda"
+  std::string gpu_precision;   // "bf16" | "tf32" | "fp32"
+  std::string momentum_dtype;  // "param" | "float32" | "bfloat16"
 };
 
 // Sets the options `names` spells into `options`.
@@ -414,6 +457,9 @@ class Muon {
   int world_size() const { return world_size_; }
   // Counters and timings of the last Step on this rank.
   const StepStats& last_step_stats() const { return stats_; }
+  // This rank's optimizer memory on the parameters' device (counted from
+  // Create on; exact at any time).
+  OptimizerMemory memory() const;
   // The last step as the report a rank sends its coordinator: counters and
   // the per-operation timings (CUDA: the device times of CUDA events
   // around each operation; the host: the host clock around its work),
@@ -473,8 +519,12 @@ class Muon {
   // holds NaN or Inf, with the index and value, or bad_param = -1.
   absl::Status FindNonFinite(device::Stream* caller, int* bad_param,
                              int64_t* bad_index, float* bad_value);
-  // Momentum and Nesterov on every local shard, on `caller`.
+  // The momentum step on every local shard, on `caller`.
   absl::Status MomentumPass(device::Stream* caller);
+  // Parameter `index`'s momentum step (buf.lerp_(grad, 1 - momentum)) on
+  // `stream` (nullptr: the host), and its update source for the executor
+  // (which forms Nesterov's U per bucket, so no buffer of U persists).
+  absl::Status MomentumOne(int index, device::Stream* stream);
   // One float per rank all-gathered into rank_flags_ (0 = OK, else a
   // failure code); no collective in a world of one (rank_flags_[rank_] is
   // still set). Errors: the communicator's, through the agent's
@@ -552,6 +602,15 @@ class Muon {
   // elementwise kernels there (momentum, finite check, snapshot copies).
   device::Device device_;
   device::Runtime* runtime_ = nullptr;
+  // Counting allocators over runtime_'s: the whole, and under it the
+  // state, the snapshot and the executor's buffers (OptimizerMemory).
+  // Declared before every buffer, so they outlive them.
+  struct MemoryCounters {
+    explicit MemoryCounters(device::Allocator* base)
+        : total(base), state(&total), snapshot(&total), buffers(&total) {}
+    device::CountingAllocator total, state, snapshot, buffers;
+  };
+  std::unique_ptr<MemoryCounters> memory_;
   std::unique_ptr<kernels::StepKernels> kernels_;
   // CUDA: the caller's stream of the last step, wrapped.
   std::unique_ptr<device::Stream> caller_;
@@ -566,15 +625,31 @@ class Muon {
   std::unique_ptr<StepExecutor> executor_;
   int replan_every_steps_ = 0;
   int64_t replanned_at_ = -1;  // step_ of the last re-plan asked
-  // On the parameters' device: momentum and (nesterov) U per local shard;
-  // the finite check's first non-finite index per parameter.
-  std::vector<device::DeviceBuffer<float>> buffers_;
-  std::vector<device::DeviceBuffer<float>> nesterov_;
+  // One parameter's momentum buffer: size() elements (its local numel)
+  // of `dtype` on the parameters' device.
+  struct MomentumBuffer {
+    device::DeviceMemory memory;
+    kernels::ParamDType dtype = kernels::ParamDType::kFloat32;
+    int64_t numel = 0;
+    void* data() const { return memory.data(); }
+    int64_t size() const { return numel; }
+    int64_t bytes() const { return memory.bytes(); }
+  };
+  // Parameter i's momentum values as fp32 (a bf16 buffer widened
+  // exactly) into / from `values` (host memory, size() floats; a bf16
+  // buffer rounds to nearest even). Errors: the device copy's.
+  absl::Status ReadMomentum(int i, float* values) const;
+  absl::Status WriteMomentum(int i, const float* values);
+  // On the parameters' device: the momentum buffer per local shard (the
+  // only per-parameter state; U and O live in the executor's bucket
+  // slots), and where the executor reads each parameter's U from.
+  std::vector<MomentumBuffer> buffers_;
+  std::vector<UpdateSource> update_sources_;
   // NorMuon's row state per parameter (empty buffers without NorMuon).
   std::vector<device::DeviceBuffer<float>> row_state_;
   // Every state buffer a transactional step snapshots: the momentum
   // buffers, then the row states.
-  std::vector<device::DeviceBuffer<float>*> state_buffers_;
+  std::vector<const device::DeviceMemory*> state_buffers_;
   // Per QK-clip layer: the local index of its q and k parameters (-1 when
   // this rank does not hold it).
   std::vector<std::pair<int, int>> qk_clip_params_;
@@ -590,7 +665,6 @@ class Muon {
   absl::Time overlap_start_;
   device::DeviceBuffer<int64_t> nonfinite_;
   std::vector<int64_t> host_nonfinite_;  // nonfinite_ copied to the host
-  std::vector<const float*> update_ptrs_;
   std::vector<MatrixInfo> matrices_;
   StepStats stats_;
   int64_t step_ = 0;

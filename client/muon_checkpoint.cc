@@ -156,9 +156,8 @@ absl::Status Muon::load_state_dict(const OptimizerStateDict& state) {
     }
   }
   for (size_t i = 0; i < buffers_.size(); ++i) {
-    absl::Status s = runtime_->CopyFromHost(
-        buffers_[i].data(), state.params[i].momentum_buffer.data(),
-        buffers_[i].bytes());
+    absl::Status s = WriteMomentum(static_cast<int>(i),
+                                   state.params[i].momentum_buffer.data());
     if (s.ok() && row_state_[i].size() > 0) {
       s = runtime_->CopyFromHost(row_state_[i].data(),
                                  state.params[i].variance_neuron.data(),

@@ -56,7 +56,8 @@ absl::Status Muon::BeginOverlappedStep() {
   grad_fingerprints_.assign(params_.size(), 0);
   enqueued_ready_ = 0;
   overlap_start_ = absl::Now();
-  MUON_RETURN_IF_ERROR(executor_->Begin(update_ptrs_, params_, rule_, nullptr));
+  MUON_RETURN_IF_ERROR(
+      executor_->Begin(update_sources_, params_, rule_, nullptr));
   overlap_begun_ = true;
   return absl::OkStatus();
 }
@@ -83,9 +84,7 @@ absl::Status Muon::ReadyOne(int index) {
                      "\" was marked ready without a gradient"));
   }
   if (n > 0) {
-    MUON_RETURN_IF_ERROR(
-        rule_.Momentum(*kernels_, nullptr, buffers_[index].data(), p.grad,
-                       KernelDType(p.grad_dtype), n, nesterov_[index].data()));
+    MUON_RETURN_IF_ERROR(MomentumOne(index, nullptr));
     if (!executor_->async()) {
       grad_fingerprints_[index] =
           Fingerprint(p.grad, n * DTypeSize(p.grad_dtype));

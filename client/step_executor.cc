@@ -141,6 +141,18 @@ absl::Status StepExecutor::CheckPlanMatrix(const v1::Plan& plan, int mi,
 
 int64_t StepExecutor::PlaceInSlot(BucketSchedule* b, BufferSizes* sizes) {
   int64_t elems = 0;
+  // This rank's boxes of the bucket's matrices: O (redistributed here and
+  // applied from here) and, when formed, U.
+  for (int m : b->matrices) {
+    const int64_t n = geometry_[m].boxes[rank_].numel();
+    if (n == 0) continue;
+    if (options_.form_update) {
+      local_u_offset_[m] = elems;
+      elems += n;
+    }
+    local_o_offset_[m] = elems;
+    elems += n;
+  }
   // Owned matrices this rank does not hold whole get full U and O in the
   // slot, grouped by shape (first appearance order): the group's U one
   // after another, then its O.
@@ -194,16 +206,12 @@ absl::StatusOr<StepExecutor::BufferSizes> StepExecutor::CompileBuckets(
   for (int m = 0; m < num_matrices; ++m) {
     local_id[{geometry_[m].param, geometry_[m].slice}] = m;
   }
-  local_o_offset_.assign(num_matrices, 0);
+  local_o_offset_.assign(num_matrices, -1);
+  local_u_offset_.assign(num_matrices, -1);
   u_offset_.assign(num_matrices, -1);
   bucket_of_.assign(num_matrices, -1);
   o_offset_.assign(num_matrices, -1);
   v_offset_.assign(num_matrices, -1);
-  local_o_elems_ = 0;
-  for (int m = 0; m < num_matrices; ++m) {
-    local_o_offset_[m] = local_o_elems_;
-    local_o_elems_ += geometry_[m].boxes[rank_].numel();
-  }
   std::vector<int> seen(num_matrices, 0);
   BufferSizes sizes;
   for (const v1::Bucket& bp : plan.buckets()) {
@@ -382,7 +390,9 @@ absl::Status StepExecutor::AllocateBuffers(const BufferSizes& sizes,
                                            int slots) {
   slots = std::max(1, slots);
   // Every buffer in the executor's device memory.
-  device::Allocator* alloc = runtime_->allocator();
+  device::Allocator* alloc = options_.allocator != nullptr
+                                 ? options_.allocator
+                                 : runtime_->allocator();
   MUON_ASSIGN_OR_RETURN(
       send_buf_, device::DeviceBuffer<float>::Allocate(alloc, sizes.max_send));
   MUON_ASSIGN_OR_RETURN(
@@ -390,8 +400,6 @@ absl::Status StepExecutor::AllocateBuffers(const BufferSizes& sizes,
   slot_elems_ = sizes.max_bucket_elems;
   MUON_ASSIGN_OR_RETURN(arena_, device::DeviceBuffer<float>::Allocate(
                                     alloc, slots * sizes.max_bucket_elems));
-  MUON_ASSIGN_OR_RETURN(
-      local_o_, device::DeviceBuffer<float>::Allocate(alloc, local_o_elems_));
   const int64_t exchange_bytes =
       (sizes.max_send + sizes.max_recv) * static_cast<int64_t>(sizeof(float));
   buffer_bytes_ = arena_.bytes() + exchange_bytes;
@@ -471,7 +479,43 @@ float* StepExecutor::FullU(int m) {
 }
 
 float* StepExecutor::LocalO(int m) {
-  return local_o_.data() + local_o_offset_[m];
+  return arena_.data() + slot_of_bucket_[bucket_of_[m]] * slot_elems_ +
+         local_o_offset_[m];
+}
+
+const float* StepExecutor::LocalU(int m,
+                                  const std::vector<UpdateSource>& updates) {
+  const MatrixGeometry& g = geometry_[m];
+  const UpdateSource& src = updates[g.param_index];
+  if (src.formed()) {
+    return arena_.data() + slot_of_bucket_[bucket_of_[m]] * slot_elems_ +
+           local_u_offset_[m];
+  }
+  return static_cast<const float*>(src.momentum) + g.offset;
+}
+
+absl::Status StepExecutor::FormUpdates(const BucketSchedule& bs,
+                                       const StepArgs& args,
+                                       device::Stream* stream) {
+  for (int m : bs.matrices) {
+    const MatrixGeometry& g = geometry_[m];
+    const UpdateSource& src = (*args.updates)[g.param_index];
+    const int64_t n = g.boxes[rank_].numel();
+    if (n == 0 || !src.formed()) continue;
+    const auto* momentum =
+        static_cast<const char*>(src.momentum) +
+        g.offset * kernels::ParamDTypeSize(src.momentum_dtype);
+    const char* grad =
+        src.grad == nullptr
+            ? nullptr
+            : static_cast<const char*>(src.grad) +
+                  g.offset * kernels::ParamDTypeSize(src.grad_dtype);
+    MUON_RETURN_IF_ERROR(kernels_->FormUpdate(
+        stream, momentum, src.momentum_dtype, grad, src.grad_dtype, n,
+        args.rule->momentum, grad != nullptr,
+        const_cast<float*>(LocalU(m, *args.updates))));
+  }
+  return absl::OkStatus();
 }
 
 float* StepExecutor::FullO(int m) {
@@ -497,7 +541,7 @@ float* StepExecutor::FullRowState(int m) {
 
 const float* StepExecutor::ExchangeSource(
     const RegionCopy& c, bool to_owner,
-    const std::vector<const float*>& updates, Box* holds) {
+    const std::vector<UpdateSource>& updates, Box* holds) {
   const int m = c.matrix;
   const MatrixGeometry& g = geometry_[m];
   if (c.data == RegionData::kRowState) {
@@ -506,7 +550,7 @@ const float* StepExecutor::ExchangeSource(
   }
   if (to_owner) {
     *holds = g.boxes[rank_];
-    return updates[g.param_index] + g.offset;
+    return LocalU(m, updates);
   }
   *holds = FullBox(g);
   return HoldsFull(m) ? LocalO(m) : FullO(m);
@@ -529,7 +573,7 @@ float* StepExecutor::ExchangeDestination(const RegionCopy& c, bool to_owner,
 }
 
 absl::Status StepExecutor::SendRecvFp32(
-    const Exchange& x, bool to_owner, const std::vector<const float*>& updates,
+    const Exchange& x, bool to_owner, const std::vector<UpdateSource>& updates,
     device::Stream* stream) {
   Box holds;
   int64_t off = 0;
@@ -557,7 +601,7 @@ absl::Status StepExecutor::SendRecvFp32(
 }
 
 absl::Status StepExecutor::SendRecvBf16(
-    const Exchange& x, bool to_owner, const std::vector<const float*>& updates,
+    const Exchange& x, bool to_owner, const std::vector<UpdateSource>& updates,
     device::Stream* stream) {
   // The float buffers hold bf16 values two per word; each peer's part
   // starts on a word (x.send_words_bf16[q] words).
@@ -593,7 +637,7 @@ absl::Status StepExecutor::SendRecvBf16(
 }
 
 absl::Status StepExecutor::RunExchange(const Exchange& x, bool to_owner,
-                                       const std::vector<const float*>& updates,
+                                       const std::vector<UpdateSource>& updates,
                                        device::Stream* stream,
                                        int64_t* bytes_sent,
                                        int64_t* bytes_received) {
@@ -619,15 +663,14 @@ absl::Status StepExecutor::RunExchange(const Exchange& x, bool to_owner,
 }
 
 absl::Status StepExecutor::RoundOwnedUpdates(
-    const BucketSchedule& bs, const std::vector<const float*>& updates,
+    const BucketSchedule& bs, const std::vector<UpdateSource>& updates,
     device::Stream* stream) {
   for (int m : bs.owned) {
     const MatrixGeometry& g = geometry_[m];
     const Box full = FullBox(g);
     if (HoldsFull(m)) {
-      MUON_RETURN_IF_ERROR(
-          kernels_->CopyRegion(stream, updates[g.param_index] + g.offset, full,
-                               FullU(m), full, full));
+      MUON_RETURN_IF_ERROR(kernels_->CopyRegion(stream, LocalU(m, updates),
+                                                full, FullU(m), full, full));
     }
     // The parts received are bf16 already (rounding them again is exact);
     // the owner's own part is rounded here.
@@ -645,14 +688,14 @@ absl::Status StepExecutor::Gather(int b, const StepArgs& args,
   const int64_t sent0 = bytes_sent_;
   int timing = -1;
   MUON_RETURN_IF_ERROR(StartTiming(stream, &timing));
+  MUON_RETURN_IF_ERROR(FormUpdates(bs, args, stream));
   if (gather_fn_) {
     for (size_t i = 0; i < bs.matrices.size(); ++i) {
       const int m = bs.matrices[i];
       const MatrixGeometry& g = geometry_[m];
       float* full = bs.owners[i] == rank_ ? FullU(m) : nullptr;
       MUON_RETURN_IF_ERROR(gather_fn_(g.param_index, g.slice, bs.owners[i],
-                                      (*args.updates)[g.param_index] + g.offset,
-                                      full));
+                                      LocalU(m, *args.updates), full));
     }
   } else {
     MUON_RETURN_IF_ERROR(RunExchange(bs.gather, /*to_owner=*/true,
@@ -681,7 +724,7 @@ absl::Status StepExecutor::Orthogonalize(int b, const StepArgs& args,
     const int m = batch.first;
     const MatrixGeometry& g = geometry_[m];
     const float* u = !batch.in_slot && !gather_fn_ && !options_.bf16_exchange
-                         ? (*args.updates)[g.param_index] + g.offset
+                         ? LocalU(m, *args.updates)
                          : FullU(m);
     float* o = batch.in_slot ? FullO(m) : LocalO(m);
     MUON_RETURN_IF_ERROR(kernels_->Orthogonalize(stream, u, batch.count, g.rows,
@@ -946,7 +989,7 @@ absl::Status StepExecutor::EndEnqueue() {
   return status;
 }
 
-absl::Status StepExecutor::Run(const std::vector<const float*>& updates,
+absl::Status StepExecutor::Run(const std::vector<UpdateSource>& updates,
                                const std::vector<ParamView>& params,
                                const UpdateRule& rule, StepStats* stats,
                                device::Stream* caller) {
@@ -960,7 +1003,7 @@ absl::Status StepExecutor::Run(const std::vector<const float*>& updates,
   return enqueued.ok() ? finished : enqueued;
 }
 
-absl::Status StepExecutor::Enqueue(const std::vector<const float*>& updates,
+absl::Status StepExecutor::Enqueue(const std::vector<UpdateSource>& updates,
                                    const std::vector<ParamView>& params,
                                    const UpdateRule& rule,
                                    device::Stream* caller) {
@@ -968,7 +1011,58 @@ absl::Status StepExecutor::Enqueue(const std::vector<const float*>& updates,
   return EndEnqueue();
 }
 
-absl::Status StepExecutor::Begin(const std::vector<const float*>& updates,
+absl::Status StepExecutor::GiveUpdates(
+    const std::vector<const float*>& updates) {
+  if (in_flight_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank_, ": a step is in flight: Finish it before the next"));
+  }
+  given_updates_.assign(updates.size(), UpdateSource());
+  for (size_t i = 0; i < updates.size(); ++i) {
+    given_updates_[i].momentum = updates[i];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepExecutor::Run(const std::vector<const float*>& updates,
+                               const std::vector<ParamView>& params,
+                               const UpdateRule& rule, StepStats* stats,
+                               device::Stream* caller) {
+  MUON_RETURN_IF_ERROR(GiveUpdates(updates));
+  return Run(given_updates_, params, rule, stats, caller);
+}
+
+absl::Status StepExecutor::Enqueue(const std::vector<const float*>& updates,
+                                   const std::vector<ParamView>& params,
+                                   const UpdateRule& rule,
+                                   device::Stream* caller) {
+  MUON_RETURN_IF_ERROR(GiveUpdates(updates));
+  return Enqueue(given_updates_, params, rule, caller);
+}
+
+absl::Status StepExecutor::CheckUpdateSources(
+    const std::vector<UpdateSource>& updates,
+    const std::vector<ParamView>& params) const {
+  for (const MatrixGeometry& g : geometry_) {
+    if (g.param_index >= static_cast<int>(updates.size()) ||
+        g.param_index >= static_cast<int>(params.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank_, ": ", updates.size(), " update sources and ",
+          params.size(), " parameters; matrix \"", g.param, "\" is parameter ",
+          g.param_index));
+    }
+    if (updates[g.param_index].formed() && !options_.form_update &&
+        !g.boxes[rank_].empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank_, ": the update of \"", g.param,
+          "\" is formed (Nesterov or a bf16 momentum buffer) but the "
+          "executor was created without ExecutorOptions::form_update"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepExecutor::Begin(const std::vector<UpdateSource>& updates,
                                  const std::vector<ParamView>& params,
                                  const UpdateRule& rule,
                                  device::Stream* caller) {
@@ -976,6 +1070,7 @@ absl::Status StepExecutor::Begin(const std::vector<const float*>& updates,
     return absl::FailedPreconditionError(absl::StrCat(
         "rank ", rank_, ": a step is in flight: Finish it before the next"));
   }
+  MUON_RETURN_IF_ERROR(CheckUpdateSources(updates, params));
   if (caller != nullptr && caller->device() != options_.device) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", rank_, ": the caller's stream \"", caller->name(),

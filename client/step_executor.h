@@ -114,6 +114,26 @@ struct StepStats {
   int64_t buffer_bound_bytes = 0;
 };
 
+// Where this rank's shard of a parameter's update U comes from, in the
+// executor's device memory, with the parameter's local layout (element i
+// of the shard at index i; expert slices one after another):
+//   grad == nullptr: U is `momentum` (fp32 read in place; bf16 widened
+//     into the bucket's slot);
+//   grad != nullptr: Nesterov, U = lerp(grad, momentum, rule.momentum)
+//     (torch's grad.lerp(buf, momentum)), formed in fp32 in the bucket's
+//     slot just before the bucket's gather (kernels::StepKernels::
+//     FormUpdate), so no buffer of U outlives its bucket.
+struct UpdateSource {
+  const void* momentum = nullptr;
+  kernels::ParamDType momentum_dtype = kernels::ParamDType::kFloat32;
+  const void* grad = nullptr;
+  kernels::ParamDType grad_dtype = kernels::ParamDType::kFloat32;
+  // Whether the executor forms U in a slot (not read in place).
+  bool formed() const {
+    return grad != nullptr || momentum_dtype != kernels::ParamDType::kFloat32;
+  }
+};
+
 // Where an executor runs: its streams, buffers and kernels.
 struct ExecutorOptions {
   // The host (OpenBLAS, Gloo or local exchanges) or a CUDA device (cuBLAS
@@ -140,6 +160,14 @@ struct ExecutorOptions {
   // every holder of those rows. Host only; fp32 exchange and the built-in
   // exchange only (Create refuses the rest).
   bool normuon = false;
+  // The allocator of every buffer (not owned; outlives the executor; of
+  // `device`); nullptr = the device runtime's.
+  device::Allocator* allocator = nullptr;
+  // The steps pass UpdateSources that are formed (Nesterov, or a bf16
+  // momentum buffer): each bucket slot gets room for the bucket's local U
+  // (this rank's shard elements of the bucket's matrices, fp32). Run
+  // refuses formed sources without it.
+  bool form_update = false;
   // The Newton-Schulz the steps will run (the rule's): Create reserves its
   // scratch for it (on CUDA the Gram iteration needs two more m x m
   // buffers), so that no step allocates. Only the method, the iteration
@@ -187,10 +215,10 @@ class StepExecutor {
   }
 
   // Runs gather -> orthogonalize -> redistribute -> apply for every bucket.
-  // `updates[i]` is this rank's shard of U for parameter i (local shape,
-  // row-major fp32, read only); `params[i]` views its local shard of W
-  // (3-D stacks: [local experts, rows, cols]; float32 or bfloat16,
-  // contiguous; `updates` and the parameters are memory of device(),
+  // `updates[i]` says where this rank's shard of U for parameter i comes
+  // from (UpdateSource: local shape, row-major, read only); `params[i]` views
+  // its local shard of W (3-D stacks: [local experts, rows, cols]; float32 or
+  // bfloat16, contiguous; `updates` and the parameters are memory of device(),
   // checked by the caller), updated in place:
   // W *= (1 - lr*wd); W -= AdjustLR(lr, global shape) * O (bf16: each op
   // computed in fp32 and rounded to nearest even, kernels::ApplyUpdate).
@@ -199,6 +227,11 @@ class StepExecutor {
   // leaves the world inconsistent; the job must restart from a checkpoint,
   // unless MuonOptions::transactional_step has Muon restore them).
   // `caller` (optional): as Enqueue's; Run is Enqueue then Finish.
+  absl::Status Run(const std::vector<UpdateSource>& updates,
+                   const std::vector<ParamView>& params, const UpdateRule& rule,
+                   StepStats* stats, device::Stream* caller = nullptr);
+  // Run with U given: updates[i] is parameter i's local U (fp32, read in
+  // place). Allocates the sources once per call (tests and tools).
   absl::Status Run(const std::vector<const float*>& updates,
                    const std::vector<ParamView>& params, const UpdateRule& rule,
                    StepStats* stats, device::Stream* caller = nullptr);
@@ -220,6 +253,10 @@ class StepExecutor {
   // was enqueued. Destroying the executor finishes a step in flight.
   // Errors: FailedPrecondition (a step is in flight); InvalidArgument
   // (`caller` on another device); the streams' errors; then as Run.
+  absl::Status Enqueue(const std::vector<UpdateSource>& updates,
+                       const std::vector<ParamView>& params,
+                       const UpdateRule& rule, device::Stream* caller);
+  // Enqueue with U given (as Run's overload).
   absl::Status Enqueue(const std::vector<const float*>& updates,
                        const std::vector<ParamView>& params,
                        const UpdateRule& rule, device::Stream* caller);
@@ -236,8 +273,10 @@ class StepExecutor {
   // final before EnqueueReady lets it run (its gather reads them on the
   // executor's streams, while the caller goes on).
   // Errors: FailedPrecondition (a step in flight, or EnqueueReady outside
-  // one); the first enqueue error, again on every later call; as Enqueue.
-  absl::Status Begin(const std::vector<const float*>& updates,
+  // one); InvalidArgument (a formed source without
+  // ExecutorOptions::form_update; the wrong number of sources); the first
+  // enqueue error, again on every later call; as Enqueue.
+  absl::Status Begin(const std::vector<UpdateSource>& updates,
                      const std::vector<ParamView>& params,
                      const UpdateRule& rule, device::Stream* caller);
   absl::Status EnqueueReady(int ready_buckets);
@@ -289,7 +328,7 @@ class StepExecutor {
   };
   // Arguments of the step in flight (set by Run, read by the streams).
   struct StepArgs {
-    const std::vector<const float*>* updates = nullptr;
+    const std::vector<UpdateSource>* updates = nullptr;
     const std::vector<ParamView>* params = nullptr;
     const UpdateRule* rule = nullptr;
   };
@@ -310,6 +349,13 @@ class StepExecutor {
   StepExecutor(int rank, int world_size, Communicator* comm,
                std::vector<MatrixGeometry> matrices, GatherFn gather_fn,
                RedistributeFn redistribute_fn, const ExecutorOptions& options);
+  // The U-given overloads' sources (given_updates_). Errors:
+  // FailedPrecondition (a step in flight).
+  absl::Status GiveUpdates(const std::vector<const float*>& updates);
+  // Begin's check: a source and a parameter for every local matrix, and
+  // room for formed sources. Errors: InvalidArgument.
+  absl::Status CheckUpdateSources(const std::vector<UpdateSource>& updates,
+                                  const std::vector<ParamView>& params) const;
   // The streams and the kernels on options_.device.
   absl::Status CreateStreamsAndKernels();
   // Waits for a stream; on CUDA polls the communicator's asynchronous
@@ -331,18 +377,25 @@ class StepExecutor {
   bool HoldsFull(int m) const;
   float* FullU(int m);
   float* FullO(int m);
+  // This rank's box of O of local matrix m, in its bucket's slot.
   float* LocalO(int m);
+  // This rank's box of U of local matrix m: formed in its bucket's slot,
+  // or the source's fp32 momentum in place.
+  const float* LocalU(int m, const std::vector<UpdateSource>& updates);
+  // Forms the local U of bucket b's matrices whose sources are formed.
+  absl::Status FormUpdates(const BucketSchedule& bs, const StepArgs& args,
+                           device::Stream* stream);
   // The step's operations, each run in `stream`'s order (called from
   // inside its Launch); `stream_kind` labels the timing record.
   absl::Status RunExchange(const Exchange& ex, bool to_owner,
-                           const std::vector<const float*>& updates,
+                           const std::vector<UpdateSource>& updates,
                            device::Stream* stream, int64_t* bytes_sent,
                            int64_t* bytes_received);
   // Where region `c`'s data (local matrix c.matrix's values or row state)
   // comes from and goes to in an exchange (the gather when to_owner, else
   // the redistribute), and the box held there.
   const float* ExchangeSource(const RegionCopy& c, bool to_owner,
-                              const std::vector<const float*>& updates,
+                              const std::vector<UpdateSource>& updates,
                               Box* holds);
   float* ExchangeDestination(const RegionCopy& c, bool to_owner, Box* holds);
   // NorMuon: this rank's rows of local matrix m's row state, and the full
@@ -359,15 +412,15 @@ class StepExecutor {
   // in its slot rounded to bf16 (copied there first when this rank holds
   // it whole), so that Newton-Schulz sees the same input whoever owns it.
   absl::Status RoundOwnedUpdates(const BucketSchedule& bs,
-                                 const std::vector<const float*>& updates,
+                                 const std::vector<UpdateSource>& updates,
                                  device::Stream* stream);
   // RunExchange's all-to-all(v) with the other ranks: packed fp32, or bf16
   // two values per word (ExecutorOptions::bf16_exchange).
   absl::Status SendRecvFp32(const Exchange& ex, bool to_owner,
-                            const std::vector<const float*>& updates,
+                            const std::vector<UpdateSource>& updates,
                             device::Stream* stream);
   absl::Status SendRecvBf16(const Exchange& ex, bool to_owner,
-                            const std::vector<const float*>& updates,
+                            const std::vector<UpdateSource>& updates,
                             device::Stream* stream);
   absl::Status Gather(int b, const StepArgs& args, device::Stream* stream,
                       std::vector<OpRecord>* rec, v1::StreamKind stream_kind);
@@ -422,13 +475,12 @@ class StepExecutor {
   std::vector<int> bucket_of_;     // per local matrix: position in buckets_
   std::vector<int64_t> u_offset_;  // per local matrix
   std::vector<int64_t> o_offset_;
+  // Per local matrix, in its bucket's slot: this rank's box of O, and of
+  // U when formed (-1: no local elements, or form_update off).
+  std::vector<int64_t> local_o_offset_;
+  std::vector<int64_t> local_u_offset_;
   std::vector<int64_t> v_offset_;  // NorMuon's full row state (-1 = none)
   std::vector<float*> row_state_;  // per parameter (BindRowState)
-  // This rank's box of O per local matrix, at local_o_offset_[m] in
-  // local_o_ (local_o_elems_ floats in all).
-  device::DeviceBuffer<float> local_o_;
-  std::vector<int64_t> local_o_offset_;
-  int64_t local_o_elems_ = 0;
   // Exchange buffers, used only by the stream running the exchanges.
   device::DeviceBuffer<float> send_buf_;
   device::DeviceBuffer<float> recv_buf_;
@@ -468,7 +520,10 @@ class StepExecutor {
   std::unique_ptr<device::Event> caller_ready_;
   std::vector<std::unique_ptr<device::Event>> step_done_;
   EventWait dropped_wait_ = EventWait::kNone;
-  StepArgs step_args_;      // the step in flight (see Run)
+  StepArgs step_args_;  // the step in flight (see Run)
+  // The sources of the U-given overloads (Run/Enqueue with float
+  // pointers), valid until Finish.
+  std::vector<UpdateSource> given_updates_;
   bool in_flight_ = false;  // between Enqueue and Finish
   // The step in flight's enqueue state: the next operation of each list,
   // whether EndEnqueue ran, its first error, the caller's stream.

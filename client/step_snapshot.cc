@@ -8,7 +8,7 @@ namespace muon {
 
 absl::StatusOr<StepSnapshot> StepSnapshot::Allocate(
     device::Allocator* alloc, const std::vector<ParamView>& params,
-    const std::vector<device::DeviceBuffer<float>*>& state) {
+    const std::vector<const device::DeviceMemory*>& state) {
   StepSnapshot s;
   s.params_.resize(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
@@ -19,8 +19,8 @@ absl::StatusOr<StepSnapshot> StepSnapshot::Allocate(
   }
   s.state_.resize(state.size());
   for (size_t k = 0; k < state.size(); ++k) {
-    MUON_ASSIGN_OR_RETURN(s.state_[k], device::DeviceBuffer<float>::Allocate(
-                                           alloc, state[k]->size()));
+    MUON_ASSIGN_OR_RETURN(
+        s.state_[k], device::DeviceMemory::Allocate(alloc, state[k]->bytes()));
   }
   return s;
 }
@@ -28,7 +28,7 @@ absl::StatusOr<StepSnapshot> StepSnapshot::Allocate(
 absl::Status StepSnapshot::Save(
     kernels::StepKernels* kernels, device::Stream* stream,
     const std::vector<ParamView>& params,
-    const std::vector<device::DeviceBuffer<float>*>& state, int64_t step) {
+    const std::vector<const device::DeviceMemory*>& state, int64_t step) {
   for (size_t i = 0; i < params.size(); ++i) {
     MUON_RETURN_IF_ERROR(kernels->Copy(stream, params_[i].data(),
                                        params[i].data, params_[i].bytes()));
@@ -44,7 +44,7 @@ absl::Status StepSnapshot::Save(
 absl::Status StepSnapshot::Restore(
     kernels::StepKernels* kernels, device::Stream* stream,
     const std::vector<ParamView>& params,
-    const std::vector<device::DeviceBuffer<float>*>& state,
+    const std::vector<const device::DeviceMemory*>& state,
     int64_t* step) const {
   *step = step_;
   for (size_t i = 0; i < params.size(); ++i) {

@@ -2,7 +2,7 @@
 #define MUON_CLIENT_STEP_SNAPSHOT_H_
 
 // MuonOptions::transactional_step's snapshot: a copy of everything a step
-// mutates (each parameter's local shard in its own dtype, its fp32 optimizer
+// mutates (each parameter's local shard in its own dtype, its optimizer
 // state: momentum buffer and NorMuon's row state, the step count), taken before
 // the step and copied back, bitwise, after a failed one, so that a failed step
 // leaves the optimizer as it was.
@@ -25,12 +25,13 @@ class StepSnapshot {
 
   // Room on `alloc`'s device for parameter i's local shard
   // (params[i].local_numel() elements of params[i].dtype), for every i, and
-  // for every optimizer state buffer state[k] (fp32: the momentum buffers,
-  // NorMuon's row state; state[k]->size() floats, none null).
+  // for every optimizer state buffer state[k] (the momentum buffers in
+  // their dtype, NorMuon's fp32 row state; state[k]->bytes() bytes, none
+  // null).
   // Errors: the allocator's (ResourceExhausted, ...).
   static absl::StatusOr<StepSnapshot> Allocate(
       device::Allocator* alloc, const std::vector<ParamView>& params,
-      const std::vector<device::DeviceBuffer<float>*>& state);
+      const std::vector<const device::DeviceMemory*>& state);
 
   // Enqueues the copies of every params[i].data and state[k] (the buffers
   // given to Allocate, in the same order) into the snapshot on `stream`
@@ -40,18 +41,18 @@ class StepSnapshot {
   // change. Errors: the kernels' copy errors.
   absl::Status Save(kernels::StepKernels* kernels, device::Stream* stream,
                     const std::vector<ParamView>& params,
-                    const std::vector<device::DeviceBuffer<float>*>& state,
+                    const std::vector<const device::DeviceMemory*>& state,
                     int64_t step);
 
   // The reverse copies, like Save; *step = the recorded step count.
   absl::Status Restore(kernels::StepKernels* kernels, device::Stream* stream,
                        const std::vector<ParamView>& params,
-                       const std::vector<device::DeviceBuffer<float>*>& state,
+                       const std::vector<const device::DeviceMemory*>& state,
                        int64_t* step) const;
 
  private:
   std::vector<device::DeviceMemory> params_;
-  std::vector<device::DeviceBuffer<float>> state_;
+  std::vector<device::DeviceMemory> state_;
   int64_t step_ = 0;
 };
 

@@ -22,13 +22,13 @@ void UpdateRule::SetParamHyperparameters(int param_index, int num_params,
 }
 
 absl::Status UpdateRule::Momentum(kernels::StepKernels& kernels,
-                                  device::Stream* stream, float* buf,
+                                  device::Stream* stream, void* buf,
+                                  kernels::ParamDType buf_dtype,
                                   const void* grad,
-                                  kernels::ParamDType grad_dtype, int64_t n,
-                                  float* nesterov_update) const {
-  return kernels.MomentumNesterov(stream, buf, grad, grad_dtype, n, momentum,
-                                  nesterov,
-                                  nesterov ? nesterov_update : nullptr);
+                                  kernels::ParamDType grad_dtype,
+                                  int64_t n) const {
+  return kernels.Momentum(stream, buf, buf_dtype, grad, grad_dtype, n,
+                          momentum);
 }
 
 absl::Status UpdateRule::Apply(kernels::StepKernels& kernels,

@@ -50,15 +50,16 @@ struct UpdateRule {
   void SetParamHyperparameters(int param_index, int num_params, double lr,
                                double weight_decay);
 
-  // The momentum step on `n` elements: buf (fp32) <- lerp(buf, grad,
-  // 1 - momentum); with nesterov, `nesterov_update` (fp32, n elements, not
-  // aliasing buf) <- lerp(grad, buf, momentum). `grad` is fp32 or bf16
-  // (`grad_dtype`). Every pointer is memory of kernels.device(), used in
-  // `stream`'s order. Errors: as StepKernels::MomentumNesterov.
+  // The momentum step on `n` elements (torch's buf.lerp_(grad, 1 -
+  // momentum)): `buf` is fp32 or bf16 (`buf_dtype`), `grad` fp32 or bf16
+  // (`grad_dtype`), both memory of kernels.device(), used in `stream`'s
+  // order. Nesterov's U is formed later, per bucket, by the step executor
+  // (StepKernels::FormUpdate with `momentum`). Errors: as
+  // StepKernels::Momentum.
   absl::Status Momentum(kernels::StepKernels& kernels, device::Stream* stream,
-                        float* buf, const void* grad,
-                        kernels::ParamDType grad_dtype, int64_t n,
-                        float* nesterov_update) const;
+                        void* buf, kernels::ParamDType buf_dtype,
+                        const void* grad, kernels::ParamDType grad_dtype,
+                        int64_t n) const;
 
   // Decoupled weight decay and the update on `n` elements of parameter
   // `param_index` (a [rows, cols] matrix globally): param <- param * (1 -

@@ -1,5 +1,6 @@
 #include "device/memory.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -41,6 +42,39 @@ class HostAllocatorImpl final : public Allocator {
 Allocator* HostAllocator() {
   static Allocator* const allocator = new HostAllocatorImpl();
   return allocator;
+}
+
+absl::StatusOr<void*> CountingAllocator::AllocateRaw(int64_t bytes) {
+  absl::StatusOr<void*> p = base_->AllocateRaw(bytes);
+  if (!p.ok() || *p == nullptr) return p;
+  absl::MutexLock lock(&mu_);
+  sizes_[*p] = bytes;
+  in_use_ += bytes;
+  peak_ = std::max(peak_, in_use_);
+  return p;
+}
+
+void CountingAllocator::DeallocateRaw(void* ptr) {
+  if (ptr == nullptr) return;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sizes_.find(ptr);
+    if (it != sizes_.end()) {
+      in_use_ -= it->second;
+      sizes_.erase(it);
+    }
+  }
+  base_->DeallocateRaw(ptr);
+}
+
+int64_t CountingAllocator::bytes_in_use() const {
+  absl::MutexLock lock(&mu_);
+  return in_use_;
+}
+
+int64_t CountingAllocator::peak_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return peak_;
 }
 
 absl::StatusOr<DeviceMemory> DeviceMemory::Allocate(Allocator* allocator,

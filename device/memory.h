@@ -8,8 +8,11 @@
 #include <string>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "device/device.h"
 
 namespace muon {
@@ -31,6 +34,30 @@ class Allocator {
 
 // The process-wide host allocator (64-byte aligned, zero-filled).
 Allocator* HostAllocator();
+
+// An allocator that passes every call to `base` (not owned; outlives it)
+// and counts the bytes it holds now and at most, as c10's
+// torch.cuda.memory_allocated / max_memory_allocated do for a device: one
+// per part of what an optimizer keeps (its state, its step buffers), and
+// one under them for the whole. Thread-safe.
+class CountingAllocator final : public Allocator {
+ public:
+  explicit CountingAllocator(Allocator* base) : base_(base) {}
+  Device device() const override { return base_->device(); }
+  // Errors: base's.
+  absl::StatusOr<void*> AllocateRaw(int64_t bytes) override;
+  void DeallocateRaw(void* ptr) override;
+  // Bytes allocated and not yet freed, and their largest value so far.
+  int64_t bytes_in_use() const;
+  int64_t peak_bytes() const;
+
+ private:
+  Allocator* const base_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<void*, int64_t> sizes_ ABSL_GUARDED_BY(mu_);
+  int64_t in_use_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t peak_ ABSL_GUARDED_BY(mu_) = 0;
+};
 
 // Owning untyped memory on one device, freed by its allocator on
 // destruction. Move-only; a default-constructed one holds nothing.
@@ -96,6 +123,8 @@ class DeviceBuffer {
 
   T* data() const { return static_cast<T*>(memory_.data()); }
   int64_t size() const { return size_; }
+  // The untyped memory (for byte copies).
+  const DeviceMemory& memory() const { return memory_; }
   int64_t bytes() const { return memory_.bytes(); }
   Device device() const { return memory_.device(); }
 

@@ -22,18 +22,26 @@ inline float Lerp(float self, float end, float weight) {
 
 inline float Widen(float x) { return x; }
 inline float Widen(bf16_t x) { return Bf16ToFloat(x); }
+// Stores a float result into a float (as is) or a bf16 buffer (rounded to
+// nearest even, as torch's bf16 lerp_ rounds its fp32 result).
+inline void Store(float* p, float v) { *p = v; }
+inline void Store(bf16_t* p, float v) { *p = FloatToBf16(v); }
 
-template <typename G>
-void MomentumUpdateImpl(float* buf, const G* grad, int64_t n, double momentum) {
+template <typename B, typename G>
+void MomentumUpdateImpl(B* buf, const G* grad, int64_t n, double momentum) {
   const float w = static_cast<float>(1.0 - momentum);
-  for (int64_t i = 0; i < n; ++i) buf[i] = Lerp(buf[i], Widen(grad[i]), w);
+  for (int64_t i = 0; i < n; ++i) {
+    Store(&buf[i], Lerp(Widen(buf[i]), Widen(grad[i]), w));
+  }
 }
 
-template <typename G>
-void NesterovUpdateImpl(const G* grad, const float* buf, int64_t n,
-                        double momentum, float* out) {
+template <typename G, typename B>
+void NesterovUpdateImpl(const G* grad, const B* buf, int64_t n, double momentum,
+                        float* out) {
   const float w = static_cast<float>(momentum);
-  for (int64_t i = 0; i < n; ++i) out[i] = Lerp(Widen(grad[i]), buf[i], w);
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = Lerp(Widen(grad[i]), Widen(buf[i]), w);
+  }
 }
 
 // Exponent field all ones: NaN or +/-Inf. For fp32 that is
@@ -92,7 +100,27 @@ void MomentumUpdate(float* buf, const bf16_t* grad, int64_t n,
   MomentumUpdateImpl(buf, grad, n, momentum);
 }
 
+void MomentumUpdate(bf16_t* buf, const float* grad, int64_t n,
+                    double momentum) {
+  MomentumUpdateImpl(buf, grad, n, momentum);
+}
+
+void MomentumUpdate(bf16_t* buf, const bf16_t* grad, int64_t n,
+                    double momentum) {
+  MomentumUpdateImpl(buf, grad, n, momentum);
+}
+
 void NesterovUpdate(const float* grad, const float* buf, int64_t n,
+                    double momentum, float* out) {
+  NesterovUpdateImpl(grad, buf, n, momentum, out);
+}
+
+void NesterovUpdate(const float* grad, const bf16_t* buf, int64_t n,
+                    double momentum, float* out) {
+  NesterovUpdateImpl(grad, buf, n, momentum, out);
+}
+
+void NesterovUpdate(const bf16_t* grad, const bf16_t* buf, int64_t n,
                     double momentum, float* out) {
   NesterovUpdateImpl(grad, buf, n, momentum, out);
 }

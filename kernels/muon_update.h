@@ -35,6 +35,15 @@ void MomentumUpdate(float* buf, const float* grad, int64_t n, double momentum);
 // unchanged: the result equals MomentumUpdate on the widened gradient.
 void MomentumUpdate(float* buf, const bf16_t* grad, int64_t n, double momentum);
 
+// MomentumUpdate with a bfloat16 momentum buffer (buf: bf16 [n], as
+// torch.optim.Muon keeps it for a bf16 parameter): each value is widened
+// exactly, the fp32 arithmetic above runs, and the result is rounded to
+// nearest even (torch's bf16 `lerp_`, which computes in float and
+// narrows). The gradient is fp32 or bf16.
+void MomentumUpdate(bf16_t* buf, const float* grad, int64_t n, double momentum);
+void MomentumUpdate(bf16_t* buf, const bf16_t* grad, int64_t n,
+                    double momentum);
+
 // Index of the first non-finite value (NaN, +Inf or -Inf) of x[0, n), or
 // -1 when every value is finite. Read-only: one pass over x (a bit test of
 // the exponent field, OR-reduced over blocks so that it vectorizes; the
@@ -54,6 +63,13 @@ void NesterovUpdate(const float* grad, const float* buf, int64_t n,
                     double momentum, float* out);
 // NesterovUpdate with a bfloat16 gradient, widened exactly (as above).
 void NesterovUpdate(const bf16_t* grad, const float* buf, int64_t n,
+                    double momentum, float* out);
+// NesterovUpdate with a bfloat16 momentum buffer, widened exactly; `out`
+// stays float32 (not rounded to bf16 as torch's bf16 `grad.lerp` is: the
+// exchange and Newton-Schulz decide their own precision).
+void NesterovUpdate(const float* grad, const bf16_t* buf, int64_t n,
+                    double momentum, float* out);
+void NesterovUpdate(const bf16_t* grad, const bf16_t* buf, int64_t n,
                     double momentum, float* out);
 
 // How the learning rate is scaled by the matrix shape (torch.optim.Muon's

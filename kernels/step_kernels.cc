@@ -23,6 +23,25 @@ void ForEachRegionRow(const Box& holds, const Box& region, Fn fn) {
   }
 }
 
+// Calls fn(buf, grad) with `buf` as float* or bf16_t* and `grad` as
+// const float* or const bf16_t*, as their dtypes say.
+template <typename Fn>
+void VisitDTypes(ParamDType buf_dtype, ParamDType grad_dtype, void* buf,
+                 const void* grad, Fn&& fn) {
+  auto with_grad = [&](auto* b) {
+    if (grad_dtype == ParamDType::kBFloat16) {
+      fn(b, static_cast<const bf16_t*>(grad));
+    } else {
+      fn(b, static_cast<const float*>(grad));
+    }
+  };
+  if (buf_dtype == ParamDType::kBFloat16) {
+    with_grad(static_cast<bf16_t*>(buf));
+  } else {
+    with_grad(static_cast<float*>(buf));
+  }
+}
+
 class HostStepKernels final : public StepKernels {
  public:
   explicit HostStepKernels(NsEngine* engine) : engine_(engine) {}
@@ -100,25 +119,39 @@ class HostStepKernels final : public StepKernels {
     return engine_->Reserve(rows, cols);  // one matrix at a time
   }
 
-  absl::Status MomentumNesterov(device::Stream*, float* buf, const void* grad,
-                                ParamDType grad_dtype, int64_t n,
-                                double momentum, bool nesterov,
-                                float* update) override {
-    if (n < 0 || (n > 0 && (buf == nullptr || grad == nullptr ||
-                            (nesterov && update == nullptr)))) {
+  absl::Status Momentum(device::Stream*, void* buf, ParamDType buf_dtype,
+                        const void* grad, ParamDType grad_dtype, int64_t n,
+                        double momentum) override {
+    if (n < 0 || (n > 0 && (buf == nullptr || grad == nullptr))) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "MomentumNesterov: n must be >= 0 and pointers non-null, got n = ",
-          n));
+          "Momentum: n must be >= 0 and pointers non-null, got n = ", n));
     }
-    if (grad_dtype == ParamDType::kBFloat16) {
-      const auto* g = static_cast<const bf16_t*>(grad);
-      MomentumUpdate(buf, g, n, momentum);
-      if (nesterov) NesterovUpdate(g, buf, n, momentum, update);
-    } else {
-      const auto* g = static_cast<const float*>(grad);
-      MomentumUpdate(buf, g, n, momentum);
-      if (nesterov) NesterovUpdate(g, buf, n, momentum, update);
+    VisitDTypes(buf_dtype, grad_dtype, buf, grad,
+                [&](auto* b, auto* g) { MomentumUpdate(b, g, n, momentum); });
+    return absl::OkStatus();
+  }
+
+  absl::Status FormUpdate(device::Stream*, const void* buf,
+                          ParamDType buf_dtype, const void* grad,
+                          ParamDType grad_dtype, int64_t n, double momentum,
+                          bool nesterov, float* update) override {
+    if (n < 0 || (n > 0 && (buf == nullptr || update == nullptr ||
+                            (nesterov && grad == nullptr)))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "FormUpdate: n must be >= 0 and pointers non-null, got n = ", n));
     }
+    if (!nesterov) {
+      if (buf_dtype == ParamDType::kBFloat16) {
+        const auto* b = static_cast<const bf16_t*>(buf);
+        for (int64_t i = 0; i < n; ++i) update[i] = Bf16ToFloat(b[i]);
+      } else if (n > 0) {
+        std::memcpy(update, buf, n * sizeof(float));
+      }
+      return absl::OkStatus();
+    }
+    VisitDTypes(
+        buf_dtype, grad_dtype, const_cast<void*>(buf), grad,
+        [&](auto* b, auto* g) { NesterovUpdate(g, b, n, momentum, update); });
     return absl::OkStatus();
   }
 

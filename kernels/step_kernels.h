@@ -30,6 +30,11 @@ namespace kernels {
 // Element type of a parameter or gradient a kernel reads or writes.
 enum class ParamDType { kFloat32, kBFloat16 };
 
+// Bytes of one element of `dtype` (4 or 2).
+inline int64_t ParamDTypeSize(ParamDType dtype) {
+  return dtype == ParamDType::kBFloat16 ? 2 : 4;
+}
+
 class StepKernels {
  public:
   virtual ~StepKernels() = default;
@@ -103,22 +108,33 @@ class StepKernels {
                                         float* variance, double beta2,
                                         double eps) = 0;
 
-  // torch.optim.Muon's momentum and Nesterov, elementwise over n
-  // elements (torch/optim/_muon.py: buf.lerp_(grad, 1 - momentum), then
-  // grad.lerp(buf, momentum); kernels::MomentumUpdate and NesterovUpdate):
-  //   buf <- lerp(buf, grad, 1 - momentum);
-  //   nesterov: update <- lerp(grad, buf, momentum) (update: fp32, may not
-  //   alias buf); else `update` is unused (the update is buf itself).
-  // `grad` is fp32 or bf16 (`grad_dtype`, widened exactly); buf fp32.
-  // Host: bitwise kernels::MomentumUpdate / NesterovUpdate. CUDA: one
-  // kernel; with GpuPrecision::kFp32 each multiply and add rounded
+  // torch.optim.Muon's momentum step, elementwise over n elements
+  // (torch/optim/_muon.py: buf.lerp_(grad, 1 - momentum);
+  // kernels::MomentumUpdate): buf <- lerp(buf, grad, 1 - momentum).
+  // `buf` is fp32 or bf16 (`buf_dtype`; bf16 computed in fp32 and rounded
+  // to nearest even, as torch's bf16 lerp_), `grad` fp32 or bf16
+  // (`grad_dtype`, widened exactly). Host: bitwise kernels::MomentumUpdate.
+  // CUDA: with GpuPrecision::kFp32 each multiply and add rounded
   // separately (the host's bits), else fused multiply-adds (torch's CUDA
   // lerp, as nvcc contracts it).
   // Errors: InvalidArgument (n < 0, null pointers); the CUDA error.
-  virtual absl::Status MomentumNesterov(device::Stream* stream, float* buf,
-                                        const void* grad, ParamDType grad_dtype,
-                                        int64_t n, double momentum,
-                                        bool nesterov, float* update) = 0;
+  virtual absl::Status Momentum(device::Stream* stream, void* buf,
+                                ParamDType buf_dtype, const void* grad,
+                                ParamDType grad_dtype, int64_t n,
+                                double momentum) = 0;
+
+  // The update U a step orthogonalizes, from the momentum buffer after
+  // Momentum, into fp32 `update` (n elements, not aliasing buf or grad):
+  //   nesterov: U = lerp(grad, buf, momentum) (torch's grad.lerp(buf,
+  //             momentum); kernels::NesterovUpdate), in fp32;
+  //   else:     U = buf, widened exactly (`grad` unused, may be null).
+  // Dtypes and rounding as Momentum's.
+  // Errors: InvalidArgument (n < 0, null pointers); the CUDA error.
+  virtual absl::Status FormUpdate(device::Stream* stream, const void* buf,
+                                  ParamDType buf_dtype, const void* grad,
+                                  ParamDType grad_dtype, int64_t n,
+                                  double momentum, bool nesterov,
+                                  float* update) = 0;
 
   // *first <- the smallest index i in [0, n) with x[i] NaN or +-Inf, or -1
   // (kernels::FirstNonFinite). `x` (fp32 or bf16) and `first` (one int64)

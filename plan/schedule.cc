@@ -229,10 +229,10 @@ class RankScheduleWalk {
     }
     last_gathered_ = b;
     if (slot_user_[op.slot()] != -1) {
-      return Invalid(r_, b, op.op(),
-                     absl::StrCat("slot ", op.slot(), " still holds bucket ",
-                                  slot_user_[op.slot()],
-                                  ", which is not redistributed yet"));
+      return Invalid(
+          r_, b, op.op(),
+          absl::StrCat("slot ", op.slot(), " still holds bucket ",
+                       slot_user_[op.slot()], ", which is not applied yet"));
     }
     slot_user_[op.slot()] = b;
     gathered_[b] = 1;
@@ -245,26 +245,30 @@ class RankScheduleWalk {
     return absl::OkStatus();
   }
 
-  // A redistribute (frees the bucket's slot) or an apply, both after the
-  // bucket's gather.
+  // A redistribute, then an apply (which frees the bucket's slot: the
+  // slot holds the bucket's local O until it is applied), both in the
+  // bucket's slot and after its gather.
   absl::Status Release(const v1::ScheduledOp& op) {
     const int b = op.bucket();
     if (!gathered_[b]) {
       return Invalid(r_, b, op.op(), "comes before the bucket's gather");
     }
-    if (op.op() == v1::OP_KIND_APPLY) {
-      ++counts_[b][3];
-      return absl::OkStatus();
-    }
-    ++counts_[b][2];
     if (slot_user_[op.slot()] != b) {
       return Invalid(r_, b, op.op(),
                      absl::StrCat("slot ", op.slot(), " holds bucket ",
                                   slot_user_[op.slot()]));
     }
+    if (op.op() == v1::OP_KIND_REDISTRIBUTE) {
+      ++counts_[b][2];
+      if (collectives_ != nullptr) collectives_->push_back({b, op.op()});
+      return absl::OkStatus();
+    }
+    ++counts_[b][3];
+    if (counts_[b][2] == 0) {
+      return Invalid(r_, b, op.op(), "comes before the bucket's redistribute");
+    }
     slot_user_[op.slot()] = -1;
     --in_flight_;
-    if (collectives_ != nullptr) collectives_->push_back({b, op.op()});
     return absl::OkStatus();
   }
 

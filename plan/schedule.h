@@ -57,8 +57,10 @@ v1::Schedule MakeSchedule(const v1::Plan& plan, bool async, int prefetch_count);
 // bucket gathered, redistributed and applied exactly once, orthogonalized
 // exactly once if the rank owns a matrix of it and never otherwise; within
 // a stream a bucket's gather precedes its redistribute and apply; slots in
-// [0, slots), a slot gathered into only after the bucket before it in that
-// slot was redistributed, at most prefetch_count + 1 buckets in flight.
+// [0, slots), a bucket's redistribute and apply in its gather's slot, a
+// slot gathered into only after the bucket before it in that slot was
+// applied (the slot holds its local O until then), at most
+// prefetch_count + 1 buckets in flight.
 // Stores the rank's collectives ((bucket, op) in issue order) in
 // `collectives` when not null. O(ops + matrices).
 // Errors: InvalidArgument naming the rank, bucket and operation.

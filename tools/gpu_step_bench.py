@@ -275,7 +275,13 @@ def measure(torch, label, make, params, iters, is_torch):
             stats = opt.last_step_stats()
             r["library_buffer_bytes"] = int(stats.get("buffer_bytes", 0))
             r["library_step_time_s"] = float(stats.get("step_time_s", 0.0))
-            r["last_step_ops"] = opt.last_step_report().get("ops", [])
+            report = opt.last_step_report()
+            r["last_step_ops"] = report.get("ops", [])
+            # The library's own counts (Muon::memory(); proto JSON spells
+            # int64 as strings).
+            for key in ("momentum_bytes", "state_bytes", "snapshot_bytes",
+                        "peak_bytes"):
+                r["library_" + key] = int(report.get(key, 0))
         except Exception as e:  # noqa: BLE001 (informational only)
             r["library_stats_error"] = str(e)
         opt.close()
@@ -345,6 +351,11 @@ def print_table(results, n_params, env):
     if ours_r and "library_buffer_bytes" in ours_r:
         print(f"muonrt buffer_bytes (last_step_stats): "
               f"{ours_r['library_buffer_bytes'] / GIB:.2f} GiB")
+    if ours_r and "library_peak_bytes" in ours_r:
+        print("muonrt memory() counts: " + ", ".join(
+            f"{k} {ours_r['library_' + k] / GIB:.2f} GiB"
+            for k in ("momentum_bytes", "state_bytes", "snapshot_bytes",
+                      "peak_bytes")))
 
 
 def print_setup(args, hp, n_params, theirs, ours):

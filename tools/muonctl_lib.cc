@@ -250,24 +250,42 @@ void PrintPlanMatrices(const JobPlan& p, std::ostream& out) {
   }
 }
 
-// Per rank: load, bytes per step (fp32 exchange; bf16 in "sent bf16")
-// and buffer memory (not computed above PlanTraffic's size bound); then
-// the whole step's exchange bytes in both dtypes.
-void PrintPlanRanks(const JobPlan& p, std::ostream& out) {
-  const std::vector<RankTraffic> t = PlanTraffic(p);
+// What the spec's optimizer keeps per rank besides the exchange: U formed
+// in the slots (Nesterov, the default, or bf16 momentum) and the momentum
+// dtype (optimizer.momentum_dtype; "param" is float32: a spec's
+// parameters are float32).
+PlanMemoryOptions SpecMemoryOptions(const v1::JobSpec& spec,
+                                    const JobLayout& layout) {
+  PlanMemoryOptions m;
+  const v1::OptimizerOptions& o = spec.optimizer();
+  const int bytes = o.momentum_dtype() == "bfloat16" ? 2 : 4;
+  m.form_update = !o.has_nesterov() || o.nesterov() || bytes == 2;
+  m.momentum_element_bytes.assign(layout.params.size(), bytes);
+  return m;
+}
+
+// Per rank: load, bytes per step (fp32 exchange; bf16 in "sent bf16"),
+// buffer memory, momentum and their sum (not computed above
+// PlanTraffic's size bound); then the whole step's exchange bytes in both
+// dtypes.
+void PrintPlanRanks(const JobPlan& p, const PlanMemoryOptions& memory,
+                    std::ostream& out) {
+  const std::vector<RankTraffic> t = PlanTraffic(p, memory);
   const bool traffic = !t.empty();
-  out << absl::StrFormat("%-6s %9s %12s %12s %12s %12s %12s %12s\n", "rank",
-                         "matrices", "NS per step", "gathered", "sent",
-                         "received", "sent bf16", "peak buffer");
+  out << absl::StrFormat("%-6s %9s %12s %12s %12s %12s %12s %12s %12s %12s\n",
+                         "rank", "matrices", "NS per step", "gathered", "sent",
+                         "received", "sent bf16", "peak buffer", "momentum",
+                         "peak");
   int64_t sent = 0, sent_bf16 = 0;
   for (const v1::RankLoad& l : p.plan.loads()) {
     const int r = l.rank();
     out << absl::StrFormat(
-        "%-6d %9d %12s %12s %12s %12s %12s %12s\n", r, l.matrices(),
+        "%-6d %9d %12s %12s %12s %12s %12s %12s %12s %12s\n", r, l.matrices(),
         Flops(l.ns_flops()), traffic ? Bytes(t[r].gathered) : "-",
         traffic ? Bytes(t[r].sent) : "-", traffic ? Bytes(t[r].received) : "-",
         traffic ? Bytes(t[r].sent_bf16) : "-",
-        traffic ? Bytes(t[r].peak_buffer) : "-");
+        traffic ? Bytes(t[r].peak_buffer) : "-",
+        traffic ? Bytes(t[r].momentum) : "-", traffic ? Bytes(t[r].peak) : "-");
     if (traffic) {
       sent += t[r].sent;
       sent_bf16 += t[r].sent_bf16;
@@ -304,7 +322,7 @@ int CmdPlan(const PlanFlags& f, std::ostream& out, std::ostream& err) {
       plan.world_size() == 1 ? "" : "s", p->layout.mesh.ToString(),
       plan.policy(), plan.buckets_size(), plan.buckets_size() == 1 ? "" : "s");
   PrintPlanMatrices(*p, out);
-  PrintPlanRanks(*p, out);
+  PrintPlanRanks(*p, SpecMemoryOptions(*spec, p->layout), out);
   // Both policies side by side.
   for (const char* policy : {"lpt", "round_robin"}) {
     absl::StatusOr<JobPlan> q = PlanJobSpec(*spec, policy);

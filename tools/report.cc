@@ -41,7 +41,8 @@ std::string Bytes(double value) {
                 : absl::StrFormat("%.3g %s", value, kUnit[k]);
 }
 
-std::vector<RankTraffic> PlanTraffic(const JobPlan& job) {
+std::vector<RankTraffic> PlanTraffic(const JobPlan& job,
+                                     const PlanMemoryOptions& memory) {
   const v1::Plan& plan = job.plan;
   const int world = plan.world_size();
   if (static_cast<int64_t>(world) * world * plan.matrices_size() >
@@ -70,6 +71,8 @@ std::vector<RankTraffic> PlanTraffic(const JobPlan& job) {
         } else if (owner == r && bf16) {
           slot += full.numel();
         }
+        // This rank's O of the matrix, and its U when formed.
+        slot += (memory.form_update ? 2 : 1) * boxes[r].numel();
       }
       gather.Finish();
       redistribute.Finish();
@@ -92,8 +95,15 @@ std::vector<RankTraffic> PlanTraffic(const JobPlan& job) {
     }
   }
   const int64_t slots = std::max(1, plan.schedule().slots());
+  for (const MatrixLayout& m : job.layout.matrices) {
+    const int bytes = memory.momentum_element_bytes.empty()
+                          ? 4
+                          : memory.momentum_element_bytes[m.param_index];
+    for (int r = 0; r < world; ++r) t[r].momentum += bytes * m.boxes[r].numel();
+  }
   for (int r = 0; r < world; ++r) {
     t[r].peak_buffer = 4 * (slots * max_slot[r] + max_send[r] + max_recv[r]);
+    t[r].peak = t[r].momentum + t[r].peak_buffer;
   }
   return t;
 }

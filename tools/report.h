@@ -27,7 +27,26 @@ struct RankTraffic {
   // and O of the matrices it owns and does not hold whole (and, with the
   // bf16 exchange, U of those it owns whole), plus the largest send and
   // receive buffers (in bf16 words with the bf16 exchange).
+  // (prefetch + 1) bucket slots also hold this rank's O of the bucket's
+  // matrices and, with PlanMemoryOptions::form_update, its U.
   int64_t peak_buffer = 0;
+  // The momentum buffers of the rank's shards (PlanMemoryOptions' bytes
+  // per element), and momentum + peak_buffer: what Muon::memory() counts
+  // as its peak, less 8 bytes per parameter (the finite check) and the
+  // transactional snapshot.
+  int64_t momentum = 0;
+  int64_t peak = 0;
+};
+
+// What a rank's optimizer holds besides the exchange.
+struct PlanMemoryOptions {
+  // Each slot also holds this rank's U of the bucket's matrices (formed
+  // there: Nesterov, or a bf16 momentum buffer; StepExecutor's
+  // ExecutorOptions::form_update).
+  bool form_update = true;
+  // Bytes per element of each parameter's momentum buffer (index =
+  // JobLayout::params; 2 for bf16, 4 for fp32); empty = 4 for all.
+  std::vector<int> momentum_element_bytes;
 };
 
 // Largest world^2 x matrices PlanTraffic computes (2^28).
@@ -36,7 +55,8 @@ inline constexpr int64_t kMaxTrafficWork = int64_t{1} << 28;
 // RankTraffic of every rank of `job` (index = rank). O(world^2 x
 // matrices) time: the exchange lists of every rank and bucket; empty when
 // world^2 x matrices exceeds kMaxTrafficWork.
-std::vector<RankTraffic> PlanTraffic(const JobPlan& job);
+std::vector<RankTraffic> PlanTraffic(const JobPlan& job,
+                                     const PlanMemoryOptions& memory = {});
 
 // FLOPs with the largest SI prefix that keeps the value >= 1, 3
 // significant digits: "52.8 kFLOP", "9.81 GFLOP", "11 TFLOP".

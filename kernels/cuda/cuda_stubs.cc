@@ -60,14 +60,14 @@ absl::Status DenseGemm(NsCudaContext*, GpuPrecision, int64_t, int64_t, int64_t,
   return NoCuda("DenseGemm");
 }
 
-absl::Status MomentumNesterov(float*, const float*, int64_t, double, bool,
-                              float*, FmaMode, void*) {
-  return NoCuda("MomentumNesterov");
+absl::Status Momentum(void*, Elem, const void*, Elem, int64_t, double, FmaMode,
+                      void*) {
+  return NoCuda("Momentum");
 }
 
-absl::Status MomentumNesterovBf16Grad(float*, const uint16_t*, int64_t, double,
-                                      bool, float*, FmaMode, void*) {
-  return NoCuda("MomentumNesterovBf16Grad");
+absl::Status FormUpdate(const void*, Elem, const void*, Elem, int64_t, double,
+                        bool, float*, FmaMode, void*) {
+  return NoCuda("FormUpdate");
 }
 
 absl::Status FirstNonFinite(const float*, int64_t, int64_t*, void*) {

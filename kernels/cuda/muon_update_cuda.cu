@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -62,19 +63,41 @@ __device__ __forceinline__ float LoadFloat(uint16_t x) {
   return Bf16BitsToFloat(x);
 }
 
-// GradT: float, or uint16_t holding bf16 bits (widened exactly, as
-// kernels::MomentumUpdate's bf16 overload).
-template <bool kFma, typename GradT>
-__global__ void MomentumNesterovKernel(float* buf, const GradT* grad, int64_t n,
-                                       float w_buf, float w_nest, bool nesterov,
-                                       float* update) {
+__device__ __forceinline__ void StoreFloat(float* p, float v) { *p = v; }
+__device__ __forceinline__ void StoreFloat(uint16_t* p, float v) {
+  *p = FloatToBf16Bits(v);
+}
+
+// BufT, GradT: float, or uint16_t holding bf16 bits (widened exactly, as
+// kernels::MomentumUpdate's bf16 overloads; a bf16 buf rounded back).
+template <bool kFma, typename BufT, typename GradT>
+__global__ void MomentumKernel(BufT* buf, const GradT* grad, int64_t n,
+                               float w) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
        i < n; i += stride) {
-    const float g = LoadFloat(grad[i]);
-    const float b = Lerp<kFma>(buf[i], g, w_buf);
-    buf[i] = b;
-    update[i] = nesterov ? Lerp<kFma>(g, b, w_nest) : b;
+    StoreFloat(&buf[i], Lerp<kFma>(LoadFloat(buf[i]), LoadFloat(grad[i]), w));
+  }
+}
+
+template <bool kFma, typename BufT, typename GradT>
+__global__ void NesterovKernel(const BufT* __restrict__ buf,
+                               const GradT* __restrict__ grad, int64_t n,
+                               float w, float* __restrict__ update) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+       i < n; i += stride) {
+    update[i] = Lerp<kFma>(LoadFloat(grad[i]), LoadFloat(buf[i]), w);
+  }
+}
+
+template <typename BufT>
+__global__ void WidenKernel(const BufT* __restrict__ buf, int64_t n,
+                            float* __restrict__ update) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+       i < n; i += stride) {
+    update[i] = LoadFloat(buf[i]);
   }
 }
 
@@ -128,37 +151,27 @@ __global__ void DecayAndApplyBf16Kernel(uint16_t* __restrict__ param,
 
 namespace {
 
-template <typename GradT>
-absl::Status LaunchMomentumNesterov(float* buf, const GradT* grad, int64_t n,
-                                    double momentum, bool nesterov,
-                                    float* update, FmaMode mode, void* stream) {
-  if (n < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("MomentumNesterov: n must be >= 0, got ", n));
-  }
-  if (n == 0) return absl::OkStatus();
-  if (buf == nullptr || grad == nullptr || update == nullptr) {
-    return absl::InvalidArgumentError(
-        "MomentumNesterov: buf, grad and update must be non-null");
-  }
-  if (nesterov && update == buf) {
-    return absl::InvalidArgumentError(
-        "MomentumNesterov: update must not alias buf with nesterov");
-  }
-  // As kernels::MomentumUpdate / NesterovUpdate: weights in double, then
-  // rounded to float once.
-  const float w_buf = static_cast<float>(1.0 - momentum);
-  const float w_nest = static_cast<float>(momentum);
-  const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  if (mode == FmaMode::kFused) {
-    MomentumNesterovKernel<true, GradT><<<Blocks(n), kThreads, 0, s>>>(
-        buf, grad, n, w_buf, w_nest, nesterov, update);
+// Calls fn(buf, grad) with the pointers cast to float* or uint16_t* (bf16
+// bits) as their element types say.
+template <typename BufPtr, typename Fn>
+void VisitElems(BufPtr buf, Elem buf_type, const void* grad, Elem grad_type,
+                Fn&& fn) {
+  using Void = std::remove_pointer_t<BufPtr>;  // void or const void
+  auto with_grad = [&](auto* b) {
+    if (grad_type == Elem::kBf16) {
+      fn(b, static_cast<const uint16_t*>(grad));
+    } else {
+      fn(b, static_cast<const float*>(grad));
+    }
+  };
+  if (buf_type == Elem::kBf16) {
+    with_grad(static_cast<std::conditional_t<std::is_const_v<Void>,
+                                             const uint16_t*, uint16_t*>>(buf));
   } else {
-    MomentumNesterovKernel<false, GradT><<<Blocks(n), kThreads, 0, s>>>(
-        buf, grad, n, w_buf, w_nest, nesterov, update);
+    with_grad(static_cast<
+              std::conditional_t<std::is_const_v<Void>, const float*, float*>>(
+        buf));
   }
-  MUON_CUDA_RETURN_IF_LAUNCH_FAILED("MomentumNesterovKernel");
-  return absl::OkStatus();
 }
 
 __global__ void PackBf16Kernel(const float* __restrict__ src, int64_t src_ld,
@@ -221,19 +234,78 @@ absl::Status LaunchFirstNonFinite(const T* x, int64_t n, int64_t* first,
 
 }  // namespace
 
-absl::Status MomentumNesterov(float* buf, const float* grad, int64_t n,
-                              double momentum, bool nesterov, float* update,
-                              FmaMode mode, void* stream) {
-  return LaunchMomentumNesterov(buf, grad, n, momentum, nesterov, update, mode,
-                                stream);
+absl::Status Momentum(void* buf, Elem buf_type, const void* grad,
+                      Elem grad_type, int64_t n, double momentum, FmaMode mode,
+                      void* stream) {
+  if (n < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Momentum: n must be >= 0, got ", n));
+  }
+  if (n == 0) return absl::OkStatus();
+  if (buf == nullptr || grad == nullptr) {
+    return absl::InvalidArgumentError(
+        "Momentum: buf and grad must be non-null");
+  }
+  // As kernels::MomentumUpdate: the weight in double, rounded to float once.
+  const float w = static_cast<float>(1.0 - momentum);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  VisitElems(buf, buf_type, grad, grad_type, [&](auto* b, auto* g) {
+    using B = std::remove_pointer_t<decltype(b)>;
+    using G = std::remove_const_t<std::remove_pointer_t<decltype(g)>>;
+    if (mode == FmaMode::kFused) {
+      MomentumKernel<true, B, G><<<Blocks(n), kThreads, 0, s>>>(b, g, n, w);
+    } else {
+      MomentumKernel<false, B, G><<<Blocks(n), kThreads, 0, s>>>(b, g, n, w);
+    }
+  });
+  MUON_CUDA_RETURN_IF_LAUNCH_FAILED("MomentumKernel");
+  return absl::OkStatus();
 }
 
-absl::Status MomentumNesterovBf16Grad(float* buf, const uint16_t* grad,
-                                      int64_t n, double momentum, bool nesterov,
-                                      float* update, FmaMode mode,
-                                      void* stream) {
-  return LaunchMomentumNesterov(buf, grad, n, momentum, nesterov, update, mode,
-                                stream);
+absl::Status FormUpdate(const void* buf, Elem buf_type, const void* grad,
+                        Elem grad_type, int64_t n, double momentum,
+                        bool nesterov, float* update, FmaMode mode,
+                        void* stream) {
+  if (n < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("FormUpdate: n must be >= 0, got ", n));
+  }
+  if (n == 0) return absl::OkStatus();
+  if (buf == nullptr || update == nullptr || (nesterov && grad == nullptr)) {
+    return absl::InvalidArgumentError(
+        "FormUpdate: buf, update and (with nesterov) grad must be non-null");
+  }
+  if (update == buf || update == grad) {
+    return absl::InvalidArgumentError(
+        "FormUpdate: update must not alias buf or grad");
+  }
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (!nesterov) {
+    if (buf_type == Elem::kBf16) {
+      WidenKernel<uint16_t><<<Blocks(n), kThreads, 0, s>>>(
+          static_cast<const uint16_t*>(buf), n, update);
+    } else {
+      MUON_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(update, buf, n * sizeof(float),
+                                                cudaMemcpyDeviceToDevice, s));
+    }
+    MUON_CUDA_RETURN_IF_LAUNCH_FAILED("WidenKernel");
+    return absl::OkStatus();
+  }
+  // As kernels::NesterovUpdate: w = (float)momentum.
+  const float w = static_cast<float>(momentum);
+  VisitElems(buf, buf_type, grad, grad_type, [&](auto* b, auto* g) {
+    using B = std::remove_const_t<std::remove_pointer_t<decltype(b)>>;
+    using G = std::remove_const_t<std::remove_pointer_t<decltype(g)>>;
+    if (mode == FmaMode::kFused) {
+      NesterovKernel<true, B, G>
+          <<<Blocks(n), kThreads, 0, s>>>(b, g, n, w, update);
+    } else {
+      NesterovKernel<false, B, G>
+          <<<Blocks(n), kThreads, 0, s>>>(b, g, n, w, update);
+    }
+  });
+  MUON_CUDA_RETURN_IF_LAUNCH_FAILED("NesterovKernel");
+  return absl::OkStatus();
 }
 
 absl::Status FirstNonFinite(const float* x, int64_t n, int64_t* first,

@@ -35,30 +35,34 @@ enum class FmaMode {
   kFused,
 };
 
-// In one pass over n elements (float32, device memory):
-//   buf    <- lerp(buf, grad, 1 - momentum)        (torch buf.lerp_)
-//   update <- nesterov ? lerp(grad, buf, momentum)  (torch grad.lerp)
-//                      : buf
-// with w = (float)(1 - momentum) and (float)momentum computed in double
-// first, as kernels::MomentumUpdate / NesterovUpdate.
-//   grad may alias buf (then buf is unchanged) or update; update may alias
-//   buf only when !nesterov.
+// Element type of a momentum buffer or gradient in device memory: float32,
+// or bfloat16 bits (uint16_t; widened exactly, narrowed to nearest even).
+enum class Elem { kFloat32, kBf16 };
+
+// In one pass over n elements (device memory):
+//   buf <- lerp(buf, grad, 1 - momentum)   (torch buf.lerp_)
+// with w = (float)(1 - momentum) computed in double first, as
+// kernels::MomentumUpdate; a bf16 buf is computed in fp32 and rounded.
+// grad may alias buf when both have one type (then buf is unchanged).
 // Errors:
-//   InvalidArgument: n < 0, null pointers (with n > 0), update aliasing buf
-//     with nesterov.
+//   InvalidArgument: n < 0, null pointers (with n > 0).
 //   Unimplemented: built without CUDA. Internal: the launch failed (names
 //     the kernel and cudaGetErrorString).
-absl::Status MomentumNesterov(float* buf, const float* grad, int64_t n,
-                              double momentum, bool nesterov, float* update,
-                              FmaMode mode, void* stream);
+absl::Status Momentum(void* buf, Elem buf_type, const void* grad,
+                      Elem grad_type, int64_t n, double momentum, FmaMode mode,
+                      void* stream);
 
-// MomentumNesterov with a bf16 gradient (`grad`: device bf16 bits, widened
-// exactly to fp32 first, as kernels::MomentumUpdate's bf16 overload).
-// Errors: as MomentumNesterov.
-absl::Status MomentumNesterovBf16Grad(float* buf, const uint16_t* grad,
-                                      int64_t n, double momentum, bool nesterov,
-                                      float* update, FmaMode mode,
-                                      void* stream);
+// In one pass over n elements (device memory), the update Newton-Schulz
+// reads, in float32:
+//   update <- nesterov ? lerp(grad, buf, momentum)   (torch grad.lerp)
+//                      : buf
+// with w = (float)momentum (kernels::NesterovUpdate). `grad` is unused
+// (may be null) without nesterov; `update` may not alias buf or grad.
+// Errors: as Momentum's, and InvalidArgument for aliasing.
+absl::Status FormUpdate(const void* buf, Elem buf_type, const void* grad,
+                        Elem grad_type, int64_t n, double momentum,
+                        bool nesterov, float* update, FmaMode mode,
+                        void* stream);
 
 // Enqueues on `stream`: *first <- the smallest i in [0, n) with x[i] NaN
 // or +-Inf, or -1 when there is none (kernels::FirstNonFinite's answer).

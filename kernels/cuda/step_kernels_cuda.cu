@@ -17,6 +17,11 @@ namespace muon {
 namespace kernels {
 namespace {
 
+cuda::Elem ElemOf(ParamDType dtype) {
+  return dtype == ParamDType::kBFloat16 ? cuda::Elem::kBf16
+                                        : cuda::Elem::kFloat32;
+}
+
 class CudaStepKernels final : public StepKernels {
  public:
   // `ns` may be null: no Newton-Schulz.
@@ -109,20 +114,20 @@ class CudaStepKernels final : public StepKernels {
     return ns_->Reserve(batch, rows, cols, precision_, options);
   }
 
-  absl::Status MomentumNesterov(device::Stream* stream, float* buf,
-                                const void* grad, ParamDType grad_dtype,
-                                int64_t n, double momentum, bool nesterov,
-                                float* update) override {
-    void* s = stream->native_handle();
-    // Without Nesterov the kernel writes buf to update: buf itself.
-    float* out = nesterov ? update : buf;
-    if (grad_dtype == ParamDType::kBFloat16) {
-      return cuda::MomentumNesterovBf16Grad(
-          buf, static_cast<const uint16_t*>(grad), n, momentum, nesterov, out,
-          fma_, s);
-    }
-    return cuda::MomentumNesterov(buf, static_cast<const float*>(grad), n,
-                                  momentum, nesterov, out, fma_, s);
+  absl::Status Momentum(device::Stream* stream, void* buf, ParamDType buf_dtype,
+                        const void* grad, ParamDType grad_dtype, int64_t n,
+                        double momentum) override {
+    return cuda::Momentum(buf, ElemOf(buf_dtype), grad, ElemOf(grad_dtype), n,
+                          momentum, fma_, stream->native_handle());
+  }
+
+  absl::Status FormUpdate(device::Stream* stream, const void* buf,
+                          ParamDType buf_dtype, const void* grad,
+                          ParamDType grad_dtype, int64_t n, double momentum,
+                          bool nesterov, float* update) override {
+    return cuda::FormUpdate(buf, ElemOf(buf_dtype), grad, ElemOf(grad_dtype), n,
+                            momentum, nesterov, update, fma_,
+                            stream->native_handle());
   }
 
   absl::Status FirstNonFinite(device::Stream* stream, const void* x,

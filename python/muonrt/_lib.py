@@ -27,7 +27,7 @@ import os
 import threading
 
 # Must equal MUONRT_ABI_VERSION of capi/muonrt.h.
-ABI_VERSION = 10
+ABI_VERSION = 11
 
 # Status codes (absl::StatusCode values, capi/muonrt.h).
 OK = 0
@@ -208,6 +208,7 @@ class muonrt_options(ctypes.Structure):
         ("normuon_beta2", ctypes.c_double),
         ("normuon_eps", ctypes.c_double),
         ("overlap_backward", ctypes.c_int),
+        ("momentum_dtype", ctypes.c_char_p),
     ]
 
 

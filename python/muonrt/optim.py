@@ -221,7 +221,24 @@ def _options_struct(defaults, runtime):
     opts.overlap_backward = 1 if runtime["overlap_backward"] else 0
     opts.normuon_beta2 = float(runtime["normuon_beta2"])
     opts.normuon_eps = float(runtime["normuon_eps"])
+    if runtime["momentum_dtype"] is not None:
+        opts.momentum_dtype = _momentum_dtype_name(
+            runtime["momentum_dtype"]).encode()
     return opts
+
+
+def _momentum_dtype_name(value):
+    """momentum_dtype as the library spells it: a torch dtype
+    (torch.float32, torch.bfloat16) or its name ("float32", "bfloat16";
+    "param" is the parameter's dtype, the default)."""
+    if isinstance(value, torch.dtype):
+        names = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+        if value not in names:
+            raise ValueError(
+                f"momentum_dtype {value} is not supported (use "
+                "torch.float32 or torch.bfloat16)")
+        return names[value]
+    return str(value)
 
 class Muon(torch.optim.Optimizer):
     """torch.optim.Muon's update over libmuonrt (see the module docstring
@@ -277,6 +294,14 @@ class Muon(torch.optim.Optimizer):
         exchanged and orthogonalized while backward goes on; step()
         finishes the rest. Bitwise the same results. The non-finite check
         is off with it; not with transactional_step; CPU tensors.
+    momentum_dtype (keyword-only, None): the momentum buffer's dtype. None
+        (or "param"): each parameter's own, as torch.optim.Muon keeps it
+        (2 bytes per parameter for bf16). torch.float32 / "float32": fp32
+        buffers for bf16 parameters too (2 more bytes per parameter; small
+        increments (1 - momentum) * grad are no longer rounded away).
+        torch.bfloat16 / "bfloat16". state_dict carries the values as fp32
+        either way. Nesterov's look-ahead is formed per bucket, so the
+        optimizer keeps no other per-parameter buffer.
     NorMuon (keyword-only; arXiv 2510.05491, microsoft/dion's NorMuon):
         normuon (bool, False): after Newton-Schulz each matrix's update is
         normalized per row by a second-moment estimate v (v <- lerp(v,
@@ -318,7 +343,7 @@ class Muon(torch.optim.Optimizer):
                  bucket_size_bytes=0, transactional_step=False,
                  replan_every_steps=0, exchange_dtype=None, normuon=False,
                  normuon_beta2=0.95, normuon_eps=1e-8, qk_clip=None,
-                 overlap_backward=False):
+                 overlap_backward=False, momentum_dtype=None):
         self._handle = None
         self._created = False
         # The Python types torch.optim.Muon.__init__ checks; the values are
@@ -351,7 +376,8 @@ class Muon(torch.optim.Optimizer):
             normuon=normuon,
             normuon_beta2=normuon_beta2,
             normuon_eps=normuon_eps,
-            overlap_backward=overlap_backward)
+            overlap_backward=overlap_backward,
+            momentum_dtype=momentum_dtype)
         # torch.optim.Muon's argument checks (its messages; torch checks
         # ns_steps at the first step, the library now) and the runtime
         # options': the library's, raised as InvalidArgumentError

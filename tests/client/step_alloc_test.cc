@@ -3,7 +3,10 @@
 // are filled into pooled objects whose storage is reused. (Gloo's own
 // collectives may allocate inside the library; this test uses a world of
 // one, where no collective runs.) Also: the Newton-Schulz engine is
-// reserved for each owned shape, not for max rows x max cols.
+// reserved for each owned shape, not for max rows x max cols; and what the
+// optimizer holds (OptimizerMemory): torch.optim.Muon's momentum bytes per
+// parameter as state, and step buffers of at most (prefetch_count + 1)
+// buckets.
 #include <cblas.h>
 
 #include <atomic>
@@ -18,9 +21,11 @@
 #include "absl/strings/str_cat.h"
 #include "client/distributed_config.h"
 #include "client/muon.h"
+#include "client/tensor_view.h"
 #include "comm/local_communicator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/bfloat16.h"
 #include "kernels/ns_engine.h"
 #include "server/coordinator_service.h"
 #include "server/local_coordination_client.h"
@@ -131,6 +136,102 @@ TEST(StepAllocTest,
   EXPECT_GT(CountStepAllocations(**opt, 0), 0);
   // Warm every pooled report (capacity 64 + 1) once.
   EXPECT_EQ(CountStepAllocations(**opt, 80), 0);
+}
+
+// torch.optim.Muon keeps one momentum buffer per parameter in the
+// parameter's dtype (torch.zeros_like(grad)): 2 bytes per bf16 parameter,
+// 4 per fp32 one. Nothing else persists here but the finite check's one
+// int64 per parameter.
+TEST(StepAllocTest, Memory_StateBytesPerParameter_EqualTorchMomentumBuffers) {
+  const int64_t n16 = 64 * 32, n32 = 48 * 16;
+  std::vector<kernels::bf16_t> w16(n16), g16(n16);
+  const std::vector<float> v = RandomValues(n16, 3);
+  for (int64_t i = 0; i < n16; ++i) {
+    w16[i] = kernels::FloatToBf16(v[i]);
+    g16[i] = kernels::FloatToBf16(v[n16 - 1 - i]);
+  }
+  std::vector<float> w32 = RandomValues(n32, 4), g32 = RandomValues(n32, 5);
+  ParamView p16;
+  p16.name = "bf16";
+  p16.data = w16.data();
+  p16.grad = g16.data();
+  p16.dtype = p16.grad_dtype = DType::kBFloat16;
+  p16.local_shape = {64, 32};
+  ParamView p32;
+  p32.name = "fp32";
+  p32.data = w32.data();
+  p32.grad = g32.data();
+  p32.local_shape = {48, 16};
+  struct Case {
+    MomentumDType dtype;
+    int64_t momentum_bytes;
+  };
+  for (const Case& c : {Case{MomentumDType::kParam, 2 * n16 + 4 * n32},
+                        Case{MomentumDType::kFloat32, 4 * (n16 + n32)}}) {
+    MuonOptions options;
+    options.momentum_dtype = c.dtype;
+    absl::StatusOr<std::unique_ptr<Muon>> opt =
+        Muon::Create({p16, p32}, options);
+    ASSERT_TRUE(opt.ok()) << opt.status();
+    for (int step = 0; step < 2; ++step) {
+      const OptimizerMemory mem = (*opt)->memory();
+      EXPECT_EQ(mem.momentum_bytes, c.momentum_bytes);
+      EXPECT_EQ(mem.state_bytes, c.momentum_bytes + 2 * 8);
+      EXPECT_EQ(mem.snapshot_bytes, 0);
+      // Nothing but the state and the step buffers was ever allocated.
+      EXPECT_EQ(mem.peak_bytes, mem.state_bytes + mem.buffer_bytes);
+      ASSERT_TRUE((*opt)->Step().ok());
+    }
+  }
+}
+
+// U (Nesterov's look-ahead) and O live only in the executor's bucket
+// slots: in a world of one each slot holds its bucket's U and O (8 bytes
+// per element), and there are prefetch_count + 1 slots (1 in sequential
+// mode; never more than buckets), so the step buffers shrink with the
+// bucket size.
+TEST(StepAllocTest, Memory_StepBuffers_AtMostPrefetchPlusOneBuckets) {
+  for (int64_t bucket_bytes : {int64_t{4096}, int64_t{1} << 20}) {
+    for (int prefetch : {-1, 0, 2}) {  // -1: sequential
+      WorldOfOne world(absl::StrCat("memory", bucket_bytes, prefetch));
+      Model m = MakeModel();
+      absl::StatusOr<DistributedConfig> config = world.Config(m.ptrs.size());
+      ASSERT_TRUE(config.ok()) << config.status();
+      config->execution.set_bucket_size_bytes(bucket_bytes);
+      if (prefetch >= 0) {
+        config->execution.set_async_gpu_parallelism(true);
+        config->execution.set_prefetch_count(prefetch);
+      }
+      absl::StatusOr<std::unique_ptr<Muon>> opt =
+          Muon::Create(m.ptrs, MuonOptions{}, *config);
+      ASSERT_TRUE(opt.ok()) << opt.status();
+      ASSERT_TRUE((*opt)->Step().ok());
+      const v1::Plan& plan = (*opt)->plan();
+      int64_t largest = 0;  // elements of the largest bucket
+      for (const v1::Bucket& b : plan.buckets()) {
+        int64_t numel = 0;
+        for (int mi : b.matrices()) {
+          numel += plan.matrices(mi).rows() * plan.matrices(mi).cols();
+        }
+        largest = std::max(largest, numel);
+      }
+      // No more slots than buckets.
+      const int slots =
+          prefetch >= 0 ? std::min(prefetch + 1, plan.buckets_size()) : 1;
+      EXPECT_EQ(plan.schedule().slots(), slots);
+      const OptimizerMemory mem = (*opt)->memory();
+      SCOPED_TRACE(absl::StrCat("bucket_size_bytes ", bucket_bytes,
+                                ", prefetch ", prefetch, ", ",
+                                plan.buckets_size(), " buckets"));
+      EXPECT_EQ(mem.buffer_bytes, slots * 8 * largest);
+      EXPECT_EQ(mem.state_bytes, mem.momentum_bytes + 8 * 4);
+      EXPECT_EQ(mem.peak_bytes, mem.state_bytes + mem.buffer_bytes);
+      EXPECT_EQ((*opt)->last_step_stats().buffer_bytes, mem.buffer_bytes);
+      if (bucket_bytes == 4096) {
+        EXPECT_GT(plan.buckets_size(), 1);
+      }
+    }
+  }
 }
 
 // The CPU engine, recording the shapes it is asked to reserve for.

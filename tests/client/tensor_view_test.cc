@@ -137,24 +137,38 @@ TEST(TensorViewTest,
   v32.data = w32.data();
   v32.grad = g32.data();
   v32.dtype = v32.grad_dtype = DType::kFloat32;
-  MuonOptions options;
-  options.lr = 0.05;
-  options.weight_decay = 0.0;
-  auto m16 = Muon::Create({v16}, options);
-  auto m32 = Muon::Create({v32}, options);
-  ASSERT_TRUE(m16.ok()) << m16.status();
-  ASSERT_TRUE(m32.ok()) << m32.status();
-  ASSERT_TRUE((*m16)->Step().ok());
-  ASSERT_TRUE((*m32)->Step().ok());
-  int changed = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    ASSERT_EQ(w16[i], FloatToBf16(w32[i])) << "element " << i;
-    changed += w16[i] != FloatToBf16(w0[i]);
+  // Both momentum dtypes: float32 for both runs, and bf16 (the bf16
+  // parameter's default, as torch keeps it) for both.
+  for (MomentumDType momentum :
+       {MomentumDType::kFloat32, MomentumDType::kBFloat16}) {
+    std::vector<bf16_t> w16_run = w16;
+    std::vector<float> w32_run = w32;
+    v16.data = w16_run.data();
+    v32.data = w32_run.data();
+    MuonOptions options;
+    options.lr = 0.05;
+    options.weight_decay = 0.0;
+    options.momentum_dtype = momentum;
+    MuonOptions options16 = options;
+    if (momentum == MomentumDType::kBFloat16) {
+      options16.momentum_dtype = MomentumDType::kParam;  // the default
+    }
+    auto m16 = Muon::Create({v16}, options16);
+    auto m32 = Muon::Create({v32}, options);
+    ASSERT_TRUE(m16.ok()) << m16.status();
+    ASSERT_TRUE(m32.ok()) << m32.status();
+    ASSERT_TRUE((*m16)->Step().ok());
+    ASSERT_TRUE((*m32)->Step().ok());
+    int changed = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(w16_run[i], FloatToBf16(w32_run[i])) << "element " << i;
+      changed += w16_run[i] != FloatToBf16(w0[i]);
+    }
+    EXPECT_GT(changed, 0);
+    // The momentum buffers hold the same values.
+    EXPECT_TRUE(
+        BitwiseEqual((*m16)->momentum_buffer(0), (*m32)->momentum_buffer(0)));
   }
-  EXPECT_GT(changed, 0);
-  // The momentum buffer is fp32 state, the same as the fp32 run's.
-  EXPECT_TRUE(
-      BitwiseEqual((*m16)->momentum_buffer(0), (*m32)->momentum_buffer(0)));
 }
 
 TEST(TensorViewTest, Step_Bf16GradFp32Param_MomentumEqualsWidenedGradient) {

@@ -36,8 +36,13 @@ TEST(UpdateRuleTest, MomentumAndApply_MatchTorchMuonFormulas) {
   rule.momentum = 0.9;
   rule.nesterov = true;
   std::vector<float> buf = {1.0f, -2.0f}, grad = {0.5f, 4.0f}, update(2);
-  ASSERT_TRUE(rule.Momentum(*k, nullptr, buf.data(), grad.data(),
-                            kernels::ParamDType::kFloat32, 2, update.data())
+  ASSERT_TRUE(rule.Momentum(*k, nullptr, buf.data(),
+                            kernels::ParamDType::kFloat32, grad.data(),
+                            kernels::ParamDType::kFloat32, 2)
+                  .ok());
+  ASSERT_TRUE(k->FormUpdate(nullptr, buf.data(), kernels::ParamDType::kFloat32,
+                            grad.data(), kernels::ParamDType::kFloat32, 2,
+                            rule.momentum, rule.nesterov, update.data())
                   .ok());
   for (int i : {0, 1}) {
     // buf.lerp_(grad, 1 - momentum); grad.lerp(buf, momentum).

@@ -92,13 +92,19 @@ TEST(CudaApiTest, FusedKernels_BadArguments_ReturnInvalidArgument) {
   MUON_SKIP_WITHOUT_CUDA_BUILD();
   float buf[4] = {};
   float grad[4] = {};
-  // Nesterov would overwrite the buffer it still reads.
-  const absl::Status alias = cuda::MomentumNesterov(
-      buf, grad, 4, 0.95, true, buf, cuda::FmaMode::kSeparate, nullptr);
+  constexpr auto kF32 = cuda::Elem::kFloat32;
+  // The update would overwrite the buffer it reads.
+  const absl::Status alias =
+      cuda::FormUpdate(buf, kF32, grad, kF32, 4, 0.95, true, buf,
+                       cuda::FmaMode::kSeparate, nullptr);
   EXPECT_EQ(alias.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(alias.message()), HasSubstr("alias"));
-  EXPECT_EQ(cuda::MomentumNesterov(buf, grad, -1, 0.95, true, grad,
-                                   cuda::FmaMode::kSeparate, nullptr)
+  EXPECT_EQ(cuda::Momentum(buf, kF32, grad, kF32, -1, 0.95,
+                           cuda::FmaMode::kSeparate, nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cuda::Momentum(buf, kF32, nullptr, kF32, 4, 0.95,
+                           cuda::FmaMode::kSeparate, nullptr)
                 .code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(cuda::DecayAndApply(buf, buf + 1, 2, 0.1, 0.1, 0.1,

@@ -82,7 +82,7 @@ float LerpFma(float self, float end, float w) {
 
 constexpr int64_t kN = 100003;  // Not a multiple of the block size.
 
-TEST(GpuMuonUpdateTest, MomentumNesterov_Separate_BitwiseEqualToCpuKernels) {
+TEST(GpuMuonUpdateTest, MomentumFormUpdate_Separate_BitwiseEqualToCpuKernels) {
   MUON_SKIP_WITHOUT_GPU();
   // 0.95: the small-weight branch for the buffer, the large one for
   // Nesterov; 0.3 the other way round; 0.5 the boundary.
@@ -94,9 +94,13 @@ TEST(GpuMuonUpdateTest, MomentumNesterov_Separate_BitwiseEqualToCpuKernels) {
       float* d_buf = dev.Upload(buf);
       float* d_grad = dev.Upload(grad);
       float* d_update = dev.Upload(std::vector<float>(kN, NAN));
-      ASSERT_TRUE(cuda::MomentumNesterov(d_buf, d_grad, kN, momentum, nesterov,
-                                         d_update, cuda::FmaMode::kSeparate,
-                                         nullptr)
+      ASSERT_TRUE(cuda::Momentum(d_buf, cuda::Elem::kFloat32, d_grad,
+                                 cuda::Elem::kFloat32, kN, momentum,
+                                 cuda::FmaMode::kSeparate, nullptr)
+                      .ok());
+      ASSERT_TRUE(cuda::FormUpdate(d_buf, cuda::Elem::kFloat32, d_grad,
+                                   cuda::Elem::kFloat32, kN, momentum, nesterov,
+                                   d_update, cuda::FmaMode::kSeparate, nullptr)
                       .ok());
       MomentumUpdate(buf.data(), grad.data(), kN, momentum);
       std::vector<float> update = buf;
@@ -111,7 +115,7 @@ TEST(GpuMuonUpdateTest, MomentumNesterov_Separate_BitwiseEqualToCpuKernels) {
   }
 }
 
-TEST(GpuMuonUpdateTest, MomentumNesterov_Fused_BitwiseEqualToHostFma) {
+TEST(GpuMuonUpdateTest, MomentumFormUpdate_Fused_BitwiseEqualToHostFma) {
   MUON_SKIP_WITHOUT_GPU();
   for (double momentum : {0.95, 0.3}) {
     const std::vector<float> grad = Values(kN, 73);
@@ -120,8 +124,13 @@ TEST(GpuMuonUpdateTest, MomentumNesterov_Fused_BitwiseEqualToHostFma) {
     float* d_buf = dev.Upload(buf);
     float* d_grad = dev.Upload(grad);
     float* d_update = dev.Upload(std::vector<float>(kN, NAN));
-    ASSERT_TRUE(cuda::MomentumNesterov(d_buf, d_grad, kN, momentum, true,
-                                       d_update, cuda::FmaMode::kFused, nullptr)
+    ASSERT_TRUE(cuda::Momentum(d_buf, cuda::Elem::kFloat32, d_grad,
+                               cuda::Elem::kFloat32, kN, momentum,
+                               cuda::FmaMode::kFused, nullptr)
+                    .ok());
+    ASSERT_TRUE(cuda::FormUpdate(d_buf, cuda::Elem::kFloat32, d_grad,
+                                 cuda::Elem::kFloat32, kN, momentum, true,
+                                 d_update, cuda::FmaMode::kFused, nullptr)
                     .ok());
     std::vector<float> separate = buf;
     MomentumUpdate(separate.data(), grad.data(), kN, momentum);

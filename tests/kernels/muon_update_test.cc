@@ -67,7 +67,8 @@ TEST(MomentumUpdateTest, MomentumUpdate_ExtremeMomentum_CopiesOrKeeps) {
 }
 
 TEST(MomentumUpdateTest, MomentumUpdate_ZeroLength_DoesNothing) {
-  MomentumUpdate(nullptr, static_cast<const float*>(nullptr), 0, 0.95);
+  MomentumUpdate(static_cast<float*>(nullptr),
+                 static_cast<const float*>(nullptr), 0, 0.95);
 }
 
 // grad.lerp(buf, 0.95): w = 0.95f = 0x1.e66666p-1, |w| >= 0.5, so torch takes

@@ -49,41 +49,79 @@ bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
 constexpr int64_t kN = 1000;
 constexpr double kMomentum = 0.95;
 
-TEST(HostStepKernelsTest, MomentumNesterov_BitwiseMuonUpdateKernels) {
+TEST(HostStepKernelsTest, MomentumAndFormUpdate_BitwiseMuonUpdateKernels) {
   std::unique_ptr<StepKernels> k = MakeHostStepKernels(nullptr);
   const std::vector<float> g32 = Random(kN, 1);
   const std::vector<bf16_t> g16 = ToBf16(Random(kN, 2));
   for (bool nesterov : {false, true}) {
     std::vector<float> buf = Random(kN, 3), update(kN, 0.0f);
     std::vector<float> ref_buf = buf, ref_update(kN, 0.0f);
-    ASSERT_TRUE(k->MomentumNesterov(nullptr, buf.data(), g32.data(),
-                                    ParamDType::kFloat32, kN, kMomentum,
-                                    nesterov, update.data())
-                    .ok());
-    MomentumUpdate(ref_buf.data(), g32.data(), kN, kMomentum);
-    if (nesterov) {
-      NesterovUpdate(g32.data(), ref_buf.data(), kN, kMomentum,
-                     ref_update.data());
+    for (bool bf16_grad : {false, true}) {
+      const void* g = bf16_grad ? static_cast<const void*>(g16.data())
+                                : static_cast<const void*>(g32.data());
+      const ParamDType gt =
+          bf16_grad ? ParamDType::kBFloat16 : ParamDType::kFloat32;
+      ASSERT_TRUE(k->Momentum(nullptr, buf.data(), ParamDType::kFloat32, g, gt,
+                              kN, kMomentum)
+                      .ok());
+      ASSERT_TRUE(k->FormUpdate(nullptr, buf.data(), ParamDType::kFloat32, g,
+                                gt, kN, kMomentum, nesterov, update.data())
+                      .ok());
+      if (bf16_grad) {
+        MomentumUpdate(ref_buf.data(), g16.data(), kN, kMomentum);
+        NesterovUpdate(g16.data(), ref_buf.data(), kN, kMomentum,
+                       ref_update.data());
+      } else {
+        MomentumUpdate(ref_buf.data(), g32.data(), kN, kMomentum);
+        NesterovUpdate(g32.data(), ref_buf.data(), kN, kMomentum,
+                       ref_update.data());
+      }
+      if (!nesterov) ref_update = ref_buf;
+      EXPECT_TRUE(SameBits(buf, ref_buf));
+      EXPECT_TRUE(SameBits(update, ref_update));
     }
-    EXPECT_TRUE(SameBits(buf, ref_buf));
-    EXPECT_TRUE(SameBits(update, ref_update));
-
-    ASSERT_TRUE(k->MomentumNesterov(nullptr, buf.data(), g16.data(),
-                                    ParamDType::kBFloat16, kN, kMomentum,
-                                    nesterov, update.data())
-                    .ok());
-    MomentumUpdate(ref_buf.data(), g16.data(), kN, kMomentum);
-    if (nesterov) {
-      NesterovUpdate(g16.data(), ref_buf.data(), kN, kMomentum,
-                     ref_update.data());
-    }
-    EXPECT_TRUE(SameBits(buf, ref_buf));
-    EXPECT_TRUE(SameBits(update, ref_update));
   }
   float buf = 0;
   EXPECT_TRUE(absl::IsInvalidArgument(
-      k->MomentumNesterov(nullptr, &buf, nullptr, ParamDType::kFloat32, 1,
-                          kMomentum, false, nullptr)));
+      k->Momentum(nullptr, &buf, ParamDType::kFloat32, nullptr,
+                  ParamDType::kFloat32, 1, kMomentum)));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      k->FormUpdate(nullptr, &buf, ParamDType::kFloat32, nullptr,
+                    ParamDType::kFloat32, 1, kMomentum, true, &buf)));
+}
+
+TEST(HostStepKernelsTest, Bf16MomentumBuffer_RoundsTorchLerpAndWidensForU) {
+  // A bf16 buffer (torch.optim.Muon keeps the parameter's dtype): each
+  // momentum step is the fp32 lerp rounded to nearest even; U is formed in
+  // fp32 from the rounded buffer.
+  std::unique_ptr<StepKernels> k = MakeHostStepKernels(nullptr);
+  const std::vector<float> g32 = Random(kN, 5);
+  std::vector<bf16_t> buf = ToBf16(Random(kN, 6));
+  std::vector<float> wide(kN), update(kN), plain(kN);
+  for (int64_t i = 0; i < kN; ++i) wide[i] = Bf16ToFloat(buf[i]);
+  ASSERT_TRUE(k->Momentum(nullptr, buf.data(), ParamDType::kBFloat16,
+                          g32.data(), ParamDType::kFloat32, kN, kMomentum)
+                  .ok());
+  MomentumUpdate(wide.data(), g32.data(), kN, kMomentum);
+  int changed = 0;
+  for (int64_t i = 0; i < kN; ++i) {
+    ASSERT_EQ(buf[i], FloatToBf16(wide[i])) << i;
+    changed += Bf16ToFloat(buf[i]) != wide[i];
+  }
+  EXPECT_GT(changed, kN / 2);  // the rounding is real
+  ASSERT_TRUE(k->FormUpdate(nullptr, buf.data(), ParamDType::kBFloat16,
+                            g32.data(), ParamDType::kFloat32, kN, kMomentum,
+                            true, update.data())
+                  .ok());
+  std::vector<float> rounded(kN), ref(kN);
+  for (int64_t i = 0; i < kN; ++i) rounded[i] = Bf16ToFloat(buf[i]);
+  NesterovUpdate(g32.data(), rounded.data(), kN, kMomentum, ref.data());
+  EXPECT_TRUE(SameBits(update, ref));
+  ASSERT_TRUE(k->FormUpdate(nullptr, buf.data(), ParamDType::kBFloat16, nullptr,
+                            ParamDType::kFloat32, kN, kMomentum, false,
+                            plain.data())
+                  .ok());
+  EXPECT_TRUE(SameBits(plain, rounded));
 }
 
 TEST(HostStepKernelsTest, FirstNonFinite_FirstIndexOrMinusOne) {
@@ -204,11 +242,12 @@ class CudaStepKernelsTest : public ::testing::Test {
   std::unique_ptr<StepKernels> kernels_;
 };
 
-TEST_F(CudaStepKernelsTest, Fp32Precision_MomentumNesterovBitwiseHost) {
+TEST_F(CudaStepKernelsTest, Fp32Precision_MomentumAndFormUpdateBitwiseHost) {
   std::unique_ptr<StepKernels> host = MakeHostStepKernels(nullptr);
   const std::vector<float> g32 = Random(kN, 1);
   const std::vector<bf16_t> g16 = ToBf16(Random(kN, 2));
   for (bool bf16 : {false, true}) {
+    // fp32 buffer.
     std::vector<float> buf = Random(kN, 3), update(kN, 0.0f);
     device::DeviceBuffer<float> d_buf = ToDevice(buf);
     device::DeviceBuffer<float> d_update = ToDevice(update);
@@ -218,14 +257,42 @@ TEST_F(CudaStepKernelsTest, Fp32Precision_MomentumNesterovBitwiseHost) {
     const void* g = bf16 ? static_cast<const void*>(g16.data()) : g32.data();
     const void* d_g =
         bf16 ? static_cast<const void*>(d_g16.data()) : d_g32.data();
-    ASSERT_TRUE(host->MomentumNesterov(nullptr, buf.data(), g, dt, kN,
-                                       kMomentum, true, update.data())
+    ASSERT_TRUE(host->Momentum(nullptr, buf.data(), ParamDType::kFloat32, g, dt,
+                               kN, kMomentum)
+                    .ok());
+    ASSERT_TRUE(host->FormUpdate(nullptr, buf.data(), ParamDType::kFloat32, g,
+                                 dt, kN, kMomentum, true, update.data())
                     .ok());
     ASSERT_TRUE(kernels_
-                    ->MomentumNesterov(stream_.get(), d_buf.data(), d_g, dt, kN,
-                                       kMomentum, true, d_update.data())
+                    ->Momentum(stream_.get(), d_buf.data(),
+                               ParamDType::kFloat32, d_g, dt, kN, kMomentum)
+                    .ok());
+    ASSERT_TRUE(kernels_
+                    ->FormUpdate(stream_.get(), d_buf.data(),
+                                 ParamDType::kFloat32, d_g, dt, kN, kMomentum,
+                                 true, d_update.data())
                     .ok());
     EXPECT_TRUE(SameBits(ToHost(d_buf), buf)) << "bf16 grad: " << bf16;
+    EXPECT_TRUE(SameBits(ToHost(d_update), update)) << "bf16 grad: " << bf16;
+    // bf16 buffer (the parameter's dtype, as torch keeps it).
+    std::vector<bf16_t> buf16 = ToBf16(Random(kN, 4));
+    device::DeviceBuffer<bf16_t> d_buf16 = ToDevice(buf16);
+    ASSERT_TRUE(host->Momentum(nullptr, buf16.data(), ParamDType::kBFloat16, g,
+                               dt, kN, kMomentum)
+                    .ok());
+    ASSERT_TRUE(host->FormUpdate(nullptr, buf16.data(), ParamDType::kBFloat16,
+                                 g, dt, kN, kMomentum, true, update.data())
+                    .ok());
+    ASSERT_TRUE(kernels_
+                    ->Momentum(stream_.get(), d_buf16.data(),
+                               ParamDType::kBFloat16, d_g, dt, kN, kMomentum)
+                    .ok());
+    ASSERT_TRUE(kernels_
+                    ->FormUpdate(stream_.get(), d_buf16.data(),
+                                 ParamDType::kBFloat16, d_g, dt, kN, kMomentum,
+                                 true, d_update.data())
+                    .ok());
+    EXPECT_EQ(ToHost(d_buf16), buf16) << "bf16 grad: " << bf16;
     EXPECT_TRUE(SameBits(ToHost(d_update), update)) << "bf16 grad: " << bf16;
   }
 }

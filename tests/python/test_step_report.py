@@ -69,3 +69,31 @@ def test_one_process_honours_bucket_size_and_async_schedule():
     assert bucketed_report.get("prefetch_count", 0) == 1
     for a, b in zip(plain, bucketed):
         assert torch.equal(a, b)
+
+
+def test_report_counts_torch_momentum_bytes_per_parameter():
+    """torch.optim.Muon keeps one momentum buffer in the parameter's dtype:
+    2 bytes per bf16 parameter, 4 per fp32 one. The report counts the same
+    (momentum_dtype=torch.float32 gives 4 for both), the persistent state
+    adds only 8 bytes per parameter, and the peak is state + step buffers."""
+    library_or_skip()
+    import muonrt
+    for momentum_dtype, per_bf16 in ((None, 2), (torch.float32, 4)):
+        g = torch.Generator().manual_seed(2)
+        a = torch.nn.Parameter(torch.randn(64, 32, generator=g).bfloat16())
+        b = torch.nn.Parameter(torch.randn(48, 16, generator=g))
+        opt = muonrt.Muon([("a", a), ("b", b)], lr=0.02,
+                          momentum_dtype=momentum_dtype)
+        a.grad = torch.randn(a.shape, generator=g).bfloat16()
+        b.grad = torch.randn(b.shape, generator=g)
+        opt.step()
+        report = opt.last_step_report()
+        momentum = per_bf16 * a.numel() + 4 * b.numel()
+        assert int(report["momentum_bytes"]) == momentum
+        assert int(report["state_bytes"]) == momentum + 2 * 8
+        assert int(report.get("snapshot_bytes", 0)) == 0
+        assert int(report["peak_bytes"]) == (
+            int(report["state_bytes"]) + int(report["buffer_bytes"]))
+        assert opt.state_dict()["state"][0]["momentum_buffer"].dtype == \
+            torch.float32
+        opt.close()

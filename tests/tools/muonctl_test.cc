@@ -582,7 +582,9 @@ TEST(MuonctlCliTest, Plan_ScaledUnitsAndBytesPerRankPerStep) {
   // owner receives 3 shards (192 B) and sends them back; every other rank
   // sends and receives its own 64 B. Peak buffers: the owner's full U and
   // O (2 x 256 B) + send and receive buffers (192 B each) = 896 B; the
-  // others' 64 + 64 = 128 B.
+  // others' 64 + 64 = 128 B; every rank's slot also holds its own shard's
+  // U and O (2 x 64 B). Momentum: 64 B each (fp32); peak = momentum +
+  // buffers.
   v1::JobSpec spec;
   spec.set_job_id("units");
   v1::MeshDim* dim = spec.mutable_mesh()->add_dims();
@@ -608,18 +610,19 @@ TEST(MuonctlCliTest, Plan_ScaledUnitsAndBytesPerRankPerStep) {
   int owners = 0, others = 0;
   for (absl::string_view line : absl::StrSplit(out.str(), '\n')) {
     // rank matrices NS(value unit) gathered sent received, sent bf16
-    // (two values per word: half), peak (value unit)
+    // (two values per word: half), peak buffer, momentum, peak (value
+    // unit)
     std::vector<std::string> t = absl::StrSplit(line, ' ', absl::SkipEmpty());
-    if (t.size() != 14 || t[0].size() != 1 || !isdigit(t[0][0])) continue;
+    if (t.size() != 18 || t[0].size() != 1 || !isdigit(t[0][0])) continue;
     if (t[1] == "1") {
       ++owners;
       EXPECT_EQ(absl::StrJoin(t.begin() + 4, t.end(), " "),
-                "192 B 192 B 192 B 96 B 896 B")
+                "192 B 192 B 192 B 96 B 1 KiB 64 B 1.06 KiB")
           << line;
     } else {
       ++others;
       EXPECT_EQ(absl::StrJoin(t.begin() + 4, t.end(), " "),
-                "0 B 64 B 64 B 32 B 128 B")
+                "0 B 64 B 64 B 32 B 256 B 64 B 320 B")
           << line;
     }
   }
