@@ -145,6 +145,9 @@ int64_t StepExecutor::PlaceInSlot(BucketSchedule* b, BufferSizes* sizes) {
   // applied from here) and, when formed, U.
   for (int m : b->matrices) {
     const int64_t n = geometry_[m].boxes[rank_].numel();
+    // An empty box still gets a valid (zero-length) place: custom
+    // redistribute functions are handed LocalO of every matrix.
+    local_o_offset_[m] = local_u_offset_[m] = elems;
     if (n == 0) continue;
     if (options_.form_update) {
       local_u_offset_[m] = elems;

@@ -476,7 +476,7 @@ class StepExecutor {
   std::vector<int64_t> u_offset_;  // per local matrix
   std::vector<int64_t> o_offset_;
   // Per local matrix, in its bucket's slot: this rank's box of O, and of
-  // U when formed (-1: no local elements, or form_update off).
+  // U when formed (read only with ExecutorOptions::form_update).
   std::vector<int64_t> local_o_offset_;
   std::vector<int64_t> local_u_offset_;
   std::vector<int64_t> v_offset_;  // NorMuon's full row state (-1 = none)

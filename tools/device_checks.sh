@@ -13,15 +13,19 @@
 #   3. a single-device GPU step vs torch.optim.Muon (torch_muon_compare.py);
 #   4. muonrt (ctypes) on CUDA tensors next to this machine's PyTorch
 #      (tests/python/test_cuda_step.py) and the self-contained library;
-#   5. the Llama-3-8B layer-set step, muonrt.Muon vs torch.optim.Muon:
+#   5. the main job on the GPU (what tools/run_job.sh --device cuda runs):
+#      Fashion-MNIST, one epoch in one process on cuda:0, muonrt.Muon next
+#      to torch.optim.Muon (examples/fashion_mnist_torch/train.py --device
+#      cuda, with the bundle's data/fashion-mnist);
+#   6. the Llama-3-8B layer-set step, muonrt.Muon vs torch.optim.Muon:
 #      time and device memory (gpu_step_bench.py --layers 8);
-#   6. Newton-Schulz TFLOP/s, ours (ns_gpu_bench, standard and Gram) and
+#   7. Newton-Schulz TFLOP/s, ours (ns_gpu_bench, standard and Gram) and
 #      PyTorch's (torch_ns_bench.py), vs the bf16 GEMM rate;
-#   7. Newton-Schulz accuracy against a float64 run of the same iteration,
+#   8. Newton-Schulz accuracy against a float64 run of the same iteration,
 #      ours vs torch's (ns_accuracy.py);
-#   8. the PyTorch 2.x suite (tests/python/torch2; CPU rank processes),
+#   9. the PyTorch 2.x suite (tests/python/torch2; CPU rank processes),
 #      started in the background with the time left, while
-#   9. compute-sanitizer runs: memcheck on gpu_muon_test and the Gram
+#  10. compute-sanitizer runs: memcheck on gpu_muon_test and the Gram
 #      tests, racecheck and synccheck on cuda_stream_test (skipped with the
 #      reason when the machine has no compute-sanitizer).
 # Before them it records the machine (nvidia-smi, driver, CUDA, torch,
@@ -326,12 +330,21 @@ run torch_muon_compare -- python3 "$here/torch_muon_compare.py" \
 run_py muonrt_cuda_tensors --timeout 120 -- -m pytest -q -p no:cacheprovider -rs \
   "$py/tests/python/test_cuda_step.py" "$py/tests/python/test_self_contained.py"
 
-# ---- 5. Llama-3-8B layer-set step: muonrt.Muon vs torch.optim.Muon ---------------
+# ---- 5. the main job on the GPU: Fashion-MNIST, muonrt.Muon vs torch.optim.Muon --
+# One epoch (60 steps of 1000 images each) per optimizer; the
+# torch.optim.Muon run stops at a step boundary after 30 s of training.
+# The trainer fails when muonrt.Muon's loss is not finite or its accuracy
+# falls below torch.optim.Muon's by more than its bound.
+run_py main_job_cuda --timeout 90 --min 45 -- \
+  "$py/examples/fashion_mnist_torch/train.py" --device cuda --epochs 1 \
+  --torch-muon-budget-s 30 --data-dir "$here/data/fashion-mnist"
+
+# ---- 6. Llama-3-8B layer-set step: muonrt.Muon vs torch.optim.Muon ---------------
 run_py gpu_step_bench --timeout 150 --min 45 -- "$here/gpu_step_bench.py" \
   "${step_bench_args[@]}" --json "$out/gpu_step_bench.json" \
   --trace "$out/step_trace.json"
 
-# ---- 6. Newton-Schulz throughput, ours and PyTorch's ------------------------------
+# ---- 7. Newton-Schulz throughput, ours and PyTorch's ------------------------------
 # The Llama-3-8B shapes and 8192^2; standard and Gram (restart every 2).
 ns_sizes=1024x1024,1024x4096,4096x4096,4096x14336,8192x8192
 run ns_gpu_bench --timeout 60 -- "$here/run.sh" bin/ns_gpu_bench \
@@ -341,15 +354,15 @@ run ns_gpu_bench_gram --timeout 60 -- "$here/run.sh" bin/ns_gpu_bench \
 run torch_ns_bench --timeout 60 -- python3 "$here/torch_ns_bench.py" \
   --sizes "$ns_sizes"
 
-# ---- 7. Newton-Schulz accuracy vs float64 ----------------------------------------
+# ---- 8. Newton-Schulz accuracy vs float64 ----------------------------------------
 run_py ns_accuracy -- "$here/ns_accuracy.py" --device cuda \
   --json "$out/ns_accuracy.json"
 
-# ---- 8. the PyTorch 2.x suite, in the background ---------------------------------
+# ---- 9. the PyTorch 2.x suite, in the background ---------------------------------
 # FSDP2 / HSDP / TP / EP layouts, DCP, the library beside torch's Gloo, the
 # main job, real torchrun (this machine's PyTorch has torchrun's libuv).
 # Its ranks are CPU processes on gloo, so it runs beside compute-sanitizer
-# (step 9), with the time left; -v: a suite stopped by the deadline still
+# (step 10), with the time left; -v: a suite stopped by the deadline still
 # shows which tests ran.
 bg_pid=""
 bg_t0=0
@@ -381,7 +394,7 @@ finish_background() {
   record_exit torch2_suite "$rc" "$took" "after ${bg_limit}s" "$bg_log"
 }
 
-# ---- 9. compute-sanitizer ----------------------------------------------------------
+# ---- 10. compute-sanitizer ----------------------------------------------------------
 sanitizer=$(command -v compute-sanitizer 2>/dev/null)
 if [[ -z $sanitizer ]]; then
   for s in /usr/local/cuda/bin/compute-sanitizer \

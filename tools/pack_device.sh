@@ -3,10 +3,12 @@
 # .device/ (git-ignored, < 64 MiB): the GPU tests, the GPU benchmark, muonctl
 # and the coordinator, muonrun and libmuonrt.so (with python/ for muonrt),
 # with their Debian libraries (../shared/tools/
-# device-bundle.sh), plus the PyTorch comparison scripts and
-# tools/device_checks.sh, which runs them all there:
+# device-bundle.sh), plus the PyTorch comparison scripts, the main job's
+# Fashion-MNIST files (data/fashion-mnist) and tools/device_checks.sh,
+# which runs them all there:
 #   bash tools/pack_device.sh
 #   # on the device: bash .device/device_checks.sh   (writes to $OUT)
+#   # or the main job alone: bash tools/run_job.sh --device cuda
 set -euo pipefail
 cd "$(dirname "$0")/.."
 targets=(
@@ -63,9 +65,28 @@ XZ_OPT=-9 tar -C "$graft" -cJf .device/muonrt-lib.tar.xz .
 rm -rf "$graft"
 mkdir -p .device/tests && cp -r tests/python .device/tests/python
 mkdir -p .device/examples && cp -r examples/fashion_mnist_torch .device/examples/
-du -sh .device
-# The device machine takes at most 64 MiB of carried files.
-if (($(du -sm .device | cut -f1) >= 64)); then
-  echo "pack_device: .device is 64 MiB or more: the device run will refuse it" >&2
+# The main job's data (the GPU machine has no dataset-fashion-mnist): the
+# four gzipped IDX files the trainer reads, about 30 MB.
+data=/usr/share/datasets/fashion-mnist
+mkdir -p .device/data/fashion-mnist
+for f in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte \
+  t10k-labels-idx1-ubyte; do
+  if [[ ! -f $data/$f.gz ]]; then
+    echo "pack_device: $data/$f.gz not found (apt-get install" \
+      "dataset-fashion-mnist; tools/setup.sh does)" >&2
+    exit 1
+  fi
+  cp "$data/$f.gz" .device/data/fashion-mnist/
+done
+du -sh .device/data; du -sh .device
+# The device machine takes at most 64 MiB of working tree: .device with
+# the tracked and untracked-not-ignored files that travel beside it.
+tree_bytes=$(git ls-files -z --cached --others --exclude-standard |
+  du -cb --files0-from=- 2>/dev/null | tail -n 1 | cut -f1)
+total_mib=$(((tree_bytes + $(du -sb .device | cut -f1)) >> 20))
+echo "pack_device: $total_mib MiB travel with .device"
+if ((total_mib >= 64)); then
+  echo "pack_device: .device and the working tree are 64 MiB or more: the" \
+    "device run will refuse them" >&2
   exit 1
 fi

@@ -32,6 +32,17 @@ It ends with one line:
   s_per_epoch distributed=... single=... torch_muon=... wall_s=...
 and exits non-zero when the distributed and single runs disagree by more
 than 1e-5 relative on the loss curve.
+
+With --device cuda it runs 2 and 3 only, in this process on cuda:0 (model,
+data, muonrt.Muon's step and torch.optim.Muon's on the GPU; several ranks
+with CUDA parameters are not supported yet), one micro-batch per step,
+and ends with:
+  fashion-mnist: distributed_acc=skipped single_acc=... torch_muon_acc=...
+  torch_muon_steps=... max_rel_loss_diff_vs_torch_muon=... ranks=1
+  device=cuda:0 torch=... single_ms_per_step=... torch_muon_ms_per_step=...
+  s_per_epoch single=... torch_muon=... wall_s=...
+exiting non-zero when muonrt.Muon's loss is not finite or its test
+accuracy falls more than CUDA_ACC_BOUND below torch.optim.Muon's.
 """
 
 import argparse
@@ -40,6 +51,7 @@ import json
 import math
 import os
 import socket
+import statistics
 import struct
 import subprocess
 import sys
@@ -67,6 +79,12 @@ DATA_DIR = "/usr/share/datasets/fashion-mnist"
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--nproc", type=int, default=4, help="rank processes")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cpu: the distributed run, one process and "
+                        "torch.optim.Muon on the CPU; cuda: one process on "
+                        "cuda:0, muonrt.Muon and torch.optim.Muon on CUDA "
+                        "tensors (no distributed run: --nproc and --layout "
+                        "are not used)")
     p.add_argument("--layout", choices=["fsdp", "ddp"], default="fsdp")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=1000)
@@ -144,13 +162,26 @@ def load_data(args):
 
 # ---- Model -----------------------------------------------------------------
 
+def torch_device(args):
+    """The device of the model, the data and the optimizer state."""
+    return torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
+
+
+def synchronize(device):
+    """Waits for the work queued on `device` (CUDA kernels run
+    asynchronously), so that the host clock times it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def make_model(args):
-    """A bias-free MLP 784-hidden-hidden-10; every matrix is Muon's."""
+    """A bias-free MLP 784-hidden-hidden-10; every matrix is Muon's.
+    Initialized on the CPU, then moved: the same weights on either device."""
     torch.manual_seed(args.seed)
     return torch.nn.Sequential(
         torch.nn.Linear(784, args.hidden, bias=False), torch.nn.ReLU(),
         torch.nn.Linear(args.hidden, args.hidden, bias=False), torch.nn.ReLU(),
-        torch.nn.Linear(args.hidden, 10, bias=False))
+        torch.nn.Linear(args.hidden, 10, bias=False)).to(torch_device(args))
 
 
 def micro_batch_grads(model, x, y, batch):
@@ -294,8 +325,10 @@ def train(args, data, world, rank=0, dist=None, muon_kind="muonrt", log=True,
     (accumulates the micro-batches itself); else this rank of `world`.
     budget_s > 0 stops after the first step boundary past that many
     seconds of training. Returns losses, accuracy, final weights, seconds
-    per epoch (extrapolated from the steps done when stopped early), steps
-    done and steps planned."""
+    per epoch (extrapolated from the steps done when stopped early), each
+    step's milliseconds (from its batch to its updated weights), steps done
+    and steps planned."""
+    device = data[0].device
     model = make_model(args)
     params = list(model.parameters())
     batch = args.batch_size
@@ -306,15 +339,16 @@ def train(args, data, world, rank=0, dist=None, muon_kind="muonrt", log=True,
     if muon_kind == "torch":
         tag = "[torch_muon] "
     opt, shards = make_optimizer(args, model, world, rank, dist, muon_kind)
-    losses, epoch_s = [], []
+    losses, epoch_s, step_ms = [], [], []
     trained_s = 0.0
     acc = None
     for epoch in range(args.epochs):
-        order = epoch_order(len(data[0]), epoch, args.seed)
+        order = epoch_order(len(data[0]), epoch, args.seed).to(device)
         t0 = time.perf_counter()
         for s in range(steps_per_epoch):
             if budget_s > 0 and trained_s + time.perf_counter() - t0 > budget_s:
                 break
+            step_t0 = time.perf_counter()
             total, grads = step_grads(model, data, order[s * batch:(s + 1) * batch],
                                       world, rank, dist, batch)
             losses.append(float(total))
@@ -327,6 +361,8 @@ def train(args, data, world, rank=0, dist=None, muon_kind="muonrt", log=True,
             opt.step()
             if shards is not None:
                 unshard(params, shards, world, dist)
+            synchronize(device)
+            step_ms.append(1000 * (time.perf_counter() - step_t0))
             step = epoch * steps_per_epoch + s + 1
             if log and (step == 1 or step % args.log_every == 0):
                 print(f"{tag}epoch {epoch + 1} step {s + 1}/{steps_per_epoch} "
@@ -341,16 +377,25 @@ def train(args, data, world, rank=0, dist=None, muon_kind="muonrt", log=True,
         epoch_s.append(elapsed * steps_per_epoch / steps)
         acc = accuracy(model, data[2], data[3])
         if log:
-            print(f"{tag}epoch {epoch + 1} test accuracy {acc:.4f} "
-                  f"({epoch_s[-1]:.1f} s/epoch"
-                  f"{', after %d steps' % steps if stopped else ''})", flush=True)
+            print(epoch_line(tag, epoch, losses[-steps:], acc, epoch_s[-1],
+                             step_ms[-steps:], steps if stopped else 0), flush=True)
         if stopped:
             break
     if acc is None:  # stopped before its first step
         acc = accuracy(model, data[2], data[3])
     return dict(losses=losses, accuracy=acc, epoch_s=epoch_s or [0.0],
-                weights=[p.detach().clone() for p in params],
+                step_ms=step_ms, weights=[p.detach().clone() for p in params],
                 steps=len(losses), planned=args.epochs * steps_per_epoch)
+
+
+def epoch_line(tag, epoch, losses, acc, epoch_s, step_ms, stopped_after):
+    """What an epoch printed: its mean training loss, the test accuracy,
+    seconds per epoch and the median step (the first steps of a run
+    include one-time setup: CUDA kernels, muonrt's plan)."""
+    after = f", after {stopped_after} steps" if stopped_after else ""
+    return (f"{tag}epoch {epoch + 1} train loss {sum(losses) / len(losses):.5f} "
+            f"test accuracy {acc:.4f} ({epoch_s:.2f} s/epoch, "
+            f"{statistics.median(step_ms):.1f} ms/step median{after})")
 
 
 def has_fsdp2():
@@ -486,6 +531,11 @@ def unshard(params, shards, world, dist):
 
 
 def worker_main(args):
+    if args.device != "cpu":
+        raise SystemExit(f"fashion-mnist: --worker --device {args.device}: rank "
+                         f"processes run on the CPU (several ranks with CUDA "
+                         f"parameters are not supported yet); --device cuda "
+                         f"runs one process, without --worker")
     import torch.distributed as tdist
     torch.set_num_threads(1)
     tdist.init_process_group("gloo", init_method="env://")
@@ -588,18 +638,27 @@ def muonrun_path():
     return path
 
 
-def launcher_main(args):
+# A sanity bound for --device cuda: muonrt.Muon's test accuracy may fall at
+# most this far below torch.optim.Muon's. Both run the same algorithm from
+# the same weights on the same batches; their bf16 Newton-Schulz rounds
+# differently, so the loss curves drift apart but land close (on the CPU,
+# this trainer's Muon with bf16-rounded Newton-Schulz products ended one
+# epoch 1e-4 in accuracy from its fp32 run).
+CUDA_ACC_BOUND = 0.02
+
+
+def check_launcher_args(args):
     if args.torch_muon_budget_s < 0:
         raise SystemExit(f"fashion-mnist: --torch-muon-budget-s must be >= 0 "
                          f"(0: no bound), got {args.torch_muon_budget_s:g}")
-    start = time.perf_counter()
-    torch.set_num_threads(1)
-    data = load_data(args)
-    print(f"fashion-mnist: {len(data[0])} train / {len(data[2])} test images, "
-          f"MLP 784-{args.hidden}-{args.hidden}-10 (PyTorch), muonrt.Muon lr={args.lr}"
-          f"{' normuon' if args.normuon else ''}, "
-          f"{args.epochs} epochs, batch {args.batch_size}; distributed run: muonrun "
-          f"--nproc-per-node {args.nproc}, layout {args.layout}", flush=True)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("fashion-mnist: --device cuda: no CUDA device "
+                         "(torch.cuda.is_available() is False)")
+
+
+def run_distributed(args):
+    """The distributed run (muonrun or spawned rank processes of this
+    script); returns rank 0's result."""
     launcher = args.launcher
     if launcher == "auto":
         launcher = "muonrun" if muonrun_runs() else "spawn"
@@ -622,22 +681,45 @@ def launcher_main(args):
             rc = spawn_ranks(args.nproc, worker)
         if rc != 0:
             raise SystemExit(f"fashion-mnist: the distributed run failed ({launcher} exit {rc})")
-        dist = torch.load(os.path.join(out, "distributed.pt"))
-    single = train(args, data, args.nproc)
+        return torch.load(os.path.join(out, "distributed.pt"))
+
+
+def run_torch_muon(args, data, world):
+    """The plain PyTorch Muon run within its time budget, or None when
+    skipped."""
+    if args.skip_torch_muon:
+        return None
     budget = 0.0 if args.torch_muon_full else args.torch_muon_budget_s
-    ref = None if args.skip_torch_muon else train(
-        args, data, args.nproc, muon_kind="torch", budget_s=budget)
-    if ref and ref["steps"] < ref["planned"]:
+    ref = train(args, data, world, muon_kind="torch", budget_s=budget)
+    if ref["steps"] < ref["planned"]:
         print(f"fashion-mnist: torch.optim.Muon stopped after {ref['steps']} of "
               f"{ref['planned']} steps ({budget:g} s budget; --torch-muon-full "
               f"runs it to the end): its accuracy is that of those steps and "
               f"its s_per_epoch extrapolated", flush=True)
+    return ref
+
+
+def mean(values):
+    return sum(values) / len(values)
+
+
+def torch_muon_fields(ref):
+    """torch_muon's accuracy, steps and seconds per epoch as printed."""
+    if ref is None:
+        return "skipped", "skipped", "skipped"
+    return (f"{ref['accuracy']:.4f}", f"{ref['steps']}/{ref['planned']}",
+            f"{mean(ref['epoch_s']):.2f}")
+
+
+def cpu_job(args, data, start):
+    """The distributed run, one process and torch_muon on the CPU; fails
+    when the distributed and single-process loss curves disagree."""
+    dist = run_distributed(args)
+    single = train(args, data, args.nproc)
+    ref = run_torch_muon(args, data, args.nproc)
     max_diff = max(float((a - b).abs().max()) for a, b in zip(dist["weights"], single["weights"]))
     max_rel = max(abs(a - b) / max(1e-12, abs(a)) for a, b in zip(single["losses"], dist["losses"]))
-    mean = lambda v: sum(v) / len(v)
-    torch_acc = f"{ref['accuracy']:.4f}" if ref else "skipped"
-    torch_steps = f"{ref['steps']}/{ref['planned']}" if ref else "skipped"
-    torch_s = f"{mean(ref['epoch_s']):.2f}" if ref else "skipped"
+    torch_acc, torch_steps, torch_s = torch_muon_fields(ref)
     print(f"fashion-mnist: distributed_acc={dist['accuracy']:.4f} single_acc={single['accuracy']:.4f} "
           f"torch_muon_acc={torch_acc} torch_muon_steps={torch_steps} max_abs_param_diff={max_diff:g} "
           f"max_rel_loss_diff={max_rel:g} ranks={args.nproc} "
@@ -651,6 +733,63 @@ def launcher_main(args):
     bound = 1e-5 if dist.get("rank_order", True) else 1e-3
     if len(dist["losses"]) != len(single["losses"]) or max_rel > bound:
         raise SystemExit("fashion-mnist: the distributed and single-process loss curves disagree")
+
+
+def cuda_job(args, data, start):
+    """One process on cuda:0: muonrt.Muon, then torch_muon, on CUDA
+    tensors, one micro-batch per step; fails when muonrt.Muon's loss is
+    not finite or its accuracy falls more than CUDA_ACC_BOUND below
+    torch.optim.Muon's (when that ran all its steps)."""
+    reference = "torch.optim.Muon" if hasattr(torch.optim, "Muon") else \
+        "a PyTorch-ops Muon (this PyTorch has no torch.optim.Muon)"
+    print(f"fashion-mnist: torch {torch.__version__}, Python {sys.version.split()[0]}, "
+          f"{torch.cuda.get_device_name(0)}; one process on cuda:0, muonrt.Muon next "
+          f"to {reference}; no distributed run (several ranks with CUDA parameters "
+          f"are not supported yet; --nproc {args.nproc} and --layout not used)", flush=True)
+    single = train(args, data, 1)
+    ref = run_torch_muon(args, data, 1)
+    torch_acc, torch_steps, torch_s = torch_muon_fields(ref)
+    common = list(zip(single["losses"], ref["losses"])) if ref else []
+    max_rel = f"{max(abs(a - b) / max(1e-12, abs(b)) for a, b in common):g}" if common else "skipped"
+    torch_ms = f"{statistics.median(ref['step_ms']):.2f}" if common else "skipped"
+    print(f"fashion-mnist: distributed_acc=skipped single_acc={single['accuracy']:.4f} "
+          f"torch_muon_acc={torch_acc} torch_muon_steps={torch_steps} "
+          f"max_rel_loss_diff_vs_torch_muon={max_rel} ranks=1 device=cuda:0 "
+          f"torch={torch.__version__} single_ms_per_step={statistics.median(single['step_ms']):.2f} "
+          f"torch_muon_ms_per_step={torch_ms} s_per_epoch single={mean(single['epoch_s']):.2f} "
+          f"torch_muon={torch_s} wall_s={time.perf_counter() - start:.1f}", flush=True)
+    check_cuda_result(single, ref)
+
+
+def check_cuda_result(single, ref):
+    """Exits when muonrt.Muon's loss is not finite, or when its accuracy
+    falls more than CUDA_ACC_BOUND below torch_muon's full run."""
+    bad = next((i for i, v in enumerate(single["losses"]) if not math.isfinite(v)), None)
+    if bad is not None:
+        raise SystemExit(f"fashion-mnist: --device cuda: muonrt.Muon's loss is "
+                         f"{single['losses'][bad]} at step {bad + 1}")
+    if ref and ref["steps"] == ref["planned"] and \
+            single["accuracy"] < ref["accuracy"] - CUDA_ACC_BOUND:
+        raise SystemExit(f"fashion-mnist: --device cuda: muonrt.Muon's test accuracy "
+                         f"{single['accuracy']:.4f} is more than {CUDA_ACC_BOUND} below "
+                         f"torch.optim.Muon's {ref['accuracy']:.4f}")
+
+
+def launcher_main(args):
+    check_launcher_args(args)
+    start = time.perf_counter()
+    torch.set_num_threads(1)
+    data = tuple(t.to(torch_device(args)) for t in load_data(args))
+    runs = f"distributed run: muonrun --nproc-per-node {args.nproc}, layout {args.layout}" \
+        if args.device == "cpu" else "device cuda:0"
+    print(f"fashion-mnist: {len(data[0])} train / {len(data[2])} test images, "
+          f"MLP 784-{args.hidden}-{args.hidden}-10 (PyTorch), muonrt.Muon lr={args.lr}"
+          f"{' normuon' if args.normuon else ''}, "
+          f"{args.epochs} epochs, batch {args.batch_size}; {runs}", flush=True)
+    if args.device == "cuda":
+        cuda_job(args, data, start)
+    else:
+        cpu_job(args, data, start)
 
 
 def main():
