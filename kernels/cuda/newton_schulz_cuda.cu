@@ -213,6 +213,24 @@ __global__ void AddDiagonalKernel(T* __restrict__ z, int m, float a) {
   }
 }
 
+// MirrorLowerTiles: in each of the batch's m x m column-major matrices
+// (blockIdx.y), every element of a tile below the diagonal (row tile >
+// column tile, tiles of `edge`) is copied from its mirror above. Those
+// elements are only written and their mirrors only read: no race.
+template <typename T>
+__global__ void MirrorLowerTilesKernel(T* __restrict__ c, int m, int edge) {
+  T* mat = c + static_cast<int64_t>(blockIdx.y) * m * m;
+  const int64_t n = static_cast<int64_t>(m) * m;
+  for (int64_t idx =
+           blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+       idx < n; idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int r = static_cast<int>(idx % m);
+    const int col = static_cast<int>(idx / m);
+    if (r / edge > col / edge)
+      mat[idx] = mat[col + static_cast<int64_t>(r) * m];
+  }
+}
+
 int ElementwiseBlocks(int64_t n) {
   return static_cast<int>(std::max<int64_t>(
       1, std::min<int64_t>((n + kThreads - 1) / kThreads, int64_t{1} << 16)));
@@ -344,12 +362,48 @@ struct IterationShape {
 
 absl::Status RunPlanned(NsCudaContext::State* s, const IterationShape& shape,
                         const IterationBuffers& buf, const NsGemm& g) {
-  return RunGemm(s->handle, shape.types, shape.batch,
-                 {g.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-                  g.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N, g.m, g.n, g.k,
-                  static_cast<float>(g.alpha), buf.Get(g.a), g.lda, g.stride_a,
-                  buf.Get(g.b), g.ldb, g.stride_b, static_cast<float>(g.beta),
-                  buf.Get(g.c), g.ldc, g.stride_c});
+  const int64_t e = shape.types.elem_bytes;
+  auto at = [&](NsBuffer which, int64_t offset) {
+    return static_cast<char*>(buf.Get(which)) + offset * e;
+  };
+  return RunGemm(
+      s->handle, shape.types, shape.batch,
+      {g.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+       g.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N, g.m, g.n, g.k,
+       static_cast<float>(g.alpha), at(g.a, g.offset_a), g.lda, g.stride_a,
+       at(g.b, g.offset_b), g.ldb, g.stride_b, static_cast<float>(g.beta),
+       at(g.c, g.offset_c), g.ldc, g.stride_c});
+}
+
+// A product whose m x m output is symmetric element for element (see
+// UpperTileGemms): once m >= kSymmetricMinEdge (and `tiled`), the GEMMs of
+// the tiles on and above the diagonal, then the mirror copy; else g as one
+// GEMM. Every element is the same sum of the same products either way
+// (ns_gemm_plan_test proves the plan bitwise on a simulator); cuBLAS may
+// pick other kernels for the tiles than for the whole, so its rounding
+// can differ in the last place from one full GEMM's.
+absl::Status RunSymmetric(NsCudaContext::State* s, const IterationShape& shape,
+                          const IterationBuffers& buf, const NsGemm& g,
+                          bool tiled = true) {
+  if (!tiled || !UsesSymmetricTiles(g.m)) return RunPlanned(s, shape, buf, g);
+  for (const NsGemm& t : UpperTileGemms(g, kSymmetricTiles)) {
+    MUON_CU_RETURN_IF_ERROR(RunPlanned(s, shape, buf, t));
+  }
+  const int edge = SymmetricTileEdge(g.m, kSymmetricTiles);
+  const int64_t n = static_cast<int64_t>(g.m) * g.m;
+  const dim3 grid(std::min(ElementwiseBlocks(n), 4096),
+                  static_cast<unsigned int>(shape.batch));
+  void* c =
+      static_cast<char*>(buf.Get(g.c)) + g.offset_c * shape.types.elem_bytes;
+  if (shape.bf16) {
+    MirrorLowerTilesKernel<__nv_bfloat16><<<grid, kThreads, 0, s->stream>>>(
+        static_cast<__nv_bfloat16*>(c), g.m, edge);
+  } else {
+    MirrorLowerTilesKernel<float>
+        <<<grid, kThreads, 0, s->stream>>>(static_cast<float*>(c), g.m, edge);
+  }
+  MUON_CUDA_RETURN_IF_LAUNCH_FAILED("MirrorLowerTilesKernel");
+  return absl::OkStatus();
 }
 
 absl::Status CopyAsync(NsCudaContext::State* s, void* dst, const void* src,
@@ -372,12 +426,12 @@ absl::Status StandardIterations(NsCudaContext::State* s,
   for (int step = 0; step < NewtonSchulzIterations(options); ++step) {
     const NsStepPlan plan = PlanNewtonSchulzStep(
         shape.rows, shape.cols, NewtonSchulzCoefficients(options, step));
-    MUON_CU_RETURN_IF_ERROR(
-        WithContext(RunPlanned(s, shape, *buf, plan.gram), "A = X X^T", step));
+    MUON_CU_RETURN_IF_ERROR(WithContext(RunSymmetric(s, shape, *buf, plan.gram),
+                                        "A = X X^T", step));
     // B = b*A + c*A*A: B starts as a copy of A, then beta = b.
     MUON_CU_RETURN_IF_ERROR(WithContext(
         CopyAsync(s, buf->poly, buf->gram, gram_bytes), "copy A", step));
-    MUON_CU_RETURN_IF_ERROR(WithContext(RunPlanned(s, shape, *buf, plan.poly),
+    MUON_CU_RETURN_IF_ERROR(WithContext(RunSymmetric(s, shape, *buf, plan.poly),
                                         "B = b*A + c*A*A", step));
     // X' = a*X + B*X: X' starts as a copy of X, then beta = a.
     MUON_CU_RETURN_IF_ERROR(WithContext(
@@ -417,8 +471,10 @@ absl::Status GramInnerStep(NsCudaContext::State* s, const IterationShape& shape,
   const NsGramPlan plan = PlanGramNewtonSchulz(shape.rows, shape.cols, abc);
   MUON_CU_RETURN_IF_ERROR(WithContext(
       CopyAsync(s, buf->poly, buf->gram, mm_bytes), "copy R", step));
-  MUON_CU_RETURN_IF_ERROR(WithContext(RunPlanned(s, shape, *buf, plan.square),
-                                      "Z = b*R + c*R*R", step));
+  // R is symmetric element for element only as X X^T (j = 0).
+  MUON_CU_RETURN_IF_ERROR(
+      WithContext(RunSymmetric(s, shape, *buf, plan.square, /*tiled=*/j == 0),
+                  "Z = b*R + c*R*R", step));
   MUON_CU_RETURN_IF_ERROR(
       WithContext(AddDiagonal(s, shape, buf->poly, static_cast<float>(abc[0])),
                   "Z += a*I", step));
@@ -447,8 +503,8 @@ absl::Status GramIterations(NsCudaContext::State* s,
     const int len = std::min(every, steps - start);
     const NsGramPlan plan = PlanGramNewtonSchulz(
         shape.rows, shape.cols, NewtonSchulzCoefficients(options, start));
-    MUON_CU_RETURN_IF_ERROR(
-        WithContext(RunPlanned(s, shape, *buf, plan.gram), "R = X X^T", start));
+    MUON_CU_RETURN_IF_ERROR(WithContext(RunSymmetric(s, shape, *buf, plan.gram),
+                                        "R = X X^T", start));
     for (int j = 0; j < len; ++j) {
       MUON_CU_RETURN_IF_ERROR(
           GramInnerStep(s, shape, options, start + j, j, j + 1 == len, buf));

@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <vector>
 
 namespace muon {
 namespace kernels {
@@ -57,6 +58,11 @@ struct NsGemm {
   NsBuffer c;
   int ldc;
   int64_t stride_c;
+  // Where each operand starts inside its buffer's matrix (elements; a
+  // tile of a symmetric product, UpperTileGemms).
+  int64_t offset_a = 0;
+  int64_t offset_b = 0;
+  int64_t offset_c = 0;
 };
 
 // One iteration: gram (A = X X^T), then copy kGram -> kPoly and poly
@@ -169,10 +175,64 @@ inline NsGramPlan PlanGramNewtonSchulz(int64_t rows, int64_t cols,
   return plan;
 }
 
-// FLOPs the GPU iteration executes on one [rows, cols] matrix (every
-// product a full GEMM): standard k * (4 m^2 n + 2 m^3); Gram, per restart
-// block of L iterations, 4 m^2 n + (8L - 6) m^3 (gram and apply 2 m^2 n
-// each; L squares, L - 1 accumulations and 2(L - 1) R updates of 2 m^3).
+// Symmetric products. A = X X^T, and b*A + c*A*A for an A symmetric
+// element for element (the standard `poly`; Gram's `square` on R = X X^T,
+// the first of a restart block, not on R = Z R Z, which is symmetric in
+// exact arithmetic only) are symmetric element for element: C_ij and C_ji
+// are sums of the same products in the same order. Cut the m x m output into
+// kSymmetricTiles x kSymmetricTiles tiles of edge ceil(m / tiles): the
+// tiles on and above the diagonal are GEMMs of their own (10 of 16 for 4
+// tiles: 62.5% of the FLOPs), and every tile below the diagonal is the
+// transpose of its mirror (MirrorLowerTiles, a copy). cuBLAS has no bf16
+// SYRK; this is the block-triangular product flash-muon's symmetric kernel
+// and Dao AI Lab's Gram Newton-Schulz (2026) exploit, with plain GEMMs.
+inline constexpr int kSymmetricTiles = 4;
+// Below this m the tiles are too small for cuBLAS to run them near its
+// rate, and launches dominate: full GEMMs.
+inline constexpr int64_t kSymmetricMinEdge = 1024;
+
+// Whether the iteration cuts its symmetric products of an m x m output
+// into tiles.
+inline bool UsesSymmetricTiles(int64_t m) { return m >= kSymmetricMinEdge; }
+
+// The tile edge of an m x m output cut into `tiles` x `tiles` (>= 1).
+inline int SymmetricTileEdge(int m, int tiles) {
+  return (m + tiles - 1) / std::max(tiles, 1);
+}
+
+// The GEMMs of the tiles on and above the diagonal of g's output (g.m ==
+// g.n; op(A) is m x k, op(B) k x m), row tile i <= column tile j, each
+// with g's transposes, leading dimensions, strides, alpha and beta, its
+// operands offset to the tile's rows of op(A) and columns of op(B), and
+// C to the tile. Empty tiles (m < tiles) are left out.
+inline std::vector<NsGemm> UpperTileGemms(const NsGemm& g, int tiles) {
+  const int edge = SymmetricTileEdge(g.m, tiles);
+  std::vector<NsGemm> out;
+  for (int j = 0; j < tiles; ++j) {
+    for (int i = 0; i <= j; ++i) {
+      const int r0 = i * edge, c0 = j * edge;
+      if (r0 >= g.m || c0 >= g.n) continue;
+      NsGemm t = g;
+      t.m = std::min(edge, g.m - r0);
+      t.n = std::min(edge, g.n - c0);
+      // Rows r0.. of op(A): A's rows, or A's columns when transposed.
+      t.offset_a = g.offset_a + (g.transpose_a ? int64_t{r0} * g.lda : r0);
+      // Columns c0.. of op(B): B's columns, or B's rows when transposed.
+      t.offset_b = g.offset_b + (g.transpose_b ? c0 : int64_t{c0} * g.ldb);
+      t.offset_c = g.offset_c + r0 + int64_t{c0} * g.ldc;
+      out.push_back(t);
+    }
+  }
+  return out;
+}
+
+// FLOPs of the GPU iteration on one [rows, cols] matrix counting every
+// product as a full GEMM (the symmetric tiles, above, cut A = X X^T and
+// the polynomial's product by 37.5% once m >= kSymmetricMinEdge; counted
+// in full here, so GpuRunsGram keeps its 1.5 ratio): standard k * (4 m^2 n + 2
+// m^3); Gram, per restart block of L iterations, 4 m^2 n + (8L - 6) m^3 (gram
+// and apply 2 m^2 n each; L squares, L - 1 accumulations and 2(L - 1) R updates
+// of 2 m^3).
 inline double GpuNewtonSchulzFlops(int64_t rows, int64_t cols, int steps,
                                    bool gram, int restart_every) {
   const double m = static_cast<double>(std::min(rows, cols));

@@ -64,9 +64,9 @@ void SimulateGemm(const NsGemm& g, int batch, Buffers* buffers) {
   ASSERT_NE(&a, &c);  // cuBLAS forbids C aliasing an input.
   ASSERT_NE(&b, &c);
   for (int e = 0; e < batch; ++e) {
-    const int64_t oa = e * g.stride_a;
-    const int64_t ob = e * g.stride_b;
-    const int64_t oc = e * g.stride_c;
+    const int64_t oa = e * g.stride_a + g.offset_a;
+    const int64_t ob = e * g.stride_b + g.offset_b;
+    const int64_t oc = e * g.stride_c + g.offset_c;
     // Each matrix of the batch stays inside its buffer.
     ASSERT_LE(oa + int64_t{g.lda} * (cols_a - 1) + rows_a,
               static_cast<int64_t>(a.size()));
@@ -91,6 +91,34 @@ void SimulateGemm(const NsGemm& g, int batch, Buffers* buffers) {
       }
     }
   }
+}
+
+// MirrorLowerTiles (newton_schulz_cuda.cu): every element of a tile below
+// the diagonal of `c` (batch m x m matrices, column-major) copied from its
+// mirror above.
+void SimulateMirrorLowerTiles(std::vector<double>* c, int m, int edge,
+                              int batch) {
+  for (int e = 0; e < batch; ++e) {
+    double* mat = c->data() + int64_t{e} * m * m;
+    for (int col = 0; col < m; ++col) {
+      for (int r = 0; r < m; ++r) {
+        if (r / edge > col / edge)
+          mat[r + int64_t{col} * m] = mat[col + int64_t{r} * m];
+      }
+    }
+  }
+}
+
+// A symmetric product as newton_schulz_cuda.cu runs it: full (tiles 0) or
+// its upper tiles (UpperTileGemms) and then the mirror copy.
+void SimulateSymmetric(const NsGemm& g, int tiles, int batch,
+                       Buffers* buffers) {
+  if (tiles == 0) return SimulateGemm(g, batch, buffers);
+  for (const NsGemm& t : UpperTileGemms(g, tiles)) {
+    SimulateGemm(t, batch, buffers);
+  }
+  SimulateMirrorLowerTiles(&buffers->Get(g.c), g.m,
+                           SymmetricTileEdge(g.m, tiles), batch);
 }
 
 // The normalised input (X = U / max(norm_scale ||U||_F, eps) per matrix)
@@ -120,16 +148,17 @@ Buffers Normalised(const std::vector<double>& u, int batch, int64_t rows,
 
 // NewtonSchulzBatched's standard sequence on `batch` row-major [rows, cols]
 // matrices.
+// `tiles`: the symmetric products in tiles (0: full GEMMs).
 std::vector<double> RunPlan(const std::vector<double>& u, int batch,
                             int64_t rows, int64_t cols,
-                            const NewtonSchulzOptions& options) {
+                            const NewtonSchulzOptions& options, int tiles = 0) {
   Buffers buf = Normalised(u, batch, rows, cols, options);
   for (int step = 0; step < NewtonSchulzIterations(options); ++step) {
     const NsStepPlan plan = PlanNewtonSchulzStep(
         rows, cols, NewtonSchulzCoefficients(options, step));
-    SimulateGemm(plan.gram, batch, &buf);
+    SimulateSymmetric(plan.gram, tiles, batch, &buf);
     buf.poly = buf.gram;
-    SimulateGemm(plan.poly, batch, &buf);
+    SimulateSymmetric(plan.poly, tiles, batch, &buf);
     buf.x_next = buf.x;
     SimulateGemm(plan.update, batch, &buf);
     std::swap(buf.x, buf.x_next);
@@ -142,23 +171,26 @@ std::vector<double> RunPlan(const std::vector<double>& u, int batch,
 // as the CUDA code does them.
 std::vector<double> RunGramPlan(const std::vector<double>& u, int batch,
                                 int64_t rows, int64_t cols,
-                                const NewtonSchulzOptions& options) {
+                                const NewtonSchulzOptions& options,
+                                int tiles = 0) {
   Buffers buf = Normalised(u, batch, rows, cols, options);
   const int64_t m = std::min(rows, cols);
   const int steps = NewtonSchulzIterations(options);
   const int every = options.gram_restart_every;
   for (int start = 0; start < steps; start += every) {
     const int len = std::min(every, steps - start);
-    SimulateGemm(PlanGramNewtonSchulz(rows, cols,
-                                      NewtonSchulzCoefficients(options, start))
-                     .gram,
-                 batch, &buf);
+    SimulateSymmetric(PlanGramNewtonSchulz(
+                          rows, cols, NewtonSchulzCoefficients(options, start))
+                          .gram,
+                      tiles, batch, &buf);
     for (int j = 0; j < len; ++j) {
       const std::array<double, 3> abc =
           NewtonSchulzCoefficients(options, start + j);
       const NsGramPlan plan = PlanGramNewtonSchulz(rows, cols, abc);
       buf.poly = buf.gram;
-      SimulateGemm(plan.square, batch, &buf);
+      // R is symmetric element for element only as X X^T (j = 0); R = Z R Z
+      // is symmetric in exact arithmetic only.
+      SimulateSymmetric(plan.square, j == 0 ? tiles : 0, batch, &buf);
       for (int e = 0; e < batch; ++e) {
         for (int64_t i = 0; i < m; ++i)
           buf.poly[e * m * m + i * m + i] += abc[0];
@@ -276,6 +308,65 @@ TEST(NsGemmPlanTest, Plan_AllShapesAndSchedules_MatchesFloat64Reference) {
           << " size " << size;
     }
   }
+}
+
+// The symmetric products cut into tiles (UpperTileGemms, then the mirror
+// copy) give every element the same sum of the same products in the same
+// order as the full GEMM: the whole iteration, standard and Gram, is
+// bitwise the full-GEMM plan's, on tall, wide, square and degenerate
+// shapes, for tile counts that divide m and that do not (empty tiles
+// included).
+TEST(NsGemmPlanTest, SymmetricTiles_BitwiseEqualToFullGemms) {
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {1, 1}, {3, 17}, {17, 3}, {8, 8}, {12, 31}, {31, 12}, {40, 41}};
+  const NewtonSchulzOptions options;
+  NewtonSchulzOptions gram = options;
+  gram.method = NewtonSchulzMethod::kGram;
+  for (auto [rows, cols] : shapes) {
+    constexpr int kBatch = 2;
+    std::vector<double> u;
+    for (int e = 0; e < kBatch; ++e) {
+      const std::vector<float> one =
+          RandomMatrix(rows, cols, 90 + static_cast<uint32_t>(e));
+      u.insert(u.end(), one.begin(), one.end());
+    }
+    const std::vector<double> full = RunPlan(u, kBatch, rows, cols, options);
+    const std::vector<double> full_gram =
+        RunGramPlan(u, kBatch, rows, cols, gram);
+    for (int tiles : {kSymmetricTiles, 3, 7}) {
+      const std::vector<double> tiled =
+          RunPlan(u, kBatch, rows, cols, options, tiles);
+      const std::vector<double> tiled_gram =
+          RunGramPlan(u, kBatch, rows, cols, gram, tiles);
+      ASSERT_EQ(tiled.size(), full.size());
+      for (size_t i = 0; i < full.size(); ++i) {
+        ASSERT_TRUE(std::isfinite(tiled[i])) << rows << "x" << cols << " " << i;
+        ASSERT_EQ(tiled[i], full[i])
+            << rows << "x" << cols << " tiles " << tiles << " element " << i;
+        ASSERT_EQ(tiled_gram[i], full_gram[i])
+            << rows << "x" << cols << " tiles " << tiles << " element " << i;
+      }
+    }
+  }
+}
+
+TEST(NsGemmPlanTest, UpperTileGemms_TenOfSixteenTilesCoverTheUpperTriangle) {
+  const NsStepPlan plan = PlanNewtonSchulzStep(4096, 14336, {3.4, -4.7, 2.0});
+  const std::vector<NsGemm> tiles = UpperTileGemms(plan.gram, kSymmetricTiles);
+  ASSERT_EQ(tiles.size(), 10u);
+  double flops = 0;
+  for (const NsGemm& t : tiles) {
+    EXPECT_EQ(t.m, 1024);
+    EXPECT_EQ(t.n, 1024);
+    EXPECT_EQ(t.k, plan.gram.k);
+    // Row tile <= column tile: the tile's C offset is on or above the
+    // diagonal.
+    EXPECT_LE(t.offset_c % plan.gram.ldc, t.offset_c / plan.gram.ldc);
+    flops += 2.0 * t.m * t.n * t.k;
+  }
+  EXPECT_DOUBLE_EQ(flops, 10.0 / 16.0 * 2.0 * 4096.0 * 4096.0 * 14336.0);
+  EXPECT_FALSE(UsesSymmetricTiles(1023));
+  EXPECT_TRUE(UsesSymmetricTiles(1024));
 }
 
 }  // namespace
