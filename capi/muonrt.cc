@@ -64,7 +64,7 @@ namespace {
 // Largest ndim accepted before the shape arrays are read (Muon itself takes
 // 2 or 3; anything up to this bound reaches its own, more precise, message).
 constexpr int kMaxNdim = 8;
-// Largest element count of one tensor (its fp32 momentum buffer must be
+// Largest element count of one tensor (its momentum buffer, up to fp32, must be
 // addressable in bytes).
 constexpr int64_t kMaxNumel = std::numeric_limits<int64_t>::max() / 8;
 

@@ -162,8 +162,8 @@ typedef struct {
   /* 1 = all-or-nothing steps (MuonOptions::transactional_step): a step
    * that fails on any rank leaves every rank's parameters, momentum and
    * step count bitwise as before it. Costs sum(local_numel * (dtype bytes
-   * + 4)) + 8 bytes of host memory per rank and one one-float all-gather
-   * per step. 0 (default) or 1. */
+   * + momentum dtype bytes)) + 8 bytes of the parameters' device memory
+   * per rank and one one-float all-gather per step. 0 (default) or 1. */
   int transactional_step;
   /* Re-plan from measured Newton-Schulz times every this many steps (0 =
    * never, the default; needs a coordinator): the slow ranks get fewer

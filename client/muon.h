@@ -268,10 +268,11 @@ class Muon {
  public:
   // Creates the optimizer over views of the trainer's parameters
   // (client/tensor_view.h): the step reads each view's gradient and writes
-  // its data in place; the optimizer owns only its fp32 momentum buffers and
-  // exchange buffers. The memory behind the views is not owned and must
-  // outlive the optimizer (or be re-bound: SetGrad).
-  // Errors (all raised before any collective, with nothing modified):
+  // its data in place; the optimizer owns only its momentum buffers (in
+  // MuonOptions::momentum_dtype) and step buffers (OptimizerMemory). The memory
+  // behind the views is not owned and must outlive the optimizer (or be
+  // re-bound: SetGrad). Errors (all raised before any collective, with nothing
+  // modified):
   //   InvalidArgument: an option out of range (names it and its value); a
   //     parameter that is not 2-D (names it and its shape), not contiguous,
   //     or without data; placements that do not fit the mesh; a custom
@@ -379,8 +380,9 @@ class Muon {
   // Starting the step during backward (DistributedConfig::execution.
   // overlap_backward: the plan orders buckets from the last matrix to the
   // first). Marks parameter `index`'s gradient final for the coming step:
-  // its momentum (and Nesterov update) is computed at once on the calling
-  // thread, and every bucket whose parameters on this rank are all ready
+  // its momentum is computed at once on the calling thread (Nesterov's U
+  // is formed from the gradient at its bucket's gather), and every bucket
+  // whose parameters on this rank are all ready
   // now (a prefix of the plan's bucket order) is handed to the executor's
   // streams, which exchange and orthogonalize it while the caller goes on
   // (a rank that is ahead waits for the others inside the collective, on
@@ -389,7 +391,8 @@ class Muon {
   // switches plans there). With gradient accumulation, mark a parameter
   // only in the last micro-batch's backward. Results are bitwise those of
   // the same job without overlap. The gradient must not change after its
-  // parameter is marked (the step uses it as it was then); in the debug
+  // parameter is marked until Step returns (the step reads it at MarkReady
+  // and again at its bucket's gather); in the debug
   // (sequential) mode Step checks that and returns FailedPrecondition
   // naming the parameter. Every rank must mark every parameter it holds
   // (or leave it to Step) in each step.
@@ -536,8 +539,8 @@ class Muon {
   // state_dict() without the momentum values (no device copies): names,
   // shapes, placements and boxes, for checks and for Load to fill.
   OptimizerStateDict StateLayout() const;
-  // The optimizer's state on the parameters' device (momentum, Nesterov
-  // buffer, finite-check results, snapshot), at Create.
+  // The optimizer's state on the parameters' device (momentum buffers,
+  // finite-check results, snapshot), at Create.
   absl::Status AllocateState();
   // NorMuon's row state (zeros; host memory only, as NorMuon runs on CPU
   // parameters), bound to the executor.

@@ -125,8 +125,8 @@ absl::Status Muon::FinishOverlappedStep() {
     if (!param_ready_[i]) status = ReadyOne(static_cast<int>(i));
   }
   // Debug mode (the sequential schedule): a gradient changed after its
-  // parameter was marked ready is an error naming it (the step used the
-  // gradient as it was when marked).
+  // parameter was marked ready is an error naming it (the step read it at
+  // MarkReady and again at its bucket's gather).
   if (status.ok() && !executor_->async()) {
     for (size_t i = 0; i < params_.size() && status.ok(); ++i) {
       const int64_t n = buffers_[i].size();
@@ -137,7 +137,8 @@ absl::Status Muon::FinishOverlappedStep() {
         status = absl::FailedPreconditionError(absl::StrCat(
             "rank ", rank_, ": the gradient of parameter \"", p.name,
             "\" changed after MarkReady in step ", step_ + 1,
-            "; the step used it as it was when marked"));
+            "; it must stay unchanged until step() returns (the step read it "
+            "at MarkReady and at its bucket's gather)"));
       }
     }
   }

@@ -15,8 +15,8 @@
 //     "gathered" (comm -> compute) and one "orthogonalized" (compute ->
 //     comm); up to prefetch_count buckets are gathered ahead into
 //     (prefetch_count + 1) preallocated bucket slots, and a slot is gathered
-//     into again only after the comm stream has redistributed its previous
-//     bucket.
+//     into again only after the comm stream has applied its previous
+//     bucket (the slot holds that bucket's local O until then).
 // Both modes compute the same numbers in the same order per matrix: the
 // results are bitwise identical. Host streams (this executor's streams
 // today) run each stream's work on a thread of its own.
@@ -106,8 +106,9 @@ struct StepStats {
   int64_t bytes_received = 0;
   double step_time_s = 0;
   std::vector<OpRecord> ops;  // per bucket and operation, by start time
-  // Preallocated buffers of the step executor (bucket slots of full
-  // matrices and the exchange buffers), in bytes, and their bound:
+  // Preallocated buffers of the step executor (bucket slots: this rank's
+  // U and O of the bucket's matrices, the owned matrices' full U and O;
+  // and the exchange buffers), in bytes, and their bound:
   // (prefetch_count + 1) slots of the largest bucket plus the exchange
   // buffers.
   int64_t buffer_bytes = 0;
@@ -367,9 +368,10 @@ class StepExecutor {
   absl::StatusOr<BufferSizes> CompileBuckets(const v1::Plan& plan);
   absl::Status CheckPlanMatrix(const v1::Plan& plan, int plan_index,
                                int m) const;
-  // Lays out the owned matrices' full U and O in the bucket's slot (same
-  // shapes one after another) and fills b->ns_batches; returns the slot's
-  // elements.
+  // Lays out the bucket's slot: this rank's O (and, with form_update, U) of
+  // each of the bucket's matrices, then the owned matrices' full U and O
+  // (same shapes one after another); fills b->ns_batches; returns the
+  // slot's elements.
   int64_t PlaceInSlot(BucketSchedule* b, BufferSizes* sizes);
   absl::Status CompileSchedule(const v1::Plan& plan);
   absl::Status CheckOrthogonalizeOps() const;
@@ -466,9 +468,9 @@ class StepExecutor {
   std::vector<Op> main_ops_;
   std::vector<Op> comm_ops_;
   std::vector<Op> compute_ops_;
-  // Bucket slots: slots x slot_elems floats holding the owned matrices'
-  // full U and O of the bucket in the slot; each owned matrix has fixed
-  // offsets inside its bucket's slot (-1 = not needed).
+  // Bucket slots: slots x slot_elems floats holding the bucket's local U
+  // and O and the owned matrices' full U and O (PlaceInSlot); each matrix
+  // has fixed offsets inside its bucket's slot (-1 = not needed).
   device::DeviceBuffer<float> arena_;
   int64_t slot_elems_ = 0;
   std::vector<int> slot_of_bucket_;

@@ -5,7 +5,7 @@
 //
 // The trainer owns the parameter and gradient memory; the optimizer reads
 // the gradient and writes the parameter in place at each Step, and owns only
-// its state (fp32 momentum buffers) and exchange buffers. Both pointers must
+// its state (momentum buffers) and step buffers. Both pointers must
 // stay valid while the optimizer may step; a gradient that moves (torch
 // re-creates .grad after zero_grad(set_to_none=True)) is re-bound with
 // Muon::SetGrad.

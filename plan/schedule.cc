@@ -138,7 +138,7 @@ namespace {
 
 // Walks one rank's operation list in order, tracking per bucket how often
 // each operation ran, which bucket holds each slot, and how many buckets
-// are in flight (gathered, not yet redistributed).
+// are in flight (gathered, not yet applied).
 class RankScheduleWalk {
  public:
   RankScheduleWalk(const v1::RankSchedule& rs, const v1::Schedule& s,
@@ -277,7 +277,7 @@ class RankScheduleWalk {
   const std::vector<char> owns_;
   // counts_[b]: gather, orthogonalize, redistribute, apply.
   std::vector<std::array<int, 4>> counts_;
-  // Per slot: the bucket in it that is not yet redistributed (-1 = free).
+  // Per slot: the bucket in it that is not yet applied (-1 = free).
   std::vector<int> slot_user_;
   std::vector<char> gathered_;
   int in_flight_ = 0;

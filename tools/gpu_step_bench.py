@@ -373,9 +373,8 @@ def print_setup(args, hp, n_params, theirs, ours):
                 "present)")
     if ours is not None:
         print(f"  muonrt.Muon given all of them; library {ours[1]}")
-    print("  differences that stay: muonrt keeps fp32 momentum buffers "
-          "(torch: the parameters' dtype); both run Newton-Schulz in bf16 "
-          "with fp32 accumulation on CUDA", flush=True)
+    print("  both keep momentum buffers in the parameters' dtype and run "
+          "Newton-Schulz in bf16 with fp32 accumulation on CUDA", flush=True)
 
 
 def run_all(torch, args, params, theirs, ours):

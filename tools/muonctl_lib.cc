@@ -323,6 +323,11 @@ int CmdPlan(const PlanFlags& f, std::ostream& out, std::ostream& err) {
       plan.policy(), plan.buckets_size(), plan.buckets_size() == 1 ? "" : "s");
   PrintPlanMatrices(*p, out);
   PrintPlanRanks(*p, SpecMemoryOptions(*spec, p->layout), out);
+  const std::string& momentum = spec->optimizer().momentum_dtype();
+  if (momentum.empty() || momentum == "param") {
+    out << "momentum counted as float32: a spec's parameters carry no "
+           "dtype (optimizer.momentum_dtype \"bfloat16\" for a bf16 model)\n";
+  }
   // Both policies side by side.
   for (const char* policy : {"lpt", "round_robin"}) {
     absl::StatusOr<JobPlan> q = PlanJobSpec(*spec, policy);

@@ -768,8 +768,12 @@ def check_cuda_result(single, ref):
     if bad is not None:
         raise SystemExit(f"fashion-mnist: --device cuda: muonrt.Muon's loss is "
                          f"{single['losses'][bad]} at step {bad + 1}")
-    if ref and ref["steps"] == ref["planned"] and \
-            single["accuracy"] < ref["accuracy"] - CUDA_ACC_BOUND:
+    if not ref or ref["steps"] < ref["planned"]:
+        print("fashion-mnist: --device cuda: the accuracy check against "
+              "torch.optim.Muon is skipped (it was skipped or stopped early; "
+              "--torch-muon-full runs it to the end)", flush=True)
+        return
+    if single["accuracy"] < ref["accuracy"] - CUDA_ACC_BOUND:
         raise SystemExit(f"fashion-mnist: --device cuda: muonrt.Muon's test accuracy "
                          f"{single['accuracy']:.4f} is more than {CUDA_ACC_BOUND} below "
                          f"torch.optim.Muon's {ref['accuracy']:.4f}")

@@ -1,5 +1,6 @@
-// Fused elementwise kernels of a Muon step on a CUDA device: momentum +
-// Nesterov in one pass, and decoupled weight decay + update in one pass.
+// Elementwise kernels of a Muon step on a CUDA device: the momentum step,
+// the update U (Nesterov's look-ahead, or the buffer widened), and
+// decoupled weight decay + update in one pass.
 // The Frobenius normalisation kernel is part of NewtonSchulzBatched
 // (kernels/cuda/newton_schulz_cuda.h).
 //

@@ -180,7 +180,7 @@ inline NsGramPlan PlanGramNewtonSchulz(int64_t rows, int64_t cols,
 // the first of a restart block, not on R = Z R Z, which is symmetric in
 // exact arithmetic only) are symmetric element for element: C_ij and C_ji
 // are sums of the same products in the same order. Cut the m x m output into
-// kSymmetricTiles x kSymmetricTiles tiles of edge ceil(m / tiles): the
+// kSymmetricTiles x kSymmetricTiles tiles (SymmetricTileEdge): the
 // tiles on and above the diagonal are GEMMs of their own (10 of 16 for 4
 // tiles: 62.5% of the FLOPs), and every tile below the diagonal is the
 // transpose of its mirror (MirrorLowerTiles, a copy). cuBLAS has no bf16
@@ -195,9 +195,14 @@ inline constexpr int64_t kSymmetricMinEdge = 1024;
 // into tiles.
 inline bool UsesSymmetricTiles(int64_t m) { return m >= kSymmetricMinEdge; }
 
-// The tile edge of an m x m output cut into `tiles` x `tiles` (>= 1).
+// The tile edge of an m x m output cut into `tiles` x `tiles` (>= 1):
+// ceil(m / tiles) rounded up to a multiple of 8 elements, so that every
+// tile's operands start 16-byte aligned (bf16) when the matrices do, as
+// cuBLAS's tensor-core kernels want (the last tiles may then be smaller or
+// empty).
 inline int SymmetricTileEdge(int m, int tiles) {
-  return (m + tiles - 1) / std::max(tiles, 1);
+  const int edge = (m + std::max(tiles, 1) - 1) / std::max(tiles, 1);
+  return (edge + 7) / 8 * 8;
 }
 
 // The GEMMs of the tiles on and above the diagonal of g's output (g.m ==

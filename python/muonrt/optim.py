@@ -51,8 +51,8 @@ Zero copy: the library writes each parameter's local tensor in place
 through its data pointer and reads its gradient through ``p.grad``'s data
 pointer, re-bound at every step (``zero_grad(set_to_none=True)`` makes new
 gradient tensors); Python references to the gradients are kept until the
-next step. The optimizer's own state is the library's fp32 momentum
-buffers.
+next step. The optimizer's own state is the library's momentum buffers
+(in the parameter's dtype unless momentum_dtype says otherwise).
 
 Differences from torch.optim.Muon
 ---------------------------------
@@ -71,7 +71,7 @@ Differences from torch.optim.Muon
 * Newton-Schulz runs in fp32 for CPU parameters (torch's runs in bf16), so
   results match a float32 formulation of torch.optim.Muon; for CUDA
   parameters it runs in bf16 with fp32 accumulation, as torch's. Momentum
-  buffers are fp32.
+  buffers are in the parameter's dtype, as torch's (momentum_dtype).
 """
 import collections.abc
 import ctypes
@@ -277,8 +277,9 @@ class Muon(torch.optim.Optimizer):
         assignment_policy ("lpt" | "round_robin"), bucket_size_bytes (int),
         transactional_step (bool, False: a step that fails on any rank
         leaves every rank's parameters, momentum and step count bitwise
-        as before it; costs a host copy of the local shards and momentum,
-        sum(numel * (element bytes + 4)) bytes per rank),
+        as before it; costs a copy of the local shards and momentum on
+        their device, sum(numel * (element bytes + momentum element
+        bytes)) bytes per rank),
         replan_every_steps (int, 0 = never: every this many steps the
         coordinator re-plans from the ranks' measured Newton-Schulz times;
         results stay bitwise the same), exchange_dtype ("float32" (None):
@@ -400,6 +401,7 @@ class Muon(torch.optim.Optimizer):
                                                     names)
         self._create(runtime)
         self._set_variants(normuon, qk_clip, overlap_backward)
+        self._momentum_dtype = momentum_dtype
         self._group_slots = []
         k = 0
         for group in self.param_groups:
@@ -1182,8 +1184,19 @@ class Muon(torch.optim.Optimizer):
                 "mesh": {"dims": [{"name": n, "size": int(z)} for n, z in
                                   zip(self._mesh.names, self._mesh.sizes)]},
                 "params": params}
+        optimizer = {}
         if self._normuon:
-            spec["optimizer"] = {"normuon": True}
+            optimizer["normuon"] = True
+        # A spec's parameters carry no dtype (float32): the momentum's
+        # bytes follow momentum_dtype, the parameters' dtype by default.
+        momentum = self._momentum_dtype
+        if momentum is None and self._slots and all(
+                s.param.dtype == torch.bfloat16 for s in self._slots):
+            momentum = "bfloat16"
+        if momentum is not None and _momentum_dtype_name(momentum) != "param":
+            optimizer["momentum_dtype"] = _momentum_dtype_name(momentum)
+        if optimizer:
+            spec["optimizer"] = optimizer
         if self._overlap:
             spec["execution"] = {"overlap_backward": True}
         write_spec(spec, path)

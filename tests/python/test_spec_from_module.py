@@ -231,3 +231,17 @@ def test_optimizer_writes_its_own_spec_that_muonctl_plans(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "2 matrices over 1 rank" in r.stdout
+    assert "optimizer" not in spec  # fp32 parameters: fp32 momentum
+
+
+def test_bf16_optimizer_spec_counts_bf16_momentum(tmp_path):
+    """A bf16 model's spec carries its momentum dtype (a spec's parameters
+    carry none), so muonctl plan counts 2 bytes per parameter."""
+    import torch
+    w = torch.nn.Parameter(torch.randn(16, 8).bfloat16())
+    opt = muonrt.Muon([("w", w)], lr=0.02)
+    spec = opt.write_spec(tmp_path / "job.json")
+    assert spec["optimizer"] == {"momentum_dtype": "bfloat16"}
+    opt32 = muonrt.Muon([("w", w)], lr=0.02, momentum_dtype=torch.float32)
+    assert opt32.write_spec(tmp_path / "job32.json")["optimizer"] == {
+        "momentum_dtype": "float32"}
