@@ -941,11 +941,10 @@ absl::Status Muon::AllocateState() {
     MUON_ASSIGN_OR_RETURN(
         buf.memory, device::DeviceMemory::Allocate(
                         alloc, buf.numel * kernels::ParamDTypeSize(buf.dtype)));
-    // Zeros (host memory comes zero-filled; device memory does not).
+    // Zeros (host memory comes zero-filled; device memory does not), set
+    // on the device: no host buffer, no copy of the state's size.
     if (!device_.is_host()) {
-      const std::vector<char> zeros(buf.bytes(), 0);
-      MUON_RETURN_IF_ERROR(
-          runtime_->CopyFromHost(buf.data(), zeros.data(), buf.bytes()));
+      MUON_RETURN_IF_ERROR(runtime_->Zero(buf.data(), buf.bytes()));
     }
     update_sources_[i].momentum = buf.data();
     update_sources_[i].momentum_dtype = buf.dtype;

@@ -251,6 +251,20 @@ class CudaRuntimeImpl final : public Runtime {
                             int64_t bytes) override {
     return Copy(dst, host_src, bytes, cudaMemcpyHostToDevice, "CopyFromHost");
   }
+  absl::Status Zero(void* dst, int64_t bytes) override {
+    if (absl::Status s = CheckCopyArguments("Zero", dst, dst, bytes); !s.ok()) {
+      return s;
+    }
+    if (bytes == 0) return absl::OkStatus();
+    CudaDeviceGuard guard(ordinal_);
+    if (!guard.status().ok()) return guard.status();
+    // cudaMemset is asynchronous for device memory: wait for the legacy
+    // stream that carries it, as the copies do.
+    MUON_DEVICE_CUDA_RETURN_IF_ERROR(
+        cudaMemset(dst, 0, static_cast<size_t>(bytes)));
+    MUON_DEVICE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cudaStreamLegacy));
+    return absl::OkStatus();
+  }
 
  private:
   // A CUDA event on this device: cudaEventDisableTiming unless `timing`.

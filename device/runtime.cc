@@ -46,6 +46,11 @@ class HostRuntimeImpl final : public Runtime {
     if (s.ok() && bytes > 0) std::memcpy(dst, host_src, bytes);
     return s;
   }
+  absl::Status Zero(void* dst, int64_t bytes) override {
+    absl::Status s = CheckCopyArguments("Zero", dst, dst, bytes);
+    if (s.ok() && bytes > 0) std::memset(dst, 0, bytes);
+    return s;
+  }
 };
 
 }  // namespace

@@ -59,6 +59,12 @@ class Runtime {
                                   int64_t bytes) = 0;
   virtual absl::Status CopyFromHost(void* dst, const void* host_src,
                                     int64_t bytes) = 0;
+  // Sets `bytes` bytes of this device's memory at `dst` to zero, blocking
+  // until done (CUDA: cudaMemset on the device, no host buffer; host:
+  // memset). Not ordered after any stream, as the copies.
+  // Errors: InvalidArgument (bytes < 0, null pointer with bytes > 0); the
+  // CUDA error.
+  virtual absl::Status Zero(void* dst, int64_t bytes) = 0;
 };
 
 // The argument check both runtimes' copies share (bytes >= 0, non-null

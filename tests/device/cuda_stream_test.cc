@@ -66,6 +66,29 @@ TEST(CudaStreamTest, CopyRecordWaitCopy_RoundTripsThroughDeviceBuffer) {
   EXPECT_THAT(out, ElementsAreArray(in));
 }
 
+// Runtime::Zero clears device memory on the device (the optimizer's
+// momentum buffers start so); bad arguments are refused by name.
+TEST(CudaStreamTest, Zero_ClearsDeviceMemory) {
+  MUON_SKIP_OR_FAIL_UNLESS_CUDA_DEVICE();
+  absl::StatusOr<Runtime*> rt = GetRuntime(Device::Cuda(0));
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  constexpr int64_t n = 1000;
+  absl::StatusOr<DeviceBuffer<float>> buf =
+      DeviceBuffer<float>::Allocate((*rt)->allocator(), n);
+  ASSERT_TRUE(buf.ok()) << buf.status();
+  const std::vector<float> ones(n, 1.0f);
+  ASSERT_TRUE((*rt)->CopyFromHost(buf->data(), ones.data(), n * 4).ok());
+  ASSERT_TRUE((*rt)->Zero(buf->data(), (n - 1) * 4).ok());
+  std::vector<float> out(n, -1.0f);
+  ASSERT_TRUE((*rt)->CopyToHost(out.data(), buf->data(), n * 4).ok());
+  std::vector<float> want(n, 0.0f);
+  want[n - 1] = 1.0f;  // past the zeroed bytes
+  EXPECT_THAT(out, ElementsAreArray(want));
+  EXPECT_EQ((*rt)->Zero(nullptr, 4).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*rt)->Zero(buf->data(), -1).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(CudaStreamTest, HostEventOnCudaStream_InvalidArgument) {
   MUON_SKIP_OR_FAIL_UNLESS_CUDA_DEVICE();
   absl::StatusOr<Runtime*> rt = GetRuntime(Device::Cuda(0));

@@ -50,6 +50,16 @@ TEST(HostStreamTest, Launch_RunsInOrderOnItsOwnThread) {
   EXPECT_EQ(stream.native_handle(), nullptr);
 }
 
+TEST(HostStreamTest, RuntimeZero_ClearsBytesAndRefusesBadArguments) {
+  Runtime* rt = HostRuntime();
+  std::vector<float> x(10, 1.0f);
+  ASSERT_TRUE(rt->Zero(x.data(), 9 * sizeof(float)).ok());
+  EXPECT_THAT(x, ::testing::ElementsAre(0, 0, 0, 0, 0, 0, 0, 0, 0, 1.0f));
+  EXPECT_EQ(rt->Zero(nullptr, 4).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(rt->Zero(x.data(), -1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(rt->Zero(nullptr, 0).ok());
+}
+
 TEST(HostStreamTest, Launch_DoesNotRunInline) {
   HostStream stream("s");
   std::promise<void> release;
