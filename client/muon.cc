@@ -1133,7 +1133,9 @@ OptimizerMemory Muon::memory() const {
   m.state_bytes = memory_->state.bytes_in_use();
   m.snapshot_bytes = memory_->snapshot.bytes_in_use();
   m.buffer_bytes = memory_->buffers.bytes_in_use();
-  m.peak_bytes = memory_->total.peak_bytes();
+  m.scratch_bytes =
+      executor_ != nullptr ? executor_->kernel_scratch_bytes() : 0;
+  m.peak_bytes = memory_->total.peak_bytes() + m.scratch_bytes;
   return m;
 }
 
@@ -1155,6 +1157,7 @@ void Muon::FillStepReport(v1::StepReport* report) const {
   report->set_state_bytes(mem.state_bytes);
   report->set_snapshot_bytes(mem.snapshot_bytes);
   report->set_peak_bytes(mem.peak_bytes);
+  report->set_scratch_bytes(mem.scratch_bytes);
   report->clear_ops();
   for (const OpRecord& op : stats_.ops) {
     v1::OpTiming* t = report->add_ops();

@@ -197,9 +197,13 @@ struct OptimizerMemory {
   // (this rank's U and O of the bucket's matrices, the owned matrices'
   // full U and O) and the exchange buffers.
   int64_t buffer_bytes = 0;
-  // The largest total of the above held at once so far (a re-plan holds
-  // two executors' buffers for a moment). Newton-Schulz scratch is not in
-  // these counts (the CUDA engine allocates it itself).
+  // On CUDA: the Newton-Schulz iteration's scratch of the step executor
+  // (its bf16 or fp32 copies of the largest owned shape; allocated by the
+  // CUDA engine itself, not through the counted allocator). 0 on the host.
+  int64_t scratch_bytes = 0;
+  // The largest total of state, snapshot and step buffers held at once so
+  // far (a re-plan holds two executors' buffers for a moment), plus
+  // scratch_bytes.
   int64_t peak_bytes = 0;
 };
 

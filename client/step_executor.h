@@ -288,6 +288,10 @@ class StepExecutor {
 
   const device::Device& device() const { return options_.device; }
 
+  // Bytes of the executor's device memory its kernels hold as
+  // Newton-Schulz scratch (StepKernels::ScratchBytes; 0 on the host).
+  int64_t kernel_scratch_bytes() const { return kernels_->ScratchBytes(); }
+
   bool async() const { return async_; }
   int prefetch_count() const { return prefetch_count_; }
 

@@ -98,6 +98,11 @@ class StepKernels {
   virtual absl::Status Reserve(int64_t batch, int64_t rows, int64_t cols,
                                const NewtonSchulzOptions& options) = 0;
 
+  // Bytes of device() memory Orthogonalize's scratch holds now (CUDA: the
+  // iteration's buffers, NsCudaContext::ScratchBytes, not cuBLAS's
+  // workspace; host: 0, the CPU engine's scratch is its own host memory).
+  virtual int64_t ScratchBytes() const { return 0; }
+
   // NorMuon's normalization (kernels::NorMuonNormalize) of one row-major
   // fp32 [rows, cols] update `o`, in place, with its row state `variance`
   // (float32 [rows], updated in place). Both are memory of device().

@@ -280,7 +280,7 @@ def measure(torch, label, make, params, iters, is_torch):
             # The library's own counts (Muon::memory(); proto JSON spells
             # int64 as strings).
             for key in ("momentum_bytes", "state_bytes", "snapshot_bytes",
-                        "peak_bytes"):
+                        "scratch_bytes", "peak_bytes"):
                 r["library_" + key] = int(report.get(key, 0))
         except Exception as e:  # noqa: BLE001 (informational only)
             r["library_stats_error"] = str(e)
@@ -355,7 +355,7 @@ def print_table(results, n_params, env):
         print("muonrt memory() counts: " + ", ".join(
             f"{k} {ours_r['library_' + k] / GIB:.2f} GiB"
             for k in ("momentum_bytes", "state_bytes", "snapshot_bytes",
-                      "peak_bytes")))
+                      "scratch_bytes", "peak_bytes")))
 
 
 def print_setup(args, hp, n_params, theirs, ours):

@@ -114,6 +114,10 @@ class CudaStepKernels final : public StepKernels {
     return ns_->Reserve(batch, rows, cols, precision_, options);
   }
 
+  int64_t ScratchBytes() const override {
+    return ns_ == nullptr ? 0 : ns_->ScratchBytes();
+  }
+
   absl::Status Momentum(device::Stream* stream, void* buf, ParamDType buf_dtype,
                         const void* grad, ParamDType grad_dtype, int64_t n,
                         double momentum) override {

@@ -195,6 +195,26 @@ TEST(GpuMuonTest, CudaParamsFp32Mode_BitwiseEqualToHostStagedCudaNewtonSchulz) {
   }
 }
 
+// On the device as on the host: momentum in the parameter's dtype (torch's
+// bytes per parameter), and the Newton-Schulz scratch counted.
+TEST(GpuMuonTest, CudaParams_MemoryCountsTorchMomentumBytesAndScratch) {
+  MUON_SKIP_OR_FAIL_UNLESS_CUDA_DEVICE();
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    SCOPED_TRACE(std::string(DTypeName(dtype)));
+    const OptimizerRun gpu = Steps(/*on_gpu=*/true, dtype, Options("bf16"), 1);
+    ASSERT_NE(gpu.muon, nullptr);
+    int64_t numel = 0;
+    for (size_t i = 0; i < Shapes().size(); ++i) numel += gpu.params->Numel(i);
+    const OptimizerMemory mem = gpu.muon->memory();
+    EXPECT_EQ(mem.momentum_bytes, numel * (dtype == DType::kBFloat16 ? 2 : 4));
+    EXPECT_EQ(mem.state_bytes,
+              mem.momentum_bytes + 8 * static_cast<int64_t>(Shapes().size()));
+    EXPECT_GT(mem.scratch_bytes, 0);
+    EXPECT_EQ(mem.peak_bytes,
+              mem.state_bytes + mem.buffer_bytes + mem.scratch_bytes);
+  }
+}
+
 TEST(GpuMuonTest, CudaParamsBf16NewtonSchulz_WithinTorchBoundOfCpuStep) {
   MUON_SKIP_OR_FAIL_UNLESS_CUDA_DEVICE();
   const OptimizerRun cpu =
