@@ -251,6 +251,16 @@ int main(int argc, char** argv) {
       kernels::NewtonSchulzIterations(options),
       absl::GetFlag(FLAGS_method).c_str(), static_cast<long long>(batch),
       repeats);
+  // The environment (MUON_NS_SYMMETRIC*) may change how symmetric products
+  // run: say which way these figures were taken.
+  const kernels::cuda::SymmetricProducts& sym = (*ctx)->symmetric_products();
+  const char* sym_mode =
+      sym.mode == kernels::cuda::SymmetricMode::kFull   ? "full GEMMs"
+      : sym.mode == kernels::cuda::SymmetricMode::kLoop ? "tile GEMMs in turn"
+                                                        : "batched tile GEMMs";
+  std::printf("symmetric products: %s, %d x %d tiles once m >= %lld\n",
+              sym_mode, sym.tiles, sym.tiles,
+              static_cast<long long>(sym.min_edge));
   absl::StatusOr<Timing> peak =
       TimeGemm(ctx->get(), precision, gemm_size, gemm_size, gemm_size, repeats);
   if (!peak.ok()) return Fail("dense GEMM", peak.status());

@@ -46,6 +46,11 @@ absl::Status NsCudaContext::Reserve(int64_t, int64_t, int64_t, GpuPrecision,
   return NoCuda("NsCudaContext::Reserve");
 }
 int64_t NsCudaContext::ScratchBytes() const { return 0; }
+const SymmetricProducts& NsCudaContext::symmetric_products() const {
+  static const SymmetricProducts kDefault;
+  return kDefault;
+}
+void NsCudaContext::set_symmetric_products(const SymmetricProducts&) {}
 int NsCudaContext::device() const { return -1; }
 void* NsCudaContext::stream() const { return nullptr; }
 

@@ -8,8 +8,11 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -32,6 +35,7 @@ struct NsCudaContext::State {
   cublasHandle_t handle = nullptr;  // Owned.
   DeviceBuffer cublas_workspace;    // Given to cuBLAS (cublasSetWorkspace).
   DeviceBuffer scratch;             // Our iteration buffers (see Layout).
+  SymmetricProducts symmetric;      // How symmetric products run.
 };
 
 namespace {
@@ -86,11 +90,14 @@ struct Layout {
   int64_t tmp = 0;      // Gram only: Q Z or R Z, batch * m * m.
   int64_t partial = 0;  // double [batch, NormBlocks].
   int64_t denom = 0;    // float [batch].
+  int64_t ptrs = 0;     // Batched tiles: A, B, C pointer arrays, each
+                        // [batch * TileGemms()].
   int64_t total = 0;
 };
 
 Layout MakeLayout(int64_t batch, int64_t rows, int64_t cols,
-                  GpuPrecision precision, bool gram) {
+                  GpuPrecision precision, bool gram,
+                  const SymmetricProducts& symmetric) {
   const GemmTypes t = TypesFor(precision);
   const int64_t m = std::min(rows, cols);
   const int64_t x_bytes = AlignUp(batch * rows * cols * t.elem_bytes);
@@ -116,6 +123,10 @@ Layout MakeLayout(int64_t batch, int64_t rows, int64_t cols,
   at += AlignUp(batch * NormBlocks(rows * cols) * int64_t{sizeof(double)});
   l.denom = at;
   at += AlignUp(batch * int64_t{sizeof(float)});
+  l.ptrs = at;
+  if (symmetric.mode == SymmetricMode::kBatched && symmetric.Tiled(m)) {
+    at += AlignUp(3 * batch * symmetric.TileGemms() * int64_t{sizeof(void*)});
+  }
   l.total = at;
   return l;
 }
@@ -231,6 +242,34 @@ __global__ void MirrorLowerTilesKernel(T* __restrict__ c, int m, int edge) {
   }
 }
 
+// The byte offsets of a symmetric product's tiles of one size (from their
+// matrices' starts in the A, B and C buffers).
+struct TileOffsets {
+  int count;
+  long long a[kMaxSymmetricTiles * (kMaxSymmetricTiles + 1) / 2];
+  long long b[kMaxSymmetricTiles * (kMaxSymmetricTiles + 1) / 2];
+  long long c[kMaxSymmetricTiles * (kMaxSymmetricTiles + 1) / 2];
+};
+
+// The pointer arrays of cublasGemmBatchedEx for `batch` matrices' tiles:
+// entry mat * count + t is tile t of matrix mat (matrix mat at a + mat *
+// stride_a bytes, likewise b and c).
+__global__ void FillTilePointersKernel(const char* a, const char* b, char* c,
+                                       long long stride_a, long long stride_b,
+                                       long long stride_c, TileOffsets off,
+                                       int batch, const void** pa,
+                                       const void** pb, void** pc) {
+  const int total = off.count * batch;
+  for (int idx = blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+       idx += gridDim.x * blockDim.x) {
+    const int mat = idx / off.count;
+    const int t = idx % off.count;
+    pa[idx] = a + mat * stride_a + off.a[t];
+    pb[idx] = b + mat * stride_b + off.b[t];
+    pc[idx] = c + mat * stride_c + off.c[t];
+  }
+}
+
 int ElementwiseBlocks(int64_t n) {
   return static_cast<int>(std::max<int64_t>(
       1, std::min<int64_t>((n + kThreads - 1) / kThreads, int64_t{1} << 16)));
@@ -328,10 +367,11 @@ absl::Status ReserveState(NsCudaContext::State* s, const Layout& l) {
 struct IterationBuffers {
   void* x;
   void* x_next;
-  void* gram;  // A, or Gram's R.
-  void* poly;  // B, or Gram's Z.
-  void* q;     // Gram only.
-  void* tmp;   // Gram only.
+  void* gram;   // A, or Gram's R.
+  void* poly;   // B, or Gram's Z.
+  void* q;      // Gram only.
+  void* tmp;    // Gram only.
+  void** ptrs;  // Batched tiles' pointer arrays (Layout::ptrs).
   void* Get(NsBuffer which) const {
     switch (which) {
       case NsBuffer::kX:
@@ -375,21 +415,85 @@ absl::Status RunPlanned(NsCudaContext::State* s, const IterationShape& shape,
        at(g.c, g.offset_c), g.ldc, g.stride_c});
 }
 
+// The tiles of `tiles` whose sizes are t's, as one pointer-array batched
+// GEMM over the bucket's matrices: a kernel fills the A, B and C pointer
+// arrays in buf.ptrs (stream-ordered: the previous group's GEMM has read
+// them), then cublasGemmBatchedEx.
+absl::Status RunTileGroup(NsCudaContext::State* s, const IterationShape& shape,
+                          const IterationBuffers& buf,
+                          const std::vector<NsGemm>& tiles, const NsGemm& t) {
+  const int64_t e = shape.types.elem_bytes;
+  TileOffsets off{};
+  for (const NsGemm& u : tiles) {
+    if (u.m != t.m || u.n != t.n) continue;
+    off.a[off.count] = u.offset_a * e;
+    off.b[off.count] = u.offset_b * e;
+    off.c[off.count] = u.offset_c * e;
+    ++off.count;
+  }
+  const int total = off.count * shape.batch;
+  const void** pa = const_cast<const void**>(buf.ptrs);
+  const void** pb = pa + total;
+  void** pc = buf.ptrs + 2 * total;
+  FillTilePointersKernel<<<(total + kThreads - 1) / kThreads, kThreads, 0,
+                           s->stream>>>(
+      static_cast<const char*>(buf.Get(t.a)),
+      static_cast<const char*>(buf.Get(t.b)), static_cast<char*>(buf.Get(t.c)),
+      t.stride_a * e, t.stride_b * e, t.stride_c * e, off, shape.batch, pa, pb,
+      pc);
+  MUON_CUDA_RETURN_IF_LAUNCH_FAILED("FillTilePointersKernel");
+  const float alpha = static_cast<float>(t.alpha);
+  const float beta = static_cast<float>(t.beta);
+  MUON_CUBLAS_RETURN_IF_ERROR(cublasGemmBatchedEx(
+      s->handle, t.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+      t.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N, t.m, t.n, t.k, &alpha, pa,
+      shape.types.data, t.lda, pb, shape.types.data, t.ldb, &beta, pc,
+      shape.types.data, t.ldc, total, shape.types.compute,
+      CUBLAS_GEMM_DEFAULT));
+  return absl::OkStatus();
+}
+
+// The tiles on and above the diagonal: one GEMM each (kLoop), or one
+// batched GEMM per tile size (kBatched; one size when `tiles` divides m
+// into multiples of 8, else up to 4).
+absl::Status RunUpperTiles(NsCudaContext::State* s, const IterationShape& shape,
+                           const IterationBuffers& buf, const NsGemm& g) {
+  const std::vector<NsGemm> tiles = UpperTileGemms(g, s->symmetric.tiles);
+  // cuBLAS's batch count is at most 65535 (kMaxBatch): a bucket of more
+  // matrices than that many tiles' worth runs the tiles in turn.
+  const bool loop =
+      s->symmetric.mode == SymmetricMode::kLoop ||
+      static_cast<int64_t>(tiles.size()) * shape.batch > kMaxBatch;
+  if (loop) {
+    for (const NsGemm& t : tiles) {
+      MUON_CU_RETURN_IF_ERROR(RunPlanned(s, shape, buf, t));
+    }
+    return absl::OkStatus();
+  }
+  for (size_t i = 0; i < tiles.size(); ++i) {
+    bool seen = false;  // An earlier tile of the same size ran this group.
+    for (size_t j = 0; j < i && !seen; ++j) {
+      seen = tiles[j].m == tiles[i].m && tiles[j].n == tiles[i].n;
+    }
+    if (!seen)
+      MUON_CU_RETURN_IF_ERROR(RunTileGroup(s, shape, buf, tiles, tiles[i]));
+  }
+  return absl::OkStatus();
+}
+
 // A product whose m x m output is symmetric element for element (see
-// UpperTileGemms): once m >= kSymmetricMinEdge (and `tiled`), the GEMMs of
-// the tiles on and above the diagonal, then the mirror copy; else g as one
-// GEMM. Every element is the same sum of the same products either way
-// (ns_gemm_plan_test proves the plan bitwise on a simulator); cuBLAS may
-// pick other kernels for the tiles than for the whole, so its rounding
-// can differ in the last place from one full GEMM's.
+// UpperTileGemms): once the context's SymmetricProducts tiles m (and
+// `tiled`), the GEMMs of the tiles on and above the diagonal, then the
+// mirror copy; else g as one GEMM. Every element is the same sum of the
+// same products either way (ns_gemm_plan_test proves the plan bitwise on a
+// simulator); cuBLAS may pick other kernels for the tiles than for the
+// whole, so its rounding can differ in the last place from one full GEMM's.
 absl::Status RunSymmetric(NsCudaContext::State* s, const IterationShape& shape,
                           const IterationBuffers& buf, const NsGemm& g,
                           bool tiled = true) {
-  if (!tiled || !UsesSymmetricTiles(g.m)) return RunPlanned(s, shape, buf, g);
-  for (const NsGemm& t : UpperTileGemms(g, kSymmetricTiles)) {
-    MUON_CU_RETURN_IF_ERROR(RunPlanned(s, shape, buf, t));
-  }
-  const int edge = SymmetricTileEdge(g.m, kSymmetricTiles);
+  if (!tiled || !s->symmetric.Tiled(g.m)) return RunPlanned(s, shape, buf, g);
+  MUON_CU_RETURN_IF_ERROR(RunUpperTiles(s, shape, buf, g));
+  const int edge = SymmetricTileEdge(g.m, s->symmetric.tiles);
   const int64_t n = static_cast<int64_t>(g.m) * g.m;
   const dim3 grid(std::min(ElementwiseBlocks(n), 4096),
                   static_cast<unsigned int>(shape.batch));
@@ -551,6 +655,13 @@ absl::StatusOr<std::unique_ptr<NsCudaContext>> NsCudaContext::Create(
                      "), got ", device));
   }
   auto state = std::make_unique<State>();
+  const std::string symmetric_error = ParseSymmetricProducts(
+      std::getenv("MUON_NS_SYMMETRIC"), std::getenv("MUON_NS_SYMMETRIC_TILES"),
+      std::getenv("MUON_NS_SYMMETRIC_MIN_EDGE"), &state->symmetric);
+  if (!symmetric_error.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NsCudaContext::Create: ", symmetric_error));
+  }
   state->device = device;
   state->stream = static_cast<cudaStream_t>(stream);
   device::CudaDeviceGuard device_guard(device);
@@ -593,11 +704,19 @@ absl::Status NsCudaContext::Reserve(int64_t batch, int64_t rows, int64_t cols,
   const bool gram =
       GpuRunsGram(rows, cols, NewtonSchulzIterations(options),
                   static_cast<int>(options.method), options.gram_restart_every);
-  return ReserveState(state_.get(),
-                      MakeLayout(batch, rows, cols, precision, gram));
+  return ReserveState(state_.get(), MakeLayout(batch, rows, cols, precision,
+                                               gram, state_->symmetric));
 }
 
 int64_t NsCudaContext::ScratchBytes() const { return state_->scratch.bytes(); }
+
+const SymmetricProducts& NsCudaContext::symmetric_products() const {
+  return state_->symmetric;
+}
+
+void NsCudaContext::set_symmetric_products(const SymmetricProducts& symmetric) {
+  state_->symmetric = symmetric;
+}
 int NsCudaContext::device() const { return state_->device; }
 void* NsCudaContext::stream() const { return state_->stream; }
 
@@ -632,7 +751,7 @@ absl::Status NewtonSchulzBatched(NsCudaContext* ctx, const float* u,
   const bool gram =
       GpuRunsGram(rows, cols, steps, static_cast<int>(options.method),
                   options.gram_restart_every);
-  const Layout l = MakeLayout(batch, rows, cols, precision, gram);
+  const Layout l = MakeLayout(batch, rows, cols, precision, gram, s->symmetric);
   MUON_CU_RETURN_IF_ERROR(ReserveState(s, l));
 
   const GemmTypes t = TypesFor(precision);
@@ -650,6 +769,7 @@ absl::Status NewtonSchulzBatched(NsCudaContext* ctx, const float* u,
   buf.poly = base + l.poly;
   buf.q = base + l.q;
   buf.tmp = base + l.tmp;
+  buf.ptrs = reinterpret_cast<void**>(base + l.ptrs);
   if (bf16) {
     buf.x = base + l.x0;
     buf.x_next = base + l.x1;

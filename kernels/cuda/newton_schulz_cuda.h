@@ -18,7 +18,10 @@
 //     B = b*A + c*A*A;       (GEMM alpha = c, beta = b, on a copy of A)
 //     X = a*X + B*X;         (GEMM alpha = 1, beta = a, on a copy of X)
 // One cublasGemmEx per product for batch == 1, one
-// cublasGemmStridedBatchedEx for batch > 1.
+// cublasGemmStridedBatchedEx for batch > 1; the symmetric products (X X^T,
+// A*A) of an m x m output with m >= 4096 compute the 36 of 8 x 8 tiles on
+// and above the diagonal as one cublasGemmBatchedEx and copy the others
+// from their mirrors (SymmetricProducts, kernels/cuda/ns_gemm_plan.h).
 //
 // Precision (GpuPrecision, kernels/ns_engine.h):
 //   kBf16: X, A, B stored in bfloat16 (CUDA_R_16BF), products accumulated in
@@ -52,6 +55,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/cuda/ns_gemm_plan.h"
 #include "kernels/newton_schulz.h"
 #include "kernels/ns_engine.h"
 
@@ -71,7 +75,9 @@ class NsCudaContext {
   // with a 32 MiB cuBLAS workspace of its own.
   // Errors:
   //   Unimplemented: built without CUDA.
-  //   InvalidArgument: device < 0 or >= the device count (names both).
+  //   InvalidArgument: device < 0 or >= the device count (names both); a
+  //     MUON_NS_SYMMETRIC* environment variable out of range (names it and
+  //     its value).
   //   FailedPrecondition: no usable GPU (CUDA's message).
   //   ResourceExhausted / Internal: CUDA or cuBLAS failures (names the call
   //     and the library's message).
@@ -95,6 +101,15 @@ class NsCudaContext {
 
   // Device bytes held by the scratch (not counting cuBLAS's workspace).
   int64_t ScratchBytes() const;
+
+  // How the iteration runs its symmetric products (X X^T, and A*A): by
+  // default tiles of the upper triangle as batched GEMMs once m >= 4096
+  // (SymmetricProducts' defaults), or as the environment variables
+  // MUON_NS_SYMMETRIC, MUON_NS_SYMMETRIC_TILES and MUON_NS_SYMMETRIC_MIN_EDGE
+  // read by Create say (ParseSymmetricProducts). Set before Reserve and the
+  // calls that use it; the pointer arrays of kBatched live in the scratch.
+  const SymmetricProducts& symmetric_products() const;
+  void set_symmetric_products(const SymmetricProducts& symmetric);
   int device() const;
   // The cudaStream_t the context enqueues on.
   void* stream() const;

@@ -22,7 +22,10 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 namespace muon {
@@ -181,19 +184,94 @@ inline NsGramPlan PlanGramNewtonSchulz(int64_t rows, int64_t cols,
 // exact arithmetic only) are symmetric element for element: C_ij and C_ji
 // are sums of the same products in the same order. Cut the m x m output into
 // kSymmetricTiles x kSymmetricTiles tiles (SymmetricTileEdge): the
-// tiles on and above the diagonal are GEMMs of their own (10 of 16 for 4
-// tiles: 62.5% of the FLOPs), and every tile below the diagonal is the
+// tiles on and above the diagonal are GEMMs of their own (36 of 64 for 8
+// tiles: 56% of the FLOPs), and every tile below the diagonal is the
 // transpose of its mirror (MirrorLowerTiles, a copy). cuBLAS has no bf16
 // SYRK; this is the block-triangular product flash-muon's symmetric kernel
 // and Dao AI Lab's Gram Newton-Schulz (2026) exploit, with plain GEMMs.
-inline constexpr int kSymmetricTiles = 4;
-// Below this m the tiles are too small for cuBLAS to run them near its
-// rate, and launches dominate: full GEMMs.
-inline constexpr int64_t kSymmetricMinEdge = 1024;
+inline constexpr int kSymmetricTiles = 8;
+// Below this m the tiles do not pay on an H200 (bf16, 5 iterations,
+// batched tiles): a 2048 x 2048 matrix takes 0.69 ms in 8 x 8 tiles
+// against 0.48 ms in full GEMMs; at 4096 x 4096 both take 2.98 ms, and
+// 4096 x 14336 and 8192 x 8192 gain 13% and 20% (docs/benchmarks.md).
+inline constexpr int64_t kSymmetricMinEdge = 4096;
+// The most tiles per edge a SymmetricProducts may ask for (136 tile GEMMs).
+inline constexpr int kMaxSymmetricTiles = 16;
+
+// How the iteration runs a symmetric product (above).
+enum class SymmetricMode {
+  kFull,     // One full GEMM.
+  kLoop,     // One GEMM per tile on and above the diagonal, in turn.
+  kBatched,  // Those tiles as one pointer-array batched GEMM per tile size
+             // (cublasGemmBatchedEx): all tiles in one launch, so that small
+             // tiles still fill the GPU.
+};
+
+struct SymmetricProducts {
+  SymmetricMode mode = SymmetricMode::kBatched;
+  int tiles = kSymmetricTiles;           // Tiles per edge, [2, 16].
+  int64_t min_edge = kSymmetricMinEdge;  // Tiles once m >= min_edge.
+  // Whether a product with an m x m output is cut into tiles.
+  bool Tiled(int64_t m) const {
+    return mode != SymmetricMode::kFull && m >= min_edge;
+  }
+  // The tile GEMMs of one such product (36 for 8 tiles).
+  int TileGemms() const { return tiles * (tiles + 1) / 2; }
+};
 
 // Whether the iteration cuts its symmetric products of an m x m output
-// into tiles.
-inline bool UsesSymmetricTiles(int64_t m) { return m >= kSymmetricMinEdge; }
+// into tiles by default.
+inline bool UsesSymmetricTiles(int64_t m) {
+  return SymmetricProducts().Tiled(m);
+}
+
+// Reads a SymmetricProducts from its three settings, each null or empty
+// for its default: `mode` "full", "loop" or "batched"; `tiles` an integer
+// in [2, kMaxSymmetricTiles]; `min_edge` an integer >= 1 (the environment
+// variables MUON_NS_SYMMETRIC, MUON_NS_SYMMETRIC_TILES and
+// MUON_NS_SYMMETRIC_MIN_EDGE, for tuning and benchmarks). Returns an empty
+// string and sets *out, or the error naming the setting and its value
+// (and leaves *out as it was).
+inline std::string ParseSymmetricProducts(const char* mode, const char* tiles,
+                                          const char* min_edge,
+                                          SymmetricProducts* out) {
+  SymmetricProducts p;
+  const std::string m = mode == nullptr ? "" : mode;
+  if (m == "full") {
+    p.mode = SymmetricMode::kFull;
+  } else if (m == "loop") {
+    p.mode = SymmetricMode::kLoop;
+  } else if (m == "batched" || m.empty()) {
+    p.mode = SymmetricMode::kBatched;
+  } else {
+    return "MUON_NS_SYMMETRIC must be full, loop or batched, got '" + m + "'";
+  }
+  // A whole decimal integer in [lo, hi], or the error.
+  auto integer = [](const char* name, const char* text, int64_t lo, int64_t hi,
+                    int64_t* value) -> std::string {
+    if (text == nullptr || *text == '\0') return "";
+    char* end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(text, &end, 10);
+    if (errno != 0 || *end != '\0' || v < lo || v > hi) {
+      return std::string(name) + " must be an integer in [" +
+             std::to_string(lo) + ", " + std::to_string(hi) + "], got '" +
+             text + "'";
+    }
+    *value = v;
+    return "";
+  };
+  int64_t t = p.tiles;
+  std::string error =
+      integer("MUON_NS_SYMMETRIC_TILES", tiles, 2, kMaxSymmetricTiles, &t);
+  if (!error.empty()) return error;
+  p.tiles = static_cast<int>(t);
+  error = integer("MUON_NS_SYMMETRIC_MIN_EDGE", min_edge, 1, INT32_MAX,
+                  &p.min_edge);
+  if (!error.empty()) return error;
+  *out = p;
+  return "";
+}
 
 // The tile edge of an m x m output cut into `tiles` x `tiles` (>= 1):
 // ceil(m / tiles) rounded up to a multiple of 8 elements, so that every
@@ -233,7 +311,7 @@ inline std::vector<NsGemm> UpperTileGemms(const NsGemm& g, int tiles) {
 
 // FLOPs of the GPU iteration on one [rows, cols] matrix counting every
 // product as a full GEMM (the symmetric tiles, above, cut A = X X^T and
-// the polynomial's product by 37.5% once m >= kSymmetricMinEdge; counted
+// the polynomial's product by 44% once m >= kSymmetricMinEdge; counted
 // in full here, so GpuRunsGram keeps its 1.5 ratio): standard k * (4 m^2 n + 2
 // m^3); Gram, per restart block of L iterations, 4 m^2 n + (8L - 6) m^3 (gram
 // and apply 2 m^2 n each; L squares, L - 1 accumulations and 2(L - 1) R updates

@@ -10,11 +10,13 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -195,13 +197,18 @@ TEST(GpuNewtonSchulzTest, Engine_Fp32LargeMatrix_MatchesCpuFp32) {
   }
 }
 
-// The symmetric products in tiles (m >= kSymmetricMinEdge; an m that 4
-// does not divide, so the last tiles are smaller), standard and Gram
-// (whose first square is tiled), in every precision, against the CPU's
-// fp32 iteration (within 1e-6 of float64) under the float64 bounds.
+// The symmetric products in tiles as the engine runs them by default
+// (batched 8 x 8 tiles), from m = 1024 as MUON_NS_SYMMETRIC_MIN_EDGE asks
+// (which the engine's context reads when it is made), on an m that 8 does
+// not divide, so the last tiles are smaller and the batched GEMMs have 3
+// tile sizes; standard and Gram (whose first square is tiled), in every
+// precision, against the CPU's fp32 iteration (within 1e-6 of float64)
+// under the float64 bounds.
 TEST(GpuNewtonSchulzTest,
      Engine_SymmetricTilesOddEdge_MatchesCpuAllPrecisions) {
   MUON_SKIP_WITHOUT_GPU();
+  ASSERT_EQ(setenv("MUON_NS_SYMMETRIC_MIN_EDGE", "1024", 1), 0);
+  absl::Cleanup unset = [] { unsetenv("MUON_NS_SYMMETRIC_MIN_EDGE"); };
   NewtonSchulzOptions gram;
   gram.method = NewtonSchulzMethod::kGram;
   for (GpuPrecision precision : kPrecisions) {
@@ -221,6 +228,91 @@ TEST(GpuNewtonSchulzTest,
                               : "tiles",
                           precision, rows, cols,
                           RunEngine(gpu.get(), u, rows, cols, options), cpu64);
+      }
+    }
+  }
+}
+
+// NewtonSchulzBatched on a context with `symmetric`: `batch` copies of u
+// (each scaled by its index + 1, so that the batch's matrices differ only
+// in scale and share one result), the results of each.
+std::vector<std::vector<float>> RunWithSymmetric(
+    const cuda::SymmetricProducts& symmetric, GpuPrecision precision,
+    const std::vector<float>& u, int64_t batch, int64_t rows, int64_t cols,
+    const NewtonSchulzOptions& options) {
+  absl::StatusOr<std::unique_ptr<cuda::NsCudaContext>> ctx =
+      cuda::NsCudaContext::Create(0, nullptr);
+  EXPECT_TRUE(ctx.ok()) << ctx.status();
+  if (!ctx.ok()) return {};
+  (*ctx)->set_symmetric_products(symmetric);
+  const int64_t size = rows * cols;
+  std::vector<float> in(batch * size);
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t i = 0; i < size; ++i) in[b * size + i] = u[i] * (b + 1);
+  }
+  const int64_t bytes = batch * size * int64_t{sizeof(float)};
+  absl::StatusOr<cuda::DeviceBuffer> d_in = cuda::DeviceBuffer::Allocate(bytes);
+  absl::StatusOr<cuda::DeviceBuffer> d_out =
+      cuda::DeviceBuffer::Allocate(bytes);
+  EXPECT_TRUE(d_in.ok() && d_out.ok());
+  if (!d_in.ok() || !d_out.ok()) return {};
+  std::vector<float> all(batch * size, NAN);
+  EXPECT_TRUE(cuda::CopyToDevice(d_in->data(), in.data(), bytes, nullptr).ok());
+  const absl::Status status =
+      cuda::NewtonSchulzBatched(ctx->get(), d_in->as<float>(), batch, rows,
+                                cols, options, precision, d_out->as<float>());
+  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_TRUE(cuda::CopyToHost(all.data(), d_out->data(), bytes, nullptr).ok());
+  std::vector<std::vector<float>> outs;
+  for (int64_t b = 0; b < batch; ++b) {
+    outs.emplace_back(all.begin() + b * size, all.begin() + (b + 1) * size);
+  }
+  return outs;
+}
+
+// Every way of running the symmetric products (full GEMMs, tile GEMMs in
+// turn, batched tile GEMMs with 4 tiles and with 7, whose last tiles are
+// smaller, so that batched runs several tile sizes), on a batch of 3
+// matrices in every precision, standard and Gram, lands within the float64
+// bounds of the CPU's fp32 iteration for each matrix of the batch.
+TEST(GpuNewtonSchulzTest,
+     SymmetricProductModes_BatchOfThree_MatchCpuAllPrecisions) {
+  MUON_SKIP_WITHOUT_GPU();
+  std::vector<std::pair<const char*, cuda::SymmetricProducts>> modes;
+  cuda::SymmetricProducts full;
+  full.mode = cuda::SymmetricMode::kFull;
+  modes.push_back({"full", full});
+  cuda::SymmetricProducts loop;
+  loop.mode = cuda::SymmetricMode::kLoop;
+  loop.min_edge = 256;
+  modes.push_back({"loop4", loop});
+  cuda::SymmetricProducts batched;
+  batched.min_edge = 256;
+  modes.push_back({"batched4", batched});
+  batched.tiles = 7;
+  modes.push_back({"batched7", batched});
+  NewtonSchulzOptions gram;
+  gram.method = NewtonSchulzMethod::kGram;
+  const int64_t rows = 300, cols = 700;
+  const std::vector<float> u = RandomMatrix(rows, cols, 58);
+  for (const NewtonSchulzOptions& options : {NewtonSchulzOptions{}, gram}) {
+    std::vector<float> cpu(u.size());
+    ASSERT_TRUE(
+        NewtonSchulz(u.data(), rows, cols, options, cpu.data(), nullptr).ok());
+    const std::vector<double> cpu64(cpu.begin(), cpu.end());
+    for (GpuPrecision precision : kPrecisions) {
+      for (const auto& [name, symmetric] : modes) {
+        const std::vector<std::vector<float>> outs =
+            RunWithSymmetric(symmetric, precision, u, 3, rows, cols, options);
+        ASSERT_EQ(outs.size(), 3u) << name;
+        for (const std::vector<float>& out : outs) {
+          ExpectWithinBound(
+              absl::StrCat(name, options.method == NewtonSchulzMethod::kGram
+                                     ? "_gram"
+                                     : "")
+                  .c_str(),
+              precision, rows, cols, out, cpu64);
+        }
       }
     }
   }

@@ -352,7 +352,7 @@ TEST(NsGemmPlanTest, SymmetricTiles_BitwiseEqualToFullGemms) {
 
 TEST(NsGemmPlanTest, UpperTileGemms_TenOfSixteenTilesCoverTheUpperTriangle) {
   const NsStepPlan plan = PlanNewtonSchulzStep(4096, 14336, {3.4, -4.7, 2.0});
-  const std::vector<NsGemm> tiles = UpperTileGemms(plan.gram, kSymmetricTiles);
+  const std::vector<NsGemm> tiles = UpperTileGemms(plan.gram, 4);
   ASSERT_EQ(tiles.size(), 10u);
   double flops = 0;
   for (const NsGemm& t : tiles) {
@@ -365,8 +365,43 @@ TEST(NsGemmPlanTest, UpperTileGemms_TenOfSixteenTilesCoverTheUpperTriangle) {
     flops += 2.0 * t.m * t.n * t.k;
   }
   EXPECT_DOUBLE_EQ(flops, 10.0 / 16.0 * 2.0 * 4096.0 * 4096.0 * 14336.0);
-  EXPECT_FALSE(UsesSymmetricTiles(1023));
-  EXPECT_TRUE(UsesSymmetricTiles(1024));
+  EXPECT_FALSE(UsesSymmetricTiles(4095));
+  EXPECT_TRUE(UsesSymmetricTiles(4096));
+}
+
+// The MUON_NS_SYMMETRIC* settings: unset means the defaults (batched, 8
+// tiles, m >= 4096); each is read; a bad value is an error naming the
+// variable and the value, and leaves the settings as they were.
+TEST(NsGemmPlanTest, ParseSymmetricProducts_ReadsSettingsAndNamesBadValues) {
+  SymmetricProducts p;
+  p.tiles = 9;
+  EXPECT_EQ(ParseSymmetricProducts(nullptr, nullptr, nullptr, &p), "");
+  EXPECT_EQ(p.mode, SymmetricMode::kBatched);
+  EXPECT_EQ(p.tiles, kSymmetricTiles);
+  EXPECT_EQ(p.min_edge, kSymmetricMinEdge);
+  EXPECT_EQ(p.TileGemms(), 36);
+  EXPECT_EQ(ParseSymmetricProducts("loop", "8", "1024", &p), "");
+  EXPECT_EQ(p.mode, SymmetricMode::kLoop);
+  EXPECT_EQ(p.tiles, 8);
+  EXPECT_EQ(p.min_edge, 1024);
+  EXPECT_TRUE(p.Tiled(1024));
+  EXPECT_FALSE(p.Tiled(1023));
+  EXPECT_EQ(ParseSymmetricProducts("full", "", "", &p), "");
+  EXPECT_FALSE(p.Tiled(1 << 20));
+
+  const SymmetricProducts before = p;
+  EXPECT_EQ(ParseSymmetricProducts("diagonal", nullptr, nullptr, &p),
+            "MUON_NS_SYMMETRIC must be full, loop or batched, got 'diagonal'");
+  EXPECT_EQ(ParseSymmetricProducts(nullptr, "17", nullptr, &p),
+            "MUON_NS_SYMMETRIC_TILES must be an integer in [2, 16], got '17'");
+  EXPECT_EQ(ParseSymmetricProducts(nullptr, "4x", nullptr, &p),
+            "MUON_NS_SYMMETRIC_TILES must be an integer in [2, 16], got '4x'");
+  EXPECT_EQ(ParseSymmetricProducts(nullptr, nullptr, "0", &p),
+            "MUON_NS_SYMMETRIC_MIN_EDGE must be an integer in [1, 2147483647], "
+            "got '0'");
+  EXPECT_EQ(p.mode, before.mode);
+  EXPECT_EQ(p.tiles, before.tiles);
+  EXPECT_EQ(p.min_edge, before.min_edge);
 }
 
 }  // namespace
