@@ -309,8 +309,13 @@ absl::StatusOr<muon::MuonOptions> ToMuonOptions(const muonrt_options& o) {
         absl::StrCat("muonrt_options: overlap_backward ", o.overlap_backward,
                      " is neither 0 nor 1"));
   }
-  // The finite check's agreement needs every gradient before the step.
-  if (o.overlap_backward == 1) m.check_finite = false;
+  if (o.check_finite < -1 || o.check_finite > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("muonrt_options: check_finite ", o.check_finite,
+                     " is none of -1 (default), 0 and 1"));
+  }
+  // -1 leaves it unset: muon::ResolveOptions decides.
+  if (o.check_finite != -1) m.check_finite = o.check_finite == 1;
   m.normuon_beta2 = o.normuon_beta2;
   m.normuon_eps = o.normuon_eps;
   return m;
@@ -682,8 +687,9 @@ int muonrt_options_validate(const muonrt_options* options) {
     if (options == nullptr)
       return NullArgument("muonrt_options_validate", "options");
     MUON_ASSIGN_OR_RETURN(muon::MuonOptions m, ToMuonOptions(*options));
-    MUON_RETURN_IF_ERROR(muon::ValidateMuonOptions(m));
-    return muon::ValidateExecutionOptions(ToExecutionOptions(*options));
+    return muon::ResolveOptions(m, ToExecutionOptions(*options),
+                                muon::OptionContext{})
+        .status();
   });
 }
 
@@ -715,6 +721,7 @@ void muonrt_options_default(muonrt_options* options) {
   options->normuon_eps = m.normuon_eps;
   options->overlap_backward = d.overlap_backward() ? 1 : 0;
   options->momentum_dtype = nullptr;
+  options->check_finite = -1;
 }
 
 int muonrt_optimizer_create(muonrt_process_group* pg, int mesh_ndim,

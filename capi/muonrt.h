@@ -31,7 +31,7 @@ extern "C" {
 #endif
 
 /* Incremented on any incompatible change of this header. */
-#define MUONRT_ABI_VERSION 11
+#define MUONRT_ABI_VERSION 12
 
 /* Status codes (absl::StatusCode values). */
 #define MUONRT_OK 0
@@ -192,9 +192,10 @@ typedef struct {
   /* 1 = start the step during backward (execution.overlap_backward):
    * buckets ordered last matrix first (25 MiB each unless
    * bucket_size_bytes says), muonrt_optimizer_mark_ready hands ready
-   * buckets to the exchange. It turns the non-finite gradient check off
-   * (its agreement needs every gradient before the step starts) and
-   * cannot run with transactional_step. ABI version 9. */
+   * buckets to the exchange. The non-finite gradient check is then off
+   * unless check_finite says 1, which is refused (its agreement needs
+   * every gradient before the step starts); it cannot run with
+   * transactional_step. ABI version 9. */
   int overlap_backward;
   /* The momentum buffer's dtype (MuonOptions::momentum_dtype): "param"
    * (NULL; each parameter's own, as torch.optim.Muon keeps it: 2 bytes
@@ -202,6 +203,11 @@ typedef struct {
    * momentum keeps the low bits of small increments) or "bfloat16".
    * ABI version 11. */
   const char* momentum_dtype;
+  /* The non-finite gradient check (MuonOptions::check_finite): -1
+   * (default) on, except with overlap_backward; 1 on (refused with
+   * overlap_backward); 0 off (NaN/Inf propagate as in torch.optim.Muon).
+   * ABI version 12. */
+  int check_finite;
 } muonrt_options;
 
 /* Fills `options` with the defaults above. */
@@ -209,10 +215,12 @@ void muonrt_options_default(muonrt_options* options);
 
 /* Checks `options` without creating anything: torch.optim.Muon's argument
  * checks (its messages: "Learning rate should be >= 0 but is: -0.1", ...),
- * the schedule, method and device names, and the execution options
- * (negative counts, unknown policy). muonrt_optimizer_create runs the same
- * checks. Errors: INVALID_ARGUMENT naming the field and value. ABI
- * version 7. */
+ * the schedule, method and device names, the execution options
+ * (negative counts, unknown policy) and the options against each other as
+ * for CPU parameters (muon::ResolveOptions: overlap_backward with
+ * check_finite 1 or transactional_step, normuon with the bf16 exchange).
+ * muonrt_optimizer_create runs the same checks. Errors: INVALID_ARGUMENT naming
+ * the field and value. ABI version 7. */
 int muonrt_options_validate(const muonrt_options* options);
 
 /* Creates the optimizer over `num_params` views. `pg` NULL = single device

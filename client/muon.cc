@@ -26,21 +26,6 @@ kernels::ParamDType Muon::KernelDType(DType dtype) {
 
 namespace {
 
-// DistributedConfig.execution: ValidateExecutionOptions, and device and
-// gpu_precision left to MuonOptions.
-// Errors: InvalidArgument naming the field and value.
-absl::Status CheckConfigExecution(const v1::ExecutionOptions& execution) {
-  MUON_RETURN_IF_ERROR(ValidateExecutionOptions(execution));
-  if (!execution.device().empty() || !execution.gpu_precision().empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "DistributedConfig.execution sets device \"", execution.device(),
-        "\" / gpu_precision \"", execution.gpu_precision(),
-        "\"; leave them empty and set MuonOptions.device and "
-        "MuonOptions.gpu_precision"));
-  }
-  return absl::OkStatus();
-}
-
 // Rank r's manifest, derived from this rank's view: the parameters whose
 // sub-mesh contains r, with the local shape the torch.chunk rule gives it
 // (this rank's own local shape for itself, so the coordinator checks it).
@@ -86,165 +71,6 @@ absl::StatusOr<v1::RankManifest> ManifestOfRank(
 }
 
 }  // namespace
-
-namespace {
-
-// `v` as Python's repr(float) prints it (the shortest text that reads back
-// as v; "1.0" not "1"; "nan", "inf"), so that messages read as torch's,
-// which format the Python float.
-std::string PythonFloat(double v) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  std::string text;
-  for (int digits = 1; digits <= 17; ++digits) {
-    text = absl::StrFormat("%.*g", digits, v);
-    if (std::strtod(text.c_str(), nullptr) == v) break;
-  }
-  if (text.find_first_of(".en") == std::string::npos) text += ".0";
-  return text;
-}
-
-}  // namespace
-
-absl::Status ValidateMuonOptions(const MuonOptions& o) {
-  // Messages follow torch.optim.Muon.__init__.
-  if (!(o.lr >= 0.0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Learning rate should be >= 0 but is: ", PythonFloat(o.lr)));
-  }
-  if (!(o.momentum >= 0.0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "momentum should be >= 0 but is: ", PythonFloat(o.momentum)));
-  }
-  if (!(o.weight_decay >= 0.0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "weight decay should be >= 0 but is: ", PythonFloat(o.weight_decay)));
-  }
-  if (o.ns_steps >= 100) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Number of steps must be less than 100 for computational efficiency "
-        "but ns_steps is: ",
-        o.ns_steps));
-  }
-  if (o.ns_steps < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ns_steps should be >= 0 but is: ", o.ns_steps));
-  }
-  if (!(o.eps >= 0.0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("eps should be >= 0 but is: ", PythonFloat(o.eps)));
-  }
-  MUON_RETURN_IF_ERROR(ValidateQkClipOptions(o.qk_clip));
-  if (!(o.normuon_beta2 >= 0.0 && o.normuon_beta2 < 1.0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("normuon_beta2 should be in [0, 1) but is: ",
-                     PythonFloat(o.normuon_beta2)));
-  }
-  if (!(o.normuon_eps > 0.0 && std::isfinite(o.normuon_eps))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("normuon_eps should be a finite value > 0 but is: ",
-                     PythonFloat(o.normuon_eps)));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ApplyMuonOptionNames(const MuonOptionNames& names,
-                                  MuonOptions* options) {
-  MuonOptions o = *options;
-  if (!names.adjust_lr_fn.empty()) {
-    absl::StatusOr<kernels::AdjustLrFn> fn =
-        kernels::ParseAdjustLrFn(names.adjust_lr_fn);
-    // torch.optim.Muon.__init__'s message, with dion's spectral_norm.
-    if (!fn.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Adjust learning rate function ", names.adjust_lr_fn,
-          " is not supported (use \"original\", \"match_rms_adamw\" or "
-          "\"spectral_norm\")"));
-    }
-    o.adjust_lr_fn = *fn;
-  }
-  auto unsupported = [](const char* option, const std::string& value,
-                        const char* choices) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        option, " \"", value, "\" is not supported (use ", choices, ")"));
-  };
-  if (!names.ns_schedule.empty()) {
-    absl::StatusOr<kernels::CoefficientSchedule> schedule =
-        kernels::ParseCoefficientScheduleName(names.ns_schedule);
-    if (!schedule.ok()) {
-      return unsupported("ns_schedule", names.ns_schedule,
-                         "\"quintic\" or \"polar_express\"");
-    }
-    o.ns_schedule = *schedule;
-  }
-  if (!names.ns_method.empty()) {
-    absl::StatusOr<kernels::NewtonSchulzMethod> method =
-        kernels::ParseNewtonSchulzMethod(names.ns_method);
-    if (!method.ok()) {
-      return unsupported("ns_method", names.ns_method,
-                         "\"standard\", \"gram\" or \"auto\"");
-    }
-    o.ns_method = *method;
-  }
-  if (!names.device.empty()) {
-    if (names.device != "cpu" && names.device != "cuda") {
-      return unsupported("device", names.device, "\"cpu\" or \"cuda\"");
-    }
-    o.device = names.device == "cuda" ? device::DeviceKind::kCuda
-                                      : device::DeviceKind::kHost;
-  }
-  if (!names.gpu_precision.empty()) {
-    absl::StatusOr<kernels::GpuPrecision> precision =
-        kernels::ParseGpuPrecision(names.gpu_precision);
-    if (!precision.ok()) {
-      return unsupported("gpu_precision", names.gpu_precision,
-                         "\"bf16\", \"tf32\" or \"fp32\"");
-    }
-    o.gpu_precision = *precision;
-  }
-  if (!names.momentum_dtype.empty()) {
-    const std::string& d = names.momentum_dtype;
-    if (d == "param") {
-      o.momentum_dtype = MomentumDType::kParam;
-    } else if (d == "float32") {
-      o.momentum_dtype = MomentumDType::kFloat32;
-    } else if (d == "bfloat16") {
-      o.momentum_dtype = MomentumDType::kBFloat16;
-    } else {
-      return unsupported("momentum_dtype", d,
-                         "\"param\", \"float32\" or \"bfloat16\"");
-    }
-  }
-  *options = o;
-  return absl::OkStatus();
-}
-
-absl::StatusOr<MuonOptions> MuonOptionsFromProto(
-    const v1::OptimizerOptions& p) {
-  MuonOptions o;
-  if (p.has_lr()) o.lr = p.lr();
-  if (p.has_weight_decay()) o.weight_decay = p.weight_decay();
-  if (p.has_momentum()) o.momentum = p.momentum();
-  if (p.has_nesterov()) o.nesterov = p.nesterov();
-  if (p.ns_coefficients_size() == 3) {
-    o.ns_a = p.ns_coefficients(0);
-    o.ns_b = p.ns_coefficients(1);
-    o.ns_c = p.ns_coefficients(2);
-  }
-  if (p.has_eps()) o.eps = p.eps();
-  if (p.has_ns_steps()) o.ns_steps = p.ns_steps();
-  if (p.has_normuon()) o.normuon = p.normuon();
-  if (p.has_normuon_beta2()) o.normuon_beta2 = p.normuon_beta2();
-  if (p.has_normuon_eps()) o.normuon_eps = p.normuon_eps();
-  if (p.has_qk_clip()) o.qk_clip = QkClipOptionsFromProto(p.qk_clip());
-  MuonOptionNames names;
-  names.adjust_lr_fn = p.adjust_lr_fn();
-  names.ns_schedule = p.ns_schedule();
-  names.ns_method = p.ns_method();
-  names.momentum_dtype = p.momentum_dtype();
-  MUON_RETURN_IF_ERROR(ApplyMuonOptionNames(names, &o));
-  return o;
-}
 
 namespace {
 
@@ -432,11 +258,6 @@ absl::StatusOr<device::Device> CommonDevice(const std::vector<ParamView>& ps,
 absl::Status CheckDeviceSupport(const device::Device& dev, const MuonOptions& o,
                                 const DistributedState& state) {
   const int rank = state.rank;
-  if (dev.is_cuda() && o.normuon) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", rank, ": normuon runs on CPU parameters in this version; the ",
-        "parameters are on ", dev.ToString()));
-  }
   if (state.world_size == 1) return absl::OkStatus();
   const Communicator* comm = state.communicator;
   if (comm != nullptr && comm->buffer_device() != dev) {
@@ -456,7 +277,7 @@ absl::Status CheckDeviceSupport(const device::Device& dev, const MuonOptions& o,
           control->buffer_device().ToString(),
           ") must be a host-memory group over the same ranks"));
     }
-  } else if ((o.check_finite || o.transactional_step) && comm != nullptr &&
+  } else if ((*o.check_finite || o.transactional_step) && comm != nullptr &&
              !comm->buffer_device().is_host()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "rank ", rank, ": check_finite and transactional_step agree across ",
@@ -614,7 +435,6 @@ absl::Status Muon::MakeDataPath(const DistributedConfig& config,
 absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
     std::vector<ParamView> params, const MuonOptions& options,
     std::optional<DistributedConfig> distributed_config) {
-  MUON_RETURN_IF_ERROR(ValidateMuonOptions(options));
   const bool distributed = distributed_config.has_value();
   DistributedConfig config;
   if (distributed) config = *std::move(distributed_config);
@@ -632,9 +452,15 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
                      runtime.status().message()));
   }
   muon->runtime_ = *runtime;
+  const v1::ExecutionOptions& execution = config.execution;
+  MUON_ASSIGN_OR_RETURN(
+      muon->options_,
+      ResolveOptions(
+          options, execution,
+          OptionContext{muon->device_, state.rank,
+                        config.gather_fn || config.redistribute_fn}));
   muon->memory_ = std::make_unique<MemoryCounters>(muon->runtime_->allocator());
   muon->params_ = std::move(params);
-  muon->options_ = options;
   muon->rank_ = state.rank;
   muon->world_size_ = state.world_size;
   muon->mesh_ = state.mesh;
@@ -643,27 +469,6 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
                         MakeLocalMatrices(muon->params_, state));
   MUON_ASSIGN_OR_RETURN(std::vector<std::vector<int>> requested,
                         RequestedOwners(config, muon->params_, local.infos));
-  const v1::ExecutionOptions& execution = config.execution;
-  if (absl::Status s = CheckConfigExecution(execution); !s.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank ", state.rank, ": ", s.message()));
-  }
-  if (ExchangeIsBf16(execution) &&
-      (config.gather_fn || config.redistribute_fn)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", state.rank,
-        ": execution.exchange_dtype \"bfloat16\" applies to the built-in "
-        "exchange; custom gather_fn / redistribute_fn carry float32 (leave "
-        "exchange_dtype empty or \"float32\")"));
-  }
-  if (options.normuon && (ExchangeIsBf16(execution) || config.gather_fn ||
-                          config.redistribute_fn)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", state.rank, ": normuon keeps its row state in float32 and ",
-        "sends it with the built-in exchange: it cannot run with ",
-        ExchangeIsBf16(execution) ? "execution.exchange_dtype \"bfloat16\""
-                                  : "custom gather_fn / redistribute_fn"));
-  }
   auto manifest_of = [&](int r) -> absl::StatusOr<v1::RankManifest> {
     MUON_ASSIGN_OR_RETURN(
         v1::RankManifest m,
@@ -681,13 +486,9 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
   MUON_RETURN_IF_ERROR(muon->ResolveQkClip(local.uses_sub_mesh));
   muon->matrices_ = std::move(local.infos);
   muon->overlap_ = execution.overlap_backward();
-  if (muon->overlap_) {
-    MUON_RETURN_IF_ERROR(
-        CheckOverlapSupport(options, muon->device_, state.rank));
-  }
   // The rule first: the executor reserves its scratch for the rule's
   // Newton-Schulz.
-  MUON_ASSIGN_OR_RETURN(muon->rule_, MakeUpdateRule(options));
+  MUON_ASSIGN_OR_RETURN(muon->rule_, MakeUpdateRule(muon->options_));
   MUON_RETURN_IF_ERROR(muon->MakeDataPath(config, std::move(local.geometry)));
 
   MUON_RETURN_IF_ERROR(muon->AllocateState());
@@ -698,7 +499,6 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
 absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
     std::vector<Parameter*> params, const MuonOptions& options,
     std::optional<DistributedConfig> distributed_config) {
-  MUON_RETURN_IF_ERROR(ValidateMuonOptions(options));
   const int rank =
       distributed_config.has_value() ? distributed_config->state.rank : 0;
   for (const Parameter* p : params) {
@@ -1081,7 +881,7 @@ absl::Status Muon::FindNonFinite(device::Stream* caller, int* bad_param,
 }
 
 absl::Status Muon::CheckGradientsFinite(device::Stream* caller) {
-  if (!options_.check_finite) return absl::OkStatus();
+  if (!*options_.check_finite) return absl::OkStatus();
   int bad_param = -1;
   int64_t bad_index = -1;
   float bad_value = 0.0f;

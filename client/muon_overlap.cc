@@ -30,26 +30,6 @@ uint64_t Fingerprint(const void* data, int64_t bytes) {
 
 }  // namespace
 
-absl::Status Muon::CheckOverlapSupport(const MuonOptions& o,
-                                       const device::Device& dev, int rank) {
-  std::string refused;
-  if (o.check_finite) {
-    refused =
-        "check_finite (its agreement needs every gradient before the "
-        "step starts): set it to false";
-  } else if (o.transactional_step) {
-    refused =
-        "transactional_step (its snapshot precedes the momentum "
-        "pass): set it to false";
-  } else if (!dev.is_host()) {
-    refused = absl::StrCat("parameters on ", dev.ToString(),
-                           " (CPU parameters in this version)");
-  }
-  if (refused.empty()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "rank ", rank, ": execution.overlap_backward cannot run with ", refused));
-}
-
 absl::Status Muon::BeginOverlappedStep() {
   MUON_RETURN_IF_ERROR(MaybeReplan());
   param_ready_.assign(params_.size(), 0);

@@ -1,6 +1,7 @@
 #include "client/step_executor.h"
 
 #include <algorithm>
+#include <cassert>
 #include <map>
 #include <utility>
 
@@ -48,31 +49,11 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
     std::vector<MatrixGeometry> geometry, Communicator* comm,
     GatherFn gather_fn, RedistributeFn redistribute_fn,
     kernels::NsEngine* ns_engine, const ExecutorOptions& options) {
-  if (options.device.is_cuda() && (gather_fn || redistribute_fn)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", rank, ": custom gather/redistribute functions take host ",
-        "memory; the executor on ", options.device.ToString(),
-        " exchanges with the communicator"));
-  }
-  if (options.normuon) {
-    std::string refused;
-    if (!options.device.is_host()) {
-      refused = absl::StrCat(
-          "runs on the host in this version; the executor "
-          "is on ",
-          options.device.ToString());
-    } else if (gather_fn || redistribute_fn) {
-      refused =
-          "needs the built-in exchange (its row state travels with it), "
-          "not custom gather/redistribute functions";
-    } else if (options.bf16_exchange) {
-      refused = "keeps its row state in float32: use the float32 exchange";
-    }
-    if (!refused.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("rank ", rank, ": NorMuon ", refused));
-    }
-  }
+  // ResolveOptions (client/muon_options.h) refuses these combinations by
+  // name before any executor exists.
+  assert(!(options.device.is_cuda() && (gather_fn || redistribute_fn)));
+  assert(!(options.normuon && (!options.device.is_host() || gather_fn ||
+                               redistribute_fn || options.bf16_exchange)));
   if (ns_engine == nullptr && options.device.is_host()) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", rank, ": no Newton-Schulz engine"));

@@ -27,7 +27,7 @@ import os
 import threading
 
 # Must equal MUONRT_ABI_VERSION of capi/muonrt.h.
-ABI_VERSION = 11
+ABI_VERSION = 12
 
 # Status codes (absl::StatusCode values, capi/muonrt.h).
 OK = 0
@@ -209,6 +209,7 @@ class muonrt_options(ctypes.Structure):
         ("normuon_eps", ctypes.c_double),
         ("overlap_backward", ctypes.c_int),
         ("momentum_dtype", ctypes.c_char_p),
+        ("check_finite", ctypes.c_int),
     ]
 
 

@@ -224,6 +224,8 @@ def _options_struct(defaults, runtime):
     if runtime["momentum_dtype"] is not None:
         opts.momentum_dtype = _momentum_dtype_name(
             runtime["momentum_dtype"]).encode()
+    if runtime["check_finite"] is not None:
+        opts.check_finite = 1 if runtime["check_finite"] else 0
     return opts
 
 
@@ -294,7 +296,13 @@ class Muon(torch.optim.Optimizer):
         mark_ready, and a bucket whose parameters are all ready is
         exchanged and orthogonalized while backward goes on; step()
         finishes the rest. Bitwise the same results. The non-finite check
-        is off with it; not with transactional_step; CPU tensors.
+        is off with it (check_finite=True is refused); not with
+        transactional_step; CPU tensors.
+    check_finite (keyword-only, None): before the step changes anything,
+        every gradient is scanned for NaN/Inf and the ranks agree; on one,
+        step() raises (naming the rank, parameter and value) and nothing
+        changes on any rank. None: on, except with overlap_backward; True;
+        False: NaN/Inf propagate, as in torch.optim.Muon.
     momentum_dtype (keyword-only, None): the momentum buffer's dtype. None
         (or "param"): each parameter's own, as torch.optim.Muon keeps it
         (2 bytes per parameter for bf16). torch.float32 / "float32": fp32
@@ -344,7 +352,8 @@ class Muon(torch.optim.Optimizer):
                  bucket_size_bytes=0, transactional_step=False,
                  replan_every_steps=0, exchange_dtype=None, normuon=False,
                  normuon_beta2=0.95, normuon_eps=1e-8, qk_clip=None,
-                 overlap_backward=False, momentum_dtype=None):
+                 overlap_backward=False, momentum_dtype=None,
+                 check_finite=None):
         self._handle = None
         self._created = False
         # The Python types torch.optim.Muon.__init__ checks; the values are
@@ -378,7 +387,8 @@ class Muon(torch.optim.Optimizer):
             normuon_beta2=normuon_beta2,
             normuon_eps=normuon_eps,
             overlap_backward=overlap_backward,
-            momentum_dtype=momentum_dtype)
+            momentum_dtype=momentum_dtype,
+            check_finite=check_finite)
         # torch.optim.Muon's argument checks (its messages; torch checks
         # ns_steps at the first step, the library now) and the runtime
         # options': the library's, raised as InvalidArgumentError

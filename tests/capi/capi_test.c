@@ -204,9 +204,9 @@ static void ReferenceStep(double* W, const double* G, double* Buf, int rows,
 
 /* ---- Tests ------------------------------------------------------------ */
 
-static void AbiVersion_IsTen(void) {
+static void AbiVersion_IsTwelve(void) {
   CHECK(muonrt_abi_version() == MUONRT_ABI_VERSION);
-  CHECK(MUONRT_ABI_VERSION == 11);
+  CHECK(MUONRT_ABI_VERSION == 12);
   CHECK(strcmp(muonrt_last_error(), "") == 0);
 done:;
 }
@@ -241,12 +241,15 @@ static void OptionsDefault_AreTorchDefaults(void) {
   CHECK(o.transactional_step == 0);
   CHECK(o.replan_every_steps == 0);
   CHECK(o.ns_method == NULL);
+  CHECK(o.overlap_backward == 0 && o.momentum_dtype == NULL);
+  CHECK(o.check_finite == -1);  /* unset: muon::ResolveOptions decides */
   muonrt_options_default(NULL); /* no-op */
 done:;
 }
 
-/* muonrt_options_validate: the defaults pass; torch's argument errors and
- * negative execution counts are INVALID_ARGUMENT naming the field. */
+/* muonrt_options_validate: the defaults pass; torch's argument errors,
+ * negative execution counts and options that cannot run together are
+ * INVALID_ARGUMENT naming the field. */
 static void OptionsValidate_NamesTheBadField(void) {
   muonrt_options o;
   muonrt_options_default(&o);
@@ -264,6 +267,26 @@ static void OptionsValidate_NamesTheBadField(void) {
   o.assignment_policy = "fastest";
   CHECK(muonrt_options_validate(&o) == MUONRT_INVALID_ARGUMENT);
   CHECK(strstr(muonrt_last_error(), "\"fastest\"") != NULL);
+  /* check_finite: -1, 0 or 1; overlap_backward leaves it off when unset
+   * and refuses it set on, by name (no silent change). */
+  muonrt_options_default(&o);
+  o.check_finite = 2;
+  CHECK(muonrt_options_validate(&o) == MUONRT_INVALID_ARGUMENT);
+  CHECK(strstr(muonrt_last_error(), "check_finite 2") != NULL);
+  muonrt_options_default(&o);
+  o.overlap_backward = 1;
+  CHECK(muonrt_options_validate(&o) == MUONRT_OK);
+  o.check_finite = 0;
+  CHECK(muonrt_options_validate(&o) == MUONRT_OK);
+  o.check_finite = 1;
+  CHECK(muonrt_options_validate(&o) == MUONRT_INVALID_ARGUMENT);
+  CHECK(strstr(muonrt_last_error(),
+               "execution.overlap_backward cannot run with check_finite") !=
+        NULL);
+  o.check_finite = -1;
+  o.transactional_step = 1;
+  CHECK(muonrt_options_validate(&o) == MUONRT_INVALID_ARGUMENT);
+  CHECK(strstr(muonrt_last_error(), "transactional_step") != NULL);
   CHECK(muonrt_options_validate(NULL) == MUONRT_INVALID_ARGUMENT);
 done:;
 }
@@ -1168,7 +1191,7 @@ typedef struct {
 
 int main(void) {
   const Test tests[] = {
-      TEST(AbiVersion_IsTen),
+      TEST(AbiVersion_IsTwelve),
       TEST(ComputeThreads_SetAndRefusedOutOfRange),
       TEST(OptionsDefault_AreTorchDefaults),
       TEST(OptionsValidate_NamesTheBadField),

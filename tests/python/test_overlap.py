@@ -85,3 +85,31 @@ def test_overlapped_step_refuses_lr_changed_after_marks_and_missing_grads():
     opt.zero_grad(set_to_none=True)
     model(x).sum().backward()
     opt.step()
+
+
+def test_check_finite_with_overlap_is_refused_by_name_not_turned_off():
+    """check_finite unset is off under overlap_backward; set True it is
+    refused by name before anything is made; set False it runs."""
+    w = torch.nn.Parameter(torch.randn(4, 4))
+    with pytest.raises(ValueError,
+                       match="overlap_backward cannot run with check_finite"):
+        muonrt.Muon([("w", w)], overlap_backward=True, check_finite=True)
+    opt = muonrt.Muon([("w", w)], overlap_backward=True, check_finite=False)
+    w.grad = torch.randn(4, 4)
+    opt.step()
+
+
+def test_check_finite_false_lets_nan_through_as_torch_does():
+    """check_finite=False: a NaN gradient propagates into the parameter
+    (torch.optim.Muon's behaviour); the default refuses the step and keeps
+    the parameter."""
+    w = torch.nn.Parameter(torch.ones(4, 4))
+    before = w.detach().clone()
+    checked = muonrt.Muon([("w", w)], lr=0.1)
+    w.grad = torch.full((4, 4), float("nan"))
+    with pytest.raises(RuntimeError, match="non-finite|NaN|nan"):
+        checked.step()
+    assert torch.equal(w.detach(), before)
+    unchecked = muonrt.Muon([("w", w)], lr=0.1, check_finite=False)
+    unchecked.step()
+    assert torch.isnan(w.detach()).all()

@@ -1,0 +1,137 @@
+// ResolveOptions (client/muon_options.h): every check across options made once,
+// each with its message, and the defaults that depend on other options
+// (check_finite under overlap_backward); MuonOptionsFromProto's check_finite
+// and transactional_step.
+#include "absl/status/status.h"
+#include "client/muon_options.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "muon/v1/coordinator.pb.h"
+#include "tests/status_matchers.h"
+
+namespace muon {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+OptionContext Host(int rank = 0) {
+  return OptionContext{device::Device::Host(), rank, false};
+}
+
+TEST(ResolveOptionsTest, CheckFiniteUnset_OnWithoutOverlapOffWithIt) {
+  const MuonOptions unset;
+  ASSERT_FALSE(unset.check_finite.has_value());
+  v1::ExecutionOptions plain;
+  absl::StatusOr<MuonOptions> on = ResolveOptions(unset, plain, Host());
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_EQ(on->check_finite, std::optional<bool>(true));
+
+  v1::ExecutionOptions overlap;
+  overlap.set_overlap_backward(true);
+  absl::StatusOr<MuonOptions> off = ResolveOptions(unset, overlap, Host());
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ(off->check_finite, std::optional<bool>(false));
+
+  MuonOptions explicit_off;
+  explicit_off.check_finite = false;
+  absl::StatusOr<MuonOptions> kept =
+      ResolveOptions(explicit_off, plain, Host());
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->check_finite, std::optional<bool>(false));
+}
+
+TEST(ResolveOptionsTest,
+     OverlapWithCheckFiniteOnOrTransactional_RefusedByName) {
+  v1::ExecutionOptions overlap;
+  overlap.set_overlap_backward(true);
+  MuonOptions check;
+  check.check_finite = true;
+  EXPECT_THAT(
+      ResolveOptions(check, overlap, Host(3)).status(),
+      StatusIs(
+          absl::StatusCode::kInvalidArgument,
+          AllOf(HasSubstr("rank 3"),
+                HasSubstr("overlap_backward cannot run with check_finite"))));
+  MuonOptions transactional;
+  transactional.transactional_step = true;
+  EXPECT_THAT(ResolveOptions(transactional, overlap, Host()).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("cannot run with transactional_step")));
+  EXPECT_THAT(
+      ResolveOptions(MuonOptions(), overlap,
+                     OptionContext{device::Device::Cuda(0), 1, false})
+          .status(),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               AllOf(HasSubstr("rank 1"), HasSubstr("parameters on cuda:0"))));
+}
+
+TEST(ResolveOptionsTest, NorMuonAndExchangeCombinations_RefusedByName) {
+  MuonOptions normuon;
+  normuon.normuon = true;
+  v1::ExecutionOptions bf16;
+  bf16.set_exchange_dtype("bfloat16");
+  EXPECT_THAT(ResolveOptions(normuon, bf16, Host(2)).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("rank 2"), HasSubstr("normuon"),
+                             HasSubstr("bfloat16"))));
+  EXPECT_THAT(
+      ResolveOptions(normuon, v1::ExecutionOptions(),
+                     OptionContext{device::Device::Host(), 0, true})
+          .status(),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               AllOf(HasSubstr("normuon"), HasSubstr("custom gather_fn"))));
+  EXPECT_THAT(ResolveOptions(normuon, v1::ExecutionOptions(),
+                             OptionContext{device::Device::Cuda(1), 0, false})
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("normuon runs on CPU parameters"),
+                             HasSubstr("cuda:1"))));
+  EXPECT_THAT(ResolveOptions(MuonOptions(), bf16,
+                             OptionContext{device::Device::Host(), 0, true})
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("exchange_dtype \"bfloat16\" applies to the "
+                                 "built-in exchange")));
+  EXPECT_THAT(
+      ResolveOptions(MuonOptions(), v1::ExecutionOptions(),
+                     OptionContext{device::Device::Cuda(0), 0, true})
+          .status(),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               AllOf(HasSubstr("custom gather_fn / redistribute_fn take "
+                               "host memory"),
+                     HasSubstr("cuda:0"))));
+}
+
+// torch's argument messages come first, without a rank (they read as
+// torch.optim.Muon.__init__'s); the execution options' follow with one.
+TEST(ResolveOptionsTest, TorchArgumentErrorsFirstThenExecution) {
+  MuonOptions bad;
+  bad.lr = -0.5;
+  v1::ExecutionOptions negative;
+  negative.set_prefetch_count(-1);
+  EXPECT_THAT(ResolveOptions(bad, negative, Host()).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "Learning rate should be >= 0 but is: -0.5"));
+  EXPECT_THAT(
+      ResolveOptions(MuonOptions(), negative, Host(5)).status(),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               AllOf(HasSubstr("rank 5"), HasSubstr("prefetch_count is -1"))));
+}
+
+TEST(MuonOptionsFromProtoTest, ReadsCheckFiniteAndTransactionalStep) {
+  v1::OptimizerOptions proto;
+  absl::StatusOr<MuonOptions> unset = MuonOptionsFromProto(proto);
+  ASSERT_TRUE(unset.ok());
+  EXPECT_FALSE(unset->check_finite.has_value());
+  EXPECT_FALSE(unset->transactional_step);
+  proto.set_check_finite(false);
+  proto.set_transactional_step(true);
+  absl::StatusOr<MuonOptions> set = MuonOptionsFromProto(proto);
+  ASSERT_TRUE(set.ok());
+  EXPECT_EQ(set->check_finite, std::optional<bool>(false));
+  EXPECT_TRUE(set->transactional_step);
+}
+
+}  // namespace
+}  // namespace muon
