@@ -538,15 +538,12 @@ absl::Status Muon::SetParamHyperparameters(int index, double lr,
         absl::StrCat("rank ", rank_, ": parameter index ", index,
                      " is outside [0, ", params_.size(), ")"));
   }
-  if (!(lr >= 0.0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Learning rate should be >= 0 but is: ", lr,
-                     " (parameter \"", params_[index].name, "\")"));
-  }
-  if (!(weight_decay >= 0.0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("weight decay should be >= 0 but is: ", weight_decay,
-                     " (parameter \"", params_[index].name, "\")"));
+  for (absl::Status s :
+       {ValidateLearningRate(lr), ValidateWeightDecay(weight_decay)}) {
+    if (!s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          s.message(), " (parameter \"", params_[index].name, "\")"));
+    }
   }
   if (overlap_begun_) {
     // The executor's threads read the rule for buckets already running.

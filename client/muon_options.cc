@@ -90,20 +90,26 @@ absl::Status CheckOverlap(const MuonOptions& o, const OptionContext& context) {
 
 }  // namespace
 
+absl::Status ValidateLearningRate(double lr) {
+  if (lr >= 0.0) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("Learning rate should be >= 0 but is: ", PythonFloat(lr)));
+}
+
+absl::Status ValidateWeightDecay(double weight_decay) {
+  if (weight_decay >= 0.0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "weight decay should be >= 0 but is: ", PythonFloat(weight_decay)));
+}
+
 absl::Status ValidateMuonOptions(const MuonOptions& o) {
-  // Messages follow torch.optim.Muon.__init__.
-  if (!(o.lr >= 0.0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Learning rate should be >= 0 but is: ", PythonFloat(o.lr)));
-  }
+  // Messages follow torch.optim.Muon.__init__, in its order.
+  MUON_RETURN_IF_ERROR(ValidateLearningRate(o.lr));
   if (!(o.momentum >= 0.0)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "momentum should be >= 0 but is: ", PythonFloat(o.momentum)));
   }
-  if (!(o.weight_decay >= 0.0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "weight decay should be >= 0 but is: ", PythonFloat(o.weight_decay)));
-  }
+  MUON_RETURN_IF_ERROR(ValidateWeightDecay(o.weight_decay));
   if (o.ns_steps >= 100) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Number of steps must be less than 100 for computational efficiency "

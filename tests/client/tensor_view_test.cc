@@ -326,9 +326,15 @@ TEST(TensorViewTest,
   }
   EXPECT_TRUE(BitwiseEqual(a.w, a_ref.w));
   EXPECT_TRUE(BitwiseEqual(b.w, b_before));
+  // torch's messages, the value as Python prints it, and the parameter.
   EXPECT_THAT((*grouped)->SetParamHyperparameters(1, -1.0, 0.0),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       ::testing::HasSubstr("Learning rate should be >= 0")));
+                       ::testing::HasSubstr("Learning rate should be >= 0 but "
+                                            "is: -1.0 (parameter \"")));
+  EXPECT_THAT((*grouped)->SetParamHyperparameters(1, 0.1, -0.5),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::HasSubstr("weight decay should be >= 0 but "
+                                            "is: -0.5 (parameter \"")));
   EXPECT_THAT((*grouped)->SetParamHyperparameters(2, 0.1, 0.0),
               StatusIs(absl::StatusCode::kOutOfRange, ::testing::_));
 }
