@@ -355,7 +355,7 @@ int muonrt_optimizer_clip_qk(muonrt_optimizer* opt, const float* max_logits,
 
 /* Muon::Save / Muon::Load: one safetensors file per rank plus
  * metadata.json in `dir`; Load reshards from any saved layout. Errors:
- * those of client/checkpoint.h, naming the file and parameter. */
+ * those of checkpoint/checkpoint.h, naming the file and parameter. */
 int muonrt_optimizer_save(muonrt_optimizer* opt, const char* dir);
 int muonrt_optimizer_load(muonrt_optimizer* opt, const char* dir);
 

@@ -272,7 +272,7 @@ class Muon {
   // Writes this rank's state to DIR/rank_<rank>.safetensors (safetensors
   // format, one tensor "<param>.momentum_buffer" per parameter) and, on
   // rank 0, DIR/metadata.json (mesh, placements, plan hash, step, format
-  // version); see client/checkpoint.h. Every rank calls it (no collective
+  // version); see checkpoint/checkpoint.h. Every rank calls it (no collective
   // runs: the caller synchronizes before reading the directory).
   // Errors: those of WriteCheckpointShard (I/O, naming the path).
   absl::Status Save(const std::string& dir) const;

@@ -1,12 +1,12 @@
 // Muon's state_dict / load_state_dict and its checkpoints (Save / Load):
 // the rank-symmetric momentum shards (and NorMuon's row state), in the
-// safetensors-based format of client/checkpoint.h.
+// safetensors-based format of checkpoint/checkpoint.h.
 #include <iostream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "client/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "client/muon.h"
 #include "common/status_macros.h"
 #include "kernels/blas_tiles.h"

@@ -4,7 +4,7 @@
 // {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]} (bytes from
 // the start of the data section) and may hold "__metadata__", an object of
 // string values. One reader and one header writer for everything here that
-// touches the format: the optimizer's checkpoints (client/checkpoint.h),
+// touches the format: the optimizer's checkpoints (checkpoint/checkpoint.h),
 // `muonctl spec` (tools/spec_builder.h) and the tests.
 //
 // Reading trusts nothing: every size is checked before anything is sized

@@ -34,7 +34,7 @@ CXXFLAGS=(-std=c++17 -O1 -g -fno-omit-frame-pointer -DNOMINMAX -I. -I"$GEN"
 # The library code under test: everything the four targets reach. New .cc
 # files in common/ and plan/ are picked up automatically.
 LIB_SRCS=(common/*.cc plan/*.cc server/coordinator_service.cc server/coordinator_observer.cc server/kv_store.cc server/deadline_timer.cc
-  client/checkpoint.cc tools/npy.cc)
+  checkpoint/checkpoint.cc tools/npy.cc)
 LIBS=$(pkg-config --libs protobuf absl_status absl_statusor absl_strings \
   absl_str_format absl_synchronization absl_time absl_hash absl_raw_hash_set)
 

@@ -1,4 +1,4 @@
-// libFuzzer target: the checkpoint reader (client/checkpoint.h
+// libFuzzer target: the checkpoint reader (checkpoint/checkpoint.h
 // CheckpointReader::Open: metadata.json and every rank file's safetensors
 // header, then ReadRegion of each small tensor as a whole).
 //
@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
-#include "client/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "fuzz/fuzz_util.h"
 
 namespace {

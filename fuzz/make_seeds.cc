@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "client/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "common/spec.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"

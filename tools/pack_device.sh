@@ -15,7 +15,7 @@ targets=(
   //tests/kernels:gpu_newton_schulz_test
   //tests/kernels:gpu_muon_update_test
   //tests/kernels:cuda_api_test
-  //tests/client:nccl_communicator_test
+  //tests/comm:nccl_communicator_test
   //tests/device:cuda_stream_test
   //tests/device:host_stream_test
   //tests/client:executor_streams_test

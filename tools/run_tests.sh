@@ -133,7 +133,7 @@ fi
 # spinning, which TSan cannot see). No suppressions: the code these tests
 # run synchronizes with std:: primitives, which TSan sees.
 TSAN_TESTS=(//tests/device:host_stream_test //tests/client:executor_streams_test
-            //tests/client:communicator_test)
+            //tests/comm:communicator_test)
 if [[ $rc -eq 0 ]]; then
   bazel test --config=tsan --test_env=OPENBLAS_NUM_THREADS=1 --test_summary=short \
     "${TSAN_TESTS[@]}" 2>&1 | tee /tmp/muon-tsan-output.txt
@@ -153,6 +153,13 @@ else
 fi
 # Formatting: every C++/CUDA source as clang-format (Google style) writes it.
 if ! bash tools/check_format.sh; then
+  failed=$((failed + 1))
+  rc=1
+fi
+# Every package is in the layering test (tests/layering).
+if bash tests/layering/check_coverage.sh; then
+  passed=$((passed + 1))
+else
   failed=$((failed + 1))
   rc=1
 fi

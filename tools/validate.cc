@@ -16,7 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "client/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "client/distributed_config.h"
 #include "client/muon.h"
 #include "client/process_group.h"

@@ -1447,7 +1447,7 @@ class Muon(torch.optim.Optimizer):
     def save_checkpoint(self, directory, barrier=True):
         """Writes this rank's state (momentum shards, step) to
         `directory` (created if needed): rank_<r>.safetensors per rank and
-        metadata.json (client/checkpoint.h). Every rank calls it; with a
+        metadata.json (checkpoint/checkpoint.h). Every rank calls it; with a
         process group and `barrier`, returns after every rank wrote its
         file. Learning rates are not saved (they are the lr scheduler's
         state)."""

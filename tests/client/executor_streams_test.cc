@@ -38,9 +38,9 @@
 #include "plan/manifest_validation.h"
 #include "plan/planner.h"
 #include "plan/schedule.h"
-#include "tests/client/fake_cuda_stream.h"
-#include "tests/client/in_memory_store_client.h"
 #include "tests/client/rank_threads.h"
+#include "tests/comm/fake_cuda_stream.h"
+#include "tests/comm/in_memory_store_client.h"
 #include "tests/server/test_specs.h"
 #include "tests/tsan_death_test.h"
 

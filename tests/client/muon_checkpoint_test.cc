@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "client/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "client/distributed_config.h"
 #include "client/muon.h"
 #include "common/layout.h"

@@ -168,7 +168,7 @@ def test_save_and_load_checkpoint_continue_bitwise(tmp_path):
     opt_first.save_checkpoint(ckpt)
     assert (ckpt / "rank_0.safetensors").is_file()
     meta = json.loads((ckpt / "metadata.json").read_text())
-    assert meta  # the library's format (client/checkpoint.h)
+    assert meta  # the library's format (checkpoint/checkpoint.h)
     snapshot = {n: p.detach().clone() for n, p in first.items()}
 
     resumed = {n: torch.nn.Parameter(w) for n, w in snapshot.items()}

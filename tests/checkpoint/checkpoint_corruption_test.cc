@@ -1,4 +1,4 @@
-// client/checkpoint.h's reader on damaged or mismatched files: every
+// checkpoint/checkpoint.h's reader on damaged or mismatched files: every
 // corruption (missing, truncated or trailing bytes, bad header lengths,
 // garbage JSON, fields of the wrong type, another format or version,
 // inconsistent shapes, any single corrupted header byte) and every bad
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/client/checkpoint_test_util.h"
+#include "tests/checkpoint/checkpoint_test_util.h"
 
 namespace muon {
 namespace checkpoint_testing {

@@ -6,8 +6,8 @@
 // Thread-safety: all methods may be called concurrently. Built on std::mutex
 // (not absl::Mutex, whose waits Debian's uninstrumented Abseil hides from
 // ThreadSanitizer) so that the communicator tests run under --config=tsan.
-#ifndef MUON_TESTS_CLIENT_IN_MEMORY_STORE_CLIENT_H_
-#define MUON_TESTS_CLIENT_IN_MEMORY_STORE_CLIENT_H_
+#ifndef MUON_TESTS_COMM_IN_MEMORY_STORE_CLIENT_H_
+#define MUON_TESTS_COMM_IN_MEMORY_STORE_CLIENT_H_
 
 #include <chrono>
 #include <condition_variable>
@@ -97,4 +97,4 @@ class InMemoryStoreClient : public CoordinationClient {
 }  // namespace testing
 }  // namespace muon
 
-#endif  // MUON_TESTS_CLIENT_IN_MEMORY_STORE_CLIENT_H_
+#endif  // MUON_TESTS_COMM_IN_MEMORY_STORE_CLIENT_H_

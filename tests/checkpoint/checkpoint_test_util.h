@@ -3,8 +3,8 @@
 // test.cc: damaged and mismatched files): global tensors with known values,
 // their shards per layout, writing every rank's file, and editing a rank
 // file's header or metadata.json in place.
-#ifndef MUON_TESTS_CLIENT_CHECKPOINT_TEST_UTIL_H_
-#define MUON_TESTS_CLIENT_CHECKPOINT_TEST_UTIL_H_
+#ifndef MUON_TESTS_CHECKPOINT_CHECKPOINT_TEST_UTIL_H_
+#define MUON_TESTS_CHECKPOINT_CHECKPOINT_TEST_UTIL_H_
 
 #include <dirent.h>
 #include <sys/stat.h>
@@ -23,7 +23,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "client/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "common/layout.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -242,4 +242,4 @@ inline SmallCheckpoint MakeSmallCheckpoint() {
 }  // namespace checkpoint_testing
 }  // namespace muon
 
-#endif  // MUON_TESTS_CLIENT_CHECKPOINT_TEST_UTIL_H_
+#endif  // MUON_TESTS_CHECKPOINT_CHECKPOINT_TEST_UTIL_H_

@@ -1,4 +1,4 @@
-// client/checkpoint.h: write per-rank safetensors shards + metadata.json,
+// checkpoint/checkpoint.h: write per-rank safetensors shards + metadata.json,
 // read any box back under another layout (FSDP 4 -> 2, rows -> columns,
 // DDP -> sharded, 3-D expert stacks, uneven and empty boxes), the files are
 // plain safetensors, and bad input to the writer is refused. Damaged files:
@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/client/checkpoint_test_util.h"
+#include "tests/checkpoint/checkpoint_test_util.h"
 
 namespace muon {
 namespace checkpoint_testing {

@@ -1,4 +1,4 @@
-#include "client/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 #include <algorithm>
 #include <functional>

@@ -11,7 +11,7 @@
 #include "gloo/rendezvous/prefix_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/client/in_memory_store_client.h"
+#include "tests/comm/in_memory_store_client.h"
 
 namespace muon {
 namespace {

@@ -24,8 +24,8 @@
 #include "device/host_stream.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/client/fake_cuda_stream.h"
-#include "tests/client/in_memory_store_client.h"
+#include "tests/comm/fake_cuda_stream.h"
+#include "tests/comm/in_memory_store_client.h"
 
 namespace muon {
 namespace {

@@ -30,7 +30,7 @@
 #include "device/runtime.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/client/in_memory_store_client.h"
+#include "tests/comm/in_memory_store_client.h"
 #include "tests/gpu_test_util.h"
 #include "tests/status_matchers.h"
 

@@ -1,8 +1,8 @@
 // A stream that claims to be on cuda:0 and runs nothing on a GPU: for the
 // tests that check that host-only code refuses a CUDA stream by name,
 // without needing CUDA.
-#ifndef MUON_TESTS_CLIENT_FAKE_CUDA_STREAM_H_
-#define MUON_TESTS_CLIENT_FAKE_CUDA_STREAM_H_
+#ifndef MUON_TESTS_COMM_FAKE_CUDA_STREAM_H_
+#define MUON_TESTS_COMM_FAKE_CUDA_STREAM_H_
 
 #include <string>
 #include <utility>
@@ -31,4 +31,4 @@ class FakeCudaStream final : public device::Stream {
 }  // namespace testing
 }  // namespace muon
 
-#endif  // MUON_TESTS_CLIENT_FAKE_CUDA_STREAM_H_
+#endif  // MUON_TESTS_COMM_FAKE_CUDA_STREAM_H_

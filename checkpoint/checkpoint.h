@@ -41,8 +41,8 @@
 //
 // Tensor names are data, never paths: file names are only the ones above.
 // Host byte order must be little-endian (checked at compile time).
-#ifndef MUON_CLIENT_CHECKPOINT_H_
-#define MUON_CLIENT_CHECKPOINT_H_
+#ifndef MUON_CHECKPOINT_CHECKPOINT_H_
+#define MUON_CHECKPOINT_CHECKPOINT_H_
 
 #include <cstdint>
 #include <map>
@@ -243,4 +243,4 @@ class CheckpointReader {
 
 }  // namespace muon
 
-#endif  // MUON_CLIENT_CHECKPOINT_H_
+#endif  // MUON_CHECKPOINT_CHECKPOINT_H_
