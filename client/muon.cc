@@ -557,25 +557,31 @@ absl::Status Muon::SetParamHyperparameters(int index, double lr,
   return absl::OkStatus();
 }
 
+absl::Status Muon::BindOne(int index) {
+  if (index >= static_cast<int>(bound_.size())) return absl::OkStatus();
+  Parameter& p = *bound_[index];
+  ParamView& v = params_[index];
+  if (static_cast<int64_t>(p.data.size()) != v.local_numel()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank_, ": parameter \"", p.name, "\" holds ",
+                     p.data.size(), " values but its local shape ",
+                     ShapeToString(v.local_shape), " needs ", v.local_numel()));
+  }
+  if (!p.grad.empty() &&
+      static_cast<int64_t>(p.grad.size()) != v.local_numel()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank_, ": parameter \"", p.name, "\" has a gradient of ",
+        p.grad.size(), " values but its local shape ",
+        ShapeToString(v.local_shape), " needs ", v.local_numel()));
+  }
+  v.data = p.data.data();
+  v.grad = p.grad.empty() ? nullptr : p.grad.data();
+  return absl::OkStatus();
+}
+
 absl::Status Muon::Preflight() {
   for (size_t i = 0; i < bound_.size(); ++i) {
-    Parameter& p = *bound_[i];
-    ParamView& v = params_[i];
-    if (static_cast<int64_t>(p.data.size()) != v.local_numel()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "rank ", rank_, ": parameter \"", p.name, "\" holds ", p.data.size(),
-          " values but its local shape ", ShapeToString(v.local_shape),
-          " needs ", v.local_numel()));
-    }
-    if (!p.grad.empty() &&
-        static_cast<int64_t>(p.grad.size()) != v.local_numel()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "rank ", rank_, ": parameter \"", p.name, "\" has a gradient of ",
-          p.grad.size(), " values but its local shape ",
-          ShapeToString(v.local_shape), " needs ", v.local_numel()));
-    }
-    v.data = p.data.data();
-    v.grad = p.grad.empty() ? nullptr : p.grad.data();
+    MUON_RETURN_IF_ERROR(BindOne(static_cast<int>(i)));
   }
   for (const ParamView& v : params_) {
     if (v.grad == nullptr && v.local_numel() > 0) {
@@ -680,10 +686,14 @@ absl::Status Muon::RunStep(device::Stream* caller) {
     }
     return s;
   }
+  CountStep(start);
+  return absl::OkStatus();
+}
+
+void Muon::CountStep(absl::Time start) {
   stats_.step_time_s = absl::ToDoubleSeconds(absl::Now() - start);
   ++step_;
   ReportStep();
-  return absl::OkStatus();
 }
 
 absl::Status Muon::MomentumPass(device::Stream* caller) {

@@ -415,6 +415,13 @@ class Muon {
   absl::Status ReadyOne(int index);
   absl::Status FinishOverlappedStep();
   static kernels::ParamDType KernelDType(DType dtype);
+  // A bound Parameter's data and gradient into its view, after checking
+  // their sizes (FailedPrecondition naming the parameter and rank); a no-op
+  // for views passed as ParamView. Preflight and MarkReady share it.
+  absl::Status BindOne(int index);
+  // The end of a successful step (sequential or begun by MarkReady) that
+  // started at `start`: its time, the step count, the report.
+  void CountStep(absl::Time start);
   // Scales this rank's rows [begin, end) of parameter `index` (-1: not
   // held here) by `factor`.
   void ScaleLocalRows(int index, int64_t begin, int64_t end, double factor);

@@ -45,19 +45,7 @@ absl::Status Muon::BeginOverlappedStep() {
 absl::Status Muon::ReadyOne(int index) {
   ParamView& p = params_[index];
   const int64_t n = buffers_[index].size();
-  if (index < static_cast<int>(bound_.size())) {
-    // Bound Parameters: Preflight's size checks, for this one.
-    Parameter& b = *bound_[index];
-    if (static_cast<int64_t>(b.data.size()) != n ||
-        (!b.grad.empty() && static_cast<int64_t>(b.grad.size()) != n)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("rank ", rank_, ": parameter \"", p.name, "\" holds ",
-                       b.data.size(), " values and a gradient of ",
-                       b.grad.size(), " but its local shape needs ", n));
-    }
-    p.data = b.data.data();
-    p.grad = b.grad.empty() ? nullptr : b.grad.data();
-  }
+  MUON_RETURN_IF_ERROR(BindOne(index));
   if (p.grad == nullptr && n > 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("rank ", rank_, ": parameter \"", p.name,
@@ -136,9 +124,7 @@ absl::Status Muon::FinishOverlappedStep() {
   if (!finished.ok()) {
     return agent_ != nullptr ? agent_->OnStepFailed(finished) : finished;
   }
-  stats_.step_time_s = absl::ToDoubleSeconds(absl::Now() - overlap_start_);
-  ++step_;
-  ReportStep();
+  CountStep(overlap_start_);
   return absl::OkStatus();
 }
 
