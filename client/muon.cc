@@ -384,34 +384,33 @@ absl::Status Muon::MakeDataPath(const DistributedConfig& config,
         kernels::ParamDType::kFloat32;
   }
   device_wait_timeout_ = exec_options.step_timeout;
+  // The executor owns the step's kernels: on the host over this engine,
+  // on CUDA its own (Newton-Schulz in cuBLAS on its compute stream).
+  std::shared_ptr<kernels::NsEngine> engine;
   if (device_.is_host()) {
     if (config.ns_engine_factory) {
-      MUON_ASSIGN_OR_RETURN(ns_engine_, config.ns_engine_factory());
+      MUON_ASSIGN_OR_RETURN(engine, config.ns_engine_factory());
     } else {
-      MUON_ASSIGN_OR_RETURN(ns_engine_, MakeNsEngine(options_, rank));
+      MUON_ASSIGN_OR_RETURN(engine, MakeNsEngine(options_, rank));
     }
-    kernels_ = kernels::MakeHostStepKernels(ns_engine_.get());
-  } else {
-    // Newton-Schulz runs in the executor's own CUDA kernels; these serve
-    // the elementwise passes on the caller's stream.
-    absl::StatusOr<std::unique_ptr<kernels::StepKernels>> k =
-        kernels::MakeCudaStepKernels(device_.ordinal, nullptr,
-                                     exec_options.precision);
-    if (!k.ok()) {
-      return absl::Status(k.status().code(),
-                          absl::StrCat("rank ", rank, ": ", device_.ToString(),
-                                       ": ", k.status().message()));
-    }
-    kernels_ = *std::move(k);
   }
   replan_every_steps_ = config.execution.replan_every_steps();
-  absl::StatusOr<std::unique_ptr<StepExecutor>> executor = StepExecutor::Create(
-      rank, state.world_size, plan_, std::move(geometry), comm,
-      config.gather_fn, config.redistribute_fn, ns_engine_.get(), exec_options);
+  absl::StatusOr<std::unique_ptr<StepExecutor>> executor =
+      StepExecutor::Create(rank, state.world_size, plan_, std::move(geometry),
+                           comm, config.gather_fn, config.redistribute_fn,
+                           std::move(engine), exec_options);
   if (!executor.ok()) {
+    const absl::Status& e = executor.status();
+    // InvalidArgument: the plan and this rank's matrices disagree; other
+    // codes are the device's (its kernels could not be made there).
+    if (e.code() != absl::StatusCode::kInvalidArgument) {
+      return absl::Status(
+          e.code(), absl::StrCat("rank ", rank, ": ", device_.ToString(), ": ",
+                                 e.message()));
+    }
     return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", rank, ": the plan does not fit this rank's parameters: ",
-        executor.status().message()));
+        "rank ", rank,
+        ": the plan does not fit this rank's parameters: ", e.message()));
   }
   executor_ = *std::move(executor);
   comm_ = comm;
@@ -671,8 +670,8 @@ absl::Status Muon::RunStep(device::Stream* caller) {
   const absl::Time start = absl::Now();
   if (options_.transactional_step) {
     MUON_RETURN_IF_ERROR(OnCaller(caller, [&] {
-      return snapshot_.Save(kernels_.get(), caller, params_, state_buffers_,
-                            step_);
+      return snapshot_.Save(&executor_->kernels(), caller, params_,
+                            state_buffers_, step_);
     }));
   }
   if (absl::Status s = UpdateAll(caller); !s.ok()) {
@@ -714,8 +713,8 @@ absl::Status Muon::MomentumOne(int index, device::Stream* stream) {
   src.grad = options_.nesterov ? p.grad : nullptr;
   src.grad_dtype = KernelDType(p.grad_dtype);
   if (buf.size() == 0) return absl::OkStatus();
-  return rule_.Momentum(*kernels_, stream, buf.data(), buf.dtype, p.grad,
-                        KernelDType(p.grad_dtype), buf.size());
+  return rule_.Momentum(executor_->kernels(), stream, buf.data(), buf.dtype,
+                        p.grad, KernelDType(p.grad_dtype), buf.size());
 }
 
 absl::Status Muon::UpdateAll(device::Stream* caller) {
@@ -786,8 +785,8 @@ absl::Status Muon::AllocateRowState() {
 
 absl::Status Muon::RestoreState(device::Stream* caller) {
   MUON_RETURN_IF_ERROR(OnCaller(caller, [&] {
-    return snapshot_.Restore(kernels_.get(), caller, params_, state_buffers_,
-                             &step_);
+    return snapshot_.Restore(&executor_->kernels(), caller, params_,
+                             state_buffers_, &step_);
   }));
   return SyncCaller(caller);
 }
@@ -861,8 +860,9 @@ absl::Status Muon::FindNonFinite(device::Stream* caller, int* bad_param,
     const int64_t numel = buffers_[i].size();
     if (numel == 0) continue;
     MUON_RETURN_IF_ERROR(OnCaller(caller, [&] {
-      return kernels_->FirstNonFinite(caller, p.grad, KernelDType(p.grad_dtype),
-                                      numel, nonfinite_.data() + i);
+      return executor_->kernels().FirstNonFinite(caller, p.grad,
+                                                 KernelDType(p.grad_dtype),
+                                                 numel, nonfinite_.data() + i);
     }));
   }
   MUON_RETURN_IF_ERROR(SyncCaller(caller));

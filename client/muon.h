@@ -464,7 +464,6 @@ class Muon {
     device::CountingAllocator total, state, snapshot, buffers;
   };
   std::unique_ptr<MemoryCounters> memory_;
-  std::unique_ptr<kernels::StepKernels> kernels_;
   // CUDA: the caller's stream of the last step, wrapped.
   std::unique_ptr<device::Stream> caller_;
   void* caller_native_ = nullptr;
@@ -473,7 +472,6 @@ class Muon {
   // off).
   StepSnapshot snapshot_;
   std::function<absl::Status(int64_t)> post_update_fault_;  // testing only
-  std::unique_ptr<kernels::NsEngine> ns_engine_;
   std::unique_ptr<Agent> agent_;
   std::unique_ptr<StepExecutor> executor_;
   int replan_every_steps_ = 0;

@@ -48,7 +48,8 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
     int rank, int world_size, const v1::Plan& plan,
     std::vector<MatrixGeometry> geometry, Communicator* comm,
     GatherFn gather_fn, RedistributeFn redistribute_fn,
-    kernels::NsEngine* ns_engine, const ExecutorOptions& options) {
+    std::shared_ptr<kernels::NsEngine> ns_engine,
+    const ExecutorOptions& options) {
   // ResolveOptions (client/muon_options.h) refuses these combinations by
   // name before any executor exists.
   assert(!(options.device.is_cuda() && (gather_fn || redistribute_fn)));
@@ -73,7 +74,7 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
   std::unique_ptr<StepExecutor> ex(new StepExecutor(
       rank, world_size, comm, std::move(geometry), std::move(gather_fn),
       std::move(redistribute_fn), options));
-  ex->ns_engine_ = ns_engine;
+  ex->ns_engine_ = std::move(ns_engine);
   MUON_ASSIGN_OR_RETURN(ex->runtime_, device::GetRuntime(options.device));
   MUON_ASSIGN_OR_RETURN(const BufferSizes sizes, ex->CompileBuckets(plan));
   MUON_RETURN_IF_ERROR(ex->CompileSchedule(plan));
@@ -438,7 +439,7 @@ absl::Status StepExecutor::CreateStreamsAndKernels() {
     streams_ = {main_stream_.get()};
   }
   if (options_.device.is_host()) {
-    kernels_ = kernels::MakeHostStepKernels(ns_engine_);
+    kernels_ = kernels::MakeHostStepKernels(ns_engine_.get());
     return absl::OkStatus();
   }
   // CUDA Newton-Schulz is bound to the stream it runs on.

@@ -178,7 +178,9 @@ struct ExecutorOptions {
 
 class StepExecutor {
  public:
-  // `ns_engine` (not owned; outlives the executor) orthogonalizes.
+  // `ns_engine` orthogonalizes on the host (shared with the executors
+  // ForPlan makes; null on CUDA, where the executor's own CUDA kernels
+  // run Newton-Schulz). The executor owns the step's kernels (kernels()).
   // `matrices` are the matrices of this rank's parameters; the plan may
   // hold more (other pipeline stages), which this rank skips with zero
   // split sizes while still joining every bucket's collectives. The plan
@@ -195,7 +197,7 @@ class StepExecutor {
       int rank, int world_size, const v1::Plan& plan,
       std::vector<MatrixGeometry> matrices, Communicator* comm,
       GatherFn gather_fn, RedistributeFn redistribute_fn,
-      kernels::NsEngine* ns_engine,
+      std::shared_ptr<kernels::NsEngine> ns_engine,
       const ExecutorOptions& options = ExecutorOptions());
 
   // An executor for `plan` (a re-plan of the same job) with this one's
@@ -289,6 +291,10 @@ class StepExecutor {
   const device::Device& device() const { return options_.device; }
 
   // Bytes of the executor's device memory its kernels hold as
+  // The step's kernels on this executor's device, for every pass of the
+  // step (the momentum, the finite check and the snapshot run them on the
+  // caller's stream; Newton-Schulz on the executor's).
+  kernels::StepKernels& kernels() const { return *kernels_; }
   // Newton-Schulz scratch (StepKernels::ScratchBytes; 0 on the host).
   int64_t kernel_scratch_bytes() const { return kernels_->ScratchBytes(); }
 
@@ -490,7 +496,7 @@ class StepExecutor {
   // Exchange buffers, used only by the stream running the exchanges.
   device::DeviceBuffer<float> send_buf_;
   device::DeviceBuffer<float> recv_buf_;
-  kernels::NsEngine* ns_engine_ = nullptr;  // Not owned.
+  std::shared_ptr<kernels::NsEngine> ns_engine_;  // Host Newton-Schulz.
   // Per-stream timing records, preallocated: main_records_ is written by
   // the main (sequential) or compute (async) stream, comm_records_ by the
   // comm stream; read by Run after the streams are synchronized.

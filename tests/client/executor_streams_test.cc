@@ -155,9 +155,9 @@ std::vector<float> RunStep(Probe* probe, StepExecutor::EventWait dropped) {
     if (!probe->ns_done.load()) probe->redistribute_before_ns = true;
     return absl::OkStatus();
   };
-  ProbeEngine engine(probe);
+  auto engine = std::make_shared<ProbeEngine>(probe);
   absl::StatusOr<std::unique_ptr<StepExecutor>> ex = StepExecutor::Create(
-      0, 1, AsyncPlanOfOne(), {g}, nullptr, gather, redistribute, &engine);
+      0, 1, AsyncPlanOfOne(), {g}, nullptr, gather, redistribute, engine);
   EXPECT_TRUE(ex.ok()) << ex.status();
   if (!ex.ok()) return {};
   EXPECT_TRUE((*ex)->async());
@@ -345,11 +345,10 @@ std::vector<std::vector<float>> RunWorld(
           CopyRegion(w.data(), whole, params.back().data(), mine, mine);
           geometry.push_back(std::move(g));
         }
-        std::unique_ptr<kernels::NsEngine> engine =
+        std::shared_ptr<kernels::NsEngine> engine =
             wo.engine ? wo.engine(rank) : kernels::MakeCpuNsEngine();
-        absl::StatusOr<std::unique_ptr<StepExecutor>> ex =
-            StepExecutor::Create(rank, world, *plan, geometry, comm.get(),
-                                 nullptr, nullptr, engine.get());
+        absl::StatusOr<std::unique_ptr<StepExecutor>> ex = StepExecutor::Create(
+            rank, world, *plan, geometry, comm.get(), nullptr, nullptr, engine);
         if (!ex.ok()) return ex.status();
         std::vector<const float*> u_ptrs;
         std::vector<ParamView> views;
@@ -490,7 +489,7 @@ TEST(ExecutorStreamsTest, Enqueue_CallerStream_StepBetweenCallersWork) {
   const v1::Plan plan = AsyncPlanOfOne();
   const MatrixGeometry g = WholeMatrix("w", kRows, kCols);
   const int64_t n = kRows * kCols;
-  std::unique_ptr<kernels::NsEngine> engine = kernels::MakeCpuNsEngine();
+  std::shared_ptr<kernels::NsEngine> engine = kernels::MakeCpuNsEngine();
   UpdateRule rule;
   rule.lr = 0.02;
   const std::vector<float> u0 = RandomValues(n, 7);
@@ -498,7 +497,7 @@ TEST(ExecutorStreamsTest, Enqueue_CallerStream_StepBetweenCallersWork) {
   std::vector<float> want = RandomValues(n, 8);
   {
     absl::StatusOr<std::unique_ptr<StepExecutor>> ex = StepExecutor::Create(
-        0, 1, plan, {g}, nullptr, nullptr, nullptr, engine.get());
+        0, 1, plan, {g}, nullptr, nullptr, nullptr, engine);
     ASSERT_TRUE(ex.ok()) << ex.status();
     ParamView view;
     view.name = "w";
@@ -506,8 +505,8 @@ TEST(ExecutorStreamsTest, Enqueue_CallerStream_StepBetweenCallersWork) {
     StepStats stats;
     ASSERT_TRUE((*ex)->Run({u0.data()}, {view}, rule, &stats).ok());
   }
-  absl::StatusOr<std::unique_ptr<StepExecutor>> ex = StepExecutor::Create(
-      0, 1, plan, {g}, nullptr, nullptr, nullptr, engine.get());
+  absl::StatusOr<std::unique_ptr<StepExecutor>> ex =
+      StepExecutor::Create(0, 1, plan, {g}, nullptr, nullptr, nullptr, engine);
   ASSERT_TRUE(ex.ok()) << ex.status();
   std::vector<float> update(n, 0.0f);
   std::vector<float> param = RandomValues(n, 8);
@@ -555,9 +554,9 @@ TEST(ExecutorStreamsTest, Enqueue_CallerStream_StepBetweenCallersWork) {
 
 TEST(ExecutorStreamsTest, Enqueue_CallerStreamOfAnotherDevice_InvalidArgument) {
   const MatrixGeometry g = WholeMatrix("w", kRows, kCols);
-  std::unique_ptr<kernels::NsEngine> engine = kernels::MakeCpuNsEngine();
+  std::shared_ptr<kernels::NsEngine> engine = kernels::MakeCpuNsEngine();
   absl::StatusOr<std::unique_ptr<StepExecutor>> ex = StepExecutor::Create(
-      0, 1, AsyncPlanOfOne(), {g}, nullptr, nullptr, nullptr, engine.get());
+      0, 1, AsyncPlanOfOne(), {g}, nullptr, nullptr, nullptr, engine);
   ASSERT_TRUE(ex.ok()) << ex.status();
   testing::FakeCudaStream stream("torch-current");
   std::vector<float> update(kRows * kCols), param(kRows * kCols);
@@ -618,9 +617,9 @@ TEST(ExecutorStreamsTest, Create_ComputeOrderOtherThanRedistribute_Refused) {
     geometry.push_back(
         WholeMatrix(name, rows, cols, static_cast<int>(geometry.size())));
   }
-  std::unique_ptr<kernels::NsEngine> engine = kernels::MakeCpuNsEngine();
+  std::shared_ptr<kernels::NsEngine> engine = kernels::MakeCpuNsEngine();
   absl::StatusOr<std::unique_ptr<StepExecutor>> ex = StepExecutor::Create(
-      0, 1, *plan, geometry, nullptr, nullptr, nullptr, engine.get());
+      0, 1, *plan, geometry, nullptr, nullptr, nullptr, engine);
   ASSERT_FALSE(ex.ok());
   EXPECT_EQ(ex.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(ex.status().message()),

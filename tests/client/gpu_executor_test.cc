@@ -76,10 +76,9 @@ std::vector<MatrixGeometry> Geometry(
 
 // One step on the host executor; returns the parameters.
 std::vector<std::vector<float>> HostStep(const UpdateRule& rule) {
-  std::unique_ptr<kernels::NsEngine> engine = kernels::MakeCpuNsEngine();
   absl::StatusOr<std::unique_ptr<StepExecutor>> ex =
       StepExecutor::Create(0, 1, PlanOfOne(true), Geometry(), nullptr, nullptr,
-                           nullptr, engine.get());
+                           nullptr, kernels::MakeCpuNsEngine());
   EXPECT_TRUE(ex.ok()) << ex.status();
   std::vector<std::vector<float>> updates, params;
   std::vector<const float*> u_ptrs;
