@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "client/normuon.h"
 #include "comm/local_communicator.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
@@ -232,8 +233,6 @@ absl::StatusOr<UpdateRule> MakeUpdateRule(const MuonOptions& options) {
                                             options.ns_steps);
   rule.ns.eps = options.eps;
   rule.ns.method = options.ns_method;
-  rule.normuon_beta2 = options.normuon_beta2;
-  rule.normuon_eps = options.normuon_eps;
   return rule;
 }
 
@@ -373,7 +372,7 @@ absl::Status Muon::MakeDataPath(const DistributedConfig& config,
   exec_options.device = device_;
   exec_options.precision = options_.gpu_precision;
   exec_options.bf16_exchange = ExchangeIsBf16(config.execution);
-  exec_options.normuon = options_.normuon;
+  exec_options.owner_transform = owner_transform_;
   exec_options.ns = rule_.ns;
   exec_options.allocator = &memory_->buffers;
   // U is formed per bucket for Nesterov and for bf16 momentum buffers.
@@ -485,6 +484,10 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
   MUON_RETURN_IF_ERROR(muon->ResolveQkClip(local.uses_sub_mesh));
   muon->matrices_ = std::move(local.infos);
   muon->overlap_ = execution.overlap_backward();
+  if (muon->options_.normuon) {
+    muon->owner_transform_ =
+        MakeNorMuon(muon->options_.normuon_beta2, muon->options_.normuon_eps);
+  }
   // The rule first: the executor reserves its scratch for the rule's
   // Newton-Schulz.
   MUON_ASSIGN_OR_RETURN(muon->rule_, MakeUpdateRule(muon->options_));
@@ -771,7 +774,7 @@ absl::Status Muon::AllocateState() {
 absl::Status Muon::AllocateRowState() {
   const size_t n = params_.size();
   row_state_.resize(n);
-  if (!options_.normuon) return absl::OkStatus();
+  if (owner_transform_ == nullptr) return absl::OkStatus();
   std::vector<float*> bound(n, nullptr);
   for (size_t i = 0; i < n; ++i) {
     const int64_t rows = params_[i].local_rows();

@@ -34,6 +34,7 @@
 #include "client/agent.h"
 #include "client/distributed_config.h"
 #include "client/muon_options.h"
+#include "client/owner_transform.h"
 #include "client/parameter.h"
 #include "client/qk_clip.h"
 #include "client/rank_flags.h"
@@ -497,6 +498,9 @@ class Muon {
   std::vector<MomentumBuffer> buffers_;
   std::vector<UpdateSource> update_sources_;
   // NorMuon's row state per parameter (empty buffers without NorMuon).
+  // The variant run on each owner after Newton-Schulz (NorMuon; null:
+  // none), and its row state per parameter (empty buffers without one).
+  std::shared_ptr<const OwnerTransform> owner_transform_;
   std::vector<device::DeviceBuffer<float>> row_state_;
   // Every state buffer a transactional step snapshots: the momentum
   // buffers, then the row states.

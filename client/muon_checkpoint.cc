@@ -29,21 +29,23 @@ std::string MomentumKey(const std::string& param) {
   return absl::StrCat(param, ".momentum_buffer");
 }
 
-// Name of parameter `param`'s NorMuon row state in a checkpoint (dion's
-// state key "variance_neuron").
-std::string VarianceKey(const std::string& param) {
-  return absl::StrCat(param, ".variance_neuron");
+// Name of parameter `param`'s row state `state` (an OwnerTransform's
+// RowStateSpec::name: NorMuon's is dion's "variance_neuron") in a
+// checkpoint.
+std::string RowStateKey(const std::string& param, const std::string& state) {
+  return absl::StrCat(param, ".", state);
 }
 
-// NorMuon's row state of a parameter as a checkpoint tensor: the
+// The owner transform's row state of a parameter as a checkpoint tensor: the
 // parameter's shape with the last dim 1 ([..., rows, 1], as dion's
 // param[..., 0:1]), held where the parameter's rows are: a mesh dim that
 // shards the last dim replicates it. A rank holding none of the parameter
 // holds none of it.
 ShardTensorView RowStateTensor(const ParamState& ps,
-                               const std::vector<Placement>& placements) {
+                               const std::vector<Placement>& placements,
+                               const std::string& state) {
   ShardTensorView t;
-  t.name = VarianceKey(ps.name);
+  t.name = RowStateKey(ps.name, state);
   t.global_shape = ps.global_shape;
   t.global_shape.back() = 1;
   const int last = static_cast<int>(ps.global_shape.size()) - 1;
@@ -103,7 +105,7 @@ OptimizerStateDict Muon::state_dict() const {
   OptimizerStateDict sd = StateLayout();
   for (size_t i = 0; i < sd.params.size(); ++i) {
     sd.params[i].momentum_buffer = momentum_buffer(static_cast<int>(i));
-    if (options_.normuon) {
+    if (owner_transform_ != nullptr) {
       sd.params[i].variance_neuron = variance_neuron(static_cast<int>(i));
     }
   }
@@ -145,8 +147,9 @@ absl::Status Muon::load_state_dict(const OptimizerStateDict& state) {
                row_state_[i].size()) {
       what = absl::StrCat("variance_neuron of ", got.variance_neuron.size(),
                           " values (expected ", row_state_[i].size(),
-                          options_.normuon
-                              ? ": NorMuon keeps one per local row)"
+                          owner_transform_ != nullptr
+                              ? absl::StrCat(": ", owner_transform_->name(),
+                                             " keeps one per local row)")
                               : ": this optimizer runs without normuon)");
     }
     if (!what.empty()) {
@@ -204,14 +207,15 @@ absl::Status Muon::Save(const std::string& dir) const {
     t.box = ps.box;
     t.data = ps.momentum_buffer.data();
     tensors.push_back(std::move(t));
-    if (!options_.normuon) continue;
+    if (owner_transform_ == nullptr) continue;
     if (static_cast<int64_t>(ps.variance_neuron.size()) !=
         row_state_[i].size()) {
       return absl::InternalError(
           absl::StrCat("rank ", rank_, ": Save: the row state of \"", ps.name,
                        "\" could not be copied from ", device_.ToString()));
     }
-    ShardTensorView v = RowStateTensor(ps, placements_[i].placements);
+    ShardTensorView v = RowStateTensor(ps, placements_[i].placements,
+                                       owner_transform_->row_state().name);
     v.data = ps.variance_neuron.data();
     tensors.push_back(std::move(v));
   }
@@ -231,10 +235,11 @@ absl::Status Muon::Load(const std::string& dir) {
     ps.momentum_buffer.assign(buffers_[i].size(), 0.0f);
     absl::Status s = reader->ReadRegion(MomentumKey(ps.name), ps.global_shape,
                                         ps.box, ps.momentum_buffer.data());
-    if (s.ok() && options_.normuon) {
+    if (s.ok() && owner_transform_ != nullptr) {
       // Zeros where this rank holds rows of no matrix (an empty box).
       ps.variance_neuron.assign(row_state_[i].size(), 0.0f);
-      const ShardTensorView v = RowStateTensor(ps, placements_[i].placements);
+      const ShardTensorView v = RowStateTensor(
+          ps, placements_[i].placements, owner_transform_->row_state().name);
       s = reader->ReadRegion(v.name, v.global_shape, v.box,
                              ps.variance_neuron.data());
     }

@@ -53,8 +53,9 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
   // ResolveOptions (client/muon_options.h) refuses these combinations by
   // name before any executor exists.
   assert(!(options.device.is_cuda() && (gather_fn || redistribute_fn)));
-  assert(!(options.normuon && (!options.device.is_host() || gather_fn ||
-                               redistribute_fn || options.bf16_exchange)));
+  assert(!(options.owner_transform != nullptr &&
+           (!options.device.is_host() || gather_fn || redistribute_fn ||
+            options.bf16_exchange)));
   if (ns_engine == nullptr && options.device.is_host()) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", rank, ": no Newton-Schulz engine"));
@@ -171,7 +172,7 @@ int64_t StepExecutor::PlaceInSlot(BucketSchedule* b, BufferSizes* sizes) {
       elems += FullBox(geometry_[m]).numel();
     }
     for (int m : group) {
-      if (!options_.normuon || HoldsAllRows(m)) continue;
+      if (options_.owner_transform == nullptr || HoldsAllRows(m)) continue;
       v_offset_[m] = elems;
       elems += geometry_[m].rows;
     }
@@ -226,7 +227,7 @@ absl::StatusOr<StepExecutor::BufferSizes> StepExecutor::CompileBuckets(
       if (owner == rank_) b.owned.push_back(m);
       AddToGather(rank_, m, owner, g.boxes, FullBox(g), &b.gather);
       AddToRedistribute(rank_, m, owner, g.boxes, FullBox(g), &b.redistribute);
-      if (options_.normuon) {
+      if (options_.owner_transform != nullptr) {
         // The row state travels with the matrix: to the owner and back.
         const std::vector<Box> rows = RowStateBoxes(g.boxes);
         const Box all_rows = RowStateBox(FullBox(g));
@@ -714,8 +715,8 @@ absl::Status StepExecutor::Orthogonalize(int b, const StepArgs& args,
     float* o = batch.in_slot ? FullO(m) : LocalO(m);
     MUON_RETURN_IF_ERROR(kernels_->Orthogonalize(stream, u, batch.count, g.rows,
                                                  g.cols, args.rule->ns, o));
-    if (options_.normuon) {
-      MUON_RETURN_IF_ERROR(NormalizeBatch(batch, o, *args.rule, stream));
+    if (options_.owner_transform != nullptr) {
+      MUON_RETURN_IF_ERROR(TransformBatch(batch, o, stream));
     }
     if (options_.bf16_exchange) {
       // Every holder, the owner included, applies the same bf16 values.
@@ -734,15 +735,14 @@ absl::Status StepExecutor::Orthogonalize(int b, const StepArgs& args,
   return absl::OkStatus();
 }
 
-absl::Status StepExecutor::NormalizeBatch(const NsBatch& batch, float* o,
-                                          const UpdateRule& rule,
+absl::Status StepExecutor::TransformBatch(const NsBatch& batch, float* o,
                                           device::Stream* stream) {
   for (size_t k = 0; k < batch.members.size(); ++k) {
     const int m = batch.members[k];
     const MatrixGeometry& g = geometry_[m];
-    MUON_RETURN_IF_ERROR(kernels_->NorMuonNormalize(
-        stream, o + static_cast<int64_t>(k) * g.rows * g.cols, g.rows, g.cols,
-        FullRowState(m), rule.normuon_beta2, rule.normuon_eps));
+    MUON_RETURN_IF_ERROR(options_.owner_transform->Apply(
+        *kernels_, stream, o + static_cast<int64_t>(k) * g.rows * g.cols,
+        g.rows, g.cols, FullRowState(m)));
   }
   return absl::OkStatus();
 }
@@ -1062,14 +1062,14 @@ absl::Status StepExecutor::Begin(const std::vector<UpdateSource>& updates,
                      "\" is on ", caller->device().ToString(),
                      ", the executor on ", options_.device.ToString()));
   }
-  if (options_.normuon) {
+  if (options_.owner_transform != nullptr) {
     for (const MatrixGeometry& g : geometry_) {
       if (g.boxes[rank_].empty()) continue;
       if (g.param_index >= static_cast<int>(row_state_.size()) ||
           row_state_[g.param_index] == nullptr) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("rank ", rank_, ": NorMuon has no row state for \"",
-                         g.param, "\" (BindRowState)"));
+        return absl::FailedPreconditionError(absl::StrCat(
+            "rank ", rank_, ": ", options_.owner_transform->name(),
+            " has no row state for \"", g.param, "\" (BindRowState)"));
       }
     }
   }

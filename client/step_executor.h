@@ -49,6 +49,7 @@
 #include "absl/time/time.h"
 #include "client/distributed_config.h"
 #include "client/exchange_plan.h"
+#include "client/owner_transform.h"
 #include "client/tensor_view.h"
 #include "client/update_rule.h"
 #include "comm/communicator.h"
@@ -155,12 +156,13 @@ struct ExecutorOptions {
   // layout or on which rank owns a matrix, and replicas stay equal.
   // false: fp32, the single device's bits.
   bool bf16_exchange = false;
-  // NorMuon (kernels::NorMuonNormalize, with UpdateRule's beta2 and eps):
-  // each matrix's row state (BindRowState) travels with the gather to the
-  // owner, which normalizes O with it, and back with the redistribute to
-  // every holder of those rows. Host only; fp32 exchange and the built-in
-  // exchange only (Create refuses the rest).
-  bool normuon = false;
+  // A variant run on the owner after Newton-Schulz (NorMuon,
+  // client/normuon.h; null: none): each matrix's row state (BindRowState)
+  // travels with the gather to the owner, which transforms O with it, and
+  // back with the redistribute to every holder of those rows. Host only;
+  // fp32 exchange and the built-in exchange only (ResolveOptions refuses
+  // the rest).
+  std::shared_ptr<const OwnerTransform> owner_transform;
   // The allocator of every buffer (not owned; outlives the executor; of
   // `device`); nullptr = the device runtime's.
   device::Allocator* allocator = nullptr;
@@ -208,9 +210,9 @@ class StepExecutor {
 
   ~StepExecutor();
 
-  // NorMuon: `row_state[i]` is parameter i's row state on this rank
-  // (float32, memory of device(): one float per local row of each of its
-  // matrices, [local experts, local rows] for a stack; nullptr for a
+  // The owner transform's state: `row_state[i]` is parameter i's row state on
+  // this rank (float32, memory of device(): one float per local row of each of
+  // its matrices, [local experts, local rows] for a stack; nullptr for a
   // parameter with no local rows), read and updated by every Run; not
   // owned, must stay valid while steps run. Carried over by ForPlan.
   void BindRowState(std::vector<float*> row_state) {
@@ -416,10 +418,10 @@ class StepExecutor {
   float* LocalRowState(int m);
   float* FullRowState(int m);
   bool HoldsAllRows(int m) const;
-  // NorMuon's normalization of an owned batch's O (`o`, batch.count
-  // matrices one after another).
-  absl::Status NormalizeBatch(const NsBatch& batch, float* o,
-                              const UpdateRule& rule, device::Stream* stream);
+  // The owner transform on an owned batch's O (`o`, batch.count matrices
+  // one after another), each with its full row state.
+  absl::Status TransformBatch(const NsBatch& batch, float* o,
+                              device::Stream* stream);
   // The bf16 exchange's owner side of a gather: every owned matrix's full U
   // in its slot rounded to bf16 (copied there first when this rank holds
   // it whole), so that Newton-Schulz sees the same input whoever owns it.

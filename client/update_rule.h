@@ -36,10 +36,6 @@ struct UpdateRule {
   std::vector<double> param_weight_decay;
   kernels::AdjustLrFn adjust_lr_fn = kernels::AdjustLrFn::kOriginal;
   kernels::NewtonSchulzOptions ns;
-  // NorMuon's second-moment decay and denominator floor
-  // (kernels::NorMuonNormalize; used when the executor runs NorMuon).
-  double normuon_beta2 = 0.95;
-  double normuon_eps = 1e-8;
 
   // The lr and weight decay of parameter `param_index`.
   double LrOf(int param_index) const;

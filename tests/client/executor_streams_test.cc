@@ -27,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/owner_transform.h"
 #include "client/step_executor.h"
 #include "comm/gloo_communicator.h"
 #include "common/layout.h"
@@ -42,13 +43,16 @@
 #include "tests/comm/fake_cuda_stream.h"
 #include "tests/comm/in_memory_store_client.h"
 #include "tests/server/test_specs.h"
+#include "tests/status_matchers.h"
 #include "tests/tsan_death_test.h"
 
 namespace muon {
 namespace {
 
 using ::muon::testing::BitwiseEqual;
+
 using ::muon::testing::RandomValues;
+using ::testing::HasSubstr;
 
 constexpr int64_t kRows = 24;
 constexpr int64_t kCols = 16;
@@ -124,19 +128,23 @@ class ProbeEngine final : public kernels::NsEngine {
   Probe* probe_;  // Not owned.
 };
 
-v1::Plan AsyncPlanOfOne() {
+// w [24, 16] in a world of one, planned for the async (default) or the
+// sequential schedule.
+v1::Plan PlanOfOne(bool async) {
   const v1::JobSpec spec = testing::MakeSpec(
       {{"dp_shard", 1}}, {{"w", kRows, kCols, {"Replicate()"}}});
   absl::StatusOr<JobLayout> layout =
       ValidateManifests(testing::Manifests(spec));
   EXPECT_TRUE(layout.ok()) << layout.status();
   PlannerOptions options;
-  options.async = true;
+  options.async = async;
   options.prefetch_count = 0;
   absl::StatusOr<v1::Plan> plan = MakePlan(*layout, options);
   EXPECT_TRUE(plan.ok()) << plan.status();
   return *plan;
 }
+
+v1::Plan AsyncPlanOfOne() { return PlanOfOne(true); }
 
 // One async step of a world of one on w [24, 16] with a custom gather and
 // redistribute (which report to the probe), the `dropped` wait removed.
@@ -476,6 +484,74 @@ TEST(ExecutorStreamsTest, SameShapeOwnedMatrices_ContiguousInSlot_BitsKept) {
       const auto& second = calls[rank][2 * step + 1];
       EXPECT_EQ(second.u, first.u + 12 * 8) << "rank " << rank;
       EXPECT_EQ(second.out, first.out + 12 * 8) << "rank " << rank;
+    }
+  }
+}
+
+// A variant behind the OwnerTransform seam, written here: it zeroes O and
+// writes its row state (row r: r + 1), recording the shape it saw.
+class ZeroingTransform final : public OwnerTransform {
+ public:
+  std::string name() const override { return "zeroing"; }
+  RowStateSpec row_state() const override { return RowStateSpec{"rows"}; }
+  absl::Status Apply(kernels::StepKernels&, device::Stream*, float* o,
+                     int64_t rows, int64_t cols, float* v) const override {
+    seen_rows = rows;
+    seen_cols = cols;
+    for (int64_t i = 0; i < rows * cols; ++i) o[i] = 0.0f;
+    for (int64_t r = 0; r < rows; ++r) v[r] = static_cast<float>(r + 1);
+    return absl::OkStatus();
+  }
+  mutable int64_t seen_rows = -1;
+  mutable int64_t seen_cols = -1;
+};
+
+// The executor runs a variant given as ExecutorOptions::owner_transform on
+// the owner after Newton-Schulz, with the matrix's row state: O zeroed
+// leaves the parameter bitwise as it was (weight decay 0), where the plain
+// step changes it, and the transform's row state lands in the bound
+// buffer; without a bound row state the step is refused, naming the
+// variant.
+TEST(ExecutorStreamsTest, OwnerTransform_RunsOnOwnerWithItsRowState) {
+  for (const bool async : {false, true}) {
+    const v1::Plan plan = PlanOfOne(async);
+    const MatrixGeometry g = WholeMatrix("w", kRows, kCols);
+    const int64_t n = kRows * kCols;
+    UpdateRule rule;
+    rule.lr = 0.02;
+    rule.weight_decay = 0.0;
+    const std::vector<float> u = RandomValues(n, 9);
+    const std::vector<float> before = RandomValues(n, 10);
+    auto transform = std::make_shared<ZeroingTransform>();
+    ExecutorOptions options;
+    options.owner_transform = transform;
+    for (const bool with_transform : {false, true}) {
+      absl::StatusOr<std::unique_ptr<StepExecutor>> ex =
+          StepExecutor::Create(0, 1, plan, {g}, nullptr, nullptr, nullptr,
+                               kernels::MakeCpuNsEngine(),
+                               with_transform ? options : ExecutorOptions());
+      ASSERT_TRUE(ex.ok()) << ex.status();
+      std::vector<float> param = before;
+      ParamView view;
+      view.name = "w";
+      view.data = param.data();
+      StepStats stats;
+      if (with_transform) {
+        EXPECT_THAT((*ex)->Run({u.data()}, {view}, rule, &stats),
+                    StatusIs(absl::StatusCode::kFailedPrecondition,
+                             HasSubstr("zeroing has no row state")));
+      }
+      std::vector<float> v(kRows, -1.0f);
+      (*ex)->BindRowState({v.data()});
+      ASSERT_TRUE((*ex)->Run({u.data()}, {view}, rule, &stats).ok());
+      if (with_transform) {
+        EXPECT_EQ(param, before) << "async " << async;
+        EXPECT_EQ(transform->seen_rows, kRows);
+        EXPECT_EQ(transform->seen_cols, kCols);
+        for (int64_t r = 0; r < kRows; ++r) EXPECT_EQ(v[r], r + 1.0f) << r;
+      } else {
+        EXPECT_NE(param, before) << "async " << async;
+      }
     }
   }
 }
