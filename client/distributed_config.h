@@ -120,8 +120,10 @@ struct DistributedConfig {
   //     compute streams overlap, with prefetch_count buckets gathered ahead;
   //   replan_every_steps: re-plan from measured times every this many steps
   //     (0 = never; needs a coordinator).
-  // device and gpu_precision must stay empty: MuonOptions holds them.
-  // Muon::Create checks it (ValidateExecutionOptions).
+  // device and gpu_precision (the job spec's spelling of MuonOptions.device
+  // and gpu_precision) set MuonOptions' when given; set to other values
+  // in both places, Create refuses them. Muon::Create checks it all
+  // (ResolveOptions).
   v1::ExecutionOptions execution;
   // Makes this rank's Newton-Schulz engine instead of MuonOptions.device's
   // (empty = that one): a custom kernel, or in tests a slowed one.

@@ -28,18 +28,34 @@ std::string PythonFloat(double v) {
   return text;
 }
 
-// DistributedConfig.execution: ValidateExecutionOptions, and device and
-// gpu_precision left to MuonOptions.
-// Errors: InvalidArgument naming the field and value.
-absl::Status CheckConfigExecution(const v1::ExecutionOptions& execution) {
-  MUON_RETURN_IF_ERROR(ValidateExecutionOptions(execution));
-  if (!execution.device().empty() || !execution.gpu_precision().empty()) {
+// The job spec's spelling of MuonOptions.device and gpu_precision
+// (ExecutionOptions.device, .gpu_precision) merged into `options`: set in
+// the execution options, each wins over MuonOptions' default and must
+// agree with a value set there.
+// Errors: InvalidArgument naming the field and both values.
+absl::Status MergeExecutionDevice(const v1::ExecutionOptions& execution,
+                                  MuonOptions* options) {
+  MuonOptionNames names;
+  names.device = execution.device();
+  names.gpu_precision = execution.gpu_precision();
+  MuonOptions spec = *options;
+  MUON_RETURN_IF_ERROR(ApplyMuonOptionNames(names, &spec));
+  const MuonOptions defaults;
+  if (!names.device.empty() && options->device != defaults.device &&
+      spec.device != options->device) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "DistributedConfig.execution sets device \"", execution.device(),
-        "\" / gpu_precision \"", execution.gpu_precision(),
-        "\"; leave them empty and set MuonOptions.device and "
-        "MuonOptions.gpu_precision"));
+        "execution.device \"", names.device,
+        "\" disagrees with MuonOptions.device (cuda); set one of them"));
   }
+  if (!names.gpu_precision.empty() &&
+      options->gpu_precision != defaults.gpu_precision &&
+      spec.gpu_precision != options->gpu_precision) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "execution.gpu_precision \"", names.gpu_precision,
+        "\" disagrees with MuonOptions.gpu_precision; set one of them"));
+  }
+  options->device = spec.device;
+  options->gpu_precision = spec.gpu_precision;
   return absl::OkStatus();
 }
 
@@ -245,8 +261,14 @@ absl::StatusOr<MuonOptions> ResolveOptions(
     const OptionContext& context) {
   MUON_RETURN_IF_ERROR(ValidateMuonOptions(options));
   const std::string rank = absl::StrCat("rank ", context.rank, ": ");
-  if (absl::Status s = CheckConfigExecution(execution); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(rank, s.message()));
+  MuonOptions resolved = options;
+  absl::Status execution_ok = ValidateExecutionOptions(execution);
+  if (execution_ok.ok()) {
+    execution_ok = MergeExecutionDevice(execution, &resolved);
+  }
+  if (!execution_ok.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(rank, execution_ok.message()));
   }
   const bool bf16_exchange = ExchangeIsBf16(execution);
   if (bf16_exchange && context.custom_exchange) {
@@ -263,7 +285,6 @@ absl::StatusOr<MuonOptions> ResolveOptions(
         "parameters are on ", context.device.ToString(),
         ", which the process group exchanges"));
   }
-  MuonOptions resolved = options;
   if (execution.overlap_backward()) {
     MUON_RETURN_IF_ERROR(CheckOverlap(options, context));
     resolved.check_finite = false;

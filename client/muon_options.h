@@ -202,8 +202,9 @@ struct OptionContext {
 // across options made once, on every rank alike, before any collective
 // (Muon::Create). In order:
 //   - ValidateMuonOptions (torch.optim.Muon.__init__'s messages);
-//   - `execution` (ValidateExecutionOptions; device and gpu_precision left
-//     to MuonOptions);
+//   - `execution` (ValidateExecutionOptions); its device and gpu_precision
+//     (the job spec's spelling) become MuonOptions.device and gpu_precision,
+//     which, set to another value there, is refused;
 //   - execution.exchange_dtype "bfloat16" with a custom exchange;
 //   - normuon with the bf16 or a custom exchange, or on CUDA parameters;
 //   - a custom exchange with CUDA parameters;

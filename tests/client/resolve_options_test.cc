@@ -119,6 +119,44 @@ TEST(ResolveOptionsTest, TorchArgumentErrorsFirstThenExecution) {
                AllOf(HasSubstr("rank 5"), HasSubstr("prefetch_count is -1"))));
 }
 
+// The job spec's execution.device and gpu_precision set MuonOptions' (one
+// schema for both forms); set to other values in both, they are refused.
+TEST(ResolveOptionsTest, ExecutionDeviceAndPrecision_SetMuonOptionsOrRefused) {
+  v1::ExecutionOptions execution;
+  execution.set_device("cuda");
+  execution.set_gpu_precision("fp32");
+  absl::StatusOr<MuonOptions> merged =
+      ResolveOptions(MuonOptions(), execution, Host());
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  EXPECT_EQ(merged->device, device::DeviceKind::kCuda);
+  EXPECT_EQ(merged->gpu_precision, kernels::GpuPrecision::kFp32);
+
+  MuonOptions same;
+  same.device = device::DeviceKind::kCuda;
+  EXPECT_TRUE(ResolveOptions(same, execution, Host()).ok());
+
+  MuonOptions tf32;
+  tf32.gpu_precision = kernels::GpuPrecision::kTf32;
+  EXPECT_THAT(ResolveOptions(tf32, execution, Host(4)).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("rank 4"),
+                             HasSubstr("execution.gpu_precision \"fp32\" "
+                                       "disagrees with "
+                                       "MuonOptions.gpu_precision"))));
+  MuonOptions cuda;
+  cuda.device = device::DeviceKind::kCuda;
+  v1::ExecutionOptions cpu;
+  cpu.set_device("cpu");
+  EXPECT_THAT(ResolveOptions(cuda, cpu, Host()).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("execution.device \"cpu\" disagrees")));
+  v1::ExecutionOptions bad;
+  bad.set_device("tpu");
+  EXPECT_THAT(ResolveOptions(MuonOptions(), bad, Host()).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("device \"tpu\" is not supported")));
+}
+
 TEST(MuonOptionsFromProtoTest, ReadsCheckFiniteAndTransactionalStep) {
   v1::OptimizerOptions proto;
   absl::StatusOr<MuonOptions> unset = MuonOptionsFromProto(proto);
