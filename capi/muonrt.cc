@@ -272,53 +272,58 @@ absl::StatusOr<muon::ParamPlacement> ToPlacement(const muonrt_param& p,
   return out;
 }
 
-absl::StatusOr<muon::MuonOptions> ToMuonOptions(const muonrt_options& o) {
-  muon::MuonOptions m;
-  m.lr = o.lr;
-  m.weight_decay = o.weight_decay;
-  m.momentum = o.momentum;
-  if (o.nesterov != 0 && o.nesterov != 1) {
+// A 0/1 field of muonrt_options, or InvalidArgument naming it.
+absl::StatusOr<bool> Flag(const char* name, int value) {
+  if (value != 0 && value != 1) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "muonrt_options: nesterov ", o.nesterov, " is neither 0 nor 1"));
+        "muonrt_options: ", name, " ", value, " is neither 0 nor 1"));
   }
-  m.nesterov = o.nesterov == 1;
-  m.ns_a = o.ns_a;
-  m.ns_b = o.ns_b;
-  m.ns_c = o.ns_c;
-  m.eps = o.eps;
-  m.ns_steps = o.ns_steps;
-  muon::MuonOptionNames names;
-  if (o.adjust_lr_fn != nullptr) names.adjust_lr_fn = o.adjust_lr_fn;
-  if (o.ns_schedule != nullptr) names.ns_schedule = o.ns_schedule;
-  if (o.ns_method != nullptr) names.ns_method = o.ns_method;
-  if (o.momentum_dtype != nullptr) names.momentum_dtype = o.momentum_dtype;
-  MUON_RETURN_IF_ERROR(muon::ApplyMuonOptionNames(names, &m));
-  if (o.transactional_step != 0 && o.transactional_step != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("muonrt_options: transactional_step ",
-                     o.transactional_step, " is neither 0 nor 1"));
-  }
-  m.transactional_step = o.transactional_step == 1;
-  if (o.normuon != 0 && o.normuon != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "muonrt_options: normuon ", o.normuon, " is neither 0 nor 1"));
-  }
-  m.normuon = o.normuon == 1;
-  if (o.overlap_backward != 0 && o.overlap_backward != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("muonrt_options: overlap_backward ", o.overlap_backward,
-                     " is neither 0 nor 1"));
-  }
+  return value == 1;
+}
+
+// The optimizer fields of `o` as the job spec's message: the one schema
+// (muon::MuonOptionsFromProto reads it, as it reads a job spec's).
+// Errors: InvalidArgument naming a flag that is neither 0 nor 1 (-1, 0 or
+// 1 for check_finite).
+absl::StatusOr<muon::v1::OptimizerOptions> ToOptimizerOptions(
+    const muonrt_options& o) {
+  muon::v1::OptimizerOptions p;
+  p.set_lr(o.lr);
+  p.set_weight_decay(o.weight_decay);
+  p.set_momentum(o.momentum);
+  MUON_ASSIGN_OR_RETURN(const bool nesterov, Flag("nesterov", o.nesterov));
+  p.set_nesterov(nesterov);
+  for (double c : {o.ns_a, o.ns_b, o.ns_c}) p.add_ns_coefficients(c);
+  p.set_eps(o.eps);
+  p.set_ns_steps(o.ns_steps);
+  if (o.adjust_lr_fn != nullptr) p.set_adjust_lr_fn(o.adjust_lr_fn);
+  if (o.ns_schedule != nullptr) p.set_ns_schedule(o.ns_schedule);
+  if (o.ns_method != nullptr) p.set_ns_method(o.ns_method);
+  if (o.momentum_dtype != nullptr) p.set_momentum_dtype(o.momentum_dtype);
+  MUON_ASSIGN_OR_RETURN(const bool transactional,
+                        Flag("transactional_step", o.transactional_step));
+  p.set_transactional_step(transactional);
+  MUON_ASSIGN_OR_RETURN(const bool normuon, Flag("normuon", o.normuon));
+  p.set_normuon(normuon);
+  p.set_normuon_beta2(o.normuon_beta2);
+  p.set_normuon_eps(o.normuon_eps);
+  MUON_RETURN_IF_ERROR(Flag("overlap_backward", o.overlap_backward).status());
   if (o.check_finite < -1 || o.check_finite > 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("muonrt_options: check_finite ", o.check_finite,
                      " is none of -1 (default), 0 and 1"));
   }
   // -1 leaves it unset: muon::ResolveOptions decides.
-  if (o.check_finite != -1) m.check_finite = o.check_finite == 1;
-  m.normuon_beta2 = o.normuon_beta2;
-  m.normuon_eps = o.normuon_eps;
-  return m;
+  if (o.check_finite != -1) p.set_check_finite(o.check_finite == 1);
+  return p;
+}
+
+// The optimizer fields of `o` as MuonOptions, through the job spec's
+// message. Errors: as ToOptimizerOptions and muon::MuonOptionsFromProto.
+absl::StatusOr<muon::MuonOptions> ToMuonOptions(const muonrt_options& o) {
+  MUON_ASSIGN_OR_RETURN(const muon::v1::OptimizerOptions p,
+                        ToOptimizerOptions(o));
+  return muon::MuonOptionsFromProto(p);
 }
 
 // The execution fields of `o` as the job spec's message.
