@@ -89,7 +89,7 @@ const char* muonrt_cpu_kernels(void);
  * MASTER_ADDR, MASTER_PORT; MUON_COORDINATOR names a daemon instead of the
  * one rank 0 embeds on MASTER_ADDR:MASTER_PORT+1 (MUON_COORDINATOR_PORT);
  * MUON_JOB_ID (default empty: the coordinator's job); see
- * client/process_group.h ProcessGroupOptionsFromEnv). `timeout_s` bounds
+ * control/process_group.h ProcessGroupOptionsFromEnv). `timeout_s` bounds
  * rendezvous and every collective (<= 0: 60 s). Collective: every rank calls
  * it. Errors: INVALID_ARGUMENT (environment), UNAVAILABLE / DEADLINE_EXCEEDED
  * (peers or coordinator unreachable). */

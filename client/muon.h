@@ -31,7 +31,6 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "client/agent.h"
 #include "client/distributed_config.h"
 #include "client/muon_options.h"
 #include "client/owner_transform.h"
@@ -42,6 +41,7 @@
 #include "client/step_snapshot.h"
 #include "client/tensor_view.h"
 #include "comm/communicator.h"
+#include "control/agent.h"
 #include "device/device.h"
 #include "device/memory.h"
 #include "device/runtime.h"

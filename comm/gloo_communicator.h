@@ -73,7 +73,7 @@ struct GlooOptions {
   // Address (or host name) the TCP transport listens on and advertises to
   // peers: an address of this host that the other ranks can reach. The
   // default keeps all traffic on loopback (one host); InitProcessGroup
-  // passes the address SelectGlooHost picks (client/process_group.h).
+  // passes the address SelectGlooHost picks (control/process_group.h).
   std::string hostname = "127.0.0.1";
   // Bound on the rendezvous in Create/Split and on every collective (values
   // above 24 h are capped there; there is no "no timeout").

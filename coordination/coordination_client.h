@@ -2,7 +2,7 @@
 // library never depends on gRPC directly (XLA's CoordinationClient pattern).
 // It lives in coordination/, apart from both sides: client/ uses it, server/
 // implements it in process, and neither includes the other.
-// Implementations: GrpcCoordinationClient (client/grpc_coordination_client.h,
+// Implementations: GrpcCoordinationClient (control/grpc_coordination_client.h,
 // a remote daemon or rank 0's embedded coordinator) and
 // LocalCoordinationClient (server/local_coordination_client.h, calls the core
 // in-process). Tests use fakes.

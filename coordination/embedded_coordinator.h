@@ -1,7 +1,7 @@
 // A coordinator hosted inside a trainer's process: rank 0's in embedded
 // mode (rank 0 embeds the coordinator unless a muon-coordinator daemon is
 // named). The interface lives in coordination/ so that client/
-// (InitProcessGroup, client/process_group.h) can start, use and own one
+// (InitProcessGroup, control/process_group.h) can start, use and own one
 // without linking the gRPC server: server/embedded_coordinator.h implements
 // it (StartEmbeddedCoordinator), and only the binaries that embed the
 // coordinator depend on that target. A trainer that talks to a remote

@@ -612,7 +612,7 @@ void LoadGenerator::MakeAgents(std::vector<muon::v1::RankManifest> manifests,
     agent->join_request->set_incarnation(1000 + r);
     agent->join_request->set_timeout_ms(600000);
     // Rank 0 defines the layout; the others send a compact manifest as
-    // client/agent.cc does (unless --nocompact_manifests).
+    // control/agent.cc does (unless --nocompact_manifests).
     if (compact && r != 0) {
       *agent->join_request->mutable_compact() =
           muon::MakeCompactManifest(manifests[r]);

@@ -21,7 +21,7 @@ targets=(
   //tests/client:executor_streams_test
   //tests/client:gpu_executor_test
   //tests/client:gpu_muon_test
-  //tests/client:process_group_backend_test
+  //tests/control:process_group_backend_test
   //tests/kernels:step_kernels_test
   //tools:ns_gpu_bench
   //tools:muonctl

@@ -19,8 +19,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "client/process_group.h"
 #include "common/status_macros.h"
+#include "control/process_group.h"
 #include "server/embedded_coordinator.h"
 #include "tools/launcher.h"
 

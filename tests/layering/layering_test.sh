@@ -16,9 +16,10 @@ declare -A allowed=(
   [coordination]="proto"
   [comm]="common coordination device proto third_party"
   [server]="common coordination plan proto"
-  [client]="checkpoint comm common coordination device kernels plan proto third_party"
-  [capi]="checkpoint client comm common coordination device kernels plan proto server third_party"
-  [tools]="capi checkpoint client comm common coordination device kernels plan proto server third_party"
+  [control]="comm common coordination device plan proto third_party"
+  [client]="checkpoint comm common control coordination device kernels plan proto third_party"
+  [capi]="checkpoint client comm common control coordination device kernels plan proto server third_party"
+  [tools]="capi checkpoint client comm common control coordination device kernels plan proto server third_party"
 )
 
 for pkg in "$@"; do

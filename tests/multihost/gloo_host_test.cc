@@ -1,5 +1,5 @@
 // How a rank picks the address Gloo binds (SelectGlooHost and its parts,
-// client/process_group.h): gloo_host, else GLOO_SOCKET_IFNAME's IPv4
+// control/process_group.h): gloo_host, else GLOO_SOCKET_IFNAME's IPv4
 // address, else the local address on the route to the coordinator; and that
 // InitProcessGroup passes the choice to Gloo.
 #include <stdlib.h>
@@ -9,7 +9,7 @@
 #include <utility>
 
 #include "absl/time/time.h"
-#include "client/process_group.h"
+#include "control/process_group.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/embedded_coordinator.h"

@@ -31,10 +31,10 @@
 #include "absl/strings/str_cat.h"
 #include "client/distributed_config.h"
 #include "client/muon.h"
-#include "client/process_group.h"
 #include "common/layout.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
+#include "control/process_group.h"
 #include "server/embedded_coordinator.h"
 #include "tools/npy.h"
 

@@ -52,7 +52,7 @@ class CompactJoinTest : public ::testing::Test {
   }
 
   // Joins every request from its own thread. A rank asked for its full
-  // manifest joins again with `full[r]` (as client/agent.cc does) and its
+  // manifest joins again with `full[r]` (as control/agent.cc does) and its
   // first response is kept in asked[r].
   std::vector<absl::StatusOr<v1::JoinResponse>> JoinAll(
       CoordinatorService& service, const std::vector<v1::JoinRequest>& requests,

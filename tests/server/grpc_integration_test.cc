@@ -7,8 +7,8 @@
 #include <thread>
 #include <vector>
 
-#include "client/grpc_coordination_client.h"
-#include "client/process_group.h"
+#include "control/grpc_coordination_client.h"
+#include "control/process_group.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "plan/planner.h"

@@ -16,7 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "client/grpc_coordination_client.h"
+#include "control/grpc_coordination_client.h"
 #include "coordination/credentials.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

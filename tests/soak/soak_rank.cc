@@ -36,10 +36,10 @@
 #include "absl/strings/strip.h"
 #include "client/distributed_config.h"
 #include "client/muon.h"
-#include "client/process_group.h"
 #include "common/layout.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
+#include "control/process_group.h"
 #include "tests/soak/rss.h"
 
 ABSL_FLAG(std::string, spec, "", "Job spec (JSON).");

@@ -34,8 +34,8 @@
 //
 // Thread-safety: Report and counters may be called from any thread; Join,
 // Start and Stop from one thread.
-#ifndef MUON_CLIENT_AGENT_H_
-#define MUON_CLIENT_AGENT_H_
+#ifndef MUON_CONTROL_AGENT_H_
+#define MUON_CONTROL_AGENT_H_
 
 #include <cstdint>
 #include <functional>
@@ -241,4 +241,4 @@ class Agent {
 
 }  // namespace muon
 
-#endif  // MUON_CLIENT_AGENT_H_
+#endif  // MUON_CONTROL_AGENT_H_

@@ -13,8 +13,8 @@
 //
 // Lifecycle: Create -> calls -> destroy (no background threads of ours).
 // Thread-safety: every method may be called concurrently.
-#ifndef MUON_CLIENT_GRPC_COORDINATION_CLIENT_H_
-#define MUON_CLIENT_GRPC_COORDINATION_CLIENT_H_
+#ifndef MUON_CONTROL_GRPC_COORDINATION_CLIENT_H_
+#define MUON_CONTROL_GRPC_COORDINATION_CLIENT_H_
 
 #include <memory>
 #include <string>
@@ -109,4 +109,4 @@ class GrpcCoordinationClient final : public CoordinationClient {
 
 }  // namespace muon
 
-#endif  // MUON_CLIENT_GRPC_COORDINATION_CLIENT_H_
+#endif  // MUON_CONTROL_GRPC_COORDINATION_CLIENT_H_

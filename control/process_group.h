@@ -15,8 +15,8 @@
 //
 // Lifecycle: InitProcessGroup -> use comm/coordinator (e.g. Muon::Create) ->
 // destroy the ProcessGroup (stops an embedded coordinator last).
-#ifndef MUON_CLIENT_PROCESS_GROUP_H_
-#define MUON_CLIENT_PROCESS_GROUP_H_
+#ifndef MUON_CONTROL_PROCESS_GROUP_H_
+#define MUON_CONTROL_PROCESS_GROUP_H_
 
 #include <cstdint>
 #include <memory>
@@ -201,4 +201,4 @@ absl::StatusOr<std::pair<std::string, int>> SplitHostPort(
 
 }  // namespace muon
 
-#endif  // MUON_CLIENT_PROCESS_GROUP_H_
+#endif  // MUON_CONTROL_PROCESS_GROUP_H_

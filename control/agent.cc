@@ -1,4 +1,4 @@
-#include "client/agent.h"
+#include "control/agent.h"
 
 #include <algorithm>
 #include <cstdio>

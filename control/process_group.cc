@@ -1,4 +1,4 @@
-#include "client/process_group.h"
+#include "control/process_group.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -28,10 +28,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "client/grpc_coordination_client.h"
 #include "comm/gloo_communicator.h"
 #include "comm/nccl_communicator.h"
 #include "common/status_macros.h"
+#include "control/grpc_coordination_client.h"
 
 namespace muon {
 namespace {

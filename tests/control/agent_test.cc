@@ -1,8 +1,8 @@
-// Tests of client/agent.h: reporting never blocks the step (a coordinator
+// Tests of control/agent.h: reporting never blocks the step (a coordinator
 // that hangs, fails or is gone only makes reports drop, counted), Stop is
 // bounded, and a rank whose agent stops heart-beating is marked lost within
 // the coordinator's timeout.
-#include "client/agent.h"
+#include "control/agent.h"
 
 #include <atomic>
 #include <memory>
@@ -15,9 +15,9 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "client/grpc_coordination_client.h"
 #include "common/spec.h"
 #include "common/wire_names.h"
+#include "control/grpc_coordination_client.h"
 #include "coordination/coordination_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

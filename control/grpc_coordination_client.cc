@@ -1,4 +1,4 @@
-#include "client/grpc_coordination_client.h"
+#include "control/grpc_coordination_client.h"
 
 #include <utility>
 

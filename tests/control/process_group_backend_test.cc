@@ -14,7 +14,7 @@
 #include "absl/time/time.h"
 #include "client/distributed_config.h"
 #include "client/muon.h"
-#include "client/process_group.h"
+#include "control/process_group.h"
 #include "device/cuda_runtime.h"
 #include "device/memory.h"
 #include "device/runtime.h"
