@@ -206,7 +206,8 @@ typedef struct {
   /* The non-finite gradient check (MuonOptions::check_finite): -1
    * (default) on, except with overlap_backward; 1 on (refused with
    * overlap_backward); 0 off (NaN/Inf propagate as in torch.optim.Muon).
-   * ABI version 12. */
+   * Start from muonrt_options_default: a zero-filled struct turns the
+   * check off (and sets lr 0). ABI version 12. */
   int check_finite;
 } muonrt_options;
 

@@ -433,6 +433,9 @@ absl::Status Muon::MakeDataPath(const DistributedConfig& config,
 absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
     std::vector<ParamView> params, const MuonOptions& options,
     std::optional<DistributedConfig> distributed_config) {
+  // torch's argument errors first, as torch.optim.Muon.__init__ raises
+  // them (ResolveOptions, below, checks the options against the rest).
+  MUON_RETURN_IF_ERROR(ValidateMuonOptions(options));
   const bool distributed = distributed_config.has_value();
   DistributedConfig config;
   if (distributed) config = *std::move(distributed_config);

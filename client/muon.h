@@ -245,7 +245,7 @@ class Muon {
   // (or leave it to Step) in each step.
   // Errors: OutOfRange (bad index); FailedPrecondition (overlap_backward
   // off; marked twice in one step; no gradient); the executor's enqueue
-  // errors. Create refuses overlap_backward with check_finite or
+  // errors. Create refuses overlap_backward with check_finite set true,
   // transactional_step on, or CUDA parameters (InvalidArgument).
   absl::Status MarkReady(int index);
 
@@ -497,7 +497,6 @@ class Muon {
   // slots), and where the executor reads each parameter's U from.
   std::vector<MomentumBuffer> buffers_;
   std::vector<UpdateSource> update_sources_;
-  // NorMuon's row state per parameter (empty buffers without NorMuon).
   // The variant run on each owner after Newton-Schulz (NorMuon; null:
   // none), and its row state per parameter (empty buffers without one).
   std::shared_ptr<const OwnerTransform> owner_transform_;

@@ -39,7 +39,9 @@ absl::Status MergeExecutionDevice(const v1::ExecutionOptions& execution,
   names.device = execution.device();
   names.gpu_precision = execution.gpu_precision();
   MuonOptions spec = *options;
-  MUON_RETURN_IF_ERROR(ApplyMuonOptionNames(names, &spec));
+  if (absl::Status s = ApplyMuonOptionNames(names, &spec); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("execution.", s.message()));
+  }
   const MuonOptions defaults;
   if (!names.device.empty() && options->device != defaults.device &&
       spec.device != options->device) {

@@ -292,11 +292,11 @@ class StepExecutor {
 
   const device::Device& device() const { return options_.device; }
 
-  // Bytes of the executor's device memory its kernels hold as
   // The step's kernels on this executor's device, for every pass of the
   // step (the momentum, the finite check and the snapshot run them on the
   // caller's stream; Newton-Schulz on the executor's).
   kernels::StepKernels& kernels() const { return *kernels_; }
+  // Bytes of the executor's device memory its kernels hold as
   // Newton-Schulz scratch (StepKernels::ScratchBytes; 0 on the host).
   int64_t kernel_scratch_bytes() const { return kernels_->ScratchBytes(); }
 

@@ -251,6 +251,11 @@ struct TileOffsets {
   long long c[kMaxSymmetricTiles * (kMaxSymmetricTiles + 1) / 2];
 };
 
+// Passed by value to FillTilePointersKernel: within CUDA's 4 KiB kernel
+// parameter limit (older toolkits and drivers) with the other arguments.
+static_assert(sizeof(TileOffsets) <= 3400,
+              "TileOffsets outgrows the kernel parameter space");
+
 // The pointer arrays of cublasGemmBatchedEx for `batch` matrices' tiles:
 // entry mat * count + t is tile t of matrix mat (matrix mat at a + mat *
 // stride_a bytes, likewise b and c).
@@ -455,7 +460,7 @@ absl::Status RunTileGroup(NsCudaContext::State* s, const IterationShape& shape,
 
 // The tiles on and above the diagonal: one GEMM each (kLoop), or one
 // batched GEMM per tile size (kBatched; one size when `tiles` divides m
-// into multiples of 8, else up to 4).
+// into multiples of 8, else up to 3: full, last column, last corner).
 absl::Status RunUpperTiles(NsCudaContext::State* s, const IterationShape& shape,
                            const IterationBuffers& buf, const NsGemm& g) {
   const std::vector<NsGemm> tiles = UpperTileGemms(g, s->symmetric.tiles);

@@ -154,7 +154,7 @@ TEST(ResolveOptionsTest, ExecutionDeviceAndPrecision_SetMuonOptionsOrRefused) {
   bad.set_device("tpu");
   EXPECT_THAT(ResolveOptions(MuonOptions(), bad, Host()).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("device \"tpu\" is not supported")));
+                       HasSubstr("execution.device \"tpu\" is not supported")));
 }
 
 TEST(MuonOptionsFromProtoTest, ReadsCheckFiniteAndTransactionalStep) {

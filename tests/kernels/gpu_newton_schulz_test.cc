@@ -284,9 +284,11 @@ TEST(GpuNewtonSchulzTest,
   modes.push_back({"full", full});
   cuda::SymmetricProducts loop;
   loop.mode = cuda::SymmetricMode::kLoop;
+  loop.tiles = 4;
   loop.min_edge = 256;
   modes.push_back({"loop4", loop});
   cuda::SymmetricProducts batched;
+  batched.tiles = 4;
   batched.min_edge = 256;
   modes.push_back({"batched4", batched});
   batched.tiles = 7;

@@ -113,3 +113,13 @@ def test_check_finite_false_lets_nan_through_as_torch_does():
     unchecked = muonrt.Muon([("w", w)], lr=0.1, check_finite=False)
     unchecked.step()
     assert torch.isnan(w.detach()).all()
+
+
+def test_check_finite_unset_is_off_under_overlap():
+    """check_finite left unset with overlap_backward: no finite check, so a
+    NaN gradient propagates (as torch.optim.Muon) instead of failing."""
+    w = torch.nn.Parameter(torch.ones(4, 4))
+    opt = muonrt.Muon([("w", w)], lr=0.1, overlap_backward=True)
+    w.grad = torch.full((4, 4), float("nan"))
+    opt.step()
+    assert torch.isnan(w.detach()).all()

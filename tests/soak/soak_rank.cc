@@ -138,10 +138,9 @@ absl::Status Run() {
       DistributedConfig config,
       CreateMeshConfig(mesh, placements, pg->comm.get(), pg->coordinator.get(),
                        pg->incarnation));
-  // The spec's execution options; the device is MuonOptions'.
+  // The spec's execution options (its device and gpu_precision set
+  // MuonOptions' in Muon::Create).
   config.execution = spec.execution();
-  config.execution.clear_device();
-  config.execution.clear_gpu_precision();
   MUON_ASSIGN_OR_RETURN(MuonOptions options,
                         MuonOptionsFromProto(spec.optimizer()));
   MUON_ASSIGN_OR_RETURN(std::unique_ptr<Muon> opt,
