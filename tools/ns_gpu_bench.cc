@@ -65,6 +65,8 @@ ABSL_FLAG(std::string, precision, "bf16", "bf16, tf32 or fp32.");
 ABSL_FLAG(std::string, schedule, "quintic", "quintic or polar_express.");
 ABSL_FLAG(std::string, method, "standard",
           "Newton-Schulz method: standard, gram (restart every 2) or auto.");
+ABSL_FLAG(int, gram_restart_every, 2,
+          "Gram Newton-Schulz: iterations per restart block, >= 1.");
 ABSL_FLAG(int, repeats, 10, "Timed runs after 2 warm-ups.");
 ABSL_FLAG(int, calls, 20,
           "Calls back to back per timed run (the time is divided by it): the "
@@ -80,7 +82,7 @@ constexpr char kUsage[] =
     "usage: ns_gpu_bench [--sizes RxC[,RxC...]] [--precision bf16|tf32|fp32]\n"
     "         [--schedule quintic|polar_express] [--method "
     "standard|gram|auto]\n"
-    "         [--repeats N]\n"
+    "         [--gram_restart_every L] [--repeats N]\n"
     "         [--gemm_size N] [--batch B] [--device D] [--staged 0|1]\n"
     "  --sizes      matrix shapes (default "
     "1024x1024,4096x4096,4096x11008,8192x8192)\n"
@@ -89,6 +91,7 @@ constexpr char kUsage[] =
     "  --method     standard (default), gram (Gram Newton-Schulz, restart\n"
     "               every 2) or auto; NS TFLOP/s counts the standard\n"
     "               iteration's FLOPs whatever the method (time-equivalent)\n"
+    "  --gram_restart_every  Gram iterations per restart block (default 2)\n"
     "  --repeats    timed runs after 2 warm-ups (default 10)\n"
     "  --calls      calls back to back per timed run (default 20)\n"
     "  --gemm_size  m = n = k of the dense GEMM yardstick (default 8192)\n"
@@ -209,7 +212,7 @@ int main(int argc, char** argv) {
       !kernels::ParseCoefficientSchedule(schedule_name).ok() ||
       !kernels::ParseNewtonSchulzMethod(absl::GetFlag(FLAGS_method)).ok() ||
       repeats < 1 || absl::GetFlag(FLAGS_calls) < 1 || gemm_size < 1 ||
-      batch < 1 || device < 0) {
+      absl::GetFlag(FLAGS_gram_restart_every) < 1 || batch < 1 || device < 0) {
     std::fprintf(stderr, "ns_gpu_bench: bad flags\n%s", kUsage);
     return 2;
   }
@@ -232,6 +235,7 @@ int main(int argc, char** argv) {
       *kernels::ParseCoefficientSchedule(schedule_name);
   options.method =
       *kernels::ParseNewtonSchulzMethod(absl::GetFlag(FLAGS_method));
+  options.gram_restart_every = absl::GetFlag(FLAGS_gram_restart_every);
 
   absl::Status status = cuda::SetDevice(device);
   if (!status.ok()) return Fail("cudaSetDevice", status);
@@ -254,13 +258,17 @@ int main(int argc, char** argv) {
   // The environment (MUON_NS_SYMMETRIC*) may change how symmetric products
   // run: say which way these figures were taken.
   const kernels::cuda::SymmetricProducts& sym = (*ctx)->symmetric_products();
-  const char* sym_mode =
-      sym.mode == kernels::cuda::SymmetricMode::kFull   ? "full GEMMs"
-      : sym.mode == kernels::cuda::SymmetricMode::kLoop ? "tile GEMMs in turn"
-                                                        : "batched tile GEMMs";
-  std::printf("symmetric products: %s, %d x %d tiles once m >= %lld\n",
-              sym_mode, sym.tiles, sym.tiles,
-              static_cast<long long>(sym.min_edge));
+  using kernels::cuda::SymmetricMode;
+  const char* sym_mode = sym.mode == SymmetricMode::kFull ? "full GEMMs"
+                         : sym.mode == SymmetricMode::kLoop
+                             ? "tile GEMMs in turn"
+                             : "batched tile GEMMs";
+  std::printf(
+      "symmetric products: %s, %d x %d tiles once m >= %lld; Gram: %s, "
+      "restart every %d\n",
+      sym_mode, sym.tiles, sym.tiles, static_cast<long long>(sym.min_edge),
+      sym.gram_all ? "every m x m product" : "first square only",
+      options.gram_restart_every);
   absl::StatusOr<Timing> peak =
       TimeGemm(ctx->get(), precision, gemm_size, gemm_size, gemm_size, repeats);
   if (!peak.ok()) return Fail("dense GEMM", peak.status());

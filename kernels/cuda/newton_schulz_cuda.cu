@@ -36,6 +36,9 @@ struct NsCudaContext::State {
   DeviceBuffer cublas_workspace;    // Given to cuBLAS (cublasSetWorkspace).
   DeviceBuffer scratch;             // Our iteration buffers (see Layout).
   SymmetricProducts symmetric;      // How symmetric products run.
+  // The tile GEMMs of the symmetric product being enqueued (reused, so
+  // that a product allocates nothing once the first has run).
+  std::vector<NsGemm> tiles;
 };
 
 namespace {
@@ -225,20 +228,42 @@ __global__ void AddDiagonalKernel(T* __restrict__ z, int m, float a) {
 }
 
 // MirrorLowerTiles: in each of the batch's m x m column-major matrices
-// (blockIdx.y), every element of a tile below the diagonal (row tile >
+// (blockIdx.z), every element of a tile below the diagonal (row tile >
 // column tile, tiles of `edge`) is copied from its mirror above. Those
-// elements are only written and their mirrors only read: no race.
+// elements are only written and their mirrors only read: no race. A block
+// moves one kMirrorBlock x kMirrorBlock square through shared memory (the
+// classic tiled transpose), so that both the reads of the mirror and the
+// writes run along columns, coalesced; squares with no element below the
+// diagonal tiles return at once.
+constexpr int kMirrorBlock = 32;
+constexpr int kMirrorRows = 8;  // Threads per block: 32 x 8.
 template <typename T>
 __global__ void MirrorLowerTilesKernel(T* __restrict__ c, int m, int edge) {
-  T* mat = c + static_cast<int64_t>(blockIdx.y) * m * m;
-  const int64_t n = static_cast<int64_t>(m) * m;
-  for (int64_t idx =
-           blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-       idx < n; idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int r = static_cast<int>(idx % m);
-    const int col = static_cast<int>(idx / m);
-    if (r / edge > col / edge)
-      mat[idx] = mat[col + static_cast<int64_t>(r) * m];
+  __shared__ T square[kMirrorBlock][kMirrorBlock + 1];
+  T* mat = c + static_cast<int64_t>(blockIdx.z) * m * m;
+  for (int64_t by = blockIdx.y; by * kMirrorBlock < m; by += gridDim.y) {
+    for (int64_t bx = blockIdx.x; bx * kMirrorBlock < m; bx += gridDim.x) {
+      // Destination rows r0.., columns c0.. (a square below the diagonal
+      // tiles has its rows' tiles past its columns').
+      const int r0 = static_cast<int>(bx * kMirrorBlock);
+      const int c0 = static_cast<int>(by * kMirrorBlock);
+      const int r_last = min(r0 + kMirrorBlock, m) - 1;
+      if (r_last / edge <= c0 / edge) continue;  // Uniform per block.
+      // Read the mirror: rows c0.., columns r0.. (coalesced along rows c).
+      for (int j = threadIdx.y; j < kMirrorBlock; j += kMirrorRows) {
+        const int src_col = r0 + j, src_row = c0 + threadIdx.x;
+        if (src_col < m && src_row < m)
+          square[j][threadIdx.x] =
+              mat[src_row + static_cast<int64_t>(src_col) * m];
+      }
+      __syncthreads();
+      for (int j = threadIdx.y; j < kMirrorBlock; j += kMirrorRows) {
+        const int r = r0 + threadIdx.x, col = c0 + j;
+        if (r < m && col < m && r / edge > col / edge)
+          mat[r + static_cast<int64_t>(col) * m] = square[threadIdx.x][j];
+      }
+      __syncthreads();
+    }
   }
 }
 
@@ -463,7 +488,8 @@ absl::Status RunTileGroup(NsCudaContext::State* s, const IterationShape& shape,
 // into multiples of 8, else up to 3: full, last column, last corner).
 absl::Status RunUpperTiles(NsCudaContext::State* s, const IterationShape& shape,
                            const IterationBuffers& buf, const NsGemm& g) {
-  const std::vector<NsGemm> tiles = UpperTileGemms(g, s->symmetric.tiles);
+  UpperTileGemms(g, s->symmetric.tiles, &s->tiles);
+  const std::vector<NsGemm>& tiles = s->tiles;
   // cuBLAS's batch count is at most 65535 (kMaxBatch): a bucket of more
   // matrices than that many tiles' worth runs the tiles in turn.
   const bool loop =
@@ -499,17 +525,21 @@ absl::Status RunSymmetric(NsCudaContext::State* s, const IterationShape& shape,
   if (!tiled || !s->symmetric.Tiled(g.m)) return RunPlanned(s, shape, buf, g);
   MUON_CU_RETURN_IF_ERROR(RunUpperTiles(s, shape, buf, g));
   const int edge = SymmetricTileEdge(g.m, s->symmetric.tiles);
-  const int64_t n = static_cast<int64_t>(g.m) * g.m;
-  const dim3 grid(std::min(ElementwiseBlocks(n), 4096),
-                  static_cast<unsigned int>(shape.batch));
+  // One block per kMirrorBlock square (each grid dimension at most 65535,
+  // the kernel strides past that), one grid layer per matrix.
+  const unsigned int squares = static_cast<unsigned int>(
+      std::min<int64_t>((g.m + kMirrorBlock - 1) / kMirrorBlock, 65535));
+  const dim3 grid(squares, squares, static_cast<unsigned int>(shape.batch));
+  const dim3 block(kMirrorBlock, kMirrorRows);
   void* c =
       static_cast<char*>(buf.Get(g.c)) + g.offset_c * shape.types.elem_bytes;
+  // The copy moves bits: bf16 as 16-bit and fp32 as 32-bit words.
   if (shape.bf16) {
-    MirrorLowerTilesKernel<__nv_bfloat16><<<grid, kThreads, 0, s->stream>>>(
-        static_cast<__nv_bfloat16*>(c), g.m, edge);
+    MirrorLowerTilesKernel<uint16_t>
+        <<<grid, block, 0, s->stream>>>(static_cast<uint16_t*>(c), g.m, edge);
   } else {
-    MirrorLowerTilesKernel<float>
-        <<<grid, kThreads, 0, s->stream>>>(static_cast<float*>(c), g.m, edge);
+    MirrorLowerTilesKernel<uint32_t>
+        <<<grid, block, 0, s->stream>>>(static_cast<uint32_t*>(c), g.m, edge);
   }
   MUON_CUDA_RETURN_IF_LAUNCH_FAILED("MirrorLowerTilesKernel");
   return absl::OkStatus();
@@ -580,10 +610,12 @@ absl::Status GramInnerStep(NsCudaContext::State* s, const IterationShape& shape,
   const NsGramPlan plan = PlanGramNewtonSchulz(shape.rows, shape.cols, abc);
   MUON_CU_RETURN_IF_ERROR(WithContext(
       CopyAsync(s, buf->poly, buf->gram, mm_bytes), "copy R", step));
-  // R is symmetric element for element only as X X^T (j = 0).
-  MUON_CU_RETURN_IF_ERROR(
-      WithContext(RunSymmetric(s, shape, *buf, plan.square, /*tiled=*/j == 0),
-                  "Z = b*R + c*R*R", step));
+  // R is symmetric element for element as X X^T (j = 0), and after every
+  // product when all run as symmetric products (gram_all).
+  const bool all = s->symmetric.gram_all;
+  MUON_CU_RETURN_IF_ERROR(WithContext(
+      RunSymmetric(s, shape, *buf, plan.square, /*tiled=*/j == 0 || all),
+      "Z = b*R + c*R*R", step));
   MUON_CU_RETURN_IF_ERROR(
       WithContext(AddDiagonal(s, shape, buf->poly, static_cast<float>(abc[0])),
                   "Z += a*I", step));
@@ -592,13 +624,14 @@ absl::Status GramInnerStep(NsCudaContext::State* s, const IterationShape& shape,
         WithContext(CopyAsync(s, buf->q, buf->poly, mm_bytes), "Q = Z", step));
   } else {
     MUON_CU_RETURN_IF_ERROR(WithContext(
-        RunPlanned(s, shape, *buf, plan.accumulate), "Q = Q Z", step));
+        RunSymmetric(s, shape, *buf, plan.accumulate, all), "Q = Q Z", step));
     std::swap(buf->q, buf->tmp);
   }
   if (last) return absl::OkStatus();
-  MUON_CU_RETURN_IF_ERROR(
-      WithContext(RunPlanned(s, shape, *buf, plan.right), "T = R Z", step));
-  return WithContext(RunPlanned(s, shape, *buf, plan.left), "R = Z T", step);
+  MUON_CU_RETURN_IF_ERROR(WithContext(
+      RunSymmetric(s, shape, *buf, plan.right, all), "T = R Z", step));
+  return WithContext(RunSymmetric(s, shape, *buf, plan.left, all), "R = Z T",
+                     step);
 }
 
 // Gram Newton-Schulz (NsGramPlan): one X update per restart block.
@@ -662,7 +695,8 @@ absl::StatusOr<std::unique_ptr<NsCudaContext>> NsCudaContext::Create(
   auto state = std::make_unique<State>();
   const std::string symmetric_error = ParseSymmetricProducts(
       std::getenv("MUON_NS_SYMMETRIC"), std::getenv("MUON_NS_SYMMETRIC_TILES"),
-      std::getenv("MUON_NS_SYMMETRIC_MIN_EDGE"), &state->symmetric);
+      std::getenv("MUON_NS_SYMMETRIC_MIN_EDGE"),
+      std::getenv("MUON_NS_SYMMETRIC_GRAM"), &state->symmetric);
   if (!symmetric_error.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("NsCudaContext::Create: ", symmetric_error));

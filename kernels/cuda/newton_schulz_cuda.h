@@ -102,11 +102,12 @@ class NsCudaContext {
   // Device bytes held by the scratch (not counting cuBLAS's workspace).
   int64_t ScratchBytes() const;
 
-  // How the iteration runs its symmetric products (X X^T, and A*A): by
-  // default tiles of the upper triangle as batched GEMMs once m >= 4096
-  // (SymmetricProducts' defaults), or as the environment variables
-  // MUON_NS_SYMMETRIC, MUON_NS_SYMMETRIC_TILES and MUON_NS_SYMMETRIC_MIN_EDGE
-  // read by Create say (ParseSymmetricProducts). Set before Reserve and the
+  // How the iteration runs its symmetric products (X X^T, A*A, and every
+  // m x m product of Gram Newton-Schulz): by default tiles of the upper
+  // triangle as batched GEMMs once m >= 4096 (SymmetricProducts'
+  // defaults), or as the environment variables MUON_NS_SYMMETRIC,
+  // MUON_NS_SYMMETRIC_TILES, MUON_NS_SYMMETRIC_MIN_EDGE and
+  // MUON_NS_SYMMETRIC_GRAM read by Create say (ParseSymmetricProducts). Set before Reserve and the
   // calls that use it; the pointer arrays of kBatched live in the scratch.
   const SymmetricProducts& symmetric_products() const;
   void set_symmetric_products(const SymmetricProducts& symmetric);

@@ -180,9 +180,10 @@ inline NsGramPlan PlanGramNewtonSchulz(int64_t rows, int64_t cols,
 
 // Symmetric products. A = X X^T, and b*A + c*A*A for an A symmetric
 // element for element (the standard `poly`; Gram's `square` on R = X X^T,
-// the first of a restart block, not on R = Z R Z, which is symmetric in
-// exact arithmetic only) are symmetric element for element: C_ij and C_ji
-// are sums of the same products in the same order. Cut the m x m output into
+// the first of a restart block) are symmetric element for element: C_ij
+// and C_ji are sums of the same products in the same order. Gram's other
+// products (Z R Z, Q Z, and the squares of such R) are symmetric in exact
+// arithmetic only (SymmetricProducts::gram_all). Cut the m x m output into
 // kSymmetricTiles x kSymmetricTiles tiles (SymmetricTileEdge): the
 // tiles on and above the diagonal are GEMMs of their own (36 of 64 for 8
 // tiles: 56% of the FLOPs), and every tile below the diagonal is the
@@ -191,8 +192,8 @@ inline NsGramPlan PlanGramNewtonSchulz(int64_t rows, int64_t cols,
 // and Dao AI Lab's Gram Newton-Schulz (2026) exploit, with plain GEMMs.
 inline constexpr int kSymmetricTiles = 8;
 // Below this m the tiles do not pay on an H200 (bf16, 5 iterations,
-// batched tiles): a 2048 x 2048 matrix takes 0.69 ms in 8 x 8 tiles
-// against 0.48 ms in full GEMMs; at 4096 x 4096 both take 2.98 ms, and
+// batched tiles): a 2048 x 2048 matrix takes 0.57 ms in 4 x 4 tiles
+// against 0.47 ms in full GEMMs; at 4096 x 4096 both take 2.98 ms, and
 // 4096 x 14336 and 8192 x 8192 gain 13% and 20% (docs/benchmarks.md).
 inline constexpr int64_t kSymmetricMinEdge = 4096;
 // The most tiles per edge a SymmetricProducts may ask for (136 tile GEMMs).
@@ -211,6 +212,16 @@ struct SymmetricProducts {
   SymmetricMode mode = SymmetricMode::kBatched;
   int tiles = kSymmetricTiles;           // Tiles per edge, [2, 16].
   int64_t min_edge = kSymmetricMinEdge;  // Tiles once m >= min_edge.
+  // Gram Newton-Schulz: whether every m x m product runs as a symmetric
+  // product (Z = b R + c R R, Q Z, R Z and Z (R Z) are products of
+  // symmetric, commuting matrices: symmetric in exact arithmetic; their
+  // tiles above the diagonal are computed and mirrored, so the results are
+  // symmetric element for element), or only the block's first square (R =
+  // X X^T, symmetric element for element), so that the iteration is
+  // bitwise the full-GEMM one. On an H200, 4096 x 14336 in bf16 takes
+  // 5.34 ms with all against 5.53 ms with the first only, equally near a
+  // float64 run (docs/benchmarks.md).
+  bool gram_all = true;
   // Whether a product with an m x m output is cut into tiles.
   bool Tiled(int64_t m) const {
     return mode != SymmetricMode::kFull && m >= min_edge;
@@ -225,15 +236,17 @@ inline bool UsesSymmetricTiles(int64_t m) {
   return SymmetricProducts().Tiled(m);
 }
 
-// Reads a SymmetricProducts from its three settings, each null or empty
-// for its default: `mode` "full", "loop" or "batched"; `tiles` an integer
-// in [2, kMaxSymmetricTiles]; `min_edge` an integer >= 1 (the environment
-// variables MUON_NS_SYMMETRIC, MUON_NS_SYMMETRIC_TILES and
-// MUON_NS_SYMMETRIC_MIN_EDGE, for tuning and benchmarks). Returns an empty
-// string and sets *out, or the error naming the setting and its value
-// (and leaves *out as it was).
+// Reads a SymmetricProducts from its four settings, each null or empty
+// for its default: `mode` "full", "loop" or "batched"; `tiles`
+// an integer in [2, kMaxSymmetricTiles]; `min_edge` an integer >= 1;
+// `gram` "first" or "all" (gram_all) (the environment variables
+// MUON_NS_SYMMETRIC, MUON_NS_SYMMETRIC_TILES, MUON_NS_SYMMETRIC_MIN_EDGE
+// and MUON_NS_SYMMETRIC_GRAM, for tuning and benchmarks). Returns an empty
+// string and sets *out, or the error naming the setting and its value (and
+// leaves *out as it was).
 inline std::string ParseSymmetricProducts(const char* mode, const char* tiles,
                                           const char* min_edge,
+                                          const char* gram,
                                           SymmetricProducts* out) {
   SymmetricProducts p;
   const std::string m = mode == nullptr ? "" : mode;
@@ -241,10 +254,18 @@ inline std::string ParseSymmetricProducts(const char* mode, const char* tiles,
     p.mode = SymmetricMode::kFull;
   } else if (m == "loop") {
     p.mode = SymmetricMode::kLoop;
-  } else if (m == "batched" || m.empty()) {
+  } else if (m == "batched") {
     p.mode = SymmetricMode::kBatched;
-  } else {
+  } else if (!m.empty()) {
     return "MUON_NS_SYMMETRIC must be full, loop or batched, got '" + m + "'";
+  }
+  const std::string g = gram == nullptr ? "" : gram;
+  if (g == "all") {
+    p.gram_all = true;
+  } else if (g == "first") {
+    p.gram_all = false;
+  } else if (!g.empty()) {
+    return "MUON_NS_SYMMETRIC_GRAM must be first or all, got '" + g + "'";
   }
   // A whole decimal integer in [lo, hi], or the error.
   auto integer = [](const char* name, const char* text, int64_t lo, int64_t hi,
@@ -283,29 +304,44 @@ inline int SymmetricTileEdge(int m, int tiles) {
   return (edge + 7) / 8 * 8;
 }
 
-// The GEMMs of the tiles on and above the diagonal of g's output (g.m ==
-// g.n; op(A) is m x k, op(B) k x m), row tile i <= column tile j, each
-// with g's transposes, leading dimensions, strides, alpha and beta, its
-// operands offset to the tile's rows of op(A) and columns of op(B), and
-// C to the tile. Empty tiles (m < tiles) are left out.
-inline std::vector<NsGemm> UpperTileGemms(const NsGemm& g, int tiles) {
+// Tile (i, j) of g's m x m output (g.m == g.n; op(A) is m x k, op(B)
+// k x m; tile edge `edge`): g with its transposes, leading dimensions,
+// strides, alpha and beta, its operands offset to the tile's rows of op(A)
+// and columns of op(B), and C to the tile. False, *t untouched, for an
+// empty tile (past the edge of m).
+inline bool TileGemm(const NsGemm& g, int edge, int i, int j, NsGemm* t) {
+  const int r0 = i * edge, c0 = j * edge;
+  if (r0 >= g.m || c0 >= g.n) return false;
+  *t = g;
+  t->m = std::min(edge, g.m - r0);
+  t->n = std::min(edge, g.n - c0);
+  // Rows r0.. of op(A): A's rows, or A's columns when transposed.
+  t->offset_a = g.offset_a + (g.transpose_a ? int64_t{r0} * g.lda : r0);
+  // Columns c0.. of op(B): B's columns, or B's rows when transposed.
+  t->offset_b = g.offset_b + (g.transpose_b ? c0 : int64_t{c0} * g.ldb);
+  t->offset_c = g.offset_c + r0 + int64_t{c0} * g.ldc;
+  return true;
+}
+
+// The GEMMs of the tiles on and above the diagonal of g's output, row
+// tile i <= column tile j (TileGemm), into *out (cleared first; its
+// capacity is kept, so a caller that keeps the vector allocates once).
+// Empty tiles (m < tiles) are left out.
+inline void UpperTileGemms(const NsGemm& g, int tiles,
+                           std::vector<NsGemm>* out) {
   const int edge = SymmetricTileEdge(g.m, tiles);
-  std::vector<NsGemm> out;
+  out->clear();
+  NsGemm t;
   for (int j = 0; j < tiles; ++j) {
     for (int i = 0; i <= j; ++i) {
-      const int r0 = i * edge, c0 = j * edge;
-      if (r0 >= g.m || c0 >= g.n) continue;
-      NsGemm t = g;
-      t.m = std::min(edge, g.m - r0);
-      t.n = std::min(edge, g.n - c0);
-      // Rows r0.. of op(A): A's rows, or A's columns when transposed.
-      t.offset_a = g.offset_a + (g.transpose_a ? int64_t{r0} * g.lda : r0);
-      // Columns c0.. of op(B): B's columns, or B's rows when transposed.
-      t.offset_b = g.offset_b + (g.transpose_b ? c0 : int64_t{c0} * g.ldb);
-      t.offset_c = g.offset_c + r0 + int64_t{c0} * g.ldc;
-      out.push_back(t);
+      if (TileGemm(g, edge, i, j, &t)) out->push_back(t);
     }
   }
+}
+
+inline std::vector<NsGemm> UpperTileGemms(const NsGemm& g, int tiles) {
+  std::vector<NsGemm> out;
+  UpperTileGemms(g, tiles, &out);
   return out;
 }
 

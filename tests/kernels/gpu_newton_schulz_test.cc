@@ -201,7 +201,7 @@ TEST(GpuNewtonSchulzTest, Engine_Fp32LargeMatrix_MatchesCpuFp32) {
 // (batched 8 x 8 tiles), from m = 1024 as MUON_NS_SYMMETRIC_MIN_EDGE asks
 // (which the engine's context reads when it is made), on an m that 8 does
 // not divide, so the last tiles are smaller and the batched GEMMs have 3
-// tile sizes; standard and Gram (whose first square is tiled), in every
+// tile sizes; standard and Gram (every m x m product tiled), in every
 // precision, against the CPU's fp32 iteration (within 1e-6 of float64)
 // under the float64 bounds.
 TEST(GpuNewtonSchulzTest,
@@ -272,7 +272,8 @@ std::vector<std::vector<float>> RunWithSymmetric(
 
 // Every way of running the symmetric products (full GEMMs, tile GEMMs in
 // turn, batched tile GEMMs with 4 tiles and with 7, whose last tiles are
-// smaller, so that batched runs several tile sizes), on a batch of 3
+// smaller, so that batched runs several tile sizes; Gram with every m x m
+// product tiled, the default, or its first square only), on a batch of 3
 // matrices in every precision, standard and Gram, lands within the float64
 // bounds of the CPU's fp32 iteration for each matrix of the batch.
 TEST(GpuNewtonSchulzTest,
@@ -293,6 +294,9 @@ TEST(GpuNewtonSchulzTest,
   modes.push_back({"batched4", batched});
   batched.tiles = 7;
   modes.push_back({"batched7", batched});
+  // Gram: the first square alone in tiles, the others full GEMMs.
+  batched.gram_all = false;
+  modes.push_back({"batched7_first", batched});
   NewtonSchulzOptions gram;
   gram.method = NewtonSchulzMethod::kGram;
   const int64_t rows = 300, cols = 700;

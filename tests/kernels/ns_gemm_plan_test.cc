@@ -168,11 +168,13 @@ std::vector<double> RunPlan(const std::vector<double>& u, int batch,
 
 // NewtonSchulzBatched's Gram sequence (GramIterations in
 // newton_schulz_cuda.cu): copies, the diagonal kernel and the Q/tmp swap
-// as the CUDA code does them.
+// as the CUDA code does them. `gram_all`: every m x m product a symmetric
+// product (SymmetricProducts::gram_all), else the first square only.
 std::vector<double> RunGramPlan(const std::vector<double>& u, int batch,
                                 int64_t rows, int64_t cols,
                                 const NewtonSchulzOptions& options,
-                                int tiles = 0) {
+                                int tiles = 0, bool gram_all = false) {
+  const int products = gram_all ? tiles : 0;
   Buffers buf = Normalised(u, batch, rows, cols, options);
   const int64_t m = std::min(rows, cols);
   const int steps = NewtonSchulzIterations(options);
@@ -188,9 +190,9 @@ std::vector<double> RunGramPlan(const std::vector<double>& u, int batch,
           NewtonSchulzCoefficients(options, start + j);
       const NsGramPlan plan = PlanGramNewtonSchulz(rows, cols, abc);
       buf.poly = buf.gram;
-      // R is symmetric element for element only as X X^T (j = 0); R = Z R Z
-      // is symmetric in exact arithmetic only.
-      SimulateSymmetric(plan.square, j == 0 ? tiles : 0, batch, &buf);
+      // R is symmetric element for element as X X^T (j = 0); R = Z R Z
+      // is symmetric in exact arithmetic only, unless mirrored (gram_all).
+      SimulateSymmetric(plan.square, j == 0 ? tiles : products, batch, &buf);
       for (int e = 0; e < batch; ++e) {
         for (int64_t i = 0; i < m; ++i)
           buf.poly[e * m * m + i * m + i] += abc[0];
@@ -198,12 +200,12 @@ std::vector<double> RunGramPlan(const std::vector<double>& u, int batch,
       if (j == 0) {
         buf.q = buf.poly;
       } else {
-        SimulateGemm(plan.accumulate, batch, &buf);
+        SimulateSymmetric(plan.accumulate, products, batch, &buf);
         std::swap(buf.q, buf.tmp);
       }
       if (j + 1 < len) {
-        SimulateGemm(plan.right, batch, &buf);
-        SimulateGemm(plan.left, batch, &buf);
+        SimulateSymmetric(plan.right, products, batch, &buf);
+        SimulateSymmetric(plan.left, products, batch, &buf);
       }
     }
     SimulateGemm(PlanGramNewtonSchulz(rows, cols,
@@ -236,19 +238,25 @@ TEST(NsGemmPlanTest, GramPlan_AllShapesAndRestarts_MatchesFloat64Reference) {
           u.insert(u.end(), one64.begin(), one64.end());
           want.insert(want.end(), ref.begin(), ref.end());
         }
-        const std::vector<double> got =
-            RunGramPlan(u, kBatch, rows, cols, options);
-        ASSERT_EQ(got.size(), want.size());
-        double max_diff = 0.0;
-        for (size_t i = 0; i < got.size(); ++i) {
-          ASSERT_TRUE(std::isfinite(got[i])) << rows << "x" << cols;
-          max_diff = std::max(max_diff, std::abs(got[i] - want[i]));
+        // Full GEMMs, and every m x m product in mirrored tiles (3 and 7
+        // per edge).
+        for (auto [tiling, all] :
+             {std::pair<int, bool>{0, false}, {3, true}, {7, true}}) {
+          const std::vector<double> got =
+              RunGramPlan(u, kBatch, rows, cols, options, tiling, all);
+          ASSERT_EQ(got.size(), want.size());
+          double max_diff = 0.0;
+          for (size_t i = 0; i < got.size(); ++i) {
+            ASSERT_TRUE(std::isfinite(got[i])) << rows << "x" << cols;
+            max_diff = std::max(max_diff, std::abs(got[i] - want[i]));
+          }
+          // The same polynomial in another order, in float64: the Gram form
+          // squares the conditioning, still ~1e-12 here; a wrong operand,
+          // transpose or tile gives O(1).
+          EXPECT_LE(max_diff, 1e-8)
+              << rows << "x" << cols << " restart " << restart << " tiles "
+              << tiling << " all " << all;
         }
-        // The same polynomial in another order, in float64: the Gram form
-        // squares the conditioning, still ~1e-12 here; a wrong operand or
-        // transpose gives O(1).
-        EXPECT_LE(max_diff, 1e-8)
-            << rows << "x" << cols << " restart " << restart;
       }
     }
   }
@@ -370,38 +378,48 @@ TEST(NsGemmPlanTest, UpperTileGemms_TenOfSixteenTilesCoverTheUpperTriangle) {
 }
 
 // The MUON_NS_SYMMETRIC* settings: unset means the defaults (batched, 8
-// tiles, m >= 4096); each is read; a bad value is an error naming the
+// tiles, m >= 4096, every Gram product); each is read; a bad value is an error naming the
 // variable and the value, and leaves the settings as they were.
 TEST(NsGemmPlanTest, ParseSymmetricProducts_ReadsSettingsAndNamesBadValues) {
   SymmetricProducts p;
   p.tiles = 9;
-  EXPECT_EQ(ParseSymmetricProducts(nullptr, nullptr, nullptr, &p), "");
+  p.gram_all = false;
+  EXPECT_EQ(ParseSymmetricProducts(nullptr, nullptr, nullptr, nullptr, &p), "");
   EXPECT_EQ(p.mode, SymmetricMode::kBatched);
   EXPECT_EQ(p.tiles, kSymmetricTiles);
   EXPECT_EQ(p.min_edge, kSymmetricMinEdge);
+  EXPECT_TRUE(p.gram_all);
   EXPECT_EQ(p.TileGemms(), 36);
-  EXPECT_EQ(ParseSymmetricProducts("loop", "8", "1024", &p), "");
+  p.gram_all = false;
+  EXPECT_EQ(ParseSymmetricProducts("loop", "8", "1024", "all", &p), "");
   EXPECT_EQ(p.mode, SymmetricMode::kLoop);
   EXPECT_EQ(p.tiles, 8);
   EXPECT_EQ(p.min_edge, 1024);
+  EXPECT_TRUE(p.gram_all);
   EXPECT_TRUE(p.Tiled(1024));
   EXPECT_FALSE(p.Tiled(1023));
-  EXPECT_EQ(ParseSymmetricProducts("full", "", "", &p), "");
+  EXPECT_EQ(ParseSymmetricProducts("batched", "", "", "first", &p), "");
+  EXPECT_EQ(p.mode, SymmetricMode::kBatched);
+  EXPECT_FALSE(p.gram_all);
+  EXPECT_EQ(ParseSymmetricProducts("full", "", "", "", &p), "");
   EXPECT_FALSE(p.Tiled(1 << 20));
 
   const SymmetricProducts before = p;
-  EXPECT_EQ(ParseSymmetricProducts("diagonal", nullptr, nullptr, &p),
+  EXPECT_EQ(ParseSymmetricProducts("diagonal", nullptr, nullptr, nullptr, &p),
             "MUON_NS_SYMMETRIC must be full, loop or batched, got 'diagonal'");
-  EXPECT_EQ(ParseSymmetricProducts(nullptr, "17", nullptr, &p),
+  EXPECT_EQ(ParseSymmetricProducts(nullptr, "17", nullptr, nullptr, &p),
             "MUON_NS_SYMMETRIC_TILES must be an integer in [2, 16], got '17'");
-  EXPECT_EQ(ParseSymmetricProducts(nullptr, "4x", nullptr, &p),
+  EXPECT_EQ(ParseSymmetricProducts(nullptr, "4x", nullptr, nullptr, &p),
             "MUON_NS_SYMMETRIC_TILES must be an integer in [2, 16], got '4x'");
-  EXPECT_EQ(ParseSymmetricProducts(nullptr, nullptr, "0", &p),
+  EXPECT_EQ(ParseSymmetricProducts(nullptr, nullptr, "0", nullptr, &p),
             "MUON_NS_SYMMETRIC_MIN_EDGE must be an integer in [1, 2147483647], "
             "got '0'");
+  EXPECT_EQ(ParseSymmetricProducts(nullptr, nullptr, nullptr, "most", &p),
+            "MUON_NS_SYMMETRIC_GRAM must be first or all, got 'most'");
   EXPECT_EQ(p.mode, before.mode);
   EXPECT_EQ(p.tiles, before.tiles);
   EXPECT_EQ(p.min_edge, before.min_edge);
+  EXPECT_EQ(p.gram_all, before.gram_all);
 }
 
 }  // namespace
