@@ -107,8 +107,9 @@ class NsCudaContext {
   // triangle as batched GEMMs once m >= 4096 (SymmetricProducts'
   // defaults), or as the environment variables MUON_NS_SYMMETRIC,
   // MUON_NS_SYMMETRIC_TILES, MUON_NS_SYMMETRIC_MIN_EDGE and
-  // MUON_NS_SYMMETRIC_GRAM read by Create say (ParseSymmetricProducts). Set before Reserve and the
-  // calls that use it; the pointer arrays of kBatched live in the scratch.
+  // MUON_NS_SYMMETRIC_GRAM read by Create say (ParseSymmetricProducts). Set
+  // before Reserve and the calls that use it; the pointer arrays of kBatched
+  // live in the scratch.
   const SymmetricProducts& symmetric_products() const;
   void set_symmetric_products(const SymmetricProducts& symmetric);
   int device() const;

@@ -378,8 +378,8 @@ TEST(NsGemmPlanTest, UpperTileGemms_TenOfSixteenTilesCoverTheUpperTriangle) {
 }
 
 // The MUON_NS_SYMMETRIC* settings: unset means the defaults (batched, 8
-// tiles, m >= 4096, every Gram product); each is read; a bad value is an error naming the
-// variable and the value, and leaves the settings as they were.
+// tiles, m >= 4096, every Gram product); each is read; a bad value is an error
+// naming the variable and the value, and leaves the settings as they were.
 TEST(NsGemmPlanTest, ParseSymmetricProducts_ReadsSettingsAndNamesBadValues) {
   SymmetricProducts p;
   p.tiles = 9;
