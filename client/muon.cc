@@ -484,7 +484,11 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
   };
   MUON_RETURN_IF_ERROR(
       muon->JoinOrPlan(config, manifest_of, local.uses_sub_mesh));
-  MUON_RETURN_IF_ERROR(muon->ResolveQkClip(local.uses_sub_mesh));
+  muon->uses_sub_mesh_ = local.uses_sub_mesh;
+  MUON_ASSIGN_OR_RETURN(
+      muon->qk_clipper_,
+      QkClipper::Create(muon->options_.qk_clip, muon->QkClipView(),
+                        local.uses_sub_mesh));
   muon->matrices_ = std::move(local.infos);
   muon->overlap_ = execution.overlap_backward();
   if (muon->options_.normuon) {
@@ -495,6 +499,7 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
   // Newton-Schulz.
   MUON_ASSIGN_OR_RETURN(muon->rule_, MakeUpdateRule(muon->options_));
   MUON_RETURN_IF_ERROR(muon->MakeDataPath(config, std::move(local.geometry)));
+  muon->qk_clipper_.set_control(muon->rank_flags_->control());
 
   MUON_RETURN_IF_ERROR(muon->AllocateState());
   muon->stats_.ops.reserve(4 * muon->plan_.buckets_size());
@@ -534,6 +539,31 @@ absl::Status Muon::SetGrad(int index, const void* grad) {
   }
   params_[index].grad = grad;
   return absl::OkStatus();
+}
+
+QkClipRank Muon::QkClipView() const {
+  QkClipRank r;
+  r.rank = rank_;
+  r.world_size = world_size_;
+  r.params = &params_;
+  r.placements = &placements_;
+  r.mesh = &mesh_;
+  r.control = rank_flags_ != nullptr ? rank_flags_->control() : nullptr;
+  return r;
+}
+
+absl::Status Muon::SetQkClip(const QkClipOptions& qk_clip) {
+  MUON_ASSIGN_OR_RETURN(
+      QkClipper clipper,
+      QkClipper::Create(qk_clip, QkClipView(), uses_sub_mesh_));
+  options_.qk_clip = qk_clip;
+  qk_clipper_ = std::move(clipper);
+  return absl::OkStatus();
+}
+
+absl::Status Muon::ClipQk(const std::vector<float>& max_logits,
+                          QkClipStats* stats) {
+  return qk_clipper_.Clip(max_logits, stats);
 }
 
 absl::Status Muon::SetParamHyperparameters(int index, double lr,

@@ -36,6 +36,7 @@
 #include "client/owner_transform.h"
 #include "client/parameter.h"
 #include "client/qk_clip.h"
+#include "client/qk_clipper.h"
 #include "client/rank_flags.h"
 #include "client/step_executor.h"
 #include "client/step_snapshot.h"
@@ -78,12 +79,6 @@ struct OptimizerMemory {
   // far (a re-plan holds two executors' buffers for a moment), plus
   // scratch_bytes.
   int64_t peak_bytes = 0;
-};
-
-// What one Muon::ClipQk did (the same on every rank).
-struct QkClipStats {
-  int64_t groups_clipped = 0;   // key-value groups scaled, over the layers
-  float max_logit = -INFINITY;  // the largest reduced S_max of any head
 };
 
 // One parameter's optimizer state on this rank, in torch's state_dict
@@ -392,23 +387,9 @@ class Muon {
   // NorMuon's row state (zeros; host memory only, as NorMuon runs on CPU
   // parameters), bound to the executor.
   absl::Status AllocateRowState();
-  // Create's check of options_.qk_clip against this rank's parameters;
-  // fills qk_clip_params_. `uses_sub_mesh`: a layer may be on another
-  // pipeline stage (neither parameter here).
-  absl::Status ResolveQkClip(bool uses_sub_mesh);
-  // ClipQk's all-gather: every rank's [flag, maxima...]; the reduced
-  // maxima into *reduced. Errors: as ClipQk's.
-  absl::Status ReduceQkClipMaxima(const std::vector<float>& max_logits,
-                                  std::vector<float>* reduced);
-  // ClipQk's first all-gather: every rank's layer and head counts, which
-  // must be rank 0's. Errors: InvalidArgument naming the rank;
-  // FailedPrecondition (no host control group); the communicator's.
-  absl::Status AgreeOnQkClipLayers();
-  // Every rank's `width` floats from `mine`, rank after rank, over the
-  // host control group (a copy in a world of one). Errors:
-  // FailedPrecondition (no host control group); the communicator's.
-  absl::Status GatherQkClipValues(const float* mine, int64_t width,
-                                  std::vector<float>* all);
+  // QkClipper's view of this rank (its parameters, placements, mesh and
+  // control group, when made).
+  QkClipRank QkClipView() const;
   // overlap_backward: the step's start at the first MarkReady; one
   // parameter's momentum (and, in debug mode, its gradient's fingerprint);
   // Step's end of a step begun by MarkReady.
@@ -504,9 +485,8 @@ class Muon {
   // Every state buffer a transactional step snapshots: the momentum
   // buffers, then the row states.
   std::vector<const device::DeviceMemory*> state_buffers_;
-  // Per QK-clip layer: the local index of its q and k parameters (-1 when
-  // this rank does not hold it).
-  std::vector<std::pair<int, int>> qk_clip_params_;
+  // QK-clip over this rank's shards (no layers: off).
+  QkClipper qk_clipper_;
   bool uses_sub_mesh_ = false;  // some parameter lives on a sub-mesh
   // overlap_backward: on, a step begun by MarkReady, its parameters
   // marked, the buckets handed to the executor, gradient fingerprints

@@ -1,5 +1,5 @@
-// Muon::ClipQk and its checks: QK-clip (MuonClip) over this rank's shards
-// of the attention layers' query and key projections (client/qk_clip.h).
+#include "client/qk_clipper.h"
+
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -7,45 +7,34 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "client/muon.h"
-#include "client/qk_clip.h"
 #include "common/status_macros.h"
 
 namespace muon {
 
-absl::Status Muon::SetQkClip(const QkClipOptions& qk_clip) {
-  if (absl::Status s = ValidateQkClipOptions(qk_clip); !s.ok()) {
+absl::StatusOr<QkClipper> QkClipper::Create(const QkClipOptions& options,
+                                            const QkClipRank& rank,
+                                            bool uses_sub_mesh) {
+  if (absl::Status s = ValidateQkClipOptions(options); !s.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("rank ", rank_, ": ", s.message()));
+        absl::StrCat("rank ", rank.rank, ": ", s.message()));
   }
-  const QkClipOptions old = options_.qk_clip;
-  std::vector<std::pair<int, int>> old_params = qk_clip_params_;
-  options_.qk_clip = qk_clip;
-  if (absl::Status s = ResolveQkClip(uses_sub_mesh_); !s.ok()) {
-    options_.qk_clip = old;
-    qk_clip_params_ = std::move(old_params);
-    return s;
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Muon::ResolveQkClip(bool uses_sub_mesh) {
-  const QkClipOptions& o = options_.qk_clip;
-  uses_sub_mesh_ = uses_sub_mesh;
-  qk_clip_params_.clear();
+  QkClipper c;
+  c.options_ = options;
+  c.rank_ = rank;
+  const std::vector<ParamView>& params = *rank.params;
   auto find = [&](const std::string& name) {
-    for (size_t i = 0; i < params_.size(); ++i) {
-      if (params_[i].name == name) return static_cast<int>(i);
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (params[i].name == name) return static_cast<int>(i);
     }
     return -1;
   };
-  for (size_t l = 0; l < o.layers.size(); ++l) {
-    const QkClipLayer& layer = o.layers[l];
+  for (size_t l = 0; l < options.layers.size(); ++l) {
+    const QkClipLayer& layer = options.layers[l];
     const int q = find(layer.q_param);
     const int k = find(layer.k_param);
     if ((q < 0 || k < 0) && !(q < 0 && k < 0 && uses_sub_mesh)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", rank_, ": qk_clip layer ", l, " names parameter \"",
+          "rank ", rank.rank, ": qk_clip layer ", l, " names parameter \"",
           q < 0 ? layer.q_param : layer.k_param,
           "\", which this optimizer does not have (a layer of another "
           "pipeline stage must have neither parameter here)"));
@@ -53,39 +42,40 @@ absl::Status Muon::ResolveQkClip(bool uses_sub_mesh) {
     for (const auto& [index, which] :
          {std::pair<int, const char*>{q, "q"}, {k, "k"}}) {
       if (index < 0) continue;
-      const ParamView& p = params_[index];
+      const ParamView& p = params[index];
       if (p.expert_stack || !p.device.is_host()) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "rank ", rank_, ": qk_clip layer ", l, ": parameter \"", p.name,
-            "\" is ", p.expert_stack ? "an expert stack" : p.device.ToString(),
+            "rank ", rank.rank, ": qk_clip layer ", l, ": parameter \"",
+            p.name, "\" is ",
+            p.expert_stack ? "an expert stack" : p.device.ToString(),
             "; QK-clip scales 2-D CPU parameters in this version"));
       }
       if (absl::Status s =
               CheckQkClipRows(layer, which, p.shape(), static_cast<int>(l));
           !s.ok()) {
         return absl::InvalidArgumentError(
-            absl::StrCat("rank ", rank_, ": ", s.message()));
+            absl::StrCat("rank ", rank.rank, ": ", s.message()));
       }
     }
-    qk_clip_params_.push_back({q, k});
+    c.layer_params_.push_back({q, k});
   }
-  return absl::OkStatus();
+  return c;
 }
 
-absl::Status Muon::ReduceQkClipMaxima(const std::vector<float>& max_logits,
-                                      std::vector<float>* reduced) {
-  const QkClipOptions& o = options_.qk_clip;
-  const int64_t n = o.total_heads();
+absl::Status QkClipper::ReduceMaxima(const std::vector<float>& max_logits,
+                                     std::vector<float>* reduced) const {
+  const int rank = rank_.rank;
+  const int64_t n = options_.total_heads();
   std::string mine;  // this rank's error, if any
   if (static_cast<int64_t>(max_logits.size()) != n) {
-    mine = absl::StrCat("rank ", rank_, ": ClipQk got ", max_logits.size(),
-                        " maxima but the ", o.layers.size(),
+    mine = absl::StrCat("rank ", rank, ": ClipQk got ", max_logits.size(),
+                        " maxima but the ", options_.layers.size(),
                         " qk_clip layers have ", n, " query heads");
   } else {
     for (int64_t h = 0; h < n && mine.empty(); ++h) {
       if (std::isnan(max_logits[h]) || max_logits[h] == INFINITY) {
         mine =
-            absl::StrCat("rank ", rank_, ": ClipQk maximum ", h,
+            absl::StrCat("rank ", rank, ": ClipQk maximum ", h,
                          " (a query head, layers in order) is ", max_logits[h],
                          " (NaN and +inf are refused: a +inf logit "
                          "would scale the head's rows to zero)");
@@ -98,16 +88,16 @@ absl::Status Muon::ReduceQkClipMaxima(const std::vector<float>& max_logits,
   if (mine.empty())
     std::copy(max_logits.begin(), max_logits.end(), send.begin() + 1);
   std::vector<float> all;
-  MUON_RETURN_IF_ERROR(GatherQkClipValues(send.data(), width, &all));
-  for (int r = 0; r < world_size_; ++r) {
+  MUON_RETURN_IF_ERROR(Gather(send.data(), width, &all));
+  for (int r = 0; r < rank_.world_size; ++r) {
     if (all[r * width] == 0.0f) continue;
-    if (r == rank_) return absl::InvalidArgumentError(mine);
+    if (r == rank) return absl::InvalidArgumentError(mine);
     return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", rank_, ": rank ", r, " passed bad QK-clip maxima (rank ", r,
+        "rank ", rank, ": rank ", r, " passed bad QK-clip maxima (rank ", r,
         "'s error names them); nothing was clipped"));
   }
   reduced->assign(n, -INFINITY);
-  for (int r = 0; r < world_size_; ++r) {
+  for (int r = 0; r < rank_.world_size; ++r) {
     for (int64_t h = 0; h < n; ++h) {
       (*reduced)[h] = std::max((*reduced)[h], all[r * width + 1 + h]);
     }
@@ -115,71 +105,71 @@ absl::Status Muon::ReduceQkClipMaxima(const std::vector<float>& max_logits,
   return absl::OkStatus();
 }
 
-void Muon::ScaleLocalRows(int index, int64_t begin, int64_t end,
-                          double factor) {
+void QkClipper::ScaleLocalRows(int index, int64_t begin, int64_t end,
+                               double factor) const {
   if (index < 0) return;
-  const ParamView& p = params_[index];
+  const ParamView& p = (*rank_.params)[index];
+  const ParamPlacement& pl = (*rank_.placements)[index];
   absl::StatusOr<std::vector<Range>> box =
-      LocalRanges(p.shape(), placements_[index].placements, mesh_,
-                  mesh_.Coord(rank_), placements_[index].sub_mesh);
+      LocalRanges(p.shape(), pl.placements, *rank_.mesh,
+                  rank_.mesh->Coord(rank_.rank), pl.sub_mesh);
   if (!box.ok() || p.local_numel() == 0) return;  // checked at Create
   ScaleGlobalRows(p.data, p.dtype, (*box)[0], p.local_shape[1], begin, end,
                   factor);
 }
 
-absl::Status Muon::GatherQkClipValues(const float* mine, int64_t width,
-                                      std::vector<float>* all) {
-  if (world_size_ == 1) {
+absl::Status QkClipper::Gather(const float* mine, int64_t width,
+                               std::vector<float>* all) const {
+  const int world_size = rank_.world_size;
+  if (world_size == 1) {
     all->assign(mine, mine + width);
     return absl::OkStatus();
   }
-  Communicator* control = rank_flags_->control();
-  if (control == nullptr) {
+  if (rank_.control == nullptr) {
     return absl::FailedPreconditionError(
-        absl::StrCat("rank ", rank_,
+        absl::StrCat("rank ", rank_.rank,
                      ": ClipQk reduces over a host-memory control group "
                      "and this job has none (DistributedState::"
                      "control_communicator)"));
   }
-  all->assign(width * world_size_, 0.0f);
-  return control->AllGatherV(mine, width, all->data(),
-                             std::vector<int64_t>(world_size_, width));
+  all->assign(width * world_size, 0.0f);
+  return rank_.control->AllGatherV(mine, width, all->data(),
+                                   std::vector<int64_t>(world_size, width));
 }
 
-absl::Status Muon::AgreeOnQkClipLayers() {
-  if (world_size_ == 1) return absl::OkStatus();
-  const QkClipOptions& o = options_.qk_clip;
-  const float mine[2] = {static_cast<float>(o.layers.size()),
-                         static_cast<float>(o.total_heads())};
+absl::Status QkClipper::AgreeOnLayers() const {
+  if (rank_.world_size == 1) return absl::OkStatus();
+  const float mine[2] = {static_cast<float>(options_.layers.size()),
+                         static_cast<float>(options_.total_heads())};
   std::vector<float> all;
-  MUON_RETURN_IF_ERROR(GatherQkClipValues(mine, 2, &all));
-  for (int r = 1; r < world_size_; ++r) {
+  MUON_RETURN_IF_ERROR(Gather(mine, 2, &all));
+  for (int r = 1; r < rank_.world_size; ++r) {
     if (all[2 * r] == all[0] && all[2 * r + 1] == all[1]) continue;
     return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", rank_, ": rank ", r, " has ", all[2 * r],
+        "rank ", rank_.rank, ": rank ", r, " has ", all[2 * r],
         " qk_clip layers of ", all[2 * r + 1], " query heads but rank 0 has ",
         all[0], " of ", all[1], "; every rank must clip the same layers"));
   }
   return absl::OkStatus();
 }
 
-absl::Status Muon::ClipQk(const std::vector<float>& max_logits,
-                          QkClipStats* stats) {
-  const QkClipOptions& o = options_.qk_clip;
+absl::Status QkClipper::Clip(const std::vector<float>& max_logits,
+                             QkClipStats* stats) const {
+  const QkClipOptions& o = options_;
   // Every rank with the same layers first (a tiny all-gather), so that a
   // rank configured otherwise fails every rank instead of a collective.
-  MUON_RETURN_IF_ERROR(AgreeOnQkClipLayers());
+  MUON_RETURN_IF_ERROR(AgreeOnLayers());
   if (!o.enabled()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", rank_, ": ClipQk: MuonOptions::qk_clip has no layers"));
+        "rank ", rank_.rank, ": ClipQk: MuonOptions::qk_clip has no layers"));
   }
   std::vector<float> reduced;
-  MUON_RETURN_IF_ERROR(ReduceQkClipMaxima(max_logits, &reduced));
+  MUON_RETURN_IF_ERROR(ReduceMaxima(max_logits, &reduced));
   QkClipStats out;
   int64_t offset = 0;
   for (size_t l = 0; l < o.layers.size(); ++l) {
     const QkClipLayer& layer = o.layers[l];
-    const auto [q, k] = qk_clip_params_[l];
+    const auto [q, k] = layer_params_[l];
     for (int h = 0; h < layer.num_heads; ++h) {
       out.max_logit = std::max(out.max_logit, reduced[offset + h]);
     }
