@@ -706,8 +706,8 @@ absl::Status Muon::RunStep(device::Stream* caller) {
   const absl::Time start = absl::Now();
   if (options_.transactional_step) {
     MUON_RETURN_IF_ERROR(OnCaller(caller, [&] {
-      return snapshot_.Save(&executor_->kernels(), caller, params_,
-                            state_buffers_, step_);
+      return state_->snapshot().Save(&executor_->kernels(), caller, params_,
+                                     state_->buffers(), step_);
     }));
   }
   if (absl::Status s = UpdateAll(caller); !s.ok()) {
@@ -743,8 +743,8 @@ absl::Status Muon::MomentumPass(device::Stream* caller) {
 
 absl::Status Muon::MomentumOne(int index, device::Stream* stream) {
   const ParamView& p = params_[index];
-  const MomentumBuffer& buf = buffers_[index];
-  UpdateSource& src = update_sources_[index];
+  const OptimizerState::Momentum& buf = state_->momentum(index);
+  UpdateSource& src = state_->update_sources()[index];
   // The executor forms Nesterov's U from the gradient per bucket.
   src.grad = options_.nesterov ? p.grad : nullptr;
   src.grad_dtype = KernelDType(p.grad_dtype);
@@ -758,7 +758,8 @@ absl::Status Muon::UpdateAll(device::Stream* caller) {
   // A partial momentum pass still in flight must not outlive the step.
   if (!run.ok()) (void)SyncCaller(caller);
   if (run.ok()) {
-    run = executor_->Run(update_sources_, params_, rule_, &stats_, caller);
+    run = executor_->Run(state_->update_sources(), params_, rule_, &stats_,
+                         caller);
   }
   const bool ran = run.ok();
   if (ran && post_update_fault_) run = post_update_fault_(step_ + 1);
@@ -772,98 +773,36 @@ absl::Status Muon::UpdateAll(device::Stream* caller) {
 }
 
 absl::Status Muon::AllocateState() {
-  device::Allocator* alloc = &memory_->state;
-  const size_t n = params_.size();
-  buffers_.resize(n);
-  update_sources_.assign(n, UpdateSource());
-  for (size_t i = 0; i < n; ++i) {
-    MomentumBuffer& buf = buffers_[i];
-    buf.numel = params_[i].local_numel();
-    buf.dtype = MomentumDTypeOf(options_.momentum_dtype, params_[i].dtype);
-    MUON_ASSIGN_OR_RETURN(
-        buf.memory, device::DeviceMemory::Allocate(
-                        alloc, buf.numel * kernels::ParamDTypeSize(buf.dtype)));
-    // Zeros (host memory comes zero-filled; device memory does not), set
-    // on the device: no host buffer, no copy of the state's size.
-    if (!device_.is_host()) {
-      MUON_RETURN_IF_ERROR(runtime_->Zero(buf.data(), buf.bytes()));
-    }
-    update_sources_[i].momentum = buf.data();
-    update_sources_[i].momentum_dtype = buf.dtype;
+  OptimizerStateSpec spec;
+  for (const ParamView& p : params_) {
+    spec.momentum_dtypes.push_back(
+        MomentumDTypeOf(options_.momentum_dtype, p.dtype));
   }
-  MUON_ASSIGN_OR_RETURN(nonfinite_, device::DeviceBuffer<int64_t>::Allocate(
-                                        alloc, static_cast<int64_t>(n)));
-  host_nonfinite_.assign(n, -1);
-  MUON_RETURN_IF_ERROR(AllocateRowState());
-  for (const MomentumBuffer& b : buffers_) state_buffers_.push_back(&b.memory);
-  for (const auto& b : row_state_) state_buffers_.push_back(&b.memory());
-  if (!options_.transactional_step) return absl::OkStatus();
+  spec.row_state = owner_transform_ != nullptr;
+  spec.snapshot = options_.transactional_step;
   MUON_ASSIGN_OR_RETURN(
-      snapshot_,
-      StepSnapshot::Allocate(&memory_->snapshot, params_, state_buffers_));
-  return absl::OkStatus();
-}
-
-absl::Status Muon::AllocateRowState() {
-  const size_t n = params_.size();
-  row_state_.resize(n);
-  if (owner_transform_ == nullptr) return absl::OkStatus();
-  std::vector<float*> bound(n, nullptr);
-  for (size_t i = 0; i < n; ++i) {
-    const int64_t rows = params_[i].local_rows();
-    MUON_ASSIGN_OR_RETURN(row_state_[i], device::DeviceBuffer<float>::Allocate(
-                                             &memory_->state, rows));
-    bound[i] = rows > 0 ? row_state_[i].data() : nullptr;
-  }
-  executor_->BindRowState(std::move(bound));
+      state_, OptimizerState::Create(params_, spec, runtime_, &memory_->state,
+                                     &memory_->snapshot));
+  if (spec.row_state) executor_->BindRowState(state_->RowStatePointers());
   return absl::OkStatus();
 }
 
 absl::Status Muon::RestoreState(device::Stream* caller) {
   MUON_RETURN_IF_ERROR(OnCaller(caller, [&] {
-    return snapshot_.Restore(&executor_->kernels(), caller, params_,
-                             state_buffers_, &step_);
+    return state_->snapshot().Restore(&executor_->kernels(), caller, params_,
+                                      state_->buffers(), &step_);
   }));
   return SyncCaller(caller);
 }
 
 std::vector<float> Muon::variance_neuron(int i) const {
-  const device::DeviceBuffer<float>& b = row_state_[i];
-  std::vector<float> out(b.size());
-  if (!runtime_->CopyToHost(out.data(), b.data(), b.bytes()).ok()) out.clear();
-  return out;
+  return state_->ReadRowState(i);
 }
 
 std::vector<float> Muon::momentum_buffer(int i) const {
-  std::vector<float> out(buffers_[i].size());
-  if (!ReadMomentum(i, out.data()).ok()) out.clear();
+  std::vector<float> out(state_->momentum(i).size());
+  if (!state_->ReadMomentum(i, out.data()).ok()) out.clear();
   return out;
-}
-
-absl::Status Muon::ReadMomentum(int i, float* values) const {
-  const MomentumBuffer& buf = buffers_[i];
-  if (buf.dtype == kernels::ParamDType::kFloat32) {
-    return runtime_->CopyToHost(values, buf.data(), buf.bytes());
-  }
-  std::vector<kernels::bf16_t> bits(buf.size());
-  MUON_RETURN_IF_ERROR(
-      runtime_->CopyToHost(bits.data(), buf.data(), buf.bytes()));
-  for (int64_t k = 0; k < buf.size(); ++k) {
-    values[k] = kernels::Bf16ToFloat(bits[k]);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Muon::WriteMomentum(int i, const float* values) {
-  const MomentumBuffer& buf = buffers_[i];
-  if (buf.dtype == kernels::ParamDType::kFloat32) {
-    return runtime_->CopyFromHost(buf.data(), values, buf.bytes());
-  }
-  std::vector<kernels::bf16_t> bits(buf.size());
-  for (int64_t k = 0; k < buf.size(); ++k) {
-    bits[k] = kernels::FloatToBf16(values[k]);
-  }
-  return runtime_->CopyFromHost(buf.data(), bits.data(), buf.bytes());
 }
 
 absl::Status Muon::AgreeOnCommit(const absl::Status& local) {
@@ -893,22 +832,21 @@ absl::Status Muon::FindNonFinite(device::Stream* caller, int* bad_param,
   const int n = static_cast<int>(params_.size());
   for (int i = 0; i < n; ++i) {
     const ParamView& p = params_[i];
-    const int64_t numel = buffers_[i].size();
+    const int64_t numel = state_->momentum(i).size();
     if (numel == 0) continue;
     MUON_RETURN_IF_ERROR(OnCaller(caller, [&] {
-      return executor_->kernels().FirstNonFinite(caller, p.grad,
-                                                 KernelDType(p.grad_dtype),
-                                                 numel, nonfinite_.data() + i);
+      return executor_->kernels().FirstNonFinite(
+          caller, p.grad, KernelDType(p.grad_dtype), numel,
+          state_->nonfinite_slot(i));
     }));
   }
   MUON_RETURN_IF_ERROR(SyncCaller(caller));
-  MUON_RETURN_IF_ERROR(runtime_->CopyToHost(
-      host_nonfinite_.data(), nonfinite_.data(), nonfinite_.bytes()));
+  MUON_RETURN_IF_ERROR(state_->FetchNonfinite());
   for (int i = 0; i < n; ++i) {
-    if (buffers_[i].size() == 0 || host_nonfinite_[i] < 0) continue;
+    if (state_->momentum(i).size() == 0 || state_->nonfinite(i) < 0) continue;
     const ParamView& p = params_[i];
     *bad_param = i;
-    *bad_index = host_nonfinite_[i];
+    *bad_index = state_->nonfinite(i);
     const int64_t size = DTypeSize(p.grad_dtype);
     const char* at = static_cast<const char*>(p.grad) + *bad_index * size;
     if (p.grad_dtype == DType::kBFloat16) {
@@ -972,7 +910,7 @@ void Muon::ReportStep() {
 
 OptimizerMemory Muon::memory() const {
   OptimizerMemory m;
-  for (const MomentumBuffer& b : buffers_) m.momentum_bytes += b.bytes();
+  m.momentum_bytes = state_ != nullptr ? state_->momentum_bytes() : 0;
   m.state_bytes = memory_->state.bytes_in_use();
   m.snapshot_bytes = memory_->snapshot.bytes_in_use();
   m.buffer_bytes = memory_->buffers.bytes_in_use();

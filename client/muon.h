@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "client/distributed_config.h"
 #include "client/muon_options.h"
+#include "client/optimizer_state.h"
 #include "client/owner_transform.h"
 #include "client/parameter.h"
 #include "client/qk_clip.h"
@@ -381,12 +382,9 @@ class Muon {
   // state_dict() without the momentum values (no device copies): names,
   // shapes, placements and boxes, for checks and for Load to fill.
   OptimizerStateDict StateLayout() const;
-  // The optimizer's state on the parameters' device (momentum buffers,
-  // finite-check results, snapshot), at Create.
+  // The optimizer's state on the parameters' device (OptimizerState), at
+  // Create; its row state bound to the executor.
   absl::Status AllocateState();
-  // NorMuon's row state (zeros; host memory only, as NorMuon runs on CPU
-  // parameters), bound to the executor.
-  absl::Status AllocateRowState();
   // QkClipper's view of this rank (its parameters, placements, mesh and
   // control group, when made).
   QkClipRank QkClipView() const;
@@ -450,41 +448,17 @@ class Muon {
   std::unique_ptr<device::Stream> caller_;
   void* caller_native_ = nullptr;
   absl::Duration device_wait_timeout_ = absl::Minutes(30);
-  // transactional_step's snapshot on the parameters' device (empty when
-  // off).
-  StepSnapshot snapshot_;
   std::function<absl::Status(int64_t)> post_update_fault_;  // testing only
   std::unique_ptr<Agent> agent_;
   std::unique_ptr<StepExecutor> executor_;
   int replan_every_steps_ = 0;
   int64_t replanned_at_ = -1;  // step_ of the last re-plan asked
-  // One parameter's momentum buffer: size() elements (its local numel)
-  // of `dtype` on the parameters' device.
-  struct MomentumBuffer {
-    device::DeviceMemory memory;
-    kernels::ParamDType dtype = kernels::ParamDType::kFloat32;
-    int64_t numel = 0;
-    void* data() const { return memory.data(); }
-    int64_t size() const { return numel; }
-    int64_t bytes() const { return memory.bytes(); }
-  };
-  // Parameter i's momentum values as fp32 (a bf16 buffer widened
-  // exactly) into / from `values` (host memory, size() floats; a bf16
-  // buffer rounds to nearest even). Errors: the device copy's.
-  absl::Status ReadMomentum(int i, float* values) const;
-  absl::Status WriteMomentum(int i, const float* values);
-  // On the parameters' device: the momentum buffer per local shard (the
-  // only per-parameter state; U and O live in the executor's bucket
-  // slots), and where the executor reads each parameter's U from.
-  std::vector<MomentumBuffer> buffers_;
-  std::vector<UpdateSource> update_sources_;
+  // Momentum buffers, row state, finite-check results and snapshot on
+  // the parameters' device (U and O live in the executor's bucket slots).
+  std::unique_ptr<OptimizerState> state_;
   // The variant run on each owner after Newton-Schulz (NorMuon; null:
-  // none), and its row state per parameter (empty buffers without one).
+  // none); its row state is in state_.
   std::shared_ptr<const OwnerTransform> owner_transform_;
-  std::vector<device::DeviceBuffer<float>> row_state_;
-  // Every state buffer a transactional step snapshots: the momentum
-  // buffers, then the row states.
-  std::vector<const device::DeviceMemory*> state_buffers_;
   // QK-clip over this rank's shards (no layers: off).
   QkClipper qk_clipper_;
   bool uses_sub_mesh_ = false;  // some parameter lives on a sub-mesh
@@ -497,8 +471,6 @@ class Muon {
   int enqueued_ready_ = 0;
   std::vector<uint64_t> grad_fingerprints_;
   absl::Time overlap_start_;
-  device::DeviceBuffer<int64_t> nonfinite_;
-  std::vector<int64_t> host_nonfinite_;  // nonfinite_ copied to the host
   std::vector<MatrixInfo> matrices_;
   StepStats stats_;
   int64_t step_ = 0;

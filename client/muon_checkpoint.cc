@@ -140,13 +140,14 @@ absl::Status Muon::load_state_dict(const OptimizerStateDict& state) {
                           BoxString(want.box),
                           "; load a checkpoint with Load to reshard)");
     } else if (static_cast<int64_t>(got.momentum_buffer.size()) !=
-               buffers_[i].size()) {
-      what = absl::StrCat("momentum buffer of ", got.momentum_buffer.size(),
-                          " values (expected ", buffers_[i].size(), ")");
+               state_->momentum(i).size()) {
+      what =
+          absl::StrCat("momentum buffer of ", got.momentum_buffer.size(),
+                       " values (expected ", state_->momentum(i).size(), ")");
     } else if (static_cast<int64_t>(got.variance_neuron.size()) !=
-               row_state_[i].size()) {
+               state_->row_state(i).size()) {
       what = absl::StrCat("variance_neuron of ", got.variance_neuron.size(),
-                          " values (expected ", row_state_[i].size(),
+                          " values (expected ", state_->row_state(i).size(),
                           owner_transform_ != nullptr
                               ? absl::StrCat(": ", owner_transform_->name(),
                                              " keeps one per local row)")
@@ -158,14 +159,11 @@ absl::Status Muon::load_state_dict(const OptimizerStateDict& state) {
                        " (\"", want.name, "\") has ", what));
     }
   }
-  for (size_t i = 0; i < buffers_.size(); ++i) {
-    absl::Status s = WriteMomentum(static_cast<int>(i),
-                                   state.params[i].momentum_buffer.data());
-    if (s.ok() && row_state_[i].size() > 0) {
-      s = runtime_->CopyFromHost(row_state_[i].data(),
-                                 state.params[i].variance_neuron.data(),
-                                 row_state_[i].bytes());
-    }
+  for (int i = 0; i < state_->size(); ++i) {
+    absl::Status s =
+        state_->WriteMomentum(i, state.params[i].momentum_buffer.data());
+    if (s.ok())
+      s = state_->WriteRowState(i, state.params[i].variance_neuron.data());
     if (!s.ok()) {
       // Only a device error gets here: the buffers before i are loaded.
       return absl::Status(
@@ -195,7 +193,8 @@ absl::Status Muon::Save(const std::string& dir) const {
   std::vector<ShardTensorView> tensors;
   for (size_t i = 0; i < sd.params.size(); ++i) {
     const ParamState& ps = sd.params[i];
-    if (static_cast<int64_t>(ps.momentum_buffer.size()) != buffers_[i].size()) {
+    if (static_cast<int64_t>(ps.momentum_buffer.size()) !=
+        state_->momentum(i).size()) {
       return absl::InternalError(
           absl::StrCat("rank ", rank_, ": Save: the momentum of \"", ps.name,
                        "\" could not be copied from ", device_.ToString()));
@@ -209,7 +208,7 @@ absl::Status Muon::Save(const std::string& dir) const {
     tensors.push_back(std::move(t));
     if (owner_transform_ == nullptr) continue;
     if (static_cast<int64_t>(ps.variance_neuron.size()) !=
-        row_state_[i].size()) {
+        state_->row_state(i).size()) {
       return absl::InternalError(
           absl::StrCat("rank ", rank_, ": Save: the row state of \"", ps.name,
                        "\" could not be copied from ", device_.ToString()));
@@ -232,12 +231,12 @@ absl::Status Muon::Load(const std::string& dir) {
   for (size_t i = 0; i < sd.params.size(); ++i) {
     ParamState& ps = sd.params[i];
     // ReadRegion fills exactly this many floats.
-    ps.momentum_buffer.assign(buffers_[i].size(), 0.0f);
+    ps.momentum_buffer.assign(state_->momentum(i).size(), 0.0f);
     absl::Status s = reader->ReadRegion(MomentumKey(ps.name), ps.global_shape,
                                         ps.box, ps.momentum_buffer.data());
     if (s.ok() && owner_transform_ != nullptr) {
       // Zeros where this rank holds rows of no matrix (an empty box).
-      ps.variance_neuron.assign(row_state_[i].size(), 0.0f);
+      ps.variance_neuron.assign(state_->row_state(i).size(), 0.0f);
       const ShardTensorView v = RowStateTensor(
           ps, placements_[i].placements, owner_transform_->row_state().name);
       s = reader->ReadRegion(v.name, v.global_shape, v.box,

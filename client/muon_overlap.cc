@@ -37,14 +37,14 @@ absl::Status Muon::BeginOverlappedStep() {
   enqueued_ready_ = 0;
   overlap_start_ = absl::Now();
   MUON_RETURN_IF_ERROR(
-      executor_->Begin(update_sources_, params_, rule_, nullptr));
+      executor_->Begin(state_->update_sources(), params_, rule_, nullptr));
   overlap_begun_ = true;
   return absl::OkStatus();
 }
 
 absl::Status Muon::ReadyOne(int index) {
   ParamView& p = params_[index];
-  const int64_t n = buffers_[index].size();
+  const int64_t n = state_->momentum(index).size();
   MUON_RETURN_IF_ERROR(BindOne(index));
   if (p.grad == nullptr && n > 0) {
     return absl::FailedPreconditionError(
@@ -97,7 +97,7 @@ absl::Status Muon::FinishOverlappedStep() {
   // MarkReady and again at its bucket's gather).
   if (status.ok() && !executor_->async()) {
     for (size_t i = 0; i < params_.size() && status.ok(); ++i) {
-      const int64_t n = buffers_[i].size();
+      const int64_t n = state_->momentum(i).size();
       const ParamView& p = params_[i];
       if (n == 0 || p.grad == nullptr) continue;
       if (Fingerprint(p.grad, n * DTypeSize(p.grad_dtype)) !=

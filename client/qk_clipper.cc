@@ -45,9 +45,8 @@ absl::StatusOr<QkClipper> QkClipper::Create(const QkClipOptions& options,
       const ParamView& p = params[index];
       if (p.expert_stack || !p.device.is_host()) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "rank ", rank.rank, ": qk_clip layer ", l, ": parameter \"",
-            p.name, "\" is ",
-            p.expert_stack ? "an expert stack" : p.device.ToString(),
+            "rank ", rank.rank, ": qk_clip layer ", l, ": parameter \"", p.name,
+            "\" is ", p.expert_stack ? "an expert stack" : p.device.ToString(),
             "; QK-clip scales 2-D CPU parameters in this version"));
       }
       if (absl::Status s =
