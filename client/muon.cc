@@ -20,11 +20,6 @@
 
 namespace muon {
 
-kernels::ParamDType Muon::KernelDType(DType dtype) {
-  return dtype == DType::kBFloat16 ? kernels::ParamDType::kBFloat16
-                                   : kernels::ParamDType::kFloat32;
-}
-
 namespace {
 
 // Rank r's manifest, derived from this rank's view: the parameters whose
@@ -321,8 +316,8 @@ absl::Status CheckLocal(const std::vector<ParamView>& ps, bool distributed,
 }  // namespace
 
 absl::Status Muon::JoinOrPlan(const DistributedConfig& config,
-                              const ManifestOf& manifest_of,
-                              bool uses_sub_mesh) {
+                              const ManifestOf& manifest_of, bool uses_sub_mesh,
+                              v1::Plan* plan_out) {
   const DistributedState& state = config.state;
   if (state.coordinator == nullptr) {
     std::vector<v1::RankManifest> manifests;
@@ -330,7 +325,8 @@ absl::Status Muon::JoinOrPlan(const DistributedConfig& config,
       MUON_ASSIGN_OR_RETURN(v1::RankManifest m, manifest_of(r));
       manifests.push_back(std::move(m));
     }
-    MUON_ASSIGN_OR_RETURN(plan_, PlanLocally(manifests, config, uses_sub_mesh));
+    MUON_ASSIGN_OR_RETURN(*plan_out,
+                          PlanLocally(manifests, config, uses_sub_mesh));
     return absl::OkStatus();
   }
   // The coordinator checks every rank's manifest against the others and
@@ -340,16 +336,17 @@ absl::Status Muon::JoinOrPlan(const DistributedConfig& config,
   MUON_ASSIGN_OR_RETURN(v1::RankManifest manifest, manifest_of(state.rank));
   absl::StatusOr<v1::Plan> plan = agent_->Join(manifest, state.join_timeout_ms);
   if (!plan.ok()) return plan.status();
-  plan_ = *std::move(plan);
+  *plan_out = *std::move(plan);
   MUON_RETURN_IF_ERROR(
-      agent_->ConfirmPlanHash(plan_.hash(), state.world_size,
+      agent_->ConfirmPlanHash(plan_out->hash(), state.world_size,
                               absl::Milliseconds(state.join_timeout_ms)));
   agent_->Start();
   return absl::OkStatus();
 }
 
 absl::Status Muon::MakeDataPath(const DistributedConfig& config,
-                                std::vector<MatrixGeometry> geometry) {
+                                std::vector<MatrixGeometry> geometry,
+                                StepPipelineRun* run) {
   const DistributedState& state = config.state;
   const int rank = state.rank;
   Communicator* comm = state.communicator;
@@ -382,7 +379,7 @@ absl::Status Muon::MakeDataPath(const DistributedConfig& config,
         MomentumDTypeOf(options_.momentum_dtype, p.dtype) !=
         kernels::ParamDType::kFloat32;
   }
-  device_wait_timeout_ = exec_options.step_timeout;
+  run->device_wait_timeout = exec_options.step_timeout;
   // The executor owns the step's kernels: on the host over this engine,
   // on CUDA its own (Newton-Schulz in cuBLAS on its compute stream).
   std::shared_ptr<kernels::NsEngine> engine;
@@ -393,11 +390,11 @@ absl::Status Muon::MakeDataPath(const DistributedConfig& config,
       MUON_ASSIGN_OR_RETURN(engine, MakeNsEngine(options_, rank));
     }
   }
-  replan_every_steps_ = config.execution.replan_every_steps();
-  absl::StatusOr<std::unique_ptr<StepExecutor>> executor =
-      StepExecutor::Create(rank, state.world_size, plan_, std::move(geometry),
-                           comm, config.gather_fn, config.redistribute_fn,
-                           std::move(engine), exec_options);
+  run->replan_every_steps = config.execution.replan_every_steps();
+  absl::StatusOr<std::unique_ptr<StepExecutor>> executor = StepExecutor::Create(
+      rank, state.world_size, run->plan, std::move(geometry), comm,
+      config.gather_fn, config.redistribute_fn, std::move(engine),
+      exec_options);
   if (!executor.ok()) {
     const absl::Status& e = executor.status();
     // InvalidArgument: the plan and this rank's matrices disagree; other
@@ -411,9 +408,9 @@ absl::Status Muon::MakeDataPath(const DistributedConfig& config,
         "rank ", rank,
         ": the plan does not fit this rank's parameters: ", e.message()));
   }
-  executor_ = *std::move(executor);
+  run->executor = *std::move(executor);
   comm_ = comm;
-  rank_flags_ = std::make_unique<RankFlags>(
+  run->rank_flags = std::make_unique<RankFlags>(
       rank, state.world_size,
       state.control_communicator != nullptr
           ? state.control_communicator
@@ -421,7 +418,7 @@ absl::Status Muon::MakeDataPath(const DistributedConfig& config,
   // The coordinator's job error (a rank lost or failed) aborts pending
   // collectives so blocked calls return at once.
   if (agent_ != nullptr) {
-    Communicator* control = rank_flags_->control();
+    Communicator* control = run->rank_flags->control();
     agent_->SetAbortCallback([comm, control] {
       comm->Abort();
       if (control != nullptr && control != comm) control->Abort();
@@ -482,15 +479,16 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
     }
     return m;
   };
+  StepPipelineRun run;
   MUON_RETURN_IF_ERROR(
-      muon->JoinOrPlan(config, manifest_of, local.uses_sub_mesh));
+      muon->JoinOrPlan(config, manifest_of, local.uses_sub_mesh, &run.plan));
   muon->uses_sub_mesh_ = local.uses_sub_mesh;
   MUON_ASSIGN_OR_RETURN(
       muon->qk_clipper_,
       QkClipper::Create(muon->options_.qk_clip, muon->QkClipView(),
                         local.uses_sub_mesh));
   muon->matrices_ = std::move(local.infos);
-  muon->overlap_ = execution.overlap_backward();
+  run.overlap_backward = execution.overlap_backward();
   if (muon->options_.normuon) {
     muon->owner_transform_ =
         MakeNorMuon(muon->options_.normuon_beta2, muon->options_.normuon_eps);
@@ -498,11 +496,12 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
   // The rule first: the executor reserves its scratch for the rule's
   // Newton-Schulz.
   MUON_ASSIGN_OR_RETURN(muon->rule_, MakeUpdateRule(muon->options_));
-  MUON_RETURN_IF_ERROR(muon->MakeDataPath(config, std::move(local.geometry)));
-  muon->qk_clipper_.set_control(muon->rank_flags_->control());
-
-  MUON_RETURN_IF_ERROR(muon->AllocateState());
-  muon->stats_.ops.reserve(4 * muon->plan_.buckets_size());
+  MUON_RETURN_IF_ERROR(
+      muon->MakeDataPath(config, std::move(local.geometry), &run));
+  muon->qk_clipper_.set_control(run.rank_flags->control());
+  MUON_RETURN_IF_ERROR(muon->AllocateState(run.executor.get()));
+  muon->pipeline_ =
+      std::make_unique<StepPipeline>(muon->PipelineParts(), std::move(run));
   return muon;
 }
 
@@ -548,7 +547,8 @@ QkClipRank Muon::QkClipView() const {
   r.params = &params_;
   r.placements = &placements_;
   r.mesh = &mesh_;
-  r.control = rank_flags_ != nullptr ? rank_flags_->control() : nullptr;
+  r.control =
+      pipeline_ != nullptr ? pipeline_->rank_flags().control() : nullptr;
   return r;
 }
 
@@ -580,7 +580,7 @@ absl::Status Muon::SetParamHyperparameters(int index, double lr,
           s.message(), " (parameter \"", params_[index].name, "\")"));
     }
   }
-  if (overlap_begun_) {
+  if (pipeline_->in_overlapped_step()) {
     // The executor's threads read the rule for buckets already running.
     return absl::FailedPreconditionError(
         absl::StrCat("rank ", rank_, ": parameter \"", params_[index].name,
@@ -592,187 +592,32 @@ absl::Status Muon::SetParamHyperparameters(int index, double lr,
   return absl::OkStatus();
 }
 
-absl::Status Muon::BindOne(int index) {
-  if (index >= static_cast<int>(bound_.size())) return absl::OkStatus();
-  Parameter& p = *bound_[index];
-  ParamView& v = params_[index];
-  if (static_cast<int64_t>(p.data.size()) != v.local_numel()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("rank ", rank_, ": parameter \"", p.name, "\" holds ",
-                     p.data.size(), " values but its local shape ",
-                     ShapeToString(v.local_shape), " needs ", v.local_numel()));
-  }
-  if (!p.grad.empty() &&
-      static_cast<int64_t>(p.grad.size()) != v.local_numel()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", rank_, ": parameter \"", p.name, "\" has a gradient of ",
-        p.grad.size(), " values but its local shape ",
-        ShapeToString(v.local_shape), " needs ", v.local_numel()));
-  }
-  v.data = p.data.data();
-  v.grad = p.grad.empty() ? nullptr : p.grad.data();
-  return absl::OkStatus();
-}
-
-absl::Status Muon::Preflight() {
-  for (size_t i = 0; i < bound_.size(); ++i) {
-    MUON_RETURN_IF_ERROR(BindOne(static_cast<int>(i)));
-  }
-  for (const ParamView& v : params_) {
-    if (v.grad == nullptr && v.local_numel() > 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("rank ", rank_, ": parameter \"", v.name,
-                       "\" has no gradient (its "
-                       "local shape ",
-                       ShapeToString(v.local_shape), " needs ", v.local_numel(),
-                       " values)"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Muon::MaybeReplan() {
-  if (agent_ == nullptr || replan_every_steps_ <= 0 || step_ == 0 ||
-      step_ % replan_every_steps_ != 0 || replanned_at_ == step_) {
-    return absl::OkStatus();
-  }
-  absl::StatusOr<v1::Plan> plan = agent_->Replan(step_);
-  if (!plan.ok()) {
-    // Every rank switches at this boundary or none may step on: this
-    // rank's own failure (not a peer's, whatever its code), reported at
-    // once so that the coordinator makes it the job error.
-    return agent_->OnOwnFailure(absl::Status(
-        plan.status().code(),
-        absl::StrCat("rank ", rank_, ": re-planning after step ", step_,
-                     " failed: ", plan.status().message())));
-  }
-  replanned_at_ = step_;
-  if (plan->hash() == plan_.hash()) return absl::OkStatus();
-  absl::StatusOr<std::unique_ptr<StepExecutor>> executor =
-      executor_->ForPlan(*plan);
-  if (!executor.ok()) {
-    return agent_->OnOwnFailure(absl::InternalError(
-        absl::StrCat("rank ", rank_, ": the re-plan after step ", step_,
-                     " does not fit this rank's parameters: ",
-                     executor.status().message())));
-  }
-  executor_ = *std::move(executor);
-  plan_ = *std::move(plan);
-  return absl::OkStatus();
-}
-
-absl::Status Muon::Step() { return StepOnStream(nullptr); }
+absl::Status Muon::Step() { return pipeline_->Step(nullptr); }
 
 absl::Status Muon::StepOnStream(void* stream) {
-  if (device_.is_host()) {
-    if (stream != nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", rank_, ": a stream was given but the parameters are on ",
-          device_.ToString(), " (pass no stream for CPU tensors)"));
-    }
-    return RunStep(nullptr);
-  }
-  MUON_ASSIGN_OR_RETURN(device::Stream * caller, CallerStream(stream));
-  return RunStep(caller);
+  return pipeline_->Step(stream);
 }
 
-absl::StatusOr<device::Stream*> Muon::CallerStream(void* native) {
-  if (caller_ == nullptr || caller_native_ != native) {
-    caller_.reset();
-    MUON_ASSIGN_OR_RETURN(
-        caller_, runtime_->WrapStream(
-                     native, absl::StrCat("rank ", rank_, " caller stream")));
-    caller_native_ = native;
-  }
-  return caller_.get();
+absl::Status Muon::MarkReady(int index) { return pipeline_->MarkReady(index); }
+
+StepPipelineParts Muon::PipelineParts() {
+  StepPipelineParts parts;
+  parts.rank = rank_;
+  parts.params = &params_;
+  parts.bound = &bound_;
+  parts.options = &options_;
+  parts.rule = &rule_;
+  parts.state = state_.get();
+  parts.device = device_;
+  parts.runtime = runtime_;
+  parts.agent = agent_.get();
+  parts.fill_report = [this](v1::StepReport* report) {
+    FillStepReport(report);
+  };
+  return parts;
 }
 
-absl::Status Muon::SyncCaller(device::Stream* caller) {
-  if (caller == nullptr) return absl::OkStatus();
-  return caller->Synchronize(device_wait_timeout_);
-}
-
-absl::Status Muon::RunStep(device::Stream* caller) {
-  // A step begun during backward (MarkReady) finishes what is left.
-  if (overlap_begun_) return FinishOverlappedStep();
-  // At a re-plan boundary every rank switches to the coordinator's new
-  // plan before the step (ExecutionOptions.replan_every_steps).
-  MUON_RETURN_IF_ERROR(MaybeReplan());
-  // Preflight: nothing is modified and no collective runs on failure.
-  MUON_RETURN_IF_ERROR(Preflight());
-  // Non-finite gradients on any rank: every rank fails here, before the
-  // momentum pass writes anything and before any data collective.
-  MUON_RETURN_IF_ERROR(CheckGradientsFinite(caller));
-  const absl::Time start = absl::Now();
-  if (options_.transactional_step) {
-    MUON_RETURN_IF_ERROR(OnCaller(caller, [&] {
-      return state_->snapshot().Save(&executor_->kernels(), caller, params_,
-                                     state_->buffers(), step_);
-    }));
-  }
-  if (absl::Status s = UpdateAll(caller); !s.ok()) {
-    if (options_.transactional_step) {
-      if (absl::Status r = RestoreState(caller); !r.ok()) {
-        return absl::Status(
-            s.code(),
-            absl::StrCat(s.message(), "; restoring the snapshot on ",
-                         device_.ToString(), " failed too: ", r.ToString()));
-      }
-    }
-    return s;
-  }
-  CountStep(start);
-  return absl::OkStatus();
-}
-
-void Muon::CountStep(absl::Time start) {
-  stats_.step_time_s = absl::ToDoubleSeconds(absl::Now() - start);
-  ++step_;
-  ReportStep();
-}
-
-absl::Status Muon::MomentumPass(device::Stream* caller) {
-  // Momentum and Nesterov on the local shards (elementwise: exact on
-  // shards), reading the trainer's gradient where it lies.
-  for (size_t i = 0; i < params_.size(); ++i) {
-    MUON_RETURN_IF_ERROR(OnCaller(
-        caller, [&] { return MomentumOne(static_cast<int>(i), caller); }));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Muon::MomentumOne(int index, device::Stream* stream) {
-  const ParamView& p = params_[index];
-  const OptimizerState::Momentum& buf = state_->momentum(index);
-  UpdateSource& src = state_->update_sources()[index];
-  // The executor forms Nesterov's U from the gradient per bucket.
-  src.grad = options_.nesterov ? p.grad : nullptr;
-  src.grad_dtype = KernelDType(p.grad_dtype);
-  if (buf.size() == 0) return absl::OkStatus();
-  return rule_.Momentum(executor_->kernels(), stream, buf.data(), buf.dtype,
-                        p.grad, KernelDType(p.grad_dtype), buf.size());
-}
-
-absl::Status Muon::UpdateAll(device::Stream* caller) {
-  absl::Status run = MomentumPass(caller);
-  // A partial momentum pass still in flight must not outlive the step.
-  if (!run.ok()) (void)SyncCaller(caller);
-  if (run.ok()) {
-    run = executor_->Run(state_->update_sources(), params_, rule_, &stats_,
-                         caller);
-  }
-  const bool ran = run.ok();
-  if (ran && post_update_fault_) run = post_update_fault_(step_ + 1);
-  // Every data collective of the step has run on this rank: the ranks
-  // agree on the outcome and roll back together.
-  if (ran && options_.transactional_step) return AgreeOnCommit(run);
-  // A failed collective: the coordinator's error naming the failed rank
-  // (bounded wait); this rank's own failure is reported to every rank.
-  if (!run.ok() && agent_ != nullptr) run = agent_->OnStepFailed(run);
-  return run;
-}
-
-absl::Status Muon::AllocateState() {
+absl::Status Muon::AllocateState(StepExecutor* executor) {
   OptimizerStateSpec spec;
   for (const ParamView& p : params_) {
     spec.momentum_dtypes.push_back(
@@ -783,16 +628,8 @@ absl::Status Muon::AllocateState() {
   MUON_ASSIGN_OR_RETURN(
       state_, OptimizerState::Create(params_, spec, runtime_, &memory_->state,
                                      &memory_->snapshot));
-  if (spec.row_state) executor_->BindRowState(state_->RowStatePointers());
+  if (spec.row_state) executor->BindRowState(state_->RowStatePointers());
   return absl::OkStatus();
-}
-
-absl::Status Muon::RestoreState(device::Stream* caller) {
-  MUON_RETURN_IF_ERROR(OnCaller(caller, [&] {
-    return state_->snapshot().Restore(&executor_->kernels(), caller, params_,
-                                      state_->buffers(), &step_);
-  }));
-  return SyncCaller(caller);
 }
 
 std::vector<float> Muon::variance_neuron(int i) const {
@@ -805,109 +642,6 @@ std::vector<float> Muon::momentum_buffer(int i) const {
   return out;
 }
 
-absl::Status Muon::AgreeOnCommit(const absl::Status& local) {
-  const absl::Status gathered = GatherRankFlags(local.ok() ? 0.0f : 1.0f);
-  if (!local.ok()) return local;  // this rank's own error comes first
-  MUON_RETURN_IF_ERROR(gathered);
-  if (const int r = rank_flags_->FirstRaised(); r >= 0) {
-    return absl::AbortedError(absl::StrCat(
-        "rank ", rank_, ": rank ", r, " failed step ", step_ + 1, " (rank ", r,
-        "'s error names the cause); the step was rolled back: parameters, "
-        "momentum and step count are unchanged on every rank"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Muon::GatherRankFlags(float flag) {
-  absl::Status gathered = rank_flags_->Gather(flag);
-  if (!gathered.ok() && agent_ != nullptr) {
-    gathered = agent_->OnStepFailed(gathered);
-  }
-  return gathered;
-}
-
-absl::Status Muon::FindNonFinite(device::Stream* caller, int* bad_param,
-                                 int64_t* bad_index, float* bad_value) {
-  *bad_param = -1;
-  const int n = static_cast<int>(params_.size());
-  for (int i = 0; i < n; ++i) {
-    const ParamView& p = params_[i];
-    const int64_t numel = state_->momentum(i).size();
-    if (numel == 0) continue;
-    MUON_RETURN_IF_ERROR(OnCaller(caller, [&] {
-      return executor_->kernels().FirstNonFinite(
-          caller, p.grad, KernelDType(p.grad_dtype), numel,
-          state_->nonfinite_slot(i));
-    }));
-  }
-  MUON_RETURN_IF_ERROR(SyncCaller(caller));
-  MUON_RETURN_IF_ERROR(state_->FetchNonfinite());
-  for (int i = 0; i < n; ++i) {
-    if (state_->momentum(i).size() == 0 || state_->nonfinite(i) < 0) continue;
-    const ParamView& p = params_[i];
-    *bad_param = i;
-    *bad_index = state_->nonfinite(i);
-    const int64_t size = DTypeSize(p.grad_dtype);
-    const char* at = static_cast<const char*>(p.grad) + *bad_index * size;
-    if (p.grad_dtype == DType::kBFloat16) {
-      kernels::bf16_t raw;
-      MUON_RETURN_IF_ERROR(runtime_->CopyToHost(&raw, at, size));
-      *bad_value = kernels::Bf16ToFloat(raw);
-    } else {
-      MUON_RETURN_IF_ERROR(runtime_->CopyToHost(bad_value, at, size));
-    }
-    break;
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Muon::CheckGradientsFinite(device::Stream* caller) {
-  if (!*options_.check_finite) return absl::OkStatus();
-  int bad_param = -1;
-  int64_t bad_index = -1;
-  float bad_value = 0.0f;
-  // A device error here is this rank's own failure, raised before any
-  // collective and reported, so that the other ranks' agreement fails too.
-  if (absl::Status s =
-          FindNonFinite(caller, &bad_param, &bad_index, &bad_value);
-      !s.ok()) {
-    return agent_ != nullptr ? agent_->OnOwnFailure(s) : s;
-  }
-  absl::Status local = absl::OkStatus();
-  if (bad_param >= 0) {
-    local = absl::FailedPreconditionError(absl::StrCat(
-        "rank ", rank_, ": parameter \"", params_[bad_param].name,
-        "\" has a non-finite gradient (", bad_value, " at local index ",
-        bad_index, ") at step ", step_ + 1,
-        "; the step was not taken: parameters and momentum are unchanged on "
-        "every rank"));
-  }
-  if (!rank_flags_->collective()) return local;
-  // Agreement: each rank contributes 1 + the index of its first bad
-  // parameter (0 = all finite; exact in float below 2^24 parameters).
-  MUON_RETURN_IF_ERROR(GatherRankFlags(static_cast<float>(bad_param + 1)));
-  if (!local.ok()) return local;
-  if (const int r = rank_flags_->FirstRaised(); r >= 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", rank_, ": rank ", r,
-        " has a non-finite gradient (its parameter #",
-        static_cast<int64_t>(rank_flags_->flag(r)) - 1, "; rank ", r,
-        "'s error names it) at step ", step_ + 1,
-        "; the step was not taken: parameters and momentum are unchanged on "
-        "every rank"));
-  }
-  return absl::OkStatus();
-}
-
-void Muon::ReportStep() {
-  if (agent_ == nullptr) return;
-  // A pooled report whose storage is reused: no allocation once warm.
-  v1::StepReport* report = agent_->AcquireReport();
-  if (report == nullptr) return;
-  FillStepReport(report);
-  agent_->Submit(report);
-}
-
 OptimizerMemory Muon::memory() const {
   OptimizerMemory m;
   m.momentum_bytes = state_ != nullptr ? state_->momentum_bytes() : 0;
@@ -915,24 +649,26 @@ OptimizerMemory Muon::memory() const {
   m.snapshot_bytes = memory_->snapshot.bytes_in_use();
   m.buffer_bytes = memory_->buffers.bytes_in_use();
   m.scratch_bytes =
-      executor_ != nullptr ? executor_->kernel_scratch_bytes() : 0;
+      pipeline_ != nullptr ? pipeline_->executor().kernel_scratch_bytes() : 0;
   m.peak_bytes = memory_->total.peak_bytes() + m.scratch_bytes;
   return m;
 }
 
 void Muon::FillStepReport(v1::StepReport* report) const {
+  const StepStats& stats = pipeline_->stats();
+  const StepExecutor& executor = pipeline_->executor();
   report->set_rank(rank_);
-  report->set_step(step_);
-  report->set_step_time_s(stats_.step_time_s);
-  report->set_matrices_orthogonalized(stats_.matrices_orthogonalized);
-  report->set_ns_flops(stats_.ns_flops);
-  report->set_bytes_sent(stats_.bytes_sent);
-  report->set_bytes_received(stats_.bytes_received);
-  report->set_mode(executor_->async() ? v1::SCHEDULE_MODE_ASYNC
-                                      : v1::SCHEDULE_MODE_SEQUENTIAL);
-  report->set_prefetch_count(executor_->prefetch_count());
-  report->set_buffer_bytes(stats_.buffer_bytes);
-  report->set_buffer_bound_bytes(stats_.buffer_bound_bytes);
+  report->set_step(pipeline_->step_count());
+  report->set_step_time_s(stats.step_time_s);
+  report->set_matrices_orthogonalized(stats.matrices_orthogonalized);
+  report->set_ns_flops(stats.ns_flops);
+  report->set_bytes_sent(stats.bytes_sent);
+  report->set_bytes_received(stats.bytes_received);
+  report->set_mode(executor.async() ? v1::SCHEDULE_MODE_ASYNC
+                                    : v1::SCHEDULE_MODE_SEQUENTIAL);
+  report->set_prefetch_count(executor.prefetch_count());
+  report->set_buffer_bytes(stats.buffer_bytes);
+  report->set_buffer_bound_bytes(stats.buffer_bound_bytes);
   const OptimizerMemory mem = memory();
   report->set_momentum_bytes(mem.momentum_bytes);
   report->set_state_bytes(mem.state_bytes);
@@ -940,7 +676,7 @@ void Muon::FillStepReport(v1::StepReport* report) const {
   report->set_peak_bytes(mem.peak_bytes);
   report->set_scratch_bytes(mem.scratch_bytes);
   report->clear_ops();
-  for (const OpRecord& op : stats_.ops) {
+  for (const OpRecord& op : stats.ops) {
     v1::OpTiming* t = report->add_ops();
     t->set_op(op.op);
     t->set_stream(op.stream);
@@ -960,7 +696,7 @@ std::map<int, std::vector<int>> Muon::assignments() const {
   std::map<std::pair<std::string, int>, int> local;
   for (const MatrixInfo& m : matrices_) local[{m.name, m.slice}] = m.index;
   std::map<int, std::vector<int>> out;
-  for (const v1::MatrixPlan& m : plan_.matrices()) {
+  for (const v1::MatrixPlan& m : pipeline_->plan().matrices()) {
     auto it = local.find({m.param(), m.slice()});
     if (it != local.end()) out[m.owner()].push_back(it->second);
   }

@@ -40,6 +40,7 @@
 #include "client/qk_clipper.h"
 #include "client/rank_flags.h"
 #include "client/step_executor.h"
+#include "client/step_pipeline.h"
 #include "client/step_snapshot.h"
 #include "client/tensor_view.h"
 #include "comm/communicator.h"
@@ -183,7 +184,7 @@ class Muon {
   // data collective). Argument: the step being taken (step_count() + 1).
   void SetPostUpdateFaultForTesting(
       std::function<absl::Status(int64_t step)> fault) {
-    post_update_fault_ = std::move(fault);
+    pipeline_->SetPostUpdateFaultForTesting(std::move(fault));
   }
 
   // Re-binds parameter `index`'s gradient (same dtype, shape and strides as
@@ -289,7 +290,7 @@ class Muon {
   // The parameters as the optimizer sees them, in order.
   const std::vector<ParamView>& params() const { return params_; }
   // The plan (owners, buckets, loads, hash) this optimizer runs.
-  const v1::Plan& plan() const { return plan_; }
+  const v1::Plan& plan() const { return pipeline_->plan(); }
   // rank -> indices of the matrices that rank orthogonalizes, as the plan
   // says. Indices are parameter indices when every parameter is 2-D; with
   // expert stacks, positions in matrices().
@@ -302,7 +303,7 @@ class Muon {
   int current_rank() const { return rank_; }
   int world_size() const { return world_size_; }
   // Counters and timings of the last Step on this rank.
-  const StepStats& last_step_stats() const { return stats_; }
+  const StepStats& last_step_stats() const { return pipeline_->stats(); }
   // This rank's optimizer memory on the parameters' device (counted from
   // Create on; exact at any time).
   OptimizerMemory memory() const;
@@ -311,7 +312,7 @@ class Muon {
   // around each operation; the host: the host clock around its work),
   // seconds since the Unix epoch. job_id and incarnation are left unset.
   void FillStepReport(v1::StepReport* report) const;
-  int64_t step_count() const { return step_; }
+  int64_t step_count() const { return pipeline_->step_count(); }
   // A host copy of parameter i's momentum buffer (local shard, fp32,
   // row-major; zeros before the first step), copied from the parameters'
   // device. Empty when that copy fails (a CUDA error; Save reports it).
@@ -334,85 +335,23 @@ class Muon {
   // this rank's (O(parameters)); a local plan needs every rank's.
   using ManifestOf = std::function<absl::StatusOr<v1::RankManifest>(int)>;
   absl::Status JoinOrPlan(const DistributedConfig& config,
-                          const ManifestOf& manifest_of, bool uses_sub_mesh);
+                          const ManifestOf& manifest_of, bool uses_sub_mesh,
+                          v1::Plan* plan);
+  // The executor over `run->plan` and the ranks' flag exchange into *run.
   absl::Status MakeDataPath(const DistributedConfig& config,
-                            std::vector<MatrixGeometry> geometry);
-  // At a re-plan boundary (step_ a positive multiple of
-  // DistributedConfig::replan_every_steps), the coordinator's plan for the
-  // next steps, and a new executor when it changed. Errors: the Replan
-  // RPC's or the executor's, reported to the coordinator (every rank fails).
-  absl::Status MaybeReplan();
-  // Re-reads bound Parameters' pointers and checks every gradient.
-  absl::Status Preflight();
-  // The step on `caller` (nullptr for CPU parameters).
-  absl::Status RunStep(device::Stream* caller);
-  // The caller's stream, wrapped (cached per native handle).
-  absl::StatusOr<device::Stream*> CallerStream(void* native);
-  // Runs `work` (which enqueues on `caller`) inside caller->Launch, so that
-  // the caller's device is current for it; at once for nullptr (host).
-  // A template, so that the host path (no stream) makes no std::function
-  // (a warm CPU step allocates nothing).
-  template <typename Work>
-  absl::Status OnCaller(device::Stream* caller, Work&& work) {
-    if (caller == nullptr) return work();
-    return caller->Launch(device::StreamFn(std::forward<Work>(work)));
-  }
-  // Waits for the caller's stream (no-op for nullptr).
-  absl::Status SyncCaller(device::Stream* caller);
-  // options_.check_finite: the local scan and the ranks' agreement.
-  absl::Status CheckGradientsFinite(device::Stream* caller);
-  // The local scan: the first parameter (optimizer order) whose gradient
-  // holds NaN or Inf, with the index and value, or bad_param = -1.
-  absl::Status FindNonFinite(device::Stream* caller, int* bad_param,
-                             int64_t* bad_index, float* bad_value);
-  // The momentum step on every local shard, on `caller`.
-  absl::Status MomentumPass(device::Stream* caller);
-  // Parameter `index`'s momentum step (buf.lerp_(grad, 1 - momentum)) on
-  // `stream` (nullptr: the host), and its update source for the executor
-  // (which forms Nesterov's U per bucket, so no buffer of U persists).
-  absl::Status MomentumOne(int index, device::Stream* stream);
-  // One float per rank all-gathered into rank_flags_ (0 = OK, else a
-  // failure code); no collective in a world of one (rank_flags_[rank_] is
-  // still set). Errors: the communicator's, through the agent's
-  // OnStepFailed when there is one.
-  absl::Status GatherRankFlags(float flag);
-  // The momentum pass, the executor's run and (transactional_step) the
-  // commit agreement.
-  absl::Status UpdateAll(device::Stream* caller);
+                            std::vector<MatrixGeometry> geometry,
+                            StepPipelineRun* run);
   // state_dict() without the momentum values (no device copies): names,
   // shapes, placements and boxes, for checks and for Load to fill.
   OptimizerStateDict StateLayout() const;
   // The optimizer's state on the parameters' device (OptimizerState), at
-  // Create; its row state bound to the executor.
-  absl::Status AllocateState();
+  // Create; its row state bound to `executor`.
+  absl::Status AllocateState(StepExecutor* executor);
+  // What the step pipeline works on (this optimizer's members).
+  StepPipelineParts PipelineParts();
   // QkClipper's view of this rank (its parameters, placements, mesh and
-  // control group, when made).
+  // control group, once the pipeline exists).
   QkClipRank QkClipView() const;
-  // overlap_backward: the step's start at the first MarkReady; one
-  // parameter's momentum (and, in debug mode, its gradient's fingerprint);
-  // Step's end of a step begun by MarkReady.
-  absl::Status BeginOverlappedStep();
-  absl::Status ReadyOne(int index);
-  absl::Status FinishOverlappedStep();
-  static kernels::ParamDType KernelDType(DType dtype);
-  // A bound Parameter's data and gradient into its view, after checking
-  // their sizes (FailedPrecondition naming the parameter and rank); a no-op
-  // for views passed as ParamView. Preflight and MarkReady share it.
-  absl::Status BindOne(int index);
-  // The end of a successful step (sequential or begun by MarkReady) that
-  // started at `start`: its time, the step count, the report.
-  void CountStep(absl::Time start);
-  // Scales this rank's rows [begin, end) of parameter `index` (-1: not
-  // held here) by `factor`.
-  void ScaleLocalRows(int index, int64_t begin, int64_t end, double factor);
-  // options_.transactional_step: copies snapshot_ back on `caller` after a
-  // failed step (bitwise) and waits for it.
-  absl::Status RestoreState(device::Stream* caller);
-  // The commit agreement: every rank's `local` outcome all-gathered; the
-  // first failure in rank order fails the step everywhere (Aborted on the
-  // ranks that succeeded).
-  absl::Status AgreeOnCommit(const absl::Status& local);
-  void ReportStep();
   // Whether this rank's Newton-Schulz is the CPU one (OpenBLAS): CPU
   // parameters orthogonalized on the host, not on a GPU.
   bool RunsCpuNewtonSchulz() const;
@@ -425,12 +364,8 @@ class Muon {
   UpdateRule rule_;
   int rank_ = 0;
   int world_size_ = 1;
-  v1::Plan plan_;
   std::unique_ptr<Communicator> owned_comm_;  // world of one, if needed
   Communicator* comm_ = nullptr;  // the step's communicator; Not owned
-  // GatherRankFlags' all-gather (check_finite and the commit agreement)
-  // over the host-memory control group (comm_ when that is on the host).
-  std::unique_ptr<RankFlags> rank_flags_;
   // The parameters' device, its runtime (not owned) and this optimizer's
   // elementwise kernels there (momentum, finite check, snapshot copies).
   device::Device device_;
@@ -444,15 +379,10 @@ class Muon {
     device::CountingAllocator total, state, snapshot, buffers;
   };
   std::unique_ptr<MemoryCounters> memory_;
-  // CUDA: the caller's stream of the last step, wrapped.
-  std::unique_ptr<device::Stream> caller_;
-  void* caller_native_ = nullptr;
-  absl::Duration device_wait_timeout_ = absl::Minutes(30);
-  std::function<absl::Status(int64_t)> post_update_fault_;  // testing only
   std::unique_ptr<Agent> agent_;
-  std::unique_ptr<StepExecutor> executor_;
-  int replan_every_steps_ = 0;
-  int64_t replanned_at_ = -1;  // step_ of the last re-plan asked
+  // The step: its phases, the plan, the executor (which owns the step's
+  // kernels and Newton-Schulz engine), the step count and stats.
+  std::unique_ptr<StepPipeline> pipeline_;
   // Momentum buffers, row state, finite-check results and snapshot on
   // the parameters' device (U and O live in the executor's bucket slots).
   std::unique_ptr<OptimizerState> state_;
@@ -462,18 +392,7 @@ class Muon {
   // QK-clip over this rank's shards (no layers: off).
   QkClipper qk_clipper_;
   bool uses_sub_mesh_ = false;  // some parameter lives on a sub-mesh
-  // overlap_backward: on, a step begun by MarkReady, its parameters
-  // marked, the buckets handed to the executor, gradient fingerprints
-  // (debug mode), and when it began.
-  bool overlap_ = false;
-  bool overlap_begun_ = false;
-  std::vector<char> param_ready_;
-  int enqueued_ready_ = 0;
-  std::vector<uint64_t> grad_fingerprints_;
-  absl::Time overlap_start_;
   std::vector<MatrixInfo> matrices_;
-  StepStats stats_;
-  int64_t step_ = 0;
 };
 
 }  // namespace muon

@@ -80,9 +80,9 @@ void WarnIfOtherBlasCore(int rank, const std::string& dir,
 
 OptimizerStateDict Muon::StateLayout() const {
   OptimizerStateDict sd;
-  sd.step = step_;
+  sd.step = pipeline_->step_count();
   sd.mesh = mesh_;
-  sd.plan_hash = plan_.hash();
+  sd.plan_hash = pipeline_->plan().hash();
   const std::vector<int> coord = mesh_.Coord(rank_);
   for (size_t i = 0; i < params_.size(); ++i) {
     ParamState ps;
@@ -173,7 +173,7 @@ absl::Status Muon::load_state_dict(const OptimizerStateDict& state) {
                        device_.ToString(), ": ", s.message()));
     }
   }
-  step_ = state.step;
+  pipeline_->set_step_count(state.step);
   return absl::OkStatus();
 }
 
@@ -186,8 +186,8 @@ absl::Status Muon::Save(const std::string& dir) const {
   CheckpointMetadata meta;
   meta.world_size = world_size_;
   meta.mesh = mesh_;
-  meta.plan_hash = plan_.hash();
-  meta.step = step_;
+  meta.plan_hash = pipeline_->plan().hash();
+  meta.step = pipeline_->step_count();
   // Only the CPU Newton-Schulz's bits depend on the OpenBLAS kernel set.
   if (RunsCpuNewtonSchulz()) meta.blas_core = kernels::BlasCoreName();
   std::vector<ShardTensorView> tensors;

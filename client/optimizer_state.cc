@@ -43,19 +43,19 @@ absl::StatusOr<std::unique_ptr<OptimizerState>> OptimizerState::Create(
   s->has_row_state_ = spec.row_state;
   s->row_state_.resize(n);
   for (size_t i = 0; i < n && spec.row_state; ++i) {
-    MUON_ASSIGN_OR_RETURN(s->row_state_[i],
-                          device::DeviceBuffer<float>::Allocate(
-                              state, params[i].local_rows()));
+    MUON_ASSIGN_OR_RETURN(
+        s->row_state_[i],
+        device::DeviceBuffer<float>::Allocate(state, params[i].local_rows()));
     if (!runtime->device().is_host() && s->row_state_[i].bytes() > 0) {
-      MUON_RETURN_IF_ERROR(runtime->Zero(s->row_state_[i].data(),
-                                         s->row_state_[i].bytes()));
+      MUON_RETURN_IF_ERROR(
+          runtime->Zero(s->row_state_[i].data(), s->row_state_[i].bytes()));
     }
   }
   for (const Momentum& m : s->momentum_) s->buffers_.push_back(&m.memory);
   for (const auto& b : s->row_state_) s->buffers_.push_back(&b.memory());
   if (spec.snapshot) {
-    MUON_ASSIGN_OR_RETURN(s->snapshot_,
-                          StepSnapshot::Allocate(snapshot, params, s->buffers_));
+    MUON_ASSIGN_OR_RETURN(
+        s->snapshot_, StepSnapshot::Allocate(snapshot, params, s->buffers_));
   }
   return s;
 }

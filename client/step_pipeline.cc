@@ -1,0 +1,436 @@
+#include "client/step_pipeline.h"
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "kernels/bfloat16.h"
+
+namespace muon {
+namespace {
+
+// FNV-1a over `bytes` bytes: the debug mode's record of a gradient at
+// MarkReady, compared again at Step.
+uint64_t Fingerprint(const void* data, int64_t bytes) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint64_t h = 1469598103934665603ull;
+  for (int64_t i = 0; i < bytes; ++i) {
+    h = (h ^ p[i]) * 1099511628211ull;
+  }
+  return h;
+}
+
+}  // namespace
+
+kernels::ParamDType KernelDType(DType dtype) {
+  return dtype == DType::kBFloat16 ? kernels::ParamDType::kBFloat16
+                                   : kernels::ParamDType::kFloat32;
+}
+
+StepPipeline::StepPipeline(StepPipelineParts parts, StepPipelineRun run)
+    : parts_(std::move(parts)),
+      rank_(parts_.rank),
+      params_(*parts_.params),
+      bound_(*parts_.bound),
+      options_(*parts_.options),
+      rule_(*parts_.rule),
+      state_(parts_.state),
+      device_(parts_.device),
+      runtime_(parts_.runtime),
+      agent_(parts_.agent),
+      plan_(std::move(run.plan)),
+      executor_(std::move(run.executor)),
+      rank_flags_(std::move(run.rank_flags)),
+      device_wait_timeout_(run.device_wait_timeout),
+      replan_every_steps_(run.replan_every_steps),
+      overlap_(run.overlap_backward) {
+  stats_.ops.reserve(4 * plan_.buckets_size());
+}
+
+absl::Status StepPipeline::Step(void* stream) {
+  if (device_.is_host()) {
+    if (stream != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank_, ": a stream was given but the parameters are on ",
+          device_.ToString(), " (pass no stream for CPU tensors)"));
+    }
+    return RunStep(nullptr);
+  }
+  MUON_ASSIGN_OR_RETURN(device::Stream * caller, CallerStream(stream));
+  return RunStep(caller);
+}
+
+absl::Status StepPipeline::RunStep(device::Stream* caller) {
+  // A step begun during backward (MarkReady) finishes what is left.
+  if (overlap_begun_) return FinishOverlappedStep();
+  // At a re-plan boundary every rank switches to the coordinator's new
+  // plan before the step (ExecutionOptions.replan_every_steps).
+  MUON_RETURN_IF_ERROR(MaybeReplan());
+  // Preflight: nothing is modified and no collective runs on failure.
+  MUON_RETURN_IF_ERROR(Preflight());
+  // Non-finite gradients on any rank: every rank fails here, before the
+  // momentum pass writes anything and before any data collective.
+  MUON_RETURN_IF_ERROR(CheckGradientsFinite(caller));
+  const absl::Time start = absl::Now();
+  if (options_.transactional_step) MUON_RETURN_IF_ERROR(TakeSnapshot(caller));
+  if (absl::Status s = Commit(absl::OkStatus(), MomentumAndExchange(caller));
+      !s.ok()) {
+    if (options_.transactional_step) {
+      if (absl::Status r = RestoreSnapshot(caller); !r.ok()) {
+        return absl::Status(
+            s.code(),
+            absl::StrCat(s.message(), "; restoring the snapshot on ",
+                         device_.ToString(), " failed too: ", r.ToString()));
+      }
+    }
+    return s;
+  }
+  Report(start);
+  return absl::OkStatus();
+}
+
+absl::Status StepPipeline::MomentumAndExchange(device::Stream* caller) {
+  // Momentum and Nesterov on the local shards (elementwise: exact on
+  // shards), reading the trainer's gradient where it lies.
+  absl::Status run;
+  for (size_t i = 0; i < params_.size() && run.ok(); ++i) {
+    run = OnCaller(caller,
+                   [&] { return MomentumOne(static_cast<int>(i), caller); });
+  }
+  if (!run.ok()) {
+    // A partial momentum pass still in flight must not outlive the step.
+    (void)SyncCaller(caller);
+    return run;
+  }
+  return executor_->Run(state_->update_sources(), params_, rule_, &stats_,
+                        caller);
+}
+
+absl::Status StepPipeline::Commit(absl::Status own, absl::Status run) {
+  if (!own.ok()) {
+    // This rank's own error, possibly after its peers finished the step:
+    // reported so that the job fails on every rank.
+    return agent_ != nullptr ? agent_->OnOwnFailure(own) : own;
+  }
+  const bool ran = run.ok();
+  if (ran && post_update_fault_) run = post_update_fault_(step_ + 1);
+  // Every data collective of the step has run on this rank: the ranks
+  // agree on the outcome and roll back together.
+  if (ran && options_.transactional_step) return AgreeOnCommit(run);
+  // A failed collective: the coordinator's error naming the failed rank
+  // (bounded wait); this rank's own failure is reported to every rank.
+  if (!run.ok() && agent_ != nullptr) run = agent_->OnStepFailed(run);
+  return run;
+}
+
+absl::Status StepPipeline::TakeSnapshot(device::Stream* caller) {
+  return OnCaller(caller, [&] {
+    return state_->snapshot().Save(&executor_->kernels(), caller, params_,
+                                   state_->buffers(), step_);
+  });
+}
+
+void StepPipeline::Report(absl::Time start) {
+  stats_.step_time_s = absl::ToDoubleSeconds(absl::Now() - start);
+  ++step_;
+  if (agent_ == nullptr || !parts_.fill_report) return;
+  // A pooled report whose storage is reused: no allocation once warm.
+  v1::StepReport* report = agent_->AcquireReport();
+  if (report == nullptr) return;
+  parts_.fill_report(report);
+  agent_->Submit(report);
+}
+
+absl::StatusOr<device::Stream*> StepPipeline::CallerStream(void* native) {
+  if (caller_ == nullptr || caller_native_ != native) {
+    caller_.reset();
+    MUON_ASSIGN_OR_RETURN(
+        caller_, runtime_->WrapStream(
+                     native, absl::StrCat("rank ", rank_, " caller stream")));
+    caller_native_ = native;
+  }
+  return caller_.get();
+}
+
+absl::Status StepPipeline::SyncCaller(device::Stream* caller) {
+  if (caller == nullptr) return absl::OkStatus();
+  return caller->Synchronize(device_wait_timeout_);
+}
+
+absl::Status StepPipeline::MaybeReplan() {
+  if (agent_ == nullptr || replan_every_steps_ <= 0 || step_ == 0 ||
+      step_ % replan_every_steps_ != 0 || replanned_at_ == step_) {
+    return absl::OkStatus();
+  }
+  absl::StatusOr<v1::Plan> plan = agent_->Replan(step_);
+  if (!plan.ok()) {
+    // Every rank switches at this boundary or none may step on: this
+    // rank's own failure (not a peer's, whatever its code), reported at
+    // once so that the coordinator makes it the job error.
+    return agent_->OnOwnFailure(absl::Status(
+        plan.status().code(),
+        absl::StrCat("rank ", rank_, ": re-planning after step ", step_,
+                     " failed: ", plan.status().message())));
+  }
+  replanned_at_ = step_;
+  if (plan->hash() == plan_.hash()) return absl::OkStatus();
+  absl::StatusOr<std::unique_ptr<StepExecutor>> executor =
+      executor_->ForPlan(*plan);
+  if (!executor.ok()) {
+    return agent_->OnOwnFailure(absl::InternalError(
+        absl::StrCat("rank ", rank_, ": the re-plan after step ", step_,
+                     " does not fit this rank's parameters: ",
+                     executor.status().message())));
+  }
+  executor_ = *std::move(executor);
+  plan_ = *std::move(plan);
+  return absl::OkStatus();
+}
+
+absl::Status StepPipeline::BindOne(int index) {
+  if (index >= static_cast<int>(bound_.size())) return absl::OkStatus();
+  Parameter& p = *bound_[index];
+  ParamView& v = params_[index];
+  if (static_cast<int64_t>(p.data.size()) != v.local_numel()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank_, ": parameter \"", p.name, "\" holds ",
+                     p.data.size(), " values but its local shape ",
+                     ShapeToString(v.local_shape), " needs ", v.local_numel()));
+  }
+  if (!p.grad.empty() &&
+      static_cast<int64_t>(p.grad.size()) != v.local_numel()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank_, ": parameter \"", p.name, "\" has a gradient of ",
+        p.grad.size(), " values but its local shape ",
+        ShapeToString(v.local_shape), " needs ", v.local_numel()));
+  }
+  v.data = p.data.data();
+  v.grad = p.grad.empty() ? nullptr : p.grad.data();
+  return absl::OkStatus();
+}
+
+absl::Status StepPipeline::Preflight() {
+  for (size_t i = 0; i < bound_.size(); ++i) {
+    MUON_RETURN_IF_ERROR(BindOne(static_cast<int>(i)));
+  }
+  for (const ParamView& v : params_) {
+    if (v.grad == nullptr && v.local_numel() > 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("rank ", rank_, ": parameter \"", v.name,
+                       "\" has no gradient (its "
+                       "local shape ",
+                       ShapeToString(v.local_shape), " needs ", v.local_numel(),
+                       " values)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepPipeline::MomentumOne(int index, device::Stream* stream) {
+  const ParamView& p = params_[index];
+  const OptimizerState::Momentum& buf = state_->momentum(index);
+  UpdateSource& src = state_->update_sources()[index];
+  // The executor forms Nesterov's U from the gradient per bucket.
+  src.grad = options_.nesterov ? p.grad : nullptr;
+  src.grad_dtype = KernelDType(p.grad_dtype);
+  if (buf.size() == 0) return absl::OkStatus();
+  return rule_.Momentum(executor_->kernels(), stream, buf.data(), buf.dtype,
+                        p.grad, KernelDType(p.grad_dtype), buf.size());
+}
+
+absl::Status StepPipeline::AgreeOnCommit(const absl::Status& local) {
+  const absl::Status gathered = GatherRankFlags(local.ok() ? 0.0f : 1.0f);
+  if (!local.ok()) return local;  // this rank's own error comes first
+  MUON_RETURN_IF_ERROR(gathered);
+  if (const int r = rank_flags_->FirstRaised(); r >= 0) {
+    return absl::AbortedError(absl::StrCat(
+        "rank ", rank_, ": rank ", r, " failed step ", step_ + 1, " (rank ", r,
+        "'s error names the cause); the step was rolled back: parameters, "
+        "momentum and step count are unchanged on every rank"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepPipeline::GatherRankFlags(float flag) {
+  absl::Status gathered = rank_flags_->Gather(flag);
+  if (!gathered.ok() && agent_ != nullptr) {
+    gathered = agent_->OnStepFailed(gathered);
+  }
+  return gathered;
+}
+
+absl::Status StepPipeline::FindNonFinite(device::Stream* caller, int* bad_param,
+                                 int64_t* bad_index, float* bad_value) {
+  *bad_param = -1;
+  const int n = static_cast<int>(params_.size());
+  for (int i = 0; i < n; ++i) {
+    const ParamView& p = params_[i];
+    const int64_t numel = state_->momentum(i).size();
+    if (numel == 0) continue;
+    MUON_RETURN_IF_ERROR(OnCaller(caller, [&] {
+      return executor_->kernels().FirstNonFinite(
+          caller, p.grad, KernelDType(p.grad_dtype), numel,
+          state_->nonfinite_slot(i));
+    }));
+  }
+  MUON_RETURN_IF_ERROR(SyncCaller(caller));
+  MUON_RETURN_IF_ERROR(state_->FetchNonfinite());
+  for (int i = 0; i < n; ++i) {
+    if (state_->momentum(i).size() == 0 || state_->nonfinite(i) < 0) continue;
+    const ParamView& p = params_[i];
+    *bad_param = i;
+    *bad_index = state_->nonfinite(i);
+    const int64_t size = DTypeSize(p.grad_dtype);
+    const char* at = static_cast<const char*>(p.grad) + *bad_index * size;
+    if (p.grad_dtype == DType::kBFloat16) {
+      kernels::bf16_t raw;
+      MUON_RETURN_IF_ERROR(runtime_->CopyToHost(&raw, at, size));
+      *bad_value = kernels::Bf16ToFloat(raw);
+    } else {
+      MUON_RETURN_IF_ERROR(runtime_->CopyToHost(bad_value, at, size));
+    }
+    break;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepPipeline::CheckGradientsFinite(device::Stream* caller) {
+  if (!*options_.check_finite) return absl::OkStatus();
+  int bad_param = -1;
+  int64_t bad_index = -1;
+  float bad_value = 0.0f;
+  // A device error here is this rank's own failure, raised before any
+  // collective and reported, so that the other ranks' agreement fails too.
+  if (absl::Status s =
+          FindNonFinite(caller, &bad_param, &bad_index, &bad_value);
+      !s.ok()) {
+    return agent_ != nullptr ? agent_->OnOwnFailure(s) : s;
+  }
+  absl::Status local = absl::OkStatus();
+  if (bad_param >= 0) {
+    local = absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank_, ": parameter \"", params_[bad_param].name,
+        "\" has a non-finite gradient (", bad_value, " at local index ",
+        bad_index, ") at step ", step_ + 1,
+        "; the step was not taken: parameters and momentum are unchanged on "
+        "every rank"));
+  }
+  if (!rank_flags_->collective()) return local;
+  // Agreement: each rank contributes 1 + the index of its first bad
+  // parameter (0 = all finite; exact in float below 2^24 parameters).
+  MUON_RETURN_IF_ERROR(GatherRankFlags(static_cast<float>(bad_param + 1)));
+  if (!local.ok()) return local;
+  if (const int r = rank_flags_->FirstRaised(); r >= 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank_, ": rank ", r,
+        " has a non-finite gradient (its parameter #",
+        static_cast<int64_t>(rank_flags_->flag(r)) - 1, "; rank ", r,
+        "'s error names it) at step ", step_ + 1,
+        "; the step was not taken: parameters and momentum are unchanged on "
+        "every rank"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepPipeline::RestoreSnapshot(device::Stream* caller) {
+  MUON_RETURN_IF_ERROR(OnCaller(caller, [&] {
+    return state_->snapshot().Restore(&executor_->kernels(), caller, params_,
+                                      state_->buffers(), &step_);
+  }));
+  return SyncCaller(caller);
+}
+
+absl::Status StepPipeline::BeginOverlappedStep() {
+  MUON_RETURN_IF_ERROR(MaybeReplan());
+  param_ready_.assign(params_.size(), 0);
+  grad_fingerprints_.assign(params_.size(), 0);
+  enqueued_ready_ = 0;
+  overlap_start_ = absl::Now();
+  MUON_RETURN_IF_ERROR(
+      executor_->Begin(state_->update_sources(), params_, rule_, nullptr));
+  overlap_begun_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status StepPipeline::ReadyOne(int index) {
+  ParamView& p = params_[index];
+  const int64_t n = state_->momentum(index).size();
+  MUON_RETURN_IF_ERROR(BindOne(index));
+  if (p.grad == nullptr && n > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank_, ": parameter \"", p.name,
+                     "\" was marked ready without a gradient"));
+  }
+  if (n > 0) {
+    MUON_RETURN_IF_ERROR(MomentumOne(index, nullptr));
+    if (!executor_->async()) {
+      grad_fingerprints_[index] =
+          Fingerprint(p.grad, n * DTypeSize(p.grad_dtype));
+    }
+  }
+  param_ready_[index] = 1;
+  return absl::OkStatus();
+}
+
+absl::Status StepPipeline::MarkReady(int index) {
+  if (index < 0 || index >= static_cast<int>(params_.size())) {
+    return absl::OutOfRangeError(
+        absl::StrCat("rank ", rank_, ": MarkReady: parameter index ", index,
+                     " is outside [0, ", params_.size(), ")"));
+  }
+  if (!overlap_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank_, ": MarkReady needs execution.overlap_backward"));
+  }
+  if (!overlap_begun_) MUON_RETURN_IF_ERROR(BeginOverlappedStep());
+  if (param_ready_[index]) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank_, ": parameter \"", params_[index].name,
+                     "\" was marked ready twice in step ", step_ + 1));
+  }
+  MUON_RETURN_IF_ERROR(ReadyOne(index));
+  const int ready = executor_->ReadyBuckets(param_ready_);
+  if (ready > enqueued_ready_) {
+    enqueued_ready_ = ready;
+    MUON_RETURN_IF_ERROR(executor_->EnqueueReady(ready));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepPipeline::FinishOverlappedStep() {
+  absl::Status status;
+  for (size_t i = 0; i < params_.size() && status.ok(); ++i) {
+    if (!param_ready_[i]) status = ReadyOne(static_cast<int>(i));
+  }
+  // Debug mode (the sequential schedule): a gradient changed after its
+  // parameter was marked ready is an error naming it (the step read it at
+  // MarkReady and again at its bucket's gather).
+  if (status.ok() && !executor_->async()) {
+    for (size_t i = 0; i < params_.size() && status.ok(); ++i) {
+      const int64_t n = state_->momentum(i).size();
+      const ParamView& p = params_[i];
+      if (n == 0 || p.grad == nullptr) continue;
+      if (Fingerprint(p.grad, n * DTypeSize(p.grad_dtype)) !=
+          grad_fingerprints_[i]) {
+        status = absl::FailedPreconditionError(absl::StrCat(
+            "rank ", rank_, ": the gradient of parameter \"", p.name,
+            "\" changed after MarkReady in step ", step_ + 1,
+            "; it must stay unchanged until step() returns (the step read it "
+            "at MarkReady and at its bucket's gather)"));
+      }
+    }
+  }
+  // The buckets already running must end on every rank (their
+  // collectives), whatever failed here.
+  absl::Status finished = executor_->Finish(&stats_);
+  overlap_begun_ = false;
+  MUON_RETURN_IF_ERROR(Commit(status, finished));
+  Report(overlap_start_);
+  return absl::OkStatus();
+}
+
+}  // namespace muon

@@ -1,0 +1,217 @@
+// StepPipeline: one Muon optimizer step on one rank, in fixed phases:
+//   preflight     re-read bound parameters, check every gradient is there
+//                 (nothing modified, no collective on failure);
+//   finite check  MuonOptions::check_finite: the local scan, then the
+//                 ranks' agreement (every rank fails before any data
+//                 collective);
+//   snapshot      MuonOptions::transactional_step: parameters and state;
+//   momentum      buf.lerp_(grad, 1 - momentum) on every local shard
+//                 (torch.optim.Muon's momentum_buffer update);
+//   exchange and Newton-Schulz
+//                 the executor's gather, orthogonalization, redistribution
+//                 and apply (StepExecutor);
+//   commit        the outcome: this rank's failure reported to every rank,
+//                 the ranks' agreement and rollback (transactional_step);
+//   report        the step count, the stats and the coordinator's report.
+// A step begun during backward (ExecutionOptions.overlap_backward; MarkReady)
+// runs the same phases; it changes only when each parameter's preflight and
+// momentum run (at its MarkReady) and when its buckets are handed to the
+// executor (as soon as all their parameters are ready). At a re-plan
+// boundary the pipeline first switches to the coordinator's new plan.
+#ifndef MUON_CLIENT_STEP_PIPELINE_H_
+#define MUON_CLIENT_STEP_PIPELINE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/muon_options.h"
+#include "client/optimizer_state.h"
+#include "client/parameter.h"
+#include "client/rank_flags.h"
+#include "client/step_executor.h"
+#include "client/tensor_view.h"
+#include "client/update_rule.h"
+#include "control/agent.h"
+#include "device/device.h"
+#include "device/runtime.h"
+#include "device/stream.h"
+#include "muon/v1/coordinator.pb.h"
+
+namespace muon {
+
+// What the pipeline works on, all owned by the optimizer and outliving the
+// pipeline: this rank, its parameters (views the preflight re-binds from
+// `bound` Parameters, when given), the options and update rule, the state,
+// the parameters' device and its runtime, and the coordinator's agent
+// (null without a coordinator) with the function that fills its step
+// report.
+struct StepPipelineParts {
+  int rank = 0;
+  std::vector<ParamView>* params = nullptr;
+  const std::vector<Parameter*>* bound = nullptr;
+  const MuonOptions* options = nullptr;
+  const UpdateRule* rule = nullptr;
+  OptimizerState* state = nullptr;
+  device::Device device = device::Device::Host();
+  device::Runtime* runtime = nullptr;
+  Agent* agent = nullptr;
+  std::function<void(v1::StepReport*)> fill_report;
+};
+
+// How the pipeline runs: the plan and its executor (owned from here on;
+// the executor owns the step's kernels and Newton-Schulz engine), the
+// ranks' flag exchange (check_finite and the commit agreement), how long
+// the host waits for the caller's stream (seconds), the re-plan period in
+// steps (0: never) and whether steps may begin during backward.
+struct StepPipelineRun {
+  v1::Plan plan;
+  std::unique_ptr<StepExecutor> executor;
+  std::unique_ptr<RankFlags> rank_flags;
+  absl::Duration device_wait_timeout = absl::Minutes(30);
+  int replan_every_steps = 0;
+  bool overlap_backward = false;
+};
+
+class StepPipeline {
+ public:
+  StepPipeline(StepPipelineParts parts, StepPipelineRun run);
+
+  // One step ordered on the caller's stream `stream` (a cudaStream_t of
+  // the parameters' device; nullptr = the legacy default stream, and the
+  // only value for CPU parameters), or the end of a step begun by
+  // MarkReady. Errors: as Muon::StepOnStream.
+  absl::Status Step(void* stream);
+
+  // Parameter `index`'s gradient is final for the coming step (overlap_
+  // backward): its preflight and momentum at once, and the buckets whose
+  // parameters are all ready to the executor. Errors: as Muon::MarkReady.
+  absl::Status MarkReady(int index);
+
+  // Whether a step begun by MarkReady is in flight.
+  bool in_overlapped_step() const { return overlap_begun_; }
+
+  const v1::Plan& plan() const { return plan_; }
+  const StepExecutor& executor() const { return *executor_; }
+  const RankFlags& rank_flags() const { return *rank_flags_; }
+  const StepStats& stats() const { return stats_; }
+  int64_t step_count() const { return step_; }
+  // A loaded state's step count (load_state_dict).
+  void set_step_count(int64_t step) { step_ = step; }
+
+  // Test-only fault injection: Muon::SetPostUpdateFaultForTesting.
+  void SetPostUpdateFaultForTesting(
+      std::function<absl::Status(int64_t step)> fault) {
+    post_update_fault_ = std::move(fault);
+  }
+
+ private:
+  // ---- Phases ----
+  // At a re-plan boundary (step_ a positive multiple of replan_every_steps)
+  // the coordinator's plan, and a new executor when it changed. Errors:
+  // the Replan RPC's or the executor's, reported to the coordinator.
+  absl::Status MaybeReplan();
+  // Re-reads every bound Parameter's pointers and checks every gradient.
+  absl::Status Preflight();
+  // One bound Parameter's data and gradient into its view, after checking
+  // their sizes (FailedPrecondition naming the parameter and rank); a
+  // no-op for views given as ParamView.
+  absl::Status BindOne(int index);
+  // check_finite: the local scan and the ranks' agreement.
+  absl::Status CheckGradientsFinite(device::Stream* caller);
+  // The local scan: the first parameter (optimizer order) whose gradient
+  // holds NaN or Inf, with the index and value, or bad_param = -1.
+  absl::Status FindNonFinite(device::Stream* caller, int* bad_param,
+                             int64_t* bad_index, float* bad_value);
+  // transactional_step: parameters and state into the snapshot; back.
+  absl::Status TakeSnapshot(device::Stream* caller);
+  absl::Status RestoreSnapshot(device::Stream* caller);
+  // The momentum step on every local shard on `caller`, then the
+  // executor's run.
+  absl::Status MomentumAndExchange(device::Stream* caller);
+  // Parameter `index`'s momentum step on `stream` (nullptr: the host), and
+  // its update source for the executor (which forms Nesterov's U per
+  // bucket, so no buffer of U persists).
+  absl::Status MomentumOne(int index, device::Stream* stream);
+  // The step's outcome on this rank: `own` (an error of this rank's own
+  // outside any collective: reported so that every rank fails) or `run`
+  // (the momentum and exchange; a failed collective's error becomes the
+  // coordinator's job error; transactional_step: the ranks' agreement).
+  absl::Status Commit(absl::Status own, absl::Status run);
+  // transactional_step's agreement on the outcome after every data
+  // collective: Aborted naming the first failed rank.
+  absl::Status AgreeOnCommit(const absl::Status& local);
+  // One float per rank all-gathered into rank_flags_ (0 = OK); errors
+  // through the agent's OnStepFailed when there is one.
+  absl::Status GatherRankFlags(float flag);
+  // The step count, the step's time since `start` and the report.
+  void Report(absl::Time start);
+
+  // ---- The two schedules ----
+  // The whole step at once, on `caller` (nullptr for CPU parameters).
+  absl::Status RunStep(device::Stream* caller);
+  // overlap_backward: the step's start at the first MarkReady; one
+  // parameter's preflight and momentum (and, in debug mode, its gradient's
+  // fingerprint); Step's end of a step begun by MarkReady.
+  absl::Status BeginOverlappedStep();
+  absl::Status ReadyOne(int index);
+  absl::Status FinishOverlappedStep();
+
+  // ---- The caller's stream ----
+  // Wrapped (cached per native handle).
+  absl::StatusOr<device::Stream*> CallerStream(void* native);
+  // Runs `work` (which enqueues on `caller`) inside caller->Launch, so that
+  // the caller's device is current for it; at once for nullptr (host). A
+  // template, so that the host path makes no std::function (a warm CPU
+  // step allocates nothing).
+  template <typename Work>
+  absl::Status OnCaller(device::Stream* caller, Work&& work) {
+    if (caller == nullptr) return work();
+    return caller->Launch(device::StreamFn(std::forward<Work>(work)));
+  }
+  // Waits for the caller's stream (no-op for nullptr).
+  absl::Status SyncCaller(device::Stream* caller);
+
+  const StepPipelineParts parts_;
+  const int rank_;
+  std::vector<ParamView>& params_;
+  const std::vector<Parameter*>& bound_;
+  const MuonOptions& options_;
+  const UpdateRule& rule_;
+  OptimizerState* const state_;
+  const device::Device device_;
+  device::Runtime* const runtime_;
+  Agent* const agent_;
+  v1::Plan plan_;
+  std::unique_ptr<StepExecutor> executor_;
+  std::unique_ptr<RankFlags> rank_flags_;
+  const absl::Duration device_wait_timeout_;
+  const int replan_every_steps_;
+  int64_t replanned_at_ = -1;  // step_ of the last re-plan asked
+  std::unique_ptr<device::Stream> caller_;
+  void* caller_native_ = nullptr;
+  std::function<absl::Status(int64_t)> post_update_fault_;  // testing only
+  // overlap_backward: on, a step begun by MarkReady, its parameters
+  // marked, the buckets handed to the executor, gradient fingerprints
+  // (debug mode), and when it began.
+  const bool overlap_;
+  bool overlap_begun_ = false;
+  std::vector<char> param_ready_;
+  int enqueued_ready_ = 0;
+  std::vector<uint64_t> grad_fingerprints_;
+  absl::Time overlap_start_;
+  StepStats stats_;
+  int64_t step_ = 0;
+};
+
+// The kernels' dtype of a parameter or gradient dtype.
+kernels::ParamDType KernelDType(DType dtype);
+
+}  // namespace muon
+
+#endif  // MUON_CLIENT_STEP_PIPELINE_H_
