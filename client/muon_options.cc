@@ -281,6 +281,13 @@ absl::StatusOr<MuonOptions> ResolveOptions(
         "exchange_dtype empty or \"float32\")"));
   }
   MUON_RETURN_IF_ERROR(CheckNorMuon(options, bf16_exchange, context));
+  if (options.qk_clip.enabled() && context.device.is_cuda()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        rank,
+        "qk_clip scales rows of CPU parameters in this version; the "
+        "parameters are on ",
+        context.device.ToString()));
+  }
   if (context.device.is_cuda() && context.custom_exchange) {
     return absl::InvalidArgumentError(absl::StrCat(
         rank, "custom gather_fn / redistribute_fn take host memory; the ",

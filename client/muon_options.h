@@ -6,6 +6,7 @@
 #ifndef MUON_CLIENT_MUON_OPTIONS_H_
 #define MUON_CLIENT_MUON_OPTIONS_H_
 
+#include <array>
 #include <cmath>
 #include <optional>
 #include <string>
@@ -190,6 +191,14 @@ absl::Status ApplyMuonOptionNames(const MuonOptionNames& names,
 absl::StatusOr<MuonOptions> MuonOptionsFromProto(
     const v1::OptimizerOptions& proto);
 
+// The options ResolveOptions refuses with CUDA parameters in this version,
+// each by its name ("... CPU parameters in this version"): NorMuon,
+// QK-clip and the step during backward. The docs mark each such feature
+// with a "<!-- cpu-only: NAME -->" comment, which tests/python/test_docs.py
+// compares with this list.
+inline constexpr std::array<const char*, 3> kCpuOnlyOptions = {
+    "normuon", "qk_clip", "overlap_backward"};
+
 // Where the options run, for ResolveOptions.
 struct OptionContext {
   device::Device device;         // The parameters' device.
@@ -207,6 +216,7 @@ struct OptionContext {
 //     which, set to another value there, is refused;
 //   - execution.exchange_dtype "bfloat16" with a custom exchange;
 //   - normuon with the bf16 or a custom exchange, or on CUDA parameters;
+//   - qk_clip with layers on CUDA parameters;
 //   - a custom exchange with CUDA parameters;
 //   - overlap_backward with check_finite set true, transactional_step, or
 //     parameters off the host;

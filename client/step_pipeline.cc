@@ -264,7 +264,7 @@ absl::Status StepPipeline::GatherRankFlags(float flag) {
 }
 
 absl::Status StepPipeline::FindNonFinite(device::Stream* caller, int* bad_param,
-                                 int64_t* bad_index, float* bad_value) {
+                                         int64_t* bad_index, float* bad_value) {
   *bad_param = -1;
   const int n = static_cast<int>(params_.size());
   for (int i = 0; i < n; ++i) {

@@ -2,6 +2,8 @@
 // each with its message, and the defaults that depend on other options
 // (check_finite under overlap_backward); MuonOptionsFromProto's check_finite
 // and transactional_step.
+#include <string>
+
 #include "absl/status/status.h"
 #include "client/muon_options.h"
 #include "gmock/gmock.h"
@@ -101,6 +103,44 @@ TEST(ResolveOptionsTest, NorMuonAndExchangeCombinations_RefusedByName) {
                AllOf(HasSubstr("custom gather_fn / redistribute_fn take "
                                "host memory"),
                      HasSubstr("cuda:0"))));
+}
+
+// kCpuOnlyOptions is what CUDA parameters are refused with, by name: each
+// listed option on cuda:0 is InvalidArgument naming it and "CPU parameters
+// in this version", the same options on the host pass, and with none of
+// them CUDA parameters pass (the docs' cpu-only markers are compared with
+// the list in tests/python/test_docs.py).
+TEST(ResolveOptionsTest, CpuOnlyOptions_EachRefusedOnCudaByName) {
+  const OptionContext cuda{device::Device::Cuda(0), 2, false};
+  EXPECT_TRUE(ResolveOptions(MuonOptions(), v1::ExecutionOptions(), cuda).ok());
+  ASSERT_EQ(kCpuOnlyOptions.size(), 3u);
+  for (const std::string name : kCpuOnlyOptions) {
+    MuonOptions o;
+    v1::ExecutionOptions execution;
+    if (name == "normuon") {
+      o.normuon = true;
+    } else if (name == "qk_clip") {
+      QkClipLayer layer;
+      layer.q_param = "wq";
+      layer.k_param = "wk";
+      layer.num_heads = layer.num_kv_heads = 1;
+      layer.head_dim = 4;
+      o.qk_clip.layers.push_back(layer);
+    } else if (name == "overlap_backward") {
+      execution.set_overlap_backward(true);
+    } else {
+      ADD_FAILURE() << "kCpuOnlyOptions lists \"" << name
+                    << "\", which this test does not set";
+      continue;
+    }
+    EXPECT_TRUE(ResolveOptions(o, execution, Host()).ok()) << name;
+    EXPECT_THAT(ResolveOptions(o, execution, cuda).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr("rank 2"), HasSubstr(name),
+                               HasSubstr("CPU parameters in this version"),
+                               HasSubstr("cuda:0"))))
+        << name;
+  }
 }
 
 // torch's argument messages come first, without a rank (they read as

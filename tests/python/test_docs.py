@@ -108,3 +108,29 @@ def test_a_block_that_hangs_is_stopped_at_the_timeout(tmp_path):
     assert time.monotonic() - start < 30
     assert r.returncode == 1
     assert "FAILED (timed out after 2.0 s)" in r.stdout
+
+
+def test_cpu_only_markers_match_the_options_refused_on_cuda():
+    """The features the code refuses with CUDA parameters (kCpuOnlyOptions
+    in client/muon_options.h, each refused by name: resolve_options_test)
+    are exactly those the user guide and python/README.md mark with
+    <!-- cpu-only: NAME -->, and each such file says "in this version"."""
+    header = open(os.path.join(REPO, "client", "muon_options.h")).read()
+    m = re.search(r"kCpuOnlyOptions = \{([^}]*)\}", header)
+    assert m, "client/muon_options.h has no kCpuOnlyOptions list"
+    refused = set(re.findall(r'"([a-z_]+)"', m.group(1)))
+    assert refused, "kCpuOnlyOptions is empty"
+    for rel in ("docs/user_guide.md", "python/README.md"):
+        text = open(os.path.join(REPO, rel)).read()
+        marked = set(re.findall(r"<!-- cpu-only: ([a-z_]+) -->", text))
+        assert marked == refused, (
+            f"{rel} marks {sorted(marked)} as CPU-only but the code refuses "
+            f"{sorted(refused)} on CUDA")
+        assert "in this version" in text, rel
+    all_marked = set()
+    for path in DOCS:
+        all_marked |= set(re.findall(r"<!-- cpu-only: ([a-z_]+) -->",
+                                     open(path).read()))
+    assert all_marked <= refused, (
+        f"markers for features the code no longer refuses: "
+        f"{sorted(all_marked - refused)}")
