@@ -2,8 +2,7 @@
 # Builds the CUDA configuration and packs what a GPU machine needs into
 # .device/ (git-ignored, < 64 MiB): the GPU tests, the GPU benchmark, muonctl
 # and the coordinator, muonrun and libmuonrt.so (with python/ for muonrt),
-# with their Debian libraries (../shared/tools/
-# device-bundle.sh), plus the PyTorch comparison scripts, the main job's
+# with their Debian libraries (tools/device_bundle.sh), plus the PyTorch comparison scripts, the main job's
 # Fashion-MNIST files (data/fashion-mnist) and tools/device_checks.sh,
 # which runs them all there:
 #   bash tools/pack_device.sh
@@ -37,9 +36,9 @@ for t in "${targets[@]}"; do
   paths+=("$bin/${p/://}")
 done
 rm -rf .device
-../shared/tools/device-bundle.sh .device "${paths[@]}"
-# Our launcher replaces the bundle's run.sh: it resolves the CUDA/NCCL
-# library folders once and says which it chose (tools/device_run.sh).
+tools/device_bundle.sh .device "${paths[@]}"
+# The launcher: it unpacks the bundle, resolves the CUDA/NCCL library
+# folders once and says which it chose (tools/device_run.sh).
 cp tools/device_run.sh .device/run.sh
 cp tools/torch_ns_bench.py tools/torch_muon_compare.py tools/device_checks.sh \
   tools/gpu_step_bench.py tools/ns_accuracy.py .device/
