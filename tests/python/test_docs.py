@@ -134,3 +134,113 @@ def test_cpu_only_markers_match_the_options_refused_on_cuda():
     assert all_marked <= refused, (
         f"markers for features the code no longer refuses: "
         f"{sorted(all_marked - refused)}")
+
+
+# The project's command-line programs, their path under bazel-bin, and
+# how they print every flag.
+PROGRAMS = {
+    "muonctl": ("tools/muonctl", "cli11"),
+    "muonrun": ("tools/muonrun", "muonrun"),
+    "muon-coordinator": ("server/muon-coordinator", "absl"),
+    "ns_bench": ("tools/ns_bench", "absl"),
+    "ns_gpu_bench": ("tools/ns_gpu_bench", "absl"),
+    "step_bench": ("tools/step_bench", "absl"),
+    "plan_scale_bench": ("tools/plan_scale_bench", "absl"),
+    "coordinator_load_bench": ("tools/coordinator_load_bench", "absl"),
+}
+FLAG = re.compile(r"^--([A-Za-z0-9][A-Za-z0-9_-]*)")
+
+
+def _help_text(path, kind, sub=None):
+    if kind == "cli11":
+        args = [path, sub, "--help"] if sub else [path, "--help"]
+    elif kind == "absl":
+        args = [path, "--helpfull"]
+    else:
+        args = [path, "--help"]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    return out.stdout + out.stderr
+
+
+def _flags_in(text):
+    return {m.replace("-", "_") for m in re.findall(r"--([A-Za-z0-9_-]+)", text)}
+
+
+def _doc_commands():
+    """(doc:line, program, subcommand, [flags]) for every use of a program
+    in the docs' code: the lines of code blocks and the inline code spans
+    elsewhere. A command line is cut at pipes, `&&`, `;` and `&`, and the
+    flags are those after the program (muonrun's end at its `program`
+    argument)."""
+    uses = set()
+    for path in DOCS:
+        rel = os.path.relpath(path, REPO)
+        in_block = False
+        lines = open(path).read().replace("\\\n", " ").split("\n")
+        for n, line in enumerate(lines, 1):
+            if line.lstrip().startswith("```"):
+                in_block = not in_block
+                continue
+            spans = [line] if in_block else re.findall(r"`([^`]+)`", line)
+            for span in spans:
+                for part in re.split(r"\|\||\||&&|;|&(?!\S)", span):
+                    for use in _uses_in(part.split(), f"{rel}:{n}"):
+                        uses.add(use)
+    return sorted(uses, key=str)
+
+
+def _uses_in(tokens, where):
+    for i, tok in enumerate(tokens):
+        name = os.path.basename(tok)
+        if name not in PROGRAMS:
+            continue
+        rest = tokens[i + 1:]
+        sub = None
+        if name == "muonctl" and rest and not rest[0].startswith("-"):
+            sub, rest = rest[0], rest[1:]
+        flags = []
+        j = 0
+        while j < len(rest):
+            m = FLAG.match(rest[j])
+            if m:
+                flags.append(m.group(1).split("=")[0])
+            elif name == "muonrun" and not rest[j].startswith("-") and (
+                    j == 0 or not FLAG.match(rest[j - 1]) or
+                    "=" in rest[j - 1] or rest[j - 1] in ("--standalone",
+                                                          "--no-rank-prefix")):
+                break  # the program muonrun starts, with its own flags
+            j += 1
+        yield where, name, sub, tuple(flags)
+        return
+
+
+def test_every_documented_flag_is_one_the_program_takes():
+    """Each flag the docs give muonctl (per subcommand), muonrun, the
+    daemon and the benchmarks is in that program's own --help (absl's
+    --helpfull; `--noX` for a boolean X; `-` and `_` alike)."""
+    helps = {}
+    missing = []
+    bad = []
+    for where, name, sub, flags in _doc_commands():
+        if not flags:
+            continue
+        rel, kind = PROGRAMS[name]
+        path = os.path.join(REPO, "bazel-bin", rel)
+        if not os.path.exists(path):
+            missing.append(rel)
+            continue
+        key = (name, sub)
+        if key not in helps:
+            helps[key] = _flags_in(_help_text(path, kind, sub))
+        known = helps[key]
+        for flag in flags:
+            f = flag.replace("-", "_")
+            if f in known or f == "help" or (f.startswith("no") and
+                                             f[2:] in known):
+                continue
+            bad.append(f"{where}: {name}{' ' + sub if sub else ''} --{flag}")
+    if missing and not helps:
+        import pytest
+        pytest.skip("not built: " + ", ".join(sorted(set(missing))) +
+                    " (bash tools/run_tests.sh builds them first)")
+    assert bad == [], "flags the programs do not take:\n" + "\n".join(bad)
