@@ -181,7 +181,8 @@ class Muon {
   // `fault`, when set, runs on this rank after the executor has updated the
   // parameters and before the commit agreement; a non-OK status counts as
   // this rank's step failing there (e.g. a local apply error after the last
-  // data collective). Argument: the step being taken (step_count() + 1).
+  // data collective), in a step begun by MarkReady as in any other.
+  // Argument: the step being taken (step_count() + 1).
   void SetPostUpdateFaultForTesting(
       std::function<absl::Status(int64_t step)> fault) {
     pipeline_->SetPostUpdateFaultForTesting(std::move(fault));
@@ -380,12 +381,14 @@ class Muon {
   };
   std::unique_ptr<MemoryCounters> memory_;
   std::unique_ptr<Agent> agent_;
+  // Momentum buffers, row state, finite-check results and snapshot on
+  // the parameters' device (U and O live in the executor's bucket slots).
+  // Declared before pipeline_: an executor that finishes a step in flight
+  // when it is destroyed (MarkReady without Step) still reads them.
+  std::unique_ptr<OptimizerState> state_;
   // The step: its phases, the plan, the executor (which owns the step's
   // kernels and Newton-Schulz engine), the step count and stats.
   std::unique_ptr<StepPipeline> pipeline_;
-  // Momentum buffers, row state, finite-check results and snapshot on
-  // the parameters' device (U and O live in the executor's bucket slots).
-  std::unique_ptr<OptimizerState> state_;
   // The variant run on each owner after Newton-Schulz (NorMuon; null:
   // none); its row state is in state_.
   std::shared_ptr<const OwnerTransform> owner_transform_;

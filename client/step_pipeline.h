@@ -188,13 +188,15 @@ class StepPipeline {
   device::Runtime* const runtime_;
   Agent* const agent_;
   v1::Plan plan_;
+  // CUDA: the caller's stream of the last step, wrapped (before executor_,
+  // which refers to it during a step, so that it outlives the executor).
+  std::unique_ptr<device::Stream> caller_;
+  void* caller_native_ = nullptr;
   std::unique_ptr<StepExecutor> executor_;
   std::unique_ptr<RankFlags> rank_flags_;
   const absl::Duration device_wait_timeout_;
   const int replan_every_steps_;
   int64_t replanned_at_ = -1;  // step_ of the last re-plan asked
-  std::unique_ptr<device::Stream> caller_;
-  void* caller_native_ = nullptr;
   std::function<absl::Status(int64_t)> post_update_fault_;  // testing only
   // overlap_backward: on, a step begun by MarkReady, its parameters
   // marked, the buckets handed to the executor, gradient fingerprints

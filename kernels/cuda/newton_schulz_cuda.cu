@@ -36,6 +36,8 @@ struct NsCudaContext::State {
   DeviceBuffer cublas_workspace;    // Given to cuBLAS (cublasSetWorkspace).
   DeviceBuffer scratch;             // Our iteration buffers (see Layout).
   SymmetricProducts symmetric;      // How symmetric products run.
+  // MUON_NS_GRAM_RESTART_EVERY (0: the options' gram_restart_every).
+  int gram_restart_every = 0;
   // The tile GEMMs of the symmetric product being enqueued (reused, so
   // that a product allocates nothing once the first has run).
   std::vector<NsGemm> tiles;
@@ -392,6 +394,14 @@ absl::Status ReserveState(NsCudaContext::State* s, const Layout& l) {
   return absl::OkStatus();
 }
 
+// `options` with the context's MUON_NS_GRAM_RESTART_EVERY, when set.
+NewtonSchulzOptions Effective(const NsCudaContext::State* s,
+                              const NewtonSchulzOptions& options) {
+  NewtonSchulzOptions o = options;
+  if (s->gram_restart_every > 0) o.gram_restart_every = s->gram_restart_every;
+  return o;
+}
+
 // The iteration's device buffers (work type: bf16 or fp32); x and x_next
 // swap after every X update, q and tmp after every Q Z.
 struct IterationBuffers {
@@ -701,6 +711,12 @@ absl::StatusOr<std::unique_ptr<NsCudaContext>> NsCudaContext::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("NsCudaContext::Create: ", symmetric_error));
   }
+  const std::string restart_error = ParseGramRestartEvery(
+      std::getenv("MUON_NS_GRAM_RESTART_EVERY"), &state->gram_restart_every);
+  if (!restart_error.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NsCudaContext::Create: ", restart_error));
+  }
   state->device = device;
   state->stream = static_cast<cudaStream_t>(stream);
   device::CudaDeviceGuard device_guard(device);
@@ -734,7 +750,8 @@ absl::StatusOr<std::unique_ptr<NsCudaContext>> NsCudaContext::Create(
 
 absl::Status NsCudaContext::Reserve(int64_t batch, int64_t rows, int64_t cols,
                                     GpuPrecision precision,
-                                    const NewtonSchulzOptions& options) {
+                                    const NewtonSchulzOptions& requested) {
+  const NewtonSchulzOptions options = Effective(state_.get(), requested);
   if (batch < 1 || rows < 1 || cols < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "NsCudaContext::Reserve: sizes must be positive, got batch=", batch,
@@ -761,12 +778,13 @@ void* NsCudaContext::stream() const { return state_->stream; }
 
 absl::Status NewtonSchulzBatched(NsCudaContext* ctx, const float* u,
                                  int64_t batch, int64_t rows, int64_t cols,
-                                 const NewtonSchulzOptions& options,
+                                 const NewtonSchulzOptions& requested,
                                  GpuPrecision precision, float* out) {
   if (ctx == nullptr || u == nullptr || out == nullptr) {
     return absl::InvalidArgumentError(
         "NewtonSchulzBatched: ctx, u and out must be non-null");
   }
+  const NewtonSchulzOptions options = Effective(ctx->state(), requested);
   if (rows < 1 || cols < 1 || rows > INT_MAX || cols > INT_MAX) {
     return absl::InvalidArgumentError(absl::StrCat(
         "NewtonSchulzBatched: rows and cols must be in [1, INT_MAX], got rows=",

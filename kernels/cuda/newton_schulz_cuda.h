@@ -76,8 +76,11 @@ class NsCudaContext {
   // Errors:
   //   Unimplemented: built without CUDA.
   //   InvalidArgument: device < 0 or >= the device count (names both); a
-  //     MUON_NS_SYMMETRIC* environment variable out of range (names it and
-  //     its value).
+  //     MUON_NS_SYMMETRIC* or MUON_NS_GRAM_RESTART_EVERY environment
+  //     variable out of range (names it and its value).
+  // MUON_NS_GRAM_RESTART_EVERY (1-64), when set, replaces every call's
+  // NewtonSchulzOptions::gram_restart_every on this context (for measuring
+  // restart schedules; ParseGramRestartEvery).
   //   FailedPrecondition: no usable GPU (CUDA's message).
   //   ResourceExhausted / Internal: CUDA or cuBLAS failures (names the call
   //     and the library's message).

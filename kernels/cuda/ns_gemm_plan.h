@@ -236,6 +236,36 @@ inline bool UsesSymmetricTiles(int64_t m) {
   return SymmetricProducts().Tiled(m);
 }
 
+// A setting `name` (an environment variable) as a whole decimal integer
+// in [lo, hi] into *value; null or empty leaves *value. Returns an empty
+// string, or the error naming the setting, the range and the text.
+inline std::string ParseEnvInteger(const char* name, const char* text,
+                                   int64_t lo, int64_t hi, int64_t* value) {
+  if (text == nullptr || *text == '\0') return "";
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(text, &end, 10);
+  if (errno != 0 || *end != '\0' || v < lo || v > hi) {
+    return std::string(name) + " must be an integer in [" + std::to_string(lo) +
+           ", " + std::to_string(hi) + "], got '" + text + "'";
+  }
+  *value = v;
+  return "";
+}
+
+// The Gram iteration's restart period from MUON_NS_GRAM_RESTART_EVERY
+// (`text`; null or empty: 0, the options' NewtonSchulzOptions::
+// gram_restart_every), in [1, 64]: for measuring other restart schedules
+// on a GPU without rebuilding. Returns an empty string and sets *out, or
+// the error (and leaves *out).
+inline std::string ParseGramRestartEvery(const char* text, int* out) {
+  int64_t v = 0;
+  const std::string error =
+      ParseEnvInteger("MUON_NS_GRAM_RESTART_EVERY", text, 1, 64, &v);
+  if (error.empty()) *out = static_cast<int>(v);
+  return error;
+}
+
 // Reads a SymmetricProducts from its four settings, each null or empty
 // for its default: `mode` "full", "loop" or "batched"; `tiles`
 // an integer in [2, kMaxSymmetricTiles]; `min_edge` an integer >= 1;
@@ -267,21 +297,7 @@ inline std::string ParseSymmetricProducts(const char* mode, const char* tiles,
   } else if (!g.empty()) {
     return "MUON_NS_SYMMETRIC_GRAM must be first or all, got '" + g + "'";
   }
-  // A whole decimal integer in [lo, hi], or the error.
-  auto integer = [](const char* name, const char* text, int64_t lo, int64_t hi,
-                    int64_t* value) -> std::string {
-    if (text == nullptr || *text == '\0') return "";
-    char* end = nullptr;
-    errno = 0;
-    const long long v = std::strtoll(text, &end, 10);
-    if (errno != 0 || *end != '\0' || v < lo || v > hi) {
-      return std::string(name) + " must be an integer in [" +
-             std::to_string(lo) + ", " + std::to_string(hi) + "], got '" +
-             text + "'";
-    }
-    *value = v;
-    return "";
-  };
+  const auto integer = ParseEnvInteger;
   int64_t t = p.tiles;
   std::string error =
       integer("MUON_NS_SYMMETRIC_TILES", tiles, 2, kMaxSymmetricTiles, &t);

@@ -11,6 +11,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -420,6 +421,24 @@ TEST(NsGemmPlanTest, ParseSymmetricProducts_ReadsSettingsAndNamesBadValues) {
   EXPECT_EQ(p.tiles, before.tiles);
   EXPECT_EQ(p.min_edge, before.min_edge);
   EXPECT_EQ(p.gram_all, before.gram_all);
+}
+
+// MUON_NS_GRAM_RESTART_EVERY: unset is 0 (the options' own period), a
+// value in [1, 64] is read, anything else is an error naming the variable
+// that leaves the value as it was.
+TEST(NsGemmPlanTest, ParseGramRestartEvery_ReadsPeriodAndNamesBadValues) {
+  int every = 7;
+  EXPECT_EQ(ParseGramRestartEvery(nullptr, &every), "");
+  EXPECT_EQ(every, 0);
+  EXPECT_EQ(ParseGramRestartEvery("3", &every), "");
+  EXPECT_EQ(every, 3);
+  for (const char* bad : {"0", "65", "2x", "-1"}) {
+    EXPECT_EQ(ParseGramRestartEvery(bad, &every),
+              std::string("MUON_NS_GRAM_RESTART_EVERY must be an integer in "
+                          "[1, 64], got '") +
+                  bad + "'");
+    EXPECT_EQ(every, 3);
+  }
 }
 
 }  // namespace
