@@ -1,0 +1,135 @@
+#include "comm/staging_communicator.h"
+
+#include <algorithm>
+#include <numeric>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "comm/local_communicator.h"
+#include "common/status_macros.h"
+
+namespace muon {
+namespace {
+
+int64_t Total(const std::vector<int64_t>& counts) {
+  return std::accumulate(counts.begin(), counts.end(), int64_t{0});
+}
+
+constexpr int64_t kFloat = static_cast<int64_t>(sizeof(float));
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<StagingCommunicator>> StagingCommunicator::Create(
+    Communicator* host, device::Runtime* runtime, absl::Duration stream_wait) {
+  if (host == nullptr || runtime == nullptr) {
+    return absl::InvalidArgumentError(
+        "StagingCommunicator: host and runtime must be non-null");
+  }
+  if (!host->buffer_device().is_host()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "StagingCommunicator: the ", host->backend(),
+        " communicator exchanges ", host->buffer_device().ToString(),
+        " memory; staging needs one of host memory (gloo)"));
+  }
+  if (runtime->device().is_host()) {
+    return absl::InvalidArgumentError(
+        "StagingCommunicator: the runtime is the host's; host buffers need "
+        "no staging (use the host communicator)");
+  }
+  return std::unique_ptr<StagingCommunicator>(
+      new StagingCommunicator(host, runtime, stream_wait));
+}
+
+std::string StagingCommunicator::backend() const {
+  return absl::StrCat(host_->backend(), "+staged");
+}
+
+void StagingCommunicator::Reserve(int64_t send, int64_t recv) {
+  if (static_cast<int64_t>(send_staging_.size()) < send) {
+    send_staging_.resize(send);
+  }
+  if (static_cast<int64_t>(recv_staging_.size()) < recv) {
+    recv_staging_.resize(recv);
+  }
+}
+
+absl::Status StagingCommunicator::AllToAllVLocked(
+    const float* send, const std::vector<int64_t>& send_counts, float* recv,
+    const std::vector<int64_t>& recv_counts) {
+  MUON_RETURN_IF_ERROR(communicator_internal::CheckAllToAllV(
+      backend(), rank(), world_size(), send, send_counts, recv, recv_counts));
+  const int64_t sent = Total(send_counts);
+  const int64_t received = Total(recv_counts);
+  Reserve(sent, received);
+  MUON_RETURN_IF_ERROR(
+      runtime_->CopyToHost(send_staging_.data(), send, sent * kFloat));
+  MUON_RETURN_IF_ERROR(host_->AllToAllV(send_staging_.data(), send_counts,
+                                        recv_staging_.data(), recv_counts));
+  return runtime_->CopyFromHost(recv, recv_staging_.data(), received * kFloat);
+}
+
+absl::Status StagingCommunicator::AllToAllV(
+    const float* send, const std::vector<int64_t>& send_counts, float* recv,
+    const std::vector<int64_t>& recv_counts) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return AllToAllVLocked(send, send_counts, recv, recv_counts);
+}
+
+absl::Status StagingCommunicator::AllToAllVOnStream(
+    device::Stream* stream, const float* send,
+    const std::vector<int64_t>& send_counts, float* recv,
+    const std::vector<int64_t>& recv_counts) {
+  if (stream == nullptr || stream->device() != buffer_device()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        backend(), " AllToAllVOnStream on rank ", rank(), ": the stream ",
+        stream == nullptr ? std::string("is null")
+                          : absl::StrCat("\"", stream->name(), "\" is on ",
+                                         stream->device().ToString()),
+        "; this communicator's buffers are on ", buffer_device().ToString()));
+  }
+  // The device input is written by the stream's earlier work.
+  MUON_RETURN_IF_ERROR(stream->Synchronize(stream_wait_));
+  std::lock_guard<std::mutex> lock(mu_);
+  return AllToAllVLocked(send, send_counts, recv, recv_counts);
+}
+
+absl::Status StagingCommunicator::AllGatherV(
+    const float* send, int64_t send_count, float* recv,
+    const std::vector<int64_t>& recv_counts) {
+  std::lock_guard<std::mutex> lock(mu_);
+  MUON_RETURN_IF_ERROR(communicator_internal::CheckAllGatherV(
+      backend(), rank(), world_size(), send, send_count, recv, recv_counts));
+  const int64_t received = Total(recv_counts);
+  Reserve(send_count, received);
+  MUON_RETURN_IF_ERROR(
+      runtime_->CopyToHost(send_staging_.data(), send, send_count * kFloat));
+  MUON_RETURN_IF_ERROR(host_->AllGatherV(send_staging_.data(), send_count,
+                                         recv_staging_.data(), recv_counts));
+  return runtime_->CopyFromHost(recv, recv_staging_.data(), received * kFloat);
+}
+
+absl::Status StagingCommunicator::Broadcast(float* data, int64_t count,
+                                            int root) {
+  std::lock_guard<std::mutex> lock(mu_);
+  MUON_RETURN_IF_ERROR(communicator_internal::CheckBroadcast(
+      backend(), rank(), world_size(), data, count, root));
+  Reserve(count, 0);
+  if (rank() == root) {
+    MUON_RETURN_IF_ERROR(
+        runtime_->CopyToHost(send_staging_.data(), data, count * kFloat));
+  }
+  MUON_RETURN_IF_ERROR(host_->Broadcast(send_staging_.data(), count, root));
+  if (rank() == root) return absl::OkStatus();  // its data is unchanged
+  return runtime_->CopyFromHost(data, send_staging_.data(), count * kFloat);
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> StagingCommunicator::Split(
+    const std::vector<int>& ranks) {
+  MUON_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> sub, host_->Split(ranks));
+  std::unique_ptr<StagingCommunicator> staged(
+      new StagingCommunicator(sub.get(), runtime_, stream_wait_));
+  staged->owned_ = std::move(sub);
+  return std::unique_ptr<Communicator>(std::move(staged));
+}
+
+}  // namespace muon
