@@ -19,8 +19,9 @@ constexpr int64_t kFloat = static_cast<int64_t>(sizeof(float));
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<StagingCommunicator>> StagingCommunicator::Create(
-    Communicator* host, device::Runtime* runtime, absl::Duration stream_wait) {
+absl::StatusOr<std::unique_ptr<StagingCommunicator>>
+StagingCommunicator::Create(Communicator* host, device::Runtime* runtime,
+                            absl::Duration stream_wait) {
   if (host == nullptr || runtime == nullptr) {
     return absl::InvalidArgumentError(
         "StagingCommunicator: host and runtime must be non-null");

@@ -87,8 +87,7 @@ class StagingCommunicatorTest : public ::testing::Test {
     GlooOptions options;
     options.timeout = absl::Seconds(10);
     options.prefix = "staging/test";
-    std::vector<absl::StatusOr<std::unique_ptr<GlooCommunicator>>> made(
-        kWorld);
+    std::vector<absl::StatusOr<std::unique_ptr<GlooCommunicator>>> made(kWorld);
     RunRanks(kWorld, [&](int rank) {
       made[rank] = GlooCommunicator::Create(rank, kWorld, &client_, options);
     });
