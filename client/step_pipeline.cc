@@ -32,16 +32,16 @@ kernels::ParamDType KernelDType(DType dtype) {
 }
 
 StepPipeline::StepPipeline(StepPipelineParts parts, StepPipelineRun run)
-    : parts_(std::move(parts)),
-      rank_(parts_.rank),
-      params_(*parts_.params),
-      bound_(*parts_.bound),
-      options_(*parts_.options),
-      rule_(*parts_.rule),
-      state_(parts_.state),
-      device_(parts_.device),
-      runtime_(parts_.runtime),
-      agent_(parts_.agent),
+    : rank_(parts.rank),
+      params_(*parts.params),
+      bound_(*parts.bound),
+      options_(*parts.options),
+      rule_(*parts.rule),
+      state_(parts.state),
+      device_(parts.device),
+      runtime_(parts.runtime),
+      agent_(parts.agent),
+      fill_report_(std::move(parts.fill_report)),
       plan_(std::move(run.plan)),
       executor_(std::move(run.executor)),
       rank_flags_(std::move(run.rank_flags)),
@@ -137,11 +137,11 @@ absl::Status StepPipeline::TakeSnapshot(device::Stream* caller) {
 void StepPipeline::Report(absl::Time start) {
   stats_.step_time_s = absl::ToDoubleSeconds(absl::Now() - start);
   ++step_;
-  if (agent_ == nullptr || !parts_.fill_report) return;
+  if (agent_ == nullptr || !fill_report_) return;
   // A pooled report whose storage is reused: no allocation once warm.
   v1::StepReport* report = agent_->AcquireReport();
   if (report == nullptr) return;
-  parts_.fill_report(report);
+  fill_report_(report);
   agent_->Submit(report);
 }
 

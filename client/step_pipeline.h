@@ -177,7 +177,6 @@ class StepPipeline {
   // Waits for the caller's stream (no-op for nullptr).
   absl::Status SyncCaller(device::Stream* caller);
 
-  const StepPipelineParts parts_;
   const int rank_;
   std::vector<ParamView>& params_;
   const std::vector<Parameter*>& bound_;
@@ -187,6 +186,7 @@ class StepPipeline {
   const device::Device device_;
   device::Runtime* const runtime_;
   Agent* const agent_;
+  const std::function<void(v1::StepReport*)> fill_report_;
   v1::Plan plan_;
   // CUDA: the caller's stream of the last step, wrapped (before executor_,
   // which refers to it during a step, so that it outlives the executor).

@@ -54,19 +54,27 @@ void StagingCommunicator::Reserve(int64_t send, int64_t recv) {
   }
 }
 
+template <typename Exchange>
+absl::Status StagingCommunicator::Staged(const float* send, int64_t sent,
+                                         float* recv, int64_t received,
+                                         Exchange&& exchange) {
+  Reserve(sent, received);
+  MUON_RETURN_IF_ERROR(
+      runtime_->CopyToHost(send_staging_.data(), send, sent * kFloat));
+  MUON_RETURN_IF_ERROR(exchange(send_staging_.data(), recv_staging_.data()));
+  return runtime_->CopyFromHost(recv, recv_staging_.data(), received * kFloat);
+}
+
 absl::Status StagingCommunicator::AllToAllVLocked(
     const float* send, const std::vector<int64_t>& send_counts, float* recv,
     const std::vector<int64_t>& recv_counts) {
   MUON_RETURN_IF_ERROR(communicator_internal::CheckAllToAllV(
       backend(), rank(), world_size(), send, send_counts, recv, recv_counts));
-  const int64_t sent = Total(send_counts);
-  const int64_t received = Total(recv_counts);
-  Reserve(sent, received);
-  MUON_RETURN_IF_ERROR(
-      runtime_->CopyToHost(send_staging_.data(), send, sent * kFloat));
-  MUON_RETURN_IF_ERROR(host_->AllToAllV(send_staging_.data(), send_counts,
-                                        recv_staging_.data(), recv_counts));
-  return runtime_->CopyFromHost(recv, recv_staging_.data(), received * kFloat);
+  return Staged(send, Total(send_counts), recv, Total(recv_counts),
+                [&](const float* host_send, float* host_recv) {
+                  return host_->AllToAllV(host_send, send_counts, host_recv,
+                                          recv_counts);
+                });
 }
 
 absl::Status StagingCommunicator::AllToAllV(
@@ -100,13 +108,11 @@ absl::Status StagingCommunicator::AllGatherV(
   std::lock_guard<std::mutex> lock(mu_);
   MUON_RETURN_IF_ERROR(communicator_internal::CheckAllGatherV(
       backend(), rank(), world_size(), send, send_count, recv, recv_counts));
-  const int64_t received = Total(recv_counts);
-  Reserve(send_count, received);
-  MUON_RETURN_IF_ERROR(
-      runtime_->CopyToHost(send_staging_.data(), send, send_count * kFloat));
-  MUON_RETURN_IF_ERROR(host_->AllGatherV(send_staging_.data(), send_count,
-                                         recv_staging_.data(), recv_counts));
-  return runtime_->CopyFromHost(recv, recv_staging_.data(), received * kFloat);
+  return Staged(send, send_count, recv, Total(recv_counts),
+                [&](const float* host_send, float* host_recv) {
+                  return host_->AllGatherV(host_send, send_count, host_recv,
+                                           recv_counts);
+                });
 }
 
 absl::Status StagingCommunicator::Broadcast(float* data, int64_t count,

@@ -87,6 +87,12 @@ class StagingCommunicator final : public Communicator {
 
   // Grows the staging buffers to `send` and `recv` floats.
   void Reserve(int64_t send, int64_t recv);
+  // With mu_ held: `sent` floats of device memory `send` into the send
+  // staging, `exchange(host_send, host_recv)` (the host collective), then
+  // `received` floats of the receive staging into device memory `recv`.
+  template <typename Exchange>
+  absl::Status Staged(const float* send, int64_t sent, float* recv,
+                      int64_t received, Exchange&& exchange);
   absl::Status AllToAllVLocked(const float* send,
                                const std::vector<int64_t>& send_counts,
                                float* recv,

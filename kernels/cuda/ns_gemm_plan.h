@@ -297,14 +297,13 @@ inline std::string ParseSymmetricProducts(const char* mode, const char* tiles,
   } else if (!g.empty()) {
     return "MUON_NS_SYMMETRIC_GRAM must be first or all, got '" + g + "'";
   }
-  const auto integer = ParseEnvInteger;
   int64_t t = p.tiles;
-  std::string error =
-      integer("MUON_NS_SYMMETRIC_TILES", tiles, 2, kMaxSymmetricTiles, &t);
+  std::string error = ParseEnvInteger("MUON_NS_SYMMETRIC_TILES", tiles, 2,
+                                      kMaxSymmetricTiles, &t);
   if (!error.empty()) return error;
   p.tiles = static_cast<int>(t);
-  error = integer("MUON_NS_SYMMETRIC_MIN_EDGE", min_edge, 1, INT32_MAX,
-                  &p.min_edge);
+  error = ParseEnvInteger("MUON_NS_SYMMETRIC_MIN_EDGE", min_edge, 1, INT32_MAX,
+                          &p.min_edge);
   if (!error.empty()) return error;
   *out = p;
   return "";
