@@ -15,6 +15,7 @@
 #include "common/spec.h"
 #include "common/status_macros.h"
 #include "kernels/muon_update.h"
+#include "kernels/staged_ns_engine.h"
 #include "plan/plan_job.h"
 #include "plan/planner.h"
 

@@ -14,21 +14,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "device/cuda_check.cuh"
 #include "device/cuda_runtime.h"
 #include "device/runtime.h"
 
 namespace muon {
 namespace device {
 namespace {
-
-#define MUON_DEVICE_CUDA_RETURN_IF_ERROR(expr)                             \
-  do {                                                                     \
-    const cudaError_t muon_device_err_ = (expr);                           \
-    if (muon_device_err_ != cudaSuccess) {                                 \
-      (void)cudaGetLastError();                                            \
-      return CudaErrorToStatus(static_cast<int>(muon_device_err_), #expr); \
-    }                                                                      \
-  } while (0)
 
 // Polls `query` (cudaEventQuery / cudaStreamQuery) until it is not
 // cudaErrorNotReady or `timeout` passes, backing off from 10 us to 1 ms.
@@ -109,7 +101,7 @@ absl::StatusOr<double> CudaEvent::SecondsSince(Event* earlier) {
         "\": not both recorded and complete (cudaEventElapsedTime: ",
         cudaGetErrorName(err), ")"));
   }
-  MUON_DEVICE_CUDA_RETURN_IF_ERROR(err);
+  MUON_CUDA_RETURN_IF_ERROR(err);
   return static_cast<double>(ms) * 1e-3;
 }
 
@@ -148,8 +140,7 @@ class CudaStream final : public Stream {
     // default stream of the current device.
     CudaDeviceGuard guard(ordinal_);
     if (!guard.status().ok()) return guard.status();
-    MUON_DEVICE_CUDA_RETURN_IF_ERROR(
-        cudaStreamWaitEvent(stream_, cuda->handle(), 0));
+    MUON_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, cuda->handle(), 0));
     return absl::OkStatus();
   }
   absl::Status Synchronize(absl::Duration timeout) override {
@@ -178,7 +169,7 @@ absl::Status CudaEvent::Record(Stream* stream) {
   }
   CudaDeviceGuard guard(ordinal_);
   if (!guard.status().ok()) return guard.status();
-  MUON_DEVICE_CUDA_RETURN_IF_ERROR(cudaEventRecord(
+  MUON_CUDA_RETURN_IF_ERROR(cudaEventRecord(
       event_, static_cast<cudaStream_t>(cuda->native_handle())));
   return absl::OkStatus();
 }
@@ -225,7 +216,7 @@ class CudaRuntimeImpl final : public Runtime {
     CudaDeviceGuard guard(ordinal_);
     if (!guard.status().ok()) return guard.status();
     cudaStream_t s = nullptr;
-    MUON_DEVICE_CUDA_RETURN_IF_ERROR(
+    MUON_CUDA_RETURN_IF_ERROR(
         cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     return std::unique_ptr<Stream>(new CudaStream(ordinal_, s, name));
   }
@@ -251,6 +242,17 @@ class CudaRuntimeImpl final : public Runtime {
                             int64_t bytes) override {
     return Copy(dst, host_src, bytes, cudaMemcpyHostToDevice, "CopyFromHost");
   }
+  absl::Status CopyToHostOnStream(Stream* stream, void* host_dst,
+                                  const void* src, int64_t bytes) override {
+    return CopyOnStream(stream, host_dst, src, bytes, cudaMemcpyDeviceToHost,
+                        "CopyToHostOnStream");
+  }
+  absl::Status CopyFromHostOnStream(Stream* stream, void* dst,
+                                    const void* host_src,
+                                    int64_t bytes) override {
+    return CopyOnStream(stream, dst, host_src, bytes, cudaMemcpyHostToDevice,
+                        "CopyFromHostOnStream");
+  }
   absl::Status Zero(void* dst, int64_t bytes) override {
     if (absl::Status s = CheckCopyArguments("Zero", dst, dst, bytes); !s.ok()) {
       return s;
@@ -260,9 +262,8 @@ class CudaRuntimeImpl final : public Runtime {
     if (!guard.status().ok()) return guard.status();
     // cudaMemset is asynchronous for device memory: wait for the legacy
     // stream that carries it, as the copies do.
-    MUON_DEVICE_CUDA_RETURN_IF_ERROR(
-        cudaMemset(dst, 0, static_cast<size_t>(bytes)));
-    MUON_DEVICE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cudaStreamLegacy));
+    MUON_CUDA_RETURN_IF_ERROR(cudaMemset(dst, 0, static_cast<size_t>(bytes)));
+    MUON_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cudaStreamLegacy));
     return absl::OkStatus();
   }
 
@@ -273,7 +274,7 @@ class CudaRuntimeImpl final : public Runtime {
     CudaDeviceGuard guard(ordinal_);
     if (!guard.status().ok()) return guard.status();
     cudaEvent_t e = nullptr;
-    MUON_DEVICE_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(
+    MUON_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(
         &e, timing ? cudaEventDefault : cudaEventDisableTiming));
     return std::unique_ptr<Event>(new CudaEvent(ordinal_, e, name, timing));
   }
@@ -285,16 +286,36 @@ class CudaRuntimeImpl final : public Runtime {
     if (bytes == 0) return absl::OkStatus();
     CudaDeviceGuard guard(ordinal_);
     if (!guard.status().ok()) return guard.status();
-    MUON_DEVICE_CUDA_RETURN_IF_ERROR(
+    MUON_CUDA_RETURN_IF_ERROR(
         cudaMemcpy(dst, src, static_cast<size_t>(bytes), kind));
     // A copy from pageable host memory may return before its DMA has
     // landed (CUDA's "API synchronization behavior"); wait for the legacy
     // stream that carries it, so that work on non-blocking streams sees
     // the data.
     if (kind == cudaMemcpyHostToDevice) {
-      MUON_DEVICE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cudaStreamLegacy));
+      MUON_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cudaStreamLegacy));
     }
     return absl::OkStatus();
+  }
+
+  // cudaMemcpyAsync on `stream`, as the stream's work.
+  absl::Status CopyOnStream(Stream* stream, void* dst, const void* src,
+                            int64_t bytes, cudaMemcpyKind kind,
+                            const char* what) {
+    if (absl::Status s =
+            CheckStreamCopyArguments(what, device(), stream, dst, src, bytes);
+        !s.ok()) {
+      return s;
+    }
+    if (bytes == 0) return absl::OkStatus();
+    return stream->Launch([=]() -> absl::Status {
+      CudaDeviceGuard guard(ordinal_);
+      if (!guard.status().ok()) return guard.status();
+      MUON_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), kind,
+                          static_cast<cudaStream_t>(stream->native_handle())));
+      return absl::OkStatus();
+    });
   }
 
   const int ordinal_;
@@ -371,6 +392,14 @@ int CudaDeviceCount(std::string* reason) {
   }
   if (count == 0 && reason != nullptr) *reason = "no CUDA device is visible";
   return count;
+}
+
+absl::StatusOr<std::string> CudaDeviceDescription(int ordinal) {
+  cudaDeviceProp prop;
+  MUON_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, ordinal));
+  return absl::StrCat(prop.name, " (sm_", prop.major, prop.minor, ", ",
+                      prop.multiProcessorCount, " SMs, ",
+                      prop.totalGlobalMem >> 20, " MiB)");
 }
 
 absl::StatusOr<Runtime*> CudaRuntime(int ordinal) {

@@ -45,6 +45,13 @@ class CudaDeviceGuard {
 // then `reason` (if given) says why.
 int CudaDeviceCount(std::string* reason = nullptr);
 
+// The device's name, compute capability, multiprocessor count and memory
+// (cudaGetDeviceProperties), for benchmark and test output:
+// "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 81008 MiB)".
+// Errors: Unimplemented (built without --config=cuda); the CUDA error
+// (InvalidArgument for an ordinal that is not a visible device).
+absl::StatusOr<std::string> CudaDeviceDescription(int ordinal);
+
 // A CUDA runtime error code (cudaError_t as int) as a Status: OK for
 // cudaSuccess; else ResourceExhausted (out of memory), FailedPrecondition
 // (no device, driver too old), InvalidArgument (invalid value), Internal

@@ -27,6 +27,12 @@ int CudaDeviceCount(std::string* reason) {
   return 0;
 }
 
+absl::StatusOr<std::string> CudaDeviceDescription(int ordinal) {
+  return absl::UnimplementedError(
+      absl::StrCat("cuda:", ordinal,
+                   ": built without CUDA support (build with --config=cuda)"));
+}
+
 absl::Status CudaErrorToStatus(int cuda_error, const char* expr) {
   if (cuda_error == 0) return absl::OkStatus();
   return absl::UnimplementedError(absl::StrCat(

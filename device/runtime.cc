@@ -46,10 +46,32 @@ class HostRuntimeImpl final : public Runtime {
     if (s.ok() && bytes > 0) std::memcpy(dst, host_src, bytes);
     return s;
   }
+  absl::Status CopyToHostOnStream(Stream* stream, void* host_dst,
+                                  const void* src, int64_t bytes) override {
+    return MemcpyOnStream("CopyToHostOnStream", stream, host_dst, src, bytes);
+  }
+  absl::Status CopyFromHostOnStream(Stream* stream, void* dst,
+                                    const void* host_src,
+                                    int64_t bytes) override {
+    return MemcpyOnStream("CopyFromHostOnStream", stream, dst, host_src, bytes);
+  }
   absl::Status Zero(void* dst, int64_t bytes) override {
     absl::Status s = CheckCopyArguments("Zero", dst, dst, bytes);
     if (s.ok() && bytes > 0) std::memset(dst, 0, bytes);
     return s;
+  }
+
+ private:
+  // memcpy as work of the host stream `stream`.
+  absl::Status MemcpyOnStream(const char* what, Stream* stream, void* dst,
+                              const void* src, int64_t bytes) {
+    absl::Status s =
+        CheckStreamCopyArguments(what, Device::Host(), stream, dst, src, bytes);
+    if (!s.ok() || bytes == 0) return s;
+    return stream->Launch([dst, src, bytes] {
+      std::memcpy(dst, src, static_cast<size_t>(bytes));
+      return absl::OkStatus();
+    });
   }
 };
 
@@ -65,6 +87,21 @@ absl::Status CheckCopyArguments(const char* what, const void* dst,
                      " (bytes must be >= 0 and pointers non-null)"));
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckStreamCopyArguments(const char* what, const Device& device,
+                                      const Stream* stream, const void* dst,
+                                      const void* src, int64_t bytes) {
+  if (stream == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": the stream is null"));
+  }
+  if (stream->device() != device) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": stream \"", stream->name(), "\" is on ",
+        stream->device().ToString(), ", not on ", device.ToString()));
+  }
+  return CheckCopyArguments(what, dst, src, bytes);
 }
 
 Runtime* HostRuntime() {

@@ -59,6 +59,19 @@ class Runtime {
                                   int64_t bytes) = 0;
   virtual absl::Status CopyFromHost(void* dst, const void* host_src,
                                     int64_t bytes) = 0;
+  // The same copies ordered on `stream` (a stream of this device): enqueued
+  // after the stream's earlier work, and done when later work on the
+  // stream starts (CUDA: cudaMemcpyAsync on the stream; host: memcpy on
+  // the stream's thread). The host memory must stay valid, and unchanged
+  // for CopyFromHostOnStream, until the stream has run the copy
+  // (synchronize the stream, or an event recorded after the copy).
+  // Errors: InvalidArgument (null stream, a stream of another device,
+  // bytes < 0, null pointer with bytes > 0); the stream's (Stream::Launch).
+  virtual absl::Status CopyToHostOnStream(Stream* stream, void* host_dst,
+                                          const void* src, int64_t bytes) = 0;
+  virtual absl::Status CopyFromHostOnStream(Stream* stream, void* dst,
+                                            const void* host_src,
+                                            int64_t bytes) = 0;
   // Sets `bytes` bytes of this device's memory at `dst` to zero, blocking
   // until done (CUDA: cudaMemset on the device, no host buffer; host:
   // memset). Not ordered after any stream, as the copies.
@@ -71,6 +84,13 @@ class Runtime {
 // pointers when bytes > 0). Errors: InvalidArgument naming `what`.
 absl::Status CheckCopyArguments(const char* what, const void* dst,
                                 const void* src, int64_t bytes);
+
+// The argument check of the stream-ordered copies (CheckCopyArguments, and
+// a non-null `stream` on `device`). Errors: InvalidArgument naming `what`,
+// the stream and both devices.
+absl::Status CheckStreamCopyArguments(const char* what, const Device& device,
+                                      const Stream* stream, const void* dst,
+                                      const void* src, int64_t bytes);
 
 // The process-wide host runtime (host streams: device/host_stream.h).
 Runtime* HostRuntime();

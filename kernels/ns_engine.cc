@@ -1,7 +1,5 @@
-// NsEngine implementations that need no CUDA: the OpenBLAS engine,
-// ParseGpuPrecision, and (in default builds, without MUON_WITH_CUDA) the
-// CUDA entry point as a stub. With --config=cuda, MakeCudaNsEngine comes
-// from kernels/cuda/ns_engine_cuda.cu (the device count is device/'s).
+// The OpenBLAS NsEngine and ParseGpuPrecision. The host-staged CUDA engine
+// is kernels/staged_ns_engine.h's.
 #include "kernels/ns_engine.h"
 
 #include <cstdint>
@@ -68,21 +66,6 @@ absl::string_view GpuPrecisionName(GpuPrecision precision) {
 std::unique_ptr<NsEngine> MakeCpuNsEngine() {
   return std::make_unique<CpuNsEngine>();
 }
-
-#ifndef MUON_WITH_CUDA
-
-namespace {
-constexpr char kNoCuda[] = "built without CUDA: build with --config=cuda";
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<NsEngine>> MakeCudaNsEngine(
-    int device, GpuPrecision precision) {
-  (void)precision;
-  return absl::UnimplementedError(
-      absl::StrCat("MakeCudaNsEngine(device ", device, "): ", kNoCuda));
-}
-
-#endif  // MUON_WITH_CUDA
 
 }  // namespace kernels
 }  // namespace muon

@@ -1,8 +1,9 @@
 // Where a rank runs Newton-Schulz: the step executor orthogonalizes through
 // this interface, so the same data path serves the CPU (OpenBLAS) and a GPU
-// (cuBLAS). The GPU engine here is host-staged: U comes from and O goes to
-// host memory (copies in and out around the cuBLAS iteration), so the
-// transport stays Gloo and several rank processes can share one GPU.
+// (cuBLAS). The GPU engine is host-staged (kernels/staged_ns_engine.h): U
+// comes from and O goes to host memory (copies in and out around the
+// cuBLAS iteration), so the transport stays Gloo and several rank
+// processes can share one GPU.
 //
 // Thread-compatible: one thread uses an engine at a time.
 #ifndef MUON_KERNELS_NS_ENGINE_H_
@@ -51,12 +52,6 @@ class NsEngine {
 
 // The OpenBLAS engine (kernels::NewtonSchulz in fp32).
 std::unique_ptr<NsEngine> MakeCpuNsEngine();
-
-// The host-staged cuBLAS engine on CUDA device `device`.
-// Errors: Unimplemented when built without --config=cuda; FailedPrecondition
-// when no GPU is visible (names the device count and CUDA's message).
-absl::StatusOr<std::unique_ptr<NsEngine>> MakeCudaNsEngine(
-    int device, GpuPrecision precision);
 
 // Number of visible CUDA devices (the device layer's count); 0 when built
 // without CUDA or without a GPU (`reason` then says why).

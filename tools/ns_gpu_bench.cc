@@ -42,16 +42,22 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
-#include "kernels/cuda/device_memory.h"
+#include "absl/time/time.h"
+#include "device/cuda_runtime.h"
+#include "device/memory.h"
+#include "device/runtime.h"
+#include "device/stream.h"
 #include "kernels/cuda/newton_schulz_cuda.h"
 #include "kernels/newton_schulz.h"
 #include "kernels/ns_engine.h"
+#include "kernels/staged_ns_engine.h"
 #include "tools/bench_util.h"
 
 namespace {
 
 namespace kernels = ::muon::kernels;
 namespace cuda = ::muon::kernels::cuda;
+namespace device = ::muon::device;
 
 using ::muon::bench::Shape;
 using ::muon::bench::Summarize;
@@ -121,68 +127,80 @@ std::vector<uint16_t> ToBf16(const std::vector<float>& v) {
   return out;
 }
 
-// A device buffer of n random GEMM operands in the precision's storage type.
-absl::StatusOr<cuda::DeviceBuffer> RandomOperand(int64_t n,
-                                                 kernels::GpuPrecision p,
-                                                 uint32_t seed) {
+// How long one wait for the GPU may take before the bench gives up.
+constexpr absl::Duration kSyncTimeout = absl::Minutes(5);
+
+// A buffer of `rt`'s device holding n random GEMM operands in the
+// precision's storage type.
+absl::StatusOr<device::DeviceMemory> RandomOperand(device::Runtime* rt,
+                                                   int64_t n,
+                                                   kernels::GpuPrecision p,
+                                                   uint32_t seed) {
   const std::vector<float> values = RandomValues(n, seed);
   const bool bf16 = p == kernels::GpuPrecision::kBf16;
   const int64_t bytes = n * (bf16 ? 2 : 4);
-  absl::StatusOr<cuda::DeviceBuffer> buffer =
-      cuda::DeviceBuffer::Allocate(bytes);
+  absl::StatusOr<device::DeviceMemory> buffer =
+      device::DeviceMemory::Allocate(rt->allocator(), bytes);
   if (!buffer.ok()) return buffer.status();
   absl::Status status;
   if (bf16) {
     const std::vector<uint16_t> half = ToBf16(values);
-    status = cuda::CopyToDevice(buffer->data(), half.data(), bytes, nullptr);
+    status = rt->CopyFromHost(buffer->data(), half.data(), bytes);
   } else {
-    status = cuda::CopyToDevice(buffer->data(), values.data(), bytes, nullptr);
+    status = rt->CopyFromHost(buffer->data(), values.data(), bytes);
   }
   if (!status.ok()) return status;
   return buffer;
 }
 
 // Best and median milliseconds of one call of `fn` (which enqueues on
-// `stream`) over `repeats` event-timed runs after 2 warm-ups; each run
-// enqueues --calls calls back to back between its events and counts the
-// elapsed time / calls: the throughput of back-to-back calls. Where
-// enqueuing a call takes longer than its GPU work (1024x1024, ~50 us) that
-// is the host's enqueue rate, which a step without CUDA graphs pays too;
-// the GPU-only time would need a CUDA graph of the calls.
+// `stream`, of `rt`'s device) over `repeats` event-timed runs after 2
+// warm-ups; each run enqueues --calls calls back to back between its
+// timing events and counts the elapsed time / calls: the throughput of
+// back-to-back calls. Where enqueuing a call takes longer than its GPU work
+// (1024x1024, ~50 us) that is the host's enqueue rate, which a step without
+// CUDA graphs pays too; the GPU-only time would need a CUDA graph of the
+// calls.
 template <typename Fn>
-absl::StatusOr<Timing> TimeDevice(void* stream, int repeats, Fn fn) {
+absl::StatusOr<Timing> TimeDevice(device::Runtime* rt, device::Stream* stream,
+                                  int repeats, Fn fn) {
   const int calls = absl::GetFlag(FLAGS_calls);
   for (int i = 0; i < 2; ++i) {
     absl::Status status = fn();
     if (!status.ok()) return status;
   }
-  absl::Status sync = cuda::SynchronizeStream(stream);
+  absl::Status sync = stream->Synchronize(kSyncTimeout);
   if (!sync.ok()) return sync;
+  absl::StatusOr<std::unique_ptr<device::Event>> start =
+      rt->CreateTimingEvent("start");
+  if (!start.ok()) return start.status();
+  absl::StatusOr<std::unique_ptr<device::Event>> stop =
+      rt->CreateTimingEvent("stop");
+  if (!stop.ok()) return stop.status();
   std::vector<double> ms;
   for (int r = 0; r < repeats; ++r) {
-    absl::StatusOr<double> t = cuda::TimeOnStream(stream, [&] {
-      for (int c = 0; c < calls; ++c) {
-        absl::Status status = fn();
-        if (!status.ok()) return status;
-      }
-      return absl::OkStatus();
-    });
-    if (!t.ok()) return t.status();
-    ms.push_back(*t / calls);
+    absl::Status status = (*start)->Record(stream);
+    for (int c = 0; c < calls && status.ok(); ++c) status = fn();
+    if (status.ok()) status = (*stop)->Record(stream);
+    if (status.ok()) status = (*stop)->Synchronize(kSyncTimeout);
+    if (!status.ok()) return status;
+    absl::StatusOr<double> seconds = (*stop)->SecondsSince(start->get());
+    if (!seconds.ok()) return seconds.status();
+    ms.push_back(*seconds * 1e3 / calls);
   }
   return Summarize(std::move(ms));
 }
 
-absl::StatusOr<Timing> TimeGemm(cuda::NsCudaContext* ctx,
+absl::StatusOr<Timing> TimeGemm(device::Runtime* rt, cuda::NsCudaContext* ctx,
                                 kernels::GpuPrecision p, int64_t m, int64_t n,
                                 int64_t k, int repeats) {
-  absl::StatusOr<cuda::DeviceBuffer> a = RandomOperand(m * k, p, 11);
+  absl::StatusOr<device::DeviceMemory> a = RandomOperand(rt, m * k, p, 11);
   if (!a.ok()) return a.status();
-  absl::StatusOr<cuda::DeviceBuffer> b = RandomOperand(k * n, p, 12);
+  absl::StatusOr<device::DeviceMemory> b = RandomOperand(rt, k * n, p, 12);
   if (!b.ok()) return b.status();
-  absl::StatusOr<cuda::DeviceBuffer> c = RandomOperand(m * n, p, 13);
+  absl::StatusOr<device::DeviceMemory> c = RandomOperand(rt, m * n, p, 13);
   if (!c.ok()) return c.status();
-  return TimeDevice(ctx->stream(), repeats, [&] {
+  return TimeDevice(rt, ctx->stream(), repeats, [&] {
     return cuda::DenseGemm(ctx, p, m, n, k, a->data(), b->data(), c->data());
   });
 }
@@ -237,15 +255,18 @@ int main(int argc, char** argv) {
       *kernels::ParseNewtonSchulzMethod(absl::GetFlag(FLAGS_method));
   options.gram_restart_every = absl::GetFlag(FLAGS_gram_restart_every);
 
-  absl::Status status = cuda::SetDevice(device);
-  if (!status.ok()) return Fail("cudaSetDevice", status);
-  absl::StatusOr<std::string> gpu = cuda::DeviceDescription(device);
+  absl::StatusOr<device::Runtime*> runtime = device::CudaRuntime(device);
+  if (!runtime.ok()) return Fail("CUDA runtime", runtime.status());
+  device::Runtime* rt = *runtime;
+  absl::StatusOr<std::string> gpu = device::CudaDeviceDescription(device);
   if (!gpu.ok()) return Fail("device properties", gpu.status());
-  absl::StatusOr<void*> stream = cuda::CreateStream();
+  absl::StatusOr<std::unique_ptr<device::Stream>> stream =
+      rt->CreateStream("ns_gpu_bench");
   if (!stream.ok()) return Fail("stream", stream.status());
   absl::StatusOr<std::unique_ptr<cuda::NsCudaContext>> ctx =
-      cuda::NsCudaContext::Create(device, *stream);
+      cuda::NsCudaContext::Create(rt, stream->get());
   if (!ctx.ok()) return Fail("context", ctx.status());
+  absl::Status status;
 
   std::printf("GPU %d of %d: %s\n", device, count, gpu->c_str());
   std::printf(
@@ -269,8 +290,8 @@ int main(int argc, char** argv) {
       sym_mode, sym.tiles, sym.tiles, static_cast<long long>(sym.min_edge),
       sym.gram_all ? "every m x m product" : "first square only",
       options.gram_restart_every);
-  absl::StatusOr<Timing> peak =
-      TimeGemm(ctx->get(), precision, gemm_size, gemm_size, gemm_size, repeats);
+  absl::StatusOr<Timing> peak = TimeGemm(rt, ctx->get(), precision, gemm_size,
+                                         gemm_size, gemm_size, repeats);
   if (!peak.ok()) return Fail("dense GEMM", peak.status());
   const double peak_tflops =
       2.0 * gemm_size * gemm_size * gemm_size / (peak->best * 1e-3) / 1e12;
@@ -295,26 +316,25 @@ int main(int argc, char** argv) {
     const int64_t cols = shape.cols;
     const int64_t m = std::min(rows, cols);
     const int64_t n = std::max(rows, cols);
-    const int64_t bytes = batch * rows * cols * int64_t{sizeof(float)};
-    const std::vector<float> u = RandomValues(batch * rows * cols, 1);
-    absl::StatusOr<cuda::DeviceBuffer> d_u =
-        cuda::DeviceBuffer::Allocate(bytes);
+    const int64_t elems = batch * rows * cols;
+    const std::vector<float> u = RandomValues(elems, 1);
+    absl::StatusOr<device::DeviceBuffer<float>> d_u =
+        device::DeviceBuffer<float>::Allocate(rt->allocator(), elems);
     if (!d_u.ok()) return Fail("allocate U", d_u.status());
-    absl::StatusOr<cuda::DeviceBuffer> d_out =
-        cuda::DeviceBuffer::Allocate(bytes);
+    absl::StatusOr<device::DeviceBuffer<float>> d_out =
+        device::DeviceBuffer<float>::Allocate(rt->allocator(), elems);
     if (!d_out.ok()) return Fail("allocate O", d_out.status());
-    status = cuda::CopyToDevice(d_u->data(), u.data(), bytes, nullptr);
+    status = rt->CopyFromHost(d_u->data(), u.data(), d_u->bytes());
     if (!status.ok()) return Fail("copy U", status);
     status = (*ctx)->Reserve(batch, rows, cols, precision, options);
     if (!status.ok()) return Fail("reserve", status);
-    absl::StatusOr<Timing> ns = TimeDevice((*ctx)->stream(), repeats, [&] {
-      return cuda::NewtonSchulzBatched(ctx->get(), d_u->as<float>(), batch,
-                                       rows, cols, options, precision,
-                                       d_out->as<float>());
+    absl::StatusOr<Timing> ns = TimeDevice(rt, (*ctx)->stream(), repeats, [&] {
+      return cuda::NewtonSchulzBatched(ctx->get(), d_u->data(), batch, rows,
+                                       cols, options, precision, d_out->data());
     });
     if (!ns.ok()) return Fail("NewtonSchulzBatched", ns.status());
     absl::StatusOr<Timing> gram =
-        TimeGemm(ctx->get(), precision, m, m, n, repeats);
+        TimeGemm(rt, ctx->get(), precision, m, m, n, repeats);
     if (!gram.ok()) return Fail("Gram GEMM", gram.status());
 
     double staged_ms = 0.0;
@@ -355,8 +375,8 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   }
   engine.reset();
-  ctx->reset();
-  status = cuda::DestroyStream(*stream);
-  if (!status.ok()) return Fail("destroy stream", status);
+  ctx->reset();  // Synchronises the stream.
+  status = (*stream)->Synchronize(kSyncTimeout);
+  if (!status.ok()) return Fail("stream", status);
   return 0;
 }

@@ -10,7 +10,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/muon_update_cuda.h"
 #include "kernels/cuda/newton_schulz_cuda.h"
 
@@ -35,9 +34,7 @@ NsCudaContext::NsCudaContext(std::unique_ptr<State> state)
 NsCudaContext::~NsCudaContext() = default;
 
 absl::StatusOr<std::unique_ptr<NsCudaContext>> NsCudaContext::Create(
-    int device, void* stream) {
-  (void)device;
-  (void)stream;
+    device::Runtime*, device::Stream*, device::Allocator*) {
   return NoCuda("NsCudaContext::Create");
 }
 
@@ -52,7 +49,7 @@ const SymmetricProducts& NsCudaContext::symmetric_products() const {
 }
 void NsCudaContext::set_symmetric_products(const SymmetricProducts&) {}
 int NsCudaContext::device() const { return -1; }
-void* NsCudaContext::stream() const { return nullptr; }
+device::Stream* NsCudaContext::stream() const { return nullptr; }
 
 absl::Status NewtonSchulzBatched(NsCudaContext*, const float*, int64_t, int64_t,
                                  int64_t, const NewtonSchulzOptions&,
@@ -106,37 +103,6 @@ absl::Status UnpackBf16(const uint16_t*, int64_t, int64_t, float*, int64_t,
                         void*) {
   return NoCuda("UnpackBf16");
 }
-
-DeviceBuffer::~DeviceBuffer() = default;
-DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)),
-      bytes_(std::exchange(other.bytes_, 0)) {}
-DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
-  data_ = std::exchange(other.data_, nullptr);
-  bytes_ = std::exchange(other.bytes_, 0);
-  return *this;
-}
-absl::StatusOr<DeviceBuffer> DeviceBuffer::Allocate(int64_t) {
-  return NoCuda("DeviceBuffer::Allocate");
-}
-
-absl::Status CopyToDevice(void*, const void*, int64_t, void*) {
-  return NoCuda("CopyToDevice");
-}
-absl::Status CopyToHost(void*, const void*, int64_t, void*) {
-  return NoCuda("CopyToHost");
-}
-absl::Status SynchronizeStream(void*) { return NoCuda("SynchronizeStream"); }
-absl::StatusOr<void*> CreateStream() { return NoCuda("CreateStream"); }
-absl::Status DestroyStream(void*) { return NoCuda("DestroyStream"); }
-absl::Status SetDevice(int) { return NoCuda("SetDevice"); }
-absl::StatusOr<std::string> DeviceDescription(int) {
-  return NoCuda("DeviceDescription");
-}
-
-EventTimer::~EventTimer() = default;
-absl::Status EventTimer::Start(void*) { return NoCuda("EventTimer::Start"); }
-absl::StatusOr<double> EventTimer::Stop() { return NoCuda("EventTimer::Stop"); }
 
 absl::Status CublasStatusToStatus(int cublas_status, const char* expr) {
   if (cublas_status == 0) return absl::OkStatus();

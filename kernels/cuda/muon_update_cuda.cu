@@ -12,7 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "kernels/cuda/cuda_check.cuh"
+#include "device/cuda_check.cuh"
 #include "kernels/cuda/muon_update_cuda.h"
 
 namespace muon {

@@ -18,8 +18,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "device/cuda_runtime.h"
-#include "kernels/cuda/cuda_check.cuh"
-#include "kernels/cuda/device_memory.h"
+#include "device/memory.h"
+#include "device/runtime.h"
+#include "device/stream.h"
+#include "kernels/cuda/cublas_check.cuh"
 #include "kernels/cuda/newton_schulz_cuda.h"
 #include "kernels/cuda/ns_gemm_plan.h"
 #include "kernels/newton_schulz.h"
@@ -31,11 +33,14 @@ namespace cuda {
 
 struct NsCudaContext::State {
   int device = 0;
-  cudaStream_t stream = nullptr;    // Not owned.
-  cublasHandle_t handle = nullptr;  // Owned.
-  DeviceBuffer cublas_workspace;    // Given to cuBLAS (cublasSetWorkspace).
-  DeviceBuffer scratch;             // Our iteration buffers (see Layout).
-  SymmetricProducts symmetric;      // How symmetric products run.
+  device::Stream* stream_wrapper = nullptr;  // Not owned.
+  cudaStream_t stream = nullptr;             // stream_wrapper's handle.
+  device::Allocator* allocator = nullptr;    // Not owned.
+  cublasHandle_t handle = nullptr;           // Owned.
+  // Given to cuBLAS (cublasSetWorkspace).
+  device::DeviceMemory cublas_workspace;
+  device::DeviceMemory scratch;  // Our iteration buffers (see Layout).
+  SymmetricProducts symmetric;   // How symmetric products run.
   // MUON_NS_GRAM_RESTART_EVERY (0: the options' gram_restart_every).
   int gram_restart_every = 0;
   // The tile GEMMs of the symmetric product being enqueued (reused, so
@@ -363,7 +368,7 @@ template <typename T>
 absl::Status Normalize(NsCudaContext::State* s, const Layout& l, const float* u,
                        int64_t batch, int64_t size,
                        const NewtonSchulzOptions& options, T* x) {
-  char* base = s->scratch.as<char>();
+  char* base = static_cast<char*>(s->scratch.data());
   double* partial = reinterpret_cast<double*>(base + l.partial);
   float* denom = reinterpret_cast<float*>(base + l.denom);
   const int blocks = NormBlocks(size);
@@ -387,8 +392,9 @@ absl::Status ReserveState(NsCudaContext::State* s, const Layout& l) {
   if (!device_guard.status().ok()) return device_guard.status();
   // Work already enqueued may still use the old buffer.
   MUON_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s->stream));
-  s->scratch = DeviceBuffer();
-  absl::StatusOr<DeviceBuffer> buffer = DeviceBuffer::Allocate(l.total);
+  s->scratch = device::DeviceMemory();
+  absl::StatusOr<device::DeviceMemory> buffer =
+      device::DeviceMemory::Allocate(s->allocator, l.total);
   if (!buffer.ok()) return buffer.status();
   s->scratch = std::move(*buffer);
   return absl::OkStatus();
@@ -670,6 +676,27 @@ absl::Status GramIterations(NsCudaContext::State* s,
 
 }  // namespace
 
+absl::Status CublasStatusToStatus(int cublas_status, const char* expr) {
+  const cublasStatus_t st = static_cast<cublasStatus_t>(cublas_status);
+  if (st == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  const std::string message =
+      absl::StrCat(expr, ": ", cublasGetStatusName(st), " (", cublas_status,
+                   "): ", cublasGetStatusString(st));
+  switch (st) {
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return absl::ResourceExhaustedError(message);
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+    case CUBLAS_STATUS_LICENSE_ERROR:
+      return absl::FailedPreconditionError(message);
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return absl::InvalidArgumentError(message);
+    default:
+      return absl::InternalError(message);
+  }
+}
+
 bool BuiltWithCuda() { return true; }
 
 NsCudaContext::NsCudaContext(std::unique_ptr<State> state)
@@ -683,24 +710,21 @@ NsCudaContext::~NsCudaContext() {
 }
 
 absl::StatusOr<std::unique_ptr<NsCudaContext>> NsCudaContext::Create(
-    int device, void* stream) {
-  int count = 0;
-  const cudaError_t count_err = cudaGetDeviceCount(&count);
-  if (count_err != cudaSuccess) {
-    (void)cudaGetLastError();
-    return absl::FailedPreconditionError(absl::StrCat(
-        "NsCudaContext::Create: no usable GPU: cudaGetDeviceCount: ",
-        cudaGetErrorName(count_err), ": ", cudaGetErrorString(count_err)));
-  }
-  if (count == 0) {
-    return absl::FailedPreconditionError(
-        "NsCudaContext::Create: no usable GPU: cudaGetDeviceCount reports 0 "
-        "devices");
-  }
-  if (device < 0 || device >= count) {
+    device::Runtime* runtime, device::Stream* stream,
+    device::Allocator* allocator) {
+  if (runtime == nullptr || stream == nullptr) {
     return absl::InvalidArgumentError(
-        absl::StrCat("NsCudaContext::Create: device must be in [0, ", count,
-                     "), got ", device));
+        "NsCudaContext::Create: runtime and stream must be non-null");
+  }
+  const device::Device where = runtime->device();
+  if (allocator == nullptr) allocator = runtime->allocator();
+  if (!where.is_cuda() || stream->device() != where ||
+      allocator->device() != where) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "NsCudaContext::Create: the runtime (", where.ToString(),
+        "), stream \"", stream->name(), "\" (", stream->device().ToString(),
+        ") and allocator (", allocator->device().ToString(),
+        ") must be of one CUDA device"));
   }
   auto state = std::make_unique<State>();
   const std::string symmetric_error = ParseSymmetricProducts(
@@ -717,9 +741,11 @@ absl::StatusOr<std::unique_ptr<NsCudaContext>> NsCudaContext::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("NsCudaContext::Create: ", restart_error));
   }
-  state->device = device;
-  state->stream = static_cast<cudaStream_t>(stream);
-  device::CudaDeviceGuard device_guard(device);
+  state->device = where.ordinal;
+  state->stream_wrapper = stream;
+  state->stream = static_cast<cudaStream_t>(stream->native_handle());
+  state->allocator = allocator;
+  device::CudaDeviceGuard device_guard(where.ordinal);
   if (!device_guard.status().ok()) return device_guard.status();
   // From here on the context owns what it creates (the destructor frees).
   auto ctx =
@@ -727,8 +753,8 @@ absl::StatusOr<std::unique_ptr<NsCudaContext>> NsCudaContext::Create(
   State* s = ctx->state_.get();
   MUON_CUBLAS_RETURN_IF_ERROR(cublasCreate(&s->handle));
   MUON_CUBLAS_RETURN_IF_ERROR(cublasSetStream(s->handle, s->stream));
-  absl::StatusOr<DeviceBuffer> workspace =
-      DeviceBuffer::Allocate(kCublasWorkspaceBytes);
+  absl::StatusOr<device::DeviceMemory> workspace =
+      device::DeviceMemory::Allocate(allocator, kCublasWorkspaceBytes);
   if (!workspace.ok()) return workspace.status();
   s->cublas_workspace = std::move(*workspace);
   // After cublasSetStream, which resets the workspace to cuBLAS's default.
@@ -774,7 +800,7 @@ void NsCudaContext::set_symmetric_products(const SymmetricProducts& symmetric) {
   state_->symmetric = symmetric;
 }
 int NsCudaContext::device() const { return state_->device; }
-void* NsCudaContext::stream() const { return state_->stream; }
+device::Stream* NsCudaContext::stream() const { return state_->stream_wrapper; }
 
 absl::Status NewtonSchulzBatched(NsCudaContext* ctx, const float* u,
                                  int64_t batch, int64_t rows, int64_t cols,
@@ -812,7 +838,7 @@ absl::Status NewtonSchulzBatched(NsCudaContext* ctx, const float* u,
   MUON_CU_RETURN_IF_ERROR(ReserveState(s, l));
 
   const GemmTypes t = TypesFor(precision);
-  char* base = s->scratch.as<char>();
+  char* base = static_cast<char*>(s->scratch.data());
   const bool bf16 = precision == GpuPrecision::kBf16;
   const int every = std::max(options.gram_restart_every, 1);
   // X updates: one per iteration, or one per Gram restart block.

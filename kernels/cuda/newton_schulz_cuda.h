@@ -45,8 +45,8 @@
 // destroy. Thread-compatible: one thread uses a context at a time. All work
 // is enqueued on the context's stream and is asynchronous to the host;
 // launch errors are reported by the call, errors of the asynchronous
-// execution by a later synchronising call (SynchronizeStream,
-// kernels/cuda/device_memory.h).
+// execution by a later synchronising call (the stream's Synchronize,
+// device/stream.h).
 #ifndef MUON_KERNELS_CUDA_NEWTON_SCHULZ_CUDA_H_
 #define MUON_KERNELS_CUDA_NEWTON_SCHULZ_CUDA_H_
 
@@ -55,6 +55,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "device/memory.h"
+#include "device/runtime.h"
+#include "device/stream.h"
 #include "kernels/cuda/ns_gemm_plan.h"
 #include "kernels/newton_schulz.h"
 #include "kernels/ns_engine.h"
@@ -70,22 +73,27 @@ bool BuiltWithCuda();
 // of the iteration. Owns the handle and the scratch; the stream is not owned.
 class NsCudaContext {
  public:
-  // Makes `device` current (cudaSetDevice), creates a cuBLAS handle on
-  // `stream` (a cudaStream_t, not owned; nullptr = legacy default stream)
-  // with a 32 MiB cuBLAS workspace of its own.
-  // Errors:
-  //   Unimplemented: built without CUDA.
-  //   InvalidArgument: device < 0 or >= the device count (names both); a
-  //     MUON_NS_SYMMETRIC* or MUON_NS_GRAM_RESTART_EVERY environment
-  //     variable out of range (names it and its value).
+  // Creates a cuBLAS handle that enqueues on `stream` (a CUDA stream of
+  // `runtime`'s device; not owned, outlives the context), with a 32 MiB
+  // cuBLAS workspace of its own. The workspace and the iteration's scratch
+  // come from `allocator` (not owned, outlives the context; null: the
+  // runtime's allocator), e.g. a device::CountingAllocator that counts a
+  // step's transient bytes. No call changes the caller's current device
+  // (device::CudaDeviceGuard).
   // MUON_NS_GRAM_RESTART_EVERY (1-64), when set, replaces every call's
   // NewtonSchulzOptions::gram_restart_every on this context (for measuring
   // restart schedules; ParseGramRestartEvery).
-  //   FailedPrecondition: no usable GPU (CUDA's message).
+  // Errors:
+  //   Unimplemented: built without CUDA.
+  //   InvalidArgument: null runtime or stream; a runtime, stream or
+  //     allocator not of one CUDA device (names each device); a
+  //     MUON_NS_SYMMETRIC* or MUON_NS_GRAM_RESTART_EVERY environment
+  //     variable out of range (names it and its value).
   //   ResourceExhausted / Internal: CUDA or cuBLAS failures (names the call
   //     and the library's message).
-  static absl::StatusOr<std::unique_ptr<NsCudaContext>> Create(int device,
-                                                               void* stream);
+  static absl::StatusOr<std::unique_ptr<NsCudaContext>> Create(
+      device::Runtime* runtime, device::Stream* stream,
+      device::Allocator* allocator = nullptr);
   ~NsCudaContext();
   NsCudaContext(const NsCudaContext&) = delete;
   NsCudaContext& operator=(const NsCudaContext&) = delete;
@@ -97,7 +105,7 @@ class NsCudaContext {
   // buffers when `options` runs the Gram iteration on this shape
   // (GpuRunsGram), plus the norm partials. Never shrinks.
   // Errors: InvalidArgument (non-positive sizes); ResourceExhausted
-  // (cudaMalloc); Internal.
+  // (the allocator's); Internal.
   absl::Status Reserve(
       int64_t batch, int64_t rows, int64_t cols, GpuPrecision precision,
       const NewtonSchulzOptions& options = NewtonSchulzOptions());
@@ -115,9 +123,10 @@ class NsCudaContext {
   // live in the scratch.
   const SymmetricProducts& symmetric_products() const;
   void set_symmetric_products(const SymmetricProducts& symmetric);
+  // The CUDA device's ordinal.
   int device() const;
-  // The cudaStream_t the context enqueues on.
-  void* stream() const;
+  // The stream the context enqueues on (Create's).
+  device::Stream* stream() const;
 
   // Defined by the implementation (holds CUDA and cuBLAS types).
   struct State;
@@ -128,6 +137,15 @@ class NsCudaContext {
  private:
   std::unique_ptr<State> state_;
 };
+
+// A cuBLAS status (cublasStatus_t as int) as a Status, mapped as the device
+// layer maps CUDA's (device::CudaErrorToStatus): OK for success; else
+// ResourceExhausted (allocation failed), FailedPrecondition (not
+// initialized, architecture mismatch, not supported), InvalidArgument
+// (invalid value), Internal otherwise, with the message
+// "<expr>: <name> (<code>): <cuBLAS's description>". Without CUDA: OK for
+// 0, else Unimplemented.
+absl::Status CublasStatusToStatus(int cublas_status, const char* expr);
 
 // O = NS_k(U) for `batch` matrices on the device, enqueued on ctx's stream.
 //   u:   device float32 [batch, rows, cols], row-major, contiguous

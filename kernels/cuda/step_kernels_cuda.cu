@@ -6,9 +6,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "device/cuda_check.cuh"
 #include "device/cuda_runtime.h"
 #include "device/runtime.h"
-#include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/muon_update_cuda.h"
 #include "kernels/cuda/newton_schulz_cuda.h"
 #include "kernels/step_kernels.h"
@@ -99,7 +99,7 @@ class CudaStepKernels final : public StepKernels {
                              const NewtonSchulzOptions& options,
                              float* out) override {
     if (ns_ == nullptr) return NoNewtonSchulz();
-    if (stream->native_handle() != ns_->stream()) {
+    if (stream->native_handle() != ns_->stream()->native_handle()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "CUDA Newton-Schulz on cuda:", ordinal_, " is bound to its compute ",
           "stream, not stream \"", stream->name(), "\""));
@@ -204,8 +204,10 @@ absl::StatusOr<std::unique_ptr<StepKernels>> MakeCudaStepKernels(
                      ": the compute stream \"", compute_stream->name(),
                      "\" is on ", compute_stream->device().ToString()));
   }
+  absl::StatusOr<device::Runtime*> runtime = device::CudaRuntime(ordinal);
+  if (!runtime.ok()) return runtime.status();
   absl::StatusOr<std::unique_ptr<cuda::NsCudaContext>> ns =
-      cuda::NsCudaContext::Create(ordinal, compute_stream->native_handle());
+      cuda::NsCudaContext::Create(*runtime, compute_stream);
   if (!ns.ok()) return ns.status();
   return std::unique_ptr<StepKernels>(
       new CudaStepKernels(ordinal, precision, *std::move(ns)));

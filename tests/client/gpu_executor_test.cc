@@ -18,7 +18,6 @@
 #include "device/memory.h"
 #include "device/runtime.h"
 #include "gtest/gtest.h"
-#include "kernels/cuda/device_memory.h"
 #include "kernels/ns_engine.h"
 #include "plan/manifest_validation.h"
 #include "plan/planner.h"
@@ -122,7 +121,6 @@ std::vector<std::vector<float>> CudaStep(
   absl::StatusOr<std::unique_ptr<device::Stream>> caller =
       (*rt)->CreateStream("caller");
   EXPECT_TRUE(caller.ok()) << caller.status();
-  void* cs = (*caller)->native_handle();
   ExecutorOptions options;
   options.device = device::Device::Cuda(0);
   options.precision = precision;
@@ -142,12 +140,10 @@ std::vector<std::vector<float>> CudaStep(
         *device::DeviceBuffer<float>::Allocate((*rt)->allocator(), n));
     d_params.push_back(
         *device::DeviceBuffer<float>::Allocate((*rt)->allocator(), n));
-    EXPECT_TRUE(kernels::cuda::CopyToDevice(d_updates.back().data(), u.data(),
-                                            n * 4, cs)
-                    .ok());
     EXPECT_TRUE(
-        kernels::cuda::CopyToDevice(d_params.back().data(), w.data(), n * 4, cs)
-            .ok());
+        (*rt)->CopyFromHost(d_updates.back().data(), u.data(), n * 4).ok());
+    EXPECT_TRUE(
+        (*rt)->CopyFromHost(d_params.back().data(), w.data(), n * 4).ok());
   }
   for (size_t i = 0; i < shapes.size(); ++i) {
     u_ptrs.push_back(d_updates[i].data());
@@ -163,10 +159,12 @@ std::vector<std::vector<float>> CudaStep(
     const int64_t n = shapes[i].rows * shapes[i].cols;
     out.emplace_back(n);
     // On the caller's stream: ordered after the step by its events.
-    EXPECT_TRUE(kernels::cuda::CopyToHost(out.back().data(), d_params[i].data(),
-                                          n * 4, cs)
+    EXPECT_TRUE((*rt)
+                    ->CopyToHostOnStream(caller->get(), out.back().data(),
+                                         d_params[i].data(), n * 4)
                     .ok());
   }
+  EXPECT_TRUE((*caller)->Synchronize(absl::Minutes(5)).ok());
   StepStats stats;
   EXPECT_TRUE((*ex)->Finish(&stats).ok());
   EXPECT_EQ(stats.matrices_orthogonalized, static_cast<int>(shapes.size()));

@@ -64,6 +64,14 @@ class FakeDeviceRuntime final : public device::Runtime {
     if (bytes > 0) std::memcpy(dst, host_src, bytes);
     return absl::OkStatus();
   }
+  absl::Status CopyToHostOnStream(device::Stream*, void*, const void*,
+                                  int64_t) override {
+    return absl::UnimplementedError("fake runtime");
+  }
+  absl::Status CopyFromHostOnStream(device::Stream*, void*, const void*,
+                                    int64_t) override {
+    return absl::UnimplementedError("fake runtime");
+  }
   absl::Status Zero(void* dst, int64_t bytes) override {
     if (bytes > 0) std::memset(dst, 0, bytes);
     return absl::OkStatus();

@@ -17,7 +17,6 @@
 #include "device/stream.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kernels/cuda/device_memory.h"
 #include "tests/gpu_test_util.h"
 #include "tests/status_matchers.h"
 
@@ -48,17 +47,11 @@ TEST(CudaStreamTest, CopyRecordWaitCopy_RoundTripsThroughDeviceBuffer) {
   for (int64_t i = 0; i < n; ++i) in[i] = 0.25f * static_cast<float>(i);
   Stream* sa = a->get();
   Stream* sb = b->get();
-  ASSERT_THAT(sa->Launch([&] {
-    return kernels::cuda::CopyToDevice(buf->data(), in.data(), n * 4,
-                                       sa->native_handle());
-  }),
+  ASSERT_THAT((*rt)->CopyFromHostOnStream(sa, buf->data(), in.data(), n * 4),
               IsOk());
   ASSERT_THAT((*ready)->Record(sa), IsOk());
   ASSERT_THAT(sb->WaitFor(ready->get()), IsOk());
-  ASSERT_THAT(sb->Launch([&] {
-    return kernels::cuda::CopyToHost(out.data(), buf->data(), n * 4,
-                                     sb->native_handle());
-  }),
+  ASSERT_THAT((*rt)->CopyToHostOnStream(sb, out.data(), buf->data(), n * 4),
               IsOk());
   EXPECT_THAT(sb->Synchronize(absl::Seconds(30)), IsOk());
   EXPECT_THAT((*ready)->Synchronize(absl::Seconds(30)), IsOk());
@@ -133,13 +126,9 @@ TEST(CudaStreamTest, TimingEvents_SecondsSinceBracketsTheWork) {
                        ::testing::HasSubstr("not both recorded")));
   const absl::Time t0 = absl::Now();
   ASSERT_THAT((*start)->Record(st), IsOk());
-  ASSERT_THAT(st->Launch([&] {
-    absl::Status in = kernels::cuda::CopyToDevice(buf->data(), host.data(),
-                                                  n * 4, st->native_handle());
-    if (!in.ok()) return in;
-    return kernels::cuda::CopyToHost(host.data(), buf->data(), n * 4,
-                                     st->native_handle());
-  }),
+  ASSERT_THAT((*rt)->CopyFromHostOnStream(st, buf->data(), host.data(), n * 4),
+              IsOk());
+  ASSERT_THAT((*rt)->CopyToHostOnStream(st, host.data(), buf->data(), n * 4),
               IsOk());
   ASSERT_THAT((*end)->Record(st), IsOk());
   ASSERT_THAT(st->Synchronize(absl::Seconds(30)), IsOk());

@@ -439,6 +439,56 @@ TEST(RuntimeTest, HostRuntime_CopiesBothWays_BadArgumentsRefused) {
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("CopyFromHost")));
 }
 
+// The stream-ordered copies run as the stream's work, after what was
+// enqueued before them: a copy out enqueued behind a slow writer reads
+// what the writer wrote. A null stream, one of another device and bad
+// sizes are refused before anything is enqueued.
+TEST(RuntimeTest, HostRuntime_CopiesOnStream_OrderedAfterEarlierWork) {
+  Runtime* rt = HostRuntime();
+  HostStream stream("copies");
+  std::vector<float> device_side(3, 0.0f), back(3, -1.0f);
+  const std::vector<float> src = {1.5f, -2.0f, 3.25f};
+  ASSERT_THAT(stream.Launch([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    device_side[0] = 7.0f;
+    return absl::OkStatus();
+  }),
+              IsOk());
+  ASSERT_THAT(
+      rt->CopyToHostOnStream(&stream, back.data(), device_side.data(), 12),
+      IsOk());
+  ASSERT_THAT(
+      rt->CopyFromHostOnStream(&stream, device_side.data(), src.data(), 12),
+      IsOk());
+  ASSERT_THAT(stream.Synchronize(absl::Seconds(30)), IsOk());
+  EXPECT_EQ(back, (std::vector<float>{7.0f, 0.0f, 0.0f}));
+  EXPECT_EQ(device_side, src);
+
+  EXPECT_THAT(rt->CopyToHostOnStream(nullptr, back.data(), src.data(), 4),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("the stream is null")));
+  class CudaNamedStream final : public Stream {
+   public:
+    Device device() const override { return Device::Cuda(0); }
+    const std::string& name() const override { return name_; }
+    absl::Status Launch(StreamFn) override { return absl::OkStatus(); }
+    absl::Status WaitFor(Event*) override { return absl::OkStatus(); }
+    absl::Status Synchronize(absl::Duration) override {
+      return absl::OkStatus();
+    }
+    void* native_handle() const override { return nullptr; }
+
+   private:
+    std::string name_ = "gpu";
+  } foreign;
+  EXPECT_THAT(rt->CopyFromHostOnStream(&foreign, back.data(), src.data(), 4),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("stream \"gpu\" is on cuda:0, not on cpu")));
+  EXPECT_THAT(rt->CopyToHostOnStream(&stream, back.data(), src.data(), -4),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("CopyToHostOnStream: -4 bytes")));
+}
+
 TEST(RuntimeTest, WaitFor_ForeignEvent_InvalidArgument) {
   HostStream stream("s");
   class OtherEvent final : public Event {

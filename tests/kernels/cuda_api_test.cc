@@ -2,12 +2,15 @@
 // builds: argument checks that precede any CUDA call, and the conversion of
 // CUDA / cuBLAS result codes to absl::Status. In default builds (stubs)
 // each test skips with "built without CUDA".
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
+#include "device/cuda_runtime.h"
+#include "device/runtime.h"
+#include "device/stream.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/muon_update_cuda.h"
 #include "kernels/cuda/newton_schulz_cuda.h"
 #include "kernels/ns_engine.h"
@@ -37,22 +40,22 @@ constexpr int kCublasStatusExecutionFailed = 13;
 
 TEST(CudaStatusTest, CudaErrorToStatus_KeepsExpressionNameAndMessage) {
   MUON_SKIP_WITHOUT_CUDA_BUILD();
-  EXPECT_TRUE(cuda::CudaErrorToStatus(0, "cudaFree(p)").ok());
-  const absl::Status oom =
-      cuda::CudaErrorToStatus(kCudaErrorMemoryAllocation, "cudaMalloc(&p, n)");
+  EXPECT_TRUE(device::CudaErrorToStatus(0, "cudaFree(p)").ok());
+  const absl::Status oom = device::CudaErrorToStatus(kCudaErrorMemoryAllocation,
+                                                     "cudaMalloc(&p, n)");
   EXPECT_EQ(oom.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(oom.message()), HasSubstr("cudaMalloc(&p, n)"));
   EXPECT_THAT(std::string(oom.message()),
               HasSubstr("cudaErrorMemoryAllocation (2)"));
   EXPECT_THAT(std::string(oom.message()), HasSubstr("out of memory"));
-  EXPECT_EQ(cuda::CudaErrorToStatus(kCudaErrorNoDevice, "x").code(),
+  EXPECT_EQ(device::CudaErrorToStatus(kCudaErrorNoDevice, "x").code(),
             absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(cuda::CudaErrorToStatus(kCudaErrorInsufficientDriver, "x").code(),
+  EXPECT_EQ(device::CudaErrorToStatus(kCudaErrorInsufficientDriver, "x").code(),
             absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(cuda::CudaErrorToStatus(kCudaErrorInvalidValue, "x").code(),
+  EXPECT_EQ(device::CudaErrorToStatus(kCudaErrorInvalidValue, "x").code(),
             absl::StatusCode::kInvalidArgument);
   const absl::Status launch =
-      cuda::CudaErrorToStatus(kCudaErrorLaunchFailure, "k<<<...>>>");
+      device::CudaErrorToStatus(kCudaErrorLaunchFailure, "k<<<...>>>");
   EXPECT_EQ(launch.code(), absl::StatusCode::kInternal);
   EXPECT_THAT(std::string(launch.message()),
               HasSubstr("cudaErrorLaunchFailure"));
@@ -117,14 +120,34 @@ TEST(CudaApiTest, FusedKernels_BadArguments_ReturnInvalidArgument) {
                   .ok());
 }
 
+// The Newton-Schulz context takes a CUDA runtime and a stream of that
+// device: null ones, or the host's, are refused by name before any CUDA
+// call (so this runs without a GPU in --config=cuda builds).
+TEST(CudaApiTest, NsCudaContextCreate_NullOrHostRuntime_InvalidArgument) {
+  MUON_SKIP_WITHOUT_CUDA_BUILD();
+  EXPECT_EQ(cuda::NsCudaContext::Create(nullptr, nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  device::Runtime* host = device::HostRuntime();
+  absl::StatusOr<std::unique_ptr<device::Stream>> stream =
+      host->CreateStream("host");
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  const absl::Status status =
+      cuda::NsCudaContext::Create(host, stream->get()).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("cpu"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("\"host\""));
+}
+
 // In default builds every entry point is a stub naming the fix.
 TEST(CudaApiTest, Stubs_WithoutCuda_ReturnUnimplemented) {
   if (cuda::BuiltWithCuda()) GTEST_SKIP() << "built with CUDA";
-  const absl::Status status = cuda::NsCudaContext::Create(0, nullptr).status();
+  const absl::Status status =
+      cuda::NsCudaContext::Create(nullptr, nullptr).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(std::string(status.message()),
               HasSubstr("build with --config=cuda"));
-  EXPECT_EQ(cuda::DeviceBuffer::Allocate(16).status().code(),
+  // Device memory comes from the device layer, which has no CUDA runtime.
+  EXPECT_EQ(device::CudaRuntime(0).status().code(),
             absl::StatusCode::kUnimplemented);
   EXPECT_EQ(cuda::DecayAndApply(nullptr, nullptr, 0, 0, 0, 0,
                                 cuda::FmaMode::kFused, nullptr)

@@ -20,7 +20,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "gtest/gtest.h"
-#include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/muon_update_cuda.h"
 #include "kernels/muon_update.h"
 #include "kernels/ns_engine.h"
@@ -52,25 +51,24 @@ std::vector<float> Values(int64_t n, uint32_t seed) {
   return v;
 }
 
-// Runs fn(device pointers...) on copies of the host arrays and copies all
-// back.
+// Copies host arrays to cuda:0 and back (blocking copies, ordered after
+// the legacy default stream the kernels here run on).
 struct Device {
-  std::vector<cuda::DeviceBuffer> buffers;
+  device::Runtime* runtime = ::muon::testing::CudaTestRuntime();
+  std::vector<device::DeviceBuffer<float>> buffers;
   float* Upload(const std::vector<float>& host) {
-    absl::StatusOr<cuda::DeviceBuffer> b =
-        cuda::DeviceBuffer::Allocate(host.size() * sizeof(float));
+    if (runtime == nullptr) return nullptr;
+    absl::StatusOr<device::DeviceBuffer<float>> b =
+        ::muon::testing::CopyToNewDeviceBuffer(runtime, host);
     EXPECT_TRUE(b.ok()) << b.status();
-    EXPECT_TRUE(cuda::CopyToDevice(b->data(), host.data(),
-                                   host.size() * sizeof(float), nullptr)
-                    .ok());
+    if (!b.ok()) return nullptr;
     buffers.push_back(std::move(*b));
-    return buffers.back().as<float>();
+    return buffers.back().data();
   }
   std::vector<float> Download(const float* d, size_t n) {
-    std::vector<float> host(n);
-    EXPECT_TRUE(
-        cuda::CopyToHost(host.data(), d, n * sizeof(float), nullptr).ok());
-    return host;
+    if (runtime == nullptr) return std::vector<float>(n);
+    return ::muon::testing::CopyToHostVector(runtime, d,
+                                             static_cast<int64_t>(n));
   }
 };
 

@@ -20,12 +20,16 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "device/memory.h"
+#include "device/runtime.h"
+#include "device/stream.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/newton_schulz_cuda.h"
 #include "kernels/newton_schulz.h"
 #include "kernels/ns_engine.h"
+#include "kernels/staged_ns_engine.h"
 #include "tests/gpu_test_util.h"
 #include "tests/kernels/ns_test_util.h"
 
@@ -68,6 +72,32 @@ std::vector<float> RunEngine(NsEngine* engine, const std::vector<float>& u,
       engine->Orthogonalize(u.data(), rows, cols, options, out.data());
   EXPECT_TRUE(status.ok()) << status;
   return out;
+}
+
+// A Newton-Schulz context on cuda:0 with the stream it enqueues on.
+// `stream` is declared first so that it outlives the context.
+struct CudaNs {
+  device::Runtime* runtime = nullptr;
+  std::unique_ptr<device::Stream> stream;
+  std::unique_ptr<cuda::NsCudaContext> ctx;
+  // Waits for the stream's work; its errors fail the calling test.
+  absl::Status Sync() { return stream->Synchronize(absl::Minutes(5)); }
+};
+
+absl::StatusOr<CudaNs> MakeCudaNs() {
+  CudaNs ns;
+  absl::StatusOr<device::Runtime*> runtime = device::CudaRuntime(0);
+  if (!runtime.ok()) return runtime.status();
+  ns.runtime = *runtime;
+  absl::StatusOr<std::unique_ptr<device::Stream>> stream =
+      ns.runtime->CreateStream("gpu_newton_schulz_test");
+  if (!stream.ok()) return stream.status();
+  ns.stream = *std::move(stream);
+  absl::StatusOr<std::unique_ptr<cuda::NsCudaContext>> ctx =
+      cuda::NsCudaContext::Create(ns.runtime, ns.stream.get());
+  if (!ctx.ok()) return ctx.status();
+  ns.ctx = *std::move(ctx);
+  return ns;
 }
 
 void ExpectWithinBound(const char* what, GpuPrecision precision, int64_t rows,
@@ -240,29 +270,30 @@ std::vector<std::vector<float>> RunWithSymmetric(
     const cuda::SymmetricProducts& symmetric, GpuPrecision precision,
     const std::vector<float>& u, int64_t batch, int64_t rows, int64_t cols,
     const NewtonSchulzOptions& options) {
-  absl::StatusOr<std::unique_ptr<cuda::NsCudaContext>> ctx =
-      cuda::NsCudaContext::Create(0, nullptr);
-  EXPECT_TRUE(ctx.ok()) << ctx.status();
-  if (!ctx.ok()) return {};
-  (*ctx)->set_symmetric_products(symmetric);
+  absl::StatusOr<CudaNs> ns = MakeCudaNs();
+  EXPECT_TRUE(ns.ok()) << ns.status();
+  if (!ns.ok()) return {};
+  ns->ctx->set_symmetric_products(symmetric);
   const int64_t size = rows * cols;
   std::vector<float> in(batch * size);
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t i = 0; i < size; ++i) in[b * size + i] = u[i] * (b + 1);
   }
-  const int64_t bytes = batch * size * int64_t{sizeof(float)};
-  absl::StatusOr<cuda::DeviceBuffer> d_in = cuda::DeviceBuffer::Allocate(bytes);
-  absl::StatusOr<cuda::DeviceBuffer> d_out =
-      cuda::DeviceBuffer::Allocate(bytes);
+  absl::StatusOr<device::DeviceBuffer<float>> d_in =
+      ::muon::testing::CopyToNewDeviceBuffer(ns->runtime, in);
+  absl::StatusOr<device::DeviceBuffer<float>> d_out =
+      device::DeviceBuffer<float>::Allocate(ns->runtime->allocator(),
+                                            batch * size);
   EXPECT_TRUE(d_in.ok() && d_out.ok());
   if (!d_in.ok() || !d_out.ok()) return {};
-  std::vector<float> all(batch * size, NAN);
-  EXPECT_TRUE(cuda::CopyToDevice(d_in->data(), in.data(), bytes, nullptr).ok());
   const absl::Status status =
-      cuda::NewtonSchulzBatched(ctx->get(), d_in->as<float>(), batch, rows,
-                                cols, options, precision, d_out->as<float>());
+      cuda::NewtonSchulzBatched(ns->ctx.get(), d_in->data(), batch, rows, cols,
+                                options, precision, d_out->data());
   EXPECT_TRUE(status.ok()) << status;
-  EXPECT_TRUE(cuda::CopyToHost(all.data(), d_out->data(), bytes, nullptr).ok());
+  const absl::Status synced = ns->Sync();
+  EXPECT_TRUE(synced.ok()) << synced;
+  const std::vector<float> all = ::muon::testing::CopyToHostVector(
+      ns->runtime, d_out->data(), batch * size);
   std::vector<std::vector<float>> outs;
   for (int64_t b = 0; b < batch; ++b) {
     outs.emplace_back(all.begin() + b * size, all.begin() + (b + 1) * size);
@@ -404,29 +435,30 @@ TEST(GpuNewtonSchulzTest, Engine_NameAndErrors) {
 // does not grow it, so a step allocates nothing.
 TEST(GpuNewtonSchulzTest, ReserveWithGramOptions_GramCallDoesNotGrowScratch) {
   MUON_SKIP_WITHOUT_GPU();
-  absl::StatusOr<std::unique_ptr<cuda::NsCudaContext>> ctx =
-      cuda::NsCudaContext::Create(0, nullptr);
-  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  absl::StatusOr<CudaNs> ns = MakeCudaNs();
+  ASSERT_TRUE(ns.ok()) << ns.status();
+  cuda::NsCudaContext* ctx = ns->ctx.get();
   const int64_t rows = 128, cols = 512;
   NewtonSchulzOptions gram;
   gram.method = NewtonSchulzMethod::kGram;
-  ASSERT_TRUE((*ctx)->Reserve(2, rows, cols, GpuPrecision::kBf16).ok());
-  const int64_t standard_bytes = (*ctx)->ScratchBytes();
-  ASSERT_TRUE((*ctx)->Reserve(2, rows, cols, GpuPrecision::kBf16, gram).ok());
-  const int64_t gram_bytes = (*ctx)->ScratchBytes();
+  ASSERT_TRUE(ctx->Reserve(2, rows, cols, GpuPrecision::kBf16).ok());
+  const int64_t standard_bytes = ctx->ScratchBytes();
+  ASSERT_TRUE(ctx->Reserve(2, rows, cols, GpuPrecision::kBf16, gram).ok());
+  const int64_t gram_bytes = ctx->ScratchBytes();
   // Q and the product buffer: 2 x batch x m x m bf16 values (plus alignment).
   EXPECT_GE(gram_bytes - standard_bytes, 2 * 2 * rows * rows * 2);
-  const int64_t bytes = 2 * rows * cols * int64_t{sizeof(float)};
-  absl::StatusOr<cuda::DeviceBuffer> d_u = cuda::DeviceBuffer::Allocate(bytes);
-  absl::StatusOr<cuda::DeviceBuffer> d_o = cuda::DeviceBuffer::Allocate(bytes);
-  ASSERT_TRUE(d_u.ok() && d_o.ok());
   const std::vector<float> u = RandomMatrix(2 * rows, cols, 54);
-  ASSERT_TRUE(cuda::CopyToDevice(d_u->data(), u.data(), bytes, nullptr).ok());
-  ASSERT_TRUE(cuda::NewtonSchulzBatched(ctx->get(), d_u->as<float>(), 2, rows,
-                                        cols, gram, GpuPrecision::kBf16,
-                                        d_o->as<float>())
+  absl::StatusOr<device::DeviceBuffer<float>> d_u =
+      ::muon::testing::CopyToNewDeviceBuffer(ns->runtime, u);
+  absl::StatusOr<device::DeviceBuffer<float>> d_o =
+      device::DeviceBuffer<float>::Allocate(ns->runtime->allocator(),
+                                            2 * rows * cols);
+  ASSERT_TRUE(d_u.ok() && d_o.ok());
+  ASSERT_TRUE(cuda::NewtonSchulzBatched(ctx, d_u->data(), 2, rows, cols, gram,
+                                        GpuPrecision::kBf16, d_o->data())
                   .ok());
-  EXPECT_EQ((*ctx)->ScratchBytes(), gram_bytes);
+  ASSERT_TRUE(ns->Sync().ok());
+  EXPECT_EQ(ctx->ScratchBytes(), gram_bytes);
 }
 
 // A bucket of same-shape matrices through one strided-batched GEMM per
@@ -437,14 +469,14 @@ TEST(GpuNewtonSchulzTest, ReserveWithGramOptions_GramCallDoesNotGrowScratch) {
 // reference, which catches stride or offset mistakes.
 TEST(GpuNewtonSchulzTest, Batched_EqualsPerMatrix) {
   MUON_SKIP_WITHOUT_GPU();
-  absl::StatusOr<std::unique_ptr<cuda::NsCudaContext>> ctx =
-      cuda::NsCudaContext::Create(0, nullptr);
-  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  absl::StatusOr<CudaNs> ns = MakeCudaNs();
+  ASSERT_TRUE(ns.ok()) << ns.status();
+  cuda::NsCudaContext* ctx = ns->ctx.get();
+  device::Allocator* alloc = ns->runtime->allocator();
   constexpr int64_t kBatch = 5;
   for (auto [rows, cols] :
        {std::pair<int64_t, int64_t>{192, 320}, {320, 192}}) {
     const int64_t size = rows * cols;
-    const int64_t bytes = kBatch * size * int64_t{sizeof(float)};
     std::vector<float> u;
     std::vector<std::vector<double>> refs;
     for (int64_t i = 0; i < kBatch; ++i) {
@@ -453,33 +485,30 @@ TEST(GpuNewtonSchulzTest, Batched_EqualsPerMatrix) {
       u.insert(u.end(), one.begin(), one.end());
       refs.push_back(Reference(one, rows, cols, {}));
     }
-    absl::StatusOr<cuda::DeviceBuffer> d_u =
-        cuda::DeviceBuffer::Allocate(bytes);
-    absl::StatusOr<cuda::DeviceBuffer> d_batched =
-        cuda::DeviceBuffer::Allocate(bytes);
-    absl::StatusOr<cuda::DeviceBuffer> d_single =
-        cuda::DeviceBuffer::Allocate(bytes);
+    absl::StatusOr<device::DeviceBuffer<float>> d_u =
+        ::muon::testing::CopyToNewDeviceBuffer(ns->runtime, u);
+    absl::StatusOr<device::DeviceBuffer<float>> d_batched =
+        device::DeviceBuffer<float>::Allocate(alloc, kBatch * size);
+    absl::StatusOr<device::DeviceBuffer<float>> d_single =
+        device::DeviceBuffer<float>::Allocate(alloc, kBatch * size);
     ASSERT_TRUE(d_u.ok() && d_batched.ok() && d_single.ok());
-    ASSERT_TRUE(cuda::CopyToDevice(d_u->data(), u.data(), bytes, nullptr).ok());
     for (GpuPrecision precision : kPrecisions) {
-      ASSERT_TRUE((*ctx)->Reserve(kBatch, rows, cols, precision).ok());
-      ASSERT_TRUE(cuda::NewtonSchulzBatched(ctx->get(), d_u->as<float>(),
-                                            kBatch, rows, cols, {}, precision,
-                                            d_batched->as<float>())
+      ASSERT_TRUE(ctx->Reserve(kBatch, rows, cols, precision).ok());
+      ASSERT_TRUE(cuda::NewtonSchulzBatched(ctx, d_u->data(), kBatch, rows,
+                                            cols, {}, precision,
+                                            d_batched->data())
                       .ok());
       for (int64_t i = 0; i < kBatch; ++i) {
-        ASSERT_TRUE(cuda::NewtonSchulzBatched(
-                        ctx->get(), d_u->as<float>() + i * size, 1, rows, cols,
-                        {}, precision, d_single->as<float>() + i * size)
+        ASSERT_TRUE(cuda::NewtonSchulzBatched(ctx, d_u->data() + i * size, 1,
+                                              rows, cols, {}, precision,
+                                              d_single->data() + i * size)
                         .ok());
       }
-      std::vector<float> batched(u.size()), single(u.size());
-      ASSERT_TRUE(
-          cuda::CopyToHost(batched.data(), d_batched->data(), bytes, nullptr)
-              .ok());
-      ASSERT_TRUE(
-          cuda::CopyToHost(single.data(), d_single->data(), bytes, nullptr)
-              .ok());
+      ASSERT_TRUE(ns->Sync().ok());
+      const std::vector<float> batched = ::muon::testing::CopyToHostVector(
+          ns->runtime, d_batched->data(), kBatch * size);
+      const std::vector<float> single = ::muon::testing::CopyToHostVector(
+          ns->runtime, d_single->data(), kBatch * size);
       for (int64_t i = 0; i < kBatch; ++i) {
         const std::vector<float> b(batched.begin() + i * size,
                                    batched.begin() + (i + 1) * size);

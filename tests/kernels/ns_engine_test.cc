@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/newton_schulz_cuda.h"
 #include "kernels/newton_schulz.h"
+#include "kernels/staged_ns_engine.h"
 #include "tests/kernels/ns_test_util.h"
 
 namespace muon {
