@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <limits>
@@ -604,9 +605,47 @@ const char* muonrt_cpu_kernels(void) {
 
 namespace {
 
-absl::Status InitProcessGroupFromEnv(const char* fn, const char* backend,
-                                     int cuda_device, double timeout_s,
-                                     muonrt_process_group** out) {
+// The exchange through the caller's store callbacks (muonrt_publish_fn,
+// muonrt_lookup_fn).
+muon::CoordinatorAddressExchange StoreExchange(muonrt_publish_fn publish,
+                                               muonrt_lookup_fn lookup,
+                                               void* ctx) {
+  muon::CoordinatorAddressExchange exchange;
+  exchange.publish = [publish, ctx](const std::string& address) {
+    if (publish(ctx, address.c_str()) != 0) {
+      return absl::UnavailableError(
+          "the store's publish callback failed (see the exception above)");
+    }
+    return absl::OkStatus();
+  };
+  exchange.lookup =
+      [lookup, ctx](absl::Duration timeout) -> absl::StatusOr<std::string> {
+    constexpr int kSize = 1024;
+    std::vector<char> buf(kSize, '\0');
+    if (lookup(ctx, absl::ToDoubleSeconds(timeout), buf.data(), kSize) != 0) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "rank 0 did not publish its coordinator's address in the job's "
+          "store within ",
+          absl::FormatDuration(timeout),
+          " (rank 0 has not started, or failed before its coordinator "
+          "listened: see its output)"));
+    }
+    buf[kSize - 1] = '\0';
+    const std::string address(buf.data());
+    if (absl::Status s = muon::SplitHostPort(address).status(); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the job's store holds \"", address,
+                       "\" as the coordinator's address: ", s.message()));
+    }
+    return address;
+  };
+  return exchange;
+}
+
+absl::Status InitProcessGroupFromEnv(
+    const char* fn, const char* backend, int cuda_device, double timeout_s,
+    muonrt_process_group** out,
+    std::optional<muon::CoordinatorAddressExchange> exchange = std::nullopt) {
   if (out == nullptr) return NullArgument(fn, "out");
   *out = nullptr;
   if (std::isnan(timeout_s) || std::isinf(timeout_s)) {
@@ -615,6 +654,14 @@ absl::Status InitProcessGroupFromEnv(const char* fn, const char* backend,
   }
   MUON_ASSIGN_OR_RETURN(muon::ProcessGroupOptions options,
                         muon::ProcessGroupOptionsFromEnv());
+  const char* fixed_port = std::getenv("MUON_COORDINATOR_PORT");
+  if (exchange.has_value() && options.embed_coordinator &&
+      (fixed_port == nullptr || *fixed_port == '\0')) {
+    // A port the kernel picks, its address handed over through the store.
+    options.embedded_port = 0;
+    options.coordinator_address.clear();
+    options.address_exchange = *std::move(exchange);
+  }
   if (backend != nullptr) {
     absl::StatusOr<muon::ProcessGroupBackend> b =
         muon::ParseProcessGroupBackend(backend);
@@ -653,6 +700,23 @@ int muonrt_pg_init_backend_from_env(const char* backend, int cuda_device,
   });
 }
 
+int muonrt_pg_init_with_store(const char* backend, int cuda_device,
+                              double timeout_s, muonrt_publish_fn publish,
+                              muonrt_lookup_fn lookup, void* ctx,
+                              muonrt_process_group** out) {
+  return Guard("muonrt_pg_init_with_store", [&]() -> absl::Status {
+    if (publish == nullptr) {
+      return NullArgument("muonrt_pg_init_with_store", "publish");
+    }
+    if (lookup == nullptr) {
+      return NullArgument("muonrt_pg_init_with_store", "lookup");
+    }
+    return InitProcessGroupFromEnv("muonrt_pg_init_with_store", backend,
+                                   cuda_device, timeout_s, out,
+                                   StoreExchange(publish, lookup, ctx));
+  });
+}
+
 int muonrt_pg_rank(const muonrt_process_group* pg) {
   int rank = -1;
   Guard("muonrt_pg_rank", [&]() -> absl::Status {
@@ -671,6 +735,18 @@ int muonrt_pg_world_size(const muonrt_process_group* pg) {
     return absl::OkStatus();
   });
   return world_size;
+}
+
+const char* muonrt_pg_coordinator_address(const muonrt_process_group* pg) {
+  const char* address = nullptr;
+  Guard("muonrt_pg_coordinator_address", [&]() -> absl::Status {
+    if (pg == nullptr) {
+      return NullArgument("muonrt_pg_coordinator_address", "pg");
+    }
+    address = pg->pg->coordinator_address.c_str();
+    return absl::OkStatus();
+  });
+  return address;
 }
 
 int muonrt_pg_barrier(muonrt_process_group* pg) {

@@ -31,7 +31,7 @@ extern "C" {
 #endif
 
 /* Incremented on any incompatible change of this header. */
-#define MUONRT_ABI_VERSION 12
+#define MUONRT_ABI_VERSION 13
 
 /* Status codes (absl::StatusCode values). */
 #define MUONRT_OK 0
@@ -105,9 +105,37 @@ int muonrt_pg_init_from_env(double timeout_s, muonrt_process_group** out);
 int muonrt_pg_init_backend_from_env(const char* backend, int cuda_device,
                                     double timeout_s,
                                     muonrt_process_group** out);
+/* The job's key-value store, for handing over the embedded coordinator's
+ * address (muonrt's Python package passes torch.distributed's default
+ * store). `publish` stores the NUL-terminated "host:port" and returns 0
+ * (non-zero: it failed). `lookup` waits up to `timeout_s` seconds for the
+ * address rank 0 published and copies it, NUL-terminated, into `buf` of
+ * `buf_size` bytes, returning 0 (non-zero: not published in time, or it
+ * failed). Both are called with `ctx`, on the thread that called
+ * muonrt_pg_init_with_store, before it returns. */
+typedef int (*muonrt_publish_fn)(void* ctx, const char* address);
+typedef int (*muonrt_lookup_fn)(void* ctx, double timeout_s, char* buf,
+                                int buf_size);
+/* muonrt_pg_init_backend_from_env, with rank 0's embedded coordinator on a
+ * port the kernel picks (on MASTER_ADDR), its address published through
+ * `publish` on rank 0 and found through `lookup` on the others, instead of
+ * the fixed MASTER_PORT + 1 that another job may hold. MUON_COORDINATOR (a
+ * daemon) and MUON_COORDINATOR_PORT (a fixed port) take precedence: the
+ * store is then unused. Collective. ABI version 13.
+ * Errors: as muonrt_pg_init_backend_from_env; INVALID_ARGUMENT (NULL
+ * publish or lookup); DEADLINE_EXCEEDED (no address found in time);
+ * UNAVAILABLE (publish failed). */
+int muonrt_pg_init_with_store(const char* backend, int cuda_device,
+                              double timeout_s, muonrt_publish_fn publish,
+                              muonrt_lookup_fn lookup, void* ctx,
+                              muonrt_process_group** out);
 /* -1 (and the last error set) when pg is NULL. */
 int muonrt_pg_rank(const muonrt_process_group* pg);
 int muonrt_pg_world_size(const muonrt_process_group* pg);
+/* host:port of the coordinator this rank talks to (rank 0's embedded one:
+ * its bound port), for `muonctl --coordinator`; NULL (and the last error
+ * set) when pg is NULL. Valid as long as pg. ABI version 13. */
+const char* muonrt_pg_coordinator_address(const muonrt_process_group* pg);
 /* Blocks until every rank got here (bounded by the timeout). */
 int muonrt_pg_barrier(muonrt_process_group* pg);
 /* NULL is a no-op. Destroy every optimizer of the group first. */

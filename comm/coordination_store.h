@@ -50,6 +50,11 @@ struct CoordinationStoreOptions {
   // Longest single KeyGet call while waiting for a key; also how quickly
   // Cancel() is noticed.
   absl::Duration poll_interval = absl::Milliseconds(100);
+  // How long Set and Get retry a coordinator that answers Unavailable (a
+  // connection refused or reset, a server overloaded at start-up), within
+  // their own timeout, before they return that error: transient failures
+  // are ridden out, a coordinator that is gone is reported.
+  absl::Duration unavailable_grace = absl::Seconds(5);
 };
 
 // What the gloo::rendezvous::Store methods throw: a gloo::IoException (so
@@ -75,9 +80,10 @@ class CoordinationStore : public gloo::rendezvous::Store {
   CoordinationStore(const CoordinationStore&) = delete;
   CoordinationStore& operator=(const CoordinationStore&) = delete;
 
-  // Stores `value` under `key` (overwrites).
-  // Errors: Aborted (cancelled), and KeySet's errors (Unavailable), the
-  // message naming the key.
+  // Stores `value` under `key` (overwrites), retrying Unavailable for up to
+  // options.unavailable_grace.
+  // Errors: Aborted (cancelled), and KeySet's errors (Unavailable after the
+  // grace), the message naming the key.
   absl::Status Set(const std::string& key, const std::string& value);
 
   // Waits up to `timeout` for `key` and returns its value. A timeout <= 0
@@ -86,10 +92,17 @@ class CoordinationStore : public gloo::rendezvous::Store {
   //   DeadlineExceeded: the key was not set within `timeout` (names the key
   //     and the timeout).
   //   Aborted: Cancel() was called.
-  //   Unavailable (or any other code KeyGet returns besides NotFound and
-  //     DeadlineExceeded, which mean "not yet"): the coordinator failed.
+  //   Unavailable: the coordinator answered Unavailable for longer than
+  //     options.unavailable_grace (shorter bouts are retried).
+  //   Any other code KeyGet returns besides NotFound and DeadlineExceeded
+  //     (which mean "not yet"): the coordinator failed.
   absl::StatusOr<std::string> Get(const std::string& key,
                                   absl::Duration timeout);
+
+  // Whether `key` is set now: one KeyGet without waiting or retrying.
+  // Errors: Aborted (cancelled); KeyGet's other than NotFound and
+  // DeadlineExceeded (which mean false).
+  absl::StatusOr<bool> Has(const std::string& key);
 
   // Waits until every key of `keys` is set, all within one `timeout`.
   // Errors: as Get.

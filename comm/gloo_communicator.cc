@@ -174,16 +174,61 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
 absl::Status GlooCommunicator::Connect(absl::string_view op,
                                        CoordinationStore& store) {
   if (world_size_ == 1) return absl::OkStatus();
-  MUON_RETURN_IF_ERROR(RunGloo(op, [&] {
+  absl::Status connected = RunGloo(op, [&] {
     gloo::rendezvous::PrefixStore prefix_store(options_.prefix, store);
     auto context =
         std::make_shared<gloo::rendezvous::Context>(rank_, world_size_);
     context->setTimeout(timeout_);
     context->connectFullMesh(prefix_store, device_);
     context_ = std::move(context);
-  }));
+  });
+  if (connected.code() == absl::StatusCode::kDeadlineExceeded) {
+    const std::string missing = MissingRanks(store);
+    if (!missing.empty()) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(connected.message(), "; ", missing));
+    }
+  }
+  MUON_RETURN_IF_ERROR(connected);
   PublishAddresses(store);
   return absl::OkStatus();
+}
+
+std::string GlooCommunicator::MissingRanks(CoordinationStore& store) const {
+  // A rank entering Gloo's full-mesh rendezvous first stores its host name
+  // under "<prefix>/rank_<rank>", then its addresses under
+  // "<prefix>/<rank>" (gloo::rendezvous::Context::connectFullMesh through a
+  // PrefixStore; older Gloo versions store only the latter). One or two
+  // reads per rank, without waiting: this is the error path.
+  constexpr int kListed = 16;
+  std::vector<int> missing;
+  for (int r = 0; r < world_size_; ++r) {
+    if (r == rank_) continue;
+    bool joined = false;
+    for (const std::string& key : {absl::StrCat(options_.prefix, "/rank_", r),
+                                   absl::StrCat(options_.prefix, "/", r)}) {
+      absl::StatusOr<bool> has = store.Has(key);
+      if (!has.ok()) return "";  // The store cannot tell.
+      if (*has) {
+        joined = true;
+        break;
+      }
+    }
+    if (!joined) missing.push_back(root_ranks_[r]);
+  }
+  if (missing.empty()) return "";
+  std::vector<std::string> names;
+  for (size_t i = 0; i < missing.size() && i < kListed; ++i) {
+    names.push_back(absl::StrCat(missing[i]));
+  }
+  if (missing.size() > static_cast<size_t>(kListed)) {
+    names.push_back(absl::StrCat("and ", missing.size() - kListed, " more"));
+  }
+  return absl::StrCat(missing.size() == 1 ? "rank " : "ranks ",
+                      absl::StrJoin(names, ", "), " of ", world_size_,
+                      missing.size() == 1 ? " has" : " have",
+                      " not joined the rendezvous (not started, exited, or "
+                      "cannot reach the coordinator)");
 }
 
 std::string GlooCommunicator::AddressesKey(int rank) const {

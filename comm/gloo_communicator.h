@@ -175,6 +175,11 @@ class GlooCommunicator : public Communicator {
   // Rendezvous through `store` under options_.prefix and connects the full
   // mesh; `op` names the operation in errors ("Create", "Split").
   absl::Status Connect(absl::string_view op, CoordinationStore& store);
+  // After a rendezvous timeout: which ranks (of the root group) have not
+  // published their Gloo address under options_.prefix in `store`, e.g.
+  // "ranks 2, 3 of 4 have not joined the rendezvous (not started, exited,
+  // or cannot reach the coordinator)"; empty when every key is there.
+  std::string MissingRanks(CoordinationStore& store) const;
   // Best effort: publishes under AddressesKey(rank_) how this rank's TCP
   // pairs print their addresses, which is how peers' Gloo error messages
   // name this rank.

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <set>
 #include <vector>
@@ -27,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "comm/gloo_communicator.h"
 #include "comm/nccl_communicator.h"
@@ -36,13 +38,16 @@
 namespace muon {
 namespace {
 
-absl::Status WritePortFile(const std::string& path, int port) {
+// Writes `contents` to `path` through a temporary file renamed over it, so
+// a reader sees the whole file or none.
+absl::Status WriteFileAtomically(const std::string& path,
+                                 const std::string& contents) {
   const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
   {
     std::ofstream out(tmp);
-    out << port << "\n";
+    out << contents;
     if (!out.good()) {
-      return absl::InternalError(absl::StrCat("cannot write port file ", tmp));
+      return absl::InternalError(absl::StrCat("cannot write file ", tmp));
     }
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
@@ -50,6 +55,48 @@ absl::Status WritePortFile(const std::string& path, int port) {
         absl::StrCat("cannot rename ", tmp, " to ", path));
   }
   return absl::OkStatus();
+}
+
+absl::Status WritePortFile(const std::string& path, int port) {
+  return WriteFileAtomically(path, absl::StrCat(port, "\n"));
+}
+
+// The n-th exchange of this process on `path`: path.n (n from 1).
+std::string NextExchangePath(const std::string& path) {
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* generations = new std::map<std::string, int>();
+  absl::MutexLock lock(&mu);
+  return absl::StrCat(path, ".", ++(*generations)[path]);
+}
+
+// Polls `path` until it exists (bounded by `timeout`) and returns its
+// first line, checked to be host:port.
+absl::StatusOr<std::string> ReadAddressFile(const std::string& path,
+                                            absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Duration delay = absl::Milliseconds(20);
+  while (true) {
+    std::ifstream in(path);
+    std::string line;
+    if (in.good() && std::getline(in, line)) {
+      if (absl::Status s = SplitHostPort(line).status(); !s.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("the coordinator address file ", path, " holds \"",
+                         line, "\", not host:port (", s.message(), ")"));
+      }
+      return line;
+    }
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "rank 0 did not publish its coordinator's address in ", path,
+          " within ", absl::FormatDuration(timeout),
+          " (rank 0 has not started, or failed before its coordinator "
+          "listened: see its output)"));
+    }
+    absl::SleepFor(std::min(delay, deadline - now));
+    delay = std::min(delay * 2, absl::Milliseconds(200));
+  }
 }
 
 // Closes a file descriptor on scope exit.
@@ -334,6 +381,14 @@ absl::Status FillSecurityFromEnv(ProcessGroupOptions& options) {
   return absl::OkStatus();
 }
 
+// `host` as the host part of host:port: an IPv6 address in brackets.
+std::string FormatHostForAddress(const std::string& host) {
+  if (absl::StrContains(host, ':') && !absl::StartsWith(host, "[")) {
+    return absl::StrCat("[", host, "]");
+  }
+  return host;
+}
+
 // Rank 0's embedded coordinator (options.start_embedded_coordinator),
 // its port written to options.port_file; pg->coordinator a local client.
 absl::Status EmbedCoordinator(const ProcessGroupOptions& options,
@@ -362,6 +417,19 @@ absl::Status EmbedCoordinator(const ProcessGroupOptions& options,
   if (!options.port_file.empty()) {
     MUON_RETURN_IF_ERROR(
         WritePortFile(options.port_file, pg->embedded_coordinator->port()));
+  }
+  const std::string address =
+      absl::StrCat(FormatHostForAddress(options.embedded_host), ":",
+                   pg->embedded_coordinator->port());
+  pg->coordinator_address = address;
+  if (options.address_exchange.enabled()) {
+    if (absl::Status s = options.address_exchange.publish(address); !s.ok()) {
+      return absl::Status(
+          s.code(),
+          absl::StrCat("rank 0: publishing the coordinator's "
+                       "address ",
+                       address, " in the job's store: ", s.message()));
+    }
   }
   pg->coordinator = pg->embedded_coordinator->NewLocalClient();
   return absl::OkStatus();
@@ -468,7 +536,20 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(
   if (options.embed_coordinator && options.rank == 0) {
     MUON_RETURN_IF_ERROR(EmbedCoordinator(options, pg.get()));
   } else {
+    if (options.embed_coordinator && options.address_exchange.enabled()) {
+      absl::StatusOr<std::string> address =
+          options.address_exchange.lookup(options.timeout);
+      if (!address.ok()) {
+        return absl::Status(
+            address.status().code(),
+            absl::StrCat("rank ", options.rank,
+                         ": the coordinator's address from the job's store: ",
+                         address.status().message()));
+      }
+      options.coordinator_address = *std::move(address);
+    }
     MUON_ASSIGN_OR_RETURN(pg->coordinator, ConnectToCoordinator(options));
+    pg->coordinator_address = options.coordinator_address;
   }
   MUON_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> gloo_comm,
                         MakeGlooGroup(options, pg->coordinator.get()));
@@ -482,6 +563,22 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(
   MUON_ASSIGN_OR_RETURN(pg->comm,
                         MakeNcclGroup(options, pg->coordinator.get()));
   return pg;
+}
+
+CoordinatorAddressExchange FileAddressExchange(const std::string& path,
+                                               int generation) {
+  auto file = [path, generation] {
+    return generation > 0 ? absl::StrCat(path, ".", generation)
+                          : NextExchangePath(path);
+  };
+  CoordinatorAddressExchange exchange;
+  exchange.publish = [file](const std::string& address) {
+    return WriteFileAtomically(file(), address + "\n");
+  };
+  exchange.lookup = [file](absl::Duration timeout) {
+    return ReadAddressFile(file(), timeout);
+  };
+  return exchange;
 }
 
 absl::StatusOr<ProcessGroupBackend> ParseProcessGroupBackend(
@@ -554,6 +651,15 @@ absl::StatusOr<ProcessGroupOptions> ProcessGroupOptionsFromEnv() {
     return o;
   }
   const std::string master = EnvString("MASTER_ADDR", "127.0.0.1");
+  const std::string address_file = EnvString("MUON_COORDINATOR_FILE", "");
+  if (!address_file.empty() && EnvString("MUON_COORDINATOR_PORT", "").empty()) {
+    // A port the kernel picks, its address handed over through the file.
+    o.embed_coordinator = true;
+    o.embedded_host = master;
+    o.embedded_port = 0;
+    o.address_exchange = FileAddressExchange(address_file);
+    return o;
+  }
   MUON_ASSIGN_OR_RETURN(const int master_port,
                         EnvInt("MASTER_PORT", std::nullopt));
   // torch.distributed's TCPStore listens on MASTER_PORT in the same job, so

@@ -19,6 +19,7 @@
 #define MUON_CONTROL_PROCESS_GROUP_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -48,6 +49,37 @@ enum class ProcessGroupBackend {
 absl::StatusOr<ProcessGroupBackend> ParseProcessGroupBackend(
     absl::string_view name);
 
+// Where rank 0 publishes the address of the coordinator it embeds and the
+// other ranks find it: the job's key-value store (torch.distributed's
+// TCPStore under torchrun, through the C ABI; a file in muonrun's private
+// directory on one node: FileAddressExchange). With one, rank 0 binds a
+// port the kernel picks, so no fixed port can be held by another job.
+// InitProcessGroup calls `publish` on rank 0 once the coordinator listens,
+// and `lookup` once on every other rank, on the calling thread.
+struct CoordinatorAddressExchange {
+  // Rank 0: stores `address` ("host:port"). Errors: the store's.
+  std::function<absl::Status(const std::string& address)> publish;
+  // Other ranks: waits up to `timeout` for the address rank 0 published.
+  // Errors: DeadlineExceeded (nothing published: rank 0 has not started,
+  // or failed before its coordinator listened); the store's.
+  std::function<absl::StatusOr<std::string>(absl::Duration timeout)> lookup;
+
+  bool enabled() const { return publish && lookup; }
+};
+
+// The exchange through a file on a file system every rank sees (muonrun's
+// private directory on one node): rank 0 writes "host:port" to `path`
+// atomically (a temporary file renamed), the others poll for it (20 ms to
+// 200 ms apart). The file is path.<generation>; generation 0 (the
+// default) numbers the exchanges of this process on `path` in the order
+// they are used (1, 2, ...), so a job that initializes its process group
+// again, the same number of times on every rank, never reads an address of
+// before. (Ranks run as threads of one process pass one generation > 0.)
+// Errors of lookup: DeadlineExceeded naming the file; InvalidArgument when
+// its content is not host:port.
+CoordinatorAddressExchange FileAddressExchange(const std::string& path,
+                                               int generation = 0);
+
 struct ProcessGroupOptions {
   int rank = 0;
   int world_size = 1;
@@ -73,6 +105,10 @@ struct ProcessGroupOptions {
   // Embedded coordinator: file to write the bound port to (atomically), so
   // a launcher can hand the address to the other ranks. Empty = none.
   std::string port_file;
+  // With embed_coordinator: rank 0 publishes its coordinator's address
+  // (embedded_host:bound port) here and the other ranks look it up instead
+  // of using coordinator_address. Disabled (empty) by default.
+  CoordinatorAddressExchange address_exchange;
   // Address Gloo binds and advertises to its peers: an address of the
   // interface that reaches the other hosts. Empty = the address of the
   // interface named by GLOO_SOCKET_IFNAME if set, else of the interface
@@ -105,6 +141,9 @@ struct ProcessGroupOptions {
 struct ProcessGroup {
   int rank = 0;
   int world_size = 1;
+  // host:port of the coordinator this rank talks to (rank 0 with an
+  // embedded one: its host and bound port), e.g. for `muonctl --coordinator`.
+  std::string coordinator_address;
   uint64_t incarnation = 0;
   // Destruction order matters: members are destroyed bottom-up, so the
   // communicator goes first and the embedded coordinator last.
@@ -148,6 +187,10 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(
 //     MASTER_ADDR:(MASTER_PORT + 1) (torch.distributed's TCPStore holds
 //     MASTER_PORT itself), or on MUON_COORDINATOR_PORT when set; the other
 //     ranks connect to it.
+//   MUON_COORDINATOR_FILE (muonrun sets it on one node): rank 0 embeds the
+//     coordinator on MASTER_ADDR at a port the kernel picks and writes its
+//     address to this file (FileAddressExchange); the other ranks read it
+//     there. Ignored when MUON_COORDINATOR_PORT is set.
 //   MUON_COORDINATOR: host:port of a muon-coordinator daemon instead (no
 //     rank embeds one).
 //   MUON_JOB_ID: the job id (default empty: the coordinator's job).

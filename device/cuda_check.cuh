@@ -47,8 +47,8 @@ inline absl::Status LaunchStatus(const char* what) {
 
 // After a kernel launch: reports launch errors (bad configuration, no
 // kernel image for this GPU) naming the kernel (a string literal).
-#define MUON_CUDA_RETURN_IF_LAUNCH_FAILED(kernel_name)                  \
-  MUON_CU_RETURN_IF_ERROR(::muon::device::internal::LaunchStatus(       \
+#define MUON_CUDA_RETURN_IF_LAUNCH_FAILED(kernel_name)            \
+  MUON_CU_RETURN_IF_ERROR(::muon::device::internal::LaunchStatus( \
       MUON_CU_WHERE_ "launch of " kernel_name))
 
 // Returns the Status `expr` from the enclosing function when not OK.

@@ -30,9 +30,8 @@ constexpr absl::Duration kIterationTimeout = absl::Minutes(5);
 // destroyed (the kernels synchronise the stream before the buffers go).
 class CudaNsEngine final : public NsEngine {
  public:
-  CudaNsEngine(device::Runtime* runtime,
-                 std::unique_ptr<device::Stream> stream,
-                 std::unique_ptr<StepKernels> kernels)
+  CudaNsEngine(device::Runtime* runtime, std::unique_ptr<device::Stream> stream,
+               std::unique_ptr<StepKernels> kernels)
       : runtime_(runtime),
         stream_(std::move(stream)),
         kernels_(std::move(kernels)) {}
@@ -64,8 +63,7 @@ class CudaNsEngine final : public NsEngine {
     if (absl::Status s = Reserve(rows, cols); !s.ok()) return s;
     // The stream is idle here (every call ends synchronised), so the
     // blocking copy in cannot overtake work that reads the buffer.
-    if (absl::Status s = runtime_->CopyFromHost(u_.data(), u, bytes);
-        !s.ok()) {
+    if (absl::Status s = runtime_->CopyFromHost(u_.data(), u, bytes); !s.ok()) {
       return s;
     }
     if (absl::Status s = kernels_->Orthogonalize(
@@ -144,8 +142,8 @@ absl::StatusOr<std::unique_ptr<NsEngine>> MakeCudaNsEngine(
   absl::StatusOr<std::unique_ptr<StepKernels>> kernels =
       MakeCudaStepKernels(device, stream->get(), precision);
   if (!kernels.ok()) return kernels.status();
-  return std::unique_ptr<NsEngine>(new CudaNsEngine(
-      *runtime, *std::move(stream), *std::move(kernels)));
+  return std::unique_ptr<NsEngine>(
+      new CudaNsEngine(*runtime, *std::move(stream), *std::move(kernels)));
 }
 
 }  // namespace kernels

@@ -1,5 +1,6 @@
 #include "tools/muonrun_lib.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -343,7 +344,9 @@ std::string MuonrunUsage() {
          "  --master-port PORT  torch.distributed's store port on ADDR "
          "(default\n"
          "                      29500); rank 0's embedded coordinator listens\n"
-         "                      on PORT + 1\n"
+         "                      on a free port on one node (its address in\n"
+         "                      muonrun's private directory), on PORT + 1 on\n"
+         "                      several\n"
          "  --standalone        one node: 127.0.0.1 and a free port\n"
          "  --no-rank-prefix    pass the ranks' output through as is "
          "(default:\n"
@@ -595,7 +598,58 @@ absl::StatusOr<std::vector<std::string>> WithJobSecret(
   return base;
 }
 
+bool NamesCoordinator(const std::vector<std::string>& env) {
+  return std::any_of(env.begin(), env.end(), [](const std::string& e) {
+    for (const char* name : {"MUON_COORDINATOR=", "MUON_COORDINATOR_PORT=",
+                             "MUON_COORDINATOR_FILE="}) {
+      if (absl::StartsWith(e, name) && e.size() > std::strlen(name)) {
+        return true;
+      }
+    }
+    return false;
+  });
+}
+
+std::vector<std::string> WithCoordinatorFile(const MuonrunOptions& o,
+                                             std::vector<std::string> base,
+                                             const std::string& dir) {
+  if (o.nnodes != 1 || NamesCoordinator(base)) return base;
+  base.push_back(absl::StrCat("MUON_COORDINATOR_FILE=", dir, "/coordinator"));
+  return base;
+}
+
 namespace {
+
+// A directory of this muonrun alone (mode 0700, under TMPDIR or /tmp),
+// removed with the files the ranks left in it on destruction.
+class PrivateDir {
+ public:
+  static absl::StatusOr<std::unique_ptr<PrivateDir>> Create() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string path = absl::StrCat(
+        tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/muonrun.XXXXXX");
+    if (mkdtemp(path.data()) == nullptr) {
+      return absl::InternalError(
+          absl::StrCat("muonrun: mkdtemp ", path, ": ", std::strerror(errno)));
+    }
+    return std::unique_ptr<PrivateDir>(new PrivateDir(std::move(path)));
+  }
+  ~PrivateDir() {
+    if (DIR* d = opendir(path_.c_str())) {
+      while (const dirent* e = readdir(d)) {
+        const std::string name = e->d_name;
+        if (name != "." && name != "..") unlink((path_ + "/" + name).c_str());
+      }
+      closedir(d);
+    }
+    rmdir(path_.c_str());
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  explicit PrivateDir(std::string path) : path_(std::move(path)) {}
+  const std::string path_;
+};
 
 // Starts this node's nproc_per_node ranks into *children; on a failure
 // kills those started and returns the error.
@@ -686,8 +740,13 @@ void StopRanks(const MuonrunOptions& o, int stop_signal,
 
 absl::StatusOr<RunRanksResult> RunRanks(const MuonrunOptions& o,
                                         std::ostream& err) {
-  MUON_ASSIGN_OR_RETURN(const std::vector<std::string> base,
+  MUON_ASSIGN_OR_RETURN(std::vector<std::string> base,
                         WithJobSecret(o, CurrentEnvironment()));
+  std::unique_ptr<PrivateDir> dir;
+  if (o.nnodes == 1 && !NamesCoordinator(base)) {
+    MUON_ASSIGN_OR_RETURN(dir, PrivateDir::Create());
+    base = WithCoordinatorFile(o, std::move(base), dir->path());
+  }
   std::vector<Child> children;
   const absl::Time start = absl::Now();
   MUON_RETURN_IF_ERROR(StartRanks(o, base, &children));

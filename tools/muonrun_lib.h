@@ -4,7 +4,10 @@
 // WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
 // MASTER_PORT, ...), which ProcessGroupOptionsFromEnv (client/
 // process_group.h) and torch.distributed's env:// read; rank 0 embeds the
-// coordinator on MASTER_ADDR:MASTER_PORT. Static membership only: every
+// coordinator on MASTER_ADDR, at a port the kernel picks on one node
+// (its address handed over in muonrun's private directory:
+// MUON_COORDINATOR_FILE) and at MASTER_PORT + 1 on several nodes. Static
+// membership only: every
 // node runs `muonrun --nnodes M --node-rank K --master-addr A
 // --master-port P ...` with the same A and P (no elastic rendezvous, no
 // restarts).
@@ -168,6 +171,21 @@ struct RunRanksResult {
 // the same secret); Internal when no random secret can be made.
 absl::StatusOr<std::vector<std::string>> WithJobSecret(
     const MuonrunOptions& o, std::vector<std::string> base);
+
+// Whether `env` ("NAME=value" entries) names the coordinator already:
+// MUON_COORDINATOR, MUON_COORDINATOR_PORT or MUON_COORDINATOR_FILE set and
+// not empty.
+bool NamesCoordinator(const std::vector<std::string>& env);
+
+// On one node (nnodes == 1) and unless `base` names the coordinator
+// (NamesCoordinator): `base` plus MUON_COORDINATOR_FILE=<dir>/coordinator,
+// so that rank 0 embeds the coordinator on a port the kernel picks and
+// hands its address to the other ranks through muonrun's private directory
+// `dir` (ProcessGroupOptionsFromEnv, control/process_group.h) instead of
+// the fixed MASTER_PORT + 1, which another job may hold. Else `base`.
+std::vector<std::string> WithCoordinatorFile(const MuonrunOptions& o,
+                                             std::vector<std::string> base,
+                                             const std::string& dir);
 
 absl::StatusOr<RunRanksResult> RunRanks(const MuonrunOptions& options,
                                         std::ostream& err);

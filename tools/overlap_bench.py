@@ -161,13 +161,12 @@ def main():
               f"+{1e3 * last[2]:.1f} ms after backward start")
     pg.barrier()
     if args.trace and pg.rank == 0:
-        port = int(os.environ["MASTER_PORT"]) + 1
         muonctl = os.path.join(HERE, "..", "python", "muonrt", "bin",
                                "muonctl")
         if not os.path.exists(muonctl):
             muonctl = os.path.join(HERE, "..", "bazel-bin", "tools", "muonctl")
         r = subprocess.run([muonctl, "trace", "--coordinator",
-                            f"127.0.0.1:{port}", "--out", args.trace,
+                            pg.coordinator_address, "--out", args.trace,
                             "--last_steps", "2"],
                            capture_output=True, text=True, timeout=60)
         print(f"overlap_bench: muonctl trace -> {args.trace} (exit "

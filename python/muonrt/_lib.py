@@ -27,7 +27,7 @@ import os
 import threading
 
 # Must equal MUONRT_ABI_VERSION of capi/muonrt.h.
-ABI_VERSION = 12
+ABI_VERSION = 13
 
 # Status codes (absl::StatusCode values, capi/muonrt.h).
 OK = 0
@@ -240,6 +240,10 @@ class muonrt_step_stats(ctypes.Structure):
 
 
 _pg_p = ctypes.c_void_p   # muonrt_process_group*
+# muonrt_publish_fn / muonrt_lookup_fn (capi/muonrt.h).
+PUBLISH_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)
+LOOKUP_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_double,
+                             ctypes.c_void_p, ctypes.c_int)
 _opt_p = ctypes.c_void_p  # muonrt_optimizer*
 _c_int = ctypes.c_int
 _c_size_p = ctypes.POINTER(ctypes.c_size_t)
@@ -254,8 +258,12 @@ _SIGNATURES = {
     "muonrt_pg_init_from_env": (_c_int, [ctypes.c_double, ctypes.POINTER(_pg_p)]),
     "muonrt_pg_init_backend_from_env": (_c_int, [
         ctypes.c_char_p, _c_int, ctypes.c_double, ctypes.POINTER(_pg_p)]),
+    "muonrt_pg_init_with_store": (_c_int, [
+        ctypes.c_char_p, _c_int, ctypes.c_double, PUBLISH_FN, LOOKUP_FN,
+        ctypes.c_void_p, ctypes.POINTER(_pg_p)]),
     "muonrt_pg_rank": (_c_int, [_pg_p]),
     "muonrt_pg_world_size": (_c_int, [_pg_p]),
+    "muonrt_pg_coordinator_address": (ctypes.c_char_p, [_pg_p]),
     "muonrt_pg_barrier": (_c_int, [_pg_p]),
     "muonrt_pg_destroy": (None, [_pg_p]),
     "muonrt_options_default": (None, [ctypes.POINTER(muonrt_options)]),

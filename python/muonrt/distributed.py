@@ -2,13 +2,17 @@
 
 - ``init_process_group(backend=None, timeout=60.0, device_id=None)`` joins
   the job described by torchrun's environment (RANK, WORLD_SIZE,
-  MASTER_ADDR, MASTER_PORT; rank 0 embeds the
-  coordinator on MASTER_ADDR:MASTER_PORT+1 unless MUON_COORDINATOR names a
-  daemon; see capi/muonrt.h) and makes it the module's default group, which
+  MASTER_ADDR, MASTER_PORT) and makes it the module's default group, which
   ``muonrt.Muon`` uses when given no ``process_group``. Collective: every
   rank calls it. It is separate from torch.distributed's group (gloo/nccl):
-  a trainer typically has both, on the same environment (torch's TCPStore
-  takes MASTER_PORT, the embedded coordinator MASTER_PORT+1).
+  a trainer typically has both, on the same environment. Rank 0 embeds the
+  coordinator unless MUON_COORDINATOR names a daemon: after
+  torch.distributed.init_process_group, on a port the kernel picks, its
+  address handed to the other ranks through torch's store (TCPStore at
+  MASTER_PORT), so no fixed port can collide with another job's; before
+  it, on MASTER_PORT+1 (or MUON_COORDINATOR_PORT; under muonrun on one
+  node, a free port again, through muonrun's directory). See
+  capi/muonrt.h.
 - ``Mesh(names, sizes)``: a named device mesh, row-major over ranks (as
   torch's DeviceMesh(mesh_dim_names=...) over arange(world)).
 - placements in DTensor spelling: "Shard(0)" / "Replicate()", torch's
@@ -28,7 +32,7 @@ from . import _lib
 
 class ProcessGroup:
     """A joined job (muonrt_process_group*). ``rank``, ``world_size``,
-    ``barrier()``, ``destroy()``. Optimizers created on it are destroyed
+    ``coordinator_address``, ``barrier()``, ``destroy()``. Optimizers created on it are destroyed
     with it (the library requires that order)."""
 
     def __init__(self, handle):
@@ -36,6 +40,10 @@ class ProcessGroup:
         L = _lib.lib()
         self.rank = L.muonrt_pg_rank(handle)
         self.world_size = L.muonrt_pg_world_size(handle)
+        # host:port of the coordinator (rank 0's embedded one), for
+        # `muonctl --coordinator`.
+        self.coordinator_address = \
+            L.muonrt_pg_coordinator_address(handle).decode()
         self._optimizers = weakref.WeakSet()
         self._lock = threading.Lock()
 
@@ -129,11 +137,71 @@ def init_process_group(backend=None, timeout=60.0, device_id=None):
                              f"{device_id!r} is not a CUDA device")
         device = device_id.index if device_id.index is not None else 0
     out = ctypes.c_void_p()
-    _lib.call("muonrt_pg_init_backend_from_env",
-              None if backend is None else backend.encode(), device,
-              _timeout_seconds(timeout), ctypes.byref(out))
+    name = None if backend is None else backend.encode()
+    store = _torch_default_store()
+    if store is None:
+        _lib.call("muonrt_pg_init_backend_from_env", name, device,
+                  _timeout_seconds(timeout), ctypes.byref(out))
+    else:
+        publish, lookup = _store_callbacks(store)
+        _lib.call("muonrt_pg_init_with_store", name, device,
+                  _timeout_seconds(timeout), publish, lookup, None,
+                  ctypes.byref(out))
     _default_group = ProcessGroup(out.value)
     return _default_group
+
+
+# How many process groups this process has initialized through torch's
+# store: every rank initializes the same groups in the same order, so the
+# n-th one's key is the same on every rank and never an older address.
+_store_inits = 0
+
+
+def _torch_default_store():
+    """torch.distributed's default store (the TCPStore of torchrun's
+    MASTER_PORT) when the trainer has initialized torch.distributed, else
+    None. torch is not imported here: only a trainer that did sees it."""
+    torch = sys.modules.get("torch")
+    dist = getattr(torch, "distributed", None) if torch is not None else None
+    try:
+        if dist is None or not dist.is_available() or \
+                not dist.is_initialized():
+            return None
+        from torch.distributed import distributed_c10d
+        return distributed_c10d._get_default_store()
+    except Exception:  # an older or stripped torch: no store
+        return None
+
+
+def _store_callbacks(store):
+    """The publish and lookup callbacks (capi/muonrt.h muonrt_publish_fn,
+    muonrt_lookup_fn) of the coordinator's address under this init's key of
+    `store`. Errors inside are printed and reported as failures."""
+    global _store_inits
+    _store_inits += 1
+    key = f"muonrt/coordinator/{_store_inits}"
+
+    def publish(_ctx, address):
+        try:
+            store.set(key, address)
+            return 0
+        except Exception as e:  # reported by the library as UNAVAILABLE
+            print(f"muonrt: publishing the coordinator's address in "
+                  f"torch's store failed: {e!r}", file=sys.stderr)
+            return 1
+
+    def lookup(_ctx, timeout_s, buf, size):
+        try:
+            store.wait([key], datetime.timedelta(seconds=max(timeout_s, 0.0)))
+            value = bytes(store.get(key))[:size - 1] + b"\0"
+            ctypes.memmove(buf, value, len(value))
+            return 0
+        except Exception as e:  # reported as DEADLINE_EXCEEDED
+            print(f"muonrt: no coordinator address under {key!r} in "
+                  f"torch's store: {e!r}", file=sys.stderr)
+            return 1
+
+    return _lib.PUBLISH_FN(publish), _lib.LOOKUP_FN(lookup)
 
 
 def get_default_group():

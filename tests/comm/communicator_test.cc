@@ -573,6 +573,28 @@ TEST_F(GlooCommunicatorTest, Create_PeerNeverJoins_ReturnsDeadlineExceeded) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }
 
+// Two of four ranks join; each one's timeout names the two that did not
+// (ranks 1 and 3), so a failed start-up says whom to look at.
+TEST_F(GlooCommunicatorTest, Create_TwoRanksMissing_ErrorNamesThem) {
+  GlooOptions options;
+  options.timeout = absl::Seconds(1);
+  options.prefix = "gloo_test/half";
+  std::vector<absl::Status> statuses(2);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      statuses[i] =
+          GlooCommunicator::Create(2 * i, 4, &client_, options).status();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& status : statuses) {
+    EXPECT_THAT(status, StatusIs(absl::StatusCode::kDeadlineExceeded));
+    EXPECT_THAT(std::string(status.message()),
+                HasSubstr("ranks 1, 3 of 4 have not joined the rendezvous"));
+  }
+}
+
 TEST_F(GlooCommunicatorTest,
        AllToAllV_PeerNeverCalls_ReturnsDeadlineExceededWithinTimeout) {
   auto group = MakeGroup(2, absl::Seconds(1));

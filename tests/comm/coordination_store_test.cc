@@ -151,16 +151,76 @@ TEST(CoordinationStoreTest, Cancel_DuringWait_ReturnsAbortedPromptly) {
   EXPECT_THAT(store.Set("k", "v"), StatusIs(absl::StatusCode::kAborted));
 }
 
+// With no grace, Unavailable is returned at once: one KeyGet, one KeySet.
 TEST(CoordinationStoreTest,
-     Get_CoordinatorUnavailable_ReturnsUnavailableWithoutRetry) {
+     Get_CoordinatorUnavailable_NoGrace_ReturnsUnavailableWithoutRetry) {
   UnreachableClient client;
-  CoordinationStore store(&client, ShortOptions());
+  CoordinationStoreOptions options = ShortOptions();
+  options.unavailable_grace = absl::ZeroDuration();
+  CoordinationStore store(&client, options);
   absl::StatusOr<std::string> value = store.Get("k", absl::Seconds(5));
   EXPECT_THAT(value.status(), StatusIs(absl::StatusCode::kUnavailable));
   EXPECT_THAT(std::string(value.status().message()),
               HasSubstr("coordinator unreachable"));
   EXPECT_EQ(client.gets_, 1);
   EXPECT_THAT(store.Set("k", "v"), StatusIs(absl::StatusCode::kUnavailable));
+}
+
+// A coordinator that stays unreachable is reported once the grace has
+// passed, well before the wait's own timeout, naming the key.
+TEST(CoordinationStoreTest,
+     Get_UnavailableLongerThanGrace_ReturnsUnavailableAfterGrace) {
+  UnreachableClient client;
+  CoordinationStoreOptions options = ShortOptions();
+  options.unavailable_grace = absl::Milliseconds(300);
+  CoordinationStore store(&client, options);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::string> value = store.Get("k", absl::Seconds(30));
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_THAT(value.status(), StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(std::string(value.status().message()), HasSubstr("'k'"));
+  EXPECT_GE(took, absl::Milliseconds(300));
+  EXPECT_LT(took, absl::Seconds(10));
+  EXPECT_GT(client.gets_, 1);
+}
+
+// A client that answers Unavailable to its first `failures` calls of each
+// kind (a coordinator still starting, or briefly overloaded), then works.
+class FlakyClient : public InMemoryStoreClient {
+ public:
+  explicit FlakyClient(int failures)
+      : set_failures_(failures), get_failures_(failures) {}
+  absl::Status KeySet(const std::string& key,
+                      const std::string& value) override {
+    if (set_failures_ > 0) {
+      --set_failures_;
+      return absl::UnavailableError("connection refused");
+    }
+    return InMemoryStoreClient::KeySet(key, value);
+  }
+  absl::StatusOr<std::string> KeyGet(const std::string& key,
+                                     absl::Duration timeout) override {
+    if (get_failures_ > 0) {
+      --get_failures_;
+      return absl::UnavailableError("connection refused");
+    }
+    return InMemoryStoreClient::KeyGet(key, timeout);
+  }
+
+ private:
+  int set_failures_;
+  int get_failures_;
+};
+
+// Transient Unavailable answers inside the grace are ridden out: the set
+// lands and the get returns the value.
+TEST(CoordinationStoreTest, SetAndGet_BriefUnavailable_RetriedAndSucceed) {
+  FlakyClient client(3);
+  CoordinationStore store(&client, ShortOptions());
+  ASSERT_TRUE(store.Set("k", "v").ok());
+  absl::StatusOr<std::string> value = store.Get("k", absl::Seconds(10));
+  ASSERT_TRUE(value.ok()) << value.status();
+  EXPECT_EQ(*value, "v");
 }
 
 }  // namespace

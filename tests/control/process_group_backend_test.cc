@@ -5,12 +5,17 @@
 // NCCL cases need a GPU: without one they check the error instead (a
 // build without CUDA, or no such device).
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "client/distributed_config.h"
 #include "client/muon.h"
@@ -94,6 +99,100 @@ TEST(ProcessGroupOptionsFromEnvTest, CoordinatorWithoutPort_InvalidArgument) {
   unsetenv("WORLD_SIZE");
   ASSERT_THAT(o, IsOk());
   EXPECT_EQ(o->coordinator_address, "127.0.0.1:29400");
+}
+
+// A directory of this test under TEST_TMPDIR.
+std::string TestDir(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir =
+      absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/", name, ".", getpid());
+  mkdir(dir.c_str(), 0700);
+  return dir;
+}
+
+// Rank 0 writes its address to path.<generation>, numbered per process
+// when no generation is given; a lookup of a generation nobody published
+// times out naming the file, and a file holding no host:port is refused.
+TEST(FileAddressExchangeTest, PublishThenLookup_NumberedPerProcess) {
+  const std::string path = TestDir("exchange") + "/coordinator";
+  ASSERT_THAT(FileAddressExchange(path).publish("127.0.0.1:1234"), IsOk());
+  absl::StatusOr<std::string> first =
+      FileAddressExchange(path, 1).lookup(absl::Seconds(5));
+  ASSERT_THAT(first, IsOk());
+  EXPECT_EQ(*first, "127.0.0.1:1234");
+  EXPECT_THAT(FileAddressExchange(path, 2).lookup(absl::Milliseconds(100)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       AllOf(HasSubstr(path + ".2"),
+                             HasSubstr("rank 0 did not publish"))));
+  // The second exchange of this process on `path` is generation 2.
+  ASSERT_THAT(FileAddressExchange(path).publish("[::1]:99"), IsOk());
+  absl::StatusOr<std::string> second =
+      FileAddressExchange(path, 2).lookup(absl::Seconds(5));
+  ASSERT_THAT(second, IsOk());
+  EXPECT_EQ(*second, "[::1]:99");
+  {
+    std::ofstream bad(path + ".7");
+    bad << "no port here\n";
+  }
+  EXPECT_THAT(
+      FileAddressExchange(path, 7).lookup(absl::Seconds(5)),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not host:port")));
+}
+
+// Three ranks whose rank 0 embeds the coordinator at a port the kernel
+// picks and hands its address over through the file: all join and pass a
+// barrier. No fixed port is involved, so none can be taken.
+TEST(FileAddressExchangeTest, InitProcessGroup_ThreeRanksFindKernelPickedPort) {
+  const std::string path = TestDir("exchange3") + "/coordinator";
+  constexpr int kWorld = 3;
+  std::vector<absl::Status> statuses(kWorld);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    threads.emplace_back([&, rank] {
+      ProcessGroupOptions o;
+      o.rank = rank;
+      o.world_size = kWorld;
+      o.embed_coordinator = true;
+      o.start_embedded_coordinator = StartEmbeddedCoordinator;
+      o.embedded_port = 0;
+      o.address_exchange = FileAddressExchange(path, 1);
+      o.timeout = absl::Seconds(30);
+      o.job_secret = "exchange-test-secret";
+      absl::StatusOr<std::unique_ptr<ProcessGroup>> pg = InitProcessGroup(o);
+      statuses[rank] = pg.ok() ? (*pg)->comm->Barrier() : pg.status();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int rank = 0; rank < kWorld; ++rank) {
+    EXPECT_THAT(statuses[rank], IsOk()) << "rank " << rank;
+  }
+}
+
+// MUON_COORDINATOR_FILE (muonrun on one node) makes rank 0 bind a port the
+// kernel picks and publish it there, whatever MASTER_PORT is; an explicit
+// MUON_COORDINATOR_PORT keeps the fixed port.
+TEST(ProcessGroupOptionsFromEnvTest,
+     CoordinatorFile_KernelPickedPortAndExchange) {
+  ASSERT_EQ(setenv("RANK", "1", 1), 0);
+  ASSERT_EQ(setenv("WORLD_SIZE", "4", 1), 0);
+  ASSERT_EQ(setenv("MASTER_PORT", "29500", 1), 0);
+  ASSERT_EQ(setenv("MUON_COORDINATOR_FILE", "/nonexistent/coordinator", 1), 0);
+  absl::StatusOr<ProcessGroupOptions> with_file = ProcessGroupOptionsFromEnv();
+  ASSERT_EQ(setenv("MUON_COORDINATOR_PORT", "29600", 1), 0);
+  absl::StatusOr<ProcessGroupOptions> fixed = ProcessGroupOptionsFromEnv();
+  for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_PORT",
+                           "MUON_COORDINATOR_FILE", "MUON_COORDINATOR_PORT"}) {
+    unsetenv(name);
+  }
+  ASSERT_THAT(with_file, IsOk());
+  EXPECT_TRUE(with_file->embed_coordinator);
+  EXPECT_EQ(with_file->embedded_port, 0);
+  EXPECT_TRUE(with_file->address_exchange.enabled());
+  EXPECT_EQ(with_file->coordinator_address, "");
+  ASSERT_THAT(fixed, IsOk());
+  EXPECT_EQ(fixed->embedded_port, 29600);
+  EXPECT_FALSE(fixed->address_exchange.enabled());
+  EXPECT_EQ(fixed->coordinator_address, "127.0.0.1:29600");
 }
 
 // Without a GPU: the NCCL group's error, naming the device. With one: an

@@ -246,6 +246,28 @@ TEST(RankEnvironmentTest, OmpNumThreadsAlreadySet_Kept) {
   }
 }
 
+// On one node muonrun hands the coordinator's address over in its private
+// directory, unless the environment names the coordinator already or the
+// job spans several nodes.
+TEST(WithCoordinatorFileTest, OneNode_AddsFileUnlessCoordinatorNamed) {
+  MuonrunOptions o;
+  o.nnodes = 1;
+  EXPECT_THAT(WithCoordinatorFile(o, {"A=1"}, "/tmp/muonrun.x"),
+              ::testing::ElementsAre(
+                  "A=1", "MUON_COORDINATOR_FILE=/tmp/muonrun.x/coordinator"));
+  for (const char* named :
+       {"MUON_COORDINATOR=127.0.0.1:29400", "MUON_COORDINATOR_PORT=29501",
+        "MUON_COORDINATOR_FILE=/elsewhere/c"}) {
+    EXPECT_TRUE(NamesCoordinator({named}));
+    EXPECT_THAT(WithCoordinatorFile(o, {named}, "/tmp/muonrun.x"),
+                ::testing::ElementsAre(named));
+  }
+  EXPECT_FALSE(NamesCoordinator({"MUON_COORDINATOR="}));
+  o.nnodes = 2;
+  EXPECT_THAT(WithCoordinatorFile(o, {"A=1"}, "/tmp/muonrun.x"),
+              ::testing::ElementsAre("A=1"));
+}
+
 TEST(MergeEnvironmentTest, SameName_Replaced) {
   EXPECT_THAT(MergeEnvironment({"PATH=/bin", "RANK=7", "RANKX=1"},
                                {{"RANK", "0"}, {"WORLD_SIZE", "2"}}),
