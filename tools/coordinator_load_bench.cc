@@ -71,6 +71,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/checked_math.h"
 #include "common/spec.h"
 #include "coordination/credentials.h"
 #include "muon/v1/coordinator.grpc.pb.h"
@@ -865,7 +866,7 @@ int main(int argc, char** argv) {
   for (absl::string_view item :
        absl::StrSplit(absl::GetFlag(FLAGS_agents), ',', absl::SkipEmpty())) {
     int n = 0;
-    if (!absl::SimpleAtoi(item, &n) || n < 1 || n > 65536) {
+    if (!absl::SimpleAtoi(item, &n) || n < 1 || n > muon::kMaxWorldSize) {
       std::fprintf(stderr,
                    "coordinator_load_bench: bad --agents item \"%.*s\"\n",
                    static_cast<int>(item.size()), item.data());

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -61,7 +62,13 @@ struct PlanFlags {
   std::string spec;    // job spec file (JSON, muon.v1.JobSpec)
   std::string policy;  // lpt or round_robin; empty = the spec's
   bool json = false;   // JSON instead of a table
+  bool full = false;   // every matrix and rank, however many
 };
+
+// Above this many rows, `muonctl plan` prints the first kSummaryRows
+// matrices and the kSummaryRows most loaded ranks unless --full.
+constexpr int kFullTableRows = 1000;
+constexpr int kSummaryRows = 20;
 
 struct AssignmentsFlags {
   LiveFlags live;
@@ -217,11 +224,28 @@ absl::Status WriteTextFile(const std::string& path, const std::string& text) {
   return absl::OkStatus();
 }
 
+// "[r, c] ... (holders/ranks)": the distinct local shapes of one box list
+// and how many ranks hold a part. Ranks outside a pp/ep sub-mesh, holding
+// other experts, or with an empty torch.chunk shard hold none of a matrix.
+std::string LocalShapes(const BoxList& boxes) {
+  std::vector<std::string> locals;
+  std::set<std::pair<int64_t, int64_t>> seen;
+  int holders = 0;
+  for (const Box& b : boxes) {
+    if (b.empty()) continue;
+    ++holders;
+    if (seen.insert({b.rows.size(), b.cols.size()}).second) {
+      locals.push_back(Shape(b.rows.size(), b.cols.size()));
+    }
+  }
+  return absl::StrCat(absl::StrJoin(locals, " "), " (", holders, "/",
+                      boxes.size(), ")");
+}
+
 // The plan's matrices: owner, bucket, global shape, the distinct local
-// shapes with how many ranks hold a part, and Newton-Schulz FLOPs.
-void PrintPlanMatrices(const JobPlan& p, std::ostream& out) {
-  // Ranks outside a pp/ep sub-mesh, holding other experts, or with an
-  // empty torch.chunk shard hold none of a matrix.
+// shapes with how many ranks hold a part, and Newton-Schulz FLOPs; the
+// first `rows` of them (all when rows < 0), then how many were left out.
+void PrintPlanMatrices(const JobPlan& p, int rows, std::ostream& out) {
   int name_width = 36;
   for (const MatrixLayout& ml : p.layout.matrices) {
     name_width = std::max(name_width, static_cast<int>(ml.name.size()));
@@ -229,24 +253,21 @@ void PrintPlanMatrices(const JobPlan& p, std::ostream& out) {
   out << absl::StrFormat("%-*s %5s %6s %-14s %-28s %12s\n", name_width,
                          "matrix", "owner", "bucket", "global shape",
                          "local shapes (holders)", "NS per step");
-  for (const v1::MatrixPlan& m : p.plan.matrices()) {
+  // Matrices of one layout share their box list: scan each list once.
+  absl::flat_hash_map<const void*, std::string> locals;
+  const int n = p.plan.matrices_size();
+  const int shown = rows < 0 ? n : std::min(n, rows);
+  for (int i = 0; i < shown; ++i) {
+    const v1::MatrixPlan& m = p.plan.matrices(i);
     const MatrixLayout& ml = p.layout.matrices[m.index()];
-    std::vector<std::string> locals;
-    std::set<std::pair<int64_t, int64_t>> seen;
-    int holders = 0;
-    for (const Box& b : ml.boxes) {
-      if (b.empty()) continue;
-      ++holders;
-      if (seen.insert({b.rows.size(), b.cols.size()}).second) {
-        locals.push_back(Shape(b.rows.size(), b.cols.size()));
-      }
-    }
-    out << absl::StrFormat("%-*s %5d %6d %-14s %-28s %12s\n", name_width,
-                           ml.name, m.owner(), m.bucket(),
-                           Shape(m.rows(), m.cols()),
-                           absl::StrCat(absl::StrJoin(locals, " "), " (",
-                                        holders, "/", ml.boxes.size(), ")"),
-                           Flops(m.ns_flops()));
+    auto [it, added] = locals.try_emplace(ml.boxes.id());
+    if (added) it->second = LocalShapes(ml.boxes);
+    out << absl::StrFormat(
+        "%-*s %5d %6d %-14s %-28s %12s\n", name_width, ml.name, m.owner(),
+        m.bucket(), Shape(m.rows(), m.cols()), it->second, Flops(m.ns_flops()));
+  }
+  if (shown < n) {
+    out << "... " << n - shown << " more matrices (--full prints every one)\n";
   }
 }
 
@@ -268,16 +289,30 @@ PlanMemoryOptions SpecMemoryOptions(const v1::JobSpec& spec,
 // buffer memory, momentum and their sum (not computed above
 // PlanTraffic's size bound); then the whole step's exchange bytes in both
 // dtypes.
-void PrintPlanRanks(const JobPlan& p, const PlanMemoryOptions& memory,
+void PrintPlanRanks(const JobPlan& p, const PlanMemoryOptions& memory, int rows,
                     std::ostream& out) {
   const std::vector<RankTraffic> t = PlanTraffic(p, memory);
   const bool traffic = !t.empty();
+  // All ranks in order, or the `rows` most loaded (ties: lower rank).
+  std::vector<const v1::RankLoad*> listed;
+  for (const v1::RankLoad& l : p.plan.loads()) listed.push_back(&l);
+  const bool summary = rows >= 0 && static_cast<int>(listed.size()) > rows;
+  if (summary) {
+    std::stable_sort(listed.begin(), listed.end(),
+                     [](const v1::RankLoad* a, const v1::RankLoad* b) {
+                       return a->ns_flops() > b->ns_flops();
+                     });
+    out << "the " << rows << " most loaded of " << listed.size()
+        << " ranks (--full prints every one):\n";
+    listed.resize(rows);
+  }
   out << absl::StrFormat("%-6s %9s %12s %12s %12s %12s %12s %12s %12s %12s\n",
                          "rank", "matrices", "NS per step", "gathered", "sent",
                          "received", "sent bf16", "peak buffer", "momentum",
                          "peak");
   int64_t sent = 0, sent_bf16 = 0;
-  for (const v1::RankLoad& l : p.plan.loads()) {
+  for (const v1::RankLoad* load : listed) {
+    const v1::RankLoad& l = *load;
     const int r = l.rank();
     out << absl::StrFormat(
         "%-6d %9d %12s %12s %12s %12s %12s %12s %12s %12s\n", r, l.matrices(),
@@ -321,8 +356,11 @@ int CmdPlan(const PlanFlags& f, std::ostream& out, std::ostream& err) {
       plan.matrices_size() == 1 ? "x" : "ces", plan.world_size(),
       plan.world_size() == 1 ? "" : "s", p->layout.mesh.ToString(),
       plan.policy(), plan.buckets_size(), plan.buckets_size() == 1 ? "" : "s");
-  PrintPlanMatrices(*p, out);
-  PrintPlanRanks(*p, SpecMemoryOptions(*spec, p->layout), out);
+  const bool large = plan.matrices_size() > kFullTableRows ||
+                     plan.world_size() > kFullTableRows;
+  const int rows = f.full || !large ? -1 : kSummaryRows;
+  PrintPlanMatrices(*p, rows, out);
+  PrintPlanRanks(*p, SpecMemoryOptions(*spec, p->layout), rows, out);
   const std::string& momentum = spec->optimizer().momentum_dtype();
   if (momentum.empty() || momentum == "param") {
     out << "momentum counted as float32: a spec's parameters carry no "
@@ -330,8 +368,14 @@ int CmdPlan(const PlanFlags& f, std::ostream& out, std::ostream& err) {
   }
   // Both policies side by side.
   for (const char* policy : {"lpt", "round_robin"}) {
-    absl::StatusOr<JobPlan> q = PlanJobSpec(*spec, policy);
-    if (!q.ok()) return Fail(err, q.status());
+    // The plan above is one of them: planned once.
+    const JobPlan* q = &*p;
+    absl::StatusOr<JobPlan> other;
+    if (plan.policy() != policy) {
+      other = PlanJobSpec(*spec, policy);
+      if (!other.ok()) return Fail(err, other.status());
+      q = &*other;
+    }
     const double mean = q->plan.mean_load_flops();
     const double bound = LoadLowerBoundFlops(q->plan);
     out << absl::StrFormat(
@@ -968,6 +1012,9 @@ void BindPlan(CLI::App* app, PlanFlags& f) {
              "Assignment policy: lpt or round_robin (default: the spec's, "
              "else lpt)");
   BindJson(app, f.json);
+  app->add_flag("--full", f.full,
+                "Every matrix and rank (default above 1000 of either: the "
+                "first 20 matrices and the 20 most loaded ranks)");
 }
 
 void BindAssignments(CLI::App* app, AssignmentsFlags& f) {

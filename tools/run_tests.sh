@@ -96,7 +96,7 @@ TORCH2_TESTS=(tests/python/torch2 tests/python/test_optimizer.py
               tests/python/test_lib.py tests/python/test_state.py
               tests/python/test_dtensor.py tests/python/test_errors.py
               tests/python/test_self_contained.py tests/python/test_overlap.py
-              tests/python/test_qk_clip.py)
+              tests/python/test_qk_clip.py tests/python/test_startup.py)
 if [[ $rc -eq 0 ]]; then
   start=$SECONDS
   if bash tools/torch2_env.sh make >/dev/null; then

@@ -197,7 +197,7 @@ TEST_F(JobLifecycleTest, JoinWorldSizeAboveLimit_RejectedAlone) {
   v1::RankManifest m = Manifests(FourRankSpec())[0];
   m.set_world_size(1 << 20);
   EXPECT_THAT(Join(m, 1), StatusIs(absl::StatusCode::kInvalidArgument,
-                                   HasSubstr("must be in [1, 65536]")));
+                                   HasSubstr("must be in [1, 262144]")));
   EXPECT_EQ(State(), v1::JOB_STATE_WAITING);
   EXPECT_EQ(service_->GetJob(v1::GetJobRequest())->world_size(), 0);
 }

@@ -577,6 +577,48 @@ TEST(MuonctlCliTest, Plan_OneMatrixOneRankOneBucket_Singular) {
   EXPECT_THAT(out.str(), HasSubstr("policy lpt, 1 bucket\n"));
 }
 
+// A job of more than 1000 matrices or ranks prints the first 20 matrices
+// and the 20 most loaded ranks, saying how many were left out; --full
+// prints every row.
+TEST(MuonctlCliTest, Plan_LargeJob_SummaryByDefaultFullOnRequest) {
+  const std::string path =
+      absl::StrCat(::testing::TempDir(), "/muonctl_large_spec.json");
+  {
+    v1::JobSpec spec;
+    spec.set_job_id("large");
+    v1::MeshDim* dim = spec.mutable_mesh()->add_dims();
+    dim->set_name("dp_shard");
+    dim->set_size(1024);
+    for (int i = 0; i < 1001; ++i) {
+      v1::ParamSpec* p = spec.add_params();
+      p->set_name(absl::StrCat("layers.", i, ".w"));
+      p->add_shape(8);
+      p->add_shape(8);
+      p->add_placements("Shard(0)");
+    }
+    std::ofstream f(path);
+    f << JobSpecToJson(spec);
+  }
+  std::ostringstream out, err;
+  ASSERT_EQ(RunMuonctl({"plan", "--spec", path}, out, err), 0) << err.str();
+  const std::string summary = out.str();
+  EXPECT_THAT(summary, HasSubstr("layers.19.w "));
+  EXPECT_THAT(summary, Not(HasSubstr("layers.20.w ")));
+  EXPECT_THAT(summary,
+              HasSubstr("... 981 more matrices (--full prints every one)"));
+  EXPECT_THAT(summary, HasSubstr("the 20 most loaded of 1024 ranks"));
+  EXPECT_THAT(summary, HasSubstr("policy round_robin"));
+  std::ostringstream full_out, full_err;
+  ASSERT_EQ(RunMuonctl({"plan", "--full", "--spec", path}, full_out, full_err),
+            0)
+      << full_err.str();
+  EXPECT_THAT(full_out.str(), HasSubstr("layers.1000.w "));
+  EXPECT_THAT(full_out.str(), Not(HasSubstr("more matrices")));
+  EXPECT_THAT(full_out.str(), Not(HasSubstr("most loaded")));
+  // Every rank has a row: 1024 rank lines follow the header.
+  EXPECT_THAT(full_out.str(), HasSubstr("\n1023 "));
+}
+
 TEST(MuonctlCliTest, Plan_ScaledUnitsAndBytesPerRankPerStep) {
   // One [8, 8] matrix FSDP over 4 ranks: shards of 2 x 8 fp32 = 64 B. The
   // owner receives 3 shards (192 B) and sends them back; every other rank
