@@ -1,9 +1,13 @@
 #include "server/coordinator_service.h"
 
 #include <algorithm>
+#include <memory>
+#include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -373,6 +377,90 @@ void CoordinatorService::JoinAsync(const v1::JoinRequest& request,
   if (!waiting) done(std::move(result));
 }
 
+namespace {
+
+// The rank a Join names (its compact or full manifest's).
+int JoinRank(const v1::JoinRequest& request) {
+  return !request.has_manifest() && request.has_compact()
+             ? request.compact().rank()
+             : request.manifest().rank();
+}
+
+// Collects the results of one HostJoin's entries; calls `done` once, with
+// the first error, else a send_full_manifest response, else the first.
+class HostJoinResults {
+ public:
+  HostJoinResults(std::string host, int entries,
+                  CoordinatorService::JoinCallback done)
+      : host_(std::move(host)), left_(entries), done_(std::move(done)) {}
+
+  void Add(absl::StatusOr<v1::JoinResponse> result) {
+    CoordinatorService::JoinCallback done;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!result.ok()) {
+        if (error_.ok()) error_ = result.status();
+      } else if (!response_.has_value() || (result->send_full_manifest() &&
+                                            !response_->send_full_manifest())) {
+        response_ = *std::move(result);
+      }
+      if (--left_ > 0) return;
+      done = std::move(done_);
+    }
+    if (!error_.ok()) {
+      done(absl::Status(error_.code(), absl::StrCat("HostJoin from ", host_,
+                                                    ": ", error_.message())));
+      return;
+    }
+    done(*std::move(response_));
+  }
+
+ private:
+  const std::string host_;
+  absl::Mutex mu_;
+  int left_ ABSL_GUARDED_BY(mu_);
+  CoordinatorService::JoinCallback done_ ABSL_GUARDED_BY(mu_);
+  absl::Status error_;  // Written under mu_, read by the last Add.
+  std::optional<v1::JoinResponse> response_;  // Likewise.
+};
+
+}  // namespace
+
+void CoordinatorService::HostJoinAsync(const v1::HostJoinRequest& request,
+                                       JoinCallback done) {
+  const std::string host =
+      absl::StrCat("host \"", LogValue(request.host()), "\"");
+  absl::Status bad = CheckJobId(request.job_id());
+  if (bad.ok() &&
+      (request.ranks_size() < 1 || request.ranks_size() > kMaxHostRanks)) {
+    bad = absl::InvalidArgumentError(
+        absl::StrCat("HostJoin: ", host, " lists ", request.ranks_size(),
+                     " ranks; must be in [1, ", kMaxHostRanks, "]"));
+  }
+  absl::flat_hash_set<int> seen;
+  for (const v1::JoinRequest& join : request.ranks()) {
+    if (!bad.ok()) break;
+    if (!join.job_id().empty()) bad = CheckJobId(join.job_id());
+    if (bad.ok() && !seen.insert(JoinRank(join)).second) {
+      bad = absl::InvalidArgumentError(absl::StrCat(
+          "HostJoin: ", host, " lists rank ", JoinRank(join), " twice"));
+    }
+  }
+  if (!bad.ok()) {
+    done(bad);
+    return;
+  }
+  auto results = std::make_shared<HostJoinResults>(host, request.ranks_size(),
+                                                   std::move(done));
+  for (const v1::JoinRequest& join : request.ranks()) {
+    v1::JoinRequest entry = join;
+    entry.set_job_id(request.job_id());
+    JoinAsync(entry, [results](absl::StatusOr<v1::JoinResponse> result) {
+      results->Add(std::move(result));
+    });
+  }
+}
+
 absl::Status CoordinatorService::CheckJoinLocked(int rank, int64_t world) {
   if (world < 1 || world > kMaxWorldSize) {
     return absl::InvalidArgumentError(
@@ -536,6 +624,47 @@ absl::StatusOr<v1::HeartbeatResponse> CoordinatorService::Heartbeat(
   MUON_ASSIGN_OR_RETURN(RankInfo * info,
                         FindRankLocked(request.rank(), request.incarnation()));
   const absl::Time now = options_.now();
+  ApplyHeartbeatLocked(request, now, info);
+  return HeartbeatResponseLocked(now);
+}
+
+absl::StatusOr<v1::HeartbeatResponse> CoordinatorService::HostHeartbeat(
+    const v1::HostHeartbeatRequest& request) {
+  MUON_RETURN_IF_ERROR(CheckJobId(request.job_id()));
+  const std::string host =
+      absl::StrCat("host \"", LogValue(request.host()), "\"");
+  if (request.ranks_size() > kMaxHostRanks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("HostHeartbeat: ", host, " lists ", request.ranks_size(),
+                     " ranks; at most ", kMaxHostRanks));
+  }
+  absl::MutexLock lock(&mu_);
+  std::vector<RankInfo*> infos;
+  absl::flat_hash_set<int> seen;
+  for (const v1::HeartbeatRequest& beat : request.ranks()) {
+    if (!beat.job_id().empty()) MUON_RETURN_IF_ERROR(CheckJobId(beat.job_id()));
+    if (!seen.insert(beat.rank()).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "HostHeartbeat: ", host, " lists rank ", beat.rank(), " twice"));
+    }
+    absl::StatusOr<RankInfo*> info =
+        FindRankLocked(beat.rank(), beat.incarnation());
+    if (!info.ok()) {
+      return absl::Status(info.status().code(),
+                          absl::StrCat("HostHeartbeat from ", host, ": ",
+                                       info.status().message()));
+    }
+    infos.push_back(*info);
+  }
+  const absl::Time now = options_.now();
+  for (int i = 0; i < request.ranks_size(); ++i) {
+    ApplyHeartbeatLocked(request.ranks(i), now, infos[i]);
+  }
+  return HeartbeatResponseLocked(now);
+}
+
+void CoordinatorService::ApplyHeartbeatLocked(
+    const v1::HeartbeatRequest& request, absl::Time now, RankInfo* info) {
   info->last_seen = now;
   if (request.leaving() && !info->finished) {
     info->finished = true;
@@ -555,6 +684,10 @@ absl::StatusOr<v1::HeartbeatResponse> CoordinatorService::Heartbeat(
     FailRankLocked(request.rank(), absl::StrCat("rank ", request.rank(),
                                                 " failed: ", request.error()));
   }
+}
+
+v1::HeartbeatResponse CoordinatorService::HeartbeatResponseLocked(
+    absl::Time now) {
   CheckLostLocked(now);
   NoteJobStateLocked();
   v1::HeartbeatResponse response;
@@ -618,18 +751,56 @@ absl::StatusOr<v1::ReportStepResponse> CoordinatorService::ReportStep(
     MUON_ASSIGN_OR_RETURN(RankInfo * info,
                           FindRankLocked(report.rank(), report.incarnation()));
     MUON_RETURN_IF_ERROR(PlanReadyLocked());
-    const absl::Time now = options_.now();
-    info->last_seen = now;
-    if (!info->reported) ++reported_count_;
-    info->reported = true;
-    info->last_report = report;
-    info->last_report_at = now;
-    CheckLostLocked(now);
-    KeepReportLocked(*info, report);
+    ApplyReportLocked(report, options_.now(), info);
     NoteJobStateLocked();
   }
   if (options_.observer != nullptr) options_.observer->OnStepReport(report);
   return v1::ReportStepResponse();
+}
+
+absl::StatusOr<v1::ReportStepResponse> CoordinatorService::ReportSteps(
+    const v1::StepReports& request) {
+  MUON_RETURN_IF_ERROR(CheckJobId(request.job_id()));
+  if (request.reports_size() > kMaxHostRanks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ReportSteps: ", request.reports_size(),
+                     " reports in one call; at most ", kMaxHostRanks));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    std::vector<RankInfo*> infos;
+    for (const v1::StepReport& report : request.reports()) {
+      if (!report.job_id().empty()) {
+        MUON_RETURN_IF_ERROR(CheckJobId(report.job_id()));
+      }
+      MUON_ASSIGN_OR_RETURN(
+          RankInfo * info, FindRankLocked(report.rank(), report.incarnation()));
+      infos.push_back(info);
+    }
+    MUON_RETURN_IF_ERROR(PlanReadyLocked());
+    const absl::Time now = options_.now();
+    for (int i = 0; i < request.reports_size(); ++i) {
+      ApplyReportLocked(request.reports(i), now, infos[i]);
+    }
+    NoteJobStateLocked();
+  }
+  if (options_.observer != nullptr) {
+    for (const v1::StepReport& report : request.reports()) {
+      options_.observer->OnStepReport(report);
+    }
+  }
+  return v1::ReportStepResponse();
+}
+
+void CoordinatorService::ApplyReportLocked(const v1::StepReport& report,
+                                           absl::Time now, RankInfo* info) {
+  info->last_seen = now;
+  if (!info->reported) ++reported_count_;
+  info->reported = true;
+  info->last_report = report;
+  info->last_report_at = now;
+  CheckLostLocked(now);
+  KeepReportLocked(*info, report);
 }
 
 void CoordinatorService::KeepReportLocked(RankInfo& info,

@@ -176,6 +176,15 @@ class CoordinatorService {
   using JoinCallback = std::function<void(absl::StatusOr<v1::JoinResponse>)>;
   void JoinAsync(const v1::JoinRequest& request, JoinCallback done);
 
+  // A host agent's Joins (HostJoinRequest): each entry as JoinAsync, and
+  // `done` once, when every entry has its result: the first error (naming
+  // the host), else a response that asks for full manifests if any entry's
+  // did (send_full_manifest: rejoin every rank with its full manifest), else
+  // the response every rank shares. Holds no thread while waiting.
+  // Errors: those of Join for any entry; InvalidArgument (job id, no
+  // entries, more than kMaxHostRanks, a rank listed twice).
+  void HostJoinAsync(const v1::HostJoinRequest& request, JoinCallback done);
+
   // Records that `rank` calls from the coordinator's own process
   // (LocalCoordinationClient). When exactly one rank does, Join responses
   // name it as the coordinator's host (JoinResponse.coordinator_rank).
@@ -198,6 +207,25 @@ class CoordinatorService {
   //   Aborted (stale incarnation), FailedPrecondition (no plan yet).
   absl::StatusOr<v1::ReportStepResponse> ReportStep(
       const v1::StepReport& report);
+
+  // A host agent's heartbeat: each entry of request.ranks as Heartbeat
+  // does, under one lock, then one response. All or nothing: the entries
+  // are checked first.
+  // Errors: InvalidArgument (job id of the call or an entry; more than
+  // kMaxHostRanks entries; a rank listed twice), NotFound (a rank never
+  // joined), Aborted (a stale incarnation); each names the host and rank.
+  absl::StatusOr<v1::HeartbeatResponse> HostHeartbeat(
+      const v1::HostHeartbeatRequest& request);
+
+  // A host agent's batch of step reports: each as ReportStep, all or
+  // nothing (checked first).
+  // Errors: those of ReportStep for any report (naming its rank);
+  // InvalidArgument (more than kMaxHostRanks reports).
+  absl::StatusOr<v1::ReportStepResponse> ReportSteps(
+      const v1::StepReports& request);
+
+  // Most ranks one host agent speaks for in one call.
+  static constexpr int kMaxHostRanks = 1024;
 
   // Re-planning from measured times (ExecutionOptions.replan_every_steps,
   // plan/replan.h): the plan for the steps after request.step. The first
@@ -380,6 +408,16 @@ class CoordinatorService {
   // Records a run-time failure naming `rank` unless one is known.
   void FailRankLocked(int rank, std::string message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One rank's heartbeat (`info` is its entry): seen now, finished when
+  // leaving, its error the job error when it is the first.
+  void ApplyHeartbeatLocked(const v1::HeartbeatRequest& request, absl::Time now,
+                            RankInfo* info) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After heartbeats: the lost-rank scan, then the job state and error.
+  v1::HeartbeatResponse HeartbeatResponseLocked(absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One rank's step report (`info` is its entry), kept in its ring.
+  void ApplyReportLocked(const v1::StepReport& report, absl::Time now,
+                         RankInfo* info) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a planned rank is late: others reported later steps and it has
   // not reported for straggler_factor times the median step time.
   bool IsLateLocked(const RankInfo& info, absl::Time now,

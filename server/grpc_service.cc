@@ -98,6 +98,19 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::Join(
   return reactor;
 }
 
+grpc::ServerUnaryReactor* CoordinatorGrpcService::HostJoin(
+    grpc::CallbackServerContext* context, const v1::HostJoinRequest* request,
+    v1::JoinResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::Status check = Authorize(context, Access::kRank);
+  if (!check.ok()) {
+    reactor->Finish(ToGrpcStatus(check));
+    return reactor;
+  }
+  service_->HostJoinAsync(*request, Finisher(reactor, response));
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* CoordinatorGrpcService::KeyGet(
     grpc::CallbackServerContext* context, const v1::KeyGetRequest* request,
     v1::KeyGetResponse* response) {
@@ -123,6 +136,20 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::ReportStep(
     v1::ReportStepResponse* response) {
   return Handle(context, Authorize(context, Access::kRank), response,
                 [&] { return service_->ReportStep(*request); });
+}
+
+grpc::ServerUnaryReactor* CoordinatorGrpcService::HostHeartbeat(
+    grpc::CallbackServerContext* context,
+    const v1::HostHeartbeatRequest* request, v1::HeartbeatResponse* response) {
+  return Handle(context, Authorize(context, Access::kRank), response,
+                [&] { return service_->HostHeartbeat(*request); });
+}
+
+grpc::ServerUnaryReactor* CoordinatorGrpcService::ReportSteps(
+    grpc::CallbackServerContext* context, const v1::StepReports* request,
+    v1::ReportStepResponse* response) {
+  return Handle(context, Authorize(context, Access::kRank), response,
+                [&] { return service_->ReportSteps(*request); });
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::Replan(

@@ -40,11 +40,21 @@ class CoordinatorGrpcService final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
                                  const v1::JoinRequest* request,
                                  v1::JoinResponse* response) override;
+  grpc::ServerUnaryReactor* HostJoin(grpc::CallbackServerContext* context,
+                                     const v1::HostJoinRequest* request,
+                                     v1::JoinResponse* response) override;
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
                                       const v1::HeartbeatRequest* request,
                                       v1::HeartbeatResponse* response) override;
   grpc::ServerUnaryReactor* ReportStep(
       grpc::CallbackServerContext* context, const v1::StepReport* request,
+      v1::ReportStepResponse* response) override;
+  grpc::ServerUnaryReactor* HostHeartbeat(
+      grpc::CallbackServerContext* context,
+      const v1::HostHeartbeatRequest* request,
+      v1::HeartbeatResponse* response) override;
+  grpc::ServerUnaryReactor* ReportSteps(
+      grpc::CallbackServerContext* context, const v1::StepReports* request,
       v1::ReportStepResponse* response) override;
   grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* context,
                                    const v1::GetJobRequest* request,

@@ -20,6 +20,11 @@
 //         --duration_s (evenly spread), at most one heartbeat in flight per
 //         agent (a late response delays the next send; counted as "late");
 //         a response must be OK and carry no job error.
+//   Host mode (--ranks_per_host K > 1): the N agents are N/K hosts of K
+//     ranks; each host sends one HostJoin for its K ranks on its one
+//     channel, and one HostHeartbeat per period for all K (spread over
+//     hosts), as a host agent does: N/K connections, N/K Join calls and
+//     N/K heartbeat calls per period.
 //   The load generator reads the server child's CPU time (utime + stime of
 //   /proc/<pid>/stat) at each phase boundary and its VmHWM (peak RSS) at
 //   the end, so the server's figures exclude the load generator, whose own
@@ -28,7 +33,8 @@
 // Prints one line per N (key=value), with the load average before and after.
 //
 // Usage: coordinator_load_bench [--agents 4096,16384] [--duration_s 20]
-//   [--heartbeat_interval_s 1] [--client_threads 2] [--matrices 8]
+//   [--ranks_per_host 1] [--heartbeat_interval_s 1] [--client_threads 2]
+//   [--matrices 8]
 //   [--matrix_size 1024] [--server_heartbeat_timeout_s 10] [--skip_plan]
 //   [--server_no_deadlock_detection] [--server_rss_limit_mb 12288]
 //   [--min_mem_available_mb 1024]
@@ -110,6 +116,12 @@ ABSL_FLAG(bool, server_no_deadlock_detection, false,
           "(absl::SetMutexDeadlockDetectionMode(kIgnore)). Debian's Abseil "
           "is built with it on, and gRPC's mutexes are absl::Mutex; the "
           "coordinator as shipped leaves it on (the default, false).");
+ABSL_FLAG(int, ranks_per_host, 1,
+          "Host mode when > 1: the N ranks run K to a host; each host joins "
+          "its K ranks in one HostJoin on its one channel (one TCP "
+          "connection) and heartbeats once per period for all K "
+          "(HostHeartbeat), as a host agent does. N must be a multiple of "
+          "K.");
 ABSL_FLAG(int64_t, min_mem_available_mb, 1024,
           "Kill the server child (and report it) when the machine's "
           "MemAvailable falls below this, MiB.");
@@ -120,6 +132,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr char kUsage[] =
     "usage: coordinator_load_bench [--agents N[,N...]] [--duration_s S]\n"
+    "  [--ranks_per_host K]\n"
     "  [--heartbeat_interval_s S] [--client_threads T] [--matrices M]\n"
     "  [--matrix_size R] [--server_heartbeat_timeout_s S]\n"
     "  [--server_rss_limit_mb MB] [--min_mem_available_mb MB] [--skip_plan]\n"
@@ -263,6 +276,12 @@ struct Agent {
   std::unique_ptr<grpc::ClientContext> context;
   grpc::Status status;
   muon::v1::HeartbeatRequest heartbeat_request;
+  // Host mode: the first rank of each host joins (HostJoin) and heartbeats
+  // (HostHeartbeat) for all of them.
+  bool leader = true;
+  muon::v1::HostHeartbeatRequest host_request;
+  std::unique_ptr<muon::v1::HostJoinRequest> host_join_request;
+  std::vector<Agent*> members;  // the host's agents, this one first
   muon::v1::HeartbeatResponse heartbeat_response;
   std::unique_ptr<grpc::ClientAsyncResponseReader<muon::v1::HeartbeatResponse>>
       heartbeat_reader;
@@ -322,6 +341,7 @@ class LoadGenerator {
         address_(absl::StrCat("127.0.0.1:", port)),
         bearer_(muon::BearerValue(secret)),
         threads_(std::max(1, absl::GetFlag(FLAGS_client_threads))),
+        ranks_per_host_(std::max(1, absl::GetFlag(FLAGS_ranks_per_host))),
         interval_s_(absl::GetFlag(FLAGS_heartbeat_interval_s)),
         duration_s_(absl::GetFlag(FLAGS_duration_s)) {}
 
@@ -377,6 +397,7 @@ class LoadGenerator {
   const std::string address_;
   const std::string bearer_;
   const int threads_;
+  const int ranks_per_host_;
   const double interval_s_;
   const double duration_s_;
 
@@ -395,8 +416,12 @@ void LoadGenerator::StartJoin(Agent* agent) {
   agent->join_context->set_deadline(std::chrono::system_clock::now() +
                                     std::chrono::minutes(11));
   agent->join_response = std::make_unique<muon::v1::JoinResponse>();
-  agent->join_reader = agent->stub->PrepareAsyncJoin(
-      agent->join_context.get(), *agent->join_request, agent->cq);
+  agent->join_reader =
+      agent->host_join_request != nullptr
+          ? agent->stub->PrepareAsyncHostJoin(
+                agent->join_context.get(), *agent->host_join_request, agent->cq)
+          : agent->stub->PrepareAsyncJoin(agent->join_context.get(),
+                                          *agent->join_request, agent->cq);
   agent->join_reader->StartCall();
   agent->join_reader->Finish(agent->join_response.get(), &agent->join_status,
                              Tag(agent, kJoinDone));
@@ -419,8 +444,12 @@ void LoadGenerator::StartHeartbeat(Agent* agent, ThreadStats* stats) {
   agent->context->set_deadline(std::chrono::system_clock::now() +
                                std::chrono::seconds(10));
   agent->heartbeat_response.Clear();
-  agent->heartbeat_reader = agent->stub->PrepareAsyncHeartbeat(
-      agent->context.get(), agent->heartbeat_request, agent->cq);
+  agent->heartbeat_reader =
+      ranks_per_host_ > 1
+          ? agent->stub->PrepareAsyncHostHeartbeat(
+                agent->context.get(), agent->host_request, agent->cq)
+          : agent->stub->PrepareAsyncHeartbeat(
+                agent->context.get(), agent->heartbeat_request, agent->cq);
   agent->heartbeat_reader->StartCall();
   agent->heartbeat_reader->Finish(&agent->heartbeat_response, &agent->status,
                                   Tag(agent, kHeartbeatDone));
@@ -446,8 +475,10 @@ void LoadGenerator::ScheduleNextBeat(Agent* agent) {
 void LoadGenerator::JoinThread(int t) {
   ThreadStats& stats = stats_[t];
   int pending = 0;
-  for (size_t i = t; i < agents_.size(); i += threads_) {
-    StartJoin(agents_[i].get());
+  for (const std::unique_ptr<Agent>& agent : agents_) {
+    if (agent->cq != cqs_[t].get()) continue;  // another thread's
+    if (!agent->leader) continue;              // joined by its host's HostJoin
+    StartJoin(agent.get());
     ++pending;
   }
   // --skip_plan: the Joins never complete; Run polls the server instead.
@@ -467,8 +498,10 @@ void LoadGenerator::JoinThread(int t) {
             agent->join_status.error_message());
       }
     } else {
-      ++stats.joins_ok;
-      agent->joined = true;
+      for (Agent* member : agent->members) {
+        ++stats.joins_ok;
+        member->joined = true;
+      }
       const std::string& hash = agent->join_response->plan().hash();
       if (stats.plan_hash.empty()) {
         stats.plan_hash = hash;
@@ -481,6 +514,7 @@ void LoadGenerator::JoinThread(int t) {
     // Free the plan copy and the call at once: N copies would not fit.
     agent->join_response.reset();
     agent->join_request.reset();
+    agent->host_join_request.reset();
     agent->join_reader.reset();
     agent->join_context.reset();
   }
@@ -489,9 +523,10 @@ void LoadGenerator::JoinThread(int t) {
 void LoadGenerator::HeartbeatThread(int t) {
   ThreadStats& stats = stats_[t];
   int active = 0;
-  for (size_t i = t; i < agents_.size(); i += threads_) {
-    Agent* agent = agents_[i].get();
-    if (!agent->joined) continue;
+  for (const std::unique_ptr<Agent>& owned : agents_) {
+    Agent* agent = owned.get();
+    if (agent->cq != cqs_[t].get()) continue;  // another thread's
+    if (!agent->joined || !agent->leader) continue;
     ScheduleNextBeat(agent);
     if (agent->alarm != nullptr) ++active;
   }
@@ -600,14 +635,21 @@ void LoadGenerator::MakeAgents(std::vector<muon::v1::RankManifest> manifests,
   // equal arguments would otherwise share one subchannel).
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   args.SetMaxReceiveMessageSize(-1);
+  const int hosts = world_ / ranks_per_host_;
   for (int r = 0; r < world_; ++r) {
     auto agent = std::make_unique<Agent>();
     agent->rank = r;
-    agent->offset_s = interval_s_ * r / world_;
-    agent->channel = grpc::CreateCustomChannel(
-        address_, grpc::InsecureChannelCredentials(), args);
+    const int host = r / ranks_per_host_;
+    agent->leader = r % ranks_per_host_ == 0;
+    agent->offset_s = interval_s_ * host / hosts;
+    // A host's ranks share its channel (host mode), as they would share a
+    // host agent's connection.
+    agent->channel =
+        agent->leader ? grpc::CreateCustomChannel(
+                            address_, grpc::InsecureChannelCredentials(), args)
+                      : agents_[r - r % ranks_per_host_]->channel;
     agent->stub = muon::v1::Coordinator::NewStub(agent->channel);
-    agent->cq = cqs_[r % threads_].get();
+    agent->cq = cqs_[host % threads_].get();
     agent->join_request = std::make_unique<muon::v1::JoinRequest>();
     agent->join_request->set_job_id("job");
     agent->join_request->set_incarnation(1000 + r);
@@ -627,6 +669,23 @@ void LoadGenerator::MakeAgents(std::vector<muon::v1::RankManifest> manifests,
     agent->heartbeat_request.set_job_id("job");
     agent->heartbeat_request.set_rank(r);
     agent->heartbeat_request.set_incarnation(1000 + r);
+    Agent* leader =
+        agent->leader ? agent.get() : agents_[r - r % ranks_per_host_].get();
+    leader->members.push_back(agent.get());
+    if (ranks_per_host_ > 1) {
+      if (agent->leader) {
+        leader->host_request.set_job_id("job");
+        leader->host_request.set_host(absl::StrCat("host-", host));
+        leader->host_join_request =
+            std::make_unique<muon::v1::HostJoinRequest>();
+        leader->host_join_request->set_job_id("job");
+        leader->host_join_request->set_host(absl::StrCat("host-", host));
+      }
+      muon::v1::HeartbeatRequest* beat = leader->host_request.add_ranks();
+      beat->set_rank(r);
+      beat->set_incarnation(1000 + r);
+      *leader->host_join_request->add_ranks() = *agent->join_request;
+    }
     agents_.push_back(std::move(agent));
   }
 }
@@ -634,10 +693,13 @@ void LoadGenerator::MakeAgents(std::vector<muon::v1::RankManifest> manifests,
 void LoadGenerator::ConnectPhase(RunFigures* f) {
   f->cpu0 = ProcessCpuSeconds(server_pid_);
   const Clock::time_point connect_start = Clock::now();
-  for (auto& agent : agents_) agent->channel->GetState(true);
+  for (auto& agent : agents_) {
+    if (agent->leader) agent->channel->GetState(true);
+  }
   const auto connect_deadline =
       std::chrono::system_clock::now() + std::chrono::seconds(120);
   for (auto& agent : agents_) {
+    if (!agent->leader) continue;
     if (!agent->channel->WaitForConnected(connect_deadline)) {
       ++f->connect_failures;
     }
@@ -741,7 +803,8 @@ void LoadGenerator::PrintFigures(const RunFigures& f, bool compact,
                                  const std::string& load_before) const {
   const int64_t errors = f.errors();
   std::printf(
-      "agents=%d%s%s client_threads=%d connect_s=%.2f join_to_plan_s=%.3f "
+      "agents=%d ranks_per_host=%d hosts=%d%s%s client_threads=%d "
+      "connect_s=%.2f join_to_plan_s=%.3f "
       "joins_ok=%d plan_bytes=%lld manifests=%s join_bytes(max/last)=%lld/%lld "
       "hb_p50_ms=%.2f hb_p99_ms=%.2f hb_max_ms=%.2f hb_per_s=%.0f "
       "hb_ok=%lld send_lag_p99_ms=%.2f hb_late=%lld errors=%lld "
@@ -750,7 +813,8 @@ void LoadGenerator::PrintFigures(const RunFigures& f, bool compact,
       "server_rss_mb(connected/joined/peak)=%.0f/%.0f/%.0f "
       "client_cpu_s(join/hb)=%.2f/%.2f client_peak_rss_mb=%.0f "
       "loadavg_before=%s loadavg_after=%s%s\n",
-      world_, absl::GetFlag(FLAGS_skip_plan) ? " (skip_plan)" : "",
+      world_, ranks_per_host_, world_ / ranks_per_host_,
+      absl::GetFlag(FLAGS_skip_plan) ? " (skip_plan)" : "",
       absl::GetFlag(FLAGS_server_no_deadlock_detection)
           ? " (server_no_deadlock_detection)"
           : "",
@@ -862,11 +926,20 @@ int RunOne(int world, const std::string& secret) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(kUsage);
   absl::ParseCommandLine(argc, argv);
+  const int per_host = absl::GetFlag(FLAGS_ranks_per_host);
+  if (per_host < 1 || per_host > 1024) {
+    std::fprintf(stderr,
+                 "coordinator_load_bench: --ranks_per_host %d is not in "
+                 "[1, 1024]\n",
+                 per_host);
+    return 2;
+  }
   std::vector<int> worlds;
   for (absl::string_view item :
        absl::StrSplit(absl::GetFlag(FLAGS_agents), ',', absl::SkipEmpty())) {
     int n = 0;
-    if (!absl::SimpleAtoi(item, &n) || n < 1 || n > muon::kMaxWorldSize) {
+    if (!absl::SimpleAtoi(item, &n) || n < 1 || n > muon::kMaxWorldSize ||
+        n % per_host != 0) {
       std::fprintf(stderr,
                    "coordinator_load_bench: bad --agents item \"%.*s\"\n",
                    static_cast<int>(item.size()), item.data());

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/wire_names.h"
 #include "gmock/gmock.h"
@@ -571,6 +572,90 @@ v1::GetReportsRequest ReportsRequest(int rank, int last_steps) {
   request.set_rank(rank);
   request.set_last_steps(last_steps);
   return request;
+}
+
+// The blocking form of HostJoinAsync, for the tests.
+absl::StatusOr<v1::JoinResponse> HostJoin(CoordinatorService& service,
+                                          const v1::HostJoinRequest& request) {
+  absl::Notification finished;
+  absl::StatusOr<v1::JoinResponse> result;
+  service.HostJoinAsync(request, [&](absl::StatusOr<v1::JoinResponse> r) {
+    result = std::move(r);
+    finished.Notify();
+  });
+  finished.WaitForNotification();
+  return result;
+}
+
+// Two hosts of two ranks each join with one HostJoin per host: both get
+// the plan, the same as a rank joining alone would (one hash), and the
+// job is planned with all four ranks. A host listing a rank twice, or no
+// rank, is refused by name.
+TEST_F(CoordinatorServiceTest, HostJoin_TwoHostsOfTwo_OnePlanForAll) {
+  CoordinatorService service(DefaultOptions());
+  const std::vector<v1::RankManifest> m = Manifests(FourRankSpec());
+  v1::HostJoinRequest bad;
+  bad.set_host("node-x");
+  EXPECT_THAT(HostJoin(service, bad),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("must be in [1, 1024]")));
+  *bad.add_ranks() = JoinRequestFor(m[0]);
+  *bad.add_ranks() = JoinRequestFor(m[0]);
+  EXPECT_THAT(HostJoin(service, bad),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("node-x"), HasSubstr("rank 0 twice"))));
+
+  std::vector<absl::StatusOr<v1::JoinResponse>> results(2);
+  std::vector<std::thread> hosts;
+  for (int h = 0; h < 2; ++h) {
+    hosts.emplace_back([&, h] {
+      v1::HostJoinRequest request;
+      request.set_job_id("job");
+      request.set_host(absl::StrCat("node-", h));
+      for (int r : {2 * h, 2 * h + 1})
+        *request.add_ranks() = JoinRequestFor(m[r]);
+      results[h] = HostJoin(service, request);
+    });
+  }
+  for (std::thread& t : hosts) t.join();
+  ASSERT_THAT(results[0], IsOk());
+  ASSERT_THAT(results[1], IsOk());
+  EXPECT_FALSE(results[0]->plan().hash().empty());
+  EXPECT_EQ(results[0]->plan().hash(), results[1]->plan().hash());
+  EXPECT_EQ(results[0]->plan().world_size(), 4);
+  absl::StatusOr<v1::JobInfo> job = service.GetJob(v1::GetJobRequest());
+  ASSERT_THAT(job, IsOk());
+  EXPECT_EQ(job->ranks_joined(), 4);
+}
+
+// A host agent's batch: every report kept as if sent alone; one bad
+// report (a stale incarnation) refuses the whole batch by rank, keeping
+// none of it.
+TEST_F(CoordinatorServiceTest, ReportSteps_BatchKeptWhole_OrRefusedWhole) {
+  CoordinatorService service(DefaultOptions());
+  for (const auto& r : JoinAll(service, Manifests(FourRankSpec()))) {
+    ASSERT_THAT(r, IsOk());
+  }
+  v1::StepReports batch;
+  *batch.add_reports() = ReportFor(0, 5, 0.1);
+  *batch.add_reports() = ReportFor(1, 5, 0.2);
+  ASSERT_THAT(service.ReportSteps(batch), IsOk());
+  absl::StatusOr<v1::GetReportsResponse> kept =
+      service.GetReports(ReportsRequest(-1, 0));
+  ASSERT_THAT(kept, IsOk());
+  EXPECT_THAT(Steps(*kept, 0), ::testing::ElementsAre(5));
+  EXPECT_THAT(Steps(*kept, 1), ::testing::ElementsAre(5));
+
+  v1::StepReports bad;
+  *bad.add_reports() = ReportFor(2, 6, 0.1);
+  v1::StepReport stale = ReportFor(3, 6, 0.1);
+  stale.set_incarnation(999);
+  *bad.add_reports() = stale;
+  EXPECT_THAT(service.ReportSteps(bad),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("rank 3")));
+  kept = service.GetReports(ReportsRequest(2, 0));
+  ASSERT_THAT(kept, IsOk());
+  EXPECT_TRUE(Steps(*kept, 2).empty());
 }
 
 TEST_F(CoordinatorServiceTest, GetReports_RingFull_KeepsLastNByRankThenStep) {

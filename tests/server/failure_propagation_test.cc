@@ -74,6 +74,89 @@ class FailurePropagationTest : public ::testing::Test {
   FakeClock clock_;
 };
 
+// A host agent's heartbeat for ranks 0 and 1, every 100 ms, keeps both
+// alive; rank 2 (another host, silent) is lost and named; rank 3's own
+// heartbeat keeps it alive as before.
+TEST_F(FailurePropagationTest,
+       HostHeartbeat_KeepsItsRanksAlive_SilentHostRankNamed) {
+  CoordinatorService service(Options());
+  JoinAll(service);
+  v1::HostHeartbeatRequest host;
+  host.set_host("node-a");
+  for (int r : {0, 1}) {
+    v1::HeartbeatRequest* beat = host.add_ranks();
+    beat->set_rank(r);
+    beat->set_incarnation(100 + r);
+  }
+  for (int i = 0; i < 3; ++i) {
+    clock_.Advance(absl::Milliseconds(100));
+    absl::StatusOr<v1::HeartbeatResponse> response =
+        service.HostHeartbeat(host);
+    ASSERT_THAT(response, IsOk());
+    EXPECT_EQ(response->job_error(), "");
+    ASSERT_THAT(Beat(service, 3), IsOk());
+  }
+  clock_.Advance(absl::Milliseconds(100));
+  absl::StatusOr<v1::HeartbeatResponse> response = service.HostHeartbeat(host);
+  ASSERT_THAT(response, IsOk());
+  EXPECT_EQ(response->job_state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(response->failed_rank(), 2);
+  EXPECT_THAT(response->job_error(), HasSubstr("rank 2 lost"));
+}
+
+// An entry's error becomes the job error naming that rank; a bad entry
+// (a rank listed twice, a stale incarnation, a rank that never joined)
+// refuses the whole call by name and records nothing.
+TEST_F(FailurePropagationTest,
+       HostHeartbeat_EntryErrorFailsJob_BadEntriesRefusedWhole) {
+  CoordinatorService service(Options());
+  JoinAll(service);
+  auto beat = [](v1::HostHeartbeatRequest* host, int rank, uint64_t inc) {
+    v1::HeartbeatRequest* b = host->add_ranks();
+    b->set_rank(rank);
+    b->set_incarnation(inc);
+    return b;
+  };
+  v1::HostHeartbeatRequest twice;
+  twice.set_host("node-a");
+  beat(&twice, 0, 100);
+  beat(&twice, 0, 100);
+  EXPECT_THAT(service.HostHeartbeat(twice),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("node-a"), HasSubstr("rank 0 twice"))));
+  v1::HostHeartbeatRequest stale;
+  stale.set_host("node-b");
+  beat(&stale, 1, 101);
+  beat(&stale, 2, 999)->set_error("must not be recorded");
+  EXPECT_THAT(service.HostHeartbeat(stale),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("node-b")));
+  v1::HostHeartbeatRequest unknown;
+  beat(&unknown, 7, 107);
+  EXPECT_THAT(service.HostHeartbeat(unknown),
+              StatusIs(absl::StatusCode::kNotFound, ::testing::_));
+  v1::HostHeartbeatRequest too_many;
+  for (int i = 0; i <= CoordinatorService::kMaxHostRanks; ++i) {
+    beat(&too_many, i, 100 + i);
+  }
+  EXPECT_THAT(
+      service.HostHeartbeat(too_many),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("at most 1024")));
+  // Nothing above failed the job.
+  absl::StatusOr<v1::HeartbeatResponse> ok = Beat(service, 3);
+  ASSERT_THAT(ok, IsOk());
+  EXPECT_EQ(ok->job_error(), "");
+
+  v1::HostHeartbeatRequest failing;
+  failing.set_host("node-c");
+  beat(&failing, 2, 102);
+  beat(&failing, 3, 103)->set_error("CUDA error: illegal address");
+  absl::StatusOr<v1::HeartbeatResponse> failed = service.HostHeartbeat(failing);
+  ASSERT_THAT(failed, IsOk());
+  EXPECT_EQ(failed->failed_rank(), 3);
+  EXPECT_THAT(failed->job_error(),
+              HasSubstr("rank 3 failed: CUDA error: illegal address"));
+}
+
 TEST_F(FailurePropagationTest,
        Heartbeat_RankSilentPastTimeout_EveryRankGetsErrorNamingIt) {
   CoordinatorService service(Options());
