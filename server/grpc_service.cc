@@ -43,6 +43,22 @@ auto Finisher(grpc::ServerUnaryReactor* reactor, Response* response) {
   };
 }
 
+// A handler whose service call completes later: `start(done)` hands the
+// service Finisher(reactor, response) once `authorized` is OK; otherwise
+// the call finishes with that error.
+template <typename Response, typename Start>
+grpc::ServerUnaryReactor* HandleAsync(grpc::CallbackServerContext* context,
+                                      const absl::Status& authorized,
+                                      Response* response, Start start) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (!authorized.ok()) {
+    reactor->Finish(ToGrpcStatus(authorized));
+    return reactor;
+  }
+  start(Finisher(reactor, response));
+  return reactor;
+}
+
 }  // namespace
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
@@ -88,40 +104,23 @@ absl::Status CoordinatorGrpcService::Authorize(
 grpc::ServerUnaryReactor* CoordinatorGrpcService::Join(
     grpc::CallbackServerContext* context, const v1::JoinRequest* request,
     v1::JoinResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::Status check = Authorize(context, Access::kRank);
-  if (!check.ok()) {
-    reactor->Finish(ToGrpcStatus(check));
-    return reactor;
-  }
-  service_->JoinAsync(*request, Finisher(reactor, response));
-  return reactor;
+  return HandleAsync(context, Authorize(context, Access::kRank), response,
+                     [&](auto done) { service_->JoinAsync(*request, done); });
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::HostJoin(
     grpc::CallbackServerContext* context, const v1::HostJoinRequest* request,
     v1::JoinResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::Status check = Authorize(context, Access::kRank);
-  if (!check.ok()) {
-    reactor->Finish(ToGrpcStatus(check));
-    return reactor;
-  }
-  service_->HostJoinAsync(*request, Finisher(reactor, response));
-  return reactor;
+  return HandleAsync(
+      context, Authorize(context, Access::kRank), response,
+      [&](auto done) { service_->HostJoinAsync(*request, done); });
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::KeyGet(
     grpc::CallbackServerContext* context, const v1::KeyGetRequest* request,
     v1::KeyGetResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::Status check = Authorize(context, Access::kRank);
-  if (!check.ok()) {
-    reactor->Finish(ToGrpcStatus(check));
-    return reactor;
-  }
-  service_->KeyGetAsync(*request, Finisher(reactor, response));
-  return reactor;
+  return HandleAsync(context, Authorize(context, Access::kRank), response,
+                     [&](auto done) { service_->KeyGetAsync(*request, done); });
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::Heartbeat(

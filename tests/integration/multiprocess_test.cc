@@ -23,6 +23,7 @@
 #include "common/spec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/command_util.h"
 #include "tests/job_secret_env.h"
 #include "tools/launcher.h"
 #include "tools/npy.h"
@@ -30,27 +31,12 @@
 namespace muon {
 namespace {
 
+using ::muon::testing::CommandResult;
 using ::testing::HasSubstr;
 
-struct CommandResult {
-  int exit_code = -1;
-  std::string output;
-};
-
-// Runs a shell command bounded by `timeout_s` (coreutils timeout) and
-// returns its exit code and combined output.
+// A command bounded by `timeout_s` (120 s unless given).
 CommandResult RunCommand(const std::string& command, int timeout_s = 120) {
-  CommandResult r;
-  const std::string bounded =
-      absl::StrCat("timeout -k 5 ", timeout_s, " ", command, " 2>&1");
-  FILE* p = popen(bounded.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-  return r;
+  return ::muon::testing::RunCommand(command, timeout_s);
 }
 
 std::string Spec(const std::string& name) {

@@ -21,35 +21,17 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/command_util.h"
 
 namespace muon {
 namespace {
 
+using ::muon::testing::CommandResult;
+using ::muon::testing::RunCommand;
 using ::testing::HasSubstr;
 
 constexpr char kMuonrun[] = "tools/muonrun";
 constexpr char kRank[] = "tests/integration/pg_rank";
-
-struct CommandResult {
-  int exit_code = -1;
-  std::string output;
-};
-
-// Runs a shell command bounded by `timeout_s` (coreutils timeout) and
-// returns its exit code and combined output.
-CommandResult RunCommand(const std::string& command, int timeout_s) {
-  CommandResult r;
-  const std::string bounded =
-      absl::StrCat("timeout -k 5 ", timeout_s, " ", command, " 2>&1");
-  FILE* p = popen(bounded.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-  return r;
-}
 
 // A TCP socket listening on 127.0.0.1 at a port the kernel picks, closed
 // on destruction: "another job" holding that port.
