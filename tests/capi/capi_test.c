@@ -204,9 +204,9 @@ static void ReferenceStep(double* W, const double* G, double* Buf, int rows,
 
 /* ---- Tests ------------------------------------------------------------ */
 
-static void AbiVersion_IsTwelve(void) {
+static void AbiVersion_IsThirteen(void) {
   CHECK(muonrt_abi_version() == MUONRT_ABI_VERSION);
-  CHECK(MUONRT_ABI_VERSION == 12);
+  CHECK(MUONRT_ABI_VERSION == 13);
   CHECK(strcmp(muonrt_last_error(), "") == 0);
 done:;
 }
@@ -662,6 +662,8 @@ static void NullHandles_ReturnInvalidArgument(void) {
   CHECK(muonrt_pg_rank(NULL) == -1);
   CHECK_ERROR_HAS("pg is NULL");
   CHECK(muonrt_pg_world_size(NULL) == -1);
+  CHECK(muonrt_pg_coordinator_address(NULL) == NULL);
+  CHECK_ERROR_HAS("pg is NULL");
   CHECK_CODE(muonrt_pg_barrier(NULL), MUONRT_INVALID_ARGUMENT);
   CHECK_CODE(muonrt_pg_init_from_env(0, NULL), MUONRT_INVALID_ARGUMENT);
   muonrt_optimizer_destroy(NULL);
@@ -1087,6 +1089,12 @@ static void ProcessGroupOfOne_MeshAndPlacementErrors(void) {
   CHECK(pg != NULL);
   CHECK(muonrt_pg_rank(pg) == 0);
   CHECK(muonrt_pg_world_size(pg) == 1);
+  {
+    /* Without a store: MASTER_PORT + 1. */
+    char want[64];
+    snprintf(want, sizeof(want), "127.0.0.1:%d", p);
+    CHECK(strcmp(muonrt_pg_coordinator_address(pg), want) == 0);
+  }
   CHECK_OK(muonrt_pg_barrier(pg));
 
   float w[12], g[12], w0[12];
@@ -1179,6 +1187,66 @@ done:
   muonrt_pg_destroy(pg);
 }
 
+/* The store of ProcessGroupWithStore_PublishesKernelPickedPort. */
+static char g_published[256];
+
+static int Publish(void* ctx, const char* address) {
+  (void)ctx;
+  snprintf(g_published, sizeof(g_published), "%s", address);
+  return 0;
+}
+
+static int LookupNothing(void* ctx, double timeout_s, char* buf, int buf_size) {
+  (void)ctx;
+  (void)timeout_s;
+  (void)buf;
+  (void)buf_size;
+  return 1; /* rank 0 never looks up */
+}
+
+/* With the job's store, rank 0's coordinator binds a port the kernel picks
+ * (not MASTER_PORT + 1, held here by another socket) and publishes the
+ * address it reports; NULL callbacks are refused by name. */
+static void ProcessGroupWithStore_PublishesKernelPickedPort(void) {
+  muonrt_process_group* pg = NULL;
+  int held = -1;
+  char port[16];
+  const int p = FreePort();
+  CHECK(p > 1);
+  snprintf(port, sizeof(port), "%d", p - 1);
+  setenv("RANK", "0", 1);
+  setenv("WORLD_SIZE", "1", 1);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", port, 1);
+  setenv("MUON_JOB_ID", "capi_test_store", 1);
+  CHECK_CODE(
+      muonrt_pg_init_with_store(NULL, -1, 10, NULL, LookupNothing, NULL, &pg),
+      MUONRT_INVALID_ARGUMENT);
+  CHECK_ERROR_HAS("publish");
+  /* Another job holds MASTER_PORT + 1. */
+  held = socket(AF_INET, SOCK_STREAM, 0);
+  CHECK(held >= 0);
+  {
+    struct sockaddr_in addr;
+    memset(&addr, 0, sizeof(addr));
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons((uint16_t)p);
+    CHECK(bind(held, (struct sockaddr*)&addr, sizeof(addr)) == 0);
+    CHECK(listen(held, 4) == 0);
+  }
+  g_published[0] = '\0';
+  CHECK_OK(muonrt_pg_init_with_store(NULL, -1, 10, Publish, LookupNothing, NULL,
+                                     &pg));
+  CHECK(strcmp(g_published, muonrt_pg_coordinator_address(pg)) == 0);
+  CHECK(strncmp(g_published, "127.0.0.1:", 10) == 0);
+  CHECK(atoi(g_published + 10) > 0 && atoi(g_published + 10) != p);
+  CHECK_OK(muonrt_pg_barrier(pg));
+done:
+  muonrt_pg_destroy(pg);
+  if (held >= 0) close(held);
+}
+
 /* ---- Runner ----------------------------------------------------------- */
 
 typedef struct {
@@ -1191,7 +1259,7 @@ typedef struct {
 
 int main(void) {
   const Test tests[] = {
-      TEST(AbiVersion_IsTwelve),
+      TEST(AbiVersion_IsThirteen),
       TEST(ComputeThreads_SetAndRefusedOutOfRange),
       TEST(OptionsDefault_AreTorchDefaults),
       TEST(OptionsValidate_NamesTheBadField),
@@ -1209,6 +1277,7 @@ int main(void) {
       TEST(NorMuon_RowStateReadAndLoadedAllOrNothing),
       TEST(QkClip_ScalesClippedHeadRowsAndRefusesBadInput),
       TEST(ProcessGroupOfOne_MeshAndPlacementErrors),
+      TEST(ProcessGroupWithStore_PublishesKernelPickedPort),
   };
   const int n = (int)(sizeof(tests) / sizeof(tests[0]));
   for (int i = 0; i < n; ++i) {
