@@ -6,13 +6,13 @@
   ``muonrt.Muon`` uses when given no ``process_group``. Collective: every
   rank calls it. It is separate from torch.distributed's group (gloo/nccl):
   a trainer typically has both, on the same environment. Rank 0 embeds the
-  coordinator unless MUON_COORDINATOR names a daemon: after
-  torch.distributed.init_process_group, on a port the kernel picks, its
-  address handed to the other ranks through torch's store (TCPStore at
-  MASTER_PORT), so no fixed port can collide with another job's; before
-  it, on MASTER_PORT+1 (or MUON_COORDINATOR_PORT; under muonrun on one
-  node, a free port again, through muonrun's directory). See
-  capi/muonrt.h.
+  coordinator unless MUON_COORDINATOR names a daemon: on a port the
+  kernel picks, its address handed to the other ranks through torch's
+  store (the default group's after torch.distributed.init_process_group,
+  else the TCPStore torchrun's agent hosts on MASTER_PORT), so no fixed
+  port can collide with another job's; with neither, on MASTER_PORT+1 (or
+  MUON_COORDINATOR_PORT; under muonrun on one node, a free port again,
+  through muonrun's directory). See capi/muonrt.h.
 - ``Mesh(names, sizes)``: a named device mesh, row-major over ranks (as
   torch's DeviceMesh(mesh_dim_names=...) over arange(world)).
 - placements in DTensor spelling: "Shard(0)" / "Replicate()", torch's
@@ -22,6 +22,7 @@
 import atexit
 import ctypes
 import datetime
+import os
 import re
 import sys
 import threading
@@ -138,7 +139,8 @@ def init_process_group(backend=None, timeout=60.0, device_id=None):
         device = device_id.index if device_id.index is not None else 0
     out = ctypes.c_void_p()
     name = None if backend is None else backend.encode()
-    store = _torch_default_store()
+    seconds = _timeout_seconds(timeout)
+    store = _job_store(seconds if seconds > 0 else 60.0)
     if store is None:
         _lib.call("muonrt_pg_init_backend_from_env", name, device,
                   _timeout_seconds(timeout), ctypes.byref(out))
@@ -157,19 +159,31 @@ def init_process_group(backend=None, timeout=60.0, device_id=None):
 _store_inits = 0
 
 
-def _torch_default_store():
-    """torch.distributed's default store (the TCPStore of torchrun's
-    MASTER_PORT) when the trainer has initialized torch.distributed, else
-    None. torch is not imported here: only a trainer that did sees it."""
+def _job_store(timeout_s):
+    """The job's key-value store for the coordinator's address, or None:
+    torch.distributed's default store when the trainer has initialized
+    torch.distributed; else, under torchrun (TORCHELASTIC_USE_AGENT_STORE
+    =True), a client of the TCPStore its agent hosts on MASTER_ADDR:
+    MASTER_PORT. None when MUON_COORDINATOR or MUON_COORDINATOR_PORT name
+    the coordinator, or without torch. torch is imported here only under
+    torchrun."""
+    if os.environ.get("MUON_COORDINATOR") or \
+            os.environ.get("MUON_COORDINATOR_PORT"):
+        return None
     torch = sys.modules.get("torch")
     dist = getattr(torch, "distributed", None) if torch is not None else None
     try:
-        if dist is None or not dist.is_available() or \
-                not dist.is_initialized():
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            from torch.distributed import distributed_c10d
+            return distributed_c10d._get_default_store()
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
             return None
-        from torch.distributed import distributed_c10d
-        return distributed_c10d._get_default_store()
-    except Exception:  # an older or stripped torch: no store
+        import torch.distributed as tdist
+        return tdist.TCPStore(
+            os.environ.get("MASTER_ADDR", "127.0.0.1"),
+            int(os.environ["MASTER_PORT"]), is_master=False,
+            timeout=datetime.timedelta(seconds=timeout_s))
+    except Exception:  # no torch, a stripped one, or no agent store
         return None
 
 
@@ -179,7 +193,9 @@ def _store_callbacks(store):
     `store`. Errors inside are printed and reported as failures."""
     global _store_inits
     _store_inits += 1
-    key = f"muonrt/coordinator/{_store_inits}"
+    # An elastic restart reuses torchrun's store: a fresh key per attempt.
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    key = f"muonrt/coordinator/{restart}/{_store_inits}"
 
     def publish(_ctx, address):
         try:

@@ -1,15 +1,17 @@
-"""Start-up that cannot collide, through torch's store: ranks that call
-torch.distributed.init_process_group first get rank 0's coordinator at a
-port the kernel picks, its address handed over in torch's TCPStore, so a
-job whose MASTER_PORT+1 is held by another process still starts, and a
-second muonrt.init_process_group in the same job finds the new address,
-not the old one. Every subprocess is bounded by a timeout.
+"""Start-up that cannot collide, through torch's store: rank 0's
+coordinator binds a port the kernel picks and hands its address over in
+torch's TCPStore (the default group's when the ranks initialized
+torch.distributed first; else the one torchrun's agent hosts on
+MASTER_PORT), so a job whose MASTER_PORT+1 is held by another process still
+starts, and a second muonrt.init_process_group in the same job finds the
+new address, not the old one. Every subprocess is bounded by a timeout.
 """
 import os
 import socket
 import subprocess
 import sys
 import textwrap
+from datetime import timedelta
 
 from conftest import REPO, free_port_pair, library_or_skip
 
@@ -33,7 +35,20 @@ RANK = textwrap.dedent("""
 """)
 
 
-def run_ranks(n, port, lib, extra_env=None):
+# Ranks under torchrun's agent store, without torch.distributed.
+AGENT_RANK = textwrap.dedent("""
+    import sys
+    import muonrt
+    for attempt in range(2):
+        pg = muonrt.init_process_group(timeout=60)
+        port = int(pg.coordinator_address.rsplit(":", 1)[1])
+        assert port != int(sys.argv[1]) + 1, pg.coordinator_address
+        pg.barrier()
+        muonrt.destroy_process_group()
+""")
+
+
+def run_ranks(n, port, lib, extra_env=None, script=RANK):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.path.join(REPO, "python")
     env["MUONRT_LIBRARY"] = os.path.abspath(lib)
@@ -48,7 +63,7 @@ def run_ranks(n, port, lib, extra_env=None):
                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(n),
                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
             procs.append(subprocess.Popen(
-                [PY, "-c", RANK, str(port)], env=e, stdout=subprocess.PIPE,
+                [PY, "-c", script, str(port)], env=e, stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, text=True))
         outs = [p.communicate(timeout=TIMEOUT_S)[0] for p in procs]
     finally:
@@ -66,5 +81,26 @@ def test_master_port_plus_one_held_ranks_start_through_torch_store():
         held.bind(("127.0.0.1", port + 1))
         held.listen()
         results = run_ranks(4, port, lib)
+    for rank, (code, out) in enumerate(results):
+        assert code == 0, f"rank {rank} -> {code}\n{out}"
+
+
+def test_master_port_plus_one_held_ranks_start_through_torchrun_agent_store():
+    """torchrun's agent hosts a TCPStore on MASTER_PORT and sets
+    TORCHELASTIC_USE_AGENT_STORE=True: ranks that never initialize
+    torch.distributed find the coordinator through it."""
+    lib = library_or_skip()
+    import torch.distributed as dist
+    port = free_port_pair()
+    agent_store = dist.TCPStore("127.0.0.1", port, 5, True,
+                                timedelta(seconds=60),
+                                wait_for_workers=False)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", port + 1))
+        held.listen()
+        results = run_ranks(4, port, lib, script=AGENT_RANK,
+                            extra_env={"TORCHELASTIC_USE_AGENT_STORE": "True",
+                                       "TORCHELASTIC_RESTART_COUNT": "0"})
+    del agent_store
     for rank, (code, out) in enumerate(results):
         assert code == 0, f"rank {rank} -> {code}\n{out}"
