@@ -92,9 +92,14 @@ def test_master_port_plus_one_held_ranks_start_through_torchrun_agent_store():
     lib = library_or_skip()
     import torch.distributed as dist
     port = free_port_pair()
-    agent_store = dist.TCPStore("127.0.0.1", port, 5, True,
-                                timedelta(seconds=60),
-                                wait_for_workers=False)
+    try:  # torch 2.x: Debian's build has no libuv (the default server)
+        agent_store = dist.TCPStore("127.0.0.1", port, 5, True,
+                                    timedelta(seconds=60),
+                                    wait_for_workers=False, use_libuv=False)
+    except TypeError:  # torch 1.13: no use_libuv
+        agent_store = dist.TCPStore("127.0.0.1", port, 5, True,
+                                    timedelta(seconds=60),
+                                    wait_for_workers=False)
     with socket.socket() as held:
         held.bind(("127.0.0.1", port + 1))
         held.listen()
