@@ -87,6 +87,13 @@ absl::StatusOr<std::string> CoordinationStore::GetUntil(
     }
     const absl::Time now = absl::Now();
     if (now >= deadline) {
+      if (transient) {  // the coordinator never answered in the meantime
+        return Annotate(
+            value.status(),
+            absl::StrCat("CoordinationStore: KeyGet '", key,
+                         "' (unavailable until the ",
+                         absl::FormatDuration(timeout), " deadline): "));
+      }
       return absl::DeadlineExceededError(
           absl::StrCat("CoordinationStore: key '", key, "' not set within ",
                        absl::FormatDuration(timeout)));

@@ -93,7 +93,8 @@ class CoordinationStore : public gloo::rendezvous::Store {
   //     and the timeout).
   //   Aborted: Cancel() was called.
   //   Unavailable: the coordinator answered Unavailable for longer than
-  //     options.unavailable_grace (shorter bouts are retried).
+  //     options.unavailable_grace (shorter bouts are retried), or until
+  //     the deadline.
   //   Any other code KeyGet returns besides NotFound and DeadlineExceeded
   //     (which mean "not yet"): the coordinator failed.
   absl::StatusOr<std::string> Get(const std::string& key,

@@ -199,10 +199,14 @@ std::string GlooCommunicator::MissingRanks(CoordinationStore& store) const {
   // under "<prefix>/rank_<rank>", then its addresses under
   // "<prefix>/<rank>" (gloo::rendezvous::Context::connectFullMesh through a
   // PrefixStore; older Gloo versions store only the latter). One or two
-  // reads per rank, without waiting: this is the error path.
+  // reads per rank, without waiting: this is the error path. Every rank of
+  // a failed start-up runs it at once, so each reads at most kChecked
+  // ranks' keys (the first ones: the order in which Gloo waits for them).
   constexpr int kListed = 16;
+  constexpr int kChecked = 64;
   std::vector<int> missing;
-  for (int r = 0; r < world_size_; ++r) {
+  const int checked = std::min(world_size_, kChecked + 1);
+  for (int r = 0; r < checked; ++r) {
     if (r == rank_) continue;
     bool joined = false;
     for (const std::string& key : {absl::StrCat(options_.prefix, "/rank_", r),
@@ -224,11 +228,14 @@ std::string GlooCommunicator::MissingRanks(CoordinationStore& store) const {
   if (missing.size() > static_cast<size_t>(kListed)) {
     names.push_back(absl::StrCat("and ", missing.size() - kListed, " more"));
   }
-  return absl::StrCat(missing.size() == 1 ? "rank " : "ranks ",
-                      absl::StrJoin(names, ", "), " of ", world_size_,
-                      missing.size() == 1 ? " has" : " have",
-                      " not joined the rendezvous (not started, exited, or "
-                      "cannot reach the coordinator)");
+  return absl::StrCat(
+      missing.size() == 1 ? "rank " : "ranks ", absl::StrJoin(names, ", "),
+      " of ", world_size_, missing.size() == 1 ? " has" : " have",
+      " not joined the rendezvous (not started, exited, or cannot reach the "
+      "coordinator)",
+      checked < world_size_
+          ? absl::StrCat("; ranks 0-", checked - 1, " checked")
+          : "");
 }
 
 std::string GlooCommunicator::AddressesKey(int rank) const {

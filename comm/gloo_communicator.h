@@ -178,7 +178,9 @@ class GlooCommunicator : public Communicator {
   // After a rendezvous timeout: which ranks (of the root group) have not
   // published their Gloo address under options_.prefix in `store`, e.g.
   // "ranks 2, 3 of 4 have not joined the rendezvous (not started, exited,
-  // or cannot reach the coordinator)"; empty when every key is there.
+  // or cannot reach the coordinator)"; empty when every key is there or
+  // the store cannot tell. Reads the keys of the first 65 ranks at most
+  // (the message then says which were checked).
   std::string MissingRanks(CoordinationStore& store) const;
   // Best effort: publishes under AddressesKey(rank_) how this rank's TCP
   // pairs print their addresses, which is how peers' Gloo error messages

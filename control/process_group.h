@@ -75,6 +75,8 @@ struct CoordinatorAddressExchange {
 // they are used (1, 2, ...), so a job that initializes its process group
 // again, the same number of times on every rank, never reads an address of
 // before. (Ranks run as threads of one process pass one generation > 0.)
+// The files must not exist before the job: a lookup takes whatever address
+// is there (muonrun's private directory is new for every run).
 // Errors of lookup: DeadlineExceeded naming the file; InvalidArgument when
 // its content is not host:port.
 CoordinatorAddressExchange FileAddressExchange(const std::string& path,

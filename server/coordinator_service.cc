@@ -386,8 +386,12 @@ int JoinRank(const v1::JoinRequest& request) {
              : request.manifest().rank();
 }
 
-// Collects the results of one HostJoin's entries; calls `done` once, with
-// the first error, else a send_full_manifest response, else the first.
+// Collects the results of one HostJoin's entries and calls `done` once:
+// at the first error (naming the host) or the first response that asks for
+// full manifests, at once, since the host must act on it before the other
+// entries can finish (their later results are then dropped; a rejoin with
+// the same incarnations replaces their waits); else with the shared
+// response once every entry has one.
 class HostJoinResults {
  public:
   HostJoinResults(std::string host, int entries,
@@ -398,21 +402,19 @@ class HostJoinResults {
     CoordinatorService::JoinCallback done;
     {
       absl::MutexLock lock(&mu_);
-      if (!result.ok()) {
-        if (error_.ok()) error_ = result.status();
-      } else if (!response_.has_value() || (result->send_full_manifest() &&
-                                            !response_->send_full_manifest())) {
-        response_ = *std::move(result);
-      }
-      if (--left_ > 0) return;
+      if (!done_) return;  // already answered
+      const bool now = !result.ok() || result->send_full_manifest();
+      if (!now && --left_ > 0) return;
       done = std::move(done_);
+      done_ = nullptr;
     }
-    if (!error_.ok()) {
-      done(absl::Status(error_.code(), absl::StrCat("HostJoin from ", host_,
-                                                    ": ", error_.message())));
+    if (!result.ok()) {
+      done(absl::Status(result.status().code(),
+                        absl::StrCat("HostJoin from ", host_, ": ",
+                                     result.status().message())));
       return;
     }
-    done(*std::move(response_));
+    done(std::move(result));
   }
 
  private:
@@ -420,8 +422,6 @@ class HostJoinResults {
   absl::Mutex mu_;
   int left_ ABSL_GUARDED_BY(mu_);
   CoordinatorService::JoinCallback done_ ABSL_GUARDED_BY(mu_);
-  absl::Status error_;  // Written under mu_, read by the last Add.
-  std::optional<v1::JoinResponse> response_;  // Likewise.
 };
 
 }  // namespace
@@ -751,7 +751,9 @@ absl::StatusOr<v1::ReportStepResponse> CoordinatorService::ReportStep(
     MUON_ASSIGN_OR_RETURN(RankInfo * info,
                           FindRankLocked(report.rank(), report.incarnation()));
     MUON_RETURN_IF_ERROR(PlanReadyLocked());
-    ApplyReportLocked(report, options_.now(), info);
+    const absl::Time now = options_.now();
+    ApplyReportLocked(report, now, info);
+    CheckLostLocked(now);
     NoteJobStateLocked();
   }
   if (options_.observer != nullptr) options_.observer->OnStepReport(report);
@@ -782,6 +784,8 @@ absl::StatusOr<v1::ReportStepResponse> CoordinatorService::ReportSteps(
     for (int i = 0; i < request.reports_size(); ++i) {
       ApplyReportLocked(request.reports(i), now, infos[i]);
     }
+    // After the whole batch: none of its ranks counts as silent.
+    CheckLostLocked(now);
     NoteJobStateLocked();
   }
   if (options_.observer != nullptr) {
@@ -799,7 +803,6 @@ void CoordinatorService::ApplyReportLocked(const v1::StepReport& report,
   info->reported = true;
   info->last_report = report;
   info->last_report_at = now;
-  CheckLostLocked(now);
   KeepReportLocked(*info, report);
 }
 

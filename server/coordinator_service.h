@@ -177,10 +177,11 @@ class CoordinatorService {
   void JoinAsync(const v1::JoinRequest& request, JoinCallback done);
 
   // A host agent's Joins (HostJoinRequest): each entry as JoinAsync, and
-  // `done` once, when every entry has its result: the first error (naming
-  // the host), else a response that asks for full manifests if any entry's
-  // did (send_full_manifest: rejoin every rank with its full manifest), else
-  // the response every rank shares. Holds no thread while waiting.
+  // `done` once: at the first entry's error (naming the host) or the first
+  // response that asks for full manifests (send_full_manifest: rejoin
+  // those ranks, same incarnations, with their full manifests), without
+  // waiting for the other entries; else with the response every rank
+  // shares once every entry has it. Holds no thread while waiting.
   // Errors: those of Join for any entry; InvalidArgument (job id, no
   // entries, more than kMaxHostRanks, a rank listed twice).
   void HostJoinAsync(const v1::HostJoinRequest& request, JoinCallback done);
@@ -415,7 +416,8 @@ class CoordinatorService {
   // After heartbeats: the lost-rank scan, then the job state and error.
   v1::HeartbeatResponse HeartbeatResponseLocked(absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // One rank's step report (`info` is its entry), kept in its ring.
+  // One rank's step report (`info` is its entry), kept in its ring (the
+  // caller runs the lost-rank scan afterwards).
   void ApplyReportLocked(const v1::StepReport& report, absl::Time now,
                          RankInfo* info) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a planned rank is late: others reported later steps and it has

@@ -685,6 +685,8 @@ void LoadGenerator::MakeAgents(std::vector<muon::v1::RankManifest> manifests,
       beat->set_rank(r);
       beat->set_incarnation(1000 + r);
       *leader->host_join_request->add_ranks() = *agent->join_request;
+      // Kept once, in the host's request.
+      if (!agent->leader) agent->join_request.reset();
     }
     agents_.push_back(std::move(agent));
   }

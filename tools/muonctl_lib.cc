@@ -321,10 +321,10 @@ void PrintPlanRanks(const JobPlan& p, const PlanMemoryOptions& memory, int rows,
         traffic ? Bytes(t[r].sent_bf16) : "-",
         traffic ? Bytes(t[r].peak_buffer) : "-",
         traffic ? Bytes(t[r].momentum) : "-", traffic ? Bytes(t[r].peak) : "-");
-    if (traffic) {
-      sent += t[r].sent;
-      sent_bf16 += t[r].sent_bf16;
-    }
+  }
+  for (const RankTraffic& rank : t) {
+    sent += rank.sent;
+    sent_bf16 += rank.sent_bf16;
   }
   if (!traffic) {
     out << "(bytes per rank not computed: ranks^2 x matrices above "

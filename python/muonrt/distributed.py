@@ -190,7 +190,8 @@ def _job_store(timeout_s):
 def _store_callbacks(store):
     """The publish and lookup callbacks (capi/muonrt.h muonrt_publish_fn,
     muonrt_lookup_fn) of the coordinator's address under this init's key of
-    `store`. Errors inside are printed and reported as failures."""
+    `store`. Errors inside (KeyboardInterrupt too: a callback cannot raise
+    through C) are printed and reported as failures."""
     global _store_inits
     _store_inits += 1
     # An elastic restart reuses torchrun's store: a fresh key per attempt.
@@ -201,7 +202,7 @@ def _store_callbacks(store):
         try:
             store.set(key, address)
             return 0
-        except Exception as e:  # reported by the library as UNAVAILABLE
+        except BaseException as e:  # reported by the library as UNAVAILABLE
             print(f"muonrt: publishing the coordinator's address in "
                   f"torch's store failed: {e!r}", file=sys.stderr)
             return 1
@@ -212,7 +213,7 @@ def _store_callbacks(store):
             value = bytes(store.get(key))[:size - 1] + b"\0"
             ctypes.memmove(buf, value, len(value))
             return 0
-        except Exception as e:  # reported as DEADLINE_EXCEEDED
+        except BaseException as e:  # reported as DEADLINE_EXCEEDED
             print(f"muonrt: no coordinator address under {key!r} in "
                   f"torch's store: {e!r}", file=sys.stderr)
             return 1

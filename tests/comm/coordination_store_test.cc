@@ -184,6 +184,17 @@ TEST(CoordinationStoreTest,
   EXPECT_GT(client.gets_, 1);
 }
 
+// A coordinator unavailable for the whole of a wait shorter than the
+// grace is reported as Unavailable, not as a key that was never set.
+TEST(CoordinationStoreTest, Get_UnavailableUntilDeadline_ReturnsUnavailable) {
+  UnreachableClient client;
+  CoordinationStore store(&client, ShortOptions());  // grace 5 s
+  absl::StatusOr<std::string> value = store.Get("k", absl::Milliseconds(300));
+  EXPECT_THAT(value.status(), StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(std::string(value.status().message()),
+              HasSubstr("coordinator unreachable"));
+}
+
 // A client that answers Unavailable to its first `failures` calls of each
 // kind (a coordinator still starting, or briefly overloaded), then works.
 class FlakyClient : public InMemoryStoreClient {

@@ -6,6 +6,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "plan/compact_manifest.h"
@@ -174,6 +176,61 @@ TEST_F(CompactJoinTest, PipelineJobWithCompactRanks_FullManifestsPlanAsBefore) {
     ASSERT_THAT(results[r], IsOk()) << r;
     EXPECT_EQ(asked[r], r != 0) << r;
     EXPECT_EQ(results[r]->plan().hash(), full->plan.hash()) << r;
+  }
+}
+
+// The blocking form of HostJoinAsync.
+absl::StatusOr<v1::JoinResponse> HostJoin(CoordinatorService& service,
+                                          const v1::HostJoinRequest& request) {
+  absl::Notification finished;
+  absl::StatusOr<v1::JoinResponse> result;
+  service.HostJoinAsync(request, [&](absl::StatusOr<v1::JoinResponse> r) {
+    result = std::move(r);
+    finished.Notify();
+  });
+  finished.WaitForNotification();
+  return result;
+}
+
+// Host mode on a pipeline job of 8 ranks: host 0 (rank 0 full, ranks 1-3
+// compact) and host 1 (ranks 4-7 compact). The compact ranks are asked for full
+// manifests while rank 0 still waits: host 0's HostJoin answers with
+// send_full_manifest at once instead of waiting for rank 0, both hosts
+// rejoin their ranks with full manifests, and both get the plan of the
+// full manifests.
+TEST_F(CompactJoinTest, HostJoin_FullManifestAsked_AnsweredAtOnceThenPlans) {
+  const std::vector<v1::RankManifest> manifests = Manifests(PipelineSpec());
+  ASSERT_EQ(manifests.size(), 8u);
+  std::vector<absl::StatusOr<v1::JoinResponse>> first(
+      2, absl::UnknownError("not run"));
+  std::vector<absl::StatusOr<v1::JoinResponse>> results(
+      2, absl::UnknownError("not run"));
+  CoordinatorService service(Options());
+  std::vector<std::thread> hosts;
+  for (int h = 0; h < 2; ++h) {
+    hosts.emplace_back([&, h] {
+      v1::HostJoinRequest compact, full;
+      compact.set_host(absl::StrCat("node-", h));
+      full.set_host(absl::StrCat("node-", h));
+      for (int r = 4 * h; r < 4 * h + 4; ++r) {
+        *compact.add_ranks() = Request(manifests[r], r != 0);
+        *full.add_ranks() = Request(manifests[r], /*compact=*/false);
+      }
+      first[h] = HostJoin(service, compact);
+      results[h] = first[h].ok() && first[h]->send_full_manifest()
+                       ? HostJoin(service, full)
+                       : first[h];
+    });
+  }
+  for (std::thread& t : hosts) t.join();
+  absl::StatusOr<JobPlan> plan = PlanJob(manifests, "job", PlanDefaults());
+  ASSERT_THAT(plan, IsOk());
+  for (int h = 0; h < 2; ++h) {
+    ASSERT_THAT(first[h], IsOk()) << "host " << h;
+    EXPECT_TRUE(first[h]->send_full_manifest()) << "host " << h;
+    ASSERT_THAT(results[h], IsOk()) << "host " << h;
+    EXPECT_FALSE(results[h]->send_full_manifest()) << "host " << h;
+    EXPECT_EQ(results[h]->plan().hash(), plan->plan.hash()) << "host " << h;
   }
 }
 
