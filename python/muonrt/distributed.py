@@ -179,10 +179,18 @@ def _job_store(timeout_s):
         if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
             return None
         import torch.distributed as tdist
-        return tdist.TCPStore(
-            os.environ.get("MASTER_ADDR", "127.0.0.1"),
-            int(os.environ["MASTER_PORT"]), is_master=False,
-            timeout=datetime.timedelta(seconds=timeout_s))
+        args = (os.environ.get("MASTER_ADDR", "127.0.0.1"),
+                int(os.environ["MASTER_PORT"]))
+        kwargs = dict(is_master=False,
+                      timeout=datetime.timedelta(seconds=timeout_s))
+        try:
+            return tdist.TCPStore(*args, **kwargs)
+        except Exception as e:
+            # torch 2.x built without libuv (Debian's) refuses its default
+            # even for a client; torch 1.13 has no use_libuv at all.
+            if "libuv" not in str(e):
+                raise
+            return tdist.TCPStore(*args, use_libuv=False, **kwargs)
     except Exception:  # no torch, a stripped one, or no agent store
         return None
 
