@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/command_util.h"
 
 namespace {
 
@@ -49,25 +50,8 @@ constexpr ExampleCase kExamples[] = {
 
 void PrintTo(const ExampleCase& e, std::ostream* os) { *os << e.name; }
 
-struct CommandResult {
-  int exit_code = -1;
-  std::string output;
-};
-
-// Runs `command` bounded by coreutils timeout; stdout and stderr together.
-CommandResult RunCommand(const std::string& command, int timeout_s) {
-  CommandResult r;
-  FILE* p = popen(
-      absl::StrCat("timeout -k 5 ", timeout_s, " ", command, " 2>&1").c_str(),
-      "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-  return r;
-}
+using ::muon::testing::CommandResult;
+using ::muon::testing::RunCommand;
 
 class ExamplesTest : public ::testing::TestWithParam<ExampleCase> {};
 

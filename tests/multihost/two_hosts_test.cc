@@ -41,6 +41,7 @@
 #include "common/spec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/command_util.h"
 #include "tests/job_secret_env.h"
 #include "tools/npy.h"
 
@@ -72,24 +73,11 @@ std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
-struct Shell {
-  int exit_code = -1;
-  std::string output;
-};
+using Shell = ::muon::testing::CommandResult;
 
 // Runs `command` under /bin/sh, bounded by coreutils timeout.
 Shell RunShell(const std::string& command, int timeout_s = 20) {
-  Shell r;
-  FILE* p = popen(
-      absl::StrCat("timeout -k 2 ", timeout_s, " ", command, " 2>&1").c_str(),
-      "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-  return r;
+  return ::muon::testing::RunCommand(command, timeout_s, /*kill_after_s=*/2);
 }
 
 std::string FindIp() {

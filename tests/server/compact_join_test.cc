@@ -14,6 +14,7 @@
 #include "plan/plan_job.h"
 #include "server/coordinator_service.h"
 #include "tests/server/fake_clock.h"
+#include "tests/server/host_join.h"
 #include "tests/server/test_specs.h"
 #include "tests/status_matchers.h"
 
@@ -23,6 +24,7 @@ namespace {
 using ::muon::testing::ExpertSpec;
 using ::muon::testing::FakeClock;
 using ::muon::testing::FourRankSpec;
+using ::muon::testing::HostJoin;
 using ::muon::testing::Manifests;
 using ::muon::testing::PipelineSpec;
 using ::testing::AllOf;
@@ -177,19 +179,6 @@ TEST_F(CompactJoinTest, PipelineJobWithCompactRanks_FullManifestsPlanAsBefore) {
     EXPECT_EQ(asked[r], r != 0) << r;
     EXPECT_EQ(results[r]->plan().hash(), full->plan.hash()) << r;
   }
-}
-
-// The blocking form of HostJoinAsync.
-absl::StatusOr<v1::JoinResponse> HostJoin(CoordinatorService& service,
-                                          const v1::HostJoinRequest& request) {
-  absl::Notification finished;
-  absl::StatusOr<v1::JoinResponse> result;
-  service.HostJoinAsync(request, [&](absl::StatusOr<v1::JoinResponse> r) {
-    result = std::move(r);
-    finished.Notify();
-  });
-  finished.WaitForNotification();
-  return result;
 }
 
 // Host mode on a pipeline job of 8 ranks: host 0 (rank 0 full, ranks 1-3

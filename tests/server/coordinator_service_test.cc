@@ -16,6 +16,7 @@
 #include "plan/planner.h"
 #include "plan/schedule.h"
 #include "tests/server/fake_clock.h"
+#include "tests/server/host_join.h"
 #include "tests/server/test_specs.h"
 #include "tests/status_matchers.h"
 
@@ -24,6 +25,7 @@ namespace {
 
 using ::muon::testing::FakeClock;
 using ::muon::testing::FourRankSpec;
+using ::muon::testing::HostJoin;
 using ::muon::testing::Manifests;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
@@ -572,19 +574,6 @@ v1::GetReportsRequest ReportsRequest(int rank, int last_steps) {
   request.set_rank(rank);
   request.set_last_steps(last_steps);
   return request;
-}
-
-// The blocking form of HostJoinAsync, for the tests.
-absl::StatusOr<v1::JoinResponse> HostJoin(CoordinatorService& service,
-                                          const v1::HostJoinRequest& request) {
-  absl::Notification finished;
-  absl::StatusOr<v1::JoinResponse> result;
-  service.HostJoinAsync(request, [&](absl::StatusOr<v1::JoinResponse> r) {
-    result = std::move(r);
-    finished.Notify();
-  });
-  finished.WaitForNotification();
-  return result;
 }
 
 // Two hosts of two ranks each join with one HostJoin per host: both get
