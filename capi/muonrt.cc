@@ -56,8 +56,11 @@ struct muonrt_optimizer {
   // Host copies of the momentum buffers muonrt_optimizer_momentum handed
   // out (one per parameter, sized once: the pointers stay valid).
   std::vector<std::vector<float>> momentum_copies;
-  // The same for muonrt_optimizer_variance_neuron.
-  std::vector<std::vector<float>> variance_copies;
+  // The same for muonrt_optimizer_row_state.
+  std::vector<std::vector<float>> row_state_copies;
+  // The row state's name muonrt_optimizer_row_state hands out ("" without
+  // a variant); set at creation, so the pointer stays valid.
+  std::string row_state_name;
 };
 
 namespace {
@@ -472,6 +475,7 @@ absl::Status CreateOptimizer(muonrt_process_group* pg, int mesh_ndim,
       muon::Muon::Create(std::move(views), muon_options, std::move(config)));
   auto handle = std::make_unique<muonrt_optimizer>();
   handle->muon = std::move(muon);
+  handle->row_state_name = handle->muon->row_state_name();
   *out = handle.release();
   return absl::OkStatus();
 }
@@ -530,8 +534,8 @@ absl::Status HandOutCopy(const char* fn, const char* what,
 
 absl::Status LoadState(muonrt_optimizer* opt, int64_t step,
                        const float* const* buffers, const int64_t* numels,
-                       const float* const* variances,
-                       const int64_t* variance_numels, int num_params) {
+                       const float* const* row_states,
+                       const int64_t* row_state_numels, int num_params) {
   constexpr char kFn[] = "muonrt_optimizer_load_state";
   if (opt == nullptr) return NullArgument(kFn, "opt");
   muon::Muon& m = *opt->muon;
@@ -547,23 +551,24 @@ absl::Status LoadState(muonrt_optimizer* opt, int64_t step,
   }
   if (n > 0 && buffers == nullptr) return NullArgument(kFn, "buffers");
   if (n > 0 && numels == nullptr) return NullArgument(kFn, "numels");
-  if ((variances == nullptr) != (variance_numels == nullptr)) {
+  if ((row_states == nullptr) != (row_state_numels == nullptr)) {
     return absl::InvalidArgumentError(
-        absl::StrCat(kFn, ": variances and variance_numels must both be ",
+        absl::StrCat(kFn, ": row_states and row_state_numels must both be ",
                      "NULL or both be set"));
   }
   muon::OptimizerStateDict sd = m.state_dict();
-  std::vector<std::vector<float>*> momentum, variance;
+  std::vector<std::vector<float>*> momentum, row_state;
   for (muon::ParamState& ps : sd.params) {
     momentum.push_back(&ps.momentum_buffer);
-    variance.push_back(&ps.variance_neuron);
+    row_state.push_back(&ps.row_state);
   }
   MUON_RETURN_IF_ERROR(CopyStateArrays(kFn, "momentum", "buffers", buffers,
                                        numels, momentum, sd));
-  if (variances != nullptr) {
-    MUON_RETURN_IF_ERROR(CopyStateArrays(kFn, "variance_neuron", "variances",
-                                         variances, variance_numels, variance,
-                                         sd));
+  if (row_states != nullptr) {
+    const std::string name = m.row_state_name();
+    MUON_RETURN_IF_ERROR(CopyStateArrays(
+        kFn, name.empty() ? "row state" : name.c_str(), "row_states",
+        row_states, row_state_numels, row_state, sd));
   }
   sd.step = step;
   return m.load_state_dict(sd);
@@ -874,16 +879,27 @@ int muonrt_optimizer_momentum(muonrt_optimizer* opt, int index,
   });
 }
 
-int muonrt_optimizer_variance_neuron(muonrt_optimizer* opt, int index,
-                                     const float** data, int64_t* numel) {
-  return Guard("muonrt_optimizer_variance_neuron", [&]() -> absl::Status {
-    constexpr char kFn[] = "muonrt_optimizer_variance_neuron";
+int muonrt_optimizer_row_state_name(muonrt_optimizer* opt, const char** name) {
+  return Guard("muonrt_optimizer_row_state_name", [&]() -> absl::Status {
+    constexpr char kFn[] = "muonrt_optimizer_row_state_name";
+    if (opt == nullptr) return NullArgument(kFn, "opt");
+    if (name == nullptr) return NullArgument(kFn, "name");
+    *name = opt->row_state_name.c_str();
+    return absl::OkStatus();
+  });
+}
+
+int muonrt_optimizer_row_state(muonrt_optimizer* opt, int index,
+                               const float** data, int64_t* numel) {
+  return Guard("muonrt_optimizer_row_state", [&]() -> absl::Status {
+    constexpr char kFn[] = "muonrt_optimizer_row_state";
     if (opt == nullptr) return NullArgument(kFn, "opt");
     MUON_RETURN_IF_ERROR(CheckIndex(*opt->muon, index, kFn));
     const muon::Muon& m = *opt->muon;
-    return HandOutCopy(kFn, "row state", m.variance_neuron(index),
-                       m.options().normuon ? m.params()[index].local_rows() : 0,
-                       index, &opt->variance_copies, m, data, numel);
+    const int64_t want =
+        opt->row_state_name.empty() ? 0 : m.params()[index].local_rows();
+    return HandOutCopy(kFn, "row state", m.row_state(index), want, index,
+                       &opt->row_state_copies, m, data, numel);
   });
 }
 
@@ -967,11 +983,11 @@ int muonrt_optimizer_clip_qk(muonrt_optimizer* opt, const float* max_logits,
 int muonrt_optimizer_load_full_state(muonrt_optimizer* opt, int64_t step,
                                      const float* const* buffers,
                                      const int64_t* numels,
-                                     const float* const* variances,
-                                     const int64_t* variance_numels,
+                                     const float* const* row_states,
+                                     const int64_t* row_state_numels,
                                      int num_params) {
   return Guard("muonrt_optimizer_load_full_state", [&] {
-    return LoadState(opt, step, buffers, numels, variances, variance_numels,
+    return LoadState(opt, step, buffers, numels, row_states, row_state_numels,
                      num_params);
   });
 }

@@ -31,7 +31,7 @@ extern "C" {
 #endif
 
 /* Incremented on any incompatible change of this header. */
-#define MUONRT_ABI_VERSION 13
+#define MUONRT_ABI_VERSION 14
 
 /* Status codes (absl::StatusCode values). */
 #define MUONRT_OK 0
@@ -310,24 +310,31 @@ int muonrt_optimizer_load_state(muonrt_optimizer* opt, int64_t step,
                                 const float* const* buffers,
                                 const int64_t* numels, int num_params);
 
-/* Parameter `index`'s NorMuon row state ("variance_neuron"): a host copy
- * of one fp32 per local row ([local experts * local rows]), `*numel`
- * elements (0 without NorMuon), valid as muonrt_optimizer_momentum's.
- * Errors: OUT_OF_RANGE; INTERNAL (the copy failed). ABI version 9. */
-int muonrt_optimizer_variance_neuron(muonrt_optimizer* opt, int index,
-                                     const float** data, int64_t* numel);
+/* The name of the optimizer's per-row state, its key in torch's
+ * state_dict: "variance_neuron" with NorMuon (microsoft/dion's name), ""
+ * without a variant. `*name` is owned by `opt` and valid until it is
+ * destroyed. Errors: INVALID_ARGUMENT (a NULL argument). ABI version 14. */
+int muonrt_optimizer_row_state_name(muonrt_optimizer* opt, const char** name);
+
+/* Parameter `index`'s row state of the owner-side variant (NorMuon's
+ * second moment): a host copy of one fp32 per local row ([local experts *
+ * local rows]), `*numel` elements (0 without a variant), valid as
+ * muonrt_optimizer_momentum's. Errors: OUT_OF_RANGE; INTERNAL (the copy
+ * failed). ABI version 14 (muonrt_optimizer_variance_neuron before). */
+int muonrt_optimizer_row_state(muonrt_optimizer* opt, int index,
+                               const float** data, int64_t* numel);
 
 /* muonrt_optimizer_load_state plus NorMuon's row states, all or nothing:
- * variances[i] holds variance_numels[i] fp32 values for parameter i (as
- * muonrt_optimizer_variance_neuron gives them); `variances` and
- * `variance_numels` NULL = every row state unchanged. Errors:
+ * row_states[i] holds row_state_numels[i] fp32 values for parameter i (as
+ * muonrt_optimizer_row_state gives them); `row_states` and
+ * `row_state_numels` NULL = every row state unchanged. Errors:
  * INVALID_ARGUMENT (count or size mismatch, naming the parameter),
  * nothing changed. ABI version 9. */
 int muonrt_optimizer_load_full_state(muonrt_optimizer* opt, int64_t step,
                                      const float* const* buffers,
                                      const int64_t* numels,
-                                     const float* const* variances,
-                                     const int64_t* variance_numels,
+                                     const float* const* row_states,
+                                     const int64_t* row_state_numels,
                                      int num_params);
 
 /* Marks parameter `index`'s gradient final for the coming step (options

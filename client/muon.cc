@@ -67,6 +67,18 @@ absl::StatusOr<v1::RankManifest> ManifestOfRank(
   return m;
 }
 
+// The manifest's description of `t`: its name, hyperparameters and row
+// state, which the plan checks are the same on every rank.
+v1::OwnerTransformSpec OwnerTransformSpecOf(const OwnerTransform& t) {
+  v1::OwnerTransformSpec spec;
+  spec.set_name(t.name());
+  for (const auto& [key, value] : t.params()) {
+    (*spec.mutable_params())[key] = value;
+  }
+  spec.add_row_state(t.row_state().name);
+  return spec;
+}
+
 }  // namespace
 
 namespace {
@@ -468,15 +480,18 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
                         MakeLocalMatrices(muon->params_, state));
   MUON_ASSIGN_OR_RETURN(std::vector<std::vector<int>> requested,
                         RequestedOwners(config, muon->params_, local.infos));
+  if (muon->options_.normuon) {
+    muon->owner_transform_ =
+        MakeNorMuon(muon->options_.normuon_beta2, muon->options_.normuon_eps);
+  }
   auto manifest_of = [&](int r) -> absl::StatusOr<v1::RankManifest> {
     MUON_ASSIGN_OR_RETURN(
         v1::RankManifest m,
         ManifestOfRank(r, muon->params_, state, execution, requested));
     m.set_ns_steps(options.ns_steps);
-    if (options.normuon) {
-      m.set_normuon(true);
-      m.set_normuon_beta2(options.normuon_beta2);
-      m.set_normuon_eps(options.normuon_eps);
+    if (muon->owner_transform_ != nullptr) {
+      *m.mutable_owner_transform() =
+          OwnerTransformSpecOf(*muon->owner_transform_);
     }
     return m;
   };
@@ -490,10 +505,6 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
                         local.uses_sub_mesh));
   muon->matrices_ = std::move(local.infos);
   run.overlap_backward = execution.overlap_backward();
-  if (muon->options_.normuon) {
-    muon->owner_transform_ =
-        MakeNorMuon(muon->options_.normuon_beta2, muon->options_.normuon_eps);
-  }
   // The rule first: the executor reserves its scratch for the rule's
   // Newton-Schulz.
   MUON_ASSIGN_OR_RETURN(muon->rule_, MakeUpdateRule(muon->options_));
@@ -633,8 +644,13 @@ absl::Status Muon::AllocateState(StepExecutor* executor) {
   return absl::OkStatus();
 }
 
-std::vector<float> Muon::variance_neuron(int i) const {
+std::vector<float> Muon::row_state(int i) const {
   return state_->ReadRowState(i);
+}
+
+std::string Muon::row_state_name() const {
+  return owner_transform_ != nullptr ? owner_transform_->row_state().name
+                                     : std::string();
 }
 
 std::vector<float> Muon::momentum_buffer(int i) const {

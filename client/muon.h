@@ -93,9 +93,10 @@ struct ParamState {
   std::vector<std::string> placements;  // DTensor spelling, one per mesh dim
   std::vector<Range> box;               // per tensor dim, the global range held
   std::vector<float> momentum_buffer;   // fp32, row-major, prod(box sizes)
-  // NorMuon's row state (empty without NorMuon): fp32, one per row of the
+  // The owner transform's row state (NorMuon's; empty without a
+  // variant), saved under Muon::row_state_name(): fp32, one per row of the
   // box (prod(box sizes but the last)), as a [..., rows, 1] tensor.
-  std::vector<float> variance_neuron;
+  std::vector<float> row_state;
 };
 
 // The optimizer's state on one rank: rank-symmetric (every holder keeps the
@@ -318,10 +319,13 @@ class Muon {
   // row-major; zeros before the first step), copied from the parameters'
   // device. Empty when that copy fails (a CUDA error; Save reports it).
   std::vector<float> momentum_buffer(int i) const;
-  // A host copy of parameter i's NorMuon row state (fp32, one per local
-  // row: [local experts, local rows] for a stack); empty without NorMuon
-  // or when the copy fails.
-  std::vector<float> variance_neuron(int i) const;
+  // A host copy of parameter i's row state of the owner transform
+  // (NorMuon's; fp32, one per local row: [local experts, local rows] for a
+  // stack); empty without a variant or when the copy fails.
+  std::vector<float> row_state(int i) const;
+  // The row state's key in state_dict and checkpoints (NorMuon:
+  // "variance_neuron"); empty without a variant.
+  std::string row_state_name() const;
   // The parameters' device (all of them share it).
   const device::Device& device() const { return device_; }
   const MuonOptions& options() const { return options_; }

@@ -106,7 +106,7 @@ OptimizerStateDict Muon::state_dict() const {
   for (size_t i = 0; i < sd.params.size(); ++i) {
     sd.params[i].momentum_buffer = momentum_buffer(static_cast<int>(i));
     if (owner_transform_ != nullptr) {
-      sd.params[i].variance_neuron = variance_neuron(static_cast<int>(i));
+      sd.params[i].row_state = row_state(static_cast<int>(i));
     }
   }
   return sd;
@@ -144,14 +144,16 @@ absl::Status Muon::load_state_dict(const OptimizerStateDict& state) {
       what =
           absl::StrCat("momentum buffer of ", got.momentum_buffer.size(),
                        " values (expected ", state_->momentum(i).size(), ")");
-    } else if (static_cast<int64_t>(got.variance_neuron.size()) !=
+    } else if (static_cast<int64_t>(got.row_state.size()) !=
                state_->row_state(i).size()) {
-      what = absl::StrCat("variance_neuron of ", got.variance_neuron.size(),
-                          " values (expected ", state_->row_state(i).size(),
-                          owner_transform_ != nullptr
-                              ? absl::StrCat(": ", owner_transform_->name(),
-                                             " keeps one per local row)")
-                              : ": this optimizer runs without normuon)");
+      what = absl::StrCat(
+          owner_transform_ != nullptr ? row_state_name() : "row state", " of ",
+          got.row_state.size(), " values (expected ",
+          state_->row_state(i).size(),
+          owner_transform_ != nullptr
+              ? absl::StrCat(": ", owner_transform_->name(),
+                             " keeps one per local row)")
+              : ": this optimizer runs without a variant such as normuon)");
     }
     if (!what.empty()) {
       return absl::InvalidArgumentError(
@@ -162,8 +164,7 @@ absl::Status Muon::load_state_dict(const OptimizerStateDict& state) {
   for (int i = 0; i < state_->size(); ++i) {
     absl::Status s =
         state_->WriteMomentum(i, state.params[i].momentum_buffer.data());
-    if (s.ok())
-      s = state_->WriteRowState(i, state.params[i].variance_neuron.data());
+    if (s.ok()) s = state_->WriteRowState(i, state.params[i].row_state.data());
     if (!s.ok()) {
       // Only a device error gets here: the buffers before i are loaded.
       return absl::Status(
@@ -207,7 +208,7 @@ absl::Status Muon::Save(const std::string& dir) const {
     t.data = ps.momentum_buffer.data();
     tensors.push_back(std::move(t));
     if (owner_transform_ == nullptr) continue;
-    if (static_cast<int64_t>(ps.variance_neuron.size()) !=
+    if (static_cast<int64_t>(ps.row_state.size()) !=
         state_->row_state(i).size()) {
       return absl::InternalError(
           absl::StrCat("rank ", rank_, ": Save: the row state of \"", ps.name,
@@ -215,7 +216,7 @@ absl::Status Muon::Save(const std::string& dir) const {
     }
     ShardTensorView v = RowStateTensor(ps, placements_[i].placements,
                                        owner_transform_->row_state().name);
-    v.data = ps.variance_neuron.data();
+    v.data = ps.row_state.data();
     tensors.push_back(std::move(v));
   }
   MUON_RETURN_IF_ERROR(WriteCheckpointShard(dir, rank_, meta, tensors));
@@ -236,11 +237,11 @@ absl::Status Muon::Load(const std::string& dir) {
                                         ps.box, ps.momentum_buffer.data());
     if (s.ok() && owner_transform_ != nullptr) {
       // Zeros where this rank holds rows of no matrix (an empty box).
-      ps.variance_neuron.assign(state_->row_state(i).size(), 0.0f);
+      ps.row_state.assign(state_->row_state(i).size(), 0.0f);
       const ShardTensorView v = RowStateTensor(
           ps, placements_[i].placements, owner_transform_->row_state().name);
       s = reader->ReadRegion(v.name, v.global_shape, v.box,
-                             ps.variance_neuron.data());
+                             ps.row_state.data());
     }
     if (!s.ok()) {
       return absl::Status(s.code(), absl::StrCat("rank ", rank_, ": loading \"",

@@ -1,6 +1,8 @@
 #include "client/normuon.h"
 
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace muon {
 namespace {
@@ -13,6 +15,10 @@ class NorMuon final : public OwnerTransform {
 
   RowStateSpec row_state() const override {
     return RowStateSpec{"variance_neuron"};
+  }
+
+  std::vector<std::pair<std::string, double>> params() const override {
+    return {{"beta2", beta2_}, {"eps", eps_}};
   }
 
   absl::Status Apply(kernels::StepKernels& kernels, device::Stream* stream,

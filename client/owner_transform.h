@@ -11,6 +11,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "device/stream.h"
@@ -34,6 +36,11 @@ class OwnerTransform {
 
   // The per-row state it keeps.
   virtual RowStateSpec row_state() const = 0;
+
+  // Its hyperparameters by name ({"beta2", 0.95}), which every rank must
+  // share: the ranks' manifests carry them and the plan refuses ranks that
+  // disagree, naming the parameter as "<name>_<key>".
+  virtual std::vector<std::pair<std::string, double>> params() const = 0;
 
   // Transforms one matrix's Newton-Schulz output `o` [rows, cols] (fp32,
   // row-major, in place) with its full row state `v` [rows] (fp32, updated

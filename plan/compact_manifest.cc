@@ -128,7 +128,6 @@ v1::JobSpec JobSpecFromManifest(const v1::RankManifest& m,
   *spec.mutable_mesh() = m.mesh();
   *spec.mutable_execution() = m.execution();
   if (m.has_ns_steps()) spec.mutable_optimizer()->set_ns_steps(m.ns_steps());
-  if (m.normuon()) spec.mutable_optimizer()->set_normuon(true);
   spec.mutable_params()->Reserve(m.params_size());
   for (const v1::ParamManifest& p : m.params()) {
     v1::ParamSpec* ps = spec.add_params();

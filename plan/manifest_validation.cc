@@ -135,8 +135,60 @@ int NsStepsOf(const v1::RankManifest& m) {
   return m.has_ns_steps() ? m.ns_steps() : kDefaultNsSteps;
 }
 
+// "normuon=true" for a variant named "normuon"; "normuon=false" for none
+// when rank 0 runs "normuon" (the option's name either way).
+std::string TransformPresence(const v1::OwnerTransformSpec& t,
+                              const v1::OwnerTransformSpec& other) {
+  if (t.name().empty()) return absl::StrCat(other.name(), "=false");
+  return absl::StrCat(t.name(), "=true");
+}
+
+// Rank r's owner-side variant (its name, hyperparameters and row state)
+// against rank 0's: the owner's decides every holder's update and row
+// state, so they must be the same. A hyperparameter is named as its option
+// ("normuon_beta2").
+absl::Status CheckOwnerTransformAgrees(const v1::OwnerTransformSpec& t0,
+                                       const v1::OwnerTransformSpec& tr,
+                                       int r) {
+  if (tr.name() != t0.name()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", r, " reports ", TransformPresence(tr, t0),
+        " but rank 0 reports ", TransformPresence(t0, tr),
+        "; every rank must run the same optimizer (the variant's row state "
+        "travels with the exchanges)"));
+  }
+  std::set<std::string> keys;
+  for (const auto& [k, v] : t0.params()) keys.insert(k);
+  for (const auto& [k, v] : tr.params()) keys.insert(k);
+  for (const std::string& k : keys) {
+    const auto i0 = t0.params().find(k);
+    const auto ir = tr.params().find(k);
+    if (i0 != t0.params().end() && ir != tr.params().end() &&
+        i0->second == ir->second) {
+      continue;
+    }
+    auto value = [](const auto& params, const auto& it) {
+      return it == params.end() ? std::string("(unset)")
+                                : absl::StrCat(it->second);
+    };
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", r, " reports ", tr.name(), "_", k, "=", value(tr.params(), ir),
+        " but rank 0 reports ", t0.name(), "_", k, "=", value(t0.params(), i0),
+        "; every rank must run the same optimizer"));
+  }
+  if (!std::equal(t0.row_state().begin(), t0.row_state().end(),
+                  tr.row_state().begin(), tr.row_state().end())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", r, " reports ", tr.name(), " row state [",
+        absl::StrJoin(tr.row_state(), ", "), "] but rank 0 reports [",
+        absl::StrJoin(t0.row_state(), ", "),
+        "]; every rank must run the same optimizer"));
+  }
+  return absl::OkStatus();
+}
+
 // The optimizer options rank r's manifest carries against rank 0's:
-// ns_steps (the cost model's k) and normuon.
+// ns_steps (the cost model's k) and the owner-side variant.
 absl::Status CheckOptimizerAgrees(const v1::RankManifest& m0,
                                   const v1::RankManifest& mr, int r) {
   // The optimizer's Newton-Schulz iterations: the cost model's k.
@@ -151,22 +203,8 @@ absl::Status CheckOptimizerAgrees(const v1::RankManifest& m0,
         "rank ", r, " reports ns_steps ", k, " but rank 0 reports ",
         NsStepsOf(m0), "; every rank must run the same optimizer"));
   }
-  if (mr.normuon() != m0.normuon()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", r, " reports normuon=", mr.normuon() ? "true" : "false",
-        " but rank 0 reports normuon=", m0.normuon() ? "true" : "false",
-        "; every rank must run the same optimizer (NorMuon's row state "
-        "travels with the exchanges)"));
-  }
-  if (mr.normuon_beta2() != m0.normuon_beta2() ||
-      mr.normuon_eps() != m0.normuon_eps()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", r, " reports normuon_beta2=", mr.normuon_beta2(),
-        " normuon_eps=", mr.normuon_eps(), " but rank 0 reports normuon_beta2=",
-        m0.normuon_beta2(), " normuon_eps=", m0.normuon_eps(),
-        "; every rank must run the same optimizer"));
-  }
-  return absl::OkStatus();
+  return CheckOwnerTransformAgrees(m0.owner_transform(), mr.owner_transform(),
+                                   r);
 }
 
 // Checks that rank r's mesh, execution options and ns_steps agree with

@@ -27,7 +27,7 @@ import os
 import threading
 
 # Must equal MUONRT_ABI_VERSION of capi/muonrt.h.
-ABI_VERSION = 13
+ABI_VERSION = 14
 
 # Status codes (absl::StatusCode values, capi/muonrt.h).
 OK = 0
@@ -291,7 +291,9 @@ _SIGNATURES = {
     "muonrt_optimizer_clip_qk": (_c_int, [
         _opt_p, ctypes.POINTER(ctypes.c_float), ctypes.c_int64,
         ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_float)]),
-    "muonrt_optimizer_variance_neuron": (_c_int, [
+    "muonrt_optimizer_row_state_name": (_c_int, [
+        _opt_p, ctypes.POINTER(ctypes.c_char_p)]),
+    "muonrt_optimizer_row_state": (_c_int, [
         _opt_p, _c_int, ctypes.POINTER(ctypes.POINTER(ctypes.c_float)),
         ctypes.POINTER(ctypes.c_int64)]),
     "muonrt_optimizer_load_full_state": (_c_int, [

@@ -988,6 +988,12 @@ class Muon(torch.optim.Optimizer):
         state keys, QK-clip's layers, and overlap_backward's state and
         gradient hooks."""
         self._normuon = bool(normuon)
+        # The variant's row state key in state_dict ("variance_neuron" with
+        # NorMuon), as the library names it; None without a variant.
+        name = ctypes.c_char_p()
+        _lib.call("muonrt_optimizer_row_state_name", self._h,
+                  ctypes.byref(name))
+        self._row_state_key = (name.value or b"").decode() or None
         self._qk_layer_heads = []
         if qk_clip:
             self._set_qk_clip(qk_clip)
@@ -1152,22 +1158,28 @@ class Muon(torch.optim.Optimizer):
         return {"groups_clipped": groups.value, "max_logit": top.value}
 
     def variance_neuron(self, key):
-        """A copy of a parameter's NorMuon row state (fp32, the local
-        shard's shape with the last dim 1, on the parameter's device), or
-        None without NorMuon; `key` as momentum_buffer's."""
-        if not self._normuon:
+        """NorMuon's name for row_state(key) (its state_dict key)."""
+        return self.row_state(key)
+
+    def row_state(self, key):
+        """A copy of a parameter's row state of the owner-side variant
+        (NorMuon's "variance_neuron": fp32, the local shard's shape with
+        the last dim 1, on the parameter's device), or None without a
+        variant; `key` as momentum_buffer's."""
+        if self._row_state_key is None:
             return None
         i = self._index(key)
         s = self._slots[i]
         ptr = ctypes.POINTER(ctypes.c_float)()
         numel = ctypes.c_int64(0)
-        _lib.call("muonrt_optimizer_variance_neuron", self._h, i,
+        _lib.call("muonrt_optimizer_row_state", self._h, i,
                   ctypes.byref(ptr), ctypes.byref(numel))
         out = torch.empty(tuple(s.local_shape[:-1]) + (1,),
                           dtype=torch.float32)
         if out.numel() != numel.value:
             raise RuntimeError(
-                f"muonrt.Muon: the library's variance_neuron of {s.name!r} "
+                f"muonrt.Muon: the library's {self._row_state_key} of "
+                f"{s.name!r} "
                 f"has {numel.value} elements, expected {out.numel()}")
         if numel.value:
             ctypes.memmove(out.data_ptr(), ptr, 4 * numel.value)
@@ -1242,21 +1254,21 @@ class Muon(torch.optim.Optimizer):
 
     def _param_state(self, i):
         """torch's per-parameter state dict of parameter i: its momentum
-        buffer, and with NorMuon its row state."""
+        buffer, and with a variant (NorMuon) its row state."""
         st = {"momentum_buffer": self._momentum_state(i)}
-        if self._normuon:
-            st["variance_neuron"] = self._variance_state(i)
+        if self._row_state_key is not None:
+            st[self._row_state_key] = self._row_state_entry(i)
         return st
 
-    def _variance_state(self, i):
-        """Parameter i's NorMuon row state: a copy of the local rows
+    def _row_state_entry(self, i):
+        """Parameter i's row state (NorMuon's): a copy of the local rows
         ([..., local rows, 1]), or, for a DTensor parameter, a DTensor of
         global shape [..., rows, 1] with the parameter's placements. A
         Shard of the last dim then chunks a dim of size 1: the rank at
         coordinate 0 on that mesh dim holds the rows' state (it holds
         columns, so its copy is current) and the others an empty [..., 0]
         part, so torch.distributed.checkpoint saves each row once."""
-        buf = self.variance_neuron(i)
+        buf = self.row_state(i)
         p = self._slots[i].param
         DTensor = _dtensor_class()
         if not _is_dtensor(p) or DTensor is None or not isinstance(p, DTensor):
@@ -1319,9 +1331,9 @@ class Muon(torch.optim.Optimizer):
             return ptrs, (ctypes.c_int64 * n)(*[b.numel() for b in tensors])
 
         ptrs, numels = arrays(buffers)
-        if self._normuon:
+        if self._row_state_key is not None:
             variances = self._saved_buffers(state_dict["state"], saved_groups,
-                                            key="variance_neuron")
+                                            key=self._row_state_key)
             vptrs, vnumels = arrays(variances)
             _lib.call("muonrt_optimizer_load_full_state", self._h, step, ptrs,
                       numels, vptrs, vnumels, n)
@@ -1388,17 +1400,17 @@ class Muon(torch.optim.Optimizer):
         return int(meta["step"])
 
     def _saved_buffers(self, state, saved_groups, key="momentum_buffer"):
-        """The `key` state ("momentum_buffer" or NorMuon's
-        "variance_neuron") of `state`, one per parameter in optimizer
-        order, as contiguous float32 CPU tensors of the local shard's shape
-        (the last dim 1 for variance_neuron; zeros where torch has no state
-        yet)."""
+        """The `key` state ("momentum_buffer" or the variant's row state,
+        NorMuon's "variance_neuron") of `state`, one per parameter in
+        optimizer order, as contiguous float32 CPU tensors of the local
+        shard's shape (the last dim 1 for a row state; zeros where torch has
+        no state yet)."""
         buffers = []
         for gi, sg in enumerate(saved_groups):
             for j, index in enumerate(sg["params"]):
                 s = self._slots[self._group_slots[gi][j]]
                 local_shape = tuple(s.local_shape)
-                if key == "variance_neuron":
+                if key != "momentum_buffer":  # a row state
                     local_shape = local_shape[:-1] + (1,)
                 entry = state.get(index)
                 buf = entry.get(key) if entry else None
@@ -1429,7 +1441,7 @@ class Muon(torch.optim.Optimizer):
         p = s.param
         shape = tuple(s.global_shape)
         placements = tuple(p.placements) if _is_dtensor(p) else None
-        if key == "variance_neuron":
+        if key != "momentum_buffer":  # a row state
             # Every rank holding part of a row needs its state: a Shard of
             # the last dim is gathered (Replicate) before the local part.
             shape = shape[:-1] + (1,)

@@ -206,7 +206,7 @@ static void ReferenceStep(double* W, const double* G, double* Buf, int rows,
 
 static void AbiVersion_IsThirteen(void) {
   CHECK(muonrt_abi_version() == MUONRT_ABI_VERSION);
-  CHECK(MUONRT_ABI_VERSION == 13);
+  CHECK(MUONRT_ABI_VERSION == 14);
   CHECK(strcmp(muonrt_last_error(), "") == 0);
 done:;
 }
@@ -937,7 +937,8 @@ done:
 }
 
 /* NorMuon (muonrt_options.normuon): one row state value per row
- * (muonrt_optimizer_variance_neuron; none without NorMuon), set with the
+ * (muonrt_optimizer_row_state, named "variance_neuron"; none and "" without
+ * NorMuon), set with the
  * momentum by muonrt_optimizer_load_full_state, all or nothing. */
 static void NorMuon_RowStateReadAndLoadedAllOrNothing(void) {
   Model m;
@@ -954,16 +955,23 @@ static void NorMuon_RowStateReadAndLoadedAllOrNothing(void) {
   CHECK_OK(
       muonrt_optimizer_create(NULL, 0, NULL, NULL, m.params, 3, NULL, &plain));
   CHECK_OK(muonrt_optimizer_step(opt, NULL));
+  const char* name = NULL;
+  CHECK_OK(muonrt_optimizer_row_state_name(opt, &name));
+  CHECK(strcmp(name, "variance_neuron") == 0);
+  CHECK_OK(muonrt_optimizer_row_state_name(plain, &name));
+  CHECK(strcmp(name, "") == 0);
+  CHECK_CODE(muonrt_optimizer_row_state_name(opt, NULL),
+             MUONRT_INVALID_ARGUMENT);
   const float* v0 = NULL;
   int64_t n0 = -1;
-  CHECK_OK(muonrt_optimizer_variance_neuron(opt, 0, &v0, &n0));
+  CHECK_OK(muonrt_optimizer_row_state(opt, 0, &v0, &n0));
   CHECK(n0 == 4); /* enc.w is 4 x 3 */
   for (int r = 0; r < 4; ++r) CHECK(v0[r] > 0.0f);
   float keep_v0[4];
   memcpy(keep_v0, v0, sizeof(keep_v0));
   const float* none = NULL;
   int64_t n_none = -1;
-  CHECK_OK(muonrt_optimizer_variance_neuron(plain, 0, &none, &n_none));
+  CHECK_OK(muonrt_optimizer_row_state(plain, 0, &none, &n_none));
   CHECK(n_none == 0);
 
   float s0[12], s1[15], s2[16], r0[4], r1[3], r2[2];
@@ -985,7 +993,7 @@ static void NorMuon_RowStateReadAndLoadedAllOrNothing(void) {
       muonrt_optimizer_load_full_state(opt, 5, bufs, numels, rows, NULL, 3),
       MUONRT_INVALID_ARGUMENT);
   /* Nothing changed by the failures. */
-  CHECK_OK(muonrt_optimizer_variance_neuron(opt, 0, &v0, &n0));
+  CHECK_OK(muonrt_optimizer_row_state(opt, 0, &v0, &n0));
   CHECK(memcmp(v0, keep_v0, sizeof(keep_v0)) == 0);
   CHECK(muonrt_optimizer_step_count(opt) == 1);
 
@@ -996,7 +1004,7 @@ static void NorMuon_RowStateReadAndLoadedAllOrNothing(void) {
   for (int i = 0; i < 3; ++i) {
     const float* vi = NULL;
     int64_t ni = 0;
-    CHECK_OK(muonrt_optimizer_variance_neuron(opt, i, &vi, &ni));
+    CHECK_OK(muonrt_optimizer_row_state(opt, i, &vi, &ni));
     CHECK(ni == row_numels[i]);
     CHECK(memcmp(vi, rows[i], (size_t)ni * sizeof(float)) == 0);
   }

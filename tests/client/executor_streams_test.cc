@@ -494,6 +494,9 @@ class ZeroingTransform final : public OwnerTransform {
  public:
   std::string name() const override { return "zeroing"; }
   RowStateSpec row_state() const override { return RowStateSpec{"rows"}; }
+  std::vector<std::pair<std::string, double>> params() const override {
+    return {};
+  }
   absl::Status Apply(kernels::StepKernels&, device::Stream*, float* o,
                      int64_t rows, int64_t cols, float* v) const override {
     seen_rows = rows;

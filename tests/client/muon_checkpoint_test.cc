@@ -221,7 +221,7 @@ MuonOptions NorMuonOptions() {
 
 Layout Tp(int n) { return {Mesh::OneDim(n, "tp"), {Placement::Shard(1)}}; }
 
-// NorMuon's row state is saved as "<param>.variance_neuron" ([rows, 1],
+// NorMuon's row state is saved as "<param>.row_state" ([rows, 1],
 // sharded with the rows, replicated over a mesh dim sharding the columns)
 // and resharded on load: the resumed run keeps the uninterrupted bits
 // (without the row state it would not: v starts again from zeros).
@@ -283,10 +283,10 @@ TEST(MuonCheckpointTest, LoadStateDict_NorMuonRowState_RestoredAndNeeded) {
   ASSERT_NE(first, nullptr);
   StepSingle(problem, 0, 2, &g, first.get());
   const OptimizerStateDict sd = first->state_dict();
-  ASSERT_EQ(sd.params[0].variance_neuron.size(), 10u);  // one per row
+  ASSERT_EQ(sd.params[0].row_state.size(), 10u);  // one per row
   OptimizerStateDict zeroed = sd;
   for (ParamState& ps : zeroed.params) {
-    ps.variance_neuron.assign(ps.variance_neuron.size(), 0.0f);
+    ps.row_state.assign(ps.row_state.size(), 0.0f);
   }
   std::vector<std::vector<bool>> differs;
   for (const OptimizerStateDict* state :
@@ -305,13 +305,13 @@ TEST(MuonCheckpointTest, LoadStateDict_NorMuonRowState_RestoredAndNeeded) {
   EXPECT_NE(differs[1], std::vector<bool>(want.size(), false));
 
   OptimizerStateDict bad = sd;
-  bad.params[1].variance_neuron.pop_back();
-  const std::vector<float> before = first->variance_neuron(1);
+  bad.params[1].row_state.pop_back();
+  const std::vector<float> before = first->row_state(1);
   EXPECT_THAT(first->load_state_dict(bad),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        ::testing::HasSubstr("variance_neuron of 7 values "
                                             "(expected 8")));
-  EXPECT_TRUE(BitwiseEqual(first->variance_neuron(1), before));
+  EXPECT_TRUE(BitwiseEqual(first->row_state(1), before));
 }
 
 // A single-device optimizer over problem.init (views into `w`, `g`).

@@ -200,8 +200,7 @@ double ExpectNearFloat64Loop(const MuonOptions& o,
         max_diff = std::max(max_diff, diff);
         EXPECT_LE(diff, ref[i].tol_w[k]) << "weight " << k;
       }
-      const std::vector<float> v =
-          (*muon)->variance_neuron(static_cast<int>(i));
+      const std::vector<float> v = (*muon)->row_state(static_cast<int>(i));
       EXPECT_EQ(v.size(), ref[i].v.size());
       for (size_t r = 0; r < v.size() && r < ref[i].v.size(); ++r) {
         EXPECT_LE(std::abs(v[r] - ref[i].v[r]), ref[i].tol_v[r])
@@ -401,7 +400,7 @@ TEST(NorMuonTest, Step_FailedTransactionalStep_RestoresRowStateBitwise) {
   absl::StatusOr<std::unique_ptr<Muon>> muon = Muon::Create({&p}, o);
   ASSERT_TRUE(muon.ok()) << muon.status();
   ASSERT_TRUE((*muon)->Step().ok());
-  const std::vector<float> v = (*muon)->variance_neuron(0);
+  const std::vector<float> v = (*muon)->row_state(0);
   const std::vector<float> w = p.data;
   ASSERT_FALSE(BitwiseEqual(v, std::vector<float>(10, 0.0f)));
   (*muon)->SetPostUpdateFaultForTesting([](int64_t step) {
@@ -410,7 +409,7 @@ TEST(NorMuonTest, Step_FailedTransactionalStep_RestoresRowStateBitwise) {
   p.grad = RandomValues(70, 13);
   EXPECT_THAT((*muon)->Step(), StatusIs(absl::StatusCode::kInternal,
                                         HasSubstr("injected fault")));
-  EXPECT_TRUE(BitwiseEqual((*muon)->variance_neuron(0), v));
+  EXPECT_TRUE(BitwiseEqual((*muon)->row_state(0), v));
   EXPECT_TRUE(BitwiseEqual(p.data, w));
   EXPECT_EQ((*muon)->step_count(), 1);
 }

@@ -114,7 +114,7 @@ absl::StatusOr<SingleDeviceResult> RunSingleDevice(const Problem& problem,
     out.params.push_back(params[i].data);
     out.buffers.push_back((*muon)->momentum_buffer(static_cast<int>(i)));
     if (options.normuon) {
-      out.variances.push_back((*muon)->variance_neuron(static_cast<int>(i)));
+      out.variances.push_back((*muon)->row_state(static_cast<int>(i)));
     }
   }
   return out;
@@ -243,7 +243,7 @@ void ExpectRowStateMatches(const Muon& muon, int k, const TensorSpec& spec,
   rows.back() = Range{0, 1};
   std::vector<float> want = ExtractRegion(single_rows, shape, rows);
   if (!holds) want.assign(want.size(), 0.0f);
-  EXPECT_TRUE(BitwiseEqual(muon.variance_neuron(k), want))
+  EXPECT_TRUE(BitwiseEqual(muon.row_state(k), want))
       << "variance_neuron of local parameter " << k;
 }
 

@@ -41,6 +41,63 @@ TEST(ManifestValidationTest, ValidateManifests_Consistent_ReturnsLayout) {
   EXPECT_EQ(m.requested_owner, -1);
 }
 
+// Every rank's manifest with `t` as its owner-side variant.
+std::vector<v1::RankManifest> WithTransform(const v1::OwnerTransformSpec& t) {
+  std::vector<v1::RankManifest> m = Manifests(FourRankSpec());
+  for (v1::RankManifest& r : m) *r.mutable_owner_transform() = t;
+  return m;
+}
+
+v1::OwnerTransformSpec Variant(const std::string& name, double beta) {
+  v1::OwnerTransformSpec t;
+  t.set_name(name);
+  (*t.mutable_params())["beta"] = beta;
+  t.add_row_state("state");
+  return t;
+}
+
+// The same variant everywhere plans; any variant, not only NorMuon, is
+// checked by its name, each hyperparameter and its row state.
+TEST(ManifestValidationTest, ValidateManifests_SameOwnerTransform_Plans) {
+  EXPECT_THAT(ValidateManifests(WithTransform(Variant("v", 0.5))), IsOk());
+}
+
+TEST(ManifestValidationTest,
+     ValidateManifests_OwnerTransformNameDisagrees_NamesRankAndBoth) {
+  std::vector<v1::RankManifest> m = WithTransform(Variant("v", 0.5));
+  m[3].mutable_owner_transform()->set_name("w");
+  EXPECT_THAT(ValidateManifests(m),
+              StatusIs(kInvalid, HasSubstr("rank 3 reports w=true but rank 0 "
+                                           "reports v=true")));
+  m[3].clear_owner_transform();
+  EXPECT_THAT(ValidateManifests(m),
+              StatusIs(kInvalid, HasSubstr("rank 3 reports v=false but rank 0 "
+                                           "reports v=true")));
+}
+
+TEST(ManifestValidationTest,
+     ValidateManifests_OwnerTransformParamDisagrees_NamesParamAndValues) {
+  std::vector<v1::RankManifest> m = WithTransform(Variant("v", 0.5));
+  (*m[2].mutable_owner_transform()->mutable_params())["beta"] = 0.25;
+  EXPECT_THAT(ValidateManifests(m),
+              StatusIs(kInvalid, HasSubstr("rank 2 reports v_beta=0.25 but "
+                                           "rank 0 reports v_beta=0.5")));
+  m = WithTransform(Variant("v", 0.5));
+  (*m[1].mutable_owner_transform()->mutable_params())["gamma"] = 1;
+  EXPECT_THAT(ValidateManifests(m),
+              StatusIs(kInvalid, HasSubstr("rank 1 reports v_gamma=1 but "
+                                           "rank 0 reports v_gamma=(unset)")));
+}
+
+TEST(ManifestValidationTest,
+     ValidateManifests_OwnerTransformRowStateDisagrees_NamesBoth) {
+  std::vector<v1::RankManifest> m = WithTransform(Variant("v", 0.5));
+  m[1].mutable_owner_transform()->set_row_state(0, "other");
+  EXPECT_THAT(ValidateManifests(m),
+              StatusIs(kInvalid, HasSubstr("rank 1 reports v row state [other] "
+                                           "but rank 0 reports [state]")));
+}
+
 TEST(ManifestValidationTest, ValidateManifests_Empty_ReturnsInvalidArgument) {
   EXPECT_THAT(ValidateManifests({}), StatusIs(kInvalid, HasSubstr("no rank")));
 }
