@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "coordination/credentials.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/security/credentials.h"
@@ -66,17 +67,10 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<GrpcCoordinationClient>>
-GrpcCoordinationClient::Create(const std::string& address,
-                               const std::string& job_id,
-                               absl::Duration rpc_timeout,
-                               const GrpcClientSecurity& security) {
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeCoordinatorChannel(
+    const std::string& address, const GrpcClientSecurity& security) {
   if (address.empty()) {
     return absl::InvalidArgumentError("coordinator address is empty");
-  }
-  if (rpc_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rpc_timeout is ", absl::FormatDuration(rpc_timeout), "; must be > 0"));
   }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
@@ -90,6 +84,20 @@ GrpcCoordinationClient::Create(const std::string& address,
     return absl::InvalidArgumentError(
         absl::StrCat("cannot make a gRPC channel to \"", address, "\""));
   }
+  return channel;
+}
+
+absl::StatusOr<std::unique_ptr<GrpcCoordinationClient>>
+GrpcCoordinationClient::Create(const std::string& address,
+                               const std::string& job_id,
+                               absl::Duration rpc_timeout,
+                               const GrpcClientSecurity& security) {
+  if (rpc_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rpc_timeout is ", absl::FormatDuration(rpc_timeout), "; must be > 0"));
+  }
+  MUON_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                        MakeCoordinatorChannel(address, security));
   return std::unique_ptr<GrpcCoordinationClient>(new GrpcCoordinationClient(
       address, job_id, rpc_timeout, security.token, std::move(channel)));
 }

@@ -43,6 +43,15 @@ struct GrpcClientSecurity {
   std::string tls_server_name;
 };
 
+// A channel to the coordinator at `address` ("host:port", or
+// "unix:/path" for a host agent's socket) with `security`'s TLS (the
+// token is sent per call, not here), and messages up to 64 MiB either way
+// (large manifests and plans). Does not connect yet.
+// Errors: InvalidArgument for an empty address or an unreadable CA file
+// (naming it).
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeCoordinatorChannel(
+    const std::string& address, const GrpcClientSecurity& security);
+
 class GrpcCoordinationClient final : public CoordinationClient {
  public:
   // Makes a client for the coordinator at `address` ("host:port") serving

@@ -658,6 +658,7 @@ absl::StatusOr<v1::HeartbeatResponse> CoordinatorService::HostHeartbeat(
   }
   const absl::Time now = options_.now();
   for (int i = 0; i < request.ranks_size(); ++i) {
+    if (infos[i]->host != request.host()) infos[i]->host = request.host();
     ApplyHeartbeatLocked(request.ranks(i), now, infos[i]);
   }
   return HeartbeatResponseLocked(now);
@@ -733,14 +734,37 @@ void CoordinatorService::CheckLostLocked(absl::Time now) {
         absl::ToDoubleSeconds(options_.heartbeat_timeout),
         silent->reported ? silent->last_report.step() : -1));
   }
-  FailRankLocked(
-      silent_rank,
-      absl::StrFormat("rank %d lost: no heartbeat for %.2f s (heartbeat "
-                      "timeout %.2f s)",
-                      silent_rank,
-                      absl::ToDoubleSeconds(now - silent->last_seen),
-                      absl::ToDoubleSeconds(options_.heartbeat_timeout)));
+  FailRankLocked(silent_rank, LostMessageLocked(silent_rank, *silent, now));
   NoteJobStateLocked();
+}
+
+std::string CoordinatorService::LostMessageLocked(int rank,
+                                                  const RankInfo& info,
+                                                  absl::Time now) const {
+  const std::string silence =
+      absl::StrFormat("no heartbeat for %.2f s (heartbeat timeout %.2f s)",
+                      absl::ToDoubleSeconds(now - info.last_seen),
+                      absl::ToDoubleSeconds(options_.heartbeat_timeout));
+  std::vector<int> host_ranks;
+  if (!info.host.empty()) {
+    for (const auto& [r, other] : ranks_) {
+      if (other.host == info.host && !other.finished &&
+          now - other.last_seen > options_.heartbeat_timeout) {
+        host_ranks.push_back(r);
+      }
+    }
+  }
+  if (host_ranks.size() < 2) {
+    return absl::StrCat("rank ", rank, " lost: ", silence);
+  }
+  std::sort(host_ranks.begin(), host_ranks.end());
+  constexpr size_t kListed = 64;
+  const size_t n = host_ranks.size();
+  if (n > kListed) host_ranks.resize(kListed);
+  return absl::StrCat(
+      "ranks ", absl::StrJoin(host_ranks, ", "),
+      n > kListed ? absl::StrCat(" and ", n - kListed, " more") : "",
+      " of host \"", LogValue(info.host), "\" lost: ", silence);
 }
 
 absl::StatusOr<v1::ReportStepResponse> CoordinatorService::ReportStep(

@@ -333,6 +333,9 @@ class CoordinatorService {
     bool compact = false;
     v1::CompactManifest compact_manifest;
     absl::Time last_seen;
+    // The host agent that heartbeats for the rank (HostHeartbeatRequest's
+    // host), or empty: a host that goes silent has all its ranks named.
+    std::string host;
     int joins_in_flight = 0;  // Join calls of this rank now blocked
     bool reported = false;
     bool failure_logged = false;  // "event=rank_failed" written
@@ -405,6 +408,11 @@ class CoordinatorService {
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Once planned and without a run-time error: records the first rank
   // silent for longer than heartbeat_timeout as the job error.
+  // "rank R lost: ..." for the silent rank R, or, when R's host agent
+  // went silent with others of its ranks, "ranks R, S, ... of host \"H\"
+  // lost: ..." naming every one (at most 64, then a count).
+  std::string LostMessageLocked(int rank, const RankInfo& info,
+                                absl::Time now) const;
   void CheckLostLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records a run-time failure naming `rank` unless one is known.
   void FailRankLocked(int rank, std::string message)

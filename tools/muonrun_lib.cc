@@ -31,6 +31,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "control/host_agent.h"
 #include "coordination/credentials.h"
 
 extern char** environ;
@@ -348,6 +349,11 @@ std::string MuonrunUsage() {
          "                      muonrun's private directory), on PORT + 1 on\n"
          "                      several\n"
          "  --standalone        one node: 127.0.0.1 and a free port\n"
+         "  --no-host-agent     with MUON_COORDINATOR set, connect every rank "
+         "to it\n"
+         "                      (default: muonrun is the node's host agent: "
+         "one\n"
+         "                      join and heartbeat for all its ranks)\n"
          "  --no-rank-prefix    pass the ranks' output through as is "
          "(default:\n"
          "                      each line prefixed with [rank N])\n"
@@ -487,6 +493,13 @@ absl::StatusOr<MuonrunOptions> ParseMuonrunArgs(
       o.rank_prefix = false;
       continue;
     }
+    if (name == "no_host_agent") {
+      if (value.has_value()) {
+        return Usage("--no-host-agent takes no value");
+      }
+      o.host_agent = false;
+      continue;
+    }
     if (name == "standalone") {
       if (value.has_value()) {
         return Usage("--standalone takes no value");
@@ -620,6 +633,40 @@ std::vector<std::string> WithCoordinatorFile(const MuonrunOptions& o,
 
 namespace {
 
+// The value of `name` in `env` ("NAME=value" entries), or "".
+std::string EnvValue(const std::vector<std::string>& env,
+                     const std::string& name) {
+  const std::string prefix = name + "=";
+  std::string value;
+  for (const std::string& e : env) {
+    if (absl::StartsWith(e, prefix)) value = e.substr(prefix.size());
+  }
+  return value;
+}
+
+}  // namespace
+
+std::string HostAgentTarget(const MuonrunOptions& o,
+                            const std::vector<std::string>& env) {
+  const std::string target = EnvValue(env, "MUON_COORDINATOR");
+  if (!o.host_agent || absl::StartsWith(target, "unix:")) return "";
+  return target;
+}
+
+std::vector<std::string> WithHostAgent(std::vector<std::string> base,
+                                       const std::string& address) {
+  base.erase(std::remove_if(base.begin(), base.end(),
+                            [](const std::string& e) {
+                              return absl::StartsWith(e, "MUON_TLS_CA_FILE=") ||
+                                     absl::StartsWith(e,
+                                                      "MUON_TLS_SERVER_NAME=");
+                            }),
+             base.end());
+  return MergeEnvironment(base, {{"MUON_COORDINATOR", address}});
+}
+
+namespace {
+
 // A directory of this muonrun alone (mode 0700, under TMPDIR or /tmp),
 // removed with the files the ranks left in it on destruction.
 class PrivateDir {
@@ -651,6 +698,32 @@ class PrivateDir {
   const std::string path_;
 };
 
+// This node's host agent for the coordinator at `target`, listening on
+// <dir>/host-agent.sock; TLS towards the coordinator as the ranks would
+// have used it (MUON_TLS_CA_FILE, MUON_TLS_SERVER_NAME in `env`).
+absl::StatusOr<std::unique_ptr<HostAgent>> StartHostAgent(
+    const MuonrunOptions& o, const std::vector<std::string>& env,
+    const std::string& target, const std::string& dir) {
+  HostAgent::Options a;
+  a.coordinator = target;
+  a.security.tls_ca_file = EnvValue(env, "MUON_TLS_CA_FILE");
+  a.security.tls_server_name = EnvValue(env, "MUON_TLS_SERVER_NAME");
+  a.listen = absl::StrCat("unix:", dir, "/host-agent.sock");
+  char hostname[256] = {};
+  gethostname(hostname, sizeof(hostname) - 1);
+  a.host = absl::StrCat("node ", o.node_rank, " (", hostname, ")");
+  for (int local = 0; local < o.nproc_per_node; ++local) {
+    a.ranks.push_back(o.node_rank * o.nproc_per_node + local);
+  }
+  absl::StatusOr<std::unique_ptr<HostAgent>> agent = HostAgent::Start(a);
+  if (!agent.ok()) {
+    return absl::Status(
+        agent.status().code(),
+        absl::StrCat("muonrun: host agent: ", agent.status().message()));
+  }
+  return agent;
+}
+
 // Starts this node's nproc_per_node ranks into *children; on a failure
 // kills those started and returns the error.
 absl::Status StartRanks(const MuonrunOptions& o,
@@ -675,15 +748,20 @@ absl::Status StartRanks(const MuonrunOptions& o,
 
 // Reaps ranks until every one has exited, one failed (recorded in
 // *result), a signal arrived or `deadline` passed; returns the signal to
-// stop the others with (0: none left).
+// stop the others with (0: none left). Each exit goes to `agent` (when
+// muonrun is the host agent) as it is reaped.
 int WaitForRanks(const MuonrunOptions& o, absl::Time deadline,
-                 std::vector<Child>& children, RunRanksResult* result,
-                 std::ostream& err) {
+                 std::vector<Child>& children, HostAgent* agent,
+                 RunRanksResult* result, std::ostream& err) {
   while (Running(children) > 0) {
     bool progressed = false;
     for (Child& c : children) {
       if (c.done || !Reap(c, /*block=*/false)) continue;
       progressed = true;
+      // Before the others are stopped: the coordinator names this rank.
+      if (agent != nullptr) {
+        agent->RankExited(c.rank, c.pid, c.exit.failed(), c.exit.Describe());
+      }
       if (c.exit.failed() && !result->first_failure.has_value()) {
         result->first_failure = c.exit;
         err << "muonrun: rank " << c.rank << " (local rank " << c.local_rank
@@ -747,6 +825,14 @@ absl::StatusOr<RunRanksResult> RunRanks(const MuonrunOptions& o,
     MUON_ASSIGN_OR_RETURN(dir, PrivateDir::Create());
     base = WithCoordinatorFile(o, std::move(base), dir->path());
   }
+  std::unique_ptr<HostAgent> agent;
+  if (const std::string target = HostAgentTarget(o, base); !target.empty()) {
+    if (dir == nullptr) {
+      MUON_ASSIGN_OR_RETURN(dir, PrivateDir::Create());
+    }
+    MUON_ASSIGN_OR_RETURN(agent, StartHostAgent(o, base, target, dir->path()));
+    base = WithHostAgent(std::move(base), agent->address());
+  }
   std::vector<Child> children;
   const absl::Time start = absl::Now();
   MUON_RETURN_IF_ERROR(StartRanks(o, base, &children));
@@ -754,8 +840,10 @@ absl::StatusOr<RunRanksResult> RunRanks(const MuonrunOptions& o,
                                   ? absl::InfiniteFuture()
                                   : start + o.timeout;
   RunRanksResult result;
-  const int stop_signal = WaitForRanks(o, deadline, children, &result, err);
+  const int stop_signal =
+      WaitForRanks(o, deadline, children, agent.get(), &result, err);
   StopRanks(o, stop_signal, children, &result, err);
+  if (agent != nullptr) agent->Shutdown();
   // The ranks' last lines: the forwarders drain their pipes and stop.
   std::cerr.flush();
   for (Child& c : children) c.forwarders.clear();

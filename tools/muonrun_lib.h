@@ -81,6 +81,13 @@ struct MuonrunOptions {
   // not interleave mid-line (torchrun's --tee / log prefixes);
   // --no-rank-prefix passes the ranks' output through untouched.
   bool rank_prefix = true;
+  // When the environment names a muon-coordinator daemon (MUON_COORDINATOR
+  // host:port), muonrun is this node's host agent (control/host_agent.h):
+  // its ranks reach the coordinator through it, on a Unix socket in its
+  // private directory, so the coordinator holds one connection, join and
+  // heartbeat per node instead of per rank, and a rank whose process ends
+  // is named at once. --no-host-agent connects every rank directly.
+  bool host_agent = true;
   // --help / -h: print the usage and exit 0.
   bool help = false;
   // The program (resolved on PATH as execvp does) and its arguments.
@@ -186,6 +193,19 @@ bool NamesCoordinator(const std::vector<std::string>& env);
 std::vector<std::string> WithCoordinatorFile(const MuonrunOptions& o,
                                              std::vector<std::string> base,
                                              const std::string& dir);
+
+// The coordinator address the host agent serves for (MUON_COORDINATOR in
+// `env`, when options.host_agent is set and it is not already a Unix
+// socket), or "" for no host agent.
+std::string HostAgentTarget(const MuonrunOptions& o,
+                            const std::vector<std::string>& env);
+
+// `base` with MUON_COORDINATOR set to the host agent's `address` and the
+// TLS client settings (MUON_TLS_CA_FILE, MUON_TLS_SERVER_NAME) removed:
+// the ranks reach the agent over its plaintext Unix socket; the agent
+// uses them towards the coordinator.
+std::vector<std::string> WithHostAgent(std::vector<std::string> base,
+                                       const std::string& address);
 
 absl::StatusOr<RunRanksResult> RunRanks(const MuonrunOptions& options,
                                         std::ostream& err);

@@ -24,6 +24,7 @@
 #include "server/coordinator_server.h"
 #include "server/coordinator_service.h"
 #include "server/local_coordination_client.h"
+#include "tests/control/agent_test_util.h"
 #include "tests/status_matchers.h"
 
 namespace muon {
@@ -113,20 +114,6 @@ class FakeClient : public CoordinationClient {
   int heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-v1::StepReport StepReportFor(int64_t step) {
-  v1::StepReport report;
-  report.set_step(step);
-  report.set_step_time_s(0.01);
-  for (v1::OpKind op : SpecifiedValues<v1::OpKind>()) {
-    v1::OpTiming* t = report.add_ops();
-    t->set_op(op);
-    t->set_start_s(1.0);
-    t->set_end_s(2.0);
-    t->set_bytes(1 << 20);
-  }
-  return report;
-}
-
 // Calls Report `n` times; returns the time they took.
 absl::Duration ReportMany(Agent& agent, int n, int64_t first_step) {
   std::vector<v1::StepReport> reports;
@@ -134,17 +121,6 @@ absl::Duration ReportMany(Agent& agent, int n, int64_t first_step) {
   const absl::Time start = absl::Now();
   for (v1::StepReport& r : reports) agent.Report(std::move(r));
   return absl::Now() - start;
-}
-
-// Polls `done` every millisecond for up to `timeout`.
-template <typename Pred>
-bool WaitFor(Pred done, absl::Duration timeout = absl::Seconds(5)) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (!done()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  return true;
 }
 
 TEST(AgentTest, Report_ReportStepBlocked_ReturnsAtOnceAndCountsDropped) {
@@ -238,34 +214,6 @@ TEST(AgentTest, Start_Heartbeats_SentEveryInterval) {
   const int after_stop = client.heartbeats();
   absl::SleepFor(absl::Milliseconds(50));
   EXPECT_EQ(client.heartbeats(), after_stop);
-}
-
-// Two ranks over dp_shard=2 with one replicated 4 x 4 parameter.
-std::vector<v1::RankManifest> RankManifests(int world_size) {
-  v1::JobSpec spec;
-  spec.set_job_id("agent");
-  v1::MeshDim* dim = spec.mutable_mesh()->add_dims();
-  dim->set_name("dp_shard");
-  dim->set_size(world_size);
-  v1::ParamSpec* p = spec.add_params();
-  p->set_name("w");
-  p->add_shape(4);
-  p->add_shape(4);
-  p->add_placements("Replicate()");
-  absl::StatusOr<std::vector<v1::RankManifest>> m = ManifestsFromSpec(spec);
-  EXPECT_THAT(m, IsOk());
-  return m.ok() ? *m : std::vector<v1::RankManifest>();
-}
-
-// Joins every agent from its own thread.
-void JoinAll(std::vector<std::unique_ptr<Agent>>& agents,
-             const std::vector<v1::RankManifest>& manifests) {
-  std::vector<std::thread> threads;
-  for (size_t r = 0; r < agents.size(); ++r) {
-    threads.emplace_back(
-        [&, r] { EXPECT_THAT(agents[r]->Join(manifests[r], 3000), IsOk()); });
-  }
-  for (std::thread& t : threads) t.join();
 }
 
 // `world_size` ranks' agents (incarnations `incarnation` + rank) joined to
