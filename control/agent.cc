@@ -190,7 +190,9 @@ Agent::FailureCause Agent::PollForFailureCause() {
     timeout = heartbeat_timeout_;
     cause.host = coordinator_rank_ == rank_ ? -1 : coordinator_rank_;
   }
-  cause.waited = timeout + 2 * interval;
+  // Two intervals for the coordinator's scan and this rank's poll, one
+  // more for a host agent's relay (its cached host heartbeat response).
+  cause.waited = timeout + 3 * interval;
   const absl::Time deadline = absl::Now() + cause.waited;
   v1::HeartbeatRequest request;
   request.set_rank(rank_);
@@ -206,7 +208,20 @@ Agent::FailureCause Agent::PollForFailureCause() {
     // ended) while this rank still steps: known at once, no need to wait.
     if (cause.reachable) {
       cause.finished_peer = FinishedPeer();
-      if (!cause.finished_peer.empty()) break;
+      if (!cause.finished_peer.empty()) {
+        // The heartbeat's answer may be a host agent's cached one: the
+        // job's own state, asked now, says whether the peer left after a
+        // failure (then that failure is the cause).
+        absl::StatusOr<v1::JobInfo> job = client_->GetJob();
+        if (job.ok() && job->failed_rank() >= 0 && !job->error().empty()) {
+          v1::HeartbeatResponse known;
+          known.set_job_error(job->error());
+          known.set_failed_rank(job->failed_rank());
+          TakeResponse(known);
+          cause.finished_peer.clear();
+        }
+        break;
+      }
     }
     if (absl::Now() >= deadline) break;
     // The coordinator lived in rank `host`'s process and no longer

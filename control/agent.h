@@ -124,7 +124,8 @@ class Agent {
 
   // The error a failed step should return. `local` is the step's own error.
   //  - A communication error (Unavailable, Aborted, DeadlineExceeded): waits
-  //    up to the heartbeat timeout plus two heartbeat intervals for the
+  //    up to the heartbeat timeout plus three heartbeat intervals (one for
+  //    a host agent's relay, control/host_agent.h) for the
   //    coordinator's job error and returns Aborted naming the failed rank
   //    ("rank 0: step failed: rank 2 lost: no heartbeat for 0.31 s ...;
   //    this rank saw: <local>"). When none comes, `local` is reported to the

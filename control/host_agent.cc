@@ -94,6 +94,10 @@ class HostAgent::Impl final : public v1::Coordinator::Service {
     absl::MutexLock lock(&mu_);
     return heartbeats_sent_;
   }
+  absl::Duration settle_time() const {
+    absl::MutexLock lock(&mu_);
+    return 3 * interval_;
+  }
   int64_t reports_sent() const {
     absl::MutexLock lock(&mu_);
     return reports_sent_;
@@ -451,9 +455,10 @@ void HostAgent::Impl::HeartbeatLoop() {
       const absl::Time now = absl::Now();
       for (int r : options_.ranks) {
         const LocalRank& l = locals_[r];
-        // A rank silent for two intervals is left out: the coordinator
-        // then names it lost after its heartbeat timeout.
-        if (!l.joined || l.gone || now - l.last_seen > 2 * interval) continue;
+        // A rank silent for 1.5 intervals is left out (a late beat skips
+        // one host beat, harmless): the coordinator names it lost once it
+        // has been left out for its heartbeat timeout.
+        if (!l.joined || l.gone || now - l.last_seen > interval * 1.5) continue;
         v1::HeartbeatRequest* beat = request.add_ranks();
         beat->set_rank(r);
         beat->set_incarnation(l.incarnation);
@@ -507,6 +512,7 @@ void HostAgent::RankExited(int rank, int64_t pid, bool failed,
 }
 void HostAgent::Shutdown() { impl_->Shutdown(); }
 int64_t HostAgent::heartbeats_sent() const { return impl_->heartbeats_sent(); }
+absl::Duration HostAgent::settle_time() const { return impl_->settle_time(); }
 int64_t HostAgent::reports_sent() const { return impl_->reports_sent(); }
 int64_t HostAgent::reports_dropped() const { return impl_->reports_dropped(); }
 

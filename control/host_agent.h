@@ -12,7 +12,7 @@
 //                         the last host heartbeat's response; one carrying
 //                         an error or a leave goes out at once
 //   heartbeat thread   -> one HostHeartbeat per interval for the ranks
-//                         heard from within two intervals, then the queued
+//                         heard from within 1.5 intervals, then the queued
 //                         step reports in ReportSteps batches (<= 1024)
 //   ranks' ReportStep  -> queued (at most 4096; beyond: ResourceExhausted,
 //                         which the rank's Agent counts as dropped)
@@ -24,10 +24,14 @@
 //     reported at once as that rank's error, naming how it ended; every
 //     rank of the job aborts naming it;
 //   - a rank stops heartbeating but lives (stopped, hung): left out of the
-//     host heartbeats after two intervals; the coordinator names it lost
-//     within T + 3 intervals + T/10 (< 2T) of its last heartbeat;
+//     host heartbeats after 1.5 intervals; the coordinator names it lost
+//     within T + 2.5 intervals + T/10 (1.6T) of its last heartbeat, and
+//     the host's other ranks hear it one interval later (the relay);
 //   - the host dies (muonrun and its ranks): its heartbeats stop and the
-//     coordinator names every rank of the host lost after T.
+//     coordinator names every rank of the host lost after T;
+//   - the coordinator dies: the host heartbeat fails and the ranks'
+//     heartbeats get its error, so each rank's Agent says once that the
+//     coordinator is unreachable (after T) and training goes on.
 //
 // The socket lives in muonrun's private directory (mode 0700): only the
 // job's user reaches it. The ranks' authorization metadata (the job
@@ -87,6 +91,12 @@ class HostAgent {
   // P) on <host> ended: <how>"), within the agent's rpc_timeout; either way
   // the rank is left out of later heartbeats. Unknown ranks are ignored.
   void RankExited(int rank, int64_t pid, bool failed, const std::string& how);
+
+  // How long the host's other ranks take to hear of a failure the
+  // coordinator knows and end on their own: three heartbeat intervals (the
+  // relay, the rank's beat, slack); zero before the first join. muonrun
+  // waits this long before it stops them, so that each says what failed.
+  absl::Duration settle_time() const;
 
   // Stops listening and the heartbeat thread; calls in flight finish.
   void Shutdown();

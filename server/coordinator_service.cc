@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -764,7 +765,7 @@ std::string CoordinatorService::LostMessageLocked(int rank,
   return absl::StrCat(
       "ranks ", absl::StrJoin(host_ranks, ", "),
       n > kListed ? absl::StrCat(" and ", n - kListed, " more") : "",
-      " of host \"", LogValue(info.host), "\" lost: ", silence);
+      " of host \"", absl::CEscape(info.host), "\" lost: ", silence);
 }
 
 absl::StatusOr<v1::ReportStepResponse> CoordinatorService::ReportStep(

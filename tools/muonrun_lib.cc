@@ -671,10 +671,14 @@ namespace {
 // removed with the files the ranks left in it on destruction.
 class PrivateDir {
  public:
-  static absl::StatusOr<std::unique_ptr<PrivateDir>> Create() {
+  // Under `parent`; empty: TMPDIR, else /tmp.
+  static absl::StatusOr<std::unique_ptr<PrivateDir>> Create(
+      std::string parent = "") {
     const char* tmp = std::getenv("TMPDIR");
-    std::string path = absl::StrCat(
-        tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/muonrun.XXXXXX");
+    if (parent.empty()) {
+      parent = tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
+    }
+    std::string path = absl::StrCat(parent, "/muonrun.XXXXXX");
     if (mkdtemp(path.data()) == nullptr) {
       return absl::InternalError(
           absl::StrCat("muonrun: mkdtemp ", path, ": ", std::strerror(errno)));
@@ -753,6 +757,10 @@ absl::Status StartRanks(const MuonrunOptions& o,
 int WaitForRanks(const MuonrunOptions& o, absl::Time deadline,
                  std::vector<Child>& children, HostAgent* agent,
                  RunRanksResult* result, std::ostream& err) {
+  // After the first failure: when the other ranks are stopped. As host
+  // agent, muonrun first gives them the agent's settle time to hear the
+  // coordinator's error and end on their own, naming the failed rank.
+  absl::Time stop_at = absl::InfiniteFuture();
   while (Running(children) > 0) {
     bool progressed = false;
     for (Child& c : children) {
@@ -764,13 +772,15 @@ int WaitForRanks(const MuonrunOptions& o, absl::Time deadline,
       }
       if (c.exit.failed() && !result->first_failure.has_value()) {
         result->first_failure = c.exit;
+        stop_at = absl::Now() + (agent != nullptr ? agent->settle_time()
+                                                  : absl::ZeroDuration());
         err << "muonrun: rank " << c.rank << " (local rank " << c.local_rank
             << ", pid " << c.pid << ") failed first: " << c.exit.Describe()
             << "\n";
         err.flush();
       }
     }
-    if (result->first_failure.has_value()) return SIGTERM;
+    if (absl::Now() >= stop_at) return SIGTERM;
     if (g_received_signal != 0) {
       result->received_signal = g_received_signal;
       err << "muonrun: received " << SignalName(result->received_signal)
@@ -825,12 +835,17 @@ absl::StatusOr<RunRanksResult> RunRanks(const MuonrunOptions& o,
     MUON_ASSIGN_OR_RETURN(dir, PrivateDir::Create());
     base = WithCoordinatorFile(o, std::move(base), dir->path());
   }
+  std::unique_ptr<PrivateDir> socket_dir;  // outlives the agent
   std::unique_ptr<HostAgent> agent;
   if (const std::string target = HostAgentTarget(o, base); !target.empty()) {
-    if (dir == nullptr) {
-      MUON_ASSIGN_OR_RETURN(dir, PrivateDir::Create());
+    MUON_ASSIGN_OR_RETURN(socket_dir, PrivateDir::Create());
+    // A Unix socket's path has at most 107 bytes (sockaddr_un.sun_path):
+    // a long TMPDIR gives way to /tmp.
+    if (socket_dir->path().size() + sizeof("/host-agent.sock") > 107) {
+      MUON_ASSIGN_OR_RETURN(socket_dir, PrivateDir::Create("/tmp"));
     }
-    MUON_ASSIGN_OR_RETURN(agent, StartHostAgent(o, base, target, dir->path()));
+    MUON_ASSIGN_OR_RETURN(agent,
+                          StartHostAgent(o, base, target, socket_dir->path()));
     base = WithHostAgent(std::move(base), agent->address());
   }
   std::vector<Child> children;

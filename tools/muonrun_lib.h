@@ -27,6 +27,11 @@
 //            signal killed it), 124 after the timeout, 128+signal when
 //            muonrun itself was signalled
 //
+// As host agent (MuonrunOptions::host_agent), muonrun reports each exit
+// to the coordinator as it reaps it, and waits the agent's settle time
+// (three heartbeat intervals) after the first failure before stopping the
+// other ranks, so that each ends on its own naming the failed rank.
+//
 // Each rank runs in its own process group (so a rank's children are
 // stopped with it) and gets SIGKILL if muonrun dies (PR_SET_PDEATHSIG).
 // The first failure, in the order muonrun reaped the exits, is reported on

@@ -6,7 +6,16 @@
 // 2x the heartbeat timeout plus process exit. KILL_TRIALS (default 10) sets
 // the number of trials; tools/kill_trials.sh runs 100 and prints the tally.
 // Also: LaunchRanks names the rank that failed first, with its signal.
+//
+// With host agents: the same job as 2 hosts of 2 ranks, each host a
+// muonrun (its host agent) against the daemon. Killed: one rank (its
+// muonrun reports it at once; the other host's ranks name it and how it
+// ended), a whole host (muonrun and its ranks; the other host's ranks name
+// both of its ranks), or the coordinator (every rank says it is
+// unreachable and training goes on). KILL_HOST_TRIALS (default 2) trials
+// of each; tools/kill_trials.sh --hosts runs 20.
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -186,6 +195,258 @@ int Trials() {
   int n = 10;
   if (v != nullptr && (!absl::SimpleAtoi(v, &n) || n < 1)) n = 10;
   return n;
+}
+
+enum class HostVictim { kRank, kHost, kCoordinator };
+
+// The pid of the child of `parent` whose environment has LOCAL_RANK=`local`
+// (a rank muonrun started), or -1.
+pid_t ChildWithLocalRank(pid_t parent, int local) {
+  pid_t found = -1;
+  DIR* proc = opendir("/proc");
+  if (proc == nullptr) return -1;
+  const std::string want = absl::StrCat("LOCAL_RANK=", local);
+  while (const dirent* e = readdir(proc)) {
+    pid_t pid = 0;
+    if (!absl::SimpleAtoi(e->d_name, &pid)) continue;
+    const std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+    // "pid (comm) state ppid ...": the ppid follows the last ')'.
+    const size_t close = stat.rfind(')');
+    int ppid = -1;
+    if (close == std::string::npos ||
+        std::sscanf(stat.c_str() + close + 1, " %*c %d", &ppid) != 1 ||
+        ppid != parent) {
+      continue;
+    }
+    const std::string env = ReadFile(absl::StrCat("/proc/", pid, "/environ"));
+    size_t at = 0;
+    while (at < env.size()) {
+      const size_t end = env.find('\0', at);
+      if (env.compare(at, end - at, want) == 0) found = pid;
+      if (end == std::string::npos) break;
+      at = end + 1;
+    }
+  }
+  closedir(proc);
+  return found;
+}
+
+// Whether some line of `err` (a muonrun's stderr) starts with "[rank r]"
+// and contains `needle`.
+bool RankSaid(const std::string& err, int r, const std::string& needle) {
+  const std::string prefix = absl::StrCat("[rank ", r, "] ");
+  size_t at = 0;
+  while (at < err.size()) {
+    size_t end = err.find('\n', at);
+    if (end == std::string::npos) end = err.size();
+    const std::string line = err.substr(at, end - at);
+    if (line.rfind(prefix, 0) == 0 && line.find(needle) != std::string::npos) {
+      return true;
+    }
+    at = end + 1;
+  }
+  return false;
+}
+
+// The job of 2 hosts x 2 ranks: the daemon and one muonrun per host.
+struct HostJob {
+  std::string dir;
+  pid_t daemon = -1;
+  std::vector<pid_t> hosts;  // muonrun pids, node 0 and 1
+};
+
+absl::StatusOr<HostJob> StartHostJob(int trial) {
+  HostJob job;
+  absl::StatusOr<std::string> dir = MakeTempDir("hostkill-");
+  if (!dir.ok()) return dir.status();
+  job.dir = *dir;
+  std::ofstream(job.dir + "/spec.json") << kSpec;
+  const std::string port_file = job.dir + "/port";
+  absl::StatusOr<pid_t> daemon = SpawnProcess(
+      {"server/muon-coordinator", "--port=0", "--port_file=" + port_file,
+       "--world_size=4", "--job_id=kill", "--join_timeout_s=20",
+       absl::StrCat("--heartbeat_timeout_s=", kHeartbeatTimeoutS)});
+  if (!daemon.ok()) return daemon.status();
+  job.daemon = *daemon;
+  absl::StatusOr<int> port =
+      WaitForPortFile(port_file, job.daemon, absl::Seconds(30));
+  if (!port.ok()) {
+    kill(job.daemon, SIGKILL);
+    WaitAll({job.daemon}, absl::Seconds(5));
+    return port.status();
+  }
+  for (int h = 0; h < 2; ++h) {
+    const std::string command = absl::StrCat(
+        "exec tools/muonrun --nnodes=2 --node-rank=", h,
+        " --nproc-per-node=2 --master-addr=127.0.0.1 --master-port=", *port,
+        " --grace_s=5 tests/multihost/muon_rank --spec=", job.dir,
+        "/spec.json --steps=100000000 --seed=", trial, " --out_dir=", job.dir,
+        " --timeout_s=60 2>", job.dir, "/host", h, ".err");
+    absl::StatusOr<pid_t> pid =
+        SpawnProcess({"/bin/sh", "-c", command},
+                     {absl::StrCat("MUON_COORDINATOR=127.0.0.1:", *port)});
+    if (pid.ok()) job.hosts.push_back(*pid);
+  }
+  return job;
+}
+
+// What the survivors of killing `victim` (for kRank the rank `rank`, for
+// kHost the node `rank / 2`) must say, checked on both hosts' output.
+std::string CheckNamed(const HostJob& job, HostVictim victim, int rank) {
+  std::string missing;
+  const int dead_host = rank / 2;
+  for (int h = 0; h < 2; ++h) {
+    const std::string err = ReadFile(absl::StrCat(job.dir, "/host", h, ".err"));
+    std::vector<std::pair<int, std::string>> want;  // (rank or -1, text)
+    if (victim == HostVictim::kRank) {
+      if (h == dead_host) {
+        want.push_back({-1, absl::StrCat("muonrun: rank ", rank,
+                                         " (local rank ", rank % 2, ", pid ")});
+      }
+      // Every other rank, its host's sibling too (muonrun waits for it).
+      for (int r = 2 * h; r < 2 * h + 2; ++r) {
+        if (r == rank) continue;
+        want.push_back(
+            {r, absl::StrCat("rank ", rank, " failed: its process (pid ")});
+        want.push_back({r, "ended: killed by signal 9 (SIGKILL)"});
+      }
+    } else if (victim == HostVictim::kHost && h != dead_host) {
+      for (int r = 2 * h; r < 2 * h + 2; ++r) {
+        want.push_back(
+            {r, absl::StrCat("ranks ", 2 * dead_host, ", ", 2 * dead_host + 1,
+                             " of host \"node ", dead_host, " (")});
+      }
+    } else if (victim == HostVictim::kCoordinator) {
+      for (int r = 2 * h; r < 2 * h + 2; ++r) {
+        want.push_back({r, absl::StrCat("rank ", r,
+                                        ": the coordinator has "
+                                        "been unreachable")});
+      }
+    }
+    for (const auto& [r, text] : want) {
+      const bool said =
+          r < 0 ? err.find(text) != std::string::npos : RankSaid(err, r, text);
+      if (!said) {
+        absl::StrAppend(&missing, "host ", h, (r < 0 ? "" : " rank "),
+                        (r < 0 ? "" : std::to_string(r)), " did not say \"",
+                        text, "\"; its output ends: ",
+                        err.substr(err.size() > 800 ? err.size() - 800 : 0),
+                        "\n");
+      }
+    }
+  }
+  return missing;
+}
+
+// One trial with host agents: kills `victim` `delay` after the start.
+TrialResult RunHostTrial(HostVictim victim, int rank, absl::Duration delay,
+                         int trial) {
+  TrialResult result;
+  absl::StatusOr<HostJob> job = StartHostJob(trial);
+  if (!job.ok() || job->hosts.size() != 2) {
+    if (job.ok()) {
+      for (pid_t p : job->hosts) kill(p, SIGKILL);
+      WaitAll(job->hosts, absl::Seconds(5));
+      kill(job->daemon, SIGKILL);
+      WaitAll({job->daemon}, absl::Seconds(5));
+    }
+    result.named = false;
+    result.detail = "could not start the daemon or the hosts";
+    return result;
+  }
+  absl::SleepFor(delay);
+  pid_t target = job->daemon;
+  if (victim == HostVictim::kRank) {
+    target = ChildWithLocalRank(job->hosts[rank / 2], rank % 2);
+  } else if (victim == HostVictim::kHost) {
+    target = job->hosts[rank / 2];
+  }
+  if (target <= 0) {
+    result.named = false;
+    result.detail = "the victim's process was not found";
+  } else {
+    kill(target, SIGKILL);
+  }
+  const absl::Time killed = absl::Now();
+  std::vector<int> codes;
+  if (victim == HostVictim::kCoordinator) {
+    // Training goes on: after 2x the heartbeat timeout every rank has said
+    // so and every host still runs; then the job is stopped.
+    absl::SleepFor(absl::Seconds(2 * kHeartbeatTimeoutS));
+    for (pid_t host : job->hosts) {
+      if (kill(host, 0) != 0) {
+        result.named = false;
+        absl::StrAppend(&result.detail, "a host ended with the coordinator\n");
+      }
+    }
+    WaitAll({job->daemon}, absl::Seconds(5));
+    result.seconds = absl::ToDoubleSeconds(absl::Now() - killed);
+    for (pid_t host : job->hosts) kill(host, SIGTERM);
+    codes = WaitAll(job->hosts, absl::Seconds(15), absl::Seconds(15));
+  } else {
+    std::vector<pid_t> waited = job->hosts;
+    codes = WaitAll(waited, absl::Seconds(20), absl::Seconds(20));
+    result.seconds = absl::ToDoubleSeconds(absl::Now() - killed);
+    kill(job->daemon, SIGTERM);
+    WaitAll({job->daemon}, absl::Seconds(10));
+  }
+  for (int code : codes) result.hang |= code == -1;
+  const std::string missing = CheckNamed(*job, victim, rank);
+  if (!missing.empty()) {
+    result.named = false;
+    absl::StrAppend(&result.detail, missing);
+  }
+  return result;
+}
+
+int HostTrials() {
+  const char* v = std::getenv("KILL_HOST_TRIALS");
+  int n = 2;
+  if (v != nullptr && (!absl::SimpleAtoi(v, &n) || n < 1)) n = 2;
+  return n;
+}
+
+void RunHostTrials(HostVictim victim, const char* what, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const int trials = HostTrials();
+  int hangs = 0, wrong = 0;
+  double max_s = 0, sum_s = 0;
+  for (int t = 0; t < trials; ++t) {
+    const int rank = static_cast<int>(rng() % kWorld);
+    const absl::Duration delay =
+        absl::Milliseconds(1500 + static_cast<int>(rng() % 2000));
+    const TrialResult r = RunHostTrial(victim, rank, delay, t);
+    hangs += r.hang;
+    wrong += !r.named;
+    max_s = std::max(max_s, r.seconds);
+    sum_s += r.seconds;
+    std::cout << "host trial " << t << ": killed " << what;
+    if (victim == HostVictim::kRank) std::cout << " (rank " << rank << ")";
+    if (victim == HostVictim::kHost) std::cout << " (node " << rank / 2 << ")";
+    std::cout << " after " << absl::FormatDuration(delay) << "; " << r.seconds
+              << " s to the end; " << (r.hang ? "HANG; " : "")
+              << (r.named ? "named" : "NOT named") << "\n"
+              << r.detail << std::flush;
+    EXPECT_FALSE(r.hang) << "trial " << t;
+    EXPECT_TRUE(r.named) << "trial " << t << ": " << r.detail;
+    EXPECT_LT(r.seconds, 2 * kHeartbeatTimeoutS + 1.0) << "trial " << t;
+  }
+  std::cout << "host kill trials (" << what << "): " << trials
+            << ", hangs: " << hangs << ", not named: " << wrong
+            << ", kill -> end: mean " << sum_s / trials << " s, max " << max_s
+            << " s (heartbeat timeout " << kHeartbeatTimeoutS << " s)\n";
+}
+
+TEST(KillTrialsTest, HostAgents_KillRank_OtherHostNamesItAndHow) {
+  RunHostTrials(HostVictim::kRank, "a rank", 31);
+}
+
+TEST(KillTrialsTest, HostAgents_KillHost_OtherHostNamesBothItsRanks) {
+  RunHostTrials(HostVictim::kHost, "a host", 37);
+}
+
+TEST(KillTrialsTest, HostAgents_KillCoordinator_EveryRankSaysSoTrainingGoesOn) {
+  RunHostTrials(HostVictim::kCoordinator, "the coordinator", 41);
 }
 
 TEST(KillTrialsTest, KillRandomRank_EverySurvivorNamesItNoHang) {

@@ -268,6 +268,33 @@ TEST(WithCoordinatorFileTest, OneNode_AddsFileUnlessCoordinatorNamed) {
               ::testing::ElementsAre("A=1"));
 }
 
+// A daemon named by MUON_COORDINATOR gets a host agent unless
+// --no-host-agent; a Unix socket (already an agent) or none does not.
+TEST(HostAgentTargetTest, DaemonNamed_AgentUnlessDisabledOrAlreadyOne) {
+  MuonrunOptions o;
+  EXPECT_EQ(HostAgentTarget(o, {"A=1", "MUON_COORDINATOR=10.0.0.1:29400"}),
+            "10.0.0.1:29400");
+  EXPECT_EQ(HostAgentTarget(o, {"MUON_COORDINATOR_PORT=29401"}), "");
+  EXPECT_EQ(HostAgentTarget(o, {"MUON_COORDINATOR=unix:/tmp/x.sock"}), "");
+  absl::StatusOr<MuonrunOptions> parsed =
+      ParseMuonrunArgs({"--no-host-agent", "prog"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_FALSE(parsed->host_agent);
+  EXPECT_EQ(HostAgentTarget(*parsed, {"MUON_COORDINATOR=10.0.0.1:29400"}), "");
+}
+
+// The ranks reach the agent in plaintext on its socket: the coordinator's
+// TLS client settings go to the agent, not to them.
+TEST(WithHostAgentTest, CoordinatorReplacedAndTlsClientSettingsRemoved) {
+  EXPECT_THAT(
+      WithHostAgent(
+          {"A=1", "MUON_COORDINATOR=10.0.0.1:29400", "MUON_TLS_CA_FILE=/ca.pem",
+           "MUON_TLS_SERVER_NAME=coord", "MUON_TLS_CERT_FILE=/c.pem"},
+          "unix:/tmp/muonrun.x/host-agent.sock"),
+      ElementsAre("A=1", "MUON_TLS_CERT_FILE=/c.pem",
+                  "MUON_COORDINATOR=unix:/tmp/muonrun.x/host-agent.sock"));
+}
+
 TEST(MergeEnvironmentTest, SameName_Replaced) {
   EXPECT_THAT(MergeEnvironment({"PATH=/bin", "RANK=7", "RANKX=1"},
                                {{"RANK", "0"}, {"WORLD_SIZE", "2"}}),
