@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "client/normuon.h"
 #include "comm/local_communicator.h"
+#include "comm/staging_communicator.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
 #include "kernels/muon_update.h"
@@ -259,22 +260,25 @@ absl::StatusOr<device::Device> CommonDevice(const std::vector<ParamView>& ps,
   return ps[0].device;
 }
 
-// The options a CUDA step does not support, and the step's communicators:
-// the data path's on the parameters' device, a host group for the control
+// The options a CUDA step does not support, and the step's communicators
+// (`comm` the data path's, already staged for CUDA parameters over a host
+// group; `control` the host group for the control values, or null): the
+// data path's on the parameters' device, a host group for the control
 // values. Errors: InvalidArgument naming the option or group.
 absl::Status CheckDeviceSupport(const device::Device& dev, const MuonOptions& o,
-                                const DistributedState& state) {
+                                const DistributedState& state,
+                                const Communicator* comm,
+                                const Communicator* control) {
   const int rank = state.rank;
   if (state.world_size == 1) return absl::OkStatus();
-  const Communicator* comm = state.communicator;
   if (comm != nullptr && comm->buffer_device() != dev) {
     return absl::InvalidArgumentError(absl::StrCat(
         "rank ", rank, ": the parameters are on ", dev.ToString(),
         " but the process group (", comm->backend(), ") exchanges ",
         comm->buffer_device().ToString(), " memory; use ",
-        dev.is_cuda() ? "an NCCL group on that device" : "a Gloo group"));
+        dev.is_cuda() ? "an NCCL group on that device, or a Gloo group"
+                      : "a Gloo group"));
   }
-  const Communicator* control = state.control_communicator;
   if (control != nullptr) {
     if (!control->buffer_device().is_host() ||
         control->world_size() != state.world_size || control->rank() != rank) {
@@ -377,7 +381,19 @@ absl::Status Muon::MakeDataPath(const DistributedConfig& config,
         comm->world_size(), " but the config says rank ", rank, " of ",
         state.world_size));
   }
-  MUON_RETURN_IF_ERROR(CheckDeviceSupport(device_, options_, state));
+  Communicator* control = state.control_communicator;
+  if (device_.is_cuda() && state.world_size > 1 &&
+      comm->buffer_device().is_host()) {
+    // CUDA parameters over a host group (Gloo), as c10d's Gloo backend
+    // takes CUDA tensors: each collective is staged through host memory;
+    // the host group itself carries the control values.
+    MUON_ASSIGN_OR_RETURN(owned_comm_,
+                          StagingCommunicator::Create(comm, runtime_));
+    if (control == nullptr) control = comm;
+    comm = owned_comm_.get();
+  }
+  MUON_RETURN_IF_ERROR(
+      CheckDeviceSupport(device_, options_, state, comm, control));
   ExecutorOptions exec_options;
   exec_options.device = device_;
   exec_options.precision = options_.gpu_precision;
@@ -425,9 +441,8 @@ absl::Status Muon::MakeDataPath(const DistributedConfig& config,
   comm_ = comm;
   run->rank_flags = std::make_unique<RankFlags>(
       rank, state.world_size,
-      state.control_communicator != nullptr
-          ? state.control_communicator
-          : (comm->buffer_device().is_host() ? comm : nullptr));
+      control != nullptr ? control
+                         : (comm->buffer_device().is_host() ? comm : nullptr));
   // The coordinator's job error (a rank lost or failed) aborts pending
   // collectives so blocked calls return at once.
   if (agent_ != nullptr) {

@@ -369,7 +369,8 @@ class Muon {
   UpdateRule rule_;
   int rank_ = 0;
   int world_size_ = 1;
-  std::unique_ptr<Communicator> owned_comm_;  // world of one, if needed
+  // A world of one, or the staging over a host group for CUDA parameters.
+  std::unique_ptr<Communicator> owned_comm_;
   Communicator* comm_ = nullptr;  // the step's communicator; Not owned
   // The parameters' device, its runtime (not owned) and this optimizer's
   // elementwise kernels there (momentum, finite check, snapshot copies).

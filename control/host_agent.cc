@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <map>
+#include <set>
 #include <thread>
 #include <utility>
 
@@ -80,6 +82,9 @@ class HostAgent::Impl final : public v1::Coordinator::Service {
       absl::MutexLock lock(&mu_);
       if (shutdown_) return;
       shutdown_ = true;
+      // The agent's own calls in flight (a HostJoin may wait a minute);
+      // forwarded calls are cancelled with the server's calls below.
+      for (grpc::ClientContext* call : own_calls_) call->TryCancel();
     }
     if (server_ != nullptr) {
       server_->Shutdown(std::chrono::system_clock::now() +
@@ -144,10 +149,34 @@ class HostAgent::Impl final : public v1::Coordinator::Service {
 
  private:
   struct LocalRank {
-    uint64_t incarnation = 0;
+    uint64_t incarnation = 0;  // the one the coordinator accepted
     bool joined = false;
-    bool gone = false;  // left, or its process ended
+    bool left = false;    // sent a leave (cleared by a new join)
+    bool exited = false;  // its process ended (RankExited)
     absl::Time last_seen;
+  };
+  // A call of the agent's own: the deadline `timeout` from now and the
+  // ranks' authorization; Shutdown cancels it while it runs.
+  class OwnCall {
+   public:
+    OwnCall(Impl* impl, absl::Duration timeout) : impl_(impl) {
+      context_.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+      absl::MutexLock lock(&impl_->mu_);
+      if (!impl_->authorization_.empty()) {
+        context_.AddMetadata(kAuthorizationMetadataKey, impl_->authorization_);
+      }
+      if (impl_->shutdown_) context_.TryCancel();
+      impl_->own_calls_.insert(&context_);
+    }
+    ~OwnCall() {
+      absl::MutexLock lock(&impl_->mu_);
+      impl_->own_calls_.erase(&context_);
+    }
+    grpc::ClientContext* context() { return &context_; }
+
+   private:
+    Impl* const impl_;
+    grpc::ClientContext context_;
   };
   // One HostJoin: the local ranks' Joins gathered until all are in.
   struct JoinRound {
@@ -164,11 +193,13 @@ class HostAgent::Impl final : public v1::Coordinator::Service {
                        grpc::Status (v1::Coordinator::Stub::*method)(
                            grpc::ClientContext*, const Request&, Response*),
                        const Request& request, Response* response) {
-    grpc::ClientContext out;
-    out.set_deadline(in->deadline());
+    // The caller's deadline and cancellation (a rank that dies, the
+    // server's shutdown) carry over.
+    std::unique_ptr<grpc::ClientContext> out =
+        grpc::ClientContext::FromServerContext(*in);
     const std::string auth = NoteAuthorization(*in);
-    if (!auth.empty()) out.AddMetadata(kAuthorizationMetadataKey, auth);
-    return ((*stub_).*method)(&out, request, response);
+    if (!auth.empty()) out->AddMetadata(kAuthorizationMetadataKey, auth);
+    return ((*stub_).*method)(out.get(), request, response);
   }
 
   // The caller's authorization value ("" when none), kept for the agent's
@@ -183,18 +214,6 @@ class HostAgent::Impl final : public v1::Coordinator::Service {
     return value;
   }
 
-  // A context for the agent's own call, with `timeout` and the ranks'
-  // authorization.
-  std::unique_ptr<grpc::ClientContext> OwnContext(absl::Duration timeout) {
-    auto context = std::make_unique<grpc::ClientContext>();
-    context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-    absl::MutexLock lock(&mu_);
-    if (!authorization_.empty()) {
-      context->AddMetadata(kAuthorizationMetadataKey, authorization_);
-    }
-    return context;
-  }
-
   // Adds `request` to the open round (opening one); returns the round
   // and whether this call completes it (and so sends it).
   std::shared_ptr<JoinRound> AddToRound(const v1::JoinRequest& request,
@@ -203,13 +222,22 @@ class HostAgent::Impl final : public v1::Coordinator::Service {
   void SendRound(JoinRound& round);
   std::string MissingRanksLocked(const JoinRound& round) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits for `round` to be answered; the Join's error when it is not.
+  grpc::Status AwaitRound(JoinRound& round, int rank, absl::Duration wait)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // One HostHeartbeat with `request`'s entries; keeps its response (or
   // error) for the ranks' heartbeats.
   grpc::Status SendHostHeartbeat(v1::HostHeartbeatRequest request,
                                  v1::HeartbeatResponse* response);
   void HeartbeatLoop();
-  void FlushReports();
+  // The next host heartbeat: the pending errors of joined ranks, and the
+  // ranks heard from within 1.5 intervals.
+  v1::HostHeartbeatRequest NextHeartbeatLocked(absl::Duration interval)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends the queued step reports, each batch within `deadline`; after a
+  // failed batch the rest are dropped (counted).
+  void FlushReports(absl::Duration deadline);
 
   const Options options_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
@@ -219,6 +247,12 @@ class HostAgent::Impl final : public v1::Coordinator::Service {
 
   mutable absl::Mutex mu_;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  bool wake_ ABSL_GUARDED_BY(mu_) = false;  // send a heartbeat now
+  std::set<grpc::ClientContext*> own_calls_ ABSL_GUARDED_BY(mu_);
+  // Errors of ranks whose process ended, until a host heartbeat carries
+  // them (the rank's join first, when it is still in flight).
+  std::map<int, std::string> pending_errors_ ABSL_GUARDED_BY(mu_);
+  bool host_joined_ ABSL_GUARDED_BY(mu_) = false;
   std::string authorization_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int, LocalRank> locals_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<JoinRound> round_ ABSL_GUARDED_BY(mu_);
@@ -247,7 +281,6 @@ std::shared_ptr<HostAgent::Impl::JoinRound> HostAgent::Impl::AddToRound(
     round->entries.push_back(request);
   }
   round->wait = std::max(round->wait, JoinWait(request));
-  locals_[rank].incarnation = request.incarnation();
   *leader = round->entries.size() == locals_.size();
   if (*leader) round->sent = true;
   return round;
@@ -257,31 +290,33 @@ void HostAgent::Impl::SendRound(JoinRound& round) {
   v1::HostJoinRequest host_join;
   host_join.set_host(options_.host);
   for (v1::JoinRequest& e : round.entries) *host_join.add_ranks() = e;
-  std::unique_ptr<grpc::ClientContext> context =
-      OwnContext(round.wait + options_.rpc_timeout);
-  context->set_wait_for_ready(true);  // the coordinator may start later
+  OwnCall call(this, round.wait + options_.rpc_timeout);
+  call.context()->set_wait_for_ready(true);  // the coordinator may start later
   v1::JoinResponse response;
   const grpc::Status status =
-      stub_->HostJoin(context.get(), host_join, &response);
+      stub_->HostJoin(call.context(), host_join, &response);
   absl::MutexLock lock(&mu_);
   round.status = status;
   round.response = std::move(response);
   round.done = true;
-  if (status.ok() && !round.response.send_full_manifest()) {
-    const absl::Time now = absl::Now();
-    for (const v1::JoinRequest& e : round.entries) {
-      LocalRank& l = locals_[JoinRank(e)];
-      l.joined = true;
-      l.last_seen = now;
-    }
-    const absl::Duration timeout =
-        round.response.heartbeat_timeout_ms() > 0
-            ? absl::Milliseconds(round.response.heartbeat_timeout_ms())
-            : absl::Seconds(30);
-    interval_ = options_.heartbeat_interval > absl::ZeroDuration()
-                    ? options_.heartbeat_interval
-                    : std::min(absl::Seconds(1), timeout / 5);
+  if (!status.ok() || round.response.send_full_manifest()) return;
+  const absl::Time now = absl::Now();
+  for (const v1::JoinRequest& e : round.entries) {
+    LocalRank& l = locals_[JoinRank(e)];
+    l.joined = true;
+    l.left = false;  // a new optimizer of a rank that left
+    l.incarnation = e.incarnation();
+    l.last_seen = now;
   }
+  host_joined_ = true;
+  const absl::Duration timeout =
+      round.response.heartbeat_timeout_ms() > 0
+          ? absl::Milliseconds(round.response.heartbeat_timeout_ms())
+          : absl::Seconds(30);
+  interval_ = options_.heartbeat_interval > absl::ZeroDuration()
+                  ? options_.heartbeat_interval
+                  : std::min(absl::Seconds(1), timeout / 5);
+  if (!pending_errors_.empty()) wake_ = true;  // a rank died meanwhile
 }
 
 std::string HostAgent::Impl::MissingRanksLocked(const JoinRound& round) const {
@@ -297,6 +332,30 @@ std::string HostAgent::Impl::MissingRanksLocked(const JoinRound& round) const {
   return absl::StrJoin(missing, ", ");
 }
 
+grpc::Status HostAgent::Impl::AwaitRound(JoinRound& round, int rank,
+                                         absl::Duration wait) {
+  auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return round.done || shutdown_;
+  };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&done), wait) && round.sent) {
+    // Sent: the coordinator answers within the HostJoin's own deadline.
+    mu_.AwaitWithTimeout(absl::Condition(&done),
+                         round.wait + options_.rpc_timeout);
+  }
+  if (round.done) return grpc::Status::OK;
+  if (shutdown_) {
+    return grpc::Status(
+        grpc::StatusCode::UNAVAILABLE,
+        absl::StrCat("host agent of ", options_.host, ": shutting down"));
+  }
+  return grpc::Status(
+      grpc::StatusCode::DEADLINE_EXCEEDED,
+      absl::StrCat("host agent of ", options_.host, ": rank ", rank, " waited ",
+                   absl::FormatDuration(wait), " for this host's ranks ",
+                   MissingRanksLocked(round),
+                   " to join (their processes have not called Join)"));
+}
+
 grpc::Status HostAgent::Impl::Join(grpc::ServerContext* context,
                                    const v1::JoinRequest* request,
                                    v1::JoinResponse* response) {
@@ -306,29 +365,29 @@ grpc::Status HostAgent::Impl::Join(grpc::ServerContext* context,
   bool leader = false;
   {
     absl::MutexLock lock(&mu_);
-    if (!locals_.contains(rank)) {
+    auto it = locals_.find(rank);
+    if (it == locals_.end()) {
       return grpc::Status(
           grpc::StatusCode::INVALID_ARGUMENT,
           absl::StrCat("host agent of ", options_.host, ": rank ", rank,
                        " joined, but this host runs ranks ",
                        absl::StrJoin(options_.ranks, ", ")));
     }
-    round = AddToRound(*request, &leader);
+    if (host_joined_ && it->second.joined) {
+      // After the host's ranks joined: a retry, or a new optimizer of the
+      // rank; the coordinator answers it alone.
+      round = std::make_shared<JoinRound>();
+      round->entries.push_back(*request);
+      round->wait = JoinWait(*request);
+      round->sent = leader = true;
+    } else {
+      round = AddToRound(*request, &leader);
+    }
   }
   if (leader) SendRound(*round);
   absl::MutexLock lock(&mu_);
-  auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return round->done || shutdown_;
-  };
-  const absl::Duration wait = JoinWait(*request);
-  if (!mu_.AwaitWithTimeout(absl::Condition(&done), wait) || !round->done) {
-    return grpc::Status(
-        grpc::StatusCode::DEADLINE_EXCEEDED,
-        absl::StrCat("host agent of ", options_.host, ": rank ", rank,
-                     " waited ", absl::FormatDuration(wait),
-                     " for this host's ranks ", MissingRanksLocked(*round),
-                     " to join (their processes have not called Join)"));
-  }
+  const grpc::Status waited = AwaitRound(*round, rank, JoinWait(*request));
+  if (!waited.ok()) return waited;
   *response = round->response;
   return round->status;
 }
@@ -336,16 +395,21 @@ grpc::Status HostAgent::Impl::Join(grpc::ServerContext* context,
 grpc::Status HostAgent::Impl::SendHostHeartbeat(
     v1::HostHeartbeatRequest request, v1::HeartbeatResponse* response) {
   request.set_host(options_.host);
-  std::unique_ptr<grpc::ClientContext> context =
-      OwnContext(options_.rpc_timeout);
+  OwnCall call(this, options_.rpc_timeout);
   v1::HeartbeatResponse got;
   const grpc::Status status =
-      stub_->HostHeartbeat(context.get(), request, &got);
+      stub_->HostHeartbeat(call.context(), request, &got);
   absl::MutexLock lock(&mu_);
   ++heartbeats_sent_;
   have_response_ = true;
   last_status_ = status;
-  if (status.ok()) last_response_ = got;
+  if (status.ok()) {
+    last_response_ = got;
+    // The errors it carried are delivered.
+    for (const v1::HeartbeatRequest& beat : request.ranks()) {
+      if (!beat.error().empty()) pending_errors_.erase(beat.rank());
+    }
+  }
   if (response != nullptr) *response = std::move(got);
   return status;
 }
@@ -365,8 +429,7 @@ grpc::Status HostAgent::Impl::Heartbeat(grpc::ServerContext* context,
                        request->rank(), " does not run on this host"));
     }
     it->second.last_seen = absl::Now();
-    it->second.incarnation = request->incarnation();
-    if (request->leaving()) it->second.gone = true;
+    if (request->leaving()) it->second.left = true;
     cached = have_response_ && request->error().empty() && !request->leaving();
     if (cached) {
       if (!last_status_.ok()) return last_status_;
@@ -398,23 +461,31 @@ grpc::Status HostAgent::Impl::ReportStep(grpc::ServerContext* context,
 
 void HostAgent::Impl::RankExited(int rank, int64_t pid, bool failed,
                                  const std::string& how) {
-  v1::HostHeartbeatRequest host;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = locals_.find(rank);
-    if (it == locals_.end() || it->second.gone) return;
-    it->second.gone = true;
-    if (!failed || !it->second.joined) return;
-    v1::HeartbeatRequest* beat = host.add_ranks();
-    beat->set_rank(rank);
-    beat->set_incarnation(it->second.incarnation);
-    beat->set_error(absl::StrCat("its process (pid ", pid, ") on ",
-                                 options_.host, " ended: ", how));
+  absl::MutexLock lock(&mu_);
+  auto it = locals_.find(rank);
+  if (it == locals_.end() || it->second.exited) return;
+  it->second.exited = true;
+  if (!failed) return;
+  const std::string error = absl::StrCat("its process (pid ", pid, ") on ",
+                                         options_.host, " ended: ", how);
+  if (round_ != nullptr && !round_->sent) {
+    // Before this host's ranks joined: the round can no longer fill, so
+    // the waiting Joins fail at once, naming the rank.
+    round_->sent = round_->done = true;
+    round_->status = grpc::Status(
+        grpc::StatusCode::ABORTED,
+        absl::StrCat("host agent of ", options_.host, ": rank ", rank,
+                     " failed before this host's ranks joined: ", error));
+    round_ = nullptr;
+    return;
   }
-  SendHostHeartbeat(std::move(host), nullptr);
+  // The heartbeat thread sends it at once (once the rank's join is
+  // answered), and again until the coordinator has it.
+  pending_errors_[rank] = error;
+  wake_ = true;
 }
 
-void HostAgent::Impl::FlushReports() {
+void HostAgent::Impl::FlushReports(absl::Duration deadline) {
   std::deque<v1::StepReport> queued;
   {
     absl::MutexLock lock(&mu_);
@@ -427,14 +498,45 @@ void HostAgent::Impl::FlushReports() {
       *batch.add_reports() = std::move(queued.front());
       queued.pop_front();
     }
-    std::unique_ptr<grpc::ClientContext> context =
-        OwnContext(options_.rpc_timeout);
+    OwnCall call(this, deadline);
     v1::ReportStepResponse response;
     const grpc::Status status =
-        stub_->ReportSteps(context.get(), batch, &response);
+        stub_->ReportSteps(call.context(), batch, &response);
     absl::MutexLock lock(&mu_);
-    (status.ok() ? reports_sent_ : reports_dropped_) += static_cast<int64_t>(n);
+    if (status.ok()) {
+      reports_sent_ += static_cast<int64_t>(n);
+      continue;
+    }
+    // The coordinator is slow or gone: the heartbeat must not wait on it.
+    reports_dropped_ += static_cast<int64_t>(n + queued.size());
+    return;
   }
+}
+
+v1::HostHeartbeatRequest HostAgent::Impl::NextHeartbeatLocked(
+    absl::Duration interval) {
+  v1::HostHeartbeatRequest request;
+  const absl::Time now = absl::Now();
+  for (int r : options_.ranks) {
+    const LocalRank& l = locals_[r];
+    if (!l.joined) continue;
+    auto error = pending_errors_.find(r);
+    if (error != pending_errors_.end()) {
+      v1::HeartbeatRequest* beat = request.add_ranks();
+      beat->set_rank(r);
+      beat->set_incarnation(l.incarnation);
+      beat->set_error(error->second);
+      continue;
+    }
+    // A rank silent for 1.5 intervals is left out (a late beat skips one
+    // host beat, harmless): the coordinator names it lost once it has been
+    // left out for its heartbeat timeout.
+    if (l.left || l.exited || now - l.last_seen > interval * 1.5) continue;
+    v1::HeartbeatRequest* beat = request.add_ranks();
+    beat->set_rank(r);
+    beat->set_incarnation(l.incarnation);
+  }
+  return request;
 }
 
 void HostAgent::Impl::HeartbeatLoop() {
@@ -452,27 +554,18 @@ void HostAgent::Impl::HeartbeatLoop() {
     {
       absl::MutexLock lock(&mu_);
       if (shutdown_) break;
-      const absl::Time now = absl::Now();
-      for (int r : options_.ranks) {
-        const LocalRank& l = locals_[r];
-        // A rank silent for 1.5 intervals is left out (a late beat skips
-        // one host beat, harmless): the coordinator names it lost once it
-        // has been left out for its heartbeat timeout.
-        if (!l.joined || l.gone || now - l.last_seen > interval * 1.5) continue;
-        v1::HeartbeatRequest* beat = request.add_ranks();
-        beat->set_rank(r);
-        beat->set_incarnation(l.incarnation);
-      }
+      wake_ = false;
+      request = NextHeartbeatLocked(interval);
     }
     if (request.ranks_size() > 0)
       SendHostHeartbeat(std::move(request), nullptr);
-    FlushReports();
+    FlushReports(std::min(interval, options_.rpc_timeout));
     absl::MutexLock lock(&mu_);
-    auto stop = [this]()
-                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shutdown_; };
-    mu_.AwaitWithTimeout(absl::Condition(&stop), interval);
+    auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return shutdown_ || wake_;
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&woken), interval);
   }
-  FlushReports();
 }
 
 absl::StatusOr<std::unique_ptr<HostAgent>> HostAgent::Start(Options options) {

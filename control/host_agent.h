@@ -7,7 +7,9 @@
 //
 //   ranks' Join        -> gathered until every local rank is in, then one
 //                         HostJoin; its one response goes to all of them
-//                         (a request for full manifests, too: they rejoin)
+//                         (a request for full manifests, too: they rejoin);
+//                         a rank joining again later (a new optimizer) is
+//                         sent alone
 //   ranks' Heartbeat   -> noted (last seen, incarnation) and answered from
 //                         the last host heartbeat's response; one carrying
 //                         an error or a leave goes out at once
@@ -21,8 +23,9 @@
 //
 // Failure story (the heartbeat timeout T, the interval T/5 at most 1 s):
 //   - a rank's process ends (muonrun reaps it: RankExited) with a failure:
-//     reported at once as that rank's error, naming how it ended; every
-//     rank of the job aborts naming it;
+//     reported at once as that rank's error, naming how it ended (retried
+//     until the coordinator has it); every rank of the job aborts naming
+//     it;
 //   - a rank stops heartbeating but lives (stopped, hung): left out of the
 //     host heartbeats after 1.5 intervals; the coordinator names it lost
 //     within T + 2.5 intervals + T/10 (1.6T) of its last heartbeat, and
@@ -87,9 +90,12 @@ class HostAgent {
 
   // Rank `rank`'s process ended. With `failed` (a non-zero exit or a
   // signal; `how` says which, "killed by signal 9 (SIGKILL)"), the
-  // coordinator gets it at once as the rank's error ("its process (pid
-  // P) on <host> ended: <how>"), within the agent's rpc_timeout; either way
-  // the rank is left out of later heartbeats. Unknown ranks are ignored.
+  // heartbeat thread sends it at once as the rank's error ("its process
+  // (pid P) on <host> ended: <how>"), again each interval until the
+  // coordinator has it (after the rank's join, if that is in flight);
+  // before the host's ranks have all joined, their waiting Joins fail at
+  // once naming it. Either way the rank is left out of later heartbeats.
+  // Never blocks on the coordinator. Unknown ranks are ignored.
   void RankExited(int rank, int64_t pid, bool failed, const std::string& how);
 
   // How long the host's other ranks take to hear of a failure the

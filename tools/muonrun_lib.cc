@@ -797,7 +797,9 @@ int WaitForRanks(const MuonrunOptions& o, absl::Time deadline,
       absl::SleepFor(std::min(kPollInterval, deadline - absl::Now()));
     }
   }
-  return 0;
+  // Every rank ended within the settle time: their process groups (what
+  // the ranks started) are still stopped after a failure.
+  return result->first_failure.has_value() ? SIGTERM : 0;
 }
 
 // Stops the ranks still running with `stop_signal` (SIGKILL after the

@@ -11,6 +11,7 @@
 
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -118,6 +119,8 @@ class TwoHostJob {
     return out;
   }
   CoordinationClient& direct() { return *direct_; }
+  // Rank r's connection to its host's agent.
+  CoordinationClient* client(int r) { return clients_[r].get(); }
 
   std::vector<std::unique_ptr<HostAgent>> hosts;
   std::vector<std::unique_ptr<Agent>> agents;
@@ -213,6 +216,66 @@ TEST(HostAgentTest, HostSilent_EveryRankOfTheHostNamed) {
                          HasSubstr("ranks 2, 3 of host \"B\" lost: no "
                                    "heartbeat")));
   }
+}
+
+// A rank that leaves (its optimizer ends) and joins again with a new
+// optimizer (same process, same incarnation) is answered alone at once, and its
+// host heartbeats it again: it stays ready.
+TEST(HostAgentTest, RankRejoinsAfterLeaving_AnsweredAloneAndHeartbeatedAgain) {
+  TwoHostJob job;
+  job.agents[1]->Stop(absl::ZeroDuration());
+  v1::HeartbeatRequest leave;  // rank 1's optimizer ends cleanly
+  leave.set_rank(1);
+  leave.set_incarnation(701);
+  leave.set_leaving(true);
+  ASSERT_THAT(job.client(1)->Heartbeat(leave), IsOk());
+  ASSERT_TRUE(WaitFor([&] { return job.States()[1] == "finished"; }));
+  // A new optimizer in the same process: the same incarnation.
+  Agent again(job.client(1), 1, 701, Agent::Options());
+  const absl::Time start = absl::Now();
+  ASSERT_THAT(again.Join(RankManifests(4)[1], 3000), IsOk());
+  EXPECT_LT(absl::Now() - start, kTimeout);  // not waiting for rank 0
+  again.Start();
+  absl::SleepFor(3 * kTimeout);
+  EXPECT_THAT(job.States(),
+              ::testing::ElementsAre("ready", "ready", "ready", "ready"));
+  EXPECT_THAT(job.agents[0]->job_error(), IsOk());
+  again.Stop(absl::ZeroDuration());
+}
+
+// A rank whose process ends before its host's ranks have all joined: the
+// Joins waiting on the host agent fail at once, naming it and how.
+TEST(HostAgentTest, RankExitsBeforeHostJoined_WaitingJoinsFailNamingIt) {
+  CoordinatorServerOptions server_options;
+  server_options.service.job_id = "agent";
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
+      CoordinatorServer::Start(server_options);
+  ASSERT_THAT(server, IsOk());
+  SocketDir dir;
+  HostAgent::Options o;
+  o.coordinator = (*server)->address();
+  o.listen = dir.Socket("A");
+  o.host = "A";
+  o.ranks = {0, 1};
+  absl::StatusOr<std::unique_ptr<HostAgent>> host = HostAgent::Start(o);
+  ASSERT_THAT(host, IsOk());
+  absl::StatusOr<std::unique_ptr<GrpcCoordinationClient>> client =
+      GrpcCoordinationClient::Create((*host)->address(), "agent",
+                                     absl::Seconds(1));
+  ASSERT_THAT(client, IsOk());
+  Agent agent(client->get(), 0, 1, Agent::Options());
+  absl::StatusOr<v1::Plan> plan;
+  const absl::Time start = absl::Now();
+  std::thread join([&] { plan = agent.Join(RankManifests(2)[0], 30000); });
+  absl::SleepFor(absl::Milliseconds(200));
+  (*host)->RankExited(1, 4243, /*failed=*/true, "exited with code 3");
+  join.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_THAT(plan.status(),
+              StatusIs(absl::StatusCode::kAborted,
+                       HasSubstr("rank 1 failed before this host's ranks "
+                                 "joined: its process (pid 4243) on A ended: "
+                                 "exited with code 3")));
 }
 
 TEST(HostAgentTest, Join_LocalRankMissing_DeadlineNamesIt) {
