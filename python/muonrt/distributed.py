@@ -108,8 +108,10 @@ def init_process_group(backend=None, timeout=60.0, device_id=None):
     ProcessGroup, which becomes the default group (``get_default_group``).
 
     `backend` (torch.distributed's names): "gloo" (CPU tensors; the default
-    for None) or "nccl" (CUDA tensors), which also joins a Gloo group for
-    the step's control values, as c10d keeps Gloo beside NCCL. `device_id`
+    for None; CUDA tensors too, as c10d's Gloo backend takes them: each
+    exchange is staged through host memory, so several ranks can share one
+    GPU) or "nccl" (CUDA tensors), which also joins a Gloo group for the
+    step's control values, as c10d keeps Gloo beside NCCL. `device_id`
     (an int or a torch.device "cuda:N"; None = LOCAL_RANK, torchrun's one
     GPU per local rank) is the GPU of the NCCL group.
     `timeout` (seconds, or a datetime.timedelta; None = the library's 60 s)
