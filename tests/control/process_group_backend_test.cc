@@ -8,7 +8,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -272,120 +271,6 @@ TEST(ProcessGroupBackendTest, Nccl_MuonOverCudaParams_SameBitsAsNoGroup) {
     results.push_back(out);
   }
   EXPECT_TRUE(BitwiseEqual(results[1], results[0]));
-}
-
-// Rank `rank`'s steps (two, the same gradient) over CUDA copies of its
-// Shard(0) rows of each full matrix in `full` (torch.chunk's rule over
-// `world` ranks), through `config` (none: one device); returns the rows
-// it holds after the steps.
-std::vector<std::vector<float>> StepCudaShards(
-    device::Runtime* rt, const std::vector<std::vector<int64_t>>& shapes,
-    const std::vector<std::vector<float>>& w0,
-    const std::vector<std::vector<float>>& g0, int rank, int world,
-    std::optional<DistributedConfig> config) {
-  MuonOptions options;
-  options.gpu_precision = kernels::GpuPrecision::kFp32;
-  std::vector<device::DeviceBuffer<float>> w, g;
-  std::vector<ParamView> views;
-  std::vector<int64_t> numels;
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    const int64_t rows = shapes[i][0], cols = shapes[i][1];
-    const int64_t chunk = (rows + world - 1) / world;
-    const int64_t begin = std::min(rows, rank * chunk);
-    const int64_t n = (std::min(rows, begin + chunk) - begin) * cols;
-    numels.push_back(n);
-    w.push_back(*device::DeviceBuffer<float>::Allocate(rt->allocator(), n));
-    g.push_back(*device::DeviceBuffer<float>::Allocate(rt->allocator(), n));
-    EXPECT_THAT(
-        rt->CopyFromHost(w.back().data(), w0[i].data() + begin * cols, n * 4),
-        IsOk());
-    EXPECT_THAT(
-        rt->CopyFromHost(g.back().data(), g0[i].data() + begin * cols, n * 4),
-        IsOk());
-    ParamView v;
-    v.name = absl::StrCat("p", i);
-    v.data = w.back().data();
-    v.grad = g.back().data();
-    v.local_shape = {n / cols, cols};
-    v.device = device::Device::Cuda(0);
-    views.push_back(v);
-  }
-  absl::StatusOr<std::unique_ptr<Muon>> muon =
-      Muon::Create(views, options, std::move(config));
-  EXPECT_THAT(muon, IsOk()) << "rank " << rank;
-  std::vector<std::vector<float>> out;
-  if (!muon.ok()) return out;
-  EXPECT_THAT((*muon)->Step(), IsOk()) << "rank " << rank;
-  EXPECT_THAT((*muon)->Step(), IsOk()) << "rank " << rank;
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    out.emplace_back(numels[i]);
-    EXPECT_THAT(rt->CopyToHost(out.back().data(), w[i].data(), numels[i] * 4),
-                IsOk());
-  }
-  return out;
-}
-
-// 4 rank processes' worth of ranks (threads here) share one GPU over a
-// Gloo group, as c10d's Gloo backend takes CUDA tensors: Muon stages each
-// exchange through host memory. FSDP Shard(0) with uneven rows (3, 3, 3,
-// 1) and an empty shard (1, 1, 1, 0), fp32 arithmetic: every rank's rows
-// are bitwise the single-device CUDA step's.
-TEST(ProcessGroupBackendTest,
-     Gloo_CudaParamsFourRanksOnOneGpu_BitwiseOneDevice) {
-  MUON_SKIP_OR_FAIL_UNLESS_CUDA_DEVICE();
-  absl::StatusOr<device::Runtime*> rt =
-      device::GetRuntime(device::Device::Cuda(0));
-  ASSERT_THAT(rt, IsOk());
-  const std::vector<std::vector<int64_t>> shapes = {{10, 12}, {3, 8}};
-  std::vector<std::vector<float>> w0, g0;
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    w0.push_back(RandomValues(shapes[i][0] * shapes[i][1], 10 + i));
-    g0.push_back(RandomValues(shapes[i][0] * shapes[i][1], 20 + i));
-  }
-  const std::vector<std::vector<float>> one =
-      StepCudaShards(*rt, shapes, w0, g0, 0, 1, std::nullopt);
-  ASSERT_EQ(one.size(), shapes.size());
-  constexpr int kWorld = 4;
-  const std::string path = TestDir("staged4") + "/coordinator";
-  std::vector<std::vector<std::vector<float>>> got(kWorld);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < kWorld; ++rank) {
-    threads.emplace_back([&, rank] {
-      ProcessGroupOptions o;
-      o.rank = rank;
-      o.world_size = kWorld;
-      o.embed_coordinator = true;
-      o.start_embedded_coordinator = StartEmbeddedCoordinator;
-      o.embedded_port = 0;
-      o.address_exchange = FileAddressExchange(path, 1);
-      o.timeout = absl::Seconds(60);
-      o.job_secret = "staged-test-secret";
-      absl::StatusOr<std::unique_ptr<ProcessGroup>> pg = InitProcessGroup(o);
-      ASSERT_THAT(pg, IsOk()) << "rank " << rank;
-      EXPECT_EQ((*pg)->comm->backend(), "gloo");
-      absl::StatusOr<DistributedConfig> c = CreateMeshConfig(
-          Mesh::OneDim(kWorld, "dp_shard"),
-          {ParamPlacement{{Placement::Shard(0)}},
-           ParamPlacement{{Placement::Shard(0)}}},
-          (*pg)->comm.get(), (*pg)->coordinator.get(), (*pg)->incarnation);
-      ASSERT_THAT(c, IsOk());
-      got[rank] = StepCudaShards(*rt, shapes, w0, g0, rank, kWorld, *c);
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    const int64_t rows = shapes[i][0], cols = shapes[i][1];
-    const int64_t chunk = (rows + kWorld - 1) / kWorld;
-    for (int rank = 0; rank < kWorld; ++rank) {
-      ASSERT_EQ(got[rank].size(), shapes.size()) << "rank " << rank;
-      const int64_t begin = std::min(rows, rank * chunk);
-      const int64_t end = std::min(rows, begin + chunk);
-      const std::vector<float> want(one[i].begin() + begin * cols,
-                                    one[i].begin() + end * cols);
-      EXPECT_TRUE(BitwiseEqual(got[rank][i], want))
-          << "parameter " << i << ", rank " << rank;
-    }
-  }
 }
 
 }  // namespace

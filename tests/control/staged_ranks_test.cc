@@ -1,0 +1,220 @@
+// Several ranks on one device over a Gloo process group, each layout
+// bitwise equal to one device: ranks as threads of this test, each joining
+// the group through InitProcessGroup (rank 0 embeds the coordinator), their
+// parameters in the test device's memory. With a GPU the device is cuda:0
+// and every rank's parameters are CUDA memory on that one GPU: Muon then
+// stages each exchange through host memory (c10d's Gloo backend on CUDA
+// tensors), which is how several rank processes share a GPU. Without one
+// the same tests run with host parameters. Layouts: FSDP with uneven and
+// empty shards, TP (column shards), HSDP, and the async schedule with
+// prefetch; fp32 arithmetic on the GPU (gpu_precision "fp32", the CPU's
+// bits).
+#include <cblas.h>
+
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "client/distributed_config.h"
+#include "client/muon.h"
+#include "common/status_macros.h"
+#include "control/process_group.h"
+#include "device/cuda_runtime.h"
+#include "device/memory.h"
+#include "device/runtime.h"
+#include "gtest/gtest.h"
+#include "server/embedded_coordinator.h"
+#include "tests/client/rank_threads.h"
+#include "tests/client/single_device_reference.h"
+#include "tests/status_matchers.h"
+
+namespace muon {
+namespace {
+
+using ::muon::testing::CutShards;
+using ::muon::testing::DistributedRun;
+using ::muon::testing::ExpectShardsMatchSingleDevice;
+using ::muon::testing::MakeProblem;
+using ::muon::testing::Problem;
+using ::muon::testing::ProblemLayout;
+using ::muon::testing::RankShards;
+using ::muon::testing::RunOnRanks;
+using ::muon::testing::SingleDeviceResult;
+using ::muon::testing::UniformLayout;
+
+// cuda:0 when a GPU is visible, else the host.
+device::Device TestDevice() {
+  std::string reason;
+  return device::CudaDeviceCount(&reason) > 0 ? device::Device::Cuda(0)
+                                              : device::Device::Host();
+}
+
+// One rank's parameters copied into `dev` memory, and its optimizer over
+// them. The buffers outlive the optimizer (declared first).
+struct DeviceRank {
+  std::vector<device::DeviceBuffer<float>> data;
+  std::vector<device::DeviceBuffer<float>> grad;
+  std::unique_ptr<Muon> muon;
+};
+
+// Makes rank `rank`'s parameters (its shards in *shards) on `rt`'s device
+// and its optimizer with `config` (none: one device), then runs every step
+// of `problem` (its gradients copied in before each) and copies the
+// parameters back into *shards.
+absl::Status StepOnDevice(const Problem& problem, device::Runtime* rt,
+                          const MuonOptions& options,
+                          std::optional<DistributedConfig> config,
+                          RankShards* shards, DeviceRank* out) {
+  std::vector<ParamView> views;
+  for (Parameter& p : shards->params) {
+    const int64_t n = static_cast<int64_t>(p.data.size());
+    MUON_ASSIGN_OR_RETURN(
+        device::DeviceBuffer<float> d,
+        device::DeviceBuffer<float>::Allocate(rt->allocator(), n));
+    MUON_ASSIGN_OR_RETURN(
+        device::DeviceBuffer<float> g,
+        device::DeviceBuffer<float>::Allocate(rt->allocator(), n));
+    MUON_RETURN_IF_ERROR(rt->CopyFromHost(d.data(), p.data.data(), n * 4));
+    ParamView v = p.View();
+    v.data = d.data();
+    v.grad = g.data();
+    v.device = rt->device();
+    views.push_back(v);
+    out->data.push_back(std::move(d));
+    out->grad.push_back(std::move(g));
+  }
+  MUON_ASSIGN_OR_RETURN(out->muon,
+                        Muon::Create(views, options, std::move(config)));
+  for (int s = 0; s < problem.steps(); ++s) {
+    shards->SetGrads(problem, s);
+    for (size_t k = 0; k < shards->params.size(); ++k) {
+      const std::vector<float>& g = shards->params[k].grad;
+      MUON_RETURN_IF_ERROR(rt->CopyFromHost(
+          out->grad[k].data(), g.data(), static_cast<int64_t>(g.size()) * 4));
+    }
+    MUON_RETURN_IF_ERROR(out->muon->Step());
+  }
+  for (size_t k = 0; k < shards->params.size(); ++k) {
+    std::vector<float>& d = shards->params[k].data;
+    MUON_RETURN_IF_ERROR(rt->CopyToHost(d.data(), out->data[k].data(),
+                                        static_cast<int64_t>(d.size()) * 4));
+  }
+  return absl::OkStatus();
+}
+
+struct Case {
+  std::string name;
+  ProblemLayout layout;
+  v1::ExecutionOptions execution;
+};
+
+// 10 x 12 and 3 x 8 matrices: over 4 ranks, Shard(0) gives rows 3,3,3,1
+// and 1,1,1,0 (an empty shard), Shard(1) columns 3,3,3,3 and 2,2,2,2.
+std::vector<Case> Cases() {
+  std::vector<Case> cases;
+  cases.push_back(
+      {"fsdp_uneven_and_empty",
+       UniformLayout(Mesh::OneDim(4, "dp_shard"), {Placement::Shard(0)}, 2),
+       {}});
+  cases.push_back(
+      {"tp_column_shards",
+       UniformLayout(Mesh::OneDim(4, "tp"), {Placement::Shard(1)}, 2),
+       {}});
+  Mesh hsdp;
+  hsdp.names = {"dp_replicate", "dp_shard"};
+  hsdp.sizes = {2, 2};
+  cases.push_back(
+      {"hsdp",
+       UniformLayout(hsdp, {Placement::Replicate(), Placement::Shard(0)}, 2),
+       {}});
+  Case async{
+      "fsdp_async_prefetch",
+      UniformLayout(Mesh::OneDim(4, "dp_shard"), {Placement::Shard(0)}, 2),
+      {}};
+  async.execution.set_async_gpu_parallelism(true);
+  async.execution.set_prefetch_count(2);
+  async.execution.set_bucket_size_bytes(256);  // several buckets
+  cases.push_back(async);
+  return cases;
+}
+
+class StagedRanksTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(StagedRanksTest, FourRanksOnOneDevice_BitwiseOneDevice) {
+  const Case& c = GetParam();
+  const device::Device dev = TestDevice();
+  std::cout << "device: " << dev.ToString() << "\n";
+  absl::StatusOr<device::Runtime*> rt = device::GetRuntime(dev);
+  ASSERT_THAT(rt, IsOk());
+  MuonOptions options;
+  options.gpu_precision = kernels::GpuPrecision::kFp32;
+  const Problem problem = MakeProblem({{"a", {10, 12}}, {"b", {3, 8}}}, 2);
+  openblas_set_num_threads(1);
+
+  // One device: the whole tensors, no group.
+  const ProblemLayout whole =
+      UniformLayout(Mesh::OneDim(1, "dp_shard"), {Placement::Shard(0)}, 2);
+  absl::StatusOr<RankShards> all = CutShards(problem, whole, 0);
+  ASSERT_THAT(all, IsOk());
+  DeviceRank one;
+  ASSERT_THAT(StepOnDevice(problem, *rt, options, std::nullopt, &*all, &one),
+              IsOk());
+  SingleDeviceResult single;
+  for (size_t k = 0; k < all->params.size(); ++k) {
+    single.params.push_back(all->params[k].data);
+    single.buffers.push_back(one.muon->momentum_buffer(static_cast<int>(k)));
+  }
+
+  constexpr int kWorld = 4;
+  const std::string path =
+      absl::StrCat(::testing::TempDir(), "/staged_", c.name, "_coordinator");
+  // Destroyed in reverse: the optimizers (run.muons) first, then their
+  // buffers, then the groups.
+  std::vector<std::unique_ptr<ProcessGroup>> groups(kWorld);
+  std::vector<DeviceRank> ranks(kWorld);
+  DistributedRun run(kWorld);
+  std::vector<absl::Status> st = RunOnRanks(kWorld, [&](int rank) {
+    ProcessGroupOptions o;
+    o.rank = rank;
+    o.world_size = kWorld;
+    o.embed_coordinator = true;
+    o.start_embedded_coordinator = StartEmbeddedCoordinator;
+    o.embedded_port = 0;
+    o.address_exchange = FileAddressExchange(path, 1);
+    o.timeout = absl::Seconds(30);
+    o.job_secret = "staged-ranks-secret";
+    MUON_ASSIGN_OR_RETURN(groups[rank], InitProcessGroup(o));
+    std::vector<ParamPlacement> placements;
+    for (const std::vector<Placement>& p : c.layout.placements) {
+      placements.push_back(ParamPlacement{p});
+    }
+    MUON_ASSIGN_OR_RETURN(
+        DistributedConfig config,
+        CreateMeshConfig(c.layout.mesh, placements, groups[rank]->comm.get(),
+                         groups[rank]->coordinator.get(),
+                         groups[rank]->incarnation));
+    config.execution = c.execution;
+    MUON_ASSIGN_OR_RETURN(run.shards[rank], CutShards(problem, c.layout, rank));
+    MUON_RETURN_IF_ERROR(StepOnDevice(problem, *rt, options, config,
+                                      &run.shards[rank], &ranks[rank]));
+    return absl::OkStatus();
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_THAT(st[r], IsOk()) << "rank " << r;
+    run.muons[r] = std::move(ranks[r].muon);
+  }
+  ExpectShardsMatchSingleDevice(problem, single, run);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, StagedRanksTest, ::testing::ValuesIn(Cases()),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return info.param.name;
+                         });
+
+}  // namespace
+}  // namespace muon
