@@ -106,8 +106,10 @@ class StepKernels {
   // NorMuon's normalization (kernels::NorMuonNormalize) of one row-major
   // fp32 [rows, cols] update `o`, in place, with its row state `variance`
   // (float32 [rows], updated in place). Both are memory of device().
-  // Errors: InvalidArgument (negative sizes, null pointers); Unimplemented
-  // on CUDA (NorMuon runs on the host in this version).
+  // CUDA: the host's bits (each operation rounded as the host's, the
+  // float64 row sums added in the host's order), on `stream`; calls are
+  // ordered on one stream (they share a scratch). Errors: InvalidArgument
+  // (negative sizes, null pointers); the CUDA error.
   virtual absl::Status NorMuonNormalize(device::Stream* stream, float* o,
                                         int64_t rows, int64_t cols,
                                         float* variance, double beta2,

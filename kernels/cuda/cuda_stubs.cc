@@ -80,6 +80,15 @@ absl::Status FirstNonFiniteBf16(const uint16_t*, int64_t, int64_t*, void*) {
   return NoCuda("FirstNonFiniteBf16");
 }
 
+int64_t NorMuonScratchBytes(int64_t rows) {
+  return rows <= 0 ? 0 : 2 * rows * 8 + 4;
+}
+
+absl::Status NorMuonNormalize(float*, int64_t, int64_t, float*, double, double,
+                              void*, void*) {
+  return NoCuda("NorMuonNormalize");
+}
+
 absl::Status DecayAndApply(float*, const float*, int64_t, double, double,
                            double, FmaMode, void*) {
   return NoCuda("DecayAndApply");

@@ -418,6 +418,101 @@ absl::Status UnpackBf16(const uint16_t* src, int64_t rows, int64_t cols,
   return absl::OkStatus();
 }
 
+namespace {
+
+// Per row i: sq = sum_j o_ij^2 (float64, column order), v_i = lerp(v_i,
+// float(sq) / cols, w), o_i. /= sqrt(v_i) + eps, after = sum_j o_ij^2 of
+// the result (float64); sq and after go to the scratch.
+__global__ void NorMuonRowsKernel(float* o, int64_t rows, int64_t cols,
+                                  float* variance, float w, float eps,
+                                  double* row_sq, double* row_after) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows) return;
+  float* row = o + i * cols;
+  double sq = 0;
+  for (int64_t j = 0; j < cols; ++j) {
+    const double x = static_cast<double>(row[j]);
+    sq = __dadd_rn(sq, __dmul_rn(x, x));
+  }
+  row_sq[i] = sq;
+  const float mean_sq =
+      __fdiv_rn(__double2float_rn(sq), static_cast<float>(cols));
+  const float v = Lerp<false>(variance[i], mean_sq, w);
+  variance[i] = v;
+  const float denom = __fadd_rn(__fsqrt_rn(v), eps);
+  double after = 0;
+  for (int64_t j = 0; j < cols; ++j) {
+    const float y = __fdiv_rn(row[j], denom);
+    row[j] = y;
+    const double x = static_cast<double>(y);
+    after = __dadd_rn(after, __dmul_rn(x, x));
+  }
+  row_after[i] = after;
+}
+
+// One thread: ||O||_F / max(||O'||_F, eps) from the row sums, added in row
+// order as the host does.
+__global__ void NorMuonScaleKernel(const double* row_sq,
+                                   const double* row_after, int64_t rows,
+                                   float eps, float* scale) {
+  double before = 0, after = 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    before = __dadd_rn(before, row_sq[i]);
+    after = __dadd_rn(after, row_after[i]);
+  }
+  const float norm_before = __double2float_rn(__dsqrt_rn(before));
+  // std::max(x, eps) as the host: x unless x < eps (a NaN stays NaN).
+  const float x = __double2float_rn(__dsqrt_rn(after));
+  const float norm_after = x < eps ? eps : x;
+  *scale = __fdiv_rn(norm_before, norm_after);
+}
+
+__global__ void ScaleByKernel(float* o, int64_t n, const float* scale) {
+  const float s = *scale;
+  for (int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       k < n; k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    o[k] = __fmul_rn(o[k], s);
+  }
+}
+
+}  // namespace
+
+int64_t NorMuonScratchBytes(int64_t rows) {
+  return rows <= 0 ? 0
+                   : 2 * rows * static_cast<int64_t>(sizeof(double)) +
+                         static_cast<int64_t>(sizeof(float));
+}
+
+absl::Status NorMuonNormalize(float* o, int64_t rows, int64_t cols,
+                              float* variance, double beta2, double eps,
+                              void* scratch, void* stream) {
+  if (rows < 0 || cols < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NorMuonNormalize: rows and cols must be >= 0, got ", rows,
+                     " x ", cols));
+  }
+  if (rows == 0 || cols == 0) return absl::OkStatus();  // as the host
+  if (o == nullptr || variance == nullptr || scratch == nullptr) {
+    return absl::InvalidArgumentError(
+        "NorMuonNormalize: o, variance and scratch must be non-null");
+  }
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  double* row_sq = static_cast<double*>(scratch);
+  double* row_after = row_sq + rows;
+  float* scale = reinterpret_cast<float*>(row_after + rows);
+  const float w = static_cast<float>(1.0 - beta2);
+  const float eps_f = static_cast<float>(eps);
+  const int row_blocks = static_cast<int>((rows + kThreads - 1) / kThreads);
+  NorMuonRowsKernel<<<row_blocks, kThreads, 0, s>>>(o, rows, cols, variance, w,
+                                                    eps_f, row_sq, row_after);
+  MUON_CUDA_RETURN_IF_LAUNCH_FAILED("NorMuonRowsKernel");
+  NorMuonScaleKernel<<<1, 1, 0, s>>>(row_sq, row_after, rows, eps_f, scale);
+  MUON_CUDA_RETURN_IF_LAUNCH_FAILED("NorMuonScaleKernel");
+  ScaleByKernel<<<Blocks(rows * cols), kThreads, 0, s>>>(o, rows * cols, scale);
+  MUON_CUDA_RETURN_IF_LAUNCH_FAILED("ScaleByKernel");
+  return absl::OkStatus();
+}
+
 }  // namespace cuda
 }  // namespace kernels
 }  // namespace muon

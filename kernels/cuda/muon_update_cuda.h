@@ -114,6 +114,26 @@ absl::Status RoundToBf16(float* x, int64_t n, void* stream);
 absl::Status UnpackBf16(const uint16_t* src, int64_t rows, int64_t cols,
                         float* dst, int64_t dst_ld, void* stream);
 
+// Bytes of device scratch NorMuonNormalize needs for `rows` rows: two
+// float64 per row and one float32 (0 for rows <= 0).
+int64_t NorMuonScratchBytes(int64_t rows);
+
+// NorMuon's normalization of one row-major fp32 [rows, cols] update `o`
+// with its row state `variance` (fp32 [rows]), both device memory, in
+// place, on `stream` (Li et al., arXiv 2510.05491; microsoft/dion's
+// NorMuon): kernels::NorMuonNormalize's arithmetic bit for bit. One thread
+// per row sums that row's squares in float64 in column order, then the
+// row sums are added in row order by one thread, and every operation is
+// an explicit round-to-nearest intrinsic, so the host's order and
+// rounding are kept (no tree reduction). `scratch`: device memory of
+// NorMuonScratchBytes(rows) bytes, used until the work enqueued here
+// ends.
+// Errors: InvalidArgument (negative sizes, null pointers); Internal
+// (launch).
+absl::Status NorMuonNormalize(float* o, int64_t rows, int64_t cols,
+                              float* variance, double beta2, double eps,
+                              void* scratch, void* stream);
+
 }  // namespace cuda
 }  // namespace kernels
 }  // namespace muon

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "device/cuda_check.cuh"
 #include "device/cuda_runtime.h"
+#include "device/memory.h"
 #include "device/runtime.h"
 #include "kernels/cuda/muon_update_cuda.h"
 #include "kernels/cuda/newton_schulz_cuda.h"
@@ -72,11 +73,35 @@ class CudaStepKernels final : public StepKernels {
                           stream->native_handle());
   }
 
-  absl::Status NorMuonNormalize(device::Stream*, float*, int64_t, int64_t,
-                                float*, double, double) override {
-    return absl::UnimplementedError(
-        "NorMuon's normalization runs on the host in this version; CUDA "
-        "parameters cannot use normuon");
+  absl::Status NorMuonNormalize(device::Stream* stream, float* o, int64_t rows,
+                                int64_t cols, float* variance, double beta2,
+                                double eps) override {
+    if (rows < 0 || cols < 0 ||
+        (rows * cols > 0 && (o == nullptr || variance == nullptr))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "NorMuonNormalize: rows and cols must be >= 0 with non-null o and "
+          "variance, got ",
+          rows, " x ", cols));
+    }
+    if (rows * cols == 0) return absl::OkStatus();
+    const int64_t bytes = cuda::NorMuonScratchBytes(rows);
+    if (normuon_scratch_.bytes() < bytes) {
+      // The old scratch may still be read by work on the stream.
+      if (normuon_scratch_.bytes() > 0) {
+        if (absl::Status s = stream->Synchronize(absl::Minutes(30)); !s.ok()) {
+          return s;
+        }
+      }
+      absl::StatusOr<device::Runtime*> runtime = device::CudaRuntime(ordinal_);
+      if (!runtime.ok()) return runtime.status();
+      absl::StatusOr<device::DeviceMemory> scratch =
+          device::DeviceMemory::Allocate((*runtime)->allocator(), bytes);
+      if (!scratch.ok()) return scratch.status();
+      normuon_scratch_ = *std::move(scratch);
+    }
+    return cuda::NorMuonNormalize(o, rows, cols, variance, beta2, eps,
+                                  normuon_scratch_.data(),
+                                  stream->native_handle());
   }
 
   absl::Status RoundToBf16(device::Stream* stream, float* x,
@@ -182,6 +207,9 @@ class CudaStepKernels final : public StepKernels {
   const GpuPrecision precision_;
   const cuda::FmaMode fma_;
   const std::unique_ptr<cuda::NsCudaContext> ns_;
+  // NorMuonNormalize's row sums, grown to the most rows seen. Calls that
+  // share it are ordered on one stream (the owner's compute stream).
+  device::DeviceMemory normuon_scratch_;
 };
 
 }  // namespace

@@ -150,6 +150,40 @@ TEST(GpuMuonUpdateTest, MomentumFormUpdate_Fused_BitwiseEqualToHostFma) {
   }
 }
 
+// NorMuon's normalization on cuda:0: the update and the row state bitwise
+// the host kernel's (kernels::NorMuonNormalize), for a single element, a
+// row, a column, uneven shapes and more rows than a block, over several
+// calls (the row state carried, the scratch grown).
+TEST(GpuMuonUpdateTest, NorMuonNormalize_BitwiseEqualToCpuKernel) {
+  MUON_SKIP_WITHOUT_GPU();
+  Device dev;
+  std::vector<float> scratch_host(
+      static_cast<size_t>(cuda::NorMuonScratchBytes(700) / 4 + 1));
+  float* scratch = dev.Upload(scratch_host);
+  for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{
+           {1, 1}, {1, 257}, {300, 1}, {37, 53}, {700, 129}}) {
+    std::vector<float> o = Values(rows * cols, 81);
+    std::vector<float> v(static_cast<size_t>(rows), 0.0f);
+    float* d_o = dev.Upload(o);
+    float* d_v = dev.Upload(v);
+    for (int call = 0; call < 3; ++call) {
+      if (call > 0) {  // the next step's update, the same row state
+        o = Values(rows * cols, 82 + call);
+        ASSERT_TRUE(
+            dev.runtime->CopyFromHost(d_o, o.data(), rows * cols * 4).ok());
+      }
+      ASSERT_TRUE(cuda::NorMuonNormalize(d_o, rows, cols, d_v, 0.95, 1e-8,
+                                         scratch, nullptr)
+                      .ok());
+      NorMuonNormalize(o.data(), rows, cols, v.data(), 0.95, 1e-8);
+      EXPECT_TRUE(BitwiseEqual(dev.Download(d_o, o.size()), o))
+          << rows << " x " << cols << ", call " << call;
+      EXPECT_TRUE(BitwiseEqual(dev.Download(d_v, v.size()), v))
+          << rows << " x " << cols << ", call " << call;
+    }
+  }
+}
+
 TEST(GpuMuonUpdateTest, DecayAndApply_BothModes_MatchCpuAndHostFma) {
   MUON_SKIP_WITHOUT_GPU();
   const double lr = 0.02;
