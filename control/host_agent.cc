@@ -40,13 +40,137 @@ absl::Duration JoinWait(const v1::JoinRequest& r) {
                             : absl::Seconds(60);
 }
 
+// The host's HostHeartbeatStream to the coordinator: one message each way
+// per period. Opened on first use, dropped on any error (the next Exchange
+// reopens it). Used by one thread at a time (the heartbeat thread); Cancel
+// from any thread.
+class HeartbeatStream {
+ public:
+  explicit HeartbeatStream(v1::Coordinator::Stub* stub) : stub_(stub) {}
+  ~HeartbeatStream() {
+    Drop();
+    cq_.Shutdown();
+    void* tag;
+    bool ok;
+    while (cq_.Next(&tag, &ok)) {
+    }
+  }
+
+  // Sends `request` and waits up to `timeout` for its answer. Errors: the
+  // stream's status (Unimplemented from a coordinator without streams),
+  // DeadlineExceeded when no answer came in time, Cancelled after Cancel.
+  grpc::Status Exchange(const std::string& authorization,
+                        const v1::HostHeartbeatRequest& request,
+                        v1::HeartbeatResponse* response,
+                        absl::Duration timeout) {
+    const auto deadline = absl::ToChronoTime(absl::Now() + timeout);
+    if (stream_ == nullptr) {
+      context_ = std::make_unique<grpc::ClientContext>();
+      if (!authorization.empty()) {
+        context_->AddMetadata(kAuthorizationMetadataKey, authorization);
+      }
+      {
+        absl::MutexLock lock(&mu_);
+        if (cancelled_) return Fail(grpc::Status::CANCELLED);
+        live_ = context_.get();
+      }
+      stream_ = stub_->AsyncHostHeartbeatStream(context_.get(), &cq_, this);
+      ++pending_;
+      if (!Await(deadline, 1)) return Fail(OpenError());
+    }
+    stream_->Write(request, this);
+    stream_->Read(response, this);
+    pending_ += 2;
+    if (!Await(deadline, 2)) return Fail(OpenError());
+    return grpc::Status::OK;
+  }
+
+  void Cancel() {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    if (live_ != nullptr) live_->TryCancel();
+  }
+
+ private:
+  // Waits for `n` of the pending operations until `deadline`; false when
+  // one failed or the deadline passed.
+  bool Await(std::chrono::system_clock::time_point deadline, int n) {
+    bool all_ok = true;
+    for (int i = 0; i < n; ++i) {
+      void* tag;
+      bool ok;
+      if (cq_.AsyncNext(&tag, &ok, deadline) !=
+          grpc::CompletionQueue::GOT_EVENT) {
+        timed_out_ = true;
+        return false;
+      }
+      --pending_;
+      all_ok &= ok;
+    }
+    return all_ok;
+  }
+
+  grpc::Status OpenError() const {
+    return timed_out_ ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                                     "no heartbeat answer in time")
+                      : grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                     "the heartbeat stream broke");
+  }
+
+  // Ends the stream: cancels it, drains its pending operations and takes
+  // its status (more telling than `fallback` when the server ended it).
+  grpc::Status Fail(grpc::Status fallback) {
+    if (stream_ == nullptr) return fallback;
+    const bool timed_out = timed_out_;
+    Drop(&fallback);
+    return timed_out ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                                    "no heartbeat answer in time")
+                     : fallback;
+  }
+
+  void Drop(grpc::Status* status = nullptr) {
+    if (stream_ == nullptr) return;
+    context_->TryCancel();
+    void* tag;
+    bool ok;
+    for (; pending_ > 0; --pending_) cq_.Next(&tag, &ok);
+    grpc::Status finished;
+    stream_->Finish(&finished, this);
+    cq_.Next(&tag, &ok);
+    if (status != nullptr && !finished.ok() &&
+        finished.error_code() != grpc::StatusCode::CANCELLED) {
+      *status = finished;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      live_ = nullptr;
+    }
+    stream_.reset();
+    context_.reset();
+    timed_out_ = false;
+  }
+
+  v1::Coordinator::Stub* const stub_;
+  grpc::CompletionQueue cq_;
+  std::unique_ptr<grpc::ClientContext> context_;
+  std::unique_ptr<grpc::ClientAsyncReaderWriter<v1::HostHeartbeatRequest,
+                                                v1::HeartbeatResponse>>
+      stream_;
+  int pending_ = 0;
+  bool timed_out_ = false;
+  absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::ClientContext* live_ ABSL_GUARDED_BY(mu_) = nullptr;
+};
+
 }  // namespace
 
 class HostAgent::Impl final : public v1::Coordinator::Service {
  public:
   Impl(Options options, std::shared_ptr<grpc::Channel> channel)
       : options_(std::move(options)),
-        stub_(v1::Coordinator::NewStub(std::move(channel))) {
+        stub_(v1::Coordinator::NewStub(std::move(channel))),
+        stream_(stub_.get()) {
     for (int r : options_.ranks) locals_[r] = LocalRank();
   }
   ~Impl() override { Shutdown(); }
@@ -86,6 +210,7 @@ class HostAgent::Impl final : public v1::Coordinator::Service {
       // forwarded calls are cancelled with the server's calls below.
       for (grpc::ClientContext* call : own_calls_) call->TryCancel();
     }
+    stream_.Cancel();
     if (server_ != nullptr) {
       server_->Shutdown(std::chrono::system_clock::now() +
                         std::chrono::seconds(1));
@@ -106,6 +231,10 @@ class HostAgent::Impl final : public v1::Coordinator::Service {
   int64_t reports_sent() const {
     absl::MutexLock lock(&mu_);
     return reports_sent_;
+  }
+  int64_t heartbeats_streamed() const {
+    absl::MutexLock lock(&mu_);
+    return heartbeats_streamed_;
   }
   int64_t reports_dropped() const {
     absl::MutexLock lock(&mu_);
@@ -230,6 +359,14 @@ class HostAgent::Impl final : public v1::Coordinator::Service {
   // error) for the ranks' heartbeats.
   grpc::Status SendHostHeartbeat(v1::HostHeartbeatRequest request,
                                  v1::HeartbeatResponse* response);
+  // The period's heartbeat: on the host's stream (HostHeartbeatStream),
+  // or as SendHostHeartbeat where the coordinator has no streams.
+  void SendPeriodicHeartbeat(v1::HostHeartbeatRequest request);
+  // Keeps a host heartbeat's answer for the ranks; the errors it carried
+  // are delivered when it succeeded.
+  void TakeHostHeartbeat(const v1::HostHeartbeatRequest& request,
+                         const grpc::Status& status,
+                         const v1::HeartbeatResponse& response);
   void HeartbeatLoop();
   // The next host heartbeat: the pending errors of joined ranks, and the
   // ranks heard from within 1.5 intervals.
@@ -241,6 +378,8 @@ class HostAgent::Impl final : public v1::Coordinator::Service {
 
   const Options options_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
+  HeartbeatStream stream_;  // the heartbeat thread's
+  bool use_stream_ = true;  // the heartbeat thread's: false after Unimplemented
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
   std::thread thread_;
@@ -263,6 +402,7 @@ class HostAgent::Impl final : public v1::Coordinator::Service {
   v1::HeartbeatResponse last_response_ ABSL_GUARDED_BY(mu_);
   std::deque<v1::StepReport> reports_ ABSL_GUARDED_BY(mu_);
   int64_t heartbeats_sent_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t heartbeats_streamed_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t reports_sent_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t reports_dropped_ ABSL_GUARDED_BY(mu_) = 0;
 };
@@ -399,19 +539,47 @@ grpc::Status HostAgent::Impl::SendHostHeartbeat(
   v1::HeartbeatResponse got;
   const grpc::Status status =
       stub_->HostHeartbeat(call.context(), request, &got);
+  TakeHostHeartbeat(request, status, got);
+  if (response != nullptr) *response = std::move(got);
+  return status;
+}
+
+void HostAgent::Impl::TakeHostHeartbeat(const v1::HostHeartbeatRequest& request,
+                                        const grpc::Status& status,
+                                        const v1::HeartbeatResponse& response) {
   absl::MutexLock lock(&mu_);
   ++heartbeats_sent_;
   have_response_ = true;
   last_status_ = status;
-  if (status.ok()) {
-    last_response_ = got;
-    // The errors it carried are delivered.
-    for (const v1::HeartbeatRequest& beat : request.ranks()) {
-      if (!beat.error().empty()) pending_errors_.erase(beat.rank());
-    }
+  if (!status.ok()) return;
+  last_response_ = response;
+  for (const v1::HeartbeatRequest& beat : request.ranks()) {
+    if (!beat.error().empty()) pending_errors_.erase(beat.rank());
   }
-  if (response != nullptr) *response = std::move(got);
-  return status;
+}
+
+void HostAgent::Impl::SendPeriodicHeartbeat(v1::HostHeartbeatRequest request) {
+  if (!use_stream_) {
+    SendHostHeartbeat(std::move(request), nullptr);
+    return;
+  }
+  request.set_host(options_.host);
+  std::string authorization;
+  {
+    absl::MutexLock lock(&mu_);
+    authorization = authorization_;
+  }
+  v1::HeartbeatResponse got;
+  const grpc::Status status =
+      stream_.Exchange(authorization, request, &got, options_.rpc_timeout);
+  if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+    use_stream_ = false;  // an older coordinator: one call per period
+    SendHostHeartbeat(std::move(request), nullptr);
+    return;
+  }
+  TakeHostHeartbeat(request, status, got);
+  absl::MutexLock lock(&mu_);
+  ++heartbeats_streamed_;
 }
 
 grpc::Status HostAgent::Impl::Heartbeat(grpc::ServerContext* context,
@@ -557,8 +725,7 @@ void HostAgent::Impl::HeartbeatLoop() {
       wake_ = false;
       request = NextHeartbeatLocked(interval);
     }
-    if (request.ranks_size() > 0)
-      SendHostHeartbeat(std::move(request), nullptr);
+    if (request.ranks_size() > 0) SendPeriodicHeartbeat(std::move(request));
     FlushReports(std::min(interval, options_.rpc_timeout));
     absl::MutexLock lock(&mu_);
     auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -605,6 +772,9 @@ void HostAgent::RankExited(int rank, int64_t pid, bool failed,
 }
 void HostAgent::Shutdown() { impl_->Shutdown(); }
 int64_t HostAgent::heartbeats_sent() const { return impl_->heartbeats_sent(); }
+int64_t HostAgent::heartbeats_streamed() const {
+  return impl_->heartbeats_streamed();
+}
 absl::Duration HostAgent::settle_time() const { return impl_->settle_time(); }
 int64_t HostAgent::reports_sent() const { return impl_->reports_sent(); }
 int64_t HostAgent::reports_dropped() const { return impl_->reports_dropped(); }

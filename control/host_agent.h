@@ -13,7 +13,9 @@
 //   ranks' Heartbeat   -> noted (last seen, incarnation) and answered from
 //                         the last host heartbeat's response; one carrying
 //                         an error or a leave goes out at once
-//   heartbeat thread   -> one HostHeartbeat per interval for the ranks
+//   heartbeat thread   -> one host heartbeat per interval (a message on one
+//                         HostHeartbeatStream; a HostHeartbeat call where
+//                         the coordinator has no streams) for the ranks
 //                         heard from within 1.5 intervals, then the queued
 //                         step reports in ReportSteps batches (<= 1024)
 //   ranks' ReportStep  -> queued (at most 4096; beyond: ResourceExhausted,
@@ -110,6 +112,8 @@ class HostAgent {
   // Host heartbeats and step reports sent; reports dropped (queue full or
   // ReportSteps failed).
   int64_t heartbeats_sent() const;
+  // Of those, the ones sent on the host's HostHeartbeatStream.
+  int64_t heartbeats_streamed() const;
   int64_t reports_sent() const;
   int64_t reports_dropped() const;
 

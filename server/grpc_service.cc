@@ -144,6 +144,65 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::HostHeartbeat(
                 [&] { return service_->HostHeartbeat(*request); });
 }
 
+namespace {
+
+// A host's heartbeat stream: one request read at a time, answered before
+// the next is read; a refused credential or a failed heartbeat ends the
+// stream with its status. Deletes itself when gRPC is done with it.
+class HostHeartbeatReactor final
+    : public grpc::ServerBidiReactor<v1::HostHeartbeatRequest,
+                                     v1::HeartbeatResponse> {
+ public:
+  HostHeartbeatReactor(CoordinatorService* service,
+                       const absl::Status& authorized)
+      : service_(service) {
+    if (!authorized.ok()) {
+      Finish(ToGrpcStatus(authorized));
+      return;
+    }
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the host closed its side (or the stream broke)
+      Finish(grpc::Status::OK);
+      return;
+    }
+    absl::StatusOr<v1::HeartbeatResponse> result =
+        service_->HostHeartbeat(request_);
+    if (!result.ok()) {
+      Finish(ToGrpcStatus(result.status()));
+      return;
+    }
+    response_ = *std::move(result);
+    StartWrite(&response_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          "the heartbeat stream broke"));
+      return;
+    }
+    StartRead(&request_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  CoordinatorService* const service_;
+  v1::HostHeartbeatRequest request_;
+  v1::HeartbeatResponse response_;
+};
+
+}  // namespace
+
+grpc::ServerBidiReactor<v1::HostHeartbeatRequest, v1::HeartbeatResponse>*
+CoordinatorGrpcService::HostHeartbeatStream(
+    grpc::CallbackServerContext* context) {
+  return new HostHeartbeatReactor(service_, Authorize(context, Access::kRank));
+}
+
 grpc::ServerUnaryReactor* CoordinatorGrpcService::ReportSteps(
     grpc::CallbackServerContext* context, const v1::StepReports* request,
     v1::ReportStepResponse* response) {

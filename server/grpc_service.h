@@ -53,6 +53,9 @@ class CoordinatorGrpcService final : public v1::Coordinator::CallbackService {
       grpc::CallbackServerContext* context,
       const v1::HostHeartbeatRequest* request,
       v1::HeartbeatResponse* response) override;
+  // One reactor per stream: reads a request, answers it, reads the next.
+  grpc::ServerBidiReactor<v1::HostHeartbeatRequest, v1::HeartbeatResponse>*
+  HostHeartbeatStream(grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* ReportSteps(
       grpc::CallbackServerContext* context, const v1::StepReports* request,
       v1::ReportStepResponse* response) override;

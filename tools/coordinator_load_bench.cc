@@ -24,7 +24,9 @@
 //     ranks; each host sends one HostJoin for its K ranks on its one
 //     channel, and one HostHeartbeat per period for all K (spread over
 //     hosts), as a host agent does: N/K connections, N/K Join calls and
-//     N/K heartbeat calls per period.
+//     N/K heartbeat calls per period. With --heartbeat_stream each host
+//     opens one HostHeartbeatStream and sends its heartbeats as messages
+//     on it (latency: message written to answer read).
 //   The load generator reads the server child's CPU time (utime + stime of
 //   /proc/<pid>/stat) at each phase boundary and its VmHWM (peak RSS) at
 //   the end, so the server's figures exclude the load generator, whose own
@@ -33,7 +35,8 @@
 // Prints one line per N (key=value), with the load average before and after.
 //
 // Usage: coordinator_load_bench [--agents 4096,16384] [--duration_s 20]
-//   [--ranks_per_host 1] [--heartbeat_interval_s 1] [--client_threads 2]
+//   [--ranks_per_host 1] [--heartbeat_stream] [--heartbeat_interval_s 1]
+//   [--client_threads 2]
 //   [--matrices 8]
 //   [--matrix_size 1024] [--server_heartbeat_timeout_s 10] [--skip_plan]
 //   [--server_no_deadlock_detection] [--server_rss_limit_mb 12288]
@@ -122,6 +125,10 @@ ABSL_FLAG(int, ranks_per_host, 1,
           "connection) and heartbeats once per period for all K "
           "(HostHeartbeat), as a host agent does. N must be a multiple of "
           "K.");
+ABSL_FLAG(bool, heartbeat_stream, false,
+          "Host mode: each host heartbeats on one long-lived "
+          "HostHeartbeatStream (one message each way per period) instead of "
+          "a HostHeartbeat call per period.");
 ABSL_FLAG(int64_t, min_mem_available_mb, 1024,
           "Kill the server child (and report it) when the machine's "
           "MemAvailable falls below this, MiB.");
@@ -288,19 +295,34 @@ struct Agent {
   std::unique_ptr<grpc::Alarm> alarm;
   Clock::time_point sent;
   int next_beat = 0;  // index k of the next heartbeat
+  // --heartbeat_stream: the host's stream (its context is `context`).
+  std::unique_ptr<grpc::ClientAsyncReaderWriter<muon::v1::HostHeartbeatRequest,
+                                                muon::v1::HeartbeatResponse>>
+      stream;
 };
 
-// Completion-queue tags: an Agent pointer with the event in its low bits.
-enum Event : uintptr_t { kJoinDone = 0, kAlarm = 1, kHeartbeatDone = 2 };
+// Completion-queue tags: an Agent pointer (8-byte aligned) with the event
+// in its low 3 bits.
+enum Event : uintptr_t {
+  kJoinDone = 0,
+  kAlarm = 1,
+  kHeartbeatDone = 2,
+  kStreamStarted = 3,  // --heartbeat_stream: the stream is open
+  kWriteDone = 4,      // a heartbeat written to the stream
+  kReadDone = 5,       // its answer read
+  kWritesDone = 6,     // the host closed its side
+  kFinished = 7,       // the stream's status is in
+};
+static_assert(alignof(Agent) >= 8, "three tag bits");
 void* Tag(Agent* agent, Event event) {
   return reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(agent) | event);
 }
 Agent* TagAgent(void* tag) {
   return reinterpret_cast<Agent*>(reinterpret_cast<uintptr_t>(tag) &
-                                  ~uintptr_t{3});
+                                  ~uintptr_t{7});
 }
 Event TagEvent(void* tag) {
-  return static_cast<Event>(reinterpret_cast<uintptr_t>(tag) & 3);
+  return static_cast<Event>(reinterpret_cast<uintptr_t>(tag) & 7);
 }
 
 // What one load generator thread saw.
@@ -351,6 +373,14 @@ class LoadGenerator {
  private:
   void StartJoin(Agent* agent);
   void StartHeartbeat(Agent* agent, ThreadStats* stats);
+  // --heartbeat_stream: opens the host's stream (kStreamStarted).
+  void OpenStream(Agent* agent);
+  // Handles one stream event of `agent`; returns false once its stream is
+  // finished (no more events).
+  bool OnStreamEvent(Agent* agent, Event event, bool ok, ThreadStats* stats);
+  // A heartbeat's answer: counts it (latency from agent->sent) or its
+  // error.
+  void CountAnswer(Agent* agent, ThreadStats* stats);
   void ScheduleNextBeat(Agent* agent);
   void JoinThread(int t);
   void HeartbeatThread(int t);
@@ -439,11 +469,16 @@ void LoadGenerator::StartHeartbeat(Agent* agent, ThreadStats* stats) {
     ++stats->late;
   }
   ++agent->next_beat;
+  agent->heartbeat_response.Clear();
+  if (agent->stream != nullptr) {  // one message each way
+    agent->stream->Write(agent->host_request, Tag(agent, kWriteDone));
+    agent->stream->Read(&agent->heartbeat_response, Tag(agent, kReadDone));
+    return;
+  }
   agent->context = std::make_unique<grpc::ClientContext>();
   agent->context->AddMetadata(muon::kAuthorizationMetadataKey, bearer_);
   agent->context->set_deadline(std::chrono::system_clock::now() +
                                std::chrono::seconds(10));
-  agent->heartbeat_response.Clear();
   agent->heartbeat_reader =
       ranks_per_host_ > 1
           ? agent->stub->PrepareAsyncHostHeartbeat(
@@ -453,6 +488,74 @@ void LoadGenerator::StartHeartbeat(Agent* agent, ThreadStats* stats) {
   agent->heartbeat_reader->StartCall();
   agent->heartbeat_reader->Finish(&agent->heartbeat_response, &agent->status,
                                   Tag(agent, kHeartbeatDone));
+}
+
+void LoadGenerator::OpenStream(Agent* agent) {
+  agent->context = std::make_unique<grpc::ClientContext>();
+  agent->context->AddMetadata(muon::kAuthorizationMetadataKey, bearer_);
+  agent->stream = agent->stub->PrepareAsyncHostHeartbeatStream(
+      agent->context.get(), agent->cq);
+  agent->stream->StartCall(Tag(agent, kStreamStarted));
+}
+
+void LoadGenerator::CountAnswer(Agent* agent, ThreadStats* stats) {
+  const Clock::time_point now = Clock::now();
+  stats->last_heartbeat_response = now;
+  if (!agent->status.ok()) {
+    ++stats->heartbeat_errors;
+    if (stats->first_heartbeat_error.empty()) {
+      stats->first_heartbeat_error =
+          absl::StrCat("rank ", agent->rank, ": ", agent->status.error_code(),
+                       " ", agent->status.error_message());
+    }
+  } else if (!agent->heartbeat_response.job_error().empty()) {
+    ++stats->job_errors;
+    if (stats->first_heartbeat_error.empty()) {
+      stats->first_heartbeat_error =
+          absl::StrCat("rank ", agent->rank,
+                       ": job error: ", agent->heartbeat_response.job_error());
+    }
+  } else {
+    ++stats->heartbeats_ok;
+    stats->latencies_ms.push_back(static_cast<float>(
+        std::chrono::duration<double, std::milli>(now - agent->sent).count()));
+  }
+}
+
+bool LoadGenerator::OnStreamEvent(Agent* agent, Event event, bool ok,
+                                  ThreadStats* stats) {
+  switch (event) {
+    case kStreamStarted:
+      if (!ok) {
+        agent->stream->Finish(&agent->status, Tag(agent, kFinished));
+        return true;
+      }
+      ScheduleNextBeat(agent);
+      return true;
+    case kWriteDone:
+      return true;  // the answer (or the failure) comes as kReadDone
+    case kReadDone:
+      if (!ok) {  // the stream ended: its status says why
+        agent->alarm.reset();
+        agent->stream->Finish(&agent->status, Tag(agent, kFinished));
+        return true;
+      }
+      agent->status = grpc::Status::OK;
+      CountAnswer(agent, stats);
+      ScheduleNextBeat(agent);
+      if (agent->alarm == nullptr) {
+        agent->stream->WritesDone(Tag(agent, kWritesDone));
+      }
+      return true;
+    case kWritesDone:
+      agent->stream->Finish(&agent->status, Tag(agent, kFinished));
+      return true;
+    case kFinished:
+      if (!agent->status.ok()) CountAnswer(agent, stats);
+      return false;
+    default:
+      return true;
+  }
 }
 
 // Sets the agent's alarm for its next heartbeat; clears the alarm (null)
@@ -522,11 +625,18 @@ void LoadGenerator::JoinThread(int t) {
 
 void LoadGenerator::HeartbeatThread(int t) {
   ThreadStats& stats = stats_[t];
+  const bool stream =
+      ranks_per_host_ > 1 && absl::GetFlag(FLAGS_heartbeat_stream);
   int active = 0;
   for (const std::unique_ptr<Agent>& owned : agents_) {
     Agent* agent = owned.get();
     if (agent->cq != cqs_[t].get()) continue;  // another thread's
     if (!agent->joined || !agent->leader) continue;
+    if (stream) {
+      OpenStream(agent);  // beats start once it is open
+      ++active;
+      continue;
+    }
     ScheduleNextBeat(agent);
     if (agent->alarm != nullptr) ++active;
   }
@@ -548,28 +658,11 @@ void LoadGenerator::HeartbeatThread(int t) {
       StartHeartbeat(agent, &stats);
       continue;
     }
-    const Clock::time_point now = Clock::now();
-    stats.last_heartbeat_response = now;
-    if (!agent->status.ok()) {
-      ++stats.heartbeat_errors;
-      if (stats.first_heartbeat_error.empty()) {
-        stats.first_heartbeat_error =
-            absl::StrCat("rank ", agent->rank, ": ", agent->status.error_code(),
-                         " ", agent->status.error_message());
-      }
-    } else if (!agent->heartbeat_response.job_error().empty()) {
-      ++stats.job_errors;
-      if (stats.first_heartbeat_error.empty()) {
-        stats.first_heartbeat_error = absl::StrCat(
-            "rank ", agent->rank,
-            ": job error: ", agent->heartbeat_response.job_error());
-      }
-    } else {
-      ++stats.heartbeats_ok;
-      stats.latencies_ms.push_back(static_cast<float>(
-          std::chrono::duration<double, std::milli>(now - agent->sent)
-              .count()));
+    if (TagEvent(tag) != kHeartbeatDone) {  // --heartbeat_stream
+      if (!OnStreamEvent(agent, TagEvent(tag), ok, &stats)) --active;
+      continue;
     }
+    CountAnswer(agent, &stats);
     agent->heartbeat_reader.reset();
     ScheduleNextBeat(agent);
     if (agent->alarm == nullptr) --active;
@@ -805,7 +898,7 @@ void LoadGenerator::PrintFigures(const RunFigures& f, bool compact,
                                  const std::string& load_before) const {
   const int64_t errors = f.errors();
   std::printf(
-      "agents=%d ranks_per_host=%d hosts=%d%s%s client_threads=%d "
+      "agents=%d ranks_per_host=%d hosts=%d%s%s%s client_threads=%d "
       "connect_s=%.2f join_to_plan_s=%.3f "
       "joins_ok=%d plan_bytes=%lld manifests=%s join_bytes(max/last)=%lld/%lld "
       "hb_p50_ms=%.2f hb_p99_ms=%.2f hb_max_ms=%.2f hb_per_s=%.0f "
@@ -816,6 +909,9 @@ void LoadGenerator::PrintFigures(const RunFigures& f, bool compact,
       "client_cpu_s(join/hb)=%.2f/%.2f client_peak_rss_mb=%.0f "
       "loadavg_before=%s loadavg_after=%s%s\n",
       world_, ranks_per_host_, world_ / ranks_per_host_,
+      ranks_per_host_ > 1 && absl::GetFlag(FLAGS_heartbeat_stream)
+          ? " (heartbeat_stream)"
+          : "",
       absl::GetFlag(FLAGS_skip_plan) ? " (skip_plan)" : "",
       absl::GetFlag(FLAGS_server_no_deadlock_detection)
           ? " (server_no_deadlock_detection)"

@@ -2,6 +2,7 @@
 // GrpcCoordinationClient (Join from 2 threads, KeySet/KeyGet, ListRanks,
 // GetReports),
 // plus the error paths that only exist on the wire.
+#include <chrono>
 #include <memory>
 #include <string>
 #include <thread>
@@ -10,6 +11,7 @@
 #include "control/grpc_coordination_client.h"
 #include "control/process_group.h"
 #include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "plan/planner.h"
 #include "server/coordinator_server.h"
@@ -224,6 +226,59 @@ TEST(GrpcIntegrationTest, JoinKeyValueListRanks_OverLoopback_Work) {
   server->Stop();
   EXPECT_THAT(ctl->GetJob(), StatusIs(absl::StatusCode::kUnavailable,
                                       HasSubstr(server->address())));
+}
+
+// A host's heartbeat stream: each message answered in order with the job
+// state; an entry the coordinator does not know ends the stream with its
+// error, naming the host.
+TEST(GrpcIntegrationTest, HostHeartbeatStream_AnswersEachInOrderErrorEndsIt) {
+  std::unique_ptr<CoordinatorServer> server = StartServer();
+  ASSERT_NE(server, nullptr);
+  std::vector<v1::RankManifest> manifests = Manifests(TwoRankSpec());
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      std::unique_ptr<GrpcCoordinationClient> client = Connect(*server);
+      if (client == nullptr) return;
+      v1::JoinRequest request;
+      *request.mutable_manifest() = manifests[r];
+      request.set_incarnation(2000 + r);
+      request.set_timeout_ms(3000);
+      EXPECT_THAT(client->Join(request), IsOk());
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      MakeCoordinatorChannel(server->address(), GrpcClientSecurity());
+  ASSERT_THAT(channel, IsOk());
+  std::unique_ptr<v1::Coordinator::Stub> stub =
+      v1::Coordinator::NewStub(*channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(10));
+  auto stream = stub->HostHeartbeatStream(&context);
+  v1::HostHeartbeatRequest beat;
+  beat.set_job_id("it");
+  beat.set_host("h0");
+  for (int r = 0; r < 2; ++r) {
+    v1::HeartbeatRequest* entry = beat.add_ranks();
+    entry->set_rank(r);
+    entry->set_incarnation(2000 + r);
+  }
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(stream->Write(beat)) << "message " << i;
+    v1::HeartbeatResponse answer;
+    ASSERT_TRUE(stream->Read(&answer)) << "message " << i;
+    EXPECT_TRUE(answer.job_error().empty()) << answer.job_error();
+    EXPECT_EQ(answer.job_state(), v1::JOB_STATE_PLANNED);
+  }
+  beat.mutable_ranks(1)->set_incarnation(9);  // not the one that joined
+  ASSERT_TRUE(stream->Write(beat));
+  v1::HeartbeatResponse answer;
+  EXPECT_FALSE(stream->Read(&answer));
+  const grpc::Status status = stream->Finish();
+  EXPECT_FALSE(status.ok());
+  EXPECT_THAT(status.error_message(), HasSubstr("HostHeartbeat from host"));
 }
 
 TEST(GrpcIntegrationTest, Start_PortInUse_ReturnsUnavailable) {
