@@ -48,7 +48,7 @@ class HeartbeatStream {
  public:
   explicit HeartbeatStream(v1::Coordinator::Stub* stub) : stub_(stub) {}
   ~HeartbeatStream() {
-    Drop();
+    Drop(/*cancel=*/true, nullptr);
     cq_.Shutdown();
     void* tag;
     bool ok;
@@ -56,33 +56,27 @@ class HeartbeatStream {
     }
   }
 
-  // Sends `request` and waits up to `timeout` for its answer. Errors: the
-  // stream's status (Unimplemented from a coordinator without streams),
+  // Sends `request` and waits up to `timeout` for its answer; a stream
+  // that was open and broke since (a reset connection, a restarted
+  // coordinator) is reopened once. Errors: the status the coordinator
+  // ended the stream with (Unimplemented from one without streams;
+  // NotFound, Aborted, Unauthenticated, ... as HostHeartbeat's),
   // DeadlineExceeded when no answer came in time, Cancelled after Cancel.
   grpc::Status Exchange(const std::string& authorization,
                         const v1::HostHeartbeatRequest& request,
                         v1::HeartbeatResponse* response,
                         absl::Duration timeout) {
     const auto deadline = absl::ToChronoTime(absl::Now() + timeout);
-    if (stream_ == nullptr) {
-      context_ = std::make_unique<grpc::ClientContext>();
-      if (!authorization.empty()) {
-        context_->AddMetadata(kAuthorizationMetadataKey, authorization);
+    grpc::Status status;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      const bool reused = stream_ != nullptr;
+      status = TryExchange(authorization, request, response, deadline);
+      if (status.ok() || !reused ||
+          status.error_code() != grpc::StatusCode::UNAVAILABLE) {
+        break;
       }
-      {
-        absl::MutexLock lock(&mu_);
-        if (cancelled_) return Fail(grpc::Status::CANCELLED);
-        live_ = context_.get();
-      }
-      stream_ = stub_->AsyncHostHeartbeatStream(context_.get(), &cq_, this);
-      ++pending_;
-      if (!Await(deadline, 1)) return Fail(OpenError());
     }
-    stream_->Write(request, this);
-    stream_->Read(response, this);
-    pending_ += 2;
-    if (!Await(deadline, 2)) return Fail(OpenError());
-    return grpc::Status::OK;
+    return status;
   }
 
   void Cancel() {
@@ -92,9 +86,38 @@ class HeartbeatStream {
   }
 
  private:
+  using Deadline = std::chrono::system_clock::time_point;
+
+  grpc::Status TryExchange(const std::string& authorization,
+                           const v1::HostHeartbeatRequest& request,
+                           v1::HeartbeatResponse* response, Deadline deadline) {
+    if (stream_ == nullptr) {
+      context_ = std::make_unique<grpc::ClientContext>();
+      if (!authorization.empty()) {
+        context_->AddMetadata(kAuthorizationMetadataKey, authorization);
+      }
+      {
+        absl::MutexLock lock(&mu_);
+        if (cancelled_) {
+          context_.reset();
+          return grpc::Status::CANCELLED;
+        }
+        live_ = context_.get();
+      }
+      stream_ = stub_->AsyncHostHeartbeatStream(context_.get(), &cq_, this);
+      ++pending_;
+      if (!Await(deadline, 1)) return Fail(deadline);
+    }
+    stream_->Write(request, this);
+    stream_->Read(response, this);
+    pending_ += 2;
+    if (!Await(deadline, 2)) return Fail(deadline);
+    return grpc::Status::OK;
+  }
+
   // Waits for `n` of the pending operations until `deadline`; false when
-  // one failed or the deadline passed.
-  bool Await(std::chrono::system_clock::time_point deadline, int n) {
+  // one failed or the deadline passed (timed_out_).
+  bool Await(Deadline deadline, int n) {
     bool all_ok = true;
     for (int i = 0; i < n; ++i) {
       void* tag;
@@ -110,33 +133,53 @@ class HeartbeatStream {
     return all_ok;
   }
 
-  grpc::Status OpenError() const {
-    return timed_out_ ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                                     "no heartbeat answer in time")
-                      : grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                     "the heartbeat stream broke");
-  }
-
-  // Ends the stream: cancels it, drains its pending operations and takes
-  // its status (more telling than `fallback` when the server ended it).
-  grpc::Status Fail(grpc::Status fallback) {
-    if (stream_ == nullptr) return fallback;
+  // Ends the stream after a failed operation and says why: Cancelled
+  // after Cancel, DeadlineExceeded after a timeout, else the status the
+  // coordinator ended it with (taken before any cancel: cancelling first
+  // would replace it with Cancelled).
+  grpc::Status Fail(Deadline deadline) {
+    bool cancelled;
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled = cancelled_;
+    }
     const bool timed_out = timed_out_;
-    Drop(&fallback);
-    return timed_out ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                                    "no heartbeat answer in time")
-                     : fallback;
+    grpc::Status status(grpc::StatusCode::UNAVAILABLE,
+                        "the heartbeat stream broke");
+    Drop(cancelled || timed_out, &status,
+         std::max(deadline,
+                  std::chrono::system_clock::now() + std::chrono::seconds(1)));
+    if (cancelled) return grpc::Status::CANCELLED;
+    if (timed_out) {
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                          "no heartbeat answer in time");
+    }
+    return status;
   }
 
-  void Drop(grpc::Status* status = nullptr) {
+  // Drains the pending operations (cancelling first with `cancel`, or
+  // once `deadline` passes), finishes the stream, and stores its status
+  // in *status unless it is OK or Cancelled.
+  void Drop(bool cancel, grpc::Status* status,
+            Deadline deadline = Deadline::max()) {
     if (stream_ == nullptr) return;
-    context_->TryCancel();
+    if (cancel) context_->TryCancel();
     void* tag;
     bool ok;
-    for (; pending_ > 0; --pending_) cq_.Next(&tag, &ok);
+    bool cancelled = cancel;
+    auto next = [&] {
+      if (cq_.AsyncNext(&tag, &ok, deadline) ==
+          grpc::CompletionQueue::GOT_EVENT) {
+        return;
+      }
+      if (!cancelled) context_->TryCancel();  // the rest completes at once
+      cancelled = true;
+      cq_.Next(&tag, &ok);
+    };
+    for (; pending_ > 0; --pending_) next();
     grpc::Status finished;
     stream_->Finish(&finished, this);
-    cq_.Next(&tag, &ok);
+    next();
     if (status != nullptr && !finished.ok() &&
         finished.error_code() != grpc::StatusCode::CANCELLED) {
       *status = finished;
@@ -572,6 +615,7 @@ void HostAgent::Impl::SendPeriodicHeartbeat(v1::HostHeartbeatRequest request) {
   v1::HeartbeatResponse got;
   const grpc::Status status =
       stream_.Exchange(authorization, request, &got, options_.rpc_timeout);
+  if (status.error_code() == grpc::StatusCode::CANCELLED) return;  // Shutdown
   if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
     use_stream_ = false;  // an older coordinator: one call per period
     SendHostHeartbeat(std::move(request), nullptr);

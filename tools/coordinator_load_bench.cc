@@ -531,6 +531,9 @@ bool LoadGenerator::OnStreamEvent(Agent* agent, Event event, bool ok,
         return true;
       }
       ScheduleNextBeat(agent);
+      if (agent->alarm == nullptr) {  // no beat falls in the phase
+        agent->stream->WritesDone(Tag(agent, kWritesDone));
+      }
       return true;
     case kWriteDone:
       return true;  // the answer (or the failure) comes as kReadDone

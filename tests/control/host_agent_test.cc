@@ -281,6 +281,52 @@ TEST(HostAgentTest, RankExitsBeforeHostJoined_WaitingJoinsFailNamingIt) {
                                  "exited with code 3")));
 }
 
+// A coordinator without HostHeartbeatStream (here another host agent in
+// front of the coordinator, which answers the stream Unimplemented and
+// forwards the calls): the host agent falls back to one HostHeartbeat call
+// per period, and its ranks stay ready.
+TEST(HostAgentTest, CoordinatorWithoutStreams_FallsBackToCalls) {
+  CoordinatorServerOptions server_options;
+  server_options.service.job_id = "agent";
+  server_options.service.heartbeat_timeout = kTimeout;
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
+      CoordinatorServer::Start(server_options);
+  ASSERT_THAT(server, IsOk());
+  SocketDir dir;
+  HostAgent::Options front;
+  front.coordinator = (*server)->address();
+  front.listen = dir.Socket("old");
+  front.host = "old";
+  front.ranks = {0, 1};
+  absl::StatusOr<std::unique_ptr<HostAgent>> old = HostAgent::Start(front);
+  ASSERT_THAT(old, IsOk());
+  HostAgent::Options o = front;
+  o.coordinator = (*old)->address();
+  o.listen = dir.Socket("A");
+  o.host = "A";
+  o.rpc_timeout = absl::Seconds(1);
+  absl::StatusOr<std::unique_ptr<HostAgent>> host = HostAgent::Start(o);
+  ASSERT_THAT(host, IsOk());
+  std::vector<std::unique_ptr<GrpcCoordinationClient>> clients;
+  std::vector<std::unique_ptr<Agent>> agents;
+  for (int r = 0; r < 2; ++r) {
+    absl::StatusOr<std::unique_ptr<GrpcCoordinationClient>> c =
+        GrpcCoordinationClient::Create((*host)->address(), "agent",
+                                       absl::Seconds(1));
+    ASSERT_THAT(c, IsOk());
+    clients.push_back(*std::move(c));
+    agents.push_back(std::make_unique<Agent>(clients.back().get(), r, 900 + r,
+                                             Agent::Options()));
+  }
+  JoinAll(agents, RankManifests(2));
+  for (auto& a : agents) a->Start();
+  absl::SleepFor(3 * kTimeout);
+  for (auto& a : agents) EXPECT_THAT(a->job_error(), IsOk());
+  EXPECT_GE((*host)->heartbeats_sent(), 5);
+  EXPECT_EQ((*host)->heartbeats_streamed(), 0);
+  for (auto& a : agents) a->Stop(absl::ZeroDuration());
+}
+
 TEST(HostAgentTest, Join_LocalRankMissing_DeadlineNamesIt) {
   CoordinatorServerOptions server_options;
   server_options.service.job_id = "agent";
