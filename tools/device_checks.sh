@@ -311,7 +311,7 @@ run_py() {
 for t in gpu_newton_schulz_test gpu_muon_update_test cuda_api_test \
   cuda_stream_test host_stream_test executor_streams_test gpu_executor_test \
   step_kernels_test gpu_muon_test process_group_backend_test \
-  nccl_communicator_test; do
+  staged_ranks_test nccl_communicator_test; do
   run "$t" --timeout 60 -- "$here/run.sh" "bin/$t"
 done
 

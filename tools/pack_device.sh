@@ -21,6 +21,7 @@ targets=(
   //tests/client:gpu_executor_test
   //tests/client:gpu_muon_test
   //tests/control:process_group_backend_test
+  //tests/control:staged_ranks_test
   //tests/kernels:step_kernels_test
   //tools:ns_gpu_bench
   //tools:muonctl
