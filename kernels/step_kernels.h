@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "common/layout.h"
 #include "device/device.h"
 #include "device/stream.h"
@@ -168,6 +169,20 @@ class StepKernels {
                                      int64_t n, double lr, double weight_decay,
                                      double adjusted_lr) = 0;
 };
+
+// StepKernels::NorMuonNormalize's argument check, the same on every device:
+// InvalidArgument for negative sizes, or null pointers with elements.
+inline absl::Status CheckNorMuonArguments(const float* o, int64_t rows,
+                                          int64_t cols, const float* variance) {
+  if (rows < 0 || cols < 0 ||
+      (rows * cols > 0 && (o == nullptr || variance == nullptr))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "NorMuonNormalize: rows and cols must be >= 0 with non-null o and "
+        "variance, got [",
+        rows, ", ", cols, "]"));
+  }
+  return absl::OkStatus();
+}
 
 // The host kernels: common/layout.h's CopyRegion, `engine`'s Newton-Schulz
 // (not owned; outlives the kernels) and kernels::ApplyUpdate. Bitwise what

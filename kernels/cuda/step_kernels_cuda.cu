@@ -76,12 +76,9 @@ class CudaStepKernels final : public StepKernels {
   absl::Status NorMuonNormalize(device::Stream* stream, float* o, int64_t rows,
                                 int64_t cols, float* variance, double beta2,
                                 double eps) override {
-    if (rows < 0 || cols < 0 ||
-        (rows * cols > 0 && (o == nullptr || variance == nullptr))) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "NorMuonNormalize: rows and cols must be >= 0 with non-null o and "
-          "variance, got ",
-          rows, " x ", cols));
+    if (absl::Status s = CheckNorMuonArguments(o, rows, cols, variance);
+        !s.ok()) {
+      return s;
     }
     if (rows * cols == 0) return absl::OkStatus();
     const int64_t bytes = cuda::NorMuonScratchBytes(rows);

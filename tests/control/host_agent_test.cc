@@ -132,6 +132,40 @@ class TwoHostJob {
   std::unique_ptr<GrpcCoordinationClient> direct_;
 };
 
+// A coordinator over gRPC and one host agent "A" for ranks 0 and 1, with a
+// client of the agent's socket.
+struct OneHost {
+  OneHost() {
+    CoordinatorServerOptions server_options;
+    server_options.service.job_id = "agent";
+    absl::StatusOr<std::unique_ptr<CoordinatorServer>> s =
+        CoordinatorServer::Start(server_options);
+    EXPECT_THAT(s, IsOk());
+    if (!s.ok()) return;
+    server = *std::move(s);
+    HostAgent::Options o;
+    o.coordinator = server->address();
+    o.listen = dir.Socket("A");
+    o.host = "A";
+    o.ranks = {0, 1};
+    absl::StatusOr<std::unique_ptr<HostAgent>> h = HostAgent::Start(o);
+    EXPECT_THAT(h, IsOk());
+    if (!h.ok()) return;
+    host = *std::move(h);
+    absl::StatusOr<std::unique_ptr<GrpcCoordinationClient>> c =
+        GrpcCoordinationClient::Create(host->address(), "agent",
+                                       absl::Seconds(1));
+    EXPECT_THAT(c, IsOk());
+    if (c.ok()) client = *std::move(c);
+  }
+  bool ok() const { return client != nullptr; }
+
+  SocketDir dir;
+  std::unique_ptr<CoordinatorServer> server;
+  std::unique_ptr<HostAgent> host;
+  std::unique_ptr<GrpcCoordinationClient> client;
+};
+
 TEST(HostAgentTest, TwoHosts_RanksJoinAndStayReadyOnOneHeartbeatPerHost) {
   TwoHostJob job;
   EXPECT_EQ(job.agents[0]->heartbeat_timeout(), kTimeout);
@@ -249,29 +283,16 @@ TEST(HostAgentTest, RankRejoinsAfterLeaving_AnsweredAloneAndHeartbeatedAgain) {
 // A rank whose process ends before its host's ranks have all joined: the
 // Joins waiting on the host agent fail at once, naming it and how.
 TEST(HostAgentTest, RankExitsBeforeHostJoined_WaitingJoinsFailNamingIt) {
-  CoordinatorServerOptions server_options;
-  server_options.service.job_id = "agent";
-  absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
-      CoordinatorServer::Start(server_options);
-  ASSERT_THAT(server, IsOk());
-  SocketDir dir;
-  HostAgent::Options o;
-  o.coordinator = (*server)->address();
-  o.listen = dir.Socket("A");
-  o.host = "A";
-  o.ranks = {0, 1};
-  absl::StatusOr<std::unique_ptr<HostAgent>> host = HostAgent::Start(o);
-  ASSERT_THAT(host, IsOk());
-  absl::StatusOr<std::unique_ptr<GrpcCoordinationClient>> client =
-      GrpcCoordinationClient::Create((*host)->address(), "agent",
-                                     absl::Seconds(1));
-  ASSERT_THAT(client, IsOk());
-  Agent agent(client->get(), 0, 1, Agent::Options());
+  OneHost one;
+  ASSERT_TRUE(one.ok());
+  std::unique_ptr<HostAgent>& host = one.host;
+  std::unique_ptr<GrpcCoordinationClient>& client = one.client;
+  Agent agent(client.get(), 0, 1, Agent::Options());
   absl::StatusOr<v1::Plan> plan;
   const absl::Time start = absl::Now();
   std::thread join([&] { plan = agent.Join(RankManifests(2)[0], 30000); });
   absl::SleepFor(absl::Milliseconds(200));
-  (*host)->RankExited(1, 4243, /*failed=*/true, "exited with code 3");
+  host->RankExited(1, 4243, /*failed=*/true, "exited with code 3");
   join.join();
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   EXPECT_THAT(plan.status(),
@@ -328,30 +349,17 @@ TEST(HostAgentTest, CoordinatorWithoutStreams_FallsBackToCalls) {
 }
 
 TEST(HostAgentTest, Join_LocalRankMissing_DeadlineNamesIt) {
-  CoordinatorServerOptions server_options;
-  server_options.service.job_id = "agent";
-  absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
-      CoordinatorServer::Start(server_options);
-  ASSERT_THAT(server, IsOk());
-  SocketDir dir;
-  HostAgent::Options o;
-  o.coordinator = (*server)->address();
-  o.listen = dir.Socket("A");
-  o.host = "A";
-  o.ranks = {0, 1};
-  absl::StatusOr<std::unique_ptr<HostAgent>> host = HostAgent::Start(o);
-  ASSERT_THAT(host, IsOk());
-  absl::StatusOr<std::unique_ptr<GrpcCoordinationClient>> client =
-      GrpcCoordinationClient::Create((*host)->address(), "agent",
-                                     absl::Seconds(1));
-  ASSERT_THAT(client, IsOk());
-  Agent agent(client->get(), 0, 1, Agent::Options());
+  OneHost one;
+  ASSERT_TRUE(one.ok());
+  std::unique_ptr<HostAgent>& host = one.host;
+  std::unique_ptr<GrpcCoordinationClient>& client = one.client;
+  Agent agent(client.get(), 0, 1, Agent::Options());
   EXPECT_THAT(agent.Join(RankManifests(2)[0], 300),
               StatusIs(absl::StatusCode::kDeadlineExceeded,
                        AllOf(HasSubstr("host agent of A"),
                              HasSubstr("this host's ranks 1 to join"))));
   // A rank of another host is refused by name.
-  Agent stranger(client->get(), 3, 1, Agent::Options());
+  Agent stranger(client.get(), 3, 1, Agent::Options());
   EXPECT_THAT(stranger.Join(RankManifests(4)[3], 300),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("rank 3 joined, but this host runs ranks "
