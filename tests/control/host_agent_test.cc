@@ -351,7 +351,6 @@ TEST(HostAgentTest, CoordinatorWithoutStreams_FallsBackToCalls) {
 TEST(HostAgentTest, Join_LocalRankMissing_DeadlineNamesIt) {
   OneHost one;
   ASSERT_TRUE(one.ok());
-  std::unique_ptr<HostAgent>& host = one.host;
   std::unique_ptr<GrpcCoordinationClient>& client = one.client;
   Agent agent(client.get(), 0, 1, Agent::Options());
   EXPECT_THAT(agent.Join(RankManifests(2)[0], 300),
