@@ -434,11 +434,11 @@ class HostAgent::Impl final : public v1::Coordinator::Service {
   // Errors of ranks whose process ended, until a host heartbeat carries
   // them (the rank's join first, when it is still in flight).
   std::map<int, std::string> pending_errors_ ABSL_GUARDED_BY(mu_);
-  bool host_joined_ ABSL_GUARDED_BY(mu_) = false;
   std::string authorization_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int, LocalRank> locals_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<JoinRound> round_ ABSL_GUARDED_BY(mu_);
-  // Zero until the first Join response gives the heartbeat timeout.
+  // Zero until the host's first join round succeeds (its response gives
+  // the heartbeat timeout): nonzero means the host has joined.
   absl::Duration interval_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
   bool have_response_ ABSL_GUARDED_BY(mu_) = false;
   grpc::Status last_status_ ABSL_GUARDED_BY(mu_);
@@ -491,7 +491,6 @@ void HostAgent::Impl::SendRound(JoinRound& round) {
     l.incarnation = e.incarnation();
     l.last_seen = now;
   }
-  host_joined_ = true;
   const absl::Duration timeout =
       round.response.heartbeat_timeout_ms() > 0
           ? absl::Milliseconds(round.response.heartbeat_timeout_ms())
@@ -556,7 +555,7 @@ grpc::Status HostAgent::Impl::Join(grpc::ServerContext* context,
                        " joined, but this host runs ranks ",
                        absl::StrJoin(options_.ranks, ", ")));
     }
-    if (host_joined_ && it->second.joined) {
+    if (interval_ > absl::ZeroDuration() && it->second.joined) {
       // After the host's ranks joined: a retry, or a new optimizer of the
       // rank; the coordinator answers it alone.
       round = std::make_shared<JoinRound>();

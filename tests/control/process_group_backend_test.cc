@@ -27,6 +27,7 @@
 #include "gtest/gtest.h"
 #include "server/embedded_coordinator.h"
 #include "tests/client/rank_threads.h"
+#include "tests/control/process_group_test_util.h"
 #include "tests/gpu_test_util.h"
 #include "tests/status_matchers.h"
 
@@ -149,16 +150,8 @@ TEST(FileAddressExchangeTest, InitProcessGroup_ThreeRanksFindKernelPickedPort) {
   std::vector<std::thread> threads;
   for (int rank = 0; rank < kWorld; ++rank) {
     threads.emplace_back([&, rank] {
-      ProcessGroupOptions o;
-      o.rank = rank;
-      o.world_size = kWorld;
-      o.embed_coordinator = true;
-      o.start_embedded_coordinator = StartEmbeddedCoordinator;
-      o.embedded_port = 0;
-      o.address_exchange = FileAddressExchange(path, 1);
-      o.timeout = absl::Seconds(30);
-      o.job_secret = "exchange-test-secret";
-      absl::StatusOr<std::unique_ptr<ProcessGroup>> pg = InitProcessGroup(o);
+      absl::StatusOr<std::unique_ptr<ProcessGroup>> pg = InitProcessGroup(
+          LocalGroupOptions(rank, kWorld, path, "exchange-test-secret"));
       statuses[rank] = pg.ok() ? (*pg)->comm->Barrier() : pg.status();
     });
   }

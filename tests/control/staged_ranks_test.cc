@@ -28,9 +28,9 @@
 #include "device/memory.h"
 #include "device/runtime.h"
 #include "gtest/gtest.h"
-#include "server/embedded_coordinator.h"
 #include "tests/client/rank_threads.h"
 #include "tests/client/single_device_reference.h"
+#include "tests/control/process_group_test_util.h"
 #include "tests/status_matchers.h"
 
 namespace muon {
@@ -179,16 +179,9 @@ TEST_P(StagedRanksTest, FourRanksOnOneDevice_BitwiseOneDevice) {
   std::vector<DeviceRank> ranks(kWorld);
   DistributedRun run(kWorld);
   std::vector<absl::Status> st = RunOnRanks(kWorld, [&](int rank) {
-    ProcessGroupOptions o;
-    o.rank = rank;
-    o.world_size = kWorld;
-    o.embed_coordinator = true;
-    o.start_embedded_coordinator = StartEmbeddedCoordinator;
-    o.embedded_port = 0;
-    o.address_exchange = FileAddressExchange(path, 1);
-    o.timeout = absl::Seconds(30);
-    o.job_secret = "staged-ranks-secret";
-    MUON_ASSIGN_OR_RETURN(groups[rank], InitProcessGroup(o));
+    MUON_ASSIGN_OR_RETURN(groups[rank],
+                          InitProcessGroup(LocalGroupOptions(
+                              rank, kWorld, path, "staged-ranks-secret")));
     std::vector<ParamPlacement> placements;
     for (const std::vector<Placement>& p : c.layout.placements) {
       placements.push_back(ParamPlacement{p});

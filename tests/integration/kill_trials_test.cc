@@ -370,9 +370,16 @@ TrialResult RunHostTrial(HostVictim victim, int rank, absl::Duration delay,
   const absl::Time killed = absl::Now();
   std::vector<int> codes;
   if (victim == HostVictim::kCoordinator) {
-    // Training goes on: after 2x the heartbeat timeout every rank has said
-    // so and every host still runs; then the job is stopped.
-    absl::SleepFor(absl::Seconds(2 * kHeartbeatTimeoutS));
+    // Training goes on: every rank says the coordinator is unreachable
+    // (`seconds` is the time until the last one has; the caller bounds it
+    // by 2x the heartbeat timeout) and every host still runs; then the job
+    // is stopped. Polled every 50 ms for at most 2x the timeout + 3 s.
+    const absl::Time give_up =
+        killed + absl::Seconds(2 * kHeartbeatTimeoutS + 3.0);
+    while (!CheckNamed(*job, victim, rank).empty() && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    result.seconds = absl::ToDoubleSeconds(absl::Now() - killed);
     for (pid_t host : job->hosts) {
       if (kill(host, 0) != 0) {
         result.named = false;
@@ -380,7 +387,6 @@ TrialResult RunHostTrial(HostVictim victim, int rank, absl::Duration delay,
       }
     }
     WaitAll({job->daemon}, absl::Seconds(5));
-    result.seconds = absl::ToDoubleSeconds(absl::Now() - killed);
     for (pid_t host : job->hosts) kill(host, SIGTERM);
     codes = WaitAll(job->hosts, absl::Seconds(15), absl::Seconds(15));
   } else {
@@ -424,8 +430,11 @@ void RunHostTrials(HostVictim victim, const char* what, uint64_t seed) {
     if (victim == HostVictim::kRank) std::cout << " (rank " << rank << ")";
     if (victim == HostVictim::kHost) std::cout << " (node " << rank / 2 << ")";
     std::cout << " after " << absl::FormatDuration(delay) << "; " << r.seconds
-              << " s to the end; " << (r.hang ? "HANG; " : "")
-              << (r.named ? "named" : "NOT named") << "\n"
+              << (victim == HostVictim::kCoordinator
+                      ? " s until every rank said so; "
+                      : " s to the end; ")
+              << (r.hang ? "HANG; " : "") << (r.named ? "named" : "NOT named")
+              << "\n"
               << r.detail << std::flush;
     EXPECT_FALSE(r.hang) << "trial " << t;
     EXPECT_TRUE(r.named) << "trial " << t << ": " << r.detail;
