@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -126,6 +127,7 @@ void CoordinatorService::MaybeStartGenerationLocked(absl::Time now) {
   layout_ = JobLayout();
   replans_.clear();
   ranks_.clear();
+  rank_index_.clear();
   finished_count_ = 0;
   reported_count_ = 0;
   kv_.Clear();
@@ -248,7 +250,10 @@ absl::StatusOr<std::optional<JobPlan>> CoordinatorService::PlanJoinedLocked(
   if (!resend.empty()) {
     v1::JoinResponse again;
     again.set_send_full_manifest(true);
-    for (int rank : resend) ranks_.erase(rank);
+    for (int rank : resend) {
+      ranks_.erase(rank);
+      rank_index_[rank] = nullptr;
+    }
     for (auto it = join_waiters_.begin(); it != join_waiters_.end();) {
       if (ranks_.count(it->second.rank)) {
         ++it;
@@ -548,6 +553,10 @@ absl::StatusOr<v1::JoinResponse> CoordinatorService::JoinLocked(
   }
 
   RankInfo& info = ranks_[rank];
+  if (static_cast<size_t>(rank) >= rank_index_.size()) {
+    rank_index_.resize(rank + 1, nullptr);
+  }
+  rank_index_[rank] = &info;
   info.incarnation = request.incarnation();
   info.compact = compact;
   if (compact) {
@@ -604,18 +613,20 @@ v1::JoinResponse CoordinatorService::JoinResponseLocked() const {
 
 absl::StatusOr<CoordinatorService::RankInfo*>
 CoordinatorService::FindRankLocked(int rank, uint64_t incarnation) {
-  auto it = ranks_.find(rank);
-  if (it == ranks_.end()) {
+  RankInfo* info = rank >= 0 && static_cast<size_t>(rank) < rank_index_.size()
+                       ? rank_index_[rank]
+                       : nullptr;
+  if (info == nullptr) {
     return absl::NotFoundError(
         absl::StrCat("rank ", rank, " has not joined the job"));
   }
-  if (it->second.incarnation != incarnation) {
+  if (info->incarnation != incarnation) {
     return absl::AbortedError(
-        absl::StrCat("rank ", rank, " is incarnation ", it->second.incarnation,
+        absl::StrCat("rank ", rank, " is incarnation ", info->incarnation,
                      " but the request comes from incarnation ", incarnation,
                      " (a stale or restarted process)"));
   }
-  return &it->second;
+  return info;
 }
 
 absl::StatusOr<v1::HeartbeatResponse> CoordinatorService::Heartbeat(
@@ -632,30 +643,38 @@ absl::StatusOr<v1::HeartbeatResponse> CoordinatorService::Heartbeat(
 absl::StatusOr<v1::HeartbeatResponse> CoordinatorService::HostHeartbeat(
     const v1::HostHeartbeatRequest& request) {
   MUON_RETURN_IF_ERROR(CheckJobId(request.job_id()));
-  const std::string host =
-      absl::StrCat("host \"", LogValue(request.host()), "\"");
+  // Built only for an error: a heartbeat's path allocates nothing of it.
+  const auto host = [&request] {
+    return absl::StrCat("host \"", LogValue(request.host()), "\"");
+  };
   if (request.ranks_size() > kMaxHostRanks) {
     return absl::InvalidArgumentError(
-        absl::StrCat("HostHeartbeat: ", host, " lists ", request.ranks_size(),
+        absl::StrCat("HostHeartbeat: ", host(), " lists ", request.ranks_size(),
                      " ranks; at most ", kMaxHostRanks));
   }
   absl::MutexLock lock(&mu_);
-  std::vector<RankInfo*> infos;
-  absl::flat_hash_set<int> seen;
+  absl::InlinedVector<RankInfo*, 16> infos;
   for (const v1::HeartbeatRequest& beat : request.ranks()) {
     if (!beat.job_id().empty()) MUON_RETURN_IF_ERROR(CheckJobId(beat.job_id()));
-    if (!seen.insert(beat.rank()).second) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "HostHeartbeat: ", host, " lists rank ", beat.rank(), " twice"));
-    }
     absl::StatusOr<RankInfo*> info =
         FindRankLocked(beat.rank(), beat.incarnation());
     if (!info.ok()) {
       return absl::Status(info.status().code(),
-                          absl::StrCat("HostHeartbeat from ", host, ": ",
+                          absl::StrCat("HostHeartbeat from ", host(), ": ",
                                        info.status().message()));
     }
     infos.push_back(*info);
+  }
+  // A rank listed twice is the same RankInfo twice.
+  absl::InlinedVector<RankInfo*, 16> sorted = infos;
+  std::sort(sorted.begin(), sorted.end());
+  const auto twice = std::adjacent_find(sorted.begin(), sorted.end());
+  if (twice != sorted.end()) {
+    const size_t i =
+        std::find(infos.begin(), infos.end(), *twice) - infos.begin();
+    return absl::InvalidArgumentError(
+        absl::StrCat("HostHeartbeat: ", host(), " lists rank ",
+                     request.ranks(static_cast<int>(i)).rank(), " twice"));
   }
   const absl::Time now = options_.now();
   for (int i = 0; i < request.ranks_size(); ++i) {

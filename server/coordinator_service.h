@@ -475,6 +475,9 @@ class CoordinatorService {
   JobLayout layout_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, v1::Plan> replans_ ABSL_GUARDED_BY(mu_);
   std::map<int, RankInfo> ranks_ ABSL_GUARDED_BY(mu_);
+  // rank -> its entry of ranks_ (std::map's nodes do not move), or null:
+  // one lookup per rank of a heartbeat instead of a walk of the tree.
+  std::vector<RankInfo*> rank_index_ ABSL_GUARDED_BY(mu_);
   // Ranks of ranks_ that left cleanly / have reported a step.
   int finished_count_ ABSL_GUARDED_BY(mu_) = 0;
   int reported_count_ ABSL_GUARDED_BY(mu_) = 0;
