@@ -299,6 +299,9 @@ struct Agent {
   std::unique_ptr<grpc::ClientAsyncReaderWriter<muon::v1::HostHeartbeatRequest,
                                                 muon::v1::HeartbeatResponse>>
       stream;
+  bool open = false;       // StartCall completed: writes may start
+  bool in_flight = false;  // a heartbeat written, its answer not yet read
+  bool closing = false;    // WritesDone or Finish started: no more beats
 };
 
 // Completion-queue tags: an Agent pointer (8-byte aligned) with the event
@@ -382,8 +385,23 @@ class LoadGenerator {
   // error.
   void CountAnswer(Agent* agent, ThreadStats* stats);
   void ScheduleNextBeat(Agent* agent);
+  // The time heartbeat k of `agent` falls due.
+  Clock::time_point Due(const Agent* agent, int k) const;
+  // Whether `agent`'s next heartbeat falls in the phase.
+  bool BeatsLeft(const Agent* agent) const;
+  // --heartbeat_stream: writes `agent`'s next heartbeat if it is due by
+  // `now` and none is in flight (a late answer delays it, as the alarm
+  // does for calls).
+  void SendIfDue(Agent* agent, Clock::time_point now, ThreadStats* stats);
+  // --heartbeat_stream: once the host's last heartbeat is answered (or its
+  // stream ended), closes its side; false while beats remain.
+  bool CloseWhenDone(Agent* agent);
   void JoinThread(int t);
   void HeartbeatThread(int t);
+  // --heartbeat_stream: the thread's hosts write their heartbeats at their
+  // due times, paced by the thread itself (AsyncNext's deadline) instead
+  // of a grpc::Alarm per host and period.
+  void StreamHeartbeatThread(int t);
   void Watchdog();
 
   // The figures of one run, filled phase by phase (CPU in seconds, RSS in
@@ -458,10 +476,7 @@ void LoadGenerator::StartJoin(Agent* agent) {
 }
 
 void LoadGenerator::StartHeartbeat(Agent* agent, ThreadStats* stats) {
-  const Clock::time_point due =
-      heartbeat_start_ +
-      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
-          agent->offset_s + agent->next_beat * interval_s_));
+  const Clock::time_point due = Due(agent, agent->next_beat);
   agent->sent = Clock::now();
   stats->send_lag_ms.push_back(static_cast<float>(
       std::chrono::duration<double, std::milli>(agent->sent - due).count()));
@@ -471,6 +486,7 @@ void LoadGenerator::StartHeartbeat(Agent* agent, ThreadStats* stats) {
   ++agent->next_beat;
   agent->heartbeat_response.Clear();
   if (agent->stream != nullptr) {  // one message each way
+    agent->in_flight = true;
     agent->stream->Write(agent->host_request, Tag(agent, kWriteDone));
     agent->stream->Read(&agent->heartbeat_response, Tag(agent, kReadDone));
     return;
@@ -527,28 +543,27 @@ bool LoadGenerator::OnStreamEvent(Agent* agent, Event event, bool ok,
   switch (event) {
     case kStreamStarted:
       if (!ok) {
+        agent->closing = true;
         agent->stream->Finish(&agent->status, Tag(agent, kFinished));
         return true;
       }
-      ScheduleNextBeat(agent);
-      if (agent->alarm == nullptr) {  // no beat falls in the phase
-        agent->stream->WritesDone(Tag(agent, kWritesDone));
-      }
+      agent->open = true;
+      SendIfDue(agent, Clock::now(), stats);  // due while it opened
+      CloseWhenDone(agent);
       return true;
     case kWriteDone:
       return true;  // the answer (or the failure) comes as kReadDone
     case kReadDone:
+      agent->in_flight = false;
       if (!ok) {  // the stream ended: its status says why
-        agent->alarm.reset();
+        agent->closing = true;
         agent->stream->Finish(&agent->status, Tag(agent, kFinished));
         return true;
       }
       agent->status = grpc::Status::OK;
       CountAnswer(agent, stats);
-      ScheduleNextBeat(agent);
-      if (agent->alarm == nullptr) {
-        agent->stream->WritesDone(Tag(agent, kWritesDone));
-      }
+      SendIfDue(agent, Clock::now(), stats);  // due while in flight
+      CloseWhenDone(agent);
       return true;
     case kWritesDone:
       agent->stream->Finish(&agent->status, Tag(agent, kFinished));
@@ -559,6 +574,31 @@ bool LoadGenerator::OnStreamEvent(Agent* agent, Event event, bool ok,
     default:
       return true;
   }
+}
+
+Clock::time_point LoadGenerator::Due(const Agent* agent, int k) const {
+  return heartbeat_start_ +
+         std::chrono::duration_cast<Clock::duration>(
+             std::chrono::duration<double>(agent->offset_s + k * interval_s_));
+}
+
+bool LoadGenerator::BeatsLeft(const Agent* agent) const {
+  return agent->offset_s + agent->next_beat * interval_s_ < duration_s_;
+}
+
+void LoadGenerator::SendIfDue(Agent* agent, Clock::time_point now,
+                              ThreadStats* stats) {
+  if (agent->closing || agent->in_flight || !agent->open || !BeatsLeft(agent) || Due(agent, agent->next_beat) > now) {
+    return;
+  }
+  StartHeartbeat(agent, stats);
+}
+
+bool LoadGenerator::CloseWhenDone(Agent* agent) {
+  if (agent->closing || agent->in_flight || BeatsLeft(agent)) return false;
+  agent->closing = true;
+  agent->stream->WritesDone(Tag(agent, kWritesDone));
+  return true;
 }
 
 // Sets the agent's alarm for its next heartbeat; clears the alarm (null)
@@ -627,19 +667,16 @@ void LoadGenerator::JoinThread(int t) {
 }
 
 void LoadGenerator::HeartbeatThread(int t) {
+  if (ranks_per_host_ > 1 && absl::GetFlag(FLAGS_heartbeat_stream)) {
+    StreamHeartbeatThread(t);
+    return;
+  }
   ThreadStats& stats = stats_[t];
-  const bool stream =
-      ranks_per_host_ > 1 && absl::GetFlag(FLAGS_heartbeat_stream);
   int active = 0;
   for (const std::unique_ptr<Agent>& owned : agents_) {
     Agent* agent = owned.get();
     if (agent->cq != cqs_[t].get()) continue;  // another thread's
     if (!agent->joined || !agent->leader) continue;
-    if (stream) {
-      OpenStream(agent);  // beats start once it is open
-      ++active;
-      continue;
-    }
     ScheduleNextBeat(agent);
     if (agent->alarm != nullptr) ++active;
   }
@@ -661,14 +698,62 @@ void LoadGenerator::HeartbeatThread(int t) {
       StartHeartbeat(agent, &stats);
       continue;
     }
-    if (TagEvent(tag) != kHeartbeatDone) {  // --heartbeat_stream
-      if (!OnStreamEvent(agent, TagEvent(tag), ok, &stats)) --active;
-      continue;
-    }
     CountAnswer(agent, &stats);
     agent->heartbeat_reader.reset();
     ScheduleNextBeat(agent);
     if (agent->alarm == nullptr) --active;
+  }
+}
+
+void LoadGenerator::StreamHeartbeatThread(int t) {
+  ThreadStats& stats = stats_[t];
+  std::vector<Agent*> hosts;  // in order of their phase offsets
+  for (const std::unique_ptr<Agent>& owned : agents_) {
+    Agent* agent = owned.get();
+    if (agent->cq != cqs_[t].get()) continue;  // another thread's
+    if (!agent->joined || !agent->leader) continue;
+    OpenStream(agent);
+    hosts.push_back(agent);
+  }
+  const size_t expected = static_cast<size_t>(
+      (hosts.size() + 1) * (duration_s_ / interval_s_ + 1));
+  stats.latencies_ms.reserve(expected);
+  stats.send_lag_ms.reserve(expected);
+  // The next beat to start: heartbeat `round` of hosts[next]. Offsets grow
+  // with the host, so the thread's beats fall due in this order.
+  size_t next = 0;
+  int round = 0;
+  const auto beats_left = [&] {
+    return !hosts.empty() && hosts[next]->offset_s + round * interval_s_ <
+                                 duration_s_;
+  };
+  int active = static_cast<int>(hosts.size());
+  while (active > 0) {
+    // Start every beat that is due.
+    const Clock::time_point now = Clock::now();
+    while (beats_left() && Due(hosts[next], round) <= now) {
+      // A host still in flight sends when its answer is in (kReadDone).
+      if (hosts[next]->next_beat <= round) SendIfDue(hosts[next], now, &stats);
+      if (++next == hosts.size()) {
+        next = 0;
+        ++round;
+      }
+    }
+    const Clock::time_point wake =
+        beats_left() ? Due(hosts[next], round)
+                     : now + std::chrono::milliseconds(100);
+    void* tag;
+    bool ok;
+    const grpc::CompletionQueue::NextStatus got =
+        cqs_[t]->AsyncNext(&tag, &ok, MonotonicDeadline(wake));
+    if (got == grpc::CompletionQueue::SHUTDOWN) break;
+    if (got == grpc::CompletionQueue::TIMEOUT) {
+      if (!beats_left()) {
+        for (Agent* agent : hosts) CloseWhenDone(agent);
+      }
+      continue;
+    }
+    if (!OnStreamEvent(TagAgent(tag), TagEvent(tag), ok, &stats)) --active;
   }
 }
 
