@@ -67,14 +67,19 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(
 
 }  // namespace
 
+void SetCoordinatorChannelArgs(grpc::ChannelArguments* args) {
+  args->SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args->SetMaxSendMessageSize(kMaxMessageBytes);
+  args->SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+}
+
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeCoordinatorChannel(
     const std::string& address, const GrpcClientSecurity& security) {
   if (address.empty()) {
     return absl::InvalidArgumentError("coordinator address is empty");
   }
   grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  SetCoordinatorChannelArgs(&args);
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       ChannelCredentials(security, &args);
   if (!credentials.ok()) return credentials.status();

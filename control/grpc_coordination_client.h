@@ -26,6 +26,7 @@
 
 namespace grpc {
 class Channel;
+class ChannelArguments;
 class ClientContext;
 }  // namespace grpc
 
@@ -43,10 +44,19 @@ struct GrpcClientSecurity {
   std::string tls_server_name;
 };
 
+// The arguments of every channel to the coordinator: messages up to 64 MiB
+// either way (large manifests and plans), and no BDP (bandwidth-delay
+// product) probing of the responses: gRPC's chttp2 transport would send a
+// ping and arm a timer per burst of data read, i.e. per heartbeat answer
+// (measured with tools/coordinator_load_bench: 25% of a host's heartbeat
+// CPU, and the coordinator's ping acks). The receive window then stays at
+// its initial size, which costs a large plan a few more round trips.
+void SetCoordinatorChannelArgs(grpc::ChannelArguments* args);
+
 // A channel to the coordinator at `address` ("host:port", or
 // "unix:/path" for a host agent's socket) with `security`'s TLS (the
-// token is sent per call, not here), and messages up to 64 MiB either way
-// (large manifests and plans). Does not connect yet.
+// token is sent per call, not here) and SetCoordinatorChannelArgs. Does not
+// connect yet.
 // Errors: InvalidArgument for an empty address or an unreadable CA file
 // (naming it).
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeCoordinatorChannel(

@@ -82,6 +82,7 @@
 #include "absl/time/time.h"
 #include "common/checked_math.h"
 #include "common/spec.h"
+#include "control/grpc_coordination_client.h"
 #include "coordination/credentials.h"
 #include "muon/v1/coordinator.grpc.pb.h"
 #include "muon/v1/coordinator.pb.h"
@@ -402,6 +403,9 @@ class LoadGenerator {
   // due times, paced by the thread itself (AsyncNext's deadline) instead
   // of a grpc::Alarm per host and period.
   void StreamHeartbeatThread(int t);
+  // --heartbeat_stream: opens the thread's hosts' streams before the phase
+  // starts (at most 120 s), as a host agent opens its stream once.
+  void OpenStreamsThread(int t);
   void Watchdog();
 
   // The figures of one run, filled phase by phase (CPU in seconds, RSS in
@@ -422,6 +426,7 @@ class LoadGenerator {
     int64_t heartbeats_ok = 0, heartbeat_errors = 0, job_errors = 0, late = 0;
     std::string heartbeat_error;
     double heartbeat_s = 0;
+    double stream_open_s = 0;  // --heartbeat_stream: opening every stream
     int64_t errors() const {
       return connect_failures + join_errors + hash_mismatches +
              heartbeat_errors + job_errors;
@@ -588,7 +593,8 @@ bool LoadGenerator::BeatsLeft(const Agent* agent) const {
 
 void LoadGenerator::SendIfDue(Agent* agent, Clock::time_point now,
                               ThreadStats* stats) {
-  if (agent->closing || agent->in_flight || !agent->open || !BeatsLeft(agent) || Due(agent, agent->next_beat) > now) {
+  if (agent->closing || agent->in_flight || !agent->open || !BeatsLeft(agent) ||
+      Due(agent, agent->next_beat) > now) {
     return;
   }
   StartHeartbeat(agent, stats);
@@ -705,18 +711,47 @@ void LoadGenerator::HeartbeatThread(int t) {
   }
 }
 
+void LoadGenerator::OpenStreamsThread(int t) {
+  int pending = 0;
+  for (const std::unique_ptr<Agent>& owned : agents_) {
+    Agent* agent = owned.get();
+    if (agent->cq != cqs_[t].get()) continue;  // another thread's
+    if (!agent->joined || !agent->leader) continue;
+    OpenStream(agent);
+    ++pending;
+  }
+  const Clock::time_point give_up = Clock::now() + std::chrono::seconds(120);
+  while (pending > 0) {
+    void* tag;
+    bool ok;
+    const grpc::CompletionQueue::NextStatus got =
+        cqs_[t]->AsyncNext(&tag, &ok, MonotonicDeadline(give_up));
+    if (got != grpc::CompletionQueue::GOT_EVENT) break;
+    Agent* agent = TagAgent(tag);
+    if (TagEvent(tag) != kStreamStarted) continue;
+    --pending;
+    if (ok) {
+      agent->open = true;
+    } else {
+      agent->closing = true;
+      agent->stream->Finish(&agent->status, Tag(agent, kFinished));
+    }
+  }
+}
+
 void LoadGenerator::StreamHeartbeatThread(int t) {
   ThreadStats& stats = stats_[t];
   std::vector<Agent*> hosts;  // in order of their phase offsets
   for (const std::unique_ptr<Agent>& owned : agents_) {
     Agent* agent = owned.get();
     if (agent->cq != cqs_[t].get()) continue;  // another thread's
-    if (!agent->joined || !agent->leader) continue;
-    OpenStream(agent);
+    if (agent->stream == nullptr) continue;    // not a host with a stream
     hosts.push_back(agent);
+    if (agent->closing) continue;  // its stream failed to open
+    CloseWhenDone(agent);          // no beat falls in the phase
   }
-  const size_t expected = static_cast<size_t>(
-      (hosts.size() + 1) * (duration_s_ / interval_s_ + 1));
+  const size_t expected =
+      static_cast<size_t>((hosts.size() + 1) * (duration_s_ / interval_s_ + 1));
   stats.latencies_ms.reserve(expected);
   stats.send_lag_ms.reserve(expected);
   // The next beat to start: heartbeat `round` of hosts[next]. Offsets grow
@@ -724,8 +759,8 @@ void LoadGenerator::StreamHeartbeatThread(int t) {
   size_t next = 0;
   int round = 0;
   const auto beats_left = [&] {
-    return !hosts.empty() && hosts[next]->offset_s + round * interval_s_ <
-                                 duration_s_;
+    return !hosts.empty() &&
+           hosts[next]->offset_s + round * interval_s_ < duration_s_;
   };
   int active = static_cast<int>(hosts.size());
   while (active > 0) {
@@ -739,9 +774,9 @@ void LoadGenerator::StreamHeartbeatThread(int t) {
         ++round;
       }
     }
-    const Clock::time_point wake =
-        beats_left() ? Due(hosts[next], round)
-                     : now + std::chrono::milliseconds(100);
+    const Clock::time_point wake = beats_left()
+                                       ? Due(hosts[next], round)
+                                       : now + std::chrono::milliseconds(100);
     void* tag;
     bool ok;
     const grpc::CompletionQueue::NextStatus got =
@@ -811,11 +846,12 @@ void LoadGenerator::MakeAgents(std::vector<muon::v1::RankManifest> manifests,
     cqs_.push_back(std::make_unique<grpc::CompletionQueue>());
   }
   stats_.resize(threads_);
+  // A host agent's channel arguments (control/grpc_coordination_client.h),
+  // and one TCP connection per agent, as N processes would have (channels
+  // with equal arguments would otherwise share one subchannel).
   grpc::ChannelArguments args;
-  // One TCP connection per agent, as N processes would have (channels with
-  // equal arguments would otherwise share one subchannel).
+  muon::SetCoordinatorChannelArgs(&args);
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  args.SetMaxReceiveMessageSize(-1);
   const int hosts = world_ / ranks_per_host_;
   for (int r = 0; r < world_; ++r) {
     auto agent = std::make_unique<Agent>();
@@ -944,7 +980,18 @@ void LoadGenerator::JoinPhase(RunFigures* f) {
 }
 
 void LoadGenerator::HeartbeatPhase(RunFigures* f) {
-  // Starts shortly after the last JoinResponse.
+  if (ranks_per_host_ > 1 && absl::GetFlag(FLAGS_heartbeat_stream)) {
+    const Clock::time_point open_start = Clock::now();
+    std::vector<std::thread> workers;
+    for (int t = 0; t < threads_; ++t) {
+      workers.emplace_back([this, t] { OpenStreamsThread(t); });
+    }
+    for (std::thread& w : workers) w.join();
+    f->stream_open_s = SecondsSince(open_start, Clock::now());
+    // The server's CPU for opening the streams counts with the join's.
+    f->cpu2 = ProcessCpuSeconds(server_pid_);
+  }
+  // Starts shortly after the last JoinResponse (and stream open).
   const double client_cpu0 = ProcessCpuSelf();
   heartbeat_start_ = Clock::now() + std::chrono::milliseconds(200);
   std::fprintf(stderr,
@@ -987,7 +1034,7 @@ void LoadGenerator::PrintFigures(const RunFigures& f, bool compact,
   const int64_t errors = f.errors();
   std::printf(
       "agents=%d ranks_per_host=%d hosts=%d%s%s%s client_threads=%d "
-      "connect_s=%.2f join_to_plan_s=%.3f "
+      "connect_s=%.2f join_to_plan_s=%.3f stream_open_s=%.2f "
       "joins_ok=%d plan_bytes=%lld manifests=%s join_bytes(max/last)=%lld/%lld "
       "hb_p50_ms=%.2f hb_p99_ms=%.2f hb_max_ms=%.2f hb_per_s=%.0f "
       "hb_ok=%lld send_lag_p99_ms=%.2f hb_late=%lld errors=%lld "
@@ -1004,7 +1051,7 @@ void LoadGenerator::PrintFigures(const RunFigures& f, bool compact,
       absl::GetFlag(FLAGS_server_no_deadlock_detection)
           ? " (server_no_deadlock_detection)"
           : "",
-      threads_, f.connect_s, f.join_s, f.joins_ok,
+      threads_, f.connect_s, f.join_s, f.stream_open_s, f.joins_ok,
       static_cast<long long>(f.plan_bytes), compact ? "compact" : "full",
       static_cast<long long>(f.manifest_bytes),
       static_cast<long long>(f.last_join_bytes), Percentile(f.latencies, 0.50),
