@@ -341,6 +341,7 @@ muon::v1::ExecutionOptions ToExecutionOptions(const muonrt_options& o) {
   e.set_prefetch_count(o.prefetch_count);
   e.set_replan_every_steps(o.replan_every_steps);
   if (o.exchange_dtype != nullptr) e.set_exchange_dtype(o.exchange_dtype);
+  if (o.gpu_precision != nullptr) e.set_gpu_precision(o.gpu_precision);
   e.set_overlap_backward(o.overlap_backward == 1);
   return e;
 }
@@ -808,6 +809,7 @@ void muonrt_options_default(muonrt_options* options) {
   options->overlap_backward = d.overlap_backward() ? 1 : 0;
   options->momentum_dtype = nullptr;
   options->check_finite = -1;
+  options->gpu_precision = nullptr;
 }
 
 int muonrt_optimizer_create(muonrt_process_group* pg, int mesh_ndim,

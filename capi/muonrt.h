@@ -31,7 +31,7 @@ extern "C" {
 #endif
 
 /* Incremented on any incompatible change of this header. */
-#define MUONRT_ABI_VERSION 14
+#define MUONRT_ABI_VERSION 15
 
 /* Status codes (absl::StatusCode values). */
 #define MUONRT_OK 0
@@ -237,6 +237,13 @@ typedef struct {
    * Start from muonrt_options_default: a zero-filled struct turns the
    * check off (and sets lr 0). ABI version 12. */
   int check_finite;
+  /* The element type of Newton-Schulz on CUDA parameters
+   * (execution.gpu_precision): "bf16" (NULL; bf16 storage, fp32
+   * accumulation, as torch.optim.Muon's bf16 iteration), "tf32" or "fp32"
+   * (fp32 storage and compute: the same bits on every layout, ranks
+   * sharing a GPU included). CPU parameters run in fp32 either way.
+   * ABI version 15. */
+  const char* gpu_precision;
 } muonrt_options;
 
 /* Fills `options` with the defaults above. */

@@ -27,7 +27,7 @@ import os
 import threading
 
 # Must equal MUONRT_ABI_VERSION of capi/muonrt.h.
-ABI_VERSION = 14
+ABI_VERSION = 15
 
 # Status codes (absl::StatusCode values, capi/muonrt.h).
 OK = 0
@@ -210,6 +210,7 @@ class muonrt_options(ctypes.Structure):
         ("overlap_backward", ctypes.c_int),
         ("momentum_dtype", ctypes.c_char_p),
         ("check_finite", ctypes.c_int),
+        ("gpu_precision", ctypes.c_char_p),
     ]
 
 

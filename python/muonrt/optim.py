@@ -226,6 +226,8 @@ def _options_struct(defaults, runtime):
             runtime["momentum_dtype"]).encode()
     if runtime["check_finite"] is not None:
         opts.check_finite = 1 if runtime["check_finite"] else 0
+    if runtime["gpu_precision"] is not None:
+        opts.gpu_precision = str(runtime["gpu_precision"]).encode()
     return opts
 
 
@@ -298,6 +300,11 @@ class Muon(torch.optim.Optimizer):
         finishes the rest. Bitwise the same results. The non-finite check
         is off with it (check_finite=True is refused); not with
         transactional_step; CPU tensors.
+    gpu_precision (keyword-only, None): Newton-Schulz's element type on
+        CUDA parameters: "bf16" (None; bf16 storage with fp32
+        accumulation, as torch.optim.Muon's bf16 iteration), "tf32" or
+        "fp32" (fp32 throughout: the same bits on every layout, also
+        with several ranks on one GPU). CPU parameters run in fp32.
     check_finite (keyword-only, None): before the step changes anything,
         every gradient is scanned for NaN/Inf and the ranks agree; on one,
         step() raises (naming the rank, parameter and value) and nothing
@@ -353,7 +360,7 @@ class Muon(torch.optim.Optimizer):
                  replan_every_steps=0, exchange_dtype=None, normuon=False,
                  normuon_beta2=0.95, normuon_eps=1e-8, qk_clip=None,
                  overlap_backward=False, momentum_dtype=None,
-                 check_finite=None):
+                 check_finite=None, gpu_precision=None):
         self._handle = None
         self._created = False
         # The Python types torch.optim.Muon.__init__ checks; the values are
@@ -388,7 +395,8 @@ class Muon(torch.optim.Optimizer):
             normuon_eps=normuon_eps,
             overlap_backward=overlap_backward,
             momentum_dtype=momentum_dtype,
-            check_finite=check_finite)
+            check_finite=check_finite,
+            gpu_precision=gpu_precision)
         # torch.optim.Muon's argument checks (its messages; torch checks
         # ns_steps at the first step, the library now) and the runtime
         # options': the library's, raised as InvalidArgumentError

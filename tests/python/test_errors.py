@@ -40,6 +40,9 @@ def named(*shapes, dtype=torch.float32):
      "normuon_beta2 should be in [0, 1) but is: 1.0"),
     ({"normuon": True, "normuon_eps": 0.0},
      "normuon_eps should be a finite value > 0 but is: 0.0"),
+    ({"gpu_precision": "fp64"},
+     'execution.gpu_precision "fp64" is not supported (use "bf16", "tf32" '
+     'or "fp32")'),
 ])
 def test_torch_argument_errors(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):

@@ -102,6 +102,23 @@ def test_default_options_step_matches_reference():
     check_against_reference(seed=3)
 
 
+def test_gpu_precision_leaves_cpu_parameters_in_fp32_bitwise():
+    # CPU parameters run Newton-Schulz in fp32 whatever gpu_precision says.
+    g = torch.Generator().manual_seed(11)
+    init = torch.randn(24, 16, generator=g)
+    grad = torch.randn(24, 16, generator=g)
+    out = {}
+    for precision in (None, "bf16", "fp32"):
+        p = torch.nn.Parameter(init.clone())
+        opt = muonrt.Muon([("w", p)], lr=0.02, gpu_precision=precision)
+        p.grad = grad.clone()
+        opt.step()
+        out[precision] = p.detach().clone()
+    assert not torch.equal(out[None], init)
+    assert torch.equal(out[None], out["bf16"])
+    assert torch.equal(out[None], out["fp32"])
+
+
 def test_custom_ns_coefficients_steps_eps():
     check_against_reference(seed=4, lr=0.01, ns_coefficients=(3.0, -3.2, 1.2),
                             ns_steps=3, eps=1e-6)
