@@ -23,7 +23,8 @@
 #      PyTorch's (torch_ns_bench.py), vs the bf16 GEMM rate;
 #   8. Newton-Schulz accuracy against a float64 run of the same iteration,
 #      ours vs torch's (ns_accuracy.py);
-#   9. the PyTorch 2.x suite (tests/python/torch2; CPU rank processes),
+#   9. the PyTorch 2.x suite (tests/python/torch2; CPU rank processes, and
+#      4 ranks of FSDP2 DTensors sharing the GPU: test_cuda_layouts.py),
 #      started in the background with the time left, while
 #  10. compute-sanitizer runs: memcheck on gpu_muon_test and the Gram
 #      tests, racecheck and synccheck on cuda_stream_test (skipped with the
