@@ -25,8 +25,12 @@
 //     channel, and one HostHeartbeat per period for all K (spread over
 //     hosts), as a host agent does: N/K connections, N/K Join calls and
 //     N/K heartbeat calls per period. With --heartbeat_stream each host
-//     opens one HostHeartbeatStream and sends its heartbeats as messages
-//     on it (latency: message written to answer read).
+//     opens one HostHeartbeatStream after joining (before the phase
+//     starts; stream_open_s) and sends its heartbeats as messages on it,
+//     each thread writing its hosts' messages when due (latency: message
+//     written to answer read).
+//   Channels have a host agent's arguments (SetCoordinatorChannelArgs),
+//   and the load generator runs without Abseil's deadlock detection.
 //   The load generator reads the server child's CPU time (utime + stime of
 //   /proc/<pid>/stat) at each phase boundary and its VmHWM (peak RSS) at
 //   the end, so the server's figures exclude the load generator, whose own
