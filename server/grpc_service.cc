@@ -1,5 +1,7 @@
 #include "server/grpc_service.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <string>
 #include <utility>
 
@@ -75,7 +77,7 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
 }
 
 absl::Status CoordinatorGrpcService::Authorize(
-    const grpc::CallbackServerContext* context, Access access) const {
+    const grpc::ServerContextBase* context, Access access) const {
   if (auth_.job_secret.empty()) return absl::OkStatus();
   const auto& metadata = context->client_metadata();
   auto it = metadata.find(kAuthorizationMetadataKey);
@@ -144,63 +146,127 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::HostHeartbeat(
                 [&] { return service_->HostHeartbeat(*request); });
 }
 
-namespace {
-
-// A host's heartbeat stream: one request read at a time, answered before
-// the next is read; a refused credential or a failed heartbeat ends the
-// stream with its status. Deletes itself when gRPC is done with it.
-class HostHeartbeatReactor final
-    : public grpc::ServerBidiReactor<v1::HostHeartbeatRequest,
-                                     v1::HeartbeatResponse> {
+// One host's stream on a HeartbeatStreamServer queue. Its events are
+// tags: this object's address with the event in the low 2 bits. Deletes
+// itself after its last event.
+class HeartbeatStreamServer::Stream {
  public:
-  HostHeartbeatReactor(CoordinatorService* service,
-                       const absl::Status& authorized)
-      : service_(service) {
-    if (!authorized.ok()) {
-      Finish(ToGrpcStatus(authorized));
-      return;
-    }
-    StartRead(&request_);
+  enum Event : uintptr_t { kOpened = 0, kRead = 1, kWritten = 2, kDone = 3 };
+
+  Stream(HeartbeatStreamServer* server, grpc::ServerCompletionQueue* cq)
+      : server_(server), cq_(cq), stream_(&context_) {}
+
+  // Asks for the queue's next stream.
+  void Request() {
+    server_->service_->RequestHostHeartbeatStream(&context_, &stream_, cq_, cq_,
+                                                  Tag(kOpened));
   }
 
-  void OnReadDone(bool ok) override {
-    if (!ok) {  // the host closed its side (or the stream broke)
-      Finish(grpc::Status::OK);
+  static void Handle(void* tag, bool ok) {
+    auto* self = reinterpret_cast<Stream*>(reinterpret_cast<uintptr_t>(tag) &
+                                           ~uintptr_t{3});
+    self->On(static_cast<Event>(reinterpret_cast<uintptr_t>(tag) & 3), ok);
+  }
+
+ private:
+  void* Tag(Event event) {
+    return reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(this) | event);
+  }
+
+  void On(Event event, bool ok) {
+    switch (event) {
+      case kOpened:
+        if (!ok) {  // the server is shutting down
+          delete this;
+          return;
+        }
+        server_->RequestStream(cq_);  // the next host's
+        Opened();
+        return;
+      case kRead:
+        if (!ok) {  // the host closed its side (or the stream broke)
+          stream_.Finish(grpc::Status::OK, Tag(kDone));
+          return;
+        }
+        Answer();
+        return;
+      case kWritten:
+        if (!ok) {
+          stream_.Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                      "the heartbeat stream broke"),
+                         Tag(kDone));
+          return;
+        }
+        stream_.Read(&request_, Tag(kRead));
+        return;
+      case kDone:
+        delete this;
+        return;
+    }
+  }
+
+  void Opened() {
+    const absl::Status authorized = server_->service_->Authorize(
+        &context_, CoordinatorGrpcService::Access::kRank);
+    if (!authorized.ok()) {
+      stream_.Finish(ToGrpcStatus(authorized), Tag(kDone));
       return;
     }
+    stream_.Read(&request_, Tag(kRead));
+  }
+
+  void Answer() {
     absl::StatusOr<v1::HeartbeatResponse> result =
-        service_->HostHeartbeat(request_);
+        server_->service_->service_->HostHeartbeat(request_);
     if (!result.ok()) {
-      Finish(ToGrpcStatus(result.status()));
+      stream_.Finish(ToGrpcStatus(result.status()), Tag(kDone));
       return;
     }
     response_ = *std::move(result);
-    StartWrite(&response_);
+    stream_.Write(response_, Tag(kWritten));
   }
 
-  void OnWriteDone(bool ok) override {
-    if (!ok) {
-      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                          "the heartbeat stream broke"));
-      return;
-    }
-    StartRead(&request_);
-  }
-
-  void OnDone() override { delete this; }
-
- private:
-  CoordinatorService* const service_;
+  HeartbeatStreamServer* const server_;
+  grpc::ServerCompletionQueue* const cq_;
+  grpc::ServerContext context_;
+  grpc::ServerAsyncReaderWriter<v1::HeartbeatResponse, v1::HostHeartbeatRequest>
+      stream_;
   v1::HostHeartbeatRequest request_;
   v1::HeartbeatResponse response_;
 };
 
-}  // namespace
+void HeartbeatStreamServer::AddCompletionQueues(grpc::ServerBuilder* builder,
+                                                int count) {
+  for (int i = 0; i < std::max(1, count); ++i) {
+    cqs_.push_back(builder->AddCompletionQueue());
+  }
+}
 
-grpc::ServerBidiReactor<v1::HostHeartbeatRequest, v1::HeartbeatResponse>*
-CoordinatorGrpcService::HostHeartbeatStream(
-    grpc::CallbackServerContext* context) {
-  return new HostHeartbeatReactor(service_, Authorize(context, Access::kRank));
+void HeartbeatStreamServer::RequestStream(grpc::ServerCompletionQueue* cq) {
+  static_assert(alignof(Stream) >= 4, "two tag bits");
+  (new Stream(this, cq))->Request();
+}
+
+void HeartbeatStreamServer::Serve(grpc::ServerCompletionQueue* cq) {
+  void* tag;
+  bool ok;
+  while (cq->Next(&tag, &ok)) Stream::Handle(tag, ok);
+}
+
+void HeartbeatStreamServer::Start() {
+  for (const std::unique_ptr<grpc::ServerCompletionQueue>& cq : cqs_) {
+    RequestStream(cq.get());
+    threads_.emplace_back([this, cq = cq.get()] { Serve(cq); });
+  }
+}
+
+void HeartbeatStreamServer::Shutdown() {
+  for (const std::unique_ptr<grpc::ServerCompletionQueue>& cq : cqs_) {
+    cq->Shutdown();
+  }
+  for (std::thread& t : threads_) t.join();
+  threads_.clear();
+  cqs_.clear();
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::ReportSteps(

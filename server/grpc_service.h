@@ -12,12 +12,23 @@
 // invalid credentials" (nothing about the job); the read-only token on a rank
 // RPC: PERMISSION_DENIED.
 //
+// HostHeartbeatStream alone is on gRPC's async API, served by a
+// HeartbeatStreamServer (below) over several completion queues: thousands
+// of long-lived streams each keep a read outstanding, and a completion
+// queue's cost per event grows with its outstanding operations in
+// Debian's libgrpc, built with gRPC's debug checks (NDEBUG unset).
+//
 // Lifecycle: construct over a service that outlives it, register with a
-// grpc::ServerBuilder, destroy after the server has shut down.
+// grpc::ServerBuilder (with a HeartbeatStreamServer's completion queues),
+// destroy after the server has shut down.
 // Thread-safety: handlers run concurrently on gRPC's threads; the core is
 // thread-safe.
 #ifndef MUON_SERVER_GRPC_SERVICE_H_
 #define MUON_SERVER_GRPC_SERVICE_H_
+
+#include <memory>
+#include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "coordination/credentials.h"
@@ -32,7 +43,29 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 // grpc::Status -> absl::Status keeping the canonical code and the message.
 absl::Status FromGrpcStatus(const grpc::Status& status);
 
-class CoordinatorGrpcService final : public v1::Coordinator::CallbackService {
+// v1::Coordinator::CallbackService, except HostHeartbeatStream on the async
+// API (HeartbeatStreamServer). Every method of muon.v1.Coordinator is listed
+// here: one left out would be served synchronously, answering UNIMPLEMENTED.
+using CoordinatorServiceBase = v1::Coordinator::WithCallbackMethod_Join<
+    v1::Coordinator::WithCallbackMethod_HostJoin<v1::Coordinator::WithCallbackMethod_Heartbeat<
+        v1::Coordinator::WithCallbackMethod_ReportStep<v1::Coordinator::WithCallbackMethod_HostHeartbeat<
+            v1::Coordinator::WithCallbackMethod_ReportSteps<
+                v1::Coordinator::WithCallbackMethod_GetJob<v1::Coordinator::WithCallbackMethod_GetPlan<
+                    v1::Coordinator::WithCallbackMethod_GetJobSpec<
+                        v1::Coordinator::WithCallbackMethod_GetAssignments<
+                            v1::Coordinator::WithCallbackMethod_ListRanks<
+                                v1::Coordinator::WithCallbackMethod_GetReports<
+                                    v1::Coordinator::WithCallbackMethod_KeySet<
+                                        v1::Coordinator::WithCallbackMethod_KeyGet<
+                                            v1::Coordinator::WithCallbackMethod_Replan<
+                                                v1::Coordinator::
+                                                    WithAsyncMethod_HostHeartbeatStream<
+                                                        v1::Coordinator::
+                                                            Service>>>>>>>>>>>>>>>>;
+
+class HeartbeatStreamServer;
+
+class CoordinatorGrpcService final : public CoordinatorServiceBase {
  public:
   CoordinatorGrpcService(CoordinatorService* service, CoordinatorAuth auth)
       : service_(service), auth_(std::move(auth)) {}
@@ -53,9 +86,6 @@ class CoordinatorGrpcService final : public v1::Coordinator::CallbackService {
       grpc::CallbackServerContext* context,
       const v1::HostHeartbeatRequest* request,
       v1::HeartbeatResponse* response) override;
-  // One reactor per stream: reads a request, answers it, reads the next.
-  grpc::ServerBidiReactor<v1::HostHeartbeatRequest, v1::HeartbeatResponse>*
-  HostHeartbeatStream(grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* ReportSteps(
       grpc::CallbackServerContext* context, const v1::StepReports* request,
       v1::ReportStepResponse* response) override;
@@ -90,13 +120,50 @@ class CoordinatorGrpcService final : public v1::Coordinator::CallbackService {
                                    v1::KeyGetResponse* response) override;
 
  private:
+  friend class HeartbeatStreamServer;
   enum class Access { kRank, kRead };
   // OK when the call's token grants `access` (see the file comment).
-  absl::Status Authorize(const grpc::CallbackServerContext* context,
+  absl::Status Authorize(const grpc::ServerContextBase* context,
                          Access access) const;
 
   CoordinatorService* const service_;  // Not owned.
   const CoordinatorAuth auth_;
+};
+
+// Serves HostHeartbeatStream for a CoordinatorGrpcService: a host's stream
+// reads one HostHeartbeatRequest at a time and answers it
+// (CoordinatorService::HostHeartbeat) before reading the next; a refused
+// credential or a failed heartbeat ends the stream with its status, the
+// host closing its side ends it with OK. Streams are spread over the
+// completion queues (one thread each) in the order they open.
+//
+// Lifecycle: AddCompletionQueues before the server is built, Start after,
+// Shutdown after the server's Shutdown returned (as gRPC's async API
+// requires), then destroy.
+class HeartbeatStreamServer {
+ public:
+  explicit HeartbeatStreamServer(CoordinatorGrpcService* service)
+      : service_(service) {}
+  HeartbeatStreamServer(const HeartbeatStreamServer&) = delete;
+  HeartbeatStreamServer& operator=(const HeartbeatStreamServer&) = delete;
+  ~HeartbeatStreamServer() { Shutdown(); }
+
+  // Adds `count` (>= 1) completion queues to `builder`.
+  void AddCompletionQueues(grpc::ServerBuilder* builder, int count);
+  // Waits for streams on every queue, one thread per queue.
+  void Start();
+  // Shuts the queues down and joins their threads. Idempotent.
+  void Shutdown();
+
+ private:
+  class Stream;
+  // Waits for the next stream on `cq`.
+  void RequestStream(grpc::ServerCompletionQueue* cq);
+  void Serve(grpc::ServerCompletionQueue* cq);
+
+  CoordinatorGrpcService* const service_;  // Not owned.
+  std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> cqs_;
+  std::vector<std::thread> threads_;
 };
 
 }  // namespace muon

@@ -118,6 +118,34 @@ TEST(AccessControlTest, NoOrWrongToken_EveryRpcUnauthenticatedLeakingNothing) {
               StatusIs(absl::StatusCode::kDeadlineExceeded, ::testing::_));
 }
 
+// A heartbeat stream checks the credentials once, when it opens: a wrong
+// token ends it UNAUTHENTICATED, the read-only one PERMISSION_DENIED.
+TEST(AccessControlTest, HeartbeatStream_WrongOrReadOnlyTokenRefused) {
+  std::unique_ptr<CoordinatorServer> server = StartServer();
+  ASSERT_NE(server, nullptr);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      MakeCoordinatorChannel(server->address(), GrpcClientSecurity());
+  ASSERT_THAT(channel, IsOk());
+  std::unique_ptr<v1::Coordinator::Stub> stub =
+      v1::Coordinator::NewStub(*channel);
+  const std::pair<std::string, grpc::StatusCode> cases[] = {
+      {"wrong-token", grpc::StatusCode::UNAUTHENTICATED},
+      {kReadToken, grpc::StatusCode::PERMISSION_DENIED}};
+  for (const auto& [token, code] : cases) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(10));
+    context.AddMetadata(kAuthorizationMetadataKey, BearerValue(token));
+    auto stream = stub->HostHeartbeatStream(&context);
+    v1::HostHeartbeatRequest beat;
+    beat.set_host("h0");
+    stream->Write(beat);
+    v1::HeartbeatResponse answer;
+    EXPECT_FALSE(stream->Read(&answer)) << token;
+    EXPECT_EQ(stream->Finish().error_code(), code) << token;
+  }
+}
+
 TEST(AccessControlTest, ReadOnlyToken_ReadsButRankRpcsPermissionDenied) {
   std::unique_ptr<CoordinatorServer> server = StartServer();
   ASSERT_NE(server, nullptr);

@@ -281,6 +281,84 @@ TEST(GrpcIntegrationTest, HostHeartbeatStream_AnswersEachInOrderErrorEndsIt) {
   EXPECT_THAT(status.error_message(), HasSubstr("HostHeartbeat from host"));
 }
 
+// More open streams than the server's stream queues: every stream is
+// answered, and Stop with them still open returns at once (bounded), each
+// stream then failing instead of hanging.
+TEST(GrpcIntegrationTest,
+     HostHeartbeatStream_MoreStreamsThanQueues_EachAnsweredStopEndsThem) {
+  CoordinatorServerOptions options;
+  options.service.job_id = "it";
+  options.service.default_join_timeout = absl::Seconds(5);
+  options.heartbeat_stream_threads = 3;
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
+      CoordinatorServer::Start(options);
+  ASSERT_THAT(server, IsOk());
+  std::vector<v1::RankManifest> manifests = Manifests(TwoRankSpec());
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      std::unique_ptr<GrpcCoordinationClient> client = Connect(**server);
+      if (client == nullptr) return;
+      v1::JoinRequest request;
+      *request.mutable_manifest() = manifests[r];
+      request.set_incarnation(3000 + r);
+      request.set_timeout_ms(3000);
+      EXPECT_THAT(client->Join(request), IsOk());
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  constexpr int kStreams = 10;
+  std::vector<std::unique_ptr<v1::Coordinator::Stub>> stubs;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientReaderWriter<v1::HostHeartbeatRequest,
+                                                       v1::HeartbeatResponse>>>
+      streams;
+  v1::HostHeartbeatRequest beat;
+  beat.set_job_id("it");
+  beat.set_host("h0");
+  for (int r = 0; r < 2; ++r) {
+    v1::HeartbeatRequest* entry = beat.add_ranks();
+    entry->set_rank(r);
+    entry->set_incarnation(3000 + r);
+  }
+  for (int i = 0; i < kStreams; ++i) {
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+        MakeCoordinatorChannel((*server)->address(), GrpcClientSecurity());
+    ASSERT_THAT(channel, IsOk());
+    stubs.push_back(v1::Coordinator::NewStub(*channel));
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    contexts.back()->set_deadline(std::chrono::system_clock::now() +
+                                  std::chrono::seconds(20));
+    streams.push_back(stubs.back()->HostHeartbeatStream(contexts.back().get()));
+  }
+  for (int round = 0; round < 2; ++round) {
+    for (int i = 0; i < kStreams; ++i) {
+      ASSERT_TRUE(streams[i]->Write(beat)) << "stream " << i;
+    }
+    for (int i = 0; i < kStreams; ++i) {
+      v1::HeartbeatResponse answer;
+      ASSERT_TRUE(streams[i]->Read(&answer)) << "stream " << i;
+      EXPECT_EQ(answer.job_state(), v1::JOB_STATE_PLANNED) << "stream " << i;
+    }
+  }
+  const absl::Time stop = absl::Now();
+  (*server)->Stop();
+  EXPECT_LT(absl::Now() - stop, absl::Seconds(5));
+  for (int i = 0; i < kStreams; ++i) {
+    v1::HeartbeatResponse answer;
+    EXPECT_FALSE(streams[i]->Read(&answer)) << "stream " << i;
+    EXPECT_FALSE(streams[i]->Finish().ok()) << "stream " << i;
+  }
+}
+
+TEST(GrpcIntegrationTest, Start_NoHeartbeatStreamThreads_InvalidArgument) {
+  CoordinatorServerOptions options;
+  options.heartbeat_stream_threads = 0;
+  EXPECT_THAT(CoordinatorServer::Start(options),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("heartbeat_stream_threads is 0")));
+}
+
 TEST(GrpcIntegrationTest, Start_PortInUse_ReturnsUnavailable) {
   std::unique_ptr<CoordinatorServer> first = StartServer();
   ASSERT_NE(first, nullptr);
