@@ -46,22 +46,23 @@ absl::Status FromGrpcStatus(const grpc::Status& status);
 // v1::Coordinator::CallbackService, except HostHeartbeatStream on the async
 // API (HeartbeatStreamServer). Every method of muon.v1.Coordinator is listed
 // here: one left out would be served synchronously, answering UNIMPLEMENTED.
-using CoordinatorServiceBase = v1::Coordinator::WithCallbackMethod_Join<
-    v1::Coordinator::WithCallbackMethod_HostJoin<v1::Coordinator::WithCallbackMethod_Heartbeat<
-        v1::Coordinator::WithCallbackMethod_ReportStep<v1::Coordinator::WithCallbackMethod_HostHeartbeat<
-            v1::Coordinator::WithCallbackMethod_ReportSteps<
-                v1::Coordinator::WithCallbackMethod_GetJob<v1::Coordinator::WithCallbackMethod_GetPlan<
-                    v1::Coordinator::WithCallbackMethod_GetJobSpec<
-                        v1::Coordinator::WithCallbackMethod_GetAssignments<
-                            v1::Coordinator::WithCallbackMethod_ListRanks<
-                                v1::Coordinator::WithCallbackMethod_GetReports<
-                                    v1::Coordinator::WithCallbackMethod_KeySet<
-                                        v1::Coordinator::WithCallbackMethod_KeyGet<
-                                            v1::Coordinator::WithCallbackMethod_Replan<
-                                                v1::Coordinator::
-                                                    WithAsyncMethod_HostHeartbeatStream<
-                                                        v1::Coordinator::
-                                                            Service>>>>>>>>>>>>>>>>;
+namespace coordinator_methods {
+using C = v1::Coordinator;
+using Base = C::WithCallbackMethod_Join<
+    C::WithCallbackMethod_HostJoin<C::WithCallbackMethod_Heartbeat<
+        C::WithCallbackMethod_ReportStep<C::WithCallbackMethod_HostHeartbeat<
+            C::WithCallbackMethod_ReportSteps<C::WithCallbackMethod_GetJob<
+                C::WithCallbackMethod_GetPlan<C::WithCallbackMethod_GetJobSpec<
+                    C::WithCallbackMethod_GetAssignments<
+                        C::WithCallbackMethod_ListRanks<
+                            C::WithCallbackMethod_GetReports<
+                                C::WithCallbackMethod_KeySet<
+                                    C::WithCallbackMethod_KeyGet<
+                                        C::WithCallbackMethod_Replan<
+                                            C::WithAsyncMethod_HostHeartbeatStream<
+                                                C::Service>>>>>>>>>>>>>>>>;
+}  // namespace coordinator_methods
+using CoordinatorServiceBase = coordinator_methods::Base;
 
 class HeartbeatStreamServer;
 
