@@ -456,6 +456,31 @@ absl::Status FinishOptions(const std::set<std::string>& given,
   return absl::OkStatus();
 }
 
+// The flags without a value (`name` with underscores): sets the option
+// and returns true, or false when `name` is not one of them.
+// Errors: Usage when the flag came with a value.
+absl::StatusOr<bool> SetSwitch(const std::string& name, bool has_value,
+                               MuonrunOptions* o) {
+  bool* option = nullptr;
+  bool set_to = false;
+  if (name == "no_rank_prefix") {
+    option = &o->rank_prefix;
+  } else if (name == "no_host_agent") {
+    option = &o->host_agent;
+  } else if (name == "standalone") {
+    option = &o->standalone;
+    set_to = true;
+  } else {
+    return false;
+  }
+  if (has_value) {
+    return Usage(absl::StrCat("--", absl::StrReplaceAll(name, {{"_", "-"}}),
+                              " takes no value"));
+  }
+  *option = set_to;
+  return true;
+}
+
 }  // namespace
 
 absl::StatusOr<MuonrunOptions> ParseMuonrunArgs(
@@ -486,27 +511,9 @@ absl::StatusOr<MuonrunOptions> ParseMuonrunArgs(
     }
     const std::string spelled = absl::StrCat("--", name);
     name = absl::StrReplaceAll(name, {{"-", "_"}});
-    if (name == "no_rank_prefix") {
-      if (value.has_value()) {
-        return Usage("--no-rank-prefix takes no value");
-      }
-      o.rank_prefix = false;
-      continue;
-    }
-    if (name == "no_host_agent") {
-      if (value.has_value()) {
-        return Usage("--no-host-agent takes no value");
-      }
-      o.host_agent = false;
-      continue;
-    }
-    if (name == "standalone") {
-      if (value.has_value()) {
-        return Usage("--standalone takes no value");
-      }
-      o.standalone = true;
-      continue;
-    }
+    MUON_ASSIGN_OR_RETURN(const bool was_switch,
+                          SetSwitch(name, value.has_value(), &o));
+    if (was_switch) continue;
     static const std::set<std::string>* const kValued =
         new std::set<std::string>{
             "nproc_per_node", "nnodes",       "node_rank", "master_addr",
