@@ -204,9 +204,9 @@ static void ReferenceStep(double* W, const double* G, double* Buf, int rows,
 
 /* ---- Tests ------------------------------------------------------------ */
 
-static void AbiVersion_IsThirteen(void) {
+static void AbiVersion_IsFifteen(void) {
   CHECK(muonrt_abi_version() == MUONRT_ABI_VERSION);
-  CHECK(MUONRT_ABI_VERSION == 14);
+  CHECK(MUONRT_ABI_VERSION == 15);
   CHECK(strcmp(muonrt_last_error(), "") == 0);
 done:;
 }
@@ -242,8 +242,9 @@ static void OptionsDefault_AreTorchDefaults(void) {
   CHECK(o.replan_every_steps == 0);
   CHECK(o.ns_method == NULL);
   CHECK(o.overlap_backward == 0 && o.momentum_dtype == NULL);
-  CHECK(o.check_finite == -1);  /* unset: muon::ResolveOptions decides */
-  muonrt_options_default(NULL); /* no-op */
+  CHECK(o.check_finite == -1);    /* unset: muon::ResolveOptions decides */
+  CHECK(o.gpu_precision == NULL); /* bf16 on CUDA parameters */
+  muonrt_options_default(NULL);   /* no-op */
 done:;
 }
 
@@ -267,6 +268,13 @@ static void OptionsValidate_NamesTheBadField(void) {
   o.assignment_policy = "fastest";
   CHECK(muonrt_options_validate(&o) == MUONRT_INVALID_ARGUMENT);
   CHECK(strstr(muonrt_last_error(), "\"fastest\"") != NULL);
+  muonrt_options_default(&o);
+  o.gpu_precision = "fp32";
+  CHECK(muonrt_options_validate(&o) == MUONRT_OK);
+  o.gpu_precision = "fp64";
+  CHECK(muonrt_options_validate(&o) == MUONRT_INVALID_ARGUMENT);
+  CHECK(strstr(muonrt_last_error(), "execution.gpu_precision \"fp64\"") !=
+        NULL);
   /* check_finite: -1, 0 or 1; overlap_backward leaves it off when unset
    * and refuses it set on, by name (no silent change). */
   muonrt_options_default(&o);
@@ -1267,7 +1275,7 @@ typedef struct {
 
 int main(void) {
   const Test tests[] = {
-      TEST(AbiVersion_IsThirteen),
+      TEST(AbiVersion_IsFifteen),
       TEST(ComputeThreads_SetAndRefusedOutOfRange),
       TEST(OptionsDefault_AreTorchDefaults),
       TEST(OptionsValidate_NamesTheBadField),
