@@ -40,8 +40,10 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
 // stream):
 // - no keepalive pings from the server: while they are on, gRPC's chttp2
 //   transport re-arms the connection's keepalive timer on every read (one
-//   timer cancel and insert per heartbeat). A silent peer is named by the
-//   coordinator's own heartbeat timeout instead.
+//   timer cancel and insert per heartbeat). A silent host's ranks are
+//   named lost by the coordinator's heartbeat timeout instead; a host that
+//   vanished without closing its connection keeps its stream (a few KB)
+//   until the coordinator stops.
 // - no BDP (bandwidth-delay product) probing of what the server receives:
 //   it sends a ping and arms a timer per burst of data read, i.e. per
 //   heartbeat. The requests a coordinator receives are small (manifests
@@ -142,8 +144,8 @@ void CoordinatorServer::Stop() {
   service_->Shutdown();
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   server_->Wait();
-  // The heartbeat streams' queues after the server (gRPC's order): their
-  // threads have finished every stream's last event.
+  // The heartbeat streams' queues after the server (gRPC's order); a
+  // stream's event after this ends it, and the threads drain the queues.
   streams_->Shutdown();
   server_.reset();
 }

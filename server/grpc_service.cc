@@ -146,26 +146,33 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::HostHeartbeat(
                 [&] { return service_->HostHeartbeat(*request); });
 }
 
-// One host's stream on a HeartbeatStreamServer queue. Its events are
-// tags: this object's address with the event in the low 2 bits. Deletes
-// itself after its last event.
+// One host's stream on a HeartbeatStreamServer queue: at most one
+// operation outstanding (the request for a new stream, a read, a write or
+// the finish), so an event is its only one. Its events are tags: this
+// object's address with the event in the low 2 bits. Deletes itself after
+// its last event.
 class HeartbeatStreamServer::Stream {
  public:
   enum Event : uintptr_t { kOpened = 0, kRead = 1, kWritten = 2, kDone = 3 };
 
-  Stream(HeartbeatStreamServer* server, grpc::ServerCompletionQueue* cq)
-      : server_(server), cq_(cq), stream_(&context_) {}
+  Stream(HeartbeatStreamServer* server, Queue* queue)
+      : server_(server), queue_(queue), stream_(&context_) {}
 
   // Asks for the queue's next stream.
-  void Request() {
-    server_->service_->RequestHostHeartbeatStream(&context_, &stream_, cq_, cq_,
-                                                  Tag(kOpened));
+  void Request() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_->mu) {
+    server_->service_->RequestHostHeartbeatStream(
+        &context_, &stream_, queue_->cq.get(), queue_->cq.get(), Tag(kOpened));
   }
 
   static void Handle(void* tag, bool ok) {
     auto* self = reinterpret_cast<Stream*>(reinterpret_cast<uintptr_t>(tag) &
                                            ~uintptr_t{3});
-    self->On(static_cast<Event>(reinterpret_cast<uintptr_t>(tag) & 3), ok);
+    const auto event = static_cast<Event>(reinterpret_cast<uintptr_t>(tag) & 3);
+    {
+      absl::MutexLock lock(&self->queue_->mu);
+      if (!self->queue_->shut_down && self->On(event, ok)) return;
+    }
+    delete self;  // finished, or the server is gone: no operation is left
   }
 
  private:
@@ -173,39 +180,37 @@ class HeartbeatStreamServer::Stream {
     return reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(this) | event);
   }
 
-  void On(Event event, bool ok) {
+  // Starts the stream's next operation; false when it has none left.
+  bool On(Event event, bool ok) ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_->mu) {
     switch (event) {
       case kOpened:
-        if (!ok) {  // the server is shutting down
-          delete this;
-          return;
-        }
-        server_->RequestStream(cq_);  // the next host's
+        if (!ok) return false;           // the server is shutting down: no call
+        server_->RequestStream(queue_);  // the next host's
         Opened();
-        return;
+        return true;
       case kRead:
         if (!ok) {  // the host closed its side (or the stream broke)
           stream_.Finish(grpc::Status::OK, Tag(kDone));
-          return;
+          return true;
         }
         Answer();
-        return;
+        return true;
       case kWritten:
         if (!ok) {
           stream_.Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
                                       "the heartbeat stream broke"),
                          Tag(kDone));
-          return;
+          return true;
         }
         stream_.Read(&request_, Tag(kRead));
-        return;
+        return true;
       case kDone:
-        delete this;
-        return;
+        return false;
     }
+    return false;
   }
 
-  void Opened() {
+  void Opened() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_->mu) {
     const absl::Status authorized = server_->service_->Authorize(
         &context_, CoordinatorGrpcService::Access::kRank);
     if (!authorized.ok()) {
@@ -215,7 +220,7 @@ class HeartbeatStreamServer::Stream {
     stream_.Read(&request_, Tag(kRead));
   }
 
-  void Answer() {
+  void Answer() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_->mu) {
     absl::StatusOr<v1::HeartbeatResponse> result =
         server_->service_->service_->HostHeartbeat(request_);
     if (!result.ok()) {
@@ -227,7 +232,7 @@ class HeartbeatStreamServer::Stream {
   }
 
   HeartbeatStreamServer* const server_;
-  grpc::ServerCompletionQueue* const cq_;
+  Queue* const queue_;
   grpc::ServerContext context_;
   grpc::ServerAsyncReaderWriter<v1::HeartbeatResponse, v1::HostHeartbeatRequest>
       stream_;
@@ -238,35 +243,42 @@ class HeartbeatStreamServer::Stream {
 void HeartbeatStreamServer::AddCompletionQueues(grpc::ServerBuilder* builder,
                                                 int count) {
   for (int i = 0; i < std::max(1, count); ++i) {
-    cqs_.push_back(builder->AddCompletionQueue());
+    queues_.push_back(std::make_unique<Queue>());
+    queues_.back()->cq = builder->AddCompletionQueue();
   }
 }
 
-void HeartbeatStreamServer::RequestStream(grpc::ServerCompletionQueue* cq) {
+void HeartbeatStreamServer::RequestStream(Queue* queue) {
   static_assert(alignof(Stream) >= 4, "two tag bits");
-  (new Stream(this, cq))->Request();
+  (new Stream(this, queue))->Request();
 }
 
-void HeartbeatStreamServer::Serve(grpc::ServerCompletionQueue* cq) {
+void HeartbeatStreamServer::Serve(Queue* queue) {
   void* tag;
   bool ok;
-  while (cq->Next(&tag, &ok)) Stream::Handle(tag, ok);
+  while (queue->cq->Next(&tag, &ok)) Stream::Handle(tag, ok);
 }
 
 void HeartbeatStreamServer::Start() {
-  for (const std::unique_ptr<grpc::ServerCompletionQueue>& cq : cqs_) {
-    RequestStream(cq.get());
-    threads_.emplace_back([this, cq = cq.get()] { Serve(cq); });
+  for (const std::unique_ptr<Queue>& queue : queues_) {
+    {
+      absl::MutexLock lock(&queue->mu);
+      RequestStream(queue.get());
+    }
+    queue->thread = std::thread([q = queue.get()] { Serve(q); });
   }
 }
 
 void HeartbeatStreamServer::Shutdown() {
-  for (const std::unique_ptr<grpc::ServerCompletionQueue>& cq : cqs_) {
-    cq->Shutdown();
+  for (const std::unique_ptr<Queue>& queue : queues_) {
+    absl::MutexLock lock(&queue->mu);
+    if (queue->shut_down) continue;
+    queue->shut_down = true;
+    queue->cq->Shutdown();
   }
-  for (std::thread& t : threads_) t.join();
-  threads_.clear();
-  cqs_.clear();
+  for (const std::unique_ptr<Queue>& queue : queues_) {
+    if (queue->thread.joinable()) queue->thread.join();
+  }
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::ReportSteps(

@@ -30,7 +30,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "coordination/credentials.h"
 #include "grpcpp/grpcpp.h"
 #include "muon/v1/coordinator.grpc.pb.h"
@@ -158,13 +160,22 @@ class HeartbeatStreamServer {
 
  private:
   class Stream;
-  // Waits for the next stream on `cq`.
-  void RequestStream(grpc::ServerCompletionQueue* cq);
-  void Serve(grpc::ServerCompletionQueue* cq);
+  // A completion queue and its thread. Every operation on a queue starts
+  // under its mutex and only before `shut_down`: once the server has shut
+  // down, a stream's next event ends it instead (gRPC refuses operations
+  // on a queue being shut down).
+  struct Queue {
+    std::unique_ptr<grpc::ServerCompletionQueue> cq;
+    absl::Mutex mu;
+    bool shut_down ABSL_GUARDED_BY(mu) = false;
+    std::thread thread;
+  };
+  // Waits for the next stream on `queue`.
+  void RequestStream(Queue* queue) ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue->mu);
+  static void Serve(Queue* queue);
 
   CoordinatorGrpcService* const service_;  // Not owned.
-  std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> cqs_;
-  std::vector<std::thread> threads_;
+  std::vector<std::unique_ptr<Queue>> queues_;
 };
 
 }  // namespace muon

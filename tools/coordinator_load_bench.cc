@@ -305,8 +305,10 @@ struct Agent {
                                                 muon::v1::HeartbeatResponse>>
       stream;
   bool open = false;       // StartCall completed: writes may start
+  bool writing = false;    // a Write whose kWriteDone has not come
   bool in_flight = false;  // a heartbeat written, its answer not yet read
   bool closing = false;    // WritesDone or Finish started: no more beats
+  bool finished = false;   // its stream's status is in (kFinished)
 };
 
 // Completion-queue tags: an Agent pointer (8-byte aligned) with the event
@@ -496,6 +498,7 @@ void LoadGenerator::StartHeartbeat(Agent* agent, ThreadStats* stats) {
   agent->heartbeat_response.Clear();
   if (agent->stream != nullptr) {  // one message each way
     agent->in_flight = true;
+    agent->writing = true;
     agent->stream->Write(agent->host_request, Tag(agent, kWriteDone));
     agent->stream->Read(&agent->heartbeat_response, Tag(agent, kReadDone));
     return;
@@ -560,8 +563,15 @@ bool LoadGenerator::OnStreamEvent(Agent* agent, Event event, bool ok,
       SendIfDue(agent, Clock::now(), stats);  // due while it opened
       CloseWhenDone(agent);
       return true;
-    case kWriteDone:
-      return true;  // the answer (or the failure) comes as kReadDone
+    case kWriteDone:  // the answer (or the failure) comes as kReadDone
+      agent->writing = false;
+      if (!ok) {  // broken: no more writes; kReadDone fails and finishes it
+        agent->closing = true;
+        return true;
+      }
+      SendIfDue(agent, Clock::now(), stats);  // answered before this came
+      CloseWhenDone(agent);
+      return true;
     case kReadDone:
       agent->in_flight = false;
       if (!ok) {  // the stream ended: its status says why
@@ -578,6 +588,7 @@ bool LoadGenerator::OnStreamEvent(Agent* agent, Event event, bool ok,
       agent->stream->Finish(&agent->status, Tag(agent, kFinished));
       return true;
     case kFinished:
+      agent->finished = true;
       if (!agent->status.ok()) CountAnswer(agent, stats);
       return false;
     default:
@@ -597,15 +608,18 @@ bool LoadGenerator::BeatsLeft(const Agent* agent) const {
 
 void LoadGenerator::SendIfDue(Agent* agent, Clock::time_point now,
                               ThreadStats* stats) {
-  if (agent->closing || agent->in_flight || !agent->open || !BeatsLeft(agent) ||
-      Due(agent, agent->next_beat) > now) {
+  if (agent->closing || agent->in_flight || agent->writing || !agent->open ||
+      !BeatsLeft(agent) || Due(agent, agent->next_beat) > now) {
     return;
   }
   StartHeartbeat(agent, stats);
 }
 
 bool LoadGenerator::CloseWhenDone(Agent* agent) {
-  if (agent->closing || agent->in_flight || BeatsLeft(agent)) return false;
+  if (agent->closing || agent->in_flight || agent->writing || !agent->open ||
+      BeatsLeft(agent)) {
+    return false;
+  }
   agent->closing = true;
   agent->stream->WritesDone(Tag(agent, kWritesDone));
   return true;
@@ -732,13 +746,16 @@ void LoadGenerator::OpenStreamsThread(int t) {
         cqs_[t]->AsyncNext(&tag, &ok, MonotonicDeadline(give_up));
     if (got != grpc::CompletionQueue::GOT_EVENT) break;
     Agent* agent = TagAgent(tag);
-    if (TagEvent(tag) != kStreamStarted) continue;
     --pending;
-    if (ok) {
+    if (TagEvent(tag) == kFinished) {  // a stream that failed to open
+      agent->finished = true;
+      CountAnswer(agent, &stats_[t]);
+    } else if (ok) {
       agent->open = true;
     } else {
       agent->closing = true;
       agent->stream->Finish(&agent->status, Tag(agent, kFinished));
+      ++pending;  // its status
     }
   }
 }
@@ -750,9 +767,9 @@ void LoadGenerator::StreamHeartbeatThread(int t) {
     Agent* agent = owned.get();
     if (agent->cq != cqs_[t].get()) continue;  // another thread's
     if (agent->stream == nullptr) continue;    // not a host with a stream
+    if (agent->finished) continue;             // its stream failed to open
     hosts.push_back(agent);
-    if (agent->closing) continue;  // its stream failed to open
-    CloseWhenDone(agent);          // no beat falls in the phase
+    CloseWhenDone(agent);  // no beat falls in the phase
   }
   const size_t expected =
       static_cast<size_t>((hosts.size() + 1) * (duration_s_ / interval_s_ + 1));
