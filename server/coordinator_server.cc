@@ -70,11 +70,6 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     return absl::InvalidArgumentError(
         absl::StrCat("port ", options.port, " is outside [0, 65535]"));
   }
-  if (options.heartbeat_stream_threads < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("heartbeat_stream_threads is ",
-                     options.heartbeat_stream_threads, "; must be >= 1"));
-  }
   if (options.host.empty()) {
     return absl::InvalidArgumentError("host is empty");
   }
@@ -106,29 +101,24 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   builder.RegisterService(grpc_service.get());
-  auto streams = std::make_unique<HeartbeatStreamServer>(grpc_service.get());
-  streams->AddCompletionQueues(&builder, options.heartbeat_stream_threads);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || bound_port == 0) {
     return absl::UnavailableError(absl::StrCat(
         "cannot listen on ", target, " (address in use or not local?)"));
   }
-  streams->Start();
-  return std::unique_ptr<CoordinatorServer>(new CoordinatorServer(
-      options.host, bound_port, std::move(service), std::move(grpc_service),
-      std::move(streams), std::move(server)));
+  return std::unique_ptr<CoordinatorServer>(
+      new CoordinatorServer(options.host, bound_port, std::move(service),
+                            std::move(grpc_service), std::move(server)));
 }
 
 CoordinatorServer::CoordinatorServer(
     std::string host, int port, std::unique_ptr<CoordinatorService> service,
     std::unique_ptr<CoordinatorGrpcService> grpc_service,
-    std::unique_ptr<HeartbeatStreamServer> streams,
     std::unique_ptr<grpc::Server> server)
     : host_(std::move(host)),
       port_(port),
       service_(std::move(service)),
       grpc_service_(std::move(grpc_service)),
-      streams_(std::move(streams)),
       server_(std::move(server)) {}
 
 CoordinatorServer::~CoordinatorServer() { Stop(); }
@@ -144,9 +134,6 @@ void CoordinatorServer::Stop() {
   service_->Shutdown();
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   server_->Wait();
-  // The heartbeat streams' queues after the server (gRPC's order); a
-  // stream's event after this ends it, and the threads drain the queues.
-  streams_->Shutdown();
   server_.reset();
 }
 

@@ -31,7 +31,6 @@ class Server;
 namespace muon {
 
 class CoordinatorGrpcService;
-class HeartbeatStreamServer;
 
 struct CoordinatorServerOptions {
   // Address to listen on. Defaults to loopback: exposing the coordinator on
@@ -50,9 +49,6 @@ struct CoordinatorServerOptions {
   // Largest request accepted, bytes (gRPC's receive limit; responses are
   // bounded by the same value).
   int max_message_bytes = 64 << 20;
-  // Threads (each with its own completion queue) serving the hosts'
-  // heartbeat streams; >= 1.
-  int heartbeat_stream_threads = 8;
 };
 
 // Whether `host` is a loopback address or name (127.0.0.0/8, ::1,
@@ -63,8 +59,7 @@ class CoordinatorServer {
  public:
   // Creates the service and starts serving on options.host:options.port.
   // Errors:
-  //   InvalidArgument: port outside [0, 65535], heartbeat_stream_threads < 1,
-  //     an empty host, a TLS cert
+  //   InvalidArgument: port outside [0, 65535], an empty host, a TLS cert
   //     without its key (or the reverse), unreadable PEM files (names them).
   //   Unavailable: the address cannot be bound (names it).
   // Binding a non-loopback host without TLS prints a warning to stderr.
@@ -92,14 +87,12 @@ class CoordinatorServer {
   CoordinatorServer(std::string host, int port,
                     std::unique_ptr<CoordinatorService> service,
                     std::unique_ptr<CoordinatorGrpcService> grpc_service,
-                    std::unique_ptr<HeartbeatStreamServer> streams,
                     std::unique_ptr<grpc::Server> server);
 
   const std::string host_;
   const int port_;
   std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<CoordinatorGrpcService> grpc_service_;
-  std::unique_ptr<HeartbeatStreamServer> streams_;
   absl::Mutex mu_;
   std::unique_ptr<grpc::Server> server_ ABSL_GUARDED_BY(mu_);
 };

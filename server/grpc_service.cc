@@ -1,7 +1,5 @@
 #include "server/grpc_service.h"
 
-#include <algorithm>
-#include <cstdint>
 #include <string>
 #include <utility>
 
@@ -77,7 +75,7 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
 }
 
 absl::Status CoordinatorGrpcService::Authorize(
-    const grpc::ServerContextBase* context, Access access) const {
+    const grpc::CallbackServerContext* context, Access access) const {
   if (auth_.job_secret.empty()) return absl::OkStatus();
   const auto& metadata = context->client_metadata();
   auto it = metadata.find(kAuthorizationMetadataKey);
@@ -146,139 +144,63 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::HostHeartbeat(
                 [&] { return service_->HostHeartbeat(*request); });
 }
 
-// One host's stream on a HeartbeatStreamServer queue: at most one
-// operation outstanding (the request for a new stream, a read, a write or
-// the finish), so an event is its only one. Its events are tags: this
-// object's address with the event in the low 2 bits. Deletes itself after
-// its last event.
-class HeartbeatStreamServer::Stream {
+namespace {
+
+// A host's heartbeat stream: one request read at a time, answered before
+// the next is read; a refused credential or a failed heartbeat ends the
+// stream with its status. Deletes itself when gRPC is done with it.
+class HostHeartbeatReactor final
+    : public grpc::ServerBidiReactor<v1::HostHeartbeatRequest,
+                                     v1::HeartbeatResponse> {
  public:
-  enum Event : uintptr_t { kOpened = 0, kRead = 1, kWritten = 2, kDone = 3 };
-
-  Stream(HeartbeatStreamServer* server, Queue* queue)
-      : server_(server), queue_(queue), stream_(&context_) {}
-
-  // Asks for the queue's next stream.
-  void Request() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_->mu) {
-    server_->service_->RequestHostHeartbeatStream(
-        &context_, &stream_, queue_->cq.get(), queue_->cq.get(), Tag(kOpened));
-  }
-
-  static void Handle(void* tag, bool ok) {
-    auto* self = reinterpret_cast<Stream*>(reinterpret_cast<uintptr_t>(tag) &
-                                           ~uintptr_t{3});
-    const auto event = static_cast<Event>(reinterpret_cast<uintptr_t>(tag) & 3);
-    {
-      absl::MutexLock lock(&self->queue_->mu);
-      if (!self->queue_->shut_down && self->On(event, ok)) return;
-    }
-    delete self;  // finished, or the server is gone: no operation is left
-  }
-
- private:
-  void* Tag(Event event) {
-    return reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(this) | event);
-  }
-
-  // Starts the stream's next operation; false when it has none left.
-  bool On(Event event, bool ok) ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_->mu) {
-    switch (event) {
-      case kOpened:
-        if (!ok) return false;           // the server is shutting down: no call
-        server_->RequestStream(queue_);  // the next host's
-        Opened();
-        return true;
-      case kRead:
-        if (!ok) {  // the host closed its side (or the stream broke)
-          stream_.Finish(grpc::Status::OK, Tag(kDone));
-          return true;
-        }
-        Answer();
-        return true;
-      case kWritten:
-        if (!ok) {
-          stream_.Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                      "the heartbeat stream broke"),
-                         Tag(kDone));
-          return true;
-        }
-        stream_.Read(&request_, Tag(kRead));
-        return true;
-      case kDone:
-        return false;
-    }
-    return false;
-  }
-
-  void Opened() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_->mu) {
-    const absl::Status authorized = server_->service_->Authorize(
-        &context_, CoordinatorGrpcService::Access::kRank);
+  HostHeartbeatReactor(CoordinatorService* service,
+                       const absl::Status& authorized)
+      : service_(service) {
     if (!authorized.ok()) {
-      stream_.Finish(ToGrpcStatus(authorized), Tag(kDone));
+      Finish(ToGrpcStatus(authorized));
       return;
     }
-    stream_.Read(&request_, Tag(kRead));
+    StartRead(&request_);
   }
 
-  void Answer() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_->mu) {
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the host closed its side (or the stream broke)
+      Finish(grpc::Status::OK);
+      return;
+    }
     absl::StatusOr<v1::HeartbeatResponse> result =
-        server_->service_->service_->HostHeartbeat(request_);
+        service_->HostHeartbeat(request_);
     if (!result.ok()) {
-      stream_.Finish(ToGrpcStatus(result.status()), Tag(kDone));
+      Finish(ToGrpcStatus(result.status()));
       return;
     }
     response_ = *std::move(result);
-    stream_.Write(response_, Tag(kWritten));
+    StartWrite(&response_);
   }
 
-  HeartbeatStreamServer* const server_;
-  Queue* const queue_;
-  grpc::ServerContext context_;
-  grpc::ServerAsyncReaderWriter<v1::HeartbeatResponse, v1::HostHeartbeatRequest>
-      stream_;
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          "the heartbeat stream broke"));
+      return;
+    }
+    StartRead(&request_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  CoordinatorService* const service_;
   v1::HostHeartbeatRequest request_;
   v1::HeartbeatResponse response_;
 };
 
-void HeartbeatStreamServer::AddCompletionQueues(grpc::ServerBuilder* builder,
-                                                int count) {
-  for (int i = 0; i < std::max(1, count); ++i) {
-    queues_.push_back(std::make_unique<Queue>());
-    queues_.back()->cq = builder->AddCompletionQueue();
-  }
-}
+}  // namespace
 
-void HeartbeatStreamServer::RequestStream(Queue* queue) {
-  static_assert(alignof(Stream) >= 4, "two tag bits");
-  (new Stream(this, queue))->Request();
-}
-
-void HeartbeatStreamServer::Serve(Queue* queue) {
-  void* tag;
-  bool ok;
-  while (queue->cq->Next(&tag, &ok)) Stream::Handle(tag, ok);
-}
-
-void HeartbeatStreamServer::Start() {
-  for (const std::unique_ptr<Queue>& queue : queues_) {
-    {
-      absl::MutexLock lock(&queue->mu);
-      RequestStream(queue.get());
-    }
-    queue->thread = std::thread([q = queue.get()] { Serve(q); });
-  }
-}
-
-void HeartbeatStreamServer::Shutdown() {
-  for (const std::unique_ptr<Queue>& queue : queues_) {
-    absl::MutexLock lock(&queue->mu);
-    if (queue->shut_down) continue;
-    queue->shut_down = true;
-    queue->cq->Shutdown();
-  }
-  for (const std::unique_ptr<Queue>& queue : queues_) {
-    if (queue->thread.joinable()) queue->thread.join();
-  }
+grpc::ServerBidiReactor<v1::HostHeartbeatRequest, v1::HeartbeatResponse>*
+CoordinatorGrpcService::HostHeartbeatStream(
+    grpc::CallbackServerContext* context) {
+  return new HostHeartbeatReactor(service_, Authorize(context, Access::kRank));
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::ReportSteps(

@@ -12,27 +12,14 @@
 // invalid credentials" (nothing about the job); the read-only token on a rank
 // RPC: PERMISSION_DENIED.
 //
-// HostHeartbeatStream alone is on gRPC's async API, served by a
-// HeartbeatStreamServer (below) over several completion queues: thousands
-// of long-lived streams each keep a read outstanding, and a completion
-// queue's cost per event grows with its outstanding operations in
-// Debian's libgrpc, built with gRPC's debug checks (NDEBUG unset).
-//
 // Lifecycle: construct over a service that outlives it, register with a
-// grpc::ServerBuilder (with a HeartbeatStreamServer's completion queues),
-// destroy after the server has shut down.
+// grpc::ServerBuilder, destroy after the server has shut down.
 // Thread-safety: handlers run concurrently on gRPC's threads; the core is
 // thread-safe.
 #ifndef MUON_SERVER_GRPC_SERVICE_H_
 #define MUON_SERVER_GRPC_SERVICE_H_
 
-#include <memory>
-#include <thread>
-#include <vector>
-
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
 #include "coordination/credentials.h"
 #include "grpcpp/grpcpp.h"
 #include "muon/v1/coordinator.grpc.pb.h"
@@ -45,30 +32,7 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 // grpc::Status -> absl::Status keeping the canonical code and the message.
 absl::Status FromGrpcStatus(const grpc::Status& status);
 
-// v1::Coordinator::CallbackService, except HostHeartbeatStream on the async
-// API (HeartbeatStreamServer). Every method of muon.v1.Coordinator is listed
-// here: one left out would be served synchronously, answering UNIMPLEMENTED.
-namespace coordinator_methods {
-using C = v1::Coordinator;
-using Base = C::WithCallbackMethod_Join<
-    C::WithCallbackMethod_HostJoin<C::WithCallbackMethod_Heartbeat<
-        C::WithCallbackMethod_ReportStep<C::WithCallbackMethod_HostHeartbeat<
-            C::WithCallbackMethod_ReportSteps<C::WithCallbackMethod_GetJob<
-                C::WithCallbackMethod_GetPlan<C::WithCallbackMethod_GetJobSpec<
-                    C::WithCallbackMethod_GetAssignments<
-                        C::WithCallbackMethod_ListRanks<
-                            C::WithCallbackMethod_GetReports<
-                                C::WithCallbackMethod_KeySet<
-                                    C::WithCallbackMethod_KeyGet<
-                                        C::WithCallbackMethod_Replan<
-                                            C::WithAsyncMethod_HostHeartbeatStream<
-                                                C::Service>>>>>>>>>>>>>>>>;
-}  // namespace coordinator_methods
-using CoordinatorServiceBase = coordinator_methods::Base;
-
-class HeartbeatStreamServer;
-
-class CoordinatorGrpcService final : public CoordinatorServiceBase {
+class CoordinatorGrpcService final : public v1::Coordinator::CallbackService {
  public:
   CoordinatorGrpcService(CoordinatorService* service, CoordinatorAuth auth)
       : service_(service), auth_(std::move(auth)) {}
@@ -89,6 +53,9 @@ class CoordinatorGrpcService final : public CoordinatorServiceBase {
       grpc::CallbackServerContext* context,
       const v1::HostHeartbeatRequest* request,
       v1::HeartbeatResponse* response) override;
+  // One reactor per stream: reads a request, answers it, reads the next.
+  grpc::ServerBidiReactor<v1::HostHeartbeatRequest, v1::HeartbeatResponse>*
+  HostHeartbeatStream(grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* ReportSteps(
       grpc::CallbackServerContext* context, const v1::StepReports* request,
       v1::ReportStepResponse* response) override;
@@ -123,59 +90,13 @@ class CoordinatorGrpcService final : public CoordinatorServiceBase {
                                    v1::KeyGetResponse* response) override;
 
  private:
-  friend class HeartbeatStreamServer;
   enum class Access { kRank, kRead };
   // OK when the call's token grants `access` (see the file comment).
-  absl::Status Authorize(const grpc::ServerContextBase* context,
+  absl::Status Authorize(const grpc::CallbackServerContext* context,
                          Access access) const;
 
   CoordinatorService* const service_;  // Not owned.
   const CoordinatorAuth auth_;
-};
-
-// Serves HostHeartbeatStream for a CoordinatorGrpcService: a host's stream
-// reads one HostHeartbeatRequest at a time and answers it
-// (CoordinatorService::HostHeartbeat) before reading the next; a refused
-// credential or a failed heartbeat ends the stream with its status, the
-// host closing its side ends it with OK. Streams are spread over the
-// completion queues (one thread each) in the order they open.
-//
-// Lifecycle: AddCompletionQueues before the server is built, Start after,
-// Shutdown after the server's Shutdown returned (as gRPC's async API
-// requires), then destroy.
-class HeartbeatStreamServer {
- public:
-  explicit HeartbeatStreamServer(CoordinatorGrpcService* service)
-      : service_(service) {}
-  HeartbeatStreamServer(const HeartbeatStreamServer&) = delete;
-  HeartbeatStreamServer& operator=(const HeartbeatStreamServer&) = delete;
-  ~HeartbeatStreamServer() { Shutdown(); }
-
-  // Adds `count` (>= 1) completion queues to `builder`.
-  void AddCompletionQueues(grpc::ServerBuilder* builder, int count);
-  // Waits for streams on every queue, one thread per queue.
-  void Start();
-  // Shuts the queues down and joins their threads. Idempotent.
-  void Shutdown();
-
- private:
-  class Stream;
-  // A completion queue and its thread. Every operation on a queue starts
-  // under its mutex and only before `shut_down`: once the server has shut
-  // down, a stream's next event ends it instead (gRPC refuses operations
-  // on a queue being shut down).
-  struct Queue {
-    std::unique_ptr<grpc::ServerCompletionQueue> cq;
-    absl::Mutex mu;
-    bool shut_down ABSL_GUARDED_BY(mu) = false;
-    std::thread thread;
-  };
-  // Waits for the next stream on `queue`.
-  void RequestStream(Queue* queue) ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue->mu);
-  static void Serve(Queue* queue);
-
-  CoordinatorGrpcService* const service_;  // Not owned.
-  std::vector<std::unique_ptr<Queue>> queues_;
 };
 
 }  // namespace muon
