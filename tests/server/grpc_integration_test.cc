@@ -53,6 +53,38 @@ v1::JobSpec TwoRankSpec() {
                                       {"fc3.weight", 4, 4, {"Replicate()"}}});
 }
 
+// Joins both ranks of TwoRankSpec (incarnations base, base + 1) over gRPC,
+// each from its own thread.
+void JoinTwoRanks(const CoordinatorServer& server, uint64_t base) {
+  std::vector<v1::RankManifest> manifests = Manifests(TwoRankSpec());
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      std::unique_ptr<GrpcCoordinationClient> client = Connect(server);
+      if (client == nullptr) return;
+      v1::JoinRequest request;
+      *request.mutable_manifest() = manifests[r];
+      request.set_incarnation(base + r);
+      request.set_timeout_ms(3000);
+      EXPECT_THAT(client->Join(request), IsOk());
+    });
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+// Host "h0"'s heartbeat for both ranks joined by JoinTwoRanks(base).
+v1::HostHeartbeatRequest HostBeat(uint64_t base) {
+  v1::HostHeartbeatRequest beat;
+  beat.set_job_id("it");
+  beat.set_host("h0");
+  for (int r = 0; r < 2; ++r) {
+    v1::HeartbeatRequest* entry = beat.add_ranks();
+    entry->set_rank(r);
+    entry->set_incarnation(base + r);
+  }
+  return beat;
+}
+
 // A trainer that does not insist on a job id (empty, the default of
 // ProcessGroupOptions and MUON_JOB_ID) joins whatever job the daemon serves; an
 // explicit, different id is still rejected naming both.
@@ -234,20 +266,7 @@ TEST(GrpcIntegrationTest, JoinKeyValueListRanks_OverLoopback_Work) {
 TEST(GrpcIntegrationTest, HostHeartbeatStream_AnswersEachInOrderErrorEndsIt) {
   std::unique_ptr<CoordinatorServer> server = StartServer();
   ASSERT_NE(server, nullptr);
-  std::vector<v1::RankManifest> manifests = Manifests(TwoRankSpec());
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      std::unique_ptr<GrpcCoordinationClient> client = Connect(*server);
-      if (client == nullptr) return;
-      v1::JoinRequest request;
-      *request.mutable_manifest() = manifests[r];
-      request.set_incarnation(2000 + r);
-      request.set_timeout_ms(3000);
-      EXPECT_THAT(client->Join(request), IsOk());
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  JoinTwoRanks(*server, 2000);
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
       MakeCoordinatorChannel(server->address(), GrpcClientSecurity());
   ASSERT_THAT(channel, IsOk());
@@ -257,14 +276,7 @@ TEST(GrpcIntegrationTest, HostHeartbeatStream_AnswersEachInOrderErrorEndsIt) {
   context.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::seconds(10));
   auto stream = stub->HostHeartbeatStream(&context);
-  v1::HostHeartbeatRequest beat;
-  beat.set_job_id("it");
-  beat.set_host("h0");
-  for (int r = 0; r < 2; ++r) {
-    v1::HeartbeatRequest* entry = beat.add_ranks();
-    entry->set_rank(r);
-    entry->set_incarnation(2000 + r);
-  }
+  v1::HostHeartbeatRequest beat = HostBeat(2000);
   for (int i = 0; i < 3; ++i) {
     ASSERT_TRUE(stream->Write(beat)) << "message " << i;
     v1::HeartbeatResponse answer;
@@ -286,43 +298,19 @@ TEST(GrpcIntegrationTest, HostHeartbeatStream_AnswersEachInOrderErrorEndsIt) {
 // hanging.
 TEST(GrpcIntegrationTest,
      HostHeartbeatStream_TenStreams_EachAnsweredStopEndsThem) {
-  CoordinatorServerOptions options;
-  options.service.job_id = "it";
-  options.service.default_join_timeout = absl::Seconds(5);
-  absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
-      CoordinatorServer::Start(options);
-  ASSERT_THAT(server, IsOk());
-  std::vector<v1::RankManifest> manifests = Manifests(TwoRankSpec());
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      std::unique_ptr<GrpcCoordinationClient> client = Connect(**server);
-      if (client == nullptr) return;
-      v1::JoinRequest request;
-      *request.mutable_manifest() = manifests[r];
-      request.set_incarnation(3000 + r);
-      request.set_timeout_ms(3000);
-      EXPECT_THAT(client->Join(request), IsOk());
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  std::unique_ptr<CoordinatorServer> server = StartServer();
+  ASSERT_NE(server, nullptr);
+  JoinTwoRanks(*server, 3000);
   constexpr int kStreams = 10;
   std::vector<std::unique_ptr<v1::Coordinator::Stub>> stubs;
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
   std::vector<std::unique_ptr<grpc::ClientReaderWriter<v1::HostHeartbeatRequest,
                                                        v1::HeartbeatResponse>>>
       streams;
-  v1::HostHeartbeatRequest beat;
-  beat.set_job_id("it");
-  beat.set_host("h0");
-  for (int r = 0; r < 2; ++r) {
-    v1::HeartbeatRequest* entry = beat.add_ranks();
-    entry->set_rank(r);
-    entry->set_incarnation(3000 + r);
-  }
+  const v1::HostHeartbeatRequest beat = HostBeat(3000);
   for (int i = 0; i < kStreams; ++i) {
     absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
-        MakeCoordinatorChannel((*server)->address(), GrpcClientSecurity());
+        MakeCoordinatorChannel(server->address(), GrpcClientSecurity());
     ASSERT_THAT(channel, IsOk());
     stubs.push_back(v1::Coordinator::NewStub(*channel));
     contexts.push_back(std::make_unique<grpc::ClientContext>());
@@ -341,7 +329,7 @@ TEST(GrpcIntegrationTest,
     }
   }
   const absl::Time stop = absl::Now();
-  (*server)->Stop();
+  server->Stop();
   EXPECT_LT(absl::Now() - stop, absl::Seconds(5));
   for (int i = 0; i < kStreams; ++i) {
     v1::HeartbeatResponse answer;
