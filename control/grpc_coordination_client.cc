@@ -1,5 +1,6 @@
 #include "control/grpc_coordination_client.h"
 
+#include <climits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -71,6 +72,7 @@ void SetCoordinatorChannelArgs(grpc::ChannelArguments* args) {
   args->SetMaxReceiveMessageSize(kMaxMessageBytes);
   args->SetMaxSendMessageSize(kMaxMessageBytes);
   args->SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args->SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, INT_MAX);
 }
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeCoordinatorChannel(

@@ -50,7 +50,11 @@ struct GrpcClientSecurity {
 // ping and arm a timer per burst of data read, i.e. per heartbeat answer
 // (measured with tools/coordinator_load_bench: 25% of a host's heartbeat
 // CPU, and the coordinator's ping acks). The receive window then stays at
-// its initial size, which costs a large plan a few more round trips.
+// its initial size, which costs a large plan a few more round trips. No
+// keepalive pings either: the transport would cancel and re-arm its
+// keepalive timer on every read (12% of a host's heartbeat CPU, same
+// bench); every call has its deadline and a host's heartbeat exchange its
+// timeout, which find a silent coordinator.
 void SetCoordinatorChannelArgs(grpc::ChannelArguments* args);
 
 // A channel to the coordinator at `address` ("host:port", or

@@ -30,11 +30,6 @@ int JoinRank(const v1::JoinRequest& r) {
                                               : r.compact().rank();
 }
 
-grpc::Status ToGrpc(const absl::Status& s) {
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()),
-                      std::string(s.message()));
-}
-
 absl::Duration JoinWait(const v1::JoinRequest& r) {
   return r.timeout_ms() > 0 ? absl::Milliseconds(r.timeout_ms())
                             : absl::Seconds(60);

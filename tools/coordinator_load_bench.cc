@@ -269,6 +269,14 @@ bool ReadAll(int fd, void* data, size_t size) {
   _exit(server.ok() ? 0 : 1);  // skip destructors: the parent is done
 }
 
+// --heartbeat_stream: where a host's stream is in its life.
+enum class StreamState {
+  kOpening,   // StartCall not yet completed
+  kOpen,      // writes may start
+  kClosing,   // WritesDone or Finish started: no more beats
+  kFinished,  // its status is in (kFinished)
+};
+
 // One simulated agent: its channel, stub and the call in flight.
 struct Agent {
   int rank = 0;
@@ -304,11 +312,9 @@ struct Agent {
   std::unique_ptr<grpc::ClientAsyncReaderWriter<muon::v1::HostHeartbeatRequest,
                                                 muon::v1::HeartbeatResponse>>
       stream;
-  bool open = false;       // StartCall completed: writes may start
+  StreamState stream_state = StreamState::kOpening;
   bool writing = false;    // a Write whose kWriteDone has not come
   bool in_flight = false;  // a heartbeat written, its answer not yet read
-  bool closing = false;    // WritesDone or Finish started: no more beats
-  bool finished = false;   // its stream's status is in (kFinished)
 };
 
 // Completion-queue tags: an Agent pointer (8-byte aligned) with the event
@@ -396,13 +402,22 @@ class LoadGenerator {
   Clock::time_point Due(const Agent* agent, int k) const;
   // Whether `agent`'s next heartbeat falls in the phase.
   bool BeatsLeft(const Agent* agent) const;
+  // When the heartbeat phase ends: heartbeat_start_ + --duration_s.
+  Clock::time_point PhaseEnd() const {
+    return heartbeat_start_ + std::chrono::duration_cast<Clock::duration>(
+                                  std::chrono::duration<double>(duration_s_));
+  }
   // --heartbeat_stream: writes `agent`'s next heartbeat if it is due by
   // `now` and none is in flight (a late answer delays it, as the alarm
   // does for calls).
   void SendIfDue(Agent* agent, Clock::time_point now, ThreadStats* stats);
-  // --heartbeat_stream: once the host's last heartbeat is answered (or its
-  // stream ended), closes its side; false while beats remain.
+  // --heartbeat_stream: once the phase has ended and the host's last
+  // heartbeat is answered (or its stream ended), closes its side; false
+  // until then.
   bool CloseWhenDone(Agent* agent);
+  // Thread t's host leaders (those whose calls use cqs_[t]), in rank order;
+  // in rank mode every agent leads its own host of one.
+  std::vector<Agent*> ThreadLeaders(int t) const;
   void JoinThread(int t);
   void HeartbeatThread(int t);
   // --heartbeat_stream: the thread's hosts write their heartbeats at their
@@ -555,18 +570,18 @@ bool LoadGenerator::OnStreamEvent(Agent* agent, Event event, bool ok,
   switch (event) {
     case kStreamStarted:
       if (!ok) {
-        agent->closing = true;
+        agent->stream_state = StreamState::kClosing;
         agent->stream->Finish(&agent->status, Tag(agent, kFinished));
         return true;
       }
-      agent->open = true;
+      agent->stream_state = StreamState::kOpen;
       SendIfDue(agent, Clock::now(), stats);  // due while it opened
       CloseWhenDone(agent);
       return true;
     case kWriteDone:  // the answer (or the failure) comes as kReadDone
       agent->writing = false;
       if (!ok) {  // broken: no more writes; kReadDone fails and finishes it
-        agent->closing = true;
+        agent->stream_state = StreamState::kClosing;
         return true;
       }
       SendIfDue(agent, Clock::now(), stats);  // answered before this came
@@ -575,7 +590,7 @@ bool LoadGenerator::OnStreamEvent(Agent* agent, Event event, bool ok,
     case kReadDone:
       agent->in_flight = false;
       if (!ok) {  // the stream ended: its status says why
-        agent->closing = true;
+        agent->stream_state = StreamState::kClosing;
         agent->stream->Finish(&agent->status, Tag(agent, kFinished));
         return true;
       }
@@ -588,7 +603,7 @@ bool LoadGenerator::OnStreamEvent(Agent* agent, Event event, bool ok,
       agent->stream->Finish(&agent->status, Tag(agent, kFinished));
       return true;
     case kFinished:
-      agent->finished = true;
+      agent->stream_state = StreamState::kFinished;
       if (!agent->status.ok()) CountAnswer(agent, stats);
       return false;
     default:
@@ -608,19 +623,24 @@ bool LoadGenerator::BeatsLeft(const Agent* agent) const {
 
 void LoadGenerator::SendIfDue(Agent* agent, Clock::time_point now,
                               ThreadStats* stats) {
-  if (agent->closing || agent->in_flight || agent->writing || !agent->open ||
-      !BeatsLeft(agent) || Due(agent, agent->next_beat) > now) {
+  if (agent->stream_state != StreamState::kOpen || agent->in_flight ||
+      agent->writing || !BeatsLeft(agent) ||
+      Due(agent, agent->next_beat) > now) {
     return;
   }
   StartHeartbeat(agent, stats);
 }
 
 bool LoadGenerator::CloseWhenDone(Agent* agent) {
-  if (agent->closing || agent->in_flight || agent->writing || !agent->open ||
-      BeatsLeft(agent)) {
+  // Not before the phase ends: hosts that closed their streams during the
+  // last period would load the coordinator with thousands of stream ends
+  // while the others still heartbeat (a job's hosts heartbeat until it
+  // ends, and close together after).
+  if (agent->stream_state != StreamState::kOpen || agent->in_flight ||
+      agent->writing || BeatsLeft(agent) || Clock::now() < PhaseEnd()) {
     return false;
   }
-  agent->closing = true;
+  agent->stream_state = StreamState::kClosing;
   agent->stream->WritesDone(Tag(agent, kWritesDone));
   return true;
 }
@@ -642,13 +662,21 @@ void LoadGenerator::ScheduleNextBeat(Agent* agent) {
       Tag(agent, kAlarm));
 }
 
+std::vector<Agent*> LoadGenerator::ThreadLeaders(int t) const {
+  std::vector<Agent*> leaders;
+  for (const std::unique_ptr<Agent>& agent : agents_) {
+    if (agent->cq == cqs_[t].get() && agent->leader) {
+      leaders.push_back(agent.get());
+    }
+  }
+  return leaders;
+}
+
 void LoadGenerator::JoinThread(int t) {
   ThreadStats& stats = stats_[t];
   int pending = 0;
-  for (const std::unique_ptr<Agent>& agent : agents_) {
-    if (agent->cq != cqs_[t].get()) continue;  // another thread's
-    if (!agent->leader) continue;              // joined by its host's HostJoin
-    StartJoin(agent.get());
+  for (Agent* agent : ThreadLeaders(t)) {  // a HostJoin joins the others
+    StartJoin(agent);
     ++pending;
   }
   // --skip_plan: the Joins never complete; Run polls the server instead.
@@ -697,10 +725,8 @@ void LoadGenerator::HeartbeatThread(int t) {
   }
   ThreadStats& stats = stats_[t];
   int active = 0;
-  for (const std::unique_ptr<Agent>& owned : agents_) {
-    Agent* agent = owned.get();
-    if (agent->cq != cqs_[t].get()) continue;  // another thread's
-    if (!agent->joined || !agent->leader) continue;
+  for (Agent* agent : ThreadLeaders(t)) {
+    if (!agent->joined) continue;
     ScheduleNextBeat(agent);
     if (agent->alarm != nullptr) ++active;
   }
@@ -731,10 +757,8 @@ void LoadGenerator::HeartbeatThread(int t) {
 
 void LoadGenerator::OpenStreamsThread(int t) {
   int pending = 0;
-  for (const std::unique_ptr<Agent>& owned : agents_) {
-    Agent* agent = owned.get();
-    if (agent->cq != cqs_[t].get()) continue;  // another thread's
-    if (!agent->joined || !agent->leader) continue;
+  for (Agent* agent : ThreadLeaders(t)) {
+    if (!agent->joined) continue;
     OpenStream(agent);
     ++pending;
   }
@@ -748,12 +772,12 @@ void LoadGenerator::OpenStreamsThread(int t) {
     Agent* agent = TagAgent(tag);
     --pending;
     if (TagEvent(tag) == kFinished) {  // a stream that failed to open
-      agent->finished = true;
+      agent->stream_state = StreamState::kFinished;
       CountAnswer(agent, &stats_[t]);
     } else if (ok) {
-      agent->open = true;
+      agent->stream_state = StreamState::kOpen;
     } else {
-      agent->closing = true;
+      agent->stream_state = StreamState::kClosing;
       agent->stream->Finish(&agent->status, Tag(agent, kFinished));
       ++pending;  // its status
     }
@@ -763,11 +787,9 @@ void LoadGenerator::OpenStreamsThread(int t) {
 void LoadGenerator::StreamHeartbeatThread(int t) {
   ThreadStats& stats = stats_[t];
   std::vector<Agent*> hosts;  // in order of their phase offsets
-  for (const std::unique_ptr<Agent>& owned : agents_) {
-    Agent* agent = owned.get();
-    if (agent->cq != cqs_[t].get()) continue;  // another thread's
-    if (agent->stream == nullptr) continue;    // not a host with a stream
-    if (agent->finished) continue;             // its stream failed to open
+  for (Agent* agent : ThreadLeaders(t)) {
+    if (agent->stream == nullptr) continue;                       // not joined
+    if (agent->stream_state == StreamState::kFinished) continue;  // failed
     hosts.push_back(agent);
     CloseWhenDone(agent);  // no beat falls in the phase
   }
