@@ -590,7 +590,10 @@ absl::Status Muon::SetQkClip(const QkClipOptions& qk_clip) {
 
 absl::Status Muon::ClipQk(const std::vector<float>& max_logits,
                           QkClipStats* stats) {
-  return qk_clipper_.Clip(max_logits, stats);
+  // Host parameters only (Create refuses qk_clip on CUDA): the host
+  // kernels scale at once, on no stream.
+  return qk_clipper_.Clip(max_logits, pipeline_->executor().kernels(),
+                          /*stream=*/nullptr, stats);
 }
 
 absl::Status Muon::SetParamHyperparameters(int index, double lr,

@@ -5,7 +5,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/bfloat16.h"
 
 namespace muon {
 
@@ -117,23 +116,12 @@ std::vector<double> QkClipGroupScales(const QkClipLayer& layer,
   return scales;
 }
 
-void ScaleGlobalRows(void* data, DType dtype, const Range& rows, int64_t cols,
-                     int64_t begin, int64_t end, double factor) {
+ElementSpan GlobalRowsSpan(const Range& rows, int64_t cols, int64_t begin,
+                           int64_t end) {
   const int64_t lo = std::max(begin, rows.begin);
   const int64_t hi = std::min(end, rows.end);
-  if (lo >= hi || cols == 0) return;
-  const float f = static_cast<float>(factor);
-  const int64_t first = (lo - rows.begin) * cols;
-  const int64_t n = (hi - lo) * cols;
-  if (dtype == DType::kBFloat16) {
-    auto* p = static_cast<kernels::bf16_t*>(data) + first;
-    for (int64_t i = 0; i < n; ++i) {
-      p[i] = kernels::FloatToBf16(kernels::Bf16ToFloat(p[i]) * f);
-    }
-    return;
-  }
-  float* p = static_cast<float*>(data) + first;
-  for (int64_t i = 0; i < n; ++i) p[i] = p[i] * f;
+  if (lo >= hi || cols <= 0) return {};
+  return {(lo - rows.begin) * cols, (hi - lo) * cols};
 }
 
 }  // namespace muon

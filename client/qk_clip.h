@@ -97,13 +97,16 @@ std::vector<double> QkClipGroupScales(const QkClipLayer& layer,
                                       const float* max_logits,
                                       double threshold);
 
-// Multiplies the elements of global rows [begin, end) held in a local
-// shard (row-major, holding global rows `rows` and `cols` columns of a
-// 2-D parameter; fp32 or bf16 `dtype`, host memory) by (float)factor: one
-// float multiply per element (bf16: widened, multiplied, rounded to
-// nearest even). Rows outside the shard are skipped.
-void ScaleGlobalRows(void* data, DType dtype, const Range& rows, int64_t cols,
-                     int64_t begin, int64_t end, double factor);
+// Where global rows [begin, end) lie in a local shard that holds global
+// rows `rows` of `cols` columns (row-major): `first`, the offset of their
+// first element in the shard, and `count` elements from there (0 when the
+// rows are not in the shard). Units: elements.
+struct ElementSpan {
+  int64_t first = 0;
+  int64_t count = 0;
+};
+ElementSpan GlobalRowsSpan(const Range& rows, int64_t cols, int64_t begin,
+                           int64_t end);
 
 }  // namespace muon
 

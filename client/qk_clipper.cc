@@ -104,17 +104,26 @@ absl::Status QkClipper::ReduceMaxima(const std::vector<float>& max_logits,
   return absl::OkStatus();
 }
 
-void QkClipper::ScaleLocalRows(int index, int64_t begin, int64_t end,
-                               double factor) const {
-  if (index < 0) return;
+absl::Status QkClipper::ScaleLocalRows(kernels::StepKernels& kernels,
+                                       device::Stream* stream, int index,
+                                       int64_t begin, int64_t end,
+                                       double factor) const {
+  if (index < 0) return absl::OkStatus();
   const ParamView& p = (*rank_.params)[index];
   const ParamPlacement& pl = (*rank_.placements)[index];
   absl::StatusOr<std::vector<Range>> box =
       LocalRanges(p.shape(), pl.placements, *rank_.mesh,
                   rank_.mesh->Coord(rank_.rank), pl.sub_mesh);
-  if (!box.ok() || p.local_numel() == 0) return;  // checked at Create
-  ScaleGlobalRows(p.data, p.dtype, (*box)[0], p.local_shape[1], begin, end,
-                  factor);
+  // Create checked the placements; an empty shard holds no rows.
+  if (!box.ok() || p.local_numel() == 0) return absl::OkStatus();
+  const ElementSpan span =
+      GlobalRowsSpan((*box)[0], p.local_shape[1], begin, end);
+  if (span.count == 0) return absl::OkStatus();
+  const bool bf16 = p.dtype == DType::kBFloat16;
+  return kernels.Scale(
+      stream, static_cast<char*>(p.data) + span.first * DTypeSize(p.dtype),
+      bf16 ? kernels::ParamDType::kBFloat16 : kernels::ParamDType::kFloat32,
+      span.count, static_cast<float>(factor));
 }
 
 absl::Status QkClipper::Gather(const float* mine, int64_t width,
@@ -153,7 +162,8 @@ absl::Status QkClipper::AgreeOnLayers() const {
 }
 
 absl::Status QkClipper::Clip(const std::vector<float>& max_logits,
-                             QkClipStats* stats) const {
+                             kernels::StepKernels& kernels,
+                             device::Stream* stream, QkClipStats* stats) const {
   const QkClipOptions& o = options_;
   // Every rank with the same layers first (a tiny all-gather), so that a
   // rank configured otherwise fails every rank instead of a collective.
@@ -185,11 +195,14 @@ absl::Status QkClipper::Clip(const std::vector<float>& max_logits,
       // MLA: the head's rotary rows (its last q_rope_dim) take all of
       // gamma; without MLA q_rope_dim is 0.
       const int64_t q_rope = q_begin + group_rows - layer.q_rope_dim;
-      ScaleLocalRows(q, q_begin, q_rope, std::pow(scales[g], o.alpha));
-      ScaleLocalRows(q, q_rope, q_begin + group_rows, scales[g]);
+      MUON_RETURN_IF_ERROR(ScaleLocalRows(kernels, stream, q, q_begin, q_rope,
+                                          std::pow(scales[g], o.alpha)));
+      MUON_RETURN_IF_ERROR(ScaleLocalRows(kernels, stream, q, q_rope,
+                                          q_begin + group_rows, scales[g]));
       const int64_t k_begin = layer.k_row_begin + g * k_rows;
-      ScaleLocalRows(k, k_begin, k_begin + k_rows,
-                     std::pow(scales[g], 1.0 - o.alpha));
+      MUON_RETURN_IF_ERROR(ScaleLocalRows(kernels, stream, k, k_begin,
+                                          k_begin + k_rows,
+                                          std::pow(scales[g], 1.0 - o.alpha)));
     }
   }
   if (stats != nullptr) *stats = out;

@@ -19,6 +19,8 @@
 #include "client/tensor_view.h"
 #include "comm/communicator.h"
 #include "common/layout.h"
+#include "device/stream.h"
+#include "kernels/step_kernels.h"
 
 namespace muon {
 
@@ -70,14 +72,17 @@ class QkClipper {
   // compute). Every rank's layer and head counts are checked against rank
   // 0's (an all-gather of 2 floats), the maxima reduced with MAX (an
   // all-gather of total_heads() + 1 floats per rank), then this rank's
-  // shards of each clipped group's rows are scaled in place (fp32 or bf16,
-  // host memory). Collective over the control group: every rank calls it.
+  // shards of each clipped group's rows are scaled in place (fp32 or bf16)
+  // by `kernels` (StepKernels::Scale, of the parameters' device) in
+  // `stream`'s order (host: at once; the stream may be null). Collective
+  // over the control group: every rank calls it.
   // Errors (every rank, before anything is scaled): FailedPrecondition
   // (no layers; a world of more than one rank without a control group);
   // InvalidArgument naming a rank whose layers differ from rank 0's, or
   // that passed the wrong number of values, a NaN or +inf (its own message
-  // on that rank); the communicator's.
+  // on that rank); the communicator's. Then the kernels' errors.
   absl::Status Clip(const std::vector<float>& max_logits,
+                    kernels::StepKernels& kernels, device::Stream* stream,
                     QkClipStats* stats) const;
 
  private:
@@ -91,9 +96,11 @@ class QkClipper {
   absl::Status Gather(const float* mine, int64_t width,
                       std::vector<float>* all) const;
   // Multiplies the local elements of global rows [begin, end) of local
-  // parameter `index` (-1: none here) by `factor`.
-  void ScaleLocalRows(int index, int64_t begin, int64_t end,
-                      double factor) const;
+  // parameter `index` (-1: none here) by (float)factor with
+  // kernels.Scale on `stream`.
+  absl::Status ScaleLocalRows(kernels::StepKernels& kernels,
+                              device::Stream* stream, int index, int64_t begin,
+                              int64_t end, double factor) const;
 
   QkClipOptions options_;
   QkClipRank rank_;

@@ -83,6 +83,15 @@ int64_t FirstNonFiniteImpl(const T* x, int64_t n) {
 
 }  // namespace
 
+void Scale(float* x, int64_t n, float factor) {
+  for (int64_t i = 0; i < n; ++i) x[i] = x[i] * factor;
+}
+
+void Scale(bf16_t* x, int64_t n, float factor) {
+  for (int64_t i = 0; i < n; ++i)
+    x[i] = FloatToBf16(Bf16ToFloat(x[i]) * factor);
+}
+
 int64_t FirstNonFinite(const float* x, int64_t n) {
   return FirstNonFiniteImpl(x, n);
 }

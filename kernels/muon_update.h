@@ -127,6 +127,14 @@ absl::string_view AdjustLrFnName(AdjustLrFn fn);
 void NorMuonNormalize(float* o, int64_t rows, int64_t cols, float* variance,
                       double beta2, double eps);
 
+// x[i] <- x[i] * factor for i in [0, n), in place: one float multiply per
+// element (float32), or each bf16 value widened exactly, multiplied in
+// float and rounded to nearest even (kernels::FloatToBf16), as torch's
+// `x.mul_(factor)` on a bf16 tensor with a float factor. QK-clip's row
+// scaling (Kimi K2's MuonClip, arXiv 2507.20534, Algorithm 1).
+void Scale(float* x, int64_t n, float factor);
+void Scale(bf16_t* x, int64_t n, float factor);
+
 // Decoupled weight decay and the Muon update, in place:
 //   param *= (float)(1 - lr * weight_decay);
 //   param += (float)(-adjusted_lr) * update;

@@ -164,6 +164,17 @@ class HostStepKernels final : public StepKernels {
     return absl::OkStatus();
   }
 
+  absl::Status Scale(device::Stream*, void* x, ParamDType dtype, int64_t n,
+                     float factor) override {
+    if (absl::Status s = CheckScaleArguments(x, n); !s.ok()) return s;
+    if (dtype == ParamDType::kBFloat16) {
+      kernels::Scale(static_cast<bf16_t*>(x), n, factor);
+    } else {
+      kernels::Scale(static_cast<float*>(x), n, factor);
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status Copy(device::Stream*, void* dst, const void* src,
                     int64_t bytes) override {
     if (absl::Status s = device::CheckCopyArguments("Copy", dst, src, bytes);

@@ -153,6 +153,14 @@ class StepKernels {
                                       ParamDType dtype, int64_t n,
                                       int64_t* first) = 0;
 
+  // x[i] <- x[i] * factor for i in [0, n), in place, `x` fp32 or bf16
+  // (`dtype`) memory of device(): QK-clip's row scaling. Host: bitwise
+  // kernels::Scale; CUDA: the same operations (one rounded fp32 multiply;
+  // bf16 widened, multiplied, rounded to nearest even), so the same bits.
+  // Errors: InvalidArgument (n < 0, null with n > 0); the CUDA error.
+  virtual absl::Status Scale(device::Stream* stream, void* x, ParamDType dtype,
+                             int64_t n, float factor) = 0;
+
   // Copies `bytes` bytes from `src` to `dst`, both memory of device(), in
   // the stream's order (CUDA: cudaMemcpyAsync). They may not overlap.
   // Errors: InvalidArgument (bytes < 0, null pointers); the CUDA error.
@@ -169,6 +177,16 @@ class StepKernels {
                                      int64_t n, double lr, double weight_decay,
                                      double adjusted_lr) = 0;
 };
+
+// StepKernels::Scale's argument check, the same on every device:
+// InvalidArgument for n < 0, or a null `x` with elements.
+inline absl::Status CheckScaleArguments(const void* x, int64_t n) {
+  if (n < 0 || (n > 0 && x == nullptr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Scale: n must be >= 0 and x non-null, got n = ", n));
+  }
+  return absl::OkStatus();
+}
 
 // StepKernels::NorMuonNormalize's argument check, the same on every device:
 // InvalidArgument for negative sizes, or null pointers with elements.

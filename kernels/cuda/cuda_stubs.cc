@@ -108,6 +108,10 @@ absl::Status RoundToBf16(float*, int64_t, void*) {
   return NoCuda("RoundToBf16");
 }
 
+absl::Status Scale(void*, Elem, int64_t, float, void*) {
+  return NoCuda("Scale");
+}
+
 absl::Status UnpackBf16(const uint16_t*, int64_t, int64_t, float*, int64_t,
                         void*) {
   return NoCuda("UnpackBf16");

@@ -201,6 +201,21 @@ __global__ void RoundToBf16Kernel(float* __restrict__ x, int64_t n) {
   }
 }
 
+__global__ void ScaleKernel(float* __restrict__ x, int64_t n, float factor) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+       i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    x[i] = __fmul_rn(x[i], factor);
+  }
+}
+
+__global__ void ScaleBf16Kernel(uint16_t* __restrict__ x, int64_t n,
+                                float factor) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+       i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    x[i] = FloatToBf16Bits(__fmul_rn(Bf16BitsToFloat(x[i]), factor));
+  }
+}
+
 // The checks of PackBf16 and UnpackBf16.
 absl::Status CheckBf16Block(const char* fn, const void* a, const void* b,
                             int64_t rows, int64_t cols, int64_t ld) {
@@ -400,6 +415,25 @@ absl::Status RoundToBf16(float* x, int64_t n, void* stream) {
   RoundToBf16Kernel<<<Blocks(n), kThreads, 0,
                       static_cast<cudaStream_t>(stream)>>>(x, n);
   MUON_CUDA_RETURN_IF_LAUNCH_FAILED("RoundToBf16Kernel");
+  return absl::OkStatus();
+}
+
+absl::Status Scale(void* x, Elem type, int64_t n, float factor, void* stream) {
+  if (n < 0 || (n > 0 && x == nullptr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Scale: n must be >= 0 and x non-null, got n = ", n));
+  }
+  if (n == 0) return absl::OkStatus();
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (type == Elem::kBf16) {
+    ScaleBf16Kernel<<<Blocks(n), kThreads, 0, s>>>(static_cast<uint16_t*>(x), n,
+                                                   factor);
+    MUON_CUDA_RETURN_IF_LAUNCH_FAILED("ScaleBf16Kernel");
+  } else {
+    ScaleKernel<<<Blocks(n), kThreads, 0, s>>>(static_cast<float*>(x), n,
+                                               factor);
+    MUON_CUDA_RETURN_IF_LAUNCH_FAILED("ScaleKernel");
+  }
   return absl::OkStatus();
 }
 

@@ -75,6 +75,12 @@ absl::Status FirstNonFinite(const float* x, int64_t n, int64_t* first,
 absl::Status FirstNonFiniteBf16(const uint16_t* x, int64_t n, int64_t* first,
                                 void* stream);
 
+// x[i] <- x[i] * factor for i in [0, n) on `stream`, `x` device memory
+// of `type`: float32 one rounded multiply (__fmul_rn); bf16 bits widened
+// exactly, multiplied so, rounded to nearest even (kernels::Scale's bits).
+// Errors: InvalidArgument (n < 0, null); Internal (launch).
+absl::Status Scale(void* x, Elem type, int64_t n, float factor, void* stream);
+
 // In one pass: param <- param * (float)(1 - lr*weight_decay)
 //                       + (float)(-adjusted_lr) * update
 // (the multiply by the decay rounded first, as torch's mul_ then

@@ -156,6 +156,12 @@ class CudaStepKernels final : public StepKernels {
                             stream->native_handle());
   }
 
+  absl::Status Scale(device::Stream* stream, void* x, ParamDType dtype,
+                     int64_t n, float factor) override {
+    if (absl::Status s = CheckScaleArguments(x, n); !s.ok()) return s;
+    return cuda::Scale(x, ElemOf(dtype), n, factor, stream->native_handle());
+  }
+
   absl::Status FirstNonFinite(device::Stream* stream, const void* x,
                               ParamDType dtype, int64_t n,
                               int64_t* first) override {

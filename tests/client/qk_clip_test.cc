@@ -28,7 +28,6 @@
 #include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kernels/bfloat16.h"
 #include "tests/client/distributed_world.h"
 #include "tests/client/single_device_reference.h"
 #include "tests/status_matchers.h"
@@ -91,16 +90,18 @@ TEST(QkClipTest, GroupScales_GroupedQueryHeads_MinOfOneAndThresholdOverMax) {
               ::testing::ElementsAre(1.0, 0.5, 1.0, 0.25));
 }
 
-TEST(QkClipTest, ScaleGlobalRows_PartOfShard_OnlyThoseRowsOneMultiply) {
-  // A shard holding global rows [3, 7) of 2 columns; rows [5, 9) scaled.
-  std::vector<float> w = {1, 2, 3, 4, 5, 6, 7, 8};
-  ScaleGlobalRows(w.data(), DType::kFloat32, Range{3, 7}, 2, 5, 9, 0.5);
-  EXPECT_EQ(w, (std::vector<float>{1, 2, 3, 4, 2.5, 3, 3.5, 4}));
-  std::vector<kernels::bf16_t> b = {kernels::FloatToBf16(3.0f),
-                                    kernels::FloatToBf16(1.0f)};
-  ScaleGlobalRows(b.data(), DType::kBFloat16, Range{0, 1}, 2, 0, 1, 1.0 / 3);
-  EXPECT_EQ(b[0], kernels::FloatToBf16(3.0f * static_cast<float>(1.0 / 3)));
-  EXPECT_EQ(b[1], kernels::FloatToBf16(static_cast<float>(1.0 / 3)));
+TEST(QkClipTest, GlobalRowsSpan_OnlyTheRowsTheShardHolds) {
+  // A shard holding global rows [3, 7) of 2 columns.
+  const Range held{3, 7};
+  const ElementSpan tail = GlobalRowsSpan(held, 2, 5, 9);  // rows 5, 6
+  EXPECT_EQ(tail.first, 4);
+  EXPECT_EQ(tail.count, 4);
+  const ElementSpan head = GlobalRowsSpan(held, 2, 0, 4);  // row 3
+  EXPECT_EQ(head.first, 0);
+  EXPECT_EQ(head.count, 2);
+  EXPECT_EQ(GlobalRowsSpan(held, 2, 7, 9).count, 0);  // after the shard
+  EXPECT_EQ(GlobalRowsSpan(held, 2, 0, 3).count, 0);  // before it
+  EXPECT_EQ(GlobalRowsSpan(held, 0, 3, 7).count, 0);  // no columns
 }
 
 // Largest logit of each query head over tokens x [n, kHidden]: max over

@@ -203,6 +203,32 @@ TEST(HostStepKernelsTest, RoundToBf16_EachValueToItsBf16) {
   EXPECT_TRUE(absl::IsInvalidArgument(k->RoundToBf16(nullptr, x.data(), -1)));
 }
 
+TEST(HostStepKernelsTest, Scale_OneRoundedMultiplyPerElement) {
+  std::unique_ptr<StepKernels> k = MakeHostStepKernels(nullptr);
+  const float factor = static_cast<float>(1.0 / 3);
+  const std::vector<float> before = Random(kN, 9);
+  std::vector<float> x = before;
+  ASSERT_TRUE(
+      k->Scale(nullptr, x.data(), ParamDType::kFloat32, kN, factor).ok());
+  std::vector<bf16_t> b = ToBf16(before);
+  const std::vector<bf16_t> b_before = b;
+  ASSERT_TRUE(
+      k->Scale(nullptr, b.data(), ParamDType::kBFloat16, kN, factor).ok());
+  for (int64_t i = 0; i < kN; ++i) {
+    // The float product of the two floats, rounded once: what the double
+    // product rounds to (a float product is exact in double).
+    ASSERT_EQ(x[i], static_cast<float>(static_cast<double>(before[i]) *
+                                       static_cast<double>(factor)))
+        << i;
+    ASSERT_EQ(b[i], FloatToBf16(Bf16ToFloat(b_before[i]) * factor)) << i;
+  }
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      k->Scale(nullptr, x.data(), ParamDType::kFloat32, -1, factor)));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      k->Scale(nullptr, nullptr, ParamDType::kFloat32, 1, factor)));
+  EXPECT_TRUE(k->Scale(nullptr, nullptr, ParamDType::kFloat32, 0, factor).ok());
+}
+
 // The CUDA kernels of cuda:0 on a stream, against the host kernels.
 class CudaStepKernelsTest : public ::testing::Test {
  protected:
@@ -355,6 +381,32 @@ TEST_F(CudaStepKernelsTest, Bf16PackUnpackAndRound_BitwiseHost) {
   ASSERT_TRUE(host->RoundToBf16(nullptr, x.data(), kN).ok());
   ASSERT_TRUE(kernels_->RoundToBf16(stream_.get(), d_x.data(), kN).ok());
   EXPECT_TRUE(SameBits(ToHost(d_x), x));
+}
+
+// QK-clip's row scaling: the host's bits, fp32 and bf16.
+TEST_F(CudaStepKernelsTest, Scale_BitwiseHost) {
+  std::unique_ptr<StepKernels> host = MakeHostStepKernels(nullptr);
+  const float factor = static_cast<float>(std::pow(0.37, 0.5));
+  std::vector<float> x = Random(kN, 10);
+  std::vector<bf16_t> b = ToBf16(Random(kN, 11));
+  device::DeviceBuffer<float> d_x = ToDevice(x);
+  device::DeviceBuffer<bf16_t> d_b = ToDevice(b);
+  ASSERT_TRUE(
+      host->Scale(nullptr, x.data(), ParamDType::kFloat32, kN, factor).ok());
+  ASSERT_TRUE(
+      host->Scale(nullptr, b.data(), ParamDType::kBFloat16, kN, factor).ok());
+  ASSERT_TRUE(
+      kernels_
+          ->Scale(stream_.get(), d_x.data(), ParamDType::kFloat32, kN, factor)
+          .ok());
+  ASSERT_TRUE(
+      kernels_
+          ->Scale(stream_.get(), d_b.data(), ParamDType::kBFloat16, kN, factor)
+          .ok());
+  EXPECT_TRUE(SameBits(ToHost(d_x), x));
+  EXPECT_EQ(ToHost(d_b), b);
+  EXPECT_TRUE(absl::IsInvalidArgument(kernels_->Scale(
+      stream_.get(), d_x.data(), ParamDType::kFloat32, -1, factor)));
 }
 
 TEST_F(CudaStepKernelsTest, WithoutComputeStream_NoNewtonSchulz) {
