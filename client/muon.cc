@@ -580,6 +580,8 @@ QkClipRank Muon::QkClipView() const {
 }
 
 absl::Status Muon::SetQkClip(const QkClipOptions& qk_clip) {
+  MUON_RETURN_IF_ERROR(
+      CheckQkClipDevice(qk_clip, OptionContext{device_, rank_, false}));
   MUON_ASSIGN_OR_RETURN(
       QkClipper clipper,
       QkClipper::Create(qk_clip, QkClipView(), uses_sub_mesh_));

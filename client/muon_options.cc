@@ -258,6 +258,18 @@ absl::StatusOr<MuonOptions> MuonOptionsFromProto(
   return o;
 }
 
+absl::Status CheckQkClipDevice(const QkClipOptions& qk_clip,
+                               const OptionContext& context) {
+  if (!qk_clip.enabled() || !context.device.is_cuda()) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "rank ", context.rank,
+      ": qk_clip scales rows of CPU parameters in this version; the "
+      "parameters are on ",
+      context.device.ToString()));
+}
+
 absl::StatusOr<MuonOptions> ResolveOptions(
     const MuonOptions& options, const v1::ExecutionOptions& execution,
     const OptionContext& context) {
@@ -281,13 +293,7 @@ absl::StatusOr<MuonOptions> ResolveOptions(
         "exchange_dtype empty or \"float32\")"));
   }
   MUON_RETURN_IF_ERROR(CheckNorMuon(options, bf16_exchange, context));
-  if (options.qk_clip.enabled() && context.device.is_cuda()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        rank,
-        "qk_clip scales rows of CPU parameters in this version; the "
-        "parameters are on ",
-        context.device.ToString()));
-  }
+  MUON_RETURN_IF_ERROR(CheckQkClipDevice(options.qk_clip, context));
   if (context.device.is_cuda() && context.custom_exchange) {
     return absl::InvalidArgumentError(absl::StrCat(
         rank, "custom gather_fn / redistribute_fn take host memory; the ",

@@ -206,6 +206,13 @@ struct OptionContext {
   bool custom_exchange = false;  // DistributedConfig gather_fn/redistribute_fn.
 };
 
+// QK-clip with layers on CUDA parameters: refused (InvalidArgument naming
+// the rank and device) until its CUDA row scaling (StepKernels::Scale) has
+// run on a GPU; OK otherwise. Muon::Create (through ResolveOptions) and
+// Muon::SetQkClip check it.
+absl::Status CheckQkClipDevice(const QkClipOptions& qk_clip,
+                               const OptionContext& context);
+
 // `options` checked against each other, the execution options and
 // `context`, with the defaults that depend on them filled in: every check
 // across options made once, on every rank alike, before any collective

@@ -43,11 +43,10 @@ absl::StatusOr<QkClipper> QkClipper::Create(const QkClipOptions& options,
          {std::pair<int, const char*>{q, "q"}, {k, "k"}}) {
       if (index < 0) continue;
       const ParamView& p = params[index];
-      if (p.expert_stack || !p.device.is_host()) {
+      if (p.expert_stack) {
         return absl::InvalidArgumentError(absl::StrCat(
             "rank ", rank.rank, ": qk_clip layer ", l, ": parameter \"", p.name,
-            "\" is ", p.expert_stack ? "an expert stack" : p.device.ToString(),
-            "; QK-clip scales 2-D CPU parameters in this version"));
+            "\" is an expert stack; QK-clip scales 2-D parameters"));
       }
       if (absl::Status s =
               CheckQkClipRows(layer, which, p.shape(), static_cast<int>(l));

@@ -53,8 +53,9 @@ class QkClipper {
   // another pipeline stage (neither parameter here). Errors (each naming
   // the rank): InvalidArgument for bad options, a layer naming a parameter
   // this rank lacks (one of the two only, or either without sub-meshes), a
-  // parameter that is an expert stack or not in host memory, or rows the
-  // heads overrun (CheckQkClipRows).
+  // parameter that is an expert stack, or rows the heads overrun
+  // (CheckQkClipRows). Parameters may be on any device whose kernels Clip
+  // is given.
   static absl::StatusOr<QkClipper> Create(const QkClipOptions& options,
                                           const QkClipRank& rank,
                                           bool uses_sub_mesh);

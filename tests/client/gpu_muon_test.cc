@@ -9,7 +9,9 @@
 //   - with the default bf16 Newton-Schulz, within torch.optim.Muon's bf16
 //     bound of the CPU step;
 // and the device-side paths: the non-finite check, the transactional
-// rollback, state_dict round trips, a caller stream. Skips without a GPU
+// rollback, state_dict round trips, a caller stream; and QK-clip's row
+// scaling on the device (QkClipper with the CUDA kernels), bitwise the
+// host's. Skips without a GPU
 // (fails with MUON_REQUIRE_GPU=1; tools/device_checks.sh runs it).
 #include <cmath>
 #include <cstdint>
@@ -20,13 +22,17 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "client/distributed_config.h"
 #include "client/muon.h"
+#include "client/qk_clipper.h"
 #include "client/tensor_view.h"
+#include "common/layout.h"
 #include "device/cuda_runtime.h"
 #include "device/memory.h"
 #include "device/runtime.h"
 #include "gtest/gtest.h"
 #include "kernels/bfloat16.h"
+#include "kernels/step_kernels.h"
 #include "tests/client/rank_threads.h"
 #include "tests/gpu_test_util.h"
 
@@ -347,6 +353,73 @@ TEST(GpuMuonTest, CudaParams_StateDictIntoFreshOptimizer_SameNextStep) {
     EXPECT_TRUE(BitwiseEqual(b_params.Data(i), a.params->Data(i)));
     EXPECT_TRUE(
         BitwiseEqual((*b)->momentum_buffer(i), a.muon->momentum_buffer(i)));
+  }
+}
+
+// QK-clip of one layer (w0's 6 query heads of 16 rows in 2 groups, w1's 2
+// key heads from row 8) on `params`: the rows of both groups scaled, with
+// `kernels` on `stream`. Returns the groups clipped (-1 on an error).
+int64_t ClipLayer(const Params& params, kernels::StepKernels& kernels,
+                  device::Stream* stream) {
+  QkClipOptions options;
+  options.threshold = 100;
+  options.alpha = 0.5;
+  QkClipLayer layer;
+  layer.q_param = "w0";
+  layer.k_param = "w1";
+  layer.k_row_begin = 8;
+  layer.num_heads = 6;
+  layer.num_kv_heads = 2;
+  layer.head_dim = 16;
+  options.layers = {layer};
+  const std::vector<ParamView> views = params.Views();
+  const std::vector<ParamPlacement> placements(
+      views.size(), ParamPlacement{{Placement::Replicate()}, {}});
+  const Mesh mesh = Mesh::OneDim(1);
+  const QkClipRank rank{0, 1, &views, &placements, &mesh, nullptr};
+  absl::StatusOr<QkClipper> clipper = QkClipper::Create(options, rank, false);
+  if (!clipper.ok()) {
+    ADD_FAILURE() << clipper.status();
+    return -1;
+  }
+  QkClipStats stats;
+  const absl::Status s = clipper->Clip({50, 400, 120, 80, 250, -INFINITY},
+                                       kernels, stream, &stats);
+  if (!s.ok()) {
+    ADD_FAILURE() << s;
+    return -1;
+  }
+  return stats.groups_clipped;
+}
+
+// QK-clip's row scaling on cuda:0 (QkClipper with the CUDA kernels on a
+// stream) against the same clip of host parameters with the host kernels:
+// bitwise, fp32 and bf16. Muon refuses qk_clip on CUDA parameters
+// (CheckQkClipDevice) until this has passed on a GPU.
+TEST(GpuQkClipTest, CudaRowScaling_BitwiseHost) {
+  MUON_SKIP_OR_FAIL_UNLESS_CUDA_DEVICE();
+  absl::StatusOr<device::Runtime*> rt =
+      device::GetRuntime(device::Device::Cuda(0));
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  absl::StatusOr<std::unique_ptr<device::Stream>> stream =
+      (*rt)->CreateStream("qk-clip test");
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  absl::StatusOr<std::unique_ptr<kernels::StepKernels>> cuda =
+      kernels::MakeCudaStepKernels(0, nullptr, kernels::GpuPrecision::kFp32);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  std::unique_ptr<kernels::StepKernels> host =
+      kernels::MakeHostStepKernels(nullptr);
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    Params on_gpu(/*on_gpu=*/true, dtype), on_host(/*on_gpu=*/false, dtype);
+    const std::vector<float> w0_before = on_host.Data(0);
+    ASSERT_EQ(ClipLayer(on_host, *host, nullptr), 2);
+    ASSERT_EQ(ClipLayer(on_gpu, **cuda, stream->get()), 2);
+    ASSERT_TRUE((*stream)->Synchronize(absl::Seconds(60)).ok());
+    EXPECT_FALSE(BitwiseEqual(on_host.Data(0), w0_before));  // it clipped
+    for (size_t i = 0; i < Shapes().size(); ++i) {
+      EXPECT_TRUE(BitwiseEqual(on_gpu.Data(i), on_host.Data(i)))
+          << Shapes()[i].name << " " << DTypeName(dtype);
+    }
   }
 }
 

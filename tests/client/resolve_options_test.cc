@@ -143,6 +143,26 @@ TEST(ResolveOptionsTest, CpuOnlyOptions_EachRefusedOnCudaByName) {
   }
 }
 
+// The check Muon::SetQkClip shares with ResolveOptions: layers on CUDA
+// parameters refused, naming the rank and device; no layers, or the host,
+// pass.
+TEST(ResolveOptionsTest, CheckQkClipDevice_RefusesLayersOnCudaOnly) {
+  QkClipOptions qk;
+  const OptionContext cuda{device::Device::Cuda(0), 3, false};
+  EXPECT_TRUE(CheckQkClipDevice(qk, cuda).ok());
+  QkClipLayer layer;
+  layer.q_param = "wq";
+  layer.k_param = "wk";
+  layer.num_heads = layer.num_kv_heads = 1;
+  layer.head_dim = 4;
+  qk.layers.push_back(layer);
+  EXPECT_TRUE(CheckQkClipDevice(qk, Host()).ok());
+  EXPECT_THAT(CheckQkClipDevice(qk, cuda),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("rank 3"), HasSubstr("qk_clip"),
+                             HasSubstr("cuda:0"))));
+}
+
 // torch's argument messages come first, without a rank (they read as
 // torch.optim.Muon.__init__'s); the execution options' follow with one.
 TEST(ResolveOptionsTest, TorchArgumentErrorsFirstThenExecution) {
