@@ -221,8 +221,8 @@ typedef struct {
    * buckets ordered last matrix first (25 MiB each unless
    * bucket_size_bytes says), muonrt_optimizer_mark_ready hands ready
    * buckets to the exchange. The non-finite gradient check is then off
-   * unless check_finite says 1, which is refused (its agreement needs
-   * every gradient before the step starts); it cannot run with
+   * unless check_finite says 1 (then a snapshot of parameters and
+   * momentum undoes a step with a NaN/Inf gradient); it cannot run with
    * transactional_step. ABI version 9. */
   int overlap_backward;
   /* The momentum buffer's dtype (MuonOptions::momentum_dtype): "param"
@@ -232,8 +232,9 @@ typedef struct {
    * ABI version 11. */
   const char* momentum_dtype;
   /* The non-finite gradient check (MuonOptions::check_finite): -1
-   * (default) on, except with overlap_backward; 1 on (refused with
-   * overlap_backward); 0 off (NaN/Inf propagate as in torch.optim.Muon).
+   * (default) on, except with overlap_backward; 1 on (with
+   * overlap_backward: a snapshot undoes a bad step); 0 off (NaN/Inf
+   * propagate as in torch.optim.Muon).
    * Start from muonrt_options_default: a zero-filled struct turns the
    * check off (and sets lr 0). ABI version 12. */
   int check_finite;
@@ -254,7 +255,7 @@ void muonrt_options_default(muonrt_options* options);
  * the schedule, method and device names, the execution options
  * (negative counts, unknown policy) and the options against each other as
  * for CPU parameters (muon::ResolveOptions: overlap_backward with
- * check_finite 1 or transactional_step, normuon with the bf16 exchange).
+ * transactional_step, normuon with the bf16 exchange).
  * muonrt_optimizer_create runs the same checks. Errors: INVALID_ARGUMENT naming
  * the field and value. ABI version 7. */
 int muonrt_options_validate(const muonrt_options* options);

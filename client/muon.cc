@@ -526,7 +526,13 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
   MUON_RETURN_IF_ERROR(
       muon->MakeDataPath(config, std::move(local.geometry), &run));
   muon->qk_clipper_.set_control(run.rank_flags->control());
-  MUON_RETURN_IF_ERROR(muon->AllocateState(run.executor.get()));
+  // The snapshot a step is undone to: transactional_step's, and
+  // check_finite's under overlap_backward (the step begins before every
+  // gradient is known).
+  MUON_RETURN_IF_ERROR(muon->AllocateState(
+      run.executor.get(), muon->options_.transactional_step ||
+                              (run.overlap_backward &&
+                               muon->options_.check_finite.value_or(false))));
   muon->pipeline_ =
       std::make_unique<StepPipeline>(muon->PipelineParts(), std::move(run));
   return muon;
@@ -649,14 +655,14 @@ StepPipelineParts Muon::PipelineParts() {
   return parts;
 }
 
-absl::Status Muon::AllocateState(StepExecutor* executor) {
+absl::Status Muon::AllocateState(StepExecutor* executor, bool snapshot) {
   OptimizerStateSpec spec;
   for (const ParamView& p : params_) {
     spec.momentum_dtypes.push_back(
         MomentumDTypeOf(options_.momentum_dtype, p.dtype));
   }
   spec.row_state = owner_transform_ != nullptr;
-  spec.snapshot = options_.transactional_step;
+  spec.snapshot = snapshot;
   MUON_ASSIGN_OR_RETURN(
       state_, OptimizerState::Create(params_, spec, runtime_, &memory_->state,
                                      &memory_->snapshot));

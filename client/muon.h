@@ -241,11 +241,15 @@ class Muon {
   // and again at its bucket's gather); in the debug
   // (sequential) mode Step checks that and returns FailedPrecondition
   // naming the parameter. Every rank must mark every parameter it holds
-  // (or leave it to Step) in each step.
+  // (or leave it to Step) in each step. With check_finite set true, a
+  // gradient holding NaN or Inf on any rank makes Step return
+  // FailedPrecondition on every rank (MuonOptions::check_finite's
+  // messages), with parameters, momentum and step count as before the
+  // step's first MarkReady.
   // Errors: OutOfRange (bad index); FailedPrecondition (overlap_backward
   // off; marked twice in one step; no gradient); the executor's enqueue
-  // errors. Create refuses overlap_backward with check_finite set true,
-  // transactional_step on, or CUDA parameters (InvalidArgument).
+  // errors. Create refuses overlap_backward with transactional_step on, or
+  // CUDA parameters (InvalidArgument).
   absl::Status MarkReady(int index);
 
   // Replaces MuonOptions::qk_clip (the C ABI and Python configure it after
@@ -350,8 +354,9 @@ class Muon {
   // shapes, placements and boxes, for checks and for Load to fill.
   OptimizerStateDict StateLayout() const;
   // The optimizer's state on the parameters' device (OptimizerState), at
-  // Create; its row state bound to `executor`.
-  absl::Status AllocateState(StepExecutor* executor);
+  // Create, with a snapshot of parameters and state when `snapshot`; its
+  // row state bound to `executor`.
+  absl::Status AllocateState(StepExecutor* executor, bool snapshot);
   // What the step pipeline works on (this optimizer's members).
   StepPipelineParts PipelineParts();
   // QkClipper's view of this rank (its parameters, placements, mesh and

@@ -83,16 +83,11 @@ absl::Status CheckNorMuon(const MuonOptions& o, bool bf16_exchange,
   return absl::OkStatus();
 }
 
-// What overlap_backward cannot run with. check_finite counts only when set
-// true (unset means off under overlap_backward).
+// What overlap_backward cannot run with.
 // Errors: InvalidArgument naming the option.
 absl::Status CheckOverlap(const MuonOptions& o, const OptionContext& context) {
   std::string refused;
-  if (o.check_finite.value_or(false)) {
-    refused =
-        "check_finite (its agreement needs every gradient before the "
-        "step starts): leave it unset or set it to false";
-  } else if (o.transactional_step) {
+  if (o.transactional_step) {
     refused =
         "transactional_step (its snapshot precedes the momentum "
         "pass): set it to false";
@@ -302,9 +297,11 @@ absl::StatusOr<MuonOptions> ResolveOptions(
   }
   if (execution.overlap_backward()) {
     MUON_RETURN_IF_ERROR(CheckOverlap(options, context));
-    resolved.check_finite = false;
-  } else if (!resolved.check_finite.has_value()) {
-    resolved.check_finite = true;
+  }
+  // Unset: on, except under overlap_backward, where it costs a snapshot of
+  // parameters and state (the step begins before every gradient is known).
+  if (!resolved.check_finite.has_value()) {
+    resolved.check_finite = !execution.overlap_backward();
   }
   return resolved;
 }

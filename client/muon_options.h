@@ -97,8 +97,11 @@ struct MuonOptions {
   // momentum stay unchanged on every rank. Off: NaN/Inf propagate as in
   // torch.optim.Muon. Unset (the default): on, except with
   // ExecutionOptions.overlap_backward, whose exchanges start before the
-  // last gradient exists (ResolveOptions); set true with overlap_backward:
-  // refused by name.
+  // last gradient exists (ResolveOptions). Set true with overlap_backward:
+  // each gradient is scanned at its MarkReady, the ranks agree at Step,
+  // and a step with a bad gradient on any rank is undone from a snapshot
+  // of parameters and momentum taken at the step's first MarkReady (the
+  // snapshot's memory: one more copy of both, as transactional_step's).
   std::optional<bool> check_finite;
   // All-or-nothing steps: when a step fails on any rank (this rank's own
   // error, a collective that fails because another rank failed or aborted,
@@ -225,9 +228,10 @@ absl::Status CheckQkClipDevice(const QkClipOptions& qk_clip,
 //   - normuon with the bf16 or a custom exchange, or on CUDA parameters;
 //   - qk_clip with layers on CUDA parameters;
 //   - a custom exchange with CUDA parameters;
-//   - overlap_backward with check_finite set true, transactional_step, or
-//     parameters off the host;
-// then check_finite unset becomes !execution.overlap_backward().
+//   - overlap_backward with transactional_step, or parameters off the
+//     host;
+// then check_finite unset becomes !execution.overlap_backward() (set true
+// under overlap_backward, it keeps a snapshot of parameters and state).
 // Errors: InvalidArgument naming the options and values ("rank R: ..."
 //   after ValidateMuonOptions' torch messages).
 absl::StatusOr<MuonOptions> ResolveOptions(

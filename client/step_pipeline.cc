@@ -263,11 +263,10 @@ absl::Status StepPipeline::GatherRankFlags(float flag) {
   return gathered;
 }
 
-absl::Status StepPipeline::FindNonFinite(device::Stream* caller, int* bad_param,
-                                         int64_t* bad_index, float* bad_value) {
-  *bad_param = -1;
-  const int n = static_cast<int>(params_.size());
-  for (int i = 0; i < n; ++i) {
+absl::Status StepPipeline::FindNonFinite(device::Stream* caller, int begin,
+                                         int end, NonFinite* found) {
+  *found = NonFinite();
+  for (int i = begin; i < end; ++i) {
     const ParamView& p = params_[i];
     const int64_t numel = state_->momentum(i).size();
     if (numel == 0) continue;
@@ -279,19 +278,19 @@ absl::Status StepPipeline::FindNonFinite(device::Stream* caller, int* bad_param,
   }
   MUON_RETURN_IF_ERROR(SyncCaller(caller));
   MUON_RETURN_IF_ERROR(state_->FetchNonfinite());
-  for (int i = 0; i < n; ++i) {
+  for (int i = begin; i < end; ++i) {
     if (state_->momentum(i).size() == 0 || state_->nonfinite(i) < 0) continue;
     const ParamView& p = params_[i];
-    *bad_param = i;
-    *bad_index = state_->nonfinite(i);
+    found->param = i;
+    found->index = state_->nonfinite(i);
     const int64_t size = DTypeSize(p.grad_dtype);
-    const char* at = static_cast<const char*>(p.grad) + *bad_index * size;
+    const char* at = static_cast<const char*>(p.grad) + found->index * size;
     if (p.grad_dtype == DType::kBFloat16) {
       kernels::bf16_t raw;
       MUON_RETURN_IF_ERROR(runtime_->CopyToHost(&raw, at, size));
-      *bad_value = kernels::Bf16ToFloat(raw);
+      found->value = kernels::Bf16ToFloat(raw);
     } else {
-      MUON_RETURN_IF_ERROR(runtime_->CopyToHost(bad_value, at, size));
+      MUON_RETURN_IF_ERROR(runtime_->CopyToHost(&found->value, at, size));
     }
     break;
   }
@@ -300,29 +299,31 @@ absl::Status StepPipeline::FindNonFinite(device::Stream* caller, int* bad_param,
 
 absl::Status StepPipeline::CheckGradientsFinite(device::Stream* caller) {
   if (!*options_.check_finite) return absl::OkStatus();
-  int bad_param = -1;
-  int64_t bad_index = -1;
-  float bad_value = 0.0f;
+  NonFinite found;
   // A device error here is this rank's own failure, raised before any
   // collective and reported, so that the other ranks' agreement fails too.
   if (absl::Status s =
-          FindNonFinite(caller, &bad_param, &bad_index, &bad_value);
+          FindNonFinite(caller, 0, static_cast<int>(params_.size()), &found);
       !s.ok()) {
     return agent_ != nullptr ? agent_->OnOwnFailure(s) : s;
   }
+  return AgreeOnFinite(found);
+}
+
+absl::Status StepPipeline::AgreeOnFinite(const NonFinite& found) {
   absl::Status local = absl::OkStatus();
-  if (bad_param >= 0) {
+  if (found.param >= 0) {
     local = absl::FailedPreconditionError(absl::StrCat(
-        "rank ", rank_, ": parameter \"", params_[bad_param].name,
-        "\" has a non-finite gradient (", bad_value, " at local index ",
-        bad_index, ") at step ", step_ + 1,
+        "rank ", rank_, ": parameter \"", params_[found.param].name,
+        "\" has a non-finite gradient (", found.value, " at local index ",
+        found.index, ") at step ", step_ + 1,
         "; the step was not taken: parameters and momentum are unchanged on "
         "every rank"));
   }
   if (!rank_flags_->collective()) return local;
   // Agreement: each rank contributes 1 + the index of its first bad
   // parameter (0 = all finite; exact in float below 2^24 parameters).
-  MUON_RETURN_IF_ERROR(GatherRankFlags(static_cast<float>(bad_param + 1)));
+  MUON_RETURN_IF_ERROR(GatherRankFlags(static_cast<float>(found.param + 1)));
   if (!local.ok()) return local;
   if (const int r = rank_flags_->FirstRaised(); r >= 0) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -350,6 +351,10 @@ absl::Status StepPipeline::BeginOverlappedStep() {
   grad_fingerprints_.assign(params_.size(), 0);
   enqueued_ready_ = 0;
   overlap_start_ = absl::Now();
+  overlap_non_finite_ = NonFinite();
+  // Before the first momentum pass writes anything: what a step with a bad
+  // gradient on any rank is undone to.
+  if (overlap_checks_finite()) MUON_RETURN_IF_ERROR(TakeSnapshot(nullptr));
   MUON_RETURN_IF_ERROR(
       executor_->Begin(state_->update_sources(), params_, rule_, nullptr));
   overlap_begun_ = true;
@@ -366,6 +371,13 @@ absl::Status StepPipeline::ReadyOne(int index) {
                      "\" was marked ready without a gradient"));
   }
   if (n > 0) {
+    // The first bad gradient of the step is kept for Step's agreement; the
+    // step goes on meanwhile (its buckets' collectives are under way on
+    // the other ranks) and is undone there.
+    if (overlap_checks_finite() && overlap_non_finite_.param < 0) {
+      MUON_RETURN_IF_ERROR(
+          FindNonFinite(nullptr, index, index + 1, &overlap_non_finite_));
+    }
     MUON_RETURN_IF_ERROR(MomentumOne(index, nullptr));
     if (!executor_->async()) {
       grad_fingerprints_[index] =
@@ -428,7 +440,22 @@ absl::Status StepPipeline::FinishOverlappedStep() {
   // collectives), whatever failed here.
   absl::Status finished = executor_->Finish(&stats_);
   overlap_begun_ = false;
-  MUON_RETURN_IF_ERROR(Commit(status, finished));
+  const absl::Status committed = Commit(status, finished);
+  if (overlap_checks_finite()) {
+    // Every rank agrees, whatever its step's outcome, so that none waits
+    // for another; a bad gradient anywhere undoes the step everywhere.
+    absl::Status finite = AgreeOnFinite(overlap_non_finite_);
+    if (!finite.ok()) {
+      if (absl::Status r = RestoreSnapshot(nullptr); !r.ok()) {
+        finite = absl::Status(
+            finite.code(),
+            absl::StrCat(finite.message(),
+                         "; restoring the snapshot failed: ", r.ToString()));
+      }
+      return committed.ok() ? finite : committed;
+    }
+  }
+  MUON_RETURN_IF_ERROR(committed);
   Report(overlap_start_);
   return absl::OkStatus();
 }

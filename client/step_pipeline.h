@@ -122,13 +122,32 @@ class StepPipeline {
   // their sizes (FailedPrecondition naming the parameter and rank); a
   // no-op for views given as ParamView.
   absl::Status BindOne(int index);
+  // A gradient element that is NaN or Inf: its parameter (-1: none), its
+  // local index and its value.
+  struct NonFinite {
+    int param = -1;
+    int64_t index = -1;
+    float value = 0.0f;
+  };
   // check_finite: the local scan and the ranks' agreement.
   absl::Status CheckGradientsFinite(device::Stream* caller);
-  // The local scan: the first parameter (optimizer order) whose gradient
-  // holds NaN or Inf, with the index and value, or bad_param = -1.
-  absl::Status FindNonFinite(device::Stream* caller, int* bad_param,
-                             int64_t* bad_index, float* bad_value);
-  // transactional_step: parameters and state into the snapshot; back.
+  // The local scan of parameters [begin, end): the first (optimizer order)
+  // whose gradient holds NaN or Inf, or param = -1.
+  absl::Status FindNonFinite(device::Stream* caller, int begin, int end,
+                             NonFinite* found);
+  // The ranks' agreement on `found` (this rank's first bad gradient of the
+  // step): FailedPrecondition on every rank when any rank has one (its own
+  // naming the parameter, value and index; the others naming that rank).
+  absl::Status AgreeOnFinite(const NonFinite& found);
+  // Whether a step begun by MarkReady checks its gradients (check_finite
+  // with overlap_backward): each is scanned at MarkReady, the ranks agree
+  // at Step, and a bad step is undone from the snapshot taken at its
+  // first MarkReady.
+  bool overlap_checks_finite() const {
+    return overlap_ && options_.check_finite.value_or(false);
+  }
+  // transactional_step, and check_finite with overlap_backward: parameters
+  // and state into the snapshot; back.
   absl::Status TakeSnapshot(device::Stream* caller);
   absl::Status RestoreSnapshot(device::Stream* caller);
   // The momentum step on every local shard on `caller`, then the
@@ -207,6 +226,7 @@ class StepPipeline {
   int enqueued_ready_ = 0;
   std::vector<uint64_t> grad_fingerprints_;
   absl::Time overlap_start_;
+  NonFinite overlap_non_finite_;  // the step's first bad gradient here
   StepStats stats_;
   int64_t step_ = 0;
 };

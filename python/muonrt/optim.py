@@ -298,8 +298,9 @@ class Muon(torch.optim.Optimizer):
         mark_ready, and a bucket whose parameters are all ready is
         exchanged and orthogonalized while backward goes on; step()
         finishes the rest. Bitwise the same results. The non-finite check
-        is off with it (check_finite=True is refused); not with
-        transactional_step; CPU tensors.
+        is off with it unless check_finite=True (then a snapshot of
+        parameters and momentum undoes a step with a NaN/Inf gradient);
+        not with transactional_step; CPU tensors.
     gpu_precision (keyword-only, None): Newton-Schulz's element type on
         CUDA parameters: "bf16" (None; bf16 storage with fp32
         accumulation, as torch.optim.Muon's bf16 iteration), "tf32" or

@@ -4,8 +4,10 @@
 // the buckets (ordered last matrix first) run on the executor's streams
 // meanwhile. The result is bitwise the single device's and the same job's
 // without overlap, in the sequential (debug) and the async schedule; a
-// gradient changed after MarkReady is named in debug mode; the options it
-// cannot run with are refused.
+// gradient changed after MarkReady is named in debug mode; with
+// check_finite a NaN gradient on one rank fails the step on every rank and
+// leaves everything as before it; the options it cannot run with are
+// refused.
 #include <algorithm>
 #include <memory>
 #include <string>
@@ -43,7 +45,7 @@ using ::testing::HasSubstr;
 MuonOptions OverlapOptions() {
   MuonOptions o;
   o.lr = 0.02;
-  o.check_finite = false;  // its agreement needs every gradient first
+  o.check_finite = false;  // as unset under overlap_backward
   return o;
 }
 
@@ -166,24 +168,99 @@ TEST(OverlapBackwardTest, Step_GradientChangedAfterMarkReady_NamedInDebugMode) {
   EXPECT_TRUE((*muon)->Step().ok());
 }
 
-TEST(OverlapBackwardTest, Create_WithCheckFiniteOrTransactional_Refused) {
+// check_finite under overlap: in step 2 rank 2 marks a gradient holding a
+// NaN mid-backward (the other buckets' collectives already under way).
+// Step fails on every rank, naming rank 2 (rank 2 naming the parameter),
+// with parameters, momentum and step count as before the step; step 2
+// then runs again with finite gradients, and the whole run is bitwise the
+// single device's, which never saw the NaN.
+TEST(OverlapBackwardTest,
+     CheckFinite_NanOnOneRank_EveryRankFailsNothingChanged) {
+  const Problem problem = MatricesProblem();
+  MuonOptions options = OverlapOptions();
+  const absl::StatusOr<SingleDeviceResult> single =
+      RunSingleDevice(problem, options);
+  ASSERT_THAT(single, IsOk());
+  options.check_finite = true;
+  const ProblemLayout fsdp =
+      OneDimLayout(4, Placement::Shard(0), problem.specs.size());
+  constexpr int kBadRank = 2;
+  constexpr int kBadStep = 1;
+  for (const bool async : {false, true}) {
+    SCOPED_TRACE(async ? "async" : "sequential");
+    World world(4);
+    ASSERT_TRUE(world.Connect());
+    std::vector<absl::Status> failed(4);
+    const std::vector<absl::Status> st =
+        RunOnRanks(4, [&](int rank) -> absl::Status {
+          MUON_ASSIGN_OR_RETURN(world.run.shards[rank],
+                                CutShards(problem, fsdp, rank));
+          MUON_RETURN_IF_ERROR(world.CreateMuon(
+              rank, MeshConfig(fsdp), options,
+              [async](DistributedConfig& c) { Overlap(c, async); }));
+          Muon& muon = *world.run.muons[rank];
+          std::vector<Parameter>& params = world.params(rank);
+          const int n = static_cast<int>(params.size());
+          auto run_step = [&](int step, bool poison) -> absl::Status {
+            world.run.shards[rank].SetGrads(problem, step);
+            for (int i = n - 1; i >= 0; --i) {
+              if (poison && i == n / 2 && !params[i].grad.empty()) {
+                params[i].grad.back() = std::nanf("");
+              }
+              MUON_RETURN_IF_ERROR(muon.MarkReady(i));
+            }
+            return muon.Step();
+          };
+          for (int step = 0; step < problem.steps(); ++step) {
+            if (step == kBadStep) {
+              std::vector<std::vector<float>> data, momentum;
+              for (int i = 0; i < n; ++i) {
+                data.push_back(params[i].data);
+                momentum.push_back(muon.momentum_buffer(i));
+              }
+              failed[rank] = run_step(step, rank == kBadRank);
+              if (muon.step_count() != step) {
+                return absl::InternalError("the failed step was counted");
+              }
+              for (int i = 0; i < n; ++i) {
+                if (params[i].data != data[i] ||
+                    muon.momentum_buffer(i) != momentum[i]) {
+                  return absl::InternalError(absl::StrCat(
+                      "parameter ", i, " or its momentum changed"));
+                }
+              }
+            }
+            MUON_RETURN_IF_ERROR(run_step(step, false));
+          }
+          return absl::OkStatus();
+        });
+    for (int r = 0; r < 4; ++r) {
+      ASSERT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r];
+      EXPECT_THAT(failed[r],
+                  StatusIs(absl::StatusCode::kFailedPrecondition,
+                           HasSubstr(r == kBadRank ? "has a non-finite gradient"
+                                                   : "rank 2 has a non-finite "
+                                                     "gradient")))
+          << "rank " << r;
+    }
+    ExpectShardsMatchSingleDevice(problem, *single, world.run);
+  }
+}
+
+TEST(OverlapBackwardTest, Create_WithTransactional_Refused) {
   Parameter p;
   p.name = "w";
   p.local_shape = {4, 4};
   p.data.assign(16, 1.0f);
-  for (const bool transactional : {false, true}) {
-    MuonOptions o = OverlapOptions();
-    o.check_finite = !transactional;
-    o.transactional_step = transactional;
-    DistributedConfig config;
-    config.state.mesh = Mesh::OneDim(1);
-    config.state.param_placements = {ParamPlacement{{Placement::Replicate()}}};
-    config.execution.set_overlap_backward(true);
-    EXPECT_THAT(Muon::Create(std::vector<Parameter*>{&p}, o, config),
-                StatusIs(absl::StatusCode::kInvalidArgument,
-                         HasSubstr(transactional ? "transactional_step"
-                                                 : "check_finite")));
-  }
+  MuonOptions o = OverlapOptions();
+  o.transactional_step = true;
+  DistributedConfig config;
+  config.state.mesh = Mesh::OneDim(1);
+  config.state.param_placements = {ParamPlacement{{Placement::Replicate()}}};
+  config.execution.set_overlap_backward(true);
+  EXPECT_THAT(Muon::Create(std::vector<Parameter*>{&p}, o, config),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("transactional_step")));
   absl::StatusOr<std::unique_ptr<Muon>> plain =
       Muon::Create(std::vector<Parameter*>{&p});
   ASSERT_TRUE(plain.ok());

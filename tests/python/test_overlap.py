@@ -87,16 +87,49 @@ def test_overlapped_step_refuses_lr_changed_after_marks_and_missing_grads():
     opt.step()
 
 
-def test_check_finite_with_overlap_is_refused_by_name_not_turned_off():
-    """check_finite unset is off under overlap_backward; set True it is
-    refused by name before anything is made; set False it runs."""
-    w = torch.nn.Parameter(torch.randn(4, 4))
-    with pytest.raises(ValueError,
-                       match="overlap_backward cannot run with check_finite"):
-        muonrt.Muon([("w", w)], overlap_backward=True, check_finite=True)
-    opt = muonrt.Muon([("w", w)], overlap_backward=True, check_finite=False)
-    w.grad = torch.randn(4, 4)
-    opt.step()
+def test_check_finite_with_overlap_undoes_a_nan_step():
+    """check_finite=True with overlap_backward: a NaN input makes one
+    layer's gradient NaN during backward (its hooks mark every parameter,
+    the other layer's bucket runs meanwhile); step() fails, and the
+    parameters, momentum and step count are as before it; the next step
+    goes on as in a run that never saw the NaN (check_finite off)."""
+    def make(check):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16, bias=False),
+                                    torch.nn.Linear(16, 4, bias=False))
+        opt = muonrt.Muon(list(model.named_parameters()), lr=0.02,
+                          overlap_backward=True, bucket_size_bytes=64,
+                          check_finite=check)
+        return model, opt
+
+    def step(model, opt, x):
+        opt.zero_grad(set_to_none=True)
+        model(x).square().mean().backward()
+        return opt._ready.copy(), opt.step()
+
+    model, opt = make(True)
+    ref_model, ref_opt = make(False)
+    g = torch.Generator().manual_seed(1)
+    xs = [torch.randn(4, 8, generator=g) for _ in range(2)]
+    for m, o in ((model, opt), (ref_model, ref_opt)):
+        step(m, o, xs[0])
+    before = [p.detach().clone() for p in model.parameters()]
+    momentum = [s["momentum_buffer"].clone()
+                for s in opt.state_dict()["state"].values()]
+    bad = xs[1].clone()
+    bad[0, 3] = float("nan")  # the first layer's gradient holds NaN
+    with pytest.raises(RuntimeError, match="non-finite gradient"):
+        step(model, opt, bad)
+    assert opt.step_count == 1
+    for p, q in zip(model.parameters(), before):
+        assert torch.equal(p.detach(), q)
+    for s, q in zip(opt.state_dict()["state"].values(), momentum):
+        assert torch.equal(s["momentum_buffer"], q)
+    for m, o in ((model, opt), (ref_model, ref_opt)):
+        marked, _ = step(m, o, xs[1])
+        assert len(marked) == 2  # the hooks marked both during backward
+    for p, q in zip(model.parameters(), ref_model.parameters()):
+        assert torch.equal(p.detach(), q.detach())
 
 
 def test_check_finite_false_lets_nan_through_as_torch_does():
