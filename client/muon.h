@@ -67,7 +67,8 @@ struct OptimizerMemory {
   // NorMuon's row state and the finite check's results (8 bytes per
   // parameter).
   int64_t state_bytes = 0;
-  // MuonOptions::transactional_step's snapshot (0 when off).
+  // The snapshot of MuonOptions::transactional_step, or of check_finite
+  // under overlap_backward (0 without either).
   int64_t snapshot_bytes = 0;
   // The step executor's buffers: (prefetch_count + 1) bucket slots
   // (this rank's U and O of the bucket's matrices, the owned matrices'
@@ -156,7 +157,8 @@ class Muon {
   // options.check_finite, a gradient on any rank holds NaN or Inf (names
   // the rank, the parameter, the value and the step, step_count() + 1;
   // raised on every rank before any data collective, parameters and
-  // momentum untouched everywhere); communicator errors. With
+  // momentum untouched everywhere; a step begun by MarkReady is undone
+  // instead, see MarkReady); communicator errors. With
   // options.transactional_step, any error leaves this rank's parameters,
   // momentum and step_count() as before the call (bitwise), and a failure
   // on any rank fails the step on every rank: the other ranks return

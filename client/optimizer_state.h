@@ -3,8 +3,8 @@
 // (torch.optim.Muon's state["momentum_buffer"], in the parameter's dtype
 // or fp32), an owner transform's row state (NorMuon's, client/normuon.h),
 // where the executor reads each parameter's update source from, the
-// finite check's per-parameter results, and transactional_step's
-// snapshot of all of it.
+// finite check's per-parameter results, and a snapshot of all of it
+// (transactional_step's, or check_finite's under overlap_backward).
 #ifndef MUON_CLIENT_OPTIMIZER_STATE_H_
 #define MUON_CLIENT_OPTIMIZER_STATE_H_
 
@@ -28,7 +28,7 @@ namespace muon {
 struct OptimizerStateSpec {
   std::vector<kernels::ParamDType> momentum_dtypes;  // one per parameter
   bool row_state = false;  // one fp32 value per local row of each shard
-  bool snapshot = false;   // transactional_step
+  bool snapshot = false;   // transactional_step, check_finite + overlap
 };
 
 class OptimizerState {
@@ -90,8 +90,8 @@ class OptimizerState {
   absl::Status FetchNonfinite();
   int64_t nonfinite(int i) const { return host_nonfinite_[i]; }
 
-  // transactional_step's snapshot (empty when off) and the state buffers
-  // it copies: the momentum buffers, then the row states.
+  // The snapshot (empty without OptimizerStateSpec::snapshot) and the
+  // state buffers it copies: the momentum buffers, then the row states.
   StepSnapshot& snapshot() { return snapshot_; }
   const std::vector<const device::DeviceMemory*>& buffers() const {
     return buffers_;

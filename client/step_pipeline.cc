@@ -65,7 +65,13 @@ absl::Status StepPipeline::Step(void* stream) {
 }
 
 absl::Status StepPipeline::RunStep(device::Stream* caller) {
-  // A step begun during backward (MarkReady) finishes what is left.
+  // A step begun during backward (MarkReady) finishes what is left. With
+  // check_finite under overlap, a rank that marked nothing takes the same
+  // path, so that every rank's collectives come in the same order (the
+  // buckets' first, the agreement after).
+  if (!overlap_begun_ && overlap_checks_finite()) {
+    MUON_RETURN_IF_ERROR(BeginOverlappedStep());
+  }
   if (overlap_begun_) return FinishOverlappedStep();
   // At a re-plan boundary every rank switches to the coordinator's new
   // plan before the step (ExecutionOptions.replan_every_steps).
@@ -307,32 +313,41 @@ absl::Status StepPipeline::CheckGradientsFinite(device::Stream* caller) {
       !s.ok()) {
     return agent_ != nullptr ? agent_->OnOwnFailure(s) : s;
   }
-  return AgreeOnFinite(found);
+  bool any_bad = false;
+  return AgreeOnFinite(found, /*undone=*/false, &any_bad);
 }
 
-absl::Status StepPipeline::AgreeOnFinite(const NonFinite& found) {
+absl::Status StepPipeline::AgreeOnFinite(const NonFinite& found, bool undone,
+                                         bool* any_bad) {
+  *any_bad = false;
+  const char* outcome =
+      undone
+          ? "; the step was undone: parameters, momentum and step count are "
+            "as before it on every rank"
+          : "; the step was not taken: parameters and momentum are unchanged "
+            "on every rank";
   absl::Status local = absl::OkStatus();
   if (found.param >= 0) {
     local = absl::FailedPreconditionError(absl::StrCat(
         "rank ", rank_, ": parameter \"", params_[found.param].name,
         "\" has a non-finite gradient (", found.value, " at local index ",
-        found.index, ") at step ", step_ + 1,
-        "; the step was not taken: parameters and momentum are unchanged on "
-        "every rank"));
+        found.index, ") at step ", step_ + 1, outcome));
   }
-  if (!rank_flags_->collective()) return local;
+  if (!rank_flags_->collective()) {
+    *any_bad = !local.ok();
+    return local;
+  }
   // Agreement: each rank contributes 1 + the index of its first bad
   // parameter (0 = all finite; exact in float below 2^24 parameters).
   MUON_RETURN_IF_ERROR(GatherRankFlags(static_cast<float>(found.param + 1)));
+  *any_bad = !local.ok() || rank_flags_->FirstRaised() >= 0;
   if (!local.ok()) return local;
   if (const int r = rank_flags_->FirstRaised(); r >= 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", rank_, ": rank ", r,
-        " has a non-finite gradient (its parameter #",
-        static_cast<int64_t>(rank_flags_->flag(r)) - 1, "; rank ", r,
-        "'s error names it) at step ", step_ + 1,
-        "; the step was not taken: parameters and momentum are unchanged on "
-        "every rank"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank_, ": rank ", r,
+                     " has a non-finite gradient (its parameter #",
+                     static_cast<int64_t>(rank_flags_->flag(r)) - 1, "; rank ",
+                     r, "'s error names it) at step ", step_ + 1, outcome));
   }
   return absl::OkStatus();
 }
@@ -353,8 +368,14 @@ absl::Status StepPipeline::BeginOverlappedStep() {
   overlap_start_ = absl::Now();
   overlap_non_finite_ = NonFinite();
   // Before the first momentum pass writes anything: what a step with a bad
-  // gradient on any rank is undone to.
-  if (overlap_checks_finite()) MUON_RETURN_IF_ERROR(TakeSnapshot(nullptr));
+  // gradient on any rank is undone to, read from the parameters' current
+  // storage (a bound Parameter's data may have moved since the last step).
+  if (overlap_checks_finite()) {
+    for (size_t i = 0; i < bound_.size(); ++i) {
+      MUON_RETURN_IF_ERROR(BindOne(static_cast<int>(i)));
+    }
+    MUON_RETURN_IF_ERROR(TakeSnapshot(nullptr));
+  }
   MUON_RETURN_IF_ERROR(
       executor_->Begin(state_->update_sources(), params_, rule_, nullptr));
   overlap_begun_ = true;
@@ -440,22 +461,24 @@ absl::Status StepPipeline::FinishOverlappedStep() {
   // collectives), whatever failed here.
   absl::Status finished = executor_->Finish(&stats_);
   overlap_begun_ = false;
-  const absl::Status committed = Commit(status, finished);
+  MUON_RETURN_IF_ERROR(Commit(status, finished));
   if (overlap_checks_finite()) {
-    // Every rank agrees, whatever its step's outcome, so that none waits
-    // for another; a bad gradient anywhere undoes the step everywhere.
-    absl::Status finite = AgreeOnFinite(overlap_non_finite_);
-    if (!finite.ok()) {
+    // Every data collective of the step has run on this rank; the ranks
+    // agree after a clean run only, as transactional_step's agreement. A
+    // bad gradient anywhere undoes the step everywhere.
+    bool any_bad = false;
+    const absl::Status finite =
+        AgreeOnFinite(overlap_non_finite_, /*undone=*/true, &any_bad);
+    if (any_bad) {
       if (absl::Status r = RestoreSnapshot(nullptr); !r.ok()) {
-        finite = absl::Status(
-            finite.code(),
-            absl::StrCat(finite.message(),
-                         "; restoring the snapshot failed: ", r.ToString()));
+        return absl::InternalError(absl::StrCat(
+            "rank ", rank_, ": step ", step_ + 1,
+            " had a non-finite gradient and restoring the snapshot failed (",
+            r.ToString(), "); parameters and momentum hold the step's update"));
       }
-      return committed.ok() ? finite : committed;
     }
+    MUON_RETURN_IF_ERROR(finite);
   }
-  MUON_RETURN_IF_ERROR(committed);
   Report(overlap_start_);
   return absl::OkStatus();
 }

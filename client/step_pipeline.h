@@ -137,8 +137,11 @@ class StepPipeline {
                              NonFinite* found);
   // The ranks' agreement on `found` (this rank's first bad gradient of the
   // step): FailedPrecondition on every rank when any rank has one (its own
-  // naming the parameter, value and index; the others naming that rank).
-  absl::Status AgreeOnFinite(const NonFinite& found);
+  // naming the parameter, value and index; the others naming that rank),
+  // saying the step was `undone` or not taken; *any_bad says whether one
+  // had (false when the agreement itself failed).
+  absl::Status AgreeOnFinite(const NonFinite& found, bool undone,
+                             bool* any_bad);
   // Whether a step begun by MarkReady checks its gradients (check_finite
   // with overlap_backward): each is scanned at MarkReady, the ranks agree
   // at Step, and a bad step is undone from the snapshot taken at its

@@ -1,7 +1,8 @@
 #ifndef MUON_CLIENT_STEP_SNAPSHOT_H_
 #define MUON_CLIENT_STEP_SNAPSHOT_H_
 
-// MuonOptions::transactional_step's snapshot: a copy of everything a step
+// The snapshot of MuonOptions::transactional_step, and of check_finite
+// under overlap_backward: a copy of everything a step
 // mutates (each parameter's local shard in its own dtype, its optimizer
 // state: momentum buffer and NorMuon's row state, the step count), taken before
 // the step and copied back, bitwise, after a failed one, so that a failed step

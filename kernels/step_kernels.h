@@ -156,7 +156,9 @@ class StepKernels {
   // x[i] <- x[i] * factor for i in [0, n), in place, `x` fp32 or bf16
   // (`dtype`) memory of device(): QK-clip's row scaling. Host: bitwise
   // kernels::Scale; CUDA: the same operations (one rounded fp32 multiply;
-  // bf16 widened, multiplied, rounded to nearest even), so the same bits.
+  // bf16 widened, multiplied, rounded to nearest even), so the same bits
+  // for every non-NaN value (a NaN stays NaN; CUDA returns the canonical
+  // NaN where the host may keep the input's sign and payload).
   // Errors: InvalidArgument (n < 0, null with n > 0); the CUDA error.
   virtual absl::Status Scale(device::Stream* stream, void* x, ParamDType dtype,
                              int64_t n, float factor) = 0;

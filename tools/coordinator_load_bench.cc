@@ -791,7 +791,6 @@ void LoadGenerator::StreamHeartbeatThread(int t) {
     if (agent->stream == nullptr) continue;                       // not joined
     if (agent->stream_state == StreamState::kFinished) continue;  // failed
     hosts.push_back(agent);
-    CloseWhenDone(agent);  // no beat falls in the phase
   }
   const size_t expected =
       static_cast<size_t>((hosts.size() + 1) * (duration_s_ / interval_s_ + 1));

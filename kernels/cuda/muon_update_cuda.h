@@ -77,7 +77,8 @@ absl::Status FirstNonFiniteBf16(const uint16_t* x, int64_t n, int64_t* first,
 
 // x[i] <- x[i] * factor for i in [0, n) on `stream`, `x` device memory
 // of `type`: float32 one rounded multiply (__fmul_rn); bf16 bits widened
-// exactly, multiplied so, rounded to nearest even (kernels::Scale's bits).
+// exactly, multiplied so, rounded to nearest even (kernels::Scale's bits
+// for non-NaN values; a NaN comes out as the canonical NaN).
 // Errors: InvalidArgument (n < 0, null); Internal (launch).
 absl::Status Scale(void* x, Elem type, int64_t n, float factor, void* stream);
 

@@ -24,10 +24,13 @@
 #include "client/distributed_config.h"
 #include "client/muon.h"
 #include "client/parameter.h"
+#include "client/qk_clipper.h"
 #include "common/layout.h"
 #include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/bfloat16.h"
+#include "kernels/step_kernels.h"
 #include "tests/client/distributed_world.h"
 #include "tests/client/single_device_reference.h"
 #include "tests/status_matchers.h"
@@ -102,6 +105,60 @@ TEST(QkClipTest, GlobalRowsSpan_OnlyTheRowsTheShardHolds) {
   EXPECT_EQ(GlobalRowsSpan(held, 2, 7, 9).count, 0);  // after the shard
   EXPECT_EQ(GlobalRowsSpan(held, 2, 0, 3).count, 0);  // before it
   EXPECT_EQ(GlobalRowsSpan(held, 0, 3, 7).count, 0);  // no columns
+}
+
+// bf16 shards through the host kernels: head 1 of 2 clips (gamma 0.25,
+// so each side scales by 0.25^0.5 = 0.5, exact in bf16): rows 4-7 of both
+// projections halve, element for element, rows 0-3 keep their bits (the
+// rows' byte offset counts 2-byte elements).
+TEST(QkClipTest, QkClipperBf16Rows_OnlyClippedHeadsRowsScaled) {
+  constexpr int64_t kRows = 8, kCols = 3;
+  std::vector<kernels::bf16_t> q(kRows * kCols), k(kRows * kCols);
+  const std::vector<float> values = RandomValues(kRows * kCols, 7);
+  for (int64_t i = 0; i < kRows * kCols; ++i) {
+    q[i] = kernels::FloatToBf16(values[i]);
+    k[i] = kernels::FloatToBf16(-values[i]);
+  }
+  const std::vector<kernels::bf16_t> q0 = q, k0 = k;
+  std::vector<ParamView> views(2);
+  for (int j = 0; j < 2; ++j) {
+    views[j].name = j == 0 ? "wq" : "wk";
+    views[j].data = j == 0 ? q.data() : k.data();
+    views[j].dtype = DType::kBFloat16;
+    views[j].grad_dtype = DType::kBFloat16;
+    views[j].local_shape = {kRows, kCols};
+  }
+  const std::vector<ParamPlacement> placements(
+      2, ParamPlacement{{Placement::Replicate()}, {}});
+  const Mesh mesh = Mesh::OneDim(1);
+  QkClipOptions options;
+  options.threshold = 100;
+  options.alpha = 0.5;
+  QkClipLayer layer;
+  layer.q_param = "wq";
+  layer.k_param = "wk";
+  layer.num_heads = layer.num_kv_heads = 2;
+  layer.head_dim = 4;
+  options.layers = {layer};
+  absl::StatusOr<QkClipper> clipper = QkClipper::Create(
+      options, QkClipRank{0, 1, &views, &placements, &mesh, nullptr}, false);
+  ASSERT_THAT(clipper, IsOk());
+  std::unique_ptr<kernels::StepKernels> host =
+      kernels::MakeHostStepKernels(nullptr);
+  QkClipStats stats;
+  ASSERT_THAT(clipper->Clip({50, 400}, *host, nullptr, &stats), IsOk());
+  EXPECT_EQ(stats.groups_clipped, 1);
+  for (int64_t i = 0; i < kRows * kCols; ++i) {
+    if (i < 4 * kCols) {
+      ASSERT_EQ(q[i], q0[i]) << i;
+      ASSERT_EQ(k[i], k0[i]) << i;
+    } else {
+      ASSERT_EQ(kernels::Bf16ToFloat(q[i]), kernels::Bf16ToFloat(q0[i]) / 2)
+          << i;
+      ASSERT_EQ(kernels::Bf16ToFloat(k[i]), kernels::Bf16ToFloat(k0[i]) / 2)
+          << i;
+    }
+  }
 }
 
 // Largest logit of each query head over tokens x [n, kHidden]: max over

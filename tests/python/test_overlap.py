@@ -88,9 +88,9 @@ def test_overlapped_step_refuses_lr_changed_after_marks_and_missing_grads():
 
 
 def test_check_finite_with_overlap_undoes_a_nan_step():
-    """check_finite=True with overlap_backward: a NaN input makes one
-    layer's gradient NaN during backward (its hooks mark every parameter,
-    the other layer's bucket runs meanwhile); step() fails, and the
+    """check_finite=True with overlap_backward: a NaN input makes the
+    gradients NaN during backward (the hooks mark every parameter, the
+    first-marked layer's bucket runs meanwhile); step() fails, and the
     parameters, momentum and step count are as before it; the next step
     goes on as in a run that never saw the NaN (check_finite off)."""
     def make(check):
@@ -117,7 +117,7 @@ def test_check_finite_with_overlap_undoes_a_nan_step():
     momentum = [s["momentum_buffer"].clone()
                 for s in opt.state_dict()["state"].values()]
     bad = xs[1].clone()
-    bad[0, 3] = float("nan")  # the first layer's gradient holds NaN
+    bad[0, 3] = float("nan")  # both layers' gradients hold NaN
     with pytest.raises(RuntimeError, match="non-finite gradient"):
         step(model, opt, bad)
     assert opt.step_count == 1
