@@ -530,9 +530,9 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
   // check_finite's under overlap_backward (the step begins before every
   // gradient is known).
   MUON_RETURN_IF_ERROR(muon->AllocateState(
-      run.executor.get(), muon->options_.transactional_step ||
-                              (run.overlap_backward &&
-                               muon->options_.check_finite.value_or(false))));
+      run.executor.get(),
+      muon->options_.transactional_step ||
+          ChecksFiniteUnderOverlap(muon->options_, run.overlap_backward)));
   muon->pipeline_ =
       std::make_unique<StepPipeline>(muon->PipelineParts(), std::move(run));
   return muon;

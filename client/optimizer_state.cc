@@ -112,9 +112,10 @@ absl::Status OptimizerState::WriteRowState(int i, const float* values) {
   return runtime_->CopyFromHost(b.data(), values, b.bytes());
 }
 
-absl::Status OptimizerState::FetchNonfinite() {
-  return runtime_->CopyToHost(host_nonfinite_.data(), nonfinite_.data(),
-                              nonfinite_.bytes());
+absl::Status OptimizerState::FetchNonfinite(int begin, int end) {
+  return runtime_->CopyToHost(host_nonfinite_.data() + begin,
+                              nonfinite_.data() + begin,
+                              (end - begin) * sizeof(int64_t));
 }
 
 }  // namespace muon

@@ -84,10 +84,13 @@ class OptimizerState {
   std::vector<UpdateSource>& update_sources() { return update_sources_; }
 
   // The finite check: parameter i's result slot on the device (int64; -1:
-  // all finite, else the first non-finite element's index), and all slots
-  // copied to the host (FetchNonfinite, after the check's kernels ran).
+  // all finite, else the first non-finite element's index), and the
+  // slots copied to the host (FetchNonfinite, after the check's kernels
+  // ran).
   int64_t* nonfinite_slot(int i) { return nonfinite_.data() + i; }
-  absl::Status FetchNonfinite();
+  // Copies slots [begin, end) to the host (0 <= begin <= end <= the
+  // parameter count). Errors: the runtime's copy error.
+  absl::Status FetchNonfinite(int begin, int end);
   int64_t nonfinite(int i) const { return host_nonfinite_[i]; }
 
   // The snapshot (empty without OptimizerStateSpec::snapshot) and the

@@ -219,10 +219,15 @@ absl::Status StepPipeline::BindOne(int index) {
   return absl::OkStatus();
 }
 
-absl::Status StepPipeline::Preflight() {
+absl::Status StepPipeline::BindAll() {
   for (size_t i = 0; i < bound_.size(); ++i) {
     MUON_RETURN_IF_ERROR(BindOne(static_cast<int>(i)));
   }
+  return absl::OkStatus();
+}
+
+absl::Status StepPipeline::Preflight() {
+  MUON_RETURN_IF_ERROR(BindAll());
   for (const ParamView& v : params_) {
     if (v.grad == nullptr && v.local_numel() > 0) {
       return absl::FailedPreconditionError(
@@ -283,7 +288,7 @@ absl::Status StepPipeline::FindNonFinite(device::Stream* caller, int begin,
     }));
   }
   MUON_RETURN_IF_ERROR(SyncCaller(caller));
-  MUON_RETURN_IF_ERROR(state_->FetchNonfinite());
+  MUON_RETURN_IF_ERROR(state_->FetchNonfinite(begin, end));
   for (int i = begin; i < end; ++i) {
     if (state_->momentum(i).size() == 0 || state_->nonfinite(i) < 0) continue;
     const ParamView& p = params_[i];
@@ -371,9 +376,7 @@ absl::Status StepPipeline::BeginOverlappedStep() {
   // gradient on any rank is undone to, read from the parameters' current
   // storage (a bound Parameter's data may have moved since the last step).
   if (overlap_checks_finite()) {
-    for (size_t i = 0; i < bound_.size(); ++i) {
-      MUON_RETURN_IF_ERROR(BindOne(static_cast<int>(i)));
-    }
+    MUON_RETURN_IF_ERROR(BindAll());
     MUON_RETURN_IF_ERROR(TakeSnapshot(nullptr));
   }
   MUON_RETURN_IF_ERROR(

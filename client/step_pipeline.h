@@ -78,6 +78,14 @@ struct StepPipelineRun {
   bool overlap_backward = false;
 };
 
+// Whether steps begun by MarkReady check their gradients for NaN/Inf
+// (check_finite set true with overlap_backward), and so keep a snapshot
+// of parameters and state to undo a bad step.
+inline bool ChecksFiniteUnderOverlap(const MuonOptions& options,
+                                     bool overlap_backward) {
+  return overlap_backward && options.check_finite.value_or(false);
+}
+
 class StepPipeline {
  public:
   StepPipeline(StepPipelineParts parts, StepPipelineRun run);
@@ -122,6 +130,8 @@ class StepPipeline {
   // their sizes (FailedPrecondition naming the parameter and rank); a
   // no-op for views given as ParamView.
   absl::Status BindOne(int index);
+  // BindOne for every bound Parameter.
+  absl::Status BindAll();
   // A gradient element that is NaN or Inf: its parameter (-1: none), its
   // local index and its value.
   struct NonFinite {
@@ -147,7 +157,7 @@ class StepPipeline {
   // at Step, and a bad step is undone from the snapshot taken at its
   // first MarkReady.
   bool overlap_checks_finite() const {
-    return overlap_ && options_.check_finite.value_or(false);
+    return ChecksFiniteUnderOverlap(options_, overlap_);
   }
   // transactional_step, and check_finite with overlap_backward: parameters
   // and state into the snapshot; back.
