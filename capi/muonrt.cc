@@ -913,11 +913,12 @@ int muonrt_optimizer_load_state(muonrt_optimizer* opt, int64_t step,
   });
 }
 
-int muonrt_optimizer_mark_ready(muonrt_optimizer* opt, int index) {
+int muonrt_optimizer_mark_ready(muonrt_optimizer* opt, int index,
+                                void* stream) {
   return Guard("muonrt_optimizer_mark_ready", [&]() -> absl::Status {
     if (opt == nullptr)
       return NullArgument("muonrt_optimizer_mark_ready", "opt");
-    return opt->muon->MarkReady(index);
+    return opt->muon->MarkReadyOnStream(index, stream);
   });
 }
 

@@ -31,7 +31,7 @@ extern "C" {
 #endif
 
 /* Incremented on any incompatible change of this header. */
-#define MUONRT_ABI_VERSION 15
+#define MUONRT_ABI_VERSION 16
 
 /* Status codes (absl::StatusCode values). */
 #define MUONRT_OK 0
@@ -346,13 +346,18 @@ int muonrt_optimizer_load_full_state(muonrt_optimizer* opt, int64_t step,
                                      int num_params);
 
 /* Marks parameter `index`'s gradient final for the coming step (options
- * .overlap_backward; Muon::MarkReady): its momentum runs now and every
- * bucket whose parameters are all ready starts its exchange and
- * Newton-Schulz on the optimizer's threads; muonrt_optimizer_step finishes
- * the rest. The gradient must not change afterwards in this step.
+ * .overlap_backward; Muon::MarkReadyOnStream): its momentum runs now,
+ * ordered on `stream` (the cudaStream_t that produced the gradient, e.g.
+ * torch.cuda.current_stream().cuda_stream in a post-accumulate-grad hook;
+ * NULL for CPU parameters, whose momentum runs before the call returns),
+ * and every bucket whose parameters are all ready starts its exchange and
+ * Newton-Schulz on the optimizer's streams, after that work;
+ * muonrt_optimizer_step finishes the rest. The gradient must not change
+ * afterwards in this step.
  * Errors: OUT_OF_RANGE; FAILED_PRECONDITION (overlap_backward off, marked
- * twice, no gradient). ABI version 9. */
-int muonrt_optimizer_mark_ready(muonrt_optimizer* opt, int index);
+ * twice, no gradient); INVALID_ARGUMENT (a stream for CPU parameters).
+ * ABI version 9; `stream` since ABI version 16. */
+int muonrt_optimizer_mark_ready(muonrt_optimizer* opt, int index, void* stream);
 
 /* ---- QK-clip (MuonClip) ------------------------------------------------ */
 

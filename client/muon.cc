@@ -636,7 +636,13 @@ absl::Status Muon::StepOnStream(void* stream) {
   return pipeline_->Step(stream);
 }
 
-absl::Status Muon::MarkReady(int index) { return pipeline_->MarkReady(index); }
+absl::Status Muon::MarkReady(int index) {
+  return pipeline_->MarkReady(index, nullptr);
+}
+
+absl::Status Muon::MarkReadyOnStream(int index, void* stream) {
+  return pipeline_->MarkReady(index, stream);
+}
 
 StepPipelineParts Muon::PipelineParts() {
   StepPipelineParts parts;

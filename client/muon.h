@@ -253,6 +253,19 @@ class Muon {
   // errors. Create refuses overlap_backward with transactional_step on, or
   // CUDA parameters (InvalidArgument).
   absl::Status MarkReady(int index);
+  // MarkReady ordered on `stream`, the cudaStream_t that produced the
+  // gradient (a post-accumulate-grad hook's torch.cuda.current_stream();
+  // nullptr = the legacy default stream), as StepOnStream orders a step:
+  // the gradient's finite scan and momentum pass are enqueued there, and
+  // the executor's streams wait for them on an event recorded there; the
+  // caller goes on without a host wait (the first MarkReady of a step
+  // with check_finite waits once for its snapshot). For CPU parameters
+  // `stream` must be nullptr (InvalidArgument otherwise) and this is
+  // MarkReady. With CUDA parameters, a gradient changed after its mark is
+  // not detected (the debug mode's check reads host memory).
+  // Errors: as MarkReady; InvalidArgument (a stream with CPU parameters);
+  // the CUDA error.
+  absl::Status MarkReadyOnStream(int index, void* stream);
 
   // Replaces MuonOptions::qk_clip (the C ABI and Python configure it after
   // construction). Local: no collective. All or nothing.

@@ -1,5 +1,6 @@
 #include "client/muon_options.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -83,6 +84,8 @@ absl::Status CheckNorMuon(const MuonOptions& o, bool bf16_exchange,
   return absl::OkStatus();
 }
 
+std::atomic<bool> cuda_overlap_allowed_for_testing{false};
+
 // What overlap_backward cannot run with.
 // Errors: InvalidArgument naming the option.
 absl::Status CheckOverlap(const MuonOptions& o, const OptionContext& context) {
@@ -91,7 +94,8 @@ absl::Status CheckOverlap(const MuonOptions& o, const OptionContext& context) {
     refused =
         "transactional_step (its snapshot precedes the momentum "
         "pass): set it to false";
-  } else if (!context.device.is_host()) {
+  } else if (!context.device.is_host() &&
+             !cuda_overlap_allowed_for_testing.load()) {
     refused = absl::StrCat("parameters on ", context.device.ToString(),
                            " (CPU parameters in this version)");
   }
@@ -251,6 +255,10 @@ absl::StatusOr<MuonOptions> MuonOptionsFromProto(
   names.momentum_dtype = p.momentum_dtype();
   MUON_RETURN_IF_ERROR(ApplyMuonOptionNames(names, &o));
   return o;
+}
+
+void AllowCudaOverlapForTesting(bool allowed) {
+  cuda_overlap_allowed_for_testing.store(allowed);
 }
 
 absl::Status CheckQkClipDevice(const QkClipOptions& qk_clip,

@@ -209,6 +209,13 @@ struct OptionContext {
   bool custom_exchange = false;  // DistributedConfig gather_fn/redistribute_fn.
 };
 
+// Test-only, process-wide (off by default): lets ResolveOptions accept
+// overlap_backward with CUDA parameters, whose device path (MarkReadyOnStream)
+// is written but has not yet run on a GPU, so that the GPU tests can run
+// it against the step without overlap. Not for trainers: the refusal
+// stays until those tests have passed on a GPU.
+void AllowCudaOverlapForTesting(bool allowed);
+
 // QK-clip with layers on CUDA parameters: refused (InvalidArgument naming
 // the rank and device) until its CUDA row scaling (StepKernels::Scale) has
 // run on a GPU; OK otherwise. Muon::Create (through ResolveOptions) and

@@ -954,6 +954,42 @@ absl::Status StepExecutor::EnqueueReady(int ready) {
   return enqueue_status_;
 }
 
+absl::Status StepExecutor::OrderAfter(device::Stream* producer) {
+  if (!in_flight_ || enqueue_ended_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank_, ": OrderAfter outside a step (Begin first)"));
+  }
+  if (producer == nullptr) return absl::OkStatus();
+  if (producer->device() != options_.device) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank_, ": the producer stream \"", producer->name(),
+        "\" is on ", producer->device().ToString(), ", the executor on ",
+        options_.device.ToString()));
+  }
+  // Keyed by the native stream where there is one: a CUDA stream is
+  // wrapped anew when the caller's stream changes.
+  const void* key = producer->native_handle() != nullptr
+                        ? producer->native_handle()
+                        : static_cast<const void*>(producer);
+  device::Event* ready = nullptr;
+  for (auto& [stream, event] : producer_ready_) {
+    if (stream == key) ready = event.get();
+  }
+  if (ready == nullptr) {
+    MUON_ASSIGN_OR_RETURN(
+        std::unique_ptr<device::Event> event,
+        runtime_->CreateEvent(absl::StrCat("rank ", rank_, " producer ",
+                                           producer_ready_.size(), " ready")));
+    ready = event.get();
+    producer_ready_.emplace_back(key, std::move(event));
+  }
+  MUON_RETURN_IF_ERROR(ready->Record(producer));
+  for (device::Stream* stream : streams_) {
+    MUON_RETURN_IF_ERROR(stream->WaitFor(ready));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status StepExecutor::EndEnqueue() {
   absl::Status status = enqueue_status_;
   if (status.ok()) {

@@ -285,6 +285,17 @@ class StepExecutor {
                      const std::vector<ParamView>& params,
                      const UpdateRule& rule, device::Stream* caller);
   absl::Status EnqueueReady(int ready_buckets);
+  // During a step begun by Begin: the work this executor's streams are
+  // given from now on (by EnqueueReady and Finish) starts once the work
+  // enqueued on `producer` so far has finished (cudaEventRecord on
+  // `producer`, cudaStreamWaitEvent on each stream): a gradient's momentum
+  // pass enqueued during backward on the stream that produced the
+  // gradient. Any number of producer streams, each with an event of its
+  // own (a host event is recorded from one stream at a time); nullptr is
+  // a no-op (work done on the calling thread is ordered already).
+  // Errors: FailedPrecondition (outside a step, or after its enqueue
+  // ended); InvalidArgument (`producer` on another device); the runtime's.
+  absl::Status OrderAfter(device::Stream* producer);
   // How many buckets, from the first in the plan's order, have every
   // matrix of this rank in a parameter i with param_ready[i] set (a bucket
   // with none of this rank's matrices is ready).
@@ -533,6 +544,11 @@ class StepExecutor {
   // on each of this executor's streams at the end of the step.
   std::unique_ptr<device::Event> caller_ready_;
   std::vector<std::unique_ptr<device::Event>> step_done_;
+  // OrderAfter's events, one per producer stream seen (its native handle,
+  // or the host stream itself; few: the streams backward runs on), kept
+  // across steps.
+  std::vector<std::pair<const void*, std::unique_ptr<device::Event>>>
+      producer_ready_;
   EventWait dropped_wait_ = EventWait::kNone;
   StepArgs step_args_;  // the step in flight (see Run)
   // The sources of the U-given overloads (Run/Enqueue with float

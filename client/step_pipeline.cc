@@ -52,16 +52,21 @@ StepPipeline::StepPipeline(StepPipelineParts parts, StepPipelineRun run)
 }
 
 absl::Status StepPipeline::Step(void* stream) {
-  if (device_.is_host()) {
-    if (stream != nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", rank_, ": a stream was given but the parameters are on ",
-          device_.ToString(), " (pass no stream for CPU tensors)"));
-    }
-    return RunStep(nullptr);
-  }
-  MUON_ASSIGN_OR_RETURN(device::Stream * caller, CallerStream(stream));
+  MUON_ASSIGN_OR_RETURN(device::Stream * caller,
+                        ResolveStream(stream, "the step"));
   return RunStep(caller);
+}
+
+absl::StatusOr<device::Stream*> StepPipeline::ResolveStream(void* native,
+                                                            const char* what) {
+  if (!device_.is_host()) return CallerStream(native);
+  if (native != nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank_, ": a stream was given for ", what,
+                     " but the parameters are on ", device_.ToString(),
+                     " (pass no stream for CPU tensors)"));
+  }
+  return nullptr;
 }
 
 absl::Status StepPipeline::RunStep(device::Stream* caller) {
@@ -70,9 +75,9 @@ absl::Status StepPipeline::RunStep(device::Stream* caller) {
   // path, so that every rank's collectives come in the same order (the
   // buckets' first, the agreement after).
   if (!overlap_begun_ && overlap_checks_finite()) {
-    MUON_RETURN_IF_ERROR(BeginOverlappedStep());
+    MUON_RETURN_IF_ERROR(BeginOverlappedStep(caller));
   }
-  if (overlap_begun_) return FinishOverlappedStep();
+  if (overlap_begun_) return FinishOverlappedStep(caller);
   // At a re-plan boundary every rank switches to the coordinator's new
   // plan before the step (ExecutionOptions.replan_every_steps).
   MUON_RETURN_IF_ERROR(MaybeReplan());
@@ -277,6 +282,13 @@ absl::Status StepPipeline::GatherRankFlags(float flag) {
 absl::Status StepPipeline::FindNonFinite(device::Stream* caller, int begin,
                                          int end, NonFinite* found) {
   *found = NonFinite();
+  MUON_RETURN_IF_ERROR(LaunchNonFiniteScan(caller, begin, end));
+  MUON_RETURN_IF_ERROR(SyncCaller(caller));
+  return ReadNonFinite(begin, end, found);
+}
+
+absl::Status StepPipeline::LaunchNonFiniteScan(device::Stream* caller,
+                                               int begin, int end) {
   for (int i = begin; i < end; ++i) {
     const ParamView& p = params_[i];
     const int64_t numel = state_->momentum(i).size();
@@ -287,7 +299,11 @@ absl::Status StepPipeline::FindNonFinite(device::Stream* caller, int begin,
           state_->nonfinite_slot(i));
     }));
   }
-  MUON_RETURN_IF_ERROR(SyncCaller(caller));
+  return absl::OkStatus();
+}
+
+absl::Status StepPipeline::ReadNonFinite(int begin, int end, NonFinite* found) {
+  *found = NonFinite();
   MUON_RETURN_IF_ERROR(state_->FetchNonfinite(begin, end));
   for (int i = begin; i < end; ++i) {
     if (state_->momentum(i).size() == 0 || state_->nonfinite(i) < 0) continue;
@@ -365,19 +381,20 @@ absl::Status StepPipeline::RestoreSnapshot(device::Stream* caller) {
   return SyncCaller(caller);
 }
 
-absl::Status StepPipeline::BeginOverlappedStep() {
+absl::Status StepPipeline::BeginOverlappedStep(device::Stream* producer) {
   MUON_RETURN_IF_ERROR(MaybeReplan());
   param_ready_.assign(params_.size(), 0);
   grad_fingerprints_.assign(params_.size(), 0);
   enqueued_ready_ = 0;
   overlap_start_ = absl::Now();
-  overlap_non_finite_ = NonFinite();
   // Before the first momentum pass writes anything: what a step with a bad
   // gradient on any rank is undone to, read from the parameters' current
   // storage (a bound Parameter's data may have moved since the last step).
+  // Waited for: later passes may run on other streams.
   if (overlap_checks_finite()) {
     MUON_RETURN_IF_ERROR(BindAll());
-    MUON_RETURN_IF_ERROR(TakeSnapshot(nullptr));
+    MUON_RETURN_IF_ERROR(TakeSnapshot(producer));
+    MUON_RETURN_IF_ERROR(SyncCaller(producer));
   }
   MUON_RETURN_IF_ERROR(
       executor_->Begin(state_->update_sources(), params_, rule_, nullptr));
@@ -385,7 +402,7 @@ absl::Status StepPipeline::BeginOverlappedStep() {
   return absl::OkStatus();
 }
 
-absl::Status StepPipeline::ReadyOne(int index) {
+absl::Status StepPipeline::ReadyOne(int index, device::Stream* producer) {
   ParamView& p = params_[index];
   const int64_t n = state_->momentum(index).size();
   MUON_RETURN_IF_ERROR(BindOne(index));
@@ -395,24 +412,27 @@ absl::Status StepPipeline::ReadyOne(int index) {
                      "\" was marked ready without a gradient"));
   }
   if (n > 0) {
-    // The first bad gradient of the step is kept for Step's agreement; the
-    // step goes on meanwhile (its buckets' collectives are under way on
-    // the other ranks) and is undone there.
-    if (overlap_checks_finite() && overlap_non_finite_.param < 0) {
-      MUON_RETURN_IF_ERROR(
-          FindNonFinite(nullptr, index, index + 1, &overlap_non_finite_));
+    // Every gradient is scanned into its slot; Step reads the slots and
+    // the ranks agree there. The step goes on meanwhile (its buckets'
+    // collectives are under way on the other ranks) and is undone there.
+    if (overlap_checks_finite()) {
+      MUON_RETURN_IF_ERROR(LaunchNonFiniteScan(producer, index, index + 1));
     }
-    MUON_RETURN_IF_ERROR(MomentumOne(index, nullptr));
-    if (!executor_->async()) {
+    MUON_RETURN_IF_ERROR(
+        OnCaller(producer, [&] { return MomentumOne(index, producer); }));
+    if (device_.is_host() && !executor_->async()) {
       grad_fingerprints_[index] =
           Fingerprint(p.grad, n * DTypeSize(p.grad_dtype));
     }
+    // The executor's streams read the momentum (and Nesterov's gradient)
+    // after the pass on the producer's stream.
+    MUON_RETURN_IF_ERROR(executor_->OrderAfter(producer));
   }
   param_ready_[index] = 1;
   return absl::OkStatus();
 }
 
-absl::Status StepPipeline::MarkReady(int index) {
+absl::Status StepPipeline::MarkReady(int index, void* stream) {
   if (index < 0 || index >= static_cast<int>(params_.size())) {
     return absl::OutOfRangeError(
         absl::StrCat("rank ", rank_, ": MarkReady: parameter index ", index,
@@ -422,13 +442,15 @@ absl::Status StepPipeline::MarkReady(int index) {
     return absl::FailedPreconditionError(absl::StrCat(
         "rank ", rank_, ": MarkReady needs execution.overlap_backward"));
   }
-  if (!overlap_begun_) MUON_RETURN_IF_ERROR(BeginOverlappedStep());
+  MUON_ASSIGN_OR_RETURN(device::Stream * producer,
+                        ResolveStream(stream, "MarkReady"));
+  if (!overlap_begun_) MUON_RETURN_IF_ERROR(BeginOverlappedStep(producer));
   if (param_ready_[index]) {
     return absl::FailedPreconditionError(
         absl::StrCat("rank ", rank_, ": parameter \"", params_[index].name,
                      "\" was marked ready twice in step ", step_ + 1));
   }
-  MUON_RETURN_IF_ERROR(ReadyOne(index));
+  MUON_RETURN_IF_ERROR(ReadyOne(index, producer));
   const int ready = executor_->ReadyBuckets(param_ready_);
   if (ready > enqueued_ready_) {
     enqueued_ready_ = ready;
@@ -437,15 +459,15 @@ absl::Status StepPipeline::MarkReady(int index) {
   return absl::OkStatus();
 }
 
-absl::Status StepPipeline::FinishOverlappedStep() {
+absl::Status StepPipeline::FinishOverlappedStep(device::Stream* caller) {
   absl::Status status;
   for (size_t i = 0; i < params_.size() && status.ok(); ++i) {
-    if (!param_ready_[i]) status = ReadyOne(static_cast<int>(i));
+    if (!param_ready_[i]) status = ReadyOne(static_cast<int>(i), caller);
   }
-  // Debug mode (the sequential schedule): a gradient changed after its
-  // parameter was marked ready is an error naming it (the step read it at
-  // MarkReady and again at its bucket's gather).
-  if (status.ok() && !executor_->async()) {
+  // Debug mode (the sequential schedule), CPU parameters: a gradient
+  // changed after its parameter was marked ready is an error naming it
+  // (the step read it at MarkReady and again at its bucket's gather).
+  if (status.ok() && device_.is_host() && !executor_->async()) {
     for (size_t i = 0; i < params_.size() && status.ok(); ++i) {
       const int64_t n = state_->momentum(i).size();
       const ParamView& p = params_[i];
@@ -468,12 +490,20 @@ absl::Status StepPipeline::FinishOverlappedStep() {
   if (overlap_checks_finite()) {
     // Every data collective of the step has run on this rank; the ranks
     // agree after a clean run only, as transactional_step's agreement. A
-    // bad gradient anywhere undoes the step everywhere.
+    // bad gradient anywhere undoes the step everywhere. The scans ran
+    // before the executor's streams (OrderAfter), which Finish waited for.
+    NonFinite found;
+    absl::Status finite = SyncCaller(caller);
+    if (finite.ok()) {
+      finite = ReadNonFinite(0, static_cast<int>(params_.size()), &found);
+    }
+    if (!finite.ok()) {
+      return agent_ != nullptr ? agent_->OnOwnFailure(finite) : finite;
+    }
     bool any_bad = false;
-    const absl::Status finite =
-        AgreeOnFinite(overlap_non_finite_, /*undone=*/true, &any_bad);
+    finite = AgreeOnFinite(found, /*undone=*/true, &any_bad);
     if (any_bad) {
-      if (absl::Status r = RestoreSnapshot(nullptr); !r.ok()) {
+      if (absl::Status r = RestoreSnapshot(caller); !r.ok()) {
         return absl::InternalError(absl::StrCat(
             "rank ", rank_, ": step ", step_ + 1,
             " had a non-finite gradient and restoring the snapshot failed (",

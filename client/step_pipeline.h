@@ -97,9 +97,12 @@ class StepPipeline {
   absl::Status Step(void* stream);
 
   // Parameter `index`'s gradient is final for the coming step (overlap_
-  // backward): its preflight and momentum at once, and the buckets whose
-  // parameters are all ready to the executor. Errors: as Muon::MarkReady.
-  absl::Status MarkReady(int index);
+  // backward): its preflight and momentum, ordered on `stream` (the
+  // cudaStream_t that produced the gradient; nullptr = the legacy default
+  // stream, and the only value for CPU parameters, whose momentum runs at
+  // once), and the buckets whose parameters are all ready to the executor,
+  // whose streams wait for that work. Errors: as Muon::MarkReadyOnStream.
+  absl::Status MarkReady(int index, void* stream);
 
   // Whether a step begun by MarkReady is in flight.
   bool in_overlapped_step() const { return overlap_begun_; }
@@ -142,9 +145,17 @@ class StepPipeline {
   // check_finite: the local scan and the ranks' agreement.
   absl::Status CheckGradientsFinite(device::Stream* caller);
   // The local scan of parameters [begin, end): the first (optimizer order)
-  // whose gradient holds NaN or Inf, or param = -1.
+  // whose gradient holds NaN or Inf, or param = -1. LaunchNonFiniteScan,
+  // then a wait for `caller`, then ReadNonFinite.
   absl::Status FindNonFinite(device::Stream* caller, int begin, int end,
                              NonFinite* found);
+  // Enqueues the scan of parameters [begin, end) on `caller` (runs it at
+  // once for nullptr): each gradient's first NaN/Inf index into its slot
+  // of the state (OptimizerState::nonfinite_slot).
+  absl::Status LaunchNonFiniteScan(device::Stream* caller, int begin, int end);
+  // The first bad gradient among the slots of [begin, end), once their
+  // scans have finished, with its value read from the gradient.
+  absl::Status ReadNonFinite(int begin, int end, NonFinite* found);
   // The ranks' agreement on `found` (this rank's first bad gradient of the
   // step): FailedPrecondition on every rank when any rank has one (its own
   // naming the parameter, value and index; the others naming that rank),
@@ -187,16 +198,24 @@ class StepPipeline {
   // ---- The two schedules ----
   // The whole step at once, on `caller` (nullptr for CPU parameters).
   absl::Status RunStep(device::Stream* caller);
-  // overlap_backward: the step's start at the first MarkReady; one
-  // parameter's preflight and momentum (and, in debug mode, its gradient's
-  // fingerprint); Step's end of a step begun by MarkReady.
-  absl::Status BeginOverlappedStep();
-  absl::Status ReadyOne(int index);
-  absl::Status FinishOverlappedStep();
+  // overlap_backward: the step's start at the first MarkReady (its
+  // snapshot, under check_finite, taken on `producer` and waited for, so
+  // that it precedes every momentum pass of the step on any stream); one
+  // parameter's preflight, finite scan and momentum on `producer` (and,
+  // for CPU parameters in debug mode, its gradient's fingerprint), with
+  // the executor ordered after them; Step's end of a step begun by
+  // MarkReady, the parameters not marked done on `caller`.
+  absl::Status BeginOverlappedStep(device::Stream* producer);
+  absl::Status ReadyOne(int index, device::Stream* producer);
+  absl::Status FinishOverlappedStep(device::Stream* caller);
 
   // ---- The caller's stream ----
   // Wrapped (cached per native handle).
   absl::StatusOr<device::Stream*> CallerStream(void* native);
+  // The stream a Step or MarkReady (`what`) is ordered on: nullptr for
+  // CPU parameters (which take no stream: InvalidArgument otherwise), the
+  // wrapped `native` for CUDA ones.
+  absl::StatusOr<device::Stream*> ResolveStream(void* native, const char* what);
   // Runs `work` (which enqueues on `caller`) inside caller->Launch, so that
   // the caller's device is current for it; at once for nullptr (host). A
   // template, so that the host path makes no std::function (a warm CPU
@@ -232,14 +251,13 @@ class StepPipeline {
   std::function<absl::Status(int64_t)> post_update_fault_;  // testing only
   // overlap_backward: on, a step begun by MarkReady, its parameters
   // marked, the buckets handed to the executor, gradient fingerprints
-  // (debug mode), and when it began.
+  // (CPU parameters in debug mode), and when it began.
   const bool overlap_;
   bool overlap_begun_ = false;
   std::vector<char> param_ready_;
   int enqueued_ready_ = 0;
   std::vector<uint64_t> grad_fingerprints_;
   absl::Time overlap_start_;
-  NonFinite overlap_non_finite_;  // the step's first bad gradient here
   StepStats stats_;
   int64_t step_ = 0;
 };

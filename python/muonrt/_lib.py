@@ -27,7 +27,7 @@ import os
 import threading
 
 # Must equal MUONRT_ABI_VERSION of capi/muonrt.h.
-ABI_VERSION = 15
+ABI_VERSION = 16
 
 # Status codes (absl::StatusCode values, capi/muonrt.h).
 OK = 0
@@ -285,7 +285,8 @@ _SIGNATURES = {
     "muonrt_optimizer_load_state": (_c_int, [
         _opt_p, ctypes.c_int64, ctypes.POINTER(ctypes.POINTER(ctypes.c_float)),
         ctypes.POINTER(ctypes.c_int64), _c_int]),
-    "muonrt_optimizer_mark_ready": (_c_int, [_opt_p, _c_int]),
+    "muonrt_optimizer_mark_ready": (_c_int, [_opt_p, _c_int,
+                                     ctypes.c_void_p]),
     "muonrt_optimizer_set_qk_clip": (_c_int, [
         _opt_p, ctypes.c_double, ctypes.c_double,
         ctypes.POINTER(muonrt_qk_clip_layer), _c_int]),

@@ -1107,7 +1107,10 @@ class Muon(torch.optim.Optimizer):
             self._push_hyperparameters()
             self._marking = True
         self._bind_grad(i)
-        _lib.call("muonrt_optimizer_mark_ready", self._h, i)
+        # Ordered on the stream that produced the gradient: in a hook,
+        # the current stream autograd runs the node on.
+        _lib.call("muonrt_optimizer_mark_ready", self._h, i,
+                  self._step_stream())
         self._ready.add(i)
 
     def _set_qk_clip(self, spec):

@@ -206,7 +206,7 @@ static void ReferenceStep(double* W, const double* G, double* Buf, int rows,
 
 static void AbiVersion_IsFifteen(void) {
   CHECK(muonrt_abi_version() == MUONRT_ABI_VERSION);
-  CHECK(MUONRT_ABI_VERSION == 15);
+  CHECK(MUONRT_ABI_VERSION == 16);
   CHECK(strcmp(muonrt_last_error(), "") == 0);
 done:;
 }

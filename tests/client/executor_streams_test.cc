@@ -631,6 +631,76 @@ TEST(ExecutorStreamsTest, Enqueue_CallerStream_StepBetweenCallersWork) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// A step begun by Begin and fed bucket by bucket (overlap_backward), its
+// update written by work held on a producer stream (the momentum pass on
+// the stream that produced a gradient): OrderAfter returns without
+// waiting, the gather reads the producer's write, and the result has the
+// bits of Run on the same inputs, in both schedules. Plain memory, so only
+// the event orders it (ThreadSanitizer checks under --config=tsan).
+TEST(ExecutorStreamsTest, OrderAfter_ProducerStream_GatherReadsItsWork) {
+  const MatrixGeometry g = WholeMatrix("w", kRows, kCols);
+  const int64_t n = kRows * kCols;
+  std::shared_ptr<kernels::NsEngine> engine = kernels::MakeCpuNsEngine();
+  UpdateRule rule;
+  rule.lr = 0.02;
+  const std::vector<float> u0 = RandomValues(n, 7);
+  for (bool async : {false, true}) {
+    SCOPED_TRACE(async ? "async" : "sequential");
+    std::vector<float> want = RandomValues(n, 8);
+    {
+      absl::StatusOr<std::unique_ptr<StepExecutor>> ex = StepExecutor::Create(
+          0, 1, PlanOfOne(async), {g}, nullptr, nullptr, nullptr, engine);
+      ASSERT_TRUE(ex.ok()) << ex.status();
+      ParamView view;
+      view.name = "w";
+      view.data = want.data();
+      StepStats stats;
+      ASSERT_TRUE((*ex)->Run({u0.data()}, {view}, rule, &stats).ok());
+    }
+    absl::StatusOr<std::unique_ptr<StepExecutor>> ex = StepExecutor::Create(
+        0, 1, PlanOfOne(async), {g}, nullptr, nullptr, nullptr, engine);
+    ASSERT_TRUE(ex.ok()) << ex.status();
+    std::vector<float> update(n, 0.0f);
+    std::vector<float> param = RandomValues(n, 8);
+    ParamView view;
+    view.name = "w";
+    view.data = param.data();
+    std::vector<UpdateSource> sources(1);
+    sources[0].momentum = update.data();
+    const std::vector<ParamView> views = {view};
+    EXPECT_THAT((*ex)->OrderAfter(nullptr),
+                StatusIs(absl::StatusCode::kFailedPrecondition,
+                         HasSubstr("outside a step")));
+    ASSERT_TRUE((*ex)->Begin(sources, views, rule, nullptr).ok());
+    device::HostStream producer("backward");
+    std::promise<void> release;
+    std::shared_future<void> gate = release.get_future().share();
+    ASSERT_TRUE(producer
+                    .Launch([&, gate]() -> absl::Status {
+                      if (gate.wait_for(std::chrono::seconds(10)) !=
+                          std::future_status::ready) {
+                        return absl::DeadlineExceededError(
+                            "OrderAfter waited for the producer's stream");
+                      }
+                      update = u0;
+                      return absl::OkStatus();
+                    })
+                    .ok());
+    ASSERT_TRUE((*ex)->OrderAfter(&producer).ok());
+    testing::FakeCudaStream other("torch-current");
+    EXPECT_THAT((*ex)->OrderAfter(&other),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("torch-current")));
+    ASSERT_TRUE((*ex)->EnqueueReady(1).ok());
+    release.set_value();
+    StepStats stats;
+    ASSERT_TRUE((*ex)->Finish(&stats).ok());
+    ASSERT_TRUE(producer.Synchronize(absl::Seconds(30)).ok());
+    EXPECT_EQ(stats.matrices_orthogonalized, 1);
+    EXPECT_TRUE(BitwiseEqual(param, want));
+  }
+}
+
 TEST(ExecutorStreamsTest, Enqueue_CallerStreamOfAnotherDevice_InvalidArgument) {
   const MatrixGeometry g = WholeMatrix("w", kRows, kCols);
   std::shared_ptr<kernels::NsEngine> engine = kernels::MakeCpuNsEngine();

@@ -9,7 +9,9 @@
 //   - with the default bf16 Newton-Schulz, within torch.optim.Muon's bf16
 //     bound of the CPU step;
 // and the device-side paths: the non-finite check, the transactional
-// rollback, state_dict round trips, a caller stream; and QK-clip's row
+// rollback, state_dict round trips, a caller stream, the step begun during
+// backward (MarkReadyOnStream on the stream that produced each gradient,
+// with and without check_finite); and QK-clip's row
 // scaling on the device (QkClipper with the CUDA kernels), bitwise the
 // host's. Skips without a GPU
 // (fails with MUON_REQUIRE_GPU=1; tools/device_checks.sh runs it).
@@ -22,11 +24,14 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "client/distributed_config.h"
 #include "client/muon.h"
+#include "client/muon_options.h"
 #include "client/qk_clipper.h"
 #include "client/tensor_view.h"
 #include "common/layout.h"
+#include "common/status_macros.h"
 #include "device/cuda_runtime.h"
 #include "device/memory.h"
 #include "device/runtime.h"
@@ -96,10 +101,11 @@ class Params {
     return views;
   }
 
-  // Gradients of step `step` (the same values on every holder).
-  void SetGrads(int step) {
+  // Gradients of step `step` (the same values on every holder), times
+  // `factor`.
+  void SetGrads(int step, float factor = 1.0f) {
     for (size_t i = 0; i < Shapes().size(); ++i) {
-      Write(grad_[i], RandomValues(Numel(i), 100 * step + i));
+      Write(grad_[i], Scaled(RandomValues(Numel(i), 100 * step + i), factor));
     }
   }
   void SetGradValue(size_t i, int64_t index, float value) {
@@ -109,6 +115,13 @@ class Params {
   }
 
   void SetData(size_t i, const std::vector<float>& v) { Write(data_[i], v); }
+
+  // Parameter i's gradient on its device, and its dtype for the kernels.
+  void* grad(size_t i) { return grad_[i].data(); }
+  kernels::ParamDType kernel_dtype() const {
+    return dtype_ == DType::kBFloat16 ? kernels::ParamDType::kBFloat16
+                                      : kernels::ParamDType::kFloat32;
+  }
 
   // The parameters' bits, widened to fp32 (exact for bf16).
   std::vector<float> Data(size_t i) const { return Read(data_[i], Numel(i)); }
@@ -390,6 +403,161 @@ int64_t ClipLayer(const Params& params, kernels::StepKernels& kernels,
     return -1;
   }
   return stats.groups_clipped;
+}
+
+// Accepts overlap_backward with CUDA parameters for one test (Muon refuses
+// it until these tests have passed on a GPU).
+class CudaOverlapAllowed {
+ public:
+  CudaOverlapAllowed() { AllowCudaOverlapForTesting(true); }
+  ~CudaOverlapAllowed() { AllowCudaOverlapForTesting(false); }
+};
+
+// Muon over `params` with overlap_backward (world of one), in the async
+// schedule with prefetch or the sequential one, one matrix per bucket.
+std::unique_ptr<Muon> OverlappedMuon(const Params& params,
+                                     const MuonOptions& options, bool async) {
+  DistributedConfig config;
+  config.state.mesh = Mesh::OneDim(1);
+  config.state.param_placements.assign(
+      Shapes().size(), ParamPlacement{{Placement::Replicate()}, {}});
+  config.execution.set_overlap_backward(true);
+  config.execution.set_async_gpu_parallelism(async);
+  config.execution.set_prefetch_count(async ? 1 : 0);
+  config.execution.set_bucket_size_bytes(4096);
+  absl::StatusOr<std::unique_ptr<Muon>> muon =
+      Muon::Create(params.Views(), options, config);
+  EXPECT_TRUE(muon.ok()) << muon.status();
+  return muon.ok() ? *std::move(muon) : nullptr;
+}
+
+// One step begun during backward on `trainer`: each gradient, written as
+// twice its value, is made final on `trainer` by 64 pairs of exact
+// rescalings (x2, x0.5) and a last x0.5, all still queued when the
+// parameter is marked ready there (last parameter first). A momentum pass
+// or a gather not ordered after that work reads a wrong gradient.
+absl::Status OverlappedStep(Params& params, Muon& muon,
+                            kernels::StepKernels& kernels,
+                            device::Stream* trainer, int step) {
+  params.SetGrads(step, 2.0f);
+  const kernels::ParamDType dtype = params.kernel_dtype();
+  for (int i = static_cast<int>(Shapes().size()) - 1; i >= 0; --i) {
+    void* grad = params.grad(i);
+    const int64_t n = Params::Numel(i);
+    for (int k = 0; k < 64; ++k) {
+      MUON_RETURN_IF_ERROR(kernels.Scale(trainer, grad, dtype, n, 2.0f));
+      MUON_RETURN_IF_ERROR(kernels.Scale(trainer, grad, dtype, n, 0.5f));
+    }
+    MUON_RETURN_IF_ERROR(kernels.Scale(trainer, grad, dtype, n, 0.5f));
+    MUON_RETURN_IF_ERROR(muon.MarkReadyOnStream(i, trainer->native_handle()));
+  }
+  return muon.StepOnStream(trainer->native_handle());
+}
+
+// overlap_backward with CUDA parameters, MarkReadyOnStream on the
+// trainer's stream: bitwise the same steps without overlap (fp32 mode,
+// fp32 and bf16 parameters, async and sequential), momentum included.
+TEST(GpuMuonTest, CudaParams_OverlapBackwardOnTrainerStream_SameBitsAsStep) {
+  MUON_SKIP_OR_FAIL_UNLESS_CUDA_DEVICE();
+  const CudaOverlapAllowed allowed;
+  absl::StatusOr<device::Runtime*> rt =
+      device::GetRuntime(device::Device::Cuda(0));
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  absl::StatusOr<std::unique_ptr<device::Stream>> trainer =
+      (*rt)->CreateStream("trainer");
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  absl::StatusOr<std::unique_ptr<kernels::StepKernels>> kernels =
+      kernels::MakeCudaStepKernels(0, nullptr, kernels::GpuPrecision::kFp32);
+  ASSERT_TRUE(kernels.ok()) << kernels.status();
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    const OptimizerRun ref = Steps(/*on_gpu=*/true, dtype, Options("fp32"), 3);
+    ASSERT_NE(ref.muon, nullptr);
+    for (bool async : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(DTypeName(dtype), async ? " async" : " seq"));
+      Params params(/*on_gpu=*/true, dtype);
+      std::unique_ptr<Muon> muon =
+          OverlappedMuon(params, Options("fp32"), async);
+      ASSERT_NE(muon, nullptr);
+      for (int s = 0; s < 3; ++s) {
+        const absl::Status st =
+            OverlappedStep(params, *muon, **kernels, trainer->get(), s);
+        ASSERT_TRUE(st.ok()) << st;
+      }
+      ASSERT_TRUE((*trainer)->Synchronize(absl::Seconds(60)).ok());
+      EXPECT_EQ(muon->step_count(), 3);
+      for (size_t i = 0; i < Shapes().size(); ++i) {
+        EXPECT_TRUE(BitwiseEqual(params.Data(i), ref.params->Data(i)))
+            << Shapes()[i].name;
+        EXPECT_TRUE(BitwiseEqual(muon->momentum_buffer(i),
+                                 ref.muon->momentum_buffer(i)))
+            << Shapes()[i].name;
+      }
+    }
+  }
+}
+
+// check_finite with overlap_backward on CUDA parameters: a NaN in a
+// gradient marked mid-backward fails Step naming it, with parameters,
+// momentum and step count as before the step (the snapshot of its first
+// MarkReady); the next step with finite gradients continues as a run that
+// never saw the NaN.
+TEST(GpuMuonTest, CudaParams_OverlapCheckFinite_NanUndoneThenSameBits) {
+  MUON_SKIP_OR_FAIL_UNLESS_CUDA_DEVICE();
+  const CudaOverlapAllowed allowed;
+  absl::StatusOr<device::Runtime*> rt =
+      device::GetRuntime(device::Device::Cuda(0));
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  absl::StatusOr<std::unique_ptr<device::Stream>> trainer =
+      (*rt)->CreateStream("trainer");
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  absl::StatusOr<std::unique_ptr<kernels::StepKernels>> kernels =
+      kernels::MakeCudaStepKernels(0, nullptr, kernels::GpuPrecision::kFp32);
+  ASSERT_TRUE(kernels.ok()) << kernels.status();
+  const OptimizerRun ref =
+      Steps(/*on_gpu=*/true, DType::kFloat32, Options("fp32"), 2);
+  ASSERT_NE(ref.muon, nullptr);
+  MuonOptions options = Options("fp32");
+  options.check_finite = true;
+  Params params(/*on_gpu=*/true, DType::kFloat32);
+  std::unique_ptr<Muon> muon = OverlappedMuon(params, options, /*async=*/true);
+  ASSERT_NE(muon, nullptr);
+  ASSERT_TRUE(OverlappedStep(params, *muon, **kernels, trainer->get(), 0).ok());
+  ASSERT_TRUE((*trainer)->Synchronize(absl::Seconds(60)).ok());
+  std::vector<std::vector<float>> before, momentum;
+  for (size_t i = 0; i < Shapes().size(); ++i) {
+    before.push_back(params.Data(i));
+    momentum.push_back(muon->momentum_buffer(i));
+  }
+  // Step 2, with a NaN in w1's gradient (written as twice its value: the
+  // rescalings keep it NaN).
+  params.SetGrads(1, 2.0f);
+  params.SetGradValue(1, 9, std::nanf(""));
+  for (int i = static_cast<int>(Shapes().size()) - 1; i >= 0; --i) {
+    ASSERT_TRUE((*kernels)
+                    ->Scale(trainer->get(), params.grad(i),
+                            params.kernel_dtype(), Params::Numel(i), 0.5f)
+                    .ok());
+    ASSERT_TRUE(muon->MarkReadyOnStream(i, (*trainer)->native_handle()).ok());
+  }
+  const absl::Status st = muon->StepOnStream((*trainer)->native_handle());
+  EXPECT_TRUE(absl::IsFailedPrecondition(st)) << st;
+  EXPECT_NE(st.message().find("\"w1\" has a non-finite gradient (nan at "
+                              "local index 9) at step 2"),
+            std::string::npos)
+      << st;
+  ASSERT_TRUE((*trainer)->Synchronize(absl::Seconds(60)).ok());
+  EXPECT_EQ(muon->step_count(), 1);
+  for (size_t i = 0; i < Shapes().size(); ++i) {
+    EXPECT_TRUE(BitwiseEqual(params.Data(i), before[i])) << Shapes()[i].name;
+    EXPECT_TRUE(BitwiseEqual(muon->momentum_buffer(i), momentum[i]))
+        << Shapes()[i].name;
+  }
+  ASSERT_TRUE(OverlappedStep(params, *muon, **kernels, trainer->get(), 1).ok());
+  ASSERT_TRUE((*trainer)->Synchronize(absl::Seconds(60)).ok());
+  for (size_t i = 0; i < Shapes().size(); ++i) {
+    EXPECT_TRUE(BitwiseEqual(params.Data(i), ref.params->Data(i)))
+        << Shapes()[i].name;
+  }
 }
 
 // QK-clip's row scaling on cuda:0 (QkClipper with the CUDA kernels on a
