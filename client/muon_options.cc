@@ -62,6 +62,8 @@ absl::Status MergeExecutionDevice(const v1::ExecutionOptions& execution,
   return absl::OkStatus();
 }
 
+std::atomic<bool> cuda_variants_allowed_for_testing{false};
+
 // NorMuon's row state is float32 and travels with the built-in exchange,
 // on the host. Errors: InvalidArgument naming what it cannot run with.
 absl::Status CheckNorMuon(const MuonOptions& o, bool bf16_exchange,
@@ -74,7 +76,7 @@ absl::Status CheckNorMuon(const MuonOptions& o, bool bf16_exchange,
         bf16_exchange ? "execution.exchange_dtype \"bfloat16\""
                       : "custom gather_fn / redistribute_fn"));
   }
-  if (context.device.is_cuda()) {
+  if (context.device.is_cuda() && !cuda_variants_allowed_for_testing.load()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "rank ", context.rank,
         ": normuon runs on CPU parameters in this version; the parameters "
@@ -83,8 +85,6 @@ absl::Status CheckNorMuon(const MuonOptions& o, bool bf16_exchange,
   }
   return absl::OkStatus();
 }
-
-std::atomic<bool> cuda_overlap_allowed_for_testing{false};
 
 // What overlap_backward cannot run with.
 // Errors: InvalidArgument naming the option.
@@ -95,7 +95,7 @@ absl::Status CheckOverlap(const MuonOptions& o, const OptionContext& context) {
         "transactional_step (its snapshot precedes the momentum "
         "pass): set it to false";
   } else if (!context.device.is_host() &&
-             !cuda_overlap_allowed_for_testing.load()) {
+             !cuda_variants_allowed_for_testing.load()) {
     refused = absl::StrCat("parameters on ", context.device.ToString(),
                            " (CPU parameters in this version)");
   }
@@ -257,8 +257,8 @@ absl::StatusOr<MuonOptions> MuonOptionsFromProto(
   return o;
 }
 
-void AllowCudaOverlapForTesting(bool allowed) {
-  cuda_overlap_allowed_for_testing.store(allowed);
+void AllowCudaVariantsForTesting(bool allowed) {
+  cuda_variants_allowed_for_testing.store(allowed);
 }
 
 absl::Status CheckQkClipDevice(const QkClipOptions& qk_clip,

@@ -210,11 +210,12 @@ struct OptionContext {
 };
 
 // Test-only, process-wide (off by default): lets ResolveOptions accept
-// overlap_backward with CUDA parameters, whose device path (MarkReadyOnStream)
-// is written but has not yet run on a GPU, so that the GPU tests can run
-// it against the step without overlap. Not for trainers: the refusal
-// stays until those tests have passed on a GPU.
-void AllowCudaOverlapForTesting(bool allowed);
+// normuon and overlap_backward with CUDA parameters, whose device paths
+// (NorMuon's CUDA kernel as the owner transform; MarkReadyOnStream) are
+// written but have not yet run on a GPU, so that the GPU tests can run
+// them against the host and the step without overlap. Not for trainers:
+// the refusals stay until those tests have passed on a GPU.
+void AllowCudaVariantsForTesting(bool allowed);
 
 // QK-clip with layers on CUDA parameters: refused (InvalidArgument naming
 // the rank and device) until its CUDA row scaling (StepKernels::Scale) has

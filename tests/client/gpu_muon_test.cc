@@ -5,16 +5,16 @@
 //     Newton-Schulz runs host-staged on the same GPU (MuonOptions::device
 //     "cuda": the same cuBLAS iteration, batch 1 per shape; the elementwise
 //     kernels round each operation as the CPU's do), for fp32 and bf16
-//     parameters over three steps, momentum included;
+//     parameters over three steps, momentum included, and so with NorMuon
+//     (its CUDA kernel against the host's, row state included);
 //   - with the default bf16 Newton-Schulz, within torch.optim.Muon's bf16
 //     bound of the CPU step;
 // and the device-side paths: the non-finite check, the transactional
 // rollback, state_dict round trips, a caller stream, the step begun during
 // backward (MarkReadyOnStream on the stream that produced each gradient,
-// with and without check_finite); and QK-clip's row
-// scaling on the device (QkClipper with the CUDA kernels), bitwise the
-// host's. Skips without a GPU
-// (fails with MUON_REQUIRE_GPU=1; tools/device_checks.sh runs it).
+// with and without check_finite); and QK-clip's row scaling on the device
+// (QkClipper with the CUDA kernels), bitwise the host's. Skips without a
+// GPU (fails with MUON_REQUIRE_GPU=1; tools/device_checks.sh runs it).
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -405,12 +405,12 @@ int64_t ClipLayer(const Params& params, kernels::StepKernels& kernels,
   return stats.groups_clipped;
 }
 
-// Accepts overlap_backward with CUDA parameters for one test (Muon refuses
-// it until these tests have passed on a GPU).
-class CudaOverlapAllowed {
+// Accepts normuon and overlap_backward with CUDA parameters for one test
+// (Muon refuses them until these tests have passed on a GPU).
+class CudaVariantsAllowed {
  public:
-  CudaOverlapAllowed() { AllowCudaOverlapForTesting(true); }
-  ~CudaOverlapAllowed() { AllowCudaOverlapForTesting(false); }
+  CudaVariantsAllowed() { AllowCudaVariantsForTesting(true); }
+  ~CudaVariantsAllowed() { AllowCudaVariantsForTesting(false); }
 };
 
 // Muon over `params` with overlap_backward (world of one), in the async
@@ -459,7 +459,7 @@ absl::Status OverlappedStep(Params& params, Muon& muon,
 // fp32 and bf16 parameters, async and sequential), momentum included.
 TEST(GpuMuonTest, CudaParams_OverlapBackwardOnTrainerStream_SameBitsAsStep) {
   MUON_SKIP_OR_FAIL_UNLESS_CUDA_DEVICE();
-  const CudaOverlapAllowed allowed;
+  const CudaVariantsAllowed allowed;
   absl::StatusOr<device::Runtime*> rt =
       device::GetRuntime(device::Device::Cuda(0));
   ASSERT_TRUE(rt.ok()) << rt.status();
@@ -503,7 +503,7 @@ TEST(GpuMuonTest, CudaParams_OverlapBackwardOnTrainerStream_SameBitsAsStep) {
 // never saw the NaN.
 TEST(GpuMuonTest, CudaParams_OverlapCheckFinite_NanUndoneThenSameBits) {
   MUON_SKIP_OR_FAIL_UNLESS_CUDA_DEVICE();
-  const CudaOverlapAllowed allowed;
+  const CudaVariantsAllowed allowed;
   absl::StatusOr<device::Runtime*> rt =
       device::GetRuntime(device::Device::Cuda(0));
   ASSERT_TRUE(rt.ok()) << rt.status();
@@ -557,6 +557,40 @@ TEST(GpuMuonTest, CudaParams_OverlapCheckFinite_NanUndoneThenSameBits) {
   for (size_t i = 0; i < Shapes().size(); ++i) {
     EXPECT_TRUE(BitwiseEqual(params.Data(i), ref.params->Data(i)))
         << Shapes()[i].name;
+  }
+}
+
+// NorMuon with CUDA parameters (its CUDA kernel as the owner transform on
+// the compute stream, the row state in device memory): with gpu_precision
+// "fp32", bitwise equal to CPU parameters whose Newton-Schulz runs
+// host-staged on the same GPU and whose NorMuon runs the host kernel, for
+// fp32 and bf16 parameters over three steps: parameters, momentum and the
+// row state "variance_neuron".
+TEST(GpuMuonTest, CudaParamsNorMuonFp32Mode_BitwiseEqualToHostStaged) {
+  MUON_SKIP_OR_FAIL_UNLESS_CUDA_DEVICE();
+  const CudaVariantsAllowed allowed;
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    SCOPED_TRACE(std::string(DTypeName(dtype)));
+    MuonOptions options = Options("fp32");
+    options.normuon = true;
+    MuonOptions host_staged = options;
+    host_staged.device = device::DeviceKind::kCuda;
+    const OptimizerRun ref = Steps(/*on_gpu=*/false, dtype, host_staged, 3);
+    const OptimizerRun gpu = Steps(/*on_gpu=*/true, dtype, options, 3);
+    ASSERT_NE(ref.muon, nullptr);
+    ASSERT_NE(gpu.muon, nullptr);
+    EXPECT_EQ(gpu.muon->row_state_name(), "variance_neuron");
+    for (size_t i = 0; i < Shapes().size(); ++i) {
+      EXPECT_TRUE(BitwiseEqual(gpu.params->Data(i), ref.params->Data(i)))
+          << Shapes()[i].name;
+      EXPECT_TRUE(BitwiseEqual(gpu.muon->momentum_buffer(i),
+                               ref.muon->momentum_buffer(i)))
+          << Shapes()[i].name;
+      EXPECT_TRUE(BitwiseEqual(gpu.muon->row_state(i), ref.muon->row_state(i)))
+          << Shapes()[i].name;
+      EXPECT_EQ(gpu.muon->row_state(i).size(),
+                static_cast<size_t>(Shapes()[i].rows));
+    }
   }
 }
 
