@@ -957,7 +957,7 @@ int muonrt_optimizer_set_qk_clip(muonrt_optimizer* opt, double threshold,
 
 int muonrt_optimizer_clip_qk(muonrt_optimizer* opt, const float* max_logits,
                              int64_t count, int64_t* groups_clipped,
-                             float* max_logit) {
+                             float* max_logit, void* stream) {
   return Guard("muonrt_optimizer_clip_qk", [&]() -> absl::Status {
     constexpr char kFn[] = "muonrt_optimizer_clip_qk";
     if (opt == nullptr) return NullArgument(kFn, "opt");
@@ -968,7 +968,7 @@ int muonrt_optimizer_clip_qk(muonrt_optimizer* opt, const float* max_logits,
     constexpr int64_t kMaxHeads = int64_t{1} << 24;
     if (count < 0 || count > kMaxHeads ||
         (count > 0 && max_logits == nullptr)) {
-      const absl::Status joined = opt->muon->ClipQk({});
+      const absl::Status joined = opt->muon->ClipQkOnStream({}, stream);
       return absl::InvalidArgumentError(
           absl::StrCat(kFn, ": count ", count, " with max_logits ",
                        max_logits == nullptr ? "NULL" : "set", " (0 to ",
@@ -976,7 +976,7 @@ int muonrt_optimizer_clip_qk(muonrt_optimizer* opt, const float* max_logits,
     }
     const std::vector<float> values(max_logits, max_logits + count);
     muon::QkClipStats stats;
-    MUON_RETURN_IF_ERROR(opt->muon->ClipQk(values, &stats));
+    MUON_RETURN_IF_ERROR(opt->muon->ClipQkOnStream(values, stream, &stats));
     if (groups_clipped != nullptr) *groups_clipped = stats.groups_clipped;
     if (max_logit != nullptr) *max_logit = stats.max_logit;
     return absl::OkStatus();

@@ -349,7 +349,9 @@ int muonrt_optimizer_load_full_state(muonrt_optimizer* opt, int64_t step,
  * .overlap_backward; Muon::MarkReadyOnStream): its momentum runs now,
  * ordered on `stream` (the cudaStream_t that produced the gradient, e.g.
  * torch.cuda.current_stream().cuda_stream in a post-accumulate-grad hook;
- * NULL for CPU parameters, whose momentum runs before the call returns),
+ * NULL = the legacy default stream; NULL for CPU parameters, whose
+ * momentum runs before the call returns; optimizer creation refuses
+ * overlap_backward with CUDA parameters in this version),
  * and every bucket whose parameters are all ready starts its exchange and
  * Newton-Schulz on the optimizer's streams, after that work;
  * muonrt_optimizer_step finishes the rest. The gradient must not change
@@ -390,17 +392,20 @@ int muonrt_optimizer_set_qk_clip(muonrt_optimizer* opt, double threshold,
                                  const muonrt_qk_clip_layer* layers,
                                  int num_layers);
 
-/* QK-clip after a step (Muon::ClipQk; collective): max_logits holds this
- * rank's largest pre-softmax logit per query head (layers in order,
- * `count` = their heads in all; -inf for a head not computed here); the
- * ranks' MAX decides which groups clip; every rank scales its own rows.
- * *groups_clipped and *max_logit (either may be NULL) report it.
- * Errors: INVALID_ARGUMENT on every rank naming the rank with a bad count
- * or a NaN (nothing scaled); FAILED_PRECONDITION (no layers). ABI
- * version 9. */
+/* QK-clip after a step (Muon::ClipQkOnStream; collective): max_logits
+ * (host memory) holds this rank's largest pre-softmax logit per query head
+ * (layers in order, `count` = their heads in all; -inf for a head not
+ * computed here); the ranks' MAX decides which groups clip; every rank
+ * scales its own rows, ordered on `stream` (the parameters' cudaStream_t,
+ * as muonrt_optimizer_step's; NULL for CPU parameters, scaled before the
+ * call returns). *groups_clipped and *max_logit (either may be NULL)
+ * report it. Errors: INVALID_ARGUMENT on every rank naming the rank with a
+ * bad count or a NaN (nothing scaled); INVALID_ARGUMENT (a stream for CPU
+ * parameters); FAILED_PRECONDITION (no layers). ABI version 9; `stream`
+ * since ABI version 16. */
 int muonrt_optimizer_clip_qk(muonrt_optimizer* opt, const float* max_logits,
                              int64_t count, int64_t* groups_clipped,
-                             float* max_logit);
+                             float* max_logit, void* stream);
 
 /* Muon::Save / Muon::Load: one safetensors file per rank plus
  * metadata.json in `dir`; Load reshards from any saved layout. Errors:

@@ -598,10 +598,22 @@ absl::Status Muon::SetQkClip(const QkClipOptions& qk_clip) {
 
 absl::Status Muon::ClipQk(const std::vector<float>& max_logits,
                           QkClipStats* stats) {
-  // Host parameters only (Create refuses qk_clip on CUDA): the host
-  // kernels scale at once, on no stream.
-  return qk_clipper_.Clip(max_logits, pipeline_->executor().kernels(),
-                          /*stream=*/nullptr, stats);
+  return ClipQkOnStream(max_logits, nullptr, stats);
+}
+
+absl::Status Muon::ClipQkOnStream(const std::vector<float>& max_logits,
+                                  void* stream, QkClipStats* stats) {
+  MUON_ASSIGN_OR_RETURN(device::Stream * caller,
+                        pipeline_->ResolveStream(stream, "QK-clip"));
+  kernels::StepKernels& kernels = pipeline_->executor().kernels();
+  // Host: the host kernels scale at once, on no stream.
+  if (caller == nullptr) {
+    return qk_clipper_.Clip(max_logits, kernels, nullptr, stats);
+  }
+  // CUDA: inside the stream's Launch, with its device current; the
+  // collectives run on this thread, the kernels are enqueued on `caller`.
+  return caller->Launch(
+      [&] { return qk_clipper_.Clip(max_logits, kernels, caller, stats); });
 }
 
 absl::Status Muon::SetParamHyperparameters(int index, double lr,

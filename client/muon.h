@@ -224,12 +224,25 @@ class Muon {
   // on that rank); the communicator's.
   absl::Status ClipQk(const std::vector<float>& max_logits,
                       QkClipStats* stats = nullptr);
+  // ClipQk with the row scaling ordered on `stream` (a cudaStream_t of the
+  // parameters' device, e.g. torch.cuda.current_stream().cuda_stream;
+  // nullptr = the legacy default stream), as StepOnStream orders a step:
+  // the maxima's all-gather runs on the host control group before it
+  // returns, the scaling is enqueued there without a host wait. For CPU
+  // parameters `stream` must be nullptr and this is ClipQk. Create and
+  // SetQkClip refuse qk_clip layers on CUDA parameters in this version.
+  // Errors: as ClipQk; InvalidArgument (a stream with CPU parameters);
+  // the CUDA error.
+  absl::Status ClipQkOnStream(const std::vector<float>& max_logits,
+                              void* stream, QkClipStats* stats = nullptr);
 
   // Starting the step during backward (DistributedConfig::execution.
   // overlap_backward: the plan orders buckets from the last matrix to the
   // first). Marks parameter `index`'s gradient final for the coming step:
-  // its momentum is computed at once on the calling thread (Nesterov's U
-  // is formed from the gradient at its bucket's gather), and every bucket
+  // its momentum is computed at once on the calling thread for CPU
+  // parameters (enqueued on the legacy default stream for CUDA ones; see
+  // MarkReadyOnStream) (Nesterov's U is formed from the gradient at its
+  // bucket's gather), and every bucket
   // whose parameters on this rank are all ready
   // now (a prefix of the plan's bucket order) is handed to the executor's
   // streams, which exchange and orthogonalize it while the caller goes on
@@ -246,8 +259,9 @@ class Muon {
   // (or leave it to Step) in each step. With check_finite set true, a
   // gradient holding NaN or Inf on any rank makes Step return
   // FailedPrecondition on every rank (MuonOptions::check_finite's
-  // messages), with parameters, momentum and step count as before the
-  // step's first MarkReady.
+  // messages, naming each rank's first bad gradient in optimizer order,
+  // not in marking order), with parameters, momentum and step count as
+  // before the step's first MarkReady.
   // Errors: OutOfRange (bad index); FailedPrecondition (overlap_backward
   // off; marked twice in one step; no gradient); the executor's enqueue
   // errors. Create refuses overlap_backward with transactional_step on, or

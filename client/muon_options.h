@@ -209,12 +209,13 @@ struct OptionContext {
   bool custom_exchange = false;  // DistributedConfig gather_fn/redistribute_fn.
 };
 
-// Test-only, process-wide (off by default): lets ResolveOptions accept
-// normuon and overlap_backward with CUDA parameters, whose device paths
-// (NorMuon's CUDA kernel as the owner transform; MarkReadyOnStream) are
-// written but have not yet run on a GPU, so that the GPU tests can run
-// them against the host and the step without overlap. Not for trainers:
-// the refusals stay until those tests have passed on a GPU.
+// Test-only, process-wide (off by default): lets ResolveOptions and
+// CheckQkClipDevice accept normuon, qk_clip and overlap_backward with CUDA
+// parameters, whose device paths (NorMuon's CUDA kernel as the owner
+// transform; ClipQkOnStream; MarkReadyOnStream) are written but have not
+// yet run on a GPU, so that the GPU tests can run them against the host
+// and the step without overlap. Not for trainers: the refusals stay until
+// those tests have passed on a GPU.
 void AllowCudaVariantsForTesting(bool allowed);
 
 // QK-clip with layers on CUDA parameters: refused (InvalidArgument naming

@@ -966,11 +966,21 @@ absl::Status StepExecutor::OrderAfter(device::Stream* producer) {
         "\" is on ", producer->device().ToString(), ", the executor on ",
         options_.device.ToString()));
   }
-  // Keyed by the native stream where there is one: a CUDA stream is
-  // wrapped anew when the caller's stream changes.
-  const void* key = producer->native_handle() != nullptr
-                        ? producer->native_handle()
-                        : static_cast<const void*>(producer);
+  // Keyed by the native stream on CUDA (a stream is wrapped anew when the
+  // caller's stream changes; null is the legacy default stream), by the
+  // stream itself on the host.
+  const void* key = options_.device.is_host()
+                        ? static_cast<const void*>(producer)
+                        : producer->native_handle();
+  absl::Status s = OrderAfterProducer(producer, key);
+  // Sticky: nothing more is enqueued in this step, which then fails (the
+  // producer's work may not be ordered before it).
+  if (!s.ok() && enqueue_status_.ok()) enqueue_status_ = s;
+  return s;
+}
+
+absl::Status StepExecutor::OrderAfterProducer(device::Stream* producer,
+                                              const void* key) {
   device::Event* ready = nullptr;
   for (auto& [stream, event] : producer_ready_) {
     if (stream == key) ready = event.get();

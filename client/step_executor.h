@@ -294,7 +294,8 @@ class StepExecutor {
   // own (a host event is recorded from one stream at a time); nullptr is
   // a no-op (work done on the calling thread is ordered already).
   // Errors: FailedPrecondition (outside a step, or after its enqueue
-  // ended); InvalidArgument (`producer` on another device); the runtime's.
+  // ended); InvalidArgument (`producer` on another device); the runtime's,
+  // which also fail the step (nothing more is enqueued, Finish returns it).
   absl::Status OrderAfter(device::Stream* producer);
   // How many buckets, from the first in the plan's order, have every
   // matrix of this rank in a parameter i with param_ready[i] set (a bucket
@@ -325,6 +326,10 @@ class StepExecutor {
   void DropEventWaitForTesting(EventWait wait) { dropped_wait_ = wait; }
 
  private:
+  // OrderAfter's event record and waits, with the event of `key` (made at
+  // its first use).
+  absl::Status OrderAfterProducer(device::Stream* producer, const void* key);
+
   // Newton-Schulz calls of one bucket on this rank: `count` matrices of
   // one shape starting at local matrix `first`. In the slot (`in_slot`),
   // the group's full U and full O each lie one after another, so one

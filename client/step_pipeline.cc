@@ -424,11 +424,12 @@ absl::Status StepPipeline::ReadyOne(int index, device::Stream* producer) {
       grad_fingerprints_[index] =
           Fingerprint(p.grad, n * DTypeSize(p.grad_dtype));
     }
-    // The executor's streams read the momentum (and Nesterov's gradient)
-    // after the pass on the producer's stream.
-    MUON_RETURN_IF_ERROR(executor_->OrderAfter(producer));
   }
+  // Ready once its momentum pass is enqueued (never run twice). The
+  // executor's streams read the momentum (and Nesterov's gradient) after
+  // the pass on the producer's stream; a failure here fails the step.
   param_ready_[index] = 1;
+  if (n > 0) MUON_RETURN_IF_ERROR(executor_->OrderAfter(producer));
   return absl::OkStatus();
 }
 
@@ -492,21 +493,31 @@ absl::Status StepPipeline::FinishOverlappedStep(device::Stream* caller) {
     // agree after a clean run only, as transactional_step's agreement. A
     // bad gradient anywhere undoes the step everywhere. The scans ran
     // before the executor's streams (OrderAfter), which Finish waited for.
+    // A check that could not be made (this rank's read, reported so that
+    // the other ranks' agreement fails too, or the agreement itself)
+    // undoes the step as a bad gradient does, on every rank.
     NonFinite found;
     absl::Status finite = SyncCaller(caller);
     if (finite.ok()) {
       finite = ReadNonFinite(0, static_cast<int>(params_.size()), &found);
     }
-    if (!finite.ok()) {
-      return agent_ != nullptr ? agent_->OnOwnFailure(finite) : finite;
-    }
     bool any_bad = false;
-    finite = AgreeOnFinite(found, /*undone=*/true, &any_bad);
-    if (any_bad) {
+    if (!finite.ok()) {
+      if (agent_ != nullptr) finite = agent_->OnOwnFailure(finite);
+    } else {
+      finite = AgreeOnFinite(found, /*undone=*/true, &any_bad);
+    }
+    if (!finite.ok() && !any_bad) {
+      finite = absl::Status(finite.code(),
+                            absl::StrCat(finite.message(),
+                                         "; the step's non-finite check "
+                                         "failed, so the step was undone"));
+    }
+    if (!finite.ok()) {
       if (absl::Status r = RestoreSnapshot(caller); !r.ok()) {
         return absl::InternalError(absl::StrCat(
             "rank ", rank_, ": step ", step_ + 1,
-            " had a non-finite gradient and restoring the snapshot failed (",
+            " failed its non-finite check and restoring the snapshot failed (",
             r.ToString(), "); parameters and momentum hold the step's update"));
       }
     }

@@ -107,6 +107,13 @@ class StepPipeline {
   // Whether a step begun by MarkReady is in flight.
   bool in_overlapped_step() const { return overlap_begun_; }
 
+  // The stream a Step, MarkReady or QK-clip (`what`, for messages) is
+  // ordered on: nullptr for CPU parameters (which take no stream:
+  // InvalidArgument otherwise), `native` (a cudaStream_t of the
+  // parameters' device; nullptr = the legacy default stream) wrapped for
+  // CUDA ones, valid until the next call with another handle.
+  absl::StatusOr<device::Stream*> ResolveStream(void* native, const char* what);
+
   const v1::Plan& plan() const { return plan_; }
   const StepExecutor& executor() const { return *executor_; }
   const RankFlags& rank_flags() const { return *rank_flags_; }
@@ -212,10 +219,6 @@ class StepPipeline {
   // ---- The caller's stream ----
   // Wrapped (cached per native handle).
   absl::StatusOr<device::Stream*> CallerStream(void* native);
-  // The stream a Step or MarkReady (`what`) is ordered on: nullptr for
-  // CPU parameters (which take no stream: InvalidArgument otherwise), the
-  // wrapped `native` for CUDA ones.
-  absl::StatusOr<device::Stream*> ResolveStream(void* native, const char* what);
   // Runs `work` (which enqueues on `caller`) inside caller->Launch, so that
   // the caller's device is current for it; at once for nullptr (host). A
   // template, so that the host path makes no std::function (a warm CPU

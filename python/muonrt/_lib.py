@@ -292,7 +292,8 @@ _SIGNATURES = {
         ctypes.POINTER(muonrt_qk_clip_layer), _c_int]),
     "muonrt_optimizer_clip_qk": (_c_int, [
         _opt_p, ctypes.POINTER(ctypes.c_float), ctypes.c_int64,
-        ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_float)]),
+        ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_float),
+        ctypes.c_void_p]),
     "muonrt_optimizer_row_state_name": (_c_int, [
         _opt_p, ctypes.POINTER(ctypes.c_char_p)]),
     "muonrt_optimizer_row_state": (_c_int, [

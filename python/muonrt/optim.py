@@ -1096,9 +1096,11 @@ class Muon(torch.optim.Optimizer):
     def mark_ready(self, key):
         """overlap_backward: marks a parameter's gradient final for the
         coming step (`key`: index, name or the parameter). Its momentum
-        runs now, and every bucket whose parameters are all ready starts
-        its exchange and Newton-Schulz on the library's threads while
-        backward goes on; step() finishes the rest. The hooks call it
+        runs now (CPU tensors; on CUDA tensors it is ordered on the
+        current stream, which a hook gets from autograd), and every bucket
+        whose parameters are all ready starts its exchange and
+        Newton-Schulz on the library's threads while backward goes on;
+        step() finishes the rest. The hooks call it
         after each gradient's accumulation (not while `accumulating` is
         True: set it for every micro-batch's backward but the last). The
         gradient must not change afterwards in this step."""
@@ -1166,7 +1168,8 @@ class Muon(torch.optim.Optimizer):
         top = ctypes.c_float(0)
         _lib.call("muonrt_optimizer_clip_qk", self._h,
                   ctypes.cast(flat.data_ptr(), ctypes.POINTER(ctypes.c_float)),
-                  flat.numel(), ctypes.byref(groups), ctypes.byref(top))
+                  flat.numel(), ctypes.byref(groups), ctypes.byref(top),
+                  self._step_stream())
         return {"groups_clipped": groups.value, "max_logit": top.value}
 
     def variance_neuron(self, key):

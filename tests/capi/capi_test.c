@@ -1034,15 +1034,15 @@ static void QkClip_ScalesClippedHeadRowsAndRefusesBadInput(void) {
   memcpy(a0, m.a, sizeof(a0));
   memcpy(b0, m.b, sizeof(b0));
   const float maxima[2] = {50.0f, 200.0f};
-  CHECK_CODE(muonrt_optimizer_clip_qk(opt, maxima, 1, NULL, NULL),
+  CHECK_CODE(muonrt_optimizer_clip_qk(opt, maxima, 1, NULL, NULL, NULL),
              MUONRT_INVALID_ARGUMENT);
   CHECK_ERROR_HAS("ClipQk got 1 maxima");
-  CHECK_CODE(muonrt_optimizer_clip_qk(opt, NULL, 2, NULL, NULL),
+  CHECK_CODE(muonrt_optimizer_clip_qk(opt, NULL, 2, NULL, NULL, NULL),
              MUONRT_INVALID_ARGUMENT);
   CHECK(memcmp(a0, m.a, sizeof(a0)) == 0);
   int64_t groups = -1;
   float top = 0;
-  CHECK_OK(muonrt_optimizer_clip_qk(opt, maxima, 2, &groups, &top));
+  CHECK_OK(muonrt_optimizer_clip_qk(opt, maxima, 2, &groups, &top, NULL));
   CHECK(groups == 1 && top == 200.0f);
   const float f = (float)sqrt(0.5);
   for (int i = 0; i < 12; ++i) CHECK(m.a[i] == a0[i] * f);

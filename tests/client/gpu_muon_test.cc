@@ -369,11 +369,9 @@ TEST(GpuMuonTest, CudaParams_StateDictIntoFreshOptimizer_SameNextStep) {
   }
 }
 
-// QK-clip of one layer (w0's 6 query heads of 16 rows in 2 groups, w1's 2
-// key heads from row 8) on `params`: the rows of both groups scaled, with
-// `kernels` on `stream`. Returns the groups clipped (-1 on an error).
-int64_t ClipLayer(const Params& params, kernels::StepKernels& kernels,
-                  device::Stream* stream) {
+// QK-clip of one layer: w0's 6 query heads of 16 rows in 2 groups, w1's 2
+// key heads from row 8; threshold 100, alpha 0.5.
+QkClipOptions OneLayerQkClip() {
   QkClipOptions options;
   options.threshold = 100;
   options.alpha = 0.5;
@@ -385,6 +383,20 @@ int64_t ClipLayer(const Params& params, kernels::StepKernels& kernels,
   layer.num_kv_heads = 2;
   layer.head_dim = 16;
   options.layers = {layer};
+  return options;
+}
+
+// Maxima of OneLayerQkClip's heads that clip both groups.
+const std::vector<float>& LayerMaxLogits() {
+  static const std::vector<float> maxima = {50, 400, 120, 80, 250, -INFINITY};
+  return maxima;
+}
+
+// OneLayerQkClip on `params`: the rows of both groups scaled, with
+// `kernels` on `stream`. Returns the groups clipped (-1 on an error).
+int64_t ClipLayer(const Params& params, kernels::StepKernels& kernels,
+                  device::Stream* stream) {
+  const QkClipOptions options = OneLayerQkClip();
   const std::vector<ParamView> views = params.Views();
   const std::vector<ParamPlacement> placements(
       views.size(), ParamPlacement{{Placement::Replicate()}, {}});
@@ -396,8 +408,8 @@ int64_t ClipLayer(const Params& params, kernels::StepKernels& kernels,
     return -1;
   }
   QkClipStats stats;
-  const absl::Status s = clipper->Clip({50, 400, 120, 80, 250, -INFINITY},
-                                       kernels, stream, &stats);
+  const absl::Status s =
+      clipper->Clip(LayerMaxLogits(), kernels, stream, &stats);
   if (!s.ok()) {
     ADD_FAILURE() << s;
     return -1;
@@ -431,24 +443,48 @@ std::unique_ptr<Muon> OverlappedMuon(const Params& params,
   return muon.ok() ? *std::move(muon) : nullptr;
 }
 
-// One step begun during backward on `trainer`: each gradient, written as
-// twice its value, is made final on `trainer` by 64 pairs of exact
-// rescalings (x2, x0.5) and a last x0.5, all still queued when the
-// parameter is marked ready there (last parameter first). A momentum pass
-// or a gather not ordered after that work reads a wrong gradient.
+// Work that keeps a stream busy for tens of milliseconds on an H100/H200
+// (64 in-place passes over 1 GiB of fp32), so that what is enqueued after
+// it is certainly still queued when the host goes on.
+class Backlog {
+ public:
+  static constexpr int64_t kFloats = int64_t{1} << 28;  // 1 GiB
+  explicit Backlog(device::Runtime* runtime) {
+    absl::StatusOr<device::DeviceMemory> mem =
+        device::DeviceMemory::Allocate(runtime->allocator(), kFloats * 4);
+    EXPECT_TRUE(mem.ok()) << mem.status();
+    if (mem.ok()) memory_ = *std::move(mem);
+  }
+  absl::Status Enqueue(kernels::StepKernels& kernels, device::Stream* stream) {
+    if (memory_.data() == nullptr) {
+      return absl::FailedPreconditionError("no backlog memory");
+    }
+    for (int k = 0; k < 64; ++k) {
+      MUON_RETURN_IF_ERROR(kernels.Scale(stream, memory_.data(),
+                                         kernels::ParamDType::kFloat32, kFloats,
+                                         1.0f));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  device::DeviceMemory memory_;
+};
+
+// One step begun during backward on `trainer`: behind a backlog, each
+// gradient, written as twice its value, is made final on `trainer` by an
+// exact rescaling (x0.5), still queued when the parameter is marked ready
+// there (last parameter first). A momentum pass or a gather not ordered
+// after that work reads a wrong gradient.
 absl::Status OverlappedStep(Params& params, Muon& muon,
-                            kernels::StepKernels& kernels,
+                            kernels::StepKernels& kernels, Backlog& backlog,
                             device::Stream* trainer, int step) {
   params.SetGrads(step, 2.0f);
-  const kernels::ParamDType dtype = params.kernel_dtype();
+  MUON_RETURN_IF_ERROR(backlog.Enqueue(kernels, trainer));
   for (int i = static_cast<int>(Shapes().size()) - 1; i >= 0; --i) {
-    void* grad = params.grad(i);
-    const int64_t n = Params::Numel(i);
-    for (int k = 0; k < 64; ++k) {
-      MUON_RETURN_IF_ERROR(kernels.Scale(trainer, grad, dtype, n, 2.0f));
-      MUON_RETURN_IF_ERROR(kernels.Scale(trainer, grad, dtype, n, 0.5f));
-    }
-    MUON_RETURN_IF_ERROR(kernels.Scale(trainer, grad, dtype, n, 0.5f));
+    MUON_RETURN_IF_ERROR(kernels.Scale(trainer, params.grad(i),
+                                       params.kernel_dtype(), Params::Numel(i),
+                                       0.5f));
     MUON_RETURN_IF_ERROR(muon.MarkReadyOnStream(i, trainer->native_handle()));
   }
   return muon.StepOnStream(trainer->native_handle());
@@ -469,6 +505,7 @@ TEST(GpuMuonTest, CudaParams_OverlapBackwardOnTrainerStream_SameBitsAsStep) {
   absl::StatusOr<std::unique_ptr<kernels::StepKernels>> kernels =
       kernels::MakeCudaStepKernels(0, nullptr, kernels::GpuPrecision::kFp32);
   ASSERT_TRUE(kernels.ok()) << kernels.status();
+  Backlog backlog(*rt);
   for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
     const OptimizerRun ref = Steps(/*on_gpu=*/true, dtype, Options("fp32"), 3);
     ASSERT_NE(ref.muon, nullptr);
@@ -479,8 +516,8 @@ TEST(GpuMuonTest, CudaParams_OverlapBackwardOnTrainerStream_SameBitsAsStep) {
           OverlappedMuon(params, Options("fp32"), async);
       ASSERT_NE(muon, nullptr);
       for (int s = 0; s < 3; ++s) {
-        const absl::Status st =
-            OverlappedStep(params, *muon, **kernels, trainer->get(), s);
+        const absl::Status st = OverlappedStep(params, *muon, **kernels,
+                                               backlog, trainer->get(), s);
         ASSERT_TRUE(st.ok()) << st;
       }
       ASSERT_TRUE((*trainer)->Synchronize(absl::Seconds(60)).ok());
@@ -496,12 +533,12 @@ TEST(GpuMuonTest, CudaParams_OverlapBackwardOnTrainerStream_SameBitsAsStep) {
   }
 }
 
-// check_finite with overlap_backward on CUDA parameters: a NaN in a
+// check_finite with overlap_backward on CUDA parameters: an Inf in a
 // gradient marked mid-backward fails Step naming it, with parameters,
 // momentum and step count as before the step (the snapshot of its first
 // MarkReady); the next step with finite gradients continues as a run that
-// never saw the NaN.
-TEST(GpuMuonTest, CudaParams_OverlapCheckFinite_NanUndoneThenSameBits) {
+// never saw the Inf.
+TEST(GpuMuonTest, CudaParams_OverlapCheckFinite_InfUndoneThenSameBits) {
   MUON_SKIP_OR_FAIL_UNLESS_CUDA_DEVICE();
   const CudaVariantsAllowed allowed;
   absl::StatusOr<device::Runtime*> rt =
@@ -513,6 +550,7 @@ TEST(GpuMuonTest, CudaParams_OverlapCheckFinite_NanUndoneThenSameBits) {
   absl::StatusOr<std::unique_ptr<kernels::StepKernels>> kernels =
       kernels::MakeCudaStepKernels(0, nullptr, kernels::GpuPrecision::kFp32);
   ASSERT_TRUE(kernels.ok()) << kernels.status();
+  Backlog backlog(*rt);
   const OptimizerRun ref =
       Steps(/*on_gpu=*/true, DType::kFloat32, Options("fp32"), 2);
   ASSERT_NE(ref.muon, nullptr);
@@ -521,27 +559,36 @@ TEST(GpuMuonTest, CudaParams_OverlapCheckFinite_NanUndoneThenSameBits) {
   Params params(/*on_gpu=*/true, DType::kFloat32);
   std::unique_ptr<Muon> muon = OverlappedMuon(params, options, /*async=*/true);
   ASSERT_NE(muon, nullptr);
-  ASSERT_TRUE(OverlappedStep(params, *muon, **kernels, trainer->get(), 0).ok());
+  ASSERT_TRUE(
+      OverlappedStep(params, *muon, **kernels, backlog, trainer->get(), 0)
+          .ok());
   ASSERT_TRUE((*trainer)->Synchronize(absl::Seconds(60)).ok());
   std::vector<std::vector<float>> before, momentum;
   for (size_t i = 0; i < Shapes().size(); ++i) {
     before.push_back(params.Data(i));
     momentum.push_back(muon->momentum_buffer(i));
   }
-  // Step 2, with a NaN in w1's gradient (written as twice its value: the
-  // rescalings keep it NaN).
+  // Step 2: w1's gradient becomes non-finite only on the trainer's stream,
+  // behind the backlog (FLT_MAX x4 = inf, then x0.125 keeps it inf and
+  // brings the others' doubled values back), so a scan not ordered there
+  // sees finite values.
   params.SetGrads(1, 2.0f);
-  params.SetGradValue(1, 9, std::nanf(""));
+  params.SetGradValue(1, 9, std::numeric_limits<float>::max());
+  ASSERT_TRUE(backlog.Enqueue(**kernels, trainer->get()).ok());
   for (int i = static_cast<int>(Shapes().size()) - 1; i >= 0; --i) {
-    ASSERT_TRUE((*kernels)
-                    ->Scale(trainer->get(), params.grad(i),
-                            params.kernel_dtype(), Params::Numel(i), 0.5f)
-                    .ok());
+    const std::vector<float> factors =
+        i == 1 ? std::vector<float>{4.0f, 0.125f} : std::vector<float>{0.5f};
+    for (float f : factors) {
+      ASSERT_TRUE((*kernels)
+                      ->Scale(trainer->get(), params.grad(i),
+                              params.kernel_dtype(), Params::Numel(i), f)
+                      .ok());
+    }
     ASSERT_TRUE(muon->MarkReadyOnStream(i, (*trainer)->native_handle()).ok());
   }
   const absl::Status st = muon->StepOnStream((*trainer)->native_handle());
   EXPECT_TRUE(absl::IsFailedPrecondition(st)) << st;
-  EXPECT_NE(st.message().find("\"w1\" has a non-finite gradient (nan at "
+  EXPECT_NE(st.message().find("\"w1\" has a non-finite gradient (inf at "
                               "local index 9) at step 2"),
             std::string::npos)
       << st;
@@ -552,11 +599,51 @@ TEST(GpuMuonTest, CudaParams_OverlapCheckFinite_NanUndoneThenSameBits) {
     EXPECT_TRUE(BitwiseEqual(muon->momentum_buffer(i), momentum[i]))
         << Shapes()[i].name;
   }
-  ASSERT_TRUE(OverlappedStep(params, *muon, **kernels, trainer->get(), 1).ok());
+  ASSERT_TRUE(
+      OverlappedStep(params, *muon, **kernels, backlog, trainer->get(), 1)
+          .ok());
   ASSERT_TRUE((*trainer)->Synchronize(absl::Seconds(60)).ok());
   for (size_t i = 0; i < Shapes().size(); ++i) {
     EXPECT_TRUE(BitwiseEqual(params.Data(i), ref.params->Data(i)))
         << Shapes()[i].name;
+  }
+}
+
+// QK-clip through Muon with CUDA parameters: two steps, then
+// ClipQkOnStream on the trainer's stream; bitwise the same on CPU
+// parameters (Newton-Schulz host-staged on the same GPU, the clip by the
+// host kernels), fp32 and bf16 parameters.
+TEST(GpuMuonTest, CudaParamsQkClipOnStream_BitwiseEqualToHostStaged) {
+  MUON_SKIP_OR_FAIL_UNLESS_CUDA_DEVICE();
+  const CudaVariantsAllowed allowed;
+  absl::StatusOr<device::Runtime*> rt =
+      device::GetRuntime(device::Device::Cuda(0));
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  absl::StatusOr<std::unique_ptr<device::Stream>> trainer =
+      (*rt)->CreateStream("trainer");
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    SCOPED_TRACE(std::string(DTypeName(dtype)));
+    MuonOptions options = Options("fp32");
+    options.qk_clip = OneLayerQkClip();
+    MuonOptions host_staged = options;
+    host_staged.device = device::DeviceKind::kCuda;
+    const OptimizerRun ref = Steps(/*on_gpu=*/false, dtype, host_staged, 2);
+    const OptimizerRun gpu = Steps(/*on_gpu=*/true, dtype, options, 2);
+    ASSERT_NE(ref.muon, nullptr);
+    ASSERT_NE(gpu.muon, nullptr);
+    QkClipStats ref_stats, gpu_stats;
+    ASSERT_TRUE(ref.muon->ClipQk(LayerMaxLogits(), &ref_stats).ok());
+    const absl::Status st = gpu.muon->ClipQkOnStream(
+        LayerMaxLogits(), (*trainer)->native_handle(), &gpu_stats);
+    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_TRUE((*trainer)->Synchronize(absl::Seconds(60)).ok());
+    EXPECT_EQ(ref_stats.groups_clipped, 2);
+    EXPECT_EQ(gpu_stats.groups_clipped, 2);
+    for (size_t i = 0; i < Shapes().size(); ++i) {
+      EXPECT_TRUE(BitwiseEqual(gpu.params->Data(i), ref.params->Data(i)))
+          << Shapes()[i].name;
+    }
   }
 }
 

@@ -248,6 +248,33 @@ TEST(OverlapBackwardTest,
   }
 }
 
+// CPU parameters take no stream: MarkReadyOnStream with one is refused
+// naming it, before the step begins (the parameter can still be marked).
+TEST(OverlapBackwardTest,
+     MarkReadyOnStream_CpuParams_InvalidArgumentNothingBegun) {
+  Parameter p;
+  p.name = "w";
+  p.local_shape = {4, 4};
+  p.data.assign(16, 1.0f);
+  p.grad.assign(16, 0.5f);
+  DistributedConfig config;
+  config.state.mesh = Mesh::OneDim(1);
+  config.state.param_placements = {ParamPlacement{{Placement::Replicate()}}};
+  config.execution.set_overlap_backward(true);
+  absl::StatusOr<std::unique_ptr<Muon>> muon =
+      Muon::Create(std::vector<Parameter*>{&p}, OverlapOptions(), config);
+  ASSERT_TRUE(muon.ok()) << muon.status();
+  int not_a_stream = 0;
+  EXPECT_THAT((*muon)->MarkReadyOnStream(0, &not_a_stream),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("rank 0: a stream was given for MarkReady but "
+                                 "the parameters are on cpu")));
+  EXPECT_THAT((*muon)->momentum_buffer(0), ::testing::Each(0.0f));
+  ASSERT_TRUE((*muon)->MarkReadyOnStream(0, nullptr).ok());
+  ASSERT_TRUE((*muon)->Step().ok());
+  EXPECT_EQ((*muon)->step_count(), 1);
+}
+
 TEST(OverlapBackwardTest, Create_WithTransactional_Refused) {
   Parameter p;
   p.name = "w";

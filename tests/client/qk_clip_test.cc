@@ -564,5 +564,30 @@ TEST(QkClipTest, Create_BadLayers_InvalidArgumentNamingTheField) {
       StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no layers")));
 }
 
+// CPU parameters take no stream: ClipQkOnStream with one is refused
+// naming it, with nothing scaled; without one it clips.
+TEST(QkClipTest, ClipQkOnStream_CpuParams_StreamRefusedNothingScaled) {
+  Parameter wq = Whole("wq", 16, std::vector<float>(16 * kHidden, 1.0f));
+  Parameter wk = Whole("wk", 8, std::vector<float>(8 * kHidden, 1.0f));
+  MuonOptions o;
+  o.qk_clip = Layers(1.0);
+  o.qk_clip.layers.resize(1);
+  absl::StatusOr<std::unique_ptr<Muon>> muon =
+      Muon::Create(std::vector<Parameter*>{&wq, &wk}, o);
+  ASSERT_TRUE(muon.ok()) << muon.status();
+  const std::vector<float> wq_before = wq.data;
+  const std::vector<float> maxima(4, 1e6f);
+  int not_a_stream = 0;
+  EXPECT_THAT((*muon)->ClipQkOnStream(maxima, &not_a_stream),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("rank 0: a stream was given for QK-clip but "
+                                 "the parameters are on cpu")));
+  EXPECT_EQ(wq.data, wq_before);
+  QkClipStats stats;
+  ASSERT_TRUE((*muon)->ClipQkOnStream(maxima, nullptr, &stats).ok());
+  EXPECT_EQ(stats.groups_clipped, 2);
+  EXPECT_NE(wq.data, wq_before);
+}
+
 }  // namespace
 }  // namespace muon
