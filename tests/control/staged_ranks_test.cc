@@ -6,9 +6,12 @@
 // stages each exchange through host memory (c10d's Gloo backend on CUDA
 // tensors), which is how several rank processes share a GPU. Without one
 // the same tests run with host parameters. Layouts: FSDP with uneven and
-// empty shards, TP (column shards), HSDP, and the async schedule with
-// prefetch; fp32 arithmetic on the GPU (gpu_precision "fp32", the CPU's
-// bits).
+// empty shards, TP (column shards), HSDP, the async schedule with
+// prefetch, and NorMuon (its row state travels with the exchange); fp32
+// arithmetic on the GPU (gpu_precision "fp32", the CPU's bits). The bf16
+// exchange, which rounds what the owner sends, cannot match one device:
+// the 4 ranks on the test device are bitwise the same 4 ranks with host
+// parameters, and differ from one device (the rounding took effect).
 #include <cblas.h>
 
 #include <iostream>
@@ -22,6 +25,7 @@
 #include "absl/time/time.h"
 #include "client/distributed_config.h"
 #include "client/muon.h"
+#include "client/muon_options.h"
 #include "common/status_macros.h"
 #include "control/process_group.h"
 #include "device/cuda_runtime.h"
@@ -111,6 +115,7 @@ struct Case {
   std::string name;
   ProblemLayout layout;
   v1::ExecutionOptions execution;
+  bool normuon = false;
 };
 
 // 10 x 12 and 3 x 8 matrices: over 4 ranks, Shard(0) gives rows 3,3,3,1
@@ -140,8 +145,68 @@ std::vector<Case> Cases() {
   async.execution.set_prefetch_count(2);
   async.execution.set_bucket_size_bytes(256);  // several buckets
   cases.push_back(async);
+  Case normuon{
+      "fsdp_normuon",
+      UniformLayout(Mesh::OneDim(4, "dp_shard"), {Placement::Shard(0)}, 2),
+      {}};
+  normuon.normuon = true;
+  cases.push_back(normuon);
   return cases;
 }
+
+// The 4 ranks of a run, in destruction order: the optimizers (run.muons)
+// first, then their buffers, then the groups.
+struct FourRanks {
+  static constexpr int kWorld = 4;
+  std::vector<std::unique_ptr<ProcessGroup>> groups{kWorld};
+  std::vector<DeviceRank> ranks{kWorld};
+  DistributedRun run{kWorld};
+};
+
+// Runs every step of `problem` on 4 ranks (threads) in `layout` with
+// `execution`, each joining a Gloo group through InitProcessGroup (rank 0
+// embeds the coordinator at a path named by `tag`), their parameters on
+// `rt`'s device. Fails the test on any rank's error.
+void RunFourRanks(const Problem& problem, device::Runtime* rt,
+                  const MuonOptions& options, const ProblemLayout& layout,
+                  const v1::ExecutionOptions& execution, const std::string& tag,
+                  FourRanks* out) {
+  const std::string path =
+      absl::StrCat(::testing::TempDir(), "/staged_", tag, "_coordinator");
+  std::vector<absl::Status> st = RunOnRanks(FourRanks::kWorld, [&](int rank) {
+    MUON_ASSIGN_OR_RETURN(out->groups[rank], InitProcessGroup(LocalGroupOptions(
+                                                 rank, FourRanks::kWorld, path,
+                                                 "staged-ranks-secret")));
+    std::vector<ParamPlacement> placements;
+    for (const std::vector<Placement>& p : layout.placements) {
+      placements.push_back(ParamPlacement{p});
+    }
+    MUON_ASSIGN_OR_RETURN(
+        DistributedConfig config,
+        CreateMeshConfig(layout.mesh, placements, out->groups[rank]->comm.get(),
+                         out->groups[rank]->coordinator.get(),
+                         out->groups[rank]->incarnation));
+    config.execution = execution;
+    MUON_ASSIGN_OR_RETURN(out->run.shards[rank],
+                          CutShards(problem, layout, rank));
+    MUON_RETURN_IF_ERROR(StepOnDevice(problem, rt, options, config,
+                                      &out->run.shards[rank],
+                                      &out->ranks[rank]));
+    return absl::OkStatus();
+  });
+  for (int r = 0; r < FourRanks::kWorld; ++r) {
+    ASSERT_THAT(st[r], IsOk()) << tag << " rank " << r;
+    out->run.muons[r] = std::move(out->ranks[r].muon);
+  }
+}
+
+// Accepts normuon with CUDA parameters for one test (Muon refuses it until
+// the GPU tests of it have passed).
+class CudaVariantsAllowed {
+ public:
+  CudaVariantsAllowed() { AllowCudaVariantsForTesting(true); }
+  ~CudaVariantsAllowed() { AllowCudaVariantsForTesting(false); }
+};
 
 class StagedRanksTest : public ::testing::TestWithParam<Case> {};
 
@@ -151,8 +216,10 @@ TEST_P(StagedRanksTest, FourRanksOnOneDevice_BitwiseOneDevice) {
   std::cout << "device: " << dev.ToString() << "\n";
   absl::StatusOr<device::Runtime*> rt = device::GetRuntime(dev);
   ASSERT_THAT(rt, IsOk());
+  const CudaVariantsAllowed allowed;
   MuonOptions options;
   options.gpu_precision = kernels::GpuPrecision::kFp32;
+  options.normuon = c.normuon;
   const Problem problem = MakeProblem({{"a", {10, 12}}, {"b", {3, 8}}}, 2);
   openblas_set_num_threads(1);
 
@@ -170,38 +237,52 @@ TEST_P(StagedRanksTest, FourRanksOnOneDevice_BitwiseOneDevice) {
     single.buffers.push_back(one.muon->momentum_buffer(static_cast<int>(k)));
   }
 
-  constexpr int kWorld = 4;
-  const std::string path =
-      absl::StrCat(::testing::TempDir(), "/staged_", c.name, "_coordinator");
-  // Destroyed in reverse: the optimizers (run.muons) first, then their
-  // buffers, then the groups.
-  std::vector<std::unique_ptr<ProcessGroup>> groups(kWorld);
-  std::vector<DeviceRank> ranks(kWorld);
-  DistributedRun run(kWorld);
-  std::vector<absl::Status> st = RunOnRanks(kWorld, [&](int rank) {
-    MUON_ASSIGN_OR_RETURN(groups[rank],
-                          InitProcessGroup(LocalGroupOptions(
-                              rank, kWorld, path, "staged-ranks-secret")));
-    std::vector<ParamPlacement> placements;
-    for (const std::vector<Placement>& p : c.layout.placements) {
-      placements.push_back(ParamPlacement{p});
+  FourRanks four;
+  RunFourRanks(problem, *rt, options, c.layout, c.execution, c.name, &four);
+  if (HasFatalFailure()) return;
+  ExpectShardsMatchSingleDevice(problem, single, four.run);
+}
+
+// The bf16 exchange (the owner's result rounded to bf16 on the wire, every
+// holder applying the same values), FSDP over 4 ranks: on the test device
+// bitwise the same 4 ranks with host parameters, parameters and momentum,
+// and not one device's fp32 result.
+TEST(StagedRanksBf16Test, FourRanksBf16Exchange_BitwiseHostRanks) {
+  const device::Device dev = TestDevice();
+  std::cout << "device: " << dev.ToString() << "\n";
+  absl::StatusOr<device::Runtime*> rt = device::GetRuntime(dev);
+  ASSERT_THAT(rt, IsOk());
+  MuonOptions options;
+  options.gpu_precision = kernels::GpuPrecision::kFp32;
+  const Problem problem = MakeProblem({{"a", {10, 12}}, {"b", {3, 8}}}, 2);
+  openblas_set_num_threads(1);
+  const ProblemLayout layout =
+      UniformLayout(Mesh::OneDim(4, "dp_shard"), {Placement::Shard(0)}, 2);
+  v1::ExecutionOptions bf16;
+  bf16.set_exchange_dtype("bfloat16");
+  FourRanks on_host, on_device, fp32;
+  RunFourRanks(problem, device::HostRuntime(), options, layout, bf16,
+               "bf16_host", &on_host);
+  RunFourRanks(problem, *rt, options, layout, bf16, "bf16_device", &on_device);
+  RunFourRanks(problem, device::HostRuntime(), options, layout, {}, "fp32_host",
+               &fp32);
+  if (HasFatalFailure()) return;
+  bool any_differs_from_fp32 = false;
+  for (int r = 0; r < FourRanks::kWorld; ++r) {
+    const RankShards& h = on_host.run.shards[r];
+    const RankShards& d = on_device.run.shards[r];
+    ASSERT_EQ(h.params.size(), d.params.size());
+    for (size_t k = 0; k < h.params.size(); ++k) {
+      EXPECT_EQ(d.params[k].data, h.params[k].data)
+          << "rank " << r << " parameter " << k;
+      EXPECT_EQ(on_device.run.muons[r]->momentum_buffer(static_cast<int>(k)),
+                on_host.run.muons[r]->momentum_buffer(static_cast<int>(k)))
+          << "rank " << r << " parameter " << k;
+      any_differs_from_fp32 |=
+          h.params[k].data != fp32.run.shards[r].params[k].data;
     }
-    MUON_ASSIGN_OR_RETURN(
-        DistributedConfig config,
-        CreateMeshConfig(c.layout.mesh, placements, groups[rank]->comm.get(),
-                         groups[rank]->coordinator.get(),
-                         groups[rank]->incarnation));
-    config.execution = c.execution;
-    MUON_ASSIGN_OR_RETURN(run.shards[rank], CutShards(problem, c.layout, rank));
-    MUON_RETURN_IF_ERROR(StepOnDevice(problem, *rt, options, config,
-                                      &run.shards[rank], &ranks[rank]));
-    return absl::OkStatus();
-  });
-  for (int r = 0; r < kWorld; ++r) {
-    ASSERT_THAT(st[r], IsOk()) << "rank " << r;
-    run.muons[r] = std::move(ranks[r].muon);
   }
-  ExpectShardsMatchSingleDevice(problem, single, run);
+  EXPECT_TRUE(any_differs_from_fp32) << "the bf16 exchange rounded nothing";
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, StagedRanksTest, ::testing::ValuesIn(Cases()),
