@@ -218,6 +218,16 @@ struct OptionContext {
 // those tests have passed on a GPU.
 void AllowCudaVariantsForTesting(bool allowed);
 
+// AllowCudaVariantsForTesting(true) for the object's lifetime (a test's).
+class ScopedCudaVariantsForTesting {
+ public:
+  ScopedCudaVariantsForTesting() { AllowCudaVariantsForTesting(true); }
+  ~ScopedCudaVariantsForTesting() { AllowCudaVariantsForTesting(false); }
+  ScopedCudaVariantsForTesting(const ScopedCudaVariantsForTesting&) = delete;
+  ScopedCudaVariantsForTesting& operator=(const ScopedCudaVariantsForTesting&) =
+      delete;
+};
+
 // QK-clip with layers on CUDA parameters: refused (InvalidArgument naming
 // the rank and device) until its CUDA row scaling (StepKernels::Scale) has
 // run on a GPU; OK otherwise. Muon::Create (through ResolveOptions) and

@@ -559,6 +559,42 @@ TEST(ExecutorStreamsTest, OwnerTransform_RunsOnOwnerWithItsRowState) {
   }
 }
 
+// `param` after one Run of `plan` on w with update `u` (the reference of
+// the stream-ordered tests below).
+std::vector<float> RunOnce(const v1::Plan& plan, const MatrixGeometry& g,
+                           std::shared_ptr<kernels::NsEngine> engine,
+                           const UpdateRule& rule, const std::vector<float>& u,
+                           std::vector<float> param) {
+  absl::StatusOr<std::unique_ptr<StepExecutor>> ex =
+      StepExecutor::Create(0, 1, plan, {g}, nullptr, nullptr, nullptr, engine);
+  EXPECT_TRUE(ex.ok()) << ex.status();
+  if (!ex.ok()) return {};
+  ParamView view;
+  view.name = "w";
+  view.data = param.data();
+  StepStats stats;
+  const absl::Status st = (*ex)->Run({u.data()}, {view}, rule, &stats);
+  EXPECT_TRUE(st.ok()) << st;
+  return param;
+}
+
+// Enqueues on `stream` work that copies `src` into *dst once `gate` is
+// open, failing with `what` if it is not within 10 s (the code under test
+// waited for the stream instead of ordering on it).
+absl::Status LaunchGatedWrite(device::HostStream& stream,
+                              std::shared_future<void> gate,
+                              std::vector<float>* dst,
+                              const std::vector<float>& src,
+                              const std::string& what) {
+  return stream.Launch([gate, dst, &src, what]() -> absl::Status {
+    if (gate.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+      return absl::DeadlineExceededError(what);
+    }
+    *dst = src;
+    return absl::OkStatus();
+  });
+}
+
 // A step ordered on the caller's (host) stream: the caller's earlier work
 // writes the update, the step reads it, the caller's later work reads the
 // parameter; Enqueue returns without waiting. Plain memory throughout, so
@@ -573,17 +609,8 @@ TEST(ExecutorStreamsTest, Enqueue_CallerStream_StepBetweenCallersWork) {
   rule.lr = 0.02;
   const std::vector<float> u0 = RandomValues(n, 7);
   // Reference: Run on the same inputs.
-  std::vector<float> want = RandomValues(n, 8);
-  {
-    absl::StatusOr<std::unique_ptr<StepExecutor>> ex = StepExecutor::Create(
-        0, 1, plan, {g}, nullptr, nullptr, nullptr, engine);
-    ASSERT_TRUE(ex.ok()) << ex.status();
-    ParamView view;
-    view.name = "w";
-    view.data = want.data();
-    StepStats stats;
-    ASSERT_TRUE((*ex)->Run({u0.data()}, {view}, rule, &stats).ok());
-  }
+  const std::vector<float> want =
+      RunOnce(plan, g, engine, rule, u0, RandomValues(n, 8));
   absl::StatusOr<std::unique_ptr<StepExecutor>> ex =
       StepExecutor::Create(0, 1, plan, {g}, nullptr, nullptr, nullptr, engine);
   ASSERT_TRUE(ex.ok()) << ex.status();
@@ -594,17 +621,8 @@ TEST(ExecutorStreamsTest, Enqueue_CallerStream_StepBetweenCallersWork) {
   // The caller's earlier work is held until Enqueue has returned: Enqueue
   // must not wait for it (bounded: 10 s, then the step fails).
   std::promise<void> release;
-  std::shared_future<void> gate = release.get_future().share();
-  ASSERT_TRUE(caller
-                  .Launch([&, gate]() -> absl::Status {
-                    if (gate.wait_for(std::chrono::seconds(10)) !=
-                        std::future_status::ready) {
-                      return absl::DeadlineExceededError(
-                          "Enqueue waited for the caller's stream");
-                    }
-                    update = u0;
-                    return absl::OkStatus();
-                  })
+  ASSERT_TRUE(LaunchGatedWrite(caller, release.get_future().share(), &update,
+                               u0, "Enqueue waited for the caller's stream")
                   .ok());
   ParamView view;
   view.name = "w";
@@ -646,17 +664,8 @@ TEST(ExecutorStreamsTest, OrderAfter_ProducerStream_GatherReadsItsWork) {
   const std::vector<float> u0 = RandomValues(n, 7);
   for (bool async : {false, true}) {
     SCOPED_TRACE(async ? "async" : "sequential");
-    std::vector<float> want = RandomValues(n, 8);
-    {
-      absl::StatusOr<std::unique_ptr<StepExecutor>> ex = StepExecutor::Create(
-          0, 1, PlanOfOne(async), {g}, nullptr, nullptr, nullptr, engine);
-      ASSERT_TRUE(ex.ok()) << ex.status();
-      ParamView view;
-      view.name = "w";
-      view.data = want.data();
-      StepStats stats;
-      ASSERT_TRUE((*ex)->Run({u0.data()}, {view}, rule, &stats).ok());
-    }
+    const std::vector<float> want =
+        RunOnce(PlanOfOne(async), g, engine, rule, u0, RandomValues(n, 8));
     absl::StatusOr<std::unique_ptr<StepExecutor>> ex = StepExecutor::Create(
         0, 1, PlanOfOne(async), {g}, nullptr, nullptr, nullptr, engine);
     ASSERT_TRUE(ex.ok()) << ex.status();
@@ -674,17 +683,9 @@ TEST(ExecutorStreamsTest, OrderAfter_ProducerStream_GatherReadsItsWork) {
     ASSERT_TRUE((*ex)->Begin(sources, views, rule, nullptr).ok());
     device::HostStream producer("backward");
     std::promise<void> release;
-    std::shared_future<void> gate = release.get_future().share();
-    ASSERT_TRUE(producer
-                    .Launch([&, gate]() -> absl::Status {
-                      if (gate.wait_for(std::chrono::seconds(10)) !=
-                          std::future_status::ready) {
-                        return absl::DeadlineExceededError(
-                            "OrderAfter waited for the producer's stream");
-                      }
-                      update = u0;
-                      return absl::OkStatus();
-                    })
+    ASSERT_TRUE(LaunchGatedWrite(producer, release.get_future().share(),
+                                 &update, u0,
+                                 "OrderAfter waited for the producer's stream")
                     .ok());
     ASSERT_TRUE((*ex)->OrderAfter(&producer).ok());
     testing::FakeCudaStream other("torch-current");

@@ -417,14 +417,6 @@ int64_t ClipLayer(const Params& params, kernels::StepKernels& kernels,
   return stats.groups_clipped;
 }
 
-// Accepts normuon and overlap_backward with CUDA parameters for one test
-// (Muon refuses them until these tests have passed on a GPU).
-class CudaVariantsAllowed {
- public:
-  CudaVariantsAllowed() { AllowCudaVariantsForTesting(true); }
-  ~CudaVariantsAllowed() { AllowCudaVariantsForTesting(false); }
-};
-
 // Muon over `params` with overlap_backward (world of one), in the async
 // schedule with prefetch or the sequential one, one matrix per bucket.
 std::unique_ptr<Muon> OverlappedMuon(const Params& params,
@@ -471,6 +463,39 @@ class Backlog {
   device::DeviceMemory memory_;
 };
 
+// Tests on cuda:0 with a trainer's stream, the CUDA step kernels (to
+// make work on it) and a backlog; normuon, qk_clip and overlap_backward
+// accepted with CUDA parameters (Muon refuses them until these tests have
+// passed on a GPU). Skips without a GPU.
+class CudaTrainerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    MUON_SKIP_OR_FAIL_UNLESS_CUDA_DEVICE();
+    absl::StatusOr<device::Runtime*> rt =
+        device::GetRuntime(device::Device::Cuda(0));
+    ASSERT_TRUE(rt.ok()) << rt.status();
+    absl::StatusOr<std::unique_ptr<device::Stream>> trainer =
+        (*rt)->CreateStream("trainer");
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    trainer_ = *std::move(trainer);
+    absl::StatusOr<std::unique_ptr<kernels::StepKernels>> kernels =
+        kernels::MakeCudaStepKernels(0, nullptr, kernels::GpuPrecision::kFp32);
+    ASSERT_TRUE(kernels.ok()) << kernels.status();
+    kernels_ = *std::move(kernels);
+    backlog_ = std::make_unique<Backlog>(*rt);
+  }
+
+  void* trainer_handle() const { return trainer_->native_handle(); }
+  absl::Status SyncTrainer() {
+    return trainer_->Synchronize(absl::Seconds(60));
+  }
+
+  std::unique_ptr<device::Stream> trainer_;
+  std::unique_ptr<kernels::StepKernels> kernels_;
+  std::unique_ptr<Backlog> backlog_;
+  const ScopedCudaVariantsForTesting allowed_;
+};
+
 // One step begun during backward on `trainer`: behind a backlog, each
 // gradient, written as twice its value, is made final on `trainer` by an
 // exact rescaling (x0.5), still queued when the parameter is marked ready
@@ -493,19 +518,7 @@ absl::Status OverlappedStep(Params& params, Muon& muon,
 // overlap_backward with CUDA parameters, MarkReadyOnStream on the
 // trainer's stream: bitwise the same steps without overlap (fp32 mode,
 // fp32 and bf16 parameters, async and sequential), momentum included.
-TEST(GpuMuonTest, CudaParams_OverlapBackwardOnTrainerStream_SameBitsAsStep) {
-  MUON_SKIP_OR_FAIL_UNLESS_CUDA_DEVICE();
-  const CudaVariantsAllowed allowed;
-  absl::StatusOr<device::Runtime*> rt =
-      device::GetRuntime(device::Device::Cuda(0));
-  ASSERT_TRUE(rt.ok()) << rt.status();
-  absl::StatusOr<std::unique_ptr<device::Stream>> trainer =
-      (*rt)->CreateStream("trainer");
-  ASSERT_TRUE(trainer.ok()) << trainer.status();
-  absl::StatusOr<std::unique_ptr<kernels::StepKernels>> kernels =
-      kernels::MakeCudaStepKernels(0, nullptr, kernels::GpuPrecision::kFp32);
-  ASSERT_TRUE(kernels.ok()) << kernels.status();
-  Backlog backlog(*rt);
+TEST_F(CudaTrainerTest, OverlapBackwardOnTrainerStream_SameBitsAsStep) {
   for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
     const OptimizerRun ref = Steps(/*on_gpu=*/true, dtype, Options("fp32"), 3);
     ASSERT_NE(ref.muon, nullptr);
@@ -516,11 +529,11 @@ TEST(GpuMuonTest, CudaParams_OverlapBackwardOnTrainerStream_SameBitsAsStep) {
           OverlappedMuon(params, Options("fp32"), async);
       ASSERT_NE(muon, nullptr);
       for (int s = 0; s < 3; ++s) {
-        const absl::Status st = OverlappedStep(params, *muon, **kernels,
-                                               backlog, trainer->get(), s);
+        const absl::Status st = OverlappedStep(params, *muon, *kernels_,
+                                               *backlog_, trainer_.get(), s);
         ASSERT_TRUE(st.ok()) << st;
       }
-      ASSERT_TRUE((*trainer)->Synchronize(absl::Seconds(60)).ok());
+      ASSERT_TRUE(SyncTrainer().ok());
       EXPECT_EQ(muon->step_count(), 3);
       for (size_t i = 0; i < Shapes().size(); ++i) {
         EXPECT_TRUE(BitwiseEqual(params.Data(i), ref.params->Data(i)))
@@ -538,19 +551,7 @@ TEST(GpuMuonTest, CudaParams_OverlapBackwardOnTrainerStream_SameBitsAsStep) {
 // momentum and step count as before the step (the snapshot of its first
 // MarkReady); the next step with finite gradients continues as a run that
 // never saw the Inf.
-TEST(GpuMuonTest, CudaParams_OverlapCheckFinite_InfUndoneThenSameBits) {
-  MUON_SKIP_OR_FAIL_UNLESS_CUDA_DEVICE();
-  const CudaVariantsAllowed allowed;
-  absl::StatusOr<device::Runtime*> rt =
-      device::GetRuntime(device::Device::Cuda(0));
-  ASSERT_TRUE(rt.ok()) << rt.status();
-  absl::StatusOr<std::unique_ptr<device::Stream>> trainer =
-      (*rt)->CreateStream("trainer");
-  ASSERT_TRUE(trainer.ok()) << trainer.status();
-  absl::StatusOr<std::unique_ptr<kernels::StepKernels>> kernels =
-      kernels::MakeCudaStepKernels(0, nullptr, kernels::GpuPrecision::kFp32);
-  ASSERT_TRUE(kernels.ok()) << kernels.status();
-  Backlog backlog(*rt);
+TEST_F(CudaTrainerTest, OverlapCheckFinite_InfUndoneThenSameBits) {
   const OptimizerRun ref =
       Steps(/*on_gpu=*/true, DType::kFloat32, Options("fp32"), 2);
   ASSERT_NE(ref.muon, nullptr);
@@ -560,9 +561,9 @@ TEST(GpuMuonTest, CudaParams_OverlapCheckFinite_InfUndoneThenSameBits) {
   std::unique_ptr<Muon> muon = OverlappedMuon(params, options, /*async=*/true);
   ASSERT_NE(muon, nullptr);
   ASSERT_TRUE(
-      OverlappedStep(params, *muon, **kernels, backlog, trainer->get(), 0)
+      OverlappedStep(params, *muon, *kernels_, *backlog_, trainer_.get(), 0)
           .ok());
-  ASSERT_TRUE((*trainer)->Synchronize(absl::Seconds(60)).ok());
+  ASSERT_TRUE(SyncTrainer().ok());
   std::vector<std::vector<float>> before, momentum;
   for (size_t i = 0; i < Shapes().size(); ++i) {
     before.push_back(params.Data(i));
@@ -574,25 +575,25 @@ TEST(GpuMuonTest, CudaParams_OverlapCheckFinite_InfUndoneThenSameBits) {
   // sees finite values.
   params.SetGrads(1, 2.0f);
   params.SetGradValue(1, 9, std::numeric_limits<float>::max());
-  ASSERT_TRUE(backlog.Enqueue(**kernels, trainer->get()).ok());
+  ASSERT_TRUE(backlog_->Enqueue(*kernels_, trainer_.get()).ok());
   for (int i = static_cast<int>(Shapes().size()) - 1; i >= 0; --i) {
     const std::vector<float> factors =
         i == 1 ? std::vector<float>{4.0f, 0.125f} : std::vector<float>{0.5f};
     for (float f : factors) {
-      ASSERT_TRUE((*kernels)
-                      ->Scale(trainer->get(), params.grad(i),
+      ASSERT_TRUE(kernels_
+                      ->Scale(trainer_.get(), params.grad(i),
                               params.kernel_dtype(), Params::Numel(i), f)
                       .ok());
     }
-    ASSERT_TRUE(muon->MarkReadyOnStream(i, (*trainer)->native_handle()).ok());
+    ASSERT_TRUE(muon->MarkReadyOnStream(i, trainer_handle()).ok());
   }
-  const absl::Status st = muon->StepOnStream((*trainer)->native_handle());
+  const absl::Status st = muon->StepOnStream(trainer_handle());
   EXPECT_TRUE(absl::IsFailedPrecondition(st)) << st;
   EXPECT_NE(st.message().find("\"w1\" has a non-finite gradient (inf at "
                               "local index 9) at step 2"),
             std::string::npos)
       << st;
-  ASSERT_TRUE((*trainer)->Synchronize(absl::Seconds(60)).ok());
+  ASSERT_TRUE(SyncTrainer().ok());
   EXPECT_EQ(muon->step_count(), 1);
   for (size_t i = 0; i < Shapes().size(); ++i) {
     EXPECT_TRUE(BitwiseEqual(params.Data(i), before[i])) << Shapes()[i].name;
@@ -600,9 +601,9 @@ TEST(GpuMuonTest, CudaParams_OverlapCheckFinite_InfUndoneThenSameBits) {
         << Shapes()[i].name;
   }
   ASSERT_TRUE(
-      OverlappedStep(params, *muon, **kernels, backlog, trainer->get(), 1)
+      OverlappedStep(params, *muon, *kernels_, *backlog_, trainer_.get(), 1)
           .ok());
-  ASSERT_TRUE((*trainer)->Synchronize(absl::Seconds(60)).ok());
+  ASSERT_TRUE(SyncTrainer().ok());
   for (size_t i = 0; i < Shapes().size(); ++i) {
     EXPECT_TRUE(BitwiseEqual(params.Data(i), ref.params->Data(i)))
         << Shapes()[i].name;
@@ -613,15 +614,7 @@ TEST(GpuMuonTest, CudaParams_OverlapCheckFinite_InfUndoneThenSameBits) {
 // ClipQkOnStream on the trainer's stream; bitwise the same on CPU
 // parameters (Newton-Schulz host-staged on the same GPU, the clip by the
 // host kernels), fp32 and bf16 parameters.
-TEST(GpuMuonTest, CudaParamsQkClipOnStream_BitwiseEqualToHostStaged) {
-  MUON_SKIP_OR_FAIL_UNLESS_CUDA_DEVICE();
-  const CudaVariantsAllowed allowed;
-  absl::StatusOr<device::Runtime*> rt =
-      device::GetRuntime(device::Device::Cuda(0));
-  ASSERT_TRUE(rt.ok()) << rt.status();
-  absl::StatusOr<std::unique_ptr<device::Stream>> trainer =
-      (*rt)->CreateStream("trainer");
-  ASSERT_TRUE(trainer.ok()) << trainer.status();
+TEST_F(CudaTrainerTest, QkClipOnStream_BitwiseEqualToHostStaged) {
   for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
     SCOPED_TRACE(std::string(DTypeName(dtype)));
     MuonOptions options = Options("fp32");
@@ -635,9 +628,9 @@ TEST(GpuMuonTest, CudaParamsQkClipOnStream_BitwiseEqualToHostStaged) {
     QkClipStats ref_stats, gpu_stats;
     ASSERT_TRUE(ref.muon->ClipQk(LayerMaxLogits(), &ref_stats).ok());
     const absl::Status st = gpu.muon->ClipQkOnStream(
-        LayerMaxLogits(), (*trainer)->native_handle(), &gpu_stats);
+        LayerMaxLogits(), trainer_handle(), &gpu_stats);
     ASSERT_TRUE(st.ok()) << st;
-    ASSERT_TRUE((*trainer)->Synchronize(absl::Seconds(60)).ok());
+    ASSERT_TRUE(SyncTrainer().ok());
     EXPECT_EQ(ref_stats.groups_clipped, 2);
     EXPECT_EQ(gpu_stats.groups_clipped, 2);
     for (size_t i = 0; i < Shapes().size(); ++i) {
@@ -655,7 +648,7 @@ TEST(GpuMuonTest, CudaParamsQkClipOnStream_BitwiseEqualToHostStaged) {
 // row state "variance_neuron".
 TEST(GpuMuonTest, CudaParamsNorMuonFp32Mode_BitwiseEqualToHostStaged) {
   MUON_SKIP_OR_FAIL_UNLESS_CUDA_DEVICE();
-  const CudaVariantsAllowed allowed;
+  const ScopedCudaVariantsForTesting allowed;
   for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
     SCOPED_TRACE(std::string(DTypeName(dtype)));
     MuonOptions options = Options("fp32");
@@ -685,25 +678,15 @@ TEST(GpuMuonTest, CudaParamsNorMuonFp32Mode_BitwiseEqualToHostStaged) {
 // stream) against the same clip of host parameters with the host kernels:
 // bitwise, fp32 and bf16. Muon refuses qk_clip on CUDA parameters
 // (CheckQkClipDevice) until this has passed on a GPU.
-TEST(GpuQkClipTest, CudaRowScaling_BitwiseHost) {
-  MUON_SKIP_OR_FAIL_UNLESS_CUDA_DEVICE();
-  absl::StatusOr<device::Runtime*> rt =
-      device::GetRuntime(device::Device::Cuda(0));
-  ASSERT_TRUE(rt.ok()) << rt.status();
-  absl::StatusOr<std::unique_ptr<device::Stream>> stream =
-      (*rt)->CreateStream("qk-clip test");
-  ASSERT_TRUE(stream.ok()) << stream.status();
-  absl::StatusOr<std::unique_ptr<kernels::StepKernels>> cuda =
-      kernels::MakeCudaStepKernels(0, nullptr, kernels::GpuPrecision::kFp32);
-  ASSERT_TRUE(cuda.ok()) << cuda.status();
+TEST_F(CudaTrainerTest, QkClipperRowScaling_BitwiseHost) {
   std::unique_ptr<kernels::StepKernels> host =
       kernels::MakeHostStepKernels(nullptr);
   for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
     Params on_gpu(/*on_gpu=*/true, dtype), on_host(/*on_gpu=*/false, dtype);
     const std::vector<float> w0_before = on_host.Data(0);
     ASSERT_EQ(ClipLayer(on_host, *host, nullptr), 2);
-    ASSERT_EQ(ClipLayer(on_gpu, **cuda, stream->get()), 2);
-    ASSERT_TRUE((*stream)->Synchronize(absl::Seconds(60)).ok());
+    ASSERT_EQ(ClipLayer(on_gpu, *kernels_, trainer_.get()), 2);
+    ASSERT_TRUE(SyncTrainer().ok());
     EXPECT_FALSE(BitwiseEqual(on_host.Data(0), w0_before));  // it clipped
     for (size_t i = 0; i < Shapes().size(); ++i) {
       EXPECT_TRUE(BitwiseEqual(on_gpu.Data(i), on_host.Data(i)))

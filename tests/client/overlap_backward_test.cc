@@ -56,6 +56,15 @@ void Overlap(DistributedConfig& c, bool async) {
   c.execution.set_bucket_size_bytes(256);  // about one matrix per bucket
 }
 
+// A world of one with overlap_backward, for one whole parameter.
+DistributedConfig OverlapConfigOfOne() {
+  DistributedConfig config;
+  config.state.mesh = Mesh::OneDim(1);
+  config.state.param_placements = {ParamPlacement{{Placement::Replicate()}}};
+  config.execution.set_overlap_backward(true);
+  return config;
+}
+
 // Runs the problem's steps on 4 ranks with overlap_backward: per step each
 // rank cuts its gradients, marks parameters ready from the last to the
 // first with a little work between (a backward's layers), then steps.
@@ -142,10 +151,7 @@ TEST(OverlapBackwardTest, Step_GradientChangedAfterMarkReady_NamedInDebugMode) {
   p.local_shape = {6, 4};
   p.data = ::muon::testing::RandomValues(24, 1);
   p.grad = ::muon::testing::RandomValues(24, 2);
-  DistributedConfig config;
-  config.state.mesh = Mesh::OneDim(1);
-  config.state.param_placements = {ParamPlacement{{Placement::Replicate()}}};
-  config.execution.set_overlap_backward(true);
+  const DistributedConfig config = OverlapConfigOfOne();
   absl::StatusOr<std::unique_ptr<Muon>> muon =
       Muon::Create(std::vector<Parameter*>{&p}, OverlapOptions(), config);
   ASSERT_TRUE(muon.ok()) << muon.status();
@@ -257,10 +263,7 @@ TEST(OverlapBackwardTest,
   p.local_shape = {4, 4};
   p.data.assign(16, 1.0f);
   p.grad.assign(16, 0.5f);
-  DistributedConfig config;
-  config.state.mesh = Mesh::OneDim(1);
-  config.state.param_placements = {ParamPlacement{{Placement::Replicate()}}};
-  config.execution.set_overlap_backward(true);
+  const DistributedConfig config = OverlapConfigOfOne();
   absl::StatusOr<std::unique_ptr<Muon>> muon =
       Muon::Create(std::vector<Parameter*>{&p}, OverlapOptions(), config);
   ASSERT_TRUE(muon.ok()) << muon.status();
@@ -282,10 +285,7 @@ TEST(OverlapBackwardTest, Create_WithTransactional_Refused) {
   p.data.assign(16, 1.0f);
   MuonOptions o = OverlapOptions();
   o.transactional_step = true;
-  DistributedConfig config;
-  config.state.mesh = Mesh::OneDim(1);
-  config.state.param_placements = {ParamPlacement{{Placement::Replicate()}}};
-  config.execution.set_overlap_backward(true);
+  const DistributedConfig config = OverlapConfigOfOne();
   EXPECT_THAT(Muon::Create(std::vector<Parameter*>{&p}, o, config),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("transactional_step")));

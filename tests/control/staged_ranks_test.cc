@@ -200,14 +200,6 @@ void RunFourRanks(const Problem& problem, device::Runtime* rt,
   }
 }
 
-// Accepts normuon with CUDA parameters for one test (Muon refuses it until
-// the GPU tests of it have passed).
-class CudaVariantsAllowed {
- public:
-  CudaVariantsAllowed() { AllowCudaVariantsForTesting(true); }
-  ~CudaVariantsAllowed() { AllowCudaVariantsForTesting(false); }
-};
-
 class StagedRanksTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(StagedRanksTest, FourRanksOnOneDevice_BitwiseOneDevice) {
@@ -216,7 +208,7 @@ TEST_P(StagedRanksTest, FourRanksOnOneDevice_BitwiseOneDevice) {
   std::cout << "device: " << dev.ToString() << "\n";
   absl::StatusOr<device::Runtime*> rt = device::GetRuntime(dev);
   ASSERT_THAT(rt, IsOk());
-  const CudaVariantsAllowed allowed;
+  const ScopedCudaVariantsForTesting allowed;
   MuonOptions options;
   options.gpu_precision = kernels::GpuPrecision::kFp32;
   options.normuon = c.normuon;
