@@ -386,7 +386,8 @@ typedef struct {
 /* Sets QK-clip's layers (num_layers 0 = off), threshold tau (> 0; the Kimi
  * K2 report's 100) and alpha (the query's share of the scale, in [0, 1];
  * 0.5). Local, all or nothing. Errors: INVALID_ARGUMENT naming the layer,
- * field or parameter (unknown, not 2-D, too few rows). ABI version 9. */
+ * field or parameter (unknown, not 2-D, too few rows), or layers with CUDA
+ * parameters (not yet run on a GPU in this version). ABI version 9. */
 int muonrt_optimizer_set_qk_clip(muonrt_optimizer* opt, double threshold,
                                  double alpha,
                                  const muonrt_qk_clip_layer* layers,

@@ -603,17 +603,36 @@ absl::Status Muon::ClipQk(const std::vector<float>& max_logits,
 
 absl::Status Muon::ClipQkOnStream(const std::vector<float>& max_logits,
                                   void* stream, QkClipStats* stats) {
-  MUON_ASSIGN_OR_RETURN(device::Stream * caller,
-                        pipeline_->ResolveStream(stream, "QK-clip"));
   kernels::StepKernels& kernels = pipeline_->executor().kernels();
+  // A refusal of this rank's own still joins the clip's collective, with
+  // no maxima (which fails it on every rank before anything is scaled),
+  // so that the other ranks fail too instead of waiting for this one.
+  bool joined = false;
+  auto refuse = [&](const absl::Status& own) {
+    if (!joined) (void)qk_clipper_.Clip({}, kernels, nullptr, nullptr);
+    return own;
+  };
+  if (pipeline_->in_overlapped_step()) {
+    return refuse(absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank_,
+                     ": QK-clip during a step begun by MarkReady (the "
+                     "executor is writing the parameters): call it after "
+                     "Step")));
+  }
+  absl::StatusOr<device::Stream*> caller =
+      pipeline_->ResolveStream(stream, "QK-clip");
+  if (!caller.ok()) return refuse(caller.status());
   // Host: the host kernels scale at once, on no stream.
-  if (caller == nullptr) {
+  if (*caller == nullptr) {
     return qk_clipper_.Clip(max_logits, kernels, nullptr, stats);
   }
   // CUDA: inside the stream's Launch, with its device current; the
   // collectives run on this thread, the kernels are enqueued on `caller`.
-  return caller->Launch(
-      [&] { return qk_clipper_.Clip(max_logits, kernels, caller, stats); });
+  const absl::Status s = (*caller)->Launch([&] {
+    joined = true;
+    return qk_clipper_.Clip(max_logits, kernels, *caller, stats);
+  });
+  return s.ok() ? s : refuse(s);
 }
 
 absl::Status Muon::SetParamHyperparameters(int index, double lr,

@@ -232,7 +232,9 @@ class Muon {
   // parameters `stream` must be nullptr and this is ClipQk. Create and
   // SetQkClip refuse qk_clip layers on CUDA parameters in this version.
   // Errors: as ClipQk; InvalidArgument (a stream with CPU parameters);
-  // the CUDA error.
+  // FailedPrecondition (during a step begun by MarkReady); the CUDA error.
+  // A rank refused for its own reason still joins the collective, so that
+  // every rank fails.
   absl::Status ClipQkOnStream(const std::vector<float>& max_logits,
                               void* stream, QkClipStats* stats = nullptr);
 

@@ -257,8 +257,8 @@ absl::StatusOr<MuonOptions> MuonOptionsFromProto(
   return o;
 }
 
-void AllowCudaVariantsForTesting(bool allowed) {
-  cuda_variants_allowed_for_testing.store(allowed);
+bool AllowCudaVariantsForTesting(bool allowed) {
+  return cuda_variants_allowed_for_testing.exchange(allowed);
 }
 
 absl::Status CheckQkClipDevice(const QkClipOptions& qk_clip,

@@ -215,17 +215,21 @@ struct OptionContext {
 // transform; ClipQkOnStream; MarkReadyOnStream) are written but have not
 // yet run on a GPU, so that the GPU tests can run them against the host
 // and the step without overlap. Not for trainers: the refusals stay until
-// those tests have passed on a GPU.
-void AllowCudaVariantsForTesting(bool allowed);
+// those tests have passed on a GPU. Returns the value before.
+bool AllowCudaVariantsForTesting(bool allowed);
 
-// AllowCudaVariantsForTesting(true) for the object's lifetime (a test's).
+// AllowCudaVariantsForTesting(true) for the object's lifetime (a test's),
+// then the value before it.
 class ScopedCudaVariantsForTesting {
  public:
-  ScopedCudaVariantsForTesting() { AllowCudaVariantsForTesting(true); }
-  ~ScopedCudaVariantsForTesting() { AllowCudaVariantsForTesting(false); }
+  ScopedCudaVariantsForTesting() : before_(AllowCudaVariantsForTesting(true)) {}
+  ~ScopedCudaVariantsForTesting() { AllowCudaVariantsForTesting(before_); }
   ScopedCudaVariantsForTesting(const ScopedCudaVariantsForTesting&) = delete;
   ScopedCudaVariantsForTesting& operator=(const ScopedCudaVariantsForTesting&) =
       delete;
+
+ private:
+  const bool before_;
 };
 
 // QK-clip with layers on CUDA parameters: refused (InvalidArgument naming

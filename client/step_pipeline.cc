@@ -359,11 +359,18 @@ absl::Status StepPipeline::AgreeOnFinite(const NonFinite& found, bool undone,
     return local;
   }
   // Agreement: each rank contributes 1 + the index of its first bad
-  // parameter (0 = all finite; exact in float below 2^24 parameters).
+  // parameter (0 = all finite; exact in float below 2^24 parameters; -1
+  // from a rank that could not read its scan, FinishOverlappedStep).
   MUON_RETURN_IF_ERROR(GatherRankFlags(static_cast<float>(found.param + 1)));
   *any_bad = !local.ok() || rank_flags_->FirstRaised() >= 0;
   if (!local.ok()) return local;
   if (const int r = rank_flags_->FirstRaised(); r >= 0) {
+    if (rank_flags_->flag(r) < 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", rank_, ": rank ", r,
+          " could not check its gradients for NaN/Inf (rank ", r,
+          "'s error names the cause) at step ", step_ + 1, outcome));
+    }
     return absl::FailedPreconditionError(
         absl::StrCat("rank ", rank_, ": rank ", r,
                      " has a non-finite gradient (its parameter #",
@@ -503,6 +510,9 @@ absl::Status StepPipeline::FinishOverlappedStep(device::Stream* caller) {
     }
     bool any_bad = false;
     if (!finite.ok()) {
+      // Joins the agreement with "could not check" (-1), so that every
+      // rank fails and undoes the step.
+      if (rank_flags_->collective()) (void)GatherRankFlags(-1.0f);
       if (agent_ != nullptr) finite = agent_->OnOwnFailure(finite);
     } else {
       finite = AgreeOnFinite(found, /*undone=*/true, &any_bad);

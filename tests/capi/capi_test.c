@@ -204,7 +204,7 @@ static void ReferenceStep(double* W, const double* G, double* Buf, int rows,
 
 /* ---- Tests ------------------------------------------------------------ */
 
-static void AbiVersion_IsFifteen(void) {
+static void AbiVersion_IsSixteen(void) {
   CHECK(muonrt_abi_version() == MUONRT_ABI_VERSION);
   CHECK(MUONRT_ABI_VERSION == 16);
   CHECK(strcmp(muonrt_last_error(), "") == 0);
@@ -1272,7 +1272,7 @@ typedef struct {
 
 int main(void) {
   const Test tests[] = {
-      TEST(AbiVersion_IsFifteen),
+      TEST(AbiVersion_IsSixteen),
       TEST(ComputeThreads_SetAndRefusedOutOfRange),
       TEST(OptionsDefault_AreTorchDefaults),
       TEST(OptionsValidate_NamesTheBadField),

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <string>
@@ -116,6 +117,26 @@ class Params {
 
   void SetData(size_t i, const std::vector<float>& v) { Write(data_[i], v); }
 
+  // SetData ordered on `stream` (an asynchronous copy from a host buffer
+  // kept until the next call for i).
+  absl::Status SetDataOnStream(size_t i, const std::vector<float>& v,
+                               device::Stream* stream) {
+    staged_.resize(Shapes().size());
+    std::vector<char>& host = staged_[i];
+    if (dtype_ == DType::kFloat32) {
+      host.resize(v.size() * 4);
+      std::memcpy(host.data(), v.data(), host.size());
+    } else {
+      host.resize(v.size() * 2);
+      for (size_t k = 0; k < v.size(); ++k) {
+        const kernels::bf16_t b = kernels::FloatToBf16(v[k]);
+        std::memcpy(host.data() + 2 * k, &b, 2);
+      }
+    }
+    return runtime_->CopyFromHostOnStream(stream, data_[i].data(), host.data(),
+                                          static_cast<int64_t>(host.size()));
+  }
+
   // Parameter i's gradient on its device, and its dtype for the kernels.
   void* grad(size_t i) { return grad_[i].data(); }
   kernels::ParamDType kernel_dtype() const {
@@ -159,6 +180,7 @@ class Params {
   device::Runtime* runtime_ = nullptr;
   std::vector<device::DeviceMemory> data_;
   std::vector<device::DeviceMemory> grad_;
+  std::vector<std::vector<char>> staged_;  // SetDataOnStream's sources
 };
 
 MuonOptions Options(const std::string& precision) {
@@ -445,7 +467,10 @@ class Backlog {
     absl::StatusOr<device::DeviceMemory> mem =
         device::DeviceMemory::Allocate(runtime->allocator(), kFloats * 4);
     EXPECT_TRUE(mem.ok()) << mem.status();
-    if (mem.ok()) memory_ = *std::move(mem);
+    if (!mem.ok()) return;
+    memory_ = *std::move(mem);
+    const absl::Status zeroed = runtime->Zero(memory_.data(), kFloats * 4);
+    EXPECT_TRUE(zeroed.ok()) << zeroed;  // defined values (initcheck)
   }
   absl::Status Enqueue(kernels::StepKernels& kernels, device::Stream* stream) {
     if (memory_.data() == nullptr) {
@@ -610,10 +635,10 @@ TEST_F(CudaTrainerTest, OverlapCheckFinite_InfUndoneThenSameBits) {
   }
 }
 
-// QK-clip through Muon with CUDA parameters: two steps, then
-// ClipQkOnStream on the trainer's stream; bitwise the same on CPU
-// parameters (Newton-Schulz host-staged on the same GPU, the clip by the
-// host kernels), fp32 and bf16 parameters.
+// QK-clip through Muon with CUDA parameters: two steps, the parameters
+// rewritten on the trainer's stream behind a backlog, then ClipQkOnStream
+// there; bitwise the same on CPU parameters (Newton-Schulz host-staged on
+// the same GPU, the clip by the host kernels), fp32 and bf16 parameters.
 TEST_F(CudaTrainerTest, QkClipOnStream_BitwiseEqualToHostStaged) {
   for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
     SCOPED_TRACE(std::string(DTypeName(dtype)));
@@ -625,6 +650,16 @@ TEST_F(CudaTrainerTest, QkClipOnStream_BitwiseEqualToHostStaged) {
     const OptimizerRun gpu = Steps(/*on_gpu=*/true, dtype, options, 2);
     ASSERT_NE(ref.muon, nullptr);
     ASSERT_NE(gpu.muon, nullptr);
+    // The parameters doubled (exact) before the clip: on the host at once,
+    // on the GPU by a copy on the trainer's stream behind a backlog, which
+    // a clip not ordered there would overtake.
+    ASSERT_TRUE(backlog_->Enqueue(*kernels_, trainer_.get()).ok());
+    for (size_t i = 0; i < Shapes().size(); ++i) {
+      std::vector<float> doubled = ref.params->Data(i);
+      for (float& x : doubled) x *= 2.0f;
+      ref.params->SetData(i, doubled);
+      ASSERT_TRUE(gpu.params->SetDataOnStream(i, doubled, trainer_.get()).ok());
+    }
     QkClipStats ref_stats, gpu_stats;
     ASSERT_TRUE(ref.muon->ClipQk(LayerMaxLogits(), &ref_stats).ok());
     const absl::Status st = gpu.muon->ClipQkOnStream(

@@ -499,6 +499,79 @@ TEST(QkClipTest, ClipQk_OneRankWrongCount_EveryRankNamesItNothingScaled) {
   }
 }
 
+// Rank 2 refused for its own reason (a stream with CPU parameters) still
+// joins the clip's collective: every rank fails (rank 2 naming its reason,
+// the others its missing maxima), none waits for it, nothing is scaled.
+TEST(QkClipTest, ClipQkOnStream_OneRankRefused_EveryRankFailsNothingScaled) {
+  const Problem problem = MakeProblem(
+      {{"wq", {16, kHidden}}, {"wk", {8, kHidden}}, {"wqkv", {24, kHidden}}},
+      1);
+  const ProblemLayout layout = OneDimLayout(4, Placement::Shard(0), 3);
+  World world(4);
+  ASSERT_TRUE(world.Connect());
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(world.MakeShards(r, problem, layout).ok());
+  }
+  std::vector<std::vector<std::vector<float>>> before(4);
+  for (int r = 0; r < 4; ++r) {
+    for (const Parameter& p : world.run.shards[r].params) {
+      before[r].push_back(p.data);
+    }
+  }
+  int not_a_stream = 0;
+  const std::vector<absl::Status> st = RunOnRanks(4, [&](int rank) {
+    MuonOptions o;
+    o.qk_clip = Layers(1.0);
+    MUON_RETURN_IF_ERROR(world.CreateMuon(rank, MeshConfig(layout), o));
+    return world.run.muons[rank]->ClipQkOnStream(
+        std::vector<float>(6, 1e6f), rank == 2 ? &not_a_stream : nullptr);
+  });
+  EXPECT_THAT(st[2], StatusIs(absl::StatusCode::kInvalidArgument,
+                              HasSubstr("rank 2: a stream was given for "
+                                        "QK-clip")));
+  for (int r : {0, 1, 3}) {
+    EXPECT_THAT(st[r], StatusIs(absl::StatusCode::kInvalidArgument,
+                                HasSubstr("rank 2")))
+        << "rank " << r;
+  }
+  for (int r = 0; r < 4; ++r) {
+    for (size_t k = 0; k < before[r].size(); ++k) {
+      EXPECT_EQ(world.run.shards[r].params[k].data, before[r][k])
+          << "rank " << r << " parameter " << k;
+    }
+  }
+}
+
+// During a step begun by MarkReady (overlap_backward) the executor writes
+// the parameters: QK-clip is refused until Step, which then runs as usual.
+TEST(QkClipTest, ClipQk_DuringOverlappedStep_FailedPreconditionUntilStep) {
+  Parameter wq = Whole("wq", 16, std::vector<float>(16 * kHidden, 1.0f));
+  Parameter wk = Whole("wk", 8, std::vector<float>(8 * kHidden, 1.0f));
+  wq.grad.assign(wq.data.size(), 0.25f);
+  wk.grad.assign(wk.data.size(), 0.5f);
+  MuonOptions o;
+  o.qk_clip = Layers(1.0);
+  o.qk_clip.layers.resize(1);
+  o.check_finite = false;
+  DistributedConfig config;
+  config.state.mesh = Mesh::OneDim(1);
+  config.state.param_placements.assign(
+      2, ParamPlacement{{Placement::Replicate()}});
+  config.execution.set_overlap_backward(true);
+  absl::StatusOr<std::unique_ptr<Muon>> muon =
+      Muon::Create(std::vector<Parameter*>{&wq, &wk}, o, config);
+  ASSERT_TRUE(muon.ok()) << muon.status();
+  const std::vector<float> maxima(4, 1e6f);
+  ASSERT_TRUE((*muon)->MarkReady(1).ok());
+  EXPECT_THAT((*muon)->ClipQk(maxima),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("during a step begun by MarkReady")));
+  ASSERT_TRUE((*muon)->Step().ok());
+  QkClipStats stats;
+  ASSERT_TRUE((*muon)->ClipQk(maxima, &stats).ok());
+  EXPECT_EQ(stats.groups_clipped, 2);
+}
+
 // Rank 3 configured without the fused layer: ClipQk's first all-gather
 // finds it, and every rank fails naming rank 3 (no collective mismatch).
 TEST(QkClipTest, ClipQk_RankWithOtherLayers_EveryRankNamesIt) {

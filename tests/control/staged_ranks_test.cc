@@ -40,6 +40,7 @@
 namespace muon {
 namespace {
 
+using ::muon::testing::BitwiseEqual;
 using ::muon::testing::CutShards;
 using ::muon::testing::DistributedRun;
 using ::muon::testing::ExpectShardsMatchSingleDevice;
@@ -265,10 +266,11 @@ TEST(StagedRanksBf16Test, FourRanksBf16Exchange_BitwiseHostRanks) {
     const RankShards& d = on_device.run.shards[r];
     ASSERT_EQ(h.params.size(), d.params.size());
     for (size_t k = 0; k < h.params.size(); ++k) {
-      EXPECT_EQ(d.params[k].data, h.params[k].data)
+      EXPECT_TRUE(BitwiseEqual(d.params[k].data, h.params[k].data))
           << "rank " << r << " parameter " << k;
-      EXPECT_EQ(on_device.run.muons[r]->momentum_buffer(static_cast<int>(k)),
-                on_host.run.muons[r]->momentum_buffer(static_cast<int>(k)))
+      EXPECT_TRUE(BitwiseEqual(
+          on_device.run.muons[r]->momentum_buffer(static_cast<int>(k)),
+          on_host.run.muons[r]->momentum_buffer(static_cast<int>(k))))
           << "rank " << r << " parameter " << k;
       any_differs_from_fp32 |=
           h.params[k].data != fp32.run.shards[r].params[k].data;
