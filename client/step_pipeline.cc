@@ -436,7 +436,7 @@ absl::Status StepPipeline::ReadyOne(int index, device::Stream* producer) {
   // executor's streams read the momentum (and Nesterov's gradient) after
   // the pass on the producer's stream; a failure here fails the step.
   param_ready_[index] = 1;
-  if (n > 0) MUON_RETURN_IF_ERROR(executor_->OrderAfter(producer));
+  if (n > 0) return ReportedEnqueue(executor_->OrderAfter(producer));
   return absl::OkStatus();
 }
 
@@ -462,9 +462,14 @@ absl::Status StepPipeline::MarkReady(int index, void* stream) {
   const int ready = executor_->ReadyBuckets(param_ready_);
   if (ready > enqueued_ready_) {
     enqueued_ready_ = ready;
-    MUON_RETURN_IF_ERROR(executor_->EnqueueReady(ready));
+    return ReportedEnqueue(executor_->EnqueueReady(ready));
   }
   return absl::OkStatus();
+}
+
+absl::Status StepPipeline::ReportedEnqueue(const absl::Status& enqueued) {
+  if (enqueued.ok() || agent_ == nullptr) return enqueued;
+  return agent_->OnOwnFailure(enqueued);
 }
 
 absl::Status StepPipeline::FinishOverlappedStep(device::Stream* caller) {

@@ -213,6 +213,10 @@ class StepPipeline {
   // the executor ordered after them; Step's end of a step begun by
   // MarkReady, the parameters not marked done on `caller`.
   absl::Status BeginOverlappedStep(device::Stream* producer);
+  // An executor enqueue error during backward (it fails the step here):
+  // reported at once through the agent, so that the other ranks fail
+  // their step's collectives instead of waiting for this rank's Step.
+  absl::Status ReportedEnqueue(const absl::Status& enqueued);
   absl::Status ReadyOne(int index, device::Stream* producer);
   absl::Status FinishOverlappedStep(device::Stream* caller);
 
