@@ -477,69 +477,70 @@ absl::Status StepPipeline::FinishOverlappedStep(device::Stream* caller) {
   for (size_t i = 0; i < params_.size() && status.ok(); ++i) {
     if (!param_ready_[i]) status = ReadyOne(static_cast<int>(i), caller);
   }
-  // Debug mode (the sequential schedule), CPU parameters: a gradient
-  // changed after its parameter was marked ready is an error naming it
-  // (the step read it at MarkReady and again at its bucket's gather).
-  if (status.ok() && device_.is_host() && !executor_->async()) {
-    for (size_t i = 0; i < params_.size() && status.ok(); ++i) {
-      const int64_t n = state_->momentum(i).size();
-      const ParamView& p = params_[i];
-      if (n == 0 || p.grad == nullptr) continue;
-      if (Fingerprint(p.grad, n * DTypeSize(p.grad_dtype)) !=
-          grad_fingerprints_[i]) {
-        status = absl::FailedPreconditionError(absl::StrCat(
-            "rank ", rank_, ": the gradient of parameter \"", p.name,
-            "\" changed after MarkReady in step ", step_ + 1,
-            "; it must stay unchanged until step() returns (the step read it "
-            "at MarkReady and at its bucket's gather)"));
-      }
-    }
-  }
+  if (status.ok()) status = CheckGradientsUnchanged();
   // The buckets already running must end on every rank (their
   // collectives), whatever failed here.
   absl::Status finished = executor_->Finish(&stats_);
   overlap_begun_ = false;
   MUON_RETURN_IF_ERROR(Commit(status, finished));
   if (overlap_checks_finite()) {
-    // Every data collective of the step has run on this rank; the ranks
-    // agree after a clean run only, as transactional_step's agreement. A
-    // bad gradient anywhere undoes the step everywhere. The scans ran
-    // before the executor's streams (OrderAfter), which Finish waited for.
-    // A check that could not be made (this rank's read, reported so that
-    // the other ranks' agreement fails too, or the agreement itself)
-    // undoes the step as a bad gradient does, on every rank.
-    NonFinite found;
-    absl::Status finite = SyncCaller(caller);
-    if (finite.ok()) {
-      finite = ReadNonFinite(0, static_cast<int>(params_.size()), &found);
-    }
-    bool any_bad = false;
-    if (!finite.ok()) {
-      // Joins the agreement with "could not check" (-1), so that every
-      // rank fails and undoes the step.
-      if (rank_flags_->collective()) (void)GatherRankFlags(-1.0f);
-      if (agent_ != nullptr) finite = agent_->OnOwnFailure(finite);
-    } else {
-      finite = AgreeOnFinite(found, /*undone=*/true, &any_bad);
-    }
-    if (!finite.ok() && !any_bad) {
-      finite = absl::Status(finite.code(),
-                            absl::StrCat(finite.message(),
-                                         "; the step's non-finite check "
-                                         "failed, so the step was undone"));
-    }
-    if (!finite.ok()) {
-      if (absl::Status r = RestoreSnapshot(caller); !r.ok()) {
-        return absl::InternalError(absl::StrCat(
-            "rank ", rank_, ": step ", step_ + 1,
-            " failed its non-finite check and restoring the snapshot failed (",
-            r.ToString(), "); parameters and momentum hold the step's update"));
-      }
-    }
-    MUON_RETURN_IF_ERROR(finite);
+    MUON_RETURN_IF_ERROR(AgreeOnFiniteOrUndo(caller));
   }
   Report(overlap_start_);
   return absl::OkStatus();
+}
+
+absl::Status StepPipeline::CheckGradientsUnchanged() const {
+  // Debug mode (the sequential schedule), CPU parameters only (the
+  // fingerprints read host memory).
+  if (!device_.is_host() || executor_->async()) return absl::OkStatus();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const int64_t n = state_->momentum(i).size();
+    const ParamView& p = params_[i];
+    if (n == 0 || p.grad == nullptr) continue;
+    if (Fingerprint(p.grad, n * DTypeSize(p.grad_dtype)) !=
+        grad_fingerprints_[i]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", rank_, ": the gradient of parameter \"", p.name,
+          "\" changed after MarkReady in step ", step_ + 1,
+          "; it must stay unchanged until step() returns (the step read it "
+          "at MarkReady and at its bucket's gather)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepPipeline::AgreeOnFiniteOrUndo(device::Stream* caller) {
+  // The scans ran before the executor's streams (OrderAfter), which Finish
+  // waited for; those of the parameters Step marked, on `caller`.
+  NonFinite found;
+  absl::Status finite = SyncCaller(caller);
+  if (finite.ok()) {
+    finite = ReadNonFinite(0, static_cast<int>(params_.size()), &found);
+  }
+  bool any_bad = false;
+  if (!finite.ok()) {
+    // Joins the agreement with "could not check" (-1), so that every
+    // rank fails and undoes the step.
+    if (rank_flags_->collective()) (void)GatherRankFlags(-1.0f);
+    if (agent_ != nullptr) finite = agent_->OnOwnFailure(finite);
+  } else {
+    finite = AgreeOnFinite(found, /*undone=*/true, &any_bad);
+  }
+  if (finite.ok()) return finite;
+  if (!any_bad) {
+    finite = absl::Status(finite.code(),
+                          absl::StrCat(finite.message(),
+                                       "; the step's non-finite check failed, "
+                                       "so the step was undone"));
+  }
+  if (absl::Status r = RestoreSnapshot(caller); !r.ok()) {
+    return absl::InternalError(absl::StrCat(
+        "rank ", rank_, ": step ", step_ + 1,
+        " failed its non-finite check and restoring the snapshot failed (",
+        r.ToString(), "); parameters and momentum hold the step's update"));
+  }
+  return finite;
 }
 
 }  // namespace muon

@@ -219,6 +219,16 @@ class StepPipeline {
   absl::Status ReportedEnqueue(const absl::Status& enqueued);
   absl::Status ReadyOne(int index, device::Stream* producer);
   absl::Status FinishOverlappedStep(device::Stream* caller);
+  // Debug mode, CPU parameters: FailedPrecondition naming a gradient
+  // changed since its MarkReady (its fingerprint differs).
+  absl::Status CheckGradientsUnchanged() const;
+  // check_finite under overlap, after every data collective of the step
+  // ran on this rank: the scans read, the ranks' agreement (after a clean
+  // run only, as transactional_step's), and the step undone from its
+  // snapshot on `caller` on every rank when any rank had a bad gradient
+  // or could not check. Errors: AgreeOnFinite's, or the read's, saying
+  // the step was undone; Internal when the restore failed too.
+  absl::Status AgreeOnFiniteOrUndo(device::Stream* caller);
 
   // ---- The caller's stream ----
   // Wrapped (cached per native handle).
