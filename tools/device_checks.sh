@@ -415,7 +415,9 @@ elif [[ -z $sanitizer ]]; then
 else
   # The bundled binaries by absolute path (run.sh maps only its first
   # argument); --error-exitcode makes a reported hazard a failure.
-  run memcheck_gpu_muon_test --timeout 90 --min 30 -- "$here/run.sh" \
+  # The GPU tests' stream backlog small (instrumented kernels are slow).
+  MUON_TEST_BACKLOG_MIB=4 \
+    run memcheck_gpu_muon_test --timeout 150 --min 30 -- "$here/run.sh" \
     "$sanitizer" --tool memcheck --error-exitcode 3 \
     "$bundle_dir/bin/gpu_muon_test" --gtest_filter="$memcheck_filter"
   run memcheck_gpu_newton_schulz_test --timeout 60 --min 30 -- "$here/run.sh" \

@@ -15,9 +15,11 @@
 // with and without check_finite); and QK-clip's row scaling on the device
 // (QkClipper with the CUDA kernels), bitwise the host's. Skips without a
 // GPU (fails with MUON_REQUIRE_GPU=1; tools/device_checks.sh runs it).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -458,18 +460,24 @@ std::unique_ptr<Muon> OverlappedMuon(const Params& params,
 }
 
 // Work that keeps a stream busy for tens of milliseconds on an H100/H200
-// (64 in-place passes over 1 GiB of fp32), so that what is enqueued after
-// it is certainly still queued when the host goes on.
+// (64 in-place passes over 1 GiB of fp32; MUON_TEST_BACKLOG_MIB sets the
+// size, which tools/device_checks.sh makes small under compute-sanitizer,
+// whose instrumented kernels are slow anyway), so that what is enqueued
+// after it is certainly still queued when the host goes on.
 class Backlog {
  public:
-  static constexpr int64_t kFloats = int64_t{1} << 28;  // 1 GiB
   explicit Backlog(device::Runtime* runtime) {
+    int64_t mib = 1024;
+    if (const char* env = std::getenv("MUON_TEST_BACKLOG_MIB")) {
+      mib = std::max<int64_t>(1, std::atoll(env));
+    }
+    floats_ = mib << 18;
     absl::StatusOr<device::DeviceMemory> mem =
-        device::DeviceMemory::Allocate(runtime->allocator(), kFloats * 4);
+        device::DeviceMemory::Allocate(runtime->allocator(), floats_ * 4);
     EXPECT_TRUE(mem.ok()) << mem.status();
     if (!mem.ok()) return;
     memory_ = *std::move(mem);
-    const absl::Status zeroed = runtime->Zero(memory_.data(), kFloats * 4);
+    const absl::Status zeroed = runtime->Zero(memory_.data(), floats_ * 4);
     EXPECT_TRUE(zeroed.ok()) << zeroed;  // defined values (initcheck)
   }
   absl::Status Enqueue(kernels::StepKernels& kernels, device::Stream* stream) {
@@ -478,13 +486,14 @@ class Backlog {
     }
     for (int k = 0; k < 64; ++k) {
       MUON_RETURN_IF_ERROR(kernels.Scale(stream, memory_.data(),
-                                         kernels::ParamDType::kFloat32, kFloats,
+                                         kernels::ParamDType::kFloat32, floats_,
                                          1.0f));
     }
     return absl::OkStatus();
   }
 
  private:
+  int64_t floats_ = 0;
   device::DeviceMemory memory_;
 };
 
