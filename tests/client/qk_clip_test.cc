@@ -199,6 +199,48 @@ std::vector<double> MaxLogits(const QkClipLayer& l, const std::vector<float>& x,
 }
 
 // A whole (unsharded) parameter [rows, kHidden] holding `data`.
+// wq [16, H], wk [8, H] and wqkv [24, H], Layers()'s parameters, one
+// step.
+Problem LayersProblem() {
+  return MakeProblem(
+      {{"wq", {16, kHidden}}, {"wk", {8, kHidden}}, {"wqkv", {24, kHidden}}},
+      1);
+}
+
+// `world` connected, and each rank's shards of `problem` in `layout` cut.
+void ConnectWithShards(const Problem& problem, const ProblemLayout& layout,
+                       World* world) {
+  ASSERT_TRUE(world->Connect());
+  for (int r = 0; r < world->size(); ++r) {
+    ASSERT_TRUE(world->MakeShards(r, problem, layout).ok());
+  }
+}
+
+// Every rank's shards' values ([rank][parameter]).
+std::vector<std::vector<std::vector<float>>> ShardData(const World& world) {
+  std::vector<std::vector<std::vector<float>>> data(world.size());
+  for (int r = 0; r < world.size(); ++r) {
+    for (const Parameter& p : world.run.shards[r].params) {
+      data[r].push_back(p.data);
+    }
+  }
+  return data;
+}
+
+// Every rank's shards hold the bits of `before` (ShardData): nothing
+// scaled.
+void ExpectUnscaled(
+    const World& world,
+    const std::vector<std::vector<std::vector<float>>>& before) {
+  const std::vector<std::vector<std::vector<float>>> now = ShardData(world);
+  for (int r = 0; r < world.size(); ++r) {
+    for (size_t k = 0; k < before[r].size(); ++k) {
+      EXPECT_TRUE(BitwiseEqual(now[r][k], before[r][k]))
+          << "rank " << r << " parameter " << k;
+    }
+  }
+}
+
 Parameter Whole(const std::string& name, int64_t rows,
                 std::vector<float> data) {
   Parameter p;
@@ -389,9 +431,7 @@ TEST(QkClipTest, ClipQk_MlaRule_RotaryQueryTakesGammaSharedKeyUntouched) {
 // device's bits for the same reduced maxima.
 TEST(QkClipTest,
      ClipQk_FsdpTpShard1Hsdp_MaxOverRanksMatchesSingleDeviceBitwise) {
-  const Problem problem = MakeProblem(
-      {{"wq", {16, kHidden}}, {"wk", {8, kHidden}}, {"wqkv", {24, kHidden}}},
-      1);
+  const Problem problem = LayersProblem();
   const double tau = 100.0;
   // Rank r's maxima: head h sees 60 + 25 * ((h + r) % 4), or nothing.
   auto maxima_of = [](int rank) {
@@ -465,23 +505,14 @@ TEST(QkClipTest,
 // Rank 2 passes one value too few: every rank fails with InvalidArgument
 // naming rank 2 (rank 2 its own count), and no rank scaled anything.
 TEST(QkClipTest, ClipQk_OneRankWrongCount_EveryRankNamesItNothingScaled) {
-  const Problem problem = MakeProblem(
-      {{"wq", {16, kHidden}}, {"wk", {8, kHidden}}, {"wqkv", {24, kHidden}}},
-      1);
+  const Problem problem = LayersProblem();
   const ProblemLayout layout = OneDimLayout(4, Placement::Shard(0), 3);
   MuonOptions o;
   o.qk_clip = Layers(1e-3);  // everything would clip
   World world(4);
-  ASSERT_TRUE(world.Connect());
-  for (int r = 0; r < 4; ++r) {
-    ASSERT_TRUE(world.MakeShards(r, problem, layout).ok());
-  }
-  std::vector<std::vector<std::vector<float>>> before(4);
-  for (int r = 0; r < 4; ++r) {
-    for (const Parameter& p : world.run.shards[r].params) {
-      before[r].push_back(p.data);
-    }
-  }
+  ConnectWithShards(problem, layout, &world);
+  if (HasFatalFailure()) return;
+  const std::vector<std::vector<std::vector<float>>> before = ShardData(world);
   const std::vector<absl::Status> st = RunOnRanks(4, [&](int rank) {
     MUON_RETURN_IF_ERROR(world.CreateMuon(rank, MeshConfig(layout), o));
     return world.run.muons[rank]->ClipQk(
@@ -492,32 +523,20 @@ TEST(QkClipTest, ClipQk_OneRankWrongCount_EveryRankNamesItNothingScaled) {
                                 HasSubstr(r == 2 ? "rank 2: ClipQk got 5 maxima"
                                                  : "rank 2 passed bad")))
         << "rank " << r;
-    for (size_t k = 0; k < before[r].size(); ++k) {
-      EXPECT_TRUE(
-          BitwiseEqual(world.run.shards[r].params[k].data, before[r][k]));
-    }
   }
+  ExpectUnscaled(world, before);
 }
 
 // Rank 2 refused for its own reason (a stream with CPU parameters) still
 // joins the clip's collective: every rank fails (rank 2 naming its reason,
 // the others its missing maxima), none waits for it, nothing is scaled.
 TEST(QkClipTest, ClipQkOnStream_OneRankRefused_EveryRankFailsNothingScaled) {
-  const Problem problem = MakeProblem(
-      {{"wq", {16, kHidden}}, {"wk", {8, kHidden}}, {"wqkv", {24, kHidden}}},
-      1);
+  const Problem problem = LayersProblem();
   const ProblemLayout layout = OneDimLayout(4, Placement::Shard(0), 3);
   World world(4);
-  ASSERT_TRUE(world.Connect());
-  for (int r = 0; r < 4; ++r) {
-    ASSERT_TRUE(world.MakeShards(r, problem, layout).ok());
-  }
-  std::vector<std::vector<std::vector<float>>> before(4);
-  for (int r = 0; r < 4; ++r) {
-    for (const Parameter& p : world.run.shards[r].params) {
-      before[r].push_back(p.data);
-    }
-  }
+  ConnectWithShards(problem, layout, &world);
+  if (HasFatalFailure()) return;
+  const std::vector<std::vector<std::vector<float>>> before = ShardData(world);
   int not_a_stream = 0;
   const std::vector<absl::Status> st = RunOnRanks(4, [&](int rank) {
     MuonOptions o;
@@ -534,12 +553,7 @@ TEST(QkClipTest, ClipQkOnStream_OneRankRefused_EveryRankFailsNothingScaled) {
                                 HasSubstr("rank 2")))
         << "rank " << r;
   }
-  for (int r = 0; r < 4; ++r) {
-    for (size_t k = 0; k < before[r].size(); ++k) {
-      EXPECT_EQ(world.run.shards[r].params[k].data, before[r][k])
-          << "rank " << r << " parameter " << k;
-    }
-  }
+  ExpectUnscaled(world, before);
 }
 
 // During a step begun by MarkReady (overlap_backward) the executor writes
@@ -575,15 +589,11 @@ TEST(QkClipTest, ClipQk_DuringOverlappedStep_FailedPreconditionUntilStep) {
 // Rank 3 configured without the fused layer: ClipQk's first all-gather
 // finds it, and every rank fails naming rank 3 (no collective mismatch).
 TEST(QkClipTest, ClipQk_RankWithOtherLayers_EveryRankNamesIt) {
-  const Problem problem = MakeProblem(
-      {{"wq", {16, kHidden}}, {"wk", {8, kHidden}}, {"wqkv", {24, kHidden}}},
-      1);
+  const Problem problem = LayersProblem();
   const ProblemLayout layout = OneDimLayout(4, Placement::Shard(0), 3);
   World world(4);
-  ASSERT_TRUE(world.Connect());
-  for (int r = 0; r < 4; ++r) {
-    ASSERT_TRUE(world.MakeShards(r, problem, layout).ok());
-  }
+  ConnectWithShards(problem, layout, &world);
+  if (HasFatalFailure()) return;
   const std::vector<absl::Status> st = RunOnRanks(4, [&](int rank) {
     MuonOptions o;
     o.qk_clip = Layers(100.0);
