@@ -64,6 +64,12 @@ absl::Status MergeExecutionDevice(const v1::ExecutionOptions& execution,
 
 std::atomic<bool> cuda_variants_allowed_for_testing{false};
 
+// Whether a variant whose CUDA path has not yet run on a GPU is refused
+// on `device` (CUDA, unless AllowCudaVariantsForTesting).
+bool RefusesUntestedCudaVariant(const device::Device& device) {
+  return device.is_cuda() && !cuda_variants_allowed_for_testing.load();
+}
+
 // NorMuon's row state is float32 and travels with the built-in exchange,
 // on the host. Errors: InvalidArgument naming what it cannot run with.
 absl::Status CheckNorMuon(const MuonOptions& o, bool bf16_exchange,
@@ -76,7 +82,7 @@ absl::Status CheckNorMuon(const MuonOptions& o, bool bf16_exchange,
         bf16_exchange ? "execution.exchange_dtype \"bfloat16\""
                       : "custom gather_fn / redistribute_fn"));
   }
-  if (context.device.is_cuda() && !cuda_variants_allowed_for_testing.load()) {
+  if (RefusesUntestedCudaVariant(context.device)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "rank ", context.rank,
         ": normuon runs on CPU parameters in this version; the parameters "
@@ -94,8 +100,7 @@ absl::Status CheckOverlap(const MuonOptions& o, const OptionContext& context) {
     refused =
         "transactional_step (its snapshot precedes the momentum "
         "pass): set it to false";
-  } else if (!context.device.is_host() &&
-             !cuda_variants_allowed_for_testing.load()) {
+  } else if (RefusesUntestedCudaVariant(context.device)) {
     refused = absl::StrCat("parameters on ", context.device.ToString(),
                            " (CPU parameters in this version)");
   }
@@ -263,8 +268,7 @@ bool AllowCudaVariantsForTesting(bool allowed) {
 
 absl::Status CheckQkClipDevice(const QkClipOptions& qk_clip,
                                const OptionContext& context) {
-  if (!qk_clip.enabled() || !context.device.is_cuda() ||
-      cuda_variants_allowed_for_testing.load()) {
+  if (!qk_clip.enabled() || !RefusesUntestedCudaVariant(context.device)) {
     return absl::OkStatus();
   }
   return absl::InvalidArgumentError(absl::StrCat(

@@ -216,14 +216,31 @@ OptimizerRun Steps(bool on_gpu, DType dtype, const MuonOptions& options,
   return run;
 }
 
+// The same `steps` steps with `options` on CPU parameters whose
+// Newton-Schulz runs host-staged on cuda:0 (`host`) and on CUDA parameters
+// (`gpu`).
+struct HostStagedAndGpu {
+  OptimizerRun host;
+  OptimizerRun gpu;
+};
+HostStagedAndGpu RunHostStagedAndGpu(DType dtype, const MuonOptions& options,
+                                     int steps) {
+  MuonOptions host_staged = options;
+  host_staged.device = device::DeviceKind::kCuda;
+  HostStagedAndGpu runs;
+  runs.host = Steps(/*on_gpu=*/false, dtype, host_staged, steps);
+  runs.gpu = Steps(/*on_gpu=*/true, dtype, options, steps);
+  return runs;
+}
+
 TEST(GpuMuonTest, CudaParamsFp32Mode_BitwiseEqualToHostStagedCudaNewtonSchulz) {
   MUON_SKIP_OR_FAIL_UNLESS_CUDA_DEVICE();
   for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
     SCOPED_TRACE(std::string(DTypeName(dtype)));
-    MuonOptions host_staged = Options("fp32");
-    host_staged.device = device::DeviceKind::kCuda;
-    const OptimizerRun ref = Steps(/*on_gpu=*/false, dtype, host_staged, 3);
-    const OptimizerRun gpu = Steps(/*on_gpu=*/true, dtype, Options("fp32"), 3);
+    const HostStagedAndGpu runs =
+        RunHostStagedAndGpu(dtype, Options("fp32"), 3);
+    const OptimizerRun& ref = runs.host;
+    const OptimizerRun& gpu = runs.gpu;
     ASSERT_NE(ref.muon, nullptr);
     ASSERT_NE(gpu.muon, nullptr);
     EXPECT_EQ(gpu.muon->step_count(), 3);
@@ -283,32 +300,6 @@ TEST(GpuMuonTest, CudaParamsBf16NewtonSchulz_WithinTorchBoundOfCpuStep) {
         Shapes()[i].name, rel);
     EXPECT_LT(rel, 4e-2) << Shapes()[i].name;
     EXPECT_GT(rel, 0.0) << "bf16 and fp32 cannot agree to the bit";
-  }
-}
-
-TEST(GpuMuonTest, CudaParams_StepOnCallerStream_SameBitsAsDefaultStream) {
-  MUON_SKIP_OR_FAIL_UNLESS_CUDA_DEVICE();
-  const OptimizerRun ref =
-      Steps(/*on_gpu=*/true, DType::kFloat32, Options("fp32"), 2);
-  absl::StatusOr<device::Runtime*> rt =
-      device::GetRuntime(device::Device::Cuda(0));
-  ASSERT_TRUE(rt.ok()) << rt.status();
-  absl::StatusOr<std::unique_ptr<device::Stream>> stream =
-      (*rt)->CreateStream("trainer");
-  ASSERT_TRUE(stream.ok()) << stream.status();
-  Params params(/*on_gpu=*/true, DType::kFloat32);
-  absl::StatusOr<std::unique_ptr<Muon>> muon =
-      Muon::Create(params.Views(), Options("fp32"));
-  ASSERT_TRUE(muon.ok()) << muon.status();
-  for (int s = 0; s < 2; ++s) {
-    params.SetGrads(s);
-    const absl::Status st = (*muon)->StepOnStream((*stream)->native_handle());
-    ASSERT_TRUE(st.ok()) << st;
-  }
-  ASSERT_TRUE((*stream)->Synchronize(absl::Seconds(60)).ok());
-  for (size_t i = 0; i < Shapes().size(); ++i) {
-    EXPECT_TRUE(BitwiseEqual(params.Data(i), ref.params->Data(i)))
-        << Shapes()[i].name;
   }
 }
 
@@ -498,9 +489,9 @@ class Backlog {
 };
 
 // Tests on cuda:0 with a trainer's stream, the CUDA step kernels (to
-// make work on it) and a backlog; normuon, qk_clip and overlap_backward
-// accepted with CUDA parameters (Muon refuses them until these tests have
-// passed on a GPU). Skips without a GPU.
+// make work on it) and a backlog (made at its first use); normuon, qk_clip and
+// overlap_backward accepted with CUDA parameters (Muon refuses them until these
+// tests have passed on a GPU). Skips without a GPU.
 class CudaTrainerTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -516,7 +507,7 @@ class CudaTrainerTest : public ::testing::Test {
         kernels::MakeCudaStepKernels(0, nullptr, kernels::GpuPrecision::kFp32);
     ASSERT_TRUE(kernels.ok()) << kernels.status();
     kernels_ = *std::move(kernels);
-    backlog_ = std::make_unique<Backlog>(*rt);
+    runtime_ = *rt;
   }
 
   void* trainer_handle() const { return trainer_->native_handle(); }
@@ -526,9 +517,35 @@ class CudaTrainerTest : public ::testing::Test {
 
   std::unique_ptr<device::Stream> trainer_;
   std::unique_ptr<kernels::StepKernels> kernels_;
+  // The backlog, made (1 GiB) at its first use.
+  Backlog& backlog() {
+    if (backlog_ == nullptr) backlog_ = std::make_unique<Backlog>(runtime_);
+    return *backlog_;
+  }
+
+  device::Runtime* runtime_ = nullptr;
   std::unique_ptr<Backlog> backlog_;
   const ScopedCudaVariantsForTesting allowed_;
 };
+
+TEST_F(CudaTrainerTest, StepOnCallerStream_SameBitsAsDefaultStream) {
+  const OptimizerRun ref =
+      Steps(/*on_gpu=*/true, DType::kFloat32, Options("fp32"), 2);
+  Params params(/*on_gpu=*/true, DType::kFloat32);
+  absl::StatusOr<std::unique_ptr<Muon>> muon =
+      Muon::Create(params.Views(), Options("fp32"));
+  ASSERT_TRUE(muon.ok()) << muon.status();
+  for (int s = 0; s < 2; ++s) {
+    params.SetGrads(s);
+    const absl::Status st = (*muon)->StepOnStream(trainer_handle());
+    ASSERT_TRUE(st.ok()) << st;
+  }
+  ASSERT_TRUE(SyncTrainer().ok());
+  for (size_t i = 0; i < Shapes().size(); ++i) {
+    EXPECT_TRUE(BitwiseEqual(params.Data(i), ref.params->Data(i)))
+        << Shapes()[i].name;
+  }
+}
 
 // One step begun during backward on `trainer`: behind a backlog, each
 // gradient, written as twice its value, is made final on `trainer` by an
@@ -564,7 +581,7 @@ TEST_F(CudaTrainerTest, OverlapBackwardOnTrainerStream_SameBitsAsStep) {
       ASSERT_NE(muon, nullptr);
       for (int s = 0; s < 3; ++s) {
         const absl::Status st = OverlappedStep(params, *muon, *kernels_,
-                                               *backlog_, trainer_.get(), s);
+                                               backlog(), trainer_.get(), s);
         ASSERT_TRUE(st.ok()) << st;
       }
       ASSERT_TRUE(SyncTrainer().ok());
@@ -595,7 +612,7 @@ TEST_F(CudaTrainerTest, OverlapCheckFinite_InfUndoneThenSameBits) {
   std::unique_ptr<Muon> muon = OverlappedMuon(params, options, /*async=*/true);
   ASSERT_NE(muon, nullptr);
   ASSERT_TRUE(
-      OverlappedStep(params, *muon, *kernels_, *backlog_, trainer_.get(), 0)
+      OverlappedStep(params, *muon, *kernels_, backlog(), trainer_.get(), 0)
           .ok());
   ASSERT_TRUE(SyncTrainer().ok());
   std::vector<std::vector<float>> before, momentum;
@@ -609,7 +626,7 @@ TEST_F(CudaTrainerTest, OverlapCheckFinite_InfUndoneThenSameBits) {
   // sees finite values.
   params.SetGrads(1, 2.0f);
   params.SetGradValue(1, 9, std::numeric_limits<float>::max());
-  ASSERT_TRUE(backlog_->Enqueue(*kernels_, trainer_.get()).ok());
+  ASSERT_TRUE(backlog().Enqueue(*kernels_, trainer_.get()).ok());
   for (int i = static_cast<int>(Shapes().size()) - 1; i >= 0; --i) {
     const std::vector<float> factors =
         i == 1 ? std::vector<float>{4.0f, 0.125f} : std::vector<float>{0.5f};
@@ -635,7 +652,7 @@ TEST_F(CudaTrainerTest, OverlapCheckFinite_InfUndoneThenSameBits) {
         << Shapes()[i].name;
   }
   ASSERT_TRUE(
-      OverlappedStep(params, *muon, *kernels_, *backlog_, trainer_.get(), 1)
+      OverlappedStep(params, *muon, *kernels_, backlog(), trainer_.get(), 1)
           .ok());
   ASSERT_TRUE(SyncTrainer().ok());
   for (size_t i = 0; i < Shapes().size(); ++i) {
@@ -653,16 +670,15 @@ TEST_F(CudaTrainerTest, QkClipOnStream_BitwiseEqualToHostStaged) {
     SCOPED_TRACE(std::string(DTypeName(dtype)));
     MuonOptions options = Options("fp32");
     options.qk_clip = OneLayerQkClip();
-    MuonOptions host_staged = options;
-    host_staged.device = device::DeviceKind::kCuda;
-    const OptimizerRun ref = Steps(/*on_gpu=*/false, dtype, host_staged, 2);
-    const OptimizerRun gpu = Steps(/*on_gpu=*/true, dtype, options, 2);
+    const HostStagedAndGpu runs = RunHostStagedAndGpu(dtype, options, 2);
+    const OptimizerRun& ref = runs.host;
+    const OptimizerRun& gpu = runs.gpu;
     ASSERT_NE(ref.muon, nullptr);
     ASSERT_NE(gpu.muon, nullptr);
     // The parameters doubled (exact) before the clip: on the host at once,
     // on the GPU by a copy on the trainer's stream behind a backlog, which
     // a clip not ordered there would overtake.
-    ASSERT_TRUE(backlog_->Enqueue(*kernels_, trainer_.get()).ok());
+    ASSERT_TRUE(backlog().Enqueue(*kernels_, trainer_.get()).ok());
     for (size_t i = 0; i < Shapes().size(); ++i) {
       std::vector<float> doubled = ref.params->Data(i);
       for (float& x : doubled) x *= 2.0f;
@@ -697,10 +713,9 @@ TEST(GpuMuonTest, CudaParamsNorMuonFp32Mode_BitwiseEqualToHostStaged) {
     SCOPED_TRACE(std::string(DTypeName(dtype)));
     MuonOptions options = Options("fp32");
     options.normuon = true;
-    MuonOptions host_staged = options;
-    host_staged.device = device::DeviceKind::kCuda;
-    const OptimizerRun ref = Steps(/*on_gpu=*/false, dtype, host_staged, 3);
-    const OptimizerRun gpu = Steps(/*on_gpu=*/true, dtype, options, 3);
+    const HostStagedAndGpu runs = RunHostStagedAndGpu(dtype, options, 3);
+    const OptimizerRun& ref = runs.host;
+    const OptimizerRun& gpu = runs.gpu;
     ASSERT_NE(ref.muon, nullptr);
     ASSERT_NE(gpu.muon, nullptr);
     EXPECT_EQ(gpu.muon->row_state_name(), "variance_neuron");
