@@ -92,6 +92,7 @@
 #include "muon/v1/coordinator.pb.h"
 #include "plan/compact_manifest.h"
 #include "server/coordinator_server.h"
+#include "tools/bench_util.h"
 
 ABSL_FLAG(std::string, agents, "4096,16384",
           "Agent counts (world sizes), comma-separated; one run each.");
@@ -1239,10 +1240,11 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::printf(
-      "# coordinator_load_bench: %ld cores, duration %.0f s, "
+      "# coordinator_load_bench: %ld cores of %s, gRPC %s, duration %.0f s, "
       "heartbeat interval %.2f s, %d client threads, %d x %dx%d "
       "Shard(0) matrices per manifest\n",
-      sysconf(_SC_NPROCESSORS_ONLN), absl::GetFlag(FLAGS_duration_s),
+      sysconf(_SC_NPROCESSORS_ONLN), muon::bench::CpuDescription().c_str(),
+      grpc::Version().c_str(), absl::GetFlag(FLAGS_duration_s),
       absl::GetFlag(FLAGS_heartbeat_interval_s),
       absl::GetFlag(FLAGS_client_threads), absl::GetFlag(FLAGS_matrices),
       absl::GetFlag(FLAGS_matrix_size), absl::GetFlag(FLAGS_matrix_size));

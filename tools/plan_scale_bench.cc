@@ -431,9 +431,9 @@ int Main(int argc, char** argv) {
   const double mem_limit = absl::GetFlag(FLAGS_mem_limit_gb);
   const std::string policy = absl::GetFlag(FLAGS_policy);
   std::printf(
-      "plan_scale_bench: nproc %ld, memory %.1f GB, limits %.0f s and %g "
-      "GiB per child, size limit matrices x ranks <= %lld\n",
-      sysconf(_SC_NPROCESSORS_ONLN),
+      "plan_scale_bench: nproc %ld (%s), memory %.1f GB, limits %.0f s and "
+      "%g GiB per child, size limit matrices x ranks <= %lld\n",
+      sysconf(_SC_NPROCESSORS_ONLN), bench::CpuDescription().c_str(),
       static_cast<double>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE) /
           1e9,
       time_limit, mem_limit, static_cast<long long>(kMaxMatrixRankBoxes));
