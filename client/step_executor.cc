@@ -54,8 +54,7 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
   // name before any executor exists.
   assert(!(options.device.is_cuda() && (gather_fn || redistribute_fn)));
   assert(!(options.owner_transform != nullptr &&
-           (!options.device.is_host() || gather_fn || redistribute_fn ||
-            options.bf16_exchange)));
+           (gather_fn || redistribute_fn || options.bf16_exchange)));
   if (ns_engine == nullptr && options.device.is_host()) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", rank, ": no Newton-Schulz engine"));
