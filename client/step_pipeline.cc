@@ -477,17 +477,48 @@ absl::Status StepPipeline::FinishOverlappedStep(device::Stream* caller) {
   for (size_t i = 0; i < params_.size() && status.ok(); ++i) {
     if (!param_ready_[i]) status = ReadyOne(static_cast<int>(i), caller);
   }
-  if (status.ok()) status = CheckGradientsUnchanged();
+  if (status.ok()) {
+    status = CheckGradientsUnchanged();
+  } else {
+    // The buckets Finish enqueues still read the unmarked parameters'
+    // gradients: after what `caller` has queued. A failure to order them
+    // is sticky in the executor, and Finish returns it.
+    (void)executor_->OrderAfter(caller);
+  }
   // The buckets already running must end on every rank (their
   // collectives), whatever failed here.
   absl::Status finished = executor_->Finish(&stats_);
   overlap_begun_ = false;
+  if (!status.ok() && overlap_checks_finite()) {
+    return AbandonCheckedStep(caller, status, finished);
+  }
   MUON_RETURN_IF_ERROR(Commit(status, finished));
   if (overlap_checks_finite()) {
     MUON_RETURN_IF_ERROR(AgreeOnFiniteOrUndo(caller));
   }
   Report(overlap_start_);
   return absl::OkStatus();
+}
+
+absl::Status StepPipeline::AbandonCheckedStep(device::Stream* caller,
+                                              const absl::Status& own,
+                                              const absl::Status& finished) {
+  // Where the buckets' collectives ran, the other ranks wait in the
+  // agreement: "could not check" (-1) makes them fail and undo theirs.
+  if (finished.ok() && rank_flags_->collective()) {
+    (void)GatherRankFlags(-1.0f);
+  }
+  const absl::Status reported = Commit(own, finished);
+  if (absl::Status r = RestoreSnapshot(caller); !r.ok()) {
+    return absl::InternalError(absl::StrCat(
+        reported.ToString(), "; restoring the step's snapshot failed too (",
+        r.ToString(), "): parameters and momentum hold a partial update"));
+  }
+  return absl::Status(
+      reported.code(),
+      absl::StrCat(reported.message(),
+                   "; the step was undone on this rank: parameters, "
+                   "momentum and step count are as before it"));
 }
 
 absl::Status StepPipeline::CheckGradientsUnchanged() const {

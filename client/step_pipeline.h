@@ -219,6 +219,15 @@ class StepPipeline {
   absl::Status ReportedEnqueue(const absl::Status& enqueued);
   absl::Status ReadyOne(int index, device::Stream* producer);
   absl::Status FinishOverlappedStep(device::Stream* caller);
+  // check_finite under overlap, this rank's own failure at Step (`own`,
+  // e.g. a parameter left without a gradient) after the executor's Finish
+  // (`finished`): the other ranks' agreement joined with "could not check"
+  // when the collectives ran, `own` reported, the snapshot restored on
+  // `caller`. Returns `own` as reported, saying the step was undone;
+  // Internal when the restore failed too.
+  absl::Status AbandonCheckedStep(device::Stream* caller,
+                                  const absl::Status& own,
+                                  const absl::Status& finished);
   // Debug mode, CPU parameters: FailedPrecondition naming a gradient
   // changed since its MarkReady (its fingerprint differs).
   absl::Status CheckGradientsUnchanged() const;

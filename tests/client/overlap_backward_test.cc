@@ -254,6 +254,109 @@ TEST(OverlapBackwardTest,
   }
 }
 
+// With check_finite, a rank whose Step finds a parameter left without a
+// gradient (after its peers' buckets ran) names it and every rank is as
+// before the step. Without a coordinator the others fail in the agreement
+// naming that rank, and the next steps are the single device's; with one,
+// the rank's failure fails the job, naming it on every rank.
+TEST(OverlapBackwardTest,
+     CheckFinite_GradientMissingAtStep_EveryRankFailsNothingChanged) {
+  const Problem problem = MatricesProblem();
+  MuonOptions options = OverlapOptions();
+  const absl::StatusOr<SingleDeviceResult> single =
+      RunSingleDevice(problem, options);
+  ASSERT_THAT(single, IsOk());
+  options.check_finite = true;
+  const ProblemLayout fsdp =
+      OneDimLayout(4, Placement::Shard(0), problem.specs.size());
+  constexpr int kBadRank = 1;
+  constexpr int kBadStep = 1;
+  for (const bool coordinated : {false, true}) {
+    for (const bool async : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(async ? "async" : "sequential",
+                                coordinated ? ", coordinator" : ""));
+      World world(4);
+      ASSERT_TRUE(world.Connect());
+      std::vector<absl::Status> failed(4);
+      const std::vector<absl::Status> st =
+          RunOnRanks(4, [&](int rank) -> absl::Status {
+            MUON_ASSIGN_OR_RETURN(world.run.shards[rank],
+                                  CutShards(problem, fsdp, rank));
+            MUON_RETURN_IF_ERROR(world.CreateMuon(
+                rank, MeshConfig(fsdp), options, [&](DistributedConfig& c) {
+                  Overlap(c, async);
+                  if (!coordinated) c.state.coordinator = nullptr;
+                }));
+            Muon& muon = *world.run.muons[rank];
+            std::vector<Parameter>& params = world.params(rank);
+            const int n = static_cast<int>(params.size());
+            // The bad rank marks all but its first parameter with a local
+            // shard, whose gradient it drops before Step.
+            int dropped = -1;
+            for (int i = 0; i < n && dropped < 0; ++i) {
+              if (!params[i].data.empty()) dropped = i;
+            }
+            if (dropped < 0) return absl::InternalError("no local shard");
+            auto run_step = [&](int step, bool drop) -> absl::Status {
+              world.run.shards[rank].SetGrads(problem, step);
+              for (int i = n - 1; i >= 0; --i) {
+                if (drop && i == dropped) continue;
+                MUON_RETURN_IF_ERROR(muon.MarkReady(i));
+              }
+              if (drop) params[dropped].grad.clear();
+              return muon.Step();
+            };
+            for (int step = 0; step < problem.steps(); ++step) {
+              if (step == kBadStep) {
+                std::vector<std::vector<float>> data, momentum;
+                for (int i = 0; i < n; ++i) {
+                  data.push_back(params[i].data);
+                  momentum.push_back(muon.momentum_buffer(i));
+                }
+                failed[rank] = run_step(step, rank == kBadRank);
+                if (muon.step_count() != step) {
+                  return absl::InternalError("the failed step was counted");
+                }
+                for (int i = 0; i < n; ++i) {
+                  if (params[i].data != data[i] ||
+                      muon.momentum_buffer(i) != momentum[i]) {
+                    return absl::InternalError(absl::StrCat(
+                        "parameter ", i, " or its momentum changed"));
+                  }
+                }
+                if (coordinated) return absl::OkStatus();  // the job failed
+              }
+              MUON_RETURN_IF_ERROR(run_step(step, false));
+            }
+            return absl::OkStatus();
+          });
+      for (int r = 0; r < 4; ++r) {
+        ASSERT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r];
+        EXPECT_FALSE(failed[r].ok()) << "rank " << r;
+        // A peer learns of it from the agreement or, when the coordinator
+        // is quicker, from the job's failure.
+        const auto from_agreement =
+            HasSubstr("rank 1 could not check its gradients");
+        const auto from_rank = HasSubstr(
+            "rank 1: parameter \"layers.0.weight\" was marked ready without "
+            "a gradient");
+        if (r == kBadRank) {
+          EXPECT_THAT(failed[r].message(), from_rank);
+        } else if (coordinated) {
+          EXPECT_THAT(failed[r].message(),
+                      ::testing::AnyOf(from_agreement, from_rank))
+              << "rank " << r;
+        } else {
+          EXPECT_THAT(failed[r].message(), from_agreement) << "rank " << r;
+        }
+      }
+      EXPECT_THAT(failed[kBadRank].message(), HasSubstr("undone"));
+      if (!coordinated)
+        ExpectShardsMatchSingleDevice(problem, *single, world.run);
+    }
+  }
+}
+
 // CPU parameters take no stream: MarkReadyOnStream with one is refused
 // naming it, before the step begins (the parameter can still be marked).
 TEST(OverlapBackwardTest,
