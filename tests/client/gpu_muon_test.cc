@@ -597,6 +597,55 @@ TEST_F(CudaTrainerTest, OverlapBackwardOnTrainerStream_SameBitsAsStep) {
   }
 }
 
+// overlap_backward with each gradient made final on its own stream (the
+// trainer's, a side stream, CUDA's legacy default stream), behind a
+// backlog there, and marked ready on it: the executor waits on one event
+// per producer stream, and the steps are bitwise those without overlap.
+TEST_F(CudaTrainerTest, OverlapBackwardOnThreeProducerStreams_SameBitsAsStep) {
+  absl::StatusOr<std::unique_ptr<device::Stream>> side =
+      runtime_->CreateStream("side");
+  ASSERT_TRUE(side.ok()) << side.status();
+  absl::StatusOr<std::unique_ptr<device::Stream>> legacy =
+      runtime_->WrapStream(nullptr, "legacy default");
+  ASSERT_TRUE(legacy.ok()) << legacy.status();
+  device::Stream* const producers[] = {trainer_.get(), side->get(),
+                                       legacy->get()};
+  const OptimizerRun ref =
+      Steps(/*on_gpu=*/true, DType::kFloat32, Options("fp32"), 3);
+  ASSERT_NE(ref.muon, nullptr);
+  for (bool async : {false, true}) {
+    SCOPED_TRACE(async ? "async" : "seq");
+    Params params(/*on_gpu=*/true, DType::kFloat32);
+    std::unique_ptr<Muon> muon = OverlappedMuon(params, Options("fp32"), async);
+    ASSERT_NE(muon, nullptr);
+    for (int s = 0; s < 3; ++s) {
+      params.SetGrads(s, 2.0f);
+      for (int i = static_cast<int>(Shapes().size()) - 1; i >= 0; --i) {
+        device::Stream* const producer = producers[i % 3];
+        ASSERT_TRUE(backlog().Enqueue(*kernels_, producer).ok());
+        ASSERT_TRUE(kernels_
+                        ->Scale(producer, params.grad(i), params.kernel_dtype(),
+                                Params::Numel(i), 0.5f)
+                        .ok());
+        const absl::Status marked =
+            muon->MarkReadyOnStream(i, producer->native_handle());
+        ASSERT_TRUE(marked.ok()) << marked;
+      }
+      const absl::Status st = muon->StepOnStream(trainer_handle());
+      ASSERT_TRUE(st.ok()) << st;
+    }
+    ASSERT_TRUE(SyncTrainer().ok());
+    EXPECT_EQ(muon->step_count(), 3);
+    for (size_t i = 0; i < Shapes().size(); ++i) {
+      EXPECT_TRUE(BitwiseEqual(params.Data(i), ref.params->Data(i)))
+          << Shapes()[i].name;
+      EXPECT_TRUE(
+          BitwiseEqual(muon->momentum_buffer(i), ref.muon->momentum_buffer(i)))
+          << Shapes()[i].name;
+    }
+  }
+}
+
 // check_finite with overlap_backward on CUDA parameters: an Inf in a
 // gradient marked mid-backward fails Step naming it, with parameters,
 // momentum and step count as before the step (the snapshot of its first
