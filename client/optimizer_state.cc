@@ -39,6 +39,12 @@ absl::StatusOr<std::unique_ptr<OptimizerState>> OptimizerState::Create(
   }
   MUON_ASSIGN_OR_RETURN(s->nonfinite_, device::DeviceBuffer<int64_t>::Allocate(
                                            state, static_cast<int64_t>(n)));
+  // Defined, as on the host: the slots of parameters without local
+  // elements are fetched with the others but never written by a scan.
+  if (!runtime->device().is_host() && s->nonfinite_.bytes() > 0) {
+    MUON_RETURN_IF_ERROR(
+        runtime->Zero(s->nonfinite_.data(), s->nonfinite_.bytes()));
+  }
   s->host_nonfinite_.assign(n, -1);
   s->has_row_state_ = spec.row_state;
   s->row_state_.resize(n);
