@@ -278,7 +278,12 @@ class Muon {
   // with check_finite waits once for its snapshot). For CPU parameters
   // `stream` must be nullptr (InvalidArgument otherwise) and this is
   // MarkReady. With CUDA parameters, a gradient changed after its mark is
-  // not detected (the debug mode's check reads host memory).
+  // not detected (the debug mode's check reads host memory). The step
+  // reads the parameters after the streams its gradients were marked on
+  // (the snapshot after the first's): work that writes parameters on
+  // another stream (ClipQkOnStream's scaling, a trainer's own writes)
+  // must be ordered before them by the caller, as a torch stream's user
+  // orders work across streams (wait_stream).
   // Errors: as MarkReady; InvalidArgument (a stream with CPU parameters);
   // the CUDA error.
   absl::Status MarkReadyOnStream(int index, void* stream);
