@@ -434,6 +434,18 @@ int64_t ClipLayer(const Params& params, kernels::StepKernels& kernels,
 
 // Muon over `params` with overlap_backward (world of one), in the async
 // schedule with prefetch or the sequential one, one matrix per bucket.
+// Parameters and momentum buffers bitwise `ref`'s, named by shape.
+void ExpectSameBitsAs(const OptimizerRun& ref, const Params& params,
+                      const Muon& muon) {
+  for (size_t i = 0; i < Shapes().size(); ++i) {
+    EXPECT_TRUE(BitwiseEqual(params.Data(i), ref.params->Data(i)))
+        << Shapes()[i].name;
+    EXPECT_TRUE(
+        BitwiseEqual(muon.momentum_buffer(i), ref.muon->momentum_buffer(i)))
+        << Shapes()[i].name;
+  }
+}
+
 std::unique_ptr<Muon> OverlappedMuon(const Params& params,
                                      const MuonOptions& options, bool async) {
   DistributedConfig config;
@@ -586,13 +598,7 @@ TEST_F(CudaTrainerTest, OverlapBackwardOnTrainerStream_SameBitsAsStep) {
       }
       ASSERT_TRUE(SyncTrainer().ok());
       EXPECT_EQ(muon->step_count(), 3);
-      for (size_t i = 0; i < Shapes().size(); ++i) {
-        EXPECT_TRUE(BitwiseEqual(params.Data(i), ref.params->Data(i)))
-            << Shapes()[i].name;
-        EXPECT_TRUE(BitwiseEqual(muon->momentum_buffer(i),
-                                 ref.muon->momentum_buffer(i)))
-            << Shapes()[i].name;
-      }
+      ExpectSameBitsAs(ref, params, *muon);
     }
   }
 }
@@ -636,13 +642,7 @@ TEST_F(CudaTrainerTest, OverlapBackwardOnThreeProducerStreams_SameBitsAsStep) {
     }
     ASSERT_TRUE(SyncTrainer().ok());
     EXPECT_EQ(muon->step_count(), 3);
-    for (size_t i = 0; i < Shapes().size(); ++i) {
-      EXPECT_TRUE(BitwiseEqual(params.Data(i), ref.params->Data(i)))
-          << Shapes()[i].name;
-      EXPECT_TRUE(
-          BitwiseEqual(muon->momentum_buffer(i), ref.muon->momentum_buffer(i)))
-          << Shapes()[i].name;
-    }
+    ExpectSameBitsAs(ref, params, *muon);
   }
 }
 

@@ -9,6 +9,7 @@
 // leaves everything as before it; the options it cannot run with are
 // refused.
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -174,6 +175,99 @@ TEST(OverlapBackwardTest, Step_GradientChangedAfterMarkReady_NamedInDebugMode) {
   EXPECT_TRUE((*muon)->Step().ok());
 }
 
+// Runs a step expected to fail (`run`), its status into *failed.
+// Internal when the step was counted or a parameter or its momentum
+// changed: a failed step leaves everything as before it.
+absl::Status FailedStepChangesNothing(Muon& muon,
+                                      const std::vector<Parameter>& params,
+                                      const std::function<absl::Status()>& run,
+                                      absl::Status* failed) {
+  const int n = static_cast<int>(params.size());
+  const int64_t steps = muon.step_count();
+  std::vector<std::vector<float>> data, momentum;
+  for (int i = 0; i < n; ++i) {
+    data.push_back(params[i].data);
+    momentum.push_back(muon.momentum_buffer(i));
+  }
+  *failed = run();
+  if (muon.step_count() != steps) {
+    return absl::InternalError("the failed step was counted");
+  }
+  for (int i = 0; i < n; ++i) {
+    if (params[i].data != data[i] || muon.momentum_buffer(i) != momentum[i]) {
+      return absl::InternalError(
+          absl::StrCat("parameter ", i, " or its momentum changed"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A job of 4 FSDP ranks (Shard(0)) with overlap_backward and check_finite
+// whose step kBadStep fails: the problem, its single-device result
+// (without check_finite, which changes no result), and per rank the
+// failed step's status.
+struct FailingStepJob {
+  static constexpr int kBadStep = 1;
+  // Rank `rank`'s backward: marks the parameters it marks (`bad`: in the
+  // step and on the rank that break it) and may break their gradients.
+  using Backward = std::function<absl::Status(
+      int rank, Muon& muon, std::vector<Parameter>& params, bool bad)>;
+
+  FailingStepJob()
+      : problem(MatricesProblem()),
+        fsdp(OneDimLayout(4, Placement::Shard(0), problem.specs.size())) {
+    options = OverlapOptions();
+    single = RunSingleDevice(problem, options);
+    options.check_finite = true;
+  }
+
+  // Runs the job on `world` (Connect()ed): every step, each rank sets its
+  // gradients, runs `backward` and steps; step kBadStep must fail changing
+  // nothing on every rank (its status in failed[rank]). With
+  // `coordinated` false the ranks run without the World's coordinator.
+  // With `job_fails` the job ends after the failed step (a rank's own
+  // failure fails a coordinated job), otherwise every step runs. Returns
+  // each rank's error outside the failed step.
+  std::vector<absl::Status> Run(World& world, bool async, bool coordinated,
+                                bool job_fails, int bad_rank,
+                                const Backward& backward) {
+    failed.assign(4, absl::OkStatus());
+    return RunOnRanks(4, [&](int rank) -> absl::Status {
+      MUON_ASSIGN_OR_RETURN(world.run.shards[rank],
+                            CutShards(problem, fsdp, rank));
+      MUON_RETURN_IF_ERROR(world.CreateMuon(rank, MeshConfig(fsdp), options,
+                                            [&](DistributedConfig& c) {
+                                              Overlap(c, async);
+                                              if (!coordinated)
+                                                c.state.coordinator = nullptr;
+                                            }));
+      Muon& muon = *world.run.muons[rank];
+      std::vector<Parameter>& params = world.params(rank);
+      auto run_step = [&](int step, bool bad) -> absl::Status {
+        world.run.shards[rank].SetGrads(problem, step);
+        MUON_RETURN_IF_ERROR(backward(rank, muon, params, bad));
+        return muon.Step();
+      };
+      for (int step = 0; step < problem.steps(); ++step) {
+        if (step == kBadStep) {
+          MUON_RETURN_IF_ERROR(FailedStepChangesNothing(
+              muon, params, [&] { return run_step(step, rank == bad_rank); },
+              &failed[rank]));
+          if (job_fails) return absl::OkStatus();
+        }
+        MUON_RETURN_IF_ERROR(run_step(step, false));
+      }
+      return absl::OkStatus();
+    });
+  }
+
+  Problem problem;
+  ProblemLayout fsdp;
+  MuonOptions options;
+  absl::StatusOr<SingleDeviceResult> single;
+  std::vector<absl::Status> failed;
+};
+
 // check_finite under overlap: in step 2 rank 2 marks a gradient holding a
 // NaN mid-backward (the other buckets' collectives already under way);
 // rank 3 marks nothing and leaves every parameter to Step. Step fails on
@@ -183,74 +277,35 @@ TEST(OverlapBackwardTest, Step_GradientChangedAfterMarkReady_NamedInDebugMode) {
 // device's, which never saw the NaN.
 TEST(OverlapBackwardTest,
      CheckFinite_NanOnOneRank_EveryRankFailsNothingChanged) {
-  const Problem problem = MatricesProblem();
-  MuonOptions options = OverlapOptions();
-  const absl::StatusOr<SingleDeviceResult> single =
-      RunSingleDevice(problem, options);
-  ASSERT_THAT(single, IsOk());
-  options.check_finite = true;
-  const ProblemLayout fsdp =
-      OneDimLayout(4, Placement::Shard(0), problem.specs.size());
+  FailingStepJob job;
+  ASSERT_THAT(job.single, IsOk());
   constexpr int kBadRank = 2;
-  constexpr int kBadStep = 1;
   for (const bool async : {false, true}) {
     SCOPED_TRACE(async ? "async" : "sequential");
     World world(4);
     ASSERT_TRUE(world.Connect());
-    std::vector<absl::Status> failed(4);
-    const std::vector<absl::Status> st =
-        RunOnRanks(4, [&](int rank) -> absl::Status {
-          MUON_ASSIGN_OR_RETURN(world.run.shards[rank],
-                                CutShards(problem, fsdp, rank));
-          MUON_RETURN_IF_ERROR(world.CreateMuon(
-              rank, MeshConfig(fsdp), options,
-              [async](DistributedConfig& c) { Overlap(c, async); }));
-          Muon& muon = *world.run.muons[rank];
-          std::vector<Parameter>& params = world.params(rank);
+    const std::vector<absl::Status> st = job.Run(
+        world, async, /*coordinated=*/true, /*job_fails=*/false, kBadRank,
+        [&](int rank, Muon& muon, std::vector<Parameter>& params, bool poison) {
           const int n = static_cast<int>(params.size());
-          auto run_step = [&](int step, bool poison) -> absl::Status {
-            world.run.shards[rank].SetGrads(problem, step);
-            for (int i = n - 1; i >= 0 && rank != 3; --i) {
-              if (poison && i == n / 2 && !params[i].grad.empty()) {
-                params[i].grad.back() = std::nanf("");
-              }
-              MUON_RETURN_IF_ERROR(muon.MarkReady(i));
+          for (int i = n - 1; i >= 0 && rank != 3; --i) {
+            if (poison && i == n / 2 && !params[i].grad.empty()) {
+              params[i].grad.back() = std::nanf("");
             }
-            return muon.Step();
-          };
-          for (int step = 0; step < problem.steps(); ++step) {
-            if (step == kBadStep) {
-              std::vector<std::vector<float>> data, momentum;
-              for (int i = 0; i < n; ++i) {
-                data.push_back(params[i].data);
-                momentum.push_back(muon.momentum_buffer(i));
-              }
-              failed[rank] = run_step(step, rank == kBadRank);
-              if (muon.step_count() != step) {
-                return absl::InternalError("the failed step was counted");
-              }
-              for (int i = 0; i < n; ++i) {
-                if (params[i].data != data[i] ||
-                    muon.momentum_buffer(i) != momentum[i]) {
-                  return absl::InternalError(absl::StrCat(
-                      "parameter ", i, " or its momentum changed"));
-                }
-              }
-            }
-            MUON_RETURN_IF_ERROR(run_step(step, false));
+            MUON_RETURN_IF_ERROR(muon.MarkReady(i));
           }
           return absl::OkStatus();
         });
     for (int r = 0; r < 4; ++r) {
       ASSERT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r];
-      EXPECT_THAT(failed[r],
+      EXPECT_THAT(job.failed[r],
                   StatusIs(absl::StatusCode::kFailedPrecondition,
                            HasSubstr(r == kBadRank ? "has a non-finite gradient"
                                                    : "rank 2 has a non-finite "
                                                      "gradient")))
           << "rank " << r;
     }
-    ExpectShardsMatchSingleDevice(problem, *single, world.run);
+    ExpectShardsMatchSingleDevice(job.problem, *job.single, world.run);
   }
 }
 
@@ -261,98 +316,60 @@ TEST(OverlapBackwardTest,
 // the rank's failure fails the job, naming it on every rank.
 TEST(OverlapBackwardTest,
      CheckFinite_GradientMissingAtStep_EveryRankFailsNothingChanged) {
-  const Problem problem = MatricesProblem();
-  MuonOptions options = OverlapOptions();
-  const absl::StatusOr<SingleDeviceResult> single =
-      RunSingleDevice(problem, options);
-  ASSERT_THAT(single, IsOk());
-  options.check_finite = true;
-  const ProblemLayout fsdp =
-      OneDimLayout(4, Placement::Shard(0), problem.specs.size());
+  FailingStepJob job;
+  ASSERT_THAT(job.single, IsOk());
   constexpr int kBadRank = 1;
-  constexpr int kBadStep = 1;
+  // The bad rank marks all but its first parameter with a local shard,
+  // whose gradient it drops before Step.
+  const auto backward = [](int /*rank*/, Muon& muon,
+                           std::vector<Parameter>& params,
+                           bool drop) -> absl::Status {
+    const int n = static_cast<int>(params.size());
+    int dropped = -1;
+    for (int i = 0; i < n && dropped < 0; ++i) {
+      if (!params[i].data.empty()) dropped = i;
+    }
+    if (dropped < 0) return absl::InternalError("no local shard");
+    for (int i = n - 1; i >= 0; --i) {
+      if (drop && i == dropped) continue;
+      MUON_RETURN_IF_ERROR(muon.MarkReady(i));
+    }
+    if (drop) params[dropped].grad.clear();
+    return absl::OkStatus();
+  };
   for (const bool coordinated : {false, true}) {
     for (const bool async : {false, true}) {
       SCOPED_TRACE(absl::StrCat(async ? "async" : "sequential",
                                 coordinated ? ", coordinator" : ""));
       World world(4);
       ASSERT_TRUE(world.Connect());
-      std::vector<absl::Status> failed(4);
       const std::vector<absl::Status> st =
-          RunOnRanks(4, [&](int rank) -> absl::Status {
-            MUON_ASSIGN_OR_RETURN(world.run.shards[rank],
-                                  CutShards(problem, fsdp, rank));
-            MUON_RETURN_IF_ERROR(world.CreateMuon(
-                rank, MeshConfig(fsdp), options, [&](DistributedConfig& c) {
-                  Overlap(c, async);
-                  if (!coordinated) c.state.coordinator = nullptr;
-                }));
-            Muon& muon = *world.run.muons[rank];
-            std::vector<Parameter>& params = world.params(rank);
-            const int n = static_cast<int>(params.size());
-            // The bad rank marks all but its first parameter with a local
-            // shard, whose gradient it drops before Step.
-            int dropped = -1;
-            for (int i = 0; i < n && dropped < 0; ++i) {
-              if (!params[i].data.empty()) dropped = i;
-            }
-            if (dropped < 0) return absl::InternalError("no local shard");
-            auto run_step = [&](int step, bool drop) -> absl::Status {
-              world.run.shards[rank].SetGrads(problem, step);
-              for (int i = n - 1; i >= 0; --i) {
-                if (drop && i == dropped) continue;
-                MUON_RETURN_IF_ERROR(muon.MarkReady(i));
-              }
-              if (drop) params[dropped].grad.clear();
-              return muon.Step();
-            };
-            for (int step = 0; step < problem.steps(); ++step) {
-              if (step == kBadStep) {
-                std::vector<std::vector<float>> data, momentum;
-                for (int i = 0; i < n; ++i) {
-                  data.push_back(params[i].data);
-                  momentum.push_back(muon.momentum_buffer(i));
-                }
-                failed[rank] = run_step(step, rank == kBadRank);
-                if (muon.step_count() != step) {
-                  return absl::InternalError("the failed step was counted");
-                }
-                for (int i = 0; i < n; ++i) {
-                  if (params[i].data != data[i] ||
-                      muon.momentum_buffer(i) != momentum[i]) {
-                    return absl::InternalError(absl::StrCat(
-                        "parameter ", i, " or its momentum changed"));
-                  }
-                }
-                if (coordinated) return absl::OkStatus();  // the job failed
-              }
-              MUON_RETURN_IF_ERROR(run_step(step, false));
-            }
-            return absl::OkStatus();
-          });
+          job.Run(world, async, coordinated, /*job_fails=*/coordinated,
+                  kBadRank, backward);
+      // A peer learns of it from the agreement or, when the coordinator
+      // is quicker, from the job's failure.
+      const auto from_agreement =
+          HasSubstr("rank 1 could not check its gradients");
+      const auto from_rank = HasSubstr(
+          "rank 1: parameter \"layers.0.weight\" was marked ready without "
+          "a gradient");
       for (int r = 0; r < 4; ++r) {
         ASSERT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r];
-        EXPECT_FALSE(failed[r].ok()) << "rank " << r;
-        // A peer learns of it from the agreement or, when the coordinator
-        // is quicker, from the job's failure.
-        const auto from_agreement =
-            HasSubstr("rank 1 could not check its gradients");
-        const auto from_rank = HasSubstr(
-            "rank 1: parameter \"layers.0.weight\" was marked ready without "
-            "a gradient");
+        EXPECT_FALSE(job.failed[r].ok()) << "rank " << r;
         if (r == kBadRank) {
-          EXPECT_THAT(failed[r].message(), from_rank);
+          EXPECT_THAT(job.failed[r].message(), from_rank);
         } else if (coordinated) {
-          EXPECT_THAT(failed[r].message(),
+          EXPECT_THAT(job.failed[r].message(),
                       ::testing::AnyOf(from_agreement, from_rank))
               << "rank " << r;
         } else {
-          EXPECT_THAT(failed[r].message(), from_agreement) << "rank " << r;
+          EXPECT_THAT(job.failed[r].message(), from_agreement) << "rank " << r;
         }
       }
-      EXPECT_THAT(failed[kBadRank].message(), HasSubstr("undone"));
-      if (!coordinated)
-        ExpectShardsMatchSingleDevice(problem, *single, world.run);
+      EXPECT_THAT(job.failed[kBadRank].message(), HasSubstr("undone"));
+      if (!coordinated) {
+        ExpectShardsMatchSingleDevice(job.problem, *job.single, world.run);
+      }
     }
   }
 }
