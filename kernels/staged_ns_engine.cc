@@ -61,8 +61,12 @@ class CudaNsEngine final : public NsEngine {
           "CudaNsEngine::Orthogonalize: out must not overlap u");
     }
     if (absl::Status s = Reserve(rows, cols); !s.ok()) return s;
-    // The stream is idle here (every call ends synchronised), so the
-    // blocking copy in cannot overtake work that reads the buffer.
+    // The blocking copy in is not ordered after the stream: wait for it
+    // (idle after a successful call; a failed one may have left work that
+    // reads the buffer).
+    if (absl::Status s = stream_->Synchronize(kIterationTimeout); !s.ok()) {
+      return s;
+    }
     if (absl::Status s = runtime_->CopyFromHost(u_.data(), u, bytes); !s.ok()) {
       return s;
     }

@@ -241,24 +241,35 @@ TEST(GpuNewtonSchulzTest,
   absl::Cleanup unset = [] { unsetenv("MUON_NS_SYMMETRIC_MIN_EDGE"); };
   NewtonSchulzOptions gram;
   gram.method = NewtonSchulzMethod::kGram;
+  // The CPU references once each, not once per precision.
+  struct Case {
+    int64_t rows, cols;
+    NewtonSchulzOptions options;
+    std::vector<float> u;
+    std::vector<double> cpu64;
+  };
+  std::vector<Case> cases;
+  for (auto [rows, cols] :
+       {std::pair<int64_t, int64_t>{1025, 3000}, {3000, 1025}}) {
+    for (const NewtonSchulzOptions& options : {NewtonSchulzOptions{}, gram}) {
+      Case c{rows, cols, options, RandomMatrix(rows, cols, 57), {}};
+      std::vector<float> cpu(c.u.size());
+      ASSERT_TRUE(
+          NewtonSchulz(c.u.data(), rows, cols, options, cpu.data(), nullptr)
+              .ok());
+      c.cpu64.assign(cpu.begin(), cpu.end());
+      cases.push_back(std::move(c));
+    }
+  }
   for (GpuPrecision precision : kPrecisions) {
     std::unique_ptr<NsEngine> gpu = MakeEngine(precision);
     ASSERT_NE(gpu, nullptr);
-    for (auto [rows, cols] :
-         {std::pair<int64_t, int64_t>{1025, 3000}, {3000, 1025}}) {
-      const std::vector<float> u = RandomMatrix(rows, cols, 57);
-      for (const NewtonSchulzOptions& options : {NewtonSchulzOptions{}, gram}) {
-        std::vector<float> cpu(u.size());
-        ASSERT_TRUE(
-            NewtonSchulz(u.data(), rows, cols, options, cpu.data(), nullptr)
-                .ok());
-        const std::vector<double> cpu64(cpu.begin(), cpu.end());
-        ExpectWithinBound(options.method == NewtonSchulzMethod::kGram
-                              ? "tiles_gram"
-                              : "tiles",
-                          precision, rows, cols,
-                          RunEngine(gpu.get(), u, rows, cols, options), cpu64);
-      }
+    for (const Case& c : cases) {
+      ExpectWithinBound(
+          c.options.method == NewtonSchulzMethod::kGram ? "tiles_gram"
+                                                        : "tiles",
+          precision, c.rows, c.cols,
+          RunEngine(gpu.get(), c.u, c.rows, c.cols, c.options), c.cpu64);
     }
   }
 }
