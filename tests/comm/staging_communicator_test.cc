@@ -1,8 +1,9 @@
 // StagingCommunicator over Gloo groups of 3 ranks (one thread each, traffic
 // on 127.0.0.1), with a runtime that claims cuda:0 but keeps its "device
 // memory" in host memory: every staging copy is a counted memcpy, so the
-// staging's counts, offsets and ordering are checked without a GPU (the
-// device checks run it with CUDA memory).
+// staging's counts, offsets and ordering are checked without a GPU
+// (tests/control/staged_ranks_test runs the staging over CUDA memory on a
+// GPU).
 #include "comm/staging_communicator.h"
 
 #include <atomic>

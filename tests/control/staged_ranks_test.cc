@@ -13,6 +13,7 @@
 // the 4 ranks on the test device are bitwise the same 4 ranks with host
 // parameters, and differ from one device (the rounding took effect).
 #include <cblas.h>
+#include <unistd.h>
 
 #include <iostream>
 #include <memory>
@@ -35,6 +36,7 @@
 #include "tests/client/rank_threads.h"
 #include "tests/client/single_device_reference.h"
 #include "tests/control/process_group_test_util.h"
+#include "tests/gpu_test_util.h"
 #include "tests/status_matchers.h"
 
 namespace muon {
@@ -52,11 +54,15 @@ using ::muon::testing::RunOnRanks;
 using ::muon::testing::SingleDeviceResult;
 using ::muon::testing::UniformLayout;
 
-// cuda:0 when a GPU is visible, else the host.
+// cuda:0 when a GPU is visible, else the host (a test failure instead
+// under MUON_REQUIRE_GPU=1, where no GPU means a broken setup).
 device::Device TestDevice() {
   std::string reason;
-  return device::CudaDeviceCount(&reason) > 0 ? device::Device::Cuda(0)
-                                              : device::Device::Host();
+  if (device::CudaDeviceCount(&reason) > 0) return device::Device::Cuda(0);
+  if (::muon::testing::GpuRequired()) {
+    ADD_FAILURE() << "MUON_REQUIRE_GPU=1 but no CUDA device: " << reason;
+  }
+  return device::Device::Host();
 }
 
 // One rank's parameters copied into `dev` memory, and its optimizer over
@@ -172,8 +178,10 @@ void RunFourRanks(const Problem& problem, device::Runtime* rt,
                   const MuonOptions& options, const ProblemLayout& layout,
                   const v1::ExecutionOptions& execution, const std::string& tag,
                   FourRanks* out) {
-  const std::string path =
-      absl::StrCat(::testing::TempDir(), "/staged_", tag, "_coordinator");
+  // Per process: a file left by an earlier run (outside bazel, TempDir is
+  // /tmp) would send the ranks to a dead coordinator.
+  const std::string path = absl::StrCat(::testing::TempDir(), "/staged_", tag,
+                                        "_coordinator.", getpid());
   std::vector<absl::Status> st = RunOnRanks(FourRanks::kWorld, [&](int rank) {
     MUON_ASSIGN_OR_RETURN(out->groups[rank], InitProcessGroup(LocalGroupOptions(
                                                  rank, FourRanks::kWorld, path,
