@@ -509,16 +509,24 @@ absl::Status StepPipeline::AbandonCheckedStep(device::Stream* caller,
     (void)GatherRankFlags(-1.0f);
   }
   const absl::Status reported = Commit(own, finished);
+  return UndoFromSnapshot(
+      caller, absl::Status(reported.code(),
+                           absl::StrCat(reported.message(),
+                                        "; the step was undone on this rank: "
+                                        "parameters, momentum and step count "
+                                        "are as before it")));
+}
+
+absl::Status StepPipeline::UndoFromSnapshot(device::Stream* caller,
+                                            const absl::Status& failed) {
+  const int64_t step = step_ + 1;
   if (absl::Status r = RestoreSnapshot(caller); !r.ok()) {
     return absl::InternalError(absl::StrCat(
-        reported.ToString(), "; restoring the step's snapshot failed too (",
-        r.ToString(), "): parameters and momentum hold a partial update"));
+        "rank ", rank_, ": step ", step, " failed (", failed.message(),
+        ") and restoring its snapshot failed too (", r.ToString(),
+        "); parameters and momentum hold the step's update"));
   }
-  return absl::Status(
-      reported.code(),
-      absl::StrCat(reported.message(),
-                   "; the step was undone on this rank: parameters, "
-                   "momentum and step count are as before it"));
+  return failed;
 }
 
 absl::Status StepPipeline::CheckGradientsUnchanged() const {
@@ -545,19 +553,14 @@ absl::Status StepPipeline::AgreeOnFiniteOrUndo(device::Stream* caller) {
   // The scans ran before the executor's streams (OrderAfter), which Finish
   // waited for; those of the parameters Step marked, on `caller`.
   NonFinite found;
-  absl::Status finite = SyncCaller(caller);
-  if (finite.ok()) {
-    finite = ReadNonFinite(0, static_cast<int>(params_.size()), &found);
+  absl::Status read = SyncCaller(caller);
+  if (read.ok()) {
+    read = ReadNonFinite(0, static_cast<int>(params_.size()), &found);
   }
+  // A rank that cannot read its scans cannot check: every rank fails.
+  if (!read.ok()) return AbandonCheckedStep(caller, read, absl::OkStatus());
   bool any_bad = false;
-  if (!finite.ok()) {
-    // Joins the agreement with "could not check" (-1), so that every
-    // rank fails and undoes the step.
-    if (rank_flags_->collective()) (void)GatherRankFlags(-1.0f);
-    if (agent_ != nullptr) finite = agent_->OnOwnFailure(finite);
-  } else {
-    finite = AgreeOnFinite(found, /*undone=*/true, &any_bad);
-  }
+  absl::Status finite = AgreeOnFinite(found, /*undone=*/true, &any_bad);
   if (finite.ok()) return finite;
   if (!any_bad) {
     finite = absl::Status(finite.code(),
@@ -565,13 +568,7 @@ absl::Status StepPipeline::AgreeOnFiniteOrUndo(device::Stream* caller) {
                                        "; the step's non-finite check failed, "
                                        "so the step was undone"));
   }
-  if (absl::Status r = RestoreSnapshot(caller); !r.ok()) {
-    return absl::InternalError(absl::StrCat(
-        "rank ", rank_, ": step ", step_ + 1,
-        " failed its non-finite check and restoring the snapshot failed (",
-        r.ToString(), "); parameters and momentum hold the step's update"));
-  }
-  return finite;
+  return UndoFromSnapshot(caller, finite);
 }
 
 }  // namespace muon

@@ -228,6 +228,10 @@ class StepPipeline {
   absl::Status AbandonCheckedStep(device::Stream* caller,
                                   const absl::Status& own,
                                   const absl::Status& finished);
+  // Restores the overlapped step's snapshot on `caller` after `failed`:
+  // returns `failed`, or Internal naming both when the restore failed too.
+  absl::Status UndoFromSnapshot(device::Stream* caller,
+                                const absl::Status& failed);
   // Debug mode, CPU parameters: FailedPrecondition naming a gradient
   // changed since its MarkReady (its fingerprint differs).
   absl::Status CheckGradientsUnchanged() const;

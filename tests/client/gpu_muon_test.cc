@@ -432,8 +432,6 @@ int64_t ClipLayer(const Params& params, kernels::StepKernels& kernels,
   return stats.groups_clipped;
 }
 
-// Muon over `params` with overlap_backward (world of one), in the async
-// schedule with prefetch or the sequential one, one matrix per bucket.
 // Parameters and momentum buffers bitwise `ref`'s, named by shape.
 void ExpectSameBitsAs(const OptimizerRun& ref, const Params& params,
                       const Muon& muon) {
@@ -446,6 +444,8 @@ void ExpectSameBitsAs(const OptimizerRun& ref, const Params& params,
   }
 }
 
+// Muon over `params` with overlap_backward (world of one), in the async
+// schedule with prefetch or the sequential one, one matrix per bucket.
 std::unique_ptr<Muon> OverlappedMuon(const Params& params,
                                      const MuonOptions& options, bool async) {
   DistributedConfig config;
@@ -529,7 +529,7 @@ class CudaTrainerTest : public ::testing::Test {
 
   std::unique_ptr<device::Stream> trainer_;
   std::unique_ptr<kernels::StepKernels> kernels_;
-  // The backlog, made (1 GiB) at its first use.
+  // The backlog, made at its first use (1 GiB unless MUON_TEST_BACKLOG_MIB).
   Backlog& backlog() {
     if (backlog_ == nullptr) backlog_ = std::make_unique<Backlog>(runtime_);
     return *backlog_;

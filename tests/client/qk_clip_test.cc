@@ -198,7 +198,6 @@ std::vector<double> MaxLogits(const QkClipLayer& l, const std::vector<float>& x,
   return s;
 }
 
-// A whole (unsharded) parameter [rows, kHidden] holding `data`.
 // wq [16, H], wk [8, H] and wqkv [24, H], Layers()'s parameters, one
 // step.
 Problem LayersProblem() {
@@ -241,6 +240,7 @@ void ExpectUnscaled(
   }
 }
 
+// A whole (unsharded) parameter [rows, kHidden] holding `data`.
 Parameter Whole(const std::string& name, int64_t rows,
                 std::vector<float> data) {
   Parameter p;
