@@ -45,20 +45,31 @@ std::string StagingCommunicator::backend() const {
   return absl::StrCat(host_->backend(), "+staged");
 }
 
-void StagingCommunicator::Reserve(int64_t send, int64_t recv) {
-  if (static_cast<int64_t>(send_staging_.size()) < send) {
-    send_staging_.resize(send);
+absl::Status StagingCommunicator::Reserve(int64_t send, int64_t recv) {
+  for (auto [buffer, floats] : {std::make_pair(&send_staging_, send),
+                                std::make_pair(&recv_staging_, recv)}) {
+    if (buffer->size() >= floats) continue;
+    *buffer = device::DeviceBuffer<float>();  // freed before the larger one
+    absl::StatusOr<device::DeviceBuffer<float>> pinned =
+        device::DeviceBuffer<float>::Allocate(runtime_->pinned_host_allocator(),
+                                              floats);
+    // Out of page-locked memory (a limit of its own, RLIMIT_MEMLOCK in a
+    // container): pageable memory still works, with slower copies.
+    if (absl::IsResourceExhausted(pinned.status())) {
+      pinned = device::DeviceBuffer<float>::Allocate(device::HostAllocator(),
+                                                     floats);
+    }
+    if (!pinned.ok()) return pinned.status();
+    *buffer = *std::move(pinned);
   }
-  if (static_cast<int64_t>(recv_staging_.size()) < recv) {
-    recv_staging_.resize(recv);
-  }
+  return absl::OkStatus();
 }
 
 template <typename Exchange>
 absl::Status StagingCommunicator::Staged(const float* send, int64_t sent,
                                          float* recv, int64_t received,
                                          Exchange&& exchange) {
-  Reserve(sent, received);
+  MUON_RETURN_IF_ERROR(Reserve(sent, received));
   MUON_RETURN_IF_ERROR(
       runtime_->CopyToHost(send_staging_.data(), send, sent * kFloat));
   MUON_RETURN_IF_ERROR(exchange(send_staging_.data(), recv_staging_.data()));
@@ -120,7 +131,7 @@ absl::Status StagingCommunicator::Broadcast(float* data, int64_t count,
   std::lock_guard<std::mutex> lock(mu_);
   MUON_RETURN_IF_ERROR(communicator_internal::CheckBroadcast(
       backend(), rank(), world_size(), data, count, root));
-  Reserve(count, 0);
+  MUON_RETURN_IF_ERROR(Reserve(count, 0));
   if (rank() == root) {
     MUON_RETURN_IF_ERROR(
         runtime_->CopyToHost(send_staging_.data(), data, count * kFloat));

@@ -11,8 +11,11 @@
 // for the stream's earlier work, then stages, exchanges and copies back on
 // the calling thread, so work enqueued on the stream afterwards sees the
 // result; the enqueuing thread blocks for the exchange, as Gloo does.
-// Staging memory is pageable host memory, grown to the largest collective
-// and reused.
+// Staging memory is page-locked host memory from the runtime's
+// pinned_host_allocator() (as c10d pins its CPU copies of CUDA tensors),
+// so the copies run by DMA at the bus's rate (pageable host memory when
+// page-locked memory runs out); it is grown to the largest collective so
+// far and reused.
 #ifndef MUON_COMM_STAGING_COMMUNICATOR_H_
 #define MUON_COMM_STAGING_COMMUNICATOR_H_
 
@@ -26,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "comm/communicator.h"
+#include "device/memory.h"
 #include "device/runtime.h"
 
 namespace muon {
@@ -85,8 +89,9 @@ class StagingCommunicator final : public Communicator {
                       absl::Duration stream_wait)
       : host_(host), runtime_(runtime), stream_wait_(stream_wait) {}
 
-  // Grows the staging buffers to `send` and `recv` floats.
-  void Reserve(int64_t send, int64_t recv);
+  // Grows the staging buffers to at least `send` and `recv` floats.
+  // Errors: those of the pinned host allocator (ResourceExhausted, CUDA's).
+  absl::Status Reserve(int64_t send, int64_t recv);
   // With mu_ held: `sent` floats of device memory `send` into the send
   // staging, `exchange(host_send, host_recv)` (the host collective), then
   // `received` floats of the receive staging into device memory `recv`.
@@ -103,8 +108,9 @@ class StagingCommunicator final : public Communicator {
   device::Runtime* const runtime_;
   const absl::Duration stream_wait_;
   std::mutex mu_;
-  std::vector<float> send_staging_;  // guarded by mu_
-  std::vector<float> recv_staging_;  // guarded by mu_
+  // Page-locked host memory (runtime_->pinned_host_allocator()).
+  device::DeviceBuffer<float> send_staging_;  // guarded by mu_
+  device::DeviceBuffer<float> recv_staging_;  // guarded by mu_
 };
 
 }  // namespace muon

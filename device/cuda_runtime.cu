@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -206,10 +207,46 @@ class CudaAllocator final : public Allocator {
   const int ordinal_;
 };
 
+// Page-locked host memory (cudaHostAlloc, portable: pinned for every
+// device's context), allocated with `ordinal` current, zero-filled.
+class CudaPinnedHostAllocator final : public Allocator {
+ public:
+  explicit CudaPinnedHostAllocator(int ordinal) : ordinal_(ordinal) {}
+  Device device() const override { return Device::Host(); }
+  absl::StatusOr<void*> AllocateRaw(int64_t bytes) override {
+    if (bytes < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pinned host allocation of ", bytes, " bytes for cuda:", ordinal_));
+    }
+    if (bytes == 0) return nullptr;
+    CudaDeviceGuard guard(ordinal_);
+    if (!guard.status().ok()) return guard.status();
+    void* p = nullptr;
+    const cudaError_t e =
+        cudaHostAlloc(&p, static_cast<size_t>(bytes), cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      const std::string what =
+          absl::StrCat("cudaHostAlloc(", bytes, " bytes) for cuda:", ordinal_);
+      return CudaErrorToStatus(static_cast<int>(e), what.c_str());
+    }
+    std::memset(p, 0, static_cast<size_t>(bytes));
+    return p;
+  }
+  void DeallocateRaw(void* ptr) override {
+    if (ptr == nullptr) return;
+    CudaDeviceGuard guard(ordinal_);
+    (void)cudaFreeHost(ptr);
+  }
+
+ private:
+  const int ordinal_;
+};
+
 class CudaRuntimeImpl final : public Runtime {
  public:
   explicit CudaRuntimeImpl(int ordinal)
-      : ordinal_(ordinal), allocator_(ordinal) {}
+      : ordinal_(ordinal), allocator_(ordinal), pinned_(ordinal) {}
   Device device() const override { return Device::Cuda(ordinal_); }
   absl::StatusOr<std::unique_ptr<Stream>> CreateStream(
       const std::string& name) override {
@@ -229,6 +266,7 @@ class CudaRuntimeImpl final : public Runtime {
     return NewEvent(name, /*timing=*/true);
   }
   Allocator* allocator() override { return &allocator_; }
+  Allocator* pinned_host_allocator() override { return &pinned_; }
   absl::StatusOr<std::unique_ptr<Stream>> WrapStream(
       void* native, const std::string& name) override {
     return std::unique_ptr<Stream>(new CudaStream(
@@ -320,6 +358,7 @@ class CudaRuntimeImpl final : public Runtime {
 
   const int ordinal_;
   CudaAllocator allocator_;
+  CudaPinnedHostAllocator pinned_;
 };
 
 }  // namespace

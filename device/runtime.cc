@@ -27,6 +27,7 @@ class HostRuntimeImpl final : public Runtime {
     return CreateEvent(name);
   }
   Allocator* allocator() override { return HostAllocator(); }
+  Allocator* pinned_host_allocator() override { return HostAllocator(); }
   absl::StatusOr<std::unique_ptr<Stream>> WrapStream(
       void*, const std::string& name) override {
     return absl::InvalidArgumentError(absl::StrCat(

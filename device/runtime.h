@@ -37,6 +37,14 @@ class Runtime {
       const std::string& name) = 0;
   // The device's allocator (not owned; lives as long as the process).
   virtual Allocator* allocator() = 0;
+  // An allocator of page-locked host memory for staging copies to and from
+  // this device (not owned; lives as long as the process), as PyTorch's
+  // Tensor.pin_memory(). Its buffers are host memory (its device() is the
+  // host), 64-byte aligned and zero-filled as HostAllocator's. CUDA
+  // (cudaHostAlloc with cudaHostAllocPortable; cudaFreeHost): the copies
+  // move them by DMA at the bus's rate, with no bounce through the
+  // driver's pageable staging. Host: HostAllocator().
+  virtual Allocator* pinned_host_allocator() = 0;
 
   // A Stream over a stream created elsewhere, e.g. torch's current stream
   // (torch.cuda.current_stream().cuda_stream): `native` is a cudaStream_t

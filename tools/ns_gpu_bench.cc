@@ -11,6 +11,10 @@
 //   gram TFLOP/s      one GEMM of the Gram shape m x m x n (A = X X^T) in
 //                     the same precision: the shape-specific yardstick;
 //   NS/peak           NS rate / the --gemm_size yardstick;
+//   graph best        NS best again with the context's CUDA graphs on
+//                     (each call one cudaGraphLaunch of the captured call;
+//                     NsCudaContext::set_cuda_graphs), and whether its
+//                     output is bitwise the direct calls' ("same");
 //   staged best       the host-staged engine (MakeCudaNsEngine:
 //                     H2D + NS + D2H from pageable host memory), wall clock.
 //
@@ -22,7 +26,7 @@
 //          [--method standard|gram|auto]
 //          [--repeats 10] [--calls 20] [--gemm_size 8192] [--batch 1]
 //          [--device 0]
-//          [--staged 1]
+//          [--graphs 1] [--staged 1]
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -81,6 +85,7 @@ ABSL_FLAG(int64_t, gemm_size, 8192, "m = n = k of the dense GEMM yardstick.");
 ABSL_FLAG(int64_t, batch, 1, "Matrices per NS call (strided-batched).");
 ABSL_FLAG(int, device, 0, "CUDA device.");
 ABSL_FLAG(bool, staged, true, "Also time the host-staged engine.");
+ABSL_FLAG(bool, graphs, true, "Also time NS replayed as CUDA graphs.");
 
 namespace {
 
@@ -89,7 +94,8 @@ constexpr char kUsage[] =
     "         [--schedule quintic|polar_express] [--method "
     "standard|gram|auto]\n"
     "         [--gram_restart_every L] [--repeats N]\n"
-    "         [--gemm_size N] [--batch B] [--device D] [--staged 0|1]\n"
+    "         [--gemm_size N] [--batch B] [--device D] [--graphs 0|1]\n"
+    "         [--staged 0|1]\n"
     "  --sizes      matrix shapes (default "
     "1024x1024,4096x4096,4096x11008,8192x8192)\n"
     "  --precision  GEMM arithmetic (default bf16: bf16 in, fp32 accumulate)\n"
@@ -103,6 +109,7 @@ constexpr char kUsage[] =
     "  --gemm_size  m = n = k of the dense GEMM yardstick (default 8192)\n"
     "  --batch      matrices per NS call (strided-batched; default 1)\n"
     "  --device     CUDA device (default 0)\n"
+    "  --graphs     also time NS as CUDA graphs (default 1)\n"
     "  --staged     also time the host-staged engine (default 1)\n";
 
 // Uniform [-1, 1) from raw mt19937 bits, as tools/ns_bench.
@@ -205,6 +212,41 @@ absl::StatusOr<Timing> TimeGemm(device::Runtime* rt, cuda::NsCudaContext* ctx,
   });
 }
 
+// NS timed with the context's CUDA graphs on, and whether the output of
+// the last replay is bitwise that of the last direct call (left in `out`).
+struct GraphTiming {
+  Timing timing;
+  bool same_bits = false;
+};
+
+absl::StatusOr<GraphTiming> TimeGraphs(
+    device::Runtime* rt, cuda::NsCudaContext* ctx,
+    const device::DeviceBuffer<float>& u, int64_t batch, int64_t rows,
+    int64_t cols, const kernels::NewtonSchulzOptions& options,
+    kernels::GpuPrecision precision, const device::DeviceBuffer<float>& out,
+    int repeats) {
+  const auto to_host = [&]() -> absl::StatusOr<std::vector<float>> {
+    std::vector<float> host(static_cast<size_t>(out.size()));
+    absl::Status s = ctx->stream()->Synchronize(kSyncTimeout);
+    if (s.ok()) s = rt->CopyToHost(host.data(), out.data(), out.bytes());
+    if (!s.ok()) return s;
+    return host;
+  };
+  absl::StatusOr<std::vector<float>> direct = to_host();
+  if (!direct.ok()) return direct.status();
+  ctx->set_cuda_graphs(true);
+  absl::StatusOr<Timing> timing = TimeDevice(rt, ctx->stream(), repeats, [&] {
+    return cuda::NewtonSchulzBatched(ctx, u.data(), batch, rows, cols, options,
+                                     precision, out.data());
+  });
+  ctx->set_cuda_graphs(false);
+  if (!timing.ok()) return timing.status();
+  absl::StatusOr<std::vector<float>> replayed = to_host();
+  if (!replayed.ok()) return replayed.status();
+  return GraphTiming{*timing, std::memcmp(direct->data(), replayed->data(),
+                                          direct->size() * sizeof(float)) == 0};
+}
+
 int Fail(const char* what, const absl::Status& status) {
   std::fprintf(stderr, "ns_gpu_bench: %s: %s\n", what,
                status.ToString().c_str());
@@ -301,8 +343,9 @@ int main(int argc, char** argv) {
       precision_name.c_str(), static_cast<long long>(gemm_size),
       static_cast<long long>(gemm_size), static_cast<long long>(gemm_size),
       peak->best, peak_tflops);
-  std::printf("%-11s %5s %5s %9s %9s %9s %9s %8s %10s\n", "size", "m", "n",
-              "NS best", "NS med", "NS TF/s", "gram TF/s", "NS/peak", "staged");
+  std::printf("%-11s %5s %5s %9s %9s %9s %9s %8s %15s %10s\n", "size", "m", "n",
+              "NS best", "NS med", "NS TF/s", "gram TF/s", "NS/peak",
+              "graph best", "staged");
 
   std::unique_ptr<kernels::NsEngine> engine;
   if (staged) {
@@ -333,6 +376,16 @@ int main(int argc, char** argv) {
                                        cols, options, precision, d_out->data());
     });
     if (!ns.ok()) return Fail("NewtonSchulzBatched", ns.status());
+    char graph_text[32] = "-";
+    if (absl::GetFlag(FLAGS_graphs)) {
+      absl::StatusOr<GraphTiming> graph =
+          TimeGraphs(rt, ctx->get(), *d_u, batch, rows, cols, options,
+                     precision, *d_out, repeats);
+      if (!graph.ok())
+        return Fail("NewtonSchulzBatched as graphs", graph.status());
+      std::snprintf(graph_text, sizeof(graph_text), "%.2fms %s",
+                    graph->timing.best, graph->same_bits ? "same" : "DIFFER");
+    }
     absl::StatusOr<Timing> gram =
         TimeGemm(rt, ctx->get(), precision, m, m, n, repeats);
     if (!gram.ok()) return Fail("Gram GEMM", gram.status());
@@ -368,10 +421,11 @@ int main(int argc, char** argv) {
     if (engine != nullptr) {
       std::snprintf(staged_text, sizeof(staged_text), "%.2fms", staged_ms);
     }
-    std::printf("%-11s %5lld %5lld %7.2fms %7.2fms %9.1f %9.1f %8.2f %10s\n",
-                size, static_cast<long long>(m), static_cast<long long>(n),
-                ns->best, ns->median, ns_tflops, gram_tflops,
-                ns_tflops / peak_tflops, staged_text);
+    std::printf(
+        "%-11s %5lld %5lld %7.2fms %7.2fms %9.1f %9.1f %8.2f %15s %10s\n", size,
+        static_cast<long long>(m), static_cast<long long>(n), ns->best,
+        ns->median, ns_tflops, gram_tflops, ns_tflops / peak_tflops, graph_text,
+        staged_text);
     std::fflush(stdout);
   }
   engine.reset();

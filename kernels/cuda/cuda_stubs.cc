@@ -48,6 +48,9 @@ const SymmetricProducts& NsCudaContext::symmetric_products() const {
   return kDefault;
 }
 void NsCudaContext::set_symmetric_products(const SymmetricProducts&) {}
+bool NsCudaContext::cuda_graphs() const { return false; }
+void NsCudaContext::set_cuda_graphs(bool) {}
+int NsCudaContext::CudaGraphCount() const { return 0; }
 int NsCudaContext::device() const { return -1; }
 device::Stream* NsCudaContext::stream() const { return nullptr; }
 

@@ -24,12 +24,17 @@
 #include "kernels/cuda/cublas_check.cuh"
 #include "kernels/cuda/newton_schulz_cuda.h"
 #include "kernels/cuda/ns_gemm_plan.h"
+#include "kernels/cuda/ns_graph_cache.h"
 #include "kernels/newton_schulz.h"
 #include "kernels/ns_engine.h"
 
 namespace muon {
 namespace kernels {
 namespace cuda {
+
+// Instantiated CUDA graphs a context keeps (a few per bucket shape and
+// slot in a step; each holds only its launch parameters).
+constexpr int kMaxCudaGraphs = 64;
 
 struct NsCudaContext::State {
   int device = 0;
@@ -46,6 +51,11 @@ struct NsCudaContext::State {
   // The tile GEMMs of the symmetric product being enqueued (reused, so
   // that a product allocates nothing once the first has run).
   std::vector<NsGemm> tiles;
+  // Whether calls are captured once and replayed as CUDA graphs
+  // (MUON_NS_CUDA_GRAPHS, set_cuda_graphs), and the instantiated graphs
+  // (cudaGraphExec_t), dropped whenever the scratch moves.
+  bool cuda_graphs = false;
+  NsGraphCache graphs{kMaxCudaGraphs};
 };
 
 namespace {
@@ -386,12 +396,21 @@ absl::Status Normalize(NsCudaContext::State* s, const Layout& l, const float* u,
   return absl::OkStatus();
 }
 
+// Destroys the context's CUDA graphs (a graph still running is freed when
+// it finishes: cudaGraphExecDestroy).
+void DropGraphs(NsCudaContext::State* s) {
+  for (void* graph : s->graphs.Clear()) {
+    (void)cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph));
+  }
+}
+
 absl::Status ReserveState(NsCudaContext::State* s, const Layout& l) {
   if (s->scratch.bytes() >= l.total) return absl::OkStatus();
   device::CudaDeviceGuard device_guard(s->device);
   if (!device_guard.status().ok()) return device_guard.status();
   // Work already enqueued may still use the old buffer.
   MUON_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s->stream));
+  DropGraphs(s);  // they point into the old buffer
   s->scratch = device::DeviceMemory();
   absl::StatusOr<device::DeviceMemory> buffer =
       device::DeviceMemory::Allocate(s->allocator, l.total);
@@ -674,6 +693,134 @@ absl::Status GramIterations(NsCudaContext::State* s,
   return absl::OkStatus();
 }
 
+// One call's arguments, checked (NewtonSchulzBatched's).
+struct NsCall {
+  const float* u;
+  int64_t batch, rows, cols;
+  const NewtonSchulzOptions* options;
+  GpuPrecision precision;
+  float* out;
+};
+
+// Enqueues `call` on s->stream, in the scratch of layout `l` (reserved):
+// normalisation, the iterations (Gram when `gram`), the bf16 widening.
+absl::Status EnqueueCall(NsCudaContext::State* s, const Layout& l, bool gram,
+                         const NsCall& call) {
+  const NewtonSchulzOptions& options = *call.options;
+  const int64_t size = call.rows * call.cols;
+  char* base = static_cast<char*>(s->scratch.data());
+  const bool bf16 = call.precision == GpuPrecision::kBf16;
+  const int steps = NewtonSchulzIterations(options);
+  const int every = std::max(options.gram_restart_every, 1);
+  // X updates: one per iteration, or one per Gram restart block.
+  const int updates = gram ? (steps + every - 1) / every : steps;
+
+  // X ping-pong. bf16: two bf16 scratch buffers, widened into out at the
+  // end. fp32/tf32: out and one scratch buffer, starting where the last
+  // update lands in out (no final copy), as the CPU kernel.
+  IterationBuffers buf;
+  buf.gram = base + l.gram;
+  buf.poly = base + l.poly;
+  buf.q = base + l.q;
+  buf.tmp = base + l.tmp;
+  buf.ptrs = reinterpret_cast<void**>(base + l.ptrs);
+  void* out = call.out;
+  if (bf16) {
+    buf.x = base + l.x0;
+    buf.x_next = base + l.x1;
+    MUON_CU_RETURN_IF_ERROR(Normalize(s, l, call.u, call.batch, size, options,
+                                      static_cast<__nv_bfloat16*>(buf.x)));
+  } else {
+    buf.x = (updates % 2 == 0) ? out : base + l.x0;
+    buf.x_next = (updates % 2 == 0) ? base + l.x0 : out;
+    MUON_CU_RETURN_IF_ERROR(Normalize(s, l, call.u, call.batch, size, options,
+                                      static_cast<float*>(buf.x)));
+  }
+  const IterationShape shape{static_cast<int>(call.batch), call.rows, call.cols,
+                             TypesFor(call.precision), bf16};
+  MUON_CU_RETURN_IF_ERROR(gram ? GramIterations(s, shape, options, &buf)
+                               : StandardIterations(s, shape, options, &buf));
+  if (bf16) {
+    const int64_t total = call.batch * size;
+    Bf16ToFloatKernel<<<ElementwiseBlocks(total), kThreads, 0, s->stream>>>(
+        static_cast<const __nv_bfloat16*>(buf.x), total, call.out);
+    MUON_CUDA_RETURN_IF_LAUNCH_FAILED("Bf16ToFloatKernel");
+  }
+  return absl::OkStatus();
+}
+
+// Captures what `enqueue` puts on s->stream as a CUDA graph
+// (cudaStreamCaptureModeThreadLocal: other threads may go on using CUDA)
+// and instantiates it. Errors: enqueue's; the CUDA error of the capture
+// or the instantiation.
+template <typename Enqueue>
+absl::StatusOr<cudaGraphExec_t> CaptureGraph(NsCudaContext::State* s,
+                                             Enqueue&& enqueue) {
+  MUON_CUDA_RETURN_IF_ERROR(
+      cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal));
+  const absl::Status enqueued = enqueue();
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(s->stream, &graph);
+  if (!enqueued.ok() || ended != cudaSuccess) {
+    if (graph != nullptr) (void)cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+    if (!enqueued.ok()) return enqueued;
+    return device::CudaErrorToStatus(
+        static_cast<int>(ended),
+        "cudaStreamEndCapture (Newton-Schulz captured as a CUDA graph)");
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+  (void)cudaGraphDestroy(graph);
+  MUON_CUDA_RETURN_IF_ERROR(made);
+  return exec;
+}
+
+// Whether the context's stream may be captured: a stream of its own
+// (capture cannot take the legacy or per-thread default stream),
+// non-blocking (another thread's work on the legacy default stream would
+// end a blocking stream's capture) and not being captured by the caller
+// already (its graph then takes the direct launches).
+bool CanCapture(const NsCudaContext::State* s) {
+  if (s->stream == nullptr || s->stream == cudaStreamLegacy ||
+      s->stream == cudaStreamPerThread) {
+    return false;
+  }
+  unsigned int flags = 0;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  if (cudaStreamGetFlags(s->stream, &flags) != cudaSuccess ||
+      cudaStreamIsCapturing(s->stream, &capturing) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return (flags & cudaStreamNonBlocking) != 0 &&
+         capturing == cudaStreamCaptureStatusNone;
+}
+
+// Launches the graph of `key` on s->stream, capturing `enqueue` into it
+// first when the context has none (the least recently used one is dropped
+// beyond kMaxCudaGraphs). A capture that fails (cuBLAS or CUDA refusing
+// it) turns the context's graphs off and runs `enqueue` directly.
+// Errors: enqueue's; cudaGraphLaunch's.
+template <typename Enqueue>
+absl::Status LaunchAsGraph(NsCudaContext::State* s, std::string key,
+                           Enqueue&& enqueue) {
+  auto exec = static_cast<cudaGraphExec_t>(s->graphs.Find(key));
+  if (exec == nullptr) {
+    absl::StatusOr<cudaGraphExec_t> captured = CaptureGraph(s, enqueue);
+    if (!captured.ok()) {
+      s->cuda_graphs = false;  // the captured work was discarded, not run
+      return enqueue();
+    }
+    exec = *captured;
+    if (void* dropped = s->graphs.Insert(std::move(key), exec)) {
+      (void)cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(dropped));
+    }
+  }
+  MUON_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, s->stream));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status CublasStatusToStatus(int cublas_status, const char* expr) {
@@ -706,6 +853,7 @@ NsCudaContext::~NsCudaContext() {
   if (state_ == nullptr) return;
   device::CudaDeviceGuard device_guard(state_->device);
   (void)cudaStreamSynchronize(state_->stream);
+  DropGraphs(state_.get());
   if (state_->handle != nullptr) (void)cublasDestroy(state_->handle);
 }
 
@@ -740,6 +888,12 @@ absl::StatusOr<std::unique_ptr<NsCudaContext>> NsCudaContext::Create(
   if (!restart_error.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("NsCudaContext::Create: ", restart_error));
+  }
+  const std::string graphs_error =
+      ParseCudaGraphs(std::getenv("MUON_NS_CUDA_GRAPHS"), &state->cuda_graphs);
+  if (!graphs_error.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NsCudaContext::Create: ", graphs_error));
   }
   state->device = where.ordinal;
   state->stream_wrapper = stream;
@@ -797,8 +951,13 @@ const SymmetricProducts& NsCudaContext::symmetric_products() const {
 }
 
 void NsCudaContext::set_symmetric_products(const SymmetricProducts& symmetric) {
+  DropGraphs(state_.get());  // they ran the products the old way
   state_->symmetric = symmetric;
 }
+
+bool NsCudaContext::cuda_graphs() const { return state_->cuda_graphs; }
+void NsCudaContext::set_cuda_graphs(bool on) { state_->cuda_graphs = on; }
+int NsCudaContext::CudaGraphCount() const { return state_->graphs.size(); }
 int NsCudaContext::device() const { return state_->device; }
 device::Stream* NsCudaContext::stream() const { return state_->stream_wrapper; }
 
@@ -822,58 +981,23 @@ absl::Status NewtonSchulzBatched(NsCudaContext* ctx, const float* u,
                      "], got ", batch));
   }
   MUON_CU_RETURN_IF_ERROR(ValidateNewtonSchulzOptions(options));
-  const int64_t size = rows * cols;
-  if (Overlap(u, out, batch * size * int64_t{sizeof(float)})) {
+  if (Overlap(u, out, batch * rows * cols * int64_t{sizeof(float)})) {
     return absl::InvalidArgumentError(
         "NewtonSchulzBatched: out must not overlap u");
   }
   NsCudaContext::State* s = ctx->state();
   device::CudaDeviceGuard device_guard(s->device);
   if (!device_guard.status().ok()) return device_guard.status();
-  const int steps = NewtonSchulzIterations(options);
+  const NsCall call{u, batch, rows, cols, &options, precision, out};
   const bool gram =
-      GpuRunsGram(rows, cols, steps, static_cast<int>(options.method),
-                  options.gram_restart_every);
+      GpuRunsGram(rows, cols, NewtonSchulzIterations(options),
+                  static_cast<int>(options.method), options.gram_restart_every);
   const Layout l = MakeLayout(batch, rows, cols, precision, gram, s->symmetric);
   MUON_CU_RETURN_IF_ERROR(ReserveState(s, l));
-
-  const GemmTypes t = TypesFor(precision);
-  char* base = static_cast<char*>(s->scratch.data());
-  const bool bf16 = precision == GpuPrecision::kBf16;
-  const int every = std::max(options.gram_restart_every, 1);
-  // X updates: one per iteration, or one per Gram restart block.
-  const int updates = gram ? (steps + every - 1) / every : steps;
-
-  // X ping-pong. bf16: two bf16 scratch buffers, widened into out at the
-  // end. fp32/tf32: out and one scratch buffer, starting where the last
-  // update lands in out (no final copy), as the CPU kernel.
-  IterationBuffers buf;
-  buf.gram = base + l.gram;
-  buf.poly = base + l.poly;
-  buf.q = base + l.q;
-  buf.tmp = base + l.tmp;
-  buf.ptrs = reinterpret_cast<void**>(base + l.ptrs);
-  if (bf16) {
-    buf.x = base + l.x0;
-    buf.x_next = base + l.x1;
-    MUON_CU_RETURN_IF_ERROR(Normalize(s, l, u, batch, size, options,
-                                      static_cast<__nv_bfloat16*>(buf.x)));
-  } else {
-    buf.x = (updates % 2 == 0) ? static_cast<void*>(out) : base + l.x0;
-    buf.x_next = (updates % 2 == 0) ? base + l.x0 : static_cast<void*>(out);
-    MUON_CU_RETURN_IF_ERROR(
-        Normalize(s, l, u, batch, size, options, static_cast<float*>(buf.x)));
-  }
-  const IterationShape shape{static_cast<int>(batch), rows, cols, t, bf16};
-  MUON_CU_RETURN_IF_ERROR(gram ? GramIterations(s, shape, options, &buf)
-                               : StandardIterations(s, shape, options, &buf));
-  if (bf16) {
-    const int64_t total = batch * size;
-    Bf16ToFloatKernel<<<ElementwiseBlocks(total), kThreads, 0, s->stream>>>(
-        static_cast<const __nv_bfloat16*>(buf.x), total, out);
-    MUON_CUDA_RETURN_IF_LAUNCH_FAILED("Bf16ToFloatKernel");
-  }
-  return absl::OkStatus();
+  if (!s->cuda_graphs || !CanCapture(s)) return EnqueueCall(s, l, gram, call);
+  return LaunchAsGraph(
+      s, NsGraphKey(u, out, batch, rows, cols, precision, options),
+      [&] { return EnqueueCall(s, l, gram, call); });
 }
 
 absl::Status DenseGemm(NsCudaContext* ctx, GpuPrecision precision, int64_t m,

@@ -87,8 +87,9 @@ class NsCudaContext {
   //   Unimplemented: built without CUDA.
   //   InvalidArgument: null runtime or stream; a runtime, stream or
   //     allocator not of one CUDA device (names each device); a
-  //     MUON_NS_SYMMETRIC* or MUON_NS_GRAM_RESTART_EVERY environment
-  //     variable out of range (names it and its value).
+  //     MUON_NS_SYMMETRIC*, MUON_NS_GRAM_RESTART_EVERY or
+  //     MUON_NS_CUDA_GRAPHS environment variable out of range (names it
+  //     and its value).
   //   ResourceExhausted / Internal: CUDA or cuBLAS failures (names the call
   //     and the library's message).
   static absl::StatusOr<std::unique_ptr<NsCudaContext>> Create(
@@ -123,6 +124,28 @@ class NsCudaContext {
   // live in the scratch.
   const SymmetricProducts& symmetric_products() const;
   void set_symmetric_products(const SymmetricProducts& symmetric);
+
+  // Whether calls run as CUDA graphs: off unless MUON_NS_CUDA_GRAPHS=1
+  // (read by Create) or set_cuda_graphs(true). When on, the first call
+  // with a given NsGraphKey (U, O, shape, precision, options;
+  // kernels/cuda/ns_graph_cache.h) is captured from this context's stream
+  // into a graph and launched with cudaGraphLaunch, and later calls with
+  // the same key launch that graph again: one launch instead of a few
+  // dozen kernels and GEMMs, for shapes where enqueueing costs more than
+  // the GPU work (1024 x 1024 and below). A replay runs the same kernels
+  // with the same arguments: its results are bitwise those of direct
+  // calls. The last 64 keys' graphs are kept; all are dropped when the
+  // scratch grows or the symmetric products change. Calls run directly
+  // on a stream capture cannot take (the legacy or per-thread default
+  // stream, a blocking stream) or that the caller is capturing already
+  // (its graph takes them). A capture that fails turns graphs off for the
+  // context (cuda_graphs() false) and the call runs directly. While a
+  // call is captured, no other thread may query or synchronize this
+  // context's stream (CUDA refuses it).
+  bool cuda_graphs() const;
+  void set_cuda_graphs(bool on);
+  // Graphs held now (for tests and benchmarks).
+  int CudaGraphCount() const;
   // The CUDA device's ordinal.
   int device() const;
   // The stream the context enqueues on (Create's).

@@ -49,6 +49,7 @@ class FakeDeviceRuntime final : public device::Runtime {
     return absl::UnimplementedError("fake runtime");
   }
   device::Allocator* allocator() override { return device::HostAllocator(); }
+  device::Allocator* pinned_host_allocator() override { return &pinned; }
   absl::StatusOr<std::unique_ptr<device::Stream>> WrapStream(
       void*, const std::string&) override {
     return absl::UnimplementedError("fake runtime");
@@ -79,6 +80,8 @@ class FakeDeviceRuntime final : public device::Runtime {
   }
   std::atomic<int> to_host{0};
   std::atomic<int> from_host{0};
+  // What the staging takes as "pinned" memory, counted.
+  device::CountingAllocator pinned{device::HostAllocator()};
 };
 
 void RunRanks(int world_size, const std::function<void(int)>& fn) {
@@ -201,6 +204,38 @@ TEST_F(StagingCommunicatorTest,
   EXPECT_THAT(refused.message(),
               HasSubstr("\"a host stream\" is on cpu; this communicator's "
                         "buffers are on cuda:0"));
+}
+
+TEST_F(StagingCommunicatorTest,
+       Staging_InRuntimesPinnedMemory_GrownToLargestCollectiveAndReused) {
+  constexpr int64_t kFloat = sizeof(float);
+  std::vector<absl::Status> status(kWorld);
+  // Per rank: the pinned bytes held after each all-to-all.
+  std::vector<std::vector<int64_t>> in_use(kWorld);
+  RunRanks(kWorld, [&](int r) {
+    const auto all_to_all = [&](int64_t each) {
+      const std::vector<int64_t> counts(kWorld, each);
+      std::vector<float> send(kWorld * each, 1.0f), recv(kWorld * each);
+      return staged_[r]->AllToAllV(send.data(), counts, recv.data(), counts);
+    };
+    for (int64_t each : {int64_t{100}, int64_t{10}, int64_t{300}}) {
+      if (status[r] = all_to_all(each); !status[r].ok()) return;
+      in_use[r].push_back(runtime_[r]->pinned.bytes_in_use());
+    }
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(status[r].ok()) << status[r];
+    // Send and receive staging of 300 floats, then no more for 30, then
+    // both grown (the smaller ones freed first) to 900.
+    EXPECT_EQ(in_use[r],
+              (std::vector<int64_t>{2 * 300 * kFloat, 2 * 300 * kFloat,
+                                    2 * 900 * kFloat}))
+        << "rank " << r;
+    // Each smaller buffer freed before its larger one is taken: never
+    // more than the two of 900 at once (2100 floats had both been kept).
+    EXPECT_EQ(runtime_[r]->pinned.peak_bytes(), 2 * 900 * kFloat)
+        << "rank " << r;
+  }
 }
 
 TEST_F(StagingCommunicatorTest, BadCounts_InvalidArgumentBeforeAnyCopy) {

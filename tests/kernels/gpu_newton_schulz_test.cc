@@ -538,6 +538,149 @@ TEST(GpuNewtonSchulzTest, Batched_EqualsPerMatrix) {
   }
 }
 
+struct GraphCase {
+  int64_t batch, rows, cols;
+  NewtonSchulzOptions options;
+};
+
+// The cases of the CUDA graph tests: the standard iteration, a Gram
+// bucket, and the Gram iteration on the transposed shape.
+std::vector<GraphCase> GraphCases() {
+  NewtonSchulzOptions gram;
+  gram.method = NewtonSchulzMethod::kGram;
+  return {{1, 256, 384, {}}, {3, 128, 600, gram}, {1, 600, 128, gram}};
+}
+
+// For `c` in every precision on ns's context: direct calls on two inputs,
+// then the same with graphs on. The replays must be bitwise the direct
+// calls, read U's values at their launch (not those of the capture), and
+// another output buffer must be another graph.
+void ExpectGraphsReplayDirectCalls(CudaNs* ns, const GraphCase& c,
+                                   const std::string& what) {
+  cuda::NsCudaContext* ctx = ns->ctx.get();
+  device::Runtime* rt = ns->runtime;
+  const int64_t elems = c.batch * c.rows * c.cols;
+  const std::vector<float> u1 = RandomMatrix(c.batch * c.rows, c.cols, 70);
+  const std::vector<float> u2 = RandomMatrix(c.batch * c.rows, c.cols, 71);
+  absl::StatusOr<device::DeviceBuffer<float>> d_u =
+      ::muon::testing::CopyToNewDeviceBuffer(rt, u1);
+  absl::StatusOr<device::DeviceBuffer<float>> d_a =
+      device::DeviceBuffer<float>::Allocate(rt->allocator(), elems);
+  absl::StatusOr<device::DeviceBuffer<float>> d_b =
+      device::DeviceBuffer<float>::Allocate(rt->allocator(), elems);
+  ASSERT_TRUE(d_u.ok() && d_a.ok() && d_b.ok());
+  const auto set_u = [&](const std::vector<float>& u) {
+    return rt->CopyFromHost(d_u->data(), u.data(), d_u->bytes());
+  };
+  const auto run = [&](GpuPrecision precision, float* out) {
+    absl::Status status = cuda::NewtonSchulzBatched(
+        ctx, d_u->data(), c.batch, c.rows, c.cols, c.options, precision, out);
+    if (status.ok()) status = ns->Sync();
+    EXPECT_TRUE(status.ok()) << status;
+    return ::muon::testing::CopyToHostVector(rt, out, elems);
+  };
+  for (GpuPrecision precision : kPrecisions) {
+    const std::string where = absl::StrCat(
+        what, " ", PrecisionName(precision), " ", c.batch, " x ", c.rows, "x",
+        c.cols, " ", NewtonSchulzMethodName(c.options.method));
+    ctx->set_cuda_graphs(false);
+    ASSERT_TRUE(
+        ctx->Reserve(c.batch, c.rows, c.cols, precision, c.options).ok());
+    ASSERT_TRUE(set_u(u1).ok());
+    const std::vector<float> direct1 = run(precision, d_a->data());
+    ASSERT_TRUE(set_u(u2).ok());
+    const std::vector<float> direct2 = run(precision, d_a->data());
+    ASSERT_FALSE(BitwiseEqual(direct1, direct2)) << where;
+    ASSERT_TRUE(set_u(u1).ok());
+
+    ctx->set_cuda_graphs(true);
+    const int before = ctx->CudaGraphCount();
+    EXPECT_TRUE(BitwiseEqual(run(precision, d_a->data()), direct1)) << where;
+    EXPECT_EQ(ctx->CudaGraphCount(), before + 1) << where;
+    ASSERT_TRUE(set_u(u2).ok());
+    EXPECT_TRUE(BitwiseEqual(run(precision, d_a->data()), direct2))
+        << where << ": the replay";
+    EXPECT_EQ(ctx->CudaGraphCount(), before + 1) << where << ": replayed";
+    EXPECT_TRUE(BitwiseEqual(run(precision, d_b->data()), direct2))
+        << where << ": another output";
+    EXPECT_EQ(ctx->CudaGraphCount(), before + 2) << where;
+    EXPECT_TRUE(ctx->cuda_graphs()) << where << ": a capture failed";
+  }
+  ctx->set_cuda_graphs(false);
+}
+
+// With CUDA graphs on, a call is captured once per key and replayed,
+// bitwise the direct calls, with full-GEMM products and with the
+// symmetric products' tiles (batched, and in turn) at small edges.
+TEST(GpuNewtonSchulzTest, CudaGraphs_ReplaysBitwiseDirectCalls_OneGraphPerKey) {
+  MUON_SKIP_WITHOUT_GPU();
+  absl::StatusOr<CudaNs> ns = MakeCudaNs();
+  ASSERT_TRUE(ns.ok()) << ns.status();
+  using cuda::SymmetricMode;
+  const std::vector<std::pair<std::string, cuda::SymmetricProducts>> ways = {
+      {"full GEMMs", {SymmetricMode::kFull, 8, 4096, true}},
+      {"4x4 tiles batched from 64", {SymmetricMode::kBatched, 4, 64, true}},
+      {"4x4 tiles in turn from 64", {SymmetricMode::kLoop, 4, 64, true}}};
+  for (const auto& [what, way] : ways) {
+    ns->ctx->set_symmetric_products(way);
+    for (const GraphCase& c : GraphCases()) {
+      ExpectGraphsReplayDirectCalls(&*ns, c, what);
+    }
+  }
+}
+
+// A context whose very first call is captured (no direct call has loaded
+// the kernels or warmed cuBLAS) gives the bits of a direct context.
+TEST(GpuNewtonSchulzTest, CudaGraphs_FirstCallOfNewContext_BitwiseDirect) {
+  MUON_SKIP_WITHOUT_GPU();
+  for (const GraphCase& c : GraphCases()) {
+    absl::StatusOr<CudaNs> direct = MakeCudaNs();
+    absl::StatusOr<CudaNs> graphs = MakeCudaNs();
+    ASSERT_TRUE(direct.ok() && graphs.ok());
+    graphs->ctx->set_cuda_graphs(true);
+    const int64_t elems = c.batch * c.rows * c.cols;
+    const std::vector<float> u = RandomMatrix(c.batch * c.rows, c.cols, 72);
+    std::vector<std::vector<float>> got;
+    for (CudaNs* ns : {&*direct, &*graphs}) {
+      absl::StatusOr<device::DeviceBuffer<float>> d_u =
+          ::muon::testing::CopyToNewDeviceBuffer(ns->runtime, u);
+      absl::StatusOr<device::DeviceBuffer<float>> d_o =
+          device::DeviceBuffer<float>::Allocate(ns->runtime->allocator(),
+                                                elems);
+      ASSERT_TRUE(d_u.ok() && d_o.ok());
+      absl::Status status = cuda::NewtonSchulzBatched(
+          ns->ctx.get(), d_u->data(), c.batch, c.rows, c.cols, c.options,
+          GpuPrecision::kBf16, d_o->data());
+      if (status.ok()) status = ns->Sync();
+      ASSERT_TRUE(status.ok()) << status;
+      got.push_back(
+          ::muon::testing::CopyToHostVector(ns->runtime, d_o->data(), elems));
+    }
+    EXPECT_TRUE(BitwiseEqual(got[0], got[1])) << c.rows << "x" << c.cols;
+    EXPECT_EQ(graphs->ctx->CudaGraphCount(), 1);
+  }
+}
+
+// MUON_NS_CUDA_GRAPHS: "1" turns graphs on for the contexts created while
+// it is set; other text is refused by name.
+TEST(GpuNewtonSchulzTest, CudaGraphsSetting_OneTurnsOnOtherTextRefused) {
+  MUON_SKIP_WITHOUT_GPU();
+  const auto unset = absl::MakeCleanup([] { unsetenv("MUON_NS_CUDA_GRAPHS"); });
+  ASSERT_EQ(setenv("MUON_NS_CUDA_GRAPHS", "1", 1), 0);
+  absl::StatusOr<CudaNs> on = MakeCudaNs();
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_TRUE(on->ctx->cuda_graphs());
+  ASSERT_EQ(setenv("MUON_NS_CUDA_GRAPHS", "2", 1), 0);
+  absl::StatusOr<CudaNs> refused = MakeCudaNs();
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(),
+              ::testing::HasSubstr("MUON_NS_CUDA_GRAPHS must be 0 or 1"));
+  unsetenv("MUON_NS_CUDA_GRAPHS");
+  absl::StatusOr<CudaNs> off = MakeCudaNs();
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE(off->ctx->cuda_graphs());
+}
+
 }  // namespace
 }  // namespace kernels
 }  // namespace muon
