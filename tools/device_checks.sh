@@ -19,7 +19,8 @@
 #      cuda, with the bundle's data/fashion-mnist);
 #   6. the Llama-3-8B layer-set step, muonrt.Muon vs torch.optim.Muon:
 #      time and device memory (gpu_step_bench.py --layers 8);
-#   7. Newton-Schulz TFLOP/s, ours (ns_gpu_bench, standard and Gram) and
+#   7. Newton-Schulz TFLOP/s, ours (ns_gpu_bench, standard with and
+#      without CUDA graphs, and Gram) and
 #      PyTorch's (torch_ns_bench.py), vs the bf16 GEMM rate;
 #   8. Newton-Schulz accuracy against a float64 run of the same iteration,
 #      ours vs torch's (ns_accuracy.py);
@@ -346,12 +347,13 @@ run_py gpu_step_bench --timeout 150 --min 45 -- "$here/gpu_step_bench.py" \
   --trace "$out/step_trace.json"
 
 # ---- 7. Newton-Schulz throughput, ours and PyTorch's ------------------------------
-# The Llama-3-8B shapes and 8192^2; standard and Gram (restart every 2).
+# The Llama-3-8B shapes and 8192^2; standard (also replayed as CUDA
+# graphs) and Gram (restart every 2).
 ns_sizes=1024x1024,1024x4096,4096x4096,4096x14336,8192x8192
 run ns_gpu_bench --timeout 60 -- "$here/run.sh" bin/ns_gpu_bench \
   --sizes "$ns_sizes" --nostaged
 run ns_gpu_bench_gram --timeout 60 -- "$here/run.sh" bin/ns_gpu_bench \
-  --sizes "$ns_sizes" --nostaged --method gram
+  --sizes "$ns_sizes" --nostaged --nographs --method gram
 run torch_ns_bench --timeout 60 -- python3 "$here/torch_ns_bench.py" \
   --sizes "$ns_sizes"
 
