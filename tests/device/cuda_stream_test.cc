@@ -59,6 +59,46 @@ TEST(CudaStreamTest, CopyRecordWaitCopy_RoundTripsThroughDeviceBuffer) {
   EXPECT_THAT(out, ElementsAreArray(in));
 }
 
+// The runtime's page-locked host memory: host buffers (tagged with the
+// host), zero-filled, that stream-ordered copies move both ways; bad
+// sizes are refused.
+TEST(CudaStreamTest, PinnedHostAllocator_ZeroFilledHostMemoryCopiedOnStream) {
+  MUON_SKIP_OR_FAIL_UNLESS_CUDA_DEVICE();
+  absl::StatusOr<Runtime*> rt = GetRuntime(Device::Cuda(0));
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  Allocator* pinned = (*rt)->pinned_host_allocator();
+  EXPECT_EQ(pinned->device(), Device::Host());
+  constexpr int64_t n = 1 << 18;
+  absl::StatusOr<DeviceBuffer<float>> in =
+      DeviceBuffer<float>::Allocate(pinned, n);
+  absl::StatusOr<DeviceBuffer<float>> out =
+      DeviceBuffer<float>::Allocate(pinned, n);
+  absl::StatusOr<DeviceBuffer<float>> on_device =
+      DeviceBuffer<float>::Allocate((*rt)->allocator(), n);
+  absl::StatusOr<std::unique_ptr<Stream>> stream =
+      (*rt)->CreateStream("pinned");
+  ASSERT_TRUE(in.ok() && out.ok() && on_device.ok() && stream.ok());
+  EXPECT_EQ(in->device(), Device::Host());
+  EXPECT_THAT(std::vector<float>(in->data(), in->data() + n),
+              ElementsAreArray(std::vector<float>(n, 0.0f)));
+  for (int64_t i = 0; i < n; ++i) in->data()[i] = 0.5f * static_cast<float>(i);
+  Stream* s = stream->get();
+  ASSERT_TRUE(
+      (*rt)
+          ->CopyFromHostOnStream(s, on_device->data(), in->data(), n * 4)
+          .ok());
+  ASSERT_TRUE(
+      (*rt)->CopyToHostOnStream(s, out->data(), on_device->data(), n * 4).ok());
+  ASSERT_TRUE(s->Synchronize(absl::Seconds(30)).ok());
+  EXPECT_THAT(std::vector<float>(out->data(), out->data() + n),
+              ElementsAreArray(std::vector<float>(in->data(), in->data() + n)));
+  EXPECT_EQ(pinned->AllocateRaw(-1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<void*> none = pinned->AllocateRaw(0);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(*none, nullptr);
+}
+
 // Runtime::Zero clears device memory on the device (the optimizer's
 // momentum buffers start so); bad arguments are refused by name.
 TEST(CudaStreamTest, Zero_ClearsDeviceMemory) {
