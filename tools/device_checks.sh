@@ -20,7 +20,8 @@
 #   6. the Llama-3-8B layer-set step, muonrt.Muon vs torch.optim.Muon:
 #      time and device memory (gpu_step_bench.py --layers 8);
 #   7. Newton-Schulz TFLOP/s, ours (ns_gpu_bench, standard with and
-#      without CUDA graphs, and Gram) and
+#      without CUDA graphs, Gram, and symmetric products in 2x2 to 4x4
+#      tiles) and
 #      PyTorch's (torch_ns_bench.py), vs the bf16 GEMM rate;
 #   8. Newton-Schulz accuracy against a float64 run of the same iteration,
 #      ours vs torch's (ns_accuracy.py);
@@ -356,6 +357,16 @@ run ns_gpu_bench_gram --timeout 60 -- "$here/run.sh" bin/ns_gpu_bench \
   --sizes "$ns_sizes" --nostaged --nographs --method gram
 run torch_ns_bench --timeout 60 -- python3 "$here/torch_ns_bench.py" \
   --sizes "$ns_sizes"
+# Coarser tiles for the symmetric products (2 x 2: 3 GEMMs of 4, 3 x 3:
+# 6 of 9, each large enough to fill the GPU), from m = 1024, against the
+# default 8 x 8 from 4096; ns_method "auto", as the step runs it.
+run ns_gpu_bench_tiles --timeout 75 -- bash -c '
+  for tiles in 2 3 4; do
+    echo "MUON_NS_SYMMETRIC_TILES=$tiles MUON_NS_SYMMETRIC_MIN_EDGE=1024"
+    MUON_NS_SYMMETRIC_TILES=$tiles MUON_NS_SYMMETRIC_MIN_EDGE=1024 \
+      "$0"/run.sh bin/ns_gpu_bench --sizes 4096x4096,4096x14336,8192x8192 \
+      --nostaged --nographs --method auto --repeats 5 || exit 1
+  done' "$here"
 
 # ---- 8. Newton-Schulz accuracy vs float64 ----------------------------------------
 run_py ns_accuracy -- "$here/ns_accuracy.py" --device cuda \
