@@ -24,7 +24,8 @@
 #      tiles) and
 #      PyTorch's (torch_ns_bench.py), vs the bf16 GEMM rate;
 #   8. Newton-Schulz accuracy against a float64 run of the same iteration,
-#      ours vs torch's (ns_accuracy.py);
+#      ours vs torch's (ns_accuracy.py), and again with the bf16 Gram
+#      iteration's Z formed in fp32 (MUON_NS_GRAM_FP32_Z=1, with its time);
 #   9. the PyTorch 2.x suite (tests/python/torch2; CPU rank processes, and
 #      4 ranks of FSDP2 DTensors sharing the GPU: test_cuda_layouts.py),
 #      started in the background with the time left, while
@@ -371,6 +372,15 @@ run ns_gpu_bench_tiles --timeout 75 -- bash -c '
 # ---- 8. Newton-Schulz accuracy vs float64 ----------------------------------------
 run_py ns_accuracy -- "$here/ns_accuracy.py" --device cuda \
   --json "$out/ns_accuracy.json"
+# The bf16 Gram iteration with Z formed in fp32 and rounded once: its
+# distance (ours_gram) and its time at the Gram shape.
+if [[ -z $py_ready ]]; then
+  run ns_accuracy_gram_fp32_z -- env MUON_NS_GRAM_FP32_Z=1 "${pyrun[@]}" \
+    "$here/ns_accuracy.py" --device cuda
+fi
+run ns_gpu_bench_gram_fp32_z --timeout 45 -- env MUON_NS_GRAM_FP32_Z=1 \
+  "$here/run.sh" bin/ns_gpu_bench --sizes 4096x14336,1024x4096 --nostaged \
+  --nographs --method gram
 
 # ---- 9. the PyTorch 2.x suite, in the background ---------------------------------
 # FSDP2 / HSDP / TP / EP layouts, DCP, the library beside torch's Gloo, the

@@ -56,6 +56,9 @@ struct NsCudaContext::State {
   // (cudaGraphExec_t), dropped whenever the scratch moves.
   bool cuda_graphs = false;
   NsGraphCache graphs{kMaxCudaGraphs};
+  // MUON_NS_GRAM_FP32_Z: the bf16 Gram iteration forms Z in fp32 and
+  // rounds it once (FormGramPolynomialFp32).
+  bool gram_fp32_z = false;
 };
 
 namespace {
@@ -108,6 +111,7 @@ struct Layout {
   int64_t poly = 0;     // B (Gram: Z): batch * m * m.
   int64_t q = 0;        // Gram only: Q, batch * m * m.
   int64_t tmp = 0;      // Gram only: Q Z or R Z, batch * m * m.
+  int64_t z32 = 0;      // bf16 Gram with fp32 Z: Z in fp32, batch * m * m.
   int64_t partial = 0;  // double [batch, NormBlocks].
   int64_t denom = 0;    // float [batch].
   int64_t ptrs = 0;     // Batched tiles: A, B, C pointer arrays, each
@@ -117,7 +121,7 @@ struct Layout {
 
 Layout MakeLayout(int64_t batch, int64_t rows, int64_t cols,
                   GpuPrecision precision, bool gram,
-                  const SymmetricProducts& symmetric) {
+                  const SymmetricProducts& symmetric, bool gram_fp32_z) {
   const GemmTypes t = TypesFor(precision);
   const int64_t m = std::min(rows, cols);
   const int64_t x_bytes = AlignUp(batch * rows * cols * t.elem_bytes);
@@ -134,10 +138,15 @@ Layout MakeLayout(int64_t batch, int64_t rows, int64_t cols,
   at += g_bytes;
   l.q = at;
   l.tmp = at;
+  l.z32 = at;
   if (gram) {
     at += g_bytes;
     l.tmp = at;
     at += g_bytes;
+    l.z32 = at;
+    if (gram_fp32_z && precision == GpuPrecision::kBf16) {
+      at += AlignUp(batch * m * m * int64_t{sizeof(float)});
+    }
   }
   l.partial = at;
   at += AlignUp(batch * NormBlocks(rows * cols) * int64_t{sizeof(double)});
@@ -244,6 +253,30 @@ __global__ void AddDiagonalKernel(T* __restrict__ z, int m, float a) {
   }
 }
 
+// z32 = b R + a I for each of the batch's m x m matrices (blockIdx.y):
+// R in bf16 (exact in fp32), b R rounded to fp32, a added on the
+// diagonal; the C of the fp32-output GEMM that adds c R R.
+__global__ void GramPolynomialStartKernel(const __nv_bfloat16* __restrict__ r,
+                                          int64_t mm, int m, float a, float b,
+                                          float* __restrict__ z32) {
+  const int64_t offset = static_cast<int64_t>(blockIdx.y) * mm;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+       i < mm; i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    float v = __fmul_rn(b, __bfloat162float(r[offset + i]));
+    if (i % (m + 1) == 0) v = __fadd_rn(v, a);  // on the diagonal
+    z32[offset + i] = v;
+  }
+}
+
+// z = z32 rounded to bf16 (nearest even), n elements.
+__global__ void FloatToBf16Kernel(const float* __restrict__ z32, int64_t n,
+                                  __nv_bfloat16* __restrict__ z) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+       i < n; i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    z[i] = __float2bfloat16_rn(z32[i]);
+  }
+}
+
 // MirrorLowerTiles: in each of the batch's m x m column-major matrices
 // (blockIdx.z), every element of a tile below the diagonal (row tile >
 // column tile, tiles of `edge`) is copied from its mirror above. Those
@@ -343,20 +376,28 @@ struct Gemm {
   long long stride_c;
 };
 
+// `c_type`: C's element type (t.data, or CUDA_R_32F for bf16 inputs with
+// an fp32 output, a combination cublasGemmEx supports with
+// CUBLAS_COMPUTE_32F).
 absl::Status RunGemm(cublasHandle_t handle, const GemmTypes& t, int batch,
-                     const Gemm& g) {
+                     const Gemm& g, cudaDataType_t c_type) {
   if (batch == 1) {
     MUON_CUBLAS_RETURN_IF_ERROR(
         cublasGemmEx(handle, g.trans_a, g.trans_b, g.m, g.n, g.k, &g.alpha, g.a,
-                     t.data, g.lda, g.b, t.data, g.ldb, &g.beta, g.c, t.data,
+                     t.data, g.lda, g.b, t.data, g.ldb, &g.beta, g.c, c_type,
                      g.ldc, t.compute, CUBLAS_GEMM_DEFAULT));
   } else {
     MUON_CUBLAS_RETURN_IF_ERROR(cublasGemmStridedBatchedEx(
         handle, g.trans_a, g.trans_b, g.m, g.n, g.k, &g.alpha, g.a, t.data,
-        g.lda, g.stride_a, g.b, t.data, g.ldb, g.stride_b, &g.beta, g.c, t.data,
+        g.lda, g.stride_a, g.b, t.data, g.ldb, g.stride_b, &g.beta, g.c, c_type,
         g.ldc, g.stride_c, batch, t.compute, CUBLAS_GEMM_DEFAULT));
   }
   return absl::OkStatus();
+}
+
+absl::Status RunGemm(cublasHandle_t handle, const GemmTypes& t, int batch,
+                     const Gemm& g) {
+  return RunGemm(handle, t, batch, g, t.data);
 }
 
 absl::Status WithContext(absl::Status status, const char* what, int iteration) {
@@ -436,6 +477,7 @@ struct IterationBuffers {
   void* poly;   // B, or Gram's Z.
   void* q;      // Gram only.
   void* tmp;    // Gram only.
+  float* z32;   // bf16 Gram with fp32 Z only: Z in fp32 (Layout::z32).
   void** ptrs;  // Batched tiles' pointer arrays (Layout::ptrs).
   void* Get(NsBuffer which) const {
     switch (which) {
@@ -634,6 +676,62 @@ absl::Status AddDiagonal(NsCudaContext::State* s, const IterationShape& shape,
   return absl::OkStatus();
 }
 
+// bf16 Z = a I + b R + c R R formed in fp32 and rounded once: z32 = b R +
+// a I, then z32 += c R R (bf16 R, fp32 output: one full GEMM or strided
+// batch, `square`'s shape without its tiles), then Z = bf16(z32) in
+// buf->poly. The default way (GramInnerStep) rounds b R + c R R to bf16
+// and then rounds again after adding a, which loses what cancels: near
+// convergence a + b r + c r^2 = 0.70 is left of 3.44 - 2.74.
+absl::Status FormGramPolynomialFp32(NsCudaContext::State* s,
+                                    const IterationShape& shape,
+                                    const IterationBuffers& buf,
+                                    const NsGemm& square,
+                                    const std::array<double, 3>& abc) {
+  const int m = static_cast<int>(shape.m());
+  const int64_t mm = static_cast<int64_t>(m) * m;
+  const unsigned int y = static_cast<unsigned int>(shape.batch);
+  const int blocks = std::min(ElementwiseBlocks(mm), 4096);
+  GramPolynomialStartKernel<<<dim3(blocks, y), kThreads, 0, s->stream>>>(
+      static_cast<const __nv_bfloat16*>(buf.gram), mm, m,
+      static_cast<float>(abc[0]), static_cast<float>(abc[1]), buf.z32);
+  MUON_CUDA_RETURN_IF_LAUNCH_FAILED("GramPolynomialStartKernel");
+  const int64_t e = shape.types.elem_bytes;
+  const auto* r = static_cast<const char*>(buf.gram);
+  MUON_CU_RETURN_IF_ERROR(
+      RunGemm(s->handle, shape.types, shape.batch,
+              {square.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+               square.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N, square.m,
+               square.n, square.k, static_cast<float>(abc[2]),
+               r + square.offset_a * e, square.lda, square.stride_a,
+               r + square.offset_b * e, square.ldb, square.stride_b, 1.0f,
+               buf.z32 + square.offset_c, square.ldc, square.stride_c},
+              CUDA_R_32F));
+  const int64_t total = shape.batch * mm;
+  FloatToBf16Kernel<<<ElementwiseBlocks(total), kThreads, 0, s->stream>>>(
+      buf.z32, total, static_cast<__nv_bfloat16*>(buf.poly));
+  MUON_CUDA_RETURN_IF_LAUNCH_FAILED("FloatToBf16Kernel");
+  return absl::OkStatus();
+}
+
+// Z = a I + b R + c R R into buf->poly: in fp32, rounded once, for bf16
+// with the context's gram_fp32_z (FormGramPolynomialFp32); else b R +
+// c R R in the work type (beta = b on a copy of R; a symmetric product,
+// tiled when `tiled`), then a added to the diagonal.
+absl::Status FormGramPolynomial(NsCudaContext::State* s,
+                                const IterationShape& shape,
+                                const IterationBuffers& buf,
+                                const NsGemm& square,
+                                const std::array<double, 3>& abc, bool tiled) {
+  if (shape.bf16 && s->gram_fp32_z) {
+    return FormGramPolynomialFp32(s, shape, buf, square, abc);
+  }
+  const int64_t m = shape.m();
+  const int64_t mm_bytes = shape.batch * m * m * shape.types.elem_bytes;
+  MUON_CU_RETURN_IF_ERROR(CopyAsync(s, buf.poly, buf.gram, mm_bytes));
+  MUON_CU_RETURN_IF_ERROR(RunSymmetric(s, shape, buf, square, tiled));
+  return AddDiagonal(s, shape, buf.poly, static_cast<float>(abc[0]));
+}
+
 // One Gram iteration inside a restart block (see NsGramPlan): Z from R,
 // Q from Z (j = 0: a copy), and R = Z R Z unless it is the block's last.
 absl::Status GramInnerStep(NsCudaContext::State* s, const IterationShape& shape,
@@ -643,17 +741,13 @@ absl::Status GramInnerStep(NsCudaContext::State* s, const IterationShape& shape,
   const int64_t mm_bytes = shape.batch * m * m * shape.types.elem_bytes;
   const std::array<double, 3> abc = NewtonSchulzCoefficients(options, step);
   const NsGramPlan plan = PlanGramNewtonSchulz(shape.rows, shape.cols, abc);
-  MUON_CU_RETURN_IF_ERROR(WithContext(
-      CopyAsync(s, buf->poly, buf->gram, mm_bytes), "copy R", step));
   // R is symmetric element for element as X X^T (j = 0), and after every
   // product when all run as symmetric products (gram_all).
   const bool all = s->symmetric.gram_all;
-  MUON_CU_RETURN_IF_ERROR(WithContext(
-      RunSymmetric(s, shape, *buf, plan.square, /*tiled=*/j == 0 || all),
-      "Z = b*R + c*R*R", step));
   MUON_CU_RETURN_IF_ERROR(
-      WithContext(AddDiagonal(s, shape, buf->poly, static_cast<float>(abc[0])),
-                  "Z += a*I", step));
+      WithContext(FormGramPolynomial(s, shape, *buf, plan.square, abc,
+                                     /*tiled=*/j == 0 || all),
+                  "Z = a*I + b*R + c*R*R", step));
   if (j == 0) {
     MUON_CU_RETURN_IF_ERROR(
         WithContext(CopyAsync(s, buf->q, buf->poly, mm_bytes), "Q = Z", step));
@@ -723,6 +817,7 @@ absl::Status EnqueueCall(NsCudaContext::State* s, const Layout& l, bool gram,
   buf.poly = base + l.poly;
   buf.q = base + l.q;
   buf.tmp = base + l.tmp;
+  buf.z32 = reinterpret_cast<float*>(base + l.z32);
   buf.ptrs = reinterpret_cast<void**>(base + l.ptrs);
   void* out = call.out;
   if (bf16) {
@@ -895,6 +990,14 @@ absl::StatusOr<std::unique_ptr<NsCudaContext>> NsCudaContext::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("NsCudaContext::Create: ", graphs_error));
   }
+  int64_t fp32_z = 0;
+  const std::string fp32_z_error = ParseEnvInteger(
+      "MUON_NS_GRAM_FP32_Z", std::getenv("MUON_NS_GRAM_FP32_Z"), 0, 1, &fp32_z);
+  if (!fp32_z_error.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NsCudaContext::Create: ", fp32_z_error));
+  }
+  state->gram_fp32_z = fp32_z == 1;
   state->device = where.ordinal;
   state->stream_wrapper = stream;
   state->stream = static_cast<cudaStream_t>(stream->native_handle());
@@ -940,8 +1043,9 @@ absl::Status NsCudaContext::Reserve(int64_t batch, int64_t rows, int64_t cols,
   const bool gram =
       GpuRunsGram(rows, cols, NewtonSchulzIterations(options),
                   static_cast<int>(options.method), options.gram_restart_every);
-  return ReserveState(state_.get(), MakeLayout(batch, rows, cols, precision,
-                                               gram, state_->symmetric));
+  return ReserveState(state_.get(),
+                      MakeLayout(batch, rows, cols, precision, gram,
+                                 state_->symmetric, state_->gram_fp32_z));
 }
 
 int64_t NsCudaContext::ScratchBytes() const { return state_->scratch.bytes(); }
@@ -992,7 +1096,8 @@ absl::Status NewtonSchulzBatched(NsCudaContext* ctx, const float* u,
   const bool gram =
       GpuRunsGram(rows, cols, NewtonSchulzIterations(options),
                   static_cast<int>(options.method), options.gram_restart_every);
-  const Layout l = MakeLayout(batch, rows, cols, precision, gram, s->symmetric);
+  const Layout l = MakeLayout(batch, rows, cols, precision, gram, s->symmetric,
+                              s->gram_fp32_z);
   MUON_CU_RETURN_IF_ERROR(ReserveState(s, l));
   if (!s->cuda_graphs || !CanCapture(s)) return EnqueueCall(s, l, gram, call);
   return LaunchAsGraph(

@@ -83,12 +83,22 @@ class NsCudaContext {
   // MUON_NS_GRAM_RESTART_EVERY (1-64), when set, replaces every call's
   // NewtonSchulzOptions::gram_restart_every on this context (for measuring
   // restart schedules; ParseGramRestartEvery).
+  // MUON_NS_GRAM_FP32_Z=1 makes the bf16 Gram iteration form each Z =
+  // a I + b R + c R R in fp32 (its R R as one bf16 GEMM with an fp32
+  // output, not in symmetric tiles) and round it to bf16 once, where by
+  // default b R + c R R is rounded, then again after a is added to the
+  // diagonal, losing what cancels there. The CPU model of the bf16
+  // arithmetic (tests/kernels/ns_gram_error) puts Gram restart-every-2
+  // 1.13-1.35x farther from float64 than the standard iteration by default
+  // and 0.76-0.99x with this; it costs batch*m*m*4 bytes of scratch. Off
+  // (0) by default until measured on a GPU.
   // Errors:
   //   Unimplemented: built without CUDA.
   //   InvalidArgument: null runtime or stream; a runtime, stream or
   //     allocator not of one CUDA device (names each device); a
-  //     MUON_NS_SYMMETRIC*, MUON_NS_GRAM_RESTART_EVERY or
-  //     MUON_NS_CUDA_GRAPHS environment variable out of range (names it
+  //     MUON_NS_SYMMETRIC*, MUON_NS_GRAM_RESTART_EVERY,
+  //     MUON_NS_GRAM_FP32_Z or MUON_NS_CUDA_GRAPHS environment variable out
+  //     of range (names it
   //     and its value).
   //   ResourceExhausted / Internal: CUDA or cuBLAS failures (names the call
   //     and the library's message).
@@ -104,7 +114,8 @@ class NsCudaContext {
   // fp32/tf32: the output is the other) of batch*rows*cols, A and B of
   // batch*m*m elements (2 bytes each for bf16, 4 otherwise), 2 more m*m
   // buffers when `options` runs the Gram iteration on this shape
-  // (GpuRunsGram), plus the norm partials. Never shrinks.
+  // (GpuRunsGram) and one of batch*m*m floats more for bf16 with
+  // MUON_NS_GRAM_FP32_Z, plus the norm partials. Never shrinks.
   // Errors: InvalidArgument (non-positive sizes); ResourceExhausted
   // (the allocator's); Internal.
   absl::Status Reserve(

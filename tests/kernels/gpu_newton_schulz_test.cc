@@ -661,6 +661,53 @@ TEST(GpuNewtonSchulzTest, CudaGraphs_FirstCallOfNewContext_BitwiseDirect) {
   }
 }
 
+// MUON_NS_GRAM_FP32_Z=1: the bf16 Gram iteration (restart every 2) forms
+// Z in fp32 and rounds it once, and so lands no farther from the float64
+// iteration than the bf16 standard one, and nearer than Gram's default
+// double rounding, as the CPU model of the arithmetic predicts
+// (tests/kernels/ns_gram_error, seed 1: standard 1.162e-2 / 1.235e-2,
+// Gram 1.308e-2 / 1.663e-2 by default, 8.88e-3 / 1.175e-2 with fp32 Z at
+// 256x1024 / 512x2048). Also: its scratch holds the fp32 Z.
+TEST(GpuNewtonSchulzTest, GramBf16Fp32Z_NoFartherFromFloat64ThanStandard) {
+  MUON_SKIP_WITHOUT_GPU();
+  const auto unset = absl::MakeCleanup([] { unsetenv("MUON_NS_GRAM_FP32_Z"); });
+  ASSERT_EQ(setenv("MUON_NS_GRAM_FP32_Z", "1", 1), 0);
+  std::unique_ptr<NsEngine> fp32_z = MakeEngine(GpuPrecision::kBf16);
+  absl::StatusOr<CudaNs> fp32_z_ctx = MakeCudaNs();
+  unsetenv("MUON_NS_GRAM_FP32_Z");
+  std::unique_ptr<NsEngine> plain = MakeEngine(GpuPrecision::kBf16);
+  absl::StatusOr<CudaNs> plain_ctx = MakeCudaNs();
+  ASSERT_TRUE(fp32_z != nullptr && plain != nullptr);
+  ASSERT_TRUE(fp32_z_ctx.ok() && plain_ctx.ok());
+  NewtonSchulzOptions gram;
+  gram.method = NewtonSchulzMethod::kGram;
+  for (auto [rows, cols] :
+       {std::pair<int64_t, int64_t>{256, 1024}, {512, 2048}}) {
+    const std::vector<float> u = RandomMatrix(rows, cols, 1);
+    const std::vector<double> ref = Reference(u, rows, cols, {});
+    const double standard =
+        FroRelError(RunEngine(plain.get(), u, rows, cols, {}), ref);
+    const double gram_default =
+        FroRelError(RunEngine(plain.get(), u, rows, cols, gram), ref);
+    const double gram_fp32_z =
+        FroRelError(RunEngine(fp32_z.get(), u, rows, cols, gram), ref);
+    std::printf(
+        "bf16 %lldx%lld vs float64: standard %.3e, Gram %.3e, Gram with fp32 "
+        "Z %.3e\n",
+        static_cast<long long>(rows), static_cast<long long>(cols), standard,
+        gram_default, gram_fp32_z);
+    EXPECT_LE(gram_fp32_z, standard) << rows << "x" << cols;
+    EXPECT_LT(gram_fp32_z, gram_default) << rows << "x" << cols;
+  }
+  const int64_t m = 512;
+  ASSERT_TRUE(
+      plain_ctx->ctx->Reserve(2, m, 4 * m, GpuPrecision::kBf16, gram).ok());
+  ASSERT_TRUE(
+      fp32_z_ctx->ctx->Reserve(2, m, 4 * m, GpuPrecision::kBf16, gram).ok());
+  EXPECT_GE(fp32_z_ctx->ctx->ScratchBytes() - plain_ctx->ctx->ScratchBytes(),
+            2 * m * m * int64_t{sizeof(float)});
+}
+
 // MUON_NS_CUDA_GRAPHS: "1" turns graphs on for the contexts created while
 // it is set; other text is refused by name.
 TEST(GpuNewtonSchulzTest, CudaGraphsSetting_OneTurnsOnOtherTextRefused) {

@@ -5,6 +5,13 @@
 //   O err:     ||O - O_64||_F / ||O_64||_F
 //   OOt err:   ||O O^T - O_64 O_64^T||_F / ||O_64 O_64^T||_F  (m x m)
 //   max rel:   max |O - O_64| / max |O_64|  (newton_schulz_test's metric)
+//   bf16 model: O err of the CPU model of the GPU's bf16 iteration
+//              (EmulateGpuNewtonSchulz: bf16 storage of every buffer, fp32
+//              accumulation), i.e. what the GPU's bf16 error would be if
+//              storage rounding were its only source
+//              (tools/ns_accuracy.py measures the GPU's)
+//   fp32 Z:    the same with the Gram iteration's Z = a I + b R + c R R
+//              formed in fp32 and rounded once (MUON_NS_GRAM_FP32_Z=1)
 // Inputs: entries uniform in [-1, 1) (tests/kernels/ns_test_util.h), seed 1.
 // The figures in docs/benchmarks.md and the bounds of
 // newton_schulz_gram_test.cc come from this program.
@@ -77,6 +84,76 @@ double MaxRel(const std::vector<double>& got, const std::vector<double>& want) {
   return num / den;
 }
 
+// `a` (rows x cols row-major) as the m x n X in double, transposed when
+// tall.
+std::vector<double> AsMxN(const std::vector<float>& a, int rows, int cols) {
+  const int n = std::max(rows, cols);
+  std::vector<double> x(a.size());
+  for (int i = 0; i < rows; ++i) {
+    for (int j = 0; j < cols; ++j) {
+      const double v = a[static_cast<size_t>(i) * cols + j];
+      if (rows > cols) {
+        x[static_cast<size_t>(j) * n + i] = v;
+      } else {
+        x[static_cast<size_t>(i) * n + j] = v;
+      }
+    }
+  }
+  return x;
+}
+
+struct Variant {
+  const char* name;
+  NewtonSchulzMethod method;
+  int every;
+};
+
+constexpr Variant kVariants[] = {
+    {"standard", NewtonSchulzMethod::kStandard, 1},
+    {"gram/r1", NewtonSchulzMethod::kGram, 1},
+    {"gram/r2", NewtonSchulzMethod::kGram, 2},
+    {"gram/r3", NewtonSchulzMethod::kGram, 3},
+    {"gram/r5", NewtonSchulzMethod::kGram, 5},
+};
+
+// One size's rows: each variant's fp32 kernel against the float64 x (m x
+// n, already iterated), and the bf16 model of the GPU iteration. False when
+// the kernel fails.
+bool PrintSize(const std::string& size, int rows, int cols,
+               const std::vector<float>& u, const std::vector<double>& x) {
+  const int m = std::min(rows, cols);
+  const int n = std::max(rows, cols);
+  const std::vector<double> want_gram = GramOf(x, m, n);
+  for (const Variant& v : kVariants) {
+    NewtonSchulzOptions options;
+    options.method = v.method;
+    options.gram_restart_every = v.every;
+    std::vector<float> out(u.size());
+    if (!muon::kernels::NewtonSchulz(u.data(), rows, cols, options, out.data(),
+                                     nullptr)
+             .ok()) {
+      std::fprintf(stderr, "NewtonSchulz failed\n");
+      return false;
+    }
+    const std::vector<double> got = AsMxN(out, rows, cols);
+    double model[2];
+    for (bool fp32_z : {false, true}) {
+      model[fp32_z ? 1 : 0] =
+          FroRel(AsMxN(muon::kernels::testing::EmulateGpuNewtonSchulz(
+                           u, rows, cols, options,
+                           muon::kernels::GpuPrecision::kBf16, fp32_z),
+                       rows, cols),
+                 x);
+    }
+    std::printf("%-10s %-10s %10.2e %10.2e %10.2e %12.3e %12.3e\n",
+                size.c_str(), v.name, FroRel(got, x),
+                FroRel(GramOf(got, m, n), want_gram), MaxRel(got, x), model[0],
+                model[1]);
+    std::fflush(stdout);
+  }
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -90,70 +167,17 @@ int main(int argc, char** argv) {
   std::printf("OpenBLAS core: %s | OPENBLAS_CORETYPE=%s | threads %d\n",
               openblas_get_corename(), ct != nullptr ? ct : "(unset)",
               openblas_get_num_threads());
-  std::printf("%-10s %-10s %10s %10s %10s\n", "size", "method", "O err",
-              "OOt err", "max rel");
+  std::printf("%-10s %-10s %10s %10s %10s %12s %12s\n", "size", "method",
+              "O err", "OOt err", "max rel", "bf16 model", "fp32 Z");
   for (const std::string& size : sizes) {
     const int rows = std::atoi(size.c_str());
     const int cols = std::atoi(size.c_str() + size.find('x') + 1);
-    const int m = std::min(rows, cols);
-    const int n = std::max(rows, cols);
     const std::vector<float> u =
         muon::kernels::testing::RandomMatrix(rows, cols, 1);
-    // X (m x n) in double, transposed when tall.
-    std::vector<double> x(u.size());
-    for (int i = 0; i < rows; ++i) {
-      for (int j = 0; j < cols; ++j) {
-        const double v = u[static_cast<size_t>(i) * cols + j];
-        if (rows > cols) {
-          x[static_cast<size_t>(j) * n + i] = v;
-        } else {
-          x[static_cast<size_t>(i) * n + j] = v;
-        }
-      }
-    }
-    NewtonSchulzOptions base;
-    ReferenceDgemm(x, m, n, base);
-    const std::vector<double> want_gram = GramOf(x, m, n);
-
-    struct Variant {
-      const char* name;
-      NewtonSchulzMethod method;
-      int every;
-    };
-    const Variant variants[] = {
-        {"standard", NewtonSchulzMethod::kStandard, 1},
-        {"gram/r1", NewtonSchulzMethod::kGram, 1},
-        {"gram/r2", NewtonSchulzMethod::kGram, 2},
-        {"gram/r3", NewtonSchulzMethod::kGram, 3},
-        {"gram/r5", NewtonSchulzMethod::kGram, 5},
-    };
-    for (const Variant& v : variants) {
-      NewtonSchulzOptions options;
-      options.method = v.method;
-      options.gram_restart_every = v.every;
-      std::vector<float> out(u.size());
-      if (!muon::kernels::NewtonSchulz(u.data(), rows, cols, options,
-                                       out.data(), nullptr)
-               .ok()) {
-        std::fprintf(stderr, "NewtonSchulz failed\n");
-        return 1;
-      }
-      std::vector<double> got(out.size());
-      for (int i = 0; i < rows; ++i) {
-        for (int j = 0; j < cols; ++j) {
-          const double g = out[static_cast<size_t>(i) * cols + j];
-          if (rows > cols) {
-            got[static_cast<size_t>(j) * n + i] = g;
-          } else {
-            got[static_cast<size_t>(i) * n + j] = g;
-          }
-        }
-      }
-      std::printf("%-10s %-10s %10.2e %10.2e %10.2e\n", size.c_str(), v.name,
-                  FroRel(got, x), FroRel(GramOf(got, m, n), want_gram),
-                  MaxRel(got, x));
-      std::fflush(stdout);
-    }
+    std::vector<double> x = AsMxN(u, rows, cols);
+    ReferenceDgemm(x, std::min(rows, cols), std::max(rows, cols),
+                   NewtonSchulzOptions());
+    if (!PrintSize(size, rows, cols, u, x)) return 1;
   }
   return 0;
 }

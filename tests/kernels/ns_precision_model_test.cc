@@ -129,6 +129,39 @@ TEST(PrecisionModelTest, KnownBugs_ExceedLoosestBound) {
   }
 }
 
+// The bf16 Gram iteration (restart every 2) as the GPU runs it by default
+// rounds b R + c R R, then Z again after a is added to the diagonal: that
+// lands it farther from the float64 iteration than the standard one, and
+// forming Z in fp32 with one rounding (MUON_NS_GRAM_FP32_Z) lands it no
+// farther, on each shape the GPU test measures the same way.
+TEST(PrecisionModelTest,
+     EmulatedBf16Gram_Fp32ZNoFartherThanStandard_DoubleRoundedZFarther) {
+  NewtonSchulzOptions gram;
+  gram.method = NewtonSchulzMethod::kGram;
+  for (auto [rows, cols] :
+       {std::pair<int64_t, int64_t>{256, 1024}, {1024, 256}}) {
+    const std::vector<float> u = RandomMatrix(rows, cols, 1);
+    const std::vector<double> ref = Reference(u, rows, cols, {});
+    const auto error = [&](const NewtonSchulzOptions& options, bool fp32_z) {
+      return FroRelError(EmulateGpuNewtonSchulz(u, rows, cols, options,
+                                                GpuPrecision::kBf16, fp32_z),
+                         ref);
+    };
+    const double standard = error({}, false);
+    const double gram_default = error(gram, false);
+    const double gram_fp32_z = error(gram, true);
+    std::printf(
+        "model bf16 %lldx%lld: standard %.3e, Gram %.3e, Gram with "
+        "fp32 Z %.3e\n",
+        static_cast<long long>(rows), static_cast<long long>(cols), standard,
+        gram_default, gram_fp32_z);
+    EXPECT_GT(gram_default, standard) << rows << "x" << cols;
+    EXPECT_LE(gram_fp32_z, standard) << rows << "x" << cols;
+    // The standard iteration is the same with or without the setting.
+    EXPECT_EQ(error({}, true), standard);
+  }
+}
+
 }  // namespace
 }  // namespace kernels
 }  // namespace muon

@@ -95,27 +95,125 @@ std::vector<double> Reference(const std::vector<float>& u, int64_t rows,
   return out;
 }
 
-std::vector<float> EmulateGpuNewtonSchulz(const std::vector<float>& u,
-                                          int64_t rows, int64_t cols,
-                                          const NewtonSchulzOptions& options,
-                                          GpuPrecision precision) {
-  const bool tall = rows > cols;
-  const int m = static_cast<int>(std::min(rows, cols));
-  const int n = static_cast<int>(std::max(rows, cols));
-  const bool bf16 = precision == GpuPrecision::kBf16;
-  const bool tf32 = precision == GpuPrecision::kTf32;
-  auto store = [&](std::vector<float>& v) {
-    if (bf16) {
-      for (float& x : v) x = ToBf16(x);
-    }
-  };
-  auto input = [&](const std::vector<float>& v) {
+namespace {
+
+// The GPU iteration's storage and GEMM-input rounding in `precision`
+// (EmulateGpuNewtonSchulz's comment), with sgemm for the products.
+class GpuArithmetic {
+ public:
+  explicit GpuArithmetic(GpuPrecision precision) : precision_(precision) {}
+  // A buffer written by the iteration: rounded to bf16 in kBf16.
+  void Store(std::vector<float>& v) const {
+    if (precision_ != GpuPrecision::kBf16) return;
+    for (float& x : v) x = ToBf16(x);
+  }
+  // C = alpha * A op(B) + beta * C, row-major, A m x k, op(B) k x n (B
+  // transposed when `trans_b`), GEMM inputs rounded to tf32 in kTf32; C
+  // is then stored (Store).
+  void Gemm(bool trans_b, int m, int n, int k, float alpha,
+            const std::vector<float>& a, const std::vector<float>& b,
+            float beta, std::vector<float>& c) const {
+    const std::vector<float> ai = Input(a);
+    const std::vector<float> bi = Input(b);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, ai.data(),
+                k, bi.data(), trans_b ? k : n, beta, c.data(), n);
+    Store(c);
+  }
+
+ private:
+  std::vector<float> Input(const std::vector<float>& v) const {
     std::vector<float> r = v;
-    if (tf32) {
+    if (precision_ == GpuPrecision::kTf32) {
       for (float& x : r) x = ToTf32(x);
     }
     return r;
-  };
+  }
+  const GpuPrecision precision_;
+};
+
+// The standard iteration on X (m x n), as newton_schulz_cuda.cu runs it:
+// A = X X^T; B = b A + c A A (beta on a copy of A); X = a X + B X.
+void EmulateStandard(const GpuArithmetic& gpu, int m, int n,
+                     const NewtonSchulzOptions& options,
+                     std::vector<float>& x) {
+  std::vector<float> gram(static_cast<size_t>(m) * m), poly, x_next;
+  for (int step = 0; step < NewtonSchulzIterations(options); ++step) {
+    const std::array<double, 3> abc = NewtonSchulzCoefficients(options, step);
+    gpu.Gemm(/*trans_b=*/true, m, m, n, 1.0f, x, x, 0.0f, gram);
+    poly = gram;
+    gpu.Gemm(false, m, m, m, static_cast<float>(abc[2]), gram, gram,
+             static_cast<float>(abc[1]), poly);
+    x_next = x;
+    gpu.Gemm(false, m, n, m, 1.0f, poly, x, static_cast<float>(abc[0]), x_next);
+    x.swap(x_next);
+  }
+}
+
+// Z = a I + b R + c R R into z: as newton_schulz_cuda.cu forms it by
+// default, b R + c R R stored, then a added to the diagonal and stored
+// again; or, with `fp32_z`, all of it in fp32 and stored once.
+void EmulateGramPolynomial(const GpuArithmetic& gpu, int m,
+                           const std::array<double, 3>& abc, bool fp32_z,
+                           const std::vector<float>& r, std::vector<float>& z) {
+  const float a = static_cast<float>(abc[0]);
+  const float b = static_cast<float>(abc[1]);
+  const float c = static_cast<float>(abc[2]);
+  z = r;
+  if (fp32_z) {
+    for (float& v : z) v *= b;
+    for (int i = 0; i < m; ++i) z[static_cast<size_t>(i) * m + i] += a;
+    GpuArithmetic(GpuPrecision::kFp32).Gemm(false, m, m, m, c, r, r, 1.0f, z);
+  } else {
+    gpu.Gemm(false, m, m, m, c, r, r, b, z);
+    for (int i = 0; i < m; ++i) z[static_cast<size_t>(i) * m + i] += a;
+  }
+  gpu.Store(z);
+}
+
+// Gram Newton-Schulz on X (m x n), as newton_schulz_cuda.cu runs it, per
+// restart block: R = X X^T; per iteration Z (EmulateGramPolynomial), Q = Z
+// or Q = Q Z, and unless last T = R Z, R = Z T; then X = Q X.
+void EmulateGram(const GpuArithmetic& gpu, int m, int n,
+                 const NewtonSchulzOptions& options, bool fp32_z,
+                 std::vector<float>& x) {
+  const size_t mm = static_cast<size_t>(m) * m;
+  std::vector<float> r(mm), z(mm), q(mm), t(mm), x_next(x.size());
+  const int steps = NewtonSchulzIterations(options);
+  const int every = std::max(options.gram_restart_every, 1);
+  for (int start = 0; start < steps; start += every) {
+    const int len = std::min(every, steps - start);
+    gpu.Gemm(/*trans_b=*/true, m, m, n, 1.0f, x, x, 0.0f, r);
+    for (int j = 0; j < len; ++j) {
+      EmulateGramPolynomial(
+          gpu, m, NewtonSchulzCoefficients(options, start + j), fp32_z, r, z);
+      if (j == 0) {
+        q = z;
+      } else {
+        gpu.Gemm(false, m, m, m, 1.0f, q, z, 0.0f, t);
+        q.swap(t);
+      }
+      if (j + 1 < len) {
+        gpu.Gemm(false, m, m, m, 1.0f, r, z, 0.0f, t);
+        gpu.Gemm(false, m, m, m, 1.0f, z, t, 0.0f, r);
+      }
+    }
+    gpu.Gemm(false, m, n, m, 1.0f, q, x, 0.0f, x_next);
+    x.swap(x_next);
+  }
+}
+
+}  // namespace
+
+std::vector<float> EmulateGpuNewtonSchulz(const std::vector<float>& u,
+                                          int64_t rows, int64_t cols,
+                                          const NewtonSchulzOptions& options,
+                                          GpuPrecision precision,
+                                          bool gram_fp32_z) {
+  const bool tall = rows > cols;
+  const int m = static_cast<int>(std::min(rows, cols));
+  const int n = static_cast<int>(std::max(rows, cols));
+  const GpuArithmetic gpu(precision);
   // X (m x n) row-major, explicitly transposed when tall.
   std::vector<float> x(static_cast<size_t>(m) * n);
   for (int64_t i = 0; i < rows; ++i) {
@@ -128,29 +226,11 @@ std::vector<float> EmulateGpuNewtonSchulz(const std::vector<float>& u,
   const float denom = static_cast<float>(
       std::max(options.norm_scale * std::sqrt(sum), options.eps));
   for (float& v : x) v = v / denom;
-  store(x);
-  std::vector<float> gram(static_cast<size_t>(m) * m);
-  std::vector<float> poly(gram.size());
-  std::vector<float> x_next(x.size());
-  for (int step = 0; step < NewtonSchulzIterations(options); ++step) {
-    const std::array<double, 3> abc = NewtonSchulzCoefficients(options, step);
-    const std::vector<float> xi = input(x);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, m, n, 1.0f,
-                xi.data(), n, xi.data(), n, 0.0f, gram.data(), m);
-    store(gram);
-    const std::vector<float> gi = input(gram);
-    poly = gram;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, m, m,
-                static_cast<float>(abc[2]), gi.data(), m, gi.data(), m,
-                static_cast<float>(abc[1]), poly.data(), m);
-    store(poly);
-    const std::vector<float> pi = input(poly);
-    x_next = x;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, m, 1.0f,
-                pi.data(), m, xi.data(), n, static_cast<float>(abc[0]),
-                x_next.data(), n);
-    store(x_next);
-    x.swap(x_next);
+  gpu.Store(x);
+  if (options.method == NewtonSchulzMethod::kGram) {
+    EmulateGram(gpu, m, n, options, gram_fp32_z, x);
+  } else {
+    EmulateStandard(gpu, m, n, options, x);
   }
   std::vector<float> out(u.size());
   for (int64_t i = 0; i < rows; ++i) {

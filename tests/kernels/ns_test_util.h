@@ -42,11 +42,18 @@ std::vector<double> Reference(const std::vector<float>& u, int64_t rows,
 //   kTf32: GEMM inputs rounded to tf32 (10-bit mantissa, nearest even),
 //          the beta term and the outputs kept in fp32.
 //   kFp32: plain fp32 (the CPU kernel's arithmetic).
-// Used to derive and check the GPU error bounds without a GPU.
+// options.method kGram runs the Gram iteration as the GPU does (its R, Z,
+// Q, T stored like A and B, Z's diagonal rounded once more after a is
+// added); any other method the standard one.
+// Used to derive and check the GPU error bounds without a GPU, and as the
+// figure the GPU's bf16 error is compared with (ns_gram_error).
+// `gram_fp32_z`: the Gram iteration forms Z = a I + b R + c R R in fp32
+// and rounds it once (MUON_NS_GRAM_FP32_Z=1 on the GPU).
 std::vector<float> EmulateGpuNewtonSchulz(const std::vector<float>& u,
                                           int64_t rows, int64_t cols,
                                           const NewtonSchulzOptions& options,
-                                          GpuPrecision precision);
+                                          GpuPrecision precision,
+                                          bool gram_fp32_z = false);
 
 // Error bounds of the GPU iteration against the float64 reference, for
 // matrices with min(rows, cols) >= 50 (see below for smaller ones).
