@@ -133,7 +133,8 @@ TEST(PrecisionModelTest, KnownBugs_ExceedLoosestBound) {
 // rounds b R + c R R, then Z again after a is added to the diagonal: that
 // lands it farther from the float64 iteration than the standard one, and
 // forming Z in fp32 with one rounding (MUON_NS_GRAM_FP32_Z) lands it no
-// farther, on each shape the GPU test measures the same way.
+// farther, on the shapes GramBf16Fp32Z_NoFartherFromFloat64ThanStandard
+// measures on a GPU (printed: the margins that test relies on).
 TEST(PrecisionModelTest,
      EmulatedBf16Gram_Fp32ZNoFartherThanStandard_DoubleRoundedZFarther) {
   NewtonSchulzOptions gram;
