@@ -52,6 +52,7 @@ using ::muon::kernels::testing::GpuErrorBound;
 using ::muon::kernels::testing::GpuReferenceShapes;
 using ::muon::kernels::testing::MaxRelError;
 using ::muon::kernels::testing::PrecisionName;
+using ::muon::kernels::testing::PrintGramZErrors;
 using ::muon::kernels::testing::RandomMatrix;
 using ::muon::kernels::testing::Reference;
 
@@ -693,11 +694,7 @@ TEST(GpuNewtonSchulzTest, GramBf16Fp32Z_NoFartherFromFloat64ThanStandard) {
         FroRelError(RunEngine(plain.get(), u, rows, cols, gram), ref);
     const double gram_fp32_z =
         FroRelError(RunEngine(fp32_z.get(), u, rows, cols, gram), ref);
-    std::printf(
-        "bf16 %lldx%lld vs float64: standard %.3e, Gram %.3e, Gram with fp32 "
-        "Z %.3e\n",
-        static_cast<long long>(rows), static_cast<long long>(cols), standard,
-        gram_default, gram_fp32_z);
+    PrintGramZErrors("bf16", rows, cols, standard, gram_default, gram_fp32_z);
     EXPECT_LE(gram_fp32_z, standard) << rows << "x" << cols;
     EXPECT_LT(gram_fp32_z, gram_default) << rows << "x" << cols;
   }

@@ -24,6 +24,7 @@ using ::muon::kernels::testing::GpuErrorBound;
 using ::muon::kernels::testing::GpuReferenceShapes;
 using ::muon::kernels::testing::MaxRelError;
 using ::muon::kernels::testing::PrecisionName;
+using ::muon::kernels::testing::PrintGramZErrors;
 using ::muon::kernels::testing::RandomMatrix;
 using ::muon::kernels::testing::Reference;
 
@@ -151,11 +152,8 @@ TEST(PrecisionModelTest,
     const double standard = error({}, false);
     const double gram_default = error(gram, false);
     const double gram_fp32_z = error(gram, true);
-    std::printf(
-        "model bf16 %lldx%lld: standard %.3e, Gram %.3e, Gram with "
-        "fp32 Z %.3e\n",
-        static_cast<long long>(rows), static_cast<long long>(cols), standard,
-        gram_default, gram_fp32_z);
+    PrintGramZErrors("model bf16", rows, cols, standard, gram_default,
+                     gram_fp32_z);
     EXPECT_GT(gram_default, standard) << rows << "x" << cols;
     EXPECT_LE(gram_fp32_z, standard) << rows << "x" << cols;
     // The standard iteration is the same with or without the setting.

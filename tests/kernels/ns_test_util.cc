@@ -6,6 +6,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -239,6 +240,13 @@ std::vector<float> EmulateGpuNewtonSchulz(const std::vector<float>& u,
     }
   }
   return out;
+}
+
+void PrintGramZErrors(const char* what, int64_t rows, int64_t cols,
+                      double standard, double gram, double gram_fp32_z) {
+  std::printf("%s %lldx%lld: standard %.3e, Gram %.3e, Gram with fp32 Z %.3e\n",
+              what, static_cast<long long>(rows), static_cast<long long>(cols),
+              standard, gram, gram_fp32_z);
 }
 
 ErrorBound GpuErrorBound(GpuPrecision precision) {

@@ -55,6 +55,12 @@ std::vector<float> EmulateGpuNewtonSchulz(const std::vector<float>& u,
                                           GpuPrecision precision,
                                           bool gram_fp32_z = false);
 
+// Prints "<what> <rows>x<cols>: standard S, Gram G, Gram with fp32 Z F":
+// the relative Frobenius distances to the float64 iteration that the bf16
+// Gram accuracy tests compare.
+void PrintGramZErrors(const char* what, int64_t rows, int64_t cols,
+                      double standard, double gram, double gram_fp32_z);
+
 // Error bounds of the GPU iteration against the float64 reference, for
 // matrices with min(rows, cols) >= 50 (see below for smaller ones).
 //
