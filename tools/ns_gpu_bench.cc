@@ -212,6 +212,23 @@ absl::StatusOr<Timing> TimeGemm(device::Runtime* rt, cuda::NsCudaContext* ctx,
   });
 }
 
+// The environment (MUON_NS_SYMMETRIC*) may change how symmetric products
+// run: says which way the figures were taken.
+void PrintSymmetricProducts(const cuda::SymmetricProducts& sym,
+                            int gram_restart_every) {
+  using cuda::SymmetricMode;
+  const char* sym_mode = sym.mode == SymmetricMode::kFull ? "full GEMMs"
+                         : sym.mode == SymmetricMode::kLoop
+                             ? "tile GEMMs in turn"
+                             : "batched tile GEMMs";
+  std::printf(
+      "symmetric products: %s, %d x %d tiles once m >= %lld; Gram: %s, "
+      "restart every %d\n",
+      sym_mode, sym.tiles, sym.tiles, static_cast<long long>(sym.min_edge),
+      sym.gram_all ? "every m x m product" : "first square only",
+      gram_restart_every);
+}
+
 // NS timed with the context's CUDA graphs on, and whether the output of
 // the last replay is bitwise that of the last direct call (left in `out`).
 struct GraphTiming {
@@ -318,20 +335,8 @@ int main(int argc, char** argv) {
       kernels::NewtonSchulzIterations(options),
       absl::GetFlag(FLAGS_method).c_str(), static_cast<long long>(batch),
       repeats);
-  // The environment (MUON_NS_SYMMETRIC*) may change how symmetric products
-  // run: say which way these figures were taken.
-  const kernels::cuda::SymmetricProducts& sym = (*ctx)->symmetric_products();
-  using kernels::cuda::SymmetricMode;
-  const char* sym_mode = sym.mode == SymmetricMode::kFull ? "full GEMMs"
-                         : sym.mode == SymmetricMode::kLoop
-                             ? "tile GEMMs in turn"
-                             : "batched tile GEMMs";
-  std::printf(
-      "symmetric products: %s, %d x %d tiles once m >= %lld; Gram: %s, "
-      "restart every %d\n",
-      sym_mode, sym.tiles, sym.tiles, static_cast<long long>(sym.min_edge),
-      sym.gram_all ? "every m x m product" : "first square only",
-      options.gram_restart_every);
+  PrintSymmetricProducts((*ctx)->symmetric_products(),
+                         options.gram_restart_every);
   absl::StatusOr<Timing> peak = TimeGemm(rt, ctx->get(), precision, gemm_size,
                                          gemm_size, gemm_size, repeats);
   if (!peak.ok()) return Fail("dense GEMM", peak.status());

@@ -916,6 +916,32 @@ absl::Status LaunchAsGraph(NsCudaContext::State* s, std::string key,
   return absl::OkStatus();
 }
 
+// The context's settings from the environment into *s: MUON_NS_SYMMETRIC*
+// (ParseSymmetricProducts), MUON_NS_GRAM_RESTART_EVERY,
+// MUON_NS_CUDA_GRAPHS and MUON_NS_GRAM_FP32_Z (0 or 1). Returns an empty
+// string, or the error of the first bad one (naming it and its value).
+std::string ReadEnvironment(NsCudaContext::State* s) {
+  std::string error = ParseSymmetricProducts(
+      std::getenv("MUON_NS_SYMMETRIC"), std::getenv("MUON_NS_SYMMETRIC_TILES"),
+      std::getenv("MUON_NS_SYMMETRIC_MIN_EDGE"),
+      std::getenv("MUON_NS_SYMMETRIC_GRAM"), &s->symmetric);
+  if (error.empty()) {
+    error = ParseGramRestartEvery(std::getenv("MUON_NS_GRAM_RESTART_EVERY"),
+                                  &s->gram_restart_every);
+  }
+  if (error.empty()) {
+    error =
+        ParseCudaGraphs(std::getenv("MUON_NS_CUDA_GRAPHS"), &s->cuda_graphs);
+  }
+  int64_t fp32_z = 0;
+  if (error.empty()) {
+    error = ParseEnvInteger("MUON_NS_GRAM_FP32_Z",
+                            std::getenv("MUON_NS_GRAM_FP32_Z"), 0, 1, &fp32_z);
+  }
+  s->gram_fp32_z = fp32_z == 1;
+  return error;
+}
+
 }  // namespace
 
 absl::Status CublasStatusToStatus(int cublas_status, const char* expr) {
@@ -970,34 +996,10 @@ absl::StatusOr<std::unique_ptr<NsCudaContext>> NsCudaContext::Create(
         ") must be of one CUDA device"));
   }
   auto state = std::make_unique<State>();
-  const std::string symmetric_error = ParseSymmetricProducts(
-      std::getenv("MUON_NS_SYMMETRIC"), std::getenv("MUON_NS_SYMMETRIC_TILES"),
-      std::getenv("MUON_NS_SYMMETRIC_MIN_EDGE"),
-      std::getenv("MUON_NS_SYMMETRIC_GRAM"), &state->symmetric);
-  if (!symmetric_error.empty()) {
+  if (const std::string error = ReadEnvironment(state.get()); !error.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("NsCudaContext::Create: ", symmetric_error));
+        absl::StrCat("NsCudaContext::Create: ", error));
   }
-  const std::string restart_error = ParseGramRestartEvery(
-      std::getenv("MUON_NS_GRAM_RESTART_EVERY"), &state->gram_restart_every);
-  if (!restart_error.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("NsCudaContext::Create: ", restart_error));
-  }
-  const std::string graphs_error =
-      ParseCudaGraphs(std::getenv("MUON_NS_CUDA_GRAPHS"), &state->cuda_graphs);
-  if (!graphs_error.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("NsCudaContext::Create: ", graphs_error));
-  }
-  int64_t fp32_z = 0;
-  const std::string fp32_z_error = ParseEnvInteger(
-      "MUON_NS_GRAM_FP32_Z", std::getenv("MUON_NS_GRAM_FP32_Z"), 0, 1, &fp32_z);
-  if (!fp32_z_error.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("NsCudaContext::Create: ", fp32_z_error));
-  }
-  state->gram_fp32_z = fp32_z == 1;
   state->device = where.ordinal;
   state->stream_wrapper = stream;
   state->stream = static_cast<cudaStream_t>(stream->native_handle());
