@@ -339,9 +339,14 @@ run_py muonrt_cuda_tensors --timeout 120 -- -m pytest -q -p no:cacheprovider -rs
 # torch.optim.Muon run stops at a step boundary after 30 s of training.
 # The trainer fails when muonrt.Muon's loss is not finite or its accuracy
 # falls below torch.optim.Muon's by more than its bound.
-run_py main_job_cuda --timeout 90 --min 45 -- \
-  "$py/examples/fashion_mnist_torch/train.py" --device cuda --epochs 1 \
-  --torch-muon-budget-s 30 --data-dir "$here/data/fashion-mnist"
+if [[ -d $here/data/fashion-mnist ]]; then
+  run_py main_job_cuda --timeout 90 --min 45 -- \
+    "$py/examples/fashion_mnist_torch/train.py" --device cuda --epochs 1 \
+    --torch-muon-budget-s 30 --data-dir "$here/data/fashion-mnist"
+else
+  record main_job_cuda "skipped (no data)" 0 \
+    "the bundle has no data/fashion-mnist (pack_device.sh --without-data)"
+fi
 
 # ---- 6. Llama-3-8B layer-set step: muonrt.Muon vs torch.optim.Muon ---------------
 run_py gpu_step_bench --timeout 150 --min 45 -- "$here/gpu_step_bench.py" \

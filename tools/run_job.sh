@@ -49,7 +49,8 @@ run_from_bundle() {
   for f in muonrt-lib.tar.xz run.sh bundle.tar.xz data/fashion-mnist; do
     if [[ ! -e $bundle/$f ]]; then
       echo "run_job: --device cuda: $bundle/$f not found; make the bundle" \
-        "with bash tools/pack_device.sh and bring $bundle here" >&2
+        "with bash tools/pack_device.sh (not --without-data) and bring" \
+        "$bundle here" >&2
       exit 1
     fi
   done
