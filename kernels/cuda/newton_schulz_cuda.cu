@@ -56,6 +56,9 @@ struct NsCudaContext::State {
   // (cudaGraphExec_t), dropped whenever the scratch moves.
   bool cuda_graphs = false;
   NsGraphCache graphs{kMaxCudaGraphs};
+  // Whether the stream may be captured at all (StreamCapturable, asked
+  // once at creation: the stream is the context's for its life).
+  bool stream_capturable = false;
   // MUON_NS_GRAM_FP32_Z: the bf16 Gram iteration forms Z in fp32 and
   // rounds it once (FormGramPolynomialFp32).
   bool gram_fp32_z = false;
@@ -871,36 +874,45 @@ absl::StatusOr<cudaGraphExec_t> CaptureGraph(NsCudaContext::State* s,
   return exec;
 }
 
-// Whether the context's stream may be captured: a stream of its own
-// (capture cannot take the legacy or per-thread default stream),
-// non-blocking (another thread's work on the legacy default stream would
-// end a blocking stream's capture) and not being captured by the caller
-// already (its graph then takes the direct launches).
-bool CanCapture(const NsCudaContext::State* s) {
-  if (s->stream == nullptr || s->stream == cudaStreamLegacy ||
-      s->stream == cudaStreamPerThread) {
+// Whether a stream may ever be captured: a stream of its own (capture
+// cannot take the legacy or per-thread default stream) and non-blocking
+// (another thread's work on the legacy default stream would end a
+// blocking stream's capture). Asked once, when the context is created.
+bool StreamCapturable(cudaStream_t stream) {
+  if (stream == nullptr || stream == cudaStreamLegacy ||
+      stream == cudaStreamPerThread) {
     return false;
   }
   unsigned int flags = 0;
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  if (cudaStreamGetFlags(s->stream, &flags) != cudaSuccess ||
-      cudaStreamIsCapturing(s->stream, &capturing) != cudaSuccess) {
+  if (cudaStreamGetFlags(stream, &flags) != cudaSuccess) {
     (void)cudaGetLastError();
     return false;
   }
-  return (flags & cudaStreamNonBlocking) != 0 &&
-         capturing == cudaStreamCaptureStatusNone;
+  return (flags & cudaStreamNonBlocking) != 0;
 }
 
-// Launches the graph of `key` on s->stream, capturing `enqueue` into it
+// Whether this call may capture the context's stream: StreamCapturable,
+// and not being captured by the caller already (its graph then takes the
+// direct launches).
+bool CanCapture(const NsCudaContext::State* s) {
+  if (!s->stream_capturable) return false;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(s->stream, &capturing) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return capturing == cudaStreamCaptureStatusNone;
+}
+
+// Launches the graph of `call` on s->stream, capturing `enqueue` into it
 // first when the context has none (the least recently used one is dropped
 // beyond kMaxCudaGraphs). A capture that fails (cuBLAS or CUDA refusing
 // it) turns the context's graphs off and runs `enqueue` directly.
 // Errors: enqueue's; cudaGraphLaunch's.
 template <typename Enqueue>
-absl::Status LaunchAsGraph(NsCudaContext::State* s, std::string key,
+absl::Status LaunchAsGraph(NsCudaContext::State* s, const NsGraphCall& call,
                            Enqueue&& enqueue) {
-  auto exec = static_cast<cudaGraphExec_t>(s->graphs.Find(key));
+  auto exec = static_cast<cudaGraphExec_t>(s->graphs.Find(call));
   if (exec == nullptr) {
     absl::StatusOr<cudaGraphExec_t> captured = CaptureGraph(s, enqueue);
     if (!captured.ok()) {
@@ -908,7 +920,7 @@ absl::Status LaunchAsGraph(NsCudaContext::State* s, std::string key,
       return enqueue();
     }
     exec = *captured;
-    if (void* dropped = s->graphs.Insert(std::move(key), exec)) {
+    if (void* dropped = s->graphs.Insert(call, exec)) {
       (void)cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(dropped));
     }
   }
@@ -1006,6 +1018,7 @@ absl::StatusOr<std::unique_ptr<NsCudaContext>> NsCudaContext::Create(
   state->allocator = allocator;
   device::CudaDeviceGuard device_guard(where.ordinal);
   if (!device_guard.status().ok()) return device_guard.status();
+  state->stream_capturable = StreamCapturable(state->stream);
   // From here on the context owns what it creates (the destructor frees).
   auto ctx =
       std::unique_ptr<NsCudaContext>(new NsCudaContext(std::move(state)));
@@ -1102,9 +1115,9 @@ absl::Status NewtonSchulzBatched(NsCudaContext* ctx, const float* u,
                               s->gram_fp32_z);
   MUON_CU_RETURN_IF_ERROR(ReserveState(s, l));
   if (!s->cuda_graphs || !CanCapture(s)) return EnqueueCall(s, l, gram, call);
-  return LaunchAsGraph(
-      s, NsGraphKey(u, out, batch, rows, cols, precision, options),
-      [&] { return EnqueueCall(s, l, gram, call); });
+  const NsGraphCall graph_call{u, out, batch, rows, cols, precision, &options};
+  return LaunchAsGraph(s, graph_call,
+                       [&] { return EnqueueCall(s, l, gram, call); });
 }
 
 absl::Status DenseGemm(NsCudaContext* ctx, GpuPrecision precision, int64_t m,

@@ -138,15 +138,15 @@ class NsCudaContext {
 
   // Whether calls run as CUDA graphs: off unless MUON_NS_CUDA_GRAPHS=1
   // (read by Create) or set_cuda_graphs(true). When on, the first call
-  // with a given NsGraphKey (U, O, shape, precision, options;
+  // with given U, O, shape, precision and options (SameGraphCall,
   // kernels/cuda/ns_graph_cache.h) is captured from this context's stream
   // into a graph and launched with cudaGraphLaunch, and later calls with
-  // the same key launch that graph again: one launch instead of a few
-  // dozen kernels and GEMMs, for shapes where enqueueing costs more than
-  // the GPU work (1024 x 1024 and below). A replay runs the same kernels
-  // with the same arguments: its results are bitwise those of direct
-  // calls. The last 64 keys' graphs are kept; all are dropped when the
-  // scratch grows or the symmetric products change. Calls run directly
+  // the same ones launch that graph again (found without allocating): one
+  // launch instead of a few dozen kernels and GEMMs, for shapes where
+  // enqueueing costs more than the GPU work (1024 x 1024 and below). A replay
+  // runs the same kernels with the same arguments: its results are bitwise
+  // those of direct calls. The last 64 calls' graphs are kept; all are dropped
+  // when the scratch grows or the symmetric products change. Calls run directly
   // on a stream capture cannot take (the legacy or per-thread default
   // stream, a blocking stream) or that the caller is capturing already
   // (its graph takes them). A capture that fails turns graphs off for the

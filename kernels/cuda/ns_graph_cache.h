@@ -1,7 +1,7 @@
 // What the CUDA Newton-Schulz path needs to replay whole calls as CUDA
 // graphs (cudaStreamBeginCapture ... cudaGraphLaunch), as PyTorch's
-// torch.cuda.CUDAGraph replays captured work: the key that says which
-// captured call a new call may replay, the setting that turns graphs on,
+// torch.cuda.CUDAGraph replays captured work: the comparison that says
+// which captured call a new call may replay, the setting that turns graphs on,
 // and a bounded cache of instantiated graphs. Plain C++ (no CUDA types:
 // a graph is an opaque handle), used by kernels/cuda/newton_schulz_cuda.cu
 // and tested on the CPU.
@@ -9,14 +9,15 @@
 // A captured call bakes in its device pointers (U, O, the scratch), its
 // shape, precision and every option: a replay is the same launches with
 // the same arguments, so its results are bitwise those of the call it
-// captured. The key holds all of them; the context drops every graph when
-// its scratch moves or its symmetric-product setting changes.
+// captured. The comparison covers all of them; the context drops every graph
+// when its scratch moves or its symmetric-product setting changes.
 #ifndef MUON_KERNELS_CUDA_NS_GRAPH_CACHE_H_
 #define MUON_KERNELS_CUDA_NS_GRAPH_CACHE_H_
 
-#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,40 +29,61 @@ namespace muon {
 namespace kernels {
 namespace cuda {
 
-// The bytes that tell captured calls of NewtonSchulzBatched apart: the
-// device pointers `u` and `out`, batch, rows, cols, the precision and every
-// field of `options` (raw bytes, so that coefficients equal to the last
-// bit match and no others do).
-inline std::string NsGraphKey(const float* u, const float* out, int64_t batch,
-                              int64_t rows, int64_t cols,
-                              GpuPrecision precision,
-                              const NewtonSchulzOptions& options) {
+// One call of NewtonSchulzBatched as a captured graph sees it: the device
+// pointers `u` and `out`, the shape, the precision and the options (not
+// owned). Building one allocates nothing, so that a call looks up its
+// graph without touching the heap.
+struct NsGraphCall {
+  const float* u = nullptr;
+  const float* out = nullptr;
+  int64_t batch = 0;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  GpuPrecision precision = GpuPrecision::kFp32;
+  const NewtonSchulzOptions* options = nullptr;
+};
+
+// Whether doubles `x` and `y` have the same bits (so that coefficients
+// equal to the last bit match and no others do: 0.0 and -0.0 differ).
+inline bool SameBits(double x, double y) {
+  uint64_t a = 0, b = 0;
+  std::memcpy(&a, &x, sizeof(a));
+  std::memcpy(&b, &y, sizeof(b));
+  return a == b;
+}
+
+// Whether options `x` and `y` have every field the same, doubles bit for
+// bit.
+inline bool SameGraphOptions(const NewtonSchulzOptions& x,
+                             const NewtonSchulzOptions& y) {
   // Every field by name: a field added to NewtonSchulzOptions stops this
-  // from compiling until it joins the key.
-  const auto& [a, b, c, eps, steps, coefficients, norm_scale, method,
-               gram_restart_every] = options;
-  std::string key;
-  auto put = [&key](const auto& value) {
-    key.append(reinterpret_cast<const char*>(&value), sizeof(value));
-  };
-  put(u);
-  put(out);
-  put(batch);
-  put(rows);
-  put(cols);
-  put(precision);
-  put(a);
-  put(b);
-  put(c);
-  put(eps);
-  put(steps);
-  put(norm_scale);
-  put(method);
-  put(gram_restart_every);
-  const int64_t schedule = static_cast<int64_t>(coefficients.size());
-  put(schedule);
-  for (const std::array<double, 3>& abc : coefficients) put(abc);
-  return key;
+  // from compiling until it joins the comparison.
+  const auto& [xa, xb, xc, xeps, xsteps, xcoefficients, xnorm_scale, xmethod,
+               xgram_restart_every] = x;
+  const auto& [ya, yb, yc, yeps, ysteps, ycoefficients, ynorm_scale, ymethod,
+               ygram_restart_every] = y;
+  if (!SameBits(xa, ya) || !SameBits(xb, yb) || !SameBits(xc, yc) ||
+      !SameBits(xeps, yeps) || xsteps != ysteps ||
+      !SameBits(xnorm_scale, ynorm_scale) || xmethod != ymethod ||
+      xgram_restart_every != ygram_restart_every ||
+      xcoefficients.size() != ycoefficients.size()) {
+    return false;
+  }
+  for (size_t i = 0; i < xcoefficients.size(); ++i) {
+    for (size_t j = 0; j < 3; ++j) {
+      if (!SameBits(xcoefficients[i][j], ycoefficients[i][j])) return false;
+    }
+  }
+  return true;
+}
+
+// Whether a graph captured for call `x` may replay call `y`: the same
+// pointers, shape and precision, and the same options (SameGraphOptions).
+// Both calls' options must be non-null.
+inline bool SameGraphCall(const NsGraphCall& x, const NsGraphCall& y) {
+  return x.u == y.u && x.out == y.out && x.batch == y.batch &&
+         x.rows == y.rows && x.cols == y.cols && x.precision == y.precision &&
+         SameGraphOptions(*x.options, *y.options);
 }
 
 // Whether NsCudaContexts replay calls as CUDA graphs, from
@@ -81,51 +103,64 @@ inline std::string ParseCudaGraphs(const char* text, bool* on) {
   return "";
 }
 
-// Instantiated graphs (opaque handles: cudaGraphExec_t) by NsGraphKey, the
-// most recently used last, at most `capacity` (>= 1). It frees nothing itself:
-// Insert and Clear hand back what the caller must destroy
-// (cudaGraphExecDestroy, which defers the free of a graph still running).
-// Thread-compatible, as its context.
+// Instantiated graphs (opaque handles: cudaGraphExec_t) by the call they
+// captured, the most recently used last, at most `capacity` (>= 1). Find
+// allocates nothing; Insert keeps its own copy of the call's options. It
+// frees no graph itself: Insert and Clear hand back what the caller must
+// destroy (cudaGraphExecDestroy, which defers the free of a graph still
+// running). Thread-compatible, as its context.
 class NsGraphCache {
  public:
-  explicit NsGraphCache(int capacity)
-      : capacity_(capacity < 1 ? 1 : capacity) {}
+  explicit NsGraphCache(int capacity) : capacity_(capacity < 1 ? 1 : capacity) {
+    entries_.reserve(static_cast<size_t>(capacity_));
+  }
 
-  // The graph of `key`, now the most recently used, or nullptr.
-  void* Find(const std::string& key) {
-    for (size_t i = 0; i < entries_.size(); ++i) {
-      if (entries_[i].first != key) continue;
-      std::pair<std::string, void*> hit = std::move(entries_[i]);
+  // The graph captured for a call SameGraphCall as `call`, now the most
+  // recently used, or nullptr. `call.options` must be non-null.
+  void* Find(const NsGraphCall& call) {
+    for (size_t i = entries_.size(); i-- > 0;) {
+      if (!SameGraphCall(entries_[i]->call, call)) continue;
+      std::unique_ptr<Entry> hit = std::move(entries_[i]);
       entries_.erase(entries_.begin() + static_cast<std::ptrdiff_t>(i));
       entries_.push_back(std::move(hit));
-      return entries_.back().second;
+      return entries_.back()->graph;
     }
     return nullptr;
   }
-  // Keeps `graph` for `key` (not yet in the cache) as the most recently
-  // used. Returns the least recently used graph it dropped to stay within
-  // the capacity, or nullptr.
-  void* Insert(std::string key, void* graph) {
+  // Keeps `graph` for `call` (not yet in the cache; its options are
+  // copied) as the most recently used. Returns the least recently used
+  // graph it dropped to stay within the capacity, or nullptr.
+  void* Insert(const NsGraphCall& call, void* graph) {
     void* dropped = nullptr;
     if (static_cast<int>(entries_.size()) >= capacity_) {
-      dropped = entries_.front().second;
+      dropped = entries_.front()->graph;
       entries_.erase(entries_.begin());
     }
-    entries_.emplace_back(std::move(key), graph);
+    auto entry = std::make_unique<Entry>();
+    entry->options = *call.options;
+    entry->call = call;
+    entry->call.options = &entry->options;  // Stable: the entry is on the heap.
+    entry->graph = graph;
+    entries_.push_back(std::move(entry));
     return dropped;
   }
   // Empties the cache; returns every graph it held.
   std::vector<void*> Clear() {
     std::vector<void*> all;
-    for (auto& entry : entries_) all.push_back(entry.second);
+    for (const auto& entry : entries_) all.push_back(entry->graph);
     entries_.clear();
     return all;
   }
   int size() const { return static_cast<int>(entries_.size()); }
 
  private:
+  struct Entry {
+    NewtonSchulzOptions options;
+    NsGraphCall call;  // call.options points at `options`.
+    void* graph = nullptr;
+  };
   const int capacity_;
-  std::vector<std::pair<std::string, void*>> entries_;
+  std::vector<std::unique_ptr<Entry>> entries_;
 };
 
 }  // namespace cuda
