@@ -510,8 +510,23 @@ struct IterationShape {
   int64_t m() const { return std::min(rows, cols); }
 };
 
+// Where a product writes: the C buffer (g.offset_c and the strides count
+// its elements), its element type and size. By default g.c in the work
+// type (ProductOutput); the bf16 Gram iteration's fp32 Z writes fp32.
+struct ProductOut {
+  void* c;
+  cudaDataType_t type;
+  int64_t elem_bytes;
+};
+
+ProductOut DefaultOut(const IterationShape& shape, const IterationBuffers& buf,
+                      const NsGemm& g) {
+  return {buf.Get(g.c), shape.types.data, shape.types.elem_bytes};
+}
+
 absl::Status RunPlanned(NsCudaContext::State* s, const IterationShape& shape,
-                        const IterationBuffers& buf, const NsGemm& g) {
+                        const IterationBuffers& buf, const NsGemm& g,
+                        const ProductOut& out) {
   const int64_t e = shape.types.elem_bytes;
   auto at = [&](NsBuffer which, int64_t offset) {
     return static_cast<char*>(buf.Get(which)) + offset * e;
@@ -522,7 +537,14 @@ absl::Status RunPlanned(NsCudaContext::State* s, const IterationShape& shape,
        g.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N, g.m, g.n, g.k,
        static_cast<float>(g.alpha), at(g.a, g.offset_a), g.lda, g.stride_a,
        at(g.b, g.offset_b), g.ldb, g.stride_b, static_cast<float>(g.beta),
-       at(g.c, g.offset_c), g.ldc, g.stride_c});
+       static_cast<char*>(out.c) + g.offset_c * out.elem_bytes, g.ldc,
+       g.stride_c},
+      out.type);
+}
+
+absl::Status RunPlanned(NsCudaContext::State* s, const IterationShape& shape,
+                        const IterationBuffers& buf, const NsGemm& g) {
+  return RunPlanned(s, shape, buf, g, DefaultOut(shape, buf, g));
 }
 
 // The tiles of `tiles` whose sizes are t's, as one pointer-array batched
@@ -531,14 +553,15 @@ absl::Status RunPlanned(NsCudaContext::State* s, const IterationShape& shape,
 // them), then cublasGemmBatchedEx.
 absl::Status RunTileGroup(NsCudaContext::State* s, const IterationShape& shape,
                           const IterationBuffers& buf,
-                          const std::vector<NsGemm>& tiles, const NsGemm& t) {
+                          const std::vector<NsGemm>& tiles, const NsGemm& t,
+                          const ProductOut& out) {
   const int64_t e = shape.types.elem_bytes;
   TileOffsets off{};
   for (const NsGemm& u : tiles) {
     if (u.m != t.m || u.n != t.n) continue;
     off.a[off.count] = u.offset_a * e;
     off.b[off.count] = u.offset_b * e;
-    off.c[off.count] = u.offset_c * e;
+    off.c[off.count] = u.offset_c * out.elem_bytes;
     ++off.count;
   }
   const int total = off.count * shape.batch;
@@ -548,18 +571,17 @@ absl::Status RunTileGroup(NsCudaContext::State* s, const IterationShape& shape,
   FillTilePointersKernel<<<(total + kThreads - 1) / kThreads, kThreads, 0,
                            s->stream>>>(
       static_cast<const char*>(buf.Get(t.a)),
-      static_cast<const char*>(buf.Get(t.b)), static_cast<char*>(buf.Get(t.c)),
-      t.stride_a * e, t.stride_b * e, t.stride_c * e, off, shape.batch, pa, pb,
-      pc);
+      static_cast<const char*>(buf.Get(t.b)), static_cast<char*>(out.c),
+      t.stride_a * e, t.stride_b * e, t.stride_c * out.elem_bytes, off,
+      shape.batch, pa, pb, pc);
   MUON_CUDA_RETURN_IF_LAUNCH_FAILED("FillTilePointersKernel");
   const float alpha = static_cast<float>(t.alpha);
   const float beta = static_cast<float>(t.beta);
   MUON_CUBLAS_RETURN_IF_ERROR(cublasGemmBatchedEx(
       s->handle, t.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N,
       t.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N, t.m, t.n, t.k, &alpha, pa,
-      shape.types.data, t.lda, pb, shape.types.data, t.ldb, &beta, pc,
-      shape.types.data, t.ldc, total, shape.types.compute,
-      CUBLAS_GEMM_DEFAULT));
+      shape.types.data, t.lda, pb, shape.types.data, t.ldb, &beta, pc, out.type,
+      t.ldc, total, shape.types.compute, CUBLAS_GEMM_DEFAULT));
   return absl::OkStatus();
 }
 
@@ -567,7 +589,8 @@ absl::Status RunTileGroup(NsCudaContext::State* s, const IterationShape& shape,
 // batched GEMM per tile size (kBatched; one size when `tiles` divides m
 // into multiples of 8, else up to 3: full, last column, last corner).
 absl::Status RunUpperTiles(NsCudaContext::State* s, const IterationShape& shape,
-                           const IterationBuffers& buf, const NsGemm& g) {
+                           const IterationBuffers& buf, const NsGemm& g,
+                           const ProductOut& out) {
   UpperTileGemms(g, s->symmetric.tiles, &s->tiles);
   const std::vector<NsGemm>& tiles = s->tiles;
   // cuBLAS's batch count is at most 65535 (kMaxBatch): a bucket of more
@@ -577,7 +600,7 @@ absl::Status RunUpperTiles(NsCudaContext::State* s, const IterationShape& shape,
       static_cast<int64_t>(tiles.size()) * shape.batch > kMaxBatch;
   if (loop) {
     for (const NsGemm& t : tiles) {
-      MUON_CU_RETURN_IF_ERROR(RunPlanned(s, shape, buf, t));
+      MUON_CU_RETURN_IF_ERROR(RunPlanned(s, shape, buf, t, out));
     }
     return absl::OkStatus();
   }
@@ -587,23 +610,27 @@ absl::Status RunUpperTiles(NsCudaContext::State* s, const IterationShape& shape,
       seen = tiles[j].m == tiles[i].m && tiles[j].n == tiles[i].n;
     }
     if (!seen)
-      MUON_CU_RETURN_IF_ERROR(RunTileGroup(s, shape, buf, tiles, tiles[i]));
+      MUON_CU_RETURN_IF_ERROR(
+          RunTileGroup(s, shape, buf, tiles, tiles[i], out));
   }
   return absl::OkStatus();
 }
 
 // A product whose m x m output is symmetric element for element (see
-// UpperTileGemms): once the context's SymmetricProducts tiles m (and
-// `tiled`), the GEMMs of the tiles on and above the diagonal, then the
-// mirror copy; else g as one GEMM. Every element is the same sum of the
-// same products either way (ns_gemm_plan_test proves the plan bitwise on a
-// simulator); cuBLAS may pick other kernels for the tiles than for the
-// whole, so its rounding can differ in the last place from one full GEMM's.
+// UpperTileGemms), into `out`: once the context's SymmetricProducts tiles
+// m (and `tiled`), the GEMMs of the tiles on and above the diagonal, then
+// the mirror copy; else g as one GEMM. Every element is the same sum of
+// the same products either way (ns_gemm_plan_test proves the plan bitwise
+// on a simulator); cuBLAS may pick other kernels for the tiles than for
+// the whole, so its rounding can differ in the last place from one full
+// GEMM's.
 absl::Status RunSymmetric(NsCudaContext::State* s, const IterationShape& shape,
                           const IterationBuffers& buf, const NsGemm& g,
-                          bool tiled = true) {
-  if (!tiled || !s->symmetric.Tiled(g.m)) return RunPlanned(s, shape, buf, g);
-  MUON_CU_RETURN_IF_ERROR(RunUpperTiles(s, shape, buf, g));
+                          bool tiled, const ProductOut& out) {
+  if (!tiled || !s->symmetric.Tiled(g.m)) {
+    return RunPlanned(s, shape, buf, g, out);
+  }
+  MUON_CU_RETURN_IF_ERROR(RunUpperTiles(s, shape, buf, g, out));
   const int edge = SymmetricTileEdge(g.m, s->symmetric.tiles);
   // One block per kMirrorBlock square (each grid dimension at most 65535,
   // the kernel strides past that), one grid layer per matrix.
@@ -611,10 +638,9 @@ absl::Status RunSymmetric(NsCudaContext::State* s, const IterationShape& shape,
       std::min<int64_t>((g.m + kMirrorBlock - 1) / kMirrorBlock, 65535));
   const dim3 grid(squares, squares, static_cast<unsigned int>(shape.batch));
   const dim3 block(kMirrorBlock, kMirrorRows);
-  void* c =
-      static_cast<char*>(buf.Get(g.c)) + g.offset_c * shape.types.elem_bytes;
+  void* c = static_cast<char*>(out.c) + g.offset_c * out.elem_bytes;
   // The copy moves bits: bf16 as 16-bit and fp32 as 32-bit words.
-  if (shape.bf16) {
+  if (out.elem_bytes == 2) {
     MirrorLowerTilesKernel<uint16_t>
         <<<grid, block, 0, s->stream>>>(static_cast<uint16_t*>(c), g.m, edge);
   } else {
@@ -623,6 +649,13 @@ absl::Status RunSymmetric(NsCudaContext::State* s, const IterationShape& shape,
   }
   MUON_CUDA_RETURN_IF_LAUNCH_FAILED("MirrorLowerTilesKernel");
   return absl::OkStatus();
+}
+
+// RunSymmetric into g.c, in the work type.
+absl::Status RunSymmetric(NsCudaContext::State* s, const IterationShape& shape,
+                          const IterationBuffers& buf, const NsGemm& g,
+                          bool tiled = true) {
+  return RunSymmetric(s, shape, buf, g, tiled, DefaultOut(shape, buf, g));
 }
 
 absl::Status CopyAsync(NsCudaContext::State* s, void* dst, const void* src,
@@ -680,16 +713,19 @@ absl::Status AddDiagonal(NsCudaContext::State* s, const IterationShape& shape,
 }
 
 // bf16 Z = a I + b R + c R R formed in fp32 and rounded once: z32 = b R +
-// a I, then z32 += c R R (bf16 R, fp32 output: one full GEMM or strided
-// batch, `square`'s shape without its tiles), then Z = bf16(z32) in
-// buf->poly. The default way (GramInnerStep) rounds b R + c R R to bf16
-// and then rounds again after adding a, which loses what cancels: near
-// convergence a + b r + c r^2 = 0.70 is left of 3.44 - 2.74.
+// a I, then z32 += c R R (bf16 R, fp32 output: `square` with beta = 1 into
+// z32, a symmetric product tiled as RunSymmetric tiles it when `tiled`;
+// z32 = b R + a I is symmetric, so the mirrored lower tiles hold what
+// their own GEMMs would), then Z = bf16(z32) in buf->poly. The default way
+// (GramInnerStep) rounds b R + c R R to bf16 and then rounds again after
+// adding a, which loses what cancels: near convergence a + b r + c r^2 =
+// 0.70 is left of 3.44 - 2.74.
 absl::Status FormGramPolynomialFp32(NsCudaContext::State* s,
                                     const IterationShape& shape,
                                     const IterationBuffers& buf,
                                     const NsGemm& square,
-                                    const std::array<double, 3>& abc) {
+                                    const std::array<double, 3>& abc,
+                                    bool tiled) {
   const int m = static_cast<int>(shape.m());
   const int64_t mm = static_cast<int64_t>(m) * m;
   const unsigned int y = static_cast<unsigned int>(shape.batch);
@@ -698,17 +734,11 @@ absl::Status FormGramPolynomialFp32(NsCudaContext::State* s,
       static_cast<const __nv_bfloat16*>(buf.gram), mm, m,
       static_cast<float>(abc[0]), static_cast<float>(abc[1]), buf.z32);
   MUON_CUDA_RETURN_IF_LAUNCH_FAILED("GramPolynomialStartKernel");
-  const int64_t e = shape.types.elem_bytes;
-  const auto* r = static_cast<const char*>(buf.gram);
+  NsGemm rr = square;  // alpha = c
+  rr.beta = 1.0;
   MUON_CU_RETURN_IF_ERROR(
-      RunGemm(s->handle, shape.types, shape.batch,
-              {square.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-               square.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N, square.m,
-               square.n, square.k, static_cast<float>(abc[2]),
-               r + square.offset_a * e, square.lda, square.stride_a,
-               r + square.offset_b * e, square.ldb, square.stride_b, 1.0f,
-               buf.z32 + square.offset_c, square.ldc, square.stride_c},
-              CUDA_R_32F));
+      RunSymmetric(s, shape, buf, rr, tiled,
+                   ProductOut{buf.z32, CUDA_R_32F, int64_t{sizeof(float)}}));
   const int64_t total = shape.batch * mm;
   FloatToBf16Kernel<<<ElementwiseBlocks(total), kThreads, 0, s->stream>>>(
       buf.z32, total, static_cast<__nv_bfloat16*>(buf.poly));
@@ -726,7 +756,7 @@ absl::Status FormGramPolynomial(NsCudaContext::State* s,
                                 const NsGemm& square,
                                 const std::array<double, 3>& abc, bool tiled) {
   if (shape.bf16 && s->gram_fp32_z) {
-    return FormGramPolynomialFp32(s, shape, buf, square, abc);
+    return FormGramPolynomialFp32(s, shape, buf, square, abc, tiled);
   }
   const int64_t m = shape.m();
   const int64_t mm_bytes = shape.batch * m * m * shape.types.elem_bytes;

@@ -84,8 +84,9 @@ class NsCudaContext {
   // NewtonSchulzOptions::gram_restart_every on this context (for measuring
   // restart schedules; ParseGramRestartEvery).
   // MUON_NS_GRAM_FP32_Z=1 makes the bf16 Gram iteration form each Z =
-  // a I + b R + c R R in fp32 (its R R as one bf16 GEMM with an fp32
-  // output, not in symmetric tiles) and round it to bf16 once, where by
+  // a I + b R + c R R in fp32 (its R R as bf16 GEMMs with an fp32 output,
+  // in symmetric tiles as the other products) and round it to bf16 once,
+  // where by
   // default b R + c R R is rounded, then again after a is added to the
   // diagonal, losing what cancels there. The CPU model of the bf16
   // arithmetic (tests/kernels/ns_gram_error) puts Gram restart-every-2

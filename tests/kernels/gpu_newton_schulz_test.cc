@@ -708,13 +708,27 @@ TEST(GpuNewtonSchulzTest, GramBf16Fp32Z_NoFartherFromFloat64ThanStandard) {
 }
 
 // A bucket of 3 (strided batches, one diagonal per matrix) through the
-// bf16 Gram iteration with fp32 Z, wide and tall: each matrix within the
-// bf16 bound of the float64 iteration and of the CPU model of the same
-// arithmetic.
-TEST(GpuNewtonSchulzTest, GramBf16Fp32Z_Bucket_EachMatrixMatchesModel) {
+// bf16 Gram iteration with fp32 Z, wide and tall, with R R as one GEMM
+// and in symmetric tiles (fp32 tile outputs, mirrored as 32-bit words:
+// in turn, and batched with 4 and 7 tiles, whose last tiles are smaller):
+// each matrix within the bf16 bound of the float64 iteration and of the
+// CPU model of the same arithmetic.
+TEST(GpuNewtonSchulzTest,
+     GramBf16Fp32Z_BucketAnyTiling_EachMatrixMatchesModel) {
   MUON_SKIP_WITHOUT_GPU();
   const auto unset = absl::MakeCleanup([] { unsetenv("MUON_NS_GRAM_FP32_Z"); });
   ASSERT_EQ(setenv("MUON_NS_GRAM_FP32_Z", "1", 1), 0);
+  std::vector<std::pair<std::string, cuda::SymmetricProducts>> modes;
+  cuda::SymmetricProducts tiled;  // the default: m = 128 is not tiled
+  modes.push_back({"full", tiled});
+  tiled.min_edge = 64;
+  tiled.tiles = 4;
+  modes.push_back({"batched4", tiled});
+  tiled.tiles = 7;
+  modes.push_back({"batched7", tiled});
+  tiled.mode = cuda::SymmetricMode::kLoop;
+  tiled.tiles = 4;
+  modes.push_back({"loop4", tiled});
   NewtonSchulzOptions gram;
   gram.method = NewtonSchulzMethod::kGram;
   for (auto [rows, cols] :
@@ -723,15 +737,17 @@ TEST(GpuNewtonSchulzTest, GramBf16Fp32Z_Bucket_EachMatrixMatchesModel) {
     const std::vector<double> ref = Reference(u, rows, cols, {});
     const std::vector<float> model = EmulateGpuNewtonSchulz(
         u, rows, cols, gram, GpuPrecision::kBf16, /*gram_fp32_z=*/true);
-    const std::vector<std::vector<float>> outs = RunWithSymmetric(
-        cuda::SymmetricProducts(), GpuPrecision::kBf16, u, 3, rows, cols, gram);
-    ASSERT_EQ(outs.size(), 3u);
-    for (const std::vector<float>& out : outs) {
-      ExpectWithinBound("gram_fp32_z_bucket", GpuPrecision::kBf16, rows, cols,
-                        out, ref);
-      ExpectWithinBound("gram_fp32_z_bucket_vs_model", GpuPrecision::kBf16,
-                        rows, cols, out,
-                        std::vector<double>(model.begin(), model.end()));
+    const std::vector<double> model64(model.begin(), model.end());
+    for (const auto& [name, symmetric] : modes) {
+      const std::vector<std::vector<float>> outs = RunWithSymmetric(
+          symmetric, GpuPrecision::kBf16, u, 3, rows, cols, gram);
+      ASSERT_EQ(outs.size(), 3u) << name;
+      for (const std::vector<float>& out : outs) {
+        ExpectWithinBound(("gram_fp32_z_" + name).c_str(), GpuPrecision::kBf16,
+                          rows, cols, out, ref);
+        ExpectWithinBound(("gram_fp32_z_" + name + "_vs_model").c_str(),
+                          GpuPrecision::kBf16, rows, cols, out, model64);
+      }
     }
   }
 }
