@@ -175,78 +175,61 @@ absl::Status CudaEvent::Record(Stream* stream) {
   return absl::OkStatus();
 }
 
+// Memory from the CUDA runtime for device `ordinal`, allocated and freed
+// with it current: device memory (kDevice: cudaMalloc, cudaFree) or
+// page-locked host memory (kPinnedHost: cudaHostAlloc, portable, so that
+// it is pinned for every device's context; zero-filled; cudaFreeHost).
 class CudaAllocator final : public Allocator {
  public:
-  explicit CudaAllocator(int ordinal) : ordinal_(ordinal) {}
-  Device device() const override { return Device::Cuda(ordinal_); }
-  absl::StatusOr<void*> AllocateRaw(int64_t bytes) override {
-    if (bytes < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("cuda:", ordinal_, ": allocation of ", bytes, " bytes"));
-    }
-    if (bytes == 0) return nullptr;
-    CudaDeviceGuard guard(ordinal_);
-    if (!guard.status().ok()) return guard.status();
-    void* p = nullptr;
-    const cudaError_t e = cudaMalloc(&p, static_cast<size_t>(bytes));
-    if (e != cudaSuccess) {
-      (void)cudaGetLastError();
-      const std::string what =
-          absl::StrCat("cudaMalloc(", bytes, " bytes) on cuda:", ordinal_);
-      return CudaErrorToStatus(static_cast<int>(e), what.c_str());
-    }
-    return p;
+  enum class Kind { kDevice, kPinnedHost };
+  CudaAllocator(int ordinal, Kind kind) : ordinal_(ordinal), kind_(kind) {}
+  Device device() const override {
+    return kind_ == Kind::kDevice ? Device::Cuda(ordinal_) : Device::Host();
   }
-  void DeallocateRaw(void* ptr) override {
-    if (ptr == nullptr) return;
-    CudaDeviceGuard guard(ordinal_);
-    (void)cudaFree(ptr);
-  }
-
- private:
-  const int ordinal_;
-};
-
-// Page-locked host memory (cudaHostAlloc, portable: pinned for every
-// device's context), allocated with `ordinal` current, zero-filled.
-class CudaPinnedHostAllocator final : public Allocator {
- public:
-  explicit CudaPinnedHostAllocator(int ordinal) : ordinal_(ordinal) {}
-  Device device() const override { return Device::Host(); }
   absl::StatusOr<void*> AllocateRaw(int64_t bytes) override {
+    const char* call = kind_ == Kind::kDevice ? "cudaMalloc" : "cudaHostAlloc";
     if (bytes < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "pinned host allocation of ", bytes, " bytes for cuda:", ordinal_));
+          call, ": allocation of ", bytes, " bytes for cuda:", ordinal_));
     }
     if (bytes == 0) return nullptr;
     CudaDeviceGuard guard(ordinal_);
     if (!guard.status().ok()) return guard.status();
     void* p = nullptr;
-    const cudaError_t e =
-        cudaHostAlloc(&p, static_cast<size_t>(bytes), cudaHostAllocPortable);
+    const size_t n = static_cast<size_t>(bytes);
+    const cudaError_t e = kind_ == Kind::kDevice
+                              ? cudaMalloc(&p, n)
+                              : cudaHostAlloc(&p, n, cudaHostAllocPortable);
     if (e != cudaSuccess) {
       (void)cudaGetLastError();
       const std::string what =
-          absl::StrCat("cudaHostAlloc(", bytes, " bytes) for cuda:", ordinal_);
+          absl::StrCat(call, "(", bytes, " bytes) for cuda:", ordinal_);
       return CudaErrorToStatus(static_cast<int>(e), what.c_str());
     }
-    std::memset(p, 0, static_cast<size_t>(bytes));
+    if (kind_ == Kind::kPinnedHost) std::memset(p, 0, n);
     return p;
   }
   void DeallocateRaw(void* ptr) override {
     if (ptr == nullptr) return;
     CudaDeviceGuard guard(ordinal_);
-    (void)cudaFreeHost(ptr);
+    if (kind_ == Kind::kDevice) {
+      (void)cudaFree(ptr);
+    } else {
+      (void)cudaFreeHost(ptr);
+    }
   }
 
  private:
   const int ordinal_;
+  const Kind kind_;
 };
 
 class CudaRuntimeImpl final : public Runtime {
  public:
   explicit CudaRuntimeImpl(int ordinal)
-      : ordinal_(ordinal), allocator_(ordinal), pinned_(ordinal) {}
+      : ordinal_(ordinal),
+        allocator_(ordinal, CudaAllocator::Kind::kDevice),
+        pinned_(ordinal, CudaAllocator::Kind::kPinnedHost) {}
   Device device() const override { return Device::Cuda(ordinal_); }
   absl::StatusOr<std::unique_ptr<Stream>> CreateStream(
       const std::string& name) override {
@@ -358,7 +341,7 @@ class CudaRuntimeImpl final : public Runtime {
 
   const int ordinal_;
   CudaAllocator allocator_;
-  CudaPinnedHostAllocator pinned_;
+  CudaAllocator pinned_;
 };
 
 }  // namespace
