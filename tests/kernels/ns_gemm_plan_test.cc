@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -167,14 +168,42 @@ std::vector<double> RunPlan(const std::vector<double>& u, int batch,
   return buf.x;
 }
 
+// Z = a I + b R + c R R into buf->poly from R in buf->gram, as
+// newton_schulz_cuda.cu forms it: by default b R + c R R (beta = b on a
+// copy of R), then a added to the diagonal; with `fp32_z`
+// (FormGramPolynomialFp32) b R + a I first, then c R R added by the same
+// product with beta = 1. `tiles` as SimulateSymmetric's.
+void FormGramPolynomial(const NsGramPlan& plan,
+                        const std::array<double, 3>& abc, int64_t m, int tiles,
+                        int batch, bool fp32_z, Buffers* buf) {
+  auto diagonal = [m](int64_t i) { return i % m == i / m % m; };
+  if (fp32_z) {
+    for (size_t i = 0; i < buf->gram.size(); ++i) {
+      const int64_t at = static_cast<int64_t>(i) % (m * m);
+      buf->poly[i] = abc[1] * buf->gram[i] + (diagonal(at) ? abc[0] : 0.0);
+    }
+    NsGemm rr = plan.square;
+    rr.beta = 1.0;
+    SimulateSymmetric(rr, tiles, batch, buf);
+    return;
+  }
+  buf->poly = buf->gram;
+  SimulateSymmetric(plan.square, tiles, batch, buf);
+  for (int e = 0; e < batch; ++e) {
+    for (int64_t i = 0; i < m; ++i) buf->poly[e * m * m + i * m + i] += abc[0];
+  }
+}
+
 // NewtonSchulzBatched's Gram sequence (GramIterations in
 // newton_schulz_cuda.cu): copies, the diagonal kernel and the Q/tmp swap
 // as the CUDA code does them. `gram_all`: every m x m product a symmetric
 // product (SymmetricProducts::gram_all), else the first square only.
+// `fp32_z`: Z formed as FormGramPolynomialFp32 forms it.
 std::vector<double> RunGramPlan(const std::vector<double>& u, int batch,
                                 int64_t rows, int64_t cols,
                                 const NewtonSchulzOptions& options,
-                                int tiles = 0, bool gram_all = false) {
+                                int tiles = 0, bool gram_all = false,
+                                bool fp32_z = false) {
   const int products = gram_all ? tiles : 0;
   Buffers buf = Normalised(u, batch, rows, cols, options);
   const int64_t m = std::min(rows, cols);
@@ -190,14 +219,10 @@ std::vector<double> RunGramPlan(const std::vector<double>& u, int batch,
       const std::array<double, 3> abc =
           NewtonSchulzCoefficients(options, start + j);
       const NsGramPlan plan = PlanGramNewtonSchulz(rows, cols, abc);
-      buf.poly = buf.gram;
       // R is symmetric element for element as X X^T (j = 0); R = Z R Z
       // is symmetric in exact arithmetic only, unless mirrored (gram_all).
-      SimulateSymmetric(plan.square, j == 0 ? tiles : products, batch, &buf);
-      for (int e = 0; e < batch; ++e) {
-        for (int64_t i = 0; i < m; ++i)
-          buf.poly[e * m * m + i * m + i] += abc[0];
-      }
+      FormGramPolynomial(plan, abc, m, j == 0 ? tiles : products, batch, fp32_z,
+                         &buf);
       if (j == 0) {
         buf.q = buf.poly;
       } else {
@@ -240,11 +265,15 @@ TEST(NsGemmPlanTest, GramPlan_AllShapesAndRestarts_MatchesFloat64Reference) {
           want.insert(want.end(), ref.begin(), ref.end());
         }
         // Full GEMMs, and every m x m product in mirrored tiles (3 and 7
-        // per edge).
-        for (auto [tiling, all] :
-             {std::pair<int, bool>{0, false}, {3, true}, {7, true}}) {
+        // per edge); Z formed by default and as the fp32-Z path does.
+        for (auto [tiling, all, fp32_z] :
+             {std::tuple<int, bool, bool>{0, false, false},
+              {3, true, false},
+              {7, true, false},
+              {0, false, true},
+              {7, true, true}}) {
           const std::vector<double> got =
-              RunGramPlan(u, kBatch, rows, cols, options, tiling, all);
+              RunGramPlan(u, kBatch, rows, cols, options, tiling, all, fp32_z);
           ASSERT_EQ(got.size(), want.size());
           double max_diff = 0.0;
           for (size_t i = 0; i < got.size(); ++i) {
@@ -256,7 +285,7 @@ TEST(NsGemmPlanTest, GramPlan_AllShapesAndRestarts_MatchesFloat64Reference) {
           // transpose or tile gives O(1).
           EXPECT_LE(max_diff, 1e-8)
               << rows << "x" << cols << " restart " << restart << " tiles "
-              << tiling << " all " << all;
+              << tiling << " all " << all << " fp32_z " << fp32_z;
         }
       }
     }
@@ -342,17 +371,25 @@ TEST(NsGemmPlanTest, SymmetricTiles_BitwiseEqualToFullGemms) {
     const std::vector<double> full = RunPlan(u, kBatch, rows, cols, options);
     const std::vector<double> full_gram =
         RunGramPlan(u, kBatch, rows, cols, gram);
+    const std::vector<double> full_gram_fp32_z =
+        RunGramPlan(u, kBatch, rows, cols, gram, 0, false, /*fp32_z=*/true);
     for (int tiles : {kSymmetricTiles, 3, 7}) {
       const std::vector<double> tiled =
           RunPlan(u, kBatch, rows, cols, options, tiles);
       const std::vector<double> tiled_gram =
           RunGramPlan(u, kBatch, rows, cols, gram, tiles);
+      // Z in fp32: R R added onto b R + a I in tiles, the lower ones
+      // mirrored (b R + a I is symmetric wherever R is).
+      const std::vector<double> tiled_gram_fp32_z = RunGramPlan(
+          u, kBatch, rows, cols, gram, tiles, false, /*fp32_z=*/true);
       ASSERT_EQ(tiled.size(), full.size());
       for (size_t i = 0; i < full.size(); ++i) {
         ASSERT_TRUE(std::isfinite(tiled[i])) << rows << "x" << cols << " " << i;
         ASSERT_EQ(tiled[i], full[i])
             << rows << "x" << cols << " tiles " << tiles << " element " << i;
         ASSERT_EQ(tiled_gram[i], full_gram[i])
+            << rows << "x" << cols << " tiles " << tiles << " element " << i;
+        ASSERT_EQ(tiled_gram_fp32_z[i], full_gram_fp32_z[i])
             << rows << "x" << cols << " tiles " << tiles << " element " << i;
       }
     }
