@@ -256,30 +256,6 @@ __global__ void AddDiagonalKernel(T* __restrict__ z, int m, float a) {
   }
 }
 
-// z32 = b R + a I for each of the batch's m x m matrices (blockIdx.y):
-// R in bf16 (exact in fp32), b R rounded to fp32, a added on the
-// diagonal; the C of the fp32-output GEMM that adds c R R.
-__global__ void GramPolynomialStartKernel(const __nv_bfloat16* __restrict__ r,
-                                          int64_t mm, int m, float a, float b,
-                                          float* __restrict__ z32) {
-  const int64_t offset = static_cast<int64_t>(blockIdx.y) * mm;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-       i < mm; i += static_cast<int64_t>(gridDim.x) * kThreads) {
-    float v = __fmul_rn(b, __bfloat162float(r[offset + i]));
-    if (i % (m + 1) == 0) v = __fadd_rn(v, a);  // on the diagonal
-    z32[offset + i] = v;
-  }
-}
-
-// z = z32 rounded to bf16 (nearest even), n elements.
-__global__ void FloatToBf16Kernel(const float* __restrict__ z32, int64_t n,
-                                  __nv_bfloat16* __restrict__ z) {
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-       i < n; i += static_cast<int64_t>(gridDim.x) * kThreads) {
-    z[i] = __float2bfloat16_rn(z32[i]);
-  }
-}
-
 // MirrorLowerTiles: in each of the batch's m x m column-major matrices
 // (blockIdx.z), every element of a tile below the diagonal (row tile >
 // column tile, tiles of `edge`) is copied from its mirror above. Those
@@ -316,6 +292,54 @@ __global__ void MirrorLowerTilesKernel(T* __restrict__ c, int m, int edge) {
           mat[r + static_cast<int64_t>(col) * m] = square[threadIdx.x][j];
       }
       __syncthreads();
+    }
+  }
+}
+
+// Z = bf16(b R + a I + P) in each of the batch's m x m column-major
+// matrices (blockIdx.z): R bf16 (exact in fp32), b R rounded to fp32, a
+// added on the diagonal, then P = c R R (fp32) added and the sum rounded
+// to bf16 once. Only P's tiles on and above the diagonal (tiles of
+// `edge`; edge = m: all of P) were computed: an element below them takes
+// its mirror's P, moved through shared memory as MirrorLowerTilesKernel
+// moves it, so that every read and write runs along columns, coalesced.
+__global__ void GramPolynomialFinishKernel(const __nv_bfloat16* __restrict__ r,
+                                           const float* __restrict__ p, int m,
+                                           int edge, float a, float b,
+                                           __nv_bfloat16* __restrict__ z) {
+  __shared__ float mirror[kMirrorBlock][kMirrorBlock + 1];
+  const int64_t mm = static_cast<int64_t>(m) * m;
+  const __nv_bfloat16* rm = r + static_cast<int64_t>(blockIdx.z) * mm;
+  const float* pm = p + static_cast<int64_t>(blockIdx.z) * mm;
+  __nv_bfloat16* zm = z + static_cast<int64_t>(blockIdx.z) * mm;
+  for (int64_t by = blockIdx.y; by * kMirrorBlock < m; by += gridDim.y) {
+    for (int64_t bx = blockIdx.x; bx * kMirrorBlock < m; bx += gridDim.x) {
+      // Rows r0.., columns c0.. of Z.
+      const int r0 = static_cast<int>(bx * kMirrorBlock);
+      const int c0 = static_cast<int>(by * kMirrorBlock);
+      const int r_last = min(r0 + kMirrorBlock, m) - 1;
+      const bool mirrored = r_last / edge > c0 / edge;  // Uniform per block.
+      if (mirrored) {
+        // The mirror: rows c0.., columns r0.. of P.
+        for (int j = threadIdx.y; j < kMirrorBlock; j += kMirrorRows) {
+          const int src_col = r0 + j, src_row = c0 + threadIdx.x;
+          if (src_col < m && src_row < m)
+            mirror[j][threadIdx.x] =
+                pm[src_row + static_cast<int64_t>(src_col) * m];
+        }
+        __syncthreads();
+      }
+      for (int j = threadIdx.y; j < kMirrorBlock; j += kMirrorRows) {
+        const int row = r0 + threadIdx.x, col = c0 + j;
+        if (row >= m || col >= m) continue;
+        const int64_t at = row + static_cast<int64_t>(col) * m;
+        const float pv =
+            row / edge > col / edge ? mirror[threadIdx.x][j] : pm[at];
+        float v = __fmul_rn(b, __bfloat162float(rm[at]));
+        if (row == col) v = __fadd_rn(v, a);
+        zm[at] = __float2bfloat16_rn(__fadd_rn(v, pv));
+      }
+      if (mirrored) __syncthreads();
     }
   }
 }
@@ -512,7 +536,7 @@ struct IterationShape {
 
 // Where a product writes: the C buffer (g.offset_c and the strides count
 // its elements), its element type and size. By default g.c in the work
-// type (ProductOutput); the bf16 Gram iteration's fp32 Z writes fp32.
+// type (DefaultOut); the bf16 Gram iteration's fp32 Z writes fp32.
 struct ProductOut {
   void* c;
   cudaDataType_t type;
@@ -617,19 +641,17 @@ absl::Status RunUpperTiles(NsCudaContext::State* s, const IterationShape& shape,
 }
 
 // A product whose m x m output is symmetric element for element (see
-// UpperTileGemms), into `out`: once the context's SymmetricProducts tiles
-// m (and `tiled`), the GEMMs of the tiles on and above the diagonal, then
-// the mirror copy; else g as one GEMM. Every element is the same sum of
-// the same products either way (ns_gemm_plan_test proves the plan bitwise
-// on a simulator); cuBLAS may pick other kernels for the tiles than for
-// the whole, so its rounding can differ in the last place from one full
-// GEMM's.
+// UpperTileGemms): once the context's SymmetricProducts tiles m (and
+// `tiled`), the GEMMs of the tiles on and above the diagonal, then the
+// mirror copy; else g as one GEMM. Every element is the same sum of the
+// same products either way (ns_gemm_plan_test proves the plan bitwise on a
+// simulator); cuBLAS may pick other kernels for the tiles than for the
+// whole, so its rounding can differ in the last place from one full GEMM's.
 absl::Status RunSymmetric(NsCudaContext::State* s, const IterationShape& shape,
                           const IterationBuffers& buf, const NsGemm& g,
-                          bool tiled, const ProductOut& out) {
-  if (!tiled || !s->symmetric.Tiled(g.m)) {
-    return RunPlanned(s, shape, buf, g, out);
-  }
+                          bool tiled = true) {
+  if (!tiled || !s->symmetric.Tiled(g.m)) return RunPlanned(s, shape, buf, g);
+  const ProductOut out = DefaultOut(shape, buf, g);
   MUON_CU_RETURN_IF_ERROR(RunUpperTiles(s, shape, buf, g, out));
   const int edge = SymmetricTileEdge(g.m, s->symmetric.tiles);
   // One block per kMirrorBlock square (each grid dimension at most 65535,
@@ -640,7 +662,7 @@ absl::Status RunSymmetric(NsCudaContext::State* s, const IterationShape& shape,
   const dim3 block(kMirrorBlock, kMirrorRows);
   void* c = static_cast<char*>(out.c) + g.offset_c * out.elem_bytes;
   // The copy moves bits: bf16 as 16-bit and fp32 as 32-bit words.
-  if (out.elem_bytes == 2) {
+  if (shape.bf16) {
     MirrorLowerTilesKernel<uint16_t>
         <<<grid, block, 0, s->stream>>>(static_cast<uint16_t*>(c), g.m, edge);
   } else {
@@ -649,13 +671,6 @@ absl::Status RunSymmetric(NsCudaContext::State* s, const IterationShape& shape,
   }
   MUON_CUDA_RETURN_IF_LAUNCH_FAILED("MirrorLowerTilesKernel");
   return absl::OkStatus();
-}
-
-// RunSymmetric into g.c, in the work type.
-absl::Status RunSymmetric(NsCudaContext::State* s, const IterationShape& shape,
-                          const IterationBuffers& buf, const NsGemm& g,
-                          bool tiled = true) {
-  return RunSymmetric(s, shape, buf, g, tiled, DefaultOut(shape, buf, g));
 }
 
 absl::Status CopyAsync(NsCudaContext::State* s, void* dst, const void* src,
@@ -712,11 +727,12 @@ absl::Status AddDiagonal(NsCudaContext::State* s, const IterationShape& shape,
   return absl::OkStatus();
 }
 
-// bf16 Z = a I + b R + c R R formed in fp32 and rounded once: z32 = b R +
-// a I, then z32 += c R R (bf16 R, fp32 output: `square` with beta = 1 into
-// z32, a symmetric product tiled as RunSymmetric tiles it when `tiled`;
-// z32 = b R + a I is symmetric, so the mirrored lower tiles hold what
-// their own GEMMs would), then Z = bf16(z32) in buf->poly. The default way
+// bf16 Z = a I + b R + c R R formed in fp32 and rounded once: P = c R R
+// into buf.z32 (bf16 R, fp32 output: `square` with beta = 0, its tiles on
+// and above the diagonal alone when the product is tiled (`tiled` and the
+// context's SymmetricProducts), else whole), then one pass
+// (GramPolynomialFinishKernel) Z = bf16(b R + a I + P) into buf.poly,
+// below the diagonal tiles from P's mirror. The default way
 // (GramInnerStep) rounds b R + c R R to bf16 and then rounds again after
 // adding a, which loses what cancels: near convergence a + b r + c r^2 =
 // 0.70 is left of 3.44 - 2.74.
@@ -727,22 +743,25 @@ absl::Status FormGramPolynomialFp32(NsCudaContext::State* s,
                                     const std::array<double, 3>& abc,
                                     bool tiled) {
   const int m = static_cast<int>(shape.m());
-  const int64_t mm = static_cast<int64_t>(m) * m;
-  const unsigned int y = static_cast<unsigned int>(shape.batch);
-  const int blocks = std::min(ElementwiseBlocks(mm), 4096);
-  GramPolynomialStartKernel<<<dim3(blocks, y), kThreads, 0, s->stream>>>(
-      static_cast<const __nv_bfloat16*>(buf.gram), mm, m,
-      static_cast<float>(abc[0]), static_cast<float>(abc[1]), buf.z32);
-  MUON_CUDA_RETURN_IF_LAUNCH_FAILED("GramPolynomialStartKernel");
   NsGemm rr = square;  // alpha = c
-  rr.beta = 1.0;
-  MUON_CU_RETURN_IF_ERROR(
-      RunSymmetric(s, shape, buf, rr, tiled,
-                   ProductOut{buf.z32, CUDA_R_32F, int64_t{sizeof(float)}}));
-  const int64_t total = shape.batch * mm;
-  FloatToBf16Kernel<<<ElementwiseBlocks(total), kThreads, 0, s->stream>>>(
-      buf.z32, total, static_cast<__nv_bfloat16*>(buf.poly));
-  MUON_CUDA_RETURN_IF_LAUNCH_FAILED("FloatToBf16Kernel");
+  rr.beta = 0.0;
+  const ProductOut p{buf.z32, CUDA_R_32F, int64_t{sizeof(float)}};
+  int edge = m;  // one tile: no element mirrored
+  if (tiled && s->symmetric.Tiled(m)) {
+    MUON_CU_RETURN_IF_ERROR(RunUpperTiles(s, shape, buf, rr, p));
+    edge = SymmetricTileEdge(m, s->symmetric.tiles);
+  } else {
+    MUON_CU_RETURN_IF_ERROR(RunPlanned(s, shape, buf, rr, p));
+  }
+  const unsigned int squares = static_cast<unsigned int>(
+      std::min((m + kMirrorBlock - 1) / kMirrorBlock, 65535));
+  const dim3 grid(squares, squares, static_cast<unsigned int>(shape.batch));
+  GramPolynomialFinishKernel<<<grid, dim3(kMirrorBlock, kMirrorRows), 0,
+                               s->stream>>>(
+      static_cast<const __nv_bfloat16*>(buf.gram), buf.z32, m, edge,
+      static_cast<float>(abc[0]), static_cast<float>(abc[1]),
+      static_cast<__nv_bfloat16*>(buf.poly));
+  MUON_CUDA_RETURN_IF_LAUNCH_FAILED("GramPolynomialFinishKernel");
   return absl::OkStatus();
 }
 

@@ -84,15 +84,15 @@ class NsCudaContext {
   // NewtonSchulzOptions::gram_restart_every on this context (for measuring
   // restart schedules; ParseGramRestartEvery).
   // MUON_NS_GRAM_FP32_Z=1 makes the bf16 Gram iteration form each Z =
-  // a I + b R + c R R in fp32 (its R R as bf16 GEMMs with an fp32 output,
-  // in symmetric tiles as the other products) and round it to bf16 once,
-  // where by
-  // default b R + c R R is rounded, then again after a is added to the
-  // diagonal, losing what cancels there. The CPU model of the bf16
-  // arithmetic (tests/kernels/ns_gram_error) puts Gram restart-every-2
-  // 1.13-1.35x farther from float64 than the standard iteration by default
-  // and 0.76-0.99x with this; it costs batch*m*m*4 bytes of scratch. Off
-  // (0) by default until measured on a GPU.
+  // a I + b R + c R R in fp32 and round it to bf16 once: c R R as bf16
+  // GEMMs with an fp32 output (in symmetric tiles as the other products),
+  // then one pass adds b R + a I and rounds. By default b R + c R R is
+  // rounded, then again after a is added to the diagonal, losing what
+  // cancels there. The CPU model of the bf16 arithmetic
+  // (tests/kernels/ns_gram_error) puts Gram restart-every-2 1.13-1.35x
+  // farther from float64 than the standard iteration by default and
+  // 0.76-0.99x with this; it costs batch*m*m*4 bytes of scratch. Off (0)
+  // by default until measured on a GPU.
   // Errors:
   //   Unimplemented: built without CUDA.
   //   InvalidArgument: null runtime or stream; a runtime, stream or

@@ -171,20 +171,41 @@ std::vector<double> RunPlan(const std::vector<double>& u, int batch,
 // Z = a I + b R + c R R into buf->poly from R in buf->gram, as
 // newton_schulz_cuda.cu forms it: by default b R + c R R (beta = b on a
 // copy of R), then a added to the diagonal; with `fp32_z`
-// (FormGramPolynomialFp32) b R + a I first, then c R R added by the same
-// product with beta = 1. `tiles` as SimulateSymmetric's.
+// (FormGramPolynomialFp32) P = c R R (beta = 0; only the tiles on and
+// above the diagonal when tiled, in buf->tmp, which holds nothing live
+// then, filled with NaN first so that a read of an uncomputed tile
+// shows), then Z = b R + a I + P with P below the diagonal tiles read from
+// its mirror (GramPolynomialFinishKernel). `tiles` as SimulateSymmetric's.
 void FormGramPolynomial(const NsGramPlan& plan,
                         const std::array<double, 3>& abc, int64_t m, int tiles,
                         int batch, bool fp32_z, Buffers* buf) {
-  auto diagonal = [m](int64_t i) { return i % m == i / m % m; };
   if (fp32_z) {
-    for (size_t i = 0; i < buf->gram.size(); ++i) {
-      const int64_t at = static_cast<int64_t>(i) % (m * m);
-      buf->poly[i] = abc[1] * buf->gram[i] + (diagonal(at) ? abc[0] : 0.0);
-    }
     NsGemm rr = plan.square;
-    rr.beta = 1.0;
-    SimulateSymmetric(rr, tiles, batch, buf);
+    rr.beta = 0.0;
+    rr.c = NsBuffer::kTmp;
+    buf->tmp.assign(buf->gram.size(), NAN);
+    if (tiles == 0) {
+      SimulateGemm(rr, batch, buf);
+    } else {
+      for (const NsGemm& t : UpperTileGemms(rr, tiles)) {
+        SimulateGemm(t, batch, buf);
+      }
+    }
+    const int64_t edge =
+        tiles == 0 ? m : SymmetricTileEdge(static_cast<int>(m), tiles);
+    for (int e = 0; e < batch; ++e) {
+      const int64_t base = e * m * m;
+      for (int64_t col = 0; col < m; ++col) {
+        for (int64_t row = 0; row < m; ++row) {
+          const int64_t at = base + row + col * m;
+          const double p = row / edge > col / edge
+                               ? buf->tmp[base + col + row * m]
+                               : buf->tmp[at];
+          buf->poly[at] =
+              abc[1] * buf->gram[at] + (row == col ? abc[0] : 0.0) + p;
+        }
+      }
+    }
     return;
   }
   buf->poly = buf->gram;
@@ -378,8 +399,8 @@ TEST(NsGemmPlanTest, SymmetricTiles_BitwiseEqualToFullGemms) {
           RunPlan(u, kBatch, rows, cols, options, tiles);
       const std::vector<double> tiled_gram =
           RunGramPlan(u, kBatch, rows, cols, gram, tiles);
-      // Z in fp32: R R added onto b R + a I in tiles, the lower ones
-      // mirrored (b R + a I is symmetric wherever R is).
+      // Z in fp32: R R's upper tiles, then b R + a I added with the
+      // lower tiles' R R read from their mirrors.
       const std::vector<double> tiled_gram_fp32_z = RunGramPlan(
           u, kBatch, rows, cols, gram, tiles, false, /*fp32_z=*/true);
       ASSERT_EQ(tiled.size(), full.size());

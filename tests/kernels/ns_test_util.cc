@@ -153,7 +153,8 @@ void EmulateStandard(const GpuArithmetic& gpu, int m, int n,
 
 // Z = a I + b R + c R R into z: as newton_schulz_cuda.cu forms it by
 // default, b R + c R R stored, then a added to the diagonal and stored
-// again; or, with `fp32_z`, all of it in fp32 and stored once.
+// again; or, with `fp32_z`, P = c R R by an sgemm, then b R, + a on the
+// diagonal, + P, all in fp32, and stored once.
 void EmulateGramPolynomial(const GpuArithmetic& gpu, int m,
                            const std::array<double, 3>& abc, bool fp32_z,
                            const std::vector<float>& r, std::vector<float>& z) {
@@ -162,9 +163,13 @@ void EmulateGramPolynomial(const GpuArithmetic& gpu, int m,
   const float c = static_cast<float>(abc[2]);
   z = r;
   if (fp32_z) {
-    for (float& v : z) v *= b;
-    for (int i = 0; i < m; ++i) z[static_cast<size_t>(i) * m + i] += a;
-    GpuArithmetic(GpuPrecision::kFp32).Gemm(false, m, m, m, c, r, r, 1.0f, z);
+    std::vector<float> p(z.size());
+    GpuArithmetic(GpuPrecision::kFp32).Gemm(false, m, m, m, c, r, r, 0.0f, p);
+    for (size_t i = 0; i < z.size(); ++i) {
+      float v = b * r[i];
+      if (i % (static_cast<size_t>(m) + 1) == 0) v += a;  // on the diagonal
+      z[i] = v + p[i];
+    }
   } else {
     gpu.Gemm(false, m, m, m, c, r, r, b, z);
     for (int i = 0; i < m; ++i) z[static_cast<size_t>(i) * m + i] += a;
