@@ -256,6 +256,24 @@ __global__ void AddDiagonalKernel(T* __restrict__ z, int m, float a) {
   }
 }
 
+constexpr int kMirrorBlock = 32;
+constexpr int kMirrorRows = 8;  // Threads per block: 32 x 8.
+
+// Loads the mirror of the square at rows r0.., columns c0.. of a
+// column-major m x m matrix (its rows c0.., columns r0..) into square, so
+// that square[j][i] = mat(c0 + i, r0 + j): each thread row reads along a
+// column of mat, coalesced. The caller synchronizes the block afterwards.
+template <typename T>
+__device__ void LoadMirrorSquare(const T* __restrict__ mat, int m, int r0,
+                                 int c0,
+                                 T (&square)[kMirrorBlock][kMirrorBlock + 1]) {
+  for (int j = threadIdx.y; j < kMirrorBlock; j += kMirrorRows) {
+    const int src_col = r0 + j, src_row = c0 + threadIdx.x;
+    if (src_col < m && src_row < m)
+      square[j][threadIdx.x] = mat[src_row + static_cast<int64_t>(src_col) * m];
+  }
+}
+
 // MirrorLowerTiles: in each of the batch's m x m column-major matrices
 // (blockIdx.z), every element of a tile below the diagonal (row tile >
 // column tile, tiles of `edge`) is copied from its mirror above. Those
@@ -264,8 +282,6 @@ __global__ void AddDiagonalKernel(T* __restrict__ z, int m, float a) {
 // classic tiled transpose), so that both the reads of the mirror and the
 // writes run along columns, coalesced; squares with no element below the
 // diagonal tiles return at once.
-constexpr int kMirrorBlock = 32;
-constexpr int kMirrorRows = 8;  // Threads per block: 32 x 8.
 template <typename T>
 __global__ void MirrorLowerTilesKernel(T* __restrict__ c, int m, int edge) {
   __shared__ T square[kMirrorBlock][kMirrorBlock + 1];
@@ -278,13 +294,7 @@ __global__ void MirrorLowerTilesKernel(T* __restrict__ c, int m, int edge) {
       const int c0 = static_cast<int>(by * kMirrorBlock);
       const int r_last = min(r0 + kMirrorBlock, m) - 1;
       if (r_last / edge <= c0 / edge) continue;  // Uniform per block.
-      // Read the mirror: rows c0.., columns r0.. (coalesced along rows c).
-      for (int j = threadIdx.y; j < kMirrorBlock; j += kMirrorRows) {
-        const int src_col = r0 + j, src_row = c0 + threadIdx.x;
-        if (src_col < m && src_row < m)
-          square[j][threadIdx.x] =
-              mat[src_row + static_cast<int64_t>(src_col) * m];
-      }
+      LoadMirrorSquare(mat, m, r0, c0, square);
       __syncthreads();
       for (int j = threadIdx.y; j < kMirrorBlock; j += kMirrorRows) {
         const int r = r0 + threadIdx.x, col = c0 + j;
@@ -320,13 +330,7 @@ __global__ void GramPolynomialFinishKernel(const __nv_bfloat16* __restrict__ r,
       const int r_last = min(r0 + kMirrorBlock, m) - 1;
       const bool mirrored = r_last / edge > c0 / edge;  // Uniform per block.
       if (mirrored) {
-        // The mirror: rows c0.., columns r0.. of P.
-        for (int j = threadIdx.y; j < kMirrorBlock; j += kMirrorRows) {
-          const int src_col = r0 + j, src_row = c0 + threadIdx.x;
-          if (src_col < m && src_row < m)
-            mirror[j][threadIdx.x] =
-                pm[src_row + static_cast<int64_t>(src_col) * m];
-        }
+        LoadMirrorSquare(pm, m, r0, c0, mirror);
         __syncthreads();
       }
       for (int j = threadIdx.y; j < kMirrorBlock; j += kMirrorRows) {
