@@ -262,14 +262,17 @@ constexpr int kMirrorRows = 8;  // Threads per block: 32 x 8.
 // Loads the mirror of the square at rows r0.., columns c0.. of a
 // column-major m x m matrix (its rows c0.., columns r0..) into square, so
 // that square[j][i] = mat(c0 + i, r0 + j): each thread row reads along a
-// column of mat, coalesced. The caller synchronizes the block afterwards.
+// column of mat, coalesced. Only the elements whose destination (r0 + j,
+// c0 + i) lies in a tile below the diagonal (tiles of `edge`) are read:
+// the others may be uncomputed (a square can straddle a tile boundary).
+// The caller synchronizes the block afterwards.
 template <typename T>
-__device__ void LoadMirrorSquare(const T* __restrict__ mat, int m, int r0,
-                                 int c0,
+__device__ void LoadMirrorSquare(const T* __restrict__ mat, int m, int edge,
+                                 int r0, int c0,
                                  T (&square)[kMirrorBlock][kMirrorBlock + 1]) {
   for (int j = threadIdx.y; j < kMirrorBlock; j += kMirrorRows) {
     const int src_col = r0 + j, src_row = c0 + threadIdx.x;
-    if (src_col < m && src_row < m)
+    if (src_col < m && src_row < m && src_col / edge > src_row / edge)
       square[j][threadIdx.x] = mat[src_row + static_cast<int64_t>(src_col) * m];
   }
 }
@@ -294,7 +297,7 @@ __global__ void MirrorLowerTilesKernel(T* __restrict__ c, int m, int edge) {
       const int c0 = static_cast<int>(by * kMirrorBlock);
       const int r_last = min(r0 + kMirrorBlock, m) - 1;
       if (r_last / edge <= c0 / edge) continue;  // Uniform per block.
-      LoadMirrorSquare(mat, m, r0, c0, square);
+      LoadMirrorSquare(mat, m, edge, r0, c0, square);
       __syncthreads();
       for (int j = threadIdx.y; j < kMirrorBlock; j += kMirrorRows) {
         const int r = r0 + threadIdx.x, col = c0 + j;
@@ -330,7 +333,7 @@ __global__ void GramPolynomialFinishKernel(const __nv_bfloat16* __restrict__ r,
       const int r_last = min(r0 + kMirrorBlock, m) - 1;
       const bool mirrored = r_last / edge > c0 / edge;  // Uniform per block.
       if (mirrored) {
-        LoadMirrorSquare(pm, m, r0, c0, mirror);
+        LoadMirrorSquare(pm, m, edge, r0, c0, mirror);
         __syncthreads();
       }
       for (int j = threadIdx.y; j < kMirrorBlock; j += kMirrorRows) {

@@ -710,9 +710,10 @@ TEST(GpuNewtonSchulzTest, GramBf16Fp32Z_NoFartherFromFloat64ThanStandard) {
 // A bucket of 3 (strided batches, one diagonal per matrix) through the
 // bf16 Gram iteration with fp32 Z, wide and tall, with R R as one GEMM
 // and in symmetric tiles (fp32 tile outputs, mirrored as 32-bit words:
-// in turn, and batched with 4 and 7 tiles, whose last tiles are smaller):
-// each matrix within the bf16 bound of the float64 iteration and of the
-// CPU model of the same arithmetic.
+// in turn, and batched with 4 and 7 tiles, whose last tiles are smaller;
+// m = 100 leaves partial 32 x 32 squares in the Z pass): each matrix
+// within the bf16 bound of the float64 iteration and of the CPU model of
+// the same arithmetic.
 TEST(GpuNewtonSchulzTest,
      GramBf16Fp32Z_BucketAnyTiling_EachMatrixMatchesModel) {
   MUON_SKIP_WITHOUT_GPU();
@@ -731,8 +732,10 @@ TEST(GpuNewtonSchulzTest,
   modes.push_back({"loop4", tiled});
   NewtonSchulzOptions gram;
   gram.method = NewtonSchulzMethod::kGram;
-  for (auto [rows, cols] :
-       {std::pair<int64_t, int64_t>{128, 600}, {600, 128}}) {
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{128, 600},
+                            {600, 128},
+                            {100, 600},
+                            {600, 100}}) {
     const std::vector<float> u = RandomMatrix(rows, cols, 73);
     const std::vector<double> ref = Reference(u, rows, cols, {});
     const std::vector<float> model = EmulateGpuNewtonSchulz(
