@@ -190,7 +190,8 @@ class CudaAllocator final : public Allocator {
     const char* call = kind_ == Kind::kDevice ? "cudaMalloc" : "cudaHostAlloc";
     if (bytes < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          call, ": allocation of ", bytes, " bytes for cuda:", ordinal_));
+          "a negative allocation of ", bytes, " bytes for cuda:", ordinal_,
+          " (", call, " not called)"));
     }
     if (bytes == 0) return nullptr;
     CudaDeviceGuard guard(ordinal_);
