@@ -426,7 +426,8 @@ absl::Status StepExecutor::CreateStreamsAndKernels() {
   device::Runtime* rt = runtime_;
   if (async_) {
     MUON_ASSIGN_OR_RETURN(
-        comm_stream_, rt->CreateStream(absl::StrCat("rank ", rank_, " comm")));
+        comm_stream_,
+        rt->CreateHighPriorityStream(absl::StrCat("rank ", rank_, " comm")));
     MUON_ASSIGN_OR_RETURN(compute_stream_, rt->CreateStream(absl::StrCat(
                                                "rank ", rank_, " compute")));
   } else {

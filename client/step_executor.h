@@ -569,7 +569,10 @@ class StepExecutor {
   absl::Status enqueue_status_;
   device::Stream* step_caller_ = nullptr;
   // Streams of options_.device (host streams each have a thread): "main"
-  // in sequential mode; "comm" and "compute" in async mode.
+  // in sequential mode; "comm" and "compute" in async mode. "comm" (the
+  // memory-bound gathers, applies and collectives) is of high priority,
+  // so that its kernels take multiprocessors as the compute-bound
+  // Newton-Schulz GEMMs free them instead of queueing behind them.
   std::unique_ptr<device::Stream> main_stream_;
   std::unique_ptr<device::Stream> comm_stream_;
   std::unique_ptr<device::Stream> compute_stream_;

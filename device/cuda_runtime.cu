@@ -241,6 +241,18 @@ class CudaRuntimeImpl final : public Runtime {
         cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     return std::unique_ptr<Stream>(new CudaStream(ordinal_, s, name));
   }
+  absl::StatusOr<std::unique_ptr<Stream>> CreateHighPriorityStream(
+      const std::string& name) override {
+    CudaDeviceGuard guard(ordinal_);
+    if (!guard.status().ok()) return guard.status();
+    int least = 0, greatest = 0;  // CUDA: the greatest is the lowest number.
+    MUON_CUDA_RETURN_IF_ERROR(
+        cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    cudaStream_t s = nullptr;
+    MUON_CUDA_RETURN_IF_ERROR(
+        cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest));
+    return std::unique_ptr<Stream>(new CudaStream(ordinal_, s, name));
+  }
   absl::StatusOr<std::unique_ptr<Event>> CreateEvent(
       const std::string& name) override {
     return NewEvent(name, /*timing=*/false);
@@ -423,6 +435,20 @@ absl::StatusOr<std::string> CudaDeviceDescription(int ordinal) {
   return absl::StrCat(prop.name, " (sm_", prop.major, prop.minor, ", ",
                       prop.multiProcessorCount, " SMs, ",
                       prop.totalGlobalMem >> 20, " MiB)");
+}
+
+absl::StatusOr<int> CudaStreamPriority(Stream* stream) {
+  auto* cuda = dynamic_cast<CudaStream*>(stream);
+  if (cuda == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CudaStreamPriority: stream \"", stream ? stream->name() : "null",
+        "\" of ", stream ? stream->device().ToString() : "no device",
+        " is not a CUDA stream"));
+  }
+  int priority = 0;
+  MUON_CUDA_RETURN_IF_ERROR(cudaStreamGetPriority(
+      static_cast<cudaStream_t>(cuda->native_handle()), &priority));
+  return priority;
 }
 
 absl::StatusOr<Runtime*> CudaRuntime(int ordinal) {

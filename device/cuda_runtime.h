@@ -15,6 +15,7 @@ namespace muon {
 namespace device {
 
 class Runtime;
+class Stream;
 
 // The process-wide runtime of CUDA device `ordinal` (created on first use;
 // its streams, events and allocations are made with that device current).
@@ -51,6 +52,14 @@ int CudaDeviceCount(std::string* reason = nullptr);
 // Errors: Unimplemented (built without --config=cuda); the CUDA error
 // (InvalidArgument for an ordinal that is not a visible device).
 absl::StatusOr<std::string> CudaDeviceDescription(int ordinal);
+
+// The scheduling priority of a CUDA stream (cudaStreamGetPriority): lower
+// numbers are scheduled first; 0 for Runtime::CreateStream's streams, the
+// device's greatest priority (a negative number on sm_70 and newer) for
+// CreateHighPriorityStream's.
+// Errors: InvalidArgument (a host stream, naming it); Unimplemented
+// (built without --config=cuda); the CUDA error.
+absl::StatusOr<int> CudaStreamPriority(Stream* stream);
 
 // A CUDA runtime error code (cudaError_t as int) as a Status: OK for
 // cudaSuccess; else ResourceExhausted (out of memory), FailedPrecondition

@@ -33,6 +33,12 @@ absl::StatusOr<std::string> CudaDeviceDescription(int ordinal) {
                    ": built without CUDA support (build with --config=cuda)"));
 }
 
+absl::StatusOr<int> CudaStreamPriority(Stream*) {
+  return absl::UnimplementedError(
+      "CudaStreamPriority: built without CUDA support (build with "
+      "--config=cuda)");
+}
+
 absl::Status CudaErrorToStatus(int cuda_error, const char* expr) {
   if (cuda_error == 0) return absl::OkStatus();
   return absl::UnimplementedError(absl::StrCat(

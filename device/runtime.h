@@ -26,6 +26,18 @@ class Runtime {
   // in errors and traces. Errors: the CUDA error.
   virtual absl::StatusOr<std::unique_ptr<Stream>> CreateStream(
       const std::string& name) = 0;
+  // A new stream whose work the device schedules before normal streams'
+  // when both wait for free multiprocessors (CUDA: cudaStreamNonBlocking
+  // at the greatest priority of cudaDeviceGetStreamPriorityRange, as
+  // PyTorch's torch.cuda.Stream(priority=-1) and the high-priority
+  // communication streams of FSDP and NCCL process groups). Priorities
+  // change the order in which ready work runs, never its results. The
+  // host has no priorities: the same as CreateStream. Errors: the CUDA
+  // error.
+  virtual absl::StatusOr<std::unique_ptr<Stream>> CreateHighPriorityStream(
+      const std::string& name) {
+    return CreateStream(name);
+  }
   // A new event (CUDA: cudaEventDisableTiming). Errors: the CUDA error.
   virtual absl::StatusOr<std::unique_ptr<Event>> CreateEvent(
       const std::string& name) = 0;

@@ -19,7 +19,8 @@
 #      cuda, with the bundle's data/fashion-mnist);
 #   6. the Llama-3-8B layer-set step, muonrt.Muon vs torch.optim.Muon:
 #      time and device memory (gpu_step_bench.py --layers 8), and again
-#      with fp32 Z and a Gram restart every 3 iterations;
+#      with fp32 Z and a Gram restart every 3 iterations, on the
+#      sequential and on the async schedule;
 #   7. Newton-Schulz TFLOP/s, ours (ns_gpu_bench, standard with and
 #      without CUDA graphs, Gram, and symmetric products in 2x2 to 4x4
 #      tiles) and
@@ -55,8 +56,9 @@
 # most 8: summary.txt (one line per step: name, ok / FAILED / TIMEOUT /
 # skipped, seconds, the last line of its log), device_logs.tar.gz (logs/:
 # versions.txt and one log per step), the JSON figures gpu_step_bench.json
-# and ns_accuracy.json, and step_trace.json (muonrt's last Llama step as a
-# Chrome trace, from CUDA events). Exit status 1 when a step failed or
+# and ns_accuracy.json, and step_trace.json and step_trace_async.json
+# (muonrt's last Llama step on the sequential and the async schedule as
+# Chrome traces, from CUDA events). Exit status 1 when a step failed or
 # timed out, else 0.
 #
 # Files written into the bundle's folder do not survive until the next run
@@ -363,6 +365,14 @@ run_py gpu_step_bench --timeout 150 --min 45 -- "$here/gpu_step_bench.py" \
 run_py gpu_step_bench_fp32_z_r3 --timeout 150 --min 45 -- \
   MUON_NS_GRAM_FP32_Z=1 MUON_NS_GRAM_RESTART_EVERY=3 \
   "$here/gpu_step_bench.py" "${step_bench_args[@]}"
+# And on the async schedule (64 MiB buckets, prefetch 1): the gathers and
+# applies on the high-priority comm stream, overlapping the Newton-Schulz
+# GEMMs of the compute stream (47 ms of the 32-layer step on an H200 ran
+# after them on the sequential schedule). Its trace shows the overlap.
+run_py gpu_step_bench_async_fp32_z_r3 --timeout 150 --min 45 -- \
+  MUON_NS_GRAM_FP32_Z=1 MUON_NS_GRAM_RESTART_EVERY=3 \
+  "$here/gpu_step_bench.py" "${step_bench_args[@]}" --bucket-size-mib 64 \
+  --prefetch 1 --trace "$out/step_trace_async.json"
 
 # ---- 7. Newton-Schulz throughput, ours and PyTorch's ------------------------------
 # The Llama-3-8B shapes and 8192^2; standard (also replayed as CUDA

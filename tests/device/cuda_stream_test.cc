@@ -139,6 +139,49 @@ TEST(CudaStreamTest, HostEventOnCudaStream_InvalidArgument) {
       StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("c")));
 }
 
+// A high-priority stream is scheduled before a normal one: its priority
+// is a lower number than CreateStream's 0, and it runs work as any stream
+// (a copy in and out round-trips). Host streams have no CUDA priority.
+TEST(CudaStreamTest, HighPriorityStream_SchedulesBeforeNormalAndRunsWork) {
+  MUON_SKIP_OR_FAIL_UNLESS_CUDA_DEVICE();
+  absl::StatusOr<Runtime*> rt = GetRuntime(Device::Cuda(0));
+  ASSERT_THAT(rt, IsOk());
+  absl::StatusOr<std::unique_ptr<Stream>> normal =
+      (*rt)->CreateStream("normal");
+  absl::StatusOr<std::unique_ptr<Stream>> high =
+      (*rt)->CreateHighPriorityStream("high");
+  ASSERT_THAT(normal, IsOk());
+  ASSERT_THAT(high, IsOk());
+  absl::StatusOr<int> normal_priority = CudaStreamPriority(normal->get());
+  absl::StatusOr<int> high_priority = CudaStreamPriority(high->get());
+  ASSERT_THAT(normal_priority, IsOk());
+  ASSERT_THAT(high_priority, IsOk());
+  EXPECT_EQ(*normal_priority, 0);
+  EXPECT_LT(*high_priority, *normal_priority);
+  const std::vector<float> in = {1.0f, -2.5f, 3.25f, 0.0f};
+  absl::StatusOr<DeviceBuffer<float>> buf =
+      DeviceBuffer<float>::Allocate((*rt)->allocator(), in.size());
+  ASSERT_THAT(buf, IsOk());
+  std::vector<float> out(in.size(), 7.0f);
+  const int64_t bytes = static_cast<int64_t>(in.size() * sizeof(float));
+  ASSERT_THAT(
+      (*rt)->CopyFromHostOnStream(high->get(), buf->data(), in.data(), bytes),
+      IsOk());
+  ASSERT_THAT(
+      (*rt)->CopyToHostOnStream(high->get(), out.data(), buf->data(), bytes),
+      IsOk());
+  ASSERT_THAT((*high)->Synchronize(absl::Seconds(30)), IsOk());
+  EXPECT_THAT(out, ElementsAreArray(in));
+  absl::StatusOr<Runtime*> host = GetRuntime(Device::Host());
+  ASSERT_THAT(host, IsOk());
+  absl::StatusOr<std::unique_ptr<Stream>> host_stream =
+      (*host)->CreateHighPriorityStream("host high");
+  ASSERT_THAT(host_stream, IsOk());
+  EXPECT_THAT(CudaStreamPriority(host_stream->get()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::HasSubstr("not a CUDA stream")));
+}
+
 // Timing events bracket device work: a 64 MiB host-to-device copy and back
 // takes a measurable, positive time no longer than the host's wall clock
 // around it; events without timing are refused.

@@ -404,6 +404,26 @@ TEST(RuntimeTest, HostRuntime_MakesHostStreamsEventsAndMemory) {
   EXPECT_EQ((*rt)->allocator()->device(), Device::Host());
 }
 
+// The host has no stream priorities: a high-priority stream is a host
+// stream of that name that runs work as any other.
+TEST(RuntimeTest, HostRuntime_HighPriorityStream_IsAWorkingHostStream) {
+  absl::StatusOr<Runtime*> rt = GetRuntime(Device::Host());
+  ASSERT_THAT(rt, IsOk());
+  absl::StatusOr<std::unique_ptr<Stream>> s =
+      (*rt)->CreateHighPriorityStream("comm");
+  ASSERT_THAT(s, IsOk());
+  EXPECT_EQ((*s)->name(), "comm");
+  EXPECT_EQ((*s)->device(), Device::Host());
+  int ran = 0;  // written by the stream's thread, read after Synchronize
+  ASSERT_THAT((*s)->Launch([&ran] {
+    ++ran;
+    return absl::OkStatus();
+  }),
+              IsOk());
+  ASSERT_THAT((*s)->Synchronize(kWait), IsOk());
+  EXPECT_EQ(ran, 1);
+}
+
 TEST(RuntimeTest, CudaRuntime_WithoutThatDevice_RefusedNamingIt) {
   std::string reason;
   const int count = CudaDeviceCount(&reason);
