@@ -32,6 +32,7 @@ Usage:
   python3 tools/gpu_step_bench.py [--layers 8] [--dtype bf16|fp32]
       [--iters 5] [--order torch-first|ours-first] [--json PATH]
       [--ns-method standard|gram|auto] [--bucket-size-mib M] [--prefetch N]
+      [--no-check-finite]
 Exit status 2 (with the reason) when there is no CUDA GPU, when muonrt
 cannot be imported or loaded, or when it refuses CUDA tensors; 1 when a
 measured optimizer fails otherwise (e.g. out of memory); 0 otherwise.
@@ -106,6 +107,12 @@ def parse_args(argv=None):
                     help="muonrt's Newton-Schulz method (torch.optim.Muon "
                          "has only the standard one): auto runs Gram "
                          "Newton-Schulz on k, v, gate, up and down")
+    ap.add_argument("--no-check-finite", dest="check_finite",
+                    action="store_false",
+                    help="muonrt's check_finite=False: no scan of the "
+                         "gradients for NaN/Inf before the step (and no "
+                         "host wait for it), as torch.optim.Muon; the "
+                         "default keeps muonrt's default (on)")
     ap.add_argument("--json", metavar="PATH",
                     help="also write the figures as JSON to PATH")
     args = ap.parse_args(argv)
@@ -211,6 +218,8 @@ def runtime_options(args):
     if args.prefetch >= 0:
         runtime.update(async_gpu_parallelism=True,
                        prefetch_count=args.prefetch)
+    if not args.check_finite:
+        runtime["check_finite"] = False
     return runtime
 
 
