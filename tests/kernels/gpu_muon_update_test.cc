@@ -19,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/muon_update_cuda.h"
 #include "kernels/muon_update.h"
@@ -212,6 +213,79 @@ TEST(GpuMuonUpdateTest, DecayAndApply_BothModes_MatchCpuAndHostFma) {
     }
     EXPECT_TRUE(BitwiseEqual(dev.Download(d_param, kN), want))
         << (mode == cuda::FmaMode::kFused ? "fused" : "separate");
+  }
+}
+
+// The apply at every alignment of param and update (element offsets 0-3
+// into the buffers: groups of four where both are aligned for the wide
+// loads, one by one otherwise) and lengths that leave 0-3 elements after
+// the groups, fp32 and bf16 parameters, both modes: every element bitwise
+// the host's formula, and the elements around the range untouched.
+TEST(GpuMuonUpdateTest, DecayAndApply_AnyAlignmentAndLength_BitwiseHost) {
+  MUON_SKIP_WITHOUT_GPU();
+  const double lr = 0.02, weight_decay = 0.1, adjusted_lr = 0.05;
+  const float decay = static_cast<float>(1.0 - lr * weight_decay);
+  const float alpha = static_cast<float>(-adjusted_lr);
+  constexpr int64_t kLen = 4103;  // 4 * 1025 + 3
+  const std::vector<float> update = Values(kLen + 8, 77);
+  const std::vector<float> param0 = Values(kLen + 8, 78);
+  std::vector<bf16_t> param16(param0.size());
+  for (size_t i = 0; i < param0.size(); ++i) {
+    param16[i] = FloatToBf16(param0[i]);
+  }
+  device::Runtime* rt = ::muon::testing::CudaTestRuntime();
+  ASSERT_NE(rt, nullptr);
+  for (cuda::FmaMode mode : {cuda::FmaMode::kSeparate, cuda::FmaMode::kFused}) {
+    const bool fused = mode == cuda::FmaMode::kFused;
+    for (int64_t p_off : {0, 1, 2, 3}) {
+      for (int64_t u_off : {0, 1}) {
+        for (int64_t n : {kLen - 3, kLen - 2, kLen - 1, kLen}) {
+          const std::string where =
+              absl::StrCat(fused ? "fused" : "separate", " param offset ",
+                           p_off, " update offset ", u_off, " n ", n);
+          auto d_update = ::muon::testing::CopyToNewDeviceBuffer(rt, update);
+          auto d_param = ::muon::testing::CopyToNewDeviceBuffer(rt, param0);
+          auto d_param16 = ::muon::testing::CopyToNewDeviceBuffer(rt, param16);
+          ASSERT_TRUE(d_update.ok() && d_param.ok() && d_param16.ok());
+          const float* u = d_update->data() + u_off;
+          ASSERT_TRUE(cuda::DecayAndApply(d_param->data() + p_off, u, n, lr,
+                                          weight_decay, adjusted_lr, mode,
+                                          nullptr)
+                          .ok())
+              << where;
+          ASSERT_TRUE(cuda::DecayAndApplyBf16(d_param16->data() + p_off, u, n,
+                                              lr, weight_decay, adjusted_lr,
+                                              mode, nullptr)
+                          .ok())
+              << where;
+          std::vector<float> want = param0;
+          std::vector<bf16_t> want16 = param16;
+          if (fused) {
+            for (int64_t i = 0; i < n; ++i) {
+              const float ui = update[u_off + i];
+              float& p = want[p_off + i];
+              p = std::fmaf(alpha, ui, p * decay);
+              bf16_t& q = want16[p_off + i];
+              q = FloatToBf16(std::fmaf(
+                  alpha, ui, Bf16ToFloat(FloatToBf16(Bf16ToFloat(q) * decay))));
+            }
+          } else {  // the CPU kernels
+            ApplyUpdate(want.data() + p_off, update.data() + u_off, n, lr,
+                        weight_decay, adjusted_lr);
+            ApplyUpdate(want16.data() + p_off, update.data() + u_off, n, lr,
+                        weight_decay, adjusted_lr);
+          }
+          EXPECT_TRUE(BitwiseEqual(
+              ::muon::testing::CopyToHostVector(rt, d_param->data(), kLen + 8),
+              want))
+              << where;
+          EXPECT_EQ(::muon::testing::CopyToHostVector(rt, d_param16->data(),
+                                                      kLen + 8),
+                    want16)
+              << where;
+        }
+      }
+    }
   }
 }
 
