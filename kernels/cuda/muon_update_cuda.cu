@@ -68,6 +68,59 @@ __device__ __forceinline__ void StoreFloat(uint16_t* p, float v) {
   *p = FloatToBf16Bits(v);
 }
 
+// An element of type T from an fp32 value (bf16: rounded as StoreFloat).
+template <typename T>
+__device__ __forceinline__ T FromFloat(float v);
+template <>
+__device__ __forceinline__ float FromFloat<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ uint16_t FromFloat<uint16_t>(float v) {
+  return FloatToBf16Bits(v);
+}
+
+// Four consecutive elements in one aligned load or store: float4 for
+// fp32, uint2 for bf16 (two 32-bit words of two bf16 each, the element at
+// the lower address in a word's low half). The kernels in groups of four
+// make the same operations per element as their one-by-one versions,
+// with fewer and wider memory transactions (they are memory-bound).
+template <typename T>
+struct Vec4;
+template <>
+struct Vec4<float> {
+  using type = float4;
+};
+template <>
+struct Vec4<uint16_t> {
+  using type = uint2;
+};
+
+// Element k (0-3, a constant once unrolled) of a group of four.
+__device__ __forceinline__ float GetLane(const float4& v, int k) {
+  return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
+}
+__device__ __forceinline__ uint16_t GetLane(const uint2& v, int k) {
+  const uint32_t word = k < 2 ? v.x : v.y;
+  return static_cast<uint16_t>((k & 1) != 0 ? word >> 16 : word & 0xffffu);
+}
+__device__ __forceinline__ void SetLane(float4& v, int k, float x) {
+  if (k == 0) {
+    v.x = x;
+  } else if (k == 1) {
+    v.y = x;
+  } else if (k == 2) {
+    v.z = x;
+  } else {
+    v.w = x;
+  }
+}
+__device__ __forceinline__ void SetLane(uint2& v, int k, uint16_t x) {
+  uint32_t& word = k < 2 ? v.x : v.y;
+  word = (k & 1) != 0 ? (word & 0xffffu) | (static_cast<uint32_t>(x) << 16)
+                      : (word & 0xffff0000u) | x;
+}
+
 // BufT, GradT: float, or uint16_t holding bf16 bits (widened exactly, as
 // kernels::MomentumUpdate's bf16 overloads; a bf16 buf rounded back).
 template <bool kFma, typename BufT, typename GradT>
@@ -88,6 +141,48 @@ __global__ void NesterovKernel(const BufT* __restrict__ buf,
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
        i < n; i += stride) {
     update[i] = Lerp<kFma>(LoadFloat(grad[i]), LoadFloat(buf[i]), w);
+  }
+}
+
+// MomentumKernel over `groups` groups of four elements.
+template <bool kFma, typename BufT, typename GradT>
+__global__ void MomentumVec4Kernel(typename Vec4<BufT>::type* buf,
+                                   const typename Vec4<GradT>::type* grad,
+                                   int64_t groups, float w) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+       i < groups; i += stride) {
+    typename Vec4<BufT>::type b = buf[i];
+    const typename Vec4<GradT>::type g = grad[i];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      SetLane(b, k,
+              FromFloat<BufT>(Lerp<kFma>(LoadFloat(GetLane(b, k)),
+                                         LoadFloat(GetLane(g, k)), w)));
+    }
+    buf[i] = b;
+  }
+}
+
+// NesterovKernel over `groups` groups of four elements.
+template <bool kFma, typename BufT, typename GradT>
+__global__ void NesterovVec4Kernel(
+    const typename Vec4<BufT>::type* __restrict__ buf,
+    const typename Vec4<GradT>::type* __restrict__ grad, int64_t groups,
+    float w, float4* __restrict__ update) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+       i < groups; i += stride) {
+    const typename Vec4<BufT>::type b = buf[i];
+    const typename Vec4<GradT>::type g = grad[i];
+    float4 u;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      SetLane(
+          u, k,
+          Lerp<kFma>(LoadFloat(GetLane(g, k)), LoadFloat(GetLane(b, k)), w));
+    }
+    update[i] = u;
   }
 }
 
@@ -136,48 +231,6 @@ __device__ __forceinline__ uint16_t ApplyElem(uint16_t param, float update,
   return FloatToBf16Bits(sum);
 }
 
-// Four consecutive parameter elements in one aligned load: float4 for
-// fp32, uint2 (two 32-bit words of two bf16 each, the lower address in the
-// low half) for bf16.
-template <typename ParamT>
-struct Vec4;
-template <>
-struct Vec4<float> {
-  using type = float4;
-};
-template <>
-struct Vec4<uint16_t> {
-  using type = uint2;
-};
-
-template <bool kFma>
-__device__ __forceinline__ float4 ApplyVec4(float4 p, float4 u, float decay,
-                                            float alpha) {
-  p.x = ApplyElem<kFma>(p.x, u.x, decay, alpha);
-  p.y = ApplyElem<kFma>(p.y, u.y, decay, alpha);
-  p.z = ApplyElem<kFma>(p.z, u.z, decay, alpha);
-  p.w = ApplyElem<kFma>(p.w, u.w, decay, alpha);
-  return p;
-}
-// The two bf16 of one 32-bit word, each through ApplyElem.
-template <bool kFma>
-__device__ __forceinline__ uint32_t ApplyBf16Pair(uint32_t word, float u_low,
-                                                  float u_high, float decay,
-                                                  float alpha) {
-  const uint16_t low = ApplyElem<kFma>(static_cast<uint16_t>(word & 0xffffu),
-                                       u_low, decay, alpha);
-  const uint16_t high =
-      ApplyElem<kFma>(static_cast<uint16_t>(word >> 16), u_high, decay, alpha);
-  return static_cast<uint32_t>(low) | (static_cast<uint32_t>(high) << 16);
-}
-template <bool kFma>
-__device__ __forceinline__ uint2 ApplyVec4(uint2 p, float4 u, float decay,
-                                           float alpha) {
-  p.x = ApplyBf16Pair<kFma>(p.x, u.x, u.y, decay, alpha);
-  p.y = ApplyBf16Pair<kFma>(p.y, u.z, u.w, decay, alpha);
-  return p;
-}
-
 // param[i] = ApplyElem(param[i], update[i]) for i in [0, n), one element
 // per thread and step.
 template <bool kFma, typename ParamT>
@@ -191,10 +244,7 @@ __global__ void DecayAndApplyKernel(ParamT* __restrict__ param,
   }
 }
 
-// The same over `groups` groups of four elements, each moved by one
-// 16-byte load of the update and one 16- (fp32) or 8-byte (bf16) load and
-// store of the parameter: the same operations per element, fewer and wider
-// memory transactions (the kernel is memory-bound).
+// DecayAndApplyKernel over `groups` groups of four elements.
 template <bool kFma, typename ParamT>
 __global__ void DecayAndApplyVec4Kernel(
     typename Vec4<ParamT>::type* __restrict__ param,
@@ -203,7 +253,14 @@ __global__ void DecayAndApplyVec4Kernel(
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
        i < groups; i += stride) {
-    param[i] = ApplyVec4<kFma>(param[i], update[i], decay, alpha);
+    typename Vec4<ParamT>::type p = param[i];
+    const float4 u = update[i];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      SetLane(p, k,
+              ApplyElem<kFma>(GetLane(p, k), GetLane(u, k), decay, alpha));
+    }
+    param[i] = p;
   }
 }
 
@@ -291,6 +348,26 @@ absl::Status CheckBf16Block(const char* fn, const void* a, const void* b,
   return absl::OkStatus();
 }
 
+// Whether p is aligned for a load of four elements of T (Vec4<T>).
+template <typename T>
+bool AlignedForFour(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % (4 * sizeof(T)) == 0;
+}
+
+// Enqueues an elementwise operation over n elements: when `aligned`,
+// groups_of_four(groups) over the first 4 * groups = 4 * (n / 4), then
+// one_by_one(done, count) over the `count` elements from `done` (all n
+// when not aligned). Either way each element gets the same operations, so
+// the same bits. The caller checks the launches afterwards.
+template <typename GroupsFn, typename OneByOneFn>
+void InGroupsOfFour(bool aligned, int64_t n, GroupsFn&& groups_of_four,
+                    OneByOneFn&& one_by_one) {
+  const int64_t groups = aligned ? n / 4 : 0;
+  if (groups > 0) groups_of_four(groups);
+  const int64_t done = groups * 4;
+  if (done < n) one_by_one(done, n - done);
+}
+
 template <typename T>
 absl::Status LaunchFirstNonFinite(const T* x, int64_t n, int64_t* first,
                                   void* stream) {
@@ -324,14 +401,34 @@ absl::Status Momentum(void* buf, Elem buf_type, const void* grad,
   // As kernels::MomentumUpdate: the weight in double, rounded to float once.
   const float w = static_cast<float>(1.0 - momentum);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const bool fused = mode == FmaMode::kFused;
   VisitElems(buf, buf_type, grad, grad_type, [&](auto* b, auto* g) {
     using B = std::remove_pointer_t<decltype(b)>;
     using G = std::remove_const_t<std::remove_pointer_t<decltype(g)>>;
-    if (mode == FmaMode::kFused) {
-      MomentumKernel<true, B, G><<<Blocks(n), kThreads, 0, s>>>(b, g, n, w);
-    } else {
-      MomentumKernel<false, B, G><<<Blocks(n), kThreads, 0, s>>>(b, g, n, w);
-    }
+    using BV = typename Vec4<B>::type;
+    using GV = typename Vec4<G>::type;
+    const bool aligned = AlignedForFour<B>(b) && AlignedForFour<G>(g);
+    auto groups_of_four = [&](int64_t groups) {
+      BV* bv = reinterpret_cast<BV*>(b);
+      const GV* gv = reinterpret_cast<const GV*>(g);
+      if (fused) {
+        MomentumVec4Kernel<true, B, G>
+            <<<Blocks(groups), kThreads, 0, s>>>(bv, gv, groups, w);
+      } else {
+        MomentumVec4Kernel<false, B, G>
+            <<<Blocks(groups), kThreads, 0, s>>>(bv, gv, groups, w);
+      }
+    };
+    auto one_by_one = [&](int64_t done, int64_t count) {
+      if (fused) {
+        MomentumKernel<true, B, G>
+            <<<Blocks(count), kThreads, 0, s>>>(b + done, g + done, count, w);
+      } else {
+        MomentumKernel<false, B, G>
+            <<<Blocks(count), kThreads, 0, s>>>(b + done, g + done, count, w);
+      }
+    };
+    InGroupsOfFour(aligned, n, groups_of_four, one_by_one);
   });
   MUON_CUDA_RETURN_IF_LAUNCH_FAILED("MomentumKernel");
   return absl::OkStatus();
@@ -368,16 +465,36 @@ absl::Status FormUpdate(const void* buf, Elem buf_type, const void* grad,
   }
   // As kernels::NesterovUpdate: w = (float)momentum.
   const float w = static_cast<float>(momentum);
+  const bool fused = mode == FmaMode::kFused;
   VisitElems(buf, buf_type, grad, grad_type, [&](auto* b, auto* g) {
     using B = std::remove_const_t<std::remove_pointer_t<decltype(b)>>;
     using G = std::remove_const_t<std::remove_pointer_t<decltype(g)>>;
-    if (mode == FmaMode::kFused) {
-      NesterovKernel<true, B, G>
-          <<<Blocks(n), kThreads, 0, s>>>(b, g, n, w, update);
-    } else {
-      NesterovKernel<false, B, G>
-          <<<Blocks(n), kThreads, 0, s>>>(b, g, n, w, update);
-    }
+    using BV = typename Vec4<B>::type;
+    using GV = typename Vec4<G>::type;
+    const bool aligned = AlignedForFour<B>(b) && AlignedForFour<G>(g) &&
+                         AlignedForFour<float>(update);
+    auto groups_of_four = [&](int64_t groups) {
+      const BV* bv = reinterpret_cast<const BV*>(b);
+      const GV* gv = reinterpret_cast<const GV*>(g);
+      float4* uv = reinterpret_cast<float4*>(update);
+      if (fused) {
+        NesterovVec4Kernel<true, B, G>
+            <<<Blocks(groups), kThreads, 0, s>>>(bv, gv, groups, w, uv);
+      } else {
+        NesterovVec4Kernel<false, B, G>
+            <<<Blocks(groups), kThreads, 0, s>>>(bv, gv, groups, w, uv);
+      }
+    };
+    auto one_by_one = [&](int64_t done, int64_t count) {
+      if (fused) {
+        NesterovKernel<true, B, G><<<Blocks(count), kThreads, 0, s>>>(
+            b + done, g + done, count, w, update + done);
+      } else {
+        NesterovKernel<false, B, G><<<Blocks(count), kThreads, 0, s>>>(
+            b + done, g + done, count, w, update + done);
+      }
+    };
+    InGroupsOfFour(aligned, n, groups_of_four, one_by_one);
   });
   MUON_CUDA_RETURN_IF_LAUNCH_FAILED("NesterovKernel");
   return absl::OkStatus();
@@ -395,40 +512,36 @@ absl::Status FirstNonFiniteBf16(const uint16_t* x, int64_t n, int64_t* first,
 
 namespace {
 
-// Enqueues DecayAndApply(Vec4)Kernel over param[0, n) on `s`: groups of
-// four while param and update are aligned for the wide loads (then the
-// rest, fewer than four, element by element), else all element by element.
-// The same operations per element either way, so the same bits.
+// Enqueues DecayAndApply(Vec4)Kernel over param[0, n) on `s`
+// (InGroupsOfFour).
 template <typename ParamT>
 absl::Status LaunchDecayAndApply(ParamT* param, const float* update, int64_t n,
                                  float decay, float alpha, FmaMode mode,
                                  cudaStream_t s) {
-  const bool aligned =
-      reinterpret_cast<uintptr_t>(param) % (4 * sizeof(ParamT)) == 0 &&
-      reinterpret_cast<uintptr_t>(update) % sizeof(float4) == 0;
-  const int64_t groups = aligned ? n / 4 : 0;
-  if (groups > 0) {
-    using V = typename Vec4<ParamT>::type;
-    V* p = reinterpret_cast<V*>(param);
+  using PV = typename Vec4<ParamT>::type;
+  const bool fused = mode == FmaMode::kFused;
+  auto groups_of_four = [&](int64_t groups) {
+    PV* p = reinterpret_cast<PV*>(param);
     const float4* u = reinterpret_cast<const float4*>(update);
-    if (mode == FmaMode::kFused) {
+    if (fused) {
       DecayAndApplyVec4Kernel<true, ParamT>
           <<<Blocks(groups), kThreads, 0, s>>>(p, u, groups, decay, alpha);
     } else {
       DecayAndApplyVec4Kernel<false, ParamT>
           <<<Blocks(groups), kThreads, 0, s>>>(p, u, groups, decay, alpha);
     }
-    MUON_CUDA_RETURN_IF_LAUNCH_FAILED("DecayAndApplyVec4Kernel");
-  }
-  const int64_t done = groups * 4;
-  if (done == n) return absl::OkStatus();
-  if (mode == FmaMode::kFused) {
-    DecayAndApplyKernel<true, ParamT><<<Blocks(n - done), kThreads, 0, s>>>(
-        param + done, update + done, n - done, decay, alpha);
-  } else {
-    DecayAndApplyKernel<false, ParamT><<<Blocks(n - done), kThreads, 0, s>>>(
-        param + done, update + done, n - done, decay, alpha);
-  }
+  };
+  auto one_by_one = [&](int64_t done, int64_t count) {
+    if (fused) {
+      DecayAndApplyKernel<true, ParamT><<<Blocks(count), kThreads, 0, s>>>(
+          param + done, update + done, count, decay, alpha);
+    } else {
+      DecayAndApplyKernel<false, ParamT><<<Blocks(count), kThreads, 0, s>>>(
+          param + done, update + done, count, decay, alpha);
+    }
+  };
+  InGroupsOfFour(AlignedForFour<ParamT>(param) && AlignedForFour<float>(update),
+                 n, groups_of_four, one_by_one);
   MUON_CUDA_RETURN_IF_LAUNCH_FAILED("DecayAndApplyKernel");
   return absl::OkStatus();
 }

@@ -9,11 +9,13 @@
 // self + w*diff and param*decay + alpha*u into fma) must be bitwise equal to
 // the same formula with std::fmaf on the host (fmaf is correctly rounded),
 // and differs from kSeparate only where the fused rounding does.
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -110,6 +112,94 @@ TEST(GpuMuonUpdateTest, MomentumFormUpdate_Separate_BitwiseEqualToCpuKernels) {
           << momentum << " " << nesterov;
       EXPECT_TRUE(BitwiseEqual(dev.Download(d_update, kN), update))
           << momentum << " " << nesterov;
+    }
+  }
+}
+
+// `v` as elements of T: itself (float) or each rounded to bf16.
+template <typename T>
+std::vector<T> AsElems(const std::vector<float>& v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+  } else {
+    std::vector<T> out(v.size());
+    for (size_t i = 0; i < v.size(); ++i) out[i] = FloatToBf16(v[i]);
+    return out;
+  }
+}
+
+template <typename T>
+cuda::Elem ElemOf() {
+  return std::is_same_v<T, float> ? cuda::Elem::kFloat32 : cuda::Elem::kBf16;
+}
+
+// The momentum and Nesterov passes with buffer type B and gradient type G
+// at the element offsets {buf, grad, update} into their buffers and n
+// elements from there: every element bitwise the CPU kernels', and the
+// elements around the range untouched.
+template <typename B, typename G>
+void ExpectMomentumBitwiseAtOffsets(int64_t buf_off, int64_t grad_off,
+                                    int64_t update_off, int64_t n) {
+  constexpr int64_t kPad = 8;
+  const double momentum = 0.95;
+  const std::vector<B> buf0 = AsElems<B>(Values(n + kPad, 81));
+  const std::vector<G> grad = AsElems<G>(Values(n + kPad, 82));
+  const std::string where =
+      absl::StrCat("buf ", sizeof(B) == 2 ? "bf16" : "fp32", " grad ",
+                   sizeof(G) == 2 ? "bf16" : "fp32", " offsets ", buf_off, "/",
+                   grad_off, "/", update_off, " n ", n);
+  device::Runtime* rt = ::muon::testing::CudaTestRuntime();
+  ASSERT_NE(rt, nullptr);
+  auto d_buf = ::muon::testing::CopyToNewDeviceBuffer(rt, buf0);
+  auto d_grad = ::muon::testing::CopyToNewDeviceBuffer(rt, grad);
+  auto d_update = ::muon::testing::CopyToNewDeviceBuffer(
+      rt, std::vector<float>(n + kPad, NAN));
+  ASSERT_TRUE(d_buf.ok() && d_grad.ok() && d_update.ok()) << where;
+  ASSERT_TRUE(cuda::Momentum(d_buf->data() + buf_off, ElemOf<B>(),
+                             d_grad->data() + grad_off, ElemOf<G>(), n,
+                             momentum, cuda::FmaMode::kSeparate, nullptr)
+                  .ok())
+      << where;
+  ASSERT_TRUE(cuda::FormUpdate(d_buf->data() + buf_off, ElemOf<B>(),
+                               d_grad->data() + grad_off, ElemOf<G>(), n,
+                               momentum, /*nesterov=*/true,
+                               d_update->data() + update_off,
+                               cuda::FmaMode::kSeparate, nullptr)
+                  .ok())
+      << where;
+  std::vector<B> want_buf = buf0;
+  std::vector<float> want_update(n + kPad, NAN);
+  MomentumUpdate(want_buf.data() + buf_off, grad.data() + grad_off, n,
+                 momentum);
+  NesterovUpdate(grad.data() + grad_off, want_buf.data() + buf_off, n, momentum,
+                 want_update.data() + update_off);
+  const std::vector<B> got_buf =
+      ::muon::testing::CopyToHostVector(rt, d_buf->data(), n + kPad);
+  if constexpr (std::is_same_v<B, float>) {
+    EXPECT_TRUE(BitwiseEqual(got_buf, want_buf)) << where;
+  } else {
+    EXPECT_EQ(got_buf, want_buf) << where;
+  }
+  EXPECT_TRUE(BitwiseEqual(
+      ::muon::testing::CopyToHostVector(rt, d_update->data(), n + kPad),
+      want_update))
+      << where;
+}
+
+// The momentum and Nesterov passes in groups of four (buffer, gradient
+// and update aligned for the wide loads) and one by one (any of them not
+// aligned), with 0-3 elements after the groups, for every pair of fp32
+// and bf16 buffer and gradient: bitwise the CPU kernels.
+TEST(GpuMuonUpdateTest, MomentumFormUpdate_AnyAlignmentAndDtypes_BitwiseCpu) {
+  MUON_SKIP_WITHOUT_GPU();
+  const std::vector<std::array<int64_t, 3>> offsets = {
+      {0, 0, 0}, {1, 0, 0}, {0, 2, 0}, {0, 0, 3}, {2, 2, 2}, {3, 1, 2}};
+  for (const auto& [b, g, u] : offsets) {
+    for (int64_t n : {1025, 1026, 1027, 1028}) {
+      ExpectMomentumBitwiseAtOffsets<float, float>(b, g, u, n);
+      ExpectMomentumBitwiseAtOffsets<float, bf16_t>(b, g, u, n);
+      ExpectMomentumBitwiseAtOffsets<bf16_t, float>(b, g, u, n);
+      ExpectMomentumBitwiseAtOffsets<bf16_t, bf16_t>(b, g, u, n);
     }
   }
 }
