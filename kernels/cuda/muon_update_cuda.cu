@@ -196,16 +196,37 @@ __global__ void WidenKernel(const BufT* __restrict__ buf, int64_t n,
   }
 }
 
-// *first = min(*first, i) over the i with a NaN or Inf at x[i]; *first
-// starts at all ones (-1 as int64, the largest unsigned value).
+// *first = min(*first, base + i) over the i with a NaN or Inf at x[i]
+// (x: the elements from index `base` on); *first starts at all ones (-1 as
+// int64, the largest unsigned value).
 template <typename T>
-__global__ void FirstNonFiniteKernel(const T* x, int64_t n,
+__global__ void FirstNonFiniteKernel(const T* x, int64_t n, int64_t base,
                                      unsigned long long* first) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
        i < n; i += stride) {
     if (!isfinite(LoadFloat(x[i]))) {
-      atomicMin(first, static_cast<unsigned long long>(i));
+      atomicMin(first, static_cast<unsigned long long>(base + i));
+    }
+  }
+}
+
+// FirstNonFiniteKernel over `groups` groups of four elements from index 0
+// (element k of group i is index 4 i + k; a group records its first).
+template <typename T>
+__global__ void FirstNonFiniteVec4Kernel(const typename Vec4<T>::type* x,
+                                         int64_t groups,
+                                         unsigned long long* first) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+       i < groups; i += stride) {
+    const typename Vec4<T>::type v = x[i];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (!isfinite(LoadFloat(GetLane(v, k)))) {
+        atomicMin(first, static_cast<unsigned long long>(4 * i + k));
+        break;
+      }
     }
   }
 }
@@ -378,8 +399,16 @@ absl::Status LaunchFirstNonFinite(const T* x, int64_t n, int64_t* first,
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   MUON_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(first, 0xff, sizeof(int64_t), s));
   if (n == 0) return absl::OkStatus();
-  FirstNonFiniteKernel<T><<<Blocks(n), kThreads, 0, s>>>(
-      x, n, reinterpret_cast<unsigned long long*>(first));
+  unsigned long long* at = reinterpret_cast<unsigned long long*>(first);
+  auto groups_of_four = [&](int64_t groups) {
+    FirstNonFiniteVec4Kernel<T><<<Blocks(groups), kThreads, 0, s>>>(
+        reinterpret_cast<const typename Vec4<T>::type*>(x), groups, at);
+  };
+  auto one_by_one = [&](int64_t done, int64_t count) {
+    FirstNonFiniteKernel<T>
+        <<<Blocks(count), kThreads, 0, s>>>(x + done, count, done, at);
+  };
+  InGroupsOfFour(AlignedForFour<T>(x), n, groups_of_four, one_by_one);
   MUON_CUDA_RETURN_IF_LAUNCH_FAILED("FirstNonFiniteKernel");
   return absl::OkStatus();
 }

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -200,6 +201,52 @@ TEST(GpuMuonUpdateTest, MomentumFormUpdate_AnyAlignmentAndDtypes_BitwiseCpu) {
       ExpectMomentumBitwiseAtOffsets<float, bf16_t>(b, g, u, n);
       ExpectMomentumBitwiseAtOffsets<bf16_t, float>(b, g, u, n);
       ExpectMomentumBitwiseAtOffsets<bf16_t, bf16_t>(b, g, u, n);
+    }
+  }
+}
+
+// The first non-finite index, scanned in groups of four (aligned) or one
+// by one (unaligned) with 0-3 elements after the groups: for no bad value,
+// one in a group, one in the tail, NaN and Inf, and several (the least
+// wins), fp32 and bf16, the CPU kernel's answer.
+TEST(GpuMuonUpdateTest, FirstNonFinite_AnyAlignment_SameIndexAsCpu) {
+  MUON_SKIP_WITHOUT_GPU();
+  device::Runtime* rt = ::muon::testing::CudaTestRuntime();
+  ASSERT_NE(rt, nullptr);
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<std::vector<std::pair<int64_t, float>>> bad_sets = {
+      {},
+      {{5, NAN}},
+      {{1026, inf}},
+      {{9, -inf}, {3, NAN}},
+      {{0, NAN}},
+      {{1024, NAN}, {1025, inf}}};
+  for (int64_t off : {0, 1, 2, 3}) {
+    for (int64_t n : {1027, 1028}) {
+      for (const auto& bad : bad_sets) {
+        std::vector<float> x = Values(n + off, 83);
+        for (const auto& [i, v] : bad) {
+          if (i < n) x[off + i] = v;
+        }
+        const std::vector<bf16_t> x16 = AsElems<bf16_t>(x);
+        const int64_t want = FirstNonFinite(x.data() + off, n);
+        ASSERT_EQ(want, FirstNonFinite(x16.data() + off, n));
+        auto d_x = ::muon::testing::CopyToNewDeviceBuffer(rt, x);
+        auto d_x16 = ::muon::testing::CopyToNewDeviceBuffer(rt, x16);
+        auto d_first = ::muon::testing::CopyToNewDeviceBuffer(
+            rt, std::vector<int64_t>(2, 7));
+        ASSERT_TRUE(d_x.ok() && d_x16.ok() && d_first.ok());
+        ASSERT_TRUE(
+            cuda::FirstNonFinite(d_x->data() + off, n, d_first->data(), nullptr)
+                .ok());
+        ASSERT_TRUE(cuda::FirstNonFiniteBf16(d_x16->data() + off, n,
+                                             d_first->data() + 1, nullptr)
+                        .ok());
+        const std::vector<int64_t> got =
+            ::muon::testing::CopyToHostVector(rt, d_first->data(), 2);
+        EXPECT_EQ(got, (std::vector<int64_t>{want, want}))
+            << "offset " << off << " n " << n << " bad values " << bad.size();
+      }
     }
   }
 }
