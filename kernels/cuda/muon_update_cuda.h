@@ -96,7 +96,8 @@ absl::Status DecayAndApply(float* param, const float* update, int64_t n,
 // elements): param = bf16(bf16(param * decay) + alpha * update), each op
 // in fp32 rounded to nearest even, as torch's mul_ then add_ on a bf16
 // tensor (and kernels::ApplyUpdate's bf16 overload with kSeparate).
-// Errors: InvalidArgument (n < 0, null); Internal (launch).
+// Errors: InvalidArgument (n < 0, null, update overlapping param's 2 n
+// bytes); Internal (launch).
 absl::Status DecayAndApplyBf16(uint16_t* param, const float* update, int64_t n,
                                double lr, double weight_decay,
                                double adjusted_lr, FmaMode mode, void* stream);

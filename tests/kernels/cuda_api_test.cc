@@ -114,6 +114,15 @@ TEST(CudaApiTest, FusedKernels_BadArguments_ReturnInvalidArgument) {
                                 cuda::FmaMode::kFused, nullptr)
                 .code(),
             absl::StatusCode::kInvalidArgument);
+  // A bf16 parameter of 4 elements spans 8 bytes: an update starting
+  // inside them is refused before any CUDA call.
+  alignas(16) uint16_t param16[8] = {};
+  const absl::Status overlap16 = cuda::DecayAndApplyBf16(
+      param16, reinterpret_cast<const float*>(param16 + 2), 4, 0.1, 0.1, 0.1,
+      cuda::FmaMode::kFused, nullptr);
+  EXPECT_EQ(overlap16.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(overlap16.message()),
+              HasSubstr("DecayAndApplyBf16: update must not overlap param"));
   // n = 0 is a no-op, even with null pointers.
   EXPECT_TRUE(cuda::DecayAndApply(nullptr, nullptr, 0, 0.1, 0.1, 0.1,
                                   cuda::FmaMode::kFused, nullptr)

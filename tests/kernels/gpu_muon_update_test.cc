@@ -134,21 +134,37 @@ cuda::Elem ElemOf() {
   return std::is_same_v<T, float> ? cuda::Elem::kFloat32 : cuda::Elem::kBf16;
 }
 
+// An element's fp32 value (bf16 widened exactly), and an fp32 value as an
+// element of T (bf16 rounded to nearest even).
+float Widen(float x) { return x; }
+float Widen(bf16_t x) { return Bf16ToFloat(x); }
+template <typename T>
+T Narrow(float x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else {
+    return FloatToBf16(x);
+  }
+}
+
 // The momentum and Nesterov passes with buffer type B and gradient type G
 // at the element offsets {buf, grad, update} into their buffers and n
-// elements from there: every element bitwise the CPU kernels', and the
-// elements around the range untouched.
+// elements from there: every element bitwise the CPU kernels' (kSeparate)
+// or the same lerps with std::fmaf (kFused), and the elements around the
+// range untouched.
 template <typename B, typename G>
-void ExpectMomentumBitwiseAtOffsets(int64_t buf_off, int64_t grad_off,
-                                    int64_t update_off, int64_t n) {
+void ExpectMomentumBitwiseAtOffsets(cuda::FmaMode mode, int64_t buf_off,
+                                    int64_t grad_off, int64_t update_off,
+                                    int64_t n) {
   constexpr int64_t kPad = 8;
   const double momentum = 0.95;
+  const bool fused = mode == cuda::FmaMode::kFused;
   const std::vector<B> buf0 = AsElems<B>(Values(n + kPad, 81));
   const std::vector<G> grad = AsElems<G>(Values(n + kPad, 82));
-  const std::string where =
-      absl::StrCat("buf ", sizeof(B) == 2 ? "bf16" : "fp32", " grad ",
-                   sizeof(G) == 2 ? "bf16" : "fp32", " offsets ", buf_off, "/",
-                   grad_off, "/", update_off, " n ", n);
+  const std::string where = absl::StrCat(
+      fused ? "fused" : "separate", " buf ", sizeof(B) == 2 ? "bf16" : "fp32",
+      " grad ", sizeof(G) == 2 ? "bf16" : "fp32", " offsets ", buf_off, "/",
+      grad_off, "/", update_off, " n ", n);
   device::Runtime* rt = ::muon::testing::CudaTestRuntime();
   ASSERT_NE(rt, nullptr);
   auto d_buf = ::muon::testing::CopyToNewDeviceBuffer(rt, buf0);
@@ -158,22 +174,32 @@ void ExpectMomentumBitwiseAtOffsets(int64_t buf_off, int64_t grad_off,
   ASSERT_TRUE(d_buf.ok() && d_grad.ok() && d_update.ok()) << where;
   ASSERT_TRUE(cuda::Momentum(d_buf->data() + buf_off, ElemOf<B>(),
                              d_grad->data() + grad_off, ElemOf<G>(), n,
-                             momentum, cuda::FmaMode::kSeparate, nullptr)
+                             momentum, mode, nullptr)
                   .ok())
       << where;
   ASSERT_TRUE(cuda::FormUpdate(d_buf->data() + buf_off, ElemOf<B>(),
                                d_grad->data() + grad_off, ElemOf<G>(), n,
                                momentum, /*nesterov=*/true,
-                               d_update->data() + update_off,
-                               cuda::FmaMode::kSeparate, nullptr)
+                               d_update->data() + update_off, mode, nullptr)
                   .ok())
       << where;
   std::vector<B> want_buf = buf0;
   std::vector<float> want_update(n + kPad, NAN);
-  MomentumUpdate(want_buf.data() + buf_off, grad.data() + grad_off, n,
-                 momentum);
-  NesterovUpdate(grad.data() + grad_off, want_buf.data() + buf_off, n, momentum,
-                 want_update.data() + update_off);
+  if (fused) {
+    const float w_buf = static_cast<float>(1.0 - momentum);
+    const float w_nest = static_cast<float>(momentum);
+    for (int64_t i = 0; i < n; ++i) {
+      B& b = want_buf[buf_off + i];
+      const float g = Widen(grad[grad_off + i]);
+      b = Narrow<B>(LerpFma(Widen(b), g, w_buf));
+      want_update[update_off + i] = LerpFma(g, Widen(b), w_nest);
+    }
+  } else {  // the CPU kernels
+    MomentumUpdate(want_buf.data() + buf_off, grad.data() + grad_off, n,
+                   momentum);
+    NesterovUpdate(grad.data() + grad_off, want_buf.data() + buf_off, n,
+                   momentum, want_update.data() + update_off);
+  }
   const std::vector<B> got_buf =
       ::muon::testing::CopyToHostVector(rt, d_buf->data(), n + kPad);
   if constexpr (std::is_same_v<B, float>) {
@@ -190,17 +216,20 @@ void ExpectMomentumBitwiseAtOffsets(int64_t buf_off, int64_t grad_off,
 // The momentum and Nesterov passes in groups of four (buffer, gradient
 // and update aligned for the wide loads) and one by one (any of them not
 // aligned), with 0-3 elements after the groups, for every pair of fp32
-// and bf16 buffer and gradient: bitwise the CPU kernels.
+// and bf16 buffer and gradient, in both FMA modes: bitwise the CPU
+// kernels (kSeparate) or the host's fmaf lerps (kFused).
 TEST(GpuMuonUpdateTest, MomentumFormUpdate_AnyAlignmentAndDtypes_BitwiseCpu) {
   MUON_SKIP_WITHOUT_GPU();
   const std::vector<std::array<int64_t, 3>> offsets = {
       {0, 0, 0}, {1, 0, 0}, {0, 2, 0}, {0, 0, 3}, {2, 2, 2}, {3, 1, 2}};
-  for (const auto& [b, g, u] : offsets) {
-    for (int64_t n : {1025, 1026, 1027, 1028}) {
-      ExpectMomentumBitwiseAtOffsets<float, float>(b, g, u, n);
-      ExpectMomentumBitwiseAtOffsets<float, bf16_t>(b, g, u, n);
-      ExpectMomentumBitwiseAtOffsets<bf16_t, float>(b, g, u, n);
-      ExpectMomentumBitwiseAtOffsets<bf16_t, bf16_t>(b, g, u, n);
+  for (cuda::FmaMode mode : {cuda::FmaMode::kSeparate, cuda::FmaMode::kFused}) {
+    for (const auto& [b, g, u] : offsets) {
+      for (int64_t n : {1025, 1026, 1027, 1028}) {
+        ExpectMomentumBitwiseAtOffsets<float, float>(mode, b, g, u, n);
+        ExpectMomentumBitwiseAtOffsets<float, bf16_t>(mode, b, g, u, n);
+        ExpectMomentumBitwiseAtOffsets<bf16_t, float>(mode, b, g, u, n);
+        ExpectMomentumBitwiseAtOffsets<bf16_t, bf16_t>(mode, b, g, u, n);
+      }
     }
   }
 }
