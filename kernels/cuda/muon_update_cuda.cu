@@ -389,6 +389,70 @@ void InGroupsOfFour(bool aligned, int64_t n, GroupsFn&& groups_of_four,
   if (done < n) one_by_one(done, n - done);
 }
 
+// Enqueues MomentumKernel (in groups of four where buf and grad are
+// aligned, InGroupsOfFour) over n elements on `s`.
+template <typename B, typename G>
+void LaunchMomentum(B* b, const G* g, int64_t n, float w, bool fused,
+                    cudaStream_t s) {
+  using BV = typename Vec4<B>::type;
+  using GV = typename Vec4<G>::type;
+  auto groups_of_four = [&](int64_t groups) {
+    BV* bv = reinterpret_cast<BV*>(b);
+    const GV* gv = reinterpret_cast<const GV*>(g);
+    if (fused) {
+      MomentumVec4Kernel<true, B, G>
+          <<<Blocks(groups), kThreads, 0, s>>>(bv, gv, groups, w);
+    } else {
+      MomentumVec4Kernel<false, B, G>
+          <<<Blocks(groups), kThreads, 0, s>>>(bv, gv, groups, w);
+    }
+  };
+  auto one_by_one = [&](int64_t done, int64_t count) {
+    if (fused) {
+      MomentumKernel<true, B, G>
+          <<<Blocks(count), kThreads, 0, s>>>(b + done, g + done, count, w);
+    } else {
+      MomentumKernel<false, B, G>
+          <<<Blocks(count), kThreads, 0, s>>>(b + done, g + done, count, w);
+    }
+  };
+  InGroupsOfFour(AlignedForFour<B>(b) && AlignedForFour<G>(g), n,
+                 groups_of_four, one_by_one);
+}
+
+// Enqueues NesterovKernel (in groups of four where buf, grad and update
+// are aligned, InGroupsOfFour) over n elements on `s`.
+template <typename B, typename G>
+void LaunchNesterov(const B* b, const G* g, int64_t n, float w, float* update,
+                    bool fused, cudaStream_t s) {
+  using BV = typename Vec4<B>::type;
+  using GV = typename Vec4<G>::type;
+  auto groups_of_four = [&](int64_t groups) {
+    const BV* bv = reinterpret_cast<const BV*>(b);
+    const GV* gv = reinterpret_cast<const GV*>(g);
+    float4* uv = reinterpret_cast<float4*>(update);
+    if (fused) {
+      NesterovVec4Kernel<true, B, G>
+          <<<Blocks(groups), kThreads, 0, s>>>(bv, gv, groups, w, uv);
+    } else {
+      NesterovVec4Kernel<false, B, G>
+          <<<Blocks(groups), kThreads, 0, s>>>(bv, gv, groups, w, uv);
+    }
+  };
+  auto one_by_one = [&](int64_t done, int64_t count) {
+    if (fused) {
+      NesterovKernel<true, B, G><<<Blocks(count), kThreads, 0, s>>>(
+          b + done, g + done, count, w, update + done);
+    } else {
+      NesterovKernel<false, B, G><<<Blocks(count), kThreads, 0, s>>>(
+          b + done, g + done, count, w, update + done);
+    }
+  };
+  InGroupsOfFour(AlignedForFour<B>(b) && AlignedForFour<G>(g) &&
+                     AlignedForFour<float>(update),
+                 n, groups_of_four, one_by_one);
+}
+
 template <typename T>
 absl::Status LaunchFirstNonFinite(const T* x, int64_t n, int64_t* first,
                                   void* stream) {
@@ -431,34 +495,8 @@ absl::Status Momentum(void* buf, Elem buf_type, const void* grad,
   const float w = static_cast<float>(1.0 - momentum);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const bool fused = mode == FmaMode::kFused;
-  VisitElems(buf, buf_type, grad, grad_type, [&](auto* b, auto* g) {
-    using B = std::remove_pointer_t<decltype(b)>;
-    using G = std::remove_const_t<std::remove_pointer_t<decltype(g)>>;
-    using BV = typename Vec4<B>::type;
-    using GV = typename Vec4<G>::type;
-    const bool aligned = AlignedForFour<B>(b) && AlignedForFour<G>(g);
-    auto groups_of_four = [&](int64_t groups) {
-      BV* bv = reinterpret_cast<BV*>(b);
-      const GV* gv = reinterpret_cast<const GV*>(g);
-      if (fused) {
-        MomentumVec4Kernel<true, B, G>
-            <<<Blocks(groups), kThreads, 0, s>>>(bv, gv, groups, w);
-      } else {
-        MomentumVec4Kernel<false, B, G>
-            <<<Blocks(groups), kThreads, 0, s>>>(bv, gv, groups, w);
-      }
-    };
-    auto one_by_one = [&](int64_t done, int64_t count) {
-      if (fused) {
-        MomentumKernel<true, B, G>
-            <<<Blocks(count), kThreads, 0, s>>>(b + done, g + done, count, w);
-      } else {
-        MomentumKernel<false, B, G>
-            <<<Blocks(count), kThreads, 0, s>>>(b + done, g + done, count, w);
-      }
-    };
-    InGroupsOfFour(aligned, n, groups_of_four, one_by_one);
-  });
+  VisitElems(buf, buf_type, grad, grad_type,
+             [&](auto* b, auto* g) { LaunchMomentum(b, g, n, w, fused, s); });
   MUON_CUDA_RETURN_IF_LAUNCH_FAILED("MomentumKernel");
   return absl::OkStatus();
 }
@@ -496,34 +534,7 @@ absl::Status FormUpdate(const void* buf, Elem buf_type, const void* grad,
   const float w = static_cast<float>(momentum);
   const bool fused = mode == FmaMode::kFused;
   VisitElems(buf, buf_type, grad, grad_type, [&](auto* b, auto* g) {
-    using B = std::remove_const_t<std::remove_pointer_t<decltype(b)>>;
-    using G = std::remove_const_t<std::remove_pointer_t<decltype(g)>>;
-    using BV = typename Vec4<B>::type;
-    using GV = typename Vec4<G>::type;
-    const bool aligned = AlignedForFour<B>(b) && AlignedForFour<G>(g) &&
-                         AlignedForFour<float>(update);
-    auto groups_of_four = [&](int64_t groups) {
-      const BV* bv = reinterpret_cast<const BV*>(b);
-      const GV* gv = reinterpret_cast<const GV*>(g);
-      float4* uv = reinterpret_cast<float4*>(update);
-      if (fused) {
-        NesterovVec4Kernel<true, B, G>
-            <<<Blocks(groups), kThreads, 0, s>>>(bv, gv, groups, w, uv);
-      } else {
-        NesterovVec4Kernel<false, B, G>
-            <<<Blocks(groups), kThreads, 0, s>>>(bv, gv, groups, w, uv);
-      }
-    };
-    auto one_by_one = [&](int64_t done, int64_t count) {
-      if (fused) {
-        NesterovKernel<true, B, G><<<Blocks(count), kThreads, 0, s>>>(
-            b + done, g + done, count, w, update + done);
-      } else {
-        NesterovKernel<false, B, G><<<Blocks(count), kThreads, 0, s>>>(
-            b + done, g + done, count, w, update + done);
-      }
-    };
-    InGroupsOfFour(aligned, n, groups_of_four, one_by_one);
+    LaunchNesterov(b, g, n, w, update, fused, s);
   });
   MUON_CUDA_RETURN_IF_LAUNCH_FAILED("NesterovKernel");
   return absl::OkStatus();
