@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "device/cuda_check.cuh"
 #include "kernels/cuda/muon_update_cuda.h"
+#include "kernels/cuda/vec4.cuh"
 
 namespace muon {
 namespace kernels {
@@ -78,47 +79,6 @@ __device__ __forceinline__ float FromFloat<float>(float v) {
 template <>
 __device__ __forceinline__ uint16_t FromFloat<uint16_t>(float v) {
   return FloatToBf16Bits(v);
-}
-
-// Four consecutive elements in one aligned load or store: float4 for
-// fp32, uint2 for bf16 (two 32-bit words of two bf16 each, the element at
-// the lower address in a word's low half). The kernels in groups of four
-// make the same operations per element as their one-by-one versions,
-// with fewer and wider memory transactions (they are memory-bound).
-template <typename T>
-struct Vec4;
-template <>
-struct Vec4<float> {
-  using type = float4;
-};
-template <>
-struct Vec4<uint16_t> {
-  using type = uint2;
-};
-
-// Element k (0-3, a constant once unrolled) of a group of four.
-__device__ __forceinline__ float GetLane(const float4& v, int k) {
-  return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
-}
-__device__ __forceinline__ uint16_t GetLane(const uint2& v, int k) {
-  const uint32_t word = k < 2 ? v.x : v.y;
-  return static_cast<uint16_t>((k & 1) != 0 ? word >> 16 : word & 0xffffu);
-}
-__device__ __forceinline__ void SetLane(float4& v, int k, float x) {
-  if (k == 0) {
-    v.x = x;
-  } else if (k == 1) {
-    v.y = x;
-  } else if (k == 2) {
-    v.z = x;
-  } else {
-    v.w = x;
-  }
-}
-__device__ __forceinline__ void SetLane(uint2& v, int k, uint16_t x) {
-  uint32_t& word = k < 2 ? v.x : v.y;
-  word = (k & 1) != 0 ? (word & 0xffffu) | (static_cast<uint32_t>(x) << 16)
-                      : (word & 0xffff0000u) | x;
 }
 
 // BufT, GradT: float, or uint16_t holding bf16 bits (widened exactly, as
@@ -367,26 +327,6 @@ absl::Status CheckBf16Block(const char* fn, const void* a, const void* b,
         absl::StrCat(fn, ": pointers must be non-null"));
   }
   return absl::OkStatus();
-}
-
-// Whether p is aligned for a load of four elements of T (Vec4<T>).
-template <typename T>
-bool AlignedForFour(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % (4 * sizeof(T)) == 0;
-}
-
-// Enqueues an elementwise operation over n elements: when `aligned`,
-// groups_of_four(groups) over the first 4 * groups = 4 * (n / 4), then
-// one_by_one(done, count) over the `count` elements from `done` (all n
-// when not aligned). Either way each element gets the same operations, so
-// the same bits. The caller checks the launches afterwards.
-template <typename GroupsFn, typename OneByOneFn>
-void InGroupsOfFour(bool aligned, int64_t n, GroupsFn&& groups_of_four,
-                    OneByOneFn&& one_by_one) {
-  const int64_t groups = aligned ? n / 4 : 0;
-  if (groups > 0) groups_of_four(groups);
-  const int64_t done = groups * 4;
-  if (done < n) one_by_one(done, n - done);
 }
 
 // Enqueues MomentumKernel (in groups of four where buf and grad are

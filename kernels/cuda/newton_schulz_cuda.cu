@@ -25,6 +25,7 @@
 #include "kernels/cuda/newton_schulz_cuda.h"
 #include "kernels/cuda/ns_gemm_plan.h"
 #include "kernels/cuda/ns_graph_cache.h"
+#include "kernels/cuda/vec4.cuh"
 #include "kernels/newton_schulz.h"
 #include "kernels/ns_engine.h"
 
@@ -229,12 +230,68 @@ __global__ void ScaleKernel(const float* __restrict__ u, int64_t size,
   }
 }
 
+// The bits a work type T stores: fp32 as itself, bf16 as uint16_t (for
+// Vec4's lanes), rounded as Store rounds.
+template <typename T>
+struct WorkBits;
+template <>
+struct WorkBits<float> {
+  using type = float;
+  static __device__ __forceinline__ float From(float v) { return v; }
+};
+template <>
+struct WorkBits<__nv_bfloat16> {
+  using type = uint16_t;
+  static __device__ __forceinline__ uint16_t From(float v) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+  }
+};
+
+// ScaleKernel in groups of four (each matrix's `groups` = size / 4 groups
+// start at a group boundary: size is a multiple of 4).
+template <typename T>
+__global__ void ScaleVec4Kernel(
+    const float4* __restrict__ u, int64_t groups,
+    const float* __restrict__ denom,
+    typename Vec4<typename WorkBits<T>::type>::type* __restrict__ x) {
+  const int64_t offset = static_cast<int64_t>(blockIdx.y) * groups;
+  const float d = denom[blockIdx.y];
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+       i < groups; i += stride) {
+    const float4 v = u[offset + i];
+    typename Vec4<typename WorkBits<T>::type>::type out;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      SetLane(out, k, WorkBits<T>::From(__fdiv_rn(GetLane(v, k), d)));
+    }
+    x[offset + i] = out;
+  }
+}
+
 __global__ void Bf16ToFloatKernel(const __nv_bfloat16* __restrict__ x,
                                   int64_t n, float* __restrict__ out) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
        i < n; i += stride) {
     out[i] = __bfloat162float(x[i]);
+  }
+}
+
+// Bf16ToFloatKernel in groups of four (widening is exact either way).
+__global__ void Bf16ToFloatVec4Kernel(const uint2* __restrict__ x,
+                                      int64_t groups,
+                                      float4* __restrict__ out) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+       i < groups; i += stride) {
+    const uint2 v = x[i];
+    float4 o;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      SetLane(o, k, __bfloat162float(__ushort_as_bfloat16(GetLane(v, k))));
+    }
+    out[i] = o;
   }
 }
 
@@ -448,6 +505,24 @@ bool Overlap(const void* x, const void* y, int64_t bytes) {
   return a < b + n && b < a + n;
 }
 
+// Enqueues out[i] = x[i] widened, i in [0, n), on `stream`, in groups of
+// four where x and out allow (InGroupsOfFour). The caller checks the
+// launches.
+void WidenOutput(const __nv_bfloat16* x, int64_t n, float* out,
+                 cudaStream_t stream) {
+  auto groups_of_four = [&](int64_t groups) {
+    Bf16ToFloatVec4Kernel<<<ElementwiseBlocks(groups), kThreads, 0, stream>>>(
+        reinterpret_cast<const uint2*>(x), groups,
+        reinterpret_cast<float4*>(out));
+  };
+  auto one_by_one = [&](int64_t done, int64_t count) {
+    Bf16ToFloatKernel<<<ElementwiseBlocks(count), kThreads, 0, stream>>>(
+        x + done, count, out + done);
+  };
+  InGroupsOfFour(AlignedForFour<uint16_t>(x) && AlignedForFour<float>(out), n,
+                 groups_of_four, one_by_one);
+}
+
 // Normalises `batch` fp32 matrices of `size` elements into x (work type T).
 template <typename T>
 absl::Status Normalize(NsCudaContext::State* s, const Layout& l, const float* u,
@@ -464,9 +539,18 @@ absl::Status Normalize(NsCudaContext::State* s, const Layout& l, const float* u,
   FinishNormKernel<<<y, kThreads, 0, s->stream>>>(
       partial, blocks, options.norm_scale, options.eps, denom);
   MUON_CUDA_RETURN_IF_LAUNCH_FAILED("FinishNormKernel");
-  const int scale_blocks = std::min(ElementwiseBlocks(size), 4096);
-  ScaleKernel<T>
-      <<<dim3(scale_blocks, y), kThreads, 0, s->stream>>>(u, size, denom, x);
+  using Bits = typename WorkBits<T>::type;
+  if (size % 4 == 0 && AlignedForFour<float>(u) && AlignedForFour<Bits>(x)) {
+    const int64_t groups = size / 4;
+    const int scale_blocks = std::min(ElementwiseBlocks(groups), 4096);
+    ScaleVec4Kernel<T><<<dim3(scale_blocks, y), kThreads, 0, s->stream>>>(
+        reinterpret_cast<const float4*>(u), groups, denom,
+        reinterpret_cast<typename Vec4<Bits>::type*>(x));
+  } else {
+    const int scale_blocks = std::min(ElementwiseBlocks(size), 4096);
+    ScaleKernel<T>
+        <<<dim3(scale_blocks, y), kThreads, 0, s->stream>>>(u, size, denom, x);
+  }
   MUON_CUDA_RETURN_IF_LAUNCH_FAILED("ScaleKernel");
   return absl::OkStatus();
 }
@@ -895,9 +979,8 @@ absl::Status EnqueueCall(NsCudaContext::State* s, const Layout& l, bool gram,
   MUON_CU_RETURN_IF_ERROR(gram ? GramIterations(s, shape, options, &buf)
                                : StandardIterations(s, shape, options, &buf));
   if (bf16) {
-    const int64_t total = call.batch * size;
-    Bf16ToFloatKernel<<<ElementwiseBlocks(total), kThreads, 0, s->stream>>>(
-        static_cast<const __nv_bfloat16*>(buf.x), total, call.out);
+    WidenOutput(static_cast<const __nv_bfloat16*>(buf.x), call.batch * size,
+                call.out, s->stream);
     MUON_CUDA_RETURN_IF_LAUNCH_FAILED("Bf16ToFloatKernel");
   }
   return absl::OkStatus();

@@ -480,6 +480,66 @@ TEST(GpuNewtonSchulzTest, ReserveWithGramOptions_GramCallDoesNotGrowScratch) {
 // are valid roundings of the same result); whether the bits agree is
 // printed. Each batched matrix is also checked against the float64
 // reference, which catches stride or offset mistakes.
+// bf16: U is read and O written only by the elementwise passes (the GEMMs
+// run in scratch), which go in groups of four where U, O and the size
+// allow and one by one otherwise. A batch of 2 at U offsets 0 and 1 and O
+// offsets 0, 1 and 2 elements into their buffers, with sizes a multiple of
+// 4 and not (33 x 65), standard and Gram: every placement gives the bits
+// of the aligned one (the standard one within the bf16 bound of float64).
+TEST(GpuNewtonSchulzTest, Bf16_UnalignedUAndO_SameBitsAsAligned) {
+  MUON_SKIP_WITHOUT_GPU();
+  absl::StatusOr<CudaNs> ns = MakeCudaNs();
+  ASSERT_TRUE(ns.ok()) << ns.status();
+  NewtonSchulzOptions gram;
+  gram.method = NewtonSchulzMethod::kGram;
+  for (auto [rows, cols] :
+       {std::pair<int64_t, int64_t>{33, 65}, {64, 96}, {96, 64}}) {
+    const int64_t size = rows * cols;
+    const std::vector<float> one = RandomMatrix(rows, cols, 91);
+    std::vector<float> u(2 * size + 1);
+    for (int64_t i = 0; i < size; ++i) {
+      u[i] = one[i];
+      u[size + i] = 2.0f * one[i];
+    }
+    for (const NewtonSchulzOptions& options : {NewtonSchulzOptions(), gram}) {
+      std::vector<float> aligned;
+      for (int64_t u_off : {0, 1}) {
+        for (int64_t o_off : {0, 1, 2}) {
+          std::vector<float> in(u.size() + 1, 0.0f);
+          std::copy(u.begin(), u.begin() + 2 * size, in.begin() + u_off);
+          auto d_in = ::muon::testing::CopyToNewDeviceBuffer(ns->runtime, in);
+          auto d_out = ::muon::testing::CopyToNewDeviceBuffer(
+              ns->runtime, std::vector<float>(2 * size + 2, 0.0f));
+          ASSERT_TRUE(d_in.ok() && d_out.ok());
+          const absl::Status status = cuda::NewtonSchulzBatched(
+              ns->ctx.get(), d_in->data() + u_off, 2, rows, cols, options,
+              GpuPrecision::kBf16, d_out->data() + o_off);
+          ASSERT_TRUE(status.ok()) << status;
+          ASSERT_TRUE(ns->Sync().ok());
+          const std::vector<float> all = ::muon::testing::CopyToHostVector(
+              ns->runtime, d_out->data(), 2 * size + 2);
+          const std::vector<float> got(all.begin() + o_off,
+                                       all.begin() + o_off + 2 * size);
+          if (aligned.empty()) {
+            aligned = got;
+            if (options.method == NewtonSchulzMethod::kGram) continue;
+            ExpectWithinBound(
+                "aligned", GpuPrecision::kBf16, rows, cols,
+                std::vector<float>(got.begin(), got.begin() + size),
+                Reference(one, rows, cols, options));
+            continue;
+          }
+          EXPECT_TRUE(BitwiseEqual(got, aligned))
+              << rows << "x" << cols << " U offset " << u_off << " O offset "
+              << o_off
+              << (options.method == NewtonSchulzMethod::kGram ? " gram"
+                                                              : " standard");
+        }
+      }
+    }
+  }
+}
+
 TEST(GpuNewtonSchulzTest, Batched_EqualsPerMatrix) {
   MUON_SKIP_WITHOUT_GPU();
   absl::StatusOr<CudaNs> ns = MakeCudaNs();
