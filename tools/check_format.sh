@@ -4,7 +4,7 @@
 # files that differ and exits 1 if any; `--fix` rewrites them instead.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-mapfile -t files < <(git ls-files '*.cc' '*.h' '*.cu' '*.c')
+mapfile -t files < <(git ls-files '*.cc' '*.h' '*.cu' '*.cuh' '*.c')
 if [[ ${1:-} == --fix ]]; then
   clang-format -i "${files[@]}"
   exit 0

@@ -68,7 +68,7 @@ inline bool AlignedForFour(const void* p) {
 // the same bits. The caller checks the launches afterwards.
 template <typename GroupsFn, typename OneByOneFn>
 inline void InGroupsOfFour(bool aligned, int64_t n, GroupsFn&& groups_of_four,
-                    OneByOneFn&& one_by_one) {
+                           OneByOneFn&& one_by_one) {
   const int64_t groups = aligned ? n / 4 : 0;
   if (groups > 0) groups_of_four(groups);
   const int64_t done = groups * 4;
