@@ -135,7 +135,7 @@ __global__ void NesterovVec4Kernel(
        i < groups; i += stride) {
     const typename Vec4<BufT>::type b = buf[i];
     const typename Vec4<GradT>::type g = grad[i];
-    float4 u;
+    float4 u{};
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       SetLane(

@@ -260,7 +260,7 @@ __global__ void ScaleVec4Kernel(
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
        i < groups; i += stride) {
     const float4 v = u[offset + i];
-    typename Vec4<typename WorkBits<T>::type>::type out;
+    typename Vec4<typename WorkBits<T>::type>::type out{};
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       SetLane(out, k, WorkBits<T>::From(__fdiv_rn(GetLane(v, k), d)));
@@ -286,7 +286,7 @@ __global__ void Bf16ToFloatVec4Kernel(const uint2* __restrict__ x,
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
        i < groups; i += stride) {
     const uint2 v = x[i];
-    float4 o;
+    float4 o{};
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       SetLane(o, k, __bfloat162float(__ushort_as_bfloat16(GetLane(v, k))));

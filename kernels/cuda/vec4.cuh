@@ -58,7 +58,7 @@ __device__ __forceinline__ void SetLane(uint2& v, int k, uint16_t x) {
 // Whether p is aligned for a load of four elements of T (Vec4<T>).
 template <typename T>
 inline bool AlignedForFour(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % (4 * sizeof(T)) == 0;
+  return reinterpret_cast<std::uintptr_t>(p) % (4 * sizeof(T)) == 0;
 }
 
 // Enqueues an elementwise operation over n elements: when `aligned`,

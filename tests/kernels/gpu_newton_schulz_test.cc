@@ -474,12 +474,6 @@ TEST(GpuNewtonSchulzTest, ReserveWithGramOptions_GramCallDoesNotGrowScratch) {
   EXPECT_EQ(ctx->ScratchBytes(), gram_bytes);
 }
 
-// A bucket of same-shape matrices through one strided-batched GEMM per
-// product equals orthogonalizing each alone. cuBLAS may pick other kernels
-// for the batched call, so equality is within the precision's bound (both
-// are valid roundings of the same result); whether the bits agree is
-// printed. Each batched matrix is also checked against the float64
-// reference, which catches stride or offset mistakes.
 // bf16: U is read and O written only by the elementwise passes (the GEMMs
 // run in scratch), which go in groups of four where U, O and the size
 // allow and one by one otherwise. A batch of 2 at U offsets 0 and 1 and O
@@ -540,6 +534,12 @@ TEST(GpuNewtonSchulzTest, Bf16_UnalignedUAndO_SameBitsAsAligned) {
   }
 }
 
+// A bucket of same-shape matrices through one strided-batched GEMM per
+// product equals orthogonalizing each alone. cuBLAS may pick other kernels
+// for the batched call, so equality is within the precision's bound (both
+// are valid roundings of the same result); whether the bits agree is
+// printed. Each batched matrix is also checked against the float64
+// reference, which catches stride or offset mistakes.
 TEST(GpuNewtonSchulzTest, Batched_EqualsPerMatrix) {
   MUON_SKIP_WITHOUT_GPU();
   absl::StatusOr<CudaNs> ns = MakeCudaNs();
