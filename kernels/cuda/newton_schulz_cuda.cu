@@ -731,6 +731,32 @@ absl::Status RunUpperTiles(NsCudaContext::State* s, const IterationShape& shape,
   return absl::OkStatus();
 }
 
+// g's product into `out`: only its tiles on and above the diagonal
+// (RunUpperTiles) when `tiled` and the context's SymmetricProducts tile an
+// m x m output, else all of it (RunPlanned). Returns the edge of the tiles
+// left uncomputed below the diagonal: g.m when none are.
+absl::StatusOr<int> RunUpperOrWhole(NsCudaContext::State* s,
+                                    const IterationShape& shape,
+                                    const IterationBuffers& buf,
+                                    const NsGemm& g, const ProductOut& out,
+                                    bool tiled) {
+  if (!tiled || !s->symmetric.Tiled(g.m)) {
+    MUON_CU_RETURN_IF_ERROR(RunPlanned(s, shape, buf, g, out));
+    return static_cast<int>(g.m);
+  }
+  MUON_CU_RETURN_IF_ERROR(RunUpperTiles(s, shape, buf, g, out));
+  return SymmetricTileEdge(g.m, s->symmetric.tiles);
+}
+
+// The grid of the mirror kernels over `batch` m x m matrices: one block
+// per kMirrorBlock square (each grid dimension at most 65535, the kernels
+// stride past that), one grid layer per matrix.
+dim3 MirrorGrid(int64_t m, int64_t batch) {
+  const unsigned int squares = static_cast<unsigned int>(
+      std::min<int64_t>((m + kMirrorBlock - 1) / kMirrorBlock, 65535));
+  return dim3(squares, squares, static_cast<unsigned int>(batch));
+}
+
 // A product whose m x m output is symmetric element for element (see
 // UpperTileGemms): once the context's SymmetricProducts tiles m (and
 // `tiled`), the GEMMs of the tiles on and above the diagonal, then the
@@ -741,24 +767,19 @@ absl::Status RunUpperTiles(NsCudaContext::State* s, const IterationShape& shape,
 absl::Status RunSymmetric(NsCudaContext::State* s, const IterationShape& shape,
                           const IterationBuffers& buf, const NsGemm& g,
                           bool tiled = true) {
-  if (!tiled || !s->symmetric.Tiled(g.m)) return RunPlanned(s, shape, buf, g);
   const ProductOut out = DefaultOut(shape, buf, g);
-  MUON_CU_RETURN_IF_ERROR(RunUpperTiles(s, shape, buf, g, out));
-  const int edge = SymmetricTileEdge(g.m, s->symmetric.tiles);
-  // One block per kMirrorBlock square (each grid dimension at most 65535,
-  // the kernel strides past that), one grid layer per matrix.
-  const unsigned int squares = static_cast<unsigned int>(
-      std::min<int64_t>((g.m + kMirrorBlock - 1) / kMirrorBlock, 65535));
-  const dim3 grid(squares, squares, static_cast<unsigned int>(shape.batch));
+  absl::StatusOr<int> edge = RunUpperOrWhole(s, shape, buf, g, out, tiled);
+  if (!edge.ok() || *edge == g.m) return edge.status();
+  const dim3 grid = MirrorGrid(g.m, shape.batch);
   const dim3 block(kMirrorBlock, kMirrorRows);
   void* c = static_cast<char*>(out.c) + g.offset_c * out.elem_bytes;
   // The copy moves bits: bf16 as 16-bit and fp32 as 32-bit words.
   if (shape.bf16) {
     MirrorLowerTilesKernel<uint16_t>
-        <<<grid, block, 0, s->stream>>>(static_cast<uint16_t*>(c), g.m, edge);
+        <<<grid, block, 0, s->stream>>>(static_cast<uint16_t*>(c), g.m, *edge);
   } else {
     MirrorLowerTilesKernel<uint32_t>
-        <<<grid, block, 0, s->stream>>>(static_cast<uint32_t*>(c), g.m, edge);
+        <<<grid, block, 0, s->stream>>>(static_cast<uint32_t*>(c), g.m, *edge);
   }
   MUON_CUDA_RETURN_IF_LAUNCH_FAILED("MirrorLowerTilesKernel");
   return absl::OkStatus();
@@ -837,19 +858,11 @@ absl::Status FormGramPolynomialFp32(NsCudaContext::State* s,
   NsGemm rr = square;  // alpha = c
   rr.beta = 0.0;
   const ProductOut p{buf.z32, CUDA_R_32F, int64_t{sizeof(float)}};
-  int edge = m;  // one tile: no element mirrored
-  if (tiled && s->symmetric.Tiled(m)) {
-    MUON_CU_RETURN_IF_ERROR(RunUpperTiles(s, shape, buf, rr, p));
-    edge = SymmetricTileEdge(m, s->symmetric.tiles);
-  } else {
-    MUON_CU_RETURN_IF_ERROR(RunPlanned(s, shape, buf, rr, p));
-  }
-  const unsigned int squares = static_cast<unsigned int>(
-      std::min((m + kMirrorBlock - 1) / kMirrorBlock, 65535));
-  const dim3 grid(squares, squares, static_cast<unsigned int>(shape.batch));
-  GramPolynomialFinishKernel<<<grid, dim3(kMirrorBlock, kMirrorRows), 0,
-                               s->stream>>>(
-      static_cast<const __nv_bfloat16*>(buf.gram), buf.z32, m, edge,
+  absl::StatusOr<int> edge = RunUpperOrWhole(s, shape, buf, rr, p, tiled);
+  if (!edge.ok()) return edge.status();
+  GramPolynomialFinishKernel<<<MirrorGrid(m, shape.batch),
+                               dim3(kMirrorBlock, kMirrorRows), 0, s->stream>>>(
+      static_cast<const __nv_bfloat16*>(buf.gram), buf.z32, m, *edge,
       static_cast<float>(abc[0]), static_cast<float>(abc[1]),
       static_cast<__nv_bfloat16*>(buf.poly));
   MUON_CUDA_RETURN_IF_LAUNCH_FAILED("GramPolynomialFinishKernel");
