@@ -50,6 +50,7 @@ using ::muon::kernels::testing::ErrorBound;
 using ::muon::kernels::testing::FroRelError;
 using ::muon::kernels::testing::GpuErrorBound;
 using ::muon::kernels::testing::GpuReferenceShapes;
+using ::muon::kernels::testing::GramFp32ZMarginShapes;
 using ::muon::kernels::testing::MaxRelError;
 using ::muon::kernels::testing::PrecisionName;
 using ::muon::kernels::testing::PrintGramZErrors;
@@ -744,8 +745,7 @@ TEST(GpuNewtonSchulzTest, GramBf16Fp32Z_NoFartherFromFloat64ThanStandard) {
   ASSERT_TRUE(fp32_z_ctx.ok() && plain_ctx.ok());
   NewtonSchulzOptions gram;
   gram.method = NewtonSchulzMethod::kGram;
-  for (auto [rows, cols] :
-       {std::pair<int64_t, int64_t>{256, 1024}, {1024, 256}}) {
+  for (auto [rows, cols] : GramFp32ZMarginShapes()) {
     const std::vector<float> u = RandomMatrix(rows, cols, 1);
     const std::vector<double> ref = Reference(u, rows, cols, {});
     const double standard =

@@ -22,6 +22,7 @@ using ::muon::kernels::testing::ErrorBound;
 using ::muon::kernels::testing::FroRelError;
 using ::muon::kernels::testing::GpuErrorBound;
 using ::muon::kernels::testing::GpuReferenceShapes;
+using ::muon::kernels::testing::GramFp32ZMarginShapes;
 using ::muon::kernels::testing::MaxRelError;
 using ::muon::kernels::testing::PrecisionName;
 using ::muon::kernels::testing::PrintGramZErrors;
@@ -140,8 +141,7 @@ TEST(PrecisionModelTest,
      EmulatedBf16Gram_Fp32ZNoFartherThanStandard_DoubleRoundedZFarther) {
   NewtonSchulzOptions gram;
   gram.method = NewtonSchulzMethod::kGram;
-  for (auto [rows, cols] :
-       {std::pair<int64_t, int64_t>{256, 1024}, {1024, 256}}) {
+  for (auto [rows, cols] : GramFp32ZMarginShapes()) {
     const std::vector<float> u = RandomMatrix(rows, cols, 1);
     const std::vector<double> ref = Reference(u, rows, cols, {});
     const auto error = [&](const NewtonSchulzOptions& options, bool fp32_z) {

@@ -266,6 +266,12 @@ ErrorBound GpuErrorBound(GpuPrecision precision) {
   return {1e-4, 1e-4};
 }
 
+const std::vector<std::pair<int64_t, int64_t>>& GramFp32ZMarginShapes() {
+  static const auto* shapes =
+      new std::vector<std::pair<int64_t, int64_t>>{{256, 1024}, {1024, 256}};
+  return *shapes;
+}
+
 const std::vector<std::pair<int64_t, int64_t>>& GpuReferenceShapes() {
   static const auto* shapes = new std::vector<std::pair<int64_t, int64_t>>{
       {128, 128}, {256, 512}, {512, 256}, {96, 1100}, {1100, 96}, {200, 50}};

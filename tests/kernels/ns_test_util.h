@@ -107,6 +107,11 @@ ErrorBound GpuErrorBound(GpuPrecision precision);
 // all have min(rows, cols) >= 50.
 const std::vector<std::pair<int64_t, int64_t>>& GpuReferenceShapes();
 
+// Shapes on which the bf16 Gram iteration with Z in fp32 (restart every
+// 2) is asserted no farther from float64 than the standard iteration: on
+// the GPU, and in the CPU model, which prints the margin there.
+const std::vector<std::pair<int64_t, int64_t>>& GramFp32ZMarginShapes();
+
 std::string PrecisionName(GpuPrecision precision);
 
 }  // namespace testing
