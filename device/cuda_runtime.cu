@@ -234,24 +234,11 @@ class CudaRuntimeImpl final : public Runtime {
   Device device() const override { return Device::Cuda(ordinal_); }
   absl::StatusOr<std::unique_ptr<Stream>> CreateStream(
       const std::string& name) override {
-    CudaDeviceGuard guard(ordinal_);
-    if (!guard.status().ok()) return guard.status();
-    cudaStream_t s = nullptr;
-    MUON_CUDA_RETURN_IF_ERROR(
-        cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    return std::unique_ptr<Stream>(new CudaStream(ordinal_, s, name));
+    return NewStream(name, /*high_priority=*/false);
   }
   absl::StatusOr<std::unique_ptr<Stream>> CreateHighPriorityStream(
       const std::string& name) override {
-    CudaDeviceGuard guard(ordinal_);
-    if (!guard.status().ok()) return guard.status();
-    int least = 0, greatest = 0;  // CUDA: the greatest is the lowest number.
-    MUON_CUDA_RETURN_IF_ERROR(
-        cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    cudaStream_t s = nullptr;
-    MUON_CUDA_RETURN_IF_ERROR(
-        cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest));
-    return std::unique_ptr<Stream>(new CudaStream(ordinal_, s, name));
+    return NewStream(name, /*high_priority=*/true);
   }
   absl::StatusOr<std::unique_ptr<Event>> CreateEvent(
       const std::string& name) override {
@@ -350,6 +337,24 @@ class CudaRuntimeImpl final : public Runtime {
                           static_cast<cudaStream_t>(stream->native_handle())));
       return absl::OkStatus();
     });
+  }
+
+  // A non-blocking stream at priority 0 (cudaStreamCreateWithFlags' default)
+  // or at the device's greatest (the lowest number of
+  // cudaDeviceGetStreamPriorityRange).
+  absl::StatusOr<std::unique_ptr<Stream>> NewStream(const std::string& name,
+                                                    bool high_priority) {
+    CudaDeviceGuard guard(ordinal_);
+    if (!guard.status().ok()) return guard.status();
+    int least = 0, greatest = 0;
+    if (high_priority) {
+      MUON_CUDA_RETURN_IF_ERROR(
+          cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    }
+    cudaStream_t s = nullptr;
+    MUON_CUDA_RETURN_IF_ERROR(
+        cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest));
+    return std::unique_ptr<Stream>(new CudaStream(ordinal_, s, name));
   }
 
   const int ordinal_;

@@ -99,8 +99,7 @@ class NsCudaContext {
   //     allocator not of one CUDA device (names each device); a
   //     MUON_NS_SYMMETRIC*, MUON_NS_GRAM_RESTART_EVERY,
   //     MUON_NS_GRAM_FP32_Z or MUON_NS_CUDA_GRAPHS environment variable out
-  //     of range (names it
-  //     and its value).
+  //     of range (names it and its value).
   //   ResourceExhausted / Internal: CUDA or cuBLAS failures (names the call
   //     and the library's message).
   static absl::StatusOr<std::unique_ptr<NsCudaContext>> Create(
