@@ -161,16 +161,17 @@ void EmulateGramPolynomial(const GpuArithmetic& gpu, int m,
   const float a = static_cast<float>(abc[0]);
   const float b = static_cast<float>(abc[1]);
   const float c = static_cast<float>(abc[2]);
-  z = r;
   if (fp32_z) {
-    std::vector<float> p(z.size());
+    std::vector<float> p(r.size());
     GpuArithmetic(GpuPrecision::kFp32).Gemm(false, m, m, m, c, r, r, 0.0f, p);
+    z.resize(r.size());
     for (size_t i = 0; i < z.size(); ++i) {
       float v = b * r[i];
       if (i % (static_cast<size_t>(m) + 1) == 0) v += a;  // on the diagonal
       z[i] = v + p[i];
     }
   } else {
+    z = r;  // the beta term's input
     gpu.Gemm(false, m, m, m, c, r, r, b, z);
     for (int i = 0; i < m; ++i) z[static_cast<size_t>(i) * m + i] += a;
   }
