@@ -33,7 +33,9 @@
 //     within T + 2.5 intervals + T/10 (1.6T) of its last heartbeat, and
 //     the host's other ranks hear it one interval later (the relay);
 //   - the host dies (muonrun and its ranks): its heartbeats stop and the
-//     coordinator names every rank of the host lost after T;
+//     coordinator names every rank of the host lost after T (a rank left
+//     out of the last heartbeats passes T first; the coordinator waits
+//     for the host rather than name it alone);
 //   - the coordinator dies: the host heartbeat fails and the ranks'
 //     heartbeats get its error, so each rank's Agent says once that the
 //     coordinator is unreachable (after T) and training goes on.

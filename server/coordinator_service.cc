@@ -752,6 +752,25 @@ void CoordinatorService::CheckLostLocked(absl::Time now) {
     }
   }
   if (silent == nullptr) return;
+  // The ranks of a host agent are heard through it: its heartbeat lists
+  // them at once, but one may have dropped out of the last few (the agent
+  // had not heard from it) or been refreshed by a later ReportSteps. A host
+  // whose freshest rank is silent for over half the timeout (the agent
+  // beats every fifth of it) is either dead or late: wait until that is
+  // settled (at most half a timeout) rather than name one rank of a dead
+  // host alone.
+  std::vector<int> host_ranks;
+  absl::Time host_last_seen = silent->last_seen;
+  if (!silent->host.empty()) {
+    host_ranks = HostRanksLocked(silent->host, &host_last_seen);
+  }
+  const absl::Duration host_silence = now - host_last_seen;
+  const bool host_lost =
+      host_ranks.size() >= 2 && host_silence > options_.heartbeat_timeout;
+  if (host_ranks.size() >= 2 && !host_lost &&
+      host_silence > options_.heartbeat_timeout / 2) {
+    return;
+  }
   if (options_.log) {
     Log(absl::StrFormat(
         "event=rank_lost rank=%d silent_s=%.3f heartbeat_timeout_s=%.3f "
@@ -760,37 +779,38 @@ void CoordinatorService::CheckLostLocked(absl::Time now) {
         absl::ToDoubleSeconds(options_.heartbeat_timeout),
         silent->reported ? silent->last_report.step() : -1));
   }
-  FailRankLocked(silent_rank, LostMessageLocked(silent_rank, *silent, now));
+  if (!host_lost) host_ranks.clear();
+  FailRankLocked(silent_rank, LostMessage(silent_rank, *silent, host_ranks,
+                                          now - silent->last_seen));
   NoteJobStateLocked();
 }
 
-std::string CoordinatorService::LostMessageLocked(int rank,
-                                                  const RankInfo& info,
-                                                  absl::Time now) const {
-  const std::string silence =
-      absl::StrFormat("no heartbeat for %.2f s (heartbeat timeout %.2f s)",
-                      absl::ToDoubleSeconds(now - info.last_seen),
-                      absl::ToDoubleSeconds(options_.heartbeat_timeout));
+std::vector<int> CoordinatorService::HostRanksLocked(
+    const std::string& host, absl::Time* last_seen) const {
   std::vector<int> host_ranks;
-  if (!info.host.empty()) {
-    for (const auto& [r, other] : ranks_) {
-      if (other.host == info.host && !other.finished &&
-          now - other.last_seen > options_.heartbeat_timeout) {
-        host_ranks.push_back(r);
-      }
-    }
+  for (const auto& [r, other] : ranks_) {  // ascending rank
+    if (other.host != host || other.finished) continue;
+    host_ranks.push_back(r);
+    *last_seen = std::max(*last_seen, other.last_seen);
   }
-  if (host_ranks.size() < 2) {
-    return absl::StrCat("rank ", rank, " lost: ", silence);
-  }
-  std::sort(host_ranks.begin(), host_ranks.end());
+  return host_ranks;
+}
+
+std::string CoordinatorService::LostMessage(int rank, const RankInfo& info,
+                                            std::vector<int> host_ranks,
+                                            absl::Duration silence) const {
+  const std::string why =
+      absl::StrFormat("no heartbeat for %.2f s (heartbeat timeout %.2f s)",
+                      absl::ToDoubleSeconds(silence),
+                      absl::ToDoubleSeconds(options_.heartbeat_timeout));
+  if (host_ranks.empty()) return absl::StrCat("rank ", rank, " lost: ", why);
   constexpr size_t kListed = 64;
   const size_t n = host_ranks.size();
   if (n > kListed) host_ranks.resize(kListed);
   return absl::StrCat(
       "ranks ", absl::StrJoin(host_ranks, ", "),
       n > kListed ? absl::StrCat(" and ", n - kListed, " more") : "",
-      " of host \"", absl::CEscape(info.host), "\" lost: ", silence);
+      " of host \"", absl::CEscape(info.host), "\" lost: ", why);
 }
 
 absl::StatusOr<v1::ReportStepResponse> CoordinatorService::ReportStep(

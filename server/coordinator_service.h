@@ -407,13 +407,23 @@ class CoordinatorService {
                          const std::vector<double>& sorted_times) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Once planned and without a run-time error: records the first rank
-  // silent for longer than heartbeat_timeout as the job error.
-  // "rank R lost: ..." for the silent rank R, or, when R's host agent
-  // went silent with others of its ranks, "ranks R, S, ... of host \"H\"
-  // lost: ..." naming every one (at most 64, then a count).
-  std::string LostMessageLocked(int rank, const RankInfo& info,
-                                absl::Time now) const;
+  // silent for longer than heartbeat_timeout as the job error. A rank of a
+  // host agent with other ranks is named with all of them once every one
+  // is silent that long (the host is lost); while the host's freshest rank
+  // is silent between half the timeout and the timeout, nothing is named
+  // yet (the host may be dead, or just late).
   void CheckLostLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The unfinished ranks whose host agent is `host`, ascending; raises
+  // *last_seen to the latest of their last_seen.
+  std::vector<int> HostRanksLocked(const std::string& host,
+                                   absl::Time* last_seen) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // "rank R lost: no heartbeat for S s (...)" when `host_ranks` is empty,
+  // else "ranks R, S, ... of host \"H\" lost: ..." naming `host_ranks` (at
+  // most 64, then a count). `silence`: how long R has been silent.
+  std::string LostMessage(int rank, const RankInfo& info,
+                          std::vector<int> host_ranks,
+                          absl::Duration silence) const;
   // Records a run-time failure naming `rank` unless one is known.
   void FailRankLocked(int rank, std::string message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -6,6 +6,7 @@
 // straggler before it is lost.
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -102,6 +103,73 @@ TEST_F(FailurePropagationTest,
   EXPECT_EQ(response->job_state(), v1::JOB_STATE_FAILED);
   EXPECT_EQ(response->failed_rank(), 2);
   EXPECT_THAT(response->job_error(), HasSubstr("rank 2 lost"));
+}
+
+// Host "node-a" (ranks 0 and 1) beats every 100 ms: its first beat lists
+// both, the later ones `later_ranks`; ranks 2 and 3 beat on their own every
+// 50 ms. Returns the first job error the direct beats see and when (ms
+// after the first host beat), or "" after `host_beats` host beats and
+// 600 ms of silence.
+std::pair<std::string, int> RunHostThenSilence(
+    CoordinatorService& service, FakeClock& clock,
+    const std::vector<int>& later_ranks, int host_beats) {
+  auto host_beat = [&service](const std::vector<int>& ranks) {
+    v1::HostHeartbeatRequest host;
+    host.set_host("node-a");
+    for (int r : ranks) {
+      v1::HeartbeatRequest* beat = host.add_ranks();
+      beat->set_rank(r);
+      beat->set_incarnation(100 + r);
+    }
+    return service.HostHeartbeat(host);
+  };
+  EXPECT_THAT(host_beat({0, 1}), IsOk());
+  for (int ms = 50; ms <= 100 * (host_beats - 1) + 600; ms += 50) {
+    clock.Advance(absl::Milliseconds(50));
+    if (ms % 100 == 0 && ms < 100 * host_beats) {
+      EXPECT_THAT(host_beat(later_ranks), IsOk());
+    }
+    for (int r : {2, 3}) {
+      v1::HeartbeatRequest request;
+      request.set_rank(r);
+      request.set_incarnation(100 + r);
+      absl::StatusOr<v1::HeartbeatResponse> response =
+          service.Heartbeat(request);
+      EXPECT_THAT(response, IsOk());
+      if (response.ok() && !response->job_error().empty()) {
+        return {response->job_error(), ms};
+      }
+    }
+  }
+  return {"", -1};
+}
+
+// The host's last beat before it died left rank 0 out (its agent had not
+// heard from it lately): when rank 0 passes the timeout the host has been
+// silent for less, and the coordinator waits for the host's timeout to
+// name both its ranks instead of rank 0 alone.
+TEST_F(FailurePropagationTest,
+       HostHeartbeat_RankLeftOutOfHostsLastBeat_HostNamedWithBothRanks) {
+  CoordinatorService service(Options());
+  JoinAll(service);
+  // Beats at 0 ms (ranks 0, 1) and 100 ms (rank 1), then the host dies.
+  const auto [error, ms] = RunHostThenSilence(service, clock_, {1}, 2);
+  EXPECT_THAT(error, HasSubstr("ranks 0, 1 of host \"node-a\" lost"));
+  // Rank 0 passed the 300 ms timeout at 350 ms (then its host had been
+  // silent 250 ms); the host passes it at 450 ms.
+  EXPECT_EQ(ms, 450);
+}
+
+// The host lives on and beats for rank 1 only (rank 0 hangs): rank 0 is
+// named alone once past the timeout, without waiting.
+TEST_F(FailurePropagationTest,
+       HostHeartbeat_HostBeatsOnWithoutARank_ThatRankNamedAloneInTime) {
+  CoordinatorService service(Options());
+  JoinAll(service);
+  const auto [error, ms] = RunHostThenSilence(service, clock_, {1}, 20);
+  EXPECT_THAT(error, HasSubstr("rank 0 lost"));
+  EXPECT_THAT(error, ::testing::Not(HasSubstr("of host")));
+  EXPECT_EQ(ms, 350);
 }
 
 // An entry's error becomes the job error naming that rank; a bad entry
