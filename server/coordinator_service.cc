@@ -788,10 +788,11 @@ void CoordinatorService::CheckLostLocked(absl::Time now) {
 std::vector<int> CoordinatorService::HostRanksLocked(
     const std::string& host, absl::Time* last_seen) const {
   std::vector<int> host_ranks;
-  for (const auto& [r, other] : ranks_) {  // ascending rank
-    if (other.host != host || other.finished) continue;
-    host_ranks.push_back(r);
-    *last_seen = std::max(*last_seen, other.last_seen);
+  for (size_t rank = 0; rank < rank_index_.size(); ++rank) {
+    const RankInfo* other = rank_index_[rank];
+    if (other == nullptr || other->finished || other->host != host) continue;
+    host_ranks.push_back(static_cast<int>(rank));
+    *last_seen = std::max(*last_seen, other->last_seen);
   }
   return host_ranks;
 }
