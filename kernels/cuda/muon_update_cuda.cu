@@ -64,12 +64,7 @@ __device__ __forceinline__ float LoadFloat(uint16_t x) {
   return Bf16BitsToFloat(x);
 }
 
-__device__ __forceinline__ void StoreFloat(float* p, float v) { *p = v; }
-__device__ __forceinline__ void StoreFloat(uint16_t* p, float v) {
-  *p = FloatToBf16Bits(v);
-}
-
-// An element of type T from an fp32 value (bf16: rounded as StoreFloat).
+// An element of type T from an fp32 value (bf16: FloatToBf16Bits).
 template <typename T>
 __device__ __forceinline__ T FromFloat(float v);
 template <>
@@ -79,6 +74,11 @@ __device__ __forceinline__ float FromFloat<float>(float v) {
 template <>
 __device__ __forceinline__ uint16_t FromFloat<uint16_t>(float v) {
   return FloatToBf16Bits(v);
+}
+
+template <typename T>
+__device__ __forceinline__ void StoreFloat(T* p, float v) {
+  *p = FromFloat<T>(v);
 }
 
 // BufT, GradT: float, or uint16_t holding bf16 bits (widened exactly, as
@@ -249,6 +249,9 @@ __global__ void DecayAndApplyVec4Kernel(
 
 namespace {
 
+// Bytes of one element of `type`.
+int64_t ElemBytes(Elem type) { return type == Elem::kBf16 ? 2 : 4; }
+
 // Calls fn(buf, grad) with the pointers cast to float* or uint16_t* (bf16
 // bits) as their element types say.
 template <typename BufPtr, typename Fn>
@@ -329,68 +332,61 @@ absl::Status CheckBf16Block(const char* fn, const void* a, const void* b,
   return absl::OkStatus();
 }
 
+// Calls fn(std::true_type) for kFused, fn(std::false_type) for
+// kSeparate: the kernels' kFma template argument as a value's type.
+template <typename Fn>
+void WithFma(FmaMode mode, Fn&& fn) {
+  if (mode == FmaMode::kFused) {
+    fn(std::true_type());
+  } else {
+    fn(std::false_type());
+  }
+}
+
 // Enqueues MomentumKernel (in groups of four where buf and grad are
 // aligned, InGroupsOfFour) over n elements on `s`.
 template <typename B, typename G>
-void LaunchMomentum(B* b, const G* g, int64_t n, float w, bool fused,
+void LaunchMomentum(B* b, const G* g, int64_t n, float w, FmaMode mode,
                     cudaStream_t s) {
   using BV = typename Vec4<B>::type;
   using GV = typename Vec4<G>::type;
-  auto groups_of_four = [&](int64_t groups) {
-    BV* bv = reinterpret_cast<BV*>(b);
-    const GV* gv = reinterpret_cast<const GV*>(g);
-    if (fused) {
-      MomentumVec4Kernel<true, B, G>
-          <<<Blocks(groups), kThreads, 0, s>>>(bv, gv, groups, w);
-    } else {
-      MomentumVec4Kernel<false, B, G>
-          <<<Blocks(groups), kThreads, 0, s>>>(bv, gv, groups, w);
-    }
-  };
-  auto one_by_one = [&](int64_t done, int64_t count) {
-    if (fused) {
-      MomentumKernel<true, B, G>
+  WithFma(mode, [&](auto fma) {
+    constexpr bool kFma = decltype(fma)::value;
+    auto groups_of_four = [&](int64_t groups) {
+      MomentumVec4Kernel<kFma, B, G><<<Blocks(groups), kThreads, 0, s>>>(
+          reinterpret_cast<BV*>(b), reinterpret_cast<const GV*>(g), groups, w);
+    };
+    auto one_by_one = [&](int64_t done, int64_t count) {
+      MomentumKernel<kFma, B, G>
           <<<Blocks(count), kThreads, 0, s>>>(b + done, g + done, count, w);
-    } else {
-      MomentumKernel<false, B, G>
-          <<<Blocks(count), kThreads, 0, s>>>(b + done, g + done, count, w);
-    }
-  };
-  InGroupsOfFour(AlignedForFour<B>(b) && AlignedForFour<G>(g), n,
-                 groups_of_four, one_by_one);
+    };
+    InGroupsOfFour(AlignedForFour<B>(b) && AlignedForFour<G>(g), n,
+                   groups_of_four, one_by_one);
+  });
 }
 
 // Enqueues NesterovKernel (in groups of four where buf, grad and update
 // are aligned, InGroupsOfFour) over n elements on `s`.
 template <typename B, typename G>
 void LaunchNesterov(const B* b, const G* g, int64_t n, float w, float* update,
-                    bool fused, cudaStream_t s) {
+                    FmaMode mode, cudaStream_t s) {
   using BV = typename Vec4<B>::type;
   using GV = typename Vec4<G>::type;
-  auto groups_of_four = [&](int64_t groups) {
-    const BV* bv = reinterpret_cast<const BV*>(b);
-    const GV* gv = reinterpret_cast<const GV*>(g);
-    float4* uv = reinterpret_cast<float4*>(update);
-    if (fused) {
-      NesterovVec4Kernel<true, B, G>
-          <<<Blocks(groups), kThreads, 0, s>>>(bv, gv, groups, w, uv);
-    } else {
-      NesterovVec4Kernel<false, B, G>
-          <<<Blocks(groups), kThreads, 0, s>>>(bv, gv, groups, w, uv);
-    }
-  };
-  auto one_by_one = [&](int64_t done, int64_t count) {
-    if (fused) {
-      NesterovKernel<true, B, G><<<Blocks(count), kThreads, 0, s>>>(
+  WithFma(mode, [&](auto fma) {
+    constexpr bool kFma = decltype(fma)::value;
+    auto groups_of_four = [&](int64_t groups) {
+      NesterovVec4Kernel<kFma, B, G><<<Blocks(groups), kThreads, 0, s>>>(
+          reinterpret_cast<const BV*>(b), reinterpret_cast<const GV*>(g),
+          groups, w, reinterpret_cast<float4*>(update));
+    };
+    auto one_by_one = [&](int64_t done, int64_t count) {
+      NesterovKernel<kFma, B, G><<<Blocks(count), kThreads, 0, s>>>(
           b + done, g + done, count, w, update + done);
-    } else {
-      NesterovKernel<false, B, G><<<Blocks(count), kThreads, 0, s>>>(
-          b + done, g + done, count, w, update + done);
-    }
-  };
-  InGroupsOfFour(AlignedForFour<B>(b) && AlignedForFour<G>(g) &&
-                     AlignedForFour<float>(update),
-                 n, groups_of_four, one_by_one);
+    };
+    InGroupsOfFour(AlignedForFour<B>(b) && AlignedForFour<G>(g) &&
+                       AlignedForFour<float>(update),
+                   n, groups_of_four, one_by_one);
+  });
 }
 
 template <typename T>
@@ -434,9 +430,8 @@ absl::Status Momentum(void* buf, Elem buf_type, const void* grad,
   // As kernels::MomentumUpdate: the weight in double, rounded to float once.
   const float w = static_cast<float>(1.0 - momentum);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const bool fused = mode == FmaMode::kFused;
   VisitElems(buf, buf_type, grad, grad_type,
-             [&](auto* b, auto* g) { LaunchMomentum(b, g, n, w, fused, s); });
+             [&](auto* b, auto* g) { LaunchMomentum(b, g, n, w, mode, s); });
   MUON_CUDA_RETURN_IF_LAUNCH_FAILED("MomentumKernel");
   return absl::OkStatus();
 }
@@ -454,9 +449,14 @@ absl::Status FormUpdate(const void* buf, Elem buf_type, const void* grad,
     return absl::InvalidArgumentError(
         "FormUpdate: buf, update and (with nesterov) grad must be non-null");
   }
-  if (update == buf || update == grad) {
-    return absl::InvalidArgumentError(
-        "FormUpdate: update must not alias buf or grad");
+  const int64_t update_bytes = n * int64_t{sizeof(float)};
+  const bool over_buf =
+      BytesOverlap(update, update_bytes, buf, n * ElemBytes(buf_type));
+  if (over_buf || (nesterov && BytesOverlap(update, update_bytes, grad,
+                                            n * ElemBytes(grad_type)))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "FormUpdate: update must not alias buf or grad: its ", update_bytes,
+        " bytes overlap ", over_buf ? "buf's" : "grad's", " ", n, " elements"));
   }
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (!nesterov) {
@@ -472,9 +472,8 @@ absl::Status FormUpdate(const void* buf, Elem buf_type, const void* grad,
   }
   // As kernels::NesterovUpdate: w = (float)momentum.
   const float w = static_cast<float>(momentum);
-  const bool fused = mode == FmaMode::kFused;
   VisitElems(buf, buf_type, grad, grad_type, [&](auto* b, auto* g) {
-    LaunchNesterov(b, g, n, w, update, fused, s);
+    LaunchNesterov(b, g, n, w, update, mode, s);
   });
   MUON_CUDA_RETURN_IF_LAUNCH_FAILED("NesterovKernel");
   return absl::OkStatus();
@@ -492,46 +491,15 @@ absl::Status FirstNonFiniteBf16(const uint16_t* x, int64_t n, int64_t* first,
 
 namespace {
 
-// Enqueues DecayAndApply(Vec4)Kernel over param[0, n) on `s`
-// (InGroupsOfFour).
+// DecayAndApply and DecayAndApplyBf16 (`what` names the one in errors):
+// checks n >= 0, non-null pointers when n > 0 and an update not
+// overlapping param, then enqueues DecayAndApply(Vec4)Kernel over
+// param[0, n) on `stream` (InGroupsOfFour).
 template <typename ParamT>
-absl::Status LaunchDecayAndApply(ParamT* param, const float* update, int64_t n,
-                                 float decay, float alpha, FmaMode mode,
-                                 cudaStream_t s) {
-  using PV = typename Vec4<ParamT>::type;
-  const bool fused = mode == FmaMode::kFused;
-  auto groups_of_four = [&](int64_t groups) {
-    PV* p = reinterpret_cast<PV*>(param);
-    const float4* u = reinterpret_cast<const float4*>(update);
-    if (fused) {
-      DecayAndApplyVec4Kernel<true, ParamT>
-          <<<Blocks(groups), kThreads, 0, s>>>(p, u, groups, decay, alpha);
-    } else {
-      DecayAndApplyVec4Kernel<false, ParamT>
-          <<<Blocks(groups), kThreads, 0, s>>>(p, u, groups, decay, alpha);
-    }
-  };
-  auto one_by_one = [&](int64_t done, int64_t count) {
-    if (fused) {
-      DecayAndApplyKernel<true, ParamT><<<Blocks(count), kThreads, 0, s>>>(
-          param + done, update + done, count, decay, alpha);
-    } else {
-      DecayAndApplyKernel<false, ParamT><<<Blocks(count), kThreads, 0, s>>>(
-          param + done, update + done, count, decay, alpha);
-    }
-  };
-  InGroupsOfFour(AlignedForFour<ParamT>(param) && AlignedForFour<float>(update),
-                 n, groups_of_four, one_by_one);
-  MUON_CUDA_RETURN_IF_LAUNCH_FAILED("DecayAndApplyKernel");
-  return absl::OkStatus();
-}
-
-// DecayAndApply's and DecayAndApplyBf16's argument checks: n >= 0, non-null
-// pointers when n > 0, and update not overlapping param's n elements of
-// param_elem_bytes each.
-absl::Status CheckApplyArguments(const char* what, const void* param,
-                                 int64_t param_elem_bytes, const float* update,
-                                 int64_t n) {
+absl::Status DecayAndApplyOf(const char* what, ParamT* param,
+                             const float* update, int64_t n, double lr,
+                             double weight_decay, double adjusted_lr,
+                             FmaMode mode, void* stream) {
   if (n < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": n must be >= 0, got ", n));
@@ -541,13 +509,34 @@ absl::Status CheckApplyArguments(const char* what, const void* param,
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": param and update must be non-null"));
   }
-  const uintptr_t p = reinterpret_cast<uintptr_t>(param);
-  const uintptr_t q = reinterpret_cast<uintptr_t>(update);
-  const uintptr_t param_bytes = static_cast<uintptr_t>(n * param_elem_bytes);
-  const uintptr_t update_bytes = static_cast<uintptr_t>(n) * sizeof(float);
-  if (p < q + update_bytes && q < p + param_bytes) {
+  if (BytesOverlap(param, n * int64_t{sizeof(ParamT)}, update,
+                   n * int64_t{sizeof(float)})) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": update must not overlap param"));
+  }
+  const float decay = static_cast<float>(1.0 - lr * weight_decay);
+  const float alpha = static_cast<float>(-adjusted_lr);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  using PV = typename Vec4<ParamT>::type;
+  WithFma(mode, [&](auto fma) {
+    constexpr bool kFma = decltype(fma)::value;
+    auto groups_of_four = [&](int64_t groups) {
+      DecayAndApplyVec4Kernel<kFma, ParamT><<<Blocks(groups), kThreads, 0, s>>>(
+          reinterpret_cast<PV*>(param), reinterpret_cast<const float4*>(update),
+          groups, decay, alpha);
+    };
+    auto one_by_one = [&](int64_t done, int64_t count) {
+      DecayAndApplyKernel<kFma, ParamT><<<Blocks(count), kThreads, 0, s>>>(
+          param + done, update + done, count, decay, alpha);
+    };
+    InGroupsOfFour(
+        AlignedForFour<ParamT>(param) && AlignedForFour<float>(update), n,
+        groups_of_four, one_by_one);
+  });
+  if constexpr (std::is_same_v<ParamT, float>) {
+    MUON_CUDA_RETURN_IF_LAUNCH_FAILED("DecayAndApplyKernel");
+  } else {
+    MUON_CUDA_RETURN_IF_LAUNCH_FAILED("DecayAndApplyKernel (bf16)");
   }
   return absl::OkStatus();
 }
@@ -557,25 +546,15 @@ absl::Status CheckApplyArguments(const char* what, const void* param,
 absl::Status DecayAndApply(float* param, const float* update, int64_t n,
                            double lr, double weight_decay, double adjusted_lr,
                            FmaMode mode, void* stream) {
-  MUON_CU_RETURN_IF_ERROR(
-      CheckApplyArguments("DecayAndApply", param, sizeof(float), update, n));
-  if (n == 0) return absl::OkStatus();
-  return LaunchDecayAndApply(param, update, n,
-                             static_cast<float>(1.0 - lr * weight_decay),
-                             static_cast<float>(-adjusted_lr), mode,
-                             static_cast<cudaStream_t>(stream));
+  return DecayAndApplyOf("DecayAndApply", param, update, n, lr, weight_decay,
+                         adjusted_lr, mode, stream);
 }
 
 absl::Status DecayAndApplyBf16(uint16_t* param, const float* update, int64_t n,
                                double lr, double weight_decay,
                                double adjusted_lr, FmaMode mode, void* stream) {
-  MUON_CU_RETURN_IF_ERROR(CheckApplyArguments("DecayAndApplyBf16", param,
-                                              sizeof(uint16_t), update, n));
-  if (n == 0) return absl::OkStatus();
-  return LaunchDecayAndApply(param, update, n,
-                             static_cast<float>(1.0 - lr * weight_decay),
-                             static_cast<float>(-adjusted_lr), mode,
-                             static_cast<cudaStream_t>(stream));
+  return DecayAndApplyOf("DecayAndApplyBf16", param, update, n, lr,
+                         weight_decay, adjusted_lr, mode, stream);
 }
 
 absl::Status PackBf16(const float* src, int64_t src_ld, int64_t rows,

@@ -58,8 +58,9 @@ absl::Status Momentum(void* buf, Elem buf_type, const void* grad,
 //   update <- nesterov ? lerp(grad, buf, momentum)   (torch grad.lerp)
 //                      : buf
 // with w = (float)momentum (kernels::NesterovUpdate). `grad` is unused
-// (may be null) without nesterov; `update` may not alias buf or grad.
-// Errors: as Momentum's, and InvalidArgument for aliasing.
+// (may be null) without nesterov; `update` (4 n bytes) may not overlap
+// buf or (with nesterov) grad.
+// Errors: as Momentum's, and InvalidArgument for overlapping memory.
 absl::Status FormUpdate(const void* buf, Elem buf_type, const void* grad,
                         Elem grad_type, int64_t n, double momentum,
                         bool nesterov, float* update, FmaMode mode,

@@ -498,13 +498,6 @@ absl::Status WithContext(absl::Status status, const char* what, int iteration) {
                                   iteration, "): ", status.message()));
 }
 
-bool Overlap(const void* x, const void* y, int64_t bytes) {
-  const uintptr_t a = reinterpret_cast<uintptr_t>(x);
-  const uintptr_t b = reinterpret_cast<uintptr_t>(y);
-  const uintptr_t n = static_cast<uintptr_t>(bytes);
-  return a < b + n && b < a + n;
-}
-
 // Enqueues out[i] = x[i] widened, i in [0, n), on `stream`, in groups of
 // four where x and out allow (InGroupsOfFour). The caller checks the
 // launches.
@@ -578,12 +571,16 @@ absl::Status ReserveState(NsCudaContext::State* s, const Layout& l) {
   return absl::OkStatus();
 }
 
-// `options` with the context's MUON_NS_GRAM_RESTART_EVERY, when set.
-NewtonSchulzOptions Effective(const NsCudaContext::State* s,
-                              const NewtonSchulzOptions& options) {
-  NewtonSchulzOptions o = options;
-  if (s->gram_restart_every > 0) o.gram_restart_every = s->gram_restart_every;
-  return o;
+// `options`, or, when the context has MUON_NS_GRAM_RESTART_EVERY, a copy
+// in *storage with that restart: no copy (a schedule's coefficients would
+// allocate) when it has none.
+const NewtonSchulzOptions& Effective(const NsCudaContext::State* s,
+                                     const NewtonSchulzOptions& options,
+                                     NewtonSchulzOptions* storage) {
+  if (s->gram_restart_every <= 0) return options;
+  *storage = options;
+  storage->gram_restart_every = s->gram_restart_every;
+  return *storage;
 }
 
 // The iteration's device buffers (work type: bf16 or fp32); x and x_next
@@ -943,15 +940,6 @@ absl::Status GramIterations(NsCudaContext::State* s,
   return absl::OkStatus();
 }
 
-// One call's arguments, checked (NewtonSchulzBatched's).
-struct NsCall {
-  const float* u;
-  int64_t batch, rows, cols;
-  const NewtonSchulzOptions* options;
-  GpuPrecision precision;
-  float* out;
-};
-
 // Enqueues `call` on s->stream, in the scratch of layout `l` (reserved):
 // normalisation, the iterations (Gram when `gram`), the bf16 widening.
 absl::Status EnqueueCall(NsCudaContext::State* s, const Layout& l, bool gram,
@@ -1062,7 +1050,7 @@ bool CanCapture(const NsCudaContext::State* s) {
 // it) turns the context's graphs off and runs `enqueue` directly.
 // Errors: enqueue's; cudaGraphLaunch's.
 template <typename Enqueue>
-absl::Status LaunchAsGraph(NsCudaContext::State* s, const NsGraphCall& call,
+absl::Status LaunchAsGraph(NsCudaContext::State* s, const NsCall& call,
                            Enqueue&& enqueue) {
   auto exec = static_cast<cudaGraphExec_t>(s->graphs.Find(call));
   if (exec == nullptr) {
@@ -1201,7 +1189,9 @@ absl::StatusOr<std::unique_ptr<NsCudaContext>> NsCudaContext::Create(
 absl::Status NsCudaContext::Reserve(int64_t batch, int64_t rows, int64_t cols,
                                     GpuPrecision precision,
                                     const NewtonSchulzOptions& requested) {
-  const NewtonSchulzOptions options = Effective(state_.get(), requested);
+  NewtonSchulzOptions storage;
+  const NewtonSchulzOptions& options =
+      Effective(state_.get(), requested, &storage);
   if (batch < 1 || rows < 1 || cols < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "NsCudaContext::Reserve: sizes must be positive, got batch=", batch,
@@ -1240,7 +1230,9 @@ absl::Status NewtonSchulzBatched(NsCudaContext* ctx, const float* u,
     return absl::InvalidArgumentError(
         "NewtonSchulzBatched: ctx, u and out must be non-null");
   }
-  const NewtonSchulzOptions options = Effective(ctx->state(), requested);
+  NewtonSchulzOptions storage;
+  const NewtonSchulzOptions& options =
+      Effective(ctx->state(), requested, &storage);
   if (rows < 1 || cols < 1 || rows > INT_MAX || cols > INT_MAX) {
     return absl::InvalidArgumentError(absl::StrCat(
         "NewtonSchulzBatched: rows and cols must be in [1, INT_MAX], got rows=",
@@ -1252,14 +1244,15 @@ absl::Status NewtonSchulzBatched(NsCudaContext* ctx, const float* u,
                      "], got ", batch));
   }
   MUON_CU_RETURN_IF_ERROR(ValidateNewtonSchulzOptions(options));
-  if (Overlap(u, out, batch * rows * cols * int64_t{sizeof(float)})) {
+  const int64_t bytes = batch * rows * cols * int64_t{sizeof(float)};
+  if (BytesOverlap(u, bytes, out, bytes)) {
     return absl::InvalidArgumentError(
         "NewtonSchulzBatched: out must not overlap u");
   }
   NsCudaContext::State* s = ctx->state();
   device::CudaDeviceGuard device_guard(s->device);
   if (!device_guard.status().ok()) return device_guard.status();
-  const NsCall call{u, batch, rows, cols, &options, precision, out};
+  const NsCall call{u, out, batch, rows, cols, precision, &options};
   const bool gram =
       GpuRunsGram(rows, cols, NewtonSchulzIterations(options),
                   static_cast<int>(options.method), options.gram_restart_every);
@@ -1267,9 +1260,7 @@ absl::Status NewtonSchulzBatched(NsCudaContext* ctx, const float* u,
                               s->gram_fp32_z);
   MUON_CU_RETURN_IF_ERROR(ReserveState(s, l));
   if (!s->cuda_graphs || !CanCapture(s)) return EnqueueCall(s, l, gram, call);
-  const NsGraphCall graph_call{u, out, batch, rows, cols, precision, &options};
-  return LaunchAsGraph(s, graph_call,
-                       [&] { return EnqueueCall(s, l, gram, call); });
+  return LaunchAsGraph(s, call, [&] { return EnqueueCall(s, l, gram, call); });
 }
 
 absl::Status DenseGemm(NsCudaContext* ctx, GpuPrecision precision, int64_t m,

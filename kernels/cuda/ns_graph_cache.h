@@ -14,10 +14,10 @@
 #ifndef MUON_KERNELS_CUDA_NS_GRAPH_CACHE_H_
 #define MUON_KERNELS_CUDA_NS_GRAPH_CACHE_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,13 +29,14 @@ namespace muon {
 namespace kernels {
 namespace cuda {
 
-// One call of NewtonSchulzBatched as a captured graph sees it: the device
-// pointers `u` and `out`, the shape, the precision and the options (not
-// owned). Building one allocates nothing, so that a call looks up its
-// graph without touching the heap.
-struct NsGraphCall {
+// One call of NewtonSchulzBatched: the device pointers `u` (read) and
+// `out` (written), the shape, the precision and the options (not owned).
+// What a call enqueues, and what a captured graph of it bakes in. Building
+// one allocates nothing, so that a call looks up its graph without
+// touching the heap.
+struct NsCall {
   const float* u = nullptr;
-  const float* out = nullptr;
+  float* out = nullptr;
   int64_t batch = 0;
   int64_t rows = 0;
   int64_t cols = 0;
@@ -80,10 +81,13 @@ inline bool SameGraphOptions(const NewtonSchulzOptions& x,
 // Whether a graph captured for call `x` may replay call `y`: the same
 // pointers, shape and precision, and the same options (SameGraphOptions).
 // Both calls' options must be non-null.
-inline bool SameGraphCall(const NsGraphCall& x, const NsGraphCall& y) {
-  return x.u == y.u && x.out == y.out && x.batch == y.batch &&
-         x.rows == y.rows && x.cols == y.cols && x.precision == y.precision &&
-         SameGraphOptions(*x.options, *y.options);
+inline bool SameGraphCall(const NsCall& x, const NsCall& y) {
+  // Every field by name, as SameGraphOptions.
+  const auto& [xu, xout, xbatch, xrows, xcols, xprecision, xoptions] = x;
+  const auto& [yu, yout, ybatch, yrows, ycols, yprecision, yoptions] = y;
+  return xu == yu && xout == yout && xbatch == ybatch && xrows == yrows &&
+         xcols == ycols && xprecision == yprecision &&
+         SameGraphOptions(*xoptions, *yoptions);
 }
 
 // Whether NsCudaContexts replay calls as CUDA graphs, from
@@ -117,37 +121,36 @@ class NsGraphCache {
 
   // The graph captured for a call SameGraphCall as `call`, now the most
   // recently used, or nullptr. `call.options` must be non-null.
-  void* Find(const NsGraphCall& call) {
+  void* Find(const NsCall& call) {
     for (size_t i = entries_.size(); i-- > 0;) {
-      if (!SameGraphCall(entries_[i]->call, call)) continue;
-      std::unique_ptr<Entry> hit = std::move(entries_[i]);
-      entries_.erase(entries_.begin() + static_cast<std::ptrdiff_t>(i));
-      entries_.push_back(std::move(hit));
-      return entries_.back()->graph;
+      NsCall captured = entries_[i].call;
+      captured.options = &entries_[i].options;
+      if (!SameGraphCall(captured, call)) continue;
+      // To the back by moves: the options' vectors move, none is copied.
+      const auto at = entries_.begin() + static_cast<std::ptrdiff_t>(i);
+      std::rotate(at, at + 1, entries_.end());
+      return entries_.back().graph;
     }
     return nullptr;
   }
   // Keeps `graph` for `call` (not yet in the cache; its options are
   // copied) as the most recently used. Returns the least recently used
   // graph it dropped to stay within the capacity, or nullptr.
-  void* Insert(const NsGraphCall& call, void* graph) {
+  void* Insert(const NsCall& call, void* graph) {
     void* dropped = nullptr;
     if (static_cast<int>(entries_.size()) >= capacity_) {
-      dropped = entries_.front()->graph;
+      dropped = entries_.front().graph;
       entries_.erase(entries_.begin());
     }
-    auto entry = std::make_unique<Entry>();
-    entry->options = *call.options;
-    entry->call = call;
-    entry->call.options = &entry->options;  // Stable: the entry is on the heap.
-    entry->graph = graph;
+    Entry entry{call, *call.options, graph};
+    entry.call.options = nullptr;  // `options` holds them
     entries_.push_back(std::move(entry));
     return dropped;
   }
   // Empties the cache; returns every graph it held.
   std::vector<void*> Clear() {
     std::vector<void*> all;
-    for (const auto& entry : entries_) all.push_back(entry->graph);
+    for (const Entry& entry : entries_) all.push_back(entry.graph);
     entries_.clear();
     return all;
   }
@@ -155,12 +158,12 @@ class NsGraphCache {
 
  private:
   struct Entry {
+    NsCall call;  // call.options is null: the entry's own are `options`
     NewtonSchulzOptions options;
-    NsGraphCall call;  // call.options points at `options`.
     void* graph = nullptr;
   };
   const int capacity_;
-  std::vector<std::unique_ptr<Entry>> entries_;
+  std::vector<Entry> entries_;
 };
 
 }  // namespace cuda

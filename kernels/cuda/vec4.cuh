@@ -2,15 +2,17 @@
 // (fp32) or 8-byte (bf16) load or store per group instead of four, for the
 // memory-bound passes of the step and of Newton-Schulz. A kernel in groups
 // makes the same operations per element as its one-by-one version, so
-// both give the same bits; InGroupsOfFour runs the groups where the
-// pointers allow and the rest one by one. Included by the .cu files only
-// (nvcc).
+// both give the same bits; InGroupsOfFour (kernels/cuda/groups_of_four.h)
+// runs the groups where the pointers allow and the rest one by one.
+// Included by the .cu files only (nvcc).
 #ifndef MUON_KERNELS_CUDA_VEC4_CUH_
 #define MUON_KERNELS_CUDA_VEC4_CUH_
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "kernels/cuda/groups_of_four.h"
 
 namespace muon {
 namespace kernels {
@@ -53,26 +55,6 @@ __device__ __forceinline__ void SetLane(uint2& v, int k, uint16_t x) {
   uint32_t& word = k < 2 ? v.x : v.y;
   word = (k & 1) != 0 ? (word & 0xffffu) | (static_cast<uint32_t>(x) << 16)
                       : (word & 0xffff0000u) | x;
-}
-
-// Whether p is aligned for a load of four elements of T (Vec4<T>).
-template <typename T>
-inline bool AlignedForFour(const void* p) {
-  return reinterpret_cast<std::uintptr_t>(p) % (4 * sizeof(T)) == 0;
-}
-
-// Enqueues an elementwise operation over n elements: when `aligned`,
-// groups_of_four(groups) over the first 4 * groups = 4 * (n / 4), then
-// one_by_one(done, count) over the `count` elements from `done` (all n
-// when not aligned). Either way each element gets the same operations, so
-// the same bits. The caller checks the launches afterwards.
-template <typename GroupsFn, typename OneByOneFn>
-inline void InGroupsOfFour(bool aligned, int64_t n, GroupsFn&& groups_of_four,
-                           OneByOneFn&& one_by_one) {
-  const int64_t groups = aligned ? n / 4 : 0;
-  if (groups > 0) groups_of_four(groups);
-  const int64_t done = groups * 4;
-  if (done < n) one_by_one(done, n - done);
 }
 
 }  // namespace cuda

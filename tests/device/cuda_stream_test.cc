@@ -139,10 +139,11 @@ TEST(CudaStreamTest, HostEventOnCudaStream_InvalidArgument) {
       StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("c")));
 }
 
-// A high-priority stream is scheduled before a normal one: its priority
-// is a lower number than CreateStream's 0, and it runs work as any stream
+// A high-priority stream has a higher priority than a normal one (a lower
+// number than CreateStream's 0: the device schedules its ready work
+// first), and it runs work as any stream
 // (a copy in and out round-trips). Host streams have no CUDA priority.
-TEST(CudaStreamTest, HighPriorityStream_SchedulesBeforeNormalAndRunsWork) {
+TEST(CudaStreamTest, HighPriorityStream_PriorityAboveNormalAndRunsWork) {
   MUON_SKIP_OR_FAIL_UNLESS_CUDA_DEVICE();
   absl::StatusOr<Runtime*> rt = GetRuntime(Device::Cuda(0));
   ASSERT_THAT(rt, IsOk());

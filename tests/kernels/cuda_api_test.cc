@@ -102,6 +102,28 @@ TEST(CudaApiTest, FusedKernels_BadArguments_ReturnInvalidArgument) {
                        cuda::FmaMode::kSeparate, nullptr);
   EXPECT_EQ(alias.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(alias.message()), HasSubstr("alias"));
+  // Partly overlapping, not equal: an fp32 update of 4 elements (16 bytes)
+  // from a bf16 buffer's third element, or from the gradient's second.
+  alignas(16) uint16_t buf16[8] = {};
+  const absl::Status partial_buf = cuda::FormUpdate(
+      buf16, cuda::Elem::kBf16, grad, kF32, 4, 0.95, true,
+      reinterpret_cast<float*>(buf16 + 2), cuda::FmaMode::kSeparate, nullptr);
+  EXPECT_EQ(partial_buf.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(partial_buf.message()),
+              HasSubstr("its 16 bytes overlap buf's 4 elements"));
+  alignas(16) float grad8[8] = {};
+  const absl::Status partial_grad =
+      cuda::FormUpdate(buf, kF32, grad8, kF32, 4, 0.95, true, grad8 + 1,
+                       cuda::FmaMode::kSeparate, nullptr);
+  EXPECT_EQ(partial_grad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(partial_grad.message()), HasSubstr("grad's"));
+  // Without nesterov the gradient is not read: overlapping it is allowed
+  // (the call goes on to CUDA).
+  const absl::Status unread_grad =
+      cuda::FormUpdate(buf, kF32, grad8, kF32, 4, 0.95, false, grad8 + 1,
+                       cuda::FmaMode::kSeparate, nullptr);
+  EXPECT_THAT(std::string(unread_grad.message()),
+              ::testing::Not(HasSubstr("alias")));
   EXPECT_EQ(cuda::Momentum(buf, kF32, grad, kF32, -1, 0.95,
                            cuda::FmaMode::kSeparate, nullptr)
                 .code(),
@@ -123,6 +145,18 @@ TEST(CudaApiTest, FusedKernels_BadArguments_ReturnInvalidArgument) {
   EXPECT_EQ(overlap16.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(overlap16.message()),
               HasSubstr("DecayAndApplyBf16: update must not overlap param"));
+  // Its last byte is param16[3]'s: an update from param16 + 4 on does not
+  // overlap (the call goes on to CUDA, which has no device here or refuses
+  // host memory, but not for overlap).
+  const absl::Status adjacent16 = cuda::DecayAndApplyBf16(
+      param16, reinterpret_cast<const float*>(param16 + 4), 4, 0.1, 0.1, 0.1,
+      cuda::FmaMode::kFused, nullptr);
+  EXPECT_THAT(std::string(adjacent16.message()),
+              ::testing::Not(HasSubstr("overlap")));
+  const absl::Status last_byte16 = cuda::DecayAndApplyBf16(
+      param16, reinterpret_cast<const float*>(param16 + 3), 4, 0.1, 0.1, 0.1,
+      cuda::FmaMode::kFused, nullptr);
+  EXPECT_THAT(std::string(last_byte16.message()), HasSubstr("overlap"));
   // n = 0 is a no-op, even with null pointers.
   EXPECT_TRUE(cuda::DecayAndApply(nullptr, nullptr, 0, 0.1, 0.1, 0.1,
                                   cuda::FmaMode::kFused, nullptr)

@@ -172,6 +172,12 @@ void ExpectMomentumBitwiseAtOffsets(cuda::FmaMode mode, int64_t buf_off,
   auto d_update = ::muon::testing::CopyToNewDeviceBuffer(
       rt, std::vector<float>(n + kPad, NAN));
   ASSERT_TRUE(d_buf.ok() && d_grad.ok() && d_update.ok()) << where;
+  // Offset 0 is aligned for the groups of four (cudaMalloc: 256 bytes).
+  for (const void* p : {static_cast<const void*>(d_buf->data()),
+                        static_cast<const void*>(d_grad->data()),
+                        static_cast<const void*>(d_update->data())}) {
+    ASSERT_EQ(reinterpret_cast<uintptr_t>(p) % 16, 0u) << where;
+  }
   ASSERT_TRUE(cuda::Momentum(d_buf->data() + buf_off, ElemOf<B>(),
                              d_grad->data() + grad_off, ElemOf<G>(), n,
                              momentum, mode, nullptr)
@@ -218,7 +224,8 @@ void ExpectMomentumBitwiseAtOffsets(cuda::FmaMode mode, int64_t buf_off,
 // aligned), with 0-3 elements after the groups, for every pair of fp32
 // and bf16 buffer and gradient, in both FMA modes: bitwise the CPU
 // kernels (kSeparate) or the host's fmaf lerps (kFused).
-TEST(GpuMuonUpdateTest, MomentumFormUpdate_AnyAlignmentAndDtypes_BitwiseCpu) {
+TEST(GpuMuonUpdateTest,
+     MomentumFormUpdate_AnyAlignmentAndDtypes_BitwiseCpuOrHostFma) {
   MUON_SKIP_WITHOUT_GPU();
   const std::vector<std::array<int64_t, 3>> offsets = {
       {0, 0, 0}, {1, 0, 0}, {0, 2, 0}, {0, 0, 3}, {2, 2, 2}, {3, 1, 2}};
@@ -249,7 +256,8 @@ TEST(GpuMuonUpdateTest, FirstNonFinite_AnyAlignment_SameIndexAsCpu) {
       {{1026, inf}},
       {{9, -inf}, {3, NAN}},
       {{0, NAN}},
-      {{1024, NAN}, {1025, inf}}};
+      {{1024, NAN}, {1025, inf}},
+      {{5, NAN}, {1026, inf}}};  // one in the groups, one after them
   for (int64_t off : {0, 1, 2, 3}) {
     for (int64_t n : {1027, 1028}) {
       for (const auto& bad : bad_sets) {
@@ -395,10 +403,7 @@ TEST(GpuMuonUpdateTest, DecayAndApply_AnyAlignmentAndLength_BitwiseHost) {
   constexpr int64_t kLen = 4103;  // 4 * 1025 + 3
   const std::vector<float> update = Values(kLen + 8, 77);
   const std::vector<float> param0 = Values(kLen + 8, 78);
-  std::vector<bf16_t> param16(param0.size());
-  for (size_t i = 0; i < param0.size(); ++i) {
-    param16[i] = FloatToBf16(param0[i]);
-  }
+  const std::vector<bf16_t> param16 = AsElems<bf16_t>(param0);
   device::Runtime* rt = ::muon::testing::CudaTestRuntime();
   ASSERT_NE(rt, nullptr);
   for (cuda::FmaMode mode : {cuda::FmaMode::kSeparate, cuda::FmaMode::kFused}) {

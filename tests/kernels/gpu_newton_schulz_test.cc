@@ -475,13 +475,15 @@ TEST(GpuNewtonSchulzTest, ReserveWithGramOptions_GramCallDoesNotGrowScratch) {
   EXPECT_EQ(ctx->ScratchBytes(), gram_bytes);
 }
 
-// bf16: U is read and O written only by the elementwise passes (the GEMMs
-// run in scratch), which go in groups of four where U, O and the size
-// allow and one by one otherwise. A batch of 2 at U offsets 0 and 1 and O
+// U is read and O written only by the elementwise passes (the GEMMs run
+// in scratch), which go in groups of four where U, O and the size allow
+// and one by one otherwise. A batch of 2 at U offsets 0 and 1 and O
 // offsets 0, 1 and 2 elements into their buffers, with sizes a multiple of
-// 4 and not (33 x 65), standard and Gram: every placement gives the bits
-// of the aligned one (the standard one within the bf16 bound of float64).
-TEST(GpuNewtonSchulzTest, Bf16_UnalignedUAndO_SameBitsAsAligned) {
+// 4 and not (33 x 65), standard and Gram, bf16 and fp32: every placement
+// gives the bits of the aligned one (the standard one within the
+// precision's bound of float64), and O's buffer outside the batch stays
+// untouched.
+TEST(GpuNewtonSchulzTest, UnalignedUAndO_SameBitsAsAligned_NothingOutside) {
   MUON_SKIP_WITHOUT_GPU();
   absl::StatusOr<CudaNs> ns = MakeCudaNs();
   ASSERT_TRUE(ns.ok()) << ns.status();
@@ -496,7 +498,11 @@ TEST(GpuNewtonSchulzTest, Bf16_UnalignedUAndO_SameBitsAsAligned) {
       u[i] = one[i];
       u[size + i] = 2.0f * one[i];
     }
-    for (const NewtonSchulzOptions& options : {NewtonSchulzOptions(), gram}) {
+    for (const auto& [precision, options] :
+         {std::pair{GpuPrecision::kBf16, NewtonSchulzOptions()},
+          std::pair{GpuPrecision::kBf16, gram},
+          std::pair{GpuPrecision::kFp32, NewtonSchulzOptions()},
+          std::pair{GpuPrecision::kFp32, gram}}) {
       std::vector<float> aligned;
       for (int64_t u_off : {0, 1}) {
         for (int64_t o_off : {0, 1, 2}) {
@@ -508,18 +514,23 @@ TEST(GpuNewtonSchulzTest, Bf16_UnalignedUAndO_SameBitsAsAligned) {
           ASSERT_TRUE(d_in.ok() && d_out.ok());
           const absl::Status status = cuda::NewtonSchulzBatched(
               ns->ctx.get(), d_in->data() + u_off, 2, rows, cols, options,
-              GpuPrecision::kBf16, d_out->data() + o_off);
+              precision, d_out->data() + o_off);
           ASSERT_TRUE(status.ok()) << status;
           ASSERT_TRUE(ns->Sync().ok());
           const std::vector<float> all = ::muon::testing::CopyToHostVector(
               ns->runtime, d_out->data(), 2 * size + 2);
           const std::vector<float> got(all.begin() + o_off,
                                        all.begin() + o_off + 2 * size);
+          for (int64_t i = 0; i < 2 * size + 2; ++i) {
+            if (i >= o_off && i < o_off + 2 * size) continue;
+            EXPECT_EQ(all[i], 0.0f) << "element " << i << " of O's buffer, "
+                                    << "outside the batch at offset " << o_off;
+          }
           if (aligned.empty()) {
             aligned = got;
             if (options.method == NewtonSchulzMethod::kGram) continue;
             ExpectWithinBound(
-                "aligned", GpuPrecision::kBf16, rows, cols,
+                "aligned", precision, rows, cols,
                 std::vector<float>(got.begin(), got.begin() + size),
                 Reference(one, rows, cols, options));
             continue;
@@ -528,7 +539,8 @@ TEST(GpuNewtonSchulzTest, Bf16_UnalignedUAndO_SameBitsAsAligned) {
               << rows << "x" << cols << " U offset " << u_off << " O offset "
               << o_off
               << (options.method == NewtonSchulzMethod::kGram ? " gram"
-                                                              : " standard");
+                                                              : " standard")
+              << " " << PrecisionName(precision);
         }
       }
     }
@@ -675,7 +687,8 @@ void ExpectGraphsReplayDirectCalls(CudaNs* ns, const GraphCase& c,
 // With CUDA graphs on, a call is captured once per key and replayed,
 // bitwise the direct calls, with full-GEMM products and with the
 // symmetric products' tiles (batched, and in turn) at small edges.
-TEST(GpuNewtonSchulzTest, CudaGraphs_ReplaysBitwiseDirectCalls_OneGraphPerKey) {
+TEST(GpuNewtonSchulzTest,
+     CudaGraphs_ReplaysBitwiseDirectCalls_OneGraphPerCall) {
   MUON_SKIP_WITHOUT_GPU();
   absl::StatusOr<CudaNs> ns = MakeCudaNs();
   ASSERT_TRUE(ns.ok()) << ns.status();

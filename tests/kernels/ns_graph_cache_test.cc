@@ -23,11 +23,11 @@ using ::testing::UnorderedElementsAre;
 
 struct Call {
   const float* u;
-  const float* out;
+  float* out;
   int64_t batch = 2, rows = 1024, cols = 4096;
   GpuPrecision precision = GpuPrecision::kBf16;
   NewtonSchulzOptions options;
-  NsGraphCall View() const {
+  NsCall View() const {
     return {u, out, batch, rows, cols, precision, &options};
   }
 };
@@ -99,8 +99,8 @@ TEST(NsGraphCacheTest, FindMovesToMostRecent_InsertBeyondCapacityDropsLeast) {
   float u[4], out[4];
   std::vector<Call> calls;
   for (int i = 0; i < 4; ++i) calls.push_back(Call{u + i, out});
-  const NsGraphCall a = calls[0].View(), b = calls[1].View(),
-                    c = calls[2].View(), d = calls[3].View();
+  const NsCall a = calls[0].View(), b = calls[1].View(), c = calls[2].View(),
+               d = calls[3].View();
   int graphs[4];
   NsGraphCache cache(/*capacity=*/2);
   EXPECT_EQ(cache.Find(a), nullptr);
