@@ -111,16 +111,28 @@ void SimulateMirrorLowerTiles(std::vector<double>* c, int m, int edge,
   }
 }
 
-// A symmetric product as newton_schulz_cuda.cu runs it: full (tiles 0) or
-// its upper tiles (UpperTileGemms) and then the mirror copy.
-void SimulateSymmetric(const NsGemm& g, int tiles, int batch,
-                       Buffers* buffers) {
-  if (tiles == 0) return SimulateGemm(g, batch, buffers);
+// RunUpperOrWhole (newton_schulz_cuda.cu): the whole GEMM (tiles 0) or
+// only its tiles on and above the diagonal (UpperTileGemms). Returns the
+// tile edge, or g.m for the whole GEMM.
+int SimulateUpperOrWhole(const NsGemm& g, int tiles, int batch,
+                         Buffers* buffers) {
+  if (tiles == 0) {
+    SimulateGemm(g, batch, buffers);
+    return g.m;
+  }
   for (const NsGemm& t : UpperTileGemms(g, tiles)) {
     SimulateGemm(t, batch, buffers);
   }
-  SimulateMirrorLowerTiles(&buffers->Get(g.c), g.m,
-                           SymmetricTileEdge(g.m, tiles), batch);
+  return SymmetricTileEdge(g.m, tiles);
+}
+
+// A symmetric product as newton_schulz_cuda.cu runs it: full (tiles 0) or
+// its upper tiles and then the mirror copy.
+void SimulateSymmetric(const NsGemm& g, int tiles, int batch,
+                       Buffers* buffers) {
+  const int edge = SimulateUpperOrWhole(g, tiles, batch, buffers);
+  if (tiles != 0)
+    SimulateMirrorLowerTiles(&buffers->Get(g.c), g.m, edge, batch);
 }
 
 // The normalised input (X = U / max(norm_scale ||U||_F, eps) per matrix)
@@ -184,15 +196,7 @@ void FormGramPolynomial(const NsGramPlan& plan,
     rr.beta = 0.0;
     rr.c = NsBuffer::kTmp;
     buf->tmp.assign(buf->gram.size(), NAN);
-    if (tiles == 0) {
-      SimulateGemm(rr, batch, buf);
-    } else {
-      for (const NsGemm& t : UpperTileGemms(rr, tiles)) {
-        SimulateGemm(t, batch, buf);
-      }
-    }
-    const int64_t edge =
-        tiles == 0 ? m : SymmetricTileEdge(static_cast<int>(m), tiles);
+    const int64_t edge = SimulateUpperOrWhole(rr, tiles, batch, buf);
     for (int e = 0; e < batch; ++e) {
       const int64_t base = e * m * m;
       for (int64_t col = 0; col < m; ++col) {
