@@ -145,6 +145,27 @@ absl::StatusOr<muon::DType> ToDType(int dtype, absl::string_view what,
   }
 }
 
+// The device of parameter `param` from its device_type and device_index.
+// Errors: InvalidArgument (an unknown type, a negative CUDA index).
+absl::StatusOr<muon::Device> ToDevice(const muonrt_param& p,
+                                      absl::string_view param) {
+  switch (p.device_type) {
+    case MUONRT_CPU:
+      return muon::Device::Host();
+    case MUONRT_CUDA:
+      if (p.device_index < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("parameter \"", param, "\": CUDA device index ",
+                         p.device_index, " is negative"));
+      }
+      return muon::Device::Cuda(p.device_index);
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter \"", param, "\": device_type ", p.device_type,
+                       " is neither MUONRT_CPU (0) nor MUONRT_CUDA (1)"));
+  }
+}
+
 // The view of parameter `i` (no placement).
 absl::StatusOr<muon::ParamView> ToView(const muonrt_param& p, int i) {
   if (p.name == nullptr) {
@@ -195,23 +216,7 @@ absl::StatusOr<muon::ParamView> ToView(const muonrt_param& p, int i) {
   if (p.num_row_splits > 0) {
     v.row_splits.assign(p.row_splits, p.row_splits + p.num_row_splits);
   }
-  switch (p.device_type) {
-    case MUONRT_CPU:
-      v.device = muon::Device::Host();
-      break;
-    case MUONRT_CUDA:
-      if (p.device_index < 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("parameter \"", v.name, "\": CUDA device index ",
-                         p.device_index, " is negative"));
-      }
-      v.device = muon::Device::Cuda(p.device_index);
-      break;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "parameter \"", v.name, "\": device_type ", p.device_type,
-          " is neither MUONRT_CPU (0) nor MUONRT_CUDA (1)"));
-  }
+  MUON_ASSIGN_OR_RETURN(v.device, ToDevice(p, v.name));
   return v;
 }
 

@@ -330,6 +330,22 @@ absl::Status CheckLocal(const std::vector<ParamView>& ps, bool distributed,
   return absl::OkStatus();
 }
 
+// StepExecutor::Create's error as Create returns it: InvalidArgument (the
+// plan and this rank's matrices disagree) becomes FailedPrecondition; other
+// codes are the device's (its kernels could not be made there) and keep
+// theirs, prefixed with the rank and device.
+absl::Status ExecutorCreateError(int rank, const device::Device& dev,
+                                 const absl::Status& e) {
+  if (e.code() != absl::StatusCode::kInvalidArgument) {
+    return absl::Status(
+        e.code(),
+        absl::StrCat("rank ", rank, ": ", dev.ToString(), ": ", e.message()));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "rank ", rank,
+      ": the plan does not fit this rank's parameters: ", e.message()));
+}
+
 }  // namespace
 
 absl::Status Muon::JoinOrPlan(const DistributedConfig& config,
@@ -361,43 +377,46 @@ absl::Status Muon::JoinOrPlan(const DistributedConfig& config,
   return absl::OkStatus();
 }
 
-absl::Status Muon::MakeDataPath(const DistributedConfig& config,
-                                std::vector<MatrixGeometry> geometry,
-                                StepPipelineRun* run) {
-  const DistributedState& state = config.state;
+absl::Status Muon::ChooseCommunicators(const DistributedState& state,
+                                       Communicator** comm,
+                                       Communicator** control) {
   const int rank = state.rank;
-  Communicator* comm = state.communicator;
-  if (comm == nullptr) {
+  *comm = state.communicator;
+  *control = state.control_communicator;
+  if (*comm == nullptr) {
     if (state.world_size != 1) {
       return absl::InvalidArgumentError(
           absl::StrCat("rank ", rank, ": world size ", state.world_size,
                        " needs a communicator (process group)"));
     }
     owned_comm_ = LocalCommunicator::Create();
-    comm = owned_comm_.get();
-  } else if (comm->world_size() != state.world_size || comm->rank() != rank) {
+    *comm = owned_comm_.get();
+  } else if ((*comm)->world_size() != state.world_size ||
+             (*comm)->rank() != rank) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", rank, ": the process group is rank ", comm->rank(), " of ",
-        comm->world_size(), " but the config says rank ", rank, " of ",
+        "rank ", rank, ": the process group is rank ", (*comm)->rank(), " of ",
+        (*comm)->world_size(), " but the config says rank ", rank, " of ",
         state.world_size));
   }
-  Communicator* control = state.control_communicator;
   if (device_.is_cuda() && state.world_size > 1 &&
-      comm->buffer_device().is_host()) {
+      (*comm)->buffer_device().is_host()) {
     // CUDA parameters over a host group (Gloo), as c10d's Gloo backend
     // takes CUDA tensors: each collective is staged through host memory;
     // the host group itself carries the control values.
     MUON_ASSIGN_OR_RETURN(owned_comm_,
-                          StagingCommunicator::Create(comm, runtime_));
-    if (control == nullptr) control = comm;
-    comm = owned_comm_.get();
+                          StagingCommunicator::Create(*comm, runtime_));
+    if (*control == nullptr) *control = *comm;
+    *comm = owned_comm_.get();
   }
-  MUON_RETURN_IF_ERROR(
-      CheckDeviceSupport(device_, options_, state, comm, control));
+  return CheckDeviceSupport(device_, options_, state, *comm, *control);
+}
+
+ExecutorOptions Muon::MakeExecutorOptions(
+    const v1::ExecutionOptions& execution) {
   ExecutorOptions exec_options;
   exec_options.device = device_;
   exec_options.precision = options_.gpu_precision;
-  exec_options.bf16_exchange = ExchangeIsBf16(config.execution);
+  exec_options.bf16_exchange = ExchangeIsBf16(execution);
   exec_options.owner_transform = owner_transform_;
   exec_options.ns = rule_.ns;
   exec_options.allocator = &memory_->buffers;
@@ -408,6 +427,18 @@ absl::Status Muon::MakeDataPath(const DistributedConfig& config,
         MomentumDTypeOf(options_.momentum_dtype, p.dtype) !=
         kernels::ParamDType::kFloat32;
   }
+  return exec_options;
+}
+
+absl::Status Muon::MakeDataPath(const DistributedConfig& config,
+                                std::vector<MatrixGeometry> geometry,
+                                StepPipelineRun* run) {
+  const DistributedState& state = config.state;
+  const int rank = state.rank;
+  Communicator* comm = nullptr;
+  Communicator* control = nullptr;
+  MUON_RETURN_IF_ERROR(ChooseCommunicators(state, &comm, &control));
+  const ExecutorOptions exec_options = MakeExecutorOptions(config.execution);
   run->device_wait_timeout = exec_options.step_timeout;
   // The executor owns the step's kernels: on the host over this engine,
   // on CUDA its own (Newton-Schulz in cuBLAS on its compute stream).
@@ -425,17 +456,7 @@ absl::Status Muon::MakeDataPath(const DistributedConfig& config,
       config.gather_fn, config.redistribute_fn, std::move(engine),
       exec_options);
   if (!executor.ok()) {
-    const absl::Status& e = executor.status();
-    // InvalidArgument: the plan and this rank's matrices disagree; other
-    // codes are the device's (its kernels could not be made there).
-    if (e.code() != absl::StatusCode::kInvalidArgument) {
-      return absl::Status(
-          e.code(), absl::StrCat("rank ", rank, ": ", device_.ToString(), ": ",
-                                 e.message()));
-    }
-    return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", rank,
-        ": the plan does not fit this rank's parameters: ", e.message()));
+    return ExecutorCreateError(rank, device_, executor.status());
   }
   run->executor = *std::move(executor);
   comm_ = comm;
@@ -468,29 +489,8 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
   const DistributedState& state = config.state;
 
   std::unique_ptr<Muon> muon(new Muon());
-  MUON_ASSIGN_OR_RETURN(muon->device_, CommonDevice(params, state.rank));
-  absl::StatusOr<device::Runtime*> runtime = device::GetRuntime(muon->device_);
-  if (!runtime.ok()) {
-    return absl::Status(
-        runtime.status().code(),
-        absl::StrCat("rank ", state.rank, ": the parameters are on ",
-                     muon->device_.ToString(), ": ",
-                     runtime.status().message()));
-  }
-  muon->runtime_ = *runtime;
+  MUON_RETURN_IF_ERROR(muon->Bind(std::move(params), options, config));
   const v1::ExecutionOptions& execution = config.execution;
-  MUON_ASSIGN_OR_RETURN(
-      muon->options_,
-      ResolveOptions(
-          options, execution,
-          OptionContext{muon->device_, state.rank,
-                        config.gather_fn || config.redistribute_fn}));
-  muon->memory_ = std::make_unique<MemoryCounters>(muon->runtime_->allocator());
-  muon->params_ = std::move(params);
-  muon->rank_ = state.rank;
-  muon->world_size_ = state.world_size;
-  muon->mesh_ = state.mesh;
-  muon->placements_ = state.param_placements;
   MUON_ASSIGN_OR_RETURN(LocalMatrices local,
                         MakeLocalMatrices(muon->params_, state));
   MUON_ASSIGN_OR_RETURN(std::vector<std::vector<int>> requested,
@@ -519,23 +519,56 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
       QkClipper::Create(muon->options_.qk_clip, muon->QkClipView(),
                         local.uses_sub_mesh));
   muon->matrices_ = std::move(local.infos);
-  run.overlap_backward = execution.overlap_backward();
+  MUON_RETURN_IF_ERROR(
+      muon->MakePipeline(config, std::move(local.geometry), std::move(run)));
+  return muon;
+}
+
+absl::Status Muon::Bind(std::vector<ParamView> params,
+                        const MuonOptions& options,
+                        const DistributedConfig& config) {
+  const DistributedState& state = config.state;
+  MUON_ASSIGN_OR_RETURN(device_, CommonDevice(params, state.rank));
+  absl::StatusOr<device::Runtime*> runtime = device::GetRuntime(device_);
+  if (!runtime.ok()) {
+    return absl::Status(
+        runtime.status().code(),
+        absl::StrCat("rank ", state.rank, ": the parameters are on ",
+                     device_.ToString(), ": ", runtime.status().message()));
+  }
+  runtime_ = *runtime;
+  MUON_ASSIGN_OR_RETURN(
+      options_, ResolveOptions(
+                    options, config.execution,
+                    OptionContext{device_, state.rank,
+                                  config.gather_fn || config.redistribute_fn}));
+  memory_ = std::make_unique<MemoryCounters>(runtime_->allocator());
+  params_ = std::move(params);
+  rank_ = state.rank;
+  world_size_ = state.world_size;
+  mesh_ = state.mesh;
+  placements_ = state.param_placements;
+  return absl::OkStatus();
+}
+
+absl::Status Muon::MakePipeline(const DistributedConfig& config,
+                                std::vector<MatrixGeometry> geometry,
+                                StepPipelineRun run) {
+  run.overlap_backward = config.execution.overlap_backward();
   // The rule first: the executor reserves its scratch for the rule's
   // Newton-Schulz.
-  MUON_ASSIGN_OR_RETURN(muon->rule_, MakeUpdateRule(muon->options_));
-  MUON_RETURN_IF_ERROR(
-      muon->MakeDataPath(config, std::move(local.geometry), &run));
-  muon->qk_clipper_.set_control(run.rank_flags->control());
+  MUON_ASSIGN_OR_RETURN(rule_, MakeUpdateRule(options_));
+  MUON_RETURN_IF_ERROR(MakeDataPath(config, std::move(geometry), &run));
+  qk_clipper_.set_control(run.rank_flags->control());
   // The snapshot a step is undone to: transactional_step's, and
   // check_finite's under overlap_backward (the step begins before every
   // gradient is known).
-  MUON_RETURN_IF_ERROR(muon->AllocateState(
+  MUON_RETURN_IF_ERROR(AllocateState(
       run.executor.get(),
-      muon->options_.transactional_step ||
-          ChecksFiniteUnderOverlap(muon->options_, run.overlap_backward)));
-  muon->pipeline_ =
-      std::make_unique<StepPipeline>(muon->PipelineParts(), std::move(run));
-  return muon;
+      options_.transactional_step ||
+          ChecksFiniteUnderOverlap(options_, run.overlap_backward)));
+  pipeline_ = std::make_unique<StepPipeline>(PipelineParts(), std::move(run));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(

@@ -379,9 +379,30 @@ class Muon {
   // is rank r's manifest as this rank derives it: a coordinator gets only
   // this rank's (O(parameters)); a local plan needs every rank's.
   using ManifestOf = std::function<absl::StatusOr<v1::RankManifest>(int)>;
+  // Create's first stage: the parameters' device and runtime, the options
+  // resolved against them (ResolveOptions), the counting allocators, and
+  // the job's shape from `config.state`. Errors: InvalidArgument (the
+  // parameters on two devices, an option that does not fit), the runtime's
+  // own when the device cannot be used.
+  absl::Status Bind(std::vector<ParamView> params, const MuonOptions& options,
+                    const DistributedConfig& config);
+  // Create's last stage, once the plan is in `run.plan`: the update rule,
+  // the data path (MakeDataPath), the optimizer state and the step pipeline.
+  absl::Status MakePipeline(const DistributedConfig& config,
+                            std::vector<MatrixGeometry> geometry,
+                            StepPipelineRun run);
   absl::Status JoinOrPlan(const DistributedConfig& config,
                           const ManifestOf& manifest_of, bool uses_sub_mesh,
                           v1::Plan* plan);
+  // The step's communicators: `comm` the data path's (a world of one when
+  // the config has none; staged through host memory for CUDA parameters
+  // over a host group), `control` the host group for the control values or
+  // null. Errors: InvalidArgument naming the group or option that does not
+  // fit (CheckDeviceSupport).
+  absl::Status ChooseCommunicators(const DistributedState& state,
+                                   Communicator** comm, Communicator** control);
+  // The executor's options from the resolved options and the parameters.
+  ExecutorOptions MakeExecutorOptions(const v1::ExecutionOptions& execution);
   // The executor over `run->plan` and the ranks' flag exchange into *run.
   absl::Status MakeDataPath(const DistributedConfig& config,
                             std::vector<MatrixGeometry> geometry,
@@ -389,6 +410,12 @@ class Muon {
   // state_dict() without the momentum values (no device copies): names,
   // shapes, placements and boxes, for checks and for Load to fill.
   OptimizerStateDict StateLayout() const;
+  // What of parameter i's entry `got` in a loaded state_dict differs from
+  // this optimizer's layout `want` (name, global shape, shard box, momentum
+  // buffer or row state size), as load_state_dict names it; empty when
+  // nothing does.
+  std::string StateMismatch(size_t i, const ParamState& want,
+                            const ParamState& got) const;
   // The optimizer's state on the parameters' device (OptimizerState), at
   // Create, with a snapshot of parameters and state when `snapshot`; its
   // row state bound to `executor`.

@@ -112,6 +112,36 @@ OptimizerStateDict Muon::state_dict() const {
   return sd;
 }
 
+std::string Muon::StateMismatch(size_t i, const ParamState& want,
+                                const ParamState& got) const {
+  std::string what;
+  if (got.name != want.name) {
+    what =
+        absl::StrCat("name \"", got.name, "\" (expected \"", want.name, "\")");
+  } else if (got.global_shape != want.global_shape) {
+    what = absl::StrCat("global shape ", Join(got.global_shape), " (expected ",
+                        Join(want.global_shape), ")");
+  } else if (!(got.box == want.box)) {
+    what = absl::StrCat("shard box ", BoxString(got.box), " (expected ",
+                        BoxString(want.box),
+                        "; load a checkpoint with Load to reshard)");
+  } else if (static_cast<int64_t>(got.momentum_buffer.size()) !=
+             state_->momentum(i).size()) {
+    what = absl::StrCat("momentum buffer of ", got.momentum_buffer.size(),
+                        " values (expected ", state_->momentum(i).size(), ")");
+  } else if (static_cast<int64_t>(got.row_state.size()) !=
+             state_->row_state(i).size()) {
+    what = absl::StrCat(
+        owner_transform_ != nullptr ? row_state_name() : "row state", " of ",
+        got.row_state.size(), " values (expected ", state_->row_state(i).size(),
+        owner_transform_ != nullptr
+            ? absl::StrCat(": ", owner_transform_->name(),
+                           " keeps one per local row)")
+            : ": this optimizer runs without a variant such as normuon)");
+  }
+  return what;
+}
+
 absl::Status Muon::load_state_dict(const OptimizerStateDict& state) {
   const OptimizerStateDict mine = StateLayout();
   if (state.params.size() != mine.params.size()) {
@@ -127,34 +157,7 @@ absl::Status Muon::load_state_dict(const OptimizerStateDict& state) {
   }
   for (size_t i = 0; i < mine.params.size(); ++i) {
     const ParamState& want = mine.params[i];
-    const ParamState& got = state.params[i];
-    std::string what;
-    if (got.name != want.name) {
-      what = absl::StrCat("name \"", got.name, "\" (expected \"", want.name,
-                          "\")");
-    } else if (got.global_shape != want.global_shape) {
-      what = absl::StrCat("global shape ", Join(got.global_shape),
-                          " (expected ", Join(want.global_shape), ")");
-    } else if (!(got.box == want.box)) {
-      what = absl::StrCat("shard box ", BoxString(got.box), " (expected ",
-                          BoxString(want.box),
-                          "; load a checkpoint with Load to reshard)");
-    } else if (static_cast<int64_t>(got.momentum_buffer.size()) !=
-               state_->momentum(i).size()) {
-      what =
-          absl::StrCat("momentum buffer of ", got.momentum_buffer.size(),
-                       " values (expected ", state_->momentum(i).size(), ")");
-    } else if (static_cast<int64_t>(got.row_state.size()) !=
-               state_->row_state(i).size()) {
-      what = absl::StrCat(
-          owner_transform_ != nullptr ? row_state_name() : "row state", " of ",
-          got.row_state.size(), " values (expected ",
-          state_->row_state(i).size(),
-          owner_transform_ != nullptr
-              ? absl::StrCat(": ", owner_transform_->name(),
-                             " keeps one per local row)")
-              : ": this optimizer runs without a variant such as normuon)");
-    }
+    const std::string what = StateMismatch(i, want, state.params[i]);
     if (!what.empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("rank ", rank_, ": load_state_dict: parameter ", i,

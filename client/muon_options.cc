@@ -160,9 +160,18 @@ absl::Status ValidateMuonOptions(const MuonOptions& o) {
   return absl::OkStatus();
 }
 
-absl::Status ApplyMuonOptionNames(const MuonOptionNames& names,
-                                  MuonOptions* options) {
-  MuonOptions o = *options;
+namespace {
+
+// InvalidArgument: `option` "value" is not supported (use `choices`).
+absl::Status UnsupportedName(const char* option, const std::string& value,
+                             const char* choices) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      option, " \"", value, "\" is not supported (use ", choices, ")"));
+}
+
+// ApplyMuonOptionNames' update-rule names: adjust_lr_fn, ns_schedule and
+// ns_method, into *o.
+absl::Status ApplyRuleNames(const MuonOptionNames& names, MuonOptions* o) {
   if (!names.adjust_lr_fn.empty()) {
     absl::StatusOr<kernels::AdjustLrFn> fn =
         kernels::ParseAdjustLrFn(names.adjust_lr_fn);
@@ -173,60 +182,71 @@ absl::Status ApplyMuonOptionNames(const MuonOptionNames& names,
           " is not supported (use \"original\", \"match_rms_adamw\" or "
           "\"spectral_norm\")"));
     }
-    o.adjust_lr_fn = *fn;
+    o->adjust_lr_fn = *fn;
   }
-  auto unsupported = [](const char* option, const std::string& value,
-                        const char* choices) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        option, " \"", value, "\" is not supported (use ", choices, ")"));
-  };
   if (!names.ns_schedule.empty()) {
     absl::StatusOr<kernels::CoefficientSchedule> schedule =
         kernels::ParseCoefficientScheduleName(names.ns_schedule);
     if (!schedule.ok()) {
-      return unsupported("ns_schedule", names.ns_schedule,
-                         "\"quintic\" or \"polar_express\"");
+      return UnsupportedName("ns_schedule", names.ns_schedule,
+                             "\"quintic\" or \"polar_express\"");
     }
-    o.ns_schedule = *schedule;
+    o->ns_schedule = *schedule;
   }
   if (!names.ns_method.empty()) {
     absl::StatusOr<kernels::NewtonSchulzMethod> method =
         kernels::ParseNewtonSchulzMethod(names.ns_method);
     if (!method.ok()) {
-      return unsupported("ns_method", names.ns_method,
-                         "\"standard\", \"gram\" or \"auto\"");
+      return UnsupportedName("ns_method", names.ns_method,
+                             "\"standard\", \"gram\" or \"auto\"");
     }
-    o.ns_method = *method;
+    o->ns_method = *method;
   }
+  return absl::OkStatus();
+}
+
+// ApplyMuonOptionNames' device and dtype names: device, gpu_precision and
+// momentum_dtype, into *o.
+absl::Status ApplyDeviceNames(const MuonOptionNames& names, MuonOptions* o) {
   if (!names.device.empty()) {
     if (names.device != "cpu" && names.device != "cuda") {
-      return unsupported("device", names.device, "\"cpu\" or \"cuda\"");
+      return UnsupportedName("device", names.device, "\"cpu\" or \"cuda\"");
     }
-    o.device = names.device == "cuda" ? device::DeviceKind::kCuda
-                                      : device::DeviceKind::kHost;
+    o->device = names.device == "cuda" ? device::DeviceKind::kCuda
+                                       : device::DeviceKind::kHost;
   }
   if (!names.gpu_precision.empty()) {
     absl::StatusOr<kernels::GpuPrecision> precision =
         kernels::ParseGpuPrecision(names.gpu_precision);
     if (!precision.ok()) {
-      return unsupported("gpu_precision", names.gpu_precision,
-                         "\"bf16\", \"tf32\" or \"fp32\"");
+      return UnsupportedName("gpu_precision", names.gpu_precision,
+                             "\"bf16\", \"tf32\" or \"fp32\"");
     }
-    o.gpu_precision = *precision;
+    o->gpu_precision = *precision;
   }
   if (!names.momentum_dtype.empty()) {
     const std::string& d = names.momentum_dtype;
     if (d == "param") {
-      o.momentum_dtype = MomentumDType::kParam;
+      o->momentum_dtype = MomentumDType::kParam;
     } else if (d == "float32") {
-      o.momentum_dtype = MomentumDType::kFloat32;
+      o->momentum_dtype = MomentumDType::kFloat32;
     } else if (d == "bfloat16") {
-      o.momentum_dtype = MomentumDType::kBFloat16;
+      o->momentum_dtype = MomentumDType::kBFloat16;
     } else {
-      return unsupported("momentum_dtype", d,
-                         "\"param\", \"float32\" or \"bfloat16\"");
+      return UnsupportedName("momentum_dtype", d,
+                             "\"param\", \"float32\" or \"bfloat16\"");
     }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ApplyMuonOptionNames(const MuonOptionNames& names,
+                                  MuonOptions* options) {
+  MuonOptions o = *options;
+  MUON_RETURN_IF_ERROR(ApplyRuleNames(names, &o));
+  MUON_RETURN_IF_ERROR(ApplyDeviceNames(names, &o));
   *options = o;
   return absl::OkStatus();
 }

@@ -121,11 +121,9 @@ absl::Status StepExecutor::CheckPlanMatrix(const v1::Plan& plan, int mi,
   return absl::OkStatus();
 }
 
-int64_t StepExecutor::PlaceInSlot(BucketSchedule* b, BufferSizes* sizes) {
+int64_t StepExecutor::PlaceLocalBoxes(const BucketSchedule& b) {
   int64_t elems = 0;
-  // This rank's boxes of the bucket's matrices: O (redistributed here and
-  // applied from here) and, when formed, U.
-  for (int m : b->matrices) {
+  for (int m : b.matrices) {
     const int64_t n = geometry_[m].boxes[rank_].numel();
     // An empty box still gets a valid (zero-length) place: custom
     // redistribute functions are handed LocalO of every matrix.
@@ -138,9 +136,11 @@ int64_t StepExecutor::PlaceInSlot(BucketSchedule* b, BufferSizes* sizes) {
     local_o_offset_[m] = elems;
     elems += n;
   }
-  // Owned matrices this rank does not hold whole get full U and O in the
-  // slot, grouped by shape (first appearance order): the group's U one
-  // after another, then its O.
+  return elems;
+}
+
+std::vector<std::vector<int>> StepExecutor::GroupOwnedByShape(
+    BucketSchedule* b, BufferSizes* sizes, int64_t* elems) {
   std::vector<std::vector<int>> groups;
   std::map<std::pair<int64_t, int64_t>, size_t> group_of;
   for (int m : b->owned) {
@@ -149,8 +149,8 @@ int64_t StepExecutor::PlaceInSlot(BucketSchedule* b, BufferSizes* sizes) {
       // Its own buffers; a custom gather_fn still writes a full U here, and
       // the bf16 exchange its rounded copy of U.
       if (gather_fn_ || options_.bf16_exchange) {
-        u_offset_[m] = elems;
-        elems += FullBox(g).numel();
+        u_offset_[m] = *elems;
+        *elems += FullBox(g).numel();
       }
       b->ns_batches.push_back(NsBatch{m, 1, false, {m}});
       int64_t& batch = sizes->owned_shapes[{g.rows, g.cols}];
@@ -161,7 +161,17 @@ int64_t StepExecutor::PlaceInSlot(BucketSchedule* b, BufferSizes* sizes) {
     if (added) groups.emplace_back();
     groups[it->second].push_back(m);
   }
-  for (const std::vector<int>& group : groups) {
+  return groups;
+}
+
+int64_t StepExecutor::PlaceInSlot(BucketSchedule* b, BufferSizes* sizes) {
+  // This rank's boxes of the bucket's matrices: O (redistributed here and
+  // applied from here) and, when formed, U.
+  int64_t elems = PlaceLocalBoxes(*b);
+  // Owned matrices this rank does not hold whole get full U and O in the
+  // slot, grouped by shape (first appearance order): the group's U one
+  // after another, then its O.
+  for (const std::vector<int>& group : GroupOwnedByShape(b, sizes, &elems)) {
     for (int m : group) {
       u_offset_[m] = elems;
       elems += FullBox(geometry_[m]).numel();
@@ -215,26 +225,9 @@ absl::StatusOr<StepExecutor::BufferSizes> StepExecutor::CompileBuckets(
       // A matrix of parameters this rank does not have (another pipeline
       // stage): zero split sizes, but the bucket's collectives still run.
       if (it == local_id.end()) continue;
-      const int m = it->second;
-      MUON_RETURN_IF_ERROR(CheckPlanMatrix(plan, mi, m));
-      const MatrixGeometry& g = geometry_[m];
-      const int owner = mp.owner();
-      ++seen[m];
-      bucket_of_[m] = static_cast<int>(buckets_.size());
-      b.matrices.push_back(m);
-      b.owners.push_back(owner);
-      if (owner == rank_) b.owned.push_back(m);
-      AddToGather(rank_, m, owner, g.boxes, FullBox(g), &b.gather);
-      AddToRedistribute(rank_, m, owner, g.boxes, FullBox(g), &b.redistribute);
-      if (options_.owner_transform != nullptr) {
-        // The row state travels with the matrix: to the owner and back.
-        const std::vector<Box> rows = RowStateBoxes(g.boxes);
-        const Box all_rows = RowStateBox(FullBox(g));
-        AddToGather(rank_, m, owner, rows, all_rows, &b.gather,
-                    RegionData::kRowState);
-        AddToRedistribute(rank_, m, owner, rows, all_rows, &b.redistribute,
-                          RegionData::kRowState);
-      }
+      MUON_RETURN_IF_ERROR(CheckPlanMatrix(plan, mi, it->second));
+      ++seen[it->second];
+      AddToBucket(it->second, mp.owner(), &b);
     }
     const int64_t bucket_elems = PlaceInSlot(&b, &sizes);
     for (Exchange* x : {&b.gather, &b.redistribute}) {
@@ -259,7 +252,27 @@ absl::StatusOr<StepExecutor::BufferSizes> StepExecutor::CompileBuckets(
   return sizes;
 }
 
-absl::Status StepExecutor::CompileSchedule(const v1::Plan& plan) {
+void StepExecutor::AddToBucket(int m, int owner, BucketSchedule* b) {
+  const MatrixGeometry& g = geometry_[m];
+  bucket_of_[m] = static_cast<int>(buckets_.size());
+  b->matrices.push_back(m);
+  b->owners.push_back(owner);
+  if (owner == rank_) b->owned.push_back(m);
+  AddToGather(rank_, m, owner, g.boxes, FullBox(g), &b->gather);
+  AddToRedistribute(rank_, m, owner, g.boxes, FullBox(g), &b->redistribute);
+  if (options_.owner_transform != nullptr) {
+    // The row state travels with the matrix: to the owner and back.
+    const std::vector<Box> rows = RowStateBoxes(g.boxes);
+    const Box all_rows = RowStateBox(FullBox(g));
+    AddToGather(rank_, m, owner, rows, all_rows, &b->gather,
+                RegionData::kRowState);
+    AddToRedistribute(rank_, m, owner, rows, all_rows, &b->redistribute,
+                      RegionData::kRowState);
+  }
+}
+
+absl::StatusOr<const v1::RankSchedule*> StepExecutor::RankScheduleOf(
+    const v1::Plan& plan, v1::RankSchedule* derived) const {
   const v1::Schedule& schedule = plan.schedule();
   // A compact plan (MakePlan's) carries no rank's list: derive this rank's
   // and check it. An explicit plan lists every rank, or (an older
@@ -268,7 +281,6 @@ absl::Status StepExecutor::CompileSchedule(const v1::Plan& plan) {
   for (const v1::RankSchedule& rs : schedule.ranks()) {
     if (rs.rank() == rank_) mine = &rs;
   }
-  v1::RankSchedule derived;
   if (mine == nullptr && schedule.ranks_size() == 0) {
     if (schedule.derivation() != kScheduleDerivation) {
       return absl::InvalidArgumentError(
@@ -276,14 +288,22 @@ absl::Status StepExecutor::CompileSchedule(const v1::Plan& plan) {
                        schedule.derivation(), "\" is not this binary's \"",
                        kScheduleDerivation, "\""));
     }
-    derived = MakeRankSchedule(plan, rank_);
-    mine = &derived;
+    *derived = MakeRankSchedule(plan, rank_);
+    mine = derived;
   }
   if (mine == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
         "rank ", rank_, ": the plan carries no stream schedule for this rank"));
   }
   MUON_RETURN_IF_ERROR(ValidateRankSchedule(*mine, schedule, plan));
+  return mine;
+}
+
+absl::Status StepExecutor::CompileSchedule(const v1::Plan& plan) {
+  const v1::Schedule& schedule = plan.schedule();
+  v1::RankSchedule derived;
+  MUON_ASSIGN_OR_RETURN(const v1::RankSchedule* mine,
+                        RankScheduleOf(plan, &derived));
   async_ = schedule.mode() == v1::SCHEDULE_MODE_ASYNC;
   prefetch_count_ = schedule.prefetch_count();
   const int slots = std::max(1, schedule.slots());
@@ -299,29 +319,35 @@ absl::Status StepExecutor::CompileSchedule(const v1::Plan& plan) {
           absl::StrCat("rank ", rank_, ": schedule names bucket ", op.bucket(),
                        " slot ", op.slot(), " outside the plan"));
     }
-    switch (op.op()) {
-      case v1::OP_KIND_GATHER:
-        slot_of_bucket_[it->second] = op.slot();
-        break;
-      case v1::OP_KIND_ORTHOGONALIZE:
-      case v1::OP_KIND_REDISTRIBUTE:
-      case v1::OP_KIND_APPLY:
-        break;
-      default:
-        return absl::InvalidArgumentError(
-            absl::StrCat("rank ", rank_, ": unknown scheduled operation \"",
-                         WireName(op.op()), "\""));
-    }
-    const Op o{it->second, op.op(), op.slot()};
-    if (op.stream() == v1::STREAM_KIND_COMPUTE) {
-      compute_ops_.push_back(o);
-    } else if (op.stream() == v1::STREAM_KIND_COMM) {
-      comm_ops_.push_back(o);
-    } else {
-      main_ops_.push_back(o);
-    }
+    MUON_RETURN_IF_ERROR(AddScheduledOp(op, it->second));
   }
   return CheckOrthogonalizeOps();
+}
+
+absl::Status StepExecutor::AddScheduledOp(const v1::ScheduledOp& op,
+                                          int bucket) {
+  switch (op.op()) {
+    case v1::OP_KIND_GATHER:
+      slot_of_bucket_[bucket] = op.slot();
+      break;
+    case v1::OP_KIND_ORTHOGONALIZE:
+    case v1::OP_KIND_REDISTRIBUTE:
+    case v1::OP_KIND_APPLY:
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", rank_, ": unknown scheduled operation \"",
+                       WireName(op.op()), "\""));
+  }
+  const Op o{bucket, op.op(), op.slot()};
+  if (op.stream() == v1::STREAM_KIND_COMPUTE) {
+    compute_ops_.push_back(o);
+  } else if (op.stream() == v1::STREAM_KIND_COMM) {
+    comm_ops_.push_back(o);
+  } else {
+    main_ops_.push_back(o);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status StepExecutor::CheckOrthogonalizeOps() const {

@@ -396,12 +396,37 @@ class StepExecutor {
   absl::StatusOr<BufferSizes> CompileBuckets(const v1::Plan& plan);
   absl::Status CheckPlanMatrix(const v1::Plan& plan, int plan_index,
                                int m) const;
+  // Adds local matrix m, orthogonalized by `owner`, to bucket *b (which
+  // becomes buckets_[buckets_.size()]): its shards in the gather and the
+  // redistribute, and its row state with them under an owner transform.
+  void AddToBucket(int m, int owner, BucketSchedule* b);
   // Lays out the bucket's slot: this rank's O (and, with form_update, U) of
   // each of the bucket's matrices, then the owned matrices' full U and O
   // (same shapes one after another); fills b->ns_batches; returns the
   // slot's elements.
   int64_t PlaceInSlot(BucketSchedule* b, BufferSizes* sizes);
+  // PlaceInSlot's first part: this rank's box of O (and, with form_update,
+  // U) of each of b's matrices from the slot's start; returns their
+  // elements.
+  int64_t PlaceLocalBoxes(const BucketSchedule& b);
+  // PlaceInSlot's second part: b's owned matrices held whole get their own
+  // batch of one (and, for a custom gather or the bf16 exchange, a U at
+  // *elems, which grows); the others are returned grouped by shape, in
+  // first appearance order, for their full U and O in the slot.
+  std::vector<std::vector<int>> GroupOwnedByShape(BucketSchedule* b,
+                                                  BufferSizes* sizes,
+                                                  int64_t* elems);
   absl::Status CompileSchedule(const v1::Plan& plan);
+  // This rank's stream schedule in `plan`: its own list, or one derived
+  // into *derived from a compact plan (MakeRankSchedule), validated.
+  // Errors: InvalidArgument (another derivation, no list for this rank,
+  // a list that ValidateRankSchedule refuses).
+  absl::StatusOr<const v1::RankSchedule*> RankScheduleOf(
+      const v1::Plan& plan, v1::RankSchedule* derived) const;
+  // Files scheduled operation `op` of buckets_[bucket] under its stream
+  // (and, for a gather, the bucket's slot). Errors: InvalidArgument (an
+  // unknown operation).
+  absl::Status AddScheduledOp(const v1::ScheduledOp& op, int bucket);
   absl::Status CheckOrthogonalizeOps() const;
   absl::Status AllocateBuffers(const BufferSizes& sizes, int slots);
   bool HoldsFull(int m) const;

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/layout.h"
+#include "common/status_macros.h"
 
 namespace muon {
 absl::string_view DTypeName(DType dtype) {
@@ -53,11 +54,11 @@ bool IsContiguous(const std::vector<int64_t>& shape,
   return true;
 }
 
-absl::Status ValidateParamView(const ParamView& p, int rank) {
-  if (p.name.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank ", rank, ": a parameter has an empty name"));
-  }
+namespace {
+
+// ValidateParamView's shape checks: the global and local shapes have the
+// parameter's rank (2, or 3 for an expert stack) and no negative dim.
+absl::Status CheckViewShapes(const ParamView& p, int rank) {
   const size_t ndim = p.expert_stack ? 3 : 2;
   if (p.shape().size() != ndim) {
     if (p.expert_stack) {
@@ -90,6 +91,17 @@ absl::Status ValidateParamView(const ParamView& p, int rank) {
                        ShapeToString(p.shape())));
     }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateParamView(const ParamView& p, int rank) {
+  if (p.name.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, ": a parameter has an empty name"));
+  }
+  MUON_RETURN_IF_ERROR(CheckViewShapes(p, rank));
   if (!IsContiguous(p.local_shape, p.strides)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "rank ", rank, ": parameter \"", p.name, "\" has strides ",

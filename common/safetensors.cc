@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <exception>
 #include <limits>
+#include <map>
 #include <new>
 #include <set>
 #include <tuple>
@@ -167,10 +168,10 @@ absl::StatusOr<SafetensorsTensor> ParseTensorEntry(const std::string& path,
   return info;
 }
 
-}  // namespace
-
-absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(
-    const std::string& path, absl::string_view text, int64_t data_size) {
+// Parses the header text as JSON: at most kMaxSafetensorsJsonDepth deep,
+// an object, and no top-level key named twice.
+absl::StatusOr<Json> ParseHeaderJson(const std::string& path,
+                                     absl::string_view text) {
   const int depth = JsonDepth(text, kMaxSafetensorsJsonDepth);
   if (depth > kMaxSafetensorsJsonDepth) {
     return absl::InvalidArgumentError(
@@ -189,8 +190,8 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(
     }
     return true;
   };
-  const Json header = Json::parse(text.begin(), text.end(), callback,
-                                  /*allow_exceptions=*/false);
+  Json header = Json::parse(text.begin(), text.end(), callback,
+                            /*allow_exceptions=*/false);
   if (header.is_discarded()) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": header is not valid JSON"));
@@ -204,23 +205,56 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(
     return absl::InvalidArgumentError(absl::StrCat(
         path, ": header names \"", duplicate, "\" more than once"));
   }
+  return header;
+}
+
+// The __metadata__ entry (an object of strings) into `metadata`.
+absl::Status ParseMetadata(const std::string& path, const Json& entry,
+                           std::map<std::string, std::string>* metadata) {
+  if (!entry.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": __metadata__ must be an object, got ", TypeName(entry)));
+  }
+  for (const auto& [key, value] : entry.items()) {
+    if (!value.is_string()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": __metadata__[\"", key,
+                       "\"] must be a string, got ", TypeName(value)));
+    }
+    (*metadata)[key] = value.get<std::string>();
+  }
+  return absl::OkStatus();
+}
+
+// Checks that the non-empty data ranges of `tensors` (sorted by range) do
+// not overlap; empty tensors hold no bytes.
+absl::Status CheckRangesDisjoint(
+    const std::string& path, const std::vector<SafetensorsTensor>& tensors) {
+  const SafetensorsTensor* previous = nullptr;
+  for (const SafetensorsTensor& t : tensors) {
+    if (t.data_begin == t.data_end) continue;
+    if (previous != nullptr && t.data_begin < previous->data_end) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": tensor \"", t.name, "\": data_offsets [", t.data_begin, ", ",
+          t.data_end, "] overlap tensor \"", previous->name, "\"'s [",
+          previous->data_begin, ", ", previous->data_end, "]"));
+    }
+    previous = &t;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(
+    const std::string& path, absl::string_view text, int64_t data_size) {
+  MUON_ASSIGN_OR_RETURN(const Json header, ParseHeaderJson(path, text));
   SafetensorsHeader out;
   out.data_size = data_size;
   std::vector<SafetensorsTensor>& tensors = out.tensors;
   for (const auto& [name, entry] : header.items()) {
     if (name == kSafetensorsMetadataKey) {
-      if (!entry.is_object()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            path, ": __metadata__ must be an object, got ", TypeName(entry)));
-      }
-      for (const auto& [key, value] : entry.items()) {
-        if (!value.is_string()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(path, ": __metadata__[\"", key,
-                           "\"] must be a string, got ", TypeName(value)));
-        }
-        out.metadata[key] = value.get<std::string>();
-      }
+      MUON_RETURN_IF_ERROR(ParseMetadata(path, entry, &out.metadata));
       continue;
     }
     MUON_ASSIGN_OR_RETURN(SafetensorsTensor info,
@@ -233,17 +267,7 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(
                      std::tie(b.data_begin, b.data_end, b.name);
             });
   // Non-empty ranges must not overlap (empty tensors hold no bytes).
-  const SafetensorsTensor* previous = nullptr;
-  for (const SafetensorsTensor& t : tensors) {
-    if (t.data_begin == t.data_end) continue;
-    if (previous != nullptr && t.data_begin < previous->data_end) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": tensor \"", t.name, "\": data_offsets [", t.data_begin, ", ",
-          t.data_end, "] overlap tensor \"", previous->name, "\"'s [",
-          previous->data_begin, ", ", previous->data_end, "]"));
-    }
-    previous = &t;
-  }
+  MUON_RETURN_IF_ERROR(CheckRangesDisjoint(path, tensors));
   return out;
 }
 

@@ -398,9 +398,10 @@ bool ExchangeIsBf16(const v1::ExecutionOptions& e) {
   return e.exchange_dtype() == "bfloat16";
 }
 
-absl::Status ValidateJobSpec(const v1::JobSpec& spec, bool per_rank_boxes) {
-  MUON_RETURN_IF_ERROR(ValidateExecutionOptions(spec.execution()));
-  const Mesh mesh = MeshFromProto(spec.mesh());
+namespace {
+
+// Checks the job spec's mesh: every size >= 1, then Mesh::Validate.
+absl::Status ValidateSpecMesh(const Mesh& mesh) {
   for (int i = 0; i < mesh.ndim(); ++i) {
     if (mesh.sizes[i] < 1) {
       return absl::InvalidArgumentError(
@@ -413,6 +414,51 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec, bool per_rank_boxes) {
     return absl::InvalidArgumentError(
         absl::StrCat("mesh: ", mesh_status.message()));
   }
+  return absl::OkStatus();
+}
+
+// Checks parameter `param` (index i of the spec; `names` holds the names
+// seen before it and gains its own): name, shape, row splits, placements
+// and sub-mesh over `mesh`. Returns the number of matrices it holds.
+absl::StatusOr<int64_t> ValidateSpecParam(const v1::ParamSpec& param, int i,
+                                          const Mesh& mesh,
+                                          std::set<std::string>* names) {
+  if (param.name().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parameter at index ", i, " has an empty name"));
+  }
+  if (!names->insert(param.name()).second) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parameter \"", param.name(), "\" is listed more than once"));
+  }
+  MUON_RETURN_IF_ERROR(CheckParamShape(param.name(), param.shape()));
+  {
+    const std::vector<int64_t> shape(param.shape().begin(),
+                                     param.shape().end());
+    const std::vector<int64_t> splits(param.row_splits().begin(),
+                                      param.row_splits().end());
+    if (absl::Status s = CheckRowSplits(shape, splits); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter \"", param.name(), "\": ", s.message()));
+    }
+  }
+  const int64_t num_matrices = param.row_splits_size() > 0
+                                   ? param.row_splits_size()
+                                   : NumMatrices(param.shape());
+  MUON_ASSIGN_OR_RETURN(std::vector<Placement> placements,
+                        CheckMatrixPlacements(param.name(), param.placements(),
+                                              mesh, param.shape_size()));
+  MUON_RETURN_IF_ERROR(
+      CheckSubMesh(param.name(), param.sub_mesh(), placements, mesh).status());
+  return num_matrices;
+}
+
+}  // namespace
+
+absl::Status ValidateJobSpec(const v1::JobSpec& spec, bool per_rank_boxes) {
+  MUON_RETURN_IF_ERROR(ValidateExecutionOptions(spec.execution()));
+  const Mesh mesh = MeshFromProto(spec.mesh());
+  MUON_RETURN_IF_ERROR(ValidateSpecMesh(mesh));
   if (spec.params_size() > kMaxParams) {
     return absl::InvalidArgumentError(
         absl::StrCat("the job spec has ", spec.params_size(),
@@ -421,35 +467,9 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec, bool per_rank_boxes) {
   int64_t num_matrices = 0;
   std::set<std::string> names;
   for (int i = 0; i < spec.params_size(); ++i) {
-    const v1::ParamSpec& param = spec.params(i);
-    if (param.name().empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("parameter at index ", i, " has an empty name"));
-    }
-    if (!names.insert(param.name()).second) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "parameter \"", param.name(), "\" is listed more than once"));
-    }
-    MUON_RETURN_IF_ERROR(CheckParamShape(param.name(), param.shape()));
-    {
-      const std::vector<int64_t> shape(param.shape().begin(),
-                                       param.shape().end());
-      const std::vector<int64_t> splits(param.row_splits().begin(),
-                                        param.row_splits().end());
-      if (absl::Status s = CheckRowSplits(shape, splits); !s.ok()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("parameter \"", param.name(), "\": ", s.message()));
-      }
-    }
-    num_matrices += param.row_splits_size() > 0 ? param.row_splits_size()
-                                                : NumMatrices(param.shape());
-    MUON_ASSIGN_OR_RETURN(
-        std::vector<Placement> placements,
-        CheckMatrixPlacements(param.name(), param.placements(), mesh,
-                              param.shape_size()));
-    MUON_RETURN_IF_ERROR(
-        CheckSubMesh(param.name(), param.sub_mesh(), placements, mesh)
-            .status());
+    MUON_ASSIGN_OR_RETURN(const int64_t param_matrices,
+                          ValidateSpecParam(spec.params(i), i, mesh, &names));
+    num_matrices += param_matrices;
   }
   if (!per_rank_boxes) {
     if (num_matrices > kMaxSharedLayoutMatrices) {

@@ -398,63 +398,12 @@ void Agent::HeartbeatLoop() {
     if (response.ok()) {
       last_ok = now;
       failures = 0;
-      bool was_lost = false;
-      {
-        absl::MutexLock lock(&mu_);
-        was_lost = coordinator_lost_;
-        coordinator_lost_ = false;
-      }
-      if (was_lost) {
-        std::fprintf(stderr, "rank %d: the coordinator is reachable again\n",
-                     rank_);
-      }
-      TakeResponse(*response);
+      OnHeartbeatAnswered(*response);
     } else if (absl::IsNotFound(response.status()) ||
                absl::IsAborted(response.status())) {
-      // The coordinator answers but no longer knows this rank (or this
-      // incarnation): it restarted. Ranks do not re-register into a
-      // running job: said once, training goes on, reports are dropped.
-      absl::MutexLock lock(&mu_);
-      if (!coordinator_lost_) {
-        coordinator_lost_ = true;
-        std::fprintf(stderr,
-                     "rank %d: the coordinator no longer knows this rank "
-                     "(%s): it was restarted; ranks do not re-register into "
-                     "a running job (restart the job to have a coordinator "
-                     "again); training goes on, step reports are dropped\n",
-                     rank_, std::string(response.status().message()).c_str());
-      }
+      OnRankUnknown(response.status());
     } else {
-      // The coordinator lived in another rank's process (embedded) and has
-      // been unavailable for 3 heartbeats in a row: that rank is gone, and it
-      // can no longer tell anyone. Record it as the job error and abort the
-      // pending collectives, as a coordinator's verdict would.
-      bool host_lost = false;
-      {
-        absl::MutexLock lock(&mu_);
-        if (coordinator_rank_ >= 0 && coordinator_rank_ != rank_ &&
-            job_error_.empty() && absl::IsUnavailable(response.status()) &&
-            ++failures >= 3) {
-          job_error_ = absl::StrCat(
-              "rank ", coordinator_rank_,
-              " lost: the coordinator it hosted no longer answers (its "
-              "process ended or stopped)");
-          failed_rank_ = coordinator_rank_;
-          host_lost = true;
-        }
-      }
-      if (host_lost) RunAbortOnce();
-      // Otherwise not fatal: training goes on while the data path is
-      // healthy; the coordinator marks this rank lost if it cannot hear it.
-      absl::MutexLock lock(&mu_);
-      if (!coordinator_lost_ && now - last_ok > heartbeat_timeout_) {
-        coordinator_lost_ = true;
-        std::fprintf(stderr,
-                     "rank %d: the coordinator has been unreachable for %s "
-                     "(%s); training goes on, step reports are dropped\n",
-                     rank_, absl::FormatDuration(now - last_ok).c_str(),
-                     std::string(response.status().message()).c_str());
-      }
+      OnHeartbeatFailed(response.status(), now, last_ok, &failures);
     }
     absl::MutexLock lock(&mu_);
     auto stop = [this]()
@@ -462,6 +411,76 @@ void Agent::HeartbeatLoop() {
     if (mu_.AwaitWithTimeout(absl::Condition(&stop), interval_)) {
       return;
     }
+  }
+}
+
+// A heartbeat succeeded: says so once if the coordinator had been lost,
+// then takes the response's job state.
+void Agent::OnHeartbeatAnswered(const v1::HeartbeatResponse& response) {
+  bool was_lost = false;
+  {
+    absl::MutexLock lock(&mu_);
+    was_lost = coordinator_lost_;
+    coordinator_lost_ = false;
+  }
+  if (was_lost) {
+    std::fprintf(stderr, "rank %d: the coordinator is reachable again\n",
+                 rank_);
+  }
+  TakeResponse(response);
+}
+
+// A heartbeat answered NotFound or Aborted: the coordinator restarted; says
+// so once and marks it lost.
+void Agent::OnRankUnknown(const absl::Status& status) {
+  // The coordinator answers but no longer knows this rank (or this
+  // incarnation): it restarted. Ranks do not re-register into a
+  // running job: said once, training goes on, reports are dropped.
+  absl::MutexLock lock(&mu_);
+  if (!coordinator_lost_) {
+    coordinator_lost_ = true;
+    std::fprintf(stderr,
+                 "rank %d: the coordinator no longer knows this rank "
+                 "(%s): it was restarted; ranks do not re-register into "
+                 "a running job (restart the job to have a coordinator "
+                 "again); training goes on, step reports are dropped\n",
+                 rank_, std::string(status.message()).c_str());
+  }
+}
+
+// A heartbeat failed otherwise: records the embedded coordinator's rank as
+// lost after 3 Unavailable answers in a row (and aborts), and marks the
+// coordinator lost once it has been silent for heartbeat_timeout_.
+void Agent::OnHeartbeatFailed(const absl::Status& status, absl::Time now,
+                              absl::Time last_ok, int* failures) {
+  // The coordinator lived in another rank's process (embedded) and has
+  // been unavailable for 3 heartbeats in a row: that rank is gone, and it
+  // can no longer tell anyone. Record it as the job error and abort the
+  // pending collectives, as a coordinator's verdict would.
+  bool host_lost = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (coordinator_rank_ >= 0 && coordinator_rank_ != rank_ &&
+        job_error_.empty() && absl::IsUnavailable(status) && ++*failures >= 3) {
+      job_error_ = absl::StrCat(
+          "rank ", coordinator_rank_,
+          " lost: the coordinator it hosted no longer answers (its "
+          "process ended or stopped)");
+      failed_rank_ = coordinator_rank_;
+      host_lost = true;
+    }
+  }
+  if (host_lost) RunAbortOnce();
+  // Otherwise not fatal: training goes on while the data path is
+  // healthy; the coordinator marks this rank lost if it cannot hear it.
+  absl::MutexLock lock(&mu_);
+  if (!coordinator_lost_ && now - last_ok > heartbeat_timeout_) {
+    coordinator_lost_ = true;
+    std::fprintf(stderr,
+                 "rank %d: the coordinator has been unreachable for %s "
+                 "(%s); training goes on, step reports are dropped\n",
+                 rank_, absl::FormatDuration(now - last_ok).c_str(),
+                 std::string(status.message()).c_str());
   }
 }
 

@@ -177,6 +177,13 @@ class Agent {
 
  private:
   void HeartbeatLoop();
+  // HeartbeatLoop's handling of one heartbeat's outcome: answered; answered
+  // NotFound/Aborted (the coordinator restarted); or failed otherwise
+  // (`failures` counts consecutive failures, `last_ok` is the last answer).
+  void OnHeartbeatAnswered(const v1::HeartbeatResponse& response);
+  void OnRankUnknown(const absl::Status& status);
+  void OnHeartbeatFailed(const absl::Status& status, absl::Time now,
+                         absl::Time last_ok, int* failures);
   void ReportLoop();
   // Keeps a job error from a Heartbeat response; runs the abort callback
   // the first time. Returns whether one is known.

@@ -207,6 +207,70 @@ absl::Status CheckOptimizerAgrees(const v1::RankManifest& m0,
                                    r);
 }
 
+// The execution options rank r's manifest carries that shape the plan
+// (assignment policy, execution mode, exchange dtype, bucket size) against
+// rank 0's.
+absl::Status CheckPlanOptionsAgree(const v1::ExecutionOptions& e0,
+                                   const v1::ExecutionOptions& e, int r) {
+  auto policy = [](const v1::ExecutionOptions& x) {
+    return x.assignment_policy().empty() ? std::string("lpt")
+                                         : x.assignment_policy();
+  };
+  if (policy(e) != policy(e0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", r, " reports assignment_policy ",
+                     Quoted(e.assignment_policy()), " but rank 0 reports ",
+                     Quoted(e0.assignment_policy())));
+  }
+  if (e.async_gpu_parallelism() != e0.async_gpu_parallelism() ||
+      e.prefetch_count() != e0.prefetch_count()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", r, " runs async_gpu_parallelism=",
+        e.async_gpu_parallelism() ? "true" : "false", " prefetch_count=",
+        e.prefetch_count(), " but rank 0 runs async_gpu_parallelism=",
+        e0.async_gpu_parallelism() ? "true" : "false", " prefetch_count=",
+        e0.prefetch_count(), "; every rank must use the same execution mode"));
+  }
+  if (ExchangeIsBf16(e) != ExchangeIsBf16(e0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", r, " exchanges ", ExchangeIsBf16(e) ? "bfloat16" : "float32",
+        " but rank 0 exchanges ", ExchangeIsBf16(e0) ? "bfloat16" : "float32",
+        " (execution.exchange_dtype); every rank must use the same"));
+  }
+  if (e.bucket_size_bytes() != e0.bucket_size_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", r, " reports bucket_size_bytes ", e.bucket_size_bytes(),
+        " but rank 0 reports ", e0.bucket_size_bytes()));
+  }
+  return absl::OkStatus();
+}
+
+// The execution options rank r's manifest carries that shape the step
+// schedule (re-plan period, backward overlap) against rank 0's.
+absl::Status CheckScheduleOptionsAgree(const v1::ExecutionOptions& e0,
+                                       const v1::ExecutionOptions& e, int r) {
+  if (e.replan_every_steps() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", r, " reports replan_every_steps ",
+                     e.replan_every_steps(), "; must be >= 0"));
+  }
+  if (e.overlap_backward() != e0.overlap_backward()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", r,
+        " reports overlap_backward=", e.overlap_backward() ? "true" : "false",
+        " but rank 0 reports overlap_backward=",
+        e0.overlap_backward() ? "true" : "false",
+        "; every rank must order its buckets the same way"));
+  }
+  if (e.replan_every_steps() != e0.replan_every_steps()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", r, " reports replan_every_steps ", e.replan_every_steps(),
+        " but rank 0 reports ", e0.replan_every_steps(),
+        "; every rank must re-plan at the same steps"));
+  }
+  return absl::OkStatus();
+}
+
 // Checks that rank r's mesh, execution options and ns_steps agree with
 // rank 0's (the mesh of rank 0 is `mesh0`, already validated).
 absl::Status CheckRankAgreesWithRank0(const v1::RankManifest& m0,
@@ -219,58 +283,10 @@ absl::Status CheckRankAgreesWithRank0(const v1::RankManifest& m0,
                      " but rank 0 reports ", mesh0.ToString()));
   }
   // Execution options that shape the plan must agree.
-  const v1::ExecutionOptions& e = mr.execution();
-  auto policy = [](const v1::ExecutionOptions& x) {
-    return x.assignment_policy().empty() ? std::string("lpt")
-                                         : x.assignment_policy();
-  };
-  if (policy(e) != policy(m0.execution())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank ", r, " reports assignment_policy ",
-                     Quoted(e.assignment_policy()), " but rank 0 reports ",
-                     Quoted(m0.execution().assignment_policy())));
-  }
-  if (e.async_gpu_parallelism() != m0.execution().async_gpu_parallelism() ||
-      e.prefetch_count() != m0.execution().prefetch_count()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", r, " runs async_gpu_parallelism=",
-        e.async_gpu_parallelism() ? "true" : "false", " prefetch_count=",
-        e.prefetch_count(), " but rank 0 runs async_gpu_parallelism=",
-        m0.execution().async_gpu_parallelism() ? "true" : "false",
-        " prefetch_count=", m0.execution().prefetch_count(),
-        "; every rank must use the same execution mode"));
-  }
-  if (ExchangeIsBf16(e) != ExchangeIsBf16(m0.execution())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", r, " exchanges ", ExchangeIsBf16(e) ? "bfloat16" : "float32",
-        " but rank 0 exchanges ",
-        ExchangeIsBf16(m0.execution()) ? "bfloat16" : "float32",
-        " (execution.exchange_dtype); every rank must use the same"));
-  }
-  if (e.bucket_size_bytes() != m0.execution().bucket_size_bytes()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", r, " reports bucket_size_bytes ", e.bucket_size_bytes(),
-        " but rank 0 reports ", m0.execution().bucket_size_bytes()));
-  }
-  if (e.replan_every_steps() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank ", r, " reports replan_every_steps ",
-                     e.replan_every_steps(), "; must be >= 0"));
-  }
-  if (e.overlap_backward() != m0.execution().overlap_backward()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", r,
-        " reports overlap_backward=", e.overlap_backward() ? "true" : "false",
-        " but rank 0 reports overlap_backward=",
-        m0.execution().overlap_backward() ? "true" : "false",
-        "; every rank must order its buckets the same way"));
-  }
-  if (e.replan_every_steps() != m0.execution().replan_every_steps()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", r, " reports replan_every_steps ", e.replan_every_steps(),
-        " but rank 0 reports ", m0.execution().replan_every_steps(),
-        "; every rank must re-plan at the same steps"));
-  }
+  MUON_RETURN_IF_ERROR(
+      CheckPlanOptionsAgree(m0.execution(), mr.execution(), r));
+  MUON_RETURN_IF_ERROR(
+      CheckScheduleOptionsAgree(m0.execution(), mr.execution(), r));
   return CheckOptimizerAgrees(m0, mr, r);
 }
 
@@ -386,29 +402,12 @@ absl::StatusOr<Union> BuildUnion(
   return u;
 }
 
-// Checks one union parameter (shape, placements, sub-mesh, membership,
-// local shapes) and appends it and its matrices to `layout`.
-absl::Status AddParam(const std::vector<v1::RankManifest>& manifests,
-                      const Union& u, int i, JobLayout* layout,
-                      LayoutCache* cache) {
-  const Mesh& mesh = layout->mesh;
-  const int n = layout->world_size;
-  const v1::ParamManifest& p = *u.first[i];
-  const std::string what = absl::StrCat("parameter ", Quoted(p.name()));
-  MUON_RETURN_IF_ERROR(CheckParamShape(p.name(), p.global_shape()));
-
-  ParamLayout param;
-  param.name = p.name();
-  param.shape.assign(p.global_shape().begin(), p.global_shape().end());
-  param.row_splits.assign(p.row_splits().begin(), p.row_splits().end());
-  MUON_ASSIGN_OR_RETURN(
-      param.placements,
-      CheckMatrixPlacements(p.name(), p.placements(), mesh,
-                            static_cast<int>(param.shape.size())));
-  MUON_ASSIGN_OR_RETURN(param.sub_mesh, CheckSubMesh(p.name(), p.sub_mesh(),
-                                                     param.placements, mesh));
-
-  // Listed by exactly the ranks of its sub-mesh.
+// Checks that union parameter i (laid out as `param`, named `what` in
+// messages) is listed by exactly the ranks of its sub-mesh.
+absl::Status CheckListedOnSubMesh(
+    const std::vector<v1::RankManifest>& manifests, const Union& u, int i,
+    const ParamLayout& param, const std::string& what, const Mesh& mesh,
+    int n) {
   std::vector<char> listed(n, 0);
   for (int r : u.listed_on[i]) listed[r] = 1;
   for (int r = 0; r < n; ++r) {
@@ -419,7 +418,7 @@ absl::Status AddParam(const std::vector<v1::RankManifest>& manifests,
           what, " ", SubMeshNote(param.sub_mesh, mesh), " is missing on rank ",
           r, " (coordinate ", CoordToString(mesh, coord),
           "); it is listed on ranks ", RanksToString(u.listed_on[i]),
-          NearNameNote(p.name(), manifests[r], r)));
+          NearNameNote(param.name, manifests[r], r)));
     }
     if (!inside && listed[r]) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -428,8 +427,14 @@ absl::Status AddParam(const std::vector<v1::RankManifest>& manifests,
           ")"));
     }
   }
+  return absl::OkStatus();
+}
 
-  // Local shapes: the torch.chunk rule.
+// Checks that every rank listing union parameter i reports the local shape
+// the torch.chunk rule gives it under `param`'s placements and sub-mesh.
+absl::Status CheckLocalShapes(const std::vector<v1::RankManifest>& manifests,
+                              const Union& u, int i, const ParamLayout& param,
+                              const std::string& what, const Mesh& mesh) {
   for (size_t j = 0; j < u.listed_on[i].size(); ++j) {
     const int r = u.listed_on[i][j];
     const std::vector<int> coord = mesh.Coord(r);
@@ -456,8 +461,92 @@ absl::Status AddParam(const std::vector<v1::RankManifest>& manifests,
           ": expected ", ShapeToString(expected)));
     }
   }
+  return absl::OkStatus();
+}
+
+// Checks one union parameter (shape, placements, sub-mesh, membership,
+// local shapes) and appends it and its matrices to `layout`.
+absl::Status AddParam(const std::vector<v1::RankManifest>& manifests,
+                      const Union& u, int i, JobLayout* layout,
+                      LayoutCache* cache) {
+  const Mesh& mesh = layout->mesh;
+  const int n = layout->world_size;
+  const v1::ParamManifest& p = *u.first[i];
+  const std::string what = absl::StrCat("parameter ", Quoted(p.name()));
+  MUON_RETURN_IF_ERROR(CheckParamShape(p.name(), p.global_shape()));
+
+  ParamLayout param;
+  param.name = p.name();
+  param.shape.assign(p.global_shape().begin(), p.global_shape().end());
+  param.row_splits.assign(p.row_splits().begin(), p.row_splits().end());
+  MUON_ASSIGN_OR_RETURN(
+      param.placements,
+      CheckMatrixPlacements(p.name(), p.placements(), mesh,
+                            static_cast<int>(param.shape.size())));
+  MUON_ASSIGN_OR_RETURN(param.sub_mesh, CheckSubMesh(p.name(), p.sub_mesh(),
+                                                     param.placements, mesh));
+
+  // Listed by exactly the ranks of its sub-mesh.
+  MUON_RETURN_IF_ERROR(
+      CheckListedOnSubMesh(manifests, u, i, param, what, mesh, n));
+  // Local shapes: the torch.chunk rule.
+  MUON_RETURN_IF_ERROR(CheckLocalShapes(manifests, u, i, param, what, mesh));
 
   return AppendParam(std::move(param), what, layout, cache);
+}
+
+// Checks that rank r requests one owner per matrix it lists (`count`
+// matrices); `giver` is the first rank that requests owners at all.
+absl::Status CheckRequestedOwnerCount(
+    const std::vector<v1::RankManifest>& manifests, int r, int count,
+    int giver) {
+  const v1::RankManifest& m = manifests[r];
+  if (m.requested_owners_size() == 0 && count > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", r, " requests owners [] but rank ", giver, " requests owners ",
+        OwnersToString(manifests[giver].requested_owners()),
+        " (assign_fn must run on every rank or on none)"));
+  }
+  if (m.requested_owners_size() != count) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", r, ": requested_owners has ", m.requested_owners_size(),
+        " entries but the rank lists ", count,
+        " matrices (its parameters in order, one per expert slice of a 3-D "
+        "stack); give one owner per matrix"));
+  }
+  return absl::OkStatus();
+}
+
+// Checks that `owner`, the owner rank r requests for `matrix` of `param`
+// (named `what` in messages), is in range and holds part of the matrix.
+absl::Status CheckRequestedOwnerHolds(const JobLayout& layout,
+                                      const ParamLayout& param,
+                                      const MatrixLayout& matrix,
+                                      const std::string& what, int owner,
+                                      int r) {
+  const int n = layout.world_size;
+  if (owner < 0 || owner >= n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": requested owner rank ", owner, " is out of range [0, ", n,
+        ") (requested by rank ", r, ")"));
+  }
+  if (!matrix.boxes[owner].empty()) return absl::OkStatus();
+  const std::vector<int> coord = layout.mesh.Coord(owner);
+  if (!param.sub_mesh.Contains(coord)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": requested owner rank ", owner, " (coordinate ",
+        CoordToString(layout.mesh, coord), ") is outside its sub-mesh ",
+        SubMeshToString(param.sub_mesh, layout.mesh),
+        " and holds none of it (requested by rank ", r,
+        "); the owner must hold part of the matrix"));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, ": requested owner rank ", owner,
+      " holds an empty shard of it (coordinate ",
+      CoordToString(layout.mesh, coord), "; ",
+      PlacementsToString(param.placements), " of ", ShapeToString(param.shape),
+      " over ", layout.mesh.ToString(), "; requested by rank ", r,
+      "); the owner must hold part of the matrix"));
 }
 
 // Requested owners (a user's assign_fn), one per matrix of each manifest.
@@ -475,20 +564,7 @@ absl::Status CheckRequestedOwners(
     const v1::RankManifest& m = manifests[r];
     int count = 0;
     for (int i : u.of_rank[r]) count += layout->params[i].num_matrices;
-    if (m.requested_owners_size() == 0 && count > 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("rank ", r, " requests owners [] but rank ", giver,
-                       " requests owners ",
-                       OwnersToString(manifests[giver].requested_owners()),
-                       " (assign_fn must run on every rank or on none)"));
-    }
-    if (m.requested_owners_size() != count) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", r, ": requested_owners has ", m.requested_owners_size(),
-          " entries but the rank lists ", count,
-          " matrices (its parameters in order, one per expert slice of a 3-D "
-          "stack); give one owner per matrix"));
-    }
+    MUON_RETURN_IF_ERROR(CheckRequestedOwnerCount(manifests, r, count, giver));
     int k = 0;
     for (int i : u.of_rank[r]) {
       const ParamLayout& param = layout->params[i];
@@ -507,31 +583,8 @@ absl::Status CheckRequestedOwners(
           }
           continue;
         }
-        if (owner < 0 || owner >= n) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              what, ": requested owner rank ", owner, " is out of range [0, ",
-              n, ") (requested by rank ", r, ")"));
-        }
-        if (matrix.boxes[owner].empty()) {
-          const std::vector<int> coord = layout->mesh.Coord(owner);
-          if (!param.sub_mesh.Contains(coord)) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                what, ": requested owner rank ", owner, " (coordinate ",
-                CoordToString(layout->mesh, coord),
-                ") is outside its sub-mesh ",
-                SubMeshToString(param.sub_mesh, layout->mesh),
-                " and holds none of it (requested by rank ", r,
-                "); the owner must hold part of the matrix"));
-          }
-          return absl::InvalidArgumentError(
-              absl::StrCat(what, ": requested owner rank ", owner,
-                           " holds an empty shard of it (coordinate ",
-                           CoordToString(layout->mesh, coord), "; ",
-                           PlacementsToString(param.placements), " of ",
-                           ShapeToString(param.shape), " over ",
-                           layout->mesh.ToString(), "; requested by rank ", r,
-                           "); the owner must hold part of the matrix"));
-        }
+        MUON_RETURN_IF_ERROR(
+            CheckRequestedOwnerHolds(*layout, param, matrix, what, owner, r));
         matrix.requested_owner = owner;
         requested_by[mi] = r;
       }

@@ -519,29 +519,7 @@ absl::StatusOr<v1::JoinResponse> CoordinatorService::JoinLocked(
           absl::StrCat("rank ", rank, " joined after the job was planned with ",
                        world_size_, " ranks"));
     }
-    // An idempotent retry of a rank that is already part of the plan (or
-    // a new optimizer of a rank that left): it is back, with the same
-    // layout and options (the plan was made for them).
-    const RankInfo& first = it->second;
-    const std::string before = first.compact
-                                   ? first.compact_manifest.layout_hash()
-                                   : ManifestLayoutHash(first.manifest);
-    const std::string again = compact ? request.compact().layout_hash()
-                                      : ManifestLayoutHash(request.manifest());
-    if (before != again) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "rank ", rank, " joined job \"", options_.job_id,
-          "\" again after it was planned, with another manifest (its "
-          "parameters, placements or optimizer and execution options differ "
-          "from its first join): the job's plan is not for it; a second "
-          "optimizer with other settings needs a job of its own (another "
-          "job id or process group)"));
-    }
-    it->second.last_seen = now;
-    if (it->second.finished) --finished_count_;
-    it->second.finished = false;
-    NoteJobStateLocked();
-    return JoinResponseLocked();
+    return RejoinPlannedLocked(request, rank, now, it->second);
   }
   MUON_RETURN_IF_ERROR(
       CheckJoinLocked(rank, compact ? request.compact().world_size()
@@ -552,6 +530,55 @@ absl::StatusOr<v1::JoinResponse> CoordinatorService::JoinLocked(
         options_.max_waiting_joins));
   }
 
+  RecordJoinLocked(request, rank, now);
+  const absl::Duration timeout = std::min(
+      request.timeout_ms() > 0 ? absl::Milliseconds(request.timeout_ms())
+                               : options_.default_join_timeout,
+      options_.max_join_timeout);
+  const uint64_t id = next_join_waiter_++;
+  join_waiters_.emplace(id, JoinWaiter{rank, timeout, std::move(done)});
+  *waiting = true;
+  if (static_cast<int>(ranks_.size()) == world_size_) {
+    PlanLocked(completions);
+  } else {
+    timer_.Schedule(absl::Now() + timeout, [this, id] { ExpireJoin(id); });
+  }
+  return v1::JoinResponse();  // unused: the waiter is completed later
+}
+
+// A Join of a rank that is already part of the plan: accepts it again when
+// its layout hash matches its first join's, else FailedPrecondition.
+absl::StatusOr<v1::JoinResponse> CoordinatorService::RejoinPlannedLocked(
+    const v1::JoinRequest& request, int rank, absl::Time now, RankInfo& info) {
+  const bool compact = !request.has_manifest() && request.has_compact();
+  // An idempotent retry of a rank that is already part of the plan (or
+  // a new optimizer of a rank that left): it is back, with the same
+  // layout and options (the plan was made for them).
+  const std::string before = info.compact ? info.compact_manifest.layout_hash()
+                                          : ManifestLayoutHash(info.manifest);
+  const std::string again = compact ? request.compact().layout_hash()
+                                    : ManifestLayoutHash(request.manifest());
+  if (before != again) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank, " joined job \"", options_.job_id,
+        "\" again after it was planned, with another manifest (its "
+        "parameters, placements or optimizer and execution options differ "
+        "from its first join): the job's plan is not for it; a second "
+        "optimizer with other settings needs a job of its own (another "
+        "job id or process group)"));
+  }
+  info.last_seen = now;
+  if (info.finished) --finished_count_;
+  info.finished = false;
+  NoteJobStateLocked();
+  return JoinResponseLocked();
+}
+
+// Stores the joining rank's incarnation and manifest in ranks_ (and
+// rank_index_), counts its Join in flight and logs "event=join".
+void CoordinatorService::RecordJoinLocked(const v1::JoinRequest& request,
+                                          int rank, absl::Time now) {
+  const bool compact = !request.has_manifest() && request.has_compact();
   RankInfo& info = ranks_[rank];
   if (static_cast<size_t>(rank) >= rank_index_.size()) {
     rank_index_.resize(rank + 1, nullptr);
@@ -573,19 +600,6 @@ absl::StatusOr<v1::JoinResponse> CoordinatorService::JoinLocked(
                      " incarnation=", request.incarnation(),
                      " joined=", ranks_.size(), " generation=", generation_));
   }
-  const absl::Duration timeout = std::min(
-      request.timeout_ms() > 0 ? absl::Milliseconds(request.timeout_ms())
-                               : options_.default_join_timeout,
-      options_.max_join_timeout);
-  const uint64_t id = next_join_waiter_++;
-  join_waiters_.emplace(id, JoinWaiter{rank, timeout, std::move(done)});
-  *waiting = true;
-  if (static_cast<int>(ranks_.size()) == world_size_) {
-    PlanLocked(completions);
-  } else {
-    timer_.Schedule(absl::Now() + timeout, [this, id] { ExpireJoin(id); });
-  }
-  return v1::JoinResponse();  // unused: the waiter is completed later
 }
 
 void CoordinatorService::NoteInProcessRank(int rank) {
@@ -994,23 +1008,8 @@ absl::StatusOr<v1::ReplanResponse> CoordinatorService::Replan(
     const v1::ReplanRequest& request) {
   MUON_RETURN_IF_ERROR(CheckJobId(request.job_id()));
   absl::MutexLock lock(&mu_);
-  MUON_RETURN_IF_ERROR(
-      FindRankLocked(request.rank(), request.incarnation()).status());
-  MUON_RETURN_IF_ERROR(PlanReadyLocked());
-  if (!run_error_.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("job \"", options_.job_id, "\" failed: ", run_error_));
-  }
-  const int64_t every = layout_.execution.replan_every_steps();
+  MUON_RETURN_IF_ERROR(CheckReplanLocked(request));
   const int64_t step = request.step();
-  if (every <= 0 || step <= 0 || step % every != 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("rank ", request.rank(), " asked to re-plan at step ",
-                     step, " but execution.replan_every_steps is ", every,
-                     every > 0 ? absl::StrCat(" (re-plans happen after steps ",
-                                              every, ", ", 2 * every, ", ...)")
-                               : " (re-planning is off)"));
-  }
   v1::ReplanResponse response;
   auto cached = replans_.find(step);
   if (cached != replans_.end()) {
@@ -1054,6 +1053,30 @@ absl::StatusOr<v1::ReplanResponse> CoordinatorService::Replan(
   while (replans_.size() > 4) replans_.erase(replans_.begin());
   *response.mutable_plan() = rank_plan_;
   return response;
+}
+
+// Checks that the asking rank is joined, the job has a plan and no run-time
+// error, and `request.step()` is a multiple of execution.replan_every_steps.
+absl::Status CoordinatorService::CheckReplanLocked(
+    const v1::ReplanRequest& request) {
+  MUON_RETURN_IF_ERROR(
+      FindRankLocked(request.rank(), request.incarnation()).status());
+  MUON_RETURN_IF_ERROR(PlanReadyLocked());
+  if (!run_error_.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job \"", options_.job_id, "\" failed: ", run_error_));
+  }
+  const int64_t every = layout_.execution.replan_every_steps();
+  const int64_t step = request.step();
+  if (every <= 0 || step <= 0 || step % every != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", request.rank(), " asked to re-plan at step ",
+                     step, " but execution.replan_every_steps is ", every,
+                     every > 0 ? absl::StrCat(" (re-plans happen after steps ",
+                                              every, ", ", 2 * every, ", ...)")
+                               : " (re-planning is off)"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::JobInfo> CoordinatorService::GetJob(

@@ -360,6 +360,16 @@ class CoordinatorService {
                                               JoinCallback& done, bool* waiting,
                                               Completions* completions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // JoinLocked for a rank already in the plan (`info`): the job's Join
+  // response when its layout hash matches its first join's (marks it
+  // unfinished again), else FailedPrecondition.
+  absl::StatusOr<v1::JoinResponse> RejoinPlannedLocked(
+      const v1::JoinRequest& request, int rank, absl::Time now, RankInfo& info)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records the joining rank in ranks_ and rank_index_ (incarnation,
+  // manifest, last_seen, one more Join in flight) and logs it.
+  void RecordJoinLocked(const v1::JoinRequest& request, int rank,
+                        absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Checks a Join's rank and world size against the job (rejects the call
   // alone) and learns the world size from the first rank.
   absl::Status CheckJoinLocked(int rank, int64_t world)
@@ -448,6 +458,11 @@ class CoordinatorService {
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Ranks in [0, world_size_) that have not joined, e.g. "[2, 3]".
   std::string MissingRanksLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Replan's checks: the rank is joined (FindRankLocked), a plan exists,
+  // no run-time error, and the step is a multiple of replan_every_steps;
+  // else FailedPrecondition (or FindRankLocked's error).
+  absl::Status CheckReplanLocked(const v1::ReplanRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // OK when a plan exists, else FailedPrecondition saying why.
   absl::Status PlanReadyLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // A Join response: the plan without loads and with the compact schedule

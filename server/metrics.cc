@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -24,6 +25,25 @@ prometheus::Histogram::BucketBoundaries SecondsBuckets() {
   prometheus::Histogram::BucketBoundaries b;
   for (double s = 1e-4; s < 200; s *= 4) b.push_back(s);
   return b;
+}
+
+// Registers counter family `name` with `help` and returns its one series
+// (no labels).
+prometheus::Counter* AddCounter(prometheus::Registry& registry,
+                                const std::string& name,
+                                const std::string& help) {
+  prometheus::Family<prometheus::Counter>& family =
+      prometheus::BuildCounter().Name(name).Help(help).Register(registry);
+  return &family.Add({});
+}
+
+// Registers gauge family `name` with `help` and returns its one series
+// (no labels).
+prometheus::Gauge* AddGauge(prometheus::Registry& registry,
+                            const std::string& name, const std::string& help) {
+  prometheus::Family<prometheus::Gauge>& family =
+      prometheus::BuildGauge().Name(name).Help(help).Register(registry);
+  return &family.Add({});
 }
 
 }  // namespace
@@ -64,28 +84,15 @@ CoordinatorMetrics::CoordinatorMetrics(std::string host)
     op_series_[op] =
         &op_duration_->Add({{"op", WireName(op)}}, SecondsBuckets());
   }
-  ns_flops_ = &prometheus::BuildCounter()
-                   .Name("muon_newton_schulz_flops_total")
-                   .Help("Newton-Schulz FLOPs reported by every rank.")
-                   .Register(*registry_)
-                   .Add({});
-  bytes_sent_ = &prometheus::BuildCounter()
-                     .Name("muon_bytes_sent_total")
-                     .Help("Bytes sent by every rank's optimizer steps.")
-                     .Register(*registry_)
-                     .Add({});
-  bytes_received_ = &prometheus::BuildCounter()
-                         .Name("muon_bytes_received_total")
-                         .Help(
-                             "Bytes received by every rank's optimizer "
-                             "steps.")
-                         .Register(*registry_)
-                         .Add({});
-  reports_dropped_ = &prometheus::BuildCounter()
-                          .Name("muon_reports_dropped_total")
-                          .Help("Step reports the ranks' agents dropped.")
-                          .Register(*registry_)
-                          .Add({});
+  ns_flops_ = AddCounter(*registry_, "muon_newton_schulz_flops_total",
+                         "Newton-Schulz FLOPs reported by every rank.");
+  bytes_sent_ = AddCounter(*registry_, "muon_bytes_sent_total",
+                           "Bytes sent by every rank's optimizer steps.");
+  bytes_received_ =
+      AddCounter(*registry_, "muon_bytes_received_total",
+                 "Bytes received by every rank's optimizer steps.");
+  reports_dropped_ = AddCounter(*registry_, "muon_reports_dropped_total",
+                                "Step reports the ranks' agents dropped.");
   rank_state_ = &prometheus::BuildGauge()
                      .Name("muon_rank_state")
                      .Help("Ranks in each state.")
@@ -100,19 +107,12 @@ CoordinatorMetrics::CoordinatorMetrics(std::string host)
   for (v1::JobState s : SpecifiedValues<v1::JobState>()) {
     job_state_->Add({{"state", WireName(s)}}).Set(s == v1::JOB_STATE_WAITING);
   }
-  generation_ = &prometheus::BuildGauge()
-                     .Name("muon_job_generation")
-                     .Help("The job generation (1 for the first job).")
-                     .Register(*registry_)
-                     .Add({});
+  generation_ = AddGauge(*registry_, "muon_job_generation",
+                         "The job generation (1 for the first job).");
   generation_->Set(1);
-  plan_version_ = &prometheus::BuildGauge()
-                       .Name("muon_plan_version")
-                       .Help(
+  plan_version_ = AddGauge(*registry_, "muon_plan_version",
                            "Version of the plan in effect (0 at Join, n "
-                           "after the n-th re-plan; -1 before a plan).")
-                       .Register(*registry_)
-                       .Add({});
+                           "after the n-th re-plan; -1 before a plan).");
   plan_version_->Set(-1);
 }
 

@@ -234,26 +234,36 @@ absl::StatusOr<std::unique_ptr<muon::CoordinatorMetrics>> StartMetrics(
   return started;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  ParseFlags(argc, argv);
+// Sends glog to stderr and turns off Abseil's mutex deadlock detection.
+void InitProcess(const char* argv0) {
   // glog to stderr; its gflags-defined flags are set here, never parsed.
   FLAGS_logtostderr = true;
-  google::InitGoogleLogging(argv[0]);
+  google::InitGoogleLogging(argv0);
   // Debian's Abseil checks every mutex acquisition for lock-order cycles,
   // gRPC's included: 7% of a heartbeat's CPU and 60% of connection setup
   // at 4,096 agents (docs/coordinator_load.md). The daemon's locks are
   // covered by the tests' builds; skip the check here.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+}
 
-  // Block the stop signals in every thread (gRPC's included) and wait for
-  // them synchronously below.
+// Blocks SIGINT and SIGTERM in this thread and every thread started after
+// it (gRPC's included); returns the set, for sigwait.
+sigset_t BlockStopSignals() {
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  return stop_signals;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ParseFlags(argc, argv);
+  InitProcess(argv[0]);
+  // Wait for the stop signals synchronously below.
+  sigset_t stop_signals = BlockStopSignals();
 
   if (const std::string usage = FlagUsageError(); !usage.empty()) {
     std::cerr << "muon-coordinator: " << usage << std::endl;

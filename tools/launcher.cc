@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -128,10 +130,12 @@ absl::StatusOr<std::string> MakeTempDir(const std::string& prefix) {
   return tmpl;
 }
 
-absl::Status LaunchRanks(const RankLaunchOptions& o) {
-  const absl::Time start = absl::Now();
-  // The ranks share the job secret: the caller's (and the daemon's) from the
-  // environment, or a new one for rank 0's embedded coordinator.
+namespace {
+
+// The environment the ranks get for the job secret: none when the caller
+// (or the daemon) set MUON_JOB_SECRET or MUON_JOB_SECRET_FILE, otherwise a
+// new secret for rank 0's embedded coordinator.
+absl::StatusOr<std::vector<std::string>> JobSecretEnv() {
   std::vector<std::string> secret_env;
   const char* secret = std::getenv("MUON_JOB_SECRET");
   const char* secret_file = std::getenv("MUON_JOB_SECRET_FILE");
@@ -141,6 +145,53 @@ absl::Status LaunchRanks(const RankLaunchOptions& o) {
     if (!fresh.ok()) return fresh.status();
     secret_env.push_back(absl::StrCat("MUON_JOB_SECRET=", *fresh));
   }
+  return secret_env;
+}
+
+// The job's outcome from the ranks' exit codes (`codes`, -1 for killed
+// after the timeout) and the order they exited in: OK when all exited 0,
+// else Aborted naming the first rank to fail in time.
+absl::Status RanksOutcome(const RankLaunchOptions& o,
+                          const std::vector<int>& codes,
+                          const std::vector<int>& order) {
+  // The first rank to fail in time is the one to name: the others usually
+  // fail because of it.
+  for (int r : order) {
+    if (codes[r] > 128) {
+      const int sig = codes[r] - 128;
+      return absl::AbortedError(absl::StrCat("rank ", r, " killed by signal ",
+                                             sig, " (", strsignal(sig),
+                                             ") first; see the errors above"));
+    }
+    if (codes[r] > 0) {
+      return absl::AbortedError(absl::StrCat("rank ", r, " exited with ",
+                                             codes[r],
+                                             " first (see its error above)"));
+    }
+  }
+  for (int r = 0; r < o.world_size; ++r) {
+    if (codes[r] == -1) {
+      return absl::AbortedError(
+          absl::StrCat("rank ", r, " killed after the timeout (",
+                       absl::FormatDuration(o.timeout), ")"));
+    }
+    if (codes[r] != 0) {
+      return absl::AbortedError(absl::StrCat(
+          "rank ", r, " exited with ", codes[r], " (see its error above)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status LaunchRanks(const RankLaunchOptions& o) {
+  const absl::Time start = absl::Now();
+  // The ranks share the job secret: the caller's (and the daemon's) from the
+  // environment, or a new one for rank 0's embedded coordinator.
+  absl::StatusOr<std::vector<std::string>> secret_env_or = JobSecretEnv();
+  if (!secret_env_or.ok()) return secret_env_or.status();
+  const std::vector<std::string>& secret_env = *secret_env_or;
   auto left = [&] {
     return std::max(o.timeout - (absl::Now() - start), absl::Seconds(1));
   };
@@ -175,33 +226,7 @@ absl::Status LaunchRanks(const RankLaunchOptions& o) {
   }
   std::vector<int> order;
   const std::vector<int> codes = WaitAll(pids, left(), o.grace, &order);
-  // The first rank to fail in time is the one to name: the others usually
-  // fail because of it.
-  for (int r : order) {
-    if (codes[r] > 128) {
-      const int sig = codes[r] - 128;
-      return absl::AbortedError(absl::StrCat("rank ", r, " killed by signal ",
-                                             sig, " (", strsignal(sig),
-                                             ") first; see the errors above"));
-    }
-    if (codes[r] > 0) {
-      return absl::AbortedError(absl::StrCat("rank ", r, " exited with ",
-                                             codes[r],
-                                             " first (see its error above)"));
-    }
-  }
-  for (int r = 0; r < o.world_size; ++r) {
-    if (codes[r] == -1) {
-      return absl::AbortedError(
-          absl::StrCat("rank ", r, " killed after the timeout (",
-                       absl::FormatDuration(o.timeout), ")"));
-    }
-    if (codes[r] != 0) {
-      return absl::AbortedError(absl::StrCat(
-          "rank ", r, " exited with ", codes[r], " (see its error above)"));
-    }
-  }
-  return absl::OkStatus();
+  return RanksOutcome(o, codes, order);
 }
 
 }  // namespace muon

@@ -661,6 +661,54 @@ void AddStepAndWaitSpans(const v1::StepReport& r, double t0,
   }
 }
 
+// The earliest operation start of the reports (seconds since the Unix
+// epoch), 0 when none has an operation: the trace's ts 0.
+double EarliestStart(const v1::GetReportsResponse& reports) {
+  double t0 = 0;
+  bool any = false;
+  for (const v1::StepReport& r : reports.reports()) {
+    for (const v1::OpTiming& op : r.ops()) {
+      if (!any || op.start_s() < t0) t0 = op.start_s();
+      any = true;
+    }
+  }
+  return t0;
+}
+
+// One complete event ("X", cat "muon") per operation of report `r`, on its
+// stream's thread (named the first time `threads` sees it); returns the
+// number of events added.
+int AddOperationEvents(const v1::StepReport& r, double t0,
+                       std::set<std::pair<int, int>>* threads, Json* events) {
+  const int pid = r.rank();
+  int slices = 0;
+  for (const v1::OpTiming& op : r.ops()) {
+    const v1::StreamKind stream = StreamOf(op);
+    const int tid = StreamTid(stream);
+    if (threads->insert({pid, tid}).second) {
+      events->push_back(
+          MetadataEvent("thread_name", pid, tid, {{"name", WireName(stream)}}));
+      events->push_back(
+          MetadataEvent("thread_sort_index", pid, tid, {{"sort_index", tid}}));
+    }
+    // ts and dur in microseconds, to the nanosecond.
+    events->push_back(
+        Json{{"name", WireName(op.op())},
+             {"cat", "muon"},
+             {"ph", "X"},
+             {"pid", pid},
+             {"tid", tid},
+             {"ts", Number((op.start_s() - t0) * 1e6)},
+             {"dur", Number(std::max(0.0, op.end_s() - op.start_s()) * 1e6)},
+             {"args", Json{{"step", r.step()},
+                           {"bucket", op.bucket()},
+                           {"bytes", op.bytes()},
+                           {"flops", Number(op.flops())}}}});
+    ++slices;
+  }
+  return slices;
+}
+
 // `muonctl trace --out FILE`: the kept reports as Chrome trace event JSON
 // (https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU):
 // one process per rank (pid = rank, named "rank N"), one thread per stream
@@ -675,14 +723,7 @@ int CmdTrace(const TraceFlags& f, std::ostream& out, std::ostream& err) {
   absl::StatusOr<v1::GetReportsResponse> reports = FetchReports(f.reports, err);
   if (!reports.ok()) return Fail(err, reports.status());
 
-  double t0 = 0;
-  bool any = false;
-  for (const v1::StepReport& r : reports->reports()) {
-    for (const v1::OpTiming& op : r.ops()) {
-      if (!any || op.start_s() < t0) t0 = op.start_s();
-      any = true;
-    }
-  }
+  const double t0 = EarliestStart(*reports);
   Json events = Json::array();
   std::set<int> ranks;
   std::set<std::pair<int, int>> threads;  // (pid, tid) named
@@ -698,30 +739,7 @@ int CmdTrace(const TraceFlags& f, std::ostream& out, std::ostream& err) {
     }
     steps.insert(r.step());
     AddStepAndWaitSpans(r, t0, &threads, &events);
-    for (const v1::OpTiming& op : r.ops()) {
-      const v1::StreamKind stream = StreamOf(op);
-      const int tid = StreamTid(stream);
-      if (threads.insert({pid, tid}).second) {
-        events.push_back(MetadataEvent("thread_name", pid, tid,
-                                       {{"name", WireName(stream)}}));
-        events.push_back(MetadataEvent("thread_sort_index", pid, tid,
-                                       {{"sort_index", tid}}));
-      }
-      // ts and dur in microseconds, to the nanosecond.
-      events.push_back(
-          Json{{"name", WireName(op.op())},
-               {"cat", "muon"},
-               {"ph", "X"},
-               {"pid", pid},
-               {"tid", tid},
-               {"ts", Number((op.start_s() - t0) * 1e6)},
-               {"dur", Number(std::max(0.0, op.end_s() - op.start_s()) * 1e6)},
-               {"args", Json{{"step", r.step()},
-                             {"bucket", op.bucket()},
-                             {"bytes", op.bytes()},
-                             {"flops", Number(op.flops())}}}});
-      ++slices;
-    }
+    slices += AddOperationEvents(r, t0, &threads, &events);
   }
   const std::string json =
       Json{{"displayTimeUnit", "ms"},

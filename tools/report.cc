@@ -41,6 +41,61 @@ std::string Bytes(double value) {
                 : absl::StrFormat("%.3g %s", value, kUnit[k]);
 }
 
+namespace {
+
+// A rank's largest per-bucket buffers over the buckets, in 4-byte words:
+// its send and receive staging and its slot (owned and local matrices).
+struct PeakWords {
+  int64_t send = 0;
+  int64_t recv = 0;
+  int64_t slot = 0;
+};
+
+// Adds rank r's gather and redistribute bytes of `bucket` to `t` and
+// raises `peak` to the bucket's buffers on rank r; `bf16` when the job
+// exchanges bfloat16.
+void AddBucketTraffic(const JobPlan& job, const PlanMemoryOptions& memory,
+                      const v1::Bucket& bucket, int r, bool bf16,
+                      RankTraffic* t, PeakWords* peak) {
+  const v1::Plan& plan = job.plan;
+  const int world = plan.world_size();
+  Exchange gather(world), redistribute(world);
+  int64_t slot = 0;
+  for (int i : bucket.matrices()) {
+    const MatrixLayout& m = job.layout.matrices[i];
+    const int owner = plan.matrices(i).owner();
+    const Box full{Range{0, m.rows}, Range{0, m.cols}};
+    const std::vector<Box>& boxes = m.boxes;
+    AddToGather(r, i, owner, boxes, full, &gather);
+    AddToRedistribute(r, i, owner, boxes, full, &redistribute);
+    if (owner == r && !(boxes[r] == full)) {
+      slot += 2 * full.numel();
+    } else if (owner == r && bf16) {
+      slot += full.numel();
+    }
+    // This rank's O of the matrix, and its U when formed.
+    slot += (memory.form_update ? 2 : 1) * boxes[r].numel();
+  }
+  gather.Finish();
+  redistribute.Finish();
+  t->sent += 4 * (gather.send_total + redistribute.send_total);
+  t->received += 4 * (gather.recv_total + redistribute.recv_total);
+  t->sent_bf16 +=
+      4 * (gather.send_words_bf16_total + redistribute.send_words_bf16_total);
+  t->received_bf16 +=
+      4 * (gather.recv_words_bf16_total + redistribute.recv_words_bf16_total);
+  t->gathered += 4 * gather.recv_total;
+  peak->send = std::max(
+      {peak->send, bf16 ? gather.send_words_bf16_total : gather.send_total,
+       bf16 ? redistribute.send_words_bf16_total : redistribute.send_total});
+  peak->recv = std::max(
+      {peak->recv, bf16 ? gather.recv_words_bf16_total : gather.recv_total,
+       bf16 ? redistribute.recv_words_bf16_total : redistribute.recv_total});
+  peak->slot = std::max(peak->slot, slot);
+}
+
+}  // namespace
+
 std::vector<RankTraffic> PlanTraffic(const JobPlan& job,
                                      const PlanMemoryOptions& memory) {
   const v1::Plan& plan = job.plan;
@@ -50,48 +105,13 @@ std::vector<RankTraffic> PlanTraffic(const JobPlan& job,
     return {};
   }
   std::vector<RankTraffic> t(world);
-  std::vector<int64_t> max_send(world, 0), max_recv(world, 0),
-      max_slot(world, 0);
+  std::vector<PeakWords> peak(world);
   // The buffers the runtime allocates: bf16 words, and an owner's rounded
   // copy of a matrix it holds whole, with the bf16 exchange.
   const bool bf16 = ExchangeIsBf16(job.layout.execution);
   for (const v1::Bucket& bucket : plan.buckets()) {
     for (int r = 0; r < world; ++r) {
-      Exchange gather(world), redistribute(world);
-      int64_t slot = 0;
-      for (int i : bucket.matrices()) {
-        const MatrixLayout& m = job.layout.matrices[i];
-        const int owner = plan.matrices(i).owner();
-        const Box full{Range{0, m.rows}, Range{0, m.cols}};
-        const std::vector<Box>& boxes = m.boxes;
-        AddToGather(r, i, owner, boxes, full, &gather);
-        AddToRedistribute(r, i, owner, boxes, full, &redistribute);
-        if (owner == r && !(boxes[r] == full)) {
-          slot += 2 * full.numel();
-        } else if (owner == r && bf16) {
-          slot += full.numel();
-        }
-        // This rank's O of the matrix, and its U when formed.
-        slot += (memory.form_update ? 2 : 1) * boxes[r].numel();
-      }
-      gather.Finish();
-      redistribute.Finish();
-      t[r].sent += 4 * (gather.send_total + redistribute.send_total);
-      t[r].received += 4 * (gather.recv_total + redistribute.recv_total);
-      t[r].sent_bf16 += 4 * (gather.send_words_bf16_total +
-                             redistribute.send_words_bf16_total);
-      t[r].received_bf16 += 4 * (gather.recv_words_bf16_total +
-                                 redistribute.recv_words_bf16_total);
-      t[r].gathered += 4 * gather.recv_total;
-      max_send[r] = std::max(
-          {max_send[r], bf16 ? gather.send_words_bf16_total : gather.send_total,
-           bf16 ? redistribute.send_words_bf16_total
-                : redistribute.send_total});
-      max_recv[r] = std::max(
-          {max_recv[r], bf16 ? gather.recv_words_bf16_total : gather.recv_total,
-           bf16 ? redistribute.recv_words_bf16_total
-                : redistribute.recv_total});
-      max_slot[r] = std::max(max_slot[r], slot);
+      AddBucketTraffic(job, memory, bucket, r, bf16, &t[r], &peak[r]);
     }
   }
   const int64_t slots = std::max(1, plan.schedule().slots());
@@ -102,7 +122,7 @@ std::vector<RankTraffic> PlanTraffic(const JobPlan& job,
     for (int r = 0; r < world; ++r) t[r].momentum += bytes * m.boxes[r].numel();
   }
   for (int r = 0; r < world; ++r) {
-    t[r].peak_buffer = 4 * (slots * max_slot[r] + max_send[r] + max_recv[r]);
+    t[r].peak_buffer = 4 * (slots * peak[r].slot + peak[r].send + peak[r].recv);
     t[r].peak = t[r].momentum + t[r].peak_buffer;
   }
   return t;
@@ -385,31 +405,29 @@ std::string Timeline(const std::vector<v1::StepReport>& reports) {
   return svg + TimelineLegend(height) + "</svg>\n";
 }
 
-}  // namespace
-
-std::string RenderReportHtml(const ReportInput& in) {
-  const v1::Plan& plan = in.plan.plan;
-  const int world = plan.world_size();
-  std::vector<double> chosen(world, 0), rr(world, 0);
-  for (const v1::RankLoad& l : plan.loads()) chosen[l.rank()] = l.ns_flops();
-  for (const v1::RankLoad& l : in.round_robin.loads()) {
-    if (l.rank() >= 0 && l.rank() < world) rr[l.rank()] = l.ns_flops();
-  }
-  std::vector<double> sent, received;
+// Per rank (index = rank): the bytes it sends and receives per step, in
+// the job's exchange dtype.
+void ExchangeBytes(const ReportInput& in, std::vector<double>* sent,
+                   std::vector<double>* received) {
   for (const RankTraffic& t : in.traffic) {
     // The bytes of the job's exchange dtype.
     const bool bf16 = ExchangeIsBf16(in.plan.layout.execution);
-    sent.push_back(static_cast<double>(bf16 ? t.sent_bf16 : t.sent));
-    received.push_back(
+    sent->push_back(static_cast<double>(bf16 ? t.sent_bf16 : t.sent));
+    received->push_back(
         static_cast<double>(bf16 ? t.received_bf16 : t.received));
   }
-  std::map<int, std::map<int64_t, double>> step_ms;
-  for (const v1::StepReport& r : in.reports) {
-    step_ms[r.rank()][r.step()] = r.step_time_s() * 1e3;
-  }
+}
+
+// The report's numbers as JSON, embedded in the page for scripts: the
+// plan, per-rank loads and bytes, and step times per rank and step.
+Json ReportData(const ReportInput& in, const std::vector<double>& chosen,
+                const std::vector<double>& rr, const std::vector<double>& sent,
+                const std::vector<double>& received,
+                const std::map<int, std::map<int64_t, double>>& step_ms) {
+  const v1::Plan& plan = in.plan.plan;
   Json data = {{"plan_hash", plan.hash()},
                {"policy", plan.policy()},
-               {"world_size", world},
+               {"world_size", plan.world_size()},
                {"matrices", plan.matrices_size()},
                {"ns_flops", chosen},
                {"round_robin_ns_flops", rr},
@@ -423,6 +441,13 @@ std::string RenderReportHtml(const ReportInput& in) {
     steps[std::to_string(rank)] = std::move(per);
   }
   data["step_time_ms"] = std::move(steps);
+  return data;
+}
+
+// The page's head (title, styles) and its heading and summary paragraph:
+// the plan's source, size, policy and balance.
+std::string ReportHeader(const ReportInput& in) {
+  const v1::Plan& plan = in.plan.plan;
   std::string html =
       "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">\n"
       "<title>muon report</title>\n<style>\n"
@@ -437,15 +462,37 @@ std::string RenderReportHtml(const ReportInput& in) {
       "<h1>muon plan %s</h1>\n<p>%s: %d matrices over %d ranks (mesh %s), "
       "policy %s, %d bucket%s; max/mean %.3f, max/lower bound %.3f; "
       "round-robin max/mean %.3f.</p>\n",
-      Escape(plan.hash()), Escape(in.source), plan.matrices_size(), world,
-      Escape(in.plan.layout.mesh.ToString()), Escape(plan.policy()),
-      plan.buckets_size(), plan.buckets_size() == 1 ? "" : "s",
+      Escape(plan.hash()), Escape(in.source), plan.matrices_size(),
+      plan.world_size(), Escape(in.plan.layout.mesh.ToString()),
+      Escape(plan.policy()), plan.buckets_size(),
+      plan.buckets_size() == 1 ? "" : "s",
       mean > 0 ? plan.max_load_flops() / mean : 0,
       in.lower_bound_flops > 0 ? plan.max_load_flops() / in.lower_bound_flops
                                : 0,
       in.round_robin.mean_load_flops() > 0
           ? in.round_robin.max_load_flops() / in.round_robin.mean_load_flops()
           : 0);
+  return html;
+}
+
+}  // namespace
+
+std::string RenderReportHtml(const ReportInput& in) {
+  const v1::Plan& plan = in.plan.plan;
+  const int world = plan.world_size();
+  std::vector<double> chosen(world, 0), rr(world, 0);
+  for (const v1::RankLoad& l : plan.loads()) chosen[l.rank()] = l.ns_flops();
+  for (const v1::RankLoad& l : in.round_robin.loads()) {
+    if (l.rank() >= 0 && l.rank() < world) rr[l.rank()] = l.ns_flops();
+  }
+  std::vector<double> sent, received;
+  ExchangeBytes(in, &sent, &received);
+  std::map<int, std::map<int64_t, double>> step_ms;
+  for (const v1::StepReport& r : in.reports) {
+    step_ms[r.rank()][r.step()] = r.step_time_s() * 1e3;
+  }
+  const Json data = ReportData(in, chosen, rr, sent, received, step_ms);
+  std::string html = ReportHeader(in);
   html += Bars("Newton-Schulz load per rank (FLOPs per step)", "FLOP",
                {plan.policy(), "round_robin"}, {chosen, rr},
                in.lower_bound_flops, "lower bound");

@@ -610,25 +610,10 @@ absl::StatusOr<double> CompareParameters(
   return worst;
 }
 
-}  // namespace
-
-absl::Status RunValidate(const ValidateOptions& o, std::ostream& out) {
-  MUON_ASSIGN_OR_RETURN(SpecParams s, LoadSpec(o.spec_path));
-  const bool resume = o.checkpoint_at > 0;
-  if (resume && o.checkpoint_at >= o.steps) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--checkpoint_at ", o.checkpoint_at,
-                     " must be between 1 and --steps - 1 (", o.steps - 1, ")"));
-  }
-  const std::string resume_path =
-      o.resume_spec_path.empty() ? o.spec_path : o.resume_spec_path;
-  MUON_ASSIGN_OR_RETURN(SpecParams s2, LoadSpec(resume_path));
-  MUON_RETURN_IF_ERROR(CheckSameParams(s, s2, resume_path));
-  const SpecParams& last = resume ? s2 : s;
-  // --init / --grads: every file there and of the right shape before any
-  // rank process starts.
-  MUON_RETURN_IF_ERROR(CheckInputFiles(o, s));
-  MUON_ASSIGN_OR_RETURN(std::string dir, MakeTempDir("muon-validate-"));
+// Prints what the run will do: the job, and with a checkpoint, the mesh it
+// resumes on.
+void PrintValidateHeader(const ValidateOptions& o, const SpecParams& s,
+                         const SpecParams& s2, bool resume, std::ostream& out) {
   out << "validate: " << s.spec.params_size() << " parameters, mesh "
       << s.mesh.ToString() << ", " << s.mesh.world_size() << " rank processes, "
       << o.steps << " steps, coordinator "
@@ -639,28 +624,15 @@ absl::Status RunValidate(const ValidateOptions& o, std::ostream& out) {
         << " (" << s2.mesh.world_size() << " ranks)\n";
   }
   out.flush();
-  // With --dump the checkpoint is kept (DIR/checkpoint/{model,optim}).
-  const std::string ckpt =
-      (o.dump_dir.empty() ? dir : o.dump_dir) + "/checkpoint";
-  const std::string final_dir = dir + "/final";
-  int64_t dist_matrices = 0;
-  double dist_flops = 0;
-  MUON_RETURN_IF_ERROR(RunDistributed(o, s, s2, resume_path, dir, ckpt,
-                                      final_dir, &dist_matrices, &dist_flops));
-  // The same steps on a single device, uninterrupted, in this process.
-  (void)kernels::SetComputeThreads(1);  // one thread per rank process
-  MUON_ASSIGN_OR_RETURN(
-      RunOutput single,
-      RunSteps(o, s, nullptr, Phase{0, o.steps, "", ""},
-               [&](int64_t step, double seconds) {
-                 out << absl::StrFormat(
-                     "validate: single-device step %d/%d done (%.2f s)\n", step,
-                     o.steps, seconds);
-                 out.flush();
-               }));
-  MUON_ASSIGN_OR_RETURN(const double worst,
-                        CompareParameters(o, s, last, final_dir, single, out));
-  RemoveTree(dir);
+}
+
+// Prints the verdict line and returns DataLoss when the parameters differ
+// beyond the tolerance or the distributed run orthogonalized a different
+// number of matrices (or NS FLOPs) than the single device.
+absl::Status ReportVerdict(const ValidateOptions& o, const SpecParams& last,
+                           double worst, int64_t dist_matrices,
+                           double dist_flops, const RunOutput& single,
+                           bool resume, std::ostream& out) {
   const bool equal = worst <= o.tolerance;
   const bool counts =
       dist_matrices == single.matrices && dist_flops == single.ns_flops;
@@ -689,6 +661,52 @@ absl::Status RunValidate(const ValidateOptions& o, std::ostream& out) {
         absl::StrFormat("%.0f", single.ns_flops), ")"));
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RunValidate(const ValidateOptions& o, std::ostream& out) {
+  MUON_ASSIGN_OR_RETURN(SpecParams s, LoadSpec(o.spec_path));
+  const bool resume = o.checkpoint_at > 0;
+  if (resume && o.checkpoint_at >= o.steps) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--checkpoint_at ", o.checkpoint_at,
+                     " must be between 1 and --steps - 1 (", o.steps - 1, ")"));
+  }
+  const std::string resume_path =
+      o.resume_spec_path.empty() ? o.spec_path : o.resume_spec_path;
+  MUON_ASSIGN_OR_RETURN(SpecParams s2, LoadSpec(resume_path));
+  MUON_RETURN_IF_ERROR(CheckSameParams(s, s2, resume_path));
+  const SpecParams& last = resume ? s2 : s;
+  // --init / --grads: every file there and of the right shape before any
+  // rank process starts.
+  MUON_RETURN_IF_ERROR(CheckInputFiles(o, s));
+  MUON_ASSIGN_OR_RETURN(std::string dir, MakeTempDir("muon-validate-"));
+  PrintValidateHeader(o, s, s2, resume, out);
+  // With --dump the checkpoint is kept (DIR/checkpoint/{model,optim}).
+  const std::string ckpt =
+      (o.dump_dir.empty() ? dir : o.dump_dir) + "/checkpoint";
+  const std::string final_dir = dir + "/final";
+  int64_t dist_matrices = 0;
+  double dist_flops = 0;
+  MUON_RETURN_IF_ERROR(RunDistributed(o, s, s2, resume_path, dir, ckpt,
+                                      final_dir, &dist_matrices, &dist_flops));
+  // The same steps on a single device, uninterrupted, in this process.
+  (void)kernels::SetComputeThreads(1);  // one thread per rank process
+  MUON_ASSIGN_OR_RETURN(
+      RunOutput single,
+      RunSteps(o, s, nullptr, Phase{0, o.steps, "", ""},
+               [&](int64_t step, double seconds) {
+                 out << absl::StrFormat(
+                     "validate: single-device step %d/%d done (%.2f s)\n", step,
+                     o.steps, seconds);
+                 out.flush();
+               }));
+  MUON_ASSIGN_OR_RETURN(const double worst,
+                        CompareParameters(o, s, last, final_dir, single, out));
+  RemoveTree(dir);
+  return ReportVerdict(o, last, worst, dist_matrices, dist_flops, single,
+                       resume, out);
 }
 
 }  // namespace muon
