@@ -614,25 +614,67 @@ absl::StatusOr<int> EnvInt(const char* name, std::optional<int> fallback) {
 
 }  // namespace
 
-absl::StatusOr<ProcessGroupOptions> ProcessGroupOptionsFromEnv() {
-  ProcessGroupOptions o;
-  MUON_ASSIGN_OR_RETURN(o.world_size, EnvInt("WORLD_SIZE", std::nullopt));
-  MUON_ASSIGN_OR_RETURN(o.rank, EnvInt("RANK", std::nullopt));
-  if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size) {
+namespace {
+
+// ProcessGroupOptionsFromEnv's ranks: RANK and WORLD_SIZE into *o, and
+// LOCAL_RANK (of LOCAL_WORLD_SIZE) as o->cuda_device.
+absl::Status RanksFromEnv(ProcessGroupOptions* o) {
+  MUON_ASSIGN_OR_RETURN(o->world_size, EnvInt("WORLD_SIZE", std::nullopt));
+  MUON_ASSIGN_OR_RETURN(o->rank, EnvInt("RANK", std::nullopt));
+  if (o->world_size < 1 || o->rank < 0 || o->rank >= o->world_size) {
     return absl::InvalidArgumentError(
-        absl::StrCat("environment: RANK=", o.rank,
-                     " is out of range for WORLD_SIZE=", o.world_size));
+        absl::StrCat("environment: RANK=", o->rank,
+                     " is out of range for WORLD_SIZE=", o->world_size));
   }
   MUON_ASSIGN_OR_RETURN(const int local_world,
-                        EnvInt("LOCAL_WORLD_SIZE", o.world_size));
+                        EnvInt("LOCAL_WORLD_SIZE", o->world_size));
   MUON_ASSIGN_OR_RETURN(const int local_rank, EnvInt("LOCAL_RANK", 0));
-  if (local_world < 1 || local_world > o.world_size || local_rank < 0 ||
+  if (local_world < 1 || local_world > o->world_size || local_rank < 0 ||
       local_rank >= local_world) {
     return absl::InvalidArgumentError(absl::StrCat(
         "environment: LOCAL_RANK=", local_rank, " / LOCAL_WORLD_SIZE=",
-        local_world, " do not fit WORLD_SIZE=", o.world_size));
+        local_world, " do not fit WORLD_SIZE=", o->world_size));
   }
-  o.cuda_device = local_rank;
+  o->cuda_device = local_rank;
+  return absl::OkStatus();
+}
+
+// ProcessGroupOptionsFromEnv's embedded coordinator at `master` when no
+// daemon is named: on a port the kernel picks, handed over through
+// MUON_COORDINATOR_FILE, or on MUON_COORDINATOR_PORT (default MASTER_PORT
+// + 1, as torch.distributed's TCPStore listens on MASTER_PORT).
+absl::Status EmbeddedCoordinatorFromEnv(const std::string& master,
+                                        ProcessGroupOptions* o) {
+  o->embed_coordinator = true;
+  o->embedded_host = master;
+  const std::string address_file = EnvString("MUON_COORDINATOR_FILE", "");
+  if (!address_file.empty() && EnvString("MUON_COORDINATOR_PORT", "").empty()) {
+    // A port the kernel picks, its address handed over through the file.
+    o->embedded_port = 0;
+    o->address_exchange = FileAddressExchange(address_file);
+    return absl::OkStatus();
+  }
+  MUON_ASSIGN_OR_RETURN(const int master_port,
+                        EnvInt("MASTER_PORT", std::nullopt));
+  // torch.distributed's TCPStore listens on MASTER_PORT in the same job, so
+  // the coordinator takes the next port unless MUON_COORDINATOR_PORT says.
+  MUON_ASSIGN_OR_RETURN(const int port,
+                        EnvInt("MUON_COORDINATOR_PORT", master_port + 1));
+  if (master_port < 1 || master_port > 65535 || port < 1 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "environment: MASTER_PORT=", master_port, " / coordinator port ", port,
+        " is not a TCP port (1..65535)"));
+  }
+  o->embedded_port = port;
+  o->coordinator_address = absl::StrCat(master, ":", port);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ProcessGroupOptions> ProcessGroupOptionsFromEnv() {
+  ProcessGroupOptions o;
+  MUON_RETURN_IF_ERROR(RanksFromEnv(&o));
   o.job_id = EnvString("MUON_JOB_ID", "");
   const std::string daemon = EnvString("MUON_COORDINATOR", "");
   if (!daemon.empty()) {
@@ -650,31 +692,8 @@ absl::StatusOr<ProcessGroupOptions> ProcessGroupOptionsFromEnv() {
     o.coordinator_address = daemon;
     return o;
   }
-  const std::string master = EnvString("MASTER_ADDR", "127.0.0.1");
-  const std::string address_file = EnvString("MUON_COORDINATOR_FILE", "");
-  if (!address_file.empty() && EnvString("MUON_COORDINATOR_PORT", "").empty()) {
-    // A port the kernel picks, its address handed over through the file.
-    o.embed_coordinator = true;
-    o.embedded_host = master;
-    o.embedded_port = 0;
-    o.address_exchange = FileAddressExchange(address_file);
-    return o;
-  }
-  MUON_ASSIGN_OR_RETURN(const int master_port,
-                        EnvInt("MASTER_PORT", std::nullopt));
-  // torch.distributed's TCPStore listens on MASTER_PORT in the same job, so
-  // the coordinator takes the next port unless MUON_COORDINATOR_PORT says.
-  MUON_ASSIGN_OR_RETURN(const int port,
-                        EnvInt("MUON_COORDINATOR_PORT", master_port + 1));
-  if (master_port < 1 || master_port > 65535 || port < 1 || port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "environment: MASTER_PORT=", master_port, " / coordinator port ", port,
-        " is not a TCP port (1..65535)"));
-  }
-  o.embed_coordinator = true;
-  o.embedded_host = master;
-  o.embedded_port = port;
-  o.coordinator_address = absl::StrCat(master, ":", port);
+  MUON_RETURN_IF_ERROR(
+      EmbeddedCoordinatorFromEnv(EnvString("MASTER_ADDR", "127.0.0.1"), &o));
   return o;
 }
 

@@ -424,14 +424,16 @@ absl::Status NewtonSchulz(const float* u, int64_t rows, int64_t cols,
   return absl::OkStatus();
 }
 
-void NewtonSchulzReference(const double* u, int64_t rows, int64_t cols,
-                           const NewtonSchulzOptions& options, double* out) {
-  assert(rows >= 1 && cols >= 1 && ValidateNewtonSchulzOptions(options).ok());
-  const int steps = NewtonSchulzIterations(options);
+namespace {
+
+// NewtonSchulzReference's X: U (rows x cols, row-major) as a wide m x n
+// row-major copy (transposed when tall), divided by max(norm_scale *
+// ||U||_F, eps).
+std::vector<double> ReferenceInput(const double* u, int64_t rows, int64_t cols,
+                                   const NewtonSchulzOptions& options) {
   const bool tall = rows > cols;
   const int64_t m = std::min(rows, cols);
   const int64_t n = std::max(rows, cols);
-  // X (m x n) as an explicit row-major copy, transposed when tall.
   std::vector<double> x(static_cast<size_t>(m * n));
   for (int64_t i = 0; i < rows; ++i) {
     for (int64_t j = 0; j < cols; ++j) {
@@ -448,46 +450,69 @@ void NewtonSchulzReference(const double* u, int64_t rows, int64_t cols,
   const double denom =
       std::max(options.norm_scale * std::sqrt(sum), options.eps);
   for (double& v : x) v /= denom;
+  return x;
+}
 
+// One float64 iteration X' = a X + (b A + c A A) X with A = X X^T, X m x n
+// row-major; `gram` and `poly` are m x m scratch.
+void ReferenceStep(const std::array<double, 3>& abc, int64_t m, int64_t n,
+                   const std::vector<double>& x, std::vector<double>* gram_v,
+                   std::vector<double>* poly_v, std::vector<double>* x_next) {
+  const double ca = abc[0];
+  const double cb = abc[1];
+  const double cc = abc[2];
+  std::vector<double>& gram = *gram_v;
+  std::vector<double>& poly = *poly_v;
+  // A = X X^T.
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < m; ++j) {
+      double s = 0.0;
+      const double* xi = &x[i * n];
+      const double* xj = &x[j * n];
+      for (int64_t k = 0; k < n; ++k) s += xi[k] * xj[k];
+      gram[i * m + j] = s;
+    }
+  }
+  // B = b*A + c*A*A.
+  for (int64_t i = 0; i < m; ++i) {
+    double* pi = &poly[i * m];
+    for (int64_t j = 0; j < m; ++j) pi[j] = cb * gram[i * m + j];
+    for (int64_t k = 0; k < m; ++k) {
+      const double g = cc * gram[i * m + k];
+      const double* gk = &gram[k * m];
+      for (int64_t j = 0; j < m; ++j) pi[j] += g * gk[j];
+    }
+  }
+  // X' = a*X + B*X.
+  for (int64_t i = 0; i < m; ++i) {
+    double* yi = &(*x_next)[i * n];
+    const double* xi = &x[i * n];
+    for (int64_t j = 0; j < n; ++j) yi[j] = ca * xi[j];
+    for (int64_t k = 0; k < m; ++k) {
+      const double p = poly[i * m + k];
+      const double* xk = &x[k * n];
+      for (int64_t j = 0; j < n; ++j) yi[j] += p * xk[j];
+    }
+  }
+}
+
+}  // namespace
+
+void NewtonSchulzReference(const double* u, int64_t rows, int64_t cols,
+                           const NewtonSchulzOptions& options, double* out) {
+  assert(rows >= 1 && cols >= 1 && ValidateNewtonSchulzOptions(options).ok());
+  const int steps = NewtonSchulzIterations(options);
+  const bool tall = rows > cols;
+  const int64_t m = std::min(rows, cols);
+  const int64_t n = std::max(rows, cols);
+  // X (m x n) as an explicit row-major copy, transposed when tall.
+  std::vector<double> x = ReferenceInput(u, rows, cols, options);
   std::vector<double> gram(static_cast<size_t>(m * m));
   std::vector<double> poly(static_cast<size_t>(m * m));
   std::vector<double> x_next(static_cast<size_t>(m * n));
   for (int step = 0; step < steps; ++step) {
-    const std::array<double, 3> abc = NewtonSchulzCoefficients(options, step);
-    const double ca = abc[0];
-    const double cb = abc[1];
-    const double cc = abc[2];
-    // A = X X^T.
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < m; ++j) {
-        double s = 0.0;
-        const double* xi = &x[i * n];
-        const double* xj = &x[j * n];
-        for (int64_t k = 0; k < n; ++k) s += xi[k] * xj[k];
-        gram[i * m + j] = s;
-      }
-    }
-    // B = b*A + c*A*A.
-    for (int64_t i = 0; i < m; ++i) {
-      double* pi = &poly[i * m];
-      for (int64_t j = 0; j < m; ++j) pi[j] = cb * gram[i * m + j];
-      for (int64_t k = 0; k < m; ++k) {
-        const double g = cc * gram[i * m + k];
-        const double* gk = &gram[k * m];
-        for (int64_t j = 0; j < m; ++j) pi[j] += g * gk[j];
-      }
-    }
-    // X' = a*X + B*X.
-    for (int64_t i = 0; i < m; ++i) {
-      double* yi = &x_next[i * n];
-      const double* xi = &x[i * n];
-      for (int64_t j = 0; j < n; ++j) yi[j] = ca * xi[j];
-      for (int64_t k = 0; k < m; ++k) {
-        const double p = poly[i * m + k];
-        const double* xk = &x[k * n];
-        for (int64_t j = 0; j < n; ++j) yi[j] += p * xk[j];
-      }
-    }
+    ReferenceStep(NewtonSchulzCoefficients(options, step), m, n, x, &gram,
+                  &poly, &x_next);
     x.swap(x_next);
   }
   for (int64_t i = 0; i < rows; ++i) {

@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <iostream>
 #include <memory>
 #include <mutex>
@@ -252,6 +253,39 @@ int StopChildren(std::vector<Child>& children, int sig, absl::Duration grace) {
   return killed;
 }
 
+// Closes the pipe ends in `fds` that are open (>= 0).
+void ClosePipes(std::initializer_list<int> fds) {
+  for (int fd : fds) {
+    if (fd >= 0) close(fd);
+  }
+}
+
+// The forked child's side of StartRank: output to the pipes' write ends
+// (when given), its own process group, death with `parent`, no blocked
+// signals, then execvpe; on failure writes `exec_error` and the reason to
+// stderr and exits 127. Only async-signal-safe calls after fork.
+[[noreturn]] void ExecRank(char* const* argv, char* const* envp, int out_fd,
+                           int err_fd, pid_t parent,
+                           const std::string& exec_error) {
+  if (out_fd >= 0) {
+    dup2(out_fd, 1);
+    dup2(err_fd, 2);
+  }
+  setpgid(0, 0);
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(1);  // muonrun already gone
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  execvpe(argv[0], argv, envp);
+  const char* reason = strerror(errno);
+  ssize_t ignored = write(2, exec_error.data(), exec_error.size());
+  ignored = write(2, reason, std::strlen(reason));
+  ignored = write(2, "\n", 1);
+  (void)ignored;
+  _exit(127);
+}
+
 // Starts one rank process. The child gets its own process group and dies
 // with muonrun (PR_SET_PDEATHSIG); exec failures exit 127 with a message.
 absl::StatusOr<pid_t> StartRank(
@@ -263,9 +297,7 @@ absl::StatusOr<pid_t> StartRank(
   if (forwarders != nullptr &&
       (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0)) {
     const int e = errno;
-    for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) {
-      if (fd >= 0) close(fd);
-    }
+    ClosePipes({out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]});
     return absl::InternalError(absl::StrCat("muonrun: pipe for rank ", rank,
                                             "'s output: ", std::strerror(e)));
   }
@@ -282,30 +314,13 @@ absl::StatusOr<pid_t> StartRank(
   const pid_t pid = fork();
   if (pid < 0) {
     const int e = errno;
-    for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) {
-      if (fd >= 0) close(fd);
-    }
+    ClosePipes({out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]});
     return absl::InternalError(
         absl::StrCat("muonrun: fork for rank ", rank, ": ", std::strerror(e)));
   }
   if (pid == 0) {
-    if (out_pipe[1] >= 0) {
-      dup2(out_pipe[1], 1);
-      dup2(err_pipe[1], 2);
-    }
-    setpgid(0, 0);
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(1);  // muonrun already gone
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    execvpe(cargv[0], cargv.data(), cenv.data());
-    const char* reason = strerror(errno);
-    ssize_t ignored = write(2, exec_error.data(), exec_error.size());
-    ignored = write(2, reason, std::strlen(reason));
-    ignored = write(2, "\n", 1);
-    (void)ignored;
-    _exit(127);
+    ExecRank(cargv.data(), cenv.data(), out_pipe[1], err_pipe[1], parent,
+             exec_error);
   }
   setpgid(pid, pid);  // also here: no race with an early SignalRank
   if (forwarders != nullptr) {

@@ -99,6 +99,54 @@ absl::StatusOr<v1::Mesh> ParseMeshFlag(absl::string_view text) {
   return mesh;
 }
 
+namespace {
+
+// Placement `p` written canonically (Placement::ToString). Errors:
+// InvalidArgument prefixed with `what` (unparsable, or Partial()).
+absl::StatusOr<std::string> CanonicalPlacement(absl::string_view p,
+                                               absl::string_view what) {
+  absl::StatusOr<Placement> parsed = Placement::Parse(p);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", parsed.status().message()));
+  }
+  if (parsed->kind == Placement::Kind::kPartial) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": \"", p, "\": Partial() is not a parameter placement"));
+  }
+  return parsed->ToString();
+}
+
+// ParsePlacementList's named form: each item "dim:placement" into out[the
+// dim's index]. Errors: InvalidArgument (an unknown or repeated dim, a bad
+// placement).
+absl::Status PlaceNamedItems(const std::vector<absl::string_view>& items,
+                             const Mesh& m, absl::string_view what,
+                             std::vector<std::string>* out) {
+  for (absl::string_view item : items) {
+    const size_t colon = item.find(':');
+    const absl::string_view dim_name =
+        absl::StripAsciiWhitespace(item.substr(0, colon));
+    const int d = m.DimIndex(dim_name);
+    if (d < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": \"", item, "\" names mesh dim \"", dim_name,
+                       "\" but the mesh ", m.ToString(), " has no such dim"));
+    }
+    if (!(*out)[d].empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": mesh dim \"", dim_name, "\" is given twice"));
+    }
+    MUON_ASSIGN_OR_RETURN(
+        (*out)[d],
+        CanonicalPlacement(absl::StripAsciiWhitespace(item.substr(colon + 1)),
+                           what));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<std::string>> ParsePlacementList(
     absl::string_view text, const v1::Mesh& mesh, absl::string_view what) {
   std::vector<absl::string_view> items;
@@ -111,18 +159,6 @@ absl::StatusOr<std::vector<std::string>> ParsePlacementList(
         absl::StrCat(what, ": no placements given"));
   }
   const int ndim = mesh.dims_size();
-  auto canonical = [&](absl::string_view p) -> absl::StatusOr<std::string> {
-    absl::StatusOr<Placement> parsed = Placement::Parse(p);
-    if (!parsed.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": ", parsed.status().message()));
-    }
-    if (parsed->kind == Placement::Kind::kPartial) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": \"", p, "\": Partial() is not a parameter placement"));
-    }
-    return parsed->ToString();
-  };
   size_t named = 0;
   for (absl::string_view item : items) {
     if (absl::StrContains(item, ':')) ++named;
@@ -136,7 +172,7 @@ absl::StatusOr<std::vector<std::string>> ParsePlacementList(
                        "); give one per dim, or name dims as dim:placement"));
     }
     for (int i = 0; i < ndim; ++i) {
-      MUON_ASSIGN_OR_RETURN(out[i], canonical(items[i]));
+      MUON_ASSIGN_OR_RETURN(out[i], CanonicalPlacement(items[i], what));
     }
     return out;
   }
@@ -144,24 +180,7 @@ absl::StatusOr<std::vector<std::string>> ParsePlacementList(
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": mixes positional and dim:placement items; use one form"));
   }
-  const Mesh m = MeshFromProto(mesh);
-  for (absl::string_view item : items) {
-    const size_t colon = item.find(':');
-    const absl::string_view dim_name =
-        absl::StripAsciiWhitespace(item.substr(0, colon));
-    const int d = m.DimIndex(dim_name);
-    if (d < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": \"", item, "\" names mesh dim \"", dim_name,
-                       "\" but the mesh ", m.ToString(), " has no such dim"));
-    }
-    if (!out[d].empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": mesh dim \"", dim_name, "\" is given twice"));
-    }
-    MUON_ASSIGN_OR_RETURN(
-        out[d], canonical(absl::StripAsciiWhitespace(item.substr(colon + 1))));
-  }
+  MUON_RETURN_IF_ERROR(PlaceNamedItems(items, MeshFromProto(mesh), what, &out));
   return out;
 }
 

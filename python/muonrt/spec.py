@@ -220,14 +220,7 @@ def spec_from_module(module, mesh, placements_rules=None, job_id=None, *,
         what = f"rule {pattern!r}"
         rules.append((_compile(pattern, what),
                       parse_placement_list(placements, dims, what)))
-    adamw_names = set()
-    if exclude is None:
-        exclude = DEFAULT_EXCLUDE
-        from .params import split_params
-        adamw_names = {n for n, p in split_params(module)[1] if p.ndim == 2}
-    elif isinstance(exclude, str):
-        exclude = [exclude]
-    exclude = [(e, _compile(e, "exclude")) for e in exclude]
+    exclude, adamw_names = _exclusions(module, exclude)
     transpose_re = _compile(transpose, "transpose") if transpose else None
 
     params = []
@@ -243,12 +236,7 @@ def spec_from_module(module, mesh, placements_rules=None, job_id=None, *,
             continue
         if transpose_re is not None and transpose_re.search(name):
             shape[-2], shape[-1] = shape[-1], shape[-2]
-        placements = list(defaults)
-        for r, rule_placements in rules:
-            if r.search(name):
-                placements = [rp or d
-                              for rp, d in zip(rule_placements, placements)]
-                break
+        placements = _rule_placements(name, defaults, rules)
         _check_shard_dims(name, shape, placements)
         params.append({"name": name, "shape": shape,
                        "placements": placements})
@@ -261,6 +249,29 @@ def spec_from_module(module, mesh, placements_rules=None, job_id=None, *,
         "mesh": {"dims": [{"name": n, "size": s} for n, s in dims]},
         "params": params,
     }
+
+
+def _exclusions(module, exclude):
+    """spec_from_module's exclusions: the (text, compiled) exclude regexes
+    (DEFAULT_EXCLUDE when `exclude` is None), and then also the names of
+    the 2-D parameters split_params gives to AdamW (else an empty set)."""
+    adamw_names = set()
+    if exclude is None:
+        exclude = DEFAULT_EXCLUDE
+        from .params import split_params
+        adamw_names = {n for n, p in split_params(module)[1] if p.ndim == 2}
+    elif isinstance(exclude, str):
+        exclude = [exclude]
+    return [(e, _compile(e, "exclude")) for e in exclude], adamw_names
+
+
+def _rule_placements(name, defaults, rules):
+    """Parameter `name`'s placements: the first rule whose regex matches
+    it, over `defaults` (the dims a rule leaves empty keep theirs)."""
+    for r, rule_placements in rules:
+        if r.search(name):
+            return [rp or d for rp, d in zip(rule_placements, defaults)]
+    return list(defaults)
 
 
 def _default_placements(dims, default_placements):
