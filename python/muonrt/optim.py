@@ -244,6 +244,29 @@ def _momentum_dtype_name(value):
         return names[value]
     return str(value)
 
+def _known_names(expert_stacks, names):
+    """The set of parameter names `expert_stacks` gives, each one of
+    `names`; raises ValueError naming those that are not."""
+    expert_stacks = set(expert_stacks or ())
+    unknown = expert_stacks - names
+    if unknown:
+        raise ValueError(f"muonrt.Muon: expert_stacks names unknown "
+                         f"parameters {sorted(unknown)}")
+    return expert_stacks
+
+
+def _group_slot_indices(param_groups):
+    """Each param group's slot indices: the groups' parameters numbered
+    one after another, in order."""
+    out = []
+    k = 0
+    for group in param_groups:
+        n = len(group["params"])
+        out.append(list(range(k, k + n)))
+        k += n
+    return out
+
+
 class Muon(torch.optim.Optimizer):
     """torch.optim.Muon's update over libmuonrt (see the module docstring
     for the parameter and layout conventions).
@@ -408,12 +431,7 @@ class Muon(torch.optim.Optimizer):
         self._num_unnamed = 0
         super().__init__(params, defaults)
         names = self._check_param_groups(defaults)
-        expert_stacks = set(expert_stacks or ())
-        unknown = expert_stacks - names
-        if unknown:
-            raise ValueError(f"muonrt.Muon: expert_stacks names unknown "
-                             f"parameters {sorted(unknown)}")
-        self._slots = self._make_slots(expert_stacks)
+        self._slots = self._make_slots(_known_names(expert_stacks, names))
         self._resolve_process_group(process_group, mesh)
         self._resolve_layout(placements, global_shapes, sub_mesh)
         self._row_splits = self._resolve_row_splits(row_splits, num_heads,
@@ -421,12 +439,7 @@ class Muon(torch.optim.Optimizer):
         self._create(runtime)
         self._set_variants(normuon, qk_clip, overlap_backward)
         self._momentum_dtype = momentum_dtype
-        self._group_slots = []
-        k = 0
-        for group in self.param_groups:
-            n = len(group["params"])
-            self._group_slots.append(list(range(k, k + n)))
-            k += n
+        self._group_slots = _group_slot_indices(self.param_groups)
         self._pushed = [None] * len(self.param_groups)
         # torch's per-parameter state, read through the library (see
         # _StateView): never empty, so torch.distributed.checkpoint's
@@ -717,52 +730,12 @@ class Muon(torch.optim.Optimizer):
             s.sub_mesh = sm or None
 
     def _create(self, runtime):
-        L = _lib.lib()
+        _lib.lib()
         keep = []  # ctypes objects alive until create returns
-
-        def i64(values):
-            arr = (ctypes.c_int64 * len(values))(*values)
-            keep.append(arr)
-            return arr
-
         n = len(self._slots)
         params = (_lib.muonrt_param * n)()
         for i, s in enumerate(self._slots):
-            c = params[i]
-            name = s.name.encode("utf-8")
-            keep.append(name)
-            c.name = name
-            c.data = s.data_ptr
-            grad = None
-            if s.param.grad is not None:
-                grad = self._grad_local(s)
-                s.grad_dtype = grad.dtype
-                s.grad_ref = grad
-                s.bound_grad = grad.data_ptr()
-            c.grad = s.bound_grad
-            c.dtype = _DTYPES[s.dtype]
-            c.grad_dtype = _DTYPES[s.grad_dtype]
-            c.ndim = len(s.local_shape)
-            c.local_shape = i64(s.local_shape)
-            c.strides = None
-            c.global_shape = i64(s.global_shape)
-            pl = [p.encode() for p in s.placements]
-            keep.append(pl)
-            arr = (ctypes.c_char_p * len(pl))(*pl)
-            keep.append(arr)
-            c.placements = arr
-            if s.sub_mesh:
-                sm = s.sub_mesh.encode()
-                keep.append(sm)
-                c.sub_mesh = sm
-            else:
-                c.sub_mesh = None
-            c.expert_stack = 1 if s.expert_stack else 0
-            c.device_type, c.device_index = s.device
-            splits = self._row_splits.get(s.name)
-            if splits:
-                c.row_splits = i64(splits)
-                c.num_row_splits = len(splits)
+            self._fill_param(params[i], s, keep)
 
         opts = _options_struct(self.defaults, runtime)
 
@@ -778,6 +751,49 @@ class Muon(torch.optim.Optimizer):
         _live.add(self)
         if self._pg is not None:
             self._pg._register(self)
+
+    def _fill_param(self, c, s, keep):
+        """Fills the C muonrt_param `c` for slot `s`, binding the slot's
+        current gradient (if any); `keep` receives the ctypes objects that
+        must stay alive until muonrt_optimizer_create returns."""
+        def i64(values):
+            arr = (ctypes.c_int64 * len(values))(*values)
+            keep.append(arr)
+            return arr
+
+        name = s.name.encode("utf-8")
+        keep.append(name)
+        c.name = name
+        c.data = s.data_ptr
+        if s.param.grad is not None:
+            grad = self._grad_local(s)
+            s.grad_dtype = grad.dtype
+            s.grad_ref = grad
+            s.bound_grad = grad.data_ptr()
+        c.grad = s.bound_grad
+        c.dtype = _DTYPES[s.dtype]
+        c.grad_dtype = _DTYPES[s.grad_dtype]
+        c.ndim = len(s.local_shape)
+        c.local_shape = i64(s.local_shape)
+        c.strides = None
+        c.global_shape = i64(s.global_shape)
+        pl = [p.encode() for p in s.placements]
+        keep.append(pl)
+        arr = (ctypes.c_char_p * len(pl))(*pl)
+        keep.append(arr)
+        c.placements = arr
+        if s.sub_mesh:
+            sm = s.sub_mesh.encode()
+            keep.append(sm)
+            c.sub_mesh = sm
+        else:
+            c.sub_mesh = None
+        c.expert_stack = 1 if s.expert_stack else 0
+        c.device_type, c.device_index = s.device
+        splits = self._row_splits.get(s.name)
+        if splits:
+            c.row_splits = i64(splits)
+            c.num_row_splits = len(splits)
 
     # ---- lifecycle -----------------------------------------------------------
 
