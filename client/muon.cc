@@ -412,7 +412,7 @@ absl::Status Muon::ChooseCommunicators(const DistributedState& state,
 }
 
 ExecutorOptions Muon::MakeExecutorOptions(
-    const v1::ExecutionOptions& execution) {
+    const v1::ExecutionOptions& execution) const {
   ExecutorOptions exec_options;
   exec_options.device = device_;
   exec_options.precision = options_.gpu_precision;

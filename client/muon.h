@@ -402,7 +402,8 @@ class Muon {
   absl::Status ChooseCommunicators(const DistributedState& state,
                                    Communicator** comm, Communicator** control);
   // The executor's options from the resolved options and the parameters.
-  ExecutorOptions MakeExecutorOptions(const v1::ExecutionOptions& execution);
+  ExecutorOptions MakeExecutorOptions(
+      const v1::ExecutionOptions& execution) const;
   // The executor over `run->plan` and the ranks' flag exchange into *run.
   absl::Status MakeDataPath(const DistributedConfig& config,
                             std::vector<MatrixGeometry> geometry,
