@@ -153,6 +153,10 @@ int SplitColor(const std::vector<int>& ranks) {
   return static_cast<int>(hash & 0x7fffffffu);
 }
 
+// The split call as NcclError names it.
+constexpr char kSplitCall[] =
+    "ncclCommSplit(comm, color, key, &newcomm, config)";
+
 std::string UniqueIdKey(const std::string& prefix) {
   return absl::StrCat(prefix, "/unique_id");
 }
@@ -299,6 +303,29 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
     int rank, int world_size, CoordinationClient* store,
     const NcclOptions& options) {
   const std::string where = absl::StrCat("nccl Create on rank ", rank, ": ");
+  MUON_RETURN_IF_ERROR(
+      CheckCreateArguments(where, rank, world_size, store, options));
+  const absl::Time deadline = absl::Now() + options.timeout;
+  MUON_RETURN_IF_ERROR(CheckDeviceVisible(where, options.device));
+  std::vector<int> root_ranks(world_size);
+  std::iota(root_ranks.begin(), root_ranks.end(), 0);
+  std::unique_ptr<NcclCommunicator> comm(new NcclCommunicator(
+      rank, world_size, options, std::move(root_ranks), /*group_name=*/""));
+  DeviceScope scope;
+  if (const int error = scope.Enter(options.device);
+      error != nccl_api::kCudaSuccess) {
+    return comm->CudaError("Create", "cudaSetDevice(options.device)", error);
+  }
+  MUON_RETURN_IF_ERROR(comm->InitResources("Create"));
+  nccl_api::UniqueId id;
+  MUON_RETURN_IF_ERROR(comm->ExchangeUniqueId(store, deadline, &id));
+  MUON_RETURN_IF_ERROR(comm->InitComm(id, deadline));
+  return comm;
+}
+
+absl::Status NcclCommunicator::CheckCreateArguments(
+    const std::string& where, int rank, int world_size,
+    const CoordinationClient* store, const NcclOptions& options) {
   if (world_size < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, "world_size is ", world_size, "; want >= 1"));
@@ -323,8 +350,11 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
     return absl::InvalidArgumentError(absl::StrCat(
         where, "options.device is ", options.device, "; want >= 0"));
   }
-  const absl::Time deadline = absl::Now() + options.timeout;
+  return absl::OkStatus();
+}
 
+absl::Status NcclCommunicator::CheckDeviceVisible(const std::string& where,
+                                                  int device) {
   std::string no_device_reason;
   const int device_count = device::CudaDeviceCount(&no_device_reason);
   if (device_count <= 0 && !no_device_reason.empty()) {
@@ -335,73 +365,70 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
     return absl::FailedPreconditionError(
         absl::StrCat(where, "no GPU visible (cudaGetDeviceCount found 0)"));
   }
-  if (options.device >= device_count) {
+  if (device >= device_count) {
     return absl::InvalidArgumentError(
-        absl::StrCat(where, "options.device is ", options.device, " but only ",
+        absl::StrCat(where, "options.device is ", device, " but only ",
                      device_count, " CUDA device(s) are visible"));
   }
-  std::vector<int> root_ranks(world_size);
-  std::iota(root_ranks.begin(), root_ranks.end(), 0);
-  std::unique_ptr<NcclCommunicator> comm(new NcclCommunicator(
-      rank, world_size, options, std::move(root_ranks), /*group_name=*/""));
-  DeviceScope scope;
-  if (const int error = scope.Enter(options.device);
-      error != nccl_api::kCudaSuccess) {
-    return comm->CudaError("Create", "cudaSetDevice(options.device)", error);
-  }
-  MUON_RETURN_IF_ERROR(comm->InitResources("Create"));
+  return absl::OkStatus();
+}
 
+absl::Status NcclCommunicator::ExchangeUniqueId(CoordinationClient* store,
+                                                absl::Time deadline,
+                                                nccl_api::UniqueId* id) {
   // Rendezvous: rank 0's ncclUniqueId, hex-encoded (the store's values may
   // travel as proto3 strings, which must be valid UTF-8).
-  nccl_api::UniqueId id;
-  const std::string key = UniqueIdKey(options.prefix);
-  if (rank == 0) {
-    const int result = ncclGetUniqueId(&id);
+  const std::string key = UniqueIdKey(options_.prefix);
+  if (rank_ == 0) {
+    const int result = ncclGetUniqueId(id);
     if (!IsOk(result)) {
-      return comm->NcclError("Create", -1, "ncclGetUniqueId(&id)", result);
+      return NcclError("Create", -1, "ncclGetUniqueId(&id)", result);
     }
-    if (world_size > 1) {
+    if (world_size_ > 1) {
       const absl::Status set =
           store->KeySet(key, absl::BytesToHexString(absl::string_view(
-                                 id.internal, nccl_api::kUniqueIdBytes)));
+                                 id->internal, nccl_api::kUniqueIdBytes)));
       if (!set.ok()) {
         return absl::Status(
-            set.code(),
-            absl::StrCat(comm->Where("Create"), "rendezvous: KeySet('", key,
-                         "'): ", set.message()));
+            set.code(), absl::StrCat(Where("Create"), "rendezvous: KeySet('",
+                                     key, "'): ", set.message()));
       }
     }
-  } else {
-    absl::StatusOr<std::string> hex =
-        WaitForKey(store, key, deadline, options.timeout);
-    if (!hex.ok()) {
-      return absl::Status(hex.status().code(),
-                          absl::StrCat(comm->Where("Create"),
-                                       "rendezvous: ", hex.status().message()));
-    }
-    if (hex->size() != 2 * nccl_api::kUniqueIdBytes || !IsHex(*hex)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          comm->Where("Create"), "rendezvous: key '", key, "' holds ",
-          hex->size(), " characters; want ", 2 * nccl_api::kUniqueIdBytes,
-          " hex digits (an ncclUniqueId written by rank 0's Create)"));
-    }
-    const std::string bytes = absl::HexStringToBytes(*hex);
-    std::copy(bytes.begin(), bytes.end(), id.internal);
+    return absl::OkStatus();
   }
+  absl::StatusOr<std::string> hex =
+      WaitForKey(store, key, deadline, options_.timeout);
+  if (!hex.ok()) {
+    return absl::Status(
+        hex.status().code(),
+        absl::StrCat(Where("Create"), "rendezvous: ", hex.status().message()));
+  }
+  if (hex->size() != 2 * nccl_api::kUniqueIdBytes || !IsHex(*hex)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Where("Create"), "rendezvous: key '", key, "' holds ", hex->size(),
+        " characters; want ", 2 * nccl_api::kUniqueIdBytes,
+        " hex digits (an ncclUniqueId written by rank 0's Create)"));
+  }
+  const std::string bytes = absl::HexStringToBytes(*hex);
+  std::copy(bytes.begin(), bytes.end(), id->internal);
+  return absl::OkStatus();
+}
 
+absl::Status NcclCommunicator::InitComm(const nccl_api::UniqueId& id,
+                                        absl::Time deadline) {
   nccl_api::Config config;
   config.blocking = 0;
-  config.comm_name = comm->options_.prefix.c_str();
+  config.comm_name = options_.prefix.c_str();
   nccl_api::Comm nccl_comm = nullptr;
   const int init =
-      ncclCommInitRankConfig(&nccl_comm, world_size, id, rank, config);
+      ncclCommInitRankConfig(&nccl_comm, world_size_, id, rank_, config);
   if (!IsOk(init)) {
     if (nccl_comm != nullptr) ncclCommAbort(nccl_comm);
-    return comm->NcclError(
+    return NcclError(
         "Create", -1,
         "ncclCommInitRankConfig(&comm, world_size, id, rank, config)", init);
   }
-  absl::Status ready = comm->WaitCommReady(
+  absl::Status ready = WaitCommReady(
       "Create", nccl_comm,
       "ncclCommInitRankConfig(&comm, world_size, id, rank, config)", deadline,
       /*check_aborted=*/false);
@@ -409,11 +436,9 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
     ncclCommAbort(nccl_comm);
     return ready;
   }
-  {
-    absl::MutexLock lock(&comm->op_mu_);
-    comm->comm_ = nccl_comm;
-  }
-  return comm;
+  absl::MutexLock lock(&op_mu_);
+  comm_ = nccl_comm;
+  return absl::OkStatus();
 }
 
 absl::Status NcclCommunicator::InitResources(absl::string_view op) {
@@ -876,13 +901,8 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::SplitLocked(
   const int result = ncclCommSplit(parent, color, key, slot, config);
   if (!IsOk(result)) {
     delete slot;
-    return FailLocked(
-        op,
-        NcclError(op, -1, "ncclCommSplit(comm, color, key, &newcomm, config)",
-                  result));
+    return FailLocked(op, NcclError(op, -1, kSplitCall, result));
   }
-  constexpr char kSplitCall[] =
-      "ncclCommSplit(comm, color, key, &newcomm, config)";
   absl::Status status = WaitCommReady(op, parent, kSplitCall, deadline,
                                       /*check_aborted=*/true);
   if (!status.ok()) {
@@ -900,34 +920,20 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::SplitLocked(
                                            "communicator for color ",
                                            color)));
   }
-  status = WaitCommReady(op, newcomm, kSplitCall, deadline,
-                         /*check_aborted=*/true);
   int count = 0;
   int user_rank = 0;
-  if (status.ok()) {
-    const int count_result = ncclCommCount(newcomm, &count);
-    if (!IsOk(count_result)) {
-      status =
-          NcclError(op, -1, "ncclCommCount(newcomm, &count)", count_result);
-    }
-  }
-  if (status.ok()) {
-    const int rank_result = ncclCommUserRank(newcomm, &user_rank);
-    if (!IsOk(rank_result)) {
-      status = NcclError(op, -1, "ncclCommUserRank(newcomm, &user_rank)",
-                         rank_result);
-    }
-  }
-  if (status.ok() && (count < 1 || user_rank < 0 || user_rank >= count)) {
-    status = absl::InternalError(
-        absl::StrCat(Where(op), "ncclCommSplit made a communicator of ", count,
-                     " ranks with this rank at ", user_rank));
-  }
+  status = SplitCommShape(op, newcomm, deadline, &count, &user_rank);
   if (!status.ok()) {
     ncclCommAbort(newcomm);
     return FailLocked(op, std::move(status));
   }
 
+  return MakeSplitChild(op, newcomm, count, user_rank, std::move(group_name));
+}
+
+absl::StatusOr<std::unique_ptr<NcclCommunicator>>
+NcclCommunicator::MakeSplitChild(absl::string_view op, void* newcomm, int count,
+                                 int user_rank, std::string group_name) {
   std::vector<int> child_roots(count, -1);
   child_roots[user_rank] = root_ranks_[rank_];
   std::unique_ptr<NcclCommunicator> child(
@@ -937,13 +943,37 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::SplitLocked(
     absl::MutexLock child_lock(&child->op_mu_);
     child->comm_ = newcomm;
   }
-  status = child->InitResources(op);
+  absl::Status status = child->InitResources(op);
   if (status.ok()) status = child->ExchangeRootRanks(op, root_ranks_[rank_]);
   if (!status.ok()) {
     child->Abort();
     return status;
   }
   return child;
+}
+
+absl::Status NcclCommunicator::SplitCommShape(absl::string_view op,
+                                              void* newcomm,
+                                              absl::Time deadline, int* count,
+                                              int* user_rank) {
+  nccl_api::Comm c = static_cast<nccl_api::Comm>(newcomm);
+  MUON_RETURN_IF_ERROR(WaitCommReady(op, c, kSplitCall, deadline,
+                                     /*check_aborted=*/true));
+  const int count_result = ncclCommCount(c, count);
+  if (!IsOk(count_result)) {
+    return NcclError(op, -1, "ncclCommCount(newcomm, &count)", count_result);
+  }
+  const int rank_result = ncclCommUserRank(c, user_rank);
+  if (!IsOk(rank_result)) {
+    return NcclError(op, -1, "ncclCommUserRank(newcomm, &user_rank)",
+                     rank_result);
+  }
+  if (*count < 1 || *user_rank < 0 || *user_rank >= *count) {
+    return absl::InternalError(
+        absl::StrCat(Where(op), "ncclCommSplit made a communicator of ", *count,
+                     " ranks with this rank at ", *user_rank));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status NcclCommunicator::ExchangeRootRanks(absl::string_view op,

@@ -101,6 +101,9 @@
 #include "device/cuda_runtime.h"
 
 namespace muon {
+namespace nccl_api {
+struct UniqueId;  // comm/nccl_api.h (the CUDA build only)
+}  // namespace nccl_api
 
 struct NcclOptions {
   // CUDA device (ordinal among the visible devices) this rank runs on; the
@@ -286,6 +289,27 @@ class NcclCommunicator : public Communicator {
   NcclCommunicator(int rank, int world_size, const NcclOptions& options,
                    std::vector<int> root_ranks, std::string group_name);
 
+  // Create's argument checks (InvalidArgument prefixed with `where`): a
+  // world size >= 1, a rank in it, a store, a prefix, a timeout >= 1 ms and
+  // a device >= 0.
+  static absl::Status CheckCreateArguments(const std::string& where, int rank,
+                                           int world_size,
+                                           const CoordinationClient* store,
+                                           const NcclOptions& options);
+  // FailedPrecondition (no usable or visible GPU, with the reason) or
+  // InvalidArgument (`device` beyond the visible count), prefixed with
+  // `where`.
+  static absl::Status CheckDeviceVisible(const std::string& where, int device);
+  // Create's rendezvous: rank 0 makes the ncclUniqueId and publishes it
+  // hex-encoded under UniqueIdKey(prefix); the others wait for it until
+  // `deadline`. Errors: NCCL's, the store's, DeadlineExceeded,
+  // InvalidArgument (a value that is not a hex unique id).
+  absl::Status ExchangeUniqueId(CoordinationClient* store, absl::Time deadline,
+                                nccl_api::UniqueId* id);
+  // Create's ncclCommInitRankConfig (non-blocking) with `id`, waited on
+  // until `deadline`; the communicator is aborted on failure and kept in
+  // comm_ on success.
+  absl::Status InitComm(const nccl_api::UniqueId& id, absl::Time deadline);
   // Creates stream_ and barrier_buffer_ (options_.device must be current).
   absl::Status InitResources(absl::string_view op);
   // Waits until the NCCL communicator `comm` leaves ncclInProgress (after
@@ -334,6 +358,19 @@ class NcclCommunicator : public Communicator {
   absl::StatusOr<std::unique_ptr<NcclCommunicator>> SplitLocked(
       absl::string_view op, int color, int key, std::string group_name)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
+  // SplitLocked's checks of the new communicator `newcomm` (an ncclComm_t):
+  // ready by `deadline` (or Abort()), its size in *count and this rank's
+  // place in *user_rank, 0 <= *user_rank < *count. Errors: NCCL's,
+  // DeadlineExceeded, Aborted, Internal (an impossible size or rank).
+  absl::Status SplitCommShape(absl::string_view op, void* newcomm,
+                              absl::Time deadline, int* count, int* user_rank);
+  // The group over the split's communicator `newcomm` (this rank at
+  // user_rank of count): its stream and buffer, and every member's rank in
+  // the group Create was called for. On failure the child is aborted
+  // (which destroys newcomm) and the error returned.
+  absl::StatusOr<std::unique_ptr<NcclCommunicator>> MakeSplitChild(
+      absl::string_view op, void* newcomm, int count, int user_rank,
+      std::string group_name);
   // All-gather of each member's global rank over this (new) communicator.
   absl::Status ExchangeRootRanks(absl::string_view op, int my_root_rank);
 
