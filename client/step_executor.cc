@@ -2,33 +2,19 @@
 
 #include <algorithm>
 #include <cassert>
-#include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/status_macros.h"
-#include "common/wire_names.h"
 #include "device/runtime.h"
-#include "plan/schedule.h"
 
 namespace muon {
-namespace {
-
-double NowSeconds() {
-  return absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
-}
-
-Box FullBox(const MatrixGeometry& g) {
-  return Box{Range{0, g.rows}, Range{0, g.cols}};
-}
-
-}  // namespace
 
 StepExecutor::StepExecutor(int rank, int world_size, Communicator* comm,
                            std::vector<MatrixGeometry> geometry,
+                           BucketLayout layout, StreamOps ops,
                            GatherFn gather_fn, RedistributeFn redistribute_fn,
                            const ExecutorOptions& options)
     : rank_(rank),
@@ -37,12 +23,9 @@ StepExecutor::StepExecutor(int rank, int world_size, Communicator* comm,
       geometry_(std::move(geometry)),
       gather_fn_(std::move(gather_fn)),
       redistribute_fn_(std::move(redistribute_fn)),
+      layout_(std::move(layout)),
+      ops_(std::move(ops)),
       options_(options) {}
-
-bool StepExecutor::HoldsFull(int m) const {
-  const MatrixGeometry& g = geometry_[m];
-  return g.boxes[rank_] == FullBox(g);
-}
 
 absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
     int rank, int world_size, const v1::Plan& plan,
@@ -71,19 +54,30 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
           " shard boxes for a world of ", world_size));
     }
   }
-  std::unique_ptr<StepExecutor> ex(new StepExecutor(
-      rank, world_size, comm, std::move(geometry), std::move(gather_fn),
-      std::move(redistribute_fn), options));
+  MUON_ASSIGN_OR_RETURN(device::Runtime * runtime,
+                        device::GetRuntime(options.device));
+  BucketLayoutOptions layout_options;
+  layout_options.form_update = options.form_update;
+  layout_options.custom_gather = static_cast<bool>(gather_fn);
+  layout_options.bf16_exchange = options.bf16_exchange;
+  layout_options.row_state = options.owner_transform != nullptr;
+  MUON_ASSIGN_OR_RETURN(
+      BucketLayout layout,
+      BucketLayout::Compile(rank, world_size, plan, geometry, layout_options));
+  MUON_ASSIGN_OR_RETURN(StreamOps ops,
+                        CompileStreamOps(rank, plan, layout.buckets()));
+  std::unique_ptr<StepExecutor> ex(
+      new StepExecutor(rank, world_size, comm, std::move(geometry),
+                       std::move(layout), std::move(ops), std::move(gather_fn),
+                       std::move(redistribute_fn), options));
   ex->ns_engine_ = std::move(ns_engine);
-  MUON_ASSIGN_OR_RETURN(ex->runtime_, device::GetRuntime(options.device));
-  MUON_ASSIGN_OR_RETURN(const BufferSizes sizes, ex->CompileBuckets(plan));
-  MUON_RETURN_IF_ERROR(ex->CompileSchedule(plan));
+  ex->runtime_ = runtime;
   MUON_RETURN_IF_ERROR(ex->CreateStreamsAndKernels());
-  for (const auto& [shape, batch] : sizes.owned_shapes) {
+  for (const auto& [shape, batch] : ex->layout_.sizes().owned_shapes) {
     MUON_RETURN_IF_ERROR(
         ex->kernels_->Reserve(batch, shape.first, shape.second, options.ns));
   }
-  MUON_RETURN_IF_ERROR(ex->AllocateBuffers(sizes, plan.schedule().slots()));
+  MUON_RETURN_IF_ERROR(ex->AllocateBuffers());
   return ex;
 }
 
@@ -97,309 +91,9 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::ForPlan(
   return ex;
 }
 
-absl::Status StepExecutor::CheckPlanMatrix(const v1::Plan& plan, int mi,
-                                           int m) const {
-  const v1::MatrixPlan& mp = plan.matrices(mi);
-  const MatrixGeometry& g = geometry_[m];
-  const int owner = mp.owner();
-  if (owner < 0 || owner >= world_size_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "plan matrix ", mi, " (\"", mp.param(), "\" slice ", mp.slice(),
-        "): owner ", owner, " out of range for world size ", world_size_));
-  }
-  if (mp.rows() != g.rows || mp.cols() != g.cols) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "plan matrix ", mi, " (\"", mp.param(), "\" slice ", mp.slice(),
-        ") is [", mp.rows(), ", ", mp.cols(), "] but rank ", rank_,
-        " has it as [", g.rows, ", ", g.cols, "]"));
-  }
-  if (g.boxes[owner].empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "plan matrix ", mi, " (\"", mp.param(), "\" slice ", mp.slice(),
-        "): owner rank ", owner, " holds no shard of it"));
-  }
-  return absl::OkStatus();
-}
-
-int64_t StepExecutor::PlaceLocalBoxes(const BucketSchedule& b) {
-  int64_t elems = 0;
-  for (int m : b.matrices) {
-    const int64_t n = geometry_[m].boxes[rank_].numel();
-    // An empty box still gets a valid (zero-length) place: custom
-    // redistribute functions are handed LocalO of every matrix.
-    local_o_offset_[m] = local_u_offset_[m] = elems;
-    if (n == 0) continue;
-    if (options_.form_update) {
-      local_u_offset_[m] = elems;
-      elems += n;
-    }
-    local_o_offset_[m] = elems;
-    elems += n;
-  }
-  return elems;
-}
-
-std::vector<std::vector<int>> StepExecutor::GroupOwnedByShape(
-    BucketSchedule* b, BufferSizes* sizes, int64_t* elems) {
-  std::vector<std::vector<int>> groups;
-  std::map<std::pair<int64_t, int64_t>, size_t> group_of;
-  for (int m : b->owned) {
-    const MatrixGeometry& g = geometry_[m];
-    if (HoldsFull(m)) {
-      // Its own buffers; a custom gather_fn still writes a full U here, and
-      // the bf16 exchange its rounded copy of U.
-      if (gather_fn_ || options_.bf16_exchange) {
-        u_offset_[m] = *elems;
-        *elems += FullBox(g).numel();
-      }
-      b->ns_batches.push_back(NsBatch{m, 1, false, {m}});
-      int64_t& batch = sizes->owned_shapes[{g.rows, g.cols}];
-      batch = std::max<int64_t>(batch, 1);
-      continue;
-    }
-    auto [it, added] = group_of.insert({{g.rows, g.cols}, groups.size()});
-    if (added) groups.emplace_back();
-    groups[it->second].push_back(m);
-  }
-  return groups;
-}
-
-int64_t StepExecutor::PlaceInSlot(BucketSchedule* b, BufferSizes* sizes) {
-  // This rank's boxes of the bucket's matrices: O (redistributed here and
-  // applied from here) and, when formed, U.
-  int64_t elems = PlaceLocalBoxes(*b);
-  // Owned matrices this rank does not hold whole get full U and O in the
-  // slot, grouped by shape (first appearance order): the group's U one
-  // after another, then its O.
-  for (const std::vector<int>& group : GroupOwnedByShape(b, sizes, &elems)) {
-    for (int m : group) {
-      u_offset_[m] = elems;
-      elems += FullBox(geometry_[m]).numel();
-    }
-    for (int m : group) {
-      o_offset_[m] = elems;
-      elems += FullBox(geometry_[m]).numel();
-    }
-    for (int m : group) {
-      if (options_.owner_transform == nullptr || HoldsAllRows(m)) continue;
-      v_offset_[m] = elems;
-      elems += geometry_[m].rows;
-    }
-    const MatrixGeometry& g = geometry_[group[0]];
-    const int count = static_cast<int>(group.size());
-    b->ns_batches.push_back(NsBatch{group[0], count, true, group});
-    int64_t& batch = sizes->owned_shapes[{g.rows, g.cols}];
-    batch = std::max<int64_t>(batch, count);
-  }
-  return elems;
-}
-
-absl::StatusOr<StepExecutor::BufferSizes> StepExecutor::CompileBuckets(
-    const v1::Plan& plan) {
-  const int num_matrices = static_cast<int>(geometry_.size());
-  std::map<std::pair<std::string, int>, int> local_id;
-  for (int m = 0; m < num_matrices; ++m) {
-    local_id[{geometry_[m].param, geometry_[m].slice}] = m;
-  }
-  local_o_offset_.assign(num_matrices, -1);
-  local_u_offset_.assign(num_matrices, -1);
-  u_offset_.assign(num_matrices, -1);
-  bucket_of_.assign(num_matrices, -1);
-  o_offset_.assign(num_matrices, -1);
-  v_offset_.assign(num_matrices, -1);
-  std::vector<int> seen(num_matrices, 0);
-  BufferSizes sizes;
-  for (const v1::Bucket& bp : plan.buckets()) {
-    BucketSchedule b;
-    b.index = bp.index();
-    b.gather = Exchange(world_size_);
-    b.redistribute = Exchange(world_size_);
-    for (int mi : bp.matrices()) {
-      if (mi < 0 || mi >= plan.matrices_size()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("plan bucket ", bp.index(), " names matrix ", mi,
-                         " of ", plan.matrices_size()));
-      }
-      const v1::MatrixPlan& mp = plan.matrices(mi);
-      auto it = local_id.find({mp.param(), mp.slice()});
-      // A matrix of parameters this rank does not have (another pipeline
-      // stage): zero split sizes, but the bucket's collectives still run.
-      if (it == local_id.end()) continue;
-      MUON_RETURN_IF_ERROR(CheckPlanMatrix(plan, mi, it->second));
-      ++seen[it->second];
-      AddToBucket(it->second, mp.owner(), &b);
-    }
-    const int64_t bucket_elems = PlaceInSlot(&b, &sizes);
-    for (Exchange* x : {&b.gather, &b.redistribute}) {
-      x->Finish();
-      const bool bf16 = options_.bf16_exchange;
-      sizes.max_send = std::max(
-          sizes.max_send, bf16 ? x->send_words_bf16_total : x->send_total);
-      sizes.max_recv = std::max(
-          sizes.max_recv, bf16 ? x->recv_words_bf16_total : x->recv_total);
-    }
-    sizes.max_bucket_elems = std::max(sizes.max_bucket_elems, bucket_elems);
-    buckets_.push_back(std::move(b));
-  }
-  for (int m = 0; m < num_matrices; ++m) {
-    if (seen[m] != 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", rank_, ": the plan covers matrix \"", geometry_[m].param,
-          "\" slice ", geometry_[m].slice, " ", seen[m],
-          " times; every matrix must be in exactly one bucket"));
-    }
-  }
-  return sizes;
-}
-
-void StepExecutor::AddToBucket(int m, int owner, BucketSchedule* b) {
-  const MatrixGeometry& g = geometry_[m];
-  bucket_of_[m] = static_cast<int>(buckets_.size());
-  b->matrices.push_back(m);
-  b->owners.push_back(owner);
-  if (owner == rank_) b->owned.push_back(m);
-  AddToGather(rank_, m, owner, g.boxes, FullBox(g), &b->gather);
-  AddToRedistribute(rank_, m, owner, g.boxes, FullBox(g), &b->redistribute);
-  if (options_.owner_transform != nullptr) {
-    // The row state travels with the matrix: to the owner and back.
-    const std::vector<Box> rows = RowStateBoxes(g.boxes);
-    const Box all_rows = RowStateBox(FullBox(g));
-    AddToGather(rank_, m, owner, rows, all_rows, &b->gather,
-                RegionData::kRowState);
-    AddToRedistribute(rank_, m, owner, rows, all_rows, &b->redistribute,
-                      RegionData::kRowState);
-  }
-}
-
-absl::StatusOr<const v1::RankSchedule*> StepExecutor::RankScheduleOf(
-    const v1::Plan& plan, v1::RankSchedule* derived) const {
-  const v1::Schedule& schedule = plan.schedule();
-  // A compact plan (MakePlan's) carries no rank's list: derive this rank's
-  // and check it. An explicit plan lists every rank, or (an older
-  // coordinator's Join response) only the receiving one.
-  const v1::RankSchedule* mine = nullptr;
-  for (const v1::RankSchedule& rs : schedule.ranks()) {
-    if (rs.rank() == rank_) mine = &rs;
-  }
-  if (mine == nullptr && schedule.ranks_size() == 0) {
-    if (schedule.derivation() != kScheduleDerivation) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("rank ", rank_, ": the plan's schedule derivation \"",
-                       schedule.derivation(), "\" is not this binary's \"",
-                       kScheduleDerivation, "\""));
-    }
-    *derived = MakeRankSchedule(plan, rank_);
-    mine = derived;
-  }
-  if (mine == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", rank_, ": the plan carries no stream schedule for this rank"));
-  }
-  MUON_RETURN_IF_ERROR(ValidateRankSchedule(*mine, schedule, plan));
-  return mine;
-}
-
-absl::Status StepExecutor::CompileSchedule(const v1::Plan& plan) {
-  const v1::Schedule& schedule = plan.schedule();
-  v1::RankSchedule derived;
-  MUON_ASSIGN_OR_RETURN(const v1::RankSchedule* mine,
-                        RankScheduleOf(plan, &derived));
-  async_ = schedule.mode() == v1::SCHEDULE_MODE_ASYNC;
-  prefetch_count_ = schedule.prefetch_count();
-  const int slots = std::max(1, schedule.slots());
-  std::map<int, int> position;
-  for (size_t i = 0; i < buckets_.size(); ++i) {
-    position[buckets_[i].index] = static_cast<int>(i);
-  }
-  slot_of_bucket_.assign(buckets_.size(), 0);
-  for (const v1::ScheduledOp& op : mine->ops()) {
-    auto it = position.find(op.bucket());
-    if (it == position.end() || op.slot() < 0 || op.slot() >= slots) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("rank ", rank_, ": schedule names bucket ", op.bucket(),
-                       " slot ", op.slot(), " outside the plan"));
-    }
-    MUON_RETURN_IF_ERROR(AddScheduledOp(op, it->second));
-  }
-  return CheckOrthogonalizeOps();
-}
-
-absl::Status StepExecutor::AddScheduledOp(const v1::ScheduledOp& op,
-                                          int bucket) {
-  switch (op.op()) {
-    case v1::OP_KIND_GATHER:
-      slot_of_bucket_[bucket] = op.slot();
-      break;
-    case v1::OP_KIND_ORTHOGONALIZE:
-    case v1::OP_KIND_REDISTRIBUTE:
-    case v1::OP_KIND_APPLY:
-      break;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("rank ", rank_, ": unknown scheduled operation \"",
-                       WireName(op.op()), "\""));
-  }
-  const Op o{bucket, op.op(), op.slot()};
-  if (op.stream() == v1::STREAM_KIND_COMPUTE) {
-    compute_ops_.push_back(o);
-  } else if (op.stream() == v1::STREAM_KIND_COMM) {
-    comm_ops_.push_back(o);
-  } else {
-    main_ops_.push_back(o);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status StepExecutor::CheckOrthogonalizeOps() const {
-  // Async: EnqueueAsync enqueues each bucket's Newton-Schulz just before
-  // the comm stream's redistribute of it waits, so that every event wait
-  // binds to the right record: the compute stream must orthogonalize the
-  // owned buckets in the order the comm stream redistributes them.
-  if (async_) {
-    std::vector<int> redistributed, orthogonalized;
-    for (const Op& o : comm_ops_) {
-      if (o.kind == v1::OP_KIND_REDISTRIBUTE &&
-          !buckets_[o.bucket].owned.empty()) {
-        redistributed.push_back(buckets_[o.bucket].index);
-      }
-    }
-    for (const Op& o : compute_ops_) {
-      if (o.kind == v1::OP_KIND_ORTHOGONALIZE) {
-        orthogonalized.push_back(buckets_[o.bucket].index);
-      }
-    }
-    if (redistributed != orthogonalized) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", rank_,
-          ": the schedule's compute stream orthogonalizes "
-          "buckets [",
-          absl::StrJoin(orthogonalized, ", "),
-          "] but its comm stream redistributes the owned ones in the order [",
-          absl::StrJoin(redistributed, ", "), "]"));
-    }
-  }
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    const bool owns = !buckets_[b].owned.empty();
-    int scheduled = 0;
-    for (const auto* list : {&main_ops_, &compute_ops_}) {
-      for (const Op& o : *list) {
-        scheduled += o.bucket == static_cast<int>(b) &&
-                     o.kind == v1::OP_KIND_ORTHOGONALIZE;
-      }
-    }
-    if (scheduled != (owns ? 1 : 0)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", rank_, ": the schedule orthogonalizes bucket ",
-          buckets_[b].index, " ", scheduled, " times but this rank owns ",
-          buckets_[b].owned.size(), " of its matrices"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status StepExecutor::AllocateBuffers(const BufferSizes& sizes,
-                                           int slots) {
-  slots = std::max(1, slots);
+absl::Status StepExecutor::AllocateBuffers() {
+  const BufferSizes& sizes = layout_.sizes();
+  const int slots = ops_.slots;
   // Every buffer in the executor's device memory.
   device::Allocator* alloc = options_.allocator != nullptr
                                  ? options_.allocator
@@ -408,21 +102,20 @@ absl::Status StepExecutor::AllocateBuffers(const BufferSizes& sizes,
       send_buf_, device::DeviceBuffer<float>::Allocate(alloc, sizes.max_send));
   MUON_ASSIGN_OR_RETURN(
       recv_buf_, device::DeviceBuffer<float>::Allocate(alloc, sizes.max_recv));
-  slot_elems_ = sizes.max_bucket_elems;
   MUON_ASSIGN_OR_RETURN(arena_, device::DeviceBuffer<float>::Allocate(
                                     alloc, slots * sizes.max_bucket_elems));
   const int64_t exchange_bytes =
       (sizes.max_send + sizes.max_recv) * static_cast<int64_t>(sizeof(float));
   buffer_bytes_ = arena_.bytes() + exchange_bytes;
-  buffer_bound_bytes_ = (prefetch_count_ + 1) * sizes.max_bucket_elems *
+  buffer_bound_bytes_ = (ops_.prefetch_count + 1) * sizes.max_bucket_elems *
                             static_cast<int64_t>(sizeof(float)) +
                         exchange_bytes;
-  const size_t records = 4 * buckets_.size() + 4;
+  const size_t records = 4 * layout_.buckets().size() + 4;
   main_records_.reserve(records);
   comm_records_.reserve(records);
   device::Runtime* rt = runtime_;
   if (!options_.device.is_host()) {
-    MUON_RETURN_IF_ERROR(CreateTimingEvents(rt, 2 * records));
+    MUON_RETURN_IF_ERROR(timer_.CreateEvents(rt, rank_, records));
   }
   MUON_ASSIGN_OR_RETURN(caller_ready_, rt->CreateEvent(absl::StrCat(
                                            "rank ", rank_, " caller ready")));
@@ -432,7 +125,7 @@ absl::Status StepExecutor::AllocateBuffers(const BufferSizes& sizes,
         rt->CreateEvent(absl::StrCat("rank ", rank_, " step done ", i)));
     step_done_.push_back(std::move(done));
   }
-  if (async_) {
+  if (ops_.async) {
     for (int s = 0; s < slots; ++s) {
       MUON_ASSIGN_OR_RETURN(std::unique_ptr<device::Event> g,
                             rt->CreateEvent(absl::StrCat(
@@ -450,7 +143,7 @@ absl::Status StepExecutor::AllocateBuffers(const BufferSizes& sizes,
 
 absl::Status StepExecutor::CreateStreamsAndKernels() {
   device::Runtime* rt = runtime_;
-  if (async_) {
+  if (ops_.async) {
     MUON_ASSIGN_OR_RETURN(
         comm_stream_,
         rt->CreateHighPriorityStream(absl::StrCat("rank ", rank_, " comm")));
@@ -460,7 +153,7 @@ absl::Status StepExecutor::CreateStreamsAndKernels() {
     MUON_ASSIGN_OR_RETURN(
         main_stream_, rt->CreateStream(absl::StrCat("rank ", rank_, " main")));
   }
-  if (async_) {
+  if (ops_.async) {
     streams_ = {compute_stream_.get(), comm_stream_.get()};
   } else {
     streams_ = {main_stream_.get()};
@@ -471,7 +164,7 @@ absl::Status StepExecutor::CreateStreamsAndKernels() {
   }
   // CUDA Newton-Schulz is bound to the stream it runs on.
   device::Stream* ns_stream =
-      async_ ? compute_stream_.get() : main_stream_.get();
+      ops_.async ? compute_stream_.get() : main_stream_.get();
   MUON_ASSIGN_OR_RETURN(
       kernels_, kernels::MakeCudaStepKernels(options_.device.ordinal, ns_stream,
                                              options_.precision));
@@ -485,14 +178,18 @@ StepExecutor::~StepExecutor() {
   }
 }
 
+float* StepExecutor::InSlot(int m, int64_t offset) {
+  return arena_.data() +
+         ops_.slot_of_bucket[layout_.bucket_of(m)] * layout_.slot_elems() +
+         offset;
+}
+
 float* StepExecutor::FullU(int m) {
-  return arena_.data() + slot_of_bucket_[bucket_of_[m]] * slot_elems_ +
-         u_offset_[m];
+  return InSlot(m, layout_.full_u_offset(m));
 }
 
 float* StepExecutor::LocalO(int m) {
-  return arena_.data() + slot_of_bucket_[bucket_of_[m]] * slot_elems_ +
-         local_o_offset_[m];
+  return InSlot(m, layout_.local_o_offset(m));
 }
 
 const float* StepExecutor::LocalU(int m,
@@ -500,13 +197,12 @@ const float* StepExecutor::LocalU(int m,
   const MatrixGeometry& g = geometry_[m];
   const UpdateSource& src = updates[g.param_index];
   if (src.formed()) {
-    return arena_.data() + slot_of_bucket_[bucket_of_[m]] * slot_elems_ +
-           local_u_offset_[m];
+    return InSlot(m, layout_.local_u_offset(m));
   }
   return static_cast<const float*>(src.momentum) + g.offset;
 }
 
-absl::Status StepExecutor::FormUpdates(const BucketSchedule& bs,
+absl::Status StepExecutor::FormUpdates(const LocalBucket& bs,
                                        const StepArgs& args,
                                        device::Stream* stream) {
   for (int m : bs.matrices) {
@@ -531,13 +227,7 @@ absl::Status StepExecutor::FormUpdates(const BucketSchedule& bs,
 }
 
 float* StepExecutor::FullO(int m) {
-  return arena_.data() + slot_of_bucket_[bucket_of_[m]] * slot_elems_ +
-         o_offset_[m];
-}
-
-bool StepExecutor::HoldsAllRows(int m) const {
-  const MatrixGeometry& g = geometry_[m];
-  return RowStateBox(g.boxes[rank_]) == RowStateBox(FullBox(g));
+  return InSlot(m, layout_.full_o_offset(m));
 }
 
 float* StepExecutor::LocalRowState(int m) {
@@ -546,9 +236,8 @@ float* StepExecutor::LocalRowState(int m) {
 }
 
 float* StepExecutor::FullRowState(int m) {
-  if (HoldsAllRows(m)) return LocalRowState(m);
-  return arena_.data() + slot_of_bucket_[bucket_of_[m]] * slot_elems_ +
-         v_offset_[m];
+  if (HoldsAllRows(geometry_[m], rank_)) return LocalRowState(m);
+  return InSlot(m, layout_.row_state_offset(m));
 }
 
 const float* StepExecutor::ExchangeSource(
@@ -565,7 +254,7 @@ const float* StepExecutor::ExchangeSource(
     return LocalU(m, updates);
   }
   *holds = FullBox(g);
-  return HoldsFull(m) ? LocalO(m) : FullO(m);
+  return HoldsWhole(geometry_[m], rank_) ? LocalO(m) : FullO(m);
 }
 
 float* StepExecutor::ExchangeDestination(const RegionCopy& c, bool to_owner,
@@ -675,12 +364,12 @@ absl::Status StepExecutor::RunExchange(const Exchange& x, bool to_owner,
 }
 
 absl::Status StepExecutor::RoundOwnedUpdates(
-    const BucketSchedule& bs, const std::vector<UpdateSource>& updates,
+    const LocalBucket& bs, const std::vector<UpdateSource>& updates,
     device::Stream* stream) {
   for (int m : bs.owned) {
     const MatrixGeometry& g = geometry_[m];
     const Box full = FullBox(g);
-    if (HoldsFull(m)) {
+    if (HoldsWhole(geometry_[m], rank_)) {
       MUON_RETURN_IF_ERROR(kernels_->CopyRegion(stream, LocalU(m, updates),
                                                 full, FullU(m), full, full));
     }
@@ -695,11 +384,11 @@ absl::Status StepExecutor::Gather(int b, const StepArgs& args,
                                   device::Stream* stream,
                                   std::vector<OpRecord>* rec,
                                   v1::StreamKind stream_kind) {
-  const BucketSchedule& bs = buckets_[b];
-  const double t0 = NowSeconds();
+  const LocalBucket& bs = layout_.buckets()[b];
+  const double t0 = OpTimer::NowSeconds();
   const int64_t sent0 = bytes_sent_;
   int timing = -1;
-  MUON_RETURN_IF_ERROR(StartTiming(stream, &timing));
+  MUON_RETURN_IF_ERROR(timer_.Start(stream, &timing));
   MUON_RETURN_IF_ERROR(FormUpdates(bs, args, stream));
   if (gather_fn_) {
     for (size_t i = 0; i < bs.matrices.size(); ++i) {
@@ -717,9 +406,10 @@ absl::Status StepExecutor::Gather(int b, const StepArgs& args,
       MUON_RETURN_IF_ERROR(RoundOwnedUpdates(bs, *args.updates, stream));
     }
   }
-  MUON_RETURN_IF_ERROR(EndTiming(stream, timing));
+  MUON_RETURN_IF_ERROR(timer_.End(stream, timing));
   rec->push_back(OpRecord{v1::OP_KIND_GATHER, stream_kind, bs.index, t0,
-                          NowSeconds(), bytes_sent_ - sent0, 0, timing});
+                          OpTimer::NowSeconds(), bytes_sent_ - sent0, 0,
+                          timing});
   return absl::OkStatus();
 }
 
@@ -727,11 +417,11 @@ absl::Status StepExecutor::Orthogonalize(int b, const StepArgs& args,
                                          device::Stream* stream,
                                          std::vector<OpRecord>* rec,
                                          v1::StreamKind stream_kind) {
-  const BucketSchedule& bs = buckets_[b];
-  const double t0 = NowSeconds();
+  const LocalBucket& bs = layout_.buckets()[b];
+  const double t0 = OpTimer::NowSeconds();
   double flops = 0;
   int timing = -1;
-  MUON_RETURN_IF_ERROR(StartTiming(stream, &timing));
+  MUON_RETURN_IF_ERROR(timer_.Start(stream, &timing));
   for (const NsBatch& batch : bs.ns_batches) {
     const int m = batch.first;
     const MatrixGeometry& g = geometry_[m];
@@ -755,9 +445,9 @@ absl::Status StepExecutor::Orthogonalize(int b, const StepArgs& args,
     ns_matrices_ += batch.count;
   }
   ns_flops_ += flops;
-  MUON_RETURN_IF_ERROR(EndTiming(stream, timing));
+  MUON_RETURN_IF_ERROR(timer_.End(stream, timing));
   rec->push_back(OpRecord{v1::OP_KIND_ORTHOGONALIZE, stream_kind, bs.index, t0,
-                          NowSeconds(), 0, flops, timing});
+                          OpTimer::NowSeconds(), 0, flops, timing});
   return absl::OkStatus();
 }
 
@@ -777,18 +467,18 @@ absl::Status StepExecutor::Redistribute(int b, const StepArgs& args,
                                         device::Stream* stream,
                                         std::vector<OpRecord>* rec,
                                         v1::StreamKind stream_kind) {
-  const BucketSchedule& bs = buckets_[b];
-  const double t0 = NowSeconds();
+  const LocalBucket& bs = layout_.buckets()[b];
+  const double t0 = OpTimer::NowSeconds();
   const int64_t sent0 = bytes_sent_;
   int timing = -1;
-  MUON_RETURN_IF_ERROR(StartTiming(stream, &timing));
+  MUON_RETURN_IF_ERROR(timer_.Start(stream, &timing));
   if (redistribute_fn_) {
     for (size_t i = 0; i < bs.matrices.size(); ++i) {
       const int m = bs.matrices[i];
       const MatrixGeometry& g = geometry_[m];
       const float* full = nullptr;
       if (bs.owners[i] == rank_) {
-        full = HoldsFull(m) ? LocalO(m) : FullO(m);
+        full = HoldsWhole(geometry_[m], rank_) ? LocalO(m) : FullO(m);
       }
       MUON_RETURN_IF_ERROR(redistribute_fn_(g.param_index, g.slice,
                                             bs.owners[i], full, LocalO(m)));
@@ -798,9 +488,10 @@ absl::Status StepExecutor::Redistribute(int b, const StepArgs& args,
                                      *args.updates, stream, &bytes_sent_,
                                      &bytes_received_));
   }
-  MUON_RETURN_IF_ERROR(EndTiming(stream, timing));
+  MUON_RETURN_IF_ERROR(timer_.End(stream, timing));
   rec->push_back(OpRecord{v1::OP_KIND_REDISTRIBUTE, stream_kind, bs.index, t0,
-                          NowSeconds(), bytes_sent_ - sent0, 0, timing});
+                          OpTimer::NowSeconds(), bytes_sent_ - sent0, 0,
+                          timing});
   return absl::OkStatus();
 }
 
@@ -810,10 +501,10 @@ absl::Status StepExecutor::Apply(int b, const StepArgs& args,
                                  v1::StreamKind stream_kind) {
   // Decoupled weight decay and the AdjustLR-scaled update on the local
   // shard (UpdateRule::Apply), AdjustLR from the matrix's GLOBAL shape.
-  const BucketSchedule& bs = buckets_[b];
-  const double t0 = NowSeconds();
+  const LocalBucket& bs = layout_.buckets()[b];
+  const double t0 = OpTimer::NowSeconds();
   int timing = -1;
-  MUON_RETURN_IF_ERROR(StartTiming(stream, &timing));
+  MUON_RETURN_IF_ERROR(timer_.Start(stream, &timing));
   for (int m : bs.matrices) {
     const MatrixGeometry& g = geometry_[m];
     const int64_t n = g.boxes[rank_].numel();
@@ -826,18 +517,18 @@ absl::Status StepExecutor::Apply(int b, const StepArgs& args,
         bf16 ? kernels::ParamDType::kBFloat16 : kernels::ParamDType::kFloat32,
         LocalO(m), n));
   }
-  MUON_RETURN_IF_ERROR(EndTiming(stream, timing));
+  MUON_RETURN_IF_ERROR(timer_.End(stream, timing));
   rec->push_back(OpRecord{v1::OP_KIND_APPLY, stream_kind, bs.index, t0,
-                          NowSeconds(), 0, 0, timing});
+                          OpTimer::NowSeconds(), 0, 0, timing});
   return absl::OkStatus();
 }
 
 absl::Status StepExecutor::EnqueueSequential(int ready) {
   device::Stream* main = main_stream_.get();
-  for (; next_main_op_ < main_ops_.size() &&
-         main_ops_[next_main_op_].bucket < ready;
+  for (; next_main_op_ < ops_.main.size() &&
+         ops_.main[next_main_op_].bucket < ready;
        ++next_main_op_) {
-    const Op& op = main_ops_[next_main_op_];
+    const StreamOp& op = ops_.main[next_main_op_];
     const int b = op.bucket;
     switch (op.kind) {
       case v1::OP_KIND_GATHER:
@@ -846,7 +537,7 @@ absl::Status StepExecutor::EnqueueSequential(int ready) {
                                       &main_records_, v1::STREAM_KIND_MAIN));
           // Owners orthogonalize in rank order: rank i runs between the
           // i-th and (i+1)-th barrier of the bucket.
-          const bool mine = !buckets_[b].owned.empty();
+          const bool mine = !layout_.buckets()[b].owned.empty();
           if (world_size_ == 1) {
             return mine ? Orthogonalize(b, step_args_, main_stream_.get(),
                                         &main_records_, v1::STREAM_KIND_MAIN)
@@ -884,9 +575,9 @@ absl::Status StepExecutor::EnqueueSequential(int ready) {
   return absl::OkStatus();
 }
 
-absl::Status StepExecutor::EnqueueCompute(const Op& op) {
+absl::Status StepExecutor::EnqueueCompute(const StreamOp& op) {
   const int b = op.bucket;
-  device::Event* gathered = gathered_[slot_of_bucket_[b]].get();
+  device::Event* gathered = gathered_[ops_.slot_of_bucket[b]].get();
   if (dropped_wait_ != EventWait::kGatheredBeforeOrthogonalize) {
     MUON_RETURN_IF_ERROR(compute_stream_->WaitFor(gathered));
   }
@@ -894,10 +585,10 @@ absl::Status StepExecutor::EnqueueCompute(const Op& op) {
     return Orthogonalize(b, step_args_, compute_stream_.get(), &main_records_,
                          v1::STREAM_KIND_COMPUTE);
   }));
-  return orthogonalized_[slot_of_bucket_[b]]->Record(compute_stream_.get());
+  return orthogonalized_[ops_.slot_of_bucket[b]]->Record(compute_stream_.get());
 }
 
-absl::Status StepExecutor::EnqueueCommOp(const Op& op) {
+absl::Status StepExecutor::EnqueueCommOp(const StreamOp& op) {
   const int b = op.bucket;
   device::Stream* comm = comm_stream_.get();
   switch (op.kind) {
@@ -906,12 +597,12 @@ absl::Status StepExecutor::EnqueueCommOp(const Op& op) {
         return Gather(b, step_args_, comm_stream_.get(), &comm_records_,
                       v1::STREAM_KIND_COMM);
       }));
-      return gathered_[slot_of_bucket_[b]]->Record(comm);
+      return gathered_[ops_.slot_of_bucket[b]]->Record(comm);
     case v1::OP_KIND_REDISTRIBUTE:
-      if (!buckets_[b].owned.empty() &&
+      if (!layout_.buckets()[b].owned.empty() &&
           dropped_wait_ != EventWait::kOrthogonalizedBeforeRedistribute) {
         MUON_RETURN_IF_ERROR(
-            comm->WaitFor(orthogonalized_[slot_of_bucket_[b]].get()));
+            comm->WaitFor(orthogonalized_[ops_.slot_of_bucket[b]].get()));
       }
       return comm->Launch([this, b] {
         return Redistribute(b, step_args_, comm_stream_.get(), &comm_records_,
@@ -935,32 +626,33 @@ absl::Status StepExecutor::EnqueueAsync(int ready) {
   // is enqueued after its gather's record and before the slot's next gather
   // (which the schedule puts after the bucket's redistribute): compute ops
   // are enqueued up to bucket b just before redistribute(b) waits for them.
-  for (; next_comm_op_ < comm_ops_.size() &&
-         comm_ops_[next_comm_op_].bucket < ready;
+  for (; next_comm_op_ < ops_.comm.size() &&
+         ops_.comm[next_comm_op_].bucket < ready;
        ++next_comm_op_) {
-    const Op& op = comm_ops_[next_comm_op_];
+    const StreamOp& op = ops_.comm[next_comm_op_];
     if (op.kind == v1::OP_KIND_REDISTRIBUTE &&
-        !buckets_[op.bucket].owned.empty()) {
+        !layout_.buckets()[op.bucket].owned.empty()) {
       bool enqueued = false;
-      while (!enqueued && next_compute_op_ < compute_ops_.size()) {
-        const Op& c = compute_ops_[next_compute_op_++];
+      while (!enqueued && next_compute_op_ < ops_.compute.size()) {
+        const StreamOp& c = ops_.compute[next_compute_op_++];
         MUON_RETURN_IF_ERROR(EnqueueCompute(c));
         enqueued = c.bucket == op.bucket;
       }
     }
     MUON_RETURN_IF_ERROR(EnqueueCommOp(op));
   }
-  if (ready < static_cast<int>(buckets_.size())) return absl::OkStatus();
-  while (next_compute_op_ < compute_ops_.size()) {
-    MUON_RETURN_IF_ERROR(EnqueueCompute(compute_ops_[next_compute_op_++]));
+  if (ready < static_cast<int>(layout_.buckets().size()))
+    return absl::OkStatus();
+  while (next_compute_op_ < ops_.compute.size()) {
+    MUON_RETURN_IF_ERROR(EnqueueCompute(ops_.compute[next_compute_op_++]));
   }
   return absl::OkStatus();
 }
 
 int StepExecutor::ReadyBuckets(const std::vector<char>& param_ready) const {
   int p = 0;
-  for (; p < static_cast<int>(buckets_.size()); ++p) {
-    for (int m : buckets_[p].matrices) {
+  for (; p < static_cast<int>(layout_.buckets().size()); ++p) {
+    for (int m : layout_.buckets()[p].matrices) {
       const int i = geometry_[m].param_index;
       if (i >= static_cast<int>(param_ready.size()) || !param_ready[i]) {
         return p;
@@ -976,7 +668,7 @@ absl::Status StepExecutor::EnqueueReady(int ready) {
         "rank ", rank_, ": EnqueueReady outside a step (Begin first)"));
   }
   if (!enqueue_status_.ok()) return enqueue_status_;
-  enqueue_status_ = async_ ? EnqueueAsync(ready) : EnqueueSequential(ready);
+  enqueue_status_ = ops_.async ? EnqueueAsync(ready) : EnqueueSequential(ready);
   return enqueue_status_;
 }
 
@@ -1029,8 +721,8 @@ absl::Status StepExecutor::OrderAfterProducer(device::Stream* producer,
 absl::Status StepExecutor::EndEnqueue() {
   absl::Status status = enqueue_status_;
   if (status.ok()) {
-    const int all = static_cast<int>(buckets_.size());
-    status = async_ ? EnqueueAsync(all) : EnqueueSequential(all);
+    const int all = static_cast<int>(layout_.buckets().size());
+    status = ops_.async ? EnqueueAsync(all) : EnqueueSequential(all);
   }
   enqueue_ended_ = true;
   // Also after an enqueue error: the caller's later work must not race
@@ -1147,7 +839,7 @@ absl::Status StepExecutor::Begin(const std::vector<UpdateSource>& updates,
   }
   main_records_.clear();
   comm_records_.clear();
-  next_timing_ = 0;
+  timer_.Reset();
   bytes_sent_ = 0;
   bytes_received_ = 0;
   ns_matrices_ = 0;
@@ -1219,7 +911,10 @@ absl::Status StepExecutor::Finish(StepStats* stats) {
     if (s.ok()) s = done;
   }
   in_flight_ = false;
-  if (s.ok()) ResolveDeviceTimes();
+  if (s.ok()) {
+    timer_.ResolveDeviceTimes(streams_.empty() ? nullptr : streams_[0],
+                              {&main_records_, &comm_records_});
+  }
   stats->matrices_orthogonalized = ns_matrices_;
   stats->ns_flops = ns_flops_;
   stats->bytes_sent = bytes_sent_;
@@ -1236,63 +931,6 @@ absl::Status StepExecutor::Finish(StepStats* stats) {
               return a.start_s < b.start_s;
             });
   return s;
-}
-
-absl::Status StepExecutor::CreateTimingEvents(device::Runtime* rt,
-                                              size_t count) {
-  MUON_ASSIGN_OR_RETURN(timing_anchor_, rt->CreateTimingEvent(absl::StrCat(
-                                            "rank ", rank_, " timing anchor")));
-  timing_events_.reserve(count);
-  for (size_t i = 0; i < count; ++i) {
-    MUON_ASSIGN_OR_RETURN(
-        std::unique_ptr<device::Event> e,
-        rt->CreateTimingEvent(absl::StrCat("rank ", rank_, " op timing ", i)));
-    timing_events_.push_back(std::move(e));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status StepExecutor::StartTiming(device::Stream* stream, int* pair) {
-  *pair = -1;
-  if (2 * static_cast<size_t>(next_timing_) + 1 >= timing_events_.size()) {
-    return absl::OkStatus();
-  }
-  MUON_RETURN_IF_ERROR(timing_events_[2 * next_timing_]->Record(stream));
-  *pair = next_timing_++;
-  return absl::OkStatus();
-}
-
-absl::Status StepExecutor::EndTiming(device::Stream* stream, int pair) {
-  if (pair < 0) return absl::OkStatus();
-  return timing_events_[2 * pair + 1]->Record(stream);
-}
-
-void StepExecutor::ResolveDeviceTimes() {
-  if (timing_anchor_ == nullptr || next_timing_ == 0 || streams_.empty()) {
-    return;
-  }
-  // The streams are idle: the anchor completes as soon as it is recorded,
-  // so the host clock read right after its completion is its device time.
-  // Spin on Query (no sleep, which would make the reading late), at most
-  // 10 s.
-  if (!timing_anchor_->Record(streams_[0]).ok()) return;
-  const absl::Time give_up = absl::Now() + absl::Seconds(10);
-  while (!timing_anchor_->Query()) {
-    if (absl::Now() > give_up) return;
-  }
-  const double anchor_s = NowSeconds();
-  for (auto* records : {&main_records_, &comm_records_}) {
-    for (OpRecord& r : *records) {
-      if (r.timing < 0) continue;
-      absl::StatusOr<double> to_start =
-          timing_anchor_->SecondsSince(timing_events_[2 * r.timing].get());
-      absl::StatusOr<double> to_end =
-          timing_anchor_->SecondsSince(timing_events_[2 * r.timing + 1].get());
-      if (!to_start.ok() || !to_end.ok()) continue;
-      r.start_s = anchor_s - *to_start;
-      r.end_s = anchor_s - *to_end;
-    }
-  }
 }
 
 }  // namespace muon

@@ -47,9 +47,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/bucket_layout.h"
 #include "client/distributed_config.h"
 #include "client/exchange_plan.h"
+#include "client/op_timer.h"
 #include "client/owner_transform.h"
+#include "client/stream_ops.h"
 #include "client/tensor_view.h"
 #include "client/update_rule.h"
 #include "comm/communicator.h"
@@ -64,39 +67,6 @@
 #include "muon/v1/coordinator.pb.h"
 
 namespace muon {
-
-// One matrix this rank knows (a 2-D parameter, or one expert slice of a
-// 3-D stack), as seen from this rank.
-struct MatrixGeometry {
-  std::string param;    // parameter name (plan's MatrixPlan.param)
-  int param_index = 0;  // index in the optimizer's parameter list
-  int slice = 0;        // expert index (0 for 2-D)
-  int64_t rows = 0;     // global [rows, cols] of the matrix
-  int64_t cols = 0;
-  // Offset, in elements, of this rank's part of the matrix inside the
-  // parameter's local data (non-zero for later expert slices).
-  int64_t offset = 0;
-  // Offset, in rows, of this rank's rows of the matrix inside the
-  // parameter's local row state (NorMuon's second moment: one float per
-  // local row, expert slices one after another).
-  int64_t row_offset = 0;
-  std::vector<Box> boxes;  // box held by each rank (index = rank)
-};
-
-// Timing of one operation (no allocation on the step path).
-struct OpRecord {
-  v1::OpKind op = v1::OP_KIND_UNSPECIFIED;
-  v1::StreamKind stream = v1::STREAM_KIND_UNSPECIFIED;
-  int bucket = 0;
-  double start_s = 0;  // seconds since the Unix epoch
-  double end_s = 0;
-  int64_t bytes = 0;  // fp32 payload this rank sent
-  double flops = 0;   // Newton-Schulz FLOPs
-  // CUDA: the pair of timing events bracketing the operation's device
-  // work (StepExecutor's timing_events_[2 * timing], [2 * timing + 1]);
-  // -1 on the host, whose start_s / end_s time the work itself.
-  int timing = -1;
-};
 
 // Per-step counters of one rank (summed over the world they equal the
 // single-device figures: zero redundancy).
@@ -312,8 +282,8 @@ class StepExecutor {
   // Newton-Schulz scratch (StepKernels::ScratchBytes; 0 on the host).
   int64_t kernel_scratch_bytes() const { return kernels_->ScratchBytes(); }
 
-  bool async() const { return async_; }
-  int prefetch_count() const { return prefetch_count_; }
+  bool async() const { return ops_.async; }
+  int prefetch_count() const { return ops_.prefetch_count; }
 
   // The event waits of the async schedule. For tests that prove a missing
   // dependency is caught (by ThreadSanitizer or a wrong result): a dropped
@@ -330,31 +300,6 @@ class StepExecutor {
   // its first use).
   absl::Status OrderAfterProducer(device::Stream* producer, const void* key);
 
-  // Newton-Schulz calls of one bucket on this rank: `count` matrices of
-  // one shape starting at local matrix `first`. In the slot (`in_slot`),
-  // the group's full U and full O each lie one after another, so one
-  // batched call serves the group (strided-batched cuBLAS on CUDA); a
-  // matrix this rank holds whole is its own call on its own buffers.
-  struct NsBatch {
-    int first = 0;
-    int count = 1;
-    bool in_slot = false;
-    std::vector<int> members;  // the local matrices, in slot order
-  };
-  struct BucketSchedule {
-    int index = 0;
-    std::vector<int> matrices;  // local matrix ids in plan order (known ones)
-    std::vector<int> owners;    // owner of each
-    std::vector<int> owned;     // local matrices this rank orthogonalizes
-    std::vector<NsBatch> ns_batches;  // the owned matrices, grouped
-    Exchange gather;                  // shards of U -> owners' full U
-    Exchange redistribute;            // owners' full O -> holders' shards
-  };
-  struct Op {
-    int bucket;  // position in buckets_
-    v1::OpKind kind;
-    int slot;
-  };
   // Arguments of the step in flight (set by Run, read by the streams).
   struct StepArgs {
     const std::vector<UpdateSource>* updates = nullptr;
@@ -362,21 +307,9 @@ class StepExecutor {
     const UpdateRule* rule = nullptr;
   };
 
-  // Largest sizes over the buckets, for the preallocated buffers.
-  struct BufferSizes {
-    int64_t max_send = 0;  // elements
-    int64_t max_recv = 0;
-    int64_t max_bucket_elems = 0;
-    // The distinct [rows, cols] of the matrices this rank orthogonalizes,
-    // with the largest Newton-Schulz batch of each: the kernels reserve for
-    // each (their buffers grow to the largest need of each, not to max
-    // rows x max cols: 4096x11008 and 11008x4096 together need 4096 x
-    // 11008, not 11008^2).
-    std::map<std::pair<int64_t, int64_t>, int64_t> owned_shapes;
-  };
-
   StepExecutor(int rank, int world_size, Communicator* comm,
-               std::vector<MatrixGeometry> matrices, GatherFn gather_fn,
+               std::vector<MatrixGeometry> matrices, BucketLayout layout,
+               StreamOps ops, GatherFn gather_fn,
                RedistributeFn redistribute_fn, const ExecutorOptions& options);
   // The U-given overloads' sources (given_updates_). Errors:
   // FailedPrecondition (a step in flight).
@@ -390,46 +323,11 @@ class StepExecutor {
   // Waits for a stream; on CUDA polls the communicator's asynchronous
   // errors meanwhile and aborts it on the first one.
   absl::Status WaitForStream(device::Stream* stream);
-  // Create's stages: the buckets' exchanges and slot offsets from the
-  // plan; this rank's stream schedule; the preallocated buffers (and, in
-  // async mode, the streams and events).
-  absl::StatusOr<BufferSizes> CompileBuckets(const v1::Plan& plan);
-  absl::Status CheckPlanMatrix(const v1::Plan& plan, int plan_index,
-                               int m) const;
-  // Adds local matrix m, orthogonalized by `owner`, to bucket *b (which
-  // becomes buckets_[buckets_.size()]): its shards in the gather and the
-  // redistribute, and its row state with them under an owner transform.
-  void AddToBucket(int m, int owner, BucketSchedule* b);
-  // Lays out the bucket's slot: this rank's O (and, with form_update, U) of
-  // each of the bucket's matrices, then the owned matrices' full U and O
-  // (same shapes one after another); fills b->ns_batches; returns the
-  // slot's elements.
-  int64_t PlaceInSlot(BucketSchedule* b, BufferSizes* sizes);
-  // PlaceInSlot's first part: this rank's box of O (and, with form_update,
-  // U) of each of b's matrices from the slot's start; returns their
-  // elements.
-  int64_t PlaceLocalBoxes(const BucketSchedule& b);
-  // PlaceInSlot's second part: b's owned matrices held whole get their own
-  // batch of one (and, for a custom gather or the bf16 exchange, a U at
-  // *elems, which grows); the others are returned grouped by shape, in
-  // first appearance order, for their full U and O in the slot.
-  std::vector<std::vector<int>> GroupOwnedByShape(BucketSchedule* b,
-                                                  BufferSizes* sizes,
-                                                  int64_t* elems);
-  absl::Status CompileSchedule(const v1::Plan& plan);
-  // This rank's stream schedule in `plan`: its own list, or one derived
-  // into *derived from a compact plan (MakeRankSchedule), validated.
-  // Errors: InvalidArgument (another derivation, no list for this rank,
-  // a list that ValidateRankSchedule refuses).
-  absl::StatusOr<const v1::RankSchedule*> RankScheduleOf(
-      const v1::Plan& plan, v1::RankSchedule* derived) const;
-  // Files scheduled operation `op` of buckets_[bucket] under its stream
-  // (and, for a gather, the bucket's slot). Errors: InvalidArgument (an
-  // unknown operation).
-  absl::Status AddScheduledOp(const v1::ScheduledOp& op, int bucket);
-  absl::Status CheckOrthogonalizeOps() const;
-  absl::Status AllocateBuffers(const BufferSizes& sizes, int slots);
-  bool HoldsFull(int m) const;
+  // The preallocated buffers (exchange buffers, bucket slots, records)
+  // and the events of the schedule.
+  absl::Status AllocateBuffers();
+  // Element `offset` of local matrix m's bucket slot (device memory).
+  float* InSlot(int m, int64_t offset);
   float* FullU(int m);
   float* FullO(int m);
   // This rank's box of O of local matrix m, in its bucket's slot.
@@ -438,7 +336,7 @@ class StepExecutor {
   // or the source's fp32 momentum in place.
   const float* LocalU(int m, const std::vector<UpdateSource>& updates);
   // Forms the local U of bucket b's matrices whose sources are formed.
-  absl::Status FormUpdates(const BucketSchedule& bs, const StepArgs& args,
+  absl::Status FormUpdates(const LocalBucket& bs, const StepArgs& args,
                            device::Stream* stream);
   // The step's operations, each run in `stream`'s order (called from
   // inside its Launch); `stream_kind` labels the timing record.
@@ -458,7 +356,6 @@ class StepExecutor {
   // when it holds every row).
   float* LocalRowState(int m);
   float* FullRowState(int m);
-  bool HoldsAllRows(int m) const;
   // The owner transform on an owned batch's O (`o`, batch.count matrices
   // one after another), each with its full row state.
   absl::Status TransformBatch(const NsBatch& batch, float* o,
@@ -466,7 +363,7 @@ class StepExecutor {
   // The bf16 exchange's owner side of a gather: every owned matrix's full U
   // in its slot rounded to bf16 (copied there first when this rank holds
   // it whole), so that Newton-Schulz sees the same input whoever owns it.
-  absl::Status RoundOwnedUpdates(const BucketSchedule& bs,
+  absl::Status RoundOwnedUpdates(const LocalBucket& bs,
                                  const std::vector<UpdateSource>& updates,
                                  device::Stream* stream);
   // RunExchange's all-to-all(v) with the other ranks: packed fp32, or bf16
@@ -487,26 +384,14 @@ class StepExecutor {
                             v1::StreamKind stream_kind);
   absl::Status Apply(int b, const StepArgs& args, device::Stream* stream,
                      std::vector<OpRecord>* rec, v1::StreamKind stream_kind);
-  // CUDA: the timing events (2 per record the step can make) and anchor.
-  absl::Status CreateTimingEvents(device::Runtime* rt, size_t count);
-  // CUDA: records the next pair's first timing event on `stream` and sets
-  // *pair to its index (-1 when the pool is used up, or on the host).
-  absl::Status StartTiming(device::Stream* stream, int* pair);
-  // Records pair's second event (no-op for -1).
-  absl::Status EndTiming(device::Stream* stream, int pair);
-  // CUDA, after the streams are synchronized: replaces the records'
-  // enqueue times by the device times of their timing events, placed on
-  // the host clock by an anchor event recorded on an idle stream. Keeps
-  // the enqueue times when the events cannot be read.
-  void ResolveDeviceTimes();
   // Enqueue the step's operations of buckets [0, ready) not enqueued yet
   // (from the cursors below) on the streams; EndEnqueue enqueues the rest
   // and orders the caller's stream after the step.
   absl::Status EnqueueSequential(int ready);
   absl::Status EnqueueAsync(int ready);
   absl::Status EndEnqueue();
-  absl::Status EnqueueCommOp(const Op& op);
-  absl::Status EnqueueCompute(const Op& op);
+  absl::Status EnqueueCommOp(const StreamOp& op);
+  absl::Status EnqueueCompute(const StreamOp& op);
 
   const int rank_;
   const int world_size_;
@@ -514,27 +399,14 @@ class StepExecutor {
   std::vector<MatrixGeometry> geometry_;  // local matrices
   GatherFn gather_fn_;
   RedistributeFn redistribute_fn_;
-  std::vector<BucketSchedule> buckets_;
-  bool async_ = false;
-  int prefetch_count_ = 0;
-  // This rank's schedule: "main" ops (sequential), or "comm" and "compute".
-  std::vector<Op> main_ops_;
-  std::vector<Op> comm_ops_;
-  std::vector<Op> compute_ops_;
-  // Bucket slots: slots x slot_elems floats holding the bucket's local U
-  // and O and the owned matrices' full U and O (PlaceInSlot); each matrix
-  // has fixed offsets inside its bucket's slot (-1 = not needed).
+  // The buckets' exchanges, Newton-Schulz batches and slot offsets, and
+  // this rank's operations per stream, compiled from the plan.
+  const BucketLayout layout_;
+  const StreamOps ops_;
+  // Bucket slots: ops_.slots x layout_.slot_elems() floats holding the
+  // bucket's local U and O and the owned matrices' full U and O; each
+  // matrix has fixed offsets inside its bucket's slot (BucketLayout).
   device::DeviceBuffer<float> arena_;
-  int64_t slot_elems_ = 0;
-  std::vector<int> slot_of_bucket_;
-  std::vector<int> bucket_of_;     // per local matrix: position in buckets_
-  std::vector<int64_t> u_offset_;  // per local matrix
-  std::vector<int64_t> o_offset_;
-  // Per local matrix, in its bucket's slot: this rank's box of O, and of
-  // U when formed (read only with ExecutorOptions::form_update).
-  std::vector<int64_t> local_o_offset_;
-  std::vector<int64_t> local_u_offset_;
-  std::vector<int64_t> v_offset_;  // NorMuon's full row state (-1 = none)
   std::vector<float*> row_state_;  // per parameter (BindRowState)
   // Exchange buffers, used only by the stream running the exchanges.
   device::DeviceBuffer<float> send_buf_;
@@ -545,14 +417,10 @@ class StepExecutor {
   // comm stream; read by Run after the streams are synchronized.
   std::vector<OpRecord> main_records_;
   std::vector<OpRecord> comm_records_;
-  // CUDA only (empty on the host): two timing events per record of a step
-  // (records of operations enqueued past the pool keep their enqueue
-  // times), the anchor (ResolveDeviceTimes), and the pairs handed out this
-  // step (by the enqueuing thread: CUDA streams run the operations'
-  // enqueue code on it).
-  std::vector<std::unique_ptr<device::Event>> timing_events_;
-  std::unique_ptr<device::Event> timing_anchor_;
-  int next_timing_ = 0;
+  // CUDA only (no events on the host): two timing events per record of a
+  // step (records of operations enqueued past the pool keep their enqueue
+  // times).
+  OpTimer timer_;
   int64_t bytes_sent_ = 0;  // written by the stream running exchanges
   int64_t bytes_received_ = 0;
   int ns_matrices_ = 0;  // written by the stream running Newton-Schulz

@@ -1,0 +1,343 @@
+// The step's bucket layout (client/bucket_layout.h) and per-stream
+// operations (client/stream_ops.h), compiled from hand-written plans:
+// slot offsets in the documented order, Newton-Schulz batches, buffer
+// sizes, and every refusal of a plan that does not fit the rank.
+#include "client/bucket_layout.h"
+
+#include <string>
+#include <vector>
+
+#include "client/stream_ops.h"
+#include "common/layout.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "plan/schedule.h"
+
+namespace muon {
+namespace {
+
+using ::testing::HasSubstr;
+
+Box Rows(int64_t b, int64_t e, int64_t cols) {
+  return Box{Range{b, e}, Range{0, cols}};
+}
+
+MatrixGeometry Matrix(const std::string& name, int index, int64_t rows,
+                      int64_t cols, std::vector<Box> boxes) {
+  MatrixGeometry g;
+  g.param = name;
+  g.param_index = index;
+  g.rows = rows;
+  g.cols = cols;
+  g.boxes = std::move(boxes);
+  return g;
+}
+
+// World of 2: A and B 4x3 split by rows (2 + 2), C 2x5 split by rows
+// (1 + 1), D 3x3 replicated.
+std::vector<MatrixGeometry> FourMatrices() {
+  return {Matrix("A", 0, 4, 3, {Rows(0, 2, 3), Rows(2, 4, 3)}),
+          Matrix("B", 1, 4, 3, {Rows(0, 2, 3), Rows(2, 4, 3)}),
+          Matrix("C", 2, 2, 5, {Rows(0, 1, 5), Rows(1, 2, 5)}),
+          Matrix("D", 3, 3, 3, {Rows(0, 3, 3), Rows(0, 3, 3)})};
+}
+
+void AddMatrix(v1::Plan* plan, const std::string& param, int64_t rows,
+               int64_t cols, int owner) {
+  v1::MatrixPlan* mp = plan->add_matrices();
+  mp->set_param(param);
+  mp->set_rows(rows);
+  mp->set_cols(cols);
+  mp->set_owner(owner);
+}
+
+void AddBucket(v1::Plan* plan, const std::vector<int>& matrices) {
+  v1::Bucket* b = plan->add_buckets();
+  b->set_index(plan->buckets_size() - 1);
+  for (int m : matrices) b->add_matrices(m);
+}
+
+// Plan matrices 0..3 = A, B, C, D (owners 0, 0, 1, 0), one bucket in the
+// order A, C, D, B.
+v1::Plan OneBucketPlan() {
+  v1::Plan plan;
+  plan.set_world_size(2);
+  AddMatrix(&plan, "A", 4, 3, 0);
+  AddMatrix(&plan, "B", 4, 3, 0);
+  AddMatrix(&plan, "C", 2, 5, 1);
+  AddMatrix(&plan, "D", 3, 3, 0);
+  AddBucket(&plan, {0, 2, 3, 1});
+  return plan;
+}
+
+TEST(BucketLayoutTest, OwnerSlot_BoxesOfOThenOwnedGroupsUThenO) {
+  absl::StatusOr<BucketLayout> layout = BucketLayout::Compile(
+      0, 2, OneBucketPlan(), FourMatrices(), BucketLayoutOptions());
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  ASSERT_EQ(layout->buckets().size(), 1u);
+  const LocalBucket& b = layout->buckets()[0];
+  EXPECT_EQ(b.matrices, (std::vector<int>{0, 2, 3, 1}));
+  EXPECT_EQ(b.owners, (std::vector<int>{0, 1, 0, 0}));
+  EXPECT_EQ(b.owned, (std::vector<int>{0, 3, 1}));
+  // This rank's boxes of O in plan order: A 6, C 5, D 9, B 6.
+  EXPECT_EQ(layout->local_o_offset(0), 0);
+  EXPECT_EQ(layout->local_o_offset(2), 6);
+  EXPECT_EQ(layout->local_o_offset(3), 11);
+  EXPECT_EQ(layout->local_o_offset(1), 20);
+  // D is held whole: no full U or O in the slot. A and B (same shape) are
+  // one group: U_A, U_B, O_A, O_B.
+  EXPECT_EQ(layout->full_u_offset(3), -1);
+  EXPECT_EQ(layout->full_o_offset(3), -1);
+  EXPECT_EQ(layout->full_u_offset(0), 26);
+  EXPECT_EQ(layout->full_u_offset(1), 38);
+  EXPECT_EQ(layout->full_o_offset(0), 50);
+  EXPECT_EQ(layout->full_o_offset(1), 62);
+  EXPECT_EQ(layout->full_u_offset(2), -1);  // C is rank 1's
+  EXPECT_EQ(layout->row_state_offset(0), -1);
+  EXPECT_EQ(layout->slot_elems(), 74);
+  ASSERT_EQ(b.ns_batches.size(), 2u);
+  EXPECT_EQ(b.ns_batches[0].first, 3);
+  EXPECT_EQ(b.ns_batches[0].count, 1);
+  EXPECT_FALSE(b.ns_batches[0].in_slot);
+  EXPECT_EQ(b.ns_batches[1].first, 0);
+  EXPECT_EQ(b.ns_batches[1].count, 2);
+  EXPECT_TRUE(b.ns_batches[1].in_slot);
+  EXPECT_EQ(b.ns_batches[1].members, (std::vector<int>{0, 1}));
+  const BufferSizes& sizes = layout->sizes();
+  EXPECT_EQ(sizes.owned_shapes, (std::map<std::pair<int64_t, int64_t>, int64_t>{
+                                    {{3, 3}, 1}, {{4, 3}, 2}}));
+  // Gather: rank 0 sends C's row 0 (5) and receives A's and B's rows 2-3
+  // (12); redistribute: it sends those back and D to its replica (21) and
+  // receives C's row 0 (5).
+  EXPECT_EQ(sizes.max_send, 21);
+  EXPECT_EQ(sizes.max_recv, 12);
+  for (int m = 0; m < 4; ++m) EXPECT_EQ(layout->bucket_of(m), 0);
+}
+
+TEST(BucketLayoutTest, FormedUBf16AndRowState_EachTakesItsRoomInOrder) {
+  BucketLayoutOptions options;
+  options.form_update = true;
+  options.bf16_exchange = true;
+  options.row_state = true;
+  absl::StatusOr<BucketLayout> layout =
+      BucketLayout::Compile(0, 2, OneBucketPlan(), FourMatrices(), options);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  // Boxes of U then O per matrix: A 0/6, C 12/17, D 22/31, B 40/46.
+  EXPECT_EQ(layout->local_u_offset(0), 0);
+  EXPECT_EQ(layout->local_o_offset(0), 6);
+  EXPECT_EQ(layout->local_u_offset(2), 12);
+  EXPECT_EQ(layout->local_o_offset(2), 17);
+  EXPECT_EQ(layout->local_u_offset(3), 22);
+  EXPECT_EQ(layout->local_o_offset(3), 31);
+  EXPECT_EQ(layout->local_u_offset(1), 40);
+  EXPECT_EQ(layout->local_o_offset(1), 46);
+  // The bf16 exchange rounds D's full U in the slot, though D is whole.
+  EXPECT_EQ(layout->full_u_offset(3), 52);
+  EXPECT_EQ(layout->full_o_offset(3), -1);
+  // The group, then its row state (4 rows each; rank 0 holds 2 of them).
+  EXPECT_EQ(layout->full_u_offset(0), 61);
+  EXPECT_EQ(layout->full_u_offset(1), 73);
+  EXPECT_EQ(layout->full_o_offset(0), 85);
+  EXPECT_EQ(layout->full_o_offset(1), 97);
+  EXPECT_EQ(layout->row_state_offset(0), 109);
+  EXPECT_EQ(layout->row_state_offset(1), 113);
+  EXPECT_EQ(layout->row_state_offset(3), -1);  // whole: its own rows
+  EXPECT_EQ(layout->slot_elems(), 117);
+}
+
+TEST(BucketLayoutTest, CustomGather_WholeOwnedMatrixGetsFullUInSlot) {
+  BucketLayoutOptions options;
+  options.custom_gather = true;
+  absl::StatusOr<BucketLayout> layout =
+      BucketLayout::Compile(0, 2, OneBucketPlan(), FourMatrices(), options);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  EXPECT_EQ(layout->full_u_offset(3), 26);
+  EXPECT_EQ(layout->full_u_offset(0), 35);
+  EXPECT_EQ(layout->slot_elems(), 83);
+}
+
+TEST(BucketLayoutTest, NonOwner_SlotHoldsItsBoxesAndTheMatrixItOwns) {
+  absl::StatusOr<BucketLayout> layout = BucketLayout::Compile(
+      1, 2, OneBucketPlan(), FourMatrices(), BucketLayoutOptions());
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  const LocalBucket& b = layout->buckets()[0];
+  EXPECT_EQ(b.owned, (std::vector<int>{2}));
+  EXPECT_EQ(layout->full_u_offset(2), 26);
+  EXPECT_EQ(layout->full_o_offset(2), 36);
+  EXPECT_EQ(layout->full_u_offset(0), -1);
+  EXPECT_EQ(layout->slot_elems(), 46);
+}
+
+TEST(BucketLayoutTest, MatrixOfAnotherStage_SkippedWithZeroSizes) {
+  v1::Plan plan = OneBucketPlan();
+  AddMatrix(&plan, "other_stage", 8, 8, 1);
+  AddBucket(&plan, {4});
+  absl::StatusOr<BucketLayout> layout =
+      BucketLayout::Compile(0, 2, plan, FourMatrices(), BucketLayoutOptions());
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  ASSERT_EQ(layout->buckets().size(), 2u);
+  const LocalBucket& b = layout->buckets()[1];
+  EXPECT_EQ(b.index, 1);
+  EXPECT_TRUE(b.matrices.empty());
+  EXPECT_EQ(b.gather.send_total, 0);
+  EXPECT_EQ(b.redistribute.recv_total, 0);
+}
+
+TEST(BucketLayoutTest, PlanNotFittingTheRank_RefusedNamingTheMatrix) {
+  const std::vector<MatrixGeometry> geometry = FourMatrices();
+  {
+    v1::Plan plan = OneBucketPlan();
+    plan.mutable_buckets(0)->clear_matrices();
+    for (int m : {0, 2, 3}) plan.mutable_buckets(0)->add_matrices(m);
+    absl::StatusOr<BucketLayout> layout =
+        BucketLayout::Compile(0, 2, plan, geometry, BucketLayoutOptions());
+    EXPECT_THAT(layout.status().message(),
+                HasSubstr("covers matrix \"B\" slice 0 0 times"));
+  }
+  {
+    v1::Plan plan = OneBucketPlan();
+    AddBucket(&plan, {1});
+    absl::StatusOr<BucketLayout> layout =
+        BucketLayout::Compile(0, 2, plan, geometry, BucketLayoutOptions());
+    EXPECT_THAT(layout.status().message(),
+                HasSubstr("covers matrix \"B\" slice 0 2 times"));
+  }
+  {
+    v1::Plan plan = OneBucketPlan();
+    plan.mutable_buckets(0)->add_matrices(7);
+    absl::StatusOr<BucketLayout> layout =
+        BucketLayout::Compile(0, 2, plan, geometry, BucketLayoutOptions());
+    EXPECT_THAT(layout.status().message(),
+                HasSubstr("plan bucket 0 names matrix 7 of 4"));
+  }
+  {
+    v1::Plan plan = OneBucketPlan();
+    plan.mutable_matrices(2)->set_rows(3);
+    absl::StatusOr<BucketLayout> layout =
+        BucketLayout::Compile(0, 2, plan, geometry, BucketLayoutOptions());
+    EXPECT_THAT(layout.status().message(),
+                HasSubstr("is [3, 5] but rank 0 has it as [2, 5]"));
+  }
+  {
+    v1::Plan plan = OneBucketPlan();
+    plan.mutable_matrices(1)->set_owner(2);
+    absl::StatusOr<BucketLayout> layout =
+        BucketLayout::Compile(0, 2, plan, geometry, BucketLayoutOptions());
+    EXPECT_THAT(layout.status().message(),
+                HasSubstr("owner 2 out of range for world size 2"));
+  }
+  {
+    std::vector<MatrixGeometry> only_rank0 = geometry;
+    only_rank0[0].boxes = {Rows(0, 4, 3), Box{Range{0, 0}, Range{0, 0}}};
+    v1::Plan plan = OneBucketPlan();
+    plan.mutable_matrices(0)->set_owner(1);
+    absl::StatusOr<BucketLayout> layout =
+        BucketLayout::Compile(0, 2, plan, only_rank0, BucketLayoutOptions());
+    EXPECT_THAT(layout.status().message(),
+                HasSubstr("owner rank 1 holds no shard of it"));
+  }
+}
+
+// Three buckets: A (owner 0), C (owner 1), then B and D (owner 0).
+v1::Plan ThreeBucketPlan(bool async, int prefetch_count) {
+  v1::Plan plan;
+  plan.set_world_size(2);
+  AddMatrix(&plan, "A", 4, 3, 0);
+  AddMatrix(&plan, "B", 4, 3, 0);
+  AddMatrix(&plan, "C", 2, 5, 1);
+  AddMatrix(&plan, "D", 3, 3, 0);
+  AddBucket(&plan, {0});
+  AddBucket(&plan, {2});
+  AddBucket(&plan, {1, 3});
+  *plan.mutable_schedule() = MakeScheduleHeader(plan, async, prefetch_count);
+  return plan;
+}
+
+std::vector<v1::OpKind> Kinds(const std::vector<StreamOp>& ops) {
+  std::vector<v1::OpKind> kinds;
+  for (const StreamOp& op : ops) kinds.push_back(op.kind);
+  return kinds;
+}
+
+TEST(StreamOpsTest, SequentialCompactPlan_AllOnMainOrthogonalizingOwned) {
+  const v1::Plan plan = ThreeBucketPlan(/*async=*/false, 0);
+  absl::StatusOr<BucketLayout> layout =
+      BucketLayout::Compile(0, 2, plan, FourMatrices(), BucketLayoutOptions());
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  absl::StatusOr<StreamOps> ops = CompileStreamOps(0, plan, layout->buckets());
+  ASSERT_TRUE(ops.ok()) << ops.status();
+  EXPECT_FALSE(ops->async);
+  EXPECT_EQ(ops->slots, 1);
+  EXPECT_TRUE(ops->comm.empty());
+  EXPECT_TRUE(ops->compute.empty());
+  EXPECT_EQ(ops->slot_of_bucket, (std::vector<int>{0, 0, 0}));
+  int orthogonalized = 0;
+  for (const StreamOp& op : ops->main) {
+    if (op.kind != v1::OP_KIND_ORTHOGONALIZE) continue;
+    ++orthogonalized;
+    EXPECT_NE(op.bucket, 1) << "bucket 1 is rank 1's";
+  }
+  EXPECT_EQ(orthogonalized, 2);
+  EXPECT_EQ(ops->main.size(), 3u * 3u + 2u);
+}
+
+TEST(StreamOpsTest, AsyncPrefetchOne_CommAndComputeListsTwoSlots) {
+  const v1::Plan plan = ThreeBucketPlan(/*async=*/true, 1);
+  absl::StatusOr<BucketLayout> layout =
+      BucketLayout::Compile(1, 2, plan, FourMatrices(), BucketLayoutOptions());
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  absl::StatusOr<StreamOps> ops = CompileStreamOps(1, plan, layout->buckets());
+  ASSERT_TRUE(ops.ok()) << ops.status();
+  EXPECT_TRUE(ops->async);
+  EXPECT_EQ(ops->prefetch_count, 1);
+  EXPECT_EQ(ops->slots, 2);
+  EXPECT_TRUE(ops->main.empty());
+  EXPECT_EQ(Kinds(ops->compute),
+            (std::vector<v1::OpKind>{v1::OP_KIND_ORTHOGONALIZE}));
+  EXPECT_EQ(ops->compute[0].bucket, 1);
+  EXPECT_EQ(ops->comm.size(), 9u);
+  EXPECT_EQ(ops->slot_of_bucket, (std::vector<int>{0, 1, 0}));
+}
+
+TEST(StreamOpsTest, ScheduleNotForThisBinaryOrRank_Refused) {
+  const std::vector<MatrixGeometry> geometry = FourMatrices();
+  v1::Plan plan = ThreeBucketPlan(/*async=*/false, 0);
+  absl::StatusOr<BucketLayout> layout =
+      BucketLayout::Compile(0, 2, plan, geometry, BucketLayoutOptions());
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  plan.mutable_schedule()->set_derivation("muon-schedule-v0");
+  EXPECT_THAT(CompileStreamOps(0, plan, layout->buckets()).status().message(),
+              HasSubstr("schedule derivation \"muon-schedule-v0\" is not "
+                        "this binary's"));
+  // An explicit schedule that lists rank 1 only.
+  plan = ThreeBucketPlan(/*async=*/false, 0);
+  *plan.mutable_schedule()->add_ranks() = MakeRankSchedule(plan, 1);
+  EXPECT_THAT(CompileStreamOps(0, plan, layout->buckets()).status().message(),
+              HasSubstr("rank 0: the plan carries no stream schedule"));
+}
+
+TEST(StreamOpsTest, AsyncComputeOrderNotRedistributeOrder_Refused) {
+  const v1::Plan compact = ThreeBucketPlan(/*async=*/true, 1);
+  v1::Plan plan = compact;
+  v1::RankSchedule mine = MakeRankSchedule(compact, 0);
+  // Rank 0 owns buckets 0 and 2: swap their orthogonalize operations.
+  std::vector<int> at;
+  for (int i = 0; i < mine.ops_size(); ++i) {
+    if (mine.ops(i).op() == v1::OP_KIND_ORTHOGONALIZE) at.push_back(i);
+  }
+  ASSERT_EQ(at.size(), 2u);
+  mine.mutable_ops()->SwapElements(at[0], at[1]);
+  *plan.mutable_schedule()->add_ranks() = mine;
+  absl::StatusOr<BucketLayout> layout =
+      BucketLayout::Compile(0, 2, plan, FourMatrices(), BucketLayoutOptions());
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  absl::StatusOr<StreamOps> ops = CompileStreamOps(0, plan, layout->buckets());
+  EXPECT_FALSE(ops.ok());
+  EXPECT_THAT(ops.status().message(),
+              HasSubstr("rank 0: the schedule's compute stream orthogonalizes "
+                        "buckets [2, 0] but its comm stream redistributes the "
+                        "owned ones in the order [0, 2]"));
+}
+
+}  // namespace
+}  // namespace muon
