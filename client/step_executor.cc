@@ -380,15 +380,41 @@ absl::Status StepExecutor::RoundOwnedUpdates(
   return absl::OkStatus();
 }
 
-absl::Status StepExecutor::Gather(int b, const StepArgs& args,
-                                  device::Stream* stream,
-                                  std::vector<OpRecord>* rec,
-                                  v1::StreamKind stream_kind) {
+absl::Status StepExecutor::RunOp(v1::OpKind kind, int b, device::Stream* stream,
+                                 std::vector<OpRecord>* rec,
+                                 v1::StreamKind stream_kind) {
   const LocalBucket& bs = layout_.buckets()[b];
-  const double t0 = OpTimer::NowSeconds();
+  OpRecord r;
+  r.op = kind;
+  r.stream = stream_kind;
+  r.bucket = bs.index;
+  r.start_s = OpTimer::NowSeconds();
+  MUON_RETURN_IF_ERROR(timer_.Start(stream, &r.timing));
+  switch (kind) {
+    case v1::OP_KIND_GATHER:
+      MUON_RETURN_IF_ERROR(Gather(bs, step_args_, stream, &r));
+      break;
+    case v1::OP_KIND_ORTHOGONALIZE:
+      MUON_RETURN_IF_ERROR(Orthogonalize(bs, step_args_, stream, &r));
+      break;
+    case v1::OP_KIND_REDISTRIBUTE:
+      MUON_RETURN_IF_ERROR(Redistribute(bs, step_args_, stream, &r));
+      break;
+    case v1::OP_KIND_APPLY:
+      MUON_RETURN_IF_ERROR(Apply(bs, step_args_, stream, &r));
+      break;
+    default:
+      break;  // Create accepts only the four kinds
+  }
+  MUON_RETURN_IF_ERROR(timer_.End(stream, r.timing));
+  r.end_s = OpTimer::NowSeconds();
+  rec->push_back(r);
+  return absl::OkStatus();
+}
+
+absl::Status StepExecutor::Gather(const LocalBucket& bs, const StepArgs& args,
+                                  device::Stream* stream, OpRecord* r) {
   const int64_t sent0 = bytes_sent_;
-  int timing = -1;
-  MUON_RETURN_IF_ERROR(timer_.Start(stream, &timing));
   MUON_RETURN_IF_ERROR(FormUpdates(bs, args, stream));
   if (gather_fn_) {
     for (size_t i = 0; i < bs.matrices.size(); ++i) {
@@ -406,22 +432,14 @@ absl::Status StepExecutor::Gather(int b, const StepArgs& args,
       MUON_RETURN_IF_ERROR(RoundOwnedUpdates(bs, *args.updates, stream));
     }
   }
-  MUON_RETURN_IF_ERROR(timer_.End(stream, timing));
-  rec->push_back(OpRecord{v1::OP_KIND_GATHER, stream_kind, bs.index, t0,
-                          OpTimer::NowSeconds(), bytes_sent_ - sent0, 0,
-                          timing});
+  r->bytes = bytes_sent_ - sent0;
   return absl::OkStatus();
 }
 
-absl::Status StepExecutor::Orthogonalize(int b, const StepArgs& args,
-                                         device::Stream* stream,
-                                         std::vector<OpRecord>* rec,
-                                         v1::StreamKind stream_kind) {
-  const LocalBucket& bs = layout_.buckets()[b];
-  const double t0 = OpTimer::NowSeconds();
+absl::Status StepExecutor::Orthogonalize(const LocalBucket& bs,
+                                         const StepArgs& args,
+                                         device::Stream* stream, OpRecord* r) {
   double flops = 0;
-  int timing = -1;
-  MUON_RETURN_IF_ERROR(timer_.Start(stream, &timing));
   for (const NsBatch& batch : bs.ns_batches) {
     const int m = batch.first;
     const MatrixGeometry& g = geometry_[m];
@@ -445,9 +463,7 @@ absl::Status StepExecutor::Orthogonalize(int b, const StepArgs& args,
     ns_matrices_ += batch.count;
   }
   ns_flops_ += flops;
-  MUON_RETURN_IF_ERROR(timer_.End(stream, timing));
-  rec->push_back(OpRecord{v1::OP_KIND_ORTHOGONALIZE, stream_kind, bs.index, t0,
-                          OpTimer::NowSeconds(), 0, flops, timing});
+  r->flops = flops;
   return absl::OkStatus();
 }
 
@@ -463,15 +479,10 @@ absl::Status StepExecutor::TransformBatch(const NsBatch& batch, float* o,
   return absl::OkStatus();
 }
 
-absl::Status StepExecutor::Redistribute(int b, const StepArgs& args,
-                                        device::Stream* stream,
-                                        std::vector<OpRecord>* rec,
-                                        v1::StreamKind stream_kind) {
-  const LocalBucket& bs = layout_.buckets()[b];
-  const double t0 = OpTimer::NowSeconds();
+absl::Status StepExecutor::Redistribute(const LocalBucket& bs,
+                                        const StepArgs& args,
+                                        device::Stream* stream, OpRecord* r) {
   const int64_t sent0 = bytes_sent_;
-  int timing = -1;
-  MUON_RETURN_IF_ERROR(timer_.Start(stream, &timing));
   if (redistribute_fn_) {
     for (size_t i = 0; i < bs.matrices.size(); ++i) {
       const int m = bs.matrices[i];
@@ -488,23 +499,14 @@ absl::Status StepExecutor::Redistribute(int b, const StepArgs& args,
                                      *args.updates, stream, &bytes_sent_,
                                      &bytes_received_));
   }
-  MUON_RETURN_IF_ERROR(timer_.End(stream, timing));
-  rec->push_back(OpRecord{v1::OP_KIND_REDISTRIBUTE, stream_kind, bs.index, t0,
-                          OpTimer::NowSeconds(), bytes_sent_ - sent0, 0,
-                          timing});
+  r->bytes = bytes_sent_ - sent0;
   return absl::OkStatus();
 }
 
-absl::Status StepExecutor::Apply(int b, const StepArgs& args,
-                                 device::Stream* stream,
-                                 std::vector<OpRecord>* rec,
-                                 v1::StreamKind stream_kind) {
+absl::Status StepExecutor::Apply(const LocalBucket& bs, const StepArgs& args,
+                                 device::Stream* stream, OpRecord* /*r*/) {
   // Decoupled weight decay and the AdjustLR-scaled update on the local
   // shard (UpdateRule::Apply), AdjustLR from the matrix's GLOBAL shape.
-  const LocalBucket& bs = layout_.buckets()[b];
-  const double t0 = OpTimer::NowSeconds();
-  int timing = -1;
-  MUON_RETURN_IF_ERROR(timer_.Start(stream, &timing));
   for (int m : bs.matrices) {
     const MatrixGeometry& g = geometry_[m];
     const int64_t n = g.boxes[rank_].numel();
@@ -517,9 +519,28 @@ absl::Status StepExecutor::Apply(int b, const StepArgs& args,
         bf16 ? kernels::ParamDType::kBFloat16 : kernels::ParamDType::kFloat32,
         LocalO(m), n));
   }
-  MUON_RETURN_IF_ERROR(timer_.End(stream, timing));
-  rec->push_back(OpRecord{v1::OP_KIND_APPLY, stream_kind, bs.index, t0,
-                          OpTimer::NowSeconds(), 0, 0, timing});
+  return absl::OkStatus();
+}
+
+absl::Status StepExecutor::GatherThenOrthogonalize(int b) {
+  device::Stream* main = main_stream_.get();
+  MUON_RETURN_IF_ERROR(
+      RunOp(v1::OP_KIND_GATHER, b, main, &main_records_, v1::STREAM_KIND_MAIN));
+  // Owners orthogonalize in rank order: rank i runs between the i-th and
+  // (i+1)-th barrier of the bucket.
+  const bool mine = !layout_.buckets()[b].owned.empty();
+  if (world_size_ == 1) {
+    return mine ? RunOp(v1::OP_KIND_ORTHOGONALIZE, b, main, &main_records_,
+                        v1::STREAM_KIND_MAIN)
+                : absl::OkStatus();
+  }
+  for (int turn = 0; turn < world_size_; ++turn) {
+    if (turn == rank_ && mine) {
+      MUON_RETURN_IF_ERROR(RunOp(v1::OP_KIND_ORTHOGONALIZE, b, main,
+                                 &main_records_, v1::STREAM_KIND_MAIN));
+    }
+    MUON_RETURN_IF_ERROR(comm_->Barrier());
+  }
   return absl::OkStatus();
 }
 
@@ -532,39 +553,20 @@ absl::Status StepExecutor::EnqueueSequential(int ready) {
     const int b = op.bucket;
     switch (op.kind) {
       case v1::OP_KIND_GATHER:
-        MUON_RETURN_IF_ERROR(main->Launch([this, b] {
-          MUON_RETURN_IF_ERROR(Gather(b, step_args_, main_stream_.get(),
-                                      &main_records_, v1::STREAM_KIND_MAIN));
-          // Owners orthogonalize in rank order: rank i runs between the
-          // i-th and (i+1)-th barrier of the bucket.
-          const bool mine = !layout_.buckets()[b].owned.empty();
-          if (world_size_ == 1) {
-            return mine ? Orthogonalize(b, step_args_, main_stream_.get(),
-                                        &main_records_, v1::STREAM_KIND_MAIN)
-                        : absl::OkStatus();
-          }
-          for (int turn = 0; turn < world_size_; ++turn) {
-            if (turn == rank_ && mine) {
-              MUON_RETURN_IF_ERROR(
-                  Orthogonalize(b, step_args_, main_stream_.get(),
-                                &main_records_, v1::STREAM_KIND_MAIN));
-            }
-            MUON_RETURN_IF_ERROR(comm_->Barrier());
-          }
-          return absl::OkStatus();
-        }));
+        MUON_RETURN_IF_ERROR(
+            main->Launch([this, b] { return GatherThenOrthogonalize(b); }));
         break;
       case v1::OP_KIND_ORTHOGONALIZE:
         break;  // run in rank order right after the bucket's gather
       case v1::OP_KIND_REDISTRIBUTE:
         MUON_RETURN_IF_ERROR(main->Launch([this, b] {
-          return Redistribute(b, step_args_, main_stream_.get(), &main_records_,
-                              v1::STREAM_KIND_MAIN);
+          return RunOp(v1::OP_KIND_REDISTRIBUTE, b, main_stream_.get(),
+                       &main_records_, v1::STREAM_KIND_MAIN);
         }));
         break;
       case v1::OP_KIND_APPLY:
         MUON_RETURN_IF_ERROR(main->Launch([this, b] {
-          return Apply(b, step_args_, main_stream_.get(), &main_records_,
+          return RunOp(v1::OP_KIND_APPLY, b, main_stream_.get(), &main_records_,
                        v1::STREAM_KIND_MAIN);
         }));
         break;
@@ -582,8 +584,8 @@ absl::Status StepExecutor::EnqueueCompute(const StreamOp& op) {
     MUON_RETURN_IF_ERROR(compute_stream_->WaitFor(gathered));
   }
   MUON_RETURN_IF_ERROR(compute_stream_->Launch([this, b] {
-    return Orthogonalize(b, step_args_, compute_stream_.get(), &main_records_,
-                         v1::STREAM_KIND_COMPUTE);
+    return RunOp(v1::OP_KIND_ORTHOGONALIZE, b, compute_stream_.get(),
+                 &main_records_, v1::STREAM_KIND_COMPUTE);
   }));
   return orthogonalized_[ops_.slot_of_bucket[b]]->Record(compute_stream_.get());
 }
@@ -594,8 +596,8 @@ absl::Status StepExecutor::EnqueueCommOp(const StreamOp& op) {
   switch (op.kind) {
     case v1::OP_KIND_GATHER:
       MUON_RETURN_IF_ERROR(comm->Launch([this, b] {
-        return Gather(b, step_args_, comm_stream_.get(), &comm_records_,
-                      v1::STREAM_KIND_COMM);
+        return RunOp(v1::OP_KIND_GATHER, b, comm_stream_.get(), &comm_records_,
+                     v1::STREAM_KIND_COMM);
       }));
       return gathered_[ops_.slot_of_bucket[b]]->Record(comm);
     case v1::OP_KIND_REDISTRIBUTE:
@@ -605,12 +607,12 @@ absl::Status StepExecutor::EnqueueCommOp(const StreamOp& op) {
             comm->WaitFor(orthogonalized_[ops_.slot_of_bucket[b]].get()));
       }
       return comm->Launch([this, b] {
-        return Redistribute(b, step_args_, comm_stream_.get(), &comm_records_,
-                            v1::STREAM_KIND_COMM);
+        return RunOp(v1::OP_KIND_REDISTRIBUTE, b, comm_stream_.get(),
+                     &comm_records_, v1::STREAM_KIND_COMM);
       });
     case v1::OP_KIND_APPLY:
       return comm->Launch([this, b] {
-        return Apply(b, step_args_, comm_stream_.get(), &comm_records_,
+        return RunOp(v1::OP_KIND_APPLY, b, comm_stream_.get(), &comm_records_,
                      v1::STREAM_KIND_COMM);
       });
     case v1::OP_KIND_ORTHOGONALIZE:

@@ -374,16 +374,25 @@ class StepExecutor {
   absl::Status SendRecvBf16(const Exchange& ex, bool to_owner,
                             const std::vector<UpdateSource>& updates,
                             device::Stream* stream);
-  absl::Status Gather(int b, const StepArgs& args, device::Stream* stream,
-                      std::vector<OpRecord>* rec, v1::StreamKind stream_kind);
-  absl::Status Orthogonalize(int b, const StepArgs& args,
-                             device::Stream* stream, std::vector<OpRecord>* rec,
-                             v1::StreamKind stream_kind);
-  absl::Status Redistribute(int b, const StepArgs& args, device::Stream* stream,
-                            std::vector<OpRecord>* rec,
-                            v1::StreamKind stream_kind);
-  absl::Status Apply(int b, const StepArgs& args, device::Stream* stream,
+  // Runs operation `kind` of bucket position b with the step in flight's
+  // arguments, in `stream`'s order (called from inside its Launch), timed:
+  // appends its OpRecord, labelled `stream_kind`, to *rec.
+  absl::Status RunOp(v1::OpKind kind, int b, device::Stream* stream,
                      std::vector<OpRecord>* rec, v1::StreamKind stream_kind);
+  // RunOp's work for each kind; each sets the bytes it sent or the FLOPs it
+  // ran in *r.
+  absl::Status Gather(const LocalBucket& bs, const StepArgs& args,
+                      device::Stream* stream, OpRecord* r);
+  absl::Status Orthogonalize(const LocalBucket& bs, const StepArgs& args,
+                             device::Stream* stream, OpRecord* r);
+  absl::Status Redistribute(const LocalBucket& bs, const StepArgs& args,
+                            device::Stream* stream, OpRecord* r);
+  absl::Status Apply(const LocalBucket& bs, const StepArgs& args,
+                     device::Stream* stream, OpRecord* r);
+  // Sequential mode: bucket b's gather, then its Newton-Schulz in rank
+  // order (rank i between the bucket's i-th and (i+1)-th barrier, so that
+  // owners never orthogonalize at the same time and timings are exact).
+  absl::Status GatherThenOrthogonalize(int b);
   // Enqueue the step's operations of buckets [0, ready) not enqueued yet
   // (from the cursors below) on the streams; EndEnqueue enqueues the rest
   // and orders the caller's stream after the step.

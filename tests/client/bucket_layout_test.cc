@@ -4,6 +4,7 @@
 // sizes, and every refusal of a plan that does not fit the rank.
 #include "client/bucket_layout.h"
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -70,9 +71,24 @@ v1::Plan OneBucketPlan() {
   return plan;
 }
 
+// `rank`'s layout of `plan` over FourMatrices().
+absl::StatusOr<BucketLayout> LayoutOf(
+    int rank, const BucketLayoutOptions& options = BucketLayoutOptions(),
+    const v1::Plan& plan = OneBucketPlan()) {
+  return BucketLayout::Compile(rank, 2, plan, FourMatrices(), options);
+}
+
+// One offset of every local matrix, in the order A, B, C, D.
+using Offsets = std::vector<int64_t>;
+Offsets OffsetsOf(const BucketLayout& layout,
+                  int64_t (BucketLayout::*offset)(int) const) {
+  Offsets out;
+  for (int m = 0; m < 4; ++m) out.push_back((layout.*offset)(m));
+  return out;
+}
+
 TEST(BucketLayoutTest, OwnerSlot_BoxesOfOThenOwnedGroupsUThenO) {
-  absl::StatusOr<BucketLayout> layout = BucketLayout::Compile(
-      0, 2, OneBucketPlan(), FourMatrices(), BucketLayoutOptions());
+  absl::StatusOr<BucketLayout> layout = LayoutOf(0);
   ASSERT_TRUE(layout.ok()) << layout.status();
   ASSERT_EQ(layout->buckets().size(), 1u);
   const LocalBucket& b = layout->buckets()[0];
@@ -80,20 +96,16 @@ TEST(BucketLayoutTest, OwnerSlot_BoxesOfOThenOwnedGroupsUThenO) {
   EXPECT_EQ(b.owners, (std::vector<int>{0, 1, 0, 0}));
   EXPECT_EQ(b.owned, (std::vector<int>{0, 3, 1}));
   // This rank's boxes of O in plan order: A 6, C 5, D 9, B 6.
-  EXPECT_EQ(layout->local_o_offset(0), 0);
-  EXPECT_EQ(layout->local_o_offset(2), 6);
-  EXPECT_EQ(layout->local_o_offset(3), 11);
-  EXPECT_EQ(layout->local_o_offset(1), 20);
-  // D is held whole: no full U or O in the slot. A and B (same shape) are
-  // one group: U_A, U_B, O_A, O_B.
-  EXPECT_EQ(layout->full_u_offset(3), -1);
-  EXPECT_EQ(layout->full_o_offset(3), -1);
-  EXPECT_EQ(layout->full_u_offset(0), 26);
-  EXPECT_EQ(layout->full_u_offset(1), 38);
-  EXPECT_EQ(layout->full_o_offset(0), 50);
-  EXPECT_EQ(layout->full_o_offset(1), 62);
-  EXPECT_EQ(layout->full_u_offset(2), -1);  // C is rank 1's
-  EXPECT_EQ(layout->row_state_offset(0), -1);
+  EXPECT_EQ(OffsetsOf(*layout, &BucketLayout::local_o_offset),
+            (Offsets{0, 20, 6, 11}));
+  // D is held whole: no full U or O in the slot; C is rank 1's. A and B
+  // (same shape) are one group: U_A, U_B, O_A, O_B.
+  EXPECT_EQ(OffsetsOf(*layout, &BucketLayout::full_u_offset),
+            (Offsets{26, 38, -1, -1}));
+  EXPECT_EQ(OffsetsOf(*layout, &BucketLayout::full_o_offset),
+            (Offsets{50, 62, -1, -1}));
+  EXPECT_EQ(OffsetsOf(*layout, &BucketLayout::row_state_offset),
+            (Offsets{-1, -1, -1, -1}));
   EXPECT_EQ(layout->slot_elems(), 74);
   ASSERT_EQ(b.ns_batches.size(), 2u);
   EXPECT_EQ(b.ns_batches[0].first, 3);
@@ -119,52 +131,45 @@ TEST(BucketLayoutTest, FormedUBf16AndRowState_EachTakesItsRoomInOrder) {
   options.form_update = true;
   options.bf16_exchange = true;
   options.row_state = true;
-  absl::StatusOr<BucketLayout> layout =
-      BucketLayout::Compile(0, 2, OneBucketPlan(), FourMatrices(), options);
+  absl::StatusOr<BucketLayout> layout = LayoutOf(0, options);
   ASSERT_TRUE(layout.ok()) << layout.status();
-  // Boxes of U then O per matrix: A 0/6, C 12/17, D 22/31, B 40/46.
-  EXPECT_EQ(layout->local_u_offset(0), 0);
-  EXPECT_EQ(layout->local_o_offset(0), 6);
-  EXPECT_EQ(layout->local_u_offset(2), 12);
-  EXPECT_EQ(layout->local_o_offset(2), 17);
-  EXPECT_EQ(layout->local_u_offset(3), 22);
-  EXPECT_EQ(layout->local_o_offset(3), 31);
-  EXPECT_EQ(layout->local_u_offset(1), 40);
-  EXPECT_EQ(layout->local_o_offset(1), 46);
-  // The bf16 exchange rounds D's full U in the slot, though D is whole.
-  EXPECT_EQ(layout->full_u_offset(3), 52);
-  EXPECT_EQ(layout->full_o_offset(3), -1);
-  // The group, then its row state (4 rows each; rank 0 holds 2 of them).
-  EXPECT_EQ(layout->full_u_offset(0), 61);
-  EXPECT_EQ(layout->full_u_offset(1), 73);
-  EXPECT_EQ(layout->full_o_offset(0), 85);
-  EXPECT_EQ(layout->full_o_offset(1), 97);
-  EXPECT_EQ(layout->row_state_offset(0), 109);
-  EXPECT_EQ(layout->row_state_offset(1), 113);
-  EXPECT_EQ(layout->row_state_offset(3), -1);  // whole: its own rows
+  // Boxes of U then O per matrix in plan order: A 0/6, C 12/17, D 22/31,
+  // B 40/46.
+  EXPECT_EQ(OffsetsOf(*layout, &BucketLayout::local_u_offset),
+            (Offsets{0, 40, 12, 22}));
+  EXPECT_EQ(OffsetsOf(*layout, &BucketLayout::local_o_offset),
+            (Offsets{6, 46, 17, 31}));
+  // The bf16 exchange rounds D's full U in the slot, though D is whole;
+  // then the group, then its row state (4 rows each; rank 0 holds 2 of
+  // them; D is whole, so its own rows serve).
+  EXPECT_EQ(OffsetsOf(*layout, &BucketLayout::full_u_offset),
+            (Offsets{61, 73, -1, 52}));
+  EXPECT_EQ(OffsetsOf(*layout, &BucketLayout::full_o_offset),
+            (Offsets{85, 97, -1, -1}));
+  EXPECT_EQ(OffsetsOf(*layout, &BucketLayout::row_state_offset),
+            (Offsets{109, 113, -1, -1}));
   EXPECT_EQ(layout->slot_elems(), 117);
 }
 
 TEST(BucketLayoutTest, CustomGather_WholeOwnedMatrixGetsFullUInSlot) {
   BucketLayoutOptions options;
   options.custom_gather = true;
-  absl::StatusOr<BucketLayout> layout =
-      BucketLayout::Compile(0, 2, OneBucketPlan(), FourMatrices(), options);
+  absl::StatusOr<BucketLayout> layout = LayoutOf(0, options);
   ASSERT_TRUE(layout.ok()) << layout.status();
-  EXPECT_EQ(layout->full_u_offset(3), 26);
-  EXPECT_EQ(layout->full_u_offset(0), 35);
+  EXPECT_EQ(OffsetsOf(*layout, &BucketLayout::full_u_offset),
+            (Offsets{35, 47, -1, 26}));
   EXPECT_EQ(layout->slot_elems(), 83);
 }
 
 TEST(BucketLayoutTest, NonOwner_SlotHoldsItsBoxesAndTheMatrixItOwns) {
-  absl::StatusOr<BucketLayout> layout = BucketLayout::Compile(
-      1, 2, OneBucketPlan(), FourMatrices(), BucketLayoutOptions());
+  absl::StatusOr<BucketLayout> layout = LayoutOf(1);
   ASSERT_TRUE(layout.ok()) << layout.status();
   const LocalBucket& b = layout->buckets()[0];
   EXPECT_EQ(b.owned, (std::vector<int>{2}));
-  EXPECT_EQ(layout->full_u_offset(2), 26);
-  EXPECT_EQ(layout->full_o_offset(2), 36);
-  EXPECT_EQ(layout->full_u_offset(0), -1);
+  EXPECT_EQ(OffsetsOf(*layout, &BucketLayout::full_u_offset),
+            (Offsets{-1, -1, 26, -1}));
+  EXPECT_EQ(OffsetsOf(*layout, &BucketLayout::full_o_offset),
+            (Offsets{-1, -1, 36, -1}));
   EXPECT_EQ(layout->slot_elems(), 46);
 }
 
@@ -173,7 +178,7 @@ TEST(BucketLayoutTest, MatrixOfAnotherStage_SkippedWithZeroSizes) {
   AddMatrix(&plan, "other_stage", 8, 8, 1);
   AddBucket(&plan, {4});
   absl::StatusOr<BucketLayout> layout =
-      BucketLayout::Compile(0, 2, plan, FourMatrices(), BucketLayoutOptions());
+      LayoutOf(0, BucketLayoutOptions(), plan);
   ASSERT_TRUE(layout.ok()) << layout.status();
   ASSERT_EQ(layout->buckets().size(), 2u);
   const LocalBucket& b = layout->buckets()[1];
@@ -184,57 +189,53 @@ TEST(BucketLayoutTest, MatrixOfAnotherStage_SkippedWithZeroSizes) {
 }
 
 TEST(BucketLayoutTest, PlanNotFittingTheRank_RefusedNamingTheMatrix) {
-  const std::vector<MatrixGeometry> geometry = FourMatrices();
-  {
+  struct Case {
+    std::string name;
+    std::function<void(v1::Plan*, std::vector<MatrixGeometry>*)> change;
+    std::string error;
+  };
+  const std::vector<Case> cases = {
+      {"B in no bucket",
+       [](v1::Plan* plan, std::vector<MatrixGeometry>*) {
+         plan->mutable_buckets(0)->mutable_matrices()->RemoveLast();
+       },
+       "covers matrix \"B\" slice 0 0 times"},
+      {"B in two buckets",
+       [](v1::Plan* plan, std::vector<MatrixGeometry>*) {
+         AddBucket(plan, {1});
+       },
+       "covers matrix \"B\" slice 0 2 times"},
+      {"a matrix outside the plan",
+       [](v1::Plan* plan, std::vector<MatrixGeometry>*) {
+         plan->mutable_buckets(0)->add_matrices(7);
+       },
+       "plan bucket 0 names matrix 7 of 4"},
+      {"another shape",
+       [](v1::Plan* plan, std::vector<MatrixGeometry>*) {
+         plan->mutable_matrices(2)->set_rows(3);
+       },
+       "is [3, 5] but rank 0 has it as [2, 5]"},
+      {"owner out of range",
+       [](v1::Plan* plan, std::vector<MatrixGeometry>*) {
+         plan->mutable_matrices(1)->set_owner(2);
+       },
+       "owner 2 out of range for world size 2"},
+      {"owner without a shard",
+       [](v1::Plan* plan, std::vector<MatrixGeometry>* geometry) {
+         (*geometry)[0].boxes = {Rows(0, 4, 3), Box{Range{0, 0}, Range{0, 0}}};
+         plan->mutable_matrices(0)->set_owner(1);
+       },
+       "owner rank 1 holds no shard of it"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
     v1::Plan plan = OneBucketPlan();
-    plan.mutable_buckets(0)->clear_matrices();
-    for (int m : {0, 2, 3}) plan.mutable_buckets(0)->add_matrices(m);
+    std::vector<MatrixGeometry> geometry = FourMatrices();
+    c.change(&plan, &geometry);
     absl::StatusOr<BucketLayout> layout =
         BucketLayout::Compile(0, 2, plan, geometry, BucketLayoutOptions());
-    EXPECT_THAT(layout.status().message(),
-                HasSubstr("covers matrix \"B\" slice 0 0 times"));
-  }
-  {
-    v1::Plan plan = OneBucketPlan();
-    AddBucket(&plan, {1});
-    absl::StatusOr<BucketLayout> layout =
-        BucketLayout::Compile(0, 2, plan, geometry, BucketLayoutOptions());
-    EXPECT_THAT(layout.status().message(),
-                HasSubstr("covers matrix \"B\" slice 0 2 times"));
-  }
-  {
-    v1::Plan plan = OneBucketPlan();
-    plan.mutable_buckets(0)->add_matrices(7);
-    absl::StatusOr<BucketLayout> layout =
-        BucketLayout::Compile(0, 2, plan, geometry, BucketLayoutOptions());
-    EXPECT_THAT(layout.status().message(),
-                HasSubstr("plan bucket 0 names matrix 7 of 4"));
-  }
-  {
-    v1::Plan plan = OneBucketPlan();
-    plan.mutable_matrices(2)->set_rows(3);
-    absl::StatusOr<BucketLayout> layout =
-        BucketLayout::Compile(0, 2, plan, geometry, BucketLayoutOptions());
-    EXPECT_THAT(layout.status().message(),
-                HasSubstr("is [3, 5] but rank 0 has it as [2, 5]"));
-  }
-  {
-    v1::Plan plan = OneBucketPlan();
-    plan.mutable_matrices(1)->set_owner(2);
-    absl::StatusOr<BucketLayout> layout =
-        BucketLayout::Compile(0, 2, plan, geometry, BucketLayoutOptions());
-    EXPECT_THAT(layout.status().message(),
-                HasSubstr("owner 2 out of range for world size 2"));
-  }
-  {
-    std::vector<MatrixGeometry> only_rank0 = geometry;
-    only_rank0[0].boxes = {Rows(0, 4, 3), Box{Range{0, 0}, Range{0, 0}}};
-    v1::Plan plan = OneBucketPlan();
-    plan.mutable_matrices(0)->set_owner(1);
-    absl::StatusOr<BucketLayout> layout =
-        BucketLayout::Compile(0, 2, plan, only_rank0, BucketLayoutOptions());
-    EXPECT_THAT(layout.status().message(),
-                HasSubstr("owner rank 1 holds no shard of it"));
+    EXPECT_EQ(layout.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(layout.status().message()), HasSubstr(c.error));
   }
 }
 
@@ -259,12 +260,17 @@ std::vector<v1::OpKind> Kinds(const std::vector<StreamOp>& ops) {
   return kinds;
 }
 
+// `rank`'s StreamOps of `plan` over FourMatrices().
+absl::StatusOr<StreamOps> OpsOf(int rank, const v1::Plan& plan) {
+  absl::StatusOr<BucketLayout> layout =
+      LayoutOf(rank, BucketLayoutOptions(), plan);
+  if (!layout.ok()) return layout.status();
+  return CompileStreamOps(rank, plan, layout->buckets());
+}
+
 TEST(StreamOpsTest, SequentialCompactPlan_AllOnMainOrthogonalizingOwned) {
   const v1::Plan plan = ThreeBucketPlan(/*async=*/false, 0);
-  absl::StatusOr<BucketLayout> layout =
-      BucketLayout::Compile(0, 2, plan, FourMatrices(), BucketLayoutOptions());
-  ASSERT_TRUE(layout.ok()) << layout.status();
-  absl::StatusOr<StreamOps> ops = CompileStreamOps(0, plan, layout->buckets());
+  absl::StatusOr<StreamOps> ops = OpsOf(0, plan);
   ASSERT_TRUE(ops.ok()) << ops.status();
   EXPECT_FALSE(ops->async);
   EXPECT_EQ(ops->slots, 1);
@@ -283,10 +289,7 @@ TEST(StreamOpsTest, SequentialCompactPlan_AllOnMainOrthogonalizingOwned) {
 
 TEST(StreamOpsTest, AsyncPrefetchOne_CommAndComputeListsTwoSlots) {
   const v1::Plan plan = ThreeBucketPlan(/*async=*/true, 1);
-  absl::StatusOr<BucketLayout> layout =
-      BucketLayout::Compile(1, 2, plan, FourMatrices(), BucketLayoutOptions());
-  ASSERT_TRUE(layout.ok()) << layout.status();
-  absl::StatusOr<StreamOps> ops = CompileStreamOps(1, plan, layout->buckets());
+  absl::StatusOr<StreamOps> ops = OpsOf(1, plan);
   ASSERT_TRUE(ops.ok()) << ops.status();
   EXPECT_TRUE(ops->async);
   EXPECT_EQ(ops->prefetch_count, 1);
@@ -300,19 +303,15 @@ TEST(StreamOpsTest, AsyncPrefetchOne_CommAndComputeListsTwoSlots) {
 }
 
 TEST(StreamOpsTest, ScheduleNotForThisBinaryOrRank_Refused) {
-  const std::vector<MatrixGeometry> geometry = FourMatrices();
   v1::Plan plan = ThreeBucketPlan(/*async=*/false, 0);
-  absl::StatusOr<BucketLayout> layout =
-      BucketLayout::Compile(0, 2, plan, geometry, BucketLayoutOptions());
-  ASSERT_TRUE(layout.ok()) << layout.status();
   plan.mutable_schedule()->set_derivation("muon-schedule-v0");
-  EXPECT_THAT(CompileStreamOps(0, plan, layout->buckets()).status().message(),
+  EXPECT_THAT(std::string(OpsOf(0, plan).status().message()),
               HasSubstr("schedule derivation \"muon-schedule-v0\" is not "
                         "this binary's"));
   // An explicit schedule that lists rank 1 only.
   plan = ThreeBucketPlan(/*async=*/false, 0);
   *plan.mutable_schedule()->add_ranks() = MakeRankSchedule(plan, 1);
-  EXPECT_THAT(CompileStreamOps(0, plan, layout->buckets()).status().message(),
+  EXPECT_THAT(std::string(OpsOf(0, plan).status().message()),
               HasSubstr("rank 0: the plan carries no stream schedule"));
 }
 
@@ -328,10 +327,7 @@ TEST(StreamOpsTest, AsyncComputeOrderNotRedistributeOrder_Refused) {
   ASSERT_EQ(at.size(), 2u);
   mine.mutable_ops()->SwapElements(at[0], at[1]);
   *plan.mutable_schedule()->add_ranks() = mine;
-  absl::StatusOr<BucketLayout> layout =
-      BucketLayout::Compile(0, 2, plan, FourMatrices(), BucketLayoutOptions());
-  ASSERT_TRUE(layout.ok()) << layout.status();
-  absl::StatusOr<StreamOps> ops = CompileStreamOps(0, plan, layout->buckets());
+  absl::StatusOr<StreamOps> ops = OpsOf(0, plan);
   EXPECT_FALSE(ops.ok());
   EXPECT_THAT(ops.status().message(),
               HasSubstr("rank 0: the schedule's compute stream orthogonalizes "
