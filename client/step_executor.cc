@@ -414,7 +414,7 @@ absl::Status StepExecutor::RunOp(v1::OpKind kind, int b, device::Stream* stream,
 
 absl::Status StepExecutor::Gather(const LocalBucket& bs, const StepArgs& args,
                                   device::Stream* stream, OpRecord* r) {
-  const int64_t sent0 = bytes_sent_;
+  const int64_t sent0 = counts_.bytes_sent;
   MUON_RETURN_IF_ERROR(FormUpdates(bs, args, stream));
   if (gather_fn_) {
     for (size_t i = 0; i < bs.matrices.size(); ++i) {
@@ -426,13 +426,13 @@ absl::Status StepExecutor::Gather(const LocalBucket& bs, const StepArgs& args,
     }
   } else {
     MUON_RETURN_IF_ERROR(RunExchange(bs.gather, /*to_owner=*/true,
-                                     *args.updates, stream, &bytes_sent_,
-                                     &bytes_received_));
+                                     *args.updates, stream, &counts_.bytes_sent,
+                                     &counts_.bytes_received));
     if (options_.bf16_exchange) {
       MUON_RETURN_IF_ERROR(RoundOwnedUpdates(bs, *args.updates, stream));
     }
   }
-  r->bytes = bytes_sent_ - sent0;
+  r->bytes = counts_.bytes_sent - sent0;
   return absl::OkStatus();
 }
 
@@ -460,9 +460,9 @@ absl::Status StepExecutor::Orthogonalize(const LocalBucket& bs,
     flops += batch.count * kernels::NewtonSchulzFlops(
                                g.rows, g.cols,
                                kernels::NewtonSchulzIterations(args.rule->ns));
-    ns_matrices_ += batch.count;
+    counts_.ns_matrices += batch.count;
   }
-  ns_flops_ += flops;
+  counts_.ns_flops += flops;
   r->flops = flops;
   return absl::OkStatus();
 }
@@ -482,7 +482,7 @@ absl::Status StepExecutor::TransformBatch(const NsBatch& batch, float* o,
 absl::Status StepExecutor::Redistribute(const LocalBucket& bs,
                                         const StepArgs& args,
                                         device::Stream* stream, OpRecord* r) {
-  const int64_t sent0 = bytes_sent_;
+  const int64_t sent0 = counts_.bytes_sent;
   if (redistribute_fn_) {
     for (size_t i = 0; i < bs.matrices.size(); ++i) {
       const int m = bs.matrices[i];
@@ -496,10 +496,10 @@ absl::Status StepExecutor::Redistribute(const LocalBucket& bs,
     }
   } else {
     MUON_RETURN_IF_ERROR(RunExchange(bs.redistribute, /*to_owner=*/false,
-                                     *args.updates, stream, &bytes_sent_,
-                                     &bytes_received_));
+                                     *args.updates, stream, &counts_.bytes_sent,
+                                     &counts_.bytes_received));
   }
-  r->bytes = bytes_sent_ - sent0;
+  r->bytes = counts_.bytes_sent - sent0;
   return absl::OkStatus();
 }
 
@@ -546,10 +546,10 @@ absl::Status StepExecutor::GatherThenOrthogonalize(int b) {
 
 absl::Status StepExecutor::EnqueueSequential(int ready) {
   device::Stream* main = main_stream_.get();
-  for (; next_main_op_ < ops_.main.size() &&
-         ops_.main[next_main_op_].bucket < ready;
-       ++next_main_op_) {
-    const StreamOp& op = ops_.main[next_main_op_];
+  for (; enqueue_.next_main < ops_.main.size() &&
+         ops_.main[enqueue_.next_main].bucket < ready;
+       ++enqueue_.next_main) {
+    const StreamOp& op = ops_.main[enqueue_.next_main];
     const int b = op.bucket;
     switch (op.kind) {
       case v1::OP_KIND_GATHER:
@@ -628,15 +628,15 @@ absl::Status StepExecutor::EnqueueAsync(int ready) {
   // is enqueued after its gather's record and before the slot's next gather
   // (which the schedule puts after the bucket's redistribute): compute ops
   // are enqueued up to bucket b just before redistribute(b) waits for them.
-  for (; next_comm_op_ < ops_.comm.size() &&
-         ops_.comm[next_comm_op_].bucket < ready;
-       ++next_comm_op_) {
-    const StreamOp& op = ops_.comm[next_comm_op_];
+  for (; enqueue_.next_comm < ops_.comm.size() &&
+         ops_.comm[enqueue_.next_comm].bucket < ready;
+       ++enqueue_.next_comm) {
+    const StreamOp& op = ops_.comm[enqueue_.next_comm];
     if (op.kind == v1::OP_KIND_REDISTRIBUTE &&
         !layout_.buckets()[op.bucket].owned.empty()) {
       bool enqueued = false;
-      while (!enqueued && next_compute_op_ < ops_.compute.size()) {
-        const StreamOp& c = ops_.compute[next_compute_op_++];
+      while (!enqueued && enqueue_.next_compute < ops_.compute.size()) {
+        const StreamOp& c = ops_.compute[enqueue_.next_compute++];
         MUON_RETURN_IF_ERROR(EnqueueCompute(c));
         enqueued = c.bucket == op.bucket;
       }
@@ -645,8 +645,8 @@ absl::Status StepExecutor::EnqueueAsync(int ready) {
   }
   if (ready < static_cast<int>(layout_.buckets().size()))
     return absl::OkStatus();
-  while (next_compute_op_ < ops_.compute.size()) {
-    MUON_RETURN_IF_ERROR(EnqueueCompute(ops_.compute[next_compute_op_++]));
+  while (enqueue_.next_compute < ops_.compute.size()) {
+    MUON_RETURN_IF_ERROR(EnqueueCompute(ops_.compute[enqueue_.next_compute++]));
   }
   return absl::OkStatus();
 }
@@ -665,17 +665,17 @@ int StepExecutor::ReadyBuckets(const std::vector<char>& param_ready) const {
 }
 
 absl::Status StepExecutor::EnqueueReady(int ready) {
-  if (!in_flight_ || enqueue_ended_) {
+  if (!in_flight_ || enqueue_.ended) {
     return absl::FailedPreconditionError(absl::StrCat(
         "rank ", rank_, ": EnqueueReady outside a step (Begin first)"));
   }
-  if (!enqueue_status_.ok()) return enqueue_status_;
-  enqueue_status_ = ops_.async ? EnqueueAsync(ready) : EnqueueSequential(ready);
-  return enqueue_status_;
+  if (!enqueue_.status.ok()) return enqueue_.status;
+  enqueue_.status = ops_.async ? EnqueueAsync(ready) : EnqueueSequential(ready);
+  return enqueue_.status;
 }
 
 absl::Status StepExecutor::OrderAfter(device::Stream* producer) {
-  if (!in_flight_ || enqueue_ended_) {
+  if (!in_flight_ || enqueue_.ended) {
     return absl::FailedPreconditionError(absl::StrCat(
         "rank ", rank_, ": OrderAfter outside a step (Begin first)"));
   }
@@ -695,7 +695,7 @@ absl::Status StepExecutor::OrderAfter(device::Stream* producer) {
   absl::Status s = OrderAfterProducer(producer, key);
   // Sticky: nothing more is enqueued in this step, which then fails (the
   // producer's work may not be ordered before it).
-  if (!s.ok() && enqueue_status_.ok()) enqueue_status_ = s;
+  if (!s.ok() && enqueue_.status.ok()) enqueue_.status = s;
   return s;
 }
 
@@ -721,15 +721,15 @@ absl::Status StepExecutor::OrderAfterProducer(device::Stream* producer,
 }
 
 absl::Status StepExecutor::EndEnqueue() {
-  absl::Status status = enqueue_status_;
+  absl::Status status = enqueue_.status;
   if (status.ok()) {
     const int all = static_cast<int>(layout_.buckets().size());
     status = ops_.async ? EnqueueAsync(all) : EnqueueSequential(all);
   }
-  enqueue_ended_ = true;
+  enqueue_.ended = true;
   // Also after an enqueue error: the caller's later work must not race
   // what was enqueued.
-  device::Stream* caller = step_caller_;
+  device::Stream* caller = enqueue_.caller;
   if (caller != nullptr) {
     for (size_t i = 0; i < streams_.size(); ++i) {
       absl::Status s = step_done_[i]->Record(streams_[i]);
@@ -842,10 +842,7 @@ absl::Status StepExecutor::Begin(const std::vector<UpdateSource>& updates,
   main_records_.clear();
   comm_records_.clear();
   timer_.Reset();
-  bytes_sent_ = 0;
-  bytes_received_ = 0;
-  ns_matrices_ = 0;
-  ns_flops_ = 0;
+  counts_ = StepCounts();
   // The streams' work reads the step's arguments from step_args_ (set
   // before anything is enqueued: the enqueue orders it before that work);
   // its closures capture only `this` and a bucket, so they fit in
@@ -860,12 +857,9 @@ absl::Status StepExecutor::Begin(const std::vector<UpdateSource>& updates,
   // From here on work may be queued: Finish must wait for it, even after
   // an enqueue error.
   in_flight_ = true;
-  enqueue_ended_ = false;
-  enqueue_status_ = absl::OkStatus();
-  step_caller_ = caller;
-  next_main_op_ = 0;
-  next_comm_op_ = 0;
-  next_compute_op_ = 0;
+  enqueue_ = EnqueueState();
+  enqueue_.ended = false;
+  enqueue_.caller = caller;
   return absl::OkStatus();
 }
 
@@ -904,7 +898,7 @@ absl::Status StepExecutor::Finish(StepStats* stats) {
         absl::StrCat("rank ", rank_, ": no step in flight to finish"));
   }
   // A step begun bucket by bucket enqueues what is left first.
-  absl::Status s = enqueue_ended_ ? absl::OkStatus() : EndEnqueue();
+  absl::Status s = enqueue_.ended ? absl::OkStatus() : EndEnqueue();
   // Every operation is bounded (collectives by the communicator's timeout),
   // and the streams' work reads step_args_ and this executor: wait for all
   // of it.
@@ -917,10 +911,10 @@ absl::Status StepExecutor::Finish(StepStats* stats) {
     timer_.ResolveDeviceTimes(streams_.empty() ? nullptr : streams_[0],
                               {&main_records_, &comm_records_});
   }
-  stats->matrices_orthogonalized = ns_matrices_;
-  stats->ns_flops = ns_flops_;
-  stats->bytes_sent = bytes_sent_;
-  stats->bytes_received = bytes_received_;
+  stats->matrices_orthogonalized = counts_.ns_matrices;
+  stats->ns_flops = counts_.ns_flops;
+  stats->bytes_sent = counts_.bytes_sent;
+  stats->bytes_received = counts_.bytes_received;
   stats->buffer_bytes = buffer_bytes_;
   stats->buffer_bound_bytes = buffer_bound_bytes_;
   stats->ops.clear();

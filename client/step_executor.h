@@ -430,10 +430,16 @@ class StepExecutor {
   // step (records of operations enqueued past the pool keep their enqueue
   // times).
   OpTimer timer_;
-  int64_t bytes_sent_ = 0;  // written by the stream running exchanges
-  int64_t bytes_received_ = 0;
-  int ns_matrices_ = 0;  // written by the stream running Newton-Schulz
-  double ns_flops_ = 0;
+  // The step's counters (reset by Begin): bytes are written by the
+  // stream running the exchanges, the Newton-Schulz figures by the one
+  // running Newton-Schulz.
+  struct StepCounts {
+    int64_t bytes_sent = 0;
+    int64_t bytes_received = 0;
+    int ns_matrices = 0;
+    double ns_flops = 0;
+  };
+  StepCounts counts_;
   int64_t buffer_bytes_ = 0;
   int64_t buffer_bound_bytes_ = 0;
 
@@ -462,14 +468,17 @@ class StepExecutor {
   // pointers), valid until Finish.
   std::vector<UpdateSource> given_updates_;
   bool in_flight_ = false;  // between Enqueue and Finish
-  // The step in flight's enqueue state: the next operation of each list,
-  // whether EndEnqueue ran, its first error, the caller's stream.
-  size_t next_main_op_ = 0;
-  size_t next_comm_op_ = 0;
-  size_t next_compute_op_ = 0;
-  bool enqueue_ended_ = true;
-  absl::Status enqueue_status_;
-  device::Stream* step_caller_ = nullptr;
+  // The step in flight's enqueue state (reset by Begin).
+  struct EnqueueState {
+    // The next operation of each of ops_'s lists.
+    size_t next_main = 0;
+    size_t next_comm = 0;
+    size_t next_compute = 0;
+    bool ended = true;                 // EndEnqueue ran
+    absl::Status status;               // the first enqueue error
+    device::Stream* caller = nullptr;  // Begin's `caller`
+  };
+  EnqueueState enqueue_;
   // Streams of options_.device (host streams each have a thread): "main"
   // in sequential mode; "comm" and "compute" in async mode. "comm" (the
   // memory-bound gathers, applies and collectives) is of high priority,
