@@ -270,29 +270,175 @@ int Fail(const char* what, const absl::Status& status) {
   return 1;
 }
 
+// Whether the flags are in range and name known precisions, schedules and
+// methods.
+bool FlagsValid(std::vector<Shape>* shapes) {
+  return ::muon::bench::ParseSizes(absl::GetFlag(FLAGS_sizes), "ns_gpu_bench",
+                                   shapes) &&
+         kernels::ParseGpuPrecision(absl::GetFlag(FLAGS_precision)).ok() &&
+         kernels::ParseCoefficientSchedule(absl::GetFlag(FLAGS_schedule))
+             .ok() &&
+         kernels::ParseNewtonSchulzMethod(absl::GetFlag(FLAGS_method)).ok() &&
+         absl::GetFlag(FLAGS_repeats) >= 1 && absl::GetFlag(FLAGS_calls) >= 1 &&
+         absl::GetFlag(FLAGS_gemm_size) >= 1 &&
+         absl::GetFlag(FLAGS_gram_restart_every) >= 1 &&
+         absl::GetFlag(FLAGS_batch) >= 1 && absl::GetFlag(FLAGS_device) >= 0;
+}
+
+// What every shape's row is measured with.
+struct Bench {
+  device::Runtime* rt = nullptr;        // the CUDA device's runtime
+  cuda::NsCudaContext* ctx = nullptr;   // on the bench's stream
+  kernels::NsEngine* engine = nullptr;  // host-staged engine, or null
+  kernels::GpuPrecision precision = kernels::GpuPrecision::kBf16;
+  kernels::NewtonSchulzOptions options;
+  int64_t batch = 1;
+  int repeats = 1;
+  double peak_tflops = 0;  // the dense GEMM yardstick
+};
+
+// The host-staged engine on host U (rows x cols, fp32): the best wall-clock
+// ms of b.repeats runs after one warm-up, in *best_ms. Returns 0, or 1
+// after printing the failed stage.
+int TimeStaged(const Bench& b, const std::vector<float>& u, int64_t rows,
+               int64_t cols, double* best_ms) {
+  std::vector<float> host_out(static_cast<size_t>(rows * cols));
+  absl::Status status = b.engine->Reserve(rows, cols);
+  if (!status.ok()) return Fail("engine reserve", status);
+  std::vector<double> ms;
+  for (int r = 0; r < b.repeats + 1; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    status = b.engine->Orthogonalize(u.data(), rows, cols, b.options,
+                                     host_out.data());
+    const auto stop = std::chrono::steady_clock::now();
+    if (!status.ok()) return Fail("engine", status);
+    if (r > 0) {
+      ms.push_back(
+          std::chrono::duration<double, std::milli>(stop - start).count());
+    }
+  }
+  *best_ms = Summarize(ms).best;
+  return 0;
+}
+
+// The Newton-Schulz options the flags name (FlagsValid checked them).
+kernels::NewtonSchulzOptions OptionsFromFlags() {
+  kernels::NewtonSchulzOptions options =
+      *kernels::ParseCoefficientSchedule(absl::GetFlag(FLAGS_schedule));
+  options.method =
+      *kernels::ParseNewtonSchulzMethod(absl::GetFlag(FLAGS_method));
+  options.gram_restart_every = absl::GetFlag(FLAGS_gram_restart_every);
+  return options;
+}
+
+// Times the dense GEMM yardstick (--gemm_size cubed, b's precision), prints
+// it and sets b->peak_tflops (FLOP/s / 1e12). Returns 0, or 1 after
+// printing the failed stage.
+int MeasureYardstick(Bench* b) {
+  const int64_t size = absl::GetFlag(FLAGS_gemm_size);
+  absl::StatusOr<Timing> peak =
+      TimeGemm(b->rt, b->ctx, b->precision, size, size, size, b->repeats);
+  if (!peak.ok()) return Fail("dense GEMM", peak.status());
+  b->peak_tflops = 2.0 * size * size * size / (peak->best * 1e-3) / 1e12;
+  std::printf(
+      "dense GEMM yardstick: cublasGemmEx %s %lldx%lldx%lld: best %.3f ms, "
+      "%.1f TFLOP/s\n\n",
+      absl::GetFlag(FLAGS_precision).c_str(), static_cast<long long>(size),
+      static_cast<long long>(size), static_cast<long long>(size), peak->best,
+      b->peak_tflops);
+  return 0;
+}
+
+// Prints the Newton-Schulz settings, the symmetric products, the dense
+// GEMM yardstick (MeasureYardstick) and the table's header. Returns 0, or 1
+// after printing the failed stage.
+int PrintSettingsAndYardstick(Bench* b) {
+  std::printf(
+      "NS: precision %s, schedule %s (%d iterations), method %s, batch %lld, "
+      "2 warm-ups + %d timed runs (CUDA events)\n",
+      absl::GetFlag(FLAGS_precision).c_str(),
+      absl::GetFlag(FLAGS_schedule).c_str(),
+      kernels::NewtonSchulzIterations(b->options),
+      absl::GetFlag(FLAGS_method).c_str(), static_cast<long long>(b->batch),
+      b->repeats);
+  PrintSymmetricProducts(b->ctx->symmetric_products(),
+                         b->options.gram_restart_every);
+  if (MeasureYardstick(b) != 0) return 1;
+  std::printf("%-11s %5s %5s %9s %9s %9s %9s %8s %15s %10s\n", "size", "m", "n",
+              "NS best", "NS med", "NS TF/s", "gram TF/s", "NS/peak",
+              "graph best", "staged");
+  return 0;
+}
+
+// Prints one row of the table for `shape` (the file comment's columns).
+// Returns 0, or 1 after printing the failed stage.
+int BenchShape(const Bench& b, const Shape& shape) {
+  const int64_t rows = shape.rows;
+  const int64_t cols = shape.cols;
+  const int64_t m = std::min(rows, cols);
+  const int64_t n = std::max(rows, cols);
+  const int64_t elems = b.batch * rows * cols;
+  const std::vector<float> u = RandomValues(elems, 1);
+  absl::StatusOr<device::DeviceBuffer<float>> d_u =
+      device::DeviceBuffer<float>::Allocate(b.rt->allocator(), elems);
+  if (!d_u.ok()) return Fail("allocate U", d_u.status());
+  absl::StatusOr<device::DeviceBuffer<float>> d_out =
+      device::DeviceBuffer<float>::Allocate(b.rt->allocator(), elems);
+  if (!d_out.ok()) return Fail("allocate O", d_out.status());
+  absl::Status status = b.rt->CopyFromHost(d_u->data(), u.data(), d_u->bytes());
+  if (!status.ok()) return Fail("copy U", status);
+  status = b.ctx->Reserve(b.batch, rows, cols, b.precision, b.options);
+  if (!status.ok()) return Fail("reserve", status);
+  absl::StatusOr<Timing> ns = TimeDevice(b.rt, b.ctx->stream(), b.repeats, [&] {
+    return cuda::NewtonSchulzBatched(b.ctx, d_u->data(), b.batch, rows, cols,
+                                     b.options, b.precision, d_out->data());
+  });
+  if (!ns.ok()) return Fail("NewtonSchulzBatched", ns.status());
+  char graph_text[32] = "-";
+  if (absl::GetFlag(FLAGS_graphs)) {
+    absl::StatusOr<GraphTiming> graph =
+        TimeGraphs(b.rt, b.ctx, *d_u, b.batch, rows, cols, b.options,
+                   b.precision, *d_out, b.repeats);
+    if (!graph.ok())
+      return Fail("NewtonSchulzBatched as graphs", graph.status());
+    std::snprintf(graph_text, sizeof(graph_text), "%.2fms %s",
+                  graph->timing.best, graph->same_bits ? "same" : "DIFFER");
+  }
+  absl::StatusOr<Timing> gram =
+      TimeGemm(b.rt, b.ctx, b.precision, m, m, n, b.repeats);
+  if (!gram.ok()) return Fail("Gram GEMM", gram.status());
+  char staged_text[32] = "-";
+  if (b.engine != nullptr) {
+    double staged_ms = 0.0;
+    if (TimeStaged(b, u, rows, cols, &staged_ms) != 0) return 1;
+    std::snprintf(staged_text, sizeof(staged_text), "%.2fms", staged_ms);
+  }
+  const double ns_tflops = b.batch *
+                           kernels::NewtonSchulzFlops(rows, cols, b.options) /
+                           (ns->best * 1e-3) / 1e12;
+  const double gram_tflops = 2.0 * m * m * n / (gram->best * 1e-3) / 1e12;
+  char size[32];
+  std::snprintf(size, sizeof(size), "%lldx%lld", static_cast<long long>(rows),
+                static_cast<long long>(cols));
+  std::printf("%-11s %5lld %5lld %7.2fms %7.2fms %9.1f %9.1f %8.2f %15s %10s\n",
+              size, static_cast<long long>(m), static_cast<long long>(n),
+              ns->best, ns->median, ns_tflops, gram_tflops,
+              ns_tflops / b.peak_tflops, graph_text, staged_text);
+  std::fflush(stdout);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(kUsage);
   absl::ParseCommandLine(argc, argv);
   std::vector<Shape> shapes;
-  const std::string precision_name = absl::GetFlag(FLAGS_precision);
-  const std::string schedule_name = absl::GetFlag(FLAGS_schedule);
-  const int repeats = absl::GetFlag(FLAGS_repeats);
-  const int64_t gemm_size = absl::GetFlag(FLAGS_gemm_size);
-  const int64_t batch = absl::GetFlag(FLAGS_batch);
-  const int device = absl::GetFlag(FLAGS_device);
-  const int staged = absl::GetFlag(FLAGS_staged) ? 1 : 0;
-  if (!::muon::bench::ParseSizes(absl::GetFlag(FLAGS_sizes), "ns_gpu_bench",
-                                 &shapes) ||
-      !kernels::ParseGpuPrecision(precision_name).ok() ||
-      !kernels::ParseCoefficientSchedule(schedule_name).ok() ||
-      !kernels::ParseNewtonSchulzMethod(absl::GetFlag(FLAGS_method)).ok() ||
-      repeats < 1 || absl::GetFlag(FLAGS_calls) < 1 || gemm_size < 1 ||
-      absl::GetFlag(FLAGS_gram_restart_every) < 1 || batch < 1 || device < 0) {
+  if (!FlagsValid(&shapes)) {
     std::fprintf(stderr, "ns_gpu_bench: bad flags\n%s", kUsage);
     return 2;
   }
+  const int device = absl::GetFlag(FLAGS_device);
 
   if (!cuda::BuiltWithCuda()) {
     std::fprintf(stderr,
@@ -306,14 +452,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ns_gpu_bench: no GPU: %s\n", reason.c_str());
     return 1;
   }
-  const kernels::GpuPrecision precision =
-      *kernels::ParseGpuPrecision(precision_name);
-  kernels::NewtonSchulzOptions options =
-      *kernels::ParseCoefficientSchedule(schedule_name);
-  options.method =
-      *kernels::ParseNewtonSchulzMethod(absl::GetFlag(FLAGS_method));
-  options.gram_restart_every = absl::GetFlag(FLAGS_gram_restart_every);
-
+  Bench bench;
+  bench.precision = *kernels::ParseGpuPrecision(absl::GetFlag(FLAGS_precision));
+  bench.options = OptionsFromFlags();
+  bench.batch = absl::GetFlag(FLAGS_batch);
+  bench.repeats = absl::GetFlag(FLAGS_repeats);
   absl::StatusOr<device::Runtime*> runtime = device::CudaRuntime(device);
   if (!runtime.ok()) return Fail("CUDA runtime", runtime.status());
   device::Runtime* rt = *runtime;
@@ -325,117 +468,26 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<cuda::NsCudaContext>> ctx =
       cuda::NsCudaContext::Create(rt, stream->get());
   if (!ctx.ok()) return Fail("context", ctx.status());
-  absl::Status status;
+  bench.rt = rt;
+  bench.ctx = ctx->get();
 
   std::printf("GPU %d of %d: %s\n", device, count, gpu->c_str());
-  std::printf(
-      "NS: precision %s, schedule %s (%d iterations), method %s, batch %lld, "
-      "2 warm-ups + %d timed runs (CUDA events)\n",
-      precision_name.c_str(), schedule_name.c_str(),
-      kernels::NewtonSchulzIterations(options),
-      absl::GetFlag(FLAGS_method).c_str(), static_cast<long long>(batch),
-      repeats);
-  PrintSymmetricProducts((*ctx)->symmetric_products(),
-                         options.gram_restart_every);
-  absl::StatusOr<Timing> peak = TimeGemm(rt, ctx->get(), precision, gemm_size,
-                                         gemm_size, gemm_size, repeats);
-  if (!peak.ok()) return Fail("dense GEMM", peak.status());
-  const double peak_tflops =
-      2.0 * gemm_size * gemm_size * gemm_size / (peak->best * 1e-3) / 1e12;
-  std::printf(
-      "dense GEMM yardstick: cublasGemmEx %s %lldx%lldx%lld: best %.3f ms, "
-      "%.1f TFLOP/s\n\n",
-      precision_name.c_str(), static_cast<long long>(gemm_size),
-      static_cast<long long>(gemm_size), static_cast<long long>(gemm_size),
-      peak->best, peak_tflops);
-  std::printf("%-11s %5s %5s %9s %9s %9s %9s %8s %15s %10s\n", "size", "m", "n",
-              "NS best", "NS med", "NS TF/s", "gram TF/s", "NS/peak",
-              "graph best", "staged");
+  if (PrintSettingsAndYardstick(&bench) != 0) return 1;
 
   std::unique_ptr<kernels::NsEngine> engine;
-  if (staged) {
+  if (absl::GetFlag(FLAGS_staged)) {
     absl::StatusOr<std::unique_ptr<kernels::NsEngine>> made =
-        kernels::MakeCudaNsEngine(device, precision);
+        kernels::MakeCudaNsEngine(device, bench.precision);
     if (!made.ok()) return Fail("MakeCudaNsEngine", made.status());
     engine = std::move(*made);
   }
+  bench.engine = engine.get();
   for (const Shape& shape : shapes) {
-    const int64_t rows = shape.rows;
-    const int64_t cols = shape.cols;
-    const int64_t m = std::min(rows, cols);
-    const int64_t n = std::max(rows, cols);
-    const int64_t elems = batch * rows * cols;
-    const std::vector<float> u = RandomValues(elems, 1);
-    absl::StatusOr<device::DeviceBuffer<float>> d_u =
-        device::DeviceBuffer<float>::Allocate(rt->allocator(), elems);
-    if (!d_u.ok()) return Fail("allocate U", d_u.status());
-    absl::StatusOr<device::DeviceBuffer<float>> d_out =
-        device::DeviceBuffer<float>::Allocate(rt->allocator(), elems);
-    if (!d_out.ok()) return Fail("allocate O", d_out.status());
-    status = rt->CopyFromHost(d_u->data(), u.data(), d_u->bytes());
-    if (!status.ok()) return Fail("copy U", status);
-    status = (*ctx)->Reserve(batch, rows, cols, precision, options);
-    if (!status.ok()) return Fail("reserve", status);
-    absl::StatusOr<Timing> ns = TimeDevice(rt, (*ctx)->stream(), repeats, [&] {
-      return cuda::NewtonSchulzBatched(ctx->get(), d_u->data(), batch, rows,
-                                       cols, options, precision, d_out->data());
-    });
-    if (!ns.ok()) return Fail("NewtonSchulzBatched", ns.status());
-    char graph_text[32] = "-";
-    if (absl::GetFlag(FLAGS_graphs)) {
-      absl::StatusOr<GraphTiming> graph =
-          TimeGraphs(rt, ctx->get(), *d_u, batch, rows, cols, options,
-                     precision, *d_out, repeats);
-      if (!graph.ok())
-        return Fail("NewtonSchulzBatched as graphs", graph.status());
-      std::snprintf(graph_text, sizeof(graph_text), "%.2fms %s",
-                    graph->timing.best, graph->same_bits ? "same" : "DIFFER");
-    }
-    absl::StatusOr<Timing> gram =
-        TimeGemm(rt, ctx->get(), precision, m, m, n, repeats);
-    if (!gram.ok()) return Fail("Gram GEMM", gram.status());
-
-    double staged_ms = 0.0;
-    if (engine != nullptr) {
-      std::vector<float> host_out(static_cast<size_t>(rows * cols));
-      status = engine->Reserve(rows, cols);
-      if (!status.ok()) return Fail("engine reserve", status);
-      std::vector<double> ms;
-      for (int r = 0; r < repeats + 1; ++r) {
-        const auto start = std::chrono::steady_clock::now();
-        status = engine->Orthogonalize(u.data(), rows, cols, options,
-                                       host_out.data());
-        const auto stop = std::chrono::steady_clock::now();
-        if (!status.ok()) return Fail("engine", status);
-        if (r > 0) {
-          ms.push_back(
-              std::chrono::duration<double, std::milli>(stop - start).count());
-        }
-      }
-      staged_ms = Summarize(ms).best;
-    }
-
-    const double ns_tflops = batch *
-                             kernels::NewtonSchulzFlops(rows, cols, options) /
-                             (ns->best * 1e-3) / 1e12;
-    const double gram_tflops = 2.0 * m * m * n / (gram->best * 1e-3) / 1e12;
-    char size[32];
-    std::snprintf(size, sizeof(size), "%lldx%lld", static_cast<long long>(rows),
-                  static_cast<long long>(cols));
-    char staged_text[32] = "-";
-    if (engine != nullptr) {
-      std::snprintf(staged_text, sizeof(staged_text), "%.2fms", staged_ms);
-    }
-    std::printf(
-        "%-11s %5lld %5lld %7.2fms %7.2fms %9.1f %9.1f %8.2f %15s %10s\n", size,
-        static_cast<long long>(m), static_cast<long long>(n), ns->best,
-        ns->median, ns_tflops, gram_tflops, ns_tflops / peak_tflops, graph_text,
-        staged_text);
-    std::fflush(stdout);
+    if (BenchShape(bench, shape) != 0) return 1;
   }
   engine.reset();
   ctx->reset();  // Synchronises the stream.
-  status = (*stream)->Synchronize(kSyncTimeout);
+  const absl::Status status = (*stream)->Synchronize(kSyncTimeout);
   if (!status.ok()) return Fail("stream", status);
   return 0;
 }
