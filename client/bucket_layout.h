@@ -118,7 +118,8 @@ class BucketLayout {
  public:
   // Compiles the buckets of `plan` (in its order) for `rank` of a world of
   // `world_size`, over this rank's matrices `geometry` (each with
-  // world_size boxes; the caller checks it). The plan may hold matrices
+  // world_size boxes; the caller checks it; 0 <= rank < world_size). The
+  // plan may hold matrices
   // this rank does not have (other pipeline stages): they are skipped, and
   // their buckets keep zero split sizes.
   // Errors: InvalidArgument when a bucket names a matrix outside the plan,
@@ -138,7 +139,8 @@ class BucketLayout {
   int bucket_of(int m) const { return bucket_of_[m]; }
   // Offsets, in elements from its bucket slot's start, of local matrix m's
   // buffers (-1: not in the slot): the owner's full U and O, this rank's
-  // box of U (formed) and of O, and the owner's full row state.
+  // box of U (meaningful only with form_update; otherwise equal to
+  // local_o_offset) and of O, and the owner's full row state.
   int64_t full_u_offset(int m) const { return u_offset_[m]; }
   int64_t full_o_offset(int m) const { return o_offset_[m]; }
   int64_t local_u_offset(int m) const { return local_u_offset_[m]; }

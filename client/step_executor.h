@@ -37,10 +37,7 @@
 #define MUON_CLIENT_STEP_EXECUTOR_H_
 
 #include <cstdint>
-#include <map>
 #include <memory>
-#include <set>
-#include <string>
 #include <utility>
 #include <vector>
 
@@ -338,8 +335,9 @@ class StepExecutor {
   // Forms the local U of bucket b's matrices whose sources are formed.
   absl::Status FormUpdates(const LocalBucket& bs, const StepArgs& args,
                            device::Stream* stream);
-  // The step's operations, each run in `stream`'s order (called from
-  // inside its Launch); `stream_kind` labels the timing record.
+  // One exchange of the step (the gather when to_owner, else the
+  // redistribute) on `stream`: local copies, then the all-to-all(v) with
+  // the other ranks; adds the fp32 payload bytes to the counters given.
   absl::Status RunExchange(const Exchange& ex, bool to_owner,
                            const std::vector<UpdateSource>& updates,
                            device::Stream* stream, int64_t* bytes_sent,
@@ -376,7 +374,8 @@ class StepExecutor {
                             device::Stream* stream);
   // Runs operation `kind` of bucket position b with the step in flight's
   // arguments, in `stream`'s order (called from inside its Launch), timed:
-  // appends its OpRecord, labelled `stream_kind`, to *rec.
+  // appends its OpRecord, labelled `stream_kind`, to *rec on success (none
+  // on an error, when the step's counters may be partly updated).
   absl::Status RunOp(v1::OpKind kind, int b, device::Stream* stream,
                      std::vector<OpRecord>* rec, v1::StreamKind stream_kind);
   // RunOp's work for each kind; each sets the bytes it sent or the FLOPs it
@@ -394,7 +393,7 @@ class StepExecutor {
   // owners never orthogonalize at the same time and timings are exact).
   absl::Status GatherThenOrthogonalize(int b);
   // Enqueue the step's operations of buckets [0, ready) not enqueued yet
-  // (from the cursors below) on the streams; EndEnqueue enqueues the rest
+  // (from enqueue_'s cursors) on the streams; EndEnqueue enqueues the rest
   // and orders the caller's stream after the step.
   absl::Status EnqueueSequential(int ready);
   absl::Status EnqueueAsync(int ready);

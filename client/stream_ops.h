@@ -23,6 +23,7 @@ struct StreamOp {
   int slot = 0;  // the bucket slot it works in
 };
 
+// This rank's compiled schedule (CompileStreamOps).
 struct StreamOps {
   // The schedule's mode (async: comm and compute streams), its prefetch
   // count (buckets gathered ahead) and its bucket slots (at least 1).
@@ -43,8 +44,9 @@ struct StreamOps {
 // `buckets` are the layout's, compiled from the same plan.
 // Errors: InvalidArgument, naming the rank: another derivation than this
 // binary's, no list for this rank, a list ValidateRankSchedule refuses, an
-// operation on a bucket or slot outside the plan, an unknown operation, an
-// owned bucket orthogonalized other than once, or (async) a compute stream
+// operation on a bucket or slot outside the plan, an unknown operation, a
+// bucket orthogonalized other than once when this rank owns a matrix of it
+// (or at all when it owns none), or (async) a compute stream
 // that orthogonalizes the owned buckets in another order than the comm
 // stream redistributes them.
 absl::StatusOr<StreamOps> CompileStreamOps(

@@ -1,13 +1,17 @@
 // The step's bucket layout (client/bucket_layout.h) and per-stream
 // operations (client/stream_ops.h), compiled from hand-written plans:
 // slot offsets in the documented order, Newton-Schulz batches, buffer
-// sizes, and every refusal of a plan that does not fit the rank.
+// sizes, and the refusals of plans and schedules that do not fit the rank.
 #include "client/bucket_layout.h"
 
 #include <functional>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "client/stream_ops.h"
 #include "common/layout.h"
 #include "gmock/gmock.h"
@@ -126,10 +130,9 @@ TEST(BucketLayoutTest, OwnerSlot_BoxesOfOThenOwnedGroupsUThenO) {
   for (int m = 0; m < 4; ++m) EXPECT_EQ(layout->bucket_of(m), 0);
 }
 
-TEST(BucketLayoutTest, FormedUBf16AndRowState_EachTakesItsRoomInOrder) {
+TEST(BucketLayoutTest, FormedUAndRowState_EachTakesItsRoomInOrder) {
   BucketLayoutOptions options;
   options.form_update = true;
-  options.bf16_exchange = true;
   options.row_state = true;
   absl::StatusOr<BucketLayout> layout = LayoutOf(0, options);
   ASSERT_TRUE(layout.ok()) << layout.status();
@@ -139,16 +142,53 @@ TEST(BucketLayoutTest, FormedUBf16AndRowState_EachTakesItsRoomInOrder) {
             (Offsets{0, 40, 12, 22}));
   EXPECT_EQ(OffsetsOf(*layout, &BucketLayout::local_o_offset),
             (Offsets{6, 46, 17, 31}));
-  // The bf16 exchange rounds D's full U in the slot, though D is whole;
-  // then the group, then its row state (4 rows each; rank 0 holds 2 of
-  // them; D is whole, so its own rows serve).
+  // Then the group, then its row state (4 rows each; rank 0 holds 2 of
+  // them); D is whole, so its own boxes and rows serve.
+  EXPECT_EQ(OffsetsOf(*layout, &BucketLayout::full_u_offset),
+            (Offsets{52, 64, -1, -1}));
+  EXPECT_EQ(OffsetsOf(*layout, &BucketLayout::full_o_offset),
+            (Offsets{76, 88, -1, -1}));
+  EXPECT_EQ(OffsetsOf(*layout, &BucketLayout::row_state_offset),
+            (Offsets{100, 104, -1, -1}));
+  EXPECT_EQ(layout->slot_elems(), 108);
+}
+
+TEST(BucketLayoutTest, Bf16Exchange_WholeMatrixUInSlotAndSizesInWords) {
+  BucketLayoutOptions options;
+  options.form_update = true;
+  options.bf16_exchange = true;
+  absl::StatusOr<BucketLayout> layout = LayoutOf(0, options);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  // The owner rounds D's full U in the slot, though D is whole.
   EXPECT_EQ(OffsetsOf(*layout, &BucketLayout::full_u_offset),
             (Offsets{61, 73, -1, 52}));
   EXPECT_EQ(OffsetsOf(*layout, &BucketLayout::full_o_offset),
             (Offsets{85, 97, -1, -1}));
-  EXPECT_EQ(OffsetsOf(*layout, &BucketLayout::row_state_offset),
-            (Offsets{109, 113, -1, -1}));
-  EXPECT_EQ(layout->slot_elems(), 117);
+  EXPECT_EQ(layout->slot_elems(), 109);
+  // Two values per word, each peer's part from a word: the redistribute
+  // sends rank 1 21 values (11 words), the gather receives 12 (6 words).
+  EXPECT_EQ(layout->sizes().max_send, 11);
+  EXPECT_EQ(layout->sizes().max_recv, 6);
+}
+
+TEST(BucketLayoutTest, RowState_OwnerHoldingAllRowsUsesItsOwn) {
+  // E 4x6 split by columns: rank 0 holds every row, not the whole matrix.
+  const std::vector<MatrixGeometry> geometry = {
+      Matrix("E", 0, 4, 6,
+             {Box{Range{0, 4}, Range{0, 3}}, Box{Range{0, 4}, Range{3, 6}}})};
+  v1::Plan plan;
+  plan.set_world_size(2);
+  AddMatrix(&plan, "E", 4, 6, 0);
+  AddBucket(&plan, {0});
+  BucketLayoutOptions options;
+  options.row_state = true;
+  absl::StatusOr<BucketLayout> layout =
+      BucketLayout::Compile(0, 2, plan, geometry, options);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  EXPECT_EQ(layout->full_u_offset(0), 12);
+  EXPECT_EQ(layout->full_o_offset(0), 36);
+  EXPECT_EQ(layout->row_state_offset(0), -1);
+  EXPECT_EQ(layout->slot_elems(), 60);
 }
 
 TEST(BucketLayoutTest, CustomGather_WholeOwnedMatrixGetsFullUInSlot) {
@@ -305,12 +345,14 @@ TEST(StreamOpsTest, AsyncPrefetchOne_CommAndComputeListsTwoSlots) {
 TEST(StreamOpsTest, ScheduleNotForThisBinaryOrRank_Refused) {
   v1::Plan plan = ThreeBucketPlan(/*async=*/false, 0);
   plan.mutable_schedule()->set_derivation("muon-schedule-v0");
+  EXPECT_EQ(OpsOf(0, plan).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(OpsOf(0, plan).status().message()),
               HasSubstr("schedule derivation \"muon-schedule-v0\" is not "
                         "this binary's"));
   // An explicit schedule that lists rank 1 only.
   plan = ThreeBucketPlan(/*async=*/false, 0);
   *plan.mutable_schedule()->add_ranks() = MakeRankSchedule(plan, 1);
+  EXPECT_EQ(OpsOf(0, plan).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(OpsOf(0, plan).status().message()),
               HasSubstr("rank 0: the plan carries no stream schedule"));
 }
@@ -328,11 +370,48 @@ TEST(StreamOpsTest, AsyncComputeOrderNotRedistributeOrder_Refused) {
   mine.mutable_ops()->SwapElements(at[0], at[1]);
   *plan.mutable_schedule()->add_ranks() = mine;
   absl::StatusOr<StreamOps> ops = OpsOf(0, plan);
-  EXPECT_FALSE(ops.ok());
+  EXPECT_EQ(ops.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(ops.status().message(),
               HasSubstr("rank 0: the schedule's compute stream orthogonalizes "
                         "buckets [2, 0] but its comm stream redistributes the "
                         "owned ones in the order [0, 2]"));
+}
+
+// A schedule that orthogonalizes a bucket of another stage's matrix on a
+// rank that owns none of it is refused: the executor would run
+// Newton-Schulz on nothing while its peers wait.
+TEST(StreamOpsTest, OrthogonalizeOfBucketNotOwned_Refused) {
+  v1::Plan plan = ThreeBucketPlan(/*async=*/false, 0);
+  AddMatrix(&plan, "other_stage", 8, 8, 0);
+  AddBucket(&plan, {4});
+  *plan.mutable_schedule() = MakeScheduleHeader(plan, false, 0);
+  // The plan says rank 0 owns "other_stage", which this rank does not have.
+  absl::StatusOr<StreamOps> ops = OpsOf(0, plan);
+  EXPECT_EQ(ops.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(ops.status().message()),
+              HasSubstr("rank 0: the schedule orthogonalizes bucket 3 1 times "
+                        "but this rank owns 0 of its matrices"));
+}
+
+TEST(StreamOpsTest, OperationOnBucketOrSlotOutsideThePlan_Refused) {
+  for (const bool bad_slot : {false, true}) {
+    SCOPED_TRACE(bad_slot ? "slot 5" : "bucket 9");
+    v1::Plan plan = ThreeBucketPlan(/*async=*/false, 0);
+    v1::RankSchedule mine = MakeRankSchedule(plan, 0);
+    if (bad_slot) {
+      mine.mutable_ops(0)->set_slot(5);
+    } else {
+      mine.mutable_ops(0)->set_bucket(9);
+    }
+    *plan.mutable_schedule()->add_ranks() = mine;
+    absl::StatusOr<StreamOps> ops = OpsOf(0, plan);
+    EXPECT_EQ(ops.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(
+        std::string(ops.status().message()),
+        HasSubstr(bad_slot ? "rank 0, bucket 0, gather: slot 5 out of "
+                             "range [0, 1)"
+                           : "rank 0, bucket 9, gather: no such bucket"));
+  }
 }
 
 }  // namespace
