@@ -321,6 +321,24 @@ int TimeStaged(const Bench& b, const std::vector<float>& u, int64_t rows,
   return 0;
 }
 
+// Sets *count to the visible GPUs. Returns 0; 2 after printing that the
+// binary has no CUDA; 1 after printing why no GPU is visible.
+int CountGpus(int* count) {
+  if (!cuda::BuiltWithCuda()) {
+    std::fprintf(stderr,
+                 "ns_gpu_bench: built without CUDA: build with "
+                 "`bazel build --config=cuda //tools:ns_gpu_bench`\n");
+    return 2;
+  }
+  std::string reason;
+  *count = kernels::CudaDeviceCount(&reason);
+  if (*count == 0) {
+    std::fprintf(stderr, "ns_gpu_bench: no GPU: %s\n", reason.c_str());
+    return 1;
+  }
+  return 0;
+}
+
 // The Newton-Schulz options the flags name (FlagsValid checked them).
 kernels::NewtonSchulzOptions OptionsFromFlags() {
   kernels::NewtonSchulzOptions options =
@@ -439,19 +457,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   const int device = absl::GetFlag(FLAGS_device);
-
-  if (!cuda::BuiltWithCuda()) {
-    std::fprintf(stderr,
-                 "ns_gpu_bench: built without CUDA: build with "
-                 "`bazel build --config=cuda //tools:ns_gpu_bench`\n");
-    return 2;
-  }
-  std::string reason;
-  const int count = kernels::CudaDeviceCount(&reason);
-  if (count == 0) {
-    std::fprintf(stderr, "ns_gpu_bench: no GPU: %s\n", reason.c_str());
-    return 1;
-  }
+  int count = 0;
+  if (const int rc = CountGpus(&count); rc != 0) return rc;
   Bench bench;
   bench.precision = *kernels::ParseGpuPrecision(absl::GetFlag(FLAGS_precision));
   bench.options = OptionsFromFlags();
