@@ -91,7 +91,93 @@ Offsets OffsetsOf(const BucketLayout& layout,
   return out;
 }
 
-TEST(BucketLayoutTest, OwnerSlot_BoxesOfOThenOwnedGroupsUThenO) {
+// Every offset of the slot of OneBucketPlan's bucket, for each set of
+// options the executor can ask for (ResolveOptions refuses the bf16
+// exchange and a custom gather with row state), in the order the header
+// documents: this rank's boxes (U when formed, then O) in plan order
+// A, C, D, B; a whole owned matrix's U (custom gather or bf16 exchange);
+// the group of A and B (U, U, O, O); then their row state.
+TEST(BucketLayoutTest, SlotOffsets_EachOptionSet_InDocumentedOrder) {
+  struct Case {
+    std::string name;
+    int rank;
+    BucketLayoutOptions options;
+    Offsets local_u, local_o, full_u, full_o, row_state;
+    int64_t slot_elems;
+  };
+  BucketLayoutOptions formed_rows, formed_bf16, custom;
+  formed_rows.form_update = formed_rows.row_state = true;
+  formed_bf16.form_update = formed_bf16.bf16_exchange = true;
+  custom.custom_gather = true;
+  const Offsets none = {-1, -1, -1, -1};
+  const std::vector<Case> cases = {
+      // Boxes of O: A 6, C 5, D 9, B 6 (local U is local O when not
+      // formed). D is held whole, so no full U or O; C is rank 1's.
+      {"owner",
+       0,
+       BucketLayoutOptions(),
+       {0, 20, 6, 11},
+       {0, 20, 6, 11},
+       {26, 38, -1, -1},
+       {50, 62, -1, -1},
+       none,
+       74},
+      // Boxes of U then O: A 0/6, C 12/17, D 22/31, B 40/46; the group's
+      // row state, 4 rows each (rank 0 holds 2); D's own rows serve.
+      {"owner, formed U and row state",
+       0,
+       formed_rows,
+       {0, 40, 12, 22},
+       {6, 46, 17, 31},
+       {52, 64, -1, -1},
+       {76, 88, -1, -1},
+       {100, 104, -1, -1},
+       108},
+      // The owner rounds D's full U in the slot, though D is whole.
+      {"owner, formed U and bf16 exchange",
+       0,
+       formed_bf16,
+       {0, 40, 12, 22},
+       {6, 46, 17, 31},
+       {61, 73, -1, 52},
+       {85, 97, -1, -1},
+       none,
+       109},
+      // A custom gather writes D's full U into the slot too.
+      {"owner, custom gather",
+       0,
+       custom,
+       {0, 20, 6, 11},
+       {0, 20, 6, 11},
+       {35, 47, -1, 26},
+       {59, 71, -1, -1},
+       none,
+       83},
+      // Rank 1 holds A's and B's rows 2-3, C's row 1 and D; it owns C.
+      {"non-owner of the group",
+       1,
+       BucketLayoutOptions(),
+       {0, 20, 6, 11},
+       {0, 20, 6, 11},
+       {-1, -1, 26, -1},
+       {-1, -1, 36, -1},
+       none,
+       46},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    absl::StatusOr<BucketLayout> layout = LayoutOf(c.rank, c.options);
+    ASSERT_TRUE(layout.ok()) << layout.status();
+    EXPECT_EQ(OffsetsOf(*layout, &BucketLayout::local_u_offset), c.local_u);
+    EXPECT_EQ(OffsetsOf(*layout, &BucketLayout::local_o_offset), c.local_o);
+    EXPECT_EQ(OffsetsOf(*layout, &BucketLayout::full_u_offset), c.full_u);
+    EXPECT_EQ(OffsetsOf(*layout, &BucketLayout::full_o_offset), c.full_o);
+    EXPECT_EQ(OffsetsOf(*layout, &BucketLayout::row_state_offset), c.row_state);
+    EXPECT_EQ(layout->slot_elems(), c.slot_elems);
+  }
+}
+
+TEST(BucketLayoutTest, Owner_GroupsSameShapeIntoOneBatchAndSizesExchanges) {
   absl::StatusOr<BucketLayout> layout = LayoutOf(0);
   ASSERT_TRUE(layout.ok()) << layout.status();
   ASSERT_EQ(layout->buckets().size(), 1u);
@@ -99,18 +185,6 @@ TEST(BucketLayoutTest, OwnerSlot_BoxesOfOThenOwnedGroupsUThenO) {
   EXPECT_EQ(b.matrices, (std::vector<int>{0, 2, 3, 1}));
   EXPECT_EQ(b.owners, (std::vector<int>{0, 1, 0, 0}));
   EXPECT_EQ(b.owned, (std::vector<int>{0, 3, 1}));
-  // This rank's boxes of O in plan order: A 6, C 5, D 9, B 6.
-  EXPECT_EQ(OffsetsOf(*layout, &BucketLayout::local_o_offset),
-            (Offsets{0, 20, 6, 11}));
-  // D is held whole: no full U or O in the slot; C is rank 1's. A and B
-  // (same shape) are one group: U_A, U_B, O_A, O_B.
-  EXPECT_EQ(OffsetsOf(*layout, &BucketLayout::full_u_offset),
-            (Offsets{26, 38, -1, -1}));
-  EXPECT_EQ(OffsetsOf(*layout, &BucketLayout::full_o_offset),
-            (Offsets{50, 62, -1, -1}));
-  EXPECT_EQ(OffsetsOf(*layout, &BucketLayout::row_state_offset),
-            (Offsets{-1, -1, -1, -1}));
-  EXPECT_EQ(layout->slot_elems(), 74);
   ASSERT_EQ(b.ns_batches.size(), 2u);
   EXPECT_EQ(b.ns_batches[0].first, 3);
   EXPECT_EQ(b.ns_batches[0].count, 1);
@@ -128,43 +202,18 @@ TEST(BucketLayoutTest, OwnerSlot_BoxesOfOThenOwnedGroupsUThenO) {
   EXPECT_EQ(sizes.max_send, 21);
   EXPECT_EQ(sizes.max_recv, 12);
   for (int m = 0; m < 4; ++m) EXPECT_EQ(layout->bucket_of(m), 0);
+  // Rank 1 owns C alone.
+  absl::StatusOr<BucketLayout> rank1 = LayoutOf(1);
+  ASSERT_TRUE(rank1.ok()) << rank1.status();
+  EXPECT_EQ(rank1->buckets()[0].owned, (std::vector<int>{2}));
 }
 
-TEST(BucketLayoutTest, FormedUAndRowState_EachTakesItsRoomInOrder) {
-  BucketLayoutOptions options;
-  options.form_update = true;
-  options.row_state = true;
-  absl::StatusOr<BucketLayout> layout = LayoutOf(0, options);
-  ASSERT_TRUE(layout.ok()) << layout.status();
-  // Boxes of U then O per matrix in plan order: A 0/6, C 12/17, D 22/31,
-  // B 40/46.
-  EXPECT_EQ(OffsetsOf(*layout, &BucketLayout::local_u_offset),
-            (Offsets{0, 40, 12, 22}));
-  EXPECT_EQ(OffsetsOf(*layout, &BucketLayout::local_o_offset),
-            (Offsets{6, 46, 17, 31}));
-  // Then the group, then its row state (4 rows each; rank 0 holds 2 of
-  // them); D is whole, so its own boxes and rows serve.
-  EXPECT_EQ(OffsetsOf(*layout, &BucketLayout::full_u_offset),
-            (Offsets{52, 64, -1, -1}));
-  EXPECT_EQ(OffsetsOf(*layout, &BucketLayout::full_o_offset),
-            (Offsets{76, 88, -1, -1}));
-  EXPECT_EQ(OffsetsOf(*layout, &BucketLayout::row_state_offset),
-            (Offsets{100, 104, -1, -1}));
-  EXPECT_EQ(layout->slot_elems(), 108);
-}
-
-TEST(BucketLayoutTest, Bf16Exchange_WholeMatrixUInSlotAndSizesInWords) {
+TEST(BucketLayoutTest, Bf16Exchange_SizesInWords) {
   BucketLayoutOptions options;
   options.form_update = true;
   options.bf16_exchange = true;
   absl::StatusOr<BucketLayout> layout = LayoutOf(0, options);
   ASSERT_TRUE(layout.ok()) << layout.status();
-  // The owner rounds D's full U in the slot, though D is whole.
-  EXPECT_EQ(OffsetsOf(*layout, &BucketLayout::full_u_offset),
-            (Offsets{61, 73, -1, 52}));
-  EXPECT_EQ(OffsetsOf(*layout, &BucketLayout::full_o_offset),
-            (Offsets{85, 97, -1, -1}));
-  EXPECT_EQ(layout->slot_elems(), 109);
   // Two values per word, each peer's part from a word: the redistribute
   // sends rank 1 21 values (11 words), the gather receives 12 (6 words).
   EXPECT_EQ(layout->sizes().max_send, 11);
@@ -189,28 +238,6 @@ TEST(BucketLayoutTest, RowState_OwnerHoldingAllRowsUsesItsOwn) {
   EXPECT_EQ(layout->full_o_offset(0), 36);
   EXPECT_EQ(layout->row_state_offset(0), -1);
   EXPECT_EQ(layout->slot_elems(), 60);
-}
-
-TEST(BucketLayoutTest, CustomGather_WholeOwnedMatrixGetsFullUInSlot) {
-  BucketLayoutOptions options;
-  options.custom_gather = true;
-  absl::StatusOr<BucketLayout> layout = LayoutOf(0, options);
-  ASSERT_TRUE(layout.ok()) << layout.status();
-  EXPECT_EQ(OffsetsOf(*layout, &BucketLayout::full_u_offset),
-            (Offsets{35, 47, -1, 26}));
-  EXPECT_EQ(layout->slot_elems(), 83);
-}
-
-TEST(BucketLayoutTest, NonOwner_SlotHoldsItsBoxesAndTheMatrixItOwns) {
-  absl::StatusOr<BucketLayout> layout = LayoutOf(1);
-  ASSERT_TRUE(layout.ok()) << layout.status();
-  const LocalBucket& b = layout->buckets()[0];
-  EXPECT_EQ(b.owned, (std::vector<int>{2}));
-  EXPECT_EQ(OffsetsOf(*layout, &BucketLayout::full_u_offset),
-            (Offsets{-1, -1, 26, -1}));
-  EXPECT_EQ(OffsetsOf(*layout, &BucketLayout::full_o_offset),
-            (Offsets{-1, -1, 36, -1}));
-  EXPECT_EQ(layout->slot_elems(), 46);
 }
 
 TEST(BucketLayoutTest, MatrixOfAnotherStage_SkippedWithZeroSizes) {
