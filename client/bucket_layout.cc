@@ -57,6 +57,13 @@ absl::Status BucketLayout::CompileBucket(
     const std::vector<MatrixGeometry>& geometry,
     const std::map<std::pair<std::string, int>, int>& local_id,
     std::vector<int>* seen) {
+  // The schedule names buckets by index, which the executor uses as the
+  // position in buckets(): they must agree (ValidatePlan checks it too).
+  if (bp.index() != static_cast<int>(buckets_.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan bucket ", buckets_.size(), " has index ", bp.index(),
+                     " (rank ", rank_, ")"));
+  }
   LocalBucket b;
   b.index = bp.index();
   b.gather = Exchange(world_size_);

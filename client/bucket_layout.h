@@ -122,8 +122,9 @@ class BucketLayout {
   // plan may hold matrices
   // this rank does not have (other pipeline stages): they are skipped, and
   // their buckets keep zero split sizes.
-  // Errors: InvalidArgument when a bucket names a matrix outside the plan,
-  // a plan matrix's owner is out of range, holds no shard of it, or has
+  // Errors: InvalidArgument when a bucket's index is not its position in
+  // the plan, a bucket names a matrix outside the plan, a plan matrix's
+  // owner is out of range, holds no shard of it, or has
   // another shape than this rank's, or the plan does not cover every local
   // matrix exactly once (names the matrix and parameter).
   static absl::StatusOr<BucketLayout> Compile(
@@ -153,8 +154,8 @@ class BucketLayout {
 
   // Compile's steps. CompileBucket appends bucket `bp` as this rank sees
   // it (local_id: a matrix's local id by (param, slice)) and counts each
-  // local matrix it names in *seen. Errors: InvalidArgument (a matrix
-  // outside the plan; CheckPlanMatrix's).
+  // local matrix it names in *seen. Errors: InvalidArgument (an index
+  // other than its position, a matrix outside the plan; CheckPlanMatrix's).
   absl::Status CompileBucket(
       const v1::Plan& plan, const v1::Bucket& bp,
       const std::vector<MatrixGeometry>& geometry,

@@ -1,12 +1,11 @@
 #include "client/stream_ops.h"
 
 #include <algorithm>
-#include <map>
+#include <cassert>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
-#include "common/wire_names.h"
 #include "plan/schedule.h"
 
 namespace muon {
@@ -42,24 +41,20 @@ absl::StatusOr<const v1::RankSchedule*> RankScheduleOf(
   return mine;
 }
 
-// Files scheduled operation `op` of bucket position `bucket` under its
-// stream (and, for a gather, the bucket's slot).
-absl::Status AddScheduledOp(int rank, const v1::ScheduledOp& op, int bucket,
-                            StreamOps* ops) {
-  switch (op.op()) {
-    case v1::OP_KIND_GATHER:
-      ops->slot_of_bucket[bucket] = op.slot();
-      break;
-    case v1::OP_KIND_ORTHOGONALIZE:
-    case v1::OP_KIND_REDISTRIBUTE:
-    case v1::OP_KIND_APPLY:
-      break;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("rank ", rank, ": unknown scheduled operation \"",
-                       WireName(op.op()), "\""));
+// Files scheduled operation `op` (one ValidateRankSchedule accepted: its
+// bucket, slot and kind are in range) under its stream and, for a gather,
+// as its bucket's slot.
+void AddScheduledOp(const v1::ScheduledOp& op, StreamOps* ops) {
+  assert(op.bucket() >= 0 &&
+         op.bucket() < static_cast<int>(ops->slot_of_bucket.size()));
+  assert(op.slot() >= 0 && op.slot() < ops->slots);
+  assert(op.op() == v1::OP_KIND_GATHER ||
+         op.op() == v1::OP_KIND_ORTHOGONALIZE ||
+         op.op() == v1::OP_KIND_REDISTRIBUTE || op.op() == v1::OP_KIND_APPLY);
+  if (op.op() == v1::OP_KIND_GATHER) {
+    ops->slot_of_bucket[op.bucket()] = op.slot();
   }
-  const StreamOp o{bucket, op.op(), op.slot()};
+  const StreamOp o{op.bucket(), op.op(), op.slot()};
   if (op.stream() == v1::STREAM_KIND_COMPUTE) {
     ops->compute.push_back(o);
   } else if (op.stream() == v1::STREAM_KIND_COMM) {
@@ -67,7 +62,6 @@ absl::Status AddScheduledOp(int rank, const v1::ScheduledOp& op, int bucket,
   } else {
     ops->main.push_back(o);
   }
-  return absl::OkStatus();
 }
 
 // Async: the executor enqueues each bucket's Newton-Schulz just before the
@@ -132,20 +126,11 @@ absl::StatusOr<StreamOps> CompileStreamOps(
   ops.async = schedule.mode() == v1::SCHEDULE_MODE_ASYNC;
   ops.prefetch_count = schedule.prefetch_count();
   ops.slots = std::max(1, schedule.slots());
-  std::map<int, int> position;
-  for (size_t i = 0; i < buckets.size(); ++i) {
-    position[buckets[i].index] = static_cast<int>(i);
-  }
+  // ValidateRankSchedule checked every bucket against the plan, and the
+  // layout's buckets are the plan's, position = index.
+  assert(static_cast<int>(buckets.size()) == plan.buckets_size());
   ops.slot_of_bucket.assign(buckets.size(), 0);
-  for (const v1::ScheduledOp& op : mine->ops()) {
-    auto it = position.find(op.bucket());
-    if (it == position.end() || op.slot() < 0 || op.slot() >= ops.slots) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("rank ", rank, ": schedule names bucket ", op.bucket(),
-                       " slot ", op.slot(), " outside the plan"));
-    }
-    MUON_RETURN_IF_ERROR(AddScheduledOp(rank, op, it->second, &ops));
-  }
+  for (const v1::ScheduledOp& op : mine->ops()) AddScheduledOp(op, &ops);
   MUON_RETURN_IF_ERROR(CheckOrthogonalizeOps(rank, ops, buckets));
   return ops;
 }

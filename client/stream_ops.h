@@ -41,14 +41,15 @@ struct StreamOps {
 
 // This rank's StreamOps: from its own list in plan.schedule(), or from one
 // derived with MakeRankSchedule when the plan is compact (no rank's list).
-// `buckets` are the layout's, compiled from the same plan.
+// `buckets` are the layout's (BucketLayout::Compile), compiled from the
+// same plan: one per plan bucket, in its order.
 // Errors: InvalidArgument, naming the rank: another derivation than this
-// binary's, no list for this rank, a list ValidateRankSchedule refuses, an
-// operation on a bucket or slot outside the plan, an unknown operation, a
-// bucket orthogonalized other than once when this rank owns a matrix of it
-// (or at all when it owns none), or (async) a compute stream
-// that orthogonalizes the owned buckets in another order than the comm
-// stream redistributes them.
+// binary's, no list for this rank, a list ValidateRankSchedule refuses (an
+// operation on a bucket or slot outside the plan, an unknown operation,
+// ...), a bucket orthogonalized other than once when this rank owns a matrix of
+// it (or at all when it owns none), or (async) a compute stream that
+// orthogonalizes the owned buckets in another order than the comm stream
+// redistributes them.
 absl::StatusOr<StreamOps> CompileStreamOps(
     int rank, const v1::Plan& plan, const std::vector<LocalBucket>& buckets);
 

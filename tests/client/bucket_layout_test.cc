@@ -255,7 +255,7 @@ TEST(BucketLayoutTest, MatrixOfAnotherStage_SkippedWithZeroSizes) {
   EXPECT_EQ(b.redistribute.recv_total, 0);
 }
 
-TEST(BucketLayoutTest, PlanNotFittingTheRank_RefusedNamingTheMatrix) {
+TEST(BucketLayoutTest, PlanNotFittingTheRank_RefusedNamingBucketOrMatrix) {
   struct Case {
     std::string name;
     std::function<void(v1::Plan*, std::vector<MatrixGeometry>*)> change;
@@ -272,6 +272,11 @@ TEST(BucketLayoutTest, PlanNotFittingTheRank_RefusedNamingTheMatrix) {
          AddBucket(plan, {1});
        },
        "covers matrix \"B\" slice 0 2 times"},
+      {"an index other than its position",
+       [](v1::Plan* plan, std::vector<MatrixGeometry>*) {
+         plan->mutable_buckets(0)->set_index(1);
+       },
+       "plan bucket 0 has index 1 (rank 0)"},
       {"a matrix outside the plan",
        [](v1::Plan* plan, std::vector<MatrixGeometry>*) {
          plan->mutable_buckets(0)->add_matrices(7);
