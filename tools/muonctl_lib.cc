@@ -272,26 +272,26 @@ void PrintPlanMatrices(const JobPlan& p, int rows, std::ostream& out) {
 }
 
 // What the spec's optimizer keeps per rank besides the exchange: U formed
-// in the slots (Nesterov, the default, or bf16 momentum) and the momentum
-// dtype (optimizer.momentum_dtype; "param" is float32: a spec's
-// parameters are float32).
+// in the slots (Nesterov, the default, or bf16 momentum), NorMuon's row
+// state in them, and the momentum dtype (optimizer.momentum_dtype; "param" is
+// float32: a spec's parameters are float32).
 PlanMemoryOptions SpecMemoryOptions(const v1::JobSpec& spec,
                                     const JobLayout& layout) {
   PlanMemoryOptions m;
   const v1::OptimizerOptions& o = spec.optimizer();
   const int bytes = o.momentum_dtype() == "bfloat16" ? 2 : 4;
   m.form_update = !o.has_nesterov() || o.nesterov() || bytes == 2;
+  m.row_state = o.normuon();
   m.momentum_element_bytes.assign(layout.params.size(), bytes);
   return m;
 }
 
-// Per rank: load, bytes per step (fp32 exchange; bf16 in "sent bf16"),
-// buffer memory, momentum and their sum (not computed above
-// PlanTraffic's size bound); then the whole step's exchange bytes in both
-// dtypes.
-void PrintPlanRanks(const JobPlan& p, const PlanMemoryOptions& memory, int rows,
-                    std::ostream& out) {
-  const std::vector<RankTraffic> t = PlanTraffic(p, memory);
+// Per rank: load, then from `t` (PlanTraffic's; empty above its size
+// bound: not shown) bytes per step (fp32 exchange; bf16 in "sent bf16"),
+// buffer memory, momentum and their sum; then the whole step's exchange
+// bytes in both dtypes.
+void PrintPlanRanks(const JobPlan& p, const std::vector<RankTraffic>& t,
+                    int rows, std::ostream& out) {
   const bool traffic = !t.empty();
   // All ranks in order, or the `rows` most loaded (ties: lower rank).
   std::vector<const v1::RankLoad*> listed;
@@ -348,6 +348,9 @@ int CmdPlan(const PlanFlags& f, std::ostream& out, std::ostream& err) {
     out << ToJson(p->plan) << "\n";
     return 0;
   }
+  absl::StatusOr<std::vector<RankTraffic>> traffic =
+      PlanTraffic(*p, SpecMemoryOptions(*spec, p->layout));
+  if (!traffic.ok()) return Fail(err, traffic.status());
   const v1::Plan& plan = p->plan;
   out << absl::StrFormat(
       "plan %s: %d matri%s over %d rank%s (mesh %s), policy %s, %d "
@@ -360,7 +363,7 @@ int CmdPlan(const PlanFlags& f, std::ostream& out, std::ostream& err) {
                      plan.world_size() > kFullTableRows;
   const int rows = f.full || !large ? -1 : kSummaryRows;
   PrintPlanMatrices(*p, rows, out);
-  PrintPlanRanks(*p, SpecMemoryOptions(*spec, p->layout), rows, out);
+  PrintPlanRanks(*p, *traffic, rows, out);
   const std::string& momentum = spec->optimizer().momentum_dtype();
   if (momentum.empty() || momentum == "param") {
     out << "momentum counted as float32: a spec's parameters carry no "
@@ -824,7 +827,9 @@ int CmdReport(const ReportFlags& f, std::ostream& out, std::ostream& err) {
     return Fail(err, s);
   }
   in.lower_bound_flops = LoadLowerBoundFlops(in.plan.plan);
-  in.traffic = PlanTraffic(in.plan);
+  absl::StatusOr<std::vector<RankTraffic>> traffic = PlanTraffic(in.plan);
+  if (!traffic.ok()) return Fail(err, traffic.status());
+  in.traffic = *std::move(traffic);
   const std::string html = RenderReportHtml(in);
   if (absl::Status s = WriteTextFile(f.out, html); !s.ok()) {
     return Fail(err, s);

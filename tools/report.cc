@@ -10,8 +10,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/bucket_layout.h"
 #include "client/exchange_plan.h"
 #include "common/spec.h"
+#include "common/status_macros.h"
 #include "common/wire_names.h"
 #include "nlohmann/json.hpp"
 
@@ -43,88 +45,80 @@ std::string Bytes(double value) {
 
 namespace {
 
-// A rank's largest per-bucket buffers over the buckets, in 4-byte words:
-// its send and receive staging and its slot (owned and local matrices).
-struct PeakWords {
-  int64_t send = 0;
-  int64_t recv = 0;
-  int64_t slot = 0;
-};
-
-// Adds rank r's gather and redistribute bytes of `bucket` to `t` and
-// raises `peak` to the bucket's buffers on rank r; `bf16` when the job
-// exchanges bfloat16.
-void AddBucketTraffic(const JobPlan& job, const PlanMemoryOptions& memory,
-                      const v1::Bucket& bucket, int r, bool bf16,
-                      RankTraffic* t, PeakWords* peak) {
-  const v1::Plan& plan = job.plan;
-  const int world = plan.world_size();
-  Exchange gather(world), redistribute(world);
-  int64_t slot = 0;
-  for (int i : bucket.matrices()) {
+// Rank r's matrices of `job` as its step executor sees them: those it
+// holds a part of, in plan order (the others add nothing to its
+// exchanges or slots).
+std::vector<MatrixGeometry> RankGeometry(const JobPlan& job, int r) {
+  std::vector<MatrixGeometry> geometry;
+  for (int i = 0; i < job.plan.matrices_size(); ++i) {
+    const v1::MatrixPlan& mp = job.plan.matrices(i);
     const MatrixLayout& m = job.layout.matrices[i];
-    const int owner = plan.matrices(i).owner();
-    const Box full{Range{0, m.rows}, Range{0, m.cols}};
-    const std::vector<Box>& boxes = m.boxes;
-    AddToGather(r, i, owner, boxes, full, &gather);
-    AddToRedistribute(r, i, owner, boxes, full, &redistribute);
-    if (owner == r && !(boxes[r] == full)) {
-      slot += 2 * full.numel();
-    } else if (owner == r && bf16) {
-      slot += full.numel();
-    }
-    // This rank's O of the matrix, and its U when formed.
-    slot += (memory.form_update ? 2 : 1) * boxes[r].numel();
+    if (m.boxes[r].empty()) continue;
+    MatrixGeometry g;
+    g.param = mp.param();
+    g.param_index = m.param_index;
+    g.slice = mp.slice();
+    g.rows = m.rows;
+    g.cols = m.cols;
+    g.boxes = m.boxes.vec();
+    geometry.push_back(std::move(g));
   }
-  gather.Finish();
-  redistribute.Finish();
-  t->sent += 4 * (gather.send_total + redistribute.send_total);
-  t->received += 4 * (gather.recv_total + redistribute.recv_total);
-  t->sent_bf16 +=
-      4 * (gather.send_words_bf16_total + redistribute.send_words_bf16_total);
-  t->received_bf16 +=
-      4 * (gather.recv_words_bf16_total + redistribute.recv_words_bf16_total);
-  t->gathered += 4 * gather.recv_total;
-  peak->send = std::max(
-      {peak->send, bf16 ? gather.send_words_bf16_total : gather.send_total,
-       bf16 ? redistribute.send_words_bf16_total : redistribute.send_total});
-  peak->recv = std::max(
-      {peak->recv, bf16 ? gather.recv_words_bf16_total : gather.recv_total,
-       bf16 ? redistribute.recv_words_bf16_total : redistribute.recv_total});
-  peak->slot = std::max(peak->slot, slot);
+  return geometry;
+}
+
+// Rank r's bytes per step and buffers, from its bucket layout: the sizes
+// StepExecutor::Create allocates (client/step_executor.h).
+absl::StatusOr<RankTraffic> RankTrafficOf(const JobPlan& job,
+                                          const BucketLayoutOptions& options,
+                                          int r) {
+  const v1::Plan& plan = job.plan;
+  MUON_ASSIGN_OR_RETURN(BucketLayout layout,
+                        BucketLayout::Compile(r, plan.world_size(), plan,
+                                              RankGeometry(job, r), options));
+  RankTraffic t;
+  for (const LocalBucket& b : layout.buckets()) {
+    t.sent += 4 * (b.gather.send_total + b.redistribute.send_total);
+    t.received += 4 * (b.gather.recv_total + b.redistribute.recv_total);
+    t.sent_bf16 += 4 * (b.gather.send_words_bf16_total +
+                        b.redistribute.send_words_bf16_total);
+    t.received_bf16 += 4 * (b.gather.recv_words_bf16_total +
+                            b.redistribute.recv_words_bf16_total);
+    t.gathered += 4 * b.gather.recv_total;
+  }
+  const BufferSizes& sizes = layout.sizes();
+  const int64_t slots = std::max(1, plan.schedule().slots());
+  t.peak_buffer =
+      4 * (slots * layout.slot_elems() + sizes.max_send + sizes.max_recv);
+  return t;
 }
 
 }  // namespace
 
-std::vector<RankTraffic> PlanTraffic(const JobPlan& job,
-                                     const PlanMemoryOptions& memory) {
+absl::StatusOr<std::vector<RankTraffic>> PlanTraffic(
+    const JobPlan& job, const PlanMemoryOptions& memory) {
   const v1::Plan& plan = job.plan;
   const int world = plan.world_size();
   if (static_cast<int64_t>(world) * world * plan.matrices_size() >
       kMaxTrafficWork) {
-    return {};
+    return std::vector<RankTraffic>();
   }
+  // The buffers the runtime allocates for this job's options; a custom
+  // gather function is the trainer's, unknown here.
+  BucketLayoutOptions options;
+  options.form_update = memory.form_update;
+  options.bf16_exchange = ExchangeIsBf16(job.layout.execution);
+  options.row_state = memory.row_state;
   std::vector<RankTraffic> t(world);
-  std::vector<PeakWords> peak(world);
-  // The buffers the runtime allocates: bf16 words, and an owner's rounded
-  // copy of a matrix it holds whole, with the bf16 exchange.
-  const bool bf16 = ExchangeIsBf16(job.layout.execution);
-  for (const v1::Bucket& bucket : plan.buckets()) {
-    for (int r = 0; r < world; ++r) {
-      AddBucketTraffic(job, memory, bucket, r, bf16, &t[r], &peak[r]);
-    }
+  for (int r = 0; r < world; ++r) {
+    MUON_ASSIGN_OR_RETURN(t[r], RankTrafficOf(job, options, r));
   }
-  const int64_t slots = std::max(1, plan.schedule().slots());
   for (const MatrixLayout& m : job.layout.matrices) {
     const int bytes = memory.momentum_element_bytes.empty()
                           ? 4
                           : memory.momentum_element_bytes[m.param_index];
     for (int r = 0; r < world; ++r) t[r].momentum += bytes * m.boxes[r].numel();
   }
-  for (int r = 0; r < world; ++r) {
-    t[r].peak_buffer = 4 * (slots * peak[r].slot + peak[r].send + peak[r].recv);
-    t[r].peak = t[r].momentum + t[r].peak_buffer;
-  }
+  for (int r = 0; r < world; ++r) t[r].peak = t[r].momentum + t[r].peak_buffer;
   return t;
 }
 

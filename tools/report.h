@@ -8,32 +8,35 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "muon/v1/coordinator.pb.h"
 #include "plan/plan_job.h"
 
 namespace muon {
 
-// Per rank, what one step moves and holds, in bytes (fp32; the step
-// executor's exact all-to-all(v) split sizes, client/exchange_plan.h).
+// Per rank, what one step moves and holds, in bytes: the step executor's
+// exact all-to-all(v) split sizes and buffers (client/bucket_layout.h).
 struct RankTraffic {
-  int64_t sent = 0;      // gather + redistribute, to other ranks
-  int64_t received = 0;  // gather + redistribute, from other ranks
+  int64_t sent = 0;      // gather + redistribute, to other ranks (fp32)
+  int64_t received = 0;  // gather + redistribute, from other ranks (fp32)
   // The same with execution.exchange_dtype "bfloat16": two values per
   // 4-byte word, each peer's part rounded up to a word.
   int64_t sent_bf16 = 0;
   int64_t received_bf16 = 0;
-  int64_t gathered = 0;  // received in the gather (as owner)
-  // The preallocated buffers: (prefetch + 1) bucket slots of the full U
-  // and O of the matrices it owns and does not hold whole (and, with the
-  // bf16 exchange, U of those it owns whole), plus the largest send and
-  // receive buffers (in bf16 words with the bf16 exchange).
-  // (prefetch + 1) bucket slots also hold this rank's O of the bucket's
-  // matrices and, with PlanMemoryOptions::form_update, its U.
+  int64_t gathered = 0;  // received in the gather (as owner; fp32)
+  // The preallocated buffers, as StepExecutor::Create sizes them: the
+  // schedule's bucket slots (prefetch + 1 in async mode), each holding
+  // this rank's O of the bucket's matrices (and, with
+  // PlanMemoryOptions::form_update, its U), the full U and O of the
+  // matrices it owns and does not hold whole (and, with the bf16
+  // exchange, U of those it owns whole) and the row state of an owner
+  // transform (NorMuon); plus the largest send and receive buffers (in
+  // bf16 words with the bf16 exchange).
   int64_t peak_buffer = 0;
   // The momentum buffers of the rank's shards (PlanMemoryOptions' bytes
   // per element), and momentum + peak_buffer: what Muon::memory() counts
-  // as its peak, less 8 bytes per parameter (the finite check) and the
-  // transactional snapshot.
+  // as its peak, less 8 bytes per parameter (the finite check), the row
+  // state itself and the transactional snapshot.
   int64_t momentum = 0;
   int64_t peak = 0;
 };
@@ -44,6 +47,9 @@ struct PlanMemoryOptions {
   // there: Nesterov, or a bf16 momentum buffer; StepExecutor's
   // ExecutorOptions::form_update).
   bool form_update = true;
+  // The owner transform keeps per-row state (NorMuon's second moment),
+  // which travels with each matrix's exchanges and has room in the slots.
+  bool row_state = false;
   // Bytes per element of each parameter's momentum buffer (index =
   // JobLayout::params; 2 for bf16, 4 for fp32); empty = 4 for all.
   std::vector<int> momentum_element_bytes;
@@ -52,11 +58,14 @@ struct PlanMemoryOptions {
 // Largest world^2 x matrices PlanTraffic computes (2^28).
 inline constexpr int64_t kMaxTrafficWork = int64_t{1} << 28;
 
-// RankTraffic of every rank of `job` (index = rank). O(world^2 x
+// RankTraffic of every rank of `job` (index = rank), from each rank's
+// BucketLayout under the job's exchange dtype and `memory`. O(world^2 x
 // matrices) time: the exchange lists of every rank and bucket; empty when
-// world^2 x matrices exceeds kMaxTrafficWork.
-std::vector<RankTraffic> PlanTraffic(const JobPlan& job,
-                                     const PlanMemoryOptions& memory = {});
+// world^2 x matrices exceeds kMaxTrafficWork. Errors: InvalidArgument when a
+// rank's layout refuses the plan (a plan ValidatePlan would refuse: see
+// BucketLayout::Compile).
+absl::StatusOr<std::vector<RankTraffic>> PlanTraffic(
+    const JobPlan& job, const PlanMemoryOptions& memory = {});
 
 // FLOPs with the largest SI prefix that keeps the value >= 1, 3
 // significant digits: "52.8 kFLOP", "9.81 GFLOP", "11 TFLOP".

@@ -619,16 +619,11 @@ TEST(MuonctlCliTest, Plan_LargeJob_SummaryByDefaultFullOnRequest) {
   EXPECT_THAT(full_out.str(), HasSubstr("\n1023 "));
 }
 
-TEST(MuonctlCliTest, Plan_ScaledUnitsAndBytesPerRankPerStep) {
-  // One [8, 8] matrix FSDP over 4 ranks: shards of 2 x 8 fp32 = 64 B. The
-  // owner receives 3 shards (192 B) and sends them back; every other rank
-  // sends and receives its own 64 B. Peak buffers: the owner's full U and
-  // O (2 x 256 B) + send and receive buffers (192 B each) = 896 B; the
-  // others' 64 + 64 = 128 B; every rank's slot also holds its own shard's
-  // U and O (2 x 64 B). Momentum: 64 B each (fp32); peak = momentum +
-  // buffers.
+// A spec file of one [8, 8] fp32 matrix "w" FSDP-sharded over 4 ranks
+// (dp_shard), with or without NorMuon; returns its path.
+std::string WriteFsdpSpec(const std::string& job_id, bool normuon) {
   v1::JobSpec spec;
-  spec.set_job_id("units");
+  spec.set_job_id(job_id);
   v1::MeshDim* dim = spec.mutable_mesh()->add_dims();
   dim->set_name("dp_shard");
   dim->set_size(4);
@@ -637,12 +632,23 @@ TEST(MuonctlCliTest, Plan_ScaledUnitsAndBytesPerRankPerStep) {
   p->add_shape(8);
   p->add_shape(8);
   p->add_placements("Shard(0)");
+  if (normuon) spec.mutable_optimizer()->set_normuon(true);
   const std::string path =
-      absl::StrCat(::testing::TempDir(), "/muonctl_units_spec.json");
-  {
-    std::ofstream f(path);
-    f << JobSpecToJson(spec);
-  }
+      absl::StrCat(::testing::TempDir(), "/muonctl_", job_id, "_spec.json");
+  std::ofstream f(path);
+  f << JobSpecToJson(spec);
+  return path;
+}
+
+TEST(MuonctlCliTest, Plan_ScaledUnitsAndBytesPerRankPerStep) {
+  // One [8, 8] matrix FSDP over 4 ranks: shards of 2 x 8 fp32 = 64 B. The
+  // owner receives 3 shards (192 B) and sends them back; every other rank
+  // sends and receives its own 64 B. Peak buffers: the owner's full U and
+  // O (2 x 256 B) + send and receive buffers (192 B each) = 896 B; the
+  // others' 64 + 64 = 128 B; every rank's slot also holds its own shard's
+  // U and O (2 x 64 B). Momentum: 64 B each (fp32); peak = momentum +
+  // buffers.
+  const std::string path = WriteFsdpSpec("units", /*normuon=*/false);
   std::ostringstream out, err;
   ASSERT_EQ(RunMuonctl({"plan", "--spec", path}, out, err), 0) << err.str();
   EXPECT_THAT(out.str(), HasSubstr("gathered"));
@@ -674,6 +680,35 @@ TEST(MuonctlCliTest, Plan_ScaledUnitsAndBytesPerRankPerStep) {
   EXPECT_THAT(out.str(),
               HasSubstr("exchange per step, all ranks: 384 B with float32, "
                         "192 B with bfloat16"));
+}
+
+TEST(MuonctlCliTest, Plan_NorMuon_RowStateInTheExchangesAndTheSlot) {
+  // As Plan_ScaledUnitsAndBytesPerRankPerStep, plus NorMuon's row state
+  // (one fp32 per row) travelling with each shard: 2 values to and from
+  // each non-owner. The owner gathers 3 x (16 + 2) values = 216 B; its
+  // slot adds the 8 rows' state: (32 + 2 x 64 + 8) x 4 B + send and
+  // receive buffers of 54 values each = 1104 B. The others: slot 32
+  // values, send and receive 18 each: 272 B. Peak: + 64 B of momentum.
+  const std::string path = WriteFsdpSpec("normuon", /*normuon=*/true);
+  std::ostringstream out, err;
+  ASSERT_EQ(RunMuonctl({"plan", "--spec", path}, out, err), 0) << err.str();
+  int owners = 0, others = 0;
+  for (absl::string_view line : absl::StrSplit(out.str(), '\n')) {
+    std::vector<std::string> t = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (t.size() != 18 || t[0].size() != 1 || !isdigit(t[0][0])) continue;
+    // gathered, then peak buffer, momentum and peak (value unit each).
+    const std::string columns = absl::StrCat(
+        t[4], " ", t[5], " | ", absl::StrJoin(t.begin() + 12, t.end(), " "));
+    if (t[1] == "1") {
+      ++owners;
+      EXPECT_EQ(columns, "216 B | 1.08 KiB 64 B 1.14 KiB") << line;
+    } else {
+      ++others;
+      EXPECT_EQ(columns, "0 B | 272 B 64 B 336 B") << line;
+    }
+  }
+  EXPECT_EQ(owners, 1) << out.str();
+  EXPECT_EQ(others, 3) << out.str();
 }
 
 TEST(MuonctlCliTest, Status_RankLost_ExitsOneNamingIt) {
