@@ -110,7 +110,7 @@ int NormBlocks(int64_t size) {
 // Byte offsets of the scratch regions for one (batch, shape, precision).
 struct Layout {
   int64_t x0 = 0;       // X ping buffer (work type).
-  int64_t x1 = 0;       // X pong buffer (bf16 only; fp32 pongs into out).
+  int64_t x1 = 0;       // X pong buffer (work type).
   int64_t gram = 0;     // A: batch * m * m.
   int64_t poly = 0;     // B (Gram: Z): batch * m * m.
   int64_t q = 0;        // Gram only: Q, batch * m * m.
@@ -135,7 +135,7 @@ Layout MakeLayout(int64_t batch, int64_t rows, int64_t cols,
   l.x0 = at;
   at += x_bytes;
   l.x1 = at;
-  if (precision == GpuPrecision::kBf16) at += x_bytes;
+  at += x_bytes;
   l.gram = at;
   at += g_bytes;
   l.poly = at;
@@ -941,21 +941,18 @@ absl::Status GramIterations(NsCudaContext::State* s,
 }
 
 // Enqueues `call` on s->stream, in the scratch of layout `l` (reserved):
-// normalisation, the iterations (Gram when `gram`), the bf16 widening.
+// normalisation, the iterations (Gram when `gram`), the bf16 widening or
+// the fp32 copy into out.
 absl::Status EnqueueCall(NsCudaContext::State* s, const Layout& l, bool gram,
                          const NsCall& call) {
   const NewtonSchulzOptions& options = *call.options;
   const int64_t size = call.rows * call.cols;
   char* base = static_cast<char*>(s->scratch.data());
   const bool bf16 = call.precision == GpuPrecision::kBf16;
-  const int steps = NewtonSchulzIterations(options);
-  const int every = std::max(options.gram_restart_every, 1);
-  // X updates: one per iteration, or one per Gram restart block.
-  const int updates = gram ? (steps + every - 1) / every : steps;
-
-  // X ping-pong. bf16: two bf16 scratch buffers, widened into out at the
-  // end. fp32/tf32: out and one scratch buffer, starting where the last
-  // update lands in out (no final copy), as the CPU kernel.
+  // X ping-pong in two scratch buffers of the work type, widened (bf16) or
+  // copied (fp32, tf32) into out at the end. cuBLAS sees only the
+  // scratch, aligned to 256 bytes whatever out's alignment, so that the
+  // GEMMs it picks, and the bits, do not depend on where out lies.
   IterationBuffers buf;
   buf.gram = base + l.gram;
   buf.poly = base + l.poly;
@@ -963,15 +960,12 @@ absl::Status EnqueueCall(NsCudaContext::State* s, const Layout& l, bool gram,
   buf.tmp = base + l.tmp;
   buf.z32 = reinterpret_cast<float*>(base + l.z32);
   buf.ptrs = reinterpret_cast<void**>(base + l.ptrs);
-  void* out = call.out;
+  buf.x = base + l.x0;
+  buf.x_next = base + l.x1;
   if (bf16) {
-    buf.x = base + l.x0;
-    buf.x_next = base + l.x1;
     MUON_CU_RETURN_IF_ERROR(Normalize(s, l, call.u, call.batch, size, options,
                                       static_cast<__nv_bfloat16*>(buf.x)));
   } else {
-    buf.x = (updates % 2 == 0) ? out : base + l.x0;
-    buf.x_next = (updates % 2 == 0) ? base + l.x0 : out;
     MUON_CU_RETURN_IF_ERROR(Normalize(s, l, call.u, call.batch, size, options,
                                       static_cast<float*>(buf.x)));
   }
@@ -983,6 +977,10 @@ absl::Status EnqueueCall(NsCudaContext::State* s, const Layout& l, bool gram,
     WidenOutput(static_cast<const __nv_bfloat16*>(buf.x), call.batch * size,
                 call.out, s->stream);
     MUON_CUDA_RETURN_IF_LAUNCH_FAILED("Bf16ToFloatKernel");
+  } else {
+    MUON_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(call.out, buf.x, call.batch * size * sizeof(float),
+                        cudaMemcpyDeviceToDevice, s->stream));
   }
   return absl::OkStatus();
 }

@@ -110,9 +110,10 @@ class NsCudaContext {
   NsCudaContext& operator=(const NsCudaContext&) = delete;
 
   // Grows the scratch to fit `batch` matrices [rows, cols] (either
-  // orientation) in `precision` run with `options`: 2 X buffers (1 for
-  // fp32/tf32: the output is the other) of batch*rows*cols, A and B of
-  // batch*m*m elements (2 bytes each for bf16, 4 otherwise), 2 more m*m
+  // orientation) in `precision` run with `options`: 2 X buffers of
+  // batch*rows*cols (the iteration never hands the caller's output to
+  // cuBLAS), A and B of batch*m*m elements (2 bytes each for bf16, 4
+  // otherwise), 2 more m*m
   // buffers when `options` runs the Gram iteration on this shape
   // (GpuRunsGram) and one of batch*m*m floats more for bf16 with
   // MUON_NS_GRAM_FP32_Z, plus the norm partials. Never shrinks.
@@ -186,6 +187,9 @@ absl::Status CublasStatusToStatus(int cublas_status, const char* expr);
 //        (matrix i at u + i*rows*cols); read only.
 //   out: device float32 [batch, rows, cols]; must not overlap u.
 //   batch in [1, 65535]; rows, cols in [1, INT_MAX] (32-bit cuBLAS API).
+// Neither u nor out is a cuBLAS operand (the GEMMs run in the context's
+// 256-byte-aligned scratch), so their alignment (4 bytes suffices)
+// changes no bit of the result.
 // Cost: batch * NewtonSchulzFlops(rows, cols, options) FLOPs on tensor cores
 // (bf16, tf32) or CUDA cores (fp32). Grows the scratch when needed
 // (allocates: call ctx->Reserve first on the hot path).

@@ -87,7 +87,8 @@ struct CudaNs {
   absl::Status Sync() { return stream->Synchronize(absl::Minutes(5)); }
 };
 
-absl::StatusOr<CudaNs> MakeCudaNs() {
+// `allocator`: the context's scratch (null: the runtime's).
+absl::StatusOr<CudaNs> MakeCudaNs(device::Allocator* allocator = nullptr) {
   CudaNs ns;
   absl::StatusOr<device::Runtime*> runtime = device::CudaRuntime(0);
   if (!runtime.ok()) return runtime.status();
@@ -97,7 +98,7 @@ absl::StatusOr<CudaNs> MakeCudaNs() {
   if (!stream.ok()) return stream.status();
   ns.stream = *std::move(stream);
   absl::StatusOr<std::unique_ptr<cuda::NsCudaContext>> ctx =
-      cuda::NsCudaContext::Create(ns.runtime, ns.stream.get());
+      cuda::NsCudaContext::Create(ns.runtime, ns.stream.get(), allocator);
   if (!ctx.ok()) return ctx.status();
   ns.ctx = *std::move(ctx);
   return ns;
@@ -277,14 +278,16 @@ TEST(GpuNewtonSchulzTest,
   }
 }
 
-// NewtonSchulzBatched on a context with `symmetric`: `batch` copies of u
-// (each scaled by its index + 1, so that the batch's matrices differ only
-// in scale and share one result), the results of each.
+// NewtonSchulzBatched on a context with `symmetric` (its scratch from
+// `allocator`; null: the runtime's): `batch` copies of u (each scaled by
+// its index + 1, so that the batch's matrices differ only in scale and
+// share one result), the results of each.
 std::vector<std::vector<float>> RunWithSymmetric(
     const cuda::SymmetricProducts& symmetric, GpuPrecision precision,
     const std::vector<float>& u, int64_t batch, int64_t rows, int64_t cols,
-    const NewtonSchulzOptions& options) {
-  absl::StatusOr<CudaNs> ns = MakeCudaNs();
+    const NewtonSchulzOptions& options,
+    device::Allocator* allocator = nullptr) {
+  absl::StatusOr<CudaNs> ns = MakeCudaNs(allocator);
   EXPECT_TRUE(ns.ok()) << ns.status();
   if (!ns.ok()) return {};
   ns->ctx->set_symmetric_products(symmetric);
@@ -823,6 +826,82 @@ TEST(GpuNewtonSchulzTest,
                           rows, cols, out, ref);
         ExpectWithinBound(("gram_fp32_z_" + name + "_vs_model").c_str(),
                           GpuPrecision::kBf16, rows, cols, out, model64);
+      }
+    }
+  }
+}
+
+// The CUDA device's allocator, with every allocation filled with 0xFF
+// bytes first: NaN as fp32 and as bf16.
+class NanFilledAllocator final : public device::Allocator {
+ public:
+  explicit NanFilledAllocator(device::Runtime* runtime) : runtime_(runtime) {}
+  device::Device device() const override {
+    return runtime_->allocator()->device();
+  }
+  absl::StatusOr<void*> AllocateRaw(int64_t bytes) override {
+    absl::StatusOr<void*> p = runtime_->allocator()->AllocateRaw(bytes);
+    if (!p.ok() || *p == nullptr) return p;
+    const std::vector<unsigned char> nan(static_cast<size_t>(bytes), 0xFF);
+    const absl::Status filled = runtime_->CopyFromHost(*p, nan.data(), bytes);
+    if (!filled.ok()) {
+      runtime_->allocator()->DeallocateRaw(*p);
+      return filled;
+    }
+    return p;
+  }
+  void DeallocateRaw(void* p) override {
+    runtime_->allocator()->DeallocateRaw(p);
+  }
+
+ private:
+  device::Runtime* const runtime_;
+};
+
+// Scratch that starts as NaN changes no bit of the result, in every
+// precision, standard and Gram (with and without MUON_NS_GRAM_FP32_Z),
+// wide and tall, with the symmetric products in 7 batched tiles (the last
+// ones smaller): every tile a mirror copy reads, every fp32 P the fp32-Z
+// pass reads and every GEMM output read with beta != 0 was written
+// earlier in the same call. The GEMM simulator (ns_gemm_plan_test) checks
+// the plan's order on NaN-filled buffers; this checks the CUDA kernels.
+TEST(GpuNewtonSchulzTest, ScratchStartingAsNaN_SameBitsAsFreshScratch) {
+  MUON_SKIP_WITHOUT_GPU();
+  const auto unset = absl::MakeCleanup([] { unsetenv("MUON_NS_GRAM_FP32_Z"); });
+  absl::StatusOr<device::Runtime*> runtime = device::CudaRuntime(0);
+  ASSERT_TRUE(runtime.ok()) << runtime.status();
+  cuda::SymmetricProducts tiled;
+  tiled.min_edge = 64;
+  tiled.tiles = 7;
+  NewtonSchulzOptions gram;
+  gram.method = NewtonSchulzMethod::kGram;
+  for (const char* fp32_z : {"0", "1"}) {
+    ASSERT_EQ(setenv("MUON_NS_GRAM_FP32_Z", fp32_z, 1), 0);
+    for (auto [rows, cols] :
+         {std::pair<int64_t, int64_t>{300, 700}, {700, 300}}) {
+      const std::vector<float> u = RandomMatrix(rows, cols, 59);
+      for (GpuPrecision precision : kPrecisions) {
+        for (const NewtonSchulzOptions& options :
+             {NewtonSchulzOptions{}, gram}) {
+          const std::string what = absl::StrCat(
+              PrecisionName(precision), " ", rows, "x", cols,
+              options.method == NewtonSchulzMethod::kGram ? " gram" : "",
+              " MUON_NS_GRAM_FP32_Z=", fp32_z);
+          NanFilledAllocator nan(*runtime);
+          const std::vector<std::vector<float>> want =
+              RunWithSymmetric(tiled, precision, u, 2, rows, cols, options);
+          const std::vector<std::vector<float>> got = RunWithSymmetric(
+              tiled, precision, u, 2, rows, cols, options, &nan);
+          ASSERT_EQ(want.size(), 2u) << what;
+          ASSERT_EQ(got.size(), 2u) << what;
+          for (size_t b = 0; b < got.size(); ++b) {
+            EXPECT_TRUE(std::all_of(got[b].begin(), got[b].end(),
+                                    [](float v) { return std::isfinite(v); }))
+                << what << ", matrix " << b;
+            EXPECT_TRUE(BitwiseEqual(got[b], want[b]))
+                << what << ", matrix " << b;
+          }
+        }
       }
     }
   }
