@@ -2,11 +2,16 @@
 // builds: argument checks that precede any CUDA call, and the conversion of
 // CUDA / cuBLAS result codes to absl::Status. In default builds (stubs)
 // each test skips with "built without CUDA".
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "device/cuda_runtime.h"
+#include "device/memory.h"
 #include "device/runtime.h"
 #include "device/stream.h"
 #include "gmock/gmock.h"
@@ -25,6 +30,55 @@ namespace kernels {
 namespace {
 
 using ::testing::HasSubstr;
+
+// Memory for a call that passes the argument checks and goes on to CUDA:
+// a device buffer of `count` floats where a GPU is visible (the call then
+// runs there, and must succeed), else `host` (no device: CUDA refuses the
+// call, but not for overlap). A kernel launched on host stack memory
+// would fault on a GPU (an illegal address poisons the process's CUDA
+// context) or, with HMM, write the stack after the test returned.
+struct CallMemory {
+  bool on_gpu = false;
+  device::Runtime* runtime = nullptr;
+  device::DeviceBuffer<float> device;
+  float* data = nullptr;
+};
+
+CallMemory MemoryForCall(float* host, int64_t count) {
+  CallMemory m;
+  m.data = host;
+  if (device::CudaDeviceCount() == 0) return m;
+  absl::StatusOr<device::Runtime*> runtime = device::CudaRuntime(0);
+  EXPECT_TRUE(runtime.ok()) << runtime.status();
+  if (!runtime.ok()) return m;
+  absl::StatusOr<device::DeviceBuffer<float>> buffer =
+      device::DeviceBuffer<float>::Allocate((*runtime)->allocator(), count);
+  EXPECT_TRUE(buffer.ok()) << buffer.status();
+  if (!buffer.ok()) return m;
+  m.on_gpu = true;
+  m.runtime = *runtime;
+  m.device = *std::move(buffer);
+  m.data = m.device.data();
+  return m;
+}
+
+// The outcome of a call MemoryForCall placed: on a GPU it ran and the
+// device finished it without error; else it was refused, but not with
+// `not_for` in its message.
+void ExpectRanOrRefusedNotFor(const CallMemory& m, const absl::Status& status,
+                              const std::string& not_for) {
+  if (m.on_gpu) {
+    EXPECT_TRUE(status.ok()) << status;
+    absl::StatusOr<std::unique_ptr<device::Stream>> legacy =
+        m.runtime->WrapStream(nullptr, "legacy default");
+    ASSERT_TRUE(legacy.ok()) << legacy.status();
+    EXPECT_TRUE((*legacy)->Synchronize(absl::Minutes(1)).ok());
+    return;
+  }
+  EXPECT_FALSE(status.ok());
+  EXPECT_THAT(std::string(status.message()),
+              ::testing::Not(HasSubstr(not_for)));
+}
 
 // Values of cudaError_t / cublasStatus_t (driver_types.h, cublas_api.h;
 // this file is compiled by gcc without CUDA headers).
@@ -118,12 +172,13 @@ TEST(CudaApiTest, FusedKernels_BadArguments_ReturnInvalidArgument) {
   EXPECT_EQ(partial_grad.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(partial_grad.message()), HasSubstr("grad's"));
   // Without nesterov the gradient is not read: overlapping it is allowed
-  // (the call goes on to CUDA).
+  // (the call goes on to CUDA). buf at [0, 4), the gradient at [4, 12).
+  float unread_host[12] = {};
+  const CallMemory unread = MemoryForCall(unread_host, 12);
   const absl::Status unread_grad =
-      cuda::FormUpdate(buf, kF32, grad8, kF32, 4, 0.95, false, grad8 + 1,
-                       cuda::FmaMode::kSeparate, nullptr);
-  EXPECT_THAT(std::string(unread_grad.message()),
-              ::testing::Not(HasSubstr("alias")));
+      cuda::FormUpdate(unread.data, kF32, unread.data + 4, kF32, 4, 0.95, false,
+                       unread.data + 5, cuda::FmaMode::kSeparate, nullptr);
+  ExpectRanOrRefusedNotFor(unread, unread_grad, "alias");
   EXPECT_EQ(cuda::Momentum(buf, kF32, grad, kF32, -1, 0.95,
                            cuda::FmaMode::kSeparate, nullptr)
                 .code(),
@@ -146,13 +201,15 @@ TEST(CudaApiTest, FusedKernels_BadArguments_ReturnInvalidArgument) {
   EXPECT_THAT(std::string(overlap16.message()),
               HasSubstr("DecayAndApplyBf16: update must not overlap param"));
   // Its last byte is param16[3]'s: an update from param16 + 4 on does not
-  // overlap (the call goes on to CUDA, which has no device here or refuses
-  // host memory, but not for overlap).
+  // overlap (the call goes on to CUDA). The parameter's 4 bf16 values at
+  // bytes [0, 8), the update's 4 floats at [8, 24).
+  alignas(16) float adjacent_host[6] = {};
+  const CallMemory adjacent = MemoryForCall(adjacent_host, 6);
+  uint16_t* adjacent_param = reinterpret_cast<uint16_t*>(adjacent.data);
   const absl::Status adjacent16 = cuda::DecayAndApplyBf16(
-      param16, reinterpret_cast<const float*>(param16 + 4), 4, 0.1, 0.1, 0.1,
-      cuda::FmaMode::kFused, nullptr);
-  EXPECT_THAT(std::string(adjacent16.message()),
-              ::testing::Not(HasSubstr("overlap")));
+      adjacent_param, reinterpret_cast<const float*>(adjacent_param + 4), 4,
+      0.1, 0.1, 0.1, cuda::FmaMode::kFused, nullptr);
+  ExpectRanOrRefusedNotFor(adjacent, adjacent16, "overlap");
   const absl::Status last_byte16 = cuda::DecayAndApplyBf16(
       param16, reinterpret_cast<const float*>(param16 + 3), 4, 0.1, 0.1, 0.1,
       cuda::FmaMode::kFused, nullptr);
