@@ -230,10 +230,12 @@ void PrintSymmetricProducts(const cuda::SymmetricProducts& sym,
 }
 
 // NS timed with the context's CUDA graphs on, and whether the output of
-// the last replay is bitwise that of the last direct call (left in `out`).
+// the last replay is bitwise that of the last direct call (left in `out`);
+// or, when the capture failed (the calls then ran directly), why.
 struct GraphTiming {
   Timing timing;
   bool same_bits = false;
+  absl::Status capture_error;
 };
 
 absl::StatusOr<GraphTiming> TimeGraphs(
@@ -256,12 +258,15 @@ absl::StatusOr<GraphTiming> TimeGraphs(
     return cuda::NewtonSchulzBatched(ctx, u.data(), batch, rows, cols, options,
                                      precision, out.data());
   });
+  const absl::Status capture_error = ctx->cuda_graph_capture_error();
   ctx->set_cuda_graphs(false);
   if (!timing.ok()) return timing.status();
   absl::StatusOr<std::vector<float>> replayed = to_host();
   if (!replayed.ok()) return replayed.status();
-  return GraphTiming{*timing, std::memcmp(direct->data(), replayed->data(),
-                                          direct->size() * sizeof(float)) == 0};
+  return GraphTiming{*timing,
+                     std::memcmp(direct->data(), replayed->data(),
+                                 direct->size() * sizeof(float)) == 0,
+                     capture_error};
 }
 
 int Fail(const char* what, const absl::Status& status) {
@@ -419,8 +424,14 @@ int BenchShape(const Bench& b, const Shape& shape) {
                    b.precision, *d_out, b.repeats);
     if (!graph.ok())
       return Fail("NewtonSchulzBatched as graphs", graph.status());
-    std::snprintf(graph_text, sizeof(graph_text), "%.2fms %s",
-                  graph->timing.best, graph->same_bits ? "same" : "DIFFER");
+    if (graph->capture_error.ok()) {
+      std::snprintf(graph_text, sizeof(graph_text), "%.2fms %s",
+                    graph->timing.best, graph->same_bits ? "same" : "DIFFER");
+    } else {
+      std::snprintf(graph_text, sizeof(graph_text), "no capture");
+      std::fprintf(stderr, "ns_gpu_bench: CUDA graph capture failed: %s\n",
+                   graph->capture_error.ToString().c_str());
+    }
   }
   absl::StatusOr<Timing> gram =
       TimeGemm(b.rt, b.ctx, b.precision, m, m, n, b.repeats);

@@ -51,6 +51,9 @@ void NsCudaContext::set_symmetric_products(const SymmetricProducts&) {}
 bool NsCudaContext::cuda_graphs() const { return false; }
 void NsCudaContext::set_cuda_graphs(bool) {}
 int NsCudaContext::CudaGraphCount() const { return 0; }
+absl::Status NsCudaContext::cuda_graph_capture_error() const {
+  return absl::OkStatus();
+}
 int NsCudaContext::device() const { return -1; }
 device::Stream* NsCudaContext::stream() const { return nullptr; }
 

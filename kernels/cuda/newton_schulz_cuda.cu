@@ -56,6 +56,8 @@ struct NsCudaContext::State {
   // (MUON_NS_CUDA_GRAPHS, set_cuda_graphs), and the instantiated graphs
   // (cudaGraphExec_t), dropped whenever the scratch moves.
   bool cuda_graphs = false;
+  // Why the capture that turned cuda_graphs off failed (OK: none did).
+  absl::Status graph_capture_error;
   NsGraphCache graphs{kMaxCudaGraphs};
   // Whether the stream may be captured at all (StreamCapturable, asked
   // once at creation: the stream is the context's for its life).
@@ -1055,6 +1057,7 @@ absl::Status LaunchAsGraph(NsCudaContext::State* s, const NsCall& call,
     absl::StatusOr<cudaGraphExec_t> captured = CaptureGraph(s, enqueue);
     if (!captured.ok()) {
       s->cuda_graphs = false;  // the captured work was discarded, not run
+      s->graph_capture_error = captured.status();
       return enqueue();
     }
     exec = *captured;
@@ -1215,8 +1218,14 @@ void NsCudaContext::set_symmetric_products(const SymmetricProducts& symmetric) {
 }
 
 bool NsCudaContext::cuda_graphs() const { return state_->cuda_graphs; }
-void NsCudaContext::set_cuda_graphs(bool on) { state_->cuda_graphs = on; }
+void NsCudaContext::set_cuda_graphs(bool on) {
+  state_->cuda_graphs = on;
+  if (on) state_->graph_capture_error = absl::OkStatus();
+}
 int NsCudaContext::CudaGraphCount() const { return state_->graphs.size(); }
+absl::Status NsCudaContext::cuda_graph_capture_error() const {
+  return state_->graph_capture_error;
+}
 int NsCudaContext::device() const { return state_->device; }
 device::Stream* NsCudaContext::stream() const { return state_->stream_wrapper; }
 

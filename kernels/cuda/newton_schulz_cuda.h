@@ -158,6 +158,10 @@ class NsCudaContext {
   void set_cuda_graphs(bool on);
   // Graphs held now (for tests and benchmarks).
   int CudaGraphCount() const;
+  // The error of the capture that turned graphs off (OK when none failed
+  // since set_cuda_graphs(true) or Create; the call it was for ran
+  // directly).
+  absl::Status cuda_graph_capture_error() const;
   // The CUDA device's ordinal.
   int device() const;
   // The stream the context enqueues on (Create's).

@@ -674,7 +674,8 @@ void ExpectGraphsReplayDirectCalls(CudaNs* ns, const GraphCase& c,
     ctx->set_cuda_graphs(true);
     const int before = ctx->CudaGraphCount();
     EXPECT_TRUE(BitwiseEqual(run(precision, d_a->data()), direct1)) << where;
-    EXPECT_EQ(ctx->CudaGraphCount(), before + 1) << where;
+    EXPECT_EQ(ctx->CudaGraphCount(), before + 1)
+        << where << ": " << ctx->cuda_graph_capture_error();
     ASSERT_TRUE(set_u(u2).ok());
     EXPECT_TRUE(BitwiseEqual(run(precision, d_a->data()), direct2))
         << where << ": the replay";
@@ -682,7 +683,8 @@ void ExpectGraphsReplayDirectCalls(CudaNs* ns, const GraphCase& c,
     EXPECT_TRUE(BitwiseEqual(run(precision, d_b->data()), direct2))
         << where << ": another output";
     EXPECT_EQ(ctx->CudaGraphCount(), before + 2) << where;
-    EXPECT_TRUE(ctx->cuda_graphs()) << where << ": a capture failed";
+    EXPECT_TRUE(ctx->cuda_graphs())
+        << where << ": a capture failed: " << ctx->cuda_graph_capture_error();
   }
   ctx->set_cuda_graphs(false);
 }
@@ -736,7 +738,8 @@ TEST(GpuNewtonSchulzTest, CudaGraphs_FirstCallOfNewContext_BitwiseDirect) {
           ::muon::testing::CopyToHostVector(ns->runtime, d_o->data(), elems));
     }
     EXPECT_TRUE(BitwiseEqual(got[0], got[1])) << c.rows << "x" << c.cols;
-    EXPECT_EQ(graphs->ctx->CudaGraphCount(), 1);
+    EXPECT_EQ(graphs->ctx->CudaGraphCount(), 1)
+        << graphs->ctx->cuda_graph_capture_error();
   }
 }
 
