@@ -427,6 +427,16 @@ absl::Status Momentum(void* buf, Elem buf_type, const void* grad,
     return absl::InvalidArgumentError(
         "Momentum: buf and grad must be non-null");
   }
+  // Each thread reads its grad elements while others write buf: only the
+  // exact alias of one type (an element read and written by one thread)
+  // is safe.
+  const int64_t grad_bytes = n * ElemBytes(grad_type);
+  if (!(buf == grad && buf_type == grad_type) &&
+      BytesOverlap(buf, n * ElemBytes(buf_type), grad, grad_bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Momentum: grad's ", grad_bytes, " bytes overlap buf's ", n,
+        " elements (only grad == buf, of one type, may alias)"));
+  }
   // As kernels::MomentumUpdate: the weight in double, rounded to float once.
   const float w = static_cast<float>(1.0 - momentum);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);

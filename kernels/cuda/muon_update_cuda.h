@@ -46,7 +46,8 @@ enum class Elem { kFloat32, kBf16 };
 // kernels::MomentumUpdate; a bf16 buf is computed in fp32 and rounded.
 // grad may alias buf when both have one type (then buf is unchanged).
 // Errors:
-//   InvalidArgument: n < 0, null pointers (with n > 0).
+//   InvalidArgument: n < 0, null pointers (with n > 0), grad overlapping
+//     buf other than as that exact alias.
 //   Unimplemented: built without CUDA. Internal: the launch failed (names
 //     the kernel and cudaGetErrorString).
 absl::Status Momentum(void* buf, Elem buf_type, const void* grad,

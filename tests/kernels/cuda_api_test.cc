@@ -179,6 +179,19 @@ TEST(CudaApiTest, FusedKernels_BadArguments_ReturnInvalidArgument) {
       cuda::FormUpdate(unread.data, kF32, unread.data + 4, kF32, 4, 0.95, false,
                        unread.data + 5, cuda::FmaMode::kSeparate, nullptr);
   ExpectRanOrRefusedNotFor(unread, unread_grad, "alias");
+  // The gradient one element into the buffer, or the buffer's bytes read
+  // as bf16: refused before any CUDA call.
+  const absl::Status shifted = cuda::Momentum(
+      grad8, kF32, grad8 + 1, kF32, 4, 0.95, cuda::FmaMode::kSeparate, nullptr);
+  EXPECT_EQ(shifted.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(shifted.message()),
+              HasSubstr("Momentum: grad's 16 bytes overlap buf's 4 elements"));
+  const absl::Status retyped =
+      cuda::Momentum(grad8, kF32, grad8, cuda::Elem::kBf16, 4, 0.95,
+                     cuda::FmaMode::kSeparate, nullptr);
+  EXPECT_EQ(retyped.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(retyped.message()),
+              HasSubstr("grad's 8 bytes overlap"));
   EXPECT_EQ(cuda::Momentum(buf, kF32, grad, kF32, -1, 0.95,
                            cuda::FmaMode::kSeparate, nullptr)
                 .code(),
