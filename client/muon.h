@@ -74,9 +74,10 @@ struct OptimizerMemory {
   // (this rank's U and O of the bucket's matrices, the owned matrices'
   // full U and O) and the exchange buffers.
   int64_t buffer_bytes = 0;
-  // On CUDA: the Newton-Schulz iteration's scratch of the step executor
-  // (its bf16 or fp32 copies of the largest owned shape; allocated by the
-  // CUDA engine itself, not through the counted allocator). 0 on the host.
+  // On CUDA: the step kernels' scratch (the Newton-Schulz iteration's
+  // bf16 or fp32 copies of the largest owned shape, and NorMuon's row
+  // sums; allocated by the kernels themselves, not through the counted
+  // allocator). 0 on the host.
   int64_t scratch_bytes = 0;
   // The largest total of state, snapshot and step buffers held at once so
   // far (a re-plan holds two executors' buffers for a moment), plus

@@ -99,9 +99,10 @@ class StepKernels {
   virtual absl::Status Reserve(int64_t batch, int64_t rows, int64_t cols,
                                const NewtonSchulzOptions& options) = 0;
 
-  // Bytes of device() memory Orthogonalize's scratch holds now (CUDA: the
-  // iteration's buffers, NsCudaContext::ScratchBytes, not cuBLAS's
-  // workspace; host: 0, the CPU engine's scratch is its own host memory).
+  // Bytes of device() memory the kernels' scratch holds now (CUDA: the
+  // Newton-Schulz iteration's buffers, NsCudaContext::ScratchBytes, not
+  // cuBLAS's workspace, plus NorMuonNormalize's row sums; host: 0, the CPU
+  // engine's scratch is its own host memory).
   virtual int64_t ScratchBytes() const { return 0; }
 
   // NorMuon's normalization (kernels::NorMuonNormalize) of one row-major

@@ -137,7 +137,8 @@ class CudaStepKernels final : public StepKernels {
   }
 
   int64_t ScratchBytes() const override {
-    return ns_ == nullptr ? 0 : ns_->ScratchBytes();
+    return (ns_ == nullptr ? 0 : ns_->ScratchBytes()) +
+           normuon_scratch_.bytes();
   }
 
   absl::Status Momentum(device::Stream* stream, void* buf, ParamDType buf_dtype,

@@ -6,12 +6,14 @@
 // GPU; fails with MUON_REQUIRE_GPU=1).
 #include "kernels/step_kernels.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <memory>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -20,6 +22,7 @@
 #include "device/runtime.h"
 #include "gtest/gtest.h"
 #include "kernels/bfloat16.h"
+#include "kernels/cuda/muon_update_cuda.h"
 #include "kernels/muon_update.h"
 #include "tests/gpu_test_util.h"
 
@@ -410,6 +413,34 @@ TEST_F(CudaStepKernelsTest, Scale_BitwiseHost) {
   EXPECT_EQ(ToHost(d_b), b);
   EXPECT_TRUE(absl::IsInvalidArgument(kernels_->Scale(
       stream_.get(), d_x.data(), ParamDType::kFloat32, -1, factor)));
+}
+
+// NorMuon's normalization through the CUDA StepKernels: the host's bits
+// (update and row state), with its row sums' scratch counted in
+// ScratchBytes, grown to the most rows seen and never shrunk.
+TEST_F(CudaStepKernelsTest, NorMuonNormalize_BitwiseHost_ScratchCounted) {
+  std::unique_ptr<StepKernels> host = MakeHostStepKernels(nullptr);
+  EXPECT_EQ(kernels_->ScratchBytes(), 0);
+  int64_t most_rows = 0;
+  for (auto [rows, cols] :
+       {std::pair<int64_t, int64_t>{37, 53}, {700, 129}, {10, 300}}) {
+    std::vector<float> o = Random(rows * cols, 12);
+    std::vector<float> v(static_cast<size_t>(rows), 0.0f);
+    device::DeviceBuffer<float> d_o = ToDevice(o);
+    device::DeviceBuffer<float> d_v = ToDevice(v);
+    ASSERT_TRUE(host->NorMuonNormalize(nullptr, o.data(), rows, cols, v.data(),
+                                       0.95, 1e-8)
+                    .ok());
+    ASSERT_TRUE(kernels_
+                    ->NorMuonNormalize(stream_.get(), d_o.data(), rows, cols,
+                                       d_v.data(), 0.95, 1e-8)
+                    .ok());
+    EXPECT_TRUE(SameBits(ToHost(d_o), o)) << rows << " x " << cols;
+    EXPECT_TRUE(SameBits(ToHost(d_v), v)) << rows << " x " << cols;
+    most_rows = std::max(most_rows, rows);
+    EXPECT_EQ(kernels_->ScratchBytes(), cuda::NorMuonScratchBytes(most_rows))
+        << rows << " x " << cols;
+  }
 }
 
 TEST_F(CudaStepKernelsTest, WithoutComputeStream_NoNewtonSchulz) {
