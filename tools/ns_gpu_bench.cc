@@ -269,6 +269,19 @@ absl::StatusOr<GraphTiming> TimeGraphs(
                      capture_error};
 }
 
+// The "graph best" column of `graph` into text[size]: "<best>ms same" or
+// "DIFFER", or "no capture" (and why on stderr).
+void FormatGraphTiming(const GraphTiming& graph, char* text, size_t size) {
+  if (graph.capture_error.ok()) {
+    std::snprintf(text, size, "%.2fms %s", graph.timing.best,
+                  graph.same_bits ? "same" : "DIFFER");
+    return;
+  }
+  std::snprintf(text, size, "no capture");
+  std::fprintf(stderr, "ns_gpu_bench: CUDA graph capture failed: %s\n",
+               graph.capture_error.ToString().c_str());
+}
+
 int Fail(const char* what, const absl::Status& status) {
   std::fprintf(stderr, "ns_gpu_bench: %s: %s\n", what,
                status.ToString().c_str());
@@ -424,14 +437,7 @@ int BenchShape(const Bench& b, const Shape& shape) {
                    b.precision, *d_out, b.repeats);
     if (!graph.ok())
       return Fail("NewtonSchulzBatched as graphs", graph.status());
-    if (graph->capture_error.ok()) {
-      std::snprintf(graph_text, sizeof(graph_text), "%.2fms %s",
-                    graph->timing.best, graph->same_bits ? "same" : "DIFFER");
-    } else {
-      std::snprintf(graph_text, sizeof(graph_text), "no capture");
-      std::fprintf(stderr, "ns_gpu_bench: CUDA graph capture failed: %s\n",
-                   graph->capture_error.ToString().c_str());
-    }
+    FormatGraphTiming(*graph, graph_text, sizeof(graph_text));
   }
   absl::StatusOr<Timing> gram =
       TimeGemm(b.rt, b.ctx, b.precision, m, m, n, b.repeats);
