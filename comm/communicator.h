@@ -110,7 +110,10 @@ class Communicator {
   // vectors are copied.
   // Errors: those of Stream::Launch and Event::Record; InvalidArgument
   // (wrong vector sizes, another device). The collective's own errors come
-  // from Work::Wait.
+  // from Work::Wait, except on a CUDA stream, whose Launch runs the
+  // enqueue on the calling thread: there what fails while enqueueing (an
+  // NCCL launch error, any error of a staged exchange, which runs whole
+  // then) is returned by this call.
   absl::StatusOr<std::unique_ptr<Work>> EnqueueAllToAllV(
       device::Stream* stream, const float* send,
       const std::vector<int64_t>& send_counts, float* recv,
