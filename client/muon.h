@@ -72,7 +72,8 @@ struct OptimizerMemory {
   int64_t snapshot_bytes = 0;
   // The step executor's buffers: (prefetch_count + 1) bucket slots
   // (this rank's U and O of the bucket's matrices, the owned matrices'
-  // full U and O) and the exchange buffers.
+  // full U and O, and an owner transform's row state) and the exchange
+  // buffers.
   int64_t buffer_bytes = 0;
   // On CUDA: the step kernels' scratch (the Newton-Schulz iteration's
   // bf16 or fp32 copies of the largest owned shape, and NorMuon's row

@@ -275,8 +275,9 @@ class StepExecutor {
   // step (the momentum, the finite check and the snapshot run them on the
   // caller's stream; Newton-Schulz on the executor's).
   kernels::StepKernels& kernels() const { return *kernels_; }
-  // Bytes of the executor's device memory its kernels hold as
-  // Newton-Schulz scratch (StepKernels::ScratchBytes; 0 on the host).
+  // Bytes of the executor's device memory its kernels hold as scratch
+  // (StepKernels::ScratchBytes: Newton-Schulz's, and NorMuon's row sums;
+  // 0 on the host).
   int64_t kernel_scratch_bytes() const { return kernels_->ScratchBytes(); }
 
   bool async() const { return ops_.async; }

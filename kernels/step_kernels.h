@@ -125,8 +125,10 @@ class StepKernels {
   // (`grad_dtype`, widened exactly). Host: bitwise kernels::MomentumUpdate.
   // CUDA: with GpuPrecision::kFp32 each multiply and add rounded
   // separately (the host's bits), else fused multiply-adds (torch's CUDA
-  // lerp, as nvcc contracts it).
-  // Errors: InvalidArgument (n < 0, null pointers); the CUDA error.
+  // lerp, as nvcc contracts it). grad may alias buf only as the same
+  // memory of the same dtype (then buf is unchanged).
+  // Errors: InvalidArgument (n < 0, null pointers; CUDA: grad overlapping
+  // buf otherwise); the CUDA error.
   virtual absl::Status Momentum(device::Stream* stream, void* buf,
                                 ParamDType buf_dtype, const void* grad,
                                 ParamDType grad_dtype, int64_t n,

@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "checkpoint/checkpoint.h"
+#include "client/muon_options.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
 #include "common/wire_names.h"
@@ -271,17 +272,22 @@ void PrintPlanMatrices(const JobPlan& p, int rows, std::ostream& out) {
   }
 }
 
-// What the spec's optimizer keeps per rank besides the exchange: U formed
-// in the slots (Nesterov, the default, or bf16 momentum), NorMuon's row
-// state in them, and the momentum dtype (optimizer.momentum_dtype; "param" is
-// float32: a spec's parameters are float32).
-PlanMemoryOptions SpecMemoryOptions(const v1::JobSpec& spec,
-                                    const JobLayout& layout) {
+// What the spec's optimizer keeps per rank besides the exchange, from its
+// options as a rank resolves them (ResolveOptions, for host parameters:
+// a combination no rank could run, e.g. normuon with the bf16 exchange,
+// is refused by name): U formed in the slots (Nesterov, the default, or
+// bf16 momentum), NorMuon's row state in them, and the momentum dtype
+// ("param" is float32: a spec's parameters are float32).
+absl::StatusOr<PlanMemoryOptions> SpecMemoryOptions(const v1::JobSpec& spec,
+                                                    const JobLayout& layout) {
+  MUON_ASSIGN_OR_RETURN(MuonOptions options,
+                        MuonOptionsFromProto(spec.optimizer()));
+  MUON_ASSIGN_OR_RETURN(
+      options, ResolveOptions(options, spec.execution(), OptionContext()));
   PlanMemoryOptions m;
-  const v1::OptimizerOptions& o = spec.optimizer();
-  const int bytes = o.momentum_dtype() == "bfloat16" ? 2 : 4;
-  m.form_update = !o.has_nesterov() || o.nesterov() || bytes == 2;
-  m.row_state = o.normuon();
+  const int bytes = options.momentum_dtype == MomentumDType::kBFloat16 ? 2 : 4;
+  m.form_update = options.nesterov || bytes == 2;
+  m.row_state = options.normuon;
   m.momentum_element_bytes.assign(layout.params.size(), bytes);
   return m;
 }
@@ -348,8 +354,10 @@ int CmdPlan(const PlanFlags& f, std::ostream& out, std::ostream& err) {
     out << ToJson(p->plan) << "\n";
     return 0;
   }
-  absl::StatusOr<std::vector<RankTraffic>> traffic =
-      PlanTraffic(*p, SpecMemoryOptions(*spec, p->layout));
+  absl::StatusOr<PlanMemoryOptions> memory =
+      SpecMemoryOptions(*spec, p->layout);
+  if (!memory.ok()) return Fail(err, memory.status());
+  absl::StatusOr<std::vector<RankTraffic>> traffic = PlanTraffic(*p, *memory);
   if (!traffic.ok()) return Fail(err, traffic.status());
   const v1::Plan& plan = p->plan;
   out << absl::StrFormat(
@@ -768,6 +776,14 @@ int CmdTrace(const TraceFlags& f, std::ostream& out, std::ostream& err) {
   return 0;
 }
 
+// Sets in->traffic: PlanTraffic of in->plan with `spec`'s memory options.
+absl::Status AddTraffic(const v1::JobSpec& spec, ReportInput* in) {
+  MUON_ASSIGN_OR_RETURN(PlanMemoryOptions memory,
+                        SpecMemoryOptions(spec, in->plan.layout));
+  MUON_ASSIGN_OR_RETURN(in->traffic, PlanTraffic(in->plan, memory));
+  return absl::OkStatus();
+}
+
 // The report of a live job: its layout (GetJobSpec) and the plan it runs
 // (GetPlan, re-plans included), round-robin of the same layout, and the
 // kept step reports. A `given` spec (--spec) must describe the same layout.
@@ -792,7 +808,7 @@ absl::Status LiveReportInput(const ReportFlags& f, CoordinationClient& live,
   in->reports.assign(reports.reports().begin(), reports.reports().end());
   in->source = absl::StrCat("live job \"", spec.job_id(), "\" at ",
                             f.reports.live.coordinator);
-  return absl::OkStatus();
+  return AddTraffic(spec, in);
 }
 
 // The report of a spec planned offline with --policy, next to round-robin.
@@ -802,7 +818,7 @@ absl::Status OfflineReportInput(const ReportFlags& f, const v1::JobSpec& spec,
   MUON_ASSIGN_OR_RETURN(JobPlan rr, PlanJobSpec(spec, "round_robin"));
   in->round_robin = std::move(rr.plan);
   in->source = f.spec;
-  return absl::OkStatus();
+  return AddTraffic(spec, in);
 }
 
 // `muonctl report (--spec FILE | --coordinator HOST:PORT) --out FILE`: the
@@ -827,9 +843,6 @@ int CmdReport(const ReportFlags& f, std::ostream& out, std::ostream& err) {
     return Fail(err, s);
   }
   in.lower_bound_flops = LoadLowerBoundFlops(in.plan.plan);
-  absl::StatusOr<std::vector<RankTraffic>> traffic = PlanTraffic(in.plan);
-  if (!traffic.ok()) return Fail(err, traffic.status());
-  in.traffic = *std::move(traffic);
   const std::string html = RenderReportHtml(in);
   if (absl::Status s = WriteTextFile(f.out, html); !s.ok()) {
     return Fail(err, s);

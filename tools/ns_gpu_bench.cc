@@ -231,10 +231,12 @@ void PrintSymmetricProducts(const cuda::SymmetricProducts& sym,
 
 // NS timed with the context's CUDA graphs on, and whether the output of
 // the last replay is bitwise that of the last direct call (left in `out`);
-// or, when the capture failed (the calls then ran directly), why.
+// whether a graph was captured at all (the calls run directly on a stream
+// capture cannot take), and when a capture failed, why.
 struct GraphTiming {
   Timing timing;
   bool same_bits = false;
+  bool captured = false;
   absl::Status capture_error;
 };
 
@@ -254,11 +256,13 @@ absl::StatusOr<GraphTiming> TimeGraphs(
   absl::StatusOr<std::vector<float>> direct = to_host();
   if (!direct.ok()) return direct.status();
   ctx->set_cuda_graphs(true);
+  const int graphs_before = ctx->CudaGraphCount();
   absl::StatusOr<Timing> timing = TimeDevice(rt, ctx->stream(), repeats, [&] {
     return cuda::NewtonSchulzBatched(ctx, u.data(), batch, rows, cols, options,
                                      precision, out.data());
   });
   const absl::Status capture_error = ctx->cuda_graph_capture_error();
+  const bool captured = ctx->CudaGraphCount() > graphs_before;
   ctx->set_cuda_graphs(false);
   if (!timing.ok()) return timing.status();
   absl::StatusOr<std::vector<float>> replayed = to_host();
@@ -266,20 +270,22 @@ absl::StatusOr<GraphTiming> TimeGraphs(
   return GraphTiming{*timing,
                      std::memcmp(direct->data(), replayed->data(),
                                  direct->size() * sizeof(float)) == 0,
-                     capture_error};
+                     captured, capture_error};
 }
 
 // The "graph best" column of `graph` into text[size]: "<best>ms same" or
 // "DIFFER", or "no capture" (and why on stderr).
 void FormatGraphTiming(const GraphTiming& graph, char* text, size_t size) {
-  if (graph.capture_error.ok()) {
+  if (graph.captured && graph.capture_error.ok()) {
     std::snprintf(text, size, "%.2fms %s", graph.timing.best,
                   graph.same_bits ? "same" : "DIFFER");
     return;
   }
   std::snprintf(text, size, "no capture");
-  std::fprintf(stderr, "ns_gpu_bench: CUDA graph capture failed: %s\n",
-               graph.capture_error.ToString().c_str());
+  std::fprintf(stderr, "ns_gpu_bench: no CUDA graph captured: %s\n",
+               graph.capture_error.ok()
+                   ? "the stream cannot be captured"
+                   : graph.capture_error.ToString().c_str());
 }
 
 int Fail(const char* what, const absl::Status& status) {

@@ -98,6 +98,13 @@ absl::StatusOr<std::vector<RankTraffic>> PlanTraffic(
     const JobPlan& job, const PlanMemoryOptions& memory) {
   const v1::Plan& plan = job.plan;
   const int world = plan.world_size();
+  if (plan.matrices_size() != static_cast<int>(job.layout.matrices.size()) ||
+      world != job.layout.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the plan (", plan.matrices_size(), " matrices, world size ", world,
+        ") is not of its layout (", job.layout.matrices.size(),
+        " matrices, world size ", job.layout.world_size, ")"));
+  }
   if (static_cast<int64_t>(world) * world * plan.matrices_size() >
       kMaxTrafficWork) {
     return std::vector<RankTraffic>();

@@ -36,7 +36,8 @@ struct RankTraffic {
   // The momentum buffers of the rank's shards (PlanMemoryOptions' bytes
   // per element), and momentum + peak_buffer: what Muon::memory() counts
   // as its peak, less 8 bytes per parameter (the finite check), the row
-  // state itself and the transactional snapshot.
+  // state itself, the transactional snapshot and, on CUDA, the kernels'
+  // scratch (OptimizerMemory::scratch_bytes).
   int64_t momentum = 0;
   int64_t peak = 0;
 };
@@ -61,9 +62,10 @@ inline constexpr int64_t kMaxTrafficWork = int64_t{1} << 28;
 // RankTraffic of every rank of `job` (index = rank), from each rank's
 // BucketLayout under the job's exchange dtype and `memory`. O(world^2 x
 // matrices) time: the exchange lists of every rank and bucket; empty when
-// world^2 x matrices exceeds kMaxTrafficWork. Errors: InvalidArgument when a
-// rank's layout refuses the plan (a plan ValidatePlan would refuse: see
-// BucketLayout::Compile).
+// world^2 x matrices exceeds kMaxTrafficWork.
+// Errors: InvalidArgument when the plan's matrices or world size are not
+// its layout's (names both), or a rank's layout refuses the plan (a plan
+// ValidatePlan would refuse: see BucketLayout::Compile).
 absl::StatusOr<std::vector<RankTraffic>> PlanTraffic(
     const JobPlan& job, const PlanMemoryOptions& memory = {});
 

@@ -172,7 +172,8 @@ TEST(CudaApiTest, FusedKernels_BadArguments_ReturnInvalidArgument) {
   EXPECT_EQ(partial_grad.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(partial_grad.message()), HasSubstr("grad's"));
   // Without nesterov the gradient is not read: overlapping it is allowed
-  // (the call goes on to CUDA). buf at [0, 4), the gradient at [4, 12).
+  // (the call goes on to CUDA). buf at [0, 4), the gradient at [4, 8),
+  // the update at [5, 9).
   float unread_host[12] = {};
   const CallMemory unread = MemoryForCall(unread_host, 12);
   const absl::Status unread_grad =

@@ -156,8 +156,8 @@ TEST(GpuNewtonSchulzTest,
 // another order.
 TEST(GpuNewtonSchulzTest, Engine_Gram_MatchesFloat64ReferenceAllPrecisions) {
   MUON_SKIP_WITHOUT_GPU();
-  // Restart 2 and 1: 3 and 5 X updates; restart 3: 2 (the even count,
-  // which starts the fp32 ping-pong in `out`).
+  // Restart 2 and 1: 3 and 5 X updates; restart 3: 2 (an even count:
+  // the result in the other X buffer).
   for (int restart : {2, 1, 3}) {
     NewtonSchulzOptions options;
     options.method = NewtonSchulzMethod::kGram;

@@ -28,6 +28,7 @@
 #include "tests/common/safetensors_test_util.h"
 #include "tests/status_matchers.h"
 #include "tools/muonctl_lib.h"
+#include "tools/report.h"
 
 namespace muon {
 namespace {
@@ -685,7 +686,8 @@ TEST(MuonctlCliTest, Plan_ScaledUnitsAndBytesPerRankPerStep) {
 TEST(MuonctlCliTest, Plan_NorMuon_RowStateInTheExchangesAndTheSlot) {
   // As Plan_ScaledUnitsAndBytesPerRankPerStep, plus NorMuon's row state
   // (one fp32 per row) travelling with each shard: 2 values to and from
-  // each non-owner. The owner gathers 3 x (16 + 2) values = 216 B; its
+  // each non-owner. The owner gathers 3 x (16 + 2) values = 216 B and
+  // sends them back; the others send and receive 18 values (72 B). Its
   // slot adds the 8 rows' state: (32 + 2 x 64 + 8) x 4 B + send and
   // receive buffers of 54 values each = 1104 B. The others: slot 32
   // values, send and receive 18 each: 272 B. Peak: + 64 B of momentum.
@@ -696,19 +698,65 @@ TEST(MuonctlCliTest, Plan_NorMuon_RowStateInTheExchangesAndTheSlot) {
   for (absl::string_view line : absl::StrSplit(out.str(), '\n')) {
     std::vector<std::string> t = absl::StrSplit(line, ' ', absl::SkipEmpty());
     if (t.size() != 18 || t[0].size() != 1 || !isdigit(t[0][0])) continue;
-    // gathered, then peak buffer, momentum and peak (value unit each).
-    const std::string columns = absl::StrCat(
-        t[4], " ", t[5], " | ", absl::StrJoin(t.begin() + 12, t.end(), " "));
+    // gathered, sent, received, then peak buffer, momentum and peak
+    // (value unit each; "sent bf16" left out).
+    const std::string columns =
+        absl::StrCat(absl::StrJoin(t.begin() + 4, t.begin() + 10, " "), " | ",
+                     absl::StrJoin(t.begin() + 12, t.end(), " "));
     if (t[1] == "1") {
       ++owners;
-      EXPECT_EQ(columns, "216 B | 1.08 KiB 64 B 1.14 KiB") << line;
+      EXPECT_EQ(columns, "216 B 216 B 216 B | 1.08 KiB 64 B 1.14 KiB") << line;
     } else {
       ++others;
-      EXPECT_EQ(columns, "0 B | 272 B 64 B 336 B") << line;
+      EXPECT_EQ(columns, "0 B 72 B 72 B | 272 B 64 B 336 B") << line;
     }
   }
   EXPECT_EQ(owners, 1) << out.str();
   EXPECT_EQ(others, 3) << out.str();
+}
+
+// A spec no rank could run (NorMuon's float32 row state with the bf16
+// exchange) is refused by muonctl plan with the runtime's own message.
+TEST(MuonctlCliTest, Plan_NorMuonWithBf16Exchange_RefusedAsTheRuntimeDoes) {
+  const std::string path = WriteFsdpSpec("normuon_bf16", /*normuon=*/true);
+  absl::StatusOr<v1::JobSpec> spec = LoadJobSpec(path);
+  ASSERT_THAT(spec, IsOk());
+  spec->mutable_execution()->set_exchange_dtype("bfloat16");
+  {
+    std::ofstream f(path);
+    f << JobSpecToJson(*spec);
+  }
+  std::ostringstream out, err;
+  EXPECT_EQ(RunMuonctl({"plan", "--spec", path}, out, err), 1) << out.str();
+  EXPECT_THAT(err.str(),
+              HasSubstr("normuon keeps its row state in float32 and sends it "
+                        "with the built-in exchange: it cannot run with "
+                        "execution.exchange_dtype \"bfloat16\""));
+}
+
+// PlanTraffic of a plan that is not its layout's (another world size, a
+// matrix more) is refused naming both, instead of reading past the
+// layout's boxes.
+TEST(MuonctlCliTest, PlanTraffic_PlanNotOfItsLayout_InvalidArgument) {
+  absl::StatusOr<v1::JobSpec> spec =
+      LoadJobSpec(WriteFsdpSpec("mismatch", /*normuon=*/false));
+  ASSERT_THAT(spec, IsOk());
+  absl::StatusOr<JobPlan> job = PlanJobSpec(*spec, "lpt");
+  ASSERT_THAT(job, IsOk());
+  ASSERT_THAT(PlanTraffic(*job), IsOk());
+  JobPlan wider = *job;
+  wider.plan.set_world_size(8);
+  absl::StatusOr<std::vector<RankTraffic>> t = PlanTraffic(wider);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(t.status().message()),
+              HasSubstr("the plan (1 matrices, world size 8) is not of its "
+                        "layout (1 matrices, world size 4)"));
+  JobPlan more = *job;
+  *more.plan.add_matrices() = job->plan.matrices(0);
+  t = PlanTraffic(more);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(t.status().message()),
+              HasSubstr("the plan (2 matrices, world size 4) is not of"));
 }
 
 TEST(MuonctlCliTest, Status_RankLost_ExitsOneNamingIt) {
