@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "absl/container/flat_hash_set.h"
+
 namespace muon {
 
 void Exchange::Finish() {
@@ -26,14 +28,12 @@ void AddToGather(int rank, int matrix, int owner, const std::vector<Box>& boxes,
                  const Box& full, Exchange* gather, RegionData data) {
   if (boxes[owner] == full) return;  // the owner has it all
   const int world_size = static_cast<int>(boxes.size());
-  std::vector<Box> distinct;
+  // Each distinct box once, from its first holder (or the owner): a hash
+  // set, so that a matrix sharded over W ranks costs O(W), not O(W^2).
+  absl::flat_hash_set<Box> distinct;
   for (int r = 0; r < world_size; ++r) {
     const Box& box = boxes[r];
-    if (box.empty()) continue;
-    if (std::find(distinct.begin(), distinct.end(), box) != distinct.end()) {
-      continue;
-    }
-    distinct.push_back(box);
+    if (box.empty() || !distinct.insert(box).second) continue;
     const int source = boxes[owner] == box ? owner : r;
     if (source == owner) {
       if (rank == owner) gather->self.push_back({matrix, box, data});

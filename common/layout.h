@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -130,6 +131,12 @@ struct Box {
   bool empty() const { return numel() == 0; }
   friend bool operator==(const Box& a, const Box& b) {
     return a.rows == b.rows && a.cols == b.cols;
+  }
+  // For absl::Hash (absl::flat_hash_set<Box>).
+  template <typename H>
+  friend H AbslHashValue(H h, const Box& b) {
+    return H::combine(std::move(h), b.rows.begin, b.rows.end, b.cols.begin,
+                      b.cols.end);
   }
 };
 
