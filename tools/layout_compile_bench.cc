@@ -2,17 +2,18 @@
 // its bucket layout (BucketLayout::Compile, client/bucket_layout.h: its
 // gather and redistribute lists and slot offsets), which every rank does
 // when it joins and at every re-plan. The job is FSDP: `--ranks` ranks,
-// each matrix of every `--sizes` shape Shard(0) over all of them (torch
-// .chunk rows; ranks past the last row hold empty shards), `--matrices`
+// each matrix of every `--sizes` shape Shard(0) over all of them
+// (torch.chunk rows; ranks past the last row hold empty shards), `--matrices`
 // matrices per shape, owners round-robin, one bucket per matrix. Rank 0
 // is timed (it owns matrix 0, so its gather lists are an owner's), plain
 // and with per-row state (NorMuon).
 //
-//   bazel run -c opt //tools:layout_compile_bench -- \
-//       --ranks 1024,4096,16384 --sizes 4096x4096 --matrices 32
-//
-// Prints the core type, then per rank count: ms per compile (best and
-// median of --repeats) and ms per matrix.
+// Built by `bazel build -c opt --symlink_prefix=/
+// //tools:layout_compile_bench`, run as
+// bazel-out/k8-opt/bin/tools/layout_compile_bench with, e.g.,
+// `--ranks 1024,4096,16384 --sizes 16384x4096 --matrices 4`. Prints the
+// core type, then per rank count: ms per compile (best and median of
+// --repeats), ms per matrix, and ms per compile with row state (median).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>

@@ -1220,7 +1220,12 @@ void NsCudaContext::set_symmetric_products(const SymmetricProducts& symmetric) {
 bool NsCudaContext::cuda_graphs() const { return state_->cuda_graphs; }
 void NsCudaContext::set_cuda_graphs(bool on) {
   state_->cuda_graphs = on;
-  if (on) state_->graph_capture_error = absl::OkStatus();
+  if (on) {
+    // Copied, not moved from a temporary: nvcc warns on discarding the
+    // result of a [[nodiscard]] absl::Status's move assignment.
+    const absl::Status none;
+    state_->graph_capture_error = none;
+  }
 }
 int NsCudaContext::CudaGraphCount() const { return state_->graphs.size(); }
 absl::Status NsCudaContext::cuda_graph_capture_error() const {
