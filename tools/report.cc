@@ -11,7 +11,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/bucket_layout.h"
-#include "client/exchange_plan.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
 #include "common/wire_names.h"
@@ -45,15 +44,16 @@ std::string Bytes(double value) {
 
 namespace {
 
-// Rank r's matrices of `job` as its step executor sees them: those it
-// holds a part of, in plan order (the others add nothing to its
-// exchanges or slots).
-std::vector<MatrixGeometry> RankGeometry(const JobPlan& job, int r) {
+// Every matrix of `job` in plan order, as a step executor sees it. One
+// list serves every rank: a matrix a rank holds no part of (an empty box:
+// another pipeline stage or expert, an empty shard) adds nothing to its
+// exchanges or slots, as in the executor of a rank that has it empty.
+std::vector<MatrixGeometry> JobGeometry(const JobPlan& job) {
   std::vector<MatrixGeometry> geometry;
+  geometry.reserve(job.plan.matrices_size());
   for (int i = 0; i < job.plan.matrices_size(); ++i) {
     const v1::MatrixPlan& mp = job.plan.matrices(i);
     const MatrixLayout& m = job.layout.matrices[i];
-    if (m.boxes[r].empty()) continue;
     MatrixGeometry g;
     g.param = mp.param();
     g.param_index = m.param_index;
@@ -68,13 +68,12 @@ std::vector<MatrixGeometry> RankGeometry(const JobPlan& job, int r) {
 
 // Rank r's bytes per step and buffers, from its bucket layout: the sizes
 // StepExecutor::Create allocates (client/step_executor.h).
-absl::StatusOr<RankTraffic> RankTrafficOf(const JobPlan& job,
-                                          const BucketLayoutOptions& options,
-                                          int r) {
-  const v1::Plan& plan = job.plan;
-  MUON_ASSIGN_OR_RETURN(BucketLayout layout,
-                        BucketLayout::Compile(r, plan.world_size(), plan,
-                                              RankGeometry(job, r), options));
+absl::StatusOr<RankTraffic> RankTrafficOf(
+    const v1::Plan& plan, const std::vector<MatrixGeometry>& geometry,
+    const BucketLayoutOptions& options, int r) {
+  MUON_ASSIGN_OR_RETURN(
+      BucketLayout layout,
+      BucketLayout::Compile(r, plan.world_size(), plan, geometry, options));
   RankTraffic t;
   for (const LocalBucket& b : layout.buckets()) {
     t.sent += 4 * (b.gather.send_total + b.redistribute.send_total);
@@ -115,9 +114,10 @@ absl::StatusOr<std::vector<RankTraffic>> PlanTraffic(
   options.form_update = memory.form_update;
   options.bf16_exchange = ExchangeIsBf16(job.layout.execution);
   options.row_state = memory.row_state;
+  const std::vector<MatrixGeometry> geometry = JobGeometry(job);
   std::vector<RankTraffic> t(world);
   for (int r = 0; r < world; ++r) {
-    MUON_ASSIGN_OR_RETURN(t[r], RankTrafficOf(job, options, r));
+    MUON_ASSIGN_OR_RETURN(t[r], RankTrafficOf(plan, geometry, options, r));
   }
   for (const MatrixLayout& m : job.layout.matrices) {
     const int bytes = memory.momentum_element_bytes.empty()
