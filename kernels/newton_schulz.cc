@@ -319,6 +319,19 @@ void NewtonSchulzWorkspace::Reserve(int64_t rows, int64_t cols) {
   GrowTo(poly_, m * m);
 }
 
+void NewtonSchulzWorkspace::Reserve(int64_t rows, int64_t cols,
+                                    const NewtonSchulzOptions& options) {
+  Reserve(rows, cols);
+  if (rows <= 0 || cols <= 0 ||
+      ResolveNewtonSchulzMethod(rows, cols, options) !=
+          NewtonSchulzMethod::kGram) {
+    return;
+  }
+  const int64_t m = std::min(rows, cols);
+  GrowTo(q_, m * m);
+  GrowTo(tmp_, m * m);
+}
+
 int64_t NewtonSchulzWorkspace::CapacityBytes() const {
   return static_cast<int64_t>((x_.capacity() + gram_.capacity() +
                                poly_.capacity() + q_.capacity() +
@@ -373,7 +386,7 @@ absl::Status NewtonSchulz(const float* u, int64_t rows, int64_t cols,
   const int64_t size = rows * cols;
   NewtonSchulzWorkspace local;
   NewtonSchulzWorkspace* ws = workspace != nullptr ? workspace : &local;
-  ws->Reserve(rows, cols);
+  ws->Reserve(rows, cols, options);
 
   // Work on X (m x n, m <= n). When rows > cols the buffers hold V = X^T as a
   // row-major [rows, cols] matrix, i.e. the input's own layout, and every
@@ -390,8 +403,6 @@ absl::Status NewtonSchulz(const float* u, int64_t rows, int64_t cols,
   const int steps = NewtonSchulzIterations(options);
   if (ResolveNewtonSchulzMethod(rows, cols, options) ==
       NewtonSchulzMethod::kGram) {
-    GrowTo(ws->q_, static_cast<int64_t>(m) * m);
-    GrowTo(ws->tmp_, static_cast<int64_t>(m) * m);
     GramNewtonSchulz(u, tall, m, n, ld, options, out, ws->x_.data(),
                      ws->gram_.data(), ws->poly_.data(), ws->q_.data(),
                      ws->tmp_.data());

@@ -168,7 +168,8 @@ absl::Status ValidateNewtonSchulzOptions(const NewtonSchulzOptions& options);
 // Scratch buffers for NewtonSchulz, reused across calls so the hot path does
 // not allocate after warm-up. Buffers only grow. Not thread-safe: use one
 // workspace per thread. Holds rows*cols + 2*min(rows, cols)^2 floats after
-// Reserve(rows, cols), 2*min(rows, cols)^2 more after a kGram call.
+// Reserve(rows, cols), and 2*min(rows, cols)^2 more after a Reserve or a
+// call whose options resolve to kGram for that shape.
 class NewtonSchulzWorkspace {
  public:
   NewtonSchulzWorkspace() = default;
@@ -177,9 +178,14 @@ class NewtonSchulzWorkspace {
   NewtonSchulzWorkspace(NewtonSchulzWorkspace&&) = default;
   NewtonSchulzWorkspace& operator=(NewtonSchulzWorkspace&&) = default;
 
-  // Grows the buffers to fit a [rows, cols] matrix (either orientation).
-  // Non-positive sizes are treated as 0 (nothing reserved).
+  // Grows the buffers to fit a [rows, cols] matrix (either orientation)
+  // under the standard iteration. Non-positive sizes are treated as 0
+  // (nothing reserved).
   void Reserve(int64_t rows, int64_t cols);
+  // As above, for the method `options` resolve to on this shape
+  // (ResolveNewtonSchulzMethod): kGram also grows its two m x m buffers, so
+  // that a kGram call on the shape allocates nothing.
+  void Reserve(int64_t rows, int64_t cols, const NewtonSchulzOptions& options);
 
   // Bytes currently held by the buffers.
   int64_t CapacityBytes() const;

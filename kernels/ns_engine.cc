@@ -24,13 +24,17 @@ class CpuNsEngine final : public NsEngine {
     return NewtonSchulz(u, rows, cols, options, out, &workspace_);
   }
 
-  absl::Status Reserve(int64_t rows, int64_t cols) override {
+  absl::Status Reserve(int64_t rows, int64_t cols,
+                       const NewtonSchulzOptions& options) override {
     if (rows < 1 || cols < 1) {
       return absl::InvalidArgumentError(absl::StrCat(
           "CpuNsEngine::Reserve: sizes must be positive, got rows=", rows,
           " cols=", cols));
     }
-    workspace_.Reserve(rows, cols);
+    if (absl::Status s = ValidateNewtonSchulzOptions(options); !s.ok()) {
+      return s;
+    }
+    workspace_.Reserve(rows, cols, options);
     return absl::OkStatus();
   }
 

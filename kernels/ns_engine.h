@@ -42,10 +42,14 @@ class NsEngine {
                                      const NewtonSchulzOptions& options,
                                      float* out) = 0;
   // Grows scratch space to fit a [rows, cols] matrix (either orientation)
-  // so that Orthogonalize does not allocate for it afterwards. Buffers only
-  // grow: call once per shape to fit all of them (each buffer ends at the
-  // largest need over the calls).
-  virtual absl::Status Reserve(int64_t rows, int64_t cols) = 0;
+  // under `options` (the method they resolve to on this shape: kGram needs
+  // more) so that Orthogonalize with those options does not allocate for it
+  // afterwards. Buffers only grow: call once per shape to fit all of them
+  // (each buffer ends at the largest need over the calls).
+  // Errors: InvalidArgument (a size < 1, or options ValidateNewtonSchulzOptions
+  // refuses); Internal / ResourceExhausted from the device.
+  virtual absl::Status Reserve(int64_t rows, int64_t cols,
+                               const NewtonSchulzOptions& options) = 0;
   // "cpu/openblas" or "cuda:<device>/<precision>".
   virtual std::string name() const = 0;
 };

@@ -60,7 +60,7 @@ class CudaNsEngine final : public NsEngine {
       return absl::InvalidArgumentError(
           "CudaNsEngine::Orthogonalize: out must not overlap u");
     }
-    if (absl::Status s = Reserve(rows, cols); !s.ok()) return s;
+    if (absl::Status s = Reserve(rows, cols, options); !s.ok()) return s;
     // The blocking copy in is not ordered after the stream: wait for it
     // (idle after a successful call; a failed one may have left work that
     // reads the buffer).
@@ -82,11 +82,15 @@ class CudaNsEngine final : public NsEngine {
     return runtime_->CopyToHost(out, out_.data(), bytes);
   }
 
-  absl::Status Reserve(int64_t rows, int64_t cols) override {
+  absl::Status Reserve(int64_t rows, int64_t cols,
+                       const NewtonSchulzOptions& options) override {
     if (rows < 1 || cols < 1) {
       return absl::InvalidArgumentError(absl::StrCat(
           "CudaNsEngine::Reserve: sizes must be positive, got rows=", rows,
           " cols=", cols));
+    }
+    if (absl::Status s = ValidateNewtonSchulzOptions(options); !s.ok()) {
+      return s;
     }
     const int64_t elems = rows * cols;
     if (u_.size() < elems) {
@@ -104,7 +108,7 @@ class CudaNsEngine final : public NsEngine {
       u_ = std::move(*u);
       out_ = std::move(*out);
     }
-    return kernels_->Reserve(1, rows, cols, NewtonSchulzOptions());
+    return kernels_->Reserve(1, rows, cols, options);
   }
 
   std::string name() const override { return kernels_->name(); }

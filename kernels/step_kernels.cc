@@ -112,8 +112,8 @@ class HostStepKernels final : public StepKernels {
   }
 
   absl::Status Reserve(int64_t, int64_t rows, int64_t cols,
-                       const NewtonSchulzOptions&) override {
-    return engine_->Reserve(rows, cols);  // one matrix at a time
+                       const NewtonSchulzOptions& options) override {
+    return engine_->Reserve(rows, cols, options);  // one matrix at a time
   }
 
   absl::Status Momentum(device::Stream*, void* buf, ParamDType buf_dtype,

@@ -327,7 +327,7 @@ struct Bench {
 int TimeStaged(const Bench& b, const std::vector<float>& u, int64_t rows,
                int64_t cols, double* best_ms) {
   std::vector<float> host_out(static_cast<size_t>(rows * cols));
-  absl::Status status = b.engine->Reserve(rows, cols);
+  absl::Status status = b.engine->Reserve(rows, cols, b.options);
   if (!status.ok()) return Fail("engine reserve", status);
   std::vector<double> ms;
   for (int r = 0; r < b.repeats + 1; ++r) {

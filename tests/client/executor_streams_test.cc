@@ -118,8 +118,9 @@ class ProbeEngine final : public kernels::NsEngine {
     probe_->ns_done = true;
     return s;
   }
-  absl::Status Reserve(int64_t rows, int64_t cols) override {
-    return inner_->Reserve(rows, cols);
+  absl::Status Reserve(int64_t rows, int64_t cols,
+                       const kernels::NewtonSchulzOptions& options) override {
+    return inner_->Reserve(rows, cols, options);
   }
   std::string name() const override { return "probe/" + inner_->name(); }
 
@@ -441,8 +442,9 @@ class AddressLoggingEngine final : public kernels::NsEngine {
     log_->push_back({u, out});
     return inner_->Orthogonalize(u, rows, cols, options, out);
   }
-  absl::Status Reserve(int64_t rows, int64_t cols) override {
-    return inner_->Reserve(rows, cols);
+  absl::Status Reserve(int64_t rows, int64_t cols,
+                       const kernels::NewtonSchulzOptions& options) override {
+    return inner_->Reserve(rows, cols, options);
   }
   std::string name() const override { return inner_->name(); }
 

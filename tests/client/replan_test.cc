@@ -59,8 +59,9 @@ class SlowEngine final : public kernels::NsEngine {
                    absl::Milliseconds(20));
     return s;
   }
-  absl::Status Reserve(int64_t rows, int64_t cols) override {
-    return inner_->Reserve(rows, cols);
+  absl::Status Reserve(int64_t rows, int64_t cols,
+                       const kernels::NewtonSchulzOptions& options) override {
+    return inner_->Reserve(rows, cols, options);
   }
   std::string name() const override { return "slow " + inner_->name(); }
 

@@ -244,9 +244,10 @@ class ReserveRecordingEngine final : public kernels::NsEngine {
                              float* out) override {
     return inner_->Orthogonalize(u, rows, cols, options, out);
   }
-  absl::Status Reserve(int64_t rows, int64_t cols) override {
+  absl::Status Reserve(int64_t rows, int64_t cols,
+                       const kernels::NewtonSchulzOptions& options) override {
     log_->insert({rows, cols});
-    return inner_->Reserve(rows, cols);
+    return inner_->Reserve(rows, cols, options);
   }
   std::string name() const override { return inner_->name(); }
 
@@ -283,6 +284,61 @@ TEST(StepAllocTest, Create_ReservesEachOwnedShape_NotMaxRowsTimesMaxCols) {
   using Shape = std::pair<int64_t, int64_t>;
   EXPECT_THAT(reserved, ::testing::ElementsAre(Shape{24, 80}, Shape{80, 24}));
   EXPECT_TRUE((*opt)->Step().ok());
+}
+
+// The CPU engine, counting what its Orthogonalize calls allocate.
+class AllocationCountingEngine final : public kernels::NsEngine {
+ public:
+  explicit AllocationCountingEngine(int64_t* orthogonalize_allocations)
+      : inner_(kernels::MakeCpuNsEngine()), count_(orthogonalize_allocations) {}
+  absl::Status Orthogonalize(const float* u, int64_t rows, int64_t cols,
+                             const kernels::NewtonSchulzOptions& options,
+                             float* out) override {
+    allocations = 0;
+    counting = true;
+    absl::Status status = inner_->Orthogonalize(u, rows, cols, options, out);
+    counting = false;
+    *count_ += allocations.load();
+    return status;
+  }
+  absl::Status Reserve(int64_t rows, int64_t cols,
+                       const kernels::NewtonSchulzOptions& options) override {
+    return inner_->Reserve(rows, cols, options);
+  }
+  std::string name() const override { return inner_->name(); }
+
+ private:
+  std::unique_ptr<kernels::NsEngine> inner_;
+  int64_t* count_;
+};
+
+// Create reserves the engine for the method each owned shape runs, so the
+// first step's Gram iterations (its two extra m x m buffers) allocate
+// nothing either.
+TEST(StepAllocTest, Create_GramMethod_FirstStepNewtonSchulzAllocatesNothing) {
+  openblas_set_num_threads(1);
+  for (kernels::NewtonSchulzMethod method :
+       {kernels::NewtonSchulzMethod::kGram,
+        kernels::NewtonSchulzMethod::kAuto}) {
+    WorldOfOne world("reserve-gram");
+    Model m = MakeModel();
+    absl::StatusOr<DistributedConfig> config = world.Config(m.ptrs.size());
+    ASSERT_TRUE(config.ok()) << config.status();
+    int64_t orthogonalize_allocations = 0;
+    config->ns_engine_factory =
+        [&]() -> absl::StatusOr<std::unique_ptr<kernels::NsEngine>> {
+      return std::make_unique<AllocationCountingEngine>(
+          &orthogonalize_allocations);
+    };
+    MuonOptions options;
+    options.ns_method = method;
+    absl::StatusOr<std::unique_ptr<Muon>> opt =
+        Muon::Create(m.ptrs, options, *config);
+    ASSERT_TRUE(opt.ok()) << opt.status();
+    ASSERT_TRUE((*opt)->Step().ok());
+    EXPECT_EQ(orthogonalize_allocations, 0)
+        << kernels::NewtonSchulzMethodName(method);
+  }
 }
 
 }  // namespace

@@ -416,7 +416,7 @@ TEST(GpuNewtonSchulzTest, Engine_SameInputTwice_BitwiseEqual) {
   for (GpuPrecision precision : kPrecisions) {
     std::unique_ptr<NsEngine> engine = MakeEngine(precision);
     ASSERT_NE(engine, nullptr);
-    ASSERT_TRUE(engine->Reserve(600, 600).ok());
+    ASSERT_TRUE(engine->Reserve(600, 600, {}).ok());
     const std::vector<float> u = RandomMatrix(256, 600, 55);
     const std::vector<float> first = RunEngine(engine.get(), u, 256, 600, {});
     // Stale scratch from a different shape in between.

@@ -178,6 +178,33 @@ TEST(NewtonSchulzGramTest, Auto_GramPastAspectTwo_BitwiseEqualsPickedMethod) {
             NewtonSchulzMethod::kGram);  // explicit methods are kept
 }
 
+// Reserve with Gram options holds the Gram iteration's two extra m x m
+// buffers, so the call grows nothing; a standard Reserve does not, and an
+// "auto" Reserve does only where auto picks Gram (80 x 24: 24^2 * 2 floats).
+TEST(NewtonSchulzGramTest, Reserve_GramOptions_GramCallGrowsNothing) {
+  const std::vector<float> u = RandomMatrix(80, 24, 21);
+  NewtonSchulzWorkspace gram;
+  gram.Reserve(80, 24, GramOptions(2));
+  const int64_t reserved = gram.CapacityBytes();
+  RunNs(u, 80, 24, GramOptions(2), &gram);
+  EXPECT_EQ(gram.CapacityBytes(), reserved);
+
+  NewtonSchulzWorkspace standard;
+  standard.Reserve(80, 24, NewtonSchulzOptions());
+  EXPECT_EQ(reserved - standard.CapacityBytes(),
+            int64_t{2 * 24 * 24 * sizeof(float)});
+  RunNs(u, 80, 24, GramOptions(2), &standard);
+  EXPECT_EQ(standard.CapacityBytes(), reserved);
+
+  NewtonSchulzOptions automatic;
+  automatic.method = NewtonSchulzMethod::kAuto;
+  NewtonSchulzWorkspace tall, square;
+  tall.Reserve(80, 24, automatic);
+  EXPECT_EQ(tall.CapacityBytes(), reserved);
+  square.Reserve(24, 24, automatic);
+  EXPECT_EQ(square.CapacityBytes(), int64_t{3 * 24 * 24 * sizeof(float)});
+}
+
 TEST(NewtonSchulzGramTest, Gram_ZeroSteps_EqualsStandardNormalisation) {
   const std::vector<float> u = RandomMatrix(40, 90, 8);
   NewtonSchulzOptions gram = GramOptions(2);

@@ -45,7 +45,7 @@ TEST(ParseGpuPrecisionTest, ParseGpuPrecision_Unknown_ReturnsInvalidArgument) {
 TEST(CpuNsEngineTest, Orthogonalize_EqualsNewtonSchulzBitwise) {
   std::unique_ptr<NsEngine> engine = MakeCpuNsEngine();
   EXPECT_EQ(engine->name(), "cpu/openblas");
-  ASSERT_TRUE(engine->Reserve(300, 200).ok());
+  ASSERT_TRUE(engine->Reserve(300, 200, {}).ok());
   for (const NewtonSchulzOptions& options :
        {NewtonSchulzOptions{}, PolarExpressSchedule()}) {
     for (auto [rows, cols] :
@@ -74,8 +74,10 @@ TEST(CpuNsEngineTest, Orthogonalize_BadArguments_ReturnInvalidArgument) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(engine->Orthogonalize(u.data(), 2, 3, {}, u.data()).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(engine->Reserve(-1, 3).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(engine->Reserve(3, 0).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine->Reserve(-1, 3, {}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine->Reserve(3, 0, {}).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // Where no GPU is visible, CudaDeviceCount says why and MakeCudaNsEngine
