@@ -317,6 +317,8 @@ absl::StatusOr<muon::v1::OptimizerOptions> ToOptimizerOptions(
   p.set_normuon_beta2(o.normuon_beta2);
   p.set_normuon_eps(o.normuon_eps);
   MUON_RETURN_IF_ERROR(Flag("overlap_backward", o.overlap_backward).status());
+  MUON_RETURN_IF_ERROR(
+      Flag("async_gpu_parallelism", o.async_gpu_parallelism).status());
   if (o.check_finite < -1 || o.check_finite > 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("muonrt_options: check_finite ", o.check_finite,
@@ -461,10 +463,17 @@ absl::Status CreateOptimizer(muonrt_process_group* pg, int mesh_ndim,
   }
   muonrt_options defaults;
   muonrt_options_default(&defaults);
-  MUON_ASSIGN_OR_RETURN(
-      muon::MuonOptions muon_options,
-      ToMuonOptions(options != nullptr ? *options : defaults));
   const muonrt_options& o = options != nullptr ? *options : defaults;
+  MUON_ASSIGN_OR_RETURN(muon::MuonOptions muon_options, ToMuonOptions(o));
+  // Every option checked as muonrt_options_validate checks it, also where
+  // the single-device path below reads no execution options; their device
+  // and gpu_precision carried into the MuonOptions for that path.
+  MUON_ASSIGN_OR_RETURN(
+      const muon::MuonOptions checked,
+      muon::ResolveOptions(muon_options, ToExecutionOptions(o),
+                           muon::OptionContext{}));
+  muon_options.device = checked.device;
+  muon_options.gpu_precision = checked.gpu_precision;
 
   std::vector<muon::ParamView> views;
   views.reserve(num_params);

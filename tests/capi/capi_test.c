@@ -625,6 +625,32 @@ static void Create_BadArguments_ReturnInvalidArgument(void) {
       muonrt_optimizer_create(NULL, 0, NULL, NULL, &p, 1, &options, &opt),
       MUONRT_INVALID_ARGUMENT);
   CHECK_ERROR_HAS("transactional_step 2");
+  muonrt_options_default(&options);
+  options.async_gpu_parallelism = -7;
+  CHECK_CODE(
+      muonrt_optimizer_create(NULL, 0, NULL, NULL, &p, 1, &options, &opt),
+      MUONRT_INVALID_ARGUMENT);
+  CHECK_ERROR_HAS("async_gpu_parallelism -7");
+  /* The execution options are checked as muonrt_options_validate checks
+   * them, also without a process group (the single-device path). */
+  muonrt_options_default(&options);
+  options.gpu_precision = "fp64";
+  CHECK_CODE(
+      muonrt_optimizer_create(NULL, 0, NULL, NULL, &p, 1, &options, &opt),
+      MUONRT_INVALID_ARGUMENT);
+  CHECK_ERROR_HAS("execution.gpu_precision \"fp64\"");
+  muonrt_options_default(&options);
+  options.replan_every_steps = -1;
+  CHECK_CODE(
+      muonrt_optimizer_create(NULL, 0, NULL, NULL, &p, 1, &options, &opt),
+      MUONRT_INVALID_ARGUMENT);
+  CHECK_ERROR_HAS("replan_every_steps");
+  muonrt_options_default(&options);
+  options.exchange_dtype = "int8";
+  CHECK_CODE(
+      muonrt_optimizer_create(NULL, 0, NULL, NULL, &p, 1, &options, &opt),
+      MUONRT_INVALID_ARGUMENT);
+  CHECK_ERROR_HAS("int8");
   CHECK(opt == NULL);
   /* Zero parameters is an optimizer that does nothing. */
   CHECK_OK(muonrt_optimizer_create(NULL, 0, NULL, NULL, NULL, 0, NULL, &opt));
