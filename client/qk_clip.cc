@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -91,12 +93,17 @@ absl::Status CheckQkClipRows(const QkClipLayer& layer, const char* which,
         "qk_clip layer ", layer_index, ": ", which, " parameter \"", name,
         "\" is not 2-D (", global_shape.size(), " dims)"));
   }
-  const int64_t end = begin + heads * rows_per_head;
-  if (end > global_shape[0]) {
+  // begin >= 0, heads >= 1 and rows_per_head >= 1 (ValidateQkClipOptions);
+  // their sum and product may exceed int64: compared without forming them.
+  const int64_t rows = global_shape[0];
+  if (begin > rows || rows_per_head > (rows - begin) / heads) {
+    const bool fits = rows_per_head <= (INT64_MAX - begin) / heads;
     return absl::InvalidArgumentError(absl::StrCat(
         "qk_clip layer ", layer_index, ": ", which, " parameter \"", name,
-        "\" has ", global_shape[0], " rows but ", heads, " heads of ",
-        rows_per_head, " rows from row ", begin, " need ", end));
+        "\" has ", rows, " rows but ", heads, " heads of ", rows_per_head,
+        " rows from row ", begin, " need ",
+        fits ? absl::StrCat(begin + heads * rows_per_head)
+             : std::string("more than 2^63 - 1")));
   }
   return absl::OkStatus();
 }

@@ -628,6 +628,13 @@ TEST(QkClipTest, Create_BadLayers_InvalidArgumentNamingTheField) {
       {[](QkClipOptions& o) { o.layers[0].head_dim = 5; },
        "q parameter \"wq\" has 16 rows but 4 heads of 5 rows from row 0 "
        "need 20"},
+      // Rows past int64 (as a C caller's head_dim can give) refused, not
+      // wrapped round to a negative end.
+      {[](QkClipOptions& o) { o.layers[0].head_dim = int64_t{1} << 62; },
+       "4 heads of 4611686018427387904 rows from row 0 need more than "
+       "2^63 - 1"},
+      {[](QkClipOptions& o) { o.layers[0].q_row_begin = INT64_MAX; },
+       "from row 9223372036854775807 need more than 2^63 - 1"},
   };
   for (const Case& c : cases) {
     MuonOptions o;
