@@ -81,11 +81,10 @@ absl::Status StepPipeline::RunStep(device::Stream* caller) {
   // At a re-plan boundary every rank switches to the coordinator's new
   // plan before the step (ExecutionOptions.replan_every_steps).
   MUON_RETURN_IF_ERROR(MaybeReplan());
-  // Preflight: nothing is modified and no collective runs on failure.
-  MUON_RETURN_IF_ERROR(Preflight());
-  // Non-finite gradients on any rank: every rank fails here, before the
-  // momentum pass writes anything and before any data collective.
-  MUON_RETURN_IF_ERROR(CheckGradientsFinite(caller));
+  // A rank's refused inputs (Preflight) or non-finite gradients: every
+  // rank fails here, before the momentum pass writes anything and before
+  // any data collective.
+  MUON_RETURN_IF_ERROR(CheckStepInputs(caller));
   const absl::Time start = absl::Now();
   if (options_.transactional_step) MUON_RETURN_IF_ERROR(TakeSnapshot(caller));
   if (absl::Status s = Commit(absl::OkStatus(), MomentumAndExchange(caller));
@@ -324,6 +323,32 @@ absl::Status StepPipeline::ReadNonFinite(int begin, int end, NonFinite* found) {
   return absl::OkStatus();
 }
 
+absl::Status StepPipeline::CheckStepInputs(device::Stream* caller) {
+  const absl::Status preflight = Preflight();
+  if (!rank_flags_->collective()) {
+    MUON_RETURN_IF_ERROR(preflight);
+    return CheckGradientsFinite(caller);
+  }
+  if (!preflight.ok()) {
+    // This rank's part of the agreement its peers wait in (the finite
+    // check's, or the one below): they fail naming it.
+    (void)GatherRankFlags(kPreflightRefused);
+    return preflight;
+  }
+  if (*options_.check_finite) return CheckGradientsFinite(caller);
+  MUON_RETURN_IF_ERROR(GatherRankFlags(0.0f));
+  if (const int r = rank_flags_->FirstRaised(); r >= 0) {
+    return PeerRefused(r, kStepNotTaken);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepPipeline::PeerRefused(int peer, const char* outcome) const {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "rank ", rank_, ": rank ", peer, " refused step ", step_ + 1,
+      "'s inputs (rank ", peer, "'s error names the parameter)", outcome));
+}
+
 absl::Status StepPipeline::CheckGradientsFinite(device::Stream* caller) {
   if (!*options_.check_finite) return absl::OkStatus();
   NonFinite found;
@@ -341,12 +366,7 @@ absl::Status StepPipeline::CheckGradientsFinite(device::Stream* caller) {
 absl::Status StepPipeline::AgreeOnFinite(const NonFinite& found, bool undone,
                                          bool* any_bad) {
   *any_bad = false;
-  const char* outcome =
-      undone
-          ? "; the step was undone: parameters, momentum and step count are "
-            "as before it on every rank"
-          : "; the step was not taken: parameters and momentum are unchanged "
-            "on every rank";
+  const char* outcome = undone ? kStepUndone : kStepNotTaken;
   absl::Status local = absl::OkStatus();
   if (found.param >= 0) {
     local = absl::FailedPreconditionError(absl::StrCat(
@@ -365,6 +385,8 @@ absl::Status StepPipeline::AgreeOnFinite(const NonFinite& found, bool undone,
   *any_bad = !local.ok() || rank_flags_->FirstRaised() >= 0;
   if (!local.ok()) return local;
   if (const int r = rank_flags_->FirstRaised(); r >= 0) {
+    if (rank_flags_->flag(r) == kPreflightRefused)
+      return PeerRefused(r, outcome);
     if (rank_flags_->flag(r) < 0) {
       return absl::FailedPreconditionError(absl::StrCat(
           "rank ", rank_, ": rank ", r,

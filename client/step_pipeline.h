@@ -149,6 +149,28 @@ class StepPipeline {
     int64_t index = -1;
     float value = 0.0f;
   };
+  // Preflight, then check_finite's scan, agreed by every rank before
+  // anything is modified: a rank whose Preflight fails returns its own
+  // error and raises kPreflightRefused in the ranks' flags (in the finite
+  // check's all-gather, or in one of its own without check_finite), so
+  // that every other rank fails with PeerRefused naming it instead of
+  // waiting in a collective. Errors: Preflight's (FailedPrecondition
+  // naming the parameter), PeerRefused's, AgreeOnFinite's, the
+  // communicator's.
+  absl::Status CheckStepInputs(device::Stream* caller);
+  // FailedPrecondition: rank `peer` refused this step's inputs; `outcome`
+  // says what became of the step.
+  absl::Status PeerRefused(int peer, const char* outcome) const;
+  // A rank's flag when its Preflight failed (0 = OK, k + 1 = its first
+  // non-finite parameter k, -1 = its scan could not be read).
+  static constexpr float kPreflightRefused = -2.0f;
+  // How a step that failed an agreement ended.
+  static constexpr char kStepNotTaken[] =
+      "; the step was not taken: parameters and momentum are unchanged on "
+      "every rank";
+  static constexpr char kStepUndone[] =
+      "; the step was undone: parameters, momentum and step count are as "
+      "before it on every rank";
   // check_finite: the local scan and the ranks' agreement.
   absl::Status CheckGradientsFinite(device::Stream* caller);
   // The local scan of parameters [begin, end): the first (optimizer order)

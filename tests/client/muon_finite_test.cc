@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "client/distributed_config.h"
 #include "client/muon.h"
 #include "client/parameter.h"
@@ -155,7 +157,8 @@ TEST(MuonFiniteTest, Step_NanOnOneOfFourRanks_EveryRankFailsUnchanged) {
   ThreadWorld world(kWorld);
   ASSERT_TRUE(world.Connect());
   std::vector<absl::Status> bad_step(kWorld), next_step(kWorld);
-  std::vector<bool> unchanged(kWorld, false);
+  // Not vector<bool>: each rank's thread writes its own element.
+  std::vector<char> unchanged(kWorld, 0);
   std::vector<absl::Status> statuses =
       RunOnRanks(kWorld, [&](int rank) -> absl::Status {
         Params p(8, 2, 10 + 7 * rank);  // FSDP Shard(0): 2 rows per rank
@@ -199,6 +202,71 @@ TEST(MuonFiniteTest, Step_NanOnOneOfFourRanks_EveryRankFailsUnchanged) {
                                                 "has a non-finite")),
                          HasSubstr("parameter #0"), HasSubstr("at step 2"))))
           << "rank " << r;
+    }
+  }
+}
+
+// A rank whose step inputs are refused (a missing gradient) fails the
+// step on every rank, before anything is modified and without any rank
+// waiting out a collective: with check_finite the refusal rides on the
+// finite check's agreement, without it on one of its own. The others name
+// the rank; every rank then steps on together.
+TEST(MuonFiniteTest, Step_MissingGradOnOneOfFourRanks_EveryRankFailsUnchanged) {
+  constexpr int kWorld = 4;
+  for (bool check_finite : {true, false}) {
+    ThreadWorld world(kWorld);
+    ASSERT_TRUE(world.Connect());
+    std::vector<absl::Status> bad_step(kWorld), next_step(kWorld);
+    // Not vector<bool>: each rank's thread writes its own element.
+    std::vector<char> unchanged(kWorld, 0);
+    std::vector<absl::Status> statuses =
+        RunOnRanks(kWorld, [&](int rank) -> absl::Status {
+          Params p(8, 2, 10 + 7 * rank);  // FSDP Shard(0): 2 rows per rank
+          AutoConfigOptions ao;
+          ao.fsdp = world.comm(rank);
+          ao.fsdp_shard_dim = 0;
+          ao.coordinator = world.client(rank);
+          absl::StatusOr<DistributedConfig> config =
+              CreateAutoConfig(ViewsOf(p.Pointers()), ao);
+          if (!config.ok()) return config.status();
+          MuonOptions o;
+          o.check_finite = check_finite;
+          absl::StatusOr<std::unique_ptr<Muon>> opt =
+              Muon::Create(p.Pointers(), o, *std::move(config));
+          if (!opt.ok()) return opt.status();
+          if (absl::Status s = (*opt)->Step(); !s.ok()) return s;
+          const Snapshot before(p, **opt);
+          std::vector<float> saved = p.b.grad;
+          if (rank == 1) p.b.grad.clear();
+          const absl::Time start = absl::Now();
+          bad_step[rank] = (*opt)->Step();
+          // Far below any collective or join timeout (minutes).
+          if (absl::Now() - start > absl::Seconds(20)) {
+            return absl::DeadlineExceededError("the refused step waited");
+          }
+          unchanged[rank] = Snapshot(p, **opt) == before;
+          p.b.grad = std::move(saved);
+          next_step[rank] = (*opt)->Step();
+          return absl::OkStatus();
+        });
+    for (int r = 0; r < kWorld; ++r) {
+      SCOPED_TRACE(absl::StrCat("check_finite ", check_finite, ", rank ", r));
+      ASSERT_THAT(statuses[r], IsOk());
+      EXPECT_TRUE(unchanged[r]);
+      EXPECT_THAT(next_step[r], IsOk());
+      if (r == 1) {
+        EXPECT_THAT(bad_step[r],
+                    StatusIs(kFailedPrecondition,
+                             HasSubstr("rank 1: parameter \"fc2.weight\" has "
+                                       "no gradient")));
+      } else {
+        EXPECT_THAT(
+            bad_step[r],
+            StatusIs(kFailedPrecondition,
+                     AllOf(HasSubstr(absl::StrCat(
+                               "rank ", r, ": rank 1 refused step 2's inputs")),
+                           HasSubstr("unchanged on every rank"))));
+      }
     }
   }
 }
