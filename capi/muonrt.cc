@@ -862,12 +862,14 @@ int muonrt_optimizer_set_grad(muonrt_optimizer* opt, int index,
 }
 
 int muonrt_optimizer_set_hyperparameters(muonrt_optimizer* opt, int index,
-                                         double lr, double weight_decay) {
+                                         double lr, double weight_decay,
+                                         double momentum) {
   return Guard("muonrt_optimizer_set_hyperparameters", [&]() -> absl::Status {
     if (opt == nullptr) {
       return NullArgument("muonrt_optimizer_set_hyperparameters", "opt");
     }
-    return opt->muon->SetParamHyperparameters(index, lr, weight_decay);
+    return opt->muon->SetParamHyperparameters(index, lr, weight_decay,
+                                              momentum);
   });
 }
 

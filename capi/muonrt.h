@@ -31,7 +31,7 @@ extern "C" {
 #endif
 
 /* Incremented on any incompatible change of this header. */
-#define MUONRT_ABI_VERSION 16
+#define MUONRT_ABI_VERSION 17
 
 /* Status codes (absl::StatusCode values). */
 #define MUONRT_OK 0
@@ -290,10 +290,14 @@ int muonrt_optimizer_step(muonrt_optimizer* opt, void* stream);
 int muonrt_optimizer_set_grad(muonrt_optimizer* opt, int index,
                               const void* grad);
 
-/* Parameter `index`'s lr and weight decay from the next step on (param
- * groups, lr schedulers). Errors: OUT_OF_RANGE, INVALID_ARGUMENT. */
+/* Parameter `index`'s lr, weight decay and momentum from the next step on
+ * (param groups; schedulers such as OneCycleLR set lr and momentum).
+ * Errors: OUT_OF_RANGE, INVALID_ARGUMENT (torch's messages, naming the
+ * parameter), FAILED_PRECONDITION during a step begun by mark_ready.
+ * ABI version 17 added momentum. */
 int muonrt_optimizer_set_hyperparameters(muonrt_optimizer* opt, int index,
-                                         double lr, double weight_decay);
+                                         double lr, double weight_decay,
+                                         double momentum);
 
 /* ---- State ------------------------------------------------------------ */
 

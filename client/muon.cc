@@ -669,14 +669,15 @@ absl::Status Muon::ClipQkOnStream(const std::vector<float>& max_logits,
 }
 
 absl::Status Muon::SetParamHyperparameters(int index, double lr,
-                                           double weight_decay) {
+                                           double weight_decay,
+                                           double momentum) {
   if (index < 0 || index >= static_cast<int>(params_.size())) {
     return absl::OutOfRangeError(
         absl::StrCat("rank ", rank_, ": parameter index ", index,
                      " is outside [0, ", params_.size(), ")"));
   }
-  for (absl::Status s :
-       {ValidateLearningRate(lr), ValidateWeightDecay(weight_decay)}) {
+  for (absl::Status s : {ValidateLearningRate(lr), ValidateMomentum(momentum),
+                         ValidateWeightDecay(weight_decay)}) {
     if (!s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
           s.message(), " (parameter \"", params_[index].name, "\")"));
@@ -690,7 +691,7 @@ absl::Status Muon::SetParamHyperparameters(int index, double lr,
                      "MarkReady; set them before the first MarkReady"));
   }
   rule_.SetParamHyperparameters(index, static_cast<int>(params_.size()), lr,
-                                weight_decay);
+                                weight_decay, momentum);
   return absl::OkStatus();
 }
 

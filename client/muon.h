@@ -199,14 +199,16 @@ class Muon {
   // Errors: OutOfRange for a bad index.
   absl::Status SetGrad(int index, const void* grad);
 
-  // Sets parameter `index`'s learning rate and weight decay from the next
-  // Step on (torch's param groups: each group's current "lr" and
-  // "weight_decay", e.g. as an lr scheduler sets them). Unset parameters
+  // Sets parameter `index`'s learning rate, weight decay and momentum
+  // from the next Step on (torch's param groups: each group's current
+  // "lr", "weight_decay" and "momentum", e.g. as OneCycleLR or CyclicLR
+  // set them; torch.optim.Muon reads them at every step). Unset parameters
   // use MuonOptions' values.
   // Errors: OutOfRange for a bad index; InvalidArgument for a negative or
-  // NaN value (torch's messages), with nothing changed.
+  // NaN value (torch's messages), FailedPrecondition during a step begun
+  // by MarkReady, with nothing changed.
   absl::Status SetParamHyperparameters(int index, double lr,
-                                       double weight_decay);
+                                       double weight_decay, double momentum);
 
   // QK-clip after a step (MuonOptions::qk_clip; client/qk_clip.h):
   // `max_logits` holds this rank's largest pre-softmax logit per query head

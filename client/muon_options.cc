@@ -118,6 +118,12 @@ absl::Status ValidateLearningRate(double lr) {
       absl::StrCat("Learning rate should be >= 0 but is: ", PythonFloat(lr)));
 }
 
+absl::Status ValidateMomentum(double momentum) {
+  if (momentum >= 0.0) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("momentum should be >= 0 but is: ", PythonFloat(momentum)));
+}
+
 absl::Status ValidateWeightDecay(double weight_decay) {
   if (weight_decay >= 0.0) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
@@ -127,10 +133,7 @@ absl::Status ValidateWeightDecay(double weight_decay) {
 absl::Status ValidateMuonOptions(const MuonOptions& o) {
   // Messages follow torch.optim.Muon.__init__, in its order.
   MUON_RETURN_IF_ERROR(ValidateLearningRate(o.lr));
-  if (!(o.momentum >= 0.0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "momentum should be >= 0 but is: ", PythonFloat(o.momentum)));
-  }
+  MUON_RETURN_IF_ERROR(ValidateMomentum(o.momentum));
   MUON_RETURN_IF_ERROR(ValidateWeightDecay(o.weight_decay));
   if (o.ns_steps >= 100) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -157,11 +157,13 @@ struct MuonOptions {
   QkClipOptions qk_clip;
 };
 
-// The learning rate and weight decay checks of torch.optim.Muon.__init__
-// (also for one parameter's values, Muon::SetParamHyperparameters), with
-// its messages ("Learning rate should be >= 0 but is: -0.5", the value as
-// Python prints a float). Errors: InvalidArgument.
+// The learning rate, momentum and weight decay checks of
+// torch.optim.Muon.__init__ (also for one parameter's values,
+// Muon::SetParamHyperparameters), with its messages ("Learning rate should be
+// >= 0 but is: -0.5", the value as Python prints a float). Errors:
+// InvalidArgument.
 absl::Status ValidateLearningRate(double lr);
+absl::Status ValidateMomentum(double momentum);
 absl::Status ValidateWeightDecay(double weight_decay);
 
 // Checks `options` as torch.optim.Muon.__init__ does.

@@ -220,7 +220,7 @@ absl::Status StepExecutor::FormUpdates(const LocalBucket& bs,
                   g.offset * kernels::ParamDTypeSize(src.grad_dtype);
     MUON_RETURN_IF_ERROR(kernels_->FormUpdate(
         stream, momentum, src.momentum_dtype, grad, src.grad_dtype, n,
-        args.rule->momentum, grad != nullptr,
+        args.rule->MomentumOf(g.param_index), grad != nullptr,
         const_cast<float*>(LocalU(m, *args.updates))));
   }
   return absl::OkStatus();

@@ -88,7 +88,7 @@ struct StepStats {
 // of the shard at index i; expert slices one after another):
 //   grad == nullptr: U is `momentum` (fp32 read in place; bf16 widened
 //     into the bucket's slot);
-//   grad != nullptr: Nesterov, U = lerp(grad, momentum, rule.momentum)
+//   grad != nullptr: Nesterov, U = lerp(grad, momentum, rule.MomentumOf(param))
 //     (torch's grad.lerp(buf, momentum)), formed in fp32 in the bucket's
 //     slot just before the bucket's gather (kernels::StepKernels::
 //     FormUpdate), so no buffer of U outlives its bucket.

@@ -253,8 +253,9 @@ absl::Status StepPipeline::MomentumOne(int index, device::Stream* stream) {
   src.grad = options_.nesterov ? p.grad : nullptr;
   src.grad_dtype = KernelDType(p.grad_dtype);
   if (buf.size() == 0) return absl::OkStatus();
-  return rule_.Momentum(executor_->kernels(), stream, buf.data(), buf.dtype,
-                        p.grad, KernelDType(p.grad_dtype), buf.size());
+  return rule_.Momentum(executor_->kernels(), stream, index, buf.data(),
+                        buf.dtype, p.grad, KernelDType(p.grad_dtype),
+                        buf.size());
 }
 
 absl::Status StepPipeline::AgreeOnCommit(const absl::Status& local) {

@@ -11,24 +11,31 @@ double UpdateRule::WeightDecayOf(int param_index) const {
                                     : param_weight_decay[param_index];
 }
 
+double UpdateRule::MomentumOf(int param_index) const {
+  return param_momentum.empty() ? momentum : param_momentum[param_index];
+}
+
 void UpdateRule::SetParamHyperparameters(int param_index, int num_params,
-                                         double lr_value, double wd_value) {
+                                         double lr_value, double wd_value,
+                                         double momentum_value) {
   if (param_lr.empty()) {
     param_lr.assign(num_params, lr);
     param_weight_decay.assign(num_params, weight_decay);
+    param_momentum.assign(num_params, momentum);
   }
   param_lr[param_index] = lr_value;
   param_weight_decay[param_index] = wd_value;
+  param_momentum[param_index] = momentum_value;
 }
 
 absl::Status UpdateRule::Momentum(kernels::StepKernels& kernels,
-                                  device::Stream* stream, void* buf,
-                                  kernels::ParamDType buf_dtype,
+                                  device::Stream* stream, int param_index,
+                                  void* buf, kernels::ParamDType buf_dtype,
                                   const void* grad,
                                   kernels::ParamDType grad_dtype,
                                   int64_t n) const {
   return kernels.Momentum(stream, buf, buf_dtype, grad, grad_dtype, n,
-                          momentum);
+                          MomentumOf(param_index));
 }
 
 absl::Status UpdateRule::Apply(kernels::StepKernels& kernels,

@@ -30,32 +30,36 @@ struct UpdateRule {
   double weight_decay = 0.1;
   double momentum = 0.95;
   bool nesterov = true;
-  // Per parameter (optimizer order) lr and weight decay, as torch's param
-  // groups give them; empty = `lr` / `weight_decay` for every parameter.
+  // Per parameter (optimizer order) lr, weight decay and momentum, as
+  // torch's param groups give them (torch.optim.Muon reads each group's
+  // at every step); empty = `lr` / `weight_decay` / `momentum` for every
+  // parameter.
   std::vector<double> param_lr;
   std::vector<double> param_weight_decay;
+  std::vector<double> param_momentum;
   kernels::AdjustLrFn adjust_lr_fn = kernels::AdjustLrFn::kOriginal;
   kernels::NewtonSchulzOptions ns;
 
-  // The lr and weight decay of parameter `param_index`.
+  // The lr, weight decay and momentum of parameter `param_index`.
   double LrOf(int param_index) const;
   double WeightDecayOf(int param_index) const;
+  double MomentumOf(int param_index) const;
 
-  // Sets parameter `param_index`'s lr and weight decay (torch's param
-  // groups); the others of `num_params` keep theirs.
+  // Sets parameter `param_index`'s lr, weight decay and momentum (torch's
+  // param groups); the others of `num_params` keep theirs.
   void SetParamHyperparameters(int param_index, int num_params, double lr,
-                               double weight_decay);
+                               double weight_decay, double momentum);
 
-  // The momentum step on `n` elements (torch's buf.lerp_(grad, 1 -
-  // momentum)): `buf` is fp32 or bf16 (`buf_dtype`), `grad` fp32 or bf16
-  // (`grad_dtype`), both memory of kernels.device(), used in `stream`'s
-  // order. Nesterov's U is formed later, per bucket, by the step executor
-  // (StepKernels::FormUpdate with `momentum`). Errors: as
-  // StepKernels::Momentum.
+  // The momentum step on `n` elements of parameter `param_index` (torch's
+  // buf.lerp_(grad, 1 - momentum) with MomentumOf(param_index)): `buf` is
+  // fp32 or bf16 (`buf_dtype`), `grad` fp32 or bf16 (`grad_dtype`), both
+  // memory of kernels.device(), used in `stream`'s order. Nesterov's U is
+  // formed later, per bucket, by the step executor (StepKernels::FormUpdate
+  // with the same MomentumOf). Errors: as StepKernels::Momentum.
   absl::Status Momentum(kernels::StepKernels& kernels, device::Stream* stream,
-                        void* buf, kernels::ParamDType buf_dtype,
-                        const void* grad, kernels::ParamDType grad_dtype,
-                        int64_t n) const;
+                        int param_index, void* buf,
+                        kernels::ParamDType buf_dtype, const void* grad,
+                        kernels::ParamDType grad_dtype, int64_t n) const;
 
   // Decoupled weight decay and the update on `n` elements of parameter
   // `param_index` (a [rows, cols] matrix globally): param <- param * (1 -

@@ -27,7 +27,7 @@ import os
 import threading
 
 # Must equal MUONRT_ABI_VERSION of capi/muonrt.h.
-ABI_VERSION = 16
+ABI_VERSION = 17
 
 # Status codes (absl::StatusCode values, capi/muonrt.h).
 OK = 0
@@ -277,7 +277,8 @@ _SIGNATURES = {
     "muonrt_optimizer_step": (_c_int, [_opt_p, ctypes.c_void_p]),
     "muonrt_optimizer_set_grad": (_c_int, [_opt_p, _c_int, ctypes.c_void_p]),
     "muonrt_optimizer_set_hyperparameters": (
-        _c_int, [_opt_p, _c_int, ctypes.c_double, ctypes.c_double]),
+        _c_int, [_opt_p, _c_int, ctypes.c_double, ctypes.c_double,
+                 ctypes.c_double]),
     "muonrt_optimizer_step_count": (ctypes.c_int64, [_opt_p]),
     "muonrt_optimizer_momentum": (_c_int, [
         _opt_p, _c_int, ctypes.POINTER(ctypes.POINTER(ctypes.c_float)),

@@ -11,7 +11,7 @@ checkpoints by it, so it must be the same on every rank. Accepted forms:
 * an iterable of dicts (param groups), each with ``"params"`` as a list of
   ``(name, tensor)`` pairs, or as a list of tensors plus a ``"param_names"``
   (alias ``"names"``) list of the same length, and optionally its own
-  ``"lr"`` and ``"weight_decay"``;
+  ``"lr"``, ``"weight_decay"`` and ``"momentum"``;
 * plain tensors (or groups of them) without names: they are called
   ``"param_0"``, ``"param_1"``, ... in optimizer order (checkpoints then
   depend on that order).
@@ -19,12 +19,13 @@ Names are all given or all generated. After construction each group holds
 tensors in ``"params"`` and their names in ``"param_names"`` (torch 2.x's
 key for named parameters).
 
-Per group, ``lr`` and ``weight_decay`` may differ and change at any time
-(lr schedulers): step() pushes each group's current values. ``momentum``,
-``nesterov``, ``ns_coefficients``, ``eps``, ``ns_steps`` and
-``adjust_lr_fn`` are one value for the whole optimizer (the runtime runs
-one Newton-Schulz configuration): a group that sets another value is a
-ValueError.
+Per group, ``lr``, ``weight_decay`` and ``momentum`` may differ and
+change at any time (schedulers: OneCycleLR and CyclicLR cycle momentum
+too): step() pushes each group's current values, as torch.optim.Muon reads
+them at every step. ``nesterov``, ``ns_coefficients``, ``eps``,
+``ns_steps`` and ``adjust_lr_fn`` are one value for the whole optimizer
+(the runtime runs one Newton-Schulz configuration): a group that sets
+another value is a ValueError.
 
 Layout (distributed mode)
 -------------------------
@@ -95,9 +96,33 @@ DEFAULT_NS_STEPS = 5
 EPS = 1e-7
 
 # Options that are one value for the whole optimizer (the library takes
-# them at creation); lr and weight_decay are per group.
-_GLOBAL_KEYS = ("momentum", "nesterov", "ns_coefficients", "eps", "ns_steps",
+# them at creation); _GROUP_KEYS are per group, pushed before each step.
+_GLOBAL_KEYS = ("nesterov", "ns_coefficients", "eps", "ns_steps",
                 "adjust_lr_fn")
+_GROUP_KEYS = ("lr", "weight_decay", "momentum")
+
+
+def _number(value, what):
+    """float(value) for a hyperparameter (a Python number or a one-element
+    tensor, as schedulers leave them); TypeError naming `what` and the
+    value otherwise (float() alone names neither)."""
+    try:
+        return float(value)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise TypeError(f"muonrt.Muon: {what} must be a number, got "
+                        f"{value!r}") from e
+
+
+def _hooks(optimizer, name):
+    """The hooks torch.optim.Optimizer keeps in attribute `name` (an
+    OrderedDict since PyTorch 2.1; none before), in registration order."""
+    return list(getattr(optimizer, name, {}).values())
+
+
+def _group_hyperparameters(gi, group):
+    """Param group gi's (lr, weight_decay, momentum) as floats."""
+    return tuple(_number(group[key], f"param group {gi}'s {key}")
+                 for key in _GROUP_KEYS)
 
 _DTYPES = {torch.float32: _lib.FLOAT32, torch.bfloat16: _lib.BFLOAT16}
 
@@ -196,9 +221,9 @@ def _options_struct(defaults, runtime):
     d = defaults
     opts = _lib.muonrt_options()
     _lib.lib().muonrt_options_default(ctypes.byref(opts))
-    opts.lr = float(d["lr"])
-    opts.weight_decay = float(d["weight_decay"])
-    opts.momentum = float(d["momentum"])
+    opts.lr = _number(d["lr"], "lr")
+    opts.weight_decay = _number(d["weight_decay"], "weight_decay")
+    opts.momentum = _number(d["momentum"], "momentum")
     opts.nesterov = 1 if d["nesterov"] else 0
     opts.ns_a, opts.ns_b, opts.ns_c = (float(v) for v in d["ns_coefficients"])
     opts.eps = float(d["eps"])
@@ -436,6 +461,8 @@ class Muon(torch.optim.Optimizer):
         self._resolve_layout(placements, global_shapes, sub_mesh)
         self._row_splits = self._resolve_row_splits(row_splits, num_heads,
                                                     names)
+        if overlap_backward:
+            self._check_hookable()
         self._create(runtime)
         self._set_variants(normuon, qk_clip, overlap_backward)
         self._momentum_dtype = momentum_dtype
@@ -448,7 +475,8 @@ class Muon(torch.optim.Optimizer):
 
     def _check_param_groups(self, defaults):
         """Checks the names (all given or none, each once) and that groups
-        differ only in lr and weight_decay; returns the set of names."""
+        differ only in lr, weight_decay and momentum; returns the set of
+        names."""
         if self._num_named and self._num_unnamed:
             raise ValueError(
                 "all optimizer params should be with/without names. Some "
@@ -466,8 +494,8 @@ class Muon(torch.optim.Optimizer):
                     raise ValueError(
                         f"muonrt.Muon: param group {gi} sets {key}="
                         f"{group[key]!r}, but {key} is one value for the "
-                        f"whole optimizer ({defaults[key]!r}); only lr and "
-                        f"weight_decay may differ per group")
+                        f"whole optimizer ({defaults[key]!r}); only lr, "
+                        f"weight_decay and momentum may differ per group")
         return seen
 
     def _resolve_process_group(self, process_group, mesh):
@@ -857,7 +885,7 @@ class Muon(torch.optim.Optimizer):
         """One optimizer step over every parameter (collective in
         distributed mode: every rank calls it).
 
-        Reads each group's current lr and weight_decay. Every parameter
+        Reads each group's current lr, weight_decay and momentum. Every parameter
         needs a gradient (see the module docstring); all checks run before
         anything is modified. Raises RuntimeError for a missing gradient
         (naming the parameter), a gradient of another size, device or
@@ -919,11 +947,11 @@ class Muon(torch.optim.Optimizer):
                     error = error or e
             try:
                 for gi, group in enumerate(self.param_groups):
-                    hp = (float(group["lr"]), float(group["weight_decay"]))
+                    hp = _group_hyperparameters(gi, group)
                     if hp != self._pushed[gi]:
                         raise RuntimeError(
-                            f"muonrt.Muon: param group {gi}'s lr or "
-                            f"weight_decay changed to {hp} after "
+                            f"muonrt.Muon: param group {gi}'s (lr, "
+                            f"weight_decay, momentum) changed to {hp} after "
                             f"mark_ready began the step with "
                             f"{self._pushed[gi]}: set them before backward")
             except Exception as e:  # noqa: BLE001 (re-raised below)
@@ -1031,6 +1059,20 @@ class Muon(torch.optim.Optimizer):
         if overlap_backward:
             self._register_ready_hooks()
 
+    def _check_hookable(self):
+        """overlap_backward, before the library is created: every parameter
+        can take the gradient hook that marks it ready (torch refuses a
+        hook on a tensor that does not require grad, naming neither the
+        parameter nor the option)."""
+        for s in self._slots:
+            if not s.param.requires_grad:
+                raise ValueError(
+                    f"muonrt.Muon: parameter {s.name!r} does not require "
+                    f"grad (requires_grad=False), but overlap_backward marks "
+                    f"each parameter ready from its gradient's hook and the "
+                    f"step needs every gradient: leave frozen parameters "
+                    f"out of the optimizer")
+
     def _register_ready_hooks(self):
         """overlap_backward: a hook that marks a parameter ready once its
         gradient is final (Tensor.register_post_accumulate_grad_hook,
@@ -1061,8 +1103,8 @@ class Muon(torch.optim.Optimizer):
             self.mark_ready(i)
 
     def _push_hyperparameters(self):
-        """Each group's current lr and weight_decay to the library (those
-        that changed since the last push)."""
+        """Each group's current lr, weight_decay and momentum to the library
+        (those that changed since the last push)."""
         L = _lib.lib()
         for gi, group in enumerate(self.param_groups):
             for key in _GLOBAL_KEYS:
@@ -1070,13 +1112,13 @@ class Muon(torch.optim.Optimizer):
                         key, self.defaults[key]):
                     raise RuntimeError(
                         f"muonrt.Muon: param group {gi}'s {key} changed to "
-                        f"{group[key]!r}; only lr and weight_decay can change "
-                        f"after construction")
-            hp = (float(group["lr"]), float(group["weight_decay"]))
+                        f"{group[key]!r}; only lr, weight_decay and momentum "
+                        f"can change after construction")
+            hp = _group_hyperparameters(gi, group)
             if hp != self._pushed[gi]:
                 for i in self._group_slots[gi]:
                     _lib.check(L.muonrt_optimizer_set_hyperparameters(
-                        self._h, i, hp[0], hp[1]),
+                        self._h, i, *hp),
                         "muonrt_optimizer_set_hyperparameters")
                 self._pushed[gi] = hp
 
@@ -1328,7 +1370,12 @@ class Muon(torch.optim.Optimizer):
         (torch.distributed.checkpoint's get_optimizer_state_dict and
         dcp.save reshard it; "muonrt_step" carries the step count through
         it). torch.save / torch.load round-trip it; load_state_dict restores
-        it on the same layout, or from DTensors of any layout."""
+        it on the same layout, or from DTensors of any layout. Runs the
+        hooks of register_state_dict_pre_hook / _post_hook (PyTorch 2.1+)
+        as torch.optim.Optimizer.state_dict does: a post-hook's non-None
+        result is returned instead."""
+        for hook in _hooks(self, "_optimizer_state_dict_pre_hooks"):
+            hook(self)
         state = {i: self._param_state(i) for i in range(len(self._slots))}
         groups = []
         for gi, group in enumerate(self.param_groups):
@@ -1337,15 +1384,35 @@ class Muon(torch.optim.Optimizer):
             packed["params"] = list(self._group_slots[gi])
             packed["muonrt_step"] = self.step_count
             groups.append(packed)
-        return {"state": state, "param_groups": groups,
-                "muonrt": self._layout_meta()}
+        state_dict = {"state": state, "param_groups": groups,
+                      "muonrt": self._layout_meta()}
+        for hook in _hooks(self, "_optimizer_state_dict_post_hooks"):
+            result = hook(self, state_dict)
+            if result is not None:
+                state_dict = result
+        return state_dict
 
     def load_state_dict(self, state_dict):
         """Restores a state_dict() of this optimizer's layout (same
         groups, names, shapes and placements, same rank), or a
         torch.optim.Muon state_dict of the same parameters (single process;
         its step count is not recorded there: 0). All or nothing.
-        Raises ValueError naming the parameter and expected vs actual."""
+        Raises ValueError naming the parameter and expected vs actual. Runs
+        the hooks of register_load_state_dict_pre_hook / _post_hook
+        (PyTorch 2.1+) as torch.optim.Optimizer.load_state_dict does: a
+        pre-hook gets a shallow copy, and its non-None result is what is
+        loaded."""
+        state_dict = dict(state_dict)
+        for hook in _hooks(self, "_optimizer_load_state_dict_pre_hooks"):
+            result = hook(self, state_dict)
+            if result is not None:
+                state_dict = result
+        self._load_state_dict(state_dict)
+        for hook in _hooks(self, "_optimizer_load_state_dict_post_hooks"):
+            hook(self)
+
+    def _load_state_dict(self, state_dict):
+        """load_state_dict's restore, between its hooks."""
         if "state" not in state_dict or "param_groups" not in state_dict:
             raise ValueError("muonrt.Muon.load_state_dict: expected a dict "
                              "with 'state' and 'param_groups'")

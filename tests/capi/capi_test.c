@@ -204,9 +204,9 @@ static void ReferenceStep(double* W, const double* G, double* Buf, int rows,
 
 /* ---- Tests ------------------------------------------------------------ */
 
-static void AbiVersion_IsSixteen(void) {
+static void AbiVersion_IsSeventeen(void) {
   CHECK(muonrt_abi_version() == MUONRT_ABI_VERSION);
-  CHECK(MUONRT_ABI_VERSION == 16);
+  CHECK(MUONRT_ABI_VERSION == 17);
   CHECK(strcmp(muonrt_last_error(), "") == 0);
 done:;
 }
@@ -399,10 +399,12 @@ static void RunReference(const muonrt_options* options, const RefOptions* ref,
       muonrt_optimizer_create(NULL, 0, NULL, NULL, params, 2, options, &opt));
   RefOptions tall_ref = *ref;
   if (set_hyper) {
-    /* Parameter 1 in its own param group: lr 0.3, no weight decay. */
-    CHECK_OK(muonrt_optimizer_set_hyperparameters(opt, 1, 0.3, 0.0));
+    /* Parameter 1 in its own param group: lr 0.3, no weight decay,
+     * momentum 0.8. */
+    CHECK_OK(muonrt_optimizer_set_hyperparameters(opt, 1, 0.3, 0.0, 0.8));
     tall_ref.lr = 0.3;
     tall_ref.weight_decay = 0.0;
+    tall_ref.momentum = 0.8;
   }
   for (int step = 0; step < 2; ++step) {
     Fill(gw, kW, 20 + step);
@@ -674,7 +676,7 @@ static void NullHandles_ReturnInvalidArgument(void) {
   CHECK_CODE(muonrt_optimizer_step(NULL, NULL), MUONRT_INVALID_ARGUMENT);
   CHECK_ERROR_HAS("opt is NULL");
   CHECK_CODE(muonrt_optimizer_set_grad(NULL, 0, NULL), MUONRT_INVALID_ARGUMENT);
-  CHECK_CODE(muonrt_optimizer_set_hyperparameters(NULL, 0, 1, 1),
+  CHECK_CODE(muonrt_optimizer_set_hyperparameters(NULL, 0, 1, 1, 0.9),
              MUONRT_INVALID_ARGUMENT);
   CHECK(muonrt_optimizer_step_count(NULL) == -1);
   CHECK_ERROR_HAS("opt is NULL");
@@ -736,13 +738,16 @@ static void Step_MissingGrad_FailedPreconditionAndUntouched(void) {
                MUONRT_INVALID_ARGUMENT);
   }
   CHECK_CODE(muonrt_optimizer_set_grad(opt, 2, ga), MUONRT_OUT_OF_RANGE);
-  CHECK_CODE(muonrt_optimizer_set_hyperparameters(opt, 5, 0.1, 0.1),
+  CHECK_CODE(muonrt_optimizer_set_hyperparameters(opt, 5, 0.1, 0.1, 0.9),
              MUONRT_OUT_OF_RANGE);
-  CHECK_CODE(muonrt_optimizer_set_hyperparameters(opt, 0, -0.1, 0.1),
+  CHECK_CODE(muonrt_optimizer_set_hyperparameters(opt, 0, -0.1, 0.1, 0.9),
              MUONRT_INVALID_ARGUMENT);
   CHECK_ERROR_HAS("Learning rate should be >= 0");
-  CHECK_CODE(muonrt_optimizer_set_hyperparameters(opt, 0, 0.1, NAN),
+  CHECK_CODE(muonrt_optimizer_set_hyperparameters(opt, 0, 0.1, NAN, 0.9),
              MUONRT_INVALID_ARGUMENT);
+  CHECK_CODE(muonrt_optimizer_set_hyperparameters(opt, 0, 0.1, 0.1, -1.0),
+             MUONRT_INVALID_ARGUMENT);
+  CHECK_ERROR_HAS("momentum should be >= 0 but is: -1.0");
   /* With the gradient bound the step goes through. */
   {
     float gb[15];
@@ -1298,7 +1303,7 @@ typedef struct {
 
 int main(void) {
   const Test tests[] = {
-      TEST(AbiVersion_IsSixteen),
+      TEST(AbiVersion_IsSeventeen),
       TEST(ComputeThreads_SetAndRefusedOutOfRange),
       TEST(OptionsDefault_AreTorchDefaults),
       TEST(OptionsValidate_NamesTheBadField),

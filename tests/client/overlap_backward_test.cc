@@ -161,7 +161,7 @@ TEST(OverlapBackwardTest, Step_GradientChangedAfterMarkReady_NamedInDebugMode) {
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("marked ready twice")));
   // The executor's threads read the rule during the step.
-  EXPECT_THAT((*muon)->SetParamHyperparameters(0, 0.5, 0.0),
+  EXPECT_THAT((*muon)->SetParamHyperparameters(0, 0.5, 0.0, 0.95),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("before the first MarkReady")));
   p.grad[3] += 1.0f;

@@ -304,20 +304,23 @@ TEST(TensorViewTest, Create_NullData_InvalidArgument) {
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
 }
 
-TEST(TensorViewTest,
-     SetParamHyperparameters_PerParameterLrAndDecay_LikeSeparateOptimizers) {
-  // Two "param groups": a with lr 0.05 / wd 0.2, b frozen (lr 0, wd 0).
+TEST(
+    TensorViewTest,
+    SetParamHyperparameters_PerParameterLrDecayMomentum_LikeSeparateOptimizers) {
+  // Two "param groups": a with lr 0.05 / wd 0.2 / momentum 0.85 (as
+  // OneCycleLR's cycled momentum sets it), b frozen (lr 0, wd 0).
   TrainerTensor a{{6, 4}, RandomValues(24, 31), RandomValues(24, 32)};
   TrainerTensor b{{3, 5}, RandomValues(15, 33), RandomValues(15, 34)};
   TrainerTensor a_ref = a;
   const std::vector<float> b_before = b.w;
   auto grouped = Muon::Create({a.View("a"), b.View("b")});
   ASSERT_TRUE(grouped.ok());
-  ASSERT_TRUE((*grouped)->SetParamHyperparameters(0, 0.05, 0.2).ok());
-  ASSERT_TRUE((*grouped)->SetParamHyperparameters(1, 0.0, 0.0).ok());
+  ASSERT_TRUE((*grouped)->SetParamHyperparameters(0, 0.05, 0.2, 0.85).ok());
+  ASSERT_TRUE((*grouped)->SetParamHyperparameters(1, 0.0, 0.0, 0.95).ok());
   MuonOptions a_options;
   a_options.lr = 0.05;
   a_options.weight_decay = 0.2;
+  a_options.momentum = 0.85;
   auto alone = Muon::Create({a_ref.View("a")}, a_options);
   ASSERT_TRUE(alone.ok());
   for (int s = 0; s < 2; ++s) {
@@ -325,17 +328,35 @@ TEST(TensorViewTest,
     ASSERT_TRUE((*alone)->Step().ok());
   }
   EXPECT_TRUE(BitwiseEqual(a.w, a_ref.w));
+  EXPECT_TRUE(BitwiseEqual((*grouped)->momentum_buffer(0),
+                           (*alone)->momentum_buffer(0)));
   EXPECT_TRUE(BitwiseEqual(b.w, b_before));
+  // A momentum changed between steps is the next step's: one more step of
+  // each at 0.9.
+  ASSERT_TRUE((*grouped)->SetParamHyperparameters(0, 0.05, 0.2, 0.9).ok());
+  MuonOptions later = a_options;
+  later.momentum = 0.9;
+  TrainerTensor a_later = a_ref;
+  auto resumed = Muon::Create({a_later.View("a")}, later);
+  ASSERT_TRUE(resumed.ok());
+  ASSERT_TRUE((*resumed)->load_state_dict((*alone)->state_dict()).ok());
+  ASSERT_TRUE((*grouped)->Step().ok());
+  ASSERT_TRUE((*resumed)->Step().ok());
+  EXPECT_TRUE(BitwiseEqual(a.w, a_later.w));
   // torch's messages, the value as Python prints it, and the parameter.
-  EXPECT_THAT((*grouped)->SetParamHyperparameters(1, -1.0, 0.0),
+  EXPECT_THAT((*grouped)->SetParamHyperparameters(1, -1.0, 0.0, 0.9),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        ::testing::HasSubstr("Learning rate should be >= 0 but "
                                             "is: -1.0 (parameter \"")));
-  EXPECT_THAT((*grouped)->SetParamHyperparameters(1, 0.1, -0.5),
+  EXPECT_THAT((*grouped)->SetParamHyperparameters(1, 0.1, -0.5, 0.9),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        ::testing::HasSubstr("weight decay should be >= 0 but "
                                             "is: -0.5 (parameter \"")));
-  EXPECT_THAT((*grouped)->SetParamHyperparameters(2, 0.1, 0.0),
+  EXPECT_THAT((*grouped)->SetParamHyperparameters(1, 0.1, 0.0, -0.25),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::HasSubstr("momentum should be >= 0 but "
+                                            "is: -0.25 (parameter \"b\")")));
+  EXPECT_THAT((*grouped)->SetParamHyperparameters(2, 0.1, 0.0, 0.9),
               StatusIs(absl::StatusCode::kOutOfRange, ::testing::_));
 }
 

@@ -19,11 +19,14 @@ TEST(UpdateRuleTest, ParamGroups_OverrideOneParameterOnly) {
   rule.lr = 0.02;
   rule.weight_decay = 0.1;
   EXPECT_EQ(rule.LrOf(1), 0.02);
-  rule.SetParamHyperparameters(1, 3, 0.5, 0.0);
+  rule.momentum = 0.95;
+  rule.SetParamHyperparameters(1, 3, 0.5, 0.0, 0.85);
   EXPECT_EQ(rule.LrOf(0), 0.02);
   EXPECT_EQ(rule.LrOf(1), 0.5);
   EXPECT_EQ(rule.WeightDecayOf(1), 0.0);
   EXPECT_EQ(rule.WeightDecayOf(2), 0.1);
+  EXPECT_EQ(rule.MomentumOf(1), 0.85);
+  EXPECT_EQ(rule.MomentumOf(2), 0.95);
 }
 
 TEST(UpdateRuleTest, MomentumAndApply_MatchTorchMuonFormulas) {
@@ -36,7 +39,7 @@ TEST(UpdateRuleTest, MomentumAndApply_MatchTorchMuonFormulas) {
   rule.momentum = 0.9;
   rule.nesterov = true;
   std::vector<float> buf = {1.0f, -2.0f}, grad = {0.5f, 4.0f}, update(2);
-  ASSERT_TRUE(rule.Momentum(*k, nullptr, buf.data(),
+  ASSERT_TRUE(rule.Momentum(*k, nullptr, 0, buf.data(),
                             kernels::ParamDType::kFloat32, grad.data(),
                             kernels::ParamDType::kFloat32, 2)
                   .ok());

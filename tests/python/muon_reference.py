@@ -64,8 +64,9 @@ def normuon_normalize(o, v, beta2=0.95, eps=1e-8):
 class ReferenceMuon:
     """State for a list of 2-D parameters (tensors updated in place).
 
-    step(grads, lrs=None, weight_decays=None): one step; per-parameter lr and
-    weight decay override the constructor's (param groups, schedulers).
+    step(grads, lrs=None, weight_decays=None, momentums=None): one step;
+    per-parameter lr, weight decay and momentum override the constructor's
+    (param groups, schedulers).
     bf16 parameters are computed in fp32 and rounded after each in-place op,
     as torch does for p.mul_ / p.add_ on a bf16 tensor."""
 
@@ -85,15 +86,16 @@ class ReferenceMuon:
         self.variances = [torch.zeros(p.shape[0], 1, dtype=dtype)
                           for p in params]
 
-    def step(self, grads, lrs=None, weight_decays=None):
+    def step(self, grads, lrs=None, weight_decays=None, momentums=None):
         for i, (p, g) in enumerate(zip(self.params, grads)):
             lr = self.lr if lrs is None else lrs[i]
             wd = self.weight_decay if weight_decays is None else \
                 weight_decays[i]
+            momentum = self.momentum if momentums is None else momentums[i]
             g = g.to(self.dtype)
             buf = self.buffers[i]
-            buf.lerp_(g, 1 - self.momentum)
-            update = g.lerp(buf, self.momentum) if self.nesterov else buf
+            buf.lerp_(g, 1 - momentum)
+            update = g.lerp(buf, momentum) if self.nesterov else buf
             o = zeropower_via_newtonschulz(update, self.ns_coefficients,
                                            self.ns_steps, self.eps,
                                            self.dtype)

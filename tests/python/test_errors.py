@@ -131,8 +131,8 @@ def test_parameter_storage_replaced_is_detected():
 
 def test_global_option_per_group_is_rejected():
     a, b = named((4, 4), (4, 4))
-    with pytest.raises(ValueError, match=r"param group 1 sets momentum=0.5"):
-        muonrt.Muon([{"params": [a]}, {"params": [b], "momentum": 0.5}])
+    with pytest.raises(ValueError, match=r"param group 1 sets nesterov=False"):
+        muonrt.Muon([{"params": [a]}, {"params": [b], "nesterov": False}])
 
 
 def test_changing_a_global_option_after_construction_is_rejected():
@@ -150,6 +150,36 @@ def test_negative_group_lr_is_rejected_by_the_library():
     opt.param_groups[0]["lr"] = -1.0
     params[0][1].grad = torch.randn(4, 4)
     with pytest.raises(ValueError, match=r"-1"):
+        opt.step()
+
+
+def test_group_hyperparameter_not_a_number_names_group_and_key():
+    params = named((4, 4), (4, 4))
+    opt = muonrt.Muon([{"params": [params[0]]}, {"params": [params[1]]}])
+    for _, p in params:
+        p.grad = torch.randn(4, 4)
+    before = [p.detach().clone() for _, p in params]
+    for key, value in (("lr", "abc"), ("weight_decay", None),
+                       ("momentum", [0.9])):
+        saved = opt.param_groups[1][key]
+        opt.param_groups[1][key] = value
+        with pytest.raises(TypeError, match=re.escape(
+                f"param group 1's {key} must be a number, got {value!r}")):
+            opt.step()
+        opt.param_groups[1][key] = saved
+    assert all(torch.equal(b, p) for b, (_, p) in zip(before, params))
+    assert opt.step_count == 0
+    with pytest.raises(TypeError, match=r"lr must be a number, got 'abc'"):
+        muonrt.Muon(named((4, 4)), lr="abc")
+
+
+def test_group_momentum_negative_is_rejected_by_the_library():
+    params = named((4, 4))
+    opt = muonrt.Muon(params)
+    opt.param_groups[0]["momentum"] = -0.5
+    params[0][1].grad = torch.randn(4, 4)
+    with pytest.raises(ValueError, match=r"momentum should be >= 0 but is: "
+                                         r"-0.5 \(parameter \"w0\"\)"):
         opt.step()
 
 

@@ -260,6 +260,40 @@ def test_step_lr_scheduler_changes_the_effective_lr():
     assert not torch.equal(const["w_tall"].detach(), params["w_tall"].detach())
 
 
+def test_one_cycle_lr_cycles_lr_and_momentum_per_group_as_torch_reads_them():
+    """OneCycleLR (cycle_momentum=True by default) sets each group's lr and
+    momentum before every step; torch.optim.Muon reads both there, and so
+    does this optimizer. Two groups of their own lr, on one schedule."""
+    steps = 5
+    init, grads = make_problem(seed=11, steps=steps)
+    params = params_of(init)
+    names = list(params)
+    groups = [{"params": [(n, params[n]) for n in names[:2]]},
+              {"params": [(n, params[n]) for n in names[2:]], "lr": 0.01}]
+    opt = muonrt.Muon(groups, lr=0.02)
+    sched = torch.optim.lr_scheduler.OneCycleLR(
+        opt, max_lr=[0.04, 0.02], total_steps=steps, base_momentum=0.8,
+        max_momentum=0.95)
+    ref_params = [w.clone() for w in init.values()]
+    ref = ReferenceMuon(ref_params)
+    seen = set()
+    for k in range(steps):
+        per_param = [(g["lr"], g["momentum"]) for g in opt.param_groups
+                     for _ in g["params"]]
+        seen.update(m for _, m in per_param)
+        for n, p in params.items():
+            p.grad = grads[k][n].clone()
+        opt.step()
+        sched.step()
+        ref.step([grads[k][n] for n in names], [lr for lr, _ in per_param],
+                 [0.1] * 4, [m for _, m in per_param])
+    assert len(seen) >= 3  # the schedule did move momentum
+    for (n, p), r in zip(params.items(), ref_params):
+        assert_close(p.detach(), r, init[n], what=n)
+    for i, n in enumerate(names):
+        assert_close(opt.momentum_buffer(n), ref.buffers[i], what=f"{n} buf")
+
+
 def test_closure_is_called_and_its_loss_returned():
     w = torch.nn.Parameter(torch.randn(8, 4))
     opt = muonrt.Muon([("w", w)], lr=0.01)

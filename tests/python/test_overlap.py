@@ -87,6 +87,18 @@ def test_overlapped_step_refuses_lr_changed_after_marks_and_missing_grads():
     opt.step()
 
 
+def test_overlap_with_a_frozen_parameter_is_refused_naming_it():
+    """A parameter that does not require grad can take no gradient hook:
+    refused at construction naming it, not with torch's hook error."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8, bias=False),
+                                torch.nn.Linear(8, 4, bias=False))
+    model[0].weight.requires_grad_(False)
+    with pytest.raises(ValueError, match=r"parameter '0.weight' does not "
+                                         r"require grad.*overlap_backward"):
+        muonrt.Muon(list(model.named_parameters()), overlap_backward=True)
+    muonrt.Muon(list(model.named_parameters()))  # without overlap: as before
+
+
 def test_check_finite_with_overlap_undoes_a_nan_step():
     """check_finite=True with overlap_backward: a NaN input makes the
     gradients NaN during backward (the hooks mark every parameter, the

@@ -98,3 +98,39 @@ def test_torch_optim_muon_state_dict_into_muonrt_and_back():
     back.load_state_dict(ours.state_dict())
     assert torch.equal(back.state[w2]["momentum_buffer"],
                        ours.momentum_buffer(0))
+
+
+def test_state_dict_hooks_run_as_torch_optimizer_runs_them():
+    """register_state_dict_pre_hook / _post_hook and
+    register_load_state_dict_pre_hook / _post_hook (PyTorch 2.1+): each
+    runs once, in torch.optim.Optimizer's order, and a load pre-hook's
+    returned dict is what is loaded."""
+    w = torch.nn.Parameter(torch.randn(8, 4, generator=torch.Generator()
+                                       .manual_seed(5)))
+    opt = muonrt.Muon([("w", w)], lr=0.02)
+    w.grad = torch.ones(8, 4)
+    opt.step()
+    calls = []
+    opt.register_state_dict_pre_hook(lambda o: calls.append("pre"))
+
+    def tag(o, sd):
+        calls.append("post")
+        sd["param_groups"][0]["tag"] = "hooked"
+        return sd
+
+    opt.register_state_dict_post_hook(tag)
+    sd = opt.state_dict()
+    assert calls == ["pre", "post"]
+    assert sd["param_groups"][0]["tag"] == "hooked"
+
+    def halve_lr(o, sd):
+        calls.append("load_pre")
+        groups = [dict(g, lr=g["lr"] / 2) for g in sd["param_groups"]]
+        return dict(sd, param_groups=groups)
+
+    opt.register_load_state_dict_pre_hook(halve_lr)
+    opt.register_load_state_dict_post_hook(lambda o: calls.append("load_post"))
+    opt.load_state_dict(sd)
+    assert calls == ["pre", "post", "load_pre", "load_post"]
+    assert opt.param_groups[0]["lr"] == 0.01
+    assert sd["param_groups"][0]["lr"] == 0.02  # the caller's dict untouched
