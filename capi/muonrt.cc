@@ -861,6 +861,17 @@ int muonrt_optimizer_set_grad(muonrt_optimizer* opt, int index,
   });
 }
 
+int muonrt_optimizer_refuse_step(muonrt_optimizer* opt, const char* reason) {
+  return Guard("muonrt_optimizer_refuse_step", [&]() -> absl::Status {
+    if (opt == nullptr)
+      return NullArgument("muonrt_optimizer_refuse_step", "opt");
+    if (reason == nullptr) {
+      return NullArgument("muonrt_optimizer_refuse_step", "reason");
+    }
+    return opt->muon->RefuseStep(reason);
+  });
+}
+
 int muonrt_optimizer_set_hyperparameters(muonrt_optimizer* opt, int index,
                                          double lr, double weight_decay,
                                          double momentum) {

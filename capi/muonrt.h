@@ -285,6 +285,17 @@ void muonrt_optimizer_destroy(muonrt_optimizer* opt);
  * modified); communicator errors. */
 int muonrt_optimizer_step(muonrt_optimizer* opt, void* stream);
 
+/* The caller's own checks of this step's inputs failed on this rank
+ * (`reason`, NUL-terminated, for the message): instead of
+ * muonrt_optimizer_step, takes this rank's part in the step's agreement as
+ * a refusal, so that every other rank's step fails at once naming this
+ * rank, with nothing modified on any rank (with overlap_backward: this
+ * rank's failure, which the coordinator makes the job error). Returns
+ * FAILED_PRECONDITION with `reason` (or the agreement's error);
+ * INVALID_ARGUMENT for a NULL argument. Collective where muonrt_optimizer_step
+ * is. ABI version 17. */
+int muonrt_optimizer_refuse_step(muonrt_optimizer* opt, const char* reason);
+
 /* Re-binds parameter `index`'s gradient pointer (same dtype and shape);
  * NULL = none. Errors: OUT_OF_RANGE. */
 int muonrt_optimizer_set_grad(muonrt_optimizer* opt, int index,

@@ -697,6 +697,11 @@ absl::Status Muon::SetParamHyperparameters(int index, double lr,
 
 absl::Status Muon::Step() { return pipeline_->Step(nullptr); }
 
+absl::Status Muon::RefuseStep(absl::string_view reason) {
+  return pipeline_->Refuse(absl::FailedPreconditionError(
+      absl::StrCat("rank ", rank_, ": ", reason)));
+}
+
 absl::Status Muon::StepOnStream(void* stream) {
   return pipeline_->Step(stream);
 }

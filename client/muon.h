@@ -31,6 +31,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "client/distributed_config.h"
 #include "client/muon_options.h"
 #include "client/optimizer_state.h"
@@ -181,6 +182,18 @@ class Muon {
   // Errors: InvalidArgument (a non-null stream with CPU parameters); then
   // as Step.
   absl::Status StepOnStream(void* stream);
+
+  // The trainer's own checks of this step's inputs failed on this rank
+  // (`reason`, e.g. a gradient of another dtype than at Create, found by
+  // the Python front before calling Step): takes this rank's part in the
+  // step's agreement as a refusal, so that every other rank's Step fails
+  // at once naming this rank ("rank R refused step S's inputs") with
+  // nothing modified anywhere, instead of waiting in a collective. Nothing
+  // is modified here either. Under overlap_backward no agreement precedes
+  // the step's collectives: the refusal is this rank's own failure, sent to
+  // the coordinator, which makes it the job error on every rank. Returns
+  // FailedPrecondition with `reason` (or the agreement's error).
+  absl::Status RefuseStep(absl::string_view reason);
 
   // Test-only fault injection (MuonOptions::transactional_step's tests):
   // `fault`, when set, runs on this rank after the executor has updated the

@@ -57,6 +57,20 @@ absl::Status StepPipeline::Step(void* stream) {
   return RunStep(caller);
 }
 
+absl::Status StepPipeline::Refuse(absl::Status refusal) {
+  if (refusal.ok()) {
+    return absl::InvalidArgumentError("StepPipeline::Refuse: an OK status");
+  }
+  // Under overlap the step's collectives come first (no agreement to ride
+  // on): this rank's own failure, which the coordinator makes the job's.
+  if (overlap_)
+    return agent_ != nullptr ? agent_->OnOwnFailure(refusal) : refusal;
+  refusal_ = refusal;
+  absl::Status s = RunStep(nullptr);
+  refusal_ = absl::OkStatus();
+  return s.ok() ? refusal : s;
+}
+
 absl::StatusOr<device::Stream*> StepPipeline::ResolveStream(void* native,
                                                             const char* what) {
   if (!device_.is_host()) return CallerStream(native);
@@ -325,7 +339,7 @@ absl::Status StepPipeline::ReadNonFinite(int begin, int end, NonFinite* found) {
 }
 
 absl::Status StepPipeline::CheckStepInputs(device::Stream* caller) {
-  const absl::Status preflight = Preflight();
+  const absl::Status preflight = refusal_.ok() ? Preflight() : refusal_;
   if (!rank_flags_->collective()) {
     MUON_RETURN_IF_ERROR(preflight);
     return CheckGradientsFinite(caller);

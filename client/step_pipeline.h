@@ -96,6 +96,10 @@ class StepPipeline {
   // MarkReady. Errors: as Muon::StepOnStream.
   absl::Status Step(void* stream);
 
+  // Muon::RefuseStep: `refusal` (not OK) takes the place of Preflight's
+  // result in the step's agreement; returns it, or the agreement's error.
+  absl::Status Refuse(absl::Status refusal);
+
   // Parameter `index`'s gradient is final for the coming step (overlap_
   // backward): its preflight and momentum, ordered on `stream` (the
   // cudaStream_t that produced the gradient; nullptr = the legacy default
@@ -161,6 +165,8 @@ class StepPipeline {
   // FailedPrecondition: rank `peer` refused this step's inputs; `outcome`
   // says what became of the step.
   absl::Status PeerRefused(int peer, const char* outcome) const;
+  // Set by Refuse for CheckStepInputs, which uses it instead of Preflight.
+  absl::Status refusal_;
   // A rank's flag when its Preflight failed (0 = OK, k + 1 = its first
   // non-finite parameter k, -1 = its scan could not be read).
   static constexpr float kPreflightRefused = -2.0f;

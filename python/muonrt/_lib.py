@@ -276,6 +276,7 @@ _SIGNATURES = {
     "muonrt_optimizer_destroy": (None, [_opt_p]),
     "muonrt_optimizer_step": (_c_int, [_opt_p, ctypes.c_void_p]),
     "muonrt_optimizer_set_grad": (_c_int, [_opt_p, _c_int, ctypes.c_void_p]),
+    "muonrt_optimizer_refuse_step": (_c_int, [_opt_p, ctypes.c_char_p]),
     "muonrt_optimizer_set_hyperparameters": (
         _c_int, [_opt_p, _c_int, ctypes.c_double, ctypes.c_double,
                  ctypes.c_double]),

@@ -898,9 +898,15 @@ class Muon(torch.optim.Optimizer):
         if self._marking:
             return self._finish_overlapped_step(loss)
         h = self._h
-        grads = [self._checked_slot_grad(s) for s in self._slots]
         L = _lib.lib()
-        self._push_hyperparameters()
+        try:
+            grads = [self._checked_slot_grad(s) for s in self._slots]
+            self._push_hyperparameters()
+        except Exception as e:
+            # The other ranks wait in this step's agreement: they fail
+            # naming this rank instead of waiting out a collective.
+            L.muonrt_optimizer_refuse_step(h, str(e).encode())
+            raise
         for i, (s, g) in enumerate(zip(self._slots, grads)):
             ptr = g.data_ptr()
             if ptr != s.bound_grad:

@@ -43,6 +43,7 @@ static const char* const kEntryPoints[] = {
     "muonrt_optimizer_destroy",
     "muonrt_optimizer_step",
     "muonrt_optimizer_set_grad",
+    "muonrt_optimizer_refuse_step",
     "muonrt_optimizer_set_hyperparameters",
     "muonrt_optimizer_step_count",
     "muonrt_optimizer_momentum",

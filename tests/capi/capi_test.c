@@ -757,6 +757,16 @@ static void Step_MissingGrad_FailedPreconditionAndUntouched(void) {
   }
   CHECK(strcmp(muonrt_last_error(), "") == 0);
   CHECK(memcmp(b, b0, sizeof(b)) != 0);
+  /* The caller's own refusal: FAILED_PRECONDITION with its reason,
+   * nothing modified, the step count kept. */
+  memcpy(a0, a, sizeof(a));
+  CHECK_CODE(muonrt_optimizer_refuse_step(opt, "gradient of \"a\" is int8"),
+             MUONRT_FAILED_PRECONDITION);
+  CHECK_ERROR_HAS("rank 0: gradient of \"a\" is int8");
+  CHECK(memcmp(a, a0, sizeof(a)) == 0);
+  CHECK(muonrt_optimizer_step_count(opt) == 1);
+  CHECK_CODE(muonrt_optimizer_refuse_step(opt, NULL), MUONRT_INVALID_ARGUMENT);
+  CHECK_CODE(muonrt_optimizer_refuse_step(NULL, "x"), MUONRT_INVALID_ARGUMENT);
   /* Un-binding makes the next step fail again, untouched. */
   CHECK_OK(muonrt_optimizer_set_grad(opt, 0, NULL));
   memcpy(a0, a, sizeof(a));

@@ -206,14 +206,21 @@ TEST(MuonFiniteTest, Step_NanOnOneOfFourRanks_EveryRankFailsUnchanged) {
   }
 }
 
-// A rank whose step inputs are refused (a missing gradient) fails the
-// step on every rank, before anything is modified and without any rank
-// waiting out a collective: with check_finite the refusal rides on the
-// finite check's agreement, without it on one of its own. The others name
-// the rank; every rank then steps on together.
-TEST(MuonFiniteTest, Step_MissingGradOnOneOfFourRanks_EveryRankFailsUnchanged) {
+// A rank whose step inputs are refused (a missing gradient, or the
+// trainer's own check through RefuseStep) fails the step on every rank,
+// before anything is modified and without any rank waiting out a
+// collective: with check_finite the refusal rides on the finite check's
+// agreement, without it on one of its own. The others name the rank;
+// every rank then steps on together.
+TEST(MuonFiniteTest, Step_RefusedOnOneOfFourRanks_EveryRankFailsUnchanged) {
   constexpr int kWorld = 4;
-  for (bool check_finite : {true, false}) {
+  struct Case {
+    bool check_finite;
+    bool refuse;  // RefuseStep on rank 1, else a missing gradient there
+  };
+  for (const Case c : {Case{true, false}, Case{false, false}, Case{true, true},
+                       Case{false, true}}) {
+    const bool check_finite = c.check_finite;
     ThreadWorld world(kWorld);
     ASSERT_TRUE(world.Connect());
     std::vector<absl::Status> bad_step(kWorld), next_step(kWorld);
@@ -237,9 +244,11 @@ TEST(MuonFiniteTest, Step_MissingGradOnOneOfFourRanks_EveryRankFailsUnchanged) {
           if (absl::Status s = (*opt)->Step(); !s.ok()) return s;
           const Snapshot before(p, **opt);
           std::vector<float> saved = p.b.grad;
-          if (rank == 1) p.b.grad.clear();
+          if (rank == 1 && !c.refuse) p.b.grad.clear();
           const absl::Time start = absl::Now();
-          bad_step[rank] = (*opt)->Step();
+          bad_step[rank] = rank == 1 && c.refuse
+                               ? (*opt)->RefuseStep("gradient 1 is float64")
+                               : (*opt)->Step();
           // Far below any collective or join timeout (minutes).
           if (absl::Now() - start > absl::Seconds(20)) {
             return absl::DeadlineExceededError("the refused step waited");
@@ -250,15 +259,18 @@ TEST(MuonFiniteTest, Step_MissingGradOnOneOfFourRanks_EveryRankFailsUnchanged) {
           return absl::OkStatus();
         });
     for (int r = 0; r < kWorld; ++r) {
-      SCOPED_TRACE(absl::StrCat("check_finite ", check_finite, ", rank ", r));
+      SCOPED_TRACE(absl::StrCat("check_finite ", check_finite, ", refuse ",
+                                c.refuse, ", rank ", r));
       ASSERT_THAT(statuses[r], IsOk());
       EXPECT_TRUE(unchanged[r]);
       EXPECT_THAT(next_step[r], IsOk());
       if (r == 1) {
-        EXPECT_THAT(bad_step[r],
-                    StatusIs(kFailedPrecondition,
-                             HasSubstr("rank 1: parameter \"fc2.weight\" has "
-                                       "no gradient")));
+        EXPECT_THAT(
+            bad_step[r],
+            StatusIs(kFailedPrecondition,
+                     HasSubstr(c.refuse ? "rank 1: gradient 1 is float64"
+                                        : "rank 1: parameter \"fc2.weight\" "
+                                          "has no gradient")));
       } else {
         EXPECT_THAT(
             bad_step[r],

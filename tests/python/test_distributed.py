@@ -125,6 +125,26 @@ def test_fsdp_ranks_match_single_process_bitwise(single, tmp_path, launcher,
     check_ranks(tmp_path, n, "fsdp", single[0])
 
 
+def test_rank_with_a_bad_gradient_fails_every_rank_at_once_unchanged(
+        single, tmp_path):
+    """Rank 1's non-contiguous gradient fails its step in Python, before
+    the library; the library still takes its part in the step's agreement
+    (muonrt_optimizer_refuse_step), so rank 0 fails at once naming rank 1
+    instead of waiting out a collective, nothing changes on either rank,
+    and the run then matches one process bitwise."""
+    lib = library_or_skip()
+    launch_muonrun(2, ["--layout", "fsdp", "--steps", str(STEPS), "--out",
+                       str(tmp_path), "--refuse-at", "2"], lib)
+    check_ranks(tmp_path, 2, "fsdp", single[0])
+    ours = torch.load(os.path.join(tmp_path, "rank_1.pt"))["refused"]
+    peer = torch.load(os.path.join(tmp_path, "rank_0.pt"))["refused"]
+    assert ours[0] == "RuntimeError" and "is not contiguous" in ours[1], ours
+    assert peer[0] == "FailedPreconditionError", peer
+    assert "rank 0: rank 1 refused step 3's inputs" in peer[1], peer
+    assert "unchanged on every rank" in peer[1], peer
+    assert peer[2] < 20, f"rank 0 waited {peer[2]:.1f} s"
+
+
 @pytest.mark.parametrize("layout_name, n", [("mixed", 2), ("hsdp_tp", 4),
                                             ("hsdp", 4), ("dtensor", 2),
                                             ("ddp", 2)])

@@ -16,6 +16,7 @@ the same steps in one process over the full tensors (the reference).
 import argparse
 import os
 import sys
+import time
 
 import torch
 
@@ -90,9 +91,28 @@ def problem(steps, seed=1234):
     return init, grads
 
 
+def refuse_step(opt, params, rank):
+    """Rank 1 gives one gradient that is not contiguous: its step raises before
+    calling the library, the others' fail at once naming it, nothing
+    changes anywhere, and the step goes on once the gradient is fixed.
+    Returns (exception type, message, seconds the failed step took)."""
+    name = next(iter(params))
+    good = params[name].grad
+    if rank == 1:
+        params[name].grad = good.t().contiguous().t()  # same size, strided
+    start = time.monotonic()
+    try:
+        opt.step()
+        raise AssertionError(f"rank {rank}: the refused step went through")
+    except Exception as e:  # noqa: BLE001 (reported to the test)
+        refused = (type(e).__name__, str(e), time.monotonic() - start)
+    params[name].grad = good
+    return refused
+
+
 def run(layout_name, steps, out, save_at=None, ckpt=None, resume=None,
         start=0, pg=None, exchange_dtype=None, normuon=False,
-        overlap=False):
+        overlap=False, refuse_at=None):
     rank = pg.rank if pg else 0
     world = pg.world_size if pg else 1
     init, grads = problem(steps)
@@ -153,6 +173,8 @@ def run(layout_name, steps, out, save_at=None, ckpt=None, resume=None,
         if overlap:  # last parameter first, as backward makes them ready
             for n in reversed(list(params)):
                 opt.mark_ready(n)
+        if k == refuse_at:
+            refused = refuse_step(opt, params, rank)
         opt.step()
         if save_at is not None and k + 1 == save_at:
             opt.save_checkpoint(ckpt)
@@ -161,6 +183,7 @@ def run(layout_name, steps, out, save_at=None, ckpt=None, resume=None,
                            os.path.join(out, f"params_at_{save_at}.pt"))
     result = {
         "rank": rank, "world": world, "layout": layout_name,
+        "refused": refused if refuse_at is not None else None,
         "params": {n: (p._local_tensor if dtensor else p).detach().clone()
                    for n, p in params.items()},
         "momentum": {n: opt.momentum_buffer(n) for n in params},
@@ -188,13 +211,14 @@ def main():
     ap.add_argument("--exchange-dtype")
     ap.add_argument("--normuon", action="store_true")
     ap.add_argument("--overlap", action="store_true")
+    ap.add_argument("--refuse-at", type=int)
     args = ap.parse_args()
     pg = None
     if args.layout != "single":
         pg = muonrt.init_process_group(timeout=60)
     run(args.layout, args.steps, args.out, args.save_at, args.ckpt,
         args.resume, args.start, pg, args.exchange_dtype, args.normuon,
-        args.overlap)
+        args.overlap, args.refuse_at)
     if pg is not None:
         pg.barrier()
         muonrt.destroy_process_group()
