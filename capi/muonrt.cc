@@ -38,6 +38,7 @@
 #include "common/layout.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
+#include "control/agent.h"
 #include "control/process_group.h"
 #include "google/protobuf/map.h"
 #include "google/protobuf/util/json_util.h"
@@ -445,14 +446,23 @@ absl::StatusOr<std::optional<muon::DistributedConfig>> ConfigOf(
   return config;
 }
 
-absl::Status CreateOptimizer(muonrt_process_group* pg, int mesh_ndim,
-                             const char* const* mesh_names,
-                             const int* mesh_sizes, const muonrt_param* params,
-                             int num_params, const muonrt_options* options,
-                             muonrt_optimizer** out) {
+// What muon::Muon::Create takes, from the C arguments.
+struct CreateArgs {
+  muon::MuonOptions options;
+  std::vector<muon::ParamView> views;
+  std::optional<muon::DistributedConfig> config;
+};
+
+// The C arguments checked and converted. Errors: InvalidArgument naming
+// the argument (a NULL pointer, a negative count, an option, a parameter,
+// the mesh); those of muon::ResolveOptions and CreateMeshConfig.
+absl::StatusOr<CreateArgs> ToCreateArgs(muonrt_process_group* pg, int mesh_ndim,
+                                        const char* const* mesh_names,
+                                        const int* mesh_sizes,
+                                        const muonrt_param* params,
+                                        int num_params,
+                                        const muonrt_options* options) {
   constexpr char kFn[] = "muonrt_optimizer_create";
-  if (out == nullptr) return NullArgument(kFn, "out");
-  *out = nullptr;
   if (num_params < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(kFn, ": num_params ", num_params, " is negative"));
@@ -464,7 +474,9 @@ absl::Status CreateOptimizer(muonrt_process_group* pg, int mesh_ndim,
   muonrt_options defaults;
   muonrt_options_default(&defaults);
   const muonrt_options& o = options != nullptr ? *options : defaults;
-  MUON_ASSIGN_OR_RETURN(muon::MuonOptions muon_options, ToMuonOptions(o));
+  CreateArgs args;
+  muon::MuonOptions& muon_options = args.options;
+  MUON_ASSIGN_OR_RETURN(muon_options, ToMuonOptions(o));
   // Every option checked as muonrt_options_validate checks it, also where
   // the single-device path below reads no execution options; their device
   // and gpu_precision carried into the MuonOptions for that path.
@@ -475,19 +487,40 @@ absl::Status CreateOptimizer(muonrt_process_group* pg, int mesh_ndim,
   muon_options.device = checked.device;
   muon_options.gpu_precision = checked.gpu_precision;
 
-  std::vector<muon::ParamView> views;
-  views.reserve(num_params);
+  args.views.reserve(num_params);
   for (int i = 0; i < num_params; ++i) {
     MUON_ASSIGN_OR_RETURN(muon::ParamView v, ToView(params[i], i));
-    views.push_back(std::move(v));
+    args.views.push_back(std::move(v));
   }
-
   MUON_ASSIGN_OR_RETURN(
-      std::optional<muon::DistributedConfig> config,
-      ConfigOf(pg, mesh_ndim, mesh_names, mesh_sizes, params, views, o));
+      args.config,
+      ConfigOf(pg, mesh_ndim, mesh_names, mesh_sizes, params, args.views, o));
+  return args;
+}
+
+absl::Status CreateOptimizer(muonrt_process_group* pg, int mesh_ndim,
+                             const char* const* mesh_names,
+                             const int* mesh_sizes, const muonrt_param* params,
+                             int num_params, const muonrt_options* options,
+                             muonrt_optimizer** out) {
+  if (out == nullptr) return NullArgument("muonrt_optimizer_create", "out");
+  *out = nullptr;
+  absl::StatusOr<CreateArgs> args = ToCreateArgs(
+      pg, mesh_ndim, mesh_names, mesh_sizes, params, num_params, options);
+  if (!args.ok()) {
+    // The other ranks wait in their joins: they fail at once naming this
+    // rank (muon::Muon::Create does the same for its own checks).
+    if (pg != nullptr) {
+      (void)muon::ReportFailedJoin(pg->pg->coordinator.get(), pg->pg->rank,
+                                   pg->pg->world_size, pg->pg->incarnation,
+                                   args.status());
+    }
+    return args.status();
+  }
   MUON_ASSIGN_OR_RETURN(
       std::unique_ptr<muon::Muon> muon,
-      muon::Muon::Create(std::move(views), muon_options, std::move(config)));
+      muon::Muon::Create(std::move(args->views), args->options,
+                         std::move(args->config)));
   auto handle = std::make_unique<muonrt_optimizer>();
   handle->muon = std::move(muon);
   handle->row_state_name = handle->muon->row_state_name();

@@ -366,8 +366,14 @@ absl::Status Muon::JoinOrPlan(const DistributedConfig& config,
   // answers every rank with the same plan or the same error.
   agent_ = std::make_unique<Agent>(state.coordinator, state.rank,
                                    state.incarnation, Agent::Options{});
-  MUON_ASSIGN_OR_RETURN(v1::RankManifest manifest, manifest_of(state.rank));
-  absl::StatusOr<v1::Plan> plan = agent_->Join(manifest, state.join_timeout_ms);
+  absl::StatusOr<v1::RankManifest> manifest = manifest_of(state.rank);
+  if (!manifest.ok()) {
+    (void)ReportFailedJoin(state.coordinator, state.rank, state.world_size,
+                           state.incarnation, manifest.status());
+    return manifest.status();
+  }
+  absl::StatusOr<v1::Plan> plan =
+      agent_->Join(*manifest, state.join_timeout_ms);
   if (!plan.ok()) return plan.status();
   *plan_out = *std::move(plan);
   MUON_RETURN_IF_ERROR(
@@ -479,22 +485,30 @@ absl::Status Muon::MakeDataPath(const DistributedConfig& config,
 absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
     std::vector<ParamView> params, const MuonOptions& options,
     std::optional<DistributedConfig> distributed_config) {
-  // torch's argument errors first, as torch.optim.Muon.__init__ raises
-  // them (ResolveOptions, below, checks the options against the rest).
-  MUON_RETURN_IF_ERROR(ValidateMuonOptions(options));
   const bool distributed = distributed_config.has_value();
   DistributedConfig config;
   if (distributed) config = *std::move(distributed_config);
-  MUON_RETURN_IF_ERROR(CheckLocal(params, distributed, &config.state));
   const DistributedState& state = config.state;
-
+  // A check that fails here, before the join, is sent to the coordinator
+  // too, so that the other ranks' joins fail at once naming this rank.
+  auto refuse = [&](absl::Status local) {
+    (void)ReportFailedJoin(state.coordinator, state.rank, state.world_size,
+                           state.incarnation, local);
+    return local;
+  };
+  // torch's argument errors first, as torch.optim.Muon.__init__ raises
+  // them (ResolveOptions, below, checks the options against the rest).
+  absl::Status checked = ValidateMuonOptions(options);
+  if (checked.ok()) checked = CheckLocal(params, distributed, &config.state);
   std::unique_ptr<Muon> muon(new Muon());
-  MUON_RETURN_IF_ERROR(muon->Bind(std::move(params), options, config));
+  if (checked.ok()) checked = muon->Bind(std::move(params), options, config);
+  if (!checked.ok()) return refuse(checked);
   const v1::ExecutionOptions& execution = config.execution;
-  MUON_ASSIGN_OR_RETURN(LocalMatrices local,
-                        MakeLocalMatrices(muon->params_, state));
-  MUON_ASSIGN_OR_RETURN(std::vector<std::vector<int>> requested,
-                        RequestedOwners(config, muon->params_, local.infos));
+  absl::StatusOr<LocalMatrices> local = MakeLocalMatrices(muon->params_, state);
+  if (!local.ok()) return refuse(local.status());
+  absl::StatusOr<std::vector<std::vector<int>>> requested =
+      RequestedOwners(config, muon->params_, local->infos);
+  if (!requested.ok()) return refuse(requested.status());
   if (muon->options_.normuon) {
     muon->owner_transform_ =
         MakeNorMuon(muon->options_.normuon_beta2, muon->options_.normuon_eps);
@@ -502,7 +516,7 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
   auto manifest_of = [&](int r) -> absl::StatusOr<v1::RankManifest> {
     MUON_ASSIGN_OR_RETURN(
         v1::RankManifest m,
-        ManifestOfRank(r, muon->params_, state, execution, requested));
+        ManifestOfRank(r, muon->params_, state, execution, *requested));
     m.set_ns_steps(options.ns_steps);
     if (muon->owner_transform_ != nullptr) {
       *m.mutable_owner_transform() =
@@ -512,15 +526,15 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
   };
   StepPipelineRun run;
   MUON_RETURN_IF_ERROR(
-      muon->JoinOrPlan(config, manifest_of, local.uses_sub_mesh, &run.plan));
-  muon->uses_sub_mesh_ = local.uses_sub_mesh;
+      muon->JoinOrPlan(config, manifest_of, local->uses_sub_mesh, &run.plan));
+  muon->uses_sub_mesh_ = local->uses_sub_mesh;
   MUON_ASSIGN_OR_RETURN(
       muon->qk_clipper_,
       QkClipper::Create(muon->options_.qk_clip, muon->QkClipView(),
-                        local.uses_sub_mesh));
-  muon->matrices_ = std::move(local.infos);
+                        local->uses_sub_mesh));
+  muon->matrices_ = std::move(local->infos);
   MUON_RETURN_IF_ERROR(
-      muon->MakePipeline(config, std::move(local.geometry), std::move(run)));
+      muon->MakePipeline(config, std::move(local->geometry), std::move(run)));
   return muon;
 }
 
@@ -574,15 +588,19 @@ absl::Status Muon::MakePipeline(const DistributedConfig& config,
 absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
     std::vector<Parameter*> params, const MuonOptions& options,
     std::optional<DistributedConfig> distributed_config) {
-  const int rank =
-      distributed_config.has_value() ? distributed_config->state.rank : 0;
+  const DistributedState none;
+  const DistributedState& state =
+      distributed_config.has_value() ? distributed_config->state : none;
   for (const Parameter* p : params) {
     if (static_cast<int64_t>(p->data.size()) != p->local_numel() &&
         p->local_shape.size() == (p->expert_stack ? 3u : 2u)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", rank, ": parameter \"", p->name, "\" holds ", p->data.size(),
-          " values but its local shape ", ShapeToString(p->local_shape),
-          " needs ", p->local_numel()));
+      const absl::Status local = absl::InvalidArgumentError(absl::StrCat(
+          "rank ", state.rank, ": parameter \"", p->name, "\" holds ",
+          p->data.size(), " values but its local shape ",
+          ShapeToString(p->local_shape), " needs ", p->local_numel()));
+      (void)ReportFailedJoin(state.coordinator, state.rank, state.world_size,
+                             state.incarnation, local);
+      return local;
     }
   }
   MUON_ASSIGN_OR_RETURN(

@@ -512,4 +512,18 @@ void Agent::ReportLoop() {
   }
 }
 
+absl::Status ReportFailedJoin(CoordinationClient* client, int rank,
+                              int world_size, uint64_t incarnation,
+                              const absl::Status& local) {
+  // A world of one has no peer waiting, and may create its optimizer again
+  // in the same job (a failed job stays failed).
+  if (client == nullptr || local.ok() || world_size <= 1) return local;
+  v1::JoinRequest request;
+  request.set_incarnation(incarnation);
+  request.mutable_manifest()->set_rank(rank);
+  request.mutable_manifest()->set_world_size(world_size);
+  request.set_error(std::string(local.message()));
+  return client->Join(request).status();
+}
+
 }  // namespace muon

@@ -247,6 +247,20 @@ class Agent {
   std::thread report_thread_;
 };
 
+// A rank that could not create its optimizer (`local`, not OK) still
+// joins, carrying its error (JoinRequest.error; rank and world size in the
+// manifest), so that the coordinator fails the job at once naming it: the
+// other ranks' Joins return its error instead of waiting out their
+// timeouts. The job then stays failed, as after manifests that disagree:
+// its ranks start again. Nothing is sent for a world of one (no peer
+// waits, and it may create its optimizer again in the same job). Best
+// effort, one RPC: returns the Join's status (the coordinator's error
+// naming this rank when it was delivered); callers return `local`
+// whatever it is. `client` not owned.
+absl::Status ReportFailedJoin(CoordinationClient* client, int rank,
+                              int world_size, uint64_t incarnation,
+                              const absl::Status& local);
+
 }  // namespace muon
 
 #endif  // MUON_CONTROL_AGENT_H_

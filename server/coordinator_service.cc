@@ -467,6 +467,29 @@ void CoordinatorService::HostJoinAsync(const v1::HostJoinRequest& request,
   }
 }
 
+absl::Status CoordinatorService::FailedJoinLocked(
+    const v1::JoinRequest& request, int rank, Completions* completions) {
+  const bool compact = !request.has_manifest() && request.has_compact();
+  MUON_RETURN_IF_ERROR(
+      CheckJoinLocked(rank, compact ? request.compact().world_size()
+                                    : request.manifest().world_size()));
+  constexpr size_t kMaxErrorBytes = 4096;
+  const absl::Status status = absl::InvalidArgumentError(absl::StrCat(
+      "rank ", rank, " could not create its optimizer: ",
+      absl::string_view(request.error()).substr(0, kMaxErrorBytes)));
+  if (options_.log) {
+    Log(absl::StrCat("event=join_failed_rank rank=", rank,
+                     " error=", LogValue(status.message())));
+  }
+  if (state_ == Phase::kPlanned) {
+    FailRankLocked(rank, std::string(status.message()));
+    return status;
+  }
+  FailLocked(status);
+  CompleteJoinsLocked(completions);
+  return status;
+}
+
 absl::Status CoordinatorService::CheckJoinLocked(int rank, int64_t world) {
   if (world < 1 || world > kMaxWorldSize) {
     return absl::InvalidArgumentError(
@@ -513,6 +536,9 @@ absl::StatusOr<v1::JoinResponse> CoordinatorService::JoinLocked(
         "job ends (restart the whole job)"));
   }
   if (state_ == Phase::kFailed) return error_;
+  if (!request.error().empty()) {
+    return FailedJoinLocked(request, rank, completions);
+  }
   if (state_ == Phase::kPlanned) {
     if (it == ranks_.end()) {
       return absl::FailedPreconditionError(

@@ -370,6 +370,15 @@ class CoordinatorService {
   // manifest, last_seen, one more Join in flight) and logs it.
   void RecordJoinLocked(const v1::JoinRequest& request, int rank,
                         absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A Join carrying its rank's creation error (JoinRequest.error, after the
+  // incarnation check): once its rank and world size pass CheckJoinLocked,
+  // the error naming the rank (InvalidArgument, at most 4 KiB of the
+  // rank's text) fails a waiting job, completing every waiting Join with
+  // it, or becomes a planned job's run error (the ranks' heartbeats see
+  // it); returned to the caller too.
+  absl::Status FailedJoinLocked(const v1::JoinRequest& request, int rank,
+                                Completions* completions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Checks a Join's rank and world size against the job (rejects the call
   // alone) and learns the world size from the first rank.
   absl::Status CheckJoinLocked(int rank, int64_t world)

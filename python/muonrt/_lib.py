@@ -407,6 +407,18 @@ def last_error():
     return msg.decode("utf-8", "replace") if msg else ""
 
 
+def c_int(value, what, bits=32):
+    """int(value) for a C int (bits 32) or int64_t (bits 64) argument or
+    field; ValueError naming `what` and the value when it does not fit
+    (ctypes would wrap it silently: 2**32 + 2 reaching C as 2)."""
+    v = int(value)
+    low, high = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    if not low <= v <= high:
+        raise ValueError(f"muonrt: {what} is {v}, outside a C int{bits}'s "
+                         f"range [{low}, {high}]")
+    return v
+
+
 def check(status, what=None):
     """Raises the exception of `status` (non-zero) with the library's
     message; `what` (e.g. the function) prefixes it only when the library

@@ -133,7 +133,7 @@ def init_process_group(backend=None, timeout=60.0, device_id=None):
     if device_id is None:
         device = -1
     elif isinstance(device_id, int):
-        device = device_id
+        device = _lib.c_int(device_id, "init_process_group's device_id")
     else:  # torch.device
         if getattr(device_id, "type", None) != "cuda":
             raise ValueError(f"muonrt.init_process_group: device_id "
@@ -289,6 +289,7 @@ class Mesh:
         for n, s in zip(self.names, self.sizes):
             if s < 1:
                 raise ValueError(f"muonrt.Mesh: dimension {n!r} has size {s}")
+            _lib.c_int(s, f"Mesh dimension {n!r}'s size")
 
     @property
     def ndim(self):

@@ -227,19 +227,22 @@ def _options_struct(defaults, runtime):
     opts.nesterov = 1 if d["nesterov"] else 0
     opts.ns_a, opts.ns_b, opts.ns_c = (float(v) for v in d["ns_coefficients"])
     opts.eps = float(d["eps"])
-    opts.ns_steps = int(d["ns_steps"])
+    opts.ns_steps = _lib.c_int(d["ns_steps"], "ns_steps")
     opts.adjust_lr_fn = str(d["adjust_lr_fn"] or "original").encode()
     if runtime["ns_schedule"]:
         opts.ns_schedule = str(runtime["ns_schedule"]).encode()
     if runtime["ns_method"]:
         opts.ns_method = str(runtime["ns_method"]).encode()
     opts.async_gpu_parallelism = 1 if runtime["async_gpu_parallelism"] else 0
-    opts.prefetch_count = int(runtime["prefetch_count"])
+    opts.prefetch_count = _lib.c_int(runtime["prefetch_count"],
+                                     "prefetch_count")
     if runtime["assignment_policy"]:
         opts.assignment_policy = str(runtime["assignment_policy"]).encode()
-    opts.bucket_size_bytes = int(runtime["bucket_size_bytes"])
+    opts.bucket_size_bytes = _lib.c_int(runtime["bucket_size_bytes"],
+                                        "bucket_size_bytes", 64)
     opts.transactional_step = 1 if runtime["transactional_step"] else 0
-    opts.replan_every_steps = int(runtime["replan_every_steps"])
+    opts.replan_every_steps = _lib.c_int(runtime["replan_every_steps"],
+                                         "replan_every_steps")
     if runtime["exchange_dtype"]:
         opts.exchange_dtype = str(runtime["exchange_dtype"]).encode()
     opts.normuon = 1 if runtime["normuon"] else 0
@@ -784,8 +787,10 @@ class Muon(torch.optim.Optimizer):
         """Fills the C muonrt_param `c` for slot `s`, binding the slot's
         current gradient (if any); `keep` receives the ctypes objects that
         must stay alive until muonrt_optimizer_create returns."""
-        def i64(values):
-            arr = (ctypes.c_int64 * len(values))(*values)
+        def i64(values, what):
+            arr = (ctypes.c_int64 * len(values))(*[
+                _lib.c_int(v, f"parameter {s.name!r}'s {what}", 64)
+                for v in values])
             keep.append(arr)
             return arr
 
@@ -802,9 +807,9 @@ class Muon(torch.optim.Optimizer):
         c.dtype = _DTYPES[s.dtype]
         c.grad_dtype = _DTYPES[s.grad_dtype]
         c.ndim = len(s.local_shape)
-        c.local_shape = i64(s.local_shape)
+        c.local_shape = i64(s.local_shape, "local shape")
         c.strides = None
-        c.global_shape = i64(s.global_shape)
+        c.global_shape = i64(s.global_shape, "global shape")
         pl = [p.encode() for p in s.placements]
         keep.append(pl)
         arr = (ctypes.c_char_p * len(pl))(*pl)
@@ -820,7 +825,7 @@ class Muon(torch.optim.Optimizer):
         c.device_type, c.device_index = s.device
         splits = self._row_splits.get(s.name)
         if splits:
-            c.row_splits = i64(splits)
+            c.row_splits = i64(splits, "row_splits")
             c.num_row_splits = len(splits)
 
     # ---- lifecycle -----------------------------------------------------------
@@ -1202,13 +1207,12 @@ class Muon(torch.optim.Optimizer):
             q, k = str(layer["q"]).encode(), str(layer["k"]).encode()
             self._qk_names += [q, k]
             arr[i].q_param, arr[i].k_param = q, k
-            arr[i].q_row_begin = int(layer.get("q_row_begin", 0))
-            arr[i].k_row_begin = int(layer.get("k_row_begin", 0))
-            arr[i].num_heads = int(layer["num_heads"])
-            arr[i].num_kv_heads = int(layer.get("num_kv_heads", 0))
-            arr[i].head_dim = int(layer["head_dim"])
-            arr[i].k_head_dim = int(layer.get("k_head_dim", 0))
-            arr[i].q_rope_dim = int(layer.get("q_rope_dim", 0))
+            for key, bits in (("q_row_begin", 64), ("k_row_begin", 64),
+                              ("num_heads", 32), ("num_kv_heads", 32),
+                              ("head_dim", 64), ("k_head_dim", 64),
+                              ("q_rope_dim", 64)):
+                setattr(arr[i], key, _lib.c_int(
+                    layer.get(key, 0), f"qk_clip layer {i}'s {key}", bits))
             self._qk_layer_heads.append(arr[i].num_heads)
         _lib.call("muonrt_optimizer_set_qk_clip", self._h,
                   float(spec.get("threshold", 100.0)),
@@ -1424,7 +1428,9 @@ class Muon(torch.optim.Optimizer):
                              "with 'state' and 'param_groups'")
         saved_groups = state_dict["param_groups"]
         self._check_saved_groups(saved_groups)
-        step = self._saved_step(state_dict.get("muonrt"), saved_groups)
+        step = _lib.c_int(self._saved_step(state_dict.get("muonrt"),
+                                           saved_groups),
+                          "the state_dict's step count", 64)
         buffers = self._saved_buffers(state_dict["state"], saved_groups)
         n = len(buffers)
 

@@ -200,5 +200,18 @@ TEST(CapiMultirankTest, MismatchedManifests_EveryRankGetsInvalidArgument) {
       Each(Eq(3)));
 }
 
+// One rank's parameter of an unknown dtype, refused by the C ABI before it
+// can join: the other ranks' creates fail at once naming it, not after
+// their 60 s join timeout.
+TEST(CapiMultirankTest, OneRankBadDtype_EveryRankFailsAtOnceNamingIt) {
+  absl::StatusOr<std::string> dir = MakeTempDir("capi_bad_dtype");
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(
+      RunRanks("dist_bad_dtype", *dir, "capi_bad_dtype", absl::Seconds(120)),
+      Each(Eq(3)));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(40));
+}
+
 }  // namespace
 }  // namespace muon

@@ -11,6 +11,11 @@
  *     the same, but the last rank names emb.weight differently: every
  *     rank's create must fail with INVALID_ARGUMENT (the coordinator
  *     compares the manifests); exits 3 when it does.
+ *   capi_rank_main dist_bad_dtype OUT_DIR
+ *     the same, but the last rank gives a parameter an unknown dtype: its
+ *     create fails with INVALID_ARGUMENT before it can join, and every
+ *     other rank's create fails at once with INVALID_ARGUMENT naming that
+ *     rank ("rank R could not create its optimizer"); exits 3 when it does.
  *   capi_rank_main single OUT_DIR
  *     the same model on a single device (no process group), the same 3
  *     steps; writes OUT_DIR/single.bin, then loads OUT_DIR/ckpt (the
@@ -170,6 +175,25 @@ static int RunSteps(muonrt_optimizer* opt, Shards* s) {
   return 0;
 }
 
+/* How Distributed's last rank breaks the job, if it does. */
+enum Break { kNoBreak = 0, kRenamed = 1, kBadDtype = 2 };
+
+/* dist_mismatch / dist_bad_dtype: 3 when create failed as expected on this
+ * rank (`code`, muonrt_last_error), else 1 with a message. */
+static int ExpectCreateRefused(int mode, int rank, int world, int code) {
+  const char* error = muonrt_last_error();
+  const int peer_told = mode != kBadDtype || rank == world - 1 ||
+                        strstr(error, "could not create its optimizer") != NULL;
+  if (code == MUONRT_INVALID_ARGUMENT && peer_told) {
+    fprintf(stderr, "capi_rank_main: rank %d: expected error: %s\n", rank,
+            error);
+    return 3;
+  }
+  fprintf(stderr, "capi_rank_main: rank %d: create returned %d (%s)\n", rank,
+          code, error);
+  return 1;
+}
+
 static int Distributed(const char* out_dir, int mismatch) {
   muonrt_process_group* pg = NULL;
   muonrt_optimizer* opt = NULL;
@@ -184,18 +208,14 @@ static int Distributed(const char* out_dir, int mismatch) {
     fprintf(stderr, "capi_rank_main: out of memory\n");
     goto done;
   }
-  if (mismatch && rank == world - 1) s.params[3].name = "emb.weight.renamed";
+  if (mismatch == kRenamed && rank == world - 1) {
+    s.params[3].name = "emb.weight.renamed";
+  }
+  if (mismatch == kBadDtype && rank == world - 1) s.params[1].dtype = 5;
   const int code = muonrt_optimizer_create(pg, 1, names, sizes, s.params,
                                            kNumParams, NULL, &opt);
-  if (mismatch) {
-    if (code == MUONRT_INVALID_ARGUMENT) {
-      fprintf(stderr, "capi_rank_main: rank %d: expected error: %s\n", rank,
-              muonrt_last_error());
-      rc = 3;
-    } else {
-      fprintf(stderr, "capi_rank_main: rank %d: create returned %d (%s)\n",
-              rank, code, muonrt_last_error());
-    }
+  if (mismatch != kNoBreak) {
+    rc = ExpectCreateRefused(mismatch, rank, world, code);
     goto done;
   }
   if (code != MUONRT_OK) {
@@ -289,11 +309,18 @@ done:
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    fprintf(stderr, "usage: %s dist|dist_mismatch|single OUT_DIR\n", argv[0]);
+    fprintf(stderr,
+            "usage: %s dist|dist_mismatch|dist_bad_dtype|single OUT_DIR\n",
+            argv[0]);
     return 2;
   }
-  if (strcmp(argv[1], "dist") == 0) return Distributed(argv[2], 0);
-  if (strcmp(argv[1], "dist_mismatch") == 0) return Distributed(argv[2], 1);
+  if (strcmp(argv[1], "dist") == 0) return Distributed(argv[2], kNoBreak);
+  if (strcmp(argv[1], "dist_mismatch") == 0) {
+    return Distributed(argv[2], kRenamed);
+  }
+  if (strcmp(argv[1], "dist_bad_dtype") == 0) {
+    return Distributed(argv[2], kBadDtype);
+  }
   if (strcmp(argv[1], "single") == 0) return Single(argv[2]);
   fprintf(stderr, "capi_rank_main: unknown mode \"%s\"\n", argv[1]);
   return 2;

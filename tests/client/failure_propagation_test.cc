@@ -273,5 +273,47 @@ TEST(FailurePropagationTest,
   comms.clear();
 }
 
+// A rank whose own checks fail before it can join (here a parameter that
+// holds fewer values than its shape needs) still tells the coordinator:
+// every other rank's Create fails at once naming it and its error, instead
+// of waiting out the 10 s join timeout.
+TEST(FailurePropagationTest,
+     Create_OneRankFailsItsChecks_OthersFailAtOnceNamingIt) {
+  World world(absl::Seconds(30));
+  std::vector<std::unique_ptr<GlooCommunicator>> comms =
+      MakeComms(world.clients, kGlooTimeout, "gloo/create");
+  ASSERT_EQ(comms.size(), static_cast<size_t>(kWorld));
+  std::vector<absl::Status> created(kWorld);
+  std::vector<absl::Duration> took(kWorld);
+  std::vector<absl::Status> statuses =
+      RunOnRanks(kWorld, [&](int rank) -> absl::Status {
+        std::vector<Parameter> params = MakeParams();
+        if (rank == 2) params[0].data.pop_back();
+        const absl::Time start = absl::Now();
+        created[rank] = CreateMuon(&params, comms[rank].get(),
+                                   world.clients[rank].get(), 100 + rank)
+                            .status();
+        took[rank] = absl::Now() - start;
+        return absl::OkStatus();
+      });
+  for (int r = 0; r < kWorld; ++r) {
+    SCOPED_TRACE(absl::StrCat("rank ", r));
+    ASSERT_THAT(statuses[r], IsOk());
+    EXPECT_LT(took[r], absl::Seconds(5));
+    if (r == 2) {
+      EXPECT_THAT(created[r], StatusIs(absl::StatusCode::kInvalidArgument,
+                                       HasSubstr("rank 2: parameter")));
+    } else {
+      EXPECT_THAT(
+          created[r],
+          StatusIs(absl::StatusCode::kInvalidArgument,
+                   AllOf(HasSubstr("rank 2 could not create its optimizer: "
+                                   "rank 2: parameter"),
+                         HasSubstr("values but its local shape"))));
+    }
+  }
+  comms.clear();
+}
+
 }  // namespace
 }  // namespace muon

@@ -152,6 +152,25 @@ TEST(MuonFiniteTest, Step_Bf16InfGradient_FailsUnchanged) {
   EXPECT_EQ((*opt)->momentum_buffer(0), std::vector<float>(30, 0.0f));
 }
 
+// Rank `rank`'s optimizer over `p` (FSDP Shard(0) over the world's group),
+// after one step, so that its momentum is nonzero.
+absl::StatusOr<std::unique_ptr<Muon>> SteppedFsdpRank(ThreadWorld& world,
+                                                      int rank, Params& p,
+                                                      const MuonOptions& o) {
+  AutoConfigOptions ao;
+  ao.fsdp = world.comm(rank);
+  ao.fsdp_shard_dim = 0;
+  ao.coordinator = world.client(rank);
+  absl::StatusOr<DistributedConfig> config =
+      CreateAutoConfig(ViewsOf(p.Pointers()), ao);
+  if (!config.ok()) return config.status();
+  absl::StatusOr<std::unique_ptr<Muon>> opt =
+      Muon::Create(p.Pointers(), o, *std::move(config));
+  if (!opt.ok()) return opt.status();
+  if (absl::Status s = (*opt)->Step(); !s.ok()) return s;
+  return opt;
+}
+
 TEST(MuonFiniteTest, Step_NanOnOneOfFourRanks_EveryRankFailsUnchanged) {
   constexpr int kWorld = 4;
   ThreadWorld world(kWorld);
@@ -162,17 +181,9 @@ TEST(MuonFiniteTest, Step_NanOnOneOfFourRanks_EveryRankFailsUnchanged) {
   std::vector<absl::Status> statuses =
       RunOnRanks(kWorld, [&](int rank) -> absl::Status {
         Params p(8, 2, 10 + 7 * rank);  // FSDP Shard(0): 2 rows per rank
-        AutoConfigOptions ao;
-        ao.fsdp = world.comm(rank);
-        ao.fsdp_shard_dim = 0;
-        ao.coordinator = world.client(rank);
-        absl::StatusOr<DistributedConfig> config =
-            CreateAutoConfig(ViewsOf(p.Pointers()), ao);
-        if (!config.ok()) return config.status();
         absl::StatusOr<std::unique_ptr<Muon>> opt =
-            Muon::Create(p.Pointers(), MuonOptions{}, *std::move(config));
+            SteppedFsdpRank(world, rank, p, MuonOptions{});
         if (!opt.ok()) return opt.status();
-        if (absl::Status s = (*opt)->Step(); !s.ok()) return s;
         const Snapshot before(p, **opt);
         const float saved = p.a.grad[3];
         if (rank == 2) p.a.grad[3] = kNaN;
@@ -229,19 +240,11 @@ TEST(MuonFiniteTest, Step_RefusedOnOneOfFourRanks_EveryRankFailsUnchanged) {
     std::vector<absl::Status> statuses =
         RunOnRanks(kWorld, [&](int rank) -> absl::Status {
           Params p(8, 2, 10 + 7 * rank);  // FSDP Shard(0): 2 rows per rank
-          AutoConfigOptions ao;
-          ao.fsdp = world.comm(rank);
-          ao.fsdp_shard_dim = 0;
-          ao.coordinator = world.client(rank);
-          absl::StatusOr<DistributedConfig> config =
-              CreateAutoConfig(ViewsOf(p.Pointers()), ao);
-          if (!config.ok()) return config.status();
           MuonOptions o;
           o.check_finite = check_finite;
           absl::StatusOr<std::unique_ptr<Muon>> opt =
-              Muon::Create(p.Pointers(), o, *std::move(config));
+              SteppedFsdpRank(world, rank, p, o);
           if (!opt.ok()) return opt.status();
-          if (absl::Status s = (*opt)->Step(); !s.ok()) return s;
           const Snapshot before(p, **opt);
           std::vector<float> saved = p.b.grad;
           if (rank == 1 && !c.refuse) p.b.grad.clear();

@@ -183,6 +183,26 @@ def test_group_momentum_negative_is_rejected_by_the_library():
         opt.step()
 
 
+def test_integers_past_c_types_are_refused_not_wrapped():
+    """ctypes wraps an int that does not fit its C type (2**32 + 2 would
+    reach the library as 2): every size the package hands over is checked
+    first, naming it."""
+    big = 2**32 + 2
+    with pytest.raises(ValueError, match=rf"Mesh dimension 'dp''s size is "
+                                         rf"{big}, outside a C int32's"):
+        muonrt.Mesh(["dp"], [big])
+    with pytest.raises(ValueError, match=rf"ns_steps is {big + 3}"):
+        muonrt.Muon(named((4, 4)), ns_steps=big + 3)
+    with pytest.raises(ValueError, match=r"bucket_size_bytes is 2\*\*70|"
+                                         rf"bucket_size_bytes is {2**70}"):
+        muonrt.Muon(named((4, 4)), bucket_size_bytes=2**70)
+    w = torch.nn.Parameter(torch.randn(8, 4))
+    with pytest.raises(ValueError, match=rf"qk_clip layer 0's num_heads is "
+                                         rf"{big}"):
+        muonrt.Muon([("w", w)], qk_clip={"layers": [
+            {"q": "w", "k": "w", "num_heads": big, "head_dim": 1}]})
+
+
 def test_add_param_group_after_construction_is_not_implemented():
     opt = muonrt.Muon(named((4, 4)))
     with pytest.raises(NotImplementedError, match="fixed at construction"):

@@ -336,6 +336,50 @@ TEST_F(CoordinatorServiceTest, Join_UnknownManifestPolicy_FailsJob) {
   }
 }
 
+// A rank that could not create its optimizer joins with its error: the
+// ranks already waiting, and those joining later, fail at once with it
+// naming that rank, instead of waiting out their timeouts; the erring
+// rank gets it too. Its rank and world size are still checked first.
+TEST_F(CoordinatorServiceTest,
+       Join_RankWithCreationError_FailsEveryJoinAtOnce) {
+  CoordinatorService service(DefaultOptions());
+  std::vector<v1::RankManifest> m = Manifests(FourRankSpec());
+  const std::string want =
+      "rank 2 could not create its optimizer: rank 2: parameter \"w\" is "
+      "int8";
+  absl::StatusOr<v1::JoinResponse> waiting = absl::UnknownError("not run");
+  const absl::Time start = absl::Now();
+  std::thread t([&] { waiting = service.Join(JoinRequestFor(m[0], 60000)); });
+  // Wait (bounded) until rank 0 is registered.
+  for (int i = 0; i < 200; ++i) {
+    if (service.GetJob(v1::GetJobRequest())->ranks_joined() == 1) break;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  v1::JoinRequest bad_world = JoinRequestFor(m[2]);
+  bad_world.mutable_manifest()->set_world_size(0);
+  bad_world.set_error("x");
+  EXPECT_THAT(
+      service.Join(bad_world),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("world size 0")));
+  v1::JoinRequest failed;
+  failed.set_job_id("job");
+  failed.set_incarnation(102);
+  failed.mutable_manifest()->set_rank(2);
+  failed.mutable_manifest()->set_world_size(4);
+  failed.set_error("rank 2: parameter \"w\" is int8");
+  EXPECT_THAT(service.Join(failed),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(want)));
+  t.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+  EXPECT_THAT(waiting,
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(want)));
+  EXPECT_THAT(service.Join(JoinRequestFor(m[1])),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(want)));
+  absl::StatusOr<v1::JobInfo> job = service.GetJob(v1::GetJobRequest());
+  ASSERT_THAT(job, IsOk());
+  EXPECT_EQ(job->state(), v1::JOB_STATE_FAILED);
+}
+
 TEST_F(CoordinatorServiceTest, Join_AfterPlanned_SameIncarnationGetsPlan) {
   CoordinatorService service(DefaultOptions());
   std::vector<v1::RankManifest> m = Manifests(FourRankSpec());
