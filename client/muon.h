@@ -319,11 +319,13 @@ class Muon {
   OptimizerStateDict state_dict() const;
 
   // Restores a state_dict() taken on the same layout (same parameter names,
-  // global shapes and boxes on this rank; torch's load_state_dict). All or
-  // nothing: on error the optimizer is untouched.
+  // global shapes and boxes on this rank; torch's load_state_dict). Every
+  // check comes before any write: on a checking error the optimizer is
+  // untouched. A device error while copying into CUDA buffers (after the
+  // checks) leaves the parameters before the failing one loaded.
   // Errors: InvalidArgument naming the parameter and expected vs actual
   // (missing or extra parameter, other global shape, other box, wrong
-  // buffer size).
+  // buffer size); the device's error naming the parameter.
   absl::Status load_state_dict(const OptimizerStateDict& state);
 
   // Writes this rank's state to DIR/rank_<rank>.safetensors (safetensors
