@@ -586,6 +586,31 @@ static void Create_BadParams_ReturnInvalidArgumentOrUnimplemented(void) {
 done:;
 }
 
+/* Options muonrt_optimizer_create refuses, each with its message. */
+static void NegativeLr(muonrt_options* o) { o->lr = -1; }
+static void BogusAdjustLr(muonrt_options* o) { o->adjust_lr_fn = "bogus"; }
+static void NesterovTwo(muonrt_options* o) { o->nesterov = 2; }
+static void TransactionalTwo(muonrt_options* o) { o->transactional_step = 2; }
+static void AsyncMinusSeven(muonrt_options* o) {
+  o->async_gpu_parallelism = -7;
+}
+static void Fp64(muonrt_options* o) { o->gpu_precision = "fp64"; }
+static void ReplanMinusOne(muonrt_options* o) { o->replan_every_steps = -1; }
+static void Int8Exchange(muonrt_options* o) { o->exchange_dtype = "int8"; }
+static const struct {
+  void (*edit)(muonrt_options*);
+  const char* message;
+} kBadOptions[] = {
+    {NegativeLr, "Learning rate should be >= 0"},
+    {BogusAdjustLr, "bogus"},
+    {NesterovTwo, "nesterov 2"},
+    {TransactionalTwo, "transactional_step 2"},
+    {AsyncMinusSeven, "async_gpu_parallelism -7"},
+    {Fp64, "execution.gpu_precision \"fp64\""},
+    {ReplanMinusOne, "replan_every_steps"},
+    {Int8Exchange, "int8"},
+};
+
 static void Create_BadArguments_ReturnInvalidArgument(void) {
   float w[12] = {0}, g[12] = {0};
   const int64_t shape[2] = {4, 3};
@@ -602,57 +627,17 @@ static void Create_BadArguments_ReturnInvalidArgument(void) {
              MUONRT_INVALID_ARGUMENT);
   CHECK_ERROR_HAS("params is NULL");
   CHECK(opt == NULL);
-  /* torch's argument errors. */
-  muonrt_options_default(&options);
-  options.lr = -1;
-  CHECK_CODE(
-      muonrt_optimizer_create(NULL, 0, NULL, NULL, &p, 1, &options, &opt),
-      MUONRT_INVALID_ARGUMENT);
-  CHECK_ERROR_HAS("Learning rate should be >= 0");
-  muonrt_options_default(&options);
-  options.adjust_lr_fn = "bogus";
-  CHECK_CODE(
-      muonrt_optimizer_create(NULL, 0, NULL, NULL, &p, 1, &options, &opt),
-      MUONRT_INVALID_ARGUMENT);
-  CHECK_ERROR_HAS("bogus");
-  muonrt_options_default(&options);
-  options.nesterov = 2;
-  CHECK_CODE(
-      muonrt_optimizer_create(NULL, 0, NULL, NULL, &p, 1, &options, &opt),
-      MUONRT_INVALID_ARGUMENT);
-  CHECK_ERROR_HAS("nesterov 2");
-  muonrt_options_default(&options);
-  options.transactional_step = 2;
-  CHECK_CODE(
-      muonrt_optimizer_create(NULL, 0, NULL, NULL, &p, 1, &options, &opt),
-      MUONRT_INVALID_ARGUMENT);
-  CHECK_ERROR_HAS("transactional_step 2");
-  muonrt_options_default(&options);
-  options.async_gpu_parallelism = -7;
-  CHECK_CODE(
-      muonrt_optimizer_create(NULL, 0, NULL, NULL, &p, 1, &options, &opt),
-      MUONRT_INVALID_ARGUMENT);
-  CHECK_ERROR_HAS("async_gpu_parallelism -7");
-  /* The execution options are checked as muonrt_options_validate checks
-   * them, also without a process group (the single-device path). */
-  muonrt_options_default(&options);
-  options.gpu_precision = "fp64";
-  CHECK_CODE(
-      muonrt_optimizer_create(NULL, 0, NULL, NULL, &p, 1, &options, &opt),
-      MUONRT_INVALID_ARGUMENT);
-  CHECK_ERROR_HAS("execution.gpu_precision \"fp64\"");
-  muonrt_options_default(&options);
-  options.replan_every_steps = -1;
-  CHECK_CODE(
-      muonrt_optimizer_create(NULL, 0, NULL, NULL, &p, 1, &options, &opt),
-      MUONRT_INVALID_ARGUMENT);
-  CHECK_ERROR_HAS("replan_every_steps");
-  muonrt_options_default(&options);
-  options.exchange_dtype = "int8";
-  CHECK_CODE(
-      muonrt_optimizer_create(NULL, 0, NULL, NULL, &p, 1, &options, &opt),
-      MUONRT_INVALID_ARGUMENT);
-  CHECK_ERROR_HAS("int8");
+  /* torch's argument errors; flags that are neither 0 nor 1; and the
+   * execution options, checked as muonrt_options_validate checks them, also
+   * without a process group (the single-device path). */
+  for (size_t i = 0; i < sizeof(kBadOptions) / sizeof(kBadOptions[0]); ++i) {
+    muonrt_options_default(&options);
+    kBadOptions[i].edit(&options);
+    CHECK_CODE(
+        muonrt_optimizer_create(NULL, 0, NULL, NULL, &p, 1, &options, &opt),
+        MUONRT_INVALID_ARGUMENT);
+    CHECK_ERROR_HAS(kBadOptions[i].message);
+  }
   CHECK(opt == NULL);
   /* Zero parameters is an optimizer that does nothing. */
   CHECK_OK(muonrt_optimizer_create(NULL, 0, NULL, NULL, NULL, 0, NULL, &opt));
