@@ -464,8 +464,7 @@ class Muon(torch.optim.Optimizer):
         self._resolve_layout(placements, global_shapes, sub_mesh)
         self._row_splits = self._resolve_row_splits(row_splits, num_heads,
                                                     names)
-        if overlap_backward:
-            self._check_hookable()
+        self._check_hookable(overlap_backward)
         self._create(runtime)
         self._set_variants(normuon, qk_clip, overlap_backward)
         self._momentum_dtype = momentum_dtype
@@ -1070,12 +1069,12 @@ class Muon(torch.optim.Optimizer):
         if overlap_backward:
             self._register_ready_hooks()
 
-    def _check_hookable(self):
-        """overlap_backward, before the library is created: every parameter
-        can take the gradient hook that marks it ready (torch refuses a
-        hook on a tensor that does not require grad, naming neither the
-        parameter nor the option)."""
-        for s in self._slots:
+    def _check_hookable(self, overlap_backward):
+        """With overlap_backward, before the library is created: every
+        parameter can take the gradient hook that marks it ready (torch
+        refuses a hook on a tensor that does not require grad, naming
+        neither the parameter nor the option)."""
+        for s in self._slots if overlap_backward else ():
             if not s.param.requires_grad:
                 raise ValueError(
                     f"muonrt.Muon: parameter {s.name!r} does not require "
