@@ -480,10 +480,11 @@ absl::StatusOr<CreateArgs> ToCreateArgs(muonrt_process_group* pg, int mesh_ndim,
   // Every option checked as muonrt_options_validate checks it, also where
   // the single-device path below reads no execution options; their device
   // and gpu_precision carried into the MuonOptions for that path.
+  muon::OptionContext context;  // the device's checks come at Create
+  context.rank = pg != nullptr ? pg->pg->rank : 0;
   MUON_ASSIGN_OR_RETURN(
       const muon::MuonOptions checked,
-      muon::ResolveOptions(muon_options, ToExecutionOptions(o),
-                           muon::OptionContext{}));
+      muon::ResolveOptions(muon_options, ToExecutionOptions(o), context));
   muon_options.device = checked.device;
   muon_options.gpu_precision = checked.gpu_precision;
 
