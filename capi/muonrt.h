@@ -290,7 +290,9 @@ int muonrt_optimizer_step(muonrt_optimizer* opt, void* stream);
  * muonrt_optimizer_step, takes this rank's part in the step's agreement as
  * a refusal, so that every other rank's step fails at once naming this
  * rank, with nothing modified on any rank (with overlap_backward: this
- * rank's failure, which the coordinator makes the job error). Returns
+ * rank's failure, which the coordinator makes the job error when the
+ * world is larger than one; during a step begun by mark_ready it is
+ * refused, and muonrt_optimizer_step finishes that step). Returns
  * FAILED_PRECONDITION with `reason` (or the agreement's error);
  * INVALID_ARGUMENT for a NULL argument. Collective where muonrt_optimizer_step
  * is. ABI version 17. */

@@ -191,7 +191,9 @@ class Muon {
   // nothing modified anywhere, instead of waiting in a collective. Nothing
   // is modified here either. Under overlap_backward no agreement precedes
   // the step's collectives: the refusal is this rank's own failure, sent to
-  // the coordinator, which makes it the job error on every rank. Returns
+  // the coordinator, which makes it the job error on every rank (a world
+  // of one just returns it); during a step begun by MarkReady it is
+  // refused (FailedPrecondition): Step finishes that step. Returns
   // FailedPrecondition with `reason` (or the agreement's error).
   absl::Status RefuseStep(absl::string_view reason);
 

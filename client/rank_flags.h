@@ -34,6 +34,8 @@ class RankFlags {
   // [0, world size).
   float flag(int r) const { return flags_[r]; }
 
+  int world_size() const { return static_cast<int>(flags_.size()); }
+
   // The first rank in rank order whose flag is not 0, or -1.
   int FirstRaised() const;
 

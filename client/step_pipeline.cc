@@ -61,10 +61,21 @@ absl::Status StepPipeline::Refuse(absl::Status refusal) {
   if (refusal.ok()) {
     return absl::InvalidArgumentError("StepPipeline::Refuse: an OK status");
   }
-  // Under overlap the step's collectives come first (no agreement to ride
-  // on): this rank's own failure, which the coordinator makes the job's.
-  if (overlap_)
-    return agent_ != nullptr ? agent_->OnOwnFailure(refusal) : refusal;
+  if (overlap_begun_) {
+    // Buckets of this step already run: Step finishes it (failing it,
+    // naming what is missing, and undoing it under check_finite).
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank_, ": RefuseStep during a step begun by MarkReady ",
+        "(finish it with Step); the refusal was: ", refusal.message()));
+  }
+  if (overlap_) {
+    // The other ranks' buckets may run before any agreement: this rank's
+    // own failure, which the coordinator makes the job's (a world of one
+    // has nobody to tell, and steps on).
+    return rank_flags_->world_size() > 1 && agent_ != nullptr
+               ? agent_->OnOwnFailure(refusal)
+               : refusal;
+  }
   refusal_ = refusal;
   absl::Status s = RunStep(nullptr);
   refusal_ = absl::OkStatus();
@@ -340,7 +351,10 @@ absl::Status StepPipeline::ReadNonFinite(int begin, int end, NonFinite* found) {
 
 absl::Status StepPipeline::CheckStepInputs(device::Stream* caller) {
   const absl::Status preflight = refusal_.ok() ? Preflight() : refusal_;
-  if (!rank_flags_->collective()) {
+  // Without a control group there is nothing to agree over; under
+  // overlap_backward the ranks that marked parameters gather nothing here
+  // (their buckets' collectives come first), so neither may this one.
+  if (!rank_flags_->collective() || overlap_) {
     MUON_RETURN_IF_ERROR(preflight);
     return CheckGradientsFinite(caller);
   }

@@ -473,18 +473,35 @@ absl::Status CoordinatorService::FailedJoinLocked(
   MUON_RETURN_IF_ERROR(
       CheckJoinLocked(rank, compact ? request.compact().world_size()
                                     : request.manifest().world_size()));
-  constexpr size_t kMaxErrorBytes = 4096;
-  const absl::Status status = absl::InvalidArgumentError(absl::StrCat(
-      "rank ", rank, " could not create its optimizer: ",
-      absl::string_view(request.error()).substr(0, kMaxErrorBytes)));
+  // At most 4 KiB, cut before a UTF-8 continuation byte (a proto3 string
+  // must stay valid UTF-8).
+  absl::string_view error = request.error();
+  if (error.size() > 4096) {
+    size_t cut = 4096;
+    while (cut > 0 && (static_cast<unsigned char>(error[cut]) & 0xC0) == 0x80) {
+      --cut;
+    }
+    error = error.substr(0, cut);
+  }
+  const absl::Status status = absl::InvalidArgumentError(
+      absl::StrCat("rank ", rank, " could not create its optimizer: ", error));
   if (options_.log) {
     Log(absl::StrCat("event=join_failed_rank rank=", rank,
                      " error=", LogValue(status.message())));
   }
-  if (state_ == Phase::kPlanned) {
-    FailRankLocked(rank, std::string(status.message()));
-    return status;
+  // A planned job's ranks wait in no Join (a rank that joins again gets
+  // the plan at once): nothing to release, and the running job goes on.
+  if (state_ == Phase::kPlanned) return status;
+  // The rank counts as seen now, so that the failed generation ends once
+  // every rank it knows has been silent for heartbeat_timeout.
+  const absl::Time now = options_.now();
+  RankInfo& info = ranks_[rank];
+  if (static_cast<size_t>(rank) >= rank_index_.size()) {
+    rank_index_.resize(rank + 1, nullptr);
   }
+  rank_index_[rank] = &info;
+  info.incarnation = request.incarnation();
+  info.last_seen = now;
   FailLocked(status);
   CompleteJoinsLocked(completions);
   return status;

@@ -374,8 +374,9 @@ class CoordinatorService {
   // incarnation check): once its rank and world size pass CheckJoinLocked,
   // the error naming the rank (InvalidArgument, at most 4 KiB of the
   // rank's text) fails a waiting job, completing every waiting Join with
-  // it, or becomes a planned job's run error (the ranks' heartbeats see
-  // it); returned to the caller too.
+  // it; the rank is recorded as seen, so the failed generation ends as any
+  // other once its ranks are silent. A planned job goes on (none of its
+  // ranks waits in a Join). Returned to the caller too.
   absl::Status FailedJoinLocked(const v1::JoinRequest& request, int rank,
                                 Completions* completions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

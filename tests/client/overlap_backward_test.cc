@@ -70,10 +70,12 @@ DistributedConfig OverlapConfigOfOne() {
 // rank cuts its gradients, marks parameters ready from the last to the
 // first with a little work between (a backward's layers), then steps.
 // (*step_called)[rank][step]: when Step was called, seconds since the Unix
-// epoch (as OpRecord's times).
+// epoch (as OpRecord's times). Rank `idle_rank` marks nothing and leaves
+// every parameter to Step.
 std::vector<absl::Status> RunOverlapped(
     const Problem& problem, const ProblemLayout& layout, bool async,
-    World* world, std::vector<std::vector<double>>* step_called) {
+    World* world, std::vector<std::vector<double>>* step_called,
+    int idle_rank = -1) {
   step_called->assign(world->size(), {});
   return RunOnRanks(world->size(), [&](int rank) -> absl::Status {
     MUON_ASSIGN_OR_RETURN(world->run.shards[rank],
@@ -86,7 +88,7 @@ std::vector<absl::Status> RunOverlapped(
     const int n = static_cast<int>(muon.params().size());
     for (int step = 0; step < problem.steps(); ++step) {
       world->run.shards[rank].SetGrads(problem, step);
-      for (int i = n - 1; i >= 0; --i) {
+      for (int i = n - 1; i >= 0 && rank != idle_rank; --i) {
         absl::SleepFor(absl::Milliseconds(20));  // the layer's backward
         MUON_RETURN_IF_ERROR(muon.MarkReady(i));
       }
@@ -142,6 +144,30 @@ TEST(OverlapBackwardTest,
     EXPECT_THAT(plan.buckets(0).matrices(),
                 ::testing::Contains(plan.matrices_size() - 1));
   }
+}
+
+// Without check_finite (overlap's default), a rank that marks nothing
+// takes Step's whole path while its peers finish their begun steps: both
+// make the same collectives (the buckets' exchanges, no agreement), so the
+// run is still bitwise the single device's.
+TEST(OverlapBackwardTest,
+     Step_OneRankMarksNothingWithoutCheckFinite_MatchesSingleDeviceBitwise) {
+  const Problem problem = MatricesProblem();
+  const absl::StatusOr<SingleDeviceResult> single =
+      RunSingleDevice(problem, OverlapOptions());
+  ASSERT_THAT(single, IsOk());
+  const ProblemLayout fsdp =
+      OneDimLayout(4, Placement::Shard(0), problem.specs.size());
+  World world(4);
+  ASSERT_TRUE(world.Connect());
+  std::vector<std::vector<double>> step_called;
+  const std::vector<absl::Status> st =
+      RunOverlapped(problem, fsdp, /*async=*/true, &world, &step_called,
+                    /*idle_rank=*/3);
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r];
+  }
+  ExpectShardsMatchSingleDevice(problem, *single, world.run);
 }
 
 // Debug mode: a gradient written after its parameter was marked ready is

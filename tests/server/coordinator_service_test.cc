@@ -378,6 +378,31 @@ TEST_F(CoordinatorServiceTest,
   absl::StatusOr<v1::JobInfo> job = service.GetJob(v1::GetJobRequest());
   ASSERT_THAT(job, IsOk());
   EXPECT_EQ(job->state(), v1::JOB_STATE_FAILED);
+  // Once every rank it knows (the failed one too) has been silent for the
+  // heartbeat timeout, the next job starts afresh: a Join waits again.
+  clock_.Advance(absl::Seconds(31));
+  EXPECT_THAT(service.Join(JoinRequestFor(m[0], 50)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       HasSubstr("1 of 4 joined")));
+  EXPECT_GT(service.generation(), 0);
+}
+
+// In a planned job no rank waits in a Join: a rank's creation error (a
+// second optimizer's) is returned to it, and the running job goes on.
+TEST_F(CoordinatorServiceTest, Join_CreationErrorAfterPlanned_JobGoesOn) {
+  CoordinatorService service(DefaultOptions());
+  std::vector<v1::RankManifest> m = Manifests(FourRankSpec());
+  auto results = JoinAll(service, m);
+  ASSERT_THAT(results[1], IsOk());
+  v1::JoinRequest failed = JoinRequestFor(m[1]);
+  failed.set_error("bad second optimizer");
+  EXPECT_THAT(service.Join(failed),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("rank 1 could not create its optimizer: bad "
+                                 "second optimizer")));
+  EXPECT_EQ(service.GetJob(v1::GetJobRequest())->state(),
+            v1::JOB_STATE_PLANNED);
+  EXPECT_THAT(service.Join(JoinRequestFor(m[1])), IsOk());
 }
 
 TEST_F(CoordinatorServiceTest, Join_AfterPlanned_SameIncarnationGetsPlan) {
