@@ -494,14 +494,7 @@ absl::Status CoordinatorService::FailedJoinLocked(
   if (state_ == Phase::kPlanned) return status;
   // The rank counts as seen now, so that the failed generation ends once
   // every rank it knows has been silent for heartbeat_timeout.
-  const absl::Time now = options_.now();
-  RankInfo& info = ranks_[rank];
-  if (static_cast<size_t>(rank) >= rank_index_.size()) {
-    rank_index_.resize(rank + 1, nullptr);
-  }
-  rank_index_[rank] = &info;
-  info.incarnation = request.incarnation();
-  info.last_seen = now;
+  RankEntryLocked(rank, request.incarnation(), options_.now());
   FailLocked(status);
   CompleteJoinsLocked(completions);
   return status;
@@ -617,17 +610,24 @@ absl::StatusOr<v1::JoinResponse> CoordinatorService::RejoinPlannedLocked(
   return JoinResponseLocked();
 }
 
-// Stores the joining rank's incarnation and manifest in ranks_ (and
-// rank_index_), counts its Join in flight and logs "event=join".
-void CoordinatorService::RecordJoinLocked(const v1::JoinRequest& request,
-                                          int rank, absl::Time now) {
-  const bool compact = !request.has_manifest() && request.has_compact();
+CoordinatorService::RankInfo& CoordinatorService::RankEntryLocked(
+    int rank, uint64_t incarnation, absl::Time now) {
   RankInfo& info = ranks_[rank];
   if (static_cast<size_t>(rank) >= rank_index_.size()) {
     rank_index_.resize(rank + 1, nullptr);
   }
   rank_index_[rank] = &info;
-  info.incarnation = request.incarnation();
+  info.incarnation = incarnation;
+  info.last_seen = now;
+  return info;
+}
+
+// Stores the joining rank's incarnation and manifest in ranks_ (and
+// rank_index_), counts its Join in flight and logs "event=join".
+void CoordinatorService::RecordJoinLocked(const v1::JoinRequest& request,
+                                          int rank, absl::Time now) {
+  const bool compact = !request.has_manifest() && request.has_compact();
+  RankInfo& info = RankEntryLocked(rank, request.incarnation(), now);
   info.compact = compact;
   if (compact) {
     info.compact_manifest = request.compact();
@@ -635,7 +635,6 @@ void CoordinatorService::RecordJoinLocked(const v1::JoinRequest& request,
   } else {
     info.manifest = request.manifest();
   }
-  info.last_seen = now;
   ++info.joins_in_flight;
   if (options_.log) {
     Log(absl::StrCat("event=join rank=", rank, " world_size=", world_size_,

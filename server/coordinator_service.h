@@ -366,6 +366,10 @@ class CoordinatorService {
   absl::StatusOr<v1::JoinResponse> RejoinPlannedLocked(
       const v1::JoinRequest& request, int rank, absl::Time now, RankInfo& info)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Rank `rank`'s entry in ranks_ and rank_index_ (made if new), with its
+  // incarnation and last_seen set.
+  RankInfo& RankEntryLocked(int rank, uint64_t incarnation, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records the joining rank in ranks_ and rank_index_ (incarnation,
   // manifest, last_seen, one more Join in flight) and logs it.
   void RecordJoinLocked(const v1::JoinRequest& request, int rank,
