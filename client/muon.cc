@@ -98,6 +98,16 @@ kernels::ParamDType MomentumDTypeOf(MomentumDType option, DType param_dtype) {
                                          : kernels::ParamDType::kFloat32;
 }
 
+// `local`, a check of this rank that failed before it joined, also sent
+// to the coordinator (ReportFailedJoin), so that the other ranks' joins
+// fail at once naming this rank; returned as is.
+absl::Status ReportedBeforeJoin(const DistributedState& state,
+                                absl::Status local) {
+  (void)ReportFailedJoin(state.coordinator, state.rank, state.world_size,
+                         state.incarnation, local);
+  return local;
+}
+
 // This rank's matrices with their geometry (a 2-D parameter is one matrix,
 // an expert stack one per slice), and whether any parameter lives on a
 // sub-mesh.
@@ -367,11 +377,7 @@ absl::Status Muon::JoinOrPlan(const DistributedConfig& config,
   agent_ = std::make_unique<Agent>(state.coordinator, state.rank,
                                    state.incarnation, Agent::Options{});
   absl::StatusOr<v1::RankManifest> manifest = manifest_of(state.rank);
-  if (!manifest.ok()) {
-    (void)ReportFailedJoin(state.coordinator, state.rank, state.world_size,
-                           state.incarnation, manifest.status());
-    return manifest.status();
-  }
+  if (!manifest.ok()) return ReportedBeforeJoin(state, manifest.status());
   absl::StatusOr<v1::Plan> plan =
       agent_->Join(*manifest, state.join_timeout_ms);
   if (!plan.ok()) return plan.status();
@@ -492,9 +498,7 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
   // A check that fails here, before the join, is sent to the coordinator
   // too, so that the other ranks' joins fail at once naming this rank.
   auto refuse = [&](absl::Status local) {
-    (void)ReportFailedJoin(state.coordinator, state.rank, state.world_size,
-                           state.incarnation, local);
-    return local;
+    return ReportedBeforeJoin(state, std::move(local));
   };
   // torch's argument errors first, as torch.optim.Muon.__init__ raises
   // them (ResolveOptions, below, checks the options against the rest).
@@ -594,13 +598,12 @@ absl::StatusOr<std::unique_ptr<Muon>> Muon::Create(
   for (const Parameter* p : params) {
     if (static_cast<int64_t>(p->data.size()) != p->local_numel() &&
         p->local_shape.size() == (p->expert_stack ? 3u : 2u)) {
-      const absl::Status local = absl::InvalidArgumentError(absl::StrCat(
-          "rank ", state.rank, ": parameter \"", p->name, "\" holds ",
-          p->data.size(), " values but its local shape ",
-          ShapeToString(p->local_shape), " needs ", p->local_numel()));
-      (void)ReportFailedJoin(state.coordinator, state.rank, state.world_size,
-                             state.incarnation, local);
-      return local;
+      return ReportedBeforeJoin(
+          state,
+          absl::InvalidArgumentError(absl::StrCat(
+              "rank ", state.rank, ": parameter \"", p->name, "\" holds ",
+              p->data.size(), " values but its local shape ",
+              ShapeToString(p->local_shape), " needs ", p->local_numel())));
     }
   }
   MUON_ASSIGN_OR_RETURN(

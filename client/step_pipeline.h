@@ -165,8 +165,6 @@ class StepPipeline {
   // FailedPrecondition: rank `peer` refused this step's inputs; `outcome`
   // says what became of the step.
   absl::Status PeerRefused(int peer, const char* outcome) const;
-  // Set by Refuse for CheckStepInputs, which uses it instead of Preflight.
-  absl::Status refusal_;
   // A rank's flag when its Preflight failed (0 = OK, k + 1 = its first
   // non-finite parameter k, -1 = its scan could not be read).
   static constexpr float kPreflightRefused = -2.0f;
@@ -307,6 +305,8 @@ class StepPipeline {
   const int replan_every_steps_;
   int64_t replanned_at_ = -1;  // step_ of the last re-plan asked
   std::function<absl::Status(int64_t)> post_update_fault_;  // testing only
+  // Set by Refuse for CheckStepInputs, which uses it instead of Preflight.
+  absl::Status refusal_;
   // overlap_backward: on, a step begun by MarkReady, its parameters
   // marked, the buckets handed to the executor, gradient fingerprints
   // (CPU parameters in debug mode), and when it began.

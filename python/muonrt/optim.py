@@ -889,12 +889,14 @@ class Muon(torch.optim.Optimizer):
         """One optimizer step over every parameter (collective in
         distributed mode: every rank calls it).
 
-        Reads each group's current lr, weight_decay and momentum. Every parameter
-        needs a gradient (see the module docstring); all checks run before
-        anything is modified. Raises RuntimeError for a missing gradient
-        (naming the parameter), a gradient of another size, device or
-        dtype than at construction, or a parameter whose storage moved; the
-        library's errors otherwise. Returns closure's loss."""
+        Reads each group's current lr, weight_decay and momentum. Every
+        parameter needs a gradient (see the module docstring); all checks
+        run before anything is modified, and a check failed on one rank
+        fails the step on every rank (muonrt_optimizer_refuse_step). Raises
+        RuntimeError for a missing gradient (naming the parameter), a
+        gradient of another size, device or dtype than at construction, or
+        a parameter whose storage moved; the library's errors otherwise.
+        Returns closure's loss."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
