@@ -810,6 +810,22 @@ int muonrt_pg_barrier(muonrt_process_group* pg) {
   });
 }
 
+int muonrt_pg_report_create_failure(muonrt_process_group* pg,
+                                    const char* message) {
+  return Guard("muonrt_pg_report_create_failure", [&]() -> absl::Status {
+    if (pg == nullptr) {
+      return NullArgument("muonrt_pg_report_create_failure", "pg");
+    }
+    if (message == nullptr) {
+      return NullArgument("muonrt_pg_report_create_failure", "message");
+    }
+    (void)muon::ReportFailedJoin(pg->pg->coordinator.get(), pg->pg->rank,
+                                 pg->pg->world_size, pg->pg->incarnation,
+                                 absl::InvalidArgumentError(message));
+    return absl::OkStatus();
+  });
+}
+
 void muonrt_pg_destroy(muonrt_process_group* pg) {
   Guard("muonrt_pg_destroy", [&]() -> absl::Status {
     delete pg;

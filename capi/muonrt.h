@@ -31,7 +31,7 @@ extern "C" {
 #endif
 
 /* Incremented on any incompatible change of this header. */
-#define MUONRT_ABI_VERSION 17
+#define MUONRT_ABI_VERSION 18
 
 /* Status codes (absl::StatusCode values). */
 #define MUONRT_OK 0
@@ -138,6 +138,19 @@ int muonrt_pg_world_size(const muonrt_process_group* pg);
 const char* muonrt_pg_coordinator_address(const muonrt_process_group* pg);
 /* Blocks until every rank got here (bounded by the timeout). */
 int muonrt_pg_barrier(muonrt_process_group* pg);
+/* This rank will not create its optimizer: a check of the caller's own
+ * failed before muonrt_optimizer_create (which reports its own failures
+ * itself). Tells the coordinator, so that the other ranks'
+ * muonrt_optimizer_create fail at once with INVALID_ARGUMENT "rank R could
+ * not create its optimizer: <message>" instead of waiting out their join
+ * timeout; the job's generation then stays failed, as after manifests
+ * that disagree. A world of one sends nothing (no peer waits). `message`:
+ * UTF-8, read during the call; the coordinator keeps its first 4 KiB.
+ * Best effort, one RPC bounded by the group's RPC deadline: 0 once tried,
+ * whether or not the coordinator was reached. Errors: INVALID_ARGUMENT
+ * (NULL pg or message). ABI version 18. */
+int muonrt_pg_report_create_failure(muonrt_process_group* pg,
+                                    const char* message);
 /* NULL is a no-op. Destroy every optimizer of the group first. */
 void muonrt_pg_destroy(muonrt_process_group* pg);
 

@@ -27,7 +27,7 @@ import os
 import threading
 
 # Must equal MUONRT_ABI_VERSION of capi/muonrt.h.
-ABI_VERSION = 17
+ABI_VERSION = 18
 
 # Status codes (absl::StatusCode values, capi/muonrt.h).
 OK = 0
@@ -266,6 +266,7 @@ _SIGNATURES = {
     "muonrt_pg_world_size": (_c_int, [_pg_p]),
     "muonrt_pg_coordinator_address": (ctypes.c_char_p, [_pg_p]),
     "muonrt_pg_barrier": (_c_int, [_pg_p]),
+    "muonrt_pg_report_create_failure": (_c_int, [_pg_p, ctypes.c_char_p]),
     "muonrt_pg_destroy": (None, [_pg_p]),
     "muonrt_options_default": (None, [ctypes.POINTER(muonrt_options)]),
     "muonrt_options_validate": (_c_int, [ctypes.POINTER(muonrt_options)]),

@@ -283,6 +283,24 @@ def _known_names(expert_stacks, names):
     return expert_stacks
 
 
+def _report_create_failure(process_group, error):
+    """Tells the coordinator of `process_group` (else of the default group;
+    none: nothing) that this rank will not create its optimizer because of
+    `error`, so that the other ranks' creation fails at once naming this
+    rank and the error instead of waiting out its join timeout. Best effort:
+    never raises (the caller raises `error`)."""
+    pg = process_group
+    if pg is None:
+        pg = _dist.get_default_group()
+    if not isinstance(pg, ProcessGroup) or pg.destroyed:
+        return
+    message = f"{type(error).__name__}: {error}".encode("utf-8", "replace")
+    try:
+        _lib.lib().muonrt_pg_report_create_failure(pg.handle, message)
+    except Exception:  # noqa: BLE001 (best effort; `error` is raised)
+        pass
+
+
 def _group_slot_indices(param_groups):
     """Each param group's slot indices: the groups' parameters numbered
     one after another, in order."""
@@ -453,19 +471,28 @@ class Muon(torch.optim.Optimizer):
         # ns_steps at the first step, the library now) and the runtime
         # options': the library's, raised as InvalidArgumentError
         # (a ValueError) before anything else is done.
-        _lib.call("muonrt_options_validate",
-                  ctypes.byref(_options_struct(defaults, runtime)))
-        self._num_named = 0
-        self._num_unnamed = 0
-        super().__init__(params, defaults)
-        names = self._check_param_groups(defaults)
-        self._slots = self._make_slots(_known_names(expert_stacks, names))
-        self._resolve_process_group(process_group, mesh)
-        self._resolve_layout(placements, global_shapes, sub_mesh)
-        self._row_splits = self._resolve_row_splits(row_splits, num_heads,
-                                                    names)
-        self._check_hookable(overlap_backward)
-        self._create(runtime)
+        try:
+            _lib.call("muonrt_options_validate",
+                      ctypes.byref(_options_struct(defaults, runtime)))
+            self._num_named = 0
+            self._num_unnamed = 0
+            super().__init__(params, defaults)
+            names = self._check_param_groups(defaults)
+            self._slots = self._make_slots(_known_names(expert_stacks,
+                                                        names))
+            self._resolve_process_group(process_group, mesh)
+            self._resolve_layout(placements, global_shapes, sub_mesh)
+            self._row_splits = self._resolve_row_splits(row_splits,
+                                                        num_heads, names)
+            self._check_hookable(overlap_backward)
+            create_args = self._create_args(runtime)
+        except Exception as e:
+            # The other ranks wait in their creation's join: they fail at
+            # once naming this rank and this error (the library does the
+            # same for the checks of its own).
+            _report_create_failure(process_group, e)
+            raise
+        self._create(create_args)
         self._set_variants(normuon, qk_clip, overlap_backward)
         self._momentum_dtype = momentum_dtype
         self._group_slots = _group_slot_indices(self.param_groups)
@@ -759,23 +786,29 @@ class Muon(torch.optim.Optimizer):
                 sm = ",".join(f"{k}={v}" for k, v in sm.items())
             s.sub_mesh = sm or None
 
-    def _create(self, runtime):
+    def _create_args(self, runtime):
+        """The arguments of muonrt_optimizer_create after the process
+        group and the output (ctypes objects; the list keeps alive what they
+        point to). Raises what the integer range checks raise."""
         _lib.lib()
         keep = []  # ctypes objects alive until create returns
         n = len(self._slots)
         params = (_lib.muonrt_param * n)()
         for i, s in enumerate(self._slots):
             self._fill_param(params[i], s, keep)
-
         opts = _options_struct(self.defaults, runtime)
-
         mesh_names = [m.encode() for m in self._mesh.names]
         c_names = (ctypes.c_char_p * len(mesh_names))(*mesh_names)
         c_sizes = (ctypes.c_int * self._mesh.ndim)(*self._mesh.sizes)
+        keep += [opts, mesh_names]
+        return [self._mesh.ndim, c_names, c_sizes, params, n,
+                ctypes.byref(opts), keep]
+
+    def _create(self, create_args):
         out = ctypes.c_void_p()
         pg = self._pg.handle if self._pg is not None else None
-        _lib.call("muonrt_optimizer_create", pg, self._mesh.ndim, c_names,
-                  c_sizes, params, n, ctypes.byref(opts), ctypes.byref(out))
+        _lib.call("muonrt_optimizer_create", pg, *create_args[:-1],
+                  ctypes.byref(out))
         self._handle = out.value
         self._created = True
         _live.add(self)

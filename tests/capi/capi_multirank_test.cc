@@ -213,5 +213,18 @@ TEST(CapiMultirankTest, OneRankBadDtype_EveryRankFailsAtOnceNamingIt) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(40));
 }
 
+// One rank's own check fails before it creates its optimizer
+// (muonrt_pg_report_create_failure): the other ranks' creates fail at once
+// naming it and its message, not after their 60 s join timeout.
+TEST(CapiMultirankTest, OneRankReportsItsCheckFailed_EveryRankFailsAtOnce) {
+  absl::StatusOr<std::string> dir = MakeTempDir("capi_caller_refused");
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(RunRanks("dist_caller_refused", *dir, "capi_caller_refused",
+                       absl::Seconds(120)),
+              Each(Eq(3)));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(40));
+}
+
 }  // namespace
 }  // namespace muon

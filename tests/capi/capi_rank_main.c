@@ -16,6 +16,11 @@
  *     create fails with INVALID_ARGUMENT before it can join, and every
  *     other rank's create fails at once with INVALID_ARGUMENT naming that
  *     rank ("rank R could not create its optimizer"); exits 3 when it does.
+ *   capi_rank_main dist_caller_refused OUT_DIR
+ *     the same, but the last rank's own check fails before it creates its
+ *     optimizer: it calls muonrt_pg_report_create_failure instead, and
+ *     every other rank's create fails at once with INVALID_ARGUMENT naming
+ *     that rank and its message; exits 3 when it does.
  *   capi_rank_main single OUT_DIR
  *     the same model on a single device (no process group), the same 3
  *     steps; writes OUT_DIR/single.bin, then loads OUT_DIR/ckpt (the
@@ -176,14 +181,20 @@ static int RunSteps(muonrt_optimizer* opt, Shards* s) {
 }
 
 /* How Distributed's last rank breaks the job, if it does. */
-enum Break { kNoBreak = 0, kRenamed = 1, kBadDtype = 2 };
+enum Break { kNoBreak = 0, kRenamed = 1, kBadDtype = 2, kCallerRefused = 3 };
 
-/* dist_mismatch / dist_bad_dtype: 3 when create failed as expected on this
- * rank (`code`, muonrt_last_error), else 1 with a message. */
+/* The message the last rank of dist_caller_refused reports. */
+static const char kCallerError[] = "the trainer's own check of rank";
+
+/* dist_mismatch / dist_bad_dtype / dist_caller_refused (not on the
+ * refusing rank): 3 when create failed as expected on this rank (`code`,
+ * muonrt_last_error), else 1 with a message. */
 static int ExpectCreateRefused(int mode, int rank, int world, int code) {
   const char* error = muonrt_last_error();
-  const int peer_told = mode != kBadDtype || rank == world - 1 ||
-                        strstr(error, "could not create its optimizer") != NULL;
+  const int peer_told =
+      mode == kRenamed || rank == world - 1 ||
+      (strstr(error, "could not create its optimizer") != NULL &&
+       (mode != kCallerRefused || strstr(error, kCallerError) != NULL));
   if (code == MUONRT_INVALID_ARGUMENT && peer_told) {
     fprintf(stderr, "capi_rank_main: rank %d: expected error: %s\n", rank,
             error);
@@ -212,6 +223,14 @@ static int Distributed(const char* out_dir, int mismatch) {
     s.params[3].name = "emb.weight.renamed";
   }
   if (mismatch == kBadDtype && rank == world - 1) s.params[1].dtype = 5;
+  if (mismatch == kCallerRefused && rank == world - 1) {
+    if (muonrt_pg_report_create_failure(pg, kCallerError) != MUONRT_OK) {
+      Fail("report_create_failure");
+      goto done;
+    }
+    rc = 3;
+    goto done;
+  }
   const int code = muonrt_optimizer_create(pg, 1, names, sizes, s.params,
                                            kNumParams, NULL, &opt);
   if (mismatch != kNoBreak) {
@@ -310,7 +329,8 @@ done:
 int main(int argc, char** argv) {
   if (argc != 3) {
     fprintf(stderr,
-            "usage: %s dist|dist_mismatch|dist_bad_dtype|single OUT_DIR\n",
+            "usage: %s dist|dist_mismatch|dist_bad_dtype|"
+            "dist_caller_refused|single OUT_DIR\n",
             argv[0]);
     return 2;
   }
@@ -320,6 +340,9 @@ int main(int argc, char** argv) {
   }
   if (strcmp(argv[1], "dist_bad_dtype") == 0) {
     return Distributed(argv[2], kBadDtype);
+  }
+  if (strcmp(argv[1], "dist_caller_refused") == 0) {
+    return Distributed(argv[2], kCallerRefused);
   }
   if (strcmp(argv[1], "single") == 0) return Single(argv[2]);
   fprintf(stderr, "capi_rank_main: unknown mode \"%s\"\n", argv[1]);

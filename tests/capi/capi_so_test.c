@@ -37,6 +37,7 @@ static const char* const kEntryPoints[] = {
     "muonrt_pg_rank",
     "muonrt_pg_world_size",
     "muonrt_pg_barrier",
+    "muonrt_pg_report_create_failure",
     "muonrt_pg_destroy",
     "muonrt_options_default",
     "muonrt_optimizer_create",

@@ -206,7 +206,7 @@ static void ReferenceStep(double* W, const double* G, double* Buf, int rows,
 
 static void AbiVersion_IsSeventeen(void) {
   CHECK(muonrt_abi_version() == MUONRT_ABI_VERSION);
-  CHECK(MUONRT_ABI_VERSION == 17);
+  CHECK(MUONRT_ABI_VERSION == 18);
   CHECK(strcmp(muonrt_last_error(), "") == 0);
 done:;
 }
@@ -683,6 +683,9 @@ static void NullHandles_ReturnInvalidArgument(void) {
   CHECK(muonrt_pg_coordinator_address(NULL) == NULL);
   CHECK_ERROR_HAS("pg is NULL");
   CHECK_CODE(muonrt_pg_barrier(NULL), MUONRT_INVALID_ARGUMENT);
+  CHECK_CODE(muonrt_pg_report_create_failure(NULL, "check failed"),
+             MUONRT_INVALID_ARGUMENT);
+  CHECK_ERROR_HAS("muonrt_pg_report_create_failure: pg is NULL");
   CHECK_CODE(muonrt_pg_init_from_env(0, NULL), MUONRT_INVALID_ARGUMENT);
   muonrt_optimizer_destroy(NULL);
   muonrt_pg_destroy(NULL);
@@ -1135,6 +1138,12 @@ static void ProcessGroupOfOne_MeshAndPlacementErrors(void) {
     CHECK(strcmp(muonrt_pg_coordinator_address(pg), want) == 0);
   }
   CHECK_OK(muonrt_pg_barrier(pg));
+  /* A world of one sends no creation failure (no peer waits): the
+   * optimizer below is still created in this job. */
+  CHECK_CODE(muonrt_pg_report_create_failure(pg, NULL),
+             MUONRT_INVALID_ARGUMENT);
+  CHECK_ERROR_HAS("message is NULL");
+  CHECK_OK(muonrt_pg_report_create_failure(pg, "the trainer's check failed"));
 
   float w[12], g[12], w0[12];
   const int64_t shape[2] = {4, 3};

@@ -145,6 +145,26 @@ def test_rank_with_a_bad_gradient_fails_every_rank_at_once_unchanged(
     assert peer[2] < 20, f"rank 0 waited {peer[2]:.1f} s"
 
 
+def test_rank_failing_a_python_check_at_creation_fails_every_rank_at_once(
+        tmp_path):
+    """Rank 1's placements= names a parameter its model lacks: muonrt.Muon
+    refuses it in Python, before the library, and still tells the
+    coordinator (muonrt_pg_report_create_failure), so rank 0's construction
+    fails at once naming rank 1 and its error instead of waiting out the
+    join timeout (60 s in this worker)."""
+    lib = library_or_skip()
+    launch_muonrun(2, ["--layout", "fsdp", "--out", str(tmp_path),
+                       "--bad-create"], lib)
+    ours = torch.load(os.path.join(tmp_path, "rank_1.pt"))["failed"]
+    peer = torch.load(os.path.join(tmp_path, "rank_0.pt"))["failed"]
+    assert ours[0] == "ValueError" and "no.such.weight" in ours[1], ours
+    assert peer[0] == "InvalidArgumentError", peer
+    assert ("rank 1 could not create its optimizer: ValueError: "
+            "muonrt.Muon: placements names unknown") in peer[1], peer
+    assert "no.such.weight" in peer[1], peer
+    assert peer[2] < 20, f"rank 0 waited {peer[2]:.1f} s"
+
+
 @pytest.mark.parametrize("layout_name, n", [("mixed", 2), ("hsdp_tp", 4),
                                             ("hsdp", 4), ("dtensor", 2),
                                             ("ddp", 2)])

@@ -40,7 +40,7 @@ def test_import_without_library_then_clear_error():
 
 
 def test_abi_version_and_path(lib):
-    assert muonrt.abi_version() == muonrt.ABI_VERSION == 17
+    assert muonrt.abi_version() == muonrt.ABI_VERSION == 18
     assert os.path.isfile(muonrt.library_path())
 
 

@@ -110,6 +110,30 @@ def refuse_step(opt, params, rank):
     return refused
 
 
+def bad_create(layout_name, out, pg):
+    """Rank 1 names a parameter the model lacks in placements= (a check of
+    muonrt.Muon's own, before the library): every rank's construction
+    fails, the others' at once naming rank 1. Writes (exception type,
+    message, seconds the construction took) to OUT/rank_<r>.pt."""
+    names, sizes, placements = layout(layout_name, pg.world_size)
+    params = {n: torch.nn.Parameter(local_shard(t, sizes, placements[n],
+                                                pg.rank))
+              for n, t in problem(1)[0].items()}
+    placements = dict(placements)
+    if pg.rank == 1:
+        placements["no.such.weight"] = ["Shard(0)"]
+    start = time.monotonic()
+    try:
+        muonrt.Muon(list(params.items()), **OPTIONS,
+                    mesh=muonrt.Mesh(names, sizes), placements=placements,
+                    global_shapes=SHAPES, process_group=pg)
+        raise AssertionError(f"rank {pg.rank}: the optimizer was created")
+    except Exception as e:  # noqa: BLE001 (reported to the test)
+        failed = (type(e).__name__, str(e), time.monotonic() - start)
+    torch.save({"failed": failed},
+               os.path.join(out, f"rank_{pg.rank}.pt"))
+
+
 def run(layout_name, steps, out, save_at=None, ckpt=None, resume=None,
         start=0, pg=None, exchange_dtype=None, normuon=False,
         overlap=False, refuse_at=None):
@@ -212,10 +236,15 @@ def main():
     ap.add_argument("--normuon", action="store_true")
     ap.add_argument("--overlap", action="store_true")
     ap.add_argument("--refuse-at", type=int)
+    ap.add_argument("--bad-create", action="store_true")
     args = ap.parse_args()
     pg = None
     if args.layout != "single":
         pg = muonrt.init_process_group(timeout=60)
+    if args.bad_create:
+        bad_create(args.layout, args.out, pg)
+        muonrt.destroy_process_group()
+        return
     run(args.layout, args.steps, args.out, args.save_at, args.ckpt,
         args.resume, args.start, pg, args.exchange_dtype, args.normuon,
         args.overlap, args.refuse_at)
