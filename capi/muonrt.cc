@@ -554,6 +554,16 @@ absl::Status CopyStateArrays(const char* fn, const char* what,
   return absl::OkStatus();
 }
 
+// FailedPrecondition for `fn` during a step begun by mark_ready (the
+// executor's threads write the state it would read); OK otherwise.
+absl::Status RefuseInOverlappedStep(const char* fn, const muon::Muon& m) {
+  if (!m.in_overlapped_step()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat(fn, ": rank ", m.current_rank(),
+                   ": the state is being written by a step begun by "
+                   "mark_ready: call it after step"));
+}
+
 // Hands out a host copy (`now`, expected to hold `expected` values) of
 // parameter `index`'s state through `copies` (one per parameter, sized
 // once: the pointers handed out stay valid).
@@ -588,15 +598,12 @@ absl::Status LoadState(muonrt_optimizer* opt, int64_t step,
   constexpr char kFn[] = "muonrt_optimizer_load_state";
   if (opt == nullptr) return NullArgument(kFn, "opt");
   muon::Muon& m = *opt->muon;
+  MUON_RETURN_IF_ERROR(RefuseInOverlappedStep(kFn, m));
   const int n = static_cast<int>(m.params().size());
   if (num_params != n) {
     return absl::InvalidArgumentError(
         absl::StrCat(kFn, ": num_params ", num_params,
                      " differs from the optimizer's ", n, " parameters"));
-  }
-  if (step < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(kFn, ": step ", step, " is negative"));
   }
   if (n > 0 && buffers == nullptr) return NullArgument(kFn, "buffers");
   if (n > 0 && numels == nullptr) return NullArgument(kFn, "numels");
@@ -605,9 +612,26 @@ absl::Status LoadState(muonrt_optimizer* opt, int64_t step,
         absl::StrCat(kFn, ": row_states and row_state_numels must both be ",
                      "NULL or both be set"));
   }
-  muon::OptimizerStateDict sd = m.state_dict();
+  // Sized from the layout: the state being replaced is not copied from the
+  // device, except row states kept unchanged (row_states NULL).
+  muon::OptimizerStateDict sd = m.StateLayout();
   std::vector<std::vector<float>*> momentum, row_state;
-  for (muon::ParamState& ps : sd.params) {
+  const bool variant = !m.row_state_name().empty();
+  for (int i = 0; i < n; ++i) {
+    muon::ParamState& ps = sd.params[i];
+    ps.momentum_buffer.resize(m.params()[i].local_numel());
+    const int64_t rows = variant ? m.params()[i].local_rows() : 0;
+    if (row_states != nullptr) {
+      ps.row_state.resize(rows);
+    } else if (variant) {
+      ps.row_state = m.row_state(i);
+      if (static_cast<int64_t>(ps.row_state.size()) != rows) {
+        return absl::InternalError(absl::StrCat(
+            kFn, ": rank ", m.current_rank(), ": the ", m.row_state_name(),
+            " of parameter ", i, " (\"", ps.name, "\") could not be copied ",
+            "from ", m.device().ToString(), " to be kept"));
+      }
+    }
     momentum.push_back(&ps.momentum_buffer);
     row_state.push_back(&ps.row_state);
   }
@@ -952,6 +976,7 @@ int muonrt_optimizer_momentum(muonrt_optimizer* opt, int index,
     constexpr char kFn[] = "muonrt_optimizer_momentum";
     if (opt == nullptr) return NullArgument(kFn, "opt");
     MUON_RETURN_IF_ERROR(CheckIndex(*opt->muon, index, kFn));
+    MUON_RETURN_IF_ERROR(RefuseInOverlappedStep(kFn, *opt->muon));
     return HandOutCopy(kFn, "momentum", opt->muon->momentum_buffer(index),
                        opt->muon->params()[index].local_numel(), index,
                        &opt->momentum_copies, *opt->muon, data, numel);
@@ -975,6 +1000,7 @@ int muonrt_optimizer_row_state(muonrt_optimizer* opt, int index,
     if (opt == nullptr) return NullArgument(kFn, "opt");
     MUON_RETURN_IF_ERROR(CheckIndex(*opt->muon, index, kFn));
     const muon::Muon& m = *opt->muon;
+    MUON_RETURN_IF_ERROR(RefuseInOverlappedStep(kFn, m));
     const int64_t want =
         opt->row_state_name.empty() ? 0 : m.params()[index].local_rows();
     return HandOutCopy(kFn, "row state", m.row_state(index), want, index,

@@ -336,14 +336,16 @@ int64_t muonrt_optimizer_step_count(const muonrt_optimizer* opt);
  * muonrt_optimizer_load_state). The pointer stays valid until the optimizer
  * is destroyed; the values are those of this call's time (call again after
  * step, load_state or load). Errors: OUT_OF_RANGE; INTERNAL (the copy from
- * a CUDA device failed). */
+ * a CUDA device failed); FAILED_PRECONDITION during a step begun by
+ * mark_ready (the step is writing it). */
 int muonrt_optimizer_momentum(muonrt_optimizer* opt, int index,
                               const float** data, int64_t* numel);
 
 /* Sets the step count and every momentum buffer at once
  * (load_state_dict): buffers[i] holds numels[i] fp32 values for parameter
- * i. All or nothing. Errors: INVALID_ARGUMENT (count or size mismatch,
- * naming the parameter), nothing changed. */
+ * i; `step` in [0, 2^62]. All or nothing. Errors: INVALID_ARGUMENT (count
+ * or size mismatch, naming the parameter; a step out of range),
+ * FAILED_PRECONDITION during a step begun by mark_ready; nothing changed. */
 int muonrt_optimizer_load_state(muonrt_optimizer* opt, int64_t step,
                                 const float* const* buffers,
                                 const int64_t* numels, int num_params);
@@ -358,7 +360,8 @@ int muonrt_optimizer_row_state_name(muonrt_optimizer* opt, const char** name);
  * second moment): a host copy of one fp32 per local row ([local experts *
  * local rows]), `*numel` elements (0 without a variant), valid as
  * muonrt_optimizer_momentum's. Errors: OUT_OF_RANGE; INTERNAL (the copy
- * failed). ABI version 14 (muonrt_optimizer_variance_neuron before). */
+ * failed); FAILED_PRECONDITION as muonrt_optimizer_momentum. ABI version 14
+ * (muonrt_optimizer_variance_neuron before). */
 int muonrt_optimizer_row_state(muonrt_optimizer* opt, int index,
                                const float** data, int64_t* numel);
 
@@ -440,7 +443,10 @@ int muonrt_optimizer_clip_qk(muonrt_optimizer* opt, const float* max_logits,
 
 /* Muon::Save / Muon::Load: one safetensors file per rank plus
  * metadata.json in `dir`; Load reshards from any saved layout. Errors:
- * those of checkpoint/checkpoint.h, naming the file and parameter. */
+ * those of checkpoint/checkpoint.h, naming the file and parameter;
+ * FAILED_PRECONDITION during a step begun by mark_ready, and for a
+ * checkpoint holding a variant's row state this optimizer does not keep
+ * (NorMuon's into one without normuon). */
 int muonrt_optimizer_save(muonrt_optimizer* opt, const char* dir);
 int muonrt_optimizer_load(muonrt_optimizer* opt, const char* dir);
 

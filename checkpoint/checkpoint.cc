@@ -86,9 +86,10 @@ absl::Status CheckMeta(const CheckpointMetadata& meta) {
     return absl::InvalidArgumentError(
         absl::StrCat("checkpoint world_size ", meta.world_size, " < 1"));
   }
-  if (meta.step < 0) {
+  if (meta.step < 0 || meta.step > kMaxCheckpointStep) {
     return absl::InvalidArgumentError(
-        absl::StrCat("checkpoint step ", meta.step, " < 0"));
+        absl::StrCat("checkpoint step ", meta.step, " is outside [0, ",
+                     kMaxCheckpointStep, "]"));
   }
   absl::Status s = meta.mesh.Validate();
   if (!s.ok()) {
@@ -298,13 +299,26 @@ absl::Status ParseMetadataTensors(
   return absl::OkStatus();
 }
 
+// `text` parsed as JSON, or a discarded value when it is not JSON or nests
+// more than kMaxSafetensorsJsonDepth deep (checked first: a file of 100 MiB
+// of '[' would otherwise build a DOM of many GiB).
+json ParseBoundedJson(absl::string_view text) {
+  if (JsonDepth(text, kMaxSafetensorsJsonDepth) > kMaxSafetensorsJsonDepth) {
+    return json(json::value_t::discarded);
+  }
+  return json::parse(text.begin(), text.end(), nullptr,
+                     /*allow_exceptions=*/false);
+}
+
 // Parses metadata.json.
 absl::Status ParseMetadataJson(
     const std::string& path, const std::string& text, CheckpointMetadata* meta,
     std::map<std::string, CheckpointReader::TensorInfo>* tensors) {
-  const json root = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const json root = ParseBoundedJson(text);
   if (root.is_discarded() || !root.is_object()) {
-    return absl::DataLossError(absl::StrCat(path, ": not a valid JSON object"));
+    return absl::DataLossError(
+        absl::StrCat(path, ": not a valid JSON object (or nested more than ",
+                     kMaxSafetensorsJsonDepth, " deep)"));
   }
   MUON_RETURN_IF_ERROR(CheckFormatName(path, JsonMember(root, "format")));
   auto bad = [&path](absl::string_view field, absl::string_view want) {
@@ -332,8 +346,9 @@ absl::Status ParseMetadataJson(
   meta->plan_hash = f->get<std::string>();
 
   f = JsonMember(root, "step");
-  if (f == nullptr || !JsonToInt64(*f, &v) || v < 0) {
-    return bad("step", "an integer >= 0");
+  if (f == nullptr || !JsonToInt64(*f, &v) || v < 0 || v > kMaxCheckpointStep) {
+    return bad("step",
+               absl::StrCat("an integer in [0, ", kMaxCheckpointStep, "]"));
   }
   meta->step = v;
 
@@ -447,17 +462,17 @@ absl::StatusOr<ShardPlacement> ParseShardPlacement(
     return err("__metadata__ lacks its .global_shape, .offsets or .placements");
   }
   ShardPlacement out;
-  const json gs_j = json::parse(gs->second, nullptr, false);
+  const json gs_j = ParseBoundedJson(gs->second);
   if (gs_j.is_discarded() || !JsonToInt64Array(gs_j, &out.global_shape)) {
     return err(absl::StrCat("global_shape \"", gs->second,
                             "\" is not a list of integers"));
   }
-  const json pl_j = json::parse(pl->second, nullptr, false);
+  const json pl_j = ParseBoundedJson(pl->second);
   if (pl_j.is_discarded() || !JsonToStringArray(pl_j, &out.placements)) {
     return err(absl::StrCat("placements \"", pl->second,
                             "\" is not a list of strings"));
   }
-  const json off_j = json::parse(off->second, nullptr, false);
+  const json off_j = ParseBoundedJson(off->second);
   if (off_j.is_discarded() || !JsonToInt64Array(off_j, &out.offsets)) {
     return err(absl::StrCat("offsets \"", off->second,
                             "\" is not a list of integers"));
@@ -519,7 +534,17 @@ absl::Status AddShard(
     info_it = tensors->emplace(t.name, CheckpointReader::TensorInfo{}).first;
   }
   CheckpointReader::TensorInfo& info = info_it->second;
-  if (adopt) info.global_shape = where.global_shape;
+  if (adopt) {
+    // Listed in no metadata.json: its rank file's word is checked as
+    // metadata.json's would be.
+    if (!ValidShape(where.global_shape)) {
+      return err(absl::StrCat("global_shape ",
+                              ShapeToString(where.global_shape),
+                              " is not a list of >= 1 dims >= 0 whose F32 "
+                              "bytes fit in int64"));
+    }
+    info.global_shape = where.global_shape;
+  }
   if (where.global_shape != info.global_shape) {
     return err(absl::StrCat("global_shape ", ShapeToString(where.global_shape),
                             " differs from metadata.json's ",
@@ -790,7 +815,7 @@ absl::Status CheckRegionRequest(const std::string& where,
         where, ": expected global shape ", ShapeToString(expected_shape),
         " but the checkpoint has ", ShapeToString(info.global_shape)));
   }
-  if (box.size() != info.global_shape.size()) {
+  if (box.empty() || box.size() != info.global_shape.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         where, ": box ", BoxToString(box), " has ", box.size(),
         " dims but the global shape ", ShapeToString(info.global_shape),

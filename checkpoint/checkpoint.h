@@ -65,6 +65,9 @@ inline constexpr char kCheckpointFormat[] = "muon-checkpoint";
 // Largest safetensors header (and metadata.json) accepted, in bytes; the
 // writer refuses to produce a larger one.
 inline constexpr int64_t kCheckpointMaxHeaderBytes = int64_t{100} << 20;
+// Largest step count a checkpoint (or a state_dict) may carry: 2^62, so
+// that the counter a step increments never overflows int64.
+inline constexpr int64_t kMaxCheckpointStep = int64_t{1} << 62;
 
 // What a checkpoint says about the job that wrote it.
 struct CheckpointMetadata {
@@ -77,7 +80,8 @@ struct CheckpointMetadata {
   // Plan hash of the writing job (opaque; invalid UTF-8 is written as
   // U+FFFD).
   std::string plan_hash;
-  // Optimizer step the checkpoint was taken after (>= 0).
+  // Optimizer step the checkpoint was taken after, in
+  // [0, kMaxCheckpointStep].
   int64_t step = 0;
   // The writer's CPU kernel set (kernels::BlasCoreName(), e.g. "SkylakeX
   // (OpenBLAS 0.3.21 ...)"), which with the OpenBLAS version decides the
@@ -115,7 +119,8 @@ struct ShardTensorView {
 // the header.
 // Errors:
 //   InvalidArgument: dir empty; rank outside [0, meta.world_size);
-//     meta.world_size < 1, meta.step < 0, meta.mesh invalid or of another
+//     meta.world_size < 1, meta.step outside [0, kMaxCheckpointStep],
+//     meta.mesh invalid or of another
 //     world size, meta.format_version != kCheckpointFormatVersion; a tensor
 //     with a bad name, a duplicate name, an empty or negative global shape,
 //     a box whose rank differs from the shape's or that lies outside the

@@ -58,6 +58,8 @@
 
 namespace muon {
 
+class CheckpointReader;
+
 // The optimizer's memory on the parameters' device, in bytes, counted by
 // the allocator it allocates through (device::CountingAllocator).
 struct OptimizerMemory {
@@ -319,6 +321,10 @@ class Muon {
   // This rank's state (torch's optimizer.state_dict()): a copy of the step
   // count and of each parameter's momentum shard with its layout.
   OptimizerStateDict state_dict() const;
+  // state_dict() without the values (no device copies; empty momentum
+  // buffers and row states): names, global shapes and boxes, for a caller
+  // to fill and hand to load_state_dict (as Load does).
+  OptimizerStateDict StateLayout() const;
 
   // Restores a state_dict() taken on the same layout (same parameter names,
   // global shapes and boxes on this rank; torch's load_state_dict). Every
@@ -376,6 +382,12 @@ class Muon {
   // seconds since the Unix epoch. job_id and incarnation are left unset.
   void FillStepReport(v1::StepReport* report) const;
   int64_t step_count() const { return pipeline_->step_count(); }
+  // True from the first MarkReady of a step to the Step that finishes it:
+  // the executor's threads then read and write the parameters, momentum
+  // buffers and row state: load_state_dict, Save and Load are refused
+  // (FailedPrecondition), and state_dict, momentum_buffer and row_state
+  // would race (the C ABI refuses its calls that read them).
+  bool in_overlapped_step() const { return pipeline_->in_overlapped_step(); }
   // A host copy of parameter i's momentum buffer (local shard, fp32,
   // row-major; zeros before the first step), copied from the parameters'
   // device. Empty when that copy fails (a CUDA error; Save reports it).
@@ -429,13 +441,19 @@ class Muon {
   absl::Status MakeDataPath(const DistributedConfig& config,
                             std::vector<MatrixGeometry> geometry,
                             StepPipelineRun* run);
-  // state_dict() without the momentum values (no device copies): names,
-  // shapes, placements and boxes, for checks and for Load to fill.
-  OptimizerStateDict StateLayout() const;
   // What of parameter i's entry `got` in a loaded state_dict differs from
   // this optimizer's layout `want` (name, global shape, shard box, momentum
   // buffer or row state size), as load_state_dict names it; empty when
   // nothing does.
+  // FailedPrecondition naming `what` (e.g. "Save") during a step begun by
+  // MarkReady (in_overlapped_step()); OK otherwise.
+  absl::Status RefuseInOverlappedStep(absl::string_view what) const;
+  // Checks that checkpoint `reader` holds no row state of a variant this
+  // optimizer does not run for parameter `name` (NorMuon's
+  // "variance_neuron" into a plain Muon, which would drop it silently):
+  // FailedPrecondition naming the tensor.
+  absl::Status RefuseUnkeptRowState(const CheckpointReader& reader,
+                                    const std::string& name) const;
   std::string StateMismatch(size_t i, const ParamState& want,
                             const ParamState& got) const;
   // The optimizer's state on the parameters' device (OptimizerState), at

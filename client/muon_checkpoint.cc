@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "checkpoint/checkpoint.h"
 #include "client/muon.h"
+#include "client/normuon.h"
 #include "common/status_macros.h"
 #include "kernels/blas_tiles.h"
 
@@ -142,7 +143,38 @@ std::string Muon::StateMismatch(size_t i, const ParamState& want,
   return what;
 }
 
+absl::Status Muon::RefuseInOverlappedStep(absl::string_view what) const {
+  if (!in_overlapped_step()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "rank ", rank_, ": ", what,
+      " during a step begun by MarkReady (the executor is reading and "
+      "writing the momentum buffers): call it after Step"));
+}
+
+absl::Status Muon::RefuseUnkeptRowState(const CheckpointReader& reader,
+                                        const std::string& name) const {
+  // Every variant's row state (one today).
+  for (const char* state : {kNorMuonRowState}) {
+    if (owner_transform_ != nullptr &&
+        owner_transform_->row_state().name == state) {
+      continue;
+    }
+    const std::string key = RowStateKey(name, state);
+    if (reader.FindTensor(key) != nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", rank_, ": loading \"", name, "\": the checkpoint holds \"",
+          key, "\", a row state this optimizer does not keep",
+          owner_transform_ == nullptr
+              ? " (it runs without a variant such as normuon)"
+              : absl::StrCat(" (it runs ", owner_transform_->name(), ")"),
+          ": create it with the variant that saved the checkpoint"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Muon::load_state_dict(const OptimizerStateDict& state) {
+  MUON_RETURN_IF_ERROR(RefuseInOverlappedStep("load_state_dict"));
   const OptimizerStateDict mine = StateLayout();
   if (state.params.size() != mine.params.size()) {
     return absl::InvalidArgumentError(
@@ -150,10 +182,10 @@ absl::Status Muon::load_state_dict(const OptimizerStateDict& state) {
                      state.params.size(), " parameters but the optimizer has ",
                      mine.params.size()));
   }
-  if (state.step < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("rank ", rank_,
-                                                   ": load_state_dict: step ",
-                                                   state.step, " is negative"));
+  if (state.step < 0 || state.step > kMaxCheckpointStep) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank_, ": load_state_dict: step ", state.step,
+                     " is outside [0, ", kMaxCheckpointStep, "]"));
   }
   for (size_t i = 0; i < mine.params.size(); ++i) {
     const ParamState& want = mine.params[i];
@@ -186,6 +218,7 @@ bool Muon::RunsCpuNewtonSchulz() const {
 }
 
 absl::Status Muon::Save(const std::string& dir) const {
+  MUON_RETURN_IF_ERROR(RefuseInOverlappedStep("Save"));
   const OptimizerStateDict sd = state_dict();
   CheckpointMetadata meta;
   meta.world_size = world_size_;
@@ -229,11 +262,13 @@ absl::Status Muon::Save(const std::string& dir) const {
 }
 
 absl::Status Muon::Load(const std::string& dir) {
+  MUON_RETURN_IF_ERROR(RefuseInOverlappedStep("Load"));
   MUON_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
                         CheckpointReader::Open(dir));
   OptimizerStateDict sd = StateLayout();
   for (size_t i = 0; i < sd.params.size(); ++i) {
     ParamState& ps = sd.params[i];
+    MUON_RETURN_IF_ERROR(RefuseUnkeptRowState(*reader, ps.name));
     // ReadRegion fills exactly this many floats.
     ps.momentum_buffer.assign(state_->momentum(i).size(), 0.0f);
     absl::Status s = reader->ReadRegion(MomentumKey(ps.name), ps.global_shape,

@@ -14,7 +14,7 @@ class NorMuon final : public OwnerTransform {
   std::string name() const override { return "normuon"; }
 
   RowStateSpec row_state() const override {
-    return RowStateSpec{"variance_neuron"};
+    return RowStateSpec{kNorMuonRowState};
   }
 
   std::vector<std::pair<std::string, double>> params() const override {

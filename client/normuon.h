@@ -16,6 +16,9 @@
 
 namespace muon {
 
+// NorMuon's row state key in state_dict and checkpoints.
+inline constexpr char kNorMuonRowState[] = "variance_neuron";
+
 // `beta2` in [0, 1) and `eps` > 0, as MuonOptions::normuon_beta2 and
 // normuon_eps (checked there, by ValidateMuonOptions).
 std::shared_ptr<const OwnerTransform> MakeNorMuon(double beta2, double eps);

@@ -119,6 +119,67 @@ TEST(CheckpointTest, Open_GarbageMetadataJson_ReturnsDataLoss) {
                        AllOf(HasSubstr(path), HasSubstr("JSON"))));
 }
 
+// 2^20 '[' in metadata.json (or in a rank file's __metadata__ string,
+// which the safetensors header's own depth check does not see) would build
+// a DOM of a GiB: refused by its depth before it is parsed.
+TEST(CheckpointTest, Open_DeeplyNestedJson_ReturnsDataLossBeforeParsing) {
+  SmallCheckpoint c = MakeSmallCheckpoint();
+  const std::string path = c.dir + "/metadata.json";
+  const std::string original = ReadFile(path);
+  WriteFile(path, std::string(1 << 20, '['));
+  EXPECT_THAT(CheckpointReader::Open(c.dir),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr(path), HasSubstr("nested more than"))));
+  WriteFile(path, original);
+  const std::string rank_file = c.dir + "/rank_1.safetensors";
+  EditHeader(rank_file, [](json& h) {
+    h["__metadata__"]["w.offsets"] = std::string(1 << 20, '[');
+  });
+  EXPECT_THAT(CheckpointReader::Open(c.dir),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr(rank_file), HasSubstr("offsets"))));
+}
+
+// A step past 2^62 would overflow the step counter a later step
+// increments: refused on read, and never written.
+TEST(CheckpointTest, Open_StepPastLimit_ReturnsDataLoss) {
+  SmallCheckpoint c = MakeSmallCheckpoint();
+  EditMetadataJson(
+      c.dir, [](json& j) { j["step"] = std::numeric_limits<int64_t>::max(); });
+  EXPECT_THAT(CheckpointReader::Open(c.dir),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr("metadata.json"), HasSubstr("step"),
+                             HasSubstr("4611686018427387904"))));
+  const CheckpointMetadata meta = Meta(Mesh::OneDim(1), kMaxCheckpointStep + 1);
+  EXPECT_THAT(WriteCheckpointMetadata(TestDir("step_limit"), meta, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("checkpoint step 4611686018427387905")));
+}
+
+// A 0-dim tensor only a rank file lists (so metadata.json's shape checks
+// never saw it) used to open, and reading it indexed its strides at -1.
+TEST(CheckpointTest, Open_UnlistedZeroDimTensor_ReturnsDataLossNotACrash) {
+  SmallCheckpoint c = MakeSmallCheckpoint();
+  const std::string path = c.dir + "/rank_1.safetensors";
+  const ::muon::testing::SafetensorsParts st =
+      ::muon::testing::SplitSafetensors(ReadFile(path));
+  json header = json::parse(st.header, nullptr, false);
+  ASSERT_FALSE(header.is_discarded());
+  const int64_t w_bytes = header["w"]["data_offsets"][1].get<int64_t>();
+  header["s"] = {{"dtype", "F32"},
+                 {"shape", json::array()},
+                 {"data_offsets", {w_bytes, w_bytes + 4}}};
+  header["__metadata__"]["s.global_shape"] = "[]";
+  header["__metadata__"]["s.offsets"] = "[]";
+  header["__metadata__"]["s.placements"] = "[]";
+  WriteFile(path, ::muon::testing::JoinSafetensors(
+                      header.dump(), st.data + std::string(4, '\0')));
+  EXPECT_THAT(
+      CheckpointReader::Open(c.dir),
+      StatusIs(absl::StatusCode::kDataLoss,
+               AllOf(HasSubstr(path), HasSubstr("tensor s: global_shape []"))));
+}
+
 TEST(CheckpointTest, Open_MetadataFieldOfWrongType_ReturnsDataLoss) {
   SmallCheckpoint c = MakeSmallCheckpoint();
   EditMetadataJson(c.dir, [](json& j) { j["world_size"] = "four"; });
@@ -319,6 +380,9 @@ TEST(CheckpointTest, ReadRegion_BoxOutsideShape_ReturnsInvalidArgument) {
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tensor w")));
   EXPECT_THAT(reader->ReadRegion("w", {10, 6}, {{0, 1}, {0, 1}}, nullptr),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("null")));
+  EXPECT_THAT(reader->ReadRegion("w", {10, 6}, {}, out.data()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("tensor w"), HasSubstr("0 dims"))));
 }
 
 TEST(CheckpointTest, ReadRegion_RegionNotCovered_ReturnsDataLoss) {

@@ -334,6 +334,63 @@ struct SingleOptimizer {
   }
 };
 
+// A NorMuon checkpoint loaded into a plain Muon would drop its row state
+// silently and go on as another optimizer: refused naming the tensor, and
+// nothing loaded. The same checkpoint resumes a NorMuon optimizer.
+TEST(MuonCheckpointTest, Load_NorMuonCheckpointIntoPlainMuon_RefusedUntouched) {
+  Problem problem;
+  const std::string dir = TempDir("normuon_into_plain");
+  {
+    std::vector<std::vector<float>> w = problem.init, g = problem.grads[0];
+    std::unique_ptr<Muon> normuon = SingleNorMuon(problem, &w, &g);
+    ASSERT_NE(normuon, nullptr);
+    StepSingle(problem, 0, 2, &g, normuon.get());
+    ASSERT_TRUE(normuon->Save(dir).ok());
+  }
+  SingleOptimizer plain;
+  ASSERT_TRUE(plain.opt->Step().ok());
+  const OptimizerStateDict before = plain.opt->state_dict();
+  EXPECT_THAT(
+      plain.opt->Load(dir),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               ::testing::AllOf(
+                   ::testing::HasSubstr("rank 0: loading \"w0\": the "
+                                        "checkpoint holds \"w0.variance_"
+                                        "neuron\""),
+                   ::testing::HasSubstr("without a variant such as normuon"))));
+  const OptimizerStateDict after = plain.opt->state_dict();
+  EXPECT_EQ(after.step, before.step);
+  for (size_t i = 0; i < before.params.size(); ++i) {
+    EXPECT_TRUE(BitwiseEqual(after.params[i].momentum_buffer,
+                             before.params[i].momentum_buffer));
+  }
+  std::vector<std::vector<float>> w = problem.init, g = problem.grads[0];
+  std::unique_ptr<Muon> resumed = SingleNorMuon(problem, &w, &g);
+  ASSERT_NE(resumed, nullptr);
+  EXPECT_TRUE(resumed->Load(dir).ok());
+  EXPECT_EQ(resumed->step_count(), 2);
+}
+
+// A step count past 2^62 would overflow the counter a step increments.
+TEST(MuonCheckpointTest, LoadStateDict_StepPastLimit_InvalidArgumentUntouched) {
+  SingleOptimizer s;
+  OptimizerStateDict sd = s.opt->state_dict();
+  sd.step = kMaxCheckpointStep + 1;
+  EXPECT_THAT(s.opt->load_state_dict(sd),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::HasSubstr(
+                           "rank 0: load_state_dict: step 4611686018427387905 "
+                           "is outside [0, 4611686018427387904]")));
+  sd.step = -1;
+  EXPECT_THAT(s.opt->load_state_dict(sd),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::HasSubstr("step -1 is outside")));
+  EXPECT_EQ(s.opt->step_count(), 0);
+  sd.step = kMaxCheckpointStep;
+  EXPECT_TRUE(s.opt->load_state_dict(sd).ok());
+  EXPECT_EQ(s.opt->step_count(), kMaxCheckpointStep);
+}
+
 TEST(MuonCheckpointTest, Load_MissingParameter_NotFoundAndUntouched) {
   // Saved by an optimizer without "w2".
   const std::string dir = TempDir("missing");

@@ -9,6 +9,7 @@
 // leaves everything as before it; the options it cannot run with are
 // refused.
 #include <algorithm>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string>
@@ -422,6 +423,46 @@ TEST(OverlapBackwardTest,
   ASSERT_TRUE((*muon)->MarkReadyOnStream(0, nullptr).ok());
   ASSERT_TRUE((*muon)->Step().ok());
   EXPECT_EQ((*muon)->step_count(), 1);
+}
+
+// Between MarkReady and Step the executor's threads write the momentum:
+// Save, Load and load_state_dict are refused naming the call and change
+// nothing (the step then ends as if they had not been called); after Step
+// they work.
+TEST(OverlapBackwardTest,
+     SaveLoadDuringMarkedStep_FailedPreconditionUnchanged) {
+  Parameter p;
+  p.name = "w";
+  p.local_shape = {4, 4};
+  p.data.assign(16, 1.0f);
+  p.grad.assign(16, 0.5f);
+  const DistributedConfig config = OverlapConfigOfOne();
+  absl::StatusOr<std::unique_ptr<Muon>> muon =
+      Muon::Create(std::vector<Parameter*>{&p}, OverlapOptions(), config);
+  ASSERT_TRUE(muon.ok()) << muon.status();
+  Muon& m = **muon;
+  const char* base = std::getenv("TEST_TMPDIR");
+  const std::string dir =
+      absl::StrCat(base != nullptr ? base : "/tmp", "/overlap_save");
+  ASSERT_TRUE(m.Save(dir).ok());  // step 0: zeros
+  const OptimizerStateDict zeros = m.state_dict();
+  ASSERT_TRUE(m.MarkReady(0).ok());
+  ASSERT_TRUE(m.in_overlapped_step());
+  const auto refused = [](absl::string_view what) {
+    return StatusIs(absl::StatusCode::kFailedPrecondition,
+                    HasSubstr(absl::StrCat("rank 0: ", what,
+                                           " during a step begun by "
+                                           "MarkReady")));
+  };
+  EXPECT_THAT(m.Save(dir), refused("Save"));
+  EXPECT_THAT(m.Load(dir), refused("Load"));
+  EXPECT_THAT(m.load_state_dict(zeros), refused("load_state_dict"));
+  ASSERT_TRUE(m.Step().ok());
+  EXPECT_EQ(m.step_count(), 1);
+  EXPECT_THAT(m.momentum_buffer(0), ::testing::Not(::testing::Each(0.0f)));
+  ASSERT_TRUE(m.Load(dir).ok());
+  EXPECT_EQ(m.step_count(), 0);
+  EXPECT_THAT(m.momentum_buffer(0), ::testing::Each(0.0f));
 }
 
 TEST(OverlapBackwardTest, Create_WithTransactional_Refused) {

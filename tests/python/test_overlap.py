@@ -87,6 +87,38 @@ def test_overlapped_step_refuses_lr_changed_after_marks_and_missing_grads():
     opt.step()
 
 
+def test_state_during_a_step_begun_by_hooks_is_refused_then_works(tmp_path):
+    """Between backward (whose hooks began the step) and step(), the
+    library's threads write the momentum: state_dict, load_state_dict and
+    save_checkpoint are refused (FailedPreconditionError), and the step
+    then ends with the same bits as without the refused calls."""
+    def run(refuse):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8, bias=False),
+                                    torch.nn.Linear(8, 4, bias=False))
+        opt = muonrt.Muon(list(model.named_parameters()), lr=0.02,
+                          overlap_backward=True, bucket_size_bytes=64)
+        initial = opt.state_dict()
+        model(torch.randn(4, 8)).sum().backward()
+        if refuse:
+            for call in (opt.state_dict,
+                         lambda: opt.load_state_dict(initial),
+                         lambda: opt.save_checkpoint(str(tmp_path / "c"))):
+                with pytest.raises(muonrt.FailedPreconditionError,
+                                   match="a step begun by"):
+                    call()
+        opt.step()
+        assert opt.step_count == 1
+        return opt.state_dict(), [p.detach().clone()
+                                  for p in model.parameters()]
+    (sd, want), (sd2, got) = run(False), run(True)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    for i in sd["state"]:
+        assert torch.equal(sd["state"][i]["momentum_buffer"],
+                           sd2["state"][i]["momentum_buffer"])
+
+
 def test_overlap_with_a_frozen_parameter_is_refused_naming_it():
     """A parameter that does not require grad can take no gradient hook:
     refused at construction naming it, not with torch's hook error."""
