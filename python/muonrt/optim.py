@@ -283,6 +283,13 @@ def _known_names(expert_stacks, names):
     return expert_stacks
 
 
+def _short_list(items, limit=4):
+    """At most `limit` items of a list for a message, then how many more."""
+    items = list(items)
+    more = f" and {len(items) - limit} more" if len(items) > limit else ""
+    return f"{items[:limit]}{more}"
+
+
 def _report_create_failure(process_group, error):
     """Tells the coordinator of `process_group` (else of the default group;
     none: nothing) that this rank will not create its optimizer because of
@@ -1510,6 +1517,10 @@ class Muon(torch.optim.Optimizer):
                         raise ValueError(
                             f"muonrt.Muon.load_state_dict: the state_dict has "
                             f"parameter {a!r} where this optimizer has {b!r}")
+                raise ValueError(
+                    f"muonrt.Muon.load_state_dict: a param group of the "
+                    f"state_dict names {len(sg['param_names'])} parameters, "
+                    f"this optimizer's {len(g['param_names'])}")
             for key in _GLOBAL_KEYS:
                 if key in sg and _canonical(key, sg[key]) != _canonical(
                         key, self.defaults[key]):
@@ -1527,6 +1538,12 @@ class Muon(torch.optim.Optimizer):
                 return int(saved_groups[0]["muonrt_step"])
             return 0
         mine = self._layout_meta()
+        missing = [k for k in ("step", "names", "global_shapes",
+                               "local_shapes", "placements") if k not in meta]
+        if missing:
+            raise ValueError(
+                f"muonrt.Muon.load_state_dict: the state_dict's 'muonrt' "
+                f"entry lacks {missing}")
         if (meta.get("rank"), meta.get("world_size")) != (
                 mine["rank"], mine["world_size"]):
             raise ValueError(
@@ -1534,7 +1551,17 @@ class Muon(torch.optim.Optimizer):
                 f"{meta.get('rank')} of {meta.get('world_size')}, this "
                 f"optimizer rank {mine['rank']} of {mine['world_size']} "
                 f"(state_dict is per rank; load_checkpoint reshards)")
+        if list(meta["names"]) != mine["names"]:
+            raise ValueError(
+                f"muonrt.Muon.load_state_dict: the state_dict's parameters "
+                f"are {_short_list(meta['names'])}, this optimizer's "
+                f"{_short_list(mine['names'])}")
         for key in ("global_shapes", "local_shapes", "placements"):
+            if len(meta[key]) != len(mine[key]):
+                raise ValueError(
+                    f"muonrt.Muon.load_state_dict: the state_dict's 'muonrt' "
+                    f"entry has {len(meta[key])} {key}, this optimizer "
+                    f"{len(mine[key])} parameters")
             for name, a, b in zip(mine["names"], meta[key], mine[key]):
                 if list(a) != list(b):
                     raise ValueError(
@@ -1557,6 +1584,7 @@ class Muon(torch.optim.Optimizer):
                 if key != "momentum_buffer":  # a row state
                     local_shape = local_shape[:-1] + (1,)
                 entry = state.get(index)
+                self._check_state_keys(s, entry)
                 buf = entry.get(key) if entry else None
                 if buf is None:  # torch: no state yet = zeros at next step
                     buf = torch.zeros(local_shape, dtype=torch.float32)
@@ -1566,6 +1594,10 @@ class Muon(torch.optim.Optimizer):
                     raise ValueError(
                         f"muonrt.Muon.load_state_dict: {key} of "
                         f"{s.name!r} is a {type(buf).__name__}, not a tensor")
+                if not buf.is_floating_point():
+                    raise ValueError(
+                        f"muonrt.Muon.load_state_dict: {key} of {s.name!r} "
+                        f"has dtype {buf.dtype}, not a floating-point one")
                 if tuple(buf.shape) != local_shape:
                     raise ValueError(
                         f"muonrt.Muon.load_state_dict: {key} of "
@@ -1576,6 +1608,22 @@ class Muon(torch.optim.Optimizer):
                                                dtype=torch.float32)
                                .contiguous())
         return buffers
+
+    def _check_state_keys(self, s, entry):
+        """A saved state entry holds only what this optimizer keeps: the
+        momentum buffer and its variant's row state. Another key (NorMuon's
+        "variance_neuron" into a plain Muon, Adam's "exp_avg") would be
+        dropped silently: ValueError naming it."""
+        kept = {"momentum_buffer", self._row_state_key}
+        extra = sorted(str(k) for k in (entry or {}) if k not in kept)
+        if extra:
+            variant = ("without a variant such as normuon"
+                       if self._row_state_key is None
+                       else f"keeping {self._row_state_key!r}")
+            raise ValueError(
+                f"muonrt.Muon.load_state_dict: the state of {s.name!r} holds "
+                f"{extra}, which this optimizer ({variant}) does not keep: "
+                f"create it as the optimizer that saved the state")
 
     def _local_state(self, s, buf, key):
         """This rank's shard of a DTensor state `buf` (`key`: a momentum

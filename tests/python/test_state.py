@@ -130,6 +130,58 @@ def test_load_state_dict_mismatches_raise_and_change_nothing():
         fresh.load_state_dict(wrong_nesterov)
 
 
+def test_load_state_dict_refuses_what_it_would_drop_or_misread():
+    """What load_state_dict would otherwise drop or misread silently is a
+    ValueError naming it, and nothing changes: a NorMuon row state into a
+    plain Muon, another optimizer's state key, an integer buffer, a
+    "muonrt" entry of other parameters or lacking a field, a group naming
+    fewer parameters."""
+    init, grads = make_problem(seed=24, steps=1)
+    params = params_of(init)
+    normuon = muonrt.Muon(list(params.items()), normuon=True)
+    run(normuon, params, grads, range(1))
+    sd = normuon.state_dict()
+    fresh = muonrt.Muon(list(params_of(init).items()))
+    with pytest.raises(ValueError, match=r"the state of 'w_tall' holds "
+                                         r"\['variance_neuron'\], which "
+                                         r"this optimizer \(without a "
+                                         r"variant such as normuon\)"):
+        fresh.load_state_dict(sd)
+    plain = muonrt.Muon(list(params.items()))
+    sd = plain.state_dict()
+
+    def edited(**entries):
+        bad = dict(sd, state=dict(sd["state"]), muonrt=dict(sd["muonrt"]))
+        for key, value in entries.items():
+            if key == "state0":
+                bad["state"][0] = value
+            elif value is None:
+                del bad["muonrt"][key]
+            else:
+                bad["muonrt"][key] = value
+        return bad
+    adam = {"momentum_buffer": sd["state"][0]["momentum_buffer"],
+            "exp_avg": torch.zeros(1)}
+    cases = [
+        (edited(state0=adam), r"holds \['exp_avg'\]"),
+        (edited(state0={"momentum_buffer": torch.zeros(
+            sd["state"][0]["momentum_buffer"].shape, dtype=torch.int32)}),
+         r"momentum_buffer of 'w_tall' has dtype torch.int32"),
+        (edited(names=["a"] + sd["muonrt"]["names"][1:]),
+         r"the state_dict's parameters are \['a'"),
+        (edited(step=None), r"'muonrt' entry lacks \['step'\]"),
+    ]
+    short = dict(sd, param_groups=[dict(sd["param_groups"][0])])
+    short["param_groups"][0]["param_names"] = \
+        sd["param_groups"][0]["param_names"][:-1]
+    cases.append((short, r"names \d+ parameters, this optimizer's \d+"))
+    for bad, message in cases:
+        with pytest.raises(ValueError, match=message):
+            fresh.load_state_dict(bad)
+        assert fresh.step_count == 0
+        assert torch.count_nonzero(fresh.momentum_buffer(0)) == 0
+
+
 def test_loads_a_torch_optim_muon_style_state_dict():
     """A state_dict in torch.optim.Muon's structure (no "muonrt" entry, state
     only for stepped parameters, bf16 buffers allowed) loads by position."""
