@@ -255,9 +255,12 @@ absl::Status Muon::Save(const std::string& dir) const {
     v.data = ps.row_state.data();
     tensors.push_back(std::move(v));
   }
-  MUON_RETURN_IF_ERROR(WriteCheckpointShard(dir, rank_, meta, tensors));
-  if (rank_ == 0)
-    MUON_RETURN_IF_ERROR(WriteCheckpointMetadata(dir, meta, tensors));
+  absl::Status s = WriteCheckpointShard(dir, rank_, meta, tensors);
+  if (s.ok() && rank_ == 0) s = WriteCheckpointMetadata(dir, meta, tensors);
+  if (!s.ok()) {
+    return absl::Status(s.code(),
+                        absl::StrCat("rank ", rank_, ": Save: ", s.message()));
+  }
   return absl::OkStatus();
 }
 
