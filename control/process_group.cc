@@ -363,7 +363,15 @@ std::string EnvString(const char* name, const std::string& fallback) {
 
 // options.job_secret and options.tls, completed from the environment.
 absl::Status FillSecurityFromEnv(ProcessGroupOptions& options) {
-  if (options.job_secret.empty()) {
+  if (!options.job_secret.empty()) {
+    // Given explicitly: a blank secret is no secret.
+    absl::Status valid =
+        CheckJobSecret(options.job_secret, "ProcessGroupOptions.job_secret");
+    if (!valid.ok()) {
+      return absl::Status(valid.code(), absl::StrCat("rank ", options.rank,
+                                                     ": ", valid.message()));
+    }
+  } else {
     absl::StatusOr<std::string> secret = JobSecretFromEnv();
     if (!secret.ok()) {
       return absl::Status(
@@ -656,14 +664,21 @@ absl::Status EmbeddedCoordinatorFromEnv(const std::string& master,
   }
   MUON_ASSIGN_OR_RETURN(const int master_port,
                         EnvInt("MASTER_PORT", std::nullopt));
+  // Checked before master_port + 1 below (which overflows at INT_MAX).
+  if (master_port < 1 || master_port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("environment: MASTER_PORT=", master_port,
+                     " is not a TCP port (1..65535)"));
+  }
   // torch.distributed's TCPStore listens on MASTER_PORT in the same job, so
   // the coordinator takes the next port unless MUON_COORDINATOR_PORT says.
   MUON_ASSIGN_OR_RETURN(const int port,
                         EnvInt("MUON_COORDINATOR_PORT", master_port + 1));
-  if (master_port < 1 || master_port > 65535 || port < 1 || port > 65535) {
+  if (port < 1 || port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "environment: MASTER_PORT=", master_port, " / coordinator port ", port,
-        " is not a TCP port (1..65535)"));
+        "environment: the coordinator port ", port,
+        " (MUON_COORDINATOR_PORT, default MASTER_PORT + 1 with MASTER_PORT=",
+        master_port, ") is not a TCP port (1..65535)"));
   }
   o->embedded_port = port;
   o->coordinator_address = absl::StrCat(master, ":", port);

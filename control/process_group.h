@@ -131,7 +131,8 @@ struct ProcessGroupOptions {
   // coordinator requires (coordination/credentials.h). Empty = taken from
   // MUON_JOB_SECRET or MUON_JOB_SECRET_FILE; when those are unset too, no
   // secret: an embedded coordinator then accepts any caller that reaches it
-  // and says so on stderr (muonrun always sets one).
+  // and says so on stderr (muonrun always sets one). A secret of only
+  // whitespace, here or in those variables, is refused (InvalidArgument).
   std::string job_secret;
   // TLS (PEM files): ca_file verifies the coordinator (MUON_TLS_CA_FILE);
   // cert_file and key_file make rank 0's embedded coordinator serve TLS
@@ -171,7 +172,8 @@ struct ProcessGroup {
 // same coordinator's key-value store.
 // Errors: InvalidArgument (rank out of range, no coordinator address on a
 // rank that does not embed one, GLOO_SOCKET_IFNAME names no interface with
-// an IPv4 address, a negative cuda_device); those of
+// an IPv4 address, a negative cuda_device, a blank job secret or one read
+// from the environment: JobSecretFromEnv, CheckJobSecret); those of
 // NcclCommunicator::Create with kNccl (Unimplemented in a build without
 // --config=cuda; FailedPrecondition without that GPU); FailedPrecondition
 // (embed_coordinator on rank 0 without start_embedded_coordinator); the

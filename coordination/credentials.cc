@@ -119,18 +119,38 @@ absl::Status WriteSecretFile(const std::string& path,
   return absl::OkStatus();
 }
 
+absl::Status CheckJobSecret(absl::string_view secret,
+                            absl::string_view source) {
+  if (absl::StripAsciiWhitespace(secret).empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, " is ", secret.empty() ? "empty" : "only whitespace",
+        ": a blank job secret would turn authentication off; set it to the "
+        "job's secret (e.g. $(openssl rand -hex 32)), the same on every "
+        "node, or leave it unset"));
+  }
+  if (secret.size() > kMaxSecretBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, " is ", secret.size(), " bytes; at most ", kMaxSecretBytes));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> JobSecretFromEnv() {
-  const char* value = std::getenv("MUON_JOB_SECRET");
-  if (value != nullptr && *value != '\0') {
+  // Set but blank is an error, not "unset": a launcher that exported an
+  // empty variable meant to share a secret.
+  if (const char* value = std::getenv("MUON_JOB_SECRET"); value != nullptr) {
     const std::string secret(absl::StripAsciiWhitespace(value));
-    if (secret.size() > kMaxSecretBytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "MUON_JOB_SECRET is longer than ", kMaxSecretBytes, " bytes"));
-    }
+    absl::Status valid = CheckJobSecret(secret, "MUON_JOB_SECRET");
+    if (!valid.ok()) return valid;
     return secret;
   }
   const char* file = std::getenv("MUON_JOB_SECRET_FILE");
-  if (file == nullptr || *file == '\0') return std::string();
+  if (file == nullptr) return std::string();
+  if (absl::StripAsciiWhitespace(file).empty()) {
+    return absl::InvalidArgumentError(
+        "MUON_JOB_SECRET_FILE is set but empty: name the job secret's file "
+        "(mode 0600) or leave it unset");
+  }
   absl::StatusOr<std::string> secret = ReadSecretFile(file);
   if (!secret.ok()) {
     return absl::Status(

@@ -17,6 +17,7 @@
 
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
@@ -60,9 +61,22 @@ absl::StatusOr<std::string> ReadSecretFile(const std::string& path);
 // Errors: AlreadyExists, Internal (names the path and errno text).
 absl::Status WriteSecretFile(const std::string& path, absl::string_view secret);
 
-// The job secret from the environment: MUON_JOB_SECRET, else the file named
-// by MUON_JOB_SECRET_FILE (ReadSecretFile), else "" (none set).
-// Errors: ReadSecretFile's, naming the variable.
+// Checks a job secret (or read-only token) given explicitly or read from
+// the environment: at least one character that is not whitespace (a blank
+// secret would turn authentication off, or be guessable), at most
+// kMaxSecretBytes. `source` names where it came from (e.g.
+// "MUON_JOB_SECRET").
+// Errors: InvalidArgument naming `source` (never the content).
+absl::Status CheckJobSecret(absl::string_view secret, absl::string_view source);
+
+// The job secret from the environment: MUON_JOB_SECRET (surrounding
+// whitespace stripped) when it is set, else the file named by
+// MUON_JOB_SECRET_FILE (ReadSecretFile) when that is set, else "" (neither
+// set).
+// Errors: InvalidArgument when MUON_JOB_SECRET is set but empty or only
+// whitespace, or MUON_JOB_SECRET_FILE is set but empty (naming the
+// variable: either would turn authentication off); CheckJobSecret's;
+// ReadSecretFile's, naming the variable.
 absl::StatusOr<std::string> JobSecretFromEnv();
 
 // Reads a whole PEM file (TLS certificates and keys), at most 1 MiB.

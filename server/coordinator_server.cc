@@ -1,5 +1,6 @@
 #include "server/coordinator_server.h"
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <iostream>
@@ -57,6 +58,32 @@ void AddHttp2Settings(grpc::ServerBuilder* builder) {
   builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, INT_MAX);
 }
 
+// Start's checks of `options` that need no I/O (see Start's errors).
+absl::Status CheckServerOptions(const CoordinatorServerOptions& options) {
+  if (options.port < 0 || options.port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("port ", options.port, " is outside [0, 65535]"));
+  }
+  if (options.host.empty()) {
+    return absl::InvalidArgumentError("host is empty");
+  }
+  if (options.max_message_bytes <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("max_message_bytes is ",
+                                                   options.max_message_bytes,
+                                                   "; must be positive"));
+  }
+  // A blank secret is no secret (an empty one turns authentication off).
+  if (!options.auth.job_secret.empty()) {
+    MUON_RETURN_IF_ERROR(CheckJobSecret(options.auth.job_secret,
+                                        "the coordinator's job secret"));
+  }
+  if (!options.auth.read_token.empty()) {
+    MUON_RETURN_IF_ERROR(CheckJobSecret(options.auth.read_token,
+                                        "the coordinator's read-only token"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 bool IsLoopbackHost(const std::string& host) {
@@ -66,13 +93,7 @@ bool IsLoopbackHost(const std::string& host) {
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     const CoordinatorServerOptions& options) {
-  if (options.port < 0 || options.port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("port ", options.port, " is outside [0, 65535]"));
-  }
-  if (options.host.empty()) {
-    return absl::InvalidArgumentError("host is empty");
-  }
+  MUON_RETURN_IF_ERROR(CheckServerOptions(options));
   MUON_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                         ServerCredentials(options.tls));
   if (options.tls.cert_file.empty() && !IsLoopbackHost(options.host)) {
@@ -81,7 +102,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
                  "(set a TLS certificate and key)"
               << std::endl;
   }
-  auto service = std::make_unique<CoordinatorService>(options.service);
+  CoordinatorService::Options service_options = options.service;
+  service_options.max_response_bytes =
+      std::min(service_options.max_response_bytes,
+               static_cast<size_t>(options.max_message_bytes));
+  auto service = std::make_unique<CoordinatorService>(service_options);
   auto grpc_service =
       std::make_unique<CoordinatorGrpcService>(service.get(), options.auth);
 

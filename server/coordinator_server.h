@@ -47,7 +47,8 @@ struct CoordinatorServerOptions {
   // (gRPC SSL server credentials); empty: plaintext.
   TlsFiles tls;
   // Largest request accepted, bytes (gRPC's receive limit; responses are
-  // bounded by the same value).
+  // bounded by the same value, and GetReports refuses a larger answer:
+  // service.max_response_bytes is lowered to it). Must be positive.
   int max_message_bytes = 64 << 20;
 };
 
@@ -59,8 +60,10 @@ class CoordinatorServer {
  public:
   // Creates the service and starts serving on options.host:options.port.
   // Errors:
-  //   InvalidArgument: port outside [0, 65535], an empty host, a TLS cert
-  //     without its key (or the reverse), unreadable PEM files (names them).
+  //   InvalidArgument: port outside [0, 65535], an empty host,
+  //     max_message_bytes <= 0, a job secret or read token of only
+  //     whitespace, a TLS cert without its key (or the reverse), unreadable
+  //     PEM files (names them).
   //   Unavailable: the address cannot be bound (names it).
   // Binding a non-loopback host without TLS prints a warning to stderr.
   static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(

@@ -1,6 +1,7 @@
 #include "server/coordinator_service.h"
 
 #include <algorithm>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -37,6 +38,40 @@ double MedianWithout(const std::vector<double>& sorted, size_t skip) {
   const size_t n = sorted.size() - 1;
   auto at = [&](size_t i) { return sorted[i < skip ? i : i + 1]; };
   return n % 2 == 1 ? at(n / 2) : 0.5 * (at(n / 2 - 1) + at(n / 2));
+}
+
+// The first `max_bytes` bytes of `text`, or fewer: cut before a UTF-8
+// continuation byte, so that the result stays valid UTF-8 (as a proto3
+// string must) when `text` is.
+absl::string_view CutAtUtf8Boundary(absl::string_view text, size_t max_bytes) {
+  if (text.size() <= max_bytes) return text;
+  size_t cut = max_bytes;
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) {
+    --cut;
+  }
+  return text.substr(0, cut);
+}
+
+// Ranks for a message: "0, 1, 2", at most 64 of them, then " and N more"
+// (a message naming every rank of a large job would be megabytes).
+std::string RankListText(std::vector<int> ranks) {
+  constexpr size_t kListed = 64;
+  const size_t n = ranks.size();
+  if (n > kListed) ranks.resize(kListed);
+  return absl::StrCat(
+      absl::StrJoin(ranks, ", "),
+      n > kListed ? absl::StrCat(" and ", n - kListed, " more") : "");
+}
+
+// InvalidArgument when `report` has more than kMaxReportOps operations.
+absl::Status CheckReportOps(const v1::StepReport& report) {
+  if (report.ops_size() <= CoordinatorService::kMaxReportOps) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("rank ", report.rank(), "'s report of step ", report.step(),
+                   " has ", report.ops_size(), " ops; at most ",
+                   CoordinatorService::kMaxReportOps, " are accepted"));
 }
 
 }  // namespace
@@ -121,7 +156,8 @@ void CoordinatorService::MaybeStartGenerationLocked(absl::Time now) {
   error_ = absl::OkStatus();
   run_error_.clear();
   failed_rank_ = -1;
-  in_process_ranks_.clear();
+  // in_process_ranks_ stays: the rank that shares this process noted it
+  // before the Join that started this generation.
   plan_.Clear();
   rank_plan_.Clear();
   layout_ = JobLayout();
@@ -146,7 +182,7 @@ std::string CoordinatorService::MissingRanksLocked() const {
   for (int r = 0; r < world_size_; ++r) {
     if (ranks_.find(r) == ranks_.end()) missing.push_back(r);
   }
-  return absl::StrCat("[", absl::StrJoin(missing, ", "), "]");
+  return absl::StrCat("[", RankListText(std::move(missing)), "]");
 }
 
 void CoordinatorService::FailLocked(absl::Status status) {
@@ -434,9 +470,15 @@ class HostJoinResults {
 
 void CoordinatorService::HostJoinAsync(const v1::HostJoinRequest& request,
                                        JoinCallback done) {
-  const std::string host =
-      absl::StrCat("host \"", LogValue(request.host()), "\"");
+  const std::string host = absl::StrCat(
+      "host \"", LogValue(CutAtUtf8Boundary(request.host(), kMaxHostNameBytes)),
+      "\"");
   absl::Status bad = CheckJobId(request.job_id());
+  if (bad.ok() && request.host().size() > kMaxHostNameBytes) {
+    bad = absl::InvalidArgumentError(
+        absl::StrCat("HostJoin: the host name is ", request.host().size(),
+                     " bytes; at most ", kMaxHostNameBytes));
+  }
   if (bad.ok() &&
       (request.ranks_size() < 1 || request.ranks_size() > kMaxHostRanks)) {
     bad = absl::InvalidArgumentError(
@@ -473,16 +515,8 @@ absl::Status CoordinatorService::FailedJoinLocked(
   MUON_RETURN_IF_ERROR(
       CheckJoinLocked(rank, compact ? request.compact().world_size()
                                     : request.manifest().world_size()));
-  // At most 4 KiB, cut before a UTF-8 continuation byte (a proto3 string
-  // must stay valid UTF-8).
-  absl::string_view error = request.error();
-  if (error.size() > 4096) {
-    size_t cut = 4096;
-    while (cut > 0 && (static_cast<unsigned char>(error[cut]) & 0xC0) == 0x80) {
-      --cut;
-    }
-    error = error.substr(0, cut);
-  }
+  const absl::string_view error =
+      CutAtUtf8Boundary(request.error(), kMaxErrorBytes);
   const absl::Status status = absl::InvalidArgumentError(
       absl::StrCat("rank ", rank, " could not create its optimizer: ", error));
   if (options_.log) {
@@ -574,11 +608,12 @@ absl::StatusOr<v1::JoinResponse> CoordinatorService::JoinLocked(
   const uint64_t id = next_join_waiter_++;
   join_waiters_.emplace(id, JoinWaiter{rank, timeout, std::move(done)});
   *waiting = true;
-  if (static_cast<int>(ranks_.size()) == world_size_) {
-    PlanLocked(completions);
-  } else {
-    timer_.Schedule(absl::Now() + timeout, [this, id] { ExpireJoin(id); });
-  }
+  // Every waiter gets its deadline, the one completing the world too:
+  // planning may ask compact ranks for their full manifests and remove
+  // them, and this waiter then waits for them like the others (ExpireJoin
+  // ignores a waiter completed already).
+  timer_.Schedule(absl::Now() + timeout, [this, id] { ExpireJoin(id); });
+  if (static_cast<int>(ranks_.size()) == world_size_) PlanLocked(completions);
   return v1::JoinResponse();  // unused: the waiter is completed later
 }
 
@@ -703,6 +738,12 @@ absl::StatusOr<v1::HeartbeatResponse> CoordinatorService::HostHeartbeat(
   const auto host = [&request] {
     return absl::StrCat("host \"", LogValue(request.host()), "\"");
   };
+  if (request.host().size() > kMaxHostNameBytes) {
+    // Kept in each listed rank's entry: bounded before it is copied.
+    return absl::InvalidArgumentError(
+        absl::StrCat("HostHeartbeat: the host name is ", request.host().size(),
+                     " bytes; at most ", kMaxHostNameBytes));
+  }
   if (request.ranks_size() > kMaxHostRanks) {
     return absl::InvalidArgumentError(
         absl::StrCat("HostHeartbeat: ", host(), " lists ", request.ranks_size(),
@@ -753,13 +794,16 @@ void CoordinatorService::ApplyHeartbeatLocked(
     }
   }
   if (!request.error().empty() && state_ == Phase::kPlanned) {
+    // Kept as the job error and sent with every heartbeat response: cut.
+    const absl::string_view error =
+        CutAtUtf8Boundary(request.error(), kMaxErrorBytes);
     if (!info->failure_logged && options_.log) {
       info->failure_logged = true;
       Log(absl::StrCat("event=rank_failed rank=", request.rank(),
-                       " error=", LogValue(request.error())));
+                       " error=", LogValue(error)));
     }
-    FailRankLocked(request.rank(), absl::StrCat("rank ", request.rank(),
-                                                " failed: ", request.error()));
+    FailRankLocked(request.rank(),
+                   absl::StrCat("rank ", request.rank(), " failed: ", error));
   }
 }
 
@@ -861,18 +905,15 @@ std::string CoordinatorService::LostMessage(int rank, const RankInfo& info,
                       absl::ToDoubleSeconds(silence),
                       absl::ToDoubleSeconds(options_.heartbeat_timeout));
   if (host_ranks.empty()) return absl::StrCat("rank ", rank, " lost: ", why);
-  constexpr size_t kListed = 64;
-  const size_t n = host_ranks.size();
-  if (n > kListed) host_ranks.resize(kListed);
-  return absl::StrCat(
-      "ranks ", absl::StrJoin(host_ranks, ", "),
-      n > kListed ? absl::StrCat(" and ", n - kListed, " more") : "",
-      " of host \"", absl::CEscape(info.host), "\" lost: ", why);
+  return absl::StrCat("ranks ", RankListText(std::move(host_ranks)),
+                      " of host \"", absl::CEscape(info.host),
+                      "\" lost: ", why);
 }
 
 absl::StatusOr<v1::ReportStepResponse> CoordinatorService::ReportStep(
     const v1::StepReport& report) {
   MUON_RETURN_IF_ERROR(CheckJobId(report.job_id()));
+  MUON_RETURN_IF_ERROR(CheckReportOps(report));
   {
     absl::MutexLock lock(&mu_);
     MUON_ASSIGN_OR_RETURN(RankInfo * info,
@@ -894,6 +935,9 @@ absl::StatusOr<v1::ReportStepResponse> CoordinatorService::ReportSteps(
     return absl::InvalidArgumentError(
         absl::StrCat("ReportSteps: ", request.reports_size(),
                      " reports in one call; at most ", kMaxHostRanks));
+  }
+  for (const v1::StepReport& report : request.reports()) {
+    MUON_RETURN_IF_ERROR(CheckReportOps(report));
   }
   {
     absl::MutexLock lock(&mu_);
@@ -964,29 +1008,47 @@ absl::StatusOr<v1::GetReportsResponse> CoordinatorService::GetReports(
         absl::StrCat("rank ", request.rank(), " has not joined the job"));
   }
   v1::GetReportsResponse response;
+  // The response's size as it grows (ByteSizeLong of the whole response
+  // at each report would be quadratic): each report's own size plus its
+  // field tag and length prefix (at most 1 + 5 bytes).
+  size_t bytes = 0;
   for (const auto& [rank, info] : ranks_) {
     if (request.rank() >= 0 && rank != request.rank()) continue;
-    // Oldest first: the ring from next_report on, then its start.
-    std::vector<const v1::StepReport*> kept;
-    kept.reserve(info.reports.size());
-    for (size_t i = 0; i < info.reports.size(); ++i) {
-      kept.push_back(
-          &info.reports[(info.next_report + i) % info.reports.size()]);
-    }
-    std::stable_sort(kept.begin(), kept.end(),
-                     [](const v1::StepReport* a, const v1::StepReport* b) {
-                       return a->step() < b->step();
-                     });
-    size_t first = 0;
-    if (request.last_steps() > 0 &&
-        kept.size() > static_cast<size_t>(request.last_steps())) {
-      first = kept.size() - static_cast<size_t>(request.last_steps());
-    }
-    for (size_t i = first; i < kept.size(); ++i) {
-      *response.add_reports() = *kept[i];
+    for (const v1::StepReport* report :
+         KeptReportsLocked(info, request.last_steps())) {
+      bytes += report->ByteSizeLong() + 6;
+      if (bytes > options_.max_response_bytes) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "GetReports: the kept reports exceed the coordinator's largest "
+            "response (",
+            options_.max_response_bytes, " bytes) at rank ", rank,
+            "'s report of step ", report->step(), " (", response.reports_size(),
+            " reports before it); ask for fewer ",
+            "steps per rank (muonctl's --last_steps, now ",
+            request.last_steps(), ") or one rank (GetReportsRequest.rank)"));
+      }
+      *response.add_reports() = *report;
     }
   }
   return response;
+}
+
+std::vector<const v1::StepReport*> CoordinatorService::KeptReportsLocked(
+    const RankInfo& info, int last_steps) const {
+  // Oldest first: the ring from next_report on, then its start.
+  std::vector<const v1::StepReport*> kept;
+  kept.reserve(info.reports.size());
+  for (size_t i = 0; i < info.reports.size(); ++i) {
+    kept.push_back(&info.reports[(info.next_report + i) % info.reports.size()]);
+  }
+  std::stable_sort(kept.begin(), kept.end(),
+                   [](const v1::StepReport* a, const v1::StepReport* b) {
+                     return a->step() < b->step();
+                   });
+  if (last_steps > 0 && kept.size() > static_cast<size_t>(last_steps)) {
+    kept.erase(kept.begin(), kept.end() - last_steps);
+  }
+  return kept;
 }
 
 std::vector<double> CoordinatorService::SortedStepTimesLocked() const {
@@ -1010,17 +1072,21 @@ bool CoordinatorService::IsStragglerLocked(
   return median > 0 && t > options_.straggler_factor * median;
 }
 
-bool CoordinatorService::IsLateLocked(
-    const RankInfo& info, absl::Time now,
-    const std::vector<double>& sorted_times) const {
-  if (!info.reported || info.finished || sorted_times.size() < 3) return false;
-  bool others_ahead = false;
-  for (const auto& [rank, other] : ranks_) {
-    if (other.reported && other.last_report.step() > info.last_report.step()) {
-      others_ahead = true;
-    }
+int64_t CoordinatorService::HighestStepLocked() const {
+  int64_t highest = std::numeric_limits<int64_t>::min();
+  for (const auto& [rank, info] : ranks_) {
+    if (info.reported) highest = std::max(highest, info.last_report.step());
   }
-  if (!others_ahead) return false;
+  return highest;
+}
+
+bool CoordinatorService::IsLateLocked(const RankInfo& info, absl::Time now,
+                                      const std::vector<double>& sorted_times,
+                                      int64_t highest_step) const {
+  if (!info.reported || info.finished || sorted_times.size() < 3) return false;
+  // Another rank reported a later step exactly when the highest reported
+  // step is above this rank's own.
+  if (highest_step <= info.last_report.step()) return false;
   const size_t n = sorted_times.size();
   const double median =
       n % 2 == 1 ? sorted_times[n / 2]
@@ -1197,7 +1263,9 @@ absl::StatusOr<v1::ListRanksResponse> CoordinatorService::ListRanks(
   absl::MutexLock lock(&mu_);
   const absl::Time now = options_.now();
   CheckLostLocked(now);
+  // Once for every rank: O(ranks log ranks) in all, not O(ranks^2).
   const std::vector<double> step_times = SortedStepTimesLocked();
+  const int64_t highest_step = HighestStepLocked();
   v1::ListRanksResponse response;
   for (const auto& [rank, info] : ranks_) {
     v1::RankStatus* s = response.add_ranks();
@@ -1210,7 +1278,7 @@ absl::StatusOr<v1::ListRanksResponse> CoordinatorService::ListRanks(
     s->set_matrices_orthogonalized(info.last_report.matrices_orthogonalized());
     s->set_ns_flops(info.last_report.ns_flops());
     s->set_straggler(IsStragglerLocked(info, step_times) ||
-                     IsLateLocked(info, now, step_times));
+                     IsLateLocked(info, now, step_times, highest_step));
     s->set_reports_dropped(info.last_report.reports_dropped());
   }
   return response;

@@ -141,6 +141,10 @@ class CoordinatorService {
     size_t max_waiting_joins = 1 << 17;
     // Longest Join wait a request may ask for (longer ones are capped).
     absl::Duration max_join_timeout = absl::Hours(1);
+    // Largest GetReports response, bytes: the transport's message limit
+    // (CoordinatorServer::Start lowers it to its max_message_bytes). A
+    // larger answer is refused (ResourceExhausted) before it is built whole.
+    size_t max_response_bytes = size_t{64} << 20;
     // Structured log lines (see "Logs and metrics" above); empty: none. The
     // daemon logs them with glog's LOG(INFO).
     CoordinatorLog log;
@@ -193,7 +197,8 @@ class CoordinatorService {
 
   // Records that a rank is alive; returns the job state and, once the job
   // failed at run time, the job error naming the failed rank. request.error
-  // reports this rank's own failure (the first failure becomes the job error);
+  // reports this rank's own failure (the first failure becomes the job error,
+  // its first kMaxErrorBytes kept, cut at a UTF-8 character boundary);
   // request.leaving marks the rank finished. Errors: InvalidArgument (job id),
   // NotFound (rank never joined),
   //   Aborted (stale incarnation).
@@ -203,8 +208,8 @@ class CoordinatorService {
   // Records a rank's step: last step, step time, matrices and FLOPs, and
   // keeps the whole report (per-operation timings) in the rank's ring of the
   // last reports_kept reports; the rank becomes RANK_STATE_RUNNING. Also counts
-  // as a heartbeat. Errors: InvalidArgument (job id), NotFound (rank never
-  // joined),
+  // as a heartbeat. Errors: InvalidArgument (job id; more than
+  // kMaxReportOps ops), NotFound (rank never joined),
   //   Aborted (stale incarnation), FailedPrecondition (no plan yet).
   absl::StatusOr<v1::ReportStepResponse> ReportStep(
       const v1::StepReport& report);
@@ -213,7 +218,8 @@ class CoordinatorService {
   // does, under one lock, then one response. All or nothing: the entries
   // are checked first.
   // Errors: InvalidArgument (job id of the call or an entry; more than
-  // kMaxHostRanks entries; a rank listed twice), NotFound (a rank never
+  // kMaxHostRanks entries; a rank listed twice; a host name longer than
+  // kMaxHostNameBytes), NotFound (a rank never
   // joined), Aborted (a stale incarnation); each names the host and rank.
   absl::StatusOr<v1::HeartbeatResponse> HostHeartbeat(
       const v1::HostHeartbeatRequest& request);
@@ -221,12 +227,26 @@ class CoordinatorService {
   // A host agent's batch of step reports: each as ReportStep, all or
   // nothing (checked first).
   // Errors: those of ReportStep for any report (naming its rank);
-  // InvalidArgument (more than kMaxHostRanks reports).
+  // InvalidArgument (more than kMaxHostRanks reports, or a report with
+  // more than kMaxReportOps ops).
   absl::StatusOr<v1::ReportStepResponse> ReportSteps(
       const v1::StepReports& request);
 
   // Most ranks one host agent speaks for in one call.
   static constexpr int kMaxHostRanks = 1024;
+  // Longest host name of a HostHeartbeat or HostJoin, bytes: a heartbeat's
+  // host is kept in each of its ranks' entries (muonrun's is "node K
+  // (hostname)", hostname at most 64 bytes on Linux).
+  static constexpr size_t kMaxHostNameBytes = 256;
+  // Most bytes of a rank's error (HeartbeatRequest.error, JoinRequest.error)
+  // kept in the job error; the rest is cut at a UTF-8 boundary.
+  static constexpr size_t kMaxErrorBytes = 4096;
+  // Most operations in one StepReport. A rank reports 4 per bucket
+  // (gather, orthogonalize, redistribute, apply), so this is 16,384
+  // buckets a step, far above real plans (a bucket holds a matrix per
+  // owner); a full report is about 2.5 MB and each rank keeps reports_kept
+  // of them, so the bound also bounds the coordinator's memory.
+  static constexpr int kMaxReportOps = 65536;
 
   // Re-planning from measured times (ExecutionOptions.replan_every_steps,
   // plan/replan.h): the plan for the steps after request.step. The first
@@ -284,6 +304,9 @@ class CoordinatorService {
   // Errors:
   //   InvalidArgument: job id; rank < -1; last_steps < 0.
   //   NotFound: request.rank >= 0 has not joined.
+  //   ResourceExhausted: the reports add up to more than
+  //     Options::max_response_bytes (names the limit; ask for fewer with
+  //     last_steps, muonctl's --last_steps).
   absl::StatusOr<v1::GetReportsResponse> GetReports(
       const v1::GetReportsRequest& request);
 
@@ -462,16 +485,27 @@ class CoordinatorService {
   // caller runs the lost-rank scan afterwards).
   void ApplyReportLocked(const v1::StepReport& report, absl::Time now,
                          RankInfo* info) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether a planned rank is late: others reported later steps and it has
-  // not reported for straggler_factor times the median step time.
+  // The highest step any rank reported, or the lowest int64_t when none
+  // has (O(ranks)).
+  int64_t HighestStepLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Whether a planned rank is late: others reported later steps (the
+  // highest reported step, HighestStepLocked, is above its own) and it has
+  // not reported for straggler_factor times the median step time. O(1):
+  // ListRanks computes `sorted_times` and `highest_step` once for all ranks.
   bool IsLateLocked(const RankInfo& info, absl::Time now,
-                    const std::vector<double>& sorted_times) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+                    const std::vector<double>& sorted_times,
+                    int64_t highest_step) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // One rank's state at time `now`.
   v1::RankState RankStateLocked(const RankInfo& info, absl::Time now) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Ranks in [0, world_size_) that have not joined, e.g. "[2, 3]".
+  // Ranks in [0, world_size_) that have not joined, e.g. "[2, 3]": at most
+  // 64, then a count ("[0, 1, ..., 63 and 936 more]").
   std::string MissingRanksLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // `info`'s kept reports, oldest step first (then arrival), the last
+  // `last_steps` of them (0 = all).
+  std::vector<const v1::StepReport*> KeptReportsLocked(const RankInfo& info,
+                                                       int last_steps) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Replan's checks: the rank is joined (FindRankLocked), a plan exists,
   // no run-time error, and the step is a multiple of replan_every_steps;
   // else FailedPrecondition (or FindRankLocked's error).
@@ -502,7 +536,8 @@ class CoordinatorService {
   // Run-time failure (a lost rank or a reported error); empty while none.
   std::string run_error_ ABSL_GUARDED_BY(mu_);
   int failed_rank_ ABSL_GUARDED_BY(mu_) = -1;
-  // Ranks that call from this process (NoteInProcessRank).
+  // Ranks that call from this process (NoteInProcessRank). Kept across
+  // generations: it is noted before the Join that may start the next one.
   std::vector<int> in_process_ranks_ ABSL_GUARDED_BY(mu_);
   v1::Plan plan_ ABSL_GUARDED_BY(mu_);  // valid when kPlanned
   // plan_ without schedule.ranks and loads: what every Join response

@@ -84,6 +84,8 @@ CoordinatorMetrics::CoordinatorMetrics(std::string host)
     op_series_[op] =
         &op_duration_->Add({{"op", WireName(op)}}, SecondsBuckets());
   }
+  unknown_op_series_ =
+      &op_duration_->Add({{"op", "unknown"}}, SecondsBuckets());
   ns_flops_ = AddCounter(*registry_, "muon_newton_schulz_flops_total",
                          "Newton-Schulz FLOPs reported by every rank.");
   bytes_sent_ = AddCounter(*registry_, "muon_bytes_sent_total",
@@ -183,11 +185,12 @@ void CoordinatorMetrics::OnStepReport(const v1::StepReport& report) {
   step_duration_->Observe(report.step_time_s());
   for (const v1::OpTiming& op : report.ops()) {
     if (op.op() == v1::OP_KIND_UNSPECIFIED) continue;
+    // A number this build does not know (a newer agent's, or garbage) goes
+    // to the one "unknown" series: a series per number would let reports
+    // grow the registry without bound.
     auto known = op_series_.find(op.op());
     prometheus::Histogram& histogram =
-        known != op_series_.end()
-            ? *known->second
-            : op_duration_->Add({{"op", WireName(op.op())}}, SecondsBuckets());
+        known != op_series_.end() ? *known->second : *unknown_op_series_;
     histogram.Observe(std::max(0.0, op.end_s() - op.start_s()));
   }
   if (report.ns_flops() > 0) ns_flops_->Increment(report.ns_flops());

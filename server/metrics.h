@@ -7,7 +7,8 @@
 //   muon_step_time_seconds{rank}                gauge, last step time
 //   muon_step_duration_seconds                  histogram, every step time
 //   muon_op_duration_seconds{op}                histogram per operation
-//     (op = the OpKind's wire name, "gather", ..., common/wire_names.h;
+//     (op = the OpKind's wire name, "gather", ..., common/wire_names.h,
+//     or "unknown" for every number this build does not define;
 //     OpTiming end_s - start_s of every op of every report)
 //   muon_newton_schulz_flops_total              counter (StepReport.ns_flops)
 //   muon_bytes_sent_total, muon_bytes_received_total  counters
@@ -110,6 +111,9 @@ class CoordinatorMetrics : public CoordinatorObserver {
   // op_duration_'s series of the known operations, registered up front so
   // that a report does not look them up (a label map per op).
   std::map<v1::OpKind, prometheus::Histogram*> op_series_;
+  // op_duration_'s series {op="unknown"}: every OpKind number not in
+  // op_series_.
+  prometheus::Histogram* unknown_op_series_ = nullptr;
   prometheus::Counter* ns_flops_ = nullptr;
   prometheus::Counter* bytes_sent_ = nullptr;
   prometheus::Counter* bytes_received_ = nullptr;

@@ -27,11 +27,13 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <string>
+#include <utility>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -42,6 +44,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/checked_math.h"
 #include "common/status_macros.h"
 #include "coordination/credentials.h"
 #include "glog/logging.h"
@@ -168,15 +171,41 @@ void ParseFlags(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
 }
 
+// "" when `seconds` is positive and finite, else the message naming
+// `flag` and the value.
+std::string PositiveSecondsError(const char* flag, double seconds) {
+  if (std::isfinite(seconds) && seconds > 0) return "";
+  return absl::StrCat("--", flag, "=", seconds,
+                      " must be a positive, finite number of seconds");
+}
+
 // The first flag whose value is out of range, as the message for exit
-// status 2; "" when every flag is fine.
+// status 2 (naming the flag and its value); "" when every flag is fine.
 std::string FlagUsageError() {
   absl::StatusOr<muon::PlannerOptions::Policy> policy =
       muon::ParsePolicy(absl::GetFlag(FLAGS_policy));
   if (!policy.ok()) {
     return absl::StrCat("--policy: ", policy.status().message());
   }
-  if (absl::GetFlag(FLAGS_world_size) < 0) return "--world_size must be >= 0";
+  const int world_size = absl::GetFlag(FLAGS_world_size);
+  if (world_size < 0 || world_size > muon::kMaxWorldSize) {
+    return absl::StrCat("--world_size=", world_size, " must be in [0, ",
+                        muon::kMaxWorldSize,
+                        "] (0 = from the first rank to join)");
+  }
+  for (const auto& [flag, seconds] :
+       {std::pair<const char*, double>{
+            "heartbeat_timeout_s", absl::GetFlag(FLAGS_heartbeat_timeout_s)},
+        {"join_timeout_s", absl::GetFlag(FLAGS_join_timeout_s)}}) {
+    if (std::string e = PositiveSecondsError(flag, seconds); !e.empty()) {
+      return e;
+    }
+  }
+  if (absl::GetFlag(FLAGS_max_message_bytes) <= 0) {
+    return absl::StrCat(
+        "--max_message_bytes=", absl::GetFlag(FLAGS_max_message_bytes),
+        " must be positive");
+  }
   if (absl::GetFlag(FLAGS_reports_kept) < 1 ||
       !(absl::GetFlag(FLAGS_straggler_factor) > 0)) {
     return "--reports_kept must be >= 1 and --straggler_factor > 0";

@@ -134,13 +134,13 @@ namespace {
 
 // The environment the ranks get for the job secret: none when the caller
 // (or the daemon) set MUON_JOB_SECRET or MUON_JOB_SECRET_FILE, otherwise a
-// new secret for rank 0's embedded coordinator.
+// new secret for rank 0's embedded coordinator. Errors: JobSecretFromEnv's
+// (a variable set but blank, which would turn authentication off).
 absl::StatusOr<std::vector<std::string>> JobSecretEnv() {
   std::vector<std::string> secret_env;
-  const char* secret = std::getenv("MUON_JOB_SECRET");
-  const char* secret_file = std::getenv("MUON_JOB_SECRET_FILE");
-  if ((secret == nullptr || *secret == '\0') &&
-      (secret_file == nullptr || *secret_file == '\0')) {
+  absl::StatusOr<std::string> secret = JobSecretFromEnv();
+  if (!secret.ok()) return secret.status();
+  if (secret->empty()) {
     absl::StatusOr<std::string> fresh = GenerateSecret();
     if (!fresh.ok()) return fresh.status();
     secret_env.push_back(absl::StrCat("MUON_JOB_SECRET=", *fresh));

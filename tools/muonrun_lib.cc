@@ -30,7 +30,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "common/checked_math.h"
 #include "common/status_macros.h"
 #include "control/host_agent.h"
 #include "coordination/credentials.h"
@@ -119,21 +121,41 @@ void SignalRank(pid_t pid, int sig) {
 
 // Copies one rank's stdout or stderr pipe to `dest` (1 or 2) line by line
 // as "[rank N] line", each line in one write under a lock shared by every
-// forwarder, until EOF or, once `stop` is set, until the pipe has been
-// quiet for 200 ms (a grandchild may hold it open).
+// forwarder, until EOF or, once stopped (StopBy), until the pipe has been
+// quiet for 200 ms (a grandchild may hold it open) or the stop's deadline
+// passes (a grandchild may keep writing to it).
 class LineForwarder {
  public:
   LineForwarder(int fd, int dest, int rank)
       : fd_(fd), dest_(dest), prefix_(absl::StrCat("[rank ", rank, "] ")) {
     thread_ = std::thread([this] { Run(); });
   }
+  // Stops with a bound of one second unless StopBy was called.
   ~LineForwarder() {
-    stop_.store(true);
-    if (thread_.joinable()) thread_.join();
+    if (!stop_.load()) StopBy(absl::Now() + absl::Seconds(1));
+    Join();
     close(fd_);
   }
 
+  // Asks the forwarder to stop (see the class comment) by `deadline`;
+  // returns at once. Called once.
+  void StopBy(absl::Time deadline) {
+    {
+      std::lock_guard<std::mutex> lock(deadline_mu_);
+      deadline_ = deadline;
+    }
+    stop_.store(true);
+  }
+  // Waits for the forwarder to end; true when it stopped at the deadline
+  // with output still coming (the rest of it is not forwarded).
+  bool Join() {
+    if (thread_.joinable()) thread_.join();
+    return cut_;
+  }
+
  private:
+  static constexpr int kQuietMs = 200;
+
   static std::mutex& OutputMutex() {
     static std::mutex* mu = new std::mutex();
     return *mu;
@@ -148,15 +170,36 @@ class LineForwarder {
       done += static_cast<size_t>(n);
     }
   }
+  // How long the next poll may wait: kQuietMs, less near the deadline once
+  // stopped; -1 once the deadline has passed.
+  int PollWaitMs() {
+    if (!stop_.load()) return kQuietMs;
+    absl::Time deadline;
+    {
+      std::lock_guard<std::mutex> lock(deadline_mu_);
+      deadline = deadline_;
+    }
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) return -1;
+    return static_cast<int>(std::min<int64_t>(
+        kQuietMs,
+        absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1)))));
+  }
   void Run() {
     std::string pending;
     char buf[4096];
     while (true) {
+      const int wait_ms = PollWaitMs();
+      if (wait_ms < 0) {
+        cut_ = true;  // still written to at the deadline
+        break;
+      }
       struct pollfd p = {fd_, POLLIN, 0};
-      const int ready = poll(&p, 1, 200);
+      const int ready = poll(&p, 1, wait_ms);
       if (ready < 0 && errno == EINTR) continue;
       if (ready == 0) {
-        if (stop_.load()) break;
+        // Quiet for a whole kQuietMs after the stop: done.
+        if (stop_.load() && wait_ms == kQuietMs) break;
         continue;
       }
       const ssize_t n = read(fd_, buf, sizeof(buf));
@@ -177,6 +220,9 @@ class LineForwarder {
   const int dest_;
   const std::string prefix_;
   std::atomic<bool> stop_{false};
+  std::mutex deadline_mu_;
+  absl::Time deadline_;  // guarded by deadline_mu_; set by StopBy
+  bool cut_ = false;     // written by the thread, read after Join
   std::thread thread_;
 };
 
@@ -448,6 +494,13 @@ absl::Status SetValuedFlag(const std::string& name, const std::string& v,
 // 127.0.0.1 and a free port.
 absl::Status FinishOptions(const std::set<std::string>& given,
                            MuonrunOptions* o) {
+  // In int64: both flags go up to 65536, and their product overflows int.
+  const int64_t world = int64_t{o->nnodes} * o->nproc_per_node;
+  if (world > kMaxWorldSize) {
+    return Usage(absl::StrCat("--nnodes ", o->nnodes, " x --nproc-per-node ",
+                              o->nproc_per_node, " = ", world,
+                              " ranks; a job has at most ", kMaxWorldSize));
+  }
   if (o->node_rank >= o->nnodes) {
     return Usage(absl::StrCat("--node-rank ", o->node_rank,
                               " is out of range for --nnodes ", o->nnodes,
@@ -615,11 +668,23 @@ std::string RankExit::Describe() const {
 
 absl::StatusOr<std::vector<std::string>> WithJobSecret(
     const MuonrunOptions& o, std::vector<std::string> base) {
-  const bool has_secret =
-      std::any_of(base.begin(), base.end(), [](const std::string& e) {
-        return absl::StartsWith(e, "MUON_JOB_SECRET=") ||
-               absl::StartsWith(e, "MUON_JOB_SECRET_FILE=");
-      });
+  // Set but blank would turn authentication off on every rank (and pass
+  // for "set" on several nodes): refused before any rank starts.
+  bool has_secret = false;
+  for (const std::string& e : base) {
+    absl::string_view value = e;
+    if (absl::ConsumePrefix(&value, "MUON_JOB_SECRET=")) {
+      MUON_RETURN_IF_ERROR(CheckJobSecret(value, "MUON_JOB_SECRET"));
+      has_secret = true;
+    } else if (absl::ConsumePrefix(&value, "MUON_JOB_SECRET_FILE=")) {
+      if (absl::StripAsciiWhitespace(value).empty()) {
+        return absl::InvalidArgumentError(
+            "MUON_JOB_SECRET_FILE is set but empty: name the job secret's "
+            "file (mode 0600) or leave it unset");
+      }
+      has_secret = true;
+    }
+  }
   if (has_secret) return base;
   if (o.nnodes > 1) {
     return absl::InvalidArgumentError(
@@ -643,6 +708,17 @@ bool NamesCoordinator(const std::vector<std::string>& env) {
     }
     return false;
   });
+}
+
+absl::Status CheckCoordinatorPort(const MuonrunOptions& o,
+                                  const std::vector<std::string>& env) {
+  if (o.nnodes == 1 || NamesCoordinator(env) || o.master_port < 65535) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--master-port ", o.master_port, " with --nnodes ", o.nnodes,
+      ": rank 0's coordinator listens on --master-port + 1, which is not a "
+      "TCP port; use a port below 65535 (or set MUON_COORDINATOR_PORT)"));
 }
 
 std::vector<std::string> WithCoordinatorFile(const MuonrunOptions& o,
@@ -848,12 +924,36 @@ void StopRanks(const MuonrunOptions& o, int stop_signal,
   }
 }
 
+// The ranks' last lines: every forwarder drains its pipe and stops, by
+// the grace period (at least 200 ms) from now, so that a process a rank
+// left behind, holding its output open and writing, cannot keep muonrun
+// from exiting. Names the ranks whose output was cut on `err`.
+void DrainOutput(const MuonrunOptions& o, std::vector<Child>& children,
+                 std::ostream& err) {
+  const absl::Duration bound = std::max(o.grace, absl::Milliseconds(200));
+  const absl::Time deadline = absl::Now() + bound;
+  for (Child& c : children) {
+    for (auto& f : c.forwarders) f->StopBy(deadline);
+  }
+  for (Child& c : children) {
+    bool cut = false;
+    for (auto& f : c.forwarders) cut |= f->Join();
+    c.forwarders.clear();
+    if (!cut) continue;
+    err << "muonrun: rank " << c.rank << "'s output was still being written "
+        << absl::FormatDuration(bound)
+        << " after the ranks ended (a process it started holds its stdout or "
+           "stderr); the rest is not forwarded\n";
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<RunRanksResult> RunRanks(const MuonrunOptions& o,
                                         std::ostream& err) {
   MUON_ASSIGN_OR_RETURN(std::vector<std::string> base,
                         WithJobSecret(o, CurrentEnvironment()));
+  MUON_RETURN_IF_ERROR(CheckCoordinatorPort(o, base));
   std::unique_ptr<PrivateDir> dir;
   if (o.nnodes == 1 && !NamesCoordinator(base)) {
     MUON_ASSIGN_OR_RETURN(dir, PrivateDir::Create());
@@ -883,9 +983,8 @@ absl::StatusOr<RunRanksResult> RunRanks(const MuonrunOptions& o,
       WaitForRanks(o, deadline, children, agent.get(), &result, err);
   StopRanks(o, stop_signal, children, &result, err);
   if (agent != nullptr) agent->Shutdown();
-  // The ranks' last lines: the forwarders drain their pipes and stop.
   std::cerr.flush();
-  for (Child& c : children) c.forwarders.clear();
+  DrainOutput(o, children, err);
   for (const Child& c : children) result.exits.push_back(c.exit);
   if (result.first_failure.has_value()) {
     result.exit_code = result.first_failure->status_code();

@@ -108,7 +108,8 @@ std::string MuonrunUsage();
 // dashes or underscores (--nproc-per-node, --nproc_per_node), as torchrun.
 // --standalone picks master_addr 127.0.0.1 and a free port.
 // Errors: InvalidArgument naming the flag and value (unknown flag, missing
-// or malformed value, out of range, node_rank >= nnodes, --standalone with
+// or malformed value, out of range, nnodes * nproc_per_node above
+// kMaxWorldSize (naming both flags), node_rank >= nnodes, --standalone with
 // --nnodes > 1 or with --master-addr/--master-port, --max-restarts > 0, no
 // program); Unavailable when --standalone finds no free port.
 absl::StatusOr<MuonrunOptions> ParseMuonrunArgs(
@@ -170,17 +171,12 @@ struct RunRanksResult {
   std::vector<RankExit> exits;
 };
 
-// Starts options.nproc_per_node rank processes of `options.program` with
-// the current environment plus RankEnvironment, and supervises them as the
-// diagram above, writing muonrun's report lines to `err`. Returns when
-// every rank process has been reaped (none is left running).
-// Errors: Internal when a rank cannot be started (fork fails; the ranks
-// already started are stopped first). A program that cannot be executed is
-// a rank exiting with code 127 (its message names the program).
 // `base` with the job secret the ranks share: kept when MUON_JOB_SECRET or
 // MUON_JOB_SECRET_FILE is set, else a new random MUON_JOB_SECRET on one node.
-// Errors: InvalidArgument when nnodes > 1 and none is set (every node needs
-// the same secret); Internal when no random secret can be made.
+// Errors: InvalidArgument when either is set but empty or only whitespace
+// (CheckJobSecret, naming it: a blank secret turns authentication off), or
+// when nnodes > 1 and none is set (every node needs the same secret);
+// Internal when no random secret can be made.
 absl::StatusOr<std::vector<std::string>> WithJobSecret(
     const MuonrunOptions& o, std::vector<std::string> base);
 
@@ -188,6 +184,13 @@ absl::StatusOr<std::vector<std::string>> WithJobSecret(
 // MUON_COORDINATOR, MUON_COORDINATOR_PORT or MUON_COORDINATOR_FILE set and
 // not empty.
 bool NamesCoordinator(const std::vector<std::string>& env);
+
+// Whether rank 0's coordinator has a port: on several nodes, unless `env`
+// names the coordinator (NamesCoordinator), it listens on master_port + 1.
+// Errors: InvalidArgument naming --master-port and --nnodes when that is
+// 65536.
+absl::Status CheckCoordinatorPort(const MuonrunOptions& o,
+                                  const std::vector<std::string>& env);
 
 // On one node (nnodes == 1) and unless `base` names the coordinator
 // (NamesCoordinator): `base` plus MUON_COORDINATOR_FILE=<dir>/coordinator,
@@ -212,6 +215,17 @@ std::string HostAgentTarget(const MuonrunOptions& o,
 std::vector<std::string> WithHostAgent(std::vector<std::string> base,
                                        const std::string& address);
 
+// Starts options.nproc_per_node rank processes of `options.program` with
+// the current environment plus RankEnvironment, and supervises them as the
+// diagram above, writing muonrun's report lines to `err`. Returns when
+// every rank process has been reaped (none is left running).
+// Errors: Internal when a rank cannot be started (fork fails; the ranks
+// already started are stopped first); WithJobSecret's and
+// CheckCoordinatorPort's. A program that cannot be executed is a rank
+// exiting with code 127 (its message names the program). After the ranks
+// end, their output is forwarded for at most the grace period (at least
+// 200 ms): a process a rank left behind that keeps writing to it is named
+// on `err` and no longer forwarded.
 absl::StatusOr<RunRanksResult> RunRanks(const MuonrunOptions& options,
                                         std::ostream& err);
 

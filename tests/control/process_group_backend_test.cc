@@ -38,6 +38,7 @@ using ::muon::testing::BitwiseEqual;
 using ::muon::testing::RandomValues;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 ProcessGroupOptions WorldOfOne(ProcessGroupBackend backend) {
   ProcessGroupOptions o;
@@ -100,6 +101,41 @@ TEST(ProcessGroupOptionsFromEnvTest, CoordinatorWithoutPort_InvalidArgument) {
   unsetenv("WORLD_SIZE");
   ASSERT_THAT(o, IsOk());
   EXPECT_EQ(o->coordinator_address, "127.0.0.1:29400");
+}
+
+// MASTER_PORT is checked before the coordinator's default port (MASTER_PORT
+// + 1) is computed: INT_MAX is named as itself, not as a wrapped port, and
+// 65535 names the coordinator port 65536 it would need.
+TEST(ProcessGroupOptionsFromEnvTest, MasterPortOutOfRange_NamedUnwrapped) {
+  ASSERT_EQ(setenv("RANK", "1", 1), 0);
+  ASSERT_EQ(setenv("WORLD_SIZE", "2", 1), 0);
+  ASSERT_EQ(setenv("MASTER_PORT", "2147483647", 1), 0);
+  absl::StatusOr<ProcessGroupOptions> huge = ProcessGroupOptionsFromEnv();
+  ASSERT_EQ(setenv("MASTER_PORT", "65535", 1), 0);
+  absl::StatusOr<ProcessGroupOptions> last = ProcessGroupOptionsFromEnv();
+  for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_PORT"}) {
+    unsetenv(name);
+  }
+  EXPECT_THAT(huge.status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("MASTER_PORT=2147483647 is not a TCP "
+                                       "port"),
+                             Not(HasSubstr("-2147483648")))));
+  EXPECT_THAT(last.status(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                      AllOf(HasSubstr("coordinator port 65536"),
+                                            HasSubstr("MASTER_PORT=65535"))));
+}
+
+// An explicit job secret of only whitespace is refused, naming the field
+// and the rank, before anything starts.
+TEST(ProcessGroupBackendTest, BlankJobSecret_InvalidArgument) {
+  ProcessGroupOptions options = WorldOfOne(ProcessGroupBackend::kGloo);
+  options.job_secret = "   ";
+  EXPECT_THAT(InitProcessGroup(options).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("rank 0: "),
+                             HasSubstr("ProcessGroupOptions.job_secret is only "
+                                       "whitespace"))));
 }
 
 // A directory of this test under TEST_TMPDIR.

@@ -317,6 +317,67 @@ TEST(CredentialsTest, SecretFile_CreatedMode0600_WorldReadableRejected) {
               StatusIs(absl::StatusCode::kNotFound, ::testing::_));
 }
 
+// MUON_JOB_SECRET set but empty or only whitespace (and an empty
+// MUON_JOB_SECRET_FILE) is an error naming the variable, not "no secret"
+// (which turns authentication off); a real value is stripped and kept.
+TEST(CredentialsTest, JobSecretFromEnv_BlankSecret_InvalidArgumentNamingIt) {
+  const char* saved_secret = std::getenv("MUON_JOB_SECRET");
+  const char* saved_file = std::getenv("MUON_JOB_SECRET_FILE");
+  const std::string secret_before = saved_secret ? saved_secret : "";
+  const std::string file_before = saved_file ? saved_file : "";
+  unsetenv("MUON_JOB_SECRET_FILE");
+  for (const char* blank : {"", "   ", " \t\n"}) {
+    ASSERT_EQ(setenv("MUON_JOB_SECRET", blank, 1), 0);
+    EXPECT_THAT(JobSecretFromEnv(),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr("MUON_JOB_SECRET is"),
+                               HasSubstr("turn authentication off"))))
+        << "\"" << blank << "\"";
+  }
+  ASSERT_EQ(setenv("MUON_JOB_SECRET", " s3cret\n", 1), 0);
+  absl::StatusOr<std::string> kept = JobSecretFromEnv();
+  ASSERT_THAT(kept, IsOk());
+  EXPECT_EQ(*kept, "s3cret");
+  unsetenv("MUON_JOB_SECRET");
+  absl::StatusOr<std::string> none = JobSecretFromEnv();
+  ASSERT_THAT(none, IsOk());
+  EXPECT_EQ(*none, "");
+  ASSERT_EQ(setenv("MUON_JOB_SECRET_FILE", "", 1), 0);
+  EXPECT_THAT(JobSecretFromEnv(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("MUON_JOB_SECRET_FILE is set but empty")));
+  EXPECT_THAT(CheckJobSecret("  ", "the test's secret"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("the test's secret is only whitespace")));
+  unsetenv("MUON_JOB_SECRET_FILE");
+  if (saved_secret != nullptr) {
+    setenv("MUON_JOB_SECRET", secret_before.c_str(), 1);
+  }
+  if (saved_file != nullptr) {
+    setenv("MUON_JOB_SECRET_FILE", file_before.c_str(), 1);
+  }
+}
+
+// A server given a job secret or read token of only whitespace refuses to
+// start (an empty one serves without authentication, for in-process tests).
+TEST(AccessControlTest, Start_BlankSecret_InvalidArgument) {
+  CoordinatorServerOptions options;
+  options.auth.job_secret = " \t ";
+  EXPECT_THAT(CoordinatorServer::Start(options),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("job secret is only whitespace")));
+  options.auth.job_secret = kSecret;
+  options.auth.read_token = "  ";
+  EXPECT_THAT(CoordinatorServer::Start(options),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("read-only token is only whitespace")));
+  options.auth.read_token = "";
+  options.max_message_bytes = 0;
+  EXPECT_THAT(CoordinatorServer::Start(options),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("max_message_bytes is 0")));
+}
+
 TEST(CredentialsTest, IsLoopbackHost_LoopbackOnly) {
   EXPECT_TRUE(IsLoopbackHost("127.0.0.1"));
   EXPECT_TRUE(IsLoopbackHost("::1"));

@@ -128,6 +128,43 @@ TEST_F(CompactJoinTest, LayoutDiffers_FullManifestAskedThenParameterNamed) {
   }
 }
 
+// The Join that completes the world has a deadline too: here rank 3
+// joins last, planning asks rank 2 (whose layout differs) for its full
+// manifest and removes it, and rank 2 never comes back. Every waiter,
+// rank 3 included, then ends at its own timeout naming rank 2 (before,
+// rank 3 waited forever and its generation never ended).
+TEST_F(CompactJoinTest, LastJoinerAfterResendAsked_TimesOutNamingMissingRank) {
+  std::vector<v1::RankManifest> manifests = Manifests(FourRankSpec());
+  v1::JobSpec other = FourRankSpec();
+  other.mutable_params(1)->set_shape(1, 6);
+  manifests[2] = Manifests(other)[2];
+  std::vector<absl::StatusOr<v1::JoinResponse>> results(
+      4, absl::UnknownError("not run"));
+  std::vector<absl::Notification> done(4);
+  CoordinatorService service(Options());
+  for (int r : {0, 1, 2, 3}) {  // rank 3 completes the world
+    v1::JoinRequest request = Request(manifests[r], r != 0);
+    request.set_timeout_ms(200);
+    service.JoinAsync(request, [&, r](absl::StatusOr<v1::JoinResponse> got) {
+      results[r] = std::move(got);
+      done[r].Notify();
+    });
+  }
+  ASSERT_TRUE(done[2].WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_THAT(results[2], IsOk());
+  EXPECT_TRUE(results[2]->send_full_manifest());
+  for (int r : {0, 1, 3}) {
+    ASSERT_TRUE(done[r].WaitForNotificationWithTimeout(absl::Seconds(10)))
+        << "rank " << r << "'s Join never ended";
+    EXPECT_THAT(
+        results[r],
+        StatusIs(absl::StatusCode::kDeadlineExceeded,
+                 AllOf(HasSubstr(absl::StrCat("rank ", r, " timed out")),
+                       HasSubstr("ranks [2]"))));
+  }
+  service.Shutdown();  // before `done` and `results` go
+}
+
 TEST_F(CompactJoinTest, WrongCoordinate_EveryRankGetsErrorNamingRank) {
   const std::vector<v1::RankManifest> manifests = Manifests(FourRankSpec());
   std::vector<v1::JoinRequest> requests;

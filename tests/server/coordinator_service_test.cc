@@ -26,9 +26,11 @@ namespace {
 using ::muon::testing::FakeClock;
 using ::muon::testing::FourRankSpec;
 using ::muon::testing::HostJoin;
+using ::muon::testing::MakeSpec;
 using ::muon::testing::Manifests;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 v1::JoinRequest JoinRequestFor(const v1::RankManifest& manifest,
                                int64_t timeout_ms = 2000) {
@@ -224,6 +226,22 @@ TEST_F(CoordinatorServiceTest, Join_DefaultTimeout_UsedWhenRequestHasNone) {
                                           /*timeout_ms=*/0)),
               StatusIs(absl::StatusCode::kDeadlineExceeded,
                        HasSubstr("ranks [0, 2, 3]")));
+}
+
+// A timeout in a large world names at most 64 missing ranks, then a count
+// (the message and the log line stay small whatever the world size).
+TEST_F(CoordinatorServiceTest, Join_TimeoutWithManyMissing_Names64AndCount) {
+  CoordinatorService service(DefaultOptions());
+  const std::vector<v1::RankManifest> m =
+      Manifests(MakeSpec({{"dp_shard", 1000}}, {{"w", 4, 4, {"Replicate()"}}}));
+  ASSERT_EQ(m.size(), 1000u);
+  absl::StatusOr<v1::JoinResponse> r =
+      service.Join(JoinRequestFor(m[0], /*timeout_ms=*/50));
+  EXPECT_THAT(r, StatusIs(absl::StatusCode::kDeadlineExceeded,
+                          AllOf(HasSubstr("ranks [1, 2, 3, "),
+                                HasSubstr(", 63, 64 and 935 more]"),
+                                HasSubstr("1 of 1000 joined"))));
+  EXPECT_THAT(r.status().message(), Not(HasSubstr(", 65")));
 }
 
 TEST_F(CoordinatorServiceTest, Join_RetryAfterTimeout_ThenSucceeds) {
@@ -947,6 +965,105 @@ TEST_F(CoordinatorServiceTest, RankStates_HeartbeatsStop_LostWithinTimeout) {
   // The coordinator stamped the last beat just before rank1_last_beat.
   EXPECT_GE(silent, absl::Milliseconds(190));
   EXPECT_LT(silent, absl::Milliseconds(200 + 300)) << "lost detected late";
+}
+
+// ListRanks over 256 ranks (its per-rank checks once O(ranks) each, now
+// computed once per call): rank 5 and rank 77 froze at step 10 while the
+// others reached step 11, so they are late; rank 200's last step took 10x
+// the others' median. Exactly those three are flagged.
+TEST_F(CoordinatorServiceTest, ListRanks_ManyRanks_LateAndSlowRanksFlagged) {
+  constexpr int kWorld = 256;
+  CoordinatorService service(DefaultOptions());
+  const std::vector<v1::RankManifest> m = Manifests(
+      MakeSpec({{"dp_shard", kWorld}}, {{"w", 4, 4, {"Replicate()"}}}));
+  ASSERT_EQ(m.size(), static_cast<size_t>(kWorld));
+  v1::HostJoinRequest host;
+  host.set_host("node-0");
+  for (const v1::RankManifest& manifest : m) {
+    *host.add_ranks() = JoinRequestFor(manifest);
+  }
+  ASSERT_THAT(HostJoin(service, host), IsOk());
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_THAT(service.ReportStep(ReportFor(r, 10, 0.1)), IsOk());
+  }
+  clock_.Advance(absl::Seconds(1));  // 10x the median step time
+  for (int r = 0; r < kWorld; ++r) {
+    if (r == 5 || r == 77) continue;
+    ASSERT_THAT(service.ReportStep(ReportFor(r, 11, r == 200 ? 1.0 : 0.1)),
+                IsOk());
+  }
+  absl::StatusOr<v1::ListRanksResponse> ranks =
+      service.ListRanks(v1::ListRanksRequest());
+  ASSERT_THAT(ranks, IsOk());
+  ASSERT_EQ(ranks->ranks_size(), kWorld);
+  std::vector<int> flagged;
+  for (const v1::RankStatus& s : ranks->ranks()) {
+    if (s.straggler()) flagged.push_back(s.rank());
+  }
+  EXPECT_THAT(flagged, ::testing::ElementsAre(5, 77, 200));
+  EXPECT_EQ(ranks->ranks(5).last_step(), 10);
+  EXPECT_EQ(ranks->ranks(6).last_step(), 11);
+}
+
+// A report with more than kMaxReportOps operations is refused by rank and
+// count, alone or in a batch, and nothing of it is kept.
+TEST_F(CoordinatorServiceTest,
+       ReportStep_TooManyOps_InvalidArgumentNothingKept) {
+  CoordinatorService service(DefaultOptions());
+  for (const auto& r : JoinAll(service, Manifests(FourRankSpec()))) {
+    ASSERT_THAT(r, IsOk());
+  }
+  v1::StepReport big = ReportFor(1, 3, 0.1);
+  for (int i = 0; i <= CoordinatorService::kMaxReportOps; ++i) {
+    big.add_ops()->set_op(v1::OP_KIND_GATHER);
+  }
+  const auto refused =
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               AllOf(HasSubstr("rank 1's report of step 3 has 65537 ops"),
+                     HasSubstr("at most 65536")));
+  EXPECT_THAT(service.ReportStep(big), refused);
+  v1::StepReports batch;
+  *batch.add_reports() = ReportFor(0, 3, 0.1);
+  *batch.add_reports() = big;
+  EXPECT_THAT(service.ReportSteps(batch), refused);
+  absl::StatusOr<v1::GetReportsResponse> kept =
+      service.GetReports(ReportsRequest(-1, 0));
+  ASSERT_THAT(kept, IsOk());
+  EXPECT_EQ(kept->reports_size(), 0);
+  big.mutable_ops()->RemoveLast();  // exactly the limit: accepted
+  EXPECT_THAT(service.ReportStep(big), IsOk());
+}
+
+// GetReports stops building an answer larger than max_response_bytes and
+// says how to ask for less; asking for the last steps only then works.
+TEST_F(CoordinatorServiceTest, GetReports_AboveMaxResponse_ResourceExhausted) {
+  CoordinatorService::Options options = DefaultOptions();
+  options.max_response_bytes = 2000;
+  CoordinatorService service(options);
+  for (const auto& r : JoinAll(service, Manifests(FourRankSpec()))) {
+    ASSERT_THAT(r, IsOk());
+  }
+  for (int64_t step = 0; step < 10; ++step) {
+    v1::StepReport report = ReportFor(0, step, 0.1);
+    for (int i = 0; i < 12; ++i) {
+      v1::OpTiming* op = report.add_ops();
+      op->set_op(v1::OP_KIND_ORTHOGONALIZE);
+      op->set_bucket(i);
+      op->set_start_s(1000.0 + step);
+      op->set_end_s(1000.5 + step);
+    }
+    ASSERT_GT(report.ByteSizeLong(), 250u);  // 10 of them: above 2000
+    ASSERT_THAT(service.ReportStep(report), IsOk());
+  }
+  EXPECT_THAT(service.GetReports(ReportsRequest(-1, 0)),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("2000 bytes"), HasSubstr("rank 0"),
+                             HasSubstr("--last_steps"))));
+  absl::StatusOr<v1::GetReportsResponse> last2 =
+      service.GetReports(ReportsRequest(-1, 2));
+  ASSERT_THAT(last2, IsOk());
+  EXPECT_THAT(Steps(*last2, 0), ::testing::ElementsAre(8, 9));
+  EXPECT_LE(last2->ByteSizeLong(), 2000u);
 }
 
 }  // namespace

@@ -225,6 +225,43 @@ TEST_F(FailurePropagationTest,
               HasSubstr("rank 3 failed: CUDA error: illegal address"));
 }
 
+// A host name longer than kMaxHostNameBytes (it is kept in each listed
+// rank's entry) is refused naming its size and the limit; 256 bytes pass.
+TEST_F(FailurePropagationTest, HostHeartbeat_HostNameTooLong_InvalidArgument) {
+  CoordinatorService service(Options());
+  JoinAll(service);
+  v1::HostHeartbeatRequest host;
+  host.set_host(std::string(CoordinatorService::kMaxHostNameBytes + 1, 'h'));
+  v1::HeartbeatRequest* beat = host.add_ranks();
+  beat->set_rank(0);
+  beat->set_incarnation(100);
+  EXPECT_THAT(service.HostHeartbeat(host),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("host name is 257 bytes"),
+                             HasSubstr("at most 256"))));
+  host.set_host(std::string(CoordinatorService::kMaxHostNameBytes, 'h'));
+  EXPECT_THAT(service.HostHeartbeat(host), IsOk());
+}
+
+// A rank's reported error is kept (and sent with every heartbeat response)
+// cut to kMaxErrorBytes, before a UTF-8 character that would straddle the
+// cut: the job error stays valid UTF-8.
+TEST_F(FailurePropagationTest, Heartbeat_LongError_CutAtUtf8Boundary) {
+  CoordinatorService service(Options());
+  JoinAll(service);
+  // "\xc3\xa9" (e-acute) occupies bytes 4095 and 4096 of the error.
+  const std::string error =
+      std::string(CoordinatorService::kMaxErrorBytes - 1, 'x') + "\xc3\xa9" +
+      std::string(10000, 'y');
+  ASSERT_THAT(Beat(service, 1, error), IsOk());
+  absl::StatusOr<v1::HeartbeatResponse> response = Beat(service, 0);
+  ASSERT_THAT(response, IsOk());
+  EXPECT_EQ(response->failed_rank(), 1);
+  EXPECT_EQ(response->job_error(),
+            "rank 1 failed: " +
+                std::string(CoordinatorService::kMaxErrorBytes - 1, 'x'));
+}
+
 TEST_F(FailurePropagationTest,
        Heartbeat_RankSilentPastTimeout_EveryRankGetsErrorNamingIt) {
   CoordinatorService service(Options());

@@ -13,6 +13,7 @@ namespace muon {
 namespace {
 
 using ::muon::testing::FourRankSpec;
+using ::muon::testing::MakeSpec;
 using ::muon::testing::Manifests;
 using ::testing::HasSubstr;
 
@@ -56,6 +57,36 @@ TEST(LocalCoordinationClientTest, JoinAndViews_FourRanks_SharePlan) {
   EXPECT_THAT(
       client.KeyGet("missing", absl::Milliseconds(20)),
       StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("\"missing\"")));
+}
+
+// The embedded rank's Join notes it before the Join starts the next
+// generation: the next job's Join response still names it as the
+// coordinator's host.
+TEST(LocalCoordinationClientTest, NextGeneration_EmbeddedRankStillNamed) {
+  CoordinatorService::Options options;
+  options.job_id = "embedded";
+  CoordinatorService service(options);
+  const std::vector<v1::RankManifest> m =
+      Manifests(MakeSpec({{"dp_shard", 1}}, {{"w", 4, 4, {"Replicate()"}}}));
+  ASSERT_EQ(m.size(), 1u);
+  LocalCoordinationClient client(&service, "embedded");
+  for (uint64_t incarnation : {1, 2}) {
+    v1::JoinRequest request;
+    *request.mutable_manifest() = m[0];
+    request.set_incarnation(incarnation);
+    request.set_timeout_ms(2000);
+    absl::StatusOr<v1::JoinResponse> joined = client.Join(request);
+    ASSERT_THAT(joined, IsOk()) << "incarnation " << incarnation;
+    EXPECT_TRUE(joined->coordinator_in_rank()) << "incarnation " << incarnation;
+    EXPECT_EQ(joined->coordinator_rank(), 0);
+    EXPECT_EQ(service.generation(), static_cast<int64_t>(incarnation));
+    // The rank leaves: its generation is over, the next Join starts one.
+    v1::HeartbeatRequest leave;
+    leave.set_rank(0);
+    leave.set_incarnation(incarnation);
+    leave.set_leaving(true);
+    ASSERT_THAT(client.Heartbeat(leave), IsOk());
+  }
 }
 
 TEST(LocalCoordinationClientTest, GetJob_OtherJobId_ReturnsInvalidArgument) {

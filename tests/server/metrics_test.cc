@@ -112,6 +112,28 @@ TEST(MetricsTest, ServerWithMetrics_ReportStep_ScrapedValues) {
   (*server)->Stop();
 }
 
+// OpKind numbers this build does not define all land in one "unknown"
+// series: reports cannot add a series per number.
+TEST(MetricsTest, UnknownOpKinds_OneUnknownSeries) {
+  absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> metrics =
+      CoordinatorMetrics::Start(MetricsOptions{});
+  ASSERT_THAT(metrics, IsOk());
+  v1::StepReport report;
+  report.set_rank(0);
+  report.set_step_time_s(0.1);
+  for (int number : {17, 18, 1 << 20}) {
+    v1::OpTiming* timing = report.add_ops();
+    timing->set_op(static_cast<v1::OpKind>(number));
+    timing->set_start_s(1.0);
+    timing->set_end_s(1.002);
+  }
+  (*metrics)->OnStepReport(report);
+  const std::string text = HttpGet((*metrics)->port(), "/metrics");
+  EXPECT_THAT(text,
+              HasSubstr("muon_op_duration_seconds_count{op=\"unknown\"} 3"));
+  EXPECT_THAT(text, Not(HasSubstr("unknown(")));
+}
+
 TEST(MetricsTest, Start_BadPort_ReturnsInvalidArgument) {
   MetricsOptions options;
   options.port = 70000;

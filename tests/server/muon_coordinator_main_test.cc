@@ -113,6 +113,42 @@ TEST(MuonCoordinatorMainTest, Daemon_BadPolicy_ExitsWithUsageError) {
   EXPECT_EQ(WEXITSTATUS(status), 2);
 }
 
+// Out-of-range numeric flags exit with status 2 before anything starts,
+// naming the flag and its value: non-positive or non-finite timeouts, a
+// world size outside [0, kMaxWorldSize], a non-positive message limit.
+TEST(MuonCoordinatorMainTest, Daemon_OutOfRangeFlags_ExitUsageNamingFlag) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--heartbeat_timeout_s=0", "--heartbeat_timeout_s=0 must be"},
+      {"--heartbeat_timeout_s=-3", "--heartbeat_timeout_s=-3 must be"},
+      {"--heartbeat_timeout_s=inf", "--heartbeat_timeout_s=inf must be"},
+      {"--join_timeout_s=nan", "--join_timeout_s=nan must be"},
+      {"--join_timeout_s=0", "--join_timeout_s=0 must be"},
+      {"--world_size=-1", "--world_size=-1 must be in [0, 262144]"},
+      {"--world_size=262145", "--world_size=262145 must be in [0, 262144]"},
+      {"--max_message_bytes=0", "--max_message_bytes=0 must be positive"},
+      {"--max_message_bytes=-5", "--max_message_bytes=-5 must be positive"},
+  };
+  for (const auto& [flag, message] : cases) {
+    // `timeout`: a daemon that accepted the flag would serve forever.
+    const std::string command =
+        "MUON_JOB_SECRET=flag-test-secret timeout 10 server/muon-coordinator " +
+        flag + " 2>&1";
+    FILE* out = popen(command.c_str(), "r");
+    ASSERT_NE(out, nullptr);
+    std::string text;
+    char buf[4096];
+    for (size_t n; (n = fread(buf, 1, sizeof(buf), out)) > 0 &&
+                   text.size() < (1 << 20);) {
+      text.append(buf, n);
+    }
+    const int status = pclose(out);
+    EXPECT_TRUE(WIFEXITED(status)) << flag;
+    EXPECT_EQ(WEXITSTATUS(status), 2) << flag << "\n" << text;
+    EXPECT_THAT(text, HasSubstr(message)) << flag;
+    EXPECT_THAT(text, ::testing::Not(HasSubstr("listening"))) << flag;
+  }
+}
+
 // `muon-coordinator --help` lists the daemon's own flags (Abseil printed
 // "No flags matched" before: it looks for files named after the program).
 TEST(MuonCoordinatorMainTest, Help_ListsTheDaemonFlags) {

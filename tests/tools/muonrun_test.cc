@@ -13,6 +13,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -32,6 +33,7 @@
 namespace muon {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::MatchesRegex;
@@ -215,6 +217,70 @@ TEST(ParseMuonrunArgsTest, BadArguments_ReturnInvalidArgumentNamingThem) {
   }
 }
 
+// nnodes * nproc_per_node is computed in int64 (65536 x 65536 overflows
+// int) and bounded by kMaxWorldSize, naming both flags.
+TEST(ParseMuonrunArgsTest, WorldAboveMaxWorldSize_InvalidArgumentNamingFlags) {
+  for (const auto& [nnodes, nproc] :
+       std::vector<std::pair<std::string, std::string>>{{"65536", "65536"},
+                                                        {"513", "512"}}) {
+    EXPECT_THAT(ParseMuonrunArgs(
+                    {"--nnodes", nnodes, "--nproc-per-node", nproc, "prog"}),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr("--nnodes " + nnodes),
+                               HasSubstr("--nproc-per-node " + nproc),
+                               HasSubstr("at most 262144"))))
+        << nnodes << " x " << nproc;
+  }
+  absl::StatusOr<MuonrunOptions> most = ParseMuonrunArgs(
+      {"--nnodes", "512", "--nproc-per-node", "512", "prog"});  // 262144
+  ASSERT_THAT(most, IsOk());
+  std::map<std::string, std::string> env;
+  for (const auto& [k, v] : RankEnvironment(*most, 511, {})) env[k] = v;
+  EXPECT_EQ(env["WORLD_SIZE"], "262144");
+}
+
+// On several nodes rank 0's coordinator listens on --master-port + 1:
+// 65535 is refused naming both flags, unless the environment names the
+// coordinator or there is one node (a port the kernel picks).
+TEST(CheckCoordinatorPortTest, MasterPort65535OnSeveralNodes_Refused) {
+  MuonrunOptions o;
+  o.nnodes = 2;
+  o.master_port = 65535;
+  EXPECT_THAT(CheckCoordinatorPort(o, {"A=1"}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("--master-port 65535"),
+                             HasSubstr("--nnodes 2"))));
+  EXPECT_THAT(CheckCoordinatorPort(o, {"MUON_COORDINATOR_PORT=29501"}), IsOk());
+  o.master_port = 65534;
+  EXPECT_THAT(CheckCoordinatorPort(o, {}), IsOk());
+  o.nnodes = 1;
+  o.master_port = 65535;
+  EXPECT_THAT(CheckCoordinatorPort(o, {}), IsOk());
+}
+
+// A set but blank MUON_JOB_SECRET (or MUON_JOB_SECRET_FILE) would turn
+// authentication off on every rank: refused naming it, on one node or
+// several (where it passed the "a secret is required" check before).
+TEST(WithJobSecretTest, BlankSecret_InvalidArgumentNamingVariable) {
+  for (int nnodes : {1, 2}) {
+    MuonrunOptions o;
+    o.nnodes = nnodes;
+    for (const char* blank : {"MUON_JOB_SECRET=", "MUON_JOB_SECRET=  \t"}) {
+      EXPECT_THAT(WithJobSecret(o, {"A=1", blank}),
+                  StatusIs(absl::StatusCode::kInvalidArgument,
+                           HasSubstr("MUON_JOB_SECRET is")))
+          << nnodes << " nodes, " << blank;
+    }
+    EXPECT_THAT(WithJobSecret(o, {"MUON_JOB_SECRET_FILE="}),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("MUON_JOB_SECRET_FILE is set but empty")));
+    absl::StatusOr<std::vector<std::string>> kept =
+        WithJobSecret(o, {"MUON_JOB_SECRET=abc"});
+    ASSERT_THAT(kept, IsOk());
+    EXPECT_THAT(*kept, ElementsAre("MUON_JOB_SECRET=abc"));
+  }
+}
+
 // --- Environment ---------------------------------------------------------
 
 TEST(RankEnvironmentTest, SecondNode_TorchrunValues) {
@@ -394,6 +460,29 @@ TEST(MuonrunTest, RankLeavesBackgroundChild_ChildKilledWithItsRank) {
     }
     EXPECT_FALSE(alive) << "background child " << pid << " of rank " << rank;
   }
+}
+
+// A rank that exits 0 leaving a process that writes to its stdout every
+// 100 ms: muonrun still exits, after forwarding for the grace period, and
+// says whose output it stopped forwarding (it drained until 200 ms of
+// silence before, i.e. forever).
+TEST(MuonrunTest, LeftoverProcessKeepsWriting_ExitsAfterGrace) {
+  const std::string dir = TempDir();
+  RunResult r = RunMuonrun(
+      Concat({"--grace_s", "0.5"},
+             Sh("(while :; do echo tick; sleep 0.1; done) & echo $! > " + dir +
+                "/writer; exit 0")),
+      {}, /*bound=*/absl::Seconds(30));
+  int writer = 0;
+  if (absl::SimpleAtoi(absl::StripAsciiWhitespace(ReadFile(dir + "/writer")),
+                       &writer) &&
+      writer > 0) {
+    kill(writer, SIGKILL);  // usually gone already (SIGPIPE)
+  }
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("[rank 0] tick\n"));
+  EXPECT_THAT(r.err, HasSubstr("muonrun: rank 0's output was still being "
+                               "written 500ms after the ranks ended"));
 }
 
 TEST(MuonrunTest, Timeout_StopsRanksExit124) {
