@@ -876,6 +876,10 @@ absl::Status StepExecutor::WaitForStream(device::Stream* stream) {
   while (true) {
     absl::Status done = stream->Synchronize(absl::Milliseconds(10));
     if (done.code() != absl::StatusCode::kDeadlineExceeded) {
+      // An abort (ours, or the agent's on a job error) ends NCCL's kernels
+      // and the stream drains with no CUDA error, the data half written:
+      // the communicator's error is checked once more before trusting it.
+      if (async_error.ok()) async_error = comm_->AsyncError();
       return async_error.ok() ? done : async_error;
     }
     if (async_error.ok()) {

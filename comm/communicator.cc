@@ -33,6 +33,10 @@ class EventWork final : public Work {
       absl::SleepFor(pause);
       pause = std::min(pause * 2, absl::Milliseconds(1));
     }
+    // An aborted NCCL communicator's kernels exit and the event completes
+    // with no CUDA error, the data half written: the backend's error says
+    // so (as c10d checks ncclCommGetAsyncError before trusting an event).
+    if (absl::Status async = comm_->AsyncError(); !async.ok()) return async;
     return event_->Synchronize(absl::ZeroDuration());
   }
 

@@ -258,7 +258,16 @@ void GlooCommunicator::PublishAddresses(CoordinationStore& store) {
 }
 
 int GlooCommunicator::FindPeer(const std::string& message) {
-  if (world_size_ == 1) return -1;
+  // Gloo writes a peer as "[address]:port"; a message with none (a
+  // timeout) names no peer, and looking up every peer's addresses for it
+  // would cost the coordinator one call per peer on every rank.
+  if (world_size_ == 1 || message.find("]:") == std::string::npos) return -1;
+  // At most kFindPeerLookups store reads, none started after one second,
+  // and none after one that failed other than for a missing key (an
+  // unreachable coordinator answers each only at its RPC deadline).
+  constexpr int kFindPeerLookups = 64;
+  const absl::Time stop_lookups = absl::Now() + absl::Seconds(1);
+  int lookups = 0;
   for (int peer = 0; peer < world_size_; ++peer) {
     if (peer == rank_) continue;
     std::string address;
@@ -267,10 +276,20 @@ int GlooCommunicator::FindPeer(const std::string& message) {
       address = peer_addresses_[peer];
     }
     if (address.empty()) {
+      // Cached addresses are still matched after the lookups stop.
+      if (lookups >= kFindPeerLookups || absl::Now() >= stop_lookups) continue;
+      ++lookups;
       // Published by the peer right after it connected: no waiting.
       absl::StatusOr<std::string> lines =
           store_->Get(AddressesKey(peer), absl::ZeroDuration());
-      if (!lines.ok()) continue;
+      if (!lines.ok()) {
+        // A key not set yet is DeadlineExceeded from a zero wait.
+        if (!absl::IsNotFound(lines.status()) &&
+            !absl::IsDeadlineExceeded(lines.status())) {
+          lookups = kFindPeerLookups;
+        }
+        continue;
+      }
       const std::vector<std::string> split = absl::StrSplit(*lines, '\n');
       if (split.size() != static_cast<size_t>(world_size_)) continue;
       address = split[rank_];
@@ -497,7 +516,14 @@ absl::StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::Split(
         Where("Split", -1), "communicator was aborted",
         status.ok() ? "" : absl::StrCat(" (", status.message(), ")")));
   }
-  MUON_RETURN_IF_ERROR(status);
+  if (!status.ok()) {
+    // The members number their splits alike: one that failed here may
+    // have succeeded or be pending elsewhere, so a retry could pair with
+    // another split's rendezvous. The group is broken for good, as after a
+    // failed collective.
+    if (failed_.ok()) failed_ = status;
+    return status;
+  }
   return std::unique_ptr<Communicator>(std::move(child));
 }
 

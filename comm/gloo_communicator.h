@@ -148,7 +148,9 @@ class GlooCommunicator : public Communicator {
   // (disjoint) splits never share keys. Shares this communicator's TCP
   // device, store client and options; the result may outlive this
   // communicator. Blocks until every rank of `ranks` has called Split with
-  // the same list.
+  // the same list. A failed rendezvous (a member that never calls) breaks
+  // this communicator, as a failed collective does: the members number
+  // their splits alike, so a retry could meet another split's keys.
   // Errors: InvalidArgument (see communicator_internal::CheckSplit), as
   // Create otherwise, Aborted.
   absl::StatusOr<std::unique_ptr<Communicator>> Split(
@@ -187,8 +189,10 @@ class GlooCommunicator : public Communicator {
   // name this rank.
   void PublishAddresses(CoordinationStore& store);
   std::string AddressesKey(int rank) const;
-  // The peer whose address occurs in `message`, or -1 (best effort; reads
-  // peers' published addresses on first use, without waiting).
+  // The peer whose address ("[host]:port") occurs in `message`, or -1
+  // (best effort; reads peers' published addresses on first use, without
+  // waiting: at most 64 reads, started within one second, none for a
+  // message naming no address).
   int FindPeer(const std::string& message);
 
   // Runs `fn`, converting any exception to a Status that names `op`.

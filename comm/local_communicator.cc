@@ -1,6 +1,7 @@
 #include "comm/local_communicator.h"
 
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -24,11 +25,19 @@ absl::Status CheckCounts(absl::string_view where, absl::string_view name,
         absl::StrCat(where, name, " has ", counts.size(),
                      " entries; want world_size ", world_size));
   }
+  // The total's bytes must fit int64 (backends compute them).
+  constexpr int64_t kMaxTotal =
+      std::numeric_limits<int64_t>::max() / static_cast<int64_t>(sizeof(float));
   int64_t sum = 0;
   for (size_t p = 0; p < counts.size(); ++p) {
     if (counts[p] < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, name, "[", p, "] is ", counts[p], "; want >= 0"));
+    }
+    if (counts[p] > kMaxTotal - sum) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, name, " sum past ", name, "[", p, "] = ", counts[p],
+          " exceeds ", kMaxTotal, " elements (int64 bytes)"));
     }
     sum += counts[p];
   }

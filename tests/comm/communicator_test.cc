@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -375,6 +376,11 @@ TYPED_TEST(CommunicatorTest,
                 StatusIs(StatusCode::kInvalidArgument));
     EXPECT_THAT(comm.AllToAllV(nullptr, ones, buffer, ones),
                 StatusIs(StatusCode::kInvalidArgument));
+    // Counts whose bytes overflow int64 (their sum, or one alone).
+    const std::vector<int64_t> huge(n, std::numeric_limits<int64_t>::max());
+    status = comm.AllToAllV(buffer, huge, buffer, huge);
+    EXPECT_THAT(status, StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_THAT(std::string(status.message()), HasSubstr("int64 bytes"));
     EXPECT_THAT(comm.AllGatherV(buffer, 1, buffer, too_long),
                 StatusIs(StatusCode::kInvalidArgument));
     EXPECT_THAT(comm.AllGatherV(buffer, 2, buffer, ones),
@@ -602,9 +608,13 @@ TEST_F(GlooCommunicatorTest,
   float send[2] = {1, 2};
   float recv[2] = {};
   const absl::Time start = absl::Now();
+  const int gets_before = client_.key_gets();
   // Rank 1 never calls.
   absl::Status status = group[0]->AllToAllV(send, {1, 1}, recv, {1, 1});
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  // Gloo's timeout names no peer address: no peer's addresses are looked
+  // up for it (a call to the coordinator per peer on every rank).
+  EXPECT_EQ(client_.key_gets(), gets_before);
   EXPECT_THAT(status, StatusIs(absl::StatusCode::kDeadlineExceeded));
   // Names the operation and rank and keeps Gloo's own message.
   EXPECT_THAT(std::string(status.message()),
@@ -671,6 +681,20 @@ TEST_F(GlooCommunicatorTest,
                         [](Communicator& comm) { return comm.Barrier(); });
 }
 
+// A Split whose peer never comes times out and breaks the group: a retry
+// would number its rendezvous apart from the late peer's first attempt.
+TEST_F(GlooCommunicatorTest, Split_PeerNeverCalls_TimesOutAndBreaksTheGroup) {
+  auto group = MakeGroup(2, absl::Seconds(1));
+  ASSERT_EQ(group.size(), 2);
+  const absl::Time start = absl::Now();
+  const absl::Status split = group[0]->Split({0, 1}).status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_THAT(split, StatusIs(absl::StatusCode::kDeadlineExceeded));
+  const absl::Status later = group[0]->Barrier();
+  EXPECT_THAT(later, StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(std::string(later.message()), HasSubstr("Split"));
+}
+
 TEST_F(GlooCommunicatorTest, Abort_DuringSplit_ReturnsAborted) {
   auto group = MakeGroup(2, kAbortTestTimeout);
   ASSERT_EQ(group.size(), 2);
@@ -686,6 +710,57 @@ TEST_F(GlooCommunicatorTest, Abort_DuringSplit_ReturnsAborted) {
   splitter.join();
   EXPECT_THAT(status, StatusIs(absl::StatusCode::kAborted));
   EXPECT_LT(took, absl::Seconds(5));
+}
+
+// A world of one whose collectives succeed but which reports an
+// asynchronous error once aborted, as an NCCL communicator does after
+// ncclCommAbort ended its kernels (they then complete with no CUDA error).
+class AbortedAfterCollective final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  std::string backend() const override { return "aborted-after"; }
+  absl::Status AllToAllV(const float*, const std::vector<int64_t>&, float*,
+                         const std::vector<int64_t>&) override {
+    Abort();  // the abort lands while the collective's kernels drain
+    return absl::OkStatus();
+  }
+  absl::Status AsyncError() override {
+    return aborted_ ? absl::AbortedError("aborted-after: communicator aborted")
+                    : absl::OkStatus();
+  }
+  absl::Status AllGatherV(const float*, int64_t, float*,
+                          const std::vector<int64_t>&) override {
+    return absl::OkStatus();
+  }
+  absl::Status Broadcast(float*, int64_t, int) override {
+    return absl::OkStatus();
+  }
+  absl::Status Barrier() override { return absl::OkStatus(); }
+  absl::StatusOr<std::unique_ptr<Communicator>> Split(
+      const std::vector<int>&) override {
+    return absl::UnimplementedError("Split");
+  }
+  void Abort() override { aborted_ = true; }
+
+ private:
+  std::atomic<bool> aborted_{false};
+};
+
+// A Work whose event completed after the communicator was aborted reports
+// the abort, not OK: its receive buffer may be half written.
+TEST(CommunicatorWorkTest, Wait_EventCompletedAfterAbort_ReturnsAsyncError) {
+  AbortedAfterCollective comm;
+  device::HostStream stream("comm");
+  const std::vector<int64_t> zeros(1, 0);
+  absl::StatusOr<std::unique_ptr<Work>> work =
+      comm.EnqueueAllToAllV(&stream, nullptr, zeros, nullptr, zeros);
+  ASSERT_TRUE(work.ok()) << work.status();
+  ASSERT_TRUE(stream.Synchronize(absl::Seconds(20)).ok());
+  ASSERT_TRUE((*work)->IsCompleted());
+  const absl::Status waited = (*work)->Wait(absl::Seconds(20));
+  EXPECT_THAT(waited, StatusIs(absl::StatusCode::kAborted));
+  EXPECT_THAT(std::string(waited.message()), HasSubstr("communicator aborted"));
 }
 
 }  // namespace
