@@ -65,13 +65,24 @@ absl::Status StagingCommunicator::Reserve(int64_t send, int64_t recv) {
   return absl::OkStatus();
 }
 
+absl::Status StagingCommunicator::FailedBeforeExchange(absl::Status status) {
+  host_->Abort();
+  return absl::Status(
+      status.code(),
+      absl::StrCat(backend(), " on rank ", rank(), ": ", status.message(),
+                   " (before the exchange: aborted the host communicator, so "
+                   "that the peers fail now instead of at their timeout)"));
+}
+
 template <typename Exchange>
 absl::Status StagingCommunicator::Staged(const float* send, int64_t sent,
                                          float* recv, int64_t received,
                                          Exchange&& exchange) {
-  MUON_RETURN_IF_ERROR(Reserve(sent, received));
-  MUON_RETURN_IF_ERROR(
-      runtime_->CopyToHost(send_staging_.data(), send, sent * kFloat));
+  absl::Status staged = Reserve(sent, received);
+  if (staged.ok()) {
+    staged = runtime_->CopyToHost(send_staging_.data(), send, sent * kFloat);
+  }
+  if (!staged.ok()) return FailedBeforeExchange(std::move(staged));
   MUON_RETURN_IF_ERROR(exchange(send_staging_.data(), recv_staging_.data()));
   return runtime_->CopyFromHost(recv, recv_staging_.data(), received * kFloat);
 }
@@ -108,7 +119,9 @@ absl::Status StagingCommunicator::AllToAllVOnStream(
         "; this communicator's buffers are on ", buffer_device().ToString()));
   }
   // The device input is written by the stream's earlier work.
-  MUON_RETURN_IF_ERROR(stream->Synchronize(stream_wait_));
+  if (absl::Status s = stream->Synchronize(stream_wait_); !s.ok()) {
+    return FailedBeforeExchange(std::move(s));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   return AllToAllVLocked(send, send_counts, recv, recv_counts);
 }
@@ -131,11 +144,11 @@ absl::Status StagingCommunicator::Broadcast(float* data, int64_t count,
   std::lock_guard<std::mutex> lock(mu_);
   MUON_RETURN_IF_ERROR(communicator_internal::CheckBroadcast(
       backend(), rank(), world_size(), data, count, root));
-  MUON_RETURN_IF_ERROR(Reserve(count, 0));
-  if (rank() == root) {
-    MUON_RETURN_IF_ERROR(
-        runtime_->CopyToHost(send_staging_.data(), data, count * kFloat));
+  absl::Status staged = Reserve(count, 0);
+  if (staged.ok() && rank() == root) {
+    staged = runtime_->CopyToHost(send_staging_.data(), data, count * kFloat);
   }
+  if (!staged.ok()) return FailedBeforeExchange(std::move(staged));
   MUON_RETURN_IF_ERROR(host_->Broadcast(send_staging_.data(), count, root));
   if (rank() == root) return absl::OkStatus();  // its data is unchanged
   return runtime_->CopyFromHost(data, send_staging_.data(), count * kFloat);

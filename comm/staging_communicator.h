@@ -92,6 +92,12 @@ class StagingCommunicator final : public Communicator {
   // Grows the staging buffers to at least `send` and `recv` floats.
   // Errors: those of the pinned host allocator (ResourceExhausted, CUDA's).
   absl::Status Reserve(int64_t send, int64_t recv);
+  // A local failure (staging memory, a device copy, the stream's earlier
+  // work) before the host collective: aborts the host communicator, so
+  // that the peers, which are in or entering the collective, fail at once
+  // (their connections are reset) instead of at their timeout, and returns
+  // `status` saying so. The communicator is then unusable (Aborted).
+  absl::Status FailedBeforeExchange(absl::Status status);
   // With mu_ held: `sent` floats of device memory `send` into the send
   // staging, `exchange(host_send, host_recv)` (the host collective), then
   // `received` floats of the receive staging into device memory `recv`.

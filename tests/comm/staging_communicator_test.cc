@@ -57,6 +57,7 @@ class FakeDeviceRuntime final : public device::Runtime {
   absl::Status CopyToHost(void* host_dst, const void* src,
                           int64_t bytes) override {
     ++to_host;
+    if (fail_copies) return absl::InternalError("fake copy to host failed");
     if (bytes > 0) std::memcpy(host_dst, src, bytes);
     return absl::OkStatus();
   }
@@ -78,6 +79,7 @@ class FakeDeviceRuntime final : public device::Runtime {
     if (bytes > 0) std::memset(dst, 0, bytes);
     return absl::OkStatus();
   }
+  std::atomic<bool> fail_copies{false};  // CopyToHost fails
   std::atomic<int> to_host{0};
   std::atomic<int> from_host{0};
   // What the staging takes as "pinned" memory, counted.
@@ -235,6 +237,30 @@ TEST_F(StagingCommunicatorTest,
     // more than the two of 900 at once (2100 floats had both been kept).
     EXPECT_EQ(runtime_[r]->pinned.peak_bytes(), 2 * 900 * kFloat)
         << "rank " << r;
+  }
+}
+
+// Rank 1's copy to host fails before the exchange: it aborts its host
+// communicator, so the other ranks fail at once (their connections to it
+// are reset) instead of waiting out the 10 s timeout.
+TEST_F(StagingCommunicatorTest, CopyFailsOnOneRank_PeersFailBeforeTimeout) {
+  runtime_[1]->fail_copies = true;
+  std::vector<absl::Status> status(kWorld);
+  const absl::Time start = absl::Now();
+  RunRanks(kWorld, [&](int r) {
+    const std::vector<int64_t> counts(kWorld, 2);
+    std::vector<float> send(2 * kWorld, 1.0f), recv(2 * kWorld);
+    status[r] = staged_[r]->AllToAllV(send.data(), counts, recv.data(), counts);
+  });
+  EXPECT_LT(absl::Now() - start, absl::Seconds(8));
+  EXPECT_EQ(status[1].code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(status[1].message()),
+              HasSubstr("fake copy to host failed (before the exchange: "
+                        "aborted the host communicator"));
+  for (int r : {0, 2}) {
+    EXPECT_FALSE(status[r].ok()) << "rank " << r;
+    EXPECT_NE(status[r].code(), absl::StatusCode::kDeadlineExceeded)
+        << status[r];
   }
 }
 
