@@ -6,6 +6,7 @@
 #ifndef MUON_COMMON_CHECKED_MATH_H_
 #define MUON_COMMON_CHECKED_MATH_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <optional>
@@ -36,6 +37,12 @@ inline constexpr int64_t kMaxParamElements = int64_t{1} << 40;
 // 2^21 (e.g. 1,024 ranks x 2,048 matrices); the time and memory measured
 // at and beyond it are in docs/scale.md ("The size bound").
 inline constexpr int64_t kMaxMatrixRankBoxes = int64_t{1} << 21;
+// Bytes of one parameter or tensor name (a job spec's, a rank manifest's,
+// a safetensors header's): the plan copies a name into every matrix's
+// entry and names each slice of a stack "name[e]", so an unbounded name
+// multiplies by up to kMaxExperts; `muonctl spec` also matches names with
+// std::regex, whose libstdc++ matcher recurses per character.
+inline constexpr size_t kMaxTensorNameBytes = 4096;
 
 // a * b, or nullopt when it overflows int64.
 inline std::optional<int64_t> CheckedMul(int64_t a, int64_t b) {

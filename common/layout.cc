@@ -150,8 +150,15 @@ absl::Status Mesh::Validate() const {
 }
 
 Range ChunkRange(int64_t n, int64_t parts, int64_t index) {
-  const int64_t chunk = (n + parts - 1) / parts;
-  return Range{std::min(index * chunk, n), std::min((index + 1) * chunk, n)};
+  // ceil(n / parts) without n + parts - 1, which overflows near INT64_MAX.
+  const int64_t chunk = n / parts + (n % parts != 0 ? 1 : 0);
+  // min(i * chunk, n) without forming i * chunk when it exceeds n (the
+  // last chunk's end, 2 x 2^62 for n = INT64_MAX over 2, overflows):
+  // i * chunk <= n exactly when i <= n / chunk.
+  auto bound = [n, chunk](int64_t i) {
+    return chunk == 0 || i <= n / chunk ? std::min(i * chunk, n) : n;
+  };
+  return Range{bound(index), bound(index + 1)};
 }
 
 absl::StatusOr<Box> LocalBox(int64_t rows, int64_t cols,

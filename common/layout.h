@@ -120,7 +120,8 @@ void SubtractBox(const std::vector<Range>& u, const std::vector<Range>& i,
 // Chunk `index` of a dimension of `n` elements split in `parts`, as
 // torch.chunk / DTensor Shard: chunk = ceil(n / parts); chunk i covers
 // [min(i*chunk, n), min((i+1)*chunk, n)), so the last chunks may be smaller
-// or empty. Requires parts >= 1 and 0 <= index < parts.
+// or empty. Requires n >= 0, parts >= 1 and 0 <= index < parts; exact for
+// every such int64 (no intermediate overflows, n = INT64_MAX included).
 Range ChunkRange(int64_t n, int64_t parts, int64_t index);
 
 // The part of a 2-D [rows, cols] matrix one rank holds, row-major.

@@ -23,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/checked_math.h"
 
 namespace muon {
 
@@ -35,10 +36,6 @@ inline constexpr int kMaxSafetensorsJsonDepth = 64;
 
 // Most dims of one tensor in a header.
 inline constexpr int kMaxSafetensorsDims = 16;
-
-// Longest tensor name accepted, in bytes (names are matched with std::regex
-// by `muonctl spec`, whose libstdc++ matcher recurses per character).
-inline constexpr size_t kMaxTensorNameBytes = 4096;
 
 // The header key of the string-to-string metadata object.
 inline constexpr char kSafetensorsMetadataKey[] = "__metadata__";

@@ -264,7 +264,23 @@ absl::StatusOr<std::vector<Placement>> CheckMatrixPlacements(
                        ")"));
     }
   }
+  if (absl::Status s = CheckStridedShards(placements, mesh); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", s.message()));
+  }
   return placements;
+}
+
+absl::Status CheckParamNameSize(absl::string_view name,
+                                absl::string_view where) {
+  if (name.size() <= kMaxTensorNameBytes) return absl::OkStatus();
+  // The first 64 bytes, cut back to a UTF-8 character boundary.
+  size_t cut = 64;
+  while (cut > 0 && (static_cast<unsigned char>(name[cut]) & 0xC0) == 0x80) {
+    --cut;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      where, "parameter \"", name.substr(0, cut), "...\" has a name of ",
+      name.size(), " bytes; at most ", kMaxTensorNameBytes, " are supported"));
 }
 
 absl::Status CheckParamShape(
@@ -427,6 +443,8 @@ absl::StatusOr<int64_t> ValidateSpecParam(const v1::ParamSpec& param, int i,
     return absl::InvalidArgumentError(
         absl::StrCat("parameter at index ", i, " has an empty name"));
   }
+  // Before the name is copied into `names` (or anywhere else).
+  MUON_RETURN_IF_ERROR(CheckParamNameSize(param.name(), ""));
   if (!names->insert(param.name()).second) {
     return absl::InvalidArgumentError(absl::StrCat(
         "parameter \"", param.name(), "\" is listed more than once"));

@@ -82,10 +82,12 @@ bool ExchangeIsBf16(const v1::ExecutionOptions& execution);
 // sizes >= 1 with unique non-empty names, at most
 // kMaxMeshDims dims and kMaxWorldSize ranks, kMaxParams parameters (see
 // CheckJobSize and CheckParamShape for the size limits); each
-// parameter has a non-empty unique name, a 2-D [rows, cols] or 3-D
-// [experts, rows, cols] (expert stack) shape with dims >= 1, one placement
-// per mesh dim, placements that parse, no Partial, Shard dims below the
-// tensor's rank; its sub_mesh (CheckSubMesh) names mesh dims with
+// parameter has a non-empty unique name of at most kMaxTensorNameBytes
+// bytes, a 2-D [rows, cols] or 3-D [experts, rows, cols] (expert stack)
+// shape with dims >= 1, one placement per mesh dim, placements that parse,
+// no Partial, Shard dims below the tensor's rank, the _StridedShard split
+// factors FSDP2 gives (CheckStridedShards, named by parameter); its
+// sub_mesh (CheckSubMesh) names mesh dims with
 // coordinates in range, and its placement on those dims is Replicate().
 // Errors:
 //   InvalidArgument: the first problem found; the message names the
@@ -133,9 +135,13 @@ absl::StatusOr<std::vector<Placement>> ParsePlacements(
 
 // Checks a parameter's placements against the mesh: one per mesh dim, each
 // parses, none is Partial, Shard dims are in [0, tensor_ndim) (2 for a
-// matrix, 3 for an expert stack). Returns them parsed.
+// matrix, 3 for an expert stack), and every _StridedShard's split factor
+// is the product of the sizes of the later mesh dims that Shard its tensor
+// dim (CheckStridedShards, common/layout.h). Returns them parsed.
 // Errors:
-//   InvalidArgument: names the parameter, the mesh dim and the placement.
+//   InvalidArgument: names the parameter, the mesh dim and the placement,
+//     e.g. `parameter "w": _StridedShard(dim=0, sf=4) on mesh dim
+//     "dp_shard": the split factor must be the product of ...`.
 absl::StatusOr<std::vector<Placement>> CheckMatrixPlacements(
     absl::string_view param,
     const google::protobuf::RepeatedPtrField<std::string>& placements,
@@ -150,6 +156,17 @@ absl::StatusOr<std::vector<Placement>> CheckMatrixPlacements(
 absl::Status CheckParamShape(
     absl::string_view param,
     const google::protobuf::RepeatedField<int64_t>& shape);
+
+// Checks a parameter name's size: at most kMaxTensorNameBytes bytes
+// (common/checked_math.h; every matrix of the plan copies the name).
+// `where` prefixes the message: "" in a job spec, "rank 3: " in a rank's
+// manifest.
+// Errors:
+//   InvalidArgument: names `where`, the name's first 64 bytes and its size,
+//     e.g. `rank 3: parameter "aaaa..." has a name of 1048576 bytes; at
+//     most 4096 are supported`.
+absl::Status CheckParamNameSize(absl::string_view name,
+                                absl::string_view where);
 
 // Checks a parameter's sub_mesh (ParamSpec.sub_mesh, ParamManifest.sub_mesh)
 // against the mesh and the parameter's parsed placements: every name is a

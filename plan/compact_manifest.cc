@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "common/layout.h"
 #include "common/spec.h"
+#include "common/status_macros.h"
 #include "plan/planner.h"
 
 namespace muon {
@@ -31,21 +32,33 @@ absl::StatusOr<Mesh> CheckedMesh(const v1::RankManifest& m, int rank) {
   return mesh;
 }
 
-// The torch.chunk local shape of parameter `p` at `coord`.
+// The torch.chunk local shape of parameter `p` at `coord`, after checking
+// its global shape (CheckParamShape: 2-D or 3-D, dims >= 1, the element
+// limit) so that nothing is computed from an unchecked one.
+// Errors: InvalidArgument naming the parameter (the shape, a placement
+// that does not parse, LocalRanges' errors).
 absl::StatusOr<std::vector<int64_t>> ChunkShape(const v1::ParamManifest& p,
                                                 const Mesh& mesh,
                                                 const std::vector<int>& coord) {
+  MUON_RETURN_IF_ERROR(CheckParamShape(p.name(), p.global_shape()));
+  const std::string what = absl::StrCat("parameter \"", p.name(), "\": ");
   std::vector<Placement> placements;
   for (const std::string& text : p.placements()) {
     absl::StatusOr<Placement> placement = Placement::Parse(text);
-    if (!placement.ok()) return placement.status();
+    if (!placement.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, placement.status().message()));
+    }
     placements.push_back(*placement);
   }
   const std::vector<int64_t> shape(p.global_shape().begin(),
                                    p.global_shape().end());
   absl::StatusOr<std::vector<Range>> ranges =
       LocalRanges(shape, placements, mesh, coord);
-  if (!ranges.ok()) return ranges.status();
+  if (!ranges.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ranges.status().message()));
+  }
   std::vector<int64_t> local;
   for (const Range& r : *ranges) local.push_back(r.size());
   return local;
@@ -76,8 +89,7 @@ absl::Status CheckManifestFollowsLayout(const v1::RankManifest& m) {
     }
     absl::StatusOr<std::vector<int64_t>> local = ChunkShape(p, *mesh, coord);
     if (!local.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "parameter \"", p.name(), "\": ", local.status().message()));
+      return absl::FailedPreconditionError(local.status().message());
     }
     if (!std::equal(local->begin(), local->end(), p.local_shape().begin(),
                     p.local_shape().end())) {
@@ -111,10 +123,7 @@ absl::StatusOr<v1::RankManifest> ManifestForRank(
   m.set_rank(rank);
   for (v1::ParamManifest& p : *m.mutable_params()) {
     absl::StatusOr<std::vector<int64_t>> local = ChunkShape(p, *mesh, coord);
-    if (!local.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "parameter \"", p.name(), "\": ", local.status().message()));
-    }
+    if (!local.ok()) return local.status();
     p.clear_local_shape();
     for (int64_t n : *local) p.add_local_shape(n);
   }

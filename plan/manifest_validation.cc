@@ -342,6 +342,25 @@ struct Union {
   std::vector<std::vector<int>> of_rank;
 };
 
+// Checks the name of entry `pos` of rank r's list: non-empty, at most
+// kMaxTensorNameBytes bytes (checked before it is copied into `seen`, the
+// union's index or the layout), not in `seen` (the rank's names so far),
+// which gains it.
+absl::Status CheckListedName(const std::string& name, int r, int pos,
+                             std::set<std::string>* seen) {
+  if (name.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", r, ": parameter at index ", pos, " has an empty name"));
+  }
+  MUON_RETURN_IF_ERROR(
+      CheckParamNameSize(name, absl::StrCat("rank ", r, ": ")));
+  if (!seen->insert(name).second) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parameter ", Quoted(name), " is listed more than once on rank ", r));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Union> BuildUnion(
     const std::vector<v1::RankManifest>& manifests) {
   const int n = static_cast<int>(manifests.size());
@@ -361,15 +380,7 @@ absl::StatusOr<Union> BuildUnion(
     std::map<int, int> last_of;
     for (int pos = 0; pos < m.params_size(); ++pos) {
       const v1::ParamManifest& p = m.params(pos);
-      if (p.name().empty()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "rank ", r, ": parameter at index ", pos, " has an empty name"));
-      }
-      if (!seen.insert(p.name()).second) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("parameter ", Quoted(p.name()),
-                         " is listed more than once on rank ", r));
-      }
+      MUON_RETURN_IF_ERROR(CheckListedName(p.name(), r, pos, &seen));
       auto [it, inserted] =
           index.emplace(p.name(), static_cast<int>(u.first.size()));
       const int i = it->second;
@@ -593,14 +604,27 @@ absl::Status CheckRequestedOwners(
   return absl::OkStatus();
 }
 
+// The layout cache key of `param`: shape, placements, sub-mesh and row
+// splits. The sub-mesh is keyed by mesh dim index and coordinate, never by
+// dim name: a name may hold any character ("p=0, q"), so names could make
+// two sub-meshes print alike and share one another's boxes.
+std::string LayoutKey(const ParamLayout& param) {
+  std::vector<std::string> sub_mesh;
+  for (size_t k = 0; k < param.sub_mesh.dims.size(); ++k) {
+    sub_mesh.push_back(
+        absl::StrCat(param.sub_mesh.dims[k], ":", param.sub_mesh.coords[k]));
+  }
+  return absl::StrCat(ShapeToString(param.shape), " ",
+                      PlacementsToString(param.placements), " {",
+                      absl::StrJoin(sub_mesh, ","), "} ",
+                      ShapeToString(param.row_splits));
+}
+
 }  // namespace
 
 absl::Status AppendParam(ParamLayout param, absl::string_view what,
                          JobLayout* layout, LayoutCache* cache) {
-  const std::string key = absl::StrCat(
-      ShapeToString(param.shape), " ", PlacementsToString(param.placements),
-      " ", SubMeshToString(param.sub_mesh, layout->mesh), " ",
-      ShapeToString(param.row_splits));
+  const std::string key = LayoutKey(param);
   auto cached = cache->entries.find(key);
   if (cached == cache->entries.end()) {
     const int64_t slices = param.is_stack()

@@ -163,9 +163,11 @@ std::string DescribeLayoutDifference(const v1::JobSpec& given,
 absl::Status DiagnoseLayoutMismatch(const v1::RankManifest& m0,
                                     const v1::RankManifest& mr);
 
-// Boxes computed once per distinct (shape, placements, sub-mesh), shared by
-// the matrices of AppendParam calls with the same cache.
+// Boxes computed once per distinct (shape, placements, sub-mesh, row
+// splits), shared by the matrices of AppendParam calls with the same cache.
 struct LayoutCache {
+  // Keyed by the shape, the placements, the sub-mesh's (mesh dim index,
+  // coordinate) pairs and the row splits (never by mesh dim names).
   std::map<std::string, std::vector<MatrixBoxes>> entries;
   int64_t boxes = 0;       // boxes held by the entries
   int64_t max_boxes = -1;  // bound on `boxes`; -1 = none

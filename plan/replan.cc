@@ -1,11 +1,44 @@
 #include "plan/replan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "common/status_macros.h"
 
 namespace muon {
+
+namespace {
+
+// Rank `ring`'s Newton-Schulz seconds per FLOP over its reports of steps >
+// `after_step`, or 0 when it has no usable measurement. An operation whose
+// start_s, end_s, seconds or FLOPs is not finite (a corrupt or hostile
+// report: inf, NaN) is skipped, and a ratio that is not finite and > 0
+// (sums overflowing to inf, a quotient underflowing to 0) is no
+// measurement: either would make MakePlan refuse the cost model at every
+// re-plan.
+double RankSecondsPerFlop(const std::vector<v1::StepReport>& ring,
+                          int64_t after_step) {
+  double seconds = 0, flops = 0;
+  for (const v1::StepReport& report : ring) {
+    if (report.step() <= after_step) continue;
+    for (const v1::OpTiming& op : report.ops()) {
+      if (op.op() != v1::OP_KIND_ORTHOGONALIZE) continue;
+      const double elapsed = op.end_s() - op.start_s();
+      if (!std::isfinite(elapsed) || !std::isfinite(op.flops()) ||
+          !(op.flops() > 0)) {
+        continue;
+      }
+      seconds += std::max(0.0, elapsed);
+      flops += op.flops();
+    }
+  }
+  if (!(flops > 0) || !(seconds > 0)) return 0;
+  const double ratio = seconds / flops;
+  return std::isfinite(ratio) && ratio > 0 ? ratio : 0;
+}
+
+}  // namespace
 
 std::vector<double> MeasuredSecondsPerFlop(
     const std::vector<const std::vector<v1::StepReport>*>& reports,
@@ -14,20 +47,9 @@ std::vector<double> MeasuredSecondsPerFlop(
   std::vector<double> measured(world, 0.0);
   std::vector<double> known;
   for (size_t r = 0; r < world; ++r) {
-    double seconds = 0, flops = 0;
     if (reports[r] == nullptr) continue;
-    for (const v1::StepReport& report : *reports[r]) {
-      if (report.step() <= after_step) continue;
-      for (const v1::OpTiming& op : report.ops()) {
-        if (op.op() != v1::OP_KIND_ORTHOGONALIZE || !(op.flops() > 0)) continue;
-        seconds += std::max(0.0, op.end_s() - op.start_s());
-        flops += op.flops();
-      }
-    }
-    if (flops > 0 && seconds > 0) {
-      measured[r] = seconds / flops;
-      known.push_back(measured[r]);
-    }
+    measured[r] = RankSecondsPerFlop(*reports[r], after_step);
+    if (measured[r] > 0) known.push_back(measured[r]);
   }
   if (known.empty()) return {};
   std::sort(known.begin(), known.end());

@@ -28,8 +28,11 @@ namespace muon {
 // `reports[r]` points to rank r's kept reports (any order; null or empty
 // for none; not copied: the coordinator passes its rings). A rank
 // without a measurement (it owned nothing, or no report arrived yet) gets
-// the median of the measured ranks. Returns an empty vector when no rank
-// has a measurement.
+// the median of the measured ranks. Non-finite values are never used: an
+// operation whose start_s, end_s or FLOPs is inf or NaN is skipped, and a
+// rank's ratio counts as a measurement only when it is finite and > 0, so
+// every value returned is finite and > 0 (what MakePlan accepts). Returns
+// an empty vector when no rank has a measurement.
 std::vector<double> MeasuredSecondsPerFlop(
     const std::vector<const std::vector<v1::StepReport>*>& reports,
     int64_t after_step);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,19 +44,29 @@ absl::Status Invalid(int rank, int bucket, v1::OpKind op,
       "rank ", rank, ", bucket ", bucket, ", ", WireName(op), ": ", what));
 }
 
-// Checks the header fields: mode, slots and prefetch depth.
-absl::Status ValidateHeader(const v1::Schedule& s) {
+// Checks the header fields against `plan`: mode, slots and prefetch depth
+// (prefetch_count + 1 in int64: INT32_MAX + 1 must not wrap), and at most
+// one slot per bucket (max(1, buckets), what MakeScheduleHeader's cap
+// gives), so that a header cannot size a slot table beyond the plan.
+absl::Status ValidateHeader(const v1::Schedule& s, const v1::Plan& plan) {
   const bool async = s.mode() == v1::SCHEDULE_MODE_ASYNC;
   if (!async && s.mode() != v1::SCHEDULE_MODE_SEQUENTIAL) {
     return absl::InvalidArgumentError(
         absl::StrCat("schedule mode \"", WireName(s.mode()),
                      "\" is not sequential or async"));
   }
-  const int want_slots = async ? s.prefetch_count() + 1 : 1;
+  const int64_t want_slots = async ? int64_t{s.prefetch_count()} + 1 : 1;
   if (s.prefetch_count() < 0 || s.slots() != want_slots) {
     return absl::InvalidArgumentError(absl::StrCat(
         "schedule has ", s.slots(), " slots for prefetch ", s.prefetch_count(),
         " in ", WireName(s.mode()), " mode; expected ", want_slots));
+  }
+  const int max_slots = std::max(1, plan.buckets_size());
+  if (s.slots() > max_slots) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "schedule has ", s.slots(), " slots (prefetch ", s.prefetch_count(),
+        ") for a plan of ", plan.buckets_size(), " buckets; at most ",
+        max_slots, " (one per bucket)"));
   }
   return absl::OkStatus();
 }
@@ -96,24 +107,27 @@ v1::RankSchedule DeriveRankSchedule(const v1::Schedule& header,
     return rs;
   }
   const int p = std::max(0, header.prefetch_count());
-  const int slots = p + 1;
+  const int64_t slots = int64_t{p} + 1;  // int64: p may be INT32_MAX
   constexpr v1::StreamKind kComm = v1::STREAM_KIND_COMM;
   int next_gather = 0;
   for (; next_gather <= p && next_gather < buckets; ++next_gather) {
-    Add(&rs, next_gather, v1::OP_KIND_GATHER, kComm, next_gather % slots);
+    Add(&rs, next_gather, v1::OP_KIND_GATHER, kComm,
+        static_cast<int>(next_gather % slots));
   }
   for (int b = 0; b < buckets; ++b) {
-    Add(&rs, b, v1::OP_KIND_REDISTRIBUTE, kComm, b % slots);
-    Add(&rs, b, v1::OP_KIND_APPLY, kComm, b % slots);
+    const int slot = static_cast<int>(b % slots);  // < buckets
+    Add(&rs, b, v1::OP_KIND_REDISTRIBUTE, kComm, slot);
+    Add(&rs, b, v1::OP_KIND_APPLY, kComm, slot);
     if (next_gather < buckets) {
-      Add(&rs, next_gather, v1::OP_KIND_GATHER, kComm, next_gather % slots);
+      Add(&rs, next_gather, v1::OP_KIND_GATHER, kComm,
+          static_cast<int>(next_gather % slots));
       ++next_gather;
     }
   }
   for (int b = 0; b < buckets; ++b) {
     if (owns[b]) {
       Add(&rs, b, v1::OP_KIND_ORTHOGONALIZE, v1::STREAM_KIND_COMPUTE,
-          b % slots);
+          static_cast<int>(b % slots));
     }
   }
   return rs;
@@ -236,10 +250,11 @@ class RankScheduleWalk {
     }
     slot_user_[op.slot()] = b;
     gathered_[b] = 1;
-    if (++in_flight_ > s_.prefetch_count() + 1) {
+    const int64_t max_in_flight = int64_t{s_.prefetch_count()} + 1;
+    if (++in_flight_ > max_in_flight) {
       return Invalid(r_, b, op.op(),
                      absl::StrCat(in_flight_, " buckets in flight; at most ",
-                                  s_.prefetch_count() + 1));
+                                  max_in_flight));
     }
     if (collectives_ != nullptr) collectives_->push_back({b, op.op()});
     return absl::OkStatus();
@@ -290,6 +305,8 @@ class RankScheduleWalk {
 absl::Status ValidateRankSchedule(
     const v1::RankSchedule& rs, const v1::Schedule& s, const v1::Plan& plan,
     std::vector<std::pair<int, v1::OpKind>>* collectives) {
+  // The header first: the walk sizes its slot table by s.slots().
+  MUON_RETURN_IF_ERROR(ValidateHeader(s, plan));
   RankScheduleWalk walk(rs, s, plan, collectives);
   for (const v1::ScheduledOp& op : rs.ops()) {
     MUON_RETURN_IF_ERROR(walk.Step(op));
@@ -298,8 +315,7 @@ absl::Status ValidateRankSchedule(
 }
 
 absl::Status ValidateSchedule(const v1::Schedule& s, const v1::Plan& plan) {
-  absl::Status header = ValidateHeader(s);
-  if (!header.ok()) return header;
+  MUON_RETURN_IF_ERROR(ValidateHeader(s, plan));
   if (s.ranks_size() == 0) {
     if (s.derivation() != kScheduleDerivation) {
       return absl::InvalidArgumentError(

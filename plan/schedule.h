@@ -52,13 +52,15 @@ v1::RankSchedule MakeRankSchedule(const v1::Plan& plan, int rank);
 v1::Schedule MakeSchedule(const v1::Plan& plan, bool async, int prefetch_count);
 
 // Checks one rank's operation list against the header `schedule` and the
-// plan: streams ("main" in sequential mode; "comm", and "compute" for
-// orthogonalize, in async mode); buckets gathered in plan order; every
-// bucket gathered, redistributed and applied exactly once, orthogonalized
-// exactly once if the rank owns a matrix of it and never otherwise; within
-// a stream a bucket's gather precedes its redistribute and apply; slots in
-// [0, slots), a bucket's redistribute and apply in its gather's slot, a
-// slot gathered into only after the bucket before it in that slot was
+// plan. The header first, as ValidateSchedule checks it (mode, slots ==
+// prefetch_count + 1 or 1, at most max(1, buckets) slots), before
+// anything is sized by it; then: streams ("main" in sequential mode; "comm",
+// and "compute" for orthogonalize, in async mode); buckets gathered in plan
+// order; every bucket gathered, redistributed and applied exactly once,
+// orthogonalized exactly once if the rank owns a matrix of it and never
+// otherwise; within a stream a bucket's gather precedes its redistribute and
+// apply; slots in [0, slots), a bucket's redistribute and apply in its gather's
+// slot, a slot gathered into only after the bucket before it in that slot was
 // applied (the slot holds its local O until then), at most
 // prefetch_count + 1 buckets in flight.
 // Stores the rank's collectives ((bucket, op) in issue order) in
@@ -70,7 +72,8 @@ absl::Status ValidateRankSchedule(
     std::vector<std::pair<int, v1::OpKind>>* collectives = nullptr);
 
 // Checks a schedule against its plan. The header: mode "sequential" or
-// "async", slots == prefetch_count + 1 (async) or 1, prefetch_count >= 0.
+// "async", slots == prefetch_count + 1 (async) or 1, prefetch_count >= 0,
+// slots <= max(1, buckets) (MakeScheduleHeader's cap).
 // Compact form (no rank lists, as MakePlan makes it): derivation must be
 // kScheduleDerivation, and the derived collective sequence, which does not
 // depend on the rank (only orthogonalize does, from the owners ValidatePlan

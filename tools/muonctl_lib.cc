@@ -1164,7 +1164,10 @@ void BindSpec(CLI::App* app, SpecFlags& f) {
                   "(default: Shard(0) on dp_shard, Replicate() elsewhere)");
   app->add_option("--rule", f.rules,
                   "REGEX=PLACEMENTS, repeatable, first match wins, e.g. "
-                  "'o_proj|down_proj=tp:Shard(1)'");
+                  "'o_proj|down_proj=tp:Shard(1)'. Split at the first '=' "
+                  "followed by a valid placement list, so either side may "
+                  "hold '=': 'a(?=b)=tp:Shard(1)', "
+                  "'w=_StridedShard(dim=0, sf=8),Shard(0)'");
   app->add_option("--exclude", f.exclude,
                   "REGEX of tensors that are not Muon matrices, repeatable "
                   "(replaces the defaults: embed, wte, wpe, lm_head, norm, "

@@ -145,15 +145,32 @@ absl::Status PlaceNamedItems(const std::vector<absl::string_view>& items,
   return absl::OkStatus();
 }
 
+// `text` split at the commas outside parentheses, so that a placement
+// with arguments, "_StridedShard(dim=0, sf=8)", stays one item. Items are
+// stripped of surrounding whitespace; empty ones are dropped.
+std::vector<absl::string_view> SplitTopLevelCommas(absl::string_view text) {
+  std::vector<absl::string_view> items;
+  int depth = 0;
+  size_t begin = 0;
+  for (size_t i = 0; i <= text.size(); ++i) {
+    if (i < text.size()) {
+      if (text[i] == '(') ++depth;
+      if (text[i] == ')' && depth > 0) --depth;
+      if (text[i] != ',' || depth > 0) continue;
+    }
+    absl::string_view item =
+        absl::StripAsciiWhitespace(text.substr(begin, i - begin));
+    if (!item.empty()) items.push_back(item);
+    begin = i + 1;
+  }
+  return items;
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<std::string>> ParsePlacementList(
     absl::string_view text, const v1::Mesh& mesh, absl::string_view what) {
-  std::vector<absl::string_view> items;
-  for (absl::string_view item : absl::StrSplit(text, ',')) {
-    item = absl::StripAsciiWhitespace(item);
-    if (!item.empty()) items.push_back(item);
-  }
+  const std::vector<absl::string_view> items = SplitTopLevelCommas(text);
   if (items.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": no placements given"));
@@ -184,6 +201,48 @@ absl::StatusOr<std::vector<std::string>> ParsePlacementList(
   return out;
 }
 
+namespace {
+
+// One --rule "REGEX=PLACEMENTS" over `mesh`. Both halves may hold '=' (a
+// regex's "(?=", a placement's "_StridedShard(dim=0, sf=8)"): the rule is
+// split at the first '=' (after at least one character) whose remainder is
+// a valid placement list. When none is, the error is the placement list's
+// at the last '=' outside parentheses (the one a reader sees as the
+// separator), or at the last '='.
+// Errors: InvalidArgument naming the rule: no '=', a bad regex, a bad
+// placement list (ParsePlacementList's errors).
+absl::StatusOr<PlacementRule> ParseRuleFlag(const std::string& rule,
+                                            const v1::Mesh& mesh) {
+  const std::string what = absl::StrCat("--rule \"", rule, "\"");
+  size_t separator = std::string::npos;  // the last '=' outside parentheses
+  int depth = 0;
+  for (size_t i = 0; i < rule.size(); ++i) {
+    if (rule[i] == '(') ++depth;
+    if (rule[i] == ')' && depth > 0) --depth;
+    if (rule[i] == '=' && i > 0 && depth == 0) separator = i;
+  }
+  if (separator == std::string::npos) separator = rule.rfind('=');
+  if (separator == std::string::npos || separator == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": expected REGEX=PLACEMENTS"));
+  }
+  const absl::string_view text(rule);
+  for (size_t eq = rule.find('=', 1); eq != std::string::npos;
+       eq = rule.find('=', eq + 1)) {
+    absl::StatusOr<std::vector<std::string>> placements =
+        ParsePlacementList(text.substr(eq + 1), mesh, what);
+    if (!placements.ok()) continue;
+    PlacementRule r;
+    r.pattern = rule.substr(0, eq);
+    MUON_RETURN_IF_ERROR(CompileRegex(r.pattern, what).status());
+    r.placements = *std::move(placements);
+    return r;
+  }
+  return ParsePlacementList(text.substr(separator + 1), mesh, what).status();
+}
+
+}  // namespace
+
 absl::StatusOr<SpecBuildOptions> ParseSpecBuildOptions(
     absl::string_view mesh, absl::string_view default_placements,
     const std::vector<std::string>& rules,
@@ -212,18 +271,7 @@ absl::StatusOr<SpecBuildOptions> ParseSpecBuildOptions(
     }
   }
   for (const std::string& rule : rules) {
-    const std::string what = absl::StrCat("--rule \"", rule, "\"");
-    const size_t eq = rule.rfind('=');
-    if (eq == std::string::npos || eq == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": expected REGEX=PLACEMENTS"));
-    }
-    PlacementRule r;
-    r.pattern = rule.substr(0, eq);
-    MUON_RETURN_IF_ERROR(CompileRegex(r.pattern, what).status());
-    MUON_ASSIGN_OR_RETURN(
-        r.placements, ParsePlacementList(absl::string_view(rule).substr(eq + 1),
-                                         o.mesh, what));
+    MUON_ASSIGN_OR_RETURN(PlacementRule r, ParseRuleFlag(rule, o.mesh));
     o.rules.push_back(std::move(r));
   }
   if (!exclude.empty()) o.exclude = exclude;

@@ -117,6 +117,8 @@ absl::StatusOr<v1::Mesh> ParseMeshFlag(absl::string_view text);
 // Placements for `mesh` from a comma-separated list, either positional,
 // one per mesh dim ("Shard(0),Replicate()"), or named, "dim:placement"
 // items for some dims ("tp:Shard(1)"), the others "" (keep the default).
+// Only commas outside parentheses separate items, so
+// "_StridedShard(dim=0, sf=8),Shard(0)" is two placements.
 // Placements are written canonically ("S(0)" -> "Shard(0)").
 // `what` names the list in errors (e.g. `rule "o_proj=tp:Shard(1)"`).
 // Errors:
@@ -131,8 +133,11 @@ absl::StatusOr<std::vector<std::string>> ParsePlacementList(
 //   default_placements: ParsePlacementList's syntax; named dims not given
 //     keep the built-in default (Shard(0) on dp_shard, else Replicate());
 //     "" = the built-in default.
-//   rules: each "REGEX=PLACEMENTS", split at the last '=' (placements never
-//     contain '='), e.g. "o_proj|down_proj=tp:Shard(1)".
+//   rules: each "REGEX=PLACEMENTS", e.g. "o_proj|down_proj=tp:Shard(1)".
+//     Either half may contain '=' ("a(?=b)=tp:Shard(1)",
+//     "w=_StridedShard(dim=0, sf=8),Shard(0)"): the rule is split at the
+//     first '=' whose remainder is a valid placement list for the mesh
+//     (then the regex must compile).
 //   exclude: regexes replacing DefaultExcludePatterns() when non-empty
 //     (pass {"^$"} to exclude nothing).
 //   transpose: a regex, "" = none.

@@ -170,6 +170,36 @@ TEST(CheckedMathTest, AllBoxes_OverflowingMesh_ReturnsInvalidArgument) {
               StatusIs(kInvalid, HasSubstr("dp=3 x tp=1431655766")));
 }
 
+// A name is copied into every matrix of the plan ("name[e]" per slice of a
+// stack): a 1 MiB name on a [65536, 1, 1] stack made 64 GiB. Refused before
+// anything copies it, naming its first 64 bytes and its size.
+TEST(CheckedMathTest,
+     ValidateJobSpec_NameOverLimit_ReturnsInvalidArgumentNamingPrefixAndSize) {
+  v1::JobSpec spec = OneParamSpec({65536, 1, 1}, {"Shard(0)"});
+  spec.mutable_params(0)->set_name(std::string(size_t{1} << 20, 'n'));
+  const std::string prefix = "parameter \"" + std::string(64, 'n') + "...\"";
+  EXPECT_THAT(ValidateJobSpec(spec),
+              StatusIs(kInvalid, AllOf(HasSubstr(prefix),
+                                       HasSubstr("name of 1048576 bytes"),
+                                       HasSubstr("at most 4096"))));
+  EXPECT_THAT(ManifestsFromSpec(spec), StatusIs(kInvalid, HasSubstr(prefix)));
+  spec.mutable_params(0)->set_name(std::string(kMaxTensorNameBytes + 1, 'n'));
+  EXPECT_THAT(ValidateJobSpec(spec),
+              StatusIs(kInvalid, HasSubstr("name of 4097 bytes")));
+  spec.mutable_params(0)->set_name(std::string(kMaxTensorNameBytes, 'n'));
+  EXPECT_THAT(ValidateJobSpec(spec), IsOk());
+}
+
+TEST(CheckedMathTest, CheckParamNameSize_CutsThePrefixAtACharacterBoundary) {
+  // 63 ASCII bytes then 2-byte characters: byte 64 is inside one, so the
+  // prefix stops before it instead of splitting it.
+  std::string name(63, 'a');
+  while (name.size() <= kMaxTensorNameBytes) name += "\xc3\xa9";  // é
+  EXPECT_THAT(CheckParamNameSize(name, "rank 3: "),
+              StatusIs(kInvalid, HasSubstr("rank 3: parameter \"" +
+                                           std::string(63, 'a') + "...\"")));
+}
+
 TEST(CheckedMathTest, CheckJobSize_TooManyParams_ReturnsInvalidArgument) {
   EXPECT_THAT(CheckJobSize(Mesh::OneDim(2), kMaxParams + 1, kMaxParams + 1),
               StatusIs(kInvalid, HasSubstr("1048577 parameters")));

@@ -114,6 +114,31 @@ TEST(ChunkRangeTest, ChunkRange_TwoOverFour_TwoEmptyChunksAtTheEnd) {
   EXPECT_EQ(ChunkRange(2, 4, 3).size(), 0);
 }
 
+// n near INT64_MAX: ceil(n / parts) used n + parts - 1 and the last
+// chunk's end (i + 1) x chunk, both past INT64_MAX (signed overflow, UB:
+// a negative chunk in practice). Exact now, by hand: INT64_MAX = 2^63 - 1
+// over 2 is chunk 2^62, [0, 2^62) and [2^62, 2^63 - 1); over 3 chunk
+// 3074457345618258603 (= ceil((2^63 - 1) / 3)).
+TEST(ChunkRangeTest, ChunkRange_NearInt64Max_ExactWithoutOverflow) {
+  constexpr int64_t kMax = INT64_MAX;
+  constexpr int64_t kHalf = int64_t{1} << 62;
+  EXPECT_EQ(ChunkRange(kMax, 2, 0), (Range{0, kHalf}));
+  EXPECT_EQ(ChunkRange(kMax, 2, 1), (Range{kHalf, kMax}));
+  constexpr int64_t kThird = 3074457345618258603;
+  EXPECT_EQ(ChunkRange(kMax, 3, 0), (Range{0, kThird}));
+  EXPECT_EQ(ChunkRange(kMax, 3, 1), (Range{kThird, 2 * kThird}));
+  EXPECT_EQ(ChunkRange(kMax, 3, 2), (Range{2 * kThird, kMax}));
+  // Many parts: the last chunks are empty, at n.
+  EXPECT_EQ(ChunkRange(kMax - 1, kMax, kMax - 1), (Range{kMax - 1, kMax - 1}));
+  EXPECT_EQ(ChunkRange(kMax, kMax, kMax - 1), (Range{kMax - 1, kMax}));
+  // Through LocalRanges, [INT64_MAX, 1] Shard(0) over 2 ranks.
+  const Mesh mesh = Mesh::OneDim(2);
+  absl::StatusOr<std::vector<Range>> ranges =
+      LocalRanges({kMax, 1}, {Placement::Shard(0)}, mesh, {1});
+  ASSERT_THAT(ranges, IsOk());
+  EXPECT_THAT(*ranges, ElementsAre(Range{kHalf, kMax}, Range{0, 1}));
+}
+
 // ===================== Placement =====================
 
 struct SpellingCase {

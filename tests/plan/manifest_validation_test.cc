@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "common/spec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/server/test_specs.h"
@@ -631,6 +632,57 @@ TEST(ManifestValidationTest,
                HasSubstr("parameter \"layers.2.attn.wq\": requested owner "
                          "rank 0 (coordinate pp=0, tp=0) is outside its "
                          "sub-mesh pp=1")));
+}
+
+// _StridedShard(dim=0, sf=4) over dp_shard=2 x tp=2 where tp's Shard(0)
+// makes the split factor 2: the spec check (muonctl spec, LoadSpec) used to
+// pass it, and only each rank's LocalRanges refused it, without the
+// parameter's name. Now ValidateJobSpec and ValidateManifests name both.
+TEST(ManifestValidationTest,
+     ValidateJobSpec_StridedShardWrongSplitFactor_NamesTheParameter) {
+  v1::JobSpec spec = ::muon::testing::MakeSpec(
+      {{"dp_shard", 2}, {"tp", 2}},
+      {{"w", 8, 4, {"_StridedShard(dim=0, sf=2)", "Shard(0)"}}});
+  ASSERT_THAT(ValidateJobSpec(spec), IsOk());
+  std::vector<v1::RankManifest> m = Manifests(spec);
+  ASSERT_THAT(ValidateManifests(m), IsOk());
+  const auto names_it =
+      AllOf(HasSubstr("parameter \"w\": _StridedShard(dim=0, sf=4) on mesh "
+                      "dim \"dp_shard\""),
+            HasSubstr("(2 here)"));
+  spec.mutable_params(0)->set_placements(0, "_StridedShard(dim=0, sf=4)");
+  EXPECT_THAT(ValidateJobSpec(spec), StatusIs(kInvalid, names_it));
+  EXPECT_THAT(LayoutFromSpec(spec), StatusIs(kInvalid, names_it));
+  for (v1::RankManifest& rank : m) {
+    rank.mutable_params(0)->set_placements(0, "_StridedShard(dim=0, sf=4)");
+  }
+  EXPECT_THAT(ValidateManifests(m), StatusIs(kInvalid, names_it));
+}
+
+// Mesh dim names may hold any character. The layout cache keyed sub-meshes
+// by their printed names, so {p: 0, q: 1} and {"p=0, q": 1} both printed
+// "p=0, q=1" and the second parameter reused the first one's boxes. Each
+// parameter's boxes must be non-empty exactly on its own sub-mesh.
+TEST(ManifestValidationTest, Layout_SubMeshesPrintingAlike_KeepTheirOwnBoxes) {
+  const v1::JobSpec spec = ::muon::testing::MakeSpec(
+      {{"p", 2}, {"q", 2}, {"p=0, q", 2}},
+      {{"a", 4, 4, {"R", "R", "R"}, {{"p", 0}, {"q", 1}}},
+       {"b", 4, 4, {"R", "R", "R"}, {{"p=0, q", 1}}}});
+  absl::StatusOr<JobLayout> from_spec = LayoutFromSpec(spec);
+  ASSERT_THAT(from_spec, IsOk());
+  absl::StatusOr<JobLayout> from_manifests = ValidateManifests(Manifests(spec));
+  ASSERT_THAT(from_manifests, IsOk());
+  for (const JobLayout* layout : {&*from_spec, &*from_manifests}) {
+    ASSERT_EQ(layout->matrices.size(), 2u);
+    for (const MatrixLayout& matrix : layout->matrices) {
+      const ParamLayout& param = layout->params[matrix.param_index];
+      for (int r = 0; r < 8; ++r) {
+        EXPECT_EQ(!matrix.boxes[r].empty(),
+                  param.sub_mesh.Contains(layout->mesh.Coord(r)))
+            << matrix.name << " rank " << r;
+      }
+    }
+  }
 }
 
 // JobSpecFromLayout is LayoutFromSpec's inverse: the spec it writes lays

@@ -2,6 +2,7 @@
 // (plan/replan.h).
 #include "plan/replan.h"
 
+#include <limits>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -52,6 +53,36 @@ TEST(ReplanTest, MeasuredSecondsPerFlop_RatioPerRank_MedianForUnmeasured) {
   EXPECT_DOUBLE_EQ(m[3], 2e-9);
   EXPECT_TRUE(MeasuredSecondsPerFlop(rings, 5).empty());  // nothing after
   EXPECT_TRUE(MeasuredSecondsPerFlop({nullptr, nullptr}, 0).empty());
+}
+
+// A rank report with end_s = inf made its seconds per FLOP inf (and flops
+// = inf made it 0), which MakePlan refuses: every re-plan of the job
+// failed. Such operations are skipped; only finite ratios > 0 count.
+TEST(ReplanTest, MeasuredSecondsPerFlop_NonFiniteValues_Skipped) {
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+  constexpr double kHuge = std::numeric_limits<double>::max();
+  std::vector<std::vector<v1::StepReport>> reports(4);
+  reports[0] = {Report(0, 1, 1e9, 2.0)};                           // 2e-9
+  reports[1] = {Report(1, 1, 1e9, 1.0), Report(1, 2, 1e9, kInf)};  // 1e-9
+  // Only non-finite or overflowing values: unmeasured, the median.
+  reports[2] = {Report(2, 1, kInf, 1.0), Report(2, 2, kNaN, 1.0),
+                Report(2, 3, 1e9, kNaN)};
+  reports[3] = {Report(3, 1, kHuge, 1.0), Report(3, 2, kHuge, 1.0)};
+  v1::StepReport start_inf = Report(3, 3, 1e9, 1.0);
+  start_inf.mutable_ops(0)->set_start_s(-kInf);
+  reports[3].push_back(start_inf);
+  const std::vector<const std::vector<v1::StepReport>*> rings = {
+      &reports[0], &reports[1], &reports[2], &reports[3]};
+  const std::vector<double> m = MeasuredSecondsPerFlop(rings, 0);
+  ASSERT_EQ(m.size(), 4u);
+  EXPECT_DOUBLE_EQ(m[0], 2e-9);
+  EXPECT_DOUBLE_EQ(m[1], 1e-9);
+  EXPECT_DOUBLE_EQ(m[2], 2e-9);  // median of 1e-9 and 2e-9: the upper one
+  EXPECT_DOUBLE_EQ(m[3], 2e-9);
+  // Nothing usable at all: no measurement.
+  std::vector<v1::StepReport> bad = {Report(0, 1, 1e9, kInf)};
+  EXPECT_TRUE(MeasuredSecondsPerFlop({&bad}, 0).empty());
 }
 
 class ReplanPlanTest : public ::testing::Test {
@@ -110,6 +141,18 @@ TEST_F(ReplanPlanTest, EqualSpeeds_KeepTheCurrentPlan) {
   ASSERT_THAT(plan, IsOk());
   EXPECT_EQ(plan->hash(), first_.hash());
   EXPECT_EQ(plan->version(), 0);
+}
+
+TEST_F(ReplanPlanTest, NonFiniteReport_ReplanStillSucceeds) {
+  std::vector<std::vector<v1::StepReport>> reports(4);
+  for (int r = 0; r < 4; ++r) reports[r] = {Report(r, 1, 1e9, 1.0)};
+  reports[2].push_back(
+      Report(2, 2, 1e9, std::numeric_limits<double>::infinity()));
+  const std::vector<const std::vector<v1::StepReport>*> rings = {
+      &reports[0], &reports[1], &reports[2], &reports[3]};
+  EXPECT_THAT(ReplanWithMeasuredCosts(layout_, PlannerOptions(), first_,
+                                      MeasuredSecondsPerFlop(rings, 0), 10),
+              IsOk());
 }
 
 TEST_F(ReplanPlanTest, BadCostModel_RefusedNamingTheRank) {

@@ -2,6 +2,7 @@
 // catching schedules that could deadlock or overrun their buffer slots.
 #include "plan/schedule.h"
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -189,6 +190,46 @@ TEST(ScheduleTest, ValidateSchedule_CompactWithTooFewSlots_IsRefused) {
   plan.mutable_schedule()->set_slots(1);
   EXPECT_THAT(ValidateSchedule(plan.schedule(), plan),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("slots")));
+}
+
+// ValidateRankSchedule (each rank's own check of the plan it was sent)
+// never checked the header, yet its walk allocates slots() ints: a header
+// of 2^20 slots (or one inconsistent with its prefetch depth) passed.
+TEST(ScheduleTest, ValidateRankSchedule_BadHeader_RefusedBeforeTheWalk) {
+  const v1::Plan plan = WithHeader(MakeTestPlan(2, 3), /*async=*/true, 1);
+  const v1::RankSchedule rs = MakeRankSchedule(plan, 0);
+  ASSERT_THAT(ValidateRankSchedule(rs, plan.schedule(), plan), IsOk());
+  v1::Schedule huge = plan.schedule();
+  huge.set_prefetch_count((1 << 20) - 1);
+  huge.set_slots(1 << 20);
+  EXPECT_THAT(ValidateRankSchedule(rs, huge, plan),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("1048576 slots (prefetch 1048575) for a plan "
+                                 "of 3 buckets; at most 3")));
+  v1::Schedule inconsistent = plan.schedule();
+  inconsistent.set_slots(3);  // prefetch 1: 2 slots
+  EXPECT_THAT(ValidateRankSchedule(rs, inconsistent, plan),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("3 slots for prefetch 1")));
+}
+
+// prefetch_count + 1 was computed in int32: INT32_MAX + 1 overflowed
+// (undefined behaviour) in the header check, the derivation and the walk.
+TEST(ScheduleTest, ValidateSchedule_PrefetchInt32Max_RefusedWithoutOverflow) {
+  v1::Plan plan = WithHeader(MakeTestPlan(2, 3), /*async=*/true, 1);
+  plan.mutable_schedule()->set_prefetch_count(INT32_MAX);
+  plan.mutable_schedule()->set_slots(INT32_MAX);
+  EXPECT_THAT(ValidateSchedule(plan.schedule(), plan),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("expected 2147483648")));
+  // The derivation (each rank runs it before its check) stays in range.
+  const v1::RankSchedule rs = MakeRankSchedule(plan, 0);
+  for (const v1::ScheduledOp& op : rs.ops()) {
+    EXPECT_EQ(op.slot(), op.bucket());
+  }
+  EXPECT_THAT(ValidateRankSchedule(rs, plan.schedule(), plan),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("expected 2147483648")));
 }
 
 TEST(ScheduleTest, ValidateRankSchedule_OrthogonalizeOnNonOwner_NamesTheRank) {

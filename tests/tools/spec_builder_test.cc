@@ -21,6 +21,7 @@
 namespace muon {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
@@ -308,7 +309,8 @@ TEST(ParseSpecBuildOptions, BadFlags_ReturnInvalidArgumentNamingTheFlag) {
               StatusIs(kInvalid, HasSubstr("--transpose")));
   EXPECT_THAT(parse("tp=2", "", {}, "", ""),
               StatusIs(kInvalid, HasSubstr("--job_id")));
-  // A regex may itself contain '=': the split is at the last one.
+  // A regex may itself contain '=': the split is at the first '=' followed
+  // by a valid placement list.
   absl::StatusOr<SpecBuildOptions> o = ParseSpecBuildOptions(
       "dp_shard=2,tp=2", "", {"a(?=b)=tp:Shard(1)"}, {}, "", "j");
   ASSERT_THAT(o, IsOk());
@@ -316,6 +318,58 @@ TEST(ParseSpecBuildOptions, BadFlags_ReturnInvalidArgumentNamingTheFlag) {
   EXPECT_EQ(o->rules[0].pattern, "a(?=b)");
   EXPECT_THAT(o->rules[0].placements, ElementsAre("", "Shard(1)"));
   EXPECT_THAT(o->default_placements, ElementsAre("Shard(0)", "Replicate()"));
+}
+
+// "_StridedShard(dim=0, sf=8)" holds a comma and '=': lists were split at
+// every comma and rules at the last '=', so FSDP2-over-TP placements could
+// not be written.
+TEST(ParsePlacementList, StridedShard_CommaInsideParenthesesKeepsOneItem) {
+  absl::StatusOr<v1::Mesh> mesh = ParseMeshFlag("dp_shard=8,tp=8");
+  ASSERT_THAT(mesh, IsOk());
+  for (const char* text : {"_StridedShard(dim=0, sf=8),Shard(0)",
+                           " dp_shard:_StridedShard(0, 8) , tp:S(0) "}) {
+    absl::StatusOr<std::vector<std::string>> list =
+        ParsePlacementList(text, *mesh, "x");
+    ASSERT_THAT(list, IsOk()) << text;
+    EXPECT_THAT(*list, ElementsAre("_StridedShard(dim=0, sf=8)", "Shard(0)"))
+        << text;
+  }
+  EXPECT_THAT(ParsePlacementList("_StridedShard(dim=0, sf=8)", *mesh, "x"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("1 placements for a mesh of 2")));
+}
+
+TEST(ParseSpecBuildOptions, RuleWithEqualsOnBothSides_SplitsBeforePlacements) {
+  absl::StatusOr<SpecBuildOptions> o = ParseSpecBuildOptions(
+      "dp_shard=2,tp=2", "",
+      {"q_proj=_StridedShard(dim=0, sf=2),Shard(0)", "a=b=tp:Shard(1)",
+       "c(?=d)=dp_shard:_StridedShard(dim=0, sf=2),tp:Shard(0)"},
+      {}, "", "j");
+  ASSERT_THAT(o, IsOk());
+  ASSERT_EQ(o->rules.size(), 3u);
+  EXPECT_EQ(o->rules[0].pattern, "q_proj");
+  EXPECT_THAT(o->rules[0].placements,
+              ElementsAre("_StridedShard(dim=0, sf=2)", "Shard(0)"));
+  EXPECT_EQ(o->rules[1].pattern, "a=b");
+  EXPECT_THAT(o->rules[1].placements, ElementsAre("", "Shard(1)"));
+  EXPECT_EQ(o->rules[2].pattern, "c(?=d)");
+  EXPECT_THAT(o->rules[2].placements,
+              ElementsAre("_StridedShard(dim=0, sf=2)", "Shard(0)"));
+  // The spec built from the first rule is valid (split factor 2 = tp).
+  const std::vector<SafetensorsTensor> tensors = {
+      {"q_proj.weight", "F32", {8, 4}, 0, 128}};
+  absl::StatusOr<v1::JobSpec> spec = BuildSpec(tensors, *o);
+  ASSERT_THAT(spec, IsOk());
+  EXPECT_THAT(Placements(spec->params(0)),
+              ElementsAre("_StridedShard(dim=0, sf=2)", "Shard(0)"));
+  // No split gives a valid list: the error is the list's after the '='
+  // outside parentheses.
+  EXPECT_THAT(
+      ParseSpecBuildOptions("dp_shard=2,tp=2", "",
+                            {"q_proj=_StridedShard(dim=0, sf=2)"}, {}, "", "j"),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               AllOf(HasSubstr("--rule \"q_proj=_StridedShard(dim=0, sf=2)\""),
+                     HasSubstr("1 placements for a mesh of 2"))));
 }
 
 TEST(ParseMeshFlag, EmptyIsSingleDevice) {
