@@ -23,6 +23,7 @@ Nothing here knows torch: this module only moves integers, pointers and
 strings across the ABI.
 """
 import ctypes
+import numbers
 import os
 import threading
 
@@ -409,10 +410,17 @@ def last_error():
 
 
 def c_int(value, what, bits=32):
-    """int(value) for a C int (bits 32) or int64_t (bits 64) argument or
-    field; ValueError naming `what` and the value when it does not fit
+    """`value` as a Python int for a C int (bits 32) or int64_t (bits 64)
+    argument or field: TypeError naming `what` when it is not an integer
+    (an integral float such as 4.0 is taken; 5.5 or "5" are not, where
+    int() would truncate or parse them), ValueError when it does not fit
     (ctypes would wrap it silently: 2**32 + 2 reaching C as 2)."""
-    v = int(value)
+    if isinstance(value, numbers.Integral):
+        v = int(value)
+    elif isinstance(value, float) and value.is_integer():
+        v = int(value)
+    else:
+        raise TypeError(f"muonrt: {what} must be an integer, got {value!r}")
     low, high = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
     if not low <= v <= high:
         raise ValueError(f"muonrt: {what} is {v}, outside a C int{bits}'s "

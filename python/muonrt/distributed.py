@@ -138,7 +138,11 @@ def init_process_group(backend=None, timeout=60.0, device_id=None):
         if getattr(device_id, "type", None) != "cuda":
             raise ValueError(f"muonrt.init_process_group: device_id "
                              f"{device_id!r} is not a CUDA device")
-        device = device_id.index if device_id.index is not None else 0
+        # torch.device("cuda") without an index: the current device, as
+        # torch.distributed takes it (each rank set its own with
+        # torch.cuda.set_device), not cuda:0 on every rank.
+        device = (device_id.index if device_id.index is not None else
+                  _current_cuda_device())
     out = ctypes.c_void_p()
     name = None if backend is None else backend.encode()
     seconds = _timeout_seconds(timeout)
@@ -153,6 +157,15 @@ def init_process_group(backend=None, timeout=60.0, device_id=None):
                   ctypes.byref(out))
     _default_group = ProcessGroup(out.value)
     return _default_group
+
+
+def _current_cuda_device():
+    """torch.cuda.current_device(), or -1 (LOCAL_RANK's GPU) when torch has
+    no CUDA."""
+    import torch
+    if not torch.cuda.is_available():
+        return -1
+    return torch.cuda.current_device()
 
 
 # How many process groups this process has initialized through torch's

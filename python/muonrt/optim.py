@@ -75,6 +75,7 @@ Differences from torch.optim.Muon
   buffers are in the parameter's dtype, as torch's (momentum_dtype).
 """
 import collections.abc
+import copy
 import ctypes
 import math
 import json
@@ -210,8 +211,8 @@ class _Slot:
     """One parameter as the library sees it."""
     __slots__ = ("name", "param", "local", "data_ptr", "dtype", "grad_dtype",
                  "local_shape", "global_shape", "placements", "device",
-                 "group", "bound_grad", "grad_ref", "expert_stack",
-                 "sub_mesh")
+                 "group", "bound_grad", "grad_ref", "grad_version",
+                 "expert_stack", "sub_mesh")
 
 
 
@@ -281,6 +282,14 @@ def _known_names(expert_stacks, names):
         raise ValueError(f"muonrt.Muon: expert_stacks names unknown "
                          f"parameters {sorted(unknown)}")
     return expert_stacks
+
+
+def _on_grad_ready(ref, i):
+    """overlap_backward's gradient hook: marks parameter i of the optimizer
+    `ref` (a weak reference) ready, unless it is gone or accumulating."""
+    opt = ref()
+    if opt is not None and not opt.accumulating:
+        opt.mark_ready(i)
 
 
 def _short_list(items, limit=4):
@@ -503,6 +512,8 @@ class Muon(torch.optim.Optimizer):
         self._set_variants(normuon, qk_clip, overlap_backward)
         self._momentum_dtype = momentum_dtype
         self._group_slots = _group_slot_indices(self.param_groups)
+        self._group_members = [tuple(id(p) for p in g["params"])
+                               for g in self.param_groups]
         self._pushed = [None] * len(self.param_groups)
         # torch's per-parameter state, read through the library (see
         # _StateView): never empty, so torch.distributed.checkpoint's
@@ -695,7 +706,10 @@ class Muon(torch.optim.Optimizer):
                     raise ValueError(
                         f"muonrt.Muon: parameter {name!r} is on "
                         f"{local.device}; CPU and CUDA tensors only")
-                s.local = local
+                # A view of its own on the same storage: the memory the
+                # library writes stays alive even after `p.data = ...`
+                # (which the data pointer checks then refuse).
+                s.local = local.detach()
                 s.data_ptr = local.data_ptr()
                 s.dtype = p.dtype
                 s.grad_dtype = p.dtype
@@ -870,6 +884,7 @@ class Muon(torch.optim.Optimizer):
     # ---- lifecycle -----------------------------------------------------------
 
     def _destroy(self):
+        self._remove_hooks()
         handle, self._handle = getattr(self, "_handle", None), None
         if handle is not None:
             _lib.lib().muonrt_optimizer_destroy(handle)
@@ -964,15 +979,20 @@ class Muon(torch.optim.Optimizer):
                    "muonrt_optimizer_step")
         return loss
 
-    def _checked_slot_grad(self, s):
-        """step()'s checks of slot s: its storage did not move, and its
-        gradient (_checked_grad)."""
+    def _check_not_moved(self, s):
+        """RuntimeError when slot s's parameter storage moved since the
+        optimizer was created (the library writes the old memory)."""
         if _local(s.param).data_ptr() != s.data_ptr:
             raise RuntimeError(
                 f"muonrt.Muon: parameter {s.name!r} moved (its data "
                 f"pointer changed since the optimizer was created, e.g. "
                 f"`p.data = ...`): the optimizer writes the parameter in "
                 f"place; create it again over the new tensor")
+
+    def _checked_slot_grad(self, s):
+        """step()'s checks of slot s: its storage did not move, and its
+        gradient (_checked_grad)."""
+        self._check_not_moved(s)
         return self._checked_grad(s)
 
     def _finish_overlapped_step(self, loss):
@@ -997,6 +1017,7 @@ class Muon(torch.optim.Optimizer):
                     _lib.lib().muonrt_optimizer_set_grad(h, i, None)
                     s.bound_grad = None
                     error = error or e
+            error = error or self._changed_after_mark()
             try:
                 for gi, group in enumerate(self.param_groups):
                     hp = _group_hyperparameters(gi, group)
@@ -1005,7 +1026,8 @@ class Muon(torch.optim.Optimizer):
                             f"muonrt.Muon: param group {gi}'s (lr, "
                             f"weight_decay, momentum) changed to {hp} after "
                             f"mark_ready began the step with "
-                            f"{self._pushed[gi]}: set them before backward")
+                            f"{self._pushed[gi]}: this step was taken with "
+                            f"those; set them before backward")
             except Exception as e:  # noqa: BLE001 (re-raised below)
                 error = error or e
             status = L.muonrt_optimizer_step(h, self._step_stream())
@@ -1016,6 +1038,28 @@ class Muon(torch.optim.Optimizer):
             self._marking = False
             self._ready = set()
         return loss
+
+    def _changed_after_mark(self):
+        """A RuntimeError naming the first marked parameter whose gradient
+        was replaced or modified in place after mark_ready (e.g. by
+        clip_grad_norm_ after backward: its momentum was already taken
+        from the gradient as marked), else None."""
+        for i in sorted(self._ready):
+            s = self._slots[i]
+            g = s.param.grad
+            g = _local(g) if g is not None else None
+            if (g is None or g.data_ptr() != s.bound_grad or
+                    s.grad_ref._version != s.grad_version):
+                return RuntimeError(
+                    f"muonrt.Muon: the gradient of {s.name!r} changed after "
+                    f"mark_ready (replaced, or modified in place as "
+                    f"clip_grad_norm_ or a division does): the step took its "
+                    f"momentum at mark_ready and does not apply the change "
+                    f"(step_count says whether the step was taken). Under "
+                    f"overlap_backward the gradient is final at its hook; "
+                    f"clip or scale it in the loss, or turn overlap_backward "
+                    f"off")
+        return None
 
     def _step_stream(self):
         """The stream the step is ordered on: torch's current stream of the
@@ -1136,27 +1180,56 @@ class Muon(torch.optim.Optimizer):
         (torch DDP averages it later in backward, a hand-made FSDP cuts
         it): call mark_ready when it is final."""
         single = self.world_size == 1
+        # The hooks reach the optimizer through a weak reference (the
+        # parameters must not keep it alive) and are removed when it is
+        # closed (a closed or replaced optimizer marks nothing).
+        ref = weakref.ref(self)
         for i, s in enumerate(self._slots):
             p = s.param
             if not single and not _is_dtensor(p):
                 continue
             if hasattr(p, "register_post_accumulate_grad_hook"):
                 h = p.register_post_accumulate_grad_hook(
-                    lambda _p, i=i: self._on_grad_ready(i))
+                    lambda _p, i=i: _on_grad_ready(ref, i))
             else:
                 node = p.expand_as(p).grad_fn.next_functions[0][0]
                 h = node.register_hook(
-                    lambda *_, i=i: self._on_grad_ready(i))
+                    lambda *_, i=i: _on_grad_ready(ref, i))
                 self._hooks.append(node)  # keeps the node alive
             self._hooks.append(h)
 
-    def _on_grad_ready(self, i):
-        if not self.accumulating:
-            self.mark_ready(i)
+    def _remove_hooks(self):
+        for h in getattr(self, "_hooks", ()):
+            if hasattr(h, "remove"):
+                h.remove()
+        self._hooks = []
+
+    def _check_group_members(self):
+        """RuntimeError when param_groups or a group's "params" changed
+        since construction (torch would step the new list; the runtime
+        plans over the parameters it was created with)."""
+        now = [tuple(id(p) for p in g["params"]) for g in self.param_groups]
+        if now == self._group_members:
+            return
+        if len(now) != len(self._group_members):
+            what = (f"{len(now)} param groups, it was created with "
+                    f"{len(self._group_members)}")
+        else:
+            gi = next(i for i, (a, b) in
+                      enumerate(zip(now, self._group_members)) if a != b)
+            what = (f"param group {gi} holds {len(now[gi])} parameters or "
+                    f"others than the {len(self._group_members[gi])} it was "
+                    f"created with")
+        raise RuntimeError(
+            f"muonrt.Muon: the optimizer has {what}: the parameters are "
+            f"fixed at construction (the runtime plans over them once); "
+            f"create the optimizer again")
 
     def _push_hyperparameters(self):
         """Each group's current lr, weight_decay and momentum to the library
-        (those that changed since the last push)."""
+        (those that changed since the last push), after checking that the
+        groups' parameters did not change."""
+        self._check_group_members()
         L = _lib.lib()
         for gi, group in enumerate(self.param_groups):
             for key in _GLOBAL_KEYS:
@@ -1195,13 +1268,14 @@ class Muon(torch.optim.Optimizer):
         """Checks parameter i's gradient as step() does and hands its
         pointer to the library."""
         s = self._slots[i]
-        g = self._checked_grad(s)
+        g = self._checked_slot_grad(s)
         ptr = g.data_ptr()
         if ptr != s.bound_grad:
             _lib.check(_lib.lib().muonrt_optimizer_set_grad(self._h, i, ptr),
                        "muonrt_optimizer_set_grad")
             s.bound_grad = ptr
         s.grad_ref = g
+        s.grad_version = g._version
 
     def mark_ready(self, key):
         """overlap_backward: marks a parameter's gradient final for the
@@ -1263,7 +1337,11 @@ class Muon(torch.optim.Optimizer):
         """QK-clip after step() (collective: every rank calls it).
         `max_logits`: one [num_heads] tensor per qk_clip layer (None or
         -inf for heads this rank did not compute), or one flat tensor; the
-        ranks' MAX decides. Returns {"groups_clipped", "max_logit"}."""
+        ranks' MAX decides. Returns {"groups_clipped", "max_logit"}.
+        Raises RuntimeError for a parameter whose storage moved (the
+        clipping writes the parameters in place)."""
+        for s in self._slots:
+            self._check_not_moved(s)
         parts = []
         listed = isinstance(max_logits, (list, tuple))
         for i, m in enumerate(max_logits if listed else [max_logits]):
@@ -1491,7 +1569,9 @@ class Muon(torch.optim.Optimizer):
         else:
             _lib.call("muonrt_optimizer_load_state", self._h, step, ptrs,
                       numels, n)
-        for g, sg in zip(self.param_groups, saved_groups):
+        # Copies, as torch's load_state_dict deep-copies the groups: a
+        # tensor lr must not be shared with the state_dict's owner.
+        for g, sg in zip(self.param_groups, copy.deepcopy(saved_groups)):
             for k, v in sg.items():
                 if k not in ("params", "param_names", "muonrt_step"):
                     g[k] = v

@@ -203,6 +203,39 @@ def test_integers_past_c_types_are_refused_not_wrapped():
             {"q": "w", "k": "w", "num_heads": big, "head_dim": 1}]})
 
 
+def test_integers_that_are_not_integers_are_refused_not_truncated():
+    """int() would truncate 5.5 to 5 and parse "5": a TypeError naming the
+    option instead (an integral float such as 4.0 is taken)."""
+    with pytest.raises(TypeError, match=r"ns_steps must be an integer, got "
+                                        r"5.5"):
+        muonrt.Muon(named((4, 4)), ns_steps=5.5)
+    with pytest.raises(TypeError, match=r"prefetch_count must be an integer"):
+        muonrt.Muon(named((4, 4)), prefetch_count="1")
+    muonrt.Muon(named((4, 4)), ns_steps=4.0)
+
+
+def test_param_groups_changed_after_construction_are_refused():
+    """torch would step a parameter appended to a group's "params"; the
+    runtime plans over its parameters once, so step() refuses a changed
+    group instead of ignoring it (or stepping a removed one)."""
+    params = named((4, 4), (6, 4))
+    opt = muonrt.Muon(params)
+    for _, p in params:
+        p.grad = torch.ones_like(p)
+    extra = torch.nn.Parameter(torch.randn(4, 4))
+    opt.param_groups[0]["params"].append(extra)
+    with pytest.raises(RuntimeError, match=r"param group 0 holds 3 "
+                                           r"parameters or others than the 2"):
+        opt.step()
+    opt.param_groups[0]["params"].pop()
+    opt.step()
+    assert opt.step_count == 1
+    opt.param_groups.append({"params": [extra], "lr": 0.1})
+    with pytest.raises(RuntimeError, match=r"2 param groups, it was created "
+                                           r"with 1"):
+        opt.step()
+
+
 def test_add_param_group_after_construction_is_not_implemented():
     opt = muonrt.Muon(named((4, 4)))
     with pytest.raises(NotImplementedError, match="fixed at construction"):

@@ -3,6 +3,9 @@ ready during backward and the step finishes the rest, with the same bits
 as the same training without overlap (one process here; 2 and 4 ranks in
 test_distributed.py); gradient accumulation marks only in the last
 micro-batch."""
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -117,6 +120,79 @@ def test_state_during_a_step_begun_by_hooks_is_refused_then_works(tmp_path):
     for i in sd["state"]:
         assert torch.equal(sd["state"][i]["momentum_buffer"],
                            sd2["state"][i]["momentum_buffer"])
+
+
+def _two_layers():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 8, bias=False),
+                               torch.nn.Linear(8, 4, bias=False))
+
+
+def test_closed_or_replaced_optimizer_leaves_no_hooks_behind():
+    """close() removes the gradient hooks, and they never kept the
+    optimizer alive: a closed optimizer's backward marks nothing (it used
+    to raise "closed"), and one created again over the same parameters
+    steps as if it were the first (its predecessor's hooks used to mark
+    first, then "marked twice")."""
+    model, x = _two_layers(), torch.randn(4, 8)
+    opt = muonrt.Muon(list(model.named_parameters()), lr=0.02,
+                      overlap_backward=True)
+    opt.close()
+    model(x).sum().backward()  # no hook left to raise
+    ref = weakref.ref(muonrt.Muon(list(model.named_parameters()),
+                                  overlap_backward=True))
+    gc.collect()
+    assert ref() is None, "the hooks kept a dropped optimizer alive"
+    opt = muonrt.Muon(list(model.named_parameters()), lr=0.02,
+                      overlap_backward=True)
+    for _ in range(2):
+        opt.zero_grad(set_to_none=True)
+        model(x).sum().backward()
+        opt.step()
+    assert opt.step_count == 2
+
+
+def test_parameter_moved_is_refused_at_its_hook():
+    """`p.data = ...` replaces the storage the library writes: under
+    overlap_backward the hook's mark_ready refuses it as step() does,
+    instead of writing freed memory."""
+    model, x = _two_layers(), torch.randn(4, 8)
+    opt = muonrt.Muon(list(model.named_parameters()), lr=0.02,
+                      overlap_backward=True)
+    model[1].weight.data = torch.randn(4, 8)
+    with pytest.raises(RuntimeError, match=r"parameter '1.weight' moved"):
+        model(x).sum().backward()
+    with pytest.raises(RuntimeError, match=r"parameter '1.weight' moved"):
+        opt.clip_qk([])
+
+
+def test_gradient_changed_after_its_hook_is_refused_naming_it():
+    """The hooks took each gradient's momentum at mark_ready, so a change
+    afterwards cannot be applied: modified in place (clip_grad_norm_), the
+    library refuses the step unchanged; replaced (p.grad = ...), which the
+    library does not see, the step goes through with the marked gradient
+    and step() raises naming the parameter. Without a change the next step
+    is quiet."""
+    model, x = _two_layers(), torch.randn(4, 8)
+    opt = muonrt.Muon(list(model.named_parameters()), lr=0.02,
+                      overlap_backward=True)
+    model(x).sum().backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
+    with pytest.raises(RuntimeError, match=r"gradient of '\d.weight' changed "
+                                           r"after mark_ready"):
+        opt.step()
+    assert opt.step_count == 0
+    opt.zero_grad(set_to_none=True)
+    model(x).sum().backward()
+    model[1].weight.grad = model[1].weight.grad * 0.5
+    with pytest.raises(RuntimeError, match=r"gradient of '1.weight' changed "
+                                           r"after mark_ready"):
+        opt.step()
+    assert opt.step_count == 1
+    opt.zero_grad(set_to_none=True)
+    model(x).sum().backward()
+    opt.step()
+    assert opt.step_count == 2
 
 
 def test_overlap_with_a_frozen_parameter_is_refused_naming_it():

@@ -182,6 +182,17 @@ def test_load_state_dict_refuses_what_it_would_drop_or_misread():
         assert torch.count_nonzero(fresh.momentum_buffer(0)) == 0
 
 
+def test_load_state_dict_copies_the_groups_as_torch_does():
+    """A tensor lr loaded from another optimizer's state_dict is a copy: a
+    scheduler's in-place change on one does not reach the other."""
+    init, _ = make_problem(seed=25, steps=1)
+    a = muonrt.Muon(list(params_of(init).items()), lr=torch.tensor(0.02))
+    b = muonrt.Muon(list(params_of(init).items()), lr=torch.tensor(0.02))
+    b.load_state_dict(a.state_dict())
+    a.param_groups[0]["lr"].fill_(0.5)
+    assert float(b.param_groups[0]["lr"]) == pytest.approx(0.02)
+
+
 def test_loads_a_torch_optim_muon_style_state_dict():
     """A state_dict in torch.optim.Muon's structure (no "muonrt" entry, state
     only for stepped parameters, bf16 buffers allowed) loads by position."""
