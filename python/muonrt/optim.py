@@ -456,16 +456,9 @@ class Muon(torch.optim.Optimizer):
         if len(ns_coefficients) != 3:
             raise ValueError(
                 "Coefficients must be a tuple of exactly 3 values")
-        defaults = {
-            "lr": lr,
-            "weight_decay": weight_decay,
-            "momentum": momentum,
-            "nesterov": nesterov,
-            "ns_coefficients": ns_coefficients,
-            "eps": eps,
-            "ns_steps": ns_steps,
-            "adjust_lr_fn": adjust_lr_fn,
-        }
+        defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum,
+                        nesterov=nesterov, ns_coefficients=ns_coefficients,
+                        eps=eps, ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn)
         runtime = dict(
             ns_schedule=ns_schedule,
             ns_method=ns_method,
@@ -511,13 +504,18 @@ class Muon(torch.optim.Optimizer):
         self._create(create_args)
         self._set_variants(normuon, qk_clip, overlap_backward)
         self._momentum_dtype = momentum_dtype
+        self._track_groups()
+
+    def _track_groups(self):
+        """After creation: each group's slots and members (fixed from now
+        on) and the hyperparameters last pushed (none yet), and torch's
+        per-parameter state, read through the library (see _StateView):
+        never empty, so torch.distributed.checkpoint's
+        get/set_optimizer_state_dict do not "initialize" it with a step."""
         self._group_slots = _group_slot_indices(self.param_groups)
         self._group_members = [tuple(id(p) for p in g["params"])
                                for g in self.param_groups]
         self._pushed = [None] * len(self.param_groups)
-        # torch's per-parameter state, read through the library (see
-        # _StateView): never empty, so torch.distributed.checkpoint's
-        # get/set_optimizer_state_dict do not "initialize" it with a step.
         self.state = _StateView(self)
 
     def _check_param_groups(self, defaults):
