@@ -345,7 +345,9 @@ int muonrt_optimizer_momentum(muonrt_optimizer* opt, int index,
  * (load_state_dict): buffers[i] holds numels[i] fp32 values for parameter
  * i; `step` in [0, 2^62]. All or nothing. Errors: INVALID_ARGUMENT (count
  * or size mismatch, naming the parameter; a step out of range),
- * FAILED_PRECONDITION during a step begun by mark_ready; nothing changed. */
+ * FAILED_PRECONDITION during a step begun by mark_ready, INTERNAL (a row
+ * state kept unchanged could not be read from the device); nothing
+ * changed. */
 int muonrt_optimizer_load_state(muonrt_optimizer* opt, int64_t step,
                                 const float* const* buffers,
                                 const int64_t* numels, int num_params);
@@ -368,9 +370,8 @@ int muonrt_optimizer_row_state(muonrt_optimizer* opt, int index,
 /* muonrt_optimizer_load_state plus NorMuon's row states, all or nothing:
  * row_states[i] holds row_state_numels[i] fp32 values for parameter i (as
  * muonrt_optimizer_row_state gives them); `row_states` and
- * `row_state_numels` NULL = every row state unchanged. Errors:
- * INVALID_ARGUMENT (count or size mismatch, naming the parameter),
- * nothing changed. ABI version 9. */
+ * `row_state_numels` NULL = every row state unchanged. Errors: as
+ * muonrt_optimizer_load_state, nothing changed. ABI version 9. */
 int muonrt_optimizer_load_full_state(muonrt_optimizer* opt, int64_t step,
                                      const float* const* buffers,
                                      const int64_t* numels,

@@ -333,7 +333,9 @@ class Muon {
   // checks) leaves the parameters before the failing one loaded.
   // Errors: InvalidArgument naming the parameter and expected vs actual
   // (missing or extra parameter, other global shape, other box, wrong
-  // buffer size); the device's error naming the parameter.
+  // buffer size; a step outside [0, kMaxCheckpointStep]);
+  // FailedPrecondition during a step begun by MarkReady; the device's
+  // error naming the parameter.
   absl::Status load_state_dict(const OptimizerStateDict& state);
 
   // Writes this rank's state to DIR/rank_<rank>.safetensors (safetensors
@@ -341,7 +343,8 @@ class Muon {
   // rank 0, DIR/metadata.json (mesh, placements, plan hash, step, format
   // version); see checkpoint/checkpoint.h. Every rank calls it (no collective
   // runs: the caller synchronizes before reading the directory).
-  // Errors: those of WriteCheckpointShard (I/O, naming the path).
+  // Errors: those of WriteCheckpointShard (I/O, naming the path), with the
+  // rank; FailedPrecondition during a step begun by MarkReady.
   absl::Status Save(const std::string& dir) const;
 
   // Reads the state of every parameter from a checkpoint written by Save in
@@ -353,7 +356,9 @@ class Muon {
   // the parameter and expected vs actual (NotFound for a missing
   // parameter, InvalidArgument for another global shape, DataLoss for a
   // truncated or corrupted file or a region the checkpoint does not cover,
-  // FailedPrecondition for an unknown format version).
+  // FailedPrecondition for an unknown format version, during a step begun
+  // by MarkReady, or for a variant's row state this optimizer does not
+  // keep).
   absl::Status Load(const std::string& dir);
 
   // The parameters as the optimizer sees them, in order.
@@ -441,10 +446,6 @@ class Muon {
   absl::Status MakeDataPath(const DistributedConfig& config,
                             std::vector<MatrixGeometry> geometry,
                             StepPipelineRun* run);
-  // What of parameter i's entry `got` in a loaded state_dict differs from
-  // this optimizer's layout `want` (name, global shape, shard box, momentum
-  // buffer or row state size), as load_state_dict names it; empty when
-  // nothing does.
   // FailedPrecondition naming `what` (e.g. "Save") during a step begun by
   // MarkReady (in_overlapped_step()); OK otherwise.
   absl::Status RefuseInOverlappedStep(absl::string_view what) const;
@@ -454,6 +455,10 @@ class Muon {
   // FailedPrecondition naming the tensor.
   absl::Status RefuseUnkeptRowState(const CheckpointReader& reader,
                                     const std::string& name) const;
+  // What of parameter i's entry `got` in a loaded state_dict differs from
+  // this optimizer's layout `want` (name, global shape, shard box, momentum
+  // buffer or row state size), as load_state_dict names it; empty when
+  // nothing does.
   std::string StateMismatch(size_t i, const ParamState& want,
                             const ParamState& got) const;
   // The optimizer's state on the parameters' device (OptimizerState), at

@@ -135,21 +135,33 @@ absl::Status CheckJobSecret(absl::string_view secret,
   return absl::OkStatus();
 }
 
+absl::StatusOr<JobSecretSource> ChooseJobSecretSource(const char* value,
+                                                      const char* file) {
+  const auto blank = [](const char* v) {
+    return v == nullptr || absl::StripAsciiWhitespace(v).empty();
+  };
+  if (!blank(value)) return JobSecretSource::kValue;
+  if (!blank(file)) return JobSecretSource::kFile;
+  if (value == nullptr && file == nullptr) return JobSecretSource::kNone;
+  return absl::InvalidArgumentError(absl::StrCat(
+      value != nullptr ? "MUON_JOB_SECRET" : "MUON_JOB_SECRET_FILE",
+      " is set but empty, and no other job secret is set: a blank secret "
+      "would turn authentication off; set MUON_JOB_SECRET (e.g. "
+      "$(openssl rand -hex 32)) or MUON_JOB_SECRET_FILE (mode 0600), or "
+      "leave both unset"));
+}
+
 absl::StatusOr<std::string> JobSecretFromEnv() {
-  // Set but blank is an error, not "unset": a launcher that exported an
-  // empty variable meant to share a secret.
-  if (const char* value = std::getenv("MUON_JOB_SECRET"); value != nullptr) {
+  const char* value = std::getenv("MUON_JOB_SECRET");
+  const char* file = std::getenv("MUON_JOB_SECRET_FILE");
+  absl::StatusOr<JobSecretSource> source = ChooseJobSecretSource(value, file);
+  if (!source.ok()) return source.status();
+  if (*source == JobSecretSource::kNone) return std::string();
+  if (*source == JobSecretSource::kValue) {
     const std::string secret(absl::StripAsciiWhitespace(value));
     absl::Status valid = CheckJobSecret(secret, "MUON_JOB_SECRET");
     if (!valid.ok()) return valid;
     return secret;
-  }
-  const char* file = std::getenv("MUON_JOB_SECRET_FILE");
-  if (file == nullptr) return std::string();
-  if (absl::StripAsciiWhitespace(file).empty()) {
-    return absl::InvalidArgumentError(
-        "MUON_JOB_SECRET_FILE is set but empty: name the job secret's file "
-        "(mode 0600) or leave it unset");
   }
   absl::StatusOr<std::string> secret = ReadSecretFile(file);
   if (!secret.ok()) {

@@ -69,14 +69,23 @@ absl::Status WriteSecretFile(const std::string& path, absl::string_view secret);
 // Errors: InvalidArgument naming `source` (never the content).
 absl::Status CheckJobSecret(absl::string_view secret, absl::string_view source);
 
-// The job secret from the environment: MUON_JOB_SECRET (surrounding
-// whitespace stripped) when it is set, else the file named by
-// MUON_JOB_SECRET_FILE (ReadSecretFile) when that is set, else "" (neither
-// set).
-// Errors: InvalidArgument when MUON_JOB_SECRET is set but empty or only
-// whitespace, or MUON_JOB_SECRET_FILE is set but empty (naming the
-// variable: either would turn authentication off); CheckJobSecret's;
-// ReadSecretFile's, naming the variable.
+// Where the job secret comes from, given MUON_JOB_SECRET's and
+// MUON_JOB_SECRET_FILE's values (null: unset): the value when it is not
+// blank, else the file when its name is not blank, else none. A blank
+// variable counts as unset next to a usable other one (`export VAR=`
+// clears it), but alone it is an error: the launcher meant to share a
+// secret, and none would turn authentication off.
+enum class JobSecretSource { kNone, kValue, kFile };
+// Errors: InvalidArgument naming the blank variable(s) when neither is
+// usable but one is set.
+absl::StatusOr<JobSecretSource> ChooseJobSecretSource(const char* value,
+                                                      const char* file);
+
+// The job secret from the environment as ChooseJobSecretSource picks it:
+// MUON_JOB_SECRET (surrounding whitespace stripped), else the file named
+// by MUON_JOB_SECRET_FILE (ReadSecretFile), else "" (neither set).
+// Errors: ChooseJobSecretSource's; CheckJobSecret's; ReadSecretFile's,
+// naming the variable.
 absl::StatusOr<std::string> JobSecretFromEnv();
 
 // Reads a whole PEM file (TLS certificates and keys), at most 1 MiB.

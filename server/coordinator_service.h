@@ -241,12 +241,13 @@ class CoordinatorService {
   // Most bytes of a rank's error (HeartbeatRequest.error, JoinRequest.error)
   // kept in the job error; the rest is cut at a UTF-8 boundary.
   static constexpr size_t kMaxErrorBytes = 4096;
-  // Most operations in one StepReport. A rank reports 4 per bucket
-  // (gather, orthogonalize, redistribute, apply), so this is 16,384
-  // buckets a step, far above real plans (a bucket holds a matrix per
-  // owner); a full report is about 2.5 MB and each rank keeps reports_kept
-  // of them, so the bound also bounds the coordinator's memory.
-  static constexpr int kMaxReportOps = 65536;
+  // Most operations in one StepReport: 2^20. A rank reports about 4 per
+  // bucket (gather, orthogonalize, redistribute, apply), so this is 2^18
+  // buckets a step, above any plan's (46,848 expert matrices over 2 ranks
+  // make about 82k operations); a full report is about 40 MB, under the
+  // server's largest message, which bounds each of the reports_kept
+  // reports a rank keeps. The count bounds the work per report.
+  static constexpr int kMaxReportOps = 1 << 20;
 
   // Re-planning from measured times (ExecutionOptions.replan_every_steps,
   // plan/replan.h): the plan for the steps after request.step. The first

@@ -20,6 +20,7 @@
 #include <iostream>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -188,10 +189,13 @@ class LineForwarder {
   void Run() {
     std::string pending;
     char buf[4096];
+    absl::Time last_data = absl::InfinitePast();
     while (true) {
       const int wait_ms = PollWaitMs();
       if (wait_ms < 0) {
-        cut_ = true;  // still written to at the deadline
+        // Cut only when still written to within kQuietMs of the deadline
+        // (a pipe quiet since must not be reported as cut).
+        cut_ = absl::Now() - last_data < absl::Milliseconds(kQuietMs);
         break;
       }
       struct pollfd p = {fd_, POLLIN, 0};
@@ -205,6 +209,7 @@ class LineForwarder {
       const ssize_t n = read(fd_, buf, sizeof(buf));
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) break;  // EOF: every writer closed the pipe
+      last_data = absl::Now();
       pending.append(buf, static_cast<size_t>(n));
       size_t start = 0;
       for (size_t nl; (nl = pending.find('\n', start)) != std::string::npos;
@@ -668,24 +673,26 @@ std::string RankExit::Describe() const {
 
 absl::StatusOr<std::vector<std::string>> WithJobSecret(
     const MuonrunOptions& o, std::vector<std::string> base) {
-  // Set but blank would turn authentication off on every rank (and pass
-  // for "set" on several nodes): refused before any rank starts.
-  bool has_secret = false;
+  // What the ranks will use (ChooseJobSecretSource): set but blank with
+  // nothing else would turn authentication off on every rank (and pass for
+  // "set" on several nodes), so it is refused before any rank starts.
+  std::optional<std::string> value, file;
   for (const std::string& e : base) {
-    absl::string_view value = e;
-    if (absl::ConsumePrefix(&value, "MUON_JOB_SECRET=")) {
-      MUON_RETURN_IF_ERROR(CheckJobSecret(value, "MUON_JOB_SECRET"));
-      has_secret = true;
-    } else if (absl::ConsumePrefix(&value, "MUON_JOB_SECRET_FILE=")) {
-      if (absl::StripAsciiWhitespace(value).empty()) {
-        return absl::InvalidArgumentError(
-            "MUON_JOB_SECRET_FILE is set but empty: name the job secret's "
-            "file (mode 0600) or leave it unset");
-      }
-      has_secret = true;
+    absl::string_view v = e;
+    if (absl::ConsumePrefix(&v, "MUON_JOB_SECRET=")) {
+      value = std::string(v);
+    } else if (absl::ConsumePrefix(&v, "MUON_JOB_SECRET_FILE=")) {
+      file = std::string(v);
     }
   }
-  if (has_secret) return base;
+  MUON_ASSIGN_OR_RETURN(const JobSecretSource source,
+                        ChooseJobSecretSource(value ? value->c_str() : nullptr,
+                                              file ? file->c_str() : nullptr));
+  if (source == JobSecretSource::kValue) {
+    MUON_RETURN_IF_ERROR(
+        CheckJobSecret(absl::StripAsciiWhitespace(*value), "MUON_JOB_SECRET"));
+  }
+  if (source != JobSecretSource::kNone) return base;
   if (o.nnodes > 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--nnodes=", o.nnodes,

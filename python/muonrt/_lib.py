@@ -24,6 +24,7 @@ strings across the ABI.
 """
 import ctypes
 import numbers
+import operator
 import os
 import threading
 
@@ -412,15 +413,20 @@ def last_error():
 def c_int(value, what, bits=32):
     """`value` as a Python int for a C int (bits 32) or int64_t (bits 64)
     argument or field: TypeError naming `what` when it is not an integer
-    (an integral float such as 4.0 is taken; 5.5 or "5" are not, where
-    int() would truncate or parse them), ValueError when it does not fit
+    (an integer-valued real such as 4.0 is taken; 5.5 or "5" are not,
+    where int() would truncate or parse them), ValueError when it does not
+    fit
     (ctypes would wrap it silently: 2**32 + 2 reaching C as 2)."""
-    if isinstance(value, numbers.Integral):
+    try:  # ints, numpy and 0-dim torch integers (__index__)
+        v = operator.index(value)
+    except TypeError:
+        # An integral real (4.0, numpy.float32(4.0), a float tensor's
+        # item()), never a truncated one or a string.
+        if not (isinstance(value, numbers.Real) and
+                float(value).is_integer()):
+            raise TypeError(f"muonrt: {what} must be an integer, got "
+                            f"{value!r}") from None
         v = int(value)
-    elif isinstance(value, float) and value.is_integer():
-        v = int(value)
-    else:
-        raise TypeError(f"muonrt: {what} must be an integer, got {value!r}")
     low, high = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
     if not low <= v <= high:
         raise ValueError(f"muonrt: {what} is {v}, outside a C int{bits}'s "

@@ -211,8 +211,8 @@ class _Slot:
     """One parameter as the library sees it."""
     __slots__ = ("name", "param", "local", "data_ptr", "dtype", "grad_dtype",
                  "local_shape", "global_shape", "placements", "device",
-                 "group", "bound_grad", "grad_ref", "grad_version",
-                 "expert_stack", "sub_mesh")
+                 "group", "bound_grad", "grad_ref", "expert_stack",
+                 "sub_mesh")
 
 
 
@@ -480,9 +480,11 @@ class Muon(torch.optim.Optimizer):
         # ns_steps at the first step, the library now) and the runtime
         # options': the library's, raised as InvalidArgumentError
         # (a ValueError) before anything else is done.
+        # The same on every rank of an SPMD program: refused locally, so a
+        # fallback construction (try ... except ValueError) stays possible.
+        _lib.call("muonrt_options_validate",
+                  ctypes.byref(_options_struct(defaults, runtime)))
         try:
-            _lib.call("muonrt_options_validate",
-                      ctypes.byref(_options_struct(defaults, runtime)))
             self._num_named = 0
             self._num_unnamed = 0
             super().__init__(params, defaults)
@@ -1039,21 +1041,21 @@ class Muon(torch.optim.Optimizer):
 
     def _changed_after_mark(self):
         """A RuntimeError naming the first marked parameter whose gradient
-        was replaced or modified in place after mark_ready (e.g. by
-        clip_grad_norm_ after backward: its momentum was already taken
-        from the gradient as marked), else None."""
+        was replaced after mark_ready (`p.grad = ...`: the library reads the
+        marked one, kept alive by grad_ref, and would never see the new
+        one), else None. A change in place is the library's to see (its
+        debug mode compares the contents); the tensor's version counter
+        cannot tell, since FSDP2's gradients are views of one buffer that
+        its accumulation writes parameter by parameter."""
         for i in sorted(self._ready):
             s = self._slots[i]
             g = s.param.grad
             g = _local(g) if g is not None else None
-            if (g is None or g.data_ptr() != s.bound_grad or
-                    s.grad_ref._version != s.grad_version):
+            if g is None or g.data_ptr() != s.bound_grad:
                 return RuntimeError(
-                    f"muonrt.Muon: the gradient of {s.name!r} changed after "
-                    f"mark_ready (replaced, or modified in place as "
-                    f"clip_grad_norm_ or a division does): the step took its "
-                    f"momentum at mark_ready and does not apply the change "
-                    f"(step_count says whether the step was taken). Under "
+                    f"muonrt.Muon: the gradient of {s.name!r} was replaced "
+                    f"after mark_ready: the step took its momentum from the "
+                    f"marked gradient and does not see the new one. Under "
                     f"overlap_backward the gradient is final at its hook; "
                     f"clip or scale it in the loss, or turn overlap_backward "
                     f"off")
@@ -1197,6 +1199,7 @@ class Muon(torch.optim.Optimizer):
             self._hooks.append(h)
 
     def _remove_hooks(self):
+        """Removes overlap_backward's gradient hooks (close, destruction)."""
         for h in getattr(self, "_hooks", ()):
             if hasattr(h, "remove"):
                 h.remove()
@@ -1273,7 +1276,6 @@ class Muon(torch.optim.Optimizer):
                        "muonrt_optimizer_set_grad")
             s.bound_grad = ptr
         s.grad_ref = g
-        s.grad_version = g._version
 
     def mark_ready(self, key):
         """overlap_backward: marks a parameter's gradient final for the
@@ -1543,7 +1545,10 @@ class Muon(torch.optim.Optimizer):
         if "state" not in state_dict or "param_groups" not in state_dict:
             raise ValueError("muonrt.Muon.load_state_dict: expected a dict "
                              "with 'state' and 'param_groups'")
-        saved_groups = state_dict["param_groups"]
+        # Copies, as torch's load_state_dict deep-copies the groups (a
+        # tensor lr must not be shared with the state_dict's owner), made
+        # before anything is loaded.
+        saved_groups = copy.deepcopy(state_dict["param_groups"])
         self._check_saved_groups(saved_groups)
         step = _lib.c_int(self._saved_step(state_dict.get("muonrt"),
                                            saved_groups),
@@ -1567,9 +1572,7 @@ class Muon(torch.optim.Optimizer):
         else:
             _lib.call("muonrt_optimizer_load_state", self._h, step, ptrs,
                       numels, n)
-        # Copies, as torch's load_state_dict deep-copies the groups: a
-        # tensor lr must not be shared with the state_dict's owner.
-        for g, sg in zip(self.param_groups, copy.deepcopy(saved_groups)):
+        for g, sg in zip(self.param_groups, saved_groups):
             for k, v in sg.items():
                 if k not in ("params", "param_names", "muonrt_step"):
                     g[k] = v

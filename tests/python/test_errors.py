@@ -212,6 +212,10 @@ def test_integers_that_are_not_integers_are_refused_not_truncated():
     with pytest.raises(TypeError, match=r"prefetch_count must be an integer"):
         muonrt.Muon(named((4, 4)), prefetch_count="1")
     muonrt.Muon(named((4, 4)), ns_steps=4.0)
+    # Integers of torch and integer-valued reals are integers.
+    muonrt.Muon(named((4, 4)), ns_steps=torch.tensor(4))
+    with pytest.raises(TypeError, match=r"ns_steps must be an integer"):
+        muonrt.Muon(named((4, 4)), ns_steps=torch.tensor(4.5))
 
 
 def test_param_groups_changed_after_construction_are_refused():

@@ -169,24 +169,25 @@ def test_parameter_moved_is_refused_at_its_hook():
 def test_gradient_changed_after_its_hook_is_refused_naming_it():
     """The hooks took each gradient's momentum at mark_ready, so a change
     afterwards cannot be applied: modified in place (clip_grad_norm_), the
-    library refuses the step unchanged; replaced (p.grad = ...), which the
-    library does not see, the step goes through with the marked gradient
-    and step() raises naming the parameter. Without a change the next step
-    is quiet."""
+    library's debug-mode check refuses the step unchanged; replaced
+    (p.grad = ...), which the library does not see, the step goes through
+    with the marked gradient and step() raises naming the parameter.
+    Without a change the next step is quiet."""
     model, x = _two_layers(), torch.randn(4, 8)
     opt = muonrt.Muon(list(model.named_parameters()), lr=0.02,
                       overlap_backward=True)
     model(x).sum().backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
-    with pytest.raises(RuntimeError, match=r"gradient of '\d.weight' changed "
-                                           r"after mark_ready"):
+    with pytest.raises(RuntimeError, match=r'gradient of parameter '
+                                           r'"\d.weight" changed after '
+                                           r'MarkReady'):
         opt.step()
     assert opt.step_count == 0
     opt.zero_grad(set_to_none=True)
     model(x).sum().backward()
     model[1].weight.grad = model[1].weight.grad * 0.5
-    with pytest.raises(RuntimeError, match=r"gradient of '1.weight' changed "
-                                           r"after mark_ready"):
+    with pytest.raises(RuntimeError, match=r"gradient of '1.weight' was "
+                                           r"replaced after mark_ready"):
         opt.step()
     assert opt.step_count == 1
     opt.zero_grad(set_to_none=True)

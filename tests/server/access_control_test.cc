@@ -346,6 +346,24 @@ TEST(CredentialsTest, JobSecretFromEnv_BlankSecret_InvalidArgumentNamingIt) {
   EXPECT_THAT(JobSecretFromEnv(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("MUON_JOB_SECRET_FILE is set but empty")));
+  // A blank variable next to a usable other one counts as unset (`export
+  // MUON_JOB_SECRET=` clears it): the other gives the secret.
+  const std::string path = TempDir() + "/blank_next_to_file.secret";
+  ::unlink(path.c_str());
+  ASSERT_THAT(WriteSecretFile(path, "from-file"), IsOk());
+  ASSERT_EQ(setenv("MUON_JOB_SECRET", "", 1), 0);
+  ASSERT_EQ(setenv("MUON_JOB_SECRET_FILE", path.c_str(), 1), 0);
+  absl::StatusOr<std::string> from_file = JobSecretFromEnv();
+  ASSERT_THAT(from_file, IsOk());
+  EXPECT_EQ(*from_file, "from-file");
+  ASSERT_EQ(setenv("MUON_JOB_SECRET", "s3cret", 1), 0);
+  ASSERT_EQ(setenv("MUON_JOB_SECRET_FILE", " ", 1), 0);
+  absl::StatusOr<std::string> from_value = JobSecretFromEnv();
+  ASSERT_THAT(from_value, IsOk());
+  EXPECT_EQ(*from_value, "s3cret");
+  unsetenv("MUON_JOB_SECRET");
+  unsetenv("MUON_JOB_SECRET_FILE");
+  ::unlink(path.c_str());
   EXPECT_THAT(CheckJobSecret("  ", "the test's secret"),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("the test's secret is only whitespace")));

@@ -1019,8 +1019,8 @@ TEST_F(CoordinatorServiceTest,
   }
   const auto refused =
       StatusIs(absl::StatusCode::kInvalidArgument,
-               AllOf(HasSubstr("rank 1's report of step 3 has 65537 ops"),
-                     HasSubstr("at most 65536")));
+               AllOf(HasSubstr("rank 1's report of step 3 has 1048577 ops"),
+                     HasSubstr("at most 1048576")));
   EXPECT_THAT(service.ReportStep(big), refused);
   v1::StepReports batch;
   *batch.add_reports() = ReportFor(0, 3, 0.1);

@@ -278,6 +278,13 @@ TEST(WithJobSecretTest, BlankSecret_InvalidArgumentNamingVariable) {
         WithJobSecret(o, {"MUON_JOB_SECRET=abc"});
     ASSERT_THAT(kept, IsOk());
     EXPECT_THAT(*kept, ElementsAre("MUON_JOB_SECRET=abc"));
+    // Blank next to a usable other one: unset, as the ranks read it.
+    EXPECT_THAT(WithJobSecret(o, {"MUON_JOB_SECRET=",
+                                  "MUON_JOB_SECRET_FILE=/run/job.secret"}),
+                IsOk());
+    EXPECT_THAT(
+        WithJobSecret(o, {"MUON_JOB_SECRET=abc", "MUON_JOB_SECRET_FILE="}),
+        IsOk());
   }
 }
 
