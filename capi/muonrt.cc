@@ -499,6 +499,16 @@ absl::StatusOr<CreateArgs> ToCreateArgs(muonrt_process_group* pg, int mesh_ndim,
   return args;
 }
 
+// Tells the coordinator of `pg` that this rank will not create its
+// optimizer because of `error` (muon::ReportFailedJoin: best effort, nothing
+// for a world of one), so that the other ranks' creates fail at once
+// naming it.
+void ReportCreateFailure(const muonrt_process_group& pg,
+                         const absl::Status& error) {
+  (void)muon::ReportFailedJoin(pg.pg->coordinator.get(), pg.pg->rank,
+                               pg.pg->world_size, pg.pg->incarnation, error);
+}
+
 absl::Status CreateOptimizer(muonrt_process_group* pg, int mesh_ndim,
                              const char* const* mesh_names,
                              const int* mesh_sizes, const muonrt_param* params,
@@ -511,11 +521,7 @@ absl::Status CreateOptimizer(muonrt_process_group* pg, int mesh_ndim,
   if (!args.ok()) {
     // The other ranks wait in their joins: they fail at once naming this
     // rank (muon::Muon::Create does the same for its own checks).
-    if (pg != nullptr) {
-      (void)muon::ReportFailedJoin(pg->pg->coordinator.get(), pg->pg->rank,
-                                   pg->pg->world_size, pg->pg->incarnation,
-                                   args.status());
-    }
+    if (pg != nullptr) ReportCreateFailure(*pg, args.status());
     return args.status();
   }
   MUON_ASSIGN_OR_RETURN(
@@ -554,16 +560,6 @@ absl::Status CopyStateArrays(const char* fn, const char* what,
   return absl::OkStatus();
 }
 
-// FailedPrecondition for `fn` during a step begun by mark_ready (the
-// executor's threads write the state it would read); OK otherwise.
-absl::Status RefuseInOverlappedStep(const char* fn, const muon::Muon& m) {
-  if (!m.in_overlapped_step()) return absl::OkStatus();
-  return absl::FailedPreconditionError(
-      absl::StrCat(fn, ": rank ", m.current_rank(),
-                   ": the state is being written by a step begun by "
-                   "mark_ready: call it after step"));
-}
-
 // Hands out a host copy (`now`, expected to hold `expected` values) of
 // parameter `index`'s state through `copies` (one per parameter, sized
 // once: the pointers handed out stay valid).
@@ -598,7 +594,7 @@ absl::Status LoadState(muonrt_optimizer* opt, int64_t step,
   constexpr char kFn[] = "muonrt_optimizer_load_state";
   if (opt == nullptr) return NullArgument(kFn, "opt");
   muon::Muon& m = *opt->muon;
-  MUON_RETURN_IF_ERROR(RefuseInOverlappedStep(kFn, m));
+  MUON_RETURN_IF_ERROR(m.RefuseInOverlappedStep(kFn));
   const int n = static_cast<int>(m.params().size());
   if (num_params != n) {
     return absl::InvalidArgumentError(
@@ -843,9 +839,7 @@ int muonrt_pg_report_create_failure(muonrt_process_group* pg,
     if (message == nullptr) {
       return NullArgument("muonrt_pg_report_create_failure", "message");
     }
-    (void)muon::ReportFailedJoin(pg->pg->coordinator.get(), pg->pg->rank,
-                                 pg->pg->world_size, pg->pg->incarnation,
-                                 absl::InvalidArgumentError(message));
+    ReportCreateFailure(*pg, absl::InvalidArgumentError(message));
     return absl::OkStatus();
   });
 }
@@ -976,7 +970,7 @@ int muonrt_optimizer_momentum(muonrt_optimizer* opt, int index,
     constexpr char kFn[] = "muonrt_optimizer_momentum";
     if (opt == nullptr) return NullArgument(kFn, "opt");
     MUON_RETURN_IF_ERROR(CheckIndex(*opt->muon, index, kFn));
-    MUON_RETURN_IF_ERROR(RefuseInOverlappedStep(kFn, *opt->muon));
+    MUON_RETURN_IF_ERROR(opt->muon->RefuseInOverlappedStep(kFn));
     return HandOutCopy(kFn, "momentum", opt->muon->momentum_buffer(index),
                        opt->muon->params()[index].local_numel(), index,
                        &opt->momentum_copies, *opt->muon, data, numel);
@@ -1000,7 +994,7 @@ int muonrt_optimizer_row_state(muonrt_optimizer* opt, int index,
     if (opt == nullptr) return NullArgument(kFn, "opt");
     MUON_RETURN_IF_ERROR(CheckIndex(*opt->muon, index, kFn));
     const muon::Muon& m = *opt->muon;
-    MUON_RETURN_IF_ERROR(RefuseInOverlappedStep(kFn, m));
+    MUON_RETURN_IF_ERROR(m.RefuseInOverlappedStep(kFn));
     const int64_t want =
         opt->row_state_name.empty() ? 0 : m.params()[index].local_rows();
     return HandOutCopy(kFn, "row state", m.row_state(index), want, index,

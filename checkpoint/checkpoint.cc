@@ -815,7 +815,7 @@ absl::Status CheckRegionRequest(const std::string& where,
         where, ": expected global shape ", ShapeToString(expected_shape),
         " but the checkpoint has ", ShapeToString(info.global_shape)));
   }
-  if (box.empty() || box.size() != info.global_shape.size()) {
+  if (box.size() != info.global_shape.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         where, ": box ", BoxToString(box), " has ", box.size(),
         " dims but the global shape ", ShapeToString(info.global_shape),

@@ -393,6 +393,10 @@ class Muon {
   // (FailedPrecondition), and state_dict, momentum_buffer and row_state
   // would race (the C ABI refuses its calls that read them).
   bool in_overlapped_step() const { return pipeline_->in_overlapped_step(); }
+  // FailedPrecondition naming the rank and `what` (e.g. "Save") during a
+  // step begun by MarkReady (in_overlapped_step()); OK otherwise. The C
+  // ABI refuses its state reads with it.
+  absl::Status RefuseInOverlappedStep(absl::string_view what) const;
   // A host copy of parameter i's momentum buffer (local shard, fp32,
   // row-major; zeros before the first step), copied from the parameters'
   // device. Empty when that copy fails (a CUDA error; Save reports it).
@@ -446,9 +450,6 @@ class Muon {
   absl::Status MakeDataPath(const DistributedConfig& config,
                             std::vector<MatrixGeometry> geometry,
                             StepPipelineRun* run);
-  // FailedPrecondition naming `what` (e.g. "Save") during a step begun by
-  // MarkReady (in_overlapped_step()); OK otherwise.
-  absl::Status RefuseInOverlappedStep(absl::string_view what) const;
   // Checks that checkpoint `reader` holds no row state of a variant this
   // optimizer does not run for parameter `name` (NorMuon's
   // "variance_neuron" into a plain Muon, which would drop it silently):

@@ -9,7 +9,6 @@
 // leaves everything as before it; the options it cannot run with are
 // refused.
 #include <algorithm>
-#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string>
@@ -401,18 +400,23 @@ TEST(OverlapBackwardTest,
   }
 }
 
-// CPU parameters take no stream: MarkReadyOnStream with one is refused
-// naming it, before the step begins (the parameter can still be marked).
-TEST(OverlapBackwardTest,
-     MarkReadyOnStream_CpuParams_InvalidArgumentNothingBegun) {
+// A 4x4 parameter of ones with a gradient of halves.
+Parameter FourByFour() {
   Parameter p;
   p.name = "w";
   p.local_shape = {4, 4};
   p.data.assign(16, 1.0f);
   p.grad.assign(16, 0.5f);
-  const DistributedConfig config = OverlapConfigOfOne();
-  absl::StatusOr<std::unique_ptr<Muon>> muon =
-      Muon::Create(std::vector<Parameter*>{&p}, OverlapOptions(), config);
+  return p;
+}
+
+// CPU parameters take no stream: MarkReadyOnStream with one is refused
+// naming it, before the step begins (the parameter can still be marked).
+TEST(OverlapBackwardTest,
+     MarkReadyOnStream_CpuParams_InvalidArgumentNothingBegun) {
+  Parameter p = FourByFour();
+  absl::StatusOr<std::unique_ptr<Muon>> muon = Muon::Create(
+      std::vector<Parameter*>{&p}, OverlapOptions(), OverlapConfigOfOne());
   ASSERT_TRUE(muon.ok()) << muon.status();
   int not_a_stream = 0;
   EXPECT_THAT((*muon)->MarkReadyOnStream(0, &not_a_stream),
@@ -431,19 +435,12 @@ TEST(OverlapBackwardTest,
 // they work.
 TEST(OverlapBackwardTest,
      SaveLoadDuringMarkedStep_FailedPreconditionUnchanged) {
-  Parameter p;
-  p.name = "w";
-  p.local_shape = {4, 4};
-  p.data.assign(16, 1.0f);
-  p.grad.assign(16, 0.5f);
-  const DistributedConfig config = OverlapConfigOfOne();
-  absl::StatusOr<std::unique_ptr<Muon>> muon =
-      Muon::Create(std::vector<Parameter*>{&p}, OverlapOptions(), config);
+  Parameter p = FourByFour();
+  absl::StatusOr<std::unique_ptr<Muon>> muon = Muon::Create(
+      std::vector<Parameter*>{&p}, OverlapOptions(), OverlapConfigOfOne());
   ASSERT_TRUE(muon.ok()) << muon.status();
   Muon& m = **muon;
-  const char* base = std::getenv("TEST_TMPDIR");
-  const std::string dir =
-      absl::StrCat(base != nullptr ? base : "/tmp", "/overlap_save");
+  const std::string dir = ::testing::TempDir() + "overlap_save";
   ASSERT_TRUE(m.Save(dir).ok());  // step 0: zeros
   const OptimizerStateDict zeros = m.state_dict();
   ASSERT_TRUE(m.MarkReady(0).ok());
