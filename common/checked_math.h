@@ -43,6 +43,15 @@ inline constexpr int64_t kMaxMatrixRankBoxes = int64_t{1} << 21;
 // multiplies by up to kMaxExperts; `muonctl spec` also matches names with
 // std::regex, whose libstdc++ matcher recurses per character.
 inline constexpr size_t kMaxTensorNameBytes = 4096;
+// Bytes of all matrix names of one job, as the plan keeps them: each
+// parameter's name once per matrix, a stack's slices as "name[e]" (counted
+// as the name plus kMatrixNameSuffixBytes). 2^30: 2^24 matrices (a job
+// planned with shared boxes) named in 64 bytes each. Without it, 2^24
+// expert slices of one 4 KiB name would make 64 GiB of names.
+inline constexpr int64_t kMaxJobNameBytes = int64_t{1} << 30;
+// The "[e]" of a slice's name, counted for every matrix: e < 2^40 has at
+// most 13 digits.
+inline constexpr int64_t kMatrixNameSuffixBytes = 15;
 
 // a * b, or nullopt when it overflows int64.
 inline std::optional<int64_t> CheckedMul(int64_t a, int64_t b) {

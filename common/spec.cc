@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <utility>
@@ -319,8 +320,23 @@ int64_t NumMatrices(const google::protobuf::RepeatedField<int64_t>& shape) {
   return shape.size() == 3 ? shape[0] : 1;
 }
 
+void AddMatrixNameBytes(size_t name_bytes, int64_t num_matrices,
+                        int64_t* total) {
+  constexpr int64_t kSaturated = kMaxJobNameBytes + 1;
+  const int64_t per_matrix =
+      static_cast<int64_t>(std::min<size_t>(name_bytes, kSaturated)) +
+      kMatrixNameSuffixBytes;
+  const std::optional<int64_t> bytes =
+      CheckedMul(per_matrix, std::max<int64_t>(num_matrices, 0));
+  if (!bytes.has_value() || *bytes >= kSaturated - *total) {
+    *total = kSaturated;
+    return;
+  }
+  *total += *bytes;
+}
+
 absl::Status CheckJobSize(const Mesh& mesh, int64_t num_params,
-                          int64_t num_matrices) {
+                          int64_t num_matrices, int64_t name_bytes) {
   MUON_RETURN_IF_ERROR(mesh.Validate());
   if (num_params > kMaxParams) {
     return absl::InvalidArgumentError(
@@ -335,6 +351,14 @@ absl::Status CheckJobSize(const Mesh& mesh, int64_t num_params,
                      mesh.ToString(), " (", mesh.world_size(),
                      " ranks): matrices x world size must be at most ",
                      kMaxMatrixRankBoxes));
+  }
+  if (name_bytes > kMaxJobNameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the job's matrix names would take more than ", kMaxJobNameBytes,
+        " bytes in the plan, the most supported (each parameter's name plus ",
+        kMatrixNameSuffixBytes,
+        " bytes, once per matrix): shorten the names of the largest expert "
+        "stacks"));
   }
   return absl::OkStatus();
 }
@@ -414,6 +438,10 @@ bool ExchangeIsBf16(const v1::ExecutionOptions& e) {
   return e.exchange_dtype() == "bfloat16";
 }
 
+int NsStepsOf(const v1::RankManifest& manifest) {
+  return manifest.has_ns_steps() ? manifest.ns_steps() : kDefaultNsSteps;
+}
+
 namespace {
 
 // Checks the job spec's mesh: every size >= 1, then Mesh::Validate.
@@ -483,11 +511,14 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec, bool per_rank_boxes) {
                      " parameters; at most ", kMaxParams, " are supported"));
   }
   int64_t num_matrices = 0;
+  int64_t name_bytes = 0;
   std::set<std::string> names;
   for (int i = 0; i < spec.params_size(); ++i) {
     MUON_ASSIGN_OR_RETURN(const int64_t param_matrices,
                           ValidateSpecParam(spec.params(i), i, mesh, &names));
     num_matrices += param_matrices;
+    AddMatrixNameBytes(spec.params(i).name().size(), param_matrices,
+                       &name_bytes);
   }
   if (!per_rank_boxes) {
     if (num_matrices > kMaxSharedLayoutMatrices) {
@@ -495,9 +526,11 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec, bool per_rank_boxes) {
           absl::StrCat("the job has ", num_matrices, " matrices; at most ",
                        kMaxSharedLayoutMatrices, " are supported"));
     }
-    return CheckJobSize(mesh, spec.params_size(), /*num_matrices=*/0);
+    return CheckJobSize(mesh, spec.params_size(), /*num_matrices=*/0,
+                        name_bytes);
   }
-  MUON_RETURN_IF_ERROR(CheckJobSize(mesh, spec.params_size(), num_matrices));
+  MUON_RETURN_IF_ERROR(
+      CheckJobSize(mesh, spec.params_size(), num_matrices, name_bytes));
   return absl::OkStatus();
 }
 

@@ -57,12 +57,22 @@ std::string JobSpecToJson(const v1::JobSpec& spec);
 
 // Checks the size of a whole job before anything is sized by it: the
 // mesh's world size (Mesh::Validate: at most kMaxWorldSize ranks, checked
-// product), at most kMaxParams parameters, and `num_matrices` x world size
-// (the per-rank boxes the planner keeps) at most kMaxMatrixRankBoxes.
+// product), at most kMaxParams parameters, `num_matrices` x world size
+// (the per-rank boxes the planner keeps) at most kMaxMatrixRankBoxes, and
+// `name_bytes` (the sum of MatrixNameBytes over the parameters) at most
+// kMaxJobNameBytes.
 // Errors:
 //   InvalidArgument: names the mesh, the count and the limit.
 absl::Status CheckJobSize(const Mesh& mesh, int64_t num_params,
-                          int64_t num_matrices);
+                          int64_t num_matrices, int64_t name_bytes);
+
+// Bytes the plan's matrix names of one parameter take, counted as
+// (name bytes + kMatrixNameSuffixBytes) x `num_matrices`, and added to
+// `*total` saturating at kMaxJobNameBytes + 1 (so a sum over any number of
+// parameters never overflows). `num_matrices` is at most
+// kMaxParamElements (a checked shape's).
+void AddMatrixNameBytes(size_t name_bytes, int64_t num_matrices,
+                        int64_t* total);
 
 // Matrices of a checked parameter shape: 1 for 2-D, shape[0] for 3-D.
 int64_t NumMatrices(const google::protobuf::RepeatedField<int64_t>& shape);
@@ -77,6 +87,13 @@ absl::Status ValidateExecutionOptions(const v1::ExecutionOptions& execution);
 
 // Whether the exchange carries bf16 (execution.exchange_dtype "bfloat16").
 bool ExchangeIsBf16(const v1::ExecutionOptions& execution);
+
+// RankManifest.ns_steps and OptimizerOptions.ns_steps when unset: 5, as
+// torch.optim.Muon's default.
+inline constexpr int kDefaultNsSteps = 5;
+
+// `manifest`'s ns_steps, kDefaultNsSteps when unset.
+int NsStepsOf(const v1::RankManifest& manifest);
 
 // Checks a spec: its execution options (ValidateExecutionOptions), mesh
 // sizes >= 1 with unique non-empty names, at most

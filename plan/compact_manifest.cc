@@ -70,6 +70,16 @@ std::string ManifestLayoutHash(const v1::RankManifest& manifest) {
   v1::RankManifest layout = manifest;
   layout.clear_rank();
   for (v1::ParamManifest& p : *layout.mutable_params()) p.clear_local_shape();
+  // Spellings the full manifests' checks take as equal hash alike
+  // (CheckRanksMeshAndOptions, plan/manifest_validation.h): unset fields
+  // as their defaults, and the per-rank device fields, which no check
+  // compares, left out.
+  v1::ExecutionOptions* e = layout.mutable_execution();
+  if (e->assignment_policy().empty()) e->set_assignment_policy("lpt");
+  if (e->exchange_dtype().empty()) e->set_exchange_dtype("float32");
+  e->clear_device();
+  e->clear_gpu_precision();
+  layout.set_ns_steps(NsStepsOf(manifest));
   return StableMessageHash(layout);
 }
 

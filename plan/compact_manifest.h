@@ -30,7 +30,11 @@ namespace muon {
 
 // StableMessageHash (plan/planner.h) of `manifest` with `rank` cleared and
 // every parameter's local_shape cleared: equal on every rank of a job whose
-// ranks share one layout. 16 hex digits. O(parameters).
+// ranks share one layout. Spellings that the full manifests' checks take
+// as equal hash alike: an unset assignment_policy as "lpt", exchange_dtype
+// as "float32", ns_steps as kDefaultNsSteps; execution.device and
+// gpu_precision (per-rank, compared by no check) are left out. 16 hex
+// digits. O(parameters).
 std::string ManifestLayoutHash(const v1::RankManifest& manifest);
 
 // Whether `manifest` follows from its own layout, i.e. may be sent as a

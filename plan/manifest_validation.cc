@@ -127,13 +127,8 @@ absl::Status CheckParamAgrees(const v1::ParamManifest& p0, int r0,
   return absl::OkStatus();
 }
 
-// RankManifest.ns_steps, 5 when unset (torch's default).
-constexpr int kDefaultNsSteps = 5;
 // torch.optim.Muon requires ns_steps < 100.
 constexpr int kMaxNsSteps = 100;
-int NsStepsOf(const v1::RankManifest& m) {
-  return m.has_ns_steps() ? m.ns_steps() : kDefaultNsSteps;
-}
 
 // "normuon=true" for a variant named "normuon"; "normuon=false" for none
 // when rank 0 runs "normuon" (the option's name either way).
@@ -676,13 +671,18 @@ absl::StatusOr<JobLayout> ValidateManifests(
   // Sizes first (checked arithmetic, documented limits), before any
   // per-rank table is sized by them.
   int64_t num_matrices = 0;
+  int64_t name_bytes = 0;
   for (const v1::ParamManifest* p : u.first) {
     MUON_RETURN_IF_ERROR(CheckParamShape(p->name(), p->global_shape()));
-    num_matrices += p->row_splits_size() > 0 ? p->row_splits_size()
-                                             : NumMatrices(p->global_shape());
+    const int64_t param_matrices = p->row_splits_size() > 0
+                                       ? p->row_splits_size()
+                                       : NumMatrices(p->global_shape());
+    num_matrices += param_matrices;
+    AddMatrixNameBytes(p->name().size(), param_matrices, &name_bytes);
   }
-  MUON_RETURN_IF_ERROR(CheckJobSize(
-      layout.mesh, static_cast<int64_t>(u.first.size()), num_matrices));
+  MUON_RETURN_IF_ERROR(CheckJobSize(layout.mesh,
+                                    static_cast<int64_t>(u.first.size()),
+                                    num_matrices, name_bytes));
   LayoutCache cache;
   for (int i = 0; i < static_cast<int>(u.first.size()); ++i) {
     MUON_RETURN_IF_ERROR(AddParam(manifests, u, i, &layout, &cache));

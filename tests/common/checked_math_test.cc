@@ -201,9 +201,54 @@ TEST(CheckedMathTest, CheckParamNameSize_CutsThePrefixAtACharacterBoundary) {
 }
 
 TEST(CheckedMathTest, CheckJobSize_TooManyParams_ReturnsInvalidArgument) {
-  EXPECT_THAT(CheckJobSize(Mesh::OneDim(2), kMaxParams + 1, kMaxParams + 1),
+  EXPECT_THAT(CheckJobSize(Mesh::OneDim(2), kMaxParams + 1, kMaxParams + 1, 0),
               StatusIs(kInvalid, HasSubstr("1048577 parameters")));
-  EXPECT_THAT(CheckJobSize(Mesh::OneDim(2), 10, 10), IsOk());
+  EXPECT_THAT(CheckJobSize(Mesh::OneDim(2), 10, 10, 0), IsOk());
+}
+
+TEST(CheckedMathTest,
+     CheckJobSize_NameBytesOverLimit_ReturnsInvalidArgumentNamingLimit) {
+  EXPECT_THAT(CheckJobSize(Mesh::OneDim(2), 1, 1, kMaxJobNameBytes), IsOk());
+  EXPECT_THAT(CheckJobSize(Mesh::OneDim(2), 1, 1, kMaxJobNameBytes + 1),
+              StatusIs(kInvalid, AllOf(HasSubstr("matrix names"),
+                                       HasSubstr("1073741824 bytes"))));
+}
+
+TEST(CheckedMathTest, AddMatrixNameBytes_CountsEachMatrixAndSaturates) {
+  int64_t total = 0;
+  AddMatrixNameBytes(10, 3, &total);
+  EXPECT_EQ(total, 3 * (10 + kMatrixNameSuffixBytes));
+  AddMatrixNameBytes(0, 0, &total);
+  EXPECT_EQ(total, 3 * (10 + kMatrixNameSuffixBytes));
+  // A product past int64 and sums past the limit stay one over the limit.
+  AddMatrixNameBytes(kMaxTensorNameBytes, kMaxParamElements, &total);
+  EXPECT_EQ(total, kMaxJobNameBytes + 1);
+  AddMatrixNameBytes(size_t{1} << 62, int64_t{1} << 40, &total);
+  EXPECT_EQ(total, kMaxJobNameBytes + 1);
+}
+
+// 2^16 expert slices of 4 KiB names, four times: each name is within its
+// own limit but the plan would hold over 1 GiB of "name[e]" strings (the
+// shared-box planner of `muonctl plan` allows 2^24 matrices, which would
+// be 64 GiB). Refused by the spec's validation, in both planner paths.
+TEST(CheckedMathTest,
+     ValidateJobSpec_ManyLongSliceNames_ReturnsInvalidArgumentBeforePlanning) {
+  v1::JobSpec spec = OneParamSpec({kMaxExperts, 1, 1}, {"Shard(0)"});
+  spec.mutable_params(0)->set_name(std::string(kMaxTensorNameBytes, 'a'));
+  for (char c : {'b', 'c'}) {
+    *spec.add_params() = spec.params(0);
+    spec.mutable_params(spec.params_size() - 1)
+        ->set_name(std::string(kMaxTensorNameBytes, c));
+  }
+  // 3 x 2^16 x (4096 + 15) bytes: about 808 MB, allowed.
+  EXPECT_THAT(ValidateJobSpec(spec, /*per_rank_boxes=*/false), IsOk());
+  *spec.add_params() = spec.params(0);
+  spec.mutable_params(3)->set_name(std::string(kMaxTensorNameBytes, 'd'));
+  const auto names_limit =
+      StatusIs(kInvalid,
+               AllOf(HasSubstr("matrix names"), HasSubstr("1073741824 bytes")));
+  EXPECT_THAT(ValidateJobSpec(spec, /*per_rank_boxes=*/false), names_limit);
+  EXPECT_THAT(ValidateJobSpec(spec, /*per_rank_boxes=*/true), names_limit);
 }
 
 }  // namespace

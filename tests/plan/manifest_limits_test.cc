@@ -92,6 +92,23 @@ TEST(ManifestLimitsTest,
               StatusIs(kInvalid, HasSubstr("rank 1: parameter \"")));
 }
 
+// Four stacks of 2^16 slices named in 4 KiB each: every name is within
+// its limit, but the plan would copy over 1 GiB of "name[e]" strings.
+// Refused with the job's size, before any matrix is named.
+TEST(ManifestLimitsTest,
+     ValidateManifests_ManyLongSliceNames_ReturnsInvalidArgument) {
+  std::vector<v1::RankManifest> m = Manifests(1, {1}, {kMaxExperts, 1, 1});
+  m[0].mutable_params(0)->set_name(std::string(kMaxTensorNameBytes, 'a'));
+  for (char c : {'b', 'c', 'd'}) {
+    v1::ParamManifest* p = m[0].add_params();
+    *p = m[0].params(0);
+    p->set_name(std::string(kMaxTensorNameBytes, c));
+  }
+  EXPECT_THAT(ValidateManifests(m),
+              StatusIs(kInvalid, AllOf(HasSubstr("matrix names"),
+                                       HasSubstr("1073741824 bytes"))));
+}
+
 // [INT64_MAX, 1] Shard(0) over 2 ranks: ChunkRange computed INT64_MAX + 1
 // (signed overflow) from a shape nothing had checked yet. Now the shape is
 // checked first: a clear InvalidArgument everywhere the chunk rule runs.

@@ -2,6 +2,7 @@
 // follows from rank 0's layout send O(1) bytes, the plan is the one full
 // manifests give, and a mismatch is still named by parameter, rank and values
 // after the coordinator asks for the full manifest.
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -103,6 +104,38 @@ TEST_F(CompactJoinTest, RanksFollowingTheLayout_PlanEqualsFullManifestPlan) {
     // A compact Join is O(1): no parameter in it.
     EXPECT_LT(requests[1].ByteSizeLong(), 64u);
     EXPECT_GT(requests[0].ByteSizeLong(), requests[1].ByteSizeLong());
+  }
+}
+
+// Ranks 1 and 3 spell out the defaults rank 0 leaves unset (assignment
+// policy "lpt", exchange dtype "float32", ns_steps 5) and name their own
+// device: the full manifests' checks take these as equal, and so does the
+// layout hash, so no rank is asked for its full manifest (at 16k ranks,
+// expanding them is what the job-size check refuses).
+TEST_F(CompactJoinTest, DefaultsSpelledOutOrPerRankDevice_NoFullManifestAsked) {
+  std::vector<v1::RankManifest> manifests = Manifests(FourRankSpec());
+  for (int r : {1, 3}) {
+    v1::ExecutionOptions* e = manifests[r].mutable_execution();
+    e->set_assignment_policy("lpt");
+    e->set_exchange_dtype("float32");
+    e->set_device(absl::StrCat("cuda:", r));
+    e->set_gpu_precision("fp32");
+    manifests[r].set_ns_steps(5);
+  }
+  manifests[0].clear_ns_steps();
+  std::vector<v1::JoinRequest> requests;
+  for (const v1::RankManifest& m : manifests) {
+    requests.push_back(Request(m, /*compact=*/m.rank() != 0));
+  }
+  CoordinatorService service(Options());
+  std::vector<bool> asked;
+  auto results = JoinAll(service, requests, manifests, &asked);
+  absl::StatusOr<JobPlan> full = PlanJob(manifests, "job", PlanDefaults());
+  ASSERT_THAT(full, IsOk());
+  EXPECT_EQ(asked, std::vector<bool>(4, false));
+  for (size_t r = 0; r < results.size(); ++r) {
+    ASSERT_THAT(results[r], IsOk()) << r;
+    EXPECT_EQ(results[r]->plan().hash(), full->plan.hash()) << r;
   }
 }
 
@@ -269,6 +302,49 @@ TEST(CompactManifestTest, FollowsLayout_PipelineOrWrongLocalShape_NotCompact) {
   EXPECT_THAT(CheckManifestFollowsLayout(m),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        AllOf(HasSubstr("fc1.weight"), HasSubstr("[3, 7]"))));
+}
+
+// What the layout hash tells apart: an option the full checks compare
+// changes it; a default spelled out or a per-rank device field does not.
+TEST(CompactManifestTest, LayoutHash_ChangesExactlyWithWhatTheChecksCompare) {
+  const v1::RankManifest base = Manifests(FourRankSpec())[1];
+  const std::string hash = ManifestLayoutHash(base);
+  std::vector<std::function<void(v1::RankManifest*)>> same = {
+      [](v1::RankManifest* m) {
+        m->mutable_execution()->set_assignment_policy("lpt");
+      },
+      [](v1::RankManifest* m) {
+        m->mutable_execution()->set_exchange_dtype("float32");
+      },
+      [](v1::RankManifest* m) { m->set_ns_steps(5); },
+      [](v1::RankManifest* m) { m->mutable_execution()->set_device("cuda:7"); },
+      [](v1::RankManifest* m) {
+        m->mutable_execution()->set_gpu_precision("bf16");
+      },
+  };
+  std::vector<std::function<void(v1::RankManifest*)>> different = {
+      [](v1::RankManifest* m) {
+        m->mutable_execution()->set_assignment_policy("round_robin");
+      },
+      [](v1::RankManifest* m) {
+        m->mutable_execution()->set_exchange_dtype("bfloat16");
+      },
+      [](v1::RankManifest* m) { m->set_ns_steps(6); },
+      [](v1::RankManifest* m) {
+        m->mutable_execution()->set_bucket_size_bytes(1 << 20);
+      },
+      [](v1::RankManifest* m) { m->mutable_params(0)->set_name("other"); },
+  };
+  for (size_t i = 0; i < same.size(); ++i) {
+    v1::RankManifest m = base;
+    same[i](&m);
+    EXPECT_EQ(ManifestLayoutHash(m), hash) << "change " << i;
+  }
+  for (size_t i = 0; i < different.size(); ++i) {
+    v1::RankManifest m = base;
+    different[i](&m);
+    EXPECT_NE(ManifestLayoutHash(m), hash) << "change " << i;
+  }
 }
 
 TEST(CompactManifestTest, ManifestForRank_EqualsTheSpecsManifestOfEveryRank) {
