@@ -477,14 +477,14 @@ absl::Status Muon::MakeDataPath(const DistributedConfig& config,
       control != nullptr ? control
                          : (comm->buffer_device().is_host() ? comm : nullptr));
   // The coordinator's job error (a rank lost or failed) aborts pending
-  // collectives so blocked calls return at once.
-  if (agent_ != nullptr) {
-    Communicator* control = run->rank_flags->control();
-    agent_->SetAbortCallback([comm, control] {
-      comm->Abort();
-      if (control != nullptr && control != comm) control->Abort();
-    });
-  }
+  // collectives so blocked calls return at once; without a coordinator, a
+  // failure of this rank's own does.
+  Communicator* flags = run->rank_flags->control();
+  run->abort_communicators = [comm, flags] {
+    if (comm != nullptr) comm->Abort();
+    if (flags != nullptr && flags != comm) flags->Abort();
+  };
+  if (agent_ != nullptr) agent_->SetAbortCallback(run->abort_communicators);
   return absl::OkStatus();
 }
 

@@ -45,6 +45,7 @@ StepPipeline::StepPipeline(StepPipelineParts parts, StepPipelineRun run)
       plan_(std::move(run.plan)),
       executor_(std::move(run.executor)),
       rank_flags_(std::move(run.rank_flags)),
+      abort_communicators_(std::move(run.abort_communicators)),
       device_wait_timeout_(run.device_wait_timeout),
       replan_every_steps_(run.replan_every_steps),
       overlap_(run.overlap_backward) {
@@ -72,9 +73,7 @@ absl::Status StepPipeline::Refuse(absl::Status refusal) {
     // The other ranks' buckets may run before any agreement: this rank's
     // own failure, which the coordinator makes the job's (a world of one
     // has nobody to tell, and steps on).
-    return rank_flags_->world_size() > 1 && agent_ != nullptr
-               ? agent_->OnOwnFailure(refusal)
-               : refusal;
+    return FailedWithPeersWaiting(refusal);
   }
   refusal_ = refusal;
   absl::Status s = RunStep(nullptr);
@@ -111,7 +110,13 @@ absl::Status StepPipeline::RunStep(device::Stream* caller) {
   // any data collective.
   MUON_RETURN_IF_ERROR(CheckStepInputs(caller));
   const absl::Time start = absl::Now();
-  if (options_.transactional_step) MUON_RETURN_IF_ERROR(TakeSnapshot(caller));
+  // The peers go on to their exchanges: a failed snapshot is this rank's
+  // alone.
+  if (options_.transactional_step) {
+    if (absl::Status s = TakeSnapshot(caller); !s.ok()) {
+      return FailedWithPeersWaiting(s);
+    }
+  }
   if (absl::Status s = Commit(absl::OkStatus(), MomentumAndExchange(caller));
       !s.ok()) {
     if (options_.transactional_step) {
@@ -147,8 +152,10 @@ absl::Status StepPipeline::MomentumAndExchange(device::Stream* caller) {
 
 absl::Status StepPipeline::Commit(absl::Status own, absl::Status run) {
   if (!own.ok()) {
-    // This rank's own error, possibly after its peers finished the step:
-    // reported so that the job fails on every rank.
+    // This rank's own error after its executor finished the step (every
+    // collective ran): reported so that the job fails on every rank; with
+    // no coordinator the peers are not waiting for it (under check_finite
+    // they learn of it in the agreement).
     return agent_ != nullptr ? agent_->OnOwnFailure(own) : own;
   }
   const bool ran = run.ok();
@@ -156,10 +163,21 @@ absl::Status StepPipeline::Commit(absl::Status own, absl::Status run) {
   // Every data collective of the step has run on this rank: the ranks
   // agree on the outcome and roll back together.
   if (ran && options_.transactional_step) return AgreeOnCommit(run);
+  if (run.ok()) return run;
   // A failed collective: the coordinator's error naming the failed rank
   // (bounded wait); this rank's own failure is reported to every rank.
-  if (!run.ok() && agent_ != nullptr) run = agent_->OnStepFailed(run);
-  return run;
+  // Without a coordinator the run may have failed on this rank alone
+  // (its peers then wait in their next collective, or in the commit
+  // agreement, which must not pair with this rank's next step's).
+  if (agent_ != nullptr) return agent_->OnStepFailed(run);
+  return FailedWithPeersWaiting(run);
+}
+
+absl::Status StepPipeline::FailedWithPeersWaiting(const absl::Status& own) {
+  if (own.ok() || rank_flags_->world_size() <= 1) return own;
+  if (agent_ != nullptr) return agent_->OnOwnFailure(own);
+  if (abort_communicators_) abort_communicators_();
+  return own;
 }
 
 absl::Status StepPipeline::TakeSnapshot(device::Stream* caller) {
@@ -355,7 +373,8 @@ absl::Status StepPipeline::CheckStepInputs(device::Stream* caller) {
   // overlap_backward the ranks that marked parameters gather nothing here
   // (their buckets' collectives come first), so neither may this one.
   if (!rank_flags_->collective() || overlap_) {
-    MUON_RETURN_IF_ERROR(preflight);
+    // The peers go on to their exchanges (or already run their buckets).
+    if (!preflight.ok()) return FailedWithPeersWaiting(preflight);
     return CheckGradientsFinite(caller);
   }
   if (!preflight.ok()) {
@@ -386,7 +405,7 @@ absl::Status StepPipeline::CheckGradientsFinite(device::Stream* caller) {
   if (absl::Status s =
           FindNonFinite(caller, 0, static_cast<int>(params_.size()), &found);
       !s.ok()) {
-    return agent_ != nullptr ? agent_->OnOwnFailure(s) : s;
+    return FailedWithPeersWaiting(s);
   }
   bool any_bad = false;
   return AgreeOnFinite(found, /*undone=*/false, &any_bad);
@@ -404,8 +423,9 @@ absl::Status StepPipeline::AgreeOnFinite(const NonFinite& found, bool undone,
         found.index, ") at step ", step_ + 1, outcome));
   }
   if (!rank_flags_->collective()) {
+    // No agreement: the peers go on to their exchanges.
     *any_bad = !local.ok();
-    return local;
+    return FailedWithPeersWaiting(local);
   }
   // Agreement: each rank contributes 1 + the index of its first bad
   // parameter (0 = all finite; exact in float below 2^24 parameters; -1
@@ -444,18 +464,27 @@ absl::Status StepPipeline::BeginOverlappedStep(device::Stream* producer) {
   param_ready_.assign(params_.size(), 0);
   grad_fingerprints_.assign(params_.size(), 0);
   enqueued_ready_ = 0;
+  // Nesterov's gradient pointers are this step's, set as each parameter is
+  // made ready: a parameter a failed step never makes ready forms its
+  // update from its momentum, not from the last step's (maybe freed)
+  // gradient.
+  for (UpdateSource& src : state_->update_sources()) src.grad = nullptr;
   overlap_start_ = absl::Now();
   // Before the first momentum pass writes anything: what a step with a bad
   // gradient on any rank is undone to, read from the parameters' current
   // storage (a bound Parameter's data may have moved since the last step).
   // Waited for: later passes may run on other streams.
+  // The peers' buckets may already run: a failure here is this rank's.
+  absl::Status begun;
   if (overlap_checks_finite()) {
-    MUON_RETURN_IF_ERROR(BindAll());
-    MUON_RETURN_IF_ERROR(TakeSnapshot(producer));
-    MUON_RETURN_IF_ERROR(SyncCaller(producer));
+    begun = BindAll();
+    if (begun.ok()) begun = TakeSnapshot(producer);
+    if (begun.ok()) begun = SyncCaller(producer);
   }
-  MUON_RETURN_IF_ERROR(
-      executor_->Begin(state_->update_sources(), params_, rule_, nullptr));
+  if (begun.ok()) {
+    begun = executor_->Begin(state_->update_sources(), params_, rule_, nullptr);
+  }
+  MUON_RETURN_IF_ERROR(FailedWithPeersWaiting(begun));
   overlap_begun_ = true;
   return absl::OkStatus();
 }
@@ -487,7 +516,7 @@ absl::Status StepPipeline::ReadyOne(int index, device::Stream* producer) {
   // executor's streams read the momentum (and Nesterov's gradient) after
   // the pass on the producer's stream; a failure here fails the step.
   param_ready_[index] = 1;
-  if (n > 0) return ReportedEnqueue(executor_->OrderAfter(producer));
+  if (n > 0) return FailedWithPeersWaiting(executor_->OrderAfter(producer));
   return absl::OkStatus();
 }
 
@@ -513,14 +542,9 @@ absl::Status StepPipeline::MarkReady(int index, void* stream) {
   const int ready = executor_->ReadyBuckets(param_ready_);
   if (ready > enqueued_ready_) {
     enqueued_ready_ = ready;
-    return ReportedEnqueue(executor_->EnqueueReady(ready));
+    return FailedWithPeersWaiting(executor_->EnqueueReady(ready));
   }
   return absl::OkStatus();
-}
-
-absl::Status StepPipeline::ReportedEnqueue(const absl::Status& enqueued) {
-  if (enqueued.ok() || agent_ == nullptr) return enqueued;
-  return agent_->OnOwnFailure(enqueued);
 }
 
 absl::Status StepPipeline::FinishOverlappedStep(device::Stream* caller) {

@@ -76,6 +76,10 @@ struct StepPipelineRun {
   absl::Duration device_wait_timeout = absl::Minutes(30);
   int replan_every_steps = 0;
   bool overlap_backward = false;
+  // Aborts this rank's communicators (data and control; any thread): what
+  // a failure of this rank's own does when there is no coordinator to
+  // tell. Null: nothing to abort.
+  std::function<void()> abort_communicators;
 };
 
 // Whether steps begun by MarkReady check their gradients for NaN/Inf
@@ -225,6 +229,15 @@ class StepPipeline {
   // One float per rank all-gathered into rank_flags_ (0 = OK); errors
   // through the agent's OnStepFailed when there is one.
   absl::Status GatherRankFlags(float flag);
+  // This rank's failure `own` while its peers may be in (or about to
+  // enter) the step's collectives, which no agreement will tell them of.
+  // With a coordinator it is reported (Agent::OnOwnFailure), which makes
+  // it the job's error and aborts every rank's communicators; without
+  // one, this rank's communicators are aborted, so that the peers'
+  // collectives fail at once instead of at their timeout, or instead of
+  // pairing with this rank's next collective. A world of one tells
+  // nobody. Returns `own`.
+  absl::Status FailedWithPeersWaiting(const absl::Status& own);
   // The step count, the step's time since `start` and the report.
   void Report(absl::Time start);
 
@@ -239,10 +252,6 @@ class StepPipeline {
   // the executor ordered after them; Step's end of a step begun by
   // MarkReady, the parameters not marked done on `caller`.
   absl::Status BeginOverlappedStep(device::Stream* producer);
-  // An executor enqueue error during backward (it fails the step here):
-  // reported at once through the agent, so that the other ranks fail
-  // their step's collectives instead of waiting for this rank's Step.
-  absl::Status ReportedEnqueue(const absl::Status& enqueued);
   absl::Status ReadyOne(int index, device::Stream* producer);
   absl::Status FinishOverlappedStep(device::Stream* caller);
   // check_finite under overlap, this rank's own failure at Step (`own`,
@@ -301,6 +310,7 @@ class StepPipeline {
   void* caller_native_ = nullptr;
   std::unique_ptr<StepExecutor> executor_;
   std::unique_ptr<RankFlags> rank_flags_;
+  std::function<void()> abort_communicators_;
   const absl::Duration device_wait_timeout_;
   const int replan_every_steps_;
   int64_t replanned_at_ = -1;  // step_ of the last re-plan asked

@@ -9,7 +9,9 @@
 // leaves everything as before it; the options it cannot run with are
 // refused.
 #include <algorithm>
+#include <cmath>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -460,6 +462,43 @@ TEST(OverlapBackwardTest,
   ASSERT_TRUE(m.Load(dir).ok());
   EXPECT_EQ(m.step_count(), 0);
   EXPECT_THAT(m.momentum_buffer(0), ::testing::Each(0.0f));
+}
+
+// A step begun by MarkReady keeps each parameter's gradient pointer for
+// Nesterov's update from the moment it is made ready. A failed step
+// (begun by parameter 2, failing at parameter 0, which has no gradient)
+// never makes parameter 1 ready; its bucket still runs, and used to read
+// step 1's gradient of parameter 1 through the pointer kept from then
+// (freed memory in a trainer; NaN here). It forms the update from the
+// momentum instead: everything stays finite.
+TEST(OverlapBackwardTest,
+     Step_FailedBeforeAParameterIsReady_NeverReadsItsLastStepGradient) {
+  std::vector<Parameter> params(3, FourByFour());
+  params[1].name = "v";
+  params[2].name = "u";
+  DistributedConfig config = OverlapConfigOfOne();
+  config.state.param_placements.assign(
+      3, ParamPlacement{{Placement::Replicate()}});
+  absl::StatusOr<std::unique_ptr<Muon>> muon =
+      Muon::Create(std::vector<Parameter*>{&params[0], &params[1], &params[2]},
+                   OverlapOptions(), config);
+  ASSERT_TRUE(muon.ok()) << muon.status();
+  Muon& m = **muon;
+  ASSERT_TRUE(m.options().nesterov);
+  for (int i = 2; i >= 0; --i) ASSERT_TRUE(m.MarkReady(i).ok());
+  ASSERT_TRUE(m.Step().ok());
+  // Step 2: parameter 0 lost its gradient; parameter 1's old gradient
+  // storage now holds NaN (as reused memory would hold anything).
+  params[0].grad.clear();
+  std::fill(params[1].grad.begin(), params[1].grad.end(),
+            std::numeric_limits<float>::quiet_NaN());
+  ASSERT_TRUE(m.MarkReady(2).ok());
+  EXPECT_THAT(m.Step(), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                 HasSubstr("\"w\" was marked ready without "
+                                           "a gradient")));
+  for (const Parameter& p : params) {
+    for (float x : p.data) ASSERT_TRUE(std::isfinite(x)) << p.name;
+  }
 }
 
 TEST(OverlapBackwardTest, Create_WithTransactional_Refused) {

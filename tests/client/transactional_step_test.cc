@@ -172,7 +172,8 @@ struct RankOutcome {
 using ArmFn = std::function<void(int rank, Muon& opt, FaultyCommunicator& c)>;
 
 std::vector<RankOutcome> RunScenario(DType dtype, bool transactional,
-                                     const ArmFn& arm) {
+                                     const ArmFn& arm,
+                                     bool coordinated = true) {
   ThreadWorld world(kWorld);
   EXPECT_TRUE(world.Connect());
   std::vector<RankOutcome> out(kWorld);
@@ -183,7 +184,7 @@ std::vector<RankOutcome> RunScenario(DType dtype, bool transactional,
         AutoConfigOptions ao;
         ao.fsdp = &comm;
         ao.fsdp_shard_dim = 0;
-        ao.coordinator = world.client(rank);
+        ao.coordinator = coordinated ? world.client(rank) : nullptr;
         absl::StatusOr<DistributedConfig> config =
             CreateAutoConfig(s.Views(), ao);
         if (!config.ok()) return config.status();
@@ -309,6 +310,31 @@ TEST(
     } else {
       EXPECT_TRUE(out[r].after_fault == out[r].before) << "rank " << r;
     }
+  }
+}
+
+// Without a coordinator, rank 2's last exchange of step 2 completes and
+// then fails on rank 2 alone: its peers finished the step and wait in the
+// commit agreement. Rank 2 used to return without joining it, so the
+// peers' agreement paired with rank 2's next step's first all-gather and
+// they committed a step rank 2 had rolled back. Rank 2 now aborts its
+// communicator: every rank fails step 2 and keeps the state before it.
+TEST(TransactionalStepTest,
+     Step_UncoordinatedRankFailsAfterItsExchanges_NoRankCommits) {
+  const std::vector<RankOutcome> out = RunScenario(
+      DType::kFloat32, /*transactional=*/true,
+      [](int rank, Muon& opt, FaultyCommunicator& comm) {
+        const int last = 2 * opt.plan().buckets_size() - 1;
+        if (rank == kFaultRank) comm.Arm("AllToAllV", last, true);
+      },
+      /*coordinated=*/false);
+  EXPECT_THAT(out[kFaultRank].faulty_step,
+              StatusIs(absl::StatusCode::kInternal,
+                       HasSubstr("injected AllToAllV failure")));
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_FALSE(out[r].faulty_step.ok()) << "rank " << r;
+    EXPECT_EQ(out[r].after_fault.step, 1) << "rank " << r;
+    EXPECT_TRUE(out[r].after_fault == out[r].before) << "rank " << r;
   }
 }
 
