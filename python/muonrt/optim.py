@@ -77,9 +77,11 @@ Differences from torch.optim.Muon
 import collections.abc
 import copy
 import ctypes
+import functools
 import math
 import json
 import os
+import threading
 import weakref
 
 import torch
@@ -329,6 +331,15 @@ def _group_slot_indices(param_groups):
     return out
 
 
+def _holding_handle(method):
+    """`method` run holding its optimizer's call lock (Muon._call_lock)."""
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        with self._call_lock:
+            return method(self, *args, **kwargs)
+    return locked
+
+
 class Muon(torch.optim.Optimizer):
     """torch.optim.Muon's update over libmuonrt (see the module docstring
     for the parameter and layout conventions).
@@ -449,6 +460,11 @@ class Muon(torch.optim.Optimizer):
                  check_finite=None, gpu_precision=None):
         self._handle = None
         self._created = False
+        # Held around every library call on the handle, and by _destroy:
+        # close() or the group's destroy() from another thread waits for a
+        # call in flight instead of freeing what it uses (the C ABI allows
+        # one thread per handle at a time).
+        self._call_lock = threading.RLock()
         # The Python types torch.optim.Muon.__init__ checks; the values are
         # checked once, by the library (muonrt_options_validate, below).
         if isinstance(lr, torch.Tensor) and lr.numel() != 1:
@@ -884,12 +900,16 @@ class Muon(torch.optim.Optimizer):
     # ---- lifecycle -----------------------------------------------------------
 
     def _destroy(self):
-        self._remove_hooks()
-        handle, self._handle = getattr(self, "_handle", None), None
-        if handle is not None:
-            _lib.lib().muonrt_optimizer_destroy(handle)
-            for s in self._slots:
-                s.grad_ref = None
+        lock = getattr(self, "_call_lock", None)
+        if lock is None:  # __init__ failed before the handle could exist
+            return
+        with lock:
+            self._remove_hooks()
+            handle, self._handle = getattr(self, "_handle", None), None
+            if handle is not None:
+                _lib.lib().muonrt_optimizer_destroy(handle)
+                for s in self._slots:
+                    s.grad_ref = None
 
     def close(self):
         """Frees the library's optimizer (momentum buffers, exchange
@@ -954,8 +974,15 @@ class Muon(torch.optim.Optimizer):
         Returns closure's loss."""
         loss = None
         if closure is not None:
+            # Outside the call lock: backward's hooks may call mark_ready
+            # from autograd's device threads.
             with torch.enable_grad():
                 loss = closure()
+        return self._step(loss)
+
+    @_holding_handle
+    def _step(self, loss):
+        """step() after its closure: the library's step."""
         if self._marking:
             return self._finish_overlapped_step(loss)
         h = self._h
@@ -1095,6 +1122,7 @@ class Muon(torch.optim.Optimizer):
         return [s.name for s in self._slots]
 
     @property
+    @_holding_handle
     def step_count(self):
         """Steps taken."""
         return int(_lib.lib().muonrt_optimizer_step_count(self._h))
@@ -1112,6 +1140,7 @@ class Muon(torch.optim.Optimizer):
                 return i
         raise KeyError("parameter not in this optimizer")
 
+    @_holding_handle
     def momentum_buffer(self, key):
         """A copy of a parameter's momentum buffer (fp32, the local shard's
         shape, on the parameter's device); `key` is an index, a name or the
@@ -1277,6 +1306,7 @@ class Muon(torch.optim.Optimizer):
             s.bound_grad = ptr
         s.grad_ref = g
 
+    @_holding_handle
     def mark_ready(self, key):
         """overlap_backward: marks a parameter's gradient final for the
         coming step (`key`: index, name or the parameter). Its momentum
@@ -1333,6 +1363,7 @@ class Muon(torch.optim.Optimizer):
                   float(spec.get("threshold", 100.0)),
                   float(spec.get("alpha", 0.5)), arr, len(layers))
 
+    @_holding_handle
     def clip_qk(self, max_logits):
         """QK-clip after step() (collective: every rank calls it).
         `max_logits`: one [num_heads] tensor per qk_clip layer (None or
@@ -1363,6 +1394,7 @@ class Muon(torch.optim.Optimizer):
         """NorMuon's name for row_state(key) (its state_dict key)."""
         return self.row_state(key)
 
+    @_holding_handle
     def row_state(self, key):
         """A copy of a parameter's row state of the owner-side variant
         (NorMuon's "variance_neuron": fp32, the local shard's shape with
@@ -1387,6 +1419,7 @@ class Muon(torch.optim.Optimizer):
             ctypes.memmove(out.data_ptr(), ptr, 4 * numel.value)
         return out.to(s.local.device)
 
+    @_holding_handle
     def write_spec(self, path, job_id="job"):
         """Writes this optimizer's own job spec to `path` (muonctl's JSON
         format, spec_from_module's fields): its mesh, and every parameter's
@@ -1488,6 +1521,7 @@ class Muon(torch.optim.Optimizer):
             placements=tuple(p.placements), run_check=False, shape=shape,
             stride=stride)
 
+    @_holding_handle
     def state_dict(self):
         """This rank's state in torch's structure:
         ``{"state": {i: {"momentum_buffer": fp32 tensor}}, "param_groups":
@@ -1521,6 +1555,7 @@ class Muon(torch.optim.Optimizer):
                 state_dict = result
         return state_dict
 
+    @_holding_handle
     def load_state_dict(self, state_dict):
         """Restores a state_dict() of this optimizer's layout (same
         groups, names, shapes and placements, same rank), or a
@@ -1729,6 +1764,7 @@ class Muon(torch.optim.Optimizer):
             buf = buf.redistribute(p.device_mesh, placements)
         return _local(buf)
 
+    @_holding_handle
     def save_checkpoint(self, directory, barrier=True):
         """Writes this rank's state (momentum shards, step) to
         `directory` (created if needed): rank_<r>.safetensors per rank and
@@ -1742,6 +1778,7 @@ class Muon(torch.optim.Optimizer):
         if barrier and self._pg is not None:
             self._pg.barrier()
 
+    @_holding_handle
     def load_checkpoint(self, directory):
         """Reads the state of every parameter from a save_checkpoint()
         directory of any layout and world size (resharding). All or
@@ -1755,12 +1792,14 @@ class Muon(torch.optim.Optimizer):
 
     # ---- plan and statistics ---------------------------------------------------
 
+    @_holding_handle
     def plan(self):
         """The plan (owners, buckets, loads, hash): the protobuf JSON
         mapping of muon.v1.Plan, as a dict."""
         return json.loads(_lib.read_json_text("muonrt_optimizer_plan_json",
                                               self._h))
 
+    @_holding_handle
     def assignments(self):
         """{rank: [indices of matrices that rank orthogonalizes]} as this
         rank sees it (parameter indices when every parameter is 2-D), with
@@ -1772,6 +1811,7 @@ class Muon(torch.optim.Optimizer):
         out.update({int(k): list(v) for k, v in raw.items()})
         return out
 
+    @_holding_handle
     def last_step_stats(self):
         """Counters of the last step on this rank: step,
         matrices_orthogonalized, ns_flops, bytes_sent, bytes_received,
@@ -1781,6 +1821,7 @@ class Muon(torch.optim.Optimizer):
                   ctypes.byref(st))
         return {name: getattr(st, name) for name, _ in st._fields_}
 
+    @_holding_handle
     def last_step_report(self):
         """The last step on this rank as the muon.v1.StepReport the
         coordinator collects (protobuf JSON mapping, as a dict): the

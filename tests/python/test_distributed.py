@@ -165,6 +165,22 @@ def test_rank_failing_a_python_check_at_creation_fails_every_rank_at_once(
     assert peer[2] < 20, f"rank 0 waited {peer[2]:.1f} s"
 
 
+def test_destroy_from_another_thread_waits_for_the_step_in_flight(tmp_path):
+    """muonrt.destroy_process_group() from a watchdog thread while rank 0's
+    step waits for rank 1: the destroy waits for the library call in
+    flight instead of freeing the optimizer under it (a crash before); the
+    step completes and the next one raises RuntimeError naming the closed
+    optimizer."""
+    lib = library_or_skip()
+    launch_muonrun(2, ["--layout", "fsdp", "--out", str(tmp_path),
+                       "--close-during-step"], lib)
+    r = torch.load(os.path.join(tmp_path, "rank_0.pt"))
+    assert r["destroy_end"] is not None, r
+    assert r["destroy_end"] >= r["step_end"], r
+    assert r["after"][0] == "RuntimeError", r
+    assert "closed" in r["after"][1], r
+
+
 @pytest.mark.parametrize("layout_name, n", [("mixed", 2), ("hsdp_tp", 4),
                                             ("hsdp", 4), ("dtensor", 2),
                                             ("ddp", 2)])

@@ -134,6 +134,51 @@ def bad_create(layout_name, out, pg):
                os.path.join(out, f"rank_{pg.rank}.pt"))
 
 
+def close_during_step(layout_name, out, pg):
+    """Rank 0 destroys the process group from another thread while its
+    step waits for rank 1's (which starts 2 s late): the destroy waits for
+    the step in flight (it used to free the optimizer under it), the step
+    completes, and the next call raises RuntimeError. Writes (step's end,
+    destroy's end, the next call's exception type and message) to
+    OUT/rank_0.pt; times in seconds from time.monotonic()."""
+    import threading
+    names, sizes, placements = layout(layout_name, pg.world_size)
+    init, grads = problem(1)
+    params = {n: torch.nn.Parameter(local_shard(t, sizes, placements[n],
+                                                pg.rank))
+              for n, t in init.items()}
+    for n, p in params.items():
+        p.grad = local_shard(grads[0][n], sizes, placements[n], pg.rank)
+    opt = muonrt.Muon(list(params.items()), **OPTIONS,
+                      mesh=muonrt.Mesh(names, sizes), placements=placements,
+                      global_shapes=SHAPES, process_group=pg)
+    pg.barrier()
+    if pg.rank != 0:
+        time.sleep(2.0)
+        opt.step()
+        return
+    ended = {}
+
+    def destroy():
+        time.sleep(0.5)  # rank 0 is in its step by now
+        muonrt.destroy_process_group()
+        ended["destroy"] = time.monotonic()
+
+    watchdog = threading.Thread(target=destroy)
+    watchdog.start()
+    opt.step()
+    ended["step"] = time.monotonic()
+    watchdog.join(timeout=60)
+    try:
+        opt.step()
+        after = ("none", "the closed optimizer stepped")
+    except Exception as e:  # noqa: BLE001 (reported to the test)
+        after = (type(e).__name__, str(e))
+    torch.save({"step_end": ended["step"],
+                "destroy_end": ended.get("destroy"), "after": after},
+               os.path.join(out, "rank_0.pt"))
+
+
 def run(layout_name, steps, out, save_at=None, ckpt=None, resume=None,
         start=0, pg=None, exchange_dtype=None, normuon=False,
         overlap=False, refuse_at=None):
@@ -237,12 +282,17 @@ def main():
     ap.add_argument("--overlap", action="store_true")
     ap.add_argument("--refuse-at", type=int)
     ap.add_argument("--bad-create", action="store_true")
+    ap.add_argument("--close-during-step", action="store_true")
     args = ap.parse_args()
     pg = None
     if args.layout != "single":
         pg = muonrt.init_process_group(timeout=60)
     if args.bad_create:
         bad_create(args.layout, args.out, pg)
+        muonrt.destroy_process_group()
+        return
+    if args.close_during_step:
+        close_during_step(args.layout, args.out, pg)
         muonrt.destroy_process_group()
         return
     run(args.layout, args.steps, args.out, args.save_at, args.ckpt,
