@@ -68,12 +68,16 @@ std::vector<int> WaitAll(const std::vector<pid_t>& pids, absl::Duration timeout,
       if (done[i]) continue;
       int status = 0;
       pid_t r = waitpid(pids[i], &status, WNOHANG);
-      if (r == pids[i]) {
+      // ECHILD: reaped by another waiter (or by the kernel while SIGCHLD is
+      // ignored); its status is lost, which counts as a failure.
+      const bool lost = r < 0 && errno == ECHILD;
+      if (r == pids[i] || lost) {
         done[i] = true;
         --remaining;
         progressed = true;
-        codes[i] =
-            WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        codes[i] = lost                ? kExitStatusUnknown
+                   : WIFEXITED(status) ? WEXITSTATUS(status)
+                                       : 128 + WTERMSIG(status);
         if (exit_order != nullptr) exit_order->push_back(static_cast<int>(i));
         if (codes[i] != 0 && !shortened) {
           shortened = true;
@@ -107,10 +111,17 @@ absl::StatusOr<int> WaitForPortFile(const std::string& path, pid_t pid,
     // WNOWAIT leaves the exit status for WaitAll to collect.
     siginfo_t info;
     std::memset(&info, 0, sizeof(info));
-    if (waitid(P_PID, pid, &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
-        info.si_pid == pid) {
+    const int r = waitid(P_PID, pid, &info, WEXITED | WNOHANG | WNOWAIT);
+    if (r == 0 && info.si_pid == pid) {
       return absl::AbortedError(absl::StrCat(
           "process ", pid, " exited before writing its port to ", path));
+    }
+    if (r < 0 && errno == ECHILD) {
+      return absl::AbortedError(absl::StrCat(
+          "process ", pid,
+          " is not a child of this process (reaped by "
+          "another waiter: is SIGCHLD ignored?) and wrote no port to ",
+          path));
     }
     absl::SleepFor(absl::Milliseconds(20));
   }
@@ -149,14 +160,21 @@ absl::StatusOr<std::vector<std::string>> JobSecretEnv() {
 }
 
 // The job's outcome from the ranks' exit codes (`codes`, -1 for killed
-// after the timeout) and the order they exited in: OK when all exited 0,
-// else Aborted naming the first rank to fail in time.
+// after the timeout, kExitStatusUnknown when lost) and the order they
+// exited in: OK when all exited 0, else Aborted naming the first rank to
+// fail in time.
 absl::Status RanksOutcome(const RankLaunchOptions& o,
                           const std::vector<int>& codes,
                           const std::vector<int>& order) {
   // The first rank to fail in time is the one to name: the others usually
   // fail because of it.
   for (int r : order) {
+    if (codes[r] == kExitStatusUnknown) {
+      return absl::AbortedError(
+          absl::StrCat("rank ", r,
+                       "'s exit status is unknown (it was reaped by another "
+                       "waiter: is SIGCHLD ignored?)"));
+    }
     if (codes[r] > 128) {
       const int sig = codes[r] - 128;
       return absl::AbortedError(absl::StrCat("rank ", r, " killed by signal ",

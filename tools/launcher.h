@@ -24,9 +24,15 @@ absl::StatusOr<pid_t> SpawnProcess(
     const std::vector<std::string>& argv,
     const std::vector<std::string>& extra_env = {});
 
+// WaitAll's code for a process whose exit status was lost: reaped by
+// another waiter, or by the kernel while SIGCHLD is ignored (SIG_IGN, which
+// survives execve) in this process.
+inline constexpr int kExitStatusUnknown = -2;
+
 // Waits for every pid up to `timeout` in total, then SIGKILLs and reaps the
 // survivors. Returns per pid its exit code, 128+signal when killed by a
-// signal, or -1 when it had to be killed for the timeout. If one process
+// signal, -1 when it had to be killed for the timeout, or
+// kExitStatusUnknown (a failure) when waitpid says ECHILD. If one process
 // fails (non-zero), the others get `grace` to finish before being killed,
 // so a failed rank never leaves its peers hanging. `exit_order`, when not
 // null, receives the indices of the processes in the order they ended
@@ -37,7 +43,8 @@ std::vector<int> WaitAll(const std::vector<pid_t>& pids, absl::Duration timeout,
 
 // Waits until `path` holds a port number written by a starting process
 // (`pid`, which must stay alive), up to `timeout`.
-// Errors: DeadlineExceeded; Aborted when `pid` exited first.
+// Errors: DeadlineExceeded; Aborted when `pid` exited first or is not (any
+// longer) a child of this process.
 absl::StatusOr<int> WaitForPortFile(const std::string& path, pid_t pid,
                                     absl::Duration timeout);
 
@@ -65,7 +72,8 @@ struct RankLaunchOptions {
 // when its coordinator never came up, or the rank that failed FIRST (in
 // time, not the lowest: the others usually fail because of it) with its exit
 // code or signal ("rank 2 killed by signal 9 (Killed)"; "killed after the
-// timeout" when it had to be killed).
+// timeout" when it had to be killed; "exit status is unknown" when it was
+// reaped elsewhere, e.g. with SIGCHLD ignored).
 absl::Status LaunchRanks(const RankLaunchOptions& options);
 
 // A fresh directory under $TMPDIR (or /tmp). Errors: Internal.

@@ -121,7 +121,8 @@ void SignalRank(pid_t pid, int sig) {
 }
 
 // Copies one rank's stdout or stderr pipe to `dest` (1 or 2) line by line
-// as "[rank N] line", each line in one write under a lock shared by every
+// as "[rank N] line" (a line over kMaxLineBytes in pieces of that size,
+// each as a line), each line in one write under a lock shared by every
 // forwarder, until EOF or, once stopped (StopBy), until the pipe has been
 // quiet for 200 ms (a grandchild may hold it open) or the stop's deadline
 // passes (a grandchild may keep writing to it).
@@ -156,6 +157,9 @@ class LineForwarder {
 
  private:
   static constexpr int kQuietMs = 200;
+  // The longest unfinished line held (bytes); a longer one is forwarded in
+  // pieces of this size, so memory stays bounded for output without '\n'.
+  static constexpr size_t kMaxLineBytes = 64 * 1024;
 
   static std::mutex& OutputMutex() {
     static std::mutex* mu = new std::mutex();
@@ -210,15 +214,34 @@ class LineForwarder {
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) break;  // EOF: every writer closed the pipe
       last_data = absl::Now();
+      const size_t searched = pending.size();  // holds no newline
       pending.append(buf, static_cast<size_t>(n));
+      // Only the bytes just read are searched: linear in the output, not
+      // quadratic in the length of a line.
       size_t start = 0;
-      for (size_t nl; (nl = pending.find('\n', start)) != std::string::npos;
+      for (size_t nl; (nl = pending.find('\n', std::max(start, searched))) !=
+                      std::string::npos;
            start = nl + 1) {
         Emit(absl::string_view(pending).substr(start, nl - start));
       }
       pending.erase(0, start);
+      EmitLongLine(pending);
     }
     if (!pending.empty()) Emit(pending);
+  }
+  // While the unfinished line `pending` is over kMaxLineBytes, forwards its
+  // first kMaxLineBytes (less the bytes of a UTF-8 character cut there) as
+  // a line of its own and drops them.
+  void EmitLongLine(std::string& pending) {
+    while (pending.size() > kMaxLineBytes) {
+      size_t cut = kMaxLineBytes;
+      while (cut > kMaxLineBytes - 3 &&
+             (static_cast<unsigned char>(pending[cut]) & 0xC0) == 0x80) {
+        --cut;  // a UTF-8 continuation byte: the character goes next
+      }
+      Emit(absl::string_view(pending).substr(0, cut));
+      pending.erase(0, cut);
+    }
   }
 
   const int fd_;  // Owned: the read end of the rank's pipe.
@@ -231,43 +254,74 @@ class LineForwarder {
   std::thread thread_;
 };
 
+// One rank process. Its pid is also the number of its process group
+// (StartRank). Why its exit is seen (done) long before it is reaped
+// (Release): Linux, as POSIX requires, gives a pid to no new process while
+// that number still names a process or a process group, a zombie
+// included. Reaping a rank whose group is empty (no child of its own left)
+// frees the number, and a later kill(-pid) could reach an unrelated
+// process group that reuses it. A rank kept as a zombie keeps its group's
+// number ours, so that muonrun can stop the group of every rank it started
+// (as torchrun stops each worker's whole group), the groups of ranks that
+// ended long ago included: their children may still run.
 struct Child {
   int rank = 0;
   int local_rank = 0;
   pid_t pid = -1;
+  // Its exit has been seen (exit is set): it no longer runs.
   bool done = false;
+  // Not yet reaped: its zombie (or it, running) holds the pid, so signals
+  // to -pid reach its own process group only.
+  bool held = true;
   RankExit exit;
   // With rank_prefix: the forwarders of its stdout and stderr.
   std::vector<std::shared_ptr<LineForwarder>> forwarders;
 };
 
-// Reaps `c` if it has exited (non-blocking unless `block`). Returns whether
-// it is done.
-bool Reap(Child& c, bool block) {
+// Sees whether `c` has exited (waits for it when `block`) without reaping
+// it: its zombie stays until Release. Returns whether it is done. A child
+// already reaped by another waiter (ECHILD: the kernel reaps children
+// itself while SIGCHLD is ignored) is done, not held, with an unknown exit
+// status.
+bool Observe(Child& c, bool block) {
   if (c.done) return true;
-  int status = 0;
-  pid_t r;
+  siginfo_t info;
+  std::memset(&info, 0, sizeof(info));
+  int r;
   do {
-    r = waitpid(c.pid, &status, block ? 0 : WNOHANG);
+    r = waitid(P_PID, static_cast<id_t>(c.pid), &info,
+               WEXITED | WNOWAIT | (block ? 0 : WNOHANG));
   } while (r < 0 && errno == EINTR);
-  if (r != c.pid) {
-    if (r < 0 && errno == ECHILD) {  // reaped elsewhere: unknown outcome
-      c.done = true;
-      c.exit = RankExit{c.rank, c.local_rank, c.pid, 0, 0};
-      return true;
-    }
-    return false;
-  }
-  c.done = true;
   c.exit.rank = c.rank;
   c.exit.local_rank = c.local_rank;
   c.exit.pid = c.pid;
-  if (WIFEXITED(status)) {
-    c.exit.exit_code = WEXITSTATUS(status);
-  } else if (WIFSIGNALED(status)) {
-    c.exit.signal = WTERMSIG(status);
+  if (r < 0) {
+    if (errno != ECHILD) return false;
+    c.done = true;
+    c.held = false;
+    c.exit.status_unknown = true;
+    return true;
+  }
+  if (info.si_pid != c.pid) return false;  // WNOHANG: still running
+  c.done = true;
+  if (info.si_code == CLD_EXITED) {
+    c.exit.exit_code = info.si_status;
+  } else {  // CLD_KILLED or CLD_DUMPED
+    c.exit.signal = info.si_status;
   }
   return true;
+}
+
+// Reaps every child that is done and still held, after the last signal to
+// its process group. Call only once every child is done.
+void Release(std::vector<Child>& children) {
+  for (Child& c : children) {
+    if (!c.done || !c.held) continue;
+    int status = 0;
+    while (waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    c.held = false;
+  }
 }
 
 int Running(const std::vector<Child>& children) {
@@ -281,7 +335,8 @@ std::string Ranks(int n) {
 }
 
 // Stops every running child: `sig` to its process group, SIGKILL after
-// `grace`; reaps them all. Returns how many needed SIGKILL.
+// `grace`; waits until every one is done (Observe, not yet reaped).
+// Returns how many needed SIGKILL.
 int StopChildren(std::vector<Child>& children, int sig, absl::Duration grace) {
   for (Child& c : children) {
     if (!c.done) SignalRank(c.pid, sig);
@@ -290,7 +345,7 @@ int StopChildren(std::vector<Child>& children, int sig, absl::Duration grace) {
   while (Running(children) > 0 && absl::Now() < deadline) {
     bool progressed = false;
     for (Child& c : children) {
-      if (!c.done && Reap(c, /*block=*/false)) progressed = true;
+      if (!c.done && Observe(c, /*block=*/false)) progressed = true;
     }
     if (!progressed) absl::SleepFor(kPollInterval);
   }
@@ -298,7 +353,7 @@ int StopChildren(std::vector<Child>& children, int sig, absl::Duration grace) {
   for (Child& c : children) {
     if (c.done) continue;
     SignalRank(c.pid, SIGKILL);
-    Reap(c, /*block=*/true);
+    Observe(c, /*block=*/true);
     ++killed;
   }
   return killed;
@@ -664,6 +719,10 @@ std::vector<std::string> CurrentEnvironment() {
 }
 
 std::string RankExit::Describe() const {
+  if (status_unknown) {
+    return "exit status unknown (it was reaped by another waiter: is SIGCHLD "
+           "ignored?)";
+  }
   if (signal != 0) {
     return absl::StrCat("killed by signal ", signal, " (", SignalName(signal),
                         ")");
@@ -847,6 +906,10 @@ absl::Status StartRanks(const MuonrunOptions& o,
         c.rank, o.rank_prefix ? &c.forwarders : nullptr);
     if (!pid.ok()) {
       StopChildren(*children, SIGKILL, absl::ZeroDuration());
+      for (const Child& started : *children) {
+        if (started.held) kill(-started.pid, SIGKILL);
+      }
+      Release(*children);
       return pid.status();
     }
     c.pid = *pid;
@@ -855,10 +918,10 @@ absl::Status StartRanks(const MuonrunOptions& o,
   return absl::OkStatus();
 }
 
-// Reaps ranks until every one has exited, one failed (recorded in
+// Watches the ranks until every one has exited, one failed (recorded in
 // *result), a signal arrived or `deadline` passed; returns the signal to
 // stop the others with (0: none left). Each exit goes to `agent` (when
-// muonrun is the host agent) as it is reaped.
+// muonrun is the host agent) as it is seen.
 int WaitForRanks(const MuonrunOptions& o, absl::Time deadline,
                  std::vector<Child>& children, HostAgent* agent,
                  RunRanksResult* result, std::ostream& err) {
@@ -869,7 +932,7 @@ int WaitForRanks(const MuonrunOptions& o, absl::Time deadline,
   while (Running(children) > 0) {
     bool progressed = false;
     for (Child& c : children) {
-      if (c.done || !Reap(c, /*block=*/false)) continue;
+      if (c.done || !Observe(c, /*block=*/false)) continue;
       progressed = true;
       // Before the others are stopped: the coordinator names this rank.
       if (agent != nullptr) {
@@ -908,7 +971,10 @@ int WaitForRanks(const MuonrunOptions& o, absl::Time deadline,
 }
 
 // Stops the ranks still running with `stop_signal` (SIGKILL after the
-// grace period) and whatever they started in their process groups.
+// grace period) and, when `stop_signal` is not 0, whatever any rank
+// started in its process group, then reaps the ranks (Child says why only
+// then). A rank reaped by someone else (not held) is skipped: its group's
+// number may name another process group by now.
 void StopRanks(const MuonrunOptions& o, int stop_signal,
                std::vector<Child>& children, RunRanksResult* result,
                std::ostream& err) {
@@ -927,8 +993,11 @@ void StopRanks(const MuonrunOptions& o, int stop_signal,
     err << "\n";
   }
   if (stop_signal != 0) {
-    for (const Child& c : children) kill(-c.pid, SIGKILL);
+    for (const Child& c : children) {
+      if (c.held) kill(-c.pid, SIGKILL);
+    }
   }
+  Release(children);
 }
 
 // The ranks' last lines: every forwarder drains its pipe and stops, by
@@ -1010,6 +1079,13 @@ void InstallMuonrunSignalHandlers() {
   sa.sa_handler = OnStopSignal;
   sigemptyset(&sa.sa_mask);
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
+  // An ignored SIGCHLD (or SA_NOCLDWAIT), inherited across execve, has the
+  // kernel reap the ranks: their exit statuses would be lost (ECHILD).
+  struct sigaction dfl;
+  std::memset(&dfl, 0, sizeof(dfl));
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  sigaction(SIGCHLD, &dfl, nullptr);
 }
 
 int MuonrunMain(const std::vector<std::string>& args, std::ostream& out,

@@ -33,9 +33,12 @@
 // other ranks, so that each ends on its own naming the failed rank.
 //
 // Each rank runs in its own process group (so a rank's children are
-// stopped with it) and gets SIGKILL if muonrun dies (PR_SET_PDEATHSIG).
-// The first failure, in the order muonrun reaped the exits, is reported on
-// stderr as
+// stopped with it, those of a rank that exited earlier included) and gets
+// SIGKILL if muonrun dies (PR_SET_PDEATHSIG). muonrun sees each exit as it
+// happens but reaps the rank only when the job ends, after its last signal
+// to the rank's group: until then the rank's pid, which numbers its
+// process group, cannot be given to another process. The first failure, in
+// the order muonrun saw the exits, is reported on stderr as
 //   muonrun: rank 2 (local rank 2, pid 4242) failed first: exited with code 1
 //   muonrun: rank 1 (local rank 1, pid 4241) failed first: killed by signal
 //   9 (SIGKILL)
@@ -59,6 +62,9 @@ namespace muon {
 inline constexpr int kMuonrunUsageExitCode = 2;
 // Exit code of muonrun when --timeout_s passed (as coreutils timeout).
 inline constexpr int kMuonrunTimeoutExitCode = 124;
+// muonrun's exit code for a rank whose exit status was lost (RankExit::
+// status_unknown): a failure, as nothing says the rank succeeded.
+inline constexpr int kMuonrunUnknownStatusExitCode = 1;
 
 struct MuonrunOptions {
   // Rank processes on this node (--nproc-per-node; "cpu"/"auto" = the
@@ -84,7 +90,11 @@ struct MuonrunOptions {
   // Each line a rank writes to stdout or stderr goes out as "[rank N] line"
   // on muonrun's stdout or stderr, whole lines at a time so that ranks do
   // not interleave mid-line (torchrun's --tee / log prefixes);
-  // --no-rank-prefix passes the ranks' output through untouched.
+  // --no-rank-prefix passes the ranks' output through untouched. A line
+  // longer than 64 KiB goes out in pieces of 64 KiB, each as a line of its
+  // own, so that output that never ends a line (a progress bar rewriting
+  // one line with '\r') is still forwarded and muonrun holds at most
+  // 64 KiB of it per stream.
   bool rank_prefix = true;
   // When the environment names a muon-coordinator daemon (MUON_COORDINATOR
   // host:port), muonrun is this node's host agent (control/host_agent.h):
@@ -146,10 +156,20 @@ struct RankExit {
   int exit_code = 0;
   // Signal that killed it; 0 when it exited.
   int signal = 0;
-  bool failed() const { return exit_code != 0 || signal != 0; }
-  // muonrun's exit code for it: exit_code, or 128 + signal.
-  int status_code() const { return signal != 0 ? 128 + signal : exit_code; }
-  // "exited with code 1" or "killed by signal 9 (SIGKILL)".
+  // Its exit status was lost: another waiter (or the kernel, when SIGCHLD
+  // is ignored in muonrun's process) reaped it. Counts as a failure.
+  bool status_unknown = false;
+  bool failed() const {
+    return exit_code != 0 || signal != 0 || status_unknown;
+  }
+  // muonrun's exit code for it: exit_code, 128 + signal, or
+  // kMuonrunUnknownStatusExitCode when the status was lost.
+  int status_code() const {
+    if (status_unknown) return kMuonrunUnknownStatusExitCode;
+    return signal != 0 ? 128 + signal : exit_code;
+  }
+  // "exited with code 1", "killed by signal 9 (SIGKILL)" or "exit status
+  // unknown (...)".
   std::string Describe() const;
 };
 
@@ -157,7 +177,7 @@ struct RankExit {
 struct RunRanksResult {
   // muonrun's exit code (see the diagram above).
   int exit_code = 0;
-  // The first rank muonrun reaped with a failure, if any (before muonrun
+  // The first rank muonrun saw fail, if any (before muonrun
   // started stopping ranks itself).
   std::optional<RankExit> first_failure;
   bool timed_out = false;
@@ -225,13 +245,18 @@ std::vector<std::string> WithHostAgent(std::vector<std::string> base,
 // exiting with code 127 (its message names the program). After the ranks
 // end, their output is forwarded for at most the grace period (at least
 // 200 ms): a process a rank left behind that keeps writing to it is named
-// on `err` and no longer forwarded.
+// on `err` and no longer forwarded. A rank reaped by someone else (SIGCHLD
+// ignored in this process; InstallMuonrunSignalHandlers resets it) is a
+// failure with RankExit::status_unknown.
 absl::StatusOr<RunRanksResult> RunRanks(const MuonrunOptions& options,
                                         std::ostream& err);
 
 // Makes SIGINT, SIGTERM and SIGHUP stop a running RunRanks (forwarded to
 // the ranks, then SIGKILL after the grace period) instead of killing
-// muonrun. Called by the muonrun binary's main.
+// muonrun, and resets SIGCHLD to its default: an ignored SIGCHLD (kept
+// across execve from whoever started muonrun) makes the kernel reap the
+// ranks itself, and their exit statuses would be lost. Called by the
+// muonrun binary's main.
 void InstallMuonrunSignalHandlers();
 
 // The whole command: parses `args` (argv without argv[0]), prints usage to

@@ -8,6 +8,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -63,11 +65,15 @@ struct RunResult {
 };
 
 // Runs the muonrun binary with `args` (and `env` added), killing it after
-// `bound`; `on_start` runs with its pid once started.
-RunResult RunMuonrun(const std::vector<std::string>& args,
-                     const std::vector<std::string>& env = {},
-                     absl::Duration bound = absl::Seconds(60),
-                     std::function<void(pid_t)> on_start = nullptr) {
+// `bound`; `on_start` runs with its pid and the path of the file its stdout
+// goes to once started. With `ignore_sigchld`, muonrun starts with SIGCHLD
+// set to SIG_IGN, as a parent that ignores it would leave it across exec.
+RunResult RunMuonrun(
+    const std::vector<std::string>& args,
+    const std::vector<std::string>& env = {},
+    absl::Duration bound = absl::Seconds(60),
+    std::function<void(pid_t, const std::string&)> on_start = nullptr,
+    bool ignore_sigchld = false) {
   RunResult r;
   const std::string dir = TempDir();
   const std::string out_path = dir + "/stdout";
@@ -85,10 +91,11 @@ RunResult RunMuonrun(const std::vector<std::string>& args,
     dup2(out, 1);
     dup2(err, 2);
     for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));
+    if (ignore_sigchld) signal(SIGCHLD, SIG_IGN);
     execv(cargv[0], cargv.data());
     _exit(126);
   }
-  if (on_start) on_start(pid);
+  if (on_start) on_start(pid, out_path);
   int status = 0;
   const absl::Time deadline = start + bound;
   while (waitpid(pid, &status, WNOHANG) == 0) {
@@ -107,6 +114,18 @@ RunResult RunMuonrun(const std::vector<std::string>& args,
   r.out = ReadFile(out_path);
   r.err = ReadFile(err_path);
   return r;
+}
+
+// Whether process `pid` is gone (or a zombie waiting for its parent to
+// reap it) within `bound`.
+bool GoneWithin(int pid, absl::Duration bound) {
+  const absl::Time deadline = absl::Now() + bound;
+  while (true) {
+    const std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+    if (stat.empty() || absl::StrContains(stat, ") Z ")) return true;
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
 }
 
 std::vector<std::string> Sh(const std::string& script) {
@@ -457,16 +476,49 @@ TEST(MuonrunTest, RankLeavesBackgroundChild_ChildKilledWithItsRank) {
     ASSERT_TRUE(absl::SimpleAtoi(
         absl::StripAsciiWhitespace(ReadFile(absl::StrCat(dir, "/bg.", rank))),
         &pid));
-    // Gone, or a zombie waiting for its new parent to reap it.
-    const absl::Time deadline = absl::Now() + absl::Seconds(5);
-    bool alive = true;
-    while (alive && absl::Now() < deadline) {
-      const std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
-      alive = !stat.empty() && !absl::StrContains(stat, ") Z ");
-      if (alive) absl::SleepFor(absl::Milliseconds(20));
-    }
-    EXPECT_FALSE(alive) << "background child " << pid << " of rank " << rank;
+    EXPECT_TRUE(GoneWithin(pid, absl::Seconds(5)))
+        << "background child " << pid << " of rank " << rank;
   }
+}
+
+// A rank that exits 0 while another runs stays muonrun's zombie until the
+// job ends, so its pid, the number of its process group, cannot be given
+// to another process whose group muonrun's last SIGKILL would then hit;
+// and that group (the background child the rank left) is still killed
+// when the other rank fails.
+TEST(MuonrunTest, RankExitsEarly_PidHeldUntilJobEndsAndItsGroupKilled) {
+  const std::string dir = TempDir();
+  bool held = false;
+  std::string stat;
+  RunResult r = RunMuonrun(
+      Concat({"--nproc-per-node", "2", "--timeout_s", "50"},
+             Sh("if [ \"$RANK\" = 0 ]; then sleep 60 & echo $! > " + dir +
+                "/bg; echo $$ > " + dir + "/pid.0; exit 0; fi; i=0; " +
+                "while [ ! -e " + dir + "/go ] && [ $i -lt 400 ]; do " +
+                "sleep 0.05; i=$((i+1)); done; exit 2")),
+      {}, absl::Seconds(60), [&](pid_t muonrun, const std::string&) {
+        // Rank 1 waits (at most 20 s) for "go" while this looks at rank 0.
+        const absl::Time deadline = absl::Now() + absl::Seconds(20);
+        while (!held && absl::Now() < deadline) {
+          int pid = 0;
+          if (absl::SimpleAtoi(
+                  absl::StripAsciiWhitespace(ReadFile(dir + "/pid.0")), &pid) &&
+              pid > 0) {
+            // "pid (sh) Z ppid ...": exited, not reaped, muonrun's child.
+            stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+            held = absl::StrContains(stat, absl::StrCat(") Z ", muonrun, " "));
+          }
+          if (!held) absl::SleepFor(absl::Milliseconds(20));
+        }
+        std::ofstream(dir + "/go") << "go\n";
+      });
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(held) << "rank 0 after its exit, /proc/PID/stat: " << stat;
+  int bg = 0;
+  ASSERT_TRUE(
+      absl::SimpleAtoi(absl::StripAsciiWhitespace(ReadFile(dir + "/bg")), &bg));
+  EXPECT_TRUE(GoneWithin(bg, absl::Seconds(5)))
+      << "background child " << bg << " of rank 0";
 }
 
 // A rank that exits 0 leaving a process that writes to its stdout every
@@ -508,7 +560,7 @@ TEST(MuonrunTest, MuonrunGetsSigterm_ForwardsAndExits143) {
                         Sh("trap 'echo term > " + dir +
                            "/term.$RANK; exit 0' TERM; touch " + dir +
                            "/up.$RANK; while :; do sleep 0.05; done")),
-                 {}, absl::Seconds(60), [&](pid_t pid) {
+                 {}, absl::Seconds(60), [&](pid_t pid, const std::string&) {
                    const absl::Time deadline = absl::Now() + absl::Seconds(20);
                    while (absl::Now() < deadline &&
                           (access((dir + "/up.0").c_str(), F_OK) != 0 ||
@@ -550,6 +602,51 @@ TEST(MuonrunTest, Output_WholeLinesPrefixedWithRank) {
   EXPECT_THAT(r.err, HasSubstr("[rank 1] to-stderr-1\n"));
 }
 
+// 1 MiB without a newline (as a progress bar rewriting one line with '\r'
+// writes for hours): forwarded while the rank still runs, in pieces of
+// 64 KiB, each a "[rank 0]" line, every byte once. Before, muonrun held
+// the whole unfinished line until the rank ended.
+TEST(MuonrunTest, MebibyteWithoutNewline_ForwardedIn64KiBPiecesWhileRunning) {
+  constexpr size_t kBytes = 1 << 20;
+  constexpr size_t kPiece = 64 << 10;
+  const std::string dir = TempDir();
+  bool forwarded_while_running = false;
+  RunResult r = RunMuonrun(
+      Concat({"--timeout_s", "50"},
+             Sh(absl::StrCat("head -c ", kBytes,
+                             " /dev/zero | tr '\\0' x; i=0; while [ ! -e ", dir,
+                             "/seen ] && [ $i -lt 400 ]; do sleep 0.05; ",
+                             "i=$((i+1)); done"))),
+      {}, absl::Seconds(60), [&](pid_t, const std::string& out_path) {
+        // The rank waits (at most 20 s) for "seen": all but the last piece
+        // must come out meanwhile.
+        const absl::Time deadline = absl::Now() + absl::Seconds(20);
+        while (!forwarded_while_running && absl::Now() < deadline) {
+          const std::string out = ReadFile(out_path);
+          forwarded_while_running =
+              static_cast<size_t>(std::count(out.begin(), out.end(), 'x')) >=
+              kBytes - kPiece;
+          if (!forwarded_while_running) absl::SleepFor(absl::Milliseconds(20));
+        }
+        std::ofstream(dir + "/seen") << "seen\n";
+      });
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(forwarded_while_running)
+      << "muonrun held the unfinished line while the rank ran";
+  size_t total = 0;
+  int pieces = 0;
+  for (absl::string_view line :
+       absl::StrSplit(r.out, '\n', absl::SkipEmpty())) {
+    ASSERT_TRUE(absl::ConsumePrefix(&line, "[rank 0] ")) << line.substr(0, 40);
+    ASSERT_EQ(line.size(), kPiece);
+    ASSERT_EQ(line.find_first_not_of('x'), absl::string_view::npos);
+    total += line.size();
+    ++pieces;
+  }
+  EXPECT_EQ(total, kBytes);
+  EXPECT_EQ(pieces, 16);
+}
+
 TEST(MuonrunTest, NoRankPrefix_OutputPassesThrough) {
   RunResult r = RunMuonrun(
       Concat({"--nproc-per-node", "2", "--no-rank-prefix"}, Sh("echo $RANK")));
@@ -569,6 +666,20 @@ TEST(MuonrunTest, ProgramNotFound_Exit127NamingIt) {
 TEST(MuonrunTest, ProgramOnPath_Found) {
   RunResult r = RunMuonrun({"sh", "-c", "exit 0"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+// A parent that ignores SIGCHLD leaves it ignored across exec: the kernel
+// would reap the ranks itself and lose their exit codes (a failed job
+// exiting 0, after waiting for the rank that sleeps). muonrun resets it
+// and reports the rank's code.
+TEST(MuonrunTest, StartedWithSigchldIgnored_ExitsWithRankCode) {
+  RunResult r = RunMuonrun(
+      Concat({"--nproc-per-node", "2", "--timeout_s", "50"},
+             Sh("if [ \"$RANK\" = 1 ]; then exit 3; fi; exec sleep 40")),
+      {}, absl::Seconds(60), nullptr, /*ignore_sigchld=*/true);
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("failed first: exited with code 3"));
+  EXPECT_LT(r.elapsed, absl::Seconds(8));
 }
 
 TEST(MuonrunTest, UsageError_Exit2WithMessageAndUsage) {
@@ -611,6 +722,40 @@ TEST(RunRanksTest, OneRankFails_ResultListsEveryExit) {
   ASSERT_EQ(r->exits.size(), 3u);
   EXPECT_EQ(r->exits[1].signal, SIGTERM);
   EXPECT_EQ(r->exits[2].signal, SIGTERM);
+}
+
+// RunRanks in a process that ignores SIGCHLD (the library, without
+// InstallMuonrunSignalHandlers): the kernel reaps the rank that exits 3,
+// its status is lost, and that is a failure with an unknown status, not
+// a success.
+TEST(RunRanksTest, SigchldIgnored_LostExitStatusIsFailure) {
+  MuonrunOptions o;
+  o.grace = absl::Seconds(5);
+  o.timeout = absl::Seconds(50);
+  o.program = Sh("exit 3");
+  struct sigaction ignore, old;
+  std::memset(&ignore, 0, sizeof(ignore));
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  ASSERT_EQ(sigaction(SIGCHLD, &ignore, &old), 0);
+  std::ostringstream err;
+  const absl::Time start = absl::Now();
+  absl::StatusOr<RunRanksResult> r = RunRanks(o, err);
+  const absl::Duration elapsed = absl::Now() - start;
+  sigaction(SIGCHLD, &old, nullptr);
+  ASSERT_THAT(r, IsOk());
+  EXPECT_EQ(r->exit_code, kMuonrunUnknownStatusExitCode) << err.str();
+  ASSERT_TRUE(r->first_failure.has_value());
+  EXPECT_TRUE(r->first_failure->status_unknown);
+  EXPECT_THAT(err.str(), HasSubstr("failed first: exit status unknown"));
+  EXPECT_LT(elapsed, absl::Seconds(8));
+}
+
+TEST(RankExitTest, StatusUnknown_FailureWithUnknownStatusCode) {
+  RankExit e{2, 2, 10, 0, 0, /*status_unknown=*/true};
+  EXPECT_TRUE(e.failed());
+  EXPECT_EQ(e.status_code(), kMuonrunUnknownStatusExitCode);
+  EXPECT_THAT(e.Describe(), HasSubstr("exit status unknown"));
 }
 
 TEST(RankExitTest, Describe_ExitAndSignal) {
