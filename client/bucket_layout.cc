@@ -208,8 +208,13 @@ int64_t BucketLayout::PlaceInSlot(const std::vector<MatrixGeometry>& geometry,
       elems += geometry[m].rows;
     }
     const MatrixGeometry& g = geometry[group[0]];
-    const int count = static_cast<int>(group.size());
-    b->ns_batches.push_back(NsBatch{group[0], count, true, group});
+    int count = static_cast<int>(group.size());
+    if (options_.batch_same_shape) {
+      b->ns_batches.push_back(NsBatch{group[0], count, true, group});
+    } else {
+      for (int m : group) b->ns_batches.push_back(NsBatch{m, 1, true, {m}});
+      count = 1;
+    }
     int64_t& batch = sizes_.owned_shapes[{g.rows, g.cols}];
     batch = std::max<int64_t>(batch, count);
   }

@@ -73,6 +73,13 @@ struct BucketLayoutOptions {
   // An owner transform's row state (one float per row) travels with each
   // matrix: to the owner with the gather and back with the redistribute.
   bool row_state = false;
+  // Same-shape owned matrices in the slot share one Newton-Schulz call (a
+  // strided-batched cuBLAS GEMM on CUDA). False: one call per matrix, as
+  // one device holding every matrix whole makes them. cuBLAS promises the
+  // same bits only for the same batch count, so CUDA's fp32 mode, whose
+  // results are bitwise one device's, runs one matrix per call (the slot
+  // placement is the same either way).
+  bool batch_same_shape = true;
 };
 
 // Newton-Schulz calls of one bucket on this rank: `count` matrices of one

@@ -61,6 +61,9 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
   layout_options.custom_gather = static_cast<bool>(gather_fn);
   layout_options.bf16_exchange = options.bf16_exchange;
   layout_options.row_state = options.owner_transform != nullptr;
+  layout_options.batch_same_shape =
+      !(options.device.is_cuda() &&
+        options.precision == kernels::GpuPrecision::kFp32);
   MUON_ASSIGN_OR_RETURN(
       BucketLayout layout,
       BucketLayout::Compile(rank, world_size, plan, geometry, layout_options));

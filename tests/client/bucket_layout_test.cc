@@ -208,6 +208,38 @@ TEST(BucketLayoutTest, Owner_GroupsSameShapeIntoOneBatchAndSizesExchanges) {
   EXPECT_EQ(rank1->buckets()[0].owned, (std::vector<int>{2}));
 }
 
+// Without batching (CUDA's fp32 mode) the same owned matrices take one
+// Newton-Schulz call each, as on one device, at the same slot offsets;
+// the scratch is sized for one matrix per shape.
+TEST(BucketLayoutTest, BatchSameShapeOff_OneCallPerMatrixSameOffsets) {
+  BucketLayoutOptions options;
+  options.batch_same_shape = false;
+  absl::StatusOr<BucketLayout> one = LayoutOf(0, options);
+  absl::StatusOr<BucketLayout> batched = LayoutOf(0);
+  ASSERT_TRUE(one.ok()) << one.status();
+  ASSERT_TRUE(batched.ok()) << batched.status();
+  const LocalBucket& b = one->buckets()[0];
+  ASSERT_EQ(b.ns_batches.size(), 3u);
+  EXPECT_EQ(b.ns_batches[0].first, 3);
+  EXPECT_FALSE(b.ns_batches[0].in_slot);
+  for (int i : {1, 2}) {
+    EXPECT_EQ(b.ns_batches[i].count, 1);
+    EXPECT_TRUE(b.ns_batches[i].in_slot);
+    EXPECT_EQ(b.ns_batches[i].members,
+              (std::vector<int>{b.ns_batches[i].first}));
+  }
+  EXPECT_EQ(b.ns_batches[1].first, 0);
+  EXPECT_EQ(b.ns_batches[2].first, 1);
+  EXPECT_EQ(one->sizes().owned_shapes,
+            (std::map<std::pair<int64_t, int64_t>, int64_t>{{{3, 3}, 1},
+                                                            {{4, 3}, 1}}));
+  for (int m = 0; m < 4; ++m) {
+    EXPECT_EQ(one->full_u_offset(m), batched->full_u_offset(m)) << m;
+    EXPECT_EQ(one->full_o_offset(m), batched->full_o_offset(m)) << m;
+  }
+  EXPECT_EQ(one->slot_elems(), batched->slot_elems());
+}
+
 TEST(BucketLayoutTest, Bf16Exchange_SizesInWords) {
   BucketLayoutOptions options;
   options.form_update = true;
