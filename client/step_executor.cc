@@ -12,6 +12,28 @@
 
 namespace muon {
 
+namespace {
+
+// Per compute op of `ops`, the index in ops.comm of its bucket's gather
+// (ops.comm.size() when there is none: enqueued with its redistribute).
+std::vector<size_t> GatherIndexOfComputeOps(const StreamOps& ops) {
+  std::vector<size_t> out;
+  for (const StreamOp& c : ops.compute) {
+    size_t at = ops.comm.size();
+    for (size_t i = 0; i < ops.comm.size(); ++i) {
+      if (ops.comm[i].kind == v1::OP_KIND_GATHER &&
+          ops.comm[i].bucket == c.bucket) {
+        at = i;
+        break;
+      }
+    }
+    out.push_back(at);
+  }
+  return out;
+}
+
+}  // namespace
+
 StepExecutor::StepExecutor(int rank, int world_size, Communicator* comm,
                            std::vector<MatrixGeometry> geometry,
                            BucketLayout layout, StreamOps ops,
@@ -25,6 +47,7 @@ StepExecutor::StepExecutor(int rank, int world_size, Communicator* comm,
       redistribute_fn_(std::move(redistribute_fn)),
       layout_(std::move(layout)),
       ops_(std::move(ops)),
+      compute_gather_at_(GatherIndexOfComputeOps(ops_)),
       options_(options) {}
 
 absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(
@@ -630,21 +653,31 @@ absl::Status StepExecutor::EnqueueAsync(int ready) {
   // wait binds to the event's latest record, so each bucket's Newton-Schulz
   // is enqueued after its gather's record and before the slot's next gather
   // (which the schedule puts after the bucket's redistribute): compute ops
-  // are enqueued up to bucket b just before redistribute(b) waits for them.
+  // are enqueued, in order, as soon as their bucket's gather is, and at the
+  // latest just before redistribute(b) waits for them.
   for (; enqueue_.next_comm < ops_.comm.size() &&
          ops_.comm[enqueue_.next_comm].bucket < ready;
        ++enqueue_.next_comm) {
     const StreamOp& op = ops_.comm[enqueue_.next_comm];
     if (op.kind == v1::OP_KIND_REDISTRIBUTE &&
         !layout_.buckets()[op.bucket].owned.empty()) {
-      bool enqueued = false;
-      while (!enqueued && enqueue_.next_compute < ops_.compute.size()) {
-        const StreamOp& c = ops_.compute[enqueue_.next_compute++];
-        MUON_RETURN_IF_ERROR(EnqueueCompute(c));
-        enqueued = c.bucket == op.bucket;
+      // The compute list orthogonalizes the owned buckets in the order
+      // they are redistributed (CompileStreamOps checks it): this one's is
+      // compute op number next_owned_redistribute.
+      const size_t mine = enqueue_.next_owned_redistribute++;
+      while (enqueue_.next_compute <= mine &&
+             enqueue_.next_compute < ops_.compute.size()) {
+        MUON_RETURN_IF_ERROR(
+            EnqueueCompute(ops_.compute[enqueue_.next_compute++]));
       }
     }
     MUON_RETURN_IF_ERROR(EnqueueCommOp(op));
+    // Newton-Schulz of the buckets gathered so far, in the compute order.
+    while (enqueue_.next_compute < ops_.compute.size() &&
+           compute_gather_at_[enqueue_.next_compute] <= enqueue_.next_comm) {
+      MUON_RETURN_IF_ERROR(
+          EnqueueCompute(ops_.compute[enqueue_.next_compute++]));
+    }
   }
   if (ready < static_cast<int>(layout_.buckets().size()))
     return absl::OkStatus();

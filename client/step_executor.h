@@ -412,6 +412,11 @@ class StepExecutor {
   // this rank's operations per stream, compiled from the plan.
   const BucketLayout layout_;
   const StreamOps ops_;
+  // Per compute op (async mode): the index in ops_.comm of its bucket's
+  // gather. The op is enqueued once that gather is, so that a bucket's
+  // Newton-Schulz waits for its own gather only, not for later buckets
+  // being ready (nor for their producers' streams).
+  const std::vector<size_t> compute_gather_at_;
   // Bucket slots: ops_.slots x layout_.slot_elems() floats holding the
   // bucket's local U and O and the owned matrices' full U and O; each
   // matrix has fixed offsets inside its bucket's slot (BucketLayout).
@@ -474,6 +479,8 @@ class StepExecutor {
     size_t next_main = 0;
     size_t next_comm = 0;
     size_t next_compute = 0;
+    // Redistributes of owned buckets enqueued so far.
+    size_t next_owned_redistribute = 0;
     bool ended = true;                 // EndEnqueue ran
     absl::Status status;               // the first enqueue error
     device::Stream* caller = nullptr;  // Begin's `caller`
