@@ -1,6 +1,12 @@
 #include "common/spec.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -9,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -73,18 +80,53 @@ absl::StatusOr<v1::JobSpec> ParseJobSpecJson(absl::string_view json) {
 }
 
 absl::StatusOr<v1::JobSpec> LoadJobSpec(const std::string& path) {
-  std::ifstream in(path, std::ios::in | std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(
-        absl::StrCat("cannot open job spec file \"", path, "\""));
+  // O_NONBLOCK: opening a FIFO does not wait for a writer (it is then
+  // refused below as not a regular file); regular files ignore it.
+  int fd;
+  do {
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) {
+    return absl::NotFoundError(absl::StrCat(
+        "cannot open job spec file \"", path, "\": ", std::strerror(errno)));
   }
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  if (in.bad()) {
-    return absl::NotFoundError(
-        absl::StrCat("cannot read job spec file \"", path, "\""));
+  absl::Cleanup close_fd = [fd] { ::close(fd); };
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    return absl::NotFoundError(absl::StrCat(
+        "cannot stat job spec file \"", path, "\": ", std::strerror(errno)));
   }
-  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecJson(buffer.str());
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job spec file \"", path,
+        "\" is not a regular file (a device, FIFO, socket or directory)"));
+  }
+  if (st.st_size > kMaxJobSpecFileBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job spec file \"", path, "\" is ", st.st_size,
+        " bytes; a job spec may be at most ", kMaxJobSpecFileBytes, " bytes"));
+  }
+  std::string text;
+  text.reserve(static_cast<size_t>(st.st_size));
+  // Until the end of the file; a file that grew past the bound since fstat
+  // is refused, so the loop reads at most kMaxJobSpecFileBytes + 64 KiB.
+  char chunk[64 * 1024];
+  while (true) {
+    const ssize_t n = ::read(fd, chunk, sizeof(chunk));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      return absl::NotFoundError(absl::StrCat(
+          "cannot read job spec file \"", path, "\": ", std::strerror(errno)));
+    }
+    if (n == 0) break;
+    if (static_cast<int64_t>(text.size()) + n > kMaxJobSpecFileBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "job spec file \"", path, "\" holds more than ", kMaxJobSpecFileBytes,
+          " bytes, the most a job spec may be"));
+    }
+    text.append(chunk, static_cast<size_t>(n));
+  }
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecJson(text);
   if (!spec.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "job spec file \"", path, "\": ", spec.status().message()));

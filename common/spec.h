@@ -41,11 +41,22 @@ namespace muon {
 //     protobuf's own message (e.g. an unknown field's name).
 absl::StatusOr<v1::JobSpec> ParseJobSpecJson(absl::string_view json);
 
-// Reads and parses the job spec file at `path` (no validation).
+// Largest job spec file LoadJobSpec reads, in bytes (256 MiB): room for
+// kMaxParams (2^20) parameters at about 250 bytes of JSON each, while a
+// file such as /dev/zero, or a huge one named by mistake, is refused
+// before it is read into memory.
+inline constexpr int64_t kMaxJobSpecFileBytes = int64_t{256} << 20;
+
+// Reads and parses the job spec file at `path` (no validation). Only a
+// regular file of at most kMaxJobSpecFileBytes bytes is read (a FIFO is
+// refused without waiting for a writer).
 // Errors:
-//   NotFound: the file cannot be opened (names the path).
-//   InvalidArgument: the file is not a JobSpec in JSON (names the path and
-//     carries protobuf's message).
+//   NotFound: the file cannot be opened or read (names the path and
+//     strerror's text).
+//   InvalidArgument: the path is not a regular file (a device, FIFO,
+//     socket or directory), or is larger than kMaxJobSpecFileBytes (names
+//     the path, its size and the limit), or the file is not a JobSpec in
+//     JSON (names the path and carries protobuf's message).
 absl::StatusOr<v1::JobSpec> LoadJobSpec(const std::string& path);
 
 // Serializes a spec to pretty-printed JSON with snake_case field names

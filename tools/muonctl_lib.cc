@@ -1,7 +1,10 @@
 #include "tools/muonctl_lib.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
+#include <exception>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -826,6 +829,11 @@ absl::Status OfflineReportInput(const ReportFlags& f, const v1::JobSpec& spec,
 // round-robin; live, of the job's own layout and plan with its step
 // reports (a --spec given with --coordinator must match the live job).
 int CmdReport(const ReportFlags& f, std::ostream& out, std::ostream& err) {
+  if (f.spec.empty() && f.reports.live.coordinator.empty()) {
+    err << "muonctl report: --spec FILE or --coordinator HOST:PORT is "
+           "required\n";
+    return 2;
+  }
   std::optional<v1::JobSpec> spec;
   if (!f.spec.empty()) {
     absl::StatusOr<v1::JobSpec> loaded = LoadJobSpec(f.spec);
@@ -843,8 +851,9 @@ int CmdReport(const ReportFlags& f, std::ostream& out, std::ostream& err) {
     return Fail(err, s);
   }
   in.lower_bound_flops = LoadLowerBoundFlops(in.plan.plan);
-  const std::string html = RenderReportHtml(in);
-  if (absl::Status s = WriteTextFile(f.out, html); !s.ok()) {
+  absl::StatusOr<std::string> html = RenderReportHtml(in);
+  if (!html.ok()) return Fail(err, html.status());
+  if (absl::Status s = WriteTextFile(f.out, *html); !s.ok()) {
     return Fail(err, s);
   }
   const v1::Plan& plan = in.plan.plan;
@@ -1000,6 +1009,27 @@ int CmdCheckpoint(const CheckpointFlags& f, std::ostream& out,
 
 // The registrars: each binds its command's flags to the command's struct.
 
+// Refuses a numeric flag's value that is not a finite number ("nan",
+// "inf", "1e999"): CLI::PositiveNumber and CLI::NonNegativeNumber compare
+// the parsed double, and NaN compares false, so they take "nan" (a NaN
+// --interval_s would sleep forever). CLI11 prefixes the flag's name:
+// "--interval_s: value \"nan\" is not a finite number".
+CLI::Validator FiniteNumber() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        const char* begin = value.c_str();
+        char* end = nullptr;
+        errno = 0;
+        const double x = std::strtod(begin, &end);
+        if (end == begin || *end != '\0' || errno == ERANGE ||
+            !std::isfinite(x)) {
+          return absl::StrCat("value \"", value, "\" is not a finite number");
+        }
+        return std::string();
+      },
+      "FINITE");
+}
+
 // --coordinator (required unless `required` is false), --job_id,
 // --token_file and --tls_ca_file.
 void BindLive(CLI::App* app, LiveFlags& f, bool required = true) {
@@ -1030,6 +1060,7 @@ void BindReports(CLI::App* app, ReportsFlags& f,
   BindLive(app, f.live, coordinator_required);
   app->add_option("--last_steps", f.last_steps,
                   "Each rank's last N kept steps (0 = all kept)")
+      ->check(FiniteNumber())
       ->check(CLI::NonNegativeNumber);
 }
 
@@ -1066,10 +1097,12 @@ void BindStatus(CLI::App* app, StatusFlags& f) {
   app->add_option("--interval_s", f.interval_s,
                   "Seconds between refreshes (--watch)")
       ->needs(watch)
+      ->check(FiniteNumber())
       ->check(CLI::PositiveNumber);
   app->add_option("--count", f.count,
                   "Refreshes (--watch; 0 = until interrupted)")
       ->needs(watch)
+      ->check(FiniteNumber())
       ->check(CLI::NonNegativeNumber);
 }
 
@@ -1092,7 +1125,7 @@ void BindSchedule(CLI::App* app, ScheduleFlags& f) {
   BindLive(app, f.live, /*required=*/false);
   app->get_option("--coordinator")->excludes(spec);
   BindPolicy(app, f.policy, "Assignment policy (with --spec)")->needs(spec);
-  app->require_option(1, 0);  // at least --spec or --coordinator
+  // Neither --spec nor --coordinator: CmdSchedule refuses it (exit 2).
   BindJson(app, f.json);
 }
 
@@ -1101,6 +1134,7 @@ void BindValidate(CLI::App* app, ValidateOptions& f) {
       ->required()
       ->check(CLI::ExistingFile);
   app->add_option("--steps", f.steps, "Optimizer steps")
+      ->check(FiniteNumber())
       ->check(CLI::PositiveNumber);
   app->add_option("--init", f.init_dir, "Initial parameters DIR/<param>.npy")
       ->check(CLI::ExistingDirectory);
@@ -1112,13 +1146,16 @@ void BindValidate(CLI::App* app, ValidateOptions& f) {
                   "Use this daemon instead of one embedded in rank 0");
   app->add_option("--tolerance", f.tolerance,
                   "Accepted max abs difference (0 = bitwise)")
+      ->check(FiniteNumber())
       ->check(CLI::NonNegativeNumber);
   app->add_option("--timeout_s", f.timeout_s,
                   "Bound on the distributed run, seconds")
+      ->check(FiniteNumber())
       ->check(CLI::PositiveNumber);
   app->add_option("--checkpoint_at", f.checkpoint_at,
                   "Save a checkpoint after step J, resume it in fresh rank "
                   "processes and continue to --steps (0 = none)")
+      ->check(FiniteNumber())
       ->check(CLI::NonNegativeNumber);
   app->add_option("--resume_spec", f.resume_spec_path,
                   "Job spec of the resumed run (--checkpoint_at)")
@@ -1146,7 +1183,7 @@ void BindReport(CLI::App* app, ReportFlags& f) {
              "default: the spec's, else lpt)");
   BindReports(app, f.reports, /*coordinator_required=*/false);
   app->get_option("--policy")->excludes("--coordinator");
-  app->require_option(1, 0);  // at least --spec or --coordinator
+  // Neither --spec nor --coordinator: CmdReport refuses it (exit 2).
   app->add_option("--out", f.out, "Output HTML file")->required();
 }
 
@@ -1293,6 +1330,9 @@ int RunMuonctl(const std::vector<std::string>& args, std::ostream& out,
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e, out, err);
     return code == 0 ? 0 : 2;
+  } catch (const std::exception& e) {
+    err << "muonctl: " << e.what() << "\n";
+    return 1;
   }
   if (help->parsed()) {
     if (help_topic.empty()) {
@@ -1309,7 +1349,15 @@ int RunMuonctl(const std::vector<std::string>& args, std::ostream& out,
     return 2;
   }
   for (const BoundCommand& c : commands) {
-    if (c.app->parsed()) return c.run(out, err);
+    if (!c.app->parsed()) continue;
+    // No exception escapes (e.g. std::bad_alloc, or a library's
+    // std::length_error): it is reported as a runtime error.
+    try {
+      return c.run(out, err);
+    } catch (const std::exception& e) {
+      err << "muonctl " << c.name << ": " << e.what() << "\n";
+      return 1;
+    }
   }
   err << top_help;
   return 2;

@@ -38,9 +38,12 @@ namespace muon {
 //   schedule  per rank and stream the ordered operations, e.g.
 //             "g0@s0 o0 r0 a0" (gather of bucket 0 into slot 0, ...).
 //
-// Runs one muonctl command; `args` are the positional arguments after the
-// program name (flags are read from absl flags, parsed by main). Returns
-// the process exit code: 0 ok, 1 failure (printed to `err`), 2 usage.
+// Runs one muonctl command; `args` are the arguments after the program
+// name (the command and its flags, parsed here with CLI11). Returns the
+// process exit code: 0 ok, 1 failure (printed to `err`; an exception a
+// command throws is caught and reported so, none escapes), 2 usage (a
+// flag missing, unknown or out of range, e.g. a numeric flag that is not
+// a finite number).
 int RunMuonctl(const std::vector<std::string>& args, std::ostream& out,
                std::ostream& err);
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/bucket_layout.h"
+#include "common/checked_math.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
 #include "common/wire_names.h"
@@ -478,11 +479,23 @@ std::string ReportHeader(const ReportInput& in) {
 
 }  // namespace
 
-std::string RenderReportHtml(const ReportInput& in) {
+absl::StatusOr<std::string> RenderReportHtml(const ReportInput& in) {
   const v1::Plan& plan = in.plan.plan;
   const int world = plan.world_size();
+  if (world < 0 || world > kMaxWorldSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan ", plan.hash(), " has world size ", world,
+                     "; a report needs 0 to ", kMaxWorldSize, " ranks"));
+  }
   std::vector<double> chosen(world, 0), rr(world, 0);
-  for (const v1::RankLoad& l : plan.loads()) chosen[l.rank()] = l.ns_flops();
+  for (const v1::RankLoad& l : plan.loads()) {
+    if (l.rank() < 0 || l.rank() >= world) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "plan ", plan.hash(), " has a load of rank ", l.rank(),
+          ", outside its world size ", world, " (ranks 0 to ", world - 1, ")"));
+    }
+    chosen[l.rank()] = l.ns_flops();
+  }
   for (const v1::RankLoad& l : in.round_robin.loads()) {
     if (l.rank() >= 0 && l.rank() < world) rr[l.rank()] = l.ns_flops();
   }

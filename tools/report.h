@@ -95,8 +95,13 @@ struct ReportInput {
 // orthogonalize, redistribute, apply, and the waits between them). The
 // numbers are also embedded as JSON (<script type="application/json"
 // id="muon-report-data">: plan hash, policy, per-rank FLOPs of both
-// policies, bytes, step times) so tools and tests can read them.
-std::string RenderReportHtml(const ReportInput& input);
+// policies, bytes, step times) so tools and tests can read them. A
+// round-robin load of a rank outside the plan's world is left out.
+// Errors: InvalidArgument when the plan's world size is negative or above
+//   kMaxWorldSize (common/checked_math.h), or a load of the plan names a
+//   rank outside [0, world size) (names the plan hash, rank and world
+//   size), as a plan read from a faulty coordinator may.
+absl::StatusOr<std::string> RenderReportHtml(const ReportInput& input);
 
 }  // namespace muon
 

@@ -331,10 +331,33 @@ absl::StatusOr<CompiledSpecOptions> CompileSpecOptions(
   return c;
 }
 
+// Whether `re` (the pattern `pattern`, named `what` in errors, e.g.
+// "rules[0]") matches anywhere in tensor `name`. std::regex_search may
+// throw while matching (the standard allows std::regex_error with
+// error_complexity or error_stack; std::bad_alloc): that is an error
+// naming the pattern and the tensor, never an exception out of BuildSpec.
+// libstdc++ matches by recursion, some frames per character of `name`:
+// names from ReadSafetensorsHeader are at most kMaxTensorNameBytes (4096)
+// bytes, which fits a thread's stack.
+// Errors: InvalidArgument naming `what`, the pattern, the tensor and the
+//   exception's message.
+absl::StatusOr<bool> SearchName(const std::string& name, const std::regex& re,
+                                absl::string_view what,
+                                const std::string& pattern) {
+  try {
+    return std::regex_search(name, re);
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " \"", pattern, "\" could not be matched against tensor \"",
+        name.substr(0, 256), name.size() > 256 ? "..." : "", "\": ", e.what()));
+  }
+}
+
 // Why tensor `t` is not a Muon matrix of the spec, or "".
-std::string SkipReason(const SafetensorsTensor& t,
-                       const SpecBuildOptions& options,
-                       const CompiledSpecOptions& c) {
+// Errors: SearchName's (an exclude pattern that throws while matching).
+absl::StatusOr<std::string> SkipReason(const SafetensorsTensor& t,
+                                       const SpecBuildOptions& options,
+                                       const CompiledSpecOptions& c) {
   const int rank = static_cast<int>(t.shape.size());
   if (!IsFloatingDtype(t.dtype)) {
     return absl::StrCat("dtype ", t.dtype, " is not floating point");
@@ -348,29 +371,39 @@ std::string SkipReason(const SafetensorsTensor& t,
     return absl::StrCat("empty shape ", ShapeToString(t.shape));
   }
   for (size_t i = 0; i < c.exclude.size(); ++i) {
-    if (std::regex_search(t.name, c.exclude[i])) {
+    MUON_ASSIGN_OR_RETURN(
+        const bool excluded,
+        SearchName(t.name, c.exclude[i], "exclude", options.exclude[i]));
+    if (excluded) {
       return absl::StrCat("excluded by \"", options.exclude[i], "\"");
     }
   }
-  return "";
+  return std::string();
 }
 
 // Adds matrix `t` to `spec`: its shape (transposed when the transpose
 // pattern matches) and its placements (the first matching rule's over the
 // defaults).
-void AddParam(const SafetensorsTensor& t, const SpecBuildOptions& options,
-              const CompiledSpecOptions& c, v1::JobSpec* spec) {
+// Errors: SearchName's (a transpose or rule pattern that throws while
+//   matching); `spec` is then unchanged.
+absl::Status AddParam(const SafetensorsTensor& t,
+                      const SpecBuildOptions& options,
+                      const CompiledSpecOptions& c, v1::JobSpec* spec) {
   const int rank = static_cast<int>(t.shape.size());
-  v1::ParamSpec* param = spec->add_params();
-  param->set_name(t.name);
   std::vector<int64_t> shape = t.shape;
-  if (c.transpose.has_value() && std::regex_search(t.name, *c.transpose)) {
-    std::swap(shape[rank - 2], shape[rank - 1]);
+  if (c.transpose.has_value()) {
+    MUON_ASSIGN_OR_RETURN(
+        const bool transposed,
+        SearchName(t.name, *c.transpose, "transpose", options.transpose));
+    if (transposed) std::swap(shape[rank - 2], shape[rank - 1]);
   }
-  for (int64_t d : shape) param->add_shape(d);
   std::vector<std::string> placements = c.defaults;
   for (size_t i = 0; i < c.rules.size(); ++i) {
-    if (!std::regex_search(t.name, c.rules[i])) continue;
+    MUON_ASSIGN_OR_RETURN(
+        const bool matched,
+        SearchName(t.name, c.rules[i], absl::StrCat("rules[", i, "]"),
+                   options.rules[i].pattern));
+    if (!matched) continue;
     for (size_t d = 0; d < placements.size(); ++d) {
       if (!options.rules[i].placements[d].empty()) {
         placements[d] = options.rules[i].placements[d];
@@ -378,7 +411,11 @@ void AddParam(const SafetensorsTensor& t, const SpecBuildOptions& options,
     }
     break;
   }
+  v1::ParamSpec* param = spec->add_params();
+  param->set_name(t.name);
+  for (int64_t d : shape) param->add_shape(d);
   for (const std::string& p : placements) param->add_placements(p);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -395,9 +432,12 @@ absl::StatusOr<v1::JobSpec> BuildSpec(
   spec.set_job_id(options.job_id);
   *spec.mutable_mesh() = options.mesh;
   for (const SafetensorsTensor& t : tensors) {
-    std::string reason = SkipReason(t, options, compiled);
+    // Before any pattern sees it: libstdc++'s regex matcher recurses per
+    // character (a name of 100 KB overflows the stack).
+    MUON_RETURN_IF_ERROR(CheckParamNameSize(t.name, ""));
+    MUON_ASSIGN_OR_RETURN(std::string reason, SkipReason(t, options, compiled));
     if (reason.empty()) {
-      AddParam(t, options, compiled, &spec);
+      MUON_RETURN_IF_ERROR(AddParam(t, options, compiled, &spec));
     } else if (skipped != nullptr) {
       skipped->push_back({t.name, std::move(reason)});
     }

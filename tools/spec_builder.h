@@ -172,7 +172,10 @@ struct SkippedTensor {
 //   InvalidArgument: job_id empty; a pattern does not compile (names the
 //     option); default or rule placements not one per mesh dim; no tensor
 //     is a Muon matrix; or ValidateJobSpec's error (names the parameter,
-//     e.g. a rule's Shard(2) on a 2-D matrix).
+//     e.g. a rule's Shard(2) on a 2-D matrix); or std::regex_search threw
+//     while matching a pattern against a name (names the option, the
+//     pattern and the tensor); a tensor name over kMaxTensorNameBytes
+//     (CheckParamNameSize), before any pattern is matched against it.
 absl::StatusOr<v1::JobSpec> BuildSpec(
     const std::vector<SafetensorsTensor>& tensors,
     const SpecBuildOptions& options,

@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -681,7 +682,10 @@ absl::Status RunValidate(const ValidateOptions& o, std::ostream& out) {
   // --init / --grads: every file there and of the right shape before any
   // rank process starts.
   MUON_RETURN_IF_ERROR(CheckInputFiles(o, s));
-  MUON_ASSIGN_OR_RETURN(std::string dir, MakeTempDir("muon-validate-"));
+  MUON_ASSIGN_OR_RETURN(const std::string dir, MakeTempDir("muon-validate-"));
+  // The rank processes' shards, counts and (without --dump) checkpoint go
+  // under `dir`: removed on every return, failures included.
+  absl::Cleanup remove_dir = [&dir] { RemoveTree(dir); };
   PrintValidateHeader(o, s, s2, resume, out);
   // With --dump the checkpoint is kept (DIR/checkpoint/{model,optim}).
   const std::string ckpt =
@@ -704,7 +708,6 @@ absl::Status RunValidate(const ValidateOptions& o, std::ostream& out) {
                }));
   MUON_ASSIGN_OR_RETURN(const double worst,
                         CompareParameters(o, s, last, final_dir, single, out));
-  RemoveTree(dir);
   return ReportVerdict(o, last, worst, dist_matrices, dist_flops, single,
                        resume, out);
 }

@@ -1,7 +1,16 @@
 // Tests of muonctl's live commands (tools/muonctl_lib.h) against an
 // in-process CoordinatorServer on 127.0.0.1:0 fed with synthetic step
 // reports: status (and --watch), timings, trace (parsed back as JSON), and
-// schedule (live and offline from a spec).
+// schedule (live and offline from a spec). Also offline: usage errors (a
+// missing source, non-finite numbers), spec files that are not regular or
+// too large, and RenderReportHtml on malformed plans.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <limits>
@@ -35,6 +44,7 @@ namespace {
 
 using ::google::protobuf::Struct;
 using ::google::protobuf::Value;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -859,6 +869,139 @@ TEST(MuonctlCliTest, Spec_FromSafetensorsHeader_TransposedAndPlannable) {
                        bad_out, bad_err),
             2);
   EXPECT_THAT(bad_err.str(), HasSubstr("xx"));
+}
+
+// report and schedule need a source: with neither --spec nor
+// --coordinator (other flags given) both are usage errors naming the two.
+TEST(MuonctlCliTest,
+     ReportOrSchedule_NeitherSpecNorCoordinator_UsageNamesBoth) {
+  const std::string html =
+      absl::StrCat(::testing::TempDir(), "/muonctl_no_source.html");
+  std::remove(html.c_str());
+  const std::vector<std::vector<std::string>> commands = {
+      {"report", "--out", html},
+      {"report", "--out", html, "--last_steps", "2"},
+      {"schedule", "--json"},
+  };
+  for (const std::vector<std::string>& args : commands) {
+    std::ostringstream out, err;
+    EXPECT_EQ(RunMuonctl(args, out, err), 2) << absl::StrJoin(args, " ");
+    EXPECT_THAT(err.str(), HasSubstr("--spec")) << absl::StrJoin(args, " ");
+    EXPECT_THAT(err.str(), HasSubstr("--coordinator"))
+        << absl::StrJoin(args, " ");
+  }
+  EXPECT_FALSE(std::ifstream(html).good()) << "no report is written";
+}
+
+// A spec path that is not a regular file is refused before anything is
+// read: /dev/zero (endless) and a FIFO (no writer: opening it must not
+// wait).
+TEST(MuonctlCliTest, Plan_SpecNotARegularFile_RefusedQuicklyNamingPath) {
+  const std::string fifo =
+      absl::StrCat(::testing::TempDir(), "/muonctl_spec_fifo");
+  std::remove(fifo.c_str());
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  for (const std::string& path : {std::string("/dev/zero"), fifo}) {
+    std::ostringstream out, err;
+    const absl::Time start = absl::Now();
+    EXPECT_EQ(RunMuonctl({"plan", "--spec", path}, out, err), 1) << path;
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << path;
+    EXPECT_THAT(err.str(), HasSubstr(absl::StrCat("\"", path, "\"")));
+    EXPECT_THAT(err.str(), HasSubstr("not a regular file"));
+    EXPECT_THAT(LoadJobSpec(path), StatusIs(absl::StatusCode::kInvalidArgument,
+                                            HasSubstr("not a regular file")));
+  }
+  EXPECT_EQ(std::remove(fifo.c_str()), 0);
+}
+
+// A (sparse) spec file one byte over kMaxJobSpecFileBytes is refused from
+// its size, naming the size and the limit; one of exactly the limit is
+// read (and, being NUL bytes, is not JSON).
+TEST(MuonctlCliTest, Plan_SpecOverSizeLimit_RefusedNamingSizeAndLimit) {
+  const std::string path =
+      absl::StrCat(::testing::TempDir(), "/muonctl_huge_spec.json");
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  ASSERT_EQ(ftruncate(fd, kMaxJobSpecFileBytes + 1), 0) << std::strerror(errno);
+  std::ostringstream out, err;
+  EXPECT_EQ(RunMuonctl({"plan", "--spec", path}, out, err), 1);
+  EXPECT_THAT(err.str(), HasSubstr(path));
+  EXPECT_THAT(err.str(),
+              HasSubstr(absl::StrCat(kMaxJobSpecFileBytes + 1, " bytes")));
+  EXPECT_THAT(err.str(),
+              HasSubstr(absl::StrCat("at most ", kMaxJobSpecFileBytes)));
+  ASSERT_EQ(ftruncate(fd, kMaxJobSpecFileBytes), 0) << std::strerror(errno);
+  EXPECT_EQ(close(fd), 0);
+  EXPECT_THAT(LoadJobSpec(path), StatusIs(absl::StatusCode::kInvalidArgument,
+                                          AllOf(HasSubstr("not valid JSON"),
+                                                Not(HasSubstr("at most")))));
+  EXPECT_EQ(std::remove(path.c_str()), 0);
+}
+
+// CLI11's PositiveNumber and NonNegativeNumber take "nan"; every numeric
+// flag also requires a finite number (a usage error naming the flag and
+// the value), so --interval_s nan cannot become an endless sleep.
+TEST(MuonctlCliTest, Flags_NanOrInfNumber_UsageNamingFlagAndValue) {
+  const std::string path =
+      absl::StrCat(::testing::TempDir(), "/muonctl_nan_spec.json");
+  {
+    std::ofstream f(path);
+    f << JobSpecToJson(CtlSpec(/*async=*/false));
+  }
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"validate", "--spec", path, "--timeout_s", "nan"},
+       "--timeout_s: value \"nan\" is not a finite number"},
+      {{"validate", "--spec", path, "--tolerance", "nan"},
+       "--tolerance: value \"nan\" is not a finite number"},
+      {{"validate", "--spec", path, "--tolerance", "1e999"},
+       "--tolerance: value \"1e999\" is not a finite number"},
+      {{"status", "--coordinator", "127.0.0.1:1", "--watch", "--interval_s",
+        "inf"},
+       "--interval_s: value \"inf\" is not a finite number"},
+      {{"status", "--coordinator", "127.0.0.1:1", "--watch", "--interval_s",
+        "nan"},
+       "--interval_s: value \"nan\" is not a finite number"},
+      {{"timings", "--coordinator", "127.0.0.1:1", "--last_steps", "nan"},
+       "--last_steps"},
+  };
+  for (const auto& [args, message] : cases) {
+    std::ostringstream out, err;
+    EXPECT_EQ(RunMuonctl(args, out, err), 2) << absl::StrJoin(args, " ");
+    EXPECT_THAT(err.str(), HasSubstr(message)) << absl::StrJoin(args, " ");
+  }
+}
+
+// A plan (as a faulty live coordinator might send) whose load names a rank
+// outside its world, or whose world size is negative, is refused by name
+// instead of indexing out of bounds; the same plan with its loads in range
+// renders.
+TEST(ReportTest, RenderReportHtml_LoadRankOutsideWorldOrNegativeWorld_Refused) {
+  ReportInput in;
+  in.plan.plan.set_hash("h1");
+  in.plan.plan.set_world_size(2);
+  for (int rank : {0, 1}) {
+    v1::RankLoad* load = in.plan.plan.add_loads();
+    load->set_rank(rank);
+    load->set_ns_flops(1e6 * (rank + 1));
+  }
+  absl::StatusOr<std::string> html = RenderReportHtml(in);
+  ASSERT_THAT(html, IsOk());
+  EXPECT_THAT(*html, HasSubstr("\"ns_flops\":[1000000.0,2000000.0]"));
+
+  for (int bad_rank : {2, 7, -1}) {
+    ReportInput bad = in;
+    bad.plan.plan.mutable_loads(1)->set_rank(bad_rank);
+    EXPECT_THAT(RenderReportHtml(bad),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr("plan h1"),
+                               HasSubstr(absl::StrCat("rank ", bad_rank)),
+                               HasSubstr("world size 2"))));
+  }
+  ReportInput negative = in;
+  negative.plan.plan.set_world_size(-3);
+  EXPECT_THAT(
+      RenderReportHtml(negative),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("world size -3")));
 }
 
 }  // namespace

@@ -266,6 +266,21 @@ TEST(BuildSpec, RuleShardBeyondMatrixRank_ReturnsInvalidArgumentNamingParam) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"w\"")));
 }
 
+// A caller's name of 100 KB (BuildSpec is public; safetensors headers
+// already cap names at 4 KiB) is refused before libstdc++'s regex
+// matcher, which recurses per character, sees it (it overflowed the
+// stack).
+TEST(BuildSpec, NameOverLimit_RefusedBeforeAnyPatternMatches) {
+  const std::vector<SafetensorsTensor> tensors = {
+      {std::string(100000, 'w'), "F32", {4, 4}, 0, 64}};
+  absl::StatusOr<SpecBuildOptions> o =
+      ParseSpecBuildOptions("tp=2", "", {"w.*w=Shard(0)"}, {}, "", "x");
+  ASSERT_THAT(o, IsOk());
+  EXPECT_THAT(BuildSpec(tensors, *o),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("has a name of 100000 bytes")));
+}
+
 TEST(BuildSpec, NothingSelected_ReturnsInvalidArgument) {
   const std::vector<SafetensorsTensor> tensors = {{"norm", "F32", {4}, 0, 16}};
   SpecBuildOptions o;

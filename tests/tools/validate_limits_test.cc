@@ -1,7 +1,8 @@
 // `muonctl validate` on hostile input: meshes too large for a local check
 // (refused before any process is forked) and parameter names that would
 // make --init/--grads/--dump paths leave their folders (escaped by
-// NpyFileName).
+// NpyFileName); a failing run leaves no temporary directory behind.
+#include <dirent.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
@@ -121,10 +122,12 @@ TEST(ValidateLimitsTest, RunValidate_TooManyElements_ReturnsInvalidArgument) {
                                        HasSubstr("4294967296 elements"))));
 }
 
-// Runs the real muonctl (rank processes are muonctl itself).
-int RunMuonctl(const std::string& args, std::string* output) {
-  const std::string cmd =
-      absl::StrCat("timeout -k 5 120 tools/muonctl ", args, " 2>&1");
+// Runs the real muonctl (rank processes are muonctl itself), with the
+// environment assignments `env` ("NAME=value ...", may be empty).
+int RunMuonctl(const std::string& args, std::string* output,
+               const std::string& env = "") {
+  const std::string cmd = absl::StrCat(
+      "env ", env, " timeout -k 5 120 tools/muonctl ", args, " 2>&1");
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return -1;
   char buf[4096];
@@ -172,6 +175,48 @@ TEST(ValidateLimitsTest, Validate_TraversingNames_StayInsideTheirFolders) {
   absl::StatusOr<NpyArray> a = ReadNpy(dump + "/single/..%2F..%2Fx.npy");
   ASSERT_THAT(a, IsOk());
   EXPECT_NE(a->data, w);  // the step ran from the --init values
+}
+
+// The entries of directory `dir` but "." and ".." (it reads at most 102).
+std::vector<std::string> DirEntries(const std::string& dir) {
+  std::vector<std::string> names;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return names;
+  for (int i = 0; i < 102; ++i) {
+    const dirent* e = readdir(d);
+    if (e == nullptr) break;
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  closedir(d);
+  return names;
+}
+
+// A validate run whose rank processes fail (a coordinator that is not
+// there, a 1 s bound) still removes its muon-validate-* directory: the
+// test points TEST_TMPDIR and TMPDIR at a folder of its own, which must be
+// empty afterwards.
+TEST(ValidateLimitsTest, Validate_RankProcessesFail_RemovesItsTempDir) {
+  const std::string root = absl::StrCat(::testing::TempDir(), "/failing");
+  const std::string tmp = root + "/tmp";
+  ASSERT_EQ(system(absl::StrCat("rm -rf ", root, " && mkdir -p ", tmp).c_str()),
+            0);
+  const std::string spec =
+      WriteFile("failing.json",
+                R"json({"mesh": {"dims": [{"name": "dp_shard", "size": 2}]},
+          "params": [{"name": "w", "shape": [4, 4],
+                      "placements": ["Shard(0)"]}]})json");
+  std::string output;
+  EXPECT_EQ(
+      RunMuonctl(absl::StrCat("validate --spec ", spec,
+                              " --steps 1 --coordinator 127.0.0.1:1 "
+                              "--timeout_s 1"),
+                 &output, absl::StrCat("TEST_TMPDIR=", tmp, " TMPDIR=", tmp)),
+      1)
+      << output;
+  EXPECT_THAT(output, HasSubstr("2 rank processes")) << "it got to fork";
+  EXPECT_THAT(DirEntries(tmp), ::testing::IsEmpty()) << output;
+  EXPECT_EQ(system(absl::StrCat("rm -rf ", root).c_str()), 0);
 }
 
 }  // namespace
