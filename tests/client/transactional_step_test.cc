@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "client/distributed_config.h"
@@ -23,6 +24,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/bfloat16.h"
+#include "kernels/ns_engine.h"
 #include "tests/client/rank_threads.h"
 #include "tests/client/thread_world.h"
 #include "tests/status_matchers.h"
@@ -335,6 +337,78 @@ TEST(TransactionalStepTest,
     EXPECT_FALSE(out[r].faulty_step.ok()) << "rank " << r;
     EXPECT_EQ(out[r].after_fault.step, 1) << "rank " << r;
     EXPECT_TRUE(out[r].after_fault == out[r].before) << "rank " << r;
+  }
+}
+
+// The CPU engine, failing every Orthogonalize.
+class FailingEngine final : public kernels::NsEngine {
+ public:
+  absl::Status Orthogonalize(const float*, int64_t, int64_t,
+                             const kernels::NewtonSchulzOptions&,
+                             float*) override {
+    return absl::InternalError("injected Newton-Schulz failure");
+  }
+  absl::Status Reserve(int64_t rows, int64_t cols,
+                       const kernels::NewtonSchulzOptions& options) override {
+    return inner_->Reserve(rows, cols, options);
+  }
+  std::string name() const override { return "failing"; }
+
+ private:
+  std::unique_ptr<kernels::NsEngine> inner_ = kernels::MakeCpuNsEngine();
+};
+
+// Without a coordinator, in the sequential (debug) schedule, an owner's
+// Newton-Schulz fails (every rank's engine fails; the first owner's turn
+// comes first): it used to return and leave its peers in the owners'
+// barrier turns until the Gloo timeout (5 s here). It aborts its
+// communicator: every peer's step fails at once (in about 25 ms here),
+// with or without transactional_step.
+TEST(TransactionalStepTest,
+     Step_UncoordinatedOwnerNewtonSchulzFails_PeersFailAtOnce) {
+  for (const bool transactional : {false, true}) {
+    SCOPED_TRACE(transactional ? "transactional" : "plain");
+    ThreadWorld world(kWorld);
+    ASSERT_TRUE(world.Connect());
+    std::vector<absl::Status> step(kWorld);
+    std::vector<absl::Duration> took(kWorld);
+    std::vector<absl::Status> statuses =
+        RunOnRanks(kWorld, [&](int rank) -> absl::Status {
+          Shards s(DType::kFloat32, rank);
+          AutoConfigOptions ao;
+          ao.fsdp = world.comm(rank);
+          ao.fsdp_shard_dim = 0;
+          absl::StatusOr<DistributedConfig> config =
+              CreateAutoConfig(s.Views(), ao);
+          if (!config.ok()) return config.status();
+          {
+            config->ns_engine_factory =
+                []() -> absl::StatusOr<std::unique_ptr<kernels::NsEngine>> {
+              return std::make_unique<FailingEngine>();
+            };
+          }
+          MuonOptions o;
+          o.transactional_step = transactional;
+          absl::StatusOr<std::unique_ptr<Muon>> opt =
+              Muon::Create(s.Views(), o, *std::move(config));
+          if (!opt.ok()) return opt.status();
+          const absl::Time start = absl::Now();
+          step[rank] = (*opt)->Step();
+          took[rank] = absl::Now() - start;
+          return absl::OkStatus();
+        });
+    for (int r = 0; r < kWorld; ++r) {
+      ASSERT_THAT(statuses[r], IsOk()) << "rank " << r;
+      EXPECT_FALSE(step[r].ok()) << "rank " << r;
+      EXPECT_LT(took[r], absl::Seconds(2.5)) << "rank " << r;
+    }
+    int owners_failed = 0;
+    for (int r = 0; r < kWorld; ++r) {
+      owners_failed += step[r].code() == absl::StatusCode::kInternal &&
+                       absl::StrContains(step[r].message(),
+                                         "injected Newton-Schulz failure");
+    }
+    EXPECT_GE(owners_failed, 1);
   }
 }
 
