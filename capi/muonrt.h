@@ -343,11 +343,13 @@ int muonrt_optimizer_momentum(muonrt_optimizer* opt, int index,
 
 /* Sets the step count and every momentum buffer at once
  * (load_state_dict): buffers[i] holds numels[i] fp32 values for parameter
- * i; `step` in [0, 2^62]. All or nothing. Errors: INVALID_ARGUMENT (count
- * or size mismatch, naming the parameter; a step out of range),
+ * i; `step` in [0, 2^62]. Every check comes before any write: on a
+ * check's error nothing changed. Errors: INVALID_ARGUMENT (count or size
+ * mismatch, naming the parameter; a step out of range),
  * FAILED_PRECONDITION during a step begun by mark_ready, INTERNAL (a row
- * state kept unchanged could not be read from the device); nothing
- * changed. */
+ * state kept unchanged could not be read from the device; or a copy to a
+ * CUDA device failed midway, naming the parameter: the buffers of the
+ * parameters before it are loaded, the step count is not). */
 int muonrt_optimizer_load_state(muonrt_optimizer* opt, int64_t step,
                                 const float* const* buffers,
                                 const int64_t* numels, int num_params);
@@ -367,11 +369,12 @@ int muonrt_optimizer_row_state_name(muonrt_optimizer* opt, const char** name);
 int muonrt_optimizer_row_state(muonrt_optimizer* opt, int index,
                                const float** data, int64_t* numel);
 
-/* muonrt_optimizer_load_state plus NorMuon's row states, all or nothing:
- * row_states[i] holds row_state_numels[i] fp32 values for parameter i (as
+/* muonrt_optimizer_load_state plus NorMuon's row states: row_states[i]
+ * holds row_state_numels[i] fp32 values for parameter i (as
  * muonrt_optimizer_row_state gives them); `row_states` and
  * `row_state_numels` NULL = every row state unchanged. Errors: as
- * muonrt_optimizer_load_state, nothing changed. ABI version 9. */
+ * muonrt_optimizer_load_state (every check before any write). ABI version
+ * 9. */
 int muonrt_optimizer_load_full_state(muonrt_optimizer* opt, int64_t step,
                                      const float* const* buffers,
                                      const int64_t* numels,

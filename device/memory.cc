@@ -1,6 +1,7 @@
 #include "device/memory.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -17,7 +18,7 @@ class HostAllocatorImpl final : public Allocator {
   Device device() const override { return Device::Host(); }
 
   absl::StatusOr<void*> AllocateRaw(int64_t bytes) override {
-    if (bytes < 0) {
+    if (bytes < 0 || bytes > INT64_MAX - kHostAlignment) {
       return absl::InvalidArgumentError(
           absl::StrCat("host allocation of ", bytes, " bytes"));
     }

@@ -1,8 +1,10 @@
 #include "kernels/step_kernels.h"
 
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "common/checked_math.h"
 #include "device/runtime.h"
 #include "kernels/bfloat16.h"
 #include "kernels/muon_update.h"
@@ -101,6 +103,19 @@ class HostStepKernels final : public StepKernels {
     if (batch < 1) {
       return absl::InvalidArgumentError(
           absl::StrCat("Orthogonalize: batch must be >= 1, got ", batch));
+    }
+    const std::optional<int64_t> total = CheckedProduct({batch, rows, cols});
+    if (rows < 1 || cols < 1 || !total.has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Orthogonalize: ", batch, " matrices of ", rows, "x",
+                       cols, " are not a valid batch"));
+    }
+    // The whole batch, as the CUDA kernel checks it: writing matrix i's O
+    // must not overwrite a later matrix's U.
+    if (u < out + *total && out < u + *total) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Orthogonalize: the output of ", batch, " matrices of ",
+                       rows, "x", cols, " overlaps their input"));
     }
     const int64_t stride = rows * cols;
     for (int64_t i = 0; i < batch; ++i) {

@@ -207,8 +207,10 @@ __global__ void FinishNormKernel(const double* __restrict__ partial, int blocks,
   for (int i = threadIdx.x; i < blocks; i += kThreads) sum += p[i];
   const double total = BlockSum(sum);
   if (threadIdx.x == 0) {
-    denom[blockIdx.x] =
-        static_cast<float>(fmax(__dmul_rn(norm_scale, sqrt(total)), eps));
+    // std::max(norm, eps) as the CPU kernel: a NaN norm stays NaN (fmax
+    // would return eps).
+    const double norm = __dmul_rn(norm_scale, sqrt(total));
+    denom[blockIdx.x] = static_cast<float>(norm < eps ? eps : norm);
   }
 }
 

@@ -256,7 +256,8 @@ def is_initialized():
 
 
 def destroy_process_group(group=None):
-    """Destroys `group` (default: the default group) and its optimizers."""
+    """Destroys `group` (default: the default group) and its optimizers,
+    each after the call in flight on it (from another thread) returns."""
     group = group if group is not None else _default_group
     if group is not None:
         group.destroy()

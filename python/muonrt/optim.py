@@ -913,7 +913,9 @@ class Muon(torch.optim.Optimizer):
 
     def close(self):
         """Frees the library's optimizer (momentum buffers, exchange
-        buffers). Further calls raise RuntimeError. Idempotent."""
+        buffers). Further calls raise RuntimeError. Idempotent. Safe from
+        another thread: it waits for a call in flight (a step blocked in a
+        collective ends at the group's timeout at the latest)."""
         self._destroy()
 
     def __del__(self):

@@ -383,6 +383,10 @@ TEST(HostAllocatorTest, Allocate_NegativeOrOverflowingCount_InvalidArgument) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("-1")));
   EXPECT_THAT(DeviceBuffer<float>::Allocate(HostAllocator(), INT64_MAX / 2),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("large")));
+  // Rounding up to the alignment would overflow int64 (undefined).
+  EXPECT_THAT(HostAllocator()->AllocateRaw(INT64_MAX - 1),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("9223372036854775806")));
   absl::StatusOr<DeviceBuffer<float>> empty =
       DeviceBuffer<float>::Allocate(HostAllocator(), 0);
   ASSERT_THAT(empty, IsOk());

@@ -24,6 +24,7 @@
 #include "kernels/bfloat16.h"
 #include "kernels/cuda/muon_update_cuda.h"
 #include "kernels/muon_update.h"
+#include "kernels/ns_engine.h"
 #include "tests/gpu_test_util.h"
 
 namespace muon {
@@ -233,6 +234,37 @@ TEST(HostStepKernelsTest, Scale_OneRoundedMultiplyPerElement) {
   EXPECT_TRUE(absl::IsInvalidArgument(
       k->Scale(nullptr, nullptr, ParamDType::kFloat32, 1, factor)));
   EXPECT_TRUE(k->Scale(nullptr, nullptr, ParamDType::kFloat32, 0, factor).ok());
+}
+
+// A batch whose output starts inside its input past the first matrix
+// (out = u + rows*cols) passed the per-matrix check and wrote matrix 0's
+// O over matrix 1's U before reading it. The whole batch is checked, as
+// the CUDA kernel checks it: refused, the input unchanged.
+TEST(HostStepKernelsTest, Orthogonalize_BatchOutputOverlappingInput_Refused) {
+  std::unique_ptr<NsEngine> engine = MakeCpuNsEngine();
+  std::unique_ptr<StepKernels> k = MakeHostStepKernels(engine.get());
+  constexpr int64_t kRows = 4, kCols = 6, kSize = kRows * kCols;
+  std::vector<float> buf = Random(3 * kSize, 11);
+  const std::vector<float> before = buf;
+  const absl::Status overlap = k->Orthogonalize(nullptr, buf.data(), 2, kRows,
+                                                kCols, {}, buf.data() + kSize);
+  EXPECT_TRUE(absl::IsInvalidArgument(overlap)) << overlap;
+  EXPECT_NE(overlap.message().find("overlaps"), std::string::npos) << overlap;
+  EXPECT_TRUE(SameBits(buf, before));
+  // Disjoint: each matrix's O is its own (the batch of two equals two
+  // calls of one).
+  std::vector<float> two(2 * kSize), one(2 * kSize);
+  ASSERT_TRUE(
+      k->Orthogonalize(nullptr, buf.data(), 2, kRows, kCols, {}, two.data())
+          .ok());
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(k->Orthogonalize(nullptr, buf.data() + i * kSize, 1, kRows,
+                                 kCols, {}, one.data() + i * kSize)
+                    .ok());
+  }
+  EXPECT_TRUE(SameBits(two, one));
+  EXPECT_TRUE(absl::IsInvalidArgument(k->Orthogonalize(
+      nullptr, buf.data(), INT64_MAX / 2, kRows, kCols, {}, two.data())));
 }
 
 // The CUDA kernels of cuda:0 on a stream, against the host kernels.
