@@ -109,8 +109,15 @@ void Agent::Start() {
 }
 
 void Agent::SetAbortCallback(std::function<void()> abort) {
-  absl::MutexLock lock(&mu_);
-  abort_ = std::move(abort);
+  bool run_now = false;
+  {
+    absl::MutexLock lock(&mu_);
+    abort_ = abort;
+    // The job error came before there was anything to abort: aborted at
+    // once, so the first collective fails instead of waiting its timeout.
+    run_now = aborted_;
+  }
+  if (run_now && abort) abort();  // outside mu_, as RunAbortOnce
 }
 
 absl::Status Agent::job_error() const {

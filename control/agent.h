@@ -108,7 +108,8 @@ class Agent {
 
   // Called once, from the heartbeat thread (or OnStepFailed), when the job
   // error is first seen; typically the communicator's Abort(). May be set
-  // after Start.
+  // after Start: set after the job error was seen, it runs at once, on the
+  // caller's thread.
   void SetAbortCallback(std::function<void()> abort);
 
   // The coordinator's job error naming the failed rank (Aborted), or OK

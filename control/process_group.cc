@@ -681,7 +681,8 @@ absl::Status EmbeddedCoordinatorFromEnv(const std::string& master,
         master_port, ") is not a TCP port (1..65535)"));
   }
   o->embedded_port = port;
-  o->coordinator_address = absl::StrCat(master, ":", port);
+  o->coordinator_address =
+      absl::StrCat(FormatHostForAddress(master), ":", port);
   return absl::OkStatus();
 }
 

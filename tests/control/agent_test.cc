@@ -377,6 +377,23 @@ TEST(AgentTest, OnStepFailed_OwnError_ReportedOtherRankAbortsNamingIt) {
   EXPECT_EQ(aborts.load(), 1);  // once
 }
 
+// A job error seen before the abort callback is set (the optimizer sets
+// it after the agent started, once its communicators exist): the callback
+// set afterwards runs at once, so the first collective fails instead of
+// waiting out its timeout.
+TEST(AgentTest, SetAbortCallback_AfterJobError_RunsAtOnce) {
+  LocalJob job(absl::Milliseconds(300), Agent::Options(), 750);
+  std::vector<std::unique_ptr<Agent>>& agents = job.agents;
+  for (auto& a : agents) a->Start();
+  EXPECT_EQ(agents[0]->OnOwnFailure(absl::InternalError("rank 0: broken")),
+            absl::InternalError("rank 0: broken"));
+  ASSERT_TRUE(
+      WaitFor([&] { return !agents[1]->job_error().ok(); }, absl::Seconds(1)));
+  std::atomic<int> aborts{0};
+  agents[1]->SetAbortCallback([&] { ++aborts; });
+  EXPECT_EQ(aborts.load(), 1);
+}
+
 // OnOwnFailure: a failure of this rank's own with a transport code (a
 // Replan RPC that failed here) is reported at once and returned unchanged,
 // where OnStepFailed would wait for the coordinator to name a peer.

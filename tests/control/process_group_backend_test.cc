@@ -103,6 +103,23 @@ TEST(ProcessGroupOptionsFromEnvTest, CoordinatorWithoutPort_InvalidArgument) {
   EXPECT_EQ(o->coordinator_address, "127.0.0.1:29400");
 }
 
+// An IPv6 MASTER_ADDR (as torchrun accepts it) gives the embedded
+// coordinator's address in brackets: without them it did not split into
+// host and port, and the ranks fell back to loopback.
+TEST(ProcessGroupOptionsFromEnvTest, Ipv6MasterAddr_CoordinatorInBrackets) {
+  ASSERT_EQ(setenv("RANK", "1", 1), 0);
+  ASSERT_EQ(setenv("WORLD_SIZE", "2", 1), 0);
+  ASSERT_EQ(setenv("MASTER_ADDR", "::1", 1), 0);
+  ASSERT_EQ(setenv("MASTER_PORT", "29500", 1), 0);
+  absl::StatusOr<ProcessGroupOptions> o = ProcessGroupOptionsFromEnv();
+  for (const char* name :
+       {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) {
+    unsetenv(name);
+  }
+  ASSERT_THAT(o, IsOk());
+  EXPECT_EQ(o->coordinator_address, "[::1]:29501");
+}
+
 // MASTER_PORT is checked before the coordinator's default port (MASTER_PORT
 // + 1) is computed: INT_MAX is named as itself, not as a wrapped port, and
 // 65535 names the coordinator port 65536 it would need.
