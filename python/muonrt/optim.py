@@ -911,6 +911,12 @@ class Muon(torch.optim.Optimizer):
                 for s in self._slots:
                     s.grad_ref = None
 
+    def __getstate__(self):
+        raise TypeError(
+            "muonrt.Muon cannot be pickled or deep-copied: it holds the "
+            "library's optimizer (its buffers, its place in the job); save "
+            "its state_dict() and load it into a new muonrt.Muon")
+
     def close(self):
         """Frees the library's optimizer (momentum buffers, exchange
         buffers). Further calls raise RuntimeError. Idempotent. Safe from
@@ -1190,7 +1196,22 @@ class Muon(torch.optim.Optimizer):
         """With overlap_backward, before the library is created: every
         parameter can take the gradient hook that marks it ready (torch
         refuses a hook on a tensor that does not require grad, naming
-        neither the parameter nor the option)."""
+        neither the parameter nor the option), and no torch.distributed
+        job averages the gradients after the hooks (torch DDP: one muonrt
+        rank per torch rank would take each rank's own gradient)."""
+        dist = getattr(torch, "distributed", None)
+        if (overlap_backward and self.world_size == 1 and dist is not None
+                and dist.is_available() and dist.is_initialized()
+                and dist.get_world_size() > 1):
+            raise ValueError(
+                f"muonrt.Muon: overlap_backward with a muonrt world of one "
+                f"inside a torch.distributed job of "
+                f"{dist.get_world_size()} ranks: the gradient hooks would "
+                f"take each rank's own gradient before DDP averages it, and "
+                f"the replicas would drift apart; join the ranks with "
+                f"muonrt.init_process_group() (each matrix then "
+                f"orthogonalized once in the job), or leave "
+                f"overlap_backward off")
         for s in self._slots if overlap_backward else ():
             if not s.param.requires_grad:
                 raise ValueError(

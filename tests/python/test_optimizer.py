@@ -69,6 +69,24 @@ def test_step_matches_reference(nesterov, adjust_lr_fn, weight_decay):
     assert opt.step_count == STEPS
 
 
+def test_pickle_or_deepcopy_is_refused_pointing_to_state_dict():
+    """The optimizer holds the library's buffers and its place in the job:
+    a copy would share them. pickle and copy.deepcopy raise TypeError
+    naming state_dict(), where torch's would copy the state."""
+    import copy
+    import pickle
+    w = torch.nn.Parameter(torch.randn(4, 4))
+    opt = muonrt.Muon([("w", w)])
+    with pytest.raises(TypeError, match=r"state_dict\(\)"):
+        copy.deepcopy(opt)
+    with pytest.raises(TypeError, match=r"cannot be pickled"):
+        pickle.dumps(opt)
+    w.grad = torch.ones(4, 4)
+    opt.step()  # unchanged by the refused copies
+    assert opt.step_count == 1
+    opt.close()
+
+
 def test_defaults_are_torch_defaults():
     opt = muonrt.Muon([("w", torch.nn.Parameter(torch.zeros(4, 4)))])
     g = opt.param_groups[0]
