@@ -1010,9 +1010,22 @@ class Muon(torch.optim.Optimizer):
                            "muonrt_optimizer_set_grad")
                 s.bound_grad = ptr
             s.grad_ref = g  # keeps the memory the library reads alive
-        _lib.check(L.muonrt_optimizer_step(h, self._step_stream()),
-                   "muonrt_optimizer_step")
+        try:
+            _lib.check(L.muonrt_optimizer_step(h, self._step_stream()),
+                       "muonrt_optimizer_step")
+        finally:
+            self._release_grads()
         return loss
+
+    def _release_grads(self):
+        """Drops the step's references to the gradients once the library
+        step returned: it waited for every stream that read them (the
+        caller's stream's later work is ordered after them), so
+        zero_grad(set_to_none=True) frees them as with torch's optimizers
+        instead of at the next step. The library keeps only their
+        addresses, rebound at the next step when they change."""
+        for s in self._slots:
+            s.grad_ref = None
 
     def _check_not_moved(self, s):
         """RuntimeError when slot s's parameter storage moved since the
@@ -1072,6 +1085,7 @@ class Muon(torch.optim.Optimizer):
         finally:
             self._marking = False
             self._ready = set()
+            self._release_grads()
         return loss
 
     def _changed_after_mark(self):

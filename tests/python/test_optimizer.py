@@ -87,6 +87,39 @@ def test_pickle_or_deepcopy_is_refused_pointing_to_state_dict():
     opt.close()
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_zero_grad_set_to_none_frees_the_gradients_after_a_step(overlap):
+    """After step() the optimizer holds no reference to the gradients it
+    read (the library only their addresses): zero_grad(set_to_none=True)
+    frees them as with torch's optimizers, not at the next step (an extra
+    set of gradients held through the next backward). The next step
+    binds the new gradients and matches one never interrupted."""
+    import copy
+    import gc
+    import weakref
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8, bias=False),
+                                torch.nn.Linear(8, 4, bias=False))
+    twin = copy.deepcopy(model)
+    x = torch.randn(4, 8)
+    opt = muonrt.Muon(list(model.named_parameters()), lr=0.02,
+                      overlap_backward=overlap)
+    ref_opt = muonrt.Muon(list(twin.named_parameters()), lr=0.02)
+    for step in range(2):
+        for m, o in ((model, opt), (twin, ref_opt)):
+            o.zero_grad(set_to_none=True)
+            m(x).sum().backward()
+            o.step()
+        grads = [weakref.ref(p.grad) for p in model.parameters()]
+        opt.zero_grad(set_to_none=True)
+        gc.collect()
+        assert all(g() is None for g in grads), f"step {step + 1}"
+    for a, b in zip(model.parameters(), twin.parameters()):
+        assert torch.equal(a, b)
+    opt.close()
+    ref_opt.close()
+
+
 def test_defaults_are_torch_defaults():
     opt = muonrt.Muon([("w", torch.nn.Parameter(torch.zeros(4, 4)))])
     g = opt.param_groups[0]
