@@ -20,8 +20,13 @@ absl::Status Detached(const absl::Status& s) {
   return absl::Status(s.code(), std::string(s.message()));
 }
 
+// A wait bound for condition_variable::wait_for: a year at most (longer
+// ones, infinite included, wait as long). libstdc++ adds it to now(): a
+// saturated nanoseconds::max() overflowed into the past and a "never"
+// timeout returned at once.
 std::chrono::nanoseconds ToChrono(absl::Duration d) {
-  if (d == absl::InfiniteDuration()) return std::chrono::hours(24 * 365);
+  constexpr absl::Duration kLongest = absl::Hours(24 * 365);
+  if (d > kLongest) return absl::ToChronoNanoseconds(kLongest);
   return absl::ToChronoNanoseconds(d);
 }
 
@@ -64,16 +69,24 @@ void HostEvent::State::Complete(int64_t generation,
   std::lock_guard<std::mutex> lock(mu);
   if (generation > completed) {
     completed = generation;
-    status = Detached(work_status);
+    if (!work_status.ok()) {
+      failed[generation] = Detached(work_status);
+      if (failed.size() > kKeptFailures) failed.erase(failed.begin());
+    }
     completed_at = absl::Now();
   }
   cv.notify_all();
 }
 
+absl::Status HostEvent::State::StatusOfLocked(int64_t generation) const {
+  const auto it = failed.find(generation);
+  return it == failed.end() ? absl::OkStatus() : Detached(it->second);
+}
+
 absl::Status HostEvent::State::AwaitGeneration(int64_t generation) {
   std::unique_lock<std::mutex> lock(mu);
   cv.wait(lock, [&] { return completed >= generation; });
-  return Detached(status);
+  return StatusOfLocked(generation);
 }
 
 bool HostEvent::Query() {
@@ -90,7 +103,7 @@ absl::Status HostEvent::Synchronize(absl::Duration timeout) {
         absl::StrCat("event \"", state_->name, "\": the work it captured did ",
                      "not finish within ", absl::FormatDuration(timeout)));
   }
-  return Detached(state_->status);
+  return state_->StatusOfLocked(target);
 }
 
 absl::StatusOr<absl::Time> HostEvent::State::CompletionTime() {

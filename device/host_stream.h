@@ -14,6 +14,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -66,12 +67,23 @@ class HostEvent final : public Event {
     // recorded, or not complete).
     absl::StatusOr<absl::Time> CompletionTime();
 
+    // The status of completed `generation`: its failure when failed is
+    // one of the last kKeptFailures failed generations, else OK. Called
+    // with mu held.
+    absl::Status StatusOfLocked(int64_t generation) const;
+
+    // Failed generations remembered for waits bound to them (a later
+    // record's status never answers an earlier one's wait).
+    static constexpr size_t kKeptFailures = 64;
+
     const std::string name;
     std::mutex mu;
     std::condition_variable cv;
     int64_t recorded = 0;   // guarded by mu
     int64_t completed = 0;  // guarded by mu
-    absl::Status status;    // of generation `completed`; guarded by mu
+    // The failed generations among the last completed ones and their
+    // errors (at most kKeptFailures, oldest dropped); guarded by mu.
+    std::map<int64_t, absl::Status> failed;
     // When generation `completed` completed; guarded by mu.
     absl::Time completed_at = absl::InfinitePast();
   };

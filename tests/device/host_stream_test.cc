@@ -249,6 +249,75 @@ TEST(HostStreamTest, WaitFor_BindsToLatestRecordAtEnqueue) {
   EXPECT_THAT(event.Synchronize(kWait), IsOk());
 }
 
+// A wait binds to a record, and takes that record's status: a later
+// record's (after the failing stream's Synchronize cleared its error and
+// ran good work) does not answer it. The consumer's wait, queued behind
+// a blocked task, used to see record 2's OK and run on record 1's failed
+// output; and a wait bound to an OK record is not failed by a later one.
+TEST(HostStreamTest, WaitFor_TakesTheStatusOfItsOwnRecord) {
+  HostStream producer("producer");
+  HostStream consumer("consumer");
+  HostEvent event("slot");
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
+  std::atomic<bool> consumed{false};
+  ASSERT_THAT(producer.Launch([] { return absl::InternalError("bad"); }),
+              IsOk());
+  ASSERT_THAT(event.Record(&producer), IsOk());  // record 1: failed
+  ASSERT_THAT(consumer.Launch([gate] {
+    gate.wait();
+    return absl::OkStatus();
+  }),
+              IsOk());
+  ASSERT_THAT(consumer.WaitFor(&event), IsOk());  // binds to record 1
+  ASSERT_THAT(consumer.Launch([&consumed] {
+    consumed = true;
+    return absl::OkStatus();
+  }),
+              IsOk());
+  EXPECT_THAT(producer.Synchronize(kWait),
+              StatusIs(absl::StatusCode::kInternal, HasSubstr("bad")));
+  ASSERT_THAT(event.Record(&producer), IsOk());  // record 2: OK
+  ASSERT_THAT(producer.Synchronize(kWait), IsOk());
+  EXPECT_THAT(event.Synchronize(kWait), IsOk());
+  release.set_value();
+  EXPECT_THAT(consumer.Synchronize(kWait),
+              StatusIs(absl::StatusCode::kInternal, HasSubstr("bad")));
+  EXPECT_FALSE(consumed);
+  // Bound to record 2 (OK) while record 3 fails: the wait passes.
+  HostStream late("late");
+  std::promise<void> release_late;
+  std::shared_future<void> late_gate = release_late.get_future().share();
+  ASSERT_THAT(late.Launch([late_gate] {
+    late_gate.wait();
+    return absl::OkStatus();
+  }),
+              IsOk());
+  ASSERT_THAT(late.WaitFor(&event), IsOk());  // binds to record 2
+  ASSERT_THAT(producer.Launch([] { return absl::InternalError("worse"); }),
+              IsOk());
+  ASSERT_THAT(event.Record(&producer), IsOk());  // record 3: failed
+  EXPECT_THAT(producer.Synchronize(kWait),
+              StatusIs(absl::StatusCode::kInternal, HasSubstr("worse")));
+  release_late.set_value();
+  EXPECT_THAT(late.Synchronize(kWait), IsOk());
+}
+
+// A "never" timeout given as a huge finite duration waits (it returned
+// DeadlineExceeded at once with work pending).
+TEST(HostStreamTest, Synchronize_HugeFiniteTimeout_WaitsForTheWork) {
+  HostStream stream("s");
+  std::atomic<bool> done{false};
+  ASSERT_THAT(stream.Launch([&done] {
+    absl::SleepFor(absl::Milliseconds(50));
+    done = true;
+    return absl::OkStatus();
+  }),
+              IsOk());
+  EXPECT_THAT(stream.Synchronize(absl::Seconds(INT64_MAX)), IsOk());
+  EXPECT_TRUE(done);
+}
+
 // Records and waits queued on streams keep the event's state alive: the
 // event object may go first.
 TEST(HostStreamTest, EventDestroyedWhileQueued_StreamsStillComplete) {
