@@ -1703,7 +1703,12 @@ class Muon(torch.optim.Optimizer):
                 f"muonrt.Muon.load_state_dict: the state_dict is rank "
                 f"{meta.get('rank')} of {meta.get('world_size')}, this "
                 f"optimizer rank {mine['rank']} of {mine['world_size']} "
-                f"(state_dict is per rank; load_checkpoint reshards)")
+                f"(state_dict is per rank; load_checkpoint reshards; for "
+                f"torch.distributed.checkpoint, which keeps one copy of "
+                f"what all ranks name alike, save "
+                f"torch.distributed.checkpoint.state_dict."
+                f"get_optimizer_state_dict(model, optimizer) over DTensor "
+                f"parameters)")
         if list(meta["names"]) != mine["names"]:
             raise ValueError(
                 f"muonrt.Muon.load_state_dict: the state_dict's parameters "
