@@ -1015,6 +1015,7 @@ class Muon(torch.optim.Optimizer):
                        "muonrt_optimizer_step")
         finally:
             self._release_grads()
+            self._record_step_in_groups()
         return loss
 
     def _release_grads(self):
@@ -1086,6 +1087,7 @@ class Muon(torch.optim.Optimizer):
             self._marking = False
             self._ready = set()
             self._release_grads()
+            self._record_step_in_groups()
         return loss
 
     def _changed_after_mark(self):
@@ -1205,6 +1207,18 @@ class Muon(torch.optim.Optimizer):
         self._overlap = bool(overlap_backward)
         if overlap_backward:
             self._register_ready_hooks()
+        self._record_step_in_groups()
+
+    def _record_step_in_groups(self):
+        """Keeps each live group's "muonrt_step" at the step count:
+        torch.distributed.checkpoint's flattened optimizer state
+        (StateDictOptions(flatten_optimizer_state_dict=True), as torchtitan
+        saves) rebuilds groups from the keys the live groups have, so a
+        key only state_dict() added was dropped and a resumed run counted
+        from 0."""
+        n = self.step_count
+        for g in self.param_groups:
+            g["muonrt_step"] = n
 
     def _check_hookable(self, overlap_backward):
         """With overlap_backward, before the library is created: every
@@ -1649,6 +1663,7 @@ class Muon(torch.optim.Optimizer):
                 if k not in ("params", "param_names", "muonrt_step"):
                     g[k] = v
         self._pushed = [None] * len(self.param_groups)
+        self._record_step_in_groups()
 
     def _check_saved_groups(self, saved_groups):
         """The saved param groups match this optimizer's: their count and
@@ -1831,6 +1846,7 @@ class Muon(torch.optim.Optimizer):
         directory = os.fspath(directory)
         _lib.call("muonrt_optimizer_load", self._h, directory.encode())
         self._pushed = [None] * len(self.param_groups)
+        self._record_step_in_groups()
 
     # ---- plan and statistics ---------------------------------------------------
 

@@ -120,6 +120,34 @@ def test_zero_grad_set_to_none_frees_the_gradients_after_a_step(overlap):
     ref_opt.close()
 
 
+def test_step_count_survives_a_state_dict_rebuilt_from_live_group_keys():
+    """torch.distributed.checkpoint's flattened optimizer state
+    (flatten_optimizer_state_dict=True, torchtitan's) rebuilds each group
+    from the keys the live optimizer's groups have. The step count rides
+    in every live group as "muonrt_step", so such a round trip keeps it
+    (it reset to 0: the key existed only in state_dict())."""
+    w = torch.nn.Parameter(torch.randn(4, 4))
+    opt = muonrt.Muon([("w", w)])
+    for _ in range(3):
+        w.grad = torch.randn(4, 4)
+        opt.step()
+    assert [g["muonrt_step"] for g in opt.param_groups] == [3]
+    saved = opt.state_dict()
+    w2 = torch.nn.Parameter(w.detach().clone())
+    fresh = muonrt.Muon([("w", w2)])
+    assert fresh.param_groups[0]["muonrt_step"] == 0
+    live_keys = set(fresh.param_groups[0]) - {"params"}
+    rebuilt = {"state": saved["state"],
+               "param_groups": [dict({k: g[k] for k in live_keys},
+                                     params=g["params"])
+                                for g in saved["param_groups"]]}
+    fresh.load_state_dict(rebuilt)
+    assert fresh.step_count == 3
+    assert fresh.param_groups[0]["muonrt_step"] == 3
+    opt.close()
+    fresh.close()
+
+
 def test_defaults_are_torch_defaults():
     opt = muonrt.Muon([("w", torch.nn.Parameter(torch.zeros(4, 4)))])
     g = opt.param_groups[0]
