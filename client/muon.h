@@ -169,6 +169,11 @@ class Muon {
   // on any rank fails the step on every rank: the other ranks return
   // Aborted naming the failed rank and the step ("rank 0: rank 2 failed
   // step 3 ...; the step was rolled back"), or their collective's error.
+  // A failure of this rank's own while its peers may be in the step's
+  // collectives (no agreement can tell them) is made the job's error by
+  // the coordinator; without a coordinator this rank aborts its
+  // communicators (the DistributedState's communicator and control
+  // group, which then stay unusable), so that the peers fail at once.
   absl::Status Step();
 
   // One step ordered on the caller's stream `stream` (a cudaStream_t of the

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <unordered_map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -16,18 +17,19 @@ namespace {
 
 // Per compute op of `ops`, the index in ops.comm of its bucket's gather
 // (ops.comm.size() when there is none: enqueued with its redistribute).
+// O(buckets + ops): it runs at every executor creation, re-plans included.
 std::vector<size_t> GatherIndexOfComputeOps(const StreamOps& ops) {
-  std::vector<size_t> out;
-  for (const StreamOp& c : ops.compute) {
-    size_t at = ops.comm.size();
-    for (size_t i = 0; i < ops.comm.size(); ++i) {
-      if (ops.comm[i].kind == v1::OP_KIND_GATHER &&
-          ops.comm[i].bucket == c.bucket) {
-        at = i;
-        break;
-      }
+  std::unordered_map<int, size_t> first_gather;
+  for (size_t i = 0; i < ops.comm.size(); ++i) {
+    if (ops.comm[i].kind == v1::OP_KIND_GATHER) {
+      first_gather.emplace(ops.comm[i].bucket, i);
     }
-    out.push_back(at);
+  }
+  std::vector<size_t> out;
+  out.reserve(ops.compute.size());
+  for (const StreamOp& c : ops.compute) {
+    const auto it = first_gather.find(c.bucket);
+    out.push_back(it == first_gather.end() ? ops.comm.size() : it->second);
   }
   return out;
 }

@@ -152,11 +152,13 @@ absl::Status StepPipeline::MomentumAndExchange(device::Stream* caller) {
 
 absl::Status StepPipeline::Commit(absl::Status own, absl::Status run) {
   if (!own.ok()) {
-    // This rank's own error after its executor finished the step (every
-    // collective ran): reported so that the job fails on every rank; with
-    // no coordinator the peers are not waiting for it (under check_finite
-    // they learn of it in the agreement).
-    return agent_ != nullptr ? agent_->OnOwnFailure(own) : own;
+    // This rank's own error after its executor finished the step: reported
+    // so that the job fails on every rank. With no coordinator and a run
+    // that ended well, the peers are not waiting for it (under
+    // check_finite they learn of it in the agreement); a failed run may
+    // have left them in a collective or the agreement.
+    if (agent_ != nullptr) return agent_->OnOwnFailure(own);
+    return run.ok() ? own : FailedWithPeersWaiting(own);
   }
   const bool ran = run.ok();
   if (ran && post_update_fault_) run = post_update_fault_(step_ + 1);

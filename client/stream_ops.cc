@@ -64,10 +64,11 @@ void AddScheduledOp(const v1::ScheduledOp& op, StreamOps* ops) {
   }
 }
 
-// Async: the executor enqueues each bucket's Newton-Schulz just before the
-// comm stream's redistribute of it waits, so that every event wait binds to
-// the right record: the compute stream must orthogonalize the owned buckets
-// in the order the comm stream redistributes them.
+// Async: the executor enqueues each bucket's Newton-Schulz, in the compute
+// order, once its gather is enqueued and at the latest just before the comm
+// stream's redistribute of it waits, so that every event wait binds to the
+// right record: the compute stream must orthogonalize the owned buckets in
+// the order the comm stream redistributes them.
 absl::Status CheckAsyncOrder(int rank, const StreamOps& ops,
                              const std::vector<LocalBucket>& buckets) {
   std::vector<int> redistributed, orthogonalized;
