@@ -82,6 +82,7 @@ import math
 import json
 import os
 import threading
+import warnings
 import weakref
 
 import torch
@@ -1224,22 +1225,26 @@ class Muon(torch.optim.Optimizer):
         """With overlap_backward, before the library is created: every
         parameter can take the gradient hook that marks it ready (torch
         refuses a hook on a tensor that does not require grad, naming
-        neither the parameter nor the option), and no torch.distributed
-        job averages the gradients after the hooks (torch DDP: one muonrt
-        rank per torch rank would take each rank's own gradient)."""
+        neither the parameter nor the option); warns when a
+        torch.distributed job of several ranks may average the gradients
+        after the hooks (torch DDP: one muonrt rank per torch rank would
+        take each rank's own gradient)."""
         dist = getattr(torch, "distributed", None)
         if (overlap_backward and self.world_size == 1 and dist is not None
                 and dist.is_available() and dist.is_initialized()
                 and dist.get_world_size() > 1):
-            raise ValueError(
+            # A warning, not an error: a pipeline stage or rank-local
+            # experts with an optimizer of their own are fine.
+            warnings.warn(
                 f"muonrt.Muon: overlap_backward with a muonrt world of one "
                 f"inside a torch.distributed job of "
-                f"{dist.get_world_size()} ranks: the gradient hooks would "
-                f"take each rank's own gradient before DDP averages it, and "
-                f"the replicas would drift apart; join the ranks with "
+                f"{dist.get_world_size()} ranks: if that job averages the "
+                f"gradients after backward (torch DDP), the gradient hooks "
+                f"take each rank's own gradient before it and the replicas "
+                f"drift apart; join the ranks with "
                 f"muonrt.init_process_group() (each matrix then "
                 f"orthogonalized once in the job), or leave "
-                f"overlap_backward off")
+                f"overlap_backward off", RuntimeWarning, stacklevel=3)
         for s in self._slots if overlap_backward else ():
             if not s.param.requires_grad:
                 raise ValueError(
@@ -1611,7 +1616,9 @@ class Muon(torch.optim.Optimizer):
         """Restores a state_dict() of this optimizer's layout (same
         groups, names, shapes and placements, same rank), or a
         torch.optim.Muon state_dict of the same parameters (single process;
-        its step count is not recorded there: 0). All or nothing.
+        its step count is not recorded there: 0). Every check comes before
+        any write (on a check's error nothing changed; a CUDA copy error
+        midway leaves the parameters before the failing one loaded).
         Raises ValueError naming the parameter and expected vs actual. Runs
         the hooks of register_load_state_dict_pre_hook / _post_hook
         (PyTorch 2.1+) as torch.optim.Optimizer.load_state_dict does: a

@@ -135,8 +135,8 @@ def bad_create(layout_name, out, pg):
 
 
 def close_during_step(layout_name, out, pg):
-    """Rank 0 destroys the process group from another thread while its
-    step waits for rank 1's (which starts 2 s late): the destroy waits for
+    """Rank 0 destroys the process group from another thread (1 s in)
+    while its step waits for rank 1's (which starts 4 s late): the destroy waits for
     the step in flight (it used to free the optimizer under it), the step
     completes, and the next call raises RuntimeError. Writes (step's end,
     destroy's end, the next call's exception type and message) to
@@ -154,13 +154,13 @@ def close_during_step(layout_name, out, pg):
                       global_shapes=SHAPES, process_group=pg)
     pg.barrier()
     if pg.rank != 0:
-        time.sleep(2.0)
+        time.sleep(4.0)
         opt.step()
         return
     ended = {}
 
     def destroy():
-        time.sleep(0.5)  # rank 0 is in its step by now
+        time.sleep(1.0)  # rank 0 is in its step by now
         muonrt.destroy_process_group()
         ended["destroy"] = time.monotonic()
 
