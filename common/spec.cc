@@ -80,8 +80,8 @@ absl::StatusOr<v1::JobSpec> ParseJobSpecJson(absl::string_view json) {
 }
 
 absl::StatusOr<v1::JobSpec> LoadJobSpec(const std::string& path) {
-  // O_NONBLOCK: opening a FIFO does not wait for a writer (it is then
-  // refused below as not a regular file); regular files ignore it.
+  // O_NONBLOCK: opening a FIFO does not wait for a writer; regular files
+  // ignore it.
   int fd;
   do {
     fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
@@ -96,10 +96,20 @@ absl::StatusOr<v1::JobSpec> LoadJobSpec(const std::string& path) {
     return absl::NotFoundError(absl::StrCat(
         "cannot stat job spec file \"", path, "\": ", std::strerror(errno)));
   }
-  if (!S_ISREG(st.st_mode)) {
+  // A pipe (bash's --spec <(command), /dev/stdin) is read as `cat` reads
+  // it: blocking, until its writers close it (at once with none), bounded
+  // in size by the loop below.
+  if (S_ISFIFO(st.st_mode)) {
+    const int flags = ::fcntl(fd, F_GETFL);
+    if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+      return absl::NotFoundError(absl::StrCat(
+          "cannot read job spec pipe \"", path, "\": ", std::strerror(errno)));
+    }
+  } else if (!S_ISREG(st.st_mode)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "job spec file \"", path,
-        "\" is not a regular file (a device, FIFO, socket or directory)"));
+        "\" is neither a regular file nor a pipe (a device, socket or "
+        "directory)"));
   }
   if (st.st_size > kMaxJobSpecFileBytes) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -47,16 +47,17 @@ absl::StatusOr<v1::JobSpec> ParseJobSpecJson(absl::string_view json);
 // before it is read into memory.
 inline constexpr int64_t kMaxJobSpecFileBytes = int64_t{256} << 20;
 
-// Reads and parses the job spec file at `path` (no validation). Only a
-// regular file of at most kMaxJobSpecFileBytes bytes is read (a FIFO is
-// refused without waiting for a writer).
+// Reads and parses the job spec file at `path` (no validation): a regular
+// file or a pipe (bash's <(command), /dev/stdin; read until its writers
+// close it, as `cat` does), at most kMaxJobSpecFileBytes bytes.
 // Errors:
 //   NotFound: the file cannot be opened or read (names the path and
 //     strerror's text).
-//   InvalidArgument: the path is not a regular file (a device, FIFO,
-//     socket or directory), or is larger than kMaxJobSpecFileBytes (names
-//     the path, its size and the limit), or the file is not a JobSpec in
-//     JSON (names the path and carries protobuf's message).
+//   InvalidArgument: the path is neither a regular file nor a pipe (a
+//     device such as /dev/zero, a socket or a directory), or holds more
+//     than kMaxJobSpecFileBytes (names the path, its size and the limit),
+//     or is not a JobSpec in JSON (names the path and carries protobuf's
+//     message).
 absl::StatusOr<v1::JobSpec> LoadJobSpec(const std::string& path);
 
 // Serializes a spec to pretty-printed JSON with snake_case field names

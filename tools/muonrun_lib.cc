@@ -159,7 +159,7 @@ class LineForwarder {
   static constexpr int kQuietMs = 200;
   // The longest unfinished line held (bytes); a longer one is forwarded in
   // pieces of this size, so memory stays bounded for output without '\n'.
-  static constexpr size_t kMaxLineBytes = 64 * 1024;
+  static constexpr size_t kMaxLineBytes = size_t{1} << 20;
 
   static std::mutex& OutputMutex() {
     static std::mutex* mu = new std::mutex();

@@ -91,10 +91,11 @@ struct MuonrunOptions {
   // on muonrun's stdout or stderr, whole lines at a time so that ranks do
   // not interleave mid-line (torchrun's --tee / log prefixes);
   // --no-rank-prefix passes the ranks' output through untouched. A line
-  // longer than 64 KiB goes out in pieces of 64 KiB, each as a line of its
+  // longer than 1 MiB goes out in pieces of 1 MiB, each as a line of its
   // own, so that output that never ends a line (a progress bar rewriting
   // one line with '\r') is still forwarded and muonrun holds at most
-  // 64 KiB of it per stream.
+  // 1 MiB of it per stream; shorter lines (a JSON metrics record) stay
+  // whole.
   bool rank_prefix = true;
   // When the environment names a muon-coordinator daemon (MUON_COORDINATOR
   // host:port), muonrun is this node's host agent (control/host_agent.h):

@@ -897,20 +897,43 @@ TEST(MuonctlCliTest,
 // read: /dev/zero (endless) and a FIFO (no writer: opening it must not
 // wait).
 TEST(MuonctlCliTest, Plan_SpecNotARegularFile_RefusedQuicklyNamingPath) {
+  const std::string path = "/dev/zero";
+  std::ostringstream out, err;
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(RunMuonctl({"plan", "--spec", path}, out, err), 1) << path;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << path;
+  EXPECT_THAT(err.str(), HasSubstr(absl::StrCat("\"", path, "\"")));
+  EXPECT_THAT(err.str(), HasSubstr("neither a regular file nor a pipe"));
+  EXPECT_THAT(LoadJobSpec(path),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("neither a regular file nor a pipe")));
+}
+
+// A pipe (bash's --spec <(command)) is read until its writer closes it;
+// one with no writer reads as empty at once (not JSON), without hanging.
+TEST(MuonctlCliTest, LoadJobSpec_Pipe_ReadUntilItsWriterCloses) {
   const std::string fifo =
       absl::StrCat(::testing::TempDir(), "/muonctl_spec_fifo");
   std::remove(fifo.c_str());
   ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
-  for (const std::string& path : {std::string("/dev/zero"), fifo}) {
-    std::ostringstream out, err;
-    const absl::Time start = absl::Now();
-    EXPECT_EQ(RunMuonctl({"plan", "--spec", path}, out, err), 1) << path;
-    EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << path;
-    EXPECT_THAT(err.str(), HasSubstr(absl::StrCat("\"", path, "\"")));
-    EXPECT_THAT(err.str(), HasSubstr("not a regular file"));
-    EXPECT_THAT(LoadJobSpec(path), StatusIs(absl::StatusCode::kInvalidArgument,
-                                            HasSubstr("not a regular file")));
-  }
+  // A reader held open keeps the pipe (and what was written) while the
+  // writer opens, writes and closes, as a command behind <(...) would.
+  const int keep = open(fifo.c_str(), O_RDONLY | O_NONBLOCK);
+  ASSERT_GE(keep, 0) << std::strerror(errno);
+  const int w = open(fifo.c_str(), O_WRONLY);
+  ASSERT_GE(w, 0) << std::strerror(errno);
+  const std::string json = "{\"job_id\": \"from-a-pipe\"}";
+  ASSERT_EQ(write(w, json.data(), json.size()),
+            static_cast<ssize_t>(json.size()));
+  ASSERT_EQ(close(w), 0);
+  absl::StatusOr<v1::JobSpec> spec = LoadJobSpec(fifo);
+  ASSERT_EQ(close(keep), 0);
+  ASSERT_THAT(spec, IsOk());
+  EXPECT_EQ(spec->job_id(), "from-a-pipe");
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(LoadJobSpec(fifo),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(fifo)));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   EXPECT_EQ(std::remove(fifo.c_str()), 0);
 }
 
